@@ -1,0 +1,75 @@
+import type { ModelConfig } from "./model_config.ts";
+
+/** How one sequence picks its next token. temperature <= 0 means greedy (argmax). */
+export interface SamplingParams {
+  readonly temperature: number;
+  /** Keep only the k most likely tokens; 0 keeps all. */
+  readonly topK: number;
+  /** Keep the smallest most-likely set whose probability reaches p; 1 keeps all. */
+  readonly topP: number;
+  /** Drop tokens less likely than minP times the most likely one; 0 keeps all. */
+  readonly minP: number;
+  /** With the position of the token being drawn, determines the random draw (see lib/rng.ts). */
+  readonly seed: number;
+}
+
+export const GREEDY: SamplingParams = { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 };
+
+/** One sequence's share of a step: a prefill chunk, or one decode token. */
+export interface SeqInput {
+  readonly seqId: number;
+  /**
+   * New token ids, written at positions startPos, startPos+1, ... Empty when
+   * useLastSampled is set: the input is then the one token this sequence sampled in its
+   * previous step, which may still be on the device.
+   */
+  readonly tokens: readonly number[];
+  readonly useLastSampled?: boolean;
+  /** Position of the first new token; positions before it are already in the KV cache. */
+  readonly startPos: number;
+  /** KV block ids covering positions [0, startPos + new tokens). */
+  readonly blockTable: readonly number[];
+  /** False for a prefill chunk that is not the prompt's last: nothing is sampled. */
+  readonly sample: boolean;
+  readonly sampling: SamplingParams;
+}
+
+/** Everything the engine computes in one step, across all sequences. */
+export interface StepPlan {
+  readonly stepId: number;
+  readonly seqs: readonly SeqInput[];
+  /** Return the logits of each sampling sequence's last row (tests and the oracle). */
+  readonly returnLogits?: boolean;
+}
+
+export interface SampledToken {
+  readonly seqId: number;
+  readonly token: number;
+  /** Natural log of the token's probability under softmax of the raw logits (temperature 1). */
+  readonly logprob: number;
+  readonly logits?: Float32Array;
+}
+
+export interface StepResult {
+  readonly stepId: number;
+  /** One entry per sequence whose input had sample = true, in plan order. */
+  readonly sampled: readonly SampledToken[];
+}
+
+/** Geometry of the paged KV cache an engine owns. */
+export interface KvGeometry {
+  readonly numBlocks: number;
+  readonly blockSize: number;
+}
+
+/**
+ * A forward-pass engine over a ragged batch with a paged KV cache. step() may be called again
+ * before an earlier step's promise resolves; steps execute in call order.
+ */
+export interface Engine {
+  readonly name: string;
+  readonly config: ModelConfig;
+  readonly kv: KvGeometry;
+  step(plan: StepPlan): Promise<StepResult>;
+  dispose(): void;
+}

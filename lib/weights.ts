@@ -1,0 +1,49 @@
+import type { ModelConfig } from "./model_config.ts";
+import type { Tensor } from "./tensor.ts";
+
+/**
+ * One transformer block's tensors. Q and K are always in llama2.c's layout, where RoPE rotates
+ * adjacent pairs (2i, 2i+1) of each head; loaders undo any other layout a file uses.
+ */
+export interface LayerWeights {
+  readonly attnNorm: Tensor; // [dim]
+  readonly wq: Tensor; // [nHeads*headDim, dim]
+  readonly wk: Tensor; // [nKvHeads*headDim, dim]
+  readonly wv: Tensor; // [nKvHeads*headDim, dim]
+  readonly wo: Tensor; // [dim, nHeads*headDim]
+  readonly ffnNorm: Tensor; // [dim]
+  readonly wGate: Tensor; // [hiddenDim, dim]  (llama2.c w1)
+  readonly wDown: Tensor; // [dim, hiddenDim]  (llama2.c w2)
+  readonly wUp: Tensor; // [hiddenDim, dim]    (llama2.c w3)
+}
+
+export interface ModelWeights {
+  readonly tokenEmbedding: Tensor; // [vocabSize, dim]
+  readonly layers: readonly LayerWeights[];
+  readonly outputNorm: Tensor; // [dim]
+  /** Classifier [vocabSize, dim]; the same object as tokenEmbedding when tied. */
+  readonly output: Tensor;
+}
+
+/** What a SentencePiece-style vocabulary file provides, before any tokenizer logic. */
+export interface TokenizerData {
+  /** Token pieces as the file spells them (SentencePiece files use "▁" for a space; byte pieces look like "<0x0A>"). */
+  readonly tokens: readonly string[];
+  readonly scores: Float32Array;
+  /** SentencePiece token types (1 normal, 2 unknown, 3 control, 6 byte) where the file has them. */
+  readonly tokenTypes?: Int32Array;
+  readonly bosId: number;
+  readonly eosId: number;
+}
+
+/** A loaded model: everything an engine and a tokenizer need. */
+export interface Model {
+  readonly config: ModelConfig;
+  readonly weights: ModelWeights;
+  /** Absent for a llama2.c checkpoint, which keeps its vocabulary in a separate tokenizer.bin. */
+  readonly tokenizer?: TokenizerData;
+  /** Jinja chat template from the file's metadata, if any. */
+  readonly chatTemplate?: string;
+  /** Where it was loaded from, for logs. */
+  readonly source: string;
+}
