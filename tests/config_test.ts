@@ -1,0 +1,32 @@
+import { assertEquals, assertThrows } from "@std/assert";
+import { resolveConfig } from "../lib/config.ts";
+
+const noEnv = () => undefined;
+
+Deno.test("resolveConfig() fills defaults", () => {
+  const c = resolveConfig({}, noEnv);
+  assertEquals(c.model, "stories260K");
+  assertEquals(c.port, 8000);
+  assertEquals(c.kvMemory, 256 * 2 ** 20);
+  assertEquals(c.apiKey, []);
+});
+
+Deno.test("resolveConfig() lets flags win over the environment", () => {
+  const env = (n: string) => ({ LLMSERVE_PORT: "9001", LLMSERVE_HOST: "0.0.0.0" } as Record<string, string>)[n];
+  const c = resolveConfig({ port: "9002" }, env);
+  assertEquals(c.port, 9002);
+  assertEquals(c.host, "0.0.0.0");
+});
+
+Deno.test("resolveConfig() splits comma-separated API keys from the environment", () => {
+  const env = (n: string) => n === "LLMSERVE_API_KEYS" ? "key-one-123, key-two-456" : undefined;
+  assertEquals(resolveConfig({}, env).apiKey, ["key-one-123", "key-two-456"]);
+});
+
+Deno.test("resolveConfig() names every invalid setting and the value received", () => {
+  const err = assertThrows(() => resolveConfig({ port: "eighty", kvMemory: "12 zz", backend: "tpu" }, noEnv));
+  const msg = (err as Error).message;
+  for (const part of ['--port', '"eighty"', "--kvMemory", '"12 zz"', "--backend", '"tpu"']) {
+    assertEquals(msg.includes(part), true, `message lacks ${part}: ${msg}`);
+  }
+});
