@@ -1,0 +1,420 @@
+import { byteSize, type Tensor, type TensorType } from "./tensor.ts";
+
+/**
+ * GGUF (v2 and v3) reader: header, metadata, tensor infos and tensor data as views of the raw
+ * bytes. Spec: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
+ *
+ * Integer metadata of 64 bits (uint64, int64) comes back as a `number` when it fits in a
+ * double exactly (|v| <= 2^53 - 1) and as a `bigint` otherwise; arrays of 64-bit integers come
+ * back as BigUint64Array / BigInt64Array, so their element type never depends on the values.
+ */
+
+/** Metadata value types, numbered as in the file. */
+export const GgufValueType = {
+  UINT8: 0,
+  INT8: 1,
+  UINT16: 2,
+  INT16: 3,
+  UINT32: 4,
+  INT32: 5,
+  FLOAT32: 6,
+  BOOL: 7,
+  STRING: 8,
+  ARRAY: 9,
+  UINT64: 10,
+  INT64: 11,
+  FLOAT64: 12,
+} as const;
+export type GgufValueType = (typeof GgufValueType)[keyof typeof GgufValueType];
+
+/** A metadata array: a typed array for numeric elements, plain arrays for bools, strings and nested arrays. */
+export type GgufArray =
+  | Uint8Array
+  | Int8Array
+  | Uint16Array
+  | Int16Array
+  | Uint32Array
+  | Int32Array
+  | Float32Array
+  | Float64Array
+  | BigUint64Array
+  | BigInt64Array
+  | boolean[]
+  | string[]
+  | GgufArray[];
+
+/** A metadata value. 64-bit integers are `number` when safe, `bigint` otherwise. */
+export type GgufValue = number | bigint | boolean | string | GgufArray;
+
+/** A metadata entry with the type it was stored as (for arrays, also the element type). */
+export interface GgufMetadataEntry {
+  readonly type: GgufValueType;
+  /** Element type when `type` is ARRAY. */
+  readonly elementType?: GgufValueType;
+  readonly value: GgufValue;
+}
+
+/** One tensor's description from the header. `offset` is relative to the data section. */
+export interface GgufTensorInfo {
+  readonly name: string;
+  /** Dimensions as GGUF lists them: ne0 (innermost) first. */
+  readonly dims: readonly number[];
+  /** ggml type number (0 F32, 1 F16, 2 Q4_0, 8 Q8_0, ...). */
+  readonly typeId: number;
+  readonly offset: number;
+}
+
+/** Everything before the tensor data. */
+export interface GgufHeader {
+  readonly version: number;
+  readonly metadata: ReadonlyMap<string, GgufMetadataEntry>;
+  readonly tensorInfos: readonly GgufTensorInfo[];
+  /** `general.alignment`, or 32 when absent. */
+  readonly alignment: number;
+  /** Absolute file offset where the data section starts (header end rounded up to alignment). */
+  readonly dataOffset: number;
+}
+
+/** A parsed GGUF file: header plus tensors whose `data` are views of the file's bytes. */
+export interface GgufFile extends GgufHeader {
+  /** Tensors by name, in file order; shapes are outermost first (GGUF dims reversed). */
+  readonly tensors: ReadonlyMap<string, Tensor>;
+}
+
+const MAGIC = 0x46554747; // "GGUF" read as a little-endian uint32
+const DEFAULT_ALIGNMENT = 32;
+const SUPPORTED_VERSIONS = [2, 3];
+
+const SUPPORTED_TENSOR_TYPES: ReadonlyMap<number, TensorType> = new Map([
+  [0, "f32"],
+  [1, "f16"],
+  [2, "q4_0"],
+  [8, "q8_0"],
+]);
+
+/** ggml's names for its type numbers, so errors can say what a file holds. */
+const GGML_TYPE_NAMES: Record<number, string> = {
+  0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
+  10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS",
+  17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS",
+  24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0",
+  35: "TQ2_0", 39: "MXFP4",
+};
+
+/** The ggml name of a tensor type number, e.g. 14 -> "Q6_K". */
+export function ggmlTypeName(typeId: number): string {
+  return GGML_TYPE_NAMES[typeId] ?? "unknown";
+}
+
+/** Thrown when the bytes end before the header does; `needed` is a lower bound on the bytes required. */
+export class GgufTruncatedError extends Error {
+  constructor(readonly source: string, readonly what: string, readonly needed: number, readonly available: number) {
+    super(
+      `Cannot load GGUF ${source}: file is truncated while reading ${what}: needs ${needed} bytes, received ${available}`,
+    );
+    this.name = "GgufTruncatedError";
+  }
+}
+
+const utf8 = new TextDecoder("utf-8");
+
+/** Sequential little-endian reader over the header bytes. */
+class Cursor {
+  offset = 0;
+  private readonly view: DataView;
+  constructor(private readonly bytes: Uint8Array, private readonly source: string) {
+    this.view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  }
+
+  need(n: number, what: string): void {
+    if (this.offset + n > this.bytes.byteLength) {
+      throw new GgufTruncatedError(this.source, what, this.offset + n, this.bytes.byteLength);
+    }
+  }
+  u8(what: string): number {
+    this.need(1, what);
+    return this.view.getUint8(this.offset++);
+  }
+  u32(what: string): number {
+    this.need(4, what);
+    const v = this.view.getUint32(this.offset, true);
+    this.offset += 4;
+    return v;
+  }
+  /** A uint64 used as a count or offset: must be a safe integer. */
+  count(what: string): number {
+    this.need(8, what);
+    const v = this.view.getBigUint64(this.offset, true);
+    this.offset += 8;
+    if (v > BigInt(Number.MAX_SAFE_INTEGER)) {
+      throw new Error(`Cannot load GGUF ${this.source}: ${what} is ${v}, too large to be valid (is the file corrupt?)`);
+    }
+    return Number(v);
+  }
+  string(what: string): string {
+    const len = this.count(`the length of ${what}`);
+    this.need(len, what);
+    const s = utf8.decode(this.bytes.subarray(this.offset, this.offset + len));
+    this.offset += len;
+    return s;
+  }
+  /** Copies `n` elements of `size` bytes out of the buffer, so the header bytes can be dropped. */
+  copy(n: number, size: number, what: string): ArrayBuffer {
+    this.need(n * size, what);
+    const out = this.bytes.slice(this.offset, this.offset + n * size).buffer;
+    this.offset += n * size;
+    return out;
+  }
+  get dataView(): DataView {
+    return this.view;
+  }
+}
+
+const FIXED_SIZES: Partial<Record<GgufValueType, number>> = {
+  0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8,
+};
+
+function safeOrBig(v: bigint): number | bigint {
+  return v <= BigInt(Number.MAX_SAFE_INTEGER) && v >= BigInt(Number.MIN_SAFE_INTEGER) ? Number(v) : v;
+}
+
+function readScalar(c: Cursor, type: GgufValueType, what: string): number | bigint | boolean {
+  const size = FIXED_SIZES[type]!;
+  c.need(size, what);
+  const v = c.dataView;
+  const o = c.offset;
+  c.offset += size;
+  switch (type) {
+    case GgufValueType.UINT8: return v.getUint8(o);
+    case GgufValueType.INT8: return v.getInt8(o);
+    case GgufValueType.UINT16: return v.getUint16(o, true);
+    case GgufValueType.INT16: return v.getInt16(o, true);
+    case GgufValueType.UINT32: return v.getUint32(o, true);
+    case GgufValueType.INT32: return v.getInt32(o, true);
+    case GgufValueType.FLOAT32: return v.getFloat32(o, true);
+    case GgufValueType.BOOL: return v.getUint8(o) !== 0;
+    case GgufValueType.UINT64: return safeOrBig(v.getBigUint64(o, true));
+    case GgufValueType.INT64: return safeOrBig(v.getBigInt64(o, true));
+    case GgufValueType.FLOAT64: return v.getFloat64(o, true);
+    default: throw new Error(`unreachable scalar type ${type}`);
+  }
+}
+
+function checkType(c: Cursor, type: number, what: string, source: string): GgufValueType {
+  if (!Number.isInteger(type) || type < 0 || type > 12) {
+    throw new Error(
+      `Cannot load GGUF ${source}: unknown metadata value type ${type} for ${what} at byte ${c.offset - 4}; known types are 0..12`,
+    );
+  }
+  return type as GgufValueType;
+}
+
+function readArray(c: Cursor, what: string, source: string): { elementType: GgufValueType; value: GgufArray } {
+  const elementType = checkType(c, c.u32(`the element type of ${what}`), what, source);
+  const n = c.count(`the length of ${what}`);
+  const copy = (size: number) => c.copy(n, size, what);
+  switch (elementType) {
+    // Copies, not views: the data may be unaligned in the file, and the header buffer is dropped after parsing.
+    case GgufValueType.UINT8: return { elementType, value: new Uint8Array(copy(1)) };
+    case GgufValueType.INT8: return { elementType, value: new Int8Array(copy(1)) };
+    case GgufValueType.UINT16: return { elementType, value: new Uint16Array(copy(2)) };
+    case GgufValueType.INT16: return { elementType, value: new Int16Array(copy(2)) };
+    case GgufValueType.UINT32: return { elementType, value: new Uint32Array(copy(4)) };
+    case GgufValueType.INT32: return { elementType, value: new Int32Array(copy(4)) };
+    case GgufValueType.FLOAT32: return { elementType, value: new Float32Array(copy(4)) };
+    case GgufValueType.FLOAT64: return { elementType, value: new Float64Array(copy(8)) };
+    case GgufValueType.UINT64: return { elementType, value: new BigUint64Array(copy(8)) };
+    case GgufValueType.INT64: return { elementType, value: new BigInt64Array(copy(8)) };
+    case GgufValueType.BOOL: return { elementType, value: Array.from(new Uint8Array(copy(1)), (b) => b !== 0) };
+    case GgufValueType.STRING: {
+      const out: string[] = [];
+      for (let i = 0; i < n; i++) out.push(c.string(`${what}[${i}]`));
+      return { elementType, value: out };
+    }
+    case GgufValueType.ARRAY: {
+      const out: GgufArray[] = [];
+      for (let i = 0; i < n; i++) out.push(readArray(c, `${what}[${i}]`, source).value);
+      return { elementType, value: out };
+    }
+  }
+}
+
+/**
+ * Parses everything up to the tensor data. Throws GgufTruncatedError when `bytes` end before the
+ * header does, so a caller reading a file in pieces can retry with a longer prefix.
+ */
+export function parseGgufHeader(bytes: Uint8Array, source: string): GgufHeader {
+  const c = new Cursor(bytes, source);
+  c.need(4, "the magic number");
+  const magic = c.u32("the magic number");
+  if (magic !== MAGIC) {
+    throw new Error(
+      `Cannot load GGUF ${source}: bad magic, expected "GGUF", received ${describeBytes(bytes.subarray(0, 4))}`,
+    );
+  }
+  const version = c.u32("the version");
+  if (!SUPPORTED_VERSIONS.includes(version)) {
+    const hint = version > 0xffff && (version >>> 24) <= 3 ? " (a big-endian GGUF file; only little-endian is supported)" : "";
+    throw new Error(
+      `Cannot load GGUF ${source}: unsupported GGUF version ${version}${hint}; supported: ${SUPPORTED_VERSIONS.join(", ")}`,
+    );
+  }
+  const tensorCount = c.count("the tensor count");
+  const kvCount = c.count("the metadata count");
+
+  const metadata = new Map<string, GgufMetadataEntry>();
+  for (let i = 0; i < kvCount; i++) {
+    const key = c.string(`metadata key #${i}`);
+    const what = `metadata '${key}'`;
+    const type = checkType(c, c.u32(`the type of ${what}`), what, source);
+    if (type === GgufValueType.ARRAY) {
+      const { elementType, value } = readArray(c, what, source);
+      metadata.set(key, { type, elementType, value });
+    } else if (type === GgufValueType.STRING) {
+      metadata.set(key, { type, value: c.string(what) });
+    } else {
+      metadata.set(key, { type, value: readScalar(c, type, what) });
+    }
+  }
+
+  let alignment = DEFAULT_ALIGNMENT;
+  const alignEntry = metadata.get("general.alignment");
+  if (alignEntry !== undefined) {
+    const a = alignEntry.value;
+    if (typeof a !== "number" || !Number.isInteger(a) || a <= 0 || (a & (a - 1)) !== 0) {
+      throw new Error(
+        `Cannot load GGUF ${source}: general.alignment must be a positive power of two, received ${String(a)}`,
+      );
+    }
+    alignment = a;
+  }
+
+  const tensorInfos: GgufTensorInfo[] = [];
+  for (let i = 0; i < tensorCount; i++) {
+    const name = c.string(`the name of tensor #${i}`);
+    const what = `tensor info '${name}'`;
+    const nDims = c.u32(`the dimension count of ${what}`);
+    if (nDims > 8) {
+      throw new Error(`Cannot load GGUF ${source}: tensor '${name}' has ${nDims} dimensions; at most 4 are valid`);
+    }
+    const dims: number[] = [];
+    for (let d = 0; d < nDims; d++) dims.push(c.count(`dimension ${d} of ${what}`));
+    const typeId = c.u32(`the type of ${what}`);
+    const offset = c.count(`the data offset of ${what}`);
+    if (offset % alignment !== 0) {
+      throw new Error(
+        `Cannot load GGUF ${source}: tensor '${name}' data offset ${offset} is not a multiple of the alignment ${alignment}`,
+      );
+    }
+    tensorInfos.push({ name, dims, typeId, offset });
+  }
+  const dataOffset = Math.ceil(c.offset / alignment) * alignment;
+  return { version, metadata, tensorInfos, alignment, dataOffset };
+}
+
+/** The type and shape (outermost first) of a tensor; throws for types this project cannot run. */
+export function tensorLayout(info: GgufTensorInfo, source: string): { type: TensorType; shape: number[]; bytes: number } {
+  const type = SUPPORTED_TENSOR_TYPES.get(info.typeId);
+  if (type === undefined) {
+    throw new Error(
+      `Cannot load GGUF ${source}: unsupported tensor type ${info.typeId} (${ggmlTypeName(info.typeId)}) for tensor '${info.name}'; supported: F32, F16, Q8_0, Q4_0`,
+    );
+  }
+  const shape = [...info.dims].reverse();
+  try {
+    return { type, shape, bytes: byteSize(type, shape) };
+  } catch (e) {
+    throw new Error(`Cannot load GGUF ${source}: tensor '${info.name}': ${(e as Error).message}`);
+  }
+}
+
+/**
+ * Makes the tensors of a header from the data section. `data` holds the file's bytes from
+ * `dataStart` (an absolute file offset at or before header.dataOffset) on; tensors are views of it.
+ */
+export function ggufTensors(header: GgufHeader, data: Uint8Array, dataStart: number, fileSize: number, source: string): Map<string, Tensor> {
+  const tensors = new Map<string, Tensor>();
+  for (const info of header.tensorInfos) {
+    const { type, shape, bytes } = tensorLayout(info, source);
+    const start = header.dataOffset + info.offset - dataStart;
+    const end = start + bytes;
+    if (end > data.byteLength) {
+      throw new Error(
+        `Cannot load GGUF ${source}: file is truncated while reading the data of tensor '${info.name}': needs ${end + dataStart} bytes, received ${fileSize}`,
+      );
+    }
+    if (tensors.has(info.name)) {
+      throw new Error(`Cannot load GGUF ${source}: tensor '${info.name}' appears twice`);
+    }
+    tensors.set(info.name, { name: info.name, type, shape, data: data.subarray(start, end) });
+  }
+  return tensors;
+}
+
+/** Bytes of the data section the tensors actually use (from header.dataOffset). */
+function dataSectionBytes(header: GgufHeader, source: string): number {
+  let end = 0;
+  for (const info of header.tensorInfos) end = Math.max(end, info.offset + tensorLayout(info, source).bytes);
+  return end;
+}
+
+/**
+ * Parses a GGUF file held in memory. Tensor data are views of `bytes` (nothing is copied).
+ *
+ * ```ts
+ * const gguf = parseGguf(await Deno.readFile("model.gguf"), "model.gguf");
+ * gguf.metadata.get("general.architecture")?.value; // "llama"
+ * ```
+ */
+export function parseGguf(bytes: Uint8Array, source: string): GgufFile {
+  const header = parseGgufHeader(bytes, source);
+  return { ...header, tensors: ggufTensors(header, bytes, 0, bytes.byteLength, source) };
+}
+
+const FIRST_HEADER_READ = 1 << 20;
+const READ_CHUNK = 1 << 26;
+
+async function readFully(file: Deno.FsFile, position: number, into: Uint8Array): Promise<number> {
+  await file.seek(position, Deno.SeekMode.Start);
+  let filled = 0;
+  while (filled < into.byteLength) {
+    const n = await file.read(into.subarray(filled, Math.min(into.byteLength, filled + READ_CHUNK)));
+    if (n === null) break;
+    filled += n;
+  }
+  return filled;
+}
+
+/**
+ * Reads a GGUF file from disk holding its bytes only once: the header is parsed from a prefix
+ * (grown until it fits, then dropped), and the data section is read into one buffer whose views
+ * become the tensors.
+ */
+export async function readGguf(path: string): Promise<GgufFile> {
+  using file = await Deno.open(path, { read: true });
+  const fileSize = (await file.stat()).size;
+  let prefixSize = Math.min(fileSize, FIRST_HEADER_READ);
+  let header: GgufHeader;
+  for (;;) {
+    const prefix = new Uint8Array(prefixSize);
+    const got = await readFully(file, 0, prefix);
+    try {
+      header = parseGgufHeader(prefix.subarray(0, got), path);
+      break;
+    } catch (e) {
+      if (!(e instanceof GgufTruncatedError) || got >= fileSize) throw e;
+      prefixSize = Math.min(fileSize, Math.max(prefixSize * 2, e.needed + FIRST_HEADER_READ));
+    }
+  }
+  const dataBytes = dataSectionBytes(header, path);
+  const data = new Uint8Array(dataBytes);
+  const got = await readFully(file, header.dataOffset, data);
+  return { ...header, tensors: ggufTensors(header, data.subarray(0, got), header.dataOffset, fileSize, path) };
+}
+
+/** First bytes of a file as hex and printable text, for "not the format I expected" errors. */
+export function describeBytes(bytes: Uint8Array): string {
+  const hex = Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join(" ");
+  const text = Array.from(bytes, (b) => (b >= 0x20 && b < 0x7f ? String.fromCharCode(b) : ".")).join("");
+  return `${hex} ("${text}")`;
+}
