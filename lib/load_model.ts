@@ -1,0 +1,86 @@
+import { describeBytes, readGguf } from "./gguf.ts";
+import { ggufToModel } from "./gguf_model.ts";
+import { parseLlama2cCheckpoint } from "./llama2c_checkpoint.ts";
+import { parseLlama2cTokenizer } from "./llama2c_tokenizer.ts";
+import type { Model } from "./weights.ts";
+
+/** Options for {@link loadModel}. */
+export interface LoadModelOptions {
+  /** A llama2.c `tokenizer.bin`; replaces the vocabulary of a GGUF, and is the only source of one for a `.bin`. */
+  tokenizerPath?: string;
+  /** Replaces the context length the file declares (e.g. a converter wrote a smaller one than the model was trained with). */
+  contextLength?: number;
+}
+
+/** The file formats loadModel recognises. */
+export type ModelFormat = "gguf" | "llama2c";
+
+const LLAMA2C_HEADER_BYTES = 7 * 4;
+const GGUF_MAGIC = [0x47, 0x47, 0x55, 0x46]; // "GGUF"
+
+/**
+ * Tells a model file's format from its first bytes: the magic "GGUF", or a llama2.c header
+ * of 7 plausible int32 (dim, hidden_dim, n_layers, n_heads, n_kv_heads, ±vocab_size, seq_len).
+ * Returns undefined for anything else.
+ */
+export function detectModelFormat(head: Uint8Array): ModelFormat | undefined {
+  if (head.byteLength >= 4 && GGUF_MAGIC.every((b, i) => head[i] === b)) return "gguf";
+  if (head.byteLength < LLAMA2C_HEADER_BYTES) return undefined;
+  const view = new DataView(head.buffer, head.byteOffset, LLAMA2C_HEADER_BYTES);
+  const [dim, hidden, layers, heads, kvHeads, vocab, seqLen] = Array.from({ length: 7 }, (_, i) => view.getInt32(i * 4, true)) as [
+    number, number, number, number, number, number, number,
+  ];
+  const plausible = (v: number) => v > 0 && v < 1 << 24;
+  const ok = [dim, hidden, layers, heads, kvHeads, Math.abs(vocab), seqLen].every(plausible) &&
+    dim % heads === 0 && heads % kvHeads === 0;
+  return ok ? "llama2c" : undefined;
+}
+
+/**
+ * Loads a model from a GGUF file or a llama2.c checkpoint, telling them apart by their first
+ * bytes. The file's bytes are held in memory once (tensors are views of them).
+ *
+ * ```ts
+ * const model = await loadModel("stories260K.bin", { tokenizerPath: "tok512.bin" });
+ * const same = await loadModel("stories260K.gguf", { contextLength: 512 });
+ * ```
+ */
+export async function loadModel(path: string, opts: LoadModelOptions = {}): Promise<Model> {
+  if (opts.contextLength !== undefined && !(Number.isInteger(opts.contextLength) && opts.contextLength > 0)) {
+    throw new Error(`Cannot load model ${path}: contextLength must be a positive integer, received ${opts.contextLength}`);
+  }
+  const head = await readHead(path, LLAMA2C_HEADER_BYTES);
+  const format = detectModelFormat(head);
+  let model: Model;
+  if (format === "gguf") {
+    model = ggufToModel(await readGguf(path), path);
+  } else if (format === "llama2c") {
+    const { config, weights } = parseLlama2cCheckpoint(await Deno.readFile(path), path);
+    model = { config, weights, source: path };
+  } else {
+    const what = head.byteLength < LLAMA2C_HEADER_BYTES ? ` (only ${head.byteLength} bytes long)` : "";
+    throw new Error(
+      `Cannot load model ${path}: it is neither a GGUF file nor a llama2.c checkpoint${what}: first bytes ${describeBytes(head.subarray(0, 8))}`,
+    );
+  }
+  if (opts.tokenizerPath !== undefined) {
+    const tokenizer = parseLlama2cTokenizer(await Deno.readFile(opts.tokenizerPath), model.config.vocabSize, opts.tokenizerPath);
+    model = { ...model, tokenizer };
+  }
+  if (opts.contextLength !== undefined) {
+    model = { ...model, config: { ...model.config, contextLength: opts.contextLength } };
+  }
+  return model;
+}
+
+async function readHead(path: string, n: number): Promise<Uint8Array> {
+  using file = await Deno.open(path, { read: true });
+  const buf = new Uint8Array(n);
+  let filled = 0;
+  while (filled < n) {
+    const got = await file.read(buf.subarray(filled));
+    if (got === null) break;
+    filled += got;
+  }
+  return buf.subarray(0, filled);
+}
