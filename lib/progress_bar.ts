@@ -1,0 +1,136 @@
+/**
+ * A one-line download progress bar for stderr. It redraws in place with a carriage return, so
+ * it is only written where a person watches: a terminal, or a sink the caller passes (tests,
+ * logs). Piped stderr stays clean by default.
+ */
+
+/** Where and how often a progress bar draws. */
+export interface ProgressOptions {
+  /** Receives every rendered chunk instead of stderr; giving one forces drawing. */
+  readonly sink?: (text: string) => void;
+  /** Draw on stderr even when it is not a terminal. */
+  readonly force?: boolean;
+  /** Minimum time between redraws; the final line is always drawn. Default 100 ms. */
+  readonly intervalMs?: number;
+  /** Clock in milliseconds, injectable for tests. Default `performance.now`. */
+  readonly now?: () => number;
+}
+
+/** What one progress line shows. */
+export interface ProgressState {
+  readonly label: string;
+  /** Bytes present so far, including any resumed prefix. */
+  readonly received: number;
+  /** Announced total size, when the server said it. */
+  readonly total?: number;
+  /** Bytes transferred in this run (a resumed prefix does not count towards the rate). */
+  readonly transferred: number;
+  readonly elapsedMs: number;
+}
+
+const BAR_WIDTH = 24;
+const UNITS = ["B", "KiB", "MiB", "GiB", "TiB"] as const;
+
+/** Formats a byte count with binary units: 1536 -> "1.5 KiB", 512 -> "512 B". */
+export function formatBytes(bytes: number): string {
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < UNITS.length - 1) {
+    value /= 1024;
+    unit++;
+  }
+  return unit === 0 ? `${value} ${UNITS[0]}` : `${value.toFixed(1)} ${UNITS[unit]}`;
+}
+
+/**
+ * Renders one progress line without control characters, e.g.
+ * `tok512.bin [############------------]  50%  3.0 KiB / 6.1 KiB  1.2 MiB/s`.
+ * Without a known total it shows only the byte count and the rate.
+ */
+export function formatProgress(state: ProgressState): string {
+  const seconds = state.elapsedMs / 1000;
+  const rate = seconds > 0 ? `${formatBytes(Math.round(state.transferred / seconds))}/s` : "-";
+  if (state.total === undefined || state.total <= 0) {
+    return `${state.label} ${formatBytes(state.received)}  ${rate}`;
+  }
+  const fraction = Math.min(1, state.received / state.total);
+  const filled = Math.floor(fraction * BAR_WIDTH);
+  const bar = "#".repeat(filled) + "-".repeat(BAR_WIDTH - filled);
+  const percent = `${Math.floor(fraction * 100)}%`.padStart(4);
+  return `${state.label} [${bar}] ${percent}  ${formatBytes(state.received)} / ${
+    formatBytes(state.total)
+  }  ${rate}`;
+}
+
+/** A throttled, redraw-in-place progress line. Inert when nothing should be drawn. */
+export class ProgressBar {
+  readonly #label: string;
+  readonly #total: number | undefined;
+  readonly #startBytes: number;
+  readonly #write: ((text: string) => void) | undefined;
+  readonly #intervalMs: number;
+  readonly #now: () => number;
+  readonly #startedAt: number;
+  #lastDrawAt = -Infinity;
+  #finished = false;
+
+  /**
+   * @param label shown first on the line, usually the file name
+   * @param total announced size in bytes, if known
+   * @param startBytes bytes already present when this run began (a resumed `.part`)
+   */
+  constructor(
+    label: string,
+    total: number | undefined,
+    startBytes: number,
+    options: ProgressOptions = {},
+  ) {
+    this.#label = label;
+    this.#total = total;
+    this.#startBytes = startBytes;
+    this.#write = options.sink ??
+      (options.force || Deno.stderr.isTerminal() ? writeStderr : undefined);
+    this.#intervalMs = options.intervalMs ?? 100;
+    this.#now = options.now ?? (() => performance.now());
+    this.#startedAt = this.#now();
+  }
+
+  /** Whether this bar draws anything at all. */
+  get enabled(): boolean {
+    return this.#write !== undefined;
+  }
+
+  /** Reports `received` bytes present so far; redraws at most once per interval. */
+  update(received: number): void {
+    if (this.#write === undefined || this.#finished) return;
+    const now = this.#now();
+    if (now - this.#lastDrawAt < this.#intervalMs) return;
+    this.#lastDrawAt = now;
+    this.#write(`\r${this.#line(received, now)}\x1b[K`);
+  }
+
+  /** Draws the final state and ends the line. Later calls do nothing. */
+  finish(received: number): void {
+    if (this.#write === undefined || this.#finished) return;
+    this.#finished = true;
+    this.#write(`\r${this.#line(received, this.#now())}\x1b[K\n`);
+  }
+
+  #line(received: number, now: number): string {
+    return formatProgress({
+      label: this.#label,
+      received,
+      total: this.#total,
+      transferred: received - this.#startBytes,
+      elapsedMs: now - this.#startedAt,
+    });
+  }
+}
+
+const encoder = new TextEncoder();
+
+function writeStderr(text: string): void {
+  const bytes = encoder.encode(text);
+  let offset = 0;
+  while (offset < bytes.length) offset += Deno.stderr.writeSync(bytes.subarray(offset));
+}
