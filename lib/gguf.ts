@@ -94,11 +94,38 @@ const SUPPORTED_TENSOR_TYPES: ReadonlyMap<number, TensorType> = new Map([
 
 /** ggml's names for its type numbers, so errors can say what a file holds. */
 const GGML_TYPE_NAMES: Record<number, string> = {
-  0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
-  10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS",
-  17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS",
-  24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0",
-  35: "TQ2_0", 39: "MXFP4",
+  0: "F32",
+  1: "F16",
+  2: "Q4_0",
+  3: "Q4_1",
+  6: "Q5_0",
+  7: "Q5_1",
+  8: "Q8_0",
+  9: "Q8_1",
+  10: "Q2_K",
+  11: "Q3_K",
+  12: "Q4_K",
+  13: "Q5_K",
+  14: "Q6_K",
+  15: "Q8_K",
+  16: "IQ2_XXS",
+  17: "IQ2_XS",
+  18: "IQ3_XXS",
+  19: "IQ1_S",
+  20: "IQ4_NL",
+  21: "IQ3_S",
+  22: "IQ2_S",
+  23: "IQ4_XS",
+  24: "I8",
+  25: "I16",
+  26: "I32",
+  27: "I64",
+  28: "F64",
+  29: "IQ1_M",
+  30: "BF16",
+  34: "TQ1_0",
+  35: "TQ2_0",
+  39: "MXFP4",
 };
 
 /** The ggml name of a tensor type number, e.g. 14 -> "Q6_K". */
@@ -108,7 +135,12 @@ export function ggmlTypeName(typeId: number): string {
 
 /** Thrown when the bytes end before the header does; `needed` is a lower bound on the bytes required. */
 export class GgufTruncatedError extends Error {
-  constructor(readonly source: string, readonly what: string, readonly needed: number, readonly available: number) {
+  constructor(
+    readonly source: string,
+    readonly what: string,
+    readonly needed: number,
+    readonly available: number,
+  ) {
     super(
       `Cannot load GGUF ${source}: file is truncated while reading ${what}: needs ${needed} bytes, received ${available}`,
     );
@@ -147,7 +179,9 @@ class Cursor {
     const v = this.view.getBigUint64(this.offset, true);
     this.offset += 8;
     if (v > BigInt(Number.MAX_SAFE_INTEGER)) {
-      throw new Error(`Cannot load GGUF ${this.source}: ${what} is ${v}, too large to be valid (is the file corrupt?)`);
+      throw new Error(
+        `Cannot load GGUF ${this.source}: ${what} is ${v}, too large to be valid (is the file corrupt?)`,
+      );
     }
     return Number(v);
   }
@@ -171,11 +205,23 @@ class Cursor {
 }
 
 const FIXED_SIZES: Partial<Record<GgufValueType, number>> = {
-  0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8,
+  0: 1,
+  1: 1,
+  2: 2,
+  3: 2,
+  4: 4,
+  5: 4,
+  6: 4,
+  7: 1,
+  10: 8,
+  11: 8,
+  12: 8,
 };
 
 function safeOrBig(v: bigint): number | bigint {
-  return v <= BigInt(Number.MAX_SAFE_INTEGER) && v >= BigInt(Number.MIN_SAFE_INTEGER) ? Number(v) : v;
+  return v <= BigInt(Number.MAX_SAFE_INTEGER) && v >= BigInt(Number.MIN_SAFE_INTEGER)
+    ? Number(v)
+    : v;
 }
 
 function readScalar(c: Cursor, type: GgufValueType, what: string): number | bigint | boolean {
@@ -185,47 +231,76 @@ function readScalar(c: Cursor, type: GgufValueType, what: string): number | bigi
   const o = c.offset;
   c.offset += size;
   switch (type) {
-    case GgufValueType.UINT8: return v.getUint8(o);
-    case GgufValueType.INT8: return v.getInt8(o);
-    case GgufValueType.UINT16: return v.getUint16(o, true);
-    case GgufValueType.INT16: return v.getInt16(o, true);
-    case GgufValueType.UINT32: return v.getUint32(o, true);
-    case GgufValueType.INT32: return v.getInt32(o, true);
-    case GgufValueType.FLOAT32: return v.getFloat32(o, true);
-    case GgufValueType.BOOL: return v.getUint8(o) !== 0;
-    case GgufValueType.UINT64: return safeOrBig(v.getBigUint64(o, true));
-    case GgufValueType.INT64: return safeOrBig(v.getBigInt64(o, true));
-    case GgufValueType.FLOAT64: return v.getFloat64(o, true);
-    default: throw new Error(`unreachable scalar type ${type}`);
+    case GgufValueType.UINT8:
+      return v.getUint8(o);
+    case GgufValueType.INT8:
+      return v.getInt8(o);
+    case GgufValueType.UINT16:
+      return v.getUint16(o, true);
+    case GgufValueType.INT16:
+      return v.getInt16(o, true);
+    case GgufValueType.UINT32:
+      return v.getUint32(o, true);
+    case GgufValueType.INT32:
+      return v.getInt32(o, true);
+    case GgufValueType.FLOAT32:
+      return v.getFloat32(o, true);
+    case GgufValueType.BOOL:
+      return v.getUint8(o) !== 0;
+    case GgufValueType.UINT64:
+      return safeOrBig(v.getBigUint64(o, true));
+    case GgufValueType.INT64:
+      return safeOrBig(v.getBigInt64(o, true));
+    case GgufValueType.FLOAT64:
+      return v.getFloat64(o, true);
+    default:
+      throw new Error(`unreachable scalar type ${type}`);
   }
 }
 
 function checkType(c: Cursor, type: number, what: string, source: string): GgufValueType {
   if (!Number.isInteger(type) || type < 0 || type > 12) {
     throw new Error(
-      `Cannot load GGUF ${source}: unknown metadata value type ${type} for ${what} at byte ${c.offset - 4}; known types are 0..12`,
+      `Cannot load GGUF ${source}: unknown metadata value type ${type} for ${what} at byte ${
+        c.offset - 4
+      }; known types are 0..12`,
     );
   }
   return type as GgufValueType;
 }
 
-function readArray(c: Cursor, what: string, source: string): { elementType: GgufValueType; value: GgufArray } {
+function readArray(
+  c: Cursor,
+  what: string,
+  source: string,
+): { elementType: GgufValueType; value: GgufArray } {
   const elementType = checkType(c, c.u32(`the element type of ${what}`), what, source);
   const n = c.count(`the length of ${what}`);
   const copy = (size: number) => c.copy(n, size, what);
   switch (elementType) {
     // Copies, not views: the data may be unaligned in the file, and the header buffer is dropped after parsing.
-    case GgufValueType.UINT8: return { elementType, value: new Uint8Array(copy(1)) };
-    case GgufValueType.INT8: return { elementType, value: new Int8Array(copy(1)) };
-    case GgufValueType.UINT16: return { elementType, value: new Uint16Array(copy(2)) };
-    case GgufValueType.INT16: return { elementType, value: new Int16Array(copy(2)) };
-    case GgufValueType.UINT32: return { elementType, value: new Uint32Array(copy(4)) };
-    case GgufValueType.INT32: return { elementType, value: new Int32Array(copy(4)) };
-    case GgufValueType.FLOAT32: return { elementType, value: new Float32Array(copy(4)) };
-    case GgufValueType.FLOAT64: return { elementType, value: new Float64Array(copy(8)) };
-    case GgufValueType.UINT64: return { elementType, value: new BigUint64Array(copy(8)) };
-    case GgufValueType.INT64: return { elementType, value: new BigInt64Array(copy(8)) };
-    case GgufValueType.BOOL: return { elementType, value: Array.from(new Uint8Array(copy(1)), (b) => b !== 0) };
+    case GgufValueType.UINT8:
+      return { elementType, value: new Uint8Array(copy(1)) };
+    case GgufValueType.INT8:
+      return { elementType, value: new Int8Array(copy(1)) };
+    case GgufValueType.UINT16:
+      return { elementType, value: new Uint16Array(copy(2)) };
+    case GgufValueType.INT16:
+      return { elementType, value: new Int16Array(copy(2)) };
+    case GgufValueType.UINT32:
+      return { elementType, value: new Uint32Array(copy(4)) };
+    case GgufValueType.INT32:
+      return { elementType, value: new Int32Array(copy(4)) };
+    case GgufValueType.FLOAT32:
+      return { elementType, value: new Float32Array(copy(4)) };
+    case GgufValueType.FLOAT64:
+      return { elementType, value: new Float64Array(copy(8)) };
+    case GgufValueType.UINT64:
+      return { elementType, value: new BigUint64Array(copy(8)) };
+    case GgufValueType.INT64:
+      return { elementType, value: new BigInt64Array(copy(8)) };
+    case GgufValueType.BOOL:
+      return { elementType, value: Array.from(new Uint8Array(copy(1)), (b) => b !== 0) };
     case GgufValueType.STRING: {
       const out: string[] = [];
       for (let i = 0; i < n; i++) out.push(c.string(`${what}[${i}]`));
@@ -249,14 +324,20 @@ export function parseGgufHeader(bytes: Uint8Array, source: string): GgufHeader {
   const magic = c.u32("the magic number");
   if (magic !== MAGIC) {
     throw new Error(
-      `Cannot load GGUF ${source}: bad magic, expected "GGUF", received ${describeBytes(bytes.subarray(0, 4))}`,
+      `Cannot load GGUF ${source}: bad magic, expected "GGUF", received ${
+        describeBytes(bytes.subarray(0, 4))
+      }`,
     );
   }
   const version = c.u32("the version");
   if (!SUPPORTED_VERSIONS.includes(version)) {
-    const hint = version > 0xffff && (version >>> 24) <= 3 ? " (a big-endian GGUF file; only little-endian is supported)" : "";
+    const hint = version > 0xffff && (version >>> 24) <= 3
+      ? " (a big-endian GGUF file; only little-endian is supported)"
+      : "";
     throw new Error(
-      `Cannot load GGUF ${source}: unsupported GGUF version ${version}${hint}; supported: ${SUPPORTED_VERSIONS.join(", ")}`,
+      `Cannot load GGUF ${source}: unsupported GGUF version ${version}${hint}; supported: ${
+        SUPPORTED_VERSIONS.join(", ")
+      }`,
     );
   }
   const tensorCount = c.count("the tensor count");
@@ -283,7 +364,9 @@ export function parseGgufHeader(bytes: Uint8Array, source: string): GgufHeader {
     const a = alignEntry.value;
     if (typeof a !== "number" || !Number.isInteger(a) || a <= 0 || (a & (a - 1)) !== 0) {
       throw new Error(
-        `Cannot load GGUF ${source}: general.alignment must be a positive power of two, received ${String(a)}`,
+        `Cannot load GGUF ${source}: general.alignment must be a positive power of two, received ${
+          String(a)
+        }`,
       );
     }
     alignment = a;
@@ -295,7 +378,9 @@ export function parseGgufHeader(bytes: Uint8Array, source: string): GgufHeader {
     const what = `tensor info '${name}'`;
     const nDims = c.u32(`the dimension count of ${what}`);
     if (nDims > 8) {
-      throw new Error(`Cannot load GGUF ${source}: tensor '${name}' has ${nDims} dimensions; at most 4 are valid`);
+      throw new Error(
+        `Cannot load GGUF ${source}: tensor '${name}' has ${nDims} dimensions; at most 4 are valid`,
+      );
     }
     const dims: number[] = [];
     for (let d = 0; d < nDims; d++) dims.push(c.count(`dimension ${d} of ${what}`));
@@ -313,11 +398,16 @@ export function parseGgufHeader(bytes: Uint8Array, source: string): GgufHeader {
 }
 
 /** The type and shape (outermost first) of a tensor; throws for types this project cannot run. */
-export function tensorLayout(info: GgufTensorInfo, source: string): { type: TensorType; shape: number[]; bytes: number } {
+export function tensorLayout(
+  info: GgufTensorInfo,
+  source: string,
+): { type: TensorType; shape: number[]; bytes: number } {
   const type = SUPPORTED_TENSOR_TYPES.get(info.typeId);
   if (type === undefined) {
     throw new Error(
-      `Cannot load GGUF ${source}: unsupported tensor type ${info.typeId} (${ggmlTypeName(info.typeId)}) for tensor '${info.name}'; supported: F32, F16, Q8_0, Q4_0`,
+      `Cannot load GGUF ${source}: unsupported tensor type ${info.typeId} (${
+        ggmlTypeName(info.typeId)
+      }) for tensor '${info.name}'; supported: F32, F16, Q8_0, Q4_0`,
     );
   }
   const shape = [...info.dims].reverse();
@@ -332,7 +422,13 @@ export function tensorLayout(info: GgufTensorInfo, source: string): { type: Tens
  * Makes the tensors of a header from the data section. `data` holds the file's bytes from
  * `dataStart` (an absolute file offset at or before header.dataOffset) on; tensors are views of it.
  */
-export function ggufTensors(header: GgufHeader, data: Uint8Array, dataStart: number, fileSize: number, source: string): Map<string, Tensor> {
+export function ggufTensors(
+  header: GgufHeader,
+  data: Uint8Array,
+  dataStart: number,
+  fileSize: number,
+  source: string,
+): Map<string, Tensor> {
   const tensors = new Map<string, Tensor>();
   for (const info of header.tensorInfos) {
     const { type, shape, bytes } = tensorLayout(info, source);
@@ -340,7 +436,9 @@ export function ggufTensors(header: GgufHeader, data: Uint8Array, dataStart: num
     const end = start + bytes;
     if (end > data.byteLength) {
       throw new Error(
-        `Cannot load GGUF ${source}: file is truncated while reading the data of tensor '${info.name}': needs ${end + dataStart} bytes, received ${fileSize}`,
+        `Cannot load GGUF ${source}: file is truncated while reading the data of tensor '${info.name}': needs ${
+          end + dataStart
+        } bytes, received ${fileSize}`,
       );
     }
     if (tensors.has(info.name)) {
@@ -354,7 +452,9 @@ export function ggufTensors(header: GgufHeader, data: Uint8Array, dataStart: num
 /** Bytes of the data section the tensors actually use (from header.dataOffset). */
 function dataSectionBytes(header: GgufHeader, source: string): number {
   let end = 0;
-  for (const info of header.tensorInfos) end = Math.max(end, info.offset + tensorLayout(info, source).bytes);
+  for (const info of header.tensorInfos) {
+    end = Math.max(end, info.offset + tensorLayout(info, source).bytes);
+  }
   return end;
 }
 
@@ -378,7 +478,9 @@ async function readFully(file: Deno.FsFile, position: number, into: Uint8Array):
   await file.seek(position, Deno.SeekMode.Start);
   let filled = 0;
   while (filled < into.byteLength) {
-    const n = await file.read(into.subarray(filled, Math.min(into.byteLength, filled + READ_CHUNK)));
+    const n = await file.read(
+      into.subarray(filled, Math.min(into.byteLength, filled + READ_CHUNK)),
+    );
     if (n === null) break;
     filled += n;
   }
@@ -409,12 +511,16 @@ export async function readGguf(path: string): Promise<GgufFile> {
   const dataBytes = dataSectionBytes(header, path);
   const data = new Uint8Array(dataBytes);
   const got = await readFully(file, header.dataOffset, data);
-  return { ...header, tensors: ggufTensors(header, data.subarray(0, got), header.dataOffset, fileSize, path) };
+  return {
+    ...header,
+    tensors: ggufTensors(header, data.subarray(0, got), header.dataOffset, fileSize, path),
+  };
 }
 
 /** First bytes of a file as hex and printable text, for "not the format I expected" errors. */
 export function describeBytes(bytes: Uint8Array): string {
   const hex = Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join(" ");
-  const text = Array.from(bytes, (b) => (b >= 0x20 && b < 0x7f ? String.fromCharCode(b) : ".")).join("");
+  const text = Array.from(bytes, (b) => (b >= 0x20 && b < 0x7f ? String.fromCharCode(b) : "."))
+    .join("");
   return `${hex} ("${text}")`;
 }

@@ -24,7 +24,11 @@ export function ggufToModel(gguf: GgufFile, source: string): Model {
   const arch = meta("general.architecture");
   if (arch === undefined) fail("metadata 'general.architecture' is missing");
   if (typeof arch !== "string" || !SUPPORTED_ARCHITECTURES.includes(arch)) {
-    fail(`architecture '${String(arch)}' is not supported; supported: ${SUPPORTED_ARCHITECTURES.join(", ")}`);
+    fail(
+      `architecture '${String(arch)}' is not supported; supported: ${
+        SUPPORTED_ARCHITECTURES.join(", ")
+      }`,
+    );
   }
 
   const num = (key: string, fallback?: number): number => {
@@ -33,12 +37,16 @@ export function ggufToModel(gguf: GgufFile, source: string): Model {
       if (fallback !== undefined) return fallback;
       return fail(`metadata '${key}' is missing`);
     }
-    if (typeof v !== "number" || !Number.isFinite(v)) return fail(`metadata '${key}' must be a number, received ${describe(v)}`);
+    if (typeof v !== "number" || !Number.isFinite(v)) {
+      return fail(`metadata '${key}' must be a number, received ${describe(v)}`);
+    }
     return v;
   };
   const positiveInt = (key: string, fallback?: number): number => {
     const v = num(key, fallback);
-    if (!Number.isInteger(v) || v <= 0) fail(`metadata '${key}' must be a positive integer, received ${v}`);
+    if (!Number.isInteger(v) || v <= 0) {
+      fail(`metadata '${key}' must be a positive integer, received ${v}`);
+    }
     return v;
   };
 
@@ -46,16 +54,21 @@ export function ggufToModel(gguf: GgufFile, source: string): Model {
   const nHeads = positiveInt("llama.attention.head_count");
   const nKvHeads = positiveInt("llama.attention.head_count_kv", nHeads);
   if (dim % nHeads !== 0 || nHeads % nKvHeads !== 0) {
-    fail(`embedding_length ${dim} must divide by head_count ${nHeads}, and head_count by head_count_kv ${nKvHeads}`);
+    fail(
+      `embedding_length ${dim} must divide by head_count ${nHeads}, and head_count by head_count_kv ${nKvHeads}`,
+    );
   }
   const headDim = dim / nHeads;
   const ropeDim = positiveInt("llama.rope.dimension_count", headDim);
   if (ropeDim > headDim || ropeDim % 2 !== 0) {
-    fail(`llama.rope.dimension_count must be even and at most the head size ${headDim}, received ${ropeDim}`);
+    fail(
+      `llama.rope.dimension_count must be even and at most the head size ${headDim}, received ${ropeDim}`,
+    );
   }
 
   const tokenizer = readTokenizer(gguf, fail);
-  const tensor = (name: string): Tensor => gguf.tensors.get(name) ?? fail(`tensor '${name}' is missing`);
+  const tensor = (name: string): Tensor =>
+    gguf.tensors.get(name) ?? fail(`tensor '${name}' is missing`);
   const tokenEmbedding = tensor("token_embd.weight");
   const vocabSize = tokenizer?.tokens.length ?? tokenEmbedding.shape[0] ?? 0;
 
@@ -100,7 +113,9 @@ export function ggufToModel(gguf: GgufFile, source: string): Model {
     layers,
     outputNorm: shaped("output_norm.weight", [dim]),
     // Files of tied models may omit the classifier; it is then the embedding table itself.
-    output: gguf.tensors.has("output.weight") ? shaped("output.weight", [vocabSize, dim]) : tokenEmbedding,
+    output: gguf.tensors.has("output.weight")
+      ? shaped("output.weight", [vocabSize, dim])
+      : tokenEmbedding,
   };
 
   const chatTemplate = meta("tokenizer.chat_template");
@@ -120,12 +135,16 @@ function readTokenizer(gguf: GgufFile, fail: (what: string) => never): Tokenizer
   if (model === undefined) return undefined;
   if (typeof model !== "string" || !SUPPORTED_TOKENIZERS.includes(model)) {
     return fail(
-      `tokenizer model '${String(model)}' (tokenizer.ggml.model) is not supported; supported: ${SUPPORTED_TOKENIZERS.join(", ")}`,
+      `tokenizer model '${String(model)}' (tokenizer.ggml.model) is not supported; supported: ${
+        SUPPORTED_TOKENIZERS.join(", ")
+      }`,
     );
   }
   const tokens = meta("tokenizer.ggml.tokens");
   if (!Array.isArray(tokens) || !tokens.every((t) => typeof t === "string")) {
-    return fail(`metadata 'tokenizer.ggml.tokens' must be an array of strings, received ${describe(tokens)}`);
+    return fail(
+      `metadata 'tokenizer.ggml.tokens' must be an array of strings, received ${describe(tokens)}`,
+    );
   }
   const n = tokens.length;
   const rawScores = meta("tokenizer.ggml.scores");
@@ -135,13 +154,23 @@ function readTokenizer(gguf: GgufFile, fail: (what: string) => never): Tokenizer
   } else if (rawScores instanceof Float32Array && rawScores.length === n) {
     scores = rawScores;
   } else {
-    return fail(`metadata 'tokenizer.ggml.scores' must be ${n} float32 values, received ${describe(rawScores)}`);
+    return fail(
+      `metadata 'tokenizer.ggml.scores' must be ${n} float32 values, received ${
+        describe(rawScores)
+      }`,
+    );
   }
   const rawTypes = meta("tokenizer.ggml.token_type");
   let tokenTypes: Int32Array | undefined;
   if (rawTypes !== undefined) {
-    if (!(rawTypes instanceof Int32Array || rawTypes instanceof Uint32Array) || rawTypes.length !== n) {
-      return fail(`metadata 'tokenizer.ggml.token_type' must be ${n} int32 values, received ${describe(rawTypes)}`);
+    if (
+      !(rawTypes instanceof Int32Array || rawTypes instanceof Uint32Array) || rawTypes.length !== n
+    ) {
+      return fail(
+        `metadata 'tokenizer.ggml.token_type' must be ${n} int32 values, received ${
+          describe(rawTypes)
+        }`,
+      );
     }
     tokenTypes = rawTypes instanceof Int32Array ? rawTypes : new Int32Array(rawTypes);
   }

@@ -27,8 +27,17 @@ export function detectModelFormat(head: Uint8Array): ModelFormat | undefined {
   if (head.byteLength >= 4 && GGUF_MAGIC.every((b, i) => head[i] === b)) return "gguf";
   if (head.byteLength < LLAMA2C_HEADER_BYTES) return undefined;
   const view = new DataView(head.buffer, head.byteOffset, LLAMA2C_HEADER_BYTES);
-  const [dim, hidden, layers, heads, kvHeads, vocab, seqLen] = Array.from({ length: 7 }, (_, i) => view.getInt32(i * 4, true)) as [
-    number, number, number, number, number, number, number,
+  const [dim, hidden, layers, heads, kvHeads, vocab, seqLen] = Array.from(
+    { length: 7 },
+    (_, i) => view.getInt32(i * 4, true),
+  ) as [
+    number,
+    number,
+    number,
+    number,
+    number,
+    number,
+    number,
   ];
   const plausible = (v: number) => v > 0 && v < 1 << 24;
   const ok = [dim, hidden, layers, heads, kvHeads, Math.abs(vocab), seqLen].every(plausible) &&
@@ -46,8 +55,13 @@ export function detectModelFormat(head: Uint8Array): ModelFormat | undefined {
  * ```
  */
 export async function loadModel(path: string, opts: LoadModelOptions = {}): Promise<Model> {
-  if (opts.contextLength !== undefined && !(Number.isInteger(opts.contextLength) && opts.contextLength > 0)) {
-    throw new Error(`Cannot load model ${path}: contextLength must be a positive integer, received ${opts.contextLength}`);
+  if (
+    opts.contextLength !== undefined &&
+    !(Number.isInteger(opts.contextLength) && opts.contextLength > 0)
+  ) {
+    throw new Error(
+      `Cannot load model ${path}: contextLength must be a positive integer, received ${opts.contextLength}`,
+    );
   }
   const head = await readHead(path, LLAMA2C_HEADER_BYTES);
   const format = detectModelFormat(head);
@@ -58,13 +72,21 @@ export async function loadModel(path: string, opts: LoadModelOptions = {}): Prom
     const { config, weights } = parseLlama2cCheckpoint(await Deno.readFile(path), path);
     model = { config, weights, source: path };
   } else {
-    const what = head.byteLength < LLAMA2C_HEADER_BYTES ? ` (only ${head.byteLength} bytes long)` : "";
+    const what = head.byteLength < LLAMA2C_HEADER_BYTES
+      ? ` (only ${head.byteLength} bytes long)`
+      : "";
     throw new Error(
-      `Cannot load model ${path}: it is neither a GGUF file nor a llama2.c checkpoint${what}: first bytes ${describeBytes(head.subarray(0, 8))}`,
+      `Cannot load model ${path}: it is neither a GGUF file nor a llama2.c checkpoint${what}: first bytes ${
+        describeBytes(head.subarray(0, 8))
+      }`,
     );
   }
   if (opts.tokenizerPath !== undefined) {
-    const tokenizer = parseLlama2cTokenizer(await Deno.readFile(opts.tokenizerPath), model.config.vocabSize, opts.tokenizerPath);
+    const tokenizer = parseLlama2cTokenizer(
+      await Deno.readFile(opts.tokenizerPath),
+      model.config.vocabSize,
+      opts.tokenizerPath,
+    );
     model = { ...model, tokenizer };
   }
   if (opts.contextLength !== undefined) {

@@ -5,7 +5,19 @@
 
 /** Value type numbers of the GGUF spec. */
 export const T = {
-  U8: 0, I8: 1, U16: 2, I16: 3, U32: 4, I32: 5, F32: 6, BOOL: 7, STRING: 8, ARRAY: 9, U64: 10, I64: 11, F64: 12,
+  U8: 0,
+  I8: 1,
+  U16: 2,
+  I16: 3,
+  U32: 4,
+  I32: 5,
+  F32: 6,
+  BOOL: 7,
+  STRING: 8,
+  ARRAY: 9,
+  U64: 10,
+  I64: 11,
+  F64: 12,
 } as const;
 
 /** An array value: its element type and items (nested arrays are WArray items). */
@@ -81,18 +93,30 @@ function str(b: Bytes, s: string) {
 
 function value(b: Bytes, type: number, v: unknown) {
   switch (type) {
-    case T.U8: return b.put(1, (d, o) => d.setUint8(o, v as number));
-    case T.I8: return b.put(1, (d, o) => d.setInt8(o, v as number));
-    case T.U16: return b.put(2, (d, o) => d.setUint16(o, v as number, true));
-    case T.I16: return b.put(2, (d, o) => d.setInt16(o, v as number, true));
-    case T.U32: return b.put(4, (d, o) => d.setUint32(o, v as number, true));
-    case T.I32: return b.put(4, (d, o) => d.setInt32(o, v as number, true));
-    case T.F32: return b.put(4, (d, o) => d.setFloat32(o, v as number, true));
-    case T.BOOL: return b.put(1, (d, o) => d.setUint8(o, v ? 1 : 0));
-    case T.STRING: return str(b, v as string);
-    case T.U64: return b.put(8, (d, o) => d.setBigUint64(o, BigInt(v as number), true));
-    case T.I64: return b.put(8, (d, o) => d.setBigInt64(o, BigInt(v as number), true));
-    case T.F64: return b.put(8, (d, o) => d.setFloat64(o, v as number, true));
+    case T.U8:
+      return b.put(1, (d, o) => d.setUint8(o, v as number));
+    case T.I8:
+      return b.put(1, (d, o) => d.setInt8(o, v as number));
+    case T.U16:
+      return b.put(2, (d, o) => d.setUint16(o, v as number, true));
+    case T.I16:
+      return b.put(2, (d, o) => d.setInt16(o, v as number, true));
+    case T.U32:
+      return b.put(4, (d, o) => d.setUint32(o, v as number, true));
+    case T.I32:
+      return b.put(4, (d, o) => d.setInt32(o, v as number, true));
+    case T.F32:
+      return b.put(4, (d, o) => d.setFloat32(o, v as number, true));
+    case T.BOOL:
+      return b.put(1, (d, o) => d.setUint8(o, v ? 1 : 0));
+    case T.STRING:
+      return str(b, v as string);
+    case T.U64:
+      return b.put(8, (d, o) => d.setBigUint64(o, BigInt(v as number), true));
+    case T.I64:
+      return b.put(8, (d, o) => d.setBigInt64(o, BigInt(v as number), true));
+    case T.F64:
+      return b.put(8, (d, o) => d.setFloat64(o, v as number, true));
     case T.ARRAY: {
       const a = v as WArray;
       u32(b, a.elementType);
@@ -100,7 +124,8 @@ function value(b: Bytes, type: number, v: unknown) {
       for (const item of a.items) value(b, a.elementType, item);
       return;
     }
-    default: throw new Error(`writer: unknown type ${type}`);
+    default:
+      throw new Error(`writer: unknown type ${type}`);
   }
 }
 
@@ -192,15 +217,26 @@ export function tinyLlamaGguf(opts: TinyLlamaOptions = {}): Uint8Array {
       type: T.ARRAY,
       value: { elementType: T.STRING, items: ["<unk>", "<s>", "</s>", "<0x0A>", "▁a", "▁b"] },
     },
-    { key: "tokenizer.ggml.scores", type: T.ARRAY, value: { elementType: T.F32, items: [0, 0, 0, 0, -1, -2] } },
-    { key: "tokenizer.ggml.token_type", type: T.ARRAY, value: { elementType: T.I32, items: [2, 3, 3, 6, 1, 1] } },
+    {
+      key: "tokenizer.ggml.scores",
+      type: T.ARRAY,
+      value: { elementType: T.F32, items: [0, 0, 0, 0, -1, -2] },
+    },
+    {
+      key: "tokenizer.ggml.token_type",
+      type: T.ARRAY,
+      value: { elementType: T.I32, items: [2, 3, 3, 6, 1, 1] },
+    },
     { key: "tokenizer.ggml.bos_token_id", type: T.U32, value: 1 },
     { key: "tokenizer.ggml.eos_token_id", type: T.U32, value: 2 },
   ];
   meta = meta.filter((e) => !opts.omit?.includes(e.key));
   for (const e of opts.extra ?? []) meta = [...meta.filter((m) => m.key !== e.key), e];
 
-  const shapes: [string, number[]][] = [["token_embd.weight", [dim, vocab]], ["output_norm.weight", [dim]], [
+  const shapes: [string, number[]][] = [["token_embd.weight", [dim, vocab]], [
+    "output_norm.weight",
+    [dim],
+  ], [
     "output.weight",
     [dim, vocab],
   ]];
@@ -221,7 +257,12 @@ export function tinyLlamaGguf(opts: TinyLlamaOptions = {}): Uint8Array {
     .filter(([name]) => !opts.omitTensors?.includes(name))
     .map(([name, d], i) => {
       const dims = opts.dims?.[name] ?? d;
-      return { name, dims, typeId: 0, data: f32Bytes(pseudoRandomF32(dims.reduce((a, b) => a * b, 1), i + 1)) };
+      return {
+        name,
+        dims,
+        typeId: 0,
+        data: f32Bytes(pseudoRandomF32(dims.reduce((a, b) => a * b, 1), i + 1)),
+      };
     });
   return writeGguf({ metadata: meta, tensors });
 }

@@ -4,7 +4,9 @@
 export function modelFile(name: string): string {
   const dir = Deno.env.get("MODEL_MIRROR");
   if (!dir) {
-    throw new Error("MODEL_MIRROR is unset: point it at the test models directory (e.g. MODEL_MIRROR=../shared/models)");
+    throw new Error(
+      "MODEL_MIRROR is unset: point it at the test models directory (e.g. MODEL_MIRROR=../shared/models)",
+    );
   }
   return `${dir}/${name}`;
 }
@@ -18,7 +20,10 @@ export async function tempFile(name: string, bytes: Uint8Array): Promise<string>
 }
 
 /** Copies a shared model file into a temp dir after passing its bytes through `corrupt`. */
-export async function corruptedCopy(name: string, corrupt: (bytes: Uint8Array) => Uint8Array): Promise<string> {
+export async function corruptedCopy(
+  name: string,
+  corrupt: (bytes: Uint8Array) => Uint8Array,
+): Promise<string> {
   const bytes = await Deno.readFile(modelFile(name));
   return tempFile(name, corrupt(bytes));
 }
@@ -39,7 +44,9 @@ export function findUnique(bytes: Uint8Array, needle: Uint8Array): number {
     for (let j = 0; j < needle.length; j++) if (bytes[i + j] !== needle[j]) continue outer;
     hits.push(i);
   }
-  if (hits.length !== 1) throw new Error(`expected one occurrence of the pattern, found ${hits.length}`);
+  if (hits.length !== 1) {
+    throw new Error(`expected one occurrence of the pattern, found ${hits.length}`);
+  }
   return hits[0]!;
 }
 

@@ -19,8 +19,38 @@ Deno.test("dequantize() expands hand-made Q4_0 blocks", () => {
   const block1 = [0x00, 0xc0, ...new Array(16).fill(0x08)];
   const out = dequantize(tensor("q4_0", [2, 32], [...block0, ...block1]));
   assertEquals(Array.from(out.subarray(0, 32)), [
-    -4, -3.5, -3, -2.5, -2, -1.5, -1, -0.5, 0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5,
-    3.5, 3, 2.5, 2, 1.5, 1, 0.5, 0, -0.5, -1, -1.5, -2, -2.5, -3, -3.5, -4,
+    -4,
+    -3.5,
+    -3,
+    -2.5,
+    -2,
+    -1.5,
+    -1,
+    -0.5,
+    0,
+    0.5,
+    1,
+    1.5,
+    2,
+    2.5,
+    3,
+    3.5,
+    3.5,
+    3,
+    2.5,
+    2,
+    1.5,
+    1,
+    0.5,
+    0,
+    -0.5,
+    -1,
+    -1.5,
+    -2,
+    -2.5,
+    -3,
+    -3.5,
+    -4,
   ]);
   assertEquals(Array.from(out.subarray(32, 48)), new Array(16).fill(0));
   assertEquals(Array.from(out.subarray(48, 64)), new Array(16).fill(16));
@@ -75,7 +105,10 @@ Deno.test("the Q8_0 GGUF's dequantized weights match the F32 GGUF's within the f
         const bound = d / 2 + 127 * Math.abs(d - d16) + 1e-7 * d;
         for (let j = 0; j < 32; j++) {
           const err = Math.abs(y[b * 32 + j]! - block[j]!);
-          assert(err <= bound, `${name}[${b * 32 + j}]: |${y[b * 32 + j]} - ${block[j]}| > ${bound}`);
+          assert(
+            err <= bound,
+            `${name}[${b * 32 + j}]: |${y[b * 32 + j]} - ${block[j]}| > ${bound}`,
+          );
         }
       }
     }

@@ -1,4 +1,10 @@
-import { assert, assertEquals, assertNotEquals, assertStrictEquals, assertThrows } from "@std/assert";
+import {
+  assert,
+  assertEquals,
+  assertNotEquals,
+  assertStrictEquals,
+  assertThrows,
+} from "@std/assert";
 import { dequantize } from "../lib/dequantize.ts";
 import { parseGguf, readGguf } from "../lib/gguf.ts";
 import { ggufToModel } from "../lib/gguf_model.ts";
@@ -36,7 +42,13 @@ Deno.test("ggufToModel() reads the stories260K config from llama.* metadata", as
 });
 
 /** llama.cpp's HF-converter permutation: rows reshaped (nHead, 2, headDim/2) -> (nHead, headDim/2, 2). */
-function permuteRows(w: Float32Array, nHead: number, headDim: number, cols: number, inverse: boolean): Float32Array {
+function permuteRows(
+  w: Float32Array,
+  nHead: number,
+  headDim: number,
+  cols: number,
+  inverse: boolean,
+): Float32Array {
   const out = new Float32Array(w.length);
   for (let h = 0; h < nHead; h++) {
     for (let i = 0; i < headDim / 2; i++) {
@@ -66,13 +78,19 @@ Deno.test("ggufToModel() gives the same weights as the llama2.c checkpoint, Q an
   for (let l = 0; l < g.config.nLayers; l++) {
     const gl = g.weights.layers[l]!;
     const bl = b.weights.layers[l]!;
-    for (const k of ["attnNorm", "wq", "wk", "wv", "wo", "ffnNorm", "wGate", "wDown", "wUp"] as const) {
+    for (
+      const k of ["attnNorm", "wq", "wk", "wv", "wo", "ffnNorm", "wGate", "wDown", "wUp"] as const
+    ) {
       same(gl[k], bl[k], `layer ${l} ${k}`);
     }
     // The comparison can tell layouts apart: either permutation would have changed Q and K.
     for (const [k, heads] of [["wq", nHeads], ["wk", nKvHeads]] as const) {
       for (const inverse of [false, true]) {
-        assertNotEquals(permuteRows(dequantize(bl[k]), heads, headDim, dim, inverse), dequantize(gl[k]), `layer ${l} ${k}`);
+        assertNotEquals(
+          permuteRows(dequantize(bl[k]), heads, headDim, dim, inverse),
+          dequantize(gl[k]),
+          `layer ${l} ${k}`,
+        );
       }
     }
   }
@@ -100,7 +118,10 @@ Deno.test("ggufToModel() reads the SentencePiece vocabulary from tokenizer.ggml.
 Deno.test("ggufToModel() reads every hyper-parameter, the chat template and an untied classifier", () => {
   const tpl = "{% for m in messages %}{{ m.content }}{% endfor %}";
   const m = ggufToModel(
-    parseGguf(tinyLlamaGguf({ extra: [{ key: "tokenizer.chat_template", type: T.STRING, value: tpl }] }), "tiny.gguf"),
+    parseGguf(
+      tinyLlamaGguf({ extra: [{ key: "tokenizer.chat_template", type: T.STRING, value: tpl }] }),
+      "tiny.gguf",
+    ),
     "tiny.gguf",
   );
   assertEquals(m.config, {
@@ -147,7 +168,12 @@ Deno.test("ggufToModel() applies the documented defaults for optional llama.* ke
 });
 
 Deno.test("ggufToModel() takes the vocabulary size from token_embd when the file has no tokenizer", () => {
-  const omit = ["tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"];
+  const omit = [
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.scores",
+    "tokenizer.ggml.token_type",
+  ];
   const m = ggufToModel(parseGguf(tinyLlamaGguf({ omit }), "tiny.gguf"), "tiny.gguf");
   assertEquals(m.config.vocabSize, TINY.vocab);
   assertEquals(m.tokenizer, undefined);
@@ -165,10 +191,18 @@ Deno.test("ggufToModel() ties the classifier to token_embd when output.weight is
 // --- errors ---
 
 Deno.test("ggufToModel() rejects an unknown architecture", async () => {
-  const value = (s: string) => new Uint8Array([...ggufString("general.architecture"), 8, 0, 0, 0, ...ggufString(s)]);
-  const path = await corruptedCopy("stories260K.gguf", (b) => replaceUnique(b, value("llama"), value("ollmo")));
+  const value = (s: string) =>
+    new Uint8Array([...ggufString("general.architecture"), 8, 0, 0, 0, ...ggufString(s)]);
+  const path = await corruptedCopy(
+    "stories260K.gguf",
+    (b) => replaceUnique(b, value("llama"), value("ollmo")),
+  );
   const g = await readGguf(path);
-  assertThrows(() => ggufToModel(g, path), Error, `Cannot load GGUF ${path}: architecture 'ollmo' is not supported; supported: llama`);
+  assertThrows(
+    () => ggufToModel(g, path),
+    Error,
+    `Cannot load GGUF ${path}: architecture 'ollmo' is not supported; supported: llama`,
+  );
 });
 
 Deno.test("ggufToModel() rejects a missing tensor, naming it", async () => {
@@ -177,11 +211,18 @@ Deno.test("ggufToModel() rejects a missing tensor, naming it", async () => {
     (b) => replaceUnique(b, enc.encode("blk.3.ffn_up.weight"), enc.encode("blk.3.ffn_up.wEight")),
   );
   const g = await readGguf(path);
-  assertThrows(() => ggufToModel(g, path), Error, `Cannot load GGUF ${path}: tensor 'blk.3.ffn_up.weight' is missing`);
+  assertThrows(
+    () => ggufToModel(g, path),
+    Error,
+    `Cannot load GGUF ${path}: tensor 'blk.3.ffn_up.weight' is missing`,
+  );
 });
 
 Deno.test("ggufToModel() rejects a tokenizer model other than llama", () => {
-  const g = parseGguf(tinyLlamaGguf({ extra: [{ key: "tokenizer.ggml.model", type: T.STRING, value: "gpt2" }] }), "t.gguf");
+  const g = parseGguf(
+    tinyLlamaGguf({ extra: [{ key: "tokenizer.ggml.model", type: T.STRING, value: "gpt2" }] }),
+    "t.gguf",
+  );
   assertThrows(
     () => ggufToModel(g, "t.gguf"),
     Error,
@@ -191,17 +232,29 @@ Deno.test("ggufToModel() rejects a tokenizer model other than llama", () => {
 
 Deno.test("ggufToModel() rejects a tensor of the wrong shape", () => {
   const g = parseGguf(tinyLlamaGguf({ dims: { "blk.1.attn_q.weight": [TINY.dim, 4] } }), "t.gguf");
-  assertThrows(() => ggufToModel(g, "t.gguf"), Error, "tensor 'blk.1.attn_q.weight' has shape [4, 8], expected [8, 8]");
+  assertThrows(
+    () => ggufToModel(g, "t.gguf"),
+    Error,
+    "tensor 'blk.1.attn_q.weight' has shape [4, 8], expected [8, 8]",
+  );
 });
 
 Deno.test("ggufToModel() rejects missing or mistyped llama.* metadata", () => {
   const missing = parseGguf(tinyLlamaGguf({ omit: ["llama.block_count"] }), "t.gguf");
-  assertThrows(() => ggufToModel(missing, "t.gguf"), Error, "metadata 'llama.block_count' is missing");
+  assertThrows(
+    () => ggufToModel(missing, "t.gguf"),
+    Error,
+    "metadata 'llama.block_count' is missing",
+  );
   const mistyped = parseGguf(
     tinyLlamaGguf({ extra: [{ key: "llama.embedding_length", type: T.STRING, value: "8" }] }),
     "t.gguf",
   );
-  assertThrows(() => ggufToModel(mistyped, "t.gguf"), Error, "metadata 'llama.embedding_length' must be a number, received '8'");
+  assertThrows(
+    () => ggufToModel(mistyped, "t.gguf"),
+    Error,
+    "metadata 'llama.embedding_length' must be a number, received '8'",
+  );
   const noArch = parseGguf(tinyLlamaGguf({ omit: ["general.architecture"] }), "t.gguf");
   const err = assertThrows(() => ggufToModel(noArch, "t.gguf"), Error);
   assert(err.message.includes("'general.architecture' is missing"), err.message);

@@ -1,7 +1,21 @@
-import { assert, assertEquals, assertInstanceOf, assertRejects, assertStrictEquals, assertThrows } from "@std/assert";
+import {
+  assert,
+  assertEquals,
+  assertInstanceOf,
+  assertRejects,
+  assertStrictEquals,
+  assertThrows,
+} from "@std/assert";
 import { GgufValueType, parseGguf, readGguf } from "../lib/gguf.ts";
 import { f32Bytes, T, writeGguf } from "./_gguf_writer.ts";
-import { corruptedCopy, ggufString, modelFile, replaceUnique, tempFile, tensorTypeFieldOffset } from "./_model_files.ts";
+import {
+  corruptedCopy,
+  ggufString,
+  modelFile,
+  replaceUnique,
+  tempFile,
+  tensorTypeFieldOffset,
+} from "./_model_files.ts";
 
 const MAX_U64 = 2n ** 64n - 1n;
 const MIN_I64 = -(2n ** 63n);
@@ -28,17 +42,57 @@ const SCALARS = [
 
 const ARRAYS = [
   { key: "a.u8", elementType: T.U8, items: [0, 1, 255], expected: new Uint8Array([0, 1, 255]) },
-  { key: "a.i8", elementType: T.I8, items: [-128, 0, 127], expected: new Int8Array([-128, 0, 127]) },
+  {
+    key: "a.i8",
+    elementType: T.I8,
+    items: [-128, 0, 127],
+    expected: new Int8Array([-128, 0, 127]),
+  },
   { key: "a.u16", elementType: T.U16, items: [65535, 7], expected: new Uint16Array([65535, 7]) },
-  { key: "a.i16", elementType: T.I16, items: [-32768, 32767], expected: new Int16Array([-32768, 32767]) },
-  { key: "a.u32", elementType: T.U32, items: [4294967295, 1], expected: new Uint32Array([4294967295, 1]) },
+  {
+    key: "a.i16",
+    elementType: T.I16,
+    items: [-32768, 32767],
+    expected: new Int16Array([-32768, 32767]),
+  },
+  {
+    key: "a.u32",
+    elementType: T.U32,
+    items: [4294967295, 1],
+    expected: new Uint32Array([4294967295, 1]),
+  },
   { key: "a.i32", elementType: T.I32, items: [-5, 6, -7], expected: new Int32Array([-5, 6, -7]) },
-  { key: "a.f32", elementType: T.F32, items: [0.25, -1e-3], expected: new Float32Array([0.25, -1e-3]) },
-  { key: "a.f64", elementType: T.F64, items: [1e-300, -2.5], expected: new Float64Array([1e-300, -2.5]) },
-  { key: "a.u64", elementType: T.U64, items: [MAX_U64, 3n], expected: new BigUint64Array([MAX_U64, 3n]) },
-  { key: "a.i64", elementType: T.I64, items: [MIN_I64, -1n], expected: new BigInt64Array([MIN_I64, -1n]) },
+  {
+    key: "a.f32",
+    elementType: T.F32,
+    items: [0.25, -1e-3],
+    expected: new Float32Array([0.25, -1e-3]),
+  },
+  {
+    key: "a.f64",
+    elementType: T.F64,
+    items: [1e-300, -2.5],
+    expected: new Float64Array([1e-300, -2.5]),
+  },
+  {
+    key: "a.u64",
+    elementType: T.U64,
+    items: [MAX_U64, 3n],
+    expected: new BigUint64Array([MAX_U64, 3n]),
+  },
+  {
+    key: "a.i64",
+    elementType: T.I64,
+    items: [MIN_I64, -1n],
+    expected: new BigInt64Array([MIN_I64, -1n]),
+  },
   { key: "a.bool", elementType: T.BOOL, items: [true, false, true], expected: [true, false, true] },
-  { key: "a.string", elementType: T.STRING, items: ["▁the", "<0x0A>", "", "🦙"], expected: ["▁the", "<0x0A>", "", "🦙"] },
+  {
+    key: "a.string",
+    elementType: T.STRING,
+    items: ["▁the", "<0x0A>", "", "🦙"],
+    expected: ["▁the", "<0x0A>", "", "🦙"],
+  },
   { key: "a.empty", elementType: T.I32, items: [], expected: new Int32Array([]) },
   {
     key: "a.nested_strings",
@@ -62,7 +116,11 @@ function everyTypeFile(version: number): Uint8Array {
     version,
     metadata: [
       ...SCALARS,
-      ...ARRAYS.map((a) => ({ key: a.key, type: T.ARRAY, value: { elementType: a.elementType, items: a.items } })),
+      ...ARRAYS.map((a) => ({
+        key: a.key,
+        type: T.ARRAY,
+        value: { elementType: a.elementType, items: a.items },
+      })),
     ],
   });
 }
@@ -82,7 +140,9 @@ for (const version of [2, 3]) {
       assertEquals(entry?.type, GgufValueType.ARRAY, a.key);
       assertEquals(entry?.elementType, a.elementType, a.key);
       assertEquals(entry?.value, a.expected, a.key);
-      if (!Array.isArray(a.expected)) assertEquals(entry?.value.constructor, a.expected.constructor, a.key);
+      if (!Array.isArray(a.expected)) {
+        assertEquals(entry?.value.constructor, a.expected.constructor, a.key);
+      }
     }
   });
 }
@@ -107,7 +167,9 @@ function fourTypesFile(alignment: number | undefined) {
     { name: "c.q8_0", dims: [32, 2], typeId: 8, data: q8 },
     { name: "d.q4_0", dims: [32, 1], typeId: 2, data: q4 },
   ];
-  const metadata = alignment === undefined ? [] : [{ key: "general.alignment", type: T.U32, value: alignment }];
+  const metadata = alignment === undefined
+    ? []
+    : [{ key: "general.alignment", type: T.U32, value: alignment }];
   return { bytes: writeGguf({ metadata, tensors, ...(alignment ? { alignment } : {}) }), tensors };
 }
 
@@ -150,7 +212,9 @@ Deno.test("readGguf() matches parseGguf() and keeps all tensor data in one buffe
   const [buffer] = buffers;
   // The header region is not kept: the one buffer holds only the data section.
   assertEquals(buffer!.byteLength, fileBytes.byteLength - fromDisk.dataOffset);
-  for (const [name, t] of inMemory.tensors) assertEquals(fromDisk.tensors.get(name)!.data, t.data, name);
+  for (const [name, t] of inMemory.tensors) {
+    assertEquals(fromDisk.tensors.get(name)!.data, t.data, name);
+  }
 });
 
 Deno.test("readGguf() reads a header larger than its first read", async () => {
@@ -189,20 +253,33 @@ Deno.test("parseGguf() reads the real stories260K.gguf header written by llama.c
 Deno.test("readGguf() rejects a bad magic", async () => {
   const path = await corruptedCopy("stories260K.gguf", (b) => (b.set([0x47, 0x47, 0x4d, 0x4c]), b));
   const err = await assertRejects(() => readGguf(path), Error);
-  assert(err.message.includes('bad magic, expected "GGUF", received 47 47 4d 4c ("GGML")'), err.message);
+  assert(
+    err.message.includes('bad magic, expected "GGUF", received 47 47 4d 4c ("GGML")'),
+    err.message,
+  );
 });
 
 for (const version of [1, 4]) {
   Deno.test(`readGguf() rejects GGUF version ${version}`, async () => {
-    const path = await corruptedCopy("stories260K.gguf", (b) => (new DataView(b.buffer).setUint32(4, version, true), b));
-    await assertRejects(() => readGguf(path), Error, `unsupported GGUF version ${version}; supported: 2, 3`);
+    const path = await corruptedCopy(
+      "stories260K.gguf",
+      (b) => (new DataView(b.buffer).setUint32(4, version, true), b),
+    );
+    await assertRejects(
+      () => readGguf(path),
+      Error,
+      `unsupported GGUF version ${version}; supported: 2, 3`,
+    );
   });
 }
 
 Deno.test("readGguf() rejects a file truncated inside the header", async () => {
   const path = await corruptedCopy("stories260K.gguf", (b) => b.slice(0, 5000));
   const err = await assertRejects(() => readGguf(path), Error);
-  assert(/file is truncated while reading .+: needs \d+ bytes, received 5000$/.test(err.message), err.message);
+  assert(
+    /file is truncated while reading .+: needs \d+ bytes, received 5000$/.test(err.message),
+    err.message,
+  );
   assert(err.message.includes(path), err.message);
 });
 
@@ -238,15 +315,25 @@ Deno.test("parseGguf() rejects an unknown metadata value type", async () => {
   const from = new Uint8Array([...key, 8, 0, 0, 0]);
   const to = new Uint8Array([...key, 13, 0, 0, 0]);
   const err = assertThrows(() => parseGguf(replaceUnique(bytes, from, to), "x.gguf"), Error);
-  assert(err.message.includes("unknown metadata value type 13 for metadata 'general.name'"), err.message);
+  assert(
+    err.message.includes("unknown metadata value type 13 for metadata 'general.name'"),
+    err.message,
+  );
 });
 
 Deno.test("parseGguf() rejects a tensor offset that breaks the alignment", () => {
-  const bytes = writeGguf({ metadata: [], tensors: [{ name: "w", dims: [4], typeId: 0, data: f32Bytes([1, 2, 3, 4]) }] });
+  const bytes = writeGguf({
+    metadata: [],
+    tensors: [{ name: "w", dims: [4], typeId: 0, data: f32Bytes([1, 2, 3, 4]) }],
+  });
   const g = parseGguf(bytes, "ok.gguf");
   assertInstanceOf(g.tensors.get("w")?.data, Uint8Array);
   // The offset field is the last 8 bytes of the (only) tensor info, right before the padding.
   const infoEnd = 4 + 4 + 8 + 8 + (8 + 1) + 4 + 8 + 4 + 8;
   new DataView(bytes.buffer).setBigUint64(infoEnd - 8, 4n, true);
-  assertThrows(() => parseGguf(bytes, "bad.gguf"), Error, "tensor 'w' data offset 4 is not a multiple of the alignment 32");
+  assertThrows(
+    () => parseGguf(bytes, "bad.gguf"),
+    Error,
+    "tensor 'w' data offset 4 is not a multiple of the alignment 32",
+  );
 });

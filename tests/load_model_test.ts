@@ -5,7 +5,9 @@ import { corruptedCopy, modelFile, tempFile } from "./_model_files.ts";
 
 Deno.test("loadModel() tells a GGUF from a llama2.c checkpoint and both give the same model", async () => {
   const gguf = await loadModel(modelFile("stories260K.gguf"));
-  const bin = await loadModel(modelFile("stories260K.bin"), { tokenizerPath: modelFile("tok512.bin") });
+  const bin = await loadModel(modelFile("stories260K.bin"), {
+    tokenizerPath: modelFile("tok512.bin"),
+  });
   assertEquals(gguf.source, modelFile("stories260K.gguf"));
   // The files differ only in the context the converter declared and in eps stored as f32.
   assertEquals(
@@ -53,23 +55,40 @@ Deno.test("detectModelFormat() reads the magic and the llama2.c header", async (
   assertEquals(detectModelFormat(gguf.subarray(0, 28)), "gguf");
   assertEquals(detectModelFormat(bin.subarray(0, 28)), "llama2c");
   assertEquals(detectModelFormat(bin.subarray(0, 27)), undefined);
-  assertEquals(detectModelFormat(new TextEncoder().encode("<!DOCTYPE html><html><head>")), undefined);
+  assertEquals(
+    detectModelFormat(new TextEncoder().encode("<!DOCTYPE html><html><head>")),
+    undefined,
+  );
 });
 
 // --- errors, each from a corrupted copy of a shared model file ---
 
 Deno.test("loadModel() rejects a file that is neither format, showing its first bytes", async () => {
-  const path = await corruptedCopy("stories260K.gguf", (b) => (b.set(new TextEncoder().encode("NOPE")), b));
+  const path = await corruptedCopy(
+    "stories260K.gguf",
+    (b) => (b.set(new TextEncoder().encode("NOPE")), b),
+  );
   await assertRejects(
     () => loadModel(path),
     Error,
     `Cannot load model ${path}: it is neither a GGUF file nor a llama2.c checkpoint: first bytes 4e 4f 50 45 03 00 00 00 ("NOPE....")`,
   );
   // A llama2.c header with a negative dim is no checkpoint either.
-  const bin = await corruptedCopy("stories260K.bin", (b) => (new DataView(b.buffer).setInt32(0, -64, true), b));
-  await assertRejects(() => loadModel(bin), Error, "it is neither a GGUF file nor a llama2.c checkpoint");
+  const bin = await corruptedCopy(
+    "stories260K.bin",
+    (b) => (new DataView(b.buffer).setInt32(0, -64, true), b),
+  );
+  await assertRejects(
+    () => loadModel(bin),
+    Error,
+    "it is neither a GGUF file nor a llama2.c checkpoint",
+  );
   const empty = await tempFile("empty.gguf", new Uint8Array());
-  await assertRejects(() => loadModel(empty), Error, "nor a llama2.c checkpoint (only 0 bytes long): first bytes ");
+  await assertRejects(
+    () => loadModel(empty),
+    Error,
+    "nor a llama2.c checkpoint (only 0 bytes long): first bytes ",
+  );
 });
 
 Deno.test("loadModel() rejects a truncated GGUF, naming what it was reading and the sizes", async () => {
@@ -78,7 +97,9 @@ Deno.test("loadModel() rejects a truncated GGUF, naming what it was reading and 
   const path = await corruptedCopy("stories260K.gguf", (b) => b.slice(0, half));
   const err = await assertRejects(() => loadModel(path), Error);
   assert(
-    new RegExp(`file is truncated while reading the data of tensor 'blk\\.\\d\\.\\w+\\.weight': needs \\d+ bytes, received ${half}$`)
+    new RegExp(
+      `file is truncated while reading the data of tensor 'blk\\.\\d\\.\\w+\\.weight': needs \\d+ bytes, received ${half}$`,
+    )
       .test(err.message),
     err.message,
   );
@@ -90,6 +111,13 @@ Deno.test("loadModel() rejects a truncated llama2.c checkpoint", async () => {
 });
 
 Deno.test("loadModel() rejects an unsupported GGUF version", async () => {
-  const path = await corruptedCopy("stories260K.gguf", (b) => (new DataView(b.buffer).setUint32(4, 7, true), b));
-  await assertRejects(() => loadModel(path), Error, `Cannot load GGUF ${path}: unsupported GGUF version 7; supported: 2, 3`);
+  const path = await corruptedCopy(
+    "stories260K.gguf",
+    (b) => (new DataView(b.buffer).setUint32(4, 7, true), b),
+  );
+  await assertRejects(
+    () => loadModel(path),
+    Error,
+    `Cannot load GGUF ${path}: unsupported GGUF version 7; supported: 2, 3`,
+  );
 });
