@@ -57,7 +57,9 @@ function checkParams(p: SamplingParams, vocab: number): void {
     throw new Error(`Cannot sample: ${what}, received ${got}`);
   };
   if (Number.isNaN(p.temperature)) bad("temperature must be a number", p.temperature);
-  if (!(Number.isInteger(p.topK) && p.topK >= 0)) bad("topK must be a non-negative integer", p.topK);
+  if (!(Number.isInteger(p.topK) && p.topK >= 0)) {
+    bad("topK must be a non-negative integer", p.topK);
+  }
   if (!(p.topP >= 0 && p.topP <= 1)) bad("topP must be within [0, 1]", p.topP);
   if (!(p.minP >= 0 && p.minP <= 1)) bad("minP must be within [0, 1]", p.minP);
   if (vocab === 0) bad("logits must not be empty", "0 logits");

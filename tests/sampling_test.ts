@@ -1,4 +1,10 @@
-import { assert, assertAlmostEquals, assertEquals, assertNotEquals, assertThrows } from "@std/assert";
+import {
+  assert,
+  assertAlmostEquals,
+  assertEquals,
+  assertNotEquals,
+  assertThrows,
+} from "@std/assert";
 import { GREEDY, type SamplingParams } from "../lib/engine.ts";
 import { uniform } from "../lib/rng.ts";
 import { argmax, candidateSet, logSoftmaxAt, sample } from "../lib/sampling.ts";
@@ -37,7 +43,10 @@ Deno.test("logSoftmaxAt() equals hand-computed log-probabilities", () => {
 
 Deno.test("candidateSet() with temperature 0 keeps only the argmax", () => {
   assertEquals(candidateSet([1, 3, 3, 0], GREEDY), { ids: [1], probs: [1] });
-  assertEquals(candidateSet([1, 3, 3, 0], params({ temperature: -1, topK: 3 })), { ids: [1], probs: [1] });
+  assertEquals(candidateSet([1, 3, 3, 0], params({ temperature: -1, topK: 3 })), {
+    ids: [1],
+    probs: [1],
+  });
 });
 
 Deno.test("candidateSet() with no filters keeps every token by descending probability", () => {
@@ -94,10 +103,22 @@ Deno.test("candidateSet() scales logits by 1/temperature before the softmax", ()
 });
 
 Deno.test("candidateSet() rejects out-of-range parameters with the received value", () => {
-  assertThrows(() => candidateSet(P3, params({ topK: -1 })), Error, "topK must be a non-negative integer, received -1");
+  assertThrows(
+    () => candidateSet(P3, params({ topK: -1 })),
+    Error,
+    "topK must be a non-negative integer, received -1",
+  );
   assertThrows(() => candidateSet(P3, params({ topK: 1.5 })), Error, "received 1.5");
-  assertThrows(() => candidateSet(P3, params({ topP: 1.2 })), Error, "topP must be within [0, 1], received 1.2");
-  assertThrows(() => candidateSet(P3, params({ minP: -0.1 })), Error, "minP must be within [0, 1], received -0.1");
+  assertThrows(
+    () => candidateSet(P3, params({ topP: 1.2 })),
+    Error,
+    "topP must be within [0, 1], received 1.2",
+  );
+  assertThrows(
+    () => candidateSet(P3, params({ minP: -0.1 })),
+    Error,
+    "minP must be within [0, 1], received -0.1",
+  );
   assertThrows(() => candidateSet(P3, params({ temperature: NaN })), Error, "temperature");
 });
 
@@ -131,7 +152,10 @@ Deno.test("sample() reports the logprob under the raw logits, not the filtered d
 Deno.test("sample() is reproducible for a seed and differs between seeds", () => {
   const logits = new Float32Array(32).map((_, i) => Math.cos(i * 1.7));
   const run = (seed: number) =>
-    Array.from({ length: 200 }, (_, pos) => sample(logits, params({ seed, topP: 0.95 }), pos).token);
+    Array.from(
+      { length: 200 },
+      (_, pos) => sample(logits, params({ seed, topP: 0.95 }), pos).token,
+    );
   const a = run(1234);
   assertEquals(run(1234), a);
   const b = run(1235);
