@@ -1,0 +1,135 @@
+/**
+ * The CPU reference's vector operations: the twins the GPU kernels are tested against. Inputs
+ * and outputs are f32 arrays; sums are accumulated in double precision and each stored result
+ * is rounded to f32 once, so the reference is at least as accurate as any f32 kernel.
+ */
+
+/**
+ * RMS normalisation: out[j] = weight[j] * x[j] / sqrt(mean(x²) + eps). `out` may be `x`.
+ *
+ * ```ts
+ * rmsnorm(out, new Float32Array([3, 4]), new Float32Array([1, 1]), 0); // out ≈ [0.8485, 1.1314]
+ * ```
+ */
+export function rmsnorm(
+  out: Float32Array,
+  x: Float32Array,
+  weight: Float32Array,
+  eps: number,
+): Float32Array {
+  if (x.length !== weight.length || out.length !== x.length) {
+    throw new Error(
+      `Cannot rmsnorm: x, weight and out must have one length, received ${x.length}, ${weight.length} and ${out.length}`,
+    );
+  }
+  let ss = 0;
+  for (let j = 0; j < x.length; j++) ss += x[j]! * x[j]!;
+  const scale = 1 / Math.sqrt(ss / x.length + eps);
+  for (let j = 0; j < x.length; j++) out[j] = weight[j]! * (scale * x[j]!);
+  return out;
+}
+
+/**
+ * out = W·x for a row-major W of shape [out.length, x.length] (the layout of every weight
+ * matrix here: [outFeatures, inFeatures]).
+ *
+ * ```ts
+ * matvec(new Float32Array(2), new Float32Array([1, 2, 3, 4]), new Float32Array([1, 1])); // [3, 7]
+ * ```
+ */
+export function matvec(out: Float32Array, w: Float32Array, x: Float32Array): Float32Array {
+  const rows = out.length;
+  const cols = x.length;
+  if (w.length !== rows * cols) {
+    throw new Error(
+      `Cannot matvec: weight has ${w.length} elements, expected ${rows} x ${cols} = ${rows * cols}`,
+    );
+  }
+  for (let r = 0; r < rows; r++) {
+    let sum = 0;
+    const base = r * cols;
+    for (let c = 0; c < cols; c++) sum += w[base + c]! * x[c]!;
+    out[r] = sum;
+  }
+  return out;
+}
+
+/**
+ * Rotary position embedding in place, llama2.c's layout: within each head, the adjacent pair
+ * (2i, 2i+1) is rotated by the angle pos * theta^(-2i/ropeDim), for 2i < ropeDim; dimensions
+ * past ropeDim are left alone.
+ *
+ * ```ts
+ * rope(q, nHeads, headDim, headDim, pos, 10000);
+ * ```
+ */
+export function rope(
+  vec: Float32Array,
+  nHeads: number,
+  headDim: number,
+  ropeDim: number,
+  pos: number,
+  theta: number,
+): Float32Array {
+  if (vec.length !== nHeads * headDim || ropeDim > headDim || ropeDim % 2 !== 0) {
+    throw new Error(
+      `Cannot apply RoPE: vector of ${vec.length} must be ${nHeads} heads x ${headDim}, and ropeDim ${ropeDim} even and <= headDim`,
+    );
+  }
+  for (let i = 0; i < ropeDim; i += 2) {
+    const angle = pos * Math.pow(theta, -i / ropeDim);
+    const cos = Math.cos(angle);
+    const sin = Math.sin(angle);
+    for (let h = 0; h < nHeads; h++) {
+      const j = h * headDim + i;
+      const v0 = vec[j]!;
+      const v1 = vec[j + 1]!;
+      vec[j] = v0 * cos - v1 * sin;
+      vec[j + 1] = v0 * sin + v1 * cos;
+    }
+  }
+  return vec;
+}
+
+/** SiLU (swish): x * sigmoid(x). */
+export function silu(x: number): number {
+  return x / (1 + Math.exp(-x));
+}
+
+/**
+ * SwiGLU in place on `gate`: gate[i] = silu(gate[i]) * up[i].
+ *
+ * ```ts
+ * swiglu(gate, up);
+ * ```
+ */
+export function swiglu(gate: Float32Array, up: Float32Array): Float32Array {
+  if (gate.length !== up.length) {
+    throw new Error(`Cannot apply SwiGLU: gate has ${gate.length} elements, up has ${up.length}`);
+  }
+  for (let i = 0; i < gate.length; i++) gate[i] = silu(gate[i]!) * up[i]!;
+  return gate;
+}
+
+/** Softmax in place over x[0..n) (all of x by default), max-subtracted for stability. */
+export function softmax(x: Float32Array, n: number = x.length): Float32Array {
+  let max = -Infinity;
+  for (let i = 0; i < n; i++) max = Math.max(max, x[i]!);
+  let sum = 0;
+  const e = new Float64Array(n);
+  for (let i = 0; i < n; i++) {
+    e[i] = Math.exp(x[i]! - max);
+    sum += e[i]!;
+  }
+  for (let i = 0; i < n; i++) x[i] = e[i]! / sum;
+  return x;
+}
+
+/** Residual add in place: x[i] += y[i]. */
+export function addInPlace(x: Float32Array, y: Float32Array): Float32Array {
+  if (x.length !== y.length) {
+    throw new Error(`Cannot add: lengths differ, received ${x.length} and ${y.length}`);
+  }
+  for (let i = 0; i < x.length; i++) x[i] = x[i]! + y[i]!;
+  return x;
+}
