@@ -1,0 +1,180 @@
+import type {
+  Engine,
+  KvGeometry,
+  SampledToken,
+  SeqInput,
+  StepPlan,
+  StepResult,
+} from "../engine.ts";
+import type { ModelConfig } from "../model_config.ts";
+import { sample } from "../sampling.ts";
+import type { ModelWeights } from "../weights.ts";
+import { type DenseLayer, type DenseWeights, denseWeights } from "./dense_weights.ts";
+import { addInPlace, matvec, rmsnorm, rope, swiglu } from "./ops.ts";
+import { pagedAttention } from "./paged_attention.ts";
+import { PagedKvCache } from "./paged_kv_cache.ts";
+
+/**
+ * The CPU reference engine: the whole Llama forward pass in plain TypeScript over f32 weights
+ * (dequantized once here), with the same paged KV cache and step API as the GPU engine. It runs
+ * every new token of every sequence one at a time, in plan order, which is what a batched,
+ * chunked forward must reproduce. It is the oracle for GPU work, so it favours obviousness over
+ * speed.
+ *
+ * ```ts
+ * const engine = new CpuEngine(model.config, model.weights, { numBlocks: 64, blockSize: 16 });
+ * const r = await engine.step({ stepId: 0, seqs: [{ seqId: 1, tokens: [1, 403], startPos: 0,
+ *   blockTable: [0], sample: true, sampling: GREEDY }] });
+ * ```
+ */
+export class CpuEngine implements Engine {
+  readonly name = "cpu";
+  readonly kv: KvGeometry;
+  private readonly dense: DenseWeights;
+  private readonly cache: PagedKvCache;
+  /** The token each sequence sampled last, input to a `useLastSampled` decode. */
+  private readonly lastSampled = new Map<number, number>();
+  /** Steps run strictly one after another, in call order. */
+  private queue: Promise<unknown> = Promise.resolve();
+  private disposed = false;
+
+  constructor(readonly config: ModelConfig, weights: ModelWeights, kv: KvGeometry) {
+    if (config.nHeads % config.nKvHeads !== 0) {
+      throw new Error(
+        `Cannot create CPU engine: nHeads ${config.nHeads} must be a multiple of nKvHeads ${config.nKvHeads}`,
+      );
+    }
+    this.kv = { numBlocks: kv.numBlocks, blockSize: kv.blockSize };
+    this.dense = denseWeights(config, weights);
+    this.cache = new PagedKvCache(config.nLayers, config.nKvHeads, config.headDim, this.kv);
+  }
+
+  step(plan: StepPlan): Promise<StepResult> {
+    const result = this.queue.then(() => this.runStep(plan));
+    this.queue = result.catch(() => {});
+    return result;
+  }
+
+  dispose(): void {
+    this.disposed = true;
+    this.lastSampled.clear();
+  }
+
+  private runStep(plan: StepPlan): StepResult {
+    if (this.disposed) {
+      throw new Error(`Cannot run step ${plan.stepId}: the CPU engine was disposed`);
+    }
+    // Check the whole plan before touching the cache, so a bad plan changes nothing.
+    const inputs = this.resolveInputs(plan);
+    const sampled: SampledToken[] = [];
+    plan.seqs.forEach((seq, i) => {
+      const tokens = inputs[i]!;
+      let logits: Float32Array | undefined;
+      tokens.forEach((token, j) => {
+        const last = j === tokens.length - 1;
+        logits = this.forward(token, seq.startPos + j, seq.blockTable, last && seq.sample);
+      });
+      if (!seq.sample) return;
+      const position = seq.startPos + tokens.length;
+      const { token, logprob } = sample(logits!, seq.sampling, position);
+      this.lastSampled.set(seq.seqId, token);
+      sampled.push(
+        plan.returnLogits
+          ? { seqId: seq.seqId, token, logprob, logits: logits! }
+          : { seqId: seq.seqId, token, logprob },
+      );
+    });
+    return { stepId: plan.stepId, sampled };
+  }
+
+  private resolveInputs(plan: StepPlan): number[][] {
+    const { vocabSize } = this.config;
+    const seen = new Set<number>();
+    return plan.seqs.map((seq: SeqInput) => {
+      const where = `Cannot run step ${plan.stepId}: sequence ${seq.seqId}`;
+      if (seen.has(seq.seqId)) throw new Error(`${where} appears twice in one plan`);
+      seen.add(seq.seqId);
+      let tokens: number[];
+      if (seq.useLastSampled) {
+        const last = this.lastSampled.get(seq.seqId);
+        if (seq.tokens.length !== 0 || last === undefined) {
+          throw new Error(
+            `${where} asks for its last sampled token, which needs empty tokens and an earlier sampled step; received ${seq.tokens.length} tokens, last sampled ${last}`,
+          );
+        }
+        tokens = [last];
+      } else {
+        tokens = [...seq.tokens];
+      }
+      if (tokens.length === 0) throw new Error(`${where} has no new tokens`);
+      if (!(Number.isInteger(seq.startPos) && seq.startPos >= 0)) {
+        throw new Error(`${where} has startPos ${seq.startPos}, expected a non-negative integer`);
+      }
+      for (const t of tokens) {
+        if (!(Number.isInteger(t) && t >= 0 && t < vocabSize)) {
+          throw new Error(`${where} has token ${t} outside the vocabulary 0..${vocabSize - 1}`);
+        }
+      }
+      const end = seq.startPos + tokens.length;
+      const needed = Math.ceil(end / this.kv.blockSize);
+      if (seq.blockTable.length < needed) {
+        throw new Error(
+          `${where} needs ${needed} KV blocks for positions 0..${
+            end - 1
+          }, its block table has ${seq.blockTable.length}`,
+        );
+      }
+      for (const b of seq.blockTable.slice(0, needed)) {
+        if (!(Number.isInteger(b) && b >= 0 && b < this.kv.numBlocks)) {
+          throw new Error(`${where} has block id ${b} outside 0..${this.kv.numBlocks - 1}`);
+        }
+      }
+      return tokens;
+    });
+  }
+
+  /**
+   * One token through every layer: writes its K/V at its slot and attends over positions
+   * 0..pos. Returns the logits only when asked (the classifier is the largest matmul).
+   */
+  private forward(
+    token: number,
+    pos: number,
+    blockTable: readonly number[],
+    wantLogits: boolean,
+  ): Float32Array | undefined {
+    const { dim, hiddenDim, nHeads, nKvHeads, headDim, ropeDim, ropeTheta, rmsEps, vocabSize } =
+      this.config;
+    const x = this.dense.tokenEmbedding.slice(token * dim, (token + 1) * dim);
+    const xb = new Float32Array(dim);
+    const q = new Float32Array(nHeads * headDim);
+    const k = new Float32Array(nKvHeads * headDim);
+    const v = new Float32Array(nKvHeads * headDim);
+    const att = new Float32Array(nHeads * headDim);
+    const gate = new Float32Array(hiddenDim);
+    const up = new Float32Array(hiddenDim);
+    const slot = this.cache.slotOffset(blockTable, pos);
+
+    this.dense.layers.forEach((w: DenseLayer, l) => {
+      rmsnorm(xb, x, w.attnNorm, rmsEps);
+      matvec(q, w.wq, xb);
+      matvec(k, w.wk, xb);
+      matvec(v, w.wv, xb);
+      rope(q, nHeads, headDim, ropeDim, pos, ropeTheta);
+      rope(k, nKvHeads, headDim, ropeDim, pos, ropeTheta);
+      this.cache.key(l).set(k, slot);
+      this.cache.value(l).set(v, slot);
+      pagedAttention(att, q, this.cache, l, blockTable, pos, nHeads);
+      addInPlace(x, matvec(xb, w.wo, att));
+
+      rmsnorm(xb, x, w.ffnNorm, rmsEps);
+      matvec(gate, w.wGate, xb);
+      matvec(up, w.wUp, xb);
+      addInPlace(x, matvec(xb, w.wDown, swiglu(gate, up)));
+    });
+
+    if (!wantLogits) return undefined;
+    rmsnorm(x, x, this.dense.outputNorm, rmsEps);
+    return matvec(new Float32Array(vocabSize), this.dense.output, x);
+  }
+}

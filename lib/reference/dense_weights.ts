@@ -1,0 +1,73 @@
+import { dequantize } from "../dequantize.ts";
+import type { ModelConfig } from "../model_config.ts";
+import type { Tensor } from "../tensor.ts";
+import type { ModelWeights } from "../weights.ts";
+
+/** One block's weights expanded to f32, row-major [outFeatures, inFeatures] for matrices. */
+export interface DenseLayer {
+  readonly attnNorm: Float32Array;
+  readonly wq: Float32Array;
+  readonly wk: Float32Array;
+  readonly wv: Float32Array;
+  readonly wo: Float32Array;
+  readonly ffnNorm: Float32Array;
+  readonly wGate: Float32Array;
+  readonly wDown: Float32Array;
+  readonly wUp: Float32Array;
+}
+
+/** A model's weights expanded to f32 once, for the CPU reference. */
+export interface DenseWeights {
+  readonly tokenEmbedding: Float32Array;
+  readonly layers: readonly DenseLayer[];
+  readonly outputNorm: Float32Array;
+  /** The same array as tokenEmbedding when the classifier is tied. */
+  readonly output: Float32Array;
+}
+
+function expand(t: Tensor, shape: readonly number[]): Float32Array {
+  if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
+    throw new Error(
+      `Cannot prepare CPU weights: tensor '${t.name}' has shape [${
+        t.shape.join(", ")
+      }], expected [${shape.join(", ")}]`,
+    );
+  }
+  return dequantize(t);
+}
+
+/**
+ * Dequantizes every tensor to f32, checking each shape against the config. A tied classifier
+ * shares the embedding's array.
+ *
+ * ```ts
+ * const dense = denseWeights(model.config, model.weights);
+ * ```
+ */
+export function denseWeights(config: ModelConfig, w: ModelWeights): DenseWeights {
+  const { dim, hiddenDim, nHeads, nKvHeads, headDim, vocabSize, nLayers } = config;
+  if (w.layers.length !== nLayers) {
+    throw new Error(
+      `Cannot prepare CPU weights: config says ${nLayers} layers, weights hold ${w.layers.length}`,
+    );
+  }
+  const qDim = nHeads * headDim;
+  const kvDim = nKvHeads * headDim;
+  const tokenEmbedding = expand(w.tokenEmbedding, [vocabSize, dim]);
+  return {
+    tokenEmbedding,
+    layers: w.layers.map((l) => ({
+      attnNorm: expand(l.attnNorm, [dim]),
+      wq: expand(l.wq, [qDim, dim]),
+      wk: expand(l.wk, [kvDim, dim]),
+      wv: expand(l.wv, [kvDim, dim]),
+      wo: expand(l.wo, [dim, qDim]),
+      ffnNorm: expand(l.ffnNorm, [dim]),
+      wGate: expand(l.wGate, [hiddenDim, dim]),
+      wDown: expand(l.wDown, [dim, hiddenDim]),
+      wUp: expand(l.wUp, [hiddenDim, dim]),
+    })),
+    outputNorm: expand(w.outputNorm, [dim]),
+    output: w.output === w.tokenEmbedding ? tokenEmbedding : expand(w.output, [vocabSize, dim]),
+  };
+}
