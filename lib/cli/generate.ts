@@ -1,0 +1,114 @@
+import { parseArgs } from "@std/cli/parse-args";
+import type { SamplingParams } from "../engine.ts";
+import { createEngine } from "../engine_factory.ts";
+import { loadModel } from "../load_model.ts";
+import { DEFAULT_MODEL, resolveModelSource } from "../model_source.ts";
+import { Tokenizer } from "../tokenizer.ts";
+import { z } from "zod";
+
+const GenerateArgs = z.object({
+  model: z.string().optional(),
+  tokenizer: z.string().optional(),
+  "models-dir": z.string().optional(),
+  prompt: z.string().default(""),
+  "max-tokens": z.coerce.number().int().positive().default(256),
+  temperature: z.coerce.number().min(0).default(1),
+  "top-k": z.coerce.number().int().min(0).default(0),
+  "top-p": z.coerce.number().gt(0).max(1).default(1),
+  "min-p": z.coerce.number().min(0).max(1).default(0),
+  seed: z.coerce.number().int().min(0).max(0xffffffff).optional(),
+  backend: z.enum(["webgpu", "cpu", "auto"]).default("auto"),
+  "context-length": z.coerce.number().int().positive().optional(),
+});
+
+const USAGE = `Usage: deno task generate [--model <path|url|name>] [--tokenizer <path|url>] [--models-dir <dir>] --prompt <text>
+  [--max-tokens 256] [--temperature 1] [--top-k 0] [--top-p 1] [--min-p 0] [--seed <n>]
+  [--backend auto|webgpu|cpu] [--context-length <n>]
+Prints only the generated continuation on stdout; diagnostics go to stderr.`;
+
+/**
+ * `generate` command: one prompt, one completion, streamed to stdout as it is decoded.
+ * Returns the process exit code.
+ */
+export async function generateCommand(argv: string[]): Promise<number> {
+  const flags = parseArgs(argv, {
+    string: ["model", "tokenizer", "models-dir", "prompt", "max-tokens", "temperature", "top-k", "top-p", "min-p", "seed", "backend", "context-length"],
+    boolean: ["help"],
+  });
+  if (flags.help) {
+    console.log(USAGE);
+    return 0;
+  }
+  const unknown = Object.keys(flags).filter((k) => k !== "_" && k !== "help" && !(k in GenerateArgs.shape));
+  if (unknown.length > 0 || flags._.length > 0) {
+    console.error(`Unknown argument(s): ${[...unknown.map((k) => `--${k}`), ...flags._].join(" ")}\n${USAGE}`);
+    return 2;
+  }
+  const parsed = GenerateArgs.safeParse(flags);
+  if (!parsed.success) {
+    for (const i of parsed.error.issues) {
+      const key = String(i.path[0]);
+      console.error(`--${key}: ${i.message} (received ${JSON.stringify((flags as Record<string, unknown>)[key])})`);
+    }
+    return 2;
+  }
+  const args = parsed.data;
+  const source = await resolveModelSource(args.model ?? DEFAULT_MODEL, {
+    modelsDir: args["models-dir"],
+    tokenizer: args.tokenizer,
+  });
+  const model = await loadModel(source.modelPath, {
+    tokenizerPath: source.tokenizerPath,
+    contextLength: args["context-length"],
+  });
+  if (!model.tokenizer) {
+    throw new Error(`Cannot generate with ${source.modelPath}: it has no vocabulary; pass --tokenizer <tokenizer.bin>`);
+  }
+  const tokenizer = new Tokenizer(model.tokenizer);
+  const promptIds = tokenizer.encode(args.prompt, { bos: true });
+  const limit = model.config.contextLength;
+  if (promptIds.length >= limit) {
+    throw new Error(`Cannot generate: the prompt has ${promptIds.length} tokens, the context length is ${limit}`);
+  }
+  const maxTokens = Math.min(args["max-tokens"], limit - promptIds.length);
+  const blockSize = 16;
+  const numBlocks = Math.ceil(limit / blockSize);
+  const { engine, description } = await createEngine(model, args.backend, { numBlocks, blockSize });
+  console.error(`model ${source.modelPath} on ${description}; prompt ${promptIds.length} tokens`);
+
+  const sampling: SamplingParams = {
+    temperature: args.temperature,
+    topK: args["top-k"],
+    topP: args["top-p"],
+    minP: args["min-p"],
+    seed: args.seed ?? crypto.getRandomValues(new Uint32Array(1))[0]!,
+  };
+  const decoder = tokenizer.createDecoder();
+  const out = new TextEncoder();
+  const stops = new Set([tokenizer.eosId, tokenizer.bosId]);
+  const blockTable = Array.from({ length: numBlocks }, (_, i) => i);
+  const started = performance.now();
+  let input = promptIds;
+  let pos = 0;
+  let generated = 0;
+  try {
+    while (generated < maxTokens) {
+      const { sampled } = await engine.step({
+        stepId: generated,
+        seqs: [{ seqId: 0, tokens: input, startPos: pos, blockTable, sample: true, sampling }],
+      });
+      const token = sampled[0]!.token;
+      pos += input.length;
+      if (stops.has(token)) break;
+      generated++;
+      await Deno.stdout.write(out.encode(decoder.push(token)));
+      input = [token];
+    }
+    await Deno.stdout.write(out.encode(decoder.flush() + "\n"));
+  } finally {
+    engine.dispose();
+  }
+  const secs = (performance.now() - started) / 1000;
+  console.error(`${generated} tokens in ${secs.toFixed(2)} s (${(generated / secs).toFixed(1)} tokens/s)`);
+  return 0;
+}

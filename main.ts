@@ -1,0 +1,24 @@
+import { generateCommand } from "./lib/cli/generate.ts";
+
+const USAGE = `Usage: deno task start [options]      run the server (see --help)
+       deno task generate [options]   one completion on stdout`;
+
+async function main(args: string[]): Promise<number> {
+  const [command, ...rest] = args;
+  switch (command) {
+    case "generate":
+      return await generateCommand(rest);
+    default:
+      console.error(`Unknown command ${JSON.stringify(command)}.\n${USAGE}`);
+      return 2;
+  }
+}
+
+if (import.meta.main) {
+  try {
+    Deno.exit(await main(Deno.args));
+  } catch (e) {
+    console.error(`error: ${e instanceof Error ? e.message : String(e)}`);
+    Deno.exit(1);
+  }
+}
