@@ -1,0 +1,335 @@
+import { hash32 } from "./rng.ts";
+
+/** What the allocator reads of a sequence: its id and the token ids known so far. */
+export interface KvSeq {
+  readonly seqId: number;
+  /** Prompt, then generated tokens the CPU has seen (may run ahead of the scheduled slots). */
+  readonly tokens: readonly number[];
+}
+
+export interface BlockAllocatorOptions {
+  readonly numBlocks: number;
+  /** Tokens per block; 16 by default. */
+  readonly blockSize?: number;
+  /** Share full blocks between sequences with the same prefix; on by default. */
+  readonly prefixCaching?: boolean;
+  /** Chained block hash (parent hash, tokens[from, to)); replaceable so tests can force collisions. */
+  readonly hash?: (parent: number, tokens: readonly number[], from: number, to: number) => number;
+}
+
+/** Counters for metrics. Token counts refer to prefix-cache lookups at admission. */
+export interface BlockAllocatorStats {
+  readonly numBlocks: number;
+  readonly blockSize: number;
+  /** Blocks owned by at least one sequence. */
+  readonly usedBlocks: number;
+  /** Blocks owned by none (including cached ones that can still be reused). */
+  readonly freeBlocks: number;
+  /** Free blocks that still hold a reusable cached prefix. */
+  readonly cachedFreeBlocks: number;
+  readonly prefixQueryTokens: number;
+  readonly prefixHitTokens: number;
+  /** prefixHitTokens / prefixQueryTokens, 0 before any lookup. */
+  readonly prefixHitRate: number;
+  /** Cached blocks dropped to make room. */
+  readonly evictions: number;
+}
+
+interface SeqBlocks {
+  readonly blocks: number[];
+  /** Slots [0, numTokens) are reserved (written by scheduled steps). */
+  numTokens: number;
+  /** Leading full blocks already published in (or taken from) the prefix cache. */
+  numHashed: number;
+  /** Chained hash of the last hashed block. */
+  lastHash: number;
+  /** Tokens whose KV came from the prefix cache at the first allocation. */
+  cachedTokens: number;
+}
+
+/** Identity of a cached block: confirmed by parent block and token ids, not by hash alone. */
+interface CachedBlock {
+  readonly hash: number;
+  readonly parent: number;
+  readonly tokens: Int32Array;
+}
+
+const ROOT_HASH = 0x6a09e667;
+const NO_PARENT = -1;
+
+/** Chained hash of one full block: (parent hash, its token ids). */
+function blockHash(parent: number, tokens: readonly number[], from: number, to: number): number {
+  let h = parent;
+  for (let i = from; i < to; i++) h = hash32(h ^ (tokens[i]! | 0), i - from);
+  return h;
+}
+
+/**
+ * The KV block pool: free list, reference counts and prefix caching. The scheduler sees only
+ * {@link allocateSlots}, {@link free} and {@link computedPrefix}; which physical blocks a
+ * sequence owns is decided here and nowhere else.
+ *
+ * A full block is published in the prefix cache one step after the step that writes it was
+ * planned (at the sequence's next allocateSlots, or at free), so no sequence ever reads a block
+ * in the same step that fills it. Free blocks that hold a cached prefix stay reusable until
+ * evicted, least recently freed first.
+ *
+ * @example
+ * ```ts
+ * const kv = new BlockAllocator({ numBlocks: 64 });
+ * const seq = { seqId: 1, tokens: [1, 2, 3] };
+ * const cached = kv.computedPrefix(seq);       // 0: nothing cached yet
+ * const table = kv.allocateSlots(seq, 3 - cached); // [blockId]
+ * kv.free(seq);
+ * ```
+ */
+export class BlockAllocator {
+  readonly numBlocks: number;
+  readonly blockSize: number;
+  readonly prefixCaching: boolean;
+  #refCount: Int32Array;
+  /** Free blocks without cached content; taken first. */
+  #freeUncached: number[] = [];
+  /** Free blocks with cached content, in LRU order (Map keeps insertion order). */
+  #freeCached = new Map<number, true>();
+  #cachedByHash = new Map<number, number>();
+  #cached: (CachedBlock | undefined)[];
+  #seqs = new Map<number, SeqBlocks>();
+  #queryTokens = 0;
+  #hitTokens = 0;
+  #evictions = 0;
+  #hash: (parent: number, tokens: readonly number[], from: number, to: number) => number;
+
+  constructor(options: BlockAllocatorOptions) {
+    const { numBlocks, blockSize = 16, prefixCaching = true, hash = blockHash } = options;
+    this.#hash = hash;
+    if (!Number.isInteger(numBlocks) || numBlocks < 1) {
+      throw new RangeError(`Cannot create block allocator: numBlocks must be a positive integer, received ${numBlocks}`);
+    }
+    if (!Number.isInteger(blockSize) || blockSize < 1) {
+      throw new RangeError(`Cannot create block allocator: blockSize must be a positive integer, received ${blockSize}`);
+    }
+    this.numBlocks = numBlocks;
+    this.blockSize = blockSize;
+    this.prefixCaching = prefixCaching;
+    this.#refCount = new Int32Array(numBlocks);
+    this.#cached = new Array(numBlocks).fill(undefined);
+    this.reset();
+  }
+
+  /** Forgets every sequence and every cached block (the device's KV contents are gone). */
+  reset(): void {
+    this.#refCount.fill(0);
+    this.#cached.fill(undefined);
+    this.#cachedByHash.clear();
+    this.#freeCached.clear();
+    this.#seqs.clear();
+    // Popped from the end: block 0 is handed out first, which keeps tests readable.
+    this.#freeUncached = Array.from({ length: this.numBlocks }, (_, i) => this.numBlocks - 1 - i);
+  }
+
+  /** Blocks that can be handed out now (free, including evictable cached ones). */
+  get numFreeBlocks(): number {
+    return this.#freeUncached.length + this.#freeCached.size;
+  }
+
+  /** Blocks needed to hold `numTokens` tokens. */
+  blocksFor(numTokens: number): number {
+    return Math.ceil(numTokens / this.blockSize);
+  }
+
+  /**
+   * Number of the sequence's leading tokens whose KV is already in the pool. For a sequence
+   * that owns no blocks yet this is a prefix-cache lookup: whole cached blocks, always leaving
+   * at least one token to compute (the step must produce logits). For a sequence that owns
+   * blocks it is the prefix it got from the cache when it was admitted.
+   */
+  computedPrefix(seq: KvSeq): number {
+    const own = this.#seqs.get(seq.seqId);
+    if (own) return own.cachedTokens;
+    return this.#lookup(seq).length * this.blockSize;
+  }
+
+  /**
+   * Makes the sequence's blocks cover `numNewTokens` more slots and returns its block table,
+   * or null (changing nothing) when the pool has no room. A sequence's first call takes the
+   * cached prefix that computedPrefix() reported in the same synchronous turn, and the new
+   * slots follow it. `reserve` blocks must stay free after the call (admission headroom).
+   * The returned table is the allocator's own array: copy it to keep it past the next call.
+   */
+  allocateSlots(seq: KvSeq, numNewTokens: number, reserve = 0): readonly number[] | null {
+    if (!Number.isInteger(numNewTokens) || numNewTokens < 0) {
+      throw new RangeError(`Cannot allocate slots for seq ${seq.seqId}: numNewTokens must be a non-negative integer, received ${numNewTokens}`);
+    }
+    let own = this.#seqs.get(seq.seqId);
+    let prefix: number[] = [];
+    if (own) {
+      // Blocks filled by earlier steps are safe to share from now on.
+      this.#publish(own, seq);
+    } else {
+      prefix = this.#lookup(seq);
+    }
+    const have = own ? own.blocks.length : prefix.length;
+    const haveTokens = own ? own.numTokens : prefix.length * this.blockSize;
+    const need = this.blocksFor(haveTokens + numNewTokens) - have;
+    // Prefix blocks taken from the free pool are no longer available for new slots.
+    let claimedFromFree = 0;
+    for (const b of prefix) if (this.#refCount[b] === 0) claimedFromFree++;
+    if (need > this.numFreeBlocks - claimedFromFree - reserve) return null;
+
+    if (!own) {
+      own = { blocks: [], numTokens: 0, numHashed: 0, lastHash: ROOT_HASH, cachedTokens: 0 };
+      this.#seqs.set(seq.seqId, own);
+      for (const b of prefix) {
+        this.#retain(b);
+        own.blocks.push(b);
+        own.lastHash = this.#cached[b]!.hash;
+      }
+      own.numHashed = prefix.length;
+      own.numTokens = prefix.length * this.blockSize;
+      own.cachedTokens = own.numTokens;
+      this.#queryTokens += seq.tokens.length;
+      this.#hitTokens += own.numTokens;
+    }
+    for (let i = 0; i < need; i++) own.blocks.push(this.#take());
+    own.numTokens += numNewTokens;
+    return own.blocks;
+  }
+
+  /** Releases the sequence's blocks; its full blocks stay cached for reuse until evicted. */
+  free(seq: KvSeq): void {
+    const own = this.#seqs.get(seq.seqId);
+    if (!own) return;
+    this.#publish(own, seq);
+    this.#seqs.delete(seq.seqId);
+    // Tail first, so the tail is evicted before the more shareable head.
+    for (let i = own.blocks.length - 1; i >= 0; i--) this.#release(own.blocks[i]!);
+  }
+
+  /** The sequence's block table, or undefined if it owns none. */
+  blockTable(seqId: number): readonly number[] | undefined {
+    return this.#seqs.get(seqId)?.blocks;
+  }
+
+  /** Number of sequences holding blocks. */
+  get numSeqs(): number {
+    return this.#seqs.size;
+  }
+
+  stats(): BlockAllocatorStats {
+    const freeBlocks = this.numFreeBlocks;
+    return {
+      numBlocks: this.numBlocks,
+      blockSize: this.blockSize,
+      usedBlocks: this.numBlocks - freeBlocks,
+      freeBlocks,
+      cachedFreeBlocks: this.#freeCached.size,
+      prefixQueryTokens: this.#queryTokens,
+      prefixHitTokens: this.#hitTokens,
+      prefixHitRate: this.#queryTokens === 0 ? 0 : this.#hitTokens / this.#queryTokens,
+      evictions: this.#evictions,
+    };
+  }
+
+  /**
+   * Throws if the internal books disagree: every block is either owned (ref count equal to the
+   * number of tables naming it) or in exactly one free list. For tests.
+   */
+  checkConsistency(): void {
+    const refs = new Int32Array(this.numBlocks);
+    for (const own of this.#seqs.values()) for (const b of own.blocks) refs[b]!++;
+    const inFree = new Int32Array(this.numBlocks);
+    for (const b of this.#freeUncached) inFree[b]!++;
+    for (const b of this.#freeCached.keys()) inFree[b]!++;
+    for (let b = 0; b < this.numBlocks; b++) {
+      if (refs[b] !== this.#refCount[b]) {
+        throw new Error(`Block ${b}: ref count ${this.#refCount[b]} but ${refs[b]} block tables name it`);
+      }
+      const expectFree = refs[b] === 0 ? 1 : 0;
+      if (inFree[b] !== expectFree) {
+        throw new Error(`Block ${b}: ref count ${refs[b]} but listed ${inFree[b]} times as free`);
+      }
+      if (this.#freeCached.has(b) && !this.#cached[b]) throw new Error(`Block ${b}: in the cached free list without cached content`);
+    }
+    for (const [h, b] of this.#cachedByHash) {
+      if (this.#cached[b]?.hash !== h) throw new Error(`Hash ${h} maps to block ${b}, which holds hash ${this.#cached[b]?.hash}`);
+    }
+  }
+
+  /** Cached blocks matching the sequence's leading full blocks, leaving at least one token. */
+  #lookup(seq: KvSeq): number[] {
+    const found: number[] = [];
+    if (!this.prefixCaching) return found;
+    const maxBlocks = Math.floor((seq.tokens.length - 1) / this.blockSize);
+    let parentHash = ROOT_HASH;
+    let parentBlock = NO_PARENT;
+    for (let i = 0; i < maxBlocks; i++) {
+      const from = i * this.blockSize, to = from + this.blockSize;
+      const h = this.#hash(parentHash, seq.tokens, from, to);
+      const b = this.#cachedByHash.get(h);
+      if (b === undefined) break;
+      const c = this.#cached[b]!;
+      if (c.parent !== parentBlock || !sameTokens(c.tokens, seq.tokens, from)) break;
+      found.push(b);
+      parentHash = h;
+      parentBlock = b;
+    }
+    return found;
+  }
+
+  /** Publishes the sequence's full blocks whose slots were scheduled and whose tokens are known. */
+  #publish(own: SeqBlocks, seq: KvSeq): void {
+    if (!this.prefixCaching) return;
+    const full = Math.floor(Math.min(own.numTokens, seq.tokens.length) / this.blockSize);
+    while (own.numHashed < full) {
+      const i = own.numHashed;
+      const from = i * this.blockSize, to = from + this.blockSize;
+      const h = this.#hash(own.lastHash, seq.tokens, from, to);
+      const b = own.blocks[i]!;
+      // An equal block already cached elsewhere keeps its entry; this copy stays private.
+      if (!this.#cachedByHash.has(h) && !this.#cached[b]) {
+        this.#cached[b] = {
+          hash: h,
+          parent: i === 0 ? NO_PARENT : own.blocks[i - 1]!,
+          tokens: Int32Array.from(seq.tokens.slice(from, to)),
+        };
+        this.#cachedByHash.set(h, b);
+      }
+      own.lastHash = h;
+      own.numHashed++;
+    }
+  }
+
+  #retain(b: number): void {
+    if (this.#refCount[b] === 0) this.#freeCached.delete(b);
+    this.#refCount[b]!++;
+  }
+
+  #release(b: number): void {
+    if (--this.#refCount[b]! > 0) return;
+    if (this.#cached[b]) this.#freeCached.set(b, true);
+    else this.#freeUncached.push(b);
+  }
+
+  /** A free block for new slots: an uncached one, else the least recently freed cached one. */
+  #take(): number {
+    let b = this.#freeUncached.pop();
+    if (b === undefined) {
+      const lru = this.#freeCached.keys().next();
+      if (lru.done) throw new Error("BlockAllocator: no free block although the count said there was one");
+      b = lru.value;
+      this.#freeCached.delete(b);
+      const c = this.#cached[b]!;
+      if (this.#cachedByHash.get(c.hash) === b) this.#cachedByHash.delete(c.hash);
+      this.#cached[b] = undefined;
+      this.#evictions++;
+    }
+    this.#refCount[b] = 1;
+    return b;
+  }
+}
+
+function sameTokens(cached: Int32Array, tokens: readonly number[], from: number): boolean {
+  for (let i = 0; i < cached.length; i++) if (cached[i] !== tokens[from + i]) return false;
+  return true;
+}
