@@ -71,5 +71,7 @@ export interface Engine {
   readonly config: ModelConfig;
   readonly kv: KvGeometry;
   step(plan: StepPlan): Promise<StepResult>;
+  /** The sequence is finished or preempted: forget its per-sequence state (last sampled token). */
+  release?(seqId: number): void;
   dispose(): void;
 }
