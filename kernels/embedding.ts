@@ -1,0 +1,68 @@
+import { bindAll, type Gpu, uploadBuffer } from "./device.ts";
+import type { GpuMatrix } from "./gpu_matrix.ts";
+import { DIM_ROWS, LAST_SAMPLED_FLAG, WGSL_STEP_TYPES } from "./step_meta.ts";
+import { WGSL_WEIGHT_HELPERS, wgslWeightAt } from "./weight_formats.ts";
+
+/**
+ * WGSL gathering each row's token embedding, dequantized from the file encoding. A row whose
+ * token carries LAST_SAMPLED_FLAG reads the id the sampler left on the device, so a decode
+ * step needs no readback of the previous one.
+ */
+export function embeddingWgsl(m: GpuMatrix): string {
+  return /* wgsl */ `
+${WGSL_STEP_TYPES}
+struct Chunk { rowStart: u32, rows: u32, unused0: u32, unused1: u32 }
+@group(0) @binding(0) var<uniform> dims: vec4<u32>;
+@group(0) @binding(1) var<uniform> chunk: Chunk;
+@group(0) @binding(2) var<storage, read> W: array<u32>;
+@group(0) @binding(3) var<storage, read> rows: array<Row>;
+@group(0) @binding(4) var<storage, read> lastSampled: array<u32>;
+@group(0) @binding(5) var<storage, read_write> X: array<f32>;
+${WGSL_WEIGHT_HELPERS}
+${wgslWeightAt(m.type, m.cols)}
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+  let r = wg.y;
+  let j = wg.x * 64u + t;
+  if (r >= dims[${DIM_ROWS}] || j >= ${m.cols}u) { return; }
+  var token = rows[r].token;
+  if ((token & ${LAST_SAMPLED_FLAG}u) != 0u) { token = lastSampled[token & ${LAST_SAMPLED_FLAG - 1}u]; }
+  if (token >= chunk.rowStart && token - chunk.rowStart < chunk.rows) {
+    X[r * ${m.cols}u + j] = weightAt(token - chunk.rowStart, j);
+  }
+}
+`;
+}
+
+/** Buffers the embedding gather reads and writes. */
+export interface EmbeddingTarget {
+  readonly dims: GPUBufferBinding | GPUBuffer;
+  readonly rows: GPUBufferBinding | GPUBuffer;
+  readonly lastSampled: GPUBuffer;
+  readonly x: GPUBuffer;
+}
+
+/** A bound embedding gather: x[r, :] = E[token(r), :] for r < rows. */
+export function createEmbedding(gpu: Gpu, m: GpuMatrix, target: EmbeddingTarget) {
+  const pipeline = gpu.pipeline(embeddingWgsl(m), `embedding ${m.type}`);
+  const groups = m.chunks.map((c) =>
+    bindAll(gpu, pipeline, [
+      target.dims,
+      uploadBuffer(gpu, new Uint32Array([c.rowStart, c.rows, 0, 0]), GPUBufferUsage.UNIFORM, `${m.name} chunk`),
+      c.buffer,
+      target.rows,
+      target.lastSampled,
+      target.x,
+    ])
+  );
+  return {
+    encode(pass: GPUComputePassEncoder, rows: number): void {
+      if (rows === 0) return;
+      pass.setPipeline(pipeline);
+      for (const g of groups) {
+        pass.setBindGroup(0, g);
+        pass.dispatchWorkgroups(Math.ceil(m.cols / 64), rows);
+      }
+    },
+  };
+}

@@ -1,0 +1,266 @@
+import { bindAll, type Gpu } from "./device.ts";
+import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";
+
+const THREADS = 64;
+
+/** lib/rng.ts's hash32 and uniform in WGSL: u32 arithmetic wraps exactly like Math.imul. */
+export const WGSL_RNG = /* wgsl */ `
+fn hash32(seed: u32, counter: u32) -> u32 {
+  var h = seed ^ (counter * 0x9e3779b9u);
+  h = (h ^ (h >> 16u)) * 0x85ebca6bu;
+  h = (h ^ (h >> 13u)) * 0xc2b2ae35u;
+  h = h ^ (h >> 16u);
+  h = (h ^ (h >> 15u)) * 0x2c1b3c6du;
+  h = (h ^ (h >> 12u)) * 0x297a2d39u;
+  return h ^ (h >> 15u);
+}
+fn uniform01(seed: u32, counter: u32) -> f32 {
+  return f32(hash32(seed, counter) >> 8u) / 16777216.0;
+}
+`;
+
+/**
+ * WGSL for sampling, one workgroup per sampled sequence, with lib/sampling.ts's semantics.
+ *
+ * The sampler never sorts the vocabulary. Every token gets a unique 64-bit rank key: the
+ * order-preserving bits of its scaled logit, then (vocab-1-index) so ties go to the lower
+ * index; the sorted order is descending key. Top-k, top-p and min-p each keep a prefix of that
+ * order, and the draw picks the token where the running sum crosses u*total, so each is "the
+ * largest key whose prefix count/mass reaches a target": found by a radix search over the key,
+ * 4 bits a pass, summing counts or masses per digit (in a fixed order, for batch invariance).
+ */
+export function sampleWgsl(vocab: number): string {
+  const loBits = Math.max(1, Math.ceil(Math.log2(vocab)));
+  const loDigits = Math.ceil(loBits / 4);
+  const passes = 8 + loDigits;
+  return /* wgsl */ `
+${WGSL_STEP_TYPES}
+@group(0) @binding(0) var<uniform> dims: vec4<u32>;
+@group(0) @binding(1) var<storage, read> samples: array<Sample>;
+@group(0) @binding(2) var<storage, read> logits: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<u32>;
+@group(0) @binding(4) var<storage, read_write> lastSampled: array<u32>;
+${WGSL_RNG}
+const V = ${vocab}u;
+const T = ${THREADS}u;
+const PASSES = ${passes}u;
+const LO_DIGITS = ${loDigits}u;
+var<workgroup> redF: array<f32, T>;
+var<workgroup> redK: array<u32, T>;
+var<workgroup> redL: array<u32, T>;
+var<workgroup> bins: array<f32, ${THREADS * 16}>;
+var<workgroup> totals: array<f32, 16>;
+
+// Order-preserving bits of an f32: larger float, larger u32.
+fn orderKey(z: f32) -> u32 {
+  let b = bitcast<u32>(z);
+  return select(b | 0x80000000u, ~b, (b >> 31u) == 1u);
+}
+fn atOrAfter(k: u32, l: u32, ck: u32, cl: u32) -> bool {
+  return k > ck || (k == ck && l >= cl);
+}
+fn sumAll(v: f32, t: u32) -> f32 {
+  redF[t] = v;
+  workgroupBarrier();
+  var s = 0.0;
+  for (var i = 0u; i < T; i++) { s += redF[i]; }
+  workgroupBarrier();
+  return s;
+}
+// The largest rank key (k, l) over the threads' candidates.
+fn maxKey(k: u32, l: u32, t: u32) -> vec2<u32> {
+  redK[t] = k;
+  redL[t] = l;
+  workgroupBarrier();
+  var best = vec2<u32>(redK[0], redL[0]);
+  for (var i = 1u; i < T; i++) {
+    if (atOrAfter(redK[i], redL[i], best.x, best.y) && !(redK[i] == best.x && redL[i] == best.y)) {
+      best = vec2<u32>(redK[i], redL[i]);
+    }
+  }
+  workgroupBarrier();
+  return best;
+}
+
+struct Search { key: u32, lo: u32, found: bool }
+
+// Largest rank key x such that the weight of tokens with key >= x reaches target (>= when
+// !strict, > when strict). Weights: 1 per token (count) or exp(z - zmax) masked to the tokens
+// at or after (ck, cl) with weight >= minE.
+fn search(base: u32, temp: f32, zmax: f32, count: bool, ck: u32, cl: u32, minE: f32,
+          goal: f32, strict: bool, t: u32) -> Search {
+  var pk = 0u;
+  var pl = 0u;
+  var mk = 0u;
+  var ml = 0u;
+  var below = 0.0; // weight of tokens whose key is above the current prefix
+  var found = true;
+  for (var ps = 0u; ps < PASSES; ps++) {
+    // Zeroed explicitly: a declaration inside a loop is not re-zeroed by every compiler.
+    var local: array<f32, 16>;
+    for (var d = 0u; d < 16u; d++) { local[d] = 0.0; }
+    for (var j = t; j < V; j += T) {
+      let z = logits[base + j] / temp;
+      let k = orderKey(z);
+      let l = V - 1u - j;
+      if ((k & mk) == pk && (l & ml) == pl) {
+        var w = 1.0;
+        if (!count) {
+          let e = exp(z - zmax);
+          w = select(0.0, e, atOrAfter(k, l, ck, cl) && e >= minE);
+        }
+        var digit: u32;
+        if (ps < 8u) { digit = (k >> (28u - 4u * ps)) & 15u; }
+        else { digit = (l >> (4u * (LO_DIGITS - 1u - (ps - 8u)))) & 15u; }
+        local[digit] += w;
+      }
+    }
+    for (var d = 0u; d < 16u; d++) { bins[t * 16u + d] = local[d]; }
+    workgroupBarrier();
+    if (t < 16u) {
+      var s = 0.0;
+      for (var i = 0u; i < T; i++) { s += bins[i * 16u + t]; }
+      totals[t] = s;
+    }
+    workgroupBarrier();
+    // Walk digits from the top; the first whose cumulative weight reaches the target wins.
+    var chosen = 0u;
+    var hit = false;
+    var run = below;
+    var before = below;
+    for (var d = 16u; d > 0u; d--) {
+      let prev = run;
+      run += totals[d - 1u];
+      let ok = select(run >= goal, run > goal, strict);
+      if (ok && !hit) { hit = true; chosen = d - 1u; before = prev; }
+    }
+    if (ps == 0u && !hit) { found = false; }
+    // Past the first pass a miss is rounding: the digit-0 prefix is the one that reached it.
+    if (!hit) { chosen = 0u; before = run - totals[0]; }
+    below = before;
+    if (ps < 8u) {
+      let sh = 28u - 4u * ps;
+      pk |= chosen << sh;
+      mk |= 15u << sh;
+    } else {
+      let sh = 4u * (LO_DIGITS - 1u - (ps - 8u));
+      pl |= chosen << sh;
+      ml |= 15u << sh;
+    }
+  }
+  return Search(pk, pl, found);
+}
+
+@compute @workgroup_size(${THREADS})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+  let i = wg.x;
+  if (i >= dims[${DIM_SAMPLES}]) { return; }
+  let sm = samples[i];
+  let base = i * V;
+
+  // Raw logits: the argmax (rank key order) and log-sum-exp for the logprob.
+  var bk = 0u;
+  var bl = 0u;
+  for (var j = t; j < V; j += T) {
+    let k = orderKey(logits[base + j]);
+    let l = V - 1u - j;
+    if (j == t || atOrAfter(k, l, bk, bl)) { bk = k; bl = l; }
+  }
+  let top = maxKey(bk, bl, t);
+  let argmax = V - 1u - top.y;
+  let rawMax = logits[base + argmax];
+  var se = 0.0;
+  for (var j = t; j < V; j += T) { se += exp(logits[base + j] - rawMax); }
+  let logSum = log(sumAll(se, t));
+
+  var chosen = argmax;
+  if (sm.temperature > 0.0) {
+    // Divided, not multiplied by 1/T: the same f32 rounding as the CPU reference.
+    let temp = sm.temperature;
+    var zk = 0u;
+    var zl = 0u;
+    for (var j = t; j < V; j += T) {
+      let k = orderKey(logits[base + j] / temp);
+      let l = V - 1u - j;
+      if (j == t || atOrAfter(k, l, zk, zl)) { zk = k; zl = l; }
+    }
+    let zTop = maxKey(zk, zl, t);
+    let zmax = logits[base + V - 1u - zTop.y] / temp;
+    var ck = 0u;
+    var cl = 0u;
+    if (sm.topK > 0u && sm.topK < V) {
+      let c = search(base, temp, zmax, true, 0u, 0u, 0.0, f32(sm.topK), false, t);
+      ck = c.key;
+      cl = c.lo;
+    }
+    if (sm.topP < 1.0) {
+      var kept = 0.0;
+      for (var j = t; j < V; j += T) {
+        let z = logits[base + j] / temp;
+        kept += select(0.0, exp(z - zmax), atOrAfter(orderKey(z), V - 1u - j, ck, cl));
+      }
+      let mass = sumAll(kept, t);
+      let c = search(base, temp, zmax, false, ck, cl, 0.0, sm.topP * mass, false, t);
+      if (c.found) { ck = c.key; cl = c.lo; }
+    }
+    // p >= minP * pmax, where pmax's weight is exp(zmax - zmax) = 1.
+    let minE = select(0.0, sm.minP, sm.minP > 0.0);
+    var kept = 0.0;
+    var lastK = 0xffffffffu;
+    var lastL = 0xffffffffu;
+    for (var j = t; j < V; j += T) {
+      let z = logits[base + j] / temp;
+      let k = orderKey(z);
+      let l = V - 1u - j;
+      let e = exp(z - zmax);
+      if (atOrAfter(k, l, ck, cl) && e >= minE) {
+        kept += e;
+        if (!atOrAfter(k, l, lastK, lastL)) { lastK = k; lastL = l; }
+      }
+    }
+    let total = sumAll(kept, t);
+    // The last kept token (smallest key), for when rounding leaves the walk short.
+    redK[t] = lastK;
+    redL[t] = lastL;
+    workgroupBarrier();
+    var last = vec2<u32>(redK[0], redL[0]);
+    for (var n = 1u; n < T; n++) {
+      if (!atOrAfter(redK[n], redL[n], last.x, last.y)) { last = vec2<u32>(redK[n], redL[n]); }
+    }
+    workgroupBarrier();
+    let goal = uniform01(sm.seed, sm.position) * total;
+    let c = search(base, temp, zmax, false, ck, cl, minE, goal, true, t);
+    chosen = select(V - 1u - last.y, V - 1u - c.lo, c.found);
+  }
+  if (t == 0u) {
+    out[2u * i] = chosen;
+    out[2u * i + 1u] = bitcast<u32>(logits[base + chosen] - rawMax - logSum);
+    lastSampled[sm.lastSlot] = chosen;
+  }
+}
+`;
+}
+
+export interface SampleTarget {
+  readonly dims: GPUBufferBinding | GPUBuffer;
+  readonly samples: GPUBufferBinding | GPUBuffer;
+  /** [samples, vocab] f32. */
+  readonly logits: GPUBuffer;
+  /** [samples, 2] u32: token id, then the f32 bits of its logprob. */
+  readonly out: GPUBuffer;
+  readonly lastSampled: GPUBuffer;
+}
+
+/** A bound sampler over `count` sequences. */
+export function createSampler(gpu: Gpu, vocab: number, t: SampleTarget) {
+  const pipeline = gpu.pipeline(sampleWgsl(vocab), "sample");
+  const group = bindAll(gpu, pipeline, [t.dims, t.samples, t.logits, t.out, t.lastSampled], "sample");
+  return {
+    encode(pass: GPUComputePassEncoder, count: number): void {
+      if (count === 0) return;
+      pass.setPipeline(pipeline);
+      pass.setBindGroup(0, group);
+      pass.dispatchWorkgroups(count);
+    },
+  };
+}

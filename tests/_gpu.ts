@@ -1,0 +1,115 @@
+/** Test helpers for GPU kernels: one device per test file, buffers from arrays, random data. */
+import { acquireGpu, type Gpu, readBuffer, uploadBuffer } from "../kernels/device.ts";
+import { f32ToF16 } from "../lib/dequantize.ts";
+import type { Tensor, TensorType } from "../lib/tensor.ts";
+import { type StepContent, StepMetaLayout } from "../kernels/step_meta.ts";
+
+let shared: Promise<Gpu> | undefined;
+
+/** The test file's device (created on first use, with an optional binding cap). */
+export function testGpu(): Promise<Gpu> {
+  shared ??= acquireGpu();
+  return shared;
+}
+
+const STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
+
+/** A storage buffer holding `data`. */
+export function storage(gpu: Gpu, data: ArrayBufferView, label = "test"): GPUBuffer {
+  return uploadBuffer(gpu, data, STORAGE, label);
+}
+
+/** A zeroed storage buffer of `bytes`. */
+export function zeros(gpu: Gpu, bytes: number, label = "test"): GPUBuffer {
+  return gpu.device.createBuffer({ size: Math.max(4, Math.ceil(bytes / 4) * 4), usage: STORAGE, label });
+}
+
+export async function readF32(gpu: Gpu, b: GPUBuffer, n: number): Promise<Float32Array> {
+  return new Float32Array(await readBuffer(gpu, b, n * 4));
+}
+
+export async function readU32(gpu: Gpu, b: GPUBuffer, n: number): Promise<Uint32Array> {
+  return new Uint32Array(await readBuffer(gpu, b, n * 4));
+}
+
+/** Runs `encode` in one compute pass and fails on any validation error. */
+export async function runPass(gpu: Gpu, encode: (pass: GPUComputePassEncoder) => void): Promise<void> {
+  gpu.device.pushErrorScope("validation");
+  const enc = gpu.device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  encode(pass);
+  pass.end();
+  gpu.device.queue.submit([enc.finish()]);
+  const err = await gpu.device.popErrorScope();
+  if (err) throw new Error(`WebGPU validation error: ${err.message}`);
+}
+
+/** A seeded generator (mulberry32) so failures reproduce. */
+export function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** Uniform values in [-scale, scale). */
+export function randomF32(rand: () => number, n: number, scale = 1): Float32Array {
+  return Float32Array.from({ length: n }, () => (rand() * 2 - 1) * scale);
+}
+
+/**
+ * A random tensor [rows, cols] encoded as `type`, with bytes built here independently of the
+ * kernels (f16 scales, int8 or nibble quants) so dequantize() is the oracle.
+ */
+export function randomTensor(rand: () => number, type: TensorType, rows: number, cols: number, name = "w"): Tensor {
+  const n = rows * cols;
+  switch (type) {
+    case "f32":
+      return { name, type, shape: [rows, cols], data: new Uint8Array(randomF32(rand, n).buffer) };
+    case "f16": {
+      const h = Uint16Array.from({ length: n }, () => f32ToF16(rand() * 2 - 1));
+      return { name, type, shape: [rows, cols], data: new Uint8Array(h.buffer) };
+    }
+    case "q8_0":
+    case "q4_0": {
+      const blockBytes = type === "q8_0" ? 34 : 18;
+      const data = new Uint8Array((n / 32) * blockBytes);
+      const view = new DataView(data.buffer);
+      for (let b = 0; b < n / 32; b++) {
+        view.setUint16(b * blockBytes, f32ToF16((rand() + 0.1) * 0.05), true);
+        for (let j = 2; j < blockBytes; j++) data[b * blockBytes + j] = Math.floor(rand() * 256);
+      }
+      return { name, type, shape: [rows, cols], data };
+    }
+  }
+}
+
+/** max |a - b| / max |b|: the relative error the tests bound. */
+export function relativeError(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  if (a.length !== b.length) throw new Error(`length mismatch: ${a.length} vs ${b.length}`);
+  let diff = 0;
+  let scale = 0;
+  for (let i = 0; i < a.length; i++) {
+    diff = Math.max(diff, Math.abs(a[i]! - b[i]!));
+    scale = Math.max(scale, Math.abs(b[i]!));
+  }
+  if (Number.isNaN(diff)) return NaN;
+  return diff / (scale || 1);
+}
+
+/** Packs a step's metadata into a fresh buffer and returns its section bindings. */
+export function stepMeta(gpu: Gpu, content: StepContent) {
+  const layout = new StepMetaLayout({
+    maxRows: Math.max(1, content.rows.length),
+    maxSeqs: Math.max(1, content.seqs.length, content.samples.length),
+    maxTableEntries: Math.max(1, content.blockTables.length),
+  });
+  const bytes = new Uint8Array(layout.bytes);
+  layout.pack(new DataView(bytes.buffer), content);
+  const buffer = uploadBuffer(gpu, bytes, GPUBufferUsage.UNIFORM | GPUBufferUsage.STORAGE, "step meta");
+  return layout.bindings(buffer);
+}

@@ -1,0 +1,172 @@
+import { assert, assertEquals, assertLess } from "@std/assert";
+import { acquireGpu } from "../kernels/device.ts";
+import { createEmbedding } from "../kernels/embedding.ts";
+import { uploadMatrix } from "../kernels/gpu_matrix.ts";
+import { createRmsnorm } from "../kernels/rmsnorm.ts";
+import { createRopeStore, uploadRopeTable } from "../kernels/rope.ts";
+import { DIM_ROWS, DIM_SAMPLES, LAST_SAMPLED_FLAG, type SampleMeta } from "../kernels/step_meta.ts";
+import { createSwiglu } from "../kernels/swiglu.ts";
+import { dequantize } from "../lib/dequantize.ts";
+import type { ModelConfig } from "../lib/model_config.ts";
+import { rmsnorm, rope, swiglu } from "../lib/reference/ops.ts";
+import type { TensorType } from "../lib/tensor.ts";
+import {
+  randomF32,
+  randomTensor,
+  readF32,
+  relativeError,
+  rng,
+  runPass,
+  stepMeta,
+  storage,
+  testGpu,
+  zeros,
+} from "./_gpu.ts";
+
+const row = (token: number, pos = 0, seq = 0, slot = 0) => ({ token, pos, seq, slot });
+const sampleAt = (r: number): SampleMeta => ({
+  row: r,
+  lastSlot: 0,
+  seed: 0,
+  position: 0,
+  temperature: 0,
+  topK: 0,
+  topP: 1,
+  minP: 0,
+});
+
+Deno.test("createEmbedding() gathers dequantized rows, including tokens left on the device by the sampler", async () => {
+  // A 1 KiB binding cap splits the table, so rows come from several chunks.
+  const gpu = await acquireGpu({ maxBindingBytes: 1024 });
+  const types: TensorType[] = ["f32", "f16", "q8_0", "q4_0"];
+  for (const type of types) {
+    const rand = rng(3);
+    const vocab = 45;
+    const dim = 64;
+    const table = randomTensor(rand, type, vocab, dim);
+    const m = uploadMatrix(gpu, table);
+    assert(m.chunks.length > 1, `${type}: expected a split table`);
+    const lastSampled = storage(gpu, new Uint32Array([7, 44, 0]));
+    const tokens = [3, 44, LAST_SAMPLED_FLAG | 1, 0, 22, LAST_SAMPLED_FLAG | 0];
+    const meta = stepMeta(gpu, { rows: tokens.map((t) => row(t)), seqs: [], samples: [], blockTables: [] });
+    const x = zeros(gpu, tokens.length * dim * 4);
+    const op = createEmbedding(gpu, m, { dims: meta.dims, rows: meta.rows, lastSampled, x });
+    await runPass(gpu, (pass) => op.encode(pass, tokens.length));
+    const got = await readF32(gpu, x, tokens.length * dim);
+    const dense = dequantize(table);
+    const ids = [3, 44, 44, 0, 22, 7];
+    ids.forEach((id, r) => {
+      assertEquals(
+        Array.from(got.subarray(r * dim, (r + 1) * dim)),
+        Array.from(dense.subarray(id * dim, (id + 1) * dim)),
+        `${type}: row ${r} should be token ${id}`,
+      );
+    });
+  }
+  gpu.device.destroy();
+});
+
+Deno.test("createRmsnorm() matches the reference rmsnorm, per row and gathered for the final norm", async () => {
+  const gpu = await testGpu();
+  const rand = rng(11);
+  const dim = 72;
+  const rows = 5;
+  const x = randomF32(rand, rows * dim, 3);
+  const w = randomF32(rand, dim);
+  const meta = stepMeta(gpu, { rows: Array.from({ length: rows }, () => row(0)), seqs: [], samples: [3, 0].map(sampleAt), blockTables: [] });
+  const xb = storage(gpu, x);
+  const wb = storage(gpu, w);
+  const y = zeros(gpu, rows * dim * 4);
+  const yg = zeros(gpu, 2 * dim * 4);
+  const direct = createRmsnorm(gpu, dim, 1e-5, { dims: meta.dims, x: xb, weight: wb, y, rowsField: DIM_ROWS });
+  const gathered = createRmsnorm(gpu, dim, 1e-5, { dims: meta.dims, x: xb, weight: wb, y: yg, rowsField: DIM_SAMPLES, samples: meta.samples });
+  await runPass(gpu, (pass) => {
+    direct.encode(pass, rows);
+    gathered.encode(pass, 2);
+  });
+  const got = await readF32(gpu, y, rows * dim);
+  const gotG = await readF32(gpu, yg, 2 * dim);
+  for (let r = 0; r < rows; r++) {
+    const want = rmsnorm(new Float32Array(dim), x.subarray(r * dim, (r + 1) * dim), w, 1e-5);
+    assertLess(relativeError(got.subarray(r * dim, (r + 1) * dim), want), 1e-5, `row ${r}`);
+  }
+  [3, 0].forEach((src, i) => {
+    const want = rmsnorm(new Float32Array(dim), x.subarray(src * dim, (src + 1) * dim), w, 1e-5);
+    assertLess(relativeError(gotG.subarray(i * dim, (i + 1) * dim), want), 1e-5, `gathered row ${i}`);
+  });
+});
+
+Deno.test("createSwiglu() matches the reference swiglu", async () => {
+  const gpu = await testGpu();
+  const rand = rng(12);
+  const hidden = 172;
+  const rows = 3;
+  const g = randomF32(rand, rows * hidden, 6);
+  const u = randomF32(rand, rows * hidden, 2);
+  const meta = stepMeta(gpu, { rows: Array.from({ length: rows }, () => row(0)), seqs: [], samples: [], blockTables: [] });
+  const gb = storage(gpu, g);
+  const op = createSwiglu(gpu, hidden, { dims: meta.dims, gate: gb, up: storage(gpu, u) });
+  await runPass(gpu, (pass) => op.encode(pass, rows));
+  const got = await readF32(gpu, gb, rows * hidden);
+  const want = swiglu(g.slice(), u);
+  assertLess(relativeError(got, want), 1e-5);
+});
+
+function tinyConfig(ropeDim: number): ModelConfig {
+  return {
+    architecture: "llama",
+    dim: 32,
+    hiddenDim: 64,
+    nLayers: 1,
+    nHeads: 4,
+    nKvHeads: 2,
+    headDim: 8,
+    vocabSize: 16,
+    contextLength: 300,
+    ropeTheta: 10000,
+    ropeDim,
+    rmsEps: 1e-5,
+  };
+}
+
+for (const ropeDim of [8, 4]) {
+  Deno.test(`createRopeStore() rotates q like the reference rope and stores rotated k and v at each row's slot (ropeDim ${ropeDim})`, async () => {
+    const gpu = await testGpu();
+    const config = tinyConfig(ropeDim);
+    const rand = rng(13 + ropeDim);
+    const qDim = 32;
+    const kvDim = 16;
+    const slots = 40;
+    const rows = [row(0, 0, 0, 17), row(0, 1, 0, 3), row(0, 299, 0, 39), row(0, 128, 0, 0)];
+    const q = randomF32(rand, rows.length * qDim);
+    const k = randomF32(rand, rows.length * kvDim);
+    const v = randomF32(rand, rows.length * kvDim);
+    const meta = stepMeta(gpu, { rows, seqs: [], samples: [], blockTables: [] });
+    const qb = storage(gpu, q);
+    const kc = zeros(gpu, slots * kvDim * 4);
+    const vc = zeros(gpu, slots * kvDim * 4);
+    const op = createRopeStore(gpu, config, {
+      dims: meta.dims,
+      rows: meta.rows,
+      table: uploadRopeTable(gpu, config, config.contextLength),
+      q: qb,
+      k: storage(gpu, k),
+      v: storage(gpu, v),
+      kCache: kc,
+      vCache: vc,
+    });
+    await runPass(gpu, (pass) => op.encode(pass, rows.length));
+    const gotQ = await readF32(gpu, qb, rows.length * qDim);
+    const gotK = await readF32(gpu, kc, slots * kvDim);
+    const gotV = await readF32(gpu, vc, slots * kvDim);
+    rows.forEach((r, i) => {
+      const wantQ = rope(q.slice(i * qDim, (i + 1) * qDim), 4, 8, ropeDim, r.pos, 10000);
+      const wantK = rope(k.slice(i * kvDim, (i + 1) * kvDim), 2, 8, ropeDim, r.pos, 10000);
+      assertLess(relativeError(gotQ.subarray(i * qDim, (i + 1) * qDim), wantQ), 1e-5, `q row ${i}`);
+      assertLess(relativeError(gotK.subarray(r.slot * kvDim, (r.slot + 1) * kvDim), wantK), 1e-5, `k row ${i}`);
+      assertEquals(Array.from(gotV.subarray(r.slot * kvDim, (r.slot + 1) * kvDim)), Array.from(v.subarray(i * kvDim, (i + 1) * kvDim)));
+    });
+    // Slots no row names stay untouched.
+    assert(gotK.subarray(kvDim, 2 * kvDim).every((x) => x === 0));
+  });
+}

@@ -1,0 +1,91 @@
+import { assertAlmostEquals, assertEquals } from "@std/assert";
+import { bindAll } from "../kernels/device.ts";
+import { createSampler, WGSL_RNG } from "../kernels/sample.ts";
+import type { SampleMeta } from "../kernels/step_meta.ts";
+import type { SamplingParams } from "../lib/engine.ts";
+import { hash32 } from "../lib/rng.ts";
+import { sample } from "../lib/sampling.ts";
+import { randomF32, readU32, rng, runPass, stepMeta, storage, testGpu, zeros } from "./_gpu.ts";
+
+Deno.test("WGSL hash32 gives lib/rng.ts's bits", async () => {
+  const gpu = await testGpu();
+  const pipeline = gpu.pipeline(
+    `${WGSL_RNG}
+@group(0) @binding(0) var<storage, read> inp: array<vec2<u32>>;
+@group(0) @binding(1) var<storage, read_write> outp: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+  if (id.x < arrayLength(&outp)) { outp[id.x] = hash32(inp[id.x].x, inp[id.x].y); }
+}`,
+    "hash32 test",
+  );
+  const rand = rng(1);
+  const pairs = Array.from({ length: 256 }, (_, i) => [
+    i < 8 ? [0, 0xffffffff, 1, 42][i % 4]! : Math.floor(rand() * 2 ** 32),
+    i < 8 ? i : Math.floor(rand() * 2 ** 32),
+  ]);
+  const out = zeros(gpu, pairs.length * 4);
+  const group = bindAll(gpu, pipeline, [storage(gpu, new Uint32Array(pairs.flat())), out]);
+  await runPass(gpu, (pass) => {
+    pass.setPipeline(pipeline);
+    pass.setBindGroup(0, group);
+    pass.dispatchWorkgroups(pairs.length / 64);
+  });
+  const got = await readU32(gpu, out, pairs.length);
+  assertEquals(Array.from(got), pairs.map(([s, c]) => hash32(s!, c!)));
+});
+
+const PARAMS: SamplingParams[] = [
+  { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 },
+  { temperature: 1, topK: 0, topP: 1, minP: 0, seed: 1 },
+  { temperature: 0.7, topK: 40, topP: 1, minP: 0, seed: 2 },
+  { temperature: 1, topK: 0, topP: 0.9, minP: 0, seed: 3 },
+  { temperature: 1.3, topK: 0, topP: 1, minP: 0.05, seed: 4 },
+  { temperature: 0.8, topK: 50, topP: 0.95, minP: 0.02, seed: 5 },
+  { temperature: 2, topK: 1, topP: 1, minP: 0, seed: 6 },
+  { temperature: 1, topK: 3, topP: 0.5, minP: 0, seed: 7 },
+];
+
+/** Samples `rows` logit vectors on the GPU, each with PARAMS[i % n] and a distinct seed and position. */
+async function compareWithReference(vocab: number, logits: Float32Array, rows: number): Promise<void> {
+  const gpu = await testGpu();
+  const metas: SampleMeta[] = [];
+  const params: SamplingParams[] = [];
+  for (let i = 0; i < rows; i++) {
+    const p = { ...PARAMS[i % PARAMS.length]!, seed: 1000 + i * 17 };
+    params.push(p);
+    metas.push({ row: i, lastSlot: i, seed: p.seed, position: 5 + i, temperature: p.temperature, topK: p.topK, topP: p.topP, minP: p.minP });
+  }
+  const meta = stepMeta(gpu, { rows: [], seqs: [], samples: metas, blockTables: [] });
+  const out = zeros(gpu, rows * 8);
+  const lastSampled = zeros(gpu, rows * 4);
+  const op = createSampler(gpu, vocab, { dims: meta.dims, samples: meta.samples, logits: storage(gpu, logits), out, lastSampled });
+  await runPass(gpu, (pass) => op.encode(pass, rows));
+  const got = await readU32(gpu, out, rows * 2);
+  const last = await readU32(gpu, lastSampled, rows);
+  const lp = new Float32Array(got.buffer);
+  for (let i = 0; i < rows; i++) {
+    const want = sample(logits.subarray(i * vocab, (i + 1) * vocab), params[i]!, 5 + i);
+    const what = `row ${i} ${JSON.stringify(params[i])}`;
+    assertEquals(got[2 * i], want.token, what);
+    assertEquals(last[i], want.token, `${what}: last-sampled table`);
+    assertAlmostEquals(lp[2 * i + 1]!, want.logprob, 1e-4, what);
+  }
+}
+
+Deno.test("createSampler() draws the reference sampler's tokens and logprobs (greedy, temperature, top-k, top-p, min-p)", async () => {
+  const rand = rng(21);
+  for (const vocab of [512, 1000]) {
+    const rows = 32;
+    await compareWithReference(vocab, randomF32(rand, rows * vocab, 4), rows);
+  }
+});
+
+Deno.test("createSampler() breaks ties toward the lower token id, like the reference", async () => {
+  const rand = rng(22);
+  const vocab = 300;
+  const rows = 24;
+  // Logits on a coarse grid: many exact ties, including at the top.
+  const logits = Float32Array.from({ length: rows * vocab }, () => Math.round(rand() * 6) / 2);
+  await compareWithReference(vocab, logits, rows);
+});
