@@ -1,0 +1,55 @@
+import { ApiError } from "./errors.ts";
+
+/**
+ * Reads a request body as JSON, refusing it with 413 as soon as it passes `maxBytes` (the
+ * declared Content-Length is checked first, then the bytes actually streamed, so a lying or
+ * chunked client cannot make the server buffer more than the limit).
+ */
+export async function readJsonBody(req: Request, maxBytes: number): Promise<unknown> {
+  const declared = Number(req.headers.get("content-length") ?? "NaN");
+  if (Number.isFinite(declared) && declared > maxBytes) {
+    throw tooLarge(declared, maxBytes);
+  }
+  const text = await readLimited(req, maxBytes);
+  if (text.trim().length === 0) {
+    throw new ApiError("invalid_json", "Request body is empty; expected a JSON object");
+  }
+  try {
+    return JSON.parse(text);
+  } catch (err) {
+    const detail = err instanceof Error ? err.message : String(err);
+    throw new ApiError("invalid_json", `Request body is not valid JSON: ${detail}`);
+  }
+}
+
+async function readLimited(req: Request, maxBytes: number): Promise<string> {
+  if (req.body === null) return "";
+  const reader = req.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let total = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    total += value.byteLength;
+    if (total > maxBytes) {
+      await reader.cancel();
+      throw tooLarge(total, maxBytes, true);
+    }
+    chunks.push(value);
+  }
+  const all = new Uint8Array(total);
+  let at = 0;
+  for (const c of chunks) {
+    all.set(c, at);
+    at += c.byteLength;
+  }
+  return new TextDecoder().decode(all);
+}
+
+function tooLarge(bytes: number, maxBytes: number, atLeast = false): ApiError {
+  return new ApiError(
+    "payload_too_large",
+    `Request body is ${atLeast ? "more than " : ""}${atLeast ? maxBytes : bytes} bytes; ` +
+      `the limit is ${maxBytes} bytes`,
+  );
+}

@@ -1,0 +1,75 @@
+import { Template } from "@huggingface/jinja";
+import { ApiError } from "./errors.ts";
+
+export type ChatRole = "system" | "developer" | "user" | "assistant";
+
+export interface ChatTurn {
+  readonly role: ChatRole;
+  readonly content: string;
+}
+
+/** A chat rendered into prompt text, with stop strings the format needs. */
+export interface RenderedChat {
+  readonly prompt: string;
+  readonly stop: readonly string[];
+}
+
+/** Stops for the plain format: the model starting the next turn itself. */
+export const PLAIN_CHAT_STOPS: readonly string[] = ["\nUser:", "\nSystem:"];
+
+/**
+ * The format used when the model carries no chat template: one line per message,
+ * "System: ...", "User: ...", "Assistant: ..." ("developer" counts as System), then a final
+ * "Assistant:" for the model to continue. Generation stops at "\nUser:" or "\nSystem:".
+ *
+ *   System: You are terse.
+ *   User: Hi
+ *   Assistant:
+ */
+export function renderPlainChat(turns: readonly ChatTurn[]): RenderedChat {
+  const label = (r: ChatRole) => r === "assistant" ? "Assistant" : r === "user" ? "User" : "System";
+  const lines = turns.map((t) => `${label(t.role)}: ${t.content}`);
+  lines.push("Assistant:");
+  return { prompt: lines.join("\n"), stop: PLAIN_CHAT_STOPS };
+}
+
+/**
+ * Builds the chat renderer for a model: its Jinja chat template (as in GGUF
+ * `tokenizer.chat_template` / HF tokenizer_config.json) when it has one, else the plain format.
+ * A template that fails to parse is reported at start-up, not on the first request.
+ */
+export function createChatRenderer(opts: {
+  template?: string | undefined;
+  bosToken: string;
+  eosToken: string;
+}): (turns: readonly ChatTurn[]) => RenderedChat {
+  if (opts.template === undefined || opts.template.trim() === "") return renderPlainChat;
+  let tpl: Template;
+  try {
+    tpl = new Template(opts.template);
+  } catch (err) {
+    throw new Error(
+      `Cannot parse the model's chat template: ${err instanceof Error ? err.message : err}`,
+    );
+  }
+  return (turns) => {
+    try {
+      const prompt = tpl.render({
+        messages: turns.map((t) => ({ role: t.role, content: t.content })),
+        bos_token: opts.bosToken,
+        eos_token: opts.eosToken,
+        add_generation_prompt: true,
+      });
+      return { prompt, stop: [] };
+    } catch (err) {
+      // Templates raise for conversations they do not support (e.g. roles not alternating).
+      throw new ApiError(
+        "invalid_request",
+        `The model's chat template rejected these messages: ${
+          err instanceof Error ? err.message : String(err)
+        }`,
+        "messages",
+      );
+    }
+  };
+}

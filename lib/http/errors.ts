@@ -1,0 +1,98 @@
+import type { GenerationErrorCode } from "../generation.ts";
+
+/** Every error code a client can receive, over HTTP (`error.code`) or the WebSocket (`code`). */
+export type ApiErrorCode =
+  | "invalid_json"
+  | "invalid_request"
+  | "unknown_type"
+  | "unsupported_frame"
+  | "duplicate_id"
+  | "unknown_id"
+  | "too_many_generations"
+  | "frame_too_large"
+  | "payload_too_large"
+  | "unauthorized"
+  | "not_found"
+  | "upgrade_required"
+  | "model_not_found"
+  | "context_length_exceeded"
+  | "overloaded"
+  | "draining"
+  | "internal";
+
+const STATUS: Record<ApiErrorCode, number> = {
+  invalid_json: 400,
+  invalid_request: 400,
+  unknown_type: 400,
+  unsupported_frame: 400,
+  duplicate_id: 409,
+  unknown_id: 404,
+  too_many_generations: 429,
+  frame_too_large: 413,
+  payload_too_large: 413,
+  unauthorized: 401,
+  not_found: 404,
+  upgrade_required: 426,
+  model_not_found: 404,
+  context_length_exceeded: 400,
+  overloaded: 503,
+  draining: 503,
+  internal: 500,
+};
+
+/** The OpenAI-style `error.type` for a status. */
+function typeForStatus(status: number): string {
+  if (status === 401) return "authentication_error";
+  if (status === 404) return "not_found_error";
+  if (status === 429) return "rate_limit_error";
+  if (status === 503) return "service_unavailable_error";
+  if (status >= 500) return "server_error";
+  return "invalid_request_error";
+}
+
+/** A client-visible failure: its code decides the HTTP status; param names the offending field. */
+export class ApiError extends Error {
+  readonly status: number;
+  readonly type: string;
+
+  constructor(
+    readonly code: ApiErrorCode,
+    message: string,
+    readonly param: string | null = null,
+  ) {
+    super(message);
+    this.name = "ApiError";
+    this.status = STATUS[code];
+    this.type = typeForStatus(this.status);
+  }
+
+  /** The OpenAI error envelope. */
+  toJSON(): { error: { message: string; type: string; param: string | null; code: string } } {
+    return {
+      error: { message: this.message, type: this.type, param: this.param, code: this.code },
+    };
+  }
+}
+
+/** Converts a core error event into the client-facing error (same code, same message). */
+export function fromGenerationError(code: GenerationErrorCode, message: string): ApiError {
+  return new ApiError(code, message);
+}
+
+/** Anything thrown inside a handler, as an ApiError (unknown failures become "internal"). */
+export function toApiError(err: unknown): ApiError {
+  if (err instanceof ApiError) return err;
+  const detail = err instanceof Error ? err.message : String(err);
+  return new ApiError("internal", `Internal error: ${detail}`);
+}
+
+/** Short, JSON-ish rendering of a received value for error messages. */
+export function preview(value: unknown, max = 60): string {
+  let text: string;
+  try {
+    text = value === undefined ? "undefined" : JSON.stringify(value) ?? String(value);
+  } catch {
+    text = String(value);
+  }
+  return text.length > max ? text.slice(0, max) + "…" : text;
+}

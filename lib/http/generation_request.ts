@@ -1,0 +1,77 @@
+import type { GenerationBackend, GenerationRequest, Priority } from "../generation.ts";
+import { ApiError } from "./errors.ts";
+
+/** Client parameters after validation, before limits are applied (all APIs map to this). */
+export interface GenerationInput {
+  readonly prompt: string | readonly number[];
+  /** Field to blame when the prompt is too long ("prompt" or "messages"). */
+  readonly promptParam: string;
+  readonly maxTokens?: number | null | undefined;
+  /** When the client gives no max_tokens: a number, or undefined for "up to the context". */
+  readonly defaultMaxTokens?: number;
+  readonly temperature?: number | null | undefined;
+  readonly topK?: number | null | undefined;
+  readonly topP?: number | null | undefined;
+  readonly minP?: number | null | undefined;
+  readonly seed?: number | null | undefined;
+  readonly stop?: string | readonly string[] | null | undefined;
+  /** Stops the prompt format adds (plain chat format), merged with the client's. */
+  readonly extraStop?: readonly string[];
+  readonly priority?: Priority | null | undefined;
+  readonly logprobs?: boolean;
+}
+
+/** Defaults follow OpenAI: temperature 1, top_p 1; top_k 0 and min_p 0 mean off. */
+export const DEFAULT_TEMPERATURE = 1;
+
+function randomSeed(): number {
+  return crypto.getRandomValues(new Uint32Array(1))[0] ?? 0;
+}
+
+/**
+ * Applies the model's limits: refuses a prompt that leaves no room in the context (with its
+ * token count and the limit; never truncates), caps max_tokens to what the context has left,
+ * fills defaults, and draws a seed when none is given.
+ */
+export function buildGenerationRequest(
+  input: GenerationInput,
+  backend: Pick<GenerationBackend, "countTokens" | "contextLength">,
+  requestId: string,
+): { request: GenerationRequest; promptTokens: number } {
+  const promptTokens = typeof input.prompt === "string"
+    ? backend.countTokens(input.prompt)
+    : input.prompt.length;
+  const room = backend.contextLength - promptTokens;
+  if (room < 1) {
+    throw new ApiError(
+      "context_length_exceeded",
+      `The prompt is ${promptTokens} tokens but the model's context is ` +
+        `${backend.contextLength} tokens, which leaves no room for a completion; ` +
+        `shorten it to at most ${backend.contextLength - 1} tokens`,
+      input.promptParam,
+    );
+  }
+  const asked = input.maxTokens ?? input.defaultMaxTokens ?? room;
+  const stop = input.stop === undefined || input.stop === null
+    ? []
+    : typeof input.stop === "string"
+    ? [input.stop]
+    : [...input.stop];
+  for (const s of input.extraStop ?? []) if (!stop.includes(s)) stop.push(s);
+  const request: GenerationRequest = {
+    prompt: input.prompt,
+    maxTokens: Math.min(asked, room),
+    sampling: {
+      temperature: input.temperature ?? DEFAULT_TEMPERATURE,
+      topK: input.topK ?? 0,
+      topP: input.topP ?? 1,
+      minP: input.minP ?? 0,
+      seed: input.seed === undefined || input.seed === null ? randomSeed() : input.seed >>> 0,
+    },
+    stop: stop.filter((s) => s.length > 0),
+    priority: input.priority ?? "interactive",
+    requestId,
+    logprobs: input.logprobs ?? false,
+  };
+  return { request, promptTokens };
+}

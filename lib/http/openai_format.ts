@@ -1,0 +1,163 @@
+import type { FinishReason, Timings, Usage } from "../generation.ts";
+import { timingsJson } from "./protocol.ts";
+
+/** Response objects of the OpenAI API, as the official clients parse them. */
+
+export interface OpenAiUsage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  prompt_tokens_details: { cached_tokens: number };
+}
+
+export function openAiUsage(u: Usage): OpenAiUsage {
+  return {
+    prompt_tokens: u.promptTokens,
+    completion_tokens: u.completionTokens,
+    total_tokens: u.promptTokens + u.completionTokens,
+    prompt_tokens_details: { cached_tokens: u.cachedTokens },
+  };
+}
+
+/** One sampled token, as logprobs need it. */
+export interface TokenLogprob {
+  readonly text: string;
+  readonly logprob: number;
+}
+
+/** Identity of one response: every chunk of a stream repeats it. */
+export interface ResponseMeta {
+  readonly id: string;
+  readonly created: number;
+  readonly model: string;
+}
+
+function chatLogprobs(tokens: readonly TokenLogprob[]) {
+  return {
+    content: tokens.map((t) => ({
+      token: t.text,
+      logprob: t.logprob,
+      bytes: [...new TextEncoder().encode(t.text)],
+      top_logprobs: [],
+    })),
+  };
+}
+
+function completionLogprobs(tokens: readonly TokenLogprob[], offset: number) {
+  const text_offset: number[] = [];
+  let at = offset;
+  for (const t of tokens) {
+    text_offset.push(at);
+    at += t.text.length;
+  }
+  return {
+    tokens: tokens.map((t) => t.text),
+    token_logprobs: tokens.map((t) => t.logprob),
+    top_logprobs: tokens.map(() => ({})),
+    text_offset,
+  };
+}
+
+export function completionResponse(
+  meta: ResponseMeta,
+  text: string,
+  finish: FinishReason,
+  usage: Usage,
+  timings: Timings,
+  logprobs: readonly TokenLogprob[] | null,
+) {
+  return {
+    id: meta.id,
+    object: "text_completion",
+    created: meta.created,
+    model: meta.model,
+    choices: [{
+      index: 0,
+      text,
+      finish_reason: finish,
+      logprobs: logprobs === null ? null : completionLogprobs(logprobs, 0),
+    }],
+    usage: openAiUsage(usage),
+    timings: timingsJson(timings),
+  };
+}
+
+export function completionChunk(
+  meta: ResponseMeta,
+  text: string,
+  finish: FinishReason | null,
+  logprobs: { tokens: readonly TokenLogprob[]; offset: number } | null,
+  withUsageField: boolean,
+) {
+  return {
+    id: meta.id,
+    object: "text_completion",
+    created: meta.created,
+    model: meta.model,
+    choices: [{
+      index: 0,
+      text,
+      finish_reason: finish,
+      logprobs: logprobs === null ? null : completionLogprobs(logprobs.tokens, logprobs.offset),
+    }],
+    ...(withUsageField ? { usage: null } : {}),
+  };
+}
+
+export function chatResponse(
+  meta: ResponseMeta,
+  content: string,
+  finish: FinishReason,
+  usage: Usage,
+  timings: Timings,
+  logprobs: readonly TokenLogprob[] | null,
+) {
+  return {
+    id: meta.id,
+    object: "chat.completion",
+    created: meta.created,
+    model: meta.model,
+    choices: [{
+      index: 0,
+      message: { role: "assistant", content, refusal: null },
+      finish_reason: finish,
+      logprobs: logprobs === null ? null : chatLogprobs(logprobs),
+    }],
+    usage: openAiUsage(usage),
+    timings: timingsJson(timings),
+  };
+}
+
+export function chatChunk(
+  meta: ResponseMeta,
+  delta: { role?: "assistant"; content?: string },
+  finish: FinishReason | null,
+  logprobs: readonly TokenLogprob[] | null,
+  withUsageField: boolean,
+) {
+  return {
+    id: meta.id,
+    object: "chat.completion.chunk",
+    created: meta.created,
+    model: meta.model,
+    choices: [{
+      index: 0,
+      delta,
+      finish_reason: finish,
+      logprobs: logprobs === null ? null : chatLogprobs(logprobs),
+    }],
+    ...(withUsageField ? { usage: null } : {}),
+  };
+}
+
+/** The extra last chunk sent when stream_options.include_usage is set (no choices). */
+export function usageChunk(meta: ResponseMeta, object: string, usage: Usage) {
+  return {
+    id: meta.id,
+    object,
+    created: meta.created,
+    model: meta.model,
+    choices: [],
+    usage: openAiUsage(usage),
+  };
+}

@@ -1,0 +1,270 @@
+import type { Hono } from "hono";
+import type { FinishReason, GenerationEvent } from "../generation.ts";
+import type { ChatTurn, RenderedChat } from "./chat_template.ts";
+import { readJsonBody } from "./body.ts";
+import { ApiError, fromGenerationError } from "./errors.ts";
+import { buildGenerationRequest, type GenerationInput } from "./generation_request.ts";
+import {
+  chatChunk,
+  chatResponse,
+  completionChunk,
+  completionResponse,
+  type ResponseMeta,
+  type TokenLogprob,
+  usageChunk,
+} from "./openai_format.ts";
+import { ChatCompletionBody, type ChatMessage, CompletionBody } from "./schemas.ts";
+import { pullSseStream, SSE_HEADERS, sseData } from "./sse.ts";
+import { type Api, type GenerationDeps, trackGeneration } from "./tracked_generation.ts";
+import { parseWith } from "./validation.ts";
+
+export interface OpenAiOptions {
+  readonly renderChat: (turns: readonly ChatTurn[]) => RenderedChat;
+  readonly maxBodyBytes: number;
+  /** OpenAI's default for /v1/completions is 16; chat defaults to the rest of the context. */
+  readonly defaultCompletionMaxTokens: number;
+  /** Unix seconds reported as the model's `created`. */
+  readonly createdAt: number;
+}
+
+type Kind = "completions" | "chat_completions";
+
+/** What one request asked for, after validation. */
+interface Parsed {
+  readonly input: GenerationInput;
+  readonly stream: boolean;
+  readonly includeUsage: boolean;
+}
+
+/**
+ * The OpenAI-compatible endpoints: POST /v1/completions, POST /v1/chat/completions (JSON, or
+ * SSE `data:` chunks ending in `data: [DONE]` when stream is true), GET /v1/models.
+ * Errors are thrown as ApiError for the app's error handler, except once a stream has begun:
+ * then the error is sent as a final `data: {"error": ...}` event.
+ */
+export function registerOpenAiRoutes(app: Hono, deps: GenerationDeps, opts: OpenAiOptions): void {
+  const model = () => ({
+    id: deps.backend.modelName,
+    object: "model",
+    created: opts.createdAt,
+    owned_by: "llmserve",
+  });
+  app.get("/v1/models", (c) => c.json({ object: "list", data: [model()] }));
+  app.get("/v1/models/:model{.+}", (c) => {
+    checkModel(c.req.param("model"), deps.backend.modelName);
+    return c.json(model());
+  });
+  app.post("/v1/completions", (c) => respond(c.req.raw, "completions", deps, opts));
+  app.post("/v1/chat/completions", (c) => respond(c.req.raw, "chat_completions", deps, opts));
+}
+
+function checkModel(asked: string | null | undefined, served: string): void {
+  if (asked === undefined || asked === null || asked === served) return;
+  throw new ApiError(
+    "model_not_found",
+    `The model "${asked}" does not exist; this server serves "${served}"`,
+    "model",
+  );
+}
+
+function contentText(m: ChatMessage): string {
+  return typeof m.content === "string" ? m.content : m.content.map((p) => p.text).join("");
+}
+
+function parse(body: unknown, kind: Kind, deps: GenerationDeps, opts: OpenAiOptions): Parsed {
+  const served = deps.backend.modelName;
+  if (kind === "completions") {
+    const b = parseWith(CompletionBody, body);
+    checkModel(b.model, served);
+    const p = b.prompt;
+    // One prompt: a string, token ids, or a one-element array of either.
+    const prompt = typeof p === "string"
+      ? p
+      : typeof p[0] === "string"
+      ? p[0]
+      : Array.isArray(p[0])
+      ? p[0]
+      : (p as number[]);
+    return {
+      input: {
+        ...common(b),
+        prompt,
+        promptParam: "prompt",
+        maxTokens: b.max_tokens,
+        defaultMaxTokens: opts.defaultCompletionMaxTokens,
+        logprobs: b.logprobs !== null && b.logprobs !== undefined,
+      },
+      stream: b.stream === true,
+      includeUsage: b.stream_options?.include_usage === true,
+    };
+  }
+  const b = parseWith(ChatCompletionBody, body);
+  checkModel(b.model, served);
+  const chat = opts.renderChat(b.messages.map((m) => ({ role: m.role, content: contentText(m) })));
+  return {
+    input: {
+      ...common(b),
+      prompt: chat.prompt,
+      promptParam: "messages",
+      extraStop: chat.stop,
+      maxTokens: b.max_completion_tokens ?? b.max_tokens,
+      logprobs: b.logprobs === true,
+    },
+    stream: b.stream === true,
+    includeUsage: b.stream_options?.include_usage === true,
+  };
+}
+
+function common(b: CompletionBody | ChatCompletionBody) {
+  return {
+    temperature: b.temperature,
+    topK: b.top_k,
+    topP: b.top_p,
+    minP: b.min_p,
+    seed: b.seed,
+    stop: b.stop,
+    priority: b.priority,
+  };
+}
+
+async function respond(
+  req: Request,
+  kind: Kind,
+  deps: GenerationDeps,
+  opts: OpenAiOptions,
+): Promise<Response> {
+  const parsed = parse(await readJsonBody(req, opts.maxBodyBytes), kind, deps, opts);
+  const id = (kind === "completions" ? "cmpl-" : "chatcmpl-") +
+    crypto.randomUUID().replaceAll("-", "");
+  const { request } = buildGenerationRequest(parsed.input, deps.backend, id);
+  const ctrl = new AbortController();
+  const onClientGone = () => ctrl.abort("client gone");
+  req.signal.addEventListener("abort", onClientGone, { once: true });
+  const events = trackGeneration(deps, request, kind as Api, ctrl.signal);
+  // The first event decides the status: an overloaded or draining core gets a real 503.
+  const first = await events.next();
+  if (first.done || first.value.type === "error") {
+    req.signal.removeEventListener("abort", onClientGone);
+    await events.return(undefined);
+    if (first.done) throw new ApiError("internal", "The core ended the generation without events");
+    const ev = first.value as Extract<GenerationEvent, { type: "error" }>;
+    throw fromGenerationError(ev.code, ev.message);
+  }
+  const meta: ResponseMeta = {
+    id,
+    created: Math.floor(Date.now() / 1000),
+    model: deps.backend.modelName,
+  };
+  const headers = { "x-request-id": id };
+  if (!parsed.stream) {
+    try {
+      const body = await collect(kind, meta, first.value, events, request.logprobs === true);
+      return Response.json(body, { headers });
+    } finally {
+      req.signal.removeEventListener("abort", onClientGone);
+      // Lets the tracker record the end and the core release the sequence.
+      await events.return(undefined);
+    }
+  }
+  const render = streamRenderer(kind, meta, parsed.includeUsage, request.logprobs === true, deps);
+  let peeked: GenerationEvent | undefined = first.value;
+  let ended = false;
+  const body = pullSseStream(async () => {
+    if (ended) return null;
+    let ev = peeked;
+    peeked = undefined;
+    if (ev === undefined) {
+      const n = await events.next();
+      if (n.done) {
+        ended = true;
+        return null;
+      }
+      ev = n.value;
+    }
+    const out = render(ev);
+    if (ev.type === "done" || ev.type === "error") {
+      ended = true;
+      req.signal.removeEventListener("abort", onClientGone);
+      await events.return(undefined);
+    }
+    return out;
+  }, async () => {
+    ctrl.abort("client gone");
+    req.signal.removeEventListener("abort", onClientGone);
+    await events.return(undefined);
+  });
+  return new Response(body, { headers: { ...SSE_HEADERS, ...headers } });
+}
+
+/** Drains a non-streaming generation into the response object. */
+async function collect(
+  kind: Kind,
+  meta: ResponseMeta,
+  first: GenerationEvent,
+  events: AsyncGenerator<GenerationEvent>,
+  withLogprobs: boolean,
+) {
+  let text = "";
+  const lps: TokenLogprob[] = [];
+  let ev: GenerationEvent | undefined = first;
+  while (ev !== undefined) {
+    if (ev.type === "token") {
+      text += ev.text;
+      if (withLogprobs) lps.push({ text: ev.text, logprob: ev.logprob });
+    } else if (ev.type === "done") {
+      const lp = withLogprobs ? lps : null;
+      return kind === "completions"
+        ? completionResponse(meta, text, ev.finishReason, ev.usage, ev.timings, lp)
+        : chatResponse(meta, text, ev.finishReason, ev.usage, ev.timings, lp);
+    } else if (ev.type === "error") {
+      throw fromGenerationError(ev.code, ev.message);
+    }
+    const n: IteratorResult<GenerationEvent> = await events.next();
+    ev = n.done ? undefined : n.value;
+  }
+  throw new ApiError("internal", "The generation ended without a result (cancelled)");
+}
+
+/** Turns core events into SSE events for one streaming response. */
+function streamRenderer(
+  kind: Kind,
+  meta: ResponseMeta,
+  includeUsage: boolean,
+  withLogprobs: boolean,
+  deps: GenerationDeps,
+): (ev: GenerationEvent) => string[] {
+  let sentRole = false;
+  let offset = 0;
+  const object = kind === "completions" ? "text_completion" : "chat.completion.chunk";
+  const chunk = (text: string | undefined, finish: FinishReason | null, lp: TokenLogprob[]) => {
+    if (kind === "completions") {
+      const logprobs = withLogprobs && lp.length > 0 ? { tokens: lp, offset } : null;
+      offset += text?.length ?? 0;
+      return sseData(completionChunk(meta, text ?? "", finish, logprobs, includeUsage));
+    }
+    const delta: { role?: "assistant"; content?: string } = {};
+    if (!sentRole) delta.role = "assistant";
+    sentRole = true;
+    if (text !== undefined) delta.content = text;
+    return sseData(chatChunk(meta, delta, finish, withLogprobs ? lp : null, includeUsage));
+  };
+  return (ev) => {
+    switch (ev.type) {
+      case "started":
+        return kind === "chat_completions" ? [chunk("", null, [])] : [];
+      case "token":
+        return [chunk(ev.text, null, [{ text: ev.text, logprob: ev.logprob }])];
+      case "done": {
+        const out = [chunk(kind === "completions" ? "" : undefined, ev.finishReason, [])];
+        if (includeUsage) out.push(sseData(usageChunk(meta, object, ev.usage)));
+        out.push(sseData("[DONE]"));
+        return out;
+      }
+      case "error": {
+        const err = fromGenerationError(ev.code, ev.message);
+        deps.metrics.errors.inc({ code: err.code });
+        return [sseData(err.toJSON())];
+      }
+    }
+  };
+}

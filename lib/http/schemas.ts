@@ -1,0 +1,139 @@
+import { z } from "zod";
+
+/**
+ * Shapes of everything a client sends: WebSocket frames (strict: a misspelled field is an
+ * error, not silently ignored) and OpenAI request bodies (lenient about fields the OpenAI API
+ * has and we ignore, like `user`, but refusing features we do not implement).
+ */
+
+const maxTokens = z.number().int().min(1).max(1_000_000);
+const temperature = z.number().min(0).max(2);
+const topK = z.number().int().min(0);
+const topP = z.number().min(0).max(1);
+const minP = z.number().min(0).max(1);
+const seed = z.number().int().min(-(2 ** 53)).max(2 ** 53);
+const stop = z.union([z.string(), z.array(z.string()).max(16)], {
+  error: "expected a string or an array of at most 16 strings",
+});
+const priority = z.enum(["interactive", "batch"]);
+
+/** A generation id on the WebSocket: what the client uses to tell its generations apart. */
+const generationId = z.string().min(1).max(128);
+
+/** Chat message content: a string, or OpenAI content parts of which only text is supported. */
+const messageContent = z.union([
+  z.string(),
+  z.array(z.object({ type: z.literal("text"), text: z.string() })),
+], { error: 'expected a string or an array of {type: "text", text} parts' });
+
+const chatRole = z.enum(["system", "developer", "user", "assistant"]);
+
+const wsMessage = z.strictObject({ role: chatRole, content: z.string() });
+
+export const GenerateFrame = z.strictObject({
+  type: z.literal("generate"),
+  id: generationId,
+  prompt: z.string().optional(),
+  messages: z.array(wsMessage).min(1).optional(),
+  max_tokens: maxTokens.optional(),
+  temperature: temperature.optional(),
+  top_k: topK.optional(),
+  top_p: topP.optional(),
+  min_p: minP.optional(),
+  seed: seed.optional(),
+  stop: stop.optional(),
+  priority: priority.optional(),
+  logprobs: z.boolean().optional(),
+}).superRefine((f, ctx) => {
+  if ((f.prompt === undefined) === (f.messages === undefined)) {
+    ctx.addIssue({
+      code: "custom",
+      path: f.prompt === undefined ? ["prompt"] : ["messages"],
+      message: f.prompt === undefined
+        ? "one of 'prompt' or 'messages' is required"
+        : "give 'prompt' or 'messages', not both",
+    });
+  }
+});
+export type GenerateFrame = z.output<typeof GenerateFrame>;
+
+export const CancelFrame = z.strictObject({ type: z.literal("cancel"), id: generationId });
+export type CancelFrame = z.output<typeof CancelFrame>;
+
+export const SubscribeStatsFrame = z.strictObject({ type: z.literal("subscribe_stats") });
+export const UnsubscribeStatsFrame = z.strictObject({ type: z.literal("unsubscribe_stats") });
+
+/** Client frame types and their schemas; anything else is refused as "unknown_type". */
+export const CLIENT_FRAMES = {
+  generate: GenerateFrame,
+  cancel: CancelFrame,
+  subscribe_stats: SubscribeStatsFrame,
+  unsubscribe_stats: UnsubscribeStatsFrame,
+} as const;
+export type ClientFrameType = keyof typeof CLIENT_FRAMES;
+
+/** Fields shared by both OpenAI endpoints. Null is accepted wherever OpenAI clients send it. */
+const openAiCommon = {
+  model: z.string().nullish(),
+  max_tokens: maxTokens.nullish(),
+  temperature: temperature.nullish(),
+  top_p: topP.nullish(),
+  top_k: topK.nullish(),
+  min_p: minP.nullish(),
+  seed: seed.nullish(),
+  stop: stop.nullish(),
+  stream: z.boolean().nullish(),
+  stream_options: z.object({ include_usage: z.boolean().nullish() }).nullish(),
+  priority: priority.nullish(),
+  n: z.literal(1, { error: "only n = 1 is supported" }).nullish(),
+  presence_penalty: z.literal(0, { error: "presence_penalty is not supported (use 0)" }).nullish(),
+  frequency_penalty: z.literal(0, { error: "frequency_penalty is not supported (use 0)" })
+    .nullish(),
+  logit_bias: z.record(z.string(), z.number()).refine((b) => Object.keys(b).length === 0, {
+    error: "logit_bias is not supported",
+  }).nullish(),
+  user: z.string().nullish(),
+};
+
+const tokenIds = z.array(z.number().int().min(0)).min(1);
+
+export const CompletionBody = z.object({
+  ...openAiCommon,
+  prompt: z.union([
+    z.string(),
+    tokenIds,
+    z.array(z.string()).length(1),
+    z.array(tokenIds).length(1),
+  ], {
+    error: "expected a string, an array of token ids, or a one-element array of either " +
+      "(batched prompts are not supported)",
+  }),
+  logprobs: z.number().int().min(0).max(5).nullish(),
+  echo: z.literal(false, { error: "echo is not supported" }).nullish(),
+  best_of: z.literal(1, { error: "only best_of = 1 is supported" }).nullish(),
+  suffix: z.null({ error: "suffix is not supported" }).optional(),
+});
+export type CompletionBody = z.output<typeof CompletionBody>;
+
+export const ChatMessage = z.object({
+  role: z.enum(["system", "developer", "user", "assistant"], {
+    error: 'expected one of "system", "developer", "user", "assistant" ' +
+      "(tool messages are not supported)",
+  }),
+  content: messageContent,
+  name: z.string().nullish(),
+});
+export type ChatMessage = z.output<typeof ChatMessage>;
+
+export const ChatCompletionBody = z.object({
+  ...openAiCommon,
+  messages: z.array(ChatMessage).min(1),
+  max_completion_tokens: maxTokens.nullish(),
+  logprobs: z.boolean().nullish(),
+  top_logprobs: z.literal(0, { error: "top_logprobs is not supported (use 0)" }).nullish(),
+  tools: z.array(z.unknown()).max(0, { error: "tools are not supported" }).nullish(),
+  response_format: z.object({
+    type: z.literal("text", { error: 'only response_format {type: "text"} is supported' }),
+  }).nullish(),
+});
+export type ChatCompletionBody = z.output<typeof ChatCompletionBody>;

@@ -1,0 +1,188 @@
+import type { CoreStats } from "../generation.ts";
+import { type Counter, type Gauge, type Histogram, Registry } from "./metrics.ts";
+
+/** What the executor reports after each step (see ServiceMetrics.observeStep). */
+export interface StepObservation {
+  /** Wall time of the step, from submission to results available. */
+  readonly durationMs: number;
+  /** Sequences in the step. */
+  readonly batchSize: number;
+  /** Tokens processed in the step (prefill chunk tokens + decode tokens). */
+  readonly tokens?: number;
+}
+
+const LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5];
+const TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
+const E2E_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
+const BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256];
+
+/**
+ * The service's metrics. The HTTP layer records request-side numbers itself; the core must
+ * call observeStep() once per executor step and observeExecutorRestart() after a device
+ * loss. Scheduler gauges (running, waiting, KV blocks, prefix-cache hit rate) are read from
+ * backend.stats() at scrape time.
+ */
+export class ServiceMetrics {
+  readonly registry = new Registry();
+  readonly httpRequests: Counter;
+  readonly generations: Counter;
+  readonly errors: Counter;
+  readonly promptTokens: Counter;
+  readonly generatedTokens: Counter;
+  readonly timeToFirstToken: Histogram;
+  readonly interTokenLatency: Histogram;
+  readonly endToEnd: Histogram;
+  readonly queueTime: Histogram;
+  readonly stepDuration: Histogram;
+  readonly batchSize: Histogram;
+  readonly steps: Counter;
+  readonly executorBusySeconds: Counter;
+  readonly executorRestarts: Counter;
+  readonly executorBusyFraction: Gauge;
+  readonly executorHealthy: Gauge;
+  readonly running: Gauge;
+  readonly waiting: Gauge;
+  readonly kvBlocksUsed: Gauge;
+  readonly kvBlocksTotal: Gauge;
+  readonly prefixCacheHitRate: Gauge;
+  readonly inFlight: Gauge;
+
+  readonly #now: () => number;
+  readonly #busyWindowMs: number;
+  readonly #createdAt: number;
+  /** Recent steps as [end time, duration] in ms, for the busy fraction. */
+  #recentSteps: Array<[number, number]> = [];
+
+  constructor(opts: { now?: () => number; busyWindowMs?: number } = {}) {
+    this.#now = opts.now ?? (() => performance.now());
+    this.#busyWindowMs = opts.busyWindowMs ?? 10_000;
+    this.#createdAt = this.#now();
+    const r = this.registry;
+    this.httpRequests = r.counter(
+      "llm_http_requests_total",
+      "HTTP requests answered, by method, route and status (WebSocket upgrades count once).",
+      ["method", "route", "status"],
+    );
+    this.generations = r.counter(
+      "llm_generations_total",
+      "Generations ended, by API and finish reason (stop, length, cancelled, error).",
+      ["api", "finish_reason"],
+    );
+    this.errors = r.counter(
+      "llm_errors_total",
+      "Errors returned to clients (HTTP responses, SSE and WebSocket error frames), by code.",
+      ["code"],
+    );
+    this.promptTokens = r.counter("llm_prompt_tokens_total", "Prompt tokens of started requests.");
+    this.generatedTokens = r.counter("llm_generation_tokens_total", "Tokens generated.");
+    this.timeToFirstToken = r.histogram(
+      "llm_time_to_first_token_seconds",
+      "From request accepted to first token sent.",
+      TTFT_BUCKETS,
+    );
+    this.interTokenLatency = r.histogram(
+      "llm_inter_token_latency_seconds",
+      "Between consecutive token events of one generation.",
+      LATENCY_BUCKETS,
+    );
+    this.endToEnd = r.histogram(
+      "llm_e2e_request_latency_seconds",
+      "From request accepted to its last event.",
+      E2E_BUCKETS,
+    );
+    this.queueTime = r.histogram(
+      "llm_queue_time_seconds",
+      "Time a request waited before the scheduler admitted it (core timings).",
+      TTFT_BUCKETS,
+    );
+    this.stepDuration = r.histogram(
+      "llm_step_duration_seconds",
+      "Executor step wall time.",
+      LATENCY_BUCKETS,
+    );
+    this.batchSize = r.histogram(
+      "llm_batch_size",
+      "Sequences per executor step.",
+      BATCH_BUCKETS,
+    );
+    this.steps = r.counter("llm_steps_total", "Executor steps run.");
+    this.executorBusySeconds = r.counter(
+      "llm_executor_busy_seconds_total",
+      "Time spent inside executor steps; rate() of it is the busy fraction.",
+    );
+    this.executorRestarts = r.counter(
+      "llm_executor_restarts_total",
+      "Executor restarts after a device loss.",
+    );
+    this.executorBusyFraction = r.gauge(
+      "llm_executor_busy_fraction",
+      "Share of wall time spent inside executor steps over the last window (GPU utilisation proxy).",
+    );
+    this.executorHealthy = r.gauge("llm_executor_healthy", "1 when the executor is healthy.");
+    this.running = r.gauge("llm_requests_running", "Sequences in the running batch.");
+    this.waiting = r.gauge("llm_requests_waiting", "Sequences waiting to be scheduled.");
+    this.kvBlocksUsed = r.gauge("llm_kv_blocks_used", "KV cache blocks in use.");
+    this.kvBlocksTotal = r.gauge("llm_kv_blocks_total", "KV cache blocks in the pool.");
+    this.prefixCacheHitRate = r.gauge(
+      "llm_prefix_cache_hit_rate",
+      "Share of prompt tokens served from the prefix cache.",
+    );
+    this.inFlight = r.gauge(
+      "llm_inflight_generations",
+      "Generations the HTTP layer has open (HTTP and WebSocket).",
+    );
+  }
+
+  /** The core calls this once per executor step. */
+  observeStep(s: StepObservation): void {
+    const seconds = s.durationMs / 1000;
+    this.stepDuration.observe(seconds);
+    this.batchSize.observe(s.batchSize);
+    this.steps.inc();
+    this.executorBusySeconds.inc(undefined, Math.max(0, seconds));
+    this.#recentSteps.push([this.#now(), Math.max(0, s.durationMs)]);
+    this.#trim(this.#now());
+  }
+
+  /** The core calls this when it rebuilds the executor after a device loss. */
+  observeExecutorRestart(): void {
+    this.executorRestarts.inc();
+  }
+
+  /** Busy share of the last window (or of the time since start, if shorter), in [0, 1]. */
+  busyFraction(): number {
+    const now = this.#now();
+    this.#trim(now);
+    const windowStart = now - this.#busyWindowMs;
+    let busy = 0;
+    for (const [end, dur] of this.#recentSteps) busy += Math.min(dur, end - windowStart);
+    const span = Math.min(this.#busyWindowMs, now - this.#createdAt);
+    if (span <= 0) return 0;
+    return Math.min(1, Math.max(0, busy / span));
+  }
+
+  #trim(now: number): void {
+    const windowStart = now - this.#busyWindowMs;
+    let drop = 0;
+    while (drop < this.#recentSteps.length && (this.#recentSteps[drop]?.[0] ?? 0) <= windowStart) {
+      drop++;
+    }
+    if (drop > 0) this.#recentSteps.splice(0, drop);
+  }
+
+  /** Copies a core snapshot into the scheduler gauges. */
+  setStats(stats: CoreStats, inFlight: number): void {
+    this.running.set(stats.running);
+    this.waiting.set(stats.waiting);
+    this.kvBlocksUsed.set(stats.kvBlocksUsed);
+    this.kvBlocksTotal.set(stats.kvBlocksTotal);
+    this.prefixCacheHitRate.set(stats.prefixCacheHitRate);
+    this.executorHealthy.set(stats.executorHealthy ? 1 : 0);
+    this.inFlight.set(inFlight);
+    this.executorBusyFraction.set(this.busyFraction());
+  }
+
+  render(): string {
+    return this.registry.render();
+  }
+}

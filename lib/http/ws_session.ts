@@ -1,0 +1,291 @@
+import type { GenerationRequest } from "../generation.ts";
+import type { ChatTurn, RenderedChat } from "./chat_template.ts";
+import { ApiError, fromGenerationError, preview, toApiError } from "./errors.ts";
+import { type FrameSocket, FrameWriter, type WriterOptions } from "./frame_writer.ts";
+import { buildGenerationRequest, type GenerationInput } from "./generation_request.ts";
+import { errorFrame, statsFrame, timingsJson, usageJson } from "./protocol.ts";
+import {
+  type CancelFrame,
+  CLIENT_FRAMES,
+  type ClientFrameType,
+  type GenerateFrame,
+} from "./schemas.ts";
+import { type GenerationDeps, trackGeneration } from "./tracked_generation.ts";
+import { parseWith } from "./validation.ts";
+
+export interface SessionOptions {
+  readonly renderChat: (turns: readonly ChatTurn[]) => RenderedChat;
+  readonly maxFrameBytes: number;
+  readonly maxGenerationsPerSocket: number;
+  readonly statsIntervalMs: number;
+  readonly writer: WriterOptions;
+}
+
+interface LiveGeneration {
+  readonly ctrl: AbortController;
+  cancelled: boolean;
+}
+
+const FRAME_TYPES = Object.keys(CLIENT_FRAMES) as ClientFrameType[];
+
+/** WebSocket close code for a server going away (drain). */
+export const CLOSE_GOING_AWAY = 1001;
+
+/**
+ * One client socket on `GET /v1/stream`: parses and validates client frames, runs any number
+ * of generations at once (told apart by the client's ids), streams their events back through
+ * a backpressured writer, and cancels everything it started when the socket closes.
+ * A bad frame is answered with an error frame; it never closes the socket or touches another
+ * generation.
+ */
+export class StreamSession {
+  #deps: GenerationDeps;
+  #opts: SessionOptions;
+  #sock: FrameSocket;
+  #writer: FrameWriter;
+  #gens = new Map<string, LiveGeneration>();
+  #statsTimer: ReturnType<typeof setInterval> | undefined;
+  #closed = false;
+
+  constructor(
+    deps: GenerationDeps,
+    opts: SessionOptions,
+    sock: FrameSocket,
+    readonly sessionId: string,
+  ) {
+    this.#deps = deps;
+    this.#opts = opts;
+    this.#sock = sock;
+    this.#writer = new FrameWriter(sock, opts.writer);
+  }
+
+  /** Generations running on this socket. */
+  get liveGenerations(): number {
+    return this.#gens.size;
+  }
+
+  onMessage(data: unknown): void {
+    if (this.#closed) return;
+    try {
+      this.#dispatch(this.#decode(data));
+    } catch (err) {
+      const apiErr = toApiError(err);
+      this.#sendError(apiErr, (err as { frameId?: string }).frameId);
+    }
+  }
+
+  /** The socket closed: abort every generation it started and stop the stats feed. */
+  onClose(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    for (const g of this.#gens.values()) g.ctrl.abort("socket closed");
+    if (this.#statsTimer !== undefined) clearInterval(this.#statsTimer);
+    this.#statsTimer = undefined;
+    this.#writer.dispose();
+  }
+
+  /** Closes the socket from the server side (drain, shutdown). */
+  close(code = CLOSE_GOING_AWAY, reason = "server is shutting down"): void {
+    if (this.#sock.isOpen) this.#sock.close(code, reason);
+    this.onClose();
+  }
+
+  #decode(data: unknown): Record<string, unknown> {
+    if (typeof data !== "string") {
+      throw new ApiError(
+        "unsupported_frame",
+        "Binary frames are not supported; send JSON text frames",
+      );
+    }
+    const max = this.#opts.maxFrameBytes;
+    if (data.length > max || (data.length * 3 > max && utf8Length(data) > max)) {
+      throw new ApiError(
+        "frame_too_large",
+        `Frame is ${utf8Length(data)} bytes; the limit is ${max} bytes`,
+      );
+    }
+    let frame: unknown;
+    try {
+      frame = JSON.parse(data);
+    } catch (err) {
+      throw new ApiError(
+        "invalid_json",
+        `Frame is not valid JSON: ${err instanceof Error ? err.message : err}`,
+      );
+    }
+    if (frame === null || typeof frame !== "object" || Array.isArray(frame)) {
+      throw new ApiError(
+        "invalid_request",
+        `Frame must be a JSON object with a 'type' field; received ${preview(frame)}`,
+      );
+    }
+    return frame as Record<string, unknown>;
+  }
+
+  #dispatch(frame: Record<string, unknown>): void {
+    const id = typeof frame.id === "string" ? frame.id : undefined;
+    const type = frame.type;
+    try {
+      if (typeof type !== "string" || !(FRAME_TYPES as string[]).includes(type)) {
+        throw new ApiError(
+          "unknown_type",
+          `Unknown frame type ${preview(type)}; expected one of ${FRAME_TYPES.join(", ")}`,
+          "type",
+        );
+      }
+      switch (type as ClientFrameType) {
+        case "generate":
+          return this.#generate(parseWith(CLIENT_FRAMES.generate, frame));
+        case "cancel":
+          return this.#cancel(parseWith(CLIENT_FRAMES.cancel, frame));
+        case "subscribe_stats":
+          parseWith(CLIENT_FRAMES.subscribe_stats, frame);
+          return this.#subscribeStats();
+        case "unsubscribe_stats":
+          parseWith(CLIENT_FRAMES.unsubscribe_stats, frame);
+          if (this.#statsTimer !== undefined) clearInterval(this.#statsTimer);
+          this.#statsTimer = undefined;
+          return;
+      }
+    } catch (err) {
+      // Tag the error with the frame's id so the client can tell which generation failed.
+      if (id !== undefined && err instanceof Object) (err as { frameId?: string }).frameId = id;
+      throw err;
+    }
+  }
+
+  #generate(f: GenerateFrame): void {
+    if (this.#gens.has(f.id)) {
+      throw new ApiError(
+        "duplicate_id",
+        `Generation id "${f.id}" is already running on this socket; ids of live generations ` +
+          "must be unique",
+        "id",
+      );
+    }
+    if (this.#gens.size >= this.#opts.maxGenerationsPerSocket) {
+      throw new ApiError(
+        "too_many_generations",
+        `This socket already runs ${this.#gens.size} generations, the limit per socket; ` +
+          "wait for one to finish or open another socket",
+      );
+    }
+    let input: GenerationInput;
+    const sampling = {
+      maxTokens: f.max_tokens,
+      temperature: f.temperature,
+      topK: f.top_k,
+      topP: f.top_p,
+      minP: f.min_p,
+      seed: f.seed,
+      stop: f.stop,
+      priority: f.priority,
+      logprobs: f.logprobs ?? false,
+    };
+    if (f.messages !== undefined) {
+      const chat = this.#opts.renderChat(f.messages);
+      input = { ...sampling, prompt: chat.prompt, promptParam: "messages", extraStop: chat.stop };
+    } else {
+      input = { ...sampling, prompt: f.prompt ?? "", promptParam: "prompt" };
+    }
+    const { request } = buildGenerationRequest(
+      input,
+      this.#deps.backend,
+      `${this.sessionId}/${f.id}`,
+    );
+    const gen: LiveGeneration = { ctrl: new AbortController(), cancelled: false };
+    this.#gens.set(f.id, gen);
+    this.#run(f.id, gen, request).catch((err) => {
+      this.#sendError(toApiError(err), f.id);
+    });
+  }
+
+  async #run(id: string, gen: LiveGeneration, request: GenerationRequest): Promise<void> {
+    let terminal = false;
+    let completion = 0;
+    try {
+      for await (const ev of trackGeneration(this.#deps, request, "stream", gen.ctrl.signal)) {
+        let open = true;
+        if (ev.type === "started") {
+          open = await this.#writer.send({
+            type: "started",
+            id,
+            prompt_tokens: ev.promptTokens,
+            max_tokens: request.maxTokens,
+          });
+        } else if (ev.type === "token") {
+          if (gen.cancelled) continue;
+          completion += ev.ids.length;
+          open = await this.#writer.send({
+            type: "token",
+            id,
+            text: ev.text,
+            token_ids: ev.ids,
+            ...(request.logprobs ? { logprob: ev.logprob } : {}),
+          });
+        } else if (ev.type === "done") {
+          terminal = true;
+          // Free the id before the client can see "done" and reuse it.
+          this.#gens.delete(id);
+          await this.#writer.send({
+            type: "done",
+            id,
+            finish_reason: gen.cancelled ? "cancelled" : ev.finishReason,
+            usage: usageJson(ev.usage),
+            timings: timingsJson(ev.timings),
+          });
+        } else {
+          terminal = true;
+          this.#gens.delete(id);
+          this.#sendError(fromGenerationError(ev.code, ev.message), id);
+        }
+        if (!open) break; // socket gone: leaving the loop aborts the generation
+      }
+    } finally {
+      this.#gens.delete(id);
+      if (!terminal && !this.#closed) {
+        // The core ended without a final event (it was aborted): report the cancel ourselves.
+        this.#writer.trySend({
+          type: "done",
+          id,
+          finish_reason: "cancelled",
+          usage: usageJson({ promptTokens: 0, completionTokens: completion, cachedTokens: 0 }),
+          timings: null,
+        });
+      }
+    }
+  }
+
+  #cancel(f: CancelFrame): void {
+    const gen = this.#gens.get(f.id);
+    if (gen === undefined) {
+      throw new ApiError(
+        "unknown_id",
+        `No live generation with id "${f.id}" on this socket (it may have finished already)`,
+        "id",
+      );
+    }
+    gen.cancelled = true;
+    gen.ctrl.abort("cancelled by client");
+  }
+
+  #subscribeStats(): void {
+    const push = () => {
+      this.#writer.trySend(statsFrame(this.#deps.backend.stats(), this.#deps.inflight.size));
+    };
+    push();
+    if (this.#statsTimer === undefined) {
+      this.#statsTimer = setInterval(push, this.#opts.statsIntervalMs);
+    }
+  }
+
+  #sendError(err: ApiError, id?: string): void {
+    this.#deps.metrics.errors.inc({ code: err.code });
+    // Not awaited: an error answers a client frame, so the client's own sending bounds them.
+    void this.#writer.send(errorFrame(err, id));
+  }
+}
+
+function utf8Length(s: string): number {
+  return new TextEncoder().encode(s).byteLength;
+}
