@@ -1,0 +1,172 @@
+import { type AppOptions, createApp, type ServiceApp } from "../lib/http/app.ts";
+import { FakeBackend, type FakeBackendOptions } from "../lib/fake_backend.ts";
+
+/** A real server on 127.0.0.1 and a free port, over the fake core. */
+export interface TestService extends AsyncDisposable {
+  readonly backend: FakeBackend;
+  readonly service: ServiceApp;
+  readonly base: string;
+  readonly wsUrl: string;
+}
+
+export function startService(
+  fake: FakeBackendOptions = {},
+  app: Omit<AppOptions, "backend"> = {},
+): TestService {
+  const backend = new FakeBackend(fake);
+  const service = createApp({ backend, ...app });
+  const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, service.fetch);
+  const { port } = server.addr as Deno.NetAddr;
+  return {
+    backend,
+    service,
+    base: `http://127.0.0.1:${port}`,
+    wsUrl: `ws://127.0.0.1:${port}/v1/stream`,
+    async [Symbol.asyncDispose]() {
+      service.close();
+      await server.shutdown();
+    },
+  };
+}
+
+/** Polls `cond` until true; fails with `what` after `timeoutMs`. */
+export async function waitUntil(
+  cond: () => boolean | Promise<boolean>,
+  what: string,
+  timeoutMs = 3000,
+): Promise<void> {
+  const end = performance.now() + timeoutMs;
+  while (!(await cond())) {
+    if (performance.now() > end) {
+      throw new Error(`Timed out after ${timeoutMs} ms waiting for ${what}`);
+    }
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+/** One sample value from Prometheus text, e.g. metricValue(text, 'llm_kv_blocks_used'). */
+export function metricValue(text: string, series: string): number | undefined {
+  for (const line of text.split("\n")) {
+    if (line.startsWith("#")) continue;
+    const at = line.lastIndexOf(" ");
+    if (at > 0 && line.slice(0, at) === series) return Number(line.slice(at + 1));
+  }
+  return undefined;
+}
+
+export async function scrape(base: string, headers: HeadersInit = {}): Promise<string> {
+  const res = await fetch(`${base}/metrics`, { headers });
+  if (res.status !== 200) throw new Error(`/metrics answered ${res.status}: ${await res.text()}`);
+  return await res.text();
+}
+
+export async function postJson(
+  url: string,
+  body: unknown,
+  headers: Record<string, string> = {},
+): Promise<Response> {
+  return await fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...headers },
+    body: typeof body === "string" ? body : JSON.stringify(body),
+  });
+}
+
+/** Parses an SSE body into its `data:` payloads (JSON-decoded except "[DONE]"). */
+export function parseSse(text: string): unknown[] {
+  const out: unknown[] = [];
+  for (const block of text.split("\n\n")) {
+    const line = block.trim();
+    if (line.length === 0) continue;
+    if (!line.startsWith("data: ")) {
+      throw new Error(`Not an SSE data event: ${JSON.stringify(line)}`);
+    }
+    const payload = line.slice(6);
+    out.push(payload === "[DONE]" ? "[DONE]" : JSON.parse(payload));
+  }
+  return out;
+}
+
+/** A WebSocket client that queues incoming JSON frames for the test to take in order. */
+export class TestSocket {
+  readonly ws: WebSocket;
+  readonly frames: Array<Record<string, unknown>> = [];
+  #waiters: Array<() => void> = [];
+  readonly closed: Promise<CloseEvent>;
+
+  private constructor(ws: WebSocket) {
+    this.ws = ws;
+    ws.onmessage = (e) => {
+      this.frames.push(JSON.parse(e.data as string));
+      for (const w of this.#waiters.splice(0)) w();
+    };
+    this.closed = new Promise((resolve) => {
+      ws.addEventListener("close", (e) => {
+        resolve(e);
+        for (const w of this.#waiters.splice(0)) w();
+      });
+    });
+  }
+
+  static async open(url: string, headers?: Record<string, string>): Promise<TestSocket> {
+    // Deno's WebSocket takes extra handshake headers (e.g. Authorization) as a second argument.
+    const ws = headers === undefined
+      ? new WebSocket(url)
+      : new WebSocket(url, { headers } as unknown as string[]);
+    const sock = new TestSocket(ws);
+    await new Promise<void>((resolve, reject) => {
+      ws.addEventListener("open", () => resolve(), { once: true });
+      ws.addEventListener(
+        "error",
+        (e) => reject(new Error(`WebSocket failed: ${(e as ErrorEvent).message}`)),
+        { once: true },
+      );
+    });
+    return sock;
+  }
+
+  send(frame: unknown): void {
+    this.ws.send(typeof frame === "string" ? frame : JSON.stringify(frame));
+  }
+
+  /** Removes and returns the first queued frame matching `pred`, waiting for it if needed. */
+  async take(
+    pred: (f: Record<string, unknown>) => boolean = () => true,
+    timeoutMs = 3000,
+  ): Promise<Record<string, unknown>> {
+    const end = performance.now() + timeoutMs;
+    for (;;) {
+      const i = this.frames.findIndex(pred);
+      if (i >= 0) return this.frames.splice(i, 1)[0]!;
+      const left = end - performance.now();
+      if (left <= 0 || this.ws.readyState === WebSocket.CLOSED) {
+        throw new Error(
+          `No matching frame within ${timeoutMs} ms; queued: ${
+            JSON.stringify(this.frames).slice(0, 500)
+          }`,
+        );
+      }
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      await new Promise<void>((resolve) => {
+        this.#waiters.push(resolve);
+        timer = setTimeout(resolve, left);
+      });
+      clearTimeout(timer);
+    }
+  }
+
+  /** All frames for `id` up to and including its done/error frame. */
+  async collect(id: string, timeoutMs = 5000): Promise<Array<Record<string, unknown>>> {
+    const out: Array<Record<string, unknown>> = [];
+    for (;;) {
+      const f = await this.take((f) => f.id === id, timeoutMs);
+      out.push(f);
+      if (f.type === "done" || f.type === "error") return out;
+    }
+  }
+
+  async close(): Promise<void> {
+    if (this.ws.readyState !== WebSocket.CLOSED) this.ws.close();
+    await this.closed;
+  }
+}

@@ -1,0 +1,391 @@
+import { assert, assertEquals, assertGreater, assertLess, assertMatch } from "@std/assert";
+import { fakeCountTokens, fakeToken } from "../lib/fake_backend.ts";
+import { metricValue, scrape, startService, TestSocket, waitUntil } from "./_http_harness.ts";
+import { RawWebSocket } from "./_raw_ws_client.ts";
+
+/** What the fake core generates for a prompt: the oracle for the text that must arrive. */
+function expectedText(prompt: string, seed: number, n: number): string {
+  let s = "";
+  for (let i = 0; i < n; i++) s += fakeToken(prompt, seed, i).text;
+  return s;
+}
+
+function textOf(frames: Array<Record<string, unknown>>): string {
+  return frames.filter((f) => f.type === "token").map((f) => f.text as string).join("");
+}
+
+Deno.test("/v1/stream multiplexes two concurrent generations on one socket by id", async () => {
+  await using svc = startService({ tokenDelayMs: 5 });
+  const ws = await TestSocket.open(svc.wsUrl);
+  try {
+    ws.send({ type: "generate", id: "a", prompt: "the cat sat", max_tokens: 12, seed: 7 });
+    ws.send({
+      type: "generate",
+      id: "b",
+      prompt: "a dog ran far away",
+      max_tokens: 9,
+      seed: 3,
+      temperature: 0.5,
+      top_k: 40,
+      top_p: 0.9,
+      min_p: 0.05,
+      stop: ["zzz"],
+      priority: "batch",
+      logprobs: true,
+    });
+    const order: string[] = [];
+    const seen = {
+      a: [] as Array<Record<string, unknown>>,
+      b: [] as Array<Record<string, unknown>>,
+    };
+    while (!["a", "b"].every((id) => seen[id as "a"].some((f) => f.type === "done"))) {
+      const f = await ws.take();
+      order.push(`${f.id}:${f.type}`);
+      seen[f.id as "a" | "b"].push(f);
+    }
+    for (
+      const [id, prompt, seed, n] of [["a", "the cat sat", 7, 12], [
+        "b",
+        "a dog ran far away",
+        3,
+        9,
+      ]] as const
+    ) {
+      const frames = seen[id];
+      assertEquals(frames[0], {
+        type: "started",
+        id,
+        prompt_tokens: fakeCountTokens(prompt),
+        max_tokens: n,
+      });
+      assertEquals(textOf(frames), expectedText(prompt, seed, n));
+      const done = frames.at(-1)!;
+      assertEquals(done.finish_reason, "length");
+      assertEquals(done.usage, {
+        prompt_tokens: fakeCountTokens(prompt),
+        completion_tokens: n,
+        total_tokens: fakeCountTokens(prompt) + n,
+        cached_tokens: 0,
+      });
+      const timings = done.timings as Record<string, number>;
+      assertGreater(timings.total_ms, 0);
+    }
+    // Logprobs only where asked for.
+    assert(seen.b.filter((f) => f.type === "token").every((f) => typeof f.logprob === "number"));
+    assert(seen.a.filter((f) => f.type === "token").every((f) => !("logprob" in f)));
+    // Interleaved: b produced tokens before a finished.
+    assertLess(order.indexOf("b:token"), order.indexOf("a:done"));
+    // The frame fields reached the core as sampling parameters.
+    const reqB = svc.backend.requests.find((r) => r.requestId.endsWith("/b"))!;
+    assertEquals(reqB.sampling, { temperature: 0.5, topK: 40, topP: 0.9, minP: 0.05, seed: 3 });
+    assertEquals(reqB.stop, ["zzz"]);
+    assertEquals(reqB.priority, "batch");
+    assertEquals(reqB.logprobs, true);
+  } finally {
+    await ws.close();
+  }
+});
+
+Deno.test("/v1/stream cancel mid-stream ends the generation and frees its KV blocks", async () => {
+  await using svc = startService({ tokenDelayMs: 10, contextLength: 4096, kvBlockSize: 4 });
+  const ws = await TestSocket.open(svc.wsUrl);
+  try {
+    ws.send({ type: "generate", id: "long", prompt: "tell me a story", max_tokens: 2000, seed: 1 });
+    await ws.take((f) => f.id === "long" && f.type === "started");
+    for (let i = 0; i < 3; i++) await ws.take((f) => f.id === "long" && f.type === "token");
+    const before = await scrape(svc.base);
+    assertGreater(metricValue(before, "llm_kv_blocks_used")!, 0);
+    assertEquals(metricValue(before, "llm_inflight_generations"), 1);
+    ws.send({ type: "cancel", id: "long" });
+    const done = await ws.take((f) => f.id === "long" && f.type === "done");
+    assertEquals(done.finish_reason, "cancelled");
+    assertLess((done.usage as { completion_tokens: number }).completion_tokens, 2000);
+    await waitUntil(() => svc.backend.active === 0, "the core to release the sequence");
+    const after = await scrape(svc.base);
+    assertEquals(metricValue(after, "llm_kv_blocks_used"), 0);
+    assertEquals(metricValue(after, "llm_inflight_generations"), 0);
+    assertEquals(
+      metricValue(after, 'llm_generations_total{api="stream",finish_reason="cancelled"}'),
+      1,
+    );
+    // Nothing for that id after its done frame.
+    await new Promise((r) => setTimeout(r, 50));
+    assertEquals(ws.frames.filter((f) => f.id === "long"), []);
+    // The id is free again.
+    ws.send({ type: "generate", id: "long", prompt: "again", max_tokens: 2, seed: 1 });
+    assertEquals((await ws.collect("long")).at(-1)!.finish_reason, "length");
+  } finally {
+    await ws.close();
+  }
+});
+
+Deno.test("/v1/stream closing the socket aborts every generation it started", async () => {
+  await using svc = startService({ tokenDelayMs: 10, contextLength: 4096 });
+  const ws = await TestSocket.open(svc.wsUrl);
+  ws.send({ type: "generate", id: "x", prompt: "one", max_tokens: 3000 });
+  ws.send({ type: "generate", id: "y", prompt: "two", max_tokens: 3000 });
+  await ws.take((f) => f.id === "x" && f.type === "token");
+  await ws.take((f) => f.id === "y" && f.type === "token");
+  assertEquals(svc.backend.active, 2);
+  await ws.close();
+  await waitUntil(() => svc.backend.active === 0, "both generations to be aborted");
+  const produced = svc.backend.tokensYielded;
+  await new Promise((r) => setTimeout(r, 60));
+  assertEquals(
+    svc.backend.tokensYielded,
+    produced,
+    "tokens were generated after the socket closed",
+  );
+  const m = await scrape(svc.base);
+  assertEquals(metricValue(m, "llm_kv_blocks_used"), 0);
+  assertEquals(metricValue(m, "llm_inflight_generations"), 0);
+  await waitUntil(() => svc.service.sockets === 0, "the session to be forgotten");
+});
+
+Deno.test("/v1/stream answers every bad frame with an error frame and keeps the socket", async () => {
+  await using svc = startService(
+    { tokenDelayMs: 20, contextLength: 64, maxRunning: 1, maxWaiting: 0 },
+    { maxFrameBytes: 2048 },
+  );
+  const ws = await TestSocket.open(svc.wsUrl);
+  try {
+    const cases: Array<[string, unknown, Record<string, unknown>, RegExp]> = [
+      ["invalid JSON", "{not json", { code: "invalid_json" }, /not valid JSON/],
+      ["not an object", "[1,2]", { code: "invalid_request" }, /JSON object with a 'type'.*\[1,2\]/],
+      [
+        "unknown type",
+        { type: "fly", id: "q" },
+        { code: "unknown_type", param: "type", id: "q" },
+        /"fly".*generate, cancel/,
+      ],
+      [
+        "missing id",
+        { type: "generate", prompt: "hi" },
+        { code: "invalid_request", param: "id" },
+        /'id'.*got undefined/,
+      ],
+      [
+        "bad temperature",
+        { type: "generate", id: "t", prompt: "hi", temperature: 9 },
+        { code: "invalid_request", param: "temperature", id: "t" },
+        /'temperature'.*<=2.*got 9/,
+      ],
+      [
+        "wrong type",
+        { type: "generate", id: "t2", prompt: "hi", max_tokens: "ten" },
+        { code: "invalid_request", param: "max_tokens", id: "t2" },
+        /expected number.*got "ten"/,
+      ],
+      [
+        "prompt and messages",
+        { type: "generate", id: "pm", prompt: "hi", messages: [{ role: "user", content: "x" }] },
+        { code: "invalid_request", param: "messages", id: "pm" },
+        /not both/,
+      ],
+      [
+        "neither prompt nor messages",
+        { type: "generate", id: "np" },
+        { code: "invalid_request", param: "prompt", id: "np" },
+        /one of 'prompt' or 'messages'/,
+      ],
+      [
+        "bad role",
+        { type: "generate", id: "r", messages: [{ role: "robot", content: "x" }] },
+        { code: "invalid_request", param: "messages[0].role", id: "r" },
+        /got "robot"/,
+      ],
+      [
+        "misspelled field",
+        { type: "generate", id: "m", prompt: "hi", maxTokens: 3 },
+        { code: "invalid_request", param: "maxTokens", id: "m" },
+        /Unknown field 'maxTokens'/,
+      ],
+      [
+        "cancel of unknown id",
+        { type: "cancel", id: "nobody" },
+        { code: "unknown_id", param: "id", id: "nobody" },
+        /No live generation with id "nobody"/,
+      ],
+      [
+        "frame too large",
+        JSON.stringify({ type: "generate", id: "big", prompt: "w ".repeat(2000) }),
+        { code: "frame_too_large" },
+        /is 40\d\d bytes; the limit is 2048 bytes/,
+      ],
+      [
+        "prompt too long",
+        { type: "generate", id: "long", prompt: "w ".repeat(70) },
+        { code: "context_length_exceeded", param: "prompt", id: "long" },
+        /prompt is 71 tokens but the model's context is 64 tokens/,
+      ],
+    ];
+    for (const [name, frame, want, message] of cases) {
+      ws.send(frame);
+      const f = await ws.take();
+      assertEquals(f.type, "error", name);
+      for (const [k, v] of Object.entries(want)) assertEquals(f[k], v, `${name}: ${k}`);
+      assertMatch(f.message as string, message, name);
+    }
+    // Binary frames are refused.
+    ws.ws.send(new Uint8Array([1, 2, 3]));
+    const bin = await ws.take();
+    assertEquals([bin.type, bin.code], ["error", "unsupported_frame"]);
+
+    // Duplicate live id, then overload (the only running slot is taken and no queue).
+    ws.send({ type: "generate", id: "d", prompt: "hold the slot", max_tokens: 10 });
+    await ws.take((f) => f.id === "d" && f.type === "started");
+    ws.send({ type: "generate", id: "d", prompt: "again" });
+    const dup = await ws.take((f) => f.id === "d" && f.type === "error");
+    assertEquals([dup.code, dup.param], ["duplicate_id", "id"]);
+    assertMatch(dup.message as string, /"d" is already running/);
+    ws.send({ type: "generate", id: "o", prompt: "over" });
+    const over = await ws.take((f) => f.id === "o");
+    assertEquals([over.type, over.code], ["error", "overloaded"]);
+    // The running generation was not disturbed by any of this.
+    const rest = await ws.collect("d");
+    assertEquals(rest.at(-1)!.finish_reason, "length");
+    assertEquals(textOf(rest).length > 0, true);
+
+    const m = await scrape(svc.base);
+    assertEquals(metricValue(m, 'llm_errors_total{code="invalid_request"}'), 8);
+    assertEquals(metricValue(m, 'llm_errors_total{code="overloaded"}'), 1);
+    assertEquals(metricValue(m, 'llm_errors_total{code="duplicate_id"}'), 1);
+  } finally {
+    await ws.close();
+  }
+});
+
+Deno.test("/v1/stream renders chat messages and caps max_tokens to the context", async () => {
+  await using svc = startService({ contextLength: 32 });
+  const ws = await TestSocket.open(svc.wsUrl);
+  try {
+    ws.send({
+      type: "generate",
+      id: "c",
+      messages: [{ role: "system", content: "Be brief." }, {
+        role: "user",
+        content: "Hello there",
+      }],
+      max_tokens: 500,
+      seed: 5,
+    });
+    const frames = await ws.collect("c");
+    const prompt = "System: Be brief.\nUser: Hello there\nAssistant:";
+    const req = svc.backend.requests[0]!;
+    assertEquals(req.prompt, prompt);
+    assertEquals(req.stop, ["\nUser:", "\nSystem:"]);
+    const room = 32 - fakeCountTokens(prompt);
+    assertEquals(req.maxTokens, room);
+    assertEquals(frames[0]!.max_tokens, room);
+    assertEquals((frames.at(-1)!.usage as { completion_tokens: number }).completion_tokens, room);
+  } finally {
+    await ws.close();
+  }
+});
+
+Deno.test("/v1/stream pushes stats frames after subscribe_stats and stops after unsubscribe", async () => {
+  await using svc = startService({ tokenDelayMs: 10, contextLength: 4096 }, {
+    statsIntervalMs: 30,
+  });
+  const ws = await TestSocket.open(svc.wsUrl);
+  try {
+    ws.send({ type: "generate", id: "g", prompt: "stats please", max_tokens: 1000 });
+    await ws.take((f) => f.type === "token");
+    ws.send({ type: "subscribe_stats" });
+    const s1 = await ws.take((f) => f.type === "stats");
+    const s2 = await ws.take((f) => f.type === "stats");
+    const core = svc.backend.stats();
+    for (const s of [s1, s2]) {
+      assertEquals(s.running, 1);
+      assertEquals(s.waiting, 0);
+      assertEquals(s.kv_blocks_total, core.kvBlocksTotal);
+      assertGreater(s.kv_blocks_used as number, 0);
+      assertEquals(s.executor_healthy, true);
+      assertEquals(s.inflight, 1);
+    }
+    ws.send({ type: "unsubscribe_stats" });
+    ws.send({ type: "cancel", id: "g" });
+    await ws.take((f) => f.type === "done");
+    await new Promise((r) => setTimeout(r, 100));
+    ws.frames.length = 0;
+    await new Promise((r) => setTimeout(r, 100));
+    assertEquals(ws.frames.filter((f) => f.type === "stats"), []);
+  } finally {
+    await ws.close();
+  }
+});
+
+Deno.test("/v1/stream requires the API key in the header or the api_key parameter", async () => {
+  await using svc = startService({}, { apiKeys: ["s3cret"] });
+  const refused = await fetch(svc.base + "/v1/stream", { headers: { upgrade: "websocket" } });
+  assertEquals(refused.status, 401);
+  assertEquals((await refused.json()).error.code, "unauthorized");
+  for (
+    const sock of [
+      await TestSocket.open(svc.wsUrl, { authorization: "Bearer s3cret" }),
+      await TestSocket.open(svc.wsUrl + "?api_key=s3cret"),
+    ]
+  ) {
+    sock.send({ type: "generate", id: "k", prompt: "hi", max_tokens: 2 });
+    assertEquals((await sock.collect("k")).at(-1)!.type, "done");
+    await sock.close();
+  }
+  const bad = await fetch(svc.base + "/v1/stream?api_key=nope", {
+    headers: { upgrade: "websocket" },
+  });
+  assertEquals(bad.status, 401);
+  assertEquals((await bad.json()).error.message, "Invalid API key");
+});
+
+Deno.test("/v1/stream refuses new generations while draining", async () => {
+  await using svc = startService({ tokenDelayMs: 5 });
+  const ws = await TestSocket.open(svc.wsUrl);
+  try {
+    ws.send({ type: "generate", id: "old", prompt: "finish me", max_tokens: 10, seed: 2 });
+    await ws.take((f) => f.id === "old" && f.type === "token");
+    const drained = svc.service.drain({ timeoutMs: 5000 });
+    ws.send({ type: "generate", id: "new", prompt: "too late" });
+    const refused = await ws.take((f) => f.id === "new");
+    assertEquals([refused.type, refused.code], ["error", "draining"]);
+    const rest = await ws.collect("old");
+    assertEquals(rest.at(-1)!.finish_reason, "length");
+    assertEquals(await drained, { completed: true, aborted: 0 });
+    const closed = await ws.closed;
+    assertEquals(closed.code, 1001);
+  } finally {
+    await ws.close();
+  }
+});
+
+Deno.test("/v1/stream gives a client that stops reading backpressure, then disconnects it", async () => {
+  const tokenBytes = 8192;
+  await using svc = startService(
+    { tokenDelayMs: 0, tokenPadding: tokenBytes, contextLength: 1 << 30, maxWaiting: 0 },
+    { wsHighWaterBytes: 256 * 1024, wsStallTimeoutMs: 1500 },
+  );
+  const raw = await RawWebSocket.connect(svc.wsUrl);
+  try {
+    await raw.sendText(
+      JSON.stringify({ type: "generate", id: "flood", prompt: "p", max_tokens: 1_000_000 }),
+    );
+    await waitUntil(() => svc.backend.tokensYielded > 0, "generation to start");
+    await new Promise((r) => setTimeout(r, 500));
+    const produced = svc.backend.tokensYielded;
+    console.log(`backpressure: paused after ${produced} tokens of ${tokenBytes} bytes`);
+    await new Promise((r) => setTimeout(r, 300));
+    // Paused, not finished and not buffering: the core is no longer asked for tokens.
+    assertEquals(
+      svc.backend.tokensYielded,
+      produced,
+      "the generation kept running for a client that reads nothing",
+    );
+    assertEquals(svc.backend.active, 1);
+    // Bounded by the kernel's socket buffers plus the high-water mark, far below max_tokens.
+    assertLess(produced * tokenBytes, 64 * 1024 * 1024);
+    // After the stall timeout the server gives up on the client and frees the sequence.
+    await waitUntil(() => svc.backend.active === 0, "the stalled client to be disconnected", 4000);
+  } finally {
+    raw.close();
+  }
+  await waitUntil(() => svc.service.sockets === 0, "the session to close");
+});
