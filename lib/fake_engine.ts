@@ -1,0 +1,194 @@
+import type { Engine, KvGeometry, SampledToken, SamplingParams, StepPlan, StepResult } from "./engine.ts";
+import type { ModelConfig } from "./model_config.ts";
+import { hash32 } from "./rng.ts";
+
+/**
+ * A scripted stand-in for a model, for testing the serving core without one. Its "KV cache" is
+ * real and paged: each slot stores the token, its position and a hash chained over every
+ * earlier position, read back through the block table. The next token is a function of that
+ * chain, that is of the sequence's whole token history and nothing else (not its id, batch or
+ * blocks), so a wrong block table, a block shared by mistake or a lost KV write changes the
+ * tokens, and reading a slot nobody wrote throws.
+ */
+
+const ROOT = 0x2545f491;
+
+/** Chain step: the hash after `token` at `pos`, given the hash before it. */
+export function fakeChain(prev: number, token: number, pos: number): number {
+  return hash32((prev ^ Math.imul(token + 1, 0x9e3779b1)) >>> 0, pos);
+}
+
+/** The token drawn after a history whose chain hash is `h` and whose last position is `pos`. */
+export function fakeDraw(h: number, pos: number, sampling: SamplingParams, vocabSize: number): number {
+  return (sampling.temperature <= 0 ? h : hash32((h ^ sampling.seed) >>> 0, pos + 1)) % vocabSize;
+}
+
+function fakeLogprob(h: number): number {
+  return -((h >>> 20) / 4096) * 8;
+}
+
+export interface FakeContinuationOptions {
+  readonly maxTokens: number;
+  readonly stopTokenIds?: readonly number[];
+  readonly contextLength: number;
+  readonly vocabSize: number;
+  readonly sampling: SamplingParams;
+}
+
+/**
+ * What a FakeEngine generates for `prompt` alone, computed directly (no KV, no scheduler):
+ * the oracle for "the same tokens as a solo run". Includes the stop token if one ends it.
+ */
+export function fakeContinuation(prompt: readonly number[], opts: FakeContinuationOptions): number[] {
+  const stop = new Set(opts.stopTokenIds ?? []);
+  const maxTotal = Math.min(prompt.length + opts.maxTokens, opts.contextLength);
+  let h = ROOT;
+  prompt.forEach((t, pos) => (h = fakeChain(h, t, pos)));
+  const out: number[] = [];
+  let pos = prompt.length - 1;
+  while (prompt.length + out.length < maxTotal) {
+    const t = fakeDraw(h, pos, opts.sampling, opts.vocabSize);
+    out.push(t);
+    if (stop.has(t)) break;
+    pos++;
+    h = fakeChain(h, t, pos);
+  }
+  return out;
+}
+
+export interface FakeEngineOptions {
+  readonly vocabSize?: number;
+  readonly contextLength?: number;
+  readonly numBlocks?: number;
+  readonly blockSize?: number;
+  /**
+   * Fault injection: when it returns true for a step, the engine writes half the step's KV and
+   * throws (a device lost mid-step).
+   */
+  readonly failWhen?: (plan: StepPlan, callIndex: number) => boolean;
+  /** Resolve each step after this many ms (default: on the next microtask). */
+  readonly latencyMs?: number;
+}
+
+/** See the module comment. Steps run synchronously inside step(), so they execute in call order. */
+export class FakeEngine implements Engine {
+  readonly name = "fake";
+  readonly config: ModelConfig;
+  readonly kv: KvGeometry;
+  /** step() calls so far, failed ones included. */
+  calls = 0;
+  /** Token rows computed so far. */
+  tokensComputed = 0;
+  #opts: FakeEngineOptions;
+  #slotToken: Int32Array;
+  #slotPos: Int32Array;
+  #slotHash: Uint32Array;
+  #lastSampled = new Map<number, number>();
+  #disposed = false;
+
+  constructor(opts: FakeEngineOptions = {}) {
+    this.#opts = opts;
+    const vocabSize = opts.vocabSize ?? 64;
+    const contextLength = opts.contextLength ?? 2048;
+    this.kv = { numBlocks: opts.numBlocks ?? 256, blockSize: opts.blockSize ?? 16 };
+    this.config = {
+      architecture: "llama",
+      dim: 8,
+      hiddenDim: 16,
+      nLayers: 1,
+      nHeads: 1,
+      nKvHeads: 1,
+      headDim: 8,
+      vocabSize,
+      contextLength,
+      ropeTheta: 10000,
+      ropeDim: 8,
+      rmsEps: 1e-5,
+    };
+    const slots = this.kv.numBlocks * this.kv.blockSize;
+    this.#slotToken = new Int32Array(slots);
+    this.#slotPos = new Int32Array(slots).fill(-1);
+    this.#slotHash = new Uint32Array(slots);
+  }
+
+  step(plan: StepPlan): Promise<StepResult> {
+    let result: StepResult;
+    try {
+      result = this.run(plan);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    const ms = this.#opts.latencyMs ?? 0;
+    if (ms <= 0) return Promise.resolve(result);
+    return new Promise((resolve) => setTimeout(() => resolve(result), ms));
+  }
+
+  /** The step, synchronously (tests that drive the scheduler by hand use this). */
+  run(plan: StepPlan): StepResult {
+    if (this.#disposed) throw new Error("FakeEngine: step() after dispose()");
+    const call = this.calls++;
+    const failAt = this.#opts.failWhen?.(plan, call) ? Math.floor(plan.seqs.length / 2) : -1;
+    const { blockSize, numBlocks } = this.kv;
+    const sampled: SampledToken[] = [];
+    for (let i = 0; i < plan.seqs.length; i++) {
+      if (i === failAt) {
+        throw new Error(`FakeEngine: injected fault in step ${plan.stepId} after ${i} of ${plan.seqs.length} sequences`);
+      }
+      const input = plan.seqs[i]!;
+      const where = `step ${plan.stepId}, seq ${input.seqId}`;
+      let tokens = input.tokens;
+      if (input.useLastSampled) {
+        const last = this.#lastSampled.get(input.seqId);
+        if (last === undefined) throw new Error(`FakeEngine (${where}): useLastSampled but it never sampled`);
+        if (tokens.length > 0) throw new Error(`FakeEngine (${where}): useLastSampled with ${tokens.length} literal tokens`);
+        tokens = [last];
+      }
+      if (tokens.length === 0) throw new Error(`FakeEngine (${where}): no input tokens`);
+      const end = input.startPos + tokens.length;
+      if (end > this.config.contextLength) {
+        throw new Error(`FakeEngine (${where}): positions up to ${end - 1} exceed the context of ${this.config.contextLength}`);
+      }
+      if (input.blockTable.length * blockSize < end) {
+        throw new Error(`FakeEngine (${where}): ${input.blockTable.length} blocks cannot hold ${end} positions`);
+      }
+      const slot = (pos: number) => {
+        const b = input.blockTable[Math.floor(pos / blockSize)]!;
+        if (!(b >= 0 && b < numBlocks)) throw new Error(`FakeEngine (${where}): block id ${b} outside [0, ${numBlocks})`);
+        return b * blockSize + (pos % blockSize);
+      };
+      let h = ROOT;
+      if (input.startPos > 0) {
+        const s = slot(input.startPos - 1);
+        if (this.#slotPos[s] !== input.startPos - 1) {
+          throw new Error(
+            `FakeEngine (${where}): position ${input.startPos - 1} reads slot ${s}, which holds position ${this.#slotPos[s]}`,
+          );
+        }
+        h = this.#slotHash[s]!;
+      }
+      for (let k = 0; k < tokens.length; k++) {
+        const pos = input.startPos + k;
+        const t = tokens[k]!;
+        if (!(Number.isInteger(t) && t >= 0 && t < this.config.vocabSize)) {
+          throw new Error(`FakeEngine (${where}): token ${t} at position ${pos} outside the vocabulary of ${this.config.vocabSize}`);
+        }
+        h = fakeChain(h, t, pos);
+        const s = slot(pos);
+        this.#slotToken[s] = t;
+        this.#slotPos[s] = pos;
+        this.#slotHash[s] = h;
+      }
+      this.tokensComputed += tokens.length;
+      if (input.sample) {
+        const token = fakeDraw(h, end - 1, input.sampling, this.config.vocabSize);
+        this.#lastSampled.set(input.seqId, token);
+        sampled.push({ seqId: input.seqId, token, logprob: fakeLogprob(h) });
+      }
+    }
+    return { stepId: plan.stepId, sampled };
+  }
+
+  dispose(): void {
+    this.#disposed = true;
+  }
+}

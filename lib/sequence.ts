@@ -1,0 +1,74 @@
+import type { SamplingParams } from "./engine.ts";
+import type { Priority } from "./generation.ts";
+import type { KvSeq } from "./block_allocator.ts";
+
+export type SeqStatus = "waiting" | "running" | "finished";
+
+/**
+ * One generation as the scheduler tracks it. Positions [0, numScheduled) have been sent to the
+ * engine; `pending` sampled tokens are still on their way back, so the engine is ahead of
+ * `tokens` by that many. A running sequence either has known tokens left to feed
+ * (numScheduled < tokens.length, a prefill or a decode of a token already here) or feeds the
+ * token it sampled last, which only the engine has yet.
+ */
+export class Sequence implements KvSeq {
+  readonly seqId: number;
+  /** Prompt followed by every generated token received so far. */
+  readonly tokens: number[];
+  readonly promptLen: number;
+  /** tokens.length may not exceed this (prompt + max tokens, capped by the context). */
+  readonly maxTotal: number;
+  readonly sampling: SamplingParams;
+  readonly stopTokenIds: ReadonlySet<number>;
+  readonly priority: Priority;
+  /** Step counter when it arrived, for aging. */
+  readonly arrivalStep: number;
+  /** FIFO rank among all sequences; a preempted sequence keeps it, so it re-queues ahead of later ones. */
+  readonly arrivalOrder: number;
+  status: SeqStatus = "waiting";
+  numScheduled = 0;
+  pending = 0;
+  /** Bumped whenever in-flight results for this sequence become stale (preempt, restart). */
+  epoch = 0;
+  /** Order of the latest admission; preemption picks the most recent. */
+  admitOrder = 0;
+  /** Prefix-cache tokens at the first admission, -1 before it. */
+  cachedTokens = -1;
+  /** Id of the last step that included it (marks membership while a step is being built). */
+  lastStep = -1;
+
+  constructor(init: {
+    seqId: number;
+    prompt: readonly number[];
+    maxTotal: number;
+    sampling: SamplingParams;
+    stopTokenIds: readonly number[];
+    priority: Priority;
+    arrivalStep: number;
+    arrivalOrder: number;
+  }) {
+    this.seqId = init.seqId;
+    this.tokens = [...init.prompt];
+    this.promptLen = init.prompt.length;
+    this.maxTotal = init.maxTotal;
+    this.sampling = init.sampling;
+    this.stopTokenIds = new Set(init.stopTokenIds);
+    this.priority = init.priority;
+    this.arrivalStep = init.arrivalStep;
+    this.arrivalOrder = init.arrivalOrder;
+  }
+
+  get numGenerated(): number {
+    return this.tokens.length - this.promptLen;
+  }
+
+  /** Known tokens not yet sent to the engine. */
+  get unfed(): number {
+    return this.tokens.length - this.numScheduled;
+  }
+
+  /** Whether another sampled token may be asked for without overrunning the length limits. */
+  get canSample(): boolean {
+    return this.tokens.length + this.pending < this.maxTotal;
+  }
+}
