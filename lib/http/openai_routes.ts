@@ -166,6 +166,9 @@ async function respond(
       await events.return(undefined);
     }
   }
+  // From here the body stream's cancel() reports a client that went away. Deno warns about
+  // request.signal listeners still attached when a handler returns a streamed body.
+  req.signal.removeEventListener("abort", onClientGone);
   const render = streamRenderer(kind, meta, parsed.includeUsage, request.logprobs === true, deps);
   let peeked: GenerationEvent | undefined = first.value;
   let ended = false;
@@ -184,13 +187,11 @@ async function respond(
     const out = render(ev);
     if (ev.type === "done" || ev.type === "error") {
       ended = true;
-      req.signal.removeEventListener("abort", onClientGone);
       await events.return(undefined);
     }
     return out;
   }, async () => {
     ctrl.abort("client gone");
-    req.signal.removeEventListener("abort", onClientGone);
     await events.return(undefined);
   });
   return new Response(body, { headers: { ...SSE_HEADERS, ...headers } });
