@@ -1,0 +1,575 @@
+import { assert, assertEquals, assertGreater, assertLess, assertMatch } from "@std/assert";
+import { fakeCountTokens, fakeToken } from "../lib/fake_backend.ts";
+import {
+  metricValue,
+  parseSse,
+  postJson,
+  scrape,
+  startService,
+  waitUntil,
+} from "./_http_harness.ts";
+
+function expectedText(prompt: string, seed: number, n: number): string {
+  let s = "";
+  for (let i = 0; i < n; i++) s += fakeToken(prompt, seed, i).text;
+  return s;
+}
+
+Deno.test("POST /v1/completions returns the core's text, usage and timings", async () => {
+  await using svc = startService();
+  const res = await postJson(svc.base + "/v1/completions", {
+    model: "fake-llama",
+    prompt: "Once upon a time",
+    max_tokens: 7,
+    seed: 11,
+    temperature: 0.7,
+    top_p: 0.8,
+    top_k: 20,
+    min_p: 0.1,
+    logprobs: 0,
+    user: "ignored",
+  });
+  assertEquals(res.status, 200);
+  const body = await res.json();
+  assertEquals(res.headers.get("x-request-id"), body.id);
+  assertMatch(body.id, /^cmpl-[0-9a-f]{32}$/);
+  assertEquals(body.object, "text_completion");
+  assertEquals(body.model, "fake-llama");
+  assertEquals(body.choices[0].text, expectedText("Once upon a time", 11, 7));
+  assertEquals(body.choices[0].finish_reason, "length");
+  assertEquals(body.choices[0].logprobs.tokens.join(""), body.choices[0].text);
+  assertEquals(body.choices[0].logprobs.token_logprobs.length, 7);
+  const p = fakeCountTokens("Once upon a time");
+  assertEquals(body.usage, {
+    prompt_tokens: p,
+    completion_tokens: 7,
+    total_tokens: p + 7,
+    prompt_tokens_details: { cached_tokens: 0 },
+  });
+  assertGreater(body.timings.total_ms, 0);
+  const req = svc.backend.requests[0]!;
+  assertEquals(req.sampling, { temperature: 0.7, topK: 20, topP: 0.8, minP: 0.1, seed: 11 });
+  assertEquals(req.requestId, body.id);
+  // OpenAI's default of 16 tokens when max_tokens is absent.
+  const dflt = await (await postJson(svc.base + "/v1/completions", { prompt: "x" })).json();
+  assertEquals(dflt.usage.completion_tokens, 16);
+  // Token-id prompts go to the core as ids.
+  const ids =
+    await (await postJson(svc.base + "/v1/completions", { prompt: [[1, 403, 407]], max_tokens: 2 }))
+      .json();
+  assertEquals(ids.usage.prompt_tokens, 3);
+  assertEquals(svc.backend.requests.at(-1)!.prompt, [1, 403, 407]);
+});
+
+Deno.test("POST /v1/completions with stream:true sends SSE chunks, usage, then [DONE]", async () => {
+  await using svc = startService({ tokenDelayMs: 2 });
+  const res = await postJson(svc.base + "/v1/completions", {
+    prompt: "a b c",
+    max_tokens: 5,
+    seed: 4,
+    stream: true,
+    stream_options: { include_usage: true },
+  });
+  assertEquals(res.status, 200);
+  assertEquals(res.headers.get("content-type"), "text/event-stream; charset=utf-8");
+  const events = parseSse(await res.text()) as Array<Record<string, any>>;
+  assertEquals(events.at(-1), "[DONE]");
+  const chunks = events.slice(0, -1);
+  const usage = chunks.at(-1)!;
+  assertEquals(usage.choices, []);
+  assertEquals(usage.usage.completion_tokens, 5);
+  const withChoices = chunks.slice(0, -1);
+  assert(withChoices.every((c) => c.object === "text_completion" && c.usage === null));
+  assertEquals(withChoices.map((c) => c.choices[0].text).join(""), expectedText("a b c", 4, 5));
+  assertEquals(withChoices.at(-1)!.choices[0].finish_reason, "length");
+  assert(withChoices.slice(0, -1).every((c) => c.choices[0].finish_reason === null));
+  assertEquals(new Set(chunks.map((c) => c.id)).size, 1);
+});
+
+Deno.test("POST /v1/chat/completions uses the plain chat format without a template", async () => {
+  await using svc = startService();
+  const res = await postJson(svc.base + "/v1/chat/completions", {
+    model: "fake-llama",
+    messages: [
+      { role: "system", content: "You are terse." },
+      { role: "user", content: [{ type: "text", text: "Hi " }, { type: "text", text: "there" }] },
+      { role: "assistant", content: "Hello." },
+      { role: "user", content: "Story?" },
+    ],
+    max_completion_tokens: 6,
+    seed: 9,
+    stop: "\n\n",
+    logprobs: true,
+  });
+  assertEquals(res.status, 200);
+  const body = await res.json();
+  const prompt =
+    "System: You are terse.\nUser: Hi there\nAssistant: Hello.\nUser: Story?\nAssistant:";
+  const req = svc.backend.requests[0]!;
+  assertEquals(req.prompt, prompt);
+  assertEquals(req.stop, ["\n\n", "\nUser:", "\nSystem:"]);
+  assertEquals(body.object, "chat.completion");
+  assertEquals(body.choices[0].message, {
+    role: "assistant",
+    content: expectedText(prompt, 9, 6),
+    refusal: null,
+  });
+  assertEquals(body.choices[0].logprobs.content.length, 6);
+  assertEquals(body.usage.prompt_tokens, fakeCountTokens(prompt));
+});
+
+Deno.test("POST /v1/chat/completions renders the model's Jinja chat template", async () => {
+  // Zephyr's template (TinyLlama-1.1B-Chat), as stored in tokenizer.chat_template.
+  const zephyr = "{% for message in messages %}\n{% if message['role'] == 'user' %}\n" +
+    "{{ '<|user|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n" +
+    "{{ '<|system|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'assistant' %}\n" +
+    "{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif %}\n" +
+    "{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}";
+  await using svc = startService({ chatTemplate: zephyr });
+  const res = await postJson(svc.base + "/v1/chat/completions", {
+    messages: [{ role: "system", content: "Be kind." }, { role: "user", content: "Hi" }],
+    max_tokens: 2,
+  });
+  assertEquals(res.status, 200);
+  await res.body?.cancel();
+  // Rendered by hand from the template: each block emits its text then a newline.
+  assertEquals(
+    svc.backend.requests[0]!.prompt,
+    "<|system|>\nBe kind.</s>\n<|user|>\nHi</s>\n<|assistant|>\n",
+  );
+  assertEquals(svc.backend.requests[0]!.stop, []);
+});
+
+Deno.test("POST /v1/chat/completions stream:true sends role, deltas, finish, usage, [DONE]", async () => {
+  await using svc = startService({ tokenDelayMs: 2 });
+  const res = await postJson(svc.base + "/v1/chat/completions", {
+    messages: [{ role: "user", content: "Hello" }],
+    max_tokens: 4,
+    seed: 1,
+    stream: true,
+  });
+  const events = parseSse(await res.text()) as Array<Record<string, any>>;
+  assertEquals(events.at(-1), "[DONE]");
+  const chunks = events.slice(0, -1);
+  assertEquals(chunks[0]!.choices[0].delta, { role: "assistant", content: "" });
+  const text = chunks.map((c) => c.choices[0].delta.content ?? "").join("");
+  assertEquals(text, expectedText("User: Hello\nAssistant:", 1, 4));
+  assertEquals(chunks.at(-1)!.choices[0], {
+    index: 0,
+    delta: {},
+    finish_reason: "length",
+    logprobs: null,
+  });
+  // Without stream_options.include_usage there is no usage chunk and no usage field.
+  assert(chunks.every((c) => !("usage" in c)));
+});
+
+Deno.test("every request error answers with its status, code, field and received value", async () => {
+  await using svc = startService({ contextLength: 64 }, { maxBodyBytes: 4096 });
+  const chat = svc.base + "/v1/chat/completions";
+  const comp = svc.base + "/v1/completions";
+  const msgs = [{ role: "user", content: "hi" }];
+  const cases: Array<{
+    name: string;
+    url: string;
+    body?: unknown;
+    status: number;
+    code: string;
+    param: string | null;
+    type: string;
+    message: RegExp;
+  }> = [
+    {
+      name: "invalid JSON",
+      url: chat,
+      body: "{oops",
+      status: 400,
+      code: "invalid_json",
+      param: null,
+      type: "invalid_request_error",
+      message: /not valid JSON/,
+    },
+    {
+      name: "empty body",
+      url: chat,
+      body: "",
+      status: 400,
+      code: "invalid_json",
+      param: null,
+      type: "invalid_request_error",
+      message: /empty/,
+    },
+    {
+      name: "temperature type",
+      url: chat,
+      body: { messages: msgs, temperature: "hot" },
+      status: 400,
+      code: "invalid_request",
+      param: "temperature",
+      type: "invalid_request_error",
+      message: /'temperature': expected number, received string; got "hot"/,
+    },
+    {
+      name: "temperature range",
+      url: comp,
+      body: { prompt: "x", temperature: 5 },
+      status: 400,
+      code: "invalid_request",
+      param: "temperature",
+      type: "invalid_request_error",
+      message: /<=2; got 5/,
+    },
+    {
+      name: "missing messages",
+      url: chat,
+      body: { model: "fake-llama" },
+      status: 400,
+      code: "invalid_request",
+      param: "messages",
+      type: "invalid_request_error",
+      message: /got undefined/,
+    },
+    {
+      name: "bad role",
+      url: chat,
+      body: { messages: [{ role: "tool", content: "x" }] },
+      status: 400,
+      code: "invalid_request",
+      param: "messages[0].role",
+      type: "invalid_request_error",
+      message: /tool messages are not supported\); got "tool"/,
+    },
+    {
+      name: "n > 1",
+      url: chat,
+      body: { messages: msgs, n: 2 },
+      status: 400,
+      code: "invalid_request",
+      param: "n",
+      type: "invalid_request_error",
+      message: /only n = 1/,
+    },
+    {
+      name: "batched prompts",
+      url: comp,
+      body: { prompt: ["a", "b"] },
+      status: 400,
+      code: "invalid_request",
+      param: "prompt",
+      type: "invalid_request_error",
+      message: /batched prompts are not supported/,
+    },
+    {
+      name: "max_tokens 0",
+      url: comp,
+      body: { prompt: "a", max_tokens: 0 },
+      status: 400,
+      code: "invalid_request",
+      param: "max_tokens",
+      type: "invalid_request_error",
+      message: />=1; got 0/,
+    },
+    {
+      name: "wrong model",
+      url: chat,
+      body: { model: "gpt-4", messages: msgs },
+      status: 404,
+      code: "model_not_found",
+      param: "model",
+      type: "not_found_error",
+      message: /"gpt-4" does not exist; this server serves "fake-llama"/,
+    },
+    {
+      name: "prompt too long",
+      url: comp,
+      body: { prompt: "w ".repeat(80) },
+      status: 400,
+      code: "context_length_exceeded",
+      param: "prompt",
+      type: "invalid_request_error",
+      message: /prompt is 81 tokens but the model's context is 64 tokens/,
+    },
+    {
+      name: "chat too long",
+      url: chat,
+      body: { messages: [{ role: "user", content: "w ".repeat(80) }] },
+      status: 400,
+      code: "context_length_exceeded",
+      param: "messages",
+      type: "invalid_request_error",
+      message: /is 8\d tokens .* 64 tokens/,
+    },
+    {
+      name: "body too large",
+      url: comp,
+      body: { prompt: "x".repeat(5000) },
+      status: 413,
+      code: "payload_too_large",
+      param: null,
+      type: "invalid_request_error",
+      message: /the limit is 4096 bytes/,
+    },
+    {
+      name: "unknown route",
+      url: svc.base + "/v2/nothing",
+      body: {},
+      status: 404,
+      code: "not_found",
+      param: null,
+      type: "not_found_error",
+      message: /No route for POST \/v2\/nothing/,
+    },
+  ];
+  for (const c of cases) {
+    const res = await postJson(c.url, c.body);
+    const got = await res.json();
+    assertEquals(res.status, c.status, c.name);
+    assertEquals(got.error.code, c.code, c.name);
+    assertEquals(got.error.param, c.param, c.name);
+    assertEquals(got.error.type, c.type, c.name);
+    assertMatch(got.error.message, c.message, c.name);
+  }
+  // A chunked body (no Content-Length) is cut off at the limit too.
+  const chunked = await fetch(comp, {
+    method: "POST",
+    body: new ReadableStream({
+      start(ctrl) {
+        for (let i = 0; i < 10; i++) ctrl.enqueue(new TextEncoder().encode("x".repeat(1000)));
+        ctrl.close();
+      },
+    }),
+  });
+  assertEquals(chunked.status, 413);
+  assertMatch((await chunked.json()).error.message, /more than 4096 bytes/);
+  const get = await fetch(svc.base + "/v1/stream");
+  assertEquals(get.status, 426);
+  assertEquals((await get.json()).error.code, "upgrade_required");
+  assertEquals(svc.backend.requests.length, 0, "an invalid request reached the core");
+  const m = await scrape(svc.base);
+  assertEquals(metricValue(m, 'llm_errors_total{code="invalid_request"}'), 7);
+  assertEquals(
+    metricValue(
+      m,
+      'llm_http_requests_total{method="POST",route="/v1/chat/completions",status="400"}',
+    ),
+    7,
+  );
+});
+
+Deno.test("max_tokens beyond the context is capped to what the context has left", async () => {
+  await using svc = startService({ contextLength: 40 });
+  const body = await (await postJson(svc.base + "/v1/completions", {
+    prompt: "one two three",
+    max_tokens: 5000,
+  }))
+    .json();
+  const room = 40 - fakeCountTokens("one two three");
+  assertEquals(svc.backend.requests[0]!.maxTokens, room);
+  assertEquals(body.usage.completion_tokens, room);
+  assertEquals(body.choices[0].finish_reason, "length");
+});
+
+Deno.test("a full queue answers 503 overloaded with Retry-After, streaming or not", async () => {
+  await using svc = startService(
+    { tokenDelayMs: 10, maxRunning: 1, maxWaiting: 0, contextLength: 4096 },
+    { retryAfterSeconds: 7 },
+  );
+  const holder = new AbortController();
+  const first = await fetch(svc.base + "/v1/completions", {
+    method: "POST",
+    body: JSON.stringify({ prompt: "hold", max_tokens: 3000, stream: true }),
+    signal: holder.signal,
+  });
+  const reader = first.body!.getReader();
+  await reader.read();
+  for (const stream of [false, true]) {
+    const res = await postJson(svc.base + "/v1/chat/completions", {
+      messages: [{ role: "user", content: "me too" }],
+      stream,
+    });
+    assertEquals(res.status, 503);
+    assertEquals(res.headers.get("retry-after"), "7");
+    const err = (await res.json()).error;
+    assertEquals([err.code, err.type], ["overloaded", "service_unavailable_error"]);
+    assertMatch(err.message, /the limit is 1/);
+  }
+  holder.abort();
+  await reader.cancel().catch(() => {});
+  await waitUntil(() => svc.backend.active === 0, "the held generation to be released");
+});
+
+Deno.test("a client that disconnects aborts its HTTP generation, streaming or not", async () => {
+  await using svc = startService({ tokenDelayMs: 5, contextLength: 1 << 20, kvBlockSize: 4 });
+  // Streaming: read two chunks, then go away.
+  const ctrl = new AbortController();
+  const res = await fetch(svc.base + "/v1/chat/completions", {
+    method: "POST",
+    body: JSON.stringify({
+      messages: [{ role: "user", content: "go" }],
+      max_tokens: 100000,
+      stream: true,
+    }),
+    signal: ctrl.signal,
+  });
+  const reader = res.body!.getReader();
+  await reader.read();
+  await reader.read();
+  assertEquals(svc.backend.active, 1);
+  ctrl.abort();
+  await reader.cancel().catch(() => {});
+  await waitUntil(() => svc.backend.active === 0, "the streaming generation to be aborted");
+  // Non-streaming: the response never comes; the server notices the closed connection.
+  const ctrl2 = new AbortController();
+  const pending = fetch(svc.base + "/v1/completions", {
+    method: "POST",
+    body: JSON.stringify({ prompt: "go", max_tokens: 100000 }),
+    signal: ctrl2.signal,
+  }).catch((e) => e);
+  await waitUntil(() => svc.backend.active === 1, "the second generation to start");
+  await waitUntil(() => svc.backend.tokensYielded > 5, "some tokens");
+  ctrl2.abort();
+  await pending;
+  await waitUntil(() => svc.backend.active === 0, "the non-streaming generation to be aborted");
+  const m = await scrape(svc.base);
+  assertEquals(metricValue(m, "llm_kv_blocks_used"), 0);
+  assertEquals(metricValue(m, "llm_inflight_generations"), 0);
+  assertEquals(
+    (metricValue(m, 'llm_generations_total{api="chat_completions",finish_reason="cancelled"}') ??
+      0) +
+      (metricValue(m, 'llm_generations_total{api="completions",finish_reason="cancelled"}') ?? 0),
+    2,
+  );
+});
+
+Deno.test("an executor error mid-stream ends the SSE stream with an error event", async () => {
+  await using svc = startService({ tokenDelayMs: 1, failMarker: "BOOM" });
+  const res = await postJson(svc.base + "/v1/completions", {
+    prompt: "BOOM now",
+    max_tokens: 10,
+    stream: true,
+  });
+  assertEquals(res.status, 200);
+  const events = parseSse(await res.text()) as Array<Record<string, any>>;
+  const last = events.at(-1)!;
+  assertEquals(last.error.code, "internal");
+  assertMatch(last.error.message, /fake executor failure/);
+  assertEquals(events.filter((e) => e.choices !== undefined).length, 2);
+  assert(!(events as unknown[]).includes("[DONE]"));
+  // Non-streaming: the same failure is a 500.
+  const res2 = await postJson(svc.base + "/v1/completions", {
+    prompt: "BOOM again",
+    max_tokens: 10,
+  });
+  assertEquals(res2.status, 500);
+  assertEquals((await res2.json()).error.type, "server_error");
+});
+
+Deno.test("API keys: /v1 and /metrics need a valid bearer token, /health stays open", async () => {
+  await using svc = startService({}, { apiKeys: ["key-one", "key-two"] });
+  const open = await fetch(svc.base + "/health");
+  assertEquals([open.status, await open.json()], [200, { status: "ok" }]);
+  for (
+    const [headers, status, message] of [
+      [{}, 401, /Missing API key/],
+      [{ authorization: "Bearer key-on" }, 401, /Invalid API key/],
+      [{ authorization: "Basic a2V5LW9uZQ==" }, 401, /Missing API key/],
+    ] as const
+  ) {
+    const res = await postJson(
+      svc.base + "/v1/completions",
+      { prompt: "x", max_tokens: 1 },
+      headers,
+    );
+    assertEquals(res.status, status);
+    assertEquals(res.headers.get("www-authenticate"), 'Bearer realm="llmserve"');
+    const err = (await res.json()).error;
+    assertEquals([err.code, err.type], ["unauthorized", "authentication_error"]);
+    assertMatch(err.message, message);
+  }
+  const metricsRes = await fetch(svc.base + "/metrics");
+  assertEquals(metricsRes.status, 401);
+  await metricsRes.body?.cancel();
+  for (const key of ["key-one", "key-two"]) {
+    const ok = await postJson(svc.base + "/v1/completions", { prompt: "x", max_tokens: 1 }, {
+      authorization: `Bearer ${key}`,
+    });
+    assertEquals(ok.status, 200);
+    await ok.body?.cancel();
+  }
+  assertEquals(svc.backend.requests.length, 2);
+});
+
+Deno.test("GET /ready reports loading, executor health and draining; /v1/models lists the model", async () => {
+  await using svc = startService({ tokenDelayMs: 5 }, { ready: false });
+  const get = async (path: string) => {
+    const r = await fetch(svc.base + path);
+    return [r.status, await r.json()];
+  };
+  assertEquals(await get("/ready"), [503, {
+    status: "unavailable",
+    reasons: ["model not loaded"],
+  }]);
+  svc.service.setReady(true);
+  assertEquals(await get("/ready"), [200, { status: "ready" }]);
+  svc.backend.executorHealthy = false;
+  assertEquals(await get("/ready"), [503, {
+    status: "unavailable",
+    reasons: ["executor unhealthy"],
+  }]);
+  svc.backend.executorHealthy = true;
+  const [status, models] = await get("/v1/models");
+  assertEquals(status, 200);
+  assertEquals(models.object, "list");
+  assertEquals(models.data.map((m: { id: string }) => m.id), ["fake-llama"]);
+  assertEquals((await get("/v1/models/fake-llama"))[0], 200);
+  assertEquals((await get("/v1/models/other"))[0], 404);
+});
+
+Deno.test("drain(): /ready 503, new requests 503 draining, in-flight requests finish", async () => {
+  await using svc = startService({ tokenDelayMs: 5 });
+  const inflight = await postJson(svc.base + "/v1/completions", {
+    prompt: "keep going",
+    max_tokens: 20,
+    seed: 3,
+    stream: true,
+  });
+  const reader = inflight.body!.getReader();
+  await reader.read();
+  const drained = svc.service.drain({ timeoutMs: 5000 });
+  assert(svc.service.draining);
+  const ready = await fetch(svc.base + "/ready");
+  assertEquals([ready.status, (await ready.json()).reasons], [503, ["draining"]]);
+  const refused = await postJson(svc.base + "/v1/completions", { prompt: "new" });
+  assertEquals(refused.status, 503);
+  assertEquals(refused.headers.get("retry-after"), "1");
+  assertEquals((await refused.json()).error.code, "draining");
+  let rest = "";
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    rest += new TextDecoder().decode(value);
+  }
+  const events = parseSse(rest) as Array<Record<string, any>>;
+  assertEquals(events.at(-1), "[DONE]");
+  assertEquals(events.at(-2)!.choices[0].finish_reason, "length");
+  assertEquals(await drained, { completed: true, aborted: 0 });
+  assertEquals((await fetch(svc.base + "/health")).status, 200);
+});
+
+Deno.test("drain() aborts generations still running at its deadline", async () => {
+  await using svc = startService({ tokenDelayMs: 5, contextLength: 1 << 20 });
+  const res = await postJson(svc.base + "/v1/completions", {
+    prompt: "forever",
+    max_tokens: 100000,
+    stream: true,
+  });
+  const t0 = performance.now();
+  const result = await svc.service.drain({ timeoutMs: 100 });
+  const took = performance.now() - t0;
+  assertEquals(result, { completed: false, aborted: 1 });
+  assertGreater(took, 90);
+  assertLess(took, 2000);
+  const events = parseSse(await res.text()) as Array<Record<string, any>>;
+  assertEquals(events.at(-2)!.choices[0].finish_reason, "cancelled");
+  assertEquals(svc.backend.active, 0);
+});

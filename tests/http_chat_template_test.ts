@@ -1,0 +1,49 @@
+import { assertEquals, assertThrows } from "@std/assert";
+import { createChatRenderer, renderPlainChat } from "../lib/http/chat_template.ts";
+import { ApiError } from "../lib/http/errors.ts";
+
+Deno.test("renderPlainChat() writes one 'Role: text' line per message and ends with 'Assistant:'", () => {
+  const r = renderPlainChat([
+    { role: "developer", content: "Rules." },
+    { role: "user", content: "Hi" },
+    { role: "assistant", content: "Hello" },
+    { role: "user", content: "Bye" },
+  ]);
+  assertEquals(r.prompt, "System: Rules.\nUser: Hi\nAssistant: Hello\nUser: Bye\nAssistant:");
+  assertEquals(r.stop, ["\nUser:", "\nSystem:"]);
+});
+
+Deno.test("createChatRenderer() renders a ChatML template with bos/eos and the generation prompt", () => {
+  const chatml = "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}" +
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+  const render = createChatRenderer({ template: chatml, bosToken: "<s>", eosToken: "</s>" });
+  assertEquals(
+    render([{ role: "system", content: "S" }, { role: "user", content: "U" }]).prompt,
+    "<s><|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n",
+  );
+});
+
+Deno.test("createChatRenderer() turns a template's raise_exception into a 400 on 'messages'", () => {
+  const strict = "{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}" +
+    "{{ raise_exception('Conversation roles must alternate user/assistant') }}{% endif %}" +
+    "{{ m.content }}{% endfor %}";
+  const render = createChatRenderer({ template: strict, bosToken: "<s>", eosToken: "</s>" });
+  assertEquals(render([{ role: "user", content: "a" }]).prompt, "a");
+  const err = assertThrows(
+    () => render([{ role: "user", content: "a" }, { role: "user", content: "b" }]),
+    ApiError,
+    "Conversation roles must alternate user/assistant",
+  );
+  assertEquals([err.status, err.param], [400, "messages"]);
+});
+
+Deno.test("createChatRenderer() reports an unparseable template when it is built", () => {
+  assertThrows(
+    () => createChatRenderer({ template: "{% for %}", bosToken: "", eosToken: "" }),
+    Error,
+    "Cannot parse the model's chat template",
+  );
+  // No template, or an empty one: the plain format.
+  const plain = createChatRenderer({ template: "  ", bosToken: "", eosToken: "" });
+  assertEquals(plain([{ role: "user", content: "x" }]).prompt, "User: x\nAssistant:");
+});

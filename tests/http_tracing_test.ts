@@ -1,0 +1,191 @@
+import {
+  type Attributes,
+  type Context,
+  context,
+  type ContextManager,
+  ROOT_CONTEXT,
+  type Span,
+  type SpanContext,
+  type SpanOptions,
+  type SpanStatus,
+  trace,
+  type Tracer,
+} from "@opentelemetry/api";
+import { assert, assertEquals, assertGreaterOrEqual } from "@std/assert";
+import { createApp } from "../lib/http/app.ts";
+import { FakeBackend } from "../lib/fake_backend.ts";
+import type { GenerationEvent, GenerationRequest } from "../lib/generation.ts";
+import { postJson } from "./_http_harness.ts";
+
+/** A span that only records what the code under test did to it. */
+class RecordedSpan implements Span {
+  attributes: Attributes = {};
+  events: string[] = [];
+  status: SpanStatus | undefined;
+  ended = false;
+  endTime: number | undefined;
+  readonly #ctx: SpanContext;
+
+  constructor(
+    readonly name: string,
+    readonly parent: RecordedSpan | undefined,
+    readonly startTime: number | undefined,
+    id: number,
+  ) {
+    this.#ctx = {
+      traceId: "0".repeat(31) + "1",
+      spanId: id.toString(16).padStart(16, "0"),
+      traceFlags: 1,
+    };
+  }
+  spanContext(): SpanContext {
+    return this.#ctx;
+  }
+  setAttribute(k: string, v: unknown): this {
+    this.attributes[k] = v as string;
+    return this;
+  }
+  setAttributes(a: Attributes): this {
+    Object.assign(this.attributes, a);
+    return this;
+  }
+  addEvent(name: string): this {
+    this.events.push(name);
+    return this;
+  }
+  addLink(): this {
+    return this;
+  }
+  addLinks(): this {
+    return this;
+  }
+  setStatus(s: SpanStatus): this {
+    this.status = s;
+    return this;
+  }
+  updateName(): this {
+    return this;
+  }
+  end(t?: unknown): void {
+    this.ended = true;
+    this.endTime = typeof t === "number" ? t : undefined;
+  }
+  isRecording(): boolean {
+    return true;
+  }
+  recordException(): void {}
+}
+
+class RecordingTracer implements Tracer {
+  spans: RecordedSpan[] = [];
+  startSpan(name: string, options?: SpanOptions, ctx?: Context): Span {
+    const parent = trace.getSpan(ctx ?? context.active());
+    const span = new RecordedSpan(
+      name,
+      parent instanceof RecordedSpan ? parent : undefined,
+      typeof options?.startTime === "number" ? options.startTime : undefined,
+      this.spans.length + 1,
+    );
+    span.setAttributes(options?.attributes ?? {});
+    this.spans.push(span);
+    return span;
+  }
+  startActiveSpan(): never {
+    throw new Error("not used by the HTTP layer");
+  }
+}
+
+/** Synchronous context stack: enough to see which span is active when the core is called. */
+class StackContextManager implements ContextManager {
+  #stack: Context[] = [];
+  active(): Context {
+    return this.#stack.at(-1) ?? ROOT_CONTEXT;
+  }
+  with<A extends unknown[], F extends (...args: A) => ReturnType<F>>(
+    ctx: Context,
+    fn: F,
+    thisArg?: ThisParameterType<F>,
+    ...args: A
+  ): ReturnType<F> {
+    this.#stack.push(ctx);
+    try {
+      return fn.call(thisArg, ...args);
+    } finally {
+      this.#stack.pop();
+    }
+  }
+  bind<T>(_ctx: Context, target: T): T {
+    return target;
+  }
+  enable(): this {
+    return this;
+  }
+  disable(): this {
+    this.#stack = [];
+    return this;
+  }
+}
+
+/** Records the span that is active whenever the core is asked for its next event. */
+class SpanSpyBackend extends FakeBackend {
+  activeSpans: Array<Span | undefined> = [];
+  override generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
+    const inner = super.generate(req, signal)[Symbol.asyncIterator]();
+    const spans = this.activeSpans;
+    return {
+      [Symbol.asyncIterator]: () => ({
+        next: () => {
+          spans.push(trace.getActiveSpan());
+          return inner.next();
+        },
+        return: (v?: unknown) => inner.return?.(v) ?? Promise.resolve({ done: true, value: v }),
+      }),
+    };
+  }
+}
+
+Deno.test("a request gets a span with token counts, priority, finish reason and phase children", async () => {
+  const manager = new StackContextManager();
+  assert(context.setGlobalContextManager(manager), "another context manager is registered");
+  const tracer = new RecordingTracer();
+  const backend = new SpanSpyBackend({ tokenDelayMs: 2 });
+  const service = createApp({ backend, tracer });
+  const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, service.fetch);
+  try {
+    const base = `http://127.0.0.1:${(server.addr as Deno.NetAddr).port}`;
+    const res = await postJson(base + "/v1/completions", {
+      prompt: "trace this please",
+      max_tokens: 4,
+      priority: "batch",
+    });
+    const body = await res.json();
+    const req = tracer.spans.filter((s) => s.name === "llm.request");
+    assertEquals(req.length, 1);
+    const span = req[0]!;
+    assert(span.ended);
+    assertEquals(span.parent, undefined);
+    assertEquals(span.attributes["llm.request.id"], body.id);
+    assertEquals(span.attributes["llm.priority"], "batch");
+    assertEquals(span.attributes["gen_ai.usage.input_tokens"], 4);
+    assertEquals(span.attributes["gen_ai.usage.output_tokens"], 4);
+    assertEquals(span.attributes["llm.finish_reason"], "length");
+    assertEquals(span.attributes["gen_ai.request.max_tokens"], 4);
+    assertEquals(span.events, ["queued", "started", "first_token", "done"]);
+    // Phase spans from the core's timings, children of the request span, in order.
+    const phases = tracer.spans.filter((s) => s.parent === span);
+    assertEquals(phases.map((s) => s.name), ["queued", "prefill", "decode"]);
+    for (let i = 0; i < phases.length; i++) {
+      const p = phases[i]!;
+      assert(p.ended && p.startTime !== undefined && p.endTime !== undefined);
+      assertGreaterOrEqual(p.endTime, p.startTime);
+      if (i > 0) assertEquals(p.startTime, phases[i - 1]!.endTime);
+    }
+    // Every call into the core ran with the request span active (so step spans can link to it).
+    assertGreaterOrEqual(backend.activeSpans.length, 6);
+    assert(backend.activeSpans.every((s) => s === span));
+  } finally {
+    service.close();
+    await server.shutdown();
+    context.disable();
+  }
+});
