@@ -1,0 +1,133 @@
+import OpenAI from "npm:openai@7.59.0";
+import { assertEquals, assertInstanceOf, assertMatch, assertRejects } from "@std/assert";
+import { fakeCountTokens, fakeToken } from "../lib/fake_backend.ts";
+import { startService, waitUntil } from "./_http_harness.ts";
+
+function expectedText(prompt: string, seed: number, n: number): string {
+  let s = "";
+  for (let i = 0; i < n; i++) s += fakeToken(prompt, seed, i).text;
+  return s;
+}
+
+function client(base: string, apiKey = "unused", maxRetries = 0): OpenAI {
+  return new OpenAI({ baseURL: base + "/v1", apiKey, maxRetries });
+}
+
+const CHAT_PROMPT = "System: Be brief.\nUser: Tell me a story\nAssistant:";
+const MESSAGES = [
+  { role: "system" as const, content: "Be brief." },
+  { role: "user" as const, content: "Tell me a story" },
+];
+
+Deno.test("the openai client's chat.completions.create works non-streaming", async () => {
+  await using svc = startService({}, { apiKeys: ["sk-test"] });
+  const out = await client(svc.base, "sk-test").chat.completions.create({
+    model: "fake-llama",
+    messages: MESSAGES,
+    max_tokens: 8,
+    seed: 42,
+    temperature: 0.2,
+  });
+  assertEquals(out.object, "chat.completion");
+  assertEquals(out.choices[0]!.message.role, "assistant");
+  assertEquals(out.choices[0]!.message.content, expectedText(CHAT_PROMPT, 42, 8));
+  assertEquals(out.choices[0]!.finish_reason, "length");
+  assertEquals(out.usage?.prompt_tokens, fakeCountTokens(CHAT_PROMPT));
+  assertEquals(out.usage?.completion_tokens, 8);
+  assertEquals(out.usage?.total_tokens, fakeCountTokens(CHAT_PROMPT) + 8);
+});
+
+Deno.test("the openai client streams chat completions with usage", async () => {
+  await using svc = startService({ tokenDelayMs: 2 });
+  const stream = await client(svc.base).chat.completions.create({
+    model: "fake-llama",
+    messages: MESSAGES,
+    max_tokens: 6,
+    seed: 5,
+    stream: true,
+    stream_options: { include_usage: true },
+  });
+  let text = "";
+  let finish: string | null = null;
+  let usage: OpenAI.CompletionUsage | null | undefined;
+  let chunks = 0;
+  for await (const chunk of stream) {
+    chunks++;
+    text += chunk.choices[0]?.delta.content ?? "";
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+    if (chunk.usage) usage = chunk.usage;
+  }
+  assertEquals(text, expectedText(CHAT_PROMPT, 5, 6));
+  assertEquals(finish, "length");
+  assertEquals(usage?.completion_tokens, 6);
+  assertEquals(chunks, 1 + 6 + 1 + 1); // role, tokens, finish, usage
+});
+
+Deno.test("the openai client's completions.create works, streaming and not", async () => {
+  await using svc = startService({ tokenDelayMs: 1 });
+  const c = client(svc.base);
+  const one = await c.completions.create({
+    model: "fake-llama",
+    prompt: "Once upon a time",
+    max_tokens: 5,
+    seed: 8,
+  });
+  assertEquals(one.choices[0]!.text, expectedText("Once upon a time", 8, 5));
+  assertEquals(one.usage?.completion_tokens, 5);
+  const stream = await c.completions.create({
+    model: "fake-llama",
+    prompt: "Once upon a time",
+    max_tokens: 5,
+    seed: 8,
+    stream: true,
+  });
+  let text = "";
+  for await (const chunk of stream) text += chunk.choices[0]?.text ?? "";
+  assertEquals(text, one.choices[0]!.text);
+  const models = await c.models.list();
+  assertEquals(models.data.map((m) => m.id), ["fake-llama"]);
+});
+
+Deno.test("the openai client surfaces our errors as its typed errors", async () => {
+  await using svc = startService(
+    { tokenDelayMs: 10, maxRunning: 1, maxWaiting: 0, contextLength: 4096 },
+    { apiKeys: ["sk-right"] },
+  );
+  const bad = await assertRejects(
+    () =>
+      client(svc.base, "sk-right").chat.completions.create({
+        model: "fake-llama",
+        messages: MESSAGES,
+        temperature: 3,
+      }),
+    OpenAI.BadRequestError,
+  );
+  assertEquals(bad.status, 400);
+  assertEquals(bad.param, "temperature");
+  assertMatch(bad.message, /got 3/);
+  await assertRejects(
+    () => client(svc.base, "sk-wrong").models.list(),
+    OpenAI.AuthenticationError,
+  );
+  // Overloaded: hold the only slot with one stream, the next request gets 503.
+  const holder = await client(svc.base, "sk-right").chat.completions.create({
+    model: "fake-llama",
+    messages: MESSAGES,
+    max_tokens: 2000,
+    stream: true,
+  });
+  const it = holder[Symbol.asyncIterator]();
+  await it.next();
+  const err = await assertRejects(() =>
+    client(svc.base, "sk-right").chat.completions.create({
+      model: "fake-llama",
+      messages: MESSAGES,
+    })
+  );
+  assertInstanceOf(err, OpenAI.APIError);
+  assertEquals(err.status, 503);
+  assertEquals(err.headers?.get("retry-after"), "1");
+  holder.controller.abort();
+  await it.return?.();
+  await waitUntil(() => svc.backend.active === 0, "the held stream to be released");
+});
