@@ -1,3 +1,4 @@
+// deno-lint-ignore no-import-prefix -- not in the import map (deno.json is the lead's); pinned here
 import OpenAI from "npm:openai@7.59.0";
 import { assertEquals, assertInstanceOf, assertMatch, assertRejects } from "@std/assert";
 import { fakeCountTokens, fakeToken } from "../lib/fake_backend.ts";

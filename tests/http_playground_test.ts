@@ -1,3 +1,4 @@
+// deno-lint-ignore no-import-prefix -- not in the import map (deno.json is the lead's); pinned here
 import { chromium } from "npm:playwright-core@1.65.1";
 import { assertEquals } from "@std/assert";
 import { fakeToken } from "../lib/fake_backend.ts";
