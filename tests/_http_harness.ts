@@ -10,10 +10,10 @@ export interface TestService extends AsyncDisposable {
 }
 
 export function startService(
-  fake: FakeBackendOptions = {},
+  fake: FakeBackendOptions | FakeBackend = {},
   app: Omit<AppOptions, "backend"> = {},
 ): TestService {
-  const backend = new FakeBackend(fake);
+  const backend = fake instanceof FakeBackend ? fake : new FakeBackend(fake);
   const service = createApp({ backend, ...app });
   const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, service.fetch);
   const { port } = server.addr as Deno.NetAddr;

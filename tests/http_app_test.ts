@@ -1,5 +1,6 @@
 import { assert, assertEquals, assertGreater, assertLess, assertMatch } from "@std/assert";
-import { fakeCountTokens, fakeToken } from "../lib/fake_backend.ts";
+import { FakeBackend, fakeCountTokens, fakeToken } from "../lib/fake_backend.ts";
+import type { GenerationEvent, GenerationRequest } from "../lib/generation.ts";
 import {
   metricValue,
   parseSse,
@@ -572,4 +573,35 @@ Deno.test("drain() aborts generations still running at its deadline", async () =
   const events = parseSse(await res.text()) as Array<Record<string, any>>;
   assertEquals(events.at(-2)!.choices[0].finish_reason, "cancelled");
   assertEquals(svc.backend.active, 0);
+});
+
+Deno.test("a core that throws is answered as an internal error, and nothing stays in flight", async () => {
+  class ThrowingBackend extends FakeBackend {
+    override generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
+      if (req.prompt === "sync") throw new Error("scheduler exploded");
+      const inner = super.generate(req, signal);
+      return (async function* () {
+        for await (const ev of inner) {
+          if (ev.type === "token") throw new Error("executor exploded");
+          yield ev;
+        }
+      })();
+    }
+  }
+  await using svc = startService(new ThrowingBackend());
+  const sync = await postJson(svc.base + "/v1/completions", { prompt: "sync" });
+  assertEquals(sync.status, 500);
+  assertEquals((await sync.json()).error, {
+    message: "scheduler exploded",
+    type: "server_error",
+    param: null,
+    code: "internal",
+  });
+  const late = await postJson(svc.base + "/v1/completions", { prompt: "late", stream: true });
+  const events = parseSse(await late.text()) as Array<Record<string, any>>;
+  assertEquals(events.at(-1)!.error.message, "executor exploded");
+  assertEquals(svc.service.inFlight, 0);
+  const m = await scrape(svc.base);
+  assertEquals(metricValue(m, 'llm_generations_total{api="completions",finish_reason="error"}'), 2);
+  assertEquals(metricValue(m, 'llm_errors_total{code="internal"}'), 2);
 });

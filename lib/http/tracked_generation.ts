@@ -63,11 +63,22 @@ export async function* trackGeneration(
   let lastTokenAt = -1;
   let completionTokens = 0;
   let outcome: "done" | "error" | "abandoned" = "abandoned";
-  const iterator = context.with(ctx, () => deps.backend.generate(request, entry.signal))
-    [Symbol.asyncIterator]();
+  let iterator: AsyncIterator<GenerationEvent> | undefined;
+  const next = async (): Promise<IteratorResult<GenerationEvent>> => {
+    try {
+      iterator ??= context.with(ctx, () => deps.backend.generate(request, entry.signal))
+        [Symbol.asyncIterator]();
+      const it = iterator;
+      return await context.with(ctx, () => it.next());
+    } catch (err) {
+      // A core that throws is answered like one that sent an error event.
+      const detail = err instanceof Error ? err.message : String(err);
+      return { done: false, value: { type: "error", code: "internal", message: detail } };
+    }
+  };
   try {
     for (;;) {
-      const step = await context.with(ctx, () => iterator.next());
+      const step = await next();
       if (step.done) break;
       const ev = step.value;
       const now = performance.now();
@@ -116,7 +127,9 @@ export async function* trackGeneration(
     // Also after "done": the core's generator may still be parked at that yield, holding
     // resources its finally block releases.
     try {
-      await iterator.return?.();
+      await iterator?.return?.();
+    } catch {
+      // The core failed while ending; its error (if any) was already reported.
     } finally {
       entry.end();
       span.end();

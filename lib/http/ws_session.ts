@@ -46,6 +46,7 @@ export class StreamSession {
   #gens = new Map<string, LiveGeneration>();
   #statsTimer: ReturnType<typeof setInterval> | undefined;
   #closed = false;
+  #started = 0;
 
   constructor(
     deps: GenerationDeps,
@@ -191,7 +192,8 @@ export class StreamSession {
     const { request } = buildGenerationRequest(
       input,
       this.#deps.backend,
-      `${this.sessionId}/${f.id}`,
+      // Unique even when the client reuses an id after its generation ended.
+      `${this.sessionId}.${++this.#started}/${f.id}`,
     );
     const gen: LiveGeneration = { ctrl: new AbortController(), cancelled: false };
     this.#gens.set(f.id, gen);
