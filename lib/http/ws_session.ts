@@ -67,11 +67,14 @@ export class StreamSession {
 
   onMessage(data: unknown): void {
     if (this.#closed) return;
+    // The frame's id, once known, goes into the error so the client knows which one failed.
+    let id: string | undefined;
     try {
-      this.#dispatch(this.#decode(data));
+      const frame = this.#decode(data);
+      if (typeof frame.id === "string") id = frame.id;
+      this.#dispatch(frame);
     } catch (err) {
-      const apiErr = toApiError(err);
-      this.#sendError(apiErr, (err as { frameId?: string }).frameId);
+      this.#sendError(toApiError(err), id);
     }
   }
 
@@ -124,34 +127,27 @@ export class StreamSession {
   }
 
   #dispatch(frame: Record<string, unknown>): void {
-    const id = typeof frame.id === "string" ? frame.id : undefined;
     const type = frame.type;
-    try {
-      if (typeof type !== "string" || !(FRAME_TYPES as string[]).includes(type)) {
-        throw new ApiError(
-          "unknown_type",
-          `Unknown frame type ${preview(type)}; expected one of ${FRAME_TYPES.join(", ")}`,
-          "type",
-        );
-      }
-      switch (type as ClientFrameType) {
-        case "generate":
-          return this.#generate(parseWith(CLIENT_FRAMES.generate, frame));
-        case "cancel":
-          return this.#cancel(parseWith(CLIENT_FRAMES.cancel, frame));
-        case "subscribe_stats":
-          parseWith(CLIENT_FRAMES.subscribe_stats, frame);
-          return this.#subscribeStats();
-        case "unsubscribe_stats":
-          parseWith(CLIENT_FRAMES.unsubscribe_stats, frame);
-          if (this.#statsTimer !== undefined) clearInterval(this.#statsTimer);
-          this.#statsTimer = undefined;
-          return;
-      }
-    } catch (err) {
-      // Tag the error with the frame's id so the client can tell which generation failed.
-      if (id !== undefined && err instanceof Object) (err as { frameId?: string }).frameId = id;
-      throw err;
+    if (typeof type !== "string" || !(FRAME_TYPES as string[]).includes(type)) {
+      throw new ApiError(
+        "unknown_type",
+        `Unknown frame type ${preview(type)}; expected one of ${FRAME_TYPES.join(", ")}`,
+        "type",
+      );
+    }
+    switch (type as ClientFrameType) {
+      case "generate":
+        return this.#generate(parseWith(CLIENT_FRAMES.generate, frame));
+      case "cancel":
+        return this.#cancel(parseWith(CLIENT_FRAMES.cancel, frame));
+      case "subscribe_stats":
+        parseWith(CLIENT_FRAMES.subscribe_stats, frame);
+        return this.#subscribeStats();
+      case "unsubscribe_stats":
+        parseWith(CLIENT_FRAMES.unsubscribe_stats, frame);
+        if (this.#statsTimer !== undefined) clearInterval(this.#statsTimer);
+        this.#statsTimer = undefined;
+        return;
     }
   }
 
