@@ -389,3 +389,24 @@ Deno.test("/v1/stream gives a client that stops reading backpressure, then disco
   }
   await waitUntil(() => svc.service.sockets === 0, "the session to close");
 });
+
+Deno.test("/v1/stream lets a client reuse an id as soon as its done frame arrives", async () => {
+  await using svc = startService({ tokenDelayMs: 5, contextLength: 4096 });
+  const ws = await TestSocket.open(svc.wsUrl);
+  try {
+    ws.send({ type: "generate", id: "r", prompt: "short", max_tokens: 1 });
+    await ws.take((f) => f.id === "r" && f.type === "done");
+    ws.send({ type: "generate", id: "r", prompt: "long", max_tokens: 3000 });
+    await ws.take((f) => f.id === "r" && f.type === "token");
+    ws.send({ type: "generate", id: "r", prompt: "third" });
+    const dup = await ws.take((f) => f.id === "r" && f.type === "error");
+    assertEquals(dup.code, "duplicate_id");
+    ws.send({ type: "cancel", id: "r" });
+    const done = await ws.take((f) => f.id === "r" && f.type === "done");
+    assertEquals(done.finish_reason, "cancelled");
+    await waitUntil(() => svc.backend.active === 0, "the second generation to be released");
+    assertEquals(new Set(svc.backend.requests.map((r) => r.requestId)).size, 2);
+  } finally {
+    await ws.close();
+  }
+});

@@ -224,7 +224,7 @@ export class StreamSession {
         } else if (ev.type === "done") {
           terminal = true;
           // Free the id before the client can see "done" and reuse it.
-          this.#gens.delete(id);
+          this.#release(id, gen);
           await this.#writer.send({
             type: "done",
             id,
@@ -234,16 +234,16 @@ export class StreamSession {
           });
         } else {
           terminal = true;
-          this.#gens.delete(id);
+          this.#release(id, gen);
           this.#sendError(fromGenerationError(ev.code, ev.message), id);
         }
         if (!open) break; // socket gone: leaving the loop aborts the generation
       }
     } finally {
-      this.#gens.delete(id);
+      this.#release(id, gen);
       if (!terminal && !this.#closed) {
         // The core ended without a final event (it was aborted): report the cancel ourselves.
-        this.#writer.trySend({
+        void this.#writer.send({
           type: "done",
           id,
           finish_reason: "cancelled",
@@ -252,6 +252,11 @@ export class StreamSession {
         });
       }
     }
+  }
+
+  /** Forgets a generation's id, unless the client already reused it for a newer one. */
+  #release(id: string, gen: LiveGeneration): void {
+    if (this.#gens.get(id) === gen) this.#gens.delete(id);
   }
 
   #cancel(f: CancelFrame): void {
