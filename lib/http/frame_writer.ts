@@ -42,11 +42,20 @@ export class FrameWriter {
     return this.#sock.bufferedAmount > this.#opts.highWaterBytes;
   }
 
-  /** Sends a frame and waits out congestion; false once the socket is closed. */
+  /**
+   * Sends a frame and waits out congestion; false once the socket is closed. Frames sent
+   * without waiting (error replies to a client that keeps sending but never reads) are capped
+   * too: past four times the high-water mark the client is disconnected.
+   */
   async send(frame: unknown): Promise<boolean> {
     if (!this.#sock.isOpen) return false;
     this.#sock.send(JSON.stringify(frame));
     if (!this.congested) return true;
+    const buffered = this.#sock.bufferedAmount;
+    if (buffered > 4 * this.#opts.highWaterBytes) {
+      this.#sock.close(CLOSE_TOO_SLOW, `client is not reading; ${buffered} bytes buffered`);
+      return false;
+    }
     return await this.#whenDrained();
   }
 
