@@ -98,12 +98,17 @@ export type RequestMsg =
   | { readonly type: "client-gone" };
 
 /** Messages into the executor's mailbox. */
-export type ExecutorMsg = {
-  readonly type: "step";
-  /** The executor incarnation the plan was made for; plans for an older one are dropped. */
-  readonly epoch: number;
-  readonly plan: StepPlan;
-};
+export type ExecutorMsg =
+  | {
+    readonly type: "step";
+    /** The executor incarnation the plan was made for; plans for an older one are dropped. */
+    readonly epoch: number;
+    readonly plan: StepPlan;
+    /** Sequences that ended (or were preempted) since the last message: engine.release() them first. */
+    readonly release: readonly number[];
+  }
+  /** Releases to pass on when no step follows soon. */
+  | { readonly type: "release"; readonly epoch: number; readonly release: readonly number[] };
 
 /** The scheduler's state for metrics, /ready and the playground. */
 export interface SchedulerStats {

@@ -79,6 +79,8 @@ export class FakeEngine implements Engine {
   calls = 0;
   /** Token rows computed so far. */
   tokensComputed = 0;
+  /** release() calls so far. */
+  released = 0;
   #opts: FakeEngineOptions;
   #slotToken: Int32Array;
   #slotPos: Int32Array;
@@ -186,6 +188,12 @@ export class FakeEngine implements Engine {
       }
     }
     return { stepId: plan.stepId, sampled };
+  }
+
+  /** Forgets the sequence's last sampled token: a later useLastSampled for it is an error. */
+  release(seqId: number): void {
+    this.#lastSampled.delete(seqId);
+    this.released++;
   }
 
   dispose(): void {

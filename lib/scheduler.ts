@@ -85,6 +85,8 @@ export class Scheduler {
   #lastBatchTokens = 0;
   #healthy = true;
   #draining = false;
+  /** Ids whose per-sequence engine state can go (ended or preempted), not yet handed over. */
+  #released: number[] = [];
 
   constructor(config: SchedulerConfig) {
     this.config = config;
@@ -176,6 +178,16 @@ export class Scheduler {
     } else {
       this.#finish(seq, "cancelled");
     }
+  }
+
+  /**
+   * Ids of sequences that ended or were preempted since the last call: the engine may drop
+   * their per-sequence state (engine.release) before running the next plan.
+   */
+  takeReleased(): number[] {
+    const ids = this.#released;
+    this.#released = [];
+    return ids;
   }
 
   /** Builds the next step, or null when no sequence can make progress now. */
@@ -310,6 +322,7 @@ export class Scheduler {
     for (const seq of this.#running) this.#requeue(seq);
     this.#running = [];
     this.kv.reset();
+    this.#released = []; // the new engine never saw them
     this.#restarts++;
   }
 
@@ -410,6 +423,7 @@ export class Scheduler {
     this.#running.splice(this.#running.indexOf(seq), 1);
     this.#requeue(seq);
     this.#preemptions++;
+    this.#released.push(seq.seqId);
   }
 
   #requeue(seq: Sequence): void {
@@ -430,6 +444,7 @@ export class Scheduler {
   }
 
   #end(seq: Sequence, reason: FinishReason, stopToken?: number): void {
+    if (seq.cachedTokens >= 0) this.#released.push(seq.seqId); // it reached the engine
     seq.status = "finished";
     seq.epoch++;
     this.#finished++;

@@ -77,6 +77,7 @@ export class Harness {
     // After a fault the executor drops plans until the scheduler has heard of it.
     if (this.#failurePending) return true;
     try {
+      for (const id of this.sched.takeReleased()) this.engine.release(id);
       this.queue.push({ kind: "result", result: this.engine.run(plan) });
     } catch (e) {
       if (!String(e).includes("injected fault")) throw e;

@@ -1,0 +1,113 @@
+import type { Engine } from "../lib/engine.ts";
+import type { CoreStats, GenerationEvent, GenerationRequest } from "../lib/generation.ts";
+import { Scheduler, type SchedulerConfig, schedulerConfig } from "../lib/scheduler.ts";
+import { Channel } from "./channel.ts";
+import { type EngineFactory, ExecutorActor, type ExecutorOptions } from "./executor.ts";
+import type { SchedulerStats } from "./messages.ts";
+import { RequestActor, type TextCodec } from "./request.ts";
+import { createExecutorMailbox, SchedulerActor } from "./scheduler.ts";
+
+export interface ServingCoreOptions {
+  /** The engine to start with (its kv geometry and context length size the scheduler). */
+  readonly engine: Engine;
+  /** Builds a replacement engine after a failure. */
+  readonly engineFactory: EngineFactory;
+  readonly codec: TextCodec;
+  /** Overrides of the scheduler's limits (maxBatchTokens, maxRunning, maxWaiting, ...). */
+  readonly scheduler?: Partial<SchedulerConfig>;
+  /** Steps planned ahead of their results (default 2). */
+  readonly maxInFlight?: number;
+  readonly executor?: ExecutorOptions;
+  /** Events buffered per client before its generation waits for it (default 16). */
+  readonly clientBuffer?: number;
+}
+
+/**
+ * The serving core wired together: engine → ExecutorActor ⇄ SchedulerActor ← RequestActor per
+ * generation. generate() and stats() are what the HTTP layer's GenerationBackend needs.
+ *
+ * @example
+ * ```ts
+ * const core = new ServingCore({ engine, engineFactory, codec: tokenizer });
+ * for await (const ev of core.generate(request, AbortSignal.timeout(30_000))) console.log(ev);
+ * await core.close();
+ * ```
+ */
+export class ServingCore {
+  readonly scheduler: SchedulerActor;
+  readonly executor: ExecutorActor;
+  readonly contextLength: number;
+  readonly #codec: TextCodec;
+  readonly #clientBuffer: number;
+  readonly #loops: Promise<unknown>;
+
+  constructor(opts: ServingCoreOptions) {
+    const { engine } = opts;
+    const maxInFlight = opts.maxInFlight ?? 2;
+    const core = new Scheduler(schedulerConfig({
+      numBlocks: engine.kv.numBlocks,
+      blockSize: engine.kv.blockSize,
+      contextLength: engine.config.contextLength,
+    }, opts.scheduler));
+    const executorMailbox = createExecutorMailbox(maxInFlight);
+    this.scheduler = new SchedulerActor(core, executorMailbox, { maxInFlight });
+    this.executor = new ExecutorActor(engine, opts.engineFactory, executorMailbox, this.scheduler.mailbox, opts.executor);
+    this.contextLength = engine.config.contextLength;
+    this.#codec = opts.codec;
+    this.#clientBuffer = opts.clientBuffer ?? 16;
+    this.#loops = Promise.all([this.scheduler.run(), this.executor.run()]);
+  }
+
+  /**
+   * Runs one generation, yielding its events until `done` or `error`. Aborting `signal` cancels
+   * it (it ends with done("cancelled")); leaving the loop early counts as the client going away
+   * and frees its resources at once.
+   */
+  async *generate(req: GenerationRequest, signal?: AbortSignal): AsyncGenerator<GenerationEvent> {
+    const sink = new Channel<GenerationEvent>(this.#clientBuffer);
+    const actor = new RequestActor(this.scheduler, this.#codec, req, sink);
+    const onAbort = () => actor.abort();
+    signal?.addEventListener("abort", onAbort, { once: true });
+    if (signal?.aborted) actor.abort();
+    const running = actor.run().finally(() => sink.close());
+    try {
+      for await (const event of sink) yield event;
+    } finally {
+      signal?.removeEventListener("abort", onAbort);
+      if (!actor.ended) actor.clientGone();
+      sink.close();
+      await running;
+    }
+  }
+
+  /** The scheduler's detailed snapshot. */
+  schedulerStats(): SchedulerStats {
+    return this.scheduler.stats();
+  }
+
+  /** The snapshot the HTTP layer reports (/metrics, /ready, playground). */
+  stats(): CoreStats {
+    const s = this.scheduler.stats();
+    return {
+      running: s.running,
+      waiting: s.waiting,
+      kvBlocksUsed: s.kvBlocksUsed,
+      kvBlocksTotal: s.kvBlocksTotal,
+      prefixCacheHitRate: s.prefixHitRate,
+      steps: s.steps,
+      lastBatchSize: s.lastBatchSize,
+      executorHealthy: s.executorHealthy,
+    };
+  }
+
+  /** Refuse new generations (they get a "draining" error); running ones go on. */
+  drain(): Promise<void> {
+    return this.scheduler.mailbox.send({ type: "drain" });
+  }
+
+  /** Stops the actors: live generations end with an error, the engine is disposed. */
+  async close(): Promise<void> {
+    this.scheduler.mailbox.close();
+    await this.#loops;
+  }
+}

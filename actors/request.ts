@@ -1,0 +1,229 @@
+import type { FinishReason, GenerationEvent, GenerationRequest, Timings } from "../lib/generation.ts";
+import { StopMatcher } from "../lib/stop_strings.ts";
+import { Channel, ChannelClosedError } from "./channel.ts";
+import type { RequestMsg, SchedulerMsg, SeqEvent } from "./messages.ts";
+
+/** What the request actor needs of a tokenizer (lib/tokenizer.ts's Tokenizer fits). */
+export interface TextCodec {
+  readonly bosId: number;
+  readonly eosId: number;
+  encode(text: string, opts: { bos: boolean }): number[];
+  /** Streams ids to text, never splitting a UTF-8 character; afterBos: the ids follow a BOS. */
+  createDecoder(opts?: { afterBos?: boolean }): { push(id: number): string; flush(): string };
+}
+
+/** Where the scheduler lives, as a request actor sees it. */
+export interface SchedulerHandle {
+  readonly mailbox: Channel<SchedulerMsg>;
+  nextSeqId(): number;
+}
+
+/** The client side: send waits while the client is slow, and throws once it is gone. */
+export interface GenerationSink {
+  send(event: GenerationEvent): Promise<void>;
+}
+
+export interface RequestActorOptions {
+  /** Clock in milliseconds (default performance.now). */
+  readonly now?: () => number;
+}
+
+/**
+ * One generation, from prompt to `done`: tokenizes, submits to the scheduler, turns token ids
+ * into text deltas, applies stop strings (holding back text that may begin one), and reports
+ * finish reason, usage and timings. The only code that talks to the client.
+ *
+ * abort() (the caller cancelled) stops the sequence and ends with done("cancelled");
+ * clientGone() (nobody is listening) stops it silently. A sink that throws counts as gone.
+ */
+export class RequestActor {
+  readonly mailbox: Channel<RequestMsg>;
+  #scheduler: SchedulerHandle;
+  #codec: TextCodec;
+  #req: GenerationRequest;
+  #sink: GenerationSink;
+  #now: () => number;
+  #seqId = -1;
+  #ended = false;
+
+  constructor(
+    scheduler: SchedulerHandle,
+    codec: TextCodec,
+    req: GenerationRequest,
+    sink: GenerationSink,
+    opts: RequestActorOptions = {},
+  ) {
+    this.#scheduler = scheduler;
+    this.#codec = codec;
+    this.#req = req;
+    this.#sink = sink;
+    this.#now = opts.now ?? (() => performance.now());
+    // Bounded by construction: the scheduler sends at most maxTokens + 3 events for a sequence
+    // (see SeqEvent), plus abort and client-gone. So its replies never wait.
+    this.mailbox = new Channel(Math.max(0, req.maxTokens) + 8);
+  }
+
+  /** True once the generation has ended (done or error sent, or the client left). */
+  get ended(): boolean {
+    return this.#ended;
+  }
+
+  /** The caller cancelled: free the sequence and end with done("cancelled"). */
+  abort(): void {
+    this.#post({ type: "abort" });
+  }
+
+  /** The client is gone: free the sequence; nothing more is sent. */
+  clientGone(): void {
+    this.#post({ type: "client-gone" });
+  }
+
+  #post(msg: RequestMsg): void {
+    if (!this.mailbox.closed) this.mailbox.trySend(msg);
+  }
+
+  /** Runs the generation to its end. Never throws: failures become an `error` event. */
+  async run(): Promise<void> {
+    try {
+      await this.#run();
+    } catch (e) {
+      await this.#emit({ type: "error", code: "internal", message: `Generation failed: ${e instanceof Error ? e.message : e}` });
+      this.#stopSequence("client-gone");
+    } finally {
+      this.#ended = true;
+      this.mailbox.close();
+    }
+  }
+
+  async #run(): Promise<void> {
+    const req = this.#req;
+    const codec = this.#codec;
+    const prompt = typeof req.prompt === "string" ? codec.encode(req.prompt, { bos: true }) : [...req.prompt];
+    const seqId = this.#scheduler.nextSeqId();
+    this.#seqId = seqId;
+    const reply = (e: SeqEvent) => this.#post(e);
+    const t0 = this.#now();
+    try {
+      await this.#scheduler.mailbox.send({
+        type: "submit",
+        seq: {
+          seqId,
+          prompt,
+          maxTokens: req.maxTokens,
+          sampling: req.sampling,
+          stopTokenIds: [codec.eosId, ...(req.stopTokenIds ?? [])],
+          priority: req.priority,
+        },
+        reply,
+      });
+    } catch (e) {
+      if (!(e instanceof ChannelClosedError)) throw e;
+      await this.#emit({ type: "error", code: "draining", message: "Cannot generate: the server is shutting down" });
+      return;
+    }
+
+    const decoder = codec.createDecoder({ afterBos: prompt.at(-1) === codec.bosId });
+    const stops = new StopMatcher(req.stop);
+    let tScheduled: number | undefined;
+    let tFirst: number | undefined;
+    let cachedTokens = 0;
+    let generated = 0;
+    let heldIds: number[] = [];
+    let heldLogprob = 0;
+
+    /** Emits text with every id not yet reported; false when the client is gone. */
+    const emitText = async (text: string, force = false): Promise<boolean> => {
+      if (text.length === 0 && !(force && heldIds.length > 0)) return true;
+      const ok = await this.#emit({ type: "token", text, ids: heldIds, logprob: heldLogprob });
+      heldIds = [];
+      heldLogprob = 0;
+      return ok;
+    };
+    const done = async (reason: FinishReason, completionTokens: number): Promise<void> => {
+      const end = this.#now();
+      await this.#emit({
+        type: "done",
+        finishReason: reason,
+        usage: { promptTokens: prompt.length, completionTokens, cachedTokens },
+        timings: timings(t0, tScheduled, tFirst, end, completionTokens),
+      });
+    };
+
+    for await (const msg of this.mailbox) {
+      switch (msg.type) {
+        case "accepted":
+          if (!await this.#emit({ type: "started", promptTokens: prompt.length })) return this.#stopSequence("client-gone");
+          break;
+        case "rejected":
+        case "failed":
+          await this.#emit({ type: "error", code: msg.code, message: msg.message });
+          return;
+        case "scheduled":
+          tScheduled = this.#now();
+          cachedTokens = msg.cachedTokens;
+          break;
+        case "token": {
+          generated++;
+          tFirst ??= this.#now();
+          heldIds.push(msg.token);
+          heldLogprob += msg.logprob;
+          const out = stops.push(decoder.push(msg.token));
+          if (!await emitText(out.text)) return this.#stopSequence("client-gone");
+          if (out.stopped) {
+            this.#stopSequence("cancel");
+            await done("stop", generated);
+            return;
+          }
+          break;
+        }
+        case "finished": {
+          const out = stops.push(decoder.flush());
+          const text = out.stopped ? out.text : out.text + stops.flush();
+          if (!await emitText(text, true)) return;
+          await done(out.stopped ? "stop" : msg.reason, msg.completionTokens);
+          return;
+        }
+        case "abort":
+          this.#stopSequence("cancel");
+          await done("cancelled", generated);
+          return;
+        case "client-gone":
+          return this.#stopSequence("client-gone");
+      }
+    }
+  }
+
+  /** Sends an event to the client; false (and nothing thrown) when the client is gone. */
+  async #emit(event: GenerationEvent): Promise<boolean> {
+    try {
+      await this.#sink.send(event);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  /** Asks the scheduler to drop the sequence; "cancel" is answered, which nobody reads any more. */
+  #stopSequence(how: "cancel" | "client-gone"): void {
+    if (this.#seqId < 0) return;
+    this.#scheduler.mailbox.send({ type: how, seqId: this.#seqId }).catch(() => {
+      // The scheduler has stopped: the sequence is gone with it.
+    });
+  }
+}
+
+/** Per-request timings in ms; phases that never happened count as 0. */
+function timings(t0: number, scheduled: number | undefined, first: number | undefined, end: number, generated: number): Timings {
+  const tScheduled = scheduled ?? end;
+  const tFirst = first ?? end;
+  const decodeMs = end - tFirst;
+  return {
+    queuedMs: tScheduled - t0,
+    prefillMs: tFirst - tScheduled,
+    timeToFirstTokenMs: tFirst - t0,
+    decodeMs,
+    totalMs: end - t0,
+    // The first token comes from the prefill; the rest are decode steps.
+    decodeTokensPerSecond: generated > 1 && decodeMs > 0 ? ((generated - 1) * 1000) / decodeMs : 0,
+  };
+}

@@ -1,0 +1,54 @@
+/**
+ * A toy tokenizer for actor tests: token i spells a short piece from a tiny alphabet, so stop
+ * strings made of those letters show up often and span token boundaries. Token 0 is EOS and
+ * token 1 BOS (no text). Odd tokens above 1 are "incomplete" for the streaming decoder: their
+ * text appears only with the next token, like a UTF-8 character split over byte tokens.
+ */
+import type { TextCodec } from "../actors/request.ts";
+
+export const EOS = 0;
+export const BOS = 1;
+
+export function piece(id: number): string {
+  if (id === EOS || id === BOS) return "";
+  return "ab c"[id % 4]! + (id % 5 === 0 ? "b" : "");
+}
+
+/** A token spelling each letter exactly. */
+const SPELL: Record<string, number> = { a: 4, b: 9, " ": 6, c: 7 };
+
+export function decodeAll(ids: readonly number[]): string {
+  return ids.map(piece).join("");
+}
+
+export const fakeCodec: TextCodec = {
+  bosId: BOS,
+  eosId: EOS,
+  encode(text: string, opts: { bos: boolean }): number[] {
+    const ids = [...text].map((ch) => {
+      const id = SPELL[ch];
+      if (id === undefined) throw new Error(`fakeCodec cannot encode ${JSON.stringify(ch)}`);
+      return id;
+    });
+    return opts.bos ? [BOS, ...ids] : ids;
+  },
+  createDecoder() {
+    let held = "";
+    return {
+      push(id: number): string {
+        if (id > 1 && id % 2 === 1) {
+          held += piece(id);
+          return "";
+        }
+        const out = held + piece(id);
+        held = "";
+        return out;
+      },
+      flush(): string {
+        const out = held;
+        held = "";
+        return out;
+      },
+    };
+  },
+};

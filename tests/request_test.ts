@@ -1,0 +1,264 @@
+import { assert, assertEquals, assertGreater, assertLess, assertNotEquals } from "@std/assert";
+import { ServingCore } from "../actors/core.ts";
+import { GREEDY } from "../lib/engine.ts";
+import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "../lib/fake_engine.ts";
+import type { GenerationEvent, GenerationRequest } from "../lib/generation.ts";
+import type { SchedulerConfig } from "../lib/scheduler.ts";
+import { BOS, decodeAll, EOS, fakeCodec } from "./_fake_codec.ts";
+
+const VOCAB = 64;
+
+function startCore(engine: FakeEngineOptions = {}, scheduler: Partial<SchedulerConfig> = {}) {
+  const opts = { vocabSize: VOCAB, numBlocks: 128, blockSize: 4, contextLength: 512, ...engine };
+  return new ServingCore({
+    engine: new FakeEngine(opts),
+    engineFactory: () => new FakeEngine(opts),
+    codec: fakeCodec,
+    scheduler,
+  });
+}
+
+function request(prompt: number[], maxTokens: number, extra: Partial<GenerationRequest> = {}): GenerationRequest {
+  return { prompt, maxTokens, sampling: GREEDY, stop: [], priority: "interactive", requestId: "t", ...extra };
+}
+
+/** What the fake model generates for the prompt, EOS included if it stops there. */
+function continuation(prompt: number[], maxTokens: number): number[] {
+  return fakeContinuation(prompt, { maxTokens, stopTokenIds: [EOS], contextLength: 512, vocabSize: VOCAB, sampling: GREEDY });
+}
+
+/** A prompt (after BOS) whose continuation has at least `n` tokens before any EOS. */
+function promptWithLongRun(n: number, seed = 0): number[] {
+  for (let k = seed; ; k++) {
+    const p = [BOS, 4 + (k % 50), 5 + ((k * 7) % 50), 2 + ((k * 13) % 60)];
+    if (!continuation(p, n).includes(EOS)) return p;
+  }
+}
+
+async function collect(events: AsyncIterable<GenerationEvent>): Promise<GenerationEvent[]> {
+  const out: GenerationEvent[] = [];
+  for await (const e of events) out.push(e);
+  return out;
+}
+
+function textOf(events: GenerationEvent[]): string {
+  return events.map((e) => (e.type === "token" ? e.text : "")).join("");
+}
+
+function doneOf(events: GenerationEvent[]) {
+  const d = events.at(-1);
+  if (d?.type !== "done") throw new Error(`expected done last, got ${JSON.stringify(d)}`);
+  return d;
+}
+
+async function waitFor(what: string, cond: () => boolean, ms = 2000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 1));
+  }
+}
+
+/** True once no sequence is live and every KV block is back in the pool. */
+function idle(core: ServingCore): boolean {
+  const s = core.schedulerStats();
+  return s.running === 0 && s.waiting === 0 && s.kvBlocksUsed === 0;
+}
+
+Deno.test("RequestActor streams text deltas that add up to the decoded continuation, then done with usage", async () => {
+  const core = startCore();
+  try {
+    const prompt = promptWithLongRun(40);
+    const events = await collect(core.generate(request(prompt, 40)));
+    assertEquals(events[0], { type: "started", promptTokens: prompt.length });
+    const want = continuation(prompt, 40);
+    assertEquals(textOf(events), decodeAll(want));
+    const ids = events.flatMap((e) => (e.type === "token" ? e.ids : []));
+    assertEquals(ids, want, "every generated id is reported once, in order");
+    assert(events.some((e) => e.type === "token" && e.ids.length > 1), "ids without text wait for the next text");
+    assert(events.every((e) => e.type !== "token" || e.text.length > 0), "no empty deltas mid-stream");
+    const done = doneOf(events);
+    assertEquals(done.finishReason, "length");
+    assertEquals(done.usage, { promptTokens: prompt.length, completionTokens: 40, cachedTokens: 0 });
+  } finally {
+    await core.close();
+  }
+});
+
+Deno.test("RequestActor encodes a text prompt with BOS and reports an EOS stop without its text", async () => {
+  const core = startCore();
+  try {
+    // Find a prompt text whose continuation hits EOS early.
+    let text = "", want: number[] = [];
+    for (let k = 1; k < 500; k++) {
+      text = k.toString(4).replace(/[0-3]/g, (d) => "ab c"[Number(d)]!);
+      want = continuation(fakeCodec.encode(text, { bos: true }), 100);
+      if (want.at(-1) === EOS && want.length > 3) break;
+    }
+    assertEquals(want.at(-1), EOS, "test setup: no prompt found that stops early");
+    const events = await collect(core.generate(request([], 100, { prompt: text })));
+    const done = doneOf(events);
+    assertEquals(done.finishReason, "stop");
+    assertEquals(done.usage.completionTokens, want.length, "the EOS token counts as generated");
+    assertEquals(done.usage.promptTokens, text.length + 1);
+    assertEquals(textOf(events), decodeAll(want.slice(0, -1)));
+    assert(!events.some((e) => e.type === "token" && e.ids.includes(EOS)), "EOS is not streamed");
+  } finally {
+    await core.close();
+  }
+});
+
+Deno.test("RequestActor ends at a stop string, never emits any part of it, and frees the sequence", async () => {
+  const core = startCore();
+  try {
+    const prompt = promptWithLongRun(60, 3);
+    const full = decodeAll(continuation(prompt, 60));
+    let checked = 0;
+    for (let at = 5; at < full.length - 4; at += 7) {
+      for (const len of [1, 2, 3]) {
+        const stop = full.slice(at, at + len);
+        const cut = full.indexOf(stop);
+        const events = await collect(core.generate(request(prompt, 60, { stop: ["zzz", stop] })));
+        assertEquals(textOf(events), full.slice(0, cut), `stop ${JSON.stringify(stop)}`);
+        assertEquals(doneOf(events).finishReason, "stop");
+        checked++;
+      }
+    }
+    assertGreater(checked, 10);
+    await waitFor("the stopped sequences to be freed", () => idle(core));
+  } finally {
+    await core.close();
+  }
+});
+
+Deno.test("RequestActor holds back text that may start a stop string and releases it when it does not", async () => {
+  const core = startCore();
+  try {
+    const prompt = promptWithLongRun(60, 11);
+    const want = continuation(prompt, 60);
+    const full = decodeAll(want);
+    // "a" + "z" never completes, but every "a" may be its start.
+    const events = await collect(core.generate(request(prompt, 60, { stop: ["az"] })));
+    assertEquals(textOf(events), full, "all held-back text is released by the end");
+    assertEquals(doneOf(events).finishReason, "length");
+    let emitted = "", reported: number[] = [], heldBack = 0;
+    for (const e of events) {
+      if (e.type !== "token") continue;
+      emitted += e.text;
+      reported = reported.concat(e.ids);
+      const decoded = decodeAll(reported);
+      assert(decoded.startsWith(emitted));
+      if (decoded.length > emitted.length) {
+        heldBack++;
+        assertEquals(decoded.slice(emitted.length), "a", "only a possible stop-string start is held");
+      }
+    }
+    assertGreater(heldBack, 0, "some text ending in 'a' was held back");
+  } finally {
+    await core.close();
+  }
+});
+
+Deno.test("RequestActor: aborting the signal cancels with done('cancelled') and frees the blocks at once", async () => {
+  const core = startCore({ latencyMs: 2 });
+  try {
+    const prompt = promptWithLongRun(200, 5);
+    const ctl = new AbortController();
+    const events: GenerationEvent[] = [];
+    for await (const e of core.generate(request(prompt, 200), ctl.signal)) {
+      events.push(e);
+      if (events.filter((x) => x.type === "token").length === 5) ctl.abort();
+    }
+    const done = doneOf(events);
+    assertEquals(done.finishReason, "cancelled");
+    const ids = events.flatMap((e) => (e.type === "token" ? e.ids : []));
+    assertEquals(ids, continuation(prompt, 200).slice(0, ids.length));
+    assertLess(done.usage.completionTokens, 200);
+    await waitFor("the cancelled sequence to be freed", () => idle(core));
+  } finally {
+    await core.close();
+  }
+});
+
+Deno.test("RequestActor: a client that leaves mid-stream frees its sequence", async () => {
+  const core = startCore({ latencyMs: 2 });
+  try {
+    let tokens = 0;
+    for await (const e of core.generate(request(promptWithLongRun(300, 2), 300))) {
+      if (e.type === "token" && ++tokens === 3) break;
+    }
+    await waitFor("the abandoned sequence to be freed", () => idle(core));
+    const s = core.schedulerStats();
+    assertLess(s.steps, 150, "the sequence stopped long before its 300 tokens");
+  } finally {
+    await core.close();
+  }
+});
+
+Deno.test("RequestActor: a client that stops reading does not hold up the others", async () => {
+  const core = startCore({ latencyMs: 1 });
+  try {
+    const stalled = core.generate(request(promptWithLongRun(200, 8), 200));
+    await stalled.next(); // started, then never read again
+    const prompt = promptWithLongRun(100, 9);
+    const events = await collect(core.generate(request(prompt, 100)));
+    assertEquals(textOf(events), decodeAll(continuation(prompt, 100)));
+    const s = core.schedulerStats();
+    assertEquals(s.running, 1, "the stalled generation is still running, not blocking");
+    await stalled.return(undefined);
+    await waitFor("the stalled sequence to be freed", () => idle(core));
+  } finally {
+    await core.close();
+  }
+});
+
+Deno.test("RequestActor refuses a prompt longer than the context as the first event", async () => {
+  const core = startCore({ contextLength: 16 });
+  try {
+    const events = await collect(core.generate(request(Array(16).fill(5), 4)));
+    assertEquals(events.length, 1);
+    const e = events[0]!;
+    if (e.type !== "error") throw new Error(`expected an error, got ${JSON.stringify(e)}`);
+    assertEquals(e.code, "context_length_exceeded");
+    assert(e.message.includes("16 tokens"), e.message);
+  } finally {
+    await core.close();
+  }
+});
+
+Deno.test("RequestActor after drain() answers 'draining' while running generations finish", async () => {
+  const core = startCore({ latencyMs: 1 });
+  try {
+    const prompt = promptWithLongRun(30, 4);
+    const first = collect(core.generate(request(prompt, 30)));
+    await new Promise((r) => setTimeout(r, 5));
+    await core.drain();
+    const refused = await collect(core.generate(request(prompt, 30)));
+    assertEquals(refused.map((e) => e.type === "error" && e.code), ["draining"]);
+    assertEquals(textOf(await first), decodeAll(continuation(prompt, 30)));
+  } finally {
+    await core.close();
+  }
+});
+
+Deno.test("RequestActor reports timings: queue, prefill, first token and decode rate add up", async () => {
+  const core = startCore({ latencyMs: 3 }, { maxRunning: 1 });
+  try {
+    const p1 = promptWithLongRun(20, 1), p2 = promptWithLongRun(20, 6);
+    const [a, b] = await Promise.all([collect(core.generate(request(p1, 20))), collect(core.generate(request(p2, 20)))]);
+    const ta = doneOf(a).timings, tb = doneOf(b).timings;
+    for (const t of [ta, tb]) {
+      for (const v of Object.values(t)) assert(v >= 0 && Number.isFinite(v), JSON.stringify(t));
+      assert(Math.abs(t.timeToFirstTokenMs - (t.queuedMs + t.prefillMs)) < 1e-6);
+      assert(Math.abs(t.totalMs - (t.timeToFirstTokenMs + t.decodeMs)) < 1e-6);
+      assertGreater(t.prefillMs, 2, "the first token needs at least one 3 ms step");
+      assert(Math.abs(t.decodeTokensPerSecond - 19 / (t.decodeMs / 1000)) < 1e-6);
+    }
+    // With one running slot the second request waits for the whole first one.
+    const [first, second] = ta.queuedMs < tb.queuedMs ? [ta, tb] : [tb, ta];
+    assertGreater(second.queuedMs, first.totalMs * 0.8, JSON.stringify({ first, second }));
+    assertNotEquals(ta.queuedMs, tb.queuedMs);
+  } finally {
+    await core.close();
+  }
+});
