@@ -1,0 +1,276 @@
+import { assert, assertEquals, assertGreater } from "@std/assert";
+import { Channel } from "../actors/channel.ts";
+import { ServingCore } from "../actors/core.ts";
+import { ExecutorActor } from "../actors/executor.ts";
+import type { ExecutorMsg, SchedulerMsg } from "../actors/messages.ts";
+import { type Engine, GREEDY, type StepPlan, type StepResult } from "../lib/engine.ts";
+import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "../lib/fake_engine.ts";
+import type { GenerationEvent } from "../lib/generation.ts";
+import { BOS, EOS, fakeCodec } from "./_fake_codec.ts";
+import { prng } from "./_scheduler_harness.ts";
+
+/** A one-sequence plan: a prefill of `tokens` at position 0 (block 0 onwards), sampling. */
+function plan(stepId: number, seqId: number, tokens: number[]): StepPlan {
+  return {
+    stepId,
+    seqs: [{ seqId, tokens, startPos: 0, blockTable: [seqId * 2, seqId * 2 + 1], sample: true, sampling: GREEDY }],
+  };
+}
+
+const silent = { log: () => {} };
+
+/** Collects what the executor sends to the scheduler. */
+async function drain(ch: Channel<SchedulerMsg>, n: number): Promise<SchedulerMsg[]> {
+  const out: SchedulerMsg[] = [];
+  while (out.length < n) {
+    const r = await ch.receive();
+    if (r.done) break;
+    out.push(r.value);
+  }
+  return out;
+}
+
+Deno.test("ExecutorActor hands plans to the engine without waiting for results, and answers in step order", async () => {
+  const calls: { stepId: number; at: number }[] = [];
+  const resolved: { stepId: number; at: number }[] = [];
+  let clock = 0;
+  const inner = new FakeEngine({ blockSize: 4, numBlocks: 16 });
+  // Later steps finish first: the executor must still report them in order.
+  const engine: Engine = {
+    name: "reordering",
+    config: inner.config,
+    kv: inner.kv,
+    step(p: StepPlan): Promise<StepResult> {
+      calls.push({ stepId: p.stepId, at: clock++ });
+      const r = inner.run(p);
+      return new Promise((res) =>
+        setTimeout(() => {
+          resolved.push({ stepId: p.stepId, at: clock++ });
+          res(r);
+        }, 30 - 10 * p.stepId)
+      );
+    },
+    dispose() {},
+  };
+  const mailbox = new Channel<ExecutorMsg>(4);
+  const scheduler = new Channel<SchedulerMsg>(16);
+  const ex = new ExecutorActor(engine, () => engine, mailbox, scheduler, silent);
+  const running = ex.run();
+  for (let s = 0; s < 3; s++) await mailbox.send({ type: "step", epoch: 0, plan: plan(s, s, [BOS, 5 + s]), release: [] });
+  const got = await drain(scheduler, 3);
+  assertEquals(got.map((m) => m.type === "step-result" && m.result.stepId), [0, 1, 2]);
+  assertEquals(resolved.map((r) => r.stepId), [2, 1, 0], "the engine finished them in reverse");
+  assert(calls.every((c) => c.at < resolved[0]!.at), "all three steps were issued before any finished");
+  mailbox.close();
+  await running;
+});
+
+Deno.test("ExecutorActor restarts a failed engine, reports failed then ready, and drops stale plans", async () => {
+  const engines: FakeEngine[] = [];
+  const make = () => {
+    const e = new FakeEngine({ blockSize: 4, numBlocks: 16, failWhen: (_p, call) => engines.length === 1 && call === 1 });
+    engines.push(e);
+    return e;
+  };
+  const mailbox = new Channel<ExecutorMsg>(8);
+  const scheduler = new Channel<SchedulerMsg>(16);
+  const ex = new ExecutorActor(make(), make, mailbox, scheduler, { ...silent, restartBackoffMs: 1 });
+  const running = ex.run();
+  for (let s = 0; s < 3; s++) await mailbox.send({ type: "step", epoch: 0, plan: plan(s, s, [BOS, 7]), release: [] });
+  const got = await drain(scheduler, 3);
+  assertEquals(got.map((m) => m.type), ["step-result", "executor-failed", "executor-ready"]);
+  const failed = got[1]!, ready = got[2]!;
+  assert(failed.type === "executor-failed" && failed.epoch === 0 && failed.error.includes("injected fault"));
+  assert(ready.type === "executor-ready" && ready.epoch === 1);
+  assertEquals(engines.length, 2);
+  assertEquals(engines[0]!.calls, 3, "the first engine saw all three steps before its failure was handled");
+  // A plan made before the scheduler heard of the failure is dropped; a new-epoch one runs.
+  await mailbox.send({ type: "step", epoch: 0, plan: plan(3, 3, [BOS, 8]), release: [] });
+  await mailbox.send({ type: "step", epoch: 1, plan: plan(4, 0, [BOS, 9]), release: [] });
+  const [next] = await drain(scheduler, 1);
+  assert(next?.type === "step-result" && next.epoch === 1 && next.result.stepId === 4);
+  assertEquals(engines[1]!.calls, 1);
+  assertEquals(ex.restarts, 1);
+  mailbox.close();
+  await running;
+});
+
+Deno.test("ExecutorActor reports executor-down when no engine can be built", async () => {
+  let attempts = 0;
+  const engine = new FakeEngine({ failWhen: () => true });
+  const mailbox = new Channel<ExecutorMsg>(4);
+  const scheduler = new Channel<SchedulerMsg>(16);
+  const ex = new ExecutorActor(engine, () => {
+    attempts++;
+    throw new Error("device lost for good");
+  }, mailbox, scheduler, { ...silent, maxRestartAttempts: 3, restartBackoffMs: 1 });
+  const running = ex.run();
+  await mailbox.send({ type: "step", epoch: 0, plan: plan(0, 0, [BOS]), release: [] });
+  const got = await drain(scheduler, 2);
+  assertEquals(got.map((m) => m.type), ["executor-failed", "executor-down"]);
+  assertEquals(attempts, 3);
+  assert(got[1]!.type === "executor-down" && got[1]!.error.includes("3 attempts"));
+  mailbox.close();
+  await running;
+});
+
+Deno.test("ExecutorActor releases ended sequences on the engine before the next step", async () => {
+  const engine = new FakeEngine({ blockSize: 4, numBlocks: 16 });
+  const mailbox = new Channel<ExecutorMsg>(4);
+  const scheduler = new Channel<SchedulerMsg>(16);
+  const running = new ExecutorActor(engine, () => engine, mailbox, scheduler, silent).run();
+  await mailbox.send({ type: "step", epoch: 0, plan: plan(0, 0, [BOS, 3]), release: [] });
+  await drain(scheduler, 1);
+  // After release, a decode that relies on the engine's memory of seq 0 must fail.
+  await mailbox.send({ type: "release", epoch: 0, release: [0] });
+  await mailbox.send({
+    type: "step",
+    epoch: 0,
+    plan: { stepId: 1, seqs: [{ seqId: 0, tokens: [], useLastSampled: true, startPos: 2, blockTable: [0], sample: true, sampling: GREEDY }] },
+    release: [],
+  });
+  const [m] = await drain(scheduler, 1);
+  assert(m?.type === "executor-failed" && m.error.includes("never sampled"), JSON.stringify(m));
+  assertEquals(engine.released, 1);
+  mailbox.close();
+  await running;
+});
+
+// ---------------------------------------------------------------------------------------------
+// The whole core under injected faults.
+
+const VOCAB = 48;
+
+function continuation(prompt: number[], maxTokens: number, contextLength: number): number[] {
+  return fakeContinuation(prompt, { maxTokens, stopTokenIds: [EOS], contextLength, vocabSize: VOCAB, sampling: GREEDY });
+}
+
+async function collect(events: AsyncIterable<GenerationEvent>): Promise<GenerationEvent[]> {
+  const out: GenerationEvent[] = [];
+  for await (const e of events) out.push(e);
+  return out;
+}
+
+Deno.test("ServingCore: an engine that throws mid-step is restarted and every request completes with its solo tokens", async () => {
+  const base: FakeEngineOptions = { vocabSize: VOCAB, numBlocks: 96, blockSize: 4, contextLength: 256, latencyMs: 1 };
+  let built = 0;
+  // The first three engines each die on their 9th step; the fourth lives.
+  const factory = () => {
+    const n = built++;
+    return new FakeEngine({ ...base, failWhen: (_p, call) => n < 3 && call === 8 });
+  };
+  const core = new ServingCore({
+    engine: factory(),
+    engineFactory: factory,
+    codec: fakeCodec,
+    scheduler: { maxBatchTokens: 32 },
+    executor: { ...silent, restartBackoffMs: 1 },
+  });
+  try {
+    const r = prng(3);
+    const prompts = Array.from({ length: 24 }, () => [BOS, ...Array.from({ length: 2 + r(30) }, () => 2 + r(VOCAB - 2))]);
+    const results = await Promise.all(prompts.map((p) =>
+      collect(core.generate({ prompt: p, maxTokens: 30, sampling: GREEDY, stop: [], priority: "interactive", requestId: "f" }))
+    ));
+    assertEquals(built, 4, "three failures, three restarts");
+    assertEquals(core.schedulerStats().executorRestarts, 3);
+    results.forEach((events, i) => {
+      assert(!events.some((e) => e.type === "error"), `request ${i} saw an error: ${JSON.stringify(events.at(-1))}`);
+      const ids = events.flatMap((e) => (e.type === "token" ? e.ids : []));
+      const want = continuation(prompts[i]!, 30, 256);
+      assertEquals(ids, want.at(-1) === EOS ? want.slice(0, -1) : want, `request ${i}`);
+      assertEquals(events.at(-1)?.type, "done");
+    });
+    const s = core.schedulerStats();
+    assertEquals([s.running, s.waiting, s.kvBlocksUsed], [0, 0, 0]);
+    assert(s.executorHealthy);
+  } finally {
+    await core.close();
+  }
+});
+
+Deno.test("ServingCore: when the engine cannot be rebuilt every live request ends with an internal error", async () => {
+  const base: FakeEngineOptions = { vocabSize: VOCAB, numBlocks: 64, blockSize: 4, latencyMs: 1 };
+  const core = new ServingCore({
+    engine: new FakeEngine({ ...base, failWhen: (_p, call) => call === 3 }),
+    engineFactory: () => {
+      throw new Error("no adapter");
+    },
+    codec: fakeCodec,
+    executor: { ...silent, maxRestartAttempts: 2, restartBackoffMs: 1 },
+  });
+  try {
+    const req = (p: number[]) => ({ prompt: p, maxTokens: 50, sampling: GREEDY, stop: [], priority: "batch" as const, requestId: "d" });
+    const all = await Promise.all([[BOS, 5], [BOS, 6, 7], [BOS, 9]].map((p) => collect(core.generate(req(p)))));
+    for (const events of all) {
+      const last = events.at(-1);
+      assert(last?.type === "error" && last.code === "internal" && last.message.includes("executor is down"), JSON.stringify(last));
+    }
+    const after = await collect(core.generate(req([BOS, 3])));
+    assertEquals(after.map((e) => e.type), ["error"], "new requests are refused at once");
+    assertEquals(core.stats().executorHealthy, false);
+  } finally {
+    await core.close();
+  }
+});
+
+Deno.test("ServingCore property: random arrivals, aborts, departures and faults leak nothing", async () => {
+  let restarts = 0, aborted = 0, left = 0, completed = 0;
+  for (let run = 0; run < 40; run++) {
+    const r = prng(1000 + run);
+    const ctx = 64 + r(128);
+    const base: FakeEngineOptions = { vocabSize: VOCAB, numBlocks: 8 + r(40), blockSize: [1, 4, 16][r(3)]!, contextLength: ctx };
+    const pool = base.numBlocks! * base.blockSize!;
+    const factory = () => new FakeEngine({ ...base, latencyMs: r(2), failWhen: () => r(60) === 0 });
+    const core = new ServingCore({
+      engine: factory(),
+      engineFactory: factory,
+      codec: fakeCodec,
+      maxInFlight: 1 + r(3),
+      scheduler: { maxBatchTokens: 1 + r(40), maxRunning: 1 + r(8) },
+      executor: { ...silent, restartBackoffMs: 0, maxRestartAttempts: 1000 },
+    });
+    const jobs: Promise<void>[] = [];
+    for (let i = 0; i < 6 + r(10); i++) {
+      const prompt = [BOS, ...Array.from({ length: 1 + r(Math.min(30, pool - 2)) }, () => 2 + r(VOCAB - 2))];
+      const maxTokens = 1 + r(30);
+      const ctl = new AbortController();
+      const mode = r(6); // 0: abort, 1: leave, else read to the end
+      jobs.push((async () => {
+        await new Promise((res) => setTimeout(res, r(4)));
+        const events: GenerationEvent[] = [];
+        const stopAfter = r(5);
+        for await (const e of core.generate({ prompt, maxTokens, sampling: GREEDY, stop: [], priority: r(2) ? "batch" : "interactive", requestId: "p" }, ctl.signal)) {
+          events.push(e);
+          if (e.type === "token" && events.length > stopAfter) {
+            if (mode === 0) ctl.abort();
+            if (mode === 1) break;
+          }
+        }
+        const ids = events.flatMap((e) => (e.type === "token" ? e.ids : []));
+        const want = continuation(prompt, maxTokens, Math.min(ctx, pool)).filter((t) => t !== EOS);
+        assertEquals(ids, want.slice(0, ids.length), `run ${run}: tokens are a prefix of the solo run`);
+        const last = events.at(-1);
+        if (mode === 1 && last?.type !== "done") {
+          left++;
+        } else if (last?.type === "done" && last.finishReason === "cancelled") {
+          aborted++;
+        } else {
+          assert(last?.type === "done", `run ${run}: ended with ${JSON.stringify(last)}`);
+          assertEquals(ids, want, `run ${run}: a completed request has its solo tokens`);
+          completed++;
+        }
+      })());
+    }
+    await Promise.all(jobs);
+    const end = Date.now() + 2000;
+    while (core.schedulerStats().running + core.schedulerStats().waiting > 0 && Date.now() < end) {
+      await new Promise((res) => setTimeout(res, 1));
+    }
+    const s = core.schedulerStats();
+    assertEquals([s.running, s.waiting, s.kvBlocksUsed], [0, 0, 0], `run ${run}: leaked`);
+    restarts += s.executorRestarts;
+    await core.close();
+  }
+  for (const [k, v] of Object.entries({ restarts, aborted, left, completed })) assertGreater(v, 3, `${k}: ${v}`);
+});
