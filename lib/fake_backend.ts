@@ -5,6 +5,7 @@ import type {
   GenerationEvent,
   GenerationRequest,
 } from "./generation.ts";
+import { trace } from "@opentelemetry/api";
 import { hash32 } from "./rng.ts";
 
 /**
@@ -30,6 +31,11 @@ export interface FakeBackendOptions {
   readonly tokenPadding?: number;
   /** A prompt containing this string fails with an "internal" error after two tokens. */
   readonly failMarker?: string;
+  /**
+   * Record an "llm.step" span per token, linked to the span active when the core is called
+   * (the request span), the way the real executor links its step spans.
+   */
+  readonly traceSteps?: boolean;
 }
 
 const WORDS = [
@@ -107,7 +113,10 @@ export class FakeBackend implements GenerationBackend {
   steps = 0;
   lastBatchSize = 0;
 
-  #opts: Required<Omit<FakeBackendOptions, "chatTemplate" | "modelName" | "failMarker">>;
+  #opts: Required<
+    Omit<FakeBackendOptions, "chatTemplate" | "modelName" | "failMarker" | "traceSteps">
+  >;
+  #traceSteps: boolean;
   #failMarker: string | undefined;
   #running = 0;
   #waiters: Array<() => void> = [];
@@ -120,6 +129,7 @@ export class FakeBackend implements GenerationBackend {
     this.contextLength = opts.contextLength ?? 128;
     if (opts.chatTemplate !== undefined) this.chatTemplate = opts.chatTemplate;
     this.#failMarker = opts.failMarker;
+    this.#traceSteps = opts.traceSteps ?? false;
     this.#opts = {
       contextLength: this.contextLength,
       tokenDelayMs: opts.tokenDelayMs ?? 0,
@@ -217,6 +227,7 @@ export class FakeBackend implements GenerationBackend {
         const tok = fakeToken(req.prompt, req.sampling.seed, n, o.tokenPadding);
         n++;
         this.steps++;
+        if (this.#traceSteps) this.#traceStep(this.#running);
         this.lastBatchSize = this.#running;
         this.#held.set(seq, promptTokens + n);
         const candidate = text + tok.text;
@@ -275,6 +286,16 @@ export class FakeBackend implements GenerationBackend {
       this.#waiters.push(wake);
       signal.addEventListener("abort", leave, { once: true });
     });
+  }
+
+  #traceStep(batchSize: number): void {
+    const request = trace.getActiveSpan();
+    trace.getTracer("llmserve-fake-core").startSpan("llm.step", {
+      attributes: { "llm.batch_size": batchSize, "llm.step.tokens": batchSize },
+      links: request === undefined ? [] : [{ context: request.spanContext() }],
+      // A step serves many requests, so it is a root span linked to them, not a child.
+      root: true,
+    }).end();
   }
 
   /** Waits one token delay; false when aborted. */

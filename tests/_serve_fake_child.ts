@@ -6,7 +6,7 @@ import { createApp } from "../lib/http/app.ts";
 import { serveService } from "../lib/http/serve.ts";
 import { FakeBackend } from "../lib/fake_backend.ts";
 
-const service = createApp({ backend: new FakeBackend({ tokenDelayMs: 20 }) });
+const service = createApp({ backend: new FakeBackend({ tokenDelayMs: 20, traceSteps: true }) });
 const running = serveService(service, {
   hostname: "127.0.0.1",
   port: 0,
