@@ -1,89 +1,112 @@
 import type { ModelConfig } from "../lib/model_config.ts";
-import { bindAll, type Gpu } from "./device.ts";
+import { bindAll, type Gpu, type KernelOp } from "./device.ts";
 import { DIM_ROWS, WGSL_STEP_TYPES } from "./step_meta.ts";
 
-const TILE = 32;
+const THREADS = 64;
 
 /**
- * WGSL for paged causal attention, one workgroup per (row, query head): the row at position p
- * attends to positions 0..p of its sequence, reading K/V through the sequence's block table
- * (a prefill chunk's own rows were stored by the preceding rope+store dispatch). Keys go in
- * tiles of 32 with an online softmax; each tile's max and sum are taken in a fixed order, so a
+ * WGSL for paged causal attention, one workgroup per (row, KV head) serving the G query heads
+ * that share it (grouped-query attention reads each K/V row once for all G). The row at
+ * position p attends to positions 0..p of its sequence, reading K/V through the sequence's
+ * block table (a prefill chunk's own rows were stored by the preceding rope+store dispatch);
+ * q comes from the rows of the fused q | k | v projection.
+ *
+ * Keys go in tiles of 64/G with an online softmax. Thread t scores (head t / TK, key t % TK);
+ * every max and sum is a scan in key order done identically by each thread that needs it, so a
  * row's output depends only on its own sequence, never on the rest of the batch.
  */
 export function attentionWgsl(config: ModelConfig, blockSize: number): string {
   const { nHeads, nKvHeads, headDim } = config;
   const qDim = nHeads * headDim;
   const kvDim = nKvHeads * headDim;
-  const nAcc = Math.ceil(headDim / TILE);
+  const stride = qDim + 2 * kvDim;
+  const group = nHeads / nKvHeads;
+  if (group > THREADS || THREADS % group !== 0) {
+    throw new Error(`Cannot build attention: ${group} query heads per KV head must divide ${THREADS}`);
+  }
+  const tk = THREADS / group;
+  // Output element (head, dim) = t + 64a of the group's G x HD, one register set each.
+  const outs = Array.from({ length: Math.ceil((group * headDim) / THREADS) }, (_, a) => a);
+  const each = (f: (a: number) => string) => outs.map(f).join("\n    ");
   return /* wgsl */ `
 ${WGSL_STEP_TYPES}
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
 @group(0) @binding(1) var<storage, read> rows: array<Row>;
 @group(0) @binding(2) var<storage, read> seqs: array<Seq>;
 @group(0) @binding(3) var<storage, read> tables: array<u32>;
-@group(0) @binding(4) var<storage, read> Q: array<f32>;
+@group(0) @binding(4) var<storage, read> QKV: array<f32>;
 @group(0) @binding(5) var<storage, read> Kc: array<f32>;
 @group(0) @binding(6) var<storage, read> Vc: array<f32>;
 @group(0) @binding(7) var<storage, read_write> O: array<f32>;
 const HD = ${headDim}u;
-const TILE = ${TILE}u;
-const NACC = ${nAcc}u;
+const TK = ${tk}u;
+const GHD = ${group * headDim}u;
 const SCALE = ${1 / Math.sqrt(headDim)};
-var<workgroup> qs: array<f32, ${headDim}>;
-var<workgroup> scores: array<f32, ${TILE}>;
-var<workgroup> probs: array<f32, ${TILE}>;
-var<workgroup> slots: array<u32, ${TILE}>;
-@compute @workgroup_size(${TILE})
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-  let r = wg.y;
-  let h = wg.x;
+var<workgroup> qs: array<f32, ${group * headDim}>;
+var<workgroup> scores: array<f32, ${THREADS}>;
+var<workgroup> probs: array<f32, ${THREADS}>;
+var<workgroup> slots: array<u32, ${tk}>;
+
+// Max of head g's scores over the first count keys of the tile, in key order.
+fn tileMax(g: u32, count: u32) -> f32 {
+  var v = scores[g * TK];
+  for (var i = 1u; i < count; i++) { v = max(v, scores[g * TK + i]); }
+  return v;
+}
+
+@compute @workgroup_size(${THREADS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+  let r = wid.y;
+  let kvh = wid.x;
   if (r >= dims[${DIM_ROWS}]) { return; }
   let row = rows[r];
   let seq = seqs[row.seq];
-  let kvBase = (h / ${nHeads / nKvHeads}u) * HD;
-  for (var d = t; d < HD; d += TILE) { qs[d] = Q[r * ${qDim}u + h * HD + d]; }
+  let kvBase = kvh * HD;
+  // The group's query heads are contiguous: heads kvh*G .. kvh*G + G - 1.
+  let qBase = r * ${stride}u + kvh * GHD;
+  for (var i = t; i < GHD; i += ${THREADS}u) { qs[i] = QKV[qBase + i]; }
   workgroupBarrier();
   let n = row.pos + 1u;
-  var m = 0.0;
-  var l = 0.0;
-  var acc: array<f32, NACC>;
-  for (var t0 = 0u; t0 < n; t0 += TILE) {
-    let k = t0 + t;
-    if (k < n) {
-      let slot = tables[seq.tableOffset + k / ${blockSize}u] * ${blockSize}u + k % ${blockSize}u;
-      slots[t] = slot;
+  let pg = t / TK;
+  let pk = t % TK;
+  var pm = 0.0;
+  ${each((a) => `let g${a} = min((t + ${a * THREADS}u) / HD, ${group - 1}u);
+    var m${a} = 0.0;
+    var l${a} = 0.0;
+    var acc${a} = 0.0;`)}
+  for (var t0 = 0u; t0 < n; t0 += TK) {
+    let key = t0 + pk;
+    if (key < n) {
+      let slot = tables[seq.tableOffset + key / ${blockSize}u] * ${blockSize}u + key % ${blockSize}u;
+      if (pg == 0u) { slots[pk] = slot; }
       let kb = slot * ${kvDim}u + kvBase;
       var dot = 0.0;
-      for (var d = 0u; d < HD; d++) { dot += qs[d] * Kc[kb + d]; }
+      for (var d = 0u; d < HD; d++) { dot += qs[pg * HD + d] * Kc[kb + d]; }
       scores[t] = dot * SCALE;
     }
     workgroupBarrier();
-    let count = min(TILE, n - t0);
-    var tileMax = scores[0];
-    for (var i = 1u; i < count; i++) { tileMax = max(tileMax, scores[i]); }
-    let mNew = select(tileMax, max(m, tileMax), t0 > 0u);
-    let correction = select(0.0, exp(m - mNew), t0 > 0u);
-    if (t < count) { probs[t] = exp(scores[t] - mNew); }
+    let count = min(TK, n - t0);
+    let first = t0 == 0u;
+    let pmNew = select(max(pm, tileMax(pg, count)), tileMax(pg, count), first);
+    if (pk < count) { probs[t] = exp(scores[t] - pmNew); }
+    pm = pmNew;
     workgroupBarrier();
-    l *= correction;
-    for (var a = 0u; a < NACC; a++) { acc[a] *= correction; }
-    for (var i = 0u; i < count; i++) {
-      let p = probs[i];
-      l += p;
-      let vb = slots[i] * ${kvDim}u + kvBase;
-      for (var a = 0u; a < NACC; a++) {
-        let d = t + a * TILE;
-        if (d < HD) { acc[a] += p * Vc[vb + d]; }
+    ${each((a) => `if (t + ${a * THREADS}u < GHD) {
+      let mNew = select(max(m${a}, tileMax(g${a}, count)), tileMax(g${a}, count), first);
+      let corr = select(exp(m${a} - mNew), 0.0, first);
+      l${a} *= corr;
+      acc${a} *= corr;
+      let d = (t + ${a * THREADS}u) % HD;
+      for (var i = 0u; i < count; i++) {
+        let p = probs[g${a} * TK + i];
+        l${a} += p;
+        acc${a} += p * Vc[slots[i] * ${kvDim}u + kvBase + d];
       }
-    }
-    m = mNew;
+      m${a} = mNew;
+    }`)}
     workgroupBarrier();
   }
-  for (var a = 0u; a < NACC; a++) {
-    let d = t + a * TILE;
-    if (d < HD) { O[r * ${qDim}u + h * HD + d] = acc[a] / l; }
-  }
+  ${each((a) => `if (t + ${a * THREADS}u < GHD) { O[r * ${qDim}u + kvh * GHD + t + ${a * THREADS}u] = acc${a} / l${a}; }`)}
 }
 `;
 }
@@ -93,22 +116,24 @@ export interface AttentionTarget {
   readonly rows: GPUBufferBinding | GPUBuffer;
   readonly seqs: GPUBufferBinding | GPUBuffer;
   readonly tables: GPUBufferBinding | GPUBuffer;
-  readonly q: GPUBuffer;
+  /** Rows of q | k | v; only q is read. */
+  readonly qkv: GPUBuffer;
   readonly kCache: GPUBuffer;
   readonly vCache: GPUBuffer;
   readonly out: GPUBuffer;
 }
 
 /** A bound paged attention over `rows` rows. */
-export function createAttention(gpu: Gpu, config: ModelConfig, blockSize: number, t: AttentionTarget) {
+export function createAttention(gpu: Gpu, config: ModelConfig, blockSize: number, t: AttentionTarget): KernelOp {
   const pipeline = gpu.pipeline(attentionWgsl(config, blockSize), "attention");
-  const group = bindAll(gpu, pipeline, [t.dims, t.rows, t.seqs, t.tables, t.q, t.kCache, t.vCache, t.out], "attention");
+  const group = bindAll(gpu, pipeline, [t.dims, t.rows, t.seqs, t.tables, t.qkv, t.kCache, t.vCache, t.out], "attention");
   return {
+    label: "attention",
     encode(pass: GPUComputePassEncoder, rows: number): void {
       if (rows === 0) return;
       pass.setPipeline(pipeline);
       pass.setBindGroup(0, group);
-      pass.dispatchWorkgroups(config.nHeads, rows);
+      pass.dispatchWorkgroups(config.nKvHeads, rows);
     },
   };
 }

@@ -18,6 +18,12 @@ export interface Gpu {
   pipeline(code: string, label: string): GPUComputePipeline;
 }
 
+/** A kernel with its buffers bound, encoded for n rows (or samples) of a step. */
+export interface KernelOp {
+  readonly label: string;
+  encode(pass: GPUComputePassEncoder, n: number): void;
+}
+
 export const NO_ADAPTER_MESSAGE =
   "no WebGPU adapter: install a GPU driver, or Mesa's Vulkan driver (apt-get install mesa-vulkan-drivers) for a CPU fallback";
 

@@ -1,4 +1,4 @@
-import { bindAll, type Gpu, uploadBuffer } from "./device.ts";
+import { bindAll, type Gpu, type KernelOp, uploadBuffer } from "./device.ts";
 import type { GpuMatrix } from "./gpu_matrix.ts";
 import { DIM_ROWS, LAST_SAMPLED_FLAG, WGSL_STEP_TYPES } from "./step_meta.ts";
 import { WGSL_WEIGHT_HELPERS, wgslWeightAt } from "./weight_formats.ts";
@@ -43,7 +43,7 @@ export interface EmbeddingTarget {
 }
 
 /** A bound embedding gather: x[r, :] = E[token(r), :] for r < rows. */
-export function createEmbedding(gpu: Gpu, m: GpuMatrix, target: EmbeddingTarget) {
+export function createEmbedding(gpu: Gpu, m: GpuMatrix, target: EmbeddingTarget): KernelOp {
   const pipeline = gpu.pipeline(embeddingWgsl(m), `embedding ${m.type}`);
   const groups = m.chunks.map((c) =>
     bindAll(gpu, pipeline, [
@@ -56,6 +56,7 @@ export function createEmbedding(gpu: Gpu, m: GpuMatrix, target: EmbeddingTarget)
     ])
   );
   return {
+    label: `embedding ${m.type}`,
     encode(pass: GPUComputePassEncoder, rows: number): void {
       if (rows === 0) return;
       pass.setPipeline(pipeline);

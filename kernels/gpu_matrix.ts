@@ -48,7 +48,9 @@ export function uploadMatrix(gpu: Gpu, t: Tensor): GpuMatrix {
   if (t.data.byteLength !== rows * rowBytes) {
     throw new Error(`Cannot upload matrix '${t.name}': ${t.type} [${rows}, ${cols}] needs ${rows * rowBytes} bytes, received ${t.data.byteLength}`);
   }
-  const rowsPerChunk = Math.floor((gpu.maxBindingBytes - TAIL_PAD - 4) / rowBytes);
+  const fit = Math.floor((gpu.maxBindingBytes - TAIL_PAD - 4) / rowBytes);
+  // Even, so interleaved gate/up row pairs never straddle two chunks.
+  const rowsPerChunk = fit > 1 ? fit - (fit % 2) : fit;
   if (rowsPerChunk < 1) {
     throw new Error(`Cannot upload matrix '${t.name}': one row of ${rowBytes} bytes exceeds the device's binding limit of ${gpu.maxBindingBytes} bytes`);
   }
@@ -60,6 +62,39 @@ export function uploadMatrix(gpu: Gpu, t: Tensor): GpuMatrix {
     chunks.push({ buffer: uploadBuffer(gpu, data, GPUBufferUsage.STORAGE, label, TAIL_PAD), rowStart, rows: n });
   }
   return { name: t.name, type: t.type, rows, cols, rowBytes, chunks };
+}
+
+/** Whether these matrices can be stacked into one (same encoding and row length). */
+export function stackable(ts: readonly Tensor[]): boolean {
+  const a = ts[0]!;
+  return ts.every((t) => t.type === a.type && t.shape.length === 2 && t.shape[1] === a.shape[1]);
+}
+
+/** Rows of a, then of b, ... as one tensor (q, k and v projections become one matmul). */
+export function concatRows(ts: readonly Tensor[], name: string): Tensor {
+  if (!stackable(ts)) throw new Error(`Cannot stack ${ts.map((t) => `'${t.name}' ${t.type} [${t.shape.join(", ")}]`).join(", ")}: types and row lengths differ`);
+  const data = new Uint8Array(ts.reduce((s, t) => s + t.data.byteLength, 0));
+  let at = 0;
+  for (const t of ts) {
+    data.set(t.data, at);
+    at += t.data.byteLength;
+  }
+  return { name, type: ts[0]!.type, shape: [ts.reduce((s, t) => s + t.shape[0]!, 0), ts[0]!.shape[1]!], data };
+}
+
+/** Rows a0, b0, a1, b1, ...: gate and up rows side by side for the fused SwiGLU matmul. */
+export function interleaveRows(a: Tensor, b: Tensor, name: string): Tensor {
+  if (!stackable([a, b]) || a.shape[0] !== b.shape[0]) {
+    throw new Error(`Cannot interleave '${a.name}' ${a.type} [${a.shape.join(", ")}] with '${b.name}' ${b.type} [${b.shape.join(", ")}]: shapes or types differ`);
+  }
+  const rows = a.shape[0]!;
+  const rb = a.data.byteLength / rows;
+  const data = new Uint8Array(2 * a.data.byteLength);
+  for (let r = 0; r < rows; r++) {
+    data.set(a.data.subarray(r * rb, (r + 1) * rb), 2 * r * rb);
+    data.set(b.data.subarray(r * rb, (r + 1) * rb), (2 * r + 1) * rb);
+  }
+  return { name, type: a.type, shape: [2 * rows, a.shape[1]!], data };
 }
 
 /** Expands a small vector (norm weights) to f32 and uploads it. */

@@ -1,71 +1,136 @@
 import type { TensorType } from "../lib/tensor.ts";
-import { bindAll, type Gpu, uploadBuffer } from "./device.ts";
+import { type Gpu, type KernelOp, uploadBuffer } from "./device.ts";
 import type { GpuMatrix } from "./gpu_matrix.ts";
-import { chunkElements, WGSL_WEIGHT_HELPERS, wgslMatmulBody } from "./weight_formats.ts";
+import { WGSL_STEP_TYPES } from "./step_meta.ts";
+import { chunkElements, chunkVec4s, WGSL_WEIGHT_HELPERS, wgslLoadChunk } from "./weight_formats.ts";
 
 /** Activation rows one workgroup multiplies against each weight chunk it loads. */
 export const MATMUL_ROWS_PER_GROUP = 8;
 const THREADS = 64;
+const CHUNKS_PER_THREAD = 4;
 
-/** How a matmul's 64 threads split the work: TO output features x KS slices along the row. */
+/**
+ * How a matmul's 64 threads split the work: TO output features x KS slices along the row, with
+ * at least CHUNKS_PER_THREAD chunks per thread so each workgroup does enough work to pay for
+ * its barrier (costly on CPU rasterizers; on GPUs wide rows still get KS = 64).
+ */
 export function matmulSplit(type: TensorType, cols: number): { ks: number; to: number } {
   const chunks = cols / chunkElements(type);
   let ks = 1;
-  while (ks * 2 <= Math.min(THREADS, chunks)) ks *= 2;
+  while (ks * 2 <= THREADS && ks * 2 * CHUNKS_PER_THREAD <= chunks) ks *= 2;
   return { ks, to: THREADS / ks };
 }
 
-/** What y = W·x does with its result. */
-export type MatmulEpilogue = "store" | "accumulate";
+/**
+ * What happens to Σ_k W[o,k]·x[k]: stored, added to y (the residual add), or, for a matrix
+ * whose rows interleave gate and up (gate_j = row 2j, up_j = row 2j+1), silu(gate)·up stored.
+ */
+export type MatmulEpilogue = "store" | "accumulate" | "swiglu";
+
+/** Compile-time shape of a matmul kernel. */
+export interface MatmulSpec {
+  readonly type: TensorType;
+  readonly cols: number;
+  /** Index into dims of the row count. */
+  readonly rowsField: number;
+  readonly epilogue: MatmulEpilogue;
+  /** Fused RMSNorm of the input rows (norm weights bound at binding 5). */
+  readonly normEps?: number;
+  /** Row i of the input is samples[i].row (binding 6): the final norm + logits. */
+  readonly gather?: boolean;
+}
 
 /**
- * WGSL for Y[r, yOffset + o] (=|+=) Σ_k W[o, k] X[r, k] over the rows r < dims[rowsField].
- * Each output is reduced by KS threads, each summing a fixed strided set of chunks, then a
- * fixed tree: a row's result never depends on which rows share its workgroup.
+ * WGSL for y[r, yOffset + o] = epilogue(Σ_k W[o, k] · x'[r, k]) for r < dims[rowsField], where
+ * x' is x, or RMSNorm(x) when normEps is set: the norm is fused as scale_r · Σ W[o,k]·(w[k]·x[k]),
+ * with Σx² gathered by the same threads in the same pass.
+ *
+ * KS threads reduce each output: each sums a fixed strided set of chunks (a vec4, or one quant
+ * block dequantized in registers), then one thread adds the KS partials in order. So a row's
+ * result never depends on which rows share its workgroup (batch invariance). Rows are unrolled
+ * so no private array is indexed dynamically (slow on CPU rasterizers such as llvmpipe).
  */
-export function matmulWgsl(type: TensorType, cols: number, rowsField: number, epilogue: MatmulEpilogue): string {
+export function matmulWgsl(spec: MatmulSpec): string {
+  const { type, cols, rowsField, epilogue } = spec;
   const { ks, to } = matmulSplit(type, cols);
   const tr = MATMUL_ROWS_PER_GROUP;
+  const norm = spec.normEps !== undefined;
+  const dual = epilogue === "swiglu";
+  const nv = chunkVec4s(type);
   const wType = type === "f32" ? "array<vec4<f32>>" : "array<u32>";
+  const rows = Array.from({ length: tr }, (_, r) => r);
+  const accs = dual ? ["g", "u"] : ["a"];
+  const partials = [...accs, ...(norm ? ["s"] : [])];
+
+  const loads = dual
+    ? `${wgslLoadChunk(type, cols, "2u * o", "wg")}\n      ${wgslLoadChunk(type, cols, "2u * o + 1u", "wu")}`
+    : wgslLoadChunk(type, cols, "o", "wa");
+  const normLoads = norm ? Array.from({ length: nv }, (_, i) => `let nw${i} = NW[c * ${nv}u + ${i}u];`).join(" ") : "";
+  const dotWith = (p: string) => Array.from({ length: nv }, (_, i) => `dot(${p}${i}, x${i})`).join(" + ");
+  const perRow = rows.map((r) => {
+    const xs = Array.from({ length: nv }, (_, i) => `let xr${i} = X[src${r} * XV + c * ${nv}u + ${i}u];`).join(" ");
+    const xw = Array.from({ length: nv }, (_, i) => `let x${i} = ${norm ? `xr${i} * nw${i}` : `xr${i}`};`).join(" ");
+    const sumSq = norm ? `s${r} += ${Array.from({ length: nv }, (_, i) => `dot(xr${i}, xr${i})`).join(" + ")};` : "";
+    const accum = accs.map((a) => `${a}${r} += w${a}d * (${dotWith(`w${a}`)});`).join(" ");
+    return `if (${r}u < live) { ${xs} ${xw} ${accum} ${sumSq} }`;
+  }).join("\n      ");
+  const sharedDecls = partials.map((p) => `var<workgroup> part_${p}: array<f32, ${THREADS * tr}>;`).join("\n");
+  const zeroDecls = rows.map((r) => partials.map((p) => `var ${p}${r} = 0.0;`).join(" ")).join("\n  ");
+  const stores = rows.map((r) =>
+    `if (${r}u < live) { ${partials.map((p) => `part_${p}[${r * THREADS}u + t] = ${p}${r};`).join(" ")} }`
+  ).join("\n  ");
+  const sum = (p: string) => `var ${p}t = 0.0; for (var i = 0u; i < KS; i++) { ${p}t += part_${p}[r * ${THREADS}u + g + i]; }`;
+  const scale = norm ? `let scale = 1.0 / sqrt(st / ${cols}.0 + ${spec.normEps!.toExponential()});` : "let scale = 1.0;";
+  const result = dual ? "let gs = gt * scale; let v = gs / (1.0 + exp(-gs)) * (ut * scale);" : "let v = at * scale;";
+  const write = epilogue === "accumulate" ? "Y[yi] = Y[yi] + v;" : "Y[yi] = v;";
+  const srcRows = rows.map((r) => `let src${r} = ${spec.gather ? `samples[min(r0 + ${r}u, nRows - 1u)].row` : `r0 + ${r}u`};`)
+    .join(" ");
+
   return /* wgsl */ `
+${WGSL_STEP_TYPES}
 struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
 @group(0) @binding(1) var<uniform> chunk: Chunk;
 @group(0) @binding(2) var<storage, read> W: ${wType};
 @group(0) @binding(3) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
+${norm ? "@group(0) @binding(5) var<storage, read> NW: array<vec4<f32>>;" : ""}
+${spec.gather ? "@group(0) @binding(6) var<storage, read> samples: array<Sample>;" : ""}
 const KS = ${ks}u;
 const TO = ${to}u;
-const TR = ${tr}u;
 const NCHUNK = ${cols / chunkElements(type)}u;
 const XV = ${cols / 4}u;
-var<workgroup> part: array<f32, ${THREADS * tr}>;
+${sharedDecls}
 ${type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
 @compute @workgroup_size(${THREADS})
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) t: u32) {
   let nRows = dims[${rowsField}];
-  let r0 = wg.y * TR;
-  let o = (wg.x + wg.z * nwg.x) * TO + t / KS;
+  let r0 = wid.y * ${tr}u;
+  if (r0 >= nRows) { return; }
+  let live = min(${tr}u, nRows - r0);
+  let o = (wid.x + wid.z * nwg.x) * TO + t / KS;
   let s = t % KS;
-  var acc: array<f32, TR>;
-  if (o < chunk.rows && r0 < nRows) {
-    for (var c = s; c < NCHUNK; c += KS) {${wgslMatmulBody(type, cols)}
+  ${srcRows}
+  ${zeroDecls}
+  if (o < chunk.rows) {
+    for (var c = s; c < NCHUNK; c += KS) {
+      ${loads}
+      ${normLoads}
+      ${perRow}
     }
   }
-  for (var r = 0u; r < TR; r++) { part[r * ${THREADS}u + t] = acc[r]; }
+  ${stores}
   workgroupBarrier();
-  for (var h = KS / 2u; h > 0u; h >>= 1u) {
-    if (s < h) {
-      for (var r = 0u; r < TR; r++) { part[r * ${THREADS}u + t] += part[r * ${THREADS}u + t + h]; }
-    }
-    workgroupBarrier();
-  }
-  if (s == 0u && o < chunk.rows) {
-    for (var r = 0u; r < TR; r++) {
-      if (r0 + r >= nRows) { break; }
+  // Thread s of an output's group finishes rows s, s + KS, ...: KS partials added in order.
+  let g = t - s;
+  for (var r = s; r < live; r += KS) {
+    if (o < chunk.rows) {
+      ${partials.map(sum).join("\n      ")}
+      ${scale}
+      ${result}
       let yi = (r0 + r) * chunk.yStride + chunk.yOffset + o;
-      ${epilogue === "accumulate" ? "Y[yi] = Y[yi] + part[r * " + THREADS + "u + t];" : "Y[yi] = part[r * " + THREADS + "u + t];"}
+      ${write}
     }
   }
 }
@@ -78,18 +143,16 @@ export interface MatmulTarget {
   readonly dims: GPUBuffer | GPUBufferBinding;
   readonly x: GPUBuffer;
   readonly y: GPUBuffer;
-  /** Index into dims of the row count. */
   readonly rowsField: number;
   readonly epilogue?: MatmulEpilogue;
-  /** Floats per row of y (default: the matrix's row count). */
+  /** Fuse an RMSNorm of x with these f32 weights [cols]. */
+  readonly norm?: { readonly weight: GPUBuffer; readonly eps: number };
+  /** Read input row samples[i].row for output row i. */
+  readonly samples?: GPUBufferBinding | GPUBuffer;
+  /** Floats per row of y (default: the matrix's output features). */
   readonly yStride?: number;
   /** Column of y receiving output feature 0 (default 0). */
   readonly yOffset?: number;
-}
-
-/** A matmul with its buffers bound: y[r, :] = W·x[r, :] for r < rows. */
-export interface MatmulOp {
-  encode(pass: GPUComputePassEncoder, rows: number): void;
 }
 
 /**
@@ -97,29 +160,47 @@ export interface MatmulOp {
  * chunk, each writing its own columns of y.
  *
  * ```ts
- * const q = createMatmul(gpu, wq, { dims, x: xb, y: q, rowsField: DIM_ROWS });
- * q.encode(pass, nRows);
+ * const qkv = createMatmul(gpu, wqkv, { dims, x, y: qkv, rowsField: DIM_ROWS, norm: { weight, eps } });
+ * qkv.encode(pass, nRows);
  * ```
  */
-export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): MatmulOp {
-  const pipeline = gpu.pipeline(
-    matmulWgsl(m.type, m.cols, target.rowsField, target.epilogue ?? "store"),
-    `matmul ${m.type} k=${m.cols}`,
-  );
+export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): KernelOp {
+  const epilogue = target.epilogue ?? "store";
+  const dual = epilogue === "swiglu";
+  if (dual && m.chunks.some((c) => c.rows % 2 !== 0)) {
+    throw new Error(`Cannot bind matmul '${m.name}': a swiglu matrix needs whole gate/up row pairs in every chunk`);
+  }
+  const spec: MatmulSpec = {
+    type: m.type,
+    cols: m.cols,
+    rowsField: target.rowsField,
+    epilogue,
+    normEps: target.norm?.eps,
+    gather: target.samples !== undefined,
+  };
+  const pipeline = gpu.pipeline(matmulWgsl(spec), `matmul ${m.type} k=${m.cols} ${epilogue}`);
   const { to } = matmulSplit(m.type, m.cols);
+  const outputs = dual ? m.rows / 2 : m.rows;
   const parts = m.chunks.map((c) => {
+    const n = dual ? c.rows / 2 : c.rows;
+    const start = dual ? c.rowStart / 2 : c.rowStart;
     const params = uploadBuffer(
       gpu,
-      new Uint32Array([c.rows, target.yStride ?? m.rows, (target.yOffset ?? 0) + c.rowStart, 0]),
+      new Uint32Array([n, target.yStride ?? outputs, (target.yOffset ?? 0) + start, 0]),
       GPUBufferUsage.UNIFORM,
       `${m.name} chunk params`,
     );
-    const bindGroup = bindAll(gpu, pipeline, [target.dims, params, c.buffer, target.x, target.y], m.name);
-    const groups = Math.ceil(c.rows / to);
+    const bound: [number, GPUBuffer | GPUBufferBinding][] = [[0, target.dims], [1, params], [2, c.buffer], [3, target.x], [4, target.y]];
+    if (target.norm) bound.push([5, target.norm.weight]);
+    if (target.samples) bound.push([6, target.samples]);
+    const entries = bound.map(([binding, b]) => ({ binding, resource: b instanceof GPUBuffer ? { buffer: b } : b }));
+    const bindGroup = gpu.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries, label: m.name });
+    const groups = Math.ceil(n / to);
     const gx = Math.min(groups, gpu.maxWorkgroupsPerDimension);
     return { bindGroup, gx, gz: Math.ceil(groups / gx) };
   });
   return {
+    label: `matmul ${m.name}`,
     encode(pass: GPUComputePassEncoder, rows: number): void {
       if (rows === 0) return;
       pass.setPipeline(pipeline);

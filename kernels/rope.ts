@@ -1,5 +1,5 @@
 import type { ModelConfig } from "../lib/model_config.ts";
-import { bindAll, type Gpu, uploadBuffer } from "./device.ts";
+import { bindAll, type Gpu, type KernelOp, uploadBuffer } from "./device.ts";
 import { DIM_ROWS, WGSL_STEP_TYPES } from "./step_meta.ts";
 
 /**
@@ -24,21 +24,21 @@ export function ropeTable(config: ModelConfig, positions: number): Float32Array 
 /**
  * WGSL that rotates each row's q in place and its k into the KV pool, llama2.c style (adjacent
  * pairs within each head), and copies v into the pool, at the slot the row's block table names.
+ * A row of `qkv` holds q, then k, then v (the fused projection's output).
  */
 export function ropeStoreWgsl(config: ModelConfig): string {
   const { nHeads, nKvHeads, headDim, ropeDim } = config;
   const qDim = nHeads * headDim;
   const kvDim = nKvHeads * headDim;
+  const stride = qDim + 2 * kvDim;
   return /* wgsl */ `
 ${WGSL_STEP_TYPES}
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
 @group(0) @binding(1) var<storage, read> rows: array<Row>;
 @group(0) @binding(2) var<storage, read> table: array<vec2<f32>>;
-@group(0) @binding(3) var<storage, read_write> Q: array<f32>;
-@group(0) @binding(4) var<storage, read> K: array<f32>;
-@group(0) @binding(5) var<storage, read> V: array<f32>;
-@group(0) @binding(6) var<storage, read_write> Kc: array<f32>;
-@group(0) @binding(7) var<storage, read_write> Vc: array<f32>;
+@group(0) @binding(3) var<storage, read_write> QKV: array<f32>;
+@group(0) @binding(4) var<storage, read_write> Kc: array<f32>;
+@group(0) @binding(5) var<storage, read_write> Vc: array<f32>;
 const HALF = ${headDim / 2}u;
 const PAIRS = ${ropeDim / 2}u;
 fn rotate(v: vec2<f32>, cs: vec2<f32>) -> vec2<f32> {
@@ -50,24 +50,26 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   if (r >= dims[${DIM_ROWS}]) { return; }
   let row = rows[r];
   let tb = row.pos * PAIRS;
+  let base = r * ${stride}u;
   for (var i = t; i < ${qDim / 2}u; i += 64u) {
     let p = i % HALF;
     if (p < PAIRS) {
-      let at = r * ${qDim}u + 2u * i;
-      let v = rotate(vec2<f32>(Q[at], Q[at + 1u]), table[tb + p]);
-      Q[at] = v.x;
-      Q[at + 1u] = v.y;
+      let at = base + 2u * i;
+      let v = rotate(vec2<f32>(QKV[at], QKV[at + 1u]), table[tb + p]);
+      QKV[at] = v.x;
+      QKV[at + 1u] = v.y;
     }
   }
   for (var i = t; i < ${kvDim / 2}u; i += 64u) {
     let p = i % HALF;
-    var v = vec2<f32>(K[r * ${kvDim}u + 2u * i], K[r * ${kvDim}u + 2u * i + 1u]);
+    let at = base + ${qDim}u + 2u * i;
+    var v = vec2<f32>(QKV[at], QKV[at + 1u]);
     if (p < PAIRS) { v = rotate(v, table[tb + p]); }
     Kc[row.slot * ${kvDim}u + 2u * i] = v.x;
     Kc[row.slot * ${kvDim}u + 2u * i + 1u] = v.y;
   }
   for (var j = t; j < ${kvDim}u; j += 64u) {
-    Vc[row.slot * ${kvDim}u + j] = V[r * ${kvDim}u + j];
+    Vc[row.slot * ${kvDim}u + j] = QKV[base + ${qDim + kvDim}u + j];
   }
 }
 `;
@@ -78,9 +80,8 @@ export interface RopeStoreTarget {
   readonly rows: GPUBufferBinding | GPUBuffer;
   /** ropeTable() uploaded once per model. */
   readonly table: GPUBuffer;
-  readonly q: GPUBuffer;
-  readonly k: GPUBuffer;
-  readonly v: GPUBuffer;
+  /** Rows of q | k | v. */
+  readonly qkv: GPUBuffer;
   readonly kCache: GPUBuffer;
   readonly vCache: GPUBuffer;
 }
@@ -91,10 +92,11 @@ export function uploadRopeTable(gpu: Gpu, config: ModelConfig, positions: number
 }
 
 /** A bound RoPE + KV-store over `rows` rows. */
-export function createRopeStore(gpu: Gpu, config: ModelConfig, t: RopeStoreTarget) {
+export function createRopeStore(gpu: Gpu, config: ModelConfig, t: RopeStoreTarget): KernelOp {
   const pipeline = gpu.pipeline(ropeStoreWgsl(config), "rope+store");
-  const group = bindAll(gpu, pipeline, [t.dims, t.rows, t.table, t.q, t.k, t.v, t.kCache, t.vCache], "rope+store");
+  const group = bindAll(gpu, pipeline, [t.dims, t.rows, t.table, t.qkv, t.kCache, t.vCache], "rope+store");
   return {
+    label: "rope+kv store",
     encode(pass: GPUComputePassEncoder, rows: number): void {
       if (rows === 0) return;
       pass.setPipeline(pipeline);

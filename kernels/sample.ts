@@ -1,4 +1,4 @@
-import { bindAll, type Gpu } from "./device.ts";
+import { bindAll, type Gpu, type KernelOp } from "./device.ts";
 import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";
 
 const THREADS = 64;
@@ -252,10 +252,11 @@ export interface SampleTarget {
 }
 
 /** A bound sampler over `count` sequences. */
-export function createSampler(gpu: Gpu, vocab: number, t: SampleTarget) {
+export function createSampler(gpu: Gpu, vocab: number, t: SampleTarget): KernelOp {
   const pipeline = gpu.pipeline(sampleWgsl(vocab), "sample");
   const group = bindAll(gpu, pipeline, [t.dims, t.samples, t.logits, t.out, t.lastSampled], "sample");
   return {
+    label: "sample",
     encode(pass: GPUComputePassEncoder, count: number): void {
       if (count === 0) return;
       pass.setPipeline(pipeline);

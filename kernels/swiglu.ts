@@ -1,4 +1,4 @@
-import { bindAll, type Gpu } from "./device.ts";
+import { bindAll, type Gpu, type KernelOp } from "./device.ts";
 import { DIM_ROWS } from "./step_meta.ts";
 
 /** WGSL for gate = silu(gate) * up, elementwise over the step's rows of `hidden` features. */
@@ -25,10 +25,11 @@ export interface SwigluTarget {
 }
 
 /** A bound SwiGLU over `rows` rows. */
-export function createSwiglu(gpu: Gpu, hidden: number, target: SwigluTarget) {
+export function createSwiglu(gpu: Gpu, hidden: number, target: SwigluTarget): KernelOp {
   const pipeline = gpu.pipeline(swigluWgsl(hidden), "swiglu");
   const group = bindAll(gpu, pipeline, [target.dims, target.gate, target.up], "swiglu");
   return {
+    label: "swiglu",
     encode(pass: GPUComputePassEncoder, rows: number): void {
       if (rows === 0) return;
       pass.setPipeline(pipeline);

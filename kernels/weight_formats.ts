@@ -21,14 +21,35 @@ fn i8x4(w: u32) -> vec4<f32> {
     bitcast<i32>(w << 8u) >> 24u,
     bitcast<i32>(w) >> 24u));
 }
+// Low and high nibbles of a word's four bytes, minus 8 (Q4_0's zero point).
+fn lo4(v: u32) -> vec4<f32> {
+  return vec4<f32>(vec4<u32>(v & 15u, (v >> 8u) & 15u, (v >> 16u) & 15u, (v >> 24u) & 15u)) - 8.0;
+}
+fn hi4(v: u32) -> vec4<f32> {
+  return vec4<f32>(vec4<u32>((v >> 4u) & 15u, (v >> 12u) & 15u, (v >> 20u) & 15u, v >> 28u)) - 8.0;
+}
 `;
+
+/** Bytes of one row of `cols` elements. */
+export function rowBytes(type: TensorType, cols: number): number {
+  switch (type) {
+    case "f32":
+      return cols * 4;
+    case "f16":
+      return cols * 2;
+    case "q8_0":
+      return (cols / 32) * 34;
+    case "q4_0":
+      return (cols / 32) * 18;
+  }
+}
 
 /**
  * `fn weightAt(o: u32, j: u32) -> f32`: element j of row o, dequantized exactly as
  * lib/dequantize.ts does (d * q is exact in f32 for both block formats).
  */
 export function wgslWeightAt(type: TensorType, cols: number): string {
-  const rowBytes = type === "q8_0" ? (cols / 32) * 34 : type === "q4_0" ? (cols / 32) * 18 : 0;
+  const rb = rowBytes(type, cols);
   switch (type) {
     case "f32":
       return `fn weightAt(o: u32, j: u32) -> f32 { return bitcast<f32>(W[o * ${cols}u + j]); }`;
@@ -36,14 +57,14 @@ export function wgslWeightAt(type: TensorType, cols: number): string {
       return `fn weightAt(o: u32, j: u32) -> f32 { return halfAt((o * ${cols}u + j) * 2u); }`;
     case "q8_0":
       return `fn weightAt(o: u32, j: u32) -> f32 {
-  let off = o * ${rowBytes}u + (j / 32u) * 34u;
+  let off = o * ${rb}u + (j / 32u) * 34u;
   let b = off + 2u + (j % 32u);
   let q = bitcast<i32>(W[b >> 2u] << (24u - (b & 3u) * 8u)) >> 24u;
   return halfAt(off) * f32(q);
 }`;
     case "q4_0":
       return `fn weightAt(o: u32, j: u32) -> f32 {
-  let off = o * ${rowBytes}u + (j / 32u) * 18u;
+  let off = o * ${rb}u + (j / 32u) * 18u;
   let jj = j % 32u;
   let b = off + 2u + (jj % 16u);
   let byte = (W[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu;
@@ -58,79 +79,56 @@ export function chunkElements(type: TensorType): number {
   return type === "f32" || type === "f16" ? 4 : 32;
 }
 
+/** Activation vec4s per work item. */
+export function chunkVec4s(type: TensorType): number {
+  return chunkElements(type) / 4;
+}
+
 /**
- * A matmul inner-loop body. In scope: o (row in this chunk), c (chunk index along the row),
- * r0, nRows, acc: array<f32, TR>, and X: array<vec4<f32>> with XV vec4 per activation row.
- * Each row's sum is accumulated in the same order whatever the batch, for batch invariance.
+ * Statements loading chunk `c` of weight row `rowExpr` into `let` bindings named with `p`:
+ * the dequantized vec4s are p0, p1, ... (one per activation vec4) and a per-chunk scale pd.
  */
-export function wgslMatmulBody(type: TensorType, cols: number): string {
-  const nChunks = cols / chunkElements(type);
-  const perRow = (expr: string) => `
-      for (var r = 0u; r < TR; r++) {
-        if (r0 + r >= nRows) { break; }
-        ${expr}
-      }`;
+export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p: string): string {
+  const n = cols / chunkElements(type);
   switch (type) {
     case "f32":
-      return `
-      let w = W[o * ${nChunks}u + c];${perRow("acc[r] += dot(w, X[(r0 + r) * XV + c]);")}`;
+      return `let ${p}d = 1.0; let ${p}0 = W[(${rowExpr}) * ${n}u + c];`;
     case "f16":
-      return `
-      let base = (o * ${nChunks}u + c) * 2u;
-      let w = vec4<f32>(unpack2x16float(W[base]), unpack2x16float(W[base + 1u]));${
-        perRow("acc[r] += dot(w, X[(r0 + r) * XV + c]);")
-      }`;
-    case "q8_0":
-      return `
-      let off = o * ${(cols / 32) * 34}u + c * 34u;
-      let wi = off >> 2u;
-      let w0 = W[wi];
-      var q: array<vec4<f32>, 8>;
-      var d: f32;
-      if ((off & 2u) != 0u) {
-        d = unpack2x16float(w0).y;
-        for (var i = 0u; i < 8u; i++) { q[i] = i8x4(W[wi + 1u + i]); }
-      } else {
-        d = unpack2x16float(w0).x;
-        var prev = w0;
-        for (var i = 0u; i < 8u; i++) {
-          let next = W[wi + 1u + i];
-          q[i] = i8x4((prev >> 16u) | (next << 16u));
-          prev = next;
-        }
-      }${
-        perRow(`let xb = (r0 + r) * XV + c * 8u;
-        var sum = 0.0;
-        for (var i = 0u; i < 8u; i++) { sum += dot(q[i], X[xb + i]); }
-        acc[r] += d * sum;`)
-      }`;
-    case "q4_0":
-      return `
-      let off = o * ${(cols / 32) * 18}u + c * 18u;
-      let wi = off >> 2u;
-      let w0 = W[wi];
-      var n: array<u32, 4>;
-      var d: f32;
-      if ((off & 2u) != 0u) {
-        d = unpack2x16float(w0).y;
-        for (var i = 0u; i < 4u; i++) { n[i] = W[wi + 1u + i]; }
-      } else {
-        d = unpack2x16float(w0).x;
-        for (var i = 0u; i < 4u; i++) { n[i] = (W[wi + i] >> 16u) | (W[wi + i + 1u] << 16u); }
-      }
-      // Byte k of the 16: low nibble is element k, high nibble element k + 16.
-      var lo: array<vec4<f32>, 4>;
-      var hi: array<vec4<f32>, 4>;
-      for (var i = 0u; i < 4u; i++) {
-        let v = n[i];
-        lo[i] = vec4<f32>(vec4<u32>(v & 15u, (v >> 8u) & 15u, (v >> 16u) & 15u, (v >> 24u) & 15u)) - 8.0;
-        hi[i] = vec4<f32>(vec4<u32>((v >> 4u) & 15u, (v >> 12u) & 15u, (v >> 20u) & 15u, v >> 28u)) - 8.0;
-      }${
-        perRow(`let xb = (r0 + r) * XV + c * 8u;
-        var sum = 0.0;
-        for (var i = 0u; i < 4u; i++) { sum += dot(lo[i], X[xb + i]); }
-        for (var i = 0u; i < 4u; i++) { sum += dot(hi[i], X[xb + 4u + i]); }
-        acc[r] += d * sum;`)
-      }`;
+      return `let ${p}b = ((${rowExpr}) * ${n}u + c) * 2u;
+      let ${p}d = 1.0;
+      let ${p}0 = vec4<f32>(unpack2x16float(W[${p}b]), unpack2x16float(W[${p}b + 1u]));`;
+    case "q8_0": {
+      // Words w0..w8 cover the 34 bytes whether the block starts at byte 0 or 2 of a word.
+      const words = Array.from({ length: 9 }, (_, i) => `let ${p}w${i} = W[${p}wi + ${i}u];`).join(" ");
+      const qs = Array.from(
+        { length: 8 },
+        (_, i) => `let ${p}${i} = i8x4(select((${p}w${i} >> 16u) | (${p}w${i + 1} << 16u), ${p}w${i + 1}, ${p}odd));`,
+      ).join("\n      ");
+      return `let ${p}off = (${rowExpr}) * ${rowBytes(type, cols)}u + c * 34u;
+      let ${p}wi = ${p}off >> 2u;
+      let ${p}odd = (${p}off & 2u) != 0u;
+      ${words}
+      let ${p}h = unpack2x16float(${p}w0);
+      let ${p}d = select(${p}h.x, ${p}h.y, ${p}odd);
+      ${qs}`;
+    }
+    case "q4_0": {
+      const words = Array.from({ length: 5 }, (_, i) => `let ${p}w${i} = W[${p}wi + ${i}u];`).join(" ");
+      const nib = Array.from(
+        { length: 4 },
+        (_, i) => `let ${p}n${i} = select((${p}w${i} >> 16u) | (${p}w${i + 1} << 16u), ${p}w${i + 1}, ${p}odd);`,
+      ).join("\n      ");
+      // Byte k of the 16 holds element k (low nibble) and element k + 16 (high nibble).
+      const vals = Array.from({ length: 4 }, (_, i) => `let ${p}${i} = lo4(${p}n${i}); let ${p}${i + 4} = hi4(${p}n${i});`)
+        .join("\n      ");
+      return `let ${p}off = (${rowExpr}) * ${rowBytes(type, cols)}u + c * 18u;
+      let ${p}wi = ${p}off >> 2u;
+      let ${p}odd = (${p}off & 2u) != 0u;
+      ${words}
+      let ${p}h = unpack2x16float(${p}w0);
+      let ${p}d = select(${p}h.x, ${p}h.y, ${p}odd);
+      ${nib}
+      ${vals}`;
+    }
   }
 }

@@ -113,3 +113,37 @@ export function stepMeta(gpu: Gpu, content: StepContent) {
   const buffer = uploadBuffer(gpu, bytes, GPUBufferUsage.UNIFORM | GPUBufferUsage.STORAGE, "step meta");
   return layout.bindings(buffer);
 }
+
+/**
+ * Re-encodes an f32 tensor as `type` (round-to-nearest f16; Q8_0/Q4_0 with llama.cpp's
+ * reference scales), so tests can build models in every format from one checkpoint.
+ */
+export function encodeTensor(t: Tensor, type: TensorType): Tensor {
+  const x = new Float32Array(t.data.buffer.slice(t.data.byteOffset, t.data.byteOffset + t.data.byteLength));
+  const n = x.length;
+  if (type === "f32") return t;
+  if (type === "f16") {
+    return { ...t, type, data: new Uint8Array(Uint16Array.from(x, (v) => f32ToF16(v)).buffer) };
+  }
+  const blockBytes = type === "q8_0" ? 34 : 18;
+  const data = new Uint8Array((n / 32) * blockBytes);
+  const view = new DataView(data.buffer);
+  for (let b = 0; b < n / 32; b++) {
+    const block = x.subarray(b * 32, b * 32 + 32);
+    const at = b * blockBytes;
+    if (type === "q8_0") {
+      const amax = block.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+      const d = amax / 127;
+      view.setUint16(at, f32ToF16(d), true);
+      block.forEach((v, j) => view.setInt8(at + 2 + j, d ? Math.round(v / d) : 0));
+    } else {
+      // The value of largest magnitude maps to -8.
+      const max = block.reduce((m, v) => (Math.abs(v) > Math.abs(m) ? v : m), 0);
+      const d = max / -8;
+      view.setUint16(at, f32ToF16(d), true);
+      const q = (v: number) => Math.min(15, Math.max(0, Math.round(d ? v / d : 0) + 8));
+      for (let j = 0; j < 16; j++) data[at + 2 + j] = q(block[j]!) | (q(block[j + 16]!) << 4);
+    }
+  }
+  return { ...t, type, data };
+}

@@ -22,8 +22,8 @@ function config(nHeads: number, nKvHeads: number, headDim: number): ModelConfig 
   };
 }
 
-// Head shapes: stories260K's (8 query heads over 4 KV heads of 8), and heads wider than a tile.
-for (const [nHeads, nKvHeads, headDim] of [[8, 4, 8], [4, 1, 40]] as const) {
+// Head shapes: stories260K's (8 query heads over 4 KV heads of 8), wide heads, no grouping, 8 heads per KV head.
+for (const [nHeads, nKvHeads, headDim] of [[8, 4, 8], [4, 1, 40], [2, 2, 128], [8, 1, 16]] as const) {
   Deno.test(`createAttention() matches the reference paged attention for a prefill chunk and decodes (${nHeads}q/${nKvHeads}kv heads of ${headDim})`, async () => {
     const gpu = await testGpu();
     const cfg = config(nHeads, nKvHeads, headDim);
@@ -51,7 +51,9 @@ for (const [nHeads, nKvHeads, headDim] of [[8, 4, 8], [4, 1, 40]] as const) {
       { token: 0, pos: 32, seq: 0, slot: 0 },
     ];
     const qDim = nHeads * headDim;
-    const q = randomF32(rand, rows.length * qDim, 2);
+    const kvDim = nKvHeads * headDim;
+    const stride = qDim + 2 * kvDim;
+    const qkv = randomF32(rand, rows.length * stride, 2);
     const meta = stepMeta(gpu, { rows, seqs, samples: [], blockTables: [...tableA, ...tableB, ...tableC] });
     const out = zeros(gpu, rows.length * qDim * 4);
     const op = createAttention(gpu, cfg, blockSize, {
@@ -59,7 +61,7 @@ for (const [nHeads, nKvHeads, headDim] of [[8, 4, 8], [4, 1, 40]] as const) {
       rows: meta.rows,
       seqs: meta.seqs,
       tables: meta.tables,
-      q: storage(gpu, q),
+      qkv: storage(gpu, qkv),
       kCache: storage(gpu, cache.key(0)),
       vCache: storage(gpu, cache.value(0)),
       out,
@@ -68,7 +70,7 @@ for (const [nHeads, nKvHeads, headDim] of [[8, 4, 8], [4, 1, 40]] as const) {
     const got = await readF32(gpu, out, rows.length * qDim);
     const tables = [tableA, tableB, tableC];
     rows.forEach((r, i) => {
-      const want = pagedAttention(new Float32Array(qDim), q.subarray(i * qDim, (i + 1) * qDim), cache, 0, tables[r.seq]!, r.pos, nHeads);
+      const want = pagedAttention(new Float32Array(qDim), qkv.subarray(i * stride, i * stride + qDim), cache, 0, tables[r.seq]!, r.pos, nHeads);
       const err = relativeError(got.subarray(i * qDim, (i + 1) * qDim), want);
       assertLess(err, 1e-5, `row ${i} (seq ${r.seq}, pos ${r.pos}): relative error ${err}`);
     });

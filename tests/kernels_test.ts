@@ -2,13 +2,12 @@ import { assert, assertEquals, assertLess } from "@std/assert";
 import { acquireGpu } from "../kernels/device.ts";
 import { createEmbedding } from "../kernels/embedding.ts";
 import { uploadMatrix } from "../kernels/gpu_matrix.ts";
-import { createRmsnorm } from "../kernels/rmsnorm.ts";
 import { createRopeStore, uploadRopeTable } from "../kernels/rope.ts";
-import { DIM_ROWS, DIM_SAMPLES, LAST_SAMPLED_FLAG, type SampleMeta } from "../kernels/step_meta.ts";
+import { LAST_SAMPLED_FLAG } from "../kernels/step_meta.ts";
 import { createSwiglu } from "../kernels/swiglu.ts";
 import { dequantize } from "../lib/dequantize.ts";
 import type { ModelConfig } from "../lib/model_config.ts";
-import { rmsnorm, rope, swiglu } from "../lib/reference/ops.ts";
+import { rope, swiglu } from "../lib/reference/ops.ts";
 import type { TensorType } from "../lib/tensor.ts";
 import {
   randomF32,
@@ -24,16 +23,6 @@ import {
 } from "./_gpu.ts";
 
 const row = (token: number, pos = 0, seq = 0, slot = 0) => ({ token, pos, seq, slot });
-const sampleAt = (r: number): SampleMeta => ({
-  row: r,
-  lastSlot: 0,
-  seed: 0,
-  position: 0,
-  temperature: 0,
-  topK: 0,
-  topP: 1,
-  minP: 0,
-});
 
 Deno.test("createEmbedding() gathers dequantized rows, including tokens left on the device by the sampler", async () => {
   // A 1 KiB binding cap splits the table, so rows come from several chunks.
@@ -64,36 +53,6 @@ Deno.test("createEmbedding() gathers dequantized rows, including tokens left on 
     });
   }
   gpu.device.destroy();
-});
-
-Deno.test("createRmsnorm() matches the reference rmsnorm, per row and gathered for the final norm", async () => {
-  const gpu = await testGpu();
-  const rand = rng(11);
-  const dim = 72;
-  const rows = 5;
-  const x = randomF32(rand, rows * dim, 3);
-  const w = randomF32(rand, dim);
-  const meta = stepMeta(gpu, { rows: Array.from({ length: rows }, () => row(0)), seqs: [], samples: [3, 0].map(sampleAt), blockTables: [] });
-  const xb = storage(gpu, x);
-  const wb = storage(gpu, w);
-  const y = zeros(gpu, rows * dim * 4);
-  const yg = zeros(gpu, 2 * dim * 4);
-  const direct = createRmsnorm(gpu, dim, 1e-5, { dims: meta.dims, x: xb, weight: wb, y, rowsField: DIM_ROWS });
-  const gathered = createRmsnorm(gpu, dim, 1e-5, { dims: meta.dims, x: xb, weight: wb, y: yg, rowsField: DIM_SAMPLES, samples: meta.samples });
-  await runPass(gpu, (pass) => {
-    direct.encode(pass, rows);
-    gathered.encode(pass, 2);
-  });
-  const got = await readF32(gpu, y, rows * dim);
-  const gotG = await readF32(gpu, yg, 2 * dim);
-  for (let r = 0; r < rows; r++) {
-    const want = rmsnorm(new Float32Array(dim), x.subarray(r * dim, (r + 1) * dim), w, 1e-5);
-    assertLess(relativeError(got.subarray(r * dim, (r + 1) * dim), want), 1e-5, `row ${r}`);
-  }
-  [3, 0].forEach((src, i) => {
-    const want = rmsnorm(new Float32Array(dim), x.subarray(src * dim, (src + 1) * dim), w, 1e-5);
-    assertLess(relativeError(gotG.subarray(i * dim, (i + 1) * dim), want), 1e-5, `gathered row ${i}`);
-  });
 });
 
 Deno.test("createSwiglu() matches the reference swiglu", async () => {
@@ -130,7 +89,7 @@ function tinyConfig(ropeDim: number): ModelConfig {
 }
 
 for (const ropeDim of [8, 4]) {
-  Deno.test(`createRopeStore() rotates q like the reference rope and stores rotated k and v at each row's slot (ropeDim ${ropeDim})`, async () => {
+  Deno.test(`createRopeStore() rotates q in place like the reference rope and stores rotated k and v at each row's slot (ropeDim ${ropeDim})`, async () => {
     const gpu = await testGpu();
     const config = tinyConfig(ropeDim);
     const rand = rng(13 + ropeDim);
@@ -138,33 +97,34 @@ for (const ropeDim of [8, 4]) {
     const kvDim = 16;
     const slots = 40;
     const rows = [row(0, 0, 0, 17), row(0, 1, 0, 3), row(0, 299, 0, 39), row(0, 128, 0, 0)];
-    const q = randomF32(rand, rows.length * qDim);
-    const k = randomF32(rand, rows.length * kvDim);
-    const v = randomF32(rand, rows.length * kvDim);
+    const stride = qDim + 2 * kvDim;
+    const qkv = randomF32(rand, rows.length * stride);
     const meta = stepMeta(gpu, { rows, seqs: [], samples: [], blockTables: [] });
-    const qb = storage(gpu, q);
+    const qkvb = storage(gpu, qkv);
     const kc = zeros(gpu, slots * kvDim * 4);
     const vc = zeros(gpu, slots * kvDim * 4);
     const op = createRopeStore(gpu, config, {
       dims: meta.dims,
       rows: meta.rows,
       table: uploadRopeTable(gpu, config, config.contextLength),
-      q: qb,
-      k: storage(gpu, k),
-      v: storage(gpu, v),
+      qkv: qkvb,
       kCache: kc,
       vCache: vc,
     });
     await runPass(gpu, (pass) => op.encode(pass, rows.length));
-    const gotQ = await readF32(gpu, qb, rows.length * qDim);
+    const got = await readF32(gpu, qkvb, rows.length * stride);
     const gotK = await readF32(gpu, kc, slots * kvDim);
     const gotV = await readF32(gpu, vc, slots * kvDim);
     rows.forEach((r, i) => {
-      const wantQ = rope(q.slice(i * qDim, (i + 1) * qDim), 4, 8, ropeDim, r.pos, 10000);
-      const wantK = rope(k.slice(i * kvDim, (i + 1) * kvDim), 2, 8, ropeDim, r.pos, 10000);
-      assertLess(relativeError(gotQ.subarray(i * qDim, (i + 1) * qDim), wantQ), 1e-5, `q row ${i}`);
+      const at = i * stride;
+      const wantQ = rope(qkv.slice(at, at + qDim), 4, 8, ropeDim, r.pos, 10000);
+      const wantK = rope(qkv.slice(at + qDim, at + qDim + kvDim), 2, 8, ropeDim, r.pos, 10000);
+      const v = qkv.subarray(at + qDim + kvDim, at + stride);
+      assertLess(relativeError(got.subarray(at, at + qDim), wantQ), 1e-5, `q row ${i}`);
       assertLess(relativeError(gotK.subarray(r.slot * kvDim, (r.slot + 1) * kvDim), wantK), 1e-5, `k row ${i}`);
-      assertEquals(Array.from(gotV.subarray(r.slot * kvDim, (r.slot + 1) * kvDim)), Array.from(v.subarray(i * kvDim, (i + 1) * kvDim)));
+      assertEquals(Array.from(gotV.subarray(r.slot * kvDim, (r.slot + 1) * kvDim)), Array.from(v));
+      // k and v stay as they were in the projection's output.
+      assertEquals(Array.from(got.subarray(at + qDim, at + stride)), Array.from(qkv.subarray(at + qDim, at + stride)));
     });
     // Slots no row names stay untouched.
     assert(gotK.subarray(kvDim, 2 * kvDim).every((x) => x === 0));

@@ -1,41 +1,75 @@
 import { assert, assertLess } from "@std/assert";
 import { acquireGpu, type Gpu } from "../kernels/device.ts";
-import { uploadMatrix } from "../kernels/gpu_matrix.ts";
+import { interleaveRows, uploadMatrix } from "../kernels/gpu_matrix.ts";
 import { createMatmul, type MatmulEpilogue } from "../kernels/matmul.ts";
+import { DIM_ROWS, DIM_SAMPLES, type SampleMeta } from "../kernels/step_meta.ts";
 import { dequantize } from "../lib/dequantize.ts";
-import { matvec } from "../lib/reference/ops.ts";
+import { matvec, rmsnorm, silu } from "../lib/reference/ops.ts";
 import type { TensorType } from "../lib/tensor.ts";
-import { randomF32, randomTensor, readF32, relativeError, rng, runPass, storage, testGpu } from "./_gpu.ts";
+import { randomF32, randomTensor, readF32, relativeError, rng, runPass, stepMeta, storage, testGpu } from "./_gpu.ts";
 
 const TYPES: TensorType[] = ["f32", "f16", "q8_0", "q4_0"];
 
-/** Runs W·x on the GPU for `rows` activation rows and returns [gpu, cpu twin]. */
-async function compare(
-  gpu: Gpu,
-  type: TensorType,
-  outF: number,
-  inF: number,
-  rows: number,
-  seed: number,
-  epilogue: MatmulEpilogue = "store",
-): Promise<[Float32Array, Float32Array]> {
-  const rand = rng(seed);
-  const w = randomTensor(rand, type, outF, inF);
-  const x = randomF32(rand, rows * inF);
-  const y0 = randomF32(rand, rows * outF);
-  const m = uploadMatrix(gpu, w);
-  const dimsU = gpu.device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
-  gpu.device.queue.writeBuffer(dimsU, 0, new Uint32Array([rows, 0, 0, 0]));
-  const xb = storage(gpu, x);
+interface Case {
+  type: TensorType;
+  outF: number;
+  inF: number;
+  rows: number;
+  seed: number;
+  epilogue?: MatmulEpilogue;
+  norm?: boolean;
+  /** Input rows to gather (the final norm + logits), instead of rows 0..rows-1. */
+  gather?: number[];
+}
+
+function dims(gpu: Gpu, rows: number, gather?: number[]) {
+  const sample = (row: number): SampleMeta => ({ row, lastSlot: 0, seed: 0, position: 0, temperature: 0, topK: 0, topP: 1, minP: 0 });
+  return stepMeta(gpu, {
+    rows: Array.from({ length: rows }, () => ({ token: 0, pos: 0, seq: 0, slot: 0 })),
+    seqs: [],
+    samples: (gather ?? []).map(sample),
+    blockTables: [],
+  });
+}
+
+/** Runs the matmul on the GPU and its CPU twin (dequantize, rmsnorm, matvec, silu); returns [gpu, cpu]. */
+async function compare(gpu: Gpu, c: Case): Promise<[Float32Array, Float32Array]> {
+  const rand = rng(c.seed);
+  const epilogue = c.epilogue ?? "store";
+  const w = randomTensor(rand, c.type, c.outF, c.inF, "w");
+  const up = epilogue === "swiglu" ? randomTensor(rand, c.type, c.outF, c.inF, "up") : undefined;
+  const x = randomF32(rand, c.rows * c.inF, 2);
+  const normW = randomF32(rand, c.inF);
+  const outRows = c.gather?.length ?? c.rows;
+  const y0 = randomF32(rand, outRows * c.outF);
+  const m = uploadMatrix(gpu, up ? interleaveRows(w, up, "gate_up") : w);
+  const meta = dims(gpu, c.rows, c.gather);
   const yb = storage(gpu, y0);
-  const op = createMatmul(gpu, m, { dims: dimsU, x: xb, y: yb, rowsField: 0, epilogue });
-  await runPass(gpu, (pass) => op.encode(pass, rows));
-  const got = await readF32(gpu, yb, rows * outF);
+  const op = createMatmul(gpu, m, {
+    dims: meta.dims,
+    x: storage(gpu, x),
+    y: yb,
+    rowsField: c.gather ? DIM_SAMPLES : DIM_ROWS,
+    epilogue,
+    norm: c.norm ? { weight: storage(gpu, normW), eps: 1e-5 } : undefined,
+    samples: c.gather ? meta.samples : undefined,
+  });
+  await runPass(gpu, (pass) => op.encode(pass, outRows));
+  const got = await readF32(gpu, yb, outRows * c.outF);
+
   const dense = dequantize(w);
-  const want = new Float32Array(rows * outF);
-  for (let r = 0; r < rows; r++) {
-    const out = matvec(new Float32Array(outF), dense, x.subarray(r * inF, (r + 1) * inF));
-    for (let o = 0; o < outF; o++) want[r * outF + o] = (epilogue === "accumulate" ? y0[r * outF + o]! : 0) + out[o]!;
+  const denseUp = up ? dequantize(up) : undefined;
+  const want = new Float32Array(outRows * c.outF);
+  for (let r = 0; r < outRows; r++) {
+    const src = c.gather?.[r] ?? r;
+    let xr: Float32Array = x.slice(src * c.inF, (src + 1) * c.inF);
+    if (c.norm) xr = rmsnorm(new Float32Array(c.inF), xr, normW, 1e-5);
+    const out = matvec(new Float32Array(c.outF), dense, xr);
+    const u = denseUp ? matvec(new Float32Array(c.outF), denseUp, xr) : undefined;
+    for (let o = 0; o < c.outF; o++) {
+      const v = u ? silu(out[o]!) * u[o]! : out[o]!;
+      want[r * c.outF + o] = (epilogue === "accumulate" ? y0[r * c.outF + o]! : 0) + v;
+    }
   }
   return [got, want];
 }
@@ -43,19 +77,37 @@ async function compare(
 for (const type of TYPES) {
   Deno.test(`createMatmul() ${type} matches dequantize + matvec for 1, 3 and 19 rows`, async () => {
     const gpu = await testGpu();
-    for (const [outF, inF, rows] of [[40, 64, 1], [33, 96, 3], [17, 128, 19]] as const) {
-      const [got, want] = await compare(gpu, type, outF, inF, rows, outF * 31 + rows);
+    for (const [outF, inF, rows] of [[40, 64, 1], [33, 96, 3], [17, 256, 19], [6, 4096, 2]] as const) {
+      if (type !== "f32" && type !== "f16" && inF % 32 !== 0) continue;
+      const [got, want] = await compare(gpu, { type, outF, inF, rows, seed: outF * 31 + rows });
       const err = relativeError(got, want);
       assertLess(err, 1e-5, `${type} [${outF}x${inF}] x ${rows} rows: relative error ${err}`);
     }
   });
 }
 
-Deno.test("createMatmul() accumulate adds W·x to y (the residual add)", async () => {
+Deno.test("createMatmul() f32/f16 handle rows that are not a multiple of 32 (stories260K's 172-wide ffn_down)", async () => {
+  const gpu = await testGpu();
+  for (const type of ["f32", "f16"] as const) {
+    const [got, want] = await compare(gpu, { type, outF: 64, inF: 172, rows: 9, seed: 3 });
+    assertLess(relativeError(got, want), 1e-5, type);
+  }
+});
+
+Deno.test("createMatmul() epilogues: residual add, fused RMSNorm, SwiGLU of interleaved gate/up rows, gathered rows", async () => {
   const gpu = await testGpu();
   for (const type of TYPES) {
-    const [got, want] = await compare(gpu, type, 24, 64, 5, 7, "accumulate");
-    assertLess(relativeError(got, want), 1e-5, type);
+    const cases: [string, Case][] = [
+      ["accumulate", { type, outF: 24, inF: 64, rows: 5, seed: 7, epilogue: "accumulate" }],
+      ["norm", { type, outF: 24, inF: 96, rows: 10, seed: 8, norm: true }],
+      ["norm + swiglu", { type, outF: 21, inF: 64, rows: 9, seed: 9, norm: true, epilogue: "swiglu" }],
+      ["gathered norm", { type, outF: 30, inF: 64, rows: 12, seed: 10, norm: true, gather: [11, 0, 4] }],
+    ];
+    for (const [what, c] of cases) {
+      const [got, want] = await compare(gpu, c);
+      const err = relativeError(got, want);
+      assertLess(err, 1e-5, `${type} ${what}: relative error ${err}`);
+    }
   }
 });
 
@@ -64,12 +116,12 @@ Deno.test("createMatmul() gives each row the same bits whatever the batch around
   for (const type of TYPES) {
     const rand = rng(99);
     const w = uploadMatrix(gpu, randomTensor(rand, type, 20, 64));
+    const normW = storage(gpu, randomF32(rand, 64));
     const x = randomF32(rand, 13 * 64);
     const run = async (xs: Float32Array, rows: number) => {
-      const dims = gpu.device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
-      gpu.device.queue.writeBuffer(dims, 0, new Uint32Array([rows, 0, 0, 0]));
+      const meta = dims(gpu, rows);
       const y = storage(gpu, new Float32Array(rows * 20));
-      const op = createMatmul(gpu, w, { dims, x: storage(gpu, xs), y, rowsField: 0 });
+      const op = createMatmul(gpu, w, { dims: meta.dims, x: storage(gpu, xs), y, rowsField: DIM_ROWS, norm: { weight: normW, eps: 1e-5 } });
       await runPass(gpu, (pass) => op.encode(pass, rows));
       return readF32(gpu, y, rows * 20);
     };
@@ -82,14 +134,17 @@ Deno.test("createMatmul() gives each row the same bits whatever the batch around
 });
 
 Deno.test("createMatmul() splits a matrix larger than one binding into row chunks", async () => {
-  // A 1 KiB binding cap forces 4-8 chunks per matrix here.
+  // A 1 KiB binding cap forces several chunks per matrix.
   const gpu = await acquireGpu({ maxBindingBytes: 1024 });
   for (const type of TYPES) {
-    const rand = rng(5);
-    const w = randomTensor(rand, type, 50, 64);
-    assert(uploadMatrix(gpu, w).chunks.length > 1, `${type} should need several chunks`);
-    const [got, want] = await compare(gpu, type, 50, 64, 3, 5);
-    assertLess(relativeError(got, want), 1e-5, type);
+    assert(uploadMatrix(gpu, randomTensor(rng(5), type, 50, 64)).chunks.length > 1, `${type} should need several chunks`);
+    for (const c of [
+      { type, outF: 50, inF: 64, rows: 3, seed: 5 },
+      { type, outF: 25, inF: 64, rows: 3, seed: 6, epilogue: "swiglu" as const, norm: true },
+    ]) {
+      const [got, want] = await compare(gpu, c);
+      assertLess(relativeError(got, want), 1e-5, `${type} ${c.epilogue ?? "store"}`);
+    }
   }
   gpu.device.destroy();
 });

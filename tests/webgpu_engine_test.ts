@@ -1,0 +1,216 @@
+import { assertEquals, assertLess, assertRejects } from "@std/assert";
+import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
+import { type Engine, GREEDY, type SamplingParams, type StepPlan, type StepResult } from "../lib/engine.ts";
+import { loadModel } from "../lib/load_model.ts";
+import { CpuEngine } from "../lib/reference/cpu_engine.ts";
+import { referenceGenerate } from "../lib/reference/reference_generate.ts";
+import type { TensorType } from "../lib/tensor.ts";
+import type { Model } from "../lib/weights.ts";
+import { encodeTensor, relativeError, rng, testGpu } from "./_gpu.ts";
+import { modelFile } from "./_model_files.ts";
+
+const PROMPT = [1, 403, 407, 261, 378]; // "Once upon a time"
+const KV = { numBlocks: 64, blockSize: 16 };
+
+async function engines(model: Model, kv = KV): Promise<{ gpu: WebGpuEngine; cpu: CpuEngine }> {
+  const gpu = await WebGpuEngine.create(model.config, model.weights, kv, { gpu: await testGpu() });
+  return { gpu, cpu: new CpuEngine(model.config, model.weights, kv) };
+}
+
+/** Generates greedily on both engines (the GPU feeding back its samples on the device) and compares. */
+async function assertSameGeneration(model: Model, tokens: number, what: string): Promise<void> {
+  const { gpu, cpu } = await engines(model);
+  try {
+    const want = await referenceGenerate(cpu, PROMPT, tokens, GREEDY, { returnLogits: true });
+    const got = await referenceGenerate(gpu, PROMPT, tokens, GREEDY, { returnLogits: true, useLastSampled: true });
+    assertEquals(got.tokens, want.tokens, `${what}: greedy tokens`);
+    want.logits.forEach((l, i) => {
+      const err = relativeError(got.logits[i]!, l);
+      assertLess(err, 1e-4, `${what}: logits of step ${i} differ by ${err} (relative)`);
+    });
+  } finally {
+    gpu.dispose();
+  }
+}
+
+for (const file of ["stories260K.bin", "stories260K.gguf", "stories260K-q8_0.gguf"]) {
+  Deno.test(`WebGpuEngine greedy-decodes 120 tokens of ${file} exactly like CpuEngine, logits within 1e-4`, async () => {
+    await assertSameGeneration(await loadModel(modelFile(file)), 120, file);
+  });
+}
+
+Deno.test("WebGpuEngine matches CpuEngine on a model mixing f32, f16, Q8_0 and Q4_0 tensors (unstacked q/k/v, gate/up)", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"));
+  const w = model.weights;
+  const as = (t: TensorType) => (x: typeof w.tokenEmbedding) => encodeTensor(x, t);
+  const embedding = as("q8_0")(w.tokenEmbedding);
+  const mixed: Model = {
+    ...model,
+    weights: {
+      tokenEmbedding: embedding,
+      output: embedding,
+      outputNorm: w.outputNorm,
+      layers: w.layers.map((l, i) => ({
+        ...l,
+        wq: as("q4_0")(l.wq),
+        wk: as(i % 2 ? "f16" : "q8_0")(l.wk),
+        wv: as("q4_0")(l.wv),
+        wo: as("q8_0")(l.wo),
+        wGate: as("f16")(l.wGate),
+        wUp: as("q4_0")(l.wUp),
+        wDown: as("f16")(l.wDown),
+      })),
+    },
+  };
+  await assertSameGeneration(mixed, 40, "mixed formats");
+});
+
+/** A seeded sampler per sequence: half greedy, half with temperature and filters. */
+function samplingFor(i: number): SamplingParams {
+  if (i % 2 === 0) return GREEDY;
+  return { temperature: 0.6 + (i % 5) * 0.2, topK: [0, 40, 10][i % 3]!, topP: [1, 0.9, 0.8][i % 3]!, minP: i % 4 === 1 ? 0.05 : 0, seed: 1000 + i };
+}
+
+interface Request {
+  prompt: number[];
+  sampling: SamplingParams;
+  blockTable: number[];
+}
+
+/**
+ * Runs requests through one engine as a scheduler would: request i arrives at step i, prompts
+ * are prefilled in chunks of at most `chunk`, decodes feed back the last sampled token on the
+ * device, and the order of sequences in each plan is shuffled. Every step is submitted before
+ * any result is awaited. Returns each request's tokens and logprobs.
+ */
+async function runTogether(engine: Engine, reqs: Request[], newTokens: number, chunk: number, seqBase: number) {
+  const shuffle = rng(77);
+  const state = reqs.map(() => ({ pos: 0, sampled: 0 }));
+  const pending: Promise<StepResult>[] = [];
+  for (let step = 0; state.some((s) => s.sampled < newTokens); step++) {
+    const seqs = [];
+    for (let i = 0; i < reqs.length && i <= step; i++) {
+      const r = reqs[i]!;
+      const s = state[i]!;
+      if (s.sampled >= newTokens) continue;
+      const base = { seqId: seqBase + i, startPos: s.pos, blockTable: r.blockTable, sampling: r.sampling };
+      if (s.pos < r.prompt.length) {
+        const tokens = r.prompt.slice(s.pos, s.pos + chunk);
+        s.pos += tokens.length;
+        const last = s.pos === r.prompt.length;
+        if (last) s.sampled++;
+        seqs.push({ ...base, tokens, sample: last });
+      } else {
+        s.pos++;
+        s.sampled++;
+        seqs.push({ ...base, tokens: [], useLastSampled: true, sample: true });
+      }
+    }
+    seqs.sort(() => shuffle() - 0.5);
+    pending.push(engine.step({ stepId: step, seqs }));
+  }
+  const out = reqs.map(() => ({ tokens: [] as number[], logprobs: [] as number[] }));
+  for (const result of await Promise.all(pending)) {
+    for (const s of result.sampled) {
+      out[s.seqId - seqBase]!.tokens.push(s.token);
+      out[s.seqId - seqBase]!.logprobs.push(s.logprob);
+    }
+  }
+  return out;
+}
+
+Deno.test("WebGpuEngine is batch invariant: 16 prompts decoded together (mixed prefill chunks and decodes, greedy and seeded) give each the bits it gets alone", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"));
+  const { gpu, cpu } = await engines(model, { numBlocks: 100, blockSize: 16 });
+  try {
+    const rand = rng(5);
+    const reqs: Request[] = Array.from({ length: 16 }, (_, i) => ({
+      prompt: [1, ...Array.from({ length: 1 + Math.floor(rand() * 27) }, () => 3 + Math.floor(rand() * 500))],
+      sampling: samplingFor(i),
+      blockTable: [3 * i, 3 * i + 1, 3 * i + 2],
+    }));
+    const newTokens = 10;
+    const together = await runTogether(gpu, reqs, newTokens, 8, 0);
+    for (let i = 0; i < reqs.length; i++) {
+      // Alone: whole prompt in one step, other KV blocks, another sequence id.
+      const r = { ...reqs[i]!, blockTable: [60, 61, 62] };
+      const [alone] = await runTogether(gpu, [r], newTokens, 64, 100 + i);
+      assertEquals(together[i], alone, `request ${i} (${JSON.stringify(r.sampling)}): together vs alone`);
+    }
+    // The reference, fed the same batched plans, draws the same tokens.
+    const reference = await runTogether(cpu, reqs, newTokens, 8, 0);
+    assertEquals(together.map((t) => t.tokens), reference.map((t) => t.tokens));
+  } finally {
+    gpu.dispose();
+  }
+});
+
+Deno.test("WebGpuEngine gives the same next-token logits for a 70-token prefill whole or in chunks of 1, 7 and 64", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"));
+  const { gpu, cpu } = await engines(model);
+  try {
+    const rand = rng(9);
+    const prompt = [1, ...Array.from({ length: 69 }, () => 3 + Math.floor(rand() * 500))];
+    const blockTable = [0, 1, 2, 3, 4];
+    const prefill = (chunk: number, seqId: number): Promise<StepResult>[] => {
+      const steps: Promise<StepResult>[] = [];
+      for (let pos = 0; pos < prompt.length; pos += chunk) {
+        const tokens = prompt.slice(pos, pos + chunk);
+        const last = pos + chunk >= prompt.length;
+        steps.push(gpu.step({
+          stepId: pos,
+          returnLogits: last,
+          seqs: [{ seqId, tokens, startPos: pos, blockTable, sample: last, sampling: GREEDY }],
+        }));
+      }
+      return steps;
+    };
+    const logitsOf = async (steps: Promise<StepResult>[]) => (await Promise.all(steps)).at(-1)!.sampled[0]!.logits!;
+    const whole = await logitsOf(prefill(70, 1));
+    for (const chunk of [1, 7, 64]) {
+      const got = await logitsOf(prefill(chunk, 2));
+      assertEquals(Array.from(got), Array.from(whole), `chunks of ${chunk}`);
+    }
+    const plan: StepPlan = { stepId: 0, returnLogits: true, seqs: [{ seqId: 1, tokens: prompt, startPos: 0, blockTable, sample: true, sampling: GREEDY }] };
+    const want = (await cpu.step(plan)).sampled[0]!.logits!;
+    assertLess(relativeError(whole, want), 1e-4);
+  } finally {
+    gpu.dispose();
+  }
+});
+
+Deno.test("WebGpuEngine.stepMany() runs k decode steps in one submit with the same tokens as k single steps", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"));
+  const { gpu } = await engines(model);
+  try {
+    const seeded = { temperature: 1, topK: 0, topP: 0.95, minP: 0, seed: 7 };
+    const decode = (seqId: number, startPos: number): StepPlan => ({
+      stepId: startPos,
+      seqs: [{ seqId, tokens: [], useLastSampled: true, startPos, blockTable: [seqId], sample: true, sampling: seeded }],
+    });
+    const prefill = (seqId: number) => gpu.step({ stepId: 0, seqs: [{ seqId, tokens: PROMPT, startPos: 0, blockTable: [seqId], sample: true, sampling: seeded }] });
+    const first = [await prefill(1), await prefill(2)];
+    const single = await Promise.all(Array.from({ length: 8 }, (_, k) => gpu.step(decode(1, 5 + k))));
+    const batched = await Promise.all(gpu.stepMany(Array.from({ length: 8 }, (_, k) => decode(2, 5 + k))));
+    assertEquals(first[1]!.sampled[0]!.token, first[0]!.sampled[0]!.token);
+    assertEquals(batched.map((r) => r.sampled[0]!.token), single.map((r) => r.sampled[0]!.token));
+  } finally {
+    gpu.dispose();
+  }
+});
+
+Deno.test("WebGpuEngine rejects bad plans with the reason, and keeps working", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"));
+  const { gpu } = await engines(model, { numBlocks: 4, blockSize: 16 });
+  try {
+    const base = { seqId: 1, startPos: 0, sample: true, sampling: GREEDY };
+    await assertRejects(() => gpu.step({ stepId: 1, seqs: [{ ...base, tokens: [], useLastSampled: true, blockTable: [0] }] }), Error, "earlier sampled step");
+    await assertRejects(() => gpu.step({ stepId: 2, seqs: [{ ...base, tokens: Array(17).fill(5), blockTable: [0] }] }), Error, "needs 2 KV blocks");
+    await assertRejects(() => gpu.step({ stepId: 3, seqs: [{ ...base, tokens: [1], blockTable: [4] }] }), Error, "outside 0..3");
+    await assertRejects(() => gpu.step({ stepId: 4, seqs: [{ ...base, tokens: [512], blockTable: [0] }] }), Error, "outside the vocabulary");
+    const ok = await gpu.step({ stepId: 5, seqs: [{ ...base, tokens: PROMPT, blockTable: [0] }] });
+    assertEquals(ok.sampled.length, 1);
+  } finally {
+    gpu.dispose();
+  }
+});
