@@ -1,4 +1,5 @@
 import { generateCommand } from "./lib/cli/generate.ts";
+import { serveCommand } from "./lib/cli/serve.ts";
 
 const USAGE = `Usage: deno task start [options]      run the server (see --help)
        deno task generate [options]   one completion on stdout`;
@@ -6,6 +7,8 @@ const USAGE = `Usage: deno task start [options]      run the server (see --help)
 async function main(args: string[]): Promise<number> {
   const [command, ...rest] = args;
   switch (command) {
+    case "serve":
+      return await serveCommand(rest);
     case "generate":
       return await generateCommand(rest);
     default:

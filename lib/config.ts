@@ -8,6 +8,7 @@ import { parseByteSize } from "./byte_size.ts";
 export const SETTINGS = {
   model: { env: "LLMSERVE_MODEL", help: "model path, https:// URL or known name" },
   tokenizer: { env: "LLMSERVE_TOKENIZER", help: "llama2.c tokenizer.bin for a .bin checkpoint" },
+  modelsDir: { env: "MODELS_DIR", help: "where downloaded models are kept" },
   backend: { env: "LLMSERVE_BACKEND", help: "webgpu | cpu | auto" },
   contextLength: { env: "LLMSERVE_CONTEXT_LENGTH", help: "override the model's context length" },
   host: { env: "LLMSERVE_HOST", help: "address to listen on" },
@@ -31,6 +32,7 @@ const positiveInt = (name: string) =>
 export const ConfigSchema = z.object({
   model: z.string().min(1).default("stories260K"),
   tokenizer: z.string().min(1).optional(),
+  modelsDir: z.string().min(1).optional(),
   backend: z.enum(["webgpu", "cpu", "auto"]).default("auto"),
   contextLength: positiveInt("contextLength").optional(),
   host: z.string().min(1).default("127.0.0.1"),

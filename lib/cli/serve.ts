@@ -1,0 +1,132 @@
+import { parseArgs } from "@std/cli/parse-args";
+import { ServingCore } from "../../actors/core.ts";
+import { formatBytes } from "../byte_size.ts";
+import { type Config, resolveConfig, SETTINGS, type SettingName } from "../config.ts";
+import { CoreBackend } from "../core_backend.ts";
+import { createEngine } from "../engine_factory.ts";
+import { createApp } from "../http/app.ts";
+import { serveService } from "../http/serve.ts";
+import { ServiceMetrics } from "../http/service_metrics.ts";
+import { kvBlockBytes } from "../kv_budget.ts";
+import { loadModel } from "../load_model.ts";
+import { resolveModelSource } from "../model_source.ts";
+import { Tokenizer } from "../tokenizer.ts";
+
+const FLAG_NAMES: Record<string, SettingName> = {
+  "model": "model",
+  "tokenizer": "tokenizer",
+  "backend": "backend",
+  "context-length": "contextLength",
+  "host": "host",
+  "port": "port",
+  "kv-memory": "kvMemory",
+  "block-size": "blockSize",
+  "max-batch-tokens": "maxBatchTokens",
+  "max-running": "maxRunning",
+  "max-waiting": "maxWaiting",
+  "api-key": "apiKey",
+  "drain-timeout": "drainTimeout",
+  "models-dir": "modelsDir",
+};
+
+function usage(): string {
+  const rows = Object.entries(FLAG_NAMES).map(([flag, name]) =>
+    `  --${flag.padEnd(18)} ${SETTINGS[name].help} [env ${SETTINGS[name].env}]`
+  );
+  return `Usage: deno task start [options]\n${rows.join("\n")}`;
+}
+
+/** Parses `serve` flags into the validated configuration. Exported for tests. */
+export function parseServeArgs(argv: string[], env?: (name: string) => string | undefined): Config {
+  const flags = parseArgs(argv, { string: Object.keys(FLAG_NAMES), collect: ["api-key"], boolean: ["help"] });
+  const unknown = [
+    ...Object.keys(flags).filter((k) => k !== "_" && k !== "help" && !(k in FLAG_NAMES)).map((k) => `--${k}`),
+    ...flags._.map(String),
+  ];
+  if (unknown.length > 0) throw new Error(`Unknown argument(s): ${unknown.join(" ")}\n${usage()}`);
+  const named: Partial<Record<SettingName, unknown>> = {};
+  for (const [flag, name] of Object.entries(FLAG_NAMES)) {
+    const v = (flags as Record<string, unknown>)[flag];
+    if (v !== undefined && !(Array.isArray(v) && v.length === 0)) named[name] = v;
+  }
+  return resolveConfig(named, env);
+}
+
+/** `serve` command: loads the model, starts the actors and the HTTP server, drains on SIGTERM. */
+export async function serveCommand(argv: string[]): Promise<number> {
+  if (argv.includes("--help")) {
+    console.log(usage());
+    return 0;
+  }
+  const config = parseServeArgs(argv);
+  const log = (line: string) => console.error(line);
+  const source = await resolveModelSource(config.model, {
+    modelsDir: config.modelsDir,
+    tokenizer: config.tokenizer,
+  });
+  const model = await loadModel(source.modelPath, {
+    tokenizerPath: source.tokenizerPath,
+    contextLength: config.contextLength,
+  });
+  if (!model.tokenizer) {
+    throw new Error(`Cannot serve ${source.modelPath}: it has no vocabulary; pass --tokenizer <tokenizer.bin>`);
+  }
+  const tokenizer = new Tokenizer(model.tokenizer);
+  const blockBytes = kvBlockBytes(model.config, config.blockSize);
+  const numBlocks = Math.floor(config.kvMemory / blockBytes);
+  const minBlocks = Math.ceil(model.config.contextLength / config.blockSize);
+  if (numBlocks < minBlocks) {
+    throw new Error(
+      `--kv-memory ${formatBytes(config.kvMemory)} holds ${numBlocks} KV blocks; one full-context sequence needs ${minBlocks} (${formatBytes(minBlocks * blockBytes)})`,
+    );
+  }
+  const kv = { numBlocks, blockSize: config.blockSize };
+  const { engine, description } = await createEngine(model, config.backend, kv);
+  const metrics = new ServiceMetrics();
+  const core = new ServingCore({
+    engine,
+    engineFactory: async () => (await createEngine(model, config.backend, kv)).engine,
+    codec: tokenizer,
+    scheduler: {
+      maxBatchTokens: config.maxBatchTokens,
+      maxRunning: config.maxRunning,
+      maxWaiting: config.maxWaiting,
+    },
+    executor: {
+      onStep: (r) => {
+        if (r.error !== undefined) return metrics.observeExecutorRestart();
+        const tokens = r.plan.seqs.reduce((n, s) => n + (s.useLastSampled ? 1 : s.tokens.length), 0);
+        metrics.observeStep({ durationMs: r.durationMs, batchSize: r.plan.seqs.length, tokens });
+      },
+    },
+  });
+  const modelName = source.modelPath.split("/").pop()!.replace(/\.(gguf|bin)$/, "");
+  const backend = new CoreBackend(modelName, core, tokenizer, model.chatTemplate);
+  const service = createApp({
+    backend,
+    metrics,
+    apiKeys: config.apiKey,
+    drainTimeoutMs: config.drainTimeout * 1000,
+  });
+  const c = model.config;
+  const server = serveService(service, {
+    hostname: config.host,
+    port: config.port,
+    drainTimeoutMs: config.drainTimeout * 1000,
+    onListen: (addr) => {
+      log([
+        `llmserve ready`,
+        `  model     ${source.modelPath} (${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads, vocab ${c.vocabSize}, context ${c.contextLength})`,
+        `  backend   ${description}`,
+        `  kv cache  ${numBlocks} blocks x ${config.blockSize} tokens = ${formatBytes(numBlocks * blockBytes)} (${numBlocks * config.blockSize} tokens)`,
+        `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting`,
+        `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
+        `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
+      ].join("\n"));
+    },
+  });
+  const result = await server.closed;
+  await core.close();
+  log(`drained: ${result.completed ? "all in-flight generations finished" : `${result.aborted} aborted at the deadline`}`);
+  return 0;
+}

@@ -1,0 +1,44 @@
+import type { ServingCore } from "../actors/core.ts";
+import type { CoreStats, GenerationBackend, GenerationEvent, GenerationRequest } from "./generation.ts";
+import type { Tokenizer } from "./tokenizer.ts";
+
+/**
+ * Presents the serving core to the HTTP layer. Chat templates render the BOS token as text
+ * ("<s>"); the core adds BOS itself, so a leading BOS text is dropped here rather than being
+ * tokenized as the characters "<", "s", ">".
+ */
+export class CoreBackend implements GenerationBackend {
+  readonly contextLength: number;
+  readonly bosToken: string;
+  readonly eosToken: string;
+
+  constructor(
+    readonly modelName: string,
+    private readonly core: ServingCore,
+    private readonly tokenizer: Tokenizer,
+    readonly chatTemplate?: string,
+  ) {
+    this.contextLength = core.contextLength;
+    this.bosToken = tokenizer.tokenText(tokenizer.bosId);
+    this.eosToken = tokenizer.tokenText(tokenizer.eosId);
+  }
+
+  generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
+    return this.core.generate({ ...req, prompt: this.#stripBos(req.prompt) }, signal);
+  }
+
+  countTokens(text: string): number {
+    return this.tokenizer.encode(this.#stripBos(text) as string, { bos: true }).length;
+  }
+
+  stats(): CoreStats {
+    return this.core.stats();
+  }
+
+  #stripBos<T extends string | readonly number[]>(prompt: T): T {
+    if (typeof prompt === "string" && this.bosToken !== "" && prompt.startsWith(this.bosToken)) {
+      return prompt.slice(this.bosToken.length) as T;
+    }
+    return prompt;
+  }
+}

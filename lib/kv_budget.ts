@@ -1,0 +1,6 @@
+import type { ModelConfig } from "./model_config.ts";
+
+/** Bytes one KV block takes across all layers (K and V, f32). */
+export function kvBlockBytes(config: ModelConfig, blockSize: number): number {
+  return 2 * config.nLayers * blockSize * config.nKvHeads * config.headDim * 4;
+}

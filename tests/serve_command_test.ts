@@ -1,0 +1,108 @@
+import { assert, assertEquals, assertStringIncludes, assertThrows } from "@std/assert";
+import { parseServeArgs } from "../lib/cli/serve.ts";
+import { CpuEngine } from "../lib/reference/cpu_engine.ts";
+import { referenceGenerate } from "../lib/reference/reference_generate.ts";
+import { GREEDY } from "../lib/engine.ts";
+import { loadModel } from "../lib/load_model.ts";
+import { Tokenizer } from "../lib/tokenizer.ts";
+import { modelFile } from "./_model_files.ts";
+
+const noEnv = () => undefined;
+
+Deno.test("parseServeArgs() maps flags to settings and collects repeated API keys", () => {
+  const c = parseServeArgs(["--port", "0", "--kv-memory", "1MiB", "--api-key", "secret-one", "--api-key", "secret-two"], noEnv);
+  assertEquals(c.port, 0);
+  assertEquals(c.kvMemory, 2 ** 20);
+  assertEquals(c.apiKey, ["secret-one", "secret-two"]);
+});
+
+Deno.test("parseServeArgs() refuses an unknown flag by name", () => {
+  assertThrows(() => parseServeArgs(["--prot", "80"], noEnv), Error, "--prot");
+});
+
+/** Starts `main.ts serve` as a child process and returns its base URL once it listens. */
+async function startServer(extra: string[] = []) {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: [
+      "run", "--allow-all", new URL("../main.ts", import.meta.url).pathname, "serve",
+      "--model", modelFile("stories260K.bin"), "--tokenizer", modelFile("tok512.bin"),
+      "--port", "0", "--backend", "cpu", "--kv-memory", "2MiB", ...extra,
+    ],
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+  const reader = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
+  let log = "";
+  while (!/url\s+(http:\/\/\S+?)\//.test(log)) {
+    const { value, done } = await reader.read();
+    if (done) throw new Error(`server exited before listening:\n${log}`);
+    log += value;
+  }
+  const base = /url\s+(http:\/\/\S+?)\//.exec(log)![1]!;
+  const rest = (async () => {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return log;
+      log += value;
+    }
+  })();
+  return { child, base, log: () => rest };
+}
+
+async function expectedGreedy(prompt: string, n: number): Promise<string> {
+  const model = await loadModel(modelFile("stories260K.bin"), { tokenizerPath: modelFile("tok512.bin") });
+  const tok = new Tokenizer(model.tokenizer!);
+  const engine = new CpuEngine(model.config, model.weights, { numBlocks: 64, blockSize: 16 });
+  const { tokens } = await referenceGenerate(engine, tok.encode(prompt), n, GREEDY);
+  return tok.decode(tokens);
+}
+
+Deno.test("the served model streams two concurrent generations on one socket with the reference's greedy text, then drains on SIGTERM", async () => {
+  const { child, base, log } = await startServer();
+  try {
+    const ws = new WebSocket(`${base.replace("http", "ws")}/v1/stream`);
+    await new Promise((r) => ws.onopen = r);
+    const texts: Record<string, string> = { a: "", b: "" };
+    const done: Record<string, unknown> = {};
+    const finished = new Promise<void>((resolve) => {
+      ws.onmessage = (e) => {
+        const f = JSON.parse(e.data);
+        if (f.type === "token") texts[f.id] += f.text;
+        if (f.type === "done" || f.type === "error") done[f.id] = f;
+        if (Object.keys(done).length === 2) resolve();
+      };
+    });
+    ws.send(JSON.stringify({ type: "generate", id: "a", prompt: "Once upon a time", max_tokens: 40, temperature: 0 }));
+    ws.send(JSON.stringify({ type: "generate", id: "b", prompt: "Tom and his dog", max_tokens: 30, temperature: 0 }));
+    await finished;
+    ws.close();
+    assertEquals(texts.a, await expectedGreedy("Once upon a time", 40));
+    assertEquals(texts.b, await expectedGreedy("Tom and his dog", 30));
+    assertEquals((done.a as { finish_reason: string }).finish_reason, "length");
+    const metrics = await (await fetch(`${base}/metrics`)).text();
+    assertStringIncludes(metrics, "llm_kv_blocks_used 0");
+    assert(/llm_steps_total [1-9]/.test(metrics), "steps should be counted");
+  } finally {
+    child.kill("SIGTERM");
+    const status = await child.status;
+    assertEquals(status.code, 0, await log());
+  }
+});
+
+Deno.test("the served model refuses a prompt longer than the context with its token count", async () => {
+  const { child, base, log } = await startServer(["--context-length", "32"]);
+  try {
+    const res = await fetch(`${base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ prompt: "Once upon a time there was a very long story ".repeat(4), max_tokens: 4 }),
+    });
+    assertEquals(res.status, 400);
+    const body = await res.json();
+    assertEquals(body.error.code, "context_length_exceeded");
+    assertStringIncludes(body.error.message, "32");
+  } finally {
+    child.kill("SIGTERM");
+    assertEquals((await child.status).code, 0, await log());
+  }
+});
