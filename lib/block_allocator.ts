@@ -162,35 +162,32 @@ export class BlockAllocator {
       throw new RangeError(`Cannot allocate slots for seq ${seq.seqId}: numNewTokens must be a non-negative integer, received ${numNewTokens}`);
     }
     let own = this.#seqs.get(seq.seqId);
-    let prefix: number[] = [];
     if (own) {
       // Blocks filled by earlier steps are safe to share from now on.
       this.#publish(own, seq);
-    } else {
-      prefix = this.#lookup(seq);
+      const need = this.blocksFor(own.numTokens + numNewTokens) - own.blocks.length;
+      if (need > 0 && need > this.numFreeBlocks - reserve) return null;
+      for (let i = 0; i < need; i++) own.blocks.push(this.#take());
+      own.numTokens += numNewTokens;
+      return own.blocks;
     }
-    const have = own ? own.blocks.length : prefix.length;
-    const haveTokens = own ? own.numTokens : prefix.length * this.blockSize;
-    const need = this.blocksFor(haveTokens + numNewTokens) - have;
+    const prefix = this.#lookup(seq);
+    const need = this.blocksFor(prefix.length * this.blockSize + numNewTokens) - prefix.length;
     // Prefix blocks taken from the free pool are no longer available for new slots.
     let claimedFromFree = 0;
     for (const b of prefix) if (this.#refCount[b] === 0) claimedFromFree++;
     if (need > this.numFreeBlocks - claimedFromFree - reserve) return null;
-
-    if (!own) {
-      own = { blocks: [], numTokens: 0, numHashed: 0, lastHash: ROOT_HASH, cachedTokens: 0 };
-      this.#seqs.set(seq.seqId, own);
-      for (const b of prefix) {
-        this.#retain(b);
-        own.blocks.push(b);
-        own.lastHash = this.#cached[b]!.hash;
-      }
-      own.numHashed = prefix.length;
-      own.numTokens = prefix.length * this.blockSize;
-      own.cachedTokens = own.numTokens;
-      this.#queryTokens += seq.tokens.length;
-      this.#hitTokens += own.numTokens;
+    own = { blocks: [], numTokens: 0, numHashed: 0, lastHash: ROOT_HASH, cachedTokens: 0 };
+    this.#seqs.set(seq.seqId, own);
+    for (const b of prefix) {
+      this.#retain(b);
+      own.blocks.push(b);
+      own.lastHash = this.#cached[b]!.hash;
     }
+    own.numHashed = prefix.length;
+    own.numTokens = own.cachedTokens = prefix.length * this.blockSize;
+    this.#queryTokens += seq.tokens.length;
+    this.#hitTokens += own.cachedTokens;
     for (let i = 0; i < need; i++) own.blocks.push(this.#take());
     own.numTokens += numNewTokens;
     return own.blocks;

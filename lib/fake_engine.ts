@@ -137,7 +137,8 @@ export class FakeEngine implements Engine {
         throw new Error(`FakeEngine: injected fault in step ${plan.stepId} after ${i} of ${plan.seqs.length} sequences`);
       }
       const input = plan.seqs[i]!;
-      const where = `step ${plan.stepId}, seq ${input.seqId}`;
+      // Built only when an error needs it: this loop is on the benchmark's path.
+      const where = { toString: () => `step ${plan.stepId}, seq ${input.seqId}` };
       let tokens = input.tokens;
       if (input.useLastSampled) {
         const last = this.#lastSampled.get(input.seqId);

@@ -51,9 +51,13 @@ export function schedulerConfig(
 }
 
 interface InFlightStep {
-  /** The sampling entries of the plan, in plan order, each with the epoch it was planned under. */
-  readonly samplers: { readonly seq: Sequence; readonly epoch: number }[];
+  /** The sampling entries of the plan, in plan order... */
+  readonly seqs: Sequence[];
+  /** ...each with the epoch it was planned under (parallel arrays: no object per entry). */
+  readonly epochs: number[];
 }
+
+const NO_TOKENS: readonly number[] = Object.freeze([]);
 
 /**
  * The continuous-batching policy as a synchronous state machine (the SchedulerActor drives it).
@@ -195,7 +199,7 @@ export class Scheduler {
     if (!this.#healthy) return null;
     const stepId = this.#nextStepId;
     const entries: SeqInput[] = [];
-    const samplers: InFlightStep["samplers"] = [];
+    const sampled: InFlightStep = { seqs: [], epochs: [] };
     let budget = this.config.maxBatchTokens;
 
     const push = (seq: Sequence, n: number, table: readonly number[]) => {
@@ -204,10 +208,12 @@ export class Scheduler {
       const sample = useLastSampled || start + n === seq.tokens.length;
       entries.push({
         seqId: seq.seqId,
-        tokens: useLastSampled ? [] : seq.tokens.slice(start, start + n),
+        tokens: useLastSampled ? NO_TOKENS : seq.tokens.slice(start, start + n),
         useLastSampled,
         startPos: start,
-        blockTable: table.slice(),
+        // The allocator's own array, not a copy: a table only grows at its end while its
+        // sequence lives, so it still covers this step when the engine reads it later.
+        blockTable: table,
         sample,
         sampling: seq.sampling,
       });
@@ -215,7 +221,8 @@ export class Scheduler {
       seq.lastStep = stepId;
       if (sample) {
         seq.pending++;
-        samplers.push({ seq, epoch: seq.epoch });
+        sampled.seqs.push(seq);
+        sampled.epochs.push(seq.epoch);
       }
       budget -= n;
     };
@@ -271,7 +278,7 @@ export class Scheduler {
 
     if (entries.length === 0) return null;
     this.#nextStepId++;
-    this.#inFlight.set(stepId, { samplers });
+    this.#inFlight.set(stepId, sampled);
     this.#lastBatchSize = entries.length;
     this.#lastBatchTokens = this.config.maxBatchTokens - budget;
     return { stepId, seqs: entries };
@@ -290,13 +297,13 @@ export class Scheduler {
       throw new Error(`Scheduler: result of step ${result.stepId} arrived before step ${oldest}'s`);
     }
     this.#inFlight.delete(result.stepId);
-    if (result.sampled.length !== rec.samplers.length) {
+    if (result.sampled.length !== rec.seqs.length) {
       throw new Error(
-        `Scheduler: step ${result.stepId} returned ${result.sampled.length} sampled tokens, its plan asked for ${rec.samplers.length}`,
+        `Scheduler: step ${result.stepId} returned ${result.sampled.length} sampled tokens, its plan asked for ${rec.seqs.length}`,
       );
     }
-    for (let i = 0; i < rec.samplers.length; i++) {
-      const { seq, epoch } = rec.samplers[i]!;
+    for (let i = 0; i < rec.seqs.length; i++) {
+      const seq = rec.seqs[i]!, epoch = rec.epochs[i]!;
       const s = result.sampled[i]!;
       if (s.seqId !== seq.seqId) {
         throw new Error(`Scheduler: step ${result.stepId} entry ${i} is for seq ${s.seqId}, the plan had seq ${seq.seqId}`);
