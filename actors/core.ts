@@ -48,7 +48,7 @@ export class ServingCore {
       numBlocks: engine.kv.numBlocks,
       blockSize: engine.kv.blockSize,
       contextLength: engine.config.contextLength,
-    }, opts.scheduler));
+    }, { vocabSize: engine.config.vocabSize, ...opts.scheduler }));
     const executorMailbox = createExecutorMailbox(maxInFlight);
     this.scheduler = new SchedulerActor(core, executorMailbox, { maxInFlight });
     this.executor = new ExecutorActor(engine, opts.engineFactory, executorMailbox, this.scheduler.mailbox, opts.executor);

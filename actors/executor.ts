@@ -100,7 +100,7 @@ export class ExecutorActor {
         result = await pending;
       } catch (error) {
         this.#opts.onStep?.({ plan, startedAt, durationMs: performance.now() - startedAt, error });
-        await this.#fail(epoch, error);
+        await this.#fail(epoch, error, plan.stepId);
         return;
       }
       const durationMs = performance.now() - startedAt;
@@ -110,7 +110,7 @@ export class ExecutorActor {
     });
   }
 
-  async #fail(epoch: number, error: unknown): Promise<void> {
+  async #fail(epoch: number, error: unknown, stepId: number): Promise<void> {
     if (epoch !== this.#epoch) return; // a later step of the same dead engine
     const log = this.#opts.log ?? console.error;
     const message = error instanceof Error ? error.message : String(error);
@@ -118,7 +118,7 @@ export class ExecutorActor {
     this.#epoch = epoch + 1;
     const old = this.#engine;
     this.#engine = undefined;
-    await this.#post({ type: "executor-failed", epoch, error: message });
+    await this.#post({ type: "executor-failed", epoch, error: message, stepId });
     try {
       old?.dispose();
     } catch (e) {

@@ -40,7 +40,13 @@ export type SchedulerMsg =
     readonly durationMs: number;
   }
   /** The engine of `epoch` failed: its KV cache and in-flight steps are lost; a restart follows. */
-  | { readonly type: "executor-failed"; readonly epoch: number; readonly error: string }
+  | {
+    readonly type: "executor-failed";
+    readonly epoch: number;
+    readonly error: string;
+    /** The step whose execution failed, when known (its sequences are suspects). */
+    readonly stepId?: number;
+  }
   /** A fresh engine serves plans stamped with `epoch`. */
   | { readonly type: "executor-ready"; readonly epoch: number }
   /** The engine could not be recreated: nothing can run any more. */

@@ -97,7 +97,7 @@ export class SchedulerActor {
         break;
       case "executor-failed":
         if (msg.epoch === this.#epoch) {
-          core.onExecutorFailure();
+          core.onExecutorFailure(msg.stepId, msg.error);
           this.#unsentRelease = [];
           this.#paused = true;
         }

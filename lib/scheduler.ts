@@ -20,6 +20,13 @@ export interface SchedulerConfig {
   readonly agingSteps: number;
   /** Free blocks a new admission must leave for the running sequences to grow into. */
   readonly watermarkBlocks: number;
+  /**
+   * A sequence in this many steps that crashed the engine is failed instead of recomputed
+   * again, so one poisonous request cannot keep the engine restarting forever.
+   */
+  readonly maxSeqFaults: number;
+  /** Token ids must be below this (0: unchecked); an out-of-range id would crash the engine. */
+  readonly vocabSize: number;
   readonly prefixCaching: boolean;
 }
 
@@ -29,6 +36,8 @@ export const DEFAULT_SCHEDULER_LIMITS = {
   maxWaiting: 1024,
   agingSteps: 256,
   prefixCaching: true,
+  maxSeqFaults: 4,
+  vocabSize: 0,
 } as const;
 
 /** Fills in the defaults; the watermark defaults to 1% of the pool. */
@@ -51,6 +60,10 @@ export function schedulerConfig(
 }
 
 interface InFlightStep {
+  /** Every sequence in the plan (the suspects if the step crashes the engine). */
+  readonly all: Sequence[];
+  /** The one repeat suspect allowed in this step: if the step crashes, it alone is blamed. */
+  isolated?: Sequence;
   /** The sampling entries of the plan, in plan order... */
   readonly seqs: Sequence[];
   /** ...each with the epoch it was planned under (parallel arrays: no object per entry). */
@@ -58,6 +71,9 @@ interface InFlightStep {
 }
 
 const NO_TOKENS: readonly number[] = Object.freeze([]);
+
+/** Crashed steps after which a sequence runs as the only suspect of its step, to settle blame. */
+const ISOLATE_AFTER_FAULTS = 2;
 
 /**
  * The continuous-batching policy as a synchronous state machine (the SchedulerActor drives it).
@@ -138,6 +154,13 @@ export class Scheduler {
       return reject("overloaded", `Cannot submit: ${this.#waiting.length} requests are waiting, the limit is ${this.config.maxWaiting}`);
     }
     if (prompt.length === 0) return reject("internal", `Cannot submit sequence ${seqId}: the prompt has no tokens`);
+    const vocab = this.config.vocabSize;
+    if (vocab > 0) {
+      const bad = prompt.findIndex((t) => !(Number.isInteger(t) && t >= 0 && t < vocab));
+      if (bad >= 0) {
+        return reject("internal", `Cannot submit: prompt token ${bad} is ${prompt[bad]}, outside the vocabulary of ${vocab} ids`);
+      }
+    }
     // A lone sequence must always fit the pool, or preemption could never make room for it.
     const limit = Math.min(this.config.contextLength, this.config.numBlocks * this.config.blockSize);
     if (prompt.length >= limit) {
@@ -199,10 +222,13 @@ export class Scheduler {
     if (!this.#healthy) return null;
     const stepId = this.#nextStepId;
     const entries: SeqInput[] = [];
-    const sampled: InFlightStep = { seqs: [], epochs: [] };
+    const sampled: InFlightStep = { all: [], seqs: [], epochs: [] };
     let budget = this.config.maxBatchTokens;
 
+    // A repeat suspect shares a step with no other suspect, so a crash there names the culprit.
+    const barred = (seq: Sequence) => seq.faults >= ISOLATE_AFTER_FAULTS && sampled.isolated !== undefined;
     const push = (seq: Sequence, n: number, table: readonly number[]) => {
+      if (seq.faults >= ISOLATE_AFTER_FAULTS) sampled.isolated = seq;
       const start = seq.numScheduled;
       const useLastSampled = seq.pending > 0;
       const sample = useLastSampled || start + n === seq.tokens.length;
@@ -219,6 +245,7 @@ export class Scheduler {
       });
       seq.numScheduled += n;
       seq.lastStep = stepId;
+      sampled.all.push(seq);
       if (sample) {
         seq.pending++;
         sampled.seqs.push(seq);
@@ -231,7 +258,7 @@ export class Scheduler {
     const running = this.#byPriority(this.#running);
     for (const seq of running) {
       if (budget === 0) break;
-      if (seq.status !== "running" || !(seq.pending > 0 || seq.unfed === 1)) continue;
+      if (seq.status !== "running" || !(seq.pending > 0 || seq.unfed === 1) || barred(seq)) continue;
       // With tokens in flight it may already have reached its length limit.
       if (!seq.canSample) continue;
       const table = this.#makeRoom(seq, 1, stepId, true);
@@ -241,7 +268,9 @@ export class Scheduler {
     // 2. Prefill chunks of admitted sequences, then admissions from the waiting queue.
     for (const seq of running) {
       if (budget === 0) break;
-      if (seq.status !== "running" || seq.lastStep === stepId || seq.pending > 0 || seq.unfed < 2) continue;
+      if (seq.status !== "running" || seq.lastStep === stepId || seq.pending > 0 || seq.unfed < 2 || barred(seq)) {
+        continue;
+      }
       const n = Math.min(seq.unfed, budget);
       const table = this.#makeRoom(seq, n, stepId, false);
       if (table) push(seq, n, table);
@@ -251,6 +280,7 @@ export class Scheduler {
       if (budget === 0 || this.#running.length >= this.config.maxRunning) break;
       // Preempted while building this step: there is no room for it now, nor for those behind it.
       if (seq.lastStep === stepId) break;
+      if (barred(seq)) continue;
       const cached = this.kv.computedPrefix(seq);
       const n = Math.min(seq.tokens.length - cached, budget);
       const reserve = this.#running.length > 0 ? this.config.watermarkBlocks : 0;
@@ -297,6 +327,8 @@ export class Scheduler {
       throw new Error(`Scheduler: result of step ${result.stepId} arrived before step ${oldest}'s`);
     }
     this.#inFlight.delete(result.stepId);
+    // The step ran: none of its sequences crashes the engine.
+    for (const seq of rec.all) seq.faults = 0;
     if (result.sampled.length !== rec.seqs.length) {
       throw new Error(
         `Scheduler: step ${result.stepId} returned ${result.sampled.length} sampled tokens, its plan asked for ${rec.seqs.length}`,
@@ -322,9 +354,29 @@ export class Scheduler {
 
   /**
    * The engine and its KV cache are gone: forget in-flight steps and cached blocks, and send
-   * every running sequence back to the queue to be recomputed from its known tokens.
+   * every running sequence back to the queue to be recomputed from its known tokens. Sequences
+   * of the step that failed are suspects (or only its isolated suspect, if it had one); one
+   * that reaches maxSeqFaults is failed instead, so a request that crashes the engine every
+   * time cannot keep it restarting, while the requests that shared its steps go on.
    */
-  onExecutorFailure(): void {
+  onExecutorFailure(failedStepId?: number, error = "unknown error"): void {
+    const failed = failedStepId === undefined ? undefined : this.#inFlight.get(failedStepId);
+    const blamed = failed?.isolated ? [failed.isolated] : failed?.all ?? [];
+    for (const seq of blamed) {
+      if (seq.status !== "running" || ++seq.faults < this.config.maxSeqFaults) continue;
+      this.#running.splice(this.#running.indexOf(seq), 1);
+      this.#reply(seq, {
+        type: "failed",
+        seqId: seq.seqId,
+        code: "internal",
+        message: `Generation failed: the engine crashed in ${seq.faults} steps that included this request (last error: ${error})`,
+      });
+      seq.status = "finished";
+      seq.epoch++;
+      this.#finished++;
+      this.#seqs.delete(seq.seqId);
+      this.#replies.delete(seq.seqId);
+    }
     this.#inFlight.clear();
     for (const seq of this.#running) this.#requeue(seq);
     this.#running = [];

@@ -36,6 +36,8 @@ export class Sequence implements KvSeq {
   cachedTokens = -1;
   /** Id of the last step that included it (marks membership while a step is being built). */
   lastStep = -1;
+  /** Steps including it that crashed the engine. */
+  faults = 0;
 
   constructor(init: {
     seqId: number;

@@ -18,7 +18,7 @@ export interface HarnessSeq {
   stopTokenIds?: number[];
 }
 
-type Pending = { kind: "result"; result: StepResult } | { kind: "fail" };
+type Pending = { kind: "result"; result: StepResult } | { kind: "fail"; stepId: number; error: string };
 
 export class Harness {
   readonly sched: Scheduler;
@@ -29,6 +29,8 @@ export class Harness {
   readonly queue: Pending[] = [];
   /** Set to make the engine's next step throw mid-step. */
   failNext = false;
+  /** Engine errors containing this count as device faults; any other error fails the test. */
+  faultMarker = "injected fault";
   faults = 0;
   #failurePending = false;
   #nextId = 1;
@@ -80,8 +82,8 @@ export class Harness {
       for (const id of this.sched.takeReleased()) this.engine.release(id);
       this.queue.push({ kind: "result", result: this.engine.run(plan) });
     } catch (e) {
-      if (!String(e).includes("injected fault")) throw e;
-      this.queue.push({ kind: "fail" });
+      if (!String(e).includes(this.faultMarker)) throw e;
+      this.queue.push({ kind: "fail", stepId: plan.stepId, error: String(e) });
       this.#failurePending = true;
     }
     return true;
@@ -99,7 +101,7 @@ export class Harness {
       this.#failurePending = false;
       this.engine.dispose();
       this.engine = this.#newEngine();
-      this.sched.onExecutorFailure();
+      this.sched.onExecutorFailure(next.stepId, next.error);
     }
     return true;
   }

@@ -214,6 +214,34 @@ Deno.test("ServingCore: when the engine cannot be rebuilt every live request end
   }
 });
 
+Deno.test("ServingCore: a request that crashes the engine every time gets an error; the others finish", async () => {
+  const POISON = 47;
+  const base: FakeEngineOptions = { vocabSize: VOCAB, numBlocks: 64, blockSize: 4, latencyMs: 1 };
+  const make = () => new FakeEngine({ ...base, failWhen: (p) => p.seqs.some((e) => e.tokens.includes(POISON)) });
+  const core = new ServingCore({
+    engine: make(),
+    engineFactory: make,
+    codec: fakeCodec,
+    executor: { ...silent, restartBackoffMs: 0 },
+  });
+  try {
+    const req = (p: number[]) => ({ prompt: p, maxTokens: 12, sampling: GREEDY, stop: [], priority: "interactive" as const, requestId: "x" });
+    const prompts = [[BOS, 5, 6], [BOS, 7, 8, 9], [BOS, POISON, 3], [BOS, 11]];
+    const all = await Promise.all(prompts.map((p) => collect(core.generate(req(p)))));
+    const poisoned = all[2]!.at(-1);
+    assert(poisoned?.type === "error" && poisoned.message.includes("crashed in 4 steps"), JSON.stringify(poisoned));
+    for (const i of [0, 1, 3]) {
+      const want = continuation(prompts[i]!, 12, 2048);
+      assert(!want.includes(POISON), "test setup: an innocent continuation contains the poison token");
+      const ids = all[i]!.flatMap((e) => (e.type === "token" ? e.ids : []));
+      assertEquals(ids, want.at(-1) === EOS ? want.slice(0, -1) : want, `request ${i}`);
+    }
+    assertEquals(core.schedulerStats().executorRestarts, 4);
+  } finally {
+    await core.close();
+  }
+});
+
 Deno.test("ServingCore property: random arrivals, aborts, departures and faults leak nothing", async () => {
   let restarts = 0, aborted = 0, left = 0, completed = 0;
   for (let run = 0; run < 40; run++) {
