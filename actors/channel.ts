@@ -152,7 +152,9 @@ export class Channel<T> implements AsyncIterable<T> {
     this.#closed = true;
     for (const receiver of this.#receivers.drain()) receiver({ value: undefined, done: true });
     for (const sender of this.#senders.drain()) {
-      sender.reject(new ChannelClosedError("Cannot send: the channel was closed while waiting for room"));
+      sender.reject(
+        new ChannelClosedError("Cannot send: the channel was closed while waiting for room"),
+      );
     }
   }
 

@@ -51,7 +51,13 @@ export class ServingCore {
     }, { vocabSize: engine.config.vocabSize, ...opts.scheduler }));
     const executorMailbox = createExecutorMailbox(maxInFlight);
     this.scheduler = new SchedulerActor(core, executorMailbox, { maxInFlight });
-    this.executor = new ExecutorActor(engine, opts.engineFactory, executorMailbox, this.scheduler.mailbox, opts.executor);
+    this.executor = new ExecutorActor(
+      engine,
+      opts.engineFactory,
+      executorMailbox,
+      this.scheduler.mailbox,
+      opts.executor,
+    );
     this.contextLength = engine.config.contextLength;
     this.#codec = opts.codec;
     this.#clientBuffer = opts.clientBuffer ?? 16;

@@ -114,7 +114,11 @@ export class ExecutorActor {
     if (epoch !== this.#epoch) return; // a later step of the same dead engine
     const log = this.#opts.log ?? console.error;
     const message = error instanceof Error ? error.message : String(error);
-    log(`Executor: engine ${this.#engine?.name ?? "?"} failed (epoch ${epoch}): ${message}; restarting it`);
+    log(
+      `Executor: engine ${
+        this.#engine?.name ?? "?"
+      } failed (epoch ${epoch}): ${message}; restarting it`,
+    );
     this.#epoch = epoch + 1;
     const old = this.#engine;
     this.#engine = undefined;
@@ -133,7 +137,11 @@ export class ExecutorActor {
         await this.#post({ type: "executor-ready", epoch: this.#epoch });
         return;
       } catch (e) {
-        log(`Executor: restart attempt ${attempt} of ${attempts} failed: ${e instanceof Error ? e.message : e}`);
+        log(
+          `Executor: restart attempt ${attempt} of ${attempts} failed: ${
+            e instanceof Error ? e.message : e
+          }`,
+        );
         if (attempt < attempts) await new Promise((r) => setTimeout(r, backoff));
         backoff *= 2;
       }

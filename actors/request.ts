@@ -1,4 +1,9 @@
-import type { FinishReason, GenerationEvent, GenerationRequest, Timings } from "../lib/generation.ts";
+import type {
+  FinishReason,
+  GenerationEvent,
+  GenerationRequest,
+  Timings,
+} from "../lib/generation.ts";
 import { StopMatcher } from "../lib/stop_strings.ts";
 import { Channel, ChannelClosedError } from "./channel.ts";
 import type { RequestMsg, SchedulerMsg, SeqEvent } from "./messages.ts";
@@ -87,7 +92,11 @@ export class RequestActor {
     try {
       await this.#run();
     } catch (e) {
-      await this.#emit({ type: "error", code: "internal", message: `Generation failed: ${e instanceof Error ? e.message : e}` });
+      await this.#emit({
+        type: "error",
+        code: "internal",
+        message: `Generation failed: ${e instanceof Error ? e.message : e}`,
+      });
       this.#stopSequence("client-gone");
     } finally {
       this.#ended = true;
@@ -98,7 +107,9 @@ export class RequestActor {
   async #run(): Promise<void> {
     const req = this.#req;
     const codec = this.#codec;
-    const prompt = typeof req.prompt === "string" ? codec.encode(req.prompt, { bos: true }) : [...req.prompt];
+    const prompt = typeof req.prompt === "string"
+      ? codec.encode(req.prompt, { bos: true })
+      : [...req.prompt];
     const seqId = this.#scheduler.nextSeqId();
     this.#seqId = seqId;
     const reply = (e: SeqEvent) => this.#post(e);
@@ -118,7 +129,11 @@ export class RequestActor {
       });
     } catch (e) {
       if (!(e instanceof ChannelClosedError)) throw e;
-      await this.#emit({ type: "error", code: "draining", message: "Cannot generate: the server is shutting down" });
+      await this.#emit({
+        type: "error",
+        code: "draining",
+        message: "Cannot generate: the server is shutting down",
+      });
       return;
     }
 
@@ -152,7 +167,9 @@ export class RequestActor {
     for await (const msg of this.mailbox) {
       switch (msg.type) {
         case "accepted":
-          if (!await this.#emit({ type: "started", promptTokens: prompt.length })) return this.#stopSequence("client-gone");
+          if (!await this.#emit({ type: "started", promptTokens: prompt.length })) {
+            return this.#stopSequence("client-gone");
+          }
           break;
         case "rejected":
         case "failed":
@@ -213,7 +230,13 @@ export class RequestActor {
 }
 
 /** Per-request timings in ms; phases that never happened count as 0. */
-function timings(t0: number, scheduled: number | undefined, first: number | undefined, end: number, generated: number): Timings {
+function timings(
+  t0: number,
+  scheduled: number | undefined,
+  first: number | undefined,
+  end: number,
+  generated: number,
+): Timings {
   const tScheduled = scheduled ?? end;
   const tFirst = first ?? end;
   const decodeMs = end - tFirst;

@@ -38,11 +38,15 @@ export class SchedulerActor {
     this.#executor = executor;
     this.maxInFlight = opts.maxInFlight ?? 2;
     if (!Number.isInteger(this.maxInFlight) || this.maxInFlight < 1) {
-      throw new RangeError(`Cannot create scheduler actor: maxInFlight must be a positive integer, received ${this.maxInFlight}`);
+      throw new RangeError(
+        `Cannot create scheduler actor: maxInFlight must be a positive integer, received ${this.maxInFlight}`,
+      );
     }
     if (executor.capacity < 2 * this.maxInFlight) {
       throw new RangeError(
-        `Cannot create scheduler actor: the executor mailbox holds ${executor.capacity} plans, fewer than 2 × maxInFlight (${2 * this.maxInFlight})`,
+        `Cannot create scheduler actor: the executor mailbox holds ${executor.capacity} plans, fewer than 2 × maxInFlight (${
+          2 * this.maxInFlight
+        })`,
       );
     }
     this.mailbox = new Channel(opts.mailboxCapacity ?? 1024);
@@ -124,14 +128,24 @@ export class SchedulerActor {
     while (this.#core.stepsInFlight < this.maxInFlight) {
       const plan = this.#core.schedule();
       if (!plan) break;
-      const msg: ExecutorMsg = { type: "step", epoch: this.#epoch, plan, release: this.#takeReleased() };
+      const msg: ExecutorMsg = {
+        type: "step",
+        epoch: this.#epoch,
+        plan,
+        release: this.#takeReleased(),
+      };
       if (!this.#executor.trySend(msg)) {
-        throw new Error(`SchedulerActor: the executor mailbox refused step ${plan.stepId}; its capacity is below 2 × maxInFlight`);
+        throw new Error(
+          `SchedulerActor: the executor mailbox refused step ${plan.stepId}; its capacity is below 2 × maxInFlight`,
+        );
       }
     }
     // Nothing more to run now: hand over releases on their own, or keep them if there is no room.
     const release = this.#takeReleased();
-    if (release.length > 0 && !this.#executor.trySend({ type: "release", epoch: this.#epoch, release })) {
+    if (
+      release.length > 0 &&
+      !this.#executor.trySend({ type: "release", epoch: this.#epoch, release })
+    ) {
       this.#unsentRelease = release;
     }
   }

@@ -84,16 +84,23 @@ function measure(running: number, iters: number): Row {
 }
 
 if (import.meta.main) {
-  const args = parseArgs(Deno.args, { string: ["iters", "sizes"], default: { iters: "2000", sizes: "1,64,256,1024" } });
+  const args = parseArgs(Deno.args, {
+    string: ["iters", "sizes"],
+    default: { iters: "2000", sizes: "1,64,256,1024" },
+  });
   const iters = Number(args.iters);
   const sizes = String(args.sizes).split(",").map(Number);
   const rows = sizes.map((n) => measure(n, iters));
-  console.log(`Scheduler iteration (plan one step + apply one step's tokens), ${iters} iterations, fake engine excluded`);
+  console.log(
+    `Scheduler iteration (plan one step + apply one step's tokens), ${iters} iterations, fake engine excluded`,
+  );
   console.log("| running | avg batch | median µs | p99 µs | mean µs |");
   console.log("|--------:|----------:|----------:|-------:|--------:|");
   for (const r of rows) {
     console.log(
-      `| ${r.running} | ${r.avgBatch.toFixed(1)} | ${r.medianUs.toFixed(1)} | ${r.p99Us.toFixed(1)} | ${r.meanUs.toFixed(1)} |`,
+      `| ${r.running} | ${r.avgBatch.toFixed(1)} | ${r.medianUs.toFixed(1)} | ${
+        r.p99Us.toFixed(1)
+      } | ${r.meanUs.toFixed(1)} |`,
     );
   }
 }

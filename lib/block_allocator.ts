@@ -104,10 +104,14 @@ export class BlockAllocator {
     const { numBlocks, blockSize = 16, prefixCaching = true, hash = blockHash } = options;
     this.#hash = hash;
     if (!Number.isInteger(numBlocks) || numBlocks < 1) {
-      throw new RangeError(`Cannot create block allocator: numBlocks must be a positive integer, received ${numBlocks}`);
+      throw new RangeError(
+        `Cannot create block allocator: numBlocks must be a positive integer, received ${numBlocks}`,
+      );
     }
     if (!Number.isInteger(blockSize) || blockSize < 1) {
-      throw new RangeError(`Cannot create block allocator: blockSize must be a positive integer, received ${blockSize}`);
+      throw new RangeError(
+        `Cannot create block allocator: blockSize must be a positive integer, received ${blockSize}`,
+      );
     }
     this.numBlocks = numBlocks;
     this.blockSize = blockSize;
@@ -159,7 +163,9 @@ export class BlockAllocator {
    */
   allocateSlots(seq: KvSeq, numNewTokens: number, reserve = 0): readonly number[] | null {
     if (!Number.isInteger(numNewTokens) || numNewTokens < 0) {
-      throw new RangeError(`Cannot allocate slots for seq ${seq.seqId}: numNewTokens must be a non-negative integer, received ${numNewTokens}`);
+      throw new RangeError(
+        `Cannot allocate slots for seq ${seq.seqId}: numNewTokens must be a non-negative integer, received ${numNewTokens}`,
+      );
     }
     let own = this.#seqs.get(seq.seqId);
     if (own) {
@@ -240,16 +246,22 @@ export class BlockAllocator {
     for (const b of this.#freeCached.keys()) inFree[b]!++;
     for (let b = 0; b < this.numBlocks; b++) {
       if (refs[b] !== this.#refCount[b]) {
-        throw new Error(`Block ${b}: ref count ${this.#refCount[b]} but ${refs[b]} block tables name it`);
+        throw new Error(
+          `Block ${b}: ref count ${this.#refCount[b]} but ${refs[b]} block tables name it`,
+        );
       }
       const expectFree = refs[b] === 0 ? 1 : 0;
       if (inFree[b] !== expectFree) {
         throw new Error(`Block ${b}: ref count ${refs[b]} but listed ${inFree[b]} times as free`);
       }
-      if (this.#freeCached.has(b) && !this.#cached[b]) throw new Error(`Block ${b}: in the cached free list without cached content`);
+      if (this.#freeCached.has(b) && !this.#cached[b]) {
+        throw new Error(`Block ${b}: in the cached free list without cached content`);
+      }
     }
     for (const [h, b] of this.#cachedByHash) {
-      if (this.#cached[b]?.hash !== h) throw new Error(`Hash ${h} maps to block ${b}, which holds hash ${this.#cached[b]?.hash}`);
+      if (this.#cached[b]?.hash !== h) {
+        throw new Error(`Hash ${h} maps to block ${b}, which holds hash ${this.#cached[b]?.hash}`);
+      }
     }
   }
 
@@ -313,7 +325,9 @@ export class BlockAllocator {
     let b = this.#freeUncached.pop();
     if (b === undefined) {
       const lru = this.#freeCached.keys().next();
-      if (lru.done) throw new Error("BlockAllocator: no free block although the count said there was one");
+      if (lru.done) {
+        throw new Error("BlockAllocator: no free block although the count said there was one");
+      }
       b = lru.value;
       this.#freeCached.delete(b);
       const c = this.#cached[b]!;

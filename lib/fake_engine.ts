@@ -1,4 +1,11 @@
-import type { Engine, KvGeometry, SampledToken, SamplingParams, StepPlan, StepResult } from "./engine.ts";
+import type {
+  Engine,
+  KvGeometry,
+  SampledToken,
+  SamplingParams,
+  StepPlan,
+  StepResult,
+} from "./engine.ts";
 import type { ModelConfig } from "./model_config.ts";
 import { hash32 } from "./rng.ts";
 
@@ -19,7 +26,12 @@ export function fakeChain(prev: number, token: number, pos: number): number {
 }
 
 /** The token drawn after a history whose chain hash is `h` and whose last position is `pos`. */
-export function fakeDraw(h: number, pos: number, sampling: SamplingParams, vocabSize: number): number {
+export function fakeDraw(
+  h: number,
+  pos: number,
+  sampling: SamplingParams,
+  vocabSize: number,
+): number {
   return (sampling.temperature <= 0 ? h : hash32((h ^ sampling.seed) >>> 0, pos + 1)) % vocabSize;
 }
 
@@ -39,7 +51,10 @@ export interface FakeContinuationOptions {
  * What a FakeEngine generates for `prompt` alone, computed directly (no KV, no scheduler):
  * the oracle for "the same tokens as a solo run". Includes the stop token if one ends it.
  */
-export function fakeContinuation(prompt: readonly number[], opts: FakeContinuationOptions): number[] {
+export function fakeContinuation(
+  prompt: readonly number[],
+  opts: FakeContinuationOptions,
+): number[] {
   const stop = new Set(opts.stopTokenIds ?? []);
   const maxTotal = Math.min(prompt.length + opts.maxTokens, opts.contextLength);
   let h = ROOT;
@@ -134,7 +149,9 @@ export class FakeEngine implements Engine {
     const sampled: SampledToken[] = [];
     for (let i = 0; i < plan.seqs.length; i++) {
       if (i === failAt) {
-        throw new Error(`FakeEngine: injected fault in step ${plan.stepId} after ${i} of ${plan.seqs.length} sequences`);
+        throw new Error(
+          `FakeEngine: injected fault in step ${plan.stepId} after ${i} of ${plan.seqs.length} sequences`,
+        );
       }
       const input = plan.seqs[i]!;
       // Built only when an error needs it: this loop is on the benchmark's path.
@@ -142,21 +159,35 @@ export class FakeEngine implements Engine {
       let tokens = input.tokens;
       if (input.useLastSampled) {
         const last = this.#lastSampled.get(input.seqId);
-        if (last === undefined) throw new Error(`FakeEngine (${where}): useLastSampled but it never sampled`);
-        if (tokens.length > 0) throw new Error(`FakeEngine (${where}): useLastSampled with ${tokens.length} literal tokens`);
+        if (last === undefined) {
+          throw new Error(`FakeEngine (${where}): useLastSampled but it never sampled`);
+        }
+        if (tokens.length > 0) {
+          throw new Error(
+            `FakeEngine (${where}): useLastSampled with ${tokens.length} literal tokens`,
+          );
+        }
         tokens = [last];
       }
       if (tokens.length === 0) throw new Error(`FakeEngine (${where}): no input tokens`);
       const end = input.startPos + tokens.length;
       if (end > this.config.contextLength) {
-        throw new Error(`FakeEngine (${where}): positions up to ${end - 1} exceed the context of ${this.config.contextLength}`);
+        throw new Error(
+          `FakeEngine (${where}): positions up to ${
+            end - 1
+          } exceed the context of ${this.config.contextLength}`,
+        );
       }
       if (input.blockTable.length * blockSize < end) {
-        throw new Error(`FakeEngine (${where}): ${input.blockTable.length} blocks cannot hold ${end} positions`);
+        throw new Error(
+          `FakeEngine (${where}): ${input.blockTable.length} blocks cannot hold ${end} positions`,
+        );
       }
       const slot = (pos: number) => {
         const b = input.blockTable[Math.floor(pos / blockSize)]!;
-        if (!(b >= 0 && b < numBlocks)) throw new Error(`FakeEngine (${where}): block id ${b} outside [0, ${numBlocks})`);
+        if (!(b >= 0 && b < numBlocks)) {
+          throw new Error(`FakeEngine (${where}): block id ${b} outside [0, ${numBlocks})`);
+        }
         return b * blockSize + (pos % blockSize);
       };
       let h = ROOT;
@@ -164,7 +195,9 @@ export class FakeEngine implements Engine {
         const s = slot(input.startPos - 1);
         if (this.#slotPos[s] !== input.startPos - 1) {
           throw new Error(
-            `FakeEngine (${where}): position ${input.startPos - 1} reads slot ${s}, which holds position ${this.#slotPos[s]}`,
+            `FakeEngine (${where}): position ${
+              input.startPos - 1
+            } reads slot ${s}, which holds position ${this.#slotPos[s]}`,
           );
         }
         h = this.#slotHash[s]!;
@@ -173,7 +206,9 @@ export class FakeEngine implements Engine {
         const pos = input.startPos + k;
         const t = tokens[k]!;
         if (!(Number.isInteger(t) && t >= 0 && t < this.config.vocabSize)) {
-          throw new Error(`FakeEngine (${where}): token ${t} at position ${pos} outside the vocabulary of ${this.config.vocabSize}`);
+          throw new Error(
+            `FakeEngine (${where}): token ${t} at position ${pos} outside the vocabulary of ${this.config.vocabSize}`,
+          );
         }
         h = fakeChain(h, t, pos);
         const s = slot(pos);

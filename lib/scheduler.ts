@@ -51,9 +51,19 @@ export function schedulerConfig(
     ...required,
     ...overrides,
   };
-  for (const key of ["numBlocks", "blockSize", "contextLength", "maxBatchTokens", "maxRunning"] as const) {
+  for (
+    const key of [
+      "numBlocks",
+      "blockSize",
+      "contextLength",
+      "maxBatchTokens",
+      "maxRunning",
+    ] as const
+  ) {
     if (!Number.isInteger(cfg[key]) || cfg[key] < 1) {
-      throw new RangeError(`Cannot create scheduler: ${key} must be a positive integer, received ${cfg[key]}`);
+      throw new RangeError(
+        `Cannot create scheduler: ${key} must be a positive integer, received ${cfg[key]}`,
+      );
     }
   }
   return cfg;
@@ -147,22 +157,37 @@ export class Scheduler {
     const { seqId, prompt } = spec;
     const reject = (code: GenerationErrorCode, message: string) =>
       safeReply(reply, { type: "rejected", seqId, code, message });
-    if (this.#seqs.has(seqId)) return reject("internal", `Cannot submit sequence ${seqId}: the id is already live`);
+    if (this.#seqs.has(seqId)) {
+      return reject("internal", `Cannot submit sequence ${seqId}: the id is already live`);
+    }
     if (!this.#healthy) return reject("internal", "Cannot submit: the executor is down");
     if (this.#draining) return reject("draining", "Cannot submit: the server is draining");
     if (this.#waiting.length >= this.config.maxWaiting) {
-      return reject("overloaded", `Cannot submit: ${this.#waiting.length} requests are waiting, the limit is ${this.config.maxWaiting}`);
+      return reject(
+        "overloaded",
+        `Cannot submit: ${this.#waiting.length} requests are waiting, the limit is ${this.config.maxWaiting}`,
+      );
     }
-    if (prompt.length === 0) return reject("internal", `Cannot submit sequence ${seqId}: the prompt has no tokens`);
+    if (prompt.length === 0) {
+      return reject("internal", `Cannot submit sequence ${seqId}: the prompt has no tokens`);
+    }
     const vocab = this.config.vocabSize;
     if (vocab > 0) {
       const bad = prompt.findIndex((t) => !(Number.isInteger(t) && t >= 0 && t < vocab));
       if (bad >= 0) {
-        return reject("internal", `Cannot submit: prompt token ${bad} is ${prompt[bad]}, outside the vocabulary of ${vocab} ids`);
+        return reject(
+          "internal",
+          `Cannot submit: prompt token ${bad} is ${
+            prompt[bad]
+          }, outside the vocabulary of ${vocab} ids`,
+        );
       }
     }
     // A lone sequence must always fit the pool, or preemption could never make room for it.
-    const limit = Math.min(this.config.contextLength, this.config.numBlocks * this.config.blockSize);
+    const limit = Math.min(
+      this.config.contextLength,
+      this.config.numBlocks * this.config.blockSize,
+    );
     if (prompt.length >= limit) {
       return reject(
         "context_length_exceeded",
@@ -226,7 +251,8 @@ export class Scheduler {
     let budget = this.config.maxBatchTokens;
 
     // A repeat suspect shares a step with no other suspect, so a crash there names the culprit.
-    const barred = (seq: Sequence) => seq.faults >= ISOLATE_AFTER_FAULTS && sampled.isolated !== undefined;
+    const barred = (seq: Sequence) =>
+      seq.faults >= ISOLATE_AFTER_FAULTS && sampled.isolated !== undefined;
     const push = (seq: Sequence, n: number, table: readonly number[]) => {
       if (seq.faults >= ISOLATE_AFTER_FAULTS) sampled.isolated = seq;
       const start = seq.numScheduled;
@@ -258,7 +284,9 @@ export class Scheduler {
     const running = this.#byPriority(this.#running);
     for (const seq of running) {
       if (budget === 0) break;
-      if (seq.status !== "running" || !(seq.pending > 0 || seq.unfed === 1) || barred(seq)) continue;
+      if (seq.status !== "running" || !(seq.pending > 0 || seq.unfed === 1) || barred(seq)) {
+        continue;
+      }
       // With tokens in flight it may already have reached its length limit.
       if (!seq.canSample) continue;
       const table = this.#makeRoom(seq, 1, stepId, true);
@@ -268,7 +296,10 @@ export class Scheduler {
     // 2. Prefill chunks of admitted sequences, then admissions from the waiting queue.
     for (const seq of running) {
       if (budget === 0) break;
-      if (seq.status !== "running" || seq.lastStep === stepId || seq.pending > 0 || seq.unfed < 2 || barred(seq)) {
+      if (
+        seq.status !== "running" || seq.lastStep === stepId || seq.pending > 0 || seq.unfed < 2 ||
+        barred(seq)
+      ) {
         continue;
       }
       const n = Math.min(seq.unfed, budget);
@@ -289,7 +320,11 @@ export class Scheduler {
         const victim = this.#victim(seq, stepId, true);
         if (!victim) break;
         this.#preempt(victim);
-        table = this.kv.allocateSlots(seq, n, this.#running.length > 0 ? this.config.watermarkBlocks : 0);
+        table = this.kv.allocateSlots(
+          seq,
+          n,
+          this.#running.length > 0 ? this.config.watermarkBlocks : 0,
+        );
       }
       // First come, first served: a later arrival does not jump a request that does not fit.
       if (!table) break;
@@ -338,7 +373,9 @@ export class Scheduler {
       const seq = rec.seqs[i]!, epoch = rec.epochs[i]!;
       const s = result.sampled[i]!;
       if (s.seqId !== seq.seqId) {
-        throw new Error(`Scheduler: step ${result.stepId} entry ${i} is for seq ${s.seqId}, the plan had seq ${seq.seqId}`);
+        throw new Error(
+          `Scheduler: step ${result.stepId} entry ${i} is for seq ${s.seqId}, the plan had seq ${seq.seqId}`,
+        );
       }
       if (seq.status !== "running" || seq.epoch !== epoch) continue;
       seq.pending--;
@@ -347,7 +384,13 @@ export class Scheduler {
         this.#finish(seq, "stop", s.token);
         continue;
       }
-      this.#reply(seq, { type: "token", seqId: seq.seqId, token: s.token, logprob: s.logprob, stepId: result.stepId });
+      this.#reply(seq, {
+        type: "token",
+        seqId: seq.seqId,
+        token: s.token,
+        logprob: s.logprob,
+        stepId: result.stepId,
+      });
       if (seq.tokens.length >= seq.maxTotal) this.#finish(seq, "length");
     }
   }
@@ -369,7 +412,8 @@ export class Scheduler {
         type: "failed",
         seqId: seq.seqId,
         code: "internal",
-        message: `Generation failed: the engine crashed in ${seq.faults} steps that included this request (last error: ${error})`,
+        message:
+          `Generation failed: the engine crashed in ${seq.faults} steps that included this request (last error: ${error})`,
       });
       seq.status = "finished";
       seq.epoch++;
@@ -428,7 +472,10 @@ export class Scheduler {
 
   /** Batch work ranks like interactive work once it has waited agingSteps. */
   #rank(seq: Sequence): number {
-    return seq.priority === "interactive" || this.#nextStepId - seq.arrivalStep >= this.config.agingSteps ? 0 : 1;
+    return seq.priority === "interactive" ||
+        this.#nextStepId - seq.arrivalStep >= this.config.agingSteps
+      ? 0
+      : 1;
   }
 
   /** Rank 0 first, then rank 1, each keeping the list's order. */
@@ -509,7 +556,13 @@ export class Scheduler {
     this.#finished++;
     const event: SeqEvent = stopToken === undefined
       ? { type: "finished", seqId: seq.seqId, reason, completionTokens: seq.numGenerated }
-      : { type: "finished", seqId: seq.seqId, reason, completionTokens: seq.numGenerated, stopToken };
+      : {
+        type: "finished",
+        seqId: seq.seqId,
+        reason,
+        completionTokens: seq.numGenerated,
+        stopToken,
+      };
     this.#reply(seq, event);
     this.#seqs.delete(seq.seqId);
     this.#replies.delete(seq.seqId);
@@ -526,6 +579,9 @@ function safeReply(reply: SeqEventSink, event: SeqEvent): void {
   try {
     reply(event);
   } catch (e) {
-    console.error(`Scheduler: the reply handler of seq ${event.seqId} threw on "${event.type}":`, e);
+    console.error(
+      `Scheduler: the reply handler of seq ${event.seqId} threw on "${event.type}":`,
+      e,
+    );
   }
 }

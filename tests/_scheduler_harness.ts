@@ -7,7 +7,7 @@
 import { GREEDY, type SamplingParams, type StepPlan, type StepResult } from "../lib/engine.ts";
 import { FakeEngine, type FakeEngineOptions } from "../lib/fake_engine.ts";
 import type { Priority } from "../lib/generation.ts";
-import { Scheduler, schedulerConfig, type SchedulerConfig } from "../lib/scheduler.ts";
+import { Scheduler, type SchedulerConfig, schedulerConfig } from "../lib/scheduler.ts";
 import type { SeqEvent } from "../actors/messages.ts";
 
 export interface HarnessSeq {
@@ -18,7 +18,11 @@ export interface HarnessSeq {
   stopTokenIds?: number[];
 }
 
-type Pending = { kind: "result"; result: StepResult } | { kind: "fail"; stepId: number; error: string };
+type Pending = { kind: "result"; result: StepResult } | {
+  kind: "fail";
+  stepId: number;
+  error: string;
+};
 
 export class Harness {
   readonly sched: Scheduler;
@@ -112,7 +116,9 @@ export class Harness {
       if (this.queue.length < depth && this.plan()) continue;
       if (this.deliver()) continue;
       if (this.sched.numLive === 0) return;
-      throw new Error(`Harness: ${this.sched.numLive} sequences live but nothing to plan or deliver`);
+      throw new Error(
+        `Harness: ${this.sched.numLive} sequences live but nothing to plan or deliver`,
+      );
     }
     throw new Error(`Harness: not done after ${maxSteps} iterations`);
   }
@@ -129,20 +135,26 @@ export class Harness {
 
   /** The sequence's terminal event, if it has one. */
   end(seqId: number): SeqEvent | undefined {
-    return this.events.get(seqId)?.find((e) => e.type === "finished" || e.type === "failed" || e.type === "rejected");
+    return this.events.get(seqId)?.find((e) =>
+      e.type === "finished" || e.type === "failed" || e.type === "rejected"
+    );
   }
 
   /** The sequence's finished event; throws if it ended otherwise or not at all. */
   finished(seqId: number): Extract<SeqEvent, { type: "finished" }> {
     const e = this.end(seqId);
-    if (e?.type !== "finished") throw new Error(`seq ${seqId}: expected finished, got ${JSON.stringify(e)}`);
+    if (e?.type !== "finished") {
+      throw new Error(`seq ${seqId}: expected finished, got ${JSON.stringify(e)}`);
+    }
     return e;
   }
 
   /** The sequence's rejection; throws if it was not rejected. */
   rejected(seqId: number): Extract<SeqEvent, { type: "rejected" }> {
     const e = this.end(seqId);
-    if (e?.type !== "rejected") throw new Error(`seq ${seqId}: expected rejected, got ${JSON.stringify(e)}`);
+    if (e?.type !== "rejected") {
+      throw new Error(`seq ${seqId}: expected rejected, got ${JSON.stringify(e)}`);
+    }
     return e;
   }
 

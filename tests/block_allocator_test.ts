@@ -73,9 +73,16 @@ Deno.test("computedPrefix() finds cached full blocks and always leaves one token
   kv.allocateSlots(a, 14);
   kv.free(a); // three full blocks published; the tail (2 tokens) is not full
   assertEquals(kv.computedPrefix(seqOf(2, [...shared, 9, 9, 9])), 12);
-  assertEquals(kv.computedPrefix(seqOf(3, shared)), 8, "12 cached tokens of 12 would leave nothing to compute");
-  assertEquals(kv.computedPrefix(seqOf(4, [...shared.slice(0, 5), 0, ...shared.slice(6)])), 4,
-    "a difference in the second block stops the match after the first");
+  assertEquals(
+    kv.computedPrefix(seqOf(3, shared)),
+    8,
+    "12 cached tokens of 12 would leave nothing to compute",
+  );
+  assertEquals(
+    kv.computedPrefix(seqOf(4, [...shared.slice(0, 5), 0, ...shared.slice(6)])),
+    4,
+    "a difference in the second block stops the match after the first",
+  );
   assertEquals(kv.computedPrefix(seqOf(5, [1, ...shared])), 0, "a shifted prompt shares nothing");
 
   const c = seqOf(6, [...shared, 1, 2, 3]);
@@ -93,7 +100,11 @@ Deno.test("a block filled by a step is shared only from the sequence's next allo
   const prompt = range(0, 9);
   const a = seqOf(1, prompt);
   kv.allocateSlots(a, 9);
-  assertEquals(kv.computedPrefix(seqOf(2, prompt)), 0, "a's blocks are being written in the current step");
+  assertEquals(
+    kv.computedPrefix(seqOf(2, prompt)),
+    0,
+    "a's blocks are being written in the current step",
+  );
   kv.allocateSlots(a, 1);
   assertEquals(kv.computedPrefix(seqOf(2, prompt)), 8);
 });
@@ -122,9 +133,17 @@ Deno.test("prefix matches are confirmed by token ids and parent block, not the h
   const a = seqOf(1, [1, 1, 1, 1, 2, 2, 2, 2, 0]);
   kv.allocateSlots(a, 9);
   kv.free(a);
-  assertEquals(kv.computedPrefix(seqOf(2, [1, 1, 1, 1, 2, 2, 2, 2, 5])), 8, "the true prefix matches");
+  assertEquals(
+    kv.computedPrefix(seqOf(2, [1, 1, 1, 1, 2, 2, 2, 2, 5])),
+    8,
+    "the true prefix matches",
+  );
   assertEquals(kv.computedPrefix(seqOf(3, [3, 1, 0, 0, 9])), 0, "same hash, different tokens");
-  assertEquals(kv.computedPrefix(seqOf(4, [1, 1, 1, 1, 4, 4, 0, 0, 9])), 4, "second block collides, tokens differ");
+  assertEquals(
+    kv.computedPrefix(seqOf(4, [1, 1, 1, 1, 4, 4, 0, 0, 9])),
+    4,
+    "second block collides, tokens differ",
+  );
   // [2,2,2,2] is cached as the child of [1,1,1,1]; as a first block its KV would be wrong.
   assertEquals(kv.computedPrefix(seqOf(5, [2, 2, 2, 2, 0])), 0, "same tokens, different parent");
 });
@@ -157,7 +176,11 @@ Deno.test("taking a cached prefix protects it from eviction by the same call", (
   kv.free(a); // 2 cached free blocks, 1 uncached
   const b = seqOf(2, [...range(0, 8), 77]);
   assertEquals(kv.computedPrefix(b), 8);
-  assertEquals(kv.allocateSlots(b, 5), null, "needs 2 new blocks; only 1 is free besides its prefix");
+  assertEquals(
+    kv.allocateSlots(b, 5),
+    null,
+    "needs 2 new blocks; only 1 is free besides its prefix",
+  );
   const t = kv.allocateSlots(b, 1)!;
   assertEquals(t.length, 3);
   assertEquals(kv.stats().evictions, 0);
@@ -198,7 +221,11 @@ Deno.test("random allocate/free/lookup sequences keep the books consistent and s
       // Cached blocks must hold exactly the tokens this sequence would have written.
       for (let pos = 0; pos < cached; pos++) {
         const b = table[Math.floor(pos / 4)]!;
-        assertEquals(content.get(b)?.[pos % 4], tokens[pos], `cached block ${b} holds foreign content`);
+        assertEquals(
+          content.get(b)?.[pos % 4],
+          tokens[pos],
+          `cached block ${b} holds foreign content`,
+        );
       }
       for (let pos = cached; pos < tokens.length; pos++) {
         const b = table[Math.floor(pos / 4)]!;

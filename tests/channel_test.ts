@@ -120,7 +120,9 @@ Deno.test("Channel keeps each producer's order and loses nothing with many produ
   for (const into of received) {
     for (let p = 0; p < producers; p++) {
       const seq = into.filter(([q]) => q === p).map(([, i]) => i);
-      for (let k = 1; k < seq.length; k++) assert(seq[k]! > seq[k - 1]!, `consumer saw ${seq} out of order`);
+      for (let k = 1; k < seq.length; k++) {
+        assert(seq[k]! > seq[k - 1]!, `consumer saw ${seq} out of order`);
+      }
     }
   }
   assert(received.every((r) => r.length > 0), "every consumer should have received work");

@@ -13,7 +13,14 @@ import { prng } from "./_scheduler_harness.ts";
 function plan(stepId: number, seqId: number, tokens: number[]): StepPlan {
   return {
     stepId,
-    seqs: [{ seqId, tokens, startPos: 0, blockTable: [seqId * 2, seqId * 2 + 1], sample: true, sampling: GREEDY }],
+    seqs: [{
+      seqId,
+      tokens,
+      startPos: 0,
+      blockTable: [seqId * 2, seqId * 2 + 1],
+      sample: true,
+      sampling: GREEDY,
+    }],
   };
 }
 
@@ -56,11 +63,16 @@ Deno.test("ExecutorActor hands plans to the engine without waiting for results, 
   const scheduler = new Channel<SchedulerMsg>(16);
   const ex = new ExecutorActor(engine, () => engine, mailbox, scheduler, silent);
   const running = ex.run();
-  for (let s = 0; s < 3; s++) await mailbox.send({ type: "step", epoch: 0, plan: plan(s, s, [BOS, 5 + s]), release: [] });
+  for (let s = 0; s < 3; s++) {
+    await mailbox.send({ type: "step", epoch: 0, plan: plan(s, s, [BOS, 5 + s]), release: [] });
+  }
   const got = await drain(scheduler, 3);
   assertEquals(got.map((m) => m.type === "step-result" && m.result.stepId), [0, 1, 2]);
   assertEquals(resolved.map((r) => r.stepId), [2, 1, 0], "the engine finished them in reverse");
-  assert(calls.every((c) => c.at < resolved[0]!.at), "all three steps were issued before any finished");
+  assert(
+    calls.every((c) => c.at < resolved[0]!.at),
+    "all three steps were issued before any finished",
+  );
   mailbox.close();
   await running;
 });
@@ -68,22 +80,38 @@ Deno.test("ExecutorActor hands plans to the engine without waiting for results, 
 Deno.test("ExecutorActor restarts a failed engine, reports failed then ready, and drops stale plans", async () => {
   const engines: FakeEngine[] = [];
   const make = () => {
-    const e = new FakeEngine({ blockSize: 4, numBlocks: 16, failWhen: (_p, call) => engines.length === 1 && call === 1 });
+    const e = new FakeEngine({
+      blockSize: 4,
+      numBlocks: 16,
+      failWhen: (_p, call) => engines.length === 1 && call === 1,
+    });
     engines.push(e);
     return e;
   };
   const mailbox = new Channel<ExecutorMsg>(8);
   const scheduler = new Channel<SchedulerMsg>(16);
-  const ex = new ExecutorActor(make(), make, mailbox, scheduler, { ...silent, restartBackoffMs: 1 });
+  const ex = new ExecutorActor(make(), make, mailbox, scheduler, {
+    ...silent,
+    restartBackoffMs: 1,
+  });
   const running = ex.run();
-  for (let s = 0; s < 3; s++) await mailbox.send({ type: "step", epoch: 0, plan: plan(s, s, [BOS, 7]), release: [] });
+  for (let s = 0; s < 3; s++) {
+    await mailbox.send({ type: "step", epoch: 0, plan: plan(s, s, [BOS, 7]), release: [] });
+  }
   const got = await drain(scheduler, 3);
   assertEquals(got.map((m) => m.type), ["step-result", "executor-failed", "executor-ready"]);
   const failed = got[1]!, ready = got[2]!;
-  assert(failed.type === "executor-failed" && failed.epoch === 0 && failed.error.includes("injected fault"));
+  assert(
+    failed.type === "executor-failed" && failed.epoch === 0 &&
+      failed.error.includes("injected fault"),
+  );
   assert(ready.type === "executor-ready" && ready.epoch === 1);
   assertEquals(engines.length, 2);
-  assertEquals(engines[0]!.calls, 3, "the first engine saw all three steps before its failure was handled");
+  assertEquals(
+    engines[0]!.calls,
+    3,
+    "the first engine saw all three steps before its failure was handled",
+  );
   // A plan made before the scheduler heard of the failure is dropped; a new-epoch one runs.
   await mailbox.send({ type: "step", epoch: 0, plan: plan(3, 3, [BOS, 8]), release: [] });
   await mailbox.send({ type: "step", epoch: 1, plan: plan(4, 0, [BOS, 9]), release: [] });
@@ -100,10 +128,16 @@ Deno.test("ExecutorActor reports executor-down when no engine can be built", asy
   const engine = new FakeEngine({ failWhen: () => true });
   const mailbox = new Channel<ExecutorMsg>(4);
   const scheduler = new Channel<SchedulerMsg>(16);
-  const ex = new ExecutorActor(engine, () => {
-    attempts++;
-    throw new Error("device lost for good");
-  }, mailbox, scheduler, { ...silent, maxRestartAttempts: 3, restartBackoffMs: 1 });
+  const ex = new ExecutorActor(
+    engine,
+    () => {
+      attempts++;
+      throw new Error("device lost for good");
+    },
+    mailbox,
+    scheduler,
+    { ...silent, maxRestartAttempts: 3, restartBackoffMs: 1 },
+  );
   const running = ex.run();
   await mailbox.send({ type: "step", epoch: 0, plan: plan(0, 0, [BOS]), release: [] });
   const got = await drain(scheduler, 2);
@@ -126,7 +160,18 @@ Deno.test("ExecutorActor releases ended sequences on the engine before the next 
   await mailbox.send({
     type: "step",
     epoch: 0,
-    plan: { stepId: 1, seqs: [{ seqId: 0, tokens: [], useLastSampled: true, startPos: 2, blockTable: [0], sample: true, sampling: GREEDY }] },
+    plan: {
+      stepId: 1,
+      seqs: [{
+        seqId: 0,
+        tokens: [],
+        useLastSampled: true,
+        startPos: 2,
+        blockTable: [0],
+        sample: true,
+        sampling: GREEDY,
+      }],
+    },
     release: [],
   });
   const [m] = await drain(scheduler, 1);
@@ -142,7 +187,13 @@ Deno.test("ExecutorActor releases ended sequences on the engine before the next 
 const VOCAB = 48;
 
 function continuation(prompt: number[], maxTokens: number, contextLength: number): number[] {
-  return fakeContinuation(prompt, { maxTokens, stopTokenIds: [EOS], contextLength, vocabSize: VOCAB, sampling: GREEDY });
+  return fakeContinuation(prompt, {
+    maxTokens,
+    stopTokenIds: [EOS],
+    contextLength,
+    vocabSize: VOCAB,
+    sampling: GREEDY,
+  });
 }
 
 async function collect(events: AsyncIterable<GenerationEvent>): Promise<GenerationEvent[]> {
@@ -152,7 +203,13 @@ async function collect(events: AsyncIterable<GenerationEvent>): Promise<Generati
 }
 
 Deno.test("ServingCore: an engine that throws mid-step is restarted and every request completes with its solo tokens", async () => {
-  const base: FakeEngineOptions = { vocabSize: VOCAB, numBlocks: 96, blockSize: 4, contextLength: 256, latencyMs: 1 };
+  const base: FakeEngineOptions = {
+    vocabSize: VOCAB,
+    numBlocks: 96,
+    blockSize: 4,
+    contextLength: 256,
+    latencyMs: 1,
+  };
   let built = 0;
   // The first three engines each die on their 9th step; the fourth lives.
   const factory = () => {
@@ -168,14 +225,31 @@ Deno.test("ServingCore: an engine that throws mid-step is restarted and every re
   });
   try {
     const r = prng(3);
-    const prompts = Array.from({ length: 24 }, () => [BOS, ...Array.from({ length: 2 + r(30) }, () => 2 + r(VOCAB - 2))]);
-    const results = await Promise.all(prompts.map((p) =>
-      collect(core.generate({ prompt: p, maxTokens: 30, sampling: GREEDY, stop: [], priority: "interactive", requestId: "f" }))
-    ));
+    const prompts = Array.from(
+      { length: 24 },
+      () => [BOS, ...Array.from({ length: 2 + r(30) }, () => 2 + r(VOCAB - 2))],
+    );
+    const results = await Promise.all(
+      prompts.map((p) =>
+        collect(
+          core.generate({
+            prompt: p,
+            maxTokens: 30,
+            sampling: GREEDY,
+            stop: [],
+            priority: "interactive",
+            requestId: "f",
+          }),
+        )
+      ),
+    );
     assertEquals(built, 4, "three failures, three restarts");
     assertEquals(core.schedulerStats().executorRestarts, 3);
     results.forEach((events, i) => {
-      assert(!events.some((e) => e.type === "error"), `request ${i} saw an error: ${JSON.stringify(events.at(-1))}`);
+      assert(
+        !events.some((e) => e.type === "error"),
+        `request ${i} saw an error: ${JSON.stringify(events.at(-1))}`,
+      );
       const ids = events.flatMap((e) => (e.type === "token" ? e.ids : []));
       const want = continuation(prompts[i]!, 30, 256);
       assertEquals(ids, want.at(-1) === EOS ? want.slice(0, -1) : want, `request ${i}`);
@@ -200,11 +274,24 @@ Deno.test("ServingCore: when the engine cannot be rebuilt every live request end
     executor: { ...silent, maxRestartAttempts: 2, restartBackoffMs: 1 },
   });
   try {
-    const req = (p: number[]) => ({ prompt: p, maxTokens: 50, sampling: GREEDY, stop: [], priority: "batch" as const, requestId: "d" });
-    const all = await Promise.all([[BOS, 5], [BOS, 6, 7], [BOS, 9]].map((p) => collect(core.generate(req(p)))));
+    const req = (p: number[]) => ({
+      prompt: p,
+      maxTokens: 50,
+      sampling: GREEDY,
+      stop: [],
+      priority: "batch" as const,
+      requestId: "d",
+    });
+    const all = await Promise.all(
+      [[BOS, 5], [BOS, 6, 7], [BOS, 9]].map((p) => collect(core.generate(req(p)))),
+    );
     for (const events of all) {
       const last = events.at(-1);
-      assert(last?.type === "error" && last.code === "internal" && last.message.includes("executor is down"), JSON.stringify(last));
+      assert(
+        last?.type === "error" && last.code === "internal" &&
+          last.message.includes("executor is down"),
+        JSON.stringify(last),
+      );
     }
     const after = await collect(core.generate(req([BOS, 3])));
     assertEquals(after.map((e) => e.type), ["error"], "new requests are refused at once");
@@ -217,7 +304,8 @@ Deno.test("ServingCore: when the engine cannot be rebuilt every live request end
 Deno.test("ServingCore: a request that crashes the engine every time gets an error; the others finish", async () => {
   const POISON = 47;
   const base: FakeEngineOptions = { vocabSize: VOCAB, numBlocks: 64, blockSize: 4, latencyMs: 1 };
-  const make = () => new FakeEngine({ ...base, failWhen: (p) => p.seqs.some((e) => e.tokens.includes(POISON)) });
+  const make = () =>
+    new FakeEngine({ ...base, failWhen: (p) => p.seqs.some((e) => e.tokens.includes(POISON)) });
   const core = new ServingCore({
     engine: make(),
     engineFactory: make,
@@ -225,14 +313,27 @@ Deno.test("ServingCore: a request that crashes the engine every time gets an err
     executor: { ...silent, restartBackoffMs: 0 },
   });
   try {
-    const req = (p: number[]) => ({ prompt: p, maxTokens: 12, sampling: GREEDY, stop: [], priority: "interactive" as const, requestId: "x" });
+    const req = (p: number[]) => ({
+      prompt: p,
+      maxTokens: 12,
+      sampling: GREEDY,
+      stop: [],
+      priority: "interactive" as const,
+      requestId: "x",
+    });
     const prompts = [[BOS, 5, 6], [BOS, 7, 8, 9], [BOS, POISON, 3], [BOS, 11]];
     const all = await Promise.all(prompts.map((p) => collect(core.generate(req(p)))));
     const poisoned = all[2]!.at(-1);
-    assert(poisoned?.type === "error" && poisoned.message.includes("crashed in 4 steps"), JSON.stringify(poisoned));
+    assert(
+      poisoned?.type === "error" && poisoned.message.includes("crashed in 4 steps"),
+      JSON.stringify(poisoned),
+    );
     for (const i of [0, 1, 3]) {
       const want = continuation(prompts[i]!, 12, 2048);
-      assert(!want.includes(POISON), "test setup: an innocent continuation contains the poison token");
+      assert(
+        !want.includes(POISON),
+        "test setup: an innocent continuation contains the poison token",
+      );
       const ids = all[i]!.flatMap((e) => (e.type === "token" ? e.ids : []));
       assertEquals(ids, want.at(-1) === EOS ? want.slice(0, -1) : want, `request ${i}`);
     }
@@ -247,7 +348,12 @@ Deno.test("ServingCore property: random arrivals, aborts, departures and faults 
   for (let run = 0; run < 40; run++) {
     const r = prng(1000 + run);
     const ctx = 64 + r(128);
-    const base: FakeEngineOptions = { vocabSize: VOCAB, numBlocks: 8 + r(40), blockSize: [1, 4, 16][r(3)]!, contextLength: ctx };
+    const base: FakeEngineOptions = {
+      vocabSize: VOCAB,
+      numBlocks: 8 + r(40),
+      blockSize: [1, 4, 16][r(3)]!,
+      contextLength: ctx,
+    };
     const pool = base.numBlocks! * base.blockSize!;
     const factory = () => new FakeEngine({ ...base, latencyMs: r(2), failWhen: () => r(60) === 0 });
     const core = new ServingCore({
@@ -260,7 +366,10 @@ Deno.test("ServingCore property: random arrivals, aborts, departures and faults 
     });
     const jobs: Promise<void>[] = [];
     for (let i = 0; i < 6 + r(10); i++) {
-      const prompt = [BOS, ...Array.from({ length: 1 + r(Math.min(30, pool - 2)) }, () => 2 + r(VOCAB - 2))];
+      const prompt = [
+        BOS,
+        ...Array.from({ length: 1 + r(Math.min(30, pool - 2)) }, () => 2 + r(VOCAB - 2)),
+      ];
       const maxTokens = 1 + r(30);
       const ctl = new AbortController();
       const mode = r(6); // 0: abort, 1: leave, else read to the end
@@ -268,7 +377,16 @@ Deno.test("ServingCore property: random arrivals, aborts, departures and faults 
         await new Promise((res) => setTimeout(res, r(4)));
         const events: GenerationEvent[] = [];
         const stopAfter = r(5);
-        for await (const e of core.generate({ prompt, maxTokens, sampling: GREEDY, stop: [], priority: r(2) ? "batch" : "interactive", requestId: "p" }, ctl.signal)) {
+        for await (
+          const e of core.generate({
+            prompt,
+            maxTokens,
+            sampling: GREEDY,
+            stop: [],
+            priority: r(2) ? "batch" : "interactive",
+            requestId: "p",
+          }, ctl.signal)
+        ) {
           events.push(e);
           if (e.type === "token" && events.length > stopAfter) {
             if (mode === 0) ctl.abort();
@@ -277,7 +395,11 @@ Deno.test("ServingCore property: random arrivals, aborts, departures and faults 
         }
         const ids = events.flatMap((e) => (e.type === "token" ? e.ids : []));
         const want = continuation(prompt, maxTokens, Math.min(ctx, pool)).filter((t) => t !== EOS);
-        assertEquals(ids, want.slice(0, ids.length), `run ${run}: tokens are a prefix of the solo run`);
+        assertEquals(
+          ids,
+          want.slice(0, ids.length),
+          `run ${run}: tokens are a prefix of the solo run`,
+        );
         const last = events.at(-1);
         if (mode === 1 && last?.type !== "done") {
           left++;
@@ -300,5 +422,7 @@ Deno.test("ServingCore property: random arrivals, aborts, departures and faults 
     restarts += s.executorRestarts;
     await core.close();
   }
-  for (const [k, v] of Object.entries({ restarts, aborted, left, completed })) assertGreater(v, 3, `${k}: ${v}`);
+  for (const [k, v] of Object.entries({ restarts, aborted, left, completed })) {
+    assertGreater(v, 3, `${k}: ${v}`);
+  }
 });

@@ -18,18 +18,36 @@ function startCore(engine: FakeEngineOptions = {}, scheduler: Partial<SchedulerC
   });
 }
 
-function request(prompt: number[], maxTokens: number, extra: Partial<GenerationRequest> = {}): GenerationRequest {
-  return { prompt, maxTokens, sampling: GREEDY, stop: [], priority: "interactive", requestId: "t", ...extra };
+function request(
+  prompt: number[],
+  maxTokens: number,
+  extra: Partial<GenerationRequest> = {},
+): GenerationRequest {
+  return {
+    prompt,
+    maxTokens,
+    sampling: GREEDY,
+    stop: [],
+    priority: "interactive",
+    requestId: "t",
+    ...extra,
+  };
 }
 
 /** What the fake model generates for the prompt, EOS included if it stops there. */
 function continuation(prompt: number[], maxTokens: number): number[] {
-  return fakeContinuation(prompt, { maxTokens, stopTokenIds: [EOS], contextLength: 512, vocabSize: VOCAB, sampling: GREEDY });
+  return fakeContinuation(prompt, {
+    maxTokens,
+    stopTokenIds: [EOS],
+    contextLength: 512,
+    vocabSize: VOCAB,
+    sampling: GREEDY,
+  });
 }
 
 /** A prompt (after BOS) whose continuation has at least `n` tokens before any EOS. */
 function promptWithLongRun(n: number, seed = 0): number[] {
-  for (let k = seed; ; k++) {
+  for (let k = seed;; k++) {
     const p = [BOS, 4 + (k % 50), 5 + ((k * 7) % 50), 2 + ((k * 13) % 60)];
     if (!continuation(p, n).includes(EOS)) return p;
   }
@@ -75,11 +93,21 @@ Deno.test("RequestActor streams text deltas that add up to the decoded continuat
     assertEquals(textOf(events), decodeAll(want));
     const ids = events.flatMap((e) => (e.type === "token" ? e.ids : []));
     assertEquals(ids, want, "every generated id is reported once, in order");
-    assert(events.some((e) => e.type === "token" && e.ids.length > 1), "ids without text wait for the next text");
-    assert(events.every((e) => e.type !== "token" || e.text.length > 0), "no empty deltas mid-stream");
+    assert(
+      events.some((e) => e.type === "token" && e.ids.length > 1),
+      "ids without text wait for the next text",
+    );
+    assert(
+      events.every((e) => e.type !== "token" || e.text.length > 0),
+      "no empty deltas mid-stream",
+    );
     const done = doneOf(events);
     assertEquals(done.finishReason, "length");
-    assertEquals(done.usage, { promptTokens: prompt.length, completionTokens: 40, cachedTokens: 0 });
+    assertEquals(done.usage, {
+      promptTokens: prompt.length,
+      completionTokens: 40,
+      cachedTokens: 0,
+    });
   } finally {
     await core.close();
   }
@@ -150,7 +178,11 @@ Deno.test("RequestActor holds back text that may start a stop string and release
       assert(decoded.startsWith(emitted));
       if (decoded.length > emitted.length) {
         heldBack++;
-        assertEquals(decoded.slice(emitted.length), "a", "only a possible stop-string start is held");
+        assertEquals(
+          decoded.slice(emitted.length),
+          "a",
+          "only a possible stop-string start is held",
+        );
       }
     }
     assertGreater(heldBack, 0, "some text ending in 'a' was held back");
@@ -245,7 +277,10 @@ Deno.test("RequestActor reports timings: queue, prefill, first token and decode 
   const core = startCore({ latencyMs: 3 }, { maxRunning: 1 });
   try {
     const p1 = promptWithLongRun(20, 1), p2 = promptWithLongRun(20, 6);
-    const [a, b] = await Promise.all([collect(core.generate(request(p1, 20))), collect(core.generate(request(p2, 20)))]);
+    const [a, b] = await Promise.all([
+      collect(core.generate(request(p1, 20))),
+      collect(core.generate(request(p2, 20))),
+    ]);
     const ta = doneOf(a).timings, tb = doneOf(b).timings;
     for (const t of [ta, tb]) {
       for (const v of Object.values(t)) assert(v >= 0 && Number.isFinite(v), JSON.stringify(t));

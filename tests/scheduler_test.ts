@@ -10,7 +10,10 @@ function expected(h: Harness, s: HarnessSeq): number[] {
     maxTokens: s.maxTokens,
     stopTokenIds: s.stopTokenIds ?? [],
     // The scheduler also caps a sequence at what the whole pool holds.
-    contextLength: Math.min(h.engine.config.contextLength, h.engine.kv.numBlocks * h.engine.kv.blockSize),
+    contextLength: Math.min(
+      h.engine.config.contextLength,
+      h.engine.kv.numBlocks * h.engine.kv.blockSize,
+    ),
     vocabSize: h.engine.config.vocabSize,
     sampling: s.sampling ?? GREEDY,
   });
@@ -26,7 +29,11 @@ function checkPlans(h: Harness, maxBatchTokens: number, maxRunning: number): voi
     const tokens = p.seqs.reduce((n, s) => n + (s.useLastSampled ? 1 : s.tokens.length), 0);
     assertLessOrEqual(tokens, maxBatchTokens, `step ${p.stepId} has ${tokens} tokens`);
     assertLessOrEqual(p.seqs.length, maxRunning, `step ${p.stepId} has ${p.seqs.length} sequences`);
-    assertEquals(new Set(p.seqs.map((s) => s.seqId)).size, p.seqs.length, `step ${p.stepId} repeats a sequence`);
+    assertEquals(
+      new Set(p.seqs.map((s) => s.seqId)).size,
+      p.seqs.length,
+      `step ${p.stepId} repeats a sequence`,
+    );
   }
 }
 
@@ -42,7 +49,10 @@ Deno.test("Scheduler: a sequence run alone yields the fake model's continuation,
     assertEquals([end.reason, end.completionTokens], ["length", 20]);
     assertEquals(h.sched.kv.stats().usedBlocks, 0);
     if (depth > 1) {
-      assert(h.plans.some((p) => p.seqs.some((e) => e.useLastSampled)), "pipelined decodes feed the token sampled last");
+      assert(
+        h.plans.some((p) => p.seqs.some((e) => e.useLastSampled)),
+        "pipelined decodes feed the token sampled last",
+      );
     }
   }
 });
@@ -50,7 +60,9 @@ Deno.test("Scheduler: a sequence run alone yields the fake model's continuation,
 Deno.test("Scheduler stops on EOS, on stop ids, on max_tokens and at the context length", () => {
   const h = new Harness({ vocabSize: 16, contextLength: 40, numBlocks: 64, blockSize: 4 });
   const cases: HarnessSeq[] = [];
-  for (let i = 0; i < 40; i++) cases.push({ prompt: range(i, 3, 16), maxTokens: 30, stopTokenIds: [EOS] });
+  for (let i = 0; i < 40; i++) {
+    cases.push({ prompt: range(i, 3, 16), maxTokens: 30, stopTokenIds: [EOS] });
+  }
   cases.push({ prompt: range(0, 4, 16), maxTokens: 30, stopTokenIds: [3, 7, 11] });
   cases.push({ prompt: range(2, 5, 16), maxTokens: 6 });
   cases.push({ prompt: range(1, 30, 16), maxTokens: 100 }); // only 10 positions left in the context
@@ -66,14 +78,25 @@ Deno.test("Scheduler stops on EOS, on stop ids, on max_tokens and at the context
     assertEquals(end.completionTokens, want.length);
     reasons.add(stopped ? `stop:${want.at(-1)}` : "length");
   });
-  assert(reasons.has(`stop:${EOS}`) && [...reasons].some((r) => r !== `stop:${EOS}` && r.startsWith("stop")));
-  assertEquals(h.tokens(ids.at(-1)!).length, 10, "30-token prompt in a 40-token context gets 10 tokens");
+  assert(
+    reasons.has(`stop:${EOS}`) &&
+      [...reasons].some((r) => r !== `stop:${EOS}` && r.startsWith("stop")),
+  );
+  assertEquals(
+    h.tokens(ids.at(-1)!).length,
+    10,
+    "30-token prompt in a 40-token context gets 10 tokens",
+  );
   assertEquals(h.sched.kv.stats().usedBlocks, 0);
 });
 
 Deno.test("Scheduler discards tokens sampled past a stop when results arrive late", () => {
   const h = new Harness({ vocabSize: 8, numBlocks: 64, blockSize: 4 });
-  const seqs = range(0, 30).map((i) => ({ prompt: [i % 8, (i * 3) % 8, 5], maxTokens: 50, stopTokenIds: [EOS] }));
+  const seqs = range(0, 30).map((i) => ({
+    prompt: [i % 8, (i * 3) % 8, 5],
+    maxTokens: 50,
+    stopTokenIds: [EOS],
+  }));
   const ids = seqs.map((s) => h.submit(s));
   h.runToEnd(3);
   let sampledForStopped = 0;
@@ -97,7 +120,9 @@ Deno.test("Scheduler: a preempted and recomputed sequence produces exactly the u
   assertGreater(h.sched.stats().preemptions, 0, "the pool is too small: someone must be preempted");
   ids.forEach((id, i) => assertEquals(h.tokens(id), expected(h, seqs[i]!)));
   // The newest admission is the victim; the first sequence runs undisturbed.
-  const firstSteps = h.plans.filter((p) => p.seqs.some((e) => e.seqId === ids[0] && e.startPos === 0));
+  const firstSteps = h.plans.filter((p) =>
+    p.seqs.some((e) => e.seqId === ids[0] && e.startPos === 0)
+  );
   assertEquals(firstSteps.length, 1, "the oldest sequence was never recomputed");
   assertEquals(h.sched.kv.stats().usedBlocks, 0);
   h.sched.kv.checkConsistency();
@@ -121,12 +146,18 @@ Deno.test("Scheduler: with a shared prompt prefix the second prefill skips the c
   h.runToEnd();
   const scheduled = h.events.get(ib)!.find((e) => e.type === "scheduled");
   assertEquals(scheduled?.type === "scheduled" && scheduled.cachedTokens, 48);
-  assertEquals(h.engine.tokensComputed - before, coldRows - 48, "b's prefill computed 48 rows fewer");
+  assertEquals(
+    h.engine.tokensComputed - before,
+    coldRows - 48,
+    "b's prefill computed 48 rows fewer",
+  );
   assertEquals(h.sched.stats().prefixHitTokens, 48);
   assertEquals(h.tokens(ib), cold.tokens(bAlone), "output unchanged by the cache");
   assertEquals(h.tokens(ib), expected(h, b));
   assertEquals(h.tokens(ia), expected(h, a));
-  const firstB = h.plans.find((p) => p.seqs.some((e) => e.seqId === ib))!.seqs.find((e) => e.seqId === ib)!;
+  const firstB = h.plans.find((p) => p.seqs.some((e) => e.seqId === ib))!.seqs.find((e) =>
+    e.seqId === ib
+  )!;
   assertEquals(firstB.startPos, 48);
   assertEquals(firstB.tokens, [9, 9]);
 });
@@ -138,21 +169,28 @@ Deno.test("Scheduler: sequences arriving together share the prefix as soon as it
   const ids = seqs.map((s) => h.submit(s));
   h.runToEnd(2);
   ids.forEach((id, i) => assertEquals(h.tokens(id), expected(h, seqs[i]!)));
-  assertGreater(h.sched.stats().prefixHitTokens, 64 * 3, "most followers reuse the 64-token prefix");
+  assertGreater(
+    h.sched.stats().prefixHitTokens,
+    64 * 3,
+    "most followers reuse the 64-token prefix",
+  );
 });
 
 Deno.test("Scheduler: a long prompt arriving while 16 sequences decode keeps their token gaps within 2 steps", () => {
   const h = new Harness({ vocabSize: 4096, numBlocks: 1024, blockSize: 16, contextLength: 4096 }, {
     maxBatchTokens: 128,
   });
-  const decoders = range(0, 16).map((i) => h.submit({ prompt: range(i * 10, 8, 4096), maxTokens: 120 }));
+  const decoders = range(0, 16).map((i) =>
+    h.submit({ prompt: range(i * 10, 8, 4096), maxTokens: 120 })
+  );
   for (let i = 0; i < 10; i++) {
     h.plan();
     h.deliver();
   }
   const longId = h.submit({ prompt: range(3, 2000, 4096), maxTokens: 4 });
   h.runToEnd(2);
-  const longSteps = h.plans.filter((p) => p.seqs.some((e) => e.seqId === longId && !e.sample)).length;
+  const longSteps =
+    h.plans.filter((p) => p.seqs.some((e) => e.seqId === longId && !e.sample)).length;
   assertGreater(longSteps, 10, "the 2000-token prompt was split into chunks across many steps");
   let maxGap = 0;
   for (const id of decoders) {
@@ -176,7 +214,11 @@ Deno.test("Scheduler: cancel frees blocks at once and ignores results still in f
   const used = h.sched.kv.stats().usedBlocks;
   h.sched.cancel(idGone);
   h.sched.cancel(idQuiet, false);
-  assertEquals(h.sched.kv.stats().usedBlocks, used - 2 * Math.ceil(23 / 4), "both lost their blocks");
+  assertEquals(
+    h.sched.kv.stats().usedBlocks,
+    used - 2 * Math.ceil(23 / 4),
+    "both lost their blocks",
+  );
   assertEquals(h.finished(idGone).reason, "cancelled");
   assertEquals(h.end(idQuiet), undefined, "client-gone gets no answer");
   const streamed = h.tokens(idGone).length;
@@ -187,7 +229,9 @@ Deno.test("Scheduler: cancel frees blocks at once and ignores results still in f
 });
 
 Deno.test("Scheduler refuses prompts that cannot fit, a full queue and submissions while draining", () => {
-  const h = new Harness({ vocabSize: 64, numBlocks: 8, blockSize: 4, contextLength: 64 }, { maxWaiting: 2 });
+  const h = new Harness({ vocabSize: 64, numBlocks: 8, blockSize: 4, contextLength: 64 }, {
+    maxWaiting: 2,
+  });
   const tooLong = h.submit({ prompt: range(0, 32, 64), maxTokens: 1 }); // the pool holds 32 tokens
   const end = h.rejected(tooLong);
   assertEquals(end.code, "context_length_exceeded");
@@ -214,9 +258,13 @@ Deno.test("Scheduler: interactive requests go first and batch ones are preempted
   const i2 = h.submit({ prompt: range(300, 6), maxTokens: 20, priority: "interactive" });
   h.runToEnd(1);
   const firstStep = (id: number) => h.plans.findIndex((p) => p.seqs.some((e) => e.seqId === id));
-  assert(firstStep(i2) < firstStep(b2), "a later interactive request is admitted before an earlier batch one");
+  assert(
+    firstStep(i2) < firstStep(b2),
+    "a later interactive request is admitted before an earlier batch one",
+  );
   // A sequence whose prefill starts at position 0 more than once was preempted and recomputed.
-  const starts = (id: number) => h.plans.filter((p) => p.seqs.some((e) => e.seqId === id && e.startPos === 0)).length;
+  const starts = (id: number) =>
+    h.plans.filter((p) => p.seqs.some((e) => e.seqId === id && e.startPos === 0)).length;
   assertGreater(starts(batch) + starts(b2), 2, "batch work was preempted under pressure");
   assertEquals([starts(i1), starts(i2)], [1, 1], "interactive work never was");
   for (const id of [batch, i1, b2, i2]) assertEquals(h.tokens(id).length, 20);
@@ -224,7 +272,10 @@ Deno.test("Scheduler: interactive requests go first and batch ones are preempted
 
 Deno.test("Scheduler: aging lets a batch request run despite a steady stream of interactive ones", () => {
   const run = (agingSteps: number) => {
-    const h = new Harness({ vocabSize: 512, numBlocks: 64, blockSize: 4 }, { maxRunning: 1, agingSteps });
+    const h = new Harness({ vocabSize: 512, numBlocks: 64, blockSize: 4 }, {
+      maxRunning: 1,
+      agingSteps,
+    });
     const b = h.submit({ prompt: range(0, 4), maxTokens: 3, priority: "batch" });
     const i0 = h.submit({ prompt: range(10, 4), maxTokens: 3 });
     let doneAt = -1;
@@ -289,7 +340,16 @@ Deno.test("Scheduler refuses prompt tokens outside the vocabulary", () => {
 });
 
 Deno.test("Scheduler property: random interleavings leak nothing and every finished sequence matches its solo run", () => {
-  const totals = { runs: 0, finished: 0, cancelled: 0, gone: 0, preemptions: 0, hits: 0, faults: 0, rejected: 0 };
+  const totals = {
+    runs: 0,
+    finished: 0,
+    cancelled: 0,
+    gone: 0,
+    preemptions: 0,
+    hits: 0,
+    faults: 0,
+    rejected: 0,
+  };
   for (let run = 0; run < 2000; run++) {
     const r = prng(run + 1);
     const blockSize = [1, 2, 4, 16][r(4)]!;
@@ -305,7 +365,10 @@ Deno.test("Scheduler property: random interleavings leak nothing and every finis
       watermarkBlocks: r(2),
       prefixCaching: r(5) !== 0,
     });
-    const prefixes = [range(r(vocabSize), 3 + r(30), vocabSize), range(r(vocabSize), r(20), vocabSize)];
+    const prefixes = [
+      range(r(vocabSize), 3 + r(30), vocabSize),
+      range(r(vocabSize), r(20), vocabSize),
+    ];
     const specs = new Map<number, HarnessSeq>();
     const gone = new Set<number>();
     let toSubmit = 3 + r(10);
@@ -351,7 +414,9 @@ Deno.test("Scheduler property: random interleavings leak nothing and every finis
       const got = h.tokens(id);
       const want = expected(h, spec);
       const end = h.end(id);
-      const ended = h.events.get(id)!.filter((e) => e.type === "finished" || e.type === "rejected" || e.type === "failed");
+      const ended = h.events.get(id)!.filter((e) =>
+        e.type === "finished" || e.type === "rejected" || e.type === "failed"
+      );
       if (gone.has(id)) {
         assertEquals(ended.length, 0, `${where} seq ${id}: client-gone got an answer`);
         assertEquals(got, want.slice(0, got.length), `${where} seq ${id}: tokens before leaving`);
@@ -365,7 +430,11 @@ Deno.test("Scheduler property: random interleavings leak nothing and every finis
         // Unlucky: in maxSeqFaults crashed steps in a row. Allowed, but what it got is right.
         assertEquals(got, want.slice(0, got.length), `${where} seq ${id}: tokens before failing`);
       } else if (end?.type === "finished" && end.reason === "cancelled") {
-        assertEquals(got, want.slice(0, got.length), `${where} seq ${id}: tokens before the cancel`);
+        assertEquals(
+          got,
+          want.slice(0, got.length),
+          `${where} seq ${id}: tokens before the cancel`,
+        );
         totals.cancelled++;
       } else {
         assertEquals(got, want, `${where} seq ${id}: tokens differ from its solo run`);

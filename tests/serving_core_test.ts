@@ -14,12 +14,20 @@ import type { SchedulerConfig } from "../lib/scheduler.ts";
 import { Tokenizer } from "../lib/tokenizer.ts";
 import { modelFile } from "./_model_files.ts";
 
-const model = await loadModel(modelFile("stories260K.bin"), { tokenizerPath: modelFile("tok512.bin") });
+const model = await loadModel(modelFile("stories260K.bin"), {
+  tokenizerPath: modelFile("tok512.bin"),
+});
 const tokenizer = new Tokenizer(model.tokenizer!);
 
-async function solo(prompt: number[], maxTokens: number, sampling: SamplingParams): Promise<number[]> {
+async function solo(
+  prompt: number[],
+  maxTokens: number,
+  sampling: SamplingParams,
+): Promise<number[]> {
   const engine = new CpuEngine(model.config, model.weights, { numBlocks: 64, blockSize: 16 });
-  const { tokens } = await referenceGenerate(engine, prompt, maxTokens, sampling, { stopTokens: [tokenizer.eosId] });
+  const { tokens } = await referenceGenerate(engine, prompt, maxTokens, sampling, {
+    stopTokens: [tokenizer.eosId],
+  });
   return tokens.at(-1) === tokenizer.eosId ? tokens.slice(0, -1) : tokens;
 }
 
@@ -28,9 +36,23 @@ function startCore(numBlocks: number, scheduler: Partial<SchedulerConfig> = {}):
   return new ServingCore({ engine: make(), engineFactory: make, codec: tokenizer, scheduler });
 }
 
-async function generate(core: ServingCore, prompt: string, maxTokens: number, sampling: SamplingParams = GREEDY) {
+async function generate(
+  core: ServingCore,
+  prompt: string,
+  maxTokens: number,
+  sampling: SamplingParams = GREEDY,
+) {
   const events: GenerationEvent[] = [];
-  for await (const e of core.generate({ prompt, maxTokens, sampling, stop: [], priority: "interactive", requestId: "m" })) {
+  for await (
+    const e of core.generate({
+      prompt,
+      maxTokens,
+      sampling,
+      stop: [],
+      priority: "interactive",
+      requestId: "m",
+    })
+  ) {
     events.push(e);
   }
   const done = events.at(-1);
@@ -56,15 +78,25 @@ const PROMPTS = [
 Deno.test("ServingCore on stories260K: 8 concurrent generations, chunked and batched, equal their solo runs", async () => {
   const core = startCore(64, { maxBatchTokens: 24 });
   try {
-    const samplings: SamplingParams[] = PROMPTS.map((_, i) => i % 2 ? { ...GREEDY, temperature: 0.9, topP: 0.9, seed: 40 + i } : GREEDY);
+    const samplings: SamplingParams[] = PROMPTS.map((_, i) =>
+      i % 2 ? { ...GREEDY, temperature: 0.9, topP: 0.9, seed: 40 + i } : GREEDY
+    );
     const got = await Promise.all(PROMPTS.map((p, i) => generate(core, p, 48, samplings[i]!)));
     for (let i = 0; i < PROMPTS.length; i++) {
       const want = await solo(tokenizer.encode(PROMPTS[i]!, { bos: true }), 48, samplings[i]!);
       assertEquals(got[i]!.ids, want, `prompt ${i}: ${JSON.stringify(PROMPTS[i])}`);
-      assertEquals(got[i]!.text, tokenizer.decode(want), "streamed text = decoding the ids at once");
+      assertEquals(
+        got[i]!.text,
+        tokenizer.decode(want),
+        "streamed text = decoding the ids at once",
+      );
     }
     assert(got[0]!.text.length > 20, got[0]!.text);
-    assertGreater(core.schedulerStats().prefixHitTokens, 0, "the two long 'Once upon a time, ...' prompts share blocks");
+    assertGreater(
+      core.schedulerStats().prefixHitTokens,
+      0,
+      "the two long 'Once upon a time, ...' prompts share blocks",
+    );
   } finally {
     await core.close();
   }
@@ -78,7 +110,11 @@ Deno.test("ServingCore on stories260K: a pool too small for all preempts, recomp
     const got = await Promise.all(prompts.map((p) => generate(core, p, 90)));
     assertGreater(core.schedulerStats().preemptions, 0);
     for (let i = 0; i < prompts.length; i++) {
-      assertEquals(got[i]!.ids, await solo(tokenizer.encode(prompts[i]!, { bos: true }), 90, GREEDY), `prompt ${i}`);
+      assertEquals(
+        got[i]!.ids,
+        await solo(tokenizer.encode(prompts[i]!, { bos: true }), 90, GREEDY),
+        `prompt ${i}`,
+      );
     }
   } finally {
     await core.close();

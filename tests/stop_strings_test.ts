@@ -32,7 +32,11 @@ Deno.test("StopMatcher.flush() releases held text that never became a stop strin
 
 Deno.test("StopMatcher cuts at the earliest stop string, whichever is listed first", () => {
   assertEquals(stream(["cd", "b"], ["abcd"]), { out: "a", stopped: true });
-  assertEquals(stream(["", "x"], ["ab"]), { out: "ab", stopped: false }, "empty stop strings are ignored");
+  assertEquals(
+    stream(["", "x"], ["ab"]),
+    { out: "ab", stopped: false },
+    "empty stop strings are ignored",
+  );
 });
 
 Deno.test("StopMatcher stops as soon as a stop string is complete, not at one that would start earlier later", () => {
@@ -46,7 +50,10 @@ Deno.test("StopMatcher gives the same cut as searching each streamed prefix of t
   const r = prng(7);
   for (let trial = 0; trial < 3000; trial++) {
     const text = Array.from({ length: r(40) }, () => "ab\n"[r(3)]!).join("");
-    const stops = Array.from({ length: 1 + r(3) }, () => Array.from({ length: 1 + r(4) }, () => "ab\n"[r(3)]!).join(""));
+    const stops = Array.from(
+      { length: 1 + r(3) },
+      () => Array.from({ length: 1 + r(4) }, () => "ab\n"[r(3)]!).join(""),
+    );
     const pieces: string[] = [];
     for (let i = 0; i < text.length;) {
       const n = r(5);
