@@ -2,7 +2,10 @@ import type { ModelConfig } from "../lib/model_config.ts";
 import { bindAll, type Gpu, type KernelOp } from "./device.ts";
 import { DIM_ROWS, WGSL_STEP_TYPES } from "./step_meta.ts";
 
-const THREADS = 64;
+/** Threads per workgroup: 32 when a KV group's outputs fit (fewer idle lanes), else 64. */
+function threadsFor(group: number, headDim: number): number {
+  return group * headDim <= 32 && group <= 32 ? 32 : 64;
+}
 
 /**
  * WGSL for paged causal attention, one workgroup per (row, KV head) serving the G query heads
@@ -11,7 +14,7 @@ const THREADS = 64;
  * block table (a prefill chunk's own rows were stored by the preceding rope+store dispatch);
  * q comes from the rows of the fused q | k | v projection.
  *
- * Keys go in tiles of 64/G with an online softmax. Thread t scores (head t / TK, key t % TK);
+ * Keys go in tiles of T/G (T = 32 or 64 threads) with an online softmax. Thread t scores (head t / TK, key t % TK);
  * every max and sum is a scan in key order done identically by each thread that needs it, so a
  * row's output depends only on its own sequence, never on the rest of the batch.
  */
@@ -21,12 +24,13 @@ export function attentionWgsl(config: ModelConfig, blockSize: number): string {
   const kvDim = nKvHeads * headDim;
   const stride = qDim + 2 * kvDim;
   const group = nHeads / nKvHeads;
-  if (group > THREADS || THREADS % group !== 0) {
-    throw new Error(`Cannot build attention: ${group} query heads per KV head must divide ${THREADS}`);
+  const threads = threadsFor(group, headDim);
+  if (group > threads || threads % group !== 0) {
+    throw new Error(`Cannot build attention: ${group} query heads per KV head must divide ${threads}`);
   }
-  const tk = THREADS / group;
+  const tk = threads / group;
   // Output element (head, dim) = t + 64a of the group's G x HD, one register set each.
-  const outs = Array.from({ length: Math.ceil((group * headDim) / THREADS) }, (_, a) => a);
+  const outs = Array.from({ length: Math.ceil((group * headDim) / threads) }, (_, a) => a);
   const each = (f: (a: number) => string) => outs.map(f).join("\n    ");
   return /* wgsl */ `
 ${WGSL_STEP_TYPES}
@@ -43,8 +47,8 @@ const TK = ${tk}u;
 const GHD = ${group * headDim}u;
 const SCALE = ${1 / Math.sqrt(headDim)};
 var<workgroup> qs: array<f32, ${group * headDim}>;
-var<workgroup> scores: array<f32, ${THREADS}>;
-var<workgroup> probs: array<f32, ${THREADS}>;
+var<workgroup> scores: array<f32, ${threads}>;
+var<workgroup> probs: array<f32, ${threads}>;
 var<workgroup> slots: array<u32, ${tk}>;
 
 // Max of head g's scores over the first count keys of the tile, in key order.
@@ -54,7 +58,7 @@ fn tileMax(g: u32, count: u32) -> f32 {
   return v;
 }
 
-@compute @workgroup_size(${THREADS})
+@compute @workgroup_size(${threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
   let r = wid.y;
   let kvh = wid.x;
@@ -64,13 +68,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let kvBase = kvh * HD;
   // The group's query heads are contiguous: heads kvh*G .. kvh*G + G - 1.
   let qBase = r * ${stride}u + kvh * GHD;
-  for (var i = t; i < GHD; i += ${THREADS}u) { qs[i] = QKV[qBase + i]; }
+  for (var i = t; i < GHD; i += ${threads}u) { qs[i] = QKV[qBase + i]; }
   workgroupBarrier();
   let n = row.pos + 1u;
   let pg = t / TK;
   let pk = t % TK;
   var pm = 0.0;
-  ${each((a) => `let g${a} = min((t + ${a * THREADS}u) / HD, ${group - 1}u);
+  ${each((a) => `let g${a} = min((t + ${a * threads}u) / HD, ${group - 1}u);
     var m${a} = 0.0;
     var l${a} = 0.0;
     var acc${a} = 0.0;`)}
@@ -91,12 +95,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (pk < count) { probs[t] = exp(scores[t] - pmNew); }
     pm = pmNew;
     workgroupBarrier();
-    ${each((a) => `if (t + ${a * THREADS}u < GHD) {
+    ${each((a) => `if (t + ${a * threads}u < GHD) {
       let mNew = select(max(m${a}, tileMax(g${a}, count)), tileMax(g${a}, count), first);
       let corr = select(exp(m${a} - mNew), 0.0, first);
       l${a} *= corr;
       acc${a} *= corr;
-      let d = (t + ${a * THREADS}u) % HD;
+      let d = (t + ${a * threads}u) % HD;
       for (var i = 0u; i < count; i++) {
         let p = probs[g${a} * TK + i];
         l${a} += p;
@@ -106,7 +110,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }`)}
     workgroupBarrier();
   }
-  ${each((a) => `if (t + ${a * THREADS}u < GHD) { O[r * ${qDim}u + kvh * GHD + t + ${a * THREADS}u] = acc${a} / l${a}; }`)}
+  ${each((a) => `if (t + ${a * threads}u < GHD) { O[r * ${qDim}u + kvh * GHD + t + ${a * threads}u] = acc${a} / l${a}; }`)}
 }
 `;
 }
@@ -129,6 +133,14 @@ export function createAttention(gpu: Gpu, config: ModelConfig, blockSize: number
   const group = bindAll(gpu, pipeline, [t.dims, t.rows, t.seqs, t.tables, t.qkv, t.kCache, t.vCache, t.out], "attention");
   return {
     label: "attention",
+    cost(c) {
+      const { nHeads, nKvHeads, headDim } = config;
+      const keys = c.rows.reduce((s, r) => s + r.pos + 1, 0);
+      return {
+        flops: 4 * nHeads * headDim * keys,
+        bytes: 2 * nKvHeads * headDim * 4 * keys + 2 * c.rows.length * nHeads * headDim * 4,
+      };
+    },
     encode(pass: GPUComputePassEncoder, rows: number): void {
       if (rows === 0) return;
       pass.setPipeline(pipeline);

@@ -1,3 +1,5 @@
+import type { StepContent } from "./step_meta.ts";
+
 /**
  * The WebGPU device and what every kernel needs from it: the limits actually granted, and a
  * cache so each WGSL program is compiled once per device.
@@ -18,10 +20,18 @@ export interface Gpu {
   pipeline(code: string, label: string): GPUComputePipeline;
 }
 
+/** Work a kernel does in one step: arithmetic, and the bytes it must move at the least. */
+export interface KernelCost {
+  readonly flops: number;
+  readonly bytes: number;
+}
+
 /** A kernel with its buffers bound, encoded for n rows (or samples) of a step. */
 export interface KernelOp {
   readonly label: string;
   encode(pass: GPUComputePassEncoder, n: number): void;
+  /** Its cost for a step (for the benchmark's GFLOP/s and GB/s). */
+  cost(step: StepContent): KernelCost;
 }
 
 export const NO_ADAPTER_MESSAGE =

@@ -57,6 +57,7 @@ export function createEmbedding(gpu: Gpu, m: GpuMatrix, target: EmbeddingTarget)
   );
   return {
     label: `embedding ${m.type}`,
+    cost: (c) => ({ flops: 0, bytes: c.rows.length * (m.rowBytes + m.cols * 4) }),
     encode(pass: GPUComputePassEncoder, rows: number): void {
       if (rows === 0) return;
       pass.setPipeline(pipeline);

@@ -1,7 +1,7 @@
 import type { TensorType } from "../lib/tensor.ts";
 import { type Gpu, type KernelOp, uploadBuffer } from "./device.ts";
 import type { GpuMatrix } from "./gpu_matrix.ts";
-import { WGSL_STEP_TYPES } from "./step_meta.ts";
+import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";
 import { chunkElements, chunkVec4s, WGSL_WEIGHT_HELPERS, wgslLoadChunk } from "./weight_formats.ts";
 
 /** Activation rows one workgroup multiplies against each weight chunk it loads. */
@@ -106,10 +106,11 @@ ${type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) t: u32) {
   let nRows = dims[${rowsField}];
-  let r0 = wid.y * ${tr}u;
+  // Row tiles vary fastest, so the workgroups that share a weight tile run together (cache reuse).
+  let r0 = wid.x * ${tr}u;
   if (r0 >= nRows) { return; }
   let live = min(${tr}u, nRows - r0);
-  let o = (wid.x + wid.z * nwg.x) * TO + t / KS;
+  let o = (wid.y + wid.z * nwg.y) * TO + t / KS;
   let s = t % KS;
   ${srcRows}
   ${zeroDecls}
@@ -153,6 +154,8 @@ export interface MatmulTarget {
   readonly yStride?: number;
   /** Column of y receiving output feature 0 (default 0). */
   readonly yOffset?: number;
+  /** Names the kernel in profiles (default: the matrix's name). */
+  readonly label?: string;
 }
 
 /**
@@ -196,18 +199,26 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
     const entries = bound.map(([binding, b]) => ({ binding, resource: b instanceof GPUBuffer ? { buffer: b } : b }));
     const bindGroup = gpu.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries, label: m.name });
     const groups = Math.ceil(n / to);
-    const gx = Math.min(groups, gpu.maxWorkgroupsPerDimension);
-    return { bindGroup, gx, gz: Math.ceil(groups / gx) };
+    const gy = Math.min(groups, gpu.maxWorkgroupsPerDimension);
+    return { bindGroup, gy, gz: Math.ceil(groups / gy) };
   });
   return {
-    label: `matmul ${m.name}`,
+    label: `matmul ${target.label ?? m.name} ${m.type}`,
+    cost(c) {
+      const n = target.rowsField === DIM_SAMPLES ? c.samples.length : c.rows.length;
+      const yBytes = n * outputs * 4 * (epilogue === "accumulate" ? 2 : 1);
+      return {
+        flops: 2 * n * m.rows * m.cols + (target.norm ? 2 * n * m.cols : 0),
+        bytes: m.rows * m.rowBytes + n * m.cols * 4 + yBytes,
+      };
+    },
     encode(pass: GPUComputePassEncoder, rows: number): void {
       if (rows === 0) return;
       pass.setPipeline(pipeline);
-      const gy = Math.ceil(rows / MATMUL_ROWS_PER_GROUP);
+      const gx = Math.ceil(rows / MATMUL_ROWS_PER_GROUP);
       for (const p of parts) {
         pass.setBindGroup(0, p.bindGroup);
-        pass.dispatchWorkgroups(p.gx, gy, p.gz);
+        pass.dispatchWorkgroups(gx, p.gy, p.gz);
       }
     },
   };

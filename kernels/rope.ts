@@ -97,6 +97,11 @@ export function createRopeStore(gpu: Gpu, config: ModelConfig, t: RopeStoreTarge
   const group = bindAll(gpu, pipeline, [t.dims, t.rows, t.table, t.qkv, t.kCache, t.vCache], "rope+store");
   return {
     label: "rope+kv store",
+    cost(c) {
+      const { nHeads, nKvHeads, headDim } = config;
+      const qkv = (nHeads + 2 * nKvHeads) * headDim;
+      return { flops: c.rows.length * (nHeads + nKvHeads) * headDim * 3, bytes: c.rows.length * (qkv + nHeads * headDim + 2 * nKvHeads * headDim) * 4 };
+    },
     encode(pass: GPUComputePassEncoder, rows: number): void {
       if (rows === 0) return;
       pass.setPipeline(pipeline);

@@ -257,6 +257,8 @@ export function createSampler(gpu: Gpu, vocab: number, t: SampleTarget): KernelO
   const group = bindAll(gpu, pipeline, [t.dims, t.samples, t.logits, t.out, t.lastSampled], "sample");
   return {
     label: "sample",
+    // One read of each row of logits: the least any sampler does (greedy reads twice, filters more).
+    cost: (c) => ({ flops: 2 * c.samples.length * vocab, bytes: c.samples.length * vocab * 4 }),
     encode(pass: GPUComputePassEncoder, count: number): void {
       if (count === 0) return;
       pass.setPipeline(pipeline);

@@ -30,6 +30,7 @@ export function createSwiglu(gpu: Gpu, hidden: number, target: SwigluTarget): Ke
   const group = bindAll(gpu, pipeline, [target.dims, target.gate, target.up], "swiglu");
   return {
     label: "swiglu",
+    cost: (c) => ({ flops: 6 * c.rows.length * hidden, bytes: 3 * c.rows.length * hidden * 4 }),
     encode(pass: GPUComputePassEncoder, rows: number): void {
       if (rows === 0) return;
       pass.setPipeline(pipeline);

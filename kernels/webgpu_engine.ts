@@ -210,32 +210,32 @@ export class WebGpuEngine implements Engine {
       const attnNorm = { weight: vector(w.attnNorm), eps: rmsEps };
       const qkv = [check(w.wq, [qDim, dim]), check(w.wk, [kvDim, dim]), check(w.wv, [kvDim, dim])];
       if (stackable(qkv)) {
-        rowOps.push(createMatmul(gpu, upload(concatRows(qkv, `blk.${l}.qkv`)), { ...rows, x: act.x, y: act.qkv, norm: attnNorm }));
+        rowOps.push(createMatmul(gpu, upload(concatRows(qkv, `blk.${l}.qkv`)), { ...rows, x: act.x, y: act.qkv, norm: attnNorm, label: "qkv" }));
       } else {
         [0, qDim, qDim + kvDim].forEach((yOffset, i) => {
-          rowOps.push(createMatmul(gpu, upload(qkv[i]!), { ...rows, x: act.x, y: act.qkv, yStride: qkvStride, yOffset, norm: attnNorm }));
+          rowOps.push(createMatmul(gpu, upload(qkv[i]!), { ...rows, x: act.x, y: act.qkv, yStride: qkvStride, yOffset, norm: attnNorm, label: "q|k|v" }));
         });
       }
       rowOps.push(
         createRopeStore(gpu, config, { dims: m.dims, rows: m.rows, table: ropeTable, qkv: act.qkv, kCache, vCache }),
         createAttention(gpu, config, blockSize, { dims: m.dims, rows: m.rows, seqs: m.seqs, tables: m.tables, qkv: act.qkv, kCache, vCache, out: act.att }),
-        createMatmul(gpu, upload(check(w.wo, [dim, qDim])), { ...rows, x: act.att, y: act.x, epilogue: "accumulate" }),
+        createMatmul(gpu, upload(check(w.wo, [dim, qDim])), { ...rows, x: act.att, y: act.x, epilogue: "accumulate", label: "wo" }),
       );
       const ffnNorm = { weight: vector(w.ffnNorm), eps: rmsEps };
       const gate = check(w.wGate, [hiddenDim, dim]);
       const upT = check(w.wUp, [hiddenDim, dim]);
       if (stackable([gate, upT])) {
         const gateUp = upload(interleaveRows(gate, upT, `blk.${l}.gate_up`));
-        rowOps.push(createMatmul(gpu, gateUp, { ...rows, x: act.x, y: act.hidden, norm: ffnNorm, epilogue: "swiglu" }));
+        rowOps.push(createMatmul(gpu, gateUp, { ...rows, x: act.x, y: act.hidden, norm: ffnNorm, epilogue: "swiglu", label: "gate_up" }));
       } else {
         up ??= buffer(maxRows * hiddenDim * 4, "up");
         rowOps.push(
-          createMatmul(gpu, upload(gate), { ...rows, x: act.x, y: act.hidden, norm: ffnNorm }),
-          createMatmul(gpu, upload(upT), { ...rows, x: act.x, y: up, norm: ffnNorm }),
+          createMatmul(gpu, upload(gate), { ...rows, x: act.x, y: act.hidden, norm: ffnNorm, label: "gate" }),
+          createMatmul(gpu, upload(upT), { ...rows, x: act.x, y: up, norm: ffnNorm, label: "up" }),
           createSwiglu(gpu, hiddenDim, { dims: m.dims, gate: act.hidden, up }),
         );
       }
-      rowOps.push(createMatmul(gpu, upload(check(w.wDown, [dim, hiddenDim])), { ...rows, x: act.hidden, y: act.x, epilogue: "accumulate" }));
+      rowOps.push(createMatmul(gpu, upload(check(w.wDown, [dim, hiddenDim])), { ...rows, x: act.hidden, y: act.x, epilogue: "accumulate", label: "down" }));
     });
     const activationBytes = Object.values(act).reduce((s, b) => s + b.size, 0) + meta.size + (up?.size ?? 0);
     const sampleOps: KernelOp[] = [
@@ -246,6 +246,7 @@ export class WebGpuEngine implements Engine {
         y: act.logits,
         norm: { weight: vector(weights.outputNorm), eps: rmsEps },
         samples: m.samples,
+        label: "logits",
       }),
       createSampler(gpu, vocabSize, { dims: m.dims, samples: m.samples, logits: act.logits, out: act.out, lastSampled: act.lastSampled }),
     ];
@@ -356,7 +357,7 @@ export class WebGpuEngine implements Engine {
    * Runs a plan with every kernel in its own timed pass (timestamp queries) and returns each
    * kernel's GPU time, in encoding order. For benchmarks: the extra passes cost time of their own.
    */
-  async profileStep(plan: StepPlan): Promise<{ label: string; ms: number }[]> {
+  async profileStep(plan: StepPlan): Promise<{ label: string; ms: number; flops: number; bytes: number }[]> {
     if (!this.gpu.hasTimestamps) throw new Error("Cannot profile: the device lacks the timestamp-query feature");
     const { device } = this.gpu;
     const p = planStep(plan, this.config, this.kv, this.layout.capacity, (seqId, create) => this.slotFor(seqId, create));
@@ -386,7 +387,7 @@ export class WebGpuEngine implements Engine {
     read.destroy();
     resolved.destroy();
     querySet.destroy();
-    return ops.map(({ op }, i) => ({ label: op.label, ms: Number(ns[2 * i + 1]! - ns[2 * i]!) / 1e6 }));
+    return ops.map(({ op }, i) => ({ label: op.label, ms: Number(ns[2 * i + 1]! - ns[2 * i]!) / 1e6, ...op.cost(p.content) }));
   }
 
   /** A free readback buffer; the pool grows only to the number of steps in flight. */
