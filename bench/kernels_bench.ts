@@ -10,7 +10,7 @@
  *
  * Uses no npm packages, so it runs on a machine with only a deno binary.
  */
-import { type Gpu, acquireGpu } from "../kernels/device.ts";
+import { acquireGpu, type Gpu } from "../kernels/device.ts";
 import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
 import { GREEDY, type StepPlan, type StepResult } from "../lib/engine.ts";
 import { loadModel } from "../lib/load_model.ts";
@@ -40,7 +40,9 @@ function parseOptions(args: string[]): Options {
         opts.model = value;
         break;
       case "--synthetic":
-        if (!["f32", "f16", "q8_0", "q4_0"].includes(value)) throw new Error(`--synthetic must be f16, q8_0 or q4_0, received ${value}`);
+        if (!["f32", "f16", "q8_0", "q4_0"].includes(value)) {
+          throw new Error(`--synthetic must be f16, q8_0 or q4_0, received ${value}`);
+        }
         opts.synthetic = value as TensorType;
         break;
       case "--layers":
@@ -62,14 +64,24 @@ function parseOptions(args: string[]): Options {
   return opts;
 }
 
-async function loadSubject(o: Options): Promise<{ name: string; config: ModelConfig; weights: ModelWeights }> {
+async function loadSubject(
+  o: Options,
+): Promise<{ name: string; config: ModelConfig; weights: ModelWeights }> {
   if (o.synthetic) {
     const config = { ...LLAMA_1B_SHAPE, nLayers: o.layers ?? LLAMA_1B_SHAPE.nLayers };
-    return { name: `random Llama-3.2-1B shape (${config.nLayers} layers), ${o.synthetic}`, config, weights: syntheticWeights(config, o.synthetic) };
+    return {
+      name: `random Llama-3.2-1B shape (${config.nLayers} layers), ${o.synthetic}`,
+      config,
+      weights: syntheticWeights(config, o.synthetic),
+    };
   }
   const dir = Deno.env.get("MODEL_MIRROR");
   const path = o.model ?? (dir ? `${dir}/stories260K.bin` : undefined);
-  if (!path) throw new Error("Cannot find a model: pass --model or set MODEL_MIRROR to the models directory");
+  if (!path) {
+    throw new Error(
+      "Cannot find a model: pass --model or set MODEL_MIRROR to the models directory",
+    );
+  }
   const m = await loadModel(path);
   return { name: path.split("/").pop()!, config: m.config, weights: m.weights };
 }
@@ -80,8 +92,17 @@ const fmt = (x: number, digits = 2) => (Number.isFinite(x) ? x.toFixed(digits) :
 /** Sequences 0..batch-1, each with its own blocks, prefilled with `prompt` tokens. */
 class Workload {
   readonly tables: number[][];
-  constructor(readonly engine: WebGpuEngine, readonly batch: number, readonly prompt: number, readonly blocksEach: number, readonly seqBase = 0) {
-    this.tables = Array.from({ length: batch }, (_, i) => Array.from({ length: blocksEach }, (_, j) => i * blocksEach + j));
+  constructor(
+    readonly engine: WebGpuEngine,
+    readonly batch: number,
+    readonly prompt: number,
+    readonly blocksEach: number,
+    readonly seqBase = 0,
+  ) {
+    this.tables = Array.from(
+      { length: batch },
+      (_, i) => Array.from({ length: blocksEach }, (_, j) => i * blocksEach + j),
+    );
   }
 
   /** Prefills every sequence, as many per step as fit in `maxRows` token rows. */
@@ -94,7 +115,10 @@ class Workload {
         stepId: 0,
         seqs: this.tables.slice(first, first + perStep).map((blockTable, j) => ({
           seqId: this.seqBase + first + j,
-          tokens: Array.from({ length: this.prompt }, (_, p) => (1 + (first + j) * 31 + p * 7) % vocab),
+          tokens: Array.from(
+            { length: this.prompt },
+            (_, p) => (1 + (first + j) * 31 + p * 7) % vocab,
+          ),
           startPos: 0,
           blockTable,
           sample: true,
@@ -137,7 +161,10 @@ async function main() {
   const positions = o.prompt + 4 * o.steps + 8;
   const blocksEach = Math.ceil(positions / 16);
   const t0 = performance.now();
-  const engine = await WebGpuEngine.create(config, subject.weights, { numBlocks: maxBatch * blocksEach + 1, blockSize: 16 }, {
+  const engine = await WebGpuEngine.create(config, subject.weights, {
+    numBlocks: maxBatch * blocksEach + 1,
+    blockSize: 16,
+  }, {
     gpu,
     maxSeqs: Math.max(64, maxBatch),
     maxBatchTokens: Math.max(512, maxBatch),
@@ -145,8 +172,14 @@ async function main() {
   const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
   console.log(`# WebGPU engine benchmark\n`);
   console.log(`- device: ${gpu.description} (binding limit ${mib(gpu.maxBindingBytes)})`);
-  console.log(`- model: ${subject.name}: dim ${config.dim}, ${config.nLayers} layers, ${config.nHeads}/${config.nKvHeads} heads, vocab ${config.vocabSize}`);
-  console.log(`- device memory: weights ${mib(engine.memory.weights)}, KV ${mib(engine.memory.kvCache)}, activations ${mib(engine.memory.activations)}; set-up ${fmt(performance.now() - t0, 0)} ms`);
+  console.log(
+    `- model: ${subject.name}: dim ${config.dim}, ${config.nLayers} layers, ${config.nHeads}/${config.nKvHeads} heads, vocab ${config.vocabSize}`,
+  );
+  console.log(
+    `- device memory: weights ${mib(engine.memory.weights)}, KV ${
+      mib(engine.memory.kvCache)
+    }, activations ${mib(engine.memory.activations)}; set-up ${fmt(performance.now() - t0, 0)} ms`,
+  );
   console.log(`- decode at position ${o.prompt}+, ${o.steps} steps per measurement\n`);
 
   // Per-kernel GPU time (timestamp queries, each kernel in its own pass; min of 5).
@@ -186,7 +219,9 @@ async function main() {
   const emptyTimes: number[] = [];
   for (let i = 0; i < 8; i++) emptyTimes.push(await timeIt(() => engine.step(empty(i))));
   const emptyWaited = median(emptyTimes);
-  const emptyPiped = (await timeIt(() => Promise.all(Array.from({ length: 32 }, (_, i) => engine.step(empty(i)))))) / 32;
+  const emptyPiped =
+    (await timeIt(() => Promise.all(Array.from({ length: 32 }, (_, i) => engine.step(empty(i)))))) /
+    32;
   const rows: string[][] = [["empty step", "-", fmt(emptyWaited), fmt(emptyPiped), "-", "-"]];
   let batch1 = NaN;
   for (const batch of o.batches) {
@@ -194,15 +229,38 @@ async function main() {
     await w.prefill();
     await engine.step(w.decode(0));
     const waited: number[] = [];
-    for (let k = 1; k <= Math.min(8, o.steps); k++) waited.push(await timeIt(() => engine.step(w.decode(k))));
+    for (let k = 1; k <= Math.min(8, o.steps); k++) {
+      waited.push(await timeIt(() => engine.step(w.decode(k))));
+    }
     const n = o.steps;
-    const piped = (await timeIt(() => Promise.all(Array.from({ length: n }, (_, k) => engine.step(w.decode(k)))))) / n;
+    const piped = (await timeIt(() =>
+      Promise.all(Array.from({ length: n }, (_, k) =>
+        engine.step(w.decode(k))))
+    )) / n;
     if (batch === o.batches[0]) batch1 = piped;
-    rows.push([`batch ${batch}`, String(batch), fmt(median(waited)), fmt(piped), fmt((batch * 1000) / piped, 0), fmt(piped / batch1)]);
+    rows.push([
+      `batch ${batch}`,
+      String(batch),
+      fmt(median(waited)),
+      fmt(piped),
+      fmt((batch * 1000) / piped, 0),
+      fmt(piped / batch1),
+    ]);
   }
   console.log(`## Step time by batch size (decode, ms per step)\n`);
-  console.log("waited = submit, then await the readback; pipelined = steps submitted back to back, time per step.\n");
-  console.log(markdownTable(["step", "sequences", "waited ms", "pipelined ms", "tokens/s (pipelined)", `pipelined × batch ${o.batches[0]}`], rows));
+  console.log(
+    "waited = submit, then await the readback; pipelined = steps submitted back to back, time per step.\n",
+  );
+  console.log(
+    markdownTable([
+      "step",
+      "sequences",
+      "waited ms",
+      "pipelined ms",
+      "tokens/s (pipelined)",
+      `pipelined × batch ${o.batches[0]}`,
+    ], rows),
+  );
 
   // Single-stream decode.
   const single = new Workload(engine, 1, o.prompt, blocksEach, 1000);
@@ -212,7 +270,9 @@ async function main() {
     ["wait for every readback", async () => {
       for (let k = 0; k < n; k++) await engine.step(single.decode(k));
     }],
-    ...[2, 4].map((window): [string, () => Promise<unknown>] => [`pipelined, ${window} steps in flight`, async () => {
+    ...[2, 4].map((
+      window,
+    ): [string, () => Promise<unknown>] => [`pipelined, ${window} steps in flight`, async () => {
       const inFlight: Promise<StepResult>[] = [];
       for (let k = 0; k < n; k++) {
         inFlight.push(engine.step(single.decode(k)));
@@ -220,10 +280,19 @@ async function main() {
       }
       await Promise.all(inFlight);
     }]),
-    [`pipelined, all ${n} in flight`, () => Promise.all(Array.from({ length: n }, (_, k) => engine.step(single.decode(k))))],
-    ...[4, 8].map((k): [string, () => Promise<unknown>] => [`${k} steps per submit, waited`, async () => {
+    [
+      `pipelined, all ${n} in flight`,
+      () => Promise.all(Array.from({ length: n }, (_, k) => engine.step(single.decode(k)))),
+    ],
+    ...[4, 8].map((
+      k,
+    ): [string, () => Promise<unknown>] => [`${k} steps per submit, waited`, async () => {
       for (let s = 0; s < n; s += k) {
-        await Promise.all(engine.stepMany(Array.from({ length: Math.min(k, n - s) }, (_, j) => single.decode(s + j))));
+        await Promise.all(
+          engine.stepMany(
+            Array.from({ length: Math.min(k, n - s) }, (_, j) => single.decode(s + j)),
+          ),
+        );
       }
     }]),
   ];

@@ -56,7 +56,9 @@ function randomData(type: TensorType, bytes: number, seed: number): Uint8Array {
     }
   }
   const data = new Uint8Array(bytes);
-  for (let at = 0; at < bytes; at += patternBytes) data.set(pattern.subarray(0, Math.min(patternBytes, bytes - at)), at);
+  for (let at = 0; at < bytes; at += patternBytes) {
+    data.set(pattern.subarray(0, Math.min(patternBytes, bytes - at)), at);
+  }
   return data;
 }
 
@@ -77,7 +79,12 @@ export function syntheticWeights(config: ModelConfig, type: TensorType): ModelWe
     shape: [rows, cols],
     data: randomData(type, byteSize(type, [rows, cols]), seed++),
   });
-  const ones = (name: string): Tensor => ({ name, type: "f32", shape: [dim], data: new Uint8Array(new Float32Array(dim).fill(1).buffer) });
+  const ones = (name: string): Tensor => ({
+    name,
+    type: "f32",
+    shape: [dim],
+    data: new Uint8Array(new Float32Array(dim).fill(1).buffer),
+  });
   const layers: LayerWeights[] = Array.from({ length: nLayers }, (_, l) => ({
     attnNorm: ones(`blk.${l}.attn_norm`),
     wq: matrix(`blk.${l}.attn_q`, nHeads * headDim, dim),

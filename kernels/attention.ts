@@ -26,7 +26,9 @@ export function attentionWgsl(config: ModelConfig, blockSize: number): string {
   const group = nHeads / nKvHeads;
   const threads = threadsFor(group, headDim);
   if (group > threads || threads % group !== 0) {
-    throw new Error(`Cannot build attention: ${group} query heads per KV head must divide ${threads}`);
+    throw new Error(
+      `Cannot build attention: ${group} query heads per KV head must divide ${threads}`,
+    );
   }
   const tk = threads / group;
   // Output element (head, dim) = t + 64a of the group's G x HD, one register set each.
@@ -74,10 +76,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let pg = t / TK;
   let pk = t % TK;
   var pm = 0.0;
-  ${each((a) => `let g${a} = min((t + ${a * threads}u) / HD, ${group - 1}u);
+  ${
+    each((a) =>
+      `let g${a} = min((t + ${a * threads}u) / HD, ${group - 1}u);
     var m${a} = 0.0;
     var l${a} = 0.0;
-    var acc${a} = 0.0;`)}
+    var acc${a} = 0.0;`
+    )
+  }
   for (var t0 = 0u; t0 < n; t0 += TK) {
     let key = t0 + pk;
     if (key < n) {
@@ -95,7 +101,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (pk < count) { probs[t] = exp(scores[t] - pmNew); }
     pm = pmNew;
     workgroupBarrier();
-    ${each((a) => `if (t + ${a * threads}u < GHD) {
+    ${
+    each((a) =>
+      `if (t + ${a * threads}u < GHD) {
       let mNew = select(max(m${a}, tileMax(g${a}, count)), tileMax(g${a}, count), first);
       let corr = select(exp(m${a} - mNew), 0.0, first);
       l${a} *= corr;
@@ -107,10 +115,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         acc${a} += p * Vc[slots[i] * ${kvDim}u + kvBase + d];
       }
       m${a} = mNew;
-    }`)}
+    }`
+    )
+  }
     workgroupBarrier();
   }
-  ${each((a) => `if (t + ${a * threads}u < GHD) { O[r * ${qDim}u + kvh * GHD + t + ${a * threads}u] = acc${a} / l${a}; }`)}
+  ${
+    each((a) =>
+      `if (t + ${a * threads}u < GHD) { O[r * ${qDim}u + kvh * GHD + t + ${
+        a * threads
+      }u] = acc${a} / l${a}; }`
+    )
+  }
 }
 `;
 }
@@ -128,9 +144,23 @@ export interface AttentionTarget {
 }
 
 /** A bound paged attention over `rows` rows. */
-export function createAttention(gpu: Gpu, config: ModelConfig, blockSize: number, t: AttentionTarget): KernelOp {
+export function createAttention(
+  gpu: Gpu,
+  config: ModelConfig,
+  blockSize: number,
+  t: AttentionTarget,
+): KernelOp {
   const pipeline = gpu.pipeline(attentionWgsl(config, blockSize), "attention");
-  const group = bindAll(gpu, pipeline, [t.dims, t.rows, t.seqs, t.tables, t.qkv, t.kCache, t.vCache, t.out], "attention");
+  const group = bindAll(gpu, pipeline, [
+    t.dims,
+    t.rows,
+    t.seqs,
+    t.tables,
+    t.qkv,
+    t.kCache,
+    t.vCache,
+    t.out,
+  ], "attention");
   return {
     label: "attention",
     cost(c) {

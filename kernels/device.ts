@@ -56,9 +56,13 @@ export interface AcquireGpuOptions {
  */
 export async function acquireGpu(opts: AcquireGpuOptions = {}): Promise<Gpu> {
   if (typeof navigator === "undefined" || !("gpu" in navigator) || !navigator.gpu) {
-    throw new Error(`Cannot start WebGPU: navigator.gpu is missing (run Deno with --unstable-webgpu); ${NO_ADAPTER_MESSAGE}`);
+    throw new Error(
+      `Cannot start WebGPU: navigator.gpu is missing (run Deno with --unstable-webgpu); ${NO_ADAPTER_MESSAGE}`,
+    );
   }
-  const adapter = await navigator.gpu.requestAdapter({ powerPreference: opts.powerPreference ?? "high-performance" });
+  const adapter = await navigator.gpu.requestAdapter({
+    powerPreference: opts.powerPreference ?? "high-performance",
+  });
   if (!adapter) throw new Error(`Cannot start WebGPU: ${NO_ADAPTER_MESSAGE}`);
   const wanted: GPUFeatureName[] = ["shader-f16", "timestamp-query"];
   const features = wanted.filter((f) => adapter.features.has(f));
@@ -79,8 +83,12 @@ export async function acquireGpu(opts: AcquireGpuOptions = {}): Promise<Gpu> {
     console.error(`webgpu error: ${(e as GPUUncapturedErrorEvent).error.message}`);
   });
   // Whole 4-byte words only: every kernel addresses buffers as u32/f32 arrays.
-  const adapterMax = Math.min(device.limits.maxStorageBufferBindingSize, device.limits.maxBufferSize);
-  const maxBindingBytes = Math.floor(Math.min(adapterMax, opts.maxBindingBytes ?? Infinity) / 4) * 4;
+  const adapterMax = Math.min(
+    device.limits.maxStorageBufferBindingSize,
+    device.limits.maxBufferSize,
+  );
+  const maxBindingBytes = Math.floor(Math.min(adapterMax, opts.maxBindingBytes ?? Infinity) / 4) *
+    4;
   const pipelines = new Map<string, GPUComputePipeline>();
   return {
     device,
@@ -94,7 +102,11 @@ export async function acquireGpu(opts: AcquireGpuOptions = {}): Promise<Gpu> {
       let p = pipelines.get(code);
       if (!p) {
         const module = device.createShaderModule({ code, label });
-        p = device.createComputePipeline({ layout: "auto", compute: { module, entryPoint: "main" }, label });
+        p = device.createComputePipeline({
+          layout: "auto",
+          compute: { module, entryPoint: "main" },
+          label,
+        });
         pipelines.set(code, p);
       }
       return p;
@@ -112,7 +124,9 @@ export function uploadBuffer(
 ): GPUBuffer {
   const size = Math.max(4, Math.ceil((data.byteLength + extraBytes) / 4) * 4);
   const buffer = gpu.device.createBuffer({ size, usage, label, mappedAtCreation: true });
-  new Uint8Array(buffer.getMappedRange()).set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
+  new Uint8Array(buffer.getMappedRange()).set(
+    new Uint8Array(data.buffer, data.byteOffset, data.byteLength),
+  );
   buffer.unmap();
   return buffer;
 }
@@ -126,15 +140,26 @@ export function bindAll(
 ): GPUBindGroup {
   return gpu.device.createBindGroup({
     layout: pipeline.getBindGroupLayout(0),
-    entries: buffers.map((b, binding) => ({ binding, resource: b instanceof GPUBuffer ? { buffer: b } : b })),
+    entries: buffers.map((b, binding) => ({
+      binding,
+      resource: b instanceof GPUBuffer ? { buffer: b } : b,
+    })),
     label,
   });
 }
 
 /** Copies a buffer's first `bytes` back to the CPU (tests and the bench; never on the step path). */
-export async function readBuffer(gpu: Gpu, src: GPUBuffer, bytes: number, offset = 0): Promise<ArrayBuffer> {
+export async function readBuffer(
+  gpu: Gpu,
+  src: GPUBuffer,
+  bytes: number,
+  offset = 0,
+): Promise<ArrayBuffer> {
   const size = Math.ceil(bytes / 4) * 4;
-  const staging = gpu.device.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  const staging = gpu.device.createBuffer({
+    size,
+    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+  });
   const enc = gpu.device.createCommandEncoder();
   enc.copyBufferToBuffer(src, offset, staging, 0, size);
   gpu.device.queue.submit([enc.finish()]);

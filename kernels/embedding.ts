@@ -26,7 +26,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let j = wg.x * 64u + t;
   if (r >= dims[${DIM_ROWS}] || j >= ${m.cols}u) { return; }
   var token = rows[r].token;
-  if ((token & ${LAST_SAMPLED_FLAG}u) != 0u) { token = lastSampled[token & ${LAST_SAMPLED_FLAG - 1}u]; }
+  if ((token & ${LAST_SAMPLED_FLAG}u) != 0u) { token = lastSampled[token & ${
+    LAST_SAMPLED_FLAG - 1
+  }u]; }
   if (token >= chunk.rowStart && token - chunk.rowStart < chunk.rows) {
     X[r * ${m.cols}u + j] = weightAt(token - chunk.rowStart, j);
   }
@@ -48,7 +50,12 @@ export function createEmbedding(gpu: Gpu, m: GpuMatrix, target: EmbeddingTarget)
   const groups = m.chunks.map((c) =>
     bindAll(gpu, pipeline, [
       target.dims,
-      uploadBuffer(gpu, new Uint32Array([c.rowStart, c.rows, 0, 0]), GPUBufferUsage.UNIFORM, `${m.name} chunk`),
+      uploadBuffer(
+        gpu,
+        new Uint32Array([c.rowStart, c.rows, 0, 0]),
+        GPUBufferUsage.UNIFORM,
+        `${m.name} chunk`,
+      ),
       c.buffer,
       target.rows,
       target.lastSampled,

@@ -34,32 +34,50 @@ const TAIL_PAD = 4;
  */
 export function uploadMatrix(gpu: Gpu, t: Tensor): GpuMatrix {
   if (t.shape.length !== 2) {
-    throw new Error(`Cannot upload matrix '${t.name}': expected 2 dimensions, received shape [${t.shape.join(", ")}]`);
+    throw new Error(
+      `Cannot upload matrix '${t.name}': expected 2 dimensions, received shape [${
+        t.shape.join(", ")
+      }]`,
+    );
   }
   const [rows, cols] = t.shape as [number, number];
   const { elements, bytes } = BLOCK_LAYOUT[t.type];
   const quantized = t.type === "q8_0" || t.type === "q4_0";
   if ((quantized && cols % 32 !== 0) || cols % 4 !== 0) {
     throw new Error(
-      `Cannot upload matrix '${t.name}': the kernels need its inner dimension to be a multiple of ${quantized ? 32 : 4} for type ${t.type}, received shape [${rows}, ${cols}]`,
+      `Cannot upload matrix '${t.name}': the kernels need its inner dimension to be a multiple of ${
+        quantized ? 32 : 4
+      } for type ${t.type}, received shape [${rows}, ${cols}]`,
     );
   }
   const rowBytes = (cols / elements) * bytes;
   if (t.data.byteLength !== rows * rowBytes) {
-    throw new Error(`Cannot upload matrix '${t.name}': ${t.type} [${rows}, ${cols}] needs ${rows * rowBytes} bytes, received ${t.data.byteLength}`);
+    throw new Error(
+      `Cannot upload matrix '${t.name}': ${t.type} [${rows}, ${cols}] needs ${
+        rows * rowBytes
+      } bytes, received ${t.data.byteLength}`,
+    );
   }
   const fit = Math.floor((gpu.maxBindingBytes - TAIL_PAD - 4) / rowBytes);
   // Even, so interleaved gate/up row pairs never straddle two chunks.
   const rowsPerChunk = fit > 1 ? fit - (fit % 2) : fit;
   if (rowsPerChunk < 1) {
-    throw new Error(`Cannot upload matrix '${t.name}': one row of ${rowBytes} bytes exceeds the device's binding limit of ${gpu.maxBindingBytes} bytes`);
+    throw new Error(
+      `Cannot upload matrix '${t.name}': one row of ${rowBytes} bytes exceeds the device's binding limit of ${gpu.maxBindingBytes} bytes`,
+    );
   }
   const chunks: MatrixChunk[] = [];
   for (let rowStart = 0; rowStart < rows; rowStart += rowsPerChunk) {
     const n = Math.min(rowsPerChunk, rows - rowStart);
     const data = t.data.subarray(rowStart * rowBytes, (rowStart + n) * rowBytes);
-    const label = chunks.length === 0 && n === rows ? t.name : `${t.name}[${rowStart}..${rowStart + n})`;
-    chunks.push({ buffer: uploadBuffer(gpu, data, GPUBufferUsage.STORAGE, label, TAIL_PAD), rowStart, rows: n });
+    const label = chunks.length === 0 && n === rows
+      ? t.name
+      : `${t.name}[${rowStart}..${rowStart + n})`;
+    chunks.push({
+      buffer: uploadBuffer(gpu, data, GPUBufferUsage.STORAGE, label, TAIL_PAD),
+      rowStart,
+      rows: n,
+    });
   }
   return { name: t.name, type: t.type, rows, cols, rowBytes, chunks };
 }
@@ -72,20 +90,35 @@ export function stackable(ts: readonly Tensor[]): boolean {
 
 /** Rows of a, then of b, ... as one tensor (q, k and v projections become one matmul). */
 export function concatRows(ts: readonly Tensor[], name: string): Tensor {
-  if (!stackable(ts)) throw new Error(`Cannot stack ${ts.map((t) => `'${t.name}' ${t.type} [${t.shape.join(", ")}]`).join(", ")}: types and row lengths differ`);
+  if (!stackable(ts)) {
+    throw new Error(
+      `Cannot stack ${
+        ts.map((t) => `'${t.name}' ${t.type} [${t.shape.join(", ")}]`).join(", ")
+      }: types and row lengths differ`,
+    );
+  }
   const data = new Uint8Array(ts.reduce((s, t) => s + t.data.byteLength, 0));
   let at = 0;
   for (const t of ts) {
     data.set(t.data, at);
     at += t.data.byteLength;
   }
-  return { name, type: ts[0]!.type, shape: [ts.reduce((s, t) => s + t.shape[0]!, 0), ts[0]!.shape[1]!], data };
+  return {
+    name,
+    type: ts[0]!.type,
+    shape: [ts.reduce((s, t) => s + t.shape[0]!, 0), ts[0]!.shape[1]!],
+    data,
+  };
 }
 
 /** Rows a0, b0, a1, b1, ...: gate and up rows side by side for the fused SwiGLU matmul. */
 export function interleaveRows(a: Tensor, b: Tensor, name: string): Tensor {
   if (!stackable([a, b]) || a.shape[0] !== b.shape[0]) {
-    throw new Error(`Cannot interleave '${a.name}' ${a.type} [${a.shape.join(", ")}] with '${b.name}' ${b.type} [${b.shape.join(", ")}]: shapes or types differ`);
+    throw new Error(
+      `Cannot interleave '${a.name}' ${a.type} [${
+        a.shape.join(", ")
+      }] with '${b.name}' ${b.type} [${b.shape.join(", ")}]: shapes or types differ`,
+    );
   }
   const rows = a.shape[0]!;
   const rb = a.data.byteLength / rows;

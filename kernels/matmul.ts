@@ -63,27 +63,52 @@ export function matmulWgsl(spec: MatmulSpec): string {
   const partials = [...accs, ...(norm ? ["s"] : [])];
 
   const loads = dual
-    ? `${wgslLoadChunk(type, cols, "2u * o", "wg")}\n      ${wgslLoadChunk(type, cols, "2u * o + 1u", "wu")}`
+    ? `${wgslLoadChunk(type, cols, "2u * o", "wg")}\n      ${
+      wgslLoadChunk(type, cols, "2u * o + 1u", "wu")
+    }`
     : wgslLoadChunk(type, cols, "o", "wa");
-  const normLoads = norm ? Array.from({ length: nv }, (_, i) => `let nw${i} = NW[c * ${nv}u + ${i}u];`).join(" ") : "";
-  const dotWith = (p: string) => Array.from({ length: nv }, (_, i) => `dot(${p}${i}, x${i})`).join(" + ");
+  const normLoads = norm
+    ? Array.from({ length: nv }, (_, i) => `let nw${i} = NW[c * ${nv}u + ${i}u];`).join(" ")
+    : "";
+  const dotWith = (p: string) =>
+    Array.from({ length: nv }, (_, i) => `dot(${p}${i}, x${i})`).join(" + ");
   const perRow = rows.map((r) => {
-    const xs = Array.from({ length: nv }, (_, i) => `let xr${i} = X[src${r} * XV + c * ${nv}u + ${i}u];`).join(" ");
-    const xw = Array.from({ length: nv }, (_, i) => `let x${i} = ${norm ? `xr${i} * nw${i}` : `xr${i}`};`).join(" ");
-    const sumSq = norm ? `s${r} += ${Array.from({ length: nv }, (_, i) => `dot(xr${i}, xr${i})`).join(" + ")};` : "";
+    const xs = Array.from(
+      { length: nv },
+      (_, i) => `let xr${i} = X[src${r} * XV + c * ${nv}u + ${i}u];`,
+    ).join(" ");
+    const xw = Array.from(
+      { length: nv },
+      (_, i) => `let x${i} = ${norm ? `xr${i} * nw${i}` : `xr${i}`};`,
+    ).join(" ");
+    const sumSq = norm
+      ? `s${r} += ${Array.from({ length: nv }, (_, i) => `dot(xr${i}, xr${i})`).join(" + ")};`
+      : "";
     const accum = accs.map((a) => `${a}${r} += w${a}d * (${dotWith(`w${a}`)});`).join(" ");
     return `if (${r}u < live) { ${xs} ${xw} ${accum} ${sumSq} }`;
   }).join("\n      ");
-  const sharedDecls = partials.map((p) => `var<workgroup> part_${p}: array<f32, ${THREADS * tr}>;`).join("\n");
-  const zeroDecls = rows.map((r) => partials.map((p) => `var ${p}${r} = 0.0;`).join(" ")).join("\n  ");
+  const sharedDecls = partials.map((p) => `var<workgroup> part_${p}: array<f32, ${THREADS * tr}>;`)
+    .join("\n");
+  const zeroDecls = rows.map((r) => partials.map((p) => `var ${p}${r} = 0.0;`).join(" ")).join(
+    "\n  ",
+  );
   const stores = rows.map((r) =>
-    `if (${r}u < live) { ${partials.map((p) => `part_${p}[${r * THREADS}u + t] = ${p}${r};`).join(" ")} }`
+    `if (${r}u < live) { ${
+      partials.map((p) => `part_${p}[${r * THREADS}u + t] = ${p}${r};`).join(" ")
+    } }`
   ).join("\n  ");
-  const sum = (p: string) => `var ${p}t = 0.0; for (var i = 0u; i < KS; i++) { ${p}t += part_${p}[r * ${THREADS}u + g + i]; }`;
-  const scale = norm ? `let scale = 1.0 / sqrt(st / ${cols}.0 + ${spec.normEps!.toExponential()});` : "let scale = 1.0;";
-  const result = dual ? "let gs = gt * scale; let v = gs / (1.0 + exp(-gs)) * (ut * scale);" : "let v = at * scale;";
+  const sum = (p: string) =>
+    `var ${p}t = 0.0; for (var i = 0u; i < KS; i++) { ${p}t += part_${p}[r * ${THREADS}u + g + i]; }`;
+  const scale = norm
+    ? `let scale = 1.0 / sqrt(st / ${cols}.0 + ${spec.normEps!.toExponential()});`
+    : "let scale = 1.0;";
+  const result = dual
+    ? "let gs = gt * scale; let v = gs / (1.0 + exp(-gs)) * (ut * scale);"
+    : "let v = at * scale;";
   const write = epilogue === "accumulate" ? "Y[yi] = Y[yi] + v;" : "Y[yi] = v;";
-  const srcRows = rows.map((r) => `let src${r} = ${spec.gather ? `samples[min(r0 + ${r}u, nRows - 1u)].row` : `r0 + ${r}u`};`)
+  const srcRows = rows.map((r) =>
+    `let src${r} = ${spec.gather ? `samples[min(r0 + ${r}u, nRows - 1u)].row` : `r0 + ${r}u`};`
+  )
     .join(" ");
 
   return /* wgsl */ `
@@ -171,7 +196,9 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
   const epilogue = target.epilogue ?? "store";
   const dual = epilogue === "swiglu";
   if (dual && m.chunks.some((c) => c.rows % 2 !== 0)) {
-    throw new Error(`Cannot bind matmul '${m.name}': a swiglu matrix needs whole gate/up row pairs in every chunk`);
+    throw new Error(
+      `Cannot bind matmul '${m.name}': a swiglu matrix needs whole gate/up row pairs in every chunk`,
+    );
   }
   const spec: MatmulSpec = {
     type: m.type,
@@ -193,11 +220,24 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
       GPUBufferUsage.UNIFORM,
       `${m.name} chunk params`,
     );
-    const bound: [number, GPUBuffer | GPUBufferBinding][] = [[0, target.dims], [1, params], [2, c.buffer], [3, target.x], [4, target.y]];
+    const bound: [number, GPUBuffer | GPUBufferBinding][] = [
+      [0, target.dims],
+      [1, params],
+      [2, c.buffer],
+      [3, target.x],
+      [4, target.y],
+    ];
     if (target.norm) bound.push([5, target.norm.weight]);
     if (target.samples) bound.push([6, target.samples]);
-    const entries = bound.map(([binding, b]) => ({ binding, resource: b instanceof GPUBuffer ? { buffer: b } : b }));
-    const bindGroup = gpu.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries, label: m.name });
+    const entries = bound.map(([binding, b]) => ({
+      binding,
+      resource: b instanceof GPUBuffer ? { buffer: b } : b,
+    }));
+    const bindGroup = gpu.device.createBindGroup({
+      layout: pipeline.getBindGroupLayout(0),
+      entries,
+      label: m.name,
+    });
     const groups = Math.ceil(n / to);
     const gy = Math.min(groups, gpu.maxWorkgroupsPerDimension);
     return { bindGroup, gy, gz: Math.ceil(groups / gy) };

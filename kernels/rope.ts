@@ -94,13 +94,21 @@ export function uploadRopeTable(gpu: Gpu, config: ModelConfig, positions: number
 /** A bound RoPE + KV-store over `rows` rows. */
 export function createRopeStore(gpu: Gpu, config: ModelConfig, t: RopeStoreTarget): KernelOp {
   const pipeline = gpu.pipeline(ropeStoreWgsl(config), "rope+store");
-  const group = bindAll(gpu, pipeline, [t.dims, t.rows, t.table, t.qkv, t.kCache, t.vCache], "rope+store");
+  const group = bindAll(
+    gpu,
+    pipeline,
+    [t.dims, t.rows, t.table, t.qkv, t.kCache, t.vCache],
+    "rope+store",
+  );
   return {
     label: "rope+kv store",
     cost(c) {
       const { nHeads, nKvHeads, headDim } = config;
       const qkv = (nHeads + 2 * nKvHeads) * headDim;
-      return { flops: c.rows.length * (nHeads + nKvHeads) * headDim * 3, bytes: c.rows.length * (qkv + nHeads * headDim + 2 * nKvHeads * headDim) * 4 };
+      return {
+        flops: c.rows.length * (nHeads + nKvHeads) * headDim * 3,
+        bytes: c.rows.length * (qkv + nHeads * headDim + 2 * nKvHeads * headDim) * 4,
+      };
     },
     encode(pass: GPUComputePassEncoder, rows: number): void {
       if (rows === 0) return;

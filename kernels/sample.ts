@@ -254,7 +254,12 @@ export interface SampleTarget {
 /** A bound sampler over `count` sequences. */
 export function createSampler(gpu: Gpu, vocab: number, t: SampleTarget): KernelOp {
   const pipeline = gpu.pipeline(sampleWgsl(vocab), "sample");
-  const group = bindAll(gpu, pipeline, [t.dims, t.samples, t.logits, t.out, t.lastSampled], "sample");
+  const group = bindAll(
+    gpu,
+    pipeline,
+    [t.dims, t.samples, t.logits, t.out, t.lastSampled],
+    "sample",
+  );
   return {
     label: "sample",
     // One read of each row of logits: the least any sampler does (greedy reads twice, filters more).

@@ -102,8 +102,18 @@ export class StepMetaLayout {
 
   /** Bindings of each section of a live meta buffer. */
   bindings(meta: GPUBuffer): Record<Section, GPUBufferBinding> {
-    const b = (s: Section): GPUBufferBinding => ({ buffer: meta, offset: this.offsets[s], size: this.sizes[s] });
-    return { dims: b("dims"), rows: b("rows"), seqs: b("seqs"), samples: b("samples"), tables: b("tables") };
+    const b = (s: Section): GPUBufferBinding => ({
+      buffer: meta,
+      offset: this.offsets[s],
+      size: this.sizes[s],
+    });
+    return {
+      dims: b("dims"),
+      rows: b("rows"),
+      seqs: b("seqs"),
+      samples: b("samples"),
+      tables: b("tables"),
+    };
   }
 
   /**
@@ -112,7 +122,10 @@ export class StepMetaLayout {
    */
   pack(region: DataView, c: StepContent): [number, number][] {
     const { maxRows, maxSeqs, maxTableEntries } = this.capacity;
-    if (c.rows.length > maxRows || c.seqs.length > maxSeqs || c.samples.length > maxSeqs || c.blockTables.length > maxTableEntries) {
+    if (
+      c.rows.length > maxRows || c.seqs.length > maxSeqs || c.samples.length > maxSeqs ||
+      c.blockTables.length > maxTableEntries
+    ) {
       throw new Error(
         `Cannot pack step: it needs ${c.rows.length} rows, ${c.seqs.length} sequences, ${c.samples.length} samples and ${c.blockTables.length} block-table entries; capacity is ${maxRows} rows, ${maxSeqs} sequences, ${maxTableEntries} entries`,
       );

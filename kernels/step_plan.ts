@@ -1,6 +1,13 @@
 import type { KvGeometry, StepPlan } from "../lib/engine.ts";
 import type { ModelConfig } from "../lib/model_config.ts";
-import { LAST_SAMPLED_FLAG, type RowMeta, type SampleMeta, type SeqMeta, type StepCapacity, type StepContent } from "./step_meta.ts";
+import {
+  LAST_SAMPLED_FLAG,
+  type RowMeta,
+  type SampleMeta,
+  type SeqMeta,
+  type StepCapacity,
+  type StepContent,
+} from "./step_meta.ts";
 
 /** A plan as the kernels see it, with the sequences that sample in plan order. */
 export interface PlannedStep {
@@ -43,7 +50,9 @@ export function planStep(
       const slot = slotFor(seq.seqId, false);
       if (seq.tokens.length !== 0 || slot === undefined) {
         throw new Error(
-          `${where} asks for its last sampled token, which needs empty tokens and an earlier sampled step; received ${seq.tokens.length} tokens, last sampled ${slot === undefined ? "none" : "on the device"}`,
+          `${where} asks for its last sampled token, which needs empty tokens and an earlier sampled step; received ${seq.tokens.length} tokens, last sampled ${
+            slot === undefined ? "none" : "on the device"
+          }`,
         );
       }
       tokens = [LAST_SAMPLED_FLAG | slot];
@@ -51,7 +60,9 @@ export function planStep(
       if (seq.tokens.length === 0) throw new Error(`${where} has no new tokens`);
       for (const t of seq.tokens) {
         if (!(Number.isInteger(t) && t >= 0 && t < config.vocabSize)) {
-          throw new Error(`${where} has token ${t} outside the vocabulary 0..${config.vocabSize - 1}`);
+          throw new Error(
+            `${where} has token ${t} outside the vocabulary 0..${config.vocabSize - 1}`,
+          );
         }
       }
       tokens = [...seq.tokens];
@@ -61,12 +72,16 @@ export function planStep(
     }
     const end = seq.startPos + tokens.length;
     if (end > config.contextLength) {
-      throw new Error(`${where} reaches position ${end - 1}, past the context length ${config.contextLength}`);
+      throw new Error(
+        `${where} reaches position ${end - 1}, past the context length ${config.contextLength}`,
+      );
     }
     const needed = Math.ceil(end / kv.blockSize);
     if (seq.blockTable.length < needed) {
       throw new Error(
-        `${where} needs ${needed} KV blocks for positions 0..${end - 1}, its block table has ${seq.blockTable.length}`,
+        `${where} needs ${needed} KV blocks for positions 0..${
+          end - 1
+        }, its block table has ${seq.blockTable.length}`,
       );
     }
     const table = seq.blockTable.slice(0, needed);
@@ -78,13 +93,21 @@ export function planStep(
     const s = seqs.length;
     tokens.forEach((token, j) => {
       const pos = seq.startPos + j;
-      rows.push({ token, pos, seq: s, slot: table[Math.floor(pos / kv.blockSize)]! * kv.blockSize + (pos % kv.blockSize) });
+      rows.push({
+        token,
+        pos,
+        seq: s,
+        slot: table[Math.floor(pos / kv.blockSize)]! * kv.blockSize + (pos % kv.blockSize),
+      });
     });
     seqs.push({ tableOffset: tables.length, tableLength: table.length, lastRow: rows.length - 1 });
     tables.push(...table);
     if (seq.sample) {
       const p = seq.sampling;
-      if (Number.isNaN(p.temperature) || !(Number.isInteger(p.topK) && p.topK >= 0) || !(p.topP >= 0 && p.topP <= 1) || !(p.minP >= 0 && p.minP <= 1)) {
+      if (
+        Number.isNaN(p.temperature) || !(Number.isInteger(p.topK) && p.topK >= 0) ||
+        !(p.topP >= 0 && p.topP <= 1) || !(p.minP >= 0 && p.minP <= 1)
+      ) {
         throw new Error(`${where} has invalid sampling parameters ${JSON.stringify(p)}`);
       }
       claims.push(seq.seqId);
@@ -101,7 +124,10 @@ export function planStep(
       });
     }
   }
-  if (rows.length > capacity.maxRows || seqs.length > capacity.maxSeqs || tables.length > capacity.maxTableEntries) {
+  if (
+    rows.length > capacity.maxRows || seqs.length > capacity.maxSeqs ||
+    tables.length > capacity.maxTableEntries
+  ) {
     throw new Error(
       `Cannot run step ${plan.stepId}: it has ${rows.length} token rows, ${seqs.length} sequences and ${tables.length} block-table entries; the engine was sized for ${capacity.maxRows} rows (maxBatchTokens), ${capacity.maxSeqs} sequences (maxSeqs), ${capacity.maxTableEntries} entries`,
     );

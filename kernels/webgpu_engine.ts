@@ -6,7 +6,15 @@ import type { ModelWeights } from "../lib/weights.ts";
 import { createAttention } from "./attention.ts";
 import { acquireGpu, type Gpu, type KernelOp } from "./device.ts";
 import { createEmbedding } from "./embedding.ts";
-import { concatRows, destroyMatrix, type GpuMatrix, interleaveRows, stackable, uploadMatrix, uploadVector } from "./gpu_matrix.ts";
+import {
+  concatRows,
+  destroyMatrix,
+  type GpuMatrix,
+  interleaveRows,
+  stackable,
+  uploadMatrix,
+  uploadVector,
+} from "./gpu_matrix.ts";
 import { createMatmul } from "./matmul.ts";
 import { createRopeStore, uploadRopeTable } from "./rope.ts";
 import { createSampler } from "./sample.ts";
@@ -52,7 +60,11 @@ export class WebGpuEngine implements Engine {
   readonly name = "webgpu";
   readonly kv: KvGeometry;
   /** Bytes of device memory held, by purpose, for the start-up line. */
-  readonly memory: { readonly weights: number; readonly kvCache: number; readonly activations: number };
+  readonly memory: {
+    readonly weights: number;
+    readonly kvCache: number;
+    readonly activations: number;
+  };
 
   private readonly layout: StepMetaLayout;
   private readonly staging: GPUBuffer;
@@ -103,7 +115,10 @@ export class WebGpuEngine implements Engine {
       label: "step meta staging",
     });
     this.owned.push(this.staging);
-    this.freeSlots = Array.from({ length: parts.slotCapacity }, (_, i) => parts.slotCapacity - 1 - i);
+    this.freeSlots = Array.from(
+      { length: parts.slotCapacity },
+      (_, i) => parts.slotCapacity - 1 - i,
+    );
     gpu.device.lost.then((info) => {
       this.lost = `the WebGPU device was lost (${info.reason}: ${info.message})`;
     });
@@ -127,25 +142,47 @@ export class WebGpuEngine implements Engine {
     const kvDim = nKvHeads * headDim;
     const blockSize = budget.blockSize ?? DEFAULT_BLOCK_SIZE;
     const blockBytes = blockSize * kvDim * 4;
-    const numBlocks = budget.numBlocks ?? Math.floor((budget.kvBytes ?? 0) / (2 * nLayers * blockBytes));
+    const numBlocks = budget.numBlocks ??
+      Math.floor((budget.kvBytes ?? 0) / (2 * nLayers * blockBytes));
     const fail = (why: string): never => {
       throw new Error(`Cannot create WebGPU engine: ${why}`);
     };
-    if (!(Number.isInteger(numBlocks) && numBlocks > 0 && Number.isInteger(blockSize) && blockSize > 0)) {
-      fail(`the KV budget gives ${numBlocks} blocks of ${blockSize} tokens; pass numBlocks or kvBytes (at least ${2 * nLayers * blockBytes} bytes, one block)`);
+    if (
+      !(Number.isInteger(numBlocks) && numBlocks > 0 && Number.isInteger(blockSize) &&
+        blockSize > 0)
+    ) {
+      fail(
+        `the KV budget gives ${numBlocks} blocks of ${blockSize} tokens; pass numBlocks or kvBytes (at least ${
+          2 * nLayers * blockBytes
+        } bytes, one block)`,
+      );
     }
     if (numBlocks * blockBytes > gpu.maxBindingBytes) {
-      fail(`one layer's K pool of ${numBlocks} blocks needs ${numBlocks * blockBytes} bytes, above the device's binding limit of ${gpu.maxBindingBytes}; lower the KV budget to at most ${2 * nLayers * Math.floor(gpu.maxBindingBytes / blockBytes) * blockBytes} bytes`);
+      fail(
+        `one layer's K pool of ${numBlocks} blocks needs ${
+          numBlocks * blockBytes
+        } bytes, above the device's binding limit of ${gpu.maxBindingBytes}; lower the KV budget to at most ${
+          2 * nLayers * Math.floor(gpu.maxBindingBytes / blockBytes) * blockBytes
+        } bytes`,
+      );
     }
     if (nHeads % nKvHeads !== 0 || headDim % 2 !== 0 || config.ropeDim > headDim) {
-      fail(`unsupported head layout: ${nHeads} query heads, ${nKvHeads} KV heads, head size ${headDim}, RoPE dims ${config.ropeDim}`);
+      fail(
+        `unsupported head layout: ${nHeads} query heads, ${nKvHeads} KV heads, head size ${headDim}, RoPE dims ${config.ropeDim}`,
+      );
     }
-    if (weights.layers.length !== nLayers) fail(`the config says ${nLayers} layers, the weights hold ${weights.layers.length}`);
+    if (weights.layers.length !== nLayers) {
+      fail(`the config says ${nLayers} layers, the weights hold ${weights.layers.length}`);
+    }
     const maxRows = opts.maxBatchTokens ?? 512;
     const maxSeqs = opts.maxSeqs ?? 64;
     const maxStepsPerSubmit = opts.maxStepsPerSubmit ?? 8;
     const blocksPerSeq = Math.min(numBlocks, Math.ceil(config.contextLength / blockSize));
-    const layout = new StepMetaLayout({ maxRows, maxSeqs, maxTableEntries: maxSeqs * blocksPerSeq });
+    const layout = new StepMetaLayout({
+      maxRows,
+      maxSeqs,
+      maxTableEntries: maxSeqs * blocksPerSeq,
+    });
 
     device.pushErrorScope("out-of-memory");
     device.pushErrorScope("validation");
@@ -153,7 +190,9 @@ export class WebGpuEngine implements Engine {
     const matrices = new Map<Tensor, GpuMatrix>();
     const check = (t: Tensor, shape: readonly number[]) => {
       if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
-        fail(`tensor '${t.name}' has shape [${t.shape.join(", ")}], expected [${shape.join(", ")}]`);
+        fail(
+          `tensor '${t.name}' has shape [${t.shape.join(", ")}], expected [${shape.join(", ")}]`,
+        );
       }
       return t;
     };
@@ -172,16 +211,26 @@ export class WebGpuEngine implements Engine {
       owned.push(b);
       return b;
     };
-    const buffer = (bytes: number, label: string, usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC): GPUBuffer => {
+    const buffer = (
+      bytes: number,
+      label: string,
+      usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC,
+    ): GPUBuffer => {
       if (bytes > gpu.maxBindingBytes) {
-        fail(`buffer '${label}' needs ${bytes} bytes, above the device's binding limit of ${gpu.maxBindingBytes}; lower maxBatchTokens or maxSeqs`);
+        fail(
+          `buffer '${label}' needs ${bytes} bytes, above the device's binding limit of ${gpu.maxBindingBytes}; lower maxBatchTokens or maxSeqs`,
+        );
       }
       const b = device.createBuffer({ size: Math.max(16, Math.ceil(bytes / 4) * 4), usage, label });
       owned.push(b);
       return b;
     };
 
-    const meta = buffer(layout.bytes, "step meta", GPUBufferUsage.UNIFORM | GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST);
+    const meta = buffer(
+      layout.bytes,
+      "step meta",
+      GPUBufferUsage.UNIFORM | GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
+    );
     const m = layout.bindings(meta);
     const slotCapacity = Math.max(1024, 4 * maxSeqs);
     const qkvStride = qDim + 2 * kvDim;
@@ -200,7 +249,14 @@ export class WebGpuEngine implements Engine {
     let up: GPUBuffer | undefined; // only when gate and up cannot share one matmul
 
     const embedding = upload(check(weights.tokenEmbedding, [vocabSize, dim]));
-    const rowOps: KernelOp[] = [createEmbedding(gpu, embedding, { dims: m.dims, rows: m.rows, lastSampled: act.lastSampled, x: act.x })];
+    const rowOps: KernelOp[] = [
+      createEmbedding(gpu, embedding, {
+        dims: m.dims,
+        rows: m.rows,
+        lastSampled: act.lastSampled,
+        x: act.x,
+      }),
+    ];
     let kvBytes = 0;
     weights.layers.forEach((w, l) => {
       const kCache = buffer(numBlocks * blockBytes, `K pool ${l}`);
@@ -210,34 +266,98 @@ export class WebGpuEngine implements Engine {
       const attnNorm = { weight: vector(w.attnNorm), eps: rmsEps };
       const qkv = [check(w.wq, [qDim, dim]), check(w.wk, [kvDim, dim]), check(w.wv, [kvDim, dim])];
       if (stackable(qkv)) {
-        rowOps.push(createMatmul(gpu, upload(concatRows(qkv, `blk.${l}.qkv`)), { ...rows, x: act.x, y: act.qkv, norm: attnNorm, label: "qkv" }));
+        rowOps.push(
+          createMatmul(gpu, upload(concatRows(qkv, `blk.${l}.qkv`)), {
+            ...rows,
+            x: act.x,
+            y: act.qkv,
+            norm: attnNorm,
+            label: "qkv",
+          }),
+        );
       } else {
         [0, qDim, qDim + kvDim].forEach((yOffset, i) => {
-          rowOps.push(createMatmul(gpu, upload(qkv[i]!), { ...rows, x: act.x, y: act.qkv, yStride: qkvStride, yOffset, norm: attnNorm, label: "q|k|v" }));
+          rowOps.push(
+            createMatmul(gpu, upload(qkv[i]!), {
+              ...rows,
+              x: act.x,
+              y: act.qkv,
+              yStride: qkvStride,
+              yOffset,
+              norm: attnNorm,
+              label: "q|k|v",
+            }),
+          );
         });
       }
       rowOps.push(
-        createRopeStore(gpu, config, { dims: m.dims, rows: m.rows, table: ropeTable, qkv: act.qkv, kCache, vCache }),
-        createAttention(gpu, config, blockSize, { dims: m.dims, rows: m.rows, seqs: m.seqs, tables: m.tables, qkv: act.qkv, kCache, vCache, out: act.att }),
-        createMatmul(gpu, upload(check(w.wo, [dim, qDim])), { ...rows, x: act.att, y: act.x, epilogue: "accumulate", label: "wo" }),
+        createRopeStore(gpu, config, {
+          dims: m.dims,
+          rows: m.rows,
+          table: ropeTable,
+          qkv: act.qkv,
+          kCache,
+          vCache,
+        }),
+        createAttention(gpu, config, blockSize, {
+          dims: m.dims,
+          rows: m.rows,
+          seqs: m.seqs,
+          tables: m.tables,
+          qkv: act.qkv,
+          kCache,
+          vCache,
+          out: act.att,
+        }),
+        createMatmul(gpu, upload(check(w.wo, [dim, qDim])), {
+          ...rows,
+          x: act.att,
+          y: act.x,
+          epilogue: "accumulate",
+          label: "wo",
+        }),
       );
       const ffnNorm = { weight: vector(w.ffnNorm), eps: rmsEps };
       const gate = check(w.wGate, [hiddenDim, dim]);
       const upT = check(w.wUp, [hiddenDim, dim]);
       if (stackable([gate, upT])) {
         const gateUp = upload(interleaveRows(gate, upT, `blk.${l}.gate_up`));
-        rowOps.push(createMatmul(gpu, gateUp, { ...rows, x: act.x, y: act.hidden, norm: ffnNorm, epilogue: "swiglu", label: "gate_up" }));
+        rowOps.push(
+          createMatmul(gpu, gateUp, {
+            ...rows,
+            x: act.x,
+            y: act.hidden,
+            norm: ffnNorm,
+            epilogue: "swiglu",
+            label: "gate_up",
+          }),
+        );
       } else {
         up ??= buffer(maxRows * hiddenDim * 4, "up");
         rowOps.push(
-          createMatmul(gpu, upload(gate), { ...rows, x: act.x, y: act.hidden, norm: ffnNorm, label: "gate" }),
+          createMatmul(gpu, upload(gate), {
+            ...rows,
+            x: act.x,
+            y: act.hidden,
+            norm: ffnNorm,
+            label: "gate",
+          }),
           createMatmul(gpu, upload(upT), { ...rows, x: act.x, y: up, norm: ffnNorm, label: "up" }),
           createSwiglu(gpu, hiddenDim, { dims: m.dims, gate: act.hidden, up }),
         );
       }
-      rowOps.push(createMatmul(gpu, upload(check(w.wDown, [dim, hiddenDim])), { ...rows, x: act.hidden, y: act.x, epilogue: "accumulate", label: "down" }));
+      rowOps.push(
+        createMatmul(gpu, upload(check(w.wDown, [dim, hiddenDim])), {
+          ...rows,
+          x: act.hidden,
+          y: act.x,
+          epilogue: "accumulate",
+          label: "down",
+        }),
+      );
     });
-    const activationBytes = Object.values(act).reduce((s, b) => s + b.size, 0) + meta.size + (up?.size ?? 0);
+    const activationBytes = Object.values(act).reduce((s, b) => s + b.size, 0) + meta.size +
+      (up?.size ?? 0);
     const sampleOps: KernelOp[] = [
       createMatmul(gpu, upload(check(weights.output, [vocabSize, dim])), {
         dims: m.dims,
@@ -248,9 +368,18 @@ export class WebGpuEngine implements Engine {
         samples: m.samples,
         label: "logits",
       }),
-      createSampler(gpu, vocabSize, { dims: m.dims, samples: m.samples, logits: act.logits, out: act.out, lastSampled: act.lastSampled }),
+      createSampler(gpu, vocabSize, {
+        dims: m.dims,
+        samples: m.samples,
+        logits: act.logits,
+        out: act.out,
+        lastSampled: act.lastSampled,
+      }),
     ];
-    const weightBytes = [...matrices.values()].reduce((s, mm) => s + mm.chunks.reduce((a, c) => a + c.buffer.size, 0), 0);
+    const weightBytes = [...matrices.values()].reduce(
+      (s, mm) => s + mm.chunks.reduce((a, c) => a + c.buffer.size, 0),
+      0,
+    );
     const validation = await device.popErrorScope();
     const oom = await device.popErrorScope();
     if (validation || oom) {
@@ -293,11 +422,19 @@ export class WebGpuEngine implements Engine {
     if (this.lost) throw new Error(`Cannot run step ${plans[0]?.stepId}: ${this.lost}`);
     const maxSteps = this.stagingCpu.byteLength / this.layout.bytes;
     if (plans.length > maxSteps) {
-      throw new Error(`Cannot run ${plans.length} plans in one submit: maxStepsPerSubmit is ${maxSteps}`);
+      throw new Error(
+        `Cannot run ${plans.length} plans in one submit: maxStepsPerSubmit is ${maxSteps}`,
+      );
     }
     const { device } = this.gpu;
     const planned = plans.map((plan) =>
-      planStep(plan, this.config, this.kv, this.layout.capacity, (seqId, create) => this.slotFor(seqId, create))
+      planStep(
+        plan,
+        this.config,
+        this.kv,
+        this.layout.capacity,
+        (seqId, create) => this.slotFor(seqId, create),
+      )
     );
     const enc = device.createCommandEncoder({ label: `steps from ${plans[0]?.stepId}` });
     const collectors: (() => Promise<StepResult>)[] = [];
@@ -305,8 +442,13 @@ export class WebGpuEngine implements Engine {
     planned.forEach((p, i) => {
       const plan = plans[i]!;
       const base = i * this.layout.bytes;
-      const ranges = this.layout.pack(new DataView(this.stagingCpu.buffer, base, this.layout.bytes), p.content);
-      for (const [off, len] of ranges) enc.copyBufferToBuffer(this.staging, base + off, this.meta, off, len);
+      const ranges = this.layout.pack(
+        new DataView(this.stagingCpu.buffer, base, this.layout.bytes),
+        p.content,
+      );
+      for (const [off, len] of ranges) {
+        enc.copyBufferToBuffer(this.staging, base + off, this.meta, off, len);
+      }
       used = base + this.layout.bytes;
       const rows = p.content.rows.length;
       const samples = p.content.samples.length;
@@ -333,13 +475,20 @@ export class WebGpuEngine implements Engine {
     return collectors.map((start) => start());
   }
 
-  private async collect(plan: StepPlan, seqIds: readonly number[], readback: GPUBuffer, logits?: GPUBuffer): Promise<StepResult> {
+  private async collect(
+    plan: StepPlan,
+    seqIds: readonly number[],
+    readback: GPUBuffer,
+    logits?: GPUBuffer,
+  ): Promise<StepResult> {
     try {
       await Promise.all([readback.mapAsync(GPUMapMode.READ), logits?.mapAsync(GPUMapMode.READ)]);
     } catch (e) {
       throw new Error(`Cannot read back step ${plan.stepId}: ${this.lost ?? (e as Error).message}`);
     }
-    const words = new Uint32Array(readback.getMappedRange(0, Math.max(8, seqIds.length * 8)).slice(0));
+    const words = new Uint32Array(
+      readback.getMappedRange(0, Math.max(8, seqIds.length * 8)).slice(0),
+    );
     readback.unmap();
     this.readbacks.push(readback);
     const logprobs = new Float32Array(words.buffer);
@@ -357,23 +506,46 @@ export class WebGpuEngine implements Engine {
    * Runs a plan with every kernel in its own timed pass (timestamp queries) and returns each
    * kernel's GPU time, in encoding order. For benchmarks: the extra passes cost time of their own.
    */
-  async profileStep(plan: StepPlan): Promise<{ label: string; ms: number; flops: number; bytes: number }[]> {
-    if (!this.gpu.hasTimestamps) throw new Error("Cannot profile: the device lacks the timestamp-query feature");
+  async profileStep(
+    plan: StepPlan,
+  ): Promise<{ label: string; ms: number; flops: number; bytes: number }[]> {
+    if (!this.gpu.hasTimestamps) {
+      throw new Error("Cannot profile: the device lacks the timestamp-query feature");
+    }
     const { device } = this.gpu;
-    const p = planStep(plan, this.config, this.kv, this.layout.capacity, (seqId, create) => this.slotFor(seqId, create));
+    const p = planStep(
+      plan,
+      this.config,
+      this.kv,
+      this.layout.capacity,
+      (seqId, create) => this.slotFor(seqId, create),
+    );
     const ops = [
       ...this.rowOps.map((op) => ({ op, n: p.content.rows.length })),
       ...this.sampleOps.map((op) => ({ op, n: p.content.samples.length })),
     ];
     const querySet = device.createQuerySet({ type: "timestamp", count: ops.length * 2 });
-    const resolved = device.createBuffer({ size: ops.length * 16, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC });
-    const read = device.createBuffer({ size: ops.length * 16, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    const resolved = device.createBuffer({
+      size: ops.length * 16,
+      usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
+    });
+    const read = device.createBuffer({
+      size: ops.length * 16,
+      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+    });
     const enc = device.createCommandEncoder();
-    const ranges = this.layout.pack(new DataView(this.stagingCpu.buffer, 0, this.layout.bytes), p.content);
+    const ranges = this.layout.pack(
+      new DataView(this.stagingCpu.buffer, 0, this.layout.bytes),
+      p.content,
+    );
     for (const [off, len] of ranges) enc.copyBufferToBuffer(this.staging, off, this.meta, off, len);
     ops.forEach(({ op, n }, i) => {
       const pass = enc.beginComputePass({
-        timestampWrites: { querySet, beginningOfPassWriteIndex: 2 * i, endOfPassWriteIndex: 2 * i + 1 },
+        timestampWrites: {
+          querySet,
+          beginningOfPassWriteIndex: 2 * i,
+          endOfPassWriteIndex: 2 * i + 1,
+        },
       });
       op.encode(pass, n);
       pass.end();
@@ -387,7 +559,11 @@ export class WebGpuEngine implements Engine {
     read.destroy();
     resolved.destroy();
     querySet.destroy();
-    return ops.map(({ op }, i) => ({ label: op.label, ms: Number(ns[2 * i + 1]! - ns[2 * i]!) / 1e6, ...op.cost(p.content) }));
+    return ops.map(({ op }, i) => ({
+      label: op.label,
+      ms: Number(ns[2 * i + 1]! - ns[2 * i]!) / 1e6,
+      ...op.cost(p.content),
+    }));
   }
 
   /** A free readback buffer; the pool grows only to the number of steps in flight. */

@@ -99,10 +99,15 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
       let ${p}0 = vec4<f32>(unpack2x16float(W[${p}b]), unpack2x16float(W[${p}b + 1u]));`;
     case "q8_0": {
       // Words w0..w8 cover the 34 bytes whether the block starts at byte 0 or 2 of a word.
-      const words = Array.from({ length: 9 }, (_, i) => `let ${p}w${i} = W[${p}wi + ${i}u];`).join(" ");
+      const words = Array.from({ length: 9 }, (_, i) => `let ${p}w${i} = W[${p}wi + ${i}u];`).join(
+        " ",
+      );
       const qs = Array.from(
         { length: 8 },
-        (_, i) => `let ${p}${i} = i8x4(select((${p}w${i} >> 16u) | (${p}w${i + 1} << 16u), ${p}w${i + 1}, ${p}odd));`,
+        (_, i) =>
+          `let ${p}${i} = i8x4(select((${p}w${i} >> 16u) | (${p}w${i + 1} << 16u), ${p}w${
+            i + 1
+          }, ${p}odd));`,
       ).join("\n      ");
       return `let ${p}off = (${rowExpr}) * ${rowBytes(type, cols)}u + c * 34u;
       let ${p}wi = ${p}off >> 2u;
@@ -113,13 +118,21 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
       ${qs}`;
     }
     case "q4_0": {
-      const words = Array.from({ length: 5 }, (_, i) => `let ${p}w${i} = W[${p}wi + ${i}u];`).join(" ");
+      const words = Array.from({ length: 5 }, (_, i) => `let ${p}w${i} = W[${p}wi + ${i}u];`).join(
+        " ",
+      );
       const nib = Array.from(
         { length: 4 },
-        (_, i) => `let ${p}n${i} = select((${p}w${i} >> 16u) | (${p}w${i + 1} << 16u), ${p}w${i + 1}, ${p}odd);`,
+        (_, i) =>
+          `let ${p}n${i} = select((${p}w${i} >> 16u) | (${p}w${i + 1} << 16u), ${p}w${
+            i + 1
+          }, ${p}odd);`,
       ).join("\n      ");
       // Byte k of the 16 holds element k (low nibble) and element k + 16 (high nibble).
-      const vals = Array.from({ length: 4 }, (_, i) => `let ${p}${i} = lo4(${p}n${i}); let ${p}${i + 4} = hi4(${p}n${i});`)
+      const vals = Array.from(
+        { length: 4 },
+        (_, i) => `let ${p}${i} = lo4(${p}n${i}); let ${p}${i + 4} = hi4(${p}n${i});`,
+      )
         .join("\n      ");
       return `let ${p}off = (${rowExpr}) * ${rowBytes(type, cols)}u + c * 18u;
       let ${p}wi = ${p}off >> 2u;

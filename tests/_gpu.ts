@@ -21,7 +21,11 @@ export function storage(gpu: Gpu, data: ArrayBufferView, label = "test"): GPUBuf
 
 /** A zeroed storage buffer of `bytes`. */
 export function zeros(gpu: Gpu, bytes: number, label = "test"): GPUBuffer {
-  return gpu.device.createBuffer({ size: Math.max(4, Math.ceil(bytes / 4) * 4), usage: STORAGE, label });
+  return gpu.device.createBuffer({
+    size: Math.max(4, Math.ceil(bytes / 4) * 4),
+    usage: STORAGE,
+    label,
+  });
 }
 
 export async function readF32(gpu: Gpu, b: GPUBuffer, n: number): Promise<Float32Array> {
@@ -33,7 +37,10 @@ export async function readU32(gpu: Gpu, b: GPUBuffer, n: number): Promise<Uint32
 }
 
 /** Runs `encode` in one compute pass and fails on any validation error. */
-export async function runPass(gpu: Gpu, encode: (pass: GPUComputePassEncoder) => void): Promise<void> {
+export async function runPass(
+  gpu: Gpu,
+  encode: (pass: GPUComputePassEncoder) => void,
+): Promise<void> {
   gpu.device.pushErrorScope("validation");
   const enc = gpu.device.createCommandEncoder();
   const pass = enc.beginComputePass();
@@ -65,7 +72,13 @@ export function randomF32(rand: () => number, n: number, scale = 1): Float32Arra
  * A random tensor [rows, cols] encoded as `type`, with bytes built here independently of the
  * kernels (f16 scales, int8 or nibble quants) so dequantize() is the oracle.
  */
-export function randomTensor(rand: () => number, type: TensorType, rows: number, cols: number, name = "w"): Tensor {
+export function randomTensor(
+  rand: () => number,
+  type: TensorType,
+  rows: number,
+  cols: number,
+  name = "w",
+): Tensor {
   const n = rows * cols;
   switch (type) {
     case "f32":
@@ -110,7 +123,12 @@ export function stepMeta(gpu: Gpu, content: StepContent) {
   });
   const bytes = new Uint8Array(layout.bytes);
   layout.pack(new DataView(bytes.buffer), content);
-  const buffer = uploadBuffer(gpu, bytes, GPUBufferUsage.UNIFORM | GPUBufferUsage.STORAGE, "step meta");
+  const buffer = uploadBuffer(
+    gpu,
+    bytes,
+    GPUBufferUsage.UNIFORM | GPUBufferUsage.STORAGE,
+    "step meta",
+  );
   return layout.bindings(buffer);
 }
 
@@ -119,7 +137,9 @@ export function stepMeta(gpu: Gpu, content: StepContent) {
  * reference scales), so tests can build models in every format from one checkpoint.
  */
 export function encodeTensor(t: Tensor, type: TensorType): Tensor {
-  const x = new Float32Array(t.data.buffer.slice(t.data.byteOffset, t.data.byteOffset + t.data.byteLength));
+  const x = new Float32Array(
+    t.data.buffer.slice(t.data.byteOffset, t.data.byteOffset + t.data.byteLength),
+  );
   const n = x.length;
   if (type === "f32") return t;
   if (type === "f16") {

@@ -3,7 +3,17 @@ import { createAttention } from "../kernels/attention.ts";
 import type { ModelConfig } from "../lib/model_config.ts";
 import { pagedAttention } from "../lib/reference/paged_attention.ts";
 import { PagedKvCache } from "../lib/reference/paged_kv_cache.ts";
-import { randomF32, readF32, relativeError, rng, runPass, stepMeta, storage, testGpu, zeros } from "./_gpu.ts";
+import {
+  randomF32,
+  readF32,
+  relativeError,
+  rng,
+  runPass,
+  stepMeta,
+  storage,
+  testGpu,
+  zeros,
+} from "./_gpu.ts";
 
 function config(nHeads: number, nKvHeads: number, headDim: number): ModelConfig {
   return {
@@ -23,7 +33,9 @@ function config(nHeads: number, nKvHeads: number, headDim: number): ModelConfig 
 }
 
 // Head shapes: stories260K's (8 query heads over 4 KV heads of 8), wide heads, no grouping, 8 heads per KV head.
-for (const [nHeads, nKvHeads, headDim] of [[8, 4, 8], [4, 1, 40], [2, 2, 128], [8, 1, 16]] as const) {
+for (
+  const [nHeads, nKvHeads, headDim] of [[8, 4, 8], [4, 1, 40], [2, 2, 128], [8, 1, 16]] as const
+) {
   Deno.test(`createAttention() matches the reference paged attention for a prefill chunk and decodes (${nHeads}q/${nKvHeads}kv heads of ${headDim})`, async () => {
     const gpu = await testGpu();
     const cfg = config(nHeads, nKvHeads, headDim);
@@ -54,7 +66,12 @@ for (const [nHeads, nKvHeads, headDim] of [[8, 4, 8], [4, 1, 40], [2, 2, 128], [
     const kvDim = nKvHeads * headDim;
     const stride = qDim + 2 * kvDim;
     const qkv = randomF32(rand, rows.length * stride, 2);
-    const meta = stepMeta(gpu, { rows, seqs, samples: [], blockTables: [...tableA, ...tableB, ...tableC] });
+    const meta = stepMeta(gpu, {
+      rows,
+      seqs,
+      samples: [],
+      blockTables: [...tableA, ...tableB, ...tableC],
+    });
     const out = zeros(gpu, rows.length * qDim * 4);
     const op = createAttention(gpu, cfg, blockSize, {
       dims: meta.dims,
@@ -70,7 +87,15 @@ for (const [nHeads, nKvHeads, headDim] of [[8, 4, 8], [4, 1, 40], [2, 2, 128], [
     const got = await readF32(gpu, out, rows.length * qDim);
     const tables = [tableA, tableB, tableC];
     rows.forEach((r, i) => {
-      const want = pagedAttention(new Float32Array(qDim), qkv.subarray(i * stride, i * stride + qDim), cache, 0, tables[r.seq]!, r.pos, nHeads);
+      const want = pagedAttention(
+        new Float32Array(qDim),
+        qkv.subarray(i * stride, i * stride + qDim),
+        cache,
+        0,
+        tables[r.seq]!,
+        r.pos,
+        nHeads,
+      );
       const err = relativeError(got.subarray(i * qDim, (i + 1) * qDim), want);
       assertLess(err, 1e-5, `row ${i} (seq ${r.seq}, pos ${r.pos}): relative error ${err}`);
     });

@@ -37,7 +37,12 @@ Deno.test("createEmbedding() gathers dequantized rows, including tokens left on 
     assert(m.chunks.length > 1, `${type}: expected a split table`);
     const lastSampled = storage(gpu, new Uint32Array([7, 44, 0]));
     const tokens = [3, 44, LAST_SAMPLED_FLAG | 1, 0, 22, LAST_SAMPLED_FLAG | 0];
-    const meta = stepMeta(gpu, { rows: tokens.map((t) => row(t)), seqs: [], samples: [], blockTables: [] });
+    const meta = stepMeta(gpu, {
+      rows: tokens.map((t) => row(t)),
+      seqs: [],
+      samples: [],
+      blockTables: [],
+    });
     const x = zeros(gpu, tokens.length * dim * 4);
     const op = createEmbedding(gpu, m, { dims: meta.dims, rows: meta.rows, lastSampled, x });
     await runPass(gpu, (pass) => op.encode(pass, tokens.length));
@@ -62,7 +67,12 @@ Deno.test("createSwiglu() matches the reference swiglu", async () => {
   const rows = 3;
   const g = randomF32(rand, rows * hidden, 6);
   const u = randomF32(rand, rows * hidden, 2);
-  const meta = stepMeta(gpu, { rows: Array.from({ length: rows }, () => row(0)), seqs: [], samples: [], blockTables: [] });
+  const meta = stepMeta(gpu, {
+    rows: Array.from({ length: rows }, () => row(0)),
+    seqs: [],
+    samples: [],
+    blockTables: [],
+  });
   const gb = storage(gpu, g);
   const op = createSwiglu(gpu, hidden, { dims: meta.dims, gate: gb, up: storage(gpu, u) });
   await runPass(gpu, (pass) => op.encode(pass, rows));
@@ -121,10 +131,17 @@ for (const ropeDim of [8, 4]) {
       const wantK = rope(qkv.slice(at + qDim, at + qDim + kvDim), 2, 8, ropeDim, r.pos, 10000);
       const v = qkv.subarray(at + qDim + kvDim, at + stride);
       assertLess(relativeError(got.subarray(at, at + qDim), wantQ), 1e-5, `q row ${i}`);
-      assertLess(relativeError(gotK.subarray(r.slot * kvDim, (r.slot + 1) * kvDim), wantK), 1e-5, `k row ${i}`);
+      assertLess(
+        relativeError(gotK.subarray(r.slot * kvDim, (r.slot + 1) * kvDim), wantK),
+        1e-5,
+        `k row ${i}`,
+      );
       assertEquals(Array.from(gotV.subarray(r.slot * kvDim, (r.slot + 1) * kvDim)), Array.from(v));
       // k and v stay as they were in the projection's output.
-      assertEquals(Array.from(got.subarray(at + qDim, at + stride)), Array.from(qkv.subarray(at + qDim, at + stride)));
+      assertEquals(
+        Array.from(got.subarray(at + qDim, at + stride)),
+        Array.from(qkv.subarray(at + qDim, at + stride)),
+      );
     });
     // Slots no row names stay untouched.
     assert(gotK.subarray(kvDim, 2 * kvDim).every((x) => x === 0));

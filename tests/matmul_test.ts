@@ -6,7 +6,17 @@ import { DIM_ROWS, DIM_SAMPLES, type SampleMeta } from "../kernels/step_meta.ts"
 import { dequantize } from "../lib/dequantize.ts";
 import { matvec, rmsnorm, silu } from "../lib/reference/ops.ts";
 import type { TensorType } from "../lib/tensor.ts";
-import { randomF32, randomTensor, readF32, relativeError, rng, runPass, stepMeta, storage, testGpu } from "./_gpu.ts";
+import {
+  randomF32,
+  randomTensor,
+  readF32,
+  relativeError,
+  rng,
+  runPass,
+  stepMeta,
+  storage,
+  testGpu,
+} from "./_gpu.ts";
 
 const TYPES: TensorType[] = ["f32", "f16", "q8_0", "q4_0"];
 
@@ -23,7 +33,16 @@ interface Case {
 }
 
 function dims(gpu: Gpu, rows: number, gather?: number[]) {
-  const sample = (row: number): SampleMeta => ({ row, lastSlot: 0, seed: 0, position: 0, temperature: 0, topK: 0, topP: 1, minP: 0 });
+  const sample = (row: number): SampleMeta => ({
+    row,
+    lastSlot: 0,
+    seed: 0,
+    position: 0,
+    temperature: 0,
+    topK: 0,
+    topP: 1,
+    minP: 0,
+  });
   return stepMeta(gpu, {
     rows: Array.from({ length: rows }, () => ({ token: 0, pos: 0, seq: 0, slot: 0 })),
     seqs: [],
@@ -77,7 +96,9 @@ async function compare(gpu: Gpu, c: Case): Promise<[Float32Array, Float32Array]>
 for (const type of TYPES) {
   Deno.test(`createMatmul() ${type} matches dequantize + matvec for 1, 3 and 19 rows`, async () => {
     const gpu = await testGpu();
-    for (const [outF, inF, rows] of [[40, 64, 1], [33, 96, 3], [17, 256, 19], [6, 4096, 2]] as const) {
+    for (
+      const [outF, inF, rows] of [[40, 64, 1], [33, 96, 3], [17, 256, 19], [6, 4096, 2]] as const
+    ) {
       if (type !== "f32" && type !== "f16" && inF % 32 !== 0) continue;
       const [got, want] = await compare(gpu, { type, outF, inF, rows, seed: outF * 31 + rows });
       const err = relativeError(got, want);
@@ -100,8 +121,24 @@ Deno.test("createMatmul() epilogues: residual add, fused RMSNorm, SwiGLU of inte
     const cases: [string, Case][] = [
       ["accumulate", { type, outF: 24, inF: 64, rows: 5, seed: 7, epilogue: "accumulate" }],
       ["norm", { type, outF: 24, inF: 96, rows: 10, seed: 8, norm: true }],
-      ["norm + swiglu", { type, outF: 21, inF: 64, rows: 9, seed: 9, norm: true, epilogue: "swiglu" }],
-      ["gathered norm", { type, outF: 30, inF: 64, rows: 12, seed: 10, norm: true, gather: [11, 0, 4] }],
+      ["norm + swiglu", {
+        type,
+        outF: 21,
+        inF: 64,
+        rows: 9,
+        seed: 9,
+        norm: true,
+        epilogue: "swiglu",
+      }],
+      ["gathered norm", {
+        type,
+        outF: 30,
+        inF: 64,
+        rows: 12,
+        seed: 10,
+        norm: true,
+        gather: [11, 0, 4],
+      }],
     ];
     for (const [what, c] of cases) {
       const [got, want] = await compare(gpu, c);
@@ -121,14 +158,23 @@ Deno.test("createMatmul() gives each row the same bits whatever the batch around
     const run = async (xs: Float32Array, rows: number) => {
       const meta = dims(gpu, rows);
       const y = storage(gpu, new Float32Array(rows * 20));
-      const op = createMatmul(gpu, w, { dims: meta.dims, x: storage(gpu, xs), y, rowsField: DIM_ROWS, norm: { weight: normW, eps: 1e-5 } });
+      const op = createMatmul(gpu, w, {
+        dims: meta.dims,
+        x: storage(gpu, xs),
+        y,
+        rowsField: DIM_ROWS,
+        norm: { weight: normW, eps: 1e-5 },
+      });
       await runPass(gpu, (pass) => op.encode(pass, rows));
       return readF32(gpu, y, rows * 20);
     };
     const batch = await run(x, 13);
     for (const r of [0, 5, 12]) {
       const alone = await run(x.slice(r * 64, (r + 1) * 64), 1);
-      assert(alone.every((v, i) => v === batch[r * 20 + i]), `${type}: row ${r} alone differs from row ${r} in a batch of 13`);
+      assert(
+        alone.every((v, i) => v === batch[r * 20 + i]),
+        `${type}: row ${r} alone differs from row ${r} in a batch of 13`,
+      );
     }
   }
 });
@@ -137,11 +183,16 @@ Deno.test("createMatmul() splits a matrix larger than one binding into row chunk
   // A 1 KiB binding cap forces several chunks per matrix.
   const gpu = await acquireGpu({ maxBindingBytes: 1024 });
   for (const type of TYPES) {
-    assert(uploadMatrix(gpu, randomTensor(rng(5), type, 50, 64)).chunks.length > 1, `${type} should need several chunks`);
-    for (const c of [
-      { type, outF: 50, inF: 64, rows: 3, seed: 5 },
-      { type, outF: 25, inF: 64, rows: 3, seed: 6, epilogue: "swiglu" as const, norm: true },
-    ]) {
+    assert(
+      uploadMatrix(gpu, randomTensor(rng(5), type, 50, 64)).chunks.length > 1,
+      `${type} should need several chunks`,
+    );
+    for (
+      const c of [
+        { type, outF: 50, inF: 64, rows: 3, seed: 5 },
+        { type, outF: 25, inF: 64, rows: 3, seed: 6, epilogue: "swiglu" as const, norm: true },
+      ]
+    ) {
       const [got, want] = await compare(gpu, c);
       assertLess(relativeError(got, want), 1e-5, `${type} ${c.epilogue ?? "store"}`);
     }

@@ -47,19 +47,38 @@ const PARAMS: SamplingParams[] = [
 ];
 
 /** Samples `rows` logit vectors on the GPU, each with PARAMS[i % n] and a distinct seed and position. */
-async function compareWithReference(vocab: number, logits: Float32Array, rows: number): Promise<void> {
+async function compareWithReference(
+  vocab: number,
+  logits: Float32Array,
+  rows: number,
+): Promise<void> {
   const gpu = await testGpu();
   const metas: SampleMeta[] = [];
   const params: SamplingParams[] = [];
   for (let i = 0; i < rows; i++) {
     const p = { ...PARAMS[i % PARAMS.length]!, seed: 1000 + i * 17 };
     params.push(p);
-    metas.push({ row: i, lastSlot: i, seed: p.seed, position: 5 + i, temperature: p.temperature, topK: p.topK, topP: p.topP, minP: p.minP });
+    metas.push({
+      row: i,
+      lastSlot: i,
+      seed: p.seed,
+      position: 5 + i,
+      temperature: p.temperature,
+      topK: p.topK,
+      topP: p.topP,
+      minP: p.minP,
+    });
   }
   const meta = stepMeta(gpu, { rows: [], seqs: [], samples: metas, blockTables: [] });
   const out = zeros(gpu, rows * 8);
   const lastSampled = zeros(gpu, rows * 4);
-  const op = createSampler(gpu, vocab, { dims: meta.dims, samples: meta.samples, logits: storage(gpu, logits), out, lastSampled });
+  const op = createSampler(gpu, vocab, {
+    dims: meta.dims,
+    samples: meta.samples,
+    logits: storage(gpu, logits),
+    out,
+    lastSampled,
+  });
   await runPass(gpu, (pass) => op.encode(pass, rows));
   const got = await readU32(gpu, out, rows * 2);
   const last = await readU32(gpu, lastSampled, rows);

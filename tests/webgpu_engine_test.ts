@@ -1,6 +1,12 @@
 import { assertEquals, assertLess, assertRejects } from "@std/assert";
 import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
-import { type Engine, GREEDY, type SamplingParams, type StepPlan, type StepResult } from "../lib/engine.ts";
+import {
+  type Engine,
+  GREEDY,
+  type SamplingParams,
+  type StepPlan,
+  type StepResult,
+} from "../lib/engine.ts";
 import { loadModel } from "../lib/load_model.ts";
 import { CpuEngine } from "../lib/reference/cpu_engine.ts";
 import { referenceGenerate } from "../lib/reference/reference_generate.ts";
@@ -22,7 +28,10 @@ async function assertSameGeneration(model: Model, tokens: number, what: string):
   const { gpu, cpu } = await engines(model);
   try {
     const want = await referenceGenerate(cpu, PROMPT, tokens, GREEDY, { returnLogits: true });
-    const got = await referenceGenerate(gpu, PROMPT, tokens, GREEDY, { returnLogits: true, useLastSampled: true });
+    const got = await referenceGenerate(gpu, PROMPT, tokens, GREEDY, {
+      returnLogits: true,
+      useLastSampled: true,
+    });
     assertEquals(got.tokens, want.tokens, `${what}: greedy tokens`);
     want.logits.forEach((l, i) => {
       const err = relativeError(got.logits[i]!, l);
@@ -68,7 +77,13 @@ Deno.test("WebGpuEngine matches CpuEngine on a model mixing f32, f16, Q8_0 and Q
 /** A seeded sampler per sequence: half greedy, half with temperature and filters. */
 function samplingFor(i: number): SamplingParams {
   if (i % 2 === 0) return GREEDY;
-  return { temperature: 0.6 + (i % 5) * 0.2, topK: [0, 40, 10][i % 3]!, topP: [1, 0.9, 0.8][i % 3]!, minP: i % 4 === 1 ? 0.05 : 0, seed: 1000 + i };
+  return {
+    temperature: 0.6 + (i % 5) * 0.2,
+    topK: [0, 40, 10][i % 3]!,
+    topP: [1, 0.9, 0.8][i % 3]!,
+    minP: i % 4 === 1 ? 0.05 : 0,
+    seed: 1000 + i,
+  };
 }
 
 interface Request {
@@ -83,7 +98,13 @@ interface Request {
  * device, and the order of sequences in each plan is shuffled. Every step is submitted before
  * any result is awaited. Returns each request's tokens and logprobs.
  */
-async function runTogether(engine: Engine, reqs: Request[], newTokens: number, chunk: number, seqBase: number) {
+async function runTogether(
+  engine: Engine,
+  reqs: Request[],
+  newTokens: number,
+  chunk: number,
+  seqBase: number,
+) {
   const shuffle = rng(77);
   const state = reqs.map(() => ({ pos: 0, sampled: 0 }));
   const pending: Promise<StepResult>[] = [];
@@ -93,7 +114,12 @@ async function runTogether(engine: Engine, reqs: Request[], newTokens: number, c
       const r = reqs[i]!;
       const s = state[i]!;
       if (s.sampled >= newTokens) continue;
-      const base = { seqId: seqBase + i, startPos: s.pos, blockTable: r.blockTable, sampling: r.sampling };
+      const base = {
+        seqId: seqBase + i,
+        startPos: s.pos,
+        blockTable: r.blockTable,
+        sampling: r.sampling,
+      };
       if (s.pos < r.prompt.length) {
         const tokens = r.prompt.slice(s.pos, s.pos + chunk);
         s.pos += tokens.length;
@@ -125,7 +151,10 @@ Deno.test("WebGpuEngine is batch invariant: 16 prompts decoded together (mixed p
   try {
     const rand = rng(5);
     const reqs: Request[] = Array.from({ length: 16 }, (_, i) => ({
-      prompt: [1, ...Array.from({ length: 1 + Math.floor(rand() * 27) }, () => 3 + Math.floor(rand() * 500))],
+      prompt: [
+        1,
+        ...Array.from({ length: 1 + Math.floor(rand() * 27) }, () => 3 + Math.floor(rand() * 500)),
+      ],
       sampling: samplingFor(i),
       blockTable: [3 * i, 3 * i + 1, 3 * i + 2],
     }));
@@ -135,7 +164,11 @@ Deno.test("WebGpuEngine is batch invariant: 16 prompts decoded together (mixed p
       // Alone: whole prompt in one step, other KV blocks, another sequence id.
       const r = { ...reqs[i]!, blockTable: [60, 61, 62] };
       const [alone] = await runTogether(gpu, [r], newTokens, 64, 100 + i);
-      assertEquals(together[i], alone, `request ${i} (${JSON.stringify(r.sampling)}): together vs alone`);
+      assertEquals(
+        together[i],
+        alone,
+        `request ${i} (${JSON.stringify(r.sampling)}): together vs alone`,
+      );
     }
     // The reference, fed the same batched plans, draws the same tokens.
     const reference = await runTogether(cpu, reqs, newTokens, 8, 0);
@@ -165,13 +198,18 @@ Deno.test("WebGpuEngine gives the same next-token logits for a 70-token prefill 
       }
       return steps;
     };
-    const logitsOf = async (steps: Promise<StepResult>[]) => (await Promise.all(steps)).at(-1)!.sampled[0]!.logits!;
+    const logitsOf = async (steps: Promise<StepResult>[]) =>
+      (await Promise.all(steps)).at(-1)!.sampled[0]!.logits!;
     const whole = await logitsOf(prefill(70, 1));
     for (const chunk of [1, 7, 64]) {
       const got = await logitsOf(prefill(chunk, 2));
       assertEquals(Array.from(got), Array.from(whole), `chunks of ${chunk}`);
     }
-    const plan: StepPlan = { stepId: 0, returnLogits: true, seqs: [{ seqId: 1, tokens: prompt, startPos: 0, blockTable, sample: true, sampling: GREEDY }] };
+    const plan: StepPlan = {
+      stepId: 0,
+      returnLogits: true,
+      seqs: [{ seqId: 1, tokens: prompt, startPos: 0, blockTable, sample: true, sampling: GREEDY }],
+    };
     const want = (await cpu.step(plan)).sampled[0]!.logits!;
     assertLess(relativeError(whole, want), 1e-4);
   } finally {
@@ -186,12 +224,35 @@ Deno.test("WebGpuEngine.stepMany() runs k decode steps in one submit with the sa
     const seeded = { temperature: 1, topK: 0, topP: 0.95, minP: 0, seed: 7 };
     const decode = (seqId: number, startPos: number): StepPlan => ({
       stepId: startPos,
-      seqs: [{ seqId, tokens: [], useLastSampled: true, startPos, blockTable: [seqId], sample: true, sampling: seeded }],
+      seqs: [{
+        seqId,
+        tokens: [],
+        useLastSampled: true,
+        startPos,
+        blockTable: [seqId],
+        sample: true,
+        sampling: seeded,
+      }],
     });
-    const prefill = (seqId: number) => gpu.step({ stepId: 0, seqs: [{ seqId, tokens: PROMPT, startPos: 0, blockTable: [seqId], sample: true, sampling: seeded }] });
+    const prefill = (seqId: number) =>
+      gpu.step({
+        stepId: 0,
+        seqs: [{
+          seqId,
+          tokens: PROMPT,
+          startPos: 0,
+          blockTable: [seqId],
+          sample: true,
+          sampling: seeded,
+        }],
+      });
     const first = [await prefill(1), await prefill(2)];
-    const single = await Promise.all(Array.from({ length: 8 }, (_, k) => gpu.step(decode(1, 5 + k))));
-    const batched = await Promise.all(gpu.stepMany(Array.from({ length: 8 }, (_, k) => decode(2, 5 + k))));
+    const single = await Promise.all(
+      Array.from({ length: 8 }, (_, k) => gpu.step(decode(1, 5 + k))),
+    );
+    const batched = await Promise.all(
+      gpu.stepMany(Array.from({ length: 8 }, (_, k) => decode(2, 5 + k))),
+    );
     assertEquals(first[1]!.sampled[0]!.token, first[0]!.sampled[0]!.token);
     assertEquals(batched.map((r) => r.sampled[0]!.token), single.map((r) => r.sampled[0]!.token));
   } finally {
@@ -204,10 +265,31 @@ Deno.test("WebGpuEngine rejects bad plans with the reason, and keeps working", a
   const { gpu } = await engines(model, { numBlocks: 4, blockSize: 16 });
   try {
     const base = { seqId: 1, startPos: 0, sample: true, sampling: GREEDY };
-    await assertRejects(() => gpu.step({ stepId: 1, seqs: [{ ...base, tokens: [], useLastSampled: true, blockTable: [0] }] }), Error, "earlier sampled step");
-    await assertRejects(() => gpu.step({ stepId: 2, seqs: [{ ...base, tokens: Array(17).fill(5), blockTable: [0] }] }), Error, "needs 2 KV blocks");
-    await assertRejects(() => gpu.step({ stepId: 3, seqs: [{ ...base, tokens: [1], blockTable: [4] }] }), Error, "outside 0..3");
-    await assertRejects(() => gpu.step({ stepId: 4, seqs: [{ ...base, tokens: [512], blockTable: [0] }] }), Error, "outside the vocabulary");
+    await assertRejects(
+      () =>
+        gpu.step({
+          stepId: 1,
+          seqs: [{ ...base, tokens: [], useLastSampled: true, blockTable: [0] }],
+        }),
+      Error,
+      "earlier sampled step",
+    );
+    await assertRejects(
+      () =>
+        gpu.step({ stepId: 2, seqs: [{ ...base, tokens: Array(17).fill(5), blockTable: [0] }] }),
+      Error,
+      "needs 2 KV blocks",
+    );
+    await assertRejects(
+      () => gpu.step({ stepId: 3, seqs: [{ ...base, tokens: [1], blockTable: [4] }] }),
+      Error,
+      "outside 0..3",
+    );
+    await assertRejects(
+      () => gpu.step({ stepId: 4, seqs: [{ ...base, tokens: [512], blockTable: [0] }] }),
+      Error,
+      "outside the vocabulary",
+    );
     const ok = await gpu.step({ stepId: 5, seqs: [{ ...base, tokens: PROMPT, blockTable: [0] }] });
     assertEquals(ok.sampled.length, 1);
   } finally {
