@@ -4,10 +4,17 @@
  * engine's work is outside the timed region. Finished sequences are replaced, so N stay
  * running and the cost of finishing, freeing and admitting is included.
  *
+ * A second table runs the same workload through the actors (SchedulerActor ⇄ ExecutorActor over
+ * their mailboxes, two steps in flight) and splits each step's wall time into the fake engine's
+ * share and the rest: scheduler, mailboxes and promise hops.
+ *
  *   deno run -A bench/scheduler_bench.ts [--iters 2000] [--sizes 1,64,256,1024]
  */
 import { parseArgs } from "@std/cli/parse-args";
-import { GREEDY, type StepResult } from "../lib/engine.ts";
+import { ExecutorActor } from "../actors/executor.ts";
+import type { SeqEvent } from "../actors/messages.ts";
+import { createExecutorMailbox, SchedulerActor } from "../actors/scheduler.ts";
+import { GREEDY, type StepPlan, type StepResult } from "../lib/engine.ts";
 import { FakeEngine } from "../lib/fake_engine.ts";
 import { Scheduler, schedulerConfig } from "../lib/scheduler.ts";
 
@@ -83,6 +90,80 @@ function measure(running: number, iters: number): Row {
   };
 }
 
+interface ActorRow {
+  running: number;
+  steps: number;
+  wallUs: number;
+  engineUs: number;
+}
+
+/** Per-step wall time of the actor pipeline with `running` sequences kept decoding. */
+async function measureActors(running: number, steps: number): Promise<ActorRow> {
+  const blockSize = 16, contextLength = 2048;
+  const numBlocks = Math.ceil((running * 1024) / blockSize);
+  const fake = new FakeEngine({ vocabSize: 32000, numBlocks, blockSize, contextLength });
+  let engineMs = 0, engineSteps = 0;
+  const engine = {
+    name: fake.name,
+    config: fake.config,
+    kv: fake.kv,
+    step(plan: StepPlan): Promise<StepResult> {
+      const t = performance.now();
+      const r = fake.run(plan);
+      engineMs += performance.now() - t;
+      engineSteps++;
+      return Promise.resolve(r);
+    },
+    release: (id: number) => fake.release(id),
+    dispose() {},
+  };
+  const core = new Scheduler(schedulerConfig({ numBlocks, blockSize, contextLength }, {
+    maxRunning: running,
+    maxBatchTokens: Math.max(512, running),
+    maxWaiting: running * 4,
+  }));
+  const execMailbox = createExecutorMailbox(2);
+  const actor = new SchedulerActor(core, execMailbox, { maxInFlight: 2 });
+  const executor = new ExecutorActor(engine, () => engine, execMailbox, actor.mailbox);
+  const loops = Promise.all([actor.run(), executor.run()]);
+  let seed = 1, started = -1, startSteps = 0;
+  const warmupSteps = Math.max(100, Math.ceil((running * 64) / 512) + 20);
+  let done!: (v: number) => void;
+  const finished = new Promise<number>((r) => (done = r));
+  const submit = () => {
+    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+    actor.mailbox.trySend({
+      type: "submit",
+      seq: {
+        seqId: actor.nextSeqId(),
+        prompt: Array.from({ length: 64 }, (_, i) => (seed + i * 7919) % 32000),
+        maxTokens: 128 + (seed % 512),
+        sampling: GREEDY,
+        stopTokenIds: [EOS],
+        priority: "interactive",
+      },
+      reply,
+    });
+  };
+  function reply(e: SeqEvent) {
+    if (e.type === "finished" && !actor.mailbox.closed) submit();
+    if (e.type !== "token") return;
+    if (started < 0 && engineSteps >= warmupSteps) {
+      started = performance.now();
+      startSteps = engineSteps;
+      engineMs = 0;
+    }
+    if (started >= 0 && engineSteps - startSteps >= steps) done(performance.now());
+  }
+  for (let i = 0; i < running; i++) submit();
+  const end = await finished;
+  const measured = engineSteps - startSteps;
+  const engineUs = (engineMs * 1000) / measured;
+  actor.mailbox.close();
+  await loops;
+  return { running, steps: measured, wallUs: ((end - started) * 1000) / measured, engineUs };
+}
+
 if (import.meta.main) {
   const args = parseArgs(Deno.args, {
     string: ["iters", "sizes"],
@@ -101,6 +182,17 @@ if (import.meta.main) {
       `| ${r.running} | ${r.avgBatch.toFixed(1)} | ${r.medianUs.toFixed(1)} | ${
         r.p99Us.toFixed(1)
       } | ${r.meanUs.toFixed(1)} |`,
+    );
+  }
+  console.log(`\nActor pipeline (SchedulerActor ⇄ ExecutorActor, 2 steps in flight), per step`);
+  console.log("| running | steps | wall µs | fake engine µs | scheduler + actors µs |");
+  console.log("|--------:|------:|--------:|---------------:|----------------------:|");
+  for (const n of sizes) {
+    const r = await measureActors(n, Math.min(iters, 1000));
+    console.log(
+      `| ${r.running} | ${r.steps} | ${r.wallUs.toFixed(1)} | ${r.engineUs.toFixed(1)} | ${
+        (r.wallUs - r.engineUs).toFixed(1)
+      } |`,
     );
   }
 }
