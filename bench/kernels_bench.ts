@@ -6,7 +6,7 @@
  *   deno run --allow-all bench/kernels_bench.ts                       # stories260K from $MODEL_MIRROR
  *   deno run --allow-all bench/kernels_bench.ts --model path.gguf
  *   deno run --allow-all bench/kernels_bench.ts --synthetic q4_0      # random Llama-3.2-1B shape (f16|q8_0|q4_0)
- *   options: --batches 1,8,32,64  --steps 24  --prompt 16  --layers N (synthetic)
+ *   options: --batches 1,8,32,64  --steps 48  --prompt 16  --layers N (synthetic)
  *
  * Uses no npm packages, so it runs on a machine with only a deno binary.
  */
@@ -30,7 +30,7 @@ interface Options {
 }
 
 function parseOptions(args: string[]): Options {
-  const opts: Options = { batches: [1, 8, 32, 64], steps: 24, prompt: 16 };
+  const opts: Options = { batches: [1, 8, 32, 64], steps: 48, prompt: 16 };
   for (let i = 0; i < args.length; i++) {
     const key = args[i]!;
     const value = args[++i];

@@ -1,4 +1,5 @@
 import { assertEquals, assertLess, assertRejects } from "@std/assert";
+import { acquireGpu } from "../kernels/device.ts";
 import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
 import {
   type Engine,
@@ -72,6 +73,41 @@ Deno.test("WebGpuEngine matches CpuEngine on a model mixing f32, f16, Q8_0 and Q
     },
   };
   await assertSameGeneration(mixed, 40, "mixed formats");
+});
+
+Deno.test("WebGpuEngine splits weights larger than one binding across several and still matches CpuEngine", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"));
+  // A 32 KiB binding cap splits the embedding/classifier, qkv and gate/up matrices into chunks.
+  const small = await acquireGpu({ maxBindingBytes: 32 * 1024 });
+  const kv = { numBlocks: 16, blockSize: 16 };
+  const gpu = await WebGpuEngine.create(model.config, model.weights, kv, {
+    gpu: small,
+    maxSeqs: 4,
+    maxBatchTokens: 32,
+  });
+  try {
+    const cpu = new CpuEngine(model.config, model.weights, kv);
+    const want = await referenceGenerate(cpu, PROMPT, 20, GREEDY, { returnLogits: true });
+    const got = await referenceGenerate(gpu, PROMPT, 20, GREEDY, {
+      returnLogits: true,
+      useLastSampled: true,
+    });
+    assertEquals(got.tokens, want.tokens);
+    want.logits.forEach((l, i) => assertLess(relativeError(got.logits[i]!, l), 1e-4, `step ${i}`));
+    await assertRejects(
+      () =>
+        WebGpuEngine.create(model.config, model.weights, { numBlocks: 17, blockSize: 16 }, {
+          gpu: small,
+          maxSeqs: 4,
+          maxBatchTokens: 32,
+        }),
+      Error,
+      "above the device's binding limit",
+    );
+  } finally {
+    gpu.dispose();
+    small.device.destroy();
+  }
 });
 
 /** A seeded sampler per sequence: half greedy, half with temperature and filters. */
