@@ -212,6 +212,21 @@ Deno.test("RequestActor: aborting the signal cancels with done('cancelled') and 
   }
 });
 
+Deno.test("RequestActor: a signal aborted before the start ends at once with done('cancelled')", async () => {
+  const core = startCore({ latencyMs: 1 });
+  try {
+    const events = await collect(
+      core.generate(request(promptWithLongRun(50), 50), AbortSignal.abort()),
+    );
+    assertEquals(events.map((e) => e.type), ["done"]);
+    assertEquals(doneOf(events).finishReason, "cancelled");
+    assertEquals(doneOf(events).usage.completionTokens, 0);
+    await waitFor("nothing to be live", () => idle(core));
+  } finally {
+    await core.close();
+  }
+});
+
 Deno.test("RequestActor: a client that leaves mid-stream frees its sequence", async () => {
   const core = startCore({ latencyMs: 2 });
   try {
