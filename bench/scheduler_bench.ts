@@ -20,7 +20,7 @@ import { Scheduler, schedulerConfig } from "../lib/scheduler.ts";
 
 const EOS = 2;
 
-interface Row {
+export interface Row {
   running: number;
   medianUs: number;
   p99Us: number;
@@ -32,7 +32,7 @@ function percentile(sorted: number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))]!;
 }
 
-function measure(running: number, iters: number): Row {
+export function measure(running: number, iters: number): Row {
   const blockSize = 16, contextLength = 2048;
   const numBlocks = Math.ceil((running * 1024) / blockSize);
   const engine = new FakeEngine({ vocabSize: 32000, numBlocks, blockSize, contextLength });
@@ -90,7 +90,7 @@ function measure(running: number, iters: number): Row {
   };
 }
 
-interface ActorRow {
+export interface ActorRow {
   running: number;
   steps: number;
   wallUs: number;
@@ -98,7 +98,7 @@ interface ActorRow {
 }
 
 /** Per-step wall time of the actor pipeline with `running` sequences kept decoding. */
-async function measureActors(running: number, steps: number): Promise<ActorRow> {
+export async function measureActors(running: number, steps: number): Promise<ActorRow> {
   const blockSize = 16, contextLength = 2048;
   const numBlocks = Math.ceil((running * 1024) / blockSize);
   const fake = new FakeEngine({ vocabSize: 32000, numBlocks, blockSize, contextLength });
