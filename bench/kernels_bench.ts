@@ -29,7 +29,7 @@ interface Options {
   prompt: number;
 }
 
-function parseOptions(args: string[]): Options {
+function parseOptions(args: readonly string[]): Options {
   const opts: Options = { batches: [1, 8, 32, 64], steps: 48, prompt: 16 };
   for (let i = 0; i < args.length; i++) {
     const key = args[i]!;
@@ -152,8 +152,31 @@ async function timeIt(f: () => Promise<unknown>): Promise<number> {
   return performance.now() - t;
 }
 
-async function main() {
-  const o = parseOptions(Deno.args);
+/** The headline numbers of a run, for bench/mod.ts or a notes file. */
+export interface KernelsBenchResult {
+  readonly device: string;
+  readonly model: string;
+  readonly emptyStep: { readonly waitedMs: number; readonly pipelinedMs: number };
+  readonly steps: readonly {
+    readonly batch: number;
+    readonly waitedMs: number;
+    readonly pipelinedMs: number;
+  }[];
+  readonly singleStream: readonly { readonly mode: string; readonly msPerToken: number }[];
+}
+
+/**
+ * Runs the benchmark with command-line style options, writing markdown through `print`.
+ *
+ * ```ts
+ * const r = await runKernelsBench(["--batches", "1,32"], () => {});
+ * ```
+ */
+export async function runKernelsBench(
+  argv: readonly string[],
+  print: (text: string) => void = console.log,
+): Promise<KernelsBenchResult> {
+  const o = parseOptions(argv);
   const gpu: Gpu = await acquireGpu();
   const subject = await loadSubject(o);
   const { config } = subject;
@@ -170,17 +193,17 @@ async function main() {
     maxBatchTokens: Math.max(512, maxBatch),
   });
   const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
-  console.log(`# WebGPU engine benchmark\n`);
-  console.log(`- device: ${gpu.description} (binding limit ${mib(gpu.maxBindingBytes)})`);
-  console.log(
+  print(`# WebGPU engine benchmark\n`);
+  print(`- device: ${gpu.description} (binding limit ${mib(gpu.maxBindingBytes)})`);
+  print(
     `- model: ${subject.name}: dim ${config.dim}, ${config.nLayers} layers, ${config.nHeads}/${config.nKvHeads} heads, vocab ${config.vocabSize}`,
   );
-  console.log(
+  print(
     `- device memory: weights ${mib(engine.memory.weights)}, KV ${
       mib(engine.memory.kvCache)
     }, activations ${mib(engine.memory.activations)}; set-up ${fmt(performance.now() - t0, 0)} ms`,
   );
-  console.log(`- decode at position ${o.prompt}+, ${o.steps} steps per measurement\n`);
+  print(`- decode at position ${o.prompt}+, ${o.steps} steps per measurement\n`);
 
   // Per-kernel GPU time (timestamp queries, each kernel in its own pass; min of 5).
   for (const batch of [1, maxBatch]) {
@@ -199,8 +222,8 @@ async function main() {
       families.set(k.label, f);
     });
     const total = [...families.values()].reduce((s, f) => s + f.ms, 0);
-    console.log(`## Kernels, one decode step at batch ${batch} (GPU time, min of 5)\n`);
-    console.log(markdownTable(
+    print(`## Kernels, one decode step at batch ${batch} (GPU time, min of 5)\n`);
+    print(markdownTable(
       ["kernel", "dispatches", "ms", "share", "GFLOP/s", "GB/s"],
       [...families].map(([label, f]) => [
         label,
@@ -224,6 +247,7 @@ async function main() {
     32;
   const rows: string[][] = [["empty step", "-", fmt(emptyWaited), fmt(emptyPiped), "-", "-"]];
   let batch1 = NaN;
+  const steps: { batch: number; waitedMs: number; pipelinedMs: number }[] = [];
   for (const batch of o.batches) {
     const w = new Workload(engine, batch, o.prompt, blocksEach);
     await w.prefill();
@@ -238,6 +262,7 @@ async function main() {
         engine.step(w.decode(k))))
     )) / n;
     if (batch === o.batches[0]) batch1 = piped;
+    steps.push({ batch, waitedMs: median(waited), pipelinedMs: piped });
     rows.push([
       `batch ${batch}`,
       String(batch),
@@ -247,11 +272,11 @@ async function main() {
       fmt(piped / batch1),
     ]);
   }
-  console.log(`## Step time by batch size (decode, ms per step)\n`);
-  console.log(
+  print(`## Step time by batch size (decode, ms per step)\n`);
+  print(
     "waited = submit, then await the readback; pipelined = steps submitted back to back, time per step.\n",
   );
-  console.log(
+  print(
     markdownTable([
       "step",
       "sequences",
@@ -302,13 +327,20 @@ async function main() {
     results.push([name, (await timeIt(run)) / n]);
   }
   const base = results[0]![1];
-  console.log(`## Single-stream decode (batch 1, ${n} tokens)\n`);
-  console.log(markdownTable(
+  print(`## Single-stream decode (batch 1, ${n} tokens)\n`);
+  print(markdownTable(
     ["mode", "ms/token", "tokens/s", "× waiting"],
     results.map(([name, ms]) => [name, fmt(ms), fmt(1000 / ms, 0), fmt(base / ms)]),
   ));
   engine.dispose();
   gpu.device.destroy();
+  return {
+    device: gpu.description,
+    model: subject.name,
+    emptyStep: { waitedMs: emptyWaited, pipelinedMs: emptyPiped },
+    steps,
+    singleStream: results.map(([mode, msPerToken]) => ({ mode, msPerToken })),
+  };
 }
 
-if (import.meta.main) await main();
+if (import.meta.main) await runKernelsBench(Deno.args);
