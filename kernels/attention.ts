@@ -14,9 +14,11 @@ function threadsFor(group: number, headDim: number): number {
  * block table (a prefill chunk's own rows were stored by the preceding rope+store dispatch);
  * q comes from the rows of the fused q | k | v projection.
  *
- * Keys go in tiles of T/G (T = 32 or 64 threads) with an online softmax. Thread t scores (head t / TK, key t % TK);
- * every max and sum is a scan in key order done identically by each thread that needs it, so a
- * row's output depends only on its own sequence, never on the rest of the batch.
+ * Keys go in tiles of T/G (T = 32 or 64 threads) with an online softmax. Thread t scores
+ * (head t / TK, key t % TK); then each output thread scans its head's scores in key order for
+ * the max, exponentiates and accumulates. Every thread that needs a value computes it the same
+ * way, so a row's output depends only on its own sequence, never on the rest of the batch.
+ * Scores and slots are double-buffered by tile parity: one barrier per tile.
  */
 export function attentionWgsl(config: ModelConfig, blockSize: number): string {
   const { nHeads, nKvHeads, headDim } = config;
@@ -49,14 +51,14 @@ const TK = ${tk}u;
 const GHD = ${group * headDim}u;
 const SCALE = ${1 / Math.sqrt(headDim)};
 var<workgroup> qs: array<f32, ${group * headDim}>;
-var<workgroup> scores: array<f32, ${threads}>;
-var<workgroup> probs: array<f32, ${threads}>;
-var<workgroup> slots: array<u32, ${tk}>;
+var<workgroup> scores: array<f32, ${2 * threads}>;
+var<workgroup> slots: array<u32, ${2 * tk}>;
 
-// Max of head g's scores over the first count keys of the tile, in key order.
-fn tileMax(g: u32, count: u32) -> f32 {
-  var v = scores[g * TK];
-  for (var i = 1u; i < count; i++) { v = max(v, scores[g * TK + i]); }
+// Max of head g's scores over the first count keys of the tile in buffer b, in key order.
+fn tileMax(b: u32, g: u32, count: u32) -> f32 {
+  let at = b * ${threads}u + g * TK;
+  var v = scores[at];
+  for (var i = 1u; i < count; i++) { v = max(v, scores[at + i]); }
   return v;
 }
 
@@ -75,7 +77,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let n = row.pos + 1u;
   let pg = t / TK;
   let pk = t % TK;
-  var pm = 0.0;
   ${
     each((a) =>
       `let g${a} = min((t + ${a * threads}u) / HD, ${group - 1}u);
@@ -86,39 +87,36 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
   for (var t0 = 0u; t0 < n; t0 += TK) {
     let key = t0 + pk;
+    let b = (t0 / TK) & 1u;
     if (key < n) {
       let slot = tables[seq.tableOffset + key / ${blockSize}u] * ${blockSize}u + key % ${blockSize}u;
-      if (pg == 0u) { slots[pk] = slot; }
+      if (pg == 0u) { slots[b * TK + pk] = slot; }
       let kb = slot * ${kvDim}u + kvBase;
       var dot = 0.0;
       for (var d = 0u; d < HD; d++) { dot += qs[pg * HD + d] * Kc[kb + d]; }
-      scores[t] = dot * SCALE;
+      scores[b * ${threads}u + t] = dot * SCALE;
     }
     workgroupBarrier();
     let count = min(TK, n - t0);
     let first = t0 == 0u;
-    let pmNew = select(max(pm, tileMax(pg, count)), tileMax(pg, count), first);
-    if (pk < count) { probs[t] = exp(scores[t] - pmNew); }
-    pm = pmNew;
-    workgroupBarrier();
     ${
     each((a) =>
       `if (t + ${a * threads}u < GHD) {
-      let mNew = select(max(m${a}, tileMax(g${a}, count)), tileMax(g${a}, count), first);
+      let tm = tileMax(b, g${a}, count);
+      let mNew = select(max(m${a}, tm), tm, first);
       let corr = select(exp(m${a} - mNew), 0.0, first);
       l${a} *= corr;
       acc${a} *= corr;
       let d = (t + ${a * threads}u) % HD;
       for (var i = 0u; i < count; i++) {
-        let p = probs[g${a} * TK + i];
+        let p = exp(scores[b * ${threads}u + g${a} * TK + i] - mNew);
         l${a} += p;
-        acc${a} += p * Vc[slots[i] * ${kvDim}u + kvBase + d];
+        acc${a} += p * Vc[slots[b * TK + i] * ${kvDim}u + kvBase + d];
       }
       m${a} = mNew;
     }`
     )
   }
-    workgroupBarrier();
   }
   ${
     each((a) =>
