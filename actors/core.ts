@@ -6,6 +6,7 @@ import { type EngineFactory, ExecutorActor, type ExecutorOptions } from "./execu
 import type { SchedulerStats } from "./messages.ts";
 import { RequestActor, type TextCodec } from "./request.ts";
 import { createExecutorMailbox, SchedulerActor } from "./scheduler.ts";
+import { StepTracer } from "./step_tracing.ts";
 
 export interface ServingCoreOptions {
   /** The engine to start with (its kv geometry and context length size the scheduler). */
@@ -40,6 +41,7 @@ export class ServingCore {
   readonly #codec: TextCodec;
   readonly #clientBuffer: number;
   readonly #loops: Promise<unknown>;
+  readonly #steps = new StepTracer();
 
   constructor(opts: ServingCoreOptions) {
     const { engine } = opts;
@@ -51,12 +53,19 @@ export class ServingCore {
     }, { vocabSize: engine.config.vocabSize, ...opts.scheduler }));
     const executorMailbox = createExecutorMailbox(maxInFlight);
     this.scheduler = new SchedulerActor(core, executorMailbox, { maxInFlight });
+    const onStep = opts.executor?.onStep;
     this.executor = new ExecutorActor(
       engine,
       opts.engineFactory,
       executorMailbox,
       this.scheduler.mailbox,
-      opts.executor,
+      {
+        ...opts.executor,
+        onStep: (report) => {
+          this.#steps.record(report);
+          onStep?.(report);
+        },
+      },
     );
     this.contextLength = engine.config.contextLength;
     this.#codec = opts.codec;
@@ -71,7 +80,18 @@ export class ServingCore {
    */
   async *generate(req: GenerationRequest, signal?: AbortSignal): AsyncGenerator<GenerationEvent> {
     const sink = new Channel<GenerationEvent>(this.#clientBuffer);
-    const actor = new RequestActor(this.scheduler, this.#codec, req, sink);
+    // The request actor draws its sequence id here, while the caller's request span is active.
+    const seqIds: number[] = [];
+    const handle = {
+      mailbox: this.scheduler.mailbox,
+      nextSeqId: () => {
+        const id = this.scheduler.nextSeqId();
+        seqIds.push(id);
+        this.#steps.bind(id);
+        return id;
+      },
+    };
+    const actor = new RequestActor(handle, this.#codec, req, sink);
     const onAbort = () => actor.abort();
     signal?.addEventListener("abort", onAbort, { once: true });
     if (signal?.aborted) actor.abort();
@@ -83,6 +103,7 @@ export class ServingCore {
       if (!actor.ended) actor.clientGone();
       sink.close();
       await running;
+      for (const id of seqIds) this.#steps.unbind(id);
     }
   }
 

@@ -1,5 +1,10 @@
 import type { ServingCore } from "../actors/core.ts";
-import type { CoreStats, GenerationBackend, GenerationEvent, GenerationRequest } from "./generation.ts";
+import type {
+  CoreStats,
+  GenerationBackend,
+  GenerationEvent,
+  GenerationRequest,
+} from "./generation.ts";
 import type { Tokenizer } from "./tokenizer.ts";
 
 /**

@@ -3,9 +3,17 @@ import { modelFile } from "./_model_files.ts";
 
 const decoder = new TextDecoder();
 
-async function runGenerate(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+async function runGenerate(
+  args: string[],
+): Promise<{ code: number; stdout: string; stderr: string }> {
   const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "--allow-all", new URL("../main.ts", import.meta.url).pathname, "generate", ...args],
+    args: [
+      "run",
+      "--allow-all",
+      new URL("../main.ts", import.meta.url).pathname,
+      "generate",
+      ...args,
+    ],
     stdout: "piped",
     stderr: "piped",
   }).output();
@@ -14,35 +22,70 @@ async function runGenerate(args: string[]): Promise<{ code: number; stdout: stri
 
 /** run.c prints the prompt, then the continuation; the fixture was made with -n 256. */
 async function runCContinuation(): Promise<string> {
-  const text = await Deno.readTextFile(new URL("./fixtures/run_c/once_upon_a_time_n256.txt", import.meta.url));
+  const text = await Deno.readTextFile(
+    new URL("./fixtures/run_c/once_upon_a_time_n256.txt", import.meta.url),
+  );
   assert(text.startsWith("Once upon a time"), "fixture should start with its prompt");
   return text.slice("Once upon a time".length);
 }
 
 Deno.test("generate prints run.c's greedy continuation token for token (llama2.c checkpoint)", async () => {
   const r = await runGenerate([
-    "--model", modelFile("stories260K.bin"), "--tokenizer", modelFile("tok512.bin"),
-    "--prompt", "Once upon a time", "--max-tokens", "64", "--temperature", "0", "--backend", "cpu",
+    "--model",
+    modelFile("stories260K.bin"),
+    "--tokenizer",
+    modelFile("tok512.bin"),
+    "--prompt",
+    "Once upon a time",
+    "--max-tokens",
+    "64",
+    "--temperature",
+    "0",
+    "--backend",
+    "cpu",
   ]);
   assertEquals(r.code, 0, r.stderr);
   const expected = await runCContinuation();
   assert(r.stdout.trimEnd().length > 100, `too little output: ${r.stdout}`);
-  assert(expected.startsWith(r.stdout.trimEnd()), `CLI output diverges from run.c:\n${r.stdout}\nvs\n${expected}`);
+  assert(
+    expected.startsWith(r.stdout.trimEnd()),
+    `CLI output diverges from run.c:\n${r.stdout}\nvs\n${expected}`,
+  );
   assertStringIncludes(r.stderr, "64 tokens");
 });
 
 Deno.test("generate gives the same greedy text from the llama.cpp-converted GGUF", async () => {
   const r = await runGenerate([
-    "--model", modelFile("stories260K-ctx512.gguf"), "--prompt", "Once upon a time",
-    "--max-tokens", "64", "--temperature", "0", "--backend", "cpu",
+    "--model",
+    modelFile("stories260K-ctx512.gguf"),
+    "--prompt",
+    "Once upon a time",
+    "--max-tokens",
+    "64",
+    "--temperature",
+    "0",
+    "--backend",
+    "cpu",
   ]);
   assertEquals(r.code, 0, r.stderr);
   assert((await runCContinuation()).startsWith(r.stdout.trimEnd()));
 });
 
 Deno.test("generate with a seed is reproducible and differs from another seed", async () => {
-  const args = ["--model", modelFile("stories260K.bin"), "--tokenizer", modelFile("tok512.bin"),
-    "--prompt", "Tom had a dog", "--max-tokens", "40", "--temperature", "1", "--backend", "cpu"];
+  const args = [
+    "--model",
+    modelFile("stories260K.bin"),
+    "--tokenizer",
+    modelFile("tok512.bin"),
+    "--prompt",
+    "Tom had a dog",
+    "--max-tokens",
+    "40",
+    "--temperature",
+    "1",
+    "--backend",
+    "cpu",
+  ];
   const [a, b, c] = await Promise.all([
     runGenerate([...args, "--seed", "7"]),
     runGenerate([...args, "--seed", "7"]),
@@ -62,7 +105,14 @@ Deno.test("generate names a bad flag value and exits 2", async () => {
 });
 
 Deno.test("generate refuses a llama2.c checkpoint without a tokenizer", async () => {
-  const r = await runGenerate(["--model", modelFile("stories260K.bin"), "--prompt", "x", "--backend", "cpu"]);
+  const r = await runGenerate([
+    "--model",
+    modelFile("stories260K.bin"),
+    "--prompt",
+    "x",
+    "--backend",
+    "cpu",
+  ]);
   assertEquals(r.code, 1);
   assertStringIncludes(r.stderr, "--tokenizer");
 });

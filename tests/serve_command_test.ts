@@ -10,7 +10,16 @@ import { modelFile } from "./_model_files.ts";
 const noEnv = () => undefined;
 
 Deno.test("parseServeArgs() maps flags to settings and collects repeated API keys", () => {
-  const c = parseServeArgs(["--port", "0", "--kv-memory", "1MiB", "--api-key", "secret-one", "--api-key", "secret-two"], noEnv);
+  const c = parseServeArgs([
+    "--port",
+    "0",
+    "--kv-memory",
+    "1MiB",
+    "--api-key",
+    "secret-one",
+    "--api-key",
+    "secret-two",
+  ], noEnv);
   assertEquals(c.port, 0);
   assertEquals(c.kvMemory, 2 ** 20);
   assertEquals(c.apiKey, ["secret-one", "secret-two"]);
@@ -24,9 +33,21 @@ Deno.test("parseServeArgs() refuses an unknown flag by name", () => {
 async function startServer(extra: string[] = []) {
   const child = new Deno.Command(Deno.execPath(), {
     args: [
-      "run", "--allow-all", new URL("../main.ts", import.meta.url).pathname, "serve",
-      "--model", modelFile("stories260K.bin"), "--tokenizer", modelFile("tok512.bin"),
-      "--port", "0", "--backend", "cpu", "--kv-memory", "2MiB", ...extra,
+      "run",
+      "--allow-all",
+      new URL("../main.ts", import.meta.url).pathname,
+      "serve",
+      "--model",
+      modelFile("stories260K.bin"),
+      "--tokenizer",
+      modelFile("tok512.bin"),
+      "--port",
+      "0",
+      "--backend",
+      "cpu",
+      "--kv-memory",
+      "2MiB",
+      ...extra,
     ],
     stdout: "null",
     stderr: "piped",
@@ -50,7 +71,9 @@ async function startServer(extra: string[] = []) {
 }
 
 async function expectedGreedy(prompt: string, n: number): Promise<string> {
-  const model = await loadModel(modelFile("stories260K.bin"), { tokenizerPath: modelFile("tok512.bin") });
+  const model = await loadModel(modelFile("stories260K.bin"), {
+    tokenizerPath: modelFile("tok512.bin"),
+  });
   const tok = new Tokenizer(model.tokenizer!);
   const engine = new CpuEngine(model.config, model.weights, { numBlocks: 64, blockSize: 16 });
   const { tokens } = await referenceGenerate(engine, tok.encode(prompt), n, GREEDY);
@@ -72,8 +95,24 @@ Deno.test("the served model streams two concurrent generations on one socket wit
         if (Object.keys(done).length === 2) resolve();
       };
     });
-    ws.send(JSON.stringify({ type: "generate", id: "a", prompt: "Once upon a time", max_tokens: 40, temperature: 0 }));
-    ws.send(JSON.stringify({ type: "generate", id: "b", prompt: "Tom and his dog", max_tokens: 30, temperature: 0 }));
+    ws.send(
+      JSON.stringify({
+        type: "generate",
+        id: "a",
+        prompt: "Once upon a time",
+        max_tokens: 40,
+        temperature: 0,
+      }),
+    );
+    ws.send(
+      JSON.stringify({
+        type: "generate",
+        id: "b",
+        prompt: "Tom and his dog",
+        max_tokens: 30,
+        temperature: 0,
+      }),
+    );
     await finished;
     ws.close();
     assertEquals(texts.a, await expectedGreedy("Once upon a time", 40));
@@ -95,7 +134,10 @@ Deno.test("the served model refuses a prompt longer than the context with its to
     const res = await fetch(`${base}/v1/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({ prompt: "Once upon a time there was a very long story ".repeat(4), max_tokens: 4 }),
+      body: JSON.stringify({
+        prompt: "Once upon a time there was a very long story ".repeat(4),
+        max_tokens: 4,
+      }),
     });
     assertEquals(res.status, 400);
     const body = await res.json();

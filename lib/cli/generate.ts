@@ -21,7 +21,8 @@ const GenerateArgs = z.object({
   "context-length": z.coerce.number().int().positive().optional(),
 });
 
-const USAGE = `Usage: deno task generate [--model <path|url|name>] [--tokenizer <path|url>] [--models-dir <dir>] --prompt <text>
+const USAGE =
+  `Usage: deno task generate [--model <path|url|name>] [--tokenizer <path|url>] [--models-dir <dir>] --prompt <text>
   [--max-tokens 256] [--temperature 1] [--top-k 0] [--top-p 1] [--min-p 0] [--seed <n>]
   [--backend auto|webgpu|cpu] [--context-length <n>]
 Prints only the generated continuation on stdout; diagnostics go to stderr.`;
@@ -32,23 +33,44 @@ Prints only the generated continuation on stdout; diagnostics go to stderr.`;
  */
 export async function generateCommand(argv: string[]): Promise<number> {
   const flags = parseArgs(argv, {
-    string: ["model", "tokenizer", "models-dir", "prompt", "max-tokens", "temperature", "top-k", "top-p", "min-p", "seed", "backend", "context-length"],
+    string: [
+      "model",
+      "tokenizer",
+      "models-dir",
+      "prompt",
+      "max-tokens",
+      "temperature",
+      "top-k",
+      "top-p",
+      "min-p",
+      "seed",
+      "backend",
+      "context-length",
+    ],
     boolean: ["help"],
   });
   if (flags.help) {
     console.log(USAGE);
     return 0;
   }
-  const unknown = Object.keys(flags).filter((k) => k !== "_" && k !== "help" && !(k in GenerateArgs.shape));
+  const unknown = Object.keys(flags).filter((k) =>
+    k !== "_" && k !== "help" && !(k in GenerateArgs.shape)
+  );
   if (unknown.length > 0 || flags._.length > 0) {
-    console.error(`Unknown argument(s): ${[...unknown.map((k) => `--${k}`), ...flags._].join(" ")}\n${USAGE}`);
+    console.error(
+      `Unknown argument(s): ${[...unknown.map((k) => `--${k}`), ...flags._].join(" ")}\n${USAGE}`,
+    );
     return 2;
   }
   const parsed = GenerateArgs.safeParse(flags);
   if (!parsed.success) {
     for (const i of parsed.error.issues) {
       const key = String(i.path[0]);
-      console.error(`--${key}: ${i.message} (received ${JSON.stringify((flags as Record<string, unknown>)[key])})`);
+      console.error(
+        `--${key}: ${i.message} (received ${
+          JSON.stringify((flags as Record<string, unknown>)[key])
+        })`,
+      );
     }
     return 2;
   }
@@ -62,13 +84,17 @@ export async function generateCommand(argv: string[]): Promise<number> {
     contextLength: args["context-length"],
   });
   if (!model.tokenizer) {
-    throw new Error(`Cannot generate with ${source.modelPath}: it has no vocabulary; pass --tokenizer <tokenizer.bin>`);
+    throw new Error(
+      `Cannot generate with ${source.modelPath}: it has no vocabulary; pass --tokenizer <tokenizer.bin>`,
+    );
   }
   const tokenizer = new Tokenizer(model.tokenizer);
   const promptIds = tokenizer.encode(args.prompt, { bos: true });
   const limit = model.config.contextLength;
   if (promptIds.length >= limit) {
-    throw new Error(`Cannot generate: the prompt has ${promptIds.length} tokens, the context length is ${limit}`);
+    throw new Error(
+      `Cannot generate: the prompt has ${promptIds.length} tokens, the context length is ${limit}`,
+    );
   }
   const maxTokens = Math.min(args["max-tokens"], limit - promptIds.length);
   const blockSize = 16;
@@ -109,6 +135,8 @@ export async function generateCommand(argv: string[]): Promise<number> {
     engine.dispose();
   }
   const secs = (performance.now() - started) / 1000;
-  console.error(`${generated} tokens in ${secs.toFixed(2)} s (${(generated / secs).toFixed(1)} tokens/s)`);
+  console.error(
+    `${generated} tokens in ${secs.toFixed(2)} s (${(generated / secs).toFixed(1)} tokens/s)`,
+  );
   return 0;
 }

@@ -1,7 +1,7 @@
 import { parseArgs } from "@std/cli/parse-args";
 import { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../byte_size.ts";
-import { type Config, resolveConfig, SETTINGS, type SettingName } from "../config.ts";
+import { type Config, resolveConfig, type SettingName, SETTINGS } from "../config.ts";
 import { CoreBackend } from "../core_backend.ts";
 import { createEngine } from "../engine_factory.ts";
 import { createApp } from "../http/app.ts";
@@ -38,9 +38,15 @@ function usage(): string {
 
 /** Parses `serve` flags into the validated configuration. Exported for tests. */
 export function parseServeArgs(argv: string[], env?: (name: string) => string | undefined): Config {
-  const flags = parseArgs(argv, { string: Object.keys(FLAG_NAMES), collect: ["api-key"], boolean: ["help"] });
+  const flags = parseArgs(argv, {
+    string: Object.keys(FLAG_NAMES),
+    collect: ["api-key"],
+    boolean: ["help"],
+  });
   const unknown = [
-    ...Object.keys(flags).filter((k) => k !== "_" && k !== "help" && !(k in FLAG_NAMES)).map((k) => `--${k}`),
+    ...Object.keys(flags).filter((k) => k !== "_" && k !== "help" && !(k in FLAG_NAMES)).map((k) =>
+      `--${k}`
+    ),
     ...flags._.map(String),
   ];
   if (unknown.length > 0) throw new Error(`Unknown argument(s): ${unknown.join(" ")}\n${usage()}`);
@@ -69,7 +75,9 @@ export async function serveCommand(argv: string[]): Promise<number> {
     contextLength: config.contextLength,
   });
   if (!model.tokenizer) {
-    throw new Error(`Cannot serve ${source.modelPath}: it has no vocabulary; pass --tokenizer <tokenizer.bin>`);
+    throw new Error(
+      `Cannot serve ${source.modelPath}: it has no vocabulary; pass --tokenizer <tokenizer.bin>`,
+    );
   }
   const tokenizer = new Tokenizer(model.tokenizer);
   const blockBytes = kvBlockBytes(model.config, config.blockSize);
@@ -77,7 +85,11 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const minBlocks = Math.ceil(model.config.contextLength / config.blockSize);
   if (numBlocks < minBlocks) {
     throw new Error(
-      `--kv-memory ${formatBytes(config.kvMemory)} holds ${numBlocks} KV blocks; one full-context sequence needs ${minBlocks} (${formatBytes(minBlocks * blockBytes)})`,
+      `--kv-memory ${
+        formatBytes(config.kvMemory)
+      } holds ${numBlocks} KV blocks; one full-context sequence needs ${minBlocks} (${
+        formatBytes(minBlocks * blockBytes)
+      })`,
     );
   }
   const kv = { numBlocks, blockSize: config.blockSize };
@@ -95,7 +107,10 @@ export async function serveCommand(argv: string[]): Promise<number> {
     executor: {
       onStep: (r) => {
         if (r.error !== undefined) return metrics.observeExecutorRestart();
-        const tokens = r.plan.seqs.reduce((n, s) => n + (s.useLastSampled ? 1 : s.tokens.length), 0);
+        const tokens = r.plan.seqs.reduce(
+          (n, s) => n + (s.useLastSampled ? 1 : s.tokens.length),
+          0,
+        );
         metrics.observeStep({ durationMs: r.durationMs, batchSize: r.plan.seqs.length, tokens });
       },
     },
@@ -118,7 +133,9 @@ export async function serveCommand(argv: string[]): Promise<number> {
         `llmserve ready`,
         `  model     ${source.modelPath} (${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads, vocab ${c.vocabSize}, context ${c.contextLength})`,
         `  backend   ${description}`,
-        `  kv cache  ${numBlocks} blocks x ${config.blockSize} tokens = ${formatBytes(numBlocks * blockBytes)} (${numBlocks * config.blockSize} tokens)`,
+        `  kv cache  ${numBlocks} blocks x ${config.blockSize} tokens = ${
+          formatBytes(numBlocks * blockBytes)
+        } (${numBlocks * config.blockSize} tokens)`,
         `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting`,
         `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
         `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
@@ -127,6 +144,12 @@ export async function serveCommand(argv: string[]): Promise<number> {
   });
   const result = await server.closed;
   await core.close();
-  log(`drained: ${result.completed ? "all in-flight generations finished" : `${result.aborted} aborted at the deadline`}`);
+  log(
+    `drained: ${
+      result.completed
+        ? "all in-flight generations finished"
+        : `${result.aborted} aborted at the deadline`
+    }`,
+  );
   return 0;
 }
