@@ -131,7 +131,8 @@ fn search(base: u32, temp: f32, zmax: f32, count: bool, ck: u32, cl: u32, minE: 
     for (var d = 16u; d > 0u; d--) {
       let prev = run;
       run += totals[d - 1u];
-      let ok = select(run >= goal, run > goal, strict);
+      // A goal of 0 (top-p 0) means "the first token with any weight", not "no token at all".
+      let ok = select(run >= goal, run > goal, strict || goal <= 0.0);
       if (ok && !hit) { hit = true; chosen = d - 1u; before = prev; }
     }
     if (ps == 0u && !hit) { found = false; }

@@ -44,6 +44,8 @@ const PARAMS: SamplingParams[] = [
   { temperature: 0.8, topK: 50, topP: 0.95, minP: 0.02, seed: 5 },
   { temperature: 2, topK: 1, topP: 1, minP: 0, seed: 6 },
   { temperature: 1, topK: 3, topP: 0.5, minP: 0, seed: 7 },
+  { temperature: 1, topK: 0, topP: 0, minP: 0, seed: 8 },
+  { temperature: 0.5, topK: 0, topP: 1, minP: 1, seed: 9 },
 ];
 
 /** Samples `rows` logit vectors on the GPU, each with PARAMS[i % n] and a distinct seed and position. */
