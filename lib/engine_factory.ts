@@ -1,30 +1,44 @@
+import { acquireGpu } from "../kernels/device.ts";
+import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
 import type { Engine, KvGeometry } from "./engine.ts";
 import { CpuEngine } from "./reference/cpu_engine.ts";
 import type { Model } from "./weights.ts";
 
 export type BackendChoice = "webgpu" | "cpu" | "auto";
 
+/** Step limits the engine sizes its buffers for; the scheduler must stay within them. */
+export interface StepLimits {
+  readonly maxBatchTokens: number;
+  readonly maxSeqs: number;
+}
+
 /**
  * Creates the engine the user asked for. "auto" takes WebGPU when an adapter exists and the
- * CPU reference otherwise; the description says which, for the start-up line.
+ * CPU reference otherwise; the description says which and why, for the start-up line.
  */
 export async function createEngine(
   model: Model,
   backend: BackendChoice,
   kv: KvGeometry,
+  limits: StepLimits = { maxBatchTokens: 512, maxSeqs: 64 },
 ): Promise<{ engine: Engine; description: string }> {
+  let fallback = "";
   if (backend !== "cpu") {
-    const gpu = await tryWebGpu(model, kv, backend === "webgpu");
-    if (gpu) return gpu;
+    try {
+      const gpu = await acquireGpu();
+      const engine = await WebGpuEngine.create(model.config, model.weights, kv, {
+        gpu,
+        maxBatchTokens: limits.maxBatchTokens,
+        maxSeqs: limits.maxSeqs,
+      });
+      return { engine, description: `webgpu (${gpu.description})` };
+    } catch (e) {
+      if (backend === "webgpu") throw e;
+      fallback = `; webgpu unavailable: ${e instanceof Error ? e.message : e}`;
+    }
   }
-  return { engine: new CpuEngine(model.config, model.weights, kv), description: "cpu (reference engine)" };
-}
-
-async function tryWebGpu(
-  _model: Model,
-  _kv: KvGeometry,
-  required: boolean,
-): Promise<{ engine: Engine; description: string } | undefined> {
-  if (required) throw new Error("Cannot start the webgpu backend: not built yet");
-  return undefined;
+  return {
+    engine: new CpuEngine(model.config, model.weights, kv),
+    description: `cpu (reference engine${fallback})`,
+  };
 }

@@ -30,7 +30,7 @@ Deno.test("parseServeArgs() refuses an unknown flag by name", () => {
 });
 
 /** Starts `main.ts serve` as a child process and returns its base URL once it listens. */
-async function startServer(extra: string[] = []) {
+async function startServer(extra: string[] = [], backend = "cpu") {
   const child = new Deno.Command(Deno.execPath(), {
     args: [
       "run",
@@ -80,53 +80,55 @@ async function expectedGreedy(prompt: string, n: number): Promise<string> {
   return tok.decode(tokens);
 }
 
-Deno.test("the served model streams two concurrent generations on one socket with the reference's greedy text, then drains on SIGTERM", async () => {
-  const { child, base, log } = await startServer();
-  try {
-    const ws = new WebSocket(`${base.replace("http", "ws")}/v1/stream`);
-    await new Promise((r) => ws.onopen = r);
-    const texts: Record<string, string> = { a: "", b: "" };
-    const done: Record<string, unknown> = {};
-    const finished = new Promise<void>((resolve) => {
-      ws.onmessage = (e) => {
-        const f = JSON.parse(e.data);
-        if (f.type === "token") texts[f.id] += f.text;
-        if (f.type === "done" || f.type === "error") done[f.id] = f;
-        if (Object.keys(done).length === 2) resolve();
-      };
-    });
-    ws.send(
-      JSON.stringify({
-        type: "generate",
-        id: "a",
-        prompt: "Once upon a time",
-        max_tokens: 40,
-        temperature: 0,
-      }),
-    );
-    ws.send(
-      JSON.stringify({
-        type: "generate",
-        id: "b",
-        prompt: "Tom and his dog",
-        max_tokens: 30,
-        temperature: 0,
-      }),
-    );
-    await finished;
-    ws.close();
-    assertEquals(texts.a, await expectedGreedy("Once upon a time", 40));
-    assertEquals(texts.b, await expectedGreedy("Tom and his dog", 30));
-    assertEquals((done.a as { finish_reason: string }).finish_reason, "length");
-    const metrics = await (await fetch(`${base}/metrics`)).text();
-    assertStringIncludes(metrics, "llm_kv_blocks_used 0");
-    assert(/llm_steps_total [1-9]/.test(metrics), "steps should be counted");
-  } finally {
-    child.kill("SIGTERM");
-    const status = await child.status;
-    assertEquals(status.code, 0, await log());
-  }
-});
+for (const backend of ["cpu", "webgpu"]) {
+  Deno.test(`the served model (${backend}) streams two concurrent generations on one socket with the reference's greedy text, then drains on SIGTERM`, async () => {
+    const { child, base, log } = await startServer([], backend);
+    try {
+      const ws = new WebSocket(`${base.replace("http", "ws")}/v1/stream`);
+      await new Promise((r) => ws.onopen = r);
+      const texts: Record<string, string> = { a: "", b: "" };
+      const done: Record<string, unknown> = {};
+      const finished = new Promise<void>((resolve) => {
+        ws.onmessage = (e) => {
+          const f = JSON.parse(e.data);
+          if (f.type === "token") texts[f.id] += f.text;
+          if (f.type === "done" || f.type === "error") done[f.id] = f;
+          if (Object.keys(done).length === 2) resolve();
+        };
+      });
+      ws.send(
+        JSON.stringify({
+          type: "generate",
+          id: "a",
+          prompt: "Once upon a time",
+          max_tokens: 40,
+          temperature: 0,
+        }),
+      );
+      ws.send(
+        JSON.stringify({
+          type: "generate",
+          id: "b",
+          prompt: "Tom and his dog",
+          max_tokens: 30,
+          temperature: 0,
+        }),
+      );
+      await finished;
+      ws.close();
+      assertEquals(texts.a, await expectedGreedy("Once upon a time", 40));
+      assertEquals(texts.b, await expectedGreedy("Tom and his dog", 30));
+      assertEquals((done.a as { finish_reason: string }).finish_reason, "length");
+      const metrics = await (await fetch(`${base}/metrics`)).text();
+      assertStringIncludes(metrics, "llm_kv_blocks_used 0");
+      assert(/llm_steps_total [1-9]/.test(metrics), "steps should be counted");
+    } finally {
+      child.kill("SIGTERM");
+      const status = await child.status;
+      assertEquals(status.code, 0, await log());
+    }
+  });
+}
 
 Deno.test("the served model refuses a prompt longer than the context with its token count", async () => {
   const { child, base, log } = await startServer(["--context-length", "32"]);

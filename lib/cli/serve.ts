@@ -4,6 +4,7 @@ import { formatBytes } from "../byte_size.ts";
 import { type Config, resolveConfig, type SettingName, SETTINGS } from "../config.ts";
 import { CoreBackend } from "../core_backend.ts";
 import { createEngine } from "../engine_factory.ts";
+import { type Engine, GREEDY } from "../engine.ts";
 import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
@@ -93,11 +94,13 @@ export async function serveCommand(argv: string[]): Promise<number> {
     );
   }
   const kv = { numBlocks, blockSize: config.blockSize };
-  const { engine, description } = await createEngine(model, config.backend, kv);
+  const limits = { maxBatchTokens: config.maxBatchTokens, maxSeqs: config.maxRunning };
+  const { engine, description } = await createEngine(model, config.backend, kv, limits);
+  await warmUp(engine, tokenizer.bosId);
   const metrics = new ServiceMetrics();
   const core = new ServingCore({
     engine,
-    engineFactory: async () => (await createEngine(model, config.backend, kv)).engine,
+    engineFactory: async () => (await createEngine(model, config.backend, kv, limits)).engine,
     codec: tokenizer,
     scheduler: {
       maxBatchTokens: config.maxBatchTokens,
@@ -152,4 +155,25 @@ export async function serveCommand(argv: string[]): Promise<number> {
     }`,
   );
   return 0;
+}
+
+/**
+ * One throw-away step before the server says it is ready: WebGPU compiles its pipelines on
+ * first use (about a second on llvmpipe), which would otherwise land on the first request's
+ * time to first token. It writes block 0's first slot, which the next owner overwrites.
+ */
+async function warmUp(engine: Engine, bosId: number): Promise<void> {
+  const seqId = -1;
+  await engine.step({
+    stepId: -1,
+    seqs: [{
+      seqId,
+      tokens: [bosId],
+      startPos: 0,
+      blockTable: [0],
+      sample: true,
+      sampling: GREEDY,
+    }],
+  });
+  engine.release?.(seqId);
 }
