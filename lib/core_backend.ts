@@ -29,7 +29,10 @@ export class CoreBackend implements GenerationBackend {
   }
 
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
-    return this.core.generate({ ...req, prompt: this.#stripBos(req.prompt) }, signal);
+    // Sampling BOS means a new document begins: llama2.c models end their stories that way
+    // (run.c stops there too), so it ends the generation like EOS.
+    const stopTokenIds = [this.tokenizer.bosId, ...(req.stopTokenIds ?? [])];
+    return this.core.generate({ ...req, prompt: this.#stripBos(req.prompt), stopTokenIds }, signal);
   }
 
   countTokens(text: string): number {
