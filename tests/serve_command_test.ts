@@ -44,7 +44,7 @@ async function startServer(extra: string[] = [], backend = "cpu") {
       "--port",
       "0",
       "--backend",
-      "cpu",
+      backend,
       "--kv-memory",
       "2MiB",
       ...extra,
@@ -125,7 +125,9 @@ for (const backend of ["cpu", "webgpu"]) {
     } finally {
       child.kill("SIGTERM");
       const status = await child.status;
-      assertEquals(status.code, 0, await log());
+      const text = await log();
+      assertEquals(status.code, 0, text);
+      assertStringIncludes(text, `backend   ${backend}`);
     }
   });
 }
