@@ -194,7 +194,11 @@ function makeContext(options: ResolveOptions): Context {
 
 async function resolveSpec(spec: string, context: Context): Promise<ModelSource> {
   if (isHttpUrl(spec)) return { modelPath: await resolveUrl(spec, context) };
-  const info = await statOrNull(spec);
+  // A bare known name is not looked up as a file in the working directory: the server may
+  // not be allowed to read there, and a name should mean the same thing wherever it runs.
+  const bareKnown = !/[\\/]/.test(spec) &&
+    Object.keys(KNOWN_MODELS).some((n) => n.toLowerCase() === spec.toLowerCase());
+  const info = bareKnown ? null : await statOrNull(spec);
   if (info?.isFile) return { modelPath: spec };
   if (info?.isDirectory) {
     throw new Error(

@@ -152,3 +152,37 @@ Deno.test("the served model refuses a prompt longer than the context with its to
     assertEquals((await child.status).code, 0, await log());
   }
 });
+
+Deno.test("`deno task start` serves the default model under the task's narrow permissions", async () => {
+  const root = new URL("..", import.meta.url).pathname;
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["task", "start", "--port", "0", "--kv-memory", "1MiB"],
+    cwd: root,
+    env: { MODEL_MIRROR: "../shared/models" },
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+  const reader = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
+  let log = "";
+  try {
+    while (!/url\s+http:\/\/\S+\//.test(log)) {
+      const { value, done } = await reader.read();
+      if (done) throw new Error(`server exited before listening:\n${log}`);
+      log += value;
+    }
+    const base = /url\s+(http:\/\/\S+?)\//.exec(log)![1]!;
+    const res = await fetch(`${base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ prompt: "Once upon a time", max_tokens: 12, temperature: 0 }),
+    });
+    assertEquals(res.status, 200);
+    const body = await res.json();
+    assertEquals(body.choices[0].text, await expectedGreedy("Once upon a time", 12));
+    assertStringIncludes(log, "--allow-read=");
+  } finally {
+    child.kill("SIGTERM");
+    while (!(await reader.read()).done) { /* until exit */ }
+    await child.status;
+  }
+});
