@@ -1,3 +1,4 @@
+import { readFully, type ReadProgress } from "./read_file.ts";
 import { byteSize, type Tensor, type TensorType } from "./tensor.ts";
 
 /**
@@ -472,27 +473,13 @@ export function parseGguf(bytes: Uint8Array, source: string): GgufFile {
 }
 
 const FIRST_HEADER_READ = 1 << 20;
-const READ_CHUNK = 1 << 26;
-
-async function readFully(file: Deno.FsFile, position: number, into: Uint8Array): Promise<number> {
-  await file.seek(position, Deno.SeekMode.Start);
-  let filled = 0;
-  while (filled < into.byteLength) {
-    const n = await file.read(
-      into.subarray(filled, Math.min(into.byteLength, filled + READ_CHUNK)),
-    );
-    if (n === null) break;
-    filled += n;
-  }
-  return filled;
-}
 
 /**
  * Reads a GGUF file from disk holding its bytes only once: the header is parsed from a prefix
  * (grown until it fits, then dropped), and the data section is read into one buffer whose views
  * become the tensors.
  */
-export async function readGguf(path: string): Promise<GgufFile> {
+export async function readGguf(path: string, onProgress?: ReadProgress): Promise<GgufFile> {
   using file = await Deno.open(path, { read: true });
   const fileSize = (await file.stat()).size;
   let prefixSize = Math.min(fileSize, FIRST_HEADER_READ);
@@ -510,7 +497,7 @@ export async function readGguf(path: string): Promise<GgufFile> {
   }
   const dataBytes = dataSectionBytes(header, path);
   const data = new Uint8Array(dataBytes);
-  const got = await readFully(file, header.dataOffset, data);
+  const got = await readFully(file, header.dataOffset, data, onProgress);
   return {
     ...header,
     tensors: ggufTensors(header, data.subarray(0, got), header.dataOffset, fileSize, path),

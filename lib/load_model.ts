@@ -1,3 +1,4 @@
+import { readFileWithProgress, type ReadProgress } from "./read_file.ts";
 import { describeBytes, readGguf } from "./gguf.ts";
 import { ggufToModel } from "./gguf_model.ts";
 import { parseLlama2cCheckpoint } from "./llama2c_checkpoint.ts";
@@ -10,6 +11,8 @@ export interface LoadModelOptions {
   tokenizerPath?: string;
   /** Replaces the context length the file declares (e.g. a converter wrote a smaller one than the model was trained with). */
   contextLength?: number;
+  /** Progress of reading the weights, for a start-up progress bar. */
+  onProgress?: ReadProgress;
 }
 
 /** The file formats loadModel recognises. */
@@ -67,9 +70,12 @@ export async function loadModel(path: string, opts: LoadModelOptions = {}): Prom
   const format = detectModelFormat(head);
   let model: Model;
   if (format === "gguf") {
-    model = ggufToModel(await readGguf(path), path);
+    model = ggufToModel(await readGguf(path, opts.onProgress), path);
   } else if (format === "llama2c") {
-    const { config, weights } = parseLlama2cCheckpoint(await Deno.readFile(path), path);
+    const { config, weights } = parseLlama2cCheckpoint(
+      await readFileWithProgress(path, opts.onProgress),
+      path,
+    );
     model = { config, weights, source: path };
   } else {
     const what = head.byteLength < LLAMA2C_HEADER_BYTES

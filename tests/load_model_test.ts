@@ -121,3 +121,19 @@ Deno.test("loadModel() rejects an unsupported GGUF version", async () => {
     `Cannot load GGUF ${path}: unsupported GGUF version 7; supported: 2, 3`,
   );
 });
+
+Deno.test("loadModel() reports reading progress up to the weights' size", async () => {
+  for (const name of ["stories260K.gguf", "stories260K.bin"]) {
+    const seen: Array<[number, number]> = [];
+    const opts = name.endsWith(".bin") ? { tokenizerPath: modelFile("tok512.bin") } : {};
+    await loadModel(modelFile(name), {
+      ...opts,
+      onProgress: (read, total) => seen.push([read, total]),
+    });
+    const size = (await Deno.stat(modelFile(name))).size;
+    const [read, total] = seen.at(-1)!;
+    assertEquals(read, total, `${name}: progress should end complete`);
+    // A GGUF reports its data section (the file minus its header), a .bin the whole file.
+    assert(total <= size && total > size * 0.5, `${name}: total ${total} vs file size ${size}`);
+  }
+});

@@ -11,6 +11,7 @@ import { ServiceMetrics } from "../http/service_metrics.ts";
 import { kvBlockBytes } from "../kv_budget.ts";
 import { loadModel } from "../load_model.ts";
 import { resolveModelSource } from "../model_source.ts";
+import { ProgressBar } from "../progress_bar.ts";
 import { Tokenizer } from "../tokenizer.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
@@ -71,10 +72,18 @@ export async function serveCommand(argv: string[]): Promise<number> {
     modelsDir: config.modelsDir,
     tokenizer: config.tokenizer,
   });
+  // Drawn only on a terminal; a 260K model loads too fast to notice, a 4 GiB one does not.
+  let bar: ProgressBar | undefined;
+  let read = 0;
   const model = await loadModel(source.modelPath, {
     tokenizerPath: source.tokenizerPath,
     contextLength: config.contextLength,
+    onProgress: (bytes, total) => {
+      bar ??= new ProgressBar(`loading ${source.modelPath.split("/").pop()}`, total, 0);
+      bar.update(read = bytes);
+    },
   });
+  bar?.finish(read);
   if (!model.tokenizer) {
     throw new Error(
       `Cannot serve ${source.modelPath}: it has no vocabulary; pass --tokenizer <tokenizer.bin>`,
