@@ -16,6 +16,11 @@ export interface Gpu {
   readonly maxWorkgroupsPerDimension: number;
   readonly hasShaderF16: boolean;
   readonly hasTimestamps: boolean;
+  /**
+   * A software rasterizer on the CPU (Mesa llvmpipe/lavapipe, SwiftShader, WARP): kernels pick
+   * layouts without workgroup barriers and with activation reads shared by every SIMD lane.
+   */
+  readonly cpuRasterizer: boolean;
   /** The compiled pipeline for a WGSL program, compiled on first use. */
   pipeline(code: string, label: string): GPUComputePipeline;
 }
@@ -90,6 +95,11 @@ export async function acquireGpu(opts: AcquireGpuOptions = {}): Promise<Gpu> {
   const maxBindingBytes = Math.floor(Math.min(adapterMax, opts.maxBindingBytes ?? Infinity) / 4) *
     4;
   const pipelines = new Map<string, GPUComputePipeline>();
+  const info = adapter.info as GPUAdapterInfo & { isFallbackAdapter?: boolean };
+  const cpuRasterizer = info.isFallbackAdapter === true ||
+    /llvmpipe|lavapipe|swiftshader|microsoft basic render/i.test(
+      `${info.description} ${info.device} ${info.architecture}`,
+    );
   return {
     device,
     description: adapter.info.description || adapter.info.vendor || "unknown adapter",
@@ -98,6 +108,7 @@ export async function acquireGpu(opts: AcquireGpuOptions = {}): Promise<Gpu> {
     maxWorkgroupsPerDimension: device.limits.maxComputeWorkgroupsPerDimension,
     hasShaderF16: features.includes("shader-f16"),
     hasTimestamps: features.includes("timestamp-query"),
+    cpuRasterizer,
     pipeline(code: string, label: string): GPUComputePipeline {
       let p = pipelines.get(code);
       if (!p) {

@@ -27,6 +27,9 @@ export function matmulSplit(type: TensorType, cols: number): { ks: number; to: n
  */
 export type MatmulEpilogue = "store" | "accumulate" | "swiglu";
 
+/** How a matmul spreads its work over threads (see {@link MatmulTarget.layout}). */
+export type MatmulLayout = "split" | "lane";
+
 /** Compile-time shape of a matmul kernel. */
 export interface MatmulSpec {
   readonly type: TensorType;
@@ -163,6 +166,113 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 `;
 }
 
+/** Token rows the lane-per-output kernel keeps in registers against each weight chunk it loads. */
+export function laneRowsPerGroup(type: TensorType): number {
+  // A block format's chunk is 8 vec4s per row: fewer rows keep the unrolled shader small
+  // enough to compile quickly (LLVM's time grows faster than the code).
+  return chunkVec4s(type) === 1 ? 16 : 4;
+}
+
+/**
+ * WGSL for the same product as {@link matmulWgsl}, shaped for CPU rasterizers (llvmpipe): each
+ * thread owns one output feature and a tile of laneRowsPerGroup(type) rows, and walks the row's
+ * chunks in order, so a row's sum is one sequential chain (batch invariant) with no workgroup
+ * memory and no barrier. Every lane of a SIMD batch reads the same activation address (a scalar
+ * load broadcast), and each weight chunk is loaded once for all the tile's rows.
+ */
+export function matmulLaneWgsl(spec: MatmulSpec): string {
+  const { type, cols, rowsField, epilogue } = spec;
+  const tr = laneRowsPerGroup(type);
+  const norm = spec.normEps !== undefined;
+  const dual = epilogue === "swiglu";
+  const nv = chunkVec4s(type);
+  const wType = type === "f32" ? "array<vec4<f32>>" : "array<u32>";
+  const rows = Array.from({ length: tr }, (_, r) => r);
+  const accs = dual ? ["g", "u"] : ["a"];
+  const partials = [...accs, ...(norm ? ["s"] : [])];
+  const loads = dual
+    ? `${wgslLoadChunk(type, cols, "2u * oc", "wg")}\n      ${
+      wgslLoadChunk(type, cols, "2u * oc + 1u", "wu")
+    }`
+    : wgslLoadChunk(type, cols, "oc", "wa");
+  const normLoads = norm
+    ? Array.from({ length: nv }, (_, i) => `let nw${i} = NW[c * ${nv}u + ${i}u];`).join(" ")
+    : "";
+  const dotWith = (p: string) =>
+    Array.from({ length: nv }, (_, i) => `dot(${p}${i}, x${i})`).join(" + ");
+  const perRow = rows.map((r) => {
+    const xs = Array.from(
+      { length: nv },
+      (_, i) => `let xr${i} = X[src${r} * XV + c * ${nv}u + ${i}u];`,
+    ).join(" ");
+    const xw = Array.from(
+      { length: nv },
+      (_, i) => `let x${i} = ${norm ? `xr${i} * nw${i}` : `xr${i}`};`,
+    ).join(" ");
+    const sumSq = norm
+      ? `s${r} += ${Array.from({ length: nv }, (_, i) => `dot(xr${i}, xr${i})`).join(" + ")};`
+      : "";
+    const accum = accs.map((a) => `${a}${r} += w${a}d * (${dotWith(`w${a}`)});`).join(" ");
+    return `if (${r}u < live) { ${xs} ${xw} ${accum} ${sumSq} }`;
+  }).join("\n      ");
+  const zeroDecls = rows.map((r) => partials.map((p) => `var ${p}${r} = 0.0;`).join(" ")).join(
+    "\n  ",
+  );
+  const scale = (r: number) =>
+    norm
+      ? `let scale${r} = 1.0 / sqrt(s${r} / ${cols}.0 + ${spec.normEps!.toExponential()});`
+      : `let scale${r} = 1.0;`;
+  const result = (r: number) =>
+    dual
+      ? `let gs${r} = g${r} * scale${r}; let v${r} = gs${r} / (1.0 + exp(-gs${r})) * (u${r} * scale${r});`
+      : `let v${r} = a${r} * scale${r};`;
+  const write = (r: number) =>
+    `let yi${r} = (r0 + ${r}u) * chunk.yStride + chunk.yOffset + o; ${
+      epilogue === "accumulate" ? `Y[yi${r}] = Y[yi${r}] + v${r};` : `Y[yi${r}] = v${r};`
+    }`;
+  const stores = rows.map((r) =>
+    `if (${r}u < live && o < chunk.rows) { ${scale(r)} ${result(r)} ${write(r)} }`
+  ).join("\n  ");
+  const srcRows = rows.map((r) =>
+    `let src${r} = ${
+      spec.gather ? `samples[min(r0 + ${r}u, nRows - 1u)].row` : `min(r0 + ${r}u, nRows - 1u)`
+    };`
+  ).join(" ");
+  return /* wgsl */ `
+${WGSL_STEP_TYPES}
+struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
+@group(0) @binding(0) var<uniform> dims: vec4<u32>;
+@group(0) @binding(1) var<uniform> chunk: Chunk;
+@group(0) @binding(2) var<storage, read> W: ${wType};
+@group(0) @binding(3) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> Y: array<f32>;
+${norm ? "@group(0) @binding(5) var<storage, read> NW: array<vec4<f32>>;" : ""}
+${spec.gather ? "@group(0) @binding(6) var<storage, read> samples: array<Sample>;" : ""}
+const NCHUNK = ${cols / chunkElements(type)}u;
+const XV = ${cols / 4}u;
+${type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
+@compute @workgroup_size(${THREADS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) t: u32) {
+  let nRows = dims[${rowsField}];
+  let r0 = wid.x * ${tr}u;
+  if (r0 >= nRows) { return; }
+  let live = min(${tr}u, nRows - r0);
+  let o = (wid.y + wid.z * nwg.y) * ${THREADS}u + t;
+  // Lanes past the last output compute a copy of it and store nothing: no divergent branch.
+  let oc = min(o, chunk.rows - 1u);
+  ${srcRows}
+  ${zeroDecls}
+  for (var c = 0u; c < NCHUNK; c++) {
+      ${loads}
+      ${normLoads}
+      ${perRow}
+  }
+  ${stores}
+}
+`;
+}
+
 /** Where a matmul reads and writes. */
 export interface MatmulTarget {
   /** The step's dims uniform (or any buffer holding the row count at rowsField). */
@@ -179,6 +289,12 @@ export interface MatmulTarget {
   readonly yStride?: number;
   /** Column of y receiving output feature 0 (default 0). */
   readonly yOffset?: number;
+  /**
+   * Work split: "split" (KS threads per output, partials combined in workgroup memory; suits
+   * GPUs) or "lane" (a thread per output walking the row in order; suits CPU rasterizers).
+   * Default: "lane" on a CPU rasterizer, else "split".
+   */
+  readonly layout?: MatmulLayout;
   /** Names the kernel in profiles (default: the matrix's name). */
   readonly label?: string;
 }
@@ -208,8 +324,13 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
     normEps: target.norm?.eps,
     gather: target.samples !== undefined,
   };
-  const pipeline = gpu.pipeline(matmulWgsl(spec), `matmul ${m.type} k=${m.cols} ${epilogue}`);
-  const { to } = matmulSplit(m.type, m.cols);
+  const lane = (target.layout ?? (gpu.cpuRasterizer ? "lane" : "split")) === "lane";
+  const pipeline = gpu.pipeline(
+    lane ? matmulLaneWgsl(spec) : matmulWgsl(spec),
+    `matmul ${m.type} k=${m.cols} ${epilogue}`,
+  );
+  const to = lane ? THREADS : matmulSplit(m.type, m.cols).to;
+  const rowsPerGroup = lane ? laneRowsPerGroup(m.type) : MATMUL_ROWS_PER_GROUP;
   const outputs = dual ? m.rows / 2 : m.rows;
   const parts = m.chunks.map((c) => {
     const n = dual ? c.rows / 2 : c.rows;
@@ -255,7 +376,7 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
     encode(pass: GPUComputePassEncoder, rows: number): void {
       if (rows === 0) return;
       pass.setPipeline(pipeline);
-      const gx = Math.ceil(rows / MATMUL_ROWS_PER_GROUP);
+      const gx = Math.ceil(rows / rowsPerGroup);
       for (const p of parts) {
         pass.setBindGroup(0, p.bindGroup);
         pass.dispatchWorkgroups(gx, p.gy, p.gz);

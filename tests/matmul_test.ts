@@ -1,7 +1,7 @@
 import { assert, assertLess } from "@std/assert";
 import { acquireGpu, type Gpu } from "../kernels/device.ts";
 import { interleaveRows, uploadMatrix } from "../kernels/gpu_matrix.ts";
-import { createMatmul, type MatmulEpilogue } from "../kernels/matmul.ts";
+import { createMatmul, type MatmulEpilogue, type MatmulLayout } from "../kernels/matmul.ts";
 import { DIM_ROWS, DIM_SAMPLES, type SampleMeta } from "../kernels/step_meta.ts";
 import { dequantize } from "../lib/dequantize.ts";
 import { matvec, rmsnorm, silu } from "../lib/reference/ops.ts";
@@ -19,6 +19,8 @@ import {
 } from "./_gpu.ts";
 
 const TYPES: TensorType[] = ["f32", "f16", "q8_0", "q4_0"];
+/** Both work splits run on every device, whichever one the device picks by default. */
+const LAYOUTS: MatmulLayout[] = ["split", "lane"];
 
 interface Case {
   type: TensorType;
@@ -30,6 +32,7 @@ interface Case {
   norm?: boolean;
   /** Input rows to gather (the final norm + logits), instead of rows 0..rows-1. */
   gather?: number[];
+  layout?: MatmulLayout;
 }
 
 function dims(gpu: Gpu, rows: number, gather?: number[]) {
@@ -72,6 +75,7 @@ async function compare(gpu: Gpu, c: Case): Promise<[Float32Array, Float32Array]>
     epilogue,
     norm: c.norm ? { weight: storage(gpu, normW), eps: 1e-5 } : undefined,
     samples: c.gather ? meta.samples : undefined,
+    layout: c.layout,
   });
   await runPass(gpu, (pass) => op.encode(pass, outRows));
   const got = await readF32(gpu, yb, outRows * c.outF);
@@ -97,12 +101,29 @@ for (const type of TYPES) {
   Deno.test(`createMatmul() ${type} matches dequantize + matvec for 1, 3 and 19 rows`, async () => {
     const gpu = await testGpu();
     for (
-      const [outF, inF, rows] of [[40, 64, 1], [33, 96, 3], [17, 256, 19], [6, 4096, 2]] as const
+      const [outF, inF, rows] of [[40, 64, 1], [33, 96, 3], [17, 256, 19], [70, 64, 37], [
+        6,
+        4096,
+        2,
+      ]] as const
     ) {
       if (type !== "f32" && type !== "f16" && inF % 32 !== 0) continue;
-      const [got, want] = await compare(gpu, { type, outF, inF, rows, seed: outF * 31 + rows });
-      const err = relativeError(got, want);
-      assertLess(err, 1e-5, `${type} [${outF}x${inF}] x ${rows} rows: relative error ${err}`);
+      for (const layout of LAYOUTS) {
+        const [got, want] = await compare(gpu, {
+          type,
+          outF,
+          inF,
+          rows,
+          seed: outF * 31 + rows,
+          layout,
+        });
+        const err = relativeError(got, want);
+        assertLess(
+          err,
+          1e-5,
+          `${type} ${layout} [${outF}x${inF}] x ${rows} rows: relative error ${err}`,
+        );
+      }
     }
   });
 }
@@ -110,8 +131,17 @@ for (const type of TYPES) {
 Deno.test("createMatmul() f32/f16 handle rows that are not a multiple of 32 (stories260K's 172-wide ffn_down)", async () => {
   const gpu = await testGpu();
   for (const type of ["f32", "f16"] as const) {
-    const [got, want] = await compare(gpu, { type, outF: 64, inF: 172, rows: 9, seed: 3 });
-    assertLess(relativeError(got, want), 1e-5, type);
+    for (const layout of LAYOUTS) {
+      const [got, want] = await compare(gpu, {
+        type,
+        outF: 64,
+        inF: 172,
+        rows: 9,
+        seed: 3,
+        layout,
+      });
+      assertLess(relativeError(got, want), 1e-5, `${type} ${layout}`);
+    }
   }
 });
 
@@ -141,40 +171,46 @@ Deno.test("createMatmul() epilogues: residual add, fused RMSNorm, SwiGLU of inte
       }],
     ];
     for (const [what, c] of cases) {
-      const [got, want] = await compare(gpu, c);
-      const err = relativeError(got, want);
-      assertLess(err, 1e-5, `${type} ${what}: relative error ${err}`);
+      for (const layout of LAYOUTS) {
+        const [got, want] = await compare(gpu, { ...c, layout });
+        const err = relativeError(got, want);
+        assertLess(err, 1e-5, `${type} ${layout} ${what}: relative error ${err}`);
+      }
     }
   }
 });
 
 Deno.test("createMatmul() gives each row the same bits whatever the batch around it", async () => {
   const gpu = await testGpu();
+  const n = 37; // several row tiles of either layout, the last one partial
   for (const type of TYPES) {
-    const rand = rng(99);
-    const w = uploadMatrix(gpu, randomTensor(rand, type, 20, 64));
-    const normW = storage(gpu, randomF32(rand, 64));
-    const x = randomF32(rand, 13 * 64);
-    const run = async (xs: Float32Array, rows: number) => {
-      const meta = dims(gpu, rows);
-      const y = storage(gpu, new Float32Array(rows * 20));
-      const op = createMatmul(gpu, w, {
-        dims: meta.dims,
-        x: storage(gpu, xs),
-        y,
-        rowsField: DIM_ROWS,
-        norm: { weight: normW, eps: 1e-5 },
-      });
-      await runPass(gpu, (pass) => op.encode(pass, rows));
-      return readF32(gpu, y, rows * 20);
-    };
-    const batch = await run(x, 13);
-    for (const r of [0, 5, 12]) {
-      const alone = await run(x.slice(r * 64, (r + 1) * 64), 1);
-      assert(
-        alone.every((v, i) => v === batch[r * 20 + i]),
-        `${type}: row ${r} alone differs from row ${r} in a batch of 13`,
-      );
+    for (const layout of LAYOUTS) {
+      const rand = rng(99);
+      const w = uploadMatrix(gpu, randomTensor(rand, type, 20, 64));
+      const normW = storage(gpu, randomF32(rand, 64));
+      const x = randomF32(rand, n * 64);
+      const run = async (xs: Float32Array, rows: number) => {
+        const meta = dims(gpu, rows);
+        const y = storage(gpu, new Float32Array(rows * 20));
+        const op = createMatmul(gpu, w, {
+          dims: meta.dims,
+          x: storage(gpu, xs),
+          y,
+          rowsField: DIM_ROWS,
+          norm: { weight: normW, eps: 1e-5 },
+          layout,
+        });
+        await runPass(gpu, (pass) => op.encode(pass, rows));
+        return readF32(gpu, y, rows * 20);
+      };
+      const batch = await run(x, n);
+      for (const r of [0, 5, 12, 17, 36]) {
+        const alone = await run(x.slice(r * 64, (r + 1) * 64), 1);
+        assert(
+          alone.every((v, i) => v === batch[r * 20 + i]),
+          `${type} ${layout}: row ${r} alone differs from row ${r} in a batch of ${n}`,
+        );
+      }
     }
   }
 });
@@ -188,13 +224,22 @@ Deno.test("createMatmul() splits a matrix larger than one binding into row chunk
       `${type} should need several chunks`,
     );
     for (
-      const c of [
-        { type, outF: 50, inF: 64, rows: 3, seed: 5 },
-        { type, outF: 25, inF: 64, rows: 3, seed: 6, epilogue: "swiglu" as const, norm: true },
-      ]
+      const c of LAYOUTS.flatMap((layout) => [
+        { type, outF: 50, inF: 64, rows: 3, seed: 5, layout },
+        {
+          type,
+          outF: 25,
+          inF: 64,
+          rows: 3,
+          seed: 6,
+          epilogue: "swiglu" as const,
+          norm: true,
+          layout,
+        },
+      ])
     ) {
       const [got, want] = await compare(gpu, c);
-      assertLess(relativeError(got, want), 1e-5, `${type} ${c.epilogue ?? "store"}`);
+      assertLess(relativeError(got, want), 1e-5, `${type} ${c.layout} ${c.epilogue ?? "store"}`);
     }
   }
   gpu.device.destroy();
