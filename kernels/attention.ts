@@ -129,6 +129,71 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 `;
 }
 
+/**
+ * WGSL for the same attention shaped for CPU rasterizers: one thread per (row, query head),
+ * with q, the running max, sum and output in registers, walking the row's keys in order with an
+ * online softmax. No workgroup memory and no barrier; a row's result is one fixed chain of
+ * operations, whatever else shares the step.
+ */
+export function attentionLaneWgsl(config: ModelConfig, blockSize: number): string {
+  const { nHeads, nKvHeads, headDim } = config;
+  if (headDim % 4 !== 0) {
+    throw new Error(`Cannot build lane attention: head size ${headDim} is not a multiple of 4`);
+  }
+  const qDim = nHeads * headDim;
+  const kvDim = nKvHeads * headDim;
+  const stride = qDim + 2 * kvDim;
+  const group = nHeads / nKvHeads;
+  const nv = headDim / 4;
+  const vs = Array.from({ length: nv }, (_, i) => i);
+  const each = (f: (i: number) => string, sep = "\n  ") => vs.map(f).join(sep);
+  return /* wgsl */ `
+${WGSL_STEP_TYPES}
+@group(0) @binding(0) var<uniform> dims: vec4<u32>;
+@group(0) @binding(1) var<storage, read> rows: array<Row>;
+@group(0) @binding(2) var<storage, read> seqs: array<Seq>;
+@group(0) @binding(3) var<storage, read> tables: array<u32>;
+@group(0) @binding(4) var<storage, read> QKV: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> Kc: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read> Vc: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> O: array<vec4<f32>>;
+const SCALE = ${1 / Math.sqrt(headDim)};
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let nRows = dims[${DIM_ROWS}];
+  let task = gid.x;
+  if (task >= nRows * ${nHeads}u) { return; }
+  let r = task / ${nHeads}u;
+  let h = task % ${nHeads}u;
+  let row = rows[r];
+  let seq = seqs[row.seq];
+  let kvBase = (h / ${group}u) * ${nv}u;
+  let qBase = (r * ${stride}u + h * ${headDim}u) / 4u;
+  ${each((i) => `let q${i} = QKV[qBase + ${i}u] * SCALE;`)}
+  ${each((i) => `var acc${i} = vec4<f32>(0.0);`)}
+  var m = -3.402823e38;
+  var l = 0.0;
+  let n = row.pos + 1u;
+  for (var key = 0u; key < n; key++) {
+    let slot = tables[seq.tableOffset + key / ${blockSize}u] * ${blockSize}u + key % ${blockSize}u;
+    let kb = slot * ${kvDim / 4}u + kvBase;
+    let s = ${each((i) => `dot(q${i}, Kc[kb + ${i}u])`, " + ")};
+    let mNew = max(m, s);
+    let corr = exp(m - mNew);
+    let p = exp(s - mNew);
+    l = l * corr + p;
+    ${each((i) => `acc${i} = acc${i} * corr + p * Vc[kb + ${i}u];`, "\n    ")}
+    m = mNew;
+  }
+  let oBase = (r * ${qDim}u + h * ${headDim}u) / 4u;
+  ${each((i) => `O[oBase + ${i}u] = acc${i} / l;`)}
+}
+`;
+}
+
+/** How attention spreads its work (see {@link createAttention}). */
+export type AttentionLayout = "tiled" | "lane";
+
 export interface AttentionTarget {
   readonly dims: GPUBufferBinding | GPUBuffer;
   readonly rows: GPUBufferBinding | GPUBuffer;
@@ -139,6 +204,11 @@ export interface AttentionTarget {
   readonly kCache: GPUBuffer;
   readonly vCache: GPUBuffer;
   readonly out: GPUBuffer;
+  /**
+   * "tiled" (a workgroup per row and KV head, key tiles in workgroup memory; suits GPUs) or
+   * "lane" (a thread per row and query head; suits CPU rasterizers). Default by device.
+   */
+  readonly layout?: AttentionLayout;
 }
 
 /** A bound paged attention over `rows` rows. */
@@ -148,7 +218,12 @@ export function createAttention(
   blockSize: number,
   t: AttentionTarget,
 ): KernelOp {
-  const pipeline = gpu.pipeline(attentionWgsl(config, blockSize), "attention");
+  const lane = (t.layout ?? (gpu.cpuRasterizer && config.headDim % 4 === 0 ? "lane" : "tiled")) ===
+    "lane";
+  const pipeline = gpu.pipeline(
+    lane ? attentionLaneWgsl(config, blockSize) : attentionWgsl(config, blockSize),
+    "attention",
+  );
   const group = bindAll(gpu, pipeline, [
     t.dims,
     t.rows,
@@ -173,7 +248,8 @@ export function createAttention(
       if (rows === 0) return;
       pass.setPipeline(pipeline);
       pass.setBindGroup(0, group);
-      pass.dispatchWorkgroups(config.nKvHeads, rows);
+      if (lane) pass.dispatchWorkgroups(Math.ceil((rows * config.nHeads) / 64));
+      else pass.dispatchWorkgroups(config.nKvHeads, rows);
     },
   };
 }
