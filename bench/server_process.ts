@@ -1,0 +1,128 @@
+/**
+ * The real server (`main.ts serve`) as a child process, for the benchmarks and the reliability
+ * tests: started on a free loopback port, its log kept, its RSS readable, stopped by signal.
+ */
+
+export interface ServerOptions {
+  /** Flags after `serve` (model, backend, limits...). --host and --port are set here. */
+  readonly args: readonly string[];
+  /** Extra environment variables (e.g. MODEL_MIRROR, LLMSERVE_FAULT_STEPS). */
+  readonly env?: Record<string, string>;
+  /** Give up when it does not listen within this time (default 60 s). */
+  readonly startTimeoutMs?: number;
+}
+
+export interface ServerProcess {
+  /** http://127.0.0.1:port */
+  readonly base: string;
+  /** ws://127.0.0.1:port/v1/stream */
+  readonly wsUrl: string;
+  readonly pid: number;
+  /** Everything it wrote to stderr so far. */
+  log(): string;
+  /** Resident set size in bytes (Linux /proc), undefined when unreadable. */
+  rssBytes(): number | undefined;
+  /** Sends `signal` and waits for the exit; returns the exit code and the whole log. */
+  stop(signal?: Deno.Signal): Promise<{ code: number; log: string }>;
+  /** Resolves when the process exits (whoever ended it). */
+  readonly exited: Promise<{ code: number; log: string }>;
+}
+
+const MAIN = new URL("../main.ts", import.meta.url).pathname;
+
+/** Starts `deno run -A main.ts serve --host 127.0.0.1 --port 0 ...args` and waits for its URL. */
+export async function startServer(opts: ServerOptions): Promise<ServerProcess> {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", MAIN, "serve", "--host", "127.0.0.1", "--port", "0", ...opts.args],
+    env: opts.env,
+    stdin: "null",
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+  let log = "";
+  let onLog: (() => void) | undefined;
+  const pump = (async () => {
+    const decoder = new TextDecoder();
+    for await (const bytes of child.stderr) {
+      log += decoder.decode(bytes, { stream: true });
+      onLog?.();
+    }
+  })();
+  const exited = (async () => {
+    const status = await child.status;
+    await pump.catch(() => {});
+    return { code: status.code, log };
+  })();
+  const url = await new Promise<string>((resolve, reject) => {
+    const timer = setTimeout(() => {
+      try {
+        child.kill("SIGKILL");
+      } catch { /* already gone */ }
+      reject(new Error(`The server did not listen within ${opts.startTimeoutMs ?? 60_000} ms; its log:\n${log}`));
+    }, opts.startTimeoutMs ?? 60_000);
+    const check = () => {
+      const m = /url\s+(http:\/\/\S+?)\/\s/.exec(log);
+      if (m) {
+        clearTimeout(timer);
+        onLog = undefined;
+        resolve(m[1]!);
+      }
+    };
+    onLog = check;
+    check();
+    exited.then(({ code }) => {
+      clearTimeout(timer);
+      reject(new Error(`The server exited with code ${code} before listening; its log:\n${log}`));
+    });
+  });
+  return {
+    base: url,
+    wsUrl: `${url.replace(/^http/, "ws")}/v1/stream`,
+    pid: child.pid,
+    log: () => log,
+    rssBytes: () => readRss(child.pid),
+    async stop(signal: Deno.Signal = "SIGTERM") {
+      try {
+        child.kill(signal);
+      } catch { /* already exited */ }
+      return await exited;
+    },
+    exited,
+  };
+}
+
+/** VmRSS of a process in bytes, from /proc/<pid>/status. */
+export function readRss(pid: number): number | undefined {
+  try {
+    const status = Deno.readTextFileSync(`/proc/${pid}/status`);
+    const m = /VmRSS:\s+(\d+)\s+kB/.exec(status);
+    return m ? Number(m[1]) * 1024 : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** The models directory from MODEL_MIRROR; throws a clear error when it is unset. */
+export function modelMirror(): string {
+  const dir = Deno.env.get("MODEL_MIRROR");
+  if (!dir) {
+    throw new Error("MODEL_MIRROR is unset: point it at the test models directory (e.g. MODEL_MIRROR=../shared/models)");
+  }
+  return dir;
+}
+
+/** One value from Prometheus text (`series` is the name plus labels, as printed). */
+export function metricValue(text: string, series: string): number | undefined {
+  for (const line of text.split("\n")) {
+    if (line.startsWith("#")) continue;
+    const at = line.lastIndexOf(" ");
+    if (at > 0 && line.slice(0, at) === series) return Number(line.slice(at + 1));
+  }
+  return undefined;
+}
+
+/** Fetches /metrics and returns one series' value. */
+export async function scrapeMetric(base: string, series: string): Promise<number | undefined> {
+  const res = await fetch(`${base}/metrics`);
+  return metricValue(await res.text(), series);
+}
