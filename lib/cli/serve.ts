@@ -4,6 +4,7 @@ import { formatBytes } from "../byte_size.ts";
 import { type Config, resolveConfig, type SettingName, SETTINGS } from "../config.ts";
 import { CoreBackend } from "../core_backend.ts";
 import { createEngine } from "../engine_factory.ts";
+import { FAULT_ENV, FaultInjector } from "../fault_injection.ts";
 import { type Engine, GREEDY } from "../engine.ts";
 import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
@@ -106,10 +107,13 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const limits = { maxBatchTokens: config.maxBatchTokens, maxSeqs: config.maxRunning };
   const { engine, description } = await createEngine(model, config.backend, kv, limits);
   await warmUp(engine, tokenizer.bosId);
+  // Test-only: LLMSERVE_FAULT_STEPS makes chosen engine steps fail (see lib/fault_injection.ts).
+  const faults = FaultInjector.fromEnv();
+  const withFaults = (e: Engine): Engine => (faults ? faults.wrap(e) : e);
   const metrics = new ServiceMetrics();
   const core = new ServingCore({
-    engine,
-    engineFactory: async () => (await createEngine(model, config.backend, kv, limits)).engine,
+    engine: withFaults(engine),
+    engineFactory: async () => withFaults((await createEngine(model, config.backend, kv, limits)).engine),
     codec: tokenizer,
     scheduler: {
       maxBatchTokens: config.maxBatchTokens,
@@ -151,6 +155,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
         `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting`,
         `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
         `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
+        ...(faults ? [`  faults    ${FAULT_ENV}=${Deno.env.get(FAULT_ENV)} (test-only fault injection is on)`] : []),
       ].join("\n"));
     },
   });

@@ -1,0 +1,52 @@
+import { assertEquals, assertRejects, assertThrows } from "@std/assert";
+import { GREEDY, type StepPlan } from "../lib/engine.ts";
+import { FakeEngine } from "../lib/fake_engine.ts";
+import { FaultInjector, parseFaultSteps } from "../lib/fault_injection.ts";
+
+const plan = (stepId: number, seqIds: number[]): StepPlan => ({
+  stepId,
+  seqs: seqIds.map((seqId, i) => ({
+    seqId,
+    tokens: [1, 2, 3],
+    startPos: 0,
+    blockTable: [i],
+    sample: true,
+    sampling: GREEDY,
+  })),
+});
+
+Deno.test("parseFaultSteps() reads step numbers with optional kinds and names a bad entry", () => {
+  assertEquals([...parseFaultSteps("3, 7:device-lost,9:crash")], [[3, "crash"], [7, "device-lost"], [9, "crash"]]);
+  assertThrows(() => parseFaultSteps("3,0"), Error, 'entry "0"');
+  assertThrows(() => parseFaultSteps("4:melt"), Error, 'entry "4:melt"');
+});
+
+Deno.test("FaultInjector.fromEnv() is off unless LLMSERVE_FAULT_STEPS is set", () => {
+  assertEquals(FaultInjector.fromEnv(() => undefined), undefined);
+  assertEquals(FaultInjector.fromEnv(() => " "), undefined);
+  assertEquals([...FaultInjector.fromEnv(() => "5")!.plan], [[5, "crash"]]);
+});
+
+Deno.test("a crash fault computes half the step, then throws; other steps pass through", async () => {
+  const inj = new FaultInjector(parseFaultSteps("2"));
+  const inner = new FakeEngine();
+  const engine = inj.wrap(inner);
+  const first = await engine.step(plan(0, [1]));
+  assertEquals(first.sampled.length, 1);
+  await assertRejects(() => engine.step(plan(1, [2, 3, 4, 5])), Error, "after 2 of 4 sequences");
+  // The first half really ran: the fake engine computed 1 + 2 sequences' rows.
+  assertEquals(inner.tokensComputed, 9);
+  assertEquals((await engine.step(plan(2, [6]))).sampled.length, 1);
+  assertEquals(inj.injected, 1);
+});
+
+Deno.test("a device-lost fault fails that engine for good; a new engine counts on from the same step", async () => {
+  const inj = new FaultInjector(parseFaultSteps("1:device-lost,3"));
+  const lost = inj.wrap(new FakeEngine());
+  await assertRejects(() => lost.step(plan(0, [1])), Error, "device was lost at engine step 1");
+  await assertRejects(() => lost.step(plan(1, [1])), Error, "device was lost");
+  const fresh = inj.wrap(new FakeEngine());
+  await assertRejects(() => fresh.step(plan(0, [1])), Error, "engine step 3");
+  assertEquals(inj.steps, 3);
+  assertEquals(inj.injected, 2);
+});
