@@ -166,35 +166,42 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 `;
 }
 
-/** Token rows the lane-per-output kernel keeps in registers against each weight chunk it loads. */
-export function laneRowsPerGroup(type: TensorType): number {
-  // A block format's chunk is 8 vec4s per row: fewer rows keep the unrolled shader small
-  // enough to compile quickly (LLVM's time grows faster than the code).
-  return chunkVec4s(type) === 1 ? 16 : 4;
+/**
+ * Shape of the lane layout's workgroup: `threads` lanes (one SIMD batch of a CPU rasterizer),
+ * each owning `outs` output features (strided by `threads`) for `rows` token rows. One
+ * activation load then feeds `outs` dot products and one weight chunk `rows` of them; block
+ * formats take fewer outputs, whose unrolled dequantization would otherwise make the shader
+ * slow to compile.
+ */
+export function laneShape(type: TensorType): { threads: number; outs: number; rows: number } {
+  return { threads: 8, outs: chunkVec4s(type) === 1 ? 8 : 4, rows: 8 };
 }
 
 /**
  * WGSL for the same product as {@link matmulWgsl}, shaped for CPU rasterizers (llvmpipe): each
- * thread owns one output feature and a tile of laneRowsPerGroup(type) rows, and walks the row's
- * chunks in order, so a row's sum is one sequential chain (batch invariant) with no workgroup
- * memory and no barrier. Every lane of a SIMD batch reads the same activation address (a scalar
- * load broadcast), and each weight chunk is loaded once for all the tile's rows.
+ * thread owns a few output features and a tile of token rows ({@link laneShape}), and walks the
+ * row's chunks in order, so each (row, output) sum is one sequential chain (batch invariant)
+ * with no workgroup memory and no barrier. llvmpipe loads storage buffers lane by lane, so the
+ * shape is chosen to reuse every load: an activation vec4 feeds all the thread's outputs, a
+ * weight chunk all the tile's rows.
  */
 export function matmulLaneWgsl(spec: MatmulSpec): string {
   const { type, cols, rowsField, epilogue } = spec;
-  const tr = laneRowsPerGroup(type);
+  const { threads, outs, rows: tr } = laneShape(type);
   const norm = spec.normEps !== undefined;
   const dual = epilogue === "swiglu";
   const nv = chunkVec4s(type);
   const wType = type === "f32" ? "array<vec4<f32>>" : "array<u32>";
   const rows = Array.from({ length: tr }, (_, r) => r);
+  const js = Array.from({ length: outs }, (_, j) => j);
   const accs = dual ? ["g", "u"] : ["a"];
-  const partials = [...accs, ...(norm ? ["s"] : [])];
-  const loads = dual
-    ? `${wgslLoadChunk(type, cols, "2u * oc", "wg")}\n      ${
-      wgslLoadChunk(type, cols, "2u * oc + 1u", "wu")
-    }`
-    : wgslLoadChunk(type, cols, "oc", "wa");
+  const loads = js.map((j) =>
+    dual
+      ? `${wgslLoadChunk(type, cols, `2u * oc${j}`, `w${j}g`)}\n      ${
+        wgslLoadChunk(type, cols, `2u * oc${j} + 1u`, `w${j}u`)
+      }`
+      : wgslLoadChunk(type, cols, `oc${j}`, `w${j}a`)
+  ).join("\n      ");
   const normLoads = norm
     ? Array.from({ length: nv }, (_, i) => `let nw${i} = NW[c * ${nv}u + ${i}u];`).join(" ")
     : "";
@@ -212,32 +219,38 @@ export function matmulLaneWgsl(spec: MatmulSpec): string {
     const sumSq = norm
       ? `s${r} += ${Array.from({ length: nv }, (_, i) => `dot(xr${i}, xr${i})`).join(" + ")};`
       : "";
-    const accum = accs.map((a) => `${a}${r} += w${a}d * (${dotWith(`w${a}`)});`).join(" ");
+    const accum = js.map((j) =>
+      accs.map((a) => `${a}${j}_${r} += w${j}${a}d * (${dotWith(`w${j}${a}`)});`).join(" ")
+    ).join(" ");
     return `if (${r}u < live) { ${xs} ${xw} ${accum} ${sumSq} }`;
   }).join("\n      ");
-  const zeroDecls = rows.map((r) => partials.map((p) => `var ${p}${r} = 0.0;`).join(" ")).join(
-    "\n  ",
-  );
-  const scale = (r: number) =>
-    norm
-      ? `let scale${r} = 1.0 / sqrt(s${r} / ${cols}.0 + ${spec.normEps!.toExponential()});`
-      : `let scale${r} = 1.0;`;
-  const result = (r: number) =>
-    dual
-      ? `let gs${r} = g${r} * scale${r}; let v${r} = gs${r} / (1.0 + exp(-gs${r})) * (u${r} * scale${r});`
-      : `let v${r} = a${r} * scale${r};`;
-  const write = (r: number) =>
-    `let yi${r} = (r0 + ${r}u) * chunk.yStride + chunk.yOffset + o; ${
-      epilogue === "accumulate" ? `Y[yi${r}] = Y[yi${r}] + v${r};` : `Y[yi${r}] = v${r};`
-    }`;
-  const stores = rows.map((r) =>
-    `if (${r}u < live && o < chunk.rows) { ${scale(r)} ${result(r)} ${write(r)} }`
+  const zeroDecls = rows.map((r) =>
+    [
+      ...js.flatMap((j) => accs.map((a) => `var ${a}${j}_${r} = 0.0;`)),
+      ...(norm ? [`var s${r} = 0.0;`] : []),
+    ].join(" ")
   ).join("\n  ");
+  const stores = rows.map((r) => {
+    const scale = norm
+      ? `let scale = 1.0 / sqrt(s${r} / ${cols}.0 + ${spec.normEps!.toExponential()});`
+      : "let scale = 1.0;";
+    const outsW = js.map((j) => {
+      const result = dual
+        ? `let gs = g${j}_${r} * scale; let v = gs / (1.0 + exp(-gs)) * (u${j}_${r} * scale);`
+        : `let v = a${j}_${r} * scale;`;
+      const write = epilogue === "accumulate" ? "Y[yi] = Y[yi] + v;" : "Y[yi] = v;";
+      return `if (o${j} < chunk.rows) { ${result} let yi = (r0 + ${r}u) * chunk.yStride + chunk.yOffset + o${j}; ${write} }`;
+    }).join(" ");
+    return `if (${r}u < live) { ${scale} ${outsW} }`;
+  }).join("\n  ");
   const srcRows = rows.map((r) =>
     `let src${r} = ${
       spec.gather ? `samples[min(r0 + ${r}u, nRows - 1u)].row` : `min(r0 + ${r}u, nRows - 1u)`
     };`
   ).join(" ");
+  const outIdx = js.map((j) =>
+    `let o${j} = base + ${j * threads}u + t; let oc${j} = min(o${j}, chunk.rows - 1u);`
+  ).join("\n  ");
   return /* wgsl */ `
 ${WGSL_STEP_TYPES}
 struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
@@ -251,16 +264,16 @@ ${spec.gather ? "@group(0) @binding(6) var<storage, read> samples: array<Sample>
 const NCHUNK = ${cols / chunkElements(type)}u;
 const XV = ${cols / 4}u;
 ${type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
-@compute @workgroup_size(${THREADS})
+@compute @workgroup_size(${threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) t: u32) {
   let nRows = dims[${rowsField}];
   let r0 = wid.x * ${tr}u;
   if (r0 >= nRows) { return; }
   let live = min(${tr}u, nRows - r0);
-  let o = (wid.y + wid.z * nwg.y) * ${THREADS}u + t;
+  let base = (wid.y + wid.z * nwg.y) * ${threads * outs}u;
   // Lanes past the last output compute a copy of it and store nothing: no divergent branch.
-  let oc = min(o, chunk.rows - 1u);
+  ${outIdx}
   ${srcRows}
   ${zeroDecls}
   for (var c = 0u; c < NCHUNK; c++) {
@@ -329,8 +342,10 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
     lane ? matmulLaneWgsl(spec) : matmulWgsl(spec),
     `matmul ${m.type} k=${m.cols} ${epilogue}`,
   );
-  const to = lane ? THREADS : matmulSplit(m.type, m.cols).to;
-  const rowsPerGroup = lane ? laneRowsPerGroup(m.type) : MATMUL_ROWS_PER_GROUP;
+  const to = lane
+    ? laneShape(m.type).threads * laneShape(m.type).outs
+    : matmulSplit(m.type, m.cols).to;
+  const rowsPerGroup = lane ? laneShape(m.type).rows : MATMUL_ROWS_PER_GROUP;
   const outputs = dual ? m.rows / 2 : m.rows;
   const parts = m.chunks.map((c) => {
     const n = dual ? c.rows / 2 : c.rows;
