@@ -1,3 +1,4 @@
+import { setImmediate } from "node:timers";
 import type {
   Engine,
   KvGeometry,
@@ -49,8 +50,15 @@ export class CpuEngine implements Engine {
     this.cache = new PagedKvCache(config.nLayers, config.nKvHeads, config.headDim, this.kv);
   }
 
+  /**
+   * Runs the step after one turn of the event loop. The forward pass is synchronous, and steps
+   * chained as promise callbacks would otherwise run back to back as one unbroken string of
+   * microtasks: a busy server would serve no socket, timer or signal (no token reaches a client,
+   * no request is admitted, SIGTERM waits) until it ran out of work. setImmediate costs
+   * microseconds, not the millisecond or more of setTimeout(0).
+   */
   step(plan: StepPlan): Promise<StepResult> {
-    const result = this.queue.then(() => this.runStep(plan));
+    const result = this.queue.then(nextTurn).then(() => this.runStep(plan));
     this.queue = result.catch(() => {});
     return result;
   }
@@ -177,4 +185,9 @@ export class CpuEngine implements Engine {
     rmsnorm(x, x, this.dense.outputNorm, rmsEps);
     return matvec(new Float32Array(vocabSize), this.dense.output, x);
   }
+}
+
+/** Resolves after the event loop has had a turn (I/O, timers, signals). */
+function nextTurn(): Promise<void> {
+  return new Promise((resolve) => setImmediate(resolve));
 }
