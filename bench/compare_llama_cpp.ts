@@ -1,0 +1,221 @@
+/**
+ * Our engine against node-llama-cpp (prebuilt llama.cpp for Node) on the same GGUF: one
+ * sequence and N parallel sequences of a fixed number of tokens, tokens/s side by side in the
+ * same run. node-llama-cpp is installed into a directory of its own with npm (it is not a
+ * dependency of the project) and run with `node`; when any of that fails, the reason is
+ * reported and our side is still measured.
+ */
+import type { BackendChoice } from "../lib/engine_factory.ts";
+import { type BenchModel, makeCore, timedGeneration } from "./compare_common.ts";
+import { fmt, ratio, table } from "./stats.ts";
+
+export const NODE_LLAMA_CPP = "node-llama-cpp@3.21.1";
+
+export interface LlamaCppOptions {
+  readonly parallel: readonly number[];
+  readonly tokens: number;
+  readonly prompt: string;
+  readonly temperature: number;
+  /** Runs of each measurement; the median by tokens/s is reported. */
+  readonly repeats: number;
+  /** CPU threads llama.cpp may use. */
+  readonly threads: number;
+  /** Our backends to measure (one that cannot be created is reported). */
+  readonly backends: readonly BackendChoice[];
+  /** Where node-llama-cpp is (or gets) installed; default a fresh temp dir, removed after. */
+  readonly prefix?: string;
+  /** Skip node-llama-cpp entirely (smoke tests). */
+  readonly skipLlamaCpp?: boolean;
+  readonly log: (line: string) => void;
+}
+
+export interface ThroughputRow {
+  readonly engine: string;
+  readonly parallel: number;
+  readonly tokens: number;
+  readonly seconds: number;
+  readonly tokensPerSecond: number;
+}
+
+export interface LlamaCppResult {
+  readonly options: Omit<LlamaCppOptions, "log">;
+  readonly ours: ThroughputRow[];
+  readonly llamaCpp: ThroughputRow[];
+  /** Why a side could not be measured. */
+  readonly unavailable: Record<string, string>;
+  readonly llamaCppInfo?: string;
+  readonly markdown: string;
+}
+
+/** The Node side, written next to the installed package and run there. */
+const NODE_SCRIPT = `
+import { getLlama, LlamaLogLevel } from "node-llama-cpp";
+const cfg = JSON.parse(process.argv[2]);
+const llama = await getLlama({ gpu: false, build: "never", logLevel: LlamaLogLevel.error });
+const model = await llama.loadModel({ modelPath: cfg.modelPath });
+const bos = model.tokens.bos;
+const prompt = [...(bos == null ? [] : [bos]), ...model.tokenize(cfg.prompt)];
+async function run(n, tokens) {
+  const context = await model.createContext({ contextSize: 512 * n, sequences: n, batchSize: 512, threads: cfg.threads });
+  const t0 = performance.now();
+  const counts = await Promise.all(Array.from({ length: n }, async (_, i) => {
+    const seq = context.getSequence();
+    let c = 0;
+    // No stop on EOS: every sequence generates exactly \`tokens\` tokens.
+    for await (const _t of seq.evaluate(prompt, { temperature: cfg.temperature, seed: 1 + i })) {
+      if (++c >= tokens) break;
+    }
+    return c;
+  }));
+  const seconds = (performance.now() - t0) / 1000;
+  await context.dispose();
+  const total = counts.reduce((a, b) => a + b, 0);
+  return { parallel: n, tokens: total, seconds, tokensPerSecond: total / seconds };
+}
+await run(1, 16);
+const results = [];
+for (const n of cfg.parallel) {
+  const runs = [];
+  for (let k = 0; k < cfg.repeats; k++) runs.push(await run(n, cfg.tokens));
+  runs.sort((a, b) => a.tokensPerSecond - b.tokensPerSecond);
+  results.push(runs[Math.floor(runs.length / 2)]);
+}
+console.log(JSON.stringify({ info: \`llama.cpp \${llama.buildType} binary, gpu \${llama.gpu}, \${cfg.threads} thread(s)\`, results }));
+`;
+
+async function runCommand(cmd: string, args: string[], cwd?: string, timeoutMs = 300_000) {
+  const ctrl = new AbortController();
+  const timer = setTimeout(() => ctrl.abort(), timeoutMs);
+  try {
+    const out = await new Deno.Command(cmd, { args, cwd, stdout: "piped", stderr: "piped", signal: ctrl.signal }).output();
+    const dec = new TextDecoder();
+    return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr), timedOut: ctrl.signal.aborted };
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** Installs (if needed) and runs node-llama-cpp; throws an Error saying exactly what failed. */
+async function measureLlamaCpp(bm: BenchModel, o: LlamaCppOptions): Promise<{ rows: ThroughputRow[]; info: string }> {
+  const prefix = o.prefix ?? await Deno.makeTempDir({ prefix: "node-llama-cpp-" });
+  try {
+    const installed = await Deno.stat(`${prefix}/node_modules/node-llama-cpp/package.json`).then(() => true, () => false);
+    if (!installed) {
+      o.log(`installing ${NODE_LLAMA_CPP} into ${prefix} (npm)`);
+      let r;
+      try {
+        r = await runCommand("npm", ["install", "--prefix", prefix, NODE_LLAMA_CPP, "--no-audit", "--no-fund", "--loglevel=error"]);
+      } catch (e) {
+        throw new Error(`cannot run npm: ${(e as Error).message}`);
+      }
+      if (r.code !== 0 || r.timedOut) {
+        throw new Error(`npm install ${NODE_LLAMA_CPP} ${r.timedOut ? "timed out" : `exited with ${r.code}`}: ${r.stderr.trim().split("\n").slice(-4).join(" / ")}`);
+      }
+    }
+    await Deno.writeTextFile(`${prefix}/bench.mjs`, NODE_SCRIPT);
+    const cfg = { modelPath: bm.path, prompt: o.prompt, tokens: o.tokens, parallel: o.parallel, threads: o.threads, temperature: o.temperature, repeats: o.repeats };
+    o.log(`running node-llama-cpp (${o.threads} thread(s))`);
+    let r;
+    try {
+      r = await runCommand("node", [`${prefix}/bench.mjs`, JSON.stringify(cfg)], prefix);
+    } catch (e) {
+      throw new Error(`cannot run node: ${(e as Error).message}`);
+    }
+    const line = r.stdout.trim().split("\n").pop() ?? "";
+    if (r.code !== 0 || !line.startsWith("{")) {
+      throw new Error(`node-llama-cpp ${r.timedOut ? "timed out" : `exited with ${r.code}`}: ${(r.stderr.trim() || r.stdout.trim()).split("\n").slice(-4).join(" / ")}`);
+    }
+    const parsed = JSON.parse(line) as { info: string; results: Omit<ThroughputRow, "engine">[] };
+    return { rows: parsed.results.map((x) => ({ engine: "node-llama-cpp", ...x })), info: parsed.info };
+  } finally {
+    if (!o.prefix) await Deno.remove(prefix, { recursive: true }).catch(() => {});
+  }
+}
+
+/** Our side: N generations of `tokens` tokens at once through the serving core. */
+async function measureOurs(bm: BenchModel, backend: BackendChoice, o: LlamaCppOptions): Promise<ThroughputRow[]> {
+  const maxN = Math.max(...o.parallel);
+  const prompt = bm.tokenizer.encode(o.prompt, { bos: true });
+  const blocks = Math.ceil((prompt.length + o.tokens) / 16) * maxN + 16;
+  const { core, description } = await makeCore(bm, backend, { numBlocks: blocks, blockSize: 16 }, {
+    maxRunning: Math.max(64, maxN),
+    maxBatchTokens: 512,
+  });
+  const sampling = (i: number) => ({ temperature: o.temperature, topK: 0, topP: 1, minP: 0, seed: 1 + i });
+  try {
+    await timedGeneration(core, { prompt, maxTokens: 16, sampling: sampling(0) }); // warm-up (JIT, pipelines)
+    const rows: ThroughputRow[] = [];
+    for (const n of o.parallel) {
+      const runs: ThroughputRow[] = [];
+      for (let k = 0; k < o.repeats; k++) {
+        const t0 = performance.now();
+        const recs = await Promise.all(Array.from({ length: n }, (_, i) =>
+          timedGeneration(core, { prompt, maxTokens: o.tokens, sampling: sampling(i) })));
+        const seconds = (performance.now() - t0) / 1000;
+        const failed = recs.find((r) => r.error);
+        if (failed) throw new Error(`a generation failed with ${failed.error}`);
+        const tokens = recs.reduce((s, r) => s + r.tokens.length, 0);
+        runs.push({ engine: `llmserve ${description}`, parallel: n, tokens, seconds, tokensPerSecond: tokens / seconds });
+      }
+      runs.sort((a, b) => a.tokensPerSecond - b.tokensPerSecond);
+      rows.push(runs[Math.floor(runs.length / 2)]!);
+    }
+    return rows;
+  } finally {
+    await core.close();
+  }
+}
+
+export async function compareLlamaCpp(bm: BenchModel, o: LlamaCppOptions): Promise<LlamaCppResult> {
+  const unavailable: Record<string, string> = {};
+  const ours: ThroughputRow[] = [];
+  for (const backend of o.backends) {
+    try {
+      ours.push(...await measureOurs(bm, backend, o));
+    } catch (e) {
+      unavailable[`llmserve ${backend}`] = (e as Error).message.split("\n")[0]!;
+    }
+  }
+  let llamaCpp: ThroughputRow[] = [];
+  let info: string | undefined;
+  if (o.skipLlamaCpp) unavailable["node-llama-cpp"] = "skipped (--no-llama-cpp)";
+  else {
+    try {
+      const r = await measureLlamaCpp(bm, o);
+      llamaCpp = r.rows;
+      info = r.info;
+    } catch (e) {
+      unavailable["node-llama-cpp"] = (e as Error).message;
+    }
+  }
+  const ref = (n: number) => llamaCpp.find((r) => r.parallel === n)?.tokensPerSecond;
+  const rows = [...ours, ...llamaCpp].map((r) => [
+    r.engine,
+    String(r.parallel),
+    String(r.tokens),
+    fmt(r.seconds, 2),
+    fmt(r.tokensPerSecond, 0),
+    ratio(r.tokensPerSecond, ref(r.parallel)),
+  ]);
+  const scaling = [...ours, ...llamaCpp].reduce<Record<string, ThroughputRow[]>>((m, r) => {
+    (m[r.engine] ??= []).push(r);
+    return m;
+  }, {});
+  const scalingLines = Object.entries(scaling).flatMap(([engine, rs]) => {
+    const one = rs.find((r) => r.parallel === 1), many = rs.find((r) => r.parallel !== 1);
+    return one && many ? [`- ${engine}: ${many.parallel} sequences give ${ratio(many.tokensPerSecond, one.tokensPerSecond)} the tokens/s of one`] : [];
+  });
+  const markdown = [
+    `### llmserve vs ${NODE_LLAMA_CPP}`,
+    "",
+    `Same GGUF (${bm.path.split("/").pop()}), prompt ${JSON.stringify(o.prompt)}, ${o.tokens} tokens per sequence (EOS ignored on both sides), ` +
+    `temperature ${o.temperature}; in-process on both sides (no HTTP); median of ${o.repeats} runs. ${info ? `node-llama-cpp: ${info}.` : ""}`,
+    "",
+    table(["engine", "sequences", "tokens", "seconds", "tokens/s", "vs node-llama-cpp"], rows),
+    ...scalingLines,
+    ...Object.entries(unavailable).map(([k, why]) => `- ${k}: not measured: ${why}`),
+    "",
+  ].join("\n");
+  const { log: _log, ...options } = o;
+  return { options, ours, llamaCpp, unavailable, llamaCppInfo: info, markdown };
+}
