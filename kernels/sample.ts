@@ -1,7 +1,9 @@
 import { bindAll, type Gpu, type KernelOp } from "./device.ts";
 import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";
 
-const THREADS = 64;
+/** Threads per sampled sequence: 64 on GPUs; one SIMD batch (8) on CPU rasterizers. */
+const GPU_THREADS = 64;
+const CPU_THREADS = 8;
 
 /** lib/rng.ts's hash32 and uniform in WGSL: u32 arithmetic wraps exactly like Math.imul. */
 export const WGSL_RNG = /* wgsl */ `
@@ -29,7 +31,12 @@ fn uniform01(seed: u32, counter: u32) -> f32 {
  * largest key whose prefix count/mass reaches a target": found by a radix search over the key,
  * 4 bits a pass, summing counts or masses per digit (in a fixed order, for batch invariance).
  */
-export function sampleWgsl(vocab: number): string {
+export function sampleWgsl(vocab: number, threads = GPU_THREADS): string {
+  if (!(threads >= 1 && Number.isInteger(threads))) {
+    throw new Error(
+      `Cannot build the sampler: threads must be a positive integer, received ${threads}`,
+    );
+  }
   const loBits = Math.max(1, Math.ceil(Math.log2(vocab)));
   const loDigits = Math.ceil(loBits / 4);
   const passes = 8 + loDigits;
@@ -42,13 +49,13 @@ ${WGSL_STEP_TYPES}
 @group(0) @binding(4) var<storage, read_write> lastSampled: array<u32>;
 ${WGSL_RNG}
 const V = ${vocab}u;
-const T = ${THREADS}u;
+const T = ${threads}u;
 const PASSES = ${passes}u;
 const LO_DIGITS = ${loDigits}u;
 var<workgroup> redF: array<f32, T>;
 var<workgroup> redK: array<u32, T>;
 var<workgroup> redL: array<u32, T>;
-var<workgroup> bins: array<f32, ${THREADS * 16}>;
+var<workgroup> bins: array<f32, ${threads * 16}>;
 var<workgroup> totals: array<f32, 16>;
 
 // Order-preserving bits of an f32: larger float, larger u32.
@@ -117,10 +124,11 @@ fn search(base: u32, temp: f32, zmax: f32, count: bool, ck: u32, cl: u32, minE: 
     }
     for (var d = 0u; d < 16u; d++) { bins[t * 16u + d] = local[d]; }
     workgroupBarrier();
-    if (t < 16u) {
+    // With fewer than 16 threads, a thread totals several digits.
+    for (var d = t; d < 16u; d += T) {
       var s = 0.0;
-      for (var i = 0u; i < T; i++) { s += bins[i * 16u + t]; }
-      totals[t] = s;
+      for (var i = 0u; i < T; i++) { s += bins[i * 16u + d]; }
+      totals[d] = s;
     }
     workgroupBarrier();
     // Walk digits from the top; the first whose cumulative weight reaches the target wins.
@@ -152,7 +160,7 @@ fn search(base: u32, temp: f32, zmax: f32, count: bool, ck: u32, cl: u32, minE: 
   return Search(pk, pl, found);
 }
 
-@compute @workgroup_size(${THREADS})
+@compute @workgroup_size(${threads})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
   let i = wg.x;
   if (i >= dims[${DIM_SAMPLES}]) { return; }
@@ -242,6 +250,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 `;
 }
 
+/** How the sampler spreads one sequence's vocabulary over threads. */
+export type SampleLayout = "wide" | "narrow";
+
 export interface SampleTarget {
   readonly dims: GPUBufferBinding | GPUBuffer;
   readonly samples: GPUBufferBinding | GPUBuffer;
@@ -250,11 +261,17 @@ export interface SampleTarget {
   /** [samples, 2] u32: token id, then the f32 bits of its logprob. */
   readonly out: GPUBuffer;
   readonly lastSampled: GPUBuffer;
+  /**
+   * "wide" (64 threads per sequence; suits GPUs) or "narrow" (one SIMD batch of 8, so the
+   * reductions through workgroup memory stay short; suits CPU rasterizers). Default by device.
+   */
+  readonly layout?: SampleLayout;
 }
 
 /** A bound sampler over `count` sequences. */
 export function createSampler(gpu: Gpu, vocab: number, t: SampleTarget): KernelOp {
-  const pipeline = gpu.pipeline(sampleWgsl(vocab), "sample");
+  const narrow = (t.layout ?? (gpu.cpuRasterizer ? "narrow" : "wide")) === "narrow";
+  const pipeline = gpu.pipeline(sampleWgsl(vocab, narrow ? CPU_THREADS : GPU_THREADS), "sample");
   const group = bindAll(
     gpu,
     pipeline,

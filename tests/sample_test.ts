@@ -1,6 +1,6 @@
 import { assertAlmostEquals, assertEquals } from "@std/assert";
 import { bindAll } from "../kernels/device.ts";
-import { createSampler, WGSL_RNG } from "../kernels/sample.ts";
+import { createSampler, type SampleLayout, WGSL_RNG } from "../kernels/sample.ts";
 import type { SampleMeta } from "../kernels/step_meta.ts";
 import type { SamplingParams } from "../lib/engine.ts";
 import { hash32 } from "../lib/rng.ts";
@@ -48,11 +48,15 @@ const PARAMS: SamplingParams[] = [
   { temperature: 0.5, topK: 0, topP: 1, minP: 1, seed: 9 },
 ];
 
+/** Both layouts run on every device, whichever one the device picks by default. */
+const LAYOUTS: SampleLayout[] = ["wide", "narrow"];
+
 /** Samples `rows` logit vectors on the GPU, each with PARAMS[i % n] and a distinct seed and position. */
 async function compareWithReference(
   vocab: number,
   logits: Float32Array,
   rows: number,
+  layout: SampleLayout,
 ): Promise<void> {
   const gpu = await testGpu();
   const metas: SampleMeta[] = [];
@@ -80,6 +84,7 @@ async function compareWithReference(
     logits: storage(gpu, logits),
     out,
     lastSampled,
+    layout,
   });
   await runPass(gpu, (pass) => op.encode(pass, rows));
   const got = await readU32(gpu, out, rows * 2);
@@ -87,7 +92,7 @@ async function compareWithReference(
   const lp = new Float32Array(got.buffer);
   for (let i = 0; i < rows; i++) {
     const want = sample(logits.subarray(i * vocab, (i + 1) * vocab), params[i]!, 5 + i);
-    const what = `row ${i} ${JSON.stringify(params[i])}`;
+    const what = `${layout} row ${i} ${JSON.stringify(params[i])}`;
     assertEquals(got[2 * i], want.token, what);
     assertEquals(last[i], want.token, `${what}: last-sampled table`);
     assertAlmostEquals(lp[2 * i + 1]!, want.logprob, 1e-4, what);
@@ -98,7 +103,8 @@ Deno.test("createSampler() draws the reference sampler's tokens and logprobs (gr
   const rand = rng(21);
   for (const vocab of [512, 1000]) {
     const rows = 32;
-    await compareWithReference(vocab, randomF32(rand, rows * vocab, 4), rows);
+    const logits = randomF32(rand, rows * vocab, 4);
+    for (const layout of LAYOUTS) await compareWithReference(vocab, logits, rows, layout);
   }
 });
 
@@ -108,5 +114,5 @@ Deno.test("createSampler() breaks ties toward the lower token id, like the refer
   const rows = 24;
   // Logits on a coarse grid: many exact ties, including at the top.
   const logits = Float32Array.from({ length: rows * vocab }, () => Math.round(rand() * 6) / 2);
-  await compareWithReference(vocab, logits, rows);
+  for (const layout of LAYOUTS) await compareWithReference(vocab, logits, rows, layout);
 });
