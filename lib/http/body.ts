@@ -43,7 +43,16 @@ async function readLimited(req: Request, maxBytes: number): Promise<string> {
     all.set(c, at);
     at += c.byteLength;
   }
-  return new TextDecoder().decode(all);
+  try {
+    // Fatal: a lenient decoder would turn stray bytes into U+FFFD and serve a prompt the client
+    // never sent.
+    return new TextDecoder("utf-8", { fatal: true }).decode(all);
+  } catch {
+    throw new ApiError(
+      "invalid_json",
+      `Request body is not valid UTF-8 (${total} bytes); JSON bodies must be UTF-8 encoded`,
+    );
+  }
 }
 
 function tooLarge(bytes: number, maxBytes: number, atLeast = false): ApiError {
