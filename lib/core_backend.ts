@@ -16,6 +16,7 @@ export class CoreBackend implements GenerationBackend {
   readonly contextLength: number;
   readonly bosToken: string;
   readonly eosToken: string;
+  readonly vocabSize: number;
 
   constructor(
     readonly modelName: string,
@@ -26,6 +27,7 @@ export class CoreBackend implements GenerationBackend {
     this.contextLength = core.contextLength;
     this.bosToken = tokenizer.tokenText(tokenizer.bosId);
     this.eosToken = tokenizer.tokenText(tokenizer.eosId);
+    this.vocabSize = tokenizer.vocabSize;
   }
 
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {

@@ -82,6 +82,8 @@ export interface GenerationBackend {
   readonly contextLength: number;
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent>;
   countTokens(text: string): number;
+  /** Token ids run from 0 to vocabSize - 1; prompts given as ids are checked against it. */
+  readonly vocabSize?: number;
   /** Chat template source from the model file, if any. */
   readonly chatTemplate?: string;
   readonly bosToken: string;

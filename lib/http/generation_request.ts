@@ -35,9 +35,21 @@ function randomSeed(): number {
  */
 export function buildGenerationRequest(
   input: GenerationInput,
-  backend: Pick<GenerationBackend, "countTokens" | "contextLength">,
+  backend: Pick<GenerationBackend, "countTokens" | "contextLength" | "vocabSize">,
   requestId: string,
 ): { request: GenerationRequest; promptTokens: number } {
+  if (typeof input.prompt !== "string" && backend.vocabSize !== undefined) {
+    const vocab = backend.vocabSize;
+    const at = input.prompt.findIndex((id) => id >= vocab);
+    if (at >= 0) {
+      throw new ApiError(
+        "invalid_request",
+        `Invalid '${input.promptParam}': token id ${input.prompt[at]} at index ${at} is outside ` +
+          `the model's vocabulary of ${vocab} ids (0 to ${vocab - 1})`,
+        input.promptParam,
+      );
+    }
+  }
   const promptTokens = typeof input.prompt === "string"
     ? backend.countTokens(input.prompt)
     : input.prompt.length;
