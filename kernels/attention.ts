@@ -130,9 +130,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 }
 
 /**
- * WGSL for the same attention shaped for CPU rasterizers: one thread per (row, query head),
- * with q, the running max, sum and output in registers, walking the row's keys in order with an
- * online softmax. No workgroup memory and no barrier; a row's result is one fixed chain of
+ * WGSL for the same attention shaped for CPU rasterizers: one thread per (row, KV head) serving
+ * the G query heads that share it (each K/V vector loaded once for all G), with q, the running
+ * max, sum and output in registers, walking the row's keys in order with an online softmax. No workgroup memory and no barrier; a row's result is one fixed chain of
  * operations, whatever else shares the step.
  */
 export function attentionLaneWgsl(config: ModelConfig, blockSize: number): string {
@@ -146,7 +146,9 @@ export function attentionLaneWgsl(config: ModelConfig, blockSize: number): strin
   const group = nHeads / nKvHeads;
   const nv = headDim / 4;
   const vs = Array.from({ length: nv }, (_, i) => i);
+  const gs = Array.from({ length: group }, (_, g) => g);
   const each = (f: (i: number) => string, sep = "\n  ") => vs.map(f).join(sep);
+  const heads = (f: (g: number) => string, sep = "\n  ") => gs.map(f).join(sep);
   return /* wgsl */ `
 ${WGSL_STEP_TYPES}
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
@@ -158,38 +160,47 @@ ${WGSL_STEP_TYPES}
 @group(0) @binding(6) var<storage, read> Vc: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read_write> O: array<vec4<f32>>;
 const SCALE = ${1 / Math.sqrt(headDim)};
-@compute @workgroup_size(64)
+@compute @workgroup_size(${LANE_ATTENTION_THREADS})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
   let nRows = dims[${DIM_ROWS}];
   let task = gid.x;
-  if (task >= nRows * ${nHeads}u) { return; }
-  let r = task / ${nHeads}u;
-  let h = task % ${nHeads}u;
+  if (task >= nRows * ${nKvHeads}u) { return; }
+  let r = task / ${nKvHeads}u;
+  let kvh = task % ${nKvHeads}u;
   let row = rows[r];
   let seq = seqs[row.seq];
-  let kvBase = (h / ${group}u) * ${nv}u;
-  let qBase = (r * ${stride}u + h * ${headDim}u) / 4u;
-  ${each((i) => `let q${i} = QKV[qBase + ${i}u] * SCALE;`)}
-  ${each((i) => `var acc${i} = vec4<f32>(0.0);`)}
-  var m = -3.402823e38;
-  var l = 0.0;
+  let kvBase = kvh * ${nv}u;
+  // The group's query heads are contiguous: heads kvh*G .. kvh*G + G - 1.
+  let qBase = (r * ${stride}u + kvh * ${group * headDim}u) / 4u;
+  ${heads((g) => each((i) => `let q${g}_${i} = QKV[qBase + ${g * nv + i}u] * SCALE;`))}
+  ${heads((g) => each((i) => `var acc${g}_${i} = vec4<f32>(0.0);`))}
+  ${heads((g) => `var m${g} = -3.402823e38; var l${g} = 0.0;`)}
   let n = row.pos + 1u;
   for (var key = 0u; key < n; key++) {
     let slot = tables[seq.tableOffset + key / ${blockSize}u] * ${blockSize}u + key % ${blockSize}u;
     let kb = slot * ${kvDim / 4}u + kvBase;
-    let s = ${each((i) => `dot(q${i}, Kc[kb + ${i}u])`, " + ")};
-    let mNew = max(m, s);
-    let corr = exp(m - mNew);
-    let p = exp(s - mNew);
-    l = l * corr + p;
-    ${each((i) => `acc${i} = acc${i} * corr + p * Vc[kb + ${i}u];`, "\n    ")}
-    m = mNew;
+    ${each((i) => `let k${i} = Kc[kb + ${i}u]; let v${i} = Vc[kb + ${i}u];`, "\n    ")}
+    ${
+    heads((g) =>
+      `{
+      let s = ${each((i) => `dot(q${g}_${i}, k${i})`, " + ")};
+      let mNew = max(m${g}, s);
+      let corr = exp(m${g} - mNew);
+      let p = exp(s - mNew);
+      l${g} = l${g} * corr + p;
+      ${each((i) => `acc${g}_${i} = acc${g}_${i} * corr + p * v${i};`, "\n      ")}
+      m${g} = mNew;
+    }`, "\n    ")
   }
-  let oBase = (r * ${qDim}u + h * ${headDim}u) / 4u;
-  ${each((i) => `O[oBase + ${i}u] = acc${i} / l;`)}
+  }
+  let oBase = (r * ${qDim}u + kvh * ${group * headDim}u) / 4u;
+  ${heads((g) => each((i) => `O[oBase + ${g * nv + i}u] = acc${g}_${i} / l${g};`))}
 }
 `;
 }
+
+/** Threads per workgroup of the lane layout (one SIMD batch of a CPU rasterizer's). */
+const LANE_ATTENTION_THREADS = 8;
 
 /** How attention spreads its work (see {@link createAttention}). */
 export type AttentionLayout = "tiled" | "lane";
@@ -248,8 +259,9 @@ export function createAttention(
       if (rows === 0) return;
       pass.setPipeline(pipeline);
       pass.setBindGroup(0, group);
-      if (lane) pass.dispatchWorkgroups(Math.ceil((rows * config.nHeads) / 64));
-      else pass.dispatchWorkgroups(config.nKvHeads, rows);
+      if (lane) {
+        pass.dispatchWorkgroups(Math.ceil((rows * config.nKvHeads) / LANE_ATTENTION_THREADS));
+      } else pass.dispatchWorkgroups(config.nKvHeads, rows);
     },
   };
 }
