@@ -25,7 +25,19 @@ export function matmulSplit(type: TensorType, cols: number): { ks: number; to: n
  * What happens to Σ_k W[o,k]·x[k]: stored, added to y (the residual add), or, for a matrix
  * whose rows interleave gate and up (gate_j = row 2j, up_j = row 2j+1), silu(gate)·up stored.
  */
-export type MatmulEpilogue = "store" | "accumulate" | "swiglu";
+export type MatmulEpilogue = "store" | "accumulate" | "swiglu" | "rope";
+
+/**
+ * Head layout of a q | k | v projection whose "rope" epilogue (lane layout only) rotates q and
+ * k llama2.c style (adjacent pairs within each head, by rows[r].pos) and writes q to y, and k
+ * and v into the KV pools at rows[r].slot: the projection and the RoPE + KV store in one pass.
+ */
+export interface RopeShape {
+  readonly qDim: number;
+  readonly kvDim: number;
+  readonly headDim: number;
+  readonly ropeDim: number;
+}
 
 /** How a matmul spreads its work over threads (see {@link MatmulTarget.layout}). */
 export type MatmulLayout = "split" | "lane";
@@ -41,6 +53,8 @@ export interface MatmulSpec {
   readonly normEps?: number;
   /** Row i of the input is samples[i].row (binding 6): the final norm + logits. */
   readonly gather?: boolean;
+  /** With the "rope" epilogue. */
+  readonly rope?: RopeShape;
 }
 
 /**
@@ -230,10 +244,41 @@ export function matmulLaneWgsl(spec: MatmulSpec): string {
       ...(norm ? [`var s${r} = 0.0;`] : []),
     ].join(" ")
   ).join("\n  ");
+  const rope = spec.rope;
+  if (epilogue === "rope" && (!rope || outs % 2 !== 0)) {
+    throw new Error("Cannot build the rope epilogue without the head layout, or with odd outputs");
+  }
+  const ropePair = (r: number, j: number) => {
+    // Features f, f + 1 of q | k | v; rows are clamped, stores guarded by the caller.
+    const rot = "v = vec2<f32>(v.x * cs.x - v.y * cs.y, v.x * cs.y + v.y * cs.x);";
+    const maybeRotate = (i: string) =>
+      `let p = (${i} % ${rope!.headDim}u) / 2u; if (p < ${
+        rope!.ropeDim / 2
+      }u) { let cs = table[row${r}.pos * ${rope!.ropeDim / 2}u + p]; ${rot} }`;
+    return `if (o${j} < chunk.rows) {
+      var v = vec2<f32>(a${j}_${r} * scale, a${j + 1}_${r} * scale);
+      let f = chunk.yOffset + o${j};
+      if (f < ${rope!.qDim}u) {
+        ${maybeRotate("f")}
+        let yi = (r0 + ${r}u) * chunk.yStride + f; Y[yi] = v.x; Y[yi + 1u] = v.y;
+      } else if (f < ${rope!.qDim + rope!.kvDim}u) {
+        let i = f - ${rope!.qDim}u;
+        ${maybeRotate("i")}
+        let ki = row${r}.slot * ${rope!.kvDim}u + i; Kc[ki] = v.x; Kc[ki + 1u] = v.y;
+      } else {
+        let vi = row${r}.slot * ${rope!.kvDim}u + f - ${rope!.qDim + rope!.kvDim}u;
+        Vc[vi] = v.x; Vc[vi + 1u] = v.y;
+      }
+    }`;
+  };
   const stores = rows.map((r) => {
     const scale = norm
       ? `let scale = 1.0 / sqrt(s${r} / ${cols}.0 + ${spec.normEps!.toExponential()});`
       : "let scale = 1.0;";
+    if (epilogue === "rope") {
+      const pairs = js.filter((j) => j % 2 === 0).map((j) => ropePair(r, j)).join("\n    ");
+      return `if (${r}u < live) { ${scale} let row${r} = rows[r0 + ${r}u];\n    ${pairs} }`;
+    }
     const outsW = js.map((j) => {
       const result = dual
         ? `let gs = g${j}_${r} * scale; let v = gs / (1.0 + exp(-gs)) * (u${j}_${r} * scale);`
@@ -248,8 +293,11 @@ export function matmulLaneWgsl(spec: MatmulSpec): string {
       spec.gather ? `samples[min(r0 + ${r}u, nRows - 1u)].row` : `min(r0 + ${r}u, nRows - 1u)`
     };`
   ).join(" ");
+  // Thread t owns adjacent pairs (base + 2*threads*jj + 2t, + 1): whole RoPE pairs.
   const outIdx = js.map((j) =>
-    `let o${j} = base + ${j * threads}u + t; let oc${j} = min(o${j}, chunk.rows - 1u);`
+    `let o${j} = base + ${
+      (j >> 1) * 2 * threads + (j & 1)
+    }u + 2u * t; let oc${j} = min(o${j}, chunk.rows - 1u);`
   ).join("\n  ");
   return /* wgsl */ `
 ${WGSL_STEP_TYPES}
@@ -261,6 +309,14 @@ struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
 ${norm ? "@group(0) @binding(5) var<storage, read> NW: array<vec4<f32>>;" : ""}
 ${spec.gather ? "@group(0) @binding(6) var<storage, read> samples: array<Sample>;" : ""}
+${
+    rope
+      ? `@group(0) @binding(7) var<storage, read> rows: array<Row>;
+@group(0) @binding(8) var<storage, read> table: array<vec2<f32>>;
+@group(0) @binding(9) var<storage, read_write> Kc: array<f32>;
+@group(0) @binding(10) var<storage, read_write> Vc: array<f32>;`
+      : ""
+  }
 const NCHUNK = ${cols / chunkElements(type)}u;
 const XV = ${cols / 4}u;
 ${type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
@@ -298,6 +354,14 @@ export interface MatmulTarget {
   readonly norm?: { readonly weight: GPUBuffer; readonly eps: number };
   /** Read input row samples[i].row for output row i. */
   readonly samples?: GPUBufferBinding | GPUBuffer;
+  /** What the "rope" epilogue needs: the head layout, rows (pos, slot), ropeTable(), KV pools. */
+  readonly rope?: {
+    readonly shape: RopeShape;
+    readonly rows: GPUBufferBinding | GPUBuffer;
+    readonly table: GPUBuffer;
+    readonly kCache: GPUBuffer;
+    readonly vCache: GPUBuffer;
+  };
   /** Floats per row of y (default: the matrix's output features). */
   readonly yStride?: number;
   /** Column of y receiving output feature 0 (default 0). */
@@ -336,8 +400,19 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
     epilogue,
     normEps: target.norm?.eps,
     gather: target.samples !== undefined,
+    rope: target.rope?.shape,
   };
   const lane = (target.layout ?? (gpu.cpuRasterizer ? "lane" : "split")) === "lane";
+  if ((epilogue === "rope") !== (target.rope !== undefined) || (epilogue === "rope" && !lane)) {
+    throw new Error(
+      `Cannot bind matmul '${m.name}': the rope epilogue needs target.rope and the lane layout (epilogue ${epilogue}, layout ${
+        lane ? "lane" : "split"
+      }, rope ${target.rope ? "given" : "missing"})`,
+    );
+  }
+  if (epilogue === "rope" && m.chunks.some((c) => c.rows % 2 !== 0)) {
+    throw new Error(`Cannot bind matmul '${m.name}': rope needs whole pairs in every chunk`);
+  }
   const pipeline = gpu.pipeline(
     lane ? matmulLaneWgsl(spec) : matmulWgsl(spec),
     `matmul ${m.type} k=${m.cols} ${epilogue}`,
@@ -365,6 +440,14 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
     ];
     if (target.norm) bound.push([5, target.norm.weight]);
     if (target.samples) bound.push([6, target.samples]);
+    if (target.rope) {
+      bound.push(
+        [7, target.rope.rows],
+        [8, target.rope.table],
+        [9, target.rope.kCache],
+        [10, target.rope.vCache],
+      );
+    }
     const entries = bound.map(([binding, b]) => ({
       binding,
       resource: b instanceof GPUBuffer ? { buffer: b } : b,

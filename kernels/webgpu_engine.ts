@@ -265,7 +265,28 @@ export class WebGpuEngine implements Engine {
       // q, k and v: one matmul over the stacked rows when the encodings allow, with the norm fused.
       const attnNorm = { weight: vector(w.attnNorm), eps: rmsEps };
       const qkv = [check(w.wq, [qDim, dim]), check(w.wk, [kvDim, dim]), check(w.wv, [kvDim, dim])];
-      if (stackable(qkv)) {
+      if (stackable(qkv) && gpu.cpuRasterizer) {
+        // The lane matmul rotates q and k and stores k and v itself: one dispatch fewer.
+        rowOps.push(
+          createMatmul(gpu, upload(concatRows(qkv, `blk.${l}.qkv`)), {
+            ...rows,
+            x: act.x,
+            y: act.qkv,
+            yStride: qkvStride,
+            norm: attnNorm,
+            epilogue: "rope",
+            rope: {
+              shape: { qDim, kvDim, headDim, ropeDim: config.ropeDim },
+              rows: m.rows,
+              table: ropeTable,
+              kCache,
+              vCache,
+            },
+            layout: "lane",
+            label: "qkv+rope+kv store",
+          }),
+        );
+      } else if (stackable(qkv)) {
         rowOps.push(
           createMatmul(gpu, upload(concatRows(qkv, `blk.${l}.qkv`)), {
             ...rows,
@@ -290,15 +311,19 @@ export class WebGpuEngine implements Engine {
           );
         });
       }
+      if (!(stackable(qkv) && gpu.cpuRasterizer)) {
+        rowOps.push(
+          createRopeStore(gpu, config, {
+            dims: m.dims,
+            rows: m.rows,
+            table: ropeTable,
+            qkv: act.qkv,
+            kCache,
+            vCache,
+          }),
+        );
+      }
       rowOps.push(
-        createRopeStore(gpu, config, {
-          dims: m.dims,
-          rows: m.rows,
-          table: ropeTable,
-          qkv: act.qkv,
-          kCache,
-          vCache,
-        }),
         createAttention(gpu, config, blockSize, {
           dims: m.dims,
           rows: m.rows,

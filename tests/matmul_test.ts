@@ -4,7 +4,9 @@ import { interleaveRows, uploadMatrix } from "../kernels/gpu_matrix.ts";
 import { createMatmul, type MatmulEpilogue, type MatmulLayout } from "../kernels/matmul.ts";
 import { DIM_ROWS, DIM_SAMPLES, type SampleMeta } from "../kernels/step_meta.ts";
 import { dequantize } from "../lib/dequantize.ts";
-import { matvec, rmsnorm, silu } from "../lib/reference/ops.ts";
+import { matvec, rmsnorm, rope, silu } from "../lib/reference/ops.ts";
+import { uploadRopeTable } from "../kernels/rope.ts";
+import type { ModelConfig } from "../lib/model_config.ts";
 import type { TensorType } from "../lib/tensor.ts";
 import {
   randomF32,
@@ -16,6 +18,7 @@ import {
   stepMeta,
   storage,
   testGpu,
+  zeros,
 } from "./_gpu.ts";
 
 const TYPES: TensorType[] = ["f32", "f16", "q8_0", "q4_0"];
@@ -243,4 +246,109 @@ Deno.test("createMatmul() splits a matrix larger than one binding into row chunk
     }
   }
   gpu.device.destroy();
+});
+
+for (const [type, ropeDim, cap] of [["f32", 8, undefined], ["q8_0", 4, 1024]] as const) {
+  Deno.test(`createMatmul() rope epilogue (lane, ${type}, ropeDim ${ropeDim}${cap ? ", split matrix" : ""}) projects q | k | v, rotates q and k like the reference rope and stores k and v at each row's slot`, async () => {
+    const gpu = cap ? await acquireGpu({ maxBindingBytes: cap }) : await testGpu();
+    const [nHeads, nKvHeads, headDim, dim] = [4, 2, 8, 64];
+    const qDim = nHeads * headDim;
+    const kvDim = nKvHeads * headDim;
+    const stride = qDim + 2 * kvDim;
+    const config: ModelConfig = {
+      architecture: "llama",
+      dim,
+      hiddenDim: 8,
+      nLayers: 1,
+      nHeads,
+      nKvHeads,
+      headDim,
+      vocabSize: 8,
+      contextLength: 300,
+      ropeTheta: 10000,
+      ropeDim,
+      rmsEps: 1e-5,
+    };
+    const rand = rng(41 + ropeDim);
+    const w = randomTensor(rand, type, stride, dim, "wqkv");
+    const x = randomF32(rand, 11 * dim, 2);
+    const normW = randomF32(rand, dim);
+    const rows = Array.from({ length: 11 }, (_, i) => ({
+      token: 0,
+      pos: [0, 1, 7, 299, 128][i % 5]!,
+      seq: 0,
+      slot: (i * 7 + 3) % 40,
+    }));
+    const meta = stepMeta(gpu, { rows, seqs: [], samples: [], blockTables: [] });
+    const y = zeros(gpu, rows.length * stride * 4);
+    const kc = zeros(gpu, 40 * kvDim * 4);
+    const vc = zeros(gpu, 40 * kvDim * 4);
+    const m = uploadMatrix(gpu, w);
+    if (cap) assert(m.chunks.length > 1, "the binding cap should split the matrix");
+    const op = createMatmul(gpu, m, {
+      dims: meta.dims,
+      x: storage(gpu, x),
+      y,
+      yStride: stride,
+      rowsField: DIM_ROWS,
+      norm: { weight: storage(gpu, normW), eps: 1e-5 },
+      epilogue: "rope",
+      rope: {
+        shape: { qDim, kvDim, headDim, ropeDim },
+        rows: meta.rows,
+        table: uploadRopeTable(gpu, config, config.contextLength),
+        kCache: kc,
+        vCache: vc,
+      },
+      layout: "lane",
+    });
+    await runPass(gpu, (pass) => op.encode(pass, rows.length));
+    const gotY = await readF32(gpu, y, rows.length * stride);
+    const gotK = await readF32(gpu, kc, 40 * kvDim);
+    const gotV = await readF32(gpu, vc, 40 * kvDim);
+    const dense = dequantize(w);
+    rows.forEach((r, i) => {
+      const xr = rmsnorm(new Float32Array(dim), x.slice(i * dim, (i + 1) * dim), normW, 1e-5);
+      const out = matvec(new Float32Array(stride), dense, xr);
+      const q = rope(out.slice(0, qDim), nHeads, headDim, ropeDim, r.pos, 10000);
+      const k = rope(out.slice(qDim, qDim + kvDim), nKvHeads, headDim, ropeDim, r.pos, 10000);
+      const v = out.slice(qDim + kvDim);
+      const at = (b: Float32Array, off: number, n: number) => b.subarray(off, off + n);
+      assertLess(relativeError(at(gotY, i * stride, qDim), q), 1e-5, `q of row ${i}`);
+      assertLess(relativeError(at(gotK, r.slot * kvDim, kvDim), k), 1e-5, `k of row ${i}`);
+      assertLess(relativeError(at(gotV, r.slot * kvDim, kvDim), v), 1e-5, `v of row ${i}`);
+    });
+    if (cap) gpu.device.destroy();
+  });
+}
+
+Deno.test("createMatmul() refuses the rope epilogue without its buffers or on the split layout", async () => {
+  const gpu = await testGpu();
+  const m = uploadMatrix(gpu, randomTensor(rng(3), "f32", 16, 8));
+  const meta = dims(gpu, 1);
+  const base = { dims: meta.dims, x: zeros(gpu, 32), y: zeros(gpu, 64), rowsField: DIM_ROWS };
+  const rope = {
+    shape: { qDim: 8, kvDim: 4, headDim: 4, ropeDim: 4 },
+    rows: meta.rows,
+    table: zeros(gpu, 64),
+    kCache: zeros(gpu, 64),
+    vCache: zeros(gpu, 64),
+  };
+  for (
+    const t of [
+      { ...base, epilogue: "rope" as const, layout: "lane" as const },
+      { ...base, epilogue: "rope" as const, layout: "split" as const, rope },
+    ]
+  ) {
+    let error: Error | undefined;
+    try {
+      createMatmul(gpu, m, t);
+    } catch (e) {
+      error = e as Error;
+    }
+    assert(
+      error?.message.includes("rope epilogue needs target.rope and the lane layout"),
+      String(error),
+    );
+  }
 });
