@@ -16,6 +16,8 @@ export interface RequestRecord {
   e2eMs?: number;
   promptTokens: number;
   outputTokens: number;
+  /** Token ids streamed (WebSocket only: the OpenAI stream carries text). */
+  readonly tokenIds: number[];
   finishReason?: string;
   /** Error code (server's `code`, "http_<status>" or "connection") when it failed. */
   error?: string;
@@ -30,7 +32,7 @@ export interface SamplingSpec {
 }
 
 function newRecord(index: number): RequestRecord {
-  return { index, sentAt: performance.now(), itlMs: [], promptTokens: 0, outputTokens: 0 };
+  return { index, sentAt: performance.now(), itlMs: [], promptTokens: 0, outputTokens: 0, tokenIds: [] };
 }
 
 /** Marks the arrival of `n` tokens at `now`. */
@@ -121,7 +123,10 @@ export class WsConnection {
     if (!p) return;
     const r = p.record;
     if (f.type === "started") r.promptTokens = f.prompt_tokens as number;
-    else if (f.type === "token") onTokens(r, (f.token_ids as number[]).length, p.last);
+    else if (f.type === "token") {
+      r.tokenIds.push(...(f.token_ids as number[]));
+      onTokens(r, (f.token_ids as number[]).length, p.last);
+    }
     else if (f.type === "done" || f.type === "error") {
       r.e2eMs = performance.now() - r.sentAt;
       if (f.type === "done") {
