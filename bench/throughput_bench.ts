@@ -4,7 +4,7 @@
  * the same run on each backend. The requests go through the whole core (request actors,
  * scheduler, executor, engine) in-process, without HTTP.
  *
- *   MODEL_MIRROR=../shared/models deno run -A bench/throughput_bench.ts [--tokens 128] [--concurrency 1,8,32,64] [--backends webgpu,cpu]
+ *   MODEL_MIRROR=../shared/models deno run -A bench/throughput_bench.ts [--tokens 128] [--concurrency 1,8,32,64] [--backends webgpu,cpu] [--in-flight 3]
  */
 import { parseArgs } from "@std/cli/parse-args";
 import { ServingCore } from "../actors/core.ts";
@@ -40,6 +40,7 @@ async function runOnce(
   backend: BackendChoice,
   n: number,
   tokens: number,
+  maxInFlight: number,
 ) {
   const blockSize = 16;
   const numBlocks = Math.ceil((n * (tokens + 32)) / blockSize) + 8;
@@ -51,6 +52,7 @@ async function runOnce(
       (await createEngine(model, backend, { numBlocks, blockSize }, limits)).engine,
     codec: tokenizer,
     scheduler: { maxRunning: n, maxBatchTokens: 512 },
+    maxInFlight,
   });
   const one = async (i: number) => {
     let produced = 0;
@@ -81,6 +83,8 @@ export async function runThroughputBench(opts: {
   tokens: number;
   concurrency: number[];
   backends: BackendChoice[];
+  /** Steps planned ahead of their results (default 3, the server's default pipeline depth). */
+  maxInFlight?: number;
 }): Promise<ThroughputRow[]> {
   const source = await resolveModelSource("stories260K");
   const model = await loadModel(source.modelPath, { tokenizerPath: source.tokenizerPath });
@@ -89,7 +93,14 @@ export async function runThroughputBench(opts: {
   for (const backend of opts.backends) {
     let base = 0;
     for (const n of opts.concurrency) {
-      const { tokens, seconds } = await runOnce(model, tokenizer, backend, n, opts.tokens);
+      const { tokens, seconds } = await runOnce(
+        model,
+        tokenizer,
+        backend,
+        n,
+        opts.tokens,
+        opts.maxInFlight ?? 3,
+      );
       const tps = tokens / seconds;
       if (n === opts.concurrency[0]) base = tps;
       rows.push({
@@ -120,11 +131,12 @@ export function throughputTable(rows: ThroughputRow[]): string {
 }
 
 if (import.meta.main) {
-  const args = parseArgs(Deno.args, { string: ["tokens", "concurrency", "backends"] });
+  const args = parseArgs(Deno.args, { string: ["tokens", "concurrency", "backends", "in-flight"] });
   const rows = await runThroughputBench({
     tokens: Number(args.tokens ?? 128),
     concurrency: (args.concurrency ?? "1,8,32,64").split(",").map(Number),
     backends: (args.backends ?? "webgpu,cpu").split(",") as BackendChoice[],
+    maxInFlight: Number(args["in-flight"] ?? 3),
   });
   console.log(
     `## Throughput scaling, stories260K, ${args.tokens ?? 128} tokens per generation, greedy\n`,

@@ -18,8 +18,12 @@ export const SETTINGS = {
   maxBatchTokens: { env: "LLMSERVE_MAX_BATCH_TOKENS", help: "tokens computed per step at most" },
   maxRunning: { env: "LLMSERVE_MAX_RUNNING", help: "sequences in one step at most" },
   maxWaiting: { env: "LLMSERVE_MAX_WAITING", help: "queued requests before answering overloaded" },
+  pipelineDepth: { env: "LLMSERVE_PIPELINE_DEPTH", help: "steps submitted ahead of their results" },
   apiKey: { env: "LLMSERVE_API_KEYS", help: "accepted API keys (env: comma-separated)" },
-  drainTimeout: { env: "LLMSERVE_DRAIN_TIMEOUT", help: "seconds to let in-flight requests finish on SIGTERM" },
+  drainTimeout: {
+    env: "LLMSERVE_DRAIN_TIMEOUT",
+    help: "seconds to let in-flight requests finish on SIGTERM",
+  },
 } as const;
 
 export type SettingName = keyof typeof SETTINGS;
@@ -49,6 +53,9 @@ export const ConfigSchema = z.object({
   maxBatchTokens: positiveInt("maxBatchTokens").default(512),
   maxRunning: positiveInt("maxRunning").default(64),
   maxWaiting: positiveInt("maxWaiting").default(256),
+  // Deeper pipelines hide more readback latency (measured on llvmpipe: 2 -> 147, 3 -> 198,
+  // 4 -> 264 tokens/s single-stream) at the cost of steps computed past a stop.
+  pipelineDepth: positiveInt("pipelineDepth").max(8, "pipelineDepth must be at most 8").default(3),
   apiKey: z.array(z.string().min(8, "API keys must have at least 8 characters")).default([]),
   drainTimeout: z.coerce.number().nonnegative().default(30),
 });
@@ -69,7 +76,9 @@ export function resolveConfig(
     const fromEnv = env(envName);
     if (fromFlag !== undefined) raw[name] = fromFlag;
     else if (fromEnv !== undefined && fromEnv !== "") {
-      raw[name] = name === "apiKey" ? fromEnv.split(",").map((s) => s.trim()).filter(Boolean) : fromEnv;
+      raw[name] = name === "apiKey"
+        ? fromEnv.split(",").map((s) => s.trim()).filter(Boolean)
+        : fromEnv;
     }
   }
   if (raw.apiKey !== undefined && !Array.isArray(raw.apiKey)) raw.apiKey = [raw.apiKey];

@@ -27,6 +27,7 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "max-batch-tokens": "maxBatchTokens",
   "max-running": "maxRunning",
   "max-waiting": "maxWaiting",
+  "pipeline-depth": "pipelineDepth",
   "api-key": "apiKey",
   "drain-timeout": "drainTimeout",
   "models-dir": "modelsDir",
@@ -113,8 +114,10 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const metrics = new ServiceMetrics();
   const core = new ServingCore({
     engine: withFaults(engine),
-    engineFactory: async () => withFaults((await createEngine(model, config.backend, kv, limits)).engine),
+    engineFactory: async () =>
+      withFaults((await createEngine(model, config.backend, kv, limits)).engine),
     codec: tokenizer,
+    maxInFlight: config.pipelineDepth,
     scheduler: {
       maxBatchTokens: config.maxBatchTokens,
       maxRunning: config.maxRunning,
@@ -152,10 +155,14 @@ export async function serveCommand(argv: string[]): Promise<number> {
         `  kv cache  ${numBlocks} blocks x ${config.blockSize} tokens = ${
           formatBytes(numBlocks * blockBytes)
         } (${numBlocks * config.blockSize} tokens)`,
-        `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting`,
+        `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${config.pipelineDepth}`,
         `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
         `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
-        ...(faults ? [`  faults    ${FAULT_ENV}=${Deno.env.get(FAULT_ENV)} (test-only fault injection is on)`] : []),
+        ...(faults
+          ? [
+            `  faults    ${FAULT_ENV}=${Deno.env.get(FAULT_ENV)} (test-only fault injection is on)`,
+          ]
+          : []),
       ].join("\n"));
     },
   });
