@@ -30,3 +30,10 @@ Deno.test("resolveConfig() names every invalid setting and the value received", 
     assertEquals(msg.includes(part), true, `message lacks ${part}: ${msg}`);
   }
 });
+
+Deno.test("resolveConfig() bounds the pipeline depth to 1..8", () => {
+  assertEquals(resolveConfig({}, noEnv).pipelineDepth, 3);
+  assertEquals(resolveConfig({ pipelineDepth: "8" }, noEnv).pipelineDepth, 8);
+  assertThrows(() => resolveConfig({ pipelineDepth: "9" }, noEnv), Error, "at most 8");
+  assertThrows(() => resolveConfig({ pipelineDepth: "0" }, noEnv), Error, "--pipelineDepth");
+});
