@@ -163,7 +163,7 @@ export function parseCompareArgs(argv: string[]): CompareOptions {
       tokens: Number(f.tokens ?? (quick ? "16" : "128")),
       prompt: "Once upon a time",
       temperature: 0.8,
-      repeats: quick ? 1 : 3,
+      repeats: quick ? 1 : 5,
       threads: Number(f["llama-threads"] ?? "1"),
       backends: (f.ours ?? "cpu,webgpu").split(",") as BackendChoice[],
       prefix: f["llama-cpp-prefix"],

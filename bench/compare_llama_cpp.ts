@@ -16,7 +16,7 @@ export interface LlamaCppOptions {
   readonly tokens: number;
   readonly prompt: string;
   readonly temperature: number;
-  /** Runs of each measurement; the median by tokens/s is reported. */
+  /** Rounds of measurements, alternating between the sides; the median is reported. */
   readonly repeats: number;
   /** CPU threads llama.cpp may use. */
   readonly threads: number;
@@ -95,45 +95,43 @@ async function runCommand(cmd: string, args: string[], cwd?: string, timeoutMs =
   }
 }
 
-/** Installs (if needed) and runs node-llama-cpp; throws an Error saying exactly what failed. */
-async function measureLlamaCpp(bm: BenchModel, o: LlamaCppOptions): Promise<{ rows: ThroughputRow[]; info: string }> {
-  const prefix = o.prefix ?? await Deno.makeTempDir({ prefix: "node-llama-cpp-" });
+/** Installs node-llama-cpp into `prefix` unless it is there; throws saying what failed. */
+async function installLlamaCpp(prefix: string, log: (l: string) => void): Promise<void> {
+  const installed = await Deno.stat(`${prefix}/node_modules/node-llama-cpp/package.json`).then(() => true, () => false);
+  if (installed) return;
+  log(`installing ${NODE_LLAMA_CPP} into ${prefix} (npm)`);
+  let r;
   try {
-    const installed = await Deno.stat(`${prefix}/node_modules/node-llama-cpp/package.json`).then(() => true, () => false);
-    if (!installed) {
-      o.log(`installing ${NODE_LLAMA_CPP} into ${prefix} (npm)`);
-      let r;
-      try {
-        r = await runCommand("npm", ["install", "--prefix", prefix, NODE_LLAMA_CPP, "--no-audit", "--no-fund", "--loglevel=error"]);
-      } catch (e) {
-        throw new Error(`cannot run npm: ${(e as Error).message}`);
-      }
-      if (r.code !== 0 || r.timedOut) {
-        throw new Error(`npm install ${NODE_LLAMA_CPP} ${r.timedOut ? "timed out" : `exited with ${r.code}`}: ${r.stderr.trim().split("\n").slice(-4).join(" / ")}`);
-      }
-    }
-    await Deno.writeTextFile(`${prefix}/bench.mjs`, NODE_SCRIPT);
-    const cfg = { modelPath: bm.path, prompt: o.prompt, tokens: o.tokens, parallel: o.parallel, threads: o.threads, temperature: o.temperature, repeats: o.repeats };
-    o.log(`running node-llama-cpp (${o.threads} thread(s))`);
-    let r;
-    try {
-      r = await runCommand("node", [`${prefix}/bench.mjs`, JSON.stringify(cfg)], prefix);
-    } catch (e) {
-      throw new Error(`cannot run node: ${(e as Error).message}`);
-    }
-    const line = r.stdout.trim().split("\n").pop() ?? "";
-    if (r.code !== 0 || !line.startsWith("{")) {
-      throw new Error(`node-llama-cpp ${r.timedOut ? "timed out" : `exited with ${r.code}`}: ${(r.stderr.trim() || r.stdout.trim()).split("\n").slice(-4).join(" / ")}`);
-    }
-    const parsed = JSON.parse(line) as { info: string; results: Omit<ThroughputRow, "engine">[] };
-    return { rows: parsed.results.map((x) => ({ engine: "node-llama-cpp", ...x })), info: parsed.info };
-  } finally {
-    if (!o.prefix) await Deno.remove(prefix, { recursive: true }).catch(() => {});
+    r = await runCommand("npm", ["install", "--prefix", prefix, NODE_LLAMA_CPP, "--no-audit", "--no-fund", "--loglevel=error"]);
+  } catch (e) {
+    throw new Error(`cannot run npm: ${(e as Error).message}`);
   }
+  if (r.code !== 0 || r.timedOut) {
+    throw new Error(`npm install ${NODE_LLAMA_CPP} ${r.timedOut ? "timed out" : `exited with ${r.code}`}: ${r.stderr.trim().split("\n").slice(-4).join(" / ")}`);
+  }
+  await Deno.writeTextFile(`${prefix}/bench.mjs`, NODE_SCRIPT);
 }
 
-/** Our side: N generations of `tokens` tokens at once through the serving core. */
-async function measureOurs(bm: BenchModel, backend: BackendChoice, o: LlamaCppOptions): Promise<ThroughputRow[]> {
+/** One round of node-llama-cpp (a node process measuring each parallel level once). */
+async function llamaCppRound(bm: BenchModel, prefix: string, o: LlamaCppOptions): Promise<{ rows: ThroughputRow[]; info: string }> {
+  await Deno.writeTextFile(`${prefix}/bench.mjs`, NODE_SCRIPT);
+  const cfg = { modelPath: bm.path, prompt: o.prompt, tokens: o.tokens, parallel: o.parallel, threads: o.threads, temperature: o.temperature, repeats: 1 };
+  let r;
+  try {
+    r = await runCommand("node", [`${prefix}/bench.mjs`, JSON.stringify(cfg)], prefix);
+  } catch (e) {
+    throw new Error(`cannot run node: ${(e as Error).message}`);
+  }
+  const line = r.stdout.trim().split("\n").pop() ?? "";
+  if (r.code !== 0 || !line.startsWith("{")) {
+    throw new Error(`node-llama-cpp ${r.timedOut ? "timed out" : `exited with ${r.code}`}: ${(r.stderr.trim() || r.stdout.trim()).split("\n").slice(-4).join(" / ")}`);
+  }
+  const parsed = JSON.parse(line) as { info: string; results: Omit<ThroughputRow, "engine">[] };
+  return { rows: parsed.results.map((x) => ({ engine: "node-llama-cpp", ...x })), info: parsed.info };
+}
+
+/** Our side for one backend: a warmed-up core, measured one round at a time. */
+async function oursFor(bm: BenchModel, backend: BackendChoice, o: LlamaCppOptions) {
   const maxN = Math.max(...o.parallel);
   const prompt = bm.tokenizer.encode(o.prompt, { bos: true });
   const blocks = Math.ceil((prompt.length + o.tokens) / 16) * maxN + 16;
@@ -144,10 +142,16 @@ async function measureOurs(bm: BenchModel, backend: BackendChoice, o: LlamaCppOp
   const sampling = (i: number) => ({ temperature: o.temperature, topK: 0, topP: 1, minP: 0, seed: 1 + i });
   try {
     await timedGeneration(core, { prompt, maxTokens: 16, sampling: sampling(0) }); // warm-up (JIT, pipelines)
-    const rows: ThroughputRow[] = [];
-    for (const n of o.parallel) {
-      const runs: ThroughputRow[] = [];
-      for (let k = 0; k < o.repeats; k++) {
+  } catch (e) {
+    await core.close();
+    throw e;
+  }
+  return {
+    close: () => core.close(),
+    /** N generations of `tokens` tokens at once through the serving core, per parallel level. */
+    async round(): Promise<ThroughputRow[]> {
+      const rows: ThroughputRow[] = [];
+      for (const n of o.parallel) {
         const t0 = performance.now();
         const recs = await Promise.all(Array.from({ length: n }, (_, i) =>
           timedGeneration(core, { prompt, maxTokens: o.tokens, sampling: sampling(i) })));
@@ -155,39 +159,77 @@ async function measureOurs(bm: BenchModel, backend: BackendChoice, o: LlamaCppOp
         const failed = recs.find((r) => r.error);
         if (failed) throw new Error(`a generation failed with ${failed.error}`);
         const tokens = recs.reduce((s, r) => s + r.tokens.length, 0);
-        runs.push({ engine: `llmserve ${description}`, parallel: n, tokens, seconds, tokensPerSecond: tokens / seconds });
+        rows.push({ engine: `llmserve ${description}`, parallel: n, tokens, seconds, tokensPerSecond: tokens / seconds });
       }
-      runs.sort((a, b) => a.tokensPerSecond - b.tokensPerSecond);
-      rows.push(runs[Math.floor(runs.length / 2)]!);
-    }
-    return rows;
-  } finally {
-    await core.close();
-  }
+      return rows;
+    },
+  };
 }
 
+/** Per (engine, parallel): the run with the median tokens/s. */
+function medians(samples: readonly ThroughputRow[]): ThroughputRow[] {
+  const groups = new Map<string, ThroughputRow[]>();
+  for (const r of samples) {
+    const key = `${r.engine}\u0000${r.parallel}`;
+    groups.set(key, [...(groups.get(key) ?? []), r]);
+  }
+  return [...groups.values()].map((g) => [...g].sort((a, b) => a.tokensPerSecond - b.tokensPerSecond)[Math.floor(g.length / 2)]!);
+}
+
+/**
+ * Both sides, measured in alternating rounds (ours, then node-llama-cpp, `repeats` times), so
+ * that load from elsewhere on a shared machine falls on both alike; medians are reported.
+ */
 export async function compareLlamaCpp(bm: BenchModel, o: LlamaCppOptions): Promise<LlamaCppResult> {
   const unavailable: Record<string, string> = {};
-  const ours: ThroughputRow[] = [];
-  for (const backend of o.backends) {
-    try {
-      ours.push(...await measureOurs(bm, backend, o));
-    } catch (e) {
-      unavailable[`llmserve ${backend}`] = (e as Error).message.split("\n")[0]!;
-    }
-  }
-  let llamaCpp: ThroughputRow[] = [];
-  let info: string | undefined;
+  const backends = [...o.backends];
+  const prefix = o.prefix ?? await Deno.makeTempDir({ prefix: "node-llama-cpp-" });
+  let llamaOk = false;
   if (o.skipLlamaCpp) unavailable["node-llama-cpp"] = "skipped (--no-llama-cpp)";
   else {
     try {
-      const r = await measureLlamaCpp(bm, o);
-      llamaCpp = r.rows;
-      info = r.info;
+      await installLlamaCpp(prefix, o.log);
+      llamaOk = true;
     } catch (e) {
       unavailable["node-llama-cpp"] = (e as Error).message;
     }
   }
+  const oursSamples: ThroughputRow[] = [], llamaSamples: ThroughputRow[] = [];
+  let info: string | undefined;
+  try {
+    for (let k = 0; k < o.repeats; k++) {
+      o.log(`round ${k + 1} of ${o.repeats}`);
+      // One engine alive at a time: an idle WebGPU device on llvmpipe still takes CPU time
+      // from whatever runs beside it on a 2-core machine.
+      for (const backend of [...backends]) {
+        try {
+          const side = await oursFor(bm, backend, o);
+          try {
+            oursSamples.push(...await side.round());
+          } finally {
+            await side.close();
+          }
+        } catch (e) {
+          unavailable[`llmserve ${backend}`] = (e as Error).message.split("\n")[0]!;
+          backends.splice(backends.indexOf(backend), 1);
+        }
+      }
+      if (llamaOk) {
+        try {
+          const r = await llamaCppRound(bm, prefix, o);
+          llamaSamples.push(...r.rows);
+          info = r.info;
+        } catch (e) {
+          unavailable["node-llama-cpp"] = (e as Error).message;
+          llamaOk = false;
+        }
+      }
+    }
+  } finally {
+    if (!o.prefix) await Deno.remove(prefix, { recursive: true }).catch(() => {});
+  }
+  const ours = medians(oursSamples);
+  const llamaCpp = medians(llamaSamples);
   const ref = (n: number) => llamaCpp.find((r) => r.parallel === n)?.tokensPerSecond;
   const rows = [...ours, ...llamaCpp].map((r) => [
     r.engine,
@@ -209,7 +251,7 @@ export async function compareLlamaCpp(bm: BenchModel, o: LlamaCppOptions): Promi
     `### llmserve vs ${NODE_LLAMA_CPP}`,
     "",
     `Same GGUF (${bm.path.split("/").pop()}), prompt ${JSON.stringify(o.prompt)}, ${o.tokens} tokens per sequence (EOS ignored on both sides), ` +
-    `temperature ${o.temperature}; in-process on both sides (no HTTP); median of ${o.repeats} runs. ${info ? `node-llama-cpp: ${info}.` : ""}`,
+    `temperature ${o.temperature}; in-process on both sides (no HTTP); median of ${o.repeats} rounds, the two sides alternating. ${info ? `node-llama-cpp: ${info}.` : ""}`,
     "",
     table(["engine", "sequences", "tokens", "seconds", "tokens/s", "vs node-llama-cpp"], rows),
     ...scalingLines,
