@@ -20,7 +20,9 @@ export interface Panel {
 }
 
 const COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
-const W = 460, H = 320, M = { left: 64, right: 16, top: 36, bottom: 80 };
+/** Panel width, plot height, margins; the legend (two entries a row) goes below the plot. */
+const W = 460, PLOT_H = 204, M = { left: 64, right: 16, top: 36 };
+const LEGEND_TOP = 50, LEGEND_ROW = 14;
 
 function esc(s: string): string {
   return s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
@@ -42,7 +44,7 @@ function tickLabel(v: number): string {
 }
 
 function panelSvg(p: Panel, ox: number, colourOf: (name: string) => string): string {
-  const pw = W - M.left - M.right, ph = H - M.top - M.bottom;
+  const pw = W - M.left - M.right, ph = PLOT_H;
   const all = p.series.flatMap((s) => s.values.filter((v): v is number => v !== null && Number.isFinite(v)));
   const { top, step } = niceAxis(Math.max(0, ...all));
   const xAt = (i: number) => M.left + (p.x.length === 1 ? pw / 2 : (i * pw) / (p.x.length - 1));
@@ -75,7 +77,7 @@ function panelSvg(p: Panel, ox: number, colourOf: (name: string) => string): str
     for (const pt of pts) if (pt) parts.push(`<circle cx="${pt[0].toFixed(1)}" cy="${pt[1].toFixed(1)}" r="3" fill="${colour}"/>`);
   }
   p.series.forEach((s, i) => {
-    const y = M.top + ph + 50 + Math.floor(i / 2) * 14;
+    const y = M.top + ph + LEGEND_TOP + Math.floor(i / 2) * LEGEND_ROW;
     const x = M.left + (i % 2) * (pw / 2);
     parts.push(`<line x1="${x}" x2="${x + 18}" y1="${y - 4}" y2="${y - 4}" stroke="${colourOf(s.name)}" stroke-width="2"${s.dashed ? ' stroke-dasharray="6 4"' : ""}/>`);
     parts.push(`<text x="${x + 22}" y="${y}" font-size="11">${esc(s.name)}</text>`);
@@ -92,12 +94,14 @@ export function chartSvg(panels: readonly Panel[], caption = ""): string {
   const names: string[] = [];
   for (const p of panels) for (const s of p.series) if (!names.includes(baseName(s.name))) names.push(baseName(s.name));
   const colourOf = (name: string) => COLOURS[names.indexOf(baseName(name)) % COLOURS.length]!;
-  const width = W * panels.length, height = H + (caption ? 24 : 0);
+  const legendRows = Math.max(1, ...panels.map((p) => Math.ceil(p.series.length / 2)));
+  const panelHeight = M.top + PLOT_H + LEGEND_TOP + legendRows * LEGEND_ROW;
+  const width = W * panels.length, height = panelHeight + (caption ? 24 : 0);
   return [
     `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="sans-serif">`,
     `<rect width="100%" height="100%" fill="white"/>`,
     ...panels.map((p, i) => panelSvg(p, i * W, colourOf)),
-    caption ? `<text x="${width / 2}" y="${H + 14}" text-anchor="middle" font-size="11" fill="#555">${esc(caption)}</text>` : "",
+    caption ? `<text x="${width / 2}" y="${panelHeight + 14}" text-anchor="middle" font-size="11" fill="#555">${esc(caption)}</text>` : "",
     "</svg>",
     "",
   ].join("\n");
