@@ -107,11 +107,21 @@ export async function runCompare(o: CompareOptions): Promise<CompareReport> {
     log(`${name}: ${((performance.now() - t) / 1000).toFixed(1)} s`);
     return r;
   };
-  const batching = has("batching") ? await timed("continuous vs static batching", () => compareBatching(bm, s.batching)) : undefined;
-  const kv = has("kv") ? await timed("paged vs contiguous KV", () => compareKv(bm, s.kv)) : undefined;
-  const prefix = has("prefix") ? await timed("prefix caching", () => comparePrefix(bm, s.prefix)) : undefined;
-  const priority = has("priority") ? await timed("priority", () => comparePriority(bm, s.priority)) : undefined;
-  const llamaCpp = has("llama-cpp") ? await timed("node-llama-cpp", () => compareLlamaCpp(bm, { ...o.llamaCpp, log })) : undefined;
+  const batching = has("batching")
+    ? await timed("continuous vs static batching", () => compareBatching(bm, s.batching))
+    : undefined;
+  const kv = has("kv")
+    ? await timed("paged vs contiguous KV", () => compareKv(bm, s.kv))
+    : undefined;
+  const prefix = has("prefix")
+    ? await timed("prefix caching", () => comparePrefix(bm, s.prefix))
+    : undefined;
+  const priority = has("priority")
+    ? await timed("priority", () => comparePriority(bm, s.priority))
+    : undefined;
+  const llamaCpp = has("llama-cpp")
+    ? await timed("node-llama-cpp", () => compareLlamaCpp(bm, { ...o.llamaCpp, log }))
+    : undefined;
   const seconds = (performance.now() - started) / 1000;
   const machine = machineInfo();
   const date = new Date().toISOString();
@@ -119,18 +129,41 @@ export async function runCompare(o: CompareOptions): Promise<CompareReport> {
   const markdown = [
     `## Comparisons (${date.slice(0, 10)})`,
     "",
-    `${date}, ${machineLine(machine)}; model ${o.model.split("/").pop()}; took ${seconds.toFixed(0)} s.`,
+    `${date}, ${machineLine(machine)}; model ${o.model.split("/").pop()}; took ${
+      seconds.toFixed(0)
+    } s.`,
     "",
     `\`${command}\``,
     "",
-    ...[batching, kv, prefix, priority, llamaCpp].filter((x) => x !== undefined).map((x) => x.markdown),
+    ...[batching, kv, prefix, priority, llamaCpp].filter((x) => x !== undefined).map((x) =>
+      x.markdown
+    ),
   ].join("\n");
   const files: string[] = [];
-  const report: CompareReport = { date, machine, command, seconds, batching, kv, prefix, priority, llamaCpp, markdown, files };
+  const report: CompareReport = {
+    date,
+    machine,
+    command,
+    seconds,
+    batching,
+    kv,
+    prefix,
+    priority,
+    llamaCpp,
+    markdown,
+    files,
+  };
   if (o.outDir !== null) {
     await Deno.mkdir(o.outDir, { recursive: true });
     const json = `${o.outDir}/compare.json`, md = `${o.outDir}/compare.md`;
-    await Deno.writeTextFile(json, JSON.stringify(report, (_k, v) => (typeof v === "number" && !Number.isFinite(v) ? null : v), 2));
+    await Deno.writeTextFile(
+      json,
+      JSON.stringify(
+        report,
+        (_k, v) => (typeof v === "number" && !Number.isFinite(v) ? null : v),
+        2,
+      ),
+    );
     await Deno.writeTextFile(md, markdown);
     files.push(json, md);
   }
@@ -139,7 +172,18 @@ export async function runCompare(o: CompareOptions): Promise<CompareReport> {
 
 export function parseCompareArgs(argv: string[]): CompareOptions {
   const f = parseArgs(argv, {
-    string: ["model", "backend", "ours", "only", "seed", "out", "llama-cpp-prefix", "llama-threads", "tokens", "parallel"],
+    string: [
+      "model",
+      "backend",
+      "ours",
+      "only",
+      "seed",
+      "out",
+      "llama-cpp-prefix",
+      "llama-threads",
+      "tokens",
+      "parallel",
+    ],
     boolean: ["quick", "no-llama-cpp", "no-out", "help"],
   });
   if (f.help) {
@@ -148,7 +192,13 @@ export function parseCompareArgs(argv: string[]): CompareOptions {
   }
   const sections = (f.only ?? SECTIONS.join(",")).split(",") as Section[];
   for (const x of sections) {
-    if (!SECTIONS.includes(x)) throw new Error(`Invalid --only: unknown section ${JSON.stringify(x)}; expected some of ${SECTIONS.join(", ")}`);
+    if (!SECTIONS.includes(x)) {
+      throw new Error(
+        `Invalid --only: unknown section ${JSON.stringify(x)}; expected some of ${
+          SECTIONS.join(", ")
+        }`,
+      );
+    }
   }
   const backend = (f.backend ?? "cpu") as BackendChoice;
   const quick = f.quick === true;

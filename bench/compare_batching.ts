@@ -9,9 +9,22 @@
  */
 import type { SamplingParams, SeqInput, StepPlan } from "../lib/engine.ts";
 import { type BackendChoice, createEngine } from "../lib/engine_factory.ts";
-import { type BenchModel, type GenRecord, makeCore, promptIds, sleep, timedGeneration } from "./compare_common.ts";
-import { fmt, pct, ratio, type Summary, summarize, table } from "./stats.ts";
-import { drawLength, type LengthDist, poissonArrivals, seededRandom, storyWords } from "./workload.ts";
+import {
+  type BenchModel,
+  type GenRecord,
+  makeCore,
+  promptIds,
+  sleep,
+  timedGeneration,
+} from "./compare_common.ts";
+import { fmt, pct, ratio, summarize, type Summary, table } from "./stats.ts";
+import {
+  drawLength,
+  type LengthDist,
+  poissonArrivals,
+  seededRandom,
+  storyWords,
+} from "./workload.ts";
 
 export interface BatchingOptions {
   readonly requests: number;
@@ -66,7 +79,12 @@ export function batchingTrace(bm: BenchModel, o: BatchingOptions): TraceItem[] {
   });
 }
 
-function policyResult(recs: readonly GenRecord[], t0: number, rows: number, padding: number): PolicyResult {
+function policyResult(
+  recs: readonly GenRecord[],
+  t0: number,
+  rows: number,
+  padding: number,
+): PolicyResult {
   const end = Math.max(...recs.map((r) => r.end ?? 0));
   const outputTokens = recs.reduce((s, r) => s + r.tokens.length, 0);
   const wallSeconds = (end - t0) / 1000;
@@ -82,7 +100,11 @@ function policyResult(recs: readonly GenRecord[], t0: number, rows: number, padd
 }
 
 /** The trace through the serving core (continuous batching, chunked prefill, paged KV). */
-export async function runContinuous(bm: BenchModel, trace: readonly TraceItem[], o: BatchingOptions) {
+export async function runContinuous(
+  bm: BenchModel,
+  trace: readonly TraceItem[],
+  o: BatchingOptions,
+) {
   const maxLen = Math.max(...trace.map((t) => t.prompt.length + t.maxTokens));
   const blockSize = 16;
   const numBlocks = o.batchSize * Math.ceil(maxLen / blockSize) * 2;
@@ -94,7 +116,12 @@ export async function runContinuous(bm: BenchModel, trace: readonly TraceItem[],
   const t0 = performance.now();
   const recs = await Promise.all(trace.map(async (t) => {
     await sleep(t0 + t.at - performance.now());
-    return await timedGeneration(core, { prompt: t.prompt, maxTokens: t.maxTokens, sampling: t.sampling }, undefined, t0 + t.at);
+    return await timedGeneration(
+      core,
+      { prompt: t.prompt, maxTokens: t.maxTokens, sampling: t.sampling },
+      undefined,
+      t0 + t.at,
+    );
   }));
   await core.close();
   const c = probe.counters;
@@ -108,7 +135,10 @@ export async function runStatic(bm: BenchModel, trace: readonly TraceItem[], o: 
   const maxOut = Math.max(...trace.map((t) => t.maxTokens));
   const perSeq = Math.ceil((maxPrompt + maxOut) / blockSize);
   // Each member and its padding row get their own contiguous block range.
-  const { engine } = await createEngine(bm.model, o.backend, { numBlocks: 2 * B * perSeq, blockSize }, {
+  const { engine } = await createEngine(bm.model, o.backend, {
+    numBlocks: 2 * B * perSeq,
+    blockSize,
+  }, {
     maxBatchTokens: Math.max(o.maxBatchTokens, B),
     maxSeqs: 2 * B,
   });
@@ -122,7 +152,9 @@ export async function runStatic(bm: BenchModel, trace: readonly TraceItem[], o: 
     if (trace[next]!.at > now) await sleep(trace[next]!.at - now);
     const arrived = performance.now() - t0;
     const members: number[] = [];
-    while (next < trace.length && members.length < B && trace[next]!.at <= arrived) members.push(next++);
+    while (next < trace.length && members.length < B && trace[next]!.at <= arrived) {
+      members.push(next++);
+    }
     const longestPrompt = Math.max(...members.map((i) => trace[i]!.prompt.length));
     const longestOut = Math.max(...members.map((i) => trace[i]!.maxTokens));
     const ids = members.map(() => seqIds++);
@@ -132,10 +164,24 @@ export async function runStatic(bm: BenchModel, trace: readonly TraceItem[], o: 
     const rowsOf: SeqInput[] = [];
     members.forEach((m, j) => {
       const t = trace[m]!;
-      rowsOf.push({ seqId: ids[j]!, tokens: t.prompt, startPos: 0, blockTable: table(2 * j), sample: true, sampling: t.sampling });
+      rowsOf.push({
+        seqId: ids[j]!,
+        tokens: t.prompt,
+        startPos: 0,
+        blockTable: table(2 * j),
+        sample: true,
+        sampling: t.sampling,
+      });
       const pad = longestPrompt - t.prompt.length;
       if (pad > 0) {
-        rowsOf.push({ seqId: padIds[j]!, tokens: new Array(pad).fill(0), startPos: 0, blockTable: table(2 * j + 1), sample: false, sampling: t.sampling });
+        rowsOf.push({
+          seqId: padIds[j]!,
+          tokens: new Array(pad).fill(0),
+          startPos: 0,
+          blockTable: table(2 * j + 1),
+          sample: false,
+          sampling: t.sampling,
+        });
         padding += pad;
       }
     });
@@ -195,7 +241,12 @@ function chunkPlans(rows: readonly SeqInput[], budget: number, nextId: () => num
     while (done < r.tokens.length) {
       const n = Math.min(room, r.tokens.length - done);
       const last = done + n === r.tokens.length;
-      cur.push({ ...r, tokens: r.tokens.slice(done, done + n), startPos: r.startPos + done, sample: r.sample && last });
+      cur.push({
+        ...r,
+        tokens: r.tokens.slice(done, done + n),
+        startPos: r.startPos + done,
+        sample: r.sample && last,
+      });
       done += n;
       room -= n;
       if (room === 0) {
@@ -213,24 +264,58 @@ export async function compareBatching(bm: BenchModel, o: BatchingOptions): Promi
   const trace = batchingTrace(bm, o);
   const cont = await runContinuous(bm, trace, o);
   const stat = await runStatic(bm, trace, o);
-  const sameTokens = cont.records.every((r, i) => r.tokens.join() === stat.records[i]!.tokens.join());
+  const sameTokens = cont.records.every((r, i) =>
+    r.tokens.join() === stat.records[i]!.tokens.join()
+  );
   const c = cont.result, s = stat.result;
   const rows = [
-    ["output tokens/s", fmt(c.outputTokensPerSecond, 0), fmt(s.outputTokensPerSecond, 0), ratio(c.outputTokensPerSecond, s.outputTokensPerSecond)],
-    ["wall time (s)", fmt(c.wallSeconds, 2), fmt(s.wallSeconds, 2), ratio(c.wallSeconds, s.wallSeconds)],
-    ["TTFT p50 (ms)", fmt(c.ttftMs.p50, 0), fmt(s.ttftMs.p50, 0), ratio(c.ttftMs.p50, s.ttftMs.p50)],
-    ["TTFT p99 (ms)", fmt(c.ttftMs.p99, 0), fmt(s.ttftMs.p99, 0), ratio(c.ttftMs.p99, s.ttftMs.p99)],
+    [
+      "output tokens/s",
+      fmt(c.outputTokensPerSecond, 0),
+      fmt(s.outputTokensPerSecond, 0),
+      ratio(c.outputTokensPerSecond, s.outputTokensPerSecond),
+    ],
+    [
+      "wall time (s)",
+      fmt(c.wallSeconds, 2),
+      fmt(s.wallSeconds, 2),
+      ratio(c.wallSeconds, s.wallSeconds),
+    ],
+    [
+      "TTFT p50 (ms)",
+      fmt(c.ttftMs.p50, 0),
+      fmt(s.ttftMs.p50, 0),
+      ratio(c.ttftMs.p50, s.ttftMs.p50),
+    ],
+    [
+      "TTFT p99 (ms)",
+      fmt(c.ttftMs.p99, 0),
+      fmt(s.ttftMs.p99, 0),
+      ratio(c.ttftMs.p99, s.ttftMs.p99),
+    ],
     ["e2e p50 (ms)", fmt(c.e2eMs.p50, 0), fmt(s.e2eMs.p50, 0), ratio(c.e2eMs.p50, s.e2eMs.p50)],
     ["e2e p99 (ms)", fmt(c.e2eMs.p99, 0), fmt(s.e2eMs.p99, 0), ratio(c.e2eMs.p99, s.e2eMs.p99)],
-    ["token rows computed", String(c.computedRows), String(s.computedRows), ratio(c.computedRows, s.computedRows)],
-    ["padding share of rows", pct(c.paddingRows / c.computedRows), pct(s.paddingRows / s.computedRows), "–"],
+    [
+      "token rows computed",
+      String(c.computedRows),
+      String(s.computedRows),
+      ratio(c.computedRows, s.computedRows),
+    ],
+    [
+      "padding share of rows",
+      pct(c.paddingRows / c.computedRows),
+      pct(s.paddingRows / s.computedRows),
+      "–",
+    ],
   ];
   const markdown = [
     "### Continuous vs static batching",
     "",
     `${o.requests} requests, Poisson arrivals at ${o.ratePerSecond}/s, prompts ${o.promptTokens.min}–${o.promptTokens.max} tokens, ` +
     `outputs ${o.outputTokens.min}–${o.outputTokens.max} tokens (EOS ignored), batch cap ${o.batchSize}, ${o.backend} engine. ` +
-    `Both produced ${c.outputTokens} output tokens; token for token the same: ${sameTokens ? "yes" : "NO"}.`,
+    `Both produced ${c.outputTokens} output tokens; token for token the same: ${
+      sameTokens ? "yes" : "NO"
+    }.`,
     "",
     table(["", "continuous", "static", "continuous / static"], rows),
   ].join("\n");

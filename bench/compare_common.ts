@@ -149,12 +149,16 @@ export async function makeCore(
   codec: TextCodec = ignoreEos(bm.tokenizer),
 ): Promise<CoreUnderTest> {
   // The scheduler must stay within the step limits the engine sized its buffers for.
-  const limits = { maxBatchTokens: scheduler.maxBatchTokens ?? 512, maxSeqs: scheduler.maxRunning ?? 64 };
+  const limits = {
+    maxBatchTokens: scheduler.maxBatchTokens ?? 512,
+    maxSeqs: scheduler.maxRunning ?? 64,
+  };
   const { engine, description } = await createEngine(bm.model, backend, kv, limits);
   const probe = new ProbeEngine(engine);
   const core = new ServingCore({
     engine: probe,
-    engineFactory: async () => new ProbeEngine((await createEngine(bm.model, backend, kv, limits)).engine),
+    engineFactory: async () =>
+      new ProbeEngine((await createEngine(bm.model, backend, kv, limits)).engine),
     codec,
     scheduler: { maxBatchTokens: limits.maxBatchTokens, maxRunning: limits.maxSeqs, ...scheduler },
   });
@@ -218,7 +222,9 @@ export async function timedGeneration(
 /** Prompt token ids: BOS, then the text's tokens, cut or kept at exactly `n` ids. */
 export function promptIds(tok: Tokenizer, text: string, n: number): number[] {
   const ids = tok.encode(text, { bos: true });
-  if (ids.length < n) throw new Error(`Cannot build a ${n}-token prompt: the text has only ${ids.length} tokens`);
+  if (ids.length < n) {
+    throw new Error(`Cannot build a ${n}-token prompt: the text has only ${ids.length} tokens`);
+  }
   return ids.slice(0, n);
 }
 

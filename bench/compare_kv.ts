@@ -42,7 +42,11 @@ export async function compareKv(bm: BenchModel, o: KvOptions): Promise<KvResult>
   const ctx = bm.model.config.contextLength;
   const kvTokens = o.memorySequences * ctx;
   const numBlocks = kvTokens / o.blockSize;
-  if (!Number.isInteger(numBlocks)) throw new Error(`Cannot compare KV layouts: ${kvTokens} tokens is not a whole number of ${o.blockSize}-token blocks`);
+  if (!Number.isInteger(numBlocks)) {
+    throw new Error(
+      `Cannot compare KV layouts: ${kvTokens} tokens is not a whole number of ${o.blockSize}-token blocks`,
+    );
+  }
   const rand = seededRandom(o.seed);
   const reqs = Array.from({ length: o.requests }, (_, i) => {
     const n = drawLength(o.promptTokens, rand);
@@ -72,7 +76,9 @@ export async function compareKv(bm: BenchModel, o: KvOptions): Promise<KvResult>
   const reserved = reqs.map((r) => r.prompt.length + r.maxTokens);
   const meanReserved = reserved.reduce((s, v) => s + v, 0) / reserved.length;
   // Time-weighted: a sequence holds its reservation for as many steps as it holds tokens.
-  const meanHeld = reqs.reduce((s, r) => s + (r.prompt.length + r.prompt.length + r.maxTokens) / 2, 0) / reqs.length;
+  const meanHeld =
+    reqs.reduce((s, r) => s + (r.prompt.length + r.prompt.length + r.maxTokens) / 2, 0) /
+    reqs.length;
   const contiguousExactUtilisation = meanHeld / meanReserved;
   const contiguousMaxFit = Math.floor(kvTokens / ctx);
   const contiguousExactFit = Math.floor(kvTokens / meanReserved);
@@ -80,19 +86,40 @@ export async function compareKv(bm: BenchModel, o: KvOptions): Promise<KvResult>
   const pagedMeanSequences = c.seqSteps / c.steps;
 
   const rows = [
-    ["sequences held at once", String(contiguousMaxFit), `${contiguousExactFit} (mean fit)`, `${c.maxSeqs} peak, ${fmt(pagedMeanSequences, 1)} mean`,
-      `${ratio(c.maxSeqs, contiguousMaxFit, 1)} peak, ${ratio(pagedMeanSequences, contiguousMaxFit, 1)} mean`],
-    ["reserved KV holding real tokens", pct(contiguousMaxUtilisation), pct(contiguousExactUtilisation), pct(pagedUtilisation), ratio(pagedUtilisation, contiguousMaxUtilisation, 1)],
+    [
+      "sequences held at once",
+      String(contiguousMaxFit),
+      `${contiguousExactFit} (mean fit)`,
+      `${c.maxSeqs} peak, ${fmt(pagedMeanSequences, 1)} mean`,
+      `${ratio(c.maxSeqs, contiguousMaxFit, 1)} peak, ${
+        ratio(pagedMeanSequences, contiguousMaxFit, 1)
+      } mean`,
+    ],
+    [
+      "reserved KV holding real tokens",
+      pct(contiguousMaxUtilisation),
+      pct(contiguousExactUtilisation),
+      pct(pagedUtilisation),
+      ratio(pagedUtilisation, contiguousMaxUtilisation, 1),
+    ],
   ];
   const markdown = [
     "### Paged KV vs contiguous reservation",
     "",
     `The same KV memory: ${kvTokens} token slots (${o.memorySequences} × the ${ctx}-token context; ${numBlocks} blocks of ${o.blockSize}). ` +
     `${o.requests} requests at once, prompts ${o.promptTokens.min}–${o.promptTokens.max} tokens, outputs ${o.outputTokens.min}–${o.outputTokens.max} (EOS ignored), ${o.backend} engine. ` +
-    `Paged figures are measured over ${c.steps} steps (${preemptions} preemptions, ${fmt(outputTokens / wall, 0)} output tokens/s); ` +
+    `Paged figures are measured over ${c.steps} steps (${preemptions} preemptions, ${
+      fmt(outputTokens / wall, 0)
+    } output tokens/s); ` +
     `contiguous figures are for the same sequences with a reservation of the whole context, or of prompt + max_tokens.`,
     "",
-    table(["", "contiguous, max context", "contiguous, prompt + max_tokens", "paged (measured)", "paged / max context"], rows),
+    table([
+      "",
+      "contiguous, max context",
+      "contiguous, prompt + max_tokens",
+      "paged (measured)",
+      "paged / max context",
+    ], rows),
   ].join("\n");
   return {
     options: o,

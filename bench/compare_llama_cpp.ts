@@ -87,9 +87,20 @@ async function runCommand(cmd: string, args: string[], cwd?: string, timeoutMs =
   const ctrl = new AbortController();
   const timer = setTimeout(() => ctrl.abort(), timeoutMs);
   try {
-    const out = await new Deno.Command(cmd, { args, cwd, stdout: "piped", stderr: "piped", signal: ctrl.signal }).output();
+    const out = await new Deno.Command(cmd, {
+      args,
+      cwd,
+      stdout: "piped",
+      stderr: "piped",
+      signal: ctrl.signal,
+    }).output();
     const dec = new TextDecoder();
-    return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr), timedOut: ctrl.signal.aborted };
+    return {
+      code: out.code,
+      stdout: dec.decode(out.stdout),
+      stderr: dec.decode(out.stderr),
+      timedOut: ctrl.signal.aborted,
+    };
   } finally {
     clearTimeout(timer);
   }
@@ -97,25 +108,52 @@ async function runCommand(cmd: string, args: string[], cwd?: string, timeoutMs =
 
 /** Installs node-llama-cpp into `prefix` unless it is there; throws saying what failed. */
 async function installLlamaCpp(prefix: string, log: (l: string) => void): Promise<void> {
-  const installed = await Deno.stat(`${prefix}/node_modules/node-llama-cpp/package.json`).then(() => true, () => false);
+  const installed = await Deno.stat(`${prefix}/node_modules/node-llama-cpp/package.json`).then(
+    () => true,
+    () => false,
+  );
   if (installed) return;
   log(`installing ${NODE_LLAMA_CPP} into ${prefix} (npm)`);
   let r;
   try {
-    r = await runCommand("npm", ["install", "--prefix", prefix, NODE_LLAMA_CPP, "--no-audit", "--no-fund", "--loglevel=error"]);
+    r = await runCommand("npm", [
+      "install",
+      "--prefix",
+      prefix,
+      NODE_LLAMA_CPP,
+      "--no-audit",
+      "--no-fund",
+      "--loglevel=error",
+    ]);
   } catch (e) {
     throw new Error(`cannot run npm: ${(e as Error).message}`);
   }
   if (r.code !== 0 || r.timedOut) {
-    throw new Error(`npm install ${NODE_LLAMA_CPP} ${r.timedOut ? "timed out" : `exited with ${r.code}`}: ${r.stderr.trim().split("\n").slice(-4).join(" / ")}`);
+    throw new Error(
+      `npm install ${NODE_LLAMA_CPP} ${r.timedOut ? "timed out" : `exited with ${r.code}`}: ${
+        r.stderr.trim().split("\n").slice(-4).join(" / ")
+      }`,
+    );
   }
   await Deno.writeTextFile(`${prefix}/bench.mjs`, NODE_SCRIPT);
 }
 
 /** One round of node-llama-cpp (a node process measuring each parallel level once). */
-async function llamaCppRound(bm: BenchModel, prefix: string, o: LlamaCppOptions): Promise<{ rows: ThroughputRow[]; info: string }> {
+async function llamaCppRound(
+  bm: BenchModel,
+  prefix: string,
+  o: LlamaCppOptions,
+): Promise<{ rows: ThroughputRow[]; info: string }> {
   await Deno.writeTextFile(`${prefix}/bench.mjs`, NODE_SCRIPT);
-  const cfg = { modelPath: bm.path, prompt: o.prompt, tokens: o.tokens, parallel: o.parallel, threads: o.threads, temperature: o.temperature, repeats: 1 };
+  const cfg = {
+    modelPath: bm.path,
+    prompt: o.prompt,
+    tokens: o.tokens,
+    parallel: o.parallel,
+    threads: o.threads,
+    temperature: o.temperature,
+    repeats: 1,
+  };
   let r;
   try {
     r = await runCommand("node", [`${prefix}/bench.mjs`, JSON.stringify(cfg)], prefix);
@@ -124,10 +162,17 @@ async function llamaCppRound(bm: BenchModel, prefix: string, o: LlamaCppOptions)
   }
   const line = r.stdout.trim().split("\n").pop() ?? "";
   if (r.code !== 0 || !line.startsWith("{")) {
-    throw new Error(`node-llama-cpp ${r.timedOut ? "timed out" : `exited with ${r.code}`}: ${(r.stderr.trim() || r.stdout.trim()).split("\n").slice(-4).join(" / ")}`);
+    throw new Error(
+      `node-llama-cpp ${r.timedOut ? "timed out" : `exited with ${r.code}`}: ${
+        (r.stderr.trim() || r.stdout.trim()).split("\n").slice(-4).join(" / ")
+      }`,
+    );
   }
   const parsed = JSON.parse(line) as { info: string; results: Omit<ThroughputRow, "engine">[] };
-  return { rows: parsed.results.map((x) => ({ engine: "node-llama-cpp", ...x })), info: parsed.info };
+  return {
+    rows: parsed.results.map((x) => ({ engine: "node-llama-cpp", ...x })),
+    info: parsed.info,
+  };
 }
 
 /** Our side for one backend: a warmed-up core, measured one round at a time. */
@@ -139,7 +184,13 @@ async function oursFor(bm: BenchModel, backend: BackendChoice, o: LlamaCppOption
     maxRunning: Math.max(64, maxN),
     maxBatchTokens: 512,
   });
-  const sampling = (i: number) => ({ temperature: o.temperature, topK: 0, topP: 1, minP: 0, seed: 1 + i });
+  const sampling = (i: number) => ({
+    temperature: o.temperature,
+    topK: 0,
+    topP: 1,
+    minP: 0,
+    seed: 1 + i,
+  });
   try {
     await timedGeneration(core, { prompt, maxTokens: 16, sampling: sampling(0) }); // warm-up (JIT, pipelines)
   } catch (e) {
@@ -153,13 +204,23 @@ async function oursFor(bm: BenchModel, backend: BackendChoice, o: LlamaCppOption
       const rows: ThroughputRow[] = [];
       for (const n of o.parallel) {
         const t0 = performance.now();
-        const recs = await Promise.all(Array.from({ length: n }, (_, i) =>
-          timedGeneration(core, { prompt, maxTokens: o.tokens, sampling: sampling(i) })));
+        const recs = await Promise.all(
+          Array.from(
+            { length: n },
+            (_, i) => timedGeneration(core, { prompt, maxTokens: o.tokens, sampling: sampling(i) }),
+          ),
+        );
         const seconds = (performance.now() - t0) / 1000;
         const failed = recs.find((r) => r.error);
         if (failed) throw new Error(`a generation failed with ${failed.error}`);
         const tokens = recs.reduce((s, r) => s + r.tokens.length, 0);
-        rows.push({ engine: `llmserve ${description}`, parallel: n, tokens, seconds, tokensPerSecond: tokens / seconds });
+        rows.push({
+          engine: `llmserve ${description}`,
+          parallel: n,
+          tokens,
+          seconds,
+          tokensPerSecond: tokens / seconds,
+        });
       }
       return rows;
     },
@@ -173,7 +234,9 @@ function medians(samples: readonly ThroughputRow[]): ThroughputRow[] {
     const key = `${r.engine}\u0000${r.parallel}`;
     groups.set(key, [...(groups.get(key) ?? []), r]);
   }
-  return [...groups.values()].map((g) => [...g].sort((a, b) => a.tokensPerSecond - b.tokensPerSecond)[Math.floor(g.length / 2)]!);
+  return [...groups.values()].map((g) =>
+    [...g].sort((a, b) => a.tokensPerSecond - b.tokensPerSecond)[Math.floor(g.length / 2)]!
+  );
 }
 
 /**
@@ -245,13 +308,23 @@ export async function compareLlamaCpp(bm: BenchModel, o: LlamaCppOptions): Promi
   }, {});
   const scalingLines = Object.entries(scaling).flatMap(([engine, rs]) => {
     const one = rs.find((r) => r.parallel === 1), many = rs.find((r) => r.parallel !== 1);
-    return one && many ? [`- ${engine}: ${many.parallel} sequences give ${ratio(many.tokensPerSecond, one.tokensPerSecond)} the tokens/s of one`] : [];
+    return one && many
+      ? [
+        `- ${engine}: ${many.parallel} sequences give ${
+          ratio(many.tokensPerSecond, one.tokensPerSecond)
+        } the tokens/s of one`,
+      ]
+      : [];
   });
   const markdown = [
     `### llmserve vs ${NODE_LLAMA_CPP}`,
     "",
-    `Same GGUF (${bm.path.split("/").pop()}), prompt ${JSON.stringify(o.prompt)}, ${o.tokens} tokens per sequence (EOS ignored on both sides), ` +
-    `temperature ${o.temperature}; in-process on both sides (no HTTP); median of ${o.repeats} rounds, the two sides alternating. ${info ? `node-llama-cpp: ${info}.` : ""}`,
+    `Same GGUF (${bm.path.split("/").pop()}), prompt ${
+      JSON.stringify(o.prompt)
+    }, ${o.tokens} tokens per sequence (EOS ignored on both sides), ` +
+    `temperature ${o.temperature}; in-process on both sides (no HTTP); median of ${o.repeats} rounds, the two sides alternating. ${
+      info ? `node-llama-cpp: ${info}.` : ""
+    }`,
     "",
     table(["engine", "sequences", "tokens", "seconds", "tokens/s", "vs node-llama-cpp"], rows),
     ...scalingLines,

@@ -4,8 +4,14 @@
  */
 import type { BackendChoice } from "../lib/engine_factory.ts";
 import { GREEDY } from "../lib/engine.ts";
-import { type BenchModel, type GenRecord, makeCore, promptIds, timedGeneration } from "./compare_common.ts";
-import { fmt, ratio, type Summary, summarize, table } from "./stats.ts";
+import {
+  type BenchModel,
+  type GenRecord,
+  makeCore,
+  promptIds,
+  timedGeneration,
+} from "./compare_common.ts";
+import { fmt, ratio, summarize, type Summary, table } from "./stats.ts";
 import { drawLength, type LengthDist, seededRandom, storyWords } from "./workload.ts";
 
 export interface PrefixOptions {
@@ -35,7 +41,12 @@ export interface PrefixResult {
   readonly markdown: string;
 }
 
-async function run(bm: BenchModel, prompts: readonly number[][], o: PrefixOptions, caching: boolean) {
+async function run(
+  bm: BenchModel,
+  prompts: readonly number[][],
+  o: PrefixOptions,
+  caching: boolean,
+) {
   const longest = Math.max(...prompts.map((p) => p.length)) + o.maxTokens;
   const numBlocks = Math.ceil(longest / 16) * (o.concurrency + 8) * 2;
   const { core, probe } = await makeCore(bm, o.backend, { numBlocks, blockSize: 16 }, {
@@ -47,7 +58,11 @@ async function run(bm: BenchModel, prompts: readonly number[][], o: PrefixOption
   const t0 = performance.now();
   await Promise.all(Array.from({ length: o.concurrency }, async () => {
     for (let i = next++; i < prompts.length; i = next++) {
-      recs[i] = await timedGeneration(core, { prompt: prompts[i]!, maxTokens: o.maxTokens, sampling: GREEDY });
+      recs[i] = await timedGeneration(core, {
+        prompt: prompts[i]!,
+        maxTokens: o.maxTokens,
+        sampling: GREEDY,
+      });
     }
   }));
   const wallSeconds = (performance.now() - t0) / 1000;
@@ -77,9 +92,19 @@ export async function comparePrefix(bm: BenchModel, o: PrefixOptions): Promise<P
   const rows = [
     ["TTFT p50 (ms)", fmt(a.ttftMs.p50), fmt(b.ttftMs.p50), ratio(a.ttftMs.p50, b.ttftMs.p50)],
     ["TTFT p99 (ms)", fmt(a.ttftMs.p99), fmt(b.ttftMs.p99), ratio(a.ttftMs.p99, b.ttftMs.p99)],
-    ["prompt tokens computed", String(a.prefillRows), String(b.prefillRows), ratio(a.prefillRows, b.prefillRows)],
+    [
+      "prompt tokens computed",
+      String(a.prefillRows),
+      String(b.prefillRows),
+      ratio(a.prefillRows, b.prefillRows),
+    ],
     ["prompt tokens from the cache", String(a.cachedTokens), String(b.cachedTokens), "–"],
-    ["wall time (s)", fmt(a.wallSeconds, 2), fmt(b.wallSeconds, 2), ratio(a.wallSeconds, b.wallSeconds)],
+    [
+      "wall time (s)",
+      fmt(a.wallSeconds, 2),
+      fmt(b.wallSeconds, 2),
+      ratio(a.wallSeconds, b.wallSeconds),
+    ],
   ];
   const markdown = [
     "### Prefix caching on vs off",

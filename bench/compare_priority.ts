@@ -5,8 +5,15 @@
  */
 import type { BackendChoice } from "../lib/engine_factory.ts";
 import type { Priority } from "../lib/generation.ts";
-import { type BenchModel, type GenRecord, makeCore, promptIds, sleep, timedGeneration } from "./compare_common.ts";
-import { fmt, ratio, type Summary, summarize, table } from "./stats.ts";
+import {
+  type BenchModel,
+  type GenRecord,
+  makeCore,
+  promptIds,
+  sleep,
+  timedGeneration,
+} from "./compare_common.ts";
+import { fmt, ratio, summarize, type Summary, table } from "./stats.ts";
 import { poissonArrivals, seededRandom, storyWords } from "./workload.ts";
 
 export interface PriorityOptions {
@@ -37,14 +44,32 @@ export interface PriorityResult {
   readonly markdown: string;
 }
 
-async function run(bm: BenchModel, o: PriorityOptions, interactivePriority: Priority): Promise<PrioritySide> {
+async function run(
+  bm: BenchModel,
+  o: PriorityOptions,
+  interactivePriority: Priority,
+): Promise<PrioritySide> {
   const rand = seededRandom(o.seed);
-  const batchPrompt = promptIds(bm.tokenizer, storyWords(o.batchPromptTokens, rand), o.batchPromptTokens);
-  const interactive = Array.from({ length: o.interactiveRequests }, () =>
-    promptIds(bm.tokenizer, storyWords(o.interactivePromptTokens, rand), o.interactivePromptTokens));
+  const batchPrompt = promptIds(
+    bm.tokenizer,
+    storyWords(o.batchPromptTokens, rand),
+    o.batchPromptTokens,
+  );
+  const interactive = Array.from(
+    { length: o.interactiveRequests },
+    () =>
+      promptIds(
+        bm.tokenizer,
+        storyWords(o.interactivePromptTokens, rand),
+        o.interactivePromptTokens,
+      ),
+  );
   const arrivals = poissonArrivals(o.interactiveRequests, o.interactiveRatePerSecond, rand);
   const perSeq = Math.ceil((o.batchPromptTokens + o.batchMaxTokens) / 16) + 1;
-  const { core } = await makeCore(bm, o.backend, { numBlocks: perSeq * (o.maxRunning + 4) * 2, blockSize: 16 }, {
+  const { core } = await makeCore(bm, o.backend, {
+    numBlocks: perSeq * (o.maxRunning + 4) * 2,
+    blockSize: 16,
+  }, {
     maxRunning: o.maxRunning,
     maxWaiting: o.batchClients + o.interactiveRequests,
   });
@@ -67,12 +92,17 @@ async function run(bm: BenchModel, o: PriorityOptions, interactivePriority: Prio
   const t0 = performance.now();
   const recs: GenRecord[] = await Promise.all(interactive.map(async (prompt, i) => {
     await sleep(t0 + arrivals[i]! - performance.now());
-    return await timedGeneration(core, {
-      prompt,
-      maxTokens: o.interactiveMaxTokens,
-      sampling: { temperature: 0.8, topK: 0, topP: 0.95, minP: 0, seed: 1_000_000 + i },
-      priority: interactivePriority,
-    }, undefined, t0 + arrivals[i]!);
+    return await timedGeneration(
+      core,
+      {
+        prompt,
+        maxTokens: o.interactiveMaxTokens,
+        sampling: { temperature: 0.8, topK: 0, topP: 0.95, minP: 0, seed: 1_000_000 + i },
+        priority: interactivePriority,
+      },
+      undefined,
+      t0 + arrivals[i]!,
+    );
   }));
   const window = (performance.now() - t0) / 1000;
   const tokensInWindow = batchTokens;
@@ -92,10 +122,30 @@ export async function comparePriority(bm: BenchModel, o: PriorityOptions): Promi
   const on = await run(bm, o, "interactive");
   const off = await run(bm, o, "batch");
   const rows = [
-    ["interactive TTFT p50 (ms)", fmt(on.interactiveTtftMs.p50), fmt(off.interactiveTtftMs.p50), ratio(on.interactiveTtftMs.p50, off.interactiveTtftMs.p50, 3)],
-    ["interactive TTFT p99 (ms)", fmt(on.interactiveTtftMs.p99), fmt(off.interactiveTtftMs.p99), ratio(on.interactiveTtftMs.p99, off.interactiveTtftMs.p99, 3)],
-    ["interactive e2e p99 (ms)", fmt(on.interactiveE2eMs.p99), fmt(off.interactiveE2eMs.p99), ratio(on.interactiveE2eMs.p99, off.interactiveE2eMs.p99, 3)],
-    ["batch output tokens/s", fmt(on.batchOutputTokensPerSecond, 0), fmt(off.batchOutputTokensPerSecond, 0), ratio(on.batchOutputTokensPerSecond, off.batchOutputTokensPerSecond)],
+    [
+      "interactive TTFT p50 (ms)",
+      fmt(on.interactiveTtftMs.p50),
+      fmt(off.interactiveTtftMs.p50),
+      ratio(on.interactiveTtftMs.p50, off.interactiveTtftMs.p50, 3),
+    ],
+    [
+      "interactive TTFT p99 (ms)",
+      fmt(on.interactiveTtftMs.p99),
+      fmt(off.interactiveTtftMs.p99),
+      ratio(on.interactiveTtftMs.p99, off.interactiveTtftMs.p99, 3),
+    ],
+    [
+      "interactive e2e p99 (ms)",
+      fmt(on.interactiveE2eMs.p99),
+      fmt(off.interactiveE2eMs.p99),
+      ratio(on.interactiveE2eMs.p99, off.interactiveE2eMs.p99, 3),
+    ],
+    [
+      "batch output tokens/s",
+      fmt(on.batchOutputTokensPerSecond, 0),
+      fmt(off.batchOutputTokensPerSecond, 0),
+      ratio(on.batchOutputTokensPerSecond, off.batchOutputTokensPerSecond),
+    ],
   ];
   const markdown = [
     "### Interactive vs batch priority under saturating batch load",

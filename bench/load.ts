@@ -12,10 +12,16 @@
 import { parseArgs } from "@std/cli/parse-args";
 import { loadModel } from "../lib/load_model.ts";
 import { Tokenizer } from "../lib/tokenizer.ts";
-import { httpGenerate, type RequestRecord, type SamplingSpec, WsConnection, WsPool } from "./load_clients.ts";
+import {
+  httpGenerate,
+  type RequestRecord,
+  type SamplingSpec,
+  WsConnection,
+  WsPool,
+} from "./load_clients.ts";
 import { type MachineInfo, machineInfo, machineLine } from "./machine.ts";
 import { modelMirror, type ServerProcess, startServer } from "./server_process.ts";
-import { fmt, type Summary, summarize, table } from "./stats.ts";
+import { fmt, summarize, type Summary, table } from "./stats.ts";
 import { chartSvg, type Panel } from "./svg_chart.ts";
 import {
   type LengthDist,
@@ -97,7 +103,11 @@ export interface LoadReport {
 }
 
 /** Turns one level's request records into its figures. */
-export function summarizeLevel(level: number, records: readonly RequestRecord[], wallMs: number): LevelResult {
+export function summarizeLevel(
+  level: number,
+  records: readonly RequestRecord[],
+  wallMs: number,
+): LevelResult {
   const ok = records.filter((r) => r.error === undefined);
   const errors: Record<string, number> = {};
   for (const r of records) if (r.error !== undefined) errors[r.error] = (errors[r.error] ?? 0) + 1;
@@ -134,9 +144,15 @@ async function closedLoop(
   concurrency: number,
   opts: LoadOptions,
 ): Promise<LevelResult> {
-  const headers: Record<string, string> = opts.apiKey ? { authorization: `Bearer ${opts.apiKey}` } : {};
-  const wsUrl = opts.apiKey ? `${server.wsUrl}?api_key=${encodeURIComponent(opts.apiKey)}` : server.wsUrl;
-  const conns = api === "ws" ? await Promise.all(Array.from({ length: concurrency }, () => WsConnection.open(wsUrl))) : [];
+  const headers: Record<string, string> = opts.apiKey
+    ? { authorization: `Bearer ${opts.apiKey}` }
+    : {};
+  const wsUrl = opts.apiKey
+    ? `${server.wsUrl}?api_key=${encodeURIComponent(opts.apiKey)}`
+    : server.wsUrl;
+  const conns = api === "ws"
+    ? await Promise.all(Array.from({ length: concurrency }, () => WsConnection.open(wsUrl)))
+    : [];
   const records: RequestRecord[] = [];
   let next = 0;
   const t0 = performance.now();
@@ -144,7 +160,9 @@ async function closedLoop(
     const gen: Generate = api === "ws"
       ? (i, item, s) => conns[c]!.generate(i, item, s)
       : (i, item, s) => httpGenerate(server.base, i, item, s, headers);
-    for (let i = next++; i < items.length; i = next++) records.push(await gen(i, items[i]!, sampling(opts, i)));
+    for (let i = next++; i < items.length; i = next++) {
+      records.push(await gen(i, items[i]!, sampling(opts, i)));
+    }
   }));
   const wall = performance.now() - t0;
   for (const c of conns) c.close();
@@ -159,8 +177,12 @@ async function openLoop(
   rate: number,
   opts: LoadOptions,
 ): Promise<LevelResult> {
-  const headers: Record<string, string> = opts.apiKey ? { authorization: `Bearer ${opts.apiKey}` } : {};
-  const wsUrl = opts.apiKey ? `${server.wsUrl}?api_key=${encodeURIComponent(opts.apiKey)}` : server.wsUrl;
+  const headers: Record<string, string> = opts.apiKey
+    ? { authorization: `Bearer ${opts.apiKey}` }
+    : {};
+  const wsUrl = opts.apiKey
+    ? `${server.wsUrl}?api_key=${encodeURIComponent(opts.apiKey)}`
+    : server.wsUrl;
   const pool = new WsPool(wsUrl);
   const arrivals = poissonArrivals(items.length, rate, seededRandom(opts.seed ^ 0x5bd1e995));
   const t0 = performance.now();
@@ -185,9 +207,17 @@ function counterFor(modelPath: string | undefined): Promise<TokenCounter | undef
   }, () => undefined);
 }
 
-async function workloadFor(opts: LoadOptions, count: number, counter: TokenCounter | undefined): Promise<WorkItem[]> {
+async function workloadFor(
+  opts: LoadOptions,
+  count: number,
+  counter: TokenCounter | undefined,
+): Promise<WorkItem[]> {
   if (opts.promptsFile) {
-    const all = parseJsonlWorkload(await Deno.readTextFile(opts.promptsFile), opts.promptsFile, opts.outputTokens.max);
+    const all = parseJsonlWorkload(
+      await Deno.readTextFile(opts.promptsFile),
+      opts.promptsFile,
+      opts.outputTokens.max,
+    );
     // Cycle through the file when a level needs more requests than it has.
     return Array.from({ length: count }, (_, i) => all[i % all.length]!);
   }
@@ -223,21 +253,34 @@ export async function runLoad(opts: LoadOptions): Promise<LoadReport> {
       try {
         log(`starting the server with --backend ${backend}`);
         server = await startServer({
-          args: [...(opts.model ? ["--model", opts.model] : []), "--backend", backend, ...opts.serverArgs],
+          args: [
+            ...(opts.model ? ["--model", opts.model] : []),
+            "--backend",
+            backend,
+            ...opts.serverArgs,
+          ],
         });
         target = server;
         engine = engineLine(server.log());
       } catch (e) {
-        const why = (e as Error).message.split("\n").filter((l) => /error|cannot|fail/i.test(l)).slice(0, 3).join(" / ") ||
+        const why = (e as Error).message.split("\n").filter((l) =>
+          /error|cannot|fail/i.test(l)
+        ).slice(0, 3).join(" / ") ||
           (e as Error).message.slice(0, 300);
         log(`backend ${backend} unavailable: ${why}`);
-        for (const api of opts.apis) runs.push({ backend, api, mode, engine: "unavailable", levels: [], unavailable: why });
+        for (const api of opts.apis) {
+          runs.push({ backend, api, mode, engine: "unavailable", levels: [], unavailable: why });
+        }
         continue;
       }
     }
     try {
       for (const api of opts.apis) {
-        const warm = await workloadFor({ ...opts, outputTokens: { min: 8, max: 8 } }, opts.warmup, counter);
+        const warm = await workloadFor(
+          { ...opts, outputTokens: { min: 8, max: 8 } },
+          opts.warmup,
+          counter,
+        );
         for (const [i, item] of warm.entries()) {
           await (api === "ws"
             ? WsConnection.open(target.wsUrl).then(async (c) => {
@@ -250,11 +293,19 @@ export async function runLoad(opts: LoadOptions): Promise<LoadReport> {
         for (const level of levels) {
           const count = opts.requests ?? (mode === "open" ? 64 : Math.max(16, 4 * level));
           const items = await workloadFor(opts, count, counter);
-          log(`${backend}/${api}: ${mode === "open" ? `${level} req/s` : `concurrency ${level}`}, ${count} requests`);
+          log(
+            `${backend}/${api}: ${
+              mode === "open" ? `${level} req/s` : `concurrency ${level}`
+            }, ${count} requests`,
+          );
           const r = mode === "open"
             ? await openLoop(target, api, items, level, opts)
             : await closedLoop(target, api, items, level, opts);
-          log(`  ${fmt(r.outputTokensPerSecond, 0)} tok/s, p99 e2e ${fmt(r.e2eMs.p99, 0)} ms, errors ${JSON.stringify(r.errors)}`);
+          log(
+            `  ${fmt(r.outputTokensPerSecond, 0)} tok/s, p99 e2e ${
+              fmt(r.e2eMs.p99, 0)
+            } ms, errors ${JSON.stringify(r.errors)}`,
+          );
           results.push(r);
         }
         runs.push({ backend, api, mode, engine, levels: results });
@@ -271,11 +322,26 @@ export async function runLoad(opts: LoadOptions): Promise<LoadReport> {
   const command = `deno run -A bench/load.ts ${Deno.args.join(" ")}`.trim();
   const markdown = renderLoadMarkdown(runs, mode, { date, machine, command });
   const files: string[] = [];
-  const report: LoadReport = { date, machine, command, options: stripLog(opts), runs, markdown, files };
+  const report: LoadReport = {
+    date,
+    machine,
+    command,
+    options: stripLog(opts),
+    runs,
+    markdown,
+    files,
+  };
   if (opts.outDir !== null) {
     await Deno.mkdir(opts.outDir, { recursive: true });
     const json = `${opts.outDir}/load.json`, svg = `${opts.outDir}/load.svg`;
-    await Deno.writeTextFile(json, JSON.stringify(report, (_k, v) => (Number.isFinite(v) || typeof v !== "number" ? v : null), 2));
+    await Deno.writeTextFile(
+      json,
+      JSON.stringify(
+        report,
+        (_k, v) => (Number.isFinite(v) || typeof v !== "number" ? v : null),
+        2,
+      ),
+    );
     await Deno.writeTextFile(svg, loadChart(runs, mode));
     files.push(json, svg);
   }
@@ -294,9 +360,25 @@ export function renderLoadMarkdown(
   meta: { date: string; machine: MachineInfo; command: string },
 ): string {
   const head = [
-    "backend", "api", mode === "open" ? "req/s in" : "conc.", "reqs", "ok", "errors", "out tok/s", "req/s",
-    "prompt tok", "out tok", "TTFT p50", "TTFT p90", "TTFT p99", "ITL p50", "ITL p90", "ITL p99",
-    "e2e p50", "e2e p90", "e2e p99",
+    "backend",
+    "api",
+    mode === "open" ? "req/s in" : "conc.",
+    "reqs",
+    "ok",
+    "errors",
+    "out tok/s",
+    "req/s",
+    "prompt tok",
+    "out tok",
+    "TTFT p50",
+    "TTFT p90",
+    "TTFT p99",
+    "ITL p50",
+    "ITL p90",
+    "ITL p99",
+    "e2e p50",
+    "e2e p90",
+    "e2e p99",
   ];
   const rows: string[][] = [];
   const notes: string[] = [];
@@ -308,17 +390,33 @@ export function renderLoadMarkdown(
     for (const l of run.levels) {
       const errs = Object.entries(l.errors).map(([c, n]) => `${c}:${n}`).join(" ") || "0";
       rows.push([
-        run.backend, run.api, String(l.level), String(l.requests), String(l.completed), errs,
-        fmt(l.outputTokensPerSecond, 0), fmt(l.requestsPerSecond, 2), fmt(l.promptTokensMean, 0),
-        fmt(l.outputTokensMean, 0), fmt(l.ttftMs.p50), fmt(l.ttftMs.p90), fmt(l.ttftMs.p99),
-        fmt(l.itlMs.p50), fmt(l.itlMs.p90), fmt(l.itlMs.p99), fmt(l.e2eMs.p50, 0), fmt(l.e2eMs.p90, 0),
+        run.backend,
+        run.api,
+        String(l.level),
+        String(l.requests),
+        String(l.completed),
+        errs,
+        fmt(l.outputTokensPerSecond, 0),
+        fmt(l.requestsPerSecond, 2),
+        fmt(l.promptTokensMean, 0),
+        fmt(l.outputTokensMean, 0),
+        fmt(l.ttftMs.p50),
+        fmt(l.ttftMs.p90),
+        fmt(l.ttftMs.p99),
+        fmt(l.itlMs.p50),
+        fmt(l.itlMs.p90),
+        fmt(l.itlMs.p99),
+        fmt(l.e2eMs.p50, 0),
+        fmt(l.e2eMs.p90, 0),
         fmt(l.e2eMs.p99, 0),
       ]);
     }
   }
   const engines = runs.filter((r) => !r.unavailable).map((r) => `- ${r.backend}: ${r.engine}`);
   return [
-    `### Load (${mode === "open" ? "open loop, Poisson arrivals" : "closed loop"}); latencies in ms`,
+    `### Load (${
+      mode === "open" ? "open loop, Poisson arrivals" : "closed loop"
+    }); latencies in ms`,
     "",
     `${meta.date}, ${machineLine(meta.machine)}`,
     "",
@@ -334,12 +432,15 @@ export function renderLoadMarkdown(
 /** Throughput and p99 latency against the level, one series per (backend, api). */
 export function loadChart(runs: readonly RunResult[], mode: "closed" | "open"): string {
   const measured = runs.filter((r) => !r.unavailable && r.levels.length > 0);
-  const x = [...new Set(measured.flatMap((r) => r.levels.map((l) => l.level)))].sort((a, b) => a - b);
+  const x = [...new Set(measured.flatMap((r) => r.levels.map((l) => l.level)))].sort((a, b) =>
+    a - b
+  );
   const xLabel = mode === "open" ? "arrival rate (requests/s)" : "concurrent clients";
-  const at = (r: RunResult, f: (l: LevelResult) => number) => x.map((v) => {
-    const l = r.levels.find((l) => l.level === v);
-    return l ? f(l) : null;
-  });
+  const at = (r: RunResult, f: (l: LevelResult) => number) =>
+    x.map((v) => {
+      const l = r.levels.find((l) => l.level === v);
+      return l ? f(l) : null;
+    });
   const name = (r: RunResult) => `${r.backend}/${r.api}`;
   const panels: Panel[] = [
     {
@@ -347,7 +448,10 @@ export function loadChart(runs: readonly RunResult[], mode: "closed" | "open"): 
       xLabel,
       yLabel: "output tokens/s",
       x,
-      series: measured.map((r) => ({ name: name(r), values: at(r, (l) => l.outputTokensPerSecond) })),
+      series: measured.map((r) => ({
+        name: name(r),
+        values: at(r, (l) => l.outputTokensPerSecond),
+      })),
     },
     {
       title: "p99 latency",
@@ -366,7 +470,13 @@ export function loadChart(runs: readonly RunResult[], mode: "closed" | "open"): 
 const numbers = (s: string, flag: string) =>
   s.split(",").filter((v) => v.trim() !== "").map((v) => {
     const n = Number(v);
-    if (!(n > 0)) throw new Error(`Invalid --${flag}: expected positive numbers separated by commas, received ${JSON.stringify(s)}`);
+    if (!(n > 0)) {
+      throw new Error(
+        `Invalid --${flag}: expected positive numbers separated by commas, received ${
+          JSON.stringify(s)
+        }`,
+      );
+    }
     return n;
   });
 
@@ -374,8 +484,22 @@ const numbers = (s: string, flag: string) =>
 export function parseLoadArgs(argv: string[]): LoadOptions {
   const f = parseArgs(argv, {
     string: [
-      "url", "backend", "model", "api", "concurrency", "rate", "requests", "prompt-tokens", "output-tokens",
-      "prompts", "temperature", "seed", "warmup", "out", "server-arg", "api-key",
+      "url",
+      "backend",
+      "model",
+      "api",
+      "concurrency",
+      "rate",
+      "requests",
+      "prompt-tokens",
+      "output-tokens",
+      "prompts",
+      "temperature",
+      "seed",
+      "warmup",
+      "out",
+      "server-arg",
+      "api-key",
     ],
     collect: ["server-arg"],
     boolean: ["help", "no-out"],
@@ -385,8 +509,16 @@ export function parseLoadArgs(argv: string[]): LoadOptions {
     Deno.exit(0);
   }
   const apis = (f.api ?? "ws").split(",") as Api[];
-  for (const a of apis) if (a !== "ws" && a !== "http") throw new Error(`Invalid --api: expected ws, http or ws,http; received ${JSON.stringify(f.api)}`);
-  const serverArgs = (f["server-arg"] as string[] | undefined ?? []).flatMap((a) => a.split(" ").filter(Boolean));
+  for (const a of apis) {
+    if (a !== "ws" && a !== "http") {
+      throw new Error(
+        `Invalid --api: expected ws, http or ws,http; received ${JSON.stringify(f.api)}`,
+      );
+    }
+  }
+  const serverArgs = (f["server-arg"] as string[] | undefined ?? []).flatMap((a) =>
+    a.split(" ").filter(Boolean)
+  );
   let model = f.model;
   if (!model && !f.url) model = `${modelMirror()}/stories260K-ctx512.gguf`;
   return {

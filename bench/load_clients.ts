@@ -32,7 +32,14 @@ export interface SamplingSpec {
 }
 
 function newRecord(index: number): RequestRecord {
-  return { index, sentAt: performance.now(), itlMs: [], promptTokens: 0, outputTokens: 0, tokenIds: [] };
+  return {
+    index,
+    sentAt: performance.now(),
+    itlMs: [],
+    promptTokens: 0,
+    outputTokens: 0,
+    tokenIds: [],
+  };
 }
 
 /** Marks the arrival of `n` tokens at `now`. */
@@ -72,7 +79,8 @@ export class WsConnection {
     return new Promise((resolve, reject) => {
       const ws = new WebSocket(wsUrl);
       ws.onopen = () => resolve(new WsConnection(ws));
-      ws.onerror = (e) => reject(new Error(`Cannot open ${wsUrl}: ${(e as ErrorEvent).message ?? "error"}`));
+      ws.onerror = (e) =>
+        reject(new Error(`Cannot open ${wsUrl}: ${(e as ErrorEvent).message ?? "error"}`));
     });
   }
 
@@ -126,8 +134,7 @@ export class WsConnection {
     else if (f.type === "token") {
       r.tokenIds.push(...(f.token_ids as number[]));
       onTokens(r, (f.token_ids as number[]).length, p.last);
-    }
-    else if (f.type === "done" || f.type === "error") {
+    } else if (f.type === "done" || f.type === "error") {
       r.e2eMs = performance.now() - r.sentAt;
       if (f.type === "done") {
         r.finishReason = f.finish_reason as string;
@@ -161,7 +168,10 @@ export class WsPool {
 
   async generate(index: number, item: WorkItem, s: SamplingSpec): Promise<RequestRecord> {
     this.#conns = this.#conns.filter((c) => !c.closed);
-    let conn = this.#conns.reduce<WsConnection | undefined>((a, c) => (!a || c.live < a.live ? c : a), undefined);
+    let conn = this.#conns.reduce<WsConnection | undefined>(
+      (a, c) => (!a || c.live < a.live ? c : a),
+      undefined,
+    );
     if (!conn || conn.live >= this.perSocket) {
       conn = await WsConnection.open(this.wsUrl);
       this.#conns.push(conn);

@@ -58,7 +58,11 @@ export async function startServer(opts: ServerOptions): Promise<ServerProcess> {
       try {
         child.kill("SIGKILL");
       } catch { /* already gone */ }
-      reject(new Error(`The server did not listen within ${opts.startTimeoutMs ?? 60_000} ms; its log:\n${log}`));
+      reject(
+        new Error(
+          `The server did not listen within ${opts.startTimeoutMs ?? 60_000} ms; its log:\n${log}`,
+        ),
+      );
     }, opts.startTimeoutMs ?? 60_000);
     const check = () => {
       const m = /url\s+(http:\/\/\S+?)\/\s/.exec(log);
@@ -106,7 +110,9 @@ export function readRss(pid: number): number | undefined {
 export function modelMirror(): string {
   const dir = Deno.env.get("MODEL_MIRROR");
   if (!dir) {
-    throw new Error("MODEL_MIRROR is unset: point it at the test models directory (e.g. MODEL_MIRROR=../shared/models)");
+    throw new Error(
+      "MODEL_MIRROR is unset: point it at the test models directory (e.g. MODEL_MIRROR=../shared/models)",
+    );
   }
   return dir;
 }

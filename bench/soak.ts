@@ -53,7 +53,13 @@ export interface SoakReport {
   readonly failures: string[];
 }
 
-const PROMPTS = ["Once upon a time", "Tom and his dog", "The little cat", "Lily went to the park", "One day a bird"];
+const PROMPTS = [
+  "Once upon a time",
+  "Tom and his dog",
+  "The little cat",
+  "Lily went to the park",
+  "One day a bird",
+];
 const LENGTHS = [4, 8, 16, 32, 64, 96];
 /** Errors a well-behaved server gives under this churn. */
 const EXPECTED = new Set(["overloaded", "unknown_id", "connection"]);
@@ -69,7 +75,9 @@ export async function runSoak(o: SoakOptions): Promise<SoakReport> {
     let hit = refCache.get(key);
     if (!hit) {
       const engine = new CpuEngine(model.config, model.weights, { numBlocks: 16, blockSize: 16 });
-      hit = referenceGenerate(engine, tok.encode(prompt, { bos: true }), maxTokens, GREEDY, { stopTokens: [tok.eosId] })
+      hit = referenceGenerate(engine, tok.encode(prompt, { bos: true }), maxTokens, GREEDY, {
+        stopTokens: [tok.eosId],
+      })
         .then(({ tokens }) => (tokens.at(-1) === tok.eosId ? tokens.slice(0, -1) : tokens));
       refCache.set(key, hit);
     }
@@ -77,10 +85,31 @@ export async function runSoak(o: SoakOptions): Promise<SoakReport> {
   };
 
   const server = await startServer({
-    args: ["--model", o.model, "--backend", o.backend, "--max-running", "32", "--max-waiting", "48", "--kv-memory", "4MiB", ...o.serverArgs],
+    args: [
+      "--model",
+      o.model,
+      "--backend",
+      o.backend,
+      "--max-running",
+      "32",
+      "--max-waiting",
+      "48",
+      "--kv-memory",
+      "4MiB",
+      ...o.serverArgs,
+    ],
   });
   const rand = seededRandom(o.seed);
-  const counts = { generations: 0, completed: 0, cancelled: 0, disconnected: 0, httpAborted: 0, shed: 0, verified: 0, tokens: 0 };
+  const counts = {
+    generations: 0,
+    completed: 0,
+    cancelled: 0,
+    disconnected: 0,
+    httpAborted: 0,
+    shed: 0,
+    verified: 0,
+    tokens: 0,
+  };
   const errors: Record<string, number> = {};
   const failures: string[] = [];
   const rss: number[] = [];
@@ -95,11 +124,18 @@ export async function runSoak(o: SoakOptions): Promise<SoakReport> {
       // The warm level: the median of the samples of the last part of the warm-up.
       const recent = rss.slice(-5).sort((a, b) => a - b);
       warmRss = recent[Math.floor(recent.length / 2)];
-      o.log(`warm RSS ${mib(warmRss)} MiB after ${((performance.now() - started) / 1000).toFixed(0)} s`);
+      o.log(
+        `warm RSS ${mib(warmRss)} MiB after ${((performance.now() - started) / 1000).toFixed(0)} s`,
+      );
     }
   }, 1000);
 
-  const account = async (rec: RequestRecord, prompt: string, maxTokens: number, greedy: boolean) => {
+  const account = async (
+    rec: RequestRecord,
+    prompt: string,
+    maxTokens: number,
+    greedy: boolean,
+  ) => {
     counts.generations++;
     counts.tokens += rec.tokenIds.length;
     if (rec.error !== undefined) {
@@ -116,7 +152,9 @@ export async function runSoak(o: SoakOptions): Promise<SoakReport> {
     if (greedy) {
       const want = await reference(prompt, maxTokens);
       if (want.join() !== rec.tokenIds.join()) {
-        failures.push(`greedy "${prompt}" (${maxTokens} tokens) streamed ${rec.tokenIds.length} tokens that differ from the reference's ${want.length}`);
+        failures.push(
+          `greedy "${prompt}" (${maxTokens} tokens) streamed ${rec.tokenIds.length} tokens that differ from the reference's ${want.length}`,
+        );
       }
       counts.verified++;
     }
@@ -130,7 +168,10 @@ export async function runSoak(o: SoakOptions): Promise<SoakReport> {
       const prompt = PROMPTS[Math.floor(rand() * PROMPTS.length)]!;
       const maxTokens = LENGTHS[Math.floor(rand() * LENGTHS.length)]!;
       const greedy = rand() < 0.5;
-      const rec = conn.generate(i, { prompt, maxTokens }, { temperature: greedy ? 0 : 0.9, seed: Math.floor(rand() * 2 ** 31) });
+      const rec = conn.generate(i, { prompt, maxTokens }, {
+        temperature: greedy ? 0 : 0.9,
+        seed: Math.floor(rand() * 2 ** 31),
+      });
       return { rec, prompt, maxTokens, greedy };
     });
     const fate = rand();
@@ -178,7 +219,11 @@ export async function runSoak(o: SoakOptions): Promise<SoakReport> {
       await (rand() < 0.1 ? httpRound() : wsRound());
       if (performance.now() - lastReport > 10_000) {
         lastReport = performance.now();
-        o.log(`${((lastReport - started) / 1000).toFixed(0)} s: ${counts.generations} generations, RSS ${mib(server.rssBytes())} MiB`);
+        o.log(
+          `${
+            ((lastReport - started) / 1000).toFixed(0)
+          } s: ${counts.generations} generations, RSS ${mib(server.rssBytes())} MiB`,
+        );
       }
     }
   }));
@@ -189,7 +234,8 @@ export async function runSoak(o: SoakOptions): Promise<SoakReport> {
   for (let i = 0; i < 100; i++) {
     const text = await (await fetch(`${server.base}/metrics`)).text();
     kvUsed = metricValue(text, "llm_kv_blocks_used");
-    live = (metricValue(text, "llm_requests_running") ?? 0) + (metricValue(text, "llm_requests_waiting") ?? 0) +
+    live = (metricValue(text, "llm_requests_running") ?? 0) +
+      (metricValue(text, "llm_requests_waiting") ?? 0) +
       (metricValue(text, "llm_inflight_generations") ?? 0);
     if (kvUsed === 0 && live === 0) break;
     await new Promise((r) => setTimeout(r, 50));
@@ -200,9 +246,14 @@ export async function runSoak(o: SoakOptions): Promise<SoakReport> {
 
   if (kvUsed !== 0) failures.push(`${kvUsed} KV blocks still in use after the churn`);
   if (live !== 0) failures.push(`${live} generations still live after the churn`);
-  for (const [c, n] of Object.entries(errors)) if (!EXPECTED.has(c)) failures.push(`${n} unexpected "${c}" errors`);
-  if (warmRss === undefined || finalRss === undefined) failures.push("RSS could not be read (is this Linux?)");
-  else if (finalRss > warmRss * 1.1) failures.push(`RSS grew from ${mib(warmRss)} MiB warm to ${mib(finalRss)} MiB (> 10%)`);
+  for (const [c, n] of Object.entries(errors)) {
+    if (!EXPECTED.has(c)) failures.push(`${n} unexpected "${c}" errors`);
+  }
+  if (warmRss === undefined || finalRss === undefined) {
+    failures.push("RSS could not be read (is this Linux?)");
+  } else if (finalRss > warmRss * 1.1) {
+    failures.push(`RSS grew from ${mib(warmRss)} MiB warm to ${mib(finalRss)} MiB (> 10%)`);
+  }
   if (code !== 0) failures.push(`the server exited with ${code}: ${log.slice(-500)}`);
   if (counts.verified === 0) failures.push("no greedy generation completed: nothing was verified");
 
@@ -228,13 +279,24 @@ export async function runSoak(o: SoakOptions): Promise<SoakReport> {
 
 if (import.meta.main) {
   const f = parseArgs(Deno.args, {
-    string: ["duration", "clients", "model", "backend", "seed", "out", "server-arg", "warmup-share"],
+    string: [
+      "duration",
+      "clients",
+      "model",
+      "backend",
+      "seed",
+      "out",
+      "server-arg",
+      "warmup-share",
+    ],
     collect: ["server-arg"],
     boolean: ["help"],
   });
   if (f.help) {
-    console.log(`Usage: deno task soak [--duration S (120)] [--clients N (16)] [--backend cpu] [--model PATH]
-  [--server-arg "FLAGS"] [--seed N] [--warmup-share 0.25] [--out DIR (bench/out)]`);
+    console.log(
+      `Usage: deno task soak [--duration S (120)] [--clients N (16)] [--backend cpu] [--model PATH]
+  [--server-arg "FLAGS"] [--seed N] [--warmup-share 0.25] [--out DIR (bench/out)]`,
+    );
     Deno.exit(0);
   }
   const report = await runSoak({
@@ -243,7 +305,9 @@ if (import.meta.main) {
     clients: Number(f.clients ?? "16"),
     model: f.model ?? `${modelMirror()}/stories260K-ctx512.gguf`,
     backend: f.backend ?? "cpu",
-    serverArgs: (f["server-arg"] as string[] | undefined ?? []).flatMap((a) => a.split(" ").filter(Boolean)),
+    serverArgs: (f["server-arg"] as string[] | undefined ?? []).flatMap((a) =>
+      a.split(" ").filter(Boolean)
+    ),
     seed: Number(f.seed ?? "1"),
     outDir: f.out ?? new URL("./out", import.meta.url).pathname,
     log: (l) => console.error(l),
@@ -254,5 +318,7 @@ if (import.meta.main) {
     console.log(`SOAK FAILED:\n- ${failures.join("\n- ")}`);
     Deno.exit(1);
   }
-  console.log("soak passed: zero KV blocks and no live generation after the churn, RSS within 10% of warm, only expected errors, greedy outputs equal the reference");
+  console.log(
+    "soak passed: zero KV blocks and no live generation after the churn, RSS within 10% of warm, only expected errors, greedy outputs equal the reference",
+  );
 }

@@ -62,8 +62,14 @@ export function table(head: readonly string[], rows: readonly (readonly string[]
   const numeric = head.map((_, c) =>
     rows.length > 0 && rows.every((r) => /^[-+\d.,%×x –/]*$/.test(r[c] ?? ""))
   );
-  const cell = (s: string, c: number) => (numeric[c] ? s.padStart(widths[c]!) : s.padEnd(widths[c]!));
-  const line = (r: readonly string[]) => `| ${head.map((_, c) => cell(r[c] ?? "", c)).join(" | ")} |`;
-  const rule = `|${widths.map((w, c) => (numeric[c] ? "-".repeat(w + 1) + ":" : "-".repeat(w + 2))).join("|")}|`;
+  const cell = (
+    s: string,
+    c: number,
+  ) => (numeric[c] ? s.padStart(widths[c]!) : s.padEnd(widths[c]!));
+  const line = (r: readonly string[]) =>
+    `| ${head.map((_, c) => cell(r[c] ?? "", c)).join(" | ")} |`;
+  const rule = `|${
+    widths.map((w, c) => (numeric[c] ? "-".repeat(w + 1) + ":" : "-".repeat(w + 2))).join("|")
+  }|`;
   return [line(head), rule, ...rows.map(line)].join("\n") + "\n";
 }

@@ -25,7 +25,10 @@ const W = 460, PLOT_H = 204, M = { left: 64, right: 16, top: 36 };
 const LEGEND_TOP = 50, LEGEND_ROW = 14;
 
 function esc(s: string): string {
-  return s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
+  return s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(
+    /"/g,
+    "&quot;",
+  );
 }
 
 /** A "nice" axis maximum and step (1, 2 or 5 times a power of ten) covering `max`. */
@@ -45,41 +48,86 @@ function tickLabel(v: number): string {
 
 function panelSvg(p: Panel, ox: number, colourOf: (name: string) => string): string {
   const pw = W - M.left - M.right, ph = PLOT_H;
-  const all = p.series.flatMap((s) => s.values.filter((v): v is number => v !== null && Number.isFinite(v)));
+  const all = p.series.flatMap((s) =>
+    s.values.filter((v): v is number => v !== null && Number.isFinite(v))
+  );
   const { top, step } = niceAxis(Math.max(0, ...all));
   const xAt = (i: number) => M.left + (p.x.length === 1 ? pw / 2 : (i * pw) / (p.x.length - 1));
   const yAt = (v: number) => M.top + ph - (v / top) * ph;
   const parts: string[] = [`<g transform="translate(${ox},0)">`];
-  parts.push(`<text x="${M.left + pw / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">${esc(p.title)}</text>`);
+  parts.push(
+    `<text x="${M.left + pw / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">${
+      esc(p.title)
+    }</text>`,
+  );
   for (let v = 0; v <= top + step / 2; v += step) {
     const y = yAt(v).toFixed(1);
     parts.push(`<line x1="${M.left}" x2="${M.left + pw}" y1="${y}" y2="${y}" stroke="#ddd"/>`);
-    parts.push(`<text x="${M.left - 6}" y="${y}" dy="4" text-anchor="end" font-size="11">${tickLabel(v)}</text>`);
+    parts.push(
+      `<text x="${M.left - 6}" y="${y}" dy="4" text-anchor="end" font-size="11">${
+        tickLabel(v)
+      }</text>`,
+    );
   }
   p.x.forEach((label, i) => {
-    parts.push(`<text x="${xAt(i).toFixed(1)}" y="${M.top + ph + 16}" text-anchor="middle" font-size="11">${esc(String(label))}</text>`);
+    parts.push(
+      `<text x="${xAt(i).toFixed(1)}" y="${M.top + ph + 16}" text-anchor="middle" font-size="11">${
+        esc(String(label))
+      }</text>`,
+    );
   });
-  parts.push(`<line x1="${M.left}" x2="${M.left}" y1="${M.top}" y2="${M.top + ph}" stroke="#333"/>`);
-  parts.push(`<line x1="${M.left}" x2="${M.left + pw}" y1="${M.top + ph}" y2="${M.top + ph}" stroke="#333"/>`);
-  parts.push(`<text x="${M.left + pw / 2}" y="${M.top + ph + 34}" text-anchor="middle" font-size="12">${esc(p.xLabel)}</text>`);
-  parts.push(`<text transform="translate(16,${M.top + ph / 2}) rotate(-90)" text-anchor="middle" font-size="12">${esc(p.yLabel)}</text>`);
+  parts.push(
+    `<line x1="${M.left}" x2="${M.left}" y1="${M.top}" y2="${M.top + ph}" stroke="#333"/>`,
+  );
+  parts.push(
+    `<line x1="${M.left}" x2="${M.left + pw}" y1="${M.top + ph}" y2="${
+      M.top + ph
+    }" stroke="#333"/>`,
+  );
+  parts.push(
+    `<text x="${M.left + pw / 2}" y="${M.top + ph + 34}" text-anchor="middle" font-size="12">${
+      esc(p.xLabel)
+    }</text>`,
+  );
+  parts.push(
+    `<text transform="translate(16,${
+      M.top + ph / 2
+    }) rotate(-90)" text-anchor="middle" font-size="12">${esc(p.yLabel)}</text>`,
+  );
   for (const s of p.series) {
     const colour = colourOf(s.name);
-    const pts = s.values.map((v, i) => (v === null || !Number.isFinite(v) ? null : [xAt(i), yAt(v)] as const));
+    const pts = s.values.map((
+      v,
+      i,
+    ) => (v === null || !Number.isFinite(v) ? null : [xAt(i), yAt(v)] as const));
     let d = "";
     pts.forEach((pt, i) => {
       if (!pt) return;
       d += `${d === "" || !pts[i - 1] ? "M" : "L"}${pt[0].toFixed(1)},${pt[1].toFixed(1)} `;
     });
     if (d !== "") {
-      parts.push(`<path d="${d.trim()}" fill="none" stroke="${colour}" stroke-width="2"${s.dashed ? ' stroke-dasharray="6 4"' : ""}/>`);
+      parts.push(
+        `<path d="${d.trim()}" fill="none" stroke="${colour}" stroke-width="2"${
+          s.dashed ? ' stroke-dasharray="6 4"' : ""
+        }/>`,
+      );
     }
-    for (const pt of pts) if (pt) parts.push(`<circle cx="${pt[0].toFixed(1)}" cy="${pt[1].toFixed(1)}" r="3" fill="${colour}"/>`);
+    for (const pt of pts) {
+      if (pt) {
+        parts.push(
+          `<circle cx="${pt[0].toFixed(1)}" cy="${pt[1].toFixed(1)}" r="3" fill="${colour}"/>`,
+        );
+      }
+    }
   }
   p.series.forEach((s, i) => {
     const y = M.top + ph + LEGEND_TOP + Math.floor(i / 2) * LEGEND_ROW;
     const x = M.left + (i % 2) * (pw / 2);
-    parts.push(`<line x1="${x}" x2="${x + 18}" y1="${y - 4}" y2="${y - 4}" stroke="${colourOf(s.name)}" stroke-width="2"${s.dashed ? ' stroke-dasharray="6 4"' : ""}/>`);
+    parts.push(
+      `<line x1="${x}" x2="${x + 18}" y1="${y - 4}" y2="${y - 4}" stroke="${
+        colourOf(s.name)
+      }" stroke-width="2"${s.dashed ? ' stroke-dasharray="6 4"' : ""}/>`,
+    );
     parts.push(`<text x="${x + 22}" y="${y}" font-size="11">${esc(s.name)}</text>`);
   });
   parts.push("</g>");
@@ -92,7 +140,9 @@ function panelSvg(p: Panel, ox: number, colourOf: (name: string) => string): str
  */
 export function chartSvg(panels: readonly Panel[], caption = ""): string {
   const names: string[] = [];
-  for (const p of panels) for (const s of p.series) if (!names.includes(baseName(s.name))) names.push(baseName(s.name));
+  for (const p of panels) {
+    for (const s of p.series) if (!names.includes(baseName(s.name))) names.push(baseName(s.name));
+  }
   const colourOf = (name: string) => COLOURS[names.indexOf(baseName(name)) % COLOURS.length]!;
   const legendRows = Math.max(1, ...panels.map((p) => Math.ceil(p.series.length / 2)));
   const panelHeight = M.top + PLOT_H + LEGEND_TOP + legendRows * LEGEND_ROW;
@@ -101,7 +151,11 @@ export function chartSvg(panels: readonly Panel[], caption = ""): string {
     `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="sans-serif">`,
     `<rect width="100%" height="100%" fill="white"/>`,
     ...panels.map((p, i) => panelSvg(p, i * W, colourOf)),
-    caption ? `<text x="${width / 2}" y="${panelHeight + 14}" text-anchor="middle" font-size="11" fill="#555">${esc(caption)}</text>` : "",
+    caption
+      ? `<text x="${width / 2}" y="${
+        panelHeight + 14
+      }" text-anchor="middle" font-size="11" fill="#555">${esc(caption)}</text>`
+      : "",
     "</svg>",
     "",
   ].join("\n");

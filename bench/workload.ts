@@ -27,7 +27,11 @@ export function parseLengthDist(spec: string, flag: string): LengthDist {
   const min = m ? Number(m[1]) : NaN;
   const max = m ? Number(m[2] ?? m[1]) : NaN;
   if (!m || min < 1 || max < min) {
-    throw new Error(`Invalid --${flag}: expected a length "N" or a range "A-B" with 1 <= A <= B, received ${JSON.stringify(spec)}`);
+    throw new Error(
+      `Invalid --${flag}: expected a length "N" or a range "A-B" with 1 <= A <= B, received ${
+        JSON.stringify(spec)
+      }`,
+    );
   }
   return { min, max };
 }
@@ -38,8 +42,16 @@ export function drawLength(d: LengthDist, rand: () => number): number {
 }
 
 /** Exponential gaps of a Poisson process at `ratePerSecond`: arrival offsets in ms from 0. */
-export function poissonArrivals(count: number, ratePerSecond: number, rand: () => number): number[] {
-  if (!(ratePerSecond > 0)) throw new Error(`Cannot draw Poisson arrivals: the rate must be positive, received ${ratePerSecond}`);
+export function poissonArrivals(
+  count: number,
+  ratePerSecond: number,
+  rand: () => number,
+): number[] {
+  if (!(ratePerSecond > 0)) {
+    throw new Error(
+      `Cannot draw Poisson arrivals: the rate must be positive, received ${ratePerSecond}`,
+    );
+  }
   const out: number[] = [];
   let t = 0;
   for (let i = 0; i < count; i++) {
@@ -122,7 +134,11 @@ export function syntheticWorkload(opts: WorkloadOptions): WorkItem[] {
  * (chat turns), and optionally "max_tokens" (else `defaultMaxTokens`). Blank lines are skipped;
  * errors name the line.
  */
-export function parseJsonlWorkload(text: string, source: string, defaultMaxTokens: number): WorkItem[] {
+export function parseJsonlWorkload(
+  text: string,
+  source: string,
+  defaultMaxTokens: number,
+): WorkItem[] {
   const items: WorkItem[] = [];
   text.split("\n").forEach((line, i) => {
     if (line.trim() === "") return;
@@ -134,16 +150,27 @@ export function parseJsonlWorkload(text: string, source: string, defaultMaxToken
       throw new Error(`Cannot read workload ${where}: not JSON (${(e as Error).message})`);
     }
     const o = v as { prompt?: unknown; messages?: unknown; max_tokens?: unknown };
-    if (v === null || typeof v !== "object") throw new Error(`Cannot read workload ${where}: expected an object, received ${line.slice(0, 60)}`);
+    if (v === null || typeof v !== "object") {
+      throw new Error(
+        `Cannot read workload ${where}: expected an object, received ${line.slice(0, 60)}`,
+      );
+    }
     const maxTokens = o.max_tokens ?? defaultMaxTokens;
     if (!Number.isInteger(maxTokens) || (maxTokens as number) < 1) {
-      throw new Error(`Cannot read workload ${where}: max_tokens must be a positive integer, received ${JSON.stringify(o.max_tokens)}`);
+      throw new Error(
+        `Cannot read workload ${where}: max_tokens must be a positive integer, received ${
+          JSON.stringify(o.max_tokens)
+        }`,
+      );
     }
-    if (typeof o.prompt === "string") items.push({ prompt: o.prompt, maxTokens: maxTokens as number });
-    else if (Array.isArray(o.messages) && o.messages.length > 0) {
+    if (typeof o.prompt === "string") {
+      items.push({ prompt: o.prompt, maxTokens: maxTokens as number });
+    } else if (Array.isArray(o.messages) && o.messages.length > 0) {
       items.push({ messages: o.messages as ChatTurn[], maxTokens: maxTokens as number });
     } else {
-      throw new Error(`Cannot read workload ${where}: expected "prompt" (a string) or "messages" (a non-empty array)`);
+      throw new Error(
+        `Cannot read workload ${where}: expected "prompt" (a string) or "messages" (a non-empty array)`,
+      );
     }
   });
   if (items.length === 0) throw new Error(`Cannot read workload ${source}: it has no requests`);

@@ -28,7 +28,9 @@ export function parseFaultSteps(spec: string): Map<number, FaultKind> {
     const n = Number(step);
     if (!Number.isInteger(n) || n < 1 || (kind !== "crash" && kind !== "device-lost")) {
       throw new Error(
-        `Invalid ${FAULT_ENV}: expected step numbers >= 1, each optionally ":crash" or ":device-lost", separated by commas; received entry ${JSON.stringify(entry)} in ${JSON.stringify(spec)}`,
+        `Invalid ${FAULT_ENV}: expected step numbers >= 1, each optionally ":crash" or ":device-lost", separated by commas; received entry ${
+          JSON.stringify(entry)
+        } in ${JSON.stringify(spec)}`,
       );
     }
     out.set(n, kind);
@@ -46,7 +48,9 @@ export class FaultInjector {
   constructor(readonly plan: ReadonlyMap<number, FaultKind>) {}
 
   /** The injector LLMSERVE_FAULT_STEPS asks for, or undefined when it is unset or empty. */
-  static fromEnv(get: (name: string) => string | undefined = (n) => Deno.env.get(n)): FaultInjector | undefined {
+  static fromEnv(
+    get: (name: string) => string | undefined = (n) => Deno.env.get(n),
+  ): FaultInjector | undefined {
     const spec = get(FAULT_ENV);
     if (spec === undefined || spec.trim() === "") return undefined;
     return new FaultInjector(parseFaultSteps(spec));

@@ -21,7 +21,7 @@ export function seeded(seed: number): () => number {
 const pick = <T>(rand: () => number, xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)]!;
 
 function junk(rand: () => number, n: number): string {
-  const chars = "{}[]\":,abcxyz0123456789 \\\n\ttruefalsenull-+.eE€😀";
+  const chars = '{}[]":,abcxyz0123456789 \\\n\ttruefalsenull-+.eE€😀';
   let s = "";
   for (let i = 0; i < n; i++) s += pick(rand, [...chars]);
   return s;
@@ -42,7 +42,10 @@ const WS_POISON: Record<string, readonly Json[]> = {
   stop: [5, [1, 2], Array.from({ length: 17 }, () => "a"), { a: 1 }, null],
   priority: ["urgent", 1, "", null],
   logprobs: ["yes", 1, null],
-  messages: [[], "hi", [{ role: "user" }], [{ role: "robot", content: "x" }], [{ role: "user", content: 5 }], [{
+  messages: [[], "hi", [{ role: "user" }], [{ role: "robot", content: "x" }], [{
+    role: "user",
+    content: 5,
+  }], [{
     role: "user",
     content: "x",
     extra: 1,
@@ -69,9 +72,22 @@ function validGenerate(id: string): Record<string, Json> {
 export function malformedWsFrames(rand: () => number, n: number): FuzzFrame[] {
   const out: FuzzFrame[] = [];
   const kinds = [
-    "junk", "truncated", "non-object", "type-missing", "type-wrong", "type-unknown", "field-poison",
-    "field-poison", "field-poison", "unknown-field", "prompt-and-messages", "no-prompt", "cancel-unknown",
-    "cancel-bad", "huge-number", "deep-nesting",
+    "junk",
+    "truncated",
+    "non-object",
+    "type-missing",
+    "type-wrong",
+    "type-unknown",
+    "field-poison",
+    "field-poison",
+    "field-poison",
+    "unknown-field",
+    "prompt-and-messages",
+    "no-prompt",
+    "cancel-unknown",
+    "cancel-bad",
+    "huge-number",
+    "deep-nesting",
   ] as const;
   for (let i = 0; i < n; i++) {
     const id = `f${i}`;
@@ -87,7 +103,10 @@ export function malformedWsFrames(rand: () => number, n: number): FuzzFrame[] {
         break;
       }
       case "non-object":
-        out.push({ kind, data: JSON.stringify(pick(rand, [1, -3.5, "generate", [g], null, true, []] as Json[])) });
+        out.push({
+          kind,
+          data: JSON.stringify(pick(rand, [1, -3.5, "generate", [g], null, true, []] as Json[])),
+        });
         break;
       case "type-missing": {
         const { type: _t, ...rest } = g;
@@ -95,24 +114,53 @@ export function malformedWsFrames(rand: () => number, n: number): FuzzFrame[] {
         break;
       }
       case "type-wrong":
-        out.push({ kind, data: JSON.stringify({ ...g, type: pick(rand, [1, null, ["generate"], { t: 1 }, true] as Json[]) }), id });
+        out.push({
+          kind,
+          data: JSON.stringify({
+            ...g,
+            type: pick(rand, [1, null, ["generate"], { t: 1 }, true] as Json[]),
+          }),
+          id,
+        });
         break;
       case "type-unknown":
-        out.push({ kind, data: JSON.stringify({ ...g, type: pick(rand, ["generat", "GENERATE", "", "cancel ", "stats", "subscribe"]) }), id });
+        out.push({
+          kind,
+          data: JSON.stringify({
+            ...g,
+            type: pick(rand, ["generat", "GENERATE", "", "cancel ", "stats", "subscribe"]),
+          }),
+          id,
+        });
         break;
       case "field-poison": {
         const field = pick(rand, Object.keys(WS_POISON));
         const value = pick(rand, WS_POISON[field]!);
         const frame: Record<string, Json> = { ...g, [field]: value };
         if (field === "messages") delete frame.prompt;
-        out.push({ kind: `poison:${field}`, data: JSON.stringify(frame), ...(field === "id" ? {} : { id }) });
+        out.push({
+          kind: `poison:${field}`,
+          data: JSON.stringify(frame),
+          ...(field === "id" ? {} : { id }),
+        });
         break;
       }
       case "unknown-field":
-        out.push({ kind, data: JSON.stringify({ ...g, [pick(rand, ["maxTokens", "n", "stream", "model", "foo"])]: 1 }), id });
+        out.push({
+          kind,
+          data: JSON.stringify({
+            ...g,
+            [pick(rand, ["maxTokens", "n", "stream", "model", "foo"])]: 1,
+          }),
+          id,
+        });
         break;
       case "prompt-and-messages":
-        out.push({ kind, data: JSON.stringify({ ...g, messages: [{ role: "user", content: "hi" }] }), id });
+        out.push({
+          kind,
+          data: JSON.stringify({ ...g, messages: [{ role: "user", content: "hi" }] }),
+          id,
+        });
         break;
       case "no-prompt": {
         const { prompt: _p, ...rest } = g;
@@ -123,7 +171,19 @@ export function malformedWsFrames(rand: () => number, n: number): FuzzFrame[] {
         out.push({ kind, data: JSON.stringify({ type: "cancel", id }), id });
         break;
       case "cancel-bad":
-        out.push({ kind, data: JSON.stringify(pick(rand, [{ type: "cancel" }, { type: "cancel", id: 5 }, { type: "cancel", id, x: 1 }] as Json[])) });
+        out.push({
+          kind,
+          data: JSON.stringify(
+            pick(
+              rand,
+              [{ type: "cancel" }, { type: "cancel", id: 5 }, {
+                type: "cancel",
+                id,
+                x: 1,
+              }] as Json[],
+            ),
+          ),
+        });
         break;
       case "huge-number": {
         // Numbers JSON can spell but no field accepts: infinite after parsing, or far too big.
@@ -134,12 +194,19 @@ export function malformedWsFrames(rand: () => number, n: number): FuzzFrame[] {
           ["temperature", "1e999"],
           ["seed", "1e400"],
         ]);
-        const text = JSON.stringify({ ...g, [field]: 0 }).replace(`"${field}":0`, `"${field}":${huge}`);
+        const text = JSON.stringify({ ...g, [field]: 0 }).replace(
+          `"${field}":0`,
+          `"${field}":${huge}`,
+        );
         out.push({ kind, data: text, id });
         break;
       }
       case "deep-nesting":
-        out.push({ kind, data: `{"type":"generate","id":"${id}","prompt":${"[".repeat(2000)}${"]".repeat(2000)}}`, id });
+        out.push({
+          kind,
+          data: `{"type":"generate","id":"${id}","prompt":${"[".repeat(2000)}${"]".repeat(2000)}}`,
+          id,
+        });
         break;
     }
   }
@@ -174,10 +241,18 @@ const COMPLETION_POISON: Record<string, readonly Json[]> = {
 };
 
 const CHAT_POISON: Record<string, readonly Json[]> = {
-  messages: [[], "hi", [{ role: "tool", content: "x" }], [{ role: "user" }], [{
-    role: "user",
-    content: [{ type: "image_url", image_url: { url: "x" } }],
-  }], [{ role: "user", content: 5 }], null],
+  messages: [
+    [],
+    "hi",
+    [{ role: "tool", content: "x" }],
+    [{ role: "user" }],
+    [{
+      role: "user",
+      content: [{ type: "image_url", image_url: { url: "x" } }],
+    }],
+    [{ role: "user", content: 5 }],
+    null,
+  ],
   tools: [[{}]],
   top_logprobs: [2],
   response_format: [{ type: "json_object" }],
@@ -196,7 +271,21 @@ export function malformedHttpBodies(rand: () => number, n: number): FuzzBody[] {
     const valid: Record<string, Json> = chat
       ? { messages: [{ role: "user", content: "Tell me a story" }], max_tokens: 4 }
       : { prompt: "Once upon a time", max_tokens: 4 };
-    const kind = pick(rand, ["junk", "truncated", "empty", "non-object", "poison", "poison", "poison", "missing", "invalid-utf8", "too-long-prompt"] as const);
+    const kind = pick(
+      rand,
+      [
+        "junk",
+        "truncated",
+        "empty",
+        "non-object",
+        "poison",
+        "poison",
+        "poison",
+        "missing",
+        "invalid-utf8",
+        "too-long-prompt",
+      ] as const,
+    );
     switch (kind) {
       case "junk":
         out.push({ kind, path, body: `#${junk(rand, 1 + Math.floor(rand() * 60))}` });
@@ -210,12 +299,20 @@ export function malformedHttpBodies(rand: () => number, n: number): FuzzBody[] {
         out.push({ kind, path, body: pick(rand, ["", "   ", "\n"]) });
         break;
       case "non-object":
-        out.push({ kind, path, body: JSON.stringify(pick(rand, [1, "x", [valid], null, true] as Json[])) });
+        out.push({
+          kind,
+          path,
+          body: JSON.stringify(pick(rand, [1, "x", [valid], null, true] as Json[])),
+        });
         break;
       case "poison": {
         const table = chat ? CHAT_POISON : COMPLETION_POISON;
         const field = pick(rand, Object.keys(table));
-        out.push({ kind: `poison:${field}`, path, body: JSON.stringify({ ...valid, [field]: pick(rand, table[field]!) }) });
+        out.push({
+          kind: `poison:${field}`,
+          path,
+          body: JSON.stringify({ ...valid, [field]: pick(rand, table[field]!) }),
+        });
         break;
       }
       case "missing": {
@@ -226,7 +323,11 @@ export function malformedHttpBodies(rand: () => number, n: number): FuzzBody[] {
       case "invalid-utf8": {
         const text = enc.encode(JSON.stringify(valid));
         // Stray continuation bytes, an overlong encoding or a truncated sequence inside a string.
-        const bad = pick(rand, [[0xff], [0xc0, 0xaf], [0xe2, 0x82], [0x80, 0x80], [0xed, 0xa0, 0x80]]);
+        const bad = pick(rand, [[0xff], [0xc0, 0xaf], [0xe2, 0x82], [0x80, 0x80], [
+          0xed,
+          0xa0,
+          0x80,
+        ]]);
         const at = text.indexOf(0x22, 2) + 1; // just inside the first string value
         const body = new Uint8Array(new ArrayBuffer(text.length + bad.length));
         body.set(text.subarray(0, at));
@@ -239,7 +340,11 @@ export function malformedHttpBodies(rand: () => number, n: number): FuzzBody[] {
         out.push({
           kind,
           path,
-          body: JSON.stringify(chat ? { ...valid, messages: [{ role: "user", content: "the dog ran ".repeat(300) }] } : { ...valid, prompt: "the dog ran ".repeat(300) }),
+          body: JSON.stringify(
+            chat
+              ? { ...valid, messages: [{ role: "user", content: "the dog ran ".repeat(300) }] }
+              : { ...valid, prompt: "the dog ran ".repeat(300) },
+          ),
         });
         break;
     }

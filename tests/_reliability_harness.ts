@@ -38,12 +38,21 @@ export class Reference {
     const key = JSON.stringify(p);
     const hit = this.#cache.get(key);
     if (hit) return hit;
-    const sampling: SamplingParams = p.temperature <= 0
-      ? GREEDY
-      : { temperature: p.temperature, topK: 0, topP: p.top_p ?? 1, minP: 0, seed: (p.seed ?? 0) >>> 0 };
+    const sampling: SamplingParams = p.temperature <= 0 ? GREEDY : {
+      temperature: p.temperature,
+      topK: 0,
+      topP: p.top_p ?? 1,
+      minP: 0,
+      seed: (p.seed ?? 0) >>> 0,
+    };
     const ids = this.tokenizer.encode(p.prompt, { bos: true });
-    const engine = new CpuEngine(this.model.config, this.model.weights, { numBlocks: 40, blockSize: 16 });
-    const { tokens } = await referenceGenerate(engine, ids, p.max_tokens, sampling, { stopTokens: [this.tokenizer.eosId] });
+    const engine = new CpuEngine(this.model.config, this.model.weights, {
+      numBlocks: 40,
+      blockSize: 16,
+    });
+    const { tokens } = await referenceGenerate(engine, ids, p.max_tokens, sampling, {
+      stopTokens: [this.tokenizer.eosId],
+    });
     engine.dispose();
     if (tokens.at(-1) === this.tokenizer.eosId) tokens.pop();
     this.#cache.set(key, tokens);
@@ -81,7 +90,9 @@ export class FrameClient {
   }
 
   send(frame: Frame | string | Uint8Array): void {
-    this.ws.send(typeof frame === "string" || frame instanceof Uint8Array ? frame : JSON.stringify(frame));
+    this.ws.send(
+      typeof frame === "string" || frame instanceof Uint8Array ? frame : JSON.stringify(frame),
+    );
   }
 
   generate(id: string, p: GenParams, extra: Record<string, unknown> = {}): void {
@@ -112,14 +123,21 @@ export class FrameClient {
   until(check: () => boolean, what: string, timeoutMs = 20_000): Promise<void> {
     if (check()) return Promise.resolve();
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`Timed out after ${timeoutMs} ms waiting for ${what}`)), timeoutMs);
+      const timer = setTimeout(
+        () => reject(new Error(`Timed out after ${timeoutMs} ms waiting for ${what}`)),
+        timeoutMs,
+      );
       this.#waiters.push({ check, resolve: () => (clearTimeout(timer), resolve()) });
     });
   }
 
   /** Resolves once every id has its final frame. */
   finished(ids: readonly string[], timeoutMs = 20_000): Promise<void> {
-    return this.until(() => ids.every((id) => this.final(id) !== undefined), `the final frames of ${ids.length} generations`, timeoutMs);
+    return this.until(
+      () => ids.every((id) => this.final(id) !== undefined),
+      `the final frames of ${ids.length} generations`,
+      timeoutMs,
+    );
   }
 
   close(): void {

@@ -3,12 +3,24 @@
  * against a real server over both APIs, and every section of bench/compare.ts. Plus the
  * statistics they report, against hand-computed values.
  */
-import { assert, assertEquals, assertGreater, assertLessOrEqual, assertStringIncludes, assertThrows } from "@std/assert";
+import {
+  assert,
+  assertEquals,
+  assertGreater,
+  assertLessOrEqual,
+  assertStringIncludes,
+  assertThrows,
+} from "@std/assert";
 import { runCompare } from "../bench/compare.ts";
 import { runLoad } from "../bench/load.ts";
 import { percentile, summarize } from "../bench/stats.ts";
 import { chartSvg, niceAxis } from "../bench/svg_chart.ts";
-import { parseJsonlWorkload, parseLengthDist, poissonArrivals, seededRandom } from "../bench/workload.ts";
+import {
+  parseJsonlWorkload,
+  parseLengthDist,
+  poissonArrivals,
+  seededRandom,
+} from "../bench/workload.ts";
 import { modelFile } from "./_model_files.ts";
 
 Deno.test("percentile() is nearest-rank and summarize() reports it", () => {
@@ -30,14 +42,27 @@ Deno.test("workload helpers: length ranges, Poisson gaps, JSONL files", () => {
   const t = poissonArrivals(4000, 20, seededRandom(3));
   const meanGap = t.at(-1)! / (t.length - 1);
   assert(Math.abs(meanGap - 50) < 2.5, `mean gap ${meanGap}`);
-  const items = parseJsonlWorkload('{"prompt":"a","max_tokens":3}\n\n{"messages":[{"role":"user","content":"b"}]}\n', "w.jsonl", 9);
-  assertEquals(items, [{ prompt: "a", maxTokens: 3 }, { messages: [{ role: "user", content: "b" }], maxTokens: 9 }]);
+  const items = parseJsonlWorkload(
+    '{"prompt":"a","max_tokens":3}\n\n{"messages":[{"role":"user","content":"b"}]}\n',
+    "w.jsonl",
+    9,
+  );
+  assertEquals(items, [{ prompt: "a", maxTokens: 3 }, {
+    messages: [{ role: "user", content: "b" }],
+    maxTokens: 9,
+  }]);
   assertThrows(() => parseJsonlWorkload('{"prompt":1}', "w.jsonl", 9), Error, "w.jsonl:1");
 });
 
 Deno.test("chartSvg() draws one path per series with its points, on a nice axis", () => {
   assertEquals(niceAxis(870), { top: 1000, step: 200 });
-  const svg = chartSvg([{ title: "T", xLabel: "x", yLabel: "y", x: [1, 8], series: [{ name: "a", values: [1, 2] }, { name: "b", values: [3, null] }] }]);
+  const svg = chartSvg([{
+    title: "T",
+    xLabel: "x",
+    yLabel: "y",
+    x: [1, 8],
+    series: [{ name: "a", values: [1, 2] }, { name: "b", values: [3, null] }],
+  }]);
   assert(svg.startsWith("<svg") && svg.trimEnd().endsWith("</svg>"));
   assertEquals(svg.match(/<path /g)?.length, 2);
   assertEquals(svg.match(/<circle /g)?.length, 3);
@@ -122,7 +147,15 @@ Deno.test("bench/compare.ts runs every section in its quick configuration", asyn
   const l = report.llamaCpp!;
   assertEquals(l.ours.map((r) => [r.parallel, r.tokens]), [[1, 8], [2, 16]]);
   assertStringIncludes(l.unavailable["node-llama-cpp"]!, "skipped");
-  for (const title of ["Continuous vs static", "Paged KV", "Prefix caching", "priority", "node-llama-cpp"]) {
+  for (
+    const title of [
+      "Continuous vs static",
+      "Paged KV",
+      "Prefix caching",
+      "priority",
+      "node-llama-cpp",
+    ]
+  ) {
     assertStringIncludes(report.markdown, title);
   }
 });

@@ -16,7 +16,11 @@ const plan = (stepId: number, seqIds: number[]): StepPlan => ({
 });
 
 Deno.test("parseFaultSteps() reads step numbers with optional kinds and names a bad entry", () => {
-  assertEquals([...parseFaultSteps("3, 7:device-lost,9:crash")], [[3, "crash"], [7, "device-lost"], [9, "crash"]]);
+  assertEquals([...parseFaultSteps("3, 7:device-lost,9:crash")], [
+    [3, "crash"],
+    [7, "device-lost"],
+    [9, "crash"],
+  ]);
   assertThrows(() => parseFaultSteps("3,0"), Error, 'entry "0"');
   assertThrows(() => parseFaultSteps("4:melt"), Error, 'entry "4:melt"');
 });

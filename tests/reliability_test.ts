@@ -12,7 +12,10 @@ import { FrameClient, type GenParams, MODEL_NAME, Reference } from "./_reliabili
 
 const reference = Reference.load();
 
-async function serve(extra: string[] = [], env: Record<string, string> = {}): Promise<ServerProcess> {
+async function serve(
+  extra: string[] = [],
+  env: Record<string, string> = {},
+): Promise<ServerProcess> {
   return await startServer({
     args: ["--model", modelFile(MODEL_NAME), "--backend", "cpu", "--kv-memory", "4MiB", ...extra],
     env,
@@ -31,7 +34,12 @@ async function metrics(base: string): Promise<string> {
 }
 
 /** Polls /metrics until `series` reads `want` (what is left in flight settles asynchronously). */
-async function metricSettles(base: string, series: string, want: number, timeoutMs = 5000): Promise<void> {
+async function metricSettles(
+  base: string,
+  series: string,
+  want: number,
+  timeoutMs = 5000,
+): Promise<void> {
   const end = performance.now() + timeoutMs;
   let last: number | undefined;
   while (performance.now() < end) {
@@ -42,10 +50,19 @@ async function metricSettles(base: string, series: string, want: number, timeout
   throw new Error(`${series} stayed at ${last}, expected ${want}`);
 }
 
-const PROMPTS = ["Once upon a time", "Tom and his dog", "The little cat", "Lily went to the park", "One day a bird"];
+const PROMPTS = [
+  "Once upon a time",
+  "Tom and his dog",
+  "The little cat",
+  "Lily went to the park",
+  "One day a bird",
+];
 
 /** Sends one WebSocket text frame with arbitrary payload bytes on a fresh raw connection. */
-async function rawFrame(wsUrl: string, payload: Uint8Array): Promise<{ eof: boolean; closeCode?: number }> {
+async function rawFrame(
+  wsUrl: string,
+  payload: Uint8Array,
+): Promise<{ eof: boolean; closeCode?: number }> {
   const u = new URL(wsUrl);
   const conn = await Deno.connect({ hostname: u.hostname, port: Number(u.port) });
   try {
@@ -72,7 +89,9 @@ async function rawFrame(wsUrl: string, payload: Uint8Array): Promise<{ eof: bool
     const n = await conn.read(buf);
     if (n === null) return { eof: true };
     // A close frame (opcode 8) carries its status code in the first two payload bytes.
-    if ((buf[0]! & 0x0f) === 8 && n >= 4) return { eof: false, closeCode: (buf[2]! << 8) | buf[3]! };
+    if ((buf[0]! & 0x0f) === 8 && n >= 4) {
+      return { eof: false, closeCode: (buf[2]! << 8) | buf[3]! };
+    }
     return { eof: false };
   } finally {
     try {
@@ -81,8 +100,21 @@ async function rawFrame(wsUrl: string, payload: Uint8Array): Promise<{ eof: bool
   }
 }
 
-const WS_ERROR_CODES = new Set(["invalid_json", "invalid_request", "unknown_type", "unsupported_frame", "frame_too_large", "unknown_id"]);
-const HTTP_ERROR_CODES = new Set(["invalid_json", "invalid_request", "payload_too_large", "context_length_exceeded", "model_not_found"]);
+const WS_ERROR_CODES = new Set([
+  "invalid_json",
+  "invalid_request",
+  "unknown_type",
+  "unsupported_frame",
+  "frame_too_large",
+  "unknown_id",
+]);
+const HTTP_ERROR_CODES = new Set([
+  "invalid_json",
+  "invalid_request",
+  "payload_too_large",
+  "context_length_exceeded",
+  "model_not_found",
+]);
 
 Deno.test("fuzzing: thousands of malformed frames and bodies each get a clear error, and the server then generates the reference tokens", async () => {
   const ref = await reference;
@@ -92,8 +124,17 @@ Deno.test("fuzzing: thousands of malformed frames and bodies each get a clear er
     // WebSocket: generated frames, binary frames and oversized frames, all on one socket.
     const frames = malformedWsFrames(rand, 2500);
     const extras = [
-      ...Array.from({ length: 20 }, (_, i) => ({ kind: "binary", data: new Uint8Array([i, 1, 2, 3]) })),
-      ...Array.from({ length: 5 }, (_, i) => ({ kind: "oversized", data: `{"type":"generate","id":"big${i}","prompt":"${"a".repeat(300_000)}"}` })),
+      ...Array.from(
+        { length: 20 },
+        (_, i) => ({ kind: "binary", data: new Uint8Array([i, 1, 2, 3]) }),
+      ),
+      ...Array.from(
+        { length: 5 },
+        (_, i) => ({
+          kind: "oversized",
+          data: `{"type":"generate","id":"big${i}","prompt":"${"a".repeat(300_000)}"}`,
+        }),
+      ),
     ];
     const all = [...frames, ...extras];
     const ws = await FrameClient.open(server.wsUrl);
@@ -105,12 +146,19 @@ Deno.test("fuzzing: thousands of malformed frames and bodies each get a clear er
     if (ws.frames.length !== all.length) {
       const odd = ws.frames.filter((f) => f.type !== "error").slice(0, 5);
       const ids = new Set(ws.frames.filter((f) => f.type !== "error").map((f) => f.id));
-      console.log(JSON.stringify(odd), all.filter((f) => "id" in f && ids.has(f.id)).slice(0, 5).map((f) => [f.kind, String(f.data).slice(0, 200)]));
+      console.log(
+        JSON.stringify(odd),
+        all.filter((f) => "id" in f && ids.has(f.id)).slice(0, 5).map((
+          f,
+        ) => [f.kind, String(f.data).slice(0, 200)]),
+      );
     }
     assertEquals(ws.frames.length, all.length, "one answer per malformed frame");
     all.forEach((f, i) => {
       const answer = ws.frames[i]!;
-      const what = `frame ${i} (${f.kind}): ${typeof f.data === "string" ? f.data.slice(0, 80) : "binary"} -> ${JSON.stringify(answer).slice(0, 200)}`;
+      const what = `frame ${i} (${f.kind}): ${
+        typeof f.data === "string" ? f.data.slice(0, 80) : "binary"
+      } -> ${JSON.stringify(answer).slice(0, 200)}`;
       assertEquals(answer.type, "error", what);
       assert(WS_ERROR_CODES.has(answer.code), what);
       assertGreater(String(answer.message).length, 15, what);
@@ -124,9 +172,16 @@ Deno.test("fuzzing: thousands of malformed frames and bodies each get a clear er
     const badUtf8 = [[0xff], [0xc0, 0xaf], [0xed, 0xa0, 0x80], [0xe2, 0x82]];
     for (let i = 0; i < 12; i++) {
       const bad = badUtf8[i % badUtf8.length]!;
-      const payload = new Uint8Array([...enc.encode(`{"type":"generate","id":"u${i}","prompt":"`), ...bad, ...enc.encode(`"}`)]);
+      const payload = new Uint8Array([
+        ...enc.encode(`{"type":"generate","id":"u${i}","prompt":"`),
+        ...bad,
+        ...enc.encode(`"}`),
+      ]);
       const r = await rawFrame(server.wsUrl, payload);
-      assert(r.eof || r.closeCode === 1007, `invalid UTF-8 frame ${i} should fail the connection, got ${JSON.stringify(r)}`);
+      assert(
+        r.eof || r.closeCode === 1007,
+        `invalid UTF-8 frame ${i} should fail the connection, got ${JSON.stringify(r)}`,
+      );
     }
     // The same frame with valid UTF-8 is answered normally (so the raw framing above is right).
     const control = await rawFrame(server.wsUrl, enc.encode(`{"type":"cancel","id":"nope"}`));
@@ -135,16 +190,29 @@ Deno.test("fuzzing: thousands of malformed frames and bodies each get a clear er
     // HTTP: generated bodies, eight at a time, plus oversized ones.
     const bodies: FuzzBody[] = [
       ...malformedHttpBodies(rand, 1200),
-      ...Array.from({ length: 3 }, () => ({ kind: "oversized", path: "/v1/completions" as const, body: `{"prompt":"${"a".repeat(1_100_000)}"}` })),
+      ...Array.from(
+        { length: 3 },
+        () => ({
+          kind: "oversized",
+          path: "/v1/completions" as const,
+          body: `{"prompt":"${"a".repeat(1_100_000)}"}`,
+        }),
+      ),
     ];
     let next = 0;
     const statuses = new Map<number, number>();
     await Promise.all(Array.from({ length: 8 }, async () => {
       for (let i = next++; i < bodies.length; i = next++) {
         const b = bodies[i]!;
-        const res = await fetch(`${server.base}${b.path}`, { method: "POST", headers: { "content-type": "application/json" }, body: b.body });
+        const res = await fetch(`${server.base}${b.path}`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: b.body,
+        });
         const text = await res.text();
-        const what = `body ${i} (${b.kind}) ${typeof b.body === "string" ? b.body.slice(0, 80) : "bytes"} -> ${res.status} ${text.slice(0, 200)}`;
+        const what = `body ${i} (${b.kind}) ${
+          typeof b.body === "string" ? b.body.slice(0, 80) : "bytes"
+        } -> ${res.status} ${text.slice(0, 200)}`;
         statuses.set(res.status, (statuses.get(res.status) ?? 0) + 1);
         assert(res.status === 400 || res.status === 404 || res.status === 413, what);
         const err = JSON.parse(text).error;
@@ -153,11 +221,21 @@ Deno.test("fuzzing: thousands of malformed frames and bodies each get a clear er
         assert(typeof err.type === "string" && "param" in err, what);
       }
     }));
-    console.log(`fuzzed ${all.length} WebSocket frames, 12 invalid-UTF-8 frames and ${bodies.length} HTTP bodies; HTTP statuses ${JSON.stringify(Object.fromEntries(statuses))}`);
+    console.log(
+      `fuzzed ${all.length} WebSocket frames, 12 invalid-UTF-8 frames and ${bodies.length} HTTP bodies; HTTP statuses ${
+        JSON.stringify(Object.fromEntries(statuses))
+      }`,
+    );
 
     // Afterwards well-formed requests still get exactly the reference tokens.
     const greedy: GenParams = { prompt: "Once upon a time", max_tokens: 40, temperature: 0 };
-    const sampled: GenParams = { prompt: "Tom and his dog", max_tokens: 40, temperature: 0.8, top_p: 0.9, seed: 7 };
+    const sampled: GenParams = {
+      prompt: "Tom and his dog",
+      max_tokens: 40,
+      temperature: 0.8,
+      top_p: 0.9,
+      seed: 7,
+    };
     ws.generate("ok-greedy", greedy);
     ws.generate("ok-sampled", sampled);
     await ws.finished(["ok-greedy", "ok-sampled"]);
@@ -166,7 +244,11 @@ Deno.test("fuzzing: thousands of malformed frames and bodies each get a clear er
     const res = await fetch(`${server.base}/v1/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({ prompt: greedy.prompt, max_tokens: greedy.max_tokens, temperature: 0 }),
+      body: JSON.stringify({
+        prompt: greedy.prompt,
+        max_tokens: greedy.max_tokens,
+        temperature: 0,
+      }),
     });
     assertEquals((await res.json()).choices[0].text, ref.text(await ref.tokens(greedy)));
     ws.close();
@@ -183,7 +265,11 @@ Deno.test("overload at 4x capacity: the queue stays bounded, the excess gets 503
   try {
     let shed = 0, admitted = 0;
     for (let round = 0; round < 3; round++) {
-      const params = (i: number): GenParams => ({ prompt: PROMPTS[i % PROMPTS.length]!, max_tokens: 96, temperature: 0 });
+      const params = (i: number): GenParams => ({
+        prompt: PROMPTS[i % PROMPTS.length]!,
+        max_tokens: 96,
+        temperature: 0,
+      });
       // 8 over one socket, sent back to back, and 8 over HTTP at the same moment: 16 = 4 x 4.
       const ws = await FrameClient.open(server.wsUrl);
       const ids = Array.from({ length: 8 }, (_, i) => `r${round}-${i}`);
@@ -231,7 +317,9 @@ Deno.test("overload at 4x capacity: the queue stays bounded, the excess gets 503
       }
       ws.close();
     }
-    console.log(`overload: ${admitted} admitted and completed, ${shed} shed, of ${admitted + shed}`);
+    console.log(
+      `overload: ${admitted} admitted and completed, ${shed} shed, of ${admitted + shed}`,
+    );
     assertGreater(shed, 16, "most of the excess is shed");
     assertGreater(admitted, 8, "capacity is used");
     const text = await metrics(server.base);
@@ -257,8 +345,17 @@ Deno.test("churn: random cancels and disconnects leave zero KV blocks in use, an
         for (let k = 0; k < 5; k++) {
           const id = `w${w}r${round}g${k}`;
           const p: GenParams = rand() < 0.5
-            ? { prompt: PROMPTS[Math.floor(rand() * PROMPTS.length)]!, max_tokens: 8 + Math.floor(rand() * 56), temperature: 0 }
-            : { prompt: PROMPTS[Math.floor(rand() * PROMPTS.length)]!, max_tokens: 8 + Math.floor(rand() * 56), temperature: 0.9, seed: Math.floor(rand() * 1e6) };
+            ? {
+              prompt: PROMPTS[Math.floor(rand() * PROMPTS.length)]!,
+              max_tokens: 8 + Math.floor(rand() * 56),
+              temperature: 0,
+            }
+            : {
+              prompt: PROMPTS[Math.floor(rand() * PROMPTS.length)]!,
+              max_tokens: 8 + Math.floor(rand() * 56),
+              temperature: 0.9,
+              seed: Math.floor(rand() * 1e6),
+            };
           ids.push(id);
           params.set(id, p);
           ws.generate(id, p);
@@ -299,7 +396,12 @@ Deno.test("churn: random cancels and disconnects leave zero KV blocks in use, an
         const res = await fetch(`${server.base}/v1/completions`, {
           method: "POST",
           headers: { "content-type": "application/json" },
-          body: JSON.stringify({ prompt: "Once upon a time", max_tokens: 200, temperature: 0, stream: true }),
+          body: JSON.stringify({
+            prompt: "Once upon a time",
+            max_tokens: 200,
+            temperature: 0,
+            stream: true,
+          }),
           signal: ctrl.signal,
         });
         const reader = res.body!.getReader();
@@ -333,10 +435,16 @@ Deno.test("faults: an executor killed mid-step and a lost device are recovered, 
   const server = await serve([], { LLMSERVE_FAULT_STEPS: "15,35:device-lost,55" });
   try {
     const ws = await FrameClient.open(server.wsUrl);
-    const params = Array.from({ length: 12 }, (_, i): GenParams =>
-      i % 2 === 0
-        ? { prompt: PROMPTS[i % PROMPTS.length]!, max_tokens: 64, temperature: 0 }
-        : { prompt: PROMPTS[i % PROMPTS.length]!, max_tokens: 64, temperature: 0.8, top_p: 0.95, seed: 100 + i }
+    const params = Array.from(
+      { length: 12 },
+      (_, i): GenParams =>
+        i % 2 === 0 ? { prompt: PROMPTS[i % PROMPTS.length]!, max_tokens: 64, temperature: 0 } : {
+          prompt: PROMPTS[i % PROMPTS.length]!,
+          max_tokens: 64,
+          temperature: 0.8,
+          top_p: 0.95,
+          seed: 100 + i,
+        },
     );
     params.forEach((p, i) => ws.generate(`f${i}`, p));
     await ws.finished(params.map((_, i) => `f${i}`), 30_000);
@@ -362,7 +470,14 @@ Deno.test("drain: SIGTERM under load lets every admitted generation finish, refu
   let drained = false;
   try {
     const ws = await FrameClient.open(server.wsUrl);
-    const params = Array.from({ length: 8 }, (_, i): GenParams => ({ prompt: PROMPTS[i % PROMPTS.length]!, max_tokens: 200, temperature: 0 }));
+    const params = Array.from(
+      { length: 8 },
+      (_, i): GenParams => ({
+        prompt: PROMPTS[i % PROMPTS.length]!,
+        max_tokens: 200,
+        temperature: 0,
+      }),
+    );
     const ids = params.map((_, i) => `d${i}`);
     params.forEach((p, i) => ws.generate(ids[i]!, p));
     await ws.until(() => ids.every((id) => ws.tokens(id).length > 0), "first tokens of all");
@@ -387,7 +502,9 @@ Deno.test("drain: SIGTERM under load lets every admitted generation finish, refu
           ws.generate("late", params[0]!); // the socket stays open while it drains
           lateSent = true;
         }
-        if ((await fetch(`${server.base}/ready`).then((r) => (r.body?.cancel(), r.status))) === 503) readyRefused++;
+        if (
+          (await fetch(`${server.base}/ready`).then((r) => (r.body?.cancel(), r.status))) === 503
+        ) readyRefused++;
       } catch {
         break; // the server closed its listener
       }
@@ -400,7 +517,9 @@ Deno.test("drain: SIGTERM under load lets every admitted generation finish, refu
     }
     assert(lateSent, "a new request was refused while the admitted ones ran");
     assertEquals(ws.final("late")!.code, "draining", JSON.stringify(ws.final("late")));
-    console.log(`drain: 8 admitted completed, ${refused} new requests refused with 503, /ready 503 ${readyRefused} times`);
+    console.log(
+      `drain: 8 admitted completed, ${refused} new requests refused with 503, /ready 503 ${readyRefused} times`,
+    );
     assertGreater(refused, 0);
     assertGreater(readyRefused, 0);
     const { code, log } = await exited;
