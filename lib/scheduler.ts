@@ -243,7 +243,7 @@ export class Scheduler {
   }
 
   /** Builds the next step, or null when no sequence can make progress now. */
-  schedule(): StepPlan | null {
+  schedule(retried = false): StepPlan | null {
     if (!this.#healthy) return null;
     const stepId = this.#nextStepId;
     const entries: SeqInput[] = [];
@@ -279,6 +279,8 @@ export class Scheduler {
       }
       budget -= n;
     };
+
+    this.#yieldSlotsToInteractive();
 
     // 1. One token for every decoding sequence, highest priority first.
     const running = this.#byPriority(this.#running);
@@ -341,7 +343,19 @@ export class Scheduler {
     }
     if (admitted) this.#waiting = this.#waiting.filter((s) => s.status === "waiting");
 
-    if (entries.length === 0) return null;
+    if (entries.length === 0) {
+      // Sequences preempted while building this step are marked to wait for the next one, but
+      // no step is emitted and nothing in flight may come back to call schedule() again: clear
+      // the marks and try once more rather than stall with work waiting.
+      let marked = false;
+      for (const w of this.#waiting) {
+        if (w.lastStep === stepId) {
+          w.lastStep = -1;
+          marked = true;
+        }
+      }
+      return marked && !retried ? this.schedule(true) : null;
+    }
     this.#nextStepId++;
     this.#inFlight.set(stepId, sampled);
     this.#lastBatchSize = entries.length;
@@ -500,6 +514,22 @@ export class Scheduler {
       }
       if (isDecode) this.#preempt(seq);
       return null;
+    }
+  }
+
+  /**
+   * Interactive work waiting for a running slot takes one from batch work, most recently
+   * admitted first: the cap on running sequences must not let a batch load keep interactive
+   * requests queued. The batch sequence is recomputed later (its full blocks stay in the prefix
+   * cache), and aging lifts it to interactive rank, so it is not starved.
+   */
+  #yieldSlotsToInteractive(): void {
+    const wanting = this.#waiting.filter((s) => this.#rank(s) === 0).length;
+    let short = wanting - (this.config.maxRunning - this.#running.length);
+    for (; short > 0; short--) {
+      const victim = this.#running.findLast((s) => this.#rank(s) === 1);
+      if (!victim) return;
+      this.#preempt(victim);
     }
   }
 

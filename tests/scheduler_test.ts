@@ -270,6 +270,42 @@ Deno.test("Scheduler: interactive requests go first and batch ones are preempted
   for (const id of [batch, i1, b2, i2]) assertEquals(h.tokens(id).length, 20);
 });
 
+Deno.test("Scheduler: an interactive request takes a running slot from batch work at the next step", () => {
+  const h = new Harness({ vocabSize: 512, numBlocks: 64, blockSize: 4 }, {
+    maxRunning: 2,
+    agingSteps: 10_000,
+  });
+  const b1 = h.submit({ prompt: range(0, 6), maxTokens: 30, priority: "batch" });
+  const b2 = h.submit({ prompt: range(50, 6), maxTokens: 30, priority: "batch" });
+  for (let i = 0; i < 3; i++) {
+    h.plan();
+    h.deliver();
+  }
+  const i1 = h.submit({ prompt: range(100, 6), maxTokens: 5, priority: "interactive" });
+  h.plan();
+  const next = h.plans.at(-1)!;
+  assert(next.seqs.some((e) => e.seqId === i1), "the interactive request is in the very next step");
+  assert(
+    !next.seqs.some((e) => e.seqId === b2),
+    "the most recently admitted batch sequence gave way",
+  );
+  assert(next.seqs.some((e) => e.seqId === b1), "the earlier batch sequence keeps running");
+  h.runToEnd(1);
+  const solo = (prompt: number[], maxTokens: number) => {
+    const alone = new Harness({ vocabSize: 512, numBlocks: 64, blockSize: 4 });
+    const id = alone.submit({ prompt, maxTokens });
+    alone.runToEnd(1);
+    return alone.tokens(id);
+  };
+  assertEquals(h.tokens(b1), solo(range(0, 6), 30));
+  assertEquals(
+    h.tokens(b2),
+    solo(range(50, 6), 30),
+    "the preempted batch sequence is recomputed exactly",
+  );
+  assertEquals(h.tokens(i1), solo(range(100, 6), 5));
+});
+
 Deno.test("Scheduler: aging lets a batch request run despite a steady stream of interactive ones", () => {
   const run = (agingSteps: number) => {
     const h = new Harness({ vocabSize: 512, numBlocks: 64, blockSize: 4 }, {
