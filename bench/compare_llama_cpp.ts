@@ -1,3 +1,4 @@
+import { resolve } from "node:path";
 /**
  * Our engine against node-llama-cpp (prebuilt llama.cpp for Node) on the same GGUF: one
  * sequence and N parallel sequences of a fixed number of tokens, tokens/s side by side in the
@@ -146,7 +147,8 @@ async function llamaCppRound(
 ): Promise<{ rows: ThroughputRow[]; info: string }> {
   await Deno.writeTextFile(`${prefix}/bench.mjs`, NODE_SCRIPT);
   const cfg = {
-    modelPath: bm.path,
+    // The node process runs in the temp dir: a relative MODEL_MIRROR must not follow it there.
+    modelPath: resolve(bm.path),
     prompt: o.prompt,
     tokens: o.tokens,
     parallel: o.parallel,
