@@ -2,18 +2,10 @@
  * What the benchmarks send: seeded prompt and output lengths, prompts made of story words (the
  * test model writes children's stories), JSONL request files and Poisson arrival times.
  */
+import { seededRandom } from "../lib/seeded_random.ts";
 
-/** A seeded uniform generator on [0, 1) (mulberry32): the same seed gives the same workload. */
-export function seededRandom(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** A seeded uniform generator on [0, 1): the same seed gives the same workload. */
+export { seededRandom };
 
 /** A length distribution: "128" is fixed, "16-64" uniform over the integers 16..64. */
 export interface LengthDist {

@@ -5,18 +5,9 @@
  * numbers, invalid UTF-8, oversized). Every case is invalid by construction, so each must be
  * answered with an error.
  */
+import { seededRandom } from "../lib/seeded_random.ts";
 
-/** A seeded uniform generator on [0, 1) (mulberry32). */
-export function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+export { seededRandom as seeded };
 
 const pick = <T>(rand: () => number, xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)]!;
 

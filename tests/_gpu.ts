@@ -3,6 +3,7 @@ import { acquireGpu, type Gpu, readBuffer, uploadBuffer } from "../kernels/devic
 import { f32ToF16 } from "../lib/dequantize.ts";
 import type { Tensor, TensorType } from "../lib/tensor.ts";
 import { type StepContent, StepMetaLayout } from "../kernels/step_meta.ts";
+import { seededRandom } from "../lib/seeded_random.ts";
 
 let shared: Promise<Gpu> | undefined;
 
@@ -51,17 +52,7 @@ export async function runPass(
   if (err) throw new Error(`WebGPU validation error: ${err.message}`);
 }
 
-/** A seeded generator (mulberry32) so failures reproduce. */
-export function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+export { seededRandom as rng };
 
 /** Uniform values in [-scale, scale). */
 export function randomF32(rand: () => number, n: number, scale = 1): Float32Array {

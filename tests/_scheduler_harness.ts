@@ -9,6 +9,7 @@ import { FakeEngine, type FakeEngineOptions } from "../lib/fake_engine.ts";
 import type { Priority } from "../lib/generation.ts";
 import { Scheduler, type SchedulerConfig, schedulerConfig } from "../lib/scheduler.ts";
 import type { SeqEvent } from "../actors/messages.ts";
+import { seededRandom } from "../lib/seeded_random.ts";
 
 export interface HarnessSeq {
   prompt: number[];
@@ -164,14 +165,8 @@ export class Harness {
   }
 }
 
-/** Deterministic PRNG (mulberry32). */
+/** Deterministic integers in [0, n). */
 export function prng(seed: number): (n: number) => number {
-  let a = seed >>> 0;
-  return (n: number) => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((((t ^ (t >>> 14)) >>> 0) / 4294967296) * n) | 0;
-  };
+  const r = seededRandom(seed);
+  return (n: number) => (r() * n) | 0;
 }

@@ -4,6 +4,7 @@ import { readGguf } from "../lib/gguf.ts";
 import { ggufToModel } from "../lib/gguf_model.ts";
 import { Tokenizer } from "../lib/tokenizer.ts";
 import type { TokenizerData } from "../lib/weights.ts";
+import { seededRandom } from "../lib/seeded_random.ts";
 
 function modelsMirror(): string {
   const dir = Deno.env.get("MODEL_MIRROR");
@@ -61,15 +62,7 @@ function runcEncode(data: TokenizerData, text: string, bos: boolean, eos: boolea
   return tokens;
 }
 
-/** mulberry32: a tiny seeded generator so random cases are the same on every run. */
-function rng(seed: number): () => number {
-  return () => {
-    seed = (seed + 0x6d2b79f5) | 0;
-    let t = Math.imul(seed ^ (seed >>> 15), seed | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+const rng = seededRandom;
 
 const WORDS = [
   "Once", "upon", "a", "time", "there", "was", "little", "girl", "named", "Lily", "she", "loved", "to",
