@@ -6,6 +6,7 @@ import { GREEDY } from "../lib/engine.ts";
 import { loadModel } from "../lib/load_model.ts";
 import { Tokenizer } from "../lib/tokenizer.ts";
 import { modelFile } from "./_model_files.ts";
+import { spawnServer, spawnUntilListening } from "./_serve_child.ts";
 
 const noEnv = () => undefined;
 
@@ -29,47 +30,6 @@ Deno.test("parseServeArgs() refuses an unknown flag by name", () => {
   assertThrows(() => parseServeArgs(["--prot", "80"], noEnv), Error, "--prot");
 });
 
-/** Starts `main.ts serve` as a child process and returns its base URL once it listens. */
-async function startServer(extra: string[] = [], backend = "cpu") {
-  const child = new Deno.Command(Deno.execPath(), {
-    args: [
-      "run",
-      "--allow-all",
-      new URL("../main.ts", import.meta.url).pathname,
-      "serve",
-      "--model",
-      modelFile("stories260K.bin"),
-      "--tokenizer",
-      modelFile("tok512.bin"),
-      "--port",
-      "0",
-      "--backend",
-      backend,
-      "--kv-memory",
-      "2MiB",
-      ...extra,
-    ],
-    stdout: "null",
-    stderr: "piped",
-  }).spawn();
-  const reader = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
-  let log = "";
-  while (!/url\s+(http:\/\/\S+?)\//.test(log)) {
-    const { value, done } = await reader.read();
-    if (done) throw new Error(`server exited before listening:\n${log}`);
-    log += value;
-  }
-  const base = /url\s+(http:\/\/\S+?)\//.exec(log)![1]!;
-  const rest = (async () => {
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) return log;
-      log += value;
-    }
-  })();
-  return { child, base, log: () => rest };
-}
-
 async function expectedGreedy(prompt: string, n: number): Promise<string> {
   const model = await loadModel(modelFile("stories260K.bin"), {
     tokenizerPath: modelFile("tok512.bin"),
@@ -82,7 +42,7 @@ async function expectedGreedy(prompt: string, n: number): Promise<string> {
 
 for (const backend of ["cpu", "webgpu"]) {
   Deno.test(`the served model (${backend}) streams two concurrent generations on one socket with the reference's greedy text, then drains on SIGTERM`, async () => {
-    const { child, base, log } = await startServer([], backend);
+    const { child, base, log } = await spawnServer([], { backend });
     try {
       const ws = new WebSocket(`${base.replace("http", "ws")}/v1/stream`);
       await new Promise((r) => ws.onopen = r);
@@ -133,7 +93,7 @@ for (const backend of ["cpu", "webgpu"]) {
 }
 
 Deno.test("the served model refuses a prompt longer than the context with its token count", async () => {
-  const { child, base, log } = await startServer(["--context-length", "32"]);
+  const { child, base, log } = await spawnServer(["--context-length", "32"]);
   try {
     const res = await fetch(`${base}/v1/completions`, {
       method: "POST",
@@ -155,22 +115,11 @@ Deno.test("the served model refuses a prompt longer than the context with its to
 
 Deno.test("`deno task start` serves the default model under the task's narrow permissions", async () => {
   const root = new URL("..", import.meta.url).pathname;
-  const child = new Deno.Command(Deno.execPath(), {
-    args: ["task", "start", "--port", "0", "--kv-memory", "1MiB"],
-    cwd: root,
-    env: { MODEL_MIRROR: "../shared/models" },
-    stdout: "null",
-    stderr: "piped",
-  }).spawn();
-  const reader = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
-  let log = "";
+  const { child, base, log } = await spawnUntilListening(
+    ["task", "start", "--port", "0", "--kv-memory", "1MiB"],
+    { cwd: root, env: { MODEL_MIRROR: "../shared/models" } },
+  );
   try {
-    while (!/url\s+http:\/\/\S+\//.test(log)) {
-      const { value, done } = await reader.read();
-      if (done) throw new Error(`server exited before listening:\n${log}`);
-      log += value;
-    }
-    const base = /url\s+(http:\/\/\S+?)\//.exec(log)![1]!;
     const res = await fetch(`${base}/v1/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
@@ -179,10 +128,9 @@ Deno.test("`deno task start` serves the default model under the task's narrow pe
     assertEquals(res.status, 200);
     const body = await res.json();
     assertEquals(body.choices[0].text, await expectedGreedy("Once upon a time", 12));
-    assertStringIncludes(log, "--allow-read=");
   } finally {
     child.kill("SIGTERM");
-    while (!(await reader.read()).done) { /* until exit */ }
     await child.status;
   }
+  assertStringIncludes(await log(), "--allow-read=");
 });

@@ -1,5 +1,5 @@
 import { assert, assertEquals } from "@std/assert";
-import { modelFile } from "./_model_files.ts";
+import { spawnServer } from "./_serve_child.ts";
 
 interface OtlpSpan {
   traceId: string;
@@ -26,40 +26,14 @@ Deno.test("the real server exports a request span with its phases and step spans
     } else await req.body?.cancel();
     return Response.json({});
   });
-  const child = new Deno.Command(Deno.execPath(), {
-    args: [
-      "run",
-      "--allow-all",
-      new URL("../main.ts", import.meta.url).pathname,
-      "serve",
-      "--model",
-      modelFile("stories260K.bin"),
-      "--tokenizer",
-      modelFile("tok512.bin"),
-      "--port",
-      "0",
-      "--backend",
-      "cpu",
-      "--kv-memory",
-      "2MiB",
-    ],
+  const { child, base, log } = await spawnServer([], {
     env: {
       OTEL_DENO: "true",
       OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${(collector.addr as Deno.NetAddr).port}`,
       OTEL_EXPORTER_OTLP_PROTOCOL: "http/json",
     },
-    stdout: "null",
-    stderr: "piped",
-  }).spawn();
+  });
   try {
-    const reader = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
-    let log = "";
-    while (!/url\s+http:\/\/\S+\//.test(log)) {
-      const { value, done } = await reader.read();
-      if (done) throw new Error(log);
-      log += value;
-    }
-    const base = /url\s+(http:\/\/\S+?)\//.exec(log)![1]!;
     const res = await fetch(`${base}/v1/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
@@ -68,8 +42,7 @@ Deno.test("the real server exports a request span with its phases and step spans
     assertEquals(res.status, 200);
     await res.json();
     child.kill("SIGTERM");
-    while (!(await reader.read()).done) { /* drain stderr until exit */ }
-    assertEquals((await child.status).code, 0);
+    assertEquals((await child.status).code, 0, await log());
 
     const request = spans.filter((s) => s.name === "llm.request");
     assertEquals(request.length, 1, `spans: ${spans.map((s) => s.name).join(", ")}`);

@@ -1,0 +1,66 @@
+/** Test helper: the real server (`main.ts serve`, or any deno command) as a child process. */
+import { modelFile } from "./_model_files.ts";
+
+export interface ServeChild {
+  readonly child: Deno.ChildProcess;
+  /** http://host:port of the listening server. */
+  readonly base: string;
+  /** Everything the process wrote on stderr, once it has exited. */
+  log(): Promise<string>;
+}
+
+const LISTENING = /url\s+(http:\/\/\S+?)\//;
+
+/** Spawns `deno <args>` and resolves once its start-up line names the URL it listens on. */
+export async function spawnUntilListening(
+  args: string[],
+  opts: { env?: Record<string, string>; cwd?: string } = {},
+): Promise<ServeChild> {
+  const child = new Deno.Command(Deno.execPath(), {
+    args,
+    env: opts.env,
+    cwd: opts.cwd,
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+  const reader = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
+  let log = "";
+  while (!LISTENING.test(log)) {
+    const { value, done } = await reader.read();
+    if (done) throw new Error(`server exited before listening:\n${log}`);
+    log += value;
+  }
+  const base = LISTENING.exec(log)![1]!;
+  const rest = (async () => {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return log;
+      log += value;
+    }
+  })();
+  return { child, base, log: () => rest };
+}
+
+/** `main.ts serve` on stories260K (llama2.c files from the mirror), a free port, a small KV pool. */
+export function spawnServer(
+  extra: string[] = [],
+  opts: { backend?: string; env?: Record<string, string> } = {},
+): Promise<ServeChild> {
+  return spawnUntilListening([
+    "run",
+    "--allow-all",
+    new URL("../main.ts", import.meta.url).pathname,
+    "serve",
+    "--model",
+    modelFile("stories260K.bin"),
+    "--tokenizer",
+    modelFile("tok512.bin"),
+    "--port",
+    "0",
+    "--backend",
+    opts.backend ?? "cpu",
+    "--kv-memory",
+    "2MiB",
+    ...extra,
+  ], { env: opts.env });
+}
