@@ -29,30 +29,33 @@ async function runCContinuation(): Promise<string> {
   return text.slice("Once upon a time".length);
 }
 
-Deno.test("generate prints run.c's greedy continuation token for token (llama2.c checkpoint)", async () => {
-  const r = await runGenerate([
-    "--model",
-    modelFile("stories260K.bin"),
-    "--tokenizer",
-    modelFile("tok512.bin"),
-    "--prompt",
-    "Once upon a time",
-    "--max-tokens",
-    "64",
-    "--temperature",
-    "0",
-    "--backend",
-    "cpu",
-  ]);
-  assertEquals(r.code, 0, r.stderr);
-  const expected = await runCContinuation();
-  assert(r.stdout.trimEnd().length > 100, `too little output: ${r.stdout}`);
-  assert(
-    expected.startsWith(r.stdout.trimEnd()),
-    `CLI output diverges from run.c:\n${r.stdout}\nvs\n${expected}`,
-  );
-  assertStringIncludes(r.stderr, "64 tokens");
-});
+for (const backend of ["cpu", "webgpu"]) {
+  Deno.test(`generate on ${backend} prints run.c's greedy continuation token for token (llama2.c checkpoint)`, async () => {
+    const r = await runGenerate([
+      "--model",
+      modelFile("stories260K.bin"),
+      "--tokenizer",
+      modelFile("tok512.bin"),
+      "--prompt",
+      "Once upon a time",
+      "--max-tokens",
+      "64",
+      "--temperature",
+      "0",
+      "--backend",
+      backend,
+    ]);
+    assertEquals(r.code, 0, r.stderr);
+    const expected = await runCContinuation();
+    assert(r.stdout.trimEnd().length > 100, `too little output: ${r.stdout}`);
+    assert(
+      expected.startsWith(r.stdout.trimEnd()),
+      `CLI output diverges from run.c:\n${r.stdout}\nvs\n${expected}`,
+    );
+    assertStringIncludes(r.stderr, "64 tokens");
+    assertStringIncludes(r.stderr, `on ${backend}`);
+  });
+}
 
 Deno.test("generate gives the same greedy text from the llama.cpp-converted GGUF", async () => {
   const r = await runGenerate([

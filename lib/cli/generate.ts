@@ -1,5 +1,7 @@
 import { parseArgs } from "@std/cli/parse-args";
 import type { SamplingParams } from "../engine.ts";
+import { ServingCore } from "../../actors/core.ts";
+import { CoreBackend } from "../core_backend.ts";
 import { createEngine } from "../engine_factory.ts";
 import { loadModel } from "../load_model.ts";
 import { DEFAULT_MODEL, resolveModelSource } from "../model_source.ts";
@@ -98,10 +100,20 @@ export async function generateCommand(argv: string[]): Promise<number> {
   }
   const maxTokens = Math.min(args["max-tokens"], limit - promptIds.length);
   const blockSize = 16;
-  const numBlocks = Math.ceil(limit / blockSize);
-  const { engine, description } = await createEngine(model, args.backend, { numBlocks, blockSize });
+  const kv = { numBlocks: Math.ceil(limit / blockSize) + 1, blockSize };
+  const limits = { maxBatchTokens: 512, maxSeqs: 1 };
+  const { engine, description } = await createEngine(model, args.backend, kv, limits);
   console.error(`model ${source.modelPath} on ${description}; prompt ${promptIds.length} tokens`);
 
+  // The same serving core as the server (one sequence): pipelined decode, the same stop rules.
+  const core = new ServingCore({
+    engine,
+    engineFactory: async () => (await createEngine(model, args.backend, kv, limits)).engine,
+    codec: tokenizer,
+    maxInFlight: 3,
+    scheduler: { maxRunning: 1, maxBatchTokens: 512 },
+  });
+  const backend = new CoreBackend("cli", core, tokenizer);
   const sampling: SamplingParams = {
     temperature: args.temperature,
     topK: args["top-k"],
@@ -109,30 +121,26 @@ export async function generateCommand(argv: string[]): Promise<number> {
     minP: args["min-p"],
     seed: args.seed ?? crypto.getRandomValues(new Uint32Array(1))[0]!,
   };
-  const decoder = tokenizer.createDecoder();
   const out = new TextEncoder();
-  const stops = new Set([tokenizer.eosId, tokenizer.bosId]);
-  const blockTable = Array.from({ length: numBlocks }, (_, i) => i);
   const started = performance.now();
-  let input = promptIds;
-  let pos = 0;
   let generated = 0;
   try {
-    while (generated < maxTokens) {
-      const { sampled } = await engine.step({
-        stepId: generated,
-        seqs: [{ seqId: 0, tokens: input, startPos: pos, blockTable, sample: true, sampling }],
-      });
-      const token = sampled[0]!.token;
-      pos += input.length;
-      if (stops.has(token)) break;
-      generated++;
-      await Deno.stdout.write(out.encode(decoder.push(token)));
-      input = [token];
+    const events = backend.generate({
+      prompt: promptIds,
+      maxTokens,
+      sampling,
+      stop: [],
+      priority: "interactive",
+      requestId: "cli",
+    }, new AbortController().signal);
+    for await (const e of events) {
+      if (e.type === "token") await Deno.stdout.write(out.encode(e.text));
+      if (e.type === "done") generated = e.usage.completionTokens;
+      if (e.type === "error") throw new Error(`Generation failed (${e.code}): ${e.message}`);
     }
-    await Deno.stdout.write(out.encode(decoder.flush() + "\n"));
+    await Deno.stdout.write(out.encode("\n"));
   } finally {
-    engine.dispose();
+    await core.close();
   }
   const secs = (performance.now() - started) / 1000;
   console.error(
