@@ -145,7 +145,11 @@ async function startTransfer(
   try {
     response = await doFetch(url, { headers, signal: options.signal });
   } catch (cause) {
-    throw new DownloadError(`Cannot download ${url}: ${errorText(cause)}`, { cause });
+    throw new DownloadError(
+      `Cannot download ${url}: ${errorText(cause)} (offline? put the file in the models directory, ` +
+        "set MODEL_MIRROR to a directory of offline copies, or pass --model <path>)",
+      { cause },
+    );
   }
   const range = parseContentRange(response.headers.get("content-range"));
 

@@ -518,3 +518,18 @@ Deno.test("downloadFile() lets a concurrent download of the same file wait and r
     assertEquals(await Deno.readFile(dest), source);
   });
 });
+
+Deno.test("resolveModelSource() says how to work offline when the network is unreachable", async () => {
+  const modelsDir = await Deno.makeTempDir();
+  const failingFetch = () => Promise.reject(new TypeError("fetch failed"));
+  const err = await assertRejects(() =>
+    resolveModelSource("stories260K", {
+      modelsDir,
+      mirrorDir: null,
+      download: { fetch: failingFetch as typeof fetch, progress: false },
+    })
+  );
+  assertStringIncludes((err as Error).message, "fetch failed");
+  assertStringIncludes((err as Error).message, "MODEL_MIRROR");
+  await Deno.remove(modelsDir, { recursive: true });
+});
