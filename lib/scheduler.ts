@@ -314,19 +314,18 @@ export class Scheduler {
       // Preempted while building this step: there is no room for it now, nor for those behind it.
       if (seq.lastStep === stepId) break;
       if (barred(seq)) continue;
-      const cached = this.kv.computedPrefix(seq);
-      const n = Math.min(seq.tokens.length - cached, budget);
-      const reserve = this.#running.length > 0 ? this.config.watermarkBlocks : 0;
-      let table = this.kv.allocateSlots(seq, n, reserve);
-      while (!table) {
+      let cached = 0, n = 0, table: readonly number[] | null = null;
+      for (;;) {
+        // Again after each preemption: the victim's free may have cached more of this prompt,
+        // and allocateSlots takes every cached block it finds, so the plan must start after them.
+        cached = this.kv.computedPrefix(seq);
+        n = Math.min(seq.tokens.length - cached, budget);
+        const reserve = this.#running.length > 0 ? this.config.watermarkBlocks : 0;
+        table = this.kv.allocateSlots(seq, n, reserve);
+        if (table) break;
         const victim = this.#victim(seq, stepId, true);
         if (!victim) break;
         this.#preempt(victim);
-        table = this.kv.allocateSlots(
-          seq,
-          n,
-          this.#running.length > 0 ? this.config.watermarkBlocks : 0,
-        );
       }
       // First come, first served: a later arrival does not jump a request that does not fit.
       if (!table) break;

@@ -486,3 +486,33 @@ Deno.test("Scheduler property: random interleavings leak nothing and every finis
   // The generator must actually exercise every path it claims to.
   for (const [k, v] of Object.entries(totals)) assertGreater(v, 20, `${k}: ${v}`);
 });
+
+Deno.test("Scheduler: an admission that preempts a sharer of its prefix starts after the blocks the preemption cached", () => {
+  // v (batch) prefilled 9 tokens, its two full blocks not yet published; s (interactive) shares
+  // them. s's admission finds no room, preempts v, and v's free publishes the shared blocks.
+  const h = new Harness({ vocabSize: 512, numBlocks: 6, blockSize: 4 }, {
+    maxBatchTokens: 9,
+    watermarkBlocks: 1,
+  });
+  const shared = range(40, 8);
+  const v = { prompt: [...shared, 7], maxTokens: 1, priority: "batch" as const };
+  const s = { prompt: [...shared, 1, 2, 3, 4, 5], maxTokens: 3 };
+  const iv = h.submit(v);
+  assert(h.plan(), "step 0: v's prefill");
+  const is = h.submit(s);
+  assert(h.plan(), "step 1: s admitted in v's place");
+  assertEquals(h.sched.stats().preemptions, 1);
+  const first = h.plans[1]!.seqs.find((e) => e.seqId === is)!;
+  assertEquals(first.startPos, 8, "s reuses the 8 tokens v's preemption cached");
+  assertEquals(first.tokens, [1, 2, 3, 4, 5]);
+  assertEquals(first.blockTable.length, 4, "s holds the blocks for its 13 positions, no more");
+  // s leaves; a third request sharing s's first 12 tokens must read only written KV.
+  h.sched.cancel(is);
+  const t = { prompt: [...s.prompt.slice(0, 12), 9], maxTokens: 4 };
+  const it = h.submit(t);
+  h.runToEnd(2);
+  assertEquals(h.tokens(it), expected(h, t));
+  assertEquals(h.tokens(iv), expected(h, v));
+  assertEquals(h.sched.kv.stats().usedBlocks, 0);
+  h.sched.kv.checkConsistency();
+});
