@@ -1,5 +1,11 @@
 import { assert, assertEquals, assertRejects } from "@std/assert";
-import { GREEDY, type SamplingParams, type SeqInput, type StepPlan } from "../lib/engine.ts";
+import {
+  type Engine,
+  GREEDY,
+  type SamplingParams,
+  type SeqInput,
+  type StepPlan,
+} from "../lib/engine.ts";
 import { parseLlama2cCheckpoint } from "../lib/llama2c_checkpoint.ts";
 import type { ModelConfig } from "../lib/model_config.ts";
 import { CpuEngine } from "../lib/reference/cpu_engine.ts";
@@ -273,6 +279,35 @@ Deno.test("CpuEngine useLastSampled decodes from the token it sampled, even when
   const results = await Promise.all(steps);
   assertEquals(results.map((r) => r.sampled[0]!.token), literal.tokens);
   assertEquals(results.map((r) => r.stepId), range(12));
+});
+
+Deno.test("CpuEngine release() forgets the last sampled token, also when its step has not run yet", async () => {
+  const { prompt } = runC("once_upon_a_time_n64");
+  const e: Engine = new CpuEngine(config, weights, KV);
+  const prefill = (seqId: number, stepId: number) =>
+    e.step({ stepId, seqs: [seq({ seqId, tokens: prompt, startPos: 0, blockTable: range(5) })] });
+  const decode = (seqId: number, stepId: number) =>
+    e.step({
+      stepId,
+      seqs: [
+        seq({
+          seqId,
+          tokens: [],
+          useLastSampled: true,
+          startPos: prompt.length,
+          blockTable: range(5),
+        }),
+      ],
+    });
+  // The executor releases a sequence as soon as the scheduler says so, while earlier steps
+  // that sample for it may still be queued in the engine.
+  const first = prefill(1, 0);
+  e.release!(1);
+  await first;
+  await assertRejects(() => decode(1, 1), Error, "last sampled undefined");
+  await prefill(2, 2);
+  e.release!(2);
+  await assertRejects(() => decode(2, 3), Error, "last sampled undefined");
 });
 
 Deno.test("CpuEngine rejects a bad plan, naming the problem, and leaves its cache untouched", async () => {

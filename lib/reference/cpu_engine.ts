@@ -63,6 +63,14 @@ export class CpuEngine implements Engine {
     return result;
   }
 
+  /**
+   * Forgets the sequence's last sampled token. Queued like a step: a step accepted earlier but
+   * not yet run may still sample for it, and would otherwise leave an entry behind for good.
+   */
+  release(seqId: number): void {
+    this.queue = this.queue.then(() => this.lastSampled.delete(seqId));
+  }
+
   dispose(): void {
     this.disposed = true;
     this.lastSampled.clear();
