@@ -99,15 +99,31 @@ export class ExecutorActor {
       try {
         result = await pending;
       } catch (error) {
-        this.#opts.onStep?.({ plan, startedAt, durationMs: performance.now() - startedAt, error });
+        this.#report({ plan, startedAt, durationMs: performance.now() - startedAt, error });
         await this.#fail(epoch, error, plan.stepId);
         return;
       }
       const durationMs = performance.now() - startedAt;
       if (epoch !== this.#epoch) return;
-      this.#opts.onStep?.({ plan, startedAt, durationMs, result });
+      this.#report({ plan, startedAt, durationMs, result });
       await this.#post({ type: "step-result", epoch, result, durationMs });
     });
+  }
+
+  /**
+   * A throwing hook must not break the chain of results: every later step would be lost and
+   * the rejection would end the process.
+   */
+  #report(report: StepReport): void {
+    try {
+      this.#opts.onStep?.(report);
+    } catch (e) {
+      (this.#opts.log ?? console.error)(
+        `Executor: the onStep hook threw on step ${report.plan.stepId}: ${
+          e instanceof Error ? e.message : e
+        }`,
+      );
+    }
   }
 
   async #fail(epoch: number, error: unknown, stepId: number): Promise<void> {

@@ -181,6 +181,41 @@ Deno.test("ExecutorActor releases ended sequences on the engine before the next 
   await running;
 });
 
+Deno.test("ExecutorActor: an onStep hook that throws loses no result and no restart", async () => {
+  const engines: FakeEngine[] = [];
+  const make = () => {
+    const e = new FakeEngine({
+      blockSize: 4,
+      numBlocks: 16,
+      failWhen: (_p, call) => engines.length === 1 && call === 1,
+    });
+    engines.push(e);
+    return e;
+  };
+  const mailbox = new Channel<ExecutorMsg>(8);
+  const scheduler = new Channel<SchedulerMsg>(16);
+  const logged: string[] = [];
+  const ex = new ExecutorActor(make(), make, mailbox, scheduler, {
+    log: (m) => logged.push(m),
+    restartBackoffMs: 1,
+    onStep: () => {
+      throw new Error("metrics exploded");
+    },
+  });
+  const running = ex.run();
+  for (let s = 0; s < 2; s++) {
+    await mailbox.send({ type: "step", epoch: 0, plan: plan(s, s, [BOS, 7]), release: [] });
+  }
+  const got = await drain(scheduler, 3);
+  assertEquals(got.map((m) => m.type), ["step-result", "executor-failed", "executor-ready"]);
+  await mailbox.send({ type: "step", epoch: 1, plan: plan(2, 0, [BOS, 9]), release: [] });
+  const [next] = await drain(scheduler, 1);
+  assert(next?.type === "step-result" && next.result.stepId === 2, JSON.stringify(next));
+  assert(logged.some((m) => m.includes("metrics exploded")), logged.join("\n"));
+  mailbox.close();
+  await running;
+});
+
 // ---------------------------------------------------------------------------------------------
 // The whole core under injected faults.
 
