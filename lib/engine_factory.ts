@@ -1,4 +1,3 @@
-import { acquireGpu } from "../kernels/device.ts";
 import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
 import type { Engine, KvGeometry } from "./engine.ts";
 import { CpuEngine } from "./reference/cpu_engine.ts";
@@ -25,13 +24,13 @@ export async function createEngine(
   let fallback = "";
   if (backend !== "cpu") {
     try {
-      const gpu = await acquireGpu();
+      // The engine acquires the device itself so that dispose() destroys it: the executor
+      // builds a new engine after every failure, and each old device would otherwise stay alive.
       const engine = await WebGpuEngine.create(model.config, model.weights, kv, {
-        gpu,
         maxBatchTokens: limits.maxBatchTokens,
         maxSeqs: limits.maxSeqs,
       });
-      return { engine, description: `webgpu (${gpu.description})` };
+      return { engine, description: `webgpu (${engine.gpu.description})` };
     } catch (e) {
       if (backend === "webgpu") throw e;
       fallback = `; webgpu unavailable: ${e instanceof Error ? e.message : e}`;
