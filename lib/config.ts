@@ -85,8 +85,17 @@ export function resolveConfig(
   const parsed = ConfigSchema.safeParse(raw);
   if (!parsed.success) {
     const lines = parsed.error.issues.map((i) => {
-      const key = i.path.join(".");
-      return `--${key}: ${i.message} (received ${JSON.stringify(raw[key as string])})`;
+      const name = String(i.path[0]) as SettingName;
+      // Name what the user typed: the kebab-case flag, or the variable when the value came
+      // from the environment.
+      const flag = "--" + name.replace(/[A-Z]/g, (c) => "-" + c.toLowerCase());
+      const where = flags[name] !== undefined ? flag : SETTINGS[name]?.env ?? flag;
+      // API keys are secrets: say which one, never echo it.
+      if (name === "apiKey") return `${where} #${Number(i.path[1] ?? 0) + 1}: ${i.message}`;
+      const received = JSON.stringify(raw[name]);
+      return i.message.includes(received)
+        ? `${where}: ${i.message}`
+        : `${where}: ${i.message} (received ${received})`;
     });
     throw new Error(`Invalid configuration:\n  ${lines.join("\n  ")}`);
   }

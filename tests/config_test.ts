@@ -26,7 +26,7 @@ Deno.test("resolveConfig() splits comma-separated API keys from the environment"
 Deno.test("resolveConfig() names every invalid setting and the value received", () => {
   const err = assertThrows(() => resolveConfig({ port: "eighty", kvMemory: "12 zz", backend: "tpu" }, noEnv));
   const msg = (err as Error).message;
-  for (const part of ['--port', '"eighty"', "--kvMemory", '"12 zz"', "--backend", '"tpu"']) {
+  for (const part of ['--port', '"eighty"', "--kv-memory", '"12 zz"', "--backend", '"tpu"']) {
     assertEquals(msg.includes(part), true, `message lacks ${part}: ${msg}`);
   }
 });
@@ -35,5 +35,23 @@ Deno.test("resolveConfig() bounds the pipeline depth to 1..8", () => {
   assertEquals(resolveConfig({}, noEnv).pipelineDepth, 3);
   assertEquals(resolveConfig({ pipelineDepth: "8" }, noEnv).pipelineDepth, 8);
   assertThrows(() => resolveConfig({ pipelineDepth: "9" }, noEnv), Error, "at most 8");
-  assertThrows(() => resolveConfig({ pipelineDepth: "0" }, noEnv), Error, "--pipelineDepth");
+  assertThrows(() => resolveConfig({ pipelineDepth: "0" }, noEnv), Error, "--pipeline-depth");
+});
+
+Deno.test("resolveConfig() names the flag or environment variable the user set, and each value once", () => {
+  const fromFlags = (assertThrows(() =>
+    resolveConfig({ kvMemory: "abc", maxBatchTokens: "0" }, noEnv)
+  ) as Error).message;
+  for (const part of ["--kv-memory:", "--max-batch-tokens:"]) {
+    assertEquals(fromFlags.includes(part), true, `message lacks ${part}: ${fromFlags}`);
+  }
+  assertEquals(fromFlags.split('"abc"').length - 1, 1, `"abc" should appear once: ${fromFlags}`);
+  const env = (n: string) => n === "LLMSERVE_MAX_RUNNING" ? "many" : undefined;
+  const fromEnv = (assertThrows(() => resolveConfig({}, env)) as Error).message;
+  assertEquals(fromEnv.includes("LLMSERVE_MAX_RUNNING"), true, fromEnv);
+  // A rejected API key is named by position, never echoed.
+  const keys = (assertThrows(() => resolveConfig({ apiKey: ["ok-key-123", "short"] }, noEnv)) as Error)
+    .message;
+  assertEquals(keys.includes("--api-key"), true, keys);
+  assertEquals(keys.includes("short"), false, keys);
 });
