@@ -119,3 +119,26 @@ Deno.test("generate refuses a llama2.c checkpoint without a tokenizer", async ()
   assertEquals(r.code, 1);
   assertStringIncludes(r.stderr, "--tokenizer");
 });
+
+Deno.test("generate with an empty prompt starts from BOS alone, like run.c without -i", async () => {
+  const r = await runGenerate([
+    "--model",
+    modelFile("stories260K.bin"),
+    "--tokenizer",
+    modelFile("tok512.bin"),
+    "--prompt",
+    "",
+    "--max-tokens",
+    "40",
+    "--temperature",
+    "0",
+    "--backend",
+    "cpu",
+  ]);
+  assertEquals(r.code, 0, r.stderr);
+  const runC = await Deno.readTextFile(
+    new URL("./fixtures/run_c/no_prompt_n128.txt", import.meta.url),
+  );
+  assert(r.stdout.trim().length > 0, "expected a continuation");
+  assert(runC.startsWith(r.stdout.trimEnd()), `${JSON.stringify(r.stdout)} is not a prefix of run.c's`);
+});

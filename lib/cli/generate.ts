@@ -58,9 +58,11 @@ export async function generateCommand(argv: string[]): Promise<number> {
   const unknown = Object.keys(flags).filter((k) =>
     k !== "_" && k !== "help" && !(k in GenerateArgs.shape)
   );
-  if (unknown.length > 0 || flags._.length > 0) {
+  // parseArgs also lists the value of `--prompt ""` as a positional; an empty prompt is valid.
+  const positional = flags._.filter((a: string | number) => a !== "");
+  if (unknown.length > 0 || positional.length > 0) {
     console.error(
-      `Unknown argument(s): ${[...unknown.map((k) => `--${k}`), ...flags._].join(" ")}\n${USAGE}`,
+      `Unknown argument(s): ${[...unknown.map((k) => `--${k}`), ...positional].join(" ")}\n${USAGE}`,
     );
     return 2;
   }
