@@ -251,6 +251,17 @@ Deno.test("every request error answers with its status, code, field and received
       message: /only n = 1/,
     },
     {
+      // Only the sampled token's logprob is read back: top alternatives would be empty dicts.
+      name: "completion logprobs > 0",
+      url: comp,
+      body: { prompt: "a", logprobs: 2 },
+      status: 400,
+      code: "invalid_request",
+      param: "logprobs",
+      type: "invalid_request_error",
+      message: /top alternatives are not supported.*; got 2/,
+    },
+    {
       name: "batched prompts",
       url: comp,
       body: { prompt: ["a", "b"] },
@@ -347,7 +358,7 @@ Deno.test("every request error answers with its status, code, field and received
   assertEquals((await get.json()).error.code, "upgrade_required");
   assertEquals(svc.backend.requests.length, 0, "an invalid request reached the core");
   const m = await scrape(svc.base);
-  assertEquals(metricValue(m, 'llm_errors_total{code="invalid_request"}'), 7);
+  assertEquals(metricValue(m, 'llm_errors_total{code="invalid_request"}'), 8);
   assertEquals(
     metricValue(
       m,

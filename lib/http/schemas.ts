@@ -108,7 +108,11 @@ export const CompletionBody = z.object({
     error: "expected a string, an array of token ids, or a one-element array of either " +
       "(batched prompts are not supported)",
   }),
-  logprobs: z.number().int().min(0).max(5).nullish(),
+  // Only the sampled token's logprob is read back from the engine, so there are no top
+  // alternatives to list: refuse asking for them rather than answer empty dicts.
+  logprobs: z.number().int().min(0).max(0, {
+    error: "top alternatives are not supported (use 0 for the sampled tokens' logprobs)",
+  }).nullish(),
   echo: z.literal(false, { error: "echo is not supported" }).nullish(),
   best_of: z.literal(1, { error: "only best_of = 1 is supported" }).nullish(),
   suffix: z.null({ error: "suffix is not supported" }).optional(),
