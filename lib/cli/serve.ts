@@ -112,7 +112,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const faults = FaultInjector.fromEnv();
   const withFaults = (e: Engine): Engine => (faults ? faults.wrap(e) : e);
   const metrics = new ServiceMetrics();
-  const core = new ServingCore({
+  let restartsSeen = 0;
+  const core: ServingCore = new ServingCore({
     engine: withFaults(engine),
     engineFactory: async () =>
       withFaults((await createEngine(model, config.backend, kv, limits)).engine),
@@ -125,7 +126,10 @@ export async function serveCommand(argv: string[]): Promise<number> {
     },
     executor: {
       onStep: (r) => {
-        if (r.error !== undefined) return metrics.observeExecutorRestart();
+        // Restarts are counted from the executor, not from failed steps: every step already
+        // handed to a dead engine fails too. The count is synced on the step after a restart.
+        for (; restartsSeen < core.executor.restarts; restartsSeen++) metrics.observeExecutorRestart();
+        if (r.error !== undefined) return;
         const tokens = r.plan.seqs.reduce(
           (n, s) => n + (s.useLastSampled ? 1 : s.tokens.length),
           0,
