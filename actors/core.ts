@@ -46,11 +46,20 @@ export class ServingCore {
   constructor(opts: ServingCoreOptions) {
     const { engine } = opts;
     const maxInFlight = opts.maxInFlight ?? 2;
+    // An engine with fixed step buffers bounds what the scheduler may put in one step.
+    const overrides = { vocabSize: engine.config.vocabSize, ...opts.scheduler };
+    if (engine.limits) {
+      overrides.maxRunning = Math.min(overrides.maxRunning ?? Infinity, engine.limits.maxSeqs);
+      overrides.maxBatchTokens = Math.min(
+        overrides.maxBatchTokens ?? Infinity,
+        engine.limits.maxBatchTokens,
+      );
+    }
     const core = new Scheduler(schedulerConfig({
       numBlocks: engine.kv.numBlocks,
       blockSize: engine.kv.blockSize,
       contextLength: engine.config.contextLength,
-    }, { vocabSize: engine.config.vocabSize, ...opts.scheduler }));
+    }, overrides));
     const executorMailbox = createExecutorMailbox(maxInFlight);
     this.scheduler = new SchedulerActor(core, executorMailbox, { maxInFlight });
     const onStep = opts.executor?.onStep;

@@ -58,6 +58,10 @@ const DEFAULT_BLOCK_SIZE = 16;
  */
 export class WebGpuEngine implements Engine {
   readonly name = "webgpu";
+
+  get limits(): { maxSeqs: number; maxBatchTokens: number } {
+    return { maxSeqs: this.layout.capacity.maxSeqs, maxBatchTokens: this.layout.capacity.maxRows };
+  }
   readonly kv: KvGeometry;
   /** Bytes of device memory held, by purpose, for the start-up line. */
   readonly memory: {

@@ -70,6 +70,8 @@ export interface Engine {
   readonly name: string;
   readonly config: ModelConfig;
   readonly kv: KvGeometry;
+  /** Set by engines whose step buffers are sized up front: no plan may exceed these. */
+  readonly limits?: { readonly maxSeqs: number; readonly maxBatchTokens: number };
   step(plan: StepPlan): Promise<StepResult>;
   /** The sequence is finished or preempted: forget its per-sequence state (last sampled token). */
   release?(seqId: number): void;

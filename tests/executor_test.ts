@@ -461,3 +461,48 @@ Deno.test("ServingCore property: random arrivals, aborts, departures and faults 
     assertGreater(v, 3, `${k}: ${v}`);
   }
 });
+
+Deno.test("ServingCore keeps every step within the limits an engine's buffers were sized for", async () => {
+  const base: FakeEngineOptions = { vocabSize: VOCAB, numBlocks: 256, blockSize: 4 };
+  const limited = (): Engine => {
+    const inner = new FakeEngine(base);
+    return Object.assign(inner, { limits: { maxSeqs: 3, maxBatchTokens: 8 } });
+  };
+  const widest = { seqs: 0, tokens: 0 };
+  const core = new ServingCore({
+    engine: limited(),
+    engineFactory: limited,
+    codec: fakeCodec,
+    // Asks for more than the engine holds: the engine's limits win.
+    scheduler: { maxRunning: 64, maxBatchTokens: 512 },
+    executor: {
+      ...silent,
+      onStep: ({ plan }) => {
+        widest.seqs = Math.max(widest.seqs, plan.seqs.length);
+        const tokens = plan.seqs.reduce((n, s) => n + (s.useLastSampled ? 1 : s.tokens.length), 0);
+        widest.tokens = Math.max(widest.tokens, tokens);
+      },
+    },
+  });
+  try {
+    const prompts = Array.from(
+      { length: 8 },
+      (_, i) => [BOS, ...Array.from({ length: 12 }, (_, j) => 2 + i + j)],
+    );
+    const all = await Promise.all(prompts.map((prompt) =>
+      collect(core.generate({
+        prompt,
+        maxTokens: 6,
+        sampling: GREEDY,
+        stop: [],
+        priority: "interactive",
+        requestId: "l",
+      }))
+    ));
+    for (const events of all) assertEquals(events.at(-1)?.type, "done");
+    assertEquals(widest.seqs, 3, "steps fill up to, and never past, the engine's sequence limit");
+    assert(widest.tokens <= 8, `a step held ${widest.tokens} tokens, above the engine's 8`);
+  } finally {
+    await core.close();
+  }
+});
