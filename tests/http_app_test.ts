@@ -586,6 +586,19 @@ Deno.test("drain() aborts generations still running at its deadline", async () =
   assertEquals(svc.backend.active, 0);
 });
 
+Deno.test("drain() answers a non-streaming generation cut off at its deadline with 503 draining", async () => {
+  await using svc = startService({ tokenDelayMs: 5, contextLength: 1 << 20 });
+  const pending = postJson(svc.base + "/v1/completions", { prompt: "forever", max_tokens: 100000 });
+  while (svc.backend.active === 0) await new Promise((r) => setTimeout(r, 5));
+  assertEquals(await svc.service.drain({ timeoutMs: 100 }), { completed: false, aborted: 1 });
+  const res = await pending;
+  // A 200 with truncated text would pass for a finished answer; 503 tells the client to retry.
+  assertEquals(res.status, 503);
+  assertEquals(res.headers.get("retry-after"), "1");
+  assertEquals((await res.json()).error.code, "draining");
+  assertEquals(svc.backend.active, 0);
+});
+
 Deno.test("a core that throws is answered as an internal error, and nothing stays in flight", async () => {
   class ThrowingBackend extends FakeBackend {
     override generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {

@@ -158,7 +158,14 @@ async function respond(
   const headers = { "x-request-id": id };
   if (!parsed.stream) {
     try {
-      const body = await collect(kind, meta, first.value, events, request.logprobs === true);
+      const body = await collect(
+        kind,
+        meta,
+        first.value,
+        events,
+        request.logprobs === true,
+        req.signal,
+      );
       return Response.json(body, { headers });
     } finally {
       req.signal.removeEventListener("abort", onClientGone);
@@ -204,6 +211,7 @@ async function collect(
   first: GenerationEvent,
   events: AsyncGenerator<GenerationEvent>,
   withLogprobs: boolean,
+  client: AbortSignal,
 ) {
   let text = "";
   const lps: TokenLogprob[] = [];
@@ -213,6 +221,14 @@ async function collect(
       text += ev.text;
       if (withLogprobs) lps.push({ text: ev.text, logprob: ev.logprob });
     } else if (ev.type === "done") {
+      // Cancelled while the client still waits means the server cut it off (drain deadline):
+      // a 200 with truncated text would pass for an answer, so tell the client to retry.
+      if (ev.finishReason === "cancelled" && !client.aborted) {
+        throw new ApiError(
+          "draining",
+          "The server shut down before this generation finished; retry on another instance",
+        );
+      }
       const lp = withLogprobs ? lps : null;
       return kind === "completions"
         ? completionResponse(meta, text, ev.finishReason, ev.usage, ev.timings, lp)
