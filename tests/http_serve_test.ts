@@ -75,3 +75,19 @@ Deno.test("SIGTERM aborts generations still running at the drain deadline and ex
     await lines.cancel();
   }
 });
+
+Deno.test("serveService() names the address it could not listen on", async () => {
+  const { createApp } = await import("../lib/http/app.ts");
+  const { serveService } = await import("../lib/http/serve.ts");
+  const { FakeBackend } = await import("../lib/fake_backend.ts");
+  using taken = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = taken.addr.port;
+  const service = createApp({ backend: new FakeBackend({}) });
+  let message = "";
+  try {
+    serveService(service, { hostname: "127.0.0.1", port, drainTimeoutMs: 10, signals: [] });
+  } catch (e) {
+    message = (e as Error).message;
+  }
+  assertMatch(message, new RegExp(`Cannot listen on 127\\.0\\.0\\.1:${port}: .*in use.*--port`, "i"));
+});

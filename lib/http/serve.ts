@@ -25,11 +25,25 @@ export interface RunningServer {
  * WebSockets close with 1001 and the listener shuts down. The caller exits after `closed`.
  */
 export function serveService(service: ServiceApp, opts: ServeOptions): RunningServer {
-  const server = Deno.serve({
-    hostname: opts.hostname,
-    port: opts.port,
-    onListen: (addr) => opts.onListen?.(addr as Deno.NetAddr),
-  }, service.fetch);
+  let server: Deno.HttpServer;
+  try {
+    server = Deno.serve({
+      hostname: opts.hostname,
+      port: opts.port,
+      onListen: (addr) => opts.onListen?.(addr as Deno.NetAddr),
+    }, service.fetch);
+  } catch (err) {
+    // Deno's own message ("Address already in use (os error 98)") names neither address.
+    const hint = err instanceof Deno.errors.AddrInUse
+      ? "; stop the other server or pick another --port (0 picks a free one)"
+      : "";
+    throw new Error(
+      `Cannot listen on ${opts.hostname}:${opts.port}: ${
+        err instanceof Error ? err.message : String(err)
+      }${hint}`,
+      { cause: err },
+    );
+  }
   const signals = opts.signals ?? ["SIGTERM", "SIGINT"];
   let stopping: Promise<DrainResult> | undefined;
   let resolveClosed!: (r: DrainResult) => void;
