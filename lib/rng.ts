@@ -19,3 +19,15 @@ export function hash32(seed: number, counter: number): number {
 export function uniform(seed: number, counter: number): number {
   return (hash32(seed, counter) >>> 8) / 16777216;
 }
+
+/**
+ * Maps any integer seed a client may send (JSON allows ±2^53) to the 32 bits the RNG uses.
+ * Seeds in 0..2^32-1 are kept as they are; others fold their high bits and sign in, so seeds
+ * that differ only above bit 31 (1 and 2^32+1, -1 and 2^32-1) draw differently.
+ */
+export function seedToU32(seed: number): number {
+  if (seed >= 0 && seed < 2 ** 32) return seed >>> 0;
+  const lo = Number(BigInt.asUintN(32, BigInt(seed)));
+  const hi = Number(BigInt.asIntN(32, BigInt(seed) >> 32n));
+  return hash32(lo, hi ^ 0x5bd1e995);
+}

@@ -1,3 +1,4 @@
+import { seedToU32 } from "../rng.ts";
 import type { GenerationBackend, GenerationRequest, Priority } from "../generation.ts";
 import { ApiError } from "./errors.ts";
 
@@ -78,7 +79,7 @@ export function buildGenerationRequest(
       topK: input.topK ?? 0,
       topP: input.topP ?? 1,
       minP: input.minP ?? 0,
-      seed: input.seed === undefined || input.seed === null ? randomSeed() : input.seed >>> 0,
+      seed: input.seed === undefined || input.seed === null ? randomSeed() : seedToU32(input.seed),
     },
     stop: stop.filter((s) => s.length > 0),
     priority: input.priority ?? "interactive",
