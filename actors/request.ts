@@ -12,7 +12,7 @@ import type { RequestMsg, SchedulerMsg, SeqEvent } from "./messages.ts";
 export interface TextCodec {
   readonly bosId: number;
   readonly eosId: number;
-  encode(text: string, opts: { bos: boolean }): number[];
+  encode(text: string, opts: { bos: boolean; special?: boolean }): number[];
   /** Streams ids to text, never splitting a UTF-8 character; afterBos: the ids follow a BOS. */
   createDecoder(opts?: { afterBos?: boolean }): { push(id: number): string; flush(): string };
 }
@@ -108,7 +108,7 @@ export class RequestActor {
     const req = this.#req;
     const codec = this.#codec;
     const prompt = typeof req.prompt === "string"
-      ? codec.encode(req.prompt, { bos: true })
+      ? codec.encode(req.prompt, { bos: true, special: req.parseSpecialTokens ?? false })
       : [...req.prompt];
     const seqId = this.#scheduler.nextSeqId();
     this.#seqId = seqId;

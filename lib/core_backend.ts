@@ -37,8 +37,8 @@ export class CoreBackend implements GenerationBackend {
     return this.core.generate({ ...req, prompt: this.#stripBos(req.prompt), stopTokenIds }, signal);
   }
 
-  countTokens(text: string): number {
-    return this.tokenizer.encode(this.#stripBos(text) as string, { bos: true }).length;
+  countTokens(text: string, opts: { special?: boolean } = {}): number {
+    return this.tokenizer.encode(this.#stripBos(text), { bos: true, special: opts.special }).length;
   }
 
   stats(): CoreStats {

@@ -19,6 +19,11 @@ export interface GenerationRequest {
   readonly priority: Priority;
   /** Tracing context or request id for logs. */
   readonly requestId: string;
+  /**
+   * The prompt was rendered by the model's chat template: text spelling a control token
+   * ("</s>", "<|im_start|>") is that token. Never set for text the client wrote directly.
+   */
+  readonly parseSpecialTokens?: boolean;
   /** Include per-token logprobs in token events. */
   readonly logprobs?: boolean;
 }
@@ -44,7 +49,12 @@ export interface Timings {
 
 export type GenerationEvent =
   | { readonly type: "started"; readonly promptTokens: number }
-  | { readonly type: "token"; readonly text: string; readonly ids: readonly number[]; readonly logprob: number }
+  | {
+    readonly type: "token";
+    readonly text: string;
+    readonly ids: readonly number[];
+    readonly logprob: number;
+  }
   | {
     readonly type: "done";
     readonly finishReason: FinishReason;
@@ -81,7 +91,7 @@ export interface GenerationBackend {
   readonly modelName: string;
   readonly contextLength: number;
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent>;
-  countTokens(text: string): number;
+  countTokens(text: string, opts?: { special?: boolean }): number;
   /** Token ids run from 0 to vocabSize - 1; prompts given as ids are checked against it. */
   readonly vocabSize?: number;
   /** Chat template source from the model file, if any. */

@@ -15,6 +15,12 @@ const BYTE_PIECE = /^<0x([0-9A-Fa-f]{2})>$/;
 export interface EncodeOptions {
   /** Prepend the BOS token (default true, as llama2.c's generate does). */
   bos?: boolean;
+  /**
+   * Text spelling a control token's piece ("<s>", "</s>", "<|im_start|>") becomes that token,
+   * as chat templates expect; text between them is encoded on its own (default false: such text
+   * is just characters, so user content cannot inject control tokens).
+   */
+  special?: boolean;
   /** Append the EOS token (default false). */
   eos?: boolean;
 }
@@ -98,13 +104,21 @@ export class Tokenizer {
       this.#types[id] = type;
       if (type === TYPE_BYTE) {
         const m = BYTE_PIECE.exec(piece);
-        if (!m) fail(`token ${id} has type 6 (byte) but its piece ${JSON.stringify(piece)} is not of the form <0xXX>`);
+        if (!m) {
+          fail(
+            `token ${id} has type 6 (byte) but its piece ${
+              JSON.stringify(piece)
+            } is not of the form <0xXX>`,
+          );
+        }
         const value = parseInt(m![1]!, 16);
         this.#byteOf[id] = value;
         if (this.#byteToken[value] === -1) this.#byteToken[value] = id;
       } else if (type === TYPE_UNKNOWN) {
         if (unknownId === -1) unknownId = id;
-      } else if ((type === TYPE_NORMAL || type === TYPE_USER_DEFINED || type === 0) && piece !== "") {
+      } else if (
+        (type === TYPE_NORMAL || type === TYPE_USER_DEFINED || type === 0) && piece !== ""
+      ) {
         // Control, byte and unknown pieces stay out: text spelling "<s>" or "<0x0A>" is just text.
         if (!this.#lookup.has(piece)) this.#lookup.set(piece, id);
       }
@@ -121,14 +135,49 @@ export class Tokenizer {
   encode(text: string, opts: EncodeOptions = {}): number[] {
     const out: number[] = [];
     if (opts.bos ?? true) out.push(this.bosId);
-    if (text.length > 0) {
-      const ids: number[] = [];
-      this.#pushSymbol(" ", ids);
-      for (const ch of text) this.#pushSymbol(ch, ids);
-      for (const id of this.#merge(ids)) out.push(id);
+    if (opts.special) {
+      this.#splitSpecial(text).forEach((part, i) => {
+        if (typeof part === "number") out.push(part);
+        else this.#encodeText(part, i === 0, out);
+      });
+    } else {
+      this.#encodeText(text, true, out);
     }
     if (opts.eos ?? false) out.push(this.eosId);
     return out;
+  }
+
+  /** One run of plain text; the dummy-prefix space only where the text starts the prompt. */
+  #encodeText(text: string, atStart: boolean, out: number[]): void {
+    if (text.length === 0) return;
+    const ids: number[] = [];
+    if (atStart) this.#pushSymbol(" ", ids);
+    for (const ch of text) this.#pushSymbol(ch, ids);
+    for (const id of this.#merge(ids)) out.push(id);
+  }
+
+  #specials?: { piece: string; id: number }[];
+
+  /** Splits text at control-token pieces, longest first, leftmost match. */
+  #splitSpecial(text: string): (string | number)[] {
+    this.#specials ??= Array.from(this.#pieces.entries())
+      .filter(([id, piece]) => this.#types[id] === TYPE_CONTROL && piece !== "")
+      .map(([id, piece]) => ({ piece, id }))
+      .sort((a, b) => b.piece.length - a.piece.length);
+    const parts: (string | number)[] = [];
+    let rest = text;
+    for (;;) {
+      let best: { at: number; piece: string; id: number } | undefined;
+      for (const s of this.#specials) {
+        const at = rest.indexOf(s.piece);
+        if (at >= 0 && (best === undefined || at < best.at)) best = { at, ...s };
+      }
+      if (!best) break;
+      parts.push(rest.slice(0, best.at), best.id);
+      rest = rest.slice(best.at + best.piece.length);
+    }
+    parts.push(rest);
+    return parts;
   }
 
   /** Decodes a whole id sequence; control tokens vanish and a space after BOS is dropped, as in run.c. */
@@ -181,7 +230,9 @@ export class Tokenizer {
 
   #checkId(id: number): void {
     if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize) {
-      throw new RangeError(`Cannot decode token id ${id}: the vocabulary has ids 0..${this.vocabSize - 1}`);
+      throw new RangeError(
+        `Cannot decode token id ${id}: the vocabulary has ids 0..${this.vocabSize - 1}`,
+      );
     }
   }
 
@@ -211,7 +262,11 @@ export class Tokenizer {
       else if (this.#unknownId >= 0) ids.push(this.#unknownId);
       else {
         throw new Error(
-          `Cannot encode ${JSON.stringify(symbol)}: the vocabulary has neither this piece nor a byte token <0x${hex2(b)}>, and no unknown token`,
+          `Cannot encode ${
+            JSON.stringify(symbol)
+          }: the vocabulary has neither this piece nor a byte token <0x${
+            hex2(b)
+          }>, and no unknown token`,
         );
       }
     }
@@ -239,7 +294,14 @@ export class Tokenizer {
       if (merged === undefined) return;
       const score = this.#scores[merged]!;
       if (!(score > MIN_MERGE_SCORE)) return;
-      heap.push({ score, left, right, merged, leftVersion: version[left]!, rightVersion: version[right]! });
+      heap.push({
+        score,
+        left,
+        right,
+        merged,
+        leftVersion: version[left]!,
+        rightVersion: version[right]!,
+      });
     };
     for (let i = 0; i + 1 < n; i++) consider(i, i + 1);
 

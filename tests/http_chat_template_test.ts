@@ -11,6 +11,7 @@ Deno.test("renderPlainChat() writes one 'Role: text' line per message and ends w
   ]);
   assertEquals(r.prompt, "System: Rules.\nUser: Hi\nAssistant: Hello\nUser: Bye\nAssistant:");
   assertEquals(r.stop, ["\nUser:", "\nSystem:"]);
+  assertEquals(r.special, false, "plain-format text never becomes control tokens");
 });
 
 Deno.test("createChatRenderer() renders a ChatML template with bos/eos and the generation prompt", () => {
@@ -21,6 +22,7 @@ Deno.test("createChatRenderer() renders a ChatML template with bos/eos and the g
     render([{ role: "system", content: "S" }, { role: "user", content: "U" }]).prompt,
     "<s><|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n",
   );
+  assertEquals(render([{ role: "user", content: "U" }]).special, true, "template text carries tokens");
 });
 
 Deno.test("createChatRenderer() turns a template's raise_exception into a 400 on 'messages'", () => {

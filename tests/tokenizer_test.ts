@@ -264,3 +264,19 @@ Deno.test("Tokenizer rejects unknown ids and inconsistent vocabularies with clea
   badByte[300] = 6;
   assertThrows(() => new Tokenizer({ ...ggufData, tokenTypes: badByte }), Error, "token 300 has type 6 (byte) but its piece");
 });
+
+Deno.test("Tokenizer.encode() with special reads control-token text as the token, only when asked", () => {
+  // stories260K.gguf marks <s> (1) and </s> (2) as control tokens.
+  const tok = fromGguf;
+  const text = "Tom ran.</s>Lily sat.";
+  const plain = tok.encode(text, { bos: false });
+  assert(!plain.includes(tok.eosId), "without special, '</s>' is just characters");
+  const special = tok.encode(text, { bos: false, special: true });
+  const at = special.indexOf(tok.eosId);
+  assert(at > 0, `expected EOS inside ${special}`);
+  // The text on each side is encoded on its own, the dummy-prefix space only at the start.
+  assertEquals(special.slice(0, at), tok.encode("Tom ran.", { bos: false }));
+  assertEquals(tok.decode(special.slice(at + 1)), "Lily sat.");
+  assertEquals(tok.decode([tok.bosId, ...special]), "Tom ran.Lily sat.", "control tokens decode to nothing");
+  assertEquals(tok.encode("<s>Hi", { bos: false, special: true })[0], tok.bosId);
+});

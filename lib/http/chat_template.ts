@@ -12,6 +12,8 @@ export interface ChatTurn {
 export interface RenderedChat {
   readonly prompt: string;
   readonly stop: readonly string[];
+  /** Rendered by the model's template: its control-token text is meant as tokens. */
+  readonly special: boolean;
 }
 
 /** Stops for the plain format: the model starting the next turn itself. */
@@ -30,7 +32,7 @@ export function renderPlainChat(turns: readonly ChatTurn[]): RenderedChat {
   const label = (r: ChatRole) => r === "assistant" ? "Assistant" : r === "user" ? "User" : "System";
   const lines = turns.map((t) => `${label(t.role)}: ${t.content}`);
   lines.push("Assistant:");
-  return { prompt: lines.join("\n"), stop: PLAIN_CHAT_STOPS };
+  return { prompt: lines.join("\n"), stop: PLAIN_CHAT_STOPS, special: false };
 }
 
 /**
@@ -60,7 +62,7 @@ export function createChatRenderer(opts: {
         eos_token: opts.eosToken,
         add_generation_prompt: true,
       });
-      return { prompt, stop: [] };
+      return { prompt, stop: [], special: true };
     } catch (err) {
       // Templates raise for conversations they do not support (e.g. roles not alternating).
       throw new ApiError(

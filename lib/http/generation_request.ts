@@ -18,6 +18,8 @@ export interface GenerationInput {
   readonly stop?: string | readonly string[] | null | undefined;
   /** Stops the prompt format adds (plain chat format), merged with the client's. */
   readonly extraStop?: readonly string[];
+  /** The prompt came from the model's chat template (see GenerationRequest.parseSpecialTokens). */
+  readonly specialTokens?: boolean;
   readonly priority?: Priority | null | undefined;
   readonly logprobs?: boolean;
 }
@@ -52,7 +54,7 @@ export function buildGenerationRequest(
     }
   }
   const promptTokens = typeof input.prompt === "string"
-    ? backend.countTokens(input.prompt)
+    ? backend.countTokens(input.prompt, { special: input.specialTokens ?? false })
     : input.prompt.length;
   const room = backend.contextLength - promptTokens;
   if (room < 1) {
@@ -85,6 +87,7 @@ export function buildGenerationRequest(
     priority: input.priority ?? "interactive",
     requestId,
     logprobs: input.logprobs ?? false,
+    parseSpecialTokens: input.specialTokens ?? false,
   };
   return { request, promptTokens };
 }

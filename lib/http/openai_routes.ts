@@ -107,6 +107,7 @@ function parse(body: unknown, kind: Kind, deps: GenerationDeps, opts: OpenAiOpti
       prompt: chat.prompt,
       promptParam: "messages",
       extraStop: chat.stop,
+      specialTokens: chat.special,
       maxTokens: b.max_completion_tokens ?? b.max_tokens,
       logprobs: b.logprobs === true,
     },

@@ -181,7 +181,13 @@ export class StreamSession {
     };
     if (f.messages !== undefined) {
       const chat = this.#opts.renderChat(f.messages);
-      input = { ...sampling, prompt: chat.prompt, promptParam: "messages", extraStop: chat.stop };
+      input = {
+        ...sampling,
+        prompt: chat.prompt,
+        promptParam: "messages",
+        extraStop: chat.stop,
+        specialTokens: chat.special,
+      };
     } else {
       input = { ...sampling, prompt: f.prompt ?? "", promptParam: "prompt" };
     }
