@@ -10,7 +10,9 @@ export function markdownTable(
   rows: readonly (readonly string[])[],
 ): string {
   const widths = head.map((h, c) => Math.max(h.length, ...rows.map((r) => (r[c] ?? "").length)));
-  const numeric = head.map((_, c) => rows.every((r) => /^[-\d.,%×x ]*$/.test(r[c] ?? "")));
+  const numeric = head.map((_, c) =>
+    rows.length > 0 && rows.every((r) => /^[-+\d.,%×x –/]*$/.test(r[c] ?? ""))
+  );
   const cell = (
     s: string,
     c: number,
