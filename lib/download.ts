@@ -72,7 +72,14 @@ export async function downloadFile(
       return { path: dest, bytes: finished.size, resumedFrom: finished.size };
     }
     const partSize = (await file.stat()).size;
-    const start = await startTransfer(url, partSize, options);
+    let start: TransferStart;
+    try {
+      start = await startTransfer(url, partSize, options);
+    } catch (e) {
+      // A refused request (404, an HTML page, no network) must not leave an empty .part behind.
+      if (partSize === 0) await Deno.remove(part).catch(() => {});
+      throw e;
+    }
     if (start.offset === 0) await file.truncate(0);
     await file.seek(start.offset, Deno.SeekMode.Start);
 
@@ -146,7 +153,9 @@ async function startTransfer(
     response = await doFetch(url, { headers, signal: options.signal });
   } catch (cause) {
     throw new DownloadError(
-      `Cannot download ${url}: ${errorText(cause)} (offline? put the file in the models directory, ` +
+      `Cannot download ${url}: ${
+        errorText(cause)
+      } (offline? put the file in the models directory, ` +
         "set MODEL_MIRROR to a directory of offline copies, or pass --model <path>)",
       { cause },
     );
@@ -163,6 +172,14 @@ async function startTransfer(
     await response.body?.cancel();
     throw new DownloadError(
       `Cannot download ${url}: the server answered HTTP ${response.status} ${response.statusText}`,
+    );
+  }
+  const type = response.headers.get("content-type") ?? "";
+  if (type.toLowerCase().startsWith("text/html")) {
+    await response.body?.cancel();
+    throw new DownloadError(
+      `Cannot download ${url}: the server answered with a web page (Content-Type ${type}), not a ` +
+        "file; use a direct download link (on Hugging Face .../resolve/main/<file>, not .../blob/main/<file>)",
     );
   }
   const length = announcedLength(response);

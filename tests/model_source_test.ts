@@ -533,3 +533,36 @@ Deno.test("resolveModelSource() says how to work offline when the network is unr
   assertStringIncludes((err as Error).message, "MODEL_MIRROR");
   await Deno.remove(modelsDir, { recursive: true });
 });
+
+Deno.test("downloadFile() refuses a web page and a 404, leaving neither a file nor a .part", async () => {
+  const server = Deno.serve(
+    { hostname: "127.0.0.1", port: 0, onListen() {} },
+    (req) =>
+      new URL(req.url).pathname === "/blob/model.gguf"
+        ? new Response("<!doctype html><title>model.gguf</title>", {
+          headers: { "content-type": "text/html; charset=utf-8" },
+        })
+        : new Response("no such file", { status: 404 }),
+  );
+  const dir = await Deno.makeTempDir({ prefix: "model_source_test_" });
+  const base = `http://127.0.0.1:${(server.addr as Deno.NetAddr).port}`;
+  try {
+    const page = await assertRejects(
+      () => downloadFile(`${base}/blob/model.gguf`, `${dir}/a.gguf`, { progress: false }),
+      DownloadError,
+    );
+    assertStringIncludes(page.message, "web page");
+    assertStringIncludes(page.message, "/resolve/main/");
+    const missing = await assertRejects(
+      () => downloadFile(`${base}/missing.gguf`, `${dir}/b.gguf`, { progress: false }),
+      DownloadError,
+    );
+    assertStringIncludes(missing.message, "HTTP 404");
+    const left = [];
+    for await (const e of Deno.readDir(dir)) left.push(e.name);
+    assertEquals(left, [], "nothing is cached or left half-written");
+  } finally {
+    await server.shutdown();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
