@@ -84,23 +84,9 @@ export function matmulWgsl(spec: MatmulSpec): string {
       wgslLoadChunk(type, cols, "2u * o + 1u", "wu")
     }`
     : wgslLoadChunk(type, cols, "o", "wa");
-  const normLoads = norm
-    ? Array.from({ length: nv }, (_, i) => `let nw${i} = NW[c * ${nv}u + ${i}u];`).join(" ")
-    : "";
-  const dotWith = (p: string) =>
-    Array.from({ length: nv }, (_, i) => `dot(${p}${i}, x${i})`).join(" + ");
+  const { normLoads, dotWith, rowInputs } = wgslChunkInputs(nv, norm);
   const perRow = rows.map((r) => {
-    const xs = Array.from(
-      { length: nv },
-      (_, i) => `let xr${i} = X[src${r} * XV + c * ${nv}u + ${i}u];`,
-    ).join(" ");
-    const xw = Array.from(
-      { length: nv },
-      (_, i) => `let x${i} = ${norm ? `xr${i} * nw${i}` : `xr${i}`};`,
-    ).join(" ");
-    const sumSq = norm
-      ? `s${r} += ${Array.from({ length: nv }, (_, i) => `dot(xr${i}, xr${i})`).join(" + ")};`
-      : "";
+    const { xs, xw, sumSq } = rowInputs(r);
     const accum = accs.map((a) => `${a}${r} += w${a}d * (${dotWith(`w${a}`)});`).join(" ");
     return `if (${r}u < live) { ${xs} ${xw} ${accum} ${sumSq} }`;
   }).join("\n      ");
@@ -216,23 +202,9 @@ export function matmulLaneWgsl(spec: MatmulSpec): string {
       }`
       : wgslLoadChunk(type, cols, `oc${j}`, `w${j}a`)
   ).join("\n      ");
-  const normLoads = norm
-    ? Array.from({ length: nv }, (_, i) => `let nw${i} = NW[c * ${nv}u + ${i}u];`).join(" ")
-    : "";
-  const dotWith = (p: string) =>
-    Array.from({ length: nv }, (_, i) => `dot(${p}${i}, x${i})`).join(" + ");
+  const { normLoads, dotWith, rowInputs } = wgslChunkInputs(nv, norm);
   const perRow = rows.map((r) => {
-    const xs = Array.from(
-      { length: nv },
-      (_, i) => `let xr${i} = X[src${r} * XV + c * ${nv}u + ${i}u];`,
-    ).join(" ");
-    const xw = Array.from(
-      { length: nv },
-      (_, i) => `let x${i} = ${norm ? `xr${i} * nw${i}` : `xr${i}`};`,
-    ).join(" ");
-    const sumSq = norm
-      ? `s${r} += ${Array.from({ length: nv }, (_, i) => `dot(xr${i}, xr${i})`).join(" + ")};`
-      : "";
+    const { xs, xw, sumSq } = rowInputs(r);
     const accum = js.map((j) =>
       accs.map((a) => `${a}${j}_${r} += w${j}${a}d * (${dotWith(`w${j}${a}`)});`).join(" ")
     ).join(" ");
@@ -480,5 +452,23 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
         pass.dispatchWorkgroups(gx, p.gy, p.gz);
       }
     },
+  };
+}
+
+/**
+ * WGSL snippets both matmul layouts share for one chunk of `nv` vec4s: the RMSNorm weights, a
+ * row's activations (normalized when fused), its sum of squares, and a dot product with them.
+ */
+function wgslChunkInputs(nv: number, norm: boolean) {
+  const vecs = (f: (i: number) => string, sep = " ") =>
+    Array.from({ length: nv }, (_, i) => f(i)).join(sep);
+  return {
+    normLoads: norm ? vecs((i) => `let nw${i} = NW[c * ${nv}u + ${i}u];`) : "",
+    dotWith: (p: string) => vecs((i) => `dot(${p}${i}, x${i})`, " + "),
+    rowInputs: (r: number) => ({
+      xs: vecs((i) => `let xr${i} = X[src${r} * XV + c * ${nv}u + ${i}u];`),
+      xw: vecs((i) => `let x${i} = ${norm ? `xr${i} * nw${i}` : `xr${i}`};`),
+      sumSq: norm ? `s${r} += ${vecs((i) => `dot(xr${i}, xr${i})`, " + ")};` : "",
+    }),
   };
 }
