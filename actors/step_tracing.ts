@@ -1,5 +1,6 @@
 import { type SpanContext, trace, type Tracer } from "@opentelemetry/api";
 import type { StepReport } from "./executor.ts";
+import { stepTokens } from "../lib/engine.ts";
 
 /**
  * Emits one "llm.step" span per executor step, linked to the request spans of the sequences
@@ -31,7 +32,7 @@ export class StepTracer {
       const context = this.#requests.get(s.seqId);
       return context ? [{ context }] : [];
     });
-    const tokens = plan.seqs.reduce((n, s) => n + (s.useLastSampled ? 1 : s.tokens.length), 0);
+    const tokens = stepTokens(plan);
     const start = performance.timeOrigin + report.startedAt;
     const span = this.#tracer.startSpan("llm.step", {
       startTime: start,

@@ -6,7 +6,14 @@
 import { setImmediate } from "node:timers";
 import { ServingCore } from "../actors/core.ts";
 import type { TextCodec } from "../actors/request.ts";
-import type { Engine, KvGeometry, SamplingParams, StepPlan, StepResult } from "../lib/engine.ts";
+import {
+  type Engine,
+  inputLength,
+  type KvGeometry,
+  type SamplingParams,
+  type StepPlan,
+  type StepResult,
+} from "../lib/engine.ts";
 import { type BackendChoice, createEngine } from "../lib/engine_factory.ts";
 import type { Priority } from "../lib/generation.ts";
 import { loadModel } from "../lib/load_model.ts";
@@ -109,7 +116,7 @@ export class ProbeEngine implements Engine {
     const blocks = new Set<number>();
     const bs = this.inner.kv.blockSize;
     for (const s of plan.seqs) {
-      const n = s.useLastSampled ? 1 : s.tokens.length;
+      const n = inputLength(s);
       // A decode feeds the token sampled at the end of the sequence's previous sampling entry;
       // anything else (a prompt chunk, a recomputation after preemption) is prefill.
       const decode = s.useLastSampled || (n === 1 && this.#sampledEnd.get(s.seqId) === s.startPos);

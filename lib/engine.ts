@@ -77,3 +77,13 @@ export interface Engine {
   release?(seqId: number): void;
   dispose(): void;
 }
+
+/** New token rows a sequence adds in a step (a `useLastSampled` decode is one). */
+export function inputLength(seq: SeqInput): number {
+  return seq.useLastSampled ? 1 : seq.tokens.length;
+}
+
+/** Token rows a whole step computes: what the step's token budget counts. */
+export function stepTokens(plan: StepPlan): number {
+  return plan.seqs.reduce((n, s) => n + inputLength(s), 0);
+}

@@ -3,7 +3,7 @@ import { Channel } from "../actors/channel.ts";
 import { ServingCore } from "../actors/core.ts";
 import { ExecutorActor } from "../actors/executor.ts";
 import type { ExecutorMsg, SchedulerMsg } from "../actors/messages.ts";
-import { type Engine, GREEDY, type StepPlan, type StepResult } from "../lib/engine.ts";
+import { type Engine, GREEDY, type StepPlan, type StepResult, stepTokens } from "../lib/engine.ts";
 import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "../lib/fake_engine.ts";
 import type { GenerationEvent } from "../lib/generation.ts";
 import { BOS, EOS, fakeCodec } from "./_fake_codec.ts";
@@ -479,7 +479,7 @@ Deno.test("ServingCore keeps every step within the limits an engine's buffers we
       ...silent,
       onStep: ({ plan }) => {
         widest.seqs = Math.max(widest.seqs, plan.seqs.length);
-        const tokens = plan.seqs.reduce((n, s) => n + (s.useLastSampled ? 1 : s.tokens.length), 0);
+        const tokens = stepTokens(plan);
         widest.tokens = Math.max(widest.tokens, tokens);
       },
     },

@@ -1,5 +1,5 @@
 import { assert, assertEquals, assertGreater, assertLessOrEqual } from "@std/assert";
-import { GREEDY } from "../lib/engine.ts";
+import { GREEDY, stepTokens } from "../lib/engine.ts";
 import { fakeContinuation } from "../lib/fake_engine.ts";
 import { Harness, type HarnessSeq, prng } from "./_scheduler_harness.ts";
 
@@ -26,7 +26,7 @@ function range(start: number, n: number, mod = 1 << 30): number[] {
 /** Every plan respects the budgets and names each sequence at most once. */
 function checkPlans(h: Harness, maxBatchTokens: number, maxRunning: number): void {
   for (const p of h.plans) {
-    const tokens = p.seqs.reduce((n, s) => n + (s.useLastSampled ? 1 : s.tokens.length), 0);
+    const tokens = stepTokens(p);
     assertLessOrEqual(tokens, maxBatchTokens, `step ${p.stepId} has ${tokens} tokens`);
     assertLessOrEqual(p.seqs.length, maxRunning, `step ${p.stepId} has ${p.seqs.length} sequences`);
     assertEquals(

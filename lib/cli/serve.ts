@@ -5,7 +5,7 @@ import { type Config, resolveConfig, type SettingName, SETTINGS } from "../confi
 import { CoreBackend } from "../core_backend.ts";
 import { createEngine } from "../engine_factory.ts";
 import { FAULT_ENV, FaultInjector } from "../fault_injection.ts";
-import { type Engine, GREEDY } from "../engine.ts";
+import { type Engine, GREEDY, stepTokens } from "../engine.ts";
 import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
@@ -128,12 +128,11 @@ export async function serveCommand(argv: string[]): Promise<number> {
       onStep: (r) => {
         // Restarts are counted from the executor, not from failed steps: every step already
         // handed to a dead engine fails too. The count is synced on the step after a restart.
-        for (; restartsSeen < core.executor.restarts; restartsSeen++) metrics.observeExecutorRestart();
+        for (; restartsSeen < core.executor.restarts; restartsSeen++) {
+          metrics.observeExecutorRestart();
+        }
         if (r.error !== undefined) return;
-        const tokens = r.plan.seqs.reduce(
-          (n, s) => n + (s.useLastSampled ? 1 : s.tokens.length),
-          0,
-        );
+        const tokens = stepTokens(r.plan);
         metrics.observeStep({ durationMs: r.durationMs, batchSize: r.plan.seqs.length, tokens });
       },
     },
