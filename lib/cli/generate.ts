@@ -1,11 +1,10 @@
+import { openModel } from "./open_model.ts";
 import { parseArgs } from "@std/cli/parse-args";
 import type { SamplingParams } from "../engine.ts";
 import { ServingCore } from "../../actors/core.ts";
 import { CoreBackend } from "../core_backend.ts";
 import { createEngine } from "../engine_factory.ts";
-import { loadModel } from "../load_model.ts";
-import { DEFAULT_MODEL, resolveModelSource } from "../model_source.ts";
-import { Tokenizer } from "../tokenizer.ts";
+import { DEFAULT_MODEL } from "../model_source.ts";
 import { z } from "zod";
 
 const GenerateArgs = z.object({
@@ -62,7 +61,9 @@ export async function generateCommand(argv: string[]): Promise<number> {
   const positional = flags._.filter((a: string | number) => a !== "");
   if (unknown.length > 0 || positional.length > 0) {
     console.error(
-      `Unknown argument(s): ${[...unknown.map((k) => `--${k}`), ...positional].join(" ")}\n${USAGE}`,
+      `Unknown argument(s): ${
+        [...unknown.map((k) => `--${k}`), ...positional].join(" ")
+      }\n${USAGE}`,
     );
     return 2;
   }
@@ -79,20 +80,12 @@ export async function generateCommand(argv: string[]): Promise<number> {
     return 2;
   }
   const args = parsed.data;
-  const source = await resolveModelSource(args.model ?? DEFAULT_MODEL, {
+  const { source, model, tokenizer } = await openModel(args.model ?? DEFAULT_MODEL, {
     modelsDir: args["models-dir"],
     tokenizer: args.tokenizer,
-  });
-  const model = await loadModel(source.modelPath, {
-    tokenizerPath: source.tokenizerPath,
     contextLength: args["context-length"],
+    purpose: "generate with",
   });
-  if (!model.tokenizer) {
-    throw new Error(
-      `Cannot generate with ${source.modelPath}: it has no vocabulary; pass --tokenizer <tokenizer.bin>`,
-    );
-  }
-  const tokenizer = new Tokenizer(model.tokenizer);
   const promptIds = tokenizer.encode(args.prompt, { bos: true });
   const limit = model.config.contextLength;
   if (promptIds.length >= limit) {

@@ -1,3 +1,4 @@
+import { openModel } from "./open_model.ts";
 import { parseArgs } from "@std/cli/parse-args";
 import { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../byte_size.ts";
@@ -10,10 +11,6 @@ import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { kvBlockBytes } from "../kv_budget.ts";
-import { loadModel } from "../load_model.ts";
-import { resolveModelSource } from "../model_source.ts";
-import { ProgressBar } from "../progress_bar.ts";
-import { Tokenizer } from "../tokenizer.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",
@@ -70,28 +67,12 @@ export async function serveCommand(argv: string[]): Promise<number> {
   }
   const config = parseServeArgs(argv);
   const log = (line: string) => console.error(line);
-  const source = await resolveModelSource(config.model, {
+  const { source, model, tokenizer } = await openModel(config.model, {
     modelsDir: config.modelsDir,
     tokenizer: config.tokenizer,
-  });
-  // Drawn only on a terminal; a 260K model loads too fast to notice, a 4 GiB one does not.
-  let bar: ProgressBar | undefined;
-  let read = 0;
-  const model = await loadModel(source.modelPath, {
-    tokenizerPath: source.tokenizerPath,
     contextLength: config.contextLength,
-    onProgress: (bytes, total) => {
-      bar ??= new ProgressBar(`loading ${source.modelPath.split("/").pop()}`, total, 0);
-      bar.update(read = bytes);
-    },
+    purpose: "serve",
   });
-  bar?.finish(read);
-  if (!model.tokenizer) {
-    throw new Error(
-      `Cannot serve ${source.modelPath}: it has no vocabulary; pass --tokenizer <tokenizer.bin>`,
-    );
-  }
-  const tokenizer = new Tokenizer(model.tokenizer);
   const blockBytes = kvBlockBytes(model.config, config.blockSize);
   const numBlocks = Math.floor(config.kvMemory / blockBytes);
   const minBlocks = Math.ceil(model.config.contextLength / config.blockSize);

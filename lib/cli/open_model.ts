@@ -1,0 +1,46 @@
+import { loadModel } from "../load_model.ts";
+import { type ModelSource, resolveModelSource } from "../model_source.ts";
+import { ProgressBar } from "../progress_bar.ts";
+import { Tokenizer } from "../tokenizer.ts";
+import type { Model } from "../weights.ts";
+
+export interface OpenModelOptions {
+  readonly modelsDir?: string;
+  readonly tokenizer?: string;
+  readonly contextLength?: number;
+  /** Completes "Cannot ... <path>: it has no vocabulary", e.g. "serve" or "generate with". */
+  readonly purpose: string;
+}
+
+/**
+ * What both commands do first: resolve a model spec to files (downloading if needed), read the
+ * weights with a progress bar, and build the tokenizer, which a llama2.c checkpoint only has
+ * with --tokenizer.
+ */
+export async function openModel(
+  spec: string,
+  opts: OpenModelOptions,
+): Promise<{ source: ModelSource; model: Model; tokenizer: Tokenizer }> {
+  const source = await resolveModelSource(spec, {
+    modelsDir: opts.modelsDir,
+    tokenizer: opts.tokenizer,
+  });
+  // Drawn only on a terminal; a 260K model loads too fast to notice, a 4 GiB one does not.
+  let bar: ProgressBar | undefined;
+  let read = 0;
+  const model = await loadModel(source.modelPath, {
+    tokenizerPath: source.tokenizerPath,
+    contextLength: opts.contextLength,
+    onProgress: (bytes, total) => {
+      bar ??= new ProgressBar(`loading ${source.modelPath.split("/").pop()}`, total, 0);
+      bar.update(read = bytes);
+    },
+  });
+  bar?.finish(read);
+  if (!model.tokenizer) {
+    throw new Error(
+      `Cannot ${opts.purpose} ${source.modelPath}: it has no vocabulary; pass --tokenizer <tokenizer.bin>`,
+    );
+  }
+  return { source, model, tokenizer: new Tokenizer(model.tokenizer) };
+}
