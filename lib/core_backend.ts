@@ -34,21 +34,34 @@ export class CoreBackend implements GenerationBackend {
     // Sampling BOS means a new document begins: llama2.c models end their stories that way
     // (run.c stops there too), so it ends the generation like EOS.
     const stopTokenIds = [this.tokenizer.bosId, ...(req.stopTokenIds ?? [])];
-    return this.core.generate({ ...req, prompt: this.#stripBos(req.prompt), stopTokenIds }, signal);
+    const prompt = typeof req.prompt === "string"
+      ? this.#encode(req.prompt, req.parseSpecialTokens ?? false)
+      : req.prompt;
+    return this.core.generate({ ...req, prompt, stopTokenIds }, signal);
   }
 
   countTokens(text: string, opts: { special?: boolean } = {}): number {
-    return this.tokenizer.encode(this.#stripBos(text), { bos: true, special: opts.special }).length;
+    return this.#encode(text, opts.special ?? false).length;
   }
 
   stats(): CoreStats {
     return this.core.stats();
   }
 
-  #stripBos<T extends string | readonly number[]>(prompt: T): T {
-    if (typeof prompt === "string" && this.bosToken !== "" && prompt.startsWith(this.bosToken)) {
-      return prompt.slice(this.bosToken.length) as T;
-    }
-    return prompt;
+  /**
+   * The HTTP layer counts a prompt's tokens (to check the context) right before it generates
+   * from it: remembering the last encoding means the prompt is tokenized once, not twice.
+   */
+  #last?: { text: string; special: boolean; ids: number[] };
+
+  #encode(text: string, special: boolean): number[] {
+    const last = this.#last;
+    if (last !== undefined && last.text === text && last.special === special) return last.ids;
+    const body = this.bosToken !== "" && text.startsWith(this.bosToken)
+      ? text.slice(this.bosToken.length)
+      : text;
+    const ids = this.tokenizer.encode(body, { bos: true, special });
+    this.#last = { text, special, ids };
+    return ids;
   }
 }
