@@ -1,6 +1,6 @@
-import type { Engine } from "../lib/engine.ts";
-import type { CoreStats, GenerationEvent, GenerationRequest } from "../lib/generation.ts";
-import { Scheduler, type SchedulerConfig, schedulerConfig } from "../lib/scheduler.ts";
+import type { Engine } from "../lib/engine/engine.ts";
+import type { CoreStats, GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
+import { Scheduler, type SchedulerConfig, schedulerConfig } from "../lib/core/scheduler.ts";
 import { Channel } from "./channel.ts";
 import { type EngineFactory, ExecutorActor, type ExecutorOptions } from "./executor.ts";
 import type { SchedulerStats } from "./messages.ts";

@@ -1,4 +1,4 @@
-import type { Engine, StepPlan, StepResult } from "../lib/engine.ts";
+import type { Engine, StepPlan, StepResult } from "../lib/engine/engine.ts";
 import { type Channel, ChannelClosedError } from "./channel.ts";
 import type { ExecutorMsg, SchedulerMsg } from "./messages.ts";
 

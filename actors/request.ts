@@ -3,8 +3,8 @@ import type {
   GenerationEvent,
   GenerationRequest,
   Timings,
-} from "../lib/generation.ts";
-import { StopMatcher } from "../lib/stop_strings.ts";
+} from "../lib/core/generation.ts";
+import { StopMatcher } from "../lib/core/stop_strings.ts";
 import { Channel, ChannelClosedError } from "./channel.ts";
 import type { RequestMsg, SchedulerMsg, SeqEvent } from "./messages.ts";
 

@@ -1,4 +1,4 @@
-import type { Scheduler } from "../lib/scheduler.ts";
+import type { Scheduler } from "../lib/core/scheduler.ts";
 import { Channel } from "./channel.ts";
 import type { ExecutorMsg, SchedulerMsg, SchedulerStats } from "./messages.ts";
 

@@ -1,6 +1,6 @@
 import { type SpanContext, trace, type Tracer } from "@opentelemetry/api";
 import type { StepReport } from "./executor.ts";
-import { stepTokens } from "../lib/engine.ts";
+import { stepTokens } from "../lib/engine/engine.ts";
 
 /**
  * Emits one "llm.step" span per executor step, linked to the request spans of the sequences

@@ -7,8 +7,8 @@
  * work a padded tensor would), in throwaway rows that do not touch the members' KV, so the
  * useful tokens are the same as the continuous run's.
  */
-import type { SamplingParams, SeqInput, StepPlan } from "../lib/engine.ts";
-import { type BackendChoice, createEngine } from "../lib/engine_factory.ts";
+import type { SamplingParams, SeqInput, StepPlan } from "../lib/engine/engine.ts";
+import { type BackendChoice, createEngine } from "../lib/serving/engine_factory.ts";
 import {
   type BenchModel,
   type GenRecord,

@@ -13,13 +13,13 @@ import {
   type SamplingParams,
   type StepPlan,
   type StepResult,
-} from "../lib/engine.ts";
-import { type BackendChoice, createEngine } from "../lib/engine_factory.ts";
-import type { Priority } from "../lib/generation.ts";
-import { loadModel } from "../lib/load_model.ts";
-import type { SchedulerConfig } from "../lib/scheduler.ts";
-import { Tokenizer } from "../lib/tokenizer.ts";
-import type { Model } from "../lib/weights.ts";
+} from "../lib/engine/engine.ts";
+import { type BackendChoice, createEngine } from "../lib/serving/engine_factory.ts";
+import type { Priority } from "../lib/core/generation.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import type { SchedulerConfig } from "../lib/core/scheduler.ts";
+import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
+import type { Model } from "../lib/model/weights.ts";
 
 export interface BenchModel {
   readonly path: string;

@@ -2,8 +2,8 @@
  * Prefix caching on and off for requests that share a long system prompt: time to first
  * token, prompt tokens the engine computed, and whether the outputs stay the same (greedy).
  */
-import type { BackendChoice } from "../lib/engine_factory.ts";
-import { GREEDY } from "../lib/engine.ts";
+import type { BackendChoice } from "../lib/serving/engine_factory.ts";
+import { GREEDY } from "../lib/engine/engine.ts";
 import {
   type BenchModel,
   type GenRecord,

@@ -3,8 +3,8 @@
  * token when they are sent as "interactive" (priority on) and when the same requests are sent
  * as "batch" like everything else (priority off).
  */
-import type { BackendChoice } from "../lib/engine_factory.ts";
-import type { Priority } from "../lib/generation.ts";
+import type { BackendChoice } from "../lib/serving/engine_factory.ts";
+import type { Priority } from "../lib/core/generation.ts";
 import {
   type BenchModel,
   type GenRecord,

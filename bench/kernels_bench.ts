@@ -12,11 +12,11 @@
  */
 import { acquireGpu, type Gpu } from "../kernels/device.ts";
 import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
-import { GREEDY, type StepPlan, type StepResult } from "../lib/engine.ts";
-import { loadModel } from "../lib/load_model.ts";
-import type { ModelConfig } from "../lib/model_config.ts";
-import type { TensorType } from "../lib/tensor.ts";
-import type { ModelWeights } from "../lib/weights.ts";
+import { GREEDY, type StepPlan, type StepResult } from "../lib/engine/engine.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import type { ModelConfig } from "../lib/model/model_config.ts";
+import type { TensorType } from "../lib/model/tensor.ts";
+import type { ModelWeights } from "../lib/model/weights.ts";
 import { LLAMA_1B_SHAPE, syntheticWeights } from "./synthetic_model.ts";
 import { markdownTable } from "./markdown_table.ts";
 

@@ -10,8 +10,8 @@
  *   deno run -A bench/load.ts --prompts requests.jsonl --concurrency 16
  */
 import { parseArgs } from "@std/cli/parse-args";
-import { loadModel } from "../lib/load_model.ts";
-import { Tokenizer } from "../lib/tokenizer.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import {
   httpGenerate,
   type RequestRecord,

@@ -14,9 +14,9 @@ import { parseArgs } from "@std/cli/parse-args";
 import { ExecutorActor } from "../actors/executor.ts";
 import type { SeqEvent } from "../actors/messages.ts";
 import { createExecutorMailbox, SchedulerActor } from "../actors/scheduler.ts";
-import { GREEDY, type StepPlan, type StepResult } from "../lib/engine.ts";
-import { FakeEngine } from "../lib/fake_engine.ts";
-import { Scheduler, schedulerConfig } from "../lib/scheduler.ts";
+import { GREEDY, type StepPlan, type StepResult } from "../lib/engine/engine.ts";
+import { FakeEngine } from "../tests/_fake_engine.ts";
+import { Scheduler, schedulerConfig } from "../lib/core/scheduler.ts";
 
 const EOS = 2;
 

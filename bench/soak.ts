@@ -9,11 +9,11 @@
  *   deno run -A bench/soak.ts --duration 120
  */
 import { parseArgs } from "@std/cli/parse-args";
-import { GREEDY } from "../lib/engine.ts";
-import { loadModel } from "../lib/load_model.ts";
-import { CpuEngine } from "../lib/reference/cpu_engine.ts";
-import { referenceGenerate } from "../lib/reference/reference_generate.ts";
-import { Tokenizer } from "../lib/tokenizer.ts";
+import { GREEDY } from "../lib/engine/engine.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { type RequestRecord, WsConnection } from "./load_clients.ts";
 import { machineInfo, machineLine } from "./machine.ts";
 import { metricValue, modelMirror, startServer } from "./server_process.ts";

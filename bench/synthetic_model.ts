@@ -1,7 +1,7 @@
-import { f32ToF16 } from "../lib/dequantize.ts";
-import type { ModelConfig } from "../lib/model_config.ts";
-import { byteSize, type Tensor, type TensorType } from "../lib/tensor.ts";
-import type { LayerWeights, ModelWeights } from "../lib/weights.ts";
+import { f32ToF16 } from "../lib/model/dequantize.ts";
+import type { ModelConfig } from "../lib/model/model_config.ts";
+import { byteSize, type Tensor, type TensorType } from "../lib/model/tensor.ts";
+import type { LayerWeights, ModelWeights } from "../lib/model/weights.ts";
 
 /** Llama-3.2-1B's shape: 16 layers, 2048 wide, 32 query / 8 KV heads of 64, 128256 tokens, tied. */
 export const LLAMA_1B_SHAPE: ModelConfig = {

@@ -8,13 +8,13 @@
  */
 import { parseArgs } from "@std/cli/parse-args";
 import { ServingCore } from "../actors/core.ts";
-import { type BackendChoice, createEngine } from "../lib/engine_factory.ts";
-import { GREEDY } from "../lib/engine.ts";
-import type { GenerationEvent } from "../lib/generation.ts";
-import { loadModel } from "../lib/load_model.ts";
-import { resolveModelSource } from "../lib/model_source.ts";
-import { Tokenizer } from "../lib/tokenizer.ts";
-import type { Model } from "../lib/weights.ts";
+import { type BackendChoice, createEngine } from "../lib/serving/engine_factory.ts";
+import { GREEDY } from "../lib/engine/engine.ts";
+import type { GenerationEvent } from "../lib/core/generation.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import { resolveModelSource } from "../lib/source/model_source.ts";
+import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
+import type { Model } from "../lib/model/weights.ts";
 import { markdownTable } from "./markdown_table.ts";
 
 const PROMPTS = [

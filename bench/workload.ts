@@ -2,7 +2,7 @@
  * What the benchmarks send: seeded prompt and output lengths, prompts made of story words (the
  * test model writes children's stories), JSONL request files and Poisson arrival times.
  */
-import { seededRandom } from "../lib/seeded_random.ts";
+import { seededRandom } from "../lib/util/seeded_random.ts";
 
 /** A seeded uniform generator on [0, 1): the same seed gives the same workload. */
 export { seededRandom };

@@ -1,4 +1,4 @@
-import type { ModelConfig } from "../lib/model_config.ts";
+import type { ModelConfig } from "../lib/model/model_config.ts";
 import { bindAll, type Gpu, type KernelOp } from "./device.ts";
 import { DIM_ROWS, WGSL_STEP_TYPES } from "./step_meta.ts";
 

@@ -1,4 +1,4 @@
-import { BLOCK_LAYOUT, type Tensor, type TensorType } from "../lib/tensor.ts";
+import { BLOCK_LAYOUT, type Tensor, type TensorType } from "../lib/model/tensor.ts";
 import { type Gpu, uploadBuffer } from "./device.ts";
 
 /** Whole rows of a matrix in one buffer, small enough for one storage binding. */

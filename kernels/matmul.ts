@@ -1,4 +1,4 @@
-import type { TensorType } from "../lib/tensor.ts";
+import type { TensorType } from "../lib/model/tensor.ts";
 import { type Gpu, type KernelOp, uploadBuffer } from "./device.ts";
 import type { GpuMatrix } from "./gpu_matrix.ts";
 import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";

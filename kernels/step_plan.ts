@@ -1,5 +1,5 @@
-import type { KvGeometry, StepPlan } from "../lib/engine.ts";
-import type { ModelConfig } from "../lib/model_config.ts";
+import type { KvGeometry, StepPlan } from "../lib/engine/engine.ts";
+import type { ModelConfig } from "../lib/model/model_config.ts";
 import {
   LAST_SAMPLED_FLAG,
   type RowMeta,

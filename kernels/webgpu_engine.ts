@@ -1,8 +1,8 @@
-import type { Engine, KvGeometry, SampledToken, StepPlan, StepResult } from "../lib/engine.ts";
-import { dequantize } from "../lib/dequantize.ts";
-import type { ModelConfig } from "../lib/model_config.ts";
-import type { Tensor } from "../lib/tensor.ts";
-import type { ModelWeights } from "../lib/weights.ts";
+import type { Engine, KvGeometry, SampledToken, StepPlan, StepResult } from "../lib/engine/engine.ts";
+import { dequantize } from "../lib/model/dequantize.ts";
+import type { ModelConfig } from "../lib/model/model_config.ts";
+import type { Tensor } from "../lib/model/tensor.ts";
+import type { ModelWeights } from "../lib/model/weights.ts";
 import { createAttention } from "./attention.ts";
 import { acquireGpu, type Gpu, type KernelOp } from "./device.ts";
 import { createEmbedding } from "./embedding.ts";

@@ -1,4 +1,4 @@
-import type { TensorType } from "../lib/tensor.ts";
+import type { TensorType } from "../lib/model/tensor.ts";
 
 /**
  * WGSL that reads weights in their file encoding from `W: array<u32>` (f32 matmuls use

@@ -5,7 +5,7 @@
  * numbers, invalid UTF-8, oversized). Every case is invalid by construction, so each must be
  * answered with an error.
  */
-import { seededRandom } from "../lib/seeded_random.ts";
+import { seededRandom } from "../lib/util/seeded_random.ts";
 
 export { seededRandom as seeded };
 

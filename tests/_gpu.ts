@@ -1,9 +1,9 @@
 /** Test helpers for GPU kernels: one device per test file, buffers from arrays, random data. */
 import { acquireGpu, type Gpu, readBuffer, uploadBuffer } from "../kernels/device.ts";
-import { f32ToF16 } from "../lib/dequantize.ts";
-import type { Tensor, TensorType } from "../lib/tensor.ts";
+import { f32ToF16 } from "../lib/model/dequantize.ts";
+import type { Tensor, TensorType } from "../lib/model/tensor.ts";
 import { type StepContent, StepMetaLayout } from "../kernels/step_meta.ts";
-import { seededRandom } from "../lib/seeded_random.ts";
+import { seededRandom } from "../lib/util/seeded_random.ts";
 
 let shared: Promise<Gpu> | undefined;
 

@@ -1,5 +1,5 @@
 import { type AppOptions, createApp, type ServiceApp } from "../lib/http/app.ts";
-import { FakeBackend, type FakeBackendOptions } from "../lib/fake_backend.ts";
+import { FakeBackend, type FakeBackendOptions } from "./_fake_backend.ts";
 
 /** A real server on 127.0.0.1 and a free port, over the fake core. */
 export interface TestService extends AsyncDisposable {

@@ -2,12 +2,12 @@
  * Helpers for the reliability tests: the CPU reference generation (the oracle for what a
  * request must produce), and a WebSocket client that keeps every frame in arrival order.
  */
-import { GREEDY, type SamplingParams } from "../lib/engine.ts";
-import { loadModel } from "../lib/load_model.ts";
-import { CpuEngine } from "../lib/reference/cpu_engine.ts";
-import { referenceGenerate } from "../lib/reference/reference_generate.ts";
-import { Tokenizer } from "../lib/tokenizer.ts";
-import type { Model } from "../lib/weights.ts";
+import { GREEDY, type SamplingParams } from "../lib/engine/engine.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
+import type { Model } from "../lib/model/weights.ts";
 import { modelFile } from "./_model_files.ts";
 
 export const MODEL_NAME = "stories260K-ctx512.gguf";

@@ -4,12 +4,12 @@
  * runs on the engine at once (engines execute in call order); its result is delivered later,
  * which reproduces the pipelined executor's late tokens.
  */
-import { GREEDY, type SamplingParams, type StepPlan, type StepResult } from "../lib/engine.ts";
-import { FakeEngine, type FakeEngineOptions } from "../lib/fake_engine.ts";
-import type { Priority } from "../lib/generation.ts";
-import { Scheduler, type SchedulerConfig, schedulerConfig } from "../lib/scheduler.ts";
+import { GREEDY, type SamplingParams, type StepPlan, type StepResult } from "../lib/engine/engine.ts";
+import { FakeEngine, type FakeEngineOptions } from "./_fake_engine.ts";
+import type { Priority } from "../lib/core/generation.ts";
+import { Scheduler, type SchedulerConfig, schedulerConfig } from "../lib/core/scheduler.ts";
 import type { SeqEvent } from "../actors/messages.ts";
-import { seededRandom } from "../lib/seeded_random.ts";
+import { seededRandom } from "../lib/util/seeded_random.ts";
 
 export interface HarnessSeq {
   prompt: number[];

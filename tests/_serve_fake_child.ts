@@ -4,7 +4,7 @@
  */
 import { createApp } from "../lib/http/app.ts";
 import { serveService } from "../lib/http/serve.ts";
-import { FakeBackend } from "../lib/fake_backend.ts";
+import { FakeBackend } from "./_fake_backend.ts";
 
 const service = createApp({ backend: new FakeBackend({ tokenDelayMs: 20, traceSteps: true }) });
 const running = serveService(service, {

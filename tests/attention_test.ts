@@ -1,8 +1,8 @@
 import { assertLess } from "@std/assert";
 import { type AttentionLayout, createAttention } from "../kernels/attention.ts";
-import type { ModelConfig } from "../lib/model_config.ts";
-import { pagedAttention } from "../lib/reference/paged_attention.ts";
-import { PagedKvCache } from "../lib/reference/paged_kv_cache.ts";
+import type { ModelConfig } from "../lib/model/model_config.ts";
+import { pagedAttention } from "../lib/engine/cpu/paged_attention.ts";
+import { PagedKvCache } from "../lib/engine/cpu/paged_kv_cache.ts";
 import {
   randomF32,
   readF32,

@@ -1,5 +1,5 @@
 import { assert, assertEquals, assertNotEquals, assertThrows } from "@std/assert";
-import { BlockAllocator } from "../lib/block_allocator.ts";
+import { BlockAllocator } from "../lib/core/block_allocator.ts";
 
 function range(start: number, n: number): number[] {
   return Array.from({ length: n }, (_, i) => start + i);

@@ -1,5 +1,5 @@
 import { assertEquals, assertThrows } from "@std/assert";
-import { formatBytes, parseByteSize } from "../lib/byte_size.ts";
+import { formatBytes, parseByteSize } from "../lib/util/byte_size.ts";
 
 Deno.test("parseByteSize() reads binary and decimal units", () => {
   assertEquals(parseByteSize("256MiB"), 256 * 1024 * 1024);

@@ -1,5 +1,5 @@
 import { assertEquals, assertThrows } from "@std/assert";
-import { resolveConfig } from "../lib/config.ts";
+import { resolveConfig } from "../lib/cli/config.ts";
 
 const noEnv = () => undefined;
 

@@ -1,9 +1,9 @@
 import { assert, assertEquals } from "@std/assert";
-import { GREEDY } from "../lib/engine.ts";
-import { loadModel } from "../lib/load_model.ts";
-import { CpuEngine } from "../lib/reference/cpu_engine.ts";
-import { referenceGenerate } from "../lib/reference/reference_generate.ts";
-import type { Model } from "../lib/weights.ts";
+import { GREEDY } from "../lib/engine/engine.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import type { Model } from "../lib/model/weights.ts";
 import { modelFile } from "./_model_files.ts";
 
 const KV = { numBlocks: 32, blockSize: 16 };

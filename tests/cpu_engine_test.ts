@@ -5,13 +5,13 @@ import {
   type SamplingParams,
   type SeqInput,
   type StepPlan,
-} from "../lib/engine.ts";
-import { parseLlama2cCheckpoint } from "../lib/llama2c_checkpoint.ts";
-import type { ModelConfig } from "../lib/model_config.ts";
-import { CpuEngine } from "../lib/reference/cpu_engine.ts";
-import { referenceGenerate } from "../lib/reference/reference_generate.ts";
-import { sample } from "../lib/sampling.ts";
-import type { ModelWeights } from "../lib/weights.ts";
+} from "../lib/engine/engine.ts";
+import { parseLlama2cCheckpoint } from "../lib/model/llama2c_checkpoint.ts";
+import type { ModelConfig } from "../lib/model/model_config.ts";
+import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import { sample } from "../lib/engine/sampling.ts";
+import type { ModelWeights } from "../lib/model/weights.ts";
 import { modelFile } from "./_model_files.ts";
 
 const FIXTURES = new URL("./fixtures/run_c/", import.meta.url);

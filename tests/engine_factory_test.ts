@@ -1,8 +1,8 @@
 import { assertEquals } from "@std/assert";
 import { deadline } from "@std/async/deadline";
 import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
-import { createEngine } from "../lib/engine_factory.ts";
-import { loadModel } from "../lib/load_model.ts";
+import { createEngine } from "../lib/serving/engine_factory.ts";
+import { loadModel } from "../lib/model/load_model.ts";
 import { modelFile } from "./_model_files.ts";
 
 Deno.test("createEngine() gives a WebGPU engine whose dispose() also destroys the device it acquired", async () => {

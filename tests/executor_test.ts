@@ -3,9 +3,9 @@ import { Channel } from "../actors/channel.ts";
 import { ServingCore } from "../actors/core.ts";
 import { ExecutorActor } from "../actors/executor.ts";
 import type { ExecutorMsg, SchedulerMsg } from "../actors/messages.ts";
-import { type Engine, GREEDY, type StepPlan, type StepResult, stepTokens } from "../lib/engine.ts";
-import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "../lib/fake_engine.ts";
-import type { GenerationEvent } from "../lib/generation.ts";
+import { type Engine, GREEDY, type StepPlan, type StepResult, stepTokens } from "../lib/engine/engine.ts";
+import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./_fake_engine.ts";
+import type { GenerationEvent } from "../lib/core/generation.ts";
 import { BOS, EOS, fakeCodec } from "./_fake_codec.ts";
 import { prng } from "./_scheduler_harness.ts";
 

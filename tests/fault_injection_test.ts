@@ -1,7 +1,7 @@
 import { assertEquals, assertRejects, assertThrows } from "@std/assert";
-import { GREEDY, type StepPlan } from "../lib/engine.ts";
-import { FakeEngine } from "../lib/fake_engine.ts";
-import { FaultInjector, parseFaultSteps } from "../lib/fault_injection.ts";
+import { GREEDY, type StepPlan } from "../lib/engine/engine.ts";
+import { FakeEngine } from "./_fake_engine.ts";
+import { FaultInjector, parseFaultSteps } from "../lib/engine/fault_injection.ts";
 
 const plan = (stepId: number, seqIds: number[]): StepPlan => ({
   stepId,

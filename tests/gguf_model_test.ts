@@ -5,11 +5,11 @@ import {
   assertStrictEquals,
   assertThrows,
 } from "@std/assert";
-import { dequantize } from "../lib/dequantize.ts";
-import { parseGguf, readGguf } from "../lib/gguf.ts";
-import { ggufToModel } from "../lib/gguf_model.ts";
-import { parseLlama2cCheckpoint } from "../lib/llama2c_checkpoint.ts";
-import type { Tensor } from "../lib/tensor.ts";
+import { dequantize } from "../lib/model/dequantize.ts";
+import { parseGguf, readGguf } from "../lib/model/gguf.ts";
+import { ggufToModel } from "../lib/model/gguf_model.ts";
+import { parseLlama2cCheckpoint } from "../lib/model/llama2c_checkpoint.ts";
+import type { Tensor } from "../lib/model/tensor.ts";
 import { T, TINY, tinyLlamaGguf } from "./_gguf_writer.ts";
 import { corruptedCopy, ggufString, modelFile, replaceUnique } from "./_model_files.ts";
 

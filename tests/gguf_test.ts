@@ -6,7 +6,7 @@ import {
   assertStrictEquals,
   assertThrows,
 } from "@std/assert";
-import { GgufValueType, parseGguf, readGguf } from "../lib/gguf.ts";
+import { GgufValueType, parseGguf, readGguf } from "../lib/model/gguf.ts";
 import { f32Bytes, T, writeGguf } from "./_gguf_writer.ts";
 import {
   corruptedCopy,

@@ -1,6 +1,6 @@
 import { assert, assertEquals, assertGreater, assertLess, assertMatch } from "@std/assert";
-import { FakeBackend, fakeCountTokens, fakeToken } from "../lib/fake_backend.ts";
-import type { GenerationEvent, GenerationRequest } from "../lib/generation.ts";
+import { FakeBackend, fakeCountTokens, fakeToken } from "./_fake_backend.ts";
+import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import {
   metricValue,
   parseSse,

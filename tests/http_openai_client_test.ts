@@ -1,7 +1,7 @@
 // deno-lint-ignore no-import-prefix -- not in the import map (deno.json is the lead's); pinned here
 import OpenAI from "npm:openai@7.59.0";
 import { assertEquals, assertInstanceOf, assertMatch, assertRejects } from "@std/assert";
-import { fakeCountTokens, fakeToken } from "../lib/fake_backend.ts";
+import { fakeCountTokens, fakeToken } from "./_fake_backend.ts";
 import { startService, waitUntil } from "./_http_harness.ts";
 
 function expectedText(prompt: string, seed: number, n: number): string {

@@ -1,7 +1,7 @@
 // deno-lint-ignore no-import-prefix -- not in the import map (deno.json is the lead's); pinned here
 import { chromium } from "npm:playwright-core@1.65.1";
 import { assertEquals } from "@std/assert";
-import { fakeToken } from "../lib/fake_backend.ts";
+import { fakeToken } from "./_fake_backend.ts";
 import { startService, waitUntil } from "./_http_harness.ts";
 
 /** Debian's chromium package (`apt-get install -y chromium`), or CHROMIUM_PATH. */

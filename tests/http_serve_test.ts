@@ -79,7 +79,7 @@ Deno.test("SIGTERM aborts generations still running at the drain deadline and ex
 Deno.test("serveService() names the address it could not listen on", async () => {
   const { createApp } = await import("../lib/http/app.ts");
   const { serveService } = await import("../lib/http/serve.ts");
-  const { FakeBackend } = await import("../lib/fake_backend.ts");
+  const { FakeBackend } = await import("./_fake_backend.ts");
   using taken = Deno.listen({ hostname: "127.0.0.1", port: 0 });
   const port = taken.addr.port;
   const service = createApp({ backend: new FakeBackend({}) });

@@ -13,8 +13,8 @@ import {
 } from "@opentelemetry/api";
 import { assert, assertEquals, assertGreaterOrEqual } from "@std/assert";
 import { createApp } from "../lib/http/app.ts";
-import { FakeBackend } from "../lib/fake_backend.ts";
-import type { GenerationEvent, GenerationRequest } from "../lib/generation.ts";
+import { FakeBackend } from "./_fake_backend.ts";
+import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import { postJson } from "./_http_harness.ts";
 
 /** A span that only records what the code under test did to it. */

@@ -1,5 +1,5 @@
 import { assert, assertEquals, assertGreater, assertLess, assertMatch } from "@std/assert";
-import { fakeCountTokens, fakeToken } from "../lib/fake_backend.ts";
+import { fakeCountTokens, fakeToken } from "./_fake_backend.ts";
 import { metricValue, scrape, startService, TestSocket, waitUntil } from "./_http_harness.ts";
 import { RawWebSocket } from "./_raw_ws_client.ts";
 

@@ -5,10 +5,10 @@ import { uploadMatrix } from "../kernels/gpu_matrix.ts";
 import { createRopeStore, uploadRopeTable } from "../kernels/rope.ts";
 import { LAST_SAMPLED_FLAG } from "../kernels/step_meta.ts";
 import { createSwiglu } from "../kernels/swiglu.ts";
-import { dequantize } from "../lib/dequantize.ts";
-import type { ModelConfig } from "../lib/model_config.ts";
-import { rope, swiglu } from "../lib/reference/ops.ts";
-import type { TensorType } from "../lib/tensor.ts";
+import { dequantize } from "../lib/model/dequantize.ts";
+import type { ModelConfig } from "../lib/model/model_config.ts";
+import { rope, swiglu } from "../lib/engine/cpu/ops.ts";
+import type { TensorType } from "../lib/model/tensor.ts";
 import {
   randomF32,
   randomTensor,

@@ -1,7 +1,7 @@
 import { assertEquals, assertThrows } from "@std/assert";
-import { parseLlama2cTokenizer } from "../lib/llama2c_tokenizer.ts";
-import { readGguf } from "../lib/gguf.ts";
-import { ggufToModel } from "../lib/gguf_model.ts";
+import { parseLlama2cTokenizer } from "../lib/tokenizer/llama2c_tokenizer.ts";
+import { readGguf } from "../lib/model/gguf.ts";
+import { ggufToModel } from "../lib/model/gguf_model.ts";
 
 function modelsMirror(): string {
   const dir = Deno.env.get("MODEL_MIRROR");

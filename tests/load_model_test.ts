@@ -1,6 +1,6 @@
 import { assert, assertEquals, assertRejects } from "@std/assert";
-import { dequantize } from "../lib/dequantize.ts";
-import { detectModelFormat, loadModel } from "../lib/load_model.ts";
+import { dequantize } from "../lib/model/dequantize.ts";
+import { detectModelFormat, loadModel } from "../lib/model/load_model.ts";
 import { corruptedCopy, modelFile, tempFile } from "./_model_files.ts";
 
 Deno.test("loadModel() tells a GGUF from a llama2.c checkpoint and both give the same model", async () => {

@@ -3,11 +3,11 @@ import { acquireGpu, type Gpu } from "../kernels/device.ts";
 import { interleaveRows, uploadMatrix } from "../kernels/gpu_matrix.ts";
 import { createMatmul, type MatmulEpilogue, type MatmulLayout } from "../kernels/matmul.ts";
 import { DIM_ROWS, DIM_SAMPLES, type SampleMeta } from "../kernels/step_meta.ts";
-import { dequantize } from "../lib/dequantize.ts";
-import { matvec, rmsnorm, rope, silu } from "../lib/reference/ops.ts";
+import { dequantize } from "../lib/model/dequantize.ts";
+import { matvec, rmsnorm, rope, silu } from "../lib/engine/cpu/ops.ts";
 import { uploadRopeTable } from "../kernels/rope.ts";
-import type { ModelConfig } from "../lib/model_config.ts";
-import type { TensorType } from "../lib/tensor.ts";
+import type { ModelConfig } from "../lib/model/model_config.ts";
+import type { TensorType } from "../lib/model/tensor.ts";
 import {
   randomF32,
   randomTensor,

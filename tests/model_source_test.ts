@@ -5,15 +5,15 @@ import {
   assertRejects,
   assertStringIncludes,
 } from "@std/assert";
-import { DownloadError, downloadFile } from "../lib/download.ts";
+import { DownloadError, downloadFile } from "../lib/source/download.ts";
 import {
   defaultModelsDir,
   fileNameForUrl,
   KNOWN_MODELS,
   resolveModelsDir,
   resolveModelSource,
-} from "../lib/model_source.ts";
-import { formatBytes, formatProgress, ProgressBar } from "../lib/progress_bar.ts";
+} from "../lib/source/model_source.ts";
+import { formatBytes, formatProgress, ProgressBar } from "../lib/util/progress_bar.ts";
 
 function modelsMirror(): string {
   const dir = Deno.env.get("MODEL_MIRROR");

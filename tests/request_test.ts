@@ -1,9 +1,9 @@
 import { assert, assertEquals, assertGreater, assertLess, assertNotEquals } from "@std/assert";
 import { ServingCore } from "../actors/core.ts";
-import { GREEDY } from "../lib/engine.ts";
-import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "../lib/fake_engine.ts";
-import type { GenerationEvent, GenerationRequest } from "../lib/generation.ts";
-import type { SchedulerConfig } from "../lib/scheduler.ts";
+import { GREEDY } from "../lib/engine/engine.ts";
+import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./_fake_engine.ts";
+import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
+import type { SchedulerConfig } from "../lib/core/scheduler.ts";
 import { BOS, decodeAll, EOS, fakeCodec } from "./_fake_codec.ts";
 
 const VOCAB = 64;

@@ -1,5 +1,5 @@
 import { assert, assertEquals, assertNotEquals } from "@std/assert";
-import { hash32, seedToU32, uniform } from "../lib/rng.ts";
+import { hash32, seedToU32, uniform } from "../lib/util/rng.ts";
 
 Deno.test("uniform() is a pure function of seed and counter, in [0, 1) with 24 bits", () => {
   for (let i = 0; i < 1000; i++) {

@@ -2,9 +2,9 @@ import { assertAlmostEquals, assertEquals } from "@std/assert";
 import { bindAll } from "../kernels/device.ts";
 import { createSampler, type SampleLayout, WGSL_RNG } from "../kernels/sample.ts";
 import type { SampleMeta } from "../kernels/step_meta.ts";
-import type { SamplingParams } from "../lib/engine.ts";
-import { hash32 } from "../lib/rng.ts";
-import { sample } from "../lib/sampling.ts";
+import type { SamplingParams } from "../lib/engine/engine.ts";
+import { hash32 } from "../lib/util/rng.ts";
+import { sample } from "../lib/engine/sampling.ts";
 import { randomF32, readU32, rng, runPass, stepMeta, storage, testGpu, zeros } from "./_gpu.ts";
 
 Deno.test("WGSL hash32 gives lib/rng.ts's bits", async () => {

@@ -5,9 +5,9 @@ import {
   assertNotEquals,
   assertThrows,
 } from "@std/assert";
-import { GREEDY, type SamplingParams } from "../lib/engine.ts";
-import { uniform } from "../lib/rng.ts";
-import { argmax, candidateSet, logSoftmaxAt, sample } from "../lib/sampling.ts";
+import { GREEDY, type SamplingParams } from "../lib/engine/engine.ts";
+import { uniform } from "../lib/util/rng.ts";
+import { argmax, candidateSet, logSoftmaxAt, sample } from "../lib/engine/sampling.ts";
 
 const params = (p: Partial<SamplingParams>): SamplingParams => ({
   temperature: 1,

@@ -1,10 +1,10 @@
 import { assert, assertEquals, assertStringIncludes, assertThrows } from "@std/assert";
 import { parseServeArgs } from "../lib/cli/serve.ts";
-import { CpuEngine } from "../lib/reference/cpu_engine.ts";
-import { referenceGenerate } from "../lib/reference/reference_generate.ts";
-import { GREEDY } from "../lib/engine.ts";
-import { loadModel } from "../lib/load_model.ts";
-import { Tokenizer } from "../lib/tokenizer.ts";
+import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import { GREEDY } from "../lib/engine/engine.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { modelFile } from "./_model_files.ts";
 import { spawnServer, spawnUntilListening } from "./_serve_child.ts";
 

@@ -5,13 +5,13 @@
  */
 import { assert, assertEquals, assertGreater } from "@std/assert";
 import { ServingCore } from "../actors/core.ts";
-import { GREEDY, type SamplingParams } from "../lib/engine.ts";
-import type { GenerationEvent } from "../lib/generation.ts";
-import { loadModel } from "../lib/load_model.ts";
-import { CpuEngine } from "../lib/reference/cpu_engine.ts";
-import { referenceGenerate } from "../lib/reference/reference_generate.ts";
-import type { SchedulerConfig } from "../lib/scheduler.ts";
-import { Tokenizer } from "../lib/tokenizer.ts";
+import { GREEDY, type SamplingParams } from "../lib/engine/engine.ts";
+import type { GenerationEvent } from "../lib/core/generation.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import type { SchedulerConfig } from "../lib/core/scheduler.ts";
+import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { modelFile } from "./_model_files.ts";
 
 const model = await loadModel(modelFile("stories260K.bin"), {

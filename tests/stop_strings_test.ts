@@ -1,5 +1,5 @@
 import { assertEquals } from "@std/assert";
-import { StopMatcher } from "../lib/stop_strings.ts";
+import { StopMatcher } from "../lib/core/stop_strings.ts";
 import { prng } from "./_scheduler_harness.ts";
 
 /** Streams `text` in the given pieces; returns what was emitted and whether it stopped. */

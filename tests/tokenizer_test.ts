@@ -1,10 +1,10 @@
 import { assert, assertEquals, assertThrows } from "@std/assert";
-import { parseLlama2cTokenizer } from "../lib/llama2c_tokenizer.ts";
-import { readGguf } from "../lib/gguf.ts";
-import { ggufToModel } from "../lib/gguf_model.ts";
-import { Tokenizer } from "../lib/tokenizer.ts";
-import type { TokenizerData } from "../lib/weights.ts";
-import { seededRandom } from "../lib/seeded_random.ts";
+import { parseLlama2cTokenizer } from "../lib/tokenizer/llama2c_tokenizer.ts";
+import { readGguf } from "../lib/model/gguf.ts";
+import { ggufToModel } from "../lib/model/gguf_model.ts";
+import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
+import type { TokenizerData } from "../lib/model/weights.ts";
+import { seededRandom } from "../lib/util/seeded_random.ts";
 
 function modelsMirror(): string {
   const dir = Deno.env.get("MODEL_MIRROR");

@@ -7,12 +7,12 @@ import {
   type SamplingParams,
   type StepPlan,
   type StepResult,
-} from "../lib/engine.ts";
-import { loadModel } from "../lib/load_model.ts";
-import { CpuEngine } from "../lib/reference/cpu_engine.ts";
-import { referenceGenerate } from "../lib/reference/reference_generate.ts";
-import type { TensorType } from "../lib/tensor.ts";
-import type { Model } from "../lib/weights.ts";
+} from "../lib/engine/engine.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import type { TensorType } from "../lib/model/tensor.ts";
+import type { Model } from "../lib/model/weights.ts";
 import { encodeTensor, relativeError, rng, testGpu } from "./_gpu.ts";
 import { modelFile } from "./_model_files.ts";
 

@@ -1,10 +1,10 @@
 import { openModel } from "./open_model.ts";
 import { parseArgs } from "@std/cli/parse-args";
-import type { SamplingParams } from "../engine.ts";
+import type { SamplingParams } from "../engine/engine.ts";
 import { ServingCore } from "../../actors/core.ts";
-import { CoreBackend } from "../core_backend.ts";
-import { createEngine } from "../engine_factory.ts";
-import { DEFAULT_MODEL } from "../model_source.ts";
+import { CoreBackend } from "../serving/core_backend.ts";
+import { createEngine } from "../serving/engine_factory.ts";
+import { DEFAULT_MODEL } from "../source/model_source.ts";
 import { z } from "zod";
 
 const GenerateArgs = z.object({

@@ -1,8 +1,8 @@
-import { loadModel } from "../load_model.ts";
-import { type ModelSource, resolveModelSource } from "../model_source.ts";
-import { ProgressBar } from "../progress_bar.ts";
-import { Tokenizer } from "../tokenizer.ts";
-import type { Model } from "../weights.ts";
+import { loadModel } from "../model/load_model.ts";
+import { type ModelSource, resolveModelSource } from "../source/model_source.ts";
+import { ProgressBar } from "../util/progress_bar.ts";
+import { Tokenizer } from "../tokenizer/tokenizer.ts";
+import type { Model } from "../model/weights.ts";
 
 export interface OpenModelOptions {
   readonly modelsDir?: string;

@@ -1,16 +1,16 @@
 import { openModel } from "./open_model.ts";
 import { parseArgs } from "@std/cli/parse-args";
 import { ServingCore } from "../../actors/core.ts";
-import { formatBytes } from "../byte_size.ts";
-import { type Config, resolveConfig, type SettingName, SETTINGS } from "../config.ts";
-import { CoreBackend } from "../core_backend.ts";
-import { createEngine } from "../engine_factory.ts";
-import { FAULT_ENV, FaultInjector } from "../fault_injection.ts";
-import { type Engine, GREEDY, stepTokens } from "../engine.ts";
+import { formatBytes } from "../util/byte_size.ts";
+import { type Config, resolveConfig, type SettingName, SETTINGS } from "./config.ts";
+import { CoreBackend } from "../serving/core_backend.ts";
+import { createEngine } from "../serving/engine_factory.ts";
+import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
+import { type Engine, GREEDY, stepTokens } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
-import { kvBlockBytes } from "../kv_budget.ts";
+import { kvBlockBytes } from "../engine/kv_budget.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",

@@ -2,7 +2,7 @@ import { Hono } from "hono";
 import { upgradeWebSocket } from "hono/deno";
 import type { WSContext } from "hono/ws";
 import { trace, type Tracer } from "@opentelemetry/api";
-import type { GenerationBackend } from "../generation.ts";
+import type { GenerationBackend } from "../core/generation.ts";
 import { ApiKeyVerifier, bearerToken } from "./auth.ts";
 import { createChatRenderer } from "./chat_template.ts";
 import { ApiError, toApiError } from "./errors.ts";

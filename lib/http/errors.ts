@@ -1,4 +1,4 @@
-import type { GenerationErrorCode } from "../generation.ts";
+import type { GenerationErrorCode } from "../core/generation.ts";
 
 /** Every error code a client can receive, over HTTP (`error.code`) or the WebSocket (`code`). */
 export type ApiErrorCode =

@@ -1,5 +1,5 @@
-import { seedToU32 } from "../rng.ts";
-import type { GenerationBackend, GenerationRequest, Priority } from "../generation.ts";
+import { seedToU32 } from "../util/rng.ts";
+import type { GenerationBackend, GenerationRequest, Priority } from "../core/generation.ts";
 import { ApiError } from "./errors.ts";
 
 /** Client parameters after validation, before limits are applied (all APIs map to this). */

@@ -1,5 +1,5 @@
 import type { Hono } from "hono";
-import type { GenerationBackend } from "../generation.ts";
+import type { GenerationBackend } from "../core/generation.ts";
 import type { InFlightRegistry } from "./inflight.ts";
 import { PROMETHEUS_CONTENT_TYPE } from "./metrics.ts";
 import type { ServiceMetrics } from "./service_metrics.ts";

@@ -1,4 +1,4 @@
-import type { FinishReason, Timings, Usage } from "../generation.ts";
+import type { FinishReason, Timings, Usage } from "../core/generation.ts";
 import { timingsJson } from "./protocol.ts";
 
 /** Response objects of the OpenAI API, as the official clients parse them. */

@@ -1,5 +1,5 @@
 import type { Hono } from "hono";
-import type { FinishReason, GenerationEvent } from "../generation.ts";
+import type { FinishReason, GenerationEvent } from "../core/generation.ts";
 import type { ChatTurn, RenderedChat } from "./chat_template.ts";
 import { readJsonBody } from "./body.ts";
 import { ApiError, fromGenerationError } from "./errors.ts";

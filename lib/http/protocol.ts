@@ -1,4 +1,4 @@
-import type { CoreStats, FinishReason, Timings, Usage } from "../generation.ts";
+import type { CoreStats, FinishReason, Timings, Usage } from "../core/generation.ts";
 import type { ApiError } from "./errors.ts";
 
 /**

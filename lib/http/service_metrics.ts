@@ -1,4 +1,4 @@
-import type { CoreStats } from "../generation.ts";
+import type { CoreStats } from "../core/generation.ts";
 import { type Counter, type Gauge, type Histogram, Registry } from "./metrics.ts";
 
 /** What the executor reports after each step (see ServiceMetrics.observeStep). */

@@ -1,5 +1,5 @@
 import { context, type Span, SpanStatusCode, trace, type Tracer } from "@opentelemetry/api";
-import type { GenerationBackend, GenerationEvent, GenerationRequest } from "../generation.ts";
+import type { GenerationBackend, GenerationEvent, GenerationRequest } from "../core/generation.ts";
 import type { InFlightRegistry } from "./inflight.ts";
 import type { ServiceMetrics } from "./service_metrics.ts";
 

@@ -1,4 +1,4 @@
-import type { GenerationRequest } from "../generation.ts";
+import type { GenerationRequest } from "../core/generation.ts";
 import type { ChatTurn, RenderedChat } from "./chat_template.ts";
 import { ApiError, fromGenerationError, preview, toApiError } from "./errors.ts";
 import { type FrameSocket, FrameWriter, type WriterOptions } from "./frame_writer.ts";

@@ -1,8 +1,8 @@
-import { readFileWithProgress, type ReadProgress } from "./read_file.ts";
+import { readFileWithProgress, type ReadProgress } from "../util/read_file.ts";
 import { describeBytes, readGguf } from "./gguf.ts";
 import { ggufToModel } from "./gguf_model.ts";
 import { parseLlama2cCheckpoint } from "./llama2c_checkpoint.ts";
-import { parseLlama2cTokenizer } from "./llama2c_tokenizer.ts";
+import { parseLlama2cTokenizer } from "../tokenizer/llama2c_tokenizer.ts";
 import type { Model } from "./weights.ts";
 
 /** Options for {@link loadModel}. */

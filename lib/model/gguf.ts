@@ -1,4 +1,4 @@
-import { readFully, type ReadProgress } from "./read_file.ts";
+import { readFully, type ReadProgress } from "../util/read_file.ts";
 import { byteSize, type Tensor, type TensorType } from "./tensor.ts";
 
 /**

@@ -1,4 +1,4 @@
-import { hash32 } from "./rng.ts";
+import { hash32 } from "../util/rng.ts";
 
 /** What the allocator reads of a sequence: its id and the token ids known so far. */
 export interface KvSeq {

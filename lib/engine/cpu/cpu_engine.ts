@@ -7,9 +7,9 @@ import type {
   StepPlan,
   StepResult,
 } from "../engine.ts";
-import type { ModelConfig } from "../model_config.ts";
+import type { ModelConfig } from "../../model/model_config.ts";
 import { sample } from "../sampling.ts";
-import type { ModelWeights } from "../weights.ts";
+import type { ModelWeights } from "../../model/weights.ts";
 import { type DenseLayer, type DenseWeights, denseWeights } from "./dense_weights.ts";
 import { addInPlace, matvec, rmsnorm, rope, swiglu } from "./ops.ts";
 import { pagedAttention } from "./paged_attention.ts";

@@ -1,8 +1,8 @@
 import { BlockAllocator } from "./block_allocator.ts";
-import type { SeqInput, StepPlan, StepResult } from "./engine.ts";
+import type { SeqInput, StepPlan, StepResult } from "../engine/engine.ts";
 import type { FinishReason, GenerationErrorCode } from "./generation.ts";
 import { Sequence } from "./sequence.ts";
-import type { SchedulerStats, SeqEvent, SeqEventSink, SeqSpec } from "../actors/messages.ts";
+import type { SchedulerStats, SeqEvent, SeqEventSink, SeqSpec } from "./seq_events.ts";
 
 export interface SchedulerConfig {
   /** KV pool geometry: take it from the engine (engine.kv). */

@@ -1,4 +1,4 @@
-import type { SamplingParams } from "./engine.ts";
+import type { SamplingParams } from "../engine/engine.ts";
 
 /**
  * The contract between the client-facing layer (HTTP, WebSocket) and the serving core

@@ -1,7 +1,7 @@
-import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
-import type { Engine, KvGeometry } from "./engine.ts";
-import { CpuEngine } from "./reference/cpu_engine.ts";
-import type { Model } from "./weights.ts";
+import { WebGpuEngine } from "../../kernels/webgpu_engine.ts";
+import type { Engine, KvGeometry } from "../engine/engine.ts";
+import { CpuEngine } from "../engine/cpu/cpu_engine.ts";
+import type { Model } from "../model/weights.ts";
 
 export type BackendChoice = "webgpu" | "cpu" | "auto";
 

@@ -1,7 +1,7 @@
-import { dequantize } from "../dequantize.ts";
-import type { ModelConfig } from "../model_config.ts";
-import type { Tensor } from "../tensor.ts";
-import type { ModelWeights } from "../weights.ts";
+import { dequantize } from "../../model/dequantize.ts";
+import type { ModelConfig } from "../../model/model_config.ts";
+import type { Tensor } from "../../model/tensor.ts";
+import type { ModelWeights } from "../../model/weights.ts";
 
 /** One block's weights expanded to f32, row-major [outFeatures, inFeatures] for matrices. */
 export interface DenseLayer {

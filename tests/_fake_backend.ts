@@ -4,9 +4,9 @@ import type {
   GenerationBackend,
   GenerationEvent,
   GenerationRequest,
-} from "./generation.ts";
+} from "../lib/core/generation.ts";
 import { trace } from "@opentelemetry/api";
-import { hash32 } from "./rng.ts";
+import { hash32 } from "../lib/util/rng.ts";
 
 /**
  * A stand-in for the serving core, used to test and demo the client-facing layer without a

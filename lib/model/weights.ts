@@ -1,5 +1,8 @@
 import type { ModelConfig } from "./model_config.ts";
 import type { Tensor } from "./tensor.ts";
+import type { TokenizerData } from "../tokenizer/tokenizer_data.ts";
+
+export type { TokenizerData };
 
 /**
  * One transformer block's tensors. Q and K are always in llama2.c's layout, where RoPE rotates
@@ -23,17 +26,6 @@ export interface ModelWeights {
   readonly outputNorm: Tensor; // [dim]
   /** Classifier [vocabSize, dim]; the same object as tokenEmbedding when tied. */
   readonly output: Tensor;
-}
-
-/** What a SentencePiece-style vocabulary file provides, before any tokenizer logic. */
-export interface TokenizerData {
-  /** Token pieces as the file spells them (SentencePiece files use "▁" for a space; byte pieces look like "<0x0A>"). */
-  readonly tokens: readonly string[];
-  readonly scores: Float32Array;
-  /** SentencePiece token types (1 normal, 2 unknown, 3 control, 6 byte) where the file has them. */
-  readonly tokenTypes?: Int32Array;
-  readonly bosId: number;
-  readonly eosId: number;
 }
 
 /** A loaded model: everything an engine and a tokenizer need. */

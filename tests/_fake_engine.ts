@@ -5,9 +5,9 @@ import type {
   SamplingParams,
   StepPlan,
   StepResult,
-} from "./engine.ts";
-import type { ModelConfig } from "./model_config.ts";
-import { hash32 } from "./rng.ts";
+} from "../lib/engine/engine.ts";
+import type { ModelConfig } from "../lib/model/model_config.ts";
+import { hash32 } from "../lib/util/rng.ts";
 
 /**
  * A scripted stand-in for a model, for testing the serving core without one. Its "KV cache" is

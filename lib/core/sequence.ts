@@ -1,4 +1,4 @@
-import type { SamplingParams } from "./engine.ts";
+import type { SamplingParams } from "../engine/engine.ts";
 import type { Priority } from "./generation.ts";
 import type { KvSeq } from "./block_allocator.ts";
 

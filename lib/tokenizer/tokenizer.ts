@@ -1,4 +1,4 @@
-import type { TokenizerData } from "./weights.ts";
+import type { TokenizerData } from "./tokenizer_data.ts";
 
 /** SentencePiece token types as GGUF's `tokenizer.ggml.token_type` stores them. */
 const TYPE_NORMAL = 1;

@@ -1,4 +1,4 @@
-import type { ModelConfig } from "./model_config.ts";
+import type { ModelConfig } from "../model/model_config.ts";
 
 /** Bytes one KV block takes across all layers (K and V, f32). */
 export function kvBlockBytes(config: ModelConfig, blockSize: number): number {

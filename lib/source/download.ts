@@ -4,7 +4,7 @@
  * left by a broken connection or a killed process is resumed with a `Range` request next time.
  */
 import { createHash } from "node:crypto";
-import { ProgressBar, type ProgressOptions } from "./progress_bar.ts";
+import { ProgressBar, type ProgressOptions } from "../util/progress_bar.ts";
 
 /** How {@linkcode downloadFile} fetches, reports and verifies. */
 export interface DownloadOptions {

@@ -1,4 +1,4 @@
-import type { TokenizerData } from "./weights.ts";
+import type { TokenizerData } from "./tokenizer_data.ts";
 
 /** llama2.c's sentencepiece export hard-codes these ids (run.c stops generating at BOS = 1). */
 const LLAMA2C_BOS_ID = 1;

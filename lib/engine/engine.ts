@@ -1,4 +1,4 @@
-import type { ModelConfig } from "./model_config.ts";
+import type { ModelConfig } from "../model/model_config.ts";
 
 /** How one sequence picks its next token. temperature <= 0 means greedy (argmax). */
 export interface SamplingParams {

@@ -1,11 +1,11 @@
-import type { ServingCore } from "../actors/core.ts";
+import type { ServingCore } from "../../actors/core.ts";
 import type {
   CoreStats,
   GenerationBackend,
   GenerationEvent,
   GenerationRequest,
-} from "./generation.ts";
-import type { Tokenizer } from "./tokenizer.ts";
+} from "../core/generation.ts";
+import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 
 /**
  * Presents the serving core to the HTTP layer. Chat templates render the BOS token as text

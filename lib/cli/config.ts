@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { parseByteSize } from "./byte_size.ts";
+import { parseByteSize } from "../util/byte_size.ts";
 
 /**
  * Every setting of the server and the CLI, with the environment variable that can also set

@@ -1,5 +1,5 @@
 import type { SamplingParams } from "./engine.ts";
-import { uniform } from "./rng.ts";
+import { uniform } from "../util/rng.ts";
 
 /** The tokens a sampler may draw, most likely first, with their renormalised probabilities. */
 export interface CandidateSet {

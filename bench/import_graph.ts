@@ -1,0 +1,117 @@
+/**
+ * The folder-level import graph of the source (everything but tests/ and bench/), checked
+ * against the layer order the README's Layout section documents: a folder may import only
+ * from itself and from folders below it. Run `deno task layout` to print the graph; it exits 1
+ * on a back-edge or a folder missing from the order. tests/import_graph_test.ts runs the same
+ * check.
+ */
+
+/** Lowest layer first. A folder not listed here is an error, so a new one gets a place. */
+export const LAYERS: readonly string[] = [
+  "lib/util",
+  "lib/tokenizer",
+  "lib/model",
+  "lib/source",
+  "lib/engine",
+  "lib/engine/cpu",
+  "kernels",
+  "lib/core",
+  "actors",
+  "lib/http",
+  "lib/serving",
+  "lib/cli",
+  ".",
+];
+
+export interface ImportEdge {
+  readonly from: string; // folder of the importing file
+  readonly to: string; // folder of the imported file
+  readonly file: string; // the importing file, for the message
+  readonly specifier: string;
+}
+
+const IMPORT =
+  /(?:import|export)\s[^'"]*?from\s*['"](\.[^'"]+)['"]|import\(\s*['"](\.[^'"]+)['"]\s*\)/g;
+
+function dirOf(path: string): string {
+  const i = path.lastIndexOf("/");
+  return i < 0 ? "." : path.slice(0, i);
+}
+
+function normalize(path: string): string {
+  const out: string[] = [];
+  for (const part of path.split("/")) {
+    if (part === "" || part === ".") continue;
+    if (part === "..") out.pop();
+    else out.push(part);
+  }
+  return out.length === 0 ? "." : out.join("/");
+}
+
+/** Every relative import between source files under `root`, tests/ and bench/ left out. */
+export function collectEdges(root: string): ImportEdge[] {
+  const edges: ImportEdge[] = [];
+  const walk = (rel: string) => {
+    for (const entry of Deno.readDirSync(rel === "." ? root : `${root}/${rel}`)) {
+      const path = rel === "." ? entry.name : `${rel}/${entry.name}`;
+      if (entry.isDirectory) {
+        if (entry.name.startsWith(".") || ["tests", "bench", "node_modules"].includes(path)) {
+          continue;
+        }
+        walk(path);
+      } else if (entry.isFile && entry.name.endsWith(".ts")) {
+        const source = Deno.readTextFileSync(`${root}/${path}`);
+        for (const m of source.matchAll(IMPORT)) {
+          const specifier = (m[1] ?? m[2])!;
+          const target = normalize(`${dirOf(path)}/${specifier}`);
+          edges.push({ from: dirOf(path), to: dirOf(target), file: path, specifier });
+        }
+      }
+    }
+  };
+  walk(".");
+  return edges;
+}
+
+/** The edges that break the layer order, as messages naming the file and the import. */
+export function layerViolations(edges: readonly ImportEdge[]): string[] {
+  const rank = new Map(LAYERS.map((folder, i) => [folder, i]));
+  const problems = new Set<string>();
+  for (const e of edges) {
+    if (e.from === e.to) continue;
+    const a = rank.get(e.from);
+    const b = rank.get(e.to);
+    if (a === undefined) {
+      problems.add(`folder ${e.from} is not in LAYERS (bench/import_graph.ts): give it a layer`);
+    } else if (b === undefined) {
+      problems.add(`folder ${e.to} (imported by ${e.file}) is not in LAYERS: give it a layer`);
+    } else if (b >= a) {
+      problems.add(
+        `${e.file} imports "${e.specifier}": ${e.from} (layer ${a}) may import only lower layers, ` +
+          `but ${e.to} is layer ${b}`,
+      );
+    }
+  }
+  return [...problems];
+}
+
+if (import.meta.main) {
+  const root = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
+  const edges = collectEdges(root);
+  const byFolder = new Map<string, Set<string>>();
+  for (const e of edges) {
+    if (e.from !== e.to) {
+      byFolder.set(e.from, (byFolder.get(e.from) ?? new Set()).add(e.to));
+    }
+  }
+  console.log("| layer | folder | imports |\n|--:|---|---|");
+  LAYERS.forEach((folder, i) => {
+    console.log(`| ${i} | ${folder} | ${[...(byFolder.get(folder) ?? [])].sort().join(", ")} |`);
+  });
+  const problems = layerViolations(edges);
+  if (problems.length > 0) {
+    console.error(`\n${problems.length} layering problem(s):\n- ${problems.join("\n- ")}`);
+    Deno.exit(1);
+  }
+  console.log(`\n${edges.length} imports, no back-edges`);
+}
