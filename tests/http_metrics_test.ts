@@ -61,7 +61,7 @@ Deno.test("ServiceMetrics busy fraction is time inside steps over the recent win
 });
 
 Deno.test("GET /metrics exposes every service metric with the right type and values", async () => {
-  await using svc = startService({ tokenDelayMs: 3 });
+  await using svc = await startService({ tokenDelayMs: 3 });
   const res = await postJson(svc.base + "/v1/completions", { prompt: "count me", max_tokens: 6 });
   assertEquals(res.status, 200);
   await res.json();

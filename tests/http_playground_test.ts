@@ -18,7 +18,7 @@ function chromiumPath(): string {
 }
 
 Deno.test("the playground streams a prompt's tokens, cancels another, and shows the scheduler", async () => {
-  await using svc = startService(
+  await using svc = await startService(
     { tokenDelayMs: 25, contextLength: 4096, kvBlocksTotal: 77 },
     { statsIntervalMs: 100 },
   );

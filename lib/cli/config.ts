@@ -24,12 +24,41 @@ export const SETTINGS = {
     env: "LLMSERVE_DRAIN_TIMEOUT",
     help: "seconds to let in-flight requests finish on SIGTERM",
   },
+  maxConnections: {
+    env: "LLMSERVE_MAX_CONNECTIONS",
+    help: "open client connections at most (default: from the open-file limit)",
+  },
+  headerTimeout: {
+    env: "LLMSERVE_HEADER_TIMEOUT",
+    help: "seconds a connection has to send a request's headers",
+  },
+  bodyTimeout: { env: "LLMSERVE_BODY_TIMEOUT", help: "seconds a whole request may take to arrive" },
+  keepAliveTimeout: {
+    env: "LLMSERVE_KEEP_ALIVE_TIMEOUT",
+    help: "seconds an idle keep-alive connection is kept",
+  },
+  corsOrigin: {
+    env: "LLMSERVE_CORS_ORIGINS",
+    help: "origin whose web pages may use the API, e.g. http://localhost:* (env: comma-separated)",
+  },
+  allowedHost: {
+    env: "LLMSERVE_ALLOWED_HOSTS",
+    help: "host name the server answers to besides IPs and localhost (env: comma-separated)",
+  },
 } as const;
+
+/** Settings that repeat as flags and are comma-separated in the environment. */
+const LIST_SETTINGS = new Set<string>(["apiKey", "corsOrigin", "allowedHost"]);
 
 export type SettingName = keyof typeof SETTINGS;
 
 const positiveInt = (name: string) =>
   z.coerce.number({ error: `${name} must be a number` }).int(`${name} must be an integer`).positive(
+    `${name} must be positive`,
+  );
+
+const seconds = (name: string) =>
+  z.coerce.number({ error: `${name} must be a number of seconds` }).positive(
     `${name} must be positive`,
   );
 
@@ -56,8 +85,28 @@ export const ConfigSchema = z.object({
   // Deeper pipelines hide more readback latency (measured on llvmpipe: 2 -> 147, 3 -> 198,
   // 4 -> 264 tokens/s single-stream) at the cost of steps computed past a stop.
   pipelineDepth: positiveInt("pipelineDepth").max(8, "pipelineDepth must be at most 8").default(3),
-  apiKey: z.array(z.string().min(8, "API keys must have at least 8 characters")).default([]),
+  apiKey: z.array(
+    z.string().min(8, "API keys must have at least 8 characters").regex(
+      /^[\x21-\x7e]+$/,
+      "API keys must be printable ASCII without spaces (a key with a space can never match " +
+        "'Authorization: Bearer <key>')",
+    ),
+  ).default([]),
   drainTimeout: z.coerce.number().nonnegative().default(30),
+  maxConnections: positiveInt("maxConnections").optional(),
+  headerTimeout: seconds("headerTimeout").default(60),
+  bodyTimeout: seconds("bodyTimeout").default(60),
+  keepAliveTimeout: seconds("keepAliveTimeout").default(5),
+  corsOrigin: z.array(
+    z.string().regex(
+      /^(\*|null|[a-z][a-z0-9+.-]*:\/\/[^/\s]+)$/i,
+      "an origin is scheme://host[:port] (globs with * allowed, e.g. http://localhost:*), " +
+        "'null', or '*'",
+    ),
+  ).default([]),
+  allowedHost: z.array(
+    z.string().regex(/^[a-z0-9.-]+$/i, "a host name is letters, digits, dots and dashes"),
+  ).default([]),
 });
 
 export type Config = z.infer<typeof ConfigSchema>;
@@ -76,12 +125,14 @@ export function resolveConfig(
     const fromEnv = env(envName);
     if (fromFlag !== undefined) raw[name] = fromFlag;
     else if (fromEnv !== undefined && fromEnv !== "") {
-      raw[name] = name === "apiKey"
+      raw[name] = LIST_SETTINGS.has(name)
         ? fromEnv.split(",").map((s) => s.trim()).filter(Boolean)
         : fromEnv;
     }
   }
-  if (raw.apiKey !== undefined && !Array.isArray(raw.apiKey)) raw.apiKey = [raw.apiKey];
+  for (const name of LIST_SETTINGS) {
+    if (raw[name] !== undefined && !Array.isArray(raw[name])) raw[name] = [raw[name]];
+  }
   const parsed = ConfigSchema.safeParse(raw);
   if (!parsed.success) {
     const lines = parsed.error.issues.map((i) => {
@@ -92,6 +143,10 @@ export function resolveConfig(
       const where = flags[name] !== undefined ? flag : SETTINGS[name]?.env ?? flag;
       // API keys are secrets: say which one, never echo it.
       if (name === "apiKey") return `${where} #${Number(i.path[1] ?? 0) + 1}: ${i.message}`;
+      if (LIST_SETTINGS.has(name)) {
+        const item = (raw[name] as unknown[])[Number(i.path[1] ?? 0)];
+        return `${where}: ${i.message} (received ${JSON.stringify(item)})`;
+      }
       const received = JSON.stringify(raw[name]);
       return i.message.includes(received)
         ? `${where}: ${i.message}`

@@ -11,6 +11,7 @@ import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { kvBlockBytes } from "../engine/kv_budget.ts";
+import { defaultMaxConnections, openFileLimit } from "../util/fd_limit.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",
@@ -28,6 +29,12 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "api-key": "apiKey",
   "drain-timeout": "drainTimeout",
   "models-dir": "modelsDir",
+  "max-connections": "maxConnections",
+  "header-timeout": "headerTimeout",
+  "body-timeout": "bodyTimeout",
+  "keep-alive-timeout": "keepAliveTimeout",
+  "cors-origin": "corsOrigin",
+  "allowed-host": "allowedHost",
 };
 
 function usage(): string {
@@ -41,7 +48,7 @@ function usage(): string {
 export function parseServeArgs(argv: string[], env?: (name: string) => string | undefined): Config {
   const flags = parseArgs(argv, {
     string: Object.keys(FLAG_NAMES),
-    collect: ["api-key"],
+    collect: ["api-key", "cors-origin", "allowed-host"],
     boolean: ["help"],
   });
   const unknown = [
@@ -67,6 +74,13 @@ export async function serveCommand(argv: string[]): Promise<number> {
   }
   const config = parseServeArgs(argv);
   const log = (line: string) => console.error(line);
+  // Until the server drains on them, a signal would end the process without a word.
+  const duringLoad = (signal: Deno.Signal) => () => {
+    log(`received ${signal} while loading the model; exiting without serving`);
+    Deno.exit(signal === "SIGINT" ? 130 : 143);
+  };
+  const loadSignals = (["SIGTERM", "SIGINT"] as const).map((s) => [s, duringLoad(s)] as const);
+  for (const [s, h] of loadSignals) Deno.addSignalListener(s, h);
   const { source, model, tokenizer } = await openModel(config.model, {
     modelsDir: config.modelsDir,
     tokenizer: config.tokenizer,
@@ -124,13 +138,22 @@ export async function serveCommand(argv: string[]): Promise<number> {
     backend,
     metrics,
     apiKeys: config.apiKey,
+    corsOrigins: config.corsOrigin,
+    allowedHosts: config.allowedHost,
     drainTimeoutMs: config.drainTimeout * 1000,
   });
   const c = model.config;
-  const server = serveService(service, {
+  const fdLimit = openFileLimit();
+  const maxConnections = config.maxConnections ?? defaultMaxConnections(fdLimit);
+  const server = await serveService(service, {
     hostname: config.host,
     port: config.port,
     drainTimeoutMs: config.drainTimeout * 1000,
+    maxConnections,
+    headerTimeoutMs: config.headerTimeout * 1000,
+    bodyTimeoutMs: config.bodyTimeout * 1000,
+    keepAliveTimeoutMs: config.keepAliveTimeout * 1000,
+    log,
     onListen: (addr) => {
       log([
         `llmserve ready`,
@@ -141,6 +164,12 @@ export async function serveCommand(argv: string[]): Promise<number> {
         } (${numBlocks * config.blockSize} tokens)`,
         `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${config.pipelineDepth}`,
         `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
+        `  origins   same origin${
+          config.corsOrigin.length > 0 ? ` + ${config.corsOrigin.join(", ")}` : " only"
+        }`,
+        `  conns     ${maxConnections} at most${
+          config.maxConnections === undefined ? ` (open-file limit ${fdLimit ?? "unknown"})` : ""
+        }, timeouts header ${config.headerTimeout} s, body ${config.bodyTimeout} s, keep-alive ${config.keepAliveTimeout} s`,
         `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
         ...(faults
           ? [
@@ -150,6 +179,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
       ].join("\n"));
     },
   });
+  // serveService drains on the signals from here on.
+  for (const [s, h] of loadSignals) Deno.removeSignalListener(s, h);
   const result = await server.closed;
   await core.close();
   log(

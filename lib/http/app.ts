@@ -1,14 +1,16 @@
 import { Hono } from "hono";
-import { upgradeWebSocket } from "hono/deno";
+import { upgradeWebSocket } from "@hono/node-server";
+import { cors } from "hono/cors";
 import type { WSContext } from "hono/ws";
 import { trace, type Tracer } from "@opentelemetry/api";
 import type { GenerationBackend } from "../core/generation.ts";
-import { ApiKeyVerifier, bearerToken } from "./auth.ts";
+import { ApiKeyVerifier, parseAuthorization } from "./auth.ts";
 import { createChatRenderer } from "./chat_template.ts";
 import { ApiError, toApiError } from "./errors.ts";
 import type { FrameSocket } from "./frame_writer.ts";
 import { registerHealthRoutes } from "./health_routes.ts";
 import { InFlightRegistry } from "./inflight.ts";
+import { OriginPolicy } from "./origin.ts";
 import { registerOpenAiRoutes } from "./openai_routes.ts";
 import { PLAYGROUND_HTML } from "./playground.html.ts";
 import { ServiceMetrics } from "./service_metrics.ts";
@@ -19,6 +21,13 @@ export interface AppOptions {
   readonly backend: GenerationBackend;
   /** Accepted bearer tokens; empty or absent turns authentication off. */
   readonly apiKeys?: readonly string[];
+  /**
+   * Origins (exact, or globs like `http://localhost:*`) whose pages may call the API and open
+   * WebSockets, besides the server's own origin; `*` allows every page.
+   */
+  readonly corsOrigins?: readonly string[];
+  /** Host names the server answers to besides IP literals and localhost (DNS rebinding). */
+  readonly allowedHosts?: readonly string[];
   /** Paths served without a key (default: /, /health, /ready). */
   readonly openPaths?: readonly string[];
   /** HTTP request body limit (default 1 MiB). */
@@ -58,7 +67,7 @@ export interface DrainResult {
 
 export interface ServiceApp {
   readonly app: Hono;
-  /** Pass to Deno.serve. */
+  /** The request handler: serveService() (lib/http/serve.ts) puts it on node:http. */
   readonly fetch: (req: Request, info?: unknown) => Response | Promise<Response>;
   readonly metrics: ServiceMetrics;
   /**
@@ -66,6 +75,8 @@ export interface ServiceApp {
    * `timeoutMs`, aborts what is left, then closes WebSockets with 1001.
    */
   drain(opts?: { timeoutMs?: number }): Promise<DrainResult>;
+  /** Ends a drain's wait now: what is still running is aborted as at the deadline. */
+  hurry(): void;
   setReady(ready: boolean): void;
   readonly draining: boolean;
   /** Generations open over HTTP and WebSocket. */
@@ -76,17 +87,21 @@ export interface ServiceApp {
   close(): void;
 }
 
-/** Routes that get their own label in llm_http_requests_total (others are "unmatched"). */
-const ROUTES = new Set([
-  "/",
-  "/health",
-  "/ready",
-  "/metrics",
-  "/v1/stream",
-  "/v1/models",
-  "/v1/completions",
-  "/v1/chat/completions",
-]);
+/**
+ * Every route and its methods: the routes get their own label in llm_http_requests_total
+ * (others are "unmatched"), and another method on them is answered 405 with `Allow`.
+ */
+const ROUTE_METHODS: Record<string, string> = {
+  "/": "GET, HEAD",
+  "/health": "GET, HEAD",
+  "/ready": "GET, HEAD",
+  "/metrics": "GET, HEAD",
+  "/v1/stream": "GET",
+  "/v1/models": "GET, HEAD",
+  "/v1/completions": "POST",
+  "/v1/chat/completions": "POST",
+};
+const ROUTES = new Set(Object.keys(ROUTE_METHODS));
 
 function frameSocket(ws: WSContext): FrameSocket {
   const raw = ws.raw as { bufferedAmount?: number } | undefined;
@@ -113,6 +128,7 @@ export function createApp(opts: AppOptions): ServiceApp {
   const tracer = opts.tracer ?? trace.getTracer("llmserve");
   const inflight = new InFlightRegistry();
   const keys = new ApiKeyVerifier(opts.apiKeys ?? []);
+  const origins = new OriginPolicy(opts.corsOrigins ?? [], opts.allowedHosts ?? []);
   const openPaths = new Set(opts.openPaths ?? ["/", "/health", "/ready"]);
   const retryAfter = String(opts.retryAfterSeconds ?? 1);
   const renderChat = createChatRenderer({
@@ -155,6 +171,17 @@ export function createApp(opts: AppOptions): ServiceApp {
     return c.json(e.toJSON(), e.status as 400);
   });
   app.notFound((c) => {
+    const allow = ROUTE_METHODS[c.req.path] ??
+      (c.req.path.startsWith("/v1/models/") ? "GET, HEAD" : undefined);
+    if (allow !== undefined) {
+      const e = new ApiError(
+        "method_not_allowed",
+        `${c.req.path} does not take ${c.req.method}; use ${allow}`,
+      );
+      metrics.errors.inc({ code: e.code });
+      c.header("allow", allow);
+      return c.json(e.toJSON(), 405);
+    }
     const e = new ApiError("not_found", `No route for ${c.req.method} ${c.req.path}`);
     metrics.errors.inc({ code: e.code });
     return c.json(e.toJSON(), 404);
@@ -169,15 +196,46 @@ export function createApp(opts: AppOptions): ServiceApp {
     });
   });
 
+  // Host and Origin before anything else, the open paths included: a rebinding page must not
+  // read /metrics or load the playground under its own name either.
+  app.use("*", async (c, next) => {
+    const refusal = origins.check(c.req.header("host"), c.req.header("origin"));
+    if (refusal !== null) {
+      throw new ApiError(
+        c.req.header("origin") !== undefined && origins.hostAllowed(c.req.header("host") ?? "")
+          ? "forbidden_origin"
+          : "forbidden_host",
+        refusal,
+      );
+    }
+    await next();
+  });
+  // Listed cross-origin pages get CORS headers and their preflights answered.
+  app.use(
+    "*",
+    cors({
+      origin: (origin) => (origins.isListed(origin) ? origin : null),
+      allowMethods: ["GET", "POST", "OPTIONS"],
+      allowHeaders: ["authorization", "content-type"],
+      exposeHeaders: ["retry-after", "x-request-id"],
+      maxAge: 600,
+    }),
+  );
+
   app.use("*", async (c, next) => {
     if (!keys.enabled || openPaths.has(c.req.path)) return await next();
-    let token = bearerToken(c.req.header("authorization"));
+    const auth = parseAuthorization(c.req.header("authorization"));
+    let token = auth.kind === "token" ? auth.token : null;
     // Browsers cannot set headers on a WebSocket, so the socket may carry the key in its URL.
-    if (token === null && c.req.path === "/v1/stream") token = c.req.query("api_key") ?? null;
+    if (auth.kind === "missing" && c.req.path === "/v1/stream") {
+      token = c.req.query("api_key") ?? null;
+    }
     if (!(await keys.verify(token))) {
       throw new ApiError(
         "unauthorized",
-        token === null
+        auth.kind === "malformed"
+          ? auth.problem
+          : token === null
           ? "Missing API key: send the header 'Authorization: Bearer <key>'"
           : "Invalid API key",
       );
@@ -200,6 +258,36 @@ export function createApp(opts: AppOptions): ServiceApp {
     createdAt: Math.floor(Date.now() / 1000),
   });
 
+  // Refusals of an upgrade go out as the status and headers alone (the socket is not HTTP any
+  // more once upgraded), so each has its own status.
+  app.get("/v1/stream", async (c, next) => {
+    if (c.req.header("upgrade")?.toLowerCase() !== "websocket") return await next();
+    if (draining) {
+      throw new ApiError(
+        "draining",
+        "The server is shutting down and accepts no new WebSockets; retry on another instance",
+      );
+    }
+    const key = c.req.header("sec-websocket-key");
+    if (key === undefined || !/^[A-Za-z0-9+/]{22}==$/.test(key)) {
+      throw new ApiError(
+        "invalid_request",
+        `A WebSocket upgrade needs a Sec-WebSocket-Key of 16 base64 bytes; received ${
+          key === undefined ? "none" : JSON.stringify(key.slice(0, 40))
+        }`,
+      );
+    }
+    if (c.req.header("sec-websocket-version") !== "13") {
+      c.header("sec-websocket-version", "13");
+      throw new ApiError(
+        "upgrade_required",
+        `Only WebSocket version 13 is supported; received ${
+          JSON.stringify(c.req.header("sec-websocket-version") ?? "none")
+        }`,
+      );
+    }
+    await next();
+  });
   app.get(
     "/v1/stream",
     upgradeWebSocket(() => {
@@ -235,21 +323,29 @@ export function createApp(opts: AppOptions): ServiceApp {
     sessions.clear();
   };
 
+  const hurried = new AbortController();
   return {
     app,
-    fetch: (req, info) => app.fetch(req, info),
+    fetch: (req, info) => app.fetch(req, info as never),
     metrics,
     async drain(d = {}) {
       draining = true;
-      const completed = await inflight.whenIdle(d.timeoutMs ?? opts.drainTimeoutMs ?? 30_000);
+      const completed = await inflight.whenIdle(
+        d.timeoutMs ?? opts.drainTimeoutMs ?? 30_000,
+        hurried.signal,
+      );
       let aborted = 0;
       if (!completed) {
         aborted = inflight.abortAll("drain deadline passed");
-        // Aborted generations end with a final event; give them a moment to send it.
-        await inflight.whenIdle(1000);
+        // Aborted generations end with a final event; give them a moment to send it (within
+        // the second past the deadline that the drain may take).
+        await inflight.whenIdle(500);
       }
       closeAll();
       return { completed, aborted };
+    },
+    hurry() {
+      hurried.abort();
     },
     setReady(ready) {
       loaded = ready;
