@@ -479,7 +479,7 @@ Deno.test("an executor error mid-stream ends the SSE stream with an error event"
 Deno.test("API keys: /v1 and /metrics need a valid bearer token, /health stays open", async () => {
   await using svc = startService({}, { apiKeys: ["key-one", "key-two"] });
   const open = await fetch(svc.base + "/health");
-  assertEquals([open.status, await open.json()], [200, { status: "ok" }]);
+  assertEquals([open.status, await open.json()], [200, { status: "ok", phase: "ready" }]);
   for (
     const [headers, status, message] of [
       [{}, 401, /Missing API key/],

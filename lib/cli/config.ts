@@ -24,7 +24,30 @@ export const SETTINGS = {
     env: "LLMSERVE_DRAIN_TIMEOUT",
     help: "seconds to let in-flight requests finish on SIGTERM",
   },
+  servedModelName: {
+    env: "LLMSERVE_SERVED_MODEL_NAMES",
+    help: "name clients may give as `model` (repeatable; env: comma-separated)",
+  },
+  logFormat: { env: "LLMSERVE_LOG_FORMAT", help: "request log lines: text | json" },
+  metricsPublic: { env: "LLMSERVE_METRICS_PUBLIC", help: "serve /metrics without an API key" },
+  resultCache: {
+    env: "LLMSERVE_RESULT_CACHE",
+    help: "memory for cached answers to deterministic requests, e.g. 64MiB (0: off)",
+  },
 } as const;
+
+/** Settings that take a list: repeated flags, or a comma-separated variable. */
+const LIST_SETTINGS: ReadonlySet<string> = new Set(["apiKey", "servedModelName"]);
+
+const byteSize = (fallback: string) =>
+  z.string().default(fallback).transform((s, ctx) => {
+    try {
+      return parseByteSize(s);
+    } catch (e) {
+      ctx.addIssue({ code: "custom", message: (e as Error).message });
+      return z.NEVER;
+    }
+  });
 
 export type SettingName = keyof typeof SETTINGS;
 
@@ -41,14 +64,7 @@ export const ConfigSchema = z.object({
   contextLength: positiveInt("contextLength").optional(),
   host: z.string().min(1).default("127.0.0.1"),
   port: z.coerce.number().int().min(0).max(65535).default(8000),
-  kvMemory: z.string().default("256MiB").transform((s, ctx) => {
-    try {
-      return parseByteSize(s);
-    } catch (e) {
-      ctx.addIssue({ code: "custom", message: (e as Error).message });
-      return z.NEVER;
-    }
-  }),
+  kvMemory: byteSize("256MiB"),
   blockSize: positiveInt("blockSize").default(16),
   maxBatchTokens: positiveInt("maxBatchTokens").default(512),
   maxRunning: positiveInt("maxRunning").default(64),
@@ -58,6 +74,17 @@ export const ConfigSchema = z.object({
   pipelineDepth: positiveInt("pipelineDepth").max(8, "pipelineDepth must be at most 8").default(3),
   apiKey: z.array(z.string().min(8, "API keys must have at least 8 characters")).default([]),
   drainTimeout: z.coerce.number().nonnegative().default(30),
+  servedModelName: z.array(z.string().min(1, "a served model name cannot be empty")).default([]),
+  logFormat: z.enum(["text", "json"]).default("text"),
+  metricsPublic: z.union([
+    z.boolean(),
+    z.enum(["true", "false", "1", "0"], { error: "expected true, false, 1 or 0" }).transform((v) =>
+      v === "true" || v === "1"
+    ),
+  ]).default(false),
+  // Off by default: benchmarks and soak runs repeat requests to measure the engine, and a
+  // cache would answer them instead.
+  resultCache: byteSize("0"),
 });
 
 export type Config = z.infer<typeof ConfigSchema>;
@@ -76,12 +103,14 @@ export function resolveConfig(
     const fromEnv = env(envName);
     if (fromFlag !== undefined) raw[name] = fromFlag;
     else if (fromEnv !== undefined && fromEnv !== "") {
-      raw[name] = name === "apiKey"
+      raw[name] = LIST_SETTINGS.has(name)
         ? fromEnv.split(",").map((s) => s.trim()).filter(Boolean)
         : fromEnv;
     }
   }
-  if (raw.apiKey !== undefined && !Array.isArray(raw.apiKey)) raw.apiKey = [raw.apiKey];
+  for (const name of LIST_SETTINGS) {
+    if (raw[name] !== undefined && !Array.isArray(raw[name])) raw[name] = [raw[name]];
+  }
   const parsed = ConfigSchema.safeParse(raw);
   if (!parsed.success) {
     const lines = parsed.error.issues.map((i) => {
