@@ -304,7 +304,7 @@ Deno.test("readGguf() rejects an unsupported tensor type, naming the type and te
   await assertRejects(
     () => readGguf(path),
     Error,
-    `Cannot load GGUF ${path}: unsupported tensor type 14 (Q6_K) for tensor 'blk.0.ffn_down.weight'; supported: F32, F16, Q8_0, Q4_0`,
+    `Cannot load GGUF ${path}: unsupported tensor type 14 (Q6_K) for tensor 'blk.0.ffn_down.weight'; supported: F32, F16, Q4_0, Q8_0`,
   );
 });
 

@@ -129,6 +129,16 @@ const GGML_TYPE_NAMES: Record<number, string> = {
   39: "MXFP4",
 };
 
+/** Whether this project can run tensors of this ggml type number. */
+export function isSupportedTensorType(typeId: number): boolean {
+  return SUPPORTED_TENSOR_TYPES.has(typeId);
+}
+
+/** ggml names of the supported tensor types, for error messages ("F32, F16, Q8_0, Q4_0"). */
+export function supportedTensorTypeNames(): string {
+  return [...SUPPORTED_TENSOR_TYPES.keys()].map(ggmlTypeName).join(", ");
+}
+
 /** The ggml name of a tensor type number, e.g. 14 -> "Q6_K". */
 export function ggmlTypeName(typeId: number): string {
   return GGML_TYPE_NAMES[typeId] ?? "unknown";
@@ -408,7 +418,7 @@ export function tensorLayout(
     throw new Error(
       `Cannot load GGUF ${source}: unsupported tensor type ${info.typeId} (${
         ggmlTypeName(info.typeId)
-      }) for tensor '${info.name}'; supported: F32, F16, Q8_0, Q4_0`,
+      }) for tensor '${info.name}'; supported: ${supportedTensorTypeNames()}`,
     );
   }
   const shape = [...info.dims].reverse();
@@ -477,9 +487,14 @@ const FIRST_HEADER_READ = 1 << 20;
 /**
  * Reads a GGUF file from disk holding its bytes only once: the header is parsed from a prefix
  * (grown until it fits, then dropped), and the data section is read into one buffer whose views
- * become the tensors.
+ * become the tensors. `checkHeader` runs before the data is read, so a file the caller cannot
+ * use is refused without reading gigabytes first.
  */
-export async function readGguf(path: string, onProgress?: ReadProgress): Promise<GgufFile> {
+export async function readGguf(
+  path: string,
+  onProgress?: ReadProgress,
+  checkHeader?: (header: GgufHeader) => void,
+): Promise<GgufFile> {
   using file = await Deno.open(path, { read: true });
   const fileSize = (await file.stat()).size;
   let prefixSize = Math.min(fileSize, FIRST_HEADER_READ);
@@ -495,6 +510,7 @@ export async function readGguf(path: string, onProgress?: ReadProgress): Promise
       prefixSize = Math.min(fileSize, Math.max(prefixSize * 2, e.needed + FIRST_HEADER_READ));
     }
   }
+  checkHeader?.(header);
   const dataBytes = dataSectionBytes(header, path);
   const data = new Uint8Array(dataBytes);
   const got = await readFully(file, header.dataOffset, data, onProgress);
