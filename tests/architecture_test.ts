@@ -112,11 +112,11 @@ Deno.test("an unsupported file is refused with every blocker listed at once, bef
   - tokenizer model 'rwkv' (tokenizer.ggml.model) is not supported (supported: ${
       err.message.match(/\(tokenizer\.ggml\.model\) is not supported \(supported: ([^)]*)\)/)![1]
     })
-  - tensor type IQ2_XXS (ggml type 16) in 2 tensors is not supported (supported: ${
-      err.message.match(/IQ2_XXS.*?\(supported: ([^)]*)\)/)![1]
+  - tensor type IQ2_XXS (ggml type 16) in 2 tensors (first: a) is not supported (supported: ${
+      err.message.match(/IQ2_XXS.*? is not supported \(supported: ([^)]*)\)/)![1]
     })
-  - tensor type IQ4_NL (ggml type 20) in 3 tensors is not supported (supported: ${
-      err.message.match(/IQ4_NL.*?\(supported: ([^)]*)\)/)![1]
+  - tensor type IQ4_NL (ggml type 20) in 3 tensors (first: b) is not supported (supported: ${
+      err.message.match(/IQ4_NL.*? is not supported \(supported: ([^)]*)\)/)![1]
     })`,
   );
   assert(err.message.includes("F32"), err.message);

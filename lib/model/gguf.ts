@@ -86,11 +86,21 @@ const MAGIC = 0x46554747; // "GGUF" read as a little-endian uint32
 const DEFAULT_ALIGNMENT = 32;
 const SUPPORTED_VERSIONS = [2, 3];
 
+/** ggml type numbers of the tensor types both engines read (ggml.h's enum ggml_type). */
 const SUPPORTED_TENSOR_TYPES: ReadonlyMap<number, TensorType> = new Map([
   [0, "f32"],
   [1, "f16"],
   [2, "q4_0"],
+  [3, "q4_1"],
+  [6, "q5_0"],
+  [7, "q5_1"],
   [8, "q8_0"],
+  [10, "q2_k"],
+  [11, "q3_k"],
+  [12, "q4_k"],
+  [13, "q5_k"],
+  [14, "q6_k"],
+  [30, "bf16"],
 ]);
 
 /** ggml's names for its type numbers, so errors can say what a file holds. */
@@ -129,20 +139,14 @@ const GGML_TYPE_NAMES: Record<number, string> = {
   39: "MXFP4",
 };
 
-/** Whether this project can run tensors of this ggml type number. */
-export function isSupportedTensorType(typeId: number): boolean {
-  return SUPPORTED_TENSOR_TYPES.has(typeId);
-}
-
-/** ggml names of the supported tensor types, for error messages ("F32, F16, Q8_0, Q4_0"). */
-export function supportedTensorTypeNames(): string {
-  return [...SUPPORTED_TENSOR_TYPES.keys()].map(ggmlTypeName).join(", ");
-}
-
 /** The ggml name of a tensor type number, e.g. 14 -> "Q6_K". */
 export function ggmlTypeName(typeId: number): string {
   return GGML_TYPE_NAMES[typeId] ?? "unknown";
 }
+
+/** The ggml names of the supported types, for error messages: "F32, F16, Q4_0, ...". */
+export const SUPPORTED_TENSOR_TYPE_NAMES: readonly string[] = [...SUPPORTED_TENSOR_TYPES.keys()]
+  .map((id) => ggmlTypeName(id));
 
 /** Thrown when the bytes end before the header does; `needed` is a lower bound on the bytes required. */
 export class GgufTruncatedError extends Error {
@@ -408,6 +412,36 @@ export function parseGgufHeader(bytes: Uint8Array, source: string): GgufHeader {
   return { version, metadata, tensorInfos, alignment, dataOffset };
 }
 
+/** A tensor type a file uses that this project cannot run, with how many tensors use it. */
+export interface UnsupportedTensorType {
+  readonly typeId: number;
+  /** ggml's name, e.g. "IQ2_XS" ("unknown" for a number ggml does not define). */
+  readonly name: string;
+  readonly count: number;
+  /** The first tensor of that type, in file order. */
+  readonly example: string;
+}
+
+/**
+ * Every tensor type of a header that no engine reads, with its tensor count, in order of first
+ * use; empty when all are supported. Lets a loader list all of a file's blockers at once.
+ */
+export function unsupportedTensorTypes(header: GgufHeader): UnsupportedTensorType[] {
+  const found = new Map<number, { count: number; example: string }>();
+  for (const info of header.tensorInfos) {
+    if (SUPPORTED_TENSOR_TYPES.has(info.typeId)) continue;
+    const seen = found.get(info.typeId);
+    if (seen) seen.count++;
+    else found.set(info.typeId, { count: 1, example: info.name });
+  }
+  return [...found].map(([typeId, { count, example }]) => ({
+    typeId,
+    name: ggmlTypeName(typeId),
+    count,
+    example,
+  }));
+}
+
 /** The type and shape (outermost first) of a tensor; throws for types this project cannot run. */
 export function tensorLayout(
   info: GgufTensorInfo,
@@ -418,7 +452,7 @@ export function tensorLayout(
     throw new Error(
       `Cannot load GGUF ${source}: unsupported tensor type ${info.typeId} (${
         ggmlTypeName(info.typeId)
-      }) for tensor '${info.name}'; supported: ${supportedTensorTypeNames()}`,
+      }) for tensor '${info.name}'; supported: ${SUPPORTED_TENSOR_TYPE_NAMES.join(", ")}`,
     );
   }
   const shape = [...info.dims].reverse();

@@ -6,9 +6,8 @@ import {
   type GgufFile,
   type GgufHeader,
   type GgufValue,
-  ggmlTypeName,
-  isSupportedTensorType,
-  supportedTensorTypeNames,
+  SUPPORTED_TENSOR_TYPE_NAMES,
+  unsupportedTensorTypes,
 } from "./gguf.ts";
 import type { ModelConfig } from "./model_config.ts";
 import { neoxToNormOrder, permuteRows } from "./rope_layout.ts";
@@ -57,17 +56,11 @@ export function ggufBlockers(header: GgufHeader): string[] {
       })`,
     );
   }
-  const unsupported = new Map<number, number>();
-  for (const t of header.tensorInfos) {
-    if (!isSupportedTensorType(t.typeId)) {
-      unsupported.set(t.typeId, (unsupported.get(t.typeId) ?? 0) + 1);
-    }
-  }
-  for (const [typeId, count] of unsupported) {
+  for (const u of unsupportedTensorTypes(header)) {
     blockers.push(
-      `tensor type ${ggmlTypeName(typeId)} (ggml type ${typeId}) in ${count} tensor${
-        count === 1 ? "" : "s"
-      } is not supported (supported: ${supportedTensorTypeNames()})`,
+      `tensor type ${u.name} (ggml type ${u.typeId}) in ${u.count} tensor${
+        u.count === 1 ? "" : "s"
+      } (first: ${u.example}) is not supported (supported: ${SUPPORTED_TENSOR_TYPE_NAMES.join(", ")})`,
     );
   }
   return blockers;
