@@ -1,5 +1,6 @@
 import type { Engine, KvGeometry, SampledToken, StepPlan, StepResult } from "../lib/engine/engine.ts";
 import { dequantize } from "../lib/model/dequantize.ts";
+import { NO_EXTRA_STEPS } from "../lib/model/architecture.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import type { Tensor } from "../lib/model/tensor.ts";
 import type { ModelWeights } from "../lib/model/weights.ts";
@@ -16,6 +17,7 @@ import {
   uploadVector,
 } from "./gpu_matrix.ts";
 import { createMatmul } from "./matmul.ts";
+import { createQkPrep } from "./qk_prep.ts";
 import { createRopeStore, uploadRopeTable } from "./rope.ts";
 import { createSampler } from "./sample.ts";
 import { DIM_ROWS, DIM_SAMPLES, StepMetaLayout } from "./step_meta.ts";
@@ -209,11 +211,14 @@ export class WebGpuEngine implements Engine {
       }
       return mm;
     };
-    const vector = (t: Tensor): GPUBuffer => {
-      const b = uploadVector(gpu, dequantize(check(t, [dim])), t.name);
+    const vector = (t: Tensor, length = dim): GPUBuffer => {
+      const b = uploadVector(gpu, dequantize(check(t, [length])), t.name);
       owned.push(b);
       return b;
     };
+    const steps = config.steps ?? NO_EXTRA_STEPS;
+    const present = (t: Tensor | undefined, what: string, l: number): Tensor =>
+      t ?? fail(`the ${what} step is on but layer ${l} has no ${what} tensors`);
     const buffer = (
       bytes: number,
       label: string,
@@ -268,7 +273,10 @@ export class WebGpuEngine implements Engine {
       // q, k and v: one matmul over the stacked rows when the encodings allow, with the norm fused.
       const attnNorm = { weight: vector(w.attnNorm), eps: rmsEps };
       const qkv = [check(w.wq, [qDim, dim]), check(w.wk, [kvDim, dim]), check(w.wv, [kvDim, dim])];
-      if (stackable(qkv) && gpu.cpuRasterizer) {
+      // Biases and q/k norms run between the projection and RoPE, so they rule out the fusion.
+      const extraSteps = steps.qkvBias || steps.qkNorm;
+      const fuseRope = stackable(qkv) && gpu.cpuRasterizer && !extraSteps;
+      if (fuseRope) {
         // The lane matmul rotates q and k and stores k and v itself: one dispatch fewer.
         rowOps.push(
           createMatmul(gpu, upload(concatRows(qkv, `blk.${l}.qkv`)), {
@@ -314,7 +322,34 @@ export class WebGpuEngine implements Engine {
           );
         });
       }
-      if (!(stackable(qkv) && gpu.cpuRasterizer)) {
+      if (extraSteps) {
+        let bias: GPUBuffer | undefined;
+        if (steps.qkvBias) {
+          const parts = [
+            dequantize(check(present(w.qBias, "qkvBias", l), [qDim])),
+            dequantize(check(present(w.kBias, "qkvBias", l), [kvDim])),
+            dequantize(check(present(w.vBias, "qkvBias", l), [kvDim])),
+          ];
+          const all = new Float32Array(qkvStride);
+          all.set(parts[0]!, 0);
+          all.set(parts[1]!, qDim);
+          all.set(parts[2]!, qDim + kvDim);
+          bias = uploadVector(gpu, all, `blk.${l}.qkv_bias`);
+          owned.push(bias);
+        }
+        rowOps.push(createQkPrep(gpu, config, steps, {
+          dims: m.dims,
+          qkv: act.qkv,
+          ...(bias ? { bias } : {}),
+          ...(steps.qkNorm
+            ? {
+              qNorm: vector(present(w.qNorm, "qkNorm", l), headDim),
+              kNorm: vector(present(w.kNorm, "qkNorm", l), headDim),
+            }
+            : {}),
+        }));
+      }
+      if (!fuseRope) {
         rowOps.push(
           createRopeStore(gpu, config, {
             dims: m.dims,
