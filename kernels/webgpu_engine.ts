@@ -23,27 +23,27 @@ import { createSampler } from "./sample.ts";
 import { DIM_ROWS, DIM_SAMPLES, StepMetaLayout } from "./step_meta.ts";
 import { createSwiglu } from "./swiglu.ts";
 import { planStep } from "./step_plan.ts";
+import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
+import { kvBlockBytes, kvBlocksIn } from "../lib/engine/kv_budget.ts";
 
 /** How much KV cache to allocate: a block count, or a byte budget it is derived from. */
 export interface KvBudget {
   readonly numBlocks?: number;
   readonly kvBytes?: number;
-  /** Tokens per block (default 16). */
+  /** Tokens per block (default DEFAULT_LIMITS.blockSize). */
   readonly blockSize?: number;
 }
 
 export interface WebGpuEngineOptions {
   /** A device to share; by default the engine acquires (and on dispose destroys) its own. */
   readonly gpu?: Gpu;
-  /** Token rows one step may hold (prefill chunk tokens + decodes); default 512. */
+  /** Token rows one step may hold (prefill chunk tokens + decodes); default DEFAULT_LIMITS. */
   readonly maxBatchTokens?: number;
-  /** Sequences one step may hold; default 64. */
+  /** Sequences one step may hold; default DEFAULT_LIMITS.maxRunning. */
   readonly maxSeqs?: number;
-  /** Plans one stepMany() call may encode into one submit; default 8. */
+  /** Plans one stepMany() call may encode into one submit; default DEFAULT_LIMITS. */
   readonly maxStepsPerSubmit?: number;
 }
-
-const DEFAULT_BLOCK_SIZE = 16;
 
 /**
  * The Llama forward pass as WGSL kernels over a ragged batch with a paged KV cache. Weights stay
@@ -146,10 +146,11 @@ export class WebGpuEngine implements Engine {
     const { dim, hiddenDim, nLayers, nHeads, nKvHeads, headDim, vocabSize, rmsEps } = config;
     const qDim = nHeads * headDim;
     const kvDim = nKvHeads * headDim;
-    const blockSize = budget.blockSize ?? DEFAULT_BLOCK_SIZE;
+    const blockSize = budget.blockSize ?? DEFAULT_LIMITS.blockSize;
+    /** One layer's K (or V) share of a block. */
     const blockBytes = blockSize * kvDim * 4;
-    const numBlocks = budget.numBlocks ??
-      Math.floor((budget.kvBytes ?? 0) / (2 * nLayers * blockBytes));
+    const allLayersBlockBytes = kvBlockBytes(config, blockSize);
+    const numBlocks = budget.numBlocks ?? kvBlocksIn(budget.kvBytes ?? 0, config, blockSize);
     const fail = (why: string): never => {
       throw new Error(`Cannot create WebGPU engine: ${why}`);
     };
@@ -158,9 +159,7 @@ export class WebGpuEngine implements Engine {
         blockSize > 0)
     ) {
       fail(
-        `the KV budget gives ${numBlocks} blocks of ${blockSize} tokens; pass numBlocks or kvBytes (at least ${
-          2 * nLayers * blockBytes
-        } bytes, one block)`,
+        `the KV budget gives ${numBlocks} blocks of ${blockSize} tokens; pass numBlocks or kvBytes (at least ${allLayersBlockBytes} bytes, one block)`,
       );
     }
     if (numBlocks * blockBytes > gpu.maxBindingBytes) {
@@ -168,7 +167,7 @@ export class WebGpuEngine implements Engine {
         `one layer's K pool of ${numBlocks} blocks needs ${
           numBlocks * blockBytes
         } bytes, above the device's binding limit of ${gpu.maxBindingBytes}; lower the KV budget to at most ${
-          2 * nLayers * Math.floor(gpu.maxBindingBytes / blockBytes) * blockBytes
+          Math.floor(gpu.maxBindingBytes / blockBytes) * allLayersBlockBytes
         } bytes`,
       );
     }
@@ -180,9 +179,9 @@ export class WebGpuEngine implements Engine {
     if (weights.layers.length !== nLayers) {
       fail(`the config says ${nLayers} layers, the weights hold ${weights.layers.length}`);
     }
-    const maxRows = opts.maxBatchTokens ?? 512;
-    const maxSeqs = opts.maxSeqs ?? 64;
-    const maxStepsPerSubmit = opts.maxStepsPerSubmit ?? 8;
+    const maxRows = opts.maxBatchTokens ?? DEFAULT_LIMITS.maxBatchTokens;
+    const maxSeqs = opts.maxSeqs ?? DEFAULT_LIMITS.maxRunning;
+    const maxStepsPerSubmit = opts.maxStepsPerSubmit ?? DEFAULT_LIMITS.maxStepsPerSubmit;
     const blocksPerSeq = Math.min(numBlocks, Math.ceil(config.contextLength / blockSize));
     const layout = new StepMetaLayout({
       maxRows,

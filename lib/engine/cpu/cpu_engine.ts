@@ -1,12 +1,6 @@
 import { setImmediate } from "node:timers";
-import type {
-  Engine,
-  KvGeometry,
-  SampledToken,
-  SeqInput,
-  StepPlan,
-  StepResult,
-} from "../engine.ts";
+import type { Engine, KvGeometry, SampledToken, StepPlan, StepResult } from "../engine.ts";
+import { validateStep } from "../step_validation.ts";
 import { type ModelConfig, ropeFrequencies } from "../../model/model_config.ts";
 import { sample } from "../sampling.ts";
 import type { ModelWeights } from "../../model/weights.ts";
@@ -106,49 +100,14 @@ export class CpuEngine implements Engine {
   }
 
   private resolveInputs(plan: StepPlan): number[][] {
-    const { vocabSize } = this.config;
-    const seen = new Set<number>();
-    return plan.seqs.map((seq: SeqInput) => {
-      const where = `Cannot run step ${plan.stepId}: sequence ${seq.seqId}`;
-      if (seen.has(seq.seqId)) throw new Error(`${where} appears twice in one plan`);
-      seen.add(seq.seqId);
-      let tokens: number[];
-      if (seq.useLastSampled) {
-        const last = this.lastSampled.get(seq.seqId);
-        if (seq.tokens.length !== 0 || last === undefined) {
-          throw new Error(
-            `${where} asks for its last sampled token, which needs empty tokens and an earlier sampled step; received ${seq.tokens.length} tokens, last sampled ${last}`,
-          );
-        }
-        tokens = [last];
-      } else {
-        tokens = [...seq.tokens];
-      }
-      if (tokens.length === 0) throw new Error(`${where} has no new tokens`);
-      if (!(Number.isInteger(seq.startPos) && seq.startPos >= 0)) {
-        throw new Error(`${where} has startPos ${seq.startPos}, expected a non-negative integer`);
-      }
-      for (const t of tokens) {
-        if (!(Number.isInteger(t) && t >= 0 && t < vocabSize)) {
-          throw new Error(`${where} has token ${t} outside the vocabulary 0..${vocabSize - 1}`);
-        }
-      }
-      const end = seq.startPos + tokens.length;
-      const needed = Math.ceil(end / this.kv.blockSize);
-      if (seq.blockTable.length < needed) {
-        throw new Error(
-          `${where} needs ${needed} KV blocks for positions 0..${
-            end - 1
-          }, its block table has ${seq.blockTable.length}`,
-        );
-      }
-      for (const b of seq.blockTable.slice(0, needed)) {
-        if (!(Number.isInteger(b) && b >= 0 && b < this.kv.numBlocks)) {
-          throw new Error(`${where} has block id ${b} outside 0..${this.kv.numBlocks - 1}`);
-        }
-      }
-      return tokens;
+    validateStep(plan, {
+      config: this.config,
+      kv: this.kv,
+      hasLastSampled: (seqId) => this.lastSampled.has(seqId),
     });
+    return plan.seqs.map((seq) =>
+      seq.useLastSampled ? [this.lastSampled.get(seq.seqId)!] : [...seq.tokens]
+    );
   }
 
   /**
