@@ -1,5 +1,6 @@
 import { type AppOptions, createApp, type ServiceApp } from "../lib/http/app.ts";
 import { type RunningServer, type ServeOptions, serveService } from "../lib/http/serve.ts";
+import { RequestLog } from "../lib/http/request_log.ts";
 import { FakeBackend, type FakeBackendOptions } from "./_fake_backend.ts";
 
 /** A real server on 127.0.0.1 and a free port, over the fake core. */
@@ -16,7 +17,8 @@ export async function startService(
   serve: Partial<ServeOptions> = {},
 ): Promise<TestService & { readonly server: RunningServer }> {
   const backend = fake instanceof FakeBackend ? fake : new FakeBackend(fake);
-  const service = createApp({ backend, ...app });
+  // Request-log lines would clutter test output; tests of the log pass their own.
+  const service = createApp({ backend, requestLog: new RequestLog("text", () => {}), ...app });
   const server = await serveService(service, {
     hostname: "127.0.0.1",
     port: 0,

@@ -74,6 +74,9 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
   });
   const server = createAdaptorServer({
     fetch: withServerSpan(service.fetch),
+    // Its lighter Request/Response would replace the globals for the whole process, and
+    // Deno.serve (used elsewhere, e.g. by tests' own servers) refuses a foreign Response.
+    overrideGlobalObjects: false,
     websocket: { server: wss as never },
     serverOptions: {
       headersTimeout: headerTimeoutMs,
