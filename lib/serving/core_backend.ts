@@ -8,15 +8,18 @@ import type {
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 
 /**
- * Presents the serving core to the HTTP layer. Chat templates render the BOS token as text
- * ("<s>"); the core adds BOS itself, so a leading BOS text is dropped here rather than being
- * tokenized as the characters "<", "s", ">".
+ * Presents the serving core to the HTTP layer. A prompt gets BOS (and EOS) as the vocabulary
+ * adds them. Chat-template text often writes the BOS token itself ("<s>",
+ * "<|begin_of_text|>"): as llama.cpp does, a leading BOS text (trailing EOS text) is dropped
+ * when the tokenizer adds that token anyway, so there is exactly one. A client's own prompt
+ * text is never cut: "<s>" there is characters.
  */
 export class CoreBackend implements GenerationBackend {
   readonly contextLength: number;
   readonly bosToken: string;
   readonly eosToken: string;
   readonly vocabSize: number;
+  readonly specialTokens: readonly string[];
 
   constructor(
     readonly modelName: string,
@@ -28,6 +31,7 @@ export class CoreBackend implements GenerationBackend {
     this.bosToken = tokenizer.tokenText(tokenizer.bosId);
     this.eosToken = tokenizer.tokenText(tokenizer.eosId);
     this.vocabSize = tokenizer.vocabSize;
+    this.specialTokens = tokenizer.specialPieces;
   }
 
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
@@ -57,10 +61,14 @@ export class CoreBackend implements GenerationBackend {
   #encode(text: string, special: boolean): number[] {
     const last = this.#last;
     if (last !== undefined && last.text === text && last.special === special) return last.ids;
-    const body = this.bosToken !== "" && text.startsWith(this.bosToken)
-      ? text.slice(this.bosToken.length)
-      : text;
-    const ids = this.tokenizer.encode(body, { bos: true, special });
+    let body = text;
+    if (special && this.tokenizer.addBos && this.bosToken !== "" && body.startsWith(this.bosToken)) {
+      body = body.slice(this.bosToken.length);
+    }
+    if (special && this.tokenizer.addEos && this.eosToken !== "" && body.endsWith(this.eosToken)) {
+      body = body.slice(0, body.length - this.eosToken.length);
+    }
+    const ids = this.tokenizer.encode(body, { special });
     this.#last = { text, special, ids };
     return ids;
   }
