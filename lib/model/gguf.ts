@@ -548,6 +548,24 @@ export async function readGguf(path: string, onProgress?: ReadProgress): Promise
   };
 }
 
+/** Reads and parses only a GGUF's header (metadata and tensor infos), not its tensor data. */
+export async function readGgufHeader(path: string): Promise<GgufHeader> {
+  using file = await Deno.open(path, { read: true });
+  const fileSize = (await file.stat()).size;
+  let size = Math.min(fileSize, FIRST_HEADER_READ);
+  for (;;) {
+    const prefix = new Uint8Array(size);
+    const got = await readFully(file, 0, prefix);
+    try {
+      return parseGgufHeader(prefix.subarray(0, got), path);
+    } catch (e) {
+      if (!(e instanceof GgufTruncatedError) || got >= fileSize) throw e;
+      // Big vocabularies make headers of several MiB: grow fast, since each retry parses from the start.
+      size = Math.min(fileSize, Math.max(size * 8, e.needed * 2));
+    }
+  }
+}
+
 /** First bytes of a file as hex and printable text, for "not the format I expected" errors. */
 export function describeBytes(bytes: Uint8Array): string {
   const hex = Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join(" ");

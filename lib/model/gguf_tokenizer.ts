@@ -1,4 +1,4 @@
-import { type GgufHeader, GgufTruncatedError, type GgufValue, parseGgufHeader } from "./gguf.ts";
+import { type GgufHeader, type GgufValue, readGgufHeader } from "./gguf.ts";
 import { SUPPORTED_PRE_TOKENIZERS } from "../tokenizer/pre_tokenizer.ts";
 import type { TokenizerData, TokenizerModel } from "../tokenizer/tokenizer_data.ts";
 
@@ -128,33 +128,12 @@ export function ggufTokenizerData(metadata: Metadata, source: string): Tokenizer
   };
 }
 
-const FIRST_HEADER_READ = 1 << 20;
-
 /**
- * Reads only a GGUF's header (metadata and tensor list, not the tensor data) and returns its
- * vocabulary: enough to tokenize with a file whose weights are not loaded or not supported.
+ * Reads only a GGUF's vocabulary, from its header (not the tensor data): enough to tokenize
+ * with a file whose weights are not loaded or not supported.
  */
 export async function readGgufTokenizer(path: string): Promise<TokenizerData | undefined> {
-  using file = await Deno.open(path, { read: true });
-  const fileSize = (await file.stat()).size;
-  let size = Math.min(fileSize, FIRST_HEADER_READ);
-  for (;;) {
-    const prefix = new Uint8Array(size);
-    let got = 0;
-    while (got < size) {
-      const n = await file.read(prefix.subarray(got));
-      if (n === null) break;
-      got += n;
-    }
-    try {
-      return ggufTokenizerData(parseGgufHeader(prefix.subarray(0, got), path).metadata, path);
-    } catch (e) {
-      if (!(e instanceof GgufTruncatedError) || got >= fileSize) throw e;
-      // Big vocabularies make headers of several MiB: grow fast, since each retry parses from the start.
-      size = Math.min(fileSize, Math.max(size * 8, e.needed * 2));
-      await file.seek(0, Deno.SeekMode.Start);
-    }
-  }
+  return ggufTokenizerData((await readGgufHeader(path)).metadata, path);
 }
 
 function describe(v: GgufValue | undefined): string {

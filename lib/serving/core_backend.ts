@@ -9,10 +9,8 @@ import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 
 /**
  * Presents the serving core to the HTTP layer. A prompt gets BOS (and EOS) as the vocabulary
- * adds them. Chat-template text often writes the BOS token itself ("<s>",
- * "<|begin_of_text|>"): as llama.cpp does, a leading BOS text (trailing EOS text) is dropped
- * when the tokenizer adds that token anyway, so there is exactly one. A client's own prompt
- * text is never cut: "<s>" there is characters.
+ * adds them; chat-template text goes through Tokenizer.encodeTemplate (one BOS even when the
+ * template writes it). A client's own prompt text is never cut: "<s>" there is characters.
  */
 export class CoreBackend implements GenerationBackend {
   readonly contextLength: number;
@@ -61,14 +59,7 @@ export class CoreBackend implements GenerationBackend {
   #encode(text: string, special: boolean): number[] {
     const last = this.#last;
     if (last !== undefined && last.text === text && last.special === special) return last.ids;
-    let body = text;
-    if (special && this.tokenizer.addBos && this.bosToken !== "" && body.startsWith(this.bosToken)) {
-      body = body.slice(this.bosToken.length);
-    }
-    if (special && this.tokenizer.addEos && this.eosToken !== "" && body.endsWith(this.eosToken)) {
-      body = body.slice(0, body.length - this.eosToken.length);
-    }
-    const ids = this.tokenizer.encode(body, { special });
+    const ids = special ? this.tokenizer.encodeTemplate(text) : this.tokenizer.encode(text);
     this.#last = { text, special, ids };
     return ids;
   }

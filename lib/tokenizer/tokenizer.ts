@@ -195,6 +195,20 @@ export class Tokenizer {
   }
 
   /**
+   * Encodes text a chat template rendered, as llama.cpp does: special-token spellings are
+   * tokens, and a leading BOS text (trailing EOS text) is dropped where the vocabulary adds
+   * that token anyway, so a template that writes "<|begin_of_text|>" still gives one BOS.
+   */
+  encodeTemplate(text: string): number[] {
+    let body = text;
+    const bos = this.#pieces[this.bosId]!;
+    const eos = this.#pieces[this.eosId]!;
+    if (this.addBos && bos !== "" && body.startsWith(bos)) body = body.slice(bos.length);
+    if (this.addEos && eos !== "" && body.endsWith(eos)) body = body.slice(0, -eos.length);
+    return this.encode(body, { special: true });
+  }
+
+  /**
    * Cuts text at special-token pieces as llama.cpp's tokenizer_st_partition does: each piece in
    * turn, longest first, splits every run of text not yet taken; no empty runs are kept.
    */
