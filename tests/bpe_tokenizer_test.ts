@@ -55,7 +55,10 @@ Deno.test("llama-bpe takes a word that is itself a token whole, even without a m
 
 Deno.test("bytes outside ASCII are spelled as GPT-2 characters: a space is Ġ, é is two byte tokens", () => {
   const tok = toy(MERGES);
-  assertEquals(tok.encode("é"), [0xc3, 0xa9].map((b) => [...BYTE_TO_CHAR].indexOf(BYTE_TO_CHAR[b]!)));
+  assertEquals(
+    tok.encode("é"),
+    [0xc3, 0xa9].map((b) => [...BYTE_TO_CHAR].indexOf(BYTE_TO_CHAR[b]!)),
+  );
   assertEquals(BYTE_TO_CHAR[0x20], "Ġ");
   assertEquals(BYTE_TO_CHAR[0x0a], "Ċ");
   assertEquals(tok.decode(tok.encode("café ☕ 🦙\n")), "café ☕ 🦙\n");
@@ -107,12 +110,19 @@ Deno.test("end-of-generation: EOS, EOT/EOM ids from the file and end-of-turn spe
 
 Deno.test("a gpt2 vocabulary without merges or with an unknown pre-tokenizer is refused", () => {
   assertThrows(() => toy([]), Error, "needs tokenizer.ggml.merges");
-  assertThrows(() => toy(MERGES, "tekken"), Error, "pre-tokenizer 'tekken' (tokenizer.ggml.pre) is not supported");
+  assertThrows(
+    () => toy(MERGES, "tekken"),
+    Error,
+    "pre-tokenizer 'tekken' (tokenizer.ggml.pre) is not supported",
+  );
 });
 
-const llama3 = new Tokenizer((await readGgufTokenizer(modelFile("compat/llama3-like-q4_k_m.gguf")))!);
+const llama3 = new Tokenizer(
+  (await readGgufTokenizer(modelFile("compat/llama3-like-q4_k_m.gguf")))!,
+);
 const qwen = new Tokenizer((await readGgufTokenizer(modelFile("compat/qwen2-like-q4_k_m.gguf")))!);
-const pieces = (tok: Tokenizer, text: string) => tok.encode(text, { bos: false }).map((i) => tok.decode([i]));
+const pieces = (tok: Tokenizer, text: string) =>
+  tok.encode(text, { bos: false }).map((i) => tok.decode([i]));
 
 Deno.test("real vocabularies: Llama 3 numbers in threes, Qwen digit by digit", () => {
   assertEquals(pieces(llama3, "1234567"), ["123", "456", "7"]);
@@ -147,7 +157,9 @@ Deno.test("streaming decode never splits a character spread over byte-level toke
     const out = ids.map((i) => dec.push(i));
     out.push(dec.flush());
     assertEquals(out.join(""), text);
-    for (const s of out) assert(!s.includes("\uFFFD"), `no partial character in ${JSON.stringify(out)}`);
+    for (const s of out) {
+      assert(!s.includes("\uFFFD"), `no partial character in ${JSON.stringify(out)}`);
+    }
     // The llama needs three tokens: the pieces before its last one show nothing of it.
     assert(out.some((s) => s === ""), "some token completes no character by itself");
   }

@@ -13,7 +13,9 @@ import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import type { GenerationEvent } from "../lib/core/generation.ts";
 import { modelFile } from "./_model_files.ts";
 
-const bin = await loadModel(modelFile("stories260K.bin"), { tokenizerPath: modelFile("tok512.bin") });
+const bin = await loadModel(modelFile("stories260K.bin"), {
+  tokenizerPath: modelFile("tok512.bin"),
+});
 const gguf = await loadModel(modelFile("stories260K.gguf"));
 
 async function withBackend(
@@ -37,9 +39,15 @@ Deno.test("CoreBackend encodes a client's BOS spelling as characters (issue 13: 
       const bosText = tok.tokenText(tok.bosId); // "\n<s>\n" in tok512.bin, "<s>" in the GGUF
       const text = `${bosText}Once upon`;
       assertEquals(b.countTokens(text), tok.encode(text).length);
-      assert(b.countTokens(text) > b.countTokens("Once upon"), `${JSON.stringify(text)} keeps its characters`);
+      assert(
+        b.countTokens(text) > b.countTokens("Once upon"),
+        `${JSON.stringify(text)} keeps its characters`,
+      );
       // Template text: the BOS it writes is the one BOS the vocabulary adds.
-      assertEquals(b.countTokens(`${bosText}Once upon`, { special: true }), b.countTokens("Once upon"));
+      assertEquals(
+        b.countTokens(`${bosText}Once upon`, { special: true }),
+        b.countTokens("Once upon"),
+      );
       return Promise.resolve();
     });
   }

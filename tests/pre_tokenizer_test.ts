@@ -47,16 +47,29 @@ Deno.test("smollm: digits cut out first, then GPT-2's split", () => {
 Deno.test("default: punctuation runs, then GPT-2's split, then numbers cut in threes", () => {
   assertEquals(split("default", "a+b=1234"), ["a", "+", "b", "=", "123", "4"]);
   assertEquals(split("default", "hi, you"), ["hi", ",", " you"]);
-  assertEquals(preTokenizer(undefined).name, "default", "a missing pre means default, as in llama.cpp");
+  assertEquals(
+    preTokenizer(undefined).name,
+    "default",
+    "a missing pre means default, as in llama.cpp",
+  );
 });
 
 Deno.test("every split gives the text back", () => {
-  const texts = ["  leading spaces\n\nand  newlines\n\tindented", "x = [1, 22, 333] # numbers 4567", "日本語 🦙 naïve café", " \r\n \t "];
+  const texts = [
+    "  leading spaces\n\nand  newlines\n\tindented",
+    "x = [1, 22, 333] # numbers 4567",
+    "日本語 🦙 naïve café",
+    " \r\n \t ",
+  ];
   for (const pre of SUPPORTED_PRE_TOKENIZERS) {
     for (const t of texts) assertEquals(split(pre, t).join(""), t, `${pre}: ${JSON.stringify(t)}`);
   }
 });
 
 Deno.test("an unknown pre-tokenizer is refused by name, with the supported ones listed", () => {
-  assertThrows(() => preTokenizer("klingon"), Error, "pre-tokenizer 'klingon' (tokenizer.ggml.pre) is not supported; supported: llama-bpe");
+  assertThrows(
+    () => preTokenizer("klingon"),
+    Error,
+    "pre-tokenizer 'klingon' (tokenizer.ggml.pre) is not supported; supported: llama-bpe",
+  );
 });

@@ -86,7 +86,10 @@ for (const name of names) {
       const pieces = ids.map((id) => dec.push(id));
       pieces.push(dec.flush());
       assertEquals(pieces.join(""), text);
-      assert(!pieces.some((s) => s.includes("\uFFFD") && !text.includes("\uFFFD")), "no split character");
+      assert(
+        !pieces.some((s) => s.includes("\uFFFD") && !text.includes("\uFFFD")),
+        "no split character",
+      );
     }
   });
 
@@ -119,7 +122,11 @@ for (const name of names) {
     assertEquals(rendered.special, true);
     const ids = tok.encodeTemplate(rendered.prompt);
     assertEquals(ids, fx.chat.template_ids);
-    assertEquals(ids.filter((id) => id === tok.bosId && tok.addBos).length, tok.addBos ? 1 : 0, "one BOS");
+    assertEquals(
+      ids.filter((id) => id === tok.bosId && tok.addBos).length,
+      tok.addBos ? 1 : 0,
+      "one BOS",
+    );
     // llama.cpp's /apply-template text, which it drops a leading BOS text from:
     assertEquals(tok.encodeTemplate(fx.chat.apply_template_prompt), fx.chat.template_ids);
   });

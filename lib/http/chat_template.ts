@@ -64,7 +64,10 @@ export function createChatRenderer(opts: {
   return (turns) => {
     try {
       const prompt = tpl.render({
-        messages: turns.map((t) => ({ role: t.role, content: protectLiteral(t.content, specials) })),
+        messages: turns.map((t) => ({
+          role: t.role,
+          content: protectLiteral(t.content, specials),
+        })),
         bos_token: opts.bosToken,
         eos_token: opts.eosToken,
         add_generation_prompt: true,

@@ -14,9 +14,9 @@ export function tokenizerBlocker(metadata: Metadata): string | undefined {
   const model = metadata.get("tokenizer.ggml.model")?.value;
   if (model === undefined) return undefined;
   if (typeof model !== "string" || !(SUPPORTED_TOKENIZERS as string[]).includes(model)) {
-    return `tokenizer model '${String(model)}' (tokenizer.ggml.model) is not supported; supported: ${
-      SUPPORTED_TOKENIZERS.join(", ")
-    }`;
+    return `tokenizer model '${
+      String(model)
+    }' (tokenizer.ggml.model) is not supported; supported: ${SUPPORTED_TOKENIZERS.join(", ")}`;
   }
   if (model === "gpt2") {
     const pre = metadata.get("tokenizer.ggml.pre")?.value ?? "default";
@@ -100,7 +100,9 @@ export function ggufTokenizerData(metadata: Metadata, source: string): Tokenizer
   const flag = (key: string): boolean | undefined => {
     const v = meta(key);
     if (v === undefined) return undefined;
-    if (typeof v !== "boolean") return fail(`metadata '${key}' must be a boolean, received ${describe(v)}`);
+    if (typeof v !== "boolean") {
+      return fail(`metadata '${key}' must be a boolean, received ${describe(v)}`);
+    }
     return v;
   };
   const pre = meta("tokenizer.ggml.pre");

@@ -46,7 +46,9 @@ for (const name of ["qwen2", "deepseek-r1-qwen"]) {
   SPECS[name] = { regexes: QWEN2, ignoreMerges: false, addBos: false };
 }
 SPECS["smollm"] = { regexes: SMOLLM, ignoreMerges: false, addBos: false };
-for (const name of ["gpt-2", "gpt2"]) SPECS[name] = { regexes: GPT2, ignoreMerges: false, addBos: false };
+for (const name of ["gpt-2", "gpt2"]) {
+  SPECS[name] = { regexes: GPT2, ignoreMerges: false, addBos: false };
+}
 SPECS["default"] = { regexes: DEFAULT, ignoreMerges: false, addBos: false };
 
 /** The `tokenizer.ggml.pre` values a byte-level BPE vocabulary may name. */

@@ -33,7 +33,9 @@ const EOG_TEXTS = new Set([
 /** Fill-in-the-middle tokens llama.cpp also stops on, found by text when the file names no id. */
 const FIM_TEXTS = new Map<string, number>([
   ...["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"].map((t) => [t, 0] as const),
-  ...["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"].map((t) => [t, 1] as const),
+  ...["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"].map((t) =>
+    [t, 1] as const
+  ),
   ["<|file_sep|>", 2],
 ]);
 

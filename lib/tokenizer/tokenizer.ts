@@ -123,7 +123,9 @@ export class Tokenizer {
     if (this.model === "gpt2") {
       const pre = preTokenizer(data.pre);
       if (!data.merges || data.merges.length === 0) {
-        fail("a byte-level BPE vocabulary (tokenizer.ggml.model 'gpt2') needs tokenizer.ggml.merges");
+        fail(
+          "a byte-level BPE vocabulary (tokenizer.ggml.model 'gpt2') needs tokenizer.ggml.merges",
+        );
       }
       this.#pieces = data.tokens;
       const ids = new Map<string, number>();
