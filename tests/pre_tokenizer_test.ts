@@ -70,6 +70,6 @@ Deno.test("an unknown pre-tokenizer is refused by name, with the supported ones 
   assertThrows(
     () => preTokenizer("klingon"),
     Error,
-    "pre-tokenizer 'klingon' (tokenizer.ggml.pre) is not supported; supported: llama-bpe",
+    "pre-tokenizer 'klingon' (tokenizer.ggml.pre) is not supported (supported: llama-bpe",
   );
 });

@@ -16,14 +16,14 @@ export function tokenizerBlocker(metadata: Metadata): string | undefined {
   if (typeof model !== "string" || !(SUPPORTED_TOKENIZERS as string[]).includes(model)) {
     return `tokenizer model '${
       String(model)
-    }' (tokenizer.ggml.model) is not supported; supported: ${SUPPORTED_TOKENIZERS.join(", ")}`;
+    }' (tokenizer.ggml.model) is not supported (supported: ${SUPPORTED_TOKENIZERS.join(", ")})`;
   }
   if (model === "gpt2") {
     const pre = metadata.get("tokenizer.ggml.pre")?.value ?? "default";
     if (typeof pre !== "string" || !SUPPORTED_PRE_TOKENIZERS.includes(pre)) {
-      return `pre-tokenizer '${String(pre)}' (tokenizer.ggml.pre) is not supported; supported: ${
+      return `pre-tokenizer '${String(pre)}' (tokenizer.ggml.pre) is not supported (supported: ${
         SUPPORTED_PRE_TOKENIZERS.join(", ")
-      }`;
+      })`;
     }
   }
   return undefined;

@@ -46,6 +46,22 @@ export class CoreBackend implements GenerationBackend {
     return this.#encode(text, opts.special ?? false).length;
   }
 
+  tokenize(text: string, opts: { bos: boolean; special: boolean }): number[] {
+    const ids = this.#encode(text, opts.special);
+    if (opts.bos) return [...ids];
+    // #encode added what the vocabulary adds to a prompt; nothing of it was asked for.
+    const start = this.tokenizer.addBos ? 1 : 0;
+    return ids.slice(start, this.tokenizer.addEos ? Math.max(start, ids.length - 1) : ids.length);
+  }
+
+  detokenize(ids: readonly number[]): string {
+    return this.tokenizer.decode(ids);
+  }
+
+  tokenPiece(id: number): string {
+    return this.tokenizer.tokenText(id);
+  }
+
   stats(): CoreStats {
     return this.core.stats();
   }

@@ -68,9 +68,9 @@ export function preTokenizer(pre: string | undefined): PreTokenizer {
   const spec = Object.hasOwn(SPECS, name) ? SPECS[name] : undefined;
   if (!spec) {
     throw new Error(
-      `Cannot build tokenizer: pre-tokenizer '${name}' (tokenizer.ggml.pre) is not supported; supported: ${
+      `Cannot build tokenizer: pre-tokenizer '${name}' (tokenizer.ggml.pre) is not supported (supported: ${
         SUPPORTED_PRE_TOKENIZERS.join(", ")
-      }`,
+      })`,
     );
   }
   const regexes = spec.regexes.map((r) => new RegExp(r, "gu"));

@@ -142,7 +142,7 @@ export class Tokenizer {
       throw new Error(
         `Cannot build tokenizer: tokenizer model '${
           String(this.model)
-        }' is not supported; supported: llama, gpt2`,
+        }' is not supported (supported: llama, gpt2)`,
       );
     }
     this.addEos = data.addEos ?? false;
