@@ -1,4 +1,10 @@
-import type { Engine, KvGeometry, SampledToken, StepPlan, StepResult } from "../lib/engine/engine.ts";
+import type {
+  Engine,
+  KvGeometry,
+  SampledToken,
+  StepPlan,
+  StepResult,
+} from "../lib/engine/engine.ts";
 import { dequantize } from "../lib/model/dequantize.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import type { Tensor } from "../lib/model/tensor.ts";
