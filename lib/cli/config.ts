@@ -1,30 +1,68 @@
 import { z } from "zod";
 import { parseByteSize } from "../util/byte_size.ts";
+import { DEFAULT_LIMITS } from "../engine/limits.ts";
 
 /**
  * Every setting of the server and the CLI, with the environment variable that can also set
  * it. Command-line flags win over the environment, which wins over the defaults.
  */
 export const SETTINGS = {
-  model: { env: "LLMSERVE_MODEL", help: "model path, https:// URL or known name" },
+  model: {
+    env: "LLMSERVE_MODEL",
+    help: "model path, https:// URL or known name",
+    default: "stories260K",
+  },
   tokenizer: { env: "LLMSERVE_TOKENIZER", help: "llama2.c tokenizer.bin for a .bin checkpoint" },
   modelsDir: { env: "MODELS_DIR", help: "where downloaded models are kept" },
-  backend: { env: "LLMSERVE_BACKEND", help: "webgpu | cpu | auto" },
+  backend: { env: "LLMSERVE_BACKEND", help: "webgpu | cpu | auto", default: "auto" },
   contextLength: { env: "LLMSERVE_CONTEXT_LENGTH", help: "override the model's context length" },
-  host: { env: "LLMSERVE_HOST", help: "address to listen on" },
-  port: { env: "LLMSERVE_PORT", help: "port to listen on (0 picks a free one)" },
-  kvMemory: { env: "LLMSERVE_KV_MEMORY", help: "memory for the paged KV cache, e.g. 256MiB" },
-  blockSize: { env: "LLMSERVE_BLOCK_SIZE", help: "tokens per KV block" },
-  maxBatchTokens: { env: "LLMSERVE_MAX_BATCH_TOKENS", help: "tokens computed per step at most" },
-  maxRunning: { env: "LLMSERVE_MAX_RUNNING", help: "sequences in one step at most" },
-  maxWaiting: { env: "LLMSERVE_MAX_WAITING", help: "queued requests before answering overloaded" },
-  pipelineDepth: { env: "LLMSERVE_PIPELINE_DEPTH", help: "steps submitted ahead of their results" },
+  host: { env: "LLMSERVE_HOST", help: "address to listen on", default: "127.0.0.1" },
+  port: { env: "LLMSERVE_PORT", help: "port to listen on (0 picks a free one)", default: 8000 },
+  kvMemory: {
+    env: "LLMSERVE_KV_MEMORY",
+    help: "memory for the paged KV cache",
+    default: DEFAULT_LIMITS.kvMemory,
+  },
+  blockSize: {
+    env: "LLMSERVE_BLOCK_SIZE",
+    help: "tokens per KV block",
+    default: DEFAULT_LIMITS.blockSize,
+  },
+  maxBatchTokens: {
+    env: "LLMSERVE_MAX_BATCH_TOKENS",
+    help: "tokens computed per step at most",
+    default: DEFAULT_LIMITS.maxBatchTokens,
+  },
+  maxRunning: {
+    env: "LLMSERVE_MAX_RUNNING",
+    help: "sequences in one step at most",
+    default: DEFAULT_LIMITS.maxRunning,
+  },
+  maxWaiting: {
+    env: "LLMSERVE_MAX_WAITING",
+    help: "queued requests that cannot start yet before answering overloaded",
+    default: DEFAULT_LIMITS.maxWaiting,
+  },
+  pipelineDepth: {
+    env: "LLMSERVE_PIPELINE_DEPTH",
+    help: `steps submitted ahead of their results (1-${DEFAULT_LIMITS.maxPipelineDepth})`,
+    default: DEFAULT_LIMITS.pipelineDepth,
+  },
   apiKey: { env: "LLMSERVE_API_KEYS", help: "accepted API keys (env: comma-separated)" },
   drainTimeout: {
     env: "LLMSERVE_DRAIN_TIMEOUT",
     help: "seconds to let in-flight requests finish on SIGTERM",
+    default: 30,
   },
 } as const;
+
+/** The default a setting takes when neither a flag nor the environment sets it, as --help shows it. */
+export function settingDefault(name: SettingName): string | number | undefined {
+  const s = SETTINGS[name];
+  return "default" in s ? s.default : undefined;
+}
+
+const D = SETTINGS;
 
 export type SettingName = keyof typeof SETTINGS;
 
@@ -34,14 +72,14 @@ const positiveInt = (name: string) =>
   );
 
 export const ConfigSchema = z.object({
-  model: z.string().min(1).default("stories260K"),
+  model: z.string().min(1).default(D.model.default),
   tokenizer: z.string().min(1).optional(),
   modelsDir: z.string().min(1).optional(),
-  backend: z.enum(["webgpu", "cpu", "auto"]).default("auto"),
+  backend: z.enum(["webgpu", "cpu", "auto"]).default(D.backend.default),
   contextLength: positiveInt("contextLength").optional(),
-  host: z.string().min(1).default("127.0.0.1"),
-  port: z.coerce.number().int().min(0).max(65535).default(8000),
-  kvMemory: z.string().default("256MiB").transform((s, ctx) => {
+  host: z.string().min(1).default(D.host.default),
+  port: z.coerce.number().int().min(0).max(65535).default(D.port.default),
+  kvMemory: z.string().default(D.kvMemory.default).transform((s, ctx) => {
     try {
       return parseByteSize(s);
     } catch (e) {
@@ -49,15 +87,16 @@ export const ConfigSchema = z.object({
       return z.NEVER;
     }
   }),
-  blockSize: positiveInt("blockSize").default(16),
-  maxBatchTokens: positiveInt("maxBatchTokens").default(512),
-  maxRunning: positiveInt("maxRunning").default(64),
-  maxWaiting: positiveInt("maxWaiting").default(256),
-  // Deeper pipelines hide more readback latency (measured on llvmpipe: 2 -> 147, 3 -> 198,
-  // 4 -> 264 tokens/s single-stream) at the cost of steps computed past a stop.
-  pipelineDepth: positiveInt("pipelineDepth").max(8, "pipelineDepth must be at most 8").default(3),
+  blockSize: positiveInt("blockSize").default(DEFAULT_LIMITS.blockSize),
+  maxBatchTokens: positiveInt("maxBatchTokens").default(DEFAULT_LIMITS.maxBatchTokens),
+  maxRunning: positiveInt("maxRunning").default(DEFAULT_LIMITS.maxRunning),
+  maxWaiting: positiveInt("maxWaiting").default(DEFAULT_LIMITS.maxWaiting),
+  pipelineDepth: positiveInt("pipelineDepth").max(
+    DEFAULT_LIMITS.maxPipelineDepth,
+    `pipelineDepth must be at most ${DEFAULT_LIMITS.maxPipelineDepth}`,
+  ).default(DEFAULT_LIMITS.pipelineDepth),
   apiKey: z.array(z.string().min(8, "API keys must have at least 8 characters")).default([]),
-  drainTimeout: z.coerce.number().nonnegative().default(30),
+  drainTimeout: z.coerce.number().nonnegative().default(D.drainTimeout.default),
 });
 
 export type Config = z.infer<typeof ConfigSchema>;

@@ -2,7 +2,13 @@ import { openModel } from "./open_model.ts";
 import { parseArgs } from "@std/cli/parse-args";
 import { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
-import { type Config, resolveConfig, type SettingName, SETTINGS } from "./config.ts";
+import {
+  type Config,
+  resolveConfig,
+  settingDefault,
+  type SettingName,
+  SETTINGS,
+} from "./config.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
 import { createEngine } from "../serving/engine_factory.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
@@ -10,7 +16,7 @@ import { type Engine, GREEDY, stepTokens } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
-import { kvBlockBytes } from "../engine/kv_budget.ts";
+import { kvBlockBytes, kvBlocksIn } from "../engine/kv_budget.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",
@@ -31,9 +37,11 @@ const FLAG_NAMES: Record<string, SettingName> = {
 };
 
 function usage(): string {
-  const rows = Object.entries(FLAG_NAMES).map(([flag, name]) =>
-    `  --${flag.padEnd(18)} ${SETTINGS[name].help} [env ${SETTINGS[name].env}]`
-  );
+  const rows = Object.entries(FLAG_NAMES).map(([flag, name]) => {
+    const d = settingDefault(name);
+    const shown = d === undefined ? "" : `, default ${d}`;
+    return `  --${flag.padEnd(18)} ${SETTINGS[name].help} [env ${SETTINGS[name].env}${shown}]`;
+  });
   return `Usage: deno task start [options]\n${rows.join("\n")}`;
 }
 
@@ -74,7 +82,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     purpose: "serve",
   });
   const blockBytes = kvBlockBytes(model.config, config.blockSize);
-  const numBlocks = Math.floor(config.kvMemory / blockBytes);
+  const numBlocks = kvBlocksIn(config.kvMemory, model.config, config.blockSize);
   const minBlocks = Math.ceil(model.config.contextLength / config.blockSize);
   if (numBlocks < minBlocks) {
     throw new Error(

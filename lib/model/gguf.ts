@@ -521,9 +521,14 @@ const FIRST_HEADER_READ = 1 << 20;
 /**
  * Reads a GGUF file from disk holding its bytes only once: the header is parsed from a prefix
  * (grown until it fits, then dropped), and the data section is read into one buffer whose views
- * become the tensors.
+ * become the tensors. `checkHeader` runs before the data is read, so a file the caller cannot
+ * use is refused without reading gigabytes first.
  */
-export async function readGguf(path: string, onProgress?: ReadProgress): Promise<GgufFile> {
+export async function readGguf(
+  path: string,
+  onProgress?: ReadProgress,
+  checkHeader?: (header: GgufHeader) => void,
+): Promise<GgufFile> {
   using file = await Deno.open(path, { read: true });
   const fileSize = (await file.stat()).size;
   let prefixSize = Math.min(fileSize, FIRST_HEADER_READ);
@@ -539,6 +544,7 @@ export async function readGguf(path: string, onProgress?: ReadProgress): Promise
       prefixSize = Math.min(fileSize, Math.max(prefixSize * 2, e.needed + FIRST_HEADER_READ));
     }
   }
+  checkHeader?.(header);
   const dataBytes = dataSectionBytes(header, path);
   const data = new Uint8Array(dataBytes);
   const got = await readFully(file, header.dataOffset, data, onProgress);
