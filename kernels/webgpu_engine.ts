@@ -1,4 +1,10 @@
-import type { Engine, KvGeometry, SampledToken, StepPlan, StepResult } from "../lib/engine/engine.ts";
+import type {
+  Engine,
+  KvGeometry,
+  SampledToken,
+  StepPlan,
+  StepResult,
+} from "../lib/engine/engine.ts";
 import { dequantize } from "../lib/model/dequantize.ts";
 import { NO_EXTRA_STEPS } from "../lib/model/architecture.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";

@@ -87,7 +87,7 @@ export async function generateCommand(argv: string[]): Promise<number> {
     contextLength: args["context-length"],
     purpose: "generate with",
   });
-  const promptIds = tokenizer.encode(args.prompt, { bos: true });
+  const promptIds = tokenizer.encode(args.prompt);
   const limit = model.config.contextLength;
   if (promptIds.length >= limit) {
     throw new Error(
