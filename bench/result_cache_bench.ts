@@ -70,32 +70,46 @@ async function runOnce(o: CacheBenchOptions, cache: string): Promise<CacheRun> {
     env: { ...Deno.env.toObject() },
   });
   const pool = new WsPool(server.wsUrl);
+  let run: CacheRun;
   try {
-    const items = repeatedWorkload(o.prompts, o.repeats, o.tokens);
-    const records: RequestRecord[] = new Array(items.length);
-    let next = 0;
-    const t0 = performance.now();
-    await Promise.all(
-      Array.from({ length: o.concurrency }, async () => {
-        for (let i = next++; i < items.length; i = next++) {
-          records[i] = await pool.generate(i, items[i]!, { temperature: 0, seed: 0 });
-        }
-      }),
-    );
-    const wallMs = performance.now() - t0;
-    const metrics = await (await fetch(`${server.base}/metrics`)).text();
-    return {
-      mode: cache === "0" ? "cache off" : `cache ${cache}`,
-      records,
-      wallMs,
-      hits: metric(metrics, "llm_result_cache_hits_total"),
-      misses: metric(metrics, "llm_result_cache_misses_total"),
-    };
-  } finally {
+    run = await drive(o, cache, server.base, pool);
+  } catch (e) {
     pool.close();
-    const { code, log } = await server.stop();
-    if (code !== 0) throw new Error(`server exited with ${code}:\n${log.slice(-2000)}`);
+    await server.stop();
+    throw e;
   }
+  pool.close();
+  const { code, log } = await server.stop();
+  if (code !== 0) throw new Error(`server exited with ${code}:\n${log.slice(-2000)}`);
+  return run;
+}
+
+async function drive(
+  o: CacheBenchOptions,
+  cache: string,
+  base: string,
+  pool: WsPool,
+): Promise<CacheRun> {
+  const items = repeatedWorkload(o.prompts, o.repeats, o.tokens);
+  const records: RequestRecord[] = new Array(items.length);
+  let next = 0;
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: o.concurrency }, async () => {
+      for (let i = next++; i < items.length; i = next++) {
+        records[i] = await pool.generate(i, items[i]!, { temperature: 0, seed: 0 });
+      }
+    }),
+  );
+  const wallMs = performance.now() - t0;
+  const metrics = await (await fetch(`${base}/metrics`)).text();
+  return {
+    mode: cache === "0" ? "cache off" : `cache ${cache}`,
+    records,
+    wallMs,
+    hits: metric(metrics, "llm_result_cache_hits_total"),
+    misses: metric(metrics, "llm_result_cache_misses_total"),
+  };
 }
 
 /** Both runs, off first; throws when any answer differs between them or a request failed. */
