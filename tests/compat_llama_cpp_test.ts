@@ -15,12 +15,7 @@ import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import type { Engine } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import {
-  compareGreedy,
-  compatPath,
-  type PromptComparison,
-  readFixture,
-} from "./_compat.ts";
+import { compareGreedy, compatPath, type PromptComparison, readFixture } from "./_compat.ts";
 
 /** Files whose tokenizer this branch reads, with the steps the CPU engine compares. */
 const FILES: readonly { stem: string; cpuSteps: number }[] = [
@@ -43,9 +38,9 @@ function assertAgrees(stem: string, engine: string, results: readonly PromptComp
     );
     assert(
       r.worstToTolerance <= 1,
-      `${where}: a logprob is ${r.worstToTolerance.toFixed(2)}x its tolerance away from llama.cpp's (max |Δ| ${
-        r.maxLogprobDelta.toFixed(3)
-      } nats)`,
+      `${where}: a logprob is ${
+        r.worstToTolerance.toFixed(2)
+      }x its tolerance away from llama.cpp's (max |Δ| ${r.maxLogprobDelta.toFixed(3)} nats)`,
     );
   }
 }

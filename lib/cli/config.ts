@@ -20,7 +20,8 @@ export const SETTINGS = {
   port: { env: "LLMSERVE_PORT", help: "port to listen on (0 picks a free one)", default: 8000 },
   kvMemory: {
     env: "LLMSERVE_KV_MEMORY",
-    help: "memory for the paged KV cache",
+    help:
+      "memory for the paged KV cache (auto: a full context per running sequence, within the device's limits)",
     default: DEFAULT_LIMITS.kvMemory,
   },
   blockSize: {
@@ -80,6 +81,7 @@ export const ConfigSchema = z.object({
   host: z.string().min(1).default(D.host.default),
   port: z.coerce.number().int().min(0).max(65535).default(D.port.default),
   kvMemory: z.string().default(D.kvMemory.default).transform((s, ctx) => {
+    if (s.trim().toLowerCase() === "auto") return undefined;
     try {
       return parseByteSize(s);
     } catch (e) {

@@ -1,4 +1,4 @@
-import { openModel } from "./open_model.ts";
+import { openModel, uploadProgress } from "./open_model.ts";
 import { parseArgs } from "@std/cli/parse-args";
 import { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
@@ -10,13 +10,12 @@ import {
   SETTINGS,
 } from "./config.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
-import { createEngine } from "../serving/engine_factory.ts";
+import { createEngine, engineMemory, planKv } from "../serving/engine_factory.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
 import { type Engine, GREEDY, stepTokens } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
-import { kvBlockBytes, kvBlocksIn } from "../engine/kv_budget.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",
@@ -75,27 +74,30 @@ export async function serveCommand(argv: string[]): Promise<number> {
   }
   const config = parseServeArgs(argv);
   const log = (line: string) => console.error(line);
-  const { source, model, tokenizer } = await openModel(config.model, {
+  const { source, tokenizer, ...opened } = await openModel(config.model, {
     modelsDir: config.modelsDir,
     tokenizer: config.tokenizer,
     contextLength: config.contextLength,
     purpose: "serve",
   });
-  const blockBytes = kvBlockBytes(model.config, config.blockSize);
-  const numBlocks = kvBlocksIn(config.kvMemory, model.config, config.blockSize);
-  const minBlocks = Math.ceil(model.config.contextLength / config.blockSize);
-  if (numBlocks < minBlocks) {
-    throw new Error(
-      `--kv-memory ${
-        formatBytes(config.kvMemory)
-      } holds ${numBlocks} KV blocks; one full-context sequence needs ${minBlocks} (${
-        formatBytes(minBlocks * blockBytes)
-      })`,
-    );
-  }
-  const kv = { numBlocks, blockSize: config.blockSize };
+  const plan = await planKv(opened.model, config.backend, {
+    blockSize: config.blockSize,
+    maxRunning: config.maxRunning,
+    ...(config.kvMemory === undefined ? {} : { kvMemory: config.kvMemory }),
+  });
+  // An automatic cache too small for the file's context shortens it (the summary says so).
+  const model = plan.contextLength === opened.model.config.contextLength
+    ? opened.model
+    : { ...opened.model, config: { ...opened.model.config, contextLength: plan.contextLength } };
+  const kv = { numBlocks: plan.numBlocks, blockSize: plan.blockSize };
   const limits = { maxBatchTokens: config.maxBatchTokens, maxSeqs: config.maxRunning };
-  const { engine, description } = await createEngine(model, config.backend, kv, limits);
+  const { engine, description } = await createEngine(
+    model,
+    config.backend,
+    kv,
+    limits,
+    uploadProgress(source.modelPath),
+  );
   await warmUp(engine, tokenizer.bosId);
   // Test-only: LLMSERVE_FAULT_STEPS makes chosen engine steps fail (see lib/fault_injection.ts).
   const faults = FaultInjector.fromEnv();
@@ -135,6 +137,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     drainTimeoutMs: config.drainTimeout * 1000,
   });
   const c = model.config;
+  const mem = engineMemory(engine);
   const server = serveService(service, {
     hostname: config.host,
     port: config.port,
@@ -142,11 +145,14 @@ export async function serveCommand(argv: string[]): Promise<number> {
     onListen: (addr) => {
       log([
         `llmserve ready`,
-        `  model     ${source.modelPath} (${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads, vocab ${c.vocabSize}, context ${c.contextLength})`,
+        `  model     ${source.modelPath} (${c.architecture}, ${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads of ${c.headDim}, vocab ${c.vocabSize}, context ${c.contextLength})`,
         `  backend   ${description}`,
-        `  kv cache  ${numBlocks} blocks x ${config.blockSize} tokens = ${
-          formatBytes(numBlocks * blockBytes)
-        } (${numBlocks * config.blockSize} tokens)`,
+        `  memory    weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
+          formatBytes(mem?.kvCache ?? plan.bytes)
+        }`,
+        `  kv cache  ${plan.numBlocks} blocks x ${plan.blockSize} tokens = ${
+          formatBytes(plan.bytes)
+        } (${plan.numBlocks * plan.blockSize} tokens; ${plan.why})`,
         `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${config.pipelineDepth}`,
         `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
         `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
