@@ -55,7 +55,39 @@ export const SETTINGS = {
     help: "seconds to let in-flight requests finish on SIGTERM",
     default: 30,
   },
+  servedModelName: {
+    env: "LLMSERVE_SERVED_MODEL_NAMES",
+    help: "name clients may give as `model` (repeatable; env: comma-separated)",
+  },
+  logFormat: {
+    env: "LLMSERVE_LOG_FORMAT",
+    help: "request log lines: text | json",
+    default: "text",
+  },
+  metricsPublic: {
+    env: "LLMSERVE_METRICS_PUBLIC",
+    help: "serve /metrics without an API key",
+    default: "false",
+  },
+  resultCache: {
+    env: "LLMSERVE_RESULT_CACHE",
+    help: "memory for cached answers to deterministic requests, e.g. 64MiB (0: off)",
+    default: "0",
+  },
 } as const;
+
+/** Settings that take a list: repeated flags, or a comma-separated variable. */
+const LIST_SETTINGS: ReadonlySet<string> = new Set(["apiKey", "servedModelName"]);
+
+const byteSize = (fallback: string) =>
+  z.string().default(fallback).transform((s, ctx) => {
+    try {
+      return parseByteSize(s);
+    } catch (e) {
+      ctx.addIssue({ code: "custom", message: (e as Error).message });
+      return z.NEVER;
+    }
+  });
 
 /** The default a setting takes when neither a flag nor the environment sets it, as --help shows it. */
 export function settingDefault(name: SettingName): string | number | undefined {
@@ -80,6 +112,7 @@ export const ConfigSchema = z.object({
   contextLength: positiveInt("contextLength").optional(),
   host: z.string().min(1).default(D.host.default),
   port: z.coerce.number().int().min(0).max(65535).default(D.port.default),
+  // "auto" (the default): sized from the model and the device at start-up (planKvCache).
   kvMemory: z.string().default(D.kvMemory.default).transform((s, ctx) => {
     if (s.trim().toLowerCase() === "auto") return undefined;
     try {
@@ -99,6 +132,17 @@ export const ConfigSchema = z.object({
   ).default(DEFAULT_LIMITS.pipelineDepth),
   apiKey: z.array(z.string().min(8, "API keys must have at least 8 characters")).default([]),
   drainTimeout: z.coerce.number().nonnegative().default(D.drainTimeout.default),
+  servedModelName: z.array(z.string().min(1, "a served model name cannot be empty")).default([]),
+  logFormat: z.enum(["text", "json"]).default(D.logFormat.default),
+  metricsPublic: z.union([
+    z.boolean(),
+    z.enum(["true", "false", "1", "0"], { error: "expected true, false, 1 or 0" }).transform((v) =>
+      v === "true" || v === "1"
+    ),
+  ]).default(false),
+  // Off by default: benchmarks and soak runs repeat requests to measure the engine, and a
+  // cache would answer them instead.
+  resultCache: byteSize(D.resultCache.default),
 });
 
 export type Config = z.infer<typeof ConfigSchema>;
@@ -117,12 +161,14 @@ export function resolveConfig(
     const fromEnv = env(envName);
     if (fromFlag !== undefined) raw[name] = fromFlag;
     else if (fromEnv !== undefined && fromEnv !== "") {
-      raw[name] = name === "apiKey"
+      raw[name] = LIST_SETTINGS.has(name)
         ? fromEnv.split(",").map((s) => s.trim()).filter(Boolean)
         : fromEnv;
     }
   }
-  if (raw.apiKey !== undefined && !Array.isArray(raw.apiKey)) raw.apiKey = [raw.apiKey];
+  for (const name of LIST_SETTINGS) {
+    if (raw[name] !== undefined && !Array.isArray(raw[name])) raw[name] = [raw[name]];
+  }
   const parsed = ConfigSchema.safeParse(raw);
   if (!parsed.success) {
     const lines = parsed.error.issues.map((i) => {

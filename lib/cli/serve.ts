@@ -16,6 +16,9 @@ import { type Engine, GREEDY, stepTokens } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
+import { RequestLog } from "../http/request_log.ts";
+import { createLoadingService, LoadProgress, SwitchableService } from "../http/loading_service.ts";
+import { CachedBackend } from "../serving/cached_backend.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",
@@ -33,7 +36,14 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "api-key": "apiKey",
   "drain-timeout": "drainTimeout",
   "models-dir": "modelsDir",
+  "served-model-name": "servedModelName",
+  "log-format": "logFormat",
+  "metrics-public": "metricsPublic",
+  "result-cache": "resultCache",
 };
+
+/** Flags that take no value. */
+const BOOLEAN_FLAGS = ["metrics-public"];
 
 function usage(): string {
   const rows = Object.entries(FLAG_NAMES).map(([flag, name]) => {
@@ -47,9 +57,9 @@ function usage(): string {
 /** Parses `serve` flags into the validated configuration. Exported for tests. */
 export function parseServeArgs(argv: string[], env?: (name: string) => string | undefined): Config {
   const flags = parseArgs(argv, {
-    string: Object.keys(FLAG_NAMES),
-    collect: ["api-key"],
-    boolean: ["help"],
+    string: Object.keys(FLAG_NAMES).filter((f) => !BOOLEAN_FLAGS.includes(f)),
+    collect: ["api-key", "served-model-name"],
+    boolean: ["help", ...BOOLEAN_FLAGS],
   });
   const unknown = [
     ...Object.keys(flags).filter((k) => k !== "_" && k !== "help" && !(k in FLAG_NAMES)).map((k) =>
@@ -61,12 +71,23 @@ export function parseServeArgs(argv: string[], env?: (name: string) => string | 
   const named: Partial<Record<SettingName, unknown>> = {};
   for (const [flag, name] of Object.entries(FLAG_NAMES)) {
     const v = (flags as Record<string, unknown>)[flag];
+    // parseArgs reports an absent boolean flag as false, which would hide the environment's.
+    if (
+      BOOLEAN_FLAGS.includes(flag) &&
+      !argv.some((a) => a === `--${flag}` || a.startsWith(`--${flag}=`))
+    ) {
+      continue;
+    }
     if (v !== undefined && !(Array.isArray(v) && v.length === 0)) named[name] = v;
   }
   return resolveConfig(named, env);
 }
 
-/** `serve` command: loads the model, starts the actors and the HTTP server, drains on SIGTERM. */
+/**
+ * `serve` command: binds the port first (so a port in use is reported at once and /health can
+ * say how loading goes), loads the model, starts the actors, then switches the listener from
+ * the loading service to the real one; drains on SIGTERM.
+ */
 export async function serveCommand(argv: string[]): Promise<number> {
   if (argv.includes("--help")) {
     console.log(usage());
@@ -74,11 +95,56 @@ export async function serveCommand(argv: string[]): Promise<number> {
   }
   const config = parseServeArgs(argv);
   const log = (line: string) => console.error(line);
+  const metrics = new ServiceMetrics();
+  const requestLog = new RequestLog(config.logFormat);
+  const progress = new LoadProgress();
+  const front = new SwitchableService(createLoadingService(progress, requestLog, metrics));
+  let listening!: Deno.NetAddr;
+  const server = serveService(front, {
+    hostname: config.host,
+    port: config.port,
+    drainTimeoutMs: config.drainTimeout * 1000,
+    onListen: (addr) => {
+      listening = addr;
+      log(`llmserve listening on http://${addr.hostname}:${addr.port}/ (loading the model)`);
+    },
+  });
+  // A signal while loading ends the run; the load is abandoned with the process.
+  const loaded = start(config, progress, metrics, requestLog);
+  const first = await Promise.race([loaded, server.closed.then(() => null)]);
+  if (first === null) {
+    log("stopped before the model finished loading");
+    return 0;
+  }
+  const { service, core, summary } = first;
+  front.switchTo(service);
+  progress.set("ready");
+  log(summary(listening));
+  const result = await server.closed;
+  await core.close();
+  log(
+    `drained: ${
+      result.completed
+        ? "all in-flight generations finished"
+        : `${result.aborted} aborted at the deadline`
+    }`,
+  );
+  return 0;
+}
+
+/** Loads the model, builds engine, core and app: everything between binding and ready. */
+async function start(
+  config: Config,
+  progress: LoadProgress,
+  metrics: ServiceMetrics,
+  requestLog: RequestLog,
+) {
   const { source, tokenizer, ...opened } = await openModel(config.model, {
     modelsDir: config.modelsDir,
     tokenizer: config.tokenizer,
     contextLength: config.contextLength,
     purpose: "serve",
+    onProgress: (phase, bytes, total) => progress.set(phase, bytes, total),
   });
   const plan = await planKv(opened.model, config.backend, {
     blockSize: config.blockSize,
@@ -89,20 +155,27 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const model = plan.contextLength === opened.model.config.contextLength
     ? opened.model
     : { ...opened.model, config: { ...opened.model.config, contextLength: plan.contextLength } };
-  const kv = { numBlocks: plan.numBlocks, blockSize: plan.blockSize };
+  const numBlocks = plan.numBlocks;
+  const kv = { numBlocks, blockSize: plan.blockSize };
   const limits = { maxBatchTokens: config.maxBatchTokens, maxSeqs: config.maxRunning };
+  progress.set("building_engine");
+  // The upload to the device is most of building the engine: its bytes are the phase's progress.
+  const bar = uploadProgress(source.modelPath);
   const { engine, description } = await createEngine(
     model,
     config.backend,
     kv,
     limits,
-    uploadProgress(source.modelPath),
+    (bytes, total) => {
+      bar(bytes, total);
+      progress.set("building_engine", bytes, total);
+    },
   );
+  progress.set("warming_up");
   await warmUp(engine, tokenizer.bosId);
   // Test-only: LLMSERVE_FAULT_STEPS makes chosen engine steps fail (see lib/fault_injection.ts).
   const faults = FaultInjector.fromEnv();
   const withFaults = (e: Engine): Engine => (faults ? faults.wrap(e) : e);
-  const metrics = new ServiceMetrics();
   let restartsSeen = 0;
   const core: ServingCore = new ServingCore({
     engine: withFaults(engine),
@@ -129,51 +202,59 @@ export async function serveCommand(argv: string[]): Promise<number> {
     },
   });
   const modelName = source.modelPath.split("/").pop()!.replace(/\.(gguf|bin)$/, "");
-  const backend = new CoreBackend(modelName, core, tokenizer, model.chatTemplate);
+  const coreBackend = new CoreBackend(modelName, core, tokenizer, model.chatTemplate);
+  const backend = config.resultCache > 0
+    ? new CachedBackend(coreBackend, config.resultCache)
+    : coreBackend;
+  const servedModelNames = config.servedModelName.length > 0 ? config.servedModelName : [modelName];
   const service = createApp({
     backend,
     metrics,
     apiKeys: config.apiKey,
     drainTimeoutMs: config.drainTimeout * 1000,
+    servedModelNames,
+    metricsPublic: config.metricsPublic,
+    requestLog,
+    props: {
+      modelPath: source.modelPath,
+      backend: description,
+      maxRunning: config.maxRunning,
+      maxWaiting: config.maxWaiting,
+      maxBatchTokens: config.maxBatchTokens,
+      kvBlocks: numBlocks,
+      blockSize: config.blockSize,
+      resultCacheBytes: config.resultCache,
+    },
   });
   const c = model.config;
   const mem = engineMemory(engine);
-  const server = serveService(service, {
-    hostname: config.host,
-    port: config.port,
-    drainTimeoutMs: config.drainTimeout * 1000,
-    onListen: (addr) => {
-      log([
-        `llmserve ready`,
-        `  model     ${source.modelPath} (${c.architecture}, ${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads of ${c.headDim}, vocab ${c.vocabSize}, context ${c.contextLength})`,
-        `  backend   ${description}`,
-        `  memory    weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
-          formatBytes(mem?.kvCache ?? plan.bytes)
-        }`,
-        `  kv cache  ${plan.numBlocks} blocks x ${plan.blockSize} tokens = ${
-          formatBytes(plan.bytes)
-        } (${plan.numBlocks * plan.blockSize} tokens; ${plan.why})`,
-        `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${config.pipelineDepth}`,
-        `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
-        `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
-        ...(faults
-          ? [
-            `  faults    ${FAULT_ENV}=${Deno.env.get(FAULT_ENV)} (test-only fault injection is on)`,
-          ]
-          : []),
-      ].join("\n"));
-    },
-  });
-  const result = await server.closed;
-  await core.close();
-  log(
-    `drained: ${
-      result.completed
-        ? "all in-flight generations finished"
-        : `${result.aborted} aborted at the deadline`
-    }`,
-  );
-  return 0;
+  const summary = (addr: Deno.NetAddr) =>
+    [
+      `llmserve ready`,
+      `  model     ${source.modelPath} (${c.architecture}, ${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads of ${c.headDim}, vocab ${c.vocabSize}, context ${c.contextLength})`,
+      `  served as ${servedModelNames.join(", ")}`,
+      `  backend   ${description}`,
+      `  memory    weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
+        formatBytes(mem?.kvCache ?? plan.bytes)
+      }`,
+      `  kv cache  ${numBlocks} blocks x ${plan.blockSize} tokens = ${
+        formatBytes(plan.bytes)
+      } (${numBlocks * plan.blockSize} tokens; ${plan.why})`,
+      `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${config.pipelineDepth}`,
+      `  results   ${
+        config.resultCache > 0 ? `cache ${formatBytes(config.resultCache)}` : "cache off"
+      }`,
+      `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}${
+        config.metricsPublic ? " (/metrics public)" : ""
+      }`,
+      `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
+      ...(faults
+        ? [
+          `  faults    ${FAULT_ENV}=${Deno.env.get(FAULT_ENV)} (test-only fault injection is on)`,
+        ]
+        : []),
+    ].join("\n");
+  return { service, core, summary };
 }
 
 /**
