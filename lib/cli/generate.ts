@@ -96,7 +96,7 @@ export async function generateCommand(argv: string[]): Promise<number> {
   const model = plan.contextLength === opened.model.config.contextLength
     ? opened.model
     : { ...opened.model, config: { ...opened.model.config, contextLength: plan.contextLength } };
-  const promptIds = tokenizer.encode(args.prompt, { bos: true });
+  const promptIds = tokenizer.encode(args.prompt);
   const limit = model.config.contextLength;
   if (promptIds.length >= limit) {
     throw new Error(
