@@ -15,7 +15,13 @@ import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import type { Engine } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import { compareGreedy, compatPath, type PromptComparison, readFixture } from "./_compat.ts";
+import {
+  COMPAT_FILES,
+  compareGreedy,
+  compatPath,
+  type PromptComparison,
+  readFixture,
+} from "./_compat.ts";
 
 /** Every compat file, with the steps the CPU engine compares (fewer for the 128k+ vocabularies). */
 const FILES: readonly { stem: string; cpuSteps: number }[] = COMPAT_FILES.map((stem) => ({
