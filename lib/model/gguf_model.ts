@@ -15,7 +15,6 @@ import type { Tensor } from "./tensor.ts";
 import { ggufTokenizerData, tokenizerBlocker } from "./gguf_tokenizer.ts";
 import type { LayerWeights, Model, ModelWeights } from "./weights.ts";
 
-
 /**
  * Everything about a GGUF header that keeps this project from running the file, each named
  * with what was found and what is supported: the architecture, the tokenizer, RoPE scaling,
@@ -41,7 +40,9 @@ export function ggufBlockers(header: GgufHeader): string[] {
     const scaling = meta(`${arch}.rope.scaling.type`);
     if (scaling !== undefined && scaling !== "none") {
       blockers.push(
-        `RoPE scaling '${String(scaling)}' (${arch}.rope.scaling.type) is not supported (supported: none, and Llama 3 frequency factors in rope_freqs.weight)`,
+        `RoPE scaling '${
+          String(scaling)
+        }' (${arch}.rope.scaling.type) is not supported (supported: none, and Llama 3 frequency factors in rope_freqs.weight)`,
       );
     }
   }
@@ -51,7 +52,9 @@ export function ggufBlockers(header: GgufHeader): string[] {
     blockers.push(
       `tensor type ${u.name} (ggml type ${u.typeId}) in ${u.count} tensor${
         u.count === 1 ? "" : "s"
-      } (first: ${u.example}) is not supported (supported: ${SUPPORTED_TENSOR_TYPE_NAMES.join(", ")})`,
+      } (first: ${u.example}) is not supported (supported: ${
+        SUPPORTED_TENSOR_TYPE_NAMES.join(", ")
+      })`,
     );
   }
   return blockers;
@@ -63,7 +66,9 @@ export function assertLoadable(header: GgufHeader, source: string): void {
   if (blockers.length === 0) return;
   throw new Error(
     `Cannot load GGUF ${source}: ${
-      blockers.length === 1 ? blockers[0] : `${blockers.length} problems:\n  - ${blockers.join("\n  - ")}`
+      blockers.length === 1
+        ? blockers[0]
+        : `${blockers.length} problems:\n  - ${blockers.join("\n  - ")}`
     }`,
   );
 }
@@ -135,7 +140,9 @@ export function ggufToModel(gguf: GgufFile, source: string): Model {
   const ropeDim = positiveInt("rope.dimension_count", headDim);
   if (ropeDim > headDim || ropeDim % 2 !== 0) {
     fail(
-      `${key("rope.dimension_count")} must be even and at most the head size ${headDim}, received ${ropeDim}`,
+      `${
+        key("rope.dimension_count")
+      } must be even and at most the head size ${headDim}, received ${ropeDim}`,
     );
   }
 
