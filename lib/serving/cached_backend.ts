@@ -18,7 +18,8 @@ import {
  * position, so a stored answer is exactly what generating again would give. A hit replays the
  * stored events (started, every token event, done) without touching the core, with `cached`
  * on the done event; a miss runs the core and stores the answer when it finished on its own
- * ("stop" or "length"), never a cancelled or failed one. Requests that are not deterministic
+ * ("stop" or "length"), never a cancelled or failed one. A request identical to one still
+ * generating follows that one instead (see #follow). Requests that are not deterministic
  * (sampled without an explicit seed) pass straight through.
  */
 export class CachedBackend implements GenerationBackend {
