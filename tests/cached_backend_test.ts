@@ -146,10 +146,10 @@ Deno.test("a changed parameter misses the cache; the same request over HTTP, str
 Deno.test("an identical request arriving while the first generates follows it instead of generating again", async () => {
   let reference;
   {
-    await using plain = serveModel(0);
+    await using plain = await serveModel(0);
     reference = await generate(plain.ws, { ...greedy, max_tokens: 200 });
   }
-  await using svc = serveModel(1 << 20);
+  await using svc = await serveModel(1 << 20);
   const ws = await TestSocket.open(svc.ws);
   try {
     ws.send({ type: "generate", id: "a", ...greedy, max_tokens: 200 });
@@ -177,10 +177,10 @@ Deno.test("an identical request arriving while the first generates follows it in
 Deno.test("a follower whose first request is cancelled generates for itself, with the same tokens", async () => {
   let reference;
   {
-    await using plain = serveModel(0);
+    await using plain = await serveModel(0);
     reference = await generate(plain.ws, { ...greedy, max_tokens: 200 });
   }
-  await using svc = serveModel(1 << 20);
+  await using svc = await serveModel(1 << 20);
   const ws = await TestSocket.open(svc.ws);
   try {
     ws.send({ type: "generate", id: "a", ...greedy, max_tokens: 200 });
