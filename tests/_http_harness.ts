@@ -1,20 +1,25 @@
+import { assertEquals } from "@std/assert";
 import { type AppOptions, createApp, type ServiceApp } from "../lib/http/app.ts";
 import { RequestLog } from "../lib/http/request_log.ts";
-import { FakeBackend, type FakeBackendOptions } from "./_fake_backend.ts";
+import { FakeCore, type FakeCoreOptions } from "./_fake_core.ts";
 
-/** A real server on 127.0.0.1 and a free port, over the fake core. */
+/** A real server on 127.0.0.1 and a free port, over the real serving core on a fake model. */
 export interface TestService extends AsyncDisposable {
-  readonly backend: FakeBackend;
+  readonly backend: FakeCore;
   readonly service: ServiceApp;
   readonly base: string;
   readonly wsUrl: string;
 }
 
+/**
+ * Starts the service. Disposing it stops the server and the core, and fails the test if the
+ * engine restarted without injected faults (a scheduler/engine disagreement).
+ */
 export function startService(
-  fake: FakeBackendOptions | FakeBackend = {},
+  fake: FakeCoreOptions | FakeCore = {},
   app: Omit<AppOptions, "backend"> = {},
 ): TestService {
-  const backend = fake instanceof FakeBackend ? fake : new FakeBackend(fake);
+  const backend = fake instanceof FakeCore ? fake : new FakeCore(fake);
   // Request-log lines would clutter test output; tests of the log pass their own.
   const service = createApp({ backend, requestLog: new RequestLog("text", () => {}), ...app });
   const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, service.fetch);
@@ -27,6 +32,10 @@ export function startService(
     async [Symbol.asyncDispose]() {
       service.close();
       await server.shutdown();
+      await backend.close();
+      if (!backend.injectsFaults) {
+        assertEquals(backend.restarts, 0, "the engine restarted with no fault injected");
+      }
     },
   };
 }
