@@ -49,6 +49,8 @@ export interface WebGpuEngineOptions {
   readonly maxSeqs?: number;
   /** Plans one stepMany() call may encode into one submit; default DEFAULT_LIMITS. */
   readonly maxStepsPerSubmit?: number;
+  /** Bytes of weights uploaded so far and in all, after each matrix (a start-up progress bar). */
+  readonly onUpload?: (bytes: number, total: number) => void;
 }
 
 /**
@@ -207,10 +209,18 @@ export class WebGpuEngine implements Engine {
       }
       return t;
     };
+    const allWeights = new Set<Tensor>([weights.tokenEmbedding, weights.output]);
+    for (const w of weights.layers) {
+      for (const t of [w.wq, w.wk, w.wv, w.wo, w.wGate, w.wUp, w.wDown]) allWeights.add(t);
+    }
+    const uploadTotal = [...allWeights].reduce((n, t) => n + t.data.byteLength, 0);
+    let uploaded = 0;
     const upload = (t: Tensor): GpuMatrix => {
       let mm = matrices.get(t);
       if (!mm) {
         const created = uploadMatrix(gpu, t);
+        uploaded = Math.min(uploadTotal, uploaded + t.data.byteLength);
+        opts.onUpload?.(uploaded, uploadTotal);
         matrices.set(t, created);
         owned.push({ destroy: () => destroyMatrix(created) });
         mm = created;

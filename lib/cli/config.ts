@@ -20,7 +20,8 @@ export const SETTINGS = {
   port: { env: "LLMSERVE_PORT", help: "port to listen on (0 picks a free one)", default: 8000 },
   kvMemory: {
     env: "LLMSERVE_KV_MEMORY",
-    help: "memory for the paged KV cache",
+    help:
+      "memory for the paged KV cache (auto: a full context per running sequence, within the device's limits)",
     default: DEFAULT_LIMITS.kvMemory,
   },
   blockSize: {
@@ -60,7 +61,7 @@ export const SETTINGS = {
   },
   logFormat: {
     env: "LLMSERVE_LOG_FORMAT",
-    help: "request log lines: text | json",
+    help: "request log lines: text | json | off",
     default: "text",
   },
   metricsPublic: {
@@ -111,7 +112,16 @@ export const ConfigSchema = z.object({
   contextLength: positiveInt("contextLength").optional(),
   host: z.string().min(1).default(D.host.default),
   port: z.coerce.number().int().min(0).max(65535).default(D.port.default),
-  kvMemory: byteSize(D.kvMemory.default),
+  // "auto" (the default): sized from the model and the device at start-up (planKvCache).
+  kvMemory: z.string().default(D.kvMemory.default).transform((s, ctx) => {
+    if (s.trim().toLowerCase() === "auto") return undefined;
+    try {
+      return parseByteSize(s);
+    } catch (e) {
+      ctx.addIssue({ code: "custom", message: (e as Error).message });
+      return z.NEVER;
+    }
+  }),
   blockSize: positiveInt("blockSize").default(DEFAULT_LIMITS.blockSize),
   maxBatchTokens: positiveInt("maxBatchTokens").default(DEFAULT_LIMITS.maxBatchTokens),
   maxRunning: positiveInt("maxRunning").default(DEFAULT_LIMITS.maxRunning),
@@ -123,7 +133,7 @@ export const ConfigSchema = z.object({
   apiKey: z.array(z.string().min(8, "API keys must have at least 8 characters")).default([]),
   drainTimeout: z.coerce.number().nonnegative().default(D.drainTimeout.default),
   servedModelName: z.array(z.string().min(1, "a served model name cannot be empty")).default([]),
-  logFormat: z.enum(["text", "json"]).default(D.logFormat.default),
+  logFormat: z.enum(["text", "json", "off"]).default(D.logFormat.default),
   metricsPublic: z.union([
     z.boolean(),
     z.enum(["true", "false", "1", "0"], { error: "expected true, false, 1 or 0" }).transform((v) =>

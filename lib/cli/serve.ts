@@ -1,4 +1,4 @@
-import { openModel } from "./open_model.ts";
+import { openModel, uploadProgress } from "./open_model.ts";
 import { parseArgs } from "@std/cli/parse-args";
 import { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
@@ -10,7 +10,7 @@ import {
   SETTINGS,
 } from "./config.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
-import { createEngine } from "../serving/engine_factory.ts";
+import { createEngine, engineMemory, planKv } from "../serving/engine_factory.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
 import { type Engine, GREEDY, stepTokens } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
@@ -19,7 +19,6 @@ import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
 import { createLoadingService, LoadProgress, SwitchableService } from "../http/loading_service.ts";
 import { CachedBackend } from "../serving/cached_backend.ts";
-import { kvBlockBytes, kvBlocksIn } from "../engine/kv_budget.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",
@@ -140,29 +139,38 @@ async function start(
   metrics: ServiceMetrics,
   requestLog: RequestLog,
 ) {
-  const { source, model, tokenizer } = await openModel(config.model, {
+  const { source, tokenizer, ...opened } = await openModel(config.model, {
     modelsDir: config.modelsDir,
     tokenizer: config.tokenizer,
     contextLength: config.contextLength,
     purpose: "serve",
     onProgress: (phase, bytes, total) => progress.set(phase, bytes, total),
   });
-  const blockBytes = kvBlockBytes(model.config, config.blockSize);
-  const numBlocks = kvBlocksIn(config.kvMemory, model.config, config.blockSize);
-  const minBlocks = Math.ceil(model.config.contextLength / config.blockSize);
-  if (numBlocks < minBlocks) {
-    throw new Error(
-      `--kv-memory ${
-        formatBytes(config.kvMemory)
-      } holds ${numBlocks} KV blocks; one full-context sequence needs ${minBlocks} (${
-        formatBytes(minBlocks * blockBytes)
-      })`,
-    );
-  }
-  const kv = { numBlocks, blockSize: config.blockSize };
+  const plan = await planKv(opened.model, config.backend, {
+    blockSize: config.blockSize,
+    maxRunning: config.maxRunning,
+    ...(config.kvMemory === undefined ? {} : { kvMemory: config.kvMemory }),
+  });
+  // An automatic cache too small for the file's context shortens it (the summary says so).
+  const model = plan.contextLength === opened.model.config.contextLength
+    ? opened.model
+    : { ...opened.model, config: { ...opened.model.config, contextLength: plan.contextLength } };
+  const numBlocks = plan.numBlocks;
+  const kv = { numBlocks, blockSize: plan.blockSize };
   const limits = { maxBatchTokens: config.maxBatchTokens, maxSeqs: config.maxRunning };
   progress.set("building_engine");
-  const { engine, description } = await createEngine(model, config.backend, kv, limits);
+  // The upload to the device is most of building the engine: its bytes are the phase's progress.
+  const bar = uploadProgress(source.modelPath);
+  const { engine, description } = await createEngine(
+    model,
+    config.backend,
+    kv,
+    limits,
+    (bytes, total) => {
+      bar(bytes, total);
+      progress.set("building_engine", bytes, total);
+    },
+  );
   progress.set("warming_up");
   await warmUp(engine, tokenizer.bosId);
   // Test-only: LLMSERVE_FAULT_STEPS makes chosen engine steps fail (see lib/fault_injection.ts).
@@ -219,15 +227,19 @@ async function start(
     },
   });
   const c = model.config;
+  const mem = engineMemory(engine);
   const summary = (addr: Deno.NetAddr) =>
     [
       `llmserve ready`,
-      `  model     ${source.modelPath} (${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads, vocab ${c.vocabSize}, context ${c.contextLength})`,
+      `  model     ${source.modelPath} (${c.architecture}, ${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads of ${c.headDim}, vocab ${c.vocabSize}, context ${c.contextLength})`,
       `  served as ${servedModelNames.join(", ")}`,
       `  backend   ${description}`,
-      `  kv cache  ${numBlocks} blocks x ${config.blockSize} tokens = ${
-        formatBytes(numBlocks * blockBytes)
-      } (${numBlocks * config.blockSize} tokens)`,
+      `  memory    weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
+        formatBytes(mem?.kvCache ?? plan.bytes)
+      }`,
+      `  kv cache  ${numBlocks} blocks x ${plan.blockSize} tokens = ${
+        formatBytes(plan.bytes)
+      } (${numBlocks * plan.blockSize} tokens; ${plan.why})`,
       `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${config.pipelineDepth}`,
       `  results   ${
         config.resultCache > 0 ? `cache ${formatBytes(config.resultCache)}` : "cache off"
