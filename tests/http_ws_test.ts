@@ -369,9 +369,10 @@ Deno.test("/v1/stream refuses new generations while draining", async () => {
 });
 
 Deno.test("/v1/stream gives a client that stops reading backpressure, then disconnects it", async () => {
-  const tokenBytes = 8192;
+  const tokenBytes = 65536;
+  // The pool holds 4096 positions: run to its end, the generation would send 256 MiB.
   await using svc = startService(
-    { tokenDelayMs: 0, tokenPadding: tokenBytes, contextLength: 1 << 30, maxWaiting: 0 },
+    { tokenDelayMs: 0, tokenPadding: tokenBytes, contextLength: 1 << 30, maxWaiting: 1 },
     { wsHighWaterBytes: 256 * 1024, wsStallTimeoutMs: 1500 },
   );
   const raw = await RawWebSocket.connect(svc.wsUrl);
@@ -380,21 +381,13 @@ Deno.test("/v1/stream gives a client that stops reading backpressure, then disco
       JSON.stringify({ type: "generate", id: "flood", prompt: "p", max_tokens: 1_000_000 }),
     );
     await waitUntil(() => svc.backend.tokensYielded > 0, "generation to start");
-    await new Promise((r) => setTimeout(r, 500));
+    // The client reads nothing: after the stall timeout the server gives up on it and the
+    // generation ends (an event), having pulled only what the socket buffers could hold.
+    await waitUntil(() => svc.backend.active === 0, "the stalled client to be disconnected", 6000);
     const produced = svc.backend.tokensYielded;
-    console.log(`backpressure: paused after ${produced} tokens of ${tokenBytes} bytes`);
-    await new Promise((r) => setTimeout(r, 300));
-    // Paused, not finished and not buffering: the core is no longer asked for tokens.
-    assertEquals(
-      svc.backend.tokensYielded,
-      produced,
-      "the generation kept running for a client that reads nothing",
-    );
-    assertEquals(svc.backend.active, 1);
-    // Bounded by the kernel's socket buffers plus the high-water mark, far below max_tokens.
+    console.log(`backpressure: ${produced} tokens of ${tokenBytes} bytes before the disconnect`);
+    // Bounded by the kernel's socket buffers plus the high-water mark, far below the pool.
     assertLess(produced * tokenBytes, 64 * 1024 * 1024);
-    // After the stall timeout the server gives up on the client and frees the sequence.
-    await waitUntil(() => svc.backend.active === 0, "the stalled client to be disconnected", 4000);
   } finally {
     raw.close();
   }
