@@ -9,7 +9,7 @@ import { FakeCore } from "./_fake_core.ts";
 
 const backend = new FakeCore({ tokenDelayMs: 20, contextLength: 1024 });
 const service = createApp({ backend });
-const running = serveService(service, {
+const running = await serveService(service, {
   hostname: "127.0.0.1",
   port: 0,
   drainTimeoutMs: Number(Deno.args[0] ?? "5000"),

@@ -86,7 +86,7 @@ Deno.test("serveService() names the address it could not listen on", async () =>
   const service = createApp({ backend });
   let message = "";
   try {
-    serveService(service, { hostname: "127.0.0.1", port, drainTimeoutMs: 10, signals: [] });
+    await serveService(service, { hostname: "127.0.0.1", port, drainTimeoutMs: 10, signals: [] });
   } catch (e) {
     message = (e as Error).message;
   }
