@@ -7,7 +7,7 @@ import { serveService } from "../lib/http/serve.ts";
 import { FakeBackend } from "./_fake_backend.ts";
 
 const service = createApp({ backend: new FakeBackend({ tokenDelayMs: 20, traceSteps: true }) });
-const running = serveService(service, {
+const running = await serveService(service, {
   hostname: "127.0.0.1",
   port: 0,
   drainTimeoutMs: Number(Deno.args[0] ?? "5000"),

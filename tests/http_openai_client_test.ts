@@ -21,7 +21,7 @@ const MESSAGES = [
 ];
 
 Deno.test("the openai client's chat.completions.create works non-streaming", async () => {
-  await using svc = startService({}, { apiKeys: ["sk-test"] });
+  await using svc = await startService({}, { apiKeys: ["sk-test"] });
   const out = await client(svc.base, "sk-test").chat.completions.create({
     model: "fake-llama",
     messages: MESSAGES,
@@ -39,7 +39,7 @@ Deno.test("the openai client's chat.completions.create works non-streaming", asy
 });
 
 Deno.test("the openai client streams chat completions with usage", async () => {
-  await using svc = startService({ tokenDelayMs: 2 });
+  await using svc = await startService({ tokenDelayMs: 2 });
   const stream = await client(svc.base).chat.completions.create({
     model: "fake-llama",
     messages: MESSAGES,
@@ -65,7 +65,7 @@ Deno.test("the openai client streams chat completions with usage", async () => {
 });
 
 Deno.test("the openai client's completions.create works, streaming and not", async () => {
-  await using svc = startService({ tokenDelayMs: 1 });
+  await using svc = await startService({ tokenDelayMs: 1 });
   const c = client(svc.base);
   const one = await c.completions.create({
     model: "fake-llama",
@@ -90,7 +90,7 @@ Deno.test("the openai client's completions.create works, streaming and not", asy
 });
 
 Deno.test("the openai client surfaces our errors as its typed errors", async () => {
-  await using svc = startService(
+  await using svc = await startService(
     { tokenDelayMs: 10, maxRunning: 1, maxWaiting: 0, contextLength: 4096 },
     { apiKeys: ["sk-right"] },
   );
@@ -134,7 +134,7 @@ Deno.test("the openai client surfaces our errors as its typed errors", async () 
 });
 
 Deno.test("the openai client works with a served model name other than the file's stem; an unknown name is 404 model_not_found", async () => {
-  await using svc = startService({ modelName: "stories260K" }, {
+  await using svc = await startService({ modelName: "stories260K" }, {
     servedModelNames: ["gpt-4o-mini", "my-llama"],
   });
   const c = client(svc.base);

@@ -18,7 +18,7 @@ function chromiumPath(): string {
 }
 
 Deno.test("the playground streams a prompt's tokens, cancels another, and shows the scheduler", async () => {
-  await using svc = startService(
+  await using svc = await startService(
     { tokenDelayMs: 25, contextLength: 4096, kvBlocksTotal: 77 },
     { statsIntervalMs: 100 },
   );
@@ -77,7 +77,7 @@ Deno.test("the playground streams a prompt's tokens, cancels another, and shows 
 });
 
 Deno.test("the playground's chat mode, sampling controls, model line, prompts, timings and phone layout", async () => {
-  await using svc = startService(
+  await using svc = await startService(
     { tokenDelayMs: 2, contextLength: 4096, modelName: "stories260K" },
     { servedModelNames: ["tiny-stories"] },
   );

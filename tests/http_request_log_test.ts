@@ -14,7 +14,7 @@ function capture() {
 
 Deno.test("every HTTP request gets one log line: successes, client errors, auth failures, unknown routes and overload", async () => {
   const cap = capture();
-  await using svc = startService(
+  await using svc = await startService(
     { tokenDelayMs: 5, maxRunning: 1, maxWaiting: 0, contextLength: 4096 },
     { requestLog: cap.log, apiKeys: ["sk-test-key"] },
   );
@@ -40,7 +40,7 @@ Deno.test("every HTTP request gets one log line: successes, client errors, auth 
   const hold = new AbortController();
   const held = await fetch(svc.base + "/v1/completions", {
     method: "POST",
-    headers: { ...auth, "x-request-id": "holder" },
+    headers: { ...auth, "x-request-id": "holder", "content-type": "application/json" },
     body: JSON.stringify({ prompt: "hold", max_tokens: 3000, stream: true }),
     signal: hold.signal,
   });
@@ -73,7 +73,7 @@ Deno.test("every HTTP request gets one log line: successes, client errors, auth 
 
 Deno.test("a response without a client x-request-id carries the generated one, the response id for completions", async () => {
   const cap = capture();
-  await using svc = startService({}, { requestLog: cap.log });
+  await using svc = await startService({}, { requestLog: cap.log });
   const res = await postJson(svc.base + "/v1/completions", { prompt: "a b", max_tokens: 2 });
   const body = await res.json();
   assertEquals(res.headers.get("x-request-id"), body.id);
@@ -86,7 +86,7 @@ Deno.test("a response without a client x-request-id carries the generated one, t
 
 Deno.test("an x-request-id that is not 1-128 visible ASCII characters is refused with 400 and still logged", async () => {
   const cap = capture();
-  await using svc = startService({}, { requestLog: cap.log });
+  await using svc = await startService({}, { requestLog: cap.log });
   const res = await fetch(svc.base + "/health", { headers: { "x-request-id": "x".repeat(129) } });
   assertEquals(res.status, 400);
   const err = (await res.json()).error;
@@ -97,7 +97,7 @@ Deno.test("an x-request-id that is not 1-128 visible ASCII characters is refused
 
 Deno.test("WebSocket generations get a line each, refused ones too, ids prefixed by the upgrade's request id", async () => {
   const cap = capture();
-  await using svc = startService({ contextLength: 64 }, { requestLog: cap.log });
+  await using svc = await startService({ contextLength: 64 }, { requestLog: cap.log });
   const ws = await TestSocket.open(svc.wsUrl, { "x-request-id": "sock-7" });
   try {
     ws.send({ type: "generate", id: "a", prompt: "the cat", max_tokens: 3 });
@@ -173,4 +173,17 @@ Deno.test("the request id is on the request's llm.request span", async () => {
     await server.shutdown();
     context.disable();
   }
+});
+
+Deno.test("--log-format off writes no request lines", async () => {
+  const lines: string[] = [];
+  await using svc = await startService({}, { requestLog: new RequestLog("off", (l) => lines.push(l)) });
+  const res = await postJson(svc.base + "/v1/completions", { prompt: "a", max_tokens: 1 });
+  assertEquals(res.status, 200);
+  // The id is still made and echoed.
+  assert(res.headers.get("x-request-id") !== null);
+  await res.body?.cancel();
+  const health = await fetch(svc.base + "/health");
+  await health.body?.cancel();
+  assertEquals(lines, []);
 });

@@ -85,9 +85,12 @@ Deno.test("serveService() names the address it could not listen on", async () =>
   const service = createApp({ backend: new FakeBackend({}) });
   let message = "";
   try {
-    serveService(service, { hostname: "127.0.0.1", port, drainTimeoutMs: 10, signals: [] });
+    await serveService(service, { hostname: "127.0.0.1", port, drainTimeoutMs: 10, signals: [] });
   } catch (e) {
     message = (e as Error).message;
   }
-  assertMatch(message, new RegExp(`Cannot listen on 127\\.0\\.0\\.1:${port}: .*in use.*--port`, "i"));
+  assertMatch(
+    message,
+    new RegExp(`Cannot listen on 127\\.0\\.0\\.1:${port}: .*in use.*--port`, "i"),
+  );
 });

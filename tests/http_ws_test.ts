@@ -15,7 +15,7 @@ function textOf(frames: Array<Record<string, unknown>>): string {
 }
 
 Deno.test("/v1/stream multiplexes two concurrent generations on one socket by id", async () => {
-  await using svc = startService({ tokenDelayMs: 5 });
+  await using svc = await startService({ tokenDelayMs: 5 });
   const ws = await TestSocket.open(svc.wsUrl);
   try {
     ws.send({ type: "generate", id: "a", prompt: "the cat sat", max_tokens: 12, seed: 7 });
@@ -88,7 +88,7 @@ Deno.test("/v1/stream multiplexes two concurrent generations on one socket by id
 });
 
 Deno.test("/v1/stream cancel mid-stream ends the generation and frees its KV blocks", async () => {
-  await using svc = startService({ tokenDelayMs: 10, contextLength: 4096, kvBlockSize: 4 });
+  await using svc = await startService({ tokenDelayMs: 10, contextLength: 4096, kvBlockSize: 4 });
   const ws = await TestSocket.open(svc.wsUrl);
   try {
     ws.send({ type: "generate", id: "long", prompt: "tell me a story", max_tokens: 2000, seed: 1 });
@@ -123,7 +123,7 @@ Deno.test("/v1/stream cancel mid-stream ends the generation and frees its KV blo
 });
 
 Deno.test("/v1/stream closing the socket aborts every generation it started", async () => {
-  await using svc = startService({ tokenDelayMs: 10, contextLength: 4096 });
+  await using svc = await startService({ tokenDelayMs: 10, contextLength: 4096 });
   const ws = await TestSocket.open(svc.wsUrl);
   ws.send({ type: "generate", id: "x", prompt: "one", max_tokens: 3000 });
   ws.send({ type: "generate", id: "y", prompt: "two", max_tokens: 3000 });
@@ -146,7 +146,7 @@ Deno.test("/v1/stream closing the socket aborts every generation it started", as
 });
 
 Deno.test("/v1/stream answers every bad frame with an error frame and keeps the socket", async () => {
-  await using svc = startService(
+  await using svc = await startService(
     { tokenDelayMs: 20, contextLength: 64, maxRunning: 1, maxWaiting: 0 },
     { maxFrameBytes: 2048 },
   );
@@ -259,7 +259,7 @@ Deno.test("/v1/stream answers every bad frame with an error frame and keeps the 
 });
 
 Deno.test("/v1/stream renders chat messages and caps max_tokens to the context", async () => {
-  await using svc = startService({ contextLength: 32 });
+  await using svc = await startService({ contextLength: 32 });
   const ws = await TestSocket.open(svc.wsUrl);
   try {
     ws.send({
@@ -287,7 +287,7 @@ Deno.test("/v1/stream renders chat messages and caps max_tokens to the context",
 });
 
 Deno.test("/v1/stream pushes stats frames after subscribe_stats and stops after unsubscribe", async () => {
-  await using svc = startService({ tokenDelayMs: 10, contextLength: 4096 }, {
+  await using svc = await startService({ tokenDelayMs: 10, contextLength: 4096 }, {
     statsIntervalMs: 30,
   });
   const ws = await TestSocket.open(svc.wsUrl);
@@ -319,7 +319,7 @@ Deno.test("/v1/stream pushes stats frames after subscribe_stats and stops after 
 });
 
 Deno.test("/v1/stream requires the API key in the header or the api_key parameter", async () => {
-  await using svc = startService({}, { apiKeys: ["s3cret"] });
+  await using svc = await startService({}, { apiKeys: ["s3cret"] });
   const refused = await fetch(svc.base + "/v1/stream", { headers: { upgrade: "websocket" } });
   assertEquals(refused.status, 401);
   assertEquals((await refused.json()).error.code, "unauthorized");
@@ -341,7 +341,7 @@ Deno.test("/v1/stream requires the API key in the header or the api_key paramete
 });
 
 Deno.test("/v1/stream refuses new generations while draining", async () => {
-  await using svc = startService({ tokenDelayMs: 5 });
+  await using svc = await startService({ tokenDelayMs: 5 });
   const ws = await TestSocket.open(svc.wsUrl);
   try {
     ws.send({ type: "generate", id: "old", prompt: "finish me", max_tokens: 10, seed: 2 });
@@ -362,7 +362,7 @@ Deno.test("/v1/stream refuses new generations while draining", async () => {
 
 Deno.test("/v1/stream gives a client that stops reading backpressure, then disconnects it", async () => {
   const tokenBytes = 8192;
-  await using svc = startService(
+  await using svc = await startService(
     { tokenDelayMs: 0, tokenPadding: tokenBytes, contextLength: 1 << 30, maxWaiting: 0 },
     { wsHighWaterBytes: 256 * 1024, wsStallTimeoutMs: 1500 },
   );
@@ -394,7 +394,7 @@ Deno.test("/v1/stream gives a client that stops reading backpressure, then disco
 });
 
 Deno.test("/v1/stream lets a client reuse an id as soon as its done frame arrives", async () => {
-  await using svc = startService({ tokenDelayMs: 5, contextLength: 4096 });
+  await using svc = await startService({ tokenDelayMs: 5, contextLength: 4096 });
   const ws = await TestSocket.open(svc.wsUrl);
   try {
     ws.send({ type: "generate", id: "r", prompt: "short", max_tokens: 1 });
