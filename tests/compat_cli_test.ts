@@ -99,7 +99,7 @@ for (const stem of COMPAT_FILES) {
       }
       const log = await server.log();
       assert(log.includes(`backend   ${backend}`), log);
-      assert(/memory    weights [\d.]+ [KMG]iB, kv cache 16\.0 MiB/.test(log), log);
+      assert(/memory {4}weights [\d.]+ [KMG]iB, kv cache 16\.0 MiB/.test(log), log);
     });
   }
 }
