@@ -87,3 +87,21 @@ function request(maxTokens: number) {
     requestId: "r",
   };
 }
+
+Deno.test("CoreBackend.tokenize without special tokens drops only the BOS/EOS the vocabulary adds", async () => {
+  for (
+    const [addBos, addEos] of [[true, false], [false, false], [true, true], [false, true]] as const
+  ) {
+    const tok = new Tokenizer({ ...gguf.tokenizer!, addBos, addEos });
+    await withBackend(gguf, tok, (b) => {
+      const bare = tok.encode("Once upon", { bos: false, eos: false });
+      assertEquals(
+        b.tokenize("Once upon", { bos: false, special: false }),
+        bare,
+        `${addBos} ${addEos}`,
+      );
+      assertEquals(b.tokenize("Once upon", { bos: true, special: false }), tok.encode("Once upon"));
+      return Promise.resolve();
+    });
+  }
+});
