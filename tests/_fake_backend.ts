@@ -104,6 +104,8 @@ export class FakeBackend implements GenerationBackend {
   readonly chatTemplate?: string;
   readonly bosToken = "<s>";
   readonly eosToken = "</s>";
+  /** None: this fake reads every prompt as plain words, template text included. */
+  readonly specialTokens: readonly string[] = [];
   /** Every request the core has been asked to run, in order (tests assert the mapping). */
   readonly requests: GenerationRequest[] = [];
   /** Token events yielded so far, over all generations (tests watch it stop under backpressure). */

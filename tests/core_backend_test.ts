@@ -8,6 +8,7 @@ import { ServingCore } from "../actors/core.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
+import { CachedBackend } from "../lib/serving/cached_backend.ts";
 import { CoreBackend } from "../lib/serving/core_backend.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import type { GenerationEvent } from "../lib/core/generation.ts";
@@ -104,4 +105,13 @@ Deno.test("CoreBackend.tokenize without special tokens drops only the BOS/EOS th
       return Promise.resolve();
     });
   }
+});
+
+Deno.test("the chat renderer sees the vocabulary's special spellings through the result cache too", async () => {
+  const tok = new Tokenizer(gguf.tokenizer!);
+  await withBackend(gguf, tok, (b) => {
+    assertEquals([...b.specialTokens].sort(), ["</s>", "<s>", "<unk>"]);
+    assertEquals(new CachedBackend(b, 1 << 20).specialTokens, b.specialTokens);
+    return Promise.resolve();
+  });
 });
