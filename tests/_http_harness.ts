@@ -1,22 +1,26 @@
 import { type AppOptions, createApp, type ServiceApp } from "../lib/http/app.ts";
 import { type RunningServer, type ServeOptions, serveService } from "../lib/http/serve.ts";
 import { RequestLog } from "../lib/http/request_log.ts";
-import { FakeBackend, type FakeBackendOptions } from "./_fake_backend.ts";
+import { FakeCore, type FakeCoreOptions } from "./_fake_core.ts";
+import { assertEquals } from "@std/assert";
 
-/** A real server on 127.0.0.1 and a free port, over the fake core. */
+/**
+ * A real server on 127.0.0.1 and a free port, over the real serving core on the fake model.
+ * Disposing it stops both, and fails the test if the engine restarted with no fault injected.
+ */
 export interface TestService extends AsyncDisposable {
-  readonly backend: FakeBackend;
+  readonly backend: FakeCore;
   readonly service: ServiceApp;
   readonly base: string;
   readonly wsUrl: string;
 }
 
 export async function startService(
-  fake: FakeBackendOptions | FakeBackend = {},
+  fake: FakeCoreOptions | FakeCore = {},
   app: Omit<AppOptions, "backend"> = {},
   serve: Partial<ServeOptions> = {},
 ): Promise<TestService & { readonly server: RunningServer }> {
-  const backend = fake instanceof FakeBackend ? fake : new FakeBackend(fake);
+  const backend = fake instanceof FakeCore ? fake : new FakeCore(fake);
   // Request-log lines would clutter test output; tests of the log pass their own.
   const service = createApp({ backend, requestLog: new RequestLog("text", () => {}), ...app });
   const server = await serveService(service, {
@@ -36,6 +40,10 @@ export async function startService(
     async [Symbol.asyncDispose]() {
       service.close();
       await server.stop();
+      await backend.close();
+      if (!backend.injectsFaults) {
+        assertEquals(backend.restarts, 0, "the engine restarted with no fault injected");
+      }
     },
   };
 }

@@ -105,6 +105,20 @@ for (const [what, frame] of [["greedy", greedy], ["seeded", seeded]] as const) {
     assertEquals(metricValue(metrics, "llm_result_cache_entries"), 1);
     assertGreater(metricValue(metrics, "llm_result_cache_bytes")!, 0);
     assertGreater(metricValue(metrics, "llm_result_cache_saved_seconds_total")!, 0);
+    // The WebSocket stats feed (the playground's panel) carries the same counts.
+    const ws = await TestSocket.open(svc.ws);
+    try {
+      ws.send({ type: "subscribe_stats" });
+      const stats = await ws.take((f) => f.type === "stats");
+      assertEquals(stats.result_cache, {
+        hits: 1,
+        misses: 1,
+        entries: 1,
+        bytes: metricValue(metrics, "llm_result_cache_bytes"),
+      });
+    } finally {
+      await ws.close();
+    }
   });
 }
 
@@ -141,4 +155,66 @@ Deno.test("a changed parameter misses the cache; the same request over HTTP, str
   const metrics = await scrape(svc.base);
   assertEquals(metricValue(metrics, "llm_result_cache_hits_total"), 1);
   assertEquals(metricValue(metrics, "llm_result_cache_misses_total"), 2);
+});
+
+Deno.test("an identical request arriving while the first generates follows it instead of generating again", async () => {
+  let reference;
+  {
+    await using plain = await serveModel(0);
+    reference = await generate(plain.ws, { ...greedy, max_tokens: 200 });
+  }
+  await using svc = await serveModel(1 << 20);
+  const ws = await TestSocket.open(svc.ws);
+  try {
+    ws.send({ type: "generate", id: "a", ...greedy, max_tokens: 200 });
+    await ws.take((f) => f.id === "a" && f.type === "token", 20_000);
+    ws.send({ type: "generate", id: "b", ...greedy, max_tokens: 200 });
+    const [a, b] = [await ws.collect("a", 20_000), await ws.collect("b", 20_000)];
+    const ids = (frames: Array<Record<string, unknown>>) =>
+      frames.filter((f) => f.type === "token").flatMap((f) => f.token_ids as number[]);
+    // "a" lost its first token frame to take() above.
+    assertEquals(ids(b), reference.ids);
+    assertEquals(reference.ids.slice(-ids(a).length), ids(a));
+    assertEquals([a.at(-1)!.cached, b.at(-1)!.cached], [false, true]);
+    assertEquals(b.at(-1)!.usage, {
+      ...(reference.done.usage as Record<string, number>),
+      cached_tokens: (reference.done.usage as Record<string, number>).prompt_tokens,
+    });
+  } finally {
+    await ws.close();
+  }
+  const metrics = await scrape(svc.base);
+  assertEquals(metricValue(metrics, "llm_result_cache_misses_total"), 1);
+  assertEquals(metricValue(metrics, "llm_result_cache_hits_total"), 1);
+});
+
+Deno.test("a follower whose first request is cancelled generates for itself, with the same tokens", async () => {
+  let reference;
+  {
+    await using plain = await serveModel(0);
+    reference = await generate(plain.ws, { ...greedy, max_tokens: 200 });
+  }
+  await using svc = await serveModel(1 << 20);
+  const ws = await TestSocket.open(svc.ws);
+  try {
+    ws.send({ type: "generate", id: "a", ...greedy, max_tokens: 200 });
+    await ws.take((f) => f.id === "a" && f.type === "token", 20_000);
+    // Frames on one socket are handled in order: "b" follows "a" before "a" is cancelled.
+    ws.send({ type: "generate", id: "b", ...greedy, max_tokens: 200 });
+    ws.send({ type: "cancel", id: "a" });
+    const a = await ws.collect("a", 20_000);
+    const b = await ws.collect("b", 20_000);
+    assertEquals(a.at(-1)!.finish_reason, "cancelled");
+    const bIds = b.filter((f) => f.type === "token").flatMap((f) => f.token_ids as number[]);
+    assertEquals(bIds, reference.ids);
+    assertEquals(b.at(-1)!.finish_reason, reference.done.finish_reason);
+    // It generated, so it is not a cached answer.
+    assertEquals(b.at(-1)!.cached, false);
+  } finally {
+    await ws.close();
+  }
+  const metrics = await scrape(svc.base);
+  assertEquals(metricValue(metrics, "llm_result_cache_misses_total"), 2);
+  assertEquals(metricValue(metrics, "llm_result_cache_hits_total"), 0);
+  assertEquals(metricValue(metrics, "llm_result_cache_entries"), 1);
 });

@@ -1,5 +1,5 @@
 import { assert, assertEquals, assertGreater, assertLess, assertMatch } from "@std/assert";
-import { FakeBackend, fakeCountTokens, fakeToken } from "./_fake_backend.ts";
+import { FakeCore } from "./_fake_core.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import {
   metricValue,
@@ -7,14 +7,14 @@ import {
   postJson,
   scrape,
   startService,
+  type TestService,
   TestSocket,
   waitUntil,
 } from "./_http_harness.ts";
 
-function expectedText(prompt: string, seed: number, n: number): string {
-  let s = "";
-  for (let i = 0; i < n; i++) s += fakeToken(prompt, seed, i).text;
-  return s;
+/** The fake model's text for the prompt alone, under the sampling the core was asked for. */
+function expectedText(svc: TestService, prompt: string, n: number, request = 0): string {
+  return svc.backend.continuation(prompt, n, svc.backend.requests[request]!.sampling).text;
 }
 
 Deno.test("POST /v1/completions returns the core's text, usage and timings", async () => {
@@ -37,11 +37,11 @@ Deno.test("POST /v1/completions returns the core's text, usage and timings", asy
   assertMatch(body.id, /^cmpl-[0-9a-f]{32}$/);
   assertEquals(body.object, "text_completion");
   assertEquals(body.model, "fake-llama");
-  assertEquals(body.choices[0].text, expectedText("Once upon a time", 11, 7));
+  assertEquals(body.choices[0].text, expectedText(svc, "Once upon a time", 7));
   assertEquals(body.choices[0].finish_reason, "length");
   assertEquals(body.choices[0].logprobs.tokens.join(""), body.choices[0].text);
   assertEquals(body.choices[0].logprobs.token_logprobs.length, 7);
-  const p = fakeCountTokens("Once upon a time");
+  const p = svc.backend.countTokens("Once upon a time");
   assertEquals(body.usage, {
     prompt_tokens: p,
     completion_tokens: 7,
@@ -82,7 +82,7 @@ Deno.test("POST /v1/completions with stream:true sends SSE chunks, usage, then [
   assertEquals(usage.usage.completion_tokens, 5);
   const withChoices = chunks.slice(0, -1);
   assert(withChoices.every((c) => c.object === "text_completion" && c.usage === null));
-  assertEquals(withChoices.map((c) => c.choices[0].text).join(""), expectedText("a b c", 4, 5));
+  assertEquals(withChoices.map((c) => c.choices[0].text).join(""), expectedText(svc, "a b c", 5));
   assertEquals(withChoices.at(-1)!.choices[0].finish_reason, "length");
   assert(withChoices.slice(0, -1).every((c) => c.choices[0].finish_reason === null));
   assertEquals(new Set(chunks.map((c) => c.id)).size, 1);
@@ -113,11 +113,11 @@ Deno.test("POST /v1/chat/completions uses the plain chat format without a templa
   assertEquals(body.object, "chat.completion");
   assertEquals(body.choices[0].message, {
     role: "assistant",
-    content: expectedText(prompt, 9, 6),
+    content: expectedText(svc, prompt, 6),
     refusal: null,
   });
   assertEquals(body.choices[0].logprobs.content.length, 6);
-  assertEquals(body.usage.prompt_tokens, fakeCountTokens(prompt));
+  assertEquals(body.usage.prompt_tokens, svc.backend.countTokens(prompt));
 });
 
 Deno.test("POST /v1/chat/completions renders the model's Jinja chat template", async () => {
@@ -134,10 +134,12 @@ Deno.test("POST /v1/chat/completions renders the model's Jinja chat template", a
   });
   assertEquals(res.status, 200);
   await res.body?.cancel();
-  // Rendered by hand from the template: each block emits its text then a newline.
+  // Rendered by hand from the template: each block emits its text then a newline. tok512's
+  // EOS piece is "\n</s>\n" (llama2.c's export).
+  const eos = "\n</s>\n";
   assertEquals(
     svc.backend.requests[0]!.prompt,
-    "<|system|>\nBe kind.</s>\n<|user|>\nHi</s>\n<|assistant|>\n",
+    `<|system|>\nBe kind.${eos}\n<|user|>\nHi${eos}\n<|assistant|>\n`,
   );
   assertEquals(svc.backend.requests[0]!.stop, []);
 });
@@ -155,7 +157,7 @@ Deno.test("POST /v1/chat/completions stream:true sends role, deltas, finish, usa
   const chunks = events.slice(0, -1);
   assertEquals(chunks[0]!.choices[0].delta, { role: "assistant", content: "" });
   const text = chunks.map((c) => c.choices[0].delta.content ?? "").join("");
-  assertEquals(text, expectedText("User: Hello\nAssistant:", 1, 4));
+  assertEquals(text, expectedText(svc, "User: Hello\nAssistant:", 4));
   assertEquals(chunks.at(-1)!.choices[0], {
     index: 0,
     delta: {},
@@ -300,7 +302,8 @@ Deno.test("every request error answers with its status, code, field and received
       code: "context_length_exceeded",
       param: "prompt",
       type: "invalid_request_error",
-      message: /prompt is 81 tokens but the model's context is 64 tokens/,
+      // tok512 spells "w " as one token, the trailing space as another, plus BOS.
+      message: /prompt is 82 tokens but the model's context is 64 tokens/,
     },
     {
       name: "chat too long",
@@ -310,7 +313,7 @@ Deno.test("every request error answers with its status, code, field and received
       code: "context_length_exceeded",
       param: "messages",
       type: "invalid_request_error",
-      message: /is 8\d tokens .* 64 tokens/,
+      message: /is 9\d tokens .* 64 tokens/,
     },
     {
       name: "body too large",
@@ -377,7 +380,7 @@ Deno.test("max_tokens beyond the context is capped to what the context has left"
     max_tokens: 5000,
   }))
     .json();
-  const room = 40 - fakeCountTokens("one two three");
+  const room = 40 - svc.backend.countTokens("one two three");
   assertEquals(svc.backend.requests[0]!.maxTokens, room);
   assertEquals(body.usage.completion_tokens, room);
   assertEquals(body.choices[0].finish_reason, "length");
@@ -406,7 +409,7 @@ Deno.test("a full queue answers 503 overloaded with Retry-After, streaming or no
     assertEquals(res.headers.get("retry-after"), "7");
     const err = (await res.json()).error;
     assertEquals([err.code, err.type], ["overloaded", "service_unavailable_error"]);
-    assertMatch(err.message, /the limit is 1/);
+    assertMatch(err.message, /the limit is 0/);
   }
   holder.abort();
   await reader.cancel().catch(() => {});
@@ -469,7 +472,7 @@ Deno.test("an executor error mid-stream ends the SSE stream with an error event"
   const events = parseSse(await res.text()) as Array<Record<string, any>>;
   const last = events.at(-1)!;
   assertEquals(last.error.code, "internal");
-  assertMatch(last.error.message, /fake executor failure/);
+  assertMatch(last.error.message, /the engine crashed in 4 steps that included this request/);
   assertEquals(events.filter((e) => e.choices !== undefined).length, 2);
   assert(!(events as unknown[]).includes("[DONE]"));
   // Non-streaming: the same failure is a 500.
@@ -526,7 +529,7 @@ Deno.test("API keys: /v1 and /metrics need a valid bearer token, /health stays o
   assertEquals(svc.backend.requests.length, 2);
 });
 
-Deno.test("GET /ready reports loading, executor health and draining; /v1/models lists the model", async () => {
+Deno.test("GET /ready reports loading, a dead executor and draining; /v1/models lists the model", async () => {
   await using svc = await startService({ tokenDelayMs: 5 }, { ready: false });
   const get = async (path: string) => {
     const r = await fetch(svc.base + path);
@@ -538,18 +541,21 @@ Deno.test("GET /ready reports loading, executor health and draining; /v1/models 
   }]);
   svc.service.setReady(true);
   assertEquals(await get("/ready"), [200, { status: "ready" }]);
-  svc.backend.executorHealthy = false;
-  assertEquals(await get("/ready"), [503, {
-    status: "unavailable",
-    reasons: ["executor unhealthy"],
-  }]);
-  svc.backend.executorHealthy = true;
   const [status, models] = await get("/v1/models");
   assertEquals(status, 200);
   assertEquals(models.object, "list");
   assertEquals(models.data.map((m: { id: string }) => m.id), ["fake-llama"]);
   assertEquals((await get("/v1/models/fake-llama"))[0], 200);
   assertEquals((await get("/v1/models/other"))[0], 404);
+  // The engine dies and cannot be rebuilt: the request fails, and the core reports it down.
+  svc.backend.breakEngine();
+  const failed = await postJson(svc.base + "/v1/completions", { prompt: "x", max_tokens: 2 });
+  assertEquals(failed.status, 500);
+  await failed.body?.cancel();
+  assertEquals(await get("/ready"), [503, {
+    status: "unavailable",
+    reasons: ["executor unhealthy"],
+  }]);
 });
 
 Deno.test("drain(): /ready 503, new requests 503 draining, in-flight requests finish", async () => {
@@ -617,7 +623,7 @@ Deno.test("drain() answers a non-streaming generation cut off at its deadline wi
 });
 
 Deno.test("a core that throws is answered as an internal error, and nothing stays in flight", async () => {
-  class ThrowingBackend extends FakeBackend {
+  class ThrowingBackend extends FakeCore {
     override generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
       if (req.prompt === "sync") throw new Error("scheduler exploded");
       const inner = super.generate(req, signal);
@@ -648,9 +654,9 @@ Deno.test("a core that throws is answered as an internal error, and nothing stay
 });
 
 Deno.test("max_tokens beyond the context's room is lowered to fit, and the response and frames say so", async () => {
-  await using svc = await startService({ contextLength: 16 });
-  // "one two three" is 4 tokens with BOS: 12 positions are left.
-  for (const [asked, capped, n] of [[100, true, 12], [5, false, 5]] as const) {
+  await using svc = await startService({ contextLength: 32 });
+  // tok512 spells "one two three" in 9 tokens with BOS: 23 positions are left.
+  for (const [asked, capped, n] of [[100, true, 23], [5, false, 5]] as const) {
     const res = await postJson(svc.base + "/v1/completions", {
       prompt: "one two three",
       max_tokens: asked,
@@ -671,7 +677,7 @@ Deno.test("max_tokens beyond the context's room is lowered to fit, and the respo
   try {
     ws.send({ type: "generate", id: "c", prompt: "one two three", max_tokens: 50 });
     const frames = await ws.collect("c");
-    assertEquals([frames[0]!.max_tokens, frames[0]!.max_tokens_capped], [12, true]);
+    assertEquals([frames[0]!.max_tokens, frames[0]!.max_tokens_capped], [23, true]);
     assertEquals(frames.at(-1)!.max_tokens_capped, true);
   } finally {
     await ws.close();

@@ -90,7 +90,7 @@ Deno.test("GET /metrics exposes every service metric with the right type and val
     llm_requests_running: "gauge",
     llm_requests_waiting: "gauge",
     llm_kv_blocks_used: "gauge",
-    llm_kv_blocks_total: "gauge",
+    llm_kv_blocks_capacity: "gauge",
     llm_prefix_cache_hit_rate: "gauge",
     llm_executor_busy_fraction: "gauge",
     llm_executor_healthy: "gauge",
@@ -106,7 +106,7 @@ Deno.test("GET /metrics exposes every service metric with the right type and val
   };
   for (const [name, type] of Object.entries(want)) assertEquals(types.get(name), type, name);
   assertEquals(metricValue(text, "llm_generation_tokens_total"), 6);
-  assertEquals(metricValue(text, "llm_prompt_tokens_total"), 3);
+  assertEquals(metricValue(text, "llm_prompt_tokens_total"), svc.backend.countTokens("count me"));
   assertEquals(metricValue(text, "llm_time_to_first_token_seconds_count"), 1);
   assertEquals(metricValue(text, "llm_inter_token_latency_seconds_count"), 5);
   assertEquals(metricValue(text, "llm_e2e_request_latency_seconds_count"), 1);
@@ -115,7 +115,7 @@ Deno.test("GET /metrics exposes every service metric with the right type and val
   assertEquals(metricValue(text, 'llm_batch_size_bucket{le="4"}'), 0);
   assertEquals(metricValue(text, "llm_step_duration_seconds_sum"), 0.012);
   assertEquals(metricValue(text, "llm_executor_restarts_total"), 1);
-  assertEquals(metricValue(text, "llm_kv_blocks_total"), svc.backend.stats().kvBlocksTotal);
+  assertEquals(metricValue(text, "llm_kv_blocks_capacity"), svc.backend.stats().kvBlocksTotal);
   assertEquals(
     metricValue(text, 'llm_generations_total{api="completions",finish_reason="length"}'),
     1,

@@ -2,7 +2,7 @@ import { assert, assertEquals, assertMatch } from "@std/assert";
 import { context } from "@opentelemetry/api";
 import { createApp } from "../lib/http/app.ts";
 import { formatText, RequestLog, type RequestLogEntry } from "../lib/http/request_log.ts";
-import { FakeBackend } from "./_fake_backend.ts";
+import { FakeCore } from "./_fake_core.ts";
 import { postJson, startService, TestSocket, waitUntil } from "./_http_harness.ts";
 
 /** A JSON-lines request log captured in memory. */
@@ -57,7 +57,11 @@ Deno.test("every HTTP request gets one log line: successes, client errors, auth 
   const first = cap.entries()[0]!;
   assertEquals(first.request_id, "client-id-1");
   assertEquals([first.method, first.route, first.status], ["POST", "/v1/completions", 200]);
-  assertEquals([first.prompt_tokens, first.completion_tokens, first.cached], [3, 5, false]);
+  assertEquals([first.prompt_tokens, first.completion_tokens, first.cached], [
+    svc.backend.countTokens("one two"),
+    5,
+    false,
+  ]);
   assert(typeof first.ttft_ms === "number" && first.ttft_ms <= first.total_ms);
   assertEquals(byStatus.get(400)?.code, "invalid_request");
   assertEquals(byStatus.get(401)?.code, "unauthorized");
@@ -114,7 +118,12 @@ Deno.test("WebSocket generations get a line each, refused ones too, ids prefixed
     "/v1/stream",
     "sock-7",
   ]);
-  assertEquals([a!.method, a!.status, a!.completion_tokens, a!.prompt_tokens], ["WS", 200, 3, 3]);
+  assertEquals([a!.method, a!.status, a!.completion_tokens, a!.prompt_tokens], [
+    "WS",
+    200,
+    3,
+    svc.backend.countTokens("the cat"),
+  ]);
   assertMatch(a!.request_id, /^sock-7\.\d+\/a$/);
   assertEquals([b!.status, b!.code], [400, "context_length_exceeded"]);
   assertMatch(b!.request_id, /^sock-7\.\d+\/b$/);
@@ -154,8 +163,9 @@ Deno.test("the request id is on the request's llm.request span", async () => {
       };
     },
   };
+  await using backend = new FakeCore();
   const service = createApp({
-    backend: new FakeBackend(),
+    backend,
     tracer: tracer as never,
     requestLog: new RequestLog("text", () => {}),
   });

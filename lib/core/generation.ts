@@ -134,6 +134,6 @@ export interface GenerationBackend {
   readonly bosToken: string;
   readonly eosToken: string;
   /** Spellings of the tokens only template text may produce (control, user-defined): the chat renderer keeps client text from spelling them. */
-  readonly specialTokens?: readonly string[];
+  readonly specialTokens: readonly string[];
   stats(): CoreStats;
 }
