@@ -20,6 +20,12 @@ export const SETTINGS = {
   maxWaiting: { env: "LLMSERVE_MAX_WAITING", help: "queued requests before answering overloaded" },
   pipelineDepth: { env: "LLMSERVE_PIPELINE_DEPTH", help: "steps submitted ahead of their results" },
   apiKey: { env: "LLMSERVE_API_KEYS", help: "accepted API keys (env: comma-separated)" },
+  nats: {
+    env: "LLMSERVE_NATS",
+    help: "NATS server(s) to also serve as a replica on: nats://[user:pass@|token@]host:port",
+  },
+  natsCreds: { env: "LLMSERVE_NATS_CREDS", help: "NATS .creds file (JWT + NKey seed)" },
+  routing: { env: "LLMSERVE_ROUTING", help: "router: prefix | least-loaded | round-robin" },
   drainTimeout: {
     env: "LLMSERVE_DRAIN_TIMEOUT",
     help: "seconds to let in-flight requests finish on SIGTERM",
@@ -58,6 +64,9 @@ export const ConfigSchema = z.object({
   pipelineDepth: positiveInt("pipelineDepth").max(8, "pipelineDepth must be at most 8").default(3),
   apiKey: z.array(z.string().min(8, "API keys must have at least 8 characters")).default([]),
   drainTimeout: z.coerce.number().nonnegative().default(30),
+  nats: z.string().min(1).optional(),
+  natsCreds: z.string().min(1).optional(),
+  routing: z.enum(["prefix", "least-loaded", "round-robin"]).default("prefix"),
 });
 
 export type Config = z.infer<typeof ConfigSchema>;

@@ -11,6 +11,11 @@ import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { kvBlockBytes } from "../engine/kv_budget.ts";
+import { connectNats } from "../cluster/nats_connection.ts";
+import { ReplicaAgent } from "../cluster/replica.ts";
+import { randomId } from "../cluster/subjects.ts";
+import type { Model } from "../model/weights.ts";
+import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",
@@ -27,6 +32,8 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "pipeline-depth": "pipelineDepth",
   "api-key": "apiKey",
   "drain-timeout": "drainTimeout",
+  "nats": "nats",
+  "nats-creds": "natsCreds",
   "models-dir": "modelsDir",
 };
 
@@ -127,6 +134,13 @@ export async function serveCommand(argv: string[]): Promise<number> {
     drainTimeoutMs: config.drainTimeout * 1000,
   });
   const c = model.config;
+  const replica = config.nats === undefined ? undefined : await startReplica(config, {
+    backend,
+    core,
+    model,
+    tokenizer,
+    log,
+  });
   const server = serveService(service, {
     hostname: config.host,
     port: config.port,
@@ -141,6 +155,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
         } (${numBlocks * config.blockSize} tokens)`,
         `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${config.pipelineDepth}`,
         `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
+        ...(replica ? [`  replica   ${replica.agent.id} on NATS ${replica.where}`] : []),
         `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
         ...(faults
           ? [
@@ -151,6 +166,11 @@ export async function serveCommand(argv: string[]): Promise<number> {
     },
   });
   const result = await server.closed;
+  if (replica) {
+    const r = await replica.drained;
+    log(`replica drained: ${r.completed ? "all NATS streams finished" : `${r.aborted} aborted`}`);
+    await replica.close();
+  }
   await core.close();
   log(
     `drained: ${
@@ -160,6 +180,78 @@ export async function serveCommand(argv: string[]): Promise<number> {
     }`,
   );
   return 0;
+}
+
+/**
+ * The replica role beside the HTTP server: the same core takes generations from routers over
+ * NATS. On SIGTERM/SIGINT it leaves the rotation at once, then drains with the HTTP side.
+ */
+async function startReplica(
+  config: Config,
+  deps: {
+    backend: CoreBackend;
+    core: ServingCore;
+    model: Model;
+    tokenizer: Tokenizer;
+    log: (line: string) => void;
+  },
+) {
+  const id = randomId("replica");
+  const nc = await connectNats({
+    url: config.nats!,
+    credsFile: config.natsCreds,
+    name: id,
+    log: deps.log,
+  });
+  const { backend, core, model, tokenizer } = deps;
+  const t = model.tokenizer!;
+  const agent = new ReplicaAgent(nc, {
+    backend,
+    blockSize: config.blockSize,
+    info: {
+      modelName: backend.modelName,
+      contextLength: backend.contextLength,
+      vocabSize: tokenizer.vocabSize,
+      bosToken: backend.bosToken,
+      eosToken: backend.eosToken,
+      chatTemplate: backend.chatTemplate,
+      tokenizer: {
+        tokens: [...t.tokens],
+        scores: Array.from(t.scores),
+        tokenTypes: t.tokenTypes === undefined ? undefined : Array.from(t.tokenTypes),
+        bosId: t.bosId,
+        eosId: t.eosId,
+      },
+    },
+    load: () => {
+      const s = core.schedulerStats();
+      return {
+        running: s.running,
+        waiting: s.waiting,
+        maxRunning: config.maxRunning,
+        maxWaiting: config.maxWaiting,
+        kvBlocksUsed: s.kvBlocksUsed,
+        kvBlocksTotal: s.kvBlocksTotal,
+        prefixQueryTokens: s.prefixQueryTokens,
+        prefixHitTokens: s.prefixHitTokens,
+      };
+    },
+    cachedBlockHashes: (limit) => core.cachedBlockHashes(limit),
+  }, { id, log: deps.log });
+  agent.start();
+  let resolveDrained!: (r: { completed: boolean; aborted: number }) => void;
+  const drained = new Promise<{ completed: boolean; aborted: number }>((r) => resolveDrained = r);
+  const onSignal = () => {
+    for (const s of ["SIGTERM", "SIGINT"] as const) Deno.removeSignalListener(s, onSignal);
+    agent.drain(config.drainTimeout * 1000).then(resolveDrained);
+  };
+  for (const s of ["SIGTERM", "SIGINT"] as const) Deno.addSignalListener(s, onSignal);
+  return {
+    agent,
+    drained,
+    where: nc.getServer(),
+    close: () => nc.close(),
+  };
 }
 
 /**

@@ -99,4 +99,9 @@ export interface GenerationBackend {
   readonly bosToken: string;
   readonly eosToken: string;
   stats(): CoreStats;
+  /**
+   * Why it cannot take work now, for /ready (a router: no replica in rotation). Absent: the
+   * executor's health decides.
+   */
+  readinessProblems?(): string[];
 }

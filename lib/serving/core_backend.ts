@@ -6,17 +6,15 @@ import type {
   GenerationRequest,
 } from "../core/generation.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
+import { PromptEncoder } from "./prompt_encoder.ts";
 
-/**
- * Presents the serving core to the HTTP layer. Chat templates render the BOS token as text
- * ("<s>"); the core adds BOS itself, so a leading BOS text is dropped here rather than being
- * tokenized as the characters "<", "s", ">".
- */
+/** Presents the serving core to the HTTP layer (prompts encoded by a PromptEncoder). */
 export class CoreBackend implements GenerationBackend {
   readonly contextLength: number;
   readonly bosToken: string;
   readonly eosToken: string;
   readonly vocabSize: number;
+  readonly #prompts: PromptEncoder;
 
   constructor(
     readonly modelName: string,
@@ -28,6 +26,7 @@ export class CoreBackend implements GenerationBackend {
     this.bosToken = tokenizer.tokenText(tokenizer.bosId);
     this.eosToken = tokenizer.tokenText(tokenizer.eosId);
     this.vocabSize = tokenizer.vocabSize;
+    this.#prompts = new PromptEncoder(tokenizer);
   }
 
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
@@ -35,33 +34,16 @@ export class CoreBackend implements GenerationBackend {
     // (run.c stops there too), so it ends the generation like EOS.
     const stopTokenIds = [this.tokenizer.bosId, ...(req.stopTokenIds ?? [])];
     const prompt = typeof req.prompt === "string"
-      ? this.#encode(req.prompt, req.parseSpecialTokens ?? false)
+      ? this.#prompts.encode(req.prompt, req.parseSpecialTokens ?? false)
       : req.prompt;
     return this.core.generate({ ...req, prompt, stopTokenIds }, signal);
   }
 
   countTokens(text: string, opts: { special?: boolean } = {}): number {
-    return this.#encode(text, opts.special ?? false).length;
+    return this.#prompts.encode(text, opts.special ?? false).length;
   }
 
   stats(): CoreStats {
     return this.core.stats();
-  }
-
-  /**
-   * The HTTP layer counts a prompt's tokens (to check the context) right before it generates
-   * from it: remembering the last encoding means the prompt is tokenized once, not twice.
-   */
-  #last?: { text: string; special: boolean; ids: number[] };
-
-  #encode(text: string, special: boolean): number[] {
-    const last = this.#last;
-    if (last !== undefined && last.text === text && last.special === special) return last.ids;
-    const body = this.bosToken !== "" && text.startsWith(this.bosToken)
-      ? text.slice(this.bosToken.length)
-      : text;
-    const ids = this.tokenizer.encode(body, { bos: true, special });
-    this.#last = { text, special, ids };
-    return ids;
   }
 }

@@ -1,0 +1,99 @@
+/**
+ * The routing rule, as a pure function of what the router knows about its replicas.
+ *
+ * - least-loaded (default for prompts nobody has cached): the fewest running + waiting
+ *   requests; ties go to the replica this router sent the fewest requests to, then by id.
+ * - prefix: the replica whose prefix-cache summary holds the longest run of the prompt's
+ *   leading blocks, unless it is much busier than the least loaded one (more than
+ *   max(absSlack, relSlack x its load) requests ahead), in which case least-loaded decides.
+ *   This is SGLang's cache-aware rule (longest prefix match, with a load-imbalance escape
+ *   hatch) rather than Dynamo's cost function (overlap blocks against KV load), because the
+ *   only cost that matters here is recomputing the prefix, and a replica's queue is what
+ *   makes it "busier"; SGLang's global imbalance check is made per candidate instead.
+ * - round-robin: for comparison (benchmarks and tests).
+ *
+ * Full replicas (running + waiting at their limits) never get work; when all are full the
+ * answer is "overloaded".
+ */
+
+export type RoutingPolicy = "prefix" | "least-loaded" | "round-robin";
+
+export const ROUTING_POLICIES: readonly RoutingPolicy[] = ["prefix", "least-loaded", "round-robin"];
+
+export interface Candidate {
+  readonly id: string;
+  /** Requests running or waiting there. */
+  readonly load: number;
+  /** Load at which it refuses more (maxRunning + maxWaiting). */
+  readonly capacity: number;
+  /** Requests this router has sent it so far (tie-break that spreads new work). */
+  readonly routed: number;
+  /** Leading prompt blocks it holds (0 when unknown). */
+  readonly matchedBlocks: number;
+}
+
+export type RoutingChoice =
+  | {
+    readonly kind: "replica";
+    readonly id: string;
+    readonly reason: "prefix" | "least_loaded" | "round_robin";
+    readonly matchedBlocks: number;
+  }
+  | { readonly kind: "overloaded" }
+  | { readonly kind: "none" };
+
+export interface RoutingOptions {
+  readonly policy: RoutingPolicy;
+  /** Requests a prefix holder may be ahead of the least loaded replica (default 4). */
+  readonly absSlack?: number;
+  /** ...or this fraction of the least loaded one's load, whichever is more (default 0.5). */
+  readonly relSlack?: number;
+  /** Round-robin position (the caller increments it). */
+  readonly turn?: number;
+}
+
+function byLoad(a: Candidate, b: Candidate): number {
+  return a.load - b.load || a.routed - b.routed || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
+}
+
+export function chooseReplica(
+  candidates: readonly Candidate[],
+  opts: RoutingOptions,
+): RoutingChoice {
+  if (candidates.length === 0) return { kind: "none" };
+  const open = candidates.filter((c) => c.load < c.capacity);
+  if (open.length === 0) return { kind: "overloaded" };
+  if (opts.policy === "round-robin") {
+    const sorted = [...open].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    const c = sorted[(opts.turn ?? 0) % sorted.length]!;
+    return { kind: "replica", id: c.id, reason: "round_robin", matchedBlocks: c.matchedBlocks };
+  }
+  const least = [...open].sort(byLoad)[0]!;
+  if (opts.policy === "prefix") {
+    let best: Candidate | undefined;
+    for (const c of open) {
+      if (c.matchedBlocks === 0) continue;
+      if (
+        best === undefined || c.matchedBlocks > best.matchedBlocks ||
+        (c.matchedBlocks === best.matchedBlocks && byLoad(c, best) < 0)
+      ) best = c;
+    }
+    const slack = Math.max(opts.absSlack ?? 4, (opts.relSlack ?? 0.5) * least.load);
+    if (best !== undefined && best.load - least.load <= slack) {
+      return { kind: "replica", id: best.id, reason: "prefix", matchedBlocks: best.matchedBlocks };
+    }
+  }
+  return {
+    kind: "replica",
+    id: least.id,
+    reason: "least_loaded",
+    matchedBlocks: least.matchedBlocks,
+  };
+}
+
+/** Leading entries of `promptHashes` found in `cached`: the blocks a replica would reuse. */
+export function matchedBlocks(promptHashes: readonly number[], cached: ReadonlySet<number>): number {
+  let n = 0;
+  while (n < promptHashes.length && cached.has(promptHashes[n]!)) n++;
+  return n;
+}
