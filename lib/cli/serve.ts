@@ -197,12 +197,8 @@ async function startReplica(
   },
 ) {
   const id = randomId("replica");
-  const nc = await connectNats({
-    url: config.nats!,
-    credsFile: config.natsCreds,
-    name: id,
-    log: deps.log,
-  });
+  const natsOptions = { url: config.nats!, credsFile: config.natsCreds, name: id };
+  const nc = await connectNats({ ...natsOptions, log: deps.log });
   const { backend, core, model, tokenizer } = deps;
   const t = model.tokenizer!;
   const agent = new ReplicaAgent(nc, {
@@ -238,7 +234,7 @@ async function startReplica(
     },
     cachedBlockHashes: (limit) => core.cachedBlockHashes(limit),
   }, { id, log: deps.log });
-  agent.start();
+  await agent.start(natsOptions);
   let resolveDrained!: (r: { completed: boolean; aborted: number }) => void;
   const drained = new Promise<{ completed: boolean; aborted: number }>((r) => resolveDrained = r);
   const onSignal = () => {

@@ -45,6 +45,11 @@ export const HeartbeatSchema = z.object({
   beat: nonNegative,
   /** The replica's own period, so a router can tell a late beat from a slow one. */
   intervalMs: int.positive(),
+  /**
+   * Age of the load figures: the beat comes from a worker thread, the figures from the main
+   * thread, which a long engine step can block. A router drops a replica stalled for long.
+   */
+  stalledMs: nonNegative,
   draining: z.boolean(),
   model: z.string(),
   load: LoadSchema,

@@ -68,8 +68,10 @@ export async function connectNats(opts: NatsOptions): Promise<NatsConnection> {
     maxReconnectAttempts: -1,
     reconnectTimeWait: 250,
     reconnectJitter: 100,
-    pingInterval: 2_000,
-    maxPingOut: 2,
+    // A CPU engine step can block this thread for seconds: pings must tolerate that (a dead
+    // server is seen at once anyway, by the socket closing).
+    pingInterval: 10_000,
+    maxPingOut: 3,
     waitOnFirstConnect: false,
   }).catch((e: unknown) => {
     throw new Error(

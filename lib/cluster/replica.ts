@@ -10,6 +10,7 @@ import {
   ReplicaRequest,
 } from "./messages.ts";
 import { subjects } from "./subjects.ts";
+import type { NatsOptions } from "./nats_connection.ts";
 
 /** What a replica reports and serves, taken from the running server. */
 export interface ReplicaSource {
@@ -98,6 +99,7 @@ export class ReplicaAgent {
   #timer: ReturnType<typeof setInterval> | undefined;
   #beat = 0;
   #draining = false;
+  #worker: Worker | undefined;
 
   constructor(nc: NatsConnection, source: ReplicaSource, opts: ReplicaAgentOptions) {
     this.#nc = nc;
@@ -117,14 +119,42 @@ export class ReplicaAgent {
     return this.#draining;
   }
 
-  /** Subscribes to its request subject and starts heartbeating (the first beat at once). */
-  start(): void {
+  /**
+   * Subscribes to its request subject and starts heartbeating (the first beat at once). With
+   * `workerNats`, heartbeats come from a worker thread with its own connection made with
+   * those options (see heartbeat_worker.ts); without, from this thread.
+   */
+  async start(workerNats?: NatsOptions): Promise<void> {
     this.#sub = this.#nc.subscribe(subjects.requests(this.id), {
       callback: (err, msg) => {
         if (err === null) this.#onRequest(msg);
       },
     });
-    this.#heartbeat();
+    await this.#nc.flush();
+    if (workerNats !== undefined) {
+      const w = new Worker(new URL("./heartbeat_worker.ts", import.meta.url).href, {
+        type: "module",
+      });
+      this.#worker = w;
+      const started = new Promise<void>((resolve, reject) => {
+        w.onmessage = (e) => {
+          if ((e.data as { type: string }).type === "started") resolve();
+        };
+        w.onerror = (e) => {
+          e.preventDefault();
+          reject(new Error(`The heartbeat worker failed: ${e.message}`));
+        };
+      });
+      w.postMessage({
+        type: "start",
+        nats: workerNats,
+        snapshot: this.#snapshot(),
+        intervalMs: this.#heartbeatMs,
+      });
+      await started;
+    } else {
+      this.#heartbeat();
+    }
     this.#timer = setInterval(() => this.#heartbeat(), this.#heartbeatMs);
   }
 
@@ -153,6 +183,18 @@ export class ReplicaAgent {
   async close(): Promise<void> {
     if (this.#timer !== undefined) clearInterval(this.#timer);
     this.#timer = undefined;
+    const w = this.#worker;
+    this.#worker = undefined;
+    if (w !== undefined) {
+      const stopped = new Promise<void>((resolve) => {
+        w.onmessage = (e) => {
+          if ((e.data as { type: string }).type === "stopped") resolve();
+        };
+      });
+      w.postMessage({ type: "stop" });
+      await Promise.race([stopped, new Promise((r) => setTimeout(r, 2000))]);
+      w.terminate();
+    }
     if (!this.#nc.isClosed()) {
       this.#nc.publish(subjects.announce, encodeMessage({ type: "goodbye", replica: this.id }));
       this.#sub?.unsubscribe();
@@ -160,12 +202,22 @@ export class ReplicaAgent {
     }
   }
 
+  /** Sends the current state: through the worker, or directly. */
   #heartbeat(): void {
     if (this.#nc.isClosed()) return;
-    const hb: Heartbeat = {
+    if (this.#worker !== undefined) {
+      this.#worker.postMessage({ type: "snapshot", snapshot: this.#snapshot() });
+      if (this.#draining) this.#worker.postMessage({ type: "beat" });
+      return;
+    }
+    const hb: Heartbeat = { ...this.#snapshot(), beat: this.#beat++, stalledMs: 0 };
+    this.#nc.publish(subjects.announce, encodeMessage(hb));
+  }
+
+  #snapshot(): Omit<Heartbeat, "beat" | "stalledMs"> {
+    return {
       type: "heartbeat",
       replica: this.id,
-      beat: this.#beat++,
       intervalMs: this.#heartbeatMs,
       draining: this.#draining,
       model: this.#src.info.modelName,
@@ -176,7 +228,6 @@ export class ReplicaAgent {
       },
       streamIds: [...this.#streams.keys()],
     };
-    this.#nc.publish(subjects.announce, encodeMessage(hb));
   }
 
   #onRequest(msg: Msg): void {
@@ -218,7 +269,10 @@ export class ReplicaAgent {
     const m = s.msg;
     let seq = 0;
     const send = (event: GenerationEvent) => {
-      this.#nc.publish(m.replyTo, encodeMessage({ type: "event", stream: m.stream, seq: seq++, event }));
+      this.#nc.publish(
+        m.replyTo,
+        encodeMessage({ type: "event", stream: m.stream, seq: seq++, event }),
+      );
     };
     if (this.#draining) {
       send({

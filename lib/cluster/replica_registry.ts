@@ -20,6 +20,8 @@ export interface ReplicaView {
 export interface RegistryOptions {
   /** A replica silent this long leaves the rotation (default 1500 ms). */
   readonly staleAfterMs?: number;
+  /** ...and one whose load figures are this old (its main thread hangs; default 15 s). */
+  readonly stalledAfterMs?: number;
   readonly now?: () => number;
   /** Replicas serving another model are never used; the first one seen decides (or this). */
   readonly model?: string;
@@ -36,6 +38,7 @@ export interface RegistryOptions {
 export class ReplicaRegistry {
   readonly #views = new Map<string, ReplicaView>();
   readonly #staleAfterMs: number;
+  readonly #stalledAfterMs: number;
   readonly #now: () => number;
   readonly #log: (line: string) => void;
   #model: string | undefined;
@@ -43,6 +46,7 @@ export class ReplicaRegistry {
 
   constructor(opts: RegistryOptions = {}) {
     this.#staleAfterMs = opts.staleAfterMs ?? 1500;
+    this.#stalledAfterMs = opts.stalledAfterMs ?? 15_000;
     this.#now = opts.now ?? (() => performance.now());
     this.#model = opts.model;
     this.#log = opts.log ?? (() => {});
@@ -113,7 +117,16 @@ export class ReplicaRegistry {
   }
 
   isLive(v: ReplicaView): boolean {
-    return this.#now() - v.lastSeen <= this.#staleAfterMs;
+    return this.#now() - v.lastSeen <= this.#staleAfterMs &&
+      v.heartbeat.stalledMs <= this.#stalledAfterMs;
+  }
+
+  /**
+   * This router's own event loop did not run for `ms` (a contended machine): heartbeats that
+   * arrived meanwhile are still unread, so that time does not count as the replicas' silence.
+   */
+  forgive(ms: number): void {
+    for (const v of this.#views.values()) v.lastSeen += ms;
   }
 
   /** Forgets replicas silent for a long time (ten times the staleness bound). */
@@ -147,6 +160,7 @@ export class ReplicaRegistry {
         capacity: l.maxRunning + l.maxWaiting,
         routed: v.routed,
         matchedBlocks: matchedBlocks(promptHashesFor(v.heartbeat.prefix.blockSize), v.cached),
+        cachedBlocks: v.cached.size,
       };
     });
   }

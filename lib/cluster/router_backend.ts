@@ -43,6 +43,7 @@ interface RouterMetrics {
   readonly routed: Counter;
   readonly failovers: Counter;
   readonly lostStreams: Counter;
+  readonly byReplica: Counter;
 }
 
 function routerMetrics(m: ServiceMetrics): RouterMetrics {
@@ -62,6 +63,11 @@ function routerMetrics(m: ServiceMetrics): RouterMetrics {
       "llm_router_failovers_total",
       "Generations resubmitted to another replica after losing theirs mid-stream.",
     ),
+    byReplica: r.counter(
+      "llm_router_replica_requests_total",
+      "Generation attempts sent to each replica, by replica id.",
+      ["replica"],
+    ),
     lostStreams: r.counter(
       "llm_router_lost_streams_total",
       "Streams given up, by why (silent: no frame or heartbeat; gap: frames lost).",
@@ -69,6 +75,9 @@ function routerMetrics(m: ServiceMetrics): RouterMetrics {
     ),
   };
 }
+
+/** How long after opening a stream its replica's heartbeats may still omit it. */
+const UNLISTED_GRACE_MS = 1000;
 
 const delay = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -106,6 +115,7 @@ export class RouterBackend implements GenerationBackend {
   readonly #subs: Subscription[];
   readonly #timer: ReturnType<typeof setInterval>;
   #turn = 0;
+  #lastWatch = performance.now();
 
   private constructor(
     nc: NatsConnection,
@@ -265,7 +275,15 @@ export class RouterBackend implements GenerationBackend {
   #onHeartbeat(hb: Parameters<ReplicaRegistry["onHeartbeat"]>[0]): void {
     const v = this.registry.onHeartbeat(hb);
     if (v === undefined) return;
-    for (const id of hb.streamIds) this.#streams.get(id)?.markAlive();
+    const listed = new Set(hb.streamIds);
+    // The beat's figures were taken stalledMs ago; a stream opened after that (or just before:
+    // its request may still be unread) cannot be listed yet, and the beat still shows that its
+    // replica lives. A stream the replica should know by now and does not list gets no credit.
+    const takenAt = performance.now() - hb.stalledMs;
+    for (const s of this.#streams.values()) {
+      if (s.replica !== hb.replica) continue;
+      if (listed.has(s.id) || takenAt < s.openedAt + UNLISTED_GRACE_MS) s.markAlive();
+    }
   }
 
   #onGoodbye(replica: string): void {
@@ -278,6 +296,14 @@ export class RouterBackend implements GenerationBackend {
   /** Liveness of every stream (NATS says nothing when a replica dies) and credit refresh. */
   #watch(): void {
     const now = performance.now();
+    // A late tick means this process was not running: frames and heartbeats may be waiting
+    // unread, so the gap is not counted against the replicas.
+    const late = now - this.#lastWatch - 200;
+    this.#lastWatch = now;
+    if (late > 0) {
+      this.registry.forgive(late);
+      for (const s of this.#streams.values()) s.lastActivity += late;
+    }
     for (const s of this.#streams.values()) {
       if (s.lost || s.ended) continue;
       if (now - s.lastActivity > this.#streamTimeoutMs) {
@@ -370,7 +396,11 @@ export class RouterBackend implements GenerationBackend {
     const cancelled = (): GenerationEvent => ({
       type: "done",
       finishReason: "cancelled",
-      usage: { promptTokens: promptIds.length, completionTokens: delivered.length, cachedTokens: 0 },
+      usage: {
+        promptTokens: promptIds.length,
+        completionTokens: delivered.length,
+        cachedTokens: 0,
+      },
       timings: routerTimings(t0, firstTokenAt, delivered.length),
     });
     try {
@@ -384,7 +414,11 @@ export class RouterBackend implements GenerationBackend {
           yield {
             type: "done",
             finishReason: "length",
-            usage: { promptTokens: promptIds.length, completionTokens: delivered.length, cachedTokens: 0 },
+            usage: {
+              promptTokens: promptIds.length,
+              completionTokens: delivered.length,
+              cachedTokens: 0,
+            },
             timings: routerTimings(t0, firstTokenAt, delivered.length),
           };
           return;
@@ -428,8 +462,12 @@ export class RouterBackend implements GenerationBackend {
           continue;
         }
         waitingSince = undefined;
-        this.registry.noteRouted(choice.id, hashesFor(this.registry.get(choice.id)!.heartbeat.prefix.blockSize));
+        this.registry.noteRouted(
+          choice.id,
+          hashesFor(this.registry.get(choice.id)!.heartbeat.prefix.blockSize),
+        );
         this.#metrics?.routed.inc({ reason: choice.reason });
+        this.#metrics?.byReplica.inc({ replica: choice.id });
         const stream = current = this.#open(choice.id, {
           prompt,
           maxTokens: left,

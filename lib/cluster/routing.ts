@@ -1,15 +1,16 @@
 /**
  * The routing rule, as a pure function of what the router knows about its replicas.
  *
- * - least-loaded (default for prompts nobody has cached): the fewest running + waiting
- *   requests; ties go to the replica this router sent the fewest requests to, then by id.
+ * - least-loaded: the fewest running + waiting requests; ties go to the replica this router
+ *   sent the fewest requests to, then by id.
  * - prefix: the replica whose prefix-cache summary holds the longest run of the prompt's
  *   leading blocks, unless it is much busier than the least loaded one (more than
  *   max(absSlack, relSlack x its load) requests ahead), in which case least-loaded decides.
  *   This is SGLang's cache-aware rule (longest prefix match, with a load-imbalance escape
  *   hatch) rather than Dynamo's cost function (overlap blocks against KV load), because the
  *   only cost that matters here is recomputing the prefix, and a replica's queue is what
- *   makes it "busier"; SGLang's global imbalance check is made per candidate instead.
+ *   makes it "busier"; SGLang's global imbalance check is made per candidate instead. A prompt
+ *   nobody holds goes to the least loaded replica, ties to the smallest cache (as SGLang).
  * - round-robin: for comparison (benchmarks and tests).
  *
  * Full replicas (running + waiting at their limits) never get work; when all are full the
@@ -30,6 +31,8 @@ export interface Candidate {
   readonly routed: number;
   /** Leading prompt blocks it holds (0 when unknown). */
   readonly matchedBlocks: number;
+  /** Size of its prefix-cache summary: among equally loaded ones, a new prefix goes to the smallest. */
+  readonly cachedBlocks: number;
 }
 
 export type RoutingChoice =
@@ -52,8 +55,17 @@ export interface RoutingOptions {
   readonly turn?: number;
 }
 
+function byId(a: Candidate, b: Candidate): number {
+  return a.id < b.id ? -1 : a.id > b.id ? 1 : 0;
+}
+
 function byLoad(a: Candidate, b: Candidate): number {
-  return a.load - b.load || a.routed - b.routed || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
+  return a.load - b.load || a.routed - b.routed || byId(a, b);
+}
+
+/** SGLang sends a prompt nobody has cached to the smallest cache; load still comes first. */
+function byLoadThenCache(a: Candidate, b: Candidate): number {
+  return a.load - b.load || a.cachedBlocks - b.cachedBlocks || a.routed - b.routed || byId(a, b);
 }
 
 export function chooseReplica(
@@ -64,7 +76,7 @@ export function chooseReplica(
   const open = candidates.filter((c) => c.load < c.capacity);
   if (open.length === 0) return { kind: "overloaded" };
   if (opts.policy === "round-robin") {
-    const sorted = [...open].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    const sorted = [...open].sort(byId);
     const c = sorted[(opts.turn ?? 0) % sorted.length]!;
     return { kind: "replica", id: c.id, reason: "round_robin", matchedBlocks: c.matchedBlocks };
   }
@@ -82,6 +94,13 @@ export function chooseReplica(
     if (best !== undefined && best.load - least.load <= slack) {
       return { kind: "replica", id: best.id, reason: "prefix", matchedBlocks: best.matchedBlocks };
     }
+    const fresh = [...open].sort(byLoadThenCache)[0]!;
+    return {
+      kind: "replica",
+      id: fresh.id,
+      reason: "least_loaded",
+      matchedBlocks: fresh.matchedBlocks,
+    };
   }
   return {
     kind: "replica",
@@ -92,7 +111,10 @@ export function chooseReplica(
 }
 
 /** Leading entries of `promptHashes` found in `cached`: the blocks a replica would reuse. */
-export function matchedBlocks(promptHashes: readonly number[], cached: ReadonlySet<number>): number {
+export function matchedBlocks(
+  promptHashes: readonly number[],
+  cached: ReadonlySet<number>,
+): number {
   let n = 0;
   while (n < promptHashes.length && cached.has(promptHashes[n]!)) n++;
   return n;
