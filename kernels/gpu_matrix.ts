@@ -9,8 +9,8 @@ export interface MatrixChunk {
 }
 
 /**
- * A weight matrix [rows, cols] on the device in its file encoding (f32, f16, Q8_0 or Q4_0
- * blocks, never expanded), split by rows into chunks when it exceeds one binding.
+ * A weight matrix [rows, cols] on the device in its file encoding (f32, f16, bf16 or any
+ * block type, never expanded), split by rows into chunks when it exceeds one binding.
  */
 export interface GpuMatrix {
   readonly name: string;
@@ -21,7 +21,7 @@ export interface GpuMatrix {
   readonly chunks: readonly MatrixChunk[];
 }
 
-/** Bytes the kernels may read past a chunk's last block (a Q8_0/Q4_0 block read as whole words). */
+/** Bytes the kernels may read past a chunk's last block (a 2-aligned block read as whole words). */
 const TAIL_PAD = 4;
 
 /**
@@ -42,12 +42,11 @@ export function uploadMatrix(gpu: Gpu, t: Tensor): GpuMatrix {
   }
   const [rows, cols] = t.shape as [number, number];
   const { elements, bytes } = BLOCK_LAYOUT[t.type];
-  const quantized = t.type === "q8_0" || t.type === "q4_0";
-  if ((quantized && cols % 32 !== 0) || cols % 4 !== 0) {
+  // Float types are read a vec4 at a time; blocks whole.
+  const unit = Math.max(4, elements);
+  if (cols % unit !== 0) {
     throw new Error(
-      `Cannot upload matrix '${t.name}': the kernels need its inner dimension to be a multiple of ${
-        quantized ? 32 : 4
-      } for type ${t.type}, received shape [${rows}, ${cols}]`,
+      `Cannot upload matrix '${t.name}': the kernels need its inner dimension to be a multiple of ${unit} for type ${t.type}, received shape [${rows}, ${cols}]`,
     );
   }
   const rowBytes = (cols / elements) * bytes;

@@ -12,7 +12,9 @@ import {
   assertThrows,
 } from "@std/assert";
 import { runCompare } from "../bench/compare.ts";
+import { engineRestarts } from "../bench/compare_common.ts";
 import { runLoad } from "../bench/load.ts";
+import { cacheTable, repeatedWorkload, runCacheBench } from "../bench/result_cache_bench.ts";
 import { percentile, summarize } from "../bench/stats.ts";
 import { chartSvg, niceAxis } from "../bench/svg_chart.ts";
 import {
@@ -126,6 +128,8 @@ Deno.test("bench/compare.ts runs every section in its quick configuration", asyn
     outDir: null,
     log: () => {},
   });
+  // A restart here (with no faults injected) is a scheduler/engine disagreement, not noise.
+  assertEquals(engineRestarts(), 0, "engine restarts during the compare run");
   const b = report.batching!;
   // The same trace and seeds: static batching yields the same tokens, with padding on top.
   assert(b.sameTokens);
@@ -158,4 +162,27 @@ Deno.test("bench/compare.ts runs every section in its quick configuration", asyn
   ) {
     assertStringIncludes(report.markdown, title);
   }
+});
+
+Deno.test("bench/result_cache_bench.ts runs the repeated workload with the cache off and on, and the answers agree", async () => {
+  assertEquals(repeatedWorkload(3, 2, 5).map((w) => w.prompt), [
+    "Once upon a time",
+    "The little dog",
+    "Lily and Tom went to the park",
+    "Once upon a time",
+    "The little dog",
+    "Lily and Tom went to the park",
+  ]);
+  const { off, on } = await runCacheBench({
+    prompts: 2,
+    repeats: 3,
+    concurrency: 1,
+    tokens: 8,
+    backend: "cpu",
+    cacheBytes: "1MiB",
+  });
+  // Sequential: the first round misses, every repeat hits.
+  assertEquals([off.hits, off.misses], [0, 0]);
+  assertEquals([on.hits, on.misses], [4, 2]);
+  assertStringIncludes(cacheTable(off, on), "on / off");
 });

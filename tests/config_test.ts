@@ -7,7 +7,7 @@ Deno.test("resolveConfig() fills defaults", () => {
   const c = resolveConfig({}, noEnv);
   assertEquals(c.model, "stories260K");
   assertEquals(c.port, 8000);
-  assertEquals(c.kvMemory, 256 * 2 ** 20);
+  assertEquals(c.kvMemory, undefined); // "auto": sized from the model and the device
   assertEquals(c.apiKey, []);
 });
 

@@ -179,13 +179,22 @@ Deno.test("ggufToModel() takes the vocabulary size from token_embd when the file
   assertEquals(m.tokenizer, undefined);
 });
 
-Deno.test("ggufToModel() ties the classifier to token_embd when output.weight is absent", async () => {
+Deno.test("ggufToModel() ties the classifier to token_embd when output.weight is absent", () => {
+  const g = parseGguf(tinyLlamaGguf({ omitTensors: ["output.weight"] }), "t.gguf");
+  const m = ggufToModel(g, "t.gguf");
+  assertStrictEquals(m.weights.output, m.weights.tokenEmbedding);
+});
+
+Deno.test("ggufToModel() refuses a tensor the architecture does not use instead of ignoring it", async () => {
   const path = await corruptedCopy(
     "stories260K.gguf",
     (b) => replaceUnique(b, ggufString("output.weight"), ggufString("outpux.weight")),
   );
-  const m = ggufToModel(await readGguf(path), path);
-  assertStrictEquals(m.weights.output, m.weights.tokenEmbedding);
+  assertThrows(
+    () => ggufToModel(parseGguf(Deno.readFileSync(path), path), path),
+    Error,
+    "architecture 'llama' does not use 1 of its tensors (outpux.weight)",
+  );
 });
 
 // --- errors ---
@@ -201,7 +210,7 @@ Deno.test("ggufToModel() rejects an unknown architecture", async () => {
   assertThrows(
     () => ggufToModel(g, path),
     Error,
-    `Cannot load GGUF ${path}: architecture 'ollmo' is not supported; supported: llama`,
+    `Cannot load GGUF ${path}: architecture 'ollmo' is not supported (supported: llama, qwen2, qwen3)`,
   );
 });
 
@@ -218,15 +227,49 @@ Deno.test("ggufToModel() rejects a missing tensor, naming it", async () => {
   );
 });
 
-Deno.test("ggufToModel() rejects a tokenizer model other than llama", () => {
+Deno.test("ggufToModel() rejects a tokenizer model other than llama and gpt2", () => {
   const g = parseGguf(
-    tinyLlamaGguf({ extra: [{ key: "tokenizer.ggml.model", type: T.STRING, value: "gpt2" }] }),
+    tinyLlamaGguf({ extra: [{ key: "tokenizer.ggml.model", type: T.STRING, value: "bert" }] }),
     "t.gguf",
   );
   assertThrows(
     () => ggufToModel(g, "t.gguf"),
     Error,
-    "tokenizer model 'gpt2' (tokenizer.ggml.model) is not supported; supported: llama",
+    "tokenizer model 'bert' (tokenizer.ggml.model) is not supported (supported: llama, gpt2)",
+  );
+});
+
+Deno.test("ggufToModel() names an unknown byte-level BPE pre-tokenizer", () => {
+  const g = parseGguf(
+    tinyLlamaGguf({
+      extra: [
+        { key: "tokenizer.ggml.model", type: T.STRING, value: "gpt2" },
+        { key: "tokenizer.ggml.pre", type: T.STRING, value: "klingon" },
+      ],
+    }),
+    "t.gguf",
+  );
+  assertThrows(
+    () => ggufToModel(g, "t.gguf"),
+    Error,
+    "pre-tokenizer 'klingon' (tokenizer.ggml.pre) is not supported (supported: llama-bpe,",
+  );
+});
+
+Deno.test("ggufToModel() asks a byte-level BPE vocabulary for its merges", () => {
+  const g = parseGguf(
+    tinyLlamaGguf({
+      extra: [
+        { key: "tokenizer.ggml.model", type: T.STRING, value: "gpt2" },
+        { key: "tokenizer.ggml.pre", type: T.STRING, value: "qwen2" },
+      ],
+    }),
+    "t.gguf",
+  );
+  assertThrows(
+    () => ggufToModel(g, "t.gguf"),
+    Error,
+    "metadata 'tokenizer.ggml.merges' must be a non-empty array of strings for a byte-level BPE vocabulary, received nothing",
   );
 });
 

@@ -1,21 +1,29 @@
-import { openModel } from "./open_model.ts";
+import { openModel, uploadProgress } from "./open_model.ts";
 import { parseArgs } from "@std/cli/parse-args";
 import { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
-import { type Config, resolveConfig, type SettingName, SETTINGS } from "./config.ts";
+import {
+  type Config,
+  resolveConfig,
+  settingDefault,
+  type SettingName,
+  SETTINGS,
+} from "./config.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
-import { createEngine } from "../serving/engine_factory.ts";
+import { createEngine, engineMemory, planKv } from "../serving/engine_factory.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
 import { type Engine, GREEDY, stepTokens } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
-import { kvBlockBytes } from "../engine/kv_budget.ts";
+import { RequestLog } from "../http/request_log.ts";
+import { createLoadingService, LoadProgress, SwitchableService } from "../http/loading_service.ts";
+import { CachedBackend } from "../serving/cached_backend.ts";
 import { connectNats } from "../cluster/nats_connection.ts";
 import { ReplicaAgent } from "../cluster/replica.ts";
 import { randomId } from "../cluster/subjects.ts";
+import { tokenizerToWire } from "../cluster/tokenizer_wire.ts";
 import type { Model } from "../model/weights.ts";
-import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",
@@ -32,24 +40,33 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "pipeline-depth": "pipelineDepth",
   "api-key": "apiKey",
   "drain-timeout": "drainTimeout",
+  "models-dir": "modelsDir",
+  "served-model-name": "servedModelName",
+  "log-format": "logFormat",
+  "metrics-public": "metricsPublic",
+  "result-cache": "resultCache",
   "nats": "nats",
   "nats-creds": "natsCreds",
-  "models-dir": "modelsDir",
 };
 
+/** Flags that take no value. */
+const BOOLEAN_FLAGS = ["metrics-public"];
+
 function usage(): string {
-  const rows = Object.entries(FLAG_NAMES).map(([flag, name]) =>
-    `  --${flag.padEnd(18)} ${SETTINGS[name].help} [env ${SETTINGS[name].env}]`
-  );
+  const rows = Object.entries(FLAG_NAMES).map(([flag, name]) => {
+    const d = settingDefault(name);
+    const shown = d === undefined ? "" : `, default ${d}`;
+    return `  --${flag.padEnd(18)} ${SETTINGS[name].help} [env ${SETTINGS[name].env}${shown}]`;
+  });
   return `Usage: deno task start [options]\n${rows.join("\n")}`;
 }
 
 /** Parses `serve` flags into the validated configuration. Exported for tests. */
 export function parseServeArgs(argv: string[], env?: (name: string) => string | undefined): Config {
   const flags = parseArgs(argv, {
-    string: Object.keys(FLAG_NAMES),
-    collect: ["api-key"],
-    boolean: ["help"],
+    string: Object.keys(FLAG_NAMES).filter((f) => !BOOLEAN_FLAGS.includes(f)),
+    collect: ["api-key", "served-model-name"],
+    boolean: ["help", ...BOOLEAN_FLAGS],
   });
   const unknown = [
     ...Object.keys(flags).filter((k) => k !== "_" && k !== "help" && !(k in FLAG_NAMES)).map((k) =>
@@ -61,12 +78,23 @@ export function parseServeArgs(argv: string[], env?: (name: string) => string | 
   const named: Partial<Record<SettingName, unknown>> = {};
   for (const [flag, name] of Object.entries(FLAG_NAMES)) {
     const v = (flags as Record<string, unknown>)[flag];
+    // parseArgs reports an absent boolean flag as false, which would hide the environment's.
+    if (
+      BOOLEAN_FLAGS.includes(flag) &&
+      !argv.some((a) => a === `--${flag}` || a.startsWith(`--${flag}=`))
+    ) {
+      continue;
+    }
     if (v !== undefined && !(Array.isArray(v) && v.length === 0)) named[name] = v;
   }
   return resolveConfig(named, env);
 }
 
-/** `serve` command: loads the model, starts the actors and the HTTP server, drains on SIGTERM. */
+/**
+ * `serve` command: binds the port first (so a port in use is reported at once and /health can
+ * say how loading goes), loads the model, starts the actors, then switches the listener from
+ * the loading service to the real one; drains on SIGTERM.
+ */
 export async function serveCommand(argv: string[]): Promise<number> {
   if (argv.includes("--help")) {
     console.log(usage());
@@ -74,32 +102,92 @@ export async function serveCommand(argv: string[]): Promise<number> {
   }
   const config = parseServeArgs(argv);
   const log = (line: string) => console.error(line);
-  const { source, model, tokenizer } = await openModel(config.model, {
+  const metrics = new ServiceMetrics();
+  const requestLog = new RequestLog(config.logFormat);
+  const progress = new LoadProgress();
+  const front = new SwitchableService(createLoadingService(progress, requestLog, metrics));
+  let listening!: Deno.NetAddr;
+  const server = serveService(front, {
+    hostname: config.host,
+    port: config.port,
+    drainTimeoutMs: config.drainTimeout * 1000,
+    onListen: (addr) => {
+      listening = addr;
+      log(`llmserve listening on http://${addr.hostname}:${addr.port}/ (loading the model)`);
+    },
+  });
+  // A signal while loading ends the run; the load is abandoned with the process.
+  const loaded = start(config, progress, metrics, requestLog);
+  const first = await Promise.race([loaded, server.closed.then(() => null)]);
+  if (first === null) {
+    log("stopped before the model finished loading");
+    return 0;
+  }
+  const { service, core, summary, replica } = first;
+  front.switchTo(service);
+  progress.set("ready");
+  log(summary(listening));
+  const result = await server.closed;
+  if (replica) {
+    const r = await replica.drained;
+    log(`replica drained: ${r.completed ? "all NATS streams finished" : `${r.aborted} aborted`}`);
+    await replica.close();
+  }
+  await core.close();
+  log(
+    `drained: ${
+      result.completed
+        ? "all in-flight generations finished"
+        : `${result.aborted} aborted at the deadline`
+    }`,
+  );
+  return 0;
+}
+
+/** Loads the model, builds engine, core and app: everything between binding and ready. */
+async function start(
+  config: Config,
+  progress: LoadProgress,
+  metrics: ServiceMetrics,
+  requestLog: RequestLog,
+) {
+  const { source, tokenizer, ...opened } = await openModel(config.model, {
     modelsDir: config.modelsDir,
     tokenizer: config.tokenizer,
     contextLength: config.contextLength,
     purpose: "serve",
+    onProgress: (phase, bytes, total) => progress.set(phase, bytes, total),
   });
-  const blockBytes = kvBlockBytes(model.config, config.blockSize);
-  const numBlocks = Math.floor(config.kvMemory / blockBytes);
-  const minBlocks = Math.ceil(model.config.contextLength / config.blockSize);
-  if (numBlocks < minBlocks) {
-    throw new Error(
-      `--kv-memory ${
-        formatBytes(config.kvMemory)
-      } holds ${numBlocks} KV blocks; one full-context sequence needs ${minBlocks} (${
-        formatBytes(minBlocks * blockBytes)
-      })`,
-    );
-  }
-  const kv = { numBlocks, blockSize: config.blockSize };
+  const plan = await planKv(opened.model, config.backend, {
+    blockSize: config.blockSize,
+    maxRunning: config.maxRunning,
+    ...(config.kvMemory === undefined ? {} : { kvMemory: config.kvMemory }),
+  });
+  // An automatic cache too small for the file's context shortens it (the summary says so).
+  const model = plan.contextLength === opened.model.config.contextLength
+    ? opened.model
+    : { ...opened.model, config: { ...opened.model.config, contextLength: plan.contextLength } };
+  const numBlocks = plan.numBlocks;
+  const kv = { numBlocks, blockSize: plan.blockSize };
   const limits = { maxBatchTokens: config.maxBatchTokens, maxSeqs: config.maxRunning };
-  const { engine, description } = await createEngine(model, config.backend, kv, limits);
+  progress.set("building_engine");
+  // The upload to the device is most of building the engine: its bytes are the phase's progress.
+  const bar = uploadProgress(source.modelPath);
+  const { engine, description } = await createEngine(
+    model,
+    config.backend,
+    kv,
+    limits,
+    (bytes, total) => {
+      bar(bytes, total);
+      progress.set("building_engine", bytes, total);
+    },
+  );
+  progress.set("warming_up");
   await warmUp(engine, tokenizer.bosId);
   // Test-only: LLMSERVE_FAULT_STEPS makes chosen engine steps fail (see lib/fault_injection.ts).
   const faults = FaultInjector.fromEnv();
   const withFaults = (e: Engine): Engine => (faults ? faults.wrap(e) : e);
-  const metrics = new ServiceMetrics();
   let restartsSeen = 0;
   const core: ServingCore = new ServingCore({
     engine: withFaults(engine),
@@ -126,60 +214,69 @@ export async function serveCommand(argv: string[]): Promise<number> {
     },
   });
   const modelName = source.modelPath.split("/").pop()!.replace(/\.(gguf|bin)$/, "");
-  const backend = new CoreBackend(modelName, core, tokenizer, model.chatTemplate);
+  const coreBackend = new CoreBackend(modelName, core, tokenizer, model.chatTemplate);
+  const backend = config.resultCache > 0
+    ? new CachedBackend(coreBackend, config.resultCache)
+    : coreBackend;
+  const servedModelNames = config.servedModelName.length > 0 ? config.servedModelName : [modelName];
   const service = createApp({
     backend,
     metrics,
     apiKeys: config.apiKey,
     drainTimeoutMs: config.drainTimeout * 1000,
-  });
-  const c = model.config;
-  const replica = config.nats === undefined ? undefined : await startReplica(config, {
-    backend,
-    core,
-    model,
-    tokenizer,
-    log,
-  });
-  const server = serveService(service, {
-    hostname: config.host,
-    port: config.port,
-    drainTimeoutMs: config.drainTimeout * 1000,
-    onListen: (addr) => {
-      log([
-        `llmserve ready`,
-        `  model     ${source.modelPath} (${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads, vocab ${c.vocabSize}, context ${c.contextLength})`,
-        `  backend   ${description}`,
-        `  kv cache  ${numBlocks} blocks x ${config.blockSize} tokens = ${
-          formatBytes(numBlocks * blockBytes)
-        } (${numBlocks * config.blockSize} tokens)`,
-        `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${config.pipelineDepth}`,
-        `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
-        ...(replica ? [`  replica   ${replica.agent.id} on NATS ${replica.where}`] : []),
-        `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
-        ...(faults
-          ? [
-            `  faults    ${FAULT_ENV}=${Deno.env.get(FAULT_ENV)} (test-only fault injection is on)`,
-          ]
-          : []),
-      ].join("\n"));
+    servedModelNames,
+    metricsPublic: config.metricsPublic,
+    requestLog,
+    props: {
+      modelPath: source.modelPath,
+      backend: description,
+      maxRunning: config.maxRunning,
+      maxWaiting: config.maxWaiting,
+      maxBatchTokens: config.maxBatchTokens,
+      kvBlocks: numBlocks,
+      blockSize: config.blockSize,
+      resultCacheBytes: config.resultCache,
     },
   });
-  const result = await server.closed;
-  if (replica) {
-    const r = await replica.drained;
-    log(`replica drained: ${r.completed ? "all NATS streams finished" : `${r.aborted} aborted`}`);
-    await replica.close();
-  }
-  await core.close();
-  log(
-    `drained: ${
-      result.completed
-        ? "all in-flight generations finished"
-        : `${result.aborted} aborted at the deadline`
-    }`,
-  );
-  return 0;
+  const replica = config.nats === undefined
+    ? undefined
+    : await startReplica(config, {
+      backend: coreBackend,
+      core,
+      model,
+      blockSize: plan.blockSize,
+      log: (l) => console.error(l),
+    });
+  const c = model.config;
+  const mem = engineMemory(engine);
+  const summary = (addr: Deno.NetAddr) =>
+    [
+      `llmserve ready`,
+      `  model     ${source.modelPath} (${c.architecture}, ${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads of ${c.headDim}, vocab ${c.vocabSize}, context ${c.contextLength})`,
+      `  served as ${servedModelNames.join(", ")}`,
+      `  backend   ${description}`,
+      `  memory    weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
+        formatBytes(mem?.kvCache ?? plan.bytes)
+      }`,
+      `  kv cache  ${numBlocks} blocks x ${plan.blockSize} tokens = ${
+        formatBytes(plan.bytes)
+      } (${numBlocks * plan.blockSize} tokens; ${plan.why})`,
+      `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${config.pipelineDepth}`,
+      `  results   ${
+        config.resultCache > 0 ? `cache ${formatBytes(config.resultCache)}` : "cache off"
+      }`,
+      `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}${
+        config.metricsPublic ? " (/metrics public)" : ""
+      }`,
+      ...(replica ? [`  replica   ${replica.agent.id} on NATS ${replica.where}`] : []),
+      `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
+      ...(faults
+        ? [
+          `  faults    ${FAULT_ENV}=${Deno.env.get(FAULT_ENV)} (test-only fault injection is on)`,
+        ]
+        : []),
+    ].join("\n");
+  return { service, core, summary, replica };
 }
 
 /**
@@ -192,32 +289,25 @@ async function startReplica(
     backend: CoreBackend;
     core: ServingCore;
     model: Model;
-    tokenizer: Tokenizer;
+    blockSize: number;
     log: (line: string) => void;
   },
 ) {
   const id = randomId("replica");
   const natsOptions = { url: config.nats!, credsFile: config.natsCreds, name: id };
   const nc = await connectNats({ ...natsOptions, log: deps.log });
-  const { backend, core, model, tokenizer } = deps;
-  const t = model.tokenizer!;
+  const { backend, core, model } = deps;
   const agent = new ReplicaAgent(nc, {
     backend,
-    blockSize: config.blockSize,
+    blockSize: deps.blockSize,
     info: {
       modelName: backend.modelName,
       contextLength: backend.contextLength,
-      vocabSize: tokenizer.vocabSize,
+      vocabSize: backend.vocabSize,
       bosToken: backend.bosToken,
       eosToken: backend.eosToken,
       chatTemplate: backend.chatTemplate,
-      tokenizer: {
-        tokens: [...t.tokens],
-        scores: Array.from(t.scores),
-        tokenTypes: t.tokenTypes === undefined ? undefined : Array.from(t.tokenTypes),
-        bosId: t.bosId,
-        eosId: t.eosId,
-      },
+      tokenizer: tokenizerToWire(model.tokenizer!),
     },
     load: () => {
       const s = core.schedulerStats();

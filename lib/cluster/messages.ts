@@ -9,6 +9,7 @@
  * - {@link InfoReply}: replica → router, the answer to an info request.
  */
 import { z } from "zod";
+import { TokenizerWire } from "./tokenizer_wire.ts";
 
 const int = z.number().int();
 const nonNegative = int.nonnegative();
@@ -176,13 +177,7 @@ export const InfoReply = z.object({
   eosToken: z.string(),
   chatTemplate: z.string().optional(),
   /** The vocabulary, so the router tokenizes exactly as the replicas do. */
-  tokenizer: z.object({
-    tokens: z.array(z.string()),
-    scores: z.array(z.number()),
-    tokenTypes: z.array(int).optional(),
-    bosId: nonNegative,
-    eosId: nonNegative,
-  }),
+  tokenizer: TokenizerWire,
 });
 export type InfoReply = z.infer<typeof InfoReply>;
 

@@ -8,7 +8,7 @@ import type {
 import { prefixBlockHashes } from "../core/block_allocator.ts";
 import type { Counter, Gauge } from "../http/metrics.ts";
 import type { ServiceMetrics } from "../http/service_metrics.ts";
-import { PromptEncoder } from "../serving/prompt_encoder.ts";
+import { PromptTokens } from "../serving/prompt_tokens.ts";
 import { Tokenizer } from "../tokenizer/tokenizer.ts";
 import {
   decodeMessage,
@@ -19,6 +19,7 @@ import {
   StreamFrame,
 } from "./messages.ts";
 import { RemoteStream } from "./remote_stream.ts";
+import { tokenizerFromWire } from "./tokenizer_wire.ts";
 import { ReplicaRegistry } from "./replica_registry.ts";
 import { chooseReplica, type RoutingPolicy } from "./routing.ts";
 import { randomId, subjects } from "./subjects.ts";
@@ -104,7 +105,8 @@ export class RouterBackend implements GenerationBackend {
   /** Generations resubmitted after a loss (for tests and the closing log). */
   failovers = 0;
   readonly #nc: NatsConnection;
-  readonly #prompts: PromptEncoder;
+  readonly specialTokens: readonly string[];
+  readonly #prompts: PromptTokens;
   readonly #policy: RoutingPolicy;
   readonly #streamTimeoutMs: number;
   readonly #failoverWaitMs: number;
@@ -132,17 +134,8 @@ export class RouterBackend implements GenerationBackend {
     this.chatTemplate = info.chatTemplate;
     this.bosToken = info.bosToken;
     this.eosToken = info.eosToken;
-    this.#prompts = new PromptEncoder(
-      new Tokenizer({
-        tokens: info.tokenizer.tokens,
-        scores: Float32Array.from(info.tokenizer.scores),
-        tokenTypes: info.tokenizer.tokenTypes === undefined
-          ? undefined
-          : Int32Array.from(info.tokenizer.tokenTypes),
-        bosId: info.tokenizer.bosId,
-        eosId: info.tokenizer.eosId,
-      }),
-    );
+    this.#prompts = new PromptTokens(new Tokenizer(tokenizerFromWire(info.tokenizer)));
+    this.specialTokens = this.#prompts.specialTokens;
     this.#policy = opts.policy ?? "prefix";
     this.#streamTimeoutMs = opts.streamTimeoutMs ?? 1500;
     this.#failoverWaitMs = opts.failoverWaitMs ?? 30_000;
@@ -229,7 +222,19 @@ export class RouterBackend implements GenerationBackend {
   }
 
   countTokens(text: string, opts: { special?: boolean } = {}): number {
-    return this.#prompts.encode(text, opts.special ?? false).length;
+    return this.#prompts.countTokens(text, opts);
+  }
+
+  tokenize(text: string, opts: { bos: boolean; special: boolean }): number[] {
+    return this.#prompts.tokenize(text, opts);
+  }
+
+  detokenize(ids: readonly number[]): string {
+    return this.#prompts.detokenize(ids);
+  }
+
+  tokenPiece(id: number): string {
+    return this.#prompts.tokenPiece(id);
   }
 
   stats(): CoreStats {

@@ -86,11 +86,21 @@ const MAGIC = 0x46554747; // "GGUF" read as a little-endian uint32
 const DEFAULT_ALIGNMENT = 32;
 const SUPPORTED_VERSIONS = [2, 3];
 
+/** ggml type numbers of the tensor types both engines read (ggml.h's enum ggml_type). */
 const SUPPORTED_TENSOR_TYPES: ReadonlyMap<number, TensorType> = new Map([
   [0, "f32"],
   [1, "f16"],
   [2, "q4_0"],
+  [3, "q4_1"],
+  [6, "q5_0"],
+  [7, "q5_1"],
   [8, "q8_0"],
+  [10, "q2_k"],
+  [11, "q3_k"],
+  [12, "q4_k"],
+  [13, "q5_k"],
+  [14, "q6_k"],
+  [30, "bf16"],
 ]);
 
 /** ggml's names for its type numbers, so errors can say what a file holds. */
@@ -134,6 +144,10 @@ export function ggmlTypeName(typeId: number): string {
   return GGML_TYPE_NAMES[typeId] ?? "unknown";
 }
 
+/** The ggml names of the supported types, for error messages: "F32, F16, Q4_0, ...". */
+export const SUPPORTED_TENSOR_TYPE_NAMES: readonly string[] = [...SUPPORTED_TENSOR_TYPES.keys()]
+  .map((id) => ggmlTypeName(id));
+
 /** Thrown when the bytes end before the header does; `needed` is a lower bound on the bytes required. */
 export class GgufTruncatedError extends Error {
   constructor(
@@ -151,6 +165,41 @@ export class GgufTruncatedError extends Error {
 
 const utf8 = new TextDecoder("utf-8");
 
+const units = new Uint16Array(256);
+
+/**
+ * A short string of one- to three-byte UTF-8 characters, decoded without TextDecoder, whose
+ * per-call cost dominates reading a vocabulary of 128k tokens and 280k merges; undefined for
+ * anything else (long, four-byte or malformed), which TextDecoder then handles.
+ */
+function decodeShort(b: Uint8Array, start: number, len: number): string | undefined {
+  if (len > units.length) return undefined;
+  const end = start + len;
+  let k = 0;
+  for (let i = start; i < end;) {
+    const c = b[i]!;
+    if (c < 0x80) {
+      units[k++] = c;
+      i++;
+    } else if (c >= 0xc2 && c < 0xe0 && i + 1 < end && (b[i + 1]! & 0xc0) === 0x80) {
+      units[k++] = ((c & 0x1f) << 6) | (b[i + 1]! & 0x3f);
+      i += 2;
+    } else if (
+      c >= 0xe0 && c < 0xf0 && i + 2 < end && (b[i + 1]! & 0xc0) === 0x80 &&
+      (b[i + 2]! & 0xc0) === 0x80
+    ) {
+      const u = ((c & 0x0f) << 12) | ((b[i + 1]! & 0x3f) << 6) | (b[i + 2]! & 0x3f);
+      // Overlong forms and UTF-16 surrogates are malformed: leave them to TextDecoder.
+      if (u < 0x800 || (u >= 0xd800 && u < 0xe000)) return undefined;
+      units[k++] = u;
+      i += 3;
+    } else {
+      return undefined;
+    }
+  }
+  return String.fromCharCode.apply(null, units.subarray(0, k) as unknown as number[]);
+}
+
 /** Sequential little-endian reader over the header bytes. */
 class Cursor {
   offset = 0;
@@ -159,9 +208,11 @@ class Cursor {
     this.view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   }
 
-  need(n: number, what: string): void {
+  /** `what` may be a function, so a vocabulary's 400k strings do not each build a message no one reads. */
+  need(n: number, what: string | (() => string)): void {
     if (this.offset + n > this.bytes.byteLength) {
-      throw new GgufTruncatedError(this.source, what, this.offset + n, this.bytes.byteLength);
+      const name = typeof what === "string" ? what : what();
+      throw new GgufTruncatedError(this.source, name, this.offset + n, this.bytes.byteLength);
     }
   }
   u8(what: string): number {
@@ -175,21 +226,28 @@ class Cursor {
     return v;
   }
   /** A uint64 used as a count or offset: must be a safe integer. */
-  count(what: string): number {
+  count(what: string | (() => string)): number {
     this.need(8, what);
-    const v = this.view.getBigUint64(this.offset, true);
+    // Two 32-bit halves: a BigInt per string length is a measurable share of reading a vocabulary.
+    const low = this.view.getUint32(this.offset, true);
+    const high = this.view.getUint32(this.offset + 4, true);
     this.offset += 8;
+    if (high === 0) return low;
+    const v = (BigInt(high) << 32n) | BigInt(low);
     if (v > BigInt(Number.MAX_SAFE_INTEGER)) {
       throw new Error(
-        `Cannot load GGUF ${this.source}: ${what} is ${v}, too large to be valid (is the file corrupt?)`,
+        `Cannot load GGUF ${this.source}: ${
+          typeof what === "string" ? what : what()
+        } is ${v}, too large to be valid (is the file corrupt?)`,
       );
     }
     return Number(v);
   }
-  string(what: string): string {
-    const len = this.count(`the length of ${what}`);
+  string(what: string | (() => string)): string {
+    const len = this.count(() => `the length of ${typeof what === "string" ? what : what()}`);
     this.need(len, what);
-    const s = utf8.decode(this.bytes.subarray(this.offset, this.offset + len));
+    const s = decodeShort(this.bytes, this.offset, len) ??
+      utf8.decode(this.bytes.subarray(this.offset, this.offset + len));
     this.offset += len;
     return s;
   }
@@ -304,7 +362,7 @@ function readArray(
       return { elementType, value: Array.from(new Uint8Array(copy(1)), (b) => b !== 0) };
     case GgufValueType.STRING: {
       const out: string[] = [];
-      for (let i = 0; i < n; i++) out.push(c.string(`${what}[${i}]`));
+      for (let i = 0; i < n; i++) out.push(c.string(() => `${what}[${i}]`));
       return { elementType, value: out };
     }
     case GgufValueType.ARRAY: {
@@ -398,6 +456,36 @@ export function parseGgufHeader(bytes: Uint8Array, source: string): GgufHeader {
   return { version, metadata, tensorInfos, alignment, dataOffset };
 }
 
+/** A tensor type a file uses that this project cannot run, with how many tensors use it. */
+export interface UnsupportedTensorType {
+  readonly typeId: number;
+  /** ggml's name, e.g. "IQ2_XS" ("unknown" for a number ggml does not define). */
+  readonly name: string;
+  readonly count: number;
+  /** The first tensor of that type, in file order. */
+  readonly example: string;
+}
+
+/**
+ * Every tensor type of a header that no engine reads, with its tensor count, in order of first
+ * use; empty when all are supported. Lets a loader list all of a file's blockers at once.
+ */
+export function unsupportedTensorTypes(header: GgufHeader): UnsupportedTensorType[] {
+  const found = new Map<number, { count: number; example: string }>();
+  for (const info of header.tensorInfos) {
+    if (SUPPORTED_TENSOR_TYPES.has(info.typeId)) continue;
+    const seen = found.get(info.typeId);
+    if (seen) seen.count++;
+    else found.set(info.typeId, { count: 1, example: info.name });
+  }
+  return [...found].map(([typeId, { count, example }]) => ({
+    typeId,
+    name: ggmlTypeName(typeId),
+    count,
+    example,
+  }));
+}
+
 /** The type and shape (outermost first) of a tensor; throws for types this project cannot run. */
 export function tensorLayout(
   info: GgufTensorInfo,
@@ -408,7 +496,7 @@ export function tensorLayout(
     throw new Error(
       `Cannot load GGUF ${source}: unsupported tensor type ${info.typeId} (${
         ggmlTypeName(info.typeId)
-      }) for tensor '${info.name}'; supported: F32, F16, Q8_0, Q4_0`,
+      }) for tensor '${info.name}'; supported: ${SUPPORTED_TENSOR_TYPE_NAMES.join(", ")}`,
     );
   }
   const shape = [...info.dims].reverse();
@@ -477,9 +565,14 @@ const FIRST_HEADER_READ = 1 << 20;
 /**
  * Reads a GGUF file from disk holding its bytes only once: the header is parsed from a prefix
  * (grown until it fits, then dropped), and the data section is read into one buffer whose views
- * become the tensors.
+ * become the tensors. `checkHeader` runs before the data is read, so a file the caller cannot
+ * use is refused without reading gigabytes first.
  */
-export async function readGguf(path: string, onProgress?: ReadProgress): Promise<GgufFile> {
+export async function readGguf(
+  path: string,
+  onProgress?: ReadProgress,
+  checkHeader?: (header: GgufHeader) => void,
+): Promise<GgufFile> {
   using file = await Deno.open(path, { read: true });
   const fileSize = (await file.stat()).size;
   let prefixSize = Math.min(fileSize, FIRST_HEADER_READ);
@@ -495,6 +588,7 @@ export async function readGguf(path: string, onProgress?: ReadProgress): Promise
       prefixSize = Math.min(fileSize, Math.max(prefixSize * 2, e.needed + FIRST_HEADER_READ));
     }
   }
+  checkHeader?.(header);
   const dataBytes = dataSectionBytes(header, path);
   const data = new Uint8Array(dataBytes);
   const got = await readFully(file, header.dataOffset, data, onProgress);
@@ -502,6 +596,24 @@ export async function readGguf(path: string, onProgress?: ReadProgress): Promise
     ...header,
     tensors: ggufTensors(header, data.subarray(0, got), header.dataOffset, fileSize, path),
   };
+}
+
+/** Reads and parses only a GGUF's header (metadata and tensor infos), not its tensor data. */
+export async function readGgufHeader(path: string): Promise<GgufHeader> {
+  using file = await Deno.open(path, { read: true });
+  const fileSize = (await file.stat()).size;
+  let size = Math.min(fileSize, FIRST_HEADER_READ);
+  for (;;) {
+    const prefix = new Uint8Array(size);
+    const got = await readFully(file, 0, prefix);
+    try {
+      return parseGgufHeader(prefix.subarray(0, got), path);
+    } catch (e) {
+      if (!(e instanceof GgufTruncatedError) || got >= fileSize) throw e;
+      // Big vocabularies make headers of several MiB: grow fast, since each retry parses from the start.
+      size = Math.min(fileSize, Math.max(size * 8, e.needed * 2));
+    }
+  }
 }
 
 /** First bytes of a file as hex and printable text, for "not the format I expected" errors. */

@@ -6,15 +6,16 @@ import type {
   GenerationRequest,
 } from "../core/generation.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
-import { PromptEncoder } from "./prompt_encoder.ts";
+import { PromptTokens } from "./prompt_tokens.ts";
 
-/** Presents the serving core to the HTTP layer (prompts encoded by a PromptEncoder). */
+/** Presents the serving core to the HTTP layer; prompts are encoded as PromptTokens says. */
 export class CoreBackend implements GenerationBackend {
   readonly contextLength: number;
   readonly bosToken: string;
   readonly eosToken: string;
   readonly vocabSize: number;
-  readonly #prompts: PromptEncoder;
+  readonly specialTokens: readonly string[];
+  readonly #text: PromptTokens;
 
   constructor(
     readonly modelName: string,
@@ -26,7 +27,8 @@ export class CoreBackend implements GenerationBackend {
     this.bosToken = tokenizer.tokenText(tokenizer.bosId);
     this.eosToken = tokenizer.tokenText(tokenizer.eosId);
     this.vocabSize = tokenizer.vocabSize;
-    this.#prompts = new PromptEncoder(tokenizer);
+    this.specialTokens = tokenizer.specialPieces;
+    this.#text = new PromptTokens(tokenizer);
   }
 
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
@@ -34,13 +36,25 @@ export class CoreBackend implements GenerationBackend {
     // (run.c stops there too), so it ends the generation like EOS.
     const stopTokenIds = [this.tokenizer.bosId, ...(req.stopTokenIds ?? [])];
     const prompt = typeof req.prompt === "string"
-      ? this.#prompts.encode(req.prompt, req.parseSpecialTokens ?? false)
+      ? this.#text.encode(req.prompt, req.parseSpecialTokens ?? false)
       : req.prompt;
     return this.core.generate({ ...req, prompt, stopTokenIds }, signal);
   }
 
   countTokens(text: string, opts: { special?: boolean } = {}): number {
-    return this.#prompts.encode(text, opts.special ?? false).length;
+    return this.#text.countTokens(text, opts);
+  }
+
+  tokenize(text: string, opts: { bos: boolean; special: boolean }): number[] {
+    return this.#text.tokenize(text, opts);
+  }
+
+  detokenize(ids: readonly number[]): string {
+    return this.#text.detokenize(ids);
+  }
+
+  tokenPiece(id: number): string {
+    return this.#text.tokenPiece(id);
   }
 
   stats(): CoreStats {
