@@ -238,15 +238,13 @@ async function start(
       resultCacheBytes: config.resultCache,
     },
   });
-  const replica = config.nats === undefined
-    ? undefined
-    : await startReplica(config, {
-      backend: coreBackend,
-      core,
-      model,
-      blockSize: plan.blockSize,
-      log: (l) => console.error(l),
-    });
+  const replica = config.nats === undefined ? undefined : await startReplica(config, {
+    backend: coreBackend,
+    core,
+    model,
+    blockSize: plan.blockSize,
+    log: (l) => console.error(l),
+  });
   const c = model.config;
   const mem = engineMemory(engine);
   const summary = (addr: Deno.NetAddr) =>
@@ -258,9 +256,9 @@ async function start(
       `  memory    weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
         formatBytes(mem?.kvCache ?? plan.bytes)
       }`,
-      `  kv cache  ${numBlocks} blocks x ${plan.blockSize} tokens = ${
-        formatBytes(plan.bytes)
-      } (${numBlocks * plan.blockSize} tokens; ${plan.why})`,
+      `  kv cache  ${numBlocks} blocks x ${plan.blockSize} tokens = ${formatBytes(plan.bytes)} (${
+        numBlocks * plan.blockSize
+      } tokens; ${plan.why})`,
       `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${config.pipelineDepth}`,
       `  results   ${
         config.resultCache > 0 ? `cache ${formatBytes(config.resultCache)}` : "cache off"

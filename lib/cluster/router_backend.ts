@@ -78,7 +78,7 @@ function routerMetrics(m: ServiceMetrics): RouterMetrics {
 }
 
 /** How long after opening a stream its replica's heartbeats may still omit it. */
-const UNLISTED_GRACE_MS = 1000;
+const UNLISTED_GRACE_MS = 3000;
 
 const delay = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
