@@ -174,3 +174,16 @@ Deno.test("the request id is on the request's llm.request span", async () => {
     context.disable();
   }
 });
+
+Deno.test("--log-format off writes no request lines", async () => {
+  const lines: string[] = [];
+  await using svc = startService({}, { requestLog: new RequestLog("off", (l) => lines.push(l)) });
+  const res = await postJson(svc.base + "/v1/completions", { prompt: "a", max_tokens: 1 });
+  assertEquals(res.status, 200);
+  // The id is still made and echoed.
+  assert(res.headers.get("x-request-id") !== null);
+  await res.body?.cancel();
+  const health = await fetch(svc.base + "/health");
+  await health.body?.cancel();
+  assertEquals(lines, []);
+});

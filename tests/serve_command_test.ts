@@ -170,3 +170,63 @@ Deno.test("`deno task start` serves the default model under the task's narrow pe
   }
   assertStringIncludes(await log(), "--allow-read=");
 });
+
+Deno.test("the served model takes --served-model-name, --log-format json, --metrics-public and --result-cache end to end", async () => {
+  const { child, base, log } = await spawnServer([
+    "--served-model-name",
+    "gpt-4o-mini",
+    "--served-model-name",
+    "tiny",
+    "--log-format",
+    "json",
+    "--metrics-public",
+    "--api-key",
+    "sk-end-to-end",
+    "--result-cache",
+    "1MiB",
+  ]);
+  const auth = { authorization: "Bearer sk-end-to-end", "content-type": "application/json" };
+  try {
+    const models = await (await fetch(`${base}/v1/models`, { headers: auth })).json();
+    assertEquals(models.data.map((m: { id: string }) => m.id), ["gpt-4o-mini", "tiny"]);
+    const ask = async () => {
+      const res = await fetch(`${base}/v1/completions`, {
+        method: "POST",
+        headers: { ...auth, "x-request-id": "e2e-1" },
+        body: JSON.stringify({
+          model: "tiny",
+          prompt: "Once upon a time",
+          max_tokens: 12,
+          temperature: 0,
+        }),
+      });
+      assertEquals(res.status, 200);
+      return await res.json();
+    };
+    const first = await ask();
+    const second = await ask();
+    assertEquals([first.model, first.cached, second.cached], ["tiny", false, true]);
+    assertEquals(second.choices[0].text, first.choices[0].text);
+    assertEquals(first.choices[0].text, await expectedGreedy("Once upon a time", 12));
+    // No key needed for /metrics; the API still wants one.
+    const metrics = await fetch(`${base}/metrics`);
+    assertEquals(metrics.status, 200);
+    assertStringIncludes(await metrics.text(), "llm_result_cache_hits_total 1");
+    const refused = await fetch(`${base}/v1/models`);
+    await refused.body?.cancel();
+    assertEquals(refused.status, 401);
+  } finally {
+    child.kill("SIGTERM");
+    assertEquals((await child.status).code, 0);
+  }
+  const lines = (await log()).split("\n").filter((l) => l.startsWith("{"))
+    .map((l) => JSON.parse(l));
+  const completions = lines.filter((l) => l.route === "/v1/completions");
+  assertEquals(completions.map((l) => [l.request_id, l.status, l.cached]), [
+    ["e2e-1", 200, false],
+    ["e2e-1", 200, true],
+  ]);
+  assert(
+    lines.some((l) => l.route === "/v1/models" && l.status === 401 && l.code === "unauthorized"),
+  );
+});

@@ -71,7 +71,7 @@ export const SETTINGS = {
   },
   logFormat: {
     env: "LLMSERVE_LOG_FORMAT",
-    help: "request log lines: text | json",
+    help: "request log lines: text | json | off",
     default: "text",
   },
   metricsPublic: {
@@ -146,7 +146,7 @@ export const ConfigSchema = z.object({
   natsCreds: z.string().min(1).optional(),
   routing: z.enum(["prefix", "least-loaded", "round-robin"]).default(D.routing.default),
   servedModelName: z.array(z.string().min(1, "a served model name cannot be empty")).default([]),
-  logFormat: z.enum(["text", "json"]).default(D.logFormat.default),
+  logFormat: z.enum(["text", "json", "off"]).default(D.logFormat.default),
   metricsPublic: z.union([
     z.boolean(),
     z.enum(["true", "false", "1", "0"], { error: "expected true, false, 1 or 0" }).transform((v) =>

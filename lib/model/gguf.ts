@@ -1,3 +1,4 @@
+import { ByteStrings } from "../util/byte_strings.ts";
 import { readFully, type ReadProgress } from "../util/read_file.ts";
 import { byteSize, type Tensor, type TensorType } from "./tensor.ts";
 
@@ -42,10 +43,17 @@ export type GgufArray =
   | BigInt64Array
   | boolean[]
   | string[]
+  | ByteStrings
   | GgufArray[];
 
 /** A metadata value. 64-bit integers are `number` when safe, `bigint` otherwise. */
 export type GgufValue = number | bigint | boolean | string | GgufArray;
+
+/**
+ * String arrays kept as bytes (ByteStrings) rather than decoded: BPE merges are only looked up,
+ * and decoding 280k of them into strings was most of loading a Llama 3 vocabulary.
+ */
+export const BYTE_STRING_KEYS: ReadonlySet<string> = new Set(["tokenizer.ggml.merges"]);
 
 /** A metadata entry with the type it was stored as (for arrays, also the element type). */
 export interface GgufMetadataEntry {
@@ -258,6 +266,10 @@ class Cursor {
     this.offset += n * size;
     return out;
   }
+  /** A view of `len` bytes at `at` (already checked by need()). */
+  slice(at: number, len: number): Uint8Array {
+    return this.bytes.subarray(at, at + len);
+  }
   get dataView(): DataView {
     return this.view;
   }
@@ -373,6 +385,40 @@ function readArray(
   }
 }
 
+/** A string array as ByteStrings (other element types as readArray reads them). */
+function readArrayAsBytes(
+  c: Cursor,
+  what: string,
+  source: string,
+): { elementType: GgufValueType; value: GgufArray } {
+  const start = c.offset;
+  const elementType = checkType(c, c.u32(`the element type of ${what}`), what, source);
+  if (elementType !== GgufValueType.STRING) {
+    c.offset = start;
+    return readArray(c, what, source);
+  }
+  const n = c.count(`the length of ${what}`);
+  const first = c.offset;
+  const offsets = new Uint32Array(n + 1);
+  let total = 0;
+  for (let i = 0; i < n; i++) {
+    const len = c.count(() => `the length of ${what}[${i}]`);
+    c.need(len, () => `${what}[${i}]`);
+    c.offset += len;
+    total += len;
+    offsets[i + 1] = total;
+  }
+  const bytes = new Uint8Array(total);
+  let at = first;
+  for (let i = 0; i < n; i++) {
+    const len = offsets[i + 1]! - offsets[i]!;
+    at += 8;
+    bytes.set(c.slice(at, len), offsets[i]!);
+    at += len;
+  }
+  return { elementType, value: new ByteStrings(bytes, offsets) };
+}
+
 /**
  * Parses everything up to the tensor data. Throws GgufTruncatedError when `bytes` end before the
  * header does, so a caller reading a file in pieces can retry with a longer prefix.
@@ -408,7 +454,9 @@ export function parseGgufHeader(bytes: Uint8Array, source: string): GgufHeader {
     const what = `metadata '${key}'`;
     const type = checkType(c, c.u32(`the type of ${what}`), what, source);
     if (type === GgufValueType.ARRAY) {
-      const { elementType, value } = readArray(c, what, source);
+      const { elementType, value } = BYTE_STRING_KEYS.has(key)
+        ? readArrayAsBytes(c, what, source)
+        : readArray(c, what, source);
       metadata.set(key, { type, elementType, value });
     } else if (type === GgufValueType.STRING) {
       metadata.set(key, { type, value: c.string(what) });

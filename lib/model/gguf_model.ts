@@ -15,7 +15,6 @@ import type { Tensor } from "./tensor.ts";
 import { ggufTokenizerData, tokenizerBlocker } from "./gguf_tokenizer.ts";
 import type { LayerWeights, Model, ModelWeights } from "./weights.ts";
 
-
 /**
  * Everything about a GGUF header that keeps this project from running the file, each named
  * with what was found and what is supported: the architecture, the tokenizer, RoPE scaling,

@@ -1,4 +1,5 @@
 import { type GgufHeader, type GgufValue, readGgufHeader } from "./gguf.ts";
+import { ByteStrings } from "../util/byte_strings.ts";
 import { SUPPORTED_PRE_TOKENIZERS } from "../tokenizer/pre_tokenizer.ts";
 import type { TokenizerData, TokenizerModel } from "../tokenizer/tokenizer_data.ts";
 
@@ -77,17 +78,22 @@ export function ggufTokenizerData(metadata: Metadata, source: string): Tokenizer
     }
     tokenTypes = rawTypes instanceof Int32Array ? rawTypes : new Int32Array(rawTypes);
   }
-  let merges: string[] | undefined;
+  let merges: string[] | ByteStrings | undefined;
   if (kind === "gpt2") {
     const raw = meta("tokenizer.ggml.merges");
-    if (!Array.isArray(raw) || raw.length === 0 || !raw.every((t) => typeof t === "string")) {
+    if (raw instanceof ByteStrings && raw.length > 0) {
+      merges = raw;
+    } else if (
+      !Array.isArray(raw) || raw.length === 0 || !raw.every((t) => typeof t === "string")
+    ) {
       return fail(
         `metadata 'tokenizer.ggml.merges' must be a non-empty array of strings for a byte-level BPE vocabulary, received ${
           describe(raw)
         }`,
       );
+    } else {
+      merges = raw as string[];
     }
-    merges = raw as string[];
   }
   const id = (key: string, fallback?: number): number | undefined => {
     const v = meta(key) ?? fallback;

@@ -1,5 +1,7 @@
 import { bytesToChars } from "./byte_unicode.ts";
 import { mergeWord } from "./bpe_merge.ts";
+import { MergeRanks } from "./merge_ranks.ts";
+import type { ByteStrings } from "../util/byte_strings.ts";
 import type { PreTokenizer } from "./pre_tokenizer.ts";
 
 /** Distinct words remembered before the cache starts over (prompts repeat most of their words). */
@@ -12,18 +14,19 @@ const WORD_CACHE_LIMIT = 1 << 16;
  */
 export class BpeEncoder {
   readonly #pre: PreTokenizer;
-  readonly #ranks: Map<string, number>;
+  readonly #ranks: MergeRanks;
   readonly #ids: ReadonlyMap<string, number>;
   readonly #cache = new Map<string, readonly number[]>();
 
   /** `ids`: every token's text to its id (llama.cpp's token_to_id, all types included). */
-  constructor(pre: PreTokenizer, merges: readonly string[], ids: ReadonlyMap<string, number>) {
+  constructor(
+    pre: PreTokenizer,
+    merges: readonly string[] | ByteStrings,
+    ids: ReadonlyMap<string, number>,
+  ) {
     this.#pre = pre;
     this.#ids = ids;
-    // The merge text is the key itself ("Ġ t" for the pair "Ġ", "t"); set from the end, so the first of duplicates wins, as in llama.cpp.
-    const ranks = new Map<string, number>();
-    for (let i = merges.length - 1; i >= 0; i--) ranks.set(merges[i]!, i);
-    this.#ranks = ranks;
+    this.#ranks = new MergeRanks(merges);
   }
 
   get mergeCount(): number {

@@ -4,7 +4,10 @@
  * queue orders them) until no adjacent pair has a rank. A heap over a linked list keeps a long
  * word (a paragraph of CJK text is one word) at O(n log n).
  */
-export function mergeWord(chars: readonly string[], ranks: ReadonlyMap<string, number>): string[] {
+export function mergeWord(
+  chars: readonly string[],
+  ranks: { rank(left: string, right: string): number },
+): string[] {
   const n = chars.length;
   if (n < 2) return [...chars];
   const text = [...chars];
@@ -18,8 +21,8 @@ export function mergeWord(chars: readonly string[], ranks: ReadonlyMap<string, n
   const heap = new RankHeap();
   const consider = (left: number, right: number) => {
     if (left < 0 || right < 0) return;
-    const rank = ranks.get(text[left] + " " + text[right]);
-    if (rank !== undefined) heap.push(rank, left, right, version[left]!, version[right]!);
+    const rank = ranks.rank(text[left]!, text[right]!);
+    if (rank >= 0) heap.push(rank, left, right, version[left]!, version[right]!);
   };
   for (let i = 0; i + 1 < n; i++) consider(i, i + 1);
 

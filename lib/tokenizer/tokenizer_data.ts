@@ -1,3 +1,5 @@
+import type { ByteStrings } from "../util/byte_strings.ts";
+
 /** Which algorithm a vocabulary is for, as GGUF's `tokenizer.ggml.model` names it. */
 export type TokenizerModel =
   /** SentencePiece-style BPE: merges by token score, "▁" for a space, `<0xXX>` byte fallback. */
@@ -18,8 +20,8 @@ export interface TokenizerData {
   readonly model?: TokenizerModel;
   /** `tokenizer.ggml.pre`: the pre-tokenizer of a byte-level BPE vocabulary ("llama-bpe", "qwen2", ...). */
   readonly pre?: string;
-  /** `tokenizer.ggml.merges` ("Ġ t", rank = index); required for "gpt2". */
-  readonly merges?: readonly string[];
+  /** `tokenizer.ggml.merges` ("Ġ t", rank = index; as strings or, from a GGUF, as bytes); required for "gpt2". */
+  readonly merges?: readonly string[] | ByteStrings;
   /** Whether encoding a prompt starts with BOS (`tokenizer.ggml.add_bos_token`); by default true for "llama", and for "gpt2" only with a Llama 3 pre-tokenizer (llama.cpp's defaults). */
   readonly addBos?: boolean;
   /** Whether encoding a prompt ends with EOS (`tokenizer.ggml.add_eos_token`, default false). */
