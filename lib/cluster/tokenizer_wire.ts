@@ -1,5 +1,6 @@
 import { z } from "zod";
 import type { TokenizerData } from "../tokenizer/tokenizer_data.ts";
+import type { ByteStrings } from "../util/byte_strings.ts";
 
 const id = z.number().int().nonnegative();
 
@@ -30,7 +31,11 @@ export function tokenizerToWire(t: TokenizerData): TokenizerWire {
     tokens: [...t.tokens],
     scores: Array.from(t.scores),
     tokenTypes: t.tokenTypes === undefined ? undefined : Array.from(t.tokenTypes),
-    merges: t.merges === undefined ? undefined : [...t.merges],
+    merges: t.merges === undefined
+      ? undefined
+      : Array.isArray(t.merges)
+      ? [...t.merges]
+      : Array.from({ length: t.merges.length }, (_, i) => (t.merges as ByteStrings).get(i)),
   };
 }
 
