@@ -201,7 +201,7 @@ Deno.test("a router over 3 NATS replicas: exact outputs, prefix routing, failove
       const rand = () => (seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 2 ** 32;
       const randomIds = (n: number) =>
         Array.from({ length: n }, () => 3 + Math.floor(rand() * 500));
-      const GROUPS = 8, PER_GROUP = 16;
+      const GROUPS = 8, PER_GROUP = 24;
       const phase = async (base: string) => {
         const prefixes = Array.from({ length: GROUPS }, () => [tokenizer.bosId, ...randomIds(383)]);
         const queue: number[][] = [];

@@ -11,10 +11,20 @@ export interface ReplicaView {
   open: number;
   /** Requests this router has sent there. */
   routed: number;
+  /** Decaying count of requests sent there (half-life RECENT_HALF_LIFE_MS), as of recentAt. */
+  recent: number;
+  recentAt: number;
   /** Its reported prefix cache, plus what this router sent it since (not yet reported). */
   cached: Set<number>;
-  /** Hashes of prompts routed there, with when, kept until a heartbeat newer than that. */
+  /** Hashes of prompts routed there, with when, kept until a heartbeat reports them. */
   pending: Map<number, number>;
+}
+
+const RECENT_HALF_LIFE_MS = 10_000;
+const PENDING_MS = 30_000;
+
+function decayed(v: ReplicaView, now: number): number {
+  return v.recent * Math.pow(0.5, (now - v.recentAt) / RECENT_HALF_LIFE_MS);
 }
 
 export interface RegistryOptions {
@@ -85,18 +95,23 @@ export class ReplicaRegistry {
         lastSeen: now,
         open: 0,
         routed: 0,
+        recent: 0,
+        recentAt: now,
         cached: new Set(),
         pending: new Map(),
       };
       this.#views.set(hb.replica, v);
     }
-    // Hashes routed longer ago than a beat period (plus slack) are in this beat or were lost.
-    const horizon = now - 2 * hb.intervalMs - 250;
-    for (const [h, at] of v.pending) if (at < horizon) v.pending.delete(h);
+    // A routed prompt's blocks are cached there only once its prefill ran, which can take
+    // seconds on a busy replica: they stay assumed until a beat reports them, or for
+    // PENDING_MS (the request failed, or the blocks were evicted before a beat saw them).
     v.heartbeat = hb;
     v.lastSeen = now;
     v.cached = new Set(hb.prefix.hashes);
-    for (const h of v.pending.keys()) v.cached.add(h);
+    for (const [h, at] of v.pending) {
+      if (v.cached.has(h) || now - at > PENDING_MS) v.pending.delete(h);
+      else v.cached.add(h);
+    }
     return v;
   }
 
@@ -110,6 +125,8 @@ export class ReplicaRegistry {
     if (v === undefined) return;
     v.routed++;
     const now = this.#now();
+    v.recent = decayed(v, now) + 1;
+    v.recentAt = now;
     for (const h of promptHashes) {
       v.pending.set(h, now);
       v.cached.add(h);
@@ -159,6 +176,7 @@ export class ReplicaRegistry {
         load: Math.max(v.open, l.running + l.waiting),
         capacity: l.maxRunning + l.maxWaiting,
         routed: v.routed,
+        recent: decayed(v, this.#now()),
         matchedBlocks: matchedBlocks(promptHashesFor(v.heartbeat.prefix.blockSize), v.cached),
         cachedBlocks: v.cached.size,
       };

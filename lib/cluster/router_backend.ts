@@ -78,7 +78,7 @@ function routerMetrics(m: ServiceMetrics): RouterMetrics {
 }
 
 /** How long after opening a stream its replica's heartbeats may still omit it. */
-const UNLISTED_GRACE_MS = 3000;
+const UNLISTED_GRACE_MS = 5000;
 
 const delay = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -281,13 +281,13 @@ export class RouterBackend implements GenerationBackend {
     const v = this.registry.onHeartbeat(hb);
     if (v === undefined) return;
     const listed = new Set(hb.streamIds);
-    // The beat's figures were taken stalledMs ago; a stream opened after that (or just before:
-    // its request may still be unread) cannot be listed yet, and the beat still shows that its
-    // replica lives. A stream the replica should know by now and does not list gets no credit.
-    const takenAt = performance.now() - hb.stalledMs;
+    // A beat proves the replica lives; it proves a stream lives once the replica lists it. A
+    // replica whose main thread is busy (a long CPU step) may read a new request late, so a
+    // stream it has not listed yet is given UNLISTED_GRACE_MS before only its frames count.
+    const now = performance.now();
     for (const s of this.#streams.values()) {
       if (s.replica !== hb.replica) continue;
-      if (listed.has(s.id) || takenAt < s.openedAt + UNLISTED_GRACE_MS) s.markAlive();
+      if (listed.has(s.id) || now - s.openedAt < UNLISTED_GRACE_MS) s.markAlive();
     }
   }
 

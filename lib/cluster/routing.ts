@@ -9,8 +9,11 @@
  *   This is SGLang's cache-aware rule (longest prefix match, with a load-imbalance escape
  *   hatch) rather than Dynamo's cost function (overlap blocks against KV load), because the
  *   only cost that matters here is recomputing the prefix, and a replica's queue is what
- *   makes it "busier"; SGLang's global imbalance check is made per candidate instead. A prompt
- *   nobody holds goes to the least loaded replica, ties to the smallest cache (as SGLang).
+ *   makes it "busier"; SGLang's global imbalance check is made per candidate instead. A holder
+ *   whose recent share of work is well above the least worked replica's is passed over as
+ *   well, so a popular prefix spreads to a second replica. A prompt nobody holds (or whose
+ *   holders are passed over) goes to the least loaded replica, ties to the least recent work
+ *   and then the smallest cache (SGLang sends it to the smallest tree).
  * - round-robin: for comparison (benchmarks and tests).
  *
  * Full replicas (running + waiting at their limits) never get work; when all are full the
@@ -29,6 +32,8 @@ export interface Candidate {
   readonly capacity: number;
   /** Requests this router has sent it so far (tie-break that spreads new work). */
   readonly routed: number;
+  /** Requests this router sent it recently (decaying count, half-life 10 s): its share of work. */
+  readonly recent: number;
   /** Leading prompt blocks it holds (0 when unknown). */
   readonly matchedBlocks: number;
   /** Size of its prefix-cache summary: among equally loaded ones, a new prefix goes to the smallest. */
@@ -51,6 +56,12 @@ export interface RoutingOptions {
   readonly absSlack?: number;
   /** ...or this fraction of the least loaded one's load, whichever is more (default 0.5). */
   readonly relSlack?: number;
+  /**
+   * A prefix holder whose recent work exceeds the least worked replica's by this factor (plus
+   * absSlack requests) is passed over too (default 1.25): a popular prefix then spreads to a
+   * second replica instead of piling up on one (SGLang's balance thresholds, on work done).
+   */
+  readonly workBalance?: number;
   /** Round-robin position (the caller increments it). */
   readonly turn?: number;
 }
@@ -60,12 +71,13 @@ function byId(a: Candidate, b: Candidate): number {
 }
 
 function byLoad(a: Candidate, b: Candidate): number {
-  return a.load - b.load || a.routed - b.routed || byId(a, b);
+  return a.load - b.load || a.recent - b.recent || a.routed - b.routed || byId(a, b);
 }
 
 /** SGLang sends a prompt nobody has cached to the smallest cache; load still comes first. */
 function byLoadThenCache(a: Candidate, b: Candidate): number {
-  return a.load - b.load || a.cachedBlocks - b.cachedBlocks || a.routed - b.routed || byId(a, b);
+  return a.load - b.load || a.recent - b.recent || a.cachedBlocks - b.cachedBlocks ||
+    a.routed - b.routed || byId(a, b);
 }
 
 export function chooseReplica(
@@ -90,8 +102,11 @@ export function chooseReplica(
         (c.matchedBlocks === best.matchedBlocks && byLoad(c, best) < 0)
       ) best = c;
     }
-    const slack = Math.max(opts.absSlack ?? 4, (opts.relSlack ?? 0.5) * least.load);
-    if (best !== undefined && best.load - least.load <= slack) {
+    const abs = opts.absSlack ?? 4;
+    const slack = Math.max(abs, (opts.relSlack ?? 0.5) * least.load);
+    const minRecent = Math.min(...open.map((c) => c.recent));
+    const overworked = (c: Candidate) => c.recent > (opts.workBalance ?? 1.25) * minRecent + abs;
+    if (best !== undefined && best.load - least.load <= slack && !overworked(best)) {
       return { kind: "replica", id: best.id, reason: "prefix", matchedBlocks: best.matchedBlocks };
     }
     const fresh = [...open].sort(byLoadThenCache)[0]!;
