@@ -63,13 +63,13 @@ Deno.test("prefix routing: the longest cached prefix wins unless its holder is m
     pick([cand("a", { ...big, load: 16, matchedBlocks: 1 }), cand("b", { ...big, load: 10 })]),
     "b:least_loaded",
   );
-  // Recent work 17 > 1.25 x 10 + 4 = 16.5: the holder is passed over so the prefix spreads.
+  // Recent work 15 > 1.25 x 10 + 2 = 14.5: the holder is passed over so the prefix spreads.
   assertEquals(
-    pick([cand("a", { recent: 17, matchedBlocks: 4 }), cand("b", { recent: 10 })]),
+    pick([cand("a", { recent: 15, matchedBlocks: 4 }), cand("b", { recent: 10 })]),
     "b:least_loaded",
   );
   assertEquals(
-    pick([cand("a", { recent: 16, matchedBlocks: 4 }), cand("b", { recent: 10 })]),
+    pick([cand("a", { recent: 14, matchedBlocks: 4 }), cand("b", { recent: 10 })]),
     "a:prefix",
   );
   // A new prefix among equally loaded replicas goes to the smallest cache.

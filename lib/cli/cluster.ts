@@ -1,6 +1,7 @@
 import { parseArgs } from "@std/cli/parse-args";
 
-const USAGE = `Usage: deno task cluster [--replicas N] [--port P] [--nats-port Q] [-- serve flags...]
+const USAGE =
+  `Usage: deno task cluster [--replicas N] [--port P] [--nats-port Q] [-- serve flags...]
   Starts, for a local try: nats-server with a generated password on 127.0.0.1:Q (default
   4222), N replicas (default 2; each also on its own free HTTP port) and a router on P
   (default 8000). Flags after -- go to every replica (e.g. -- --backend cpu). Ctrl-C drains
@@ -63,7 +64,9 @@ export async function clusterCommand(argv: string[]): Promise<number> {
       children.push(spawnLogged("nats", "nats-server", ["-c", `${dir}/nats.conf`]));
     } catch (e) {
       throw new Error(
-        `Cannot start nats-server (${(e as Error).message}); install it (Debian: apt-get install nats-server)`,
+        `Cannot start nats-server (${
+          (e as Error).message
+        }); install it (Debian: apt-get install nats-server)`,
       );
     }
     await waitForPort(natsPort, 10_000);

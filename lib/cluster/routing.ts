@@ -58,10 +58,12 @@ export interface RoutingOptions {
   readonly relSlack?: number;
   /**
    * A prefix holder whose recent work exceeds the least worked replica's by this factor (plus
-   * absSlack requests) is passed over too (default 1.25): a popular prefix then spreads to a
-   * second replica instead of piling up on one (SGLang's balance thresholds, on work done).
+   * workSlack requests) is passed over too (default 1.25 and 2): a popular prefix then spreads
+   * to a second replica instead of piling up on one (SGLang's balance thresholds, applied to
+   * work done rather than to queues).
    */
   readonly workBalance?: number;
+  readonly workSlack?: number;
   /** Round-robin position (the caller increments it). */
   readonly turn?: number;
 }
@@ -105,7 +107,8 @@ export function chooseReplica(
     const abs = opts.absSlack ?? 4;
     const slack = Math.max(abs, (opts.relSlack ?? 0.5) * least.load);
     const minRecent = Math.min(...open.map((c) => c.recent));
-    const overworked = (c: Candidate) => c.recent > (opts.workBalance ?? 1.25) * minRecent + abs;
+    const overworked = (c: Candidate) =>
+      c.recent > (opts.workBalance ?? 1.25) * minRecent + (opts.workSlack ?? 2);
     if (best !== undefined && best.load - least.load <= slack && !overworked(best)) {
       return { kind: "replica", id: best.id, reason: "prefix", matchedBlocks: best.matchedBlocks };
     }
