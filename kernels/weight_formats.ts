@@ -216,8 +216,31 @@ function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string)
   const head = `let ${p}off = (${rowExpr}) * ${rowBytes(type, cols)}u + (c >> 3u) * ${bytes}u;
       let ${p}s = c & 7u;
       let ${p}d = 1.0;`;
-  const run = (name: string, at: string) =>
-    words(p, name, 8, (i) => `w2(${p}off + ${at} + ${4 * i}u)`);
+  // A 32-byte run at byte `at` of the block as 8 words: direct loads when the block size keeps
+  // every block word-aligned, else 9 loads shifted by half a word where the run starts at 2
+  // mod 4 (one select per word instead of w2's two loads).
+  const aligned = bytes % 4 === 0;
+  const run = (name: string, at: string) => {
+    const b = `${p}${name}b`;
+    if (aligned) {
+      return `let ${b} = (${p}off + ${at}) >> 2u; ${words(p, name, 8, (i) => `W[${b} + ${i}u]`)}`;
+    }
+    const odd = `${p}${name}o`;
+    const raw = words(p, `${name}r`, 9, (i) => `W[${b} + ${i}u]`);
+    return `let ${b} = (${p}off + ${at}) >> 2u; let ${odd} = ((${p}off + ${at}) & 2u) != 0u; ${raw}
+      ${
+      words(
+        p,
+        name,
+        8,
+        (i) =>
+          `select(${p}${name}r${i}, (${p}${name}r${i} >> 16u) | (${p}${name}r${
+            i + 1
+          } << 16u), ${odd})`,
+      )
+    }`;
+  };
+  const word = (at: string) => aligned ? `W[(${p}off + ${at}) >> 2u]` : `w2(${p}off + ${at})`;
   const vals = (expr: (i: number) => string) =>
     Array.from({ length: 8 }, (_, i) => `let ${p}${i} = ${expr(i)};`).join("\n      ");
   switch (type) {
@@ -225,7 +248,7 @@ function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string)
       // scales[16] (min << 4 | scale), qs[64], d, dmin. Half n = s/4, shift 2(s%4); scale
       // bytes 2s, 2s + 1 for elements 0..15, 16..31.
       return `${head}
-      let ${p}dd = unpack2x16float(w2(${p}off + 80u));
+      let ${p}dd = unpack2x16float(${word("80u")});
       let ${p}sw = w2(${p}off + 2u * ${p}s);
       let ${p}sa = ${p}sw & 255u; let ${p}sb = (${p}sw >> 8u) & 255u;
       let ${p}da = ${p}dd.x * f32(${p}sa & 15u); let ${p}ma = ${p}dd.y * f32(${p}sa >> 4u);
@@ -248,14 +271,14 @@ function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string)
       let ${p}da = ${p}dall * q3Scale(${p}sa, ${p}sb, ${p}sc, 2u * ${p}s);
       let ${p}db = ${p}dall * q3Scale(${p}sa, ${p}sb, ${p}sc, 2u * ${p}s + 1u);
       let ${p}sh = 2u * (${p}s & 3u);
-      let ${p}hb = ${p}s;
+      let ${p}hbit = ${p}s;
       ${run("q", `32u + 32u * (${p}s >> 2u)`)}
       ${run("h", "0u")}
       ${
         vals((i) =>
           `${p}d${
             i < 4 ? "a" : "b"
-          } * (vec4<f32>(fields(${p}q${i}, ${p}sh, 3u)) - 4.0 + 4.0 * vec4<f32>(fields(${p}h${i}, ${p}hb, 1u)))`
+          } * (vec4<f32>(fields(${p}q${i}, ${p}sh, 3u)) - 4.0 + 4.0 * vec4<f32>(fields(${p}h${i}, ${p}hbit, 1u)))`
         )
       }`;
     case "q4_k":
@@ -268,8 +291,8 @@ function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string)
           ? `fields(${p}q${i}, ${p}sh, 15u) | (fields(${p}h${i}, ${p}s, 1u) << vec4<u32>(4u))`
           : `fields(${p}q${i}, ${p}sh, 15u)`;
       return `${head}
-      let ${p}dd = unpack2x16float(w2(${p}off));
-      let ${p}sm = kScaleMin(w2(${p}off + 4u), w2(${p}off + 8u), w2(${p}off + 12u), ${p}s);
+      let ${p}dd = unpack2x16float(${word("0u")});
+      let ${p}sm = kScaleMin(${word("4u")}, ${word("8u")}, ${word("12u")}, ${p}s);
       let ${p}ds = ${p}dd.x * ${p}sm.x; let ${p}ms = ${p}dd.y * ${p}sm.y;
       let ${p}sh = 4u * (${p}s & 1u);
       ${run("q", `${five ? 48 : 16}u + 32u * (${p}s >> 1u)`)}

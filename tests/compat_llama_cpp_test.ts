@@ -16,8 +16,8 @@ import type { Engine } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import {
-  COMPAT_FILES,
   compareGreedy,
+  COMPAT_FILES,
   compatPath,
   type PromptComparison,
   readFixture,

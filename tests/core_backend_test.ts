@@ -8,6 +8,7 @@ import { ServingCore } from "../actors/core.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
+import { CachedBackend } from "../lib/serving/cached_backend.ts";
 import { CoreBackend } from "../lib/serving/core_backend.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import type { GenerationEvent } from "../lib/core/generation.ts";
@@ -87,3 +88,30 @@ function request(maxTokens: number) {
     requestId: "r",
   };
 }
+
+Deno.test("CoreBackend.tokenize without special tokens drops only the BOS/EOS the vocabulary adds", async () => {
+  for (
+    const [addBos, addEos] of [[true, false], [false, false], [true, true], [false, true]] as const
+  ) {
+    const tok = new Tokenizer({ ...gguf.tokenizer!, addBos, addEos });
+    await withBackend(gguf, tok, (b) => {
+      const bare = tok.encode("Once upon", { bos: false, eos: false });
+      assertEquals(
+        b.tokenize("Once upon", { bos: false, special: false }),
+        bare,
+        `${addBos} ${addEos}`,
+      );
+      assertEquals(b.tokenize("Once upon", { bos: true, special: false }), tok.encode("Once upon"));
+      return Promise.resolve();
+    });
+  }
+});
+
+Deno.test("the chat renderer sees the vocabulary's special spellings through the result cache too", async () => {
+  const tok = new Tokenizer(gguf.tokenizer!);
+  await withBackend(gguf, tok, (b) => {
+    assertEquals([...b.specialTokens].sort(), ["</s>", "<s>", "<unk>"]);
+    assertEquals(new CachedBackend(b, 1 << 20).specialTokens, b.specialTokens);
+    return Promise.resolve();
+  });
+});

@@ -1,7 +1,6 @@
 // deno-lint-ignore no-import-prefix -- not in the import map (deno.json is the lead's); pinned here
 import { chromium } from "npm:playwright-core@1.65.1";
 import { assertEquals } from "@std/assert";
-import { fakeToken } from "./_fake_backend.ts";
 import { startService, waitUntil } from "./_http_harness.ts";
 
 /** Debian's chromium package (`apt-get install -y chromium`), or CHROMIUM_PATH. */
@@ -18,7 +17,7 @@ function chromiumPath(): string {
 }
 
 Deno.test("the playground streams a prompt's tokens, cancels another, and shows the scheduler", async () => {
-  await using svc = startService(
+  await using svc = await startService(
     { tokenDelayMs: 25, contextLength: 4096, kvBlocksTotal: 77 },
     { statsIntervalMs: 100 },
   );
@@ -51,8 +50,7 @@ Deno.test("the playground streams a prompt's tokens, cancels another, and shows 
     assertEquals(req.prompt, "Once upon a time");
     assertEquals(req.sampling.temperature, 0);
     assertEquals(req.maxTokens, 12);
-    let want = "";
-    for (let i = 0; i < 12; i++) want += fakeToken("Once upon a time", req.sampling.seed, i).text;
+    const want = svc.backend.continuation("Once upon a time", 12, req.sampling).text;
     assertEquals(await page.textContent('.gen[data-id="g1"] .out'), want);
 
     // Second generation: long; the scheduler panel shows it running; Cancel stops it.
@@ -77,7 +75,7 @@ Deno.test("the playground streams a prompt's tokens, cancels another, and shows 
 });
 
 Deno.test("the playground's chat mode, sampling controls, model line, prompts, timings and phone layout", async () => {
-  await using svc = startService(
+  await using svc = await startService(
     { tokenDelayMs: 2, contextLength: 4096, modelName: "stories260K" },
     { servedModelNames: ["tiny-stories"] },
   );
@@ -101,6 +99,8 @@ Deno.test("the playground's chat mode, sampling controls, model line, prompts, t
       // The model's served name and context come from GET /props.
       await textIs("#model-name", "tiny-stories");
       await textIs("#model-context", "4096");
+      // This server has no result cache; the stats feed says so.
+      await textIs("#stat-cache", "off");
 
       // Raw completion with every sampling control set.
       const before = svc.backend.requests.length;
@@ -121,8 +121,7 @@ Deno.test("the playground's chat mode, sampling controls, model line, prompts, t
       assertEquals(req.sampling.topK, 40);
       assertEquals(req.maxTokens, 6);
       assertEquals(req.stop, ["zzz", "\n"]);
-      let want = "";
-      for (let i = 0; i < 6; i++) want += fakeToken("the cat sat", req.sampling.seed, i).text;
+      const want = svc.backend.continuation("the cat sat", 6, req.sampling).text;
       assertEquals(await page.textContent(`.gen[data-id="${id1}"] .out`), want);
       // The card shows its prompt and the done frame's timings.
       assertEquals(await page.textContent(`.gen[data-id="${id1}"] .prompt`), "the cat sat");

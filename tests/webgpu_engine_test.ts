@@ -195,10 +195,11 @@ async function runTogether(
 }
 
 // stories260K, and a K-quant model (Q4_K with Q6_K classifier and layer-1 tensors). The
-// K-quant model's 32000-token vocabulary samples without top-k/top-p: the device sampler's
-// top-k/top-p search picks wrong tokens (even id 32000) past ~2100 tokens per thread
-// (vocab > ~17k on the 8-thread layout, > ~130k on the 64-thread one), a sampler bug reported
-// in the closing note of i10quant; temperature and min-p still vary per request.
+// K-quant model's 32000-token vocabulary samples without top-k/top-p: llvmpipe ends a shader
+// invocation's loops after 65535 iterations in all (Mesa's loop limiter), and the 8-thread
+// sampler's top-k/top-p passes over 32000 tokens need ~104000, so on a CPU rasterizer they pick
+// wrong ids (even 32000). A sampler issue, reported in the i10quant note; temperature and min-p
+// still vary per request.
 for (
   const [file, sampling, newTokens] of [
     ["stories260K.bin", samplingFor, 10],

@@ -84,10 +84,42 @@ export const SETTINGS = {
     help: "memory for cached answers to deterministic requests, e.g. 64MiB (0: off)",
     default: "0",
   },
+  maxConnections: {
+    env: "LLMSERVE_MAX_CONNECTIONS",
+    help: "open client connections at most (default: from the open-file limit)",
+  },
+  headerTimeout: {
+    env: "LLMSERVE_HEADER_TIMEOUT",
+    help: "seconds a connection has to send a request's headers",
+    default: 60,
+  },
+  bodyTimeout: {
+    env: "LLMSERVE_BODY_TIMEOUT",
+    help: "seconds a whole request may take to arrive",
+    default: 60,
+  },
+  keepAliveTimeout: {
+    env: "LLMSERVE_KEEP_ALIVE_TIMEOUT",
+    help: "seconds an idle keep-alive connection is kept",
+    default: 5,
+  },
+  corsOrigin: {
+    env: "LLMSERVE_CORS_ORIGINS",
+    help: "origin whose pages may use the API, e.g. http://localhost:* (repeatable; env: comma-separated)",
+  },
+  allowedHost: {
+    env: "LLMSERVE_ALLOWED_HOSTS",
+    help: "host name served besides IPs and localhost (repeatable; env: comma-separated)",
+  },
 } as const;
 
 /** Settings that take a list: repeated flags, or a comma-separated variable. */
-const LIST_SETTINGS: ReadonlySet<string> = new Set(["apiKey", "servedModelName"]);
+const LIST_SETTINGS: ReadonlySet<string> = new Set([
+  "apiKey",
+  "servedModelName",
+  "corsOrigin",
+  "allowedHost",
+]);
 
 const byteSize = (fallback: string) =>
   z.string().default(fallback).transform((s, ctx) => {
@@ -111,6 +143,11 @@ export type SettingName = keyof typeof SETTINGS;
 
 const positiveInt = (name: string) =>
   z.coerce.number({ error: `${name} must be a number` }).int(`${name} must be an integer`).positive(
+    `${name} must be positive`,
+  );
+
+const seconds = (name: string) =>
+  z.coerce.number({ error: `${name} must be a number of seconds` }).positive(
     `${name} must be positive`,
   );
 
@@ -140,7 +177,13 @@ export const ConfigSchema = z.object({
     DEFAULT_LIMITS.maxPipelineDepth,
     `pipelineDepth must be at most ${DEFAULT_LIMITS.maxPipelineDepth}`,
   ).default(DEFAULT_LIMITS.pipelineDepth),
-  apiKey: z.array(z.string().min(8, "API keys must have at least 8 characters")).default([]),
+  apiKey: z.array(
+    z.string().min(8, "API keys must have at least 8 characters").regex(
+      /^[\x21-\x7e]+$/,
+      "API keys must be printable ASCII without spaces (a key with a space can never match " +
+        "'Authorization: Bearer <key>')",
+    ),
+  ).default([]),
   drainTimeout: z.coerce.number().nonnegative().default(D.drainTimeout.default),
   nats: z.string().min(1).optional(),
   natsCreds: z.string().min(1).optional(),
@@ -156,6 +199,20 @@ export const ConfigSchema = z.object({
   // Off by default: benchmarks and soak runs repeat requests to measure the engine, and a
   // cache would answer them instead.
   resultCache: byteSize(D.resultCache.default),
+  maxConnections: positiveInt("maxConnections").optional(),
+  headerTimeout: seconds("headerTimeout").default(D.headerTimeout.default),
+  bodyTimeout: seconds("bodyTimeout").default(D.bodyTimeout.default),
+  keepAliveTimeout: seconds("keepAliveTimeout").default(D.keepAliveTimeout.default),
+  corsOrigin: z.array(
+    z.string().regex(
+      /^(\*|null|[a-z][a-z0-9+.-]*:\/\/[^/\s]+)$/i,
+      "an origin is scheme://host[:port] (globs with * allowed, e.g. http://localhost:*), " +
+        "'null', or '*'",
+    ),
+  ).default([]),
+  allowedHost: z.array(
+    z.string().regex(/^[a-z0-9.-]+$/i, "a host name is letters, digits, dots and dashes"),
+  ).default([]),
 });
 
 export type Config = z.infer<typeof ConfigSchema>;
@@ -192,6 +249,10 @@ export function resolveConfig(
       const where = flags[name] !== undefined ? flag : SETTINGS[name]?.env ?? flag;
       // API keys are secrets: say which one, never echo it.
       if (name === "apiKey") return `${where} #${Number(i.path[1] ?? 0) + 1}: ${i.message}`;
+      if (LIST_SETTINGS.has(name) && typeof i.path[1] === "number") {
+        const item = (raw[name] as unknown[])[i.path[1]];
+        return `${where}: ${i.message} (received ${JSON.stringify(item)})`;
+      }
       const received = JSON.stringify(raw[name]);
       return i.message.includes(received)
         ? `${where}: ${i.message}`

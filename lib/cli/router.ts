@@ -78,7 +78,7 @@ export async function routerCommand(argv: string[]): Promise<number> {
     apiKeys: config.apiKey,
     drainTimeoutMs: config.drainTimeout * 1000,
   });
-  const server = serveService(service, {
+  const server = await serveService(service, {
     hostname: config.host,
     port: config.port,
     drainTimeoutMs: config.drainTimeout * 1000,

@@ -24,6 +24,7 @@ import { ReplicaAgent } from "../cluster/replica.ts";
 import { randomId } from "../cluster/subjects.ts";
 import { tokenizerToWire } from "../cluster/tokenizer_wire.ts";
 import type { Model } from "../model/weights.ts";
+import { defaultMaxConnections, openFileLimit } from "../util/fd_limit.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",
@@ -47,6 +48,12 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "result-cache": "resultCache",
   "nats": "nats",
   "nats-creds": "natsCreds",
+  "max-connections": "maxConnections",
+  "header-timeout": "headerTimeout",
+  "body-timeout": "bodyTimeout",
+  "keep-alive-timeout": "keepAliveTimeout",
+  "cors-origin": "corsOrigin",
+  "allowed-host": "allowedHost",
 };
 
 /** Flags that take no value. */
@@ -65,7 +72,7 @@ function usage(): string {
 export function parseServeArgs(argv: string[], env?: (name: string) => string | undefined): Config {
   const flags = parseArgs(argv, {
     string: Object.keys(FLAG_NAMES).filter((f) => !BOOLEAN_FLAGS.includes(f)),
-    collect: ["api-key", "served-model-name"],
+    collect: ["api-key", "served-model-name", "cors-origin", "allowed-host"],
     boolean: ["help", ...BOOLEAN_FLAGS],
   });
   const unknown = [
@@ -107,10 +114,17 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const progress = new LoadProgress();
   const front = new SwitchableService(createLoadingService(progress, requestLog, metrics));
   let listening!: Deno.NetAddr;
-  const server = serveService(front, {
+  const fdLimit = openFileLimit();
+  const maxConnections = config.maxConnections ?? defaultMaxConnections(fdLimit);
+  const server = await serveService(front, {
     hostname: config.host,
     port: config.port,
     drainTimeoutMs: config.drainTimeout * 1000,
+    maxConnections,
+    headerTimeoutMs: config.headerTimeout * 1000,
+    bodyTimeoutMs: config.bodyTimeout * 1000,
+    keepAliveTimeoutMs: config.keepAliveTimeout * 1000,
+    log,
     onListen: (addr) => {
       listening = addr;
       log(`llmserve listening on http://${addr.hostname}:${addr.port}/ (loading the model)`);
@@ -126,7 +140,16 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const { service, core, summary, replica } = first;
   front.switchTo(service);
   progress.set("ready");
-  log(summary(listening));
+  log(
+    summary(listening) + "\n" + [
+      `  origins   same origin${
+        config.corsOrigin.length > 0 ? ` + ${config.corsOrigin.join(", ")}` : " only"
+      }${config.allowedHost.length > 0 ? `; host names ${config.allowedHost.join(", ")}` : ""}`,
+      `  conns     ${maxConnections} at most${
+        config.maxConnections === undefined ? ` (open-file limit ${fdLimit ?? "unknown"})` : ""
+      }; timeouts: header ${config.headerTimeout} s, body ${config.bodyTimeout} s, keep-alive ${config.keepAliveTimeout} s`,
+    ].join("\n"),
+  );
   const result = await server.closed;
   if (replica) {
     const r = await replica.drained;
@@ -223,6 +246,8 @@ async function start(
     backend,
     metrics,
     apiKeys: config.apiKey,
+    corsOrigins: config.corsOrigin,
+    allowedHosts: config.allowedHost,
     drainTimeoutMs: config.drainTimeout * 1000,
     servedModelNames,
     metricsPublic: config.metricsPublic,
