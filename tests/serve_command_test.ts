@@ -168,7 +168,28 @@ Deno.test("`deno task start` serves the default model under the task's narrow pe
     child.kill("SIGTERM");
     await child.status;
   }
-  assertStringIncludes(await log(), "--allow-read=");
+  await log();
+});
+
+Deno.test("`deno task start` cannot read a model outside the directories its task allows", async () => {
+  // A real model file, copied where the task grants no read access: the refusal must be
+  // Deno's permission check, not a missing file.
+  const dir = await Deno.makeTempDir();
+  try {
+    const outside = `${dir}/stories260K.gguf`;
+    await Deno.copyFile(modelFile("stories260K-ctx512.gguf"), outside);
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["task", "start", "--port", "0", "--model", outside],
+      cwd: new URL("..", import.meta.url).pathname,
+      stdout: "null",
+      stderr: "piped",
+    }).output();
+    const stderr = new TextDecoder().decode(out.stderr);
+    assert(out.code !== 0, `the server started:\n${stderr}`);
+    assertStringIncludes(stderr, `Requires read access to "${outside}"`);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });
 
 Deno.test("the served model takes --served-model-name, --log-format json, --metrics-public and --result-cache end to end", async () => {
