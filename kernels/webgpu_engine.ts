@@ -18,6 +18,7 @@ import {
   destroyMatrix,
   type GpuMatrix,
   interleaveRows,
+  type RowSource,
   stackable,
   uploadMatrix,
   uploadVector,
@@ -200,7 +201,7 @@ export class WebGpuEngine implements Engine {
     device.pushErrorScope("out-of-memory");
     device.pushErrorScope("validation");
     const owned: { destroy(): void }[] = [];
-    const matrices = new Map<Tensor, GpuMatrix>();
+    const matrices = new Map<Tensor | RowSource, GpuMatrix>();
     const check = (t: Tensor, shape: readonly number[]) => {
       if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
         fail(
@@ -215,11 +216,14 @@ export class WebGpuEngine implements Engine {
     }
     const uploadTotal = [...allWeights].reduce((n, t) => n + t.data.byteLength, 0);
     let uploaded = 0;
-    const upload = (t: Tensor): GpuMatrix => {
+    const upload = (t: Tensor | RowSource): GpuMatrix => {
       let mm = matrices.get(t);
       if (!mm) {
         const created = uploadMatrix(gpu, t);
-        uploaded = Math.min(uploadTotal, uploaded + t.data.byteLength);
+        uploaded = Math.min(
+          uploadTotal,
+          uploaded + ("copyRows" in t ? t.byteLength : t.data.byteLength),
+        );
         opts.onUpload?.(uploaded, uploadTotal);
         matrices.set(t, created);
         owned.push({ destroy: () => destroyMatrix(created) });

@@ -3,7 +3,12 @@
  * Llama 3 and Qwen2.5 vocabularies (compat GGUFs) on cases chosen to tell the rules apart.
  */
 import { assert, assertEquals, assertNotEquals, assertThrows } from "@std/assert";
-import { BYTE_TO_CHAR } from "../lib/tokenizer/byte_unicode.ts";
+import { BYTE_TO_CHAR, bytesToChars } from "../lib/tokenizer/byte_unicode.ts";
+import { mergeWord } from "../lib/tokenizer/bpe_merge.ts";
+import { MergeRanks } from "../lib/tokenizer/merge_ranks.ts";
+import { readGgufHeader } from "../lib/model/gguf.ts";
+import type { ByteStrings } from "../lib/util/byte_strings.ts";
+import { seededRandom } from "../lib/util/seeded_random.ts";
 import { readGgufTokenizer } from "../lib/model/gguf_tokenizer.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import type { TokenizerData } from "../lib/tokenizer/tokenizer_data.ts";
@@ -162,5 +167,37 @@ Deno.test("streaming decode never splits a character spread over byte-level toke
     }
     // The llama needs three tokens: the pieces before its last one show nothing of it.
     assert(out.some((s) => s === ""), "some token completes no character by itself");
+  }
+});
+
+/** The textbook BPE (a full rescan of the word's pairs per merge, no cache): the oracle for the heap. */
+function textbookMerge(chars: string[], rank: (a: string, b: string) => number): string[] {
+  const syms = [...chars];
+  for (;;) {
+    let best = -1;
+    let bestRank = Infinity;
+    for (let i = 0; i + 1 < syms.length; i++) {
+      const r = rank(syms[i]!, syms[i + 1]!);
+      if (r >= 0 && r < bestRank) [best, bestRank] = [i, r];
+    }
+    if (best < 0) return syms;
+    syms.splice(best, 2, syms[best]! + syms[best + 1]!);
+  }
+}
+
+Deno.test("the heap merge equals the textbook BPE on random words, with Llama 3's merges", async () => {
+  const header = await readGgufHeader(modelFile("compat/llama3-like-q4_k_m.gguf"));
+  const ranks = new MergeRanks(
+    header.metadata.get("tokenizer.ggml.merges")!.value as ByteStrings,
+  );
+  const rank = (a: string, b: string) => ranks.rank(a, b);
+  const alphabet = [..."etaoinshrdlu ETAO0123456789.,'!?-_()\n\té日本語中文🦙"];
+  const next = seededRandom(10);
+  for (let n = 0; n < 300; n++) {
+    const len = 1 + Math.floor(next() * 40);
+    let word = "";
+    for (let i = 0; i < len; i++) word += alphabet[Math.floor(next() * alphabet.length)];
+    const chars = [...bytesToChars(word)];
+    assertEquals(mergeWord(chars, ranks), textbookMerge(chars, rank), JSON.stringify(word));
   }
 });

@@ -105,6 +105,20 @@ for (const [what, frame] of [["greedy", greedy], ["seeded", seeded]] as const) {
     assertEquals(metricValue(metrics, "llm_result_cache_entries"), 1);
     assertGreater(metricValue(metrics, "llm_result_cache_bytes")!, 0);
     assertGreater(metricValue(metrics, "llm_result_cache_saved_seconds_total")!, 0);
+    // The WebSocket stats feed (the playground's panel) carries the same counts.
+    const ws = await TestSocket.open(svc.ws);
+    try {
+      ws.send({ type: "subscribe_stats" });
+      const stats = await ws.take((f) => f.type === "stats");
+      assertEquals(stats.result_cache, {
+        hits: 1,
+        misses: 1,
+        entries: 1,
+        bytes: metricValue(metrics, "llm_result_cache_bytes"),
+      });
+    } finally {
+      await ws.close();
+    }
   });
 }
 

@@ -90,7 +90,7 @@ Deno.test("GET /metrics exposes every service metric with the right type and val
     llm_requests_running: "gauge",
     llm_requests_waiting: "gauge",
     llm_kv_blocks_used: "gauge",
-    llm_kv_blocks_total: "gauge",
+    llm_kv_blocks_capacity: "gauge",
     llm_prefix_cache_hit_rate: "gauge",
     llm_executor_busy_fraction: "gauge",
     llm_executor_healthy: "gauge",
@@ -115,7 +115,7 @@ Deno.test("GET /metrics exposes every service metric with the right type and val
   assertEquals(metricValue(text, 'llm_batch_size_bucket{le="4"}'), 0);
   assertEquals(metricValue(text, "llm_step_duration_seconds_sum"), 0.012);
   assertEquals(metricValue(text, "llm_executor_restarts_total"), 1);
-  assertEquals(metricValue(text, "llm_kv_blocks_total"), svc.backend.stats().kvBlocksTotal);
+  assertEquals(metricValue(text, "llm_kv_blocks_capacity"), svc.backend.stats().kvBlocksTotal);
   assertEquals(
     metricValue(text, 'llm_generations_total{api="completions",finish_reason="length"}'),
     1,

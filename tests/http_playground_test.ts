@@ -99,6 +99,8 @@ Deno.test("the playground's chat mode, sampling controls, model line, prompts, t
       // The model's served name and context come from GET /props.
       await textIs("#model-name", "tiny-stories");
       await textIs("#model-context", "4096");
+      // This server has no result cache; the stats feed says so.
+      await textIs("#stat-cache", "off");
 
       // Raw completion with every sampling control set.
       const before = svc.backend.requests.length;

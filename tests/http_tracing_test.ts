@@ -20,6 +20,8 @@ import { postJson } from "./_http_harness.ts";
 /** A span that only records what the code under test did to it. */
 class RecordedSpan implements Span {
   attributes: Attributes = {};
+  /** How often each key was set: a key set twice is dropped by some OTLP receivers. */
+  setCounts = new Map<string, number>();
   events: string[] = [];
   status: SpanStatus | undefined;
   ended = false;
@@ -42,11 +44,12 @@ class RecordedSpan implements Span {
     return this.#ctx;
   }
   setAttribute(k: string, v: unknown): this {
+    this.setCounts.set(k, (this.setCounts.get(k) ?? 0) + 1);
     this.attributes[k] = v as string;
     return this;
   }
   setAttributes(a: Attributes): this {
-    Object.assign(this.attributes, a);
+    for (const [k, v] of Object.entries(a)) this.setAttribute(k, v);
     return this;
   }
   addEvent(name: string): this {
@@ -171,6 +174,8 @@ Deno.test("a request gets a span with token counts, priority, finish reason and 
       backend.countTokens("trace this please"),
     );
     assertEquals(span.attributes["gen_ai.usage.output_tokens"], 4);
+    const repeated = [...span.setCounts].filter(([, n]) => n > 1).map(([k]) => k);
+    assertEquals(repeated, [], "attributes set more than once on llm.request");
     assertEquals(span.attributes["llm.finish_reason"], "length");
     assertEquals(span.attributes["gen_ai.request.max_tokens"], 4);
     assertEquals(span.events, ["queued", "started", "first_token", "done"]);

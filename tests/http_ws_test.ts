@@ -119,8 +119,10 @@ Deno.test("/v1/stream cancel mid-stream ends the generation and frees its KV blo
       metricValue(after, 'llm_generations_total{api="stream",finish_reason="cancelled"}'),
       1,
     );
-    // Nothing for that id after its done frame.
-    await new Promise((r) => setTimeout(r, 50));
+    // Nothing for that id after its done frame: its generation has ended (the count above),
+    // and a socket delivers in order, so a frame of it would arrive before this barrier's.
+    ws.send({ type: "generate", id: "barrier", prompt: "x", max_tokens: 1 });
+    await ws.collect("barrier");
     assertEquals(ws.frames.filter((f) => f.id === "long"), []);
     // The id is free again.
     ws.send({ type: "generate", id: "long", prompt: "again", max_tokens: 2, seed: 1 });
@@ -140,13 +142,11 @@ Deno.test("/v1/stream closing the socket aborts every generation it started", as
   assertEquals(svc.backend.active, 2);
   await ws.close();
   await waitUntil(() => svc.backend.active === 0, "both generations to be aborted");
-  const produced = svc.backend.tokensYielded;
-  await new Promise((r) => setTimeout(r, 60));
-  assertEquals(
-    svc.backend.tokensYielded,
-    produced,
-    "tokens were generated after the socket closed",
-  );
+  // The scheduler has dropped both sequences, so nothing can decode for them any more.
+  await waitUntil(() => {
+    const s = svc.backend.serving.schedulerStats();
+    return s.running + s.waiting === 0;
+  }, "the core to drop both sequences");
   const m = await scrape(svc.base);
   assertEquals(metricValue(m, "llm_kv_blocks_used"), 0);
   assertEquals(metricValue(m, "llm_inflight_generations"), 0);
@@ -316,10 +316,19 @@ Deno.test("/v1/stream pushes stats frames after subscribe_stats and stops after 
     }
     ws.send({ type: "unsubscribe_stats" });
     ws.send({ type: "cancel", id: "g" });
+    // Frames are handled in order: once the cancel is answered, the unsubscribe was handled.
     await ws.take((f) => f.type === "done");
-    await new Promise((r) => setTimeout(r, 100));
     ws.frames.length = 0;
-    await new Promise((r) => setTimeout(r, 100));
+    // Proof that time passed with stats timers running: another socket's subscription ticks
+    // twice. The first socket got no stats frame meanwhile.
+    const other = await TestSocket.open(svc.wsUrl);
+    try {
+      other.send({ type: "subscribe_stats" });
+      await other.take((f) => f.type === "stats");
+      await other.take((f) => f.type === "stats");
+    } finally {
+      await other.close();
+    }
     assertEquals(ws.frames.filter((f) => f.type === "stats"), []);
   } finally {
     await ws.close();

@@ -168,7 +168,28 @@ Deno.test("`deno task start` serves the default model under the task's narrow pe
     child.kill("SIGTERM");
     await child.status;
   }
-  assertStringIncludes(await log(), "--allow-read=");
+  await log();
+});
+
+Deno.test("`deno task start` cannot read a model outside the directories its task allows", async () => {
+  // A real model file, copied where the task grants no read access: the refusal must be
+  // Deno's permission check, not a missing file.
+  const dir = await Deno.makeTempDir();
+  try {
+    const outside = `${dir}/stories260K.gguf`;
+    await Deno.copyFile(modelFile("stories260K-ctx512.gguf"), outside);
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["task", "start", "--port", "0", "--model", outside],
+      cwd: new URL("..", import.meta.url).pathname,
+      stdout: "null",
+      stderr: "piped",
+    }).output();
+    const stderr = new TextDecoder().decode(out.stderr);
+    assert(out.code !== 0, `the server started:\n${stderr}`);
+    assertStringIncludes(stderr, `Requires read access to "${outside}"`);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });
 
 Deno.test("the served model takes --served-model-name, --log-format json, --metrics-public and --result-cache end to end", async () => {
@@ -229,4 +250,52 @@ Deno.test("the served model takes --served-model-name, --log-format json, --metr
   assert(
     lines.some((l) => l.route === "/v1/models" && l.status === 401 && l.code === "unauthorized"),
   );
+});
+
+Deno.test("the served /metrics passes `promtool check metrics` (Debian's prometheus package)", async () => {
+  const { child, base } = await spawnServer();
+  try {
+    const res = await fetch(`${base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ prompt: "Once upon a time", max_tokens: 4 }),
+    });
+    assertEquals(res.status, 200);
+    await res.body?.cancel();
+    const text = await (await fetch(`${base}/metrics`)).text();
+    let promtool: Deno.ChildProcess;
+    try {
+      promtool = new Deno.Command("promtool", {
+        args: ["check", "metrics"],
+        stdin: "piped",
+        stdout: "piped",
+        stderr: "piped",
+      }).spawn();
+    } catch (e) {
+      throw new Error(`promtool is required (apt-get install prometheus; .ci/run does): ${e}`);
+    }
+    const w = promtool.stdin.getWriter();
+    await w.write(new TextEncoder().encode(text));
+    await w.close();
+    const out = await promtool.output();
+    const complaints = new TextDecoder().decode(out.stdout).concat(
+      new TextDecoder().decode(out.stderr),
+    ).split("\n").map((l) => l.trim()).filter((l) => l !== "");
+    // The one documented exception: vLLM's names for llm-d's endpoint picker (README, Metrics)
+    // carry vLLM's colon, which promtool's lint reserves for recording rules. Everything of
+    // our own must be clean.
+    const vllmNames = [
+      "vllm:kv_cache_usage_perc",
+      "vllm:num_requests_running",
+      "vllm:num_requests_waiting",
+    ];
+    assertEquals(
+      complaints,
+      vllmNames.map((n) => `${n} metric names should not contain ':'`),
+      `promtool (exit ${out.code}) complained:\n${complaints.join("\n")}`,
+    );
+  } finally {
+    child.kill("SIGTERM");
+    await child.status;
+  }
 });

@@ -134,6 +134,11 @@ export interface GenerationBackend {
   readonly bosToken: string;
   readonly eosToken: string;
   /** Spellings of the tokens only template text may produce (control, user-defined): the chat renderer keeps client text from spelling them. */
-  readonly specialTokens?: readonly string[];
+  readonly specialTokens: readonly string[];
   stats(): CoreStats;
+  /**
+   * Why it cannot take work now, for /ready (a router: no replica in rotation). Absent: the
+   * executor's health decides.
+   */
+  readinessProblems?(): string[];
 }

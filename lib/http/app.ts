@@ -158,7 +158,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     template: backend.chatTemplate,
     bosToken: backend.bosToken,
     eosToken: backend.eosToken,
-    specialTokens: backend.specialTokens ?? [],
+    specialTokens: backend.specialTokens,
   });
   let loaded = opts.ready ?? true;
   let draining = false;

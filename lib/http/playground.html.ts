@@ -124,6 +124,7 @@ export const PLAYGROUND_HTML = `<!doctype html>
       <dt>KV blocks used</dt><dd id="stat-kv">–</dd>
       <dt>Prefix cache hits</dt><dd id="stat-prefix">–</dd>
       <dt>Executor</dt><dd id="stat-exec">–</dd>
+      <dt>Result cache</dt><dd id="stat-cache">–</dd>
     </dl>
   </div>
 </div>
@@ -197,6 +198,8 @@ function onFrame(f) {
     $("stat-kv").textContent = f.kv_blocks_used + " / " + f.kv_blocks_total;
     $("stat-prefix").textContent = (f.prefix_cache_hit_rate * 100).toFixed(0) + "%";
     $("stat-exec").textContent = f.executor_healthy ? "healthy" : "down";
+    const rc = f.result_cache;
+    $("stat-cache").textContent = rc ? rc.hits + " hits / " + rc.misses + " misses" : "off";
     return;
   }
   const g = f.id !== undefined ? gens.get(f.id) : undefined;

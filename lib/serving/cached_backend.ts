@@ -47,6 +47,9 @@ export class CachedBackend implements GenerationBackend {
   get eosToken(): string {
     return this.inner.eosToken;
   }
+  get specialTokens(): readonly string[] {
+    return this.inner.specialTokens;
+  }
 
   countTokens(text: string, opts?: { special?: boolean }): number {
     return this.inner.countTokens(text, opts);
