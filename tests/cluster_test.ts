@@ -417,3 +417,53 @@ Deno.test("every replica full: the router answers 503 overloaded with Retry-Afte
   }
   for (const r of ok) assertEquals(r.body.choices[0].text, ref.text);
 });
+
+Deno.test("through the router: API keys hold, and cancel and disconnect free the replica's KV blocks", async () => {
+  await using cluster = await Cluster.start();
+  const replica = await cluster.replica(KV);
+  const KEY = "sk-router-test-key";
+  const auth = { authorization: `Bearer ${KEY}` };
+  const router = await cluster.router(["--api-key", KEY]);
+  await cluster.routerSees(router, 1, 15_000, auth);
+  const denied = await fetch(`${router.base}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ prompt: "Once upon a time", max_tokens: 4 }),
+  });
+  assertEquals(denied.status, 401);
+  await denied.body?.cancel();
+  // A generation that runs to its limit alone, so stopping early is visible in the step count.
+  let long: { case: Case; ids: number[] } | undefined;
+  for (let seed = 1; seed <= 30 && long === undefined; seed++) {
+    const c: Case = { prompt: "Once upon a time", maxTokens: 400, sampling: sampled(seed) };
+    const ref = await reference(c.prompt, c.maxTokens, c.sampling);
+    if (ref.ids.length === 400) long = { case: c, ids: ref.ids };
+  }
+  if (long === undefined) throw new Error("no seed in 1..30 gives a story of 400 tokens");
+  const replicaIdle = async () => {
+    const m = await scrape(replica.base);
+    return metricValue(m, "llm_requests_running") === 0 &&
+      metricValue(m, "llm_kv_blocks_used") === 0;
+  };
+  const steps = async () => metricValue(await scrape(replica.base), "llm_steps_total") ?? 0;
+  const wsUrl = `${router.base.replace("http", "ws")}/v1/stream?api_key=${KEY}`;
+
+  const stepsBefore = await steps();
+  const sock = await TestSocket.open(wsUrl);
+  sock.send(wsFrame("c1", long.case));
+  await sock.take((f) => f.id === "c1" && f.type === "token", 10_000);
+  sock.send({ type: "cancel", id: "c1" });
+  const end = await sock.take((f) => f.id === "c1" && f.type === "done", 10_000);
+  assertEquals(end.finish_reason, "cancelled");
+  await until("the replica to free the cancelled sequence", replicaIdle);
+  const cancelledSteps = (await steps()) - stepsBefore;
+  assert(cancelledSteps < 350, `cancelled after ${cancelledSteps} steps, not run to 400`);
+
+  const stepsBefore2 = await steps();
+  sock.send(wsFrame("c2", long.case));
+  await sock.take((f) => f.id === "c2" && f.type === "token", 10_000);
+  await sock.close();
+  await until("the replica to free the abandoned sequence", replicaIdle);
+  const goneSteps = (await steps()) - stepsBefore2;
+  assert(goneSteps < 350, `client gone after ${goneSteps} steps, not run to 400`);
+});
