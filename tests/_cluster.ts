@@ -123,9 +123,14 @@ export class Cluster implements AsyncDisposable {
   }
 
   /** Waits until the router counts `n` replicas ready (and none draining or stale if exact). */
-  async routerSees(router: Member, n: number, timeoutMs = 15_000): Promise<void> {
+  async routerSees(
+    router: Member,
+    n: number,
+    timeoutMs = 15_000,
+    headers: HeadersInit = {},
+  ): Promise<void> {
     await until(`router to see ${n} ready replicas`, async () => {
-      const text = await scrape(router.base).catch(() => "");
+      const text = await scrape(router.base, headers).catch(() => "");
       return metricValue(text, 'llm_router_replicas{state="ready"}') === n;
     }, timeoutMs);
   }

@@ -186,6 +186,28 @@ Deno.test("a router over 3 NATS replicas: exact outputs, prefix routing, failove
         seed: 1234,
       });
       assertEquals(out.choices[0]!.text, expected[2]!.text);
+      // Chat: the router renders and tokenizes as a single server does (the replica's own port).
+      const direct = new OpenAI({
+        baseURL: replicas[0]!.base + "/v1",
+        apiKey: "unused",
+        maxRetries: 0,
+      });
+      const chat = {
+        model: "stories260K",
+        messages: [{ role: "user" as const, content: "Tell me a story about a cat" }],
+        max_tokens: 30,
+        temperature: 0.8,
+        seed: 11,
+      };
+      const viaReplica = (await direct.chat.completions.create(chat)).choices[0]!.message.content;
+      const viaRouter = (await client.chat.completions.create(chat)).choices[0]!.message.content;
+      assert((viaReplica ?? "").length > 0);
+      assertEquals(viaRouter, viaReplica);
+      let streamed = "";
+      for await (const chunk of await client.chat.completions.create({ ...chat, stream: true })) {
+        streamed += chunk.choices[0]?.delta?.content ?? "";
+      }
+      assertEquals(streamed, viaReplica);
       const models = await client.models.list();
       assertEquals(models.data.map((m) => m.id), ["stories260K"]);
       assertEquals((await fetch(router.base + "/ready")).status, 200);
@@ -416,4 +438,54 @@ Deno.test("every replica full: the router answers 503 overloaded with Retry-Afte
     assert(Number(r.headers.get("retry-after")) >= 1);
   }
   for (const r of ok) assertEquals(r.body.choices[0].text, ref.text);
+});
+
+Deno.test("through the router: API keys hold, and cancel and disconnect free the replica's KV blocks", async () => {
+  await using cluster = await Cluster.start();
+  const replica = await cluster.replica(KV);
+  const KEY = "sk-router-test-key";
+  const auth = { authorization: `Bearer ${KEY}` };
+  const router = await cluster.router(["--api-key", KEY]);
+  await cluster.routerSees(router, 1, 15_000, auth);
+  const denied = await fetch(`${router.base}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ prompt: "Once upon a time", max_tokens: 4 }),
+  });
+  assertEquals(denied.status, 401);
+  await denied.body?.cancel();
+  // A generation that runs to its limit alone, so stopping early is visible in the step count.
+  let long: { case: Case; ids: number[] } | undefined;
+  for (let seed = 1; seed <= 30 && long === undefined; seed++) {
+    const c: Case = { prompt: "Once upon a time", maxTokens: 400, sampling: sampled(seed) };
+    const ref = await reference(c.prompt, c.maxTokens, c.sampling);
+    if (ref.ids.length === 400) long = { case: c, ids: ref.ids };
+  }
+  if (long === undefined) throw new Error("no seed in 1..30 gives a story of 400 tokens");
+  const replicaIdle = async () => {
+    const m = await scrape(replica.base);
+    return metricValue(m, "llm_requests_running") === 0 &&
+      metricValue(m, "llm_kv_blocks_used") === 0;
+  };
+  const steps = async () => metricValue(await scrape(replica.base), "llm_steps_total") ?? 0;
+  const wsUrl = `${router.base.replace("http", "ws")}/v1/stream?api_key=${KEY}`;
+
+  const stepsBefore = await steps();
+  const sock = await TestSocket.open(wsUrl);
+  sock.send(wsFrame("c1", long.case));
+  await sock.take((f) => f.id === "c1" && f.type === "token", 10_000);
+  sock.send({ type: "cancel", id: "c1" });
+  const end = await sock.take((f) => f.id === "c1" && f.type === "done", 10_000);
+  assertEquals(end.finish_reason, "cancelled");
+  await until("the replica to free the cancelled sequence", replicaIdle);
+  const cancelledSteps = (await steps()) - stepsBefore;
+  assert(cancelledSteps < 350, `cancelled after ${cancelledSteps} steps, not run to 400`);
+
+  const stepsBefore2 = await steps();
+  sock.send(wsFrame("c2", long.case));
+  await sock.take((f) => f.id === "c2" && f.type === "token", 10_000);
+  await sock.close();
+  await until("the replica to free the abandoned sequence", replicaIdle);
+  const goneSteps = (await steps()) - stepsBefore2;
+  assert(goneSteps < 350, `client gone after ${goneSteps} steps, not run to 400`);
 });
