@@ -63,6 +63,11 @@ export class SchedulerActor {
     return this.#core.stats();
   }
 
+  /** The prefix cache's block hashes (see BlockAllocator.cachedBlockHashes). */
+  cachedBlockHashes(limit: number): number[] {
+    return this.#core.kv.cachedBlockHashes(limit);
+  }
+
   /**
    * Runs until the mailbox is closed; then fails what is still live and closes the executor's
    * mailbox so it ends too.
