@@ -186,6 +186,28 @@ Deno.test("a router over 3 NATS replicas: exact outputs, prefix routing, failove
         seed: 1234,
       });
       assertEquals(out.choices[0]!.text, expected[2]!.text);
+      // Chat: the router renders and tokenizes as a single server does (the replica's own port).
+      const direct = new OpenAI({
+        baseURL: replicas[0]!.base + "/v1",
+        apiKey: "unused",
+        maxRetries: 0,
+      });
+      const chat = {
+        model: "stories260K",
+        messages: [{ role: "user" as const, content: "Tell me a story about a cat" }],
+        max_tokens: 30,
+        temperature: 0.8,
+        seed: 11,
+      };
+      const viaReplica = (await direct.chat.completions.create(chat)).choices[0]!.message.content;
+      const viaRouter = (await client.chat.completions.create(chat)).choices[0]!.message.content;
+      assert((viaReplica ?? "").length > 0);
+      assertEquals(viaRouter, viaReplica);
+      let streamed = "";
+      for await (const chunk of await client.chat.completions.create({ ...chat, stream: true })) {
+        streamed += chunk.choices[0]?.delta?.content ?? "";
+      }
+      assertEquals(streamed, viaReplica);
       const models = await client.models.list();
       assertEquals(models.data.map((m) => m.id), ["stories260K"]);
       assertEquals((await fetch(router.base + "/ready")).status, 200);
