@@ -1,13 +1,13 @@
 /**
  * What a router costs: the same closed-loop workload sent to one replica directly and through
  * a router in front of it (nats-server with authentication, all on loopback, all in this run),
- * at concurrency 1 and 32. Prints tokens/s with the ratio router/direct and TTFT p50/p99 with
- * what the router adds. Every answer is checked to be the same text on both paths.
+ * at concurrency 1 and 32, in A B B A order. Prints tokens/s with the ratio router/direct and
+ * TTFT p50/p99 with what the router adds.
  *
  *   MODEL_MIRROR=../shared/models deno task bench:router [--requests 32] [--tokens 64]
  *     [--backend cpu] [--concurrency 1,32]
  *
- * Needs `nats-server` on PATH (Debian: apt-get install nats-server).
+ * Needs `nats-server` on PATH or at $NATS_SERVER (Debian: apt-get install nats-server).
  */
 import { parseArgs } from "@std/cli/parse-args";
 import { httpGenerate, type RequestRecord } from "./load_clients.ts";
@@ -40,7 +40,9 @@ async function waitFor(what: string, cond: () => Promise<boolean>, ms = 30_000):
 }
 
 /** Starts `main.ts router` and resolves with its base URL. */
-async function startRouter(nats: string): Promise<{ base: string; stop: () => Promise<void> }> {
+async function startRouter(
+  nats: string,
+): Promise<{ base: string; pid: number; stop: () => Promise<void> }> {
   const child = new Deno.Command(Deno.execPath(), {
     args: [
       "run",
@@ -68,6 +70,7 @@ async function startRouter(nats: string): Promise<{ base: string; stop: () => Pr
   })();
   return {
     base,
+    pid: child.pid,
     stop: async () => {
       try {
         child.kill("SIGTERM");
@@ -75,6 +78,14 @@ async function startRouter(nats: string): Promise<{ base: string; stop: () => Pr
       await child.status;
     },
   };
+}
+
+/** CPU seconds (user + system) a process has used, from /proc/<pid>/stat (Linux). */
+function cpuSeconds(pid: number): number {
+  const stat = Deno.readTextFileSync(`/proc/${pid}/stat`);
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  // utime and stime are fields 14 and 15 of the whole line, in clock ticks (100 per second).
+  return (Number(fields[11]) + Number(fields[12])) / 100;
 }
 
 interface Run {
@@ -117,7 +128,7 @@ if (import.meta.main) {
     `${dir}/nats.conf`,
     `listen: 127.0.0.1:${port}\nauthorization { user: bench, password: "bench-pass" }\n`,
   );
-  const natsServer = new Deno.Command("nats-server", {
+  const natsServer = new Deno.Command(Deno.env.get("NATS_SERVER") ?? "nats-server", {
     args: ["-c", `${dir}/nats.conf`],
     stdout: "null",
     stderr: "null",
@@ -145,13 +156,26 @@ if (import.meta.main) {
       return metricValue(text, 'llm_router_replicas{state="ready"}') === 1;
     });
     // Warm both paths (JIT, connections) before measuring.
-    await closedLoop(replica.base, 4, 8, 8);
-    await closedLoop(routerBase, 4, 8, 8);
+    for (let i = 0; i < 2; i++) {
+      await closedLoop(replica.base, 4, 16, 16);
+      await closedLoop(routerBase, 4, 16, 16);
+    }
     const rows: string[][] = [];
     for (const c of levels) {
       const n = Math.max(requests, c * 2);
-      const direct = await closedLoop(replica.base, c, n, tokens);
-      const routed = await closedLoop(routerBase, c, n, tokens);
+      // A B B A: drift of a shared machine (other processes, JIT) hits both paths alike.
+      const d1 = await closedLoop(replica.base, c, n, tokens);
+      const cpu0 = cpuSeconds(router.pid);
+      const r1 = await closedLoop(routerBase, c, n, tokens);
+      const r2 = await closedLoop(routerBase, c, n, tokens);
+      const routerCpu = cpuSeconds(router.pid) - cpu0;
+      const d2 = await closedLoop(replica.base, c, n, tokens);
+      const join = (a: Run, b: Run): Run => ({
+        records: [...a.records, ...b.records],
+        wallMs: a.wallMs + b.wallMs,
+      });
+      const direct = join(d1, d2);
+      const routed = join(r1, r2);
       for (const r of [...direct.records, ...routed.records]) {
         if (r.error) throw new Error(`request ${r.index} failed: ${r.error}`);
       }
@@ -168,6 +192,11 @@ if (import.meta.main) {
         fmt(d.p99),
         fmt(t.p99),
         fmt(t.p99 - d.p99),
+        fmt(
+          (routerCpu * 1e6) /
+            [...r1.records, ...r2.records].reduce((a, x) => a + x.outputTokens, 0),
+          0,
+        ),
       ]);
     }
     console.log(machineLine(machineInfo()));
@@ -186,6 +215,7 @@ if (import.meta.main) {
       "direct TTFT p99 ms",
       "router TTFT p99 ms",
       "added p99 ms",
+      "router CPU µs/token",
     ], rows));
   } finally {
     await router?.stop();

@@ -64,11 +64,9 @@ export class NatsServer {
       conf,
       `listen: 127.0.0.1:${this.port}\nauthorization { user: "${NATS_USER}", password: "${NATS_PASS}" }\n`,
     );
-    this.child = new Deno.Command("nats-server", {
-      args: ["-c", conf],
-      stdout: "null",
-      stderr: "null",
-    })
+    // NATS_SERVER: the path the test set-up found or installed (default: nats-server on PATH).
+    const bin = Deno.env.get("NATS_SERVER") ?? "nats-server";
+    this.child = new Deno.Command(bin, { args: ["-c", conf], stdout: "null", stderr: "null" })
       .spawn();
     await until("nats-server to listen", () => canConnect(this.port), 10_000);
   }
@@ -123,9 +121,14 @@ export class Cluster implements AsyncDisposable {
   }
 
   /** Waits until the router counts `n` replicas ready (and none draining or stale if exact). */
-  async routerSees(router: Member, n: number, timeoutMs = 15_000): Promise<void> {
+  async routerSees(
+    router: Member,
+    n: number,
+    timeoutMs = 15_000,
+    headers: HeadersInit = {},
+  ): Promise<void> {
     await until(`router to see ${n} ready replicas`, async () => {
-      const text = await scrape(router.base).catch(() => "");
+      const text = await scrape(router.base, headers).catch(() => "");
       return metricValue(text, 'llm_router_replicas{state="ready"}') === n;
     }, timeoutMs);
   }
