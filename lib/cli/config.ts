@@ -28,9 +28,10 @@ export const SETTINGS = {
 
 export type SettingName = keyof typeof SETTINGS;
 
-const positiveInt = (name: string) =>
-  z.coerce.number({ error: `${name} must be a number` }).int(`${name} must be an integer`).positive(
-    `${name} must be positive`,
+// Messages name no setting: the caller prefixes the flag or variable the value came from.
+const positiveInt = () =>
+  z.coerce.number({ error: "must be a number" }).int("must be an integer").positive(
+    "must be positive",
   );
 
 export const ConfigSchema = z.object({
@@ -38,9 +39,12 @@ export const ConfigSchema = z.object({
   tokenizer: z.string().min(1).optional(),
   modelsDir: z.string().min(1).optional(),
   backend: z.enum(["webgpu", "cpu", "auto"]).default("auto"),
-  contextLength: positiveInt("contextLength").optional(),
+  contextLength: positiveInt().optional(),
   host: z.string().min(1).default("127.0.0.1"),
-  port: z.coerce.number().int().min(0).max(65535).default(8000),
+  port: z.coerce.number({ error: "must be a number" }).int("must be an integer").min(
+    0,
+    "must be 0 to 65535",
+  ).max(65535, "must be 0 to 65535").default(8000),
   kvMemory: z.string().default("256MiB").transform((s, ctx) => {
     try {
       return parseByteSize(s);
@@ -49,15 +53,17 @@ export const ConfigSchema = z.object({
       return z.NEVER;
     }
   }),
-  blockSize: positiveInt("blockSize").default(16),
-  maxBatchTokens: positiveInt("maxBatchTokens").default(512),
-  maxRunning: positiveInt("maxRunning").default(64),
-  maxWaiting: positiveInt("maxWaiting").default(256),
+  blockSize: positiveInt().default(16),
+  maxBatchTokens: positiveInt().default(512),
+  maxRunning: positiveInt().default(64),
+  maxWaiting: positiveInt().default(256),
   // Deeper pipelines hide more readback latency (measured on llvmpipe: 2 -> 147, 3 -> 198,
   // 4 -> 264 tokens/s single-stream) at the cost of steps computed past a stop.
-  pipelineDepth: positiveInt("pipelineDepth").max(8, "pipelineDepth must be at most 8").default(3),
+  pipelineDepth: positiveInt().max(8, "must be at most 8").default(3),
   apiKey: z.array(z.string().min(8, "API keys must have at least 8 characters")).default([]),
-  drainTimeout: z.coerce.number().nonnegative().default(30),
+  drainTimeout: z.coerce.number({ error: "must be a number" }).nonnegative(
+    "must be 0 or more seconds",
+  ).default(30),
 });
 
 export type Config = z.infer<typeof ConfigSchema>;
@@ -86,10 +92,14 @@ export function resolveConfig(
   if (!parsed.success) {
     const lines = parsed.error.issues.map((i) => {
       const name = String(i.path[0]) as SettingName;
-      // Name what the user typed: the kebab-case flag, or the variable when the value came
-      // from the environment.
-      const flag = "--" + name.replace(/[A-Z]/g, (c) => "-" + c.toLowerCase());
-      const where = flags[name] !== undefined ? flag : SETTINGS[name]?.env ?? flag;
+      // Name what the user typed: the kebab-case flag, or the variable (with the flag it
+      // stands for) when the value came from the environment.
+      const flag = flagName(name);
+      const where = flags[name] !== undefined
+        ? flag
+        : SETTINGS[name] === undefined
+        ? flag
+        : `${SETTINGS[name].env} (${flag})`;
       // API keys are secrets: say which one, never echo it.
       if (name === "apiKey") return `${where} #${Number(i.path[1] ?? 0) + 1}: ${i.message}`;
       const received = JSON.stringify(raw[name]);
@@ -100,4 +110,9 @@ export function resolveConfig(
     throw new Error(`Invalid configuration:\n  ${lines.join("\n  ")}`);
   }
   return parsed.data;
+}
+
+/** `maxBatchTokens` -> `--max-batch-tokens`. */
+export function flagName(name: string): string {
+  return "--" + name.replace(/[A-Z]/g, (c) => "-" + c.toLowerCase());
 }

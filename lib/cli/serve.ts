@@ -1,5 +1,7 @@
 import { openModel } from "./open_model.ts";
-import { parseArgs } from "@std/cli/parse-args";
+import { parseFlags } from "./args.ts";
+import { whenLauncherGone } from "./parent_watch.ts";
+import { versionLine } from "./version.ts";
 import { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { type Config, resolveConfig, type SettingName, SETTINGS } from "./config.ts";
@@ -34,35 +36,51 @@ function usage(): string {
   const rows = Object.entries(FLAG_NAMES).map(([flag, name]) =>
     `  --${flag.padEnd(18)} ${SETTINGS[name].help} [env ${SETTINGS[name].env}]`
   );
-  return `Usage: deno task start [options]\n${rows.join("\n")}`;
+  return `Usage: deno task start [options]
+${rows.join("\n")}
+  --help               this text
+  --version            print the version and exit
+
+Examples:
+  deno task start                                         stories260K on http://127.0.0.1:8000/
+  deno task start --model stories260K-q8_0                a file in the models dir or mirror, by stem
+  deno task start --model /data/models/llama.gguf --host 0.0.0.0 --port 8080
+  deno task start --model https://huggingface.co/<org>/<repo>/resolve/main/<file>.gguf
+  LLMSERVE_API_KEYS=key-one-123,key-two-456 deno task start --backend cpu --kv-memory 1GiB
+  deno task models                                        list the models it can find`;
 }
+
+/** The flags `serve` takes, for the parser. */
+const SERVE_FLAGS = {
+  string: Object.keys(FLAG_NAMES),
+  collect: ["api-key"],
+  boolean: ["help", "version"],
+};
 
 /** Parses `serve` flags into the validated configuration. Exported for tests. */
 export function parseServeArgs(argv: string[], env?: (name: string) => string | undefined): Config {
-  const flags = parseArgs(argv, {
-    string: Object.keys(FLAG_NAMES),
-    collect: ["api-key"],
-    boolean: ["help"],
-  });
-  const unknown = [
-    ...Object.keys(flags).filter((k) => k !== "_" && k !== "help" && !(k in FLAG_NAMES)).map((k) =>
-      `--${k}`
-    ),
-    ...flags._.map(String),
-  ];
+  const { values, unknown } = parseFlags(argv, SERVE_FLAGS);
   if (unknown.length > 0) throw new Error(`Unknown argument(s): ${unknown.join(" ")}\n${usage()}`);
   const named: Partial<Record<SettingName, unknown>> = {};
   for (const [flag, name] of Object.entries(FLAG_NAMES)) {
-    const v = (flags as Record<string, unknown>)[flag];
+    const v = values[flag];
     if (v !== undefined && !(Array.isArray(v) && v.length === 0)) named[name] = v;
   }
   return resolveConfig(named, env);
 }
 
+/** What `--help` or `--version` print, or undefined for a run. */
+export function serveInfo(argv: readonly string[]): string | undefined {
+  if (argv.includes("--help")) return usage();
+  if (argv.includes("--version")) return versionLine();
+  return undefined;
+}
+
 /** `serve` command: loads the model, starts the actors and the HTTP server, drains on SIGTERM. */
 export async function serveCommand(argv: string[]): Promise<number> {
-  if (argv.includes("--help")) {
-    console.log(usage());
+  const info = serveInfo(argv);
+  if (info !== undefined) {
+    console.log(info);
     return 0;
   }
   const config = parseServeArgs(argv);
@@ -150,6 +168,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
       ].join("\n"));
     },
   });
+  whenLauncherGone(() => void server.stop());
   const result = await server.closed;
   await core.close();
   log(

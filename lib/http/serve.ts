@@ -50,9 +50,12 @@ export function serveService(service: ServiceApp, opts: ServeOptions): RunningSe
   const closed = new Promise<DrainResult>((r) => resolveClosed = r);
   const stop = (): Promise<DrainResult> => {
     stopping ??= (async () => {
-      for (const s of signals) Deno.removeSignalListener(s, onSignal);
+      // The listeners stay until the end: a repeated signal (a terminal's Ctrl-C reaching
+      // both a launcher and the server, a supervisor signalling the whole group) must not fall
+      // back to the default action and kill the drain; --drain-timeout bounds it instead.
       const result = await service.drain({ timeoutMs: opts.drainTimeoutMs });
       await server.shutdown();
+      for (const s of signals) Deno.removeSignalListener(s, onSignal);
       resolveClosed(result);
       return result;
     })();

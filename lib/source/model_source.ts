@@ -144,6 +144,11 @@ export async function resolveFileSpec(spec: string, options: ResolveOptions = {}
   );
 }
 
+/** A spec that names a file rather than a model: it has a directory part or a model extension. */
+export function isPathSpec(spec: string): boolean {
+  return /[\\/]/.test(spec) || /\.(gguf|bin)$/i.test(spec);
+}
+
 /** True for specs that name an `http://` or `https://` resource. */
 export function isHttpUrl(spec: string): boolean {
   return /^https?:\/\//i.test(spec.trim());
@@ -194,11 +199,9 @@ function makeContext(options: ResolveOptions): Context {
 
 async function resolveSpec(spec: string, context: Context): Promise<ModelSource> {
   if (isHttpUrl(spec)) return { modelPath: await resolveUrl(spec, context) };
-  // A bare known name is not looked up as a file in the working directory: the server may
-  // not be allowed to read there, and a name should mean the same thing wherever it runs.
-  const bareKnown = !/[\\/]/.test(spec) &&
-    Object.keys(KNOWN_MODELS).some((n) => n.toLowerCase() === spec.toLowerCase());
-  const info = bareKnown ? null : await statOrNull(spec);
+  // Only a spec that looks like a path is looked up in the working directory: a name should
+  // mean the same thing wherever the server runs, and the server may not read there.
+  const info = isPathSpec(spec) ? await statOrNull(spec) : null;
   if (info?.isFile) return { modelPath: spec };
   if (info?.isDirectory) {
     throw new Error(
@@ -213,12 +216,89 @@ async function resolveSpec(spec: string, context: Context): Promise<ModelSource>
     const tokenizerPath = await resolveKnownFile(knownName, known.tokenizer, context);
     return { modelPath, tokenizerPath };
   }
+  // A file of the models directory or the mirror, by its name or its stem.
+  if (!/[\\/]/.test(spec)) {
+    const byName = await findLocalByName(spec, context);
+    if (byName !== undefined) return { modelPath: byName };
+  }
+  const local = await listLocalModelFiles(context);
+  const stems = [...new Set(local.files.filter((f) => f.kind === "model").map((f) => f.stem))];
   const alternatives = `known names: ${describeKnownModels()}; ` +
-    "a path to an existing .gguf or llama2.c .bin file, or an http(s) URL, also works";
+    `files by stem in ${describeLookupPlaces(context)}: ${
+      stems.length === 0 ? "none" : stems.join(", ")
+    }; a path to an existing .gguf or llama2.c .bin file, or an http(s) URL, also works`;
   if (/[\\/]/.test(spec) || /\.(gguf|bin)$/i.test(spec)) {
     throw new Error(`Cannot find model file "${spec}": no such file; ${alternatives}`);
   }
   throw new Error(`Unknown model "${spec}"; ${alternatives}`);
+}
+
+/** "the models directory (<dir>) and the mirror (<dir>)", or without the mirror when unset. */
+function describeLookupPlaces(context: Context): string {
+  return context.mirrorDir === undefined
+    ? `the models directory (${context.modelsDir}; MODEL_MIRROR is unset)`
+    : `the models directory (${context.modelsDir}) and the mirror (${context.mirrorDir})`;
+}
+
+/** `name`, `name.gguf` or `name.bin` in the models directory, then the mirror. */
+async function findLocalByName(name: string, context: Context): Promise<string | undefined> {
+  const candidates = /\.(gguf|bin)$/i.test(name) ? [name] : [`${name}.gguf`, `${name}.bin`];
+  for (const dir of [context.modelsDir, context.mirrorDir]) {
+    if (dir === undefined) continue;
+    for (const c of candidates) {
+      const path = joinPath(dir, c);
+      if (await isFile(path)) return path;
+    }
+  }
+  return undefined;
+}
+
+/** A model-like file found in the models directory or the mirror. */
+export interface LocalModelFile {
+  /** The file name, e.g. `stories260K-q8_0.gguf`. */
+  readonly name: string;
+  /** The name without `.gguf`/`.bin`: what `--model` accepts. */
+  readonly stem: string;
+  readonly path: string;
+  readonly place: "models dir" | "mirror";
+  readonly bytes: number;
+  /** `tokenizer` for a known model's tokenizer file (e.g. tok512.bin), else `model`. */
+  readonly kind: "model" | "tokenizer";
+}
+
+/**
+ * The `.gguf` and `.bin` files of the models directory and the mirror (downloads in progress
+ * and `.url` records left out), models directory first, each sorted by name.
+ */
+export async function listLocalModelFiles(
+  options: Pick<ResolveOptions, "modelsDir" | "mirrorDir"> = {},
+): Promise<{ modelsDir: string; mirrorDir?: string; files: LocalModelFile[] }> {
+  const context = makeContext(options);
+  const tokenizerNames = new Set(
+    Object.values(KNOWN_MODELS).flatMap((m) => m.tokenizer ? [m.tokenizer.name] : []),
+  );
+  const files: LocalModelFile[] = [];
+  const places = [[context.modelsDir, "models dir"], [context.mirrorDir, "mirror"]] as const;
+  for (const [dir, place] of places) {
+    if (dir === undefined) continue;
+    const names: string[] = [];
+    try {
+      for await (const e of Deno.readDir(dir)) {
+        if (e.isFile && /\.(gguf|bin)$/i.test(e.name)) names.push(e.name);
+      }
+    } catch (error) {
+      if (error instanceof Deno.errors.NotFound) continue;
+      throw error;
+    }
+    for (const name of names.sort()) {
+      const path = joinPath(dir, name);
+      const bytes = (await Deno.stat(path)).size;
+      const stem = name.replace(/\.(gguf|bin)$/i, "");
+      const kind = tokenizerNames.has(name) ? "tokenizer" : "model";
+      files.push({ name, stem, path, place, bytes, kind });
+    }
+  }
+  return { modelsDir: context.modelsDir, mirrorDir: context.mirrorDir, files };
 }
 
 async function resolveKnownFile(
