@@ -2,6 +2,7 @@ import type { Engine } from "../lib/engine/engine.ts";
 import type { CoreStats, GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import { Scheduler, type SchedulerConfig, schedulerConfig } from "../lib/core/scheduler.ts";
 import { Channel } from "./channel.ts";
+import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { type EngineFactory, ExecutorActor, type ExecutorOptions } from "./executor.ts";
 import type { SchedulerStats } from "./messages.ts";
 import { RequestActor, type TextCodec } from "./request.ts";
@@ -16,7 +17,7 @@ export interface ServingCoreOptions {
   readonly codec: TextCodec;
   /** Overrides of the scheduler's limits (maxBatchTokens, maxRunning, maxWaiting, ...). */
   readonly scheduler?: Partial<SchedulerConfig>;
-  /** Steps planned ahead of their results (default 2). */
+  /** Steps planned ahead of their results (default DEFAULT_LIMITS.pipelineDepth). */
   readonly maxInFlight?: number;
   readonly executor?: ExecutorOptions;
   /** Events buffered per client before its generation waits for it (default 16). */
@@ -45,7 +46,7 @@ export class ServingCore {
 
   constructor(opts: ServingCoreOptions) {
     const { engine } = opts;
-    const maxInFlight = opts.maxInFlight ?? 2;
+    const maxInFlight = opts.maxInFlight ?? DEFAULT_LIMITS.pipelineDepth;
     // An engine with fixed step buffers bounds what the scheduler may put in one step.
     const overrides = { vocabSize: engine.config.vocabSize, ...opts.scheduler };
     if (engine.limits) {

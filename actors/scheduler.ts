@@ -1,11 +1,12 @@
 import type { Scheduler } from "../lib/core/scheduler.ts";
 import { Channel } from "./channel.ts";
+import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import type { ExecutorMsg, SchedulerMsg, SchedulerStats } from "./messages.ts";
 
 export interface SchedulerActorOptions {
   /**
    * Steps planned ahead of their results: 2 plans step t+1 while step t runs, so the CPU work
-   * hides behind the device's. 1 waits for every result. Default 2.
+   * hides behind the device's. 1 waits for every result. Default DEFAULT_LIMITS.pipelineDepth.
    */
   readonly maxInFlight?: number;
   /** Scheduler mailbox capacity (default 1024): submitters wait beyond it. */
@@ -36,7 +37,7 @@ export class SchedulerActor {
   constructor(core: Scheduler, executor: Channel<ExecutorMsg>, opts: SchedulerActorOptions = {}) {
     this.#core = core;
     this.#executor = executor;
-    this.maxInFlight = opts.maxInFlight ?? 2;
+    this.maxInFlight = opts.maxInFlight ?? DEFAULT_LIMITS.pipelineDepth;
     if (!Number.isInteger(this.maxInFlight) || this.maxInFlight < 1) {
       throw new RangeError(
         `Cannot create scheduler actor: maxInFlight must be a positive integer, received ${this.maxInFlight}`,
@@ -158,6 +159,8 @@ export class SchedulerActor {
 }
 
 /** The executor's mailbox, sized for the scheduler's steps in flight (see SchedulerActor). */
-export function createExecutorMailbox(maxInFlight = 2): Channel<ExecutorMsg> {
+export function createExecutorMailbox(
+  maxInFlight: number = DEFAULT_LIMITS.pipelineDepth,
+): Channel<ExecutorMsg> {
   return new Channel<ExecutorMsg>(2 * maxInFlight);
 }

@@ -131,9 +131,14 @@ export class ProbeEngine implements Engine {
     c.kvSlotSteps += blocks.size * bs;
   }
 
+  /**
+   * Queued behind the hand-over of every step called before it, like a step: a release reaching
+   * the engine ahead of an earlier step that decodes the sequence's last sampled token would
+   * make that step fail (and the executor restart the engine).
+   */
   release(seqId: number): void {
     this.#sampledEnd.delete(seqId);
-    this.inner.release?.(seqId);
+    this.#handOver = this.#handOver.then(() => this.inner.release?.(seqId));
   }
 
   dispose(): void {
@@ -169,7 +174,18 @@ export async function makeCore(
     codec,
     scheduler: { maxBatchTokens: limits.maxBatchTokens, maxRunning: limits.maxSeqs, ...scheduler },
   });
+  made.push(core);
   return { core, probe, description };
+}
+
+const made: ServingCore[] = [];
+
+/**
+ * Engine restarts over every core makeCore() has built. A healthy run has none: a restart
+ * without injected faults means the scheduler and the engine disagreed about a plan.
+ */
+export function engineRestarts(): number {
+  return made.reduce((n, core) => n + core.executor.restarts, 0);
 }
 
 /** One generation as the core reported it, timed from its arrival. */

@@ -1,5 +1,6 @@
 import { BLOCK_LAYOUT, type Tensor, type TensorType } from "../lib/model/tensor.ts";
 import { type Gpu, uploadBuffer } from "./device.ts";
+import { GPU_TENSOR_TYPES } from "./weight_formats.ts";
 
 /** Whole rows of a matrix in one buffer, small enough for one storage binding. */
 export interface MatrixChunk {
@@ -41,6 +42,13 @@ export function uploadMatrix(gpu: Gpu, t: Tensor): GpuMatrix {
     );
   }
   const [rows, cols] = t.shape as [number, number];
+  if (!GPU_TENSOR_TYPES.includes(t.type)) {
+    throw new Error(
+      `Cannot upload matrix '${t.name}': the WebGPU kernels read ${
+        GPU_TENSOR_TYPES.join(", ")
+      } weights, received ${t.type} (the CPU backend reads it)`,
+    );
+  }
   const { elements, bytes } = BLOCK_LAYOUT[t.type];
   const quantized = t.type === "q8_0" || t.type === "q4_0";
   if ((quantized && cols % 32 !== 0) || cols % 4 !== 0) {

@@ -1,17 +1,18 @@
-import type { ModelConfig } from "../lib/model/model_config.ts";
+import { type ModelConfig, ropeFrequencies } from "../lib/model/model_config.ts";
 import { bindAll, type Gpu, type KernelOp, uploadBuffer } from "./device.ts";
 import { DIM_ROWS, WGSL_STEP_TYPES } from "./step_meta.ts";
 
 /**
- * cos/sin of pos * theta^(-2i/ropeDim) for every position and pair, computed in double
- * precision once (as the CPU reference does) rather than with the GPU's sin/cos, whose error
- * grows with the angle.
+ * cos/sin of pos * freq_i (ropeFrequencies(): theta^(-2i/ropeDim), divided by any Llama 3
+ * factor) for every position and pair, computed in double precision once (as the CPU
+ * reference does) rather than with the GPU's sin/cos, whose error grows with the angle.
  */
 export function ropeTable(config: ModelConfig, positions: number): Float32Array {
   const pairs = config.ropeDim / 2;
+  const freqs = ropeFrequencies(config);
   const table = new Float32Array(positions * pairs * 2);
   for (let i = 0; i < pairs; i++) {
-    const freq = Math.pow(config.ropeTheta, -(2 * i) / config.ropeDim);
+    const freq = freqs[i]!;
     for (let pos = 0; pos < positions; pos++) {
       const angle = pos * freq;
       table[(pos * pairs + i) * 2] = Math.cos(angle);

@@ -1,3 +1,5 @@
+import type { StepCapacity } from "../lib/engine/step_validation.ts";
+
 /**
  * The per-step metadata the kernels read: one buffer with fixed sections (so bind groups are
  * made once), filled by a copy at the start of each step's commands. Several steps can share
@@ -67,11 +69,7 @@ export interface StepContent {
 type Section = "dims" | "rows" | "seqs" | "samples" | "tables";
 
 /** Capacities of one step, which fix the section offsets. */
-export interface StepCapacity {
-  readonly maxRows: number;
-  readonly maxSeqs: number;
-  readonly maxTableEntries: number;
-}
+export type { StepCapacity };
 
 const ALIGN = 256; // minStorageBufferOffsetAlignment on most GPUs
 

@@ -1,5 +1,6 @@
 import type { Engine, KvGeometry, SampledToken, StepPlan, StepResult } from "../lib/engine/engine.ts";
 import { dequantize } from "../lib/model/dequantize.ts";
+import { NO_EXTRA_STEPS } from "../lib/model/architecture.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import type { Tensor } from "../lib/model/tensor.ts";
 import type { ModelWeights } from "../lib/model/weights.ts";
@@ -16,32 +17,33 @@ import {
   uploadVector,
 } from "./gpu_matrix.ts";
 import { createMatmul } from "./matmul.ts";
+import { createQkPrep } from "./qk_prep.ts";
 import { createRopeStore, uploadRopeTable } from "./rope.ts";
 import { createSampler } from "./sample.ts";
 import { DIM_ROWS, DIM_SAMPLES, StepMetaLayout } from "./step_meta.ts";
 import { createSwiglu } from "./swiglu.ts";
 import { planStep } from "./step_plan.ts";
+import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
+import { kvBlockBytes, kvBlocksIn } from "../lib/engine/kv_budget.ts";
 
 /** How much KV cache to allocate: a block count, or a byte budget it is derived from. */
 export interface KvBudget {
   readonly numBlocks?: number;
   readonly kvBytes?: number;
-  /** Tokens per block (default 16). */
+  /** Tokens per block (default DEFAULT_LIMITS.blockSize). */
   readonly blockSize?: number;
 }
 
 export interface WebGpuEngineOptions {
   /** A device to share; by default the engine acquires (and on dispose destroys) its own. */
   readonly gpu?: Gpu;
-  /** Token rows one step may hold (prefill chunk tokens + decodes); default 512. */
+  /** Token rows one step may hold (prefill chunk tokens + decodes); default DEFAULT_LIMITS. */
   readonly maxBatchTokens?: number;
-  /** Sequences one step may hold; default 64. */
+  /** Sequences one step may hold; default DEFAULT_LIMITS.maxRunning. */
   readonly maxSeqs?: number;
-  /** Plans one stepMany() call may encode into one submit; default 8. */
+  /** Plans one stepMany() call may encode into one submit; default DEFAULT_LIMITS. */
   readonly maxStepsPerSubmit?: number;
 }
-
-const DEFAULT_BLOCK_SIZE = 16;
 
 /**
  * The Llama forward pass as WGSL kernels over a ragged batch with a paged KV cache. Weights stay
@@ -144,10 +146,11 @@ export class WebGpuEngine implements Engine {
     const { dim, hiddenDim, nLayers, nHeads, nKvHeads, headDim, vocabSize, rmsEps } = config;
     const qDim = nHeads * headDim;
     const kvDim = nKvHeads * headDim;
-    const blockSize = budget.blockSize ?? DEFAULT_BLOCK_SIZE;
+    const blockSize = budget.blockSize ?? DEFAULT_LIMITS.blockSize;
+    /** One layer's K (or V) share of a block. */
     const blockBytes = blockSize * kvDim * 4;
-    const numBlocks = budget.numBlocks ??
-      Math.floor((budget.kvBytes ?? 0) / (2 * nLayers * blockBytes));
+    const allLayersBlockBytes = kvBlockBytes(config, blockSize);
+    const numBlocks = budget.numBlocks ?? kvBlocksIn(budget.kvBytes ?? 0, config, blockSize);
     const fail = (why: string): never => {
       throw new Error(`Cannot create WebGPU engine: ${why}`);
     };
@@ -156,9 +159,7 @@ export class WebGpuEngine implements Engine {
         blockSize > 0)
     ) {
       fail(
-        `the KV budget gives ${numBlocks} blocks of ${blockSize} tokens; pass numBlocks or kvBytes (at least ${
-          2 * nLayers * blockBytes
-        } bytes, one block)`,
+        `the KV budget gives ${numBlocks} blocks of ${blockSize} tokens; pass numBlocks or kvBytes (at least ${allLayersBlockBytes} bytes, one block)`,
       );
     }
     if (numBlocks * blockBytes > gpu.maxBindingBytes) {
@@ -166,7 +167,7 @@ export class WebGpuEngine implements Engine {
         `one layer's K pool of ${numBlocks} blocks needs ${
           numBlocks * blockBytes
         } bytes, above the device's binding limit of ${gpu.maxBindingBytes}; lower the KV budget to at most ${
-          2 * nLayers * Math.floor(gpu.maxBindingBytes / blockBytes) * blockBytes
+          Math.floor(gpu.maxBindingBytes / blockBytes) * allLayersBlockBytes
         } bytes`,
       );
     }
@@ -178,9 +179,9 @@ export class WebGpuEngine implements Engine {
     if (weights.layers.length !== nLayers) {
       fail(`the config says ${nLayers} layers, the weights hold ${weights.layers.length}`);
     }
-    const maxRows = opts.maxBatchTokens ?? 512;
-    const maxSeqs = opts.maxSeqs ?? 64;
-    const maxStepsPerSubmit = opts.maxStepsPerSubmit ?? 8;
+    const maxRows = opts.maxBatchTokens ?? DEFAULT_LIMITS.maxBatchTokens;
+    const maxSeqs = opts.maxSeqs ?? DEFAULT_LIMITS.maxRunning;
+    const maxStepsPerSubmit = opts.maxStepsPerSubmit ?? DEFAULT_LIMITS.maxStepsPerSubmit;
     const blocksPerSeq = Math.min(numBlocks, Math.ceil(config.contextLength / blockSize));
     const layout = new StepMetaLayout({
       maxRows,
@@ -210,11 +211,14 @@ export class WebGpuEngine implements Engine {
       }
       return mm;
     };
-    const vector = (t: Tensor): GPUBuffer => {
-      const b = uploadVector(gpu, dequantize(check(t, [dim])), t.name);
+    const vector = (t: Tensor, length = dim): GPUBuffer => {
+      const b = uploadVector(gpu, dequantize(check(t, [length])), t.name);
       owned.push(b);
       return b;
     };
+    const steps = config.steps ?? NO_EXTRA_STEPS;
+    const present = (t: Tensor | undefined, what: string, l: number): Tensor =>
+      t ?? fail(`the ${what} step is on but layer ${l} has no ${what} tensors`);
     const buffer = (
       bytes: number,
       label: string,
@@ -269,7 +273,10 @@ export class WebGpuEngine implements Engine {
       // q, k and v: one matmul over the stacked rows when the encodings allow, with the norm fused.
       const attnNorm = { weight: vector(w.attnNorm), eps: rmsEps };
       const qkv = [check(w.wq, [qDim, dim]), check(w.wk, [kvDim, dim]), check(w.wv, [kvDim, dim])];
-      if (stackable(qkv) && gpu.cpuRasterizer) {
+      // Biases and q/k norms run between the projection and RoPE, so they rule out the fusion.
+      const extraSteps = steps.qkvBias || steps.qkNorm;
+      const fuseRope = stackable(qkv) && gpu.cpuRasterizer && !extraSteps;
+      if (fuseRope) {
         // The lane matmul rotates q and k and stores k and v itself: one dispatch fewer.
         rowOps.push(
           createMatmul(gpu, upload(concatRows(qkv, `blk.${l}.qkv`)), {
@@ -315,7 +322,34 @@ export class WebGpuEngine implements Engine {
           );
         });
       }
-      if (!(stackable(qkv) && gpu.cpuRasterizer)) {
+      if (extraSteps) {
+        let bias: GPUBuffer | undefined;
+        if (steps.qkvBias) {
+          const parts = [
+            dequantize(check(present(w.qBias, "qkvBias", l), [qDim])),
+            dequantize(check(present(w.kBias, "qkvBias", l), [kvDim])),
+            dequantize(check(present(w.vBias, "qkvBias", l), [kvDim])),
+          ];
+          const all = new Float32Array(qkvStride);
+          all.set(parts[0]!, 0);
+          all.set(parts[1]!, qDim);
+          all.set(parts[2]!, qDim + kvDim);
+          bias = uploadVector(gpu, all, `blk.${l}.qkv_bias`);
+          owned.push(bias);
+        }
+        rowOps.push(createQkPrep(gpu, config, steps, {
+          dims: m.dims,
+          qkv: act.qkv,
+          ...(bias ? { bias } : {}),
+          ...(steps.qkNorm
+            ? {
+              qNorm: vector(present(w.qNorm, "qkNorm", l), headDim),
+              kNorm: vector(present(w.kNorm, "qkNorm", l), headDim),
+            }
+            : {}),
+        }));
+      }
+      if (!fuseRope) {
         rowOps.push(
           createRopeStore(gpu, config, {
             dims: m.dims,

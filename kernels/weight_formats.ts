@@ -1,4 +1,4 @@
-import type { TensorType } from "../lib/model/tensor.ts";
+import { BLOCK_LAYOUT, type TensorType } from "../lib/model/tensor.ts";
 
 /**
  * WGSL that reads weights in their file encoding from `W: array<u32>` (f32 matmuls use
@@ -32,17 +32,12 @@ fn hi4(v: u32) -> vec4<f32> {
 
 /** Bytes of one row of `cols` elements. */
 export function rowBytes(type: TensorType, cols: number): number {
-  switch (type) {
-    case "f32":
-      return cols * 4;
-    case "f16":
-      return cols * 2;
-    case "q8_0":
-      return (cols / 32) * 34;
-    case "q4_0":
-      return (cols / 32) * 18;
-  }
+  const { elements, bytes } = BLOCK_LAYOUT[type];
+  return (cols / elements) * bytes;
 }
+
+/** The types these kernels read. */
+export const GPU_TENSOR_TYPES: readonly TensorType[] = ["f32", "f16", "q8_0", "q4_0"];
 
 /**
  * `fn weightAt(o: u32, j: u32) -> f32`: element j of row o, dequantized exactly as
@@ -71,6 +66,8 @@ export function wgslWeightAt(type: TensorType, cols: number): string {
   let q = select(byte & 15u, byte >> 4u, jj >= 16u);
   return halfAt(off) * (f32(q) - 8.0);
 }`;
+    default:
+      throw new Error(`The WebGPU kernels cannot read ${type} weights yet`);
   }
 }
 
@@ -143,5 +140,7 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
       ${nib}
       ${vals}`;
     }
+    default:
+      throw new Error(`The WebGPU kernels cannot read ${type} weights yet`);
   }
 }

@@ -150,6 +150,35 @@ export class FakeBackend implements GenerationBackend {
     return fakeCountTokens(text);
   }
 
+  /** BOS (id 1) and one id per whitespace-separated word, like fakeCountTokens. */
+  tokenize(text: string, opts: { bos: boolean; special: boolean }): number[] {
+    const ids = opts.bos ? [1] : [];
+    for (const w of text.split(/\s+/).filter((w) => w.length > 0)) {
+      const id = fakeTokenId(w);
+      this.#words.set(id, w);
+      ids.push(id);
+    }
+    return ids;
+  }
+
+  /** Words this fake has tokenized or generated, space-separated; BOS and EOS vanish. */
+  detokenize(ids: readonly number[]): string {
+    return ids.filter((id) => id > 2).map((id) => {
+      if (!Number.isInteger(id) || id < 0 || id >= 512) {
+        throw new RangeError(`Cannot decode token id ${id}: the vocabulary has ids 0..511`);
+      }
+      return this.#words.get(id) ?? `<unk${id}>`;
+    }).join(" ");
+  }
+
+  tokenPiece(id: number): string {
+    if (id === 1) return this.bosToken;
+    if (id === 2) return this.eosToken;
+    return " " + this.detokenize([id]);
+  }
+
+  #words = new Map<number, string>(WORDS.map((w) => [fakeTokenId(w), w]));
+
   stats(): CoreStats {
     let blocks = 0;
     for (const positions of this.#held.values()) {

@@ -8,14 +8,16 @@ import type {
 } from "../lib/engine/engine.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import { hash32 } from "../lib/util/rng.ts";
+import { validateStep } from "../lib/engine/step_validation.ts";
 
 /**
  * A scripted stand-in for a model, for testing the serving core without one. Its "KV cache" is
- * real and paged: each slot stores the token, its position and a hash chained over every
- * earlier position, read back through the block table. The next token is a function of that
- * chain, that is of the sequence's whole token history and nothing else (not its id, batch or
- * blocks), so a wrong block table, a block shared by mistake or a lost KV write changes the
- * tokens, and reading a slot nobody wrote throws.
+ * real and paged: each slot stores a token and its position. A sampling row reads back every
+ * position of its sequence through the block table (as attention does) and hashes them in
+ * order; the next token is a function of that hash, that is of the sequence's whole token
+ * history and nothing else (not its id, batch or blocks). So a wrong entry anywhere in a block
+ * table, a block shared by mistake or a lost KV write changes the tokens, and reading a slot
+ * that holds another position throws. Plans are checked by the rules every engine shares.
  */
 
 const ROOT = 0x2545f491;
@@ -99,7 +101,6 @@ export class FakeEngine implements Engine {
   #opts: FakeEngineOptions;
   #slotToken: Int32Array;
   #slotPos: Int32Array;
-  #slotHash: Uint32Array;
   #lastSampled = new Map<number, number>();
   #disposed = false;
 
@@ -125,7 +126,6 @@ export class FakeEngine implements Engine {
     const slots = this.kv.numBlocks * this.kv.blockSize;
     this.#slotToken = new Int32Array(slots);
     this.#slotPos = new Int32Array(slots).fill(-1);
-    this.#slotHash = new Uint32Array(slots);
   }
 
   step(plan: StepPlan): Promise<StepResult> {
@@ -144,8 +144,14 @@ export class FakeEngine implements Engine {
   run(plan: StepPlan): StepResult {
     if (this.#disposed) throw new Error("FakeEngine: step() after dispose()");
     const call = this.calls++;
+    // The same rules as every engine, before anything is written.
+    validateStep(plan, {
+      config: this.config,
+      kv: this.kv,
+      hasLastSampled: (seqId) => this.#lastSampled.has(seqId),
+    });
     const failAt = this.#opts.failWhen?.(plan, call) ? Math.floor(plan.seqs.length / 2) : -1;
-    const { blockSize, numBlocks } = this.kv;
+    const { blockSize } = this.kv;
     const sampled: SampledToken[] = [];
     for (let i = 0; i < plan.seqs.length; i++) {
       if (i === failAt) {
@@ -154,74 +160,35 @@ export class FakeEngine implements Engine {
         );
       }
       const input = plan.seqs[i]!;
-      // Built only when an error needs it: this loop is on the benchmark's path.
-      const where = { toString: () => `step ${plan.stepId}, seq ${input.seqId}` };
-      let tokens = input.tokens;
-      if (input.useLastSampled) {
-        const last = this.#lastSampled.get(input.seqId);
-        if (last === undefined) {
-          throw new Error(`FakeEngine (${where}): useLastSampled but it never sampled`);
-        }
-        if (tokens.length > 0) {
-          throw new Error(
-            `FakeEngine (${where}): useLastSampled with ${tokens.length} literal tokens`,
-          );
-        }
-        tokens = [last];
-      }
-      if (tokens.length === 0) throw new Error(`FakeEngine (${where}): no input tokens`);
-      const end = input.startPos + tokens.length;
-      if (end > this.config.contextLength) {
-        throw new Error(
-          `FakeEngine (${where}): positions up to ${
-            end - 1
-          } exceed the context of ${this.config.contextLength}`,
-        );
-      }
-      if (input.blockTable.length * blockSize < end) {
-        throw new Error(
-          `FakeEngine (${where}): ${input.blockTable.length} blocks cannot hold ${end} positions`,
-        );
-      }
-      const slot = (pos: number) => {
-        const b = input.blockTable[Math.floor(pos / blockSize)]!;
-        if (!(b >= 0 && b < numBlocks)) {
-          throw new Error(`FakeEngine (${where}): block id ${b} outside [0, ${numBlocks})`);
-        }
-        return b * blockSize + (pos % blockSize);
-      };
-      let h = ROOT;
-      if (input.startPos > 0) {
-        const s = slot(input.startPos - 1);
-        if (this.#slotPos[s] !== input.startPos - 1) {
-          throw new Error(
-            `FakeEngine (${where}): position ${
-              input.startPos - 1
-            } reads slot ${s}, which holds position ${this.#slotPos[s]}`,
-          );
-        }
-        h = this.#slotHash[s]!;
-      }
+      const table = input.blockTable;
+      const slot = (pos: number) =>
+        table[Math.floor(pos / blockSize)]! * blockSize + (pos % blockSize);
+      const tokens = input.useLastSampled ? [this.#lastSampled.get(input.seqId)!] : input.tokens;
       for (let k = 0; k < tokens.length; k++) {
-        const pos = input.startPos + k;
-        const t = tokens[k]!;
-        if (!(Number.isInteger(t) && t >= 0 && t < this.config.vocabSize)) {
-          throw new Error(
-            `FakeEngine (${where}): token ${t} at position ${pos} outside the vocabulary of ${this.config.vocabSize}`,
-          );
-        }
-        h = fakeChain(h, t, pos);
-        const s = slot(pos);
-        this.#slotToken[s] = t;
-        this.#slotPos[s] = pos;
-        this.#slotHash[s] = h;
+        const s = slot(input.startPos + k);
+        this.#slotToken[s] = tokens[k]!;
+        this.#slotPos[s] = input.startPos + k;
       }
       this.tokensComputed += tokens.length;
-      if (input.sample) {
-        const token = fakeDraw(h, end - 1, input.sampling, this.config.vocabSize);
-        this.#lastSampled.set(input.seqId, token);
-        sampled.push({ seqId: input.seqId, token, logprob: fakeLogprob(h) });
+      if (!input.sample) continue;
+      // "Attention": the last row reads every position before it through the block table, as a
+      // real engine's does, so the token depends on every slot and every table entry.
+      const end = input.startPos + tokens.length;
+      let h = ROOT;
+      for (let pos = 0; pos < end; pos++) {
+        const s = slot(pos);
+        if (this.#slotPos[s] !== pos) {
+          throw new Error(
+            `FakeEngine (step ${plan.stepId}, seq ${input.seqId}): position ${pos} reads slot ${s} through table entry ${
+              Math.floor(pos / blockSize)
+            }, which holds position ${this.#slotPos[s]}`,
+          );
+        }
+        h = fakeChain(h, this.#slotToken[s]!, pos);
       }
+      const token = fakeDraw(h, end - 1, input.sampling, this.config.vocabSize);
+      this.#lastSampled.set(input.seqId, token);
+      sampled.push({ seqId: input.seqId, token, logprob: fakeLogprob(h) });
     }
     return { stepId: plan.stepId, sampled };
   }

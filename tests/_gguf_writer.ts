@@ -190,6 +190,10 @@ export interface TinyLlamaOptions {
   omitTensors?: string[];
   /** Shape overrides (GGUF order) by tensor name. */
   dims?: Record<string, number[]>;
+  /** `general.architecture` and the prefix of the hyper-parameter keys (default "llama"). */
+  arch?: string;
+  /** More F32 tensors (GGUF-order dims), e.g. a qwen2 file's biases. */
+  addTensors?: [string, number[]][];
 }
 
 /** Hyper-parameters of the tiny model {@link tinyLlamaGguf} writes. */
@@ -199,18 +203,19 @@ export const TINY = { dim: 8, heads: 2, kvHeads: 1, ff: 12, layers: 2, vocab: 6,
 export function tinyLlamaGguf(opts: TinyLlamaOptions = {}): Uint8Array {
   const { dim, heads, kvHeads, ff, layers, vocab, ctx } = TINY;
   const kvDim = (dim / heads) * kvHeads;
+  const a = opts.arch ?? "llama";
   let meta: WEntry[] = [
-    { key: "general.architecture", type: T.STRING, value: "llama" },
+    { key: "general.architecture", type: T.STRING, value: a },
     { key: "general.name", type: T.STRING, value: "tiny" },
-    { key: "llama.context_length", type: T.U32, value: ctx },
-    { key: "llama.embedding_length", type: T.U32, value: dim },
-    { key: "llama.block_count", type: T.U32, value: layers },
-    { key: "llama.feed_forward_length", type: T.U32, value: ff },
-    { key: "llama.attention.head_count", type: T.U32, value: heads },
-    { key: "llama.attention.head_count_kv", type: T.U32, value: kvHeads },
-    { key: "llama.rope.freq_base", type: T.F32, value: 500000 },
-    { key: "llama.rope.dimension_count", type: T.U32, value: dim / heads },
-    { key: "llama.attention.layer_norm_rms_epsilon", type: T.F32, value: 1e-6 },
+    { key: `${a}.context_length`, type: T.U32, value: ctx },
+    { key: `${a}.embedding_length`, type: T.U32, value: dim },
+    { key: `${a}.block_count`, type: T.U32, value: layers },
+    { key: `${a}.feed_forward_length`, type: T.U32, value: ff },
+    { key: `${a}.attention.head_count`, type: T.U32, value: heads },
+    { key: `${a}.attention.head_count_kv`, type: T.U32, value: kvHeads },
+    { key: `${a}.rope.freq_base`, type: T.F32, value: 500000 },
+    { key: `${a}.rope.dimension_count`, type: T.U32, value: dim / heads },
+    { key: `${a}.attention.layer_norm_rms_epsilon`, type: T.F32, value: 1e-6 },
     { key: "tokenizer.ggml.model", type: T.STRING, value: "llama" },
     {
       key: "tokenizer.ggml.tokens",
@@ -253,6 +258,7 @@ export function tinyLlamaGguf(opts: TinyLlamaOptions = {}): Uint8Array {
       [`blk.${l}.ffn_up.weight`, [dim, ff]],
     );
   }
+  shapes.push(...(opts.addTensors ?? []));
   const tensors: WTensor[] = shapes
     .filter(([name]) => !opts.omitTensors?.includes(name))
     .map(([name, d], i) => {

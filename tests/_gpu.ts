@@ -1,7 +1,7 @@
 /** Test helpers for GPU kernels: one device per test file, buffers from arrays, random data. */
 import { acquireGpu, type Gpu, readBuffer, uploadBuffer } from "../kernels/device.ts";
 import { f32ToF16 } from "../lib/model/dequantize.ts";
-import type { Tensor, TensorType } from "../lib/model/tensor.ts";
+import { BLOCK_LAYOUT, type Tensor, type TensorType } from "../lib/model/tensor.ts";
 import { type StepContent, StepMetaLayout } from "../kernels/step_meta.ts";
 import { seededRandom } from "../lib/util/seeded_random.ts";
 
@@ -78,19 +78,46 @@ export function randomTensor(
       const h = Uint16Array.from({ length: n }, () => f32ToF16(rand() * 2 - 1));
       return { name, type, shape: [rows, cols], data: new Uint8Array(h.buffer) };
     }
-    case "q8_0":
-    case "q4_0": {
-      const blockBytes = type === "q8_0" ? 34 : 18;
-      const data = new Uint8Array((n / 32) * blockBytes);
+    case "bf16": {
+      // The top 16 bits of random f32 values (truncated, as a converter may).
+      const bits = new Uint32Array(randomF32(rand, n).buffer);
+      const h = Uint16Array.from(bits, (b) => b >>> 16);
+      return { name, type, shape: [rows, cols], data: new Uint8Array(h.buffer) };
+    }
+    default: {
+      // Random quant bytes (every bit pattern occurs), then sane f16 scales at the format's
+      // scale offsets: positive d (and dmin), signed m for the affine legacy types.
+      const { elements, bytes } = BLOCK_LAYOUT[type];
+      const data = new Uint8Array((n / elements) * bytes);
+      for (let i = 0; i < data.length; i++) data[i] = Math.floor(rand() * 256);
       const view = new DataView(data.buffer);
-      for (let b = 0; b < n / 32; b++) {
-        view.setUint16(b * blockBytes, f32ToF16((rand() + 0.1) * 0.05), true);
-        for (let j = 2; j < blockBytes; j++) data[b * blockBytes + j] = Math.floor(rand() * 256);
+      const [dAt, mAt, signedMin] = SCALE_OFFSETS[type]!;
+      for (let b = 0; b < n / elements; b++) {
+        const d = (rand() + 0.1) * (elements === 256 ? 0.01 : 0.05);
+        view.setUint16(b * bytes + dAt, f32ToF16(d), true);
+        if (mAt !== undefined) {
+          const m = signedMin ? (rand() - 0.5) * 0.2 : (rand() + 0.1) * 0.01;
+          view.setUint16(b * bytes + mAt, f32ToF16(m), true);
+        }
       }
       return { name, type, shape: [rows, cols], data };
     }
   }
 }
+
+/** Byte offsets of each block type's f16 scale, its f16 min (if any), and whether the min is signed. */
+const SCALE_OFFSETS: Partial<Record<TensorType, [number, number | undefined, boolean]>> = {
+  q8_0: [0, undefined, false],
+  q4_0: [0, undefined, false],
+  q4_1: [0, 2, true],
+  q5_0: [0, undefined, false],
+  q5_1: [0, 2, true],
+  q2_k: [80, 82, false],
+  q3_k: [108, undefined, false],
+  q4_k: [0, 2, false],
+  q5_k: [0, 2, false],
+  q6_k: [208, undefined, false],
+};
 
 /** max |a - b| / max |b|: the relative error the tests bound. */
 export function relativeError(a: ArrayLike<number>, b: ArrayLike<number>): number {
@@ -135,6 +162,9 @@ export function encodeTensor(t: Tensor, type: TensorType): Tensor {
   if (type === "f32") return t;
   if (type === "f16") {
     return { ...t, type, data: new Uint8Array(Uint16Array.from(x, (v) => f32ToF16(v)).buffer) };
+  }
+  if (type !== "q8_0" && type !== "q4_0") {
+    throw new Error(`encodeTensor() makes f32, f16, q8_0 and q4_0 tensors, received ${type}`);
   }
   const blockBytes = type === "q8_0" ? 34 : 18;
   const data = new Uint8Array((n / 32) * blockBytes);

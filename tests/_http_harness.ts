@@ -1,4 +1,5 @@
 import { type AppOptions, createApp, type ServiceApp } from "../lib/http/app.ts";
+import { RequestLog } from "../lib/http/request_log.ts";
 import { FakeBackend, type FakeBackendOptions } from "./_fake_backend.ts";
 
 /** A real server on 127.0.0.1 and a free port, over the fake core. */
@@ -14,7 +15,8 @@ export function startService(
   app: Omit<AppOptions, "backend"> = {},
 ): TestService {
   const backend = fake instanceof FakeBackend ? fake : new FakeBackend(fake);
-  const service = createApp({ backend, ...app });
+  // Request-log lines would clutter test output; tests of the log pass their own.
+  const service = createApp({ backend, requestLog: new RequestLog("text", () => {}), ...app });
   const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, service.fetch);
   const { port } = server.addr as Deno.NetAddr;
   return {

@@ -12,6 +12,7 @@ import {
   assertThrows,
 } from "@std/assert";
 import { runCompare } from "../bench/compare.ts";
+import { engineRestarts } from "../bench/compare_common.ts";
 import { runLoad } from "../bench/load.ts";
 import { percentile, summarize } from "../bench/stats.ts";
 import { chartSvg, niceAxis } from "../bench/svg_chart.ts";
@@ -126,6 +127,8 @@ Deno.test("bench/compare.ts runs every section in its quick configuration", asyn
     outDir: null,
     log: () => {},
   });
+  // A restart here (with no faults injected) is a scheduler/engine disagreement, not noise.
+  assertEquals(engineRestarts(), 0, "engine restarts during the compare run");
   const b = report.batching!;
   // The same trace and seeds: static batching yields the same tokens, with padding on top.
   assert(b.sameTokens);

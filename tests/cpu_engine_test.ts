@@ -304,10 +304,10 @@ Deno.test("CpuEngine release() forgets the last sampled token, also when its ste
   const first = prefill(1, 0);
   e.release!(1);
   await first;
-  await assertRejects(() => decode(1, 1), Error, "last sampled undefined");
+  await assertRejects(() => decode(1, 1), Error, "last sampled none");
   await prefill(2, 2);
   e.release!(2);
-  await assertRejects(() => decode(2, 3), Error, "last sampled undefined");
+  await assertRejects(() => decode(2, 3), Error, "last sampled none");
 });
 
 Deno.test("CpuEngine rejects a bad plan, naming the problem, and leaves its cache untouched", async () => {
@@ -329,11 +329,11 @@ Deno.test("CpuEngine rejects a bad plan, naming the problem, and leaves its cach
     Error,
     "needs 2 KV blocks for positions 0..5, its block table has 1",
   );
-  await assertRejects(() => bad({ blockTable: [0, 96] }), Error, "block id 96 outside 0..95");
+  await assertRejects(() => bad({ blockTable: [0, 96] }), Error, "block id 96 at table entry 1, outside 0..95");
   await assertRejects(
     () => bad({ seqId: 3, tokens: [], useLastSampled: true }),
     Error,
-    "last sampled undefined",
+    "last sampled none",
   );
   await assertRejects(() => bad({ tokens: [] }), Error, "has no new tokens");
   // A valid first sequence followed by an invalid one: nothing of the step may run.

@@ -175,7 +175,7 @@ Deno.test("ExecutorActor releases ended sequences on the engine before the next 
     release: [],
   });
   const [m] = await drain(scheduler, 1);
-  assert(m?.type === "executor-failed" && m.error.includes("never sampled"), JSON.stringify(m));
+  assert(m?.type === "executor-failed" && m.error.includes("last sampled none"), JSON.stringify(m));
   assertEquals(engine.released, 1);
   mailbox.close();
   await running;

@@ -179,13 +179,22 @@ Deno.test("ggufToModel() takes the vocabulary size from token_embd when the file
   assertEquals(m.tokenizer, undefined);
 });
 
-Deno.test("ggufToModel() ties the classifier to token_embd when output.weight is absent", async () => {
+Deno.test("ggufToModel() ties the classifier to token_embd when output.weight is absent", () => {
+  const g = parseGguf(tinyLlamaGguf({ omitTensors: ["output.weight"] }), "t.gguf");
+  const m = ggufToModel(g, "t.gguf");
+  assertStrictEquals(m.weights.output, m.weights.tokenEmbedding);
+});
+
+Deno.test("ggufToModel() refuses a tensor the architecture does not use instead of ignoring it", async () => {
   const path = await corruptedCopy(
     "stories260K.gguf",
     (b) => replaceUnique(b, ggufString("output.weight"), ggufString("outpux.weight")),
   );
-  const m = ggufToModel(await readGguf(path), path);
-  assertStrictEquals(m.weights.output, m.weights.tokenEmbedding);
+  assertThrows(
+    () => ggufToModel(parseGguf(Deno.readFileSync(path), path), path),
+    Error,
+    "architecture 'llama' does not use 1 of its tensors (outpux.weight)",
+  );
 });
 
 // --- errors ---
@@ -201,7 +210,7 @@ Deno.test("ggufToModel() rejects an unknown architecture", async () => {
   assertThrows(
     () => ggufToModel(g, path),
     Error,
-    `Cannot load GGUF ${path}: architecture 'ollmo' is not supported; supported: llama`,
+    `Cannot load GGUF ${path}: architecture 'ollmo' is not supported (supported: llama, qwen2, qwen3)`,
   );
 });
 
@@ -226,7 +235,7 @@ Deno.test("ggufToModel() rejects a tokenizer model other than llama", () => {
   assertThrows(
     () => ggufToModel(g, "t.gguf"),
     Error,
-    "tokenizer model 'gpt2' (tokenizer.ggml.model) is not supported; supported: llama",
+    "tokenizer model 'gpt2' (tokenizer.ggml.model) is not supported (supported: llama)",
   );
 });
 

@@ -6,7 +6,13 @@ import {
   assertStrictEquals,
   assertThrows,
 } from "@std/assert";
-import { GgufValueType, parseGguf, readGguf } from "../lib/model/gguf.ts";
+import {
+  GgufValueType,
+  parseGguf,
+  parseGgufHeader,
+  readGguf,
+  unsupportedTensorTypes,
+} from "../lib/model/gguf.ts";
 import { f32Bytes, T, writeGguf } from "./_gguf_writer.ts";
 import {
   corruptedCopy,
@@ -298,13 +304,38 @@ Deno.test("readGguf() rejects a file truncated inside the tensor data, naming th
 
 Deno.test("readGguf() rejects an unsupported tensor type, naming the type and tensor", async () => {
   const path = await corruptedCopy("stories260K.gguf", (b) => {
-    new DataView(b.buffer).setUint32(tensorTypeFieldOffset(b, "blk.0.ffn_down.weight"), 14, true);
+    new DataView(b.buffer).setUint32(tensorTypeFieldOffset(b, "blk.0.ffn_down.weight"), 17, true);
     return b;
   });
   await assertRejects(
     () => readGguf(path),
     Error,
-    `Cannot load GGUF ${path}: unsupported tensor type 14 (Q6_K) for tensor 'blk.0.ffn_down.weight'; supported: F32, F16, Q8_0, Q4_0`,
+    `Cannot load GGUF ${path}: unsupported tensor type 17 (IQ2_XS) for tensor 'blk.0.ffn_down.weight'; supported: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16`,
+  );
+});
+
+Deno.test("unsupportedTensorTypes() lists every unsupported type of a header with its count, in order of first use", async () => {
+  const bytes = await Deno.readFile(modelFile("stories260K.gguf"));
+  assertEquals(unsupportedTensorTypes(parseGgufHeader(bytes, "ok.gguf")), []);
+  const view = new DataView(bytes.buffer);
+  const retype = (name: string, id: number) =>
+    view.setUint32(tensorTypeFieldOffset(bytes, name), id, true);
+  retype("blk.3.ffn_up.weight", 23);
+  retype("blk.1.ffn_up.weight", 23);
+  retype("blk.2.attn_q.weight", 99);
+  retype("blk.4.ffn_up.weight", 23);
+  const header = parseGgufHeader(bytes, "bad.gguf");
+  const first = (id: number) => header.tensorInfos.find((t) => t.typeId === id)!.name;
+  const listed = unsupportedTensorTypes(header);
+  assertEquals(
+    listed.map((u) => [u.typeId, u.name, u.count, u.example]),
+    [
+      [23, "IQ4_XS", 3, first(23)],
+      [99, "unknown", 1, "blk.2.attn_q.weight"],
+    ].sort((a, b) =>
+      header.tensorInfos.findIndex((t) => t.name === a[3]) -
+      header.tensorInfos.findIndex((t) => t.name === b[3])
+    ),
   );
 });
 

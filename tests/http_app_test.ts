@@ -7,6 +7,7 @@ import {
   postJson,
   scrape,
   startService,
+  TestSocket,
   waitUntil,
 } from "./_http_harness.ts";
 
@@ -479,7 +480,7 @@ Deno.test("an executor error mid-stream ends the SSE stream with an error event"
 Deno.test("API keys: /v1 and /metrics need a valid bearer token, /health stays open", async () => {
   await using svc = startService({}, { apiKeys: ["key-one", "key-two"] });
   const open = await fetch(svc.base + "/health");
-  assertEquals([open.status, await open.json()], [200, { status: "ok" }]);
+  assertEquals([open.status, await open.json()], [200, { status: "ok", phase: "ready" }]);
   for (
     const [headers, status, message] of [
       [{}, 401, /Missing API key/],
@@ -628,4 +629,35 @@ Deno.test("a core that throws is answered as an internal error, and nothing stay
   const m = await scrape(svc.base);
   assertEquals(metricValue(m, 'llm_generations_total{api="completions",finish_reason="error"}'), 2);
   assertEquals(metricValue(m, 'llm_errors_total{code="internal"}'), 2);
+});
+
+Deno.test("max_tokens beyond the context's room is lowered to fit, and the response and frames say so", async () => {
+  await using svc = startService({ contextLength: 16 });
+  // "one two three" is 4 tokens with BOS: 12 positions are left.
+  for (const [asked, capped, n] of [[100, true, 12], [5, false, 5]] as const) {
+    const res = await postJson(svc.base + "/v1/completions", {
+      prompt: "one two three",
+      max_tokens: asked,
+      seed: 1,
+    });
+    const body = await res.json();
+    assertEquals([body.max_tokens_capped, body.usage.completion_tokens], [capped, n]);
+    assertEquals(body.choices[0].finish_reason, "length");
+  }
+  const stream = await postJson(svc.base + "/v1/chat/completions", {
+    messages: [{ role: "user", content: "hi" }],
+    max_tokens: 1000,
+    stream: true,
+  });
+  const chunks = parseSse(await stream.text()) as Array<Record<string, unknown>>;
+  assertEquals(chunks.at(-2)!.max_tokens_capped, true);
+  const ws = await TestSocket.open(svc.wsUrl);
+  try {
+    ws.send({ type: "generate", id: "c", prompt: "one two three", max_tokens: 50 });
+    const frames = await ws.collect("c");
+    assertEquals([frames[0]!.max_tokens, frames[0]!.max_tokens_capped], [12, true]);
+    assertEquals(frames.at(-1)!.max_tokens_capped, true);
+  } finally {
+    await ws.close();
+  }
 });

@@ -1,4 +1,4 @@
-import { assertAlmostEquals, assertEquals, assertMatch, assertThrows } from "@std/assert";
+import { assert, assertAlmostEquals, assertEquals, assertMatch, assertThrows } from "@std/assert";
 import { PROMETHEUS_CONTENT_TYPE, Registry } from "../lib/http/metrics.ts";
 import { ServiceMetrics } from "../lib/http/service_metrics.ts";
 import { metricValue, postJson, scrape, startService } from "./_http_harness.ts";
@@ -127,4 +127,49 @@ Deno.test("GET /metrics exposes every service metric with the right type and val
     ),
     1,
   );
+});
+
+Deno.test("/metrics has a 0..1 KV-usage gauge and the queued and running gauges under the names llm-d's endpoint picker scrapes", async () => {
+  await using svc = startService(
+    { tokenDelayMs: 5, maxRunning: 1, maxWaiting: 4, kvBlocksTotal: 10, kvBlockSize: 4 },
+  );
+  const idle = await scrape(svc.base);
+  assertEquals(metricValue(idle, "llm_kv_cache_usage_ratio"), 0);
+  assertEquals(metricValue(idle, "vllm:kv_cache_usage_perc"), 0);
+  const ctrl = new AbortController();
+  const streams = [0, 1].map(() =>
+    fetch(svc.base + "/v1/completions", {
+      method: "POST",
+      body: JSON.stringify({ prompt: "a b c d e f g", max_tokens: 20, stream: true }),
+      signal: ctrl.signal,
+    })
+  );
+  const res = await Promise.all(streams);
+  const readers = res.map((r) => r.body!.getReader());
+  await readers[0]!.read();
+  const busy = await scrape(svc.base);
+  const stats = svc.backend.stats();
+  assertEquals(stats.waiting, 1);
+  assertEquals(metricValue(busy, "vllm:num_requests_waiting"), 1);
+  assertEquals(metricValue(busy, "llm_requests_waiting"), 1);
+  assertEquals(metricValue(busy, "vllm:num_requests_running"), 1);
+  const usage = metricValue(busy, "llm_kv_cache_usage_ratio")!;
+  assertEquals(metricValue(busy, "vllm:kv_cache_usage_perc"), usage);
+  // The fake's blocks at scrape time, over its pool of 10 (not a percentage).
+  assertEquals(usage, metricValue(busy, "llm_kv_blocks_used")! / 10);
+  assert(usage > 0 && usage <= 1);
+  ctrl.abort();
+  for (const r of readers) await r.cancel().catch(() => {});
+});
+
+Deno.test("--metrics-public: Prometheus scrapes /metrics without a key while the API still needs one", async () => {
+  for (const metricsPublic of [false, true]) {
+    await using svc = startService({}, { apiKeys: ["sk-metrics-key"], metricsPublic });
+    const res = await fetch(svc.base + "/metrics");
+    await res.body?.cancel();
+    assertEquals(res.status, metricsPublic ? 200 : 401);
+    const api = await postJson(svc.base + "/v1/completions", { prompt: "x" });
+    await api.body?.cancel();
+    assertEquals(api.status, 401);
+  }
 });

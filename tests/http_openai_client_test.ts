@@ -132,3 +132,32 @@ Deno.test("the openai client surfaces our errors as its typed errors", async () 
   await it.return?.();
   await waitUntil(() => svc.backend.active === 0, "the held stream to be released");
 });
+
+Deno.test("the openai client works with a served model name other than the file's stem; an unknown name is 404 model_not_found", async () => {
+  await using svc = startService({ modelName: "stories260K" }, {
+    servedModelNames: ["gpt-4o-mini", "my-llama"],
+  });
+  const c = client(svc.base);
+  const models = [];
+  for await (const m of c.models.list()) models.push(m.id);
+  assertEquals(models, ["gpt-4o-mini", "my-llama"]);
+  assertEquals((await c.models.retrieve("my-llama")).id, "my-llama");
+  for (const model of ["gpt-4o-mini", "my-llama"]) {
+    const out = await c.chat.completions.create({
+      model,
+      messages: MESSAGES,
+      max_tokens: 4,
+      seed: 9,
+    });
+    assertEquals(out.model, model);
+    assertEquals(out.choices[0]!.message.content, expectedText(CHAT_PROMPT, 9, 4));
+  }
+  // The file's stem is not a served name once names are given.
+  const err = await assertRejects(
+    () => c.completions.create({ model: "stories260K", prompt: "x", max_tokens: 1 }),
+    OpenAI.NotFoundError,
+  );
+  assertEquals(err.status, 404);
+  assertEquals((err.error as { code?: string }).code, "model_not_found");
+  assertMatch(err.message, /"gpt-4o-mini", "my-llama"/);
+});

@@ -57,6 +57,7 @@ Deno.test("/v1/stream multiplexes two concurrent generations on one socket by id
         id,
         prompt_tokens: fakeCountTokens(prompt),
         max_tokens: n,
+        max_tokens_capped: false,
       });
       assertEquals(textOf(frames), expectedText(prompt, seed, n));
       const done = frames.at(-1)!;

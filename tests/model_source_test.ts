@@ -13,7 +13,8 @@ import {
   resolveModelsDir,
   resolveModelSource,
 } from "../lib/source/model_source.ts";
-import { formatBytes, formatProgress, ProgressBar } from "../lib/util/progress_bar.ts";
+import { formatBytes } from "../lib/util/byte_size.ts";
+import { formatProgress, ProgressBar } from "../lib/util/progress_bar.ts";
 
 function modelsMirror(): string {
   const dir = Deno.env.get("MODEL_MIRROR");

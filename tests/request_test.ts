@@ -5,6 +5,7 @@ import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./_fake_en
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import type { SchedulerConfig } from "../lib/core/scheduler.ts";
 import { BOS, decodeAll, EOS, fakeCodec } from "./_fake_codec.ts";
+import { closeCore } from "./_serving_core.ts";
 
 const VOCAB = 64;
 
@@ -109,7 +110,7 @@ Deno.test("RequestActor streams text deltas that add up to the decoded continuat
       cachedTokens: 0,
     });
   } finally {
-    await core.close();
+    await closeCore(core);
   }
 });
 
@@ -132,7 +133,7 @@ Deno.test("RequestActor encodes a text prompt with BOS and reports an EOS stop w
     assertEquals(textOf(events), decodeAll(want.slice(0, -1)));
     assert(!events.some((e) => e.type === "token" && e.ids.includes(EOS)), "EOS is not streamed");
   } finally {
-    await core.close();
+    await closeCore(core);
   }
 });
 
@@ -155,7 +156,7 @@ Deno.test("RequestActor ends at a stop string, never emits any part of it, and f
     assertGreater(checked, 10);
     await waitFor("the stopped sequences to be freed", () => idle(core));
   } finally {
-    await core.close();
+    await closeCore(core);
   }
 });
 
@@ -187,7 +188,7 @@ Deno.test("RequestActor holds back text that may start a stop string and release
     }
     assertGreater(heldBack, 0, "some text ending in 'a' was held back");
   } finally {
-    await core.close();
+    await closeCore(core);
   }
 });
 
@@ -208,7 +209,7 @@ Deno.test("RequestActor: aborting the signal cancels with done('cancelled') and 
     assertLess(done.usage.completionTokens, 200);
     await waitFor("the cancelled sequence to be freed", () => idle(core));
   } finally {
-    await core.close();
+    await closeCore(core);
   }
 });
 
@@ -223,7 +224,7 @@ Deno.test("RequestActor: a signal aborted before the start ends at once with don
     assertEquals(doneOf(events).usage.completionTokens, 0);
     await waitFor("nothing to be live", () => idle(core));
   } finally {
-    await core.close();
+    await closeCore(core);
   }
 });
 
@@ -238,7 +239,7 @@ Deno.test("RequestActor: a client that leaves mid-stream frees its sequence", as
     const s = core.schedulerStats();
     assertLess(s.steps, 150, "the sequence stopped long before its 300 tokens");
   } finally {
-    await core.close();
+    await closeCore(core);
   }
 });
 
@@ -255,7 +256,7 @@ Deno.test("RequestActor: a client that stops reading does not hold up the others
     await stalled.return(undefined);
     await waitFor("the stalled sequence to be freed", () => idle(core));
   } finally {
-    await core.close();
+    await closeCore(core);
   }
 });
 
@@ -269,7 +270,7 @@ Deno.test("RequestActor refuses a prompt longer than the context as the first ev
     assertEquals(e.code, "context_length_exceeded");
     assert(e.message.includes("16 tokens"), e.message);
   } finally {
-    await core.close();
+    await closeCore(core);
   }
 });
 
@@ -284,7 +285,7 @@ Deno.test("RequestActor after drain() answers 'draining' while running generatio
     assertEquals(refused.map((e) => e.type === "error" && e.code), ["draining"]);
     assertEquals(textOf(await first), decodeAll(continuation(prompt, 30)));
   } finally {
-    await core.close();
+    await closeCore(core);
   }
 });
 
@@ -309,6 +310,6 @@ Deno.test("RequestActor reports timings: queue, prefill, first token and decode 
     assertGreater(second.queuedMs, first.totalMs * 0.8, JSON.stringify({ first, second }));
     assertNotEquals(ta.queuedMs, tb.queuedMs);
   } finally {
-    await core.close();
+    await closeCore(core);
   }
 });

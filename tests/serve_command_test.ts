@@ -26,6 +26,42 @@ Deno.test("parseServeArgs() maps flags to settings and collects repeated API key
   assertEquals(c.apiKey, ["secret-one", "secret-two"]);
 });
 
+Deno.test("parseServeArgs() reads served model names, log format, public metrics and the result cache from flags or the environment", () => {
+  const c = parseServeArgs([
+    "--served-model-name",
+    "gpt-4o-mini",
+    "--served-model-name",
+    "llama",
+    "--log-format",
+    "json",
+    "--metrics-public",
+    "--result-cache",
+    "64MiB",
+  ], noEnv);
+  assertEquals(c.servedModelName, ["gpt-4o-mini", "llama"]);
+  assertEquals([c.logFormat, c.metricsPublic, c.resultCache], ["json", true, 64 * 2 ** 20]);
+  const defaults = parseServeArgs([], noEnv);
+  assertEquals(defaults.servedModelName, []);
+  assertEquals([defaults.logFormat, defaults.metricsPublic, defaults.resultCache], [
+    "text",
+    false,
+    0,
+  ]);
+  const env: Record<string, string> = {
+    LLMSERVE_SERVED_MODEL_NAMES: "a, b",
+    LLMSERVE_METRICS_PUBLIC: "1",
+    LLMSERVE_RESULT_CACHE: "1MiB",
+  };
+  const fromEnv = parseServeArgs([], (n) => env[n]);
+  assertEquals([fromEnv.servedModelName, fromEnv.metricsPublic, fromEnv.resultCache], [
+    ["a", "b"],
+    true,
+    2 ** 20,
+  ]);
+  assertThrows(() => parseServeArgs(["--log-format", "xml"], noEnv), Error, "--log-format");
+  assertThrows(() => parseServeArgs(["--result-cache", "lots"], noEnv), Error, "--result-cache");
+});
+
 Deno.test("parseServeArgs() refuses an unknown flag by name", () => {
   assertThrows(() => parseServeArgs(["--prot", "80"], noEnv), Error, "--prot");
 });

@@ -13,6 +13,7 @@ import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
 import type { SchedulerConfig } from "../lib/core/scheduler.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { modelFile } from "./_model_files.ts";
+import { closeCore } from "./_serving_core.ts";
 
 const model = await loadModel(modelFile("stories260K.bin"), {
   tokenizerPath: modelFile("tok512.bin"),
@@ -98,7 +99,7 @@ Deno.test("ServingCore on stories260K: 8 concurrent generations, chunked and bat
       "the two long 'Once upon a time, ...' prompts share blocks",
     );
   } finally {
-    await core.close();
+    await closeCore(core);
   }
 });
 
@@ -117,6 +118,6 @@ Deno.test("ServingCore on stories260K: a pool too small for all preempts, recomp
       );
     }
   } finally {
-    await core.close();
+    await closeCore(core);
   }
 });

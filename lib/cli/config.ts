@@ -1,30 +1,100 @@
 import { z } from "zod";
 import { parseByteSize } from "../util/byte_size.ts";
+import { DEFAULT_LIMITS } from "../engine/limits.ts";
 
 /**
  * Every setting of the server and the CLI, with the environment variable that can also set
  * it. Command-line flags win over the environment, which wins over the defaults.
  */
 export const SETTINGS = {
-  model: { env: "LLMSERVE_MODEL", help: "model path, https:// URL or known name" },
+  model: {
+    env: "LLMSERVE_MODEL",
+    help: "model path, https:// URL or known name",
+    default: "stories260K",
+  },
   tokenizer: { env: "LLMSERVE_TOKENIZER", help: "llama2.c tokenizer.bin for a .bin checkpoint" },
   modelsDir: { env: "MODELS_DIR", help: "where downloaded models are kept" },
-  backend: { env: "LLMSERVE_BACKEND", help: "webgpu | cpu | auto" },
+  backend: { env: "LLMSERVE_BACKEND", help: "webgpu | cpu | auto", default: "auto" },
   contextLength: { env: "LLMSERVE_CONTEXT_LENGTH", help: "override the model's context length" },
-  host: { env: "LLMSERVE_HOST", help: "address to listen on" },
-  port: { env: "LLMSERVE_PORT", help: "port to listen on (0 picks a free one)" },
-  kvMemory: { env: "LLMSERVE_KV_MEMORY", help: "memory for the paged KV cache, e.g. 256MiB" },
-  blockSize: { env: "LLMSERVE_BLOCK_SIZE", help: "tokens per KV block" },
-  maxBatchTokens: { env: "LLMSERVE_MAX_BATCH_TOKENS", help: "tokens computed per step at most" },
-  maxRunning: { env: "LLMSERVE_MAX_RUNNING", help: "sequences in one step at most" },
-  maxWaiting: { env: "LLMSERVE_MAX_WAITING", help: "queued requests before answering overloaded" },
-  pipelineDepth: { env: "LLMSERVE_PIPELINE_DEPTH", help: "steps submitted ahead of their results" },
+  host: { env: "LLMSERVE_HOST", help: "address to listen on", default: "127.0.0.1" },
+  port: { env: "LLMSERVE_PORT", help: "port to listen on (0 picks a free one)", default: 8000 },
+  kvMemory: {
+    env: "LLMSERVE_KV_MEMORY",
+    help: "memory for the paged KV cache",
+    default: DEFAULT_LIMITS.kvMemory,
+  },
+  blockSize: {
+    env: "LLMSERVE_BLOCK_SIZE",
+    help: "tokens per KV block",
+    default: DEFAULT_LIMITS.blockSize,
+  },
+  maxBatchTokens: {
+    env: "LLMSERVE_MAX_BATCH_TOKENS",
+    help: "tokens computed per step at most",
+    default: DEFAULT_LIMITS.maxBatchTokens,
+  },
+  maxRunning: {
+    env: "LLMSERVE_MAX_RUNNING",
+    help: "sequences in one step at most",
+    default: DEFAULT_LIMITS.maxRunning,
+  },
+  maxWaiting: {
+    env: "LLMSERVE_MAX_WAITING",
+    help: "queued requests that cannot start yet before answering overloaded",
+    default: DEFAULT_LIMITS.maxWaiting,
+  },
+  pipelineDepth: {
+    env: "LLMSERVE_PIPELINE_DEPTH",
+    help: `steps submitted ahead of their results (1-${DEFAULT_LIMITS.maxPipelineDepth})`,
+    default: DEFAULT_LIMITS.pipelineDepth,
+  },
   apiKey: { env: "LLMSERVE_API_KEYS", help: "accepted API keys (env: comma-separated)" },
   drainTimeout: {
     env: "LLMSERVE_DRAIN_TIMEOUT",
     help: "seconds to let in-flight requests finish on SIGTERM",
+    default: 30,
+  },
+  servedModelName: {
+    env: "LLMSERVE_SERVED_MODEL_NAMES",
+    help: "name clients may give as `model` (repeatable; env: comma-separated)",
+  },
+  logFormat: {
+    env: "LLMSERVE_LOG_FORMAT",
+    help: "request log lines: text | json",
+    default: "text",
+  },
+  metricsPublic: {
+    env: "LLMSERVE_METRICS_PUBLIC",
+    help: "serve /metrics without an API key",
+    default: "false",
+  },
+  resultCache: {
+    env: "LLMSERVE_RESULT_CACHE",
+    help: "memory for cached answers to deterministic requests, e.g. 64MiB (0: off)",
+    default: "0",
   },
 } as const;
+
+/** Settings that take a list: repeated flags, or a comma-separated variable. */
+const LIST_SETTINGS: ReadonlySet<string> = new Set(["apiKey", "servedModelName"]);
+
+const byteSize = (fallback: string) =>
+  z.string().default(fallback).transform((s, ctx) => {
+    try {
+      return parseByteSize(s);
+    } catch (e) {
+      ctx.addIssue({ code: "custom", message: (e as Error).message });
+      return z.NEVER;
+    }
+  });
+
+/** The default a setting takes when neither a flag nor the environment sets it, as --help shows it. */
+export function settingDefault(name: SettingName): string | number | undefined {
+  const s = SETTINGS[name];
+  return "default" in s ? s.default : undefined;
+}
+
+const D = SETTINGS;
 
 export type SettingName = keyof typeof SETTINGS;
 
@@ -35,35 +105,40 @@ const positiveInt = () =>
   );
 
 export const ConfigSchema = z.object({
-  model: z.string().min(1).default("stories260K"),
+  model: z.string().min(1).default(D.model.default),
   tokenizer: z.string().min(1).optional(),
   modelsDir: z.string().min(1).optional(),
-  backend: z.enum(["webgpu", "cpu", "auto"]).default("auto"),
+  backend: z.enum(["webgpu", "cpu", "auto"]).default(D.backend.default),
   contextLength: positiveInt().optional(),
-  host: z.string().min(1).default("127.0.0.1"),
+  host: z.string().min(1).default(D.host.default),
   port: z.coerce.number({ error: "must be a number" }).int("must be an integer").min(
     0,
     "must be 0 to 65535",
-  ).max(65535, "must be 0 to 65535").default(8000),
-  kvMemory: z.string().default("256MiB").transform((s, ctx) => {
-    try {
-      return parseByteSize(s);
-    } catch (e) {
-      ctx.addIssue({ code: "custom", message: (e as Error).message });
-      return z.NEVER;
-    }
-  }),
-  blockSize: positiveInt().default(16),
-  maxBatchTokens: positiveInt().default(512),
-  maxRunning: positiveInt().default(64),
-  maxWaiting: positiveInt().default(256),
-  // Deeper pipelines hide more readback latency (measured on llvmpipe: 2 -> 147, 3 -> 198,
-  // 4 -> 264 tokens/s single-stream) at the cost of steps computed past a stop.
-  pipelineDepth: positiveInt().max(8, "must be at most 8").default(3),
+  ).max(65535, "must be 0 to 65535").default(D.port.default),
+  kvMemory: byteSize(D.kvMemory.default),
+  blockSize: positiveInt().default(DEFAULT_LIMITS.blockSize),
+  maxBatchTokens: positiveInt().default(DEFAULT_LIMITS.maxBatchTokens),
+  maxRunning: positiveInt().default(DEFAULT_LIMITS.maxRunning),
+  maxWaiting: positiveInt().default(DEFAULT_LIMITS.maxWaiting),
+  pipelineDepth: positiveInt().max(
+    DEFAULT_LIMITS.maxPipelineDepth,
+    `must be at most ${DEFAULT_LIMITS.maxPipelineDepth}`,
+  ).default(DEFAULT_LIMITS.pipelineDepth),
   apiKey: z.array(z.string().min(8, "API keys must have at least 8 characters")).default([]),
   drainTimeout: z.coerce.number({ error: "must be a number" }).nonnegative(
     "must be 0 or more seconds",
-  ).default(30),
+  ).default(D.drainTimeout.default),
+  servedModelName: z.array(z.string().min(1, "a served model name cannot be empty")).default([]),
+  logFormat: z.enum(["text", "json"]).default(D.logFormat.default),
+  metricsPublic: z.union([
+    z.boolean(),
+    z.enum(["true", "false", "1", "0"], { error: "expected true, false, 1 or 0" }).transform((v) =>
+      v === "true" || v === "1"
+    ),
+  ]).default(false),
+  // Off by default: benchmarks and soak runs repeat requests to measure the engine, and a
+  // cache would answer them instead.
+  resultCache: byteSize(D.resultCache.default),
 });
 
 export type Config = z.infer<typeof ConfigSchema>;
@@ -82,12 +157,14 @@ export function resolveConfig(
     const fromEnv = env(envName);
     if (fromFlag !== undefined) raw[name] = fromFlag;
     else if (fromEnv !== undefined && fromEnv !== "") {
-      raw[name] = name === "apiKey"
+      raw[name] = LIST_SETTINGS.has(name)
         ? fromEnv.split(",").map((s) => s.trim()).filter(Boolean)
         : fromEnv;
     }
   }
-  if (raw.apiKey !== undefined && !Array.isArray(raw.apiKey)) raw.apiKey = [raw.apiKey];
+  for (const name of LIST_SETTINGS) {
+    if (raw[name] !== undefined && !Array.isArray(raw[name])) raw[name] = [raw[name]];
+  }
   const parsed = ConfigSchema.safeParse(raw);
   if (!parsed.success) {
     const lines = parsed.error.issues.map((i) => {

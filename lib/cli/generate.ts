@@ -1,4 +1,5 @@
 import { openModel } from "./open_model.ts";
+import { DEFAULT_LIMITS } from "../engine/limits.ts";
 import { parseFlags } from "./args.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
 import { versionLine } from "./version.ts";
@@ -100,9 +101,9 @@ export async function generateCommand(argv: string[]): Promise<number> {
     );
   }
   const maxTokens = Math.min(args["max-tokens"], limit - promptIds.length);
-  const blockSize = 16;
+  const blockSize = DEFAULT_LIMITS.blockSize;
   const kv = { numBlocks: Math.ceil(limit / blockSize) + 1, blockSize };
-  const limits = { maxBatchTokens: 512, maxSeqs: 1 };
+  const limits = { maxBatchTokens: DEFAULT_LIMITS.maxBatchTokens, maxSeqs: 1 };
   const { engine, description } = await createEngine(model, args.backend, kv, limits);
   console.error(`model ${source.modelPath} on ${description}; prompt ${promptIds.length} tokens`);
 
@@ -111,8 +112,8 @@ export async function generateCommand(argv: string[]): Promise<number> {
     engine,
     engineFactory: async () => (await createEngine(model, args.backend, kv, limits)).engine,
     codec: tokenizer,
-    maxInFlight: 3,
-    scheduler: { maxRunning: 1, maxBatchTokens: 512 },
+    maxInFlight: DEFAULT_LIMITS.pipelineDepth,
+    scheduler: { maxRunning: 1, maxBatchTokens: limits.maxBatchTokens },
   });
   const backend = new CoreBackend("cli", core, tokenizer);
   const sampling: SamplingParams = {

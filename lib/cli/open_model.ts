@@ -10,6 +10,8 @@ export interface OpenModelOptions {
   readonly contextLength?: number;
   /** Completes "Cannot ... <path>: it has no vocabulary", e.g. "serve" or "generate with". */
   readonly purpose: string;
+  /** Start-up progress: bytes downloaded, then bytes of the weights read. */
+  readonly onProgress?: (phase: "downloading" | "reading", bytes: number, total?: number) => void;
 }
 
 /**
@@ -21,9 +23,13 @@ export async function openModel(
   spec: string,
   opts: OpenModelOptions,
 ): Promise<{ source: ModelSource; model: Model; tokenizer: Tokenizer }> {
+  const onProgress = opts.onProgress;
   const source = await resolveModelSource(spec, {
     modelsDir: opts.modelsDir,
     tokenizer: opts.tokenizer,
+    ...(onProgress
+      ? { download: { onProgress: (n: number, t?: number) => onProgress("downloading", n, t) } }
+      : {}),
   });
   // Drawn only on a terminal; a 260K model loads too fast to notice, a 4 GiB one does not.
   let bar: ProgressBar | undefined;
@@ -34,6 +40,7 @@ export async function openModel(
     onProgress: (bytes, total) => {
       bar ??= new ProgressBar(`loading ${source.modelPath.split("/").pop()}`, total, 0);
       bar.update(read = bytes);
+      onProgress?.("reading", bytes, total);
     },
   });
   bar?.finish(read);

@@ -4,7 +4,13 @@ import { whenLauncherGone } from "./parent_watch.ts";
 import { versionLine } from "./version.ts";
 import { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
-import { type Config, resolveConfig, type SettingName, SETTINGS } from "./config.ts";
+import {
+  type Config,
+  resolveConfig,
+  settingDefault,
+  type SettingName,
+  SETTINGS,
+} from "./config.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
 import { createEngine } from "../serving/engine_factory.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
@@ -12,7 +18,10 @@ import { type Engine, GREEDY, stepTokens } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
-import { kvBlockBytes } from "../engine/kv_budget.ts";
+import { RequestLog } from "../http/request_log.ts";
+import { createLoadingService, LoadProgress, SwitchableService } from "../http/loading_service.ts";
+import { CachedBackend } from "../serving/cached_backend.ts";
+import { kvBlockBytes, kvBlocksIn } from "../engine/kv_budget.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",
@@ -30,12 +39,21 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "api-key": "apiKey",
   "drain-timeout": "drainTimeout",
   "models-dir": "modelsDir",
+  "served-model-name": "servedModelName",
+  "log-format": "logFormat",
+  "metrics-public": "metricsPublic",
+  "result-cache": "resultCache",
 };
 
+/** Flags that take no value. */
+const BOOLEAN_FLAGS = ["metrics-public"];
+
 function usage(): string {
-  const rows = Object.entries(FLAG_NAMES).map(([flag, name]) =>
-    `  --${flag.padEnd(18)} ${SETTINGS[name].help} [env ${SETTINGS[name].env}]`
-  );
+  const rows = Object.entries(FLAG_NAMES).map(([flag, name]) => {
+    const d = settingDefault(name);
+    const shown = d === undefined ? "" : `, default ${d}`;
+    return `  --${flag.padEnd(18)} ${SETTINGS[name].help} [env ${SETTINGS[name].env}${shown}]`;
+  });
   return `Usage: deno task start [options]
 ${rows.join("\n")}
   --help               this text
@@ -50,25 +68,6 @@ Examples:
   deno task models                                        list the models it can find`;
 }
 
-/** The flags `serve` takes, for the parser. */
-const SERVE_FLAGS = {
-  string: Object.keys(FLAG_NAMES),
-  collect: ["api-key"],
-  boolean: ["help", "version"],
-};
-
-/** Parses `serve` flags into the validated configuration. Exported for tests. */
-export function parseServeArgs(argv: string[], env?: (name: string) => string | undefined): Config {
-  const { values, unknown } = parseFlags(argv, SERVE_FLAGS);
-  if (unknown.length > 0) throw new Error(`Unknown argument(s): ${unknown.join(" ")}\n${usage()}`);
-  const named: Partial<Record<SettingName, unknown>> = {};
-  for (const [flag, name] of Object.entries(FLAG_NAMES)) {
-    const v = values[flag];
-    if (v !== undefined && !(Array.isArray(v) && v.length === 0)) named[name] = v;
-  }
-  return resolveConfig(named, env);
-}
-
 /** What `--help` or `--version` print, or undefined for a run. */
 export function serveInfo(argv: readonly string[]): string | undefined {
   if (argv.includes("--help")) return usage();
@@ -76,7 +75,34 @@ export function serveInfo(argv: readonly string[]): string | undefined {
   return undefined;
 }
 
-/** `serve` command: loads the model, starts the actors and the HTTP server, drains on SIGTERM. */
+/** Parses `serve` flags into the validated configuration. Exported for tests. */
+export function parseServeArgs(argv: string[], env?: (name: string) => string | undefined): Config {
+  const { values: flags, unknown } = parseFlags(argv, {
+    string: Object.keys(FLAG_NAMES).filter((f) => !BOOLEAN_FLAGS.includes(f)),
+    collect: ["api-key", "served-model-name"],
+    boolean: ["help", "version", ...BOOLEAN_FLAGS],
+  });
+  if (unknown.length > 0) throw new Error(`Unknown argument(s): ${unknown.join(" ")}\n${usage()}`);
+  const named: Partial<Record<SettingName, unknown>> = {};
+  for (const [flag, name] of Object.entries(FLAG_NAMES)) {
+    const v = flags[flag];
+    // parseArgs reports an absent boolean flag as false, which would hide the environment's.
+    if (
+      BOOLEAN_FLAGS.includes(flag) &&
+      !argv.some((a) => a === `--${flag}` || a.startsWith(`--${flag}=`))
+    ) {
+      continue;
+    }
+    if (v !== undefined && !(Array.isArray(v) && v.length === 0)) named[name] = v;
+  }
+  return resolveConfig(named, env);
+}
+
+/**
+ * `serve` command: binds the port first (so a port in use is reported at once and /health can
+ * say how loading goes), loads the model, starts the actors, then switches the listener from
+ * the loading service to the real one; drains on SIGTERM.
+ */
 export async function serveCommand(argv: string[]): Promise<number> {
   const info = serveInfo(argv);
   if (info !== undefined) {
@@ -85,14 +111,61 @@ export async function serveCommand(argv: string[]): Promise<number> {
   }
   const config = parseServeArgs(argv);
   const log = (line: string) => console.error(line);
+  const metrics = new ServiceMetrics();
+  const requestLog = new RequestLog(config.logFormat);
+  const progress = new LoadProgress();
+  const front = new SwitchableService(createLoadingService(progress, requestLog, metrics));
+  let listening!: Deno.NetAddr;
+  const server = serveService(front, {
+    hostname: config.host,
+    port: config.port,
+    drainTimeoutMs: config.drainTimeout * 1000,
+    onListen: (addr) => {
+      listening = addr;
+      log(`llmserve listening on http://${addr.hostname}:${addr.port}/ (loading the model)`);
+    },
+  });
+  // Started by the launcher, which is gone (killed without passing a signal on): drain.
+  whenLauncherGone(() => void server.stop());
+  // A signal while loading ends the run; the load is abandoned with the process.
+  const loaded = start(config, progress, metrics, requestLog);
+  const first = await Promise.race([loaded, server.closed.then(() => null)]);
+  if (first === null) {
+    log("stopped before the model finished loading");
+    return 0;
+  }
+  const { service, core, summary } = first;
+  front.switchTo(service);
+  progress.set("ready");
+  log(summary(listening));
+  const result = await server.closed;
+  await core.close();
+  log(
+    `drained: ${
+      result.completed
+        ? "all in-flight generations finished"
+        : `${result.aborted} aborted at the deadline`
+    }`,
+  );
+  return 0;
+}
+
+/** Loads the model, builds engine, core and app: everything between binding and ready. */
+async function start(
+  config: Config,
+  progress: LoadProgress,
+  metrics: ServiceMetrics,
+  requestLog: RequestLog,
+) {
   const { source, model, tokenizer } = await openModel(config.model, {
     modelsDir: config.modelsDir,
     tokenizer: config.tokenizer,
     contextLength: config.contextLength,
     purpose: "serve",
+    onProgress: (phase, bytes, total) => progress.set(phase, bytes, total),
   });
   const blockBytes = kvBlockBytes(model.config, config.blockSize);
-  const numBlocks = Math.floor(config.kvMemory / blockBytes);
+  const numBlocks = kvBlocksIn(config.kvMemory, model.config, config.blockSize);
   const minBlocks = Math.ceil(model.config.contextLength / config.blockSize);
   if (numBlocks < minBlocks) {
     throw new Error(
@@ -105,12 +178,13 @@ export async function serveCommand(argv: string[]): Promise<number> {
   }
   const kv = { numBlocks, blockSize: config.blockSize };
   const limits = { maxBatchTokens: config.maxBatchTokens, maxSeqs: config.maxRunning };
+  progress.set("building_engine");
   const { engine, description } = await createEngine(model, config.backend, kv, limits);
+  progress.set("warming_up");
   await warmUp(engine, tokenizer.bosId);
   // Test-only: LLMSERVE_FAULT_STEPS makes chosen engine steps fail (see lib/fault_injection.ts).
   const faults = FaultInjector.fromEnv();
   const withFaults = (e: Engine): Engine => (faults ? faults.wrap(e) : e);
-  const metrics = new ServiceMetrics();
   let restartsSeen = 0;
   const core: ServingCore = new ServingCore({
     engine: withFaults(engine),
@@ -137,48 +211,55 @@ export async function serveCommand(argv: string[]): Promise<number> {
     },
   });
   const modelName = source.modelPath.split("/").pop()!.replace(/\.(gguf|bin)$/, "");
-  const backend = new CoreBackend(modelName, core, tokenizer, model.chatTemplate);
+  const coreBackend = new CoreBackend(modelName, core, tokenizer, model.chatTemplate);
+  const backend = config.resultCache > 0
+    ? new CachedBackend(coreBackend, config.resultCache)
+    : coreBackend;
+  const servedModelNames = config.servedModelName.length > 0 ? config.servedModelName : [modelName];
   const service = createApp({
     backend,
     metrics,
     apiKeys: config.apiKey,
     drainTimeoutMs: config.drainTimeout * 1000,
-  });
-  const c = model.config;
-  const server = serveService(service, {
-    hostname: config.host,
-    port: config.port,
-    drainTimeoutMs: config.drainTimeout * 1000,
-    onListen: (addr) => {
-      log([
-        `llmserve ready`,
-        `  model     ${source.modelPath} (${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads, vocab ${c.vocabSize}, context ${c.contextLength})`,
-        `  backend   ${description}`,
-        `  kv cache  ${numBlocks} blocks x ${config.blockSize} tokens = ${
-          formatBytes(numBlocks * blockBytes)
-        } (${numBlocks * config.blockSize} tokens)`,
-        `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${config.pipelineDepth}`,
-        `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
-        `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
-        ...(faults
-          ? [
-            `  faults    ${FAULT_ENV}=${Deno.env.get(FAULT_ENV)} (test-only fault injection is on)`,
-          ]
-          : []),
-      ].join("\n"));
+    servedModelNames,
+    metricsPublic: config.metricsPublic,
+    requestLog,
+    props: {
+      modelPath: source.modelPath,
+      backend: description,
+      maxRunning: config.maxRunning,
+      maxWaiting: config.maxWaiting,
+      maxBatchTokens: config.maxBatchTokens,
+      kvBlocks: numBlocks,
+      blockSize: config.blockSize,
+      resultCacheBytes: config.resultCache,
     },
   });
-  whenLauncherGone(() => void server.stop());
-  const result = await server.closed;
-  await core.close();
-  log(
-    `drained: ${
-      result.completed
-        ? "all in-flight generations finished"
-        : `${result.aborted} aborted at the deadline`
-    }`,
-  );
-  return 0;
+  const c = model.config;
+  const summary = (addr: Deno.NetAddr) =>
+    [
+      `llmserve ready`,
+      `  model     ${source.modelPath} (${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads, vocab ${c.vocabSize}, context ${c.contextLength})`,
+      `  served as ${servedModelNames.join(", ")}`,
+      `  backend   ${description}`,
+      `  kv cache  ${numBlocks} blocks x ${config.blockSize} tokens = ${
+        formatBytes(numBlocks * blockBytes)
+      } (${numBlocks * config.blockSize} tokens)`,
+      `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${config.pipelineDepth}`,
+      `  results   ${
+        config.resultCache > 0 ? `cache ${formatBytes(config.resultCache)}` : "cache off"
+      }`,
+      `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}${
+        config.metricsPublic ? " (/metrics public)" : ""
+      }`,
+      `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
+      ...(faults
+        ? [
+          `  faults    ${FAULT_ENV}=${Deno.env.get(FAULT_ENV)} (test-only fault injection is on)`,
+        ]
+        : []),
+    ].join("\n");
+  return { service, core, summary };
 }
 
 /**

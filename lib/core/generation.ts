@@ -26,6 +26,11 @@ export interface GenerationRequest {
   readonly parseSpecialTokens?: boolean;
   /** Include per-token logprobs in token events. */
   readonly logprobs?: boolean;
+  /**
+   * The client fixed everything that decides the tokens (greedy, or an explicit seed), so the
+   * same request always gives the same answer and a stored one may be replayed.
+   */
+  readonly deterministic?: boolean;
 }
 
 export type FinishReason = "stop" | "length" | "cancelled";
@@ -47,6 +52,12 @@ export interface Timings {
   readonly decodeTokensPerSecond: number;
 }
 
+/** A done event replayed from the result cache says so, and what generating it cost. */
+export interface CacheHit {
+  /** Wall time the original generation took (what the replay saved). */
+  readonly savedMs: number;
+}
+
 export type GenerationEvent =
   | { readonly type: "started"; readonly promptTokens: number }
   | {
@@ -60,6 +71,8 @@ export type GenerationEvent =
     readonly finishReason: FinishReason;
     readonly usage: Usage;
     readonly timings: Timings;
+    /** Present when the answer came from the result cache. */
+    readonly cached?: CacheHit;
   }
   | { readonly type: "error"; readonly code: GenerationErrorCode; readonly message: string };
 
@@ -79,6 +92,18 @@ export interface CoreStats {
   readonly steps: number;
   readonly lastBatchSize: number;
   readonly executorHealthy: boolean;
+  /** Present when a result cache is configured. */
+  readonly resultCache?: ResultCacheStats;
+}
+
+export interface ResultCacheStats {
+  readonly hits: number;
+  readonly misses: number;
+  readonly bytes: number;
+  readonly capacityBytes: number;
+  readonly entries: number;
+  /** Sum of the saved generations' wall time. */
+  readonly savedMs: number;
 }
 
 /**
@@ -92,6 +117,15 @@ export interface GenerationBackend {
   readonly contextLength: number;
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent>;
   countTokens(text: string, opts?: { special?: boolean }): number;
+  /**
+   * The ids a text becomes. `bos` prepends BOS (a generation always does); `special` reads
+   * control-token text as those tokens (what a rendered chat template needs).
+   */
+  tokenize(text: string, opts: { bos: boolean; special: boolean }): number[];
+  /** The text of an id sequence (control tokens vanish). Throws RangeError for a bad id. */
+  detokenize(ids: readonly number[]): string;
+  /** The vocabulary's spelling of one id (with spaces as " "). */
+  tokenPiece(id: number): string;
   /** Token ids run from 0 to vocabSize - 1; prompts given as ids are checked against it. */
   readonly vocabSize?: number;
   /** Chat template source from the model file, if any. */

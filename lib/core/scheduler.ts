@@ -1,4 +1,5 @@
 import { BlockAllocator } from "./block_allocator.ts";
+import { DEFAULT_LIMITS } from "../engine/limits.ts";
 import type { SeqInput, StepPlan, StepResult } from "../engine/engine.ts";
 import type { FinishReason, GenerationErrorCode } from "./generation.ts";
 import { Sequence } from "./sequence.ts";
@@ -30,24 +31,24 @@ export interface SchedulerConfig {
   readonly prefixCaching: boolean;
 }
 
-export const DEFAULT_SCHEDULER_LIMITS = {
-  maxBatchTokens: 512,
-  maxRunning: 256,
-  maxWaiting: 1024,
-  agingSteps: 256,
+const SCHEDULER_DEFAULTS = {
+  maxBatchTokens: DEFAULT_LIMITS.maxBatchTokens,
+  maxRunning: DEFAULT_LIMITS.maxRunning,
+  maxWaiting: DEFAULT_LIMITS.maxWaiting,
+  agingSteps: DEFAULT_LIMITS.agingSteps,
   prefixCaching: true,
-  maxSeqFaults: 4,
+  maxSeqFaults: DEFAULT_LIMITS.maxSeqFaults,
   vocabSize: 0,
 } as const;
 
-/** Fills in the defaults; the watermark defaults to 1% of the pool. */
+/** Fills in the defaults (lib/engine/limits.ts); the watermark is a share of the pool. */
 export function schedulerConfig(
   required: Pick<SchedulerConfig, "numBlocks" | "blockSize" | "contextLength">,
   overrides: Partial<SchedulerConfig> = {},
 ): SchedulerConfig {
   const cfg = {
-    ...DEFAULT_SCHEDULER_LIMITS,
-    watermarkBlocks: Math.ceil(required.numBlocks * 0.01),
+    ...SCHEDULER_DEFAULTS,
+    watermarkBlocks: Math.ceil(required.numBlocks * DEFAULT_LIMITS.watermarkFraction),
     ...required,
     ...overrides,
   };

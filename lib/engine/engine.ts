@@ -73,7 +73,11 @@ export interface Engine {
   /** Set by engines whose step buffers are sized up front: no plan may exceed these. */
   readonly limits?: { readonly maxSeqs: number; readonly maxBatchTokens: number };
   step(plan: StepPlan): Promise<StepResult>;
-  /** The sequence is finished or preempted: forget its per-sequence state (last sampled token). */
+  /**
+   * The sequence is finished or preempted: forget its per-sequence state (last sampled token).
+   * Ordered like a step: it takes effect after every step called before it, which may still
+   * decode the token the sequence sampled last. A wrapper that defers steps defers releases too.
+   */
   release?(seqId: number): void;
   dispose(): void;
 }

@@ -12,6 +12,9 @@ import { InFlightRegistry } from "./inflight.ts";
 import { registerOpenAiRoutes } from "./openai_routes.ts";
 import { PLAYGROUND_HTML } from "./playground.html.ts";
 import { ServiceMetrics } from "./service_metrics.ts";
+import { isValidRequestId, newRequestId, RequestLog, type RequestRecord } from "./request_log.ts";
+import { registerTokenizeRoutes } from "./tokenize_routes.ts";
+import { registerPropsRoute, type ServerProps } from "./props_route.ts";
 import type { GenerationDeps } from "./tracked_generation.ts";
 import { CLOSE_GOING_AWAY, StreamSession } from "./ws_session.ts";
 
@@ -47,6 +50,17 @@ export interface AppOptions {
   readonly tracer?: Tracer;
   /** False while the model loads: /ready answers 503 until setReady(true). Default true. */
   readonly ready?: boolean;
+  /**
+   * Names clients may give as `model` (vLLM's --served-model-name, llama-server's --alias);
+   * /v1/models lists them. Default: the backend's model name.
+   */
+  readonly servedModelNames?: readonly string[];
+  /** Serve /metrics without an API key (so Prometheus can scrape it). Default false. */
+  readonly metricsPublic?: boolean;
+  /** Where request-log lines go; default text lines on stderr. */
+  readonly requestLog?: RequestLog;
+  /** Extra facts for GET /props (model path, limits). */
+  readonly props?: ServerProps;
 }
 
 export interface DrainResult {
@@ -86,6 +100,9 @@ const ROUTES = new Set([
   "/v1/models",
   "/v1/completions",
   "/v1/chat/completions",
+  "/tokenize",
+  "/detokenize",
+  "/props",
 ]);
 
 function frameSocket(ws: WSContext): FrameSocket {
@@ -114,6 +131,12 @@ export function createApp(opts: AppOptions): ServiceApp {
   const inflight = new InFlightRegistry();
   const keys = new ApiKeyVerifier(opts.apiKeys ?? []);
   const openPaths = new Set(opts.openPaths ?? ["/", "/health", "/ready"]);
+  if (opts.metricsPublic === true) openPaths.add("/metrics");
+  const servedModelNames = opts.servedModelNames?.length
+    ? [...opts.servedModelNames]
+    : [backend.modelName];
+  const requestLog = opts.requestLog ?? new RequestLog();
+  const records = new WeakMap<Request, RequestRecord>();
   const retryAfter = String(opts.retryAfterSeconds ?? 1);
   const renderChat = createChatRenderer({
     template: backend.chatTemplate,
@@ -131,6 +154,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     tracer,
     inflight,
     isDraining: () => draining,
+    requestLog,
   };
   const highWater = opts.wsHighWaterBytes ?? 1 << 20;
   const sessionOpts = {
@@ -147,26 +171,56 @@ export function createApp(opts: AppOptions): ServiceApp {
 
   const app = new Hono();
 
-  app.onError((err, c) => {
-    const e = toApiError(err);
+  const errorResponse = (e: ApiError, req: Request): Response => {
     metrics.errors.inc({ code: e.code });
-    if (e.status === 503) c.header("retry-after", retryAfter);
-    if (e.status === 401) c.header("www-authenticate", 'Bearer realm="llmserve"');
-    return c.json(e.toJSON(), e.status as 400);
-  });
-  app.notFound((c) => {
-    const e = new ApiError("not_found", `No route for ${c.req.method} ${c.req.path}`);
-    metrics.errors.inc({ code: e.code });
-    return c.json(e.toJSON(), 404);
-  });
+    const record = records.get(req);
+    if (record) record.code = e.code;
+    const headers: Record<string, string> = {};
+    if (e.status === 503) headers["retry-after"] = retryAfter;
+    if (e.status === 401) headers["www-authenticate"] = 'Bearer realm="llmserve"';
+    return Response.json(e.toJSON(), { status: e.status, headers });
+  };
+  app.onError((err, c) => errorResponse(toApiError(err), c.req.raw));
+  app.notFound((c) =>
+    errorResponse(
+      new ApiError("not_found", `No route for ${c.req.method} ${c.req.path}`),
+      c.req.raw,
+    )
+  );
 
+  // Request id, request log and request counter: first, so they see every answer, errors
+  // and refusals included.
   app.use("*", async (c, next) => {
-    await next();
-    metrics.httpRequests.inc({
-      method: c.req.method,
-      route: ROUTES.has(c.req.path) ? c.req.path : "unmatched",
-      status: String(c.res.status),
-    });
+    const route = ROUTES.has(c.req.path) ? c.req.path : "unmatched";
+    const asked = c.req.header("x-request-id");
+    const valid = asked !== undefined && isValidRequestId(asked);
+    const record = valid
+      ? requestLog.record(asked, c.req.method, route)
+      : requestLog.record(newRequestId(), c.req.method, route, true);
+    records.set(c.req.raw, record);
+    // Under OTEL_DENO this is Deno.serve's HTTP span; the llm.request span carries it too.
+    trace.getActiveSpan()?.setAttribute("llm.request.id", record.id);
+    if (asked !== undefined && !valid) {
+      c.res = errorResponse(
+        new ApiError(
+          "invalid_request",
+          `Invalid 'x-request-id' header: expected 1 to 128 visible ASCII characters, received ${
+            JSON.stringify(asked.slice(0, 60))
+          }`,
+          "x-request-id",
+        ),
+        c.req.raw,
+      );
+    } else {
+      await next();
+    }
+    try {
+      c.res.headers.set("x-request-id", record.id);
+    } catch {
+      // A WebSocket upgrade's headers are immutable; the socket's frames carry ids instead.
+    }
+    metrics.httpRequests.inc({ method: c.req.method, route, status: String(c.res.status) });
+    record.responded(c.res.status);
   });
 
   app.use("*", async (c, next) => {
@@ -198,15 +252,37 @@ export function createApp(opts: AppOptions): ServiceApp {
     maxBodyBytes: opts.maxBodyBytes ?? 1 << 20,
     defaultCompletionMaxTokens: opts.defaultCompletionMaxTokens ?? 16,
     createdAt: Math.floor(Date.now() / 1000),
+    servedModelNames,
+    recordOf: (req) => records.get(req),
+  });
+  registerTokenizeRoutes(app, {
+    backend,
+    renderChat,
+    maxBodyBytes: opts.maxBodyBytes ?? 1 << 20,
+    servedModelNames,
+  });
+  registerPropsRoute(app, {
+    backend,
+    servedModelNames,
+    props: opts.props ?? {},
+    limits: {
+      max_body_bytes: opts.maxBodyBytes ?? 1 << 20,
+      max_frame_bytes: sessionOpts.maxFrameBytes,
+      max_generations_per_socket: sessionOpts.maxGenerationsPerSocket,
+      default_completion_max_tokens: opts.defaultCompletionMaxTokens ?? 16,
+    },
+    isLoaded: () => loaded,
   });
 
   app.get(
     "/v1/stream",
-    upgradeWebSocket(() => {
+    upgradeWebSocket((c) => {
       let session: StreamSession | undefined;
+      // The socket's generations log and trace as "<upgrade's request id>.<n>/<client id>".
+      const sessionId = records.get(c.req.raw)?.id ?? `ws${++sessionCounter}`;
       const open = (ws: WSContext) => {
         if (session === undefined) {
-          session = new StreamSession(deps, sessionOpts, frameSocket(ws), `ws${++sessionCounter}`);
+          session = new StreamSession(deps, sessionOpts, frameSocket(ws), sessionId);
           sessions.add(session);
         }
         return session;

@@ -18,6 +18,7 @@ export type ApiErrorCode =
   | "context_length_exceeded"
   | "overloaded"
   | "draining"
+  | "loading"
   | "internal";
 
 const STATUS: Record<ApiErrorCode, number> = {
@@ -37,6 +38,7 @@ const STATUS: Record<ApiErrorCode, number> = {
   context_length_exceeded: 400,
   overloaded: 503,
   draining: 503,
+  loading: 503,
   internal: 500,
 };
 

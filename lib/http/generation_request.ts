@@ -35,12 +35,16 @@ function randomSeed(): number {
  * Applies the model's limits: refuses a prompt that leaves no room in the context (with its
  * token count and the limit; never truncates), caps max_tokens to what the context has left,
  * fills defaults, and draws a seed when none is given.
+ *
+ * `maxTokensCapped` is true when the context had less room than the max_tokens asked for (or
+ * the default): the limit is lowered rather than the request refused, and the responses say so.
+ * A request is `deterministic` when greedy or explicitly seeded (the result cache's condition).
  */
 export function buildGenerationRequest(
   input: GenerationInput,
   backend: Pick<GenerationBackend, "countTokens" | "contextLength" | "vocabSize">,
   requestId: string,
-): { request: GenerationRequest; promptTokens: number } {
+): { request: GenerationRequest; promptTokens: number; maxTokensCapped: boolean } {
   if (typeof input.prompt !== "string" && backend.vocabSize !== undefined) {
     const vocab = backend.vocabSize;
     const at = input.prompt.findIndex((id) => id >= vocab);
@@ -73,21 +77,24 @@ export function buildGenerationRequest(
     ? [input.stop]
     : [...input.stop];
   for (const s of input.extraStop ?? []) if (!stop.includes(s)) stop.push(s);
+  const temperature = input.temperature ?? DEFAULT_TEMPERATURE;
+  const seeded = input.seed !== undefined && input.seed !== null;
   const request: GenerationRequest = {
     prompt: input.prompt,
     maxTokens: Math.min(asked, room),
     sampling: {
-      temperature: input.temperature ?? DEFAULT_TEMPERATURE,
+      temperature,
       topK: input.topK ?? 0,
       topP: input.topP ?? 1,
       minP: input.minP ?? 0,
-      seed: input.seed === undefined || input.seed === null ? randomSeed() : seedToU32(input.seed),
+      seed: seeded ? seedToU32(input.seed as number) : randomSeed(),
     },
     stop: stop.filter((s) => s.length > 0),
     priority: input.priority ?? "interactive",
     requestId,
     logprobs: input.logprobs ?? false,
     parseSpecialTokens: input.specialTokens ?? false,
+    deterministic: temperature === 0 || seeded,
   };
-  return { request, promptTokens };
+  return { request, promptTokens, maxTokensCapped: asked > room };
 }

@@ -34,7 +34,7 @@ export function notReadyReasons(s: HealthState): string[] {
  * otherwise. GET /metrics: Prometheus text.
  */
 export function registerHealthRoutes(app: Hono, s: HealthState): void {
-  app.get("/health", (c) => c.json({ status: "ok" }));
+  app.get("/health", (c) => c.json({ status: "ok", phase: "ready" }));
   app.get("/ready", (c) => {
     const reasons = notReadyReasons(s);
     if (reasons.length === 0) return c.json({ status: "ready" });

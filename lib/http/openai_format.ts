@@ -1,5 +1,23 @@
-import type { FinishReason, Timings, Usage } from "../core/generation.ts";
-import { timingsJson } from "./protocol.ts";
+import type { CacheHit, FinishReason, Timings, Usage } from "../core/generation.ts";
+import { round, timingsJson } from "./protocol.ts";
+
+/**
+ * Our extensions on a final response or chunk: whether max_tokens was lowered to fit the
+ * context, and whether the answer came from the result cache (with the time it saved).
+ */
+export interface ResponseExtras {
+  max_tokens_capped: boolean;
+  cached: boolean;
+  saved_ms?: number;
+}
+
+export function responseExtras(capped: boolean, cached: CacheHit | undefined): ResponseExtras {
+  return {
+    max_tokens_capped: capped,
+    cached: cached !== undefined,
+    ...(cached !== undefined ? { saved_ms: round(cached.savedMs) } : {}),
+  };
+}
 
 /** Response objects of the OpenAI API, as the official clients parse them. */
 
@@ -65,6 +83,7 @@ export function completionResponse(
   usage: Usage,
   timings: Timings,
   logprobs: readonly TokenLogprob[] | null,
+  extras: ResponseExtras,
 ) {
   return {
     id: meta.id,
@@ -79,6 +98,7 @@ export function completionResponse(
     }],
     usage: openAiUsage(usage),
     timings: timingsJson(timings),
+    ...extras,
   };
 }
 
@@ -88,6 +108,7 @@ export function completionChunk(
   finish: FinishReason | null,
   logprobs: { tokens: readonly TokenLogprob[]; offset: number } | null,
   withUsageField: boolean,
+  extras?: ResponseExtras,
 ) {
   return {
     id: meta.id,
@@ -101,6 +122,7 @@ export function completionChunk(
       logprobs: logprobs === null ? null : completionLogprobs(logprobs.tokens, logprobs.offset),
     }],
     ...(withUsageField ? { usage: null } : {}),
+    ...extras,
   };
 }
 
@@ -111,6 +133,7 @@ export function chatResponse(
   usage: Usage,
   timings: Timings,
   logprobs: readonly TokenLogprob[] | null,
+  extras: ResponseExtras,
 ) {
   return {
     id: meta.id,
@@ -125,6 +148,7 @@ export function chatResponse(
     }],
     usage: openAiUsage(usage),
     timings: timingsJson(timings),
+    ...extras,
   };
 }
 
@@ -134,6 +158,7 @@ export function chatChunk(
   finish: FinishReason | null,
   logprobs: readonly TokenLogprob[] | null,
   withUsageField: boolean,
+  extras?: ResponseExtras,
 ) {
   return {
     id: meta.id,
@@ -147,6 +172,7 @@ export function chatChunk(
       logprobs: logprobs === null ? null : chatLogprobs(logprobs),
     }],
     ...(withUsageField ? { usage: null } : {}),
+    ...extras,
   };
 }
 

@@ -9,6 +9,8 @@ import {
   chatResponse,
   completionChunk,
   completionResponse,
+  type ResponseExtras,
+  responseExtras,
   type ResponseMeta,
   type TokenLogprob,
   usageChunk,
@@ -17,6 +19,8 @@ import { ChatCompletionBody, type ChatMessage, CompletionBody } from "./schemas.
 import { pullSseStream, SSE_HEADERS, sseData } from "./sse.ts";
 import { type Api, type GenerationDeps, trackGeneration } from "./tracked_generation.ts";
 import { parseWith } from "./validation.ts";
+import type { RequestRecord } from "./request_log.ts";
+import { newRequestId } from "./request_log.ts";
 
 export interface OpenAiOptions {
   readonly renderChat: (turns: readonly ChatTurn[]) => RenderedChat;
@@ -25,6 +29,10 @@ export interface OpenAiOptions {
   readonly defaultCompletionMaxTokens: number;
   /** Unix seconds reported as the model's `created`. */
   readonly createdAt: number;
+  /** Names a request's `model` may give; the first is the one reported by default. */
+  readonly servedModelNames: readonly string[];
+  /** The request-log record of a request (set up by the app's middleware). */
+  readonly recordOf: (req: Request) => RequestRecord | undefined;
 }
 
 type Kind = "completions" | "chat_completions";
@@ -34,6 +42,8 @@ interface Parsed {
   readonly input: GenerationInput;
   readonly stream: boolean;
   readonly includeUsage: boolean;
+  /** The served name the response reports: the one asked for, else the first. */
+  readonly model: string;
 }
 
 /**
@@ -43,26 +53,38 @@ interface Parsed {
  * then the error is sent as a final `data: {"error": ...}` event.
  */
 export function registerOpenAiRoutes(app: Hono, deps: GenerationDeps, opts: OpenAiOptions): void {
-  const model = () => ({
-    id: deps.backend.modelName,
+  const model = (id: string) => ({
+    id,
     object: "model",
     created: opts.createdAt,
     owned_by: "llmserve",
+    // vLLM's field: the model all served names stand for.
+    root: deps.backend.modelName,
+    max_model_len: deps.backend.contextLength,
   });
-  app.get("/v1/models", (c) => c.json({ object: "list", data: [model()] }));
+  app.get(
+    "/v1/models",
+    (c) => c.json({ object: "list", data: opts.servedModelNames.map((n) => model(n)) }),
+  );
   app.get("/v1/models/:model{.+}", (c) => {
-    checkModel(c.req.param("model"), deps.backend.modelName);
-    return c.json(model());
+    return c.json(model(servedName(c.req.param("model"), opts.servedModelNames)));
   });
   app.post("/v1/completions", (c) => respond(c.req.raw, "completions", deps, opts));
   app.post("/v1/chat/completions", (c) => respond(c.req.raw, "chat_completions", deps, opts));
 }
 
-function checkModel(asked: string | null | undefined, served: string): void {
-  if (asked === undefined || asked === null || asked === served) return;
+/**
+ * The served name a request's `model` picks: absent means the first; one of the served names
+ * is itself; anything else is 404 model_not_found (as vLLM answers), naming what is served.
+ */
+export function servedName(asked: string | null | undefined, served: readonly string[]): string {
+  if (asked === undefined || asked === null) return served[0]!;
+  if (served.includes(asked)) return asked;
   throw new ApiError(
     "model_not_found",
-    `The model "${asked}" does not exist; this server serves "${served}"`,
+    `The model "${asked}" does not exist; this server serves ${
+      served.map((n) => `"${n}"`).join(", ")
+    }`,
     "model",
   );
 }
@@ -71,11 +93,11 @@ function contentText(m: ChatMessage): string {
   return typeof m.content === "string" ? m.content : m.content.map((p) => p.text).join("");
 }
 
-function parse(body: unknown, kind: Kind, deps: GenerationDeps, opts: OpenAiOptions): Parsed {
-  const served = deps.backend.modelName;
+function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
+  const served = opts.servedModelNames;
   if (kind === "completions") {
     const b = parseWith(CompletionBody, body);
-    checkModel(b.model, served);
+    const model = servedName(b.model, served);
     const p = b.prompt;
     // One prompt: a string, token ids, or a one-element array of either.
     const prompt = typeof p === "string"
@@ -96,10 +118,11 @@ function parse(body: unknown, kind: Kind, deps: GenerationDeps, opts: OpenAiOpti
       },
       stream: b.stream === true,
       includeUsage: b.stream_options?.include_usage === true,
+      model,
     };
   }
   const b = parseWith(ChatCompletionBody, body);
-  checkModel(b.model, served);
+  const model = servedName(b.model, served);
   const chat = opts.renderChat(b.messages.map((m) => ({ role: m.role, content: contentText(m) })));
   return {
     input: {
@@ -113,6 +136,7 @@ function parse(body: unknown, kind: Kind, deps: GenerationDeps, opts: OpenAiOpti
     },
     stream: b.stream === true,
     includeUsage: b.stream_options?.include_usage === true,
+    model,
   };
 }
 
@@ -134,14 +158,20 @@ async function respond(
   deps: GenerationDeps,
   opts: OpenAiOptions,
 ): Promise<Response> {
-  const parsed = parse(await readJsonBody(req, opts.maxBodyBytes), kind, deps, opts);
-  const id = (kind === "completions" ? "cmpl-" : "chatcmpl-") +
-    crypto.randomUUID().replaceAll("-", "");
-  const { request } = buildGenerationRequest(parsed.input, deps.backend, id);
+  const parsed = parse(await readJsonBody(req, opts.maxBodyBytes), kind, opts);
+  const id = (kind === "completions" ? "cmpl-" : "chatcmpl-") + newRequestId();
+  const record = opts.recordOf(req);
+  // Without a client id, the response's id is the request id (header, log and trace).
+  if (record?.generated) record.id = id;
+  const { request, maxTokensCapped } = buildGenerationRequest(
+    parsed.input,
+    deps.backend,
+    record?.id ?? id,
+  );
   const ctrl = new AbortController();
   const onClientGone = () => ctrl.abort("client gone");
   req.signal.addEventListener("abort", onClientGone, { once: true });
-  const events = trackGeneration(deps, request, kind as Api, ctrl.signal);
+  const events = trackGeneration(deps, request, kind as Api, ctrl.signal, record);
   // The first event decides the status: an overloaded or draining core gets a real 503.
   const first = await events.next();
   if (first.done || first.value.type === "error") {
@@ -154,9 +184,8 @@ async function respond(
   const meta: ResponseMeta = {
     id,
     created: Math.floor(Date.now() / 1000),
-    model: deps.backend.modelName,
+    model: parsed.model,
   };
-  const headers = { "x-request-id": id };
   if (!parsed.stream) {
     try {
       const body = await collect(
@@ -166,8 +195,9 @@ async function respond(
         events,
         request.logprobs === true,
         req.signal,
+        maxTokensCapped,
       );
-      return Response.json(body, { headers });
+      return Response.json(body);
     } finally {
       req.signal.removeEventListener("abort", onClientGone);
       // Lets the tracker record the end and the core release the sequence.
@@ -177,17 +207,30 @@ async function respond(
   // From here the body stream's cancel() reports a client that went away. Deno warns about
   // request.signal listeners still attached when a handler returns a streamed body.
   req.signal.removeEventListener("abort", onClientGone);
-  const render = streamRenderer(kind, meta, parsed.includeUsage, request.logprobs === true, deps);
+  const render = streamRenderer(
+    kind,
+    meta,
+    parsed.includeUsage,
+    request.logprobs === true,
+    maxTokensCapped,
+    deps,
+  );
+  // The log line waits for the stream's end, so it has the token counts and the total time.
+  record?.defer();
   let peeked: GenerationEvent | undefined = first.value;
   let ended = false;
   const body = pullSseStream(async () => {
-    if (ended) return null;
+    if (ended) {
+      record?.streamEnded();
+      return null;
+    }
     let ev = peeked;
     peeked = undefined;
     if (ev === undefined) {
       const n = await events.next();
       if (n.done) {
         ended = true;
+        record?.streamEnded();
         return null;
       }
       ev = n.value;
@@ -201,8 +244,9 @@ async function respond(
   }, async () => {
     ctrl.abort("client gone");
     await events.return(undefined);
+    record?.streamEnded();
   });
-  return new Response(body, { headers: { ...SSE_HEADERS, ...headers } });
+  return new Response(body, { headers: SSE_HEADERS });
 }
 
 /** Drains a non-streaming generation into the response object. */
@@ -213,6 +257,7 @@ async function collect(
   events: AsyncGenerator<GenerationEvent>,
   withLogprobs: boolean,
   client: AbortSignal,
+  capped: boolean,
 ) {
   let text = "";
   const lps: TokenLogprob[] = [];
@@ -231,9 +276,10 @@ async function collect(
         );
       }
       const lp = withLogprobs ? lps : null;
+      const extras = responseExtras(capped, ev.cached);
       return kind === "completions"
-        ? completionResponse(meta, text, ev.finishReason, ev.usage, ev.timings, lp)
-        : chatResponse(meta, text, ev.finishReason, ev.usage, ev.timings, lp);
+        ? completionResponse(meta, text, ev.finishReason, ev.usage, ev.timings, lp, extras)
+        : chatResponse(meta, text, ev.finishReason, ev.usage, ev.timings, lp, extras);
     } else if (ev.type === "error") {
       throw fromGenerationError(ev.code, ev.message);
     }
@@ -249,22 +295,30 @@ function streamRenderer(
   meta: ResponseMeta,
   includeUsage: boolean,
   withLogprobs: boolean,
+  capped: boolean,
   deps: GenerationDeps,
 ): (ev: GenerationEvent) => string[] {
   let sentRole = false;
   let offset = 0;
   const object = kind === "completions" ? "text_completion" : "chat.completion.chunk";
-  const chunk = (text: string | undefined, finish: FinishReason | null, lp: TokenLogprob[]) => {
+  const chunk = (
+    text: string | undefined,
+    finish: FinishReason | null,
+    lp: TokenLogprob[],
+    extras?: ResponseExtras,
+  ) => {
     if (kind === "completions") {
       const logprobs = withLogprobs && lp.length > 0 ? { tokens: lp, offset } : null;
       offset += text?.length ?? 0;
-      return sseData(completionChunk(meta, text ?? "", finish, logprobs, includeUsage));
+      return sseData(completionChunk(meta, text ?? "", finish, logprobs, includeUsage, extras));
     }
     const delta: { role?: "assistant"; content?: string } = {};
     if (!sentRole) delta.role = "assistant";
     sentRole = true;
     if (text !== undefined) delta.content = text;
-    return sseData(chatChunk(meta, delta, finish, withLogprobs ? lp : null, includeUsage));
+    return sseData(
+      chatChunk(meta, delta, finish, withLogprobs ? lp : null, includeUsage, extras),
+    );
   };
   return (ev) => {
     switch (ev.type) {
@@ -273,7 +327,14 @@ function streamRenderer(
       case "token":
         return [chunk(ev.text, null, [{ text: ev.text, logprob: ev.logprob }])];
       case "done": {
-        const out = [chunk(kind === "completions" ? "" : undefined, ev.finishReason, [])];
+        const out = [
+          chunk(
+            kind === "completions" ? "" : undefined,
+            ev.finishReason,
+            [],
+            responseExtras(capped, ev.cached),
+          ),
+        ];
         if (includeUsage) out.push(sseData(usageChunk(meta, object, ev.usage)));
         out.push(sseData("[DONE]"));
         return out;

@@ -18,6 +18,8 @@ export interface StartedFrame {
   readonly prompt_tokens: number;
   /** max_tokens after capping to the context. */
   readonly max_tokens: number;
+  /** True when the context had less room than the max_tokens asked for. */
+  readonly max_tokens_capped: boolean;
 }
 
 export interface TokenFrame {
@@ -52,6 +54,12 @@ export interface DoneFrame {
   readonly finish_reason: FinishReason;
   readonly usage: UsageJson;
   readonly timings: TimingsJson | null;
+  /** True when max_tokens was lowered to what the context had left. */
+  readonly max_tokens_capped: boolean;
+  /** True when the answer was replayed from the result cache. */
+  readonly cached: boolean;
+  /** With `cached`: the wall time the original generation took. */
+  readonly saved_ms?: number;
 }
 
 export interface ErrorFrame {
@@ -86,7 +94,7 @@ export function usageJson(u: Usage): UsageJson {
   };
 }
 
-const round = (ms: number) => Math.round(ms * 1000) / 1000;
+export const round = (ms: number) => Math.round(ms * 1000) / 1000;
 
 export function timingsJson(t: Timings): TimingsJson {
   return {

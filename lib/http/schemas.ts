@@ -141,3 +141,27 @@ export const ChatCompletionBody = z.object({
   }).nullish(),
 });
 export type ChatCompletionBody = z.output<typeof ChatCompletionBody>;
+
+/**
+ * POST /tokenize in llama-server's shape (`content`, `add_special`, `parse_special`,
+ * `with_pieces`) or vLLM's (`prompt` or `messages`, `add_special_tokens`,
+ * `add_generation_prompt`); exactly one of content, prompt and messages.
+ */
+export const TokenizeBody = z.strictObject({
+  model: z.string().nullish(),
+  content: z.string().optional(),
+  prompt: z.string().optional(),
+  messages: z.array(ChatMessage).min(1).optional(),
+  add_special: z.boolean().optional(),
+  parse_special: z.boolean().optional(),
+  with_pieces: z.boolean().optional(),
+  add_special_tokens: z.boolean().optional(),
+  add_generation_prompt: z.boolean().optional(),
+});
+export type TokenizeBody = z.output<typeof TokenizeBody>;
+
+/** POST /detokenize: `{tokens}` in both servers' shapes (vLLM adds an optional `model`). */
+export const DetokenizeBody = z.strictObject({
+  model: z.string().nullish(),
+  tokens: z.array(z.number().int().min(0)),
+});

@@ -46,6 +46,18 @@ export class ServiceMetrics {
   readonly kvBlocksTotal: Gauge;
   readonly prefixCacheHitRate: Gauge;
   readonly inFlight: Gauge;
+  readonly kvCacheUsage: Gauge;
+  readonly vllmKvCacheUsage: Gauge;
+  readonly vllmWaiting: Gauge;
+  readonly vllmRunning: Gauge;
+  readonly resultCacheHits: Counter;
+  readonly resultCacheMisses: Counter;
+  readonly resultCacheBytes: Gauge;
+  readonly resultCacheCapacity: Gauge;
+  readonly resultCacheEntries: Gauge;
+  readonly resultCacheSaved: Counter;
+  /** The cache's counters at the last scrape: the counters grow by the difference. */
+  #cacheSeen = { hits: 0, misses: 0, savedMs: 0 };
 
   readonly #now: () => number;
   readonly #busyWindowMs: number;
@@ -131,6 +143,42 @@ export class ServiceMetrics {
       "llm_inflight_generations",
       "Generations the HTTP layer has open (HTTP and WebSocket).",
     );
+    this.kvCacheUsage = r.gauge(
+      "llm_kv_cache_usage_ratio",
+      "KV cache blocks in use over the pool, 0 to 1.",
+    );
+    // The names the Gateway API inference extension (llm-d's endpoint picker) scrapes from a
+    // model server, as vLLM spells them; kv_cache_usage_perc is a ratio, 1 meaning full.
+    this.vllmKvCacheUsage = r.gauge(
+      "vllm:kv_cache_usage_perc",
+      "KV cache usage, 0 to 1 (the same value as llm_kv_cache_usage_ratio).",
+    );
+    this.vllmWaiting = r.gauge(
+      "vllm:num_requests_waiting",
+      "Requests waiting to be scheduled (the same value as llm_requests_waiting).",
+    );
+    this.vllmRunning = r.gauge(
+      "vllm:num_requests_running",
+      "Requests in the running batch (the same value as llm_requests_running).",
+    );
+    this.resultCacheHits = r.counter(
+      "llm_result_cache_hits_total",
+      "Deterministic requests answered from the result cache.",
+    );
+    this.resultCacheMisses = r.counter(
+      "llm_result_cache_misses_total",
+      "Deterministic requests the result cache did not hold (generated, then stored).",
+    );
+    this.resultCacheBytes = r.gauge("llm_result_cache_bytes", "Bytes held by the result cache.");
+    this.resultCacheCapacity = r.gauge(
+      "llm_result_cache_capacity_bytes",
+      "The result cache's bound (--result-cache).",
+    );
+    this.resultCacheEntries = r.gauge("llm_result_cache_entries", "Answers held.");
+    this.resultCacheSaved = r.counter(
+      "llm_result_cache_saved_seconds_total",
+      "Generation time the result cache's hits saved (the original generations' wall time).",
+    );
   }
 
   /** The core calls this once per executor step. */
@@ -180,6 +228,22 @@ export class ServiceMetrics {
     this.executorHealthy.set(stats.executorHealthy ? 1 : 0);
     this.inFlight.set(inFlight);
     this.executorBusyFraction.set(this.busyFraction());
+    const usage = stats.kvBlocksTotal > 0 ? stats.kvBlocksUsed / stats.kvBlocksTotal : 0;
+    this.kvCacheUsage.set(usage);
+    this.vllmKvCacheUsage.set(usage);
+    this.vllmWaiting.set(stats.waiting);
+    this.vllmRunning.set(stats.running);
+    const rc = stats.resultCache;
+    if (rc !== undefined) {
+      const seen = this.#cacheSeen;
+      this.resultCacheHits.inc(undefined, Math.max(0, rc.hits - seen.hits));
+      this.resultCacheMisses.inc(undefined, Math.max(0, rc.misses - seen.misses));
+      this.resultCacheSaved.inc(undefined, Math.max(0, rc.savedMs - seen.savedMs) / 1000);
+      this.#cacheSeen = { hits: rc.hits, misses: rc.misses, savedMs: rc.savedMs };
+    }
+    this.resultCacheBytes.set(rc?.bytes ?? 0);
+    this.resultCacheCapacity.set(rc?.capacityBytes ?? 0);
+    this.resultCacheEntries.set(rc?.entries ?? 0);
   }
 
   render(): string {

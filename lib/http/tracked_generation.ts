@@ -1,6 +1,7 @@
 import { context, type Span, SpanStatusCode, trace, type Tracer } from "@opentelemetry/api";
 import type { GenerationBackend, GenerationEvent, GenerationRequest } from "../core/generation.ts";
 import type { InFlightRegistry } from "./inflight.ts";
+import type { RequestLog, RequestRecord } from "./request_log.ts";
 import type { ServiceMetrics } from "./service_metrics.ts";
 
 /** Which API a generation came through (a metrics label and span attribute). */
@@ -12,6 +13,7 @@ export interface GenerationDeps {
   readonly tracer: Tracer;
   readonly inflight: InFlightRegistry;
   readonly isDraining: () => boolean;
+  readonly requestLog: RequestLog;
 }
 
 /**
@@ -32,8 +34,11 @@ export async function* trackGeneration(
   request: GenerationRequest,
   api: Api,
   signal: AbortSignal,
+  /** The request-log line this generation fills in (tokens, TTFT, cache, error code). */
+  record?: RequestRecord,
 ): AsyncGenerator<GenerationEvent> {
   if (deps.isDraining()) {
+    if (record) record.code = "draining";
     yield {
       type: "error",
       code: "draining",
@@ -84,6 +89,7 @@ export async function* trackGeneration(
       const now = performance.now();
       switch (ev.type) {
         case "started":
+          if (record) record.promptTokens = ev.promptTokens;
           metrics.promptTokens.inc(undefined, ev.promptTokens);
           span.setAttribute("gen_ai.usage.input_tokens", ev.promptTokens);
           span.addEvent("started", { "llm.prompt_tokens": ev.promptTokens });
@@ -96,11 +102,17 @@ export async function* trackGeneration(
             metrics.interTokenLatency.observe((now - lastTokenAt) / 1000);
           }
           lastTokenAt = now;
+          record?.firstToken();
           completionTokens += ev.ids.length;
           metrics.generatedTokens.inc(undefined, ev.ids.length);
           break;
         case "done":
           outcome = "done";
+          if (record) {
+            record.completionTokens = ev.usage.completionTokens;
+            record.cached = ev.cached !== undefined;
+          }
+          if (ev.cached !== undefined) span.setAttribute("llm.result_cache.hit", true);
           metrics.endToEnd.observe((now - t0) / 1000);
           metrics.queueTime.observe(ev.timings.queuedMs / 1000);
           metrics.generations.inc({ api, finish_reason: ev.finishReason });
@@ -108,6 +120,7 @@ export async function* trackGeneration(
           break;
         case "error":
           outcome = "error";
+          if (record) record.code = ev.code;
           metrics.generations.inc({ api, finish_reason: "error" });
           span.setAttribute("llm.error.code", ev.code);
           span.setStatus({ code: SpanStatusCode.ERROR, message: ev.message });
@@ -120,6 +133,7 @@ export async function* trackGeneration(
     if (outcome === "abandoned") {
       // The consumer left (client gone) before the core said "done".
       entry.abort("client gone");
+      if (record) record.completionTokens = completionTokens;
       metrics.generations.inc({ api, finish_reason: "cancelled" });
       span.setAttribute("gen_ai.usage.output_tokens", completionTokens);
       span.setAttribute("gen_ai.response.finish_reasons", ["cancelled"]);

@@ -3,7 +3,7 @@ import type { ChatTurn, RenderedChat } from "./chat_template.ts";
 import { ApiError, fromGenerationError, preview, toApiError } from "./errors.ts";
 import { type FrameSocket, FrameWriter, type WriterOptions } from "./frame_writer.ts";
 import { buildGenerationRequest, type GenerationInput } from "./generation_request.ts";
-import { errorFrame, statsFrame, timingsJson, usageJson } from "./protocol.ts";
+import { errorFrame, round, statsFrame, timingsJson, usageJson } from "./protocol.ts";
 import {
   type CancelFrame,
   CLIENT_FRAMES,
@@ -69,12 +69,25 @@ export class StreamSession {
     if (this.#closed) return;
     // The frame's id, once known, goes into the error so the client knows which one failed.
     let id: string | undefined;
+    let type: unknown;
     try {
       const frame = this.#decode(data);
       if (typeof frame.id === "string") id = frame.id;
+      type = frame.type;
       this.#dispatch(frame);
     } catch (err) {
-      this.#sendError(toApiError(err), id);
+      const e = toApiError(err);
+      if (type === "generate") {
+        // A refused generation gets its log line too.
+        const record = this.#deps.requestLog.record(
+          `${this.sessionId}.${++this.#started}/${id ?? "?"}`,
+          "WS",
+          "/v1/stream",
+        );
+        record.code = e.code;
+        record.responded(e.status);
+      }
+      this.#sendError(e, id);
     }
   }
 
@@ -191,7 +204,7 @@ export class StreamSession {
     } else {
       input = { ...sampling, prompt: f.prompt ?? "", promptParam: "prompt" };
     }
-    const { request } = buildGenerationRequest(
+    const { request, maxTokensCapped } = buildGenerationRequest(
       input,
       this.#deps.backend,
       // Unique even when the client reuses an id after its generation ended.
@@ -199,16 +212,25 @@ export class StreamSession {
     );
     const gen: LiveGeneration = { ctrl: new AbortController(), cancelled: false };
     this.#gens.set(f.id, gen);
-    this.#run(f.id, gen, request).catch((err) => {
+    this.#run(f.id, gen, request, maxTokensCapped).catch((err) => {
       this.#sendError(toApiError(err), f.id);
     });
   }
 
-  async #run(id: string, gen: LiveGeneration, request: GenerationRequest): Promise<void> {
+  async #run(
+    id: string,
+    gen: LiveGeneration,
+    request: GenerationRequest,
+    capped: boolean,
+  ): Promise<void> {
     let terminal = false;
     let completion = 0;
+    // One request-log line per generation; its status is what the HTTP API would answer.
+    const record = this.#deps.requestLog.record(request.requestId, "WS", "/v1/stream");
+    let status = 200;
     try {
-      for await (const ev of trackGeneration(this.#deps, request, "stream", gen.ctrl.signal)) {
+      const events = trackGeneration(this.#deps, request, "stream", gen.ctrl.signal, record);
+      for await (const ev of events) {
         let open = true;
         if (ev.type === "started") {
           open = await this.#writer.send({
@@ -216,6 +238,7 @@ export class StreamSession {
             id,
             prompt_tokens: ev.promptTokens,
             max_tokens: request.maxTokens,
+            max_tokens_capped: capped,
           });
         } else if (ev.type === "token") {
           if (gen.cancelled) continue;
@@ -237,15 +260,21 @@ export class StreamSession {
             finish_reason: gen.cancelled ? "cancelled" : ev.finishReason,
             usage: usageJson(ev.usage),
             timings: timingsJson(ev.timings),
+            max_tokens_capped: capped,
+            cached: ev.cached !== undefined,
+            ...(ev.cached !== undefined ? { saved_ms: round(ev.cached.savedMs) } : {}),
           });
         } else {
           terminal = true;
           this.#release(id, gen);
-          this.#sendError(fromGenerationError(ev.code, ev.message), id);
+          const err = fromGenerationError(ev.code, ev.message);
+          status = err.status;
+          this.#sendError(err, id);
         }
         if (!open) break; // socket gone: leaving the loop aborts the generation
       }
     } finally {
+      record.responded(status);
       this.#release(id, gen);
       if (!terminal && !this.#closed) {
         // The core ended without a final event (it was aborted): report the cancel ourselves.
@@ -255,6 +284,8 @@ export class StreamSession {
           finish_reason: "cancelled",
           usage: usageJson({ promptTokens: 0, completionTokens: completion, cachedTokens: 0 }),
           timings: null,
+          max_tokens_capped: capped,
+          cached: false,
         });
       }
     }

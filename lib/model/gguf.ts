@@ -86,11 +86,21 @@ const MAGIC = 0x46554747; // "GGUF" read as a little-endian uint32
 const DEFAULT_ALIGNMENT = 32;
 const SUPPORTED_VERSIONS = [2, 3];
 
+/** ggml type numbers of the tensor types both engines read (ggml.h's enum ggml_type). */
 const SUPPORTED_TENSOR_TYPES: ReadonlyMap<number, TensorType> = new Map([
   [0, "f32"],
   [1, "f16"],
   [2, "q4_0"],
+  [3, "q4_1"],
+  [6, "q5_0"],
+  [7, "q5_1"],
   [8, "q8_0"],
+  [10, "q2_k"],
+  [11, "q3_k"],
+  [12, "q4_k"],
+  [13, "q5_k"],
+  [14, "q6_k"],
+  [30, "bf16"],
 ]);
 
 /** ggml's names for its type numbers, so errors can say what a file holds. */
@@ -133,6 +143,10 @@ const GGML_TYPE_NAMES: Record<number, string> = {
 export function ggmlTypeName(typeId: number): string {
   return GGML_TYPE_NAMES[typeId] ?? "unknown";
 }
+
+/** The ggml names of the supported types, for error messages: "F32, F16, Q4_0, ...". */
+export const SUPPORTED_TENSOR_TYPE_NAMES: readonly string[] = [...SUPPORTED_TENSOR_TYPES.keys()]
+  .map((id) => ggmlTypeName(id));
 
 /** Thrown when the bytes end before the header does; `needed` is a lower bound on the bytes required. */
 export class GgufTruncatedError extends Error {
@@ -398,6 +412,36 @@ export function parseGgufHeader(bytes: Uint8Array, source: string): GgufHeader {
   return { version, metadata, tensorInfos, alignment, dataOffset };
 }
 
+/** A tensor type a file uses that this project cannot run, with how many tensors use it. */
+export interface UnsupportedTensorType {
+  readonly typeId: number;
+  /** ggml's name, e.g. "IQ2_XS" ("unknown" for a number ggml does not define). */
+  readonly name: string;
+  readonly count: number;
+  /** The first tensor of that type, in file order. */
+  readonly example: string;
+}
+
+/**
+ * Every tensor type of a header that no engine reads, with its tensor count, in order of first
+ * use; empty when all are supported. Lets a loader list all of a file's blockers at once.
+ */
+export function unsupportedTensorTypes(header: GgufHeader): UnsupportedTensorType[] {
+  const found = new Map<number, { count: number; example: string }>();
+  for (const info of header.tensorInfos) {
+    if (SUPPORTED_TENSOR_TYPES.has(info.typeId)) continue;
+    const seen = found.get(info.typeId);
+    if (seen) seen.count++;
+    else found.set(info.typeId, { count: 1, example: info.name });
+  }
+  return [...found].map(([typeId, { count, example }]) => ({
+    typeId,
+    name: ggmlTypeName(typeId),
+    count,
+    example,
+  }));
+}
+
 /** The type and shape (outermost first) of a tensor; throws for types this project cannot run. */
 export function tensorLayout(
   info: GgufTensorInfo,
@@ -408,7 +452,7 @@ export function tensorLayout(
     throw new Error(
       `Cannot load GGUF ${source}: unsupported tensor type ${info.typeId} (${
         ggmlTypeName(info.typeId)
-      }) for tensor '${info.name}'; supported: F32, F16, Q8_0, Q4_0`,
+      }) for tensor '${info.name}'; supported: ${SUPPORTED_TENSOR_TYPE_NAMES.join(", ")}`,
     );
   }
   const shape = [...info.dims].reverse();
@@ -477,9 +521,14 @@ const FIRST_HEADER_READ = 1 << 20;
 /**
  * Reads a GGUF file from disk holding its bytes only once: the header is parsed from a prefix
  * (grown until it fits, then dropped), and the data section is read into one buffer whose views
- * become the tensors.
+ * become the tensors. `checkHeader` runs before the data is read, so a file the caller cannot
+ * use is refused without reading gigabytes first.
  */
-export async function readGguf(path: string, onProgress?: ReadProgress): Promise<GgufFile> {
+export async function readGguf(
+  path: string,
+  onProgress?: ReadProgress,
+  checkHeader?: (header: GgufHeader) => void,
+): Promise<GgufFile> {
   using file = await Deno.open(path, { read: true });
   const fileSize = (await file.stat()).size;
   let prefixSize = Math.min(fileSize, FIRST_HEADER_READ);
@@ -495,6 +544,7 @@ export async function readGguf(path: string, onProgress?: ReadProgress): Promise
       prefixSize = Math.min(fileSize, Math.max(prefixSize * 2, e.needed + FIRST_HEADER_READ));
     }
   }
+  checkHeader?.(header);
   const dataBytes = dataSectionBytes(header, path);
   const data = new Uint8Array(dataBytes);
   const got = await readFully(file, header.dataOffset, data, onProgress);

@@ -1,16 +1,91 @@
-import type { GgufFile, GgufValue } from "./gguf.ts";
+import type { Architecture } from "./architecture.ts";
+import { LAYER_TENSORS, MODEL_TENSORS, STEP_TENSORS } from "./architecture.ts";
+import { ARCHITECTURES } from "./architectures.ts";
+import { dequantize } from "./dequantize.ts";
+import {
+  type GgufFile,
+  type GgufHeader,
+  type GgufValue,
+  SUPPORTED_TENSOR_TYPE_NAMES,
+  unsupportedTensorTypes,
+} from "./gguf.ts";
 import type { ModelConfig } from "./model_config.ts";
+import { neoxToNormOrder, permuteRows } from "./rope_layout.ts";
 import type { Tensor } from "./tensor.ts";
 import type { LayerWeights, Model, ModelWeights, TokenizerData } from "./weights.ts";
 
-const SUPPORTED_ARCHITECTURES = ["llama"];
 const SUPPORTED_TOKENIZERS = ["llama"];
 
 /**
- * Turns a parsed GGUF into a Model. Tensors are the GGUF's own (views of its data); nothing is
- * copied.
+ * Everything about a GGUF header that keeps this project from running the file, each named
+ * with what was found and what is supported: the architecture, the tokenizer, RoPE scaling,
+ * and every unsupported tensor type with its tensor count. Empty when nothing blocks it.
  *
- * Q and K need no un-permuting: llama.cpp runs the llama architecture with RoPE on adjacent
+ * ```ts
+ * ggufBlockers(header); // ["architecture 'gemma2' is not supported (supported: llama, qwen2, qwen3)", ...]
+ * ```
+ */
+export function ggufBlockers(header: GgufHeader): string[] {
+  const meta = (key: string): GgufValue | undefined => header.metadata.get(key)?.value;
+  const blockers: string[] = [];
+  const arch = meta("general.architecture");
+  if (arch === undefined) {
+    blockers.push("metadata 'general.architecture' is missing");
+  } else if (typeof arch !== "string" || !ARCHITECTURES.has(arch)) {
+    blockers.push(
+      `architecture '${String(arch)}' is not supported (supported: ${
+        [...ARCHITECTURES.keys()].join(", ")
+      })`,
+    );
+  } else {
+    const scaling = meta(`${arch}.rope.scaling.type`);
+    if (scaling !== undefined && scaling !== "none") {
+      blockers.push(
+        `RoPE scaling '${String(scaling)}' (${arch}.rope.scaling.type) is not supported (supported: none, and Llama 3 frequency factors in rope_freqs.weight)`,
+      );
+    }
+  }
+  const tokenizer = meta("tokenizer.ggml.model");
+  if (
+    tokenizer !== undefined &&
+    (typeof tokenizer !== "string" || !SUPPORTED_TOKENIZERS.includes(tokenizer))
+  ) {
+    blockers.push(
+      `tokenizer model '${String(tokenizer)}' (tokenizer.ggml.model) is not supported (supported: ${
+        SUPPORTED_TOKENIZERS.join(", ")
+      })`,
+    );
+  }
+  for (const u of unsupportedTensorTypes(header)) {
+    blockers.push(
+      `tensor type ${u.name} (ggml type ${u.typeId}) in ${u.count} tensor${
+        u.count === 1 ? "" : "s"
+      } (first: ${u.example}) is not supported (supported: ${SUPPORTED_TENSOR_TYPE_NAMES.join(", ")})`,
+    );
+  }
+  return blockers;
+}
+
+/** Throws one error listing every blocker of the file, when there is any. */
+export function assertLoadable(header: GgufHeader, source: string): void {
+  const blockers = ggufBlockers(header);
+  if (blockers.length === 0) return;
+  throw new Error(
+    `Cannot load GGUF ${source}: ${
+      blockers.length === 1 ? blockers[0] : `${blockers.length} problems:\n  - ${blockers.join("\n  - ")}`
+    }`,
+  );
+}
+
+/**
+ * Turns a parsed GGUF into a Model, reading it through its architecture's description
+ * (architectures.ts): hyper-parameters under `<arch>.*`, each block's tensors, those of the
+ * optional steps the architecture switches on, and the tied classifier. Tensors are the GGUF's
+ * own (views of its data) except Q/K of a "neox" architecture, whose rows are reordered into
+ * the adjacent-pair layout the engines implement (see RopeStyle). A tensor the architecture
+ * does not use is refused rather than ignored: it would change the output.
+ *
+ * llama files need no reordering: llama.cpp runs the llama architecture with RoPE on adjacent
  * pairs (its "normal" RoPE), the layout of llama2.c. Its Hugging Face converter permutes Q/K
  * only to undo Hugging Face's own half-split layout, and its llama2.c converter copies them as
  * they are (checked: stories260K.gguf's attn_q/attn_k equal stories260K.bin's wq/wk exactly).
@@ -19,74 +94,68 @@ export function ggufToModel(gguf: GgufFile, source: string): Model {
   const fail = (what: string): never => {
     throw new Error(`Cannot load GGUF ${source}: ${what}`);
   };
+  assertLoadable(gguf, source);
   const meta = (key: string): GgufValue | undefined => gguf.metadata.get(key)?.value;
+  const arch: Architecture = ARCHITECTURES.get(meta("general.architecture") as string)!;
+  const key = (name: string) => `${arch.name}.${name}`;
 
-  const arch = meta("general.architecture");
-  if (arch === undefined) fail("metadata 'general.architecture' is missing");
-  if (typeof arch !== "string" || !SUPPORTED_ARCHITECTURES.includes(arch)) {
-    fail(
-      `architecture '${String(arch)}' is not supported; supported: ${
-        SUPPORTED_ARCHITECTURES.join(", ")
-      }`,
-    );
-  }
-
-  const num = (key: string, fallback?: number): number => {
-    const v = meta(key);
+  const num = (name: string, fallback?: number): number => {
+    const v = meta(key(name));
     if (v === undefined) {
       if (fallback !== undefined) return fallback;
-      return fail(`metadata '${key}' is missing`);
+      return fail(`metadata '${key(name)}' is missing`);
     }
     if (typeof v !== "number" || !Number.isFinite(v)) {
-      return fail(`metadata '${key}' must be a number, received ${describe(v)}`);
+      return fail(`metadata '${key(name)}' must be a number, received ${describe(v)}`);
     }
     return v;
   };
-  const positiveInt = (key: string, fallback?: number): number => {
-    const v = num(key, fallback);
+  const positiveInt = (name: string, fallback?: number): number => {
+    const v = num(name, fallback);
     if (!Number.isInteger(v) || v <= 0) {
-      fail(`metadata '${key}' must be a positive integer, received ${v}`);
+      fail(`metadata '${key(name)}' must be a positive integer, received ${v}`);
     }
     return v;
   };
 
-  const dim = positiveInt("llama.embedding_length");
-  const nHeads = positiveInt("llama.attention.head_count");
-  const nKvHeads = positiveInt("llama.attention.head_count_kv", nHeads);
-  if (dim % nHeads !== 0 || nHeads % nKvHeads !== 0) {
+  const dim = positiveInt("embedding_length");
+  const nHeads = positiveInt("attention.head_count");
+  const nKvHeads = positiveInt("attention.head_count_kv", nHeads);
+  if (nHeads % nKvHeads !== 0) {
+    fail(`head_count ${nHeads} must be a multiple of head_count_kv ${nKvHeads}`);
+  }
+  const keyLength = arch.headDimFromKeyLength ? meta(key("attention.key_length")) : undefined;
+  if (keyLength === undefined && dim % nHeads !== 0) {
     fail(
-      `embedding_length ${dim} must divide by head_count ${nHeads}, and head_count by head_count_kv ${nKvHeads}`,
+      `embedding_length ${dim} must divide by head_count ${nHeads} when '${
+        key("attention.key_length")
+      }' does not give the head size`,
     );
   }
-  const headDim = dim / nHeads;
-  const ropeDim = positiveInt("llama.rope.dimension_count", headDim);
+  const headDim = keyLength === undefined ? dim / nHeads : positiveInt("attention.key_length");
+  const valueLength = positiveInt("attention.value_length", headDim);
+  if (valueLength !== headDim) {
+    fail(
+      `value heads of ${valueLength} (${
+        key("attention.value_length")
+      }) differ from key heads of ${headDim}; only equal sizes are supported`,
+    );
+  }
+  const ropeDim = positiveInt("rope.dimension_count", headDim);
   if (ropeDim > headDim || ropeDim % 2 !== 0) {
     fail(
-      `llama.rope.dimension_count must be even and at most the head size ${headDim}, received ${ropeDim}`,
+      `${key("rope.dimension_count")} must be even and at most the head size ${headDim}, received ${ropeDim}`,
     );
   }
 
   const tokenizer = readTokenizer(gguf, fail);
-  const tensor = (name: string): Tensor =>
-    gguf.tensors.get(name) ?? fail(`tensor '${name}' is missing`);
-  const tokenEmbedding = tensor("token_embd.weight");
-  const vocabSize = tokenizer?.tokens.length ?? tokenEmbedding.shape[0] ?? 0;
-
-  const config: ModelConfig = {
-    architecture: "llama",
-    dim,
-    hiddenDim: positiveInt("llama.feed_forward_length"),
-    nLayers: positiveInt("llama.block_count"),
-    nHeads,
-    nKvHeads,
-    headDim,
-    vocabSize,
-    contextLength: positiveInt("llama.context_length"),
-    ropeTheta: num("llama.rope.freq_base", 10000),
-    ropeDim,
-    rmsEps: num("llama.attention.layer_norm_rms_epsilon", 1e-5),
+  const used = new Set<string>();
+  const tensor = (name: string): Tensor => {
+    used.add(name);
+    return gguf.tensors.get(name) ?? fail(`tensor '${name}' is missing`);
   };
-
+  const tokenEmbedding = tensor(MODEL_TENSORS.tokenEmbedding);
+  const vocabSize = tokenizer?.tokens.length ?? tokenEmbedding.shape[0] ?? 0;
   const shaped = (name: string, shape: number[]): Tensor => {
     const t = tensor(name);
     if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
@@ -94,29 +163,97 @@ export function ggufToModel(gguf: GgufFile, source: string): Model {
     }
     return t;
   };
-  const { hiddenDim, nLayers } = config;
+
+  let ropeFreqFactors: Float32Array | undefined;
+  if (arch.ropeFreqFactors && gguf.tensors.has(MODEL_TENSORS.ropeFreqs)) {
+    ropeFreqFactors = dequantize(shaped(MODEL_TENSORS.ropeFreqs, [ropeDim / 2]));
+    if (!ropeFreqFactors.every((f) => Number.isFinite(f) && f > 0)) {
+      fail(`tensor '${MODEL_TENSORS.ropeFreqs}' must hold positive frequency divisors`);
+    }
+  }
+  const hiddenDim = positiveInt("feed_forward_length");
+  const nLayers = positiveInt("block_count");
+  const config: ModelConfig = {
+    architecture: arch.name,
+    dim,
+    hiddenDim,
+    nLayers,
+    nHeads,
+    nKvHeads,
+    headDim,
+    vocabSize,
+    contextLength: positiveInt("context_length"),
+    ropeTheta: num("rope.freq_base", 10000),
+    ropeDim,
+    ...(ropeFreqFactors ? { ropeFreqFactors } : {}),
+    rmsEps: num("attention.layer_norm_rms_epsilon", 1e-5),
+    ...(arch.steps.qkvBias || arch.steps.qkNorm ? { steps: arch.steps } : {}),
+  };
+
   const qDim = nHeads * headDim;
   const kvDim = nKvHeads * headDim;
-  const layers: LayerWeights[] = Array.from({ length: nLayers }, (_, l) => ({
-    attnNorm: shaped(`blk.${l}.attn_norm.weight`, [dim]),
-    wq: shaped(`blk.${l}.attn_q.weight`, [qDim, dim]),
-    wk: shaped(`blk.${l}.attn_k.weight`, [kvDim, dim]),
-    wv: shaped(`blk.${l}.attn_v.weight`, [kvDim, dim]),
-    wo: shaped(`blk.${l}.attn_output.weight`, [dim, qDim]),
-    ffnNorm: shaped(`blk.${l}.ffn_norm.weight`, [dim]),
-    wGate: shaped(`blk.${l}.ffn_gate.weight`, [hiddenDim, dim]),
-    wDown: shaped(`blk.${l}.ffn_down.weight`, [dim, hiddenDim]),
-    wUp: shaped(`blk.${l}.ffn_up.weight`, [hiddenDim, dim]),
-  }));
+  const shapes: Record<string, number[]> = {
+    attnNorm: [dim],
+    wq: [qDim, dim],
+    wk: [kvDim, dim],
+    wv: [kvDim, dim],
+    wo: [dim, qDim],
+    ffnNorm: [dim],
+    wGate: [hiddenDim, dim],
+    wDown: [dim, hiddenDim],
+    wUp: [hiddenDim, dim],
+    qBias: [qDim],
+    kBias: [kvDim],
+    vBias: [kvDim],
+    qNorm: [headDim],
+    kNorm: [headDim],
+  };
+  const roles: Record<string, string> = {
+    ...LAYER_TENSORS,
+    ...(arch.steps.qkvBias ? STEP_TENSORS.qkvBias : {}),
+    ...(arch.steps.qkNorm ? STEP_TENSORS.qkNorm : {}),
+  };
+  // Rows of q (and k) heads and of one head, reordered from "neox" pairs to adjacent ones.
+  const toNorm = arch.rope === "neox"
+    ? {
+      q: neoxToNormOrder(nHeads, headDim, ropeDim),
+      k: neoxToNormOrder(nKvHeads, headDim, ropeDim),
+      head: neoxToNormOrder(1, headDim, ropeDim),
+    }
+    : undefined;
+  const reorder: Record<string, keyof NonNullable<typeof toNorm>> = {
+    wq: "q",
+    qBias: "q",
+    wk: "k",
+    kBias: "k",
+    qNorm: "head",
+    kNorm: "head",
+  };
+  const layers: LayerWeights[] = Array.from({ length: nLayers }, (_, l) => {
+    const entries = Object.entries(roles).map(([role, suffix]) => {
+      const t = shaped(`blk.${l}.${suffix}`, shapes[role]!);
+      const order = toNorm && reorder[role] ? toNorm[reorder[role]!] : undefined;
+      return [role, order ? permuteRows(t, order) : t];
+    });
+    return Object.fromEntries(entries) as unknown as LayerWeights;
+  });
   const weights: ModelWeights = {
-    tokenEmbedding: shaped("token_embd.weight", [vocabSize, dim]),
+    tokenEmbedding: shaped(MODEL_TENSORS.tokenEmbedding, [vocabSize, dim]),
     layers,
-    outputNorm: shaped("output_norm.weight", [dim]),
+    outputNorm: shaped(MODEL_TENSORS.outputNorm, [dim]),
     // Files of tied models may omit the classifier; it is then the embedding table itself.
-    output: gguf.tensors.has("output.weight")
-      ? shaped("output.weight", [vocabSize, dim])
+    output: gguf.tensors.has(MODEL_TENSORS.output) || !arch.tiedClassifier
+      ? shaped(MODEL_TENSORS.output, [vocabSize, dim])
       : tokenEmbedding,
   };
+  const unused = [...gguf.tensors.keys()].filter((n) => !used.has(n));
+  if (unused.length > 0) {
+    fail(
+      `architecture '${arch.name}' does not use ${unused.length} of its tensors (${
+        unused.slice(0, 4).join(", ")
+      }${unused.length > 4 ? ", ..." : ""}); running without them would give wrong output`,
+    );
+  }
 
   const chatTemplate = meta("tokenizer.chat_template");
   return {

@@ -1,6 +1,6 @@
 import { readFileWithProgress, type ReadProgress } from "../util/read_file.ts";
 import { describeBytes, readGguf } from "./gguf.ts";
-import { ggufToModel } from "./gguf_model.ts";
+import { assertLoadable, ggufToModel } from "./gguf_model.ts";
 import { parseLlama2cCheckpoint } from "./llama2c_checkpoint.ts";
 import { parseLlama2cTokenizer } from "../tokenizer/llama2c_tokenizer.ts";
 import type { Model } from "./weights.ts";
@@ -70,7 +70,9 @@ export async function loadModel(path: string, opts: LoadModelOptions = {}): Prom
   const format = detectModelFormat(head);
   let model: Model;
   if (format === "gguf") {
-    model = ggufToModel(await readGguf(path, opts.onProgress), path);
+    // Every blocker is reported from the header, before gigabytes of weights are read.
+    const gguf = await readGguf(path, opts.onProgress, (h) => assertLoadable(h, path));
+    model = ggufToModel(gguf, path);
   } else if (format === "llama2c") {
     const { config, weights } = parseLlama2cCheckpoint(
       await readFileWithProgress(path, opts.onProgress),

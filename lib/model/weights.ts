@@ -5,8 +5,9 @@ import type { TokenizerData } from "../tokenizer/tokenizer_data.ts";
 export type { TokenizerData };
 
 /**
- * One transformer block's tensors. Q and K are always in llama2.c's layout, where RoPE rotates
- * adjacent pairs (2i, 2i+1) of each head; loaders undo any other layout a file uses.
+ * One transformer block's tensors. Q and K (with their biases and norm weights) are always in
+ * llama2.c's layout, where RoPE rotates adjacent pairs (2i, 2i+1) of each head; loaders undo any
+ * other layout a file uses (see RopeStyle in architecture.ts).
  */
 export interface LayerWeights {
   readonly attnNorm: Tensor; // [dim]
@@ -18,6 +19,13 @@ export interface LayerWeights {
   readonly wGate: Tensor; // [hiddenDim, dim]  (llama2.c w1)
   readonly wDown: Tensor; // [dim, hiddenDim]  (llama2.c w2)
   readonly wUp: Tensor; // [hiddenDim, dim]    (llama2.c w3)
+  /** With the qkvBias step: added to q, k and v after their projections. */
+  readonly qBias?: Tensor; // [nHeads*headDim]
+  readonly kBias?: Tensor; // [nKvHeads*headDim]
+  readonly vBias?: Tensor; // [nKvHeads*headDim]
+  /** With the qkNorm step: RMSNorm weights applied to every head of q (and of k) before RoPE. */
+  readonly qNorm?: Tensor; // [headDim]
+  readonly kNorm?: Tensor; // [headDim]
 }
 
 export interface ModelWeights {

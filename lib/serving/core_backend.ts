@@ -44,6 +44,19 @@ export class CoreBackend implements GenerationBackend {
     return this.#encode(text, opts.special ?? false).length;
   }
 
+  tokenize(text: string, opts: { bos: boolean; special: boolean }): number[] {
+    const ids = this.#encode(text, opts.special);
+    return opts.bos ? [...ids] : ids.slice(1);
+  }
+
+  detokenize(ids: readonly number[]): string {
+    return this.tokenizer.decode(ids);
+  }
+
+  tokenPiece(id: number): string {
+    return this.tokenizer.tokenText(id);
+  }
+
   stats(): CoreStats {
     return this.core.stats();
   }

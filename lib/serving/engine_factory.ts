@@ -2,6 +2,7 @@ import { WebGpuEngine } from "../../kernels/webgpu_engine.ts";
 import type { Engine, KvGeometry } from "../engine/engine.ts";
 import { CpuEngine } from "../engine/cpu/cpu_engine.ts";
 import type { Model } from "../model/weights.ts";
+import { DEFAULT_LIMITS } from "../engine/limits.ts";
 
 export type BackendChoice = "webgpu" | "cpu" | "auto";
 
@@ -19,7 +20,10 @@ export async function createEngine(
   model: Model,
   backend: BackendChoice,
   kv: KvGeometry,
-  limits: StepLimits = { maxBatchTokens: 512, maxSeqs: 64 },
+  limits: StepLimits = {
+    maxBatchTokens: DEFAULT_LIMITS.maxBatchTokens,
+    maxSeqs: DEFAULT_LIMITS.maxRunning,
+  },
 ): Promise<{ engine: Engine; description: string }> {
   let fallback = "";
   if (backend !== "cpu") {

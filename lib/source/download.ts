@@ -21,6 +21,8 @@ export interface DownloadOptions {
    */
   readonly sha256?: string;
   readonly signal?: AbortSignal;
+  /** Called as bytes arrive (received so far, total when the server said). */
+  readonly onProgress?: (received: number, total: number | undefined) => void;
 }
 
 /** What a finished download produced. */
@@ -101,6 +103,7 @@ export async function downloadFile(
         const onProgress = (n: number) => {
           received = n;
           bar?.update(n);
+          options.onProgress?.(n, start.total ?? undefined);
         };
         await copyBody(start.body, file, received, onProgress, brokeOff);
       }

@@ -1,3 +1,5 @@
+import { formatBytes } from "./byte_size.ts";
+
 /**
  * A one-line download progress bar for stderr. It redraws in place with a carriage return, so
  * it is only written where a person watches: a terminal, or a sink the caller passes (tests,
@@ -29,19 +31,6 @@ export interface ProgressState {
 }
 
 const BAR_WIDTH = 24;
-const UNITS = ["B", "KiB", "MiB", "GiB", "TiB"] as const;
-
-/** Formats a byte count with binary units: 1536 -> "1.5 KiB", 512 -> "512 B". */
-export function formatBytes(bytes: number): string {
-  let value = bytes;
-  let unit = 0;
-  while (value >= 1024 && unit < UNITS.length - 1) {
-    value /= 1024;
-    unit++;
-  }
-  return unit === 0 ? `${value} ${UNITS[0]}` : `${value.toFixed(1)} ${UNITS[unit]}`;
-}
-
 /**
  * Renders one progress line without control characters, e.g.
  * `tok512.bin [############------------]  50%  3.0 KiB / 6.1 KiB  1.2 MiB/s`.

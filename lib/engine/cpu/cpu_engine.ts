@@ -1,17 +1,11 @@
 import { setImmediate } from "node:timers";
-import type {
-  Engine,
-  KvGeometry,
-  SampledToken,
-  SeqInput,
-  StepPlan,
-  StepResult,
-} from "../engine.ts";
-import type { ModelConfig } from "../../model/model_config.ts";
+import type { Engine, KvGeometry, SampledToken, StepPlan, StepResult } from "../engine.ts";
+import { validateStep } from "../step_validation.ts";
+import { type ModelConfig, ropeFrequencies } from "../../model/model_config.ts";
 import { sample } from "../sampling.ts";
 import type { ModelWeights } from "../../model/weights.ts";
 import { type DenseLayer, type DenseWeights, denseWeights } from "./dense_weights.ts";
-import { addInPlace, matvec, rmsnorm, rope, swiglu } from "./ops.ts";
+import { addInPlace, headRmsnorm, matvec, rmsnorm, ropeWithFrequencies, swiglu } from "./ops.ts";
 import { pagedAttention } from "./paged_attention.ts";
 import { PagedKvCache } from "./paged_kv_cache.ts";
 
@@ -32,6 +26,7 @@ export class CpuEngine implements Engine {
   readonly name = "cpu";
   readonly kv: KvGeometry;
   private readonly dense: DenseWeights;
+  private readonly ropeFreqs: Float64Array;
   private readonly cache: PagedKvCache;
   /** The token each sequence sampled last, input to a `useLastSampled` decode. */
   private readonly lastSampled = new Map<number, number>();
@@ -47,6 +42,7 @@ export class CpuEngine implements Engine {
     }
     this.kv = { numBlocks: kv.numBlocks, blockSize: kv.blockSize };
     this.dense = denseWeights(config, weights);
+    this.ropeFreqs = ropeFrequencies(config);
     this.cache = new PagedKvCache(config.nLayers, config.nKvHeads, config.headDim, this.kv);
   }
 
@@ -104,49 +100,14 @@ export class CpuEngine implements Engine {
   }
 
   private resolveInputs(plan: StepPlan): number[][] {
-    const { vocabSize } = this.config;
-    const seen = new Set<number>();
-    return plan.seqs.map((seq: SeqInput) => {
-      const where = `Cannot run step ${plan.stepId}: sequence ${seq.seqId}`;
-      if (seen.has(seq.seqId)) throw new Error(`${where} appears twice in one plan`);
-      seen.add(seq.seqId);
-      let tokens: number[];
-      if (seq.useLastSampled) {
-        const last = this.lastSampled.get(seq.seqId);
-        if (seq.tokens.length !== 0 || last === undefined) {
-          throw new Error(
-            `${where} asks for its last sampled token, which needs empty tokens and an earlier sampled step; received ${seq.tokens.length} tokens, last sampled ${last}`,
-          );
-        }
-        tokens = [last];
-      } else {
-        tokens = [...seq.tokens];
-      }
-      if (tokens.length === 0) throw new Error(`${where} has no new tokens`);
-      if (!(Number.isInteger(seq.startPos) && seq.startPos >= 0)) {
-        throw new Error(`${where} has startPos ${seq.startPos}, expected a non-negative integer`);
-      }
-      for (const t of tokens) {
-        if (!(Number.isInteger(t) && t >= 0 && t < vocabSize)) {
-          throw new Error(`${where} has token ${t} outside the vocabulary 0..${vocabSize - 1}`);
-        }
-      }
-      const end = seq.startPos + tokens.length;
-      const needed = Math.ceil(end / this.kv.blockSize);
-      if (seq.blockTable.length < needed) {
-        throw new Error(
-          `${where} needs ${needed} KV blocks for positions 0..${
-            end - 1
-          }, its block table has ${seq.blockTable.length}`,
-        );
-      }
-      for (const b of seq.blockTable.slice(0, needed)) {
-        if (!(Number.isInteger(b) && b >= 0 && b < this.kv.numBlocks)) {
-          throw new Error(`${where} has block id ${b} outside 0..${this.kv.numBlocks - 1}`);
-        }
-      }
-      return tokens;
+    validateStep(plan, {
+      config: this.config,
+      kv: this.kv,
+      hasLastSampled: (seqId) => this.lastSampled.has(seqId),
     });
+    return plan.seqs.map((seq) =>
+      seq.useLastSampled ? [this.lastSampled.get(seq.seqId)!] : [...seq.tokens]
+    );
   }
 
   /**
@@ -159,8 +120,7 @@ export class CpuEngine implements Engine {
     blockTable: readonly number[],
     wantLogits: boolean,
   ): Float32Array | undefined {
-    const { dim, hiddenDim, nHeads, nKvHeads, headDim, ropeDim, ropeTheta, rmsEps, vocabSize } =
-      this.config;
+    const { dim, hiddenDim, nHeads, nKvHeads, headDim, rmsEps, vocabSize } = this.config;
     const x = this.dense.tokenEmbedding.slice(token * dim, (token + 1) * dim);
     const xb = new Float32Array(dim);
     const q = new Float32Array(nHeads * headDim);
@@ -176,8 +136,18 @@ export class CpuEngine implements Engine {
       matvec(q, w.wq, xb);
       matvec(k, w.wk, xb);
       matvec(v, w.wv, xb);
-      rope(q, nHeads, headDim, ropeDim, pos, ropeTheta);
-      rope(k, nKvHeads, headDim, ropeDim, pos, ropeTheta);
+      // The architecture's optional steps (config.steps): biases, then per-head norms, then RoPE.
+      if (w.bias) {
+        addInPlace(q, w.bias.q);
+        addInPlace(k, w.bias.k);
+        addInPlace(v, w.bias.v);
+      }
+      if (w.headNorm) {
+        headRmsnorm(q, nHeads, w.headNorm.q, rmsEps);
+        headRmsnorm(k, nKvHeads, w.headNorm.k, rmsEps);
+      }
+      ropeWithFrequencies(q, nHeads, headDim, this.ropeFreqs, pos);
+      ropeWithFrequencies(k, nKvHeads, headDim, this.ropeFreqs, pos);
       this.cache.key(l).set(k, slot);
       this.cache.value(l).set(v, slot);
       pagedAttention(att, q, this.cache, l, blockTable, pos, nHeads);

@@ -1,4 +1,5 @@
 import { dequantize } from "../../model/dequantize.ts";
+import { NO_EXTRA_STEPS } from "../../model/architecture.ts";
 import type { ModelConfig } from "../../model/model_config.ts";
 import type { Tensor } from "../../model/tensor.ts";
 import type { ModelWeights } from "../../model/weights.ts";
@@ -14,6 +15,10 @@ export interface DenseLayer {
   readonly wGate: Float32Array;
   readonly wDown: Float32Array;
   readonly wUp: Float32Array;
+  /** Present exactly when the model's qkvBias step is on. */
+  readonly bias?: { readonly q: Float32Array; readonly k: Float32Array; readonly v: Float32Array };
+  /** Present exactly when the model's qkNorm step is on. */
+  readonly headNorm?: { readonly q: Float32Array; readonly k: Float32Array };
 }
 
 /** A model's weights expanded to f32 once, for the CPU reference. */
@@ -54,9 +59,18 @@ export function denseWeights(config: ModelConfig, w: ModelWeights): DenseWeights
   const qDim = nHeads * headDim;
   const kvDim = nKvHeads * headDim;
   const tokenEmbedding = expand(w.tokenEmbedding, [vocabSize, dim]);
+  const steps = config.steps ?? NO_EXTRA_STEPS;
+  const needed = (t: Tensor | undefined, what: string, l: number): Tensor => {
+    if (!t) {
+      throw new Error(
+        `Cannot prepare CPU weights: the ${what} step is on but layer ${l} has no ${what} tensors`,
+      );
+    }
+    return t;
+  };
   return {
     tokenEmbedding,
-    layers: w.layers.map((l) => ({
+    layers: w.layers.map((l, i) => ({
       attnNorm: expand(l.attnNorm, [dim]),
       wq: expand(l.wq, [qDim, dim]),
       wk: expand(l.wk, [kvDim, dim]),
@@ -66,6 +80,23 @@ export function denseWeights(config: ModelConfig, w: ModelWeights): DenseWeights
       wGate: expand(l.wGate, [hiddenDim, dim]),
       wDown: expand(l.wDown, [dim, hiddenDim]),
       wUp: expand(l.wUp, [hiddenDim, dim]),
+      ...(steps.qkvBias
+        ? {
+          bias: {
+            q: expand(needed(l.qBias, "qkvBias", i), [qDim]),
+            k: expand(needed(l.kBias, "qkvBias", i), [kvDim]),
+            v: expand(needed(l.vBias, "qkvBias", i), [kvDim]),
+          },
+        }
+        : {}),
+      ...(steps.qkNorm
+        ? {
+          headNorm: {
+            q: expand(needed(l.qNorm, "qkNorm", i), [headDim]),
+            k: expand(needed(l.kNorm, "qkNorm", i), [headDim]),
+          },
+        }
+        : {}),
     })),
     outputNorm: expand(w.outputNorm, [dim]),
     output: w.output === w.tokenEmbedding ? tokenEmbedding : expand(w.output, [vocabSize, dim]),

@@ -71,13 +71,40 @@ export function rope(
   pos: number,
   theta: number,
 ): Float32Array {
-  if (vec.length !== nHeads * headDim || ropeDim > headDim || ropeDim % 2 !== 0) {
+  const freqs = Float64Array.from(
+    { length: Math.max(0, Math.floor(ropeDim / 2)) },
+    (_, i) => Math.pow(theta, -(2 * i) / ropeDim),
+  );
+  if (ropeDim % 2 !== 0) {
+    throw new Error(`Cannot apply RoPE: ropeDim must be even, received ${ropeDim}`);
+  }
+  return ropeWithFrequencies(vec, nHeads, headDim, freqs, pos);
+}
+
+/**
+ * RoPE in place with given per-pair angular frequencies (ropeFrequencies() of a model: the
+ * theta powers divided by any Llama 3 factors): pair (2i, 2i+1) of each head turns by
+ * pos * freqs[i]; dimensions past 2 * freqs.length are left alone.
+ *
+ * ```ts
+ * ropeWithFrequencies(q, nHeads, headDim, ropeFrequencies(config), pos);
+ * ```
+ */
+export function ropeWithFrequencies(
+  vec: Float32Array,
+  nHeads: number,
+  headDim: number,
+  freqs: Float64Array,
+  pos: number,
+): Float32Array {
+  const ropeDim = 2 * freqs.length;
+  if (vec.length !== nHeads * headDim || ropeDim > headDim) {
     throw new Error(
       `Cannot apply RoPE: vector of ${vec.length} must be ${nHeads} heads x ${headDim}, and ropeDim ${ropeDim} even and <= headDim`,
     );
   }
   for (let i = 0; i < ropeDim; i += 2) {
-    const angle = pos * Math.pow(theta, -i / ropeDim);
+    const angle = pos * freqs[i / 2]!;
     const cos = Math.cos(angle);
     const sin = Math.sin(angle);
     for (let h = 0; h < nHeads; h++) {
@@ -87,6 +114,33 @@ export function rope(
       vec[j] = v0 * cos - v1 * sin;
       vec[j + 1] = v0 * sin + v1 * cos;
     }
+  }
+  return vec;
+}
+
+/**
+ * RMSNorm of each head of `vec` (nHeads runs of weight.length values) in place, every head with
+ * the same weights: Qwen3's q/k norms.
+ *
+ * ```ts
+ * headRmsnorm(q, nHeads, qNorm, 1e-6);
+ * ```
+ */
+export function headRmsnorm(
+  vec: Float32Array,
+  nHeads: number,
+  weight: Float32Array,
+  eps: number,
+): Float32Array {
+  const hd = weight.length;
+  if (vec.length !== nHeads * hd) {
+    throw new Error(
+      `Cannot normalise heads: vector of ${vec.length} must be ${nHeads} heads x ${hd} (the norm weights' length)`,
+    );
+  }
+  for (let h = 0; h < nHeads; h++) {
+    const head = vec.subarray(h * hd, (h + 1) * hd);
+    rmsnorm(head, head, weight, eps);
   }
   return vec;
 }

@@ -1,0 +1,33 @@
+/**
+ * The one source of every serving limit's default. The config schema (and so `--help`), the
+ * scheduler, the actors and the engines all read them from here, so a layer can never run with
+ * a default another layer does not know about.
+ */
+export const DEFAULT_LIMITS = {
+  /** Tokens per KV block. */
+  blockSize: 16,
+  /** Memory for the paged KV cache, as the `--kv-memory` flag takes it. */
+  kvMemory: "256MiB",
+  /** Token rows one step computes (prefill chunk tokens + one per decode). */
+  maxBatchTokens: 512,
+  /** Sequences holding KV blocks, and so sharing a step, at once. */
+  maxRunning: 64,
+  /** Sequences queued beyond those that can start now before a submission is "overloaded". */
+  maxWaiting: 256,
+  /**
+   * Steps submitted before the oldest one's tokens are read back. Deeper pipelines hide more
+   * readback latency (measured on llvmpipe: 2 -> 147, 3 -> 198, 4 -> 264 tokens/s
+   * single-stream) at the cost of steps computed past a stop.
+   */
+  pipelineDepth: 3,
+  /** The deepest pipeline allowed: each level costs a step computed past every stop. */
+  maxPipelineDepth: 8,
+  /** Steps after which a batch request ranks like an interactive one. */
+  agingSteps: 256,
+  /** Share of the KV pool a new admission must leave free for running sequences to grow. */
+  watermarkFraction: 0.01,
+  /** Steps that crashed the engine after which a sequence is failed, not recomputed again. */
+  maxSeqFaults: 4,
+  /** Plans one WebGPU submit may encode. */
+  maxStepsPerSubmit: 8,
+} as const;

@@ -1,0 +1,116 @@
+import type { KvGeometry, SamplingParams, SeqInput, StepPlan } from "./engine.ts";
+import type { ModelConfig } from "../model/model_config.ts";
+
+/** What an engine with step buffers sized up front can hold in one step. */
+export interface StepCapacity {
+  readonly maxRows: number;
+  readonly maxSeqs: number;
+  readonly maxTableEntries: number;
+}
+
+/** What the validation needs to know about an engine. */
+export interface StepRules {
+  readonly config: ModelConfig;
+  readonly kv: KvGeometry;
+  /** Whether the engine holds a last sampled token for the sequence (for `useLastSampled`). */
+  hasLastSampled(seqId: number): boolean;
+  /** Buffer sizes, for engines that have them. */
+  readonly capacity?: StepCapacity;
+}
+
+/**
+ * The rules every engine holds a step plan to, checked before anything is written: a bad plan
+ * fails the same way on every engine and leaves its KV cache as it was. Throws an Error naming
+ * the step, the sequence, what was wrong and what was received.
+ */
+export function validateStep(plan: StepPlan, rules: StepRules): void {
+  const { config, kv } = rules;
+  const seen = new Set<number>();
+  let rows = 0, tableEntries = 0;
+  for (const seq of plan.seqs) {
+    const where = `Cannot run step ${plan.stepId}: sequence ${seq.seqId}`;
+    if (seen.has(seq.seqId)) throw new Error(`${where} appears twice in one plan`);
+    seen.add(seq.seqId);
+    const n = checkInputs(seq, where, config.vocabSize, rules);
+    if (!(Number.isInteger(seq.startPos) && seq.startPos >= 0)) {
+      throw new Error(`${where} has startPos ${seq.startPos}, expected a non-negative integer`);
+    }
+    const end = seq.startPos + n;
+    if (end > config.contextLength) {
+      throw new Error(
+        `${where} reaches position ${end - 1}, past the context length ${config.contextLength}`,
+      );
+    }
+    const needed = blocksFor(end, kv.blockSize);
+    if (seq.blockTable.length < needed) {
+      throw new Error(
+        `${where} needs ${needed} KV blocks for positions 0..${
+          end - 1
+        }, its block table has ${seq.blockTable.length}`,
+      );
+    }
+    for (let i = 0; i < needed; i++) {
+      const b = seq.blockTable[i]!;
+      if (!(Number.isInteger(b) && b >= 0 && b < kv.numBlocks)) {
+        throw new Error(
+          `${where} has block id ${b} at table entry ${i}, outside 0..${kv.numBlocks - 1}`,
+        );
+      }
+    }
+    if (seq.sample) checkSampling(seq.sampling, where);
+    rows += n;
+    tableEntries += needed;
+  }
+  const cap = rules.capacity;
+  if (
+    cap && (rows > cap.maxRows || plan.seqs.length > cap.maxSeqs ||
+      tableEntries > cap.maxTableEntries)
+  ) {
+    throw new Error(
+      `Cannot run step ${plan.stepId}: it has ${rows} token rows, ${plan.seqs.length} sequences and ${tableEntries} block-table entries; the engine was sized for ${cap.maxRows} rows (maxBatchTokens), ${cap.maxSeqs} sequences (maxSeqs), ${cap.maxTableEntries} entries`,
+    );
+  }
+}
+
+/** KV blocks covering positions [0, end). */
+export function blocksFor(end: number, blockSize: number): number {
+  return Math.ceil(end / blockSize);
+}
+
+/** Checks the sequence's new tokens; returns how many rows it adds. */
+function checkInputs(seq: SeqInput, where: string, vocabSize: number, rules: StepRules): number {
+  if (seq.useLastSampled) {
+    const has = rules.hasLastSampled(seq.seqId);
+    if (seq.tokens.length !== 0 || !has) {
+      throw new Error(
+        `${where} asks for its last sampled token, which needs empty tokens and an earlier sampled step; received ${seq.tokens.length} tokens, last sampled ${
+          has ? "held" : "none"
+        }`,
+      );
+    }
+    return 1;
+  }
+  if (seq.tokens.length === 0) throw new Error(`${where} has no new tokens`);
+  for (const t of seq.tokens) {
+    if (!(Number.isInteger(t) && t >= 0 && t < vocabSize)) {
+      throw new Error(`${where} has token ${t} outside the vocabulary 0..${vocabSize - 1}`);
+    }
+  }
+  return seq.tokens.length;
+}
+
+function checkSampling(p: SamplingParams, where: string): void {
+  const bad: string[] = [];
+  if (!Number.isFinite(p.temperature)) bad.push(`temperature ${p.temperature}`);
+  if (!(Number.isInteger(p.topK) && p.topK >= 0)) bad.push(`topK ${p.topK}`);
+  if (!(p.topP >= 0 && p.topP <= 1)) bad.push(`topP ${p.topP}`);
+  if (!(p.minP >= 0 && p.minP <= 1)) bad.push(`minP ${p.minP}`);
+  if (!Number.isFinite(p.seed)) bad.push(`seed ${p.seed}`);
+  if (bad.length > 0) {
+    throw new Error(
+      `${where} has invalid sampling parameters (${
+        bad.join(", ")
+      }); expected a finite temperature, an integer topK >= 0, topP and minP in 0..1 and a finite seed`,
+    );
+  }
+}

@@ -1,0 +1,69 @@
+/**
+ * The compat files against llama.cpp's own outputs on them (compat/README.md): prompt ids for
+ * every fixture prompt, and greedy decoding where llama.cpp's top-2 margin exceeds 0.5 nats
+ * (stopping a prompt at its first smaller margin), with the logprobs of llama.cpp's top-2 ids
+ * within logprobTolerance() at step 0 (always, which the near-tie stories260K carriers need:
+ * step 0 depends on every tensor) and at every compared step.
+ *
+ * Cost on 2 cores: the CPU engine dequantizes to f32 and runs the classifier in plain
+ * TypeScript, 33-39 M multiply-adds a token for the 128k/152k vocabularies; those files
+ * compare the first 12 steps of each prompt on the CPU (their margins are all above 14 nats),
+ * the others all 32.
+ */
+import { assert, assertEquals } from "@std/assert";
+import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import type { Engine } from "../lib/engine/engine.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
+import {
+  compareGreedy,
+  compatPath,
+  type PromptComparison,
+  readFixture,
+} from "./_compat.ts";
+
+/** Files whose tokenizer this branch reads, with the steps the CPU engine compares. */
+const FILES: readonly { stem: string; cpuSteps: number }[] = [
+  { stem: "tinyllama-like-q4_0", cpuSteps: 32 },
+  { stem: "tinyllama-like-q4_k_m", cpuSteps: 32 },
+  { stem: "tinyllama-like-q5_k_m", cpuSteps: 32 },
+  { stem: "stories260K-bf16", cpuSteps: 32 },
+  { stem: "stories260K-q4_1", cpuSteps: 32 },
+  { stem: "stories260K-q5_1", cpuSteps: 32 },
+];
+
+const KV = { numBlocks: 6 * 6, blockSize: 16 };
+
+function assertAgrees(stem: string, engine: string, results: readonly PromptComparison[]) {
+  for (const r of results) {
+    const where = `${stem} on ${engine}, prompt '${r.name}'`;
+    assert(
+      r.firstMismatch === undefined,
+      `${where}: greedy token differs from llama.cpp's at step ${r.firstMismatch?.step} (ours ${r.firstMismatch?.ours}, llama.cpp ${r.firstMismatch?.theirs}, its margin ${r.firstMismatch?.margin} nats)`,
+    );
+    assert(
+      r.worstToTolerance <= 1,
+      `${where}: a logprob is ${r.worstToTolerance.toFixed(2)}x its tolerance away from llama.cpp's (max |Δ| ${
+        r.maxLogprobDelta.toFixed(3)
+      } nats)`,
+    );
+  }
+}
+
+for (const { stem, cpuSteps } of FILES) {
+  Deno.test(`${stem}: prompt ids equal llama.cpp's for every fixture prompt`, async () => {
+    const [model, fx] = await Promise.all([loadModel(compatPath(stem)), readFixture(stem)]);
+    const tok = new Tokenizer(model.tokenizer!);
+    for (const p of fx.prompts) assertEquals(tok.encode(p.prompt), p.prompt_ids, p.name);
+  });
+
+  Deno.test(`${stem} on cpu: greedy tokens equal llama.cpp's where its margin > 0.5, logprobs within tolerance`, async () => {
+    const [model, fx] = await Promise.all([loadModel(compatPath(stem)), readFixture(stem)]);
+    const engine: Engine = new CpuEngine(model.config, model.weights, KV);
+    const results = await compareGreedy(engine, fx.prompts, { steps: cpuSteps });
+    assertAgrees(stem, "cpu", results);
+    // The carriers' near-ties stop most prompts early; the peaked files compare every step.
+    const compared = results.reduce((n, r) => n + r.compared, 0);
+    if (!stem.startsWith("stories")) assertEquals(compared, fx.prompts.length * cpuSteps);
+  });
+}

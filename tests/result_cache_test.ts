@@ -1,0 +1,93 @@
+import { assert, assertEquals } from "@std/assert";
+import type { GenerationRequest } from "../lib/core/generation.ts";
+import {
+  ResultCache,
+  resultCacheKey,
+  type StoredResult,
+  storedResultBytes,
+} from "../lib/core/result_cache.ts";
+
+function result(text: string): StoredResult {
+  return {
+    promptTokens: 3,
+    tokens: [...text].map((ch, i) => ({ text: ch, ids: [i], logprob: -1 })),
+    finishReason: "length",
+    usage: { promptTokens: 3, completionTokens: text.length, cachedTokens: 0 },
+    totalMs: 10,
+  };
+}
+
+const base: GenerationRequest = {
+  prompt: "Once upon a time",
+  maxTokens: 8,
+  sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 },
+  stop: [],
+  priority: "interactive",
+  requestId: "r1",
+  deterministic: true,
+};
+
+Deno.test("resultCacheKey: a request that is not deterministic has no key", () => {
+  assertEquals(resultCacheKey("m", { ...base, deterministic: false }), null);
+  assertEquals(resultCacheKey("m", { ...base, deterministic: undefined }), null);
+});
+
+Deno.test("resultCacheKey: the same answer-deciding fields give the same key, any other change a new one", () => {
+  const k = resultCacheKey("m", base);
+  // Neither the request id, the priority nor (for greedy) the seed decides the tokens.
+  assertEquals(resultCacheKey("m", { ...base, requestId: "r2", priority: "batch" }), k);
+  assertEquals(resultCacheKey("m", { ...base, sampling: { ...base.sampling, seed: 99 } }), k);
+  const changed: GenerationRequest[] = [
+    { ...base, prompt: "Once upon a time." },
+    { ...base, prompt: [1, 2, 3] },
+    { ...base, maxTokens: 9 },
+    { ...base, stop: ["."] },
+    { ...base, logprobs: true },
+    { ...base, parseSpecialTokens: true },
+    { ...base, sampling: { ...base.sampling, temperature: 0.5 } },
+  ];
+  for (const r of changed) assert(resultCacheKey("m", r) !== k, JSON.stringify(r));
+  assert(resultCacheKey("other-model", base) !== k);
+  // A sampled request's seed decides its tokens.
+  const sampled = { ...base, sampling: { ...base.sampling, temperature: 0.8 } };
+  assert(
+    resultCacheKey("m", sampled) !==
+      resultCacheKey("m", { ...sampled, sampling: { ...sampled.sampling, seed: 2 } }),
+  );
+});
+
+Deno.test("ResultCache counts hits and misses and evicts the least recently used entry to stay within its bytes", () => {
+  const a = result("aaaa"), b = result("bbbb"), c = result("cccc");
+  const one = storedResultBytes("ka", a);
+  const cache = new ResultCache(one * 2 + 1);
+  assert(cache.set("ka", a));
+  assert(cache.set("kb", b));
+  assertEquals(cache.bytes, 2 * one);
+  assertEquals(cache.get("ka"), a); // a is now the most recently used
+  assert(cache.set("kc", c)); // evicts b
+  assertEquals(cache.get("kb"), undefined);
+  assertEquals(cache.get("ka"), a);
+  assertEquals(cache.get("kc"), c);
+  assertEquals([cache.hits, cache.misses, cache.size], [3, 1, 2]);
+  assertEquals(cache.savedMs, 30);
+  assert(cache.bytes <= cache.capacityBytes);
+});
+
+Deno.test("ResultCache with capacity 0 stores nothing, and an entry larger than the capacity is not stored", () => {
+  const off = new ResultCache(0);
+  assertEquals(off.set("k", result("x")), false);
+  assertEquals(off.size, 0);
+  const small = new ResultCache(200);
+  assertEquals(small.set("k", result("x".repeat(100))), false);
+  assertEquals([small.size, small.bytes], [0, 0]);
+});
+
+Deno.test("ResultCache refuses a negative capacity", () => {
+  let message = "";
+  try {
+    new ResultCache(-1);
+  } catch (e) {
+    message = (e as Error).message;
+  }
+  assert(message.includes("received -1"), message);
+});
