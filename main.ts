@@ -60,7 +60,11 @@ async function launchCommand(args: string[]): Promise<number> {
         console.error(m);
         return 2;
       }
-      return await launch("models", rest, { model: "", modelsDir: m.modelsDir, mayDownload: false });
+      return await launch("models", rest, {
+        model: "",
+        modelsDir: m.modelsDir,
+        mayDownload: false,
+      });
     }
     default:
       console.error(`Unknown command ${JSON.stringify(command)}.\n${USAGE}`);

@@ -71,7 +71,11 @@ export async function aptInstall(packages: string[]): Promise<void> {
     if (!u.ok) throw new Error(`apt-get update failed (exit ${u.code}): ${u.stderr.trim()}`);
     aptUpdated = true;
   }
-  const r = await run("apt-get", ["install", "-y", "-qq", "--no-install-recommends", ...packages], env);
+  const r = await run(
+    "apt-get",
+    ["install", "-y", "-qq", "--no-install-recommends", ...packages],
+    env,
+  );
   if (!r.ok) {
     throw new Error(
       `apt-get install ${packages.join(" ")} failed (exit ${r.code}): ${r.stderr.trim()}`,

@@ -40,7 +40,8 @@ interface GroupResult {
 
 // deno-lint-ignore no-control-regex -- stripping the runner's colour codes
 const ANSI = /\x1b\[[0-9;]*m/g;
-const SUMMARY = /^(ok|FAILED) \| (\d+) passed(?: \([^)]*\))? \| (\d+) failed(?: \([^)]*\))?(?: \| (\d+) ignored)?/;
+const SUMMARY =
+  /^(ok|FAILED) \| (\d+) passed(?: \([^)]*\))? \| (\d+) failed(?: \([^)]*\))?(?: \| (\d+) ignored)?/;
 
 function groups(selected: string[]): Group[] {
   if (selected.length > 0) return [{ name: "selected", args: ["--allow-all", ...selected] }];
@@ -106,7 +107,9 @@ async function main(args: string[]): Promise<number> {
     console.log(
       `  ${r.name.padEnd(14)} ${String(r.passed).padStart(4)} passed ${
         String(r.failed).padStart(3)
-      } failed ${String(r.ignored).padStart(3)} ignored  ${r.seconds.toFixed(0).padStart(4)} s  ${verdict}` +
+      } failed ${String(r.ignored).padStart(3)} ignored  ${
+        r.seconds.toFixed(0).padStart(4)
+      } s  ${verdict}` +
         (r.code !== 0 && r.summarized && r.failed === 0
           ? `: deno test exited ${r.code} after its summary`
           : ""),

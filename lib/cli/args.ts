@@ -29,8 +29,10 @@ export function parseFlags(argv: readonly string[], spec: FlagSpec): ParsedFlags
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
     const next = argv[i + 1];
-    if (a.startsWith("--") && !a.includes("=") && takesValue.has(a.slice(2)) &&
-      next !== undefined && next.startsWith("-") && !next.startsWith("--")) {
+    if (
+      a.startsWith("--") && !a.includes("=") && takesValue.has(a.slice(2)) &&
+      next !== undefined && next.startsWith("-") && !next.startsWith("--")
+    ) {
       joined.push(`${a}=${next}`);
       i++;
     } else {

@@ -2,7 +2,8 @@
  * Where model files come from: a path, an http(s) URL cached in the models directory, or a short
  * name of a known model. Turns any of them into local file paths a loader can open.
  */
-import { downloadFile, type DownloadOptions } from "./download.ts";
+import { createHash } from "node:crypto";
+import { DownloadError, downloadFile, type DownloadOptions, PART_SUFFIX } from "./download.ts";
 
 /** Reads an environment variable; injectable so defaults are testable without touching the process. */
 export type EnvGetter = (name: string) => string | undefined;
@@ -319,12 +320,32 @@ async function resolveKnownFile(
         "download URL; copy the file into the models directory or pass its path",
     );
   }
-  await downloadFile(file.url, cached, {
-    ...context.download,
-    label: file.name,
-    sha256: file.sha256,
-  });
+  await withOfflineHint(
+    file.name,
+    context,
+    downloadFile(file.url, cached, { ...context.download, label: file.name, sha256: file.sha256 }),
+  );
   return cached;
+}
+
+/** Adds, to a download that never reached its server, where a copy could be put instead. */
+async function withOfflineHint<T>(
+  name: string,
+  context: Context,
+  download: Promise<T>,
+): Promise<T> {
+  try {
+    return await download;
+  } catch (e) {
+    if (!(e instanceof DownloadError) || !e.unreachable) throw e;
+    throw new DownloadError(
+      `${e.message}; to run without it, put ${name} in the models directory ` +
+        `(${context.modelsDir}), set MODEL_MIRROR to a directory of copies` +
+        (context.mirrorDir === undefined ? "" : ` (now ${context.mirrorDir})`) +
+        ", or pass --model <path>",
+      { cause: e.cause, unreachable: true },
+    );
+  }
 }
 
 async function resolveUrl(url: string, context: Context): Promise<string> {
@@ -342,14 +363,80 @@ async function resolveUrl(url: string, context: Context): Promise<string> {
 
   const cached = joinPath(context.modelsDir, name);
   if (await isFile(cached)) return cached;
+  // A mirror file of the same name stands in only when the server vouches that it is the
+  // same file (its SHA-256): a name alone says nothing about the bytes behind a URL.
   const mirrored = await findInMirror(plainName, context);
-  if (mirrored !== undefined) return mirrored;
+  if (mirrored !== undefined && await sameFileAsServed(mirrored, href, context)) return mirrored;
 
   // Claim the name before the first byte lands, so a .part is never resumed from another URL.
   await Deno.mkdir(context.modelsDir, { recursive: true });
-  await Deno.writeTextFile(recordPath(context.modelsDir, name), href + "\n");
-  await downloadFile(href, cached, { ...context.download, label: name });
+  const record = recordPath(context.modelsDir, name);
+  await Deno.writeTextFile(record, href + "\n");
+  try {
+    await withOfflineHint(
+      name,
+      context,
+      downloadFile(href, cached, { ...context.download, label: name }),
+    );
+  } catch (e) {
+    // The record only guards a .part to resume; with nothing kept it would be a stray file.
+    if (!(await isFile(cached + PART_SUFFIX))) await Deno.remove(record).catch(() => {});
+    throw e;
+  }
   return cached;
+}
+
+/**
+ * Whether `url` serves exactly the bytes of the local file `path`: asks for the headers only
+ * and compares the SHA-256 the server announces (Hugging Face's `X-Linked-Etag` on the
+ * redirect, or an `ETag` that is a SHA-256) with the file's. False when the server announces
+ * none or cannot be asked.
+ */
+export async function sameFileAsServed(
+  path: string,
+  url: string,
+  context: Pick<Context, "download">,
+): Promise<boolean> {
+  const doFetch = context.download.fetch ?? fetch;
+  let target = url;
+  let announced: string | undefined;
+  try {
+    for (let hop = 0; hop < 5 && announced === undefined; hop++) {
+      const res = await doFetch(target, {
+        method: "HEAD",
+        redirect: "manual",
+        signal: context.download.signal,
+      });
+      await res.body?.cancel();
+      announced = sha256Header(res.headers);
+      const location = res.headers.get("location");
+      if (res.status < 300 || res.status >= 400 || location === null) break;
+      target = new URL(location, target).href;
+    }
+  } catch {
+    return false;
+  }
+  return announced !== undefined && announced === await sha256OfPath(path);
+}
+
+function sha256Header(headers: Headers): string | undefined {
+  for (const name of ["x-linked-etag", "etag"]) {
+    const v = headers.get(name)?.replace(/^W\//, "").replace(/"/g, "").trim().toLowerCase();
+    if (v !== undefined && /^[0-9a-f]{64}$/.test(v)) return v;
+  }
+  return undefined;
+}
+
+async function sha256OfPath(path: string): Promise<string> {
+  const hash = createHash("sha256");
+  using file = await Deno.open(path, { read: true });
+  const buffer = new Uint8Array(1 << 20);
+  for (;;) {
+    const n = await file.read(buffer);
+    if (n === null) break;
+    hash.update(buffer.subarray(0, n));
+  }
+  return hash.digest("hex");
 }
 
 async function findInMirror(name: string, context: Context): Promise<string | undefined> {
