@@ -140,5 +140,24 @@ Deno.test("generate with an empty prompt starts from BOS alone, like run.c witho
     new URL("./fixtures/run_c/no_prompt_n128.txt", import.meta.url),
   );
   assert(r.stdout.trim().length > 0, "expected a continuation");
-  assert(runC.startsWith(r.stdout.trimEnd()), `${JSON.stringify(r.stdout)} is not a prefix of run.c's`);
+  assert(
+    runC.startsWith(r.stdout.trimEnd()),
+    `${JSON.stringify(r.stdout)} is not a prefix of run.c's`,
+  );
+});
+
+Deno.test("generate refuses --temperature -1 by name and value, not as an unknown flag", async () => {
+  const { code, stderr } = await runGenerate(["--prompt", "x", "--temperature", "-1"]);
+  assertEquals(code, 2);
+  assertStringIncludes(stderr, "--temperature:");
+  assertStringIncludes(stderr, '(received "-1")');
+  assertEquals(stderr.includes("Unknown argument"), false, stderr);
+});
+
+Deno.test("generate --version and --help", async () => {
+  const version = await runGenerate(["--version"]);
+  assertEquals(version.code, 0);
+  assert(/^llmserve \d+\.\d+\.\d+ /.test(version.stdout), version.stdout);
+  const help = await runGenerate(["--help"]);
+  assertStringIncludes(help.stdout, "Examples:\n  deno task generate ");
 });

@@ -1,5 +1,5 @@
 import { assert, assertEquals, assertStringIncludes, assertThrows } from "@std/assert";
-import { parseServeArgs } from "../lib/cli/serve.ts";
+import { parseServeArgs, serveInfo } from "../lib/cli/serve.ts";
 import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
@@ -169,4 +169,27 @@ Deno.test("`deno task start` serves the default model under the task's narrow pe
     await child.status;
   }
   assertStringIncludes(await log(), "drained: all in-flight generations finished");
+});
+
+Deno.test("parseServeArgs() lets a negative number reach validation, which refuses it with the value", () => {
+  const err = assertThrows(() => parseServeArgs(["--drain-timeout", "-1"], noEnv)) as Error;
+  assertEquals(
+    err.message,
+    'Invalid configuration:\n  --drain-timeout: must be 0 or more seconds (received "-1")',
+  );
+  assertThrows(
+    () => parseServeArgs(["--port", "-5"], noEnv),
+    Error,
+    '--port: must be 0 to 65535 (received "-5")',
+  );
+  // A value that merely starts with a dash is a value too.
+  assertEquals(parseServeArgs(["--model", "-odd-name.gguf"], noEnv).model, "-odd-name.gguf");
+});
+
+Deno.test("serve --version names the release and --help ends with examples", () => {
+  assertEquals(/^llmserve \d+\.\d+\.\d+ \(deno \d/.test(serveInfo(["--version"])!), true);
+  const help = serveInfo(["--help"])!;
+  assertStringIncludes(help, "--version");
+  assertStringIncludes(help, "Examples:\n  deno task start ");
+  assertStringIncludes(help, "--model stories260K-q8_0");
 });

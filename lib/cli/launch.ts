@@ -1,9 +1,11 @@
 /**
- * The launcher behind `deno task start|generate|models`. It runs with enough to read its
- * configuration (the environment), resolve paths and start Deno; it works out the permissions the command
- * needs from that configuration (`permissions.ts`), and runs the command in a child Deno with
- * exactly those. It stays as the child's parent so that signals reach the server however it
- * was started:
+ * The launcher behind `deno task start|generate|models`. It reads the configuration (flags
+ * and environment), works out the permissions the command needs from it (`permissions.ts`)
+ * and runs the command in a child Deno with exactly those. The launcher itself runs with
+ * --allow-all: starting a process (--allow-run) is all the power there is anyway, and Deno
+ * lets only --allow-all read /proc/<pid>; the sandbox that matters is the command's. The
+ * launcher stays as the child's parent so that signals reach the server however it was
+ * started:
  *
  * - SIGTERM and SIGINT sent to the launcher are forwarded to the child, and
  *   the launcher exits with the child's exit code (128 + the signal's number when it was killed).
