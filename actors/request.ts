@@ -8,11 +8,13 @@ import { StopMatcher } from "../lib/core/stop_strings.ts";
 import { Channel, ChannelClosedError } from "./channel.ts";
 import type { RequestMsg, SchedulerMsg, SeqEvent } from "./messages.ts";
 
-/** What the request actor needs of a tokenizer (lib/tokenizer.ts's Tokenizer fits). */
+/** What the request actor needs of a tokenizer (lib/tokenizer/tokenizer.ts's Tokenizer fits). */
 export interface TextCodec {
   readonly bosId: number;
-  readonly eosId: number;
-  encode(text: string, opts: { bos: boolean; special?: boolean }): number[];
+  /** Every id that ends a generation (EOS, end-of-turn tokens): sampling one stops it. */
+  readonly eogIds: ReadonlySet<number>;
+  /** Encodes a prompt, with BOS/EOS as the vocabulary adds them; `special`: template text whose special-token spellings are tokens. */
+  encode(text: string, opts?: { special?: boolean }): number[];
   /** Streams ids to text, never splitting a UTF-8 character; afterBos: the ids follow a BOS. */
   createDecoder(opts?: { afterBos?: boolean }): { push(id: number): string; flush(): string };
 }
@@ -108,7 +110,7 @@ export class RequestActor {
     const req = this.#req;
     const codec = this.#codec;
     const prompt = typeof req.prompt === "string"
-      ? codec.encode(req.prompt, { bos: true, special: req.parseSpecialTokens ?? false })
+      ? codec.encode(req.prompt, { special: req.parseSpecialTokens ?? false })
       : [...req.prompt];
     const seqId = this.#scheduler.nextSeqId();
     this.#seqId = seqId;
@@ -122,7 +124,7 @@ export class RequestActor {
           prompt,
           maxTokens: req.maxTokens,
           sampling: req.sampling,
-          stopTokenIds: [codec.eosId, ...(req.stopTokenIds ?? [])],
+          stopTokenIds: [...codec.eogIds, ...(req.stopTokenIds ?? [])],
           priority: req.priority,
         },
         reply,

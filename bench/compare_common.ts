@@ -34,14 +34,14 @@ export async function loadBenchModel(path: string): Promise<BenchModel> {
 }
 
 /**
- * The tokenizer with EOS switched off, so each generation runs to its max_tokens (like the
+ * The tokenizer with every end-of-generation token switched off, so each generation runs to its max_tokens (like the
  * ignore_eos option of other servers' benchmarks): output lengths are then set by the
  * workload, not by where the model happens to end its story.
  */
 export function ignoreEos(codec: TextCodec): TextCodec {
   return {
     bosId: codec.bosId,
-    eosId: -1,
+    eogIds: new Set(),
     encode: (text, opts) => codec.encode(text, opts),
     createDecoder: (opts) => codec.createDecoder(opts),
   };

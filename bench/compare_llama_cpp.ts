@@ -54,8 +54,8 @@ import { getLlama, LlamaLogLevel } from "node-llama-cpp";
 const cfg = JSON.parse(process.argv[2]);
 const llama = await getLlama({ gpu: false, build: "never", logLevel: LlamaLogLevel.error });
 const model = await llama.loadModel({ modelPath: cfg.modelPath });
-const bos = model.tokens.bos;
-const prompt = [...(bos == null ? [] : [bos]), ...model.tokenize(cfg.prompt)];
+// Our tokenizer's ids (BOS only where the file adds one): both sides decode the same prompt.
+const prompt = cfg.promptIds;
 async function run(n, tokens) {
   const context = await model.createContext({ contextSize: 512 * n, sequences: n, batchSize: 512, threads: cfg.threads });
   const t0 = performance.now();
@@ -150,6 +150,7 @@ async function llamaCppRound(
     // The node process runs in the temp dir: a relative MODEL_MIRROR must not follow it there.
     modelPath: resolve(bm.path),
     prompt: o.prompt,
+    promptIds: bm.tokenizer.encode(o.prompt),
     tokens: o.tokens,
     parallel: o.parallel,
     threads: o.threads,
@@ -180,7 +181,7 @@ async function llamaCppRound(
 /** Our side for one backend: a warmed-up core, measured one round at a time. */
 async function oursFor(bm: BenchModel, backend: BackendChoice, o: LlamaCppOptions) {
   const maxN = Math.max(...o.parallel);
-  const prompt = bm.tokenizer.encode(o.prompt, { bos: true });
+  const prompt = bm.tokenizer.encode(o.prompt);
   const blocks = Math.ceil((prompt.length + o.tokens) / 16) * maxN + 16;
   const { core, description } = await makeCore(bm, backend, { numBlocks: blocks, blockSize: 16 }, {
     maxRunning: Math.max(64, maxN),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # WebGPU engine on a real GPU, in one go (about 5 minutes): the kernel tests, then the benchmark
-# for stories260K (when the models directory is there) and for a randomly initialised model of
-# Llama-3.2-1B's shape in F16 and Q4_0 (built in memory by the benchmark). Prints markdown.
+# for stories260K (when the models directory is there), matmul GB/s for every tensor type, and a
+# randomly initialised model of Llama-3.2-1B's shape in F16 and Q4_0 (built in memory by the
+# benchmark). Prints markdown.
 #
 #   bench/gpu.sh                      # from the repository root or anywhere
 #   DENO=/path/to/deno MODEL_MIRROR=/path/to/models bench/gpu.sh
@@ -28,6 +29,8 @@ if [[ -f "$MODEL_MIRROR/stories260K.bin" ]]; then
 else
   echo "(no $MODEL_MIRROR/stories260K.bin: skipping the stories260K benchmark; set MODEL_MIRROR)"
 fi
+step "matmul GB/s by tensor type (K-quants against F16), Llama-1B ffn_up shape"
+timeout 120 $DENO run --allow-all bench/matmul_formats_bench.ts --rows 8192 --cols 2048 --repeat 50 || status=1
 for type in f16 q4_0; do
   step "Llama-3.2-1B shape, $type"
   timeout 120 $DENO run --allow-all --v8-flags=--max-old-space-size=8192 bench/kernels_bench.ts \

@@ -5,7 +5,7 @@
  *
  *   deno run --allow-all bench/kernels_bench.ts                       # stories260K from $MODEL_MIRROR
  *   deno run --allow-all bench/kernels_bench.ts --model path.gguf
- *   deno run --allow-all bench/kernels_bench.ts --synthetic q4_0      # random Llama-3.2-1B shape (f16|q8_0|q4_0)
+ *   deno run --allow-all bench/kernels_bench.ts --synthetic q4_0      # random Llama-3.2-1B shape (any tensor type)
  *   options: --batches 1,8,32,64  --steps 48  --prompt 16  --layers N (synthetic)
  *
  * Uses no npm packages, so it runs on a machine with only a deno binary.
@@ -15,7 +15,7 @@ import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
 import { GREEDY, type StepPlan, type StepResult } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
-import type { TensorType } from "../lib/model/tensor.ts";
+import { TENSOR_TYPES, type TensorType } from "../lib/model/tensor.ts";
 import type { ModelWeights } from "../lib/model/weights.ts";
 import { LLAMA_1B_SHAPE, syntheticWeights } from "./synthetic_model.ts";
 import { markdownTable } from "./markdown_table.ts";
@@ -40,8 +40,10 @@ function parseOptions(args: readonly string[]): Options {
         opts.model = value;
         break;
       case "--synthetic":
-        if (!["f32", "f16", "q8_0", "q4_0"].includes(value)) {
-          throw new Error(`--synthetic must be f16, q8_0 or q4_0, received ${value}`);
+        if (!(TENSOR_TYPES as string[]).includes(value)) {
+          throw new Error(
+            `--synthetic must be one of ${TENSOR_TYPES.join(", ")}, received ${value}`,
+          );
         }
         opts.synthetic = value as TensorType;
         break;

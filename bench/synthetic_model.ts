@@ -1,6 +1,6 @@
 import { f32ToF16 } from "../lib/model/dequantize.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
-import { byteSize, type Tensor, type TensorType } from "../lib/model/tensor.ts";
+import { BLOCK_LAYOUT, byteSize, type Tensor, type TensorType } from "../lib/model/tensor.ts";
 import type { LayerWeights, ModelWeights } from "../lib/model/weights.ts";
 
 /** Llama-3.2-1B's shape: 16 layers, 2048 wide, 32 query / 8 KV heads of 64, 128256 tokens, tied. */
@@ -30,14 +30,28 @@ function xorshift(seed: number): () => number {
   };
 }
 
+/** Byte offsets of the f16 scale fields in each block type (d, and dmin / m where present). */
+const SCALE_FIELDS: Partial<Record<TensorType, readonly number[]>> = {
+  q8_0: [0],
+  q4_0: [0],
+  q4_1: [0, 2],
+  q5_0: [0],
+  q5_1: [0, 2],
+  q2_k: [80, 82],
+  q3_k: [108],
+  q4_k: [0, 2],
+  q5_k: [0, 2],
+  q6_k: [208],
+};
+
 /**
- * Random bytes for a tensor: a 1 MiB pattern of valid encoded values (small f16 weights, or
- * Q4_0/Q8_0 blocks with small scales), repeated. Values only need to be finite and plausible:
- * this is for timing kernels, not for text.
+ * Random bytes for a tensor: a 1 MiB pattern of valid encoded values (small f16/bf16 weights,
+ * or blocks of random quants with small f16 scales), repeated. Values only need to be finite
+ * and plausible: this is for timing kernels, not for text.
  */
-function randomData(type: TensorType, bytes: number, seed: number): Uint8Array {
+export function randomData(type: TensorType, bytes: number, seed: number): Uint8Array {
   const rand = xorshift(seed);
-  const block = type === "q8_0" ? 34 : type === "q4_0" ? 18 : type === "f16" ? 2 : 4;
+  const block = BLOCK_LAYOUT[type].bytes;
   const patternBytes = Math.min(bytes, Math.floor((1 << 20) / (block * 2)) * block * 2);
   const pattern = new Uint8Array(patternBytes);
   const view = new DataView(pattern.buffer);
@@ -50,9 +64,14 @@ function randomData(type: TensorType, bytes: number, seed: number): Uint8Array {
       case "f16":
         view.setUint16(at, f32ToF16(small()), true);
         break;
+      case "bf16":
+        view.setUint16(at, new Uint32Array(new Float32Array([small()]).buffer)[0]! >>> 16, true);
+        break;
       default:
-        view.setUint16(at, f32ToF16(0.005 * (0.5 + rand())), true);
-        for (let j = 2; j < block; j++) pattern[at + j] = Math.floor(rand() * 256);
+        for (let j = 0; j < block; j++) pattern[at + j] = Math.floor(rand() * 256);
+        for (const f of SCALE_FIELDS[type]!) {
+          view.setUint16(at + f, f32ToF16(0.005 * (0.5 + rand())), true);
+        }
     }
   }
   const data = new Uint8Array(bytes);

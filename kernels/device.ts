@@ -125,6 +125,18 @@ export async function acquireGpu(opts: AcquireGpuOptions = {}): Promise<Gpu> {
   };
 }
 
+/**
+ * The largest buffer one binding of the default adapter may cover, without creating a device
+ * (for sizing the KV cache before the engine exists); undefined when there is no adapter.
+ */
+export async function adapterBindingLimit(): Promise<number | undefined> {
+  if (typeof navigator === "undefined" || !navigator.gpu) return undefined;
+  const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
+  if (!adapter) return undefined;
+  const l = adapter.limits;
+  return Math.floor(Math.min(l.maxStorageBufferBindingSize, l.maxBufferSize) / 4) * 4;
+}
+
 /** Creates a buffer holding `data` (padded to whole words, plus `extraBytes`). */
 export function uploadBuffer(
   gpu: Gpu,

@@ -1,6 +1,5 @@
 import { BLOCK_LAYOUT, type Tensor, type TensorType } from "../lib/model/tensor.ts";
 import { type Gpu, uploadBuffer } from "./device.ts";
-import { GPU_TENSOR_TYPES } from "./weight_formats.ts";
 
 /** Whole rows of a matrix in one buffer, small enough for one storage binding. */
 export interface MatrixChunk {
@@ -10,8 +9,8 @@ export interface MatrixChunk {
 }
 
 /**
- * A weight matrix [rows, cols] on the device in its file encoding (f32, f16, Q8_0 or Q4_0
- * blocks, never expanded), split by rows into chunks when it exceeds one binding.
+ * A weight matrix [rows, cols] on the device in its file encoding (f32, f16, bf16 or any
+ * block type, never expanded), split by rows into chunks when it exceeds one binding.
  */
 export interface GpuMatrix {
   readonly name: string;
@@ -22,18 +21,45 @@ export interface GpuMatrix {
   readonly chunks: readonly MatrixChunk[];
 }
 
-/** Bytes the kernels may read past a chunk's last block (a Q8_0/Q4_0 block read as whole words). */
+/** Bytes the kernels may read past a chunk's last block (a 2-aligned block read as whole words). */
 const TAIL_PAD = 4;
 
 /**
- * Uploads a 2-D tensor's raw bytes, split into as few row ranges as the binding limit allows.
- * Throws when a single row would not fit in one binding.
+ * A matrix's rows to upload, assembled from one or more tensors without being materialized:
+ * the q | k | v stack and the interleaved gate/up pairs are written straight into the device
+ * buffers, so uploading a model never holds a second copy of its big matrices on the host.
+ */
+export interface RowSource {
+  readonly name: string;
+  readonly type: TensorType;
+  readonly shape: readonly number[];
+  /** Bytes of all rows. */
+  readonly byteLength: number;
+  /** Writes rows [start, start + n) into `dst` (n whole rows). */
+  copyRows(dst: Uint8Array, start: number, n: number): void;
+}
+
+function tensorRows(t: Tensor): RowSource {
+  const rowBytes = t.data.byteLength / (t.shape[0] ?? 1);
+  return {
+    name: t.name,
+    type: t.type,
+    shape: t.shape,
+    byteLength: t.data.byteLength,
+    copyRows: (dst, start, n) => dst.set(t.data.subarray(start * rowBytes, (start + n) * rowBytes)),
+  };
+}
+
+/**
+ * Uploads a 2-D tensor's raw bytes (or a RowSource's rows), split into as few row ranges as the
+ * binding limit allows. Throws when a single row would not fit in one binding.
  *
  * ```ts
  * const wq = uploadMatrix(gpu, layer.wq);
  * ```
  */
-export function uploadMatrix(gpu: Gpu, t: Tensor): GpuMatrix {
+export function uploadMatrix(gpu: Gpu, tensor: Tensor | RowSource): GpuMatrix {
+  const t = "copyRows" in tensor ? tensor : tensorRows(tensor);
   if (t.shape.length !== 2) {
     throw new Error(
       `Cannot upload matrix '${t.name}': expected 2 dimensions, received shape [${
@@ -42,28 +68,20 @@ export function uploadMatrix(gpu: Gpu, t: Tensor): GpuMatrix {
     );
   }
   const [rows, cols] = t.shape as [number, number];
-  if (!GPU_TENSOR_TYPES.includes(t.type)) {
-    throw new Error(
-      `Cannot upload matrix '${t.name}': the WebGPU kernels read ${
-        GPU_TENSOR_TYPES.join(", ")
-      } weights, received ${t.type} (the CPU backend reads it)`,
-    );
-  }
   const { elements, bytes } = BLOCK_LAYOUT[t.type];
-  const quantized = t.type === "q8_0" || t.type === "q4_0";
-  if ((quantized && cols % 32 !== 0) || cols % 4 !== 0) {
+  // Float types are read a vec4 at a time; blocks whole.
+  const unit = Math.max(4, elements);
+  if (cols % unit !== 0) {
     throw new Error(
-      `Cannot upload matrix '${t.name}': the kernels need its inner dimension to be a multiple of ${
-        quantized ? 32 : 4
-      } for type ${t.type}, received shape [${rows}, ${cols}]`,
+      `Cannot upload matrix '${t.name}': the kernels need its inner dimension to be a multiple of ${unit} for type ${t.type}, received shape [${rows}, ${cols}]`,
     );
   }
   const rowBytes = (cols / elements) * bytes;
-  if (t.data.byteLength !== rows * rowBytes) {
+  if (t.byteLength !== rows * rowBytes) {
     throw new Error(
       `Cannot upload matrix '${t.name}': ${t.type} [${rows}, ${cols}] needs ${
         rows * rowBytes
-      } bytes, received ${t.data.byteLength}`,
+      } bytes, received ${t.byteLength}`,
     );
   }
   const fit = Math.floor((gpu.maxBindingBytes - TAIL_PAD - 4) / rowBytes);
@@ -77,15 +95,20 @@ export function uploadMatrix(gpu: Gpu, t: Tensor): GpuMatrix {
   const chunks: MatrixChunk[] = [];
   for (let rowStart = 0; rowStart < rows; rowStart += rowsPerChunk) {
     const n = Math.min(rowsPerChunk, rows - rowStart);
-    const data = t.data.subarray(rowStart * rowBytes, (rowStart + n) * rowBytes);
     const label = chunks.length === 0 && n === rows
       ? t.name
       : `${t.name}[${rowStart}..${rowStart + n})`;
-    chunks.push({
-      buffer: uploadBuffer(gpu, data, GPUBufferUsage.STORAGE, label, TAIL_PAD),
-      rowStart,
-      rows: n,
+    // Rows go from the file's bytes into the mapped buffer: no host copy in between.
+    const size = Math.max(4, Math.ceil((n * rowBytes + TAIL_PAD) / 4) * 4);
+    const buffer = gpu.device.createBuffer({
+      size,
+      usage: GPUBufferUsage.STORAGE,
+      label,
+      mappedAtCreation: true,
     });
+    t.copyRows(new Uint8Array(buffer.getMappedRange(), 0, n * rowBytes), rowStart, n);
+    buffer.unmap();
+    chunks.push({ buffer, rowStart, rows: n });
   }
   return { name: t.name, type: t.type, rows, cols, rowBytes, chunks };
 }
@@ -96,8 +119,8 @@ export function stackable(ts: readonly Tensor[]): boolean {
   return ts.every((t) => t.type === a.type && t.shape.length === 2 && t.shape[1] === a.shape[1]);
 }
 
-/** Rows of a, then of b, ... as one tensor (q, k and v projections become one matmul). */
-export function concatRows(ts: readonly Tensor[], name: string): Tensor {
+/** Rows of a, then of b, ... as one matrix (q, k and v projections become one matmul). */
+export function concatRows(ts: readonly Tensor[], name: string): RowSource {
   if (!stackable(ts)) {
     throw new Error(
       `Cannot stack ${
@@ -105,22 +128,36 @@ export function concatRows(ts: readonly Tensor[], name: string): Tensor {
       }: types and row lengths differ`,
     );
   }
-  const data = new Uint8Array(ts.reduce((s, t) => s + t.data.byteLength, 0));
-  let at = 0;
+  const rowBytes = ts[0]!.data.byteLength / ts[0]!.shape[0]!;
+  const starts: number[] = [];
+  let rows = 0;
   for (const t of ts) {
-    data.set(t.data, at);
-    at += t.data.byteLength;
+    starts.push(rows);
+    rows += t.shape[0]!;
   }
   return {
     name,
     type: ts[0]!.type,
-    shape: [ts.reduce((s, t) => s + t.shape[0]!, 0), ts[0]!.shape[1]!],
-    data,
+    shape: [rows, ts[0]!.shape[1]!],
+    byteLength: rows * rowBytes,
+    copyRows(dst, start, n) {
+      // Each part's overlap with [start, start + n), in order.
+      ts.forEach((t, i) => {
+        const from = Math.max(start, starts[i]!);
+        const to = Math.min(start + n, starts[i]! + t.shape[0]!);
+        if (from >= to) return;
+        const local = from - starts[i]!;
+        dst.set(
+          t.data.subarray(local * rowBytes, (local + to - from) * rowBytes),
+          (from - start) * rowBytes,
+        );
+      });
+    },
   };
 }
 
 /** Rows a0, b0, a1, b1, ...: gate and up rows side by side for the fused SwiGLU matmul. */
-export function interleaveRows(a: Tensor, b: Tensor, name: string): Tensor {
+export function interleaveRows(a: Tensor, b: Tensor, name: string): RowSource {
   if (!stackable([a, b]) || a.shape[0] !== b.shape[0]) {
     throw new Error(
       `Cannot interleave '${a.name}' ${a.type} [${
@@ -130,12 +167,19 @@ export function interleaveRows(a: Tensor, b: Tensor, name: string): Tensor {
   }
   const rows = a.shape[0]!;
   const rb = a.data.byteLength / rows;
-  const data = new Uint8Array(2 * a.data.byteLength);
-  for (let r = 0; r < rows; r++) {
-    data.set(a.data.subarray(r * rb, (r + 1) * rb), 2 * r * rb);
-    data.set(b.data.subarray(r * rb, (r + 1) * rb), (2 * r + 1) * rb);
-  }
-  return { name, type: a.type, shape: [2 * rows, a.shape[1]!], data };
+  return {
+    name,
+    type: a.type,
+    shape: [2 * rows, a.shape[1]!],
+    byteLength: 2 * a.data.byteLength,
+    copyRows(dst, start, n) {
+      for (let r = start; r < start + n; r++) {
+        const src = r % 2 === 0 ? a : b;
+        const k = r >> 1;
+        dst.set(src.data.subarray(k * rb, (k + 1) * rb), (r - start) * rb);
+      }
+    },
+  };
 }
 
 /** Expands a small vector (norm weights) to f32 and uploads it. */

@@ -73,9 +73,9 @@ export function createQkPrep(
 ): KernelOp {
   if ((steps.qkvBias && !t.bias) || (steps.qkNorm && !(t.qNorm && t.kNorm))) {
     throw new Error(
-      `Cannot bind q/k prep: steps ${JSON.stringify(steps)} need ${
-        steps.qkvBias ? "bias " : ""
-      }${steps.qkNorm ? "qNorm and kNorm " : ""}buffers`,
+      `Cannot bind q/k prep: steps ${JSON.stringify(steps)} need ${steps.qkvBias ? "bias " : ""}${
+        steps.qkNorm ? "qNorm and kNorm " : ""
+      }buffers`,
     );
   }
   const pipeline = gpu.pipeline(qkPrepWgsl(config, steps), "q/k prep");

@@ -1,5 +1,6 @@
 import { bindAll, type Gpu, type KernelOp } from "./device.ts";
 import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";
+import { MIN_TEMPERATURE } from "../lib/engine/sampling.ts";
 
 /** Threads per sampled sequence: 64 on GPUs; one SIMD batch (8) on CPU rasterizers. */
 const GPU_THREADS = 64;
@@ -183,7 +184,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let logSum = log(sumAll(se, t));
 
   var chosen = argmax;
-  if (sm.temperature > 0.0) {
+  // Below MIN_TEMPERATURE logits / T overflows f32: greedy, as on the CPU.
+  if (sm.temperature >= ${MIN_TEMPERATURE.toExponential()}) {
     // Divided, not multiplied by 1/T: the same f32 rounding as the CPU reference.
     let temp = sm.temperature;
     var zk = 0u;

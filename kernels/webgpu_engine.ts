@@ -1,4 +1,10 @@
-import type { Engine, KvGeometry, SampledToken, StepPlan, StepResult } from "../lib/engine/engine.ts";
+import type {
+  Engine,
+  KvGeometry,
+  SampledToken,
+  StepPlan,
+  StepResult,
+} from "../lib/engine/engine.ts";
 import { dequantize } from "../lib/model/dequantize.ts";
 import { NO_EXTRA_STEPS } from "../lib/model/architecture.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
@@ -12,6 +18,7 @@ import {
   destroyMatrix,
   type GpuMatrix,
   interleaveRows,
+  type RowSource,
   stackable,
   uploadMatrix,
   uploadVector,
@@ -43,6 +50,8 @@ export interface WebGpuEngineOptions {
   readonly maxSeqs?: number;
   /** Plans one stepMany() call may encode into one submit; default DEFAULT_LIMITS. */
   readonly maxStepsPerSubmit?: number;
+  /** Bytes of weights uploaded so far and in all, after each matrix (a start-up progress bar). */
+  readonly onUpload?: (bytes: number, total: number) => void;
 }
 
 /**
@@ -192,7 +201,7 @@ export class WebGpuEngine implements Engine {
     device.pushErrorScope("out-of-memory");
     device.pushErrorScope("validation");
     const owned: { destroy(): void }[] = [];
-    const matrices = new Map<Tensor, GpuMatrix>();
+    const matrices = new Map<Tensor | RowSource, GpuMatrix>();
     const check = (t: Tensor, shape: readonly number[]) => {
       if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
         fail(
@@ -201,10 +210,21 @@ export class WebGpuEngine implements Engine {
       }
       return t;
     };
-    const upload = (t: Tensor): GpuMatrix => {
+    const allWeights = new Set<Tensor>([weights.tokenEmbedding, weights.output]);
+    for (const w of weights.layers) {
+      for (const t of [w.wq, w.wk, w.wv, w.wo, w.wGate, w.wUp, w.wDown]) allWeights.add(t);
+    }
+    const uploadTotal = [...allWeights].reduce((n, t) => n + t.data.byteLength, 0);
+    let uploaded = 0;
+    const upload = (t: Tensor | RowSource): GpuMatrix => {
       let mm = matrices.get(t);
       if (!mm) {
         const created = uploadMatrix(gpu, t);
+        uploaded = Math.min(
+          uploadTotal,
+          uploaded + ("copyRows" in t ? t.byteLength : t.data.byteLength),
+        );
+        opts.onUpload?.(uploaded, uploadTotal);
         matrices.set(t, created);
         owned.push({ destroy: () => destroyMatrix(created) });
         mm = created;

@@ -2,8 +2,10 @@ import { BLOCK_LAYOUT, type TensorType } from "../lib/model/tensor.ts";
 
 /**
  * WGSL that reads weights in their file encoding from `W: array<u32>` (f32 matmuls use
- * `array<vec4<f32>>`). GGUF blocks are 34 (Q8_0) or 18 (Q4_0) bytes, so a block starts on a
- * 2-byte boundary only: it is read as whole words and shifted into place.
+ * `array<vec4<f32>>`). A block of 34 (Q8_0), 18 (Q4_0), 22 (Q5_0), 110 (Q3_K) or 210 (Q6_K)
+ * bytes may start on a 2-byte boundary only, so fields are read as whole words and shifted
+ * into place (`w2`). Every reader yields one chunk: 4 elements of a float type, or 32 of a
+ * block type (a Q8_0..Q5_1 block, or one eighth of a K-quant super-block).
  */
 
 /** Helpers shared by every reader. */
@@ -12,6 +14,11 @@ export const WGSL_WEIGHT_HELPERS = /* wgsl */ `
 fn halfAt(byteOff: u32) -> f32 {
   let h = unpack2x16float(W[byteOff >> 2u]);
   return select(h.x, h.y, (byteOff & 2u) != 0u);
+}
+// The 32 bits at a 2-aligned byte offset.
+fn w2(byteOff: u32) -> u32 {
+  let i = byteOff >> 2u;
+  return select(W[i], (W[i] >> 16u) | (W[i + 1u] << 16u), (byteOff & 2u) != 0u);
 }
 // Four signed bytes of a word, low byte first.
 fn i8x4(w: u32) -> vec4<f32> {
@@ -28,6 +35,33 @@ fn lo4(v: u32) -> vec4<f32> {
 fn hi4(v: u32) -> vec4<f32> {
   return vec4<f32>(vec4<u32>((v >> 4u) & 15u, (v >> 12u) & 15u, (v >> 20u) & 15u, v >> 28u)) - 8.0;
 }
+// Bits shift.. of each of a word's four bytes, masked: nibbles, 2-bit fields, single bits.
+fn fields(w: u32, shift: u32, mask: u32) -> vec4<u32> {
+  return (vec4<u32>(w) >> (vec4<u32>(0u, 8u, 16u, 24u) + shift)) & vec4<u32>(mask);
+}
+// Bits s, s + 1, s + 2, s + 3 of qh: the fifth bits of four Q5_0/Q5_1 elements.
+fn qhBits(qh: u32, s: u32) -> vec4<u32> {
+  return (vec4<u32>(qh) >> (vec4<u32>(0u, 1u, 2u, 3u) + s)) & vec4<u32>(1u);
+}
+// Byte k (0..11) of the 12 bytes held in words a, b, c.
+fn byte12(a: u32, b: u32, c: u32, k: u32) -> u32 {
+  let w = select(select(c, b, k < 8u), a, k < 4u);
+  return (w >> ((k & 3u) * 8u)) & 255u;
+}
+// Scale and min of sub-block j of a Q4_K/Q5_K block (6 bits each, packed in 12 bytes).
+fn kScaleMin(a: u32, b: u32, c: u32, j: u32) -> vec2<f32> {
+  let low = vec2<u32>(byte12(a, b, c, j) & 63u, byte12(a, b, c, j + 4u) & 63u);
+  let packed = byte12(a, b, c, j + 4u);
+  let high = vec2<u32>((packed & 15u) | ((byte12(a, b, c, j - 4u) >> 6u) << 4u),
+                       (packed >> 4u) | ((byte12(a, b, c, j) >> 6u) << 4u));
+  return vec2<f32>(select(high, low, j < 4u));
+}
+// Scale k (0..15) of a Q3_K block: 4 low bits, 2 high bits, minus 32.
+fn q3Scale(a: u32, b: u32, c: u32, k: u32) -> f32 {
+  let lo = select(byte12(a, b, c, k - 8u) >> 4u, byte12(a, b, c, k) & 15u, k < 8u);
+  let hi = (byte12(a, b, c, 8u + (k & 3u)) >> (2u * (k >> 2u))) & 3u;
+  return f32(i32(lo | (hi << 4u)) - 32);
+}
 `;
 
 /** Bytes of one row of `cols` elements. */
@@ -36,44 +70,9 @@ export function rowBytes(type: TensorType, cols: number): number {
   return (cols / elements) * bytes;
 }
 
-/** The types these kernels read. */
-export const GPU_TENSOR_TYPES: readonly TensorType[] = ["f32", "f16", "q8_0", "q4_0"];
-
-/**
- * `fn weightAt(o: u32, j: u32) -> f32`: element j of row o, dequantized exactly as
- * lib/dequantize.ts does (d * q is exact in f32 for both block formats).
- */
-export function wgslWeightAt(type: TensorType, cols: number): string {
-  const rb = rowBytes(type, cols);
-  switch (type) {
-    case "f32":
-      return `fn weightAt(o: u32, j: u32) -> f32 { return bitcast<f32>(W[o * ${cols}u + j]); }`;
-    case "f16":
-      return `fn weightAt(o: u32, j: u32) -> f32 { return halfAt((o * ${cols}u + j) * 2u); }`;
-    case "q8_0":
-      return `fn weightAt(o: u32, j: u32) -> f32 {
-  let off = o * ${rb}u + (j / 32u) * 34u;
-  let b = off + 2u + (j % 32u);
-  let q = bitcast<i32>(W[b >> 2u] << (24u - (b & 3u) * 8u)) >> 24u;
-  return halfAt(off) * f32(q);
-}`;
-    case "q4_0":
-      return `fn weightAt(o: u32, j: u32) -> f32 {
-  let off = o * ${rb}u + (j / 32u) * 18u;
-  let jj = j % 32u;
-  let b = off + 2u + (jj % 16u);
-  let byte = (W[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu;
-  let q = select(byte & 15u, byte >> 4u, jj >= 16u);
-  return halfAt(off) * (f32(q) - 8.0);
-}`;
-    default:
-      throw new Error(`The WebGPU kernels cannot read ${type} weights yet`);
-  }
-}
-
-/** Elements per matmul work item: a vec4 for float types, one 32-element block for quantized. */
+/** Elements per matmul work item: a vec4 for float types, 32 for block types. */
 export function chunkElements(type: TensorType): number {
-  return type === "f32" || type === "f16" ? 4 : 32;
+  return BLOCK_LAYOUT[type].elements === 1 ? 4 : 32;
 }
 
 /** Activation vec4s per work item. */
@@ -83,7 +82,10 @@ export function chunkVec4s(type: TensorType): number {
 
 /**
  * Statements loading chunk `c` of weight row `rowExpr` into `let` bindings named with `p`:
- * the dequantized vec4s are p0, p1, ... (one per activation vec4) and a per-chunk scale pd.
+ * vec4s p0, p1, ... (one per activation vec4) and a per-chunk scale pd, so that element i of
+ * the chunk is pd * p[i/4][i%4], exactly the f32 lib/model/dequantize.ts gives (each value
+ * takes the same products in the same order: the scale products are exact, and the last
+ * operation rounds once).
  */
 export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p: string): string {
   const n = cols / chunkElements(type);
@@ -140,7 +142,185 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
       ${nib}
       ${vals}`;
     }
+    case "bf16":
+      // The top halves of f32s: element 2k in the word's low half, 2k + 1 in its high half.
+      return `let ${p}b = ((${rowExpr}) * ${n}u + c) * 2u;
+      let ${p}d = 1.0;
+      let ${p}x = W[${p}b]; let ${p}y = W[${p}b + 1u];
+      let ${p}0 = bitcast<vec4<f32>>(vec4<u32>(${p}x << 16u, ${p}x & 0xffff0000u, ${p}y << 16u, ${p}y & 0xffff0000u));`;
+    case "q4_1":
+    case "q5_1": {
+      // d, m, [qh,] qs: 20 or 24 bytes, so rows and blocks are word-aligned. d * q + m.
+      const five = type === "q5_1";
+      const bytes = five ? 24 : 20;
+      const qsWord = five ? 2 : 1;
+      const q = (i: number, hi: boolean) =>
+        five
+          ? `fields(${p}n${i}, ${hi ? 4 : 0}u, 15u) | (qhBits(${p}qh, ${
+            hi ? 16 + 4 * i : 4 * i
+          }u) << vec4<u32>(4u))`
+          : `fields(${p}n${i}, ${hi ? 4 : 0}u, 15u)`;
+      const vals = Array.from(
+        { length: 4 },
+        (_, i) =>
+          `let ${p}${i} = ${p}dm.x * vec4<f32>(${q(i, false)}) + ${p}dm.y;
+      let ${p}${i + 4} = ${p}dm.x * vec4<f32>(${q(i, true)}) + ${p}dm.y;`,
+      ).join("\n      ");
+      return `let ${p}wi = ((${rowExpr}) * ${rowBytes(type, cols)}u + c * ${bytes}u) >> 2u;
+      let ${p}d = 1.0;
+      let ${p}dm = unpack2x16float(W[${p}wi]);
+      ${five ? `let ${p}qh = W[${p}wi + 1u];` : ""}
+      ${words(p, "n", 4, (i) => `W[${p}wi + ${qsWord + i}u]`)}
+      ${vals}`;
+    }
+    case "q5_0": {
+      // d, qh, qs: 22 bytes, 2-aligned. Element k's fifth bit is bit k of qh.
+      const vals = Array.from(
+        { length: 4 },
+        (_, i) =>
+          `let ${p}${i} = vec4<f32>(fields(${p}n${i}, 0u, 15u) | (qhBits(${p}qh, ${
+            4 * i
+          }u) << vec4<u32>(4u))) - 16.0;
+      let ${p}${i + 4} = vec4<f32>(fields(${p}n${i}, 4u, 15u) | (qhBits(${p}qh, ${
+            16 + 4 * i
+          }u) << vec4<u32>(4u))) - 16.0;`,
+      ).join("\n      ");
+      return `let ${p}off = (${rowExpr}) * ${rowBytes(type, cols)}u + c * 22u;
+      let ${p}d = halfAt(${p}off);
+      let ${p}qh = w2(${p}off + 2u);
+      ${words(p, "n", 4, (i) => `w2(${p}off + ${6 + 4 * i}u)`)}
+      ${vals}`;
+    }
+    case "q2_k":
+    case "q3_k":
+    case "q4_k":
+    case "q5_k":
+    case "q6_k":
+      return kQuantChunk(type, cols, rowExpr, p);
+  }
+}
+
+/** `let <p><name>0 = <read(0)>; ...` for n words. */
+function words(p: string, name: string, n: number, read: (i: number) => string): string {
+  return Array.from({ length: n }, (_, i) => `let ${p}${name}${i} = ${read(i)};`).join(" ");
+}
+
+/**
+ * One 32-element sub-block s = c % 8 of super-block c / 8 of a K-quant row, every element
+ * dequantized (pd = 1): the sub-block's scales differ per 16 elements for Q2_K, Q3_K and Q6_K.
+ * Element l of the sub-block sits in byte l of a 32-byte run (quants, high bits), so word i of
+ * each run holds elements 4i..4i+3 and fields() takes them apart.
+ */
+function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string): string {
+  const { bytes } = BLOCK_LAYOUT[type];
+  const head = `let ${p}off = (${rowExpr}) * ${rowBytes(type, cols)}u + (c >> 3u) * ${bytes}u;
+      let ${p}s = c & 7u;
+      let ${p}d = 1.0;`;
+  // A 32-byte run at byte `at` of the block as 8 words: direct loads when the block size keeps
+  // every block word-aligned, else 9 loads shifted by half a word where the run starts at 2
+  // mod 4 (one select per word instead of w2's two loads).
+  const aligned = bytes % 4 === 0;
+  const run = (name: string, at: string) => {
+    const b = `${p}${name}b`;
+    if (aligned) {
+      return `let ${b} = (${p}off + ${at}) >> 2u; ${words(p, name, 8, (i) => `W[${b} + ${i}u]`)}`;
+    }
+    const odd = `${p}${name}o`;
+    const raw = words(p, `${name}r`, 9, (i) => `W[${b} + ${i}u]`);
+    return `let ${b} = (${p}off + ${at}) >> 2u; let ${odd} = ((${p}off + ${at}) & 2u) != 0u; ${raw}
+      ${
+      words(
+        p,
+        name,
+        8,
+        (i) =>
+          `select(${p}${name}r${i}, (${p}${name}r${i} >> 16u) | (${p}${name}r${
+            i + 1
+          } << 16u), ${odd})`,
+      )
+    }`;
+  };
+  const word = (at: string) => aligned ? `W[(${p}off + ${at}) >> 2u]` : `w2(${p}off + ${at})`;
+  const vals = (expr: (i: number) => string) =>
+    Array.from({ length: 8 }, (_, i) => `let ${p}${i} = ${expr(i)};`).join("\n      ");
+  switch (type) {
+    case "q2_k":
+      // scales[16] (min << 4 | scale), qs[64], d, dmin. Half n = s/4, shift 2(s%4); scale
+      // bytes 2s, 2s + 1 for elements 0..15, 16..31.
+      return `${head}
+      let ${p}dd = unpack2x16float(${word("80u")});
+      let ${p}sw = w2(${p}off + 2u * ${p}s);
+      let ${p}sa = ${p}sw & 255u; let ${p}sb = (${p}sw >> 8u) & 255u;
+      let ${p}da = ${p}dd.x * f32(${p}sa & 15u); let ${p}ma = ${p}dd.y * f32(${p}sa >> 4u);
+      let ${p}db = ${p}dd.x * f32(${p}sb & 15u); let ${p}mb = ${p}dd.y * f32(${p}sb >> 4u);
+      let ${p}sh = 2u * (${p}s & 3u);
+      ${run("q", `16u + 32u * (${p}s >> 2u)`)}
+      ${
+        vals((i) =>
+          `${p}d${i < 4 ? "a" : "b"} * vec4<f32>(fields(${p}q${i}, ${p}sh, 3u)) - ${p}m${
+            i < 4 ? "a" : "b"
+          }`
+        )
+      }`;
+    case "q3_k":
+      // hmask[32], qs[64], scales[12], d. As Q2_K's 2 bits, minus 4 where hmask[l]'s bit
+      // 4n + j (n = s/4, j = s%4) is clear; signed 6-bit scales 2s, 2s + 1.
+      return `${head}
+      let ${p}sa = w2(${p}off + 96u); let ${p}sb = w2(${p}off + 100u); let ${p}sc = w2(${p}off + 104u);
+      let ${p}dall = halfAt(${p}off + 108u);
+      let ${p}da = ${p}dall * q3Scale(${p}sa, ${p}sb, ${p}sc, 2u * ${p}s);
+      let ${p}db = ${p}dall * q3Scale(${p}sa, ${p}sb, ${p}sc, 2u * ${p}s + 1u);
+      let ${p}sh = 2u * (${p}s & 3u);
+      let ${p}hbit = ${p}s;
+      ${run("q", `32u + 32u * (${p}s >> 2u)`)}
+      ${run("h", "0u")}
+      ${
+        vals((i) =>
+          `${p}d${
+            i < 4 ? "a" : "b"
+          } * (vec4<f32>(fields(${p}q${i}, ${p}sh, 3u)) - 4.0 + 4.0 * vec4<f32>(fields(${p}h${i}, ${p}hbit, 1u)))`
+        )
+      }`;
+    case "q4_k":
+    case "q5_k": {
+      // d, dmin, scales[12], [qh[32],] qs[128]: word-aligned. Sub-block pair s/2 shares 32 qs
+      // bytes (low nibbles for even s, high for odd); Q5_K's fifth bit is bit s of qh[l].
+      const five = type === "q5_k";
+      const q = (i: number) =>
+        five
+          ? `fields(${p}q${i}, ${p}sh, 15u) | (fields(${p}h${i}, ${p}s, 1u) << vec4<u32>(4u))`
+          : `fields(${p}q${i}, ${p}sh, 15u)`;
+      return `${head}
+      let ${p}dd = unpack2x16float(${word("0u")});
+      let ${p}sm = kScaleMin(${word("4u")}, ${word("8u")}, ${word("12u")}, ${p}s);
+      let ${p}ds = ${p}dd.x * ${p}sm.x; let ${p}ms = ${p}dd.y * ${p}sm.y;
+      let ${p}sh = 4u * (${p}s & 1u);
+      ${run("q", `${five ? 48 : 16}u + 32u * (${p}s >> 1u)`)}
+      ${five ? run("h", "16u") : ""}
+      ${vals((i) => `${p}ds * vec4<f32>(${q(i)}) - ${p}ms`)}`;
+    }
+    case "q6_k":
+      // ql[128], qh[64], int8 scales[16], d. Half n = s/4, quarter k = s%4: low 4 bits from
+      // ql[64n + 32(k%2) + l] (low nibble for k < 2), high 2 from qh[32n + l] at bit 2k;
+      // minus 32; scales 8n + 2k, + 1.
+      return `${head}
+      let ${p}n = ${p}s >> 2u; let ${p}k = ${p}s & 3u;
+      let ${p}sw = w2(${p}off + 192u + 8u * ${p}n + 2u * ${p}k);
+      let ${p}dall = halfAt(${p}off + 208u);
+      let ${p}da = ${p}dall * f32(bitcast<i32>(${p}sw << 24u) >> 24u);
+      let ${p}db = ${p}dall * f32(bitcast<i32>(${p}sw << 16u) >> 24u);
+      let ${p}sh = 4u * (${p}k >> 1u);
+      let ${p}hs = 2u * ${p}k;
+      ${run("q", `64u * ${p}n + 32u * (${p}k & 1u)`)}
+      ${run("h", `128u + 32u * ${p}n`)}
+      ${
+        vals((i) =>
+          `${p}d${
+            i < 4 ? "a" : "b"
+          } * (vec4<f32>(fields(${p}q${i}, ${p}sh, 15u) | (fields(${p}h${i}, ${p}hs, 3u) << vec4<u32>(4u))) - 32.0)`
+        )
+      }`;
     default:
-      throw new Error(`The WebGPU kernels cannot read ${type} weights yet`);
+      throw new Error(`kQuantChunk() reads K-quants, received ${type}`);
   }
 }

@@ -117,7 +117,9 @@ export async function compareGreedy(
   const longest = Math.max(...prompts.map((p) => p.prompt_ids.length)) + steps;
   const per = opts.blocksPerSeq ?? Math.ceil(longest / bs);
   if (per * prompts.length > engine.kv.numBlocks) {
-    throw new Error(`compareGreedy: needs ${per * prompts.length} KV blocks, engine has ${engine.kv.numBlocks}`);
+    throw new Error(
+      `compareGreedy: needs ${per * prompts.length} KV blocks, engine has ${engine.kv.numBlocks}`,
+    );
   }
   const tables = prompts.map((_, i) => Array.from({ length: per }, (_, b) => i * per + b));
   const state = prompts.map((p) => ({

@@ -23,14 +23,15 @@ export function decodeAll(ids: readonly number[]): string {
 
 export const fakeCodec: TextCodec = {
   bosId: BOS,
-  eosId: EOS,
-  encode(text: string, opts: { bos: boolean }): number[] {
+  eogIds: new Set([EOS]),
+  /** Always starts with BOS, like a vocabulary with add_bos_token. */
+  encode(text: string): number[] {
     const ids = [...text].map((ch) => {
       const id = SPELL[ch];
       if (id === undefined) throw new Error(`fakeCodec cannot encode ${JSON.stringify(ch)}`);
       return id;
     });
-    return opts.bos ? [BOS, ...ids] : ids;
+    return [BOS, ...ids];
   },
   createDecoder() {
     let held = "";

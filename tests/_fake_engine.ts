@@ -27,14 +27,19 @@ export function fakeChain(prev: number, token: number, pos: number): number {
   return hash32((prev ^ Math.imul(token + 1, 0x9e3779b1)) >>> 0, pos);
 }
 
-/** The token drawn after a history whose chain hash is `h` and whose last position is `pos`. */
+/**
+ * The token drawn after a history whose chain hash is `h` and whose last position is `pos`:
+ * one of `outputIds` when given (e.g. a real vocabulary's word tokens), else any id.
+ */
 export function fakeDraw(
   h: number,
   pos: number,
   sampling: SamplingParams,
   vocabSize: number,
+  outputIds?: readonly number[],
 ): number {
-  return (sampling.temperature <= 0 ? h : hash32((h ^ sampling.seed) >>> 0, pos + 1)) % vocabSize;
+  const x = sampling.temperature <= 0 ? h : hash32((h ^ sampling.seed) >>> 0, pos + 1);
+  return outputIds ? outputIds[x % outputIds.length]! : x % vocabSize;
 }
 
 function fakeLogprob(h: number): number {
@@ -47,6 +52,7 @@ export interface FakeContinuationOptions {
   readonly contextLength: number;
   readonly vocabSize: number;
   readonly sampling: SamplingParams;
+  readonly outputIds?: readonly number[];
 }
 
 /**
@@ -64,7 +70,7 @@ export function fakeContinuation(
   const out: number[] = [];
   let pos = prompt.length - 1;
   while (prompt.length + out.length < maxTotal) {
-    const t = fakeDraw(h, pos, opts.sampling, opts.vocabSize);
+    const t = fakeDraw(h, pos, opts.sampling, opts.vocabSize, opts.outputIds);
     out.push(t);
     if (stop.has(t)) break;
     pos++;
@@ -75,6 +81,8 @@ export function fakeContinuation(
 
 export interface FakeEngineOptions {
   readonly vocabSize?: number;
+  /** The ids it may sample (default: the whole vocabulary). */
+  readonly outputIds?: readonly number[];
   readonly contextLength?: number;
   readonly numBlocks?: number;
   readonly blockSize?: number;
@@ -186,7 +194,13 @@ export class FakeEngine implements Engine {
         }
         h = fakeChain(h, this.#slotToken[s]!, pos);
       }
-      const token = fakeDraw(h, end - 1, input.sampling, this.config.vocabSize);
+      const token = fakeDraw(
+        h,
+        end - 1,
+        input.sampling,
+        this.config.vocabSize,
+        this.#opts.outputIds,
+      );
       this.#lastSampled.set(input.seqId, token);
       sampled.push({ seqId: input.seqId, token, logprob: fakeLogprob(h) });
     }

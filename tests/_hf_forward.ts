@@ -49,8 +49,7 @@ export function hfForward(g: GgufFile, s: HfShape, tokens: readonly number[]): F
     return x.map((v, i) => v * k * wt[i]!);
   };
   const factors = w("rope_freqs.weight");
-  const freq = (i: number) =>
-    Math.pow(s.theta, -(2 * i) / s.ropeDim) / (factors ? factors[i]! : 1);
+  const freq = (i: number) => Math.pow(s.theta, -(2 * i) / s.ropeDim) / (factors ? factors[i]! : 1);
   const rot = (x: Float64Array, nh: number, pos: number) => {
     const half = s.ropeDim / 2;
     for (let h = 0; h < nh; h++) {
@@ -74,7 +73,7 @@ export function hfForward(g: GgufFile, s: HfShape, tokens: readonly number[]): F
     }
   };
   const addB = (x: Float64Array, b: Float64Array | undefined) => {
-    if (b) for (let i = 0; i < x.length; i++) x[i] = x[i]! + b[i]!;
+    if (b) { for (let i = 0; i < x.length; i++) x[i] = x[i]! + b[i]!; }
   };
   const emb = req("token_embd.weight");
   const out = w("output.weight") ?? emb;

@@ -1,32 +1,49 @@
 import { type AppOptions, createApp, type ServiceApp } from "../lib/http/app.ts";
+import { type RunningServer, type ServeOptions, serveService } from "../lib/http/serve.ts";
 import { RequestLog } from "../lib/http/request_log.ts";
-import { FakeBackend, type FakeBackendOptions } from "./_fake_backend.ts";
+import { FakeCore, type FakeCoreOptions } from "./_fake_core.ts";
+import { assertEquals } from "@std/assert";
 
-/** A real server on 127.0.0.1 and a free port, over the fake core. */
+/**
+ * A real server on 127.0.0.1 and a free port, over the real serving core on the fake model.
+ * Disposing it stops both, and fails the test if the engine restarted with no fault injected.
+ */
 export interface TestService extends AsyncDisposable {
-  readonly backend: FakeBackend;
+  readonly backend: FakeCore;
   readonly service: ServiceApp;
   readonly base: string;
   readonly wsUrl: string;
 }
 
-export function startService(
-  fake: FakeBackendOptions | FakeBackend = {},
+export async function startService(
+  fake: FakeCoreOptions | FakeCore = {},
   app: Omit<AppOptions, "backend"> = {},
-): TestService {
-  const backend = fake instanceof FakeBackend ? fake : new FakeBackend(fake);
+  serve: Partial<ServeOptions> = {},
+): Promise<TestService & { readonly server: RunningServer }> {
+  const backend = fake instanceof FakeCore ? fake : new FakeCore(fake);
   // Request-log lines would clutter test output; tests of the log pass their own.
   const service = createApp({ backend, requestLog: new RequestLog("text", () => {}), ...app });
-  const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, service.fetch);
-  const { port } = server.addr as Deno.NetAddr;
+  const server = await serveService(service, {
+    hostname: "127.0.0.1",
+    port: 0,
+    drainTimeoutMs: 1000,
+    signals: [],
+    ...serve,
+  });
+  const { port } = server.addr;
   return {
     backend,
     service,
+    server,
     base: `http://127.0.0.1:${port}`,
     wsUrl: `ws://127.0.0.1:${port}/v1/stream`,
     async [Symbol.asyncDispose]() {
       service.close();
-      await server.shutdown();
+      await server.stop();
+      await backend.close();
+      if (!backend.injectsFaults) {
+        assertEquals(backend.restarts, 0, "the engine restarted with no fault injected");
+      }
     },
   };
 }
@@ -170,5 +187,45 @@ export class TestSocket {
   async close(): Promise<void> {
     if (this.ws.readyState !== WebSocket.CLOSED) this.ws.close();
     await this.closed;
+  }
+}
+
+/**
+ * Sends `request` (a whole HTTP/1.1 request as text, which lets a test set Host, Origin and
+ * other headers fetch() keeps to itself) on a fresh connection and reads until the server
+ * closes it.
+ */
+export async function rawHttp(
+  base: string,
+  request: string,
+): Promise<{ status: number; head: string; body: string }> {
+  const u = new URL(base);
+  const conn = await Deno.connect({ hostname: u.hostname, port: Number(u.port) });
+  try {
+    await conn.write(new TextEncoder().encode(request));
+    let text = "";
+    const buf = new Uint8Array(65536);
+    for (;;) {
+      const n = await conn.read(buf).catch(() => null);
+      if (n === null) break;
+      text += new TextDecoder().decode(buf.subarray(0, n));
+      // Enough once a Content-Length body (or an upgrade's head) is complete.
+      const end = text.indexOf("\r\n\r\n");
+      if (end >= 0) {
+        const len = /\r\ncontent-length:\s*(\d+)/i.exec(text.slice(0, end));
+        if (/^HTTP\/1\.1 101/.test(text)) break;
+        if (len && text.length - end - 4 >= Number(len[1])) break;
+      }
+    }
+    const end = text.indexOf("\r\n\r\n");
+    return {
+      status: Number(/^HTTP\/1\.1 (\d{3})/.exec(text)?.[1] ?? 0),
+      head: end < 0 ? text : text.slice(0, end),
+      body: end < 0 ? "" : text.slice(end + 4),
+    };
+  } finally {
+    try {
+      conn.close();
+    } catch { /* closed by the server */ }
   }
 }

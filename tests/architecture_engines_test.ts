@@ -40,11 +40,12 @@ function file(arch: string, opts: TinyLlamaOptions): GgufFile {
 
 function qwen2(): { g: GgufFile; shape: HfShape } {
   const kvDim = base.headDim * TINY.kvHeads;
-  const addTensors = Array.from({ length: TINY.layers }, (_, l) => [
-    [`blk.${l}.attn_q.bias`, [TINY.dim]],
-    [`blk.${l}.attn_k.bias`, [kvDim]],
-    [`blk.${l}.attn_v.bias`, [kvDim]],
-  ] as [string, number[]][]).flat();
+  const addTensors = Array.from({ length: TINY.layers }, (_, l) =>
+    [
+      [`blk.${l}.attn_q.bias`, [TINY.dim]],
+      [`blk.${l}.attn_k.bias`, [kvDim]],
+      [`blk.${l}.attn_v.bias`, [kvDim]],
+    ] as [string, number[]][]).flat();
   return { g: file("qwen2", { addTensors }), shape: { ...base, neox: true } };
 }
 

@@ -18,11 +18,12 @@ Deno.test("neoxToNormOrder() interleaves each head's two RoPE halves and keeps t
 
 const headDim = TINY.dim / TINY.heads; // 4
 const kvDim = headDim * TINY.kvHeads;
-const qwen2Biases = Array.from({ length: TINY.layers }, (_, l) => [
-  [`blk.${l}.attn_q.bias`, [TINY.dim]],
-  [`blk.${l}.attn_k.bias`, [kvDim]],
-  [`blk.${l}.attn_v.bias`, [kvDim]],
-] as [string, number[]][]).flat();
+const qwen2Biases = Array.from({ length: TINY.layers }, (_, l) =>
+  [
+    [`blk.${l}.attn_q.bias`, [TINY.dim]],
+    [`blk.${l}.attn_k.bias`, [kvDim]],
+    [`blk.${l}.attn_v.bias`, [kvDim]],
+  ] as [string, number[]][]).flat();
 
 Deno.test("a qwen2 file's q/k rows and biases are reordered from NEOX halves to adjacent pairs; v is not", () => {
   const bytes = tinyLlamaGguf({ arch: "qwen2", addTensors: qwen2Biases });

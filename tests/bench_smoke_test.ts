@@ -14,6 +14,7 @@ import {
 import { runCompare } from "../bench/compare.ts";
 import { engineRestarts } from "../bench/compare_common.ts";
 import { runLoad } from "../bench/load.ts";
+import { cacheTable, repeatedWorkload, runCacheBench } from "../bench/result_cache_bench.ts";
 import { percentile, summarize } from "../bench/stats.ts";
 import { chartSvg, niceAxis } from "../bench/svg_chart.ts";
 import {
@@ -161,4 +162,27 @@ Deno.test("bench/compare.ts runs every section in its quick configuration", asyn
   ) {
     assertStringIncludes(report.markdown, title);
   }
+});
+
+Deno.test("bench/result_cache_bench.ts runs the repeated workload with the cache off and on, and the answers agree", async () => {
+  assertEquals(repeatedWorkload(3, 2, 5).map((w) => w.prompt), [
+    "Once upon a time",
+    "The little dog",
+    "Lily and Tom went to the park",
+    "Once upon a time",
+    "The little dog",
+    "Lily and Tom went to the park",
+  ]);
+  const { off, on } = await runCacheBench({
+    prompts: 2,
+    repeats: 3,
+    concurrency: 1,
+    tokens: 8,
+    backend: "cpu",
+    cacheBytes: "1MiB",
+  });
+  // Sequential: the first round misses, every repeat hits.
+  assertEquals([off.hits, off.misses], [0, 0]);
+  assertEquals([on.hits, on.misses], [4, 2]);
+  assertStringIncludes(cacheTable(off, on), "on / off");
 });

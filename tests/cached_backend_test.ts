@@ -12,6 +12,7 @@ import { loadModel } from "../lib/model/load_model.ts";
 import { CachedBackend } from "../lib/serving/cached_backend.ts";
 import { CoreBackend } from "../lib/serving/core_backend.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { serveService } from "../lib/http/serve.ts";
 import { metricValue, parseSse, postJson, scrape, TestSocket } from "./_http_harness.ts";
 import { modelFile } from "./_model_files.ts";
 
@@ -21,20 +22,25 @@ const model = await loadModel(modelFile("stories260K.bin"), {
 const tokenizer = new Tokenizer(model.tokenizer!);
 
 /** The real server stack on a free port: core, CoreBackend, optional cache, app. */
-function serveModel(cacheBytes: number) {
+async function serveModel(cacheBytes: number) {
   const make = () => new CpuEngine(model.config, model.weights, { numBlocks: 128, blockSize: 16 });
   const core = new ServingCore({ engine: make(), engineFactory: make, codec: tokenizer });
   const inner = new CoreBackend("stories260K", core, tokenizer);
   const backend = cacheBytes > 0 ? new CachedBackend(inner, cacheBytes) : inner;
   const service = createApp({ backend, requestLog: new RequestLog("text", () => {}) });
-  const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, service.fetch);
-  const { port } = server.addr as Deno.NetAddr;
+  const server = await serveService(service, {
+    hostname: "127.0.0.1",
+    port: 0,
+    drainTimeoutMs: 1000,
+    signals: [],
+  });
+  const { port } = server.addr;
   return {
     base: `http://127.0.0.1:${port}`,
     ws: `ws://127.0.0.1:${port}/v1/stream`,
     async [Symbol.asyncDispose]() {
       service.close();
-      await server.shutdown();
+      await server.stop();
       await core.close();
     },
   };
@@ -73,11 +79,11 @@ for (const [what, frame] of [["greedy", greedy], ["seeded", seeded]] as const) {
   Deno.test(`a repeated ${what} request is answered from the cache with the tokens a server without a cache generates`, async () => {
     let reference;
     {
-      await using plain = serveModel(0);
+      await using plain = await serveModel(0);
       reference = await generate(plain.ws, frame);
       assertEquals(reference.done.cached, false);
     }
-    await using svc = serveModel(1 << 20);
+    await using svc = await serveModel(1 << 20);
     const first = await generate(svc.ws, frame);
     const second = await generate(svc.ws, frame);
     assertEquals(first.done.cached, false);
@@ -99,11 +105,25 @@ for (const [what, frame] of [["greedy", greedy], ["seeded", seeded]] as const) {
     assertEquals(metricValue(metrics, "llm_result_cache_entries"), 1);
     assertGreater(metricValue(metrics, "llm_result_cache_bytes")!, 0);
     assertGreater(metricValue(metrics, "llm_result_cache_saved_seconds_total")!, 0);
+    // The WebSocket stats feed (the playground's panel) carries the same counts.
+    const ws = await TestSocket.open(svc.ws);
+    try {
+      ws.send({ type: "subscribe_stats" });
+      const stats = await ws.take((f) => f.type === "stats");
+      assertEquals(stats.result_cache, {
+        hits: 1,
+        misses: 1,
+        entries: 1,
+        bytes: metricValue(metrics, "llm_result_cache_bytes"),
+      });
+    } finally {
+      await ws.close();
+    }
   });
 }
 
 Deno.test("an unseeded sampled request is never answered from the cache", async () => {
-  await using svc = serveModel(1 << 20);
+  await using svc = await serveModel(1 << 20);
   const frame = { prompt: "Once upon a time", max_tokens: 32, temperature: 1 };
   const runs = [await generate(svc.ws, frame), await generate(svc.ws, frame)];
   for (const r of runs) assertEquals(r.done.cached, false);
@@ -114,7 +134,7 @@ Deno.test("an unseeded sampled request is never answered from the cache", async 
 });
 
 Deno.test("a changed parameter misses the cache; the same request over HTTP, streamed, replays the stored answer as a stream", async () => {
-  await using svc = serveModel(1 << 20);
+  await using svc = await serveModel(1 << 20);
   const body = { prompt: "Once upon a time", max_tokens: 24, temperature: 0 };
   const first = await (await postJson(`${svc.base}/v1/completions`, body)).json();
   assertEquals(first.cached, false);
@@ -135,4 +155,66 @@ Deno.test("a changed parameter misses the cache; the same request over HTTP, str
   const metrics = await scrape(svc.base);
   assertEquals(metricValue(metrics, "llm_result_cache_hits_total"), 1);
   assertEquals(metricValue(metrics, "llm_result_cache_misses_total"), 2);
+});
+
+Deno.test("an identical request arriving while the first generates follows it instead of generating again", async () => {
+  let reference;
+  {
+    await using plain = await serveModel(0);
+    reference = await generate(plain.ws, { ...greedy, max_tokens: 200 });
+  }
+  await using svc = await serveModel(1 << 20);
+  const ws = await TestSocket.open(svc.ws);
+  try {
+    ws.send({ type: "generate", id: "a", ...greedy, max_tokens: 200 });
+    await ws.take((f) => f.id === "a" && f.type === "token", 20_000);
+    ws.send({ type: "generate", id: "b", ...greedy, max_tokens: 200 });
+    const [a, b] = [await ws.collect("a", 20_000), await ws.collect("b", 20_000)];
+    const ids = (frames: Array<Record<string, unknown>>) =>
+      frames.filter((f) => f.type === "token").flatMap((f) => f.token_ids as number[]);
+    // "a" lost its first token frame to take() above.
+    assertEquals(ids(b), reference.ids);
+    assertEquals(reference.ids.slice(-ids(a).length), ids(a));
+    assertEquals([a.at(-1)!.cached, b.at(-1)!.cached], [false, true]);
+    assertEquals(b.at(-1)!.usage, {
+      ...(reference.done.usage as Record<string, number>),
+      cached_tokens: (reference.done.usage as Record<string, number>).prompt_tokens,
+    });
+  } finally {
+    await ws.close();
+  }
+  const metrics = await scrape(svc.base);
+  assertEquals(metricValue(metrics, "llm_result_cache_misses_total"), 1);
+  assertEquals(metricValue(metrics, "llm_result_cache_hits_total"), 1);
+});
+
+Deno.test("a follower whose first request is cancelled generates for itself, with the same tokens", async () => {
+  let reference;
+  {
+    await using plain = await serveModel(0);
+    reference = await generate(plain.ws, { ...greedy, max_tokens: 200 });
+  }
+  await using svc = await serveModel(1 << 20);
+  const ws = await TestSocket.open(svc.ws);
+  try {
+    ws.send({ type: "generate", id: "a", ...greedy, max_tokens: 200 });
+    await ws.take((f) => f.id === "a" && f.type === "token", 20_000);
+    // Frames on one socket are handled in order: "b" follows "a" before "a" is cancelled.
+    ws.send({ type: "generate", id: "b", ...greedy, max_tokens: 200 });
+    ws.send({ type: "cancel", id: "a" });
+    const a = await ws.collect("a", 20_000);
+    const b = await ws.collect("b", 20_000);
+    assertEquals(a.at(-1)!.finish_reason, "cancelled");
+    const bIds = b.filter((f) => f.type === "token").flatMap((f) => f.token_ids as number[]);
+    assertEquals(bIds, reference.ids);
+    assertEquals(b.at(-1)!.finish_reason, reference.done.finish_reason);
+    // It generated, so it is not a cached answer.
+    assertEquals(b.at(-1)!.cached, false);
+  } finally {
+    await ws.close();
+  }
+  const metrics = await scrape(svc.base);
+  assertEquals(metricValue(metrics, "llm_result_cache_misses_total"), 2);
+  assertEquals(metricValue(metrics, "llm_result_cache_hits_total"), 0);
+  assertEquals(metricValue(metrics, "llm_result_cache_entries"), 1);
 });

@@ -7,12 +7,13 @@ Deno.test("resolveConfig() fills defaults", () => {
   const c = resolveConfig({}, noEnv);
   assertEquals(c.model, "stories260K");
   assertEquals(c.port, 8000);
-  assertEquals(c.kvMemory, 256 * 2 ** 20);
+  assertEquals(c.kvMemory, undefined); // "auto": sized from the model and the device
   assertEquals(c.apiKey, []);
 });
 
 Deno.test("resolveConfig() lets flags win over the environment", () => {
-  const env = (n: string) => ({ LLMSERVE_PORT: "9001", LLMSERVE_HOST: "0.0.0.0" } as Record<string, string>)[n];
+  const env = (n: string) =>
+    ({ LLMSERVE_PORT: "9001", LLMSERVE_HOST: "0.0.0.0" } as Record<string, string>)[n];
   const c = resolveConfig({ port: "9002" }, env);
   assertEquals(c.port, 9002);
   assertEquals(c.host, "0.0.0.0");
@@ -24,9 +25,11 @@ Deno.test("resolveConfig() splits comma-separated API keys from the environment"
 });
 
 Deno.test("resolveConfig() names every invalid setting and the value received", () => {
-  const err = assertThrows(() => resolveConfig({ port: "eighty", kvMemory: "12 zz", backend: "tpu" }, noEnv));
+  const err = assertThrows(() =>
+    resolveConfig({ port: "eighty", kvMemory: "12 zz", backend: "tpu" }, noEnv)
+  );
   const msg = (err as Error).message;
-  for (const part of ['--port', '"eighty"', "--kv-memory", '"12 zz"', "--backend", '"tpu"']) {
+  for (const part of ["--port", '"eighty"', "--kv-memory", '"12 zz"', "--backend", '"tpu"']) {
     assertEquals(msg.includes(part), true, `message lacks ${part}: ${msg}`);
   }
 });
@@ -39,9 +42,9 @@ Deno.test("resolveConfig() bounds the pipeline depth to 1..8", () => {
 });
 
 Deno.test("resolveConfig() names the flag or environment variable the user set, and each value once", () => {
-  const fromFlags = (assertThrows(() =>
-    resolveConfig({ kvMemory: "abc", maxBatchTokens: "0" }, noEnv)
-  ) as Error).message;
+  const fromFlags =
+    (assertThrows(() => resolveConfig({ kvMemory: "abc", maxBatchTokens: "0" }, noEnv)) as Error)
+      .message;
   for (const part of ["--kv-memory:", "--max-batch-tokens:"]) {
     assertEquals(fromFlags.includes(part), true, `message lacks ${part}: ${fromFlags}`);
   }
@@ -50,8 +53,9 @@ Deno.test("resolveConfig() names the flag or environment variable the user set, 
   const fromEnv = (assertThrows(() => resolveConfig({}, env)) as Error).message;
   assertEquals(fromEnv.includes("LLMSERVE_MAX_RUNNING"), true, fromEnv);
   // A rejected API key is named by position, never echoed.
-  const keys = (assertThrows(() => resolveConfig({ apiKey: ["ok-key-123", "short"] }, noEnv)) as Error)
-    .message;
+  const keys =
+    (assertThrows(() => resolveConfig({ apiKey: ["ok-key-123", "short"] }, noEnv)) as Error)
+      .message;
   assertEquals(keys.includes("--api-key"), true, keys);
   assertEquals(keys.includes("short"), false, keys);
 });
@@ -74,4 +78,40 @@ Deno.test("resolveConfig() names a bad environment value by its variable and the
     port,
     'Invalid configuration:\n  LLMSERVE_PORT (--port): must be a number (received "eighty")',
   );
+});
+
+Deno.test("resolveConfig() refuses an API key with a space at start-up (it could never match 'Bearer <key>'), without echoing it", () => {
+  const err = assertThrows(
+    () => resolveConfig({ apiKey: ["good-key-123", "secret with space"] }, noEnv),
+    Error,
+  );
+  const msg = (err as Error).message;
+  assertEquals(msg.includes("--api-key #2"), true, msg);
+  assertEquals(msg.includes("without spaces"), true, msg);
+  assertEquals(msg.includes("secret with space"), false, "the key is not echoed");
+});
+
+Deno.test("resolveConfig() takes --cors-origin and --allowed-host repeated, or comma-separated from the environment", () => {
+  const env = (n: string) =>
+    ({
+      LLMSERVE_CORS_ORIGINS: "http://localhost:*, https://app.example.com",
+      LLMSERVE_ALLOWED_HOSTS: "llm.internal",
+    } as Record<string, string>)[n];
+  const c = resolveConfig({}, env);
+  assertEquals(c.corsOrigin, ["http://localhost:*", "https://app.example.com"]);
+  assertEquals(c.allowedHost, ["llm.internal"]);
+  assertEquals(resolveConfig({ corsOrigin: "*" }, noEnv).corsOrigin, ["*"]);
+  assertThrows(
+    () => resolveConfig({ corsOrigin: ["https://ok.example", "evil.example/path"] }, noEnv),
+    Error,
+    "--cors-origin: an origin is scheme://host[:port] (globs with * allowed, e.g. http://localhost:*), 'null', or '*' (received \"evil.example/path\")",
+  );
+});
+
+Deno.test("resolveConfig() has timeouts like mature servers' (header 60 s, body 60 s, keep-alive 5 s) and no fixed connection limit", () => {
+  const c = resolveConfig({}, noEnv);
+  assertEquals([c.headerTimeout, c.bodyTimeout, c.keepAliveTimeout], [60, 60, 5]);
+  assertEquals(c.maxConnections, undefined, "derived from the open-file limit at start-up");
+  assertEquals(resolveConfig({ maxConnections: "100" }, noEnv).maxConnections, 100);
+  assertThrows(() => resolveConfig({ headerTimeout: "0" }, noEnv), Error, "--header-timeout");
 });

@@ -227,15 +227,49 @@ Deno.test("ggufToModel() rejects a missing tensor, naming it", async () => {
   );
 });
 
-Deno.test("ggufToModel() rejects a tokenizer model other than llama", () => {
+Deno.test("ggufToModel() rejects a tokenizer model other than llama and gpt2", () => {
   const g = parseGguf(
-    tinyLlamaGguf({ extra: [{ key: "tokenizer.ggml.model", type: T.STRING, value: "gpt2" }] }),
+    tinyLlamaGguf({ extra: [{ key: "tokenizer.ggml.model", type: T.STRING, value: "bert" }] }),
     "t.gguf",
   );
   assertThrows(
     () => ggufToModel(g, "t.gguf"),
     Error,
-    "tokenizer model 'gpt2' (tokenizer.ggml.model) is not supported (supported: llama)",
+    "tokenizer model 'bert' (tokenizer.ggml.model) is not supported (supported: llama, gpt2)",
+  );
+});
+
+Deno.test("ggufToModel() names an unknown byte-level BPE pre-tokenizer", () => {
+  const g = parseGguf(
+    tinyLlamaGguf({
+      extra: [
+        { key: "tokenizer.ggml.model", type: T.STRING, value: "gpt2" },
+        { key: "tokenizer.ggml.pre", type: T.STRING, value: "klingon" },
+      ],
+    }),
+    "t.gguf",
+  );
+  assertThrows(
+    () => ggufToModel(g, "t.gguf"),
+    Error,
+    "pre-tokenizer 'klingon' (tokenizer.ggml.pre) is not supported (supported: llama-bpe,",
+  );
+});
+
+Deno.test("ggufToModel() asks a byte-level BPE vocabulary for its merges", () => {
+  const g = parseGguf(
+    tinyLlamaGguf({
+      extra: [
+        { key: "tokenizer.ggml.model", type: T.STRING, value: "gpt2" },
+        { key: "tokenizer.ggml.pre", type: T.STRING, value: "qwen2" },
+      ],
+    }),
+    "t.gguf",
+  );
+  assertThrows(
+    () => ggufToModel(g, "t.gguf"),
+    Error,
+    "metadata 'tokenizer.ggml.merges' must be a non-empty array of strings for a byte-level BPE vocabulary, received nothing",
   );
 });
 

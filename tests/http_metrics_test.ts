@@ -61,7 +61,7 @@ Deno.test("ServiceMetrics busy fraction is time inside steps over the recent win
 });
 
 Deno.test("GET /metrics exposes every service metric with the right type and values", async () => {
-  await using svc = startService({ tokenDelayMs: 3 });
+  await using svc = await startService({ tokenDelayMs: 3 });
   const res = await postJson(svc.base + "/v1/completions", { prompt: "count me", max_tokens: 6 });
   assertEquals(res.status, 200);
   await res.json();
@@ -90,7 +90,7 @@ Deno.test("GET /metrics exposes every service metric with the right type and val
     llm_requests_running: "gauge",
     llm_requests_waiting: "gauge",
     llm_kv_blocks_used: "gauge",
-    llm_kv_blocks_total: "gauge",
+    llm_kv_blocks_capacity: "gauge",
     llm_prefix_cache_hit_rate: "gauge",
     llm_executor_busy_fraction: "gauge",
     llm_executor_healthy: "gauge",
@@ -106,7 +106,7 @@ Deno.test("GET /metrics exposes every service metric with the right type and val
   };
   for (const [name, type] of Object.entries(want)) assertEquals(types.get(name), type, name);
   assertEquals(metricValue(text, "llm_generation_tokens_total"), 6);
-  assertEquals(metricValue(text, "llm_prompt_tokens_total"), 3);
+  assertEquals(metricValue(text, "llm_prompt_tokens_total"), svc.backend.countTokens("count me"));
   assertEquals(metricValue(text, "llm_time_to_first_token_seconds_count"), 1);
   assertEquals(metricValue(text, "llm_inter_token_latency_seconds_count"), 5);
   assertEquals(metricValue(text, "llm_e2e_request_latency_seconds_count"), 1);
@@ -115,7 +115,7 @@ Deno.test("GET /metrics exposes every service metric with the right type and val
   assertEquals(metricValue(text, 'llm_batch_size_bucket{le="4"}'), 0);
   assertEquals(metricValue(text, "llm_step_duration_seconds_sum"), 0.012);
   assertEquals(metricValue(text, "llm_executor_restarts_total"), 1);
-  assertEquals(metricValue(text, "llm_kv_blocks_total"), svc.backend.stats().kvBlocksTotal);
+  assertEquals(metricValue(text, "llm_kv_blocks_capacity"), svc.backend.stats().kvBlocksTotal);
   assertEquals(
     metricValue(text, 'llm_generations_total{api="completions",finish_reason="length"}'),
     1,
@@ -130,7 +130,7 @@ Deno.test("GET /metrics exposes every service metric with the right type and val
 });
 
 Deno.test("/metrics has a 0..1 KV-usage gauge and the queued and running gauges under the names llm-d's endpoint picker scrapes", async () => {
-  await using svc = startService(
+  await using svc = await startService(
     { tokenDelayMs: 5, maxRunning: 1, maxWaiting: 4, kvBlocksTotal: 10, kvBlockSize: 4 },
   );
   const idle = await scrape(svc.base);
@@ -139,6 +139,7 @@ Deno.test("/metrics has a 0..1 KV-usage gauge and the queued and running gauges 
   const ctrl = new AbortController();
   const streams = [0, 1].map(() =>
     fetch(svc.base + "/v1/completions", {
+      headers: { "content-type": "application/json" },
       method: "POST",
       body: JSON.stringify({ prompt: "a b c d e f g", max_tokens: 20, stream: true }),
       signal: ctrl.signal,
@@ -164,7 +165,7 @@ Deno.test("/metrics has a 0..1 KV-usage gauge and the queued and running gauges 
 
 Deno.test("--metrics-public: Prometheus scrapes /metrics without a key while the API still needs one", async () => {
   for (const metricsPublic of [false, true]) {
-    await using svc = startService({}, { apiKeys: ["sk-metrics-key"], metricsPublic });
+    await using svc = await startService({}, { apiKeys: ["sk-metrics-key"], metricsPublic });
     const res = await fetch(svc.base + "/metrics");
     await res.body?.cancel();
     assertEquals(res.status, metricsPublic ? 200 : 401);

@@ -1,13 +1,13 @@
 // deno-lint-ignore no-import-prefix -- not in the import map (deno.json is the lead's); pinned here
 import OpenAI from "npm:openai@7.59.0";
 import { assertEquals, assertInstanceOf, assertMatch, assertRejects } from "@std/assert";
-import { fakeCountTokens, fakeToken } from "./_fake_backend.ts";
-import { startService, waitUntil } from "./_http_harness.ts";
+import { startService, type TestService, waitUntil } from "./_http_harness.ts";
 
-function expectedText(prompt: string, seed: number, n: number): string {
-  let s = "";
-  for (let i = 0; i < n; i++) s += fakeToken(prompt, seed, i).text;
-  return s;
+/** The fake model's text for the prompt alone, under the sampling of the latest request. */
+function expectedText(svc: TestService, prompt: string, seed: number, n: number): string {
+  const sampling = svc.backend.requests.at(-1)!.sampling;
+  assertEquals(sampling.seed, seed, "the request's seed reached the core");
+  return svc.backend.continuation(prompt, n, sampling).text;
 }
 
 function client(base: string, apiKey = "unused", maxRetries = 0): OpenAI {
@@ -21,7 +21,7 @@ const MESSAGES = [
 ];
 
 Deno.test("the openai client's chat.completions.create works non-streaming", async () => {
-  await using svc = startService({}, { apiKeys: ["sk-test"] });
+  await using svc = await startService({}, { apiKeys: ["sk-test"] });
   const out = await client(svc.base, "sk-test").chat.completions.create({
     model: "fake-llama",
     messages: MESSAGES,
@@ -31,15 +31,15 @@ Deno.test("the openai client's chat.completions.create works non-streaming", asy
   });
   assertEquals(out.object, "chat.completion");
   assertEquals(out.choices[0]!.message.role, "assistant");
-  assertEquals(out.choices[0]!.message.content, expectedText(CHAT_PROMPT, 42, 8));
+  assertEquals(out.choices[0]!.message.content, expectedText(svc, CHAT_PROMPT, 42, 8));
   assertEquals(out.choices[0]!.finish_reason, "length");
-  assertEquals(out.usage?.prompt_tokens, fakeCountTokens(CHAT_PROMPT));
+  assertEquals(out.usage?.prompt_tokens, svc.backend.countTokens(CHAT_PROMPT));
   assertEquals(out.usage?.completion_tokens, 8);
-  assertEquals(out.usage?.total_tokens, fakeCountTokens(CHAT_PROMPT) + 8);
+  assertEquals(out.usage?.total_tokens, svc.backend.countTokens(CHAT_PROMPT) + 8);
 });
 
 Deno.test("the openai client streams chat completions with usage", async () => {
-  await using svc = startService({ tokenDelayMs: 2 });
+  await using svc = await startService({ tokenDelayMs: 2 });
   const stream = await client(svc.base).chat.completions.create({
     model: "fake-llama",
     messages: MESSAGES,
@@ -58,14 +58,14 @@ Deno.test("the openai client streams chat completions with usage", async () => {
     finish = chunk.choices[0]?.finish_reason ?? finish;
     if (chunk.usage) usage = chunk.usage;
   }
-  assertEquals(text, expectedText(CHAT_PROMPT, 5, 6));
+  assertEquals(text, expectedText(svc, CHAT_PROMPT, 5, 6));
   assertEquals(finish, "length");
   assertEquals(usage?.completion_tokens, 6);
   assertEquals(chunks, 1 + 6 + 1 + 1); // role, tokens, finish, usage
 });
 
 Deno.test("the openai client's completions.create works, streaming and not", async () => {
-  await using svc = startService({ tokenDelayMs: 1 });
+  await using svc = await startService({ tokenDelayMs: 1 });
   const c = client(svc.base);
   const one = await c.completions.create({
     model: "fake-llama",
@@ -73,7 +73,7 @@ Deno.test("the openai client's completions.create works, streaming and not", asy
     max_tokens: 5,
     seed: 8,
   });
-  assertEquals(one.choices[0]!.text, expectedText("Once upon a time", 8, 5));
+  assertEquals(one.choices[0]!.text, expectedText(svc, "Once upon a time", 8, 5));
   assertEquals(one.usage?.completion_tokens, 5);
   const stream = await c.completions.create({
     model: "fake-llama",
@@ -90,7 +90,7 @@ Deno.test("the openai client's completions.create works, streaming and not", asy
 });
 
 Deno.test("the openai client surfaces our errors as its typed errors", async () => {
-  await using svc = startService(
+  await using svc = await startService(
     { tokenDelayMs: 10, maxRunning: 1, maxWaiting: 0, contextLength: 4096 },
     { apiKeys: ["sk-right"] },
   );
@@ -134,7 +134,7 @@ Deno.test("the openai client surfaces our errors as its typed errors", async () 
 });
 
 Deno.test("the openai client works with a served model name other than the file's stem; an unknown name is 404 model_not_found", async () => {
-  await using svc = startService({ modelName: "stories260K" }, {
+  await using svc = await startService({ modelName: "stories260K" }, {
     servedModelNames: ["gpt-4o-mini", "my-llama"],
   });
   const c = client(svc.base);
@@ -150,7 +150,7 @@ Deno.test("the openai client works with a served model name other than the file'
       seed: 9,
     });
     assertEquals(out.model, model);
-    assertEquals(out.choices[0]!.message.content, expectedText(CHAT_PROMPT, 9, 4));
+    assertEquals(out.choices[0]!.message.content, expectedText(svc, CHAT_PROMPT, 9, 4));
   }
   // The file's stem is not a served name once names are given.
   const err = await assertRejects(

@@ -1,7 +1,6 @@
 // deno-lint-ignore no-import-prefix -- not in the import map (deno.json is the lead's); pinned here
 import { chromium } from "npm:playwright-core@1.65.1";
 import { assertEquals } from "@std/assert";
-import { fakeToken } from "./_fake_backend.ts";
 import { startService, waitUntil } from "./_http_harness.ts";
 
 /** The Chromium `deno task test` unpacks from npm (.ci/needs.ts) and names in CHROMIUM_PATH. */
@@ -22,7 +21,7 @@ function chromiumPath(): string {
 }
 
 Deno.test("the playground streams a prompt's tokens, cancels another, and shows the scheduler", async () => {
-  await using svc = startService(
+  await using svc = await startService(
     { tokenDelayMs: 25, contextLength: 4096, kvBlocksTotal: 77 },
     { statsIntervalMs: 100 },
   );
@@ -55,8 +54,7 @@ Deno.test("the playground streams a prompt's tokens, cancels another, and shows 
     assertEquals(req.prompt, "Once upon a time");
     assertEquals(req.sampling.temperature, 0);
     assertEquals(req.maxTokens, 12);
-    let want = "";
-    for (let i = 0; i < 12; i++) want += fakeToken("Once upon a time", req.sampling.seed, i).text;
+    const want = svc.backend.continuation("Once upon a time", 12, req.sampling).text;
     assertEquals(await page.textContent('.gen[data-id="g1"] .out'), want);
 
     // Second generation: long; the scheduler panel shows it running; Cancel stops it.
@@ -78,4 +76,96 @@ Deno.test("the playground streams a prompt's tokens, cancels another, and shows 
     await browser.close();
   }
   await waitUntil(() => svc.service.sockets === 0, "the page's socket to close");
+});
+
+Deno.test("the playground's chat mode, sampling controls, model line, prompts, timings and phone layout", async () => {
+  await using svc = await startService(
+    { tokenDelayMs: 2, contextLength: 4096, modelName: "stories260K" },
+    { servedModelNames: ["tiny-stories"] },
+  );
+  const browser = await chromium.launch({ executablePath: chromiumPath(), args: ["--no-sandbox"] });
+  try {
+    for (
+      const [size, viewport] of [
+        ["desktop", { width: 1280, height: 900 }],
+        ["phone", { width: 390, height: 844 }],
+      ] as const
+    ) {
+      const page = await browser.newPage({ viewport });
+      const pageErrors: string[] = [];
+      page.on("pageerror", (e) => pageErrors.push(String(e)));
+      await page.goto(svc.base + "/");
+      const textIs = (sel: string, text: string) =>
+        page.waitForFunction(
+          `document.querySelector(${JSON.stringify(sel)})?.textContent === ${JSON.stringify(text)}`,
+        );
+      await textIs("#stat-conn", "open");
+      // The model's served name and context come from GET /props.
+      await textIs("#model-name", "tiny-stories");
+      await textIs("#model-context", "4096");
+      // This server has no result cache; the stats feed says so.
+      await textIs("#stat-cache", "off");
+
+      // Raw completion with every sampling control set.
+      const before = svc.backend.requests.length;
+      await page.fill("#prompt", "the cat sat");
+      await page.fill("#temperature", "0.7");
+      await page.fill("#top-p", "0.9");
+      await page.fill("#top-k", "40");
+      await page.fill("#max-tokens", "6");
+      await page.fill("#seed", "1234");
+      await page.fill("#stop", "zzz, \\n");
+      await page.click("#start");
+      const id1 = `g1`;
+      await page.waitForSelector(`.gen[data-id="${id1}"][data-state="length"]`);
+      const req = svc.backend.requests[before]!;
+      assertEquals(req.prompt, "the cat sat");
+      assertEquals(req.sampling.temperature, 0.7);
+      assertEquals(req.sampling.topP, 0.9);
+      assertEquals(req.sampling.topK, 40);
+      assertEquals(req.maxTokens, 6);
+      assertEquals(req.stop, ["zzz", "\n"]);
+      const want = svc.backend.continuation("the cat sat", 6, req.sampling).text;
+      assertEquals(await page.textContent(`.gen[data-id="${id1}"] .out`), want);
+      // The card shows its prompt and the done frame's timings.
+      assertEquals(await page.textContent(`.gen[data-id="${id1}"] .prompt`), "the cat sat");
+      const timings = (await page.textContent(`.gen[data-id="${id1}"] .timings`))!;
+      for (const part of ["TTFT", "queued", "prefill", "decode", "total", "prompt"]) {
+        assertEquals(timings.includes(part), true, timings);
+      }
+
+      // Chat mode: two turns; the second sends the first turn and its answer as history.
+      await page.click("#mode-chat");
+      await page.fill("#stop", "");
+      await page.fill("#system", "Be brief.");
+      await page.fill("#prompt", "Tell me a story");
+      await page.click("#start");
+      await page.waitForSelector(`.gen[data-id="g2"][data-state="length"]`);
+      const firstAnswer = (await page.textContent(`.gen[data-id="g2"] .out`))!;
+      await page.fill("#prompt", "And then?");
+      await page.click("#start");
+      await page.waitForSelector(`.gen[data-id="g3"][data-state="length"]`);
+      const chat = svc.backend.requests.at(-1)!;
+      // The fake core has no template, so the server's plain chat format is the oracle.
+      assertEquals(
+        chat.prompt,
+        `System: Be brief.\nUser: Tell me a story\nAssistant: ${firstAnswer}\nUser: And then?\nAssistant:`,
+      );
+      const shown = (await page.textContent(`.gen[data-id="g3"] .prompt`))!;
+      assertEquals(shown.includes("user: And then?"), true, shown);
+      assertEquals(shown.includes("system: Be brief."), true, shown);
+
+      // Nothing wider than the viewport (no sideways scrolling on a phone).
+      const overflow = await page.evaluate(
+        "document.documentElement.scrollWidth - document.documentElement.clientWidth",
+      );
+      assertEquals(overflow, 0, `${size}: the page is ${overflow}px wider than the viewport`);
+      await page.screenshot({ path: `/tmp/playground-${size}.png`, fullPage: true });
+      assertEquals(pageErrors, []);
+      await page.close();
+    }
+  } finally {
+    await browser.close();
+  }
+  await waitUntil(() => svc.service.sockets === 0, "the pages' sockets to close");
 });

@@ -2,7 +2,7 @@ import { assert, assertEquals, assertMatch } from "@std/assert";
 import { context } from "@opentelemetry/api";
 import { createApp } from "../lib/http/app.ts";
 import { formatText, RequestLog, type RequestLogEntry } from "../lib/http/request_log.ts";
-import { FakeBackend } from "./_fake_backend.ts";
+import { FakeCore } from "./_fake_core.ts";
 import { postJson, startService, TestSocket, waitUntil } from "./_http_harness.ts";
 
 /** A JSON-lines request log captured in memory. */
@@ -14,7 +14,7 @@ function capture() {
 
 Deno.test("every HTTP request gets one log line: successes, client errors, auth failures, unknown routes and overload", async () => {
   const cap = capture();
-  await using svc = startService(
+  await using svc = await startService(
     { tokenDelayMs: 5, maxRunning: 1, maxWaiting: 0, contextLength: 4096 },
     { requestLog: cap.log, apiKeys: ["sk-test-key"] },
   );
@@ -40,7 +40,7 @@ Deno.test("every HTTP request gets one log line: successes, client errors, auth 
   const hold = new AbortController();
   const held = await fetch(svc.base + "/v1/completions", {
     method: "POST",
-    headers: { ...auth, "x-request-id": "holder" },
+    headers: { ...auth, "x-request-id": "holder", "content-type": "application/json" },
     body: JSON.stringify({ prompt: "hold", max_tokens: 3000, stream: true }),
     signal: hold.signal,
   });
@@ -57,7 +57,11 @@ Deno.test("every HTTP request gets one log line: successes, client errors, auth 
   const first = cap.entries()[0]!;
   assertEquals(first.request_id, "client-id-1");
   assertEquals([first.method, first.route, first.status], ["POST", "/v1/completions", 200]);
-  assertEquals([first.prompt_tokens, first.completion_tokens, first.cached], [3, 5, false]);
+  assertEquals([first.prompt_tokens, first.completion_tokens, first.cached], [
+    svc.backend.countTokens("one two"),
+    5,
+    false,
+  ]);
   assert(typeof first.ttft_ms === "number" && first.ttft_ms <= first.total_ms);
   assertEquals(byStatus.get(400)?.code, "invalid_request");
   assertEquals(byStatus.get(401)?.code, "unauthorized");
@@ -73,7 +77,7 @@ Deno.test("every HTTP request gets one log line: successes, client errors, auth 
 
 Deno.test("a response without a client x-request-id carries the generated one, the response id for completions", async () => {
   const cap = capture();
-  await using svc = startService({}, { requestLog: cap.log });
+  await using svc = await startService({}, { requestLog: cap.log });
   const res = await postJson(svc.base + "/v1/completions", { prompt: "a b", max_tokens: 2 });
   const body = await res.json();
   assertEquals(res.headers.get("x-request-id"), body.id);
@@ -86,7 +90,7 @@ Deno.test("a response without a client x-request-id carries the generated one, t
 
 Deno.test("an x-request-id that is not 1-128 visible ASCII characters is refused with 400 and still logged", async () => {
   const cap = capture();
-  await using svc = startService({}, { requestLog: cap.log });
+  await using svc = await startService({}, { requestLog: cap.log });
   const res = await fetch(svc.base + "/health", { headers: { "x-request-id": "x".repeat(129) } });
   assertEquals(res.status, 400);
   const err = (await res.json()).error;
@@ -97,7 +101,7 @@ Deno.test("an x-request-id that is not 1-128 visible ASCII characters is refused
 
 Deno.test("WebSocket generations get a line each, refused ones too, ids prefixed by the upgrade's request id", async () => {
   const cap = capture();
-  await using svc = startService({ contextLength: 64 }, { requestLog: cap.log });
+  await using svc = await startService({ contextLength: 64 }, { requestLog: cap.log });
   const ws = await TestSocket.open(svc.wsUrl, { "x-request-id": "sock-7" });
   try {
     ws.send({ type: "generate", id: "a", prompt: "the cat", max_tokens: 3 });
@@ -114,7 +118,12 @@ Deno.test("WebSocket generations get a line each, refused ones too, ids prefixed
     "/v1/stream",
     "sock-7",
   ]);
-  assertEquals([a!.method, a!.status, a!.completion_tokens, a!.prompt_tokens], ["WS", 200, 3, 3]);
+  assertEquals([a!.method, a!.status, a!.completion_tokens, a!.prompt_tokens], [
+    "WS",
+    200,
+    3,
+    svc.backend.countTokens("the cat"),
+  ]);
   assertMatch(a!.request_id, /^sock-7\.\d+\/a$/);
   assertEquals([b!.status, b!.code], [400, "context_length_exceeded"]);
   assertMatch(b!.request_id, /^sock-7\.\d+\/b$/);
@@ -154,8 +163,9 @@ Deno.test("the request id is on the request's llm.request span", async () => {
       };
     },
   };
+  await using backend = new FakeCore();
   const service = createApp({
-    backend: new FakeBackend(),
+    backend,
     tracer: tracer as never,
     requestLog: new RequestLog("text", () => {}),
   });
@@ -173,4 +183,17 @@ Deno.test("the request id is on the request's llm.request span", async () => {
     await server.shutdown();
     context.disable();
   }
+});
+
+Deno.test("--log-format off writes no request lines", async () => {
+  const lines: string[] = [];
+  await using svc = await startService({}, { requestLog: new RequestLog("off", (l) => lines.push(l)) });
+  const res = await postJson(svc.base + "/v1/completions", { prompt: "a", max_tokens: 1 });
+  assertEquals(res.status, 200);
+  // The id is still made and echoed.
+  assert(res.headers.get("x-request-id") !== null);
+  await res.body?.cancel();
+  const health = await fetch(svc.base + "/health");
+  await health.body?.cancel();
+  assertEquals(lines, []);
 });

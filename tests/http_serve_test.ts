@@ -79,15 +79,19 @@ Deno.test("SIGTERM aborts generations still running at the drain deadline and ex
 Deno.test("serveService() names the address it could not listen on", async () => {
   const { createApp } = await import("../lib/http/app.ts");
   const { serveService } = await import("../lib/http/serve.ts");
-  const { FakeBackend } = await import("./_fake_backend.ts");
+  const { FakeCore } = await import("./_fake_core.ts");
   using taken = Deno.listen({ hostname: "127.0.0.1", port: 0 });
   const port = taken.addr.port;
-  const service = createApp({ backend: new FakeBackend({}) });
+  await using backend = new FakeCore();
+  const service = createApp({ backend });
   let message = "";
   try {
-    serveService(service, { hostname: "127.0.0.1", port, drainTimeoutMs: 10, signals: [] });
+    await serveService(service, { hostname: "127.0.0.1", port, drainTimeoutMs: 10, signals: [] });
   } catch (e) {
     message = (e as Error).message;
   }
-  assertMatch(message, new RegExp(`Cannot listen on 127\\.0\\.0\\.1:${port}: .*in use.*--port`, "i"));
+  assertMatch(
+    message,
+    new RegExp(`Cannot listen on 127\\.0\\.0\\.1:${port}: .*in use.*--port`, "i"),
+  );
 });

@@ -13,13 +13,15 @@ import {
 } from "@opentelemetry/api";
 import { assert, assertEquals, assertGreaterOrEqual } from "@std/assert";
 import { createApp } from "../lib/http/app.ts";
-import { FakeBackend } from "./_fake_backend.ts";
+import { FakeCore } from "./_fake_core.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import { postJson } from "./_http_harness.ts";
 
 /** A span that only records what the code under test did to it. */
 class RecordedSpan implements Span {
   attributes: Attributes = {};
+  /** How often each key was set: a key set twice is dropped by some OTLP receivers. */
+  setCounts = new Map<string, number>();
   events: string[] = [];
   status: SpanStatus | undefined;
   ended = false;
@@ -42,11 +44,12 @@ class RecordedSpan implements Span {
     return this.#ctx;
   }
   setAttribute(k: string, v: unknown): this {
+    this.setCounts.set(k, (this.setCounts.get(k) ?? 0) + 1);
     this.attributes[k] = v as string;
     return this;
   }
   setAttributes(a: Attributes): this {
-    Object.assign(this.attributes, a);
+    for (const [k, v] of Object.entries(a)) this.setAttribute(k, v);
     return this;
   }
   addEvent(name: string): this {
@@ -127,7 +130,7 @@ class StackContextManager implements ContextManager {
 }
 
 /** Records the span that is active whenever the core is asked for its next event. */
-class SpanSpyBackend extends FakeBackend {
+class SpanSpyBackend extends FakeCore {
   activeSpans: Array<Span | undefined> = [];
   override generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
     const inner = super.generate(req, signal)[Symbol.asyncIterator]();
@@ -148,7 +151,7 @@ Deno.test("a request gets a span with token counts, priority, finish reason and 
   const manager = new StackContextManager();
   assert(context.setGlobalContextManager(manager), "another context manager is registered");
   const tracer = new RecordingTracer();
-  const backend = new SpanSpyBackend({ tokenDelayMs: 2 });
+  await using backend = new SpanSpyBackend({ tokenDelayMs: 2 });
   const service = createApp({ backend, tracer });
   const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, service.fetch);
   try {
@@ -166,8 +169,13 @@ Deno.test("a request gets a span with token counts, priority, finish reason and 
     assertEquals(span.parent, undefined);
     assertEquals(span.attributes["llm.request.id"], body.id);
     assertEquals(span.attributes["llm.priority"], "batch");
-    assertEquals(span.attributes["gen_ai.usage.input_tokens"], 4);
+    assertEquals(
+      span.attributes["gen_ai.usage.input_tokens"],
+      backend.countTokens("trace this please"),
+    );
     assertEquals(span.attributes["gen_ai.usage.output_tokens"], 4);
+    const repeated = [...span.setCounts].filter(([, n]) => n > 1).map(([k]) => k);
+    assertEquals(repeated, [], "attributes set more than once on llm.request");
     assertEquals(span.attributes["llm.finish_reason"], "length");
     assertEquals(span.attributes["gen_ai.request.max_tokens"], 4);
     assertEquals(span.events, ["queued", "started", "first_token", "done"]);

@@ -1,13 +1,18 @@
 import { assert, assertEquals, assertGreater, assertLess, assertMatch } from "@std/assert";
-import { fakeCountTokens, fakeToken } from "./_fake_backend.ts";
-import { metricValue, scrape, startService, TestSocket, waitUntil } from "./_http_harness.ts";
+import {
+  metricValue,
+  scrape,
+  startService,
+  type TestService,
+  TestSocket,
+  waitUntil,
+} from "./_http_harness.ts";
 import { RawWebSocket } from "./_raw_ws_client.ts";
+import type { SamplingParams } from "../lib/engine/engine.ts";
 
-/** What the fake core generates for a prompt: the oracle for the text that must arrive. */
-function expectedText(prompt: string, seed: number, n: number): string {
-  let s = "";
-  for (let i = 0; i < n; i++) s += fakeToken(prompt, seed, i).text;
-  return s;
+/** What the fake model generates for a prompt alone: the oracle for the text that must arrive. */
+function expectedText(svc: TestService, prompt: string, sampling: SamplingParams, n: number) {
+  return svc.backend.continuation(prompt, n, sampling).text;
 }
 
 function textOf(frames: Array<Record<string, unknown>>): string {
@@ -15,7 +20,7 @@ function textOf(frames: Array<Record<string, unknown>>): string {
 }
 
 Deno.test("/v1/stream multiplexes two concurrent generations on one socket by id", async () => {
-  await using svc = startService({ tokenDelayMs: 5 });
+  await using svc = await startService({ tokenDelayMs: 5 });
   const ws = await TestSocket.open(svc.wsUrl);
   try {
     ws.send({ type: "generate", id: "a", prompt: "the cat sat", max_tokens: 12, seed: 7 });
@@ -52,20 +57,23 @@ Deno.test("/v1/stream multiplexes two concurrent generations on one socket by id
       ]] as const
     ) {
       const frames = seen[id];
+      const count = svc.backend.countTokens(prompt);
+      const sampling = svc.backend.requests.find((r) => r.requestId.endsWith(`/${id}`))!.sampling;
+      assertEquals(sampling.seed, seed);
       assertEquals(frames[0], {
         type: "started",
         id,
-        prompt_tokens: fakeCountTokens(prompt),
+        prompt_tokens: count,
         max_tokens: n,
         max_tokens_capped: false,
       });
-      assertEquals(textOf(frames), expectedText(prompt, seed, n));
+      assertEquals(textOf(frames), expectedText(svc, prompt, sampling, n));
       const done = frames.at(-1)!;
       assertEquals(done.finish_reason, "length");
       assertEquals(done.usage, {
-        prompt_tokens: fakeCountTokens(prompt),
+        prompt_tokens: count,
         completion_tokens: n,
-        total_tokens: fakeCountTokens(prompt) + n,
+        total_tokens: count + n,
         cached_tokens: 0,
       });
       const timings = done.timings as Record<string, number>;
@@ -88,7 +96,7 @@ Deno.test("/v1/stream multiplexes two concurrent generations on one socket by id
 });
 
 Deno.test("/v1/stream cancel mid-stream ends the generation and frees its KV blocks", async () => {
-  await using svc = startService({ tokenDelayMs: 10, contextLength: 4096, kvBlockSize: 4 });
+  await using svc = await startService({ tokenDelayMs: 10, contextLength: 4096, kvBlockSize: 4 });
   const ws = await TestSocket.open(svc.wsUrl);
   try {
     ws.send({ type: "generate", id: "long", prompt: "tell me a story", max_tokens: 2000, seed: 1 });
@@ -111,8 +119,10 @@ Deno.test("/v1/stream cancel mid-stream ends the generation and frees its KV blo
       metricValue(after, 'llm_generations_total{api="stream",finish_reason="cancelled"}'),
       1,
     );
-    // Nothing for that id after its done frame.
-    await new Promise((r) => setTimeout(r, 50));
+    // Nothing for that id after its done frame: its generation has ended (the count above),
+    // and a socket delivers in order, so a frame of it would arrive before this barrier's.
+    ws.send({ type: "generate", id: "barrier", prompt: "x", max_tokens: 1 });
+    await ws.collect("barrier");
     assertEquals(ws.frames.filter((f) => f.id === "long"), []);
     // The id is free again.
     ws.send({ type: "generate", id: "long", prompt: "again", max_tokens: 2, seed: 1 });
@@ -123,7 +133,7 @@ Deno.test("/v1/stream cancel mid-stream ends the generation and frees its KV blo
 });
 
 Deno.test("/v1/stream closing the socket aborts every generation it started", async () => {
-  await using svc = startService({ tokenDelayMs: 10, contextLength: 4096 });
+  await using svc = await startService({ tokenDelayMs: 10, contextLength: 4096 });
   const ws = await TestSocket.open(svc.wsUrl);
   ws.send({ type: "generate", id: "x", prompt: "one", max_tokens: 3000 });
   ws.send({ type: "generate", id: "y", prompt: "two", max_tokens: 3000 });
@@ -132,13 +142,11 @@ Deno.test("/v1/stream closing the socket aborts every generation it started", as
   assertEquals(svc.backend.active, 2);
   await ws.close();
   await waitUntil(() => svc.backend.active === 0, "both generations to be aborted");
-  const produced = svc.backend.tokensYielded;
-  await new Promise((r) => setTimeout(r, 60));
-  assertEquals(
-    svc.backend.tokensYielded,
-    produced,
-    "tokens were generated after the socket closed",
-  );
+  // The scheduler has dropped both sequences, so nothing can decode for them any more.
+  await waitUntil(() => {
+    const s = svc.backend.serving.schedulerStats();
+    return s.running + s.waiting === 0;
+  }, "the core to drop both sequences");
   const m = await scrape(svc.base);
   assertEquals(metricValue(m, "llm_kv_blocks_used"), 0);
   assertEquals(metricValue(m, "llm_inflight_generations"), 0);
@@ -146,7 +154,7 @@ Deno.test("/v1/stream closing the socket aborts every generation it started", as
 });
 
 Deno.test("/v1/stream answers every bad frame with an error frame and keeps the socket", async () => {
-  await using svc = startService(
+  await using svc = await startService(
     { tokenDelayMs: 20, contextLength: 64, maxRunning: 1, maxWaiting: 0 },
     { maxFrameBytes: 2048 },
   );
@@ -219,7 +227,7 @@ Deno.test("/v1/stream answers every bad frame with an error frame and keeps the 
         "prompt too long",
         { type: "generate", id: "long", prompt: "w ".repeat(70) },
         { code: "context_length_exceeded", param: "prompt", id: "long" },
-        /prompt is 71 tokens but the model's context is 64 tokens/,
+        /prompt is 72 tokens but the model's context is 64 tokens/,
       ],
     ];
     for (const [name, frame, want, message] of cases) {
@@ -259,7 +267,7 @@ Deno.test("/v1/stream answers every bad frame with an error frame and keeps the 
 });
 
 Deno.test("/v1/stream renders chat messages and caps max_tokens to the context", async () => {
-  await using svc = startService({ contextLength: 32 });
+  await using svc = await startService({ contextLength: 64 });
   const ws = await TestSocket.open(svc.wsUrl);
   try {
     ws.send({
@@ -277,7 +285,7 @@ Deno.test("/v1/stream renders chat messages and caps max_tokens to the context",
     const req = svc.backend.requests[0]!;
     assertEquals(req.prompt, prompt);
     assertEquals(req.stop, ["\nUser:", "\nSystem:"]);
-    const room = 32 - fakeCountTokens(prompt);
+    const room = 64 - svc.backend.countTokens(prompt);
     assertEquals(req.maxTokens, room);
     assertEquals(frames[0]!.max_tokens, room);
     assertEquals((frames.at(-1)!.usage as { completion_tokens: number }).completion_tokens, room);
@@ -287,7 +295,7 @@ Deno.test("/v1/stream renders chat messages and caps max_tokens to the context",
 });
 
 Deno.test("/v1/stream pushes stats frames after subscribe_stats and stops after unsubscribe", async () => {
-  await using svc = startService({ tokenDelayMs: 10, contextLength: 4096 }, {
+  await using svc = await startService({ tokenDelayMs: 10, contextLength: 4096 }, {
     statsIntervalMs: 30,
   });
   const ws = await TestSocket.open(svc.wsUrl);
@@ -308,10 +316,19 @@ Deno.test("/v1/stream pushes stats frames after subscribe_stats and stops after 
     }
     ws.send({ type: "unsubscribe_stats" });
     ws.send({ type: "cancel", id: "g" });
+    // Frames are handled in order: once the cancel is answered, the unsubscribe was handled.
     await ws.take((f) => f.type === "done");
-    await new Promise((r) => setTimeout(r, 100));
     ws.frames.length = 0;
-    await new Promise((r) => setTimeout(r, 100));
+    // Proof that time passed with stats timers running: another socket's subscription ticks
+    // twice. The first socket got no stats frame meanwhile.
+    const other = await TestSocket.open(svc.wsUrl);
+    try {
+      other.send({ type: "subscribe_stats" });
+      await other.take((f) => f.type === "stats");
+      await other.take((f) => f.type === "stats");
+    } finally {
+      await other.close();
+    }
     assertEquals(ws.frames.filter((f) => f.type === "stats"), []);
   } finally {
     await ws.close();
@@ -319,7 +336,7 @@ Deno.test("/v1/stream pushes stats frames after subscribe_stats and stops after 
 });
 
 Deno.test("/v1/stream requires the API key in the header or the api_key parameter", async () => {
-  await using svc = startService({}, { apiKeys: ["s3cret"] });
+  await using svc = await startService({}, { apiKeys: ["s3cret"] });
   const refused = await fetch(svc.base + "/v1/stream", { headers: { upgrade: "websocket" } });
   assertEquals(refused.status, 401);
   assertEquals((await refused.json()).error.code, "unauthorized");
@@ -341,7 +358,7 @@ Deno.test("/v1/stream requires the API key in the header or the api_key paramete
 });
 
 Deno.test("/v1/stream refuses new generations while draining", async () => {
-  await using svc = startService({ tokenDelayMs: 5 });
+  await using svc = await startService({ tokenDelayMs: 5 });
   const ws = await TestSocket.open(svc.wsUrl);
   try {
     ws.send({ type: "generate", id: "old", prompt: "finish me", max_tokens: 10, seed: 2 });
@@ -361,9 +378,10 @@ Deno.test("/v1/stream refuses new generations while draining", async () => {
 });
 
 Deno.test("/v1/stream gives a client that stops reading backpressure, then disconnects it", async () => {
-  const tokenBytes = 8192;
-  await using svc = startService(
-    { tokenDelayMs: 0, tokenPadding: tokenBytes, contextLength: 1 << 30, maxWaiting: 0 },
+  const tokenBytes = 65536;
+  // The pool holds 4096 positions: run to its end, the generation would send 256 MiB.
+  await using svc = await startService(
+    { tokenDelayMs: 0, tokenPadding: tokenBytes, contextLength: 1 << 30, maxWaiting: 1 },
     { wsHighWaterBytes: 256 * 1024, wsStallTimeoutMs: 1500 },
   );
   const raw = await RawWebSocket.connect(svc.wsUrl);
@@ -372,21 +390,13 @@ Deno.test("/v1/stream gives a client that stops reading backpressure, then disco
       JSON.stringify({ type: "generate", id: "flood", prompt: "p", max_tokens: 1_000_000 }),
     );
     await waitUntil(() => svc.backend.tokensYielded > 0, "generation to start");
-    await new Promise((r) => setTimeout(r, 500));
+    // The client reads nothing: after the stall timeout the server gives up on it and the
+    // generation ends (an event), having pulled only what the socket buffers could hold.
+    await waitUntil(() => svc.backend.active === 0, "the stalled client to be disconnected", 6000);
     const produced = svc.backend.tokensYielded;
-    console.log(`backpressure: paused after ${produced} tokens of ${tokenBytes} bytes`);
-    await new Promise((r) => setTimeout(r, 300));
-    // Paused, not finished and not buffering: the core is no longer asked for tokens.
-    assertEquals(
-      svc.backend.tokensYielded,
-      produced,
-      "the generation kept running for a client that reads nothing",
-    );
-    assertEquals(svc.backend.active, 1);
-    // Bounded by the kernel's socket buffers plus the high-water mark, far below max_tokens.
+    console.log(`backpressure: ${produced} tokens of ${tokenBytes} bytes before the disconnect`);
+    // Bounded by the kernel's socket buffers plus the high-water mark, far below the pool.
     assertLess(produced * tokenBytes, 64 * 1024 * 1024);
-    // After the stall timeout the server gives up on the client and frees the sequence.
-    await waitUntil(() => svc.backend.active === 0, "the stalled client to be disconnected", 4000);
   } finally {
     raw.close();
   }
@@ -394,7 +404,7 @@ Deno.test("/v1/stream gives a client that stops reading backpressure, then disco
 });
 
 Deno.test("/v1/stream lets a client reuse an id as soon as its done frame arrives", async () => {
-  await using svc = startService({ tokenDelayMs: 5, contextLength: 4096 });
+  await using svc = await startService({ tokenDelayMs: 5, contextLength: 4096 });
   const ws = await TestSocket.open(svc.wsUrl);
   try {
     ws.send({ type: "generate", id: "r", prompt: "short", max_tokens: 1 });

@@ -8,7 +8,7 @@ import { createSwiglu } from "../kernels/swiglu.ts";
 import { dequantize } from "../lib/model/dequantize.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import { rope, swiglu } from "../lib/engine/cpu/ops.ts";
-import type { TensorType } from "../lib/model/tensor.ts";
+import { BLOCK_LAYOUT, TENSOR_TYPES } from "../lib/model/tensor.ts";
 import {
   randomF32,
   randomTensor,
@@ -24,14 +24,13 @@ import {
 
 const row = (token: number, pos = 0, seq = 0, slot = 0) => ({ token, pos, seq, slot });
 
-Deno.test("createEmbedding() gathers dequantized rows, including tokens left on the device by the sampler", async () => {
+Deno.test("createEmbedding() gathers rows of every tensor type equal to dequantize(), including tokens left on the device by the sampler", async () => {
   // A 1 KiB binding cap splits the table, so rows come from several chunks.
   const gpu = await acquireGpu({ maxBindingBytes: 1024 });
-  const types: TensorType[] = ["f32", "f16", "q8_0", "q4_0"];
-  for (const type of types) {
+  for (const type of TENSOR_TYPES) {
     const rand = rng(3);
     const vocab = 45;
-    const dim = 64;
+    const dim = BLOCK_LAYOUT[type].elements === 256 ? 256 : 64;
     const table = randomTensor(rand, type, vocab, dim);
     const m = uploadMatrix(gpu, table);
     assert(m.chunks.length > 1, `${type}: expected a split table`);

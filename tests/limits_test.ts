@@ -5,7 +5,6 @@ import { parseServeArgs } from "../lib/cli/serve.ts";
 import { schedulerConfig } from "../lib/core/scheduler.ts";
 import { createExecutorMailbox, SchedulerActor } from "../actors/scheduler.ts";
 import { Scheduler } from "../lib/core/scheduler.ts";
-import { parseByteSize } from "../lib/util/byte_size.ts";
 
 const noEnv = () => undefined;
 
@@ -17,7 +16,9 @@ Deno.test("the server's configuration and a bare scheduler default to the same l
     assertEquals(sched[key], DEFAULT_LIMITS[key], `scheduler ${key}`);
   }
   assertEquals(config.blockSize, DEFAULT_LIMITS.blockSize);
-  assertEquals(config.kvMemory, parseByteSize(DEFAULT_LIMITS.kvMemory));
+  // "auto": serve sizes the cache from the model and the device (planKvCache).
+  assertEquals(DEFAULT_LIMITS.kvMemory, "auto");
+  assertEquals(config.kvMemory, undefined);
   assertEquals(config.pipelineDepth, DEFAULT_LIMITS.pipelineDepth);
   assertEquals(sched.watermarkBlocks, Math.ceil(1000 * DEFAULT_LIMITS.watermarkFraction));
 });

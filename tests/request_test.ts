@@ -121,7 +121,7 @@ Deno.test("RequestActor encodes a text prompt with BOS and reports an EOS stop w
     let text = "", want: number[] = [];
     for (let k = 1; k < 500; k++) {
       text = k.toString(4).replace(/[0-3]/g, (d) => "ab c"[Number(d)]!);
-      want = continuation(fakeCodec.encode(text, { bos: true }), 100);
+      want = continuation(fakeCodec.encode(text), 100);
       if (want.at(-1) === EOS && want.length > 3) break;
     }
     assertEquals(want.at(-1), EOS, "test setup: no prompt found that stops early");

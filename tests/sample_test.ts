@@ -4,7 +4,7 @@ import { createSampler, type SampleLayout, WGSL_RNG } from "../kernels/sample.ts
 import type { SampleMeta } from "../kernels/step_meta.ts";
 import type { SamplingParams } from "../lib/engine/engine.ts";
 import { hash32 } from "../lib/util/rng.ts";
-import { sample } from "../lib/engine/sampling.ts";
+import { MIN_TEMPERATURE, sample } from "../lib/engine/sampling.ts";
 import { randomF32, readU32, rng, runPass, stepMeta, storage, testGpu, zeros } from "./_gpu.ts";
 
 Deno.test("WGSL hash32 gives lib/rng.ts's bits", async () => {
@@ -57,12 +57,13 @@ async function compareWithReference(
   logits: Float32Array,
   rows: number,
   layout: SampleLayout,
+  paramSet: readonly SamplingParams[] = PARAMS,
 ): Promise<void> {
   const gpu = await testGpu();
   const metas: SampleMeta[] = [];
   const params: SamplingParams[] = [];
   for (let i = 0; i < rows; i++) {
-    const p = { ...PARAMS[i % PARAMS.length]!, seed: 1000 + i * 17 };
+    const p = { ...paramSet[i % paramSet.length]!, seed: 1000 + i * 17 };
     params.push(p);
     metas.push({
       row: i,
@@ -115,4 +116,20 @@ Deno.test("createSampler() breaks ties toward the lower token id, like the refer
   // Logits on a coarse grid: many exact ties, including at the top.
   const logits = Float32Array.from({ length: rows * vocab }, () => Math.round(rand() * 6) / 2);
   for (const layout of LAYOUTS) await compareWithReference(vocab, logits, rows, layout);
+});
+
+Deno.test("createSampler() treats a temperature below MIN_TEMPERATURE as greedy and samples at it, like the reference", async () => {
+  const rand = rng(23);
+  const vocab = 512;
+  const rows = 16;
+  const base = { topK: 0, topP: 1, minP: 0, seed: 0 };
+  const tiny: SamplingParams[] = [1e-38, 1e-320, 9.9e-6, MIN_TEMPERATURE].map((temperature) => ({
+    ...base,
+    temperature,
+  }));
+  // Random logits (tiny temperatures must give the argmax, not the least likely token)...
+  await compareWithReference(vocab, randomF32(rand, rows * vocab, 4), rows, "wide", tiny);
+  // ...and rows whose top logits tie, where only a sampler at MIN_TEMPERATURE draws the second.
+  const tied = Float32Array.from({ length: rows * vocab }, (_, i) => (i % vocab < 2 ? 3 : -3));
+  for (const layout of LAYOUTS) await compareWithReference(vocab, tied, rows, layout, tiny);
 });

@@ -7,7 +7,14 @@ import {
 } from "@std/assert";
 import { GREEDY, type SamplingParams } from "../lib/engine/engine.ts";
 import { uniform } from "../lib/util/rng.ts";
-import { argmax, candidateSet, logSoftmaxAt, sample } from "../lib/engine/sampling.ts";
+import {
+  argmax,
+  candidateSet,
+  isGreedyTemperature,
+  logSoftmaxAt,
+  MIN_TEMPERATURE,
+  sample,
+} from "../lib/engine/sampling.ts";
 
 const params = (p: Partial<SamplingParams>): SamplingParams => ({
   temperature: 1,
@@ -128,6 +135,32 @@ Deno.test("sample() with temperature 0 is argmax whatever the seed and position"
   for (let pos = 0; pos < 20; pos++) {
     assertEquals(sample(logits, { ...GREEDY, seed: pos * 31 }, pos).token, best);
   }
+});
+
+Deno.test("sample() with a temperature below MIN_TEMPERATURE (1e-38, 1e-320, 9.9e-6) is argmax, with the raw logprob", () => {
+  // Positive and negative logits: logit / 1e-38 overflows f32 to +-Infinity, which is what made
+  // the least likely token come out.
+  const logits = new Float32Array([2.5, -20, 3.25, -1, 0.5, 3]);
+  for (const temperature of [1e-38, 1e-320, 9.9e-6, MIN_TEMPERATURE / 2]) {
+    for (let pos = 0; pos < 16; pos++) {
+      const got = sample(logits, params({ temperature, seed: pos * 13 + 1 }), pos);
+      assertEquals(got.token, 2, `temperature ${temperature}, position ${pos}`);
+      assertAlmostEquals(got.logprob, logSoftmaxAt(logits, 2), 1e-12);
+    }
+  }
+});
+
+Deno.test("sample() at MIN_TEMPERATURE still samples: exact ties split between the tied tokens", () => {
+  // With tied top logits only a sampler (not argmax) ever picks the second one.
+  const tied = new Float32Array([1, 1, -5]);
+  const picks = (temperature: number) =>
+    new Set(
+      Array.from({ length: 64 }, (_, pos) => sample(tied, params({ temperature }), pos).token),
+    );
+  assertEquals(picks(MIN_TEMPERATURE), new Set([0, 1]));
+  assertEquals(picks(MIN_TEMPERATURE * 0.99), new Set([0]));
+  assert(isGreedyTemperature(0) && isGreedyTemperature(-1) && isGreedyTemperature(1e-320));
+  assert(!isGreedyTemperature(MIN_TEMPERATURE));
 });
 
 Deno.test("sample() walks the candidates by cumulative probability against uniform(seed, position)", () => {

@@ -231,17 +231,44 @@ Deno.test("Scheduler: cancel frees blocks at once and ignores results still in f
 Deno.test("Scheduler refuses prompts that cannot fit, a full queue and submissions while draining", () => {
   const h = new Harness({ vocabSize: 64, numBlocks: 8, blockSize: 4, contextLength: 64 }, {
     maxWaiting: 2,
+    maxRunning: 1,
   });
   const tooLong = h.submit({ prompt: range(0, 32, 64), maxTokens: 1 }); // the pool holds 32 tokens
   const end = h.rejected(tooLong);
   assertEquals(end.code, "context_length_exceeded");
   assert(end.message.includes("32 tokens"), end.message);
-  h.submit({ prompt: [1], maxTokens: 1 });
-  h.submit({ prompt: [2], maxTokens: 1 });
-  assertEquals(h.rejected(h.submit({ prompt: [3], maxTokens: 1 })).code, "overloaded");
+  // One can start at the next step (the free running slot); two more wait; the fourth is refused.
+  for (const t of [1, 2, 3]) {
+    assertEquals(h.end(h.submit({ prompt: [t], maxTokens: 1 })), undefined);
+  }
+  const over = h.rejected(h.submit({ prompt: [4], maxTokens: 1 }));
+  assertEquals(over.code, "overloaded");
+  assert(
+    over.message.includes("2 requests are waiting beyond the 1 free running slots"),
+    over.message,
+  );
   h.sched.drain();
   h.runToEnd();
-  assertEquals(h.rejected(h.submit({ prompt: [4], maxTokens: 1 })).code, "draining");
+  assertEquals(h.rejected(h.submit({ prompt: [5], maxTokens: 1 })).code, "draining");
+});
+
+Deno.test("Scheduler: a burst that fits the free running slots is not refused as overloaded (issue 13, bug 4)", () => {
+  // 40 at once, before any step, with 64 running slots free and room for 8 more to wait.
+  const h = new Harness({ vocabSize: 64, numBlocks: 512, blockSize: 4 }, {
+    maxWaiting: 8,
+    maxRunning: 64,
+  });
+  const burst = Array.from(
+    { length: 40 },
+    (_, i) => h.submit({ prompt: [1, i + 2], maxTokens: 3 }),
+  );
+  assertEquals(burst.map((id) => h.end(id)?.type).filter((t) => t === "rejected"), []);
+  // The queue really is full only beyond the free slots plus maxWaiting.
+  const more = Array.from({ length: 32 }, () => h.submit({ prompt: [1, 5], maxTokens: 3 }));
+  assertEquals(more.map((id) => h.end(id)?.type ?? "queued"), Array(32).fill("queued"));
+  assertEquals(h.rejected(h.submit({ prompt: [1, 6], maxTokens: 3 })).code, "overloaded");
+  h.runToEnd();
+  for (const id of [...burst, ...more]) assertEquals(h.finished(id).reason, "length");
 });
 
 Deno.test("Scheduler: interactive requests go first and batch ones are preempted first", () => {

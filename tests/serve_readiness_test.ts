@@ -108,6 +108,7 @@ Deno.test("while the model downloads, the server listens: /health reports the ph
     assertEquals(readyStatus, 503);
     assertStringIncludes(ready.reasons[0], "model loading (downloading)");
     const api = await fetch(`${base}/v1/completions`, {
+      headers: { "content-type": "application/json" },
       method: "POST",
       body: JSON.stringify({ prompt: "x" }),
     });
@@ -121,6 +122,7 @@ Deno.test("while the model downloads, the server listens: /health reports the ph
     assertEquals([after, body.status], [200, "ready"]);
     assertEquals((await getJson(`${base}/health`))[1], { status: "ok", phase: "ready" });
     const res = await fetch(`${base}/v1/completions`, {
+      headers: { "content-type": "application/json" },
       method: "POST",
       body: JSON.stringify({ prompt: "Once", max_tokens: 3, temperature: 0 }),
     });

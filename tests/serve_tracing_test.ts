@@ -9,10 +9,11 @@ Deno.test("the real server exports a request span with its phases and step spans
   try {
     const res = await fetch(`${base}/v1/completions`, {
       method: "POST",
-      headers: { "content-type": "application/json" },
+      headers: { "content-type": "application/json", "x-request-id": "trace-req-1" },
       body: JSON.stringify({ prompt: "Once upon a time", max_tokens: 5, temperature: 0 }),
     });
     assertEquals(res.status, 200);
+    assertEquals(res.headers.get("x-request-id"), "trace-req-1");
     await res.json();
     child.kill("SIGTERM");
     assertEquals((await child.status).code, 0, await log());
@@ -21,6 +22,11 @@ Deno.test("the real server exports a request span with its phases and step spans
     assertEquals(request.length, 1, `spans: ${spans.map((s) => s.name).join(", ")}`);
     const r = request[0]!;
     assertEquals(otlpAttr(r, "gen_ai.usage.output_tokens"), "5");
+    // The client's x-request-id is on the request span and on Deno.serve's HTTP span above it.
+    assertEquals(otlpAttr(r, "llm.request.id"), "trace-req-1");
+    const http = spans.find((s) => s.spanId === r.parentSpanId);
+    assert(http !== undefined, `no parent span; spans: ${spans.map((s) => s.name).join(", ")}`);
+    assertEquals(otlpAttr(http!, "llm.request.id"), "trace-req-1");
     const phases = spans.filter((s) => s.parentSpanId === r.spanId).map((s) => s.name).sort();
     assertEquals(phases, ["decode", "prefill", "queued"]);
     const steps = spans.filter((s) => s.name === "llm.step");

@@ -20,7 +20,8 @@ export const SETTINGS = {
   port: { env: "LLMSERVE_PORT", help: "port to listen on (0 picks a free one)", default: 8000 },
   kvMemory: {
     env: "LLMSERVE_KV_MEMORY",
-    help: "memory for the paged KV cache",
+    help:
+      "memory for the paged KV cache (auto: a full context per running sequence, within the device's limits)",
     default: DEFAULT_LIMITS.kvMemory,
   },
   blockSize: {
@@ -60,7 +61,7 @@ export const SETTINGS = {
   },
   logFormat: {
     env: "LLMSERVE_LOG_FORMAT",
-    help: "request log lines: text | json",
+    help: "request log lines: text | json | off",
     default: "text",
   },
   metricsPublic: {
@@ -73,10 +74,42 @@ export const SETTINGS = {
     help: "memory for cached answers to deterministic requests, e.g. 64MiB (0: off)",
     default: "0",
   },
+  maxConnections: {
+    env: "LLMSERVE_MAX_CONNECTIONS",
+    help: "open client connections at most (default: from the open-file limit)",
+  },
+  headerTimeout: {
+    env: "LLMSERVE_HEADER_TIMEOUT",
+    help: "seconds a connection has to send a request's headers",
+    default: 60,
+  },
+  bodyTimeout: {
+    env: "LLMSERVE_BODY_TIMEOUT",
+    help: "seconds a whole request may take to arrive",
+    default: 60,
+  },
+  keepAliveTimeout: {
+    env: "LLMSERVE_KEEP_ALIVE_TIMEOUT",
+    help: "seconds an idle keep-alive connection is kept",
+    default: 5,
+  },
+  corsOrigin: {
+    env: "LLMSERVE_CORS_ORIGINS",
+    help: "origin whose pages may use the API, e.g. http://localhost:* (repeatable; env: comma-separated)",
+  },
+  allowedHost: {
+    env: "LLMSERVE_ALLOWED_HOSTS",
+    help: "host name served besides IPs and localhost (repeatable; env: comma-separated)",
+  },
 } as const;
 
 /** Settings that take a list: repeated flags, or a comma-separated variable. */
-const LIST_SETTINGS: ReadonlySet<string> = new Set(["apiKey", "servedModelName"]);
+const LIST_SETTINGS: ReadonlySet<string> = new Set([
+  "apiKey",
+  "servedModelName",
+  "corsOrigin",
+  "allowedHost",
+]);
 
 const byteSize = (fallback: string) =>
   z.string().default(fallback).transform((s, ctx) => {
@@ -104,6 +137,9 @@ const positiveInt = () =>
     "must be positive",
   );
 
+const seconds = () =>
+  z.coerce.number({ error: "must be a number of seconds" }).positive("must be positive");
+
 export const ConfigSchema = z.object({
   model: z.string().min(1).default(D.model.default),
   tokenizer: z.string().min(1).optional(),
@@ -115,7 +151,16 @@ export const ConfigSchema = z.object({
     0,
     "must be 0 to 65535",
   ).max(65535, "must be 0 to 65535").default(D.port.default),
-  kvMemory: byteSize(D.kvMemory.default),
+  // "auto" (the default): sized from the model and the device at start-up (planKvCache).
+  kvMemory: z.string().default(D.kvMemory.default).transform((s, ctx) => {
+    if (s.trim().toLowerCase() === "auto") return undefined;
+    try {
+      return parseByteSize(s);
+    } catch (e) {
+      ctx.addIssue({ code: "custom", message: (e as Error).message });
+      return z.NEVER;
+    }
+  }),
   blockSize: positiveInt().default(DEFAULT_LIMITS.blockSize),
   maxBatchTokens: positiveInt().default(DEFAULT_LIMITS.maxBatchTokens),
   maxRunning: positiveInt().default(DEFAULT_LIMITS.maxRunning),
@@ -124,12 +169,18 @@ export const ConfigSchema = z.object({
     DEFAULT_LIMITS.maxPipelineDepth,
     `must be at most ${DEFAULT_LIMITS.maxPipelineDepth}`,
   ).default(DEFAULT_LIMITS.pipelineDepth),
-  apiKey: z.array(z.string().min(8, "API keys must have at least 8 characters")).default([]),
+  apiKey: z.array(
+    z.string().min(8, "API keys must have at least 8 characters").regex(
+      /^[\x21-\x7e]+$/,
+      "API keys must be printable ASCII without spaces (a key with a space can never match " +
+        "'Authorization: Bearer <key>')",
+    ),
+  ).default([]),
   drainTimeout: z.coerce.number({ error: "must be a number" }).nonnegative(
     "must be 0 or more seconds",
   ).default(D.drainTimeout.default),
   servedModelName: z.array(z.string().min(1, "a served model name cannot be empty")).default([]),
-  logFormat: z.enum(["text", "json"]).default(D.logFormat.default),
+  logFormat: z.enum(["text", "json", "off"]).default(D.logFormat.default),
   metricsPublic: z.union([
     z.boolean(),
     z.enum(["true", "false", "1", "0"], { error: "expected true, false, 1 or 0" }).transform((v) =>
@@ -139,6 +190,20 @@ export const ConfigSchema = z.object({
   // Off by default: benchmarks and soak runs repeat requests to measure the engine, and a
   // cache would answer them instead.
   resultCache: byteSize(D.resultCache.default),
+  maxConnections: positiveInt().optional(),
+  headerTimeout: seconds().default(D.headerTimeout.default),
+  bodyTimeout: seconds().default(D.bodyTimeout.default),
+  keepAliveTimeout: seconds().default(D.keepAliveTimeout.default),
+  corsOrigin: z.array(
+    z.string().regex(
+      /^(\*|null|[a-z][a-z0-9+.-]*:\/\/[^/\s]+)$/i,
+      "an origin is scheme://host[:port] (globs with * allowed, e.g. http://localhost:*), " +
+        "'null', or '*'",
+    ),
+  ).default([]),
+  allowedHost: z.array(
+    z.string().regex(/^[a-z0-9.-]+$/i, "a host name is letters, digits, dots and dashes"),
+  ).default([]),
 });
 
 export type Config = z.infer<typeof ConfigSchema>;
@@ -179,6 +244,10 @@ export function resolveConfig(
         : `${SETTINGS[name].env} (${flag})`;
       // API keys are secrets: say which one, never echo it.
       if (name === "apiKey") return `${where} #${Number(i.path[1] ?? 0) + 1}: ${i.message}`;
+      if (LIST_SETTINGS.has(name) && typeof i.path[1] === "number") {
+        const item = (raw[name] as unknown[])[i.path[1]];
+        return `${where}: ${i.message} (received ${JSON.stringify(item)})`;
+      }
       const received = JSON.stringify(raw[name]);
       return i.message.includes(received)
         ? `${where}: ${i.message}`

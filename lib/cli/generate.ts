@@ -1,4 +1,4 @@
-import { openModel } from "./open_model.ts";
+import { openModel, uploadProgress } from "./open_model.ts";
 import { DEFAULT_LIMITS } from "../engine/limits.ts";
 import { parseFlags } from "./args.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
@@ -6,7 +6,8 @@ import { versionLine } from "./version.ts";
 import type { SamplingParams } from "../engine/engine.ts";
 import { ServingCore } from "../../actors/core.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
-import { createEngine } from "../serving/engine_factory.ts";
+import { createEngine, engineMemory, planKv } from "../serving/engine_factory.ts";
+import { formatBytes } from "../util/byte_size.ts";
 import { DEFAULT_MODEL } from "../source/model_source.ts";
 import { z } from "zod";
 
@@ -87,13 +88,21 @@ export async function generateCommand(argv: string[]): Promise<number> {
   // Started by the launcher, which is gone: nobody reads the output any more.
   whenLauncherGone(() => Deno.exit(143));
   const args = parsed;
-  const { source, model, tokenizer } = await openModel(args.model ?? DEFAULT_MODEL, {
+  const { source, tokenizer, ...opened } = await openModel(args.model ?? DEFAULT_MODEL, {
     modelsDir: args["models-dir"],
     tokenizer: args.tokenizer,
     contextLength: args["context-length"],
     purpose: "generate with",
   });
-  const promptIds = tokenizer.encode(args.prompt, { bos: true });
+  // One sequence: an automatic KV cache of one full context, shortened to fit the device.
+  const plan = await planKv(opened.model, args.backend, {
+    blockSize: DEFAULT_LIMITS.blockSize,
+    maxRunning: 1,
+  });
+  const model = plan.contextLength === opened.model.config.contextLength
+    ? opened.model
+    : { ...opened.model, config: { ...opened.model.config, contextLength: plan.contextLength } };
+  const promptIds = tokenizer.encode(args.prompt);
   const limit = model.config.contextLength;
   if (promptIds.length >= limit) {
     throw new Error(
@@ -101,11 +110,22 @@ export async function generateCommand(argv: string[]): Promise<number> {
     );
   }
   const maxTokens = Math.min(args["max-tokens"], limit - promptIds.length);
-  const blockSize = DEFAULT_LIMITS.blockSize;
-  const kv = { numBlocks: Math.ceil(limit / blockSize) + 1, blockSize };
+  const kv = { numBlocks: plan.numBlocks, blockSize: plan.blockSize };
   const limits = { maxBatchTokens: DEFAULT_LIMITS.maxBatchTokens, maxSeqs: 1 };
-  const { engine, description } = await createEngine(model, args.backend, kv, limits);
-  console.error(`model ${source.modelPath} on ${description}; prompt ${promptIds.length} tokens`);
+  const { engine, description } = await createEngine(
+    model,
+    args.backend,
+    kv,
+    limits,
+    uploadProgress(source.modelPath),
+  );
+  const mem = engineMemory(engine);
+  const c = model.config;
+  console.error(
+    `model ${source.modelPath} (${c.architecture}, ${c.nLayers} layers, vocab ${c.vocabSize}, context ${c.contextLength}) on ${description}; memory: weights ${
+      mem ? formatBytes(mem.weights) : "?"
+    }, kv cache ${formatBytes(mem?.kvCache ?? plan.bytes)}; prompt ${promptIds.length} tokens`,
+  );
 
   // The same serving core as the server (one sequence): pipelined decode, the same stop rules.
   const core = new ServingCore({

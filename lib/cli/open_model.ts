@@ -51,3 +51,16 @@ export async function openModel(
   }
   return { source, model, tokenizer: new Tokenizer(model.tokenizer) };
 }
+
+/**
+ * A progress callback for the weights' upload to the device, drawn (on a terminal only) after
+ * the reading bar: on a big model the upload takes as long as the read.
+ */
+export function uploadProgress(modelPath: string): (bytes: number, total: number) => void {
+  let bar: ProgressBar | undefined;
+  return (bytes, total) => {
+    bar ??= new ProgressBar(`uploading ${modelPath.split("/").pop()}`, total, 0);
+    if (bytes >= total) bar.finish(bytes);
+    else bar.update(bytes);
+  };
+}

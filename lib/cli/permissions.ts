@@ -19,6 +19,8 @@ export interface Permissions {
   readonly write: readonly string[];
   readonly net: readonly string[];
   readonly env: readonly string[];
+  /** `Deno.systemMemoryInfo` and the like, by name. */
+  readonly sys?: readonly string[];
 }
 
 /** The settings that decide what a run touches. */
@@ -41,7 +43,13 @@ export const ENV_READ = [
   "XDG_CACHE_HOME",
   "HOME",
   "LOCALAPPDATA",
+  // Read by the `ws` package behind node:http's WebSocket upgrades.
+  "WS_NO_BUFFER_UTIL",
+  "WS_NO_UTF_8_VALIDATE",
 ] as const;
+
+/** `--kv-memory auto` sizes the cache from the machine's memory. */
+export const SYS_READ = ["systemMemoryInfo"] as const;
 
 /**
  * Hugging Face answers a `resolve/` URL with a redirect to one of its content hosts, so a
@@ -63,7 +71,7 @@ export const HUGGING_FACE_HOSTS = [
  * - write: the models directory, only when a spec may be downloaded (a URL or a name);
  * - net: the listen address, and the hosts of any URL that may be downloaded (a known name's
  *   download host; Hugging Face's content hosts with it);
- * - env: {@linkcode ENV_READ}.
+ * - env: {@linkcode ENV_READ}; sys: {@linkcode SYS_READ}.
  */
 export function derivePermissions(needs: RunNeeds, env: EnvGetter): Permissions {
   const read = new Set<string>();
@@ -95,7 +103,13 @@ export function derivePermissions(needs: RunNeeds, env: EnvGetter): Permissions 
     }
   }
   if (needs.host !== undefined) net.add(netHost(needs.host));
-  return { read: [...read], write: [...write], net: [...net], env: [...ENV_READ] };
+  return {
+    read: [...read],
+    write: [...write],
+    net: [...net],
+    env: [...ENV_READ],
+    sys: [...SYS_READ],
+  };
 }
 
 function downloadHosts(url: string): string[] {
@@ -123,5 +137,6 @@ export function permissionFlags(p: Permissions): string[] {
     ...flag("write", p.write),
     ...flag("net", p.net),
     ...flag("env", p.env),
+    ...flag("sys", p.sys ?? []),
   ];
 }

@@ -1,4 +1,4 @@
-import { openModel } from "./open_model.ts";
+import { openModel, uploadProgress } from "./open_model.ts";
 import { parseFlags } from "./args.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
 import { versionLine } from "./version.ts";
@@ -12,7 +12,7 @@ import {
   SETTINGS,
 } from "./config.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
-import { createEngine } from "../serving/engine_factory.ts";
+import { createEngine, engineMemory, planKv } from "../serving/engine_factory.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
 import { type Engine, GREEDY, stepTokens } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
@@ -21,7 +21,7 @@ import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
 import { createLoadingService, LoadProgress, SwitchableService } from "../http/loading_service.ts";
 import { CachedBackend } from "../serving/cached_backend.ts";
-import { kvBlockBytes, kvBlocksIn } from "../engine/kv_budget.ts";
+import { defaultMaxConnections, openFileLimit } from "../util/fd_limit.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",
@@ -43,6 +43,12 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "log-format": "logFormat",
   "metrics-public": "metricsPublic",
   "result-cache": "resultCache",
+  "max-connections": "maxConnections",
+  "header-timeout": "headerTimeout",
+  "body-timeout": "bodyTimeout",
+  "keep-alive-timeout": "keepAliveTimeout",
+  "cors-origin": "corsOrigin",
+  "allowed-host": "allowedHost",
 };
 
 /** Flags that take no value. */
@@ -79,7 +85,7 @@ export function serveInfo(argv: readonly string[]): string | undefined {
 export function parseServeArgs(argv: string[], env?: (name: string) => string | undefined): Config {
   const { values: flags, unknown } = parseFlags(argv, {
     string: Object.keys(FLAG_NAMES).filter((f) => !BOOLEAN_FLAGS.includes(f)),
-    collect: ["api-key", "served-model-name"],
+    collect: ["api-key", "served-model-name", "cors-origin", "allowed-host"],
     boolean: ["help", "version", ...BOOLEAN_FLAGS],
   });
   if (unknown.length > 0) throw new Error(`Unknown argument(s): ${unknown.join(" ")}\n${usage()}`);
@@ -116,10 +122,17 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const progress = new LoadProgress();
   const front = new SwitchableService(createLoadingService(progress, requestLog, metrics));
   let listening!: Deno.NetAddr;
-  const server = serveService(front, {
+  const fdLimit = openFileLimit();
+  const maxConnections = config.maxConnections ?? defaultMaxConnections(fdLimit);
+  const server = await serveService(front, {
     hostname: config.host,
     port: config.port,
     drainTimeoutMs: config.drainTimeout * 1000,
+    maxConnections,
+    headerTimeoutMs: config.headerTimeout * 1000,
+    bodyTimeoutMs: config.bodyTimeout * 1000,
+    keepAliveTimeoutMs: config.keepAliveTimeout * 1000,
+    log,
     onListen: (addr) => {
       listening = addr;
       log(`llmserve listening on http://${addr.hostname}:${addr.port}/ (loading the model)`);
@@ -137,7 +150,16 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const { service, core, summary } = first;
   front.switchTo(service);
   progress.set("ready");
-  log(summary(listening));
+  log(
+    summary(listening) + "\n" + [
+      `  origins   same origin${
+        config.corsOrigin.length > 0 ? ` + ${config.corsOrigin.join(", ")}` : " only"
+      }${config.allowedHost.length > 0 ? `; host names ${config.allowedHost.join(", ")}` : ""}`,
+      `  conns     ${maxConnections} at most${
+        config.maxConnections === undefined ? ` (open-file limit ${fdLimit ?? "unknown"})` : ""
+      }; timeouts: header ${config.headerTimeout} s, body ${config.bodyTimeout} s, keep-alive ${config.keepAliveTimeout} s`,
+    ].join("\n"),
+  );
   const result = await server.closed;
   await core.close();
   log(
@@ -157,29 +179,38 @@ async function start(
   metrics: ServiceMetrics,
   requestLog: RequestLog,
 ) {
-  const { source, model, tokenizer } = await openModel(config.model, {
+  const { source, tokenizer, ...opened } = await openModel(config.model, {
     modelsDir: config.modelsDir,
     tokenizer: config.tokenizer,
     contextLength: config.contextLength,
     purpose: "serve",
     onProgress: (phase, bytes, total) => progress.set(phase, bytes, total),
   });
-  const blockBytes = kvBlockBytes(model.config, config.blockSize);
-  const numBlocks = kvBlocksIn(config.kvMemory, model.config, config.blockSize);
-  const minBlocks = Math.ceil(model.config.contextLength / config.blockSize);
-  if (numBlocks < minBlocks) {
-    throw new Error(
-      `--kv-memory ${
-        formatBytes(config.kvMemory)
-      } holds ${numBlocks} KV blocks; one full-context sequence needs ${minBlocks} (${
-        formatBytes(minBlocks * blockBytes)
-      })`,
-    );
-  }
-  const kv = { numBlocks, blockSize: config.blockSize };
+  const plan = await planKv(opened.model, config.backend, {
+    blockSize: config.blockSize,
+    maxRunning: config.maxRunning,
+    ...(config.kvMemory === undefined ? {} : { kvMemory: config.kvMemory }),
+  });
+  // An automatic cache too small for the file's context shortens it (the summary says so).
+  const model = plan.contextLength === opened.model.config.contextLength
+    ? opened.model
+    : { ...opened.model, config: { ...opened.model.config, contextLength: plan.contextLength } };
+  const numBlocks = plan.numBlocks;
+  const kv = { numBlocks, blockSize: plan.blockSize };
   const limits = { maxBatchTokens: config.maxBatchTokens, maxSeqs: config.maxRunning };
   progress.set("building_engine");
-  const { engine, description } = await createEngine(model, config.backend, kv, limits);
+  // The upload to the device is most of building the engine: its bytes are the phase's progress.
+  const bar = uploadProgress(source.modelPath);
+  const { engine, description } = await createEngine(
+    model,
+    config.backend,
+    kv,
+    limits,
+    (bytes, total) => {
+      bar(bytes, total);
+      progress.set("building_engine", bytes, total);
+    },
+  );
   progress.set("warming_up");
   await warmUp(engine, tokenizer.bosId);
   // Test-only: LLMSERVE_FAULT_STEPS makes chosen engine steps fail (see lib/fault_injection.ts).
@@ -220,6 +251,8 @@ async function start(
     backend,
     metrics,
     apiKeys: config.apiKey,
+    corsOrigins: config.corsOrigin,
+    allowedHosts: config.allowedHost,
     drainTimeoutMs: config.drainTimeout * 1000,
     servedModelNames,
     metricsPublic: config.metricsPublic,
@@ -236,15 +269,19 @@ async function start(
     },
   });
   const c = model.config;
+  const mem = engineMemory(engine);
   const summary = (addr: Deno.NetAddr) =>
     [
       `llmserve ready`,
-      `  model     ${source.modelPath} (${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads, vocab ${c.vocabSize}, context ${c.contextLength})`,
+      `  model     ${source.modelPath} (${c.architecture}, ${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads of ${c.headDim}, vocab ${c.vocabSize}, context ${c.contextLength})`,
       `  served as ${servedModelNames.join(", ")}`,
       `  backend   ${description}`,
-      `  kv cache  ${numBlocks} blocks x ${config.blockSize} tokens = ${
-        formatBytes(numBlocks * blockBytes)
-      } (${numBlocks * config.blockSize} tokens)`,
+      `  memory    weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
+        formatBytes(mem?.kvCache ?? plan.bytes)
+      }`,
+      `  kv cache  ${numBlocks} blocks x ${plan.blockSize} tokens = ${
+        formatBytes(plan.bytes)
+      } (${numBlocks * plan.blockSize} tokens; ${plan.why})`,
       `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${config.pipelineDepth}`,
       `  results   ${
         config.resultCache > 0 ? `cache ${formatBytes(config.resultCache)}` : "cache off"

@@ -118,8 +118,9 @@ export interface GenerationBackend {
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent>;
   countTokens(text: string, opts?: { special?: boolean }): number;
   /**
-   * The ids a text becomes. `bos` prepends BOS (a generation always does); `special` reads
-   * control-token text as those tokens (what a rendered chat template needs).
+   * The ids a text becomes. `bos`: with the special tokens the vocabulary adds to a prompt
+   * (BOS where add_bos_token, as a generation does; llama-server's add_special); `special`
+   * reads control-token text as those tokens (what a rendered chat template needs).
    */
   tokenize(text: string, opts: { bos: boolean; special: boolean }): number[];
   /** The text of an id sequence (control tokens vanish). Throws RangeError for a bad id. */
@@ -132,5 +133,7 @@ export interface GenerationBackend {
   readonly chatTemplate?: string;
   readonly bosToken: string;
   readonly eosToken: string;
+  /** Spellings of the tokens only template text may produce (control, user-defined): the chat renderer keeps client text from spelling them. */
+  readonly specialTokens: readonly string[];
   stats(): CoreStats;
 }

@@ -95,6 +95,15 @@ export class ResultCache {
     return e.result;
   }
 
+  /**
+   * Counts a request answered without generating though not from an entry: it followed an
+   * identical request that was generating when it came.
+   */
+  countHit(savedMs: number): void {
+    this.hits++;
+    this.savedMs += savedMs;
+  }
+
   /** Stores a result, evicting the least recently used entries until it fits. */
   set(key: string, result: StoredResult): boolean {
     const bytes = storedResultBytes(key, result);

@@ -3,6 +3,7 @@ import { DEFAULT_LIMITS } from "../engine/limits.ts";
 import type { SeqInput, StepPlan, StepResult } from "../engine/engine.ts";
 import type { FinishReason, GenerationErrorCode } from "./generation.ts";
 import { Sequence } from "./sequence.ts";
+import { isTokenId } from "../engine/step_validation.ts";
 import type { SchedulerStats, SeqEvent, SeqEventSink, SeqSpec } from "./seq_events.ts";
 
 export interface SchedulerConfig {
@@ -15,7 +16,10 @@ export interface SchedulerConfig {
   readonly maxBatchTokens: number;
   /** Most sequences holding KV blocks at once. */
   readonly maxRunning: number;
-  /** Most sequences waiting; more submissions are refused as "overloaded". */
+  /**
+   * Most sequences waiting that cannot start at the next step (beyond the free running slots);
+   * more submissions are refused as "overloaded".
+   */
   readonly maxWaiting: number;
   /** Steps after which a batch request ranks like an interactive one. */
   readonly agingSteps: number;
@@ -26,7 +30,7 @@ export interface SchedulerConfig {
    * again, so one poisonous request cannot keep the engine restarting forever.
    */
   readonly maxSeqFaults: number;
-  /** Token ids must be below this (0: unchecked); an out-of-range id would crash the engine. */
+  /** Prompt token ids must be below this (0: unchecked); one bad id would fail a whole step. */
   readonly vocabSize: number;
   readonly prefixCaching: boolean;
 }
@@ -81,6 +85,21 @@ interface InFlightStep {
   readonly epochs: number[];
 }
 
+/** The step being built by schedule(). */
+interface StepBuild {
+  readonly stepId: number;
+  readonly entries: SeqInput[];
+  readonly record: InFlightStep;
+  /** Sequences in the step: never preempted to make room for another. */
+  readonly members: Set<Sequence>;
+  /**
+   * Sequences preempted to make room while building it. They wait for a later step (so a
+   * preemption is not undone at once), unless this step would otherwise be empty.
+   */
+  readonly preempted: Set<Sequence>;
+  budget: number;
+}
+
 const NO_TOKENS: readonly number[] = Object.freeze([]);
 
 /** Crashed steps after which a sequence runs as the only suspect of its step, to settle blame. */
@@ -89,23 +108,26 @@ const ISOLATE_AFTER_FAULTS = 2;
 /**
  * The continuous-batching policy as a synchronous state machine (the SchedulerActor drives it).
  * Each schedule() builds one step under the token budget and the sequence cap: single-token
- * decodes first, then prefill chunks, highest priority first. KV blocks are allocated lazily per
- * step; when they run out the lowest-priority, most recently admitted sequence is preempted and
- * later recomputed. schedule() may be called again before earlier results come back
- * (pipelining): a decode then feeds "the token sampled last", and tokens sampled past a stop
- * are dropped when they arrive.
+ * decodes first, then prefill chunks, then admissions, highest priority first. KV blocks are
+ * allocated lazily per step; when they run out the lowest-priority, most recently admitted
+ * sequence is preempted and later recomputed. schedule() may be called again before earlier
+ * results come back (pipelining): a decode then feeds "the token sampled last", and tokens
+ * sampled past a stop are dropped when they arrive. Plans are checked by the engines
+ * (lib/engine/step_validation.ts) and requests by the edge; submit() checks only what would
+ * let one request fail a step shared with others.
  */
 export class Scheduler {
   readonly config: SchedulerConfig;
   readonly kv: BlockAllocator;
   /** Live sequences (waiting or running). */
   #seqs = new Map<number, Sequence>();
-  #replies = new Map<number, SeqEventSink>();
   /** Sorted by arrivalOrder. */
   #waiting: Sequence[] = [];
   /** In admission order. */
   #running: Sequence[] = [];
   #inFlight = new Map<number, InFlightStep>();
+  /** Set only while schedule() runs. */
+  #build: StepBuild | undefined;
   #nextStepId = 0;
   #arrivals = 0;
   #admissions = 0;
@@ -156,44 +178,10 @@ export class Scheduler {
    */
   submit(spec: SeqSpec, reply: SeqEventSink): void {
     const { seqId, prompt } = spec;
-    const reject = (code: GenerationErrorCode, message: string) =>
-      safeReply(reply, { type: "rejected", seqId, code, message });
-    if (this.#seqs.has(seqId)) {
-      return reject("internal", `Cannot submit sequence ${seqId}: the id is already live`);
-    }
-    if (!this.#healthy) return reject("internal", "Cannot submit: the executor is down");
-    if (this.#draining) return reject("draining", "Cannot submit: the server is draining");
-    if (this.#waiting.length >= this.config.maxWaiting) {
-      return reject(
-        "overloaded",
-        `Cannot submit: ${this.#waiting.length} requests are waiting, the limit is ${this.config.maxWaiting}`,
-      );
-    }
-    if (prompt.length === 0) {
-      return reject("internal", `Cannot submit sequence ${seqId}: the prompt has no tokens`);
-    }
-    const vocab = this.config.vocabSize;
-    if (vocab > 0) {
-      const bad = prompt.findIndex((t) => !(Number.isInteger(t) && t >= 0 && t < vocab));
-      if (bad >= 0) {
-        return reject(
-          "internal",
-          `Cannot submit: prompt token ${bad} is ${
-            prompt[bad]
-          }, outside the vocabulary of ${vocab} ids`,
-        );
-      }
-    }
-    // A lone sequence must always fit the pool, or preemption could never make room for it.
-    const limit = Math.min(
-      this.config.contextLength,
-      this.config.numBlocks * this.config.blockSize,
-    );
-    if (prompt.length >= limit) {
-      return reject(
-        "context_length_exceeded",
-        `Cannot submit: the prompt has ${prompt.length} tokens; the context holds ${limit}, and at least one must remain for the completion`,
-      );
+    const problem = this.#refusal(spec);
+    if (problem) {
+      safeReply(reply, { type: "rejected", seqId, ...problem });
+      return;
     }
     safeReply(reply, { type: "accepted", seqId, promptTokens: prompt.length });
     if (spec.maxTokens <= 0) {
@@ -204,15 +192,15 @@ export class Scheduler {
     const seq = new Sequence({
       seqId,
       prompt,
-      maxTotal: prompt.length + Math.min(spec.maxTokens, limit - prompt.length),
+      maxTotal: prompt.length + Math.min(spec.maxTokens, this.#promptLimit - prompt.length),
       sampling: spec.sampling,
       stopTokenIds: spec.stopTokenIds,
       priority: spec.priority,
       arrivalStep: this.#nextStepId,
       arrivalOrder: this.#arrivals++,
+      reply,
     });
     this.#seqs.set(seqId, seq);
-    this.#replies.set(seqId, reply);
     this.#waiting.push(seq);
   }
 
@@ -224,13 +212,8 @@ export class Scheduler {
   cancel(seqId: number, notify = true): void {
     const seq = this.#seqs.get(seqId);
     if (!seq) return;
-    if (!notify) this.#replies.delete(seqId);
-    if (seq.status === "waiting") {
-      this.#waiting.splice(this.#waiting.indexOf(seq), 1);
-      this.#end(seq, "cancelled");
-    } else {
-      this.#finish(seq, "cancelled");
-    }
+    if (!notify) seq.reply = undefined;
+    this.#finish(seq, "cancelled");
   }
 
   /**
@@ -244,123 +227,46 @@ export class Scheduler {
   }
 
   /** Builds the next step, or null when no sequence can make progress now. */
-  schedule(retried = false): StepPlan | null {
+  schedule(): StepPlan | null {
     if (!this.#healthy) return null;
-    const stepId = this.#nextStepId;
-    const entries: SeqInput[] = [];
-    const sampled: InFlightStep = { all: [], seqs: [], epochs: [] };
-    let budget = this.config.maxBatchTokens;
-
-    // A repeat suspect shares a step with no other suspect, so a crash there names the culprit.
-    const barred = (seq: Sequence) =>
-      seq.faults >= ISOLATE_AFTER_FAULTS && sampled.isolated !== undefined;
-    const push = (seq: Sequence, n: number, table: readonly number[]) => {
-      if (seq.faults >= ISOLATE_AFTER_FAULTS) sampled.isolated = seq;
-      const start = seq.numScheduled;
-      const useLastSampled = seq.pending > 0;
-      const sample = useLastSampled || start + n === seq.tokens.length;
-      entries.push({
-        seqId: seq.seqId,
-        tokens: useLastSampled ? NO_TOKENS : seq.tokens.slice(start, start + n),
-        useLastSampled,
-        startPos: start,
-        // The allocator's own array, not a copy: a table only grows at its end while its
-        // sequence lives, so it still covers this step when the engine reads it later.
-        blockTable: table,
-        sample,
-        sampling: seq.sampling,
-      });
-      seq.numScheduled += n;
-      seq.lastStep = stepId;
-      sampled.all.push(seq);
-      if (sample) {
-        seq.pending++;
-        sampled.seqs.push(seq);
-        sampled.epochs.push(seq.epoch);
-      }
-      budget -= n;
+    const b: StepBuild = {
+      stepId: this.#nextStepId,
+      entries: [],
+      record: { all: [], seqs: [], epochs: [] },
+      members: new Set(),
+      preempted: new Set(),
+      budget: this.config.maxBatchTokens,
     };
-
-    this.#yieldSlotsToInteractive();
-
-    // 1. One token for every decoding sequence, highest priority first.
-    const running = this.#byPriority(this.#running);
-    for (const seq of running) {
-      if (budget === 0) break;
-      if (seq.status !== "running" || !(seq.pending > 0 || seq.unfed === 1) || barred(seq)) {
-        continue;
+    this.#build = b;
+    try {
+      this.#yieldSlotsToInteractive();
+      const running = this.#byPriority(this.#running);
+      // 1. One token for every decoding sequence.
+      for (const seq of running) {
+        if (b.budget === 0) break;
+        if (!this.#wantsDecode(seq)) continue;
+        const table = this.#makeRoom(seq, 1, true);
+        if (table) this.#add(seq, 1, table);
       }
-      // With tokens in flight it may already have reached its length limit.
-      if (!seq.canSample) continue;
-      const table = this.#makeRoom(seq, 1, stepId, true);
-      if (table) push(seq, 1, table);
+      // 2. The next prefill chunk of every admitted sequence still reading its prompt.
+      for (const seq of running) {
+        if (b.budget === 0) break;
+        if (!this.#wantsPrefill(seq)) continue;
+        const n = Math.min(seq.unfed, b.budget);
+        const table = this.#makeRoom(seq, n, false);
+        if (table) this.#add(seq, n, table);
+      }
+      // 3. Admissions from the queue.
+      this.#admit();
+    } finally {
+      this.#build = undefined;
     }
-
-    // 2. Prefill chunks of admitted sequences, then admissions from the waiting queue.
-    for (const seq of running) {
-      if (budget === 0) break;
-      if (
-        seq.status !== "running" || seq.lastStep === stepId || seq.pending > 0 || seq.unfed < 2 ||
-        barred(seq)
-      ) {
-        continue;
-      }
-      const n = Math.min(seq.unfed, budget);
-      const table = this.#makeRoom(seq, n, stepId, false);
-      if (table) push(seq, n, table);
-    }
-    let admitted = false;
-    for (const seq of this.#byPriority(this.#waiting)) {
-      if (budget === 0 || this.#running.length >= this.config.maxRunning) break;
-      // Preempted while building this step: there is no room for it now, nor for those behind it.
-      if (seq.lastStep === stepId) break;
-      if (barred(seq)) continue;
-      let cached = 0, n = 0, table: readonly number[] | null = null;
-      for (;;) {
-        // Again after each preemption: the victim's free may have cached more of this prompt,
-        // and allocateSlots takes every cached block it finds, so the plan must start after them.
-        cached = this.kv.computedPrefix(seq);
-        n = Math.min(seq.tokens.length - cached, budget);
-        const reserve = this.#running.length > 0 ? this.config.watermarkBlocks : 0;
-        table = this.kv.allocateSlots(seq, n, reserve);
-        if (table) break;
-        const victim = this.#victim(seq, stepId, true);
-        if (!victim) break;
-        this.#preempt(victim);
-      }
-      // First come, first served: a later arrival does not jump a request that does not fit.
-      if (!table) break;
-      seq.status = "running";
-      seq.admitOrder = this.#admissions++;
-      seq.numScheduled = cached;
-      this.#running.push(seq);
-      admitted = true;
-      if (seq.cachedTokens < 0) {
-        seq.cachedTokens = cached;
-        this.#reply(seq, { type: "scheduled", seqId: seq.seqId, cachedTokens: cached });
-      }
-      push(seq, n, table);
-    }
-    if (admitted) this.#waiting = this.#waiting.filter((s) => s.status === "waiting");
-
-    if (entries.length === 0) {
-      // Sequences preempted while building this step are marked to wait for the next one, but
-      // no step is emitted and nothing in flight may come back to call schedule() again: clear
-      // the marks and try once more rather than stall with work waiting.
-      let marked = false;
-      for (const w of this.#waiting) {
-        if (w.lastStep === stepId) {
-          w.lastStep = -1;
-          marked = true;
-        }
-      }
-      return marked && !retried ? this.schedule(true) : null;
-    }
+    if (b.entries.length === 0) return null;
     this.#nextStepId++;
-    this.#inFlight.set(stepId, sampled);
-    this.#lastBatchSize = entries.length;
-    this.#lastBatchTokens = this.config.maxBatchTokens - budget;
-    return { stepId, seqs: entries };
+    this.#inFlight.set(b.stepId, b.record);
+    this.#lastBatchSize = b.entries.length;
+    this.#lastBatchTokens = this.config.maxBatchTokens - b.budget;
+    return { stepId: b.stepId, seqs: b.entries };
   }
 
   /**
@@ -421,19 +327,13 @@ export class Scheduler {
     const blamed = failed?.isolated ? [failed.isolated] : failed?.all ?? [];
     for (const seq of blamed) {
       if (seq.status !== "running" || ++seq.faults < this.config.maxSeqFaults) continue;
-      this.#running.splice(this.#running.indexOf(seq), 1);
-      this.#reply(seq, {
+      this.#retire(seq, {
         type: "failed",
         seqId: seq.seqId,
         code: "internal",
         message:
           `Generation failed: the engine crashed in ${seq.faults} steps that included this request (last error: ${error})`,
       });
-      seq.status = "finished";
-      seq.epoch++;
-      this.#finished++;
-      this.#seqs.delete(seq.seqId);
-      this.#replies.delete(seq.seqId);
     }
     this.#inFlight.clear();
     for (const seq of this.#running) this.#requeue(seq);
@@ -448,15 +348,10 @@ export class Scheduler {
     this.#healthy = false;
     this.#inFlight.clear();
     for (const seq of [...this.#seqs.values()]) {
-      this.#reply(seq, { type: "failed", seqId: seq.seqId, code, message });
-      seq.status = "finished";
-      seq.epoch++;
+      this.#retire(seq, { type: "failed", seqId: seq.seqId, code, message });
     }
-    this.#seqs.clear();
-    this.#replies.clear();
-    this.#waiting = [];
-    this.#running = [];
     this.kv.reset();
+    this.#released = [];
   }
 
   stats(): SchedulerStats {
@@ -484,6 +379,148 @@ export class Scheduler {
     };
   }
 
+  /** A lone sequence must always fit the pool, or preemption could never make room for it. */
+  get #promptLimit(): number {
+    return Math.min(this.config.contextLength, this.config.numBlocks * this.config.blockSize);
+  }
+
+  /** Why a submission is refused, if it is. */
+  #refusal(spec: SeqSpec): { code: GenerationErrorCode; message: string } | undefined {
+    const { seqId, prompt } = spec;
+    if (this.#seqs.has(seqId)) {
+      return {
+        code: "internal",
+        message: `Cannot submit sequence ${seqId}: the id is already live`,
+      };
+    }
+    if (!this.#healthy) return { code: "internal", message: "Cannot submit: the executor is down" };
+    if (this.#draining) {
+      return { code: "draining", message: "Cannot submit: the server is draining" };
+    }
+    // Those that can start at the next step are not queued for the purpose of overload.
+    const freeSlots = Math.max(0, this.config.maxRunning - this.#running.length);
+    const queued = this.#waiting.length - freeSlots;
+    if (queued >= this.config.maxWaiting) {
+      return {
+        code: "overloaded",
+        message:
+          `Cannot submit: ${queued} requests are waiting beyond the ${freeSlots} free running slots, the limit is ${this.config.maxWaiting}`,
+      };
+    }
+    if (prompt.length === 0) {
+      return {
+        code: "internal",
+        message: `Cannot submit sequence ${seqId}: the prompt has no tokens`,
+      };
+    }
+    const vocab = this.config.vocabSize;
+    const bad = vocab > 0 ? prompt.findIndex((t) => !isTokenId(t, vocab)) : -1;
+    if (bad >= 0) {
+      return {
+        code: "internal",
+        message: `Cannot submit: prompt token ${bad} is ${
+          prompt[bad]
+        }, outside the vocabulary of ${vocab} ids`,
+      };
+    }
+    const limit = this.#promptLimit;
+    if (prompt.length >= limit) {
+      return {
+        code: "context_length_exceeded",
+        message:
+          `Cannot submit: the prompt has ${prompt.length} tokens; the context holds ${limit}, and at least one must remain for the completion`,
+      };
+    }
+    return undefined;
+  }
+
+  /** A repeat suspect shares a step with no other suspect, so a crash there names the culprit. */
+  #barred(seq: Sequence): boolean {
+    return seq.faults >= ISOLATE_AFTER_FAULTS && this.#build!.record.isolated !== undefined;
+  }
+
+  /** Running, with one token to feed (known, or sampled in flight), and room to sample one more. */
+  #wantsDecode(seq: Sequence): boolean {
+    return seq.status === "running" && (seq.pending > 0 || seq.unfed === 1) && seq.canSample &&
+      !this.#barred(seq);
+  }
+
+  /** Running, not yet in this step, with known tokens to feed (a prompt or a recomputation). */
+  #wantsPrefill(seq: Sequence): boolean {
+    return seq.status === "running" && !this.#build!.members.has(seq) && seq.pending === 0 &&
+      seq.unfed >= 2 && !this.#barred(seq);
+  }
+
+  /** Adds n of the sequence's tokens (or its last sampled one) to the step being built. */
+  #add(seq: Sequence, n: number, table: readonly number[]): void {
+    const b = this.#build!;
+    if (seq.faults >= ISOLATE_AFTER_FAULTS) b.record.isolated = seq;
+    const start = seq.numScheduled;
+    const useLastSampled = seq.pending > 0;
+    const sample = useLastSampled || start + n === seq.tokens.length;
+    b.entries.push({
+      seqId: seq.seqId,
+      tokens: useLastSampled ? NO_TOKENS : seq.tokens.slice(start, start + n),
+      useLastSampled,
+      startPos: start,
+      // The allocator's own array, not a copy: a table only grows at its end while its
+      // sequence lives, so it still covers this step when the engine reads it later.
+      blockTable: table,
+      sample,
+      sampling: seq.sampling,
+    });
+    seq.numScheduled += n;
+    b.members.add(seq);
+    b.record.all.push(seq);
+    if (sample) {
+      seq.pending++;
+      b.record.seqs.push(seq);
+      b.record.epochs.push(seq.epoch);
+    }
+    b.budget -= n;
+  }
+
+  /**
+   * Admits waiting sequences, highest priority first, while the budget and the running cap
+   * allow; each may preempt strictly lower-ranked running work to fit. First come, first
+   * served: a later arrival does not jump a request that does not fit.
+   */
+  #admit(): void {
+    const b = this.#build!;
+    let admitted = false;
+    for (const seq of this.#byPriority(this.#waiting)) {
+      if (b.budget === 0 || this.#running.length >= this.config.maxRunning) break;
+      // No room for it now, nor for those behind it.
+      if (b.preempted.has(seq) && b.entries.length > 0) break;
+      if (this.#barred(seq)) continue;
+      let cached = 0, n = 0, table: readonly number[] | null = null;
+      for (;;) {
+        // Again after each preemption: the victim's free may have cached more of this prompt,
+        // and allocateSlots takes every cached block it finds, so the plan must start after them.
+        cached = this.kv.computedPrefix(seq);
+        n = Math.min(seq.tokens.length - cached, b.budget);
+        const reserve = this.#running.length > 0 ? this.config.watermarkBlocks : 0;
+        table = this.kv.allocateSlots(seq, n, reserve);
+        if (table) break;
+        const victim = this.#victim(seq, true);
+        if (!victim) break;
+        this.#preempt(victim);
+      }
+      if (!table) break;
+      seq.status = "running";
+      seq.admitOrder = this.#admissions++;
+      seq.numScheduled = cached;
+      this.#running.push(seq);
+      admitted = true;
+      if (seq.cachedTokens < 0) {
+        seq.cachedTokens = cached;
+        this.#reply(seq, { type: "scheduled", seqId: seq.seqId, cachedTokens: cached });
+      }
+      this.#add(seq, n, table);
+    }
+    if (admitted) this.#waiting = this.#waiting.filter((s) => s.status === "waiting");
+  }
+
   /** Batch work ranks like interactive work once it has waited agingSteps. */
   #rank(seq: Sequence): number {
     return seq.priority === "interactive" ||
@@ -503,11 +540,11 @@ export class Scheduler {
    * Allocates slots for a running sequence, preempting lower-priority or later-admitted ones
    * not in this step. A decode that still finds no room preempts itself; a prefill chunk waits.
    */
-  #makeRoom(seq: Sequence, n: number, stepId: number, isDecode: boolean): readonly number[] | null {
+  #makeRoom(seq: Sequence, n: number, isDecode: boolean): readonly number[] | null {
     for (;;) {
       const table = this.kv.allocateSlots(seq, n);
       if (table) return table;
-      const victim = this.#victim(seq, stepId, false);
+      const victim = this.#victim(seq, false);
       if (victim) {
         this.#preempt(victim);
         continue;
@@ -538,13 +575,14 @@ export class Scheduler {
    * part of the step being built. For an admission (`strictlyLower`) only lower ranks qualify;
    * otherwise also equal ranks admitted after `seq`.
    */
-  #victim(seq: Sequence, stepId: number, strictlyLower: boolean): Sequence | undefined {
+  #victim(seq: Sequence, strictlyLower: boolean): Sequence | undefined {
+    const members = this.#build!.members;
     const rank = this.#rank(seq);
     for (let r = 1; r >= rank; r--) {
       if (strictlyLower && r === rank) break;
       for (let i = this.#running.length - 1; i >= 0; i--) {
         const s = this.#running[i]!;
-        if (s === seq || s.lastStep === stepId || this.#rank(s) !== r) continue;
+        if (s === seq || members.has(s) || this.#rank(s) !== r) continue;
         if (r === rank && s.admitOrder < seq.admitOrder) break;
         return s;
       }
@@ -555,7 +593,7 @@ export class Scheduler {
   /** Frees a running sequence's blocks and puts it back in the queue, ahead of later arrivals. */
   #preempt(seq: Sequence): void {
     this.kv.free(seq);
-    seq.lastStep = this.#nextStepId;
+    this.#build!.preempted.add(seq);
     this.#running.splice(this.#running.indexOf(seq), 1);
     this.#requeue(seq);
     this.#preemptions++;
@@ -572,35 +610,37 @@ export class Scheduler {
     this.#waiting.splice(i, 0, seq);
   }
 
+  /** Ends a live sequence with a finish reason (the stop token that ended it, if one did). */
   #finish(seq: Sequence, reason: FinishReason, stopToken?: number): void {
-    this.kv.free(seq);
-    const i = this.#running.indexOf(seq);
-    if (i >= 0) this.#running.splice(i, 1);
-    this.#end(seq, reason, stopToken);
+    const completionTokens = seq.numGenerated;
+    this.#retire(
+      seq,
+      stopToken === undefined
+        ? { type: "finished", seqId: seq.seqId, reason, completionTokens }
+        : { type: "finished", seqId: seq.seqId, reason, completionTokens, stopToken },
+    );
   }
 
-  #end(seq: Sequence, reason: FinishReason, stopToken?: number): void {
+  /**
+   * The one way a live sequence ends, however it ends: it leaves its queue and its blocks,
+   * its in-flight results go stale, the engine may forget it, and its owner hears `event`.
+   */
+  #retire(seq: Sequence, event: SeqEvent): void {
+    const queue = seq.status === "running" ? this.#running : this.#waiting;
+    const i = queue.indexOf(seq);
+    if (i >= 0) queue.splice(i, 1);
+    this.kv.free(seq);
     if (seq.cachedTokens >= 0) this.#released.push(seq.seqId); // it reached the engine
     seq.status = "finished";
     seq.epoch++;
     this.#finished++;
-    const event: SeqEvent = stopToken === undefined
-      ? { type: "finished", seqId: seq.seqId, reason, completionTokens: seq.numGenerated }
-      : {
-        type: "finished",
-        seqId: seq.seqId,
-        reason,
-        completionTokens: seq.numGenerated,
-        stopToken,
-      };
-    this.#reply(seq, event);
     this.#seqs.delete(seq.seqId);
-    this.#replies.delete(seq.seqId);
+    this.#reply(seq, event);
+    seq.reply = undefined;
   }
 
   #reply(seq: Sequence, event: SeqEvent): void {
-    const reply = this.#replies.get(seq.seqId);
-    if (reply) safeReply(reply, event);
+    if (seq.reply) safeReply(seq.reply, event);
   }
 }
 

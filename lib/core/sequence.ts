@@ -1,6 +1,7 @@
 import type { SamplingParams } from "../engine/engine.ts";
 import type { Priority } from "./generation.ts";
 import type { KvSeq } from "./block_allocator.ts";
+import type { SeqEventSink } from "./seq_events.ts";
 
 export type SeqStatus = "waiting" | "running" | "finished";
 
@@ -34,10 +35,10 @@ export class Sequence implements KvSeq {
   admitOrder = 0;
   /** Prefix-cache tokens at the first admission, -1 before it. */
   cachedTokens = -1;
-  /** Id of the last step that included it (marks membership while a step is being built). */
-  lastStep = -1;
   /** Steps including it that crashed the engine. */
   faults = 0;
+  /** Where its events go; cleared when nobody listens any more (client gone, ended). */
+  reply: SeqEventSink | undefined;
 
   constructor(init: {
     seqId: number;
@@ -48,6 +49,7 @@ export class Sequence implements KvSeq {
     priority: Priority;
     arrivalStep: number;
     arrivalOrder: number;
+    reply?: SeqEventSink;
   }) {
     this.seqId = init.seqId;
     this.tokens = [...init.prompt];
@@ -58,6 +60,7 @@ export class Sequence implements KvSeq {
     this.priority = init.priority;
     this.arrivalStep = init.arrivalStep;
     this.arrivalOrder = init.arrivalOrder;
+    this.reply = init.reply;
   }
 
   get numGenerated(): number {

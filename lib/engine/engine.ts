@@ -1,6 +1,6 @@
 import type { ModelConfig } from "../model/model_config.ts";
 
-/** How one sequence picks its next token. temperature <= 0 means greedy (argmax). */
+/** How one sequence picks its next token. temperature below MIN_TEMPERATURE (sampling.ts) means greedy (argmax). */
 export interface SamplingParams {
   readonly temperature: number;
   /** Keep only the k most likely tokens; 0 keeps all. */

@@ -1,4 +1,6 @@
 import type { ModelConfig } from "../model/model_config.ts";
+import { formatBytes } from "../util/byte_size.ts";
+import { DEFAULT_LIMITS } from "./limits.ts";
 
 /** Bytes one KV block takes across all layers (K and V, f32). */
 export function kvBlockBytes(config: ModelConfig, blockSize: number): number {
@@ -8,4 +10,108 @@ export function kvBlockBytes(config: ModelConfig, blockSize: number): number {
 /** Whole KV blocks a byte budget holds. */
 export function kvBlocksIn(bytes: number, config: ModelConfig, blockSize: number): number {
   return Math.floor(bytes / kvBlockBytes(config, blockSize));
+}
+
+/** What the KV cache may use, from the flags and the machine. */
+export interface KvRequest {
+  readonly blockSize: number;
+  /** `--kv-memory` in bytes; absent: sized from the model and the limits below. */
+  readonly kvMemory?: number;
+  /** Sequences that may run at once: the automatic size aims at a full context for each. */
+  readonly maxRunning: number;
+  /** Largest buffer one layer's K (or V) pool may be: the device's binding limit (WebGPU). */
+  readonly maxPoolBytes?: number;
+  /**
+   * Memory free for the cache (host memory after the weights were read); the automatic size
+   * takes at most a quarter, or at most UNKNOWN_MEMORY_CAP when this is unknown.
+   */
+  readonly availableMemory?: number;
+}
+
+/** What an automatic cache may take when the free memory is unknown. */
+export const UNKNOWN_MEMORY_CAP = 1024 * 2 ** 20;
+
+/** The KV cache to allocate, and the context length it supports. */
+export interface KvPlan {
+  readonly numBlocks: number;
+  readonly blockSize: number;
+  readonly bytes: number;
+  /** The model's context, or less when an automatic cache cannot hold one full sequence. */
+  readonly contextLength: number;
+  /** How the size was chosen, for the start-up summary. */
+  readonly why: string;
+}
+
+/**
+ * Sizes the paged KV cache. With `kvMemory` it is that budget, refused when one full-context
+ * sequence does not fit or a layer's pool exceeds the device's binding limit. Without it, it is
+ * a full context for each of maxRunning sequences, capped by the binding limit and by a quarter
+ * of the available memory; when even one full context does not fit under those caps, the
+ * context is shortened to what does (a 128k-context Llama 3 file on a small device), and the
+ * plan says so.
+ *
+ * ```ts
+ * planKvCache(model.config, { blockSize: 16, maxRunning: 64, maxPoolBytes: 128 << 20 });
+ * ```
+ */
+export function planKvCache(config: ModelConfig, req: KvRequest): KvPlan {
+  const { blockSize } = req;
+  const blockBytes = kvBlockBytes(config, blockSize);
+  const poolBlockBytes = blockSize * config.nKvHeads * config.headDim * 4;
+  const poolCap = req.maxPoolBytes === undefined
+    ? Infinity
+    : Math.floor(req.maxPoolBytes / poolBlockBytes);
+  const contextBlocks = Math.ceil(config.contextLength / blockSize);
+  const plan = (numBlocks: number, contextLength: number, why: string): KvPlan => ({
+    numBlocks,
+    blockSize,
+    bytes: numBlocks * blockBytes,
+    contextLength,
+    why,
+  });
+  if (req.kvMemory !== undefined) {
+    const numBlocks = Math.floor(req.kvMemory / blockBytes);
+    if (numBlocks < contextBlocks) {
+      throw new Error(
+        `--kv-memory ${
+          formatBytes(req.kvMemory)
+        } holds ${numBlocks} KV blocks; one full-context sequence (${config.contextLength} tokens) needs ${contextBlocks} (${
+          formatBytes(contextBlocks * blockBytes)
+        }); raise it, or lower --context-length`,
+      );
+    }
+    if (numBlocks > poolCap) {
+      throw new Error(
+        `--kv-memory ${formatBytes(req.kvMemory)} needs ${
+          formatBytes(numBlocks * poolBlockBytes)
+        } pools per layer, above the device's binding limit of ${
+          formatBytes(req.maxPoolBytes!)
+        }; use at most ${formatBytes(poolCap * blockBytes)}`,
+      );
+    }
+    return plan(numBlocks, config.contextLength, "--kv-memory");
+  }
+  // The scheduler keeps a watermark of blocks free for running sequences to grow into.
+  const watermark = (n: number) => Math.ceil(n * DEFAULT_LIMITS.watermarkFraction);
+  const wanted = contextBlocks * req.maxRunning + watermark(contextBlocks * req.maxRunning);
+  const memoryBudget = req.availableMemory === undefined
+    ? UNKNOWN_MEMORY_CAP
+    : req.availableMemory / 4;
+  const memoryCap = Math.floor(memoryBudget / blockBytes);
+  const numBlocks = Math.max(1, Math.min(wanted, poolCap, memoryCap));
+  const by = numBlocks === wanted
+    ? `a full context for each of ${req.maxRunning} sequences`
+    : numBlocks === poolCap
+    ? `the device's binding limit of ${formatBytes(req.maxPoolBytes!)} per layer pool`
+    : req.availableMemory === undefined
+    ? `${formatBytes(UNKNOWN_MEMORY_CAP)} (free memory unknown)`
+    : `a quarter of the ${formatBytes(req.availableMemory)} of free memory`;
+  const usable = numBlocks - watermark(numBlocks);
+  if (usable >= contextBlocks) return plan(numBlocks, config.contextLength, `auto: ${by}`);
+  const contextLength = Math.max(1, usable) * blockSize;
+  return plan(
+    numBlocks,
+    contextLength,
+    `auto: ${by}; context shortened from ${config.contextLength} to ${contextLength} tokens to fit one full sequence (pass --kv-memory and --context-length to choose)`,
+  );
 }

@@ -6,8 +6,11 @@
 export const DEFAULT_LIMITS = {
   /** Tokens per KV block. */
   blockSize: 16,
-  /** Memory for the paged KV cache, as the `--kv-memory` flag takes it. */
-  kvMemory: "256MiB",
+  /**
+   * Memory for the paged KV cache, as the `--kv-memory` flag takes it; "auto" sizes it from the
+   * model and the device (lib/engine/kv_budget.ts planKvCache).
+   */
+  kvMemory: "auto",
   /** Token rows one step computes (prefill chunk tokens + one per decode). */
   maxBatchTokens: 512,
   /** Sequences holding KV blocks, and so sharing a step, at once. */

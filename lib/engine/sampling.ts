@@ -52,6 +52,19 @@ export function logSoftmaxAt(logits: ArrayLike<number>, i: number): number {
   return logits[i]! - max - Math.log(sum);
 }
 
+/**
+ * Temperatures below this sample as greedy (vLLM's _SAMPLING_EPS). Dividing logits by a tiny
+ * temperature overflows f32 to infinity (1e-38) or divides by a double that f32 cannot hold
+ * (1e-320), and the "sample" then picks by rounding noise: often the least likely token. Above
+ * it, |logit| / T stays far inside f32 for any logit a model produces.
+ */
+export const MIN_TEMPERATURE = 1e-5;
+
+/** True when `temperature` means argmax (0, negative, or below MIN_TEMPERATURE). */
+export function isGreedyTemperature(temperature: number): boolean {
+  return !(temperature >= MIN_TEMPERATURE);
+}
+
 function checkParams(p: SamplingParams, vocab: number): void {
   const bad = (what: string, got: unknown) => {
     throw new Error(`Cannot sample: ${what}, received ${got}`);
@@ -68,7 +81,7 @@ function checkParams(p: SamplingParams, vocab: number): void {
 /**
  * The set a sampler draws from after temperature, top-k, top-p and min-p, in descending
  * probability order (ties: lower index first), probabilities renormalised to sum to 1.
- * Temperature <= 0 keeps only the argmax. Arithmetic after the temperature division (done in
+ * A temperature below MIN_TEMPERATURE (or <= 0) keeps only the argmax. Arithmetic after the temperature division (done in
  * f32, as a kernel does it) is in double precision.
  *
  * ```ts
@@ -77,7 +90,7 @@ function checkParams(p: SamplingParams, vocab: number): void {
  */
 export function candidateSet(logits: ArrayLike<number>, params: SamplingParams): CandidateSet {
   checkParams(params, logits.length);
-  if (params.temperature <= 0) return { ids: [argmax(logits)], probs: [1] };
+  if (isGreedyTemperature(params.temperature)) return { ids: [argmax(logits)], probs: [1] };
 
   const scaled = new Float64Array(logits.length);
   for (let i = 0; i < logits.length; i++) scaled[i] = Math.fround(logits[i]! / params.temperature);

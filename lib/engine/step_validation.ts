@@ -72,6 +72,11 @@ export function validateStep(plan: StepPlan, rules: StepRules): void {
   }
 }
 
+/** Whether `t` is a token id of a vocabulary of `vocabSize` ids. */
+export function isTokenId(t: number, vocabSize: number): boolean {
+  return Number.isInteger(t) && t >= 0 && t < vocabSize;
+}
+
 /** KV blocks covering positions [0, end). */
 export function blocksFor(end: number, blockSize: number): number {
   return Math.ceil(end / blockSize);
@@ -92,7 +97,7 @@ function checkInputs(seq: SeqInput, where: string, vocabSize: number, rules: Ste
   }
   if (seq.tokens.length === 0) throw new Error(`${where} has no new tokens`);
   for (const t of seq.tokens) {
-    if (!(Number.isInteger(t) && t >= 0 && t < vocabSize)) {
+    if (!isTokenId(t, vocabSize)) {
       throw new Error(`${where} has token ${t} outside the vocabulary 0..${vocabSize - 1}`);
     }
   }

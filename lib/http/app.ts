@@ -1,14 +1,16 @@
 import { Hono } from "hono";
-import { upgradeWebSocket } from "hono/deno";
+import { upgradeWebSocket } from "@hono/node-server";
+import { cors } from "hono/cors";
 import type { WSContext } from "hono/ws";
 import { trace, type Tracer } from "@opentelemetry/api";
 import type { GenerationBackend } from "../core/generation.ts";
-import { ApiKeyVerifier, bearerToken } from "./auth.ts";
+import { ApiKeyVerifier, parseAuthorization } from "./auth.ts";
 import { createChatRenderer } from "./chat_template.ts";
 import { ApiError, toApiError } from "./errors.ts";
 import type { FrameSocket } from "./frame_writer.ts";
 import { registerHealthRoutes } from "./health_routes.ts";
 import { InFlightRegistry } from "./inflight.ts";
+import { OriginPolicy } from "./origin.ts";
 import { registerOpenAiRoutes } from "./openai_routes.ts";
 import { PLAYGROUND_HTML } from "./playground.html.ts";
 import { ServiceMetrics } from "./service_metrics.ts";
@@ -22,6 +24,13 @@ export interface AppOptions {
   readonly backend: GenerationBackend;
   /** Accepted bearer tokens; empty or absent turns authentication off. */
   readonly apiKeys?: readonly string[];
+  /**
+   * Origins (exact, or globs like `http://localhost:*`) whose pages may call the API and open
+   * WebSockets, besides the server's own origin; `*` allows every page.
+   */
+  readonly corsOrigins?: readonly string[];
+  /** Host names the server answers to besides IP literals and localhost (DNS rebinding). */
+  readonly allowedHosts?: readonly string[];
   /** Paths served without a key (default: /, /health, /ready). */
   readonly openPaths?: readonly string[];
   /** HTTP request body limit (default 1 MiB). */
@@ -72,7 +81,7 @@ export interface DrainResult {
 
 export interface ServiceApp {
   readonly app: Hono;
-  /** Pass to Deno.serve. */
+  /** The request handler: serveService() (lib/http/serve.ts) puts it on node:http. */
   readonly fetch: (req: Request, info?: unknown) => Response | Promise<Response>;
   readonly metrics: ServiceMetrics;
   /**
@@ -80,6 +89,8 @@ export interface ServiceApp {
    * `timeoutMs`, aborts what is left, then closes WebSockets with 1001.
    */
   drain(opts?: { timeoutMs?: number }): Promise<DrainResult>;
+  /** Ends a drain's wait now: what is still running is aborted as at the deadline. */
+  hurry(): void;
   setReady(ready: boolean): void;
   readonly draining: boolean;
   /** Generations open over HTTP and WebSocket. */
@@ -90,20 +101,24 @@ export interface ServiceApp {
   close(): void;
 }
 
-/** Routes that get their own label in llm_http_requests_total (others are "unmatched"). */
-const ROUTES = new Set([
-  "/",
-  "/health",
-  "/ready",
-  "/metrics",
-  "/v1/stream",
-  "/v1/models",
-  "/v1/completions",
-  "/v1/chat/completions",
-  "/tokenize",
-  "/detokenize",
-  "/props",
-]);
+/**
+ * Every route and its methods: the routes get their own label in llm_http_requests_total
+ * (others are "unmatched"), and another method on them is answered 405 with `Allow`.
+ */
+const ROUTE_METHODS: Record<string, string> = {
+  "/": "GET, HEAD",
+  "/health": "GET, HEAD",
+  "/ready": "GET, HEAD",
+  "/metrics": "GET, HEAD",
+  "/v1/stream": "GET",
+  "/v1/models": "GET, HEAD",
+  "/v1/completions": "POST",
+  "/v1/chat/completions": "POST",
+  "/tokenize": "POST",
+  "/detokenize": "POST",
+  "/props": "GET, HEAD",
+};
+const ROUTES = new Set(Object.keys(ROUTE_METHODS));
 
 function frameSocket(ws: WSContext): FrameSocket {
   const raw = ws.raw as { bufferedAmount?: number } | undefined;
@@ -130,6 +145,7 @@ export function createApp(opts: AppOptions): ServiceApp {
   const tracer = opts.tracer ?? trace.getTracer("llmserve");
   const inflight = new InFlightRegistry();
   const keys = new ApiKeyVerifier(opts.apiKeys ?? []);
+  const origins = new OriginPolicy(opts.corsOrigins ?? [], opts.allowedHosts ?? []);
   const openPaths = new Set(opts.openPaths ?? ["/", "/health", "/ready"]);
   if (opts.metricsPublic === true) openPaths.add("/metrics");
   const servedModelNames = opts.servedModelNames?.length
@@ -142,6 +158,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     template: backend.chatTemplate,
     bosToken: backend.bosToken,
     eosToken: backend.eosToken,
+    specialTokens: backend.specialTokens,
   });
   let loaded = opts.ready ?? true;
   let draining = false;
@@ -178,15 +195,25 @@ export function createApp(opts: AppOptions): ServiceApp {
     const headers: Record<string, string> = {};
     if (e.status === 503) headers["retry-after"] = retryAfter;
     if (e.status === 401) headers["www-authenticate"] = 'Bearer realm="llmserve"';
+    if (e.code === "upgrade_required") headers["sec-websocket-version"] = "13";
+    if (e.code === "method_not_allowed") headers["allow"] = allowedMethods(new URL(req.url).pathname)!;
     return Response.json(e.toJSON(), { status: e.status, headers });
   };
+  const allowedMethods = (path: string): string | undefined =>
+    ROUTE_METHODS[path] ?? (path.startsWith("/v1/models/") ? "GET, HEAD" : undefined);
   app.onError((err, c) => errorResponse(toApiError(err), c.req.raw));
-  app.notFound((c) =>
-    errorResponse(
-      new ApiError("not_found", `No route for ${c.req.method} ${c.req.path}`),
+  app.notFound((c) => {
+    const allow = allowedMethods(c.req.path);
+    return errorResponse(
+      allow === undefined
+        ? new ApiError("not_found", `No route for ${c.req.method} ${c.req.path}`)
+        : new ApiError(
+          "method_not_allowed",
+          `${c.req.path} does not take ${c.req.method}; use ${allow}`,
+        ),
       c.req.raw,
-    )
-  );
+    );
+  });
 
   // Request id, request log and request counter: first, so they see every answer, errors
   // and refusals included.
@@ -223,15 +250,44 @@ export function createApp(opts: AppOptions): ServiceApp {
     record.responded(c.res.status);
   });
 
+  // Host and Origin before anything else, the open paths included: a rebinding page must not
+  // read /metrics or load the playground under its own name either.
+  app.use("*", async (c, next) => {
+    const refusal = origins.check(c.req.header("host"), c.req.header("origin"));
+    if (refusal !== null) {
+      throw new ApiError(
+        origins.hostAllowed(c.req.header("host") ?? "") ? "forbidden_origin" : "forbidden_host",
+        refusal,
+      );
+    }
+    await next();
+  });
+  // Listed cross-origin pages get CORS headers and their preflights answered.
+  app.use(
+    "*",
+    cors({
+      origin: (origin) => (origins.isListed(origin) ? origin : null),
+      allowMethods: ["GET", "POST", "OPTIONS"],
+      allowHeaders: ["authorization", "content-type", "x-request-id"],
+      exposeHeaders: ["retry-after", "x-request-id"],
+      maxAge: 600,
+    }),
+  );
+
   app.use("*", async (c, next) => {
     if (!keys.enabled || openPaths.has(c.req.path)) return await next();
-    let token = bearerToken(c.req.header("authorization"));
+    const auth = parseAuthorization(c.req.header("authorization"));
+    let token = auth.kind === "token" ? auth.token : null;
     // Browsers cannot set headers on a WebSocket, so the socket may carry the key in its URL.
-    if (token === null && c.req.path === "/v1/stream") token = c.req.query("api_key") ?? null;
+    if (auth.kind === "missing" && c.req.path === "/v1/stream") {
+      token = c.req.query("api_key") ?? null;
+    }
     if (!(await keys.verify(token))) {
       throw new ApiError(
         "unauthorized",
-        token === null
+        auth.kind === "malformed"
+          ? auth.problem
+          : token === null
           ? "Missing API key: send the header 'Authorization: Bearer <key>'"
           : "Invalid API key",
       );
@@ -274,6 +330,35 @@ export function createApp(opts: AppOptions): ServiceApp {
     isLoaded: () => loaded,
   });
 
+  // Refusals of an upgrade go out as the status and headers alone (ws writes them on the raw
+  // socket), so each has its own status.
+  app.get("/v1/stream", async (c, next) => {
+    if (c.req.header("upgrade")?.toLowerCase() !== "websocket") return await next();
+    if (draining) {
+      throw new ApiError(
+        "draining",
+        "The server is shutting down and accepts no new WebSockets; retry on another instance",
+      );
+    }
+    const key = c.req.header("sec-websocket-key");
+    if (key === undefined || !/^[A-Za-z0-9+/]{22}==$/.test(key)) {
+      throw new ApiError(
+        "invalid_request",
+        `A WebSocket upgrade needs a Sec-WebSocket-Key of 16 base64 bytes; received ${
+          key === undefined ? "none" : JSON.stringify(key.slice(0, 40))
+        }`,
+      );
+    }
+    if (c.req.header("sec-websocket-version") !== "13") {
+      throw new ApiError(
+        "upgrade_required",
+        `Only WebSocket version 13 is supported; received ${
+          JSON.stringify(c.req.header("sec-websocket-version") ?? "none")
+        }`,
+      );
+    }
+    await next();
+  });
   app.get(
     "/v1/stream",
     upgradeWebSocket((c) => {
@@ -306,6 +391,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     },
   );
 
+  const hurried = new AbortController();
   const closeAll = () => {
     for (const s of sessions) s.close(CLOSE_GOING_AWAY, "server is shutting down");
     sessions.clear();
@@ -313,19 +399,26 @@ export function createApp(opts: AppOptions): ServiceApp {
 
   return {
     app,
-    fetch: (req, info) => app.fetch(req, info),
+    fetch: (req, info) => app.fetch(req, info as never),
     metrics,
     async drain(d = {}) {
       draining = true;
-      const completed = await inflight.whenIdle(d.timeoutMs ?? opts.drainTimeoutMs ?? 30_000);
+      const completed = await inflight.whenIdle(
+        d.timeoutMs ?? opts.drainTimeoutMs ?? 30_000,
+        hurried.signal,
+      );
       let aborted = 0;
       if (!completed) {
         aborted = inflight.abortAll("drain deadline passed");
-        // Aborted generations end with a final event; give them a moment to send it.
-        await inflight.whenIdle(1000);
+        // Aborted generations end with a final event; give them a moment to send it (within
+        // the second past the deadline that the drain may take).
+        await inflight.whenIdle(500);
       }
       closeAll();
       return { completed, aborted };
+    },
+    hurry() {
+      hurried.abort();
     },
     setReady(ready) {
       loaded = ready;

@@ -31,11 +31,36 @@ export function constantTimeEqual(a: Uint8Array, b: Uint8Array): boolean {
   return diff === 0;
 }
 
-/** The token of an `Authorization: Bearer <token>` header, or null. */
-export function bearerToken(header: string | null | undefined): string | null {
-  if (header === null || header === undefined) return null;
-  const m = /^Bearer\s+(\S+)\s*$/i.exec(header);
-  return m?.[1] ?? null;
+/** What an Authorization header holds: nothing, one bearer token, or something else. */
+export type Authorization =
+  | { readonly kind: "missing" }
+  | { readonly kind: "token"; readonly token: string }
+  | { readonly kind: "malformed"; readonly problem: string };
+
+/**
+ * Reads `Authorization: Bearer <token>`. A header that is there but not that shape is told
+ * apart from a missing one, so the client hears what is wrong with it; the message describes
+ * the header's shape and never repeats what could be a key.
+ */
+export function parseAuthorization(header: string | null | undefined): Authorization {
+  if (header === null || header === undefined || header.trim() === "") return { kind: "missing" };
+  const words = header.trim().split(/\s+/);
+  if (words[0]!.toLowerCase() !== "bearer") {
+    return {
+      kind: "malformed",
+      problem: `Authorization header uses the scheme ${
+        JSON.stringify(words[0]!.slice(0, 20))
+      }; expected 'Authorization: Bearer <key>'`,
+    };
+  }
+  if (words.length !== 2) {
+    return {
+      kind: "malformed",
+      problem: `Authorization header has ${words.length - 1} words after 'Bearer'; expected ` +
+        "exactly one (the key, which never contains spaces)",
+    };
+  }
+  return { kind: "token", token: words[1]! };
 }
 
 async function digest(text: string): Promise<Uint8Array> {

@@ -6,6 +6,7 @@ import { ApiError } from "./errors.ts";
  * chunked client cannot make the server buffer more than the limit).
  */
 export async function readJsonBody(req: Request, maxBytes: number): Promise<unknown> {
+  requireJsonType(req.headers.get("content-type"));
   const declared = Number(req.headers.get("content-length") ?? "NaN");
   if (Number.isFinite(declared) && declared > maxBytes) {
     throw tooLarge(declared, maxBytes);
@@ -22,13 +23,43 @@ export async function readJsonBody(req: Request, maxBytes: number): Promise<unkn
   }
 }
 
+/**
+ * JSON routes take `application/json` only. A `text/plain` body is what a web page on another
+ * site can send without a CORS preflight, so accepting it would let any page drive the server.
+ */
+export function requireJsonType(contentType: string | null): void {
+  const media = (contentType ?? "").split(";")[0]!.trim().toLowerCase();
+  if (media === "application/json") return;
+  throw new ApiError(
+    "unsupported_media_type",
+    `Request body must be sent as 'Content-Type: application/json'; received ${
+      contentType === null ? "no Content-Type" : JSON.stringify(contentType.slice(0, 80))
+    }`,
+  );
+}
+
 async function readLimited(req: Request, maxBytes: number): Promise<string> {
   if (req.body === null) return "";
   const reader = req.body.getReader();
   const chunks: Uint8Array[] = [];
   let total = 0;
   for (;;) {
-    const { done, value } = await reader.read();
+    let chunk: ReadableStreamReadResult<Uint8Array>;
+    try {
+      chunk = await reader.read();
+    } catch {
+      // The connection ended (or timed out, or the server is shutting down) before the body
+      // was complete: the client's fault, and nobody is left to read a 500.
+      throw new ApiError(
+        "invalid_request",
+        `Request body ended after ${total} bytes${
+          req.headers.get("content-length") === null
+            ? ""
+            : ` of the ${req.headers.get("content-length")} its Content-Length announced`
+        }`,
+      );
+    }
+    const { done, value } = chunk;
     if (done) break;
     total += value.byteLength;
     if (total > maxBytes) {

@@ -1,4 +1,5 @@
 import { Template } from "@huggingface/jinja";
+import { protectLiteral } from "../tokenizer/literal_text.ts";
 import { ApiError } from "./errors.ts";
 
 export type ChatRole = "system" | "developer" | "user" | "assistant";
@@ -39,12 +40,18 @@ export function renderPlainChat(turns: readonly ChatTurn[]): RenderedChat {
  * Builds the chat renderer for a model: its Jinja chat template (as in GGUF
  * `tokenizer.chat_template` / HF tokenizer_config.json) when it has one, else the plain format.
  * A template that fails to parse is reported at start-up, not on the first request.
+ *
+ * The template's own text may spell special tokens (`specialTokens`: "<|im_start|>"), which
+ * become tokens; the same spellings inside message content stay characters (see
+ * lib/tokenizer/literal_text.ts), so a client cannot end a turn or open a system one.
  */
 export function createChatRenderer(opts: {
   template?: string | undefined;
   bosToken: string;
   eosToken: string;
+  specialTokens?: readonly string[];
 }): (turns: readonly ChatTurn[]) => RenderedChat {
+  const specials = opts.specialTokens ?? [];
   if (opts.template === undefined || opts.template.trim() === "") return renderPlainChat;
   let tpl: Template;
   try {
@@ -57,7 +64,10 @@ export function createChatRenderer(opts: {
   return (turns) => {
     try {
       const prompt = tpl.render({
-        messages: turns.map((t) => ({ role: t.role, content: t.content })),
+        messages: turns.map((t) => ({
+          role: t.role,
+          content: protectLiteral(t.content, specials),
+        })),
         bos_token: opts.bosToken,
         eos_token: opts.eosToken,
         add_generation_prompt: true,

@@ -12,7 +12,11 @@ export type ApiErrorCode =
   | "frame_too_large"
   | "payload_too_large"
   | "unauthorized"
+  | "forbidden_origin"
+  | "forbidden_host"
   | "not_found"
+  | "method_not_allowed"
+  | "unsupported_media_type"
   | "upgrade_required"
   | "model_not_found"
   | "context_length_exceeded"
@@ -32,7 +36,11 @@ const STATUS: Record<ApiErrorCode, number> = {
   frame_too_large: 413,
   payload_too_large: 413,
   unauthorized: 401,
+  forbidden_origin: 403,
+  forbidden_host: 403,
   not_found: 404,
+  method_not_allowed: 405,
+  unsupported_media_type: 415,
   upgrade_required: 426,
   model_not_found: 404,
   context_length_exceeded: 400,
@@ -45,6 +53,7 @@ const STATUS: Record<ApiErrorCode, number> = {
 /** The OpenAI-style `error.type` for a status. */
 function typeForStatus(status: number): string {
   if (status === 401) return "authentication_error";
+  if (status === 403) return "permission_error";
   if (status === 404) return "not_found_error";
   if (status === 429) return "rate_limit_error";
   if (status === 503) return "service_unavailable_error";

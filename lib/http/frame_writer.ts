@@ -1,3 +1,5 @@
+import type { ServerFrame } from "./protocol.ts";
+
 /** The part of a WebSocket the writer needs (Deno's server socket, or a test double). */
 export interface FrameSocket {
   send(text: string): void;
@@ -47,7 +49,7 @@ export class FrameWriter {
    * without waiting (error replies to a client that keeps sending but never reads) are capped
    * too: past four times the high-water mark the client is disconnected.
    */
-  async send(frame: unknown): Promise<boolean> {
+  async send(frame: ServerFrame): Promise<boolean> {
     if (!this.#sock.isOpen) return false;
     this.#sock.send(JSON.stringify(frame));
     if (!this.congested) return true;
@@ -60,7 +62,7 @@ export class FrameWriter {
   }
 
   /** Sends a frame unless the socket is congested or closed (for frames that may be dropped). */
-  trySend(frame: unknown): boolean {
+  trySend(frame: ServerFrame): boolean {
     if (!this.#sock.isOpen || this.congested) return false;
     this.#sock.send(JSON.stringify(frame));
     return true;

@@ -37,18 +37,24 @@ export class InFlightRegistry {
     };
   }
 
-  /** Resolves true when nothing is in flight, false if `timeoutMs` passes first. */
-  whenIdle(timeoutMs: number): Promise<boolean> {
+  /**
+   * Resolves true when nothing is in flight, false if `timeoutMs` passes or `cut` aborts
+   * first.
+   */
+  whenIdle(timeoutMs: number, cut?: AbortSignal): Promise<boolean> {
     if (this.#entries.size === 0) return Promise.resolve(true);
+    if (cut?.aborted) return Promise.resolve(false);
     return new Promise((resolve) => {
-      const waiter = () => {
+      const settle = (idle: boolean) => {
         clearTimeout(timer);
-        resolve(true);
-      };
-      const timer = setTimeout(() => {
+        cut?.removeEventListener("abort", onCut);
         this.#idleWaiters = this.#idleWaiters.filter((w) => w !== waiter);
-        resolve(false);
-      }, timeoutMs);
+        resolve(idle);
+      };
+      const waiter = () => settle(true);
+      const onCut = () => settle(false);
+      const timer = setTimeout(() => settle(false), timeoutMs);
+      cut?.addEventListener("abort", onCut, { once: true });
       this.#idleWaiters.push(waiter);
     });
   }

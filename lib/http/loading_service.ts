@@ -90,6 +90,7 @@ export function createLoadingService(
     fetch,
     metrics,
     drain: () => Promise.resolve(done),
+    hurry() {},
     setReady() {},
     draining: false,
     inFlight: 0,
@@ -119,6 +120,9 @@ export class SwitchableService implements ServiceApp {
   readonly fetch = (req: Request, info?: unknown) => this.#current.fetch(req, info);
   get metrics() {
     return this.#current.metrics;
+  }
+  hurry(): void {
+    this.#current.hurry();
   }
   drain(opts?: { timeoutMs?: number }) {
     return this.#current.drain(opts);

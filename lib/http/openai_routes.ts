@@ -327,6 +327,16 @@ function streamRenderer(
       case "token":
         return [chunk(ev.text, null, [{ text: ev.text, logprob: ev.logprob }])];
       case "done": {
+        // "cancelled" is not an OpenAI finish reason, and a client still reading did not
+        // cancel: the server cut the stream (drain deadline). Say so, as a stream error.
+        if (ev.finishReason === "cancelled") {
+          const err = new ApiError(
+            "draining",
+            "The server shut down before this generation finished; retry on another instance",
+          );
+          deps.metrics.errors.inc({ code: err.code });
+          return [sseData(err.toJSON())];
+        }
         const out = [
           chunk(
             kind === "completions" ? "" : undefined,

@@ -83,6 +83,13 @@ export interface StatsFrame {
   readonly steps: number;
   readonly executor_healthy: boolean;
   readonly inflight: number;
+  /** Present when a result cache is configured. */
+  readonly result_cache?: {
+    readonly hits: number;
+    readonly misses: number;
+    readonly entries: number;
+    readonly bytes: number;
+  };
 }
 
 export function usageJson(u: Usage): UsageJson {
@@ -129,5 +136,15 @@ export function statsFrame(s: CoreStats, inflight: number): StatsFrame {
     steps: s.steps,
     executor_healthy: s.executorHealthy,
     inflight,
+    ...(s.resultCache !== undefined
+      ? {
+        result_cache: {
+          hits: s.resultCache.hits,
+          misses: s.resultCache.misses,
+          entries: s.resultCache.entries,
+          bytes: s.resultCache.bytes,
+        },
+      }
+      : {}),
   };
 }

@@ -5,7 +5,8 @@
  * the total time.
  */
 
-export type LogFormat = "text" | "json";
+/** `off` writes nothing (for benchmarks that measure the server, not its logging). */
+export type LogFormat = "text" | "json" | "off";
 
 /** What one line says. Token fields are absent for requests that generated nothing. */
 export interface RequestLogEntry {
@@ -113,6 +114,7 @@ export class RequestLog {
   }
 
   write(e: RequestLogEntry): void {
+    if (this.format === "off") return;
     this.sink(this.format === "json" ? JSON.stringify(e) : formatText(e));
   }
 }

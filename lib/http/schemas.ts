@@ -11,7 +11,8 @@ const temperature = z.number().min(0).max(2);
 const topK = z.number().int().min(0);
 const topP = z.number().min(0).max(1);
 const minP = z.number().min(0).max(1);
-const seed = z.number().int().min(-(2 ** 53)).max(2 ** 53);
+// Integers a double holds exactly: beyond +-(2^53 - 1) a JSON number is already rounded.
+const seed = z.number().int().min(Number.MIN_SAFE_INTEGER).max(Number.MAX_SAFE_INTEGER);
 const stop = z.union([z.string(), z.array(z.string()).max(16)], {
   error: "expected a string or an array of at most 16 strings",
 });

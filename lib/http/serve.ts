@@ -1,3 +1,9 @@
+import type { Server } from "node:http";
+import type { Socket } from "node:net";
+import { createAdaptorServer } from "@hono/node-server";
+// @ts-types="@types/ws"
+import { WebSocketServer } from "ws";
+import { context, propagation, SpanKind, SpanStatusCode, trace } from "@opentelemetry/api";
 import type { DrainResult, ServiceApp } from "./app.ts";
 
 export interface ServeOptions {
@@ -9,6 +15,22 @@ export interface ServeOptions {
   /** Signals that start the drain (default SIGTERM and SIGINT). */
   readonly signals?: readonly Deno.Signal[];
   readonly onListen?: (addr: Deno.NetAddr) => void;
+  /** Open client connections at most; past it new ones are closed at once (default 1024). */
+  readonly maxConnections?: number;
+  /** A request's headers must arrive within this, from the connection's start (default 60 s). */
+  readonly headerTimeoutMs?: number;
+  /** A whole request, headers and body, must arrive within this (default 60 s). */
+  readonly bodyTimeoutMs?: number;
+  /** An idle keep-alive connection is closed after this (default 5 s). */
+  readonly keepAliveTimeoutMs?: number;
+  /**
+   * Hard cap on one WebSocket message: a frame announcing more is refused from its header,
+   * before its payload is buffered, and the socket closed with 1009 (default 1 MiB). Frames
+   * under it but over the app's own frame limit get a `frame_too_large` error frame.
+   */
+  readonly wsMaxPayloadBytes?: number;
+  /** Reports accept errors and other server trouble (default: stderr). */
+  readonly log?: (line: string) => void;
 }
 
 export interface RunningServer {
@@ -17,51 +39,200 @@ export interface RunningServer {
   readonly closed: Promise<DrainResult>;
   /** Drains and shuts down as a signal would. */
   stop(): Promise<DrainResult>;
+  /** Client connections open now (HTTP and WebSocket). */
+  readonly connections: number;
+  /** Connections closed at once because `maxConnections` were open. */
+  readonly refusedConnections: number;
 }
 
+/** How often idle and slow connections are checked against their timeouts. */
+const CHECK_INTERVAL_MS = 1000;
+
 /**
- * Serves the app with Deno.serve and drains on SIGTERM/SIGINT: /ready turns 503, new
- * generations are refused, in-flight ones finish up to the deadline (then are aborted),
- * WebSockets close with 1001 and the listener shuts down. The caller exits after `closed`.
+ * Serves the app over node:http (Deno's implementation) and drains on SIGTERM/SIGINT.
+ *
+ * Deno.serve gives no hook on connections: no limit on how many are open, no header, body or
+ * idle timeout, and an accept failing with EMFILE rejects a promise nobody can catch, which
+ * ends the process. node:http has all of them (`maxConnections`, `headersTimeout`,
+ * `requestTimeout`, `keepAliveTimeout`), and hands WebSocket upgrades to `ws`, whose
+ * `maxPayload` refuses an oversized frame from its header, where Deno's WebSocket buffers up
+ * to 64 MiB first.
+ *
+ * Drain: /ready turns 503, new generations and WebSocket upgrades are refused, in-flight ones
+ * finish up to the deadline (then are aborted and get their final frame), WebSockets close
+ * with 1001 and every connection is closed. A second signal during the drain cuts it short:
+ * what is still running is aborted at once, as at the deadline.
  */
-export function serveService(service: ServiceApp, opts: ServeOptions): RunningServer {
-  let server: Deno.HttpServer;
-  try {
-    server = Deno.serve({
-      hostname: opts.hostname,
-      port: opts.port,
-      onListen: (addr) => opts.onListen?.(addr as Deno.NetAddr),
-    }, service.fetch);
-  } catch (err) {
-    // Deno's own message ("Address already in use (os error 98)") names neither address.
-    const hint = err instanceof Deno.errors.AddrInUse
-      ? "; stop the other server or pick another --port (0 picks a free one)"
-      : "";
-    throw new Error(
-      `Cannot listen on ${opts.hostname}:${opts.port}: ${
-        err instanceof Error ? err.message : String(err)
-      }${hint}`,
-      { cause: err },
-    );
-  }
-  const signals = opts.signals ?? ["SIGTERM", "SIGINT"];
-  let stopping: Promise<DrainResult> | undefined;
-  let resolveClosed!: (r: DrainResult) => void;
-  const closed = new Promise<DrainResult>((r) => resolveClosed = r);
-  const stop = (): Promise<DrainResult> => {
-    stopping ??= (async () => {
-      // The listeners stay until the end: a repeated signal (a terminal's Ctrl-C reaching
-      // both a launcher and the server, a supervisor signalling the whole group) must not fall
-      // back to the default action and kill the drain; --drain-timeout bounds it instead.
-      const result = await service.drain({ timeoutMs: opts.drainTimeoutMs });
-      await server.shutdown();
-      for (const s of signals) Deno.removeSignalListener(s, onSignal);
-      resolveClosed(result);
-      return result;
-    })();
-    return stopping;
+export function serveService(service: ServiceApp, opts: ServeOptions): Promise<RunningServer> {
+  const log = opts.log ?? ((line: string) => console.error(line));
+  const headerTimeoutMs = opts.headerTimeoutMs ?? 60_000;
+  const bodyTimeoutMs = Math.max(opts.bodyTimeoutMs ?? 60_000, headerTimeoutMs);
+  const wss = new WebSocketServer({
+    noServer: true,
+    maxPayload: opts.wsMaxPayloadBytes ?? 1 << 20,
+    perMessageDeflate: false,
+  });
+  const server = createAdaptorServer({
+    fetch: withServerSpan(service.fetch),
+    // Its lighter Request/Response would replace the globals for the whole process, and
+    // Deno.serve (used elsewhere, e.g. by tests' own servers) refuses a foreign Response.
+    overrideGlobalObjects: false,
+    websocket: { server: wss as never },
+    serverOptions: {
+      headersTimeout: headerTimeoutMs,
+      requestTimeout: bodyTimeoutMs,
+      keepAliveTimeout: opts.keepAliveTimeoutMs ?? 5000,
+      connectionsCheckingInterval: CHECK_INTERVAL_MS,
+    },
+  }) as Server;
+  server.maxConnections = opts.maxConnections ?? 1024;
+
+  // node:http's headersTimeout starts with a request's first byte: a connection that never
+  // sends one is held until it does. Time the wait for the first request ourselves.
+  const sockets = new Set<Socket>();
+  let refused = 0;
+  server.on("connection", (socket: Socket) => {
+    sockets.add(socket);
+    const timer = setTimeout(() => socket.destroy(), headerTimeoutMs);
+    const started = () => clearTimeout(timer);
+    socket.once("data", started);
+    socket.once("close", () => {
+      clearTimeout(timer);
+      sockets.delete(socket);
+    });
+  });
+  server.on("drop", () => refused++);
+  // Past the listen, errors are accept failures (EMFILE, ENFILE): the server keeps serving
+  // the connections it holds and accepts again once descriptors are free.
+  let listening = false;
+  let lastAcceptError = 0;
+  const onError = (err: Error & { code?: string }) => {
+    if (!listening) return;
+    const now = Date.now();
+    if (now - lastAcceptError > 1000) {
+      log(`accept failed (${err.code ?? err.message}); still serving`);
+    }
+    lastAcceptError = now;
   };
-  const onSignal = () => void stop();
-  for (const s of signals) Deno.addSignalListener(s, onSignal);
-  return { addr: server.addr as Deno.NetAddr, closed, stop };
+  server.on("clientError", (err: Error & { code?: string }, socket: Socket) => {
+    // node:http's default answer: 400, 408 or 431 as fits, then close.
+    if (socket.writable && !socket.destroyed) {
+      const status = err.code === "ERR_HTTP_REQUEST_TIMEOUT"
+        ? "408 Request Timeout"
+        : err.code === "HPE_HEADER_OVERFLOW"
+        ? "431 Request Header Fields Too Large"
+        : "400 Bad Request";
+      socket.end(`HTTP/1.1 ${status}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`);
+    }
+    socket.destroy();
+  });
+
+  return new Promise<RunningServer>((resolve, reject) => {
+    const onListenError = (err: Error & { code?: string }) => {
+      const hint = err.code === "EADDRINUSE"
+        ? "; stop the other server or pick another --port (0 picks a free one)"
+        : "";
+      wss.close();
+      reject(
+        new Error(`Cannot listen on ${opts.hostname}:${opts.port}: ${err.message}${hint}`, {
+          cause: err,
+        }),
+      );
+    };
+    server.once("error", onListenError);
+    server.on("error", onError);
+    server.listen(opts.port, opts.hostname, () => {
+      listening = true;
+      server.off("error", onListenError);
+      const a = server.address();
+      const addr: Deno.NetAddr = {
+        transport: "tcp",
+        hostname: typeof a === "object" && a !== null ? a.address : opts.hostname,
+        port: typeof a === "object" && a !== null ? a.port : opts.port,
+      };
+      resolve(running(addr));
+      opts.onListen?.(addr);
+    });
+  });
+
+  function running(addr: Deno.NetAddr): RunningServer {
+    const signals = opts.signals ?? ["SIGTERM", "SIGINT"];
+    let stopping: Promise<DrainResult> | undefined;
+    let resolveClosed!: (r: DrainResult) => void;
+    const closed = new Promise<DrainResult>((r) => resolveClosed = r);
+    const stop = (): Promise<DrainResult> => {
+      stopping ??= (async () => {
+        const result = await service.drain({ timeoutMs: opts.drainTimeoutMs });
+        for (const s of signals) Deno.removeSignalListener(s, onSignal);
+        // Whatever is left holds no generation (a half-sent body, an idle keep-alive): close it.
+        await new Promise<void>((done) => {
+          server.close(() => done());
+          server.closeAllConnections();
+          for (const s of sockets) s.destroy();
+        });
+        wss.close();
+        resolveClosed(result);
+        return result;
+      })();
+      return stopping;
+    };
+    const onSignal = () => {
+      if (stopping === undefined) void stop();
+      else {
+        log("second signal: cancelling what is still running");
+        service.hurry();
+      }
+    };
+    for (const s of signals) Deno.addSignalListener(s, onSignal);
+    return {
+      addr,
+      closed,
+      stop,
+      get connections() {
+        return sockets.size;
+      },
+      get refusedConnections() {
+        return refused;
+      },
+    };
+  }
+}
+
+type Fetch = ServiceApp["fetch"];
+
+const HEADER_GETTER = {
+  get: (h: Headers, key: string) => h.get(key) ?? undefined,
+  keys: (h: Headers) => [...h.keys()],
+};
+
+/**
+ * The HTTP server span Deno.serve makes by itself (under OTEL_DENO), made here for node:http:
+ * named by the method, continuing a caller's `traceparent`, and active while the handler runs
+ * so the request span (llm.request) is its child.
+ */
+export function withServerSpan(fetch: Fetch): Fetch {
+  const tracer = trace.getTracer("llmserve.http");
+  return async (req, env) => {
+    const parent = propagation.extract(context.active(), req.headers, HEADER_GETTER);
+    const url = new URL(req.url);
+    const span = tracer.startSpan(req.method, {
+      kind: SpanKind.SERVER,
+      attributes: {
+        "http.request.method": req.method,
+        "url.path": url.pathname,
+        "url.scheme": url.protocol.replace(":", ""),
+      },
+    }, parent);
+    try {
+      const res = await context.with(trace.setSpan(parent, span), () => fetch(req, env));
+      span.setAttribute("http.response.status_code", res.status);
+      if (res.status >= 500) span.setStatus({ code: SpanStatusCode.ERROR });
+      return res;
+    } catch (err) {
+      span.setStatus({ code: SpanStatusCode.ERROR, message: String(err) });
+      throw err;
+    } finally {
+      span.end();
+    }
+  };
 }

@@ -134,7 +134,7 @@ export class ServiceMetrics {
     this.running = r.gauge("llm_requests_running", "Sequences in the running batch.");
     this.waiting = r.gauge("llm_requests_waiting", "Sequences waiting to be scheduled.");
     this.kvBlocksUsed = r.gauge("llm_kv_blocks_used", "KV cache blocks in use.");
-    this.kvBlocksTotal = r.gauge("llm_kv_blocks_total", "KV cache blocks in the pool.");
+    this.kvBlocksTotal = r.gauge("llm_kv_blocks_capacity", "KV cache blocks in the pool.");
     this.prefixCacheHitRate = r.gauge(
       "llm_prefix_cache_hit_rate",
       "Share of prompt tokens served from the prefix cache.",

@@ -158,7 +158,7 @@ function finishSpan(
   t0Epoch: number,
   ev: Extract<GenerationEvent, { type: "done" }>,
 ): void {
-  span.setAttribute("gen_ai.usage.input_tokens", ev.usage.promptTokens);
+  // input_tokens was set once at "started": some OTLP receivers drop a batch with a key twice.
   span.setAttribute("gen_ai.usage.output_tokens", ev.usage.completionTokens);
   span.setAttribute("llm.usage.cached_tokens", ev.usage.cachedTokens);
   span.setAttribute("gen_ai.response.finish_reasons", [ev.finishReason]);

@@ -1,3 +1,4 @@
+import { ByteStrings } from "../util/byte_strings.ts";
 import { readFully, type ReadProgress } from "../util/read_file.ts";
 import { byteSize, type Tensor, type TensorType } from "./tensor.ts";
 
@@ -42,10 +43,17 @@ export type GgufArray =
   | BigInt64Array
   | boolean[]
   | string[]
+  | ByteStrings
   | GgufArray[];
 
 /** A metadata value. 64-bit integers are `number` when safe, `bigint` otherwise. */
 export type GgufValue = number | bigint | boolean | string | GgufArray;
+
+/**
+ * String arrays kept as bytes (ByteStrings) rather than decoded: BPE merges are only looked up,
+ * and decoding 280k of them into strings was most of loading a Llama 3 vocabulary.
+ */
+export const BYTE_STRING_KEYS: ReadonlySet<string> = new Set(["tokenizer.ggml.merges"]);
 
 /** A metadata entry with the type it was stored as (for arrays, also the element type). */
 export interface GgufMetadataEntry {
@@ -165,6 +173,41 @@ export class GgufTruncatedError extends Error {
 
 const utf8 = new TextDecoder("utf-8");
 
+const units = new Uint16Array(256);
+
+/**
+ * A short string of one- to three-byte UTF-8 characters, decoded without TextDecoder, whose
+ * per-call cost dominates reading a vocabulary of 128k tokens and 280k merges; undefined for
+ * anything else (long, four-byte or malformed), which TextDecoder then handles.
+ */
+function decodeShort(b: Uint8Array, start: number, len: number): string | undefined {
+  if (len > units.length) return undefined;
+  const end = start + len;
+  let k = 0;
+  for (let i = start; i < end;) {
+    const c = b[i]!;
+    if (c < 0x80) {
+      units[k++] = c;
+      i++;
+    } else if (c >= 0xc2 && c < 0xe0 && i + 1 < end && (b[i + 1]! & 0xc0) === 0x80) {
+      units[k++] = ((c & 0x1f) << 6) | (b[i + 1]! & 0x3f);
+      i += 2;
+    } else if (
+      c >= 0xe0 && c < 0xf0 && i + 2 < end && (b[i + 1]! & 0xc0) === 0x80 &&
+      (b[i + 2]! & 0xc0) === 0x80
+    ) {
+      const u = ((c & 0x0f) << 12) | ((b[i + 1]! & 0x3f) << 6) | (b[i + 2]! & 0x3f);
+      // Overlong forms and UTF-16 surrogates are malformed: leave them to TextDecoder.
+      if (u < 0x800 || (u >= 0xd800 && u < 0xe000)) return undefined;
+      units[k++] = u;
+      i += 3;
+    } else {
+      return undefined;
+    }
+  }
+  return String.fromCharCode.apply(null, units.subarray(0, k) as unknown as number[]);
+}
+
 /** Sequential little-endian reader over the header bytes. */
 class Cursor {
   offset = 0;
@@ -173,9 +216,11 @@ class Cursor {
     this.view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   }
 
-  need(n: number, what: string): void {
+  /** `what` may be a function, so a vocabulary's 400k strings do not each build a message no one reads. */
+  need(n: number, what: string | (() => string)): void {
     if (this.offset + n > this.bytes.byteLength) {
-      throw new GgufTruncatedError(this.source, what, this.offset + n, this.bytes.byteLength);
+      const name = typeof what === "string" ? what : what();
+      throw new GgufTruncatedError(this.source, name, this.offset + n, this.bytes.byteLength);
     }
   }
   u8(what: string): number {
@@ -189,21 +234,28 @@ class Cursor {
     return v;
   }
   /** A uint64 used as a count or offset: must be a safe integer. */
-  count(what: string): number {
+  count(what: string | (() => string)): number {
     this.need(8, what);
-    const v = this.view.getBigUint64(this.offset, true);
+    // Two 32-bit halves: a BigInt per string length is a measurable share of reading a vocabulary.
+    const low = this.view.getUint32(this.offset, true);
+    const high = this.view.getUint32(this.offset + 4, true);
     this.offset += 8;
+    if (high === 0) return low;
+    const v = (BigInt(high) << 32n) | BigInt(low);
     if (v > BigInt(Number.MAX_SAFE_INTEGER)) {
       throw new Error(
-        `Cannot load GGUF ${this.source}: ${what} is ${v}, too large to be valid (is the file corrupt?)`,
+        `Cannot load GGUF ${this.source}: ${
+          typeof what === "string" ? what : what()
+        } is ${v}, too large to be valid (is the file corrupt?)`,
       );
     }
     return Number(v);
   }
-  string(what: string): string {
-    const len = this.count(`the length of ${what}`);
+  string(what: string | (() => string)): string {
+    const len = this.count(() => `the length of ${typeof what === "string" ? what : what()}`);
     this.need(len, what);
-    const s = utf8.decode(this.bytes.subarray(this.offset, this.offset + len));
+    const s = decodeShort(this.bytes, this.offset, len) ??
+      utf8.decode(this.bytes.subarray(this.offset, this.offset + len));
     this.offset += len;
     return s;
   }
@@ -213,6 +265,10 @@ class Cursor {
     const out = this.bytes.slice(this.offset, this.offset + n * size).buffer;
     this.offset += n * size;
     return out;
+  }
+  /** A view of `len` bytes at `at` (already checked by need()). */
+  slice(at: number, len: number): Uint8Array {
+    return this.bytes.subarray(at, at + len);
   }
   get dataView(): DataView {
     return this.view;
@@ -318,7 +374,7 @@ function readArray(
       return { elementType, value: Array.from(new Uint8Array(copy(1)), (b) => b !== 0) };
     case GgufValueType.STRING: {
       const out: string[] = [];
-      for (let i = 0; i < n; i++) out.push(c.string(`${what}[${i}]`));
+      for (let i = 0; i < n; i++) out.push(c.string(() => `${what}[${i}]`));
       return { elementType, value: out };
     }
     case GgufValueType.ARRAY: {
@@ -327,6 +383,40 @@ function readArray(
       return { elementType, value: out };
     }
   }
+}
+
+/** A string array as ByteStrings (other element types as readArray reads them). */
+function readArrayAsBytes(
+  c: Cursor,
+  what: string,
+  source: string,
+): { elementType: GgufValueType; value: GgufArray } {
+  const start = c.offset;
+  const elementType = checkType(c, c.u32(`the element type of ${what}`), what, source);
+  if (elementType !== GgufValueType.STRING) {
+    c.offset = start;
+    return readArray(c, what, source);
+  }
+  const n = c.count(`the length of ${what}`);
+  const first = c.offset;
+  const offsets = new Uint32Array(n + 1);
+  let total = 0;
+  for (let i = 0; i < n; i++) {
+    const len = c.count(() => `the length of ${what}[${i}]`);
+    c.need(len, () => `${what}[${i}]`);
+    c.offset += len;
+    total += len;
+    offsets[i + 1] = total;
+  }
+  const bytes = new Uint8Array(total);
+  let at = first;
+  for (let i = 0; i < n; i++) {
+    const len = offsets[i + 1]! - offsets[i]!;
+    at += 8;
+    bytes.set(c.slice(at, len), offsets[i]!);
+    at += len;
+  }
+  return { elementType, value: new ByteStrings(bytes, offsets) };
 }
 
 /**
@@ -364,7 +454,9 @@ export function parseGgufHeader(bytes: Uint8Array, source: string): GgufHeader {
     const what = `metadata '${key}'`;
     const type = checkType(c, c.u32(`the type of ${what}`), what, source);
     if (type === GgufValueType.ARRAY) {
-      const { elementType, value } = readArray(c, what, source);
+      const { elementType, value } = BYTE_STRING_KEYS.has(key)
+        ? readArrayAsBytes(c, what, source)
+        : readArray(c, what, source);
       metadata.set(key, { type, elementType, value });
     } else if (type === GgufValueType.STRING) {
       metadata.set(key, { type, value: c.string(what) });
@@ -552,6 +644,24 @@ export async function readGguf(
     ...header,
     tensors: ggufTensors(header, data.subarray(0, got), header.dataOffset, fileSize, path),
   };
+}
+
+/** Reads and parses only a GGUF's header (metadata and tensor infos), not its tensor data. */
+export async function readGgufHeader(path: string): Promise<GgufHeader> {
+  using file = await Deno.open(path, { read: true });
+  const fileSize = (await file.stat()).size;
+  let size = Math.min(fileSize, FIRST_HEADER_READ);
+  for (;;) {
+    const prefix = new Uint8Array(size);
+    const got = await readFully(file, 0, prefix);
+    try {
+      return parseGgufHeader(prefix.subarray(0, got), path);
+    } catch (e) {
+      if (!(e instanceof GgufTruncatedError) || got >= fileSize) throw e;
+      // Big vocabularies make headers of several MiB: grow fast, since each retry parses from the start.
+      size = Math.min(fileSize, Math.max(size * 8, e.needed * 2));
+    }
+  }
 }
 
 /** First bytes of a file as hex and printable text, for "not the format I expected" errors. */

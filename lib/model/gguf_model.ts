@@ -12,9 +12,8 @@ import {
 import type { ModelConfig } from "./model_config.ts";
 import { neoxToNormOrder, permuteRows } from "./rope_layout.ts";
 import type { Tensor } from "./tensor.ts";
-import type { LayerWeights, Model, ModelWeights, TokenizerData } from "./weights.ts";
-
-const SUPPORTED_TOKENIZERS = ["llama"];
+import { ggufTokenizerData, tokenizerBlocker } from "./gguf_tokenizer.ts";
+import type { LayerWeights, Model, ModelWeights } from "./weights.ts";
 
 /**
  * Everything about a GGUF header that keeps this project from running the file, each named
@@ -41,26 +40,21 @@ export function ggufBlockers(header: GgufHeader): string[] {
     const scaling = meta(`${arch}.rope.scaling.type`);
     if (scaling !== undefined && scaling !== "none") {
       blockers.push(
-        `RoPE scaling '${String(scaling)}' (${arch}.rope.scaling.type) is not supported (supported: none, and Llama 3 frequency factors in rope_freqs.weight)`,
+        `RoPE scaling '${
+          String(scaling)
+        }' (${arch}.rope.scaling.type) is not supported (supported: none, and Llama 3 frequency factors in rope_freqs.weight)`,
       );
     }
   }
-  const tokenizer = meta("tokenizer.ggml.model");
-  if (
-    tokenizer !== undefined &&
-    (typeof tokenizer !== "string" || !SUPPORTED_TOKENIZERS.includes(tokenizer))
-  ) {
-    blockers.push(
-      `tokenizer model '${String(tokenizer)}' (tokenizer.ggml.model) is not supported (supported: ${
-        SUPPORTED_TOKENIZERS.join(", ")
-      })`,
-    );
-  }
+  const tokenizer = tokenizerBlocker(header.metadata);
+  if (tokenizer) blockers.push(tokenizer);
   for (const u of unsupportedTensorTypes(header)) {
     blockers.push(
       `tensor type ${u.name} (ggml type ${u.typeId}) in ${u.count} tensor${
         u.count === 1 ? "" : "s"
-      } (first: ${u.example}) is not supported (supported: ${SUPPORTED_TENSOR_TYPE_NAMES.join(", ")})`,
+      } (first: ${u.example}) is not supported (supported: ${
+        SUPPORTED_TENSOR_TYPE_NAMES.join(", ")
+      })`,
     );
   }
   return blockers;
@@ -72,7 +66,9 @@ export function assertLoadable(header: GgufHeader, source: string): void {
   if (blockers.length === 0) return;
   throw new Error(
     `Cannot load GGUF ${source}: ${
-      blockers.length === 1 ? blockers[0] : `${blockers.length} problems:\n  - ${blockers.join("\n  - ")}`
+      blockers.length === 1
+        ? blockers[0]
+        : `${blockers.length} problems:\n  - ${blockers.join("\n  - ")}`
     }`,
   );
 }
@@ -144,11 +140,13 @@ export function ggufToModel(gguf: GgufFile, source: string): Model {
   const ropeDim = positiveInt("rope.dimension_count", headDim);
   if (ropeDim > headDim || ropeDim % 2 !== 0) {
     fail(
-      `${key("rope.dimension_count")} must be even and at most the head size ${headDim}, received ${ropeDim}`,
+      `${
+        key("rope.dimension_count")
+      } must be even and at most the head size ${headDim}, received ${ropeDim}`,
     );
   }
 
-  const tokenizer = readTokenizer(gguf, fail);
+  const tokenizer = ggufTokenizerData(gguf.metadata, source);
   const used = new Set<string>();
   const tensor = (name: string): Tensor => {
     used.add(name);
@@ -262,69 +260,6 @@ export function ggufToModel(gguf: GgufFile, source: string): Model {
     ...(tokenizer ? { tokenizer } : {}),
     ...(typeof chatTemplate === "string" ? { chatTemplate } : {}),
     source,
-  };
-}
-
-/** The vocabulary from `tokenizer.ggml.*`; undefined when the file has none. */
-function readTokenizer(gguf: GgufFile, fail: (what: string) => never): TokenizerData | undefined {
-  const meta = (key: string) => gguf.metadata.get(key)?.value;
-  const model = meta("tokenizer.ggml.model");
-  if (model === undefined) return undefined;
-  if (typeof model !== "string" || !SUPPORTED_TOKENIZERS.includes(model)) {
-    return fail(
-      `tokenizer model '${String(model)}' (tokenizer.ggml.model) is not supported; supported: ${
-        SUPPORTED_TOKENIZERS.join(", ")
-      }`,
-    );
-  }
-  const tokens = meta("tokenizer.ggml.tokens");
-  if (!Array.isArray(tokens) || !tokens.every((t) => typeof t === "string")) {
-    return fail(
-      `metadata 'tokenizer.ggml.tokens' must be an array of strings, received ${describe(tokens)}`,
-    );
-  }
-  const n = tokens.length;
-  const rawScores = meta("tokenizer.ggml.scores");
-  let scores: Float32Array;
-  if (rawScores === undefined) {
-    scores = new Float32Array(n);
-  } else if (rawScores instanceof Float32Array && rawScores.length === n) {
-    scores = rawScores;
-  } else {
-    return fail(
-      `metadata 'tokenizer.ggml.scores' must be ${n} float32 values, received ${
-        describe(rawScores)
-      }`,
-    );
-  }
-  const rawTypes = meta("tokenizer.ggml.token_type");
-  let tokenTypes: Int32Array | undefined;
-  if (rawTypes !== undefined) {
-    if (
-      !(rawTypes instanceof Int32Array || rawTypes instanceof Uint32Array) || rawTypes.length !== n
-    ) {
-      return fail(
-        `metadata 'tokenizer.ggml.token_type' must be ${n} int32 values, received ${
-          describe(rawTypes)
-        }`,
-      );
-    }
-    tokenTypes = rawTypes instanceof Int32Array ? rawTypes : new Int32Array(rawTypes);
-  }
-  const id = (key: string, fallback: number): number => {
-    const v = meta(key) ?? fallback;
-    if (typeof v !== "number" || !Number.isInteger(v) || v < 0 || v >= n) {
-      return fail(`metadata '${key}' must be a token id below ${n}, received ${describe(v)}`);
-    }
-    return v;
-  };
-  // SentencePiece llama vocabularies put <s> at 1 and </s> at 2, which is what llama.cpp assumes when absent.
-  return {
-    tokens: tokens as string[],
-    scores,
-    ...(tokenTypes ? { tokenTypes } : {}),
-    bosId: id("tokenizer.ggml.bos_token_id", 1),
-    eosId: id("tokenizer.ggml.eos_token_id", 2),
   };
 }
 

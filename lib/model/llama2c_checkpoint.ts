@@ -30,9 +30,21 @@ export function parseLlama2cCheckpoint(
   ) as [number, number, number, number, number, number, number];
   const vocabSize = Math.abs(rawVocab);
   const tied = rawVocab > 0;
-  for (const [name, v] of Object.entries({ dim, hiddenDim, nLayers, nHeads, nKvHeads, vocabSize, seqLen })) {
+  for (
+    const [name, v] of Object.entries({
+      dim,
+      hiddenDim,
+      nLayers,
+      nHeads,
+      nKvHeads,
+      vocabSize,
+      seqLen,
+    })
+  ) {
     if (!(v > 0 && v < 1 << 24)) {
-      throw new Error(`Cannot load llama2.c checkpoint ${source}: header field ${name} must be a positive integer, received ${v} (is this a llama2.c .bin file?)`);
+      throw new Error(
+        `Cannot load llama2.c checkpoint ${source}: header field ${name} must be a positive integer, received ${v} (is this a llama2.c .bin file?)`,
+      );
     }
   }
   if (dim % nHeads !== 0 || nHeads % nKvHeads !== 0) {

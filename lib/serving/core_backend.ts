@@ -8,15 +8,16 @@ import type {
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 
 /**
- * Presents the serving core to the HTTP layer. Chat templates render the BOS token as text
- * ("<s>"); the core adds BOS itself, so a leading BOS text is dropped here rather than being
- * tokenized as the characters "<", "s", ">".
+ * Presents the serving core to the HTTP layer. A prompt gets BOS (and EOS) as the vocabulary
+ * adds them; chat-template text goes through Tokenizer.encodeTemplate (one BOS even when the
+ * template writes it). A client's own prompt text is never cut: "<s>" there is characters.
  */
 export class CoreBackend implements GenerationBackend {
   readonly contextLength: number;
   readonly bosToken: string;
   readonly eosToken: string;
   readonly vocabSize: number;
+  readonly specialTokens: readonly string[];
 
   constructor(
     readonly modelName: string,
@@ -28,6 +29,7 @@ export class CoreBackend implements GenerationBackend {
     this.bosToken = tokenizer.tokenText(tokenizer.bosId);
     this.eosToken = tokenizer.tokenText(tokenizer.eosId);
     this.vocabSize = tokenizer.vocabSize;
+    this.specialTokens = tokenizer.specialPieces;
   }
 
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
@@ -46,7 +48,10 @@ export class CoreBackend implements GenerationBackend {
 
   tokenize(text: string, opts: { bos: boolean; special: boolean }): number[] {
     const ids = this.#encode(text, opts.special);
-    return opts.bos ? [...ids] : ids.slice(1);
+    if (opts.bos) return [...ids];
+    // #encode added what the vocabulary adds to a prompt; nothing of it was asked for.
+    const start = this.tokenizer.addBos ? 1 : 0;
+    return ids.slice(start, this.tokenizer.addEos ? Math.max(start, ids.length - 1) : ids.length);
   }
 
   detokenize(ids: readonly number[]): string {
@@ -70,10 +75,7 @@ export class CoreBackend implements GenerationBackend {
   #encode(text: string, special: boolean): number[] {
     const last = this.#last;
     if (last !== undefined && last.text === text && last.special === special) return last.ids;
-    const body = this.bosToken !== "" && text.startsWith(this.bosToken)
-      ? text.slice(this.bosToken.length)
-      : text;
-    const ids = this.tokenizer.encode(body, { bos: true, special });
+    const ids = special ? this.tokenizer.encodeTemplate(text) : this.tokenizer.encode(text);
     this.#last = { text, special, ids };
     return ids;
   }

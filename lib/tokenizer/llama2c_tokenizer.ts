@@ -28,11 +28,15 @@ export function parseLlama2cTokenizer(
   }
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   if (bytes.byteLength < 4) {
-    fail(`file is truncated, expected a 4-byte max_token_length header, received ${bytes.byteLength} bytes`);
+    fail(
+      `file is truncated, expected a 4-byte max_token_length header, received ${bytes.byteLength} bytes`,
+    );
   }
   const maxTokenLength = view.getInt32(0, true);
   if (maxTokenLength <= 0) {
-    fail(`max_token_length must be positive, received ${maxTokenLength} (is this a llama2.c tokenizer.bin?)`);
+    fail(
+      `max_token_length must be positive, received ${maxTokenLength} (is this a llama2.c tokenizer.bin?)`,
+    );
   }
 
   // Fatal decoding would reject a whole vocabulary for one odd piece; SentencePiece pieces are
@@ -44,7 +48,9 @@ export function parseLlama2cTokenizer(
   for (let i = 0; i < vocabSize; i++) {
     if (offset + 8 > bytes.byteLength) {
       fail(
-        `file is truncated at token ${i} of ${vocabSize}: its score and length need bytes ${offset}..${offset + 8}, file has ${bytes.byteLength} bytes`,
+        `file is truncated at token ${i} of ${vocabSize}: its score and length need bytes ${offset}..${
+          offset + 8
+        }, file has ${bytes.byteLength} bytes`,
       );
     }
     scores[i] = view.getFloat32(offset, true);
@@ -53,7 +59,9 @@ export function parseLlama2cTokenizer(
     if (len < 0) fail(`token ${i} has a negative length ${len}`);
     if (offset + len > bytes.byteLength) {
       fail(
-        `file is truncated at token ${i} of ${vocabSize}: its ${len}-byte text needs bytes ${offset}..${offset + len}, file has ${bytes.byteLength} bytes`,
+        `file is truncated at token ${i} of ${vocabSize}: its ${len}-byte text needs bytes ${offset}..${
+          offset + len
+        }, file has ${bytes.byteLength} bytes`,
       );
     }
     tokens[i] = utf8.decode(bytes.subarray(offset, offset + len));

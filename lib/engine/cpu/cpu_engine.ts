@@ -25,6 +25,8 @@ import { PagedKvCache } from "./paged_kv_cache.ts";
 export class CpuEngine implements Engine {
   readonly name = "cpu";
   readonly kv: KvGeometry;
+  /** Bytes of host memory held: the weights expanded to f32, and the KV cache. */
+  readonly memory: { readonly weights: number; readonly kvCache: number };
   private readonly dense: DenseWeights;
   private readonly ropeFreqs: Float64Array;
   private readonly cache: PagedKvCache;
@@ -44,6 +46,19 @@ export class CpuEngine implements Engine {
     this.dense = denseWeights(config, weights);
     this.ropeFreqs = ropeFrequencies(config);
     this.cache = new PagedKvCache(config.nLayers, config.nKvHeads, config.headDim, this.kv);
+    const d = this.dense;
+    const arrays = new Set<Float32Array>([d.tokenEmbedding, d.output, d.outputNorm]);
+    for (const l of d.layers) {
+      for (const a of Object.values(l)) {
+        if (a instanceof Float32Array) arrays.add(a);
+        else for (const b of Object.values(a as Record<string, Float32Array>)) arrays.add(b);
+      }
+    }
+    this.memory = {
+      weights: [...arrays].reduce((n, a) => n + a.byteLength, 0),
+      kvCache: 2 * config.nLayers * kv.numBlocks * kv.blockSize * config.nKvHeads *
+        config.headDim * 4,
+    };
   }
 
   /**

@@ -1,0 +1,162 @@
+/**
+ * Matmul throughput per tensor type: the same [rows, cols] weight matrix in every encoding the
+ * kernels read, multiplied by `--batch` activation rows, timed in one run on one device. Decode
+ * matmuls are bound by reading the weights, so the figure is weight GB/s, as a share of what
+ * the plain F16 kernel reaches in the same run (and time per matmul against F16's).
+ *
+ *   deno run --allow-all bench/matmul_formats_bench.ts
+ *   options: --rows 2048 --cols 2048 --batch 1 --layout lane|split (default: the device's)
+ *            --repeat 20 (matmuls per timed submit)
+ *
+ * Timing: `repeat` dispatches in one compute pass, submitted, awaited with
+ * onSubmittedWorkDone(); the best of 5 such runs (taken round-robin over the types), divided
+ * by `repeat`. Uses no npm packages.
+ */
+import { acquireGpu } from "../kernels/device.ts";
+import { destroyMatrix, uploadMatrix } from "../kernels/gpu_matrix.ts";
+import { createMatmul, type MatmulLayout } from "../kernels/matmul.ts";
+import { DIM_ROWS } from "../kernels/step_meta.ts";
+import { uploadBuffer } from "../kernels/device.ts";
+import { BLOCK_LAYOUT, byteSize, TENSOR_TYPES, type TensorType } from "../lib/model/tensor.ts";
+import { markdownTable } from "./markdown_table.ts";
+import { randomData } from "./synthetic_model.ts";
+
+export interface FormatsOptions {
+  readonly rows: number;
+  readonly cols: number;
+  readonly batch: number;
+  readonly repeat: number;
+  readonly layout?: MatmulLayout;
+}
+
+export interface FormatResult {
+  readonly type: TensorType;
+  readonly bitsPerWeight: number;
+  readonly weightBytes: number;
+  readonly usPerMatmul: number;
+  readonly gbPerS: number;
+}
+
+function parseOptions(args: readonly string[]): FormatsOptions {
+  const o: { -readonly [K in keyof FormatsOptions]: FormatsOptions[K] } = {
+    rows: 2048,
+    cols: 2048,
+    batch: 1,
+    repeat: 20,
+  };
+  for (let i = 0; i < args.length; i += 2) {
+    const [key, value] = [args[i]!, args[i + 1]];
+    if (value === undefined) throw new Error(`Cannot parse options: ${key} needs a value`);
+    if (key === "--layout") {
+      if (value !== "lane" && value !== "split") {
+        throw new Error(`--layout must be lane or split, received ${value}`);
+      }
+      o.layout = value;
+      continue;
+    }
+    const n = Number(value);
+    if (!Number.isInteger(n) || n < 1) {
+      throw new Error(`Cannot parse options: ${key} needs a positive integer, received ${value}`);
+    }
+    if (key === "--rows") o.rows = n;
+    else if (key === "--cols") o.cols = n;
+    else if (key === "--batch") o.batch = n;
+    else if (key === "--repeat") o.repeat = n;
+    else throw new Error(`Cannot parse options: unknown option ${key}`);
+  }
+  if (o.cols % 256 !== 0) {
+    throw new Error(`--cols must be a multiple of 256 (K-quant blocks), received ${o.cols}`);
+  }
+  return o;
+}
+
+/**
+ * Times every tensor type's matmul and prints a markdown table through `print`.
+ *
+ * ```ts
+ * const results = await runFormatsBench(["--rows", "512", "--cols", "512"], () => {});
+ * ```
+ */
+export async function runFormatsBench(
+  argv: readonly string[],
+  print: (text: string) => void = console.log,
+): Promise<FormatResult[]> {
+  const o = parseOptions(argv);
+  const gpu = await acquireGpu();
+  const layout = o.layout ?? (gpu.cpuRasterizer ? "lane" : "split");
+  const dims = new Uint32Array(4);
+  dims[DIM_ROWS] = o.batch;
+  const dimsBuffer = uploadBuffer(gpu, dims, GPUBufferUsage.UNIFORM, "dims");
+  const xs = new Float32Array(o.batch * o.cols).map((_, i) => Math.sin(i) * 0.5);
+  const x = uploadBuffer(gpu, xs, GPUBufferUsage.STORAGE, "x");
+  const y = gpu.device.createBuffer({
+    size: o.batch * o.rows * 4,
+    usage: GPUBufferUsage.STORAGE,
+    label: "y",
+  });
+  const subjects = TENSOR_TYPES.map((type) => {
+    const shape = [o.rows, o.cols];
+    const bytes = byteSize(type, shape);
+    const m = uploadMatrix(gpu, { name: type, type, shape, data: randomData(type, bytes, 7) });
+    const op = createMatmul(gpu, m, { dims: dimsBuffer, x, y, rowsField: DIM_ROWS, layout });
+    return { type, bytes, m, op, best: Infinity };
+  });
+  const run = async (op: (typeof subjects)[number]["op"], n: number) => {
+    const enc = gpu.device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    for (let i = 0; i < n; i++) op.encode(pass, o.batch);
+    pass.end();
+    const t = performance.now();
+    gpu.device.queue.submit([enc.finish()]);
+    await gpu.device.queue.onSubmittedWorkDone();
+    return performance.now() - t;
+  };
+  for (const s of subjects) await run(s.op, 2); // compile and warm up
+  // Round-robin over the types, so a change in machine load hits every type alike.
+  for (let r = 0; r < 5; r++) {
+    for (const s of subjects) s.best = Math.min(s.best, await run(s.op, o.repeat));
+  }
+  const results: FormatResult[] = subjects.map((s) => {
+    const ms = s.best / o.repeat;
+    const { elements, bytes: blockBytes } = BLOCK_LAYOUT[s.type];
+    destroyMatrix(s.m);
+    return {
+      type: s.type,
+      bitsPerWeight: (8 * blockBytes) / elements,
+      weightBytes: s.bytes,
+      usPerMatmul: ms * 1000,
+      gbPerS: s.bytes / ms / 1e6,
+    };
+  });
+  const f16 = results.find((r) => r.type === "f16")!;
+  const fmt = (v: number, d = 2) => v.toFixed(d);
+  print(`# Matmul throughput by tensor type\n`);
+  print(`- device: ${gpu.description}; layout ${layout}`);
+  print(
+    `- W [${o.rows}, ${o.cols}] × ${o.batch} activation row(s); best of 5 submits of ${o.repeat} matmuls\n`,
+  );
+  print(markdownTable(
+    [
+      "type",
+      "bits/weight",
+      "weights MiB",
+      "µs / matmul",
+      "weight GB/s",
+      "GB/s ÷ F16",
+      "time ÷ F16",
+    ],
+    results.map((r) => [
+      r.type,
+      fmt(r.bitsPerWeight, 4).replace(/\.?0+$/, ""),
+      fmt(r.weightBytes / 2 ** 20),
+      fmt(r.usPerMatmul, 1),
+      fmt(r.gbPerS),
+      fmt(r.gbPerS / f16.gbPerS),
+      fmt(r.usPerMatmul / f16.usPerMatmul),
+    ]),
+  ));
+  gpu.device.destroy();
+  return results;
+}
+
+if (import.meta.main) await runFormatsBench(Deno.args);

@@ -1,0 +1,105 @@
+/**
+ * Every compat file loads in `generate` and `start` (`main.ts serve`) on both backends, and
+ * both print llama.cpp's greedy text for a fixture prompt (the one whose first steps all have
+ * margins over 0.5 nats, so the tokens are facts; the stories260K carriers have near-ties).
+ * `generate` sizes its KV cache automatically (one full context: 128k tokens for llama3-like);
+ * `start` runs with a short context and a small cache to keep 18 servers cheap.
+ */
+import { assert, assertEquals } from "@std/assert";
+import { COMPAT_FILES, compatPath, type Fixture, MARGIN, readFixture } from "./_compat.ts";
+import { spawnUntilListening } from "./_serve_child.ts";
+
+const MAIN = new URL("../main.ts", import.meta.url).pathname;
+const TOKENS = 3;
+
+/** The prompt with the longest run of clear (margin > 0.5) steps, and how many to generate. */
+function clearPrompt(fx: Fixture): { prompt: string; text: string; n: number } {
+  const scored = fx.prompts.map((p) => {
+    const cut = p.steps.findIndex((s) => s.margin <= MARGIN);
+    return { p, clear: cut < 0 ? p.steps.length : cut };
+  }).sort((a, b) => b.clear - a.clear);
+  const best = scored[0]!;
+  assert(best.clear >= 1, `fixture ${fx.model.file}: no prompt has a clear first step`);
+  return { prompt: best.p.prompt, text: completionText(best.p), n: Math.min(TOKENS, best.clear) };
+}
+
+function completionText(p: Fixture["prompts"][number]): string {
+  return (p as unknown as { completion_text: string }).completion_text;
+}
+
+for (const stem of COMPAT_FILES) {
+  for (const backend of ["cpu", "webgpu"]) {
+    Deno.test(`generate --backend ${backend} loads ${stem} and prints llama.cpp's greedy text`, async () => {
+      const fx = await readFixture(stem);
+      const { prompt, text, n } = clearPrompt(fx);
+      const out = await new Deno.Command(Deno.execPath(), {
+        args: [
+          "run",
+          "--allow-all",
+          MAIN,
+          "generate",
+          "--model",
+          compatPath(stem),
+          "--prompt",
+          prompt,
+          "--max-tokens",
+          String(n),
+          "--temperature",
+          "0",
+          "--backend",
+          backend,
+        ],
+        stdout: "piped",
+        stderr: "piped",
+      }).output();
+      const stderr = new TextDecoder().decode(out.stderr);
+      assertEquals(out.code, 0, stderr);
+      const got = new TextDecoder().decode(out.stdout).replace(/\n$/, "");
+      assert(got.length > 0, `no text; stderr:\n${stderr}`);
+      assert(text.startsWith(got), `${stem}: '${got}' is not a prefix of llama.cpp's '${text}'`);
+      assert(stderr.includes(`on ${backend}`), stderr);
+      assert(/memory: weights [\d.]+ [KMG]iB, kv cache/.test(stderr), stderr);
+    });
+
+    Deno.test(`start --backend ${backend} serves ${stem} with llama.cpp's greedy text`, async () => {
+      const fx = await readFixture(stem);
+      const { prompt, text, n } = clearPrompt(fx);
+      const server = await spawnUntilListening([
+        "run",
+        "--allow-all",
+        MAIN,
+        "serve",
+        "--model",
+        compatPath(stem),
+        "--port",
+        "0",
+        "--backend",
+        backend,
+        "--context-length",
+        "256",
+        "--kv-memory",
+        "16MiB",
+        "--max-running",
+        "4",
+      ]);
+      try {
+        const res = await fetch(`${server.base}/v1/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ prompt, max_tokens: n, temperature: 0 }),
+        });
+        const body = await res.json();
+        assertEquals(res.status, 200, JSON.stringify(body));
+        const got: string = body.choices[0].text;
+        assert(got.length > 0, JSON.stringify(body));
+        assert(text.startsWith(got), `${stem}: '${got}' is not a prefix of llama.cpp's '${text}'`);
+      } finally {
+        server.child.kill("SIGTERM");
+        await server.child.status;
+      }
+      const log = await server.log();
+      assert(log.includes(`backend   ${backend}`), log);
+      assert(/memory {4}weights [\d.]+ [KMG]iB, kv cache 16\.0 MiB/.test(log), log);
+    });
+  }
+}

@@ -1,0 +1,66 @@
+/**
+ * The compat files on the WebGPU engine (kernels reading every tensor type in its file
+ * encoding): greedy tokens and logprobs against llama.cpp's fixtures, as
+ * compat_llama_cpp_test.ts does for the CPU engine, and the WebGPU engine against the CPU
+ * engine on prompts of random ids, which no fixture holds.
+ *
+ * Cost on llvmpipe (2 cores): a step of the six fixture prompts with their logits read back
+ * takes 0.6-4 s on the 128k/152k vocabularies, so those compare steps 0-2 of each prompt (their
+ * margins are all above 14 nats), TinyLlama's files steps 0-3, the stories260K carriers all 32.
+ */
+import { assert, assertEquals, assertLess } from "@std/assert";
+import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
+import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { GREEDY, type SeqInput } from "../lib/engine/engine.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import { compareGreedy, COMPAT_FILES, compatPath, readFixture } from "./_compat.ts";
+import { relativeError, rng, testGpu } from "./_gpu.ts";
+
+const KV = { numBlocks: 6 * 6, blockSize: 16 };
+const stepsFor = (stem: string) =>
+  /^(llama3|qwen)/.test(stem) ? 3 : stem.startsWith("tinyllama") ? 4 : 32;
+
+for (const stem of COMPAT_FILES) {
+  Deno.test(`${stem} on webgpu: greedy tokens equal llama.cpp's where its margin > 0.5, logprobs within tolerance; random prompts equal the CPU engine's`, async () => {
+    const [model, fx] = await Promise.all([loadModel(compatPath(stem)), readFixture(stem)]);
+    const gpu = await WebGpuEngine.create(model.config, model.weights, KV, {
+      gpu: await testGpu(),
+      maxSeqs: 8,
+    });
+    try {
+      const steps = stepsFor(stem);
+      const results = await compareGreedy(gpu, fx.prompts, { steps });
+      for (const r of results) {
+        const where = `${stem} on webgpu, prompt '${r.name}'`;
+        assert(r.firstMismatch === undefined, `${where}: ${JSON.stringify(r.firstMismatch)}`);
+        assert(r.worstToTolerance <= 1, `${where}: max |Δlogprob| ${r.maxLogprobDelta}`);
+      }
+      if (!stem.startsWith("stories")) {
+        assertEquals(results.reduce((n, r) => n + r.compared, 0), fx.prompts.length * steps);
+      }
+
+      // Two prompts of 24 random ids (any id: control tokens and byte pieces included), one
+      // step together: the logits of both engines agree, the greedy ids are equal.
+      const rand = rng(stem.length);
+      const cpu = new CpuEngine(model.config, model.weights, KV);
+      const seqs: SeqInput[] = [0, 1].map((i) => ({
+        seqId: 50 + i,
+        tokens: Array.from({ length: 24 }, () => Math.floor(rand() * model.config.vocabSize)),
+        startPos: 0,
+        blockTable: [20 + 2 * i, 21 + 2 * i],
+        sample: true,
+        sampling: GREEDY,
+      }));
+      const plan = { stepId: 0, seqs, returnLogits: true };
+      const [g, c] = await Promise.all([gpu.step(plan), cpu.step(plan)]);
+      g.sampled.forEach((s, i) => {
+        const want = c.sampled[i]!;
+        const err = relativeError(s.logits!, want.logits!);
+        assertLess(err, 1e-3, `${stem}: random prompt ${i}: logits differ by ${err} (relative)`);
+        assertEquals(s.token, want.token, `${stem}: random prompt ${i}: greedy id`);
+      });
+    } finally {
+      gpu.dispose();
+    }
+  });
+}
