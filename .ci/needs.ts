@@ -216,4 +216,10 @@ export const webgpuNeed: Need = {
 export const NEEDS: readonly Need[] = [
   chromiumNeed,
   webgpuNeed,
+  program({
+    name: "promtool",
+    apt: "prometheus",
+    env: "PROMTOOL",
+    why: "the /metrics lint (tests/serve_command_test.ts)",
+  }),
 ];

@@ -14,6 +14,7 @@ import { NEEDS } from "./needs.ts";
 /** Test files that create a GPU device in their own process. */
 export const GPU_FILES = [
   "tests/architecture_engines_test.ts",
+  "tests/compat_llama_cpp_webgpu_test.ts",
   "tests/attention_test.ts",
   "tests/engine_factory_test.ts",
   "tests/kernels_test.ts",

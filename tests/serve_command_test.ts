@@ -192,6 +192,7 @@ Deno.test("serve --version names the release and --help ends with examples", () 
   assertStringIncludes(help, "--version");
   assertStringIncludes(help, "Examples:\n  deno task start ");
   assertStringIncludes(help, "--model stories260K-q8_0");
+});
 
 Deno.test("the served model takes --served-model-name, --log-format json, --metrics-public and --result-cache end to end", async () => {
   const { child, base, log } = await spawnServer([
