@@ -2,16 +2,24 @@ import { generateCommand, generateInfo, parseGenerateArgs } from "./lib/cli/gene
 import { launch } from "./lib/cli/launch.ts";
 import { modelsCommand, parseModelsArgs } from "./lib/cli/models.ts";
 import { parseServeArgs, serveCommand, serveInfo } from "./lib/cli/serve.ts";
+import { routerCommand } from "./lib/cli/router.ts";
+import { clusterCommand } from "./lib/cli/cluster.ts";
 
 const USAGE = `Usage: deno task start [options]      run the server (see --help)
        deno task generate [options]   one completion on stdout
-       deno task models [--models-dir <dir>]   the model files it can find`;
+       deno task models [--models-dir <dir>]   the model files it can find
+       deno task router --nats URL    route the same API to replicas over NATS
+       deno task cluster              nats-server, replicas and a router, locally`;
 
 async function main(args: string[]): Promise<number> {
   const [command, ...rest] = args;
   switch (command) {
     case "serve":
       return await serveCommand(rest);
+    case "cluster":
+      return await clusterCommand(rest);
+    case "router":
+      return await routerCommand(rest);
     case "generate":
       return await generateCommand(rest);
     case "models":
@@ -39,6 +47,8 @@ async function launchCommand(args: string[]): Promise<number> {
         tokenizer: c.tokenizer,
         modelsDir: c.modelsDir,
         host: c.host,
+        nats: c.nats,
+        natsCreds: c.natsCreds,
       });
     }
     case "generate": {

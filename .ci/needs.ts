@@ -217,6 +217,12 @@ export const NEEDS: readonly Need[] = [
   chromiumNeed,
   webgpuNeed,
   program({
+    name: "nats-server",
+    apt: "nats-server",
+    env: "NATS_SERVER",
+    why: "the cluster tests (tests/_cluster.ts starts its own)",
+  }),
+  program({
     name: "promtool",
     apt: "prometheus",
     env: "PROMTOOL",

@@ -122,6 +122,11 @@ export class ServingCore {
     return this.scheduler.stats();
   }
 
+  /** Hashes of prefix-cached blocks, newest last, at most `limit` (a replica's heartbeat). */
+  cachedBlockHashes(limit: number): number[] {
+    return this.scheduler.cachedBlockHashes(limit);
+  }
+
   /** The snapshot the HTTP layer reports (/metrics, /ready, playground). */
   stats(): CoreStats {
     const s = this.scheduler.stats();

@@ -63,6 +63,11 @@ export class SchedulerActor {
     return this.#core.stats();
   }
 
+  /** The prefix cache's block hashes (see BlockAllocator.cachedBlockHashes). */
+  cachedBlockHashes(limit: number): number[] {
+    return this.#core.kv.cachedBlockHashes(limit);
+  }
+
   /**
    * Runs until the mailbox is closed; then fails what is still live and closes the executor's
    * mailbox so it ends too.
@@ -96,6 +101,10 @@ export class SchedulerActor {
         break;
       case "client-gone":
         core.cancel(msg.seqId, false);
+        break;
+      case "hold":
+      case "resume":
+        core.hold(msg.seqId, msg.type === "hold");
         break;
       case "step-result":
         if (msg.epoch === this.#epoch) core.onResult(msg.result);

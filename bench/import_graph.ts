@@ -19,6 +19,7 @@ export const LAYERS: readonly string[] = [
   "actors",
   "lib/http",
   "lib/serving",
+  "lib/cluster",
   "lib/cli",
   ".",
 ];

@@ -10,6 +10,8 @@ export interface ServerOptions {
   readonly env?: Record<string, string>;
   /** Give up when it does not listen within this time (default 60 s). */
   readonly startTimeoutMs?: number;
+  /** Start it under `ulimit -n <n>` (a lowered open-file limit), through sh. */
+  readonly openFileLimit?: number;
 }
 
 export interface ServerProcess {
@@ -32,8 +34,13 @@ const MAIN = new URL("../main.ts", import.meta.url).pathname;
 
 /** Starts `deno run -A main.ts serve --host 127.0.0.1 --port 0 ...args` and waits for its URL. */
 export async function startServer(opts: ServerOptions): Promise<ServerProcess> {
-  const child = new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", MAIN, "serve", "--host", "127.0.0.1", "--port", "0", ...opts.args],
+  const args = ["run", "-A", MAIN, "serve", "--host", "127.0.0.1", "--port", "0", ...opts.args];
+  // exec keeps the pid: signals and /proc/<pid> reach the server itself.
+  const [cmd, cmdArgs] = opts.openFileLimit === undefined
+    ? [Deno.execPath(), args]
+    : ["sh", ["-c", `ulimit -n ${opts.openFileLimit} && exec "$0" "$@"`, Deno.execPath(), ...args]];
+  const child = new Deno.Command(cmd, {
+    args: cmdArgs,
     env: opts.env,
     stdin: "null",
     stdout: "null",
@@ -93,6 +100,15 @@ export async function startServer(opts: ServerOptions): Promise<ServerProcess> {
     },
     exited,
   };
+}
+
+/** Open file descriptors of a process (Linux /proc/<pid>/fd), undefined when unreadable. */
+export function openFds(pid: number): number | undefined {
+  try {
+    return [...Deno.readDirSync(`/proc/${pid}/fd`)].length;
+  } catch {
+    return undefined;
+  }
 }
 
 /** VmRSS of a process in bytes, from /proc/<pid>/status. */

@@ -5,6 +5,41 @@ import { MIN_TEMPERATURE } from "../lib/engine/sampling.ts";
 /** Threads per sampled sequence: 64 on GPUs; one SIMD batch (8) on CPU rasterizers. */
 const GPU_THREADS = 64;
 const CPU_THREADS = 8;
+const MAX_THREADS = 128; // bins: 16 floats per thread in workgroup memory (16 KiB by default)
+
+/**
+ * Loop iterations one invocation may run, all loops together: llvmpipe (Mesa's CPU rasterizer)
+ * leaves every loop once an invocation has run 65535 iterations, silently (a WGSL loop of 70000
+ * counts 65535; two of 40000 count 40000 and 25534). Kept under it with a margin.
+ */
+const LOOP_BUDGET = 64000;
+
+/** Radix passes of one search: 8 for the key's 32 bits, one per 4 bits of a token index. */
+function searchPasses(vocab: number): number {
+  return 8 + Math.ceil(Math.max(1, Math.ceil(Math.log2(vocab))) / 4);
+}
+
+/**
+ * The fewest threads (a power of two, at least `base`) whose invocations stay within
+ * LOOP_BUDGET on a vocabulary of this size: each runs 5 + 3 * passes strided loops over the
+ * vocabulary (argmax, log-sum-exp, scaled argmax, top-p mass, kept mass, and three searches),
+ * plus per-pass digit loops and reductions over the threads. Without it, a 8-thread sampler
+ * over a 32000-token vocabulary, or a 64-thread one over 151936 tokens, stops its loops early
+ * on llvmpipe and returns wrong ids (even the vocabulary size itself).
+ */
+export function samplerThreads(vocab: number, base: number): number {
+  const passes = searchPasses(vocab);
+  const iterations = (t: number) =>
+    Math.ceil(vocab / t) * (5 + 3 * passes) + 3 * passes * (64 + t) + 8 * t;
+  let threads = base;
+  while (iterations(threads) > LOOP_BUDGET && threads < MAX_THREADS) threads *= 2;
+  if (iterations(threads) > LOOP_BUDGET) {
+    throw new Error(
+      `Cannot build the sampler: a vocabulary of ${vocab} tokens needs more than ${MAX_THREADS} threads per sequence to stay within ${LOOP_BUDGET} loop iterations per invocation`,
+    );
+  }
+  return threads;
+}
 
 /** lib/rng.ts's hash32 and uniform in WGSL: u32 arithmetic wraps exactly like Math.imul. */
 export const WGSL_RNG = /* wgsl */ `
@@ -38,9 +73,8 @@ export function sampleWgsl(vocab: number, threads = GPU_THREADS): string {
       `Cannot build the sampler: threads must be a positive integer, received ${threads}`,
     );
   }
-  const loBits = Math.max(1, Math.ceil(Math.log2(vocab)));
-  const loDigits = Math.ceil(loBits / 4);
-  const passes = 8 + loDigits;
+  const passes = searchPasses(vocab);
+  const loDigits = passes - 8;
   return /* wgsl */ `
 ${WGSL_STEP_TYPES}
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
@@ -266,6 +300,7 @@ export interface SampleTarget {
   /**
    * "wide" (64 threads per sequence; suits GPUs) or "narrow" (one SIMD batch of 8, so the
    * reductions through workgroup memory stay short; suits CPU rasterizers). Default by device.
+   * Either takes more threads where a large vocabulary needs them ({@link samplerThreads}).
    */
   readonly layout?: SampleLayout;
 }
@@ -273,7 +308,8 @@ export interface SampleTarget {
 /** A bound sampler over `count` sequences. */
 export function createSampler(gpu: Gpu, vocab: number, t: SampleTarget): KernelOp {
   const narrow = (t.layout ?? (gpu.cpuRasterizer ? "narrow" : "wide")) === "narrow";
-  const pipeline = gpu.pipeline(sampleWgsl(vocab, narrow ? CPU_THREADS : GPU_THREADS), "sample");
+  const threads = samplerThreads(vocab, narrow ? CPU_THREADS : GPU_THREADS);
+  const pipeline = gpu.pipeline(sampleWgsl(vocab, threads), "sample");
   const group = bindAll(
     gpu,
     pipeline,

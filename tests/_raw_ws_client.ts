@@ -36,6 +36,42 @@ export class RawWebSocket {
     await writeAll(this.conn, maskedFrame(0x1, new TextEncoder().encode(text)));
   }
 
+  /**
+   * Announces a text frame of `bytes` and streams its payload (1 MiB writes) until the server
+   * closes the connection or all is sent; returns the close code the server sent, if any, and
+   * how much of the payload went out.
+   */
+  async sendHugeFrame(bytes: number): Promise<{ closeCode?: number; sent: number }> {
+    const head = new Uint8Array(14);
+    head[0] = 0x81;
+    head[1] = 0x80 | 127;
+    new DataView(head.buffer).setBigUint64(2, BigInt(bytes));
+    head.set(crypto.getRandomValues(new Uint8Array(4)), 10);
+    let closeCode: number | undefined;
+    let ended = false;
+    const reading = (async () => {
+      const buf = new Uint8Array(64);
+      const n = await this.conn.read(buf).catch(() => null);
+      if (n !== null && n >= 4 && (buf[0]! & 0x0f) === 8) closeCode = (buf[2]! << 8) | buf[3]!;
+      ended = true;
+    })();
+    let sent = 0;
+    try {
+      await writeAll(this.conn, head);
+      const chunk = new Uint8Array(1 << 20).fill(0x61);
+      while (sent < bytes && !ended) {
+        const n = Math.min(chunk.byteLength, bytes - sent);
+        await writeAll(this.conn, chunk.subarray(0, n));
+        sent += n;
+      }
+    } catch {
+      // The server closed the connection mid-payload: what a refusal looks like.
+    }
+    await reading;
+    this.close();
+    return closeCode === undefined ? { sent } : { closeCode, sent };
+  }
+
   close(): void {
     try {
       this.conn.close();

@@ -1,117 +1,122 @@
-/**
- * CoreBackend's prompt ids over a real serving core (stories260K, CPU engine): a client's text
- * is encoded as it is, template text gets exactly one BOS, and every end-of-generation id of
- * the tokenizer stops a generation.
- */
-import { assert, assertEquals } from "@std/assert";
+import { assertEquals } from "@std/assert";
 import { ServingCore } from "../actors/core.ts";
+import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
-import { loadModel } from "../lib/model/load_model.ts";
-import { CachedBackend } from "../lib/serving/cached_backend.ts";
 import { CoreBackend } from "../lib/serving/core_backend.ts";
-import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import type { GenerationEvent } from "../lib/core/generation.ts";
-import { modelFile } from "./_model_files.ts";
+import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./_fake_engine.ts";
+import { TOKENIZER, WORD_IDS } from "./_fake_core.ts";
+import { closeCore } from "./_serving_core.ts";
 
-const bin = await loadModel(modelFile("stories260K.bin"), {
-  tokenizerPath: modelFile("tok512.bin"),
-});
-const gguf = await loadModel(modelFile("stories260K.gguf"));
+const BOS = TOKENIZER.bosId;
 
-async function withBackend(
-  model: typeof bin,
-  tokenizer: Tokenizer,
-  run: (b: CoreBackend) => Promise<void>,
-): Promise<void> {
-  const make = () => new CpuEngine(model.config, model.weights, { numBlocks: 64, blockSize: 16 });
-  const core = new ServingCore({ engine: make(), engineFactory: make, codec: tokenizer });
-  try {
-    await run(new CoreBackend("m", core, tokenizer));
-  } finally {
-    await core.close();
-  }
-}
-
-Deno.test("CoreBackend encodes a client's BOS spelling as characters (issue 13: it was cut off)", async () => {
-  for (const model of [bin, gguf]) {
-    const tok = new Tokenizer(model.tokenizer!);
-    await withBackend(model, tok, (b) => {
-      const bosText = tok.tokenText(tok.bosId); // "\n<s>\n" in tok512.bin, "<s>" in the GGUF
-      const text = `${bosText}Once upon`;
-      assertEquals(b.countTokens(text), tok.encode(text).length);
-      assert(
-        b.countTokens(text) > b.countTokens("Once upon"),
-        `${JSON.stringify(text)} keeps its characters`,
-      );
-      // Template text: the BOS it writes is the one BOS the vocabulary adds.
-      assertEquals(
-        b.countTokens(`${bosText}Once upon`, { special: true }),
-        b.countTokens("Once upon"),
-      );
-      return Promise.resolve();
-    });
-  }
-});
-
-Deno.test("CoreBackend stops a generation on any end-of-generation id, not only EOS", async () => {
-  const tok = new Tokenizer(gguf.tokenizer!);
-  // Find what greedy decoding produces first, then declare that token an end-of-turn token.
-  let first = -1;
-  await withBackend(gguf, tok, async (b) => {
-    for await (const e of b.generate(request(4), AbortSignal.timeout(30_000))) {
-      if (e.type === "token") first = e.ids[0]!;
-      if (e.type === "token") break;
-    }
-  });
-  assert(first >= 0);
-  const tokens = [...gguf.tokenizer!.tokens];
-  tokens[first] = "<|im_end|>"; // llama.cpp's text-based EOG detection picks this spelling up
-  const eogTok = new Tokenizer({ ...gguf.tokenizer!, tokens });
-  assert(eogTok.isEog(first));
-  await withBackend(gguf, eogTok, async (b) => {
-    const events: GenerationEvent[] = [];
-    for await (const e of b.generate(request(4), AbortSignal.timeout(30_000))) events.push(e);
-    const done = events.at(-1);
-    if (done?.type !== "done") throw new Error(`ended with ${JSON.stringify(done)}`);
-    assertEquals([done.finishReason, done.usage.completionTokens], ["stop", 1]);
-  });
-});
-
-function request(maxTokens: number) {
-  return {
-    prompt: "Once upon a time",
-    maxTokens,
-    sampling: GREEDY,
-    stop: [],
-    priority: "interactive" as const,
-    requestId: "r",
+function backend(engine: Partial<FakeEngineOptions> = {}) {
+  const opts: FakeEngineOptions = {
+    vocabSize: TOKENIZER.vocabSize,
+    outputIds: WORD_IDS,
+    numBlocks: 64,
+    blockSize: 4,
+    contextLength: 128,
+    ...engine,
   };
+  const core = new ServingCore({
+    engine: new FakeEngine(opts),
+    engineFactory: () => new FakeEngine(opts),
+    codec: TOKENIZER,
+  });
+  return { core, backend: new CoreBackend("m", core, TOKENIZER), opts };
 }
 
-Deno.test("CoreBackend.tokenize without special tokens drops only the BOS/EOS the vocabulary adds", async () => {
-  for (
-    const [addBos, addEos] of [[true, false], [false, false], [true, true], [false, true]] as const
-  ) {
-    const tok = new Tokenizer({ ...gguf.tokenizer!, addBos, addEos });
-    await withBackend(gguf, tok, (b) => {
-      const bare = tok.encode("Once upon", { bos: false, eos: false });
-      assertEquals(
-        b.tokenize("Once upon", { bos: false, special: false }),
-        bare,
-        `${addBos} ${addEos}`,
-      );
-      assertEquals(b.tokenize("Once upon", { bos: true, special: false }), tok.encode("Once upon"));
-      return Promise.resolve();
-    });
+const request = (prompt: string | number[], maxTokens: number): GenerationRequest => ({
+  prompt,
+  maxTokens,
+  sampling: GREEDY,
+  stop: [],
+  priority: "interactive",
+  requestId: "t",
+});
+
+async function run(b: CoreBackend, req: GenerationRequest): Promise<GenerationEvent[]> {
+  const out: GenerationEvent[] = [];
+  for await (const e of b.generate(req, new AbortController().signal)) out.push(e);
+  return out;
+}
+
+const ids = (events: GenerationEvent[]) => events.flatMap((e) => (e.type === "token" ? e.ids : []));
+
+Deno.test("CoreBackend tokenizes a text prompt with BOS and the core generates from those ids", async () => {
+  const { core, backend: b, opts } = backend();
+  try {
+    const events = await run(b, request("Once upon a time", 5));
+    const prompt = TOKENIZER.encode("Once upon a time", { bos: true });
+    assertEquals(prompt[0], BOS);
+    assertEquals(events[0], { type: "started", promptTokens: prompt.length });
+    assertEquals(b.countTokens("Once upon a time"), prompt.length);
+    assertEquals(
+      ids(events),
+      fakeContinuation(prompt, {
+        ...opts,
+        maxTokens: 5,
+        contextLength: 128,
+        vocabSize: 512,
+        sampling: GREEDY,
+      }),
+    );
+  } finally {
+    await closeCore(core);
   }
 });
 
-Deno.test("the chat renderer sees the vocabulary's special spellings through the result cache too", async () => {
-  const tok = new Tokenizer(gguf.tokenizer!);
-  await withBackend(gguf, tok, (b) => {
-    assertEquals([...b.specialTokens].sort(), ["</s>", "<s>", "<unk>"]);
-    assertEquals(new CachedBackend(b, 1 << 20).specialTokens, b.specialTokens);
-    return Promise.resolve();
-  });
+Deno.test("CoreBackend drops the BOS text a chat template renders instead of tokenizing it as '<', 's', '>'", async () => {
+  const { core, backend: b } = backend();
+  try {
+    const plain = await run(b, request("Hello", 3));
+    const templated = await run(b, {
+      ...request(`${b.bosToken}Hello`, 3),
+      parseSpecialTokens: true,
+    });
+    assertEquals(b.bosToken, "\n<s>\n", "tok512 (llama2.c) spells BOS so");
+    assertEquals(templated[0], plain[0], "the same prompt length: one BOS");
+    assertEquals(ids(templated), ids(plain));
+  } finally {
+    await closeCore(core);
+  }
+});
+
+Deno.test("CoreBackend ends a generation that samples BOS (a new story begins), as run.c does", async () => {
+  // A model that can only say " the" or BOS: the first BOS it draws ends the generation.
+  const the = TOKENIZER.encode(" the", { bos: false }).at(-1)!;
+  const { core, backend: b, opts } = backend({ outputIds: [the, BOS] });
+  try {
+    const prompt = TOKENIZER.encode("Once", { bos: true });
+    const solo = fakeContinuation(prompt, {
+      ...opts,
+      maxTokens: 40,
+      contextLength: 128,
+      vocabSize: 512,
+      sampling: GREEDY,
+      stopTokenIds: [BOS],
+    });
+    assertEquals(solo.at(-1), BOS, "the oracle run reaches a BOS within 40 tokens");
+    const events = await run(b, request(prompt, 40));
+    const done = events.at(-1)!;
+    assertEquals(done.type === "done" && done.finishReason, "stop");
+    assertEquals(done.type === "done" && done.usage.completionTokens, solo.length);
+    assertEquals(ids(events), solo.slice(0, -1), "BOS itself is not streamed");
+  } finally {
+    await closeCore(core);
+  }
+});
+
+Deno.test("CoreBackend passes the tokenizer's vocabulary, context and token texts through", async () => {
+  const { core, backend: b } = backend();
+  try {
+    assertEquals([b.contextLength, b.vocabSize, b.eosToken], [128, 512, "\n</s>\n"]);
+    const t = b.tokenize("a cat", { bos: true, special: false });
+    assertEquals(t[0], BOS);
+    assertEquals(b.detokenize(t), "a cat");
+    assertEquals(t.slice(1).map((id) => b.tokenPiece(id)).join(""), " a cat");
+    assertEquals(b.stats().kvBlocksTotal, 64);
+  } finally {
+    await closeCore(core);
+  }
 });

@@ -503,7 +503,7 @@ async function propertyRun(seed: number) {
   return { restarts: s.executorRestarts, aborted, left, completed };
 }
 
-async function waitFor(cond: () => boolean, what: string, timeoutMs = 2000): Promise<void> {
+async function waitFor(cond: () => boolean, what: string, timeoutMs = 10_000): Promise<void> {
   const end = performance.now() + timeoutMs;
   while (!cond()) {
     if (performance.now() > end) throw new Error(`timed out waiting for ${what}`);

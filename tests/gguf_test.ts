@@ -314,6 +314,20 @@ Deno.test("readGguf() rejects an unsupported tensor type, naming the type and te
   );
 });
 
+Deno.test("readGguf() refuses a K-quant tensor whose rows are not whole 256-element blocks", async () => {
+  // stories260K's attention matrices are 64 wide: fine for Q8_0's 32-element blocks, not for
+  // Q4_K's 256 (llama-quantize falls back to Q5_0/Q8_0 for such rows).
+  const path = await corruptedCopy("stories260K.gguf", (b) => {
+    new DataView(b.buffer).setUint32(tensorTypeFieldOffset(b, "blk.0.attn_q.weight"), 12, true);
+    return b;
+  });
+  await assertRejects(
+    () => readGguf(path),
+    Error,
+    "tensor 'blk.0.attn_q.weight': Cannot size q4_k tensor: innermost dimension must be a multiple of 256, received shape [64, 64]",
+  );
+});
+
 Deno.test("unsupportedTensorTypes() lists every unsupported type of a header with its count, in order of first use", async () => {
   const bytes = await Deno.readFile(modelFile("stories260K.gguf"));
   assertEquals(unsupportedTensorTypes(parseGgufHeader(bytes, "ok.gguf")), []);

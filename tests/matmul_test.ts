@@ -374,3 +374,21 @@ Deno.test("createMatmul() refuses the rope epilogue without its buffers or on th
     );
   }
 });
+
+Deno.test("uploadMatrix() refuses rows that are not whole blocks of the type, naming the shape", async () => {
+  const gpu = await testGpu();
+  // 128-wide rows: whole Q5_0 blocks (32), not Q4_K ones (256).
+  const data = new Uint8Array(2 * 144);
+  let error: Error | undefined;
+  try {
+    uploadMatrix(gpu, { name: "w", type: "q4_k", shape: [4, 128], data });
+  } catch (e) {
+    error = e as Error;
+  }
+  assert(
+    error?.message.includes(
+      "inner dimension to be a multiple of 256 for type q4_k, received shape [4, 128]",
+    ),
+    String(error),
+  );
+});

@@ -80,3 +80,17 @@ Deno.test("permissionFlags() writes one allow-list per kind and omits empty ones
     ["--allow-read=/a,/b", "--allow-net=h", "--allow-env=X"],
   );
 });
+
+Deno.test("derivePermissions() lets a replica reach its NATS servers and read its credentials", () => {
+  const p = derivePermissions(
+    {
+      model: "/m.gguf",
+      host: "127.0.0.1",
+      nats: "nats://u:p@10.1.2.3:4222, nats.internal:4223",
+      natsCreds: "/etc/llm.creds",
+    },
+    envOf({ MODELS_DIR: "/d" }),
+  );
+  assertEquals(p.net, ["127.0.0.1", "10.1.2.3", "nats.internal"]);
+  assertEquals(p.read, ["/d", "/m.gguf", "/etc/llm.creds"]);
+});

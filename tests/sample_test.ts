@@ -1,6 +1,6 @@
-import { assertAlmostEquals, assertEquals } from "@std/assert";
+import { assertAlmostEquals, assertEquals, assertThrows } from "@std/assert";
 import { bindAll } from "../kernels/device.ts";
-import { createSampler, type SampleLayout, WGSL_RNG } from "../kernels/sample.ts";
+import { createSampler, type SampleLayout, samplerThreads, WGSL_RNG } from "../kernels/sample.ts";
 import type { SampleMeta } from "../kernels/step_meta.ts";
 import type { SamplingParams } from "../lib/engine/engine.ts";
 import { hash32 } from "../lib/util/rng.ts";
@@ -107,6 +107,26 @@ Deno.test("createSampler() draws the reference sampler's tokens and logprobs (gr
     const logits = randomF32(rand, rows * vocab, 4);
     for (const layout of LAYOUTS) await compareWithReference(vocab, logits, rows, layout);
   }
+});
+
+Deno.test("createSampler() draws the reference's tokens on real vocabulary sizes (32000, 151936), within llvmpipe's loop limit", async () => {
+  // llvmpipe ends an invocation's loops after 65535 iterations in all; with 8 threads over
+  // 32000 tokens (or 64 over 151936) the filtered searches needed ~104000 (~66000) and came
+  // back with wrong ids, even the vocabulary size. Both layouts, every filter of PARAMS.
+  const rand = rng(23);
+  for (const vocab of [32000, 151936]) {
+    const rows = PARAMS.length;
+    const logits = randomF32(rand, rows * vocab, 4);
+    for (const layout of LAYOUTS) await compareWithReference(vocab, logits, rows, layout);
+  }
+});
+
+Deno.test("samplerThreads() refuses a vocabulary no thread count keeps within the loop limit", () => {
+  assertThrows(
+    () => samplerThreads(4_000_000, 8),
+    Error,
+    "a vocabulary of 4000000 tokens needs more than",
+  );
 });
 
 Deno.test("createSampler() breaks ties toward the lower token id, like the reference", async () => {

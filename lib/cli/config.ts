@@ -50,6 +50,16 @@ export const SETTINGS = {
     default: DEFAULT_LIMITS.pipelineDepth,
   },
   apiKey: { env: "LLMSERVE_API_KEYS", help: "accepted API keys (env: comma-separated)" },
+  nats: {
+    env: "LLMSERVE_NATS",
+    help: "NATS server(s) to also serve as a replica on: nats://[user:pass@|token@]host:port",
+  },
+  natsCreds: { env: "LLMSERVE_NATS_CREDS", help: "NATS .creds file (JWT + NKey seed)" },
+  routing: {
+    env: "LLMSERVE_ROUTING",
+    help: "router: prefix | least-loaded | round-robin",
+    default: "prefix",
+  },
   drainTimeout: {
     env: "LLMSERVE_DRAIN_TIMEOUT",
     help: "seconds to let in-flight requests finish on SIGTERM",
@@ -179,6 +189,9 @@ export const ConfigSchema = z.object({
   drainTimeout: z.coerce.number({ error: "must be a number" }).nonnegative(
     "must be 0 or more seconds",
   ).default(D.drainTimeout.default),
+  nats: z.string().min(1).optional(),
+  natsCreds: z.string().min(1).optional(),
+  routing: z.enum(["prefix", "least-loaded", "round-robin"]).default(D.routing.default),
   servedModelName: z.array(z.string().min(1, "a served model name cannot be empty")).default([]),
   logFormat: z.enum(["text", "json", "off"]).default(D.logFormat.default),
   metricsPublic: z.union([

@@ -31,6 +31,10 @@ export interface RunNeeds {
   readonly modelsDir?: string;
   /** The listen address (`serve` only). */
   readonly host?: string;
+  /** `--nats`: NATS server URL(s), comma-separated, to serve as a replica on. */
+  readonly nats?: string;
+  /** `--nats-creds`: a credentials file to read. */
+  readonly natsCreds?: string;
   /** Whether the run may download a missing model (`models` only lists, so it never does). */
   readonly mayDownload?: boolean;
 }
@@ -69,8 +73,8 @@ export const HUGGING_FACE_HOSTS = [
  * - read: the models directory, the mirror (`MODEL_MIRROR`), and a model or tokenizer given
  *   as a path;
  * - write: the models directory, only when a spec may be downloaded (a URL or a name);
- * - net: the listen address, and the hosts of any URL that may be downloaded (a known name's
- *   download host; Hugging Face's content hosts with it);
+ * - net: the listen address, the hosts of any URL that may be downloaded (a known name's
+ *   download host; Hugging Face's content hosts with it), and the NATS servers (`--nats`);
  * - env: {@linkcode ENV_READ}; sys: {@linkcode SYS_READ}.
  */
 export function derivePermissions(needs: RunNeeds, env: EnvGetter): Permissions {
@@ -103,6 +107,10 @@ export function derivePermissions(needs: RunNeeds, env: EnvGetter): Permissions 
     }
   }
   if (needs.host !== undefined) net.add(netHost(needs.host));
+  for (const url of (needs.nats ?? "").split(",").map((u) => u.trim()).filter(Boolean)) {
+    net.add(natsHost(url));
+  }
+  if (needs.natsCreds !== undefined) read.add(needs.natsCreds);
   return {
     read: [...read],
     write: [...write],
@@ -121,6 +129,15 @@ function downloadHosts(url: string): string[] {
   }
   const hf = HUGGING_FACE_HOSTS.some((h) => h === host);
   return hf ? [...HUGGING_FACE_HOSTS] : [host];
+}
+
+/** The host (any port) of a NATS URL such as `nats://user:pass@host:4222` or `host:4222`. */
+function natsHost(url: string): string {
+  try {
+    return new URL(url.includes("://") ? url : `nats://${url}`).hostname;
+  } catch {
+    return url; // the replica reports the malformed URL itself
+  }
 }
 
 /** A listen address as Deno's `--allow-net` spells it (IPv6 in brackets). */

@@ -21,6 +21,11 @@ import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
 import { createLoadingService, LoadProgress, SwitchableService } from "../http/loading_service.ts";
 import { CachedBackend } from "../serving/cached_backend.ts";
+import { connectNats } from "../cluster/nats_connection.ts";
+import { ReplicaAgent } from "../cluster/replica.ts";
+import { randomId } from "../cluster/subjects.ts";
+import { tokenizerToWire } from "../cluster/tokenizer_wire.ts";
+import type { Model } from "../model/weights.ts";
 import { defaultMaxConnections, openFileLimit } from "../util/fd_limit.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
@@ -43,6 +48,8 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "log-format": "logFormat",
   "metrics-public": "metricsPublic",
   "result-cache": "resultCache",
+  "nats": "nats",
+  "nats-creds": "natsCreds",
   "max-connections": "maxConnections",
   "header-timeout": "headerTimeout",
   "body-timeout": "bodyTimeout",
@@ -147,7 +154,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     log("stopped before the model finished loading");
     return 0;
   }
-  const { service, core, summary } = first;
+  const { service, core, summary, replica } = first;
   front.switchTo(service);
   progress.set("ready");
   log(
@@ -161,6 +168,11 @@ export async function serveCommand(argv: string[]): Promise<number> {
     ].join("\n"),
   );
   const result = await server.closed;
+  if (replica) {
+    const r = await replica.drained;
+    log(`replica drained: ${r.completed ? "all NATS streams finished" : `${r.aborted} aborted`}`);
+    await replica.close();
+  }
   await core.close();
   log(
     `drained: ${
@@ -268,6 +280,13 @@ async function start(
       resultCacheBytes: config.resultCache,
     },
   });
+  const replica = config.nats === undefined ? undefined : await startReplica(config, {
+    backend: coreBackend,
+    core,
+    model,
+    blockSize: plan.blockSize,
+    log: (l) => console.error(l),
+  });
   const c = model.config;
   const mem = engineMemory(engine);
   const summary = (addr: Deno.NetAddr) =>
@@ -279,9 +298,9 @@ async function start(
       `  memory    weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
         formatBytes(mem?.kvCache ?? plan.bytes)
       }`,
-      `  kv cache  ${numBlocks} blocks x ${plan.blockSize} tokens = ${
-        formatBytes(plan.bytes)
-      } (${numBlocks * plan.blockSize} tokens; ${plan.why})`,
+      `  kv cache  ${numBlocks} blocks x ${plan.blockSize} tokens = ${formatBytes(plan.bytes)} (${
+        numBlocks * plan.blockSize
+      } tokens; ${plan.why})`,
       `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${config.pipelineDepth}`,
       `  results   ${
         config.resultCache > 0 ? `cache ${formatBytes(config.resultCache)}` : "cache off"
@@ -289,6 +308,7 @@ async function start(
       `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}${
         config.metricsPublic ? " (/metrics public)" : ""
       }`,
+      ...(replica ? [`  replica   ${replica.agent.id} on NATS ${replica.where}`] : []),
       `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
       ...(faults
         ? [
@@ -296,7 +316,68 @@ async function start(
         ]
         : []),
     ].join("\n");
-  return { service, core, summary };
+  return { service, core, summary, replica };
+}
+
+/**
+ * The replica role beside the HTTP server: the same core takes generations from routers over
+ * NATS. On SIGTERM/SIGINT it leaves the rotation at once, then drains with the HTTP side.
+ */
+async function startReplica(
+  config: Config,
+  deps: {
+    backend: CoreBackend;
+    core: ServingCore;
+    model: Model;
+    blockSize: number;
+    log: (line: string) => void;
+  },
+) {
+  const id = randomId("replica");
+  const natsOptions = { url: config.nats!, credsFile: config.natsCreds, name: id };
+  const nc = await connectNats({ ...natsOptions, log: deps.log });
+  const { backend, core, model } = deps;
+  const agent = new ReplicaAgent(nc, {
+    backend,
+    blockSize: deps.blockSize,
+    info: {
+      modelName: backend.modelName,
+      contextLength: backend.contextLength,
+      vocabSize: backend.vocabSize,
+      bosToken: backend.bosToken,
+      eosToken: backend.eosToken,
+      chatTemplate: backend.chatTemplate,
+      tokenizer: tokenizerToWire(model.tokenizer!),
+    },
+    load: () => {
+      const s = core.schedulerStats();
+      return {
+        running: s.running,
+        waiting: s.waiting,
+        maxRunning: config.maxRunning,
+        maxWaiting: config.maxWaiting,
+        kvBlocksUsed: s.kvBlocksUsed,
+        kvBlocksTotal: s.kvBlocksTotal,
+        prefixQueryTokens: s.prefixQueryTokens,
+        prefixHitTokens: s.prefixHitTokens,
+      };
+    },
+    cachedBlockHashes: (limit) => core.cachedBlockHashes(limit),
+  }, { id, log: deps.log });
+  await agent.start(natsOptions);
+  let resolveDrained!: (r: { completed: boolean; aborted: number }) => void;
+  const drained = new Promise<{ completed: boolean; aborted: number }>((r) => resolveDrained = r);
+  const onSignal = () => {
+    for (const s of ["SIGTERM", "SIGINT"] as const) Deno.removeSignalListener(s, onSignal);
+    agent.drain(config.drainTimeout * 1000).then(resolveDrained);
+  };
+  for (const s of ["SIGTERM", "SIGINT"] as const) Deno.addSignalListener(s, onSignal);
+  return {
+    agent,
+    drained,
+    where: nc.getServer(),
+    close: () => nc.close(),
+  };
 }
 
 /**

@@ -57,6 +57,23 @@ interface CachedBlock {
 const ROOT_HASH = 0x6a09e667;
 const NO_PARENT = -1;
 
+/**
+ * The chained hashes of a token sequence's full blocks, as the prefix cache names them: entry i
+ * identifies blocks 0..i. A router compares them with a replica's {@link
+ * BlockAllocator.cachedBlockHashes} to guess how much of a prompt that replica has cached.
+ * Like a lookup, the last token is never counted (one token is always computed).
+ */
+export function prefixBlockHashes(tokens: readonly number[], blockSize: number): number[] {
+  const out: number[] = [];
+  let h = ROOT_HASH;
+  const n = Math.floor((tokens.length - 1) / blockSize);
+  for (let i = 0; i < n; i++) {
+    h = blockHash(h, tokens, i * blockSize, (i + 1) * blockSize);
+    out.push(h);
+  }
+  return out;
+}
+
 /** Chained hash of one full block: (parent hash, its token ids). */
 function blockHash(parent: number, tokens: readonly number[], from: number, to: number): number {
   let h = parent;
@@ -197,6 +214,15 @@ export class BlockAllocator {
     for (let i = 0; i < need; i++) own.blocks.push(this.#take());
     own.numTokens += numNewTokens;
     return own.blocks;
+  }
+
+  /**
+   * Hashes of the blocks in the prefix cache (see {@link prefixBlockHashes}), the most recently
+   * published last, at most `limit` of them: a summary a replica can report to a router.
+   */
+  cachedBlockHashes(limit: number): number[] {
+    const all = [...this.#cachedByHash.keys()];
+    return all.length <= limit ? all : all.slice(all.length - limit);
   }
 
   /** Releases the sequence's blocks; its full blocks stay cached for reuse until evicted. */

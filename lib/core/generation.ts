@@ -136,4 +136,9 @@ export interface GenerationBackend {
   /** Spellings of the tokens only template text may produce (control, user-defined): the chat renderer keeps client text from spelling them. */
   readonly specialTokens: readonly string[];
   stats(): CoreStats;
+  /**
+   * Why it cannot take work now, for /ready (a router: no replica in rotation). Absent: the
+   * executor's health decides.
+   */
+  readinessProblems?(): string[];
 }

@@ -18,6 +18,10 @@ export function notReadyReasons(s: HealthState): string[] {
   const reasons: string[] = [];
   if (!s.isLoaded()) reasons.push("model not loaded");
   if (s.isDraining()) reasons.push("draining");
+  if (s.backend.readinessProblems) {
+    reasons.push(...s.backend.readinessProblems());
+    return reasons;
+  }
   let healthy = false;
   try {
     healthy = s.backend.stats().executorHealthy;

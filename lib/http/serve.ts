@@ -1,4 +1,4 @@
-import type { Server } from "node:http";
+import type { IncomingMessage, Server } from "node:http";
 import type { Socket } from "node:net";
 import { createAdaptorServer } from "@hono/node-server";
 // @ts-types="@types/ws"
@@ -85,23 +85,45 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
       connectionsCheckingInterval: CHECK_INTERVAL_MS,
     },
   }) as Server;
-  server.maxConnections = opts.maxConnections ?? 1024;
+  const maxConnections = opts.maxConnections ?? 1024;
+  const metrics = service.metrics;
 
-  // node:http's headersTimeout starts with a request's first byte: a connection that never
-  // sends one is held until it does. Time the wait for the first request ourselves.
+  // Deno's node:http has maxConnections but neither counts nor reports what it drops, and its
+  // headersTimeout starts with a request's first byte: a connection that never sends one is
+  // held until it does. So both are done here, on the connection.
   const sockets = new Set<Socket>();
   let refused = 0;
   server.on("connection", (socket: Socket) => {
+    if (sockets.size >= maxConnections) {
+      refused++;
+      metrics.connectionsRefused.inc();
+      socket.destroy();
+      return;
+    }
     sockets.add(socket);
-    const timer = setTimeout(() => socket.destroy(), headerTimeoutMs);
-    const started = () => clearTimeout(timer);
-    socket.once("data", started);
+    metrics.connections.set(sockets.size);
+    waitingForRequest.set(
+      socket,
+      setTimeout(() => {
+        metrics.connectionsTimedOut.inc();
+        socket.destroy();
+      }, headerTimeoutMs),
+    );
     socket.once("close", () => {
-      clearTimeout(timer);
+      requestArrived(socket);
       sockets.delete(socket);
+      metrics.connections.set(sockets.size);
     });
   });
-  server.on("drop", () => refused++);
+  // A request's headers are in: from here node:http's own timeouts apply (keep-alive, body).
+  // (Deno's node:http feeds its parser without emitting "data" on the socket.)
+  const waitingForRequest = new Map<Socket, ReturnType<typeof setTimeout>>();
+  const requestArrived = (socket: Socket) => {
+    clearTimeout(waitingForRequest.get(socket));
+    waitingForRequest.delete(socket);
+  };
+  server.on("request", (req: IncomingMessage) => requestArrived(req.socket));
+  server.on("upgrade", (req: IncomingMessage) => requestArrived(req.socket));
   // Past the listen, errors are accept failures (EMFILE, ENFILE): the server keeps serving
   // the connections it holds and accepts again once descriptors are free.
   let listening = false;

@@ -56,6 +56,9 @@ export class ServiceMetrics {
   readonly resultCacheCapacity: Gauge;
   readonly resultCacheEntries: Gauge;
   readonly resultCacheSaved: Counter;
+  readonly connections: Gauge;
+  readonly connectionsRefused: Counter;
+  readonly connectionsTimedOut: Counter;
   /** The cache's counters at the last scrape: the counters grow by the difference. */
   #cacheSeen = { hits: 0, misses: 0, savedMs: 0 };
 
@@ -131,6 +134,18 @@ export class ServiceMetrics {
       "Share of wall time spent inside executor steps over the last window (GPU utilisation proxy).",
     );
     this.executorHealthy = r.gauge("llm_executor_healthy", "1 when the executor is healthy.");
+    this.connections = r.gauge(
+      "llm_http_connections",
+      "Client connections open (HTTP and WebSocket).",
+    );
+    this.connectionsRefused = r.counter(
+      "llm_http_connections_refused_total",
+      "Connections closed at once because --max-connections were open.",
+    );
+    this.connectionsTimedOut = r.counter(
+      "llm_http_connections_timed_out_total",
+      "Connections closed for sending no request within --header-timeout.",
+    );
     this.running = r.gauge("llm_requests_running", "Sequences in the running batch.");
     this.waiting = r.gauge("llm_requests_waiting", "Sequences waiting to be scheduled.");
     this.kvBlocksUsed = r.gauge("llm_kv_blocks_used", "KV cache blocks in use.");

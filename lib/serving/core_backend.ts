@@ -6,18 +6,16 @@ import type {
   GenerationRequest,
 } from "../core/generation.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
+import { PromptTokens } from "./prompt_tokens.ts";
 
-/**
- * Presents the serving core to the HTTP layer. A prompt gets BOS (and EOS) as the vocabulary
- * adds them; chat-template text goes through Tokenizer.encodeTemplate (one BOS even when the
- * template writes it). A client's own prompt text is never cut: "<s>" there is characters.
- */
+/** Presents the serving core to the HTTP layer; prompts are encoded as PromptTokens says. */
 export class CoreBackend implements GenerationBackend {
   readonly contextLength: number;
   readonly bosToken: string;
   readonly eosToken: string;
   readonly vocabSize: number;
   readonly specialTokens: readonly string[];
+  readonly #text: PromptTokens;
 
   constructor(
     readonly modelName: string,
@@ -30,6 +28,7 @@ export class CoreBackend implements GenerationBackend {
     this.eosToken = tokenizer.tokenText(tokenizer.eosId);
     this.vocabSize = tokenizer.vocabSize;
     this.specialTokens = tokenizer.specialPieces;
+    this.#text = new PromptTokens(tokenizer);
   }
 
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
@@ -37,46 +36,28 @@ export class CoreBackend implements GenerationBackend {
     // (run.c stops there too), so it ends the generation like EOS.
     const stopTokenIds = [this.tokenizer.bosId, ...(req.stopTokenIds ?? [])];
     const prompt = typeof req.prompt === "string"
-      ? this.#encode(req.prompt, req.parseSpecialTokens ?? false)
+      ? this.#text.encode(req.prompt, req.parseSpecialTokens ?? false)
       : req.prompt;
     return this.core.generate({ ...req, prompt, stopTokenIds }, signal);
   }
 
   countTokens(text: string, opts: { special?: boolean } = {}): number {
-    return this.#encode(text, opts.special ?? false).length;
+    return this.#text.countTokens(text, opts);
   }
 
   tokenize(text: string, opts: { bos: boolean; special: boolean }): number[] {
-    const ids = this.#encode(text, opts.special);
-    if (opts.bos) return [...ids];
-    // #encode added what the vocabulary adds to a prompt; nothing of it was asked for.
-    const start = this.tokenizer.addBos ? 1 : 0;
-    return ids.slice(start, this.tokenizer.addEos ? Math.max(start, ids.length - 1) : ids.length);
+    return this.#text.tokenize(text, opts);
   }
 
   detokenize(ids: readonly number[]): string {
-    return this.tokenizer.decode(ids);
+    return this.#text.detokenize(ids);
   }
 
   tokenPiece(id: number): string {
-    return this.tokenizer.tokenText(id);
+    return this.#text.tokenPiece(id);
   }
 
   stats(): CoreStats {
     return this.core.stats();
-  }
-
-  /**
-   * The HTTP layer counts a prompt's tokens (to check the context) right before it generates
-   * from it: remembering the last encoding means the prompt is tokenized once, not twice.
-   */
-  #last?: { text: string; special: boolean; ids: number[] };
-
-  #encode(text: string, special: boolean): number[] {
-    const last = this.#last;
-    if (last !== undefined && last.text === text && last.special === special) return last.ids;
-    const ids = special ? this.tokenizer.encodeTemplate(text) : this.tokenizer.encode(text);
-    this.#last = { text, special, ids };
-    return ids;
   }
 }

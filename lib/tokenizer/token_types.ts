@@ -67,7 +67,10 @@ export function resolveTokenTypes(data: TokenizerData): ResolvedTypes {
   const fim: (number | undefined)[] = [undefined, undefined, undefined];
   for (let id = 0; id < n; id++) {
     const text = data.tokens[id]!;
-    if (text.length < 3 || text.length > 18) continue;
+    // Every spelling looked for starts with "<" or "_": testing that first keeps this pass from
+    // hashing all 128k texts.
+    const first = text.charCodeAt(0);
+    if ((first !== 0x3c && first !== 0x5f) || text.length < 3 || text.length > 18) continue;
     if (EOG_TEXTS.has(text)) {
       eog.add(id);
       makeControl(id);

@@ -1,0 +1,108 @@
+import { parseArgs } from "@std/cli/parse-args";
+import { type Config, resolveConfig, type SettingName, SETTINGS } from "./config.ts";
+import { connectNats } from "../cluster/nats_connection.ts";
+import { RouterBackend } from "../cluster/router_backend.ts";
+import { createApp } from "../http/app.ts";
+import { serveService } from "../http/serve.ts";
+import { ServiceMetrics } from "../http/service_metrics.ts";
+
+const FLAG_NAMES: Record<string, SettingName> = {
+  "nats": "nats",
+  "nats-creds": "natsCreds",
+  "host": "host",
+  "port": "port",
+  "routing": "routing",
+  "api-key": "apiKey",
+  "drain-timeout": "drainTimeout",
+};
+
+function usage(): string {
+  const rows = Object.entries(FLAG_NAMES).map(([flag, name]) =>
+    `  --${flag.padEnd(18)} ${SETTINGS[name].help} [env ${SETTINGS[name].env}]`
+  );
+  return `Usage: deno task router --nats nats://host:port [options]\n${rows.join("\n")}`;
+}
+
+/** Parses `router` flags into the validated configuration. Exported for tests. */
+export function parseRouterArgs(
+  argv: string[],
+  env?: (name: string) => string | undefined,
+): Config & { nats: string } {
+  const flags = parseArgs(argv, {
+    string: Object.keys(FLAG_NAMES),
+    collect: ["api-key"],
+    boolean: ["help"],
+  });
+  const unknown = [
+    ...Object.keys(flags).filter((k) => k !== "_" && k !== "help" && !(k in FLAG_NAMES)).map((k) =>
+      `--${k}`
+    ),
+    ...flags._.map(String),
+  ];
+  if (unknown.length > 0) throw new Error(`Unknown argument(s): ${unknown.join(" ")}\n${usage()}`);
+  const named: Partial<Record<SettingName, unknown>> = {};
+  for (const [flag, name] of Object.entries(FLAG_NAMES)) {
+    const v = (flags as Record<string, unknown>)[flag];
+    if (v !== undefined && !(Array.isArray(v) && v.length === 0)) named[name] = v;
+  }
+  const config = resolveConfig(named, env);
+  if (config.nats === undefined) {
+    throw new Error(`The router needs a NATS server: pass --nats nats://host:port\n${usage()}`);
+  }
+  return config as Config & { nats: string };
+}
+
+/**
+ * `router` command: the public API of a single server, with every generation sent to a replica
+ * over NATS. Waits for one replica to learn the model, then listens; drains on SIGTERM.
+ */
+export async function routerCommand(argv: string[]): Promise<number> {
+  if (argv.includes("--help")) {
+    console.log(usage());
+    return 0;
+  }
+  const config = parseRouterArgs(argv);
+  const log = (line: string) => console.error(line);
+  const nc = await connectNats({
+    url: config.nats,
+    credsFile: config.natsCreds,
+    name: "llmserve-router",
+    log,
+  });
+  log(`router: connected to NATS ${nc.getServer()}; waiting for a replica`);
+  const metrics = new ServiceMetrics();
+  const backend = await RouterBackend.start(nc, { policy: config.routing, metrics, log });
+  const service = createApp({
+    backend,
+    metrics,
+    apiKeys: config.apiKey,
+    drainTimeoutMs: config.drainTimeout * 1000,
+  });
+  const server = await serveService(service, {
+    hostname: config.host,
+    port: config.port,
+    drainTimeoutMs: config.drainTimeout * 1000,
+    onListen: (addr) => {
+      log([
+        `llmserve router ready`,
+        `  model     ${backend.modelName} (context ${backend.contextLength}), served by replicas`,
+        `  nats      ${nc.getServer()} (router ${backend.id})`,
+        `  routing   ${config.routing}`,
+        `  replicas  ${backend.registry.inRotation().map((v) => v.id).join(", ")}`,
+        `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
+        `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
+      ].join("\n"));
+    },
+  });
+  const result = await server.closed;
+  backend.close();
+  await nc.close();
+  log(
+    `drained: ${
+      result.completed
+        ? "all in-flight generations finished"
+        : `${result.aborted} aborted at the deadline`
+    }; ${backend.failovers} failover(s) served`,
+  );
+  return 0;
+}

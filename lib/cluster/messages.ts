@@ -1,0 +1,207 @@
+/**
+ * Every message that crosses NATS between routers and replicas, validated with zod on receipt
+ * (a peer on the bus is an external input like any client). One discriminated union per
+ * direction, all in this one module:
+ *
+ * - {@link ReplicaAnnouncement}: replica → everyone, on the heartbeat subject.
+ * - {@link ReplicaRequest}: router → one replica (generate, credit, cancel, info).
+ * - {@link StreamFrame}: replica → the router that opened a stream.
+ * - {@link InfoReply}: replica → router, the answer to an info request.
+ */
+import { z } from "zod";
+import { TokenizerWire } from "./tokenizer_wire.ts";
+
+const int = z.number().int();
+const nonNegative = int.nonnegative();
+
+export const SamplingSchema = z.object({
+  temperature: z.number(),
+  topK: nonNegative,
+  topP: z.number().min(0).max(1),
+  minP: z.number().min(0).max(1),
+  seed: nonNegative,
+});
+
+/** Load a replica reports about itself: what the router balances on. */
+export const LoadSchema = z.object({
+  running: nonNegative,
+  waiting: nonNegative,
+  /** Scheduler limits: running + waiting at maxRunning + maxWaiting means full. */
+  maxRunning: nonNegative,
+  maxWaiting: nonNegative,
+  kvBlocksUsed: nonNegative,
+  kvBlocksTotal: nonNegative,
+  /** Streams it serves over NATS (all routers together). */
+  streams: nonNegative,
+  /** Prompt tokens looked up in its prefix cache, and found there. */
+  prefixQueryTokens: nonNegative,
+  prefixHitTokens: nonNegative,
+});
+export type Load = z.infer<typeof LoadSchema>;
+
+export const HeartbeatSchema = z.object({
+  type: z.literal("heartbeat"),
+  replica: z.string().min(1),
+  /** Increases by one per heartbeat; a restarted replica gets a new id, not a reset counter. */
+  beat: nonNegative,
+  /** The replica's own period, so a router can tell a late beat from a slow one. */
+  intervalMs: int.positive(),
+  /**
+   * Age of the load figures: the beat comes from a worker thread, the figures from the main
+   * thread, which a long engine step can block. A router drops a replica stalled for long.
+   */
+  stalledMs: nonNegative,
+  draining: z.boolean(),
+  model: z.string(),
+  load: LoadSchema,
+  /** Prefix-cache summary: block size and chained hashes of cached blocks (newest last). */
+  prefix: z.object({ blockSize: int.positive(), hashes: z.array(int) }),
+  /** Ids of the streams it is serving now: each router's per-stream liveness evidence. */
+  streamIds: z.array(z.string()),
+});
+export type Heartbeat = z.infer<typeof HeartbeatSchema>;
+
+/** A replica's last word: it exits (sent after its drain, so routers drop it at once). */
+export const GoodbyeSchema = z.object({ type: z.literal("goodbye"), replica: z.string().min(1) });
+
+export const ReplicaAnnouncement = z.discriminatedUnion("type", [HeartbeatSchema, GoodbyeSchema]);
+export type ReplicaAnnouncement = z.infer<typeof ReplicaAnnouncement>;
+
+/**
+ * Router → replica: run a generation from token ids. `generated` ids were produced by an
+ * earlier attempt and are already at the end of `prompt` (failover): the replica counts the
+ * prompt as given, so seeded draws continue at the same positions.
+ */
+export const GenerateSchema = z.object({
+  type: z.literal("generate"),
+  stream: z.string().min(1),
+  /** Subject the frames go to. */
+  replyTo: z.string().min(1),
+  prompt: z.array(nonNegative).min(1),
+  maxTokens: int.positive(),
+  sampling: SamplingSchema,
+  stop: z.array(z.string()),
+  stopTokenIds: z.array(nonNegative).optional(),
+  priority: z.enum(["interactive", "batch"]),
+  requestId: z.string(),
+  logprobs: z.boolean(),
+  /** Frames the replica may send before waiting for a credit message. */
+  credit: int.positive(),
+});
+export type Generate = z.infer<typeof GenerateSchema>;
+
+/** Router → replica: frames with seq < upTo may be sent (cumulative, so a lost one is harmless). */
+export const CreditSchema = z.object({
+  type: z.literal("credit"),
+  stream: z.string().min(1),
+  upTo: nonNegative,
+});
+
+/**
+ * Router → replica: end a stream. "cancel" answers with done(cancelled); "gone" (the client
+ * left, or the router gave the stream up) frees it silently.
+ */
+export const CancelSchema = z.object({
+  type: z.literal("cancel"),
+  stream: z.string().min(1),
+  how: z.enum(["cancel", "gone"]),
+});
+
+export const InfoRequestSchema = z.object({ type: z.literal("info") });
+
+export const ReplicaRequest = z.discriminatedUnion("type", [
+  GenerateSchema,
+  CreditSchema,
+  CancelSchema,
+  InfoRequestSchema,
+]);
+export type ReplicaRequest = z.infer<typeof ReplicaRequest>;
+
+const UsageSchema = z.object({
+  promptTokens: nonNegative,
+  completionTokens: nonNegative,
+  cachedTokens: nonNegative,
+});
+
+const TimingsSchema = z.object({
+  queuedMs: z.number(),
+  prefillMs: z.number(),
+  timeToFirstTokenMs: z.number(),
+  decodeMs: z.number(),
+  totalMs: z.number(),
+  decodeTokensPerSecond: z.number(),
+});
+
+/** The serving core's GenerationEvent, as it travels. */
+export const GenerationEventSchema = z.discriminatedUnion("type", [
+  z.object({ type: z.literal("started"), promptTokens: nonNegative }),
+  z.object({
+    type: z.literal("token"),
+    text: z.string(),
+    ids: z.array(nonNegative),
+    // JSON has no -Infinity: a token with probability 0 under the raw logits travels as null.
+    logprob: z.number().nullable().transform((v) => v ?? -Infinity),
+  }),
+  z.object({
+    type: z.literal("done"),
+    finishReason: z.enum(["stop", "length", "cancelled"]),
+    usage: UsageSchema,
+    timings: TimingsSchema,
+  }),
+  z.object({
+    type: z.literal("error"),
+    code: z.enum(["context_length_exceeded", "overloaded", "draining", "internal"]),
+    message: z.string(),
+  }),
+]);
+
+/** Replica → router: one event of a stream, numbered from 0 so a gap is seen. */
+export const EventFrameSchema = z.object({
+  type: z.literal("event"),
+  stream: z.string().min(1),
+  seq: nonNegative,
+  event: GenerationEventSchema,
+});
+
+export const StreamFrame = z.discriminatedUnion("type", [EventFrameSchema]);
+export type StreamFrame = z.infer<typeof StreamFrame>;
+
+/** Replica → router: what a router needs to serve the public API without the model. */
+export const InfoReply = z.object({
+  type: z.literal("info"),
+  replica: z.string(),
+  modelName: z.string(),
+  contextLength: int.positive(),
+  vocabSize: int.positive(),
+  bosToken: z.string(),
+  eosToken: z.string(),
+  chatTemplate: z.string().optional(),
+  /** The vocabulary, so the router tokenizes exactly as the replicas do. */
+  tokenizer: TokenizerWire,
+});
+export type InfoReply = z.infer<typeof InfoReply>;
+
+/** Parses a message body or says what was wrong with it (for a log line; never thrown at a peer). */
+export function decodeMessage<T extends z.ZodType>(
+  schema: T,
+  data: Uint8Array,
+): { ok: true; value: z.infer<T> } | { ok: false; error: string } {
+  let json: unknown;
+  try {
+    json = JSON.parse(new TextDecoder().decode(data));
+  } catch (e) {
+    return { ok: false, error: `not JSON: ${(e as Error).message}` };
+  }
+  const parsed = schema.safeParse(json);
+  if (!parsed.success) {
+    return {
+      ok: false,
+      error: parsed.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; "),
+    };
+  }
+  return { ok: true, value: parsed.data };
+}
+
+export function encodeMessage(value: unknown): Uint8Array {
+  return new TextEncoder().encode(JSON.stringify(value));
+}

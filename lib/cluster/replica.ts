@@ -1,0 +1,314 @@
+import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
+import type { GenerationBackend, GenerationEvent } from "../core/generation.ts";
+import {
+  decodeMessage,
+  encodeMessage,
+  type Generate,
+  type Heartbeat,
+  type InfoReply,
+  type Load,
+  ReplicaRequest,
+} from "./messages.ts";
+import { subjects } from "./subjects.ts";
+import type { NatsOptions } from "./nats_connection.ts";
+
+/** What a replica reports and serves, taken from the running server. */
+export interface ReplicaSource {
+  /** The server's own backend: NATS streams run through the same serving core as HTTP. */
+  readonly backend: GenerationBackend;
+  /** Model facts and vocabulary for routers (without the replica's id). */
+  readonly info: Omit<InfoReply, "type" | "replica">;
+  readonly blockSize: number;
+  /** Scheduler load, streams excluded. */
+  load(): Omit<Load, "streams">;
+  cachedBlockHashes(limit: number): number[];
+}
+
+export interface ReplicaAgentOptions {
+  readonly id: string;
+  /** Heartbeat period (default 250 ms; routers drop a replica silent for 1.5 s). */
+  readonly heartbeatMs?: number;
+  /** Prefix-cache hashes per heartbeat at most (default 4096). */
+  readonly maxHashes?: number;
+  /** A stream waiting this long for credit is given up: its router is gone (default 30 s). */
+  readonly creditTimeoutMs?: number;
+  readonly log?: (line: string) => void;
+}
+
+/** One generation served over NATS: events go out only as far as the router granted credit. */
+class ServedStream {
+  readonly ctrl = new AbortController();
+  upTo: number;
+  gone = false;
+  #wake: (() => void) | undefined;
+
+  constructor(readonly msg: Generate) {
+    this.upTo = msg.credit;
+  }
+
+  grant(upTo: number): void {
+    if (upTo > this.upTo) this.upTo = upTo;
+    this.#wakeUp();
+  }
+
+  abandon(): void {
+    this.gone = true;
+    this.#wakeUp();
+  }
+
+  #wakeUp(): void {
+    const w = this.#wake;
+    this.#wake = undefined;
+    w?.();
+  }
+
+  /** Resolves true once frame `seq` may be sent, false if the stream is gone or the wait too long. */
+  async creditFor(seq: number, timeoutMs: number): Promise<boolean> {
+    const deadline = performance.now() + timeoutMs;
+    while (!this.gone && seq >= this.upTo) {
+      const left = deadline - performance.now();
+      if (left <= 0) return false;
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      await new Promise<void>((resolve) => {
+        this.#wake = resolve;
+        timer = setTimeout(resolve, left);
+      });
+      clearTimeout(timer);
+    }
+    return !this.gone;
+  }
+}
+
+/**
+ * The replica role: serves generate requests from routers on its own subject with the server's
+ * serving core, streams each generation's events back with credit-based flow control, and
+ * heartbeats its load, prefix-cache summary and open streams. drain() takes it out of the
+ * rotation, lets its streams finish, then says goodbye.
+ */
+export class ReplicaAgent {
+  readonly id: string;
+  readonly #nc: NatsConnection;
+  readonly #src: ReplicaSource;
+  readonly #heartbeatMs: number;
+  readonly #maxHashes: number;
+  readonly #creditTimeoutMs: number;
+  readonly #log: (line: string) => void;
+  readonly #streams = new Map<string, ServedStream>();
+  readonly #running = new Set<Promise<void>>();
+  #sub: Subscription | undefined;
+  #timer: ReturnType<typeof setInterval> | undefined;
+  #beat = 0;
+  #draining = false;
+  #worker: Worker | undefined;
+
+  constructor(nc: NatsConnection, source: ReplicaSource, opts: ReplicaAgentOptions) {
+    this.#nc = nc;
+    this.#src = source;
+    this.id = opts.id;
+    this.#heartbeatMs = opts.heartbeatMs ?? 250;
+    this.#maxHashes = opts.maxHashes ?? 4096;
+    this.#creditTimeoutMs = opts.creditTimeoutMs ?? 30_000;
+    this.#log = opts.log ?? (() => {});
+  }
+
+  get streams(): number {
+    return this.#streams.size;
+  }
+
+  get draining(): boolean {
+    return this.#draining;
+  }
+
+  /**
+   * Subscribes to its request subject and starts heartbeating (the first beat at once). With
+   * `workerNats`, heartbeats come from a worker thread with its own connection made with
+   * those options (see heartbeat_worker.ts); without, from this thread.
+   */
+  async start(workerNats?: NatsOptions): Promise<void> {
+    this.#sub = this.#nc.subscribe(subjects.requests(this.id), {
+      callback: (err, msg) => {
+        if (err === null) this.#onRequest(msg);
+      },
+    });
+    await this.#nc.flush();
+    if (workerNats !== undefined) {
+      const w = new Worker(new URL("./heartbeat_worker.ts", import.meta.url).href, {
+        type: "module",
+      });
+      this.#worker = w;
+      const started = new Promise<void>((resolve, reject) => {
+        w.onmessage = (e) => {
+          if ((e.data as { type: string }).type === "started") resolve();
+        };
+        w.onerror = (e) => {
+          e.preventDefault();
+          reject(new Error(`The heartbeat worker failed: ${e.message}`));
+        };
+      });
+      w.postMessage({
+        type: "start",
+        nats: workerNats,
+        snapshot: this.#snapshot(),
+        intervalMs: this.#heartbeatMs,
+      });
+      await started;
+    } else {
+      this.#heartbeat();
+    }
+    this.#timer = setInterval(() => this.#heartbeat(), this.#heartbeatMs);
+  }
+
+  /**
+   * Rolling-update order: leave the rotation (a draining heartbeat, sent now), let in-flight
+   * streams finish (up to timeoutMs, then end them), say goodbye, stop.
+   */
+  async drain(timeoutMs: number): Promise<{ completed: boolean; aborted: number }> {
+    this.#draining = true;
+    this.#heartbeat();
+    const deadline = performance.now() + timeoutMs;
+    while (this.#running.size > 0 && performance.now() < deadline) {
+      await Promise.race([
+        Promise.all(this.#running),
+        new Promise((r) => setTimeout(r, Math.max(1, deadline - performance.now()))),
+      ]);
+    }
+    const aborted = this.#streams.size;
+    for (const s of this.#streams.values()) s.ctrl.abort("drain deadline passed");
+    await Promise.race([Promise.all(this.#running), new Promise((r) => setTimeout(r, 1000))]);
+    await this.close();
+    return { completed: aborted === 0, aborted };
+  }
+
+  /** Stops heartbeats, says goodbye and unsubscribes (streams still open are left to end). */
+  async close(): Promise<void> {
+    if (this.#timer !== undefined) clearInterval(this.#timer);
+    this.#timer = undefined;
+    const w = this.#worker;
+    this.#worker = undefined;
+    if (w !== undefined) {
+      const stopped = new Promise<void>((resolve) => {
+        w.onmessage = (e) => {
+          if ((e.data as { type: string }).type === "stopped") resolve();
+        };
+      });
+      w.postMessage({ type: "stop" });
+      await Promise.race([stopped, new Promise((r) => setTimeout(r, 2000))]);
+      w.terminate();
+    }
+    if (!this.#nc.isClosed()) {
+      this.#nc.publish(subjects.announce, encodeMessage({ type: "goodbye", replica: this.id }));
+      this.#sub?.unsubscribe();
+      await this.#nc.flush().catch(() => {});
+    }
+  }
+
+  /** Sends the current state: through the worker, or directly. */
+  #heartbeat(): void {
+    if (this.#nc.isClosed()) return;
+    if (this.#worker !== undefined) {
+      this.#worker.postMessage({ type: "snapshot", snapshot: this.#snapshot() });
+      if (this.#draining) this.#worker.postMessage({ type: "beat" });
+      return;
+    }
+    const hb: Heartbeat = { ...this.#snapshot(), beat: this.#beat++, stalledMs: 0 };
+    this.#nc.publish(subjects.announce, encodeMessage(hb));
+  }
+
+  #snapshot(): Omit<Heartbeat, "beat" | "stalledMs"> {
+    return {
+      type: "heartbeat",
+      replica: this.id,
+      intervalMs: this.#heartbeatMs,
+      draining: this.#draining,
+      model: this.#src.info.modelName,
+      load: { ...this.#src.load(), streams: this.#streams.size },
+      prefix: {
+        blockSize: this.#src.blockSize,
+        hashes: this.#src.cachedBlockHashes(this.#maxHashes),
+      },
+      streamIds: [...this.#streams.keys()],
+    };
+  }
+
+  #onRequest(msg: Msg): void {
+    const parsed = decodeMessage(ReplicaRequest, msg.data);
+    if (!parsed.ok) {
+      this.#log(`replica ${this.id}: ignored a malformed request: ${parsed.error}`);
+      return;
+    }
+    const req = parsed.value;
+    switch (req.type) {
+      case "info":
+        msg.respond(encodeMessage({ type: "info", replica: this.id, ...this.#src.info }));
+        return;
+      case "credit":
+        this.#streams.get(req.stream)?.grant(req.upTo);
+        return;
+      case "cancel": {
+        const s = this.#streams.get(req.stream);
+        if (s === undefined) return;
+        if (req.how === "cancel") s.ctrl.abort("cancelled by the client");
+        else s.abandon();
+        return;
+      }
+      case "generate": {
+        if (this.#streams.has(req.stream)) return;
+        const s = new ServedStream(req);
+        this.#streams.set(req.stream, s);
+        const run = this.#serve(s).finally(() => {
+          this.#streams.delete(req.stream);
+          this.#running.delete(run);
+        });
+        this.#running.add(run);
+        return;
+      }
+    }
+  }
+
+  async #serve(s: ServedStream): Promise<void> {
+    const m = s.msg;
+    let seq = 0;
+    const send = (event: GenerationEvent) => {
+      this.#nc.publish(
+        m.replyTo,
+        encodeMessage({ type: "event", stream: m.stream, seq: seq++, event }),
+      );
+    };
+    if (this.#draining) {
+      send({
+        type: "error",
+        code: "draining",
+        message: "The replica is shutting down and accepts no new generations",
+      });
+      return;
+    }
+    const events = this.#src.backend.generate({
+      prompt: m.prompt,
+      maxTokens: m.maxTokens,
+      sampling: m.sampling,
+      stop: m.stop,
+      stopTokenIds: m.stopTokenIds,
+      priority: m.priority,
+      requestId: m.requestId,
+      logprobs: m.logprobs,
+    }, s.ctrl.signal)[Symbol.asyncIterator]();
+    try {
+      for (;;) {
+        const next = await events.next();
+        if (next.done) return;
+        if (!await s.creditFor(seq, this.#creditTimeoutMs)) return;
+        if (this.#nc.isClosed()) return;
+        send(next.value);
+        if (next.value.type === "done" || next.value.type === "error") return;
+      }
+    } catch (e) {
+      this.#log(`replica ${this.id}: stream ${m.stream} failed: ${(e as Error).message}`);
+      if (!this.#nc.isClosed()) {
+        send({ type: "error", code: "internal", message: `Generation failed: ${e}` });
+      }
+    } finally {
+      // Leaving early (credit never came, router gone) frees the sequence's KV blocks.
+      await events.return?.(undefined);
+    }
+  }
+}

@@ -1,0 +1,185 @@
+import type { Heartbeat } from "./messages.ts";
+import { type Candidate, matchedBlocks } from "./routing.ts";
+
+/** What a router knows about one replica. */
+export interface ReplicaView {
+  readonly id: string;
+  heartbeat: Heartbeat;
+  /** performance.now() of its last heartbeat. */
+  lastSeen: number;
+  /** Streams this router has open there now. */
+  open: number;
+  /** Requests this router has sent there. */
+  routed: number;
+  /** Decaying count of requests sent there (half-life RECENT_HALF_LIFE_MS), as of recentAt. */
+  recent: number;
+  recentAt: number;
+  /** Its reported prefix cache, plus what this router sent it since (not yet reported). */
+  cached: Set<number>;
+  /** Hashes of prompts routed there, with when, kept until a heartbeat reports them. */
+  pending: Map<number, number>;
+}
+
+const RECENT_HALF_LIFE_MS = 10_000;
+const PENDING_MS = 30_000;
+
+function decayed(v: ReplicaView, now: number): number {
+  return v.recent * Math.pow(0.5, (now - v.recentAt) / RECENT_HALF_LIFE_MS);
+}
+
+export interface RegistryOptions {
+  /** A replica silent this long leaves the rotation (default 1500 ms). */
+  readonly staleAfterMs?: number;
+  /** ...and one whose load figures are this old (its main thread hangs; default 15 s). */
+  readonly stalledAfterMs?: number;
+  readonly now?: () => number;
+  /** Replicas serving another model are never used; the first one seen decides (or this). */
+  readonly model?: string;
+  readonly log?: (line: string) => void;
+}
+
+/**
+ * The replicas a router has heard from, fed by heartbeats. A replica is in the rotation while
+ * its heartbeats keep coming (within staleAfterMs), it is not draining, and it serves the
+ * router's model. Its prefix summary is the last heartbeat's hashes together with the hashes
+ * of prompts this router sent it since, so that requests arriving between two beats still find
+ * the prefix where the first of them went (SGLang's router keeps such an approximate tree).
+ */
+export class ReplicaRegistry {
+  readonly #views = new Map<string, ReplicaView>();
+  readonly #staleAfterMs: number;
+  readonly #stalledAfterMs: number;
+  readonly #now: () => number;
+  readonly #log: (line: string) => void;
+  #model: string | undefined;
+  readonly #foreign = new Set<string>();
+
+  constructor(opts: RegistryOptions = {}) {
+    this.#staleAfterMs = opts.staleAfterMs ?? 1500;
+    this.#stalledAfterMs = opts.stalledAfterMs ?? 15_000;
+    this.#now = opts.now ?? (() => performance.now());
+    this.#model = opts.model;
+    this.#log = opts.log ?? (() => {});
+  }
+
+  get model(): string | undefined {
+    return this.#model;
+  }
+
+  set model(name: string | undefined) {
+    this.#model = name;
+  }
+
+  get(id: string): ReplicaView | undefined {
+    return this.#views.get(id);
+  }
+
+  /** Records a heartbeat; returns the view (new or updated), or undefined for a foreign model. */
+  onHeartbeat(hb: Heartbeat): ReplicaView | undefined {
+    if (this.#model !== undefined && hb.model !== this.#model) {
+      if (!this.#foreign.has(hb.replica)) {
+        this.#foreign.add(hb.replica);
+        this.#log(
+          `replica ${hb.replica} serves model ${JSON.stringify(hb.model)}, not ` +
+            `${JSON.stringify(this.#model)}: it gets no traffic from this router`,
+        );
+      }
+      return undefined;
+    }
+    const now = this.#now();
+    let v = this.#views.get(hb.replica);
+    if (v === undefined) {
+      v = {
+        id: hb.replica,
+        heartbeat: hb,
+        lastSeen: now,
+        open: 0,
+        routed: 0,
+        recent: 0,
+        recentAt: now,
+        cached: new Set(),
+        pending: new Map(),
+      };
+      this.#views.set(hb.replica, v);
+    }
+    // A routed prompt's blocks are cached there only once its prefill ran, which can take
+    // seconds on a busy replica: they stay assumed until a beat reports them, or for
+    // PENDING_MS (the request failed, or the blocks were evicted before a beat saw them).
+    v.heartbeat = hb;
+    v.lastSeen = now;
+    v.cached = new Set(hb.prefix.hashes);
+    for (const [h, at] of v.pending) {
+      if (v.cached.has(h) || now - at > PENDING_MS) v.pending.delete(h);
+      else v.cached.add(h);
+    }
+    return v;
+  }
+
+  onGoodbye(id: string): void {
+    this.#views.delete(id);
+  }
+
+  /** A request was sent there: count it and remember its prompt's blocks as cached there. */
+  noteRouted(id: string, promptHashes: readonly number[]): void {
+    const v = this.#views.get(id);
+    if (v === undefined) return;
+    v.routed++;
+    const now = this.#now();
+    v.recent = decayed(v, now) + 1;
+    v.recentAt = now;
+    for (const h of promptHashes) {
+      v.pending.set(h, now);
+      v.cached.add(h);
+    }
+  }
+
+  isLive(v: ReplicaView): boolean {
+    return this.#now() - v.lastSeen <= this.#staleAfterMs &&
+      v.heartbeat.stalledMs <= this.#stalledAfterMs;
+  }
+
+  /**
+   * This router's own event loop did not run for `ms` (a contended machine): heartbeats that
+   * arrived meanwhile are still unread, so that time does not count as the replicas' silence.
+   */
+  forgive(ms: number): void {
+    for (const v of this.#views.values()) v.lastSeen += ms;
+  }
+
+  /** Forgets replicas silent for a long time (ten times the staleness bound). */
+  prune(): void {
+    const now = this.#now();
+    for (const [id, v] of this.#views) {
+      if (now - v.lastSeen > 10 * this.#staleAfterMs) this.#views.delete(id);
+    }
+  }
+
+  /** Live, non-draining replicas. */
+  inRotation(): ReplicaView[] {
+    return [...this.#views.values()].filter((v) => this.isLive(v) && !v.heartbeat.draining);
+  }
+
+  all(): ReplicaView[] {
+    return [...this.#views.values()];
+  }
+
+  /** Routing candidates for a prompt with these block hashes (replicas in `exclude` left out). */
+  candidates(
+    promptHashesFor: (blockSize: number) => readonly number[],
+    exclude: ReadonlySet<string>,
+  ): Candidate[] {
+    return this.inRotation().filter((v) => !exclude.has(v.id)).map((v) => {
+      const l = v.heartbeat.load;
+      return {
+        id: v.id,
+        // Its report is up to a beat old; this router's own count of open streams is exact.
+        load: Math.max(v.open, l.running + l.waiting),
+        capacity: l.maxRunning + l.maxWaiting,
+        routed: v.routed,
+        recent: decayed(v, this.#now()),
+        matchedBlocks: matchedBlocks(promptHashesFor(v.heartbeat.prefix.blockSize), v.cached),
+        cachedBlocks: v.cached.size,
+      };
+    });
+  }
+}

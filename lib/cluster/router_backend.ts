@@ -1,0 +1,567 @@
+import type { NatsConnection, Subscription } from "@nats-io/transport-node";
+import type {
+  CoreStats,
+  GenerationBackend,
+  GenerationEvent,
+  GenerationRequest,
+} from "../core/generation.ts";
+import { prefixBlockHashes } from "../core/block_allocator.ts";
+import type { Counter, Gauge } from "../http/metrics.ts";
+import type { ServiceMetrics } from "../http/service_metrics.ts";
+import { PromptTokens } from "../serving/prompt_tokens.ts";
+import { Tokenizer } from "../tokenizer/tokenizer.ts";
+import {
+  decodeMessage,
+  encodeMessage,
+  type Generate,
+  InfoReply,
+  ReplicaAnnouncement,
+  StreamFrame,
+} from "./messages.ts";
+import { RemoteStream } from "./remote_stream.ts";
+import { tokenizerFromWire } from "./tokenizer_wire.ts";
+import { ReplicaRegistry } from "./replica_registry.ts";
+import { chooseReplica, type RoutingPolicy } from "./routing.ts";
+import { randomId, subjects } from "./subjects.ts";
+
+export interface RouterOptions {
+  readonly policy?: RoutingPolicy;
+  /** A stream with no frame and no heartbeat listing it for this long is lost (default 1500 ms). */
+  readonly streamTimeoutMs?: number;
+  /** A replica silent this long leaves the rotation (default 1500 ms). */
+  readonly staleAfterMs?: number;
+  /** How long a stream that lost its replica waits for another one (default 30 s). */
+  readonly failoverWaitMs?: number;
+  /** Frames a replica may send ahead of the client (default 64). */
+  readonly window?: number;
+  /** Share the HTTP app's metrics to add the router's own series to /metrics. */
+  readonly metrics?: ServiceMetrics;
+  readonly log?: (line: string) => void;
+}
+
+interface RouterMetrics {
+  readonly replicas: Gauge;
+  readonly routed: Counter;
+  readonly failovers: Counter;
+  readonly lostStreams: Counter;
+  readonly byReplica: Counter;
+}
+
+function routerMetrics(m: ServiceMetrics): RouterMetrics {
+  const r = m.registry;
+  return {
+    replicas: r.gauge(
+      "llm_router_replicas",
+      "Replicas known to the router, by state (ready, draining, stale).",
+      ["state"],
+    ),
+    routed: r.counter(
+      "llm_router_routed_total",
+      "Generation attempts sent to a replica, by why that one (prefix, least_loaded, round_robin).",
+      ["reason"],
+    ),
+    failovers: r.counter(
+      "llm_router_failovers_total",
+      "Generations resubmitted to another replica after losing theirs mid-stream.",
+    ),
+    byReplica: r.counter(
+      "llm_router_replica_requests_total",
+      "Generation attempts sent to each replica, by replica id.",
+      ["replica"],
+    ),
+    lostStreams: r.counter(
+      "llm_router_lost_streams_total",
+      "Streams given up, by why (silent: no frame or heartbeat; gap: frames lost).",
+      ["why"],
+    ),
+  };
+}
+
+/** How long after opening a stream its replica's heartbeats may still omit it. */
+const UNLISTED_GRACE_MS = 5000;
+
+const delay = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * The router's GenerationBackend: the HTTP app (WebSocket, OpenAI routes, metrics, playground,
+ * API keys) runs over it unchanged, and each generation goes to a replica over NATS.
+ *
+ * Failover is exact: the router keeps every token id it delivered, and when the stream is lost
+ * it sends prompt + those ids to another replica with the same seed and max_tokens less what
+ * was delivered. The sampler draws from (seed, position) and the position of the next token is
+ * unchanged, so the continuation is the one the lost replica would have produced. Stop strings
+ * stay exact too: a replica never sends text that could begin a stop string (it holds such text
+ * back with its ids), so what was delivered holds no partial match.
+ */
+export class RouterBackend implements GenerationBackend {
+  readonly id = randomId("router");
+  readonly modelName: string;
+  readonly contextLength: number;
+  readonly vocabSize: number;
+  readonly chatTemplate?: string;
+  readonly bosToken: string;
+  readonly eosToken: string;
+  readonly registry: ReplicaRegistry;
+  /** Generations resubmitted after a loss (for tests and the closing log). */
+  failovers = 0;
+  readonly #nc: NatsConnection;
+  readonly specialTokens: readonly string[];
+  readonly #prompts: PromptTokens;
+  readonly #policy: RoutingPolicy;
+  readonly #streamTimeoutMs: number;
+  readonly #failoverWaitMs: number;
+  readonly #window: number;
+  readonly #metrics?: RouterMetrics;
+  readonly #log: (line: string) => void;
+  readonly #streams = new Map<string, RemoteStream>();
+  readonly #subs: Subscription[];
+  readonly #timer: ReturnType<typeof setInterval>;
+  #turn = 0;
+  #lastWatch = performance.now();
+
+  private constructor(
+    nc: NatsConnection,
+    info: InfoReply,
+    registry: ReplicaRegistry,
+    announcements: Subscription,
+    opts: RouterOptions,
+  ) {
+    this.#nc = nc;
+    this.registry = registry;
+    this.modelName = info.modelName;
+    this.contextLength = info.contextLength;
+    this.vocabSize = info.vocabSize;
+    this.chatTemplate = info.chatTemplate;
+    this.bosToken = info.bosToken;
+    this.eosToken = info.eosToken;
+    this.#prompts = new PromptTokens(new Tokenizer(tokenizerFromWire(info.tokenizer)));
+    this.specialTokens = this.#prompts.specialTokens;
+    this.#policy = opts.policy ?? "prefix";
+    this.#streamTimeoutMs = opts.streamTimeoutMs ?? 1500;
+    this.#failoverWaitMs = opts.failoverWaitMs ?? 30_000;
+    this.#window = opts.window ?? 64;
+    this.#metrics = opts.metrics === undefined ? undefined : routerMetrics(opts.metrics);
+    this.#log = opts.log ?? (() => {});
+    const frames = nc.subscribe(subjects.frames(this.id), {
+      callback: (err, msg) => {
+        if (err !== null) return;
+        const f = decodeMessage(StreamFrame, msg.data);
+        if (!f.ok) return this.#log(`router: ignored a malformed frame: ${f.error}`);
+        this.#streams.get(f.value.stream)?.onFrame(f.value.seq, f.value.event);
+      },
+    });
+    this.#subs = [announcements, frames];
+    this.#timer = setInterval(() => this.#watch(), 100);
+  }
+
+  /**
+   * Connects the router role: listens to replica heartbeats and waits (up to waitMs) for one
+   * replica to answer an info request, which gives the model's name, context and vocabulary.
+   */
+  static async start(
+    nc: NatsConnection,
+    opts: RouterOptions & { waitMs?: number; staleAfterMs?: number } = {},
+  ): Promise<RouterBackend> {
+    const log = opts.log ?? (() => {});
+    const registry = new ReplicaRegistry({ staleAfterMs: opts.staleAfterMs, log });
+    let router: RouterBackend | undefined;
+    let infoAsked: Promise<InfoReply | undefined> | undefined;
+    const askInfo = async (replica: string): Promise<InfoReply | undefined> => {
+      try {
+        const reply = await nc.request(
+          subjects.requests(replica),
+          encodeMessage({ type: "info" }),
+          { timeout: 3000 },
+        );
+        const info = decodeMessage(InfoReply, reply.data);
+        if (!info.ok) log(`router: replica ${replica} sent a malformed info reply: ${info.error}`);
+        return info.ok ? info.value : undefined;
+      } catch (e) {
+        log(`router: replica ${replica} did not answer an info request: ${(e as Error).message}`);
+        return undefined;
+      }
+    };
+    const announcements = nc.subscribe(subjects.announce, {
+      callback: (err, msg) => {
+        if (err !== null) return;
+        const a = decodeMessage(ReplicaAnnouncement, msg.data);
+        if (!a.ok) return log(`router: ignored a malformed announcement: ${a.error}`);
+        if (a.value.type === "goodbye") {
+          if (router) router.#onGoodbye(a.value.replica);
+          else registry.onGoodbye(a.value.replica);
+          return;
+        }
+        if (router) return router.#onHeartbeat(a.value);
+        if (infoAsked === undefined && !a.value.draining) {
+          infoAsked = askInfo(a.value.replica).then((info) => {
+            if (info === undefined) infoAsked = undefined;
+            return info;
+          });
+        }
+        registry.onHeartbeat(a.value);
+      },
+    });
+    const waitMs = opts.waitMs ?? 60_000;
+    const deadline = performance.now() + waitMs;
+    for (;;) {
+      const info = await infoAsked;
+      if (info !== undefined) {
+        registry.model = info.modelName;
+        router = new RouterBackend(nc, info, registry, announcements, opts);
+        return router;
+      }
+      if (performance.now() > deadline) {
+        announcements.unsubscribe();
+        throw new Error(
+          `No replica answered on NATS within ${waitMs / 1000} s: start one with ` +
+            `'deno task start --nats <url>' pointing at the same server and credentials`,
+        );
+      }
+      await delay(100);
+    }
+  }
+
+  countTokens(text: string, opts: { special?: boolean } = {}): number {
+    return this.#prompts.countTokens(text, opts);
+  }
+
+  tokenize(text: string, opts: { bos: boolean; special: boolean }): number[] {
+    return this.#prompts.tokenize(text, opts);
+  }
+
+  detokenize(ids: readonly number[]): string {
+    return this.#prompts.detokenize(ids);
+  }
+
+  tokenPiece(id: number): string {
+    return this.#prompts.tokenPiece(id);
+  }
+
+  stats(): CoreStats {
+    const live = this.registry.inRotation();
+    let running = 0, waiting = 0, used = 0, total = 0, hit = 0, query = 0;
+    for (const v of live) {
+      const l = v.heartbeat.load;
+      running += l.running;
+      waiting += l.waiting;
+      used += l.kvBlocksUsed;
+      total += l.kvBlocksTotal;
+      hit += l.prefixHitTokens;
+      query += l.prefixQueryTokens;
+    }
+    this.#updateReplicaGauge();
+    return {
+      running,
+      waiting,
+      kvBlocksUsed: used,
+      kvBlocksTotal: total,
+      prefixCacheHitRate: query === 0 ? 0 : hit / query,
+      steps: 0,
+      lastBatchSize: 0,
+      executorHealthy: live.length > 0,
+    };
+  }
+
+  readinessProblems(): string[] {
+    return this.registry.inRotation().length > 0 ? [] : ["no replica in rotation"];
+  }
+
+  /** Stops listening; open streams are told their client is gone. */
+  close(): void {
+    clearInterval(this.#timer);
+    for (const s of this.#streams.values()) this.#cancel(s, "gone");
+    for (const sub of this.#subs) sub.unsubscribe();
+  }
+
+  generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
+    return this.#generate(req, signal);
+  }
+
+  #onHeartbeat(hb: Parameters<ReplicaRegistry["onHeartbeat"]>[0]): void {
+    const v = this.registry.onHeartbeat(hb);
+    if (v === undefined) return;
+    const listed = new Set(hb.streamIds);
+    // A beat proves the replica lives; it proves a stream lives once the replica lists it. A
+    // replica whose main thread is busy (a long CPU step) may read a new request late, so a
+    // stream it has not listed yet is given UNLISTED_GRACE_MS before only its frames count.
+    const now = performance.now();
+    for (const s of this.#streams.values()) {
+      if (s.replica !== hb.replica) continue;
+      if (listed.has(s.id) || now - s.openedAt < UNLISTED_GRACE_MS) s.markAlive();
+    }
+  }
+
+  #onGoodbye(replica: string): void {
+    this.registry.onGoodbye(replica);
+    for (const s of this.#streams.values()) {
+      if (s.replica === replica) s.lose(`replica ${replica} said goodbye`);
+    }
+  }
+
+  /** Liveness of every stream (NATS says nothing when a replica dies) and credit refresh. */
+  #watch(): void {
+    const now = performance.now();
+    // A late tick means this process was not running: frames and heartbeats may be waiting
+    // unread, so the gap is not counted against the replicas.
+    const late = now - this.#lastWatch - 200;
+    this.#lastWatch = now;
+    if (late > 0) {
+      this.registry.forgive(late);
+      for (const s of this.#streams.values()) s.lastActivity += late;
+    }
+    for (const s of this.#streams.values()) {
+      if (s.lost || s.ended) continue;
+      if (now - s.lastActivity > this.#streamTimeoutMs) {
+        this.#metrics?.lostStreams.inc({ why: "silent" });
+        s.lose(
+          `no frame and no heartbeat from replica ${s.replica} for ${
+            Math.round(now - s.lastActivity)
+          } ms`,
+        );
+      } else if (now - s.lastGrantAt > 500 && now - s.lastActivity > 250) {
+        s.regrant();
+      }
+    }
+    this.registry.prune();
+  }
+
+  #updateReplicaGauge(): void {
+    const m = this.#metrics;
+    if (!m) return;
+    let ready = 0, draining = 0, stale = 0;
+    for (const v of this.registry.all()) {
+      if (!this.registry.isLive(v)) stale++;
+      else if (v.heartbeat.draining) draining++;
+      else ready++;
+    }
+    m.replicas.set(ready, { state: "ready" });
+    m.replicas.set(draining, { state: "draining" });
+    m.replicas.set(stale, { state: "stale" });
+  }
+
+  #cancel(s: RemoteStream, how: "cancel" | "gone"): void {
+    if (this.#nc.isClosed()) return;
+    this.#nc.publish(
+      subjects.requests(s.replica),
+      encodeMessage({ type: "cancel", stream: s.id, how }),
+    );
+  }
+
+  #open(replica: string, body: Omit<Generate, "type" | "stream" | "replyTo" | "credit">) {
+    const id = randomId("s");
+    const stream = new RemoteStream({
+      id,
+      replica,
+      window: this.#window,
+      sendCredit: (upTo) => {
+        if (!this.#nc.isClosed()) {
+          this.#nc.publish(
+            subjects.requests(replica),
+            encodeMessage({ type: "credit", stream: id, upTo }),
+          );
+        }
+      },
+    });
+    this.#streams.set(id, stream);
+    const view = this.registry.get(replica);
+    if (view) view.open++;
+    const msg: Generate = {
+      type: "generate",
+      stream: id,
+      replyTo: subjects.frames(this.id),
+      credit: this.#window,
+      ...body,
+    };
+    this.#nc.publish(subjects.requests(replica), encodeMessage(msg));
+    return stream;
+  }
+
+  #close(stream: RemoteStream): void {
+    this.#streams.delete(stream.id);
+    const view = this.registry.get(stream.replica);
+    if (view) view.open = Math.max(0, view.open - 1);
+  }
+
+  async *#generate(req: GenerationRequest, signal: AbortSignal): AsyncGenerator<GenerationEvent> {
+    const t0 = performance.now();
+    const promptIds = typeof req.prompt === "string"
+      ? this.#prompts.encode(req.prompt, req.parseSpecialTokens ?? false)
+      : [...req.prompt];
+    const delivered: number[] = [];
+    const refused = new Set<string>();
+    let refusal: Extract<GenerationEvent, { type: "error" }> | undefined;
+    let started = false;
+    let firstTokenAt: number | undefined;
+    let waitingSince: number | undefined;
+    let current: RemoteStream | undefined;
+    const onAbort = () => {
+      if (current !== undefined && !current.lost) this.#cancel(current, "cancel");
+    };
+    signal.addEventListener("abort", onAbort, { once: true });
+    const cancelled = (): GenerationEvent => ({
+      type: "done",
+      finishReason: "cancelled",
+      usage: {
+        promptTokens: promptIds.length,
+        completionTokens: delivered.length,
+        cachedTokens: 0,
+      },
+      timings: routerTimings(t0, firstTokenAt, delivered.length),
+    });
+    try {
+      for (;;) {
+        if (signal.aborted) {
+          yield cancelled();
+          return;
+        }
+        const left = req.maxTokens - delivered.length;
+        if (left <= 0) {
+          yield {
+            type: "done",
+            finishReason: "length",
+            usage: {
+              promptTokens: promptIds.length,
+              completionTokens: delivered.length,
+              cachedTokens: 0,
+            },
+            timings: routerTimings(t0, firstTokenAt, delivered.length),
+          };
+          return;
+        }
+        const prompt = delivered.length === 0 ? promptIds : [...promptIds, ...delivered];
+        const hashes = new Map<number, number[]>();
+        const hashesFor = (blockSize: number) => {
+          let h = hashes.get(blockSize);
+          if (h === undefined) hashes.set(blockSize, h = prefixBlockHashes(prompt, blockSize));
+          return h;
+        };
+        const choice = chooseReplica(this.registry.candidates(hashesFor, refused), {
+          policy: this.#policy,
+          turn: this.#turn++,
+        });
+        if (choice.kind !== "replica") {
+          if (!started) {
+            // Nothing was sent to the client yet: a clear refusal beats a long wait.
+            yield refusal ?? {
+              type: "error",
+              code: "overloaded",
+              message: choice.kind === "overloaded"
+                ? "Every replica is at its request limit; retry shortly"
+                : "No replica is available; retry shortly",
+            };
+            return;
+          }
+          // Mid-stream: the client sees a pause while a replica comes back.
+          waitingSince ??= performance.now();
+          if (performance.now() - waitingSince > this.#failoverWaitMs) {
+            yield {
+              type: "error",
+              code: "internal",
+              message: `The replica serving this generation was lost and no other one took it ` +
+                `over within ${this.#failoverWaitMs / 1000} s`,
+            };
+            return;
+          }
+          refused.clear();
+          await delay(100);
+          continue;
+        }
+        waitingSince = undefined;
+        this.registry.noteRouted(
+          choice.id,
+          hashesFor(this.registry.get(choice.id)!.heartbeat.prefix.blockSize),
+        );
+        this.#metrics?.routed.inc({ reason: choice.reason });
+        this.#metrics?.byReplica.inc({ replica: choice.id });
+        const stream = current = this.#open(choice.id, {
+          prompt,
+          maxTokens: left,
+          sampling: req.sampling,
+          stop: [...req.stop],
+          stopTokenIds: req.stopTokenIds === undefined ? undefined : [...req.stopTokenIds],
+          priority: req.priority,
+          requestId: req.requestId,
+          logprobs: req.logprobs ?? false,
+        });
+        const before = delivered.length;
+        let lostWhy: string | undefined;
+        try {
+          for (;;) {
+            const r = await stream.read();
+            if (r.kind === "lost") {
+              lostWhy = r.reason;
+              break;
+            }
+            const ev = r.event;
+            if (ev.type === "started") {
+              if (!started) {
+                started = true;
+                yield { type: "started", promptTokens: promptIds.length };
+              }
+            } else if (ev.type === "token") {
+              delivered.push(...ev.ids);
+              firstTokenAt ??= performance.now();
+              yield ev;
+            } else if (ev.type === "done") {
+              yield {
+                type: "done",
+                finishReason: ev.finishReason,
+                usage: {
+                  promptTokens: promptIds.length,
+                  completionTokens: before + ev.usage.completionTokens,
+                  cachedTokens: before === 0 ? ev.usage.cachedTokens : 0,
+                },
+                timings: {
+                  ...ev.timings,
+                  timeToFirstTokenMs: (firstTokenAt ?? performance.now()) - t0,
+                  totalMs: performance.now() - t0,
+                },
+              };
+              return;
+            } else {
+              if (!started && (ev.code === "overloaded" || ev.code === "draining")) {
+                // Refused before it began: another replica may take it.
+                refused.add(choice.id);
+                refusal = { ...ev, code: "overloaded" };
+                break;
+              }
+              yield ev;
+              return;
+            }
+          }
+        } finally {
+          this.#close(stream);
+          // Leaving early (client gone) or giving the stream up: the replica frees it.
+          if (!stream.ended) this.#cancel(stream, "gone");
+          current = undefined;
+        }
+        if (lostWhy !== undefined) {
+          if (lostWhy.includes("arrived where")) this.#metrics?.lostStreams.inc({ why: "gap" });
+          if (signal.aborted) continue;
+          this.failovers++;
+          this.#metrics?.failovers.inc();
+          this.#log(
+            `router: ${req.requestId}: stream on ${choice.id} lost (${lostWhy}); resubmitting ` +
+              `prompt + ${delivered.length} tokens`,
+          );
+        }
+      }
+    } finally {
+      signal.removeEventListener("abort", onAbort);
+    }
+  }
+}
+
+function routerTimings(t0: number, first: number | undefined, generated: number) {
+  const end = performance.now();
+  const tFirst = first ?? end;
+  const decodeMs = end - tFirst;
+  return {
+    queuedMs: 0,
+    prefillMs: tFirst - t0,
+    timeToFirstTokenMs: tFirst - t0,
+    decodeMs,
+    totalMs: end - t0,
+    decodeTokensPerSecond: generated > 1 && decodeMs > 0 ? ((generated - 1) * 1000) / decodeMs : 0,
+  };
+}

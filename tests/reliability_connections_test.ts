@@ -1,0 +1,300 @@
+/**
+ * What an unauthenticated client can do to the real server (main.ts serve, CPU engine) with
+ * connections alone: exhaust its file descriptors, hold sockets open with trickled headers,
+ * leave a body half-sent across a SIGTERM, send a huge WebSocket frame. Each test starts its
+ * own server as a child process and checks that it lives, keeps serving what it holds, and
+ * produces the reference tokens.
+ */
+import { assert, assertEquals, assertGreater, assertLess, assertMatch } from "@std/assert";
+import { metricValue, openFds, type ServerProcess, startServer } from "../bench/server_process.ts";
+import { modelFile } from "./_model_files.ts";
+import { RawWebSocket } from "./_raw_ws_client.ts";
+import { FrameClient, type GenParams, MODEL_NAME, Reference } from "./_reliability_harness.ts";
+
+const reference = Reference.load();
+const GREEDY: GenParams = { prompt: "Once upon a time", max_tokens: 24, temperature: 0 };
+
+function serve(extra: string[] = [], openFileLimit?: number): Promise<ServerProcess> {
+  return startServer({
+    args: ["--model", modelFile(MODEL_NAME), "--backend", "cpu", "--kv-memory", "4MiB", ...extra],
+    ...(openFileLimit === undefined ? {} : { openFileLimit }),
+  });
+}
+
+async function metric(base: string, series: string): Promise<number | undefined> {
+  return metricValue(await (await fetch(`${base}/metrics`)).text(), series);
+}
+
+/** Polls a metric until `ok` holds (the server's own count, not a sleep). */
+async function metricReaches(
+  base: string,
+  series: string,
+  ok: (v: number) => boolean,
+  timeoutMs = 20_000,
+): Promise<number> {
+  const end = performance.now() + timeoutMs;
+  let last: number | undefined;
+  while (performance.now() < end) {
+    last = await metric(base, series);
+    if (last !== undefined && ok(last)) return last;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`${series} stayed at ${last}`);
+}
+
+/** A generation on a socket opened before the trouble: the server still serves what it holds. */
+async function generateOn(ws: FrameClient, id: string): Promise<number[]> {
+  ws.generate(id, GREEDY);
+  await ws.finished([id], 30_000);
+  assertEquals(ws.final(id)!.type, "done", JSON.stringify(ws.final(id)));
+  return ws.tokens(id);
+}
+
+function tcp(base: string): Promise<Deno.TcpConn> {
+  const u = new URL(base);
+  return Deno.connect({ hostname: u.hostname, port: Number(u.port) });
+}
+
+/** A connection's fate: "closed" by the server, or still "open" (nothing to read yet). */
+function fate(conn: Deno.TcpConn): { readonly state: () => "open" | "closed" } {
+  let closed = false;
+  conn.read(new Uint8Array(1024)).then(() => closed = true, () => closed = true);
+  return { state: () => (closed ? "closed" : "open") };
+}
+
+/** Resolves once `check` holds; fails after `timeoutMs` saying `what`. */
+async function until(check: () => boolean, what: string, timeoutMs = 20_000): Promise<void> {
+  const end = performance.now() + timeoutMs;
+  while (!check()) {
+    if (performance.now() > end) throw new Error(`Timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+function closeAll(conns: Deno.Conn[]): void {
+  for (const c of conns) {
+    try {
+      c.close();
+    } catch { /* the server closed it */ }
+  }
+}
+
+Deno.test("fd exhaustion: under ulimit -n 256, 400 idle TCP connections and 300 idle WebSockets do not kill the server; it keeps serving the sockets it holds", async () => {
+  const ref = await reference;
+  const limit = 256;
+  const server = await serve([], limit);
+  const conns: Deno.TcpConn[] = [];
+  const sockets: FrameClient[] = [];
+  let died = false;
+  server.exited.then(() => died = true);
+  try {
+    // The default comes from the limit: 256 less a reserve of 64 + 5%.
+    assertMatch(server.log(), /conns\s+179 at most \(open-file limit 256\)/);
+    const held = await FrameClient.open(server.wsUrl);
+    const want = await ref.tokens(GREEDY);
+    assertEquals(await generateOn(held, "before"), want);
+
+    const fates: ReturnType<typeof fate>[] = [];
+    for (let i = 0; i < 400; i++) {
+      const c = await tcp(server.base);
+      conns.push(c);
+      fates.push(fate(c));
+    }
+    // Everything past the limit is closed at once (the held socket is one of the 179).
+    await until(() => fates.filter((f) => f.state() === "closed").length >= 400 - 178, "refusals");
+    assert(!died, `the server died:\n${server.log()}`);
+    const fds = openFds(server.pid)!;
+    assertLess(fds, limit, "descriptors stay under the limit");
+    assertEquals(await generateOn(held, "during-tcp"), want, "the held socket still generates");
+    const open = fates.filter((f) => f.state() === "open").length;
+    console.log(`fd exhaustion: ${open} of 400 idle TCP connections held, ${fds} fds of ${limit}`);
+    assertLess(open, 179);
+    closeAll(conns);
+    conns.length = 0;
+    await until(() => openFds(server.pid)! < fds - 150, "the server to see the closes");
+
+    // Idle WebSockets: those past the limit are refused; the held one and the server live.
+    const results = await Promise.allSettled(
+      Array.from({ length: 300 }, () => FrameClient.open(server.wsUrl)),
+    );
+    for (const r of results) if (r.status === "fulfilled") sockets.push(r.value);
+    assert(!died, `the server died:\n${server.log()}`);
+    assertGreater(sockets.length, 100, "sockets up to the limit are accepted");
+    assertLess(sockets.length, 179, "sockets past the limit are refused");
+    assertLess(openFds(server.pid)!, limit);
+    assertEquals(await generateOn(held, "during-ws"), want);
+    console.log(`fd exhaustion: ${sockets.length} of 300 idle WebSockets held`);
+    for (const s of sockets) s.close();
+    held.close();
+  } finally {
+    closeAll(conns);
+    for (const s of sockets) s.close();
+    const { code, log } = await server.stop("SIGTERM");
+    assertEquals(code, 0, log);
+  }
+});
+
+Deno.test("slowloris: 500 connections trickling headers (and 50 that send nothing) are closed by --header-timeout while /health stays fast", async () => {
+  const ref = await reference;
+  const server = await serve(["--header-timeout", "2"]);
+  const conns: Deno.TcpConn[] = [];
+  try {
+    // A socket that sent its request in time is not subject to the header timeout any more.
+    const held = await FrameClient.open(server.wsUrl);
+    const enc = new TextEncoder();
+    const fates: ReturnType<typeof fate>[] = [];
+    for (let i = 0; i < 550; i++) {
+      const c = await tcp(server.base);
+      conns.push(c);
+      fates.push(fate(c));
+    }
+    const t0 = performance.now();
+    const head = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + "a".repeat(200);
+    let trickling = true;
+    const trickle = (async () => {
+      for (let at = 0; trickling && at < head.length; at++) {
+        await Promise.all(
+          conns.slice(0, 500).map((c, i) =>
+            fates[i]!.state() === "open"
+              ? c.write(enc.encode(head[at]!)).catch(() => 0)
+              : Promise.resolve(0)
+          ),
+        );
+        await new Promise((r) => setTimeout(r, 250));
+      }
+    })();
+    // /health from fresh connections throughout, until every slow connection is closed.
+    const latencies: number[] = [];
+    while (fates.some((f) => f.state() === "open")) {
+      if (performance.now() - t0 > 15_000) break;
+      const s = performance.now();
+      const res = await fetch(`${server.base}/health`);
+      await res.body?.cancel();
+      assertEquals(res.status, 200);
+      latencies.push(performance.now() - s);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    const closedAfter = performance.now() - t0;
+    trickling = false;
+    await trickle;
+    const stillOpen = fates.filter((f) => f.state() === "open").length;
+    latencies.sort((a, b) => a - b);
+    const p99 = latencies[Math.floor(latencies.length * 0.99)] ?? 0;
+    console.log(
+      `slowloris: 550 held connections closed after ${(closedAfter / 1000).toFixed(1)} s ` +
+        `(header timeout 2 s); /health ${latencies.length} calls, median ${
+          latencies[latencies.length >> 1]!.toFixed(1)
+        } ms, p99 ${p99.toFixed(1)} ms, max ${latencies.at(-1)!.toFixed(1)} ms`,
+    );
+    assertEquals(stillOpen, 0, "every slow or silent connection is closed");
+    assertLess(closedAfter, 6000, "within the header timeout and the 1 s check interval");
+    // Shared CI cores: the median must stay as when idle, and no call may stall for long (the
+    // worst is the moment the 550 sockets are closed together).
+    assertLess(latencies[latencies.length >> 1]!, 50, "/health median while 550 are held");
+    assertLess(latencies.at(-1)!, 1000, "no /health call stalls");
+    // Timed from each connection's start: the trickling ones never finished their heads.
+    assertEquals(await metric(server.base, "llm_http_connections_timed_out_total"), 550);
+    assertEquals(await generateOn(held, "after"), await ref.tokens(GREEDY), "held socket lives");
+    held.close();
+  } finally {
+    closeAll(conns);
+    const { code, log } = await server.stop("SIGTERM");
+    assertEquals(code, 0, log);
+  }
+});
+
+Deno.test("SIGTERM with a half-sent body (Content-Length 100, 10 bytes sent): exit 0 within --drain-timeout + 1 s, and that request gets no 500", async () => {
+  const server = await serve(["--drain-timeout", "5"]);
+  const conn = await tcp(server.base);
+  try {
+    await conn.write(new TextEncoder().encode(
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+        'Content-Length: 100\r\n\r\n{"prompt":',
+    ));
+    // The server has the head: the request is in its hands (its handler waits for the body).
+    await metricReaches(server.base, "llm_http_connections", (v) => v >= 1);
+    const t0 = performance.now();
+    const exited = server.stop("SIGTERM");
+    let answer = "";
+    const buf = new Uint8Array(4096);
+    for (;;) {
+      const n = await conn.read(buf).catch(() => null);
+      if (n === null) break;
+      answer += new TextDecoder().decode(buf.subarray(0, n));
+    }
+    const { code, log } = await exited;
+    const took = performance.now() - t0;
+    console.log(
+      `half-sent body: exited ${code} after ${took.toFixed(0)} ms; the request got ${
+        answer === "" ? "a close" : JSON.stringify(answer.split("\r\n")[0])
+      }`,
+    );
+    assertEquals(code, 0, log);
+    assertLess(took, 6000);
+    assert(answer === "" || /^HTTP\/1\.1 4\d\d/.test(answer), `never a 500: ${answer}`);
+    assert(!/"internal"/.test(log), log);
+  } finally {
+    try {
+      conn.close();
+    } catch { /* closed */ }
+  }
+});
+
+Deno.test("a 63 MiB WebSocket frame is refused from its header (close 1009): one costs about nothing, 8 in parallel too, and the server still serves", async () => {
+  const ref = await reference;
+  const server = await serve();
+  try {
+    const held = await FrameClient.open(server.wsUrl);
+    assertEquals(await generateOn(held, "warm"), await ref.tokens(GREEDY));
+    const before = server.rssBytes()!;
+    let peak = before;
+    const sampler = setInterval(() => peak = Math.max(peak, server.rssBytes() ?? 0), 5);
+    const one = async () => {
+      const sock = await RawWebSocket.connect(server.wsUrl);
+      return await sock.sendHugeFrame(63 * 2 ** 20);
+    };
+    const single = await one();
+    const afterOne = peak;
+    const eight = await Promise.all(Array.from({ length: 8 }, one));
+    clearInterval(sampler);
+    const mib = (b: number) => (b / 2 ** 20).toFixed(1);
+    console.log(
+      `63 MiB frame: close ${single.closeCode}, ${mib(single.sent)} MiB sent before the close; ` +
+        `RSS ${mib(before)} MiB -> peak ${mib(afterOne)} MiB for one, ${
+          mib(peak)
+        } MiB for 8 in parallel`,
+    );
+    assertEquals(single.closeCode, 1009);
+    for (const r of eight) assertEquals(r.closeCode, 1009);
+    assertLess(peak - before, 48 * 2 ** 20, "8 huge frames cost less than 48 MiB together");
+    assertEquals(await generateOn(held, "after"), await ref.tokens(GREEDY));
+    held.close();
+  } finally {
+    const { code, log } = await server.stop("SIGTERM");
+    assertEquals(code, 0, log);
+  }
+});
+
+Deno.test("a second SIGTERM during the drain cuts it short: every stream gets its final frame and the process exits 0 at once", async () => {
+  const server = await serve(["--drain-timeout", "60", "--max-running", "1"]);
+  const ws = await FrameClient.open(server.wsUrl);
+  const ids = Array.from({ length: 6 }, (_, i) => `s${i}`);
+  for (const id of ids) {
+    ws.generate(id, { prompt: "Once upon a time", max_tokens: 480, temperature: 0 });
+  }
+  await ws.until(() => ws.tokens("s0").length > 0, "the first tokens");
+  const t0 = performance.now();
+  server.stop("SIGTERM");
+  await new Promise((r) => setTimeout(r, 100));
+  const exited = server.stop("SIGTERM");
+  await ws.finished(ids, 10_000);
+  const { code, log } = await exited;
+  const took = performance.now() - t0;
+  console.log(`second SIGTERM: exited ${code} after ${took.toFixed(0)} ms of a 60 s drain`);
+  assertEquals(code, 0, log);
+  assertLess(took, 5000);
+  assertMatch(log, /second signal: cancelling what is still running/);
+  const reasons = ids.map((id) => ws.final(id)!.finish_reason);
+  assert(reasons.includes("cancelled"), JSON.stringify(reasons));
+  assertEquals((await ws.closed).code, 1001);
+});

@@ -1,0 +1,66 @@
+import { assert, assertEquals } from "@std/assert";
+import { ReplicaRegistry } from "../lib/cluster/replica_registry.ts";
+import type { Heartbeat } from "../lib/cluster/messages.ts";
+
+function beat(replica: string, over: Partial<Heartbeat> = {}): Heartbeat {
+  return {
+    type: "heartbeat",
+    replica,
+    beat: 0,
+    intervalMs: 250,
+    stalledMs: 0,
+    draining: false,
+    model: "m",
+    load: {
+      running: 0,
+      waiting: 0,
+      maxRunning: 4,
+      maxWaiting: 4,
+      kvBlocksUsed: 0,
+      kvBlocksTotal: 10,
+      streams: 0,
+      prefixQueryTokens: 0,
+      prefixHitTokens: 0,
+    },
+    prefix: { blockSize: 16, hashes: [] },
+    streamIds: [],
+    ...over,
+  };
+}
+
+Deno.test("a replica leaves the rotation when silent past the bound, draining, or stalled", () => {
+  let now = 0;
+  const reg = new ReplicaRegistry({ staleAfterMs: 1500, now: () => now });
+  reg.onHeartbeat(beat("a"));
+  reg.onHeartbeat(beat("b"));
+  assertEquals(reg.inRotation().map((v) => v.id), ["a", "b"]);
+  now = 1400;
+  reg.onHeartbeat(beat("b"));
+  now = 1600;
+  assertEquals(reg.inRotation().map((v) => v.id), ["b"], "a: silent for 1600 ms > 1500");
+  reg.onHeartbeat(beat("b", { draining: true }));
+  assertEquals(reg.inRotation(), []);
+  reg.onHeartbeat(beat("c", { stalledMs: 20_000 }));
+  assertEquals(reg.inRotation(), [], "c's figures are 20 s old: its main thread hangs");
+  reg.model = "m";
+  assertEquals(reg.onHeartbeat(beat("y", { model: "other" })), undefined);
+});
+
+Deno.test("routed prompts count as cached until a beat reports them, or for 30 s", () => {
+  let now = 0;
+  const reg = new ReplicaRegistry({ now: () => now });
+  reg.onHeartbeat(beat("a"));
+  reg.noteRouted("a", [11, 12]);
+  const cachedOf = () => reg.get("a")!.cached;
+  assert(cachedOf().has(11));
+  // Beats that do not have them yet (a slow prefill) keep them assumed.
+  now = 5000;
+  reg.onHeartbeat(beat("a", { prefix: { blockSize: 16, hashes: [11] } }));
+  assert(cachedOf().has(11) && cachedOf().has(12));
+  assertEquals(reg.get("a")!.pending.has(11), false, "11 is confirmed");
+  now = 31_000;
+  reg.onHeartbeat(beat("a", { prefix: { blockSize: 16, hashes: [11] } }));
+  assert(cachedOf().has(11));
+  assertEquals(cachedOf().has(12), false, "12 never showed up in 30 s");
+  assertEquals(reg.get("a")!.routed, 1);
+});

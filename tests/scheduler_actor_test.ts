@@ -1,0 +1,156 @@
+import { assert, assertEquals, assertThrows } from "@std/assert";
+import { Channel } from "../actors/channel.ts";
+import type { ExecutorMsg, SeqEvent } from "../actors/messages.ts";
+import { createExecutorMailbox, SchedulerActor } from "../actors/scheduler.ts";
+import { Scheduler, schedulerConfig } from "../lib/core/scheduler.ts";
+import { GREEDY } from "../lib/engine/engine.ts";
+import { FakeEngine } from "./_fake_engine.ts";
+
+type StepMsg = Extract<ExecutorMsg, { type: "step" }>;
+
+function stepOf(m: ExecutorMsg | undefined): StepMsg {
+  if (m?.type !== "step") throw new Error(`expected a step message, got ${JSON.stringify(m)}`);
+  return m;
+}
+
+/** The actor over a real Scheduler, with the test in the executor's place. */
+function setup(maxInFlight = 2) {
+  const core = new Scheduler(
+    schedulerConfig({ numBlocks: 64, blockSize: 4, contextLength: 128 }, { maxRunning: 4 }),
+  );
+  const executor = createExecutorMailbox(maxInFlight);
+  const actor = new SchedulerActor(core, executor, { maxInFlight });
+  const running = actor.run();
+  const events = new Map<number, SeqEvent[]>();
+  const submit = (prompt: number[], maxTokens: number) => {
+    const seqId = actor.nextSeqId();
+    const log: SeqEvent[] = [];
+    events.set(seqId, log);
+    return actor.mailbox.send({
+      type: "submit",
+      seq: {
+        seqId,
+        prompt,
+        maxTokens,
+        sampling: GREEDY,
+        stopTokenIds: [],
+        priority: "interactive",
+      },
+      reply: (e) => log.push(e),
+    }).then(() => seqId);
+  };
+  /** Messages the actor has handed to the executor so far. */
+  const sent = (): ExecutorMsg[] => {
+    const out: ExecutorMsg[] = [];
+    for (let m = executor.tryReceive(); m && !m.done; m = executor.tryReceive()) out.push(m.value);
+    return out;
+  };
+  /** Lets the actor handle what is in its mailbox (its loop runs on the microtask queue). */
+  const settle = () => new Promise((r) => setTimeout(r, 0));
+  return { actor, core, executor, running, events, submit, sent, settle };
+}
+
+Deno.test("SchedulerActor refuses a pipeline depth below 1 and an executor mailbox that could refuse a plan", () => {
+  const core = new Scheduler(schedulerConfig({ numBlocks: 8, blockSize: 4, contextLength: 32 }));
+  assertThrows(
+    () => new SchedulerActor(core, createExecutorMailbox(2), { maxInFlight: 0 }),
+    RangeError,
+    "maxInFlight must be a positive integer, received 0",
+  );
+  assertThrows(
+    () => new SchedulerActor(core, new Channel<ExecutorMsg>(3), { maxInFlight: 2 }),
+    RangeError,
+    "holds 3 plans, fewer than 2 × maxInFlight (4)",
+  );
+});
+
+Deno.test("SchedulerActor keeps maxInFlight steps outstanding and plans the next as each result arrives", async () => {
+  const t = setup(2);
+  const engine = new FakeEngine({ numBlocks: 64, blockSize: 4, contextLength: 128 });
+  const id = await t.submit([1, 5, 6], 6);
+  await t.settle();
+  const first = t.sent();
+  assertEquals(first.map((m) => m.type), ["step", "step"], "two steps, no more, before any result");
+  assertEquals(t.core.stepsInFlight, 2);
+  for (const m of first) {
+    if (m.type !== "step") continue;
+    await t.actor.mailbox.send({
+      type: "step-result",
+      epoch: 0,
+      result: engine.run(m.plan),
+      durationMs: 1,
+    });
+  }
+  await t.settle();
+  const next = t.sent();
+  assertEquals(next.filter((m) => m.type === "step").length, 2, "refilled to two");
+  assertEquals(t.events.get(id)!.filter((e) => e.type === "token").length, 2);
+  t.actor.mailbox.close();
+  await t.running;
+});
+
+Deno.test("SchedulerActor drops results of a failed epoch and plans nothing until the executor is ready", async () => {
+  const t = setup(1);
+  const engine = new FakeEngine({ numBlocks: 64, blockSize: 4, contextLength: 128 });
+  const id = await t.submit([1, 5, 6], 4);
+  await t.settle();
+  const m = stepOf(t.sent()[0]);
+  await t.actor.mailbox.send({
+    type: "executor-failed",
+    epoch: 0,
+    error: "lost",
+    stepId: m.plan.stepId,
+  });
+  // A late result of the dead engine changes nothing, and nothing is planned while paused.
+  await t.actor.mailbox.send({
+    type: "step-result",
+    epoch: 0,
+    result: engine.run(m.plan),
+    durationMs: 1,
+  });
+  await t.settle();
+  assertEquals(t.sent(), []);
+  assertEquals(t.events.get(id)!.filter((e) => e.type === "token"), []);
+  await t.actor.mailbox.send({ type: "executor-ready", epoch: 1 });
+  await t.settle();
+  const again = stepOf(t.sent()[0]);
+  assertEquals(again.epoch, 1);
+  assertEquals(again.plan.seqs[0]!.startPos, 0, "recomputed from the start");
+  t.actor.mailbox.close();
+  await t.running;
+});
+
+Deno.test("SchedulerActor hands releases over on their own when no step follows, and fails all when it stops", async () => {
+  const t = setup(1);
+  const engine = new FakeEngine({ numBlocks: 64, blockSize: 4, contextLength: 128 });
+  const done = await t.submit([1, 5], 1);
+  const live = await t.submit([1, 7], 50);
+  await t.settle();
+  const m = stepOf(t.sent()[0]);
+  await t.actor.mailbox.send({
+    type: "step-result",
+    epoch: 0,
+    result: engine.run(m.plan),
+    durationMs: 1,
+  });
+  await t.settle();
+  // `done` finished with its one token; its release rides on the next step.
+  const after = t.sent();
+  assertEquals(after.length, 1);
+  assert(stepOf(after[0]).release.includes(done), JSON.stringify(after[0]));
+  // Cancel `live` while its step is out: nothing else to plan, so the release goes alone.
+  await t.actor.mailbox.send({ type: "cancel", seqId: live });
+  await t.settle();
+  assertEquals(t.sent(), [{ type: "release", epoch: 0, release: [live] }]);
+  assertEquals(t.events.get(live)!.at(-1)!.type, "finished");
+  // A sequence still waiting when the actor stops is failed, and the executor told to stop.
+  const orphan = await t.submit([1, 9], 5);
+  t.actor.mailbox.close();
+  await t.running;
+  const last = t.events.get(orphan)!.at(-1)!;
+  assert(
+    last.type === "failed" && last.message.includes("scheduler stopped"),
+    JSON.stringify(last),
+  );
+  assert(t.executor.closed);
+});
