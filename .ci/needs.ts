@@ -36,9 +36,18 @@ export function isRoot(): boolean {
   return Deno.uid() === 0;
 }
 
-/** The first executable called `name` on PATH, or undefined. */
+/**
+ * The first executable called `name` on PATH, then in the sbin folders (Debian puts servers
+ * such as nats-server in /usr/sbin, which a user's PATH often lacks), or undefined.
+ */
 export function onPath(name: string): string | undefined {
-  for (const dir of (Deno.env.get("PATH") ?? "").split(":")) {
+  const dirs = [
+    ...(Deno.env.get("PATH") ?? "").split(":"),
+    "/usr/local/sbin",
+    "/usr/sbin",
+    "/sbin",
+  ];
+  for (const dir of dirs) {
     if (dir === "") continue;
     const path = `${dir}/${name}`;
     try {
@@ -95,7 +104,8 @@ export function program(p: { name: string; apt: string; env: string; why: string
       const given = Deno.env.get(p.env);
       if (given) return { env: { [p.env]: given }, how: `${p.env}=${given}` };
       const found = onPath(p.name);
-      if (found) return { env: { [p.env]: found }, how: `found ${found}` };
+      // The tests run it by the path in $<env>, or by name: put its folder on PATH too.
+      if (found) return { env: withFolderOnPath(p.env, found), how: `found ${found}` };
       try {
         await aptInstall([p.apt]);
       } catch (e) {
@@ -106,9 +116,19 @@ export function program(p: { name: string; apt: string; env: string; why: string
       }
       const installed = onPath(p.name);
       if (!installed) throw new Error(`apt-get installed ${p.apt} but ${p.name} is not on PATH`);
-      return { env: { [p.env]: installed }, how: `installed Debian's ${p.apt}: ${installed}` };
+      return {
+        env: withFolderOnPath(p.env, installed),
+        how: `installed Debian's ${p.apt}: ${installed}`,
+      };
     },
   };
+}
+
+function withFolderOnPath(envName: string, path: string): Record<string, string> {
+  const folder = path.slice(0, path.lastIndexOf("/"));
+  const current = Deno.env.get("PATH") ?? "";
+  const onIt = current.split(":").includes(folder);
+  return { [envName]: path, ...(onIt ? {} : { PATH: `${current}:${folder}` }) };
 }
 
 /**
