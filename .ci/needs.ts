@@ -124,11 +124,13 @@ export function program(p: { name: string; apt: string; env: string; why: string
   };
 }
 
+/** `{ [envName]: path }`, with the program's folder added to this process's PATH (which the
+ * test runs inherit). */
 function withFolderOnPath(envName: string, path: string): Record<string, string> {
   const folder = path.slice(0, path.lastIndexOf("/"));
   const current = Deno.env.get("PATH") ?? "";
-  const onIt = current.split(":").includes(folder);
-  return { [envName]: path, ...(onIt ? {} : { PATH: `${current}:${folder}` }) };
+  if (!current.split(":").includes(folder)) Deno.env.set("PATH", `${current}:${folder}`);
+  return { [envName]: path };
 }
 
 /**
