@@ -184,6 +184,7 @@ export function parseCompareArgs(argv: string[]): CompareOptions {
       "tokens",
       "parallel",
       "repeats",
+      "temperature",
     ],
     boolean: ["quick", "no-llama-cpp", "no-out", "help"],
   });
@@ -213,7 +214,7 @@ export function parseCompareArgs(argv: string[]): CompareOptions {
       parallel: (f.parallel ?? (quick ? "1,4" : "1,32")).split(",").map(Number),
       tokens: Number(f.tokens ?? (quick ? "16" : "128")),
       prompt: "Once upon a time",
-      temperature: 0.8,
+      temperature: Number(f.temperature ?? "0.8"),
       repeats: Number(f.repeats ?? (quick ? "1" : "5")),
       threads: Number(f["llama-threads"] ?? "1"),
       backends: (f.ours ?? "cpu,webgpu").split(",") as BackendChoice[],
@@ -232,6 +233,7 @@ const USAGE = `Usage: deno task bench:compare [options]
   --parallel LIST         sequences in the node-llama-cpp table (default 1,32)
   --tokens N              tokens per sequence there (default 128)
   --repeats N             rounds there, medians reported (default 5)
+  --temperature T         sampling temperature there (default 0.8; 0 = greedy)
   --llama-threads N       llama.cpp threads (default 1: the machine is shared; 2 cores)
   --llama-cpp-prefix DIR  reuse (or keep) a node-llama-cpp install there (default: temp dir)
   --no-llama-cpp          skip node-llama-cpp

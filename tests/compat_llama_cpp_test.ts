@@ -14,7 +14,9 @@ import { assert, assertEquals } from "@std/assert";
 import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import type { Engine } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
+import { ropeFrequencies } from "../lib/model/model_config.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { assertBatchInvariant } from "./_batch_invariance.ts";
 import {
   compareGreedy,
   COMPAT_FILES,
@@ -64,3 +66,30 @@ for (const { stem, cpuSteps } of FILES) {
     if (!stem.startsWith("stories")) assertEquals(compared, fx.prompts.length * cpuSteps);
   });
 }
+
+Deno.test("llama3-like's rope_freqs.weight are Llama 3.1's factors (32, low 1, high 4, 8192) computed in float64, and the engines' frequencies divide by them", async () => {
+  const model = await loadModel(compatPath("llama3-like-q4_k_m"));
+  const c = model.config;
+  assertEquals([c.ropeTheta, c.ropeDim], [500000, 64]);
+  const [factor, low, high, orig] = [32, 1, 4, 8192];
+  const freqs = ropeFrequencies(c);
+  for (let i = 0; i < c.ropeDim / 2; i++) {
+    const f = Math.pow(c.ropeTheta, -(2 * i) / c.ropeDim);
+    const wavelen = (2 * Math.PI) / f;
+    const smooth = (orig / wavelen - low) / (high - low);
+    const scaled = wavelen < orig / high
+      ? f
+      : wavelen > orig / low
+      ? f / factor
+      : (1 - smooth) * (f / factor) + smooth * f;
+    // Stored as f32 divisors f / scaled; the angle at position 100000 keeps 1e-6 of it.
+    assert(Math.abs(c.ropeFreqFactors![i]! - Math.fround(f / scaled)) <= 1e-6 * (f / scaled));
+    assert(Math.abs(freqs[i]! - scaled) <= 1e-7 * scaled, `pair ${i}`);
+  }
+});
+
+Deno.test("CPU engine on qwen2-like (Q5_0/Q8_0/Q4_K/Q6_K, biases): 16 prompts decoded together give each the logprobs it gets alone", async () => {
+  const model = await loadModel(compatPath("qwen2-like-q4_k_m"));
+  const engine = new CpuEngine(model.config, model.weights, { numBlocks: 40, blockSize: 16 });
+  await assertBatchInvariant(engine, model.config.vocabSize, 2);
+});

@@ -15,6 +15,7 @@ import { GREEDY, type SeqInput } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { compareGreedy, COMPAT_FILES, compatPath, readFixture } from "./_compat.ts";
 import { relativeError, rng, testGpu } from "./_gpu.ts";
+import { assertBatchInvariant } from "./_batch_invariance.ts";
 
 const KV = { numBlocks: 6 * 6, blockSize: 16 };
 const stepsFor = (stem: string) =>
@@ -64,3 +65,16 @@ for (const stem of COMPAT_FILES) {
     }
   });
 }
+
+Deno.test("WebGPU engine on qwen2-like (Q5_0/Q8_0/Q4_K/Q6_K, biases, unfused q/k/v): 16 prompts decoded together give each the logprobs it gets alone", async () => {
+  const model = await loadModel(compatPath("qwen2-like-q4_k_m"));
+  const gpu = await WebGpuEngine.create(model.config, model.weights, {
+    numBlocks: 40,
+    blockSize: 16,
+  }, { gpu: await testGpu(), maxSeqs: 16 });
+  try {
+    await assertBatchInvariant(gpu, model.config.vocabSize, 2);
+  } finally {
+    gpu.dispose();
+  }
+});
