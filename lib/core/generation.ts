@@ -118,6 +118,12 @@ export interface GenerationBackend {
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent>;
   countTokens(text: string, opts?: { special?: boolean }): number;
   /**
+   * A lower bound on countTokens(text) that costs no tokenizing (the text's UTF-8 length over
+   * the longest token's), so a prompt that cannot fit the context is refused without encoding
+   * it: a megabyte of text takes the tokenizer long enough to stall every stream.
+   */
+  minTokens?(text: string): number;
+  /**
    * The ids a text becomes. `bos`: with the special tokens the vocabulary adds to a prompt
    * (BOS where add_bos_token, as a generation does; llama-server's add_special); `special`
    * reads control-token text as those tokens (what a rendered chat template needs).

@@ -42,7 +42,7 @@ function randomSeed(): number {
  */
 export function buildGenerationRequest(
   input: GenerationInput,
-  backend: Pick<GenerationBackend, "countTokens" | "contextLength" | "vocabSize">,
+  backend: Pick<GenerationBackend, "countTokens" | "minTokens" | "contextLength" | "vocabSize">,
   requestId: string,
 ): { request: GenerationRequest; promptTokens: number; maxTokensCapped: boolean } {
   if (typeof input.prompt !== "string" && backend.vocabSize !== undefined) {
@@ -56,6 +56,17 @@ export function buildGenerationRequest(
         input.promptParam,
       );
     }
+  }
+  const atLeast = typeof input.prompt === "string" ? backend.minTokens?.(input.prompt) ?? 0 : 0;
+  if (atLeast >= backend.contextLength) {
+    throw new ApiError(
+      "context_length_exceeded",
+      `The prompt is at least ${atLeast} tokens (${
+        (input.prompt as string).length
+      } characters) but the model's context is ${backend.contextLength} tokens; shorten it to ` +
+        `at most ${backend.contextLength - 1} tokens`,
+      input.promptParam,
+    );
   }
   const promptTokens = typeof input.prompt === "string"
     ? backend.countTokens(input.prompt, { special: input.specialTokens ?? false })

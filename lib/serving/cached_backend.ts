@@ -51,6 +51,9 @@ export class CachedBackend implements GenerationBackend {
     return this.inner.specialTokens;
   }
 
+  minTokens(text: string): number {
+    return this.inner.minTokens?.(text) ?? 0;
+  }
   countTokens(text: string, opts?: { special?: boolean }): number {
     return this.inner.countTokens(text, opts);
   }

@@ -41,6 +41,10 @@ export class CoreBackend implements GenerationBackend {
     return this.core.generate({ ...req, prompt, stopTokenIds }, signal);
   }
 
+  minTokens(text: string): number {
+    return this.#text.minTokens(text);
+  }
+
   countTokens(text: string, opts: { special?: boolean } = {}): number {
     return this.#text.countTokens(text, opts);
   }

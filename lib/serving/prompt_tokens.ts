@@ -34,6 +34,23 @@ export class PromptTokens {
     return ids;
   }
 
+  /** UTF-8 bytes of the longest token's text: no token covers more input than that. */
+  #maxPieceBytes?: number;
+
+  minTokens(text: string): number {
+    if (this.#maxPieceBytes === undefined) {
+      const enc = new TextEncoder();
+      let max = 1;
+      for (let id = 0; id < this.vocabSize; id++) {
+        max = Math.max(max, enc.encode(this.tokenizer.tokenText(id)).byteLength);
+      }
+      this.#maxPieceBytes = max;
+    }
+    // A UTF-16 unit is at most 3 UTF-8 bytes and at least 1: text.length is a lower bound on
+    // the bytes without encoding the text.
+    return Math.floor(text.length / this.#maxPieceBytes);
+  }
+
   countTokens(text: string, opts: { special?: boolean } = {}): number {
     return this.encode(text, opts.special ?? false).length;
   }
