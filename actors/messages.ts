@@ -18,6 +18,12 @@ export type SchedulerMsg =
   | { readonly type: "cancel"; readonly seqId: number }
   /** Like cancel, but nobody is listening: no answer. */
   | { readonly type: "client-gone"; readonly seqId: number }
+  /**
+   * The sequence's client has stopped reading: decode nothing more for it (its KV stays)
+   * until "resume". A slow reader then costs the engine nothing.
+   */
+  | { readonly type: "hold"; readonly seqId: number }
+  | { readonly type: "resume"; readonly seqId: number }
   | {
     readonly type: "step-result";
     /** The executor incarnation that ran the step; results of a failed one are stale. */
@@ -63,4 +69,3 @@ export type ExecutorMsg =
   }
   /** Releases to pass on when no step follows soon. */
   | { readonly type: "release"; readonly epoch: number; readonly release: readonly number[] };
-

@@ -28,6 +28,8 @@ export interface SchedulerHandle {
 /** The client side: send waits while the client is slow, and throws once it is gone. */
 export interface GenerationSink {
   send(event: GenerationEvent): Promise<void>;
+  /** Sends without waiting; false when the client is behind (nothing sent). */
+  trySend?(event: GenerationEvent): boolean;
 }
 
 export interface RequestActorOptions {
@@ -212,14 +214,32 @@ export class RequestActor {
     }
   }
 
-  /** Sends an event to the client; false (and nothing thrown) when the client is gone. */
+  /**
+   * Sends an event to the client; false (and nothing thrown) when the client is gone. While
+   * the client is behind, the scheduler holds the sequence: the engine decodes nothing for a
+   * client that does not read.
+   */
   async #emit(event: GenerationEvent): Promise<boolean> {
     try {
+      if (this.#sink.trySend?.(event)) return true;
+      if (!this.#sink.trySend) {
+        await this.#sink.send(event);
+        return true;
+      }
+      this.#tellScheduler("hold");
       await this.#sink.send(event);
+      this.#tellScheduler("resume");
       return true;
     } catch {
       return false;
     }
+  }
+
+  #tellScheduler(type: "hold" | "resume"): void {
+    if (this.#seqId < 0) return;
+    this.#scheduler.mailbox.send({ type, seqId: this.#seqId }).catch(() => {
+      // The scheduler has stopped: nothing to hold any more.
+    });
   }
 
   /** Asks the scheduler to drop the sequence; "cancel" is answered, which nobody reads any more. */

@@ -102,6 +102,10 @@ export class SchedulerActor {
       case "client-gone":
         core.cancel(msg.seqId, false);
         break;
+      case "hold":
+      case "resume":
+        core.hold(msg.seqId, msg.type === "hold");
+        break;
       case "step-result":
         if (msg.epoch === this.#epoch) core.onResult(msg.result);
         break;

@@ -4,6 +4,7 @@
  * through the real serving core.
  */
 import { setImmediate } from "node:timers";
+import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { ServingCore } from "../actors/core.ts";
 import type { TextCodec } from "../actors/request.ts";
 import {
@@ -162,8 +163,8 @@ export async function makeCore(
 ): Promise<CoreUnderTest> {
   // The scheduler must stay within the step limits the engine sized its buffers for.
   const limits = {
-    maxBatchTokens: scheduler.maxBatchTokens ?? 512,
-    maxSeqs: scheduler.maxRunning ?? 64,
+    maxBatchTokens: scheduler.maxBatchTokens ?? DEFAULT_LIMITS.maxBatchTokens,
+    maxSeqs: scheduler.maxRunning ?? DEFAULT_LIMITS.maxRunning,
   };
   const { engine, description } = await createEngine(bm.model, backend, kv, limits);
   const probe = new ProbeEngine(engine);

@@ -7,6 +7,7 @@ import { resolve } from "node:path";
  * reported and our side is still measured.
  */
 import type { BackendChoice } from "../lib/serving/engine_factory.ts";
+import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { type BenchModel, makeCore, timedGeneration } from "./compare_common.ts";
 import { fmt, ratio, table } from "./stats.ts";
 
@@ -182,8 +183,9 @@ async function llamaCppRound(
 async function oursFor(bm: BenchModel, backend: BackendChoice, o: LlamaCppOptions) {
   const maxN = Math.max(...o.parallel);
   const prompt = bm.tokenizer.encode(o.prompt);
-  const blocks = Math.ceil((prompt.length + o.tokens) / 16) * maxN + 16;
-  const { core, description } = await makeCore(bm, backend, { numBlocks: blocks, blockSize: 16 }, {
+  const bs = DEFAULT_LIMITS.blockSize;
+  const blocks = Math.ceil((prompt.length + o.tokens) / bs) * maxN + 16;
+  const { core, description } = await makeCore(bm, backend, { numBlocks: blocks, blockSize: bs }, {
     maxRunning: Math.max(64, maxN),
     maxBatchTokens: 512,
   });

@@ -3,6 +3,7 @@
  * token, prompt tokens the engine computed, and whether the outputs stay the same (greedy).
  */
 import type { BackendChoice } from "../lib/serving/engine_factory.ts";
+import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import {
   type BenchModel,
@@ -48,8 +49,9 @@ async function run(
   caching: boolean,
 ) {
   const longest = Math.max(...prompts.map((p) => p.length)) + o.maxTokens;
-  const numBlocks = Math.ceil(longest / 16) * (o.concurrency + 8) * 2;
-  const { core, probe } = await makeCore(bm, o.backend, { numBlocks, blockSize: 16 }, {
+  const blockSize = DEFAULT_LIMITS.blockSize;
+  const numBlocks = Math.ceil(longest / blockSize) * (o.concurrency + 8) * 2;
+  const { core, probe } = await makeCore(bm, o.backend, { numBlocks, blockSize }, {
     prefixCaching: caching,
     maxWaiting: prompts.length,
   });

@@ -4,6 +4,7 @@
  * as "batch" like everything else (priority off).
  */
 import type { BackendChoice } from "../lib/serving/engine_factory.ts";
+import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import type { Priority } from "../lib/core/generation.ts";
 import {
   type BenchModel,
@@ -65,10 +66,11 @@ async function run(
       ),
   );
   const arrivals = poissonArrivals(o.interactiveRequests, o.interactiveRatePerSecond, rand);
-  const perSeq = Math.ceil((o.batchPromptTokens + o.batchMaxTokens) / 16) + 1;
+  const blockSize = DEFAULT_LIMITS.blockSize;
+  const perSeq = Math.ceil((o.batchPromptTokens + o.batchMaxTokens) / blockSize) + 1;
   const { core } = await makeCore(bm, o.backend, {
     numBlocks: perSeq * (o.maxRunning + 4) * 2,
-    blockSize: 16,
+    blockSize,
   }, {
     maxRunning: o.maxRunning,
     maxWaiting: o.batchClients + o.interactiveRequests,

@@ -86,11 +86,13 @@ export class FakeCore extends CoreBackend {
         return false;
       },
     };
+    const engines: FakeEngine[] = [new FakeEngine(engineOpts)];
     const core = new ServingCore({
-      engine: new FakeEngine(engineOpts),
+      engine: engines[0]!,
       engineFactory: () => {
         if (broken.now) throw new Error("fake engine: the device is gone (breakEngine)");
-        return new FakeEngine(engineOpts);
+        engines.push(new FakeEngine(engineOpts));
+        return engines.at(-1)!;
       },
       codec: TOKENIZER,
       scheduler: { maxRunning: opts.maxRunning ?? 8, maxWaiting: opts.maxWaiting ?? 8 },
@@ -105,6 +107,14 @@ export class FakeCore extends CoreBackend {
     this.#padding = "~".repeat(opts.tokenPadding ?? 0);
     this.#engineOpts = engineOpts;
     this.#broken = broken;
+    this.#engines = engines;
+  }
+
+  #engines: FakeEngine[];
+
+  /** Token rows the fake engines have computed (prompts, recomputations and decodes). */
+  get tokensComputed(): number {
+    return this.#engines.reduce((n, e) => n + e.tokensComputed, 0);
   }
 
   #broken: { now: boolean };

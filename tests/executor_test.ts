@@ -48,7 +48,9 @@ Deno.test("ExecutorActor hands plans to the engine without waiting for results, 
   const resolved: { stepId: number; at: number }[] = [];
   let clock = 0;
   const inner = new FakeEngine({ blockSize: 4, numBlocks: 16 });
-  // Later steps finish first: the executor must still report them in order.
+  // Later steps finish first: once all three were issued, the engine resolves them in reverse
+  // (by events, not timers, so a loaded machine cannot reorder them).
+  const finish: Array<() => void> = [];
   const engine: Engine = {
     name: "reordering",
     config: inner.config,
@@ -56,12 +58,13 @@ Deno.test("ExecutorActor hands plans to the engine without waiting for results, 
     step(p: StepPlan): Promise<StepResult> {
       calls.push({ stepId: p.stepId, at: clock++ });
       const r = inner.run(p);
-      return new Promise((res) =>
-        setTimeout(() => {
+      return new Promise((res) => {
+        finish.push(() => {
           resolved.push({ stepId: p.stepId, at: clock++ });
           res(r);
-        }, 30 - 10 * p.stepId)
-      );
+        });
+        if (finish.length === 3) for (const f of finish.reverse()) f();
+      });
     },
     dispose() {},
   };
@@ -503,7 +506,7 @@ async function propertyRun(seed: number) {
   return { restarts: s.executorRestarts, aborted, left, completed };
 }
 
-async function waitFor(cond: () => boolean, what: string, timeoutMs = 2000): Promise<void> {
+async function waitFor(cond: () => boolean, what: string, timeoutMs = 10_000): Promise<void> {
   const end = performance.now() + timeoutMs;
   while (!cond()) {
     if (performance.now() > end) throw new Error(`timed out waiting for ${what}`);

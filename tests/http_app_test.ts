@@ -683,3 +683,25 @@ Deno.test("max_tokens beyond the context's room is lowered to fit, and the respo
     await ws.close();
   }
 });
+
+Deno.test("a burst that fits the free running slots is served, not refused as overloaded (issue 13, bug 4)", async () => {
+  // 40 at once with 64 running slots free and room for 8 more to wait: none of them is queued
+  // beyond what can start at the next step, so none may get 503.
+  await using svc = await startService({
+    tokenDelayMs: 5,
+    maxRunning: 64,
+    maxWaiting: 8,
+    kvBlocksTotal: 1024,
+  });
+  const answers = await Promise.all(
+    Array.from(
+      { length: 40 },
+      (_, i) =>
+        postJson(svc.base + "/v1/completions", { prompt: `burst ${i}`, max_tokens: 4, seed: i })
+          .then(async (r) => [r.status, await r.json()] as const),
+    ),
+  );
+  const statuses = answers.map(([s]) => s);
+  assertEquals(statuses.filter((s) => s !== 200), [], `statuses: ${statuses.join(",")}`);
+  for (const [, body] of answers) assertEquals(body.usage.completion_tokens, 4);
+});

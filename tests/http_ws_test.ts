@@ -397,6 +397,9 @@ Deno.test("/v1/stream gives a client that stops reading backpressure, then disco
     console.log(`backpressure: ${produced} tokens of ${tokenBytes} bytes before the disconnect`);
     // Bounded by the kernel's socket buffers plus the high-water mark, far below the pool.
     assertLess(produced * tokenBytes, 64 * 1024 * 1024);
+    // And the core held the sequence: the engine computed little beyond what was sent (the
+    // client buffer of 16 events and the steps in flight), not the pool's 4096 positions.
+    assertLess(svc.backend.tokensComputed, produced + 64);
   } finally {
     raw.close();
   }

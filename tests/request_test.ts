@@ -313,3 +313,42 @@ Deno.test("RequestActor reports timings: queue, prefill, first token and decode 
     await closeCore(core);
   }
 });
+
+Deno.test("A client that stops reading holds its sequence: the engine decodes nothing more for it until it reads again", async () => {
+  const engine = new FakeEngine({
+    vocabSize: VOCAB,
+    numBlocks: 128,
+    blockSize: 4,
+    contextLength: 512,
+  });
+  const core = new ServingCore({
+    engine,
+    engineFactory: () => engine,
+    codec: fakeCodec,
+    clientBuffer: 4,
+  });
+  try {
+    const prompt = promptWithLongRun(300, 3);
+    const it = core.generate(request(prompt, 300))[Symbol.asyncIterator]();
+    const got: GenerationEvent[] = [];
+    for (let i = 0; i < 3; i++) got.push((await it.next()).value!);
+    // The client now reads nothing. Once the hold has reached the scheduler, nothing is
+    // planned for the sequence: it stays running with no step in flight (an event, not a nap).
+    await waitFor("the sequence to be held", () => {
+      const s = core.schedulerStats();
+      return s.running === 1 && s.stepsInFlight === 0;
+    }, 10_000);
+    const computed = engine.tokensComputed;
+    // Everything computed fits in what was read, the 4-event buffer, the request actor's
+    // event in hand and the steps that were in flight: far from the 300 asked for.
+    const bound = prompt.length + 3 + 4 + 1 + 3 + 8;
+    assert(computed <= bound, `the engine computed ${computed} tokens, bound ${bound}`);
+    // Reading again resumes it, and the tokens are the solo run's.
+    for (let e = await it.next(); !e.done; e = await it.next()) got.push(e.value);
+    const ids = got.flatMap((e) => (e.type === "token" ? e.ids : []));
+    assertEquals(ids, continuation(prompt, 300));
+    assertEquals(doneOf(got).finishReason, "length");
+  } finally {
+    await closeCore(core);
+  }
+});

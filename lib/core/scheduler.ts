@@ -217,6 +217,16 @@ export class Scheduler {
   }
 
   /**
+   * Holds (or resumes) a live sequence whose client has stopped reading: a held sequence keeps
+   * its place and its KV blocks, but no step decodes, prefills or admits it. Unknown ids are
+   * ignored (it may have finished meanwhile).
+   */
+  hold(seqId: number, held: boolean): void {
+    const seq = this.#seqs.get(seqId);
+    if (seq) seq.held = held;
+  }
+
+  /**
    * Ids of sequences that ended or were preempted since the last call: the engine may drop
    * their per-sequence state (engine.release) before running the next plan.
    */
@@ -441,14 +451,14 @@ export class Scheduler {
 
   /** Running, with one token to feed (known, or sampled in flight), and room to sample one more. */
   #wantsDecode(seq: Sequence): boolean {
-    return seq.status === "running" && (seq.pending > 0 || seq.unfed === 1) && seq.canSample &&
-      !this.#barred(seq);
+    return seq.status === "running" && !seq.held && (seq.pending > 0 || seq.unfed === 1) &&
+      seq.canSample && !this.#barred(seq);
   }
 
   /** Running, not yet in this step, with known tokens to feed (a prompt or a recomputation). */
   #wantsPrefill(seq: Sequence): boolean {
-    return seq.status === "running" && !this.#build!.members.has(seq) && seq.pending === 0 &&
-      seq.unfed >= 2 && !this.#barred(seq);
+    return seq.status === "running" && !seq.held && !this.#build!.members.has(seq) &&
+      seq.pending === 0 && seq.unfed >= 2 && !this.#barred(seq);
   }
 
   /** Adds n of the sequence's tokens (or its last sampled one) to the step being built. */
@@ -492,7 +502,7 @@ export class Scheduler {
       if (b.budget === 0 || this.#running.length >= this.config.maxRunning) break;
       // No room for it now, nor for those behind it.
       if (b.preempted.has(seq) && b.entries.length > 0) break;
-      if (this.#barred(seq)) continue;
+      if (seq.held || this.#barred(seq)) continue;
       let cached = 0, n = 0, table: readonly number[] | null = null;
       for (;;) {
         // Again after each preemption: the victim's free may have cached more of this prompt,

@@ -37,6 +37,8 @@ export class Sequence implements KvSeq {
   cachedTokens = -1;
   /** Steps including it that crashed the engine. */
   faults = 0;
+  /** Its client has stopped reading: nothing is planned for it until it catches up. */
+  held = false;
   /** Where its events go; cleared when nobody listens any more (client gone, ended). */
   reply: SeqEventSink | undefined;
 
