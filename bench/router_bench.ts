@@ -7,7 +7,7 @@
  *   MODEL_MIRROR=../shared/models deno task bench:router [--requests 32] [--tokens 64]
  *     [--backend cpu] [--concurrency 1,32]
  *
- * Needs `nats-server` on PATH (Debian: apt-get install nats-server).
+ * Needs `nats-server` on PATH or at $NATS_SERVER (Debian: apt-get install nats-server).
  */
 import { parseArgs } from "@std/cli/parse-args";
 import { httpGenerate, type RequestRecord } from "./load_clients.ts";
@@ -128,7 +128,7 @@ if (import.meta.main) {
     `${dir}/nats.conf`,
     `listen: 127.0.0.1:${port}\nauthorization { user: bench, password: "bench-pass" }\n`,
   );
-  const natsServer = new Deno.Command("nats-server", {
+  const natsServer = new Deno.Command(Deno.env.get("NATS_SERVER") ?? "nats-server", {
     args: ["-c", `${dir}/nats.conf`],
     stdout: "null",
     stderr: "null",

@@ -64,11 +64,9 @@ export class NatsServer {
       conf,
       `listen: 127.0.0.1:${this.port}\nauthorization { user: "${NATS_USER}", password: "${NATS_PASS}" }\n`,
     );
-    this.child = new Deno.Command("nats-server", {
-      args: ["-c", conf],
-      stdout: "null",
-      stderr: "null",
-    })
+    // NATS_SERVER: the path the test set-up found or installed (default: nats-server on PATH).
+    const bin = Deno.env.get("NATS_SERVER") ?? "nats-server";
+    this.child = new Deno.Command(bin, { args: ["-c", conf], stdout: "null", stderr: "null" })
       .spawn();
     await until("nats-server to listen", () => canConnect(this.port), 10_000);
   }

@@ -3,15 +3,19 @@ import { chromium } from "npm:playwright-core@1.65.1";
 import { assertEquals } from "@std/assert";
 import { startService, waitUntil } from "./_http_harness.ts";
 
-/** Debian's chromium package (`apt-get install -y chromium`), or CHROMIUM_PATH. */
+/** The Chromium `deno task test` unpacks from npm (.ci/needs.ts) and names in CHROMIUM_PATH. */
 function chromiumPath(): string {
-  const path = Deno.env.get("CHROMIUM_PATH") ?? "/usr/bin/chromium";
+  const path = Deno.env.get("CHROMIUM_PATH");
+  if (path === undefined) {
+    throw new Error(
+      "CHROMIUM_PATH is unset: run this file through `deno task test tests/http_playground_test.ts`, " +
+        "which provides Chromium, or set CHROMIUM_PATH to a Chromium binary",
+    );
+  }
   try {
     Deno.statSync(path);
   } catch {
-    throw new Error(
-      `No Chromium at ${path}: install it with 'apt-get install -y chromium' or set CHROMIUM_PATH`,
-    );
+    throw new Error(`CHROMIUM_PATH=${path}: no such file`);
   }
   return path;
 }

@@ -41,26 +41,26 @@ Deno.test("prefix routing: the longest cached prefix wins unless its holder is m
   };
   const base = [cand("a", { load: 2 }), cand("b", { load: 0 }), cand("c", { load: 1 })];
   assertEquals(pick(base), "b:least_loaded");
-  // c holds 5 blocks, a holds 3: c, though b is idle (1 request ahead is within max(4, 50%)).
+  // c holds 5 blocks, a holds 3: c, though b is idle (1 request ahead is within max(8, 50%)).
   const held = [
     cand("a", { load: 2, matchedBlocks: 3 }),
     cand("b", { load: 0 }),
     cand("c", { load: 1, matchedBlocks: 5 }),
   ];
   assertEquals(pick(held), "c:prefix");
-  // 5 requests ahead of the least loaded (slack max(4, 0.5 x 0) = 4): passed over.
+  // 9 requests ahead of the least loaded (slack max(8, 0.5 x 0) = 8): passed over.
   assertEquals(
-    pick([cand("a", { load: 5, matchedBlocks: 5 }), cand("b", { load: 0 })]),
+    pick([cand("a", { load: 9, matchedBlocks: 5 }), cand("b", { load: 0 })]),
     "b:least_loaded",
   );
-  // The slack grows with load: max(4, 0.5 x 10) = 5 requests ahead are allowed, 6 are not.
+  // The slack grows with load: max(8, 0.5 x 20) = 10 requests ahead are allowed, 11 are not.
   const big = { capacity: 100 };
   assertEquals(
-    pick([cand("a", { ...big, load: 15, matchedBlocks: 1 }), cand("b", { ...big, load: 10 })]),
+    pick([cand("a", { ...big, load: 30, matchedBlocks: 1 }), cand("b", { ...big, load: 20 })]),
     "a:prefix",
   );
   assertEquals(
-    pick([cand("a", { ...big, load: 16, matchedBlocks: 1 }), cand("b", { ...big, load: 10 })]),
+    pick([cand("a", { ...big, load: 31, matchedBlocks: 1 }), cand("b", { ...big, load: 20 })]),
     "b:least_loaded",
   );
   // Recent work 15 > 1.25 x 10 + 2 = 14.5: the holder is passed over so the prefix spreads.

@@ -61,7 +61,8 @@ export async function clusterCommand(argv: string[]): Promise<number> {
   const children: Deno.ChildProcess[] = [];
   try {
     try {
-      children.push(spawnLogged("nats", "nats-server", ["-c", `${dir}/nats.conf`]));
+      const bin = Deno.env.get("NATS_SERVER") ?? "nats-server";
+      children.push(spawnLogged("nats", bin, ["-c", `${dir}/nats.conf`]));
     } catch (e) {
       throw new Error(
         `Cannot start nats-server (${

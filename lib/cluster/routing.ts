@@ -52,7 +52,11 @@ export type RoutingChoice =
 
 export interface RoutingOptions {
   readonly policy: RoutingPolicy;
-  /** Requests a prefix holder may be ahead of the least loaded replica (default 4). */
+  /**
+   * Requests a prefix holder may be ahead of the least loaded replica (default 8). SGLang's
+   * defaults are looser (32 requests, x1.0001); a CPU replica runs a few dozen at most, and a
+   * cached request costs a fraction of an uncached one, so queueing behind the holder pays.
+   */
   readonly absSlack?: number;
   /** ...or this fraction of the least loaded one's load, whichever is more (default 0.5). */
   readonly relSlack?: number;
@@ -104,7 +108,7 @@ export function chooseReplica(
         (c.matchedBlocks === best.matchedBlocks && byLoad(c, best) < 0)
       ) best = c;
     }
-    const abs = opts.absSlack ?? 4;
+    const abs = opts.absSlack ?? 8;
     const slack = Math.max(abs, (opts.relSlack ?? 0.5) * least.load);
     const minRecent = Math.min(...open.map((c) => c.recent));
     const overworked = (c: Candidate) =>
