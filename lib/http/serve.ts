@@ -187,7 +187,8 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
     const stop = (): Promise<DrainResult> => {
       stopping ??= (async () => {
         const result = await service.drain({ timeoutMs: opts.drainTimeoutMs });
-        for (const s of signals) Deno.removeSignalListener(s, onSignal);
+        // The listeners stay: a signal that comes after the drain, while the caller closes the
+        // core and exits, would otherwise end the process with Deno's default (exit 143).
         // Whatever is left holds no generation (a half-sent body, an idle keep-alive): close it.
         await new Promise<void>((done) => {
           server.close(() => done());
