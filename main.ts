@@ -1,10 +1,13 @@
-import { generateCommand } from "./lib/cli/generate.ts";
-import { serveCommand } from "./lib/cli/serve.ts";
+import { generateCommand, generateInfo, parseGenerateArgs } from "./lib/cli/generate.ts";
+import { launch } from "./lib/cli/launch.ts";
+import { modelsCommand, parseModelsArgs } from "./lib/cli/models.ts";
+import { parseServeArgs, serveCommand, serveInfo } from "./lib/cli/serve.ts";
 import { routerCommand } from "./lib/cli/router.ts";
 import { clusterCommand } from "./lib/cli/cluster.ts";
 
 const USAGE = `Usage: deno task start [options]      run the server (see --help)
        deno task generate [options]   one completion on stdout
+       deno task models [--models-dir <dir>]   the model files it can find
        deno task router --nats URL    route the same API to replicas over NATS
        deno task cluster              nats-server, replicas and a router, locally`;
 
@@ -19,6 +22,60 @@ async function main(args: string[]): Promise<number> {
       return await routerCommand(rest);
     case "generate":
       return await generateCommand(rest);
+    case "models":
+      return await modelsCommand(rest);
+    case "launch":
+      return await launchCommand(rest);
+    default:
+      console.error(`Unknown command ${JSON.stringify(command)}.\n${USAGE}`);
+      return 2;
+  }
+}
+
+/**
+ * `launch <command> ...`, what the deno tasks run: validates the settings here, then runs the
+ * command with the permissions they need (lib/cli/launch.ts).
+ */
+async function launchCommand(args: string[]): Promise<number> {
+  const [command, ...rest] = args;
+  switch (command) {
+    case "serve": {
+      if (serveInfo(rest) !== undefined) return await launch("serve", rest, undefined);
+      const c = parseServeArgs(rest);
+      return await launch("serve", rest, {
+        model: c.model,
+        tokenizer: c.tokenizer,
+        modelsDir: c.modelsDir,
+        host: c.host,
+        nats: c.nats,
+        natsCreds: c.natsCreds,
+      });
+    }
+    case "generate": {
+      if (generateInfo(rest) !== undefined) return await launch("generate", rest, undefined);
+      const a = parseGenerateArgs(rest);
+      if ("error" in a) {
+        console.error(a.error);
+        return 2;
+      }
+      return await launch("generate", rest, {
+        model: a.model ?? "stories260K",
+        tokenizer: a.tokenizer,
+        modelsDir: a["models-dir"],
+      });
+    }
+    case "models": {
+      const m = parseModelsArgs(rest);
+      if (typeof m === "string") {
+        console.error(m);
+        return 2;
+      }
+      return await launch("models", rest, {
+        model: "",
+        modelsDir: m.modelsDir,
+        mayDownload: false,
+      });
+    }
     default:
       console.error(`Unknown command ${JSON.stringify(command)}.\n${USAGE}`);
       return 2;

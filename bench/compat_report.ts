@@ -64,8 +64,8 @@ console.log(
     "loads",
     "prompt ids equal",
     "greedy steps equal / compared",
-    "max |Δlogprob|",
-    "step-0 max |Δlogprob|",
+    "max abs Δlogprob",
+    "step-0 max abs Δlogprob",
     "seconds",
   ], rows),
 );

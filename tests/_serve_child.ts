@@ -11,12 +11,15 @@ export interface ServeChild {
 
 const LISTENING = /url\s+(http:\/\/\S+?)\//;
 
-/** Spawns `deno <args>` and resolves once its start-up line names the URL it listens on. */
+/**
+ * Spawns `deno <args>` (or `opts.command <args>`) and resolves once its start-up line names the
+ * URL it listens on.
+ */
 export async function spawnUntilListening(
   args: string[],
-  opts: { env?: Record<string, string>; cwd?: string } = {},
+  opts: { env?: Record<string, string>; cwd?: string; command?: string } = {},
 ): Promise<ServeChild> {
-  const child = new Deno.Command(Deno.execPath(), {
+  const child = new Deno.Command(opts.command ?? Deno.execPath(), {
     args,
     env: opts.env,
     cwd: opts.cwd,

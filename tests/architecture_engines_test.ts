@@ -72,6 +72,27 @@ function qwen3(): { g: GgufFile; shape: HfShape } {
   return { g, shape: { ...base, headDim: hd, ropeDim: hd, neox: true } };
 }
 
+/** llama with a head size from key_length, as Mistral Nemo's files have (128 against 5120 / 32). */
+function llamaKeyLength(): { g: GgufFile; shape: HfShape } {
+  const hd = 8;
+  const dims: Record<string, number[]> = {};
+  for (let l = 0; l < TINY.layers; l++) {
+    dims[`blk.${l}.attn_q.weight`] = [TINY.dim, TINY.heads * hd];
+    dims[`blk.${l}.attn_k.weight`] = [TINY.dim, TINY.kvHeads * hd];
+    dims[`blk.${l}.attn_v.weight`] = [TINY.dim, TINY.kvHeads * hd];
+    dims[`blk.${l}.attn_output.weight`] = [TINY.heads * hd, TINY.dim];
+  }
+  const g = file("llama", {
+    extra: [
+      { key: "llama.attention.key_length", type: T.U32, value: hd },
+      { key: "llama.attention.value_length", type: T.U32, value: hd },
+      { key: "llama.rope.dimension_count", type: T.U32, value: hd },
+    ],
+    dims,
+  });
+  return { g, shape: { ...base, headDim: hd, ropeDim: hd } };
+}
+
 /** llama with rope_freqs.weight: pair 1 turns 40 times slower (a Llama 3 long-context factor). */
 function llama3Rope(factors = [1, 40]): { g: GgufFile; shape: HfShape } {
   const bytes = tinyLlamaGguf({
@@ -120,6 +141,10 @@ Deno.test("qwen2 (q/k/v biases, NEOX RoPE): both engines equal a float64 Hugging
 
 Deno.test("qwen3 (q/k norms, head size 8 from key_length with embedding 8 / 2 heads): both engines equal the float64 forward", async () => {
   await assertMatchesOracle("qwen3", qwen3(), SHORT);
+});
+
+Deno.test("llama with key_length 8 != embedding 8 / 2 heads (Mistral Nemo-shaped): both engines equal the float64 forward", async () => {
+  await assertMatchesOracle("llama-key-length", llamaKeyLength(), SHORT);
 });
 
 Deno.test("llama with rope_freqs.weight over a 300-token prompt: both engines equal the float64 forward with scaled frequencies", async () => {

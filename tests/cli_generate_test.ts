@@ -147,3 +147,19 @@ Deno.test("generate with an empty prompt starts from BOS alone, like run.c witho
   assertEquals(r.code, 0, r.stderr);
   assertEquals(r.stdout, await runCText("no_prompt_n128", ""));
 });
+
+Deno.test("generate refuses --temperature -1 by name and value, not as an unknown flag", async () => {
+  const { code, stderr } = await runGenerate(["--prompt", "x", "--temperature", "-1"]);
+  assertEquals(code, 2);
+  assertStringIncludes(stderr, "--temperature:");
+  assertStringIncludes(stderr, '(received "-1")');
+  assertEquals(stderr.includes("Unknown argument"), false, stderr);
+});
+
+Deno.test("generate --version and --help", async () => {
+  const version = await runGenerate(["--version"]);
+  assertEquals(version.code, 0);
+  assert(/^llmserve \d+\.\d+\.\d+ /.test(version.stdout), version.stdout);
+  const help = await runGenerate(["--help"]);
+  assertStringIncludes(help.stdout, "Examples:\n  deno task generate ");
+});

@@ -60,6 +60,26 @@ Deno.test("resolveConfig() names the flag or environment variable the user set, 
   assertEquals(keys.includes("short"), false, keys);
 });
 
+Deno.test("resolveConfig() names a bad environment value by its variable and the flag it stands for", () => {
+  const env = (n: string) => n === "LLMSERVE_BLOCK_SIZE" ? "-3" : undefined;
+  const msg = (assertThrows(() => resolveConfig({}, env)) as Error).message;
+  assertEquals(
+    msg,
+    'Invalid configuration:\n  LLMSERVE_BLOCK_SIZE (--block-size): must be positive (received "-3")',
+  );
+  // The message never falls back to the internal camelCase name.
+  assertEquals(msg.includes("blockSize"), false, msg);
+  const port =
+    (assertThrows(() =>
+      resolveConfig({}, (n) => n === "LLMSERVE_PORT" ? "eighty" : undefined)
+    ) as Error)
+      .message;
+  assertEquals(
+    port,
+    'Invalid configuration:\n  LLMSERVE_PORT (--port): must be a number (received "eighty")',
+  );
+});
+
 Deno.test("resolveConfig() refuses an API key with a space at start-up (it could never match 'Bearer <key>'), without echoing it", () => {
   const err = assertThrows(
     () => resolveConfig({ apiKey: ["good-key-123", "secret with space"] }, noEnv),

@@ -3,15 +3,19 @@ import { chromium } from "npm:playwright-core@1.65.1";
 import { assertEquals } from "@std/assert";
 import { startService, waitUntil } from "./_http_harness.ts";
 
-/** Debian's chromium package (`apt-get install -y chromium`), or CHROMIUM_PATH. */
+/** The Chromium `deno task test` unpacks from npm (.ci/needs.ts) and names in CHROMIUM_PATH. */
 function chromiumPath(): string {
-  const path = Deno.env.get("CHROMIUM_PATH") ?? "/usr/bin/chromium";
+  const path = Deno.env.get("CHROMIUM_PATH");
+  if (path === undefined) {
+    throw new Error(
+      "CHROMIUM_PATH is unset: run this file through `deno task test tests/http_playground_test.ts`, " +
+        "which provides Chromium, or set CHROMIUM_PATH to a Chromium binary",
+    );
+  }
   try {
     Deno.statSync(path);
   } catch {
-    throw new Error(
-      `No Chromium at ${path}: install it with 'apt-get install -y chromium' or set CHROMIUM_PATH`,
-    );
+    throw new Error(`CHROMIUM_PATH=${path}: no such file`);
   }
   return path;
 }
@@ -80,6 +84,7 @@ Deno.test("the playground's chat mode, sampling controls, model line, prompts, t
     { servedModelNames: ["tiny-stories"] },
   );
   const browser = await chromium.launch({ executablePath: chromiumPath(), args: ["--no-sandbox"] });
+  let shots: string | undefined;
   try {
     for (
       const [size, viewport] of [
@@ -156,12 +161,15 @@ Deno.test("the playground's chat mode, sampling controls, model line, prompts, t
         "document.documentElement.scrollWidth - document.documentElement.clientWidth",
       );
       assertEquals(overflow, 0, `${size}: the page is ${overflow}px wider than the viewport`);
-      await page.screenshot({ path: `/tmp/playground-${size}.png`, fullPage: true });
+      // A fresh temp dir, not a fixed /tmp path another user's run may already own.
+      shots ??= await Deno.makeTempDir({ prefix: "playground_screenshots_" });
+      await page.screenshot({ path: `${shots}/playground-${size}.png`, fullPage: true });
       assertEquals(pageErrors, []);
       await page.close();
     }
   } finally {
     await browser.close();
+    if (shots !== undefined) console.log(`screenshots in ${shots}`);
   }
   await waitUntil(() => svc.service.sockets === 0, "the pages' sockets to close");
 });

@@ -306,14 +306,11 @@ Deno.test("downloadFile() checks an expected sha256 and deletes a mismatching fi
   });
 });
 
-Deno.test("resolveModelSource() uses MODEL_MIRROR before the network", async () => {
+Deno.test("resolveModelSource() uses MODEL_MIRROR before the network for a known name", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "model_source_test_" });
   const mirror = modelsMirror();
-  await withServer({ "/x/stories260K.bin": new Uint8Array(10) }, {}, async (server, dir) => {
+  try {
     // mirrorDir is left to its default, so this also checks that MODEL_MIRROR is read.
-    const byUrl = await resolveModelSource(`${server.base}/x/stories260K.bin`, { modelsDir: dir });
-    assertEquals(byUrl, { modelPath: `${mirror}/stories260K.bin` });
-    assertEquals(server.requests.length, 0);
-
     const byName = await resolveModelSource("stories260K", {
       modelsDir: dir,
       download: { fetch: noNetwork },
@@ -326,7 +323,172 @@ Deno.test("resolveModelSource() uses MODEL_MIRROR before the network", async () 
       await resolveModelSource("stories260K-gguf", { modelsDir: dir }),
       { modelPath: `${mirror}/stories260K.gguf` },
     );
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+/** Serves `bytes` at every path, announcing `etag` (when given) on HEAD and GET; logs methods. */
+function serveWithEtag(bytes: Uint8Array<ArrayBuffer>, etag?: string) {
+  const methods: string[] = [];
+  const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, (req) => {
+    methods.push(req.method);
+    const headers: Record<string, string> = { "content-length": String(bytes.length) };
+    if (etag !== undefined) headers.etag = `"${etag}"`;
+    return new Response(req.method === "HEAD" ? null : bytes, { headers });
   });
+  return { base: `http://127.0.0.1:${server.addr.port}`, methods, close: () => server.shutdown() };
+}
+
+Deno.test("resolveModelSource() never swaps a URL for a mirror file of the same name unless the server's SHA-256 matches it", async () => {
+  const mirror = modelsMirror();
+  const dir = await Deno.makeTempDir({ prefix: "model_source_test_" });
+  const other = new Uint8Array(10).fill(7);
+  const unlike = serveWithEtag(other);
+  try {
+    // Same file name as the mirror's stories260K.bin, other bytes, no hash announced: downloaded.
+    const got = await resolveModelSource(`${unlike.base}/x/stories260K.bin`, {
+      modelsDir: dir,
+      download: { progress: false },
+    });
+    assertEquals(got, { modelPath: `${dir}/stories260K.bin` });
+    assertEquals(await Deno.readFile(`${dir}/stories260K.bin`), other);
+    assertEquals(unlike.methods.includes("GET"), true, unlike.methods.join());
+  } finally {
+    await unlike.close();
+  }
+  const real = await mirrorBytes("stories260K.gguf");
+  const same = serveWithEtag(real, await sha256Hex(real));
+  const dir2 = await Deno.makeTempDir({ prefix: "model_source_test_" });
+  try {
+    // The server vouches for the mirror's bytes: the mirror copy is used, nothing is fetched.
+    const got = await resolveModelSource(`${same.base}/y/stories260K.gguf`, { modelsDir: dir2 });
+    assertEquals(got, { modelPath: `${mirror}/stories260K.gguf` });
+    assertEquals(same.methods, ["HEAD"]);
+  } finally {
+    await same.close();
+    await Deno.remove(dir, { recursive: true });
+    await Deno.remove(dir2, { recursive: true });
+  }
+});
+
+Deno.test("resolveModelSource() leaves no .url record behind a download that failed", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "model_source_test_" });
+  const server = Deno.serve(
+    { hostname: "127.0.0.1", port: 0, onListen() {} },
+    () => new Response("gone", { status: 404 }),
+  );
+  try {
+    await assertRejects(
+      () =>
+        resolveModelSource(`http://127.0.0.1:${server.addr.port}/m/model.gguf`, {
+          modelsDir: dir,
+          mirrorDir: null,
+          download: { progress: false },
+        }),
+      DownloadError,
+      "HTTP 404",
+    );
+    assertEquals([...Deno.readDirSync(dir)].map((e) => e.name), []);
+  } finally {
+    await server.shutdown();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("resolveModelSource() finds a file of the models directory or the mirror by its stem", async () => {
+  const mirror = modelsMirror();
+  const dir = await Deno.makeTempDir({ prefix: "model_source_test_" });
+  try {
+    const opts = { modelsDir: dir, download: { fetch: noNetwork } };
+    assertEquals(await resolveModelSource("stories260K-q8_0", opts), {
+      modelPath: `${mirror}/stories260K-q8_0.gguf`,
+    });
+    // The models directory comes first.
+    await Deno.writeFile(
+      `${dir}/stories260K-q8_0.gguf`,
+      await mirrorBytes("stories260K-q8_0.gguf"),
+    );
+    assertEquals(await resolveModelSource("stories260K-q8_0", opts), {
+      modelPath: `${dir}/stories260K-q8_0.gguf`,
+    });
+    // A bare file name is looked up there too.
+    assertEquals(await resolveModelSource("stories260K-ctx512.gguf", opts), {
+      modelPath: `${mirror}/stories260K-ctx512.gguf`,
+    });
+    const err = await assertRejects(() => resolveModelSource("stories999", opts));
+    assertStringIncludes(err.message, `the models directory (${dir})`);
+    assertStringIncludes(err.message, `the mirror (${mirror})`);
+    assertStringIncludes(err.message, "stories260K-q8_0");
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("a connection or TLS failure is reported as what it is, with where the models directory is", async () => {
+  const modelsDir = await Deno.makeTempDir({ prefix: "model_source_test_" });
+  // A port nobody listens on: the connection is refused.
+  const probe = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = (probe.addr as Deno.NetAddr).port;
+  probe.close();
+  try {
+    const refused = await assertRejects(() =>
+      resolveModelSource(`http://127.0.0.1:${port}/m.gguf`, {
+        modelsDir,
+        mirrorDir: null,
+        download: { progress: false },
+      })
+    );
+    assertStringIncludes(refused.message, "the connection was refused");
+    assertStringIncludes(refused.message, `the models directory (${modelsDir})`);
+    assertEquals(refused.message.includes("offline?"), false, refused.message);
+    // A plain-HTTP server spoken to over TLS fails the handshake.
+    const server = Deno.serve(
+      { hostname: "127.0.0.1", port: 0, onListen() {} },
+      () => new Response("x"),
+    );
+    try {
+      const tls = await assertRejects(() =>
+        resolveModelSource(`https://127.0.0.1:${server.addr.port}/m.gguf`, {
+          modelsDir,
+          mirrorDir: null,
+          download: { progress: false },
+        })
+      );
+      assertStringIncludes(tls.message, "TLS failed");
+    } finally {
+      await server.shutdown();
+    }
+    assertEquals([...Deno.readDirSync(modelsDir)].map((e) => e.name), []);
+  } finally {
+    await Deno.remove(modelsDir, { recursive: true });
+  }
+});
+
+Deno.test("ProgressBar writes a whole line every few seconds when stderr is not a terminal", () => {
+  const out: string[] = [];
+  let now = 0;
+  const bar = new ProgressBar("m.gguf", 1000, 0, {
+    sink: (t) => out.push(t),
+    mode: "lines",
+    now: () => now,
+  });
+  for (now = 0; now <= 12_000; now += 500) bar.update(now / 12);
+  bar.finish(1000);
+  // First line at 5 s, then 10 s, then the final one; no carriage returns.
+  assertEquals(out.length, 3, JSON.stringify(out));
+  assertEquals(out.every((l) => l.endsWith("\n") && !l.includes("\r")), true);
+  assertStringIncludes(out[2]!, "100%");
+  // Quick work writes nothing at all.
+  const quiet: string[] = [];
+  const q = new ProgressBar("m.gguf", 10, 0, {
+    sink: (t) => quiet.push(t),
+    mode: "lines",
+    now: () => 0,
+  });
+  q.update(5);
+  q.finish(10);
+  assertEquals(quiet, []);
 });
 
 Deno.test("resolveModelSource() prefers the models directory over the mirror for a known name", async () => {
@@ -417,7 +579,8 @@ Deno.test("resolveModelSource() takes an existing path as is and explains every 
     assertEquals(
       unknown.message,
       'Unknown model "llama-9000"; known names: stories260K (default), stories260K-gguf; ' +
-        "a path to an existing .gguf or llama2.c .bin file, or an http(s) URL, also works",
+        `files by stem in the models directory (${dir}) and the mirror (${emptyMirror}): ` +
+        "my model; a path to an existing .gguf or llama2.c .bin file, or an http(s) URL, also works",
     );
     const missing = await assertRejects(() => resolveModelSource(`${dir}/nope.gguf`, options));
     assertStringIncludes(

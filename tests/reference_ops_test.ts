@@ -1,4 +1,4 @@
-import { assertAlmostEquals, assertEquals, assertThrows } from "@std/assert";
+import { assert, assertAlmostEquals, assertEquals, assertThrows } from "@std/assert";
 import { addInPlace, matvec, rmsnorm, rope, silu, softmax, swiglu } from "../lib/engine/cpu/ops.ts";
 import { pagedAttention } from "../lib/engine/cpu/paged_attention.ts";
 import { PagedKvCache } from "../lib/engine/cpu/paged_kv_cache.ts";
@@ -118,4 +118,19 @@ Deno.test("pagedAttention() shares each KV head across its group of query heads"
   fill(kv, [1], [[1, 1, 1, 1]], [[10, 11, 20, 21]]);
   const out = pagedAttention(new Float32Array(8), f32([1, 2, 3, 4, 5, 6, 7, 8]), kv, 0, [1], 0, 4);
   assertClose(out, [10, 11, 10, 11, 20, 21, 20, 21]);
+});
+
+Deno.test("PagedKvCache.release() hands its pools, zeroed, to the next cache of the same shape only", () => {
+  const geometry = { numBlocks: 6, blockSize: 4 };
+  const a = new PagedKvCache(2, 2, 4, geometry);
+  a.key(1).fill(7);
+  const pools = [a.key(0), a.key(1), a.value(0), a.value(1)];
+  a.release();
+  const other = new PagedKvCache(2, 2, 8, geometry);
+  assert(pools.every((p) => p !== other.key(0)), "another shape gets new pools");
+  const b = new PagedKvCache(2, 2, 4, geometry);
+  assertEquals([b.key(0), b.key(1), b.value(0), b.value(1)], pools);
+  assert(pools[1] === b.key(1) && b.key(1).every((x) => x === 0), "reused and zeroed");
+  const c = new PagedKvCache(2, 2, 4, geometry);
+  assert(c.key(0) !== b.key(0), "a live cache's pools are never shared");
 });

@@ -63,10 +63,16 @@ function fate(conn: Deno.TcpConn): { readonly state: () => "open" | "closed" } {
 }
 
 /** Resolves once `check` holds; fails after `timeoutMs` saying `what`. */
-async function until(check: () => boolean, what: string, timeoutMs = 20_000): Promise<void> {
+async function until(
+  check: () => boolean,
+  what: string | (() => string),
+  timeoutMs = 20_000,
+): Promise<void> {
   const end = performance.now() + timeoutMs;
   while (!check()) {
-    if (performance.now() > end) throw new Error(`Timed out waiting for ${what}`);
+    if (performance.now() > end) {
+      throw new Error(`Timed out waiting for ${typeof what === "string" ? what : what()}`);
+    }
     await new Promise((r) => setTimeout(r, 20));
   }
 }
@@ -101,7 +107,10 @@ Deno.test("fd exhaustion: under ulimit -n 256, 400 idle TCP connections and 300 
       fates.push(fate(c));
     }
     // Everything past the limit is closed at once (the held socket is one of the 179).
-    await until(() => fates.filter((f) => f.state() === "closed").length >= 400 - 178, "refusals");
+    await until(
+      () => fates.filter((f) => f.state() === "closed").length >= 400 - 178,
+      () => `refusals (${fates.filter((f) => f.state() === "closed").length} closed, ${openFds(server.pid)} fds)`,
+    );
     assert(!died, `the server died:\n${server.log()}`);
     const fds = openFds(server.pid)!;
     assertLess(fds, limit, "descriptors stay under the limit");

@@ -141,24 +141,26 @@ const D = SETTINGS;
 
 export type SettingName = keyof typeof SETTINGS;
 
-const positiveInt = (name: string) =>
-  z.coerce.number({ error: `${name} must be a number` }).int(`${name} must be an integer`).positive(
-    `${name} must be positive`,
+// Messages name no setting: the caller prefixes the flag or variable the value came from.
+const positiveInt = () =>
+  z.coerce.number({ error: "must be a number" }).int("must be an integer").positive(
+    "must be positive",
   );
 
-const seconds = (name: string) =>
-  z.coerce.number({ error: `${name} must be a number of seconds` }).positive(
-    `${name} must be positive`,
-  );
+const seconds = () =>
+  z.coerce.number({ error: "must be a number of seconds" }).positive("must be positive");
 
 export const ConfigSchema = z.object({
   model: z.string().min(1).default(D.model.default),
   tokenizer: z.string().min(1).optional(),
   modelsDir: z.string().min(1).optional(),
   backend: z.enum(["webgpu", "cpu", "auto"]).default(D.backend.default),
-  contextLength: positiveInt("contextLength").optional(),
+  contextLength: positiveInt().optional(),
   host: z.string().min(1).default(D.host.default),
-  port: z.coerce.number().int().min(0).max(65535).default(D.port.default),
+  port: z.coerce.number({ error: "must be a number" }).int("must be an integer").min(
+    0,
+    "must be 0 to 65535",
+  ).max(65535, "must be 0 to 65535").default(D.port.default),
   // "auto" (the default): sized from the model and the device at start-up (planKvCache).
   kvMemory: z.string().default(D.kvMemory.default).transform((s, ctx) => {
     if (s.trim().toLowerCase() === "auto") return undefined;
@@ -169,13 +171,13 @@ export const ConfigSchema = z.object({
       return z.NEVER;
     }
   }),
-  blockSize: positiveInt("blockSize").default(DEFAULT_LIMITS.blockSize),
-  maxBatchTokens: positiveInt("maxBatchTokens").default(DEFAULT_LIMITS.maxBatchTokens),
-  maxRunning: positiveInt("maxRunning").default(DEFAULT_LIMITS.maxRunning),
-  maxWaiting: positiveInt("maxWaiting").default(DEFAULT_LIMITS.maxWaiting),
-  pipelineDepth: positiveInt("pipelineDepth").max(
+  blockSize: positiveInt().default(DEFAULT_LIMITS.blockSize),
+  maxBatchTokens: positiveInt().default(DEFAULT_LIMITS.maxBatchTokens),
+  maxRunning: positiveInt().default(DEFAULT_LIMITS.maxRunning),
+  maxWaiting: positiveInt().default(DEFAULT_LIMITS.maxWaiting),
+  pipelineDepth: positiveInt().max(
     DEFAULT_LIMITS.maxPipelineDepth,
-    `pipelineDepth must be at most ${DEFAULT_LIMITS.maxPipelineDepth}`,
+    `must be at most ${DEFAULT_LIMITS.maxPipelineDepth}`,
   ).default(DEFAULT_LIMITS.pipelineDepth),
   apiKey: z.array(
     z.string().min(8, "API keys must have at least 8 characters").regex(
@@ -184,7 +186,9 @@ export const ConfigSchema = z.object({
         "'Authorization: Bearer <key>')",
     ),
   ).default([]),
-  drainTimeout: z.coerce.number().nonnegative().default(D.drainTimeout.default),
+  drainTimeout: z.coerce.number({ error: "must be a number" }).nonnegative(
+    "must be 0 or more seconds",
+  ).default(D.drainTimeout.default),
   nats: z.string().min(1).optional(),
   natsCreds: z.string().min(1).optional(),
   routing: z.enum(["prefix", "least-loaded", "round-robin"]).default(D.routing.default),
@@ -199,10 +203,10 @@ export const ConfigSchema = z.object({
   // Off by default: benchmarks and soak runs repeat requests to measure the engine, and a
   // cache would answer them instead.
   resultCache: byteSize(D.resultCache.default),
-  maxConnections: positiveInt("maxConnections").optional(),
-  headerTimeout: seconds("headerTimeout").default(D.headerTimeout.default),
-  bodyTimeout: seconds("bodyTimeout").default(D.bodyTimeout.default),
-  keepAliveTimeout: seconds("keepAliveTimeout").default(D.keepAliveTimeout.default),
+  maxConnections: positiveInt().optional(),
+  headerTimeout: seconds().default(D.headerTimeout.default),
+  bodyTimeout: seconds().default(D.bodyTimeout.default),
+  keepAliveTimeout: seconds().default(D.keepAliveTimeout.default),
   corsOrigin: z.array(
     z.string().regex(
       /^(\*|null|[a-z][a-z0-9+.-]*:\/\/[^/\s]+)$/i,
@@ -243,10 +247,14 @@ export function resolveConfig(
   if (!parsed.success) {
     const lines = parsed.error.issues.map((i) => {
       const name = String(i.path[0]) as SettingName;
-      // Name what the user typed: the kebab-case flag, or the variable when the value came
-      // from the environment.
-      const flag = "--" + name.replace(/[A-Z]/g, (c) => "-" + c.toLowerCase());
-      const where = flags[name] !== undefined ? flag : SETTINGS[name]?.env ?? flag;
+      // Name what the user typed: the kebab-case flag, or the variable (with the flag it
+      // stands for) when the value came from the environment.
+      const flag = flagName(name);
+      const where = flags[name] !== undefined
+        ? flag
+        : SETTINGS[name] === undefined
+        ? flag
+        : `${SETTINGS[name].env} (${flag})`;
       // API keys are secrets: say which one, never echo it.
       if (name === "apiKey") return `${where} #${Number(i.path[1] ?? 0) + 1}: ${i.message}`;
       if (LIST_SETTINGS.has(name) && typeof i.path[1] === "number") {
@@ -261,4 +269,9 @@ export function resolveConfig(
     throw new Error(`Invalid configuration:\n  ${lines.join("\n  ")}`);
   }
   return parsed.data;
+}
+
+/** `maxBatchTokens` -> `--max-batch-tokens`. */
+export function flagName(name: string): string {
+  return "--" + name.replace(/[A-Z]/g, (c) => "-" + c.toLowerCase());
 }

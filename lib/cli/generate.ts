@@ -1,6 +1,8 @@
 import { openModel, uploadProgress } from "./open_model.ts";
 import { DEFAULT_LIMITS } from "../engine/limits.ts";
-import { parseArgs } from "@std/cli/parse-args";
+import { parseFlags } from "./args.ts";
+import { whenLauncherGone } from "./parent_watch.ts";
+import { versionLine } from "./version.ts";
 import type { SamplingParams } from "../engine/engine.ts";
 import { ServingCore } from "../../actors/core.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
@@ -28,60 +30,64 @@ const USAGE =
   `Usage: deno task generate [--model <path|url|name>] [--tokenizer <path|url>] [--models-dir <dir>] --prompt <text>
   [--max-tokens 256] [--temperature 1] [--top-k 0] [--top-p 1] [--min-p 0] [--seed <n>]
   [--backend auto|webgpu|cpu] [--context-length <n>]
-Prints only the generated continuation on stdout; diagnostics go to stderr.`;
+       deno task generate --help | --version
+Prints only the generated continuation on stdout; diagnostics go to stderr.
+
+Examples:
+  deno task generate --prompt "Once upon a time" --max-tokens 64 --temperature 0
+  deno task generate --model stories260K-q8_0 --prompt "Tom and his dog" --seed 7
+  deno task generate --model ./my-model.gguf --backend cpu --prompt "Hello"`;
+
+export type GenerateArgs = z.infer<typeof GenerateArgs>;
+
+/**
+ * Parses and validates `generate`'s flags: the arguments, or an error message listing what is
+ * wrong (unknown flags, or each bad value with the value received). Exported for tests and the
+ * launcher.
+ */
+export function parseGenerateArgs(argv: readonly string[]): GenerateArgs | { error: string } {
+  const { values, unknown } = parseFlags(argv, {
+    string: Object.keys(GenerateArgs.shape),
+    boolean: ["help", "version"],
+  });
+  if (unknown.length > 0) return { error: `Unknown argument(s): ${unknown.join(" ")}\n${USAGE}` };
+  delete values.help;
+  delete values.version;
+  const parsed = GenerateArgs.safeParse(values);
+  if (parsed.success) return parsed.data;
+  return {
+    error: parsed.error.issues.map((i) => {
+      const key = String(i.path[0]);
+      return `--${key}: ${i.message} (received ${JSON.stringify(values[key])})`;
+    }).join("\n"),
+  };
+}
+
+/** What `--help` or `--version` print, or undefined for a run. */
+export function generateInfo(argv: readonly string[]): string | undefined {
+  if (argv.includes("--help")) return USAGE;
+  if (argv.includes("--version")) return versionLine();
+  return undefined;
+}
 
 /**
  * `generate` command: one prompt, one completion, streamed to stdout as it is decoded.
  * Returns the process exit code.
  */
 export async function generateCommand(argv: string[]): Promise<number> {
-  const flags = parseArgs(argv, {
-    string: [
-      "model",
-      "tokenizer",
-      "models-dir",
-      "prompt",
-      "max-tokens",
-      "temperature",
-      "top-k",
-      "top-p",
-      "min-p",
-      "seed",
-      "backend",
-      "context-length",
-    ],
-    boolean: ["help"],
-  });
-  if (flags.help) {
-    console.log(USAGE);
+  const info = generateInfo(argv);
+  if (info !== undefined) {
+    console.log(info);
     return 0;
   }
-  const unknown = Object.keys(flags).filter((k) =>
-    k !== "_" && k !== "help" && !(k in GenerateArgs.shape)
-  );
-  // parseArgs also lists the value of `--prompt ""` as a positional; an empty prompt is valid.
-  const positional = flags._.filter((a: string | number) => a !== "");
-  if (unknown.length > 0 || positional.length > 0) {
-    console.error(
-      `Unknown argument(s): ${
-        [...unknown.map((k) => `--${k}`), ...positional].join(" ")
-      }\n${USAGE}`,
-    );
+  const parsed = parseGenerateArgs(argv);
+  if ("error" in parsed) {
+    console.error(parsed.error);
     return 2;
   }
-  const parsed = GenerateArgs.safeParse(flags);
-  if (!parsed.success) {
-    for (const i of parsed.error.issues) {
-      const key = String(i.path[0]);
-      console.error(
-        `--${key}: ${i.message} (received ${
-          JSON.stringify((flags as Record<string, unknown>)[key])
-        })`,
-      );
-    }
-    return 2;
-  }
-  const args = parsed.data;
+  // Started by the launcher, which is gone: nobody reads the output any more.
+  whenLauncherGone(() => Deno.exit(143));
+  const args = parsed;
   const { source, tokenizer, ...opened } = await openModel(args.model ?? DEFAULT_MODEL, {
     modelsDir: args["models-dir"],
     tokenizer: args.tokenizer,

@@ -1,5 +1,7 @@
 import { openModel, uploadProgress } from "./open_model.ts";
-import { parseArgs } from "@std/cli/parse-args";
+import { parseFlags } from "./args.ts";
+import { whenLauncherGone } from "./parent_watch.ts";
+import { versionLine } from "./version.ts";
 import { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import {
@@ -65,26 +67,38 @@ function usage(): string {
     const shown = d === undefined ? "" : `, default ${d}`;
     return `  --${flag.padEnd(18)} ${SETTINGS[name].help} [env ${SETTINGS[name].env}${shown}]`;
   });
-  return `Usage: deno task start [options]\n${rows.join("\n")}`;
+  return `Usage: deno task start [options]
+${rows.join("\n")}
+  --help               this text
+  --version            print the version and exit
+
+Examples:
+  deno task start                                         stories260K on http://127.0.0.1:8000/
+  deno task start --model stories260K-q8_0                a file in the models dir or mirror, by stem
+  deno task start --model /data/models/llama.gguf --host 0.0.0.0 --port 8080
+  deno task start --model https://huggingface.co/<org>/<repo>/resolve/main/<file>.gguf
+  LLMSERVE_API_KEYS=key-one-123,key-two-456 deno task start --backend cpu --kv-memory 1GiB
+  deno task models                                        list the models it can find`;
+}
+
+/** What `--help` or `--version` print, or undefined for a run. */
+export function serveInfo(argv: readonly string[]): string | undefined {
+  if (argv.includes("--help")) return usage();
+  if (argv.includes("--version")) return versionLine();
+  return undefined;
 }
 
 /** Parses `serve` flags into the validated configuration. Exported for tests. */
 export function parseServeArgs(argv: string[], env?: (name: string) => string | undefined): Config {
-  const flags = parseArgs(argv, {
+  const { values: flags, unknown } = parseFlags(argv, {
     string: Object.keys(FLAG_NAMES).filter((f) => !BOOLEAN_FLAGS.includes(f)),
     collect: ["api-key", "served-model-name", "cors-origin", "allowed-host"],
-    boolean: ["help", ...BOOLEAN_FLAGS],
+    boolean: ["help", "version", ...BOOLEAN_FLAGS],
   });
-  const unknown = [
-    ...Object.keys(flags).filter((k) => k !== "_" && k !== "help" && !(k in FLAG_NAMES)).map((k) =>
-      `--${k}`
-    ),
-    ...flags._.map(String),
-  ];
   if (unknown.length > 0) throw new Error(`Unknown argument(s): ${unknown.join(" ")}\n${usage()}`);
   const named: Partial<Record<SettingName, unknown>> = {};
   for (const [flag, name] of Object.entries(FLAG_NAMES)) {
-    const v = (flags as Record<string, unknown>)[flag];
+    const v = flags[flag];
     // parseArgs reports an absent boolean flag as false, which would hide the environment's.
     if (
       BOOLEAN_FLAGS.includes(flag) &&
@@ -103,8 +117,9 @@ export function parseServeArgs(argv: string[], env?: (name: string) => string | 
  * the loading service to the real one; drains on SIGTERM.
  */
 export async function serveCommand(argv: string[]): Promise<number> {
-  if (argv.includes("--help")) {
-    console.log(usage());
+  const info = serveInfo(argv);
+  if (info !== undefined) {
+    console.log(info);
     return 0;
   }
   const config = parseServeArgs(argv);
@@ -130,6 +145,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
       log(`llmserve listening on http://${addr.hostname}:${addr.port}/ (loading the model)`);
     },
   });
+  // Started by the launcher, which is gone (killed without passing a signal on): drain.
+  whenLauncherGone(() => void server.stop());
   // A signal while loading ends the run; the load is abandoned with the process.
   const loaded = start(config, progress, metrics, requestLog);
   const first = await Promise.race([loaded, server.closed.then(() => null)]);

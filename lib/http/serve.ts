@@ -123,7 +123,9 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
     waitingForRequest.delete(socket);
   };
   server.on("request", (req: IncomingMessage) => requestArrived(req.socket));
-  server.on("upgrade", (req: IncomingMessage) => requestArrived(req.socket));
+  // Not server.on("upgrade"): @hono/node-server writes an upgrade's refusal only while it is
+  // the sole "upgrade" listener. A refused upgrade's socket is closed anyway.
+  wss.on("connection", (_ws: unknown, req: IncomingMessage) => requestArrived(req.socket));
   // Past the listen, errors are accept failures (EMFILE, ENFILE): the server keeps serving
   // the connections it holds and accepts again once descriptors are free.
   let listening = false;

@@ -37,6 +37,39 @@ export interface DownloadResult {
 /** A download that failed in a way the message explains; `cause` holds any underlying error. */
 export class DownloadError extends Error {
   override name = "DownloadError";
+  /** True when no answer came from the server at all (DNS, connection, TLS). */
+  readonly unreachable: boolean;
+  constructor(message: string, options?: ErrorOptions & { unreachable?: boolean }) {
+    super(message, options);
+    this.unreachable = options?.unreachable ?? false;
+  }
+}
+
+/**
+ * What kind of failure a fetch error is, from the text Deno's fetch gives it (its errors are
+ * all TypeErrors): a TLS problem, a name that does not resolve, a refused or reset
+ * connection, a timeout; or undefined when the text says none of these.
+ */
+export function connectionProblem(error: unknown): string | undefined {
+  const text = errorText(error) + " " + errorText((error as { cause?: unknown })?.cause ?? "");
+  if (
+    /certificate|tls|ssl|handshake|corrupt message|InvalidContentType|alert|UnknownIssuer|NotValidForName|Expired/i
+      .test(text)
+  ) {
+    return "TLS failed (the server's certificate was not accepted or the handshake failed)";
+  }
+  if (
+    /dns error|failed to lookup|Name or service not known|nodename nor servname|getaddrinfo/i.test(
+      text,
+    )
+  ) {
+    return "the host name does not resolve (DNS)";
+  }
+  if (/refused/i.test(text)) return "the connection was refused";
+  if (/reset|broken pipe|closed/i.test(text)) return "the connection was reset";
+  if (/timed? ?out/i.test(text)) return "the connection timed out";
+  if (/unreachable|no route/i.test(text)) return "the network is unreachable";
+  return undefined;
 }
 
 /** The suffix of the temporary file a download streams into before its rename. */
@@ -155,12 +188,11 @@ async function startTransfer(
   try {
     response = await doFetch(url, { headers, signal: options.signal });
   } catch (cause) {
+    if (options.signal?.aborted) throw cause;
+    const problem = connectionProblem(cause);
     throw new DownloadError(
-      `Cannot download ${url}: ${
-        errorText(cause)
-      } (offline? put the file in the models directory, ` +
-        "set MODEL_MIRROR to a directory of offline copies, or pass --model <path>)",
-      { cause },
+      `Cannot download ${url}: ${problem ?? "the request failed"} (${errorText(cause)})`,
+      { cause, unreachable: true },
     );
   }
   const range = parseContentRange(response.headers.get("content-range"));

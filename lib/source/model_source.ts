@@ -2,7 +2,8 @@
  * Where model files come from: a path, an http(s) URL cached in the models directory, or a short
  * name of a known model. Turns any of them into local file paths a loader can open.
  */
-import { downloadFile, type DownloadOptions } from "./download.ts";
+import { createHash } from "node:crypto";
+import { DownloadError, downloadFile, type DownloadOptions, PART_SUFFIX } from "./download.ts";
 
 /** Reads an environment variable; injectable so defaults are testable without touching the process. */
 export type EnvGetter = (name: string) => string | undefined;
@@ -144,6 +145,11 @@ export async function resolveFileSpec(spec: string, options: ResolveOptions = {}
   );
 }
 
+/** A spec that names a file rather than a model: it has a directory part or a model extension. */
+export function isPathSpec(spec: string): boolean {
+  return /[\\/]/.test(spec) || /\.(gguf|bin)$/i.test(spec);
+}
+
 /** True for specs that name an `http://` or `https://` resource. */
 export function isHttpUrl(spec: string): boolean {
   return /^https?:\/\//i.test(spec.trim());
@@ -194,11 +200,9 @@ function makeContext(options: ResolveOptions): Context {
 
 async function resolveSpec(spec: string, context: Context): Promise<ModelSource> {
   if (isHttpUrl(spec)) return { modelPath: await resolveUrl(spec, context) };
-  // A bare known name is not looked up as a file in the working directory: the server may
-  // not be allowed to read there, and a name should mean the same thing wherever it runs.
-  const bareKnown = !/[\\/]/.test(spec) &&
-    Object.keys(KNOWN_MODELS).some((n) => n.toLowerCase() === spec.toLowerCase());
-  const info = bareKnown ? null : await statOrNull(spec);
+  // Only a spec that looks like a path is looked up in the working directory: a name should
+  // mean the same thing wherever the server runs, and the server may not read there.
+  const info = isPathSpec(spec) ? await statOrNull(spec) : null;
   if (info?.isFile) return { modelPath: spec };
   if (info?.isDirectory) {
     throw new Error(
@@ -213,12 +217,89 @@ async function resolveSpec(spec: string, context: Context): Promise<ModelSource>
     const tokenizerPath = await resolveKnownFile(knownName, known.tokenizer, context);
     return { modelPath, tokenizerPath };
   }
+  // A file of the models directory or the mirror, by its name or its stem.
+  if (!/[\\/]/.test(spec)) {
+    const byName = await findLocalByName(spec, context);
+    if (byName !== undefined) return { modelPath: byName };
+  }
+  const local = await listLocalModelFiles(context);
+  const stems = [...new Set(local.files.filter((f) => f.kind === "model").map((f) => f.stem))];
   const alternatives = `known names: ${describeKnownModels()}; ` +
-    "a path to an existing .gguf or llama2.c .bin file, or an http(s) URL, also works";
+    `files by stem in ${describeLookupPlaces(context)}: ${
+      stems.length === 0 ? "none" : stems.join(", ")
+    }; a path to an existing .gguf or llama2.c .bin file, or an http(s) URL, also works`;
   if (/[\\/]/.test(spec) || /\.(gguf|bin)$/i.test(spec)) {
     throw new Error(`Cannot find model file "${spec}": no such file; ${alternatives}`);
   }
   throw new Error(`Unknown model "${spec}"; ${alternatives}`);
+}
+
+/** "the models directory (<dir>) and the mirror (<dir>)", or without the mirror when unset. */
+function describeLookupPlaces(context: Context): string {
+  return context.mirrorDir === undefined
+    ? `the models directory (${context.modelsDir}; MODEL_MIRROR is unset)`
+    : `the models directory (${context.modelsDir}) and the mirror (${context.mirrorDir})`;
+}
+
+/** `name`, `name.gguf` or `name.bin` in the models directory, then the mirror. */
+async function findLocalByName(name: string, context: Context): Promise<string | undefined> {
+  const candidates = /\.(gguf|bin)$/i.test(name) ? [name] : [`${name}.gguf`, `${name}.bin`];
+  for (const dir of [context.modelsDir, context.mirrorDir]) {
+    if (dir === undefined) continue;
+    for (const c of candidates) {
+      const path = joinPath(dir, c);
+      if (await isFile(path)) return path;
+    }
+  }
+  return undefined;
+}
+
+/** A model-like file found in the models directory or the mirror. */
+export interface LocalModelFile {
+  /** The file name, e.g. `stories260K-q8_0.gguf`. */
+  readonly name: string;
+  /** The name without `.gguf`/`.bin`: what `--model` accepts. */
+  readonly stem: string;
+  readonly path: string;
+  readonly place: "models dir" | "mirror";
+  readonly bytes: number;
+  /** `tokenizer` for a known model's tokenizer file (e.g. tok512.bin), else `model`. */
+  readonly kind: "model" | "tokenizer";
+}
+
+/**
+ * The `.gguf` and `.bin` files of the models directory and the mirror (downloads in progress
+ * and `.url` records left out), models directory first, each sorted by name.
+ */
+export async function listLocalModelFiles(
+  options: Pick<ResolveOptions, "modelsDir" | "mirrorDir"> = {},
+): Promise<{ modelsDir: string; mirrorDir?: string; files: LocalModelFile[] }> {
+  const context = makeContext(options);
+  const tokenizerNames = new Set(
+    Object.values(KNOWN_MODELS).flatMap((m) => m.tokenizer ? [m.tokenizer.name] : []),
+  );
+  const files: LocalModelFile[] = [];
+  const places = [[context.modelsDir, "models dir"], [context.mirrorDir, "mirror"]] as const;
+  for (const [dir, place] of places) {
+    if (dir === undefined) continue;
+    const names: string[] = [];
+    try {
+      for await (const e of Deno.readDir(dir)) {
+        if (e.isFile && /\.(gguf|bin)$/i.test(e.name)) names.push(e.name);
+      }
+    } catch (error) {
+      if (error instanceof Deno.errors.NotFound) continue;
+      throw error;
+    }
+    for (const name of names.sort()) {
+      const path = joinPath(dir, name);
+      const bytes = (await Deno.stat(path)).size;
+      const stem = name.replace(/\.(gguf|bin)$/i, "");
+      const kind = tokenizerNames.has(name) ? "tokenizer" : "model";
+      files.push({ name, stem, path, place, bytes, kind });
+    }
+  }
+  return { modelsDir: context.modelsDir, mirrorDir: context.mirrorDir, files };
 }
 
 async function resolveKnownFile(
@@ -239,12 +320,32 @@ async function resolveKnownFile(
         "download URL; copy the file into the models directory or pass its path",
     );
   }
-  await downloadFile(file.url, cached, {
-    ...context.download,
-    label: file.name,
-    sha256: file.sha256,
-  });
+  await withOfflineHint(
+    file.name,
+    context,
+    downloadFile(file.url, cached, { ...context.download, label: file.name, sha256: file.sha256 }),
+  );
   return cached;
+}
+
+/** Adds, to a download that never reached its server, where a copy could be put instead. */
+async function withOfflineHint<T>(
+  name: string,
+  context: Context,
+  download: Promise<T>,
+): Promise<T> {
+  try {
+    return await download;
+  } catch (e) {
+    if (!(e instanceof DownloadError) || !e.unreachable) throw e;
+    throw new DownloadError(
+      `${e.message}; to run without it, put ${name} in the models directory ` +
+        `(${context.modelsDir}), set MODEL_MIRROR to a directory of copies` +
+        (context.mirrorDir === undefined ? "" : ` (now ${context.mirrorDir})`) +
+        ", or pass --model <path>",
+      { cause: e.cause, unreachable: true },
+    );
+  }
 }
 
 async function resolveUrl(url: string, context: Context): Promise<string> {
@@ -262,14 +363,80 @@ async function resolveUrl(url: string, context: Context): Promise<string> {
 
   const cached = joinPath(context.modelsDir, name);
   if (await isFile(cached)) return cached;
+  // A mirror file of the same name stands in only when the server vouches that it is the
+  // same file (its SHA-256): a name alone says nothing about the bytes behind a URL.
   const mirrored = await findInMirror(plainName, context);
-  if (mirrored !== undefined) return mirrored;
+  if (mirrored !== undefined && await sameFileAsServed(mirrored, href, context)) return mirrored;
 
   // Claim the name before the first byte lands, so a .part is never resumed from another URL.
   await Deno.mkdir(context.modelsDir, { recursive: true });
-  await Deno.writeTextFile(recordPath(context.modelsDir, name), href + "\n");
-  await downloadFile(href, cached, { ...context.download, label: name });
+  const record = recordPath(context.modelsDir, name);
+  await Deno.writeTextFile(record, href + "\n");
+  try {
+    await withOfflineHint(
+      name,
+      context,
+      downloadFile(href, cached, { ...context.download, label: name }),
+    );
+  } catch (e) {
+    // The record only guards a .part to resume; with nothing kept it would be a stray file.
+    if (!(await isFile(cached + PART_SUFFIX))) await Deno.remove(record).catch(() => {});
+    throw e;
+  }
   return cached;
+}
+
+/**
+ * Whether `url` serves exactly the bytes of the local file `path`: asks for the headers only
+ * and compares the SHA-256 the server announces (Hugging Face's `X-Linked-Etag` on the
+ * redirect, or an `ETag` that is a SHA-256) with the file's. False when the server announces
+ * none or cannot be asked.
+ */
+export async function sameFileAsServed(
+  path: string,
+  url: string,
+  context: Pick<Context, "download">,
+): Promise<boolean> {
+  const doFetch = context.download.fetch ?? fetch;
+  let target = url;
+  let announced: string | undefined;
+  try {
+    for (let hop = 0; hop < 5 && announced === undefined; hop++) {
+      const res = await doFetch(target, {
+        method: "HEAD",
+        redirect: "manual",
+        signal: context.download.signal,
+      });
+      await res.body?.cancel();
+      announced = sha256Header(res.headers);
+      const location = res.headers.get("location");
+      if (res.status < 300 || res.status >= 400 || location === null) break;
+      target = new URL(location, target).href;
+    }
+  } catch {
+    return false;
+  }
+  return announced !== undefined && announced === await sha256OfPath(path);
+}
+
+function sha256Header(headers: Headers): string | undefined {
+  for (const name of ["x-linked-etag", "etag"]) {
+    const v = headers.get(name)?.replace(/^W\//, "").replace(/"/g, "").trim().toLowerCase();
+    if (v !== undefined && /^[0-9a-f]{64}$/.test(v)) return v;
+  }
+  return undefined;
+}
+
+async function sha256OfPath(path: string): Promise<string> {
+  const hash = createHash("sha256");
+  using file = await Deno.open(path, { read: true });
+  const buffer = new Uint8Array(1 << 20);
+  for (;;) {
+    const n = await file.read(buffer);
+    if (n === null) break;
+    hash.update(buffer.subarray(0, n));
+  }
+  return hash.digest("hex");
 }
 
 async function findInMirror(name: string, context: Context): Promise<string | undefined> {

@@ -1,9 +1,10 @@
 import { formatBytes } from "./byte_size.ts";
 
 /**
- * A one-line download progress bar for stderr. It redraws in place with a carriage return, so
- * it is only written where a person watches: a terminal, or a sink the caller passes (tests,
- * logs). Piped stderr stays clean by default.
+ * Download and load progress on stderr. On a terminal it is one line redrawn in place with a
+ * carriage return; where stderr is a pipe or a file (a supervisor's log, CI) it writes whole
+ * lines instead, one every few seconds, so a long download shows it is moving without filling
+ * the log with redraws.
  */
 
 /** Where and how often a progress bar draws. */
@@ -12,8 +13,17 @@ export interface ProgressOptions {
   readonly sink?: (text: string) => void;
   /** Draw on stderr even when it is not a terminal. */
   readonly force?: boolean;
-  /** Minimum time between redraws; the final line is always drawn. Default 100 ms. */
+  /**
+   * Minimum time between redraws. Default 100 ms on a terminal; in line mode 5 s, and the first
+   * line waits that long too (quick work writes nothing), and the final one is written only
+   * after an earlier line.
+   */
   readonly intervalMs?: number;
+  /**
+   * `redraw` in place (the default on a terminal and with a sink) or whole `lines` (the
+   * default when stderr is not a terminal).
+   */
+  readonly mode?: "redraw" | "lines";
   /** Clock in milliseconds, injectable for tests. Default `performance.now`. */
   readonly now?: () => number;
 }
@@ -60,7 +70,9 @@ export class ProgressBar {
   readonly #intervalMs: number;
   readonly #now: () => number;
   readonly #startedAt: number;
+  readonly #lines: boolean;
   #lastDrawAt = -Infinity;
+  #drawn = false;
   #finished = false;
 
   /**
@@ -77,11 +89,14 @@ export class ProgressBar {
     this.#label = label;
     this.#total = total;
     this.#startBytes = startBytes;
-    this.#write = options.sink ??
-      (options.force || Deno.stderr.isTerminal() ? writeStderr : undefined);
-    this.#intervalMs = options.intervalMs ?? 100;
+    const terminal = options.sink === undefined && !options.force && Deno.stderr.isTerminal();
+    this.#lines = options.mode === "lines" ||
+      (options.mode === undefined && options.sink === undefined && !options.force && !terminal);
+    this.#write = options.sink ?? writeStderr;
+    this.#intervalMs = options.intervalMs ?? (this.#lines ? 5000 : 100);
     this.#now = options.now ?? (() => performance.now());
     this.#startedAt = this.#now();
+    if (this.#lines) this.#lastDrawAt = this.#startedAt;
   }
 
   /** Whether this bar draws anything at all. */
@@ -95,13 +110,20 @@ export class ProgressBar {
     const now = this.#now();
     if (now - this.#lastDrawAt < this.#intervalMs) return;
     this.#lastDrawAt = now;
-    this.#write(`\r${this.#line(received, now)}\x1b[K`);
+    this.#drawn = true;
+    this.#write(
+      this.#lines ? `${this.#line(received, now)}\n` : `\r${this.#line(received, now)}\x1b[K`,
+    );
   }
 
   /** Draws the final state and ends the line. Later calls do nothing. */
   finish(received: number): void {
     if (this.#write === undefined || this.#finished) return;
     this.#finished = true;
+    if (this.#lines) {
+      if (this.#drawn) this.#write(`${this.#line(received, this.#now())}\n`);
+      return;
+    }
     this.#write(`\r${this.#line(received, this.#now())}\x1b[K\n`);
   }
 

@@ -22,6 +22,20 @@ import { PagedKvCache } from "./paged_kv_cache.ts";
  *   blockTable: [0], sample: true, sampling: GREEDY }] });
  * ```
  */
+/**
+ * The dense (f32) copies of a model's weights, made once per weights object: they are only
+ * read, so every engine over the same model (a rebuilt one after a fault, a test's second
+ * engine) shares them instead of holding its own.
+ */
+const denseCache = new WeakMap<ModelWeights, { config: ModelConfig; dense: DenseWeights }>();
+function sharedDenseWeights(config: ModelConfig, weights: ModelWeights): DenseWeights {
+  const hit = denseCache.get(weights);
+  if (hit !== undefined && hit.config === config) return hit.dense;
+  const dense = denseWeights(config, weights);
+  denseCache.set(weights, { config, dense });
+  return dense;
+}
+
 export class CpuEngine implements Engine {
   readonly name = "cpu";
   readonly kv: KvGeometry;
@@ -43,7 +57,7 @@ export class CpuEngine implements Engine {
       );
     }
     this.kv = { numBlocks: kv.numBlocks, blockSize: kv.blockSize };
-    this.dense = denseWeights(config, weights);
+    this.dense = sharedDenseWeights(config, weights);
     this.ropeFreqs = ropeFrequencies(config);
     this.cache = new PagedKvCache(config.nLayers, config.nKvHeads, config.headDim, this.kv);
     const d = this.dense;
@@ -83,8 +97,10 @@ export class CpuEngine implements Engine {
   }
 
   dispose(): void {
+    if (this.disposed) return;
     this.disposed = true;
     this.lastSampled.clear();
+    this.cache.release();
   }
 
   private runStep(plan: StepPlan): StepResult {

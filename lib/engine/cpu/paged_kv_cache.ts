@@ -33,8 +33,25 @@ export class PagedKvCache {
     }
     this.rowSize = nKvHeads * headDim;
     const floats = numBlocks * blockSize * this.rowSize;
-    this.keys = Array.from({ length: nLayers }, () => new Float32Array(floats));
-    this.values = Array.from({ length: nLayers }, () => new Float32Array(floats));
+    const reused = takeReleased(2 * nLayers, floats);
+    this.keys = reused?.slice(0, nLayers) ??
+      Array.from({ length: nLayers }, () => new Float32Array(floats));
+    this.values = reused?.slice(nLayers) ??
+      Array.from({ length: nLayers }, () => new Float32Array(floats));
+  }
+
+  /**
+   * Hands the pools to the next cache of the same shape; this one must not be used again. An
+   * engine that is rebuilt after a fault (the executor disposes the old one, then builds the
+   * new) then reuses one set of pools instead of allocating another each time: V8 frees large
+   * typed arrays only when a GC happens to run, so 30 restarts with a 64 MiB cache grew the
+   * process by 260 MiB.
+   */
+  release(): void {
+    released.push([...this.keys, ...this.values]);
+    while (released.length > MAX_RELEASED) released.shift();
+    (this as { keys: Float32Array[] }).keys = [];
+    (this as { values: Float32Array[] }).values = [];
   }
 
   key(layer: number): Float32Array {
@@ -60,4 +77,19 @@ export class PagedKvCache {
     }
     return (block * blockSize + (pos % blockSize)) * this.rowSize;
   }
+}
+
+/** Pools released by disposed caches, newest last; at most two sets kept. */
+const released: Float32Array[][] = [];
+const MAX_RELEASED = 2;
+
+/** A released set of `count` pools of `floats` each, zeroed, or undefined. */
+function takeReleased(count: number, floats: number): Float32Array[] | undefined {
+  const at = released.findIndex((set) =>
+    set.length === count && set.every((a) => a.length === floats)
+  );
+  if (at < 0) return undefined;
+  const [set] = released.splice(at, 1);
+  for (const a of set!) a.fill(0);
+  return set;
 }

@@ -1,0 +1,253 @@
+/**
+ * What the test suite needs from the machine, and how each need is met on a fresh one (only
+ * Node.js, maybe not root). This is the one place such needs are declared: `.ci/test.ts` meets
+ * every entry of {@linkcode NEEDS} before any test runs, and hands the tests the environment
+ * each one returns. A need that cannot be met is an error naming what is missing; nothing is
+ * skipped silently.
+ *
+ * To add a program the tests run (a server, a checker), append one line:
+ *
+ * ```ts
+ * program({ name: "nats-server", apt: "nats-server", env: "NATS_SERVER", why: "the NATS tests" }),
+ * ```
+ *
+ * The tests then read the program's path from that environment variable.
+ */
+
+/** One thing the tests need. */
+export interface Need {
+  readonly name: string;
+  /** Which tests need it, for the set-up log. */
+  readonly why: string;
+  /**
+   * Makes the need available, installing it when that is possible, and returns the
+   * environment variables the tests read it from plus a line saying how it was met.
+   */
+  provide(): Promise<Provided>;
+}
+
+export interface Provided {
+  readonly env: Record<string, string>;
+  readonly how: string;
+}
+
+/** Whether this process may install Debian packages. */
+export function isRoot(): boolean {
+  return Deno.uid() === 0;
+}
+
+/**
+ * The first executable called `name` on PATH, then in the sbin folders (Debian puts servers
+ * such as nats-server in /usr/sbin, which a user's PATH often lacks), or undefined.
+ */
+export function onPath(name: string): string | undefined {
+  const dirs = [
+    ...(Deno.env.get("PATH") ?? "").split(":"),
+    "/usr/local/sbin",
+    "/usr/sbin",
+    "/sbin",
+  ];
+  for (const dir of dirs) {
+    if (dir === "") continue;
+    const path = `${dir}/${name}`;
+    try {
+      const info = Deno.statSync(path);
+      if (info.isFile && ((info.mode ?? 0o111) & 0o111) !== 0) return path;
+    } catch {
+      // not in this directory
+    }
+  }
+  return undefined;
+}
+
+async function run(cmd: string, args: string[], env?: Record<string, string>) {
+  const out = await new Deno.Command(cmd, { args, env, stdout: "piped", stderr: "piped" })
+    .output();
+  const text = (b: Uint8Array) => new TextDecoder().decode(b);
+  return { ok: out.success, code: out.code, stdout: text(out.stdout), stderr: text(out.stderr) };
+}
+
+let aptUpdated = false;
+
+/** `apt-get install` as root (Debian's packages are reachable); throws with apt's own words. */
+export async function aptInstall(packages: string[]): Promise<void> {
+  if (!isRoot()) {
+    throw new Error(`installing ${packages.join(" ")} needs root (apt-get install)`);
+  }
+  const env = { DEBIAN_FRONTEND: "noninteractive" };
+  if (!aptUpdated) {
+    const u = await run("apt-get", ["update", "-qq"], env);
+    if (!u.ok) throw new Error(`apt-get update failed (exit ${u.code}): ${u.stderr.trim()}`);
+    aptUpdated = true;
+  }
+  const r = await run(
+    "apt-get",
+    ["install", "-y", "-qq", "--no-install-recommends", ...packages],
+    env,
+  );
+  if (!r.ok) {
+    throw new Error(
+      `apt-get install ${packages.join(" ")} failed (exit ${r.code}): ${r.stderr.trim()}`,
+    );
+  }
+}
+
+/**
+ * A program the tests run: taken from `$<env>` when set, else from PATH, else installed from
+ * Debian's package `apt` when root. The tests read its path from `$<env>`.
+ */
+export function program(p: { name: string; apt: string; env: string; why: string }): Need {
+  return {
+    name: p.name,
+    why: p.why,
+    async provide() {
+      const given = Deno.env.get(p.env);
+      if (given) return { env: { [p.env]: given }, how: `${p.env}=${given}` };
+      const found = onPath(p.name);
+      // The tests run it by the path in $<env>, or by name: put its folder on PATH too.
+      if (found) return { env: withFolderOnPath(p.env, found), how: `found ${found}` };
+      try {
+        await aptInstall([p.apt]);
+      } catch (e) {
+        throw new Error(
+          `${p.name} is not on PATH and could not be installed: ${(e as Error).message}; ` +
+            `install Debian's ${p.apt} or set ${p.env} to its path`,
+        );
+      }
+      const installed = onPath(p.name);
+      if (!installed) throw new Error(`apt-get installed ${p.apt} but ${p.name} is not on PATH`);
+      return {
+        env: withFolderOnPath(p.env, installed),
+        how: `installed Debian's ${p.apt}: ${installed}`,
+      };
+    },
+  };
+}
+
+/** `{ [envName]: path }`, with the program's folder added to this process's PATH (which the
+ * test runs inherit). */
+function withFolderOnPath(envName: string, path: string): Record<string, string> {
+  const folder = path.slice(0, path.lastIndexOf("/"));
+  const current = Deno.env.get("PATH") ?? "";
+  if (!current.split(":").includes(folder)) Deno.env.set("PATH", `${current}:${folder}`);
+  return { [envName]: path };
+}
+
+/**
+ * Chromium for the playground's browser test, from the npm registry: @sparticuz/chromium ships
+ * a brotli-compressed headless Chromium inside its tarball, so no browser download from
+ * elsewhere (which fails on a closed network) and no root are needed. `CHROMIUM_PATH` overrides.
+ */
+export const chromiumNeed: Need = {
+  name: "chromium",
+  why: "the playground test (tests/http_playground_test.ts)",
+  async provide() {
+    const given = Deno.env.get("CHROMIUM_PATH");
+    if (given) return { env: { CHROMIUM_PATH: given }, how: `CHROMIUM_PATH=${given}` };
+    // The package unpacks into os.tmpdir(); a folder of our own keeps it apart from another
+    // user's /tmp/chromium, and is reused by the next run.
+    const dir = `${tmpDir()}/llmserve-chromium-${CHROMIUM_VERSION}-${Deno.uid() ?? "u"}`;
+    await Deno.mkdir(dir, { recursive: true });
+    const before = Deno.env.get("TMPDIR");
+    Deno.env.set("TMPDIR", dir);
+    try {
+      const { default: chromium } = await import(`npm:@sparticuz/chromium@${CHROMIUM_VERSION}`);
+      const path: string = await chromium.executablePath();
+      return {
+        env: { CHROMIUM_PATH: path },
+        how: `npm @sparticuz/chromium@${CHROMIUM_VERSION} unpacked at ${path}`,
+      };
+    } finally {
+      if (before === undefined) Deno.env.delete("TMPDIR");
+      else Deno.env.set("TMPDIR", before);
+    }
+  },
+};
+
+const CHROMIUM_VERSION = "153.0.0";
+
+function tmpDir(): string {
+  return Deno.env.get("TMPDIR") || "/tmp";
+}
+
+/** What Deno's WebGPU finds, asked in a child process (as the tests will). */
+async function probeAdapter(): Promise<
+  { description: string; features: string[] } | undefined
+> {
+  const code = `const a = await navigator.gpu?.requestAdapter();
+console.log(JSON.stringify(a ? { description: a.info.description || a.info.vendor, features: [...a.features] } : null));`;
+  const r = await run(Deno.execPath(), ["eval", "--unstable-webgpu", code]);
+  const line = r.stdout.trim().split("\n").at(-1) ?? "null";
+  try {
+    return JSON.parse(line) ?? undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+function vulkanDriverPresent(): boolean {
+  const listed = Deno.env.get("VK_ICD_FILENAMES") ?? Deno.env.get("VK_DRIVER_FILES");
+  const files = listed !== undefined
+    ? listed.split(":").filter(Boolean)
+    : ["/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d"].flatMap((d) => {
+      try {
+        return [...Deno.readDirSync(d)].map((e) => `${d}/${e.name}`);
+      } catch {
+        return [];
+      }
+    });
+  return files.some((f) => {
+    try {
+      return Deno.statSync(f).isFile;
+    } catch {
+      return false;
+    }
+  });
+}
+
+/**
+ * A WebGPU adapter for the GPU tests. A real GPU or Mesa's Vulkan driver (lavapipe: shader-f16,
+ * 32 storage buffers per stage) is used when present; as root, Mesa's Vulkan driver is
+ * installed when no Vulkan driver is. Without root wgpu falls back to OpenGL ES through Mesa's
+ * EGL (llvmpipe), which a fresh image already has: no shader-f16 and 16 storage buffers per
+ * stage, both of which the engine adapts to.
+ */
+export const webgpuNeed: Need = {
+  name: "webgpu",
+  why: "the WebGPU kernel and engine tests",
+  async provide() {
+    let installed = "";
+    if (!vulkanDriverPresent() && isRoot()) {
+      await aptInstall(["mesa-vulkan-drivers"]);
+      installed = "installed Debian's mesa-vulkan-drivers; ";
+    }
+    const adapter = await probeAdapter();
+    if (adapter === undefined) {
+      throw new Error(
+        "no WebGPU adapter: Deno found neither a Vulkan driver nor OpenGL ES through EGL; " +
+          "as root this script installs mesa-vulkan-drivers, otherwise install it (or libegl-mesa0)",
+      );
+    }
+    const f16 = adapter.features.includes("shader-f16") ? "shader-f16" : "no shader-f16";
+    const via = vulkanDriverPresent() ? "Vulkan" : "OpenGL ES via EGL";
+    return { env: {}, how: `${installed}${adapter.description} through ${via} (${f16})` };
+  },
+};
+
+/** Every need, met in this order. */
+export const NEEDS: readonly Need[] = [
+  chromiumNeed,
+  webgpuNeed,
+  program({
+    name: "nats-server",
+    apt: "nats-server",
+    env: "NATS_SERVER",
+    why: "the cluster tests (tests/_cluster.ts starts its own)",
+  }),
+  program({
+    name: "promtool",
+    apt: "prometheus",
+    env: "PROMTOOL",
+    why: "the /metrics lint (tests/serve_command_test.ts)",
+  }),
+];

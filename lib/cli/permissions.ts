@@ -1,0 +1,161 @@
+/**
+ * The Deno permissions one run needs, worked out from its configuration: the launcher
+ * (`launch.ts`) runs the command with exactly these, so the sandbox stays narrow whatever the
+ * settings name (a models directory elsewhere, a model file by path, another listen address,
+ * a download host).
+ */
+import {
+  type EnvGetter,
+  isHttpUrl,
+  isPathSpec,
+  KNOWN_MODELS,
+  mirrorDirFromEnv,
+  resolveModelsDir,
+} from "../source/model_source.ts";
+
+/** Allow-lists for `deno run`; an empty list grants nothing of that kind. */
+export interface Permissions {
+  readonly read: readonly string[];
+  readonly write: readonly string[];
+  readonly net: readonly string[];
+  readonly env: readonly string[];
+  /** `Deno.systemMemoryInfo` and the like, by name. */
+  readonly sys?: readonly string[];
+}
+
+/** The settings that decide what a run touches. */
+export interface RunNeeds {
+  /** `--model`: a path, an http(s) URL, a known name or a file stem in the models dir/mirror. */
+  readonly model: string;
+  readonly tokenizer?: string;
+  readonly modelsDir?: string;
+  /** The listen address (`serve` only). */
+  readonly host?: string;
+  /** `--nats`: NATS server URL(s), comma-separated, to serve as a replica on. */
+  readonly nats?: string;
+  /** `--nats-creds`: a credentials file to read. */
+  readonly natsCreds?: string;
+  /** Whether the run may download a missing model (`models` only lists, so it never does). */
+  readonly mayDownload?: boolean;
+}
+
+/** Every environment variable the commands read (the models dir, the mirror, `LLMSERVE_*`). */
+export const ENV_READ = [
+  "LLMSERVE_*",
+  "MODELS_DIR",
+  "MODEL_MIRROR",
+  "XDG_CACHE_HOME",
+  "HOME",
+  "LOCALAPPDATA",
+  // Read by the `ws` package behind node:http's WebSocket upgrades.
+  "WS_NO_BUFFER_UTIL",
+  "WS_NO_UTF_8_VALIDATE",
+] as const;
+
+/** `--kv-memory auto` sizes the cache from the machine's memory. */
+export const SYS_READ = ["systemMemoryInfo"] as const;
+
+/**
+ * Hugging Face answers a `resolve/` URL with a redirect to one of its content hosts, so a
+ * download from it needs those too.
+ */
+export const HUGGING_FACE_HOSTS = [
+  "huggingface.co",
+  "hf.co",
+  "cdn-lfs.huggingface.co",
+  "cdn-lfs.hf.co",
+  "cdn-lfs-us-1.hf.co",
+  "cas-bridge.xethub.hf.co",
+] as const;
+
+/**
+ * The permissions a run with these settings needs:
+ * - read: the models directory, the mirror (`MODEL_MIRROR`), and a model or tokenizer given
+ *   as a path;
+ * - write: the models directory, only when a spec may be downloaded (a URL or a name);
+ * - net: the listen address, the hosts of any URL that may be downloaded (a known name's
+ *   download host; Hugging Face's content hosts with it), and the NATS servers (`--nats`);
+ * - env: {@linkcode ENV_READ}; sys: {@linkcode SYS_READ}.
+ */
+export function derivePermissions(needs: RunNeeds, env: EnvGetter): Permissions {
+  const read = new Set<string>();
+  const write = new Set<string>();
+  const net = new Set<string>();
+  const modelsDir = resolveModelsDir(needs.modelsDir, env);
+  read.add(modelsDir);
+  const mirror = mirrorDirFromEnv(env);
+  if (mirror !== undefined) read.add(mirror);
+  const mayDownload = needs.mayDownload ?? true;
+  for (const spec of [needs.model, needs.tokenizer]) {
+    if (spec === undefined) continue;
+    if (isHttpUrl(spec)) {
+      if (!mayDownload) continue;
+      write.add(modelsDir);
+      for (const h of downloadHosts(spec)) net.add(h);
+    } else if (isPathSpec(spec)) {
+      read.add(spec);
+    } else if (mayDownload) {
+      // A name: a known model may be fetched from its URL when it is in neither place.
+      const known = Object.entries(KNOWN_MODELS).find(([n]) =>
+        n.toLowerCase() === spec.toLowerCase()
+      )?.[1];
+      for (const file of [known?.model, known?.tokenizer]) {
+        if (file?.url === undefined) continue;
+        write.add(modelsDir);
+        for (const h of downloadHosts(file.url)) net.add(h);
+      }
+    }
+  }
+  if (needs.host !== undefined) net.add(netHost(needs.host));
+  for (const url of (needs.nats ?? "").split(",").map((u) => u.trim()).filter(Boolean)) {
+    net.add(natsHost(url));
+  }
+  if (needs.natsCreds !== undefined) read.add(needs.natsCreds);
+  // A replica's heartbeat worker is a module loaded at run time, which needs read access.
+  if (needs.nats !== undefined) read.add(new URL("../cluster/", import.meta.url).pathname);
+  return {
+    read: [...read],
+    write: [...write],
+    net: [...net],
+    env: [...ENV_READ],
+    sys: [...SYS_READ],
+  };
+}
+
+function downloadHosts(url: string): string[] {
+  let host: string;
+  try {
+    host = new URL(url.trim()).host;
+  } catch {
+    return []; // resolution reports the invalid URL itself
+  }
+  const hf = HUGGING_FACE_HOSTS.some((h) => h === host);
+  return hf ? [...HUGGING_FACE_HOSTS] : [host];
+}
+
+/** The host (any port) of a NATS URL such as `nats://user:pass@host:4222` or `host:4222`. */
+function natsHost(url: string): string {
+  try {
+    return new URL(url.includes("://") ? url : `nats://${url}`).hostname;
+  } catch {
+    return url; // the replica reports the malformed URL itself
+  }
+}
+
+/** A listen address as Deno's `--allow-net` spells it (IPv6 in brackets). */
+function netHost(host: string): string {
+  return host.includes(":") && !host.startsWith("[") ? `[${host}]` : host;
+}
+
+/** The `deno run` flags that grant exactly `p`. */
+export function permissionFlags(p: Permissions): string[] {
+  const flag = (name: string, list: readonly string[]) =>
+    list.length === 0 ? [] : [`--allow-${name}=${list.join(",")}`];
+  return [
+    ...flag("read", p.read),
+    ...flag("write", p.write),
+    ...flag("net", p.net),
+    ...flag("env", p.env),
+    ...flag("sys", p.sys ?? []),
+  ];
+}

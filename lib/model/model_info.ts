@@ -1,0 +1,76 @@
+/**
+ * What a model file is, read from its header alone (for `deno task models`): format,
+ * architecture and quantization, without loading the weights.
+ */
+import { ggmlTypeName, type GgufHeader, GgufTruncatedError, parseGgufHeader } from "./gguf.ts";
+import { detectModelFormat } from "./load_model.ts";
+
+export interface ModelFileInfo {
+  /** `gguf`, `llama2c`, or `other` (a tokenizer, or not a model). */
+  readonly format: "gguf" | "llama2c" | "other";
+  readonly architecture?: string;
+  /**
+   * The tensor type holding most of the weights, then the others present, e.g.
+   * `Q8_0 (+F16, F32)`; llama2.c checkpoints are F32.
+   */
+  readonly quantization?: string;
+  /** Why the header could not be read, for a file that looks like a model but is broken. */
+  readonly problem?: string;
+}
+
+/** Reads just enough of `path` to describe it. */
+export async function describeModelFile(path: string): Promise<ModelFileInfo> {
+  using file = await Deno.open(path, { read: true });
+  const size = (await file.stat()).size;
+  const head = await readAt(file, Math.min(size, 64));
+  const format = detectModelFormat(head);
+  if (format === "llama2c") return { format, architecture: "llama", quantization: "F32" };
+  if (format !== "gguf") return { format: "other" };
+  try {
+    return { format, ...summarize(await readHeader(file, size, path)) };
+  } catch (e) {
+    return { format, problem: e instanceof Error ? e.message : String(e) };
+  }
+}
+
+function summarize(h: GgufHeader): { architecture?: string; quantization?: string } {
+  const arch = h.metadata.get("general.architecture")?.value;
+  const elements = new Map<string, number>();
+  for (const t of h.tensorInfos) {
+    const name = ggmlTypeName(t.typeId).toUpperCase();
+    const n = t.dims.reduce((a, b) => a * b, 1);
+    elements.set(name, (elements.get(name) ?? 0) + n);
+  }
+  const types = [...elements.entries()].sort((a, b) => b[1] - a[1]).map(([t]) => t);
+  const quantization = types.length === 0
+    ? undefined
+    : types.length === 1
+    ? types[0]
+    : `${types[0]} (+${types.slice(1).join(", ")})`;
+  return { architecture: typeof arch === "string" ? arch : undefined, quantization };
+}
+
+async function readHeader(file: Deno.FsFile, size: number, path: string): Promise<GgufHeader> {
+  let want = Math.min(size, 1 << 20);
+  for (;;) {
+    const prefix = await readAt(file, want);
+    try {
+      return parseGgufHeader(prefix, path);
+    } catch (e) {
+      if (!(e instanceof GgufTruncatedError) || prefix.length >= size) throw e;
+      want = Math.min(size, Math.max(want * 2, e.needed + (1 << 20)));
+    }
+  }
+}
+
+async function readAt(file: Deno.FsFile, n: number): Promise<Uint8Array> {
+  await file.seek(0, Deno.SeekMode.Start);
+  const out = new Uint8Array(n);
+  let filled = 0;
+  while (filled < n) {
+    const got = await file.read(out.subarray(filled));
+    if (got === null) break;
+    filled += got;
+  }
+  return out.subarray(0, filled);
+}

@@ -1,0 +1,44 @@
+import { assertEquals, assertStringIncludes } from "@std/assert";
+import { modelFile } from "./_model_files.ts";
+
+const ROOT = new URL("..", import.meta.url).pathname;
+
+Deno.test("deno task models lists both places with size, format, architecture and quantization", async () => {
+  const modelsDir = await Deno.makeTempDir({ prefix: "models_command_test_" });
+  try {
+    await Deno.copyFile(modelFile("stories260K-q8_0.gguf"), `${modelsDir}/mine-q8.gguf`);
+    await Deno.writeFile(`${modelsDir}/broken.gguf`, new TextEncoder().encode("GGUF\x03\0\0\0"));
+    await Deno.writeTextFile(`${modelsDir}/half.gguf.part`, "x");
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["task", "models"],
+      cwd: ROOT,
+      env: { MODELS_DIR: modelsDir },
+      stdin: "null",
+    }).output();
+    const text = new TextDecoder().decode(out.stdout);
+    assertEquals(out.code, 0, new TextDecoder().decode(out.stderr));
+    assertStringIncludes(text, `models directory: ${modelsDir}`);
+    const rows = new Map(
+      text.split("\n").map((l) => l.trim().split(/\s{2,}/)).map((cols) => [cols[0], cols.slice(1)]),
+    );
+    // Quantizations as ../shared/models/README.md describes the files llama.cpp made: Q8_0 with
+    // the ffn_down tensors in F16 and the norms in F32; the converted GGUF all F32.
+    assertEquals(rows.get("mine-q8"), [
+      "models dir",
+      "370.3 KiB",
+      "GGUF",
+      "llama",
+      "Q8_0 (+F16, F32)",
+    ]);
+    assertEquals(rows.get("stories260K-q8_0")?.slice(0, 1), ["mirror"]);
+    assertEquals(rows.get("stories260K.gguf")?.slice(2), ["GGUF", "llama", "F32"]);
+    assertEquals(rows.get("stories260K.bin")?.slice(2), ["llama2.c", "llama", "F32"]);
+    assertEquals(rows.get("tok512.bin")?.[2], "tokenizer");
+    assertEquals(rows.get("broken")?.[2], "GGUF");
+    assertStringIncludes(rows.get("broken")?.[3] ?? "", "unreadable");
+    // A download in progress is not a model.
+    assertEquals(text.includes("half"), false, text);
+  } finally {
+    await Deno.remove(modelsDir, { recursive: true });
+  }
+});
