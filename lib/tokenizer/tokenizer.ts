@@ -278,6 +278,11 @@ export class Tokenizer {
     };
   }
 
+  /** A token's bytes as it prints (llama.cpp's token_to_piece without special tokens): control, unknown and unused tokens are empty. */
+  tokenBytes(id: number): Uint8Array {
+    return this.#tokenBytes(id, false);
+  }
+
   /** The piece of a token as the vocabulary spells it (SentencePiece spaces as " "), for logs and debugging. */
   tokenText(id: number): string {
     this.#checkId(id);

@@ -4,7 +4,8 @@
  * accent, special-token spellings, long runs) for the Llama 3, Qwen2.5 and TinyLlama
  * vocabularies, and Llama 3's vocabulary under the gpt-2, smollm and default pre-tokenizers;
  * and 80 template-like texts with special-token spellings, read as template text
- * (parse_special), where llama.cpp and we both make them tokens.
+ * (parse_special), where llama.cpp and we both make them tokens; and the printed bytes of every
+ * token of four vocabularies (a SHA-256 of llama.cpp's token_to_piece stream).
  * The ids were written by llama.cpp (tests/fixtures/llama_cpp_tokenize/README.md says how).
  */
 import { assertEquals } from "@std/assert";
@@ -51,5 +52,29 @@ for (const [file, want] of Object.entries(template.ids)) {
       ];
     });
     assertEquals(diffs, [], `${diffs.length} of ${template.prompts.length} texts differ`);
+  });
+}
+
+const pieces = JSON.parse(
+  await Deno.readTextFile(
+    new URL("./fixtures/llama_cpp_tokenize/pieces_sha256.json", import.meta.url),
+  ),
+) as { sha256: Record<string, string> };
+
+for (const [file, sha256] of Object.entries(pieces.sha256)) {
+  Deno.test(`${file}: every token prints the bytes llama.cpp's token_to_piece gives`, async () => {
+    const tok = new Tokenizer((await readGgufTokenizer(modelFile(`compat/${file}`)))!);
+    const parts: Uint8Array[] = [];
+    for (let id = 0; id < tok.vocabSize; id++) {
+      const bytes = tok.tokenBytes(id);
+      const len = new Uint8Array(4);
+      new DataView(len.buffer).setUint32(0, bytes.length, true);
+      parts.push(len, bytes);
+    }
+    const stream = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+    parts.reduce((at, p) => (stream.set(p, at), at + p.length), 0);
+    const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", stream));
+    const hex = Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
+    assertEquals(hex, sha256, `the pieces of all ${tok.vocabSize} tokens`);
   });
 }
