@@ -129,13 +129,12 @@ Deno.test("GET /metrics exposes every service metric with the right type and val
   );
 });
 
-Deno.test("/metrics has a 0..1 KV-usage gauge and the queued and running gauges under the names llm-d's endpoint picker scrapes", async () => {
+Deno.test("/metrics has a 0..1 KV-usage gauge and the queued and running gauges an endpoint picker scrapes", async () => {
   await using svc = await startService(
     { tokenDelayMs: 5, maxRunning: 1, maxWaiting: 4, kvBlocksTotal: 10, kvBlockSize: 4 },
   );
   const idle = await scrape(svc.base);
   assertEquals(metricValue(idle, "llm_kv_cache_usage_ratio"), 0);
-  assertEquals(metricValue(idle, "vllm:kv_cache_usage_perc"), 0);
   const ctrl = new AbortController();
   const streams = [0, 1].map(() =>
     fetch(svc.base + "/v1/completions", {
@@ -151,11 +150,9 @@ Deno.test("/metrics has a 0..1 KV-usage gauge and the queued and running gauges 
   const busy = await scrape(svc.base);
   const stats = svc.backend.stats();
   assertEquals(stats.waiting, 1);
-  assertEquals(metricValue(busy, "vllm:num_requests_waiting"), 1);
   assertEquals(metricValue(busy, "llm_requests_waiting"), 1);
-  assertEquals(metricValue(busy, "vllm:num_requests_running"), 1);
+  assertEquals(metricValue(busy, "llm_requests_running"), 1);
   const usage = metricValue(busy, "llm_kv_cache_usage_ratio")!;
-  assertEquals(metricValue(busy, "vllm:kv_cache_usage_perc"), usage);
   // The fake's blocks at scrape time, over its pool of 10 (not a percentage).
   assertEquals(usage, metricValue(busy, "llm_kv_blocks_used")! / 10);
   assert(usage > 0 && usage <= 1);

@@ -84,6 +84,7 @@ Deno.test("the playground's chat mode, sampling controls, model line, prompts, t
     { servedModelNames: ["tiny-stories"] },
   );
   const browser = await chromium.launch({ executablePath: chromiumPath(), args: ["--no-sandbox"] });
+  let shots: string | undefined;
   try {
     for (
       const [size, viewport] of [
@@ -160,12 +161,15 @@ Deno.test("the playground's chat mode, sampling controls, model line, prompts, t
         "document.documentElement.scrollWidth - document.documentElement.clientWidth",
       );
       assertEquals(overflow, 0, `${size}: the page is ${overflow}px wider than the viewport`);
-      await page.screenshot({ path: `/tmp/playground-${size}.png`, fullPage: true });
+      // A fresh temp dir, not a fixed /tmp path another user's run may already own.
+      shots ??= await Deno.makeTempDir({ prefix: "playground_screenshots_" });
+      await page.screenshot({ path: `${shots}/playground-${size}.png`, fullPage: true });
       assertEquals(pageErrors, []);
       await page.close();
     }
   } finally {
     await browser.close();
+    if (shots !== undefined) console.log(`screenshots in ${shots}`);
   }
   await waitUntil(() => svc.service.sockets === 0, "the pages' sockets to close");
 });

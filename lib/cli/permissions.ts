@@ -111,6 +111,8 @@ export function derivePermissions(needs: RunNeeds, env: EnvGetter): Permissions 
     net.add(natsHost(url));
   }
   if (needs.natsCreds !== undefined) read.add(needs.natsCreds);
+  // A replica's heartbeat worker is a module loaded at run time, which needs read access.
+  if (needs.nats !== undefined) read.add(new URL("../cluster/", import.meta.url).pathname);
   return {
     read: [...read],
     write: [...write],

@@ -132,29 +132,17 @@ export class ReplicaAgent {
     });
     await this.#nc.flush();
     if (workerNats !== undefined) {
-      const w = new Worker(new URL("./heartbeat_worker.ts", import.meta.url).href, {
-        type: "module",
-      });
-      this.#worker = w;
-      const started = new Promise<void>((resolve, reject) => {
-        w.onmessage = (e) => {
-          if ((e.data as { type: string }).type === "started") resolve();
-        };
-        w.onerror = (e) => {
-          e.preventDefault();
-          reject(new Error(`The heartbeat worker failed: ${e.message}`));
-        };
-      });
-      w.postMessage({
-        type: "start",
-        nats: workerNats,
-        snapshot: this.#snapshot(),
-        intervalMs: this.#heartbeatMs,
-      });
-      await started;
-    } else {
-      this.#heartbeat();
+      try {
+        this.#worker = await startHeartbeatWorker(workerNats, this.#snapshot(), this.#heartbeatMs);
+      } catch (e) {
+        // Without the worker a long CPU step delays heartbeats (routers may take the replica
+        // for dead meanwhile), but it still serves: say so rather than refuse to start.
+        this.#log(
+          `replica ${this.id}: heartbeats from the main thread (${(e as Error).message})`,
+        );
+      }
     }
+    if (this.#worker === undefined) this.#heartbeat();
     this.#timer = setInterval(() => this.#heartbeat(), this.#heartbeatMs);
   }
 
@@ -311,4 +299,29 @@ export class ReplicaAgent {
       await events.return?.(undefined);
     }
   }
+}
+
+/** Starts heartbeat_worker.ts and resolves once it has connected and sent its first beat. */
+async function startHeartbeatWorker(
+  nats: NatsOptions,
+  snapshot: Omit<Heartbeat, "beat" | "stalledMs">,
+  intervalMs: number,
+): Promise<Worker> {
+  const w = new Worker(new URL("./heartbeat_worker.ts", import.meta.url).href, { type: "module" });
+  try {
+    await new Promise<void>((resolve, reject) => {
+      w.onmessage = (e) => {
+        if ((e.data as { type: string }).type === "started") resolve();
+      };
+      w.onerror = (e) => {
+        e.preventDefault();
+        reject(new Error(`the heartbeat worker failed: ${e.message}`));
+      };
+      w.postMessage({ type: "start", nats, snapshot, intervalMs });
+    });
+  } catch (e) {
+    w.terminate();
+    throw e;
+  }
+  return w;
 }

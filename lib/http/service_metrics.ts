@@ -47,9 +47,6 @@ export class ServiceMetrics {
   readonly prefixCacheHitRate: Gauge;
   readonly inFlight: Gauge;
   readonly kvCacheUsage: Gauge;
-  readonly vllmKvCacheUsage: Gauge;
-  readonly vllmWaiting: Gauge;
-  readonly vllmRunning: Gauge;
   readonly resultCacheHits: Counter;
   readonly resultCacheMisses: Counter;
   readonly resultCacheBytes: Gauge;
@@ -162,20 +159,6 @@ export class ServiceMetrics {
       "llm_kv_cache_usage_ratio",
       "KV cache blocks in use over the pool, 0 to 1.",
     );
-    // The names the Gateway API inference extension (llm-d's endpoint picker) scrapes from a
-    // model server, as vLLM spells them; kv_cache_usage_perc is a ratio, 1 meaning full.
-    this.vllmKvCacheUsage = r.gauge(
-      "vllm:kv_cache_usage_perc",
-      "KV cache usage, 0 to 1 (the same value as llm_kv_cache_usage_ratio).",
-    );
-    this.vllmWaiting = r.gauge(
-      "vllm:num_requests_waiting",
-      "Requests waiting to be scheduled (the same value as llm_requests_waiting).",
-    );
-    this.vllmRunning = r.gauge(
-      "vllm:num_requests_running",
-      "Requests in the running batch (the same value as llm_requests_running).",
-    );
     this.resultCacheHits = r.counter(
       "llm_result_cache_hits_total",
       "Deterministic requests answered from the result cache.",
@@ -245,9 +228,6 @@ export class ServiceMetrics {
     this.executorBusyFraction.set(this.busyFraction());
     const usage = stats.kvBlocksTotal > 0 ? stats.kvBlocksUsed / stats.kvBlocksTotal : 0;
     this.kvCacheUsage.set(usage);
-    this.vllmKvCacheUsage.set(usage);
-    this.vllmWaiting.set(stats.waiting);
-    this.vllmRunning.set(stats.running);
     const rc = stats.resultCache;
     if (rc !== undefined) {
       const seen = this.#cacheSeen;
