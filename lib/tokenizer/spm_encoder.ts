@@ -1,3 +1,4 @@
+import { BinaryHeap } from "../util/binary_heap.ts";
 import { TokenType } from "./token_types.ts";
 
 /** run.c starts its best-pair search at this score, so pairs scoring at or below it never merge. */
@@ -91,7 +92,10 @@ export class SpmEncoder {
       next[i] = i + 1 < n ? i + 1 : -1;
       prev[i] = i - 1;
     }
-    const heap = new PairHeap();
+    // Highest score first; among equal scores the leftmost pair, as in run.c's scan.
+    const heap = new BinaryHeap<PairEntry>((x, y) =>
+      x.score > y.score || (x.score === y.score && x.left < y.left)
+    );
     const consider = (left: number, right: number) => {
       if (left < 0 || right < 0) return;
       const merged = this.#lookup.get(this.#pieces[ids[left]!]! + this.#pieces[ids[right]!]!);
@@ -139,46 +143,4 @@ interface PairEntry {
   merged: number;
   leftVersion: number;
   rightVersion: number;
-}
-
-/** Max-heap on score; among equal scores the leftmost pair comes first, as in run.c's scan. */
-class PairHeap {
-  readonly #items: PairEntry[] = [];
-
-  push(e: PairEntry): void {
-    const a = this.#items;
-    a.push(e);
-    let i = a.length - 1;
-    while (i > 0) {
-      const p = (i - 1) >> 1;
-      if (!before(a[i]!, a[p]!)) break;
-      [a[i], a[p]] = [a[p]!, a[i]!];
-      i = p;
-    }
-  }
-
-  pop(): PairEntry | undefined {
-    const a = this.#items;
-    const top = a[0];
-    const last = a.pop();
-    if (a.length > 0 && last) {
-      a[0] = last;
-      let i = 0;
-      for (;;) {
-        const l = 2 * i + 1;
-        const r = l + 1;
-        let best = i;
-        if (l < a.length && before(a[l]!, a[best]!)) best = l;
-        if (r < a.length && before(a[r]!, a[best]!)) best = r;
-        if (best === i) break;
-        [a[i], a[best]] = [a[best]!, a[i]!];
-        i = best;
-      }
-    }
-    return top;
-  }
-}
-
-function before(x: PairEntry, y: PairEntry): boolean {
-  return x.score > y.score || (x.score === y.score && x.left < y.left);
 }
