@@ -134,7 +134,7 @@ Deno.test("fd exhaustion: under ulimit -n 256, 400 idle TCP connections and 300 
         Promise.race([
           FrameClient.open(server.wsUrl),
           new Promise<never>((_, reject) =>
-            timers.push(setTimeout(() => reject(new Error("queued")), 10_000))
+            timers.push(setTimeout(() => reject(new Error("queued")), 30_000))
           ),
         ])),
     );

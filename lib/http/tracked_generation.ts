@@ -138,6 +138,12 @@ export async function* trackGeneration(
       span.setAttribute("gen_ai.usage.output_tokens", completionTokens);
       span.setAttribute("gen_ai.response.finish_reasons", ["cancelled"]);
     }
+    // The consumer has handled the final event (it pulled again or returned): the client has
+    // its answer, so the generation is no longer in flight even though the core may still be
+    // releasing its sequence below. Ending the entry only after that let
+    // llm_inflight_generations count finished generations (258 with 256 submitted) and made a
+    // drain wait on work no client was waiting for.
+    if (outcome !== "abandoned") entry.end();
     // Also after "done": the core's generator may still be parked at that yield, holding
     // resources its finally block releases.
     try {
