@@ -23,9 +23,9 @@ Deno.test("openFileLimit() reads the soft open-file limit from /proc/self/limits
 });
 
 Deno.test("defaultMaxConnections() leaves a reserve of descriptors below the limit", () => {
-  assertEquals(defaultMaxConnections(1024), 1024 - 64 - 52);
+  assertEquals(defaultMaxConnections(1024), 1024 - 64 - 256);
   assertEquals(defaultMaxConnections(undefined), defaultMaxConnections(1024));
-  assertEquals(defaultMaxConnections(100), 31);
+  assertEquals(defaultMaxConnections(200), 200 - 64 - 50);
   assertEquals(defaultMaxConnections(20), 16);
   assertEquals(defaultMaxConnections(10_000_000), 65_536);
 });
