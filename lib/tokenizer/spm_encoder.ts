@@ -1,4 +1,4 @@
-import { BinaryHeap } from "../util/binary_heap.ts";
+import { mergeAdjacent } from "./adjacent_merge.ts";
 import { TokenType } from "./token_types.ts";
 
 /** run.c starts its best-pair search at this score, so pairs scoring at or below it never merge. */
@@ -77,70 +77,20 @@ export class SpmEncoder {
     }
   }
 
-  /**
-   * Greedy merging with a heap over a linked list: O(n log n), yet it picks the same pair as
-   * run.c's full rescan each round (highest score, then leftmost), because list nodes keep
-   * their original positions in order and stale heap entries are recognised by version stamps.
-   */
+  /** Greedy merging as run.c does it: the highest-scoring adjacent pair first, then leftmost. */
   #merge(initial: readonly number[]): number[] {
-    const n = initial.length;
     const ids = Int32Array.from(initial);
-    const next = new Int32Array(n);
-    const prev = new Int32Array(n);
-    const version = new Uint32Array(n);
-    for (let i = 0; i < n; i++) {
-      next[i] = i + 1 < n ? i + 1 : -1;
-      prev[i] = i - 1;
-    }
-    // Highest score first; among equal scores the leftmost pair, as in run.c's scan.
-    const heap = new BinaryHeap<PairEntry>((x, y) =>
-      x.score > y.score || (x.score === y.score && x.left < y.left)
+    const kept = mergeAdjacent<{ score: number; merged: number }>(
+      ids.length,
+      (left, right) => {
+        const merged = this.#lookup.get(this.#pieces[ids[left]!]! + this.#pieces[ids[right]!]!);
+        if (merged === undefined) return undefined;
+        const score = this.#scores[merged]!;
+        return score > MIN_MERGE_SCORE ? { score, merged } : undefined;
+      },
+      (a, b) => a.score > b.score,
+      (left, _right, key) => ids[left] = key.merged,
     );
-    const consider = (left: number, right: number) => {
-      if (left < 0 || right < 0) return;
-      const merged = this.#lookup.get(this.#pieces[ids[left]!]! + this.#pieces[ids[right]!]!);
-      if (merged === undefined) return;
-      const score = this.#scores[merged]!;
-      if (!(score > MIN_MERGE_SCORE)) return;
-      heap.push({
-        score,
-        left,
-        right,
-        merged,
-        leftVersion: version[left]!,
-        rightVersion: version[right]!,
-      });
-    };
-    for (let i = 0; i + 1 < n; i++) consider(i, i + 1);
-
-    for (let top = heap.pop(); top; top = heap.pop()) {
-      const { left, right } = top;
-      if (
-        next[left] !== right || version[left] !== top.leftVersion ||
-        version[right] !== top.rightVersion
-      ) continue;
-      ids[left] = top.merged;
-      version[left]!++;
-      version[right]!++;
-      const after = next[right]!;
-      next[left] = after;
-      if (after >= 0) prev[after] = left;
-      next[right] = -1;
-      consider(prev[left]!, left);
-      consider(left, after);
-    }
-
-    const out: number[] = [];
-    for (let i = n > 0 ? 0 : -1; i >= 0; i = next[i]!) out.push(ids[i]!);
-    return out;
+    return kept.map((i) => ids[i]!);
   }
-}
-
-interface PairEntry {
-  score: number;
-  left: number;
-  right: number;
-  merged: number;
-  leftVersion: number;
-  rightVersion: number;
 }
