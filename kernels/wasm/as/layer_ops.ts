@@ -1,0 +1,111 @@
+// The per-row steps around the matmuls: RoPE with per-head RMSNorm and the KV-cache write,
+// paged attention, and SwiGLU. Every row (and every head of a row) is computed alone, so its
+// result never depends on which rows share the step.
+
+import { f2h, h2f_hi, h2f_lo, hsum } from "./simd";
+import { ACT_F, normRow, quantizeRow } from "./quantize";
+
+/** q and k of one row: optional per-head RMSNorm, RoPE from the row's (cos, sin) table, then K/V into the cache. */
+export function qkvPost(
+  row: usize, qOff: i32, kOff: i32, vOff: i32, nHeads: i32, nKv: i32, hd: i32, ropeDim: i32,
+  rope: usize, qnorm: usize, knorm: usize, eps: f32, slot: i32, kc: usize, vc: usize, f32kv: bool,
+): void {
+  const q = row + (<usize>qOff << 2);
+  const k = row + (<usize>kOff << 2);
+  const v = row + (<usize>vOff << 2);
+  const hb = <usize>hd << 2;
+  if (qnorm != 0) for (let h = 0; h < nHeads; h++) normRow(q + <usize>h * hb, qnorm, hd, eps, q + <usize>h * hb);
+  if (knorm != 0) for (let h = 0; h < nKv; h++) normRow(k + <usize>h * hb, knorm, hd, eps, k + <usize>h * hb);
+  rotate(q, nHeads, hd, ropeDim, rope);
+  rotate(k, nKv, hd, ropeDim, rope);
+  const kvDim = nKv * hd;
+  if (f32kv) {
+    memory.copy(kc + (<usize>slot * <usize>kvDim << 2), k, <usize>kvDim << 2);
+    memory.copy(vc + (<usize>slot * <usize>kvDim << 2), v, <usize>kvDim << 2);
+  } else {
+    const ko = kc + (<usize>slot * <usize>kvDim << 1);
+    const vo = vc + (<usize>slot * <usize>kvDim << 1);
+    for (let i = 0; i < kvDim; i++) {
+      store<u16>(ko + (<usize>i << 1), <u16>f2h(load<f32>(k + (<usize>i << 2))));
+      store<u16>(vo + (<usize>i << 1), <u16>f2h(load<f32>(v + (<usize>i << 2))));
+    }
+  }
+}
+
+function rotate(x: usize, heads: i32, hd: i32, ropeDim: i32, rope: usize): void {
+  for (let h = 0; h < heads; h++) {
+    const p = x + (<usize>(h * hd) << 2);
+    for (let i = 0; i < ropeDim >> 1; i++) {
+      const c = load<f32>(rope + (<usize>i << 3));
+      const s = load<f32>(rope + (<usize>i << 3) + 4);
+      const a = load<f32>(p + (<usize>i << 3));
+      const b = load<f32>(p + (<usize>i << 3) + 4);
+      store<f32>(p + (<usize>i << 3), a * c - b * s);
+      store<f32>(p + (<usize>i << 3) + 4, a * s + b * c);
+    }
+  }
+}
+
+// @ts-ignore: decorator
+@inline function kv8(p: usize, f32kv: bool, hi: bool): v128 {
+  if (f32kv) return v128.load(p + (hi ? 16 : 0));
+  const v = v128.load(p);
+  return hi ? h2f_hi(v) : h2f_lo(v);
+}
+
+/**
+ * Causal attention of one query head over positions 0..pos, K/V read through the block table:
+ * scores q·k × scale, softmax in f32 (max subtracted), then Σ p_t v_t into out. hd is a
+ * multiple of 8.
+ */
+export function attendHead(
+  q: usize, out: usize, pos: i32, table: usize, bs: i32, kc: usize, vc: usize, kvStride: i32,
+  hd: i32, scale: f32, scores: usize, f32kv: bool,
+): void {
+  const elt: usize = f32kv ? 4 : 2;
+  let mx: f32 = -Infinity;
+  for (let t = 0; t <= pos; t++) {
+    const slot = load<i32>(table + (<usize>(t / bs) << 2)) * bs + t % bs;
+    const kp = kc + <usize>slot * <usize>kvStride * elt;
+    let acc = f32x4.splat(0);
+    for (let i = 0; i < hd; i += 8) {
+      const ki = kp + <usize>i * elt;
+      const qi = q + (<usize>i << 2);
+      acc = f32x4.add(acc, f32x4.mul(v128.load(qi), kv8(ki, f32kv, false)));
+      acc = f32x4.add(acc, f32x4.mul(v128.load(qi, 16), kv8(ki, f32kv, true)));
+    }
+    const s = hsum(acc) * scale;
+    store<f32>(scores + (<usize>t << 2), s);
+    if (s > mx) mx = s;
+  }
+  let sum: f32 = 0;
+  for (let t = 0; t <= pos; t++) {
+    const e = Mathf.exp(load<f32>(scores + (<usize>t << 2)) - mx);
+    store<f32>(scores + (<usize>t << 2), e);
+    sum += e;
+  }
+  const inv: f32 = <f32>1 / sum;
+  for (let i = 0; i < hd; i += 4) v128.store(out + (<usize>i << 2), f32x4.splat(0));
+  for (let t = 0; t <= pos; t++) {
+    const slot = load<i32>(table + (<usize>(t / bs) << 2)) * bs + t % bs;
+    const vp = vc + <usize>slot * <usize>kvStride * elt;
+    const pv = f32x4.splat(load<f32>(scores + (<usize>t << 2)) * inv);
+    for (let i = 0; i < hd; i += 8) {
+      const o = out + (<usize>i << 2);
+      const vi = vp + <usize>i * elt;
+      v128.store(o, f32x4.add(v128.load(o), f32x4.mul(pv, kv8(vi, f32kv, false))));
+      v128.store(o, f32x4.add(v128.load(o, 16), f32x4.mul(pv, kv8(vi, f32kv, true))), 16);
+    }
+  }
+}
+
+/** silu(gate) × up for one row, into the activation buffer's row, then quantized. */
+export function swigluRow(g: usize, u: usize, hidden: i32, desc: usize, row: i32): void {
+  const f = load<usize>(desc + ACT_F) + (<usize>row * <usize>hidden << 2);
+  for (let i = 0; i < hidden; i++) {
+    const o = <usize>i << 2;
+    const x = load<f32>(g + o);
+    store<f32>(f + o, x / (<f32>1 + Mathf.exp(-x)) * load<f32>(u + o));
+  }
+  quantizeRow(desc, hidden, row);
+}

@@ -1,0 +1,522 @@
+// Matrix × activation rows for every GGUF weight type, reading the weights in their file
+// encoding. Each output element is reduced in one fixed order (blocks in sequence, lanes
+// summed as hsum does), whatever the number of rows in the step or the thread that computes
+// it: a sequence's logits are the same alone or in a batch, on 1 thread or 8.
+//
+// A weight row is read once for a tile of up to 4 activation rows; the tile's rows share its
+// unpacking. Weights are unpacked to unsigned values below 128 (offsets and minimums are
+// applied through the activations' block sums), so relaxed SIMD's i8×i7 dot product is exact.
+
+import { dot16, dot16signed, h2f, h2f_hi, h2f_lo, hsum, hsumi, ZERO } from "./simd";
+import {
+  ACT_BS16,
+  ACT_BS32,
+  ACT_D256,
+  ACT_D32,
+  ACT_F,
+  ACT_Q256,
+  ACT_Q32,
+  ACT_S32,
+} from "./quantize";
+
+// Type codes: the index of the type in TENSOR_TYPES (lib/model/tensor.ts).
+export const T_F32: i32 = 0;
+export const T_F16: i32 = 1;
+export const T_BF16: i32 = 2;
+export const T_Q8_0: i32 = 3;
+export const T_Q4_0: i32 = 4;
+export const T_Q4_1: i32 = 5;
+export const T_Q5_0: i32 = 6;
+export const T_Q5_1: i32 = 7;
+export const T_Q2_K: i32 = 8;
+export const T_Q3_K: i32 = 9;
+export const T_Q4_K: i32 = 10;
+export const T_Q5_K: i32 = 11;
+export const T_Q6_K: i32 = 12;
+
+// One tile's results (globals are per instance, so per thread).
+let R0: f32 = 0;
+let R1: f32 = 0;
+let R2: f32 = 0;
+let R3: f32 = 0;
+
+/** Bytes of one weight row of K elements. */
+export function rowBytes(type: i32, K: i32): i32 {
+  switch (type) {
+    case T_F32: return K * 4;
+    case T_F16: return K * 2;
+    case T_BF16: return K * 2;
+    case T_Q8_0: return (K >> 5) * 34;
+    case T_Q4_0: return (K >> 5) * 18;
+    case T_Q4_1: return (K >> 5) * 20;
+    case T_Q5_0: return (K >> 5) * 22;
+    case T_Q5_1: return (K >> 5) * 24;
+    case T_Q2_K: return (K >> 8) * 84;
+    case T_Q3_K: return (K >> 8) * 110;
+    case T_Q4_K: return (K >> 8) * 144;
+    case T_Q5_K: return (K >> 8) * 176;
+    case T_Q6_K: return (K >> 8) * 210;
+  }
+  return 0;
+}
+
+// @ts-ignore: decorator
+@inline function lacc(acc: v128, q: usize, w0: v128, w1: v128, scale: f32): v128 {
+  const s = dot16(v128.load(q, 16), w1, dot16(v128.load(q), w0, ZERO));
+  return f32x4.add(acc, f32x4.mul(f32x4.convert_i32x4_s(s), f32x4.splat(scale)));
+}
+
+// @ts-ignore: decorator
+@inline function kacc32(is: v128, q: usize, w0: v128, w1: v128, sc: v128): v128 {
+  return i32x4.add(is, i32x4.mul(dot16(v128.load(q, 16), w1, dot16(v128.load(q), w0, ZERO)), sc));
+}
+
+// @ts-ignore: decorator
+@inline function kacc16(is: v128, q: usize, w0: v128, w1: v128, sa: v128, sb: v128): v128 {
+  return i32x4.add(
+    is,
+    i32x4.add(
+      i32x4.mul(dot16(v128.load(q), w0, ZERO), sa),
+      i32x4.mul(dot16(v128.load(q, 16), w1, ZERO), sb),
+    ),
+  );
+}
+
+const M4: v128 = i8x16.splat(0x0f);
+const BIT16: v128 = i8x16.splat(0x10);
+const BITS: v128 = i8x16(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+
+/** 0x10 in lane i where bit (base + i) of qh is set, for 16 lanes. */
+// @ts-ignore: decorator
+@inline function highBits(qh: u32, byte0: u8): v128 {
+  const v = i32x4.splat(<i32>qh);
+  const s = byte0 == 0
+    ? i8x16.swizzle(v, i8x16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1))
+    : i8x16.swizzle(v, i8x16(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  return v128.and(i8x16.eq(v128.and(s, BITS), BITS), BIT16);
+}
+
+// ---- 32-element types: Q8_0 activations (d32, s32 = d32 × block sum) ----------------------
+
+function k_legacy(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
+  const nb = K >> 5;
+  const q = load<usize>(desc + ACT_Q32) + <usize>b * <usize>K;
+  const ds = load<usize>(desc + ACT_D32) + (<usize>(b * nb) << 2);
+  const ss = load<usize>(desc + ACT_S32) + (<usize>(b * nb) << 2);
+  const qk = <usize>K;
+  const dk = <usize>nb << 2;
+  let a0 = f32x4.splat(0), a1 = f32x4.splat(0), a2 = f32x4.splat(0), a3 = f32x4.splat(0);
+  let e0: f32 = 0, e1: f32 = 0, e2: f32 = 0, e3: f32 = 0;
+  for (let j = 0; j < nb; j++) {
+    const qo = q + (<usize>j << 5);
+    const jo = <usize>j << 2;
+    let w0 = ZERO, w1 = ZERO;
+    let dw: f32 = 0, m: f32 = 0;
+    if (type == T_Q8_0) {
+      const bp = wr + <usize>j * 34;
+      dw = h2f(load<u16>(bp));
+      const x0 = v128.load(bp + 2);
+      const x1 = v128.load(bp + 18);
+      const sa = dot16signed(v128.load(qo, 16), x1, dot16signed(v128.load(qo), x0, ZERO));
+      a0 = f32x4.add(a0, f32x4.mul(f32x4.convert_i32x4_s(sa), f32x4.splat(dw * load<f32>(ds + jo))));
+      if (nr == 4) {
+        const s1 = dot16signed(v128.load(qo + qk, 16), x1, dot16signed(v128.load(qo + qk), x0, ZERO));
+        a1 = f32x4.add(a1, f32x4.mul(f32x4.convert_i32x4_s(s1), f32x4.splat(dw * load<f32>(ds + dk + jo))));
+        const s2 = dot16signed(v128.load(qo + 2 * qk, 16), x1, dot16signed(v128.load(qo + 2 * qk), x0, ZERO));
+        a2 = f32x4.add(a2, f32x4.mul(f32x4.convert_i32x4_s(s2), f32x4.splat(dw * load<f32>(ds + 2 * dk + jo))));
+        const s3 = dot16signed(v128.load(qo + 3 * qk, 16), x1, dot16signed(v128.load(qo + 3 * qk), x0, ZERO));
+        a3 = f32x4.add(a3, f32x4.mul(f32x4.convert_i32x4_s(s3), f32x4.splat(dw * load<f32>(ds + 3 * dk + jo))));
+      }
+      continue;
+    }
+    if (type == T_Q4_0) {
+      const bp = wr + <usize>j * 18;
+      dw = h2f(load<u16>(bp));
+      const x = v128.load(bp + 2);
+      w0 = v128.and(x, M4);
+      w1 = i8x16.shr_u(x, 4);
+      m = dw * -8;
+    } else if (type == T_Q4_1) {
+      const bp = wr + <usize>j * 20;
+      dw = h2f(load<u16>(bp));
+      m = h2f(load<u16>(bp + 2));
+      const x = v128.load(bp + 4);
+      w0 = v128.and(x, M4);
+      w1 = i8x16.shr_u(x, 4);
+    } else if (type == T_Q5_0) {
+      const bp = wr + <usize>j * 22;
+      dw = h2f(load<u16>(bp));
+      const qh = load<u32>(bp + 2);
+      const x = v128.load(bp + 6);
+      w0 = v128.or(v128.and(x, M4), highBits(qh, 0));
+      w1 = v128.or(i8x16.shr_u(x, 4), highBits(qh, 2));
+      m = dw * -16;
+    } else {
+      // T_Q5_1
+      const bp = wr + <usize>j * 24;
+      dw = h2f(load<u16>(bp));
+      m = h2f(load<u16>(bp + 2));
+      const qh = load<u32>(bp + 4);
+      const x = v128.load(bp + 8);
+      w0 = v128.or(v128.and(x, M4), highBits(qh, 0));
+      w1 = v128.or(i8x16.shr_u(x, 4), highBits(qh, 2));
+    }
+    a0 = lacc(a0, qo, w0, w1, dw * load<f32>(ds + jo));
+    e0 += m * load<f32>(ss + jo);
+    if (nr == 4) {
+      a1 = lacc(a1, qo + qk, w0, w1, dw * load<f32>(ds + dk + jo));
+      e1 += m * load<f32>(ss + dk + jo);
+      a2 = lacc(a2, qo + 2 * qk, w0, w1, dw * load<f32>(ds + 2 * dk + jo));
+      e2 += m * load<f32>(ss + 2 * dk + jo);
+      a3 = lacc(a3, qo + 3 * qk, w0, w1, dw * load<f32>(ds + 3 * dk + jo));
+      e3 += m * load<f32>(ss + 3 * dk + jo);
+    }
+  }
+  R0 = hsum(a0) + e0;
+  R1 = hsum(a1) + e1;
+  R2 = hsum(a2) + e2;
+  R3 = hsum(a3) + e3;
+}
+
+// ---- K-quants: Q8_K activations (d256, bs16, bs32) ----------------------------------------
+
+// @ts-ignore: decorator
+@inline function bytesToI32(u: u32, hi: bool): v128 {
+  const v = i16x8.extend_low_i8x16_u(i32x4.splat(<i32>u));
+  return hi ? i32x4.extend_high_i16x8_u(v) : i32x4.extend_low_i16x8_u(v);
+}
+
+// @ts-ignore: decorator
+@inline function sbytesToI32(v: v128, quarter: i32): v128 {
+  // Sign-extends bytes 4q..4q+3 of v.
+  const w = quarter < 2 ? i16x8.extend_low_i8x16_s(v) : i16x8.extend_high_i8x16_s(v);
+  return (quarter & 1) == 0 ? i32x4.extend_low_i16x8_s(w) : i32x4.extend_high_i16x8_s(w);
+}
+
+function k_kquant(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
+  const nsb = K >> 8;
+  const q = load<usize>(desc + ACT_Q256) + <usize>b * <usize>K;
+  const ds = load<usize>(desc + ACT_D256) + (<usize>(b * nsb) << 2);
+  const b16 = load<usize>(desc + ACT_BS16) + (<usize>(b * (K >> 4)) << 2);
+  const b32 = load<usize>(desc + ACT_BS32) + (<usize>(b * (K >> 5)) << 2);
+  const qk = <usize>K;
+  const dk = <usize>nsb << 2;
+  const k16 = <usize>(K >> 4) << 2;
+  const k32 = <usize>(K >> 5) << 2;
+  let a0 = f32x4.splat(0), a1 = f32x4.splat(0), a2 = f32x4.splat(0), a3 = f32x4.splat(0);
+  let e0: f32 = 0, e1: f32 = 0, e2: f32 = 0, e3: f32 = 0;
+  for (let j = 0; j < nsb; j++) {
+    const qo = q + (<usize>j << 8);
+    let i0 = ZERO, i1 = ZERO, i2 = ZERO, i3 = ZERO;
+    let o0: i32 = 0, o1: i32 = 0, o2: i32 = 0, o3: i32 = 0;
+    let dw: f32 = 0, dm: f32 = 0;
+    if (type == T_Q4_K || type == T_Q5_K) {
+      const bp = wr + <usize>j * (type == T_Q4_K ? 144 : 176);
+      dw = h2f(load<u16>(bp));
+      dm = -h2f(load<u16>(bp + 2));
+      let u0 = load<u32>(bp + 4), u1 = load<u32>(bp + 8);
+      const u2 = load<u32>(bp + 12);
+      const u3 = ((u2 >> 4) & 0x0f0f0f0f) | (((u1 >> 6) & 0x03030303) << 4);
+      const mins03 = u1 & 0x3f3f3f3f;
+      u1 = (u2 & 0x0f0f0f0f) | (((u0 >> 6) & 0x03030303) << 4);
+      u0 &= 0x3f3f3f3f;
+      // Minimum terms: Σ m_j × (block sum j), integer.
+      const mA = bytesToI32(mins03, false);
+      const mB = bytesToI32(u3, false);
+      const bo = b32 + (<usize>j << 5);
+      o0 = hsumi(i32x4.add(i32x4.mul(mA, v128.load(bo)), i32x4.mul(mB, v128.load(bo, 16))));
+      if (nr == 4) {
+        o1 = hsumi(i32x4.add(i32x4.mul(mA, v128.load(bo + k32)), i32x4.mul(mB, v128.load(bo + k32, 16))));
+        o2 = hsumi(i32x4.add(i32x4.mul(mA, v128.load(bo + 2 * k32)), i32x4.mul(mB, v128.load(bo + 2 * k32, 16))));
+        o3 = hsumi(i32x4.add(i32x4.mul(mA, v128.load(bo + 3 * k32)), i32x4.mul(mB, v128.load(bo + 3 * k32, 16))));
+      }
+      const qs = bp + (type == T_Q4_K ? 16 : 48);
+      let h0 = ZERO, h1 = ZERO;
+      if (type == T_Q5_K) {
+        h0 = v128.load(bp + 16);
+        h1 = v128.load(bp + 32);
+      }
+      for (let c = 0; c < 4; c++) {
+        const x0 = v128.load(qs + (<usize>c << 5));
+        const x1 = v128.load(qs + (<usize>c << 5), 16);
+        let w0 = v128.and(x0, M4), w1 = v128.and(x1, M4);
+        let w2 = i8x16.shr_u(x0, 4), w3 = i8x16.shr_u(x1, 4);
+        if (type == T_Q5_K) {
+          const s = 2 * c;
+          w0 = v128.or(w0, i8x16.shl(v128.and(i8x16.shr_u(h0, s), i8x16.splat(1)), 4));
+          w1 = v128.or(w1, i8x16.shl(v128.and(i8x16.shr_u(h1, s), i8x16.splat(1)), 4));
+          w2 = v128.or(w2, i8x16.shl(v128.and(i8x16.shr_u(h0, s + 1), i8x16.splat(1)), 4));
+          w3 = v128.or(w3, i8x16.shl(v128.and(i8x16.shr_u(h1, s + 1), i8x16.splat(1)), 4));
+        }
+        const word = c < 2 ? u0 : u1;
+        const sa = i32x4.splat((word >> (16 * (c & 1))) & 0xff);
+        const sb = i32x4.splat((word >> (16 * (c & 1) + 8)) & 0xff);
+        const qc = qo + (<usize>c << 6);
+        i0 = kacc32(kacc32(i0, qc, w0, w1, sa), qc + 32, w2, w3, sb);
+        if (nr == 4) {
+          i1 = kacc32(kacc32(i1, qc + qk, w0, w1, sa), qc + qk + 32, w2, w3, sb);
+          i2 = kacc32(kacc32(i2, qc + 2 * qk, w0, w1, sa), qc + 2 * qk + 32, w2, w3, sb);
+          i3 = kacc32(kacc32(i3, qc + 3 * qk, w0, w1, sa), qc + 3 * qk + 32, w2, w3, sb);
+        }
+      }
+    } else if (type == T_Q6_K) {
+      const bp = wr + <usize>j * 210;
+      dw = h2f(load<u16>(bp + 208));
+      const scv = v128.load(bp + 192);
+      dm = dw * -32;
+      const bo = b16 + (<usize>j << 6);
+      const c0 = sbytesToI32(scv, 0), c1 = sbytesToI32(scv, 1);
+      const c2 = sbytesToI32(scv, 2), c3 = sbytesToI32(scv, 3);
+      o0 = offsetSum(bo, c0, c1, c2, c3);
+      if (nr == 4) {
+        o1 = offsetSum(bo + k16, c0, c1, c2, c3);
+        o2 = offsetSum(bo + 2 * k16, c0, c1, c2, c3);
+        o3 = offsetSum(bo + 3 * k16, c0, c1, c2, c3);
+      }
+      for (let n = 0; n < 2; n++) {
+        const ql = bp + (<usize>n << 6);
+        const qh0 = v128.load(bp + 128 + (<usize>n << 5));
+        const qh1 = v128.load(bp + 128 + (<usize>n << 5), 16);
+        for (let k = 0; k < 4; k++) {
+          const x0 = v128.load(ql + (<usize>(k & 1) << 5));
+          const x1 = v128.load(ql + (<usize>(k & 1) << 5), 16);
+          const l0 = k < 2 ? v128.and(x0, M4) : i8x16.shr_u(x0, 4);
+          const l1 = k < 2 ? v128.and(x1, M4) : i8x16.shr_u(x1, 4);
+          const w0 = v128.or(l0, i8x16.shl(v128.and(i8x16.shr_u(qh0, 2 * k), i8x16.splat(3)), 4));
+          const w1 = v128.or(l1, i8x16.shl(v128.and(i8x16.shr_u(qh1, 2 * k), i8x16.splat(3)), 4));
+          const si = 8 * n + 2 * k;
+          const sa = i32x4.splat(<i32>load<i8>(bp + 192 + si));
+          const sb = i32x4.splat(<i32>load<i8>(bp + 193 + si));
+          const qc = qo + (<usize>(128 * n + 32 * k));
+          i0 = kacc16(i0, qc, w0, w1, sa, sb);
+          if (nr == 4) {
+            i1 = kacc16(i1, qc + qk, w0, w1, sa, sb);
+            i2 = kacc16(i2, qc + 2 * qk, w0, w1, sa, sb);
+            i3 = kacc16(i3, qc + 3 * qk, w0, w1, sa, sb);
+          }
+        }
+      }
+    } else if (type == T_Q3_K) {
+      const bp = wr + <usize>j * 110;
+      dw = h2f(load<u16>(bp + 108));
+      dm = dw * -4;
+      const a = load<u32>(bp + 96), bb = load<u32>(bp + 100), t = load<u32>(bp + 104);
+      const s0 = (a & 0x0f0f0f0f) | ((t & 0x03030303) << 4);
+      const s1 = (bb & 0x0f0f0f0f) | (((t >> 2) & 0x03030303) << 4);
+      const s2 = ((a >> 4) & 0x0f0f0f0f) | (((t >> 4) & 0x03030303) << 4);
+      const s3 = ((bb >> 4) & 0x0f0f0f0f) | (((t >> 6) & 0x03030303) << 4);
+      let packed = i32x4.splat(<i32>s0);
+      packed = i32x4.replace_lane(packed, 1, <i32>s1);
+      packed = i32x4.replace_lane(packed, 2, <i32>s2);
+      packed = i32x4.replace_lane(packed, 3, <i32>s3);
+      const scv = i8x16.sub(packed, i8x16.splat(32));
+      const bo = b16 + (<usize>j << 6);
+      const c0 = sbytesToI32(scv, 0), c1 = sbytesToI32(scv, 1);
+      const c2 = sbytesToI32(scv, 2), c3 = sbytesToI32(scv, 3);
+      o0 = offsetSum(bo, c0, c1, c2, c3);
+      if (nr == 4) {
+        o1 = offsetSum(bo + k16, c0, c1, c2, c3);
+        o2 = offsetSum(bo + 2 * k16, c0, c1, c2, c3);
+        o3 = offsetSum(bo + 3 * k16, c0, c1, c2, c3);
+      }
+      const hm0 = v128.load(bp), hm1 = v128.load(bp, 16);
+      for (let n = 0; n < 2; n++) {
+        const x0 = v128.load(bp + 32 + (<usize>n << 5));
+        const x1 = v128.load(bp + 32 + (<usize>n << 5), 16);
+        for (let k = 0; k < 4; k++) {
+          const hb = 4 * n + k;
+          const w0 = v128.or(
+            v128.and(i8x16.shr_u(x0, 2 * k), i8x16.splat(3)),
+            i8x16.shl(v128.and(i8x16.shr_u(hm0, hb), i8x16.splat(1)), 2),
+          );
+          const w1 = v128.or(
+            v128.and(i8x16.shr_u(x1, 2 * k), i8x16.splat(3)),
+            i8x16.shl(v128.and(i8x16.shr_u(hm1, hb), i8x16.splat(1)), 2),
+          );
+          const si = 8 * n + 2 * k;
+          const sa = i32x4.splat(scaleByte(scv, si));
+          const sb = i32x4.splat(scaleByte(scv, si + 1));
+          const qc = qo + (<usize>(128 * n + 32 * k));
+          i0 = kacc16(i0, qc, w0, w1, sa, sb);
+          if (nr == 4) {
+            i1 = kacc16(i1, qc + qk, w0, w1, sa, sb);
+            i2 = kacc16(i2, qc + 2 * qk, w0, w1, sa, sb);
+            i3 = kacc16(i3, qc + 3 * qk, w0, w1, sa, sb);
+          }
+        }
+      }
+    } else {
+      // T_Q2_K
+      const bp = wr + <usize>j * 84;
+      dw = h2f(load<u16>(bp + 80));
+      dm = -h2f(load<u16>(bp + 82));
+      const scv = v128.load(bp);
+      const mins = i8x16.shr_u(scv, 4);
+      const bo = b16 + (<usize>j << 6);
+      const c0 = sbytesToI32(mins, 0), c1 = sbytesToI32(mins, 1);
+      const c2 = sbytesToI32(mins, 2), c3 = sbytesToI32(mins, 3);
+      o0 = offsetSum(bo, c0, c1, c2, c3);
+      if (nr == 4) {
+        o1 = offsetSum(bo + k16, c0, c1, c2, c3);
+        o2 = offsetSum(bo + 2 * k16, c0, c1, c2, c3);
+        o3 = offsetSum(bo + 3 * k16, c0, c1, c2, c3);
+      }
+      for (let n = 0; n < 2; n++) {
+        const x0 = v128.load(bp + 16 + (<usize>n << 5));
+        const x1 = v128.load(bp + 16 + (<usize>n << 5), 16);
+        for (let k = 0; k < 4; k++) {
+          const w0 = v128.and(i8x16.shr_u(x0, 2 * k), i8x16.splat(3));
+          const w1 = v128.and(i8x16.shr_u(x1, 2 * k), i8x16.splat(3));
+          const si = 8 * n + 2 * k;
+          const sa = i32x4.splat(<i32>(load<u8>(bp + si) & 0xf));
+          const sb = i32x4.splat(<i32>(load<u8>(bp + si + 1) & 0xf));
+          const qc = qo + (<usize>(128 * n + 32 * k));
+          i0 = kacc16(i0, qc, w0, w1, sa, sb);
+          if (nr == 4) {
+            i1 = kacc16(i1, qc + qk, w0, w1, sa, sb);
+            i2 = kacc16(i2, qc + 2 * qk, w0, w1, sa, sb);
+            i3 = kacc16(i3, qc + 3 * qk, w0, w1, sa, sb);
+          }
+        }
+      }
+    }
+    // value = dw·da·Σ(scale·q·a) + dm·da·Σ(offset·block sum), in this order for every row.
+    const jo = <usize>j << 2;
+    let da = load<f32>(ds + jo);
+    a0 = f32x4.add(a0, f32x4.mul(f32x4.convert_i32x4_s(i0), f32x4.splat(dw * da)));
+    e0 += (dm * da) * <f32>o0;
+    if (nr == 4) {
+      da = load<f32>(ds + dk + jo);
+      a1 = f32x4.add(a1, f32x4.mul(f32x4.convert_i32x4_s(i1), f32x4.splat(dw * da)));
+      e1 += (dm * da) * <f32>o1;
+      da = load<f32>(ds + 2 * dk + jo);
+      a2 = f32x4.add(a2, f32x4.mul(f32x4.convert_i32x4_s(i2), f32x4.splat(dw * da)));
+      e2 += (dm * da) * <f32>o2;
+      da = load<f32>(ds + 3 * dk + jo);
+      a3 = f32x4.add(a3, f32x4.mul(f32x4.convert_i32x4_s(i3), f32x4.splat(dw * da)));
+      e3 += (dm * da) * <f32>o3;
+    }
+  }
+  R0 = hsum(a0) + e0;
+  R1 = hsum(a1) + e1;
+  R2 = hsum(a2) + e2;
+  R3 = hsum(a3) + e3;
+}
+
+// @ts-ignore: decorator
+@inline function scaleByte(v: v128, i: i32): i32 {
+  // Lane i of a v128 with a lane index known only at run time.
+  return <i32>i8x16.extract_lane_s(i8x16.swizzle(v, i8x16.splat(<i8>i)), 0);
+}
+
+// @ts-ignore: decorator
+@inline function offsetSum(bo: usize, c0: v128, c1: v128, c2: v128, c3: v128): i32 {
+  return hsumi(i32x4.add(
+    i32x4.add(i32x4.mul(c0, v128.load(bo)), i32x4.mul(c1, v128.load(bo, 16))),
+    i32x4.add(i32x4.mul(c2, v128.load(bo, 32)), i32x4.mul(c3, v128.load(bo, 48))),
+  ));
+}
+
+// ---- float weights: f32 activations ------------------------------------------------------
+
+// @ts-ignore: decorator
+@inline function wload(type: i32, p: usize, hi: bool): v128 {
+  // 4 weights as f32 from an f32, f16 or bf16 row (p is the element pointer for f32; for the
+  // 16-bit types p points at 8 elements and hi picks lanes 4..7).
+  if (type == T_F32) return v128.load(p);
+  const v = v128.load(p);
+  if (type == T_F16) return hi ? h2f_hi(v) : h2f_lo(v);
+  return hi
+    ? i32x4.shl(i32x4.extend_high_i16x8_u(v), 16)
+    : i32x4.shl(i32x4.extend_low_i16x8_u(v), 16);
+}
+
+// @ts-ignore: decorator
+@inline function wscalar(type: i32, wr: usize, i: i32): f32 {
+  if (type == T_F32) return load<f32>(wr + (<usize>i << 2));
+  const h = <u32>load<u16>(wr + (<usize>i << 1));
+  return type == T_F16 ? h2f(h) : reinterpret<f32>(h << 16);
+}
+
+function k_float(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
+  const f = load<usize>(desc + ACT_F) + (<usize>b * <usize>K << 2);
+  const fk = <usize>K << 2;
+  const K8 = K & ~7;
+  let a0 = f32x4.splat(0), a1 = f32x4.splat(0), a2 = f32x4.splat(0), a3 = f32x4.splat(0);
+  for (let i = 0; i < K8; i += 8) {
+    let wa: v128, wb: v128;
+    if (type == T_F32) {
+      wa = v128.load(wr + (<usize>i << 2));
+      wb = v128.load(wr + (<usize>i << 2), 16);
+    } else {
+      wa = wload(type, wr + (<usize>i << 1), false);
+      wb = wload(type, wr + (<usize>i << 1), true);
+    }
+    const o = <usize>i << 2;
+    a0 = f32x4.add(a0, f32x4.add(f32x4.mul(wa, v128.load(f + o)), f32x4.mul(wb, v128.load(f + o, 16))));
+    if (nr == 4) {
+      a1 = f32x4.add(a1, f32x4.add(f32x4.mul(wa, v128.load(f + fk + o)), f32x4.mul(wb, v128.load(f + fk + o, 16))));
+      a2 = f32x4.add(a2, f32x4.add(f32x4.mul(wa, v128.load(f + 2 * fk + o)), f32x4.mul(wb, v128.load(f + 2 * fk + o, 16))));
+      a3 = f32x4.add(a3, f32x4.add(f32x4.mul(wa, v128.load(f + 3 * fk + o)), f32x4.mul(wb, v128.load(f + 3 * fk + o, 16))));
+    }
+  }
+  let t0: f32 = 0, t1: f32 = 0, t2: f32 = 0, t3: f32 = 0;
+  for (let i = K8; i < K; i++) {
+    const w = wscalar(type, wr, i);
+    const o = <usize>i << 2;
+    t0 += w * load<f32>(f + o);
+    if (nr == 4) {
+      t1 += w * load<f32>(f + fk + o);
+      t2 += w * load<f32>(f + 2 * fk + o);
+      t3 += w * load<f32>(f + 3 * fk + o);
+    }
+  }
+  R0 = hsum(a0) + t0;
+  R1 = hsum(a1) + t1;
+  R2 = hsum(a2) + t2;
+  R3 = hsum(a3) + t3;
+}
+
+// @ts-ignore: decorator
+@inline function tile(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
+  if (type <= T_BF16) k_float(type, wr, K, desc, b, nr);
+  else if (type <= T_Q5_1) k_legacy(type, wr, K, desc, b, nr);
+  else k_kquant(type, wr, K, desc, b, nr);
+}
+
+// @ts-ignore: decorator
+@inline function put(out: usize, v: f32, bias: usize, n: i32, accum: bool): void {
+  let r = v;
+  if (bias != 0) r = r + load<f32>(bias + (<usize>n << 2));
+  if (accum) r = load<f32>(out) + r;
+  store<f32>(out, r);
+}
+
+/**
+ * out[b·ostride + n] (=, or += with accum) W[n]·act[b] (+ bias[n]) for weight rows n0..n1 and
+ * activation rows 0..B.
+ */
+export function matmul(
+  type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
+  accum: bool, n0: i32, n1: i32,
+): void {
+  const rb = <usize>rowBytes(type, K);
+  const os = <usize>ostride << 2;
+  for (let n = n0; n < n1; n++) {
+    const wr = w + <usize>n * rb;
+    const on = out + (<usize>n << 2);
+    let b = 0;
+    for (; b + 4 <= B; b += 4) {
+      tile(type, wr, K, desc, b, 4);
+      const o = on + <usize>b * os;
+      put(o, R0, bias, n, accum);
+      put(o + os, R1, bias, n, accum);
+      put(o + 2 * os, R2, bias, n, accum);
+      put(o + 3 * os, R3, bias, n, accum);
+    }
+    for (; b < B; b++) {
+      tile(type, wr, K, desc, b, 1);
+      put(on + <usize>b * os, R0, bias, n, accum);
+    }
+  }
+}

@@ -1,0 +1,111 @@
+// The entry point every worker thread runs: a step is a program of ops in shared memory,
+// executed by all threads together, each taking its share of every op's rows, with a barrier
+// after each op unless the op says its outputs are not read by the next one.
+
+import { ACT_F, normRow, quantizeRow } from "./quantize";
+import { matmul } from "./matmul";
+import { attendHead, qkvPost, swigluRow } from "./layer_ops";
+
+export { f2h } from "./simd";
+export { rowBytes } from "./matmul";
+
+// Op codes and field offsets: kernels/wasm/program.ts writes the same layout.
+const OP_END: i32 = 0;
+const OP_NORM_QUANT: i32 = 1;
+const OP_MATMUL: i32 = 2;
+const OP_QKV_POST: i32 = 3;
+const OP_ATTENTION: i32 = 4;
+const OP_SWIGLU: i32 = 5;
+const OP_QUANT: i32 = 6;
+const OP_BYTES: usize = 128;
+const NO_BARRIER: i32 = 1;
+const SPIN: i32 = 20000;
+
+// @ts-ignore: decorator
+@inline function word(p: usize, i: i32): i32 {
+  return load<i32>(p + (<usize>i << 2));
+}
+// @ts-ignore: decorator
+@inline function ptr(p: usize, i: i32): usize {
+  return <usize>load<u32>(p + (<usize>i << 2));
+}
+// @ts-ignore: decorator
+@inline function lo(total: i32, t: i32, n: i32): i32 {
+  return <i32>((<i64>total * <i64>t) / <i64>n);
+}
+
+function barrier(ctrl: usize, n: i32): void {
+  if (n == 1) return;
+  const gen = atomic.load<i32>(ctrl, 4);
+  if (atomic.add<i32>(ctrl, 1) == n - 1) {
+    atomic.store<i32>(ctrl, 0);
+    atomic.add<i32>(ctrl, 1, 4);
+    atomic.notify(ctrl + 4);
+    return;
+  }
+  for (let i = 0; i < SPIN; i++) if (atomic.load<i32>(ctrl, 4) != gen) return;
+  while (atomic.load<i32>(ctrl, 4) == gen) atomic.wait<i32>(ctrl + 4, gen, -1);
+}
+
+/** Runs the program at prog as thread tid of nth; ctrl is the barrier's two words. */
+export function run(prog: usize, ctrl: usize, tid: i32, nth: i32): void {
+  for (let p = prog; ; p += OP_BYTES) {
+    const op = word(p, 0);
+    if (op == OP_END) break;
+    if (op == OP_NORM_QUANT) {
+      const rows = word(p, 4), K = word(p, 5), desc = ptr(p, 9), map = ptr(p, 8);
+      const f = ptr(desc, ACT_F / 4);
+      for (let r = lo(rows, tid, nth); r < lo(rows, tid + 1, nth); r++) {
+        const src = map == 0 ? r : load<i32>(map + (<usize>r << 2));
+        const x = ptr(p, 2) + (<usize>src * <usize>word(p, 3) << 2);
+        normRow(x, ptr(p, 6), K, reinterpret<f32>(word(p, 7)), f + (<usize>r * <usize>K << 2));
+        quantizeRow(desc, K, r);
+      }
+    } else if (op == OP_QUANT) {
+      const rows = word(p, 3);
+      for (let r = lo(rows, tid, nth); r < lo(rows, tid + 1, nth); r++) quantizeRow(ptr(p, 2), word(p, 4), r);
+    } else if (op == OP_MATMUL) {
+      const N = word(p, 4);
+      matmul(
+        word(p, 2), ptr(p, 3), word(p, 5), ptr(p, 6), word(p, 7), ptr(p, 8), word(p, 9),
+        ptr(p, 10), word(p, 11) != 0, lo(N, tid, nth), lo(N, tid + 1, nth),
+      );
+    } else if (op == OP_QKV_POST) {
+      const rows = word(p, 7), stride = <usize>word(p, 3) << 2;
+      const ropeBytes = <usize>(word(p, 11) >> 1) << 3;
+      for (let r = lo(rows, tid, nth); r < lo(rows, tid + 1, nth); r++) {
+        qkvPost(
+          ptr(p, 2) + <usize>r * stride, word(p, 4), word(p, 5), word(p, 6), word(p, 8),
+          word(p, 9), word(p, 10), word(p, 11), ptr(p, 12) + <usize>r * ropeBytes, ptr(p, 13),
+          ptr(p, 14), reinterpret<f32>(word(p, 15)), load<i32>(ptr(p, 16) + (<usize>r << 2)),
+          ptr(p, 17), ptr(p, 18), word(p, 19) != 0,
+        );
+      }
+    } else if (op == OP_ATTENTION) {
+      const rows = word(p, 7), nHeads = word(p, 8), nKv = word(p, 9), hd = word(p, 10);
+      const stride = <usize>word(p, 3) << 2, ostride = <usize>word(p, 6) << 2;
+      const group = nHeads / nKv;
+      const scores = ptr(p, 18) + <usize>tid * <usize>word(p, 19);
+      const total = rows * nHeads;
+      for (let i = lo(total, tid, nth); i < lo(total, tid + 1, nth); i++) {
+        const r = i / nHeads, h = i % nHeads;
+        const q = ptr(p, 2) + <usize>r * stride + (<usize>(word(p, 4) + h * hd) << 2);
+        const out = ptr(p, 5) + <usize>r * ostride + (<usize>(h * hd) << 2);
+        const table = ptr(p, 13) + (<usize>load<i32>(ptr(p, 12) + (<usize>r << 2)) << 2);
+        const kvOff = <usize>(h / group) * <usize>hd * (word(p, 20) != 0 ? 4 : 2);
+        attendHead(
+          q, out, load<i32>(ptr(p, 11) + (<usize>r << 2)), table, word(p, 14), ptr(p, 15) + kvOff,
+          ptr(p, 16) + kvOff, nKv * hd, hd, reinterpret<f32>(word(p, 17)), scores, word(p, 20) != 0,
+        );
+      }
+    } else if (op == OP_SWIGLU) {
+      const rows = word(p, 5), stride = <usize>word(p, 4) << 2;
+      for (let r = lo(rows, tid, nth); r < lo(rows, tid + 1, nth); r++) {
+        swigluRow(ptr(p, 2) + <usize>r * stride, ptr(p, 3) + <usize>r * stride, word(p, 6), ptr(p, 7), r);
+      }
+    } else {
+      unreachable();
+    }
+    if ((word(p, 1) & NO_BARRIER) == 0) barrier(ctrl, nth);
+  }
+}

@@ -1,0 +1,93 @@
+// Small SIMD helpers every kernel shares. AssemblyScript, compiled by kernels/wasm/build.ts.
+
+export const ZERO: v128 = i32x4.splat(0);
+
+/**
+ * acc + the dot product of 16 signed activations `a` with 16 weights `w` in 0..127, as 4
+ * partial sums. Weights stay below 128 so relaxed SIMD's i8×i7 dot product is exact and the
+ * same on every CPU; both builds therefore give the same integers.
+ */
+// @ts-ignore: decorator
+@inline export function dot16(a: v128, w: v128, acc: v128): v128 {
+  if (ASC_FEATURE_RELAXED_SIMD) {
+    return i32x4.relaxed_dot_i8x16_i7x16_add_s(a, w, acc);
+  } else {
+    const lo = i16x8.extmul_low_i8x16_s(a, w);
+    const hi = i16x8.extmul_high_i8x16_s(a, w);
+    return i32x4.add(
+      acc,
+      i32x4.add(i32x4.extadd_pairwise_i16x8_s(lo), i32x4.extadd_pairwise_i16x8_s(hi)),
+    );
+  }
+}
+
+/** Exact dot product of 16 signed activations with 16 signed weights (Q8_0's -128 included). */
+// @ts-ignore: decorator
+@inline export function dot16signed(a: v128, w: v128, acc: v128): v128 {
+  const lo = i16x8.extmul_low_i8x16_s(a, w);
+  const hi = i16x8.extmul_high_i8x16_s(a, w);
+  return i32x4.add(
+    acc,
+    i32x4.add(i32x4.extadd_pairwise_i16x8_s(lo), i32x4.extadd_pairwise_i16x8_s(hi)),
+  );
+}
+
+/** Lanes summed as (l0 + l1) + (l2 + l3): one fixed order, so results never depend on tiling. */
+// @ts-ignore: decorator
+@inline export function hsum(v: v128): f32 {
+  return (f32x4.extract_lane(v, 0) + f32x4.extract_lane(v, 1)) +
+    (f32x4.extract_lane(v, 2) + f32x4.extract_lane(v, 3));
+}
+
+// @ts-ignore: decorator
+@inline export function hsumi(v: v128): i32 {
+  return (i32x4.extract_lane(v, 0) + i32x4.extract_lane(v, 1)) +
+    (i32x4.extract_lane(v, 2) + i32x4.extract_lane(v, 3));
+}
+
+/** IEEE half (as its 16 bits) to f32, exact for every finite value. */
+// @ts-ignore: decorator
+@inline export function h2f(h: u32): f32 {
+  const em = (h & 0x7fff) << 13;
+  let f = reinterpret<f32>(em) * reinterpret<f32>(0x77800000); // × 2^112
+  if ((h & 0x7c00) == 0x7c00) f = reinterpret<f32>(em | 0x7f800000);
+  return reinterpret<f32>(reinterpret<u32>(f) | ((h & 0x8000) << 16));
+}
+
+/** 8 halves (16 bytes at p) to two f32x4, lanes 0..3 and 4..7; finite values only. */
+// @ts-ignore: decorator
+@inline export function h2f_lo(v: v128): v128 {
+  const x = i32x4.extend_low_i16x8_u(v);
+  return h2f4(x);
+}
+// @ts-ignore: decorator
+@inline export function h2f_hi(v: v128): v128 {
+  const x = i32x4.extend_high_i16x8_u(v);
+  return h2f4(x);
+}
+// @ts-ignore: decorator
+@inline function h2f4(x: v128): v128 {
+  const em = i32x4.shl(v128.and(x, i32x4.splat(0x7fff)), 13);
+  const f = f32x4.mul(em, f32x4.splat(reinterpret<f32>(0x77800000)));
+  return v128.or(f, i32x4.shl(v128.and(x, i32x4.splat(0x8000)), 16));
+}
+
+/** f32 to the nearest IEEE half (ties to even), as its 16 bits. */
+export function f2h(f: f32): u32 {
+  let x = reinterpret<u32>(f);
+  const sign = x & 0x80000000;
+  x ^= sign;
+  let o: u32;
+  if (x >= 0x47800000) {
+    o = x > 0x7f800000 ? 0x7e00 : 0x7c00;
+  } else if (x < 0x38800000) {
+    const g = reinterpret<f32>(x) + reinterpret<f32>(0x3f000000);
+    o = reinterpret<u32>(g) - 0x3f000000;
+  } else {
+    const odd = (x >> 13) & 1;
+    x += 0xc8000fff; // ((15 - 127) << 23) + 0xfff, wrapping
+    x += odd;
+    o = x >> 13;
+  }
+  return o | (sign >> 16);
+}

@@ -1,0 +1,65 @@
+/**
+ * Builds the CPU engine's kernels from kernels/wasm/as/ with the AssemblyScript compiler
+ * pinned here, into kernels/wasm/llmserve_{relaxed,simd}.wasm.
+ *
+ *   deno task build:wasm           writes both files
+ *   deno task build:wasm --check   exits 1 when a committed file differs from a fresh build
+ */
+import asc from "npm:assemblyscript@0.28.20/asc";
+import { KERNEL_FILES, type KernelFlavour } from "./kernel_module.ts";
+
+const FEATURES: Record<KernelFlavour, string> = {
+  relaxed: "simd,threads,relaxed-simd",
+  simd: "simd,threads",
+};
+
+/** Compiles one flavour; throws with the compiler's messages on failure. */
+export async function buildKernels(flavour: KernelFlavour): Promise<Uint8Array> {
+  const entry = new URL("./as/program.ts", import.meta.url).pathname;
+  let out: Uint8Array | undefined;
+  const { error, stderr } = await asc.main([
+    entry,
+    "--runtime", "stub",
+    "--importMemory",
+    "--sharedMemory",
+    "--initialMemory", "1",
+    "--maximumMemory", "65536",
+    "-O3",
+    "--noAssert",
+    "--enable", FEATURES[flavour],
+    "-o", "kernels.wasm",
+  ], {
+    writeFile(name: string, contents: Uint8Array | string) {
+      if (name.endsWith(".wasm")) out = contents as Uint8Array;
+    },
+  });
+  if (error || !out) {
+    throw new Error(`Cannot build the ${flavour} kernels: ${error?.message ?? "no output"}\n${stderr}`);
+  }
+  return out;
+}
+
+if (import.meta.main) {
+  const check = Deno.args.includes("--check");
+  let stale = 0;
+  for (const flavour of Object.keys(KERNEL_FILES) as KernelFlavour[]) {
+    const fresh = await buildKernels(flavour);
+    const path = new URL(KERNEL_FILES[flavour], import.meta.url);
+    if (check) {
+      let committed: Uint8Array | undefined;
+      try {
+        committed = Deno.readFileSync(path);
+      } catch { /* missing: stale */ }
+      const same = committed !== undefined && committed.length === fresh.length &&
+        committed.every((b, i) => b === fresh[i]);
+      if (!same) {
+        console.error(`${path.pathname} differs from a fresh build: run \`deno task build:wasm\``);
+        stale++;
+      }
+    } else {
+      Deno.writeFileSync(path, fresh);
+      console.log(`wrote ${path.pathname} (${fresh.length} bytes)`);
+    }
+  }
+  if (stale > 0) Deno.exit(1);
+}

@@ -1,0 +1,15 @@
+/** Word indices of a pool's control block (Int32Array over CTRL.bytes at its address). */
+export const CTRL = {
+  /** Bumped by the main thread to start a program (workers wait on it). */
+  gen: 0,
+  /** Address of the program to run. */
+  prog: 1,
+  /** Threads finished with the current program. */
+  done: 2,
+  /** Non-zero: workers exit at the next wake-up. */
+  stop: 3,
+  words: 16,
+  bytes: 64,
+  /** The barrier's two words (count, generation) start here, in bytes. */
+  barrierOffset: 32,
+} as const;

@@ -1,0 +1,52 @@
+/**
+ * The step program the worker threads run (kernels/wasm/as/program.ts reads it): a list of
+ * 128-byte ops in shared memory, each followed by a barrier unless it says otherwise.
+ */
+
+/** Op codes, as the AssemblyScript interpreter numbers them. */
+export const OP = {
+  end: 0,
+  normQuant: 1,
+  matmul: 2,
+  qkvPost: 3,
+  attention: 4,
+  swiglu: 5,
+  quant: 6,
+} as const;
+
+export const OP_WORDS = 32;
+const NO_BARRIER = 1;
+
+const f32Scratch = new Float32Array(1);
+const i32Scratch = new Int32Array(f32Scratch.buffer);
+/** An f32 as the i32 word with its bits. */
+export function f32Bits(x: number): number {
+  f32Scratch[0] = x;
+  return i32Scratch[0]!;
+}
+
+/** Writes ops into a program buffer; fields are the op's words from index 2 on. */
+export class ProgramWriter {
+  #n = 0;
+  constructor(private readonly words: Int32Array) {}
+
+  op(code: number, fields: readonly number[], barrier = true): this {
+    const at = this.#n * OP_WORDS;
+    if (at + OP_WORDS * 2 > this.words.length) {
+      throw new Error(
+        `Cannot add op ${code}: the program buffer holds ${this.words.length / OP_WORDS} ops`,
+      );
+    }
+    this.words[at] = code;
+    this.words[at + 1] = barrier ? 0 : NO_BARRIER;
+    for (let i = 0; i < fields.length; i++) this.words[at + 2 + i] = fields[i]! | 0;
+    this.#n++;
+    return this;
+  }
+
+  /** Terminates the program; returns the number of ops. */
+  end(): number {
+    this.words[this.#n * OP_WORDS] = OP.end;
+    return this.#n;
+  }
+}
