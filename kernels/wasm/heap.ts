@@ -86,7 +86,8 @@ export class WasmHeap {
 
   /** A fresh byte array at a new address: what the model loader reads a file into. */
   bytes(length: number, what: string): Uint8Array {
-    return new Uint8Array(this.buffer, this.alloc(length, what), length);
+    const ptr = this.alloc(length, what); // may grow the memory: take the buffer after
+    return new Uint8Array(this.buffer, ptr, length);
   }
 
   /** Whether `view` lies in this memory (then its address is its byteOffset). */

@@ -14,7 +14,20 @@ export const SETTINGS = {
   },
   tokenizer: { env: "LLMSERVE_TOKENIZER", help: "llama2.c tokenizer.bin for a .bin checkpoint" },
   modelsDir: { env: "MODELS_DIR", help: "where downloaded models are kept" },
-  backend: { env: "LLMSERVE_BACKEND", help: "webgpu | cpu | auto", default: "auto" },
+  backend: {
+    env: "LLMSERVE_BACKEND",
+    help: "auto | cpu | webgpu | reference (auto times a decode step on cpu and webgpu, keeps the faster)",
+    default: "auto",
+  },
+  threads: {
+    env: "LLMSERVE_THREADS",
+    help: "CPU engine threads (default: the machine's cores)",
+  },
+  kvDtype: {
+    env: "LLMSERVE_KV_DTYPE",
+    help: "CPU engine KV cache elements: f16 | f32",
+    default: "f16",
+  },
   contextLength: { env: "LLMSERVE_CONTEXT_LENGTH", help: "override the model's context length" },
   host: { env: "LLMSERVE_HOST", help: "address to listen on", default: "127.0.0.1" },
   port: { env: "LLMSERVE_PORT", help: "port to listen on (0 picks a free one)", default: 8000 },
@@ -154,7 +167,9 @@ export const ConfigSchema = z.object({
   model: z.string().min(1).default(D.model.default),
   tokenizer: z.string().min(1).optional(),
   modelsDir: z.string().min(1).optional(),
-  backend: z.enum(["webgpu", "cpu", "auto"]).default(D.backend.default),
+  backend: z.enum(["webgpu", "cpu", "reference", "auto"]).default(D.backend.default),
+  threads: positiveInt().max(256, "must be at most 256").optional(),
+  kvDtype: z.enum(["f16", "f32"]).default(D.kvDtype.default),
   contextLength: positiveInt().optional(),
   host: z.string().min(1).default(D.host.default),
   port: z.coerce.number({ error: "must be a number" }).int("must be an integer").min(

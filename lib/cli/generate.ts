@@ -6,7 +6,13 @@ import { versionLine } from "./version.ts";
 import type { SamplingParams } from "../engine/engine.ts";
 import { ServingCore } from "../../actors/core.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
-import { createEngine, engineMemory, planKv } from "../serving/engine_factory.ts";
+import {
+  createEngine,
+  engineMemory,
+  modelAllocator,
+  planKv,
+  rebuildBackend,
+} from "../serving/engine_factory.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { DEFAULT_MODEL } from "../source/model_source.ts";
 import { z } from "zod";
@@ -22,14 +28,16 @@ const GenerateArgs = z.object({
   "top-p": z.coerce.number().gt(0).max(1).default(1),
   "min-p": z.coerce.number().min(0).max(1).default(0),
   seed: z.coerce.number().int().min(0).max(0xffffffff).optional(),
-  backend: z.enum(["webgpu", "cpu", "auto"]).default("auto"),
+  backend: z.enum(["webgpu", "cpu", "reference", "auto"]).default("auto"),
   "context-length": z.coerce.number().int().positive().optional(),
+  threads: z.coerce.number().int().positive().max(256).optional(),
+  "kv-dtype": z.enum(["f16", "f32"]).default("f16"),
 });
 
 const USAGE =
   `Usage: deno task generate [--model <path|url|name>] [--tokenizer <path|url>] [--models-dir <dir>] --prompt <text>
   [--max-tokens 256] [--temperature 1] [--top-k 0] [--top-p 1] [--min-p 0] [--seed <n>]
-  [--backend auto|webgpu|cpu] [--context-length <n>]
+  [--backend auto|cpu|webgpu|reference] [--threads <n>] [--kv-dtype f16|f32] [--context-length <n>]
        deno task generate --help | --version
 Prints only the generated continuation on stdout; diagnostics go to stderr.
 
@@ -93,12 +101,17 @@ export async function generateCommand(argv: string[]): Promise<number> {
     tokenizer: args.tokenizer,
     contextLength: args["context-length"],
     purpose: "generate with",
+    allocate: modelAllocator(args.backend),
   });
+  const engineOpts = {
+    kvDtype: args["kv-dtype"],
+    ...(args.threads === undefined ? {} : { threads: args.threads }),
+  };
   // One sequence: an automatic KV cache of one full context, shortened to fit the device.
   const plan = await planKv(opened.model, args.backend, {
     blockSize: DEFAULT_LIMITS.blockSize,
     maxRunning: 1,
-  });
+  }, engineOpts);
   const model = plan.contextLength === opened.model.config.contextLength
     ? opened.model
     : { ...opened.model, config: { ...opened.model.config, contextLength: plan.contextLength } };
@@ -118,6 +131,7 @@ export async function generateCommand(argv: string[]): Promise<number> {
     kv,
     limits,
     uploadProgress(source.modelPath),
+    engineOpts,
   );
   const mem = engineMemory(engine);
   const c = model.config;
@@ -130,7 +144,15 @@ export async function generateCommand(argv: string[]): Promise<number> {
   // The same serving core as the server (one sequence): pipelined decode, the same stop rules.
   const core = new ServingCore({
     engine,
-    engineFactory: async () => (await createEngine(model, args.backend, kv, limits)).engine,
+    engineFactory: async () =>
+      (await createEngine(
+        model,
+        rebuildBackend(description, args.backend),
+        kv,
+        limits,
+        undefined,
+        engineOpts,
+      )).engine,
     codec: tokenizer,
     maxInFlight: DEFAULT_LIMITS.pipelineDepth,
     scheduler: { maxRunning: 1, maxBatchTokens: limits.maxBatchTokens },

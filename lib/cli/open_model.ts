@@ -12,6 +12,8 @@ export interface OpenModelOptions {
   readonly purpose: string;
   /** Start-up progress: bytes downloaded, then bytes of the weights read. */
   readonly onProgress?: (phase: "downloading" | "reading", bytes: number, total?: number) => void;
+  /** Where the weights' bytes go (see loadModel). */
+  readonly allocate?: (bytes: number) => Uint8Array;
 }
 
 /**
@@ -37,6 +39,7 @@ export async function openModel(
   const model = await loadModel(source.modelPath, {
     tokenizerPath: source.tokenizerPath,
     contextLength: opts.contextLength,
+    ...(opts.allocate ? { allocate: opts.allocate } : {}),
     onProgress: (bytes, total) => {
       bar ??= new ProgressBar(`loading ${source.modelPath.split("/").pop()}`, total, 0);
       bar.update(read = bytes);

@@ -113,6 +113,8 @@ export function derivePermissions(needs: RunNeeds, env: EnvGetter): Permissions 
   if (needs.natsCreds !== undefined) read.add(needs.natsCreds);
   // A replica's heartbeat worker is a module loaded at run time, which needs read access.
   if (needs.nats !== undefined) read.add(new URL("../cluster/", import.meta.url).pathname);
+  // The CPU engine reads its compiled kernels and starts its worker threads from here.
+  read.add(new URL("../../kernels/wasm/", import.meta.url).pathname);
   return {
     read: [...read],
     write: [...write],

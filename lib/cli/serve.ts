@@ -12,7 +12,13 @@ import {
   SETTINGS,
 } from "./config.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
-import { createEngine, engineMemory, planKv } from "../serving/engine_factory.ts";
+import {
+  createEngine,
+  engineMemory,
+  modelAllocator,
+  planKv,
+  rebuildBackend,
+} from "../serving/engine_factory.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
 import { type Engine, GREEDY, stepTokens } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
@@ -32,6 +38,8 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",
   "tokenizer": "tokenizer",
   "backend": "backend",
+  "threads": "threads",
+  "kv-dtype": "kvDtype",
   "context-length": "contextLength",
   "host": "host",
   "port": "port",
@@ -197,12 +205,17 @@ async function start(
     contextLength: config.contextLength,
     purpose: "serve",
     onProgress: (phase, bytes, total) => progress.set(phase, bytes, total),
+    allocate: modelAllocator(config.backend),
   });
+  const engineOpts = {
+    kvDtype: config.kvDtype,
+    ...(config.threads === undefined ? {} : { threads: config.threads }),
+  };
   const plan = await planKv(opened.model, config.backend, {
     blockSize: config.blockSize,
     maxRunning: config.maxRunning,
     ...(config.kvMemory === undefined ? {} : { kvMemory: config.kvMemory }),
-  });
+  }, engineOpts);
   // An automatic cache too small for the file's context shortens it (the summary says so).
   const model = plan.contextLength === opened.model.config.contextLength
     ? opened.model
@@ -222,6 +235,7 @@ async function start(
       bar(bytes, total);
       progress.set("building_engine", bytes, total);
     },
+    engineOpts,
   );
   progress.set("warming_up");
   await warmUp(engine, tokenizer.bosId);
@@ -232,7 +246,10 @@ async function start(
   const core: ServingCore = new ServingCore({
     engine: withFaults(engine),
     engineFactory: async () =>
-      withFaults((await createEngine(model, config.backend, kv, limits)).engine),
+      withFaults(
+        (await createEngine(model, rebuildBackend(description, config.backend), kv, limits, undefined, engineOpts))
+          .engine,
+      ),
     codec: tokenizer,
     maxInFlight: config.pipelineDepth,
     scheduler: {

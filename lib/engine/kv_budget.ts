@@ -2,9 +2,9 @@ import type { ModelConfig } from "../model/model_config.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { DEFAULT_LIMITS } from "./limits.ts";
 
-/** Bytes one KV block takes across all layers (K and V, f32). */
-export function kvBlockBytes(config: ModelConfig, blockSize: number): number {
-  return 2 * config.nLayers * blockSize * config.nKvHeads * config.headDim * 4;
+/** Bytes one KV block takes across all layers (K and V; f32 unless told otherwise). */
+export function kvBlockBytes(config: ModelConfig, blockSize: number, bytesPerElement = 4): number {
+  return 2 * config.nLayers * blockSize * config.nKvHeads * config.headDim * bytesPerElement;
 }
 
 /** Whole KV blocks a byte budget holds. */
@@ -26,6 +26,10 @@ export interface KvRequest {
    * takes at most a quarter, or at most UNKNOWN_MEMORY_CAP when this is unknown.
    */
   readonly availableMemory?: number;
+  /** Bytes of one cached element: 4 (f32, the default) or 2 (f16). */
+  readonly bytesPerElement?: number;
+  /** A hard cap on the whole cache (the CPU engine's 4 GiB WebAssembly memory). */
+  readonly maxBytes?: number;
 }
 
 /** What an automatic cache may take when the free memory is unknown. */
@@ -56,11 +60,13 @@ export interface KvPlan {
  */
 export function planKvCache(config: ModelConfig, req: KvRequest): KvPlan {
   const { blockSize } = req;
-  const blockBytes = kvBlockBytes(config, blockSize);
-  const poolBlockBytes = blockSize * config.nKvHeads * config.headDim * 4;
-  const poolCap = req.maxPoolBytes === undefined
-    ? Infinity
-    : Math.floor(req.maxPoolBytes / poolBlockBytes);
+  const elt = req.bytesPerElement ?? 4;
+  const blockBytes = kvBlockBytes(config, blockSize, elt);
+  const poolBlockBytes = blockSize * config.nKvHeads * config.headDim * elt;
+  const poolCap = Math.min(
+    req.maxPoolBytes === undefined ? Infinity : Math.floor(req.maxPoolBytes / poolBlockBytes),
+    req.maxBytes === undefined ? Infinity : Math.floor(req.maxBytes / blockBytes),
+  );
   const contextBlocks = Math.ceil(config.contextLength / blockSize);
   const plan = (numBlocks: number, contextLength: number, why: string): KvPlan => ({
     numBlocks,
@@ -78,6 +84,13 @@ export function planKvCache(config: ModelConfig, req: KvRequest): KvPlan {
         } holds ${numBlocks} KV blocks; one full-context sequence (${config.contextLength} tokens) needs ${contextBlocks} (${
           formatBytes(contextBlocks * blockBytes)
         }); raise it, or lower --context-length`,
+      );
+    }
+    if (numBlocks > poolCap && req.maxPoolBytes === undefined) {
+      throw new Error(
+        `--kv-memory ${formatBytes(req.kvMemory)} does not fit in the CPU engine's memory beside the model: use at most ${
+          formatBytes(poolCap * blockBytes)
+        }`,
       );
     }
     if (numBlocks > poolCap) {
@@ -101,6 +114,8 @@ export function planKvCache(config: ModelConfig, req: KvRequest): KvPlan {
   const numBlocks = Math.max(1, Math.min(wanted, poolCap, memoryCap));
   const by = numBlocks === wanted
     ? `a full context for each of ${req.maxRunning} sequences`
+    : numBlocks === poolCap && req.maxPoolBytes === undefined
+    ? `the CPU engine's 4 GiB WebAssembly memory`
     : numBlocks === poolCap
     ? `the device's binding limit of ${formatBytes(req.maxPoolBytes!)} per layer pool`
     : req.availableMemory === undefined

@@ -622,6 +622,7 @@ export async function readGguf(
   path: string,
   onProgress?: ReadProgress,
   checkHeader?: (header: GgufHeader) => void,
+  allocate: (bytes: number) => Uint8Array = (n) => new Uint8Array(n),
 ): Promise<GgufFile> {
   using file = await Deno.open(path, { read: true });
   const fileSize = (await file.stat()).size;
@@ -640,7 +641,7 @@ export async function readGguf(
   }
   checkHeader?.(header);
   const dataBytes = dataSectionBytes(header, path);
-  const data = new Uint8Array(dataBytes);
+  const data = allocate(dataBytes);
   const got = await readFully(file, header.dataOffset, data, onProgress);
   return {
     ...header,

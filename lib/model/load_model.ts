@@ -13,6 +13,11 @@ export interface LoadModelOptions {
   contextLength?: number;
   /** Progress of reading the weights, for a start-up progress bar. */
   onProgress?: ReadProgress;
+  /**
+   * Where the weights' bytes go (default: a new Uint8Array): the CPU engine passes its shared
+   * WebAssembly memory, so the file is read into the one place its threads read it from.
+   */
+  allocate?: (bytes: number) => Uint8Array;
 }
 
 /** The file formats loadModel recognises. */
@@ -71,11 +76,16 @@ export async function loadModel(path: string, opts: LoadModelOptions = {}): Prom
   let model: Model;
   if (format === "gguf") {
     // Every blocker is reported from the header, before gigabytes of weights are read.
-    const gguf = await readGguf(path, opts.onProgress, (h) => assertLoadable(h, path));
+    const gguf = await readGguf(
+      path,
+      opts.onProgress,
+      (h) => assertLoadable(h, path),
+      opts.allocate,
+    );
     model = ggufToModel(gguf, path);
   } else if (format === "llama2c") {
     const { config, weights } = parseLlama2cCheckpoint(
-      await readFileWithProgress(path, opts.onProgress),
+      await readFileWithProgress(path, opts.onProgress, opts.allocate),
       path,
     );
     model = { config, weights, source: path };

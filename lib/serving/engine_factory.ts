@@ -1,12 +1,17 @@
 import { adapterBindingLimit } from "../../kernels/device.ts";
 import { WebGpuEngine } from "../../kernels/webgpu_engine.ts";
+import { WasmEngine } from "../../kernels/wasm/wasm_engine.ts";
+import { WasmHeap, wasmHeap } from "../../kernels/wasm/heap.ts";
 import { type KvPlan, type KvRequest, planKvCache } from "../engine/kv_budget.ts";
-import type { Engine, KvGeometry } from "../engine/engine.ts";
+import { type Engine, GREEDY, type KvGeometry } from "../engine/engine.ts";
 import { CpuEngine } from "../engine/cpu/cpu_engine.ts";
 import type { Model } from "../model/weights.ts";
 import { DEFAULT_LIMITS } from "../engine/limits.ts";
 
-export type BackendChoice = "webgpu" | "cpu" | "auto";
+export type BackendChoice = "webgpu" | "cpu" | "reference" | "auto";
+
+/** The backends a user may name, for flags' help and validation. */
+export const BACKENDS: readonly BackendChoice[] = ["auto", "cpu", "webgpu", "reference"];
 
 /** Step limits the engine sizes its buffers for; the scheduler must stay within them. */
 export interface StepLimits {
@@ -14,19 +19,54 @@ export interface StepLimits {
   readonly maxSeqs: number;
 }
 
+/** Settings of the CPU engine. */
+export interface EngineOptions {
+  /** CPU engine threads; default: the machine's cores. */
+  readonly threads?: number;
+  /** KV cache elements of the CPU engine (WebGPU's are f32). */
+  readonly kvDtype?: "f16" | "f32";
+}
+
+/** What the step buffers and kernels of the CPU engine take beside the weights and the KV cache. */
+const CPU_HEADROOM = 512 * 2 ** 20;
+
+/**
+ * Where a model's bytes should be read to for this backend: the CPU engine's shared memory
+ * (so its threads read the file's bytes in place) when the CPU engine may run it and the file
+ * fits in WebAssembly's 4 GiB with room for a KV cache; ordinary memory otherwise.
+ */
+export function modelAllocator(
+  backend: BackendChoice,
+): ((bytes: number) => Uint8Array) | undefined {
+  if (backend !== "cpu" && backend !== "auto") return undefined;
+  return (bytes) =>
+    bytes + CPU_HEADROOM <= WasmHeap.MAX_BYTES - wasmHeap().used
+      ? wasmHeap().bytes(bytes, "the model's weights")
+      : new Uint8Array(bytes);
+}
+
 /**
  * Sizes the KV cache for this model on the backend it will run on (planKvCache): the WebGPU
- * adapter's binding limit caps each layer's pool unless the backend is the CPU, and the host's
- * free memory caps an automatic size.
+ * adapter's binding limit caps each layer's pool unless the backend runs on the CPU, the CPU
+ * engine's f16 cache takes 2 bytes an element and must fit in its 4 GiB memory, and the
+ * host's free memory caps an automatic size.
  */
 export async function planKv(
   model: Model,
   backend: BackendChoice,
   req: Omit<KvRequest, "maxPoolBytes" | "availableMemory">,
+  opts: EngineOptions = {},
 ): Promise<KvPlan> {
-  const maxPoolBytes = backend === "cpu" ? undefined : await adapterBindingLimit();
+  const onCpu = backend === "cpu" || backend === "reference";
+  const maxPoolBytes = onCpu ? undefined : await adapterBindingLimit();
+  const bytesPerElement = backend === "cpu" && (opts.kvDtype ?? "f16") === "f16" ? 2 : 4;
+  const heapLeft = WasmHeap.MAX_BYTES - wasmHeap().used - CPU_HEADROOM;
   return planKvCache(model.config, {
     ...req,
+    bytesPerElement,
+    // auto plans in f32 for WebGPU; the CPU engine then holds the same blocks in f16.
+    ...(backend === "cpu" ? { maxBytes: Math.max(0, heapLeft) } : {}),
+    ...(backend === "auto" ? { maxBytes: Math.max(0, 2 * heapLeft) } : {}),
     ...(maxPoolBytes === undefined ? {} : { maxPoolBytes }),
     ...(freeMemory() === undefined ? {} : { availableMemory: freeMemory() }),
   });
@@ -48,8 +88,32 @@ export function engineMemory(engine: Engine): { weights: number; kvCache: number
 }
 
 /**
- * Creates the engine the user asked for. "auto" takes WebGPU when an adapter exists and the
- * CPU reference otherwise; the description says which and why, for the start-up line.
+ * Milliseconds of one decode step of one sequence (the best of three after a warm-up), on KV
+ * block 0. Used only before the engine serves anything: block 0 is overwritten when first
+ * allocated.
+ */
+export async function timeDecodeStep(engine: Engine): Promise<number> {
+  const seqId = -1;
+  const plan = (stepId: number, pos: number) => ({
+    stepId,
+    seqs: [{ seqId, tokens: [1], startPos: pos, blockTable: [0], sample: true, sampling: GREEDY }],
+  });
+  await engine.step(plan(-1, 0));
+  let best = Infinity;
+  for (let i = 0; i < 3; i++) {
+    const t0 = performance.now();
+    await engine.step(plan(-2 - i, 1 + i));
+    best = Math.min(best, performance.now() - t0);
+  }
+  engine.release?.(seqId);
+  return best;
+}
+
+/**
+ * Creates the engine the user asked for: "cpu" (the WebAssembly engine), "webgpu",
+ * "reference" (the plain TypeScript oracle), or "auto", which builds the CPU engine and, when
+ * an adapter exists, the WebGPU one, times a decode step on each and keeps the faster. The
+ * description says which and why, for the start-up line.
  */
 export async function createEngine(
   model: Model,
@@ -60,25 +124,62 @@ export async function createEngine(
     maxSeqs: DEFAULT_LIMITS.maxRunning,
   },
   onUpload?: (bytes: number, total: number) => void,
+  opts: EngineOptions = {},
 ): Promise<{ engine: Engine; description: string }> {
-  let fallback = "";
-  if (backend !== "cpu") {
-    try {
-      // The engine acquires the device itself so that dispose() destroys it: the executor
-      // builds a new engine after every failure, and each old device would otherwise stay alive.
-      const engine = await WebGpuEngine.create(model.config, model.weights, kv, {
-        maxBatchTokens: limits.maxBatchTokens,
-        maxSeqs: limits.maxSeqs,
-        ...(onUpload ? { onUpload } : {}),
-      });
-      return { engine, description: `webgpu (${engine.gpu.description})` };
-    } catch (e) {
-      if (backend === "webgpu") throw e;
-      fallback = `; webgpu unavailable: ${e instanceof Error ? e.message : e}`;
-    }
-  }
-  return {
-    engine: new CpuEngine(model.config, model.weights, kv),
-    description: `cpu (reference engine${fallback})`,
+  const cpu = async () => {
+    const e = await WasmEngine.create(model.config, model.weights, kv, {
+      maxBatchTokens: limits.maxBatchTokens,
+      maxSeqs: limits.maxSeqs,
+      ...(opts.threads === undefined ? {} : { threads: opts.threads }),
+      ...(opts.kvDtype === undefined ? {} : { kvDtype: opts.kvDtype }),
+    });
+    return { engine: e, description: `cpu (WebAssembly ${e.flavour === "relaxed" ? "relaxed SIMD" : "SIMD"}, ${e.threads} threads, ${e.kvDtype} KV)` };
   };
+  const gpu = async () => {
+    // The engine acquires the device itself so that dispose() destroys it: the executor
+    // builds a new engine after every failure, and each old device would otherwise stay alive.
+    const e = await WebGpuEngine.create(model.config, model.weights, kv, {
+      maxBatchTokens: limits.maxBatchTokens,
+      maxSeqs: limits.maxSeqs,
+      ...(onUpload ? { onUpload } : {}),
+    });
+    return { engine: e as Engine, description: `webgpu (${e.gpu.description})` };
+  };
+  if (backend === "reference") {
+    return {
+      engine: new CpuEngine(model.config, model.weights, kv),
+      description: "reference (plain TypeScript, f32 weights)",
+    };
+  }
+  if (backend === "cpu") return await cpu();
+  if (opts.kvDtype === "f16" && backend === "webgpu") {
+    throw new Error("Cannot create the WebGPU engine: --kv-dtype f16 is not supported on webgpu yet (its KV cache is f32)");
+  }
+  if (backend === "webgpu") return await gpu();
+  // auto
+  const c = await cpu();
+  let g: { engine: Engine; description: string };
+  try {
+    g = await gpu();
+  } catch (e) {
+    return { ...c, description: `${c.description}; webgpu unavailable: ${e instanceof Error ? e.message : e}` };
+  }
+  const [cpuMs, gpuMs] = [await timeDecodeStep(c.engine), await timeDecodeStep(g.engine)];
+  const [keep, drop] = cpuMs <= gpuMs ? [c, g] : [g, c];
+  drop.engine.dispose();
+  return {
+    engine: keep.engine,
+    description: `${keep.description}; auto chose it: decode step ${cpuMs.toFixed(1)} ms on cpu, ${
+      gpuMs.toFixed(1)
+    } ms on ${g.description}`,
+  };
+}
+
+/**
+ * The backend an executor restart rebuilds: the one "auto" chose at start-up (its description
+ * starts with the engine's name), so a restart neither re-times both nor switches engines.
+ */
+export function rebuildBackend(description: string, asked: BackendChoice): BackendChoice {
+  if (asked !== "auto") return asked;
+  return description.startsWith("webgpu") ? "webgpu" : "cpu";
 }

@@ -30,10 +30,11 @@ export async function readFully(
 export async function readFileWithProgress(
   path: string,
   onProgress?: ReadProgress,
+  allocate: (bytes: number) => Uint8Array = (n) => new Uint8Array(n),
 ): Promise<Uint8Array> {
   using file = await Deno.open(path, { read: true });
   const size = (await file.stat()).size;
-  const bytes = new Uint8Array(size);
+  const bytes = allocate(size);
   const got = await readFully(file, 0, bytes, onProgress);
   return got === size ? bytes : bytes.subarray(0, got);
 }

@@ -7,7 +7,7 @@
 // unpacking. Weights are unpacked to unsigned values below 128 (offsets and minimums are
 // applied through the activations' block sums), so relaxed SIMD's i8×i7 dot product is exact.
 
-import { dot16, dot16signed, h2f, h2f_hi, h2f_lo, hsum, hsumi, ZERO } from "./simd";
+import { dot16signed, h2f, h2f_hi, h2f_lo, h2fScale, hsum, hsumi, pairs16, ZERO } from "./simd";
 import {
   ACT_BS16,
   ACT_BS32,
@@ -60,29 +60,37 @@ export function rowBytes(type: i32, K: i32): i32 {
   return 0;
 }
 
+// Integer dot products of a 32-element sub-block: pair sums in i16 (sub-block sums stay
+// within i16 for weights below 64), widened or scaled by pmaddwd into i32 lanes.
+
 // @ts-ignore: decorator
 @inline function lacc(acc: v128, q: usize, w0: v128, w1: v128, scale: f32): v128 {
-  const s = dot16(v128.load(q, 16), w1, dot16(v128.load(q), w0, ZERO));
+  const p = i16x8.add(pairs16(v128.load(q), w0), pairs16(v128.load(q, 16), w1));
+  const s = i32x4.extadd_pairwise_i16x8_s(p);
   return f32x4.add(acc, f32x4.mul(f32x4.convert_i32x4_s(s), f32x4.splat(scale)));
 }
 
+/** is + Σ sc·w·a over 32 elements; sc is an i16 splat (scales up to 63). */
 // @ts-ignore: decorator
 @inline function kacc32(is: v128, q: usize, w0: v128, w1: v128, sc: v128): v128 {
-  return i32x4.add(is, i32x4.mul(dot16(v128.load(q, 16), w1, dot16(v128.load(q), w0, ZERO)), sc));
+  const p = i16x8.add(pairs16(v128.load(q), w0), pairs16(v128.load(q, 16), w1));
+  return i32x4.add(is, i32x4.dot_i16x8_s(p, sc));
 }
 
+/** is + Σ over two 16-element groups with their own scales (i16 splats, signed). */
 // @ts-ignore: decorator
 @inline function kacc16(is: v128, q: usize, w0: v128, w1: v128, sa: v128, sb: v128): v128 {
   return i32x4.add(
     is,
     i32x4.add(
-      i32x4.mul(dot16(v128.load(q), w0, ZERO), sa),
-      i32x4.mul(dot16(v128.load(q, 16), w1, ZERO), sb),
+      i32x4.dot_i16x8_s(pairs16(v128.load(q), w0), sa),
+      i32x4.dot_i16x8_s(pairs16(v128.load(q, 16), w1), sb),
     ),
   );
 }
 
 const M4: v128 = i8x16.splat(0x0f);
+const M30: v128 = i8x16.splat(0x30);
 const BIT16: v128 = i8x16.splat(0x10);
 const BITS: v128 = i8x16(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
 
@@ -98,7 +106,8 @@ const BITS: v128 = i8x16(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -
 
 // ---- 32-element types: Q8_0 activations (d32, s32 = d32 × block sum) ----------------------
 
-function k_legacy(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
+// @ts-ignore: decorator
+@inline function k_legacy(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
   const nb = K >> 5;
   const q = load<usize>(desc + ACT_Q32) + <usize>b * <usize>K;
   const ds = load<usize>(desc + ACT_D32) + (<usize>(b * nb) << 2);
@@ -114,7 +123,7 @@ function k_legacy(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): v
     let dw: f32 = 0, m: f32 = 0;
     if (type == T_Q8_0) {
       const bp = wr + <usize>j * 34;
-      dw = h2f(load<u16>(bp));
+      dw = h2fScale(load<u16>(bp));
       const x0 = v128.load(bp + 2);
       const x1 = v128.load(bp + 18);
       const sa = dot16signed(v128.load(qo, 16), x1, dot16signed(v128.load(qo), x0, ZERO));
@@ -131,35 +140,35 @@ function k_legacy(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): v
     }
     if (type == T_Q4_0) {
       const bp = wr + <usize>j * 18;
-      dw = h2f(load<u16>(bp));
+      dw = h2fScale(load<u16>(bp));
       const x = v128.load(bp + 2);
       w0 = v128.and(x, M4);
-      w1 = i8x16.shr_u(x, 4);
+      w1 = v128.and(i16x8.shr_u(x, 4), M4);
       m = dw * -8;
     } else if (type == T_Q4_1) {
       const bp = wr + <usize>j * 20;
-      dw = h2f(load<u16>(bp));
-      m = h2f(load<u16>(bp + 2));
+      dw = h2fScale(load<u16>(bp));
+      m = h2fScale(load<u16>(bp + 2));
       const x = v128.load(bp + 4);
       w0 = v128.and(x, M4);
-      w1 = i8x16.shr_u(x, 4);
+      w1 = v128.and(i16x8.shr_u(x, 4), M4);
     } else if (type == T_Q5_0) {
       const bp = wr + <usize>j * 22;
-      dw = h2f(load<u16>(bp));
+      dw = h2fScale(load<u16>(bp));
       const qh = load<u32>(bp + 2);
       const x = v128.load(bp + 6);
       w0 = v128.or(v128.and(x, M4), highBits(qh, 0));
-      w1 = v128.or(i8x16.shr_u(x, 4), highBits(qh, 2));
+      w1 = v128.or(v128.and(i16x8.shr_u(x, 4), M4), highBits(qh, 2));
       m = dw * -16;
     } else {
       // T_Q5_1
       const bp = wr + <usize>j * 24;
-      dw = h2f(load<u16>(bp));
-      m = h2f(load<u16>(bp + 2));
+      dw = h2fScale(load<u16>(bp));
+      m = h2fScale(load<u16>(bp + 2));
       const qh = load<u32>(bp + 4);
       const x = v128.load(bp + 8);
       w0 = v128.or(v128.and(x, M4), highBits(qh, 0));
-      w1 = v128.or(i8x16.shr_u(x, 4), highBits(qh, 2));
+      w1 = v128.or(v128.and(i16x8.shr_u(x, 4), M4), highBits(qh, 2));
     }
     a0 = lacc(a0, qo, w0, w1, dw * load<f32>(ds + jo));
     e0 += m * load<f32>(ss + jo);
@@ -193,7 +202,8 @@ function k_legacy(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): v
   return (quarter & 1) == 0 ? i32x4.extend_low_i16x8_s(w) : i32x4.extend_high_i16x8_s(w);
 }
 
-function k_kquant(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
+// @ts-ignore: decorator
+@inline function k_kquant(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
   const nsb = K >> 8;
   const q = load<usize>(desc + ACT_Q256) + <usize>b * <usize>K;
   const ds = load<usize>(desc + ACT_D256) + (<usize>(b * nsb) << 2);
@@ -212,8 +222,8 @@ function k_kquant(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): v
     let dw: f32 = 0, dm: f32 = 0;
     if (type == T_Q4_K || type == T_Q5_K) {
       const bp = wr + <usize>j * (type == T_Q4_K ? 144 : 176);
-      dw = h2f(load<u16>(bp));
-      dm = -h2f(load<u16>(bp + 2));
+      dw = h2fScale(load<u16>(bp));
+      dm = -h2fScale(load<u16>(bp + 2));
       let u0 = load<u32>(bp + 4), u1 = load<u32>(bp + 8);
       const u2 = load<u32>(bp + 12);
       const u3 = ((u2 >> 4) & 0x0f0f0f0f) | (((u1 >> 6) & 0x03030303) << 4);
@@ -240,7 +250,7 @@ function k_kquant(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): v
         const x0 = v128.load(qs + (<usize>c << 5));
         const x1 = v128.load(qs + (<usize>c << 5), 16);
         let w0 = v128.and(x0, M4), w1 = v128.and(x1, M4);
-        let w2 = i8x16.shr_u(x0, 4), w3 = i8x16.shr_u(x1, 4);
+        let w2 = v128.and(i16x8.shr_u(x0, 4), M4), w3 = v128.and(i16x8.shr_u(x1, 4), M4);
         if (type == T_Q5_K) {
           const s = 2 * c;
           w0 = v128.or(w0, i8x16.shl(v128.and(i8x16.shr_u(h0, s), i8x16.splat(1)), 4));
@@ -249,8 +259,8 @@ function k_kquant(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): v
           w3 = v128.or(w3, i8x16.shl(v128.and(i8x16.shr_u(h1, s + 1), i8x16.splat(1)), 4));
         }
         const word = c < 2 ? u0 : u1;
-        const sa = i32x4.splat((word >> (16 * (c & 1))) & 0xff);
-        const sb = i32x4.splat((word >> (16 * (c & 1) + 8)) & 0xff);
+        const sa = i16x8.splat(<i16>((word >> (16 * (c & 1))) & 0xff));
+        const sb = i16x8.splat(<i16>((word >> (16 * (c & 1) + 8)) & 0xff));
         const qc = qo + (<usize>c << 6);
         i0 = kacc32(kacc32(i0, qc, w0, w1, sa), qc + 32, w2, w3, sb);
         if (nr == 4) {
@@ -261,7 +271,7 @@ function k_kquant(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): v
       }
     } else if (type == T_Q6_K) {
       const bp = wr + <usize>j * 210;
-      dw = h2f(load<u16>(bp + 208));
+      dw = h2fScale(load<u16>(bp + 208));
       const scv = v128.load(bp + 192);
       dm = dw * -32;
       const bo = b16 + (<usize>j << 6);
@@ -277,28 +287,55 @@ function k_kquant(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): v
         const ql = bp + (<usize>n << 6);
         const qh0 = v128.load(bp + 128 + (<usize>n << 5));
         const qh1 = v128.load(bp + 128 + (<usize>n << 5), 16);
-        for (let k = 0; k < 4; k++) {
-          const x0 = v128.load(ql + (<usize>(k & 1) << 5));
-          const x1 = v128.load(ql + (<usize>(k & 1) << 5), 16);
-          const l0 = k < 2 ? v128.and(x0, M4) : i8x16.shr_u(x0, 4);
-          const l1 = k < 2 ? v128.and(x1, M4) : i8x16.shr_u(x1, 4);
-          const w0 = v128.or(l0, i8x16.shl(v128.and(i8x16.shr_u(qh0, 2 * k), i8x16.splat(3)), 4));
-          const w1 = v128.or(l1, i8x16.shl(v128.and(i8x16.shr_u(qh1, 2 * k), i8x16.splat(3)), 4));
-          const si = 8 * n + 2 * k;
-          const sa = i32x4.splat(<i32>load<i8>(bp + 192 + si));
-          const sb = i32x4.splat(<i32>load<i8>(bp + 193 + si));
-          const qc = qo + (<usize>(128 * n + 32 * k));
-          i0 = kacc16(i0, qc, w0, w1, sa, sb);
-          if (nr == 4) {
-            i1 = kacc16(i1, qc + qk, w0, w1, sa, sb);
-            i2 = kacc16(i2, qc + 2 * qk, w0, w1, sa, sb);
-            i3 = kacc16(i3, qc + 3 * qk, w0, w1, sa, sb);
-          }
+        const xa0 = v128.load(ql), xa1 = v128.load(ql, 16);
+        const xb0 = v128.load(ql, 32), xb1 = v128.load(ql, 48);
+        const qc = qo + (<usize>n << 7);
+        const sp = bp + 192 + (<usize>n << 3);
+        // Sub-block k takes its low bits from nibble k>>1 of ql[32(k&1) + l] and its high two
+        // bits from bits 2k of qh[l]; constant shifts of 16-bit lanes, then masks.
+        let w0 = v128.or(v128.and(xa0, M4), v128.and(i16x8.shl(qh0, 4), M30));
+        let w1 = v128.or(v128.and(xa1, M4), v128.and(i16x8.shl(qh1, 4), M30));
+        let sa = i16x8.splat(<i16>load<i8>(sp)), sb = i16x8.splat(<i16>load<i8>(sp + 1));
+        i0 = kacc16(i0, qc, w0, w1, sa, sb);
+        if (nr == 4) {
+          i1 = kacc16(i1, qc + qk, w0, w1, sa, sb);
+          i2 = kacc16(i2, qc + 2 * qk, w0, w1, sa, sb);
+          i3 = kacc16(i3, qc + 3 * qk, w0, w1, sa, sb);
+        }
+        w0 = v128.or(v128.and(xb0, M4), v128.and(i16x8.shl(qh0, 2), M30));
+        w1 = v128.or(v128.and(xb1, M4), v128.and(i16x8.shl(qh1, 2), M30));
+        sa = i16x8.splat(<i16>load<i8>(sp + 2));
+        sb = i16x8.splat(<i16>load<i8>(sp + 3));
+        i0 = kacc16(i0, qc + 32, w0, w1, sa, sb);
+        if (nr == 4) {
+          i1 = kacc16(i1, qc + qk + 32, w0, w1, sa, sb);
+          i2 = kacc16(i2, qc + 2 * qk + 32, w0, w1, sa, sb);
+          i3 = kacc16(i3, qc + 3 * qk + 32, w0, w1, sa, sb);
+        }
+        w0 = v128.or(v128.and(i16x8.shr_u(xa0, 4), M4), v128.and(qh0, M30));
+        w1 = v128.or(v128.and(i16x8.shr_u(xa1, 4), M4), v128.and(qh1, M30));
+        sa = i16x8.splat(<i16>load<i8>(sp + 4));
+        sb = i16x8.splat(<i16>load<i8>(sp + 5));
+        i0 = kacc16(i0, qc + 64, w0, w1, sa, sb);
+        if (nr == 4) {
+          i1 = kacc16(i1, qc + qk + 64, w0, w1, sa, sb);
+          i2 = kacc16(i2, qc + 2 * qk + 64, w0, w1, sa, sb);
+          i3 = kacc16(i3, qc + 3 * qk + 64, w0, w1, sa, sb);
+        }
+        w0 = v128.or(v128.and(i16x8.shr_u(xb0, 4), M4), v128.and(i16x8.shr_u(qh0, 2), M30));
+        w1 = v128.or(v128.and(i16x8.shr_u(xb1, 4), M4), v128.and(i16x8.shr_u(qh1, 2), M30));
+        sa = i16x8.splat(<i16>load<i8>(sp + 6));
+        sb = i16x8.splat(<i16>load<i8>(sp + 7));
+        i0 = kacc16(i0, qc + 96, w0, w1, sa, sb);
+        if (nr == 4) {
+          i1 = kacc16(i1, qc + qk + 96, w0, w1, sa, sb);
+          i2 = kacc16(i2, qc + 2 * qk + 96, w0, w1, sa, sb);
+          i3 = kacc16(i3, qc + 3 * qk + 96, w0, w1, sa, sb);
         }
       }
     } else if (type == T_Q3_K) {
       const bp = wr + <usize>j * 110;
-      dw = h2f(load<u16>(bp + 108));
+      dw = h2fScale(load<u16>(bp + 108));
       dm = dw * -4;
       const a = load<u32>(bp + 96), bb = load<u32>(bp + 100), t = load<u32>(bp + 104);
       const s0 = (a & 0x0f0f0f0f) | ((t & 0x03030303) << 4);
@@ -334,8 +371,8 @@ function k_kquant(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): v
             i8x16.shl(v128.and(i8x16.shr_u(hm1, hb), i8x16.splat(1)), 2),
           );
           const si = 8 * n + 2 * k;
-          const sa = i32x4.splat(scaleByte(scv, si));
-          const sb = i32x4.splat(scaleByte(scv, si + 1));
+          const sa = i16x8.splat(<i16>scaleByte(scv, si));
+          const sb = i16x8.splat(<i16>scaleByte(scv, si + 1));
           const qc = qo + (<usize>(128 * n + 32 * k));
           i0 = kacc16(i0, qc, w0, w1, sa, sb);
           if (nr == 4) {
@@ -348,8 +385,8 @@ function k_kquant(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): v
     } else {
       // T_Q2_K
       const bp = wr + <usize>j * 84;
-      dw = h2f(load<u16>(bp + 80));
-      dm = -h2f(load<u16>(bp + 82));
+      dw = h2fScale(load<u16>(bp + 80));
+      dm = -h2fScale(load<u16>(bp + 82));
       const scv = v128.load(bp);
       const mins = i8x16.shr_u(scv, 4);
       const bo = b16 + (<usize>j << 6);
@@ -368,8 +405,8 @@ function k_kquant(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): v
           const w0 = v128.and(i8x16.shr_u(x0, 2 * k), i8x16.splat(3));
           const w1 = v128.and(i8x16.shr_u(x1, 2 * k), i8x16.splat(3));
           const si = 8 * n + 2 * k;
-          const sa = i32x4.splat(<i32>(load<u8>(bp + si) & 0xf));
-          const sb = i32x4.splat(<i32>(load<u8>(bp + si + 1) & 0xf));
+          const sa = i16x8.splat(<i16>(load<u8>(bp + si) & 0xf));
+          const sb = i16x8.splat(<i16>(load<u8>(bp + si + 1) & 0xf));
           const qc = qo + (<usize>(128 * n + 32 * k));
           i0 = kacc16(i0, qc, w0, w1, sa, sb);
           if (nr == 4) {
@@ -438,7 +475,8 @@ function k_kquant(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): v
   return type == T_F16 ? h2f(h) : reinterpret<f32>(h << 16);
 }
 
-function k_float(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
+// @ts-ignore: decorator
+@inline function k_float(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
   const f = load<usize>(desc + ACT_F) + (<usize>b * <usize>K << 2);
   const fk = <usize>K << 2;
   const K8 = K & ~7;
@@ -497,6 +535,31 @@ function k_float(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): vo
  * activation rows 0..B.
  */
 export function matmul(
+  type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
+  accum: bool, n0: i32, n1: i32,
+): void {
+  // One copy of the loops per type (and tile height): with the type a constant, the compiler
+  // drops every other type's branches and keeps the loop's vectors in registers.
+  switch (type) {
+    case T_F32: mmRows(T_F32, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
+    case T_F16: mmRows(T_F16, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
+    case T_BF16: mmRows(T_BF16, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
+    case T_Q8_0: mmRows(T_Q8_0, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
+    case T_Q4_0: mmRows(T_Q4_0, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
+    case T_Q4_1: mmRows(T_Q4_1, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
+    case T_Q5_0: mmRows(T_Q5_0, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
+    case T_Q5_1: mmRows(T_Q5_1, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
+    case T_Q2_K: mmRows(T_Q2_K, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
+    case T_Q3_K: mmRows(T_Q3_K, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
+    case T_Q4_K: mmRows(T_Q4_K, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
+    case T_Q5_K: mmRows(T_Q5_K, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
+    case T_Q6_K: mmRows(T_Q6_K, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
+    default: unreachable();
+  }
+}
+
+// @ts-ignore: decorator
+@inline function mmRows(
   type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
   accum: bool, n0: i32, n1: i32,
 ): void {

@@ -21,6 +21,25 @@ export const ZERO: v128 = i32x4.splat(0);
   }
 }
 
+/**
+ * Pair sums a[2i]·w[2i] + a[2i+1]·w[2i+1] of 16 signed activations and 16 weights in 0..127,
+ * as 8 i16 lanes (pmaddubsw): exact, since |a| ≤ 127 keeps each pair within ±32512. The plain
+ * build computes the same sums from 16-bit products.
+ */
+// @ts-ignore: decorator
+@inline export function pairs16(a: v128, w: v128): v128 {
+  if (ASC_FEATURE_RELAXED_SIMD) {
+    return i16x8.relaxed_dot_i8x16_i7x16_s(a, w);
+  } else {
+    const lo = i16x8.extmul_low_i8x16_s(a, w);
+    const hi = i16x8.extmul_high_i8x16_s(a, w);
+    return i16x8.add(
+      i8x16.shuffle(lo, hi, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29),
+      i8x16.shuffle(lo, hi, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31),
+    );
+  }
+}
+
 /** Exact dot product of 16 signed activations with 16 signed weights (Q8_0's -128 included). */
 // @ts-ignore: decorator
 @inline export function dot16signed(a: v128, w: v128, acc: v128): v128 {
@@ -51,6 +70,13 @@ export const ZERO: v128 = i32x4.splat(0);
   const em = (h & 0x7fff) << 13;
   let f = reinterpret<f32>(em) * reinterpret<f32>(0x77800000); // × 2^112
   if ((h & 0x7c00) == 0x7c00) f = reinterpret<f32>(em | 0x7f800000);
+  return reinterpret<f32>(reinterpret<u32>(f) | ((h & 0x8000) << 16));
+}
+
+/** h2f for a block scale: finite halves only (an infinite scale is no weight anyone stores). */
+// @ts-ignore: decorator
+@inline export function h2fScale(h: u32): f32 {
+  const f = reinterpret<f32>((h & 0x7fff) << 13) * reinterpret<f32>(0x77800000);
   return reinterpret<f32>(reinterpret<u32>(f) | ((h & 0x8000) << 16));
 }
 
