@@ -5,13 +5,15 @@
  * within logprobTolerance() at step 0 (always, which the near-tie stories260K carriers need:
  * step 0 depends on every tensor) and at every compared step.
  *
- * Cost on 2 cores: the CPU engine dequantizes to f32 and runs the classifier in plain
+ * Cost on 2 cores: the reference engine dequantizes to f32 and runs the classifier in plain
  * TypeScript, 33-39 M multiply-adds a token for the 128k/152k vocabularies; those files
- * compare the first 12 steps of each prompt on the CPU (their margins are all above 14 nats),
- * the others all 32.
+ * compare the first 12 steps of each prompt on the reference (their margins are all above 14
+ * nats), the others all 32. The CPU engine (WebAssembly, 8-bit activations as llama.cpp's)
+ * compares all 32 on every file.
  */
 import { assert, assertEquals } from "@std/assert";
 import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import type { Engine } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { ropeFrequencies } from "../lib/model/model_config.ts";
@@ -25,7 +27,7 @@ import {
   readFixture,
 } from "./_compat.ts";
 
-/** Every compat file, with the steps the CPU engine compares (fewer for the 128k+ vocabularies). */
+/** Every compat file, with the steps the reference compares (fewer for the 128k+ vocabularies). */
 const FILES: readonly { stem: string; cpuSteps: number }[] = COMPAT_FILES.map((stem) => ({
   stem,
   cpuSteps: /^(llama3|qwen)/.test(stem) ? 12 : 32,
@@ -56,14 +58,30 @@ for (const { stem, cpuSteps } of FILES) {
     for (const p of fx.prompts) assertEquals(tok.encode(p.prompt), p.prompt_ids, p.name);
   });
 
-  Deno.test(`${stem} on cpu: greedy tokens equal llama.cpp's where its margin > 0.5, logprobs within tolerance`, async () => {
+  Deno.test(`${stem} on reference: greedy tokens equal llama.cpp's where its margin > 0.5, logprobs within tolerance`, async () => {
     const [model, fx] = await Promise.all([loadModel(compatPath(stem)), readFixture(stem)]);
     const engine: Engine = new CpuEngine(model.config, model.weights, KV);
     const results = await compareGreedy(engine, fx.prompts, { steps: cpuSteps });
-    assertAgrees(stem, "cpu", results);
+    assertAgrees(stem, "reference", results);
     // The carriers' near-ties stop most prompts early; the peaked files compare every step.
     const compared = results.reduce((n, r) => n + r.compared, 0);
     if (!stem.startsWith("stories")) assertEquals(compared, fx.prompts.length * cpuSteps);
+  });
+
+  Deno.test(`${stem} on cpu: greedy tokens equal llama.cpp's where its margin > 0.5, logprobs within tolerance`, async () => {
+    const [model, fx] = await Promise.all([loadModel(compatPath(stem)), readFixture(stem)]);
+    const engine = await WasmEngine.create(model.config, model.weights, KV, {
+      maxSeqs: fx.prompts.length,
+    });
+    try {
+      const steps = 32;
+      const results = await compareGreedy(engine, fx.prompts, { steps });
+      assertAgrees(stem, "cpu", results);
+      const compared = results.reduce((n, r) => n + r.compared, 0);
+      if (!stem.startsWith("stories")) assertEquals(compared, fx.prompts.length * steps);
+    } finally {
+      engine.dispose();
+    }
   });
 }
 
@@ -88,7 +106,7 @@ Deno.test("llama3-like's rope_freqs.weight are Llama 3.1's factors (32, low 1, h
   }
 });
 
-Deno.test("CPU engine on qwen2-like (Q5_0/Q8_0/Q4_K/Q6_K, biases): 16 prompts decoded together give each the logprobs it gets alone", async () => {
+Deno.test("reference engine on qwen2-like (Q5_0/Q8_0/Q4_K/Q6_K, biases): 16 prompts decoded together give each the logprobs it gets alone", async () => {
   const model = await loadModel(compatPath("qwen2-like-q4_k_m"));
   const engine = new CpuEngine(model.config, model.weights, { numBlocks: 40, blockSize: 16 });
   await assertBatchInvariant(engine, model.config.vocabSize, 2);

@@ -7,6 +7,7 @@ import {
   type StepResult,
 } from "../lib/engine/engine.ts";
 import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { parseLlama2cCheckpoint } from "../lib/model/llama2c_checkpoint.ts";
 import { planStep } from "../kernels/step_plan.ts";
 import { FakeEngine } from "./_fake_engine.ts";
@@ -47,8 +48,23 @@ class PlannerOnly implements Engine {
   dispose(): void {}
 }
 
+/** The CPU engine is built asynchronously (its threads start); this defers to it. */
+class Deferred implements Engine {
+  readonly name = "cpu";
+  readonly config = model.config;
+  readonly kv = KV;
+  readonly #engine = WasmEngine.create(model.config, model.weights, KV, { threads: 2 });
+  async step(plan: StepPlan) {
+    return await (await this.#engine).step(plan);
+  }
+  dispose(): void {
+    this.#engine.then((e) => e.dispose());
+  }
+}
+
 const engines: Record<string, () => Engine> = {
-  cpu: () => new CpuEngine(model.config, model.weights, KV),
+  reference: () => new CpuEngine(model.config, model.weights, KV),
+  cpu: () => new Deferred(),
   fake: () => new FakeEngine({ vocabSize: VOCAB, contextLength: CONTEXT, ...KV }),
   "webgpu planner": () => new PlannerOnly(),
 };
@@ -144,7 +160,7 @@ Deno.test("the GPU planner refuses a step beyond the buffers it was sized for", 
   );
 });
 
-for (const name of ["cpu", "fake"]) {
+for (const name of ["reference", "cpu", "fake"]) {
   Deno.test(`${name} engine: a refused plan writes no KV, even for the sequences before the bad one`, async () => {
     const prompt = [1, 403, 407, 261];
     const decode = (engine: Engine) =>

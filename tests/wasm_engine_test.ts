@@ -1,0 +1,167 @@
+/**
+ * The CPU engine (kernels/wasm) as a whole: against the reference engine, and the same bits
+ * whatever shares a step, however many threads run it, and whichever kernel build runs.
+ */
+import { assert, assertEquals, assertRejects } from "@std/assert";
+import { WasmEngine, type WasmEngineOptions } from "../kernels/wasm/wasm_engine.ts";
+import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { type Engine, GREEDY, type SamplingParams, type SeqInput } from "../lib/engine/engine.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import type { Model } from "../lib/model/weights.ts";
+import { wasmHeap } from "../kernels/wasm/heap.ts";
+import { compatPath } from "./_compat.ts";
+import { modelFile } from "./_model_files.ts";
+import { rng } from "./_gpu.ts";
+
+const KV = { numBlocks: 48, blockSize: 16 };
+
+async function withEngine<T>(model: Model, opts: WasmEngineOptions, f: (e: WasmEngine) => Promise<T>) {
+  const e = await WasmEngine.create(model.config, model.weights, KV, opts);
+  try {
+    return await f(e);
+  } finally {
+    e.dispose();
+  }
+}
+
+/** Greedy decode of one prompt for `steps` tokens; every step's logits. */
+async function decode(engine: Engine, prompt: number[], steps: number): Promise<Float32Array[]> {
+  const out: Float32Array[] = [];
+  let next = prompt, pos = 0;
+  for (let s = 0; s < steps; s++) {
+    const r = await engine.step({
+      stepId: s,
+      returnLogits: true,
+      seqs: [{ seqId: 1, tokens: next, startPos: pos, blockTable: [0, 1, 2], sample: true, sampling: GREEDY }],
+    });
+    out.push(r.sampled[0]!.logits!);
+    pos += next.length;
+    next = [r.sampled[0]!.token];
+  }
+  engine.release?.(1);
+  return out;
+}
+
+/** 16 random prompts (seeded) prefilled together and decoded `steps` tokens; logits per prompt per step. */
+async function batch(
+  engine: Engine,
+  prompts: number[][],
+  steps: number,
+  sampling: SamplingParams = GREEDY,
+  seqBase = 0,
+  blockBase = 0,
+): Promise<Float32Array[][]> {
+  const out = prompts.map(() => [] as Float32Array[]);
+  const pos = prompts.map(() => 0);
+  let next = prompts.map((p) => p);
+  for (let step = 0; step < steps; step++) {
+    const seqs: SeqInput[] = prompts.map((_, i) => ({
+      seqId: seqBase + i,
+      tokens: next[i]!,
+      startPos: pos[i]!,
+      blockTable: [blockBase + 2 * i, blockBase + 2 * i + 1],
+      sample: true,
+      sampling,
+    }));
+    const r = await engine.step({ stepId: step, seqs, returnLogits: true });
+    r.sampled.forEach((s, i) => {
+      out[i]!.push(s.logits!);
+      pos[i]! += next[i]!.length;
+    });
+    next = r.sampled.map((s) => [s.token]);
+  }
+  prompts.forEach((_, i) => engine.release?.(seqBase + i));
+  return out;
+}
+
+function randomPrompts(vocab: number, seed: number): number[][] {
+  const rand = rng(seed);
+  return Array.from({ length: 16 }, () => Array.from({ length: 2 + Math.floor(rand() * 15) }, () => Math.floor(rand() * vocab)));
+}
+
+const bits = (a: Float32Array) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
+
+Deno.test("cpu engine on stories260K (f32 weights) follows the reference engine: same greedy tokens over 40 steps, logits within 0.02 (f16 KV) and 1e-3 (f32 KV)", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"), { tokenizerPath: modelFile("tok512.bin") });
+  const reference = new CpuEngine(model.config, model.weights, KV);
+  const prompt = [1, 403, 407, 261, 300];
+  const expected = await decode(reference, prompt, 40);
+  reference.dispose();
+  for (const [kvDtype, tolerance] of [["f16", 0.02], ["f32", 1e-3]] as const) {
+    const got = await withEngine(model, { kvDtype }, (e) => decode(e, prompt, 40));
+    got.forEach((logits, s) => {
+      let worst = 0, argA = 0, argB = 0;
+      for (let i = 0; i < logits.length; i++) {
+        worst = Math.max(worst, Math.abs(logits[i]! - expected[s]![i]!));
+        if (logits[i]! > logits[argA]!) argA = i;
+        if (expected[s]![i]! > expected[s]![argB]!) argB = i;
+      }
+      assertEquals(argA, argB, `${kvDtype} step ${s}: greedy token`);
+      assert(worst <= tolerance, `${kvDtype} step ${s}: max |Δlogit| ${worst} > ${tolerance}`);
+    });
+  }
+});
+
+Deno.test("cpu engine on qwen2-like (Q5_0/Q8_0/Q4_K/Q6_K, biases): 16 prompts together give each prompt the logits it gets alone, bit for bit, greedy and seeded", async () => {
+  const model = await loadModel(compatPath("qwen2-like-q4_k_m"), { allocate: (n) => wasmHeap().bytes(n, "test model") });
+  const prompts = randomPrompts(model.config.vocabSize, 11);
+  const seeded: SamplingParams = { temperature: 0.9, topK: 40, topP: 0.95, minP: 0.02, seed: 77 };
+  await withEngine(model, { maxSeqs: 16 }, async (e) => {
+    for (const sampling of [GREEDY, seeded]) {
+      const together = await batch(e, prompts, 3, sampling);
+      for (let i = 0; i < prompts.length; i += 5) {
+        const [alone] = await batch(e, [prompts[i]!], 3, sampling, 100 + i, 34);
+        alone!.forEach((l, s) => assertEquals(bits(l), bits(together[i]![s]!), `prompt ${i} step ${s}`));
+      }
+    }
+  });
+});
+
+Deno.test("cpu engine: 1, 2 and 3 threads and the plain-SIMD build give the same logits, bit for bit (llama3-like: Q4_K, Q6_K, rope_freqs)", async () => {
+  const model = await loadModel(compatPath("llama3-like-q4_k_m"));
+  const prompts = randomPrompts(model.config.vocabSize, 3).slice(0, 6);
+  const runs: Float32Array[][][] = [];
+  for (const opts of [{ threads: 1 }, { threads: 2 }, { threads: 3 }, { threads: 2, flavour: "simd" as const }]) {
+    runs.push(await withEngine(model, { ...opts, maxSeqs: 16 }, (e) => batch(e, prompts, 3)));
+  }
+  for (const run of runs.slice(1)) {
+    run.forEach((steps, i) => steps.forEach((l, s) => assertEquals(bits(l), bits(runs[0]![i]![s]!), `prompt ${i} step ${s}`)));
+  }
+});
+
+Deno.test("cpu engine: a decode from the last sampled token equals one from the same literal token", async () => {
+  const model = await loadModel(compatPath("qwen3-like-q4_k_m"));
+  await withEngine(model, {}, async (e) => {
+    const seq = (p: Partial<SeqInput>): SeqInput => ({ seqId: 1, tokens: [], startPos: 0, blockTable: [0], sample: true, sampling: GREEDY, ...p });
+    const first = await e.step({ stepId: 0, seqs: [seq({ tokens: [1, 2, 3] })] });
+    const viaLast = await e.step({ stepId: 1, returnLogits: true, seqs: [seq({ useLastSampled: true, startPos: 3 })] });
+    const literal = await e.step({ stepId: 2, returnLogits: true, seqs: [seq({ tokens: [first.sampled[0]!.token], startPos: 3 })] });
+    assertEquals(bits(viaLast.sampled[0]!.logits!), bits(literal.sampled[0]!.logits!));
+  });
+});
+
+Deno.test("cpu engine refuses a step larger than its buffers, naming the limit", async () => {
+  const model = await loadModel(modelFile("stories260K.gguf"));
+  await withEngine(model, { maxBatchTokens: 8, maxSeqs: 2 }, async (e) => {
+    assertEquals(e.limits, { maxSeqs: 2, maxBatchTokens: 8 });
+    await assertRejects(
+      () => e.step({ stepId: 4, seqs: [{ seqId: 1, tokens: [1, 2, 3, 4, 5, 6, 7, 8, 9], startPos: 0, blockTable: [0], sample: true, sampling: GREEDY }] }),
+      Error,
+      "Cannot run step 4: it has 9 token rows",
+    );
+  });
+});
+
+Deno.test("cpu engine reads weights in place when the model was loaded into its memory, and its KV cache is f16 by default", async () => {
+  const heap = wasmHeap();
+  const model = await loadModel(compatPath("tinyllama-like-q4_0"), { allocate: (n) => heap.bytes(n, "test model") });
+  assert(heap.owns(model.weights.layers[0]!.wq.data));
+  const before = heap.used;
+  await withEngine(model, {}, (e) => {
+    const c = model.config;
+    assertEquals(e.memory.kvCache, 2 * c.nLayers * KV.numBlocks * KV.blockSize * c.nKvHeads * c.headDim * 2);
+    // Nothing the size of the weights was allocated: only the KV cache and step buffers.
+    assert(heap.used - before < e.memory.kvCache + e.memory.buffers + (1 << 20), `${heap.used - before}`);
+    return Promise.resolve();
+  });
+});
