@@ -8,6 +8,7 @@
 
 /** Lowest layer first. A folder not listed here is an error, so a new one gets a place. */
 export const LAYERS: readonly string[] = [
+  "kernels/wasm/as",
   "lib/util",
   "lib/tokenizer",
   "lib/model",
@@ -15,6 +16,7 @@ export const LAYERS: readonly string[] = [
   "lib/engine",
   "lib/engine/cpu",
   "kernels",
+  "kernels/wasm",
   "lib/core",
   "actors",
   "lib/http",

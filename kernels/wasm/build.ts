@@ -5,7 +5,7 @@
  *   deno task build:wasm           writes both files
  *   deno task build:wasm --check   exits 1 when a committed file differs from a fresh build
  */
-import asc from "npm:assemblyscript@0.28.20/asc";
+import asc from "assemblyscript/asc";
 import { KERNEL_FILES, type KernelFlavour } from "./kernel_module.ts";
 
 const FEATURES: Record<KernelFlavour, string> = {
