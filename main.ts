@@ -74,6 +74,7 @@ async function launchCommand(args: string[]): Promise<number> {
         model: "",
         modelsDir: m.modelsDir,
         mayDownload: false,
+        runsEngine: false,
       });
     }
     default:

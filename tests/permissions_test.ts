@@ -1,5 +1,10 @@
 import { assertEquals } from "@std/assert";
-import { derivePermissions, HUGGING_FACE_HOSTS, permissionFlags } from "../lib/cli/permissions.ts";
+import {
+  CPU_KERNELS_DIR,
+  derivePermissions,
+  HUGGING_FACE_HOSTS,
+  permissionFlags,
+} from "../lib/cli/permissions.ts";
 
 /** An environment with only these variables. */
 const envOf = (vars: Record<string, string>) => (name: string) => vars[name];
@@ -9,7 +14,7 @@ Deno.test("derivePermissions() reads and writes the default models directory and
     { model: "stories260K", host: "127.0.0.1" },
     envOf({ HOME: "/home/u", MODEL_MIRROR: "/m" }),
   );
-  assertEquals(p.read, ["/home/u/.cache/llmserve/models", "/m"]);
+  assertEquals(p.read, ["/home/u/.cache/llmserve/models", "/m", CPU_KERNELS_DIR]);
   assertEquals(p.write, ["/home/u/.cache/llmserve/models"]);
   assertEquals(p.net, [...HUGGING_FACE_HOSTS, "127.0.0.1"]);
   assertEquals(p.env.includes("LLMSERVE_*"), true);
@@ -20,18 +25,18 @@ Deno.test("derivePermissions() follows XDG_CACHE_HOME, MODELS_DIR and --models-d
     { model: "stories260K" },
     envOf({ HOME: "/h", XDG_CACHE_HOME: "/x" }),
   );
-  assertEquals(xdg.read, ["/x/llmserve/models"]);
+  assertEquals(xdg.read, ["/x/llmserve/models", CPU_KERNELS_DIR]);
   const env = derivePermissions(
     { model: "stories260K" },
     envOf({ HOME: "/h", XDG_CACHE_HOME: "/x", MODELS_DIR: "/d" }),
   );
-  assertEquals(env.read, ["/d"]);
+  assertEquals(env.read, ["/d", CPU_KERNELS_DIR]);
   assertEquals(env.write, ["/d"]);
   const flag = derivePermissions(
     { model: "stories260K", modelsDir: "/f" },
     envOf({ MODELS_DIR: "/d" }),
   );
-  assertEquals(flag.read, ["/f"]);
+  assertEquals(flag.read, ["/f", CPU_KERNELS_DIR]);
   assertEquals(flag.write, ["/f"]);
 });
 
@@ -40,14 +45,14 @@ Deno.test("derivePermissions() grants a model given by path only that file, with
     { model: "/any/path.gguf", host: "10.0.0.5" },
     envOf({ MODELS_DIR: "/d" }),
   );
-  assertEquals(p.read, ["/d", "/any/path.gguf"]);
+  assertEquals(p.read, ["/d", "/any/path.gguf", CPU_KERNELS_DIR]);
   assertEquals(p.write, []);
   assertEquals(p.net, ["10.0.0.5"]);
   const v6 = derivePermissions(
     { model: "./m.bin", tokenizer: "./t.bin", host: "::1" },
     envOf({ MODELS_DIR: "/d" }),
   );
-  assertEquals(v6.read, ["/d", "./m.bin", "./t.bin"]);
+  assertEquals(v6.read, ["/d", "./m.bin", "./t.bin", CPU_KERNELS_DIR]);
   assertEquals(v6.net, ["[::1]"]);
 });
 
@@ -68,7 +73,7 @@ Deno.test("derivePermissions() lets a URL be fetched from its own host into the 
 
 Deno.test("derivePermissions() for listing models reads both places and nothing else", () => {
   const p = derivePermissions(
-    { model: "", mayDownload: false },
+    { model: "", mayDownload: false, runsEngine: false },
     envOf({ MODELS_DIR: "/d", MODEL_MIRROR: "/m" }),
   );
   assertEquals([p.read, p.write, p.net], [["/d", "/m"], [], []]);
@@ -94,5 +99,5 @@ Deno.test("derivePermissions() lets a replica reach its NATS servers and read it
   assertEquals(p.net, ["127.0.0.1", "10.1.2.3", "nats.internal"]);
   // lib/cluster/: the replica's heartbeat worker is a module loaded at run time.
   const cluster = new URL("../lib/cluster/", import.meta.url).pathname;
-  assertEquals(p.read, ["/d", "/m.gguf", "/etc/llm.creds", cluster]);
+  assertEquals(p.read, ["/d", "/m.gguf", "/etc/llm.creds", cluster, CPU_KERNELS_DIR]);
 });

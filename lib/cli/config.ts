@@ -25,8 +25,7 @@ export const SETTINGS = {
   },
   kvDtype: {
     env: "LLMSERVE_KV_DTYPE",
-    help: "CPU engine KV cache elements: f16 | f32",
-    default: "f16",
+    help: "CPU engine KV cache elements: f16 | f32 (default f16; WebGPU's are f32)",
   },
   contextLength: { env: "LLMSERVE_CONTEXT_LENGTH", help: "override the model's context length" },
   host: { env: "LLMSERVE_HOST", help: "address to listen on", default: "127.0.0.1" },
@@ -169,7 +168,7 @@ export const ConfigSchema = z.object({
   modelsDir: z.string().min(1).optional(),
   backend: z.enum(["webgpu", "cpu", "reference", "auto"]).default(D.backend.default),
   threads: positiveInt().max(256, "must be at most 256").optional(),
-  kvDtype: z.enum(["f16", "f32"]).default(D.kvDtype.default),
+  kvDtype: z.enum(["f16", "f32"]).optional(),
   contextLength: positiveInt().optional(),
   host: z.string().min(1).default(D.host.default),
   port: z.coerce.number({ error: "must be a number" }).int("must be an integer").min(

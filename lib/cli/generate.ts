@@ -31,7 +31,7 @@ const GenerateArgs = z.object({
   backend: z.enum(["webgpu", "cpu", "reference", "auto"]).default("auto"),
   "context-length": z.coerce.number().int().positive().optional(),
   threads: z.coerce.number().int().positive().max(256).optional(),
-  "kv-dtype": z.enum(["f16", "f32"]).default("f16"),
+  "kv-dtype": z.enum(["f16", "f32"]).optional(),
 });
 
 const USAGE =
@@ -104,7 +104,7 @@ export async function generateCommand(argv: string[]): Promise<number> {
     allocate: modelAllocator(args.backend),
   });
   const engineOpts = {
-    kvDtype: args["kv-dtype"],
+    ...(args["kv-dtype"] === undefined ? {} : { kvDtype: args["kv-dtype"] }),
     ...(args.threads === undefined ? {} : { threads: args.threads }),
   };
   // One sequence: an automatic KV cache of one full context, shortened to fit the device.

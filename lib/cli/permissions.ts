@@ -37,6 +37,8 @@ export interface RunNeeds {
   readonly natsCreds?: string;
   /** Whether the run may download a missing model (`models` only lists, so it never does). */
   readonly mayDownload?: boolean;
+  /** Whether the run builds an engine (`models` does not): the CPU engine reads its kernels. */
+  readonly runsEngine?: boolean;
 }
 
 /** Every environment variable the commands read (the models dir, the mirror, `LLMSERVE_*`). */
@@ -51,6 +53,9 @@ export const ENV_READ = [
   "WS_NO_BUFFER_UTIL",
   "WS_NO_UTF_8_VALIDATE",
 ] as const;
+
+/** What the CPU engine reads at run time: its compiled kernels and its worker's module. */
+export const CPU_KERNELS_DIR = new URL("../../kernels/wasm/", import.meta.url).pathname;
 
 /** `--kv-memory auto` sizes the cache from the machine's memory. */
 export const SYS_READ = ["systemMemoryInfo"] as const;
@@ -114,7 +119,7 @@ export function derivePermissions(needs: RunNeeds, env: EnvGetter): Permissions 
   // A replica's heartbeat worker is a module loaded at run time, which needs read access.
   if (needs.nats !== undefined) read.add(new URL("../cluster/", import.meta.url).pathname);
   // The CPU engine reads its compiled kernels and starts its worker threads from here.
-  read.add(new URL("../../kernels/wasm/", import.meta.url).pathname);
+  if (needs.runsEngine ?? true) read.add(CPU_KERNELS_DIR);
   return {
     read: [...read],
     write: [...write],

@@ -208,7 +208,7 @@ async function start(
     allocate: modelAllocator(config.backend),
   });
   const engineOpts = {
-    kvDtype: config.kvDtype,
+    ...(config.kvDtype === undefined ? {} : { kvDtype: config.kvDtype }),
     ...(config.threads === undefined ? {} : { threads: config.threads }),
   };
   const plan = await planKv(opened.model, config.backend, {

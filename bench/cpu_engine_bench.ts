@@ -1,0 +1,148 @@
+/**
+ * The CPU engine against llama.cpp on the same GGUF files, in the same run:
+ * `llama-batched-bench -npp 16 -ntg 32 -npl 1,8,32 -t <threads>` on llama.cpp's side, and the
+ * same shape on ours (npl prompts of npp tokens prefilled together, then ntg decode steps of
+ * all npl sequences). Prints decode and prefill tokens/s with the ratio, our resident memory
+ * after load with its breakdown, 1 against N threads at the largest batch, and writes an SVG
+ * chart of decode tokens/s against concurrency.
+ *
+ *   deno run -A bench/cpu_engine_bench.ts --llama-cpp /tmp/llama.cpp/build/bin \
+ *     --model /tmp/perf/qwen25-05b-q4_k_m.gguf --model /tmp/perf/llama32-1b-q4_k_m.gguf
+ *
+ * llama.cpp is built as ../shared/models/perf/README.md says (without AMX). Without
+ * --llama-cpp, only our side is measured and the table says so.
+ */
+import { parseArgs } from "@std/cli/parse-args";
+import { loadModel } from "../lib/model/load_model.ts";
+import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
+import { wasmHeap } from "../kernels/wasm/heap.ts";
+import { GREEDY, type SeqInput } from "../lib/engine/engine.ts";
+import { formatBytes } from "../lib/util/byte_size.ts";
+import { chartSvg } from "./svg_chart.ts";
+
+interface Row {
+  readonly npl: number;
+  readonly pp: number; // prefill tokens/s
+  readonly tg: number; // decode tokens/s
+}
+
+const args = parseArgs(Deno.args, {
+  string: ["model", "llama-cpp", "npl", "threads", "npp", "ntg", "svg"],
+  collect: ["model"],
+  default: { npl: "1,8,32", threads: String(navigator.hardwareConcurrency), npp: "16", ntg: "32" },
+});
+const models = args.model as string[];
+if (models.length === 0) {
+  console.error("Usage: deno run -A bench/cpu_engine_bench.ts --model <gguf> [--model …] [--llama-cpp <bin dir>] [--npl 1,8,32] [--threads N]");
+  Deno.exit(2);
+}
+const npls = args.npl.split(",").map(Number);
+const threads = Number(args.threads);
+const npp = Number(args.npp), ntg = Number(args.ntg);
+
+/** Our side: one engine per file, every concurrency in turn. */
+async function ours(engine: WasmEngine, vocab: number, npl: number): Promise<Row> {
+  const bs = engine.kv.blockSize;
+  const per = Math.ceil((npp + ntg + 1) / bs);
+  const prompts = Array.from({ length: npl }, (_, i) => Array.from({ length: npp }, (_, j) => (17 + 31 * i + 7 * j) % vocab));
+  const seqs = (tokens: number[][], pos: number): SeqInput[] =>
+    tokens.map((t, i) => ({
+      seqId: i,
+      tokens: t,
+      startPos: pos,
+      blockTable: Array.from({ length: per }, (_, b) => i * per + b),
+      sample: true,
+      sampling: GREEDY,
+    }));
+  const t0 = performance.now();
+  let r = await engine.step({ stepId: 0, seqs: seqs(prompts, 0) });
+  const tPrefill = performance.now() - t0;
+  const t1 = performance.now();
+  for (let s = 0; s < ntg; s++) {
+    r = await engine.step({ stepId: 1 + s, seqs: seqs(r.sampled.map((x) => [x.token]), npp + s) });
+  }
+  const tDecode = performance.now() - t1;
+  for (let i = 0; i < npl; i++) engine.release(i);
+  return { npl, pp: (npl * npp * 1000) / tPrefill, tg: (npl * ntg * 1000) / tDecode };
+}
+
+/** llama.cpp's side: llama-batched-bench's markdown table, S_PP and S_TG per batch. */
+async function llamaCpp(bin: string, model: string): Promise<Row[]> {
+  const out = await new Deno.Command(`${bin}/llama-batched-bench`, {
+    args: ["-m", model, "-c", "8192", "-b", "2048", "-ub", "512", "-npp", String(npp), "-ntg", String(ntg), "-npl", npls.join(","), "-t", String(threads)],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = new TextDecoder().decode(out.stdout);
+  if (!out.success) throw new Error(`llama-batched-bench failed: ${new TextDecoder().decode(out.stderr).slice(-500)}`);
+  const rows: Row[] = [];
+  for (const line of text.split("\n")) {
+    const cells = line.split("|").map((c) => c.trim()).filter((c) => c !== "");
+    if (cells.length >= 8 && /^\d+$/.test(cells[0]!) && Number(cells[0]) === npp) {
+      rows.push({ npl: Number(cells[2]), pp: Number(cells[5]), tg: Number(cells[7]) });
+    }
+  }
+  return rows;
+}
+
+const f1 = (x: number) => x.toFixed(1);
+const lines: string[] = [];
+const chart: { title: string; x: number[]; series: { name: string; values: (number | null)[] }[] }[] = [];
+const heap = wasmHeap();
+for (const path of models) {
+  const name = path.split("/").pop()!;
+  const fileBytes = (await Deno.stat(path)).size;
+  const rssBefore = Deno.memoryUsage().rss;
+  const model = await loadModel(path, { allocate: (n) => heap.bytes(n, "the model's weights") });
+  const maxNpl = Math.max(...npls);
+  const per = Math.ceil((npp + ntg + 1) / 16);
+  const kv = { numBlocks: maxNpl * per, blockSize: 16 };
+  const engine = await WasmEngine.create(model.config, model.weights, kv, { threads, maxSeqs: maxNpl, maxBatchTokens: Math.max(512, maxNpl * npp) });
+  const rssLoaded = Deno.memoryUsage().rss;
+  const mine: Row[] = [];
+  for (const npl of npls) mine.push(await ours(engine, model.config.vocabSize, npl));
+  // Touch every KV page used, then read RSS: what serving these sequences holds.
+  const rssAfter = Deno.memoryUsage().rss;
+  engine.dispose();
+  const one = await WasmEngine.create(model.config, model.weights, kv, { threads: 1, maxSeqs: maxNpl, maxBatchTokens: Math.max(512, maxNpl * npp) });
+  const single = await ours(one, model.config.vocabSize, maxNpl);
+  one.dispose();
+  let peer: Row[] = [];
+  let why = "";
+  if (args["llama-cpp"]) {
+    try {
+      peer = await llamaCpp(args["llama-cpp"], path);
+    } catch (e) {
+      why = e instanceof Error ? e.message : String(e);
+    }
+  } else why = "no --llama-cpp given";
+  lines.push(`\n### ${name} (${formatBytes(fileBytes)}), ${threads} threads, npp ${npp}, ntg ${ntg}\n`);
+  lines.push("| sequences | ours decode tok/s | llama.cpp decode tok/s | ratio | ours prefill tok/s | llama.cpp prefill tok/s | ratio |");
+  lines.push("|---:|---:|---:|---:|---:|---:|---:|");
+  for (const m of mine) {
+    const p = peer.find((r) => r.npl === m.npl);
+    lines.push(`| ${m.npl} | ${f1(m.tg)} | ${p ? f1(p.tg) : "–"} | ${p ? (m.tg / p.tg).toFixed(2) + "×" : "–"} | ${f1(m.pp)} | ${p ? f1(p.pp) : "–"} | ${p ? (m.pp / p.pp).toFixed(2) + "×" : "–"} |`);
+  }
+  if (why) lines.push(`\nllama.cpp not measured: ${why}`);
+  const big = mine.find((m) => m.npl === maxNpl)!;
+  lines.push(`\nThreads at ${maxNpl} sequences: 1 thread ${f1(single.tg)} tok/s, ${threads} threads ${f1(big.tg)} tok/s: ${(big.tg / single.tg).toFixed(2)}×.`);
+  lines.push(
+    `\nMemory: RSS ${formatBytes(rssBefore)} before load, ${formatBytes(rssLoaded)} after load and engine start, ${formatBytes(rssAfter)} after the runs; file ${formatBytes(fileBytes)}, KV cache ${formatBytes(engine.memory.kvCache)} (${kv.numBlocks} blocks, f16), step buffers ${formatBytes(engine.memory.buffers)}; after load − file − KV = ${formatBytes(rssLoaded - fileBytes - engine.memory.kvCache)}.`,
+  );
+  chart.push({
+    title: name,
+    x: npls,
+    series: [
+      { name: "ours (cpu)", values: mine.map((m) => m.tg) },
+      ...(peer.length ? [{ name: "llama.cpp", values: npls.map((n) => peer.find((r) => r.npl === n)?.tg ?? null) }] : []),
+    ],
+  });
+}
+console.log(lines.join("\n"));
+if (args.svg) {
+  await Deno.writeTextFile(
+    args.svg,
+    chartSvg(chart.map((c) => ({ title: c.title, xLabel: "sequences", yLabel: "decode tokens/s", x: c.x, series: c.series }))),
+  );
+  console.log(`\nchart: ${args.svg}`);
+}
