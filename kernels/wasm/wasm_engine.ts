@@ -90,7 +90,7 @@ class ActBuffer {
     const d = this.heap.i32(this.desc, 8);
     const out = this.heap.i32(at, 8);
     const K = this.K;
-    const per = [K * 4, K, (K >> 5) * 4, (K >> 5) * 4, K, (K >> 8) * 4, (K >> 4) * 4, (K >> 5) * 4];
+    const per = [K * 4, K, (K >> 5) * 4, (K >> 5) * 4, K, (K >> 8) * 4, (K >> 4) * 2, (K >> 5) * 2];
     for (let i = 0; i < 8; i++) out[i] = d[i]! + from * per[i]!;
   }
   free(): void {

@@ -7,7 +7,7 @@
 // unpacking. Weights are unpacked to unsigned values below 128 (offsets and minimums are
 // applied through the activations' block sums), so relaxed SIMD's i8×i7 dot product is exact.
 
-import { dot16signed, h2f, h2f_hi, h2f_lo, h2fScale, hsum, hsumi, pairs16, ZERO } from "./simd";
+import { dot16signed, h2f, h2f_hi, h2f_lo, h2fScale, hsum, pairs16, ZERO } from "./simd";
 import {
   ACT_BS16,
   ACT_BS32,
@@ -190,35 +190,23 @@ const BITS: v128 = i8x16(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -
 // ---- K-quants: Q8_K activations (d256, bs16, bs32) ----------------------------------------
 
 // @ts-ignore: decorator
-@inline function bytesToI32(u: u32, hi: bool): v128 {
-  const v = i16x8.extend_low_i8x16_u(i32x4.splat(<i32>u));
-  return hi ? i32x4.extend_high_i16x8_u(v) : i32x4.extend_low_i16x8_u(v);
-}
-
-// @ts-ignore: decorator
-@inline function sbytesToI32(v: v128, quarter: i32): v128 {
-  // Sign-extends bytes 4q..4q+3 of v.
-  const w = quarter < 2 ? i16x8.extend_low_i8x16_s(v) : i16x8.extend_high_i8x16_s(v);
-  return (quarter & 1) == 0 ? i32x4.extend_low_i16x8_s(w) : i32x4.extend_high_i16x8_s(w);
-}
-
-// @ts-ignore: decorator
 @inline function k_kquant(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
   const nsb = K >> 8;
-  const q = load<usize>(desc + ACT_Q256) + <usize>b * <usize>K;
+  const qo0 = load<usize>(desc + ACT_Q256) + <usize>b * <usize>K;
   const ds = load<usize>(desc + ACT_D256) + (<usize>(b * nsb) << 2);
-  const b16 = load<usize>(desc + ACT_BS16) + (<usize>(b * (K >> 4)) << 2);
-  const b32 = load<usize>(desc + ACT_BS32) + (<usize>(b * (K >> 5)) << 2);
+  const b16 = load<usize>(desc + ACT_BS16) + (<usize>(b * (K >> 4)) << 1);
+  const b32 = load<usize>(desc + ACT_BS32) + (<usize>(b * (K >> 5)) << 1);
   const qk = <usize>K;
   const dk = <usize>nsb << 2;
-  const k16 = <usize>(K >> 4) << 2;
-  const k32 = <usize>(K >> 5) << 2;
+  const k16 = <usize>(K >> 4) << 1;
+  const k32 = <usize>(K >> 5) << 1;
   let a0 = f32x4.splat(0), a1 = f32x4.splat(0), a2 = f32x4.splat(0), a3 = f32x4.splat(0);
-  let e0: f32 = 0, e1: f32 = 0, e2: f32 = 0, e3: f32 = 0;
+  let e0 = f32x4.splat(0), e1 = f32x4.splat(0), e2 = f32x4.splat(0), e3 = f32x4.splat(0);
   for (let j = 0; j < nsb; j++) {
-    const qo = q + (<usize>j << 8);
+    const qo = qo0 + (<usize>j << 8);
     let i0 = ZERO, i1 = ZERO, i2 = ZERO, i3 = ZERO;
-    let o0: i32 = 0, o1: i32 = 0, o2: i32 = 0, o3: i32 = 0;
+    // Offset terms Σ offset_g × (block sum g) as i32 lanes, from 16-bit block sums.
+    let o0 = ZERO, o1 = ZERO, o2 = ZERO, o3 = ZERO;
     let dw: f32 = 0, dm: f32 = 0;
     if (type == T_Q4_K || type == T_Q5_K) {
       const bp = wr + <usize>j * (type == T_Q4_K ? 144 : 176);
@@ -230,15 +218,15 @@ const BITS: v128 = i8x16(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -
       const mins03 = u1 & 0x3f3f3f3f;
       u1 = (u2 & 0x0f0f0f0f) | (((u0 >> 6) & 0x03030303) << 4);
       u0 &= 0x3f3f3f3f;
-      // Minimum terms: Σ m_j × (block sum j), integer.
-      const mA = bytesToI32(mins03, false);
-      const mB = bytesToI32(u3, false);
-      const bo = b32 + (<usize>j << 5);
-      o0 = hsumi(i32x4.add(i32x4.mul(mA, v128.load(bo)), i32x4.mul(mB, v128.load(bo, 16))));
+      // The 8 scales and 8 minimums as i16 lanes.
+      const scv = i16x8.extend_low_i8x16_u(i32x4.replace_lane(i32x4.splat(<i32>u0), 1, <i32>u1));
+      const mnv = i16x8.extend_low_i8x16_u(i32x4.replace_lane(i32x4.splat(<i32>mins03), 1, <i32>u3));
+      const bo = b32 + (<usize>j << 4);
+      o0 = i32x4.dot_i16x8_s(mnv, v128.load(bo));
       if (nr == 4) {
-        o1 = hsumi(i32x4.add(i32x4.mul(mA, v128.load(bo + k32)), i32x4.mul(mB, v128.load(bo + k32, 16))));
-        o2 = hsumi(i32x4.add(i32x4.mul(mA, v128.load(bo + 2 * k32)), i32x4.mul(mB, v128.load(bo + 2 * k32, 16))));
-        o3 = hsumi(i32x4.add(i32x4.mul(mA, v128.load(bo + 3 * k32)), i32x4.mul(mB, v128.load(bo + 3 * k32, 16))));
+        o1 = i32x4.dot_i16x8_s(mnv, v128.load(bo + k32));
+        o2 = i32x4.dot_i16x8_s(mnv, v128.load(bo + 2 * k32));
+        o3 = i32x4.dot_i16x8_s(mnv, v128.load(bo + 3 * k32));
       }
       const qs = bp + (type == T_Q4_K ? 16 : 48);
       let h0 = ZERO, h1 = ZERO;
@@ -246,91 +234,199 @@ const BITS: v128 = i8x16(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -
         h0 = v128.load(bp + 16);
         h1 = v128.load(bp + 32);
       }
-      for (let c = 0; c < 4; c++) {
-        const x0 = v128.load(qs + (<usize>c << 5));
-        const x1 = v128.load(qs + (<usize>c << 5), 16);
+      { // chunk 0: sub-blocks 0 (low nibbles) and 1 (high nibbles)
+        const x0 = v128.load(qs, 0), x1 = v128.load(qs, 16);
         let w0 = v128.and(x0, M4), w1 = v128.and(x1, M4);
         let w2 = v128.and(i16x8.shr_u(x0, 4), M4), w3 = v128.and(i16x8.shr_u(x1, 4), M4);
         if (type == T_Q5_K) {
-          const s = 2 * c;
-          w0 = v128.or(w0, i8x16.shl(v128.and(i8x16.shr_u(h0, s), i8x16.splat(1)), 4));
-          w1 = v128.or(w1, i8x16.shl(v128.and(i8x16.shr_u(h1, s), i8x16.splat(1)), 4));
-          w2 = v128.or(w2, i8x16.shl(v128.and(i8x16.shr_u(h0, s + 1), i8x16.splat(1)), 4));
-          w3 = v128.or(w3, i8x16.shl(v128.and(i8x16.shr_u(h1, s + 1), i8x16.splat(1)), 4));
+          w0 = v128.or(w0, v128.and(i16x8.shl(h0, 4), BIT16));
+          w1 = v128.or(w1, v128.and(i16x8.shl(h1, 4), BIT16));
+          w2 = v128.or(w2, v128.and(i16x8.shl(h0, 3), BIT16));
+          w3 = v128.or(w3, v128.and(i16x8.shl(h1, 3), BIT16));
         }
-        const word = c < 2 ? u0 : u1;
-        const sa = i16x8.splat(<i16>((word >> (16 * (c & 1))) & 0xff));
-        const sb = i16x8.splat(<i16>((word >> (16 * (c & 1) + 8)) & 0xff));
-        const qc = qo + (<usize>c << 6);
-        i0 = kacc32(kacc32(i0, qc, w0, w1, sa), qc + 32, w2, w3, sb);
+        const sa = i8x16.shuffle(scv, scv, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1);
+        const sb = i8x16.shuffle(scv, scv, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+        i0 = kacc32(kacc32(i0, qo + 0, w0, w1, sa), qo + 32, w2, w3, sb);
         if (nr == 4) {
-          i1 = kacc32(kacc32(i1, qc + qk, w0, w1, sa), qc + qk + 32, w2, w3, sb);
-          i2 = kacc32(kacc32(i2, qc + 2 * qk, w0, w1, sa), qc + 2 * qk + 32, w2, w3, sb);
-          i3 = kacc32(kacc32(i3, qc + 3 * qk, w0, w1, sa), qc + 3 * qk + 32, w2, w3, sb);
+          i1 = kacc32(kacc32(i1, qo + qk + 0, w0, w1, sa), qo + qk + 32, w2, w3, sb);
+          i2 = kacc32(kacc32(i2, qo + 2 * qk + 0, w0, w1, sa), qo + 2 * qk + 32, w2, w3, sb);
+          i3 = kacc32(kacc32(i3, qo + 3 * qk + 0, w0, w1, sa), qo + 3 * qk + 32, w2, w3, sb);
+        }
+      }
+      { // chunk 1: sub-blocks 2 (low nibbles) and 3 (high nibbles)
+        const x0 = v128.load(qs, 32), x1 = v128.load(qs, 48);
+        let w0 = v128.and(x0, M4), w1 = v128.and(x1, M4);
+        let w2 = v128.and(i16x8.shr_u(x0, 4), M4), w3 = v128.and(i16x8.shr_u(x1, 4), M4);
+        if (type == T_Q5_K) {
+          w0 = v128.or(w0, v128.and(i16x8.shl(h0, 2), BIT16));
+          w1 = v128.or(w1, v128.and(i16x8.shl(h1, 2), BIT16));
+          w2 = v128.or(w2, v128.and(i16x8.shl(h0, 1), BIT16));
+          w3 = v128.or(w3, v128.and(i16x8.shl(h1, 1), BIT16));
+        }
+        const sa = i8x16.shuffle(scv, scv, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5);
+        const sb = i8x16.shuffle(scv, scv, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7);
+        i0 = kacc32(kacc32(i0, qo + 64, w0, w1, sa), qo + 96, w2, w3, sb);
+        if (nr == 4) {
+          i1 = kacc32(kacc32(i1, qo + qk + 64, w0, w1, sa), qo + qk + 96, w2, w3, sb);
+          i2 = kacc32(kacc32(i2, qo + 2 * qk + 64, w0, w1, sa), qo + 2 * qk + 96, w2, w3, sb);
+          i3 = kacc32(kacc32(i3, qo + 3 * qk + 64, w0, w1, sa), qo + 3 * qk + 96, w2, w3, sb);
+        }
+      }
+      { // chunk 2: sub-blocks 4 (low nibbles) and 5 (high nibbles)
+        const x0 = v128.load(qs, 64), x1 = v128.load(qs, 80);
+        let w0 = v128.and(x0, M4), w1 = v128.and(x1, M4);
+        let w2 = v128.and(i16x8.shr_u(x0, 4), M4), w3 = v128.and(i16x8.shr_u(x1, 4), M4);
+        if (type == T_Q5_K) {
+          w0 = v128.or(w0, v128.and(h0, BIT16));
+          w1 = v128.or(w1, v128.and(h1, BIT16));
+          w2 = v128.or(w2, v128.and(i16x8.shr_u(h0, 1), BIT16));
+          w3 = v128.or(w3, v128.and(i16x8.shr_u(h1, 1), BIT16));
+        }
+        const sa = i8x16.shuffle(scv, scv, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9);
+        const sb = i8x16.shuffle(scv, scv, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11);
+        i0 = kacc32(kacc32(i0, qo + 128, w0, w1, sa), qo + 160, w2, w3, sb);
+        if (nr == 4) {
+          i1 = kacc32(kacc32(i1, qo + qk + 128, w0, w1, sa), qo + qk + 160, w2, w3, sb);
+          i2 = kacc32(kacc32(i2, qo + 2 * qk + 128, w0, w1, sa), qo + 2 * qk + 160, w2, w3, sb);
+          i3 = kacc32(kacc32(i3, qo + 3 * qk + 128, w0, w1, sa), qo + 3 * qk + 160, w2, w3, sb);
+        }
+      }
+      { // chunk 3: sub-blocks 6 (low nibbles) and 7 (high nibbles)
+        const x0 = v128.load(qs, 96), x1 = v128.load(qs, 112);
+        let w0 = v128.and(x0, M4), w1 = v128.and(x1, M4);
+        let w2 = v128.and(i16x8.shr_u(x0, 4), M4), w3 = v128.and(i16x8.shr_u(x1, 4), M4);
+        if (type == T_Q5_K) {
+          w0 = v128.or(w0, v128.and(i16x8.shr_u(h0, 2), BIT16));
+          w1 = v128.or(w1, v128.and(i16x8.shr_u(h1, 2), BIT16));
+          w2 = v128.or(w2, v128.and(i16x8.shr_u(h0, 3), BIT16));
+          w3 = v128.or(w3, v128.and(i16x8.shr_u(h1, 3), BIT16));
+        }
+        const sa = i8x16.shuffle(scv, scv, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13);
+        const sb = i8x16.shuffle(scv, scv, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15);
+        i0 = kacc32(kacc32(i0, qo + 192, w0, w1, sa), qo + 224, w2, w3, sb);
+        if (nr == 4) {
+          i1 = kacc32(kacc32(i1, qo + qk + 192, w0, w1, sa), qo + qk + 224, w2, w3, sb);
+          i2 = kacc32(kacc32(i2, qo + 2 * qk + 192, w0, w1, sa), qo + 2 * qk + 224, w2, w3, sb);
+          i3 = kacc32(kacc32(i3, qo + 3 * qk + 192, w0, w1, sa), qo + 3 * qk + 224, w2, w3, sb);
         }
       }
     } else if (type == T_Q6_K) {
       const bp = wr + <usize>j * 210;
       dw = h2fScale(load<u16>(bp + 208));
-      const scv = v128.load(bp + 192);
       dm = dw * -32;
-      const bo = b16 + (<usize>j << 6);
-      const c0 = sbytesToI32(scv, 0), c1 = sbytesToI32(scv, 1);
-      const c2 = sbytesToI32(scv, 2), c3 = sbytesToI32(scv, 3);
-      o0 = offsetSum(bo, c0, c1, c2, c3);
+      const scb = v128.load(bp + 192);
+      const sLo = i16x8.extend_low_i8x16_s(scb), sHi = i16x8.extend_high_i8x16_s(scb);
+      const bo = b16 + (<usize>j << 5);
+      o0 = offsetSum16(bo, sLo, sHi);
       if (nr == 4) {
-        o1 = offsetSum(bo + k16, c0, c1, c2, c3);
-        o2 = offsetSum(bo + 2 * k16, c0, c1, c2, c3);
-        o3 = offsetSum(bo + 3 * k16, c0, c1, c2, c3);
+        o1 = offsetSum16(bo + k16, sLo, sHi);
+        o2 = offsetSum16(bo + 2 * k16, sLo, sHi);
+        o3 = offsetSum16(bo + 3 * k16, sLo, sHi);
       }
-      for (let n = 0; n < 2; n++) {
-        const ql = bp + (<usize>n << 6);
-        const qh0 = v128.load(bp + 128 + (<usize>n << 5));
-        const qh1 = v128.load(bp + 128 + (<usize>n << 5), 16);
-        const xa0 = v128.load(ql), xa1 = v128.load(ql, 16);
-        const xb0 = v128.load(ql, 32), xb1 = v128.load(ql, 48);
-        const qc = qo + (<usize>n << 7);
-        const sp = bp + 192 + (<usize>n << 3);
-        // Sub-block k takes its low bits from nibble k>>1 of ql[32(k&1) + l] and its high two
-        // bits from bits 2k of qh[l]; constant shifts of 16-bit lanes, then masks.
-        let w0 = v128.or(v128.and(xa0, M4), v128.and(i16x8.shl(qh0, 4), M30));
-        let w1 = v128.or(v128.and(xa1, M4), v128.and(i16x8.shl(qh1, 4), M30));
-        let sa = i16x8.splat(<i16>load<i8>(sp)), sb = i16x8.splat(<i16>load<i8>(sp + 1));
-        i0 = kacc16(i0, qc, w0, w1, sa, sb);
-        if (nr == 4) {
-          i1 = kacc16(i1, qc + qk, w0, w1, sa, sb);
-          i2 = kacc16(i2, qc + 2 * qk, w0, w1, sa, sb);
-          i3 = kacc16(i3, qc + 3 * qk, w0, w1, sa, sb);
+      { // half 0: elements 0..127
+        const qh0 = v128.load(bp, 128), qh1 = v128.load(bp, 144);
+        const xa0 = v128.load(bp, 0), xa1 = v128.load(bp, 16);
+        const xb0 = v128.load(bp, 32), xb1 = v128.load(bp, 48);
+        {
+          const w0 = v128.or(v128.and(xa0, M4), v128.and(i16x8.shl(qh0, 4), M30));
+          const w1 = v128.or(v128.and(xa1, M4), v128.and(i16x8.shl(qh1, 4), M30));
+          const sa = i8x16.shuffle(sLo, sLo, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1);
+          const sb = i8x16.shuffle(sLo, sLo, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+          i0 = kacc16(i0, qo + 0, w0, w1, sa, sb);
+          if (nr == 4) {
+            i1 = kacc16(i1, qo + qk + 0, w0, w1, sa, sb);
+            i2 = kacc16(i2, qo + 2 * qk + 0, w0, w1, sa, sb);
+            i3 = kacc16(i3, qo + 3 * qk + 0, w0, w1, sa, sb);
+          }
         }
-        w0 = v128.or(v128.and(xb0, M4), v128.and(i16x8.shl(qh0, 2), M30));
-        w1 = v128.or(v128.and(xb1, M4), v128.and(i16x8.shl(qh1, 2), M30));
-        sa = i16x8.splat(<i16>load<i8>(sp + 2));
-        sb = i16x8.splat(<i16>load<i8>(sp + 3));
-        i0 = kacc16(i0, qc + 32, w0, w1, sa, sb);
-        if (nr == 4) {
-          i1 = kacc16(i1, qc + qk + 32, w0, w1, sa, sb);
-          i2 = kacc16(i2, qc + 2 * qk + 32, w0, w1, sa, sb);
-          i3 = kacc16(i3, qc + 3 * qk + 32, w0, w1, sa, sb);
+        {
+          const w0 = v128.or(v128.and(xb0, M4), v128.and(i16x8.shl(qh0, 2), M30));
+          const w1 = v128.or(v128.and(xb1, M4), v128.and(i16x8.shl(qh1, 2), M30));
+          const sa = i8x16.shuffle(sLo, sLo, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5);
+          const sb = i8x16.shuffle(sLo, sLo, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7);
+          i0 = kacc16(i0, qo + 32, w0, w1, sa, sb);
+          if (nr == 4) {
+            i1 = kacc16(i1, qo + qk + 32, w0, w1, sa, sb);
+            i2 = kacc16(i2, qo + 2 * qk + 32, w0, w1, sa, sb);
+            i3 = kacc16(i3, qo + 3 * qk + 32, w0, w1, sa, sb);
+          }
         }
-        w0 = v128.or(v128.and(i16x8.shr_u(xa0, 4), M4), v128.and(qh0, M30));
-        w1 = v128.or(v128.and(i16x8.shr_u(xa1, 4), M4), v128.and(qh1, M30));
-        sa = i16x8.splat(<i16>load<i8>(sp + 4));
-        sb = i16x8.splat(<i16>load<i8>(sp + 5));
-        i0 = kacc16(i0, qc + 64, w0, w1, sa, sb);
-        if (nr == 4) {
-          i1 = kacc16(i1, qc + qk + 64, w0, w1, sa, sb);
-          i2 = kacc16(i2, qc + 2 * qk + 64, w0, w1, sa, sb);
-          i3 = kacc16(i3, qc + 3 * qk + 64, w0, w1, sa, sb);
+        {
+          const w0 = v128.or(v128.and(i16x8.shr_u(xa0, 4), M4), v128.and(qh0, M30));
+          const w1 = v128.or(v128.and(i16x8.shr_u(xa1, 4), M4), v128.and(qh1, M30));
+          const sa = i8x16.shuffle(sLo, sLo, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9);
+          const sb = i8x16.shuffle(sLo, sLo, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11);
+          i0 = kacc16(i0, qo + 64, w0, w1, sa, sb);
+          if (nr == 4) {
+            i1 = kacc16(i1, qo + qk + 64, w0, w1, sa, sb);
+            i2 = kacc16(i2, qo + 2 * qk + 64, w0, w1, sa, sb);
+            i3 = kacc16(i3, qo + 3 * qk + 64, w0, w1, sa, sb);
+          }
         }
-        w0 = v128.or(v128.and(i16x8.shr_u(xb0, 4), M4), v128.and(i16x8.shr_u(qh0, 2), M30));
-        w1 = v128.or(v128.and(i16x8.shr_u(xb1, 4), M4), v128.and(i16x8.shr_u(qh1, 2), M30));
-        sa = i16x8.splat(<i16>load<i8>(sp + 6));
-        sb = i16x8.splat(<i16>load<i8>(sp + 7));
-        i0 = kacc16(i0, qc + 96, w0, w1, sa, sb);
-        if (nr == 4) {
-          i1 = kacc16(i1, qc + qk + 96, w0, w1, sa, sb);
-          i2 = kacc16(i2, qc + 2 * qk + 96, w0, w1, sa, sb);
-          i3 = kacc16(i3, qc + 3 * qk + 96, w0, w1, sa, sb);
+        {
+          const w0 = v128.or(v128.and(i16x8.shr_u(xb0, 4), M4), v128.and(i16x8.shr_u(qh0, 2), M30));
+          const w1 = v128.or(v128.and(i16x8.shr_u(xb1, 4), M4), v128.and(i16x8.shr_u(qh1, 2), M30));
+          const sa = i8x16.shuffle(sLo, sLo, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13);
+          const sb = i8x16.shuffle(sLo, sLo, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15);
+          i0 = kacc16(i0, qo + 96, w0, w1, sa, sb);
+          if (nr == 4) {
+            i1 = kacc16(i1, qo + qk + 96, w0, w1, sa, sb);
+            i2 = kacc16(i2, qo + 2 * qk + 96, w0, w1, sa, sb);
+            i3 = kacc16(i3, qo + 3 * qk + 96, w0, w1, sa, sb);
+          }
+        }
+      }
+      { // half 1: elements 128..255
+        const qh0 = v128.load(bp, 160), qh1 = v128.load(bp, 176);
+        const xa0 = v128.load(bp, 64), xa1 = v128.load(bp, 80);
+        const xb0 = v128.load(bp, 96), xb1 = v128.load(bp, 112);
+        {
+          const w0 = v128.or(v128.and(xa0, M4), v128.and(i16x8.shl(qh0, 4), M30));
+          const w1 = v128.or(v128.and(xa1, M4), v128.and(i16x8.shl(qh1, 4), M30));
+          const sa = i8x16.shuffle(sHi, sHi, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1);
+          const sb = i8x16.shuffle(sHi, sHi, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+          i0 = kacc16(i0, qo + 128, w0, w1, sa, sb);
+          if (nr == 4) {
+            i1 = kacc16(i1, qo + qk + 128, w0, w1, sa, sb);
+            i2 = kacc16(i2, qo + 2 * qk + 128, w0, w1, sa, sb);
+            i3 = kacc16(i3, qo + 3 * qk + 128, w0, w1, sa, sb);
+          }
+        }
+        {
+          const w0 = v128.or(v128.and(xb0, M4), v128.and(i16x8.shl(qh0, 2), M30));
+          const w1 = v128.or(v128.and(xb1, M4), v128.and(i16x8.shl(qh1, 2), M30));
+          const sa = i8x16.shuffle(sHi, sHi, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5);
+          const sb = i8x16.shuffle(sHi, sHi, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7);
+          i0 = kacc16(i0, qo + 160, w0, w1, sa, sb);
+          if (nr == 4) {
+            i1 = kacc16(i1, qo + qk + 160, w0, w1, sa, sb);
+            i2 = kacc16(i2, qo + 2 * qk + 160, w0, w1, sa, sb);
+            i3 = kacc16(i3, qo + 3 * qk + 160, w0, w1, sa, sb);
+          }
+        }
+        {
+          const w0 = v128.or(v128.and(i16x8.shr_u(xa0, 4), M4), v128.and(qh0, M30));
+          const w1 = v128.or(v128.and(i16x8.shr_u(xa1, 4), M4), v128.and(qh1, M30));
+          const sa = i8x16.shuffle(sHi, sHi, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9);
+          const sb = i8x16.shuffle(sHi, sHi, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11);
+          i0 = kacc16(i0, qo + 192, w0, w1, sa, sb);
+          if (nr == 4) {
+            i1 = kacc16(i1, qo + qk + 192, w0, w1, sa, sb);
+            i2 = kacc16(i2, qo + 2 * qk + 192, w0, w1, sa, sb);
+            i3 = kacc16(i3, qo + 3 * qk + 192, w0, w1, sa, sb);
+          }
+        }
+        {
+          const w0 = v128.or(v128.and(i16x8.shr_u(xb0, 4), M4), v128.and(i16x8.shr_u(qh0, 2), M30));
+          const w1 = v128.or(v128.and(i16x8.shr_u(xb1, 4), M4), v128.and(i16x8.shr_u(qh1, 2), M30));
+          const sa = i8x16.shuffle(sHi, sHi, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13);
+          const sb = i8x16.shuffle(sHi, sHi, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15);
+          i0 = kacc16(i0, qo + 224, w0, w1, sa, sb);
+          if (nr == 4) {
+            i1 = kacc16(i1, qo + qk + 224, w0, w1, sa, sb);
+            i2 = kacc16(i2, qo + 2 * qk + 224, w0, w1, sa, sb);
+            i3 = kacc16(i3, qo + 3 * qk + 224, w0, w1, sa, sb);
+          }
         }
       }
     } else if (type == T_Q3_K) {
@@ -347,14 +443,13 @@ const BITS: v128 = i8x16(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -
       packed = i32x4.replace_lane(packed, 2, <i32>s2);
       packed = i32x4.replace_lane(packed, 3, <i32>s3);
       const scv = i8x16.sub(packed, i8x16.splat(32));
-      const bo = b16 + (<usize>j << 6);
-      const c0 = sbytesToI32(scv, 0), c1 = sbytesToI32(scv, 1);
-      const c2 = sbytesToI32(scv, 2), c3 = sbytesToI32(scv, 3);
-      o0 = offsetSum(bo, c0, c1, c2, c3);
+      const sLo = i16x8.extend_low_i8x16_s(scv), sHi = i16x8.extend_high_i8x16_s(scv);
+      const bo = b16 + (<usize>j << 5);
+      o0 = offsetSum16(bo, sLo, sHi);
       if (nr == 4) {
-        o1 = offsetSum(bo + k16, c0, c1, c2, c3);
-        o2 = offsetSum(bo + 2 * k16, c0, c1, c2, c3);
-        o3 = offsetSum(bo + 3 * k16, c0, c1, c2, c3);
+        o1 = offsetSum16(bo + k16, sLo, sHi);
+        o2 = offsetSum16(bo + 2 * k16, sLo, sHi);
+        o3 = offsetSum16(bo + 3 * k16, sLo, sHi);
       }
       const hm0 = v128.load(bp), hm1 = v128.load(bp, 16);
       for (let n = 0; n < 2; n++) {
@@ -389,14 +484,13 @@ const BITS: v128 = i8x16(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -
       dm = -h2fScale(load<u16>(bp + 82));
       const scv = v128.load(bp);
       const mins = i8x16.shr_u(scv, 4);
-      const bo = b16 + (<usize>j << 6);
-      const c0 = sbytesToI32(mins, 0), c1 = sbytesToI32(mins, 1);
-      const c2 = sbytesToI32(mins, 2), c3 = sbytesToI32(mins, 3);
-      o0 = offsetSum(bo, c0, c1, c2, c3);
+      const mLo = i16x8.extend_low_i8x16_u(mins), mHi = i16x8.extend_high_i8x16_u(mins);
+      const bo = b16 + (<usize>j << 5);
+      o0 = offsetSum16(bo, mLo, mHi);
       if (nr == 4) {
-        o1 = offsetSum(bo + k16, c0, c1, c2, c3);
-        o2 = offsetSum(bo + 2 * k16, c0, c1, c2, c3);
-        o3 = offsetSum(bo + 3 * k16, c0, c1, c2, c3);
+        o1 = offsetSum16(bo + k16, mLo, mHi);
+        o2 = offsetSum16(bo + 2 * k16, mLo, mHi);
+        o3 = offsetSum16(bo + 3 * k16, mLo, mHi);
       }
       for (let n = 0; n < 2; n++) {
         const x0 = v128.load(bp + 16 + (<usize>n << 5));
@@ -417,41 +511,39 @@ const BITS: v128 = i8x16(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -
         }
       }
     }
-    // value = dw·da·Σ(scale·q·a) + dm·da·Σ(offset·block sum), in this order for every row.
+    // value = dw·da·Σ(scale·q·a) + dm·da·Σ(offset·block sum), lane by lane, the same for every row.
     const jo = <usize>j << 2;
     let da = load<f32>(ds + jo);
     a0 = f32x4.add(a0, f32x4.mul(f32x4.convert_i32x4_s(i0), f32x4.splat(dw * da)));
-    e0 += (dm * da) * <f32>o0;
+    e0 = f32x4.add(e0, f32x4.mul(f32x4.convert_i32x4_s(o0), f32x4.splat(dm * da)));
     if (nr == 4) {
       da = load<f32>(ds + dk + jo);
       a1 = f32x4.add(a1, f32x4.mul(f32x4.convert_i32x4_s(i1), f32x4.splat(dw * da)));
-      e1 += (dm * da) * <f32>o1;
+      e1 = f32x4.add(e1, f32x4.mul(f32x4.convert_i32x4_s(o1), f32x4.splat(dm * da)));
       da = load<f32>(ds + 2 * dk + jo);
       a2 = f32x4.add(a2, f32x4.mul(f32x4.convert_i32x4_s(i2), f32x4.splat(dw * da)));
-      e2 += (dm * da) * <f32>o2;
+      e2 = f32x4.add(e2, f32x4.mul(f32x4.convert_i32x4_s(o2), f32x4.splat(dm * da)));
       da = load<f32>(ds + 3 * dk + jo);
       a3 = f32x4.add(a3, f32x4.mul(f32x4.convert_i32x4_s(i3), f32x4.splat(dw * da)));
-      e3 += (dm * da) * <f32>o3;
+      e3 = f32x4.add(e3, f32x4.mul(f32x4.convert_i32x4_s(o3), f32x4.splat(dm * da)));
     }
   }
-  R0 = hsum(a0) + e0;
-  R1 = hsum(a1) + e1;
-  R2 = hsum(a2) + e2;
-  R3 = hsum(a3) + e3;
+  R0 = hsum(a0) + hsum(e0);
+  R1 = hsum(a1) + hsum(e1);
+  R2 = hsum(a2) + hsum(e2);
+  R3 = hsum(a3) + hsum(e3);
+}
+
+/** Σ scale_g × (block sum g) over a super-block's 16 groups, as i32 lanes (16-bit sums at bo). */
+// @ts-ignore: decorator
+@inline function offsetSum16(bo: usize, lo: v128, hi: v128): v128 {
+  return i32x4.add(i32x4.dot_i16x8_s(lo, v128.load(bo)), i32x4.dot_i16x8_s(hi, v128.load(bo, 16)));
 }
 
 // @ts-ignore: decorator
 @inline function scaleByte(v: v128, i: i32): i32 {
   // Lane i of a v128 with a lane index known only at run time.
   return <i32>i8x16.extract_lane_s(i8x16.swizzle(v, i8x16.splat(<i8>i)), 0);
-}
-
-// @ts-ignore: decorator
-@inline function offsetSum(bo: usize, c0: v128, c1: v128, c2: v128, c3: v128): i32 {
-  return hsumi(i32x4.add(
-    i32x4.add(i32x4.mul(c0, v128.load(bo)), i32x4.mul(c1, v128.load(bo, 16))),
-    i32x4.add(i32x4.mul(c2, v128.load(bo, 32)), i32x4.mul(c3, v128.load(bo, 48))),
-  ));
 }
 
 // ---- float weights: f32 activations ------------------------------------------------------

@@ -6,7 +6,7 @@ import { hsum } from "./simd";
 /**
  * Where one buffer of activation rows lives (8 pointers, see ACT_* in kernels/wasm/layout.ts).
  * Row r of a K-wide buffer starts at r*K in f and the two q arrays, r*K/32 in d32 and s32,
- * r*K/256 in d256, r*K/16 in bs16, r*K/32 in bs32 (bs16 summed in pairs).
+ * r*K/256 in d256, r*K/16 in bs16, r*K/32 in bs32 (bs16 summed in pairs; both i16).
  */
 export const ACT_F: i32 = 0;
 export const ACT_Q32: i32 = 4;
@@ -65,8 +65,8 @@ export function quantizeRow(desc: usize, K: i32, row: i32): void {
   if (K & 255) return;
   const q256 = load<usize>(desc + ACT_Q256) + <usize>row * <usize>K;
   const d256 = load<usize>(desc + ACT_D256) + (<usize>row * <usize>(K >> 8) << 2);
-  const bs16 = load<usize>(desc + ACT_BS16) + (<usize>row * <usize>(K >> 4) << 2);
-  const bs32 = load<usize>(desc + ACT_BS32) + (<usize>row * <usize>(K >> 5) << 2);
+  const bs16 = load<usize>(desc + ACT_BS16) + (<usize>row * <usize>(K >> 4) << 1);
+  const bs32 = load<usize>(desc + ACT_BS32) + (<usize>row * <usize>(K >> 5) << 1);
   for (let j = 0; j < K >> 8; j++) {
     const p = f + (<usize>j << 10);
     const amax = absmax(p, 256);
@@ -76,9 +76,10 @@ export function quantizeRow(desc: usize, K: i32, row: i32): void {
       const q = q256 + (<usize>j << 8) + (<usize>g << 4);
       const s0 = q16(p + (<usize>g << 6), id, q);
       const s1 = q16(p + (<usize>g << 6) + 64, id, q + 16);
-      store<i32>(bs16 + (<usize>(j * 16 + g) << 2), s0);
-      store<i32>(bs16 + (<usize>(j * 16 + g + 1) << 2), s1);
-      store<i32>(bs32 + (<usize>(j * 8 + (g >> 1)) << 2), s0 + s1);
+      // 16-bit: a block sum is at most 32 × 127.
+      store<i16>(bs16 + (<usize>(j * 16 + g) << 1), <i16>s0);
+      store<i16>(bs16 + (<usize>(j * 16 + g + 1) << 1), <i16>s1);
+      store<i16>(bs32 + (<usize>(j * 8 + (g >> 1)) << 1), <i16>(s0 + s1));
     }
   }
 }
