@@ -49,6 +49,7 @@ async function launchCommand(args: string[]): Promise<number> {
         host: c.host,
         nats: c.nats,
         natsCreds: c.natsCreds,
+        chatTemplate: c.chatTemplate,
       });
     }
     case "generate": {

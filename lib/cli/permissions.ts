@@ -35,6 +35,8 @@ export interface RunNeeds {
   readonly nats?: string;
   /** `--nats-creds`: a credentials file to read. */
   readonly natsCreds?: string;
+  /** `--chat-template`: a template file to read. */
+  readonly chatTemplate?: string;
   /** Whether the run may download a missing model (`models` only lists, so it never does). */
   readonly mayDownload?: boolean;
 }
@@ -111,6 +113,7 @@ export function derivePermissions(needs: RunNeeds, env: EnvGetter): Permissions 
     net.add(natsHost(url));
   }
   if (needs.natsCreds !== undefined) read.add(needs.natsCreds);
+  if (needs.chatTemplate !== undefined) read.add(needs.chatTemplate);
   // A replica's heartbeat worker is a module loaded at run time, which needs read access.
   if (needs.nats !== undefined) read.add(new URL("../cluster/", import.meta.url).pathname);
   return {
