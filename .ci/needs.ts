@@ -14,6 +14,8 @@
  * The tests then read the program's path from that environment variable.
  */
 
+import { vulkanDriverPresent } from "../lib/util/gpu_api.ts";
+
 /** One thing the tests need. */
 export interface Need {
   readonly name: string;
@@ -183,26 +185,6 @@ console.log(JSON.stringify(a ? { description: a.info.description || a.info.vendo
   } catch {
     return undefined;
   }
-}
-
-function vulkanDriverPresent(): boolean {
-  const listed = Deno.env.get("VK_ICD_FILENAMES") ?? Deno.env.get("VK_DRIVER_FILES");
-  const files = listed !== undefined
-    ? listed.split(":").filter(Boolean)
-    : ["/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d"].flatMap((d) => {
-      try {
-        return [...Deno.readDirSync(d)].map((e) => `${d}/${e.name}`);
-      } catch {
-        return [];
-      }
-    });
-  return files.some((f) => {
-    try {
-      return Deno.statSync(f).isFile;
-    } catch {
-      return false;
-    }
-  });
 }
 
 /**

@@ -8,6 +8,7 @@ import { ServingCore } from "../../actors/core.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
 import { createEngine, engineMemory, planKv } from "../serving/engine_factory.ts";
 import { formatBytes } from "../util/byte_size.ts";
+import { describeWithGpuApi } from "../util/gpu_api.ts";
 import { DEFAULT_MODEL } from "../source/model_source.ts";
 import { z } from "zod";
 
@@ -144,7 +145,9 @@ export async function generateCommand(argv: string[]): Promise<number> {
   const mem = engineMemory(engine);
   const c = model.config;
   console.error(
-    `model ${source.modelPath} (${c.architecture}, ${c.nLayers} layers, vocab ${c.vocabSize}, context ${c.contextLength}) on ${description}; memory: weights ${
+    `model ${source.modelPath} (${c.architecture}, ${c.nLayers} layers, vocab ${c.vocabSize}, context ${c.contextLength}) on ${
+      describeWithGpuApi(description)
+    }; memory: weights ${
       mem ? formatBytes(mem.weights) : "?"
     }, kv cache ${formatBytes(mem?.kvCache ?? plan.bytes)}; prompt ${promptIds.length} tokens`,
   );

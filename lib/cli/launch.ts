@@ -18,8 +18,15 @@
  *   (SIGKILL), the child reads end-of-file and stops too (see `parent_watch.ts`).
  */
 import { fileURLToPath } from "node:url";
-import { derivePermissions, ENV_READ, permissionFlags, type RunNeeds } from "./permissions.ts";
+import {
+  derivePermissions,
+  ENV_READ,
+  gpuApiReads,
+  permissionFlags,
+  type RunNeeds,
+} from "./permissions.ts";
 import { PARENT_PIPE_ENV } from "./parent_watch.ts";
+import { runtimeDirEnv } from "../util/runtime_dir.ts";
 
 /** The commands the launcher can run. */
 export type LaunchedCommand = "serve" | "generate" | "models";
@@ -45,7 +52,8 @@ export function childArgs(
   const derived = needs === undefined
     ? { read: [], write: [], net: [], env: [...ENV_READ] }
     : derivePermissions(needs, env);
-  const p = { ...derived, read: withRealPaths(derived.read), write: withRealPaths(derived.write) };
+  const reads = command === "models" ? derived.read : [...derived.read, ...gpuApiReads(env)];
+  const p = { ...derived, read: withRealPaths(reads), write: withRealPaths(derived.write) };
   return [
     "run",
     "--no-prompt",
@@ -103,7 +111,8 @@ export async function launch(
   const args = childArgs(command, argv, needs, (n) => Deno.env.get(n));
   const child = new Deno.Command(Deno.execPath(), {
     args,
-    env: { [PARENT_PIPE_ENV]: "1" },
+    // Set only when missing: Mesa's Vulkan layer prints an error per instance without it.
+    env: { [PARENT_PIPE_ENV]: "1", ...runtimeDirEnv() },
     stdin: "piped",
     stdout: "inherit",
     stderr: "inherit",

@@ -12,6 +12,18 @@ import {
   mirrorDirFromEnv,
   resolveModelsDir,
 } from "../source/model_source.ts";
+import { GPU_API_ENV, VULKAN_DRIVER_DIRS } from "../util/gpu_api.ts";
+
+/**
+ * What a run that may use WebGPU reads to tell Vulkan from OpenGL ES for its start-up line
+ * (lib/util/gpu_api.ts): the Vulkan loader's manifest folders, or the files its variables name.
+ */
+export function gpuApiReads(env: EnvGetter): string[] {
+  const named = ["VK_ICD_FILENAMES", "VK_DRIVER_FILES"].flatMap((n) =>
+    (env(n) ?? "").split(":").filter(Boolean)
+  );
+  return [...VULKAN_DRIVER_DIRS, ...named];
+}
 
 /** Allow-lists for `deno run`; an empty list grants nothing of that kind. */
 export interface Permissions {
@@ -52,6 +64,8 @@ export const ENV_READ = [
   // Read by the `ws` package behind node:http's WebSocket upgrades.
   "WS_NO_BUFFER_UTIL",
   "WS_NO_UTF_8_VALIDATE",
+  // Which graphics API WebGPU runs on, for the start-up line (lib/util/gpu_api.ts).
+  ...GPU_API_ENV,
 ] as const;
 
 /** `--kv-memory auto` sizes the cache from the machine's memory. */

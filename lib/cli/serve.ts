@@ -4,6 +4,7 @@ import { whenLauncherGone } from "./parent_watch.ts";
 import { versionLine } from "./version.ts";
 import { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
+import { describeWithGpuApi } from "../util/gpu_api.ts";
 import {
   type Config,
   resolveConfig,
@@ -326,7 +327,7 @@ async function start(
       `llmserve ready`,
       `  model     ${source.modelPath} (${c.architecture}, ${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads of ${c.headDim}, vocab ${c.vocabSize}, context ${c.contextLength})`,
       `  served as ${servedModelNames.join(", ")}`,
-      `  backend   ${description}`,
+      `  backend   ${describeWithGpuApi(description)}`,
       `  memory    weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
         formatBytes(mem?.kvCache ?? plan.bytes)
       }`,
