@@ -1,6 +1,7 @@
 import { openModel, uploadProgress } from "./open_model.ts";
 import { parseFlags } from "./args.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
+import type { RunNeeds } from "./permissions.ts";
 import { versionLine } from "./version.ts";
 import { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
@@ -101,6 +102,19 @@ export function serveInfo(argv: readonly string[]): string | undefined {
   if (argv.includes("--help")) return usage();
   if (argv.includes("--version")) return versionLine();
   return undefined;
+}
+
+/** What a server with this configuration touches, for the launcher's permissions. */
+export function serveNeeds(c: Config): RunNeeds {
+  return {
+    model: c.model,
+    tokenizer: c.tokenizer,
+    modelsDir: c.modelsDir,
+    host: c.host,
+    nats: c.nats,
+    natsCreds: c.natsCreds,
+    chatTemplate: c.chatTemplate,
+  };
 }
 
 /** Parses `serve` flags into the validated configuration. Exported for tests. */
