@@ -1,8 +1,8 @@
 import { generateCommand, generateInfo, parseGenerateArgs } from "./lib/cli/generate.ts";
-import { launch } from "./lib/cli/launch.ts";
+import { ALL_PERMISSIONS, launch } from "./lib/cli/launch.ts";
 import { modelsCommand, parseModelsArgs } from "./lib/cli/models.ts";
-import { parseServeArgs, serveCommand, serveInfo } from "./lib/cli/serve.ts";
-import { routerCommand } from "./lib/cli/router.ts";
+import { parseServeArgs, serveCommand, serveInfo, serveNeeds } from "./lib/cli/serve.ts";
+import { parseRouterArgs, routerCommand, routerNeeds } from "./lib/cli/router.ts";
 import { clusterCommand } from "./lib/cli/cluster.ts";
 
 const USAGE = `Usage: deno task start [options]      run the server (see --help)
@@ -41,16 +41,14 @@ async function launchCommand(args: string[]): Promise<number> {
   switch (command) {
     case "serve": {
       if (serveInfo(rest) !== undefined) return await launch("serve", rest, undefined);
-      const c = parseServeArgs(rest);
-      return await launch("serve", rest, {
-        model: c.model,
-        tokenizer: c.tokenizer,
-        modelsDir: c.modelsDir,
-        host: c.host,
-        nats: c.nats,
-        natsCreds: c.natsCreds,
-      });
+      return await launch("serve", rest, serveNeeds(parseServeArgs(rest)));
     }
+    case "router": {
+      if (rest.includes("--help")) return await launch("router", rest, undefined);
+      return await launch("router", rest, routerNeeds(parseRouterArgs(rest)));
+    }
+    case "cluster":
+      return await launch("cluster", rest, ALL_PERMISSIONS);
     case "generate": {
       if (generateInfo(rest) !== undefined) return await launch("generate", rest, undefined);
       const a = parseGenerateArgs(rest);

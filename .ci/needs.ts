@@ -1,6 +1,7 @@
 /**
  * What the test suite needs from the machine, and how each need is met on a fresh one (only
- * Node.js, maybe not root). This is the one place such needs are declared: `.ci/test.ts` meets
+ * Node.js, maybe not root: nothing here needs root, though as root the WebGPU need installs
+ * Mesa's Vulkan driver). This is the one place such needs are declared: `.ci/test.ts` meets
  * every entry of {@linkcode NEEDS} before any test runs, and hands the tests the environment
  * each one returns. A need that cannot be met is an error naming what is missing; nothing is
  * skipped silently.
@@ -13,6 +14,8 @@
  *
  * The tests then read the program's path from that environment variable.
  */
+
+import { vulkanDriverPresent } from "../lib/util/gpu_api.ts";
 
 /** One thing the tests need. */
 export interface Need {
@@ -60,8 +63,8 @@ export function onPath(name: string): string | undefined {
   return undefined;
 }
 
-async function run(cmd: string, args: string[], env?: Record<string, string>) {
-  const out = await new Deno.Command(cmd, { args, env, stdout: "piped", stderr: "piped" })
+async function run(cmd: string, args: string[], env?: Record<string, string>, cwd?: string) {
+  const out = await new Deno.Command(cmd, { args, env, cwd, stdout: "piped", stderr: "piped" })
     .output();
   const text = (b: Uint8Array) => new TextDecoder().decode(b);
   return { ok: out.success, code: out.code, stdout: text(out.stdout), stderr: text(out.stderr) };
@@ -93,8 +96,10 @@ export async function aptInstall(packages: string[]): Promise<void> {
 }
 
 /**
- * A program the tests run: taken from `$<env>` when set, else from PATH, else installed from
- * Debian's package `apt` when root. The tests read its path from `$<env>`.
+ * A program the tests run: taken from `$<env>` when set, else from PATH (and the sbin folders),
+ * else from Debian's package `apt`, unpacked into a cache folder without installing it
+ * (`apt-get download` and `dpkg-deb -x` need no root, so a newcomer's account gets it as CI
+ * does, and the machine is left as it was). The tests read its path from `$<env>`.
  */
 export function program(p: { name: string; apt: string; env: string; why: string }): Need {
   return {
@@ -106,22 +111,102 @@ export function program(p: { name: string; apt: string; env: string; why: string
       const found = onPath(p.name);
       // The tests run it by the path in $<env>, or by name: put its folder on PATH too.
       if (found) return { env: withFolderOnPath(p.env, found), how: `found ${found}` };
+      const cached = inUnpacked(debCacheDir(p.apt), p.name);
+      if (cached) {
+        return { env: withFolderOnPath(p.env, cached), how: `unpacked earlier: ${cached}` };
+      }
+      let unpacked: string;
       try {
-        await aptInstall([p.apt]);
+        unpacked = await unpackDebian(p.apt, p.name);
       } catch (e) {
         throw new Error(
-          `${p.name} is not on PATH and could not be installed: ${(e as Error).message}; ` +
-            `install Debian's ${p.apt} or set ${p.env} to its path`,
+          `${p.name} is not on PATH and Debian's ${p.apt} could not be fetched: ` +
+            `${(e as Error).message}; install it or set ${p.env} to its path`,
         );
       }
-      const installed = onPath(p.name);
-      if (!installed) throw new Error(`apt-get installed ${p.apt} but ${p.name} is not on PATH`);
       return {
-        env: withFolderOnPath(p.env, installed),
-        how: `installed Debian's ${p.apt}: ${installed}`,
+        env: withFolderOnPath(p.env, unpacked),
+        how: `Debian's ${p.apt} unpacked (no install): ${unpacked}`,
       };
     },
   };
+}
+
+/** Where Debian packages are unpacked for the tests: `~/.cache/llmserve/debs/<package>`. */
+export function debCacheDir(pkg: string): string {
+  const home = Deno.env.get("XDG_CACHE_HOME") ||
+    `${Deno.env.get("HOME") || `${tmpDir()}/llmserve-${Deno.uid() ?? "u"}`}/.cache`;
+  return `${home}/llmserve/debs/${pkg}`;
+}
+
+/** The executable `name` inside an unpacked package tree, or undefined. */
+function inUnpacked(root: string, name: string): string | undefined {
+  for (const dir of ["usr/bin", "usr/sbin", "bin", "sbin"]) {
+    const path = `${root}/${dir}/${name}`;
+    try {
+      const info = Deno.statSync(path);
+      if (info.isFile && ((info.mode ?? 0) & 0o111) !== 0) return path;
+    } catch {
+      // not here
+    }
+  }
+  return undefined;
+}
+
+/**
+ * Fetches Debian's `pkg` with `apt-get download` and unpacks it with `dpkg-deb -x` into
+ * {@linkcode debCacheDir}; returns the path of `name` in it. When the machine's package lists
+ * are missing or unreadable (a fresh image, before anyone ran `apt-get update`), apt is pointed
+ * at lists of its own under the cache, which a user may update without root.
+ */
+export async function unpackDebian(
+  pkg: string,
+  name: string,
+  /** apt options for the first try (tests point it at empty lists, as on a fresh image). */
+  systemApt: readonly string[] = [],
+): Promise<string> {
+  const root = debCacheDir(pkg);
+  const base = root.slice(0, root.lastIndexOf("/"));
+  await Deno.mkdir(base, { recursive: true });
+  const work = await Deno.makeTempDir({ dir: base, prefix: `.${pkg}-` });
+  try {
+    let r = await run("apt-get", ["-q", ...systemApt, "download", pkg], undefined, work);
+    if (!r.ok) {
+      const own = `${base}/.apt`;
+      for (const d of ["lists/partial", "cache/archives/partial"]) {
+        await Deno.mkdir(`${own}/${d}`, { recursive: true });
+      }
+      const opts = [
+        "-q",
+        "-o",
+        `Dir::State::Lists=${own}/lists`,
+        "-o",
+        `Dir::Cache=${own}/cache`,
+        "-o",
+        "Debug::NoLocking=true",
+      ];
+      const u = await run("apt-get", [...opts, "update"], undefined, work);
+      if (!u.ok) throw new Error(`apt-get update (own lists) failed: ${lastLine(u.stderr)}`);
+      r = await run("apt-get", [...opts, "download", pkg], undefined, work);
+    }
+    if (!r.ok) throw new Error(`apt-get download ${pkg} failed: ${lastLine(r.stderr)}`);
+    const deb = [...Deno.readDirSync(work)].find((e) => e.name.endsWith(".deb"));
+    if (deb === undefined) throw new Error(`apt-get download ${pkg} left no .deb`);
+    const tree = `${work}/tree`;
+    const x = await run("dpkg-deb", ["-x", `${work}/${deb.name}`, tree]);
+    if (!x.ok) throw new Error(`dpkg-deb -x ${deb.name} failed: ${lastLine(x.stderr)}`);
+    if (inUnpacked(tree, name) === undefined) throw new Error(`${deb.name} holds no ${name}`);
+    // Renamed into place whole, so a run cut off midway leaves no half-unpacked tree behind.
+    await Deno.remove(root, { recursive: true }).catch(() => {});
+    await Deno.rename(tree, root);
+    return inUnpacked(root, name)!;
+  } finally {
+    await Deno.remove(work, { recursive: true }).catch(() => {});
+  }
+}
+
+function lastLine(text: string): string {
+  return text.trim().split("\n").at(-1) ?? "";
 }
 
 /** `{ [envName]: path }`, with the program's folder added to this process's PATH (which the
@@ -183,26 +268,6 @@ console.log(JSON.stringify(a ? { description: a.info.description || a.info.vendo
   } catch {
     return undefined;
   }
-}
-
-function vulkanDriverPresent(): boolean {
-  const listed = Deno.env.get("VK_ICD_FILENAMES") ?? Deno.env.get("VK_DRIVER_FILES");
-  const files = listed !== undefined
-    ? listed.split(":").filter(Boolean)
-    : ["/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d"].flatMap((d) => {
-      try {
-        return [...Deno.readDirSync(d)].map((e) => `${d}/${e.name}`);
-      } catch {
-        return [];
-      }
-    });
-  return files.some((f) => {
-    try {
-      return Deno.statSync(f).isFile;
-    } catch {
-      return false;
-    }
-  });
 }
 
 /**

@@ -10,6 +10,7 @@
  * `deno task test tests/a_test.ts tests/b_test.ts` runs only those files, after the same set-up.
  */
 import { NEEDS } from "./needs.ts";
+import { runtimeDirEnv } from "../lib/util/runtime_dir.ts";
 
 /** Test files that create a GPU device in their own process. */
 export const GPU_FILES = [
@@ -87,7 +88,8 @@ async function runGroup(group: Group, env: Record<string, string>): Promise<Grou
 
 async function main(args: string[]): Promise<number> {
   console.log("=== set-up");
-  const env: Record<string, string> = {};
+  // The GPU tests create Vulkan instances in-process: without it Mesa prints an error for each.
+  const env: Record<string, string> = { ...runtimeDirEnv() };
   const unmet: string[] = [];
   for (const need of NEEDS) {
     try {

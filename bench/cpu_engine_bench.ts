@@ -31,12 +31,12 @@ const args = parseArgs(Deno.args, {
   collect: ["model"],
   default: { npl: "1,8,32", threads: String(navigator.hardwareConcurrency), npp: "16", ntg: "32" },
 });
-const models = args.model as string[];
+const models = (args.model ?? []) as string[];
 if (models.length === 0) {
   console.error("Usage: deno run -A bench/cpu_engine_bench.ts --model <gguf> [--model …] [--llama-cpp <bin dir>] [--npl 1,8,32] [--threads N]");
   Deno.exit(2);
 }
-const npls = args.npl.split(",").map(Number);
+const npls: number[] = String(args.npl).split(",").map(Number);
 const threads = Number(args.threads);
 const npp = Number(args.npp), ntg = Number(args.ntg);
 

@@ -17,11 +17,12 @@ const LISTENING = /url\s+(http:\/\/\S+?)\//;
  */
 export async function spawnUntilListening(
   args: string[],
-  opts: { env?: Record<string, string>; cwd?: string; command?: string } = {},
+  opts: { env?: Record<string, string>; cwd?: string; command?: string; clearEnv?: boolean } = {},
 ): Promise<ServeChild> {
   const child = new Deno.Command(opts.command ?? Deno.execPath(), {
     args,
     env: opts.env,
+    clearEnv: opts.clearEnv ?? false,
     cwd: opts.cwd,
     stdout: "null",
     stderr: "piped",

@@ -231,7 +231,7 @@ Deno.test("every request error answers with its status, code, field and received
       code: "invalid_request",
       param: "messages",
       type: "invalid_request_error",
-      message: /got undefined/,
+      message: /^Missing required field 'messages' \(expected array\)$/,
     },
     {
       name: "bad role",

@@ -1,14 +1,19 @@
 import { assert, assertEquals, assertMatch } from "@std/assert";
 import { context } from "@opentelemetry/api";
 import { createApp } from "../lib/http/app.ts";
-import { formatText, RequestLog, type RequestLogEntry } from "../lib/http/request_log.ts";
+import {
+  formatText,
+  RequestLog,
+  type RequestLogEntry,
+  type RequestLogOptions,
+} from "../lib/http/request_log.ts";
 import { FakeCore } from "./_fake_core.ts";
 import { postJson, startService, TestSocket, waitUntil } from "./_http_harness.ts";
 
 /** A JSON-lines request log captured in memory. */
-function capture() {
+function capture(opts: RequestLogOptions = {}) {
   const lines: string[] = [];
-  const log = new RequestLog("json", (line) => lines.push(line));
+  const log = new RequestLog("json", (line) => lines.push(line), opts);
   return { lines, log, entries: () => lines.map((l) => JSON.parse(l) as RequestLogEntry) };
 }
 
@@ -76,7 +81,7 @@ Deno.test("every HTTP request gets one log line: successes, client errors, auth 
 });
 
 Deno.test("a response without a client x-request-id carries the generated one, the response id for completions", async () => {
-  const cap = capture();
+  const cap = capture({ probes: true });
   await using svc = await startService({}, { requestLog: cap.log });
   const res = await postJson(svc.base + "/v1/completions", { prompt: "a b", max_tokens: 2 });
   const body = await res.json();
@@ -196,4 +201,41 @@ Deno.test("--log-format off writes no request lines", async () => {
   const health = await fetch(svc.base + "/health");
   await health.body?.cancel();
   assertEquals(lines, []);
+});
+
+Deno.test("RequestLog leaves successful probes out unless asked, and --log-level filters by status", () => {
+  const entry = (route: string, status: number, method = "GET"): RequestLogEntry => ({
+    time: "t",
+    request_id: "r",
+    method,
+    route,
+    status,
+    total_ms: 1,
+  });
+  const sent = [
+    entry("/health", 200),
+    entry("/ready", 503),
+    entry("/metrics", 200),
+    entry("/metrics", 401),
+    entry("/v1/completions", 200, "POST"),
+    entry("/v1/completions", 400, "POST"),
+    entry("/v1/completions", 503, "POST"),
+  ];
+  const written = (opts: RequestLogOptions) => {
+    const c = capture(opts);
+    for (const e of sent) c.log.write(e);
+    return c.entries().map((e) => `${e.route} ${e.status}`);
+  };
+  // Default (info, no probes): every request but the probes that succeeded.
+  assertEquals(written({}), [
+    "/ready 503",
+    "/metrics 401",
+    "/v1/completions 200",
+    "/v1/completions 400",
+    "/v1/completions 503",
+  ]);
+  assertEquals(written({ probes: true }), sent.map((e) => `${e.route} ${e.status}`));
+  assertEquals(written({ level: "debug" }), sent.map((e) => `${e.route} ${e.status}`));
+  assertEquals(written({ level: "warn", probes: true }), ["/ready 503", "/v1/completions 503"]);
+  assertEquals(written({ level: "error" }), []);
 });

@@ -173,7 +173,7 @@ Deno.test("/v1/stream answers every bad frame with an error frame and keeps the 
         "missing id",
         { type: "generate", prompt: "hi" },
         { code: "invalid_request", param: "id" },
-        /'id'.*got undefined/,
+        /^Missing required field 'id' \(expected string\)$/,
       ],
       [
         "bad temperature",

@@ -77,6 +77,23 @@ async function until(
   }
 }
 
+/** Ms until a fresh connection gets an answer from /health; fails after `timeoutMs`. */
+async function acceptsAgain(base: string, timeoutMs: number): Promise<number> {
+  const start = performance.now();
+  for (;;) {
+    try {
+      const res = await fetch(`${base}/health`, { signal: AbortSignal.timeout(1000) });
+      await res.body?.cancel();
+      if (res.ok) return performance.now() - start;
+    } catch {
+      // queued in a stalled listener, or reset when it was replaced
+    }
+    if (performance.now() - start > timeoutMs) {
+      throw new Error(`the server accepted nothing for ${timeoutMs} ms after the closes`);
+    }
+  }
+}
+
 function closeAll(conns: Deno.Conn[]): void {
   for (const c of conns) {
     try {
@@ -125,6 +142,11 @@ Deno.test("fd exhaustion: under ulimit -n 256, 400 idle TCP connections and 300 
     closeAll(conns);
     conns.length = 0;
     await until(() => openFds(server.pid)! < fds - 100, "the server to see the closes");
+    // Deno's node:net may have stopped accepting after EMFILE (bench/repro/accept_stall.ts);
+    // the server notices and listens again. Connections made before that are dropped, so the
+    // WebSockets below wait for it: how many are accepted must not depend on the timing.
+    const recovery = await acceptsAgain(server.base, 15_000);
+    console.log(`fd exhaustion: accepting again ${recovery.toFixed(0)} ms after the closes`);
 
     // Idle WebSockets: those past the limit are refused; the held one and the server live.
     // One the server never accepts (left in the kernel's queue) counts as refused.
@@ -141,7 +163,19 @@ Deno.test("fd exhaustion: under ulimit -n 256, 400 idle TCP connections and 300 
     for (const t of timers) clearTimeout(t);
     for (const r of results) if (r.status === "fulfilled") sockets.push(r.value);
     assert(!died, `the server died:\n${server.log()}`);
-    assertGreater(sockets.length, 100, "sockets up to the limit are accepted");
+    const why = new Map<string, number>();
+    for (const r of results) {
+      if (r.status === "rejected") {
+        const m = String((r.reason as Error)?.message ?? r.reason).slice(0, 60);
+        why.set(m, (why.get(m) ?? 0) + 1);
+      }
+    }
+    assertGreater(
+      sockets.length,
+      100,
+      `sockets up to the limit are accepted (refused: ${JSON.stringify([...why])}; ` +
+        `${openFds(server.pid)} fds)\n${server.log().slice(-1500)}`,
+    );
     assertLess(sockets.length, 128, "sockets past the limit are refused");
     assertLess(openFds(server.pid)!, limit);
     assertEquals(await generateOn(held, "during-ws"), want);

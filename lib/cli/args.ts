@@ -4,6 +4,10 @@
  * reads `--temperature -1` as `--temperature` with no value followed by a flag `-1`
  * ("Unknown argument(s): --1"); a negative number must instead reach validation, which
  * refuses it by name and value.
+ *
+ * Aliases let the names other tools use reach the same flag: llama.cpp's short flags (`-m`,
+ * `-p`, `-c`, `-n`) and long spellings (`--ctx-size`, `--n-predict`). A user who typed one
+ * sees it in error messages as typed.
  */
 import { parseArgs } from "@std/cli/parse-args";
 
@@ -14,6 +18,8 @@ export interface FlagSpec {
   readonly boolean?: readonly string[];
   /** Value flags that may be repeated (collected into arrays). */
   readonly collect?: readonly string[];
+  /** Other names for flags, without dashes: `{ m: "model", "ctx-size": "context-length" }`. */
+  readonly aliases?: Readonly<Record<string, string>>;
 }
 
 export interface ParsedFlags {
@@ -26,9 +32,10 @@ export interface ParsedFlags {
 export function parseFlags(argv: readonly string[], spec: FlagSpec): ParsedFlags {
   const takesValue = new Set(spec.string);
   const joined: string[] = [];
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]!;
-    const next = argv[i + 1];
+  const canonical = canonicalArgs(argv, spec.aliases ?? {}, takesValue);
+  for (let i = 0; i < canonical.length; i++) {
+    const a = canonical[i]!;
+    const next = canonical[i + 1];
     if (
       a.startsWith("--") && !a.includes("=") && takesValue.has(a.slice(2)) &&
       next !== undefined && next.startsWith("-") && !next.startsWith("--")
@@ -46,11 +53,44 @@ export function parseFlags(argv: readonly string[], spec: FlagSpec): ParsedFlags
   }) as Record<string, unknown> & { _: (string | number)[] };
   const known = new Set([...spec.string, ...(spec.boolean ?? [])]);
   const unknown = [
-    ...Object.keys(flags).filter((k) => k !== "_" && !known.has(k)).map((k) => `--${k}`),
+    // parseArgs reads `-x` as the key "x": show it with the one dash it was typed with.
+    ...Object.keys(flags).filter((k) => k !== "_" && !known.has(k)).map((k) =>
+      k.length === 1 ? `-${k}` : `--${k}`
+    ),
     // parseArgs lists the value of `--prompt ""` as a positional too; an empty one is harmless.
     ...flags._.map(String).filter((a) => a !== ""),
   ];
   const values: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(flags)) if (k !== "_") values[k] = v;
   return { values, unknown };
+}
+
+/**
+ * `argv` with every alias spelled as its flag (`-m x` as `--model x`, `-c=8` as
+ * `--context-length=8`); a flag's value (`--prompt -m`) and arguments after `--` are left alone.
+ */
+function canonicalArgs(
+  argv: readonly string[],
+  aliases: Readonly<Record<string, string>>,
+  takesValue: ReadonlySet<string>,
+): string[] {
+  const out: string[] = [];
+  let rest = false;
+  for (const a of argv) {
+    const prev = out.at(-1);
+    const isValue = prev !== undefined && prev.startsWith("--") && takesValue.has(prev.slice(2));
+    if (rest || a === "--" || isValue) {
+      if (a === "--" && !isValue) rest = true;
+      out.push(a);
+      continue;
+    }
+    const m = /^--?([^=-][^=]*)(=.*)?$/.exec(a);
+    const name = m?.[1];
+    // A single dash takes only a one-letter alias: `-1` stays a (negative) value.
+    const target = name === undefined || (!a.startsWith("--") && name.length !== 1)
+      ? undefined
+      : aliases[name];
+    out.push(target === undefined ? a : `--${target}${m?.[2] ?? ""}`);
+  }
+  return out;
 }

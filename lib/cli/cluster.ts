@@ -1,36 +1,103 @@
 import { parseArgs } from "@std/cli/parse-args";
+import { childArgs } from "./launch.ts";
+import { PARENT_PIPE_ENV } from "./parent_watch.ts";
+import { parseRouterArgs, routerNeeds } from "./router.ts";
+import { parseServeArgs, serveNeeds } from "./serve.ts";
+import { runtimeDirEnv } from "../util/runtime_dir.ts";
 
 const USAGE =
   `Usage: deno task cluster [--replicas N] [--port P] [--nats-port Q] [-- serve flags...]
   Starts, for a local try: nats-server with a generated password on 127.0.0.1:Q (default
   4222), N replicas (default 2; each also on its own free HTTP port) and a router on P
-  (default 8000). Flags after -- go to every replica (e.g. -- --backend cpu). Ctrl-C drains
-  and stops everything.`;
+  (default 8000). Flags after -- go to every replica (e.g. -- --backend cpu). Ctrl-C or
+  SIGTERM stops the router, drains every replica, then stops nats-server.
+  nats-server is $NATS_SERVER, else found on PATH or in /usr/local/sbin, /usr/sbin, /sbin.`;
 
-function spawnLogged(name: string, cmd: string, args: string[]): Deno.ChildProcess {
-  const child = new Deno.Command(cmd, { args, stdout: "null", stderr: "piped" }).spawn();
-  (async () => {
-    const lines = child.stderr.pipeThrough(new TextDecoderStream());
-    for await (const chunk of lines) {
-      for (const line of chunk.split("\n")) if (line !== "") console.error(`[${name}] ${line}`);
-    }
-  })().catch(() => {});
-  return child;
+/** A process of the cluster, its stderr prefixed with its name on ours. */
+interface Member {
+  readonly name: string;
+  readonly child: Deno.ChildProcess;
+  readonly status: Promise<Deno.CommandStatus>;
+  /** Resolves once its stderr has ended (all its lines are out). */
+  readonly logged: Promise<void>;
+  /** Its stdin is a pipe from here (a Deno member). */
+  readonly piped: boolean;
 }
 
-async function waitForPort(port: number, ms: number): Promise<void> {
+/**
+ * Each member runs in its own session (`detached`), so a Ctrl-C at the terminal reaches only
+ * this process, which stops the members once each and in order; the terminal's SIGINT would
+ * otherwise reach nats-server and every replica at once, and the SIGTERM after it would be a
+ * replica's second signal, which cuts its drain short. The Deno members read a pipe from here
+ * as stdin (`PARENT_PIPE_ENV`): should this process die without a word, they drain and exit.
+ */
+function spawnMember(name: string, cmd: string, args: string[], deno: boolean): Member {
+  const child = new Deno.Command(cmd, {
+    args,
+    stdin: deno ? "piped" : "null",
+    stdout: "null",
+    stderr: "piped",
+    detached: true,
+    env: { ...runtimeDirEnv(), ...(deno ? { [PARENT_PIPE_ENV]: "1" } : {}) },
+  }).spawn();
+  const logged = (async () => {
+    const lines = child.stderr.pipeThrough(new TextDecoderStream());
+    let rest = "";
+    for await (const chunk of lines) {
+      const parts = (rest + chunk).split("\n");
+      rest = parts.pop()!;
+      for (const line of parts) if (line !== "") console.error(`[${name}] ${line}`);
+    }
+    if (rest !== "") console.error(`[${name}] ${rest}`);
+  })().catch(() => {});
+  return { name, child, status: child.status, logged, piped: deno };
+}
+
+/** nats-server: `$NATS_SERVER`, else on PATH, else in the sbin folders a user's PATH often lacks. */
+export function findNatsServer(
+  env: (name: string) => string | undefined = (n) => Deno.env.get(n),
+  sbin: readonly string[] = ["/usr/local/sbin", "/usr/sbin", "/sbin"],
+): string | undefined {
+  const given = env("NATS_SERVER");
+  if (given) return given;
+  const dirs = [...(env("PATH") ?? "").split(":"), ...sbin];
+  for (const dir of dirs) {
+    if (dir === "") continue;
+    try {
+      const st = Deno.statSync(`${dir}/nats-server`);
+      if (st.isFile && ((st.mode ?? 0o111) & 0o111) !== 0) return `${dir}/nats-server`;
+    } catch {
+      // not here
+    }
+  }
+  return undefined;
+}
+
+async function waitForPort(port: number, ms: number, exited: Promise<unknown>): Promise<void> {
+  let gone = false;
+  exited.then(() => gone = true);
   const end = performance.now() + ms;
   for (;;) {
     try {
       (await Deno.connect({ hostname: "127.0.0.1", port })).close();
       return;
     } catch {
+      if (gone) throw new Error(`nats-server exited before listening on 127.0.0.1:${port}`);
       if (performance.now() > end) {
         throw new Error(`nats-server did not listen on 127.0.0.1:${port} within ${ms} ms`);
       }
       await new Promise((r) => setTimeout(r, 100));
     }
   }
+}
+
+async function stop(m: Member): Promise<void> {
+  try {
+    m.child.kill("SIGTERM");
+  } catch { /* already gone */ }
+  await m.status;
+  await m.logged;
+  if (m.piped) await m.child.stdin.close().catch(() => {});
 }
 
 /** `cluster` command: nats-server, N replicas and a router on this machine. */
@@ -52,63 +119,72 @@ export async function clusterCommand(argv: string[]): Promise<number> {
     throw new Error(`--replicas must be a positive integer, received ${flags.replicas}\n${USAGE}`);
   }
   const natsPort = Number(flags["nats-port"]);
+  const bin = findNatsServer();
+  if (bin === undefined) {
+    throw new Error(
+      "Cannot start the cluster: nats-server is not on PATH nor in /usr/local/sbin, /usr/sbin " +
+        "or /sbin. Install Debian's nats-server (apt-get install nats-server), or without root: " +
+        "apt-get download nats-server && dpkg-deb -x nats-server_*.deb ~/nats, then " +
+        "NATS_SERVER=~/nats/usr/sbin/nats-server",
+    );
+  }
   const dir = await Deno.makeTempDir({ prefix: "llmserve_cluster_" });
   const password = crypto.randomUUID();
   await Deno.writeTextFile(
     `${dir}/nats.conf`,
     `listen: 127.0.0.1:${natsPort}\nauthorization { user: llmserve, password: "${password}" }\n`,
   );
-  const children: Deno.ChildProcess[] = [];
+  const url = `nats://llmserve:${password}@127.0.0.1:${natsPort}`;
+  const env = (n: string) => Deno.env.get(n);
+  // Validated here, so a bad replica flag is one error rather than N replicas failing.
+  const replicaArgv = ["--port", "0", "--nats", url, ...serveFlags];
+  const replicaArgs = childArgs("serve", replicaArgv, serveNeeds(parseServeArgs(replicaArgv)), env);
+  const routerArgv = ["--port", String(flags.port), "--nats", url];
+  const routerArgs = childArgs(
+    "router",
+    routerArgv,
+    routerNeeds(parseRouterArgs(routerArgv)),
+    env,
+  );
+  let nats: Member | undefined;
+  const replicaMembers: Member[] = [];
+  let router: Member | undefined;
+  let signalled = false;
+  const stopped = new Promise<void>((resolve) => {
+    const onSignal = () => {
+      signalled = true;
+      resolve();
+    };
+    for (const s of ["SIGINT", "SIGTERM"] as const) Deno.addSignalListener(s, onSignal);
+  });
   try {
     try {
-      const bin = Deno.env.get("NATS_SERVER") ?? "nats-server";
-      children.push(spawnLogged("nats", bin, ["-c", `${dir}/nats.conf`]));
+      nats = spawnMember("nats", bin, ["-c", `${dir}/nats.conf`], false);
     } catch (e) {
-      throw new Error(
-        `Cannot start nats-server (${
-          (e as Error).message
-        }); install it (Debian: apt-get install nats-server)`,
-      );
+      throw new Error(`Cannot start nats-server ${bin}: ${(e as Error).message}`);
     }
-    await waitForPort(natsPort, 10_000);
-    const url = `nats://llmserve:${password}@127.0.0.1:${natsPort}`;
-    const main = new URL("../../main.ts", import.meta.url).pathname;
+    await waitForPort(natsPort, 10_000, nats.status);
     for (let i = 0; i < replicas; i++) {
-      children.push(spawnLogged(`replica ${i + 1}`, Deno.execPath(), [
-        "run",
-        "-A",
-        main,
-        "serve",
-        "--port",
-        "0",
-        "--nats",
-        url,
-        ...serveFlags,
-      ]));
+      replicaMembers.push(spawnMember(`replica ${i + 1}`, Deno.execPath(), replicaArgs, true));
     }
-    children.push(spawnLogged("router", Deno.execPath(), [
-      "run",
-      "-A",
-      main,
-      "router",
-      "--port",
-      String(flags.port),
-      "--nats",
-      url,
-    ]));
-    const stop = new Promise<void>((resolve) => {
-      for (const s of ["SIGINT", "SIGTERM"] as const) Deno.addSignalListener(s, () => resolve());
-    });
-    await Promise.race([stop, ...children.map((c) => c.status)]);
+    router = spawnMember("router", Deno.execPath(), routerArgs, true);
+    const members = [nats, ...replicaMembers, router];
+    const ended = await Promise.race([
+      stopped.then(() => undefined),
+      ...members.map((m) => m.status.then(() => m)),
+    ]);
+    if (ended !== undefined && !signalled) {
+      console.error(`cluster: ${ended.name} exited on its own; stopping the others`);
+      return 1;
+    }
     return 0;
   } finally {
-    // Router first, then replicas (they drain), then NATS.
-    for (const c of [...children].reverse()) {
-      try {
-        c.kill("SIGTERM");
-      } catch { /* gone */ }
-      await c.status;
-    }
+    // The router first (its streams need the replicas), then every replica at once (each
+    // drains its in-flight work), then NATS, which the draining replicas still talk to.
+    if (router) await stop(router);
+    await Promise.all(replicaMembers.map(stop));
+    if (nats) await stop(nats);
+    console.error("cluster: stopped");
     await Deno.remove(dir, { recursive: true }).catch(() => {});
   }
 }

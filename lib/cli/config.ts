@@ -1,6 +1,7 @@
 import { z } from "zod";
 import { parseByteSize } from "../util/byte_size.ts";
 import { DEFAULT_LIMITS } from "../engine/limits.ts";
+import { LOG_LEVELS } from "../util/log_level.ts";
 
 /**
  * Every setting of the server and the CLI, with the environment variable that can also set
@@ -86,6 +87,20 @@ export const SETTINGS = {
     help: "request log lines: text | json | off",
     default: "text",
   },
+  logLevel: {
+    env: "LLMSERVE_LOG_LEVEL",
+    help: "error | warn | info | debug (debug adds health/ready/metrics probes)",
+    default: "info",
+  },
+  logProbes: {
+    env: "LLMSERVE_LOG_PROBES",
+    help: "log successful /health, /ready and /metrics requests too",
+    default: "false",
+  },
+  chatTemplate: {
+    env: "LLMSERVE_CHAT_TEMPLATE",
+    help: "Jinja chat template file used instead of the model's",
+  },
   metricsPublic: {
     env: "LLMSERVE_METRICS_PUBLIC",
     help: "serve /metrics without an API key",
@@ -159,6 +174,15 @@ const positiveInt = () =>
     "must be positive",
   );
 
+/** A switch: the flag alone (true), or a variable set to true, false, 1 or 0. */
+const flag = () =>
+  z.union([
+    z.boolean(),
+    z.enum(["true", "false", "1", "0"], { error: "expected true, false, 1 or 0" }).transform((v) =>
+      v === "true" || v === "1"
+    ),
+  ]).default(false);
+
 const seconds = () =>
   z.coerce.number({ error: "must be a number of seconds" }).positive("must be positive");
 
@@ -208,12 +232,10 @@ export const ConfigSchema = z.object({
   routing: z.enum(["prefix", "least-loaded", "round-robin"]).default(D.routing.default),
   servedModelName: z.array(z.string().min(1, "a served model name cannot be empty")).default([]),
   logFormat: z.enum(["text", "json", "off"]).default(D.logFormat.default),
-  metricsPublic: z.union([
-    z.boolean(),
-    z.enum(["true", "false", "1", "0"], { error: "expected true, false, 1 or 0" }).transform((v) =>
-      v === "true" || v === "1"
-    ),
-  ]).default(false),
+  logLevel: z.enum(LOG_LEVELS).default("info"),
+  logProbes: flag(),
+  chatTemplate: z.string().min(1).optional(),
+  metricsPublic: flag(),
   // Off by default: benchmarks and soak runs repeat requests to measure the engine, and a
   // cache would answer them instead.
   resultCache: byteSize(D.resultCache.default),

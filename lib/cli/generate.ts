@@ -14,6 +14,7 @@ import {
   rebuildBackend,
 } from "../serving/engine_factory.ts";
 import { formatBytes } from "../util/byte_size.ts";
+import { describeWithGpuApi } from "../util/gpu_api.ts";
 import { DEFAULT_MODEL } from "../source/model_source.ts";
 import { z } from "zod";
 
@@ -34,17 +35,32 @@ const GenerateArgs = z.object({
   "kv-dtype": z.enum(["f16", "f32"]).optional(),
 });
 
+/** llama.cpp's spellings of the same flags (`llama-cli -m x -p "..." -n 64 -c 512 --temp 0`). */
+export const GENERATE_ALIASES: Readonly<Record<string, string>> = {
+  m: "model",
+  p: "prompt",
+  n: "max-tokens",
+  "n-predict": "max-tokens",
+  c: "context-length",
+  "ctx-size": "context-length",
+  temp: "temperature",
+  t: "threads",
+};
+
 const USAGE =
   `Usage: deno task generate [--model <path|url|name>] [--tokenizer <path|url>] [--models-dir <dir>] --prompt <text>
   [--max-tokens 256] [--temperature 1] [--top-k 0] [--top-p 1] [--min-p 0] [--seed <n>]
   [--backend auto|cpu|webgpu|reference] [--threads <n>] [--kv-dtype f16|f32] [--context-length <n>]
        deno task generate --help | --version
 Prints only the generated continuation on stdout; diagnostics go to stderr.
+llama.cpp's names work too: -m (--model), -p (--prompt), -n / --n-predict (--max-tokens),
+-c / --ctx-size (--context-length), --temp (--temperature).
 
 Examples:
   deno task generate --prompt "Once upon a time" --max-tokens 64 --temperature 0
   deno task generate --model stories260K-q8_0 --prompt "Tom and his dog" --seed 7
-  deno task generate --model ./my-model.gguf --backend cpu --prompt "Hello"`;
+  deno task generate --model ./my-model.gguf --backend cpu --prompt "Hello"
+  deno task generate -m stories260K-q8_0 -p "Once upon a time" -n 64 --temp 0`;
 
 export type GenerateArgs = z.infer<typeof GenerateArgs>;
 
@@ -57,6 +73,7 @@ export function parseGenerateArgs(argv: readonly string[]): GenerateArgs | { err
   const { values, unknown } = parseFlags(argv, {
     string: Object.keys(GenerateArgs.shape),
     boolean: ["help", "version"],
+    aliases: GENERATE_ALIASES,
   });
   if (unknown.length > 0) return { error: `Unknown argument(s): ${unknown.join(" ")}\n${USAGE}` };
   delete values.help;
@@ -123,6 +140,13 @@ export async function generateCommand(argv: string[]): Promise<number> {
     );
   }
   const maxTokens = Math.min(args["max-tokens"], limit - promptIds.length);
+  if (maxTokens < args["max-tokens"]) {
+    // Said before generating, so a short output is not taken for the model stopping.
+    console.error(
+      `--max-tokens ${args["max-tokens"]} lowered to ${maxTokens}: the prompt has ` +
+        `${promptIds.length} tokens and the context is ${limit} (--context-length raises it)`,
+    );
+  }
   const kv = { numBlocks: plan.numBlocks, blockSize: plan.blockSize };
   const limits = { maxBatchTokens: DEFAULT_LIMITS.maxBatchTokens, maxSeqs: 1 };
   const { engine, description } = await createEngine(
@@ -136,7 +160,9 @@ export async function generateCommand(argv: string[]): Promise<number> {
   const mem = engineMemory(engine);
   const c = model.config;
   console.error(
-    `model ${source.modelPath} (${c.architecture}, ${c.nLayers} layers, vocab ${c.vocabSize}, context ${c.contextLength}) on ${description}; memory: weights ${
+    `model ${source.modelPath} (${c.architecture}, ${c.nLayers} layers, vocab ${c.vocabSize}, context ${c.contextLength}) on ${
+      describeWithGpuApi(description)
+    }; memory: weights ${
       mem ? formatBytes(mem.weights) : "?"
     }, kv cache ${formatBytes(mem?.kvCache ?? plan.bytes)}; prompt ${promptIds.length} tokens`,
   );
@@ -168,6 +194,7 @@ export async function generateCommand(argv: string[]): Promise<number> {
   const out = new TextEncoder();
   const started = performance.now();
   let generated = 0;
+  let finish = "";
   try {
     const events = backend.generate({
       prompt: promptIds,
@@ -179,7 +206,10 @@ export async function generateCommand(argv: string[]): Promise<number> {
     }, new AbortController().signal);
     for await (const e of events) {
       if (e.type === "token") await Deno.stdout.write(out.encode(e.text));
-      if (e.type === "done") generated = e.usage.completionTokens;
+      if (e.type === "done") {
+        generated = e.usage.completionTokens;
+        finish = e.finishReason === "stop" ? "the model ended the text" : `--max-tokens ${maxTokens}`;
+      }
       if (e.type === "error") throw new Error(`Generation failed (${e.code}): ${e.message}`);
     }
     await Deno.stdout.write(out.encode("\n"));
@@ -188,7 +218,9 @@ export async function generateCommand(argv: string[]): Promise<number> {
   }
   const secs = (performance.now() - started) / 1000;
   console.error(
-    `${generated} tokens in ${secs.toFixed(2)} s (${(generated / secs).toFixed(1)} tokens/s)`,
+    `${generated} tokens in ${secs.toFixed(2)} s (${
+      (generated / secs).toFixed(1)
+    } tokens/s); stopped by ${finish}`,
   );
   return 0;
 }

@@ -1,7 +1,8 @@
 /**
- * The launcher behind `deno task start|generate|models`. It reads the configuration (flags
- * and environment), works out the permissions the command needs from it (`permissions.ts`)
- * and runs the command in a child Deno with exactly those. The launcher itself runs with
+ * The launcher behind `deno task start|generate|models|router|cluster`. It reads the
+ * configuration (flags and environment), works out the permissions the command needs from it
+ * (`permissions.ts`) and runs the command in a child Deno with exactly those (`cluster`, which
+ * starts processes of its own, with all). The launcher itself runs with
  * --allow-all: starting a process (--allow-run) is all the power there is anyway, and Deno
  * lets only --allow-all read /proc/<pid>; the sandbox that matters is the command's. The
  * launcher stays as the child's parent so that signals reach the server however it was
@@ -18,11 +19,24 @@
  *   (SIGKILL), the child reads end-of-file and stops too (see `parent_watch.ts`).
  */
 import { fileURLToPath } from "node:url";
-import { derivePermissions, ENV_READ, permissionFlags, type RunNeeds } from "./permissions.ts";
+import {
+  derivePermissions,
+  ENV_READ,
+  gpuApiReads,
+  permissionFlags,
+  type RunNeeds,
+} from "./permissions.ts";
 import { PARENT_PIPE_ENV } from "./parent_watch.ts";
+import { runtimeDirEnv } from "../util/runtime_dir.ts";
 
 /** The commands the launcher can run. */
-export type LaunchedCommand = "serve" | "generate" | "models";
+export type LaunchedCommand = "serve" | "generate" | "models" | "router" | "cluster";
+
+/**
+ * `cluster` starts nats-server and Deno processes of its own (each of those gets its own
+ * derived permissions), which is all the power there is: it runs with --allow-all.
+ */
+export const ALL_PERMISSIONS = "all";
 
 // Other signals end the launcher by their default action; the child then reads end-of-file on
 // its stdin and stops as on SIGTERM.
@@ -39,22 +53,33 @@ const SIGNAL_NUMBERS: Partial<Record<Deno.Signal, number>> = {
 export function childArgs(
   command: LaunchedCommand,
   argv: readonly string[],
-  needs: RunNeeds | undefined,
+  needs: RunNeeds | typeof ALL_PERMISSIONS | undefined,
   env: (name: string) => string | undefined,
 ): string[] {
+  if (needs === ALL_PERMISSIONS) {
+    return ["run", "--no-prompt", "--allow-all", ...configAndMain(), command, ...argv];
+  }
   const derived = needs === undefined
     ? { read: [], write: [], net: [], env: [...ENV_READ] }
     : derivePermissions(needs, env);
-  const p = { ...derived, read: withRealPaths(derived.read), write: withRealPaths(derived.write) };
+  const usesGpu = command === "serve" || command === "generate";
+  const reads = usesGpu ? [...derived.read, ...gpuApiReads(env)] : derived.read;
+  const p = { ...derived, read: withRealPaths(reads), write: withRealPaths(derived.write) };
   return [
     "run",
     "--no-prompt",
     ...permissionFlags(p),
+    ...configAndMain(),
+    command,
+    ...argv,
+  ];
+}
+
+function configAndMain(): string[] {
+  return [
     "--config",
     fileURLToPath(new URL("../../deno.json", import.meta.url)),
     fileURLToPath(new URL("../../main.ts", import.meta.url)),
-    command,
-    ...argv,
   ];
 }
 
@@ -98,12 +123,13 @@ function realPathOfNearest(path: string): string | undefined {
 export async function launch(
   command: LaunchedCommand,
   argv: readonly string[],
-  needs: RunNeeds | undefined,
+  needs: RunNeeds | typeof ALL_PERMISSIONS | undefined,
 ): Promise<number> {
   const args = childArgs(command, argv, needs, (n) => Deno.env.get(n));
   const child = new Deno.Command(Deno.execPath(), {
     args,
-    env: { [PARENT_PIPE_ENV]: "1" },
+    // Set only when missing: Mesa's Vulkan layer prints an error per instance without it.
+    env: { [PARENT_PIPE_ENV]: "1", ...runtimeDirEnv() },
     stdin: "piped",
     stdout: "inherit",
     stderr: "inherit",

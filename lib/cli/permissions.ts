@@ -12,6 +12,18 @@ import {
   mirrorDirFromEnv,
   resolveModelsDir,
 } from "../source/model_source.ts";
+import { GPU_API_ENV, VULKAN_DRIVER_DIRS } from "../util/gpu_api.ts";
+
+/**
+ * What a run that may use WebGPU reads to tell Vulkan from OpenGL ES for its start-up line
+ * (lib/util/gpu_api.ts): the Vulkan loader's manifest folders, or the files its variables name.
+ */
+export function gpuApiReads(env: EnvGetter): string[] {
+  const named = ["VK_ICD_FILENAMES", "VK_DRIVER_FILES"].flatMap((n) =>
+    (env(n) ?? "").split(":").filter(Boolean)
+  );
+  return [...VULKAN_DRIVER_DIRS, ...named];
+}
 
 /** Allow-lists for `deno run`; an empty list grants nothing of that kind. */
 export interface Permissions {
@@ -35,6 +47,8 @@ export interface RunNeeds {
   readonly nats?: string;
   /** `--nats-creds`: a credentials file to read. */
   readonly natsCreds?: string;
+  /** `--chat-template`: a template file to read. */
+  readonly chatTemplate?: string;
   /** Whether the run may download a missing model (`models` only lists, so it never does). */
   readonly mayDownload?: boolean;
   /** Whether the run builds an engine (`models` does not): the CPU engine reads its kernels. */
@@ -52,6 +66,8 @@ export const ENV_READ = [
   // Read by the `ws` package behind node:http's WebSocket upgrades.
   "WS_NO_BUFFER_UTIL",
   "WS_NO_UTF_8_VALIDATE",
+  // Which graphics API WebGPU runs on, for the start-up line (lib/util/gpu_api.ts).
+  ...GPU_API_ENV,
 ] as const;
 
 /** What the CPU engine reads at run time: its compiled kernels and its worker's module. */
@@ -116,6 +132,7 @@ export function derivePermissions(needs: RunNeeds, env: EnvGetter): Permissions 
     net.add(natsHost(url));
   }
   if (needs.natsCreds !== undefined) read.add(needs.natsCreds);
+  if (needs.chatTemplate !== undefined) read.add(needs.chatTemplate);
   // A replica's heartbeat worker is a module loaded at run time, which needs read access.
   if (needs.nats !== undefined) read.add(new URL("../cluster/", import.meta.url).pathname);
   // The CPU engine reads its compiled kernels and starts its worker threads from here.

@@ -5,6 +5,8 @@ import { RouterBackend } from "../cluster/router_backend.ts";
 import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
+import { whenLauncherGone } from "./parent_watch.ts";
+import type { RunNeeds } from "./permissions.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "nats": "nats",
@@ -16,9 +18,19 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "drain-timeout": "drainTimeout",
 };
 
+/** Where the router's flag means something other than the server's. */
+const ROUTER_HELP: Partial<Record<SettingName, string>> = {
+  nats: "NATS server(s) the replicas serve on: nats://[user:pass@|token@]host:port (required)",
+  host: "address the router listens on",
+  port: "port the router listens on (0 picks a free one)",
+  drainTimeout: "seconds to let in-flight requests finish on SIGTERM",
+};
+
 function usage(): string {
   const rows = Object.entries(FLAG_NAMES).map(([flag, name]) =>
-    `  --${flag.padEnd(18)} ${SETTINGS[name].help} [env ${SETTINGS[name].env}]`
+    `  --${flag.padEnd(18)} ${ROUTER_HELP[name] ?? SETTINGS[name].help} [env ${
+      SETTINGS[name].env
+    }]`
   );
   return `Usage: deno task router --nats nats://host:port [options]\n${rows.join("\n")}`;
 }
@@ -50,6 +62,11 @@ export function parseRouterArgs(
     throw new Error(`The router needs a NATS server: pass --nats nats://host:port\n${usage()}`);
   }
   return config as Config & { nats: string };
+}
+
+/** What a router touches, for the launcher: its listen address, the NATS servers, the creds. */
+export function routerNeeds(c: Config): RunNeeds {
+  return { model: "", mayDownload: false, host: c.host, nats: c.nats, natsCreds: c.natsCreds };
 }
 
 /**
@@ -94,6 +111,8 @@ export async function routerCommand(argv: string[]): Promise<number> {
       ].join("\n"));
     },
   });
+  // Started by the launcher, which is gone (killed without passing a signal on): drain.
+  whenLauncherGone(() => void server.stop());
   const result = await server.closed;
   backend.close();
   await nc.close();

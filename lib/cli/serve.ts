@@ -1,9 +1,11 @@
 import { openModel, uploadProgress } from "./open_model.ts";
 import { parseFlags } from "./args.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
+import type { RunNeeds } from "./permissions.ts";
 import { versionLine } from "./version.ts";
 import { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
+import { describeWithGpuApi } from "../util/gpu_api.ts";
 import {
   type Config,
   resolveConfig,
@@ -25,6 +27,8 @@ import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
+import { createChatRenderer } from "../http/chat_template.ts";
+import { leveledLog } from "../util/log_level.ts";
 import { createLoadingService, LoadProgress, SwitchableService } from "../http/loading_service.ts";
 import { CachedBackend } from "../serving/cached_backend.ts";
 import { connectNats } from "../cluster/nats_connection.ts";
@@ -54,6 +58,9 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "models-dir": "modelsDir",
   "served-model-name": "servedModelName",
   "log-format": "logFormat",
+  "log-level": "logLevel",
+  "log-probes": "logProbes",
+  "chat-template": "chatTemplate",
   "metrics-public": "metricsPublic",
   "result-cache": "resultCache",
   "nats": "nats",
@@ -66,8 +73,16 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "allowed-host": "allowedHost",
 };
 
+/** llama-server's spellings of the same flags (`llama-server -m x -c 4096 --port 8080`). */
+export const SERVE_ALIASES: Readonly<Record<string, string>> = {
+  m: "model",
+  c: "context-length",
+  "ctx-size": "context-length",
+  t: "threads",
+};
+
 /** Flags that take no value. */
-const BOOLEAN_FLAGS = ["metrics-public"];
+const BOOLEAN_FLAGS = ["metrics-public", "log-probes"];
 
 function usage(): string {
   const rows = Object.entries(FLAG_NAMES).map(([flag, name]) => {
@@ -79,6 +94,7 @@ function usage(): string {
 ${rows.join("\n")}
   --help               this text
   --version            print the version and exit
+llama-server's names work too: -m (--model), -c / --ctx-size (--context-length).
 
 Examples:
   deno task start                                         stories260K on http://127.0.0.1:8000/
@@ -86,6 +102,7 @@ Examples:
   deno task start --model /data/models/llama.gguf --host 0.0.0.0 --port 8080
   deno task start --model https://huggingface.co/<org>/<repo>/resolve/main/<file>.gguf
   LLMSERVE_API_KEYS=key-one-123,key-two-456 deno task start --backend cpu --kv-memory 1GiB
+  deno task start -m stories260K-q8_0 -c 256 --port 8080  llama-server's short flags
   deno task models                                        list the models it can find`;
 }
 
@@ -96,12 +113,26 @@ export function serveInfo(argv: readonly string[]): string | undefined {
   return undefined;
 }
 
+/** What a server with this configuration touches, for the launcher's permissions. */
+export function serveNeeds(c: Config): RunNeeds {
+  return {
+    model: c.model,
+    tokenizer: c.tokenizer,
+    modelsDir: c.modelsDir,
+    host: c.host,
+    nats: c.nats,
+    natsCreds: c.natsCreds,
+    chatTemplate: c.chatTemplate,
+  };
+}
+
 /** Parses `serve` flags into the validated configuration. Exported for tests. */
 export function parseServeArgs(argv: string[], env?: (name: string) => string | undefined): Config {
   const { values: flags, unknown } = parseFlags(argv, {
     string: Object.keys(FLAG_NAMES).filter((f) => !BOOLEAN_FLAGS.includes(f)),
     collect: ["api-key", "served-model-name", "cors-origin", "allowed-host"],
     boolean: ["help", "version", ...BOOLEAN_FLAGS],
+    aliases: SERVE_ALIASES,
   });
   if (unknown.length > 0) throw new Error(`Unknown argument(s): ${unknown.join(" ")}\n${usage()}`);
   const named: Partial<Record<SettingName, unknown>> = {};
@@ -131,9 +162,19 @@ export async function serveCommand(argv: string[]): Promise<number> {
     return 0;
   }
   const config = parseServeArgs(argv);
+  // Read and parsed before the port is bound: a typo in the file fails the start at once.
+  const chatTemplate = config.chatTemplate === undefined
+    ? undefined
+    : await readChatTemplate(config.chatTemplate);
+  const logger = leveledLog(config.logLevel);
+  // Start-up, ready and drain lines are written at every level: a few per run, and the only
+  // word that the server is up or gone.
   const log = (line: string) => console.error(line);
   const metrics = new ServiceMetrics();
-  const requestLog = new RequestLog(config.logFormat);
+  const requestLog = new RequestLog(config.logFormat, undefined, {
+    level: config.logLevel,
+    probes: config.logProbes,
+  });
   const progress = new LoadProgress();
   const front = new SwitchableService(createLoadingService(progress, requestLog, metrics));
   let listening!: Deno.NetAddr;
@@ -147,7 +188,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     headerTimeoutMs: config.headerTimeout * 1000,
     bodyTimeoutMs: config.bodyTimeout * 1000,
     keepAliveTimeoutMs: config.keepAliveTimeout * 1000,
-    log,
+    log: logger.warn,
     onListen: (addr) => {
       listening = addr;
       log(`llmserve listening on http://${addr.hostname}:${addr.port}/ (loading the model)`);
@@ -156,7 +197,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   // Started by the launcher, which is gone (killed without passing a signal on): drain.
   whenLauncherGone(() => void server.stop());
   // A signal while loading ends the run; the load is abandoned with the process.
-  const loaded = start(config, progress, metrics, requestLog);
+  const loaded = start(config, progress, metrics, requestLog, chatTemplate, log);
   const first = await Promise.race([loaded, server.closed.then(() => null)]);
   if (first === null) {
     log("stopped before the model finished loading");
@@ -198,6 +239,8 @@ async function start(
   progress: LoadProgress,
   metrics: ServiceMetrics,
   requestLog: RequestLog,
+  chatTemplate: string | undefined,
+  log: (line: string) => void,
 ) {
   const { source, tokenizer, ...opened } = await openModel(config.model, {
     modelsDir: config.modelsDir,
@@ -271,7 +314,12 @@ async function start(
     },
   });
   const modelName = source.modelPath.split("/").pop()!.replace(/\.(gguf|bin)$/, "");
-  const coreBackend = new CoreBackend(modelName, core, tokenizer, model.chatTemplate);
+  const coreBackend = new CoreBackend(
+    modelName,
+    core,
+    tokenizer,
+    chatTemplate ?? model.chatTemplate,
+  );
   const backend = config.resultCache > 0
     ? new CachedBackend(coreBackend, config.resultCache)
     : coreBackend;
@@ -302,7 +350,7 @@ async function start(
     core,
     model,
     blockSize: plan.blockSize,
-    log: (l) => console.error(l),
+    log,
   });
   const c = model.config;
   const mem = engineMemory(engine);
@@ -311,13 +359,20 @@ async function start(
       `llmserve ready`,
       `  model     ${source.modelPath} (${c.architecture}, ${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads of ${c.headDim}, vocab ${c.vocabSize}, context ${c.contextLength})`,
       `  served as ${servedModelNames.join(", ")}`,
-      `  backend   ${description}`,
+      `  backend   ${describeWithGpuApi(description)}`,
       `  memory    weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
         formatBytes(mem?.kvCache ?? plan.bytes)
       }`,
       `  kv cache  ${numBlocks} blocks x ${plan.blockSize} tokens = ${formatBytes(plan.bytes)} (${
         numBlocks * plan.blockSize
       } tokens; ${plan.why})`,
+      `  chat      ${
+        chatTemplate !== undefined
+          ? `template from --chat-template ${config.chatTemplate}`
+          : model.chatTemplate !== undefined && model.chatTemplate.trim() !== ""
+          ? "the model's template"
+          : "plain format (the model has no template; System:/User:/Assistant: lines)"
+      }`,
       `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${config.pipelineDepth}`,
       `  results   ${
         config.resultCache > 0 ? `cache ${formatBytes(config.resultCache)}` : "cache off"
@@ -395,6 +450,29 @@ async function startReplica(
     where: nc.getServer(),
     close: () => nc.close(),
   };
+}
+
+/** `--chat-template <file>`: its text, refused with the file's name when unreadable or invalid. */
+async function readChatTemplate(path: string): Promise<string> {
+  let text: string;
+  try {
+    text = await Deno.readTextFile(path);
+  } catch (e) {
+    throw new Error(
+      `Cannot read --chat-template ${JSON.stringify(path)}: ${e instanceof Error ? e.message : e}`,
+    );
+  }
+  if (text.trim() === "") {
+    throw new Error(`Cannot use --chat-template ${JSON.stringify(path)}: the file is empty`);
+  }
+  try {
+    createChatRenderer({ template: text, bosToken: "", eosToken: "" });
+  } catch (e) {
+    throw new Error(
+      `Cannot use --chat-template ${JSON.stringify(path)}: ${e instanceof Error ? e.message : e}`,
+    );
+  }
+  return text;
 }
 
 /**

@@ -1,6 +1,6 @@
 import type { Hono } from "hono";
 import type { FinishReason, GenerationEvent } from "../core/generation.ts";
-import type { ChatTurn, RenderedChat } from "./chat_template.ts";
+import type { ChatRenderer } from "./chat_template.ts";
 import { readJsonBody } from "./body.ts";
 import { ApiError, fromGenerationError } from "./errors.ts";
 import { buildGenerationRequest, type GenerationInput } from "./generation_request.ts";
@@ -23,7 +23,7 @@ import type { RequestRecord } from "./request_log.ts";
 import { newRequestId } from "./request_log.ts";
 
 export interface OpenAiOptions {
-  readonly renderChat: (turns: readonly ChatTurn[]) => RenderedChat;
+  readonly renderChat: ChatRenderer;
   readonly maxBodyBytes: number;
   /** OpenAI's default for /v1/completions is 16; chat defaults to the rest of the context. */
   readonly defaultCompletionMaxTokens: number;
@@ -112,7 +112,7 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
         ...common(b),
         prompt,
         promptParam: "prompt",
-        maxTokens: b.max_tokens,
+        maxTokens: b.max_tokens ?? nPredict(b.n_predict),
         defaultMaxTokens: opts.defaultCompletionMaxTokens,
         logprobs: b.logprobs !== null && b.logprobs !== undefined,
       },
@@ -123,7 +123,10 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
   }
   const b = parseWith(ChatCompletionBody, body);
   const model = servedName(b.model, served);
-  const chat = opts.renderChat(b.messages.map((m) => ({ role: m.role, content: contentText(m) })));
+  const chat = opts.renderChat(
+    b.messages.map((m) => ({ role: m.role, content: contentText(m) })),
+    b.chat_template_kwargs,
+  );
   return {
     input: {
       ...common(b),
@@ -131,13 +134,18 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
       promptParam: "messages",
       extraStop: chat.stop,
       specialTokens: chat.special,
-      maxTokens: b.max_completion_tokens ?? b.max_tokens,
+      maxTokens: b.max_completion_tokens ?? b.max_tokens ?? nPredict(b.n_predict),
       logprobs: b.logprobs === true,
     },
     stream: b.stream === true,
     includeUsage: b.stream_options?.include_usage === true,
     model,
   };
+}
+
+/** llama-server's `n_predict`: -1 means up to the context, as no max_tokens does. */
+function nPredict(n: number | null | undefined): number | undefined {
+  return n === undefined || n === null || n === -1 ? undefined : n;
 }
 
 function common(b: CompletionBody | ChatCompletionBody) {

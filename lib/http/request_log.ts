@@ -5,6 +5,8 @@
  * the total time.
  */
 
+import { type LogLevel, logs } from "../util/log_level.ts";
+
 /** `off` writes nothing (for benchmarks that measure the server, not its logging). */
 export type LogFormat = "text" | "json" | "off";
 
@@ -103,11 +105,38 @@ export class RequestRecord {
   }
 }
 
+/** Routes that load balancers and orchestrators poll every few seconds. */
+export const PROBE_ROUTES: ReadonlySet<string> = new Set(["/health", "/ready", "/metrics"]);
+
+export interface RequestLogOptions {
+  /** `--log-level`: a line is `warn` for a 5xx, else `info`; a successful probe is `debug`. */
+  readonly level?: LogLevel;
+  /**
+   * `--log-probes`: log successful probes at `info` too. Off by default because a probe every
+   * few seconds buries the requests; a failed probe (503 while draining, 401) is always logged.
+   */
+  readonly probes?: boolean;
+}
+
+/** The level of a request's line. */
+export function requestLineLevel(e: RequestLogEntry, probes = false): LogLevel {
+  if (e.status >= 500) return "warn";
+  if (!probes && e.status < 400 && PROBE_ROUTES.has(e.route)) return "debug";
+  return "info";
+}
+
 export class RequestLog {
+  readonly #level: LogLevel;
+  readonly #probes: boolean;
+
   constructor(
     readonly format: LogFormat = "text",
     private readonly sink: (line: string) => void = (line) => console.error(line),
-  ) {}
+    opts: RequestLogOptions = {},
+  ) {
+    this.#level = opts.level ?? "info";
+    this.#probes = opts.probes ?? false;
+  }
 
   record(id: string, method: string, route: string, generated = false): RequestRecord {
     return new RequestRecord(this, id, method, route, generated);
@@ -115,6 +144,7 @@ export class RequestLog {
 
   write(e: RequestLogEntry): void {
     if (this.format === "off") return;
+    if (!logs(this.#level, requestLineLevel(e, this.#probes))) return;
     this.sink(this.format === "json" ? JSON.stringify(e) : formatText(e));
   }
 }

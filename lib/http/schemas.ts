@@ -1,9 +1,10 @@
 import { z } from "zod";
+import { acceptedFields, REFUSED_CHAT, REFUSED_COMMON, refusedFields } from "./request_fields.ts";
 
 /**
  * Shapes of everything a client sends: WebSocket frames (strict: a misspelled field is an
- * error, not silently ignored) and OpenAI request bodies (lenient about fields the OpenAI API
- * has and we ignore, like `user`, but refusing features we do not implement).
+ * error, not silently ignored) and OpenAI request bodies (strict too, with the field policy of
+ * request_fields.ts: honoured, accepted without effect, or refused by name).
  */
 
 const maxTokens = z.number().int().min(1).max(1_000_000);
@@ -31,11 +32,36 @@ const chatRole = z.enum(["system", "developer", "user", "assistant"]);
 
 const wsMessage = z.strictObject({ role: chatRole, content: z.string() });
 
+/**
+ * Variables for the chat template beside `messages` (vLLM's and llama-server's field), e.g.
+ * Qwen3's `{"enable_thinking": false}`. The variables the server sets itself are refused
+ * rather than let to override it: the messages, the model's own BOS/EOS text, and the
+ * generation prompt (a chat completion always ends with the assistant's turn).
+ */
+export const RESERVED_TEMPLATE_VARIABLES = [
+  "messages",
+  "bos_token",
+  "eos_token",
+  "add_generation_prompt",
+] as const;
+const chatTemplateKwargs = z.record(z.string(), z.unknown()).superRefine((kw, ctx) => {
+  for (const name of RESERVED_TEMPLATE_VARIABLES) {
+    if (name in kw) {
+      ctx.addIssue({
+        code: "custom",
+        path: [name],
+        message: `'${name}' is set by the server and cannot be given as a template variable`,
+      });
+    }
+  }
+});
+
 export const GenerateFrame = z.strictObject({
   type: z.literal("generate"),
   id: generationId,
   prompt: z.string().optional(),
   messages: z.array(wsMessage).min(1).optional(),
+  chat_template_kwargs: chatTemplateKwargs.optional(),
   max_tokens: maxTokens.optional(),
   temperature: temperature.optional(),
   top_k: topK.optional(),
@@ -53,6 +79,13 @@ export const GenerateFrame = z.strictObject({
       message: f.prompt === undefined
         ? "one of 'prompt' or 'messages' is required"
         : "give 'prompt' or 'messages', not both",
+    });
+  }
+  if (f.chat_template_kwargs !== undefined && f.messages === undefined) {
+    ctx.addIssue({
+      code: "custom",
+      path: ["chat_template_kwargs"],
+      message: "template variables apply to 'messages' only (a 'prompt' is not templated)",
     });
   }
 });
@@ -75,8 +108,14 @@ export type ClientFrameType = keyof typeof CLIENT_FRAMES;
 
 /** Fields shared by both OpenAI endpoints. Null is accepted wherever OpenAI clients send it. */
 const openAiCommon = {
+  ...acceptedFields(),
+  ...refusedFields(REFUSED_COMMON),
   model: z.string().nullish(),
   max_tokens: maxTokens.nullish(),
+  // llama-server's name for max_tokens; its -1 means "until the context is full".
+  n_predict: z.union([z.literal(-1), maxTokens], {
+    error: "expected -1 (up to the context) or a positive integer",
+  }).nullish(),
   temperature: temperature.nullish(),
   top_p: topP.nullish(),
   top_k: topK.nullish(),
@@ -98,7 +137,7 @@ const openAiCommon = {
 
 const tokenIds = z.array(z.number().int().min(0)).min(1);
 
-export const CompletionBody = z.object({
+export const CompletionBody = z.strictObject({
   ...openAiCommon,
   prompt: z.union([
     z.string(),
@@ -120,7 +159,7 @@ export const CompletionBody = z.object({
 });
 export type CompletionBody = z.output<typeof CompletionBody>;
 
-export const ChatMessage = z.object({
+export const ChatMessage = z.strictObject({
   role: z.enum(["system", "developer", "user", "assistant"], {
     error: 'expected one of "system", "developer", "user", "assistant" ' +
       "(tool messages are not supported)",
@@ -130,8 +169,10 @@ export const ChatMessage = z.object({
 });
 export type ChatMessage = z.output<typeof ChatMessage>;
 
-export const ChatCompletionBody = z.object({
+export const ChatCompletionBody = z.strictObject({
   ...openAiCommon,
+  ...refusedFields(REFUSED_CHAT),
+  chat_template_kwargs: chatTemplateKwargs.nullish(),
   messages: z.array(ChatMessage).min(1),
   max_completion_tokens: maxTokens.nullish(),
   logprobs: z.boolean().nullish(),
@@ -158,6 +199,7 @@ export const TokenizeBody = z.strictObject({
   with_pieces: z.boolean().optional(),
   add_special_tokens: z.boolean().optional(),
   add_generation_prompt: z.boolean().optional(),
+  chat_template_kwargs: chatTemplateKwargs.nullish(),
 });
 export type TokenizeBody = z.output<typeof TokenizeBody>;
 

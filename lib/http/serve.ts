@@ -1,8 +1,9 @@
 import type { IncomingMessage, Server } from "node:http";
 import type { Socket } from "node:net";
+import process from "node:process";
 import { createAdaptorServer } from "@hono/node-server";
 // @ts-types="@types/ws"
-import { WebSocketServer } from "ws";
+import { type WebSocket, WebSocketServer } from "ws";
 import { context, propagation, SpanKind, SpanStatusCode, trace } from "@opentelemetry/api";
 import type { DrainResult, ServiceApp } from "./app.ts";
 
@@ -94,9 +95,15 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
   const sockets = new Set<Socket>();
   let refused = 0;
   server.on("connection", (socket: Socket) => {
+    acceptWatch.accepted(socket);
+    if (acceptWatch.isProbe(socket)) {
+      socket.destroy();
+      return;
+    }
     if (sockets.size >= maxConnections) {
       refused++;
       metrics.connectionsRefused.inc();
+      acceptWatch.arm();
       socket.destroy();
       return;
     }
@@ -125,7 +132,51 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
   server.on("request", (req: IncomingMessage) => requestArrived(req.socket));
   // Not server.on("upgrade"): @hono/node-server writes an upgrade's refusal only while it is
   // the sole "upgrade" listener. A refused upgrade's socket is closed anyway.
-  wss.on("connection", (_ws: unknown, req: IncomingMessage) => requestArrived(req.socket));
+  wss.on("connection", (ws: WebSocket, req: IncomingMessage) => {
+    requestArrived(req.socket);
+    ws.on("error", (err: Error & { code?: string }) => {
+      if (err.code !== "WS_ERR_UNSUPPORTED_MESSAGE_LENGTH") return;
+      // ws has sent the 1009 close frame but resumes the socket and reads the refused
+      // payload, discarding it, until the peer closes or 30 s pass: a client that keeps
+      // sending makes the server read (and allocate for) all of it, and one that stops
+      // reading stalls in its writes for those 30 s. Stop reading, and close the connection
+      // once the close frame is handed to the kernel (Linux still delivers data queued
+      // before the reset). After ws's own nextTick(resume), which would undo the pause.
+      const socket = req.socket;
+      process.nextTick(() => {
+        socket.pause();
+        socket.end(() => socket.destroy());
+      });
+    });
+  });
+  const acceptWatch = new AcceptWatch({
+    hostname: opts.hostname,
+    port: () => (server.address() as { port?: number } | null)?.port,
+    room: () => sockets.size < maxConnections,
+    relisten: (port, done) => {
+      log("accept stalled after running out of descriptors; listening again");
+      server.close();
+      // The old listener's port may still be held for a moment: retry a bind that fails.
+      const attempt = (left: number) => {
+        const onFail = (err: Error) => {
+          server.off("listening", onListening);
+          if (left > 0) setTimeout(() => attempt(left - 1), 100);
+          else {
+            log(`cannot listen again on ${opts.hostname}:${port}: ${err.message}`);
+            done();
+          }
+        };
+        const onListening = () => {
+          server.off("error", onFail);
+          done();
+        };
+        server.once("error", onFail);
+        server.once("listening", onListening);
+        server.listen(port, opts.hostname);
+      };
+      attempt(50);
+    },
+  });
   // Past the listen, errors are accept failures (EMFILE, ENFILE): the server keeps serving
   // the connections it holds and accepts again once descriptors are free.
   let listening = false;
@@ -137,6 +188,7 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
       log(`accept failed (${err.code ?? err.message}); still serving`);
     }
     lastAcceptError = now;
+    acceptWatch.arm();
   };
   server.on("clientError", (err: Error & { code?: string }, socket: Socket) => {
     // node:http's default answer: 400, 408 or 431 as fits, then close.
@@ -186,6 +238,7 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
     const closed = new Promise<DrainResult>((r) => resolveClosed = r);
     const stop = (): Promise<DrainResult> => {
       stopping ??= (async () => {
+        acceptWatch.close();
         const result = await service.drain({ timeoutMs: opts.drainTimeoutMs });
         // The listeners stay: a signal that comes after the drain, while the caller closes the
         // core and exits, would otherwise end the process with Deno's default (exit 143).
@@ -220,6 +273,87 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
         return refused;
       },
     };
+  }
+}
+
+/**
+ * Deno 2.9.6's node:net stops accepting for good once an accept has failed for want of file
+ * descriptors: new connections wait in the kernel's queue even after descriptors are free
+ * again (reproduction: bench/repro/accept_stall.ts). Listening again on the same port mends
+ * it. So after a connection was refused for the limit or an accept failed, this connects to
+ * the server itself once a second while there is room; a probe not accepted within a second
+ * means the stall, and the server listens again. It stops after a minute with nothing to mend.
+ */
+class AcceptWatch {
+  static readonly PROBE_MS = 1000;
+  static readonly ARMED_MS = 60_000;
+  #probes = new Set<number>();
+  #armedUntil = 0;
+  #timer: ReturnType<typeof setInterval> | undefined;
+  #busy = false;
+  #closed = false;
+  #lastAccept = performance.now();
+
+  constructor(
+    private readonly o: {
+      hostname: string;
+      port: () => number | undefined;
+      room: () => boolean;
+      relisten: (port: number, done: () => void) => void;
+    },
+  ) {}
+
+  accepted(_socket: Socket): void {
+    this.#lastAccept = performance.now();
+  }
+
+  /** A connection the watch itself made (told apart by its local port, the probe's). */
+  isProbe(socket: Socket): boolean {
+    const port = socket.remotePort;
+    return port !== undefined && this.#probes.delete(port);
+  }
+
+  arm(): void {
+    if (this.#closed) return;
+    this.#armedUntil = performance.now() + AcceptWatch.ARMED_MS;
+    this.#timer ??= setInterval(() => void this.#check(), AcceptWatch.PROBE_MS);
+  }
+
+  close(): void {
+    this.#closed = true;
+    clearInterval(this.#timer);
+    this.#timer = undefined;
+  }
+
+  async #check(): Promise<void> {
+    if (performance.now() > this.#armedUntil) {
+      clearInterval(this.#timer);
+      this.#timer = undefined;
+      return;
+    }
+    const port = this.o.port();
+    if (this.#busy || port === undefined || !this.o.room()) return;
+    this.#busy = true;
+    let conn: Deno.TcpConn | undefined;
+    try {
+      conn = await Deno.connect({ hostname: this.o.hostname, port });
+      const local = conn.localAddr.port;
+      this.#probes.add(local);
+      const sent = performance.now();
+      while (this.#probes.has(local) && performance.now() - sent < AcceptWatch.PROBE_MS) {
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      if (this.#probes.delete(local) && this.#lastAccept < sent && !this.#closed) {
+        await new Promise<void>((done) => this.o.relisten(port, done));
+      }
+    } catch {
+      // No descriptor for the probe itself: try again at the next tick.
+    } finally {
+      try {
+        conn?.close();
+      } catch { /* closed by the server */ }
+      this.#busy = false;
+    }
   }
 }
 

@@ -1,7 +1,7 @@
 import type { Hono } from "hono";
 import type { GenerationBackend } from "../core/generation.ts";
 import { readJsonBody } from "./body.ts";
-import type { ChatTurn, RenderedChat } from "./chat_template.ts";
+import type { ChatRenderer } from "./chat_template.ts";
 import { ApiError } from "./errors.ts";
 import { servedName } from "./openai_routes.ts";
 import { DetokenizeBody, TokenizeBody } from "./schemas.ts";
@@ -9,7 +9,7 @@ import { parseWith } from "./validation.ts";
 
 export interface TokenizeOptions {
   readonly backend: GenerationBackend;
-  readonly renderChat: (turns: readonly ChatTurn[]) => RenderedChat;
+  readonly renderChat: ChatRenderer;
   readonly maxBodyBytes: number;
   readonly servedModelNames: readonly string[];
 }
@@ -61,6 +61,7 @@ export function registerTokenizeRoutes(app: Hono, o: TokenizeOptions): void {
             ? m.content
             : m.content.map((p) => p.text).join(""),
         })),
+        b.chat_template_kwargs,
       );
       ids = o.backend.tokenize(chat.prompt, { bos: true, special: chat.special });
     } else if (b.content !== undefined) {

@@ -42,6 +42,14 @@ export function parseWith<S extends z.ZodType>(schema: S, data: unknown): z.outp
   }
   const param = paramPath(issue.path);
   const received = valueAt(data, issue.path);
+  // "got undefined" reads like a value the client sent: say the field is missing instead.
+  if (issue.code === "invalid_type" && received === undefined && param.length > 0) {
+    throw new ApiError(
+      "invalid_request",
+      `Missing required field '${param}' (expected ${issue.expected})`,
+      param,
+    );
+  }
   const what = param.length > 0 ? `'${param}'` : "request";
   const reason = issue.message.replace(/^Invalid input: /, "");
   throw new ApiError(

@@ -1,5 +1,5 @@
 import type { GenerationRequest } from "../core/generation.ts";
-import type { ChatTurn, RenderedChat } from "./chat_template.ts";
+import type { ChatRenderer } from "./chat_template.ts";
 import { ApiError, fromGenerationError, preview, toApiError } from "./errors.ts";
 import { type FrameSocket, FrameWriter, type WriterOptions } from "./frame_writer.ts";
 import { buildGenerationRequest, type GenerationInput } from "./generation_request.ts";
@@ -14,7 +14,7 @@ import { type GenerationDeps, trackGeneration } from "./tracked_generation.ts";
 import { parseWith } from "./validation.ts";
 
 export interface SessionOptions {
-  readonly renderChat: (turns: readonly ChatTurn[]) => RenderedChat;
+  readonly renderChat: ChatRenderer;
   readonly maxFrameBytes: number;
   readonly maxGenerationsPerSocket: number;
   readonly statsIntervalMs: number;
@@ -193,7 +193,7 @@ export class StreamSession {
       logprobs: f.logprobs ?? false,
     };
     if (f.messages !== undefined) {
-      const chat = this.#opts.renderChat(f.messages);
+      const chat = this.#opts.renderChat(f.messages, f.chat_template_kwargs);
       input = {
         ...sampling,
         prompt: chat.prompt,

@@ -1,0 +1,60 @@
+import { assert, assertEquals, assertMatch } from "@std/assert";
+import { debCacheDir, onPath, program, unpackDebian } from "../.ci/needs.ts";
+
+/**
+ * The test command's set-up meets its program needs without root: Debian's package is fetched
+ * and unpacked into a cache (never installed), also on a machine whose package lists are empty.
+ */
+
+async function withCache<T>(f: (cache: string) => Promise<T>): Promise<T> {
+  const cache = await Deno.makeTempDir({ prefix: "ci_needs_test_" });
+  const before = Deno.env.get("XDG_CACHE_HOME");
+  Deno.env.set("XDG_CACHE_HOME", cache);
+  try {
+    return await f(cache);
+  } finally {
+    if (before === undefined) Deno.env.delete("XDG_CACHE_HOME");
+    else Deno.env.set("XDG_CACHE_HOME", before);
+    await Deno.remove(cache, { recursive: true });
+  }
+}
+
+Deno.test("unpackDebian() fetches nats-server with empty package lists and the binary runs", async () => {
+  await withCache(async (cache) => {
+    const empty = `${cache}/empty-lists`;
+    await Deno.mkdir(`${empty}/partial`, { recursive: true });
+    // A fresh image: the machine's lists hold nothing, so apt must use lists of its own.
+    const path = await unpackDebian("nats-server", "nats-server", ["-o", `Dir::State::Lists=${empty}`]);
+    assertEquals(path, `${debCacheDir("nats-server")}/usr/sbin/nats-server`);
+    assert(path.startsWith(cache));
+    const out = await new Deno.Command(path, { args: ["--version"], stdout: "piped" }).output();
+    assertEquals(out.code, 0);
+    assertMatch(new TextDecoder().decode(out.stdout), /^nats-server: v\d+\.\d+\.\d+/);
+    // Nothing half-unpacked is left beside it.
+    const left = [...Deno.readDirSync(`${cache}/llmserve/debs`)].map((e) => e.name).sort();
+    assertEquals(left.filter((n) => !n.startsWith(".apt")), ["nats-server"]);
+  });
+});
+
+Deno.test("program() takes a program missing from PATH from Debian's package, then from the cache", async () => {
+  await withCache(async () => {
+    const need = program({ name: "promtool", apt: "prometheus", env: "LLMSERVE_TEST_PROMTOOL", why: "test" });
+    const pathBefore = Deno.env.get("PATH") ?? "";
+    // Only when promtool is not installed is the fetch path exercised; where it is, PATH wins.
+    const installed = onPath("promtool");
+    const first = await need.provide();
+    const second = await need.provide();
+    const path = first.env["LLMSERVE_TEST_PROMTOOL"]!;
+    if (installed === undefined) {
+      assertMatch(first.how, /^Debian's prometheus unpacked \(no install\): /);
+      assertMatch(second.how, /^(unpacked earlier|found) /);
+    } else {
+      assertEquals(path, installed);
+    }
+    const out = await new Deno.Command(path, { args: ["--version"], stdout: "piped", stderr: "piped" })
+      .output();
+    assertEquals(out.code, 0);
+    assertMatch(new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr), /promtool, version \d/);
+    Deno.env.set("PATH", pathBefore);
+  });
+});
