@@ -62,7 +62,7 @@ export function spawnServer(
     "--port",
     "0",
     "--backend",
-    opts.backend ?? "cpu",
+    opts.backend ?? "reference",
     "--kv-memory",
     "2MiB",
     ...extra,

@@ -16,7 +16,7 @@ const GREEDY: GenParams = { prompt: "Once upon a time", max_tokens: 24, temperat
 
 function serve(extra: string[] = [], openFileLimit?: number): Promise<ServerProcess> {
   return startServer({
-    args: ["--model", modelFile(MODEL_NAME), "--backend", "cpu", "--kv-memory", "4MiB", ...extra],
+    args: ["--model", modelFile(MODEL_NAME), "--backend", "reference", "--kv-memory", "4MiB", ...extra],
     ...(openFileLimit === undefined ? {} : { openFileLimit }),
   });
 }

@@ -17,7 +17,7 @@ Deno.test("restart storm: 30 injected faults, every generation matches the refer
       "--model",
       modelFile(MODEL_NAME),
       "--backend",
-      "cpu",
+      "reference",
       "--kv-memory",
       `${kvMiB}MiB`,
       "--log-format",
