@@ -1,4 +1,4 @@
-import type { IncomingMessage, Server } from "node:http";
+import type { IncomingMessage, Server, ServerResponse } from "node:http";
 import type { Socket } from "node:net";
 import { createAdaptorServer } from "@hono/node-server";
 // @ts-types="@types/ws"
@@ -47,6 +47,8 @@ export interface RunningServer {
 
 /** How often idle and slow connections are checked against their timeouts. */
 const CHECK_INTERVAL_MS = 1000;
+/** How long past the drain's deadline (or a second signal) answers still get to be written. */
+const WRITE_GRACE_MS = 400;
 
 /**
  * Serves the app over node:http (Deno's implementation) and drains on SIGTERM/SIGINT.
@@ -122,7 +124,32 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
     clearTimeout(waitingForRequest.get(socket));
     waitingForRequest.delete(socket);
   };
-  server.on("request", (req: IncomingMessage) => requestArrived(req.socket));
+  // Responses not yet handed to the socket. A generation leaves the in-flight registry once its
+  // consumer has its final event, before @hono/node-server has written the response: the drain
+  // waits for these too, or closing the sockets cut finished answers (6 of 8 got nothing).
+  const responses = new Set<ServerResponse>();
+  let responsesIdle: (() => void) | undefined;
+  server.on("request", (req: IncomingMessage, res: ServerResponse) => {
+    requestArrived(req.socket);
+    responses.add(res);
+    const done = () => {
+      if (responses.delete(res) && responses.size === 0) responsesIdle?.();
+    };
+    res.once("finish", done);
+    res.once("close", done);
+  });
+  /** Resolves once every response has been written, or after `ms`. */
+  const responsesWritten = (ms: number) =>
+    new Promise<void>((resolve) => {
+      if (responses.size === 0) return resolve();
+      const timer = setTimeout(settle, ms);
+      function settle() {
+        clearTimeout(timer);
+        responsesIdle = undefined;
+        resolve();
+      }
+      responsesIdle = settle;
+    });
   // Not server.on("upgrade"): @hono/node-server writes an upgrade's refusal only while it is
   // the sole "upgrade" listener. A refused upgrade's socket is closed anyway.
   wss.on("connection", (_ws: unknown, req: IncomingMessage) => requestArrived(req.socket));
@@ -184,9 +211,15 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
     let stopping: Promise<DrainResult> | undefined;
     let resolveClosed!: (r: DrainResult) => void;
     const closed = new Promise<DrainResult>((r) => resolveClosed = r);
+    let hurried = false;
     const stop = (): Promise<DrainResult> => {
       stopping ??= (async () => {
+        const deadline = performance.now() + opts.drainTimeoutMs;
         const result = await service.drain({ timeoutMs: opts.drainTimeoutMs });
+        // Finished answers (and the final frames of cut ones) still have to be written. A
+        // client that does not read must not hold the exit past the deadline's extra second.
+        const left = hurried ? 0 : Math.max(0, deadline - performance.now());
+        await responsesWritten(left + WRITE_GRACE_MS);
         // The listeners stay: a signal that comes after the drain, while the caller closes the
         // core and exits, would otherwise end the process with Deno's default (exit 143).
         // Whatever is left holds no generation (a half-sent body, an idle keep-alive): close it.
@@ -205,6 +238,7 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
       if (stopping === undefined) void stop();
       else {
         log("second signal: cancelling what is still running");
+        hurried = true;
         service.hurry();
       }
     };
