@@ -107,7 +107,14 @@ export const CancelSchema = z.object({
   how: z.enum(["cancel", "gone"]),
 });
 
-export const InfoRequestSchema = z.object({ type: z.literal("info") });
+/**
+ * Router → replica: one part of its info reply. A real vocabulary (Llama 3: 5.5 MiB as JSON,
+ * Qwen: 4.2 MiB) is over nats-server's stock max_payload (1 MiB), so the reply travels in parts.
+ */
+export const InfoRequestSchema = z.object({
+  type: z.literal("info"),
+  part: nonNegative.default(0),
+});
 
 export const ReplicaRequest = z.discriminatedUnion("type", [
   GenerateSchema,
@@ -181,6 +188,20 @@ export const InfoReply = z.object({
 });
 export type InfoReply = z.infer<typeof InfoReply>;
 
+/**
+ * Replica → router: part `part` of `parts` of its {@link InfoReply} (JSON, `bytes` long in all),
+ * base64-encoded so its size is known before it is sent.
+ */
+export const InfoPart = z.object({
+  type: z.literal("info_part"),
+  replica: z.string(),
+  part: nonNegative,
+  parts: int.positive(),
+  bytes: nonNegative,
+  data: z.string(),
+});
+export type InfoPart = z.infer<typeof InfoPart>;
+
 /** Parses a message body or says what was wrong with it (for a log line; never thrown at a peer). */
 export function decodeMessage<T extends z.ZodType>(
   schema: T,
@@ -194,10 +215,11 @@ export function decodeMessage<T extends z.ZodType>(
   }
   const parsed = schema.safeParse(json);
   if (!parsed.success) {
-    return {
-      ok: false,
-      error: parsed.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; "),
-    };
+    // A peer decides how many issues there are: name the first few, count the rest.
+    const issues = parsed.error.issues;
+    const named = issues.slice(0, 3).map((i) => `${i.path.join(".")}: ${i.message}`.slice(0, 200));
+    const more = issues.length > 3 ? `; and ${issues.length - 3} more issues` : "";
+    return { ok: false, error: named.join("; ") + more };
   }
   return { ok: true, value: parsed.data };
 }

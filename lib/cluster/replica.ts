@@ -9,8 +9,9 @@ import {
   type Load,
   ReplicaRequest,
 } from "./messages.ts";
+import { infoPartRanges, toBase64 } from "./info_parts.ts";
 import { subjects } from "./subjects.ts";
-import type { NatsOptions } from "./nats_connection.ts";
+import { cappedLog, guarded, type NatsOptions } from "./nats_connection.ts";
 
 /** What a replica reports and serves, taken from the running server. */
 export interface ReplicaSource {
@@ -93,6 +94,8 @@ export class ReplicaAgent {
   readonly #maxHashes: number;
   readonly #creditTimeoutMs: number;
   readonly #log: (line: string) => void;
+  /** For what peers cause: capped, since a peer decides how often and how long. */
+  readonly #peerLog: (line: string) => void;
   readonly #streams = new Map<string, ServedStream>();
   readonly #running = new Set<Promise<void>>();
   #sub: Subscription | undefined;
@@ -100,6 +103,7 @@ export class ReplicaAgent {
   #beat = 0;
   #draining = false;
   #worker: Worker | undefined;
+  #info: { bytes: Uint8Array; ranges: Array<[number, number]> } | undefined;
 
   constructor(nc: NatsConnection, source: ReplicaSource, opts: ReplicaAgentOptions) {
     this.#nc = nc;
@@ -109,6 +113,7 @@ export class ReplicaAgent {
     this.#maxHashes = opts.maxHashes ?? 4096;
     this.#creditTimeoutMs = opts.creditTimeoutMs ?? 30_000;
     this.#log = opts.log ?? (() => {});
+    this.#peerLog = cappedLog(this.#log);
   }
 
   get streams(): number {
@@ -126,9 +131,10 @@ export class ReplicaAgent {
    */
   async start(workerNats?: NatsOptions): Promise<void> {
     this.#sub = this.#nc.subscribe(subjects.requests(this.id), {
-      callback: (err, msg) => {
-        if (err === null) this.#onRequest(msg);
-      },
+      callback: guarded(
+        (msg) => this.#onRequest(msg),
+        (e) => this.#peerLog(`replica ${this.id}: a request failed: ${(e as Error).message}`),
+      ),
     });
     await this.#nc.flush();
     if (workerNats !== undefined) {
@@ -218,17 +224,44 @@ export class ReplicaAgent {
     };
   }
 
+  /** The info reply, encoded once and split for the connection's max_payload. */
+  #infoParts(): { bytes: Uint8Array; ranges: Array<[number, number]> } {
+    if (this.#info === undefined) {
+      const bytes = encodeMessage({ type: "info", replica: this.id, ...this.#src.info });
+      const maxPayload = this.#nc.info?.max_payload ?? 1 << 20;
+      this.#info = { bytes, ranges: infoPartRanges(bytes.length, maxPayload) };
+    }
+    return this.#info;
+  }
+
   #onRequest(msg: Msg): void {
     const parsed = decodeMessage(ReplicaRequest, msg.data);
     if (!parsed.ok) {
-      this.#log(`replica ${this.id}: ignored a malformed request: ${parsed.error}`);
+      this.#peerLog(`replica ${this.id}: ignored a malformed request: ${parsed.error}`);
       return;
     }
     const req = parsed.value;
     switch (req.type) {
-      case "info":
-        msg.respond(encodeMessage({ type: "info", replica: this.id, ...this.#src.info }));
+      case "info": {
+        const parts = this.#infoParts();
+        const range = parts.ranges[req.part];
+        if (range === undefined) {
+          this.#peerLog(
+            `replica ${this.id}: ignored a request for info part ${req.part} of ` +
+              `${parts.ranges.length}`,
+          );
+          return;
+        }
+        msg.respond(encodeMessage({
+          type: "info_part",
+          replica: this.id,
+          part: req.part,
+          parts: parts.ranges.length,
+          bytes: parts.bytes.length,
+          data: toBase64(parts.bytes.subarray(range[0], range[1])),
+        }));
         return;
+      }
       case "credit":
         this.#streams.get(req.stream)?.grant(req.upTo);
         return;

@@ -14,10 +14,12 @@ import {
   decodeMessage,
   encodeMessage,
   type Generate,
-  InfoReply,
+  type InfoReply,
   ReplicaAnnouncement,
   StreamFrame,
 } from "./messages.ts";
+import { requestInfo } from "./info_parts.ts";
+import { cappedLog, guarded } from "./nats_connection.ts";
 import { RemoteStream } from "./remote_stream.ts";
 import { tokenizerFromWire } from "./tokenizer_wire.ts";
 import { ReplicaRegistry } from "./replica_registry.ts";
@@ -37,6 +39,8 @@ export interface RouterOptions {
   /** Share the HTTP app's metrics to add the router's own series to /metrics. */
   readonly metrics?: ServiceMetrics;
   readonly log?: (line: string) => void;
+  /** Where what peers cause is logged (default: `log`, capped). */
+  readonly peerLog?: (line: string) => void;
 }
 
 interface RouterMetrics {
@@ -142,13 +146,13 @@ export class RouterBackend implements GenerationBackend {
     this.#window = opts.window ?? 64;
     this.#metrics = opts.metrics === undefined ? undefined : routerMetrics(opts.metrics);
     this.#log = opts.log ?? (() => {});
+    const peerLog = opts.peerLog ?? cappedLog(this.#log);
     const frames = nc.subscribe(subjects.frames(this.id), {
-      callback: (err, msg) => {
-        if (err !== null) return;
+      callback: guarded((msg) => {
         const f = decodeMessage(StreamFrame, msg.data);
-        if (!f.ok) return this.#log(`router: ignored a malformed frame: ${f.error}`);
+        if (!f.ok) return peerLog(`router: ignored a malformed frame: ${f.error}`);
         this.#streams.get(f.value.stream)?.onFrame(f.value.seq, f.value.event);
-      },
+      }, (e) => peerLog(`router: handling a frame failed: ${(e as Error).message}`)),
     });
     this.#subs = [announcements, frames];
     this.#timer = setInterval(() => this.#watch(), 100);
@@ -168,24 +172,17 @@ export class RouterBackend implements GenerationBackend {
     let infoAsked: Promise<InfoReply | undefined> | undefined;
     const askInfo = async (replica: string): Promise<InfoReply | undefined> => {
       try {
-        const reply = await nc.request(
-          subjects.requests(replica),
-          encodeMessage({ type: "info" }),
-          { timeout: 3000 },
-        );
-        const info = decodeMessage(InfoReply, reply.data);
-        if (!info.ok) log(`router: replica ${replica} sent a malformed info reply: ${info.error}`);
-        return info.ok ? info.value : undefined;
+        return await requestInfo(nc, replica, 3000);
       } catch (e) {
-        log(`router: replica ${replica} did not answer an info request: ${(e as Error).message}`);
+        log(`router: replica ${replica} did not give its info: ${(e as Error).message}`);
         return undefined;
       }
     };
+    const peerLog = cappedLog(log);
     const announcements = nc.subscribe(subjects.announce, {
-      callback: (err, msg) => {
-        if (err !== null) return;
+      callback: guarded((msg) => {
         const a = decodeMessage(ReplicaAnnouncement, msg.data);
-        if (!a.ok) return log(`router: ignored a malformed announcement: ${a.error}`);
+        if (!a.ok) return peerLog(`router: ignored a malformed announcement: ${a.error}`);
         if (a.value.type === "goodbye") {
           if (router) router.#onGoodbye(a.value.replica);
           else registry.onGoodbye(a.value.replica);
@@ -199,7 +196,7 @@ export class RouterBackend implements GenerationBackend {
           });
         }
         registry.onHeartbeat(a.value);
-      },
+      }, (e) => peerLog(`router: handling an announcement failed: ${(e as Error).message}`)),
     });
     const waitMs = opts.waitMs ?? 60_000;
     const deadline = performance.now() + waitMs;
@@ -207,7 +204,7 @@ export class RouterBackend implements GenerationBackend {
       const info = await infoAsked;
       if (info !== undefined) {
         registry.model = info.modelName;
-        router = new RouterBackend(nc, info, registry, announcements, opts);
+        router = new RouterBackend(nc, info, registry, announcements, { ...opts, peerLog });
         return router;
       }
       if (performance.now() > deadline) {
