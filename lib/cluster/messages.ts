@@ -157,7 +157,13 @@ export const GenerationEventSchema = z.discriminatedUnion("type", [
   }),
   z.object({
     type: z.literal("error"),
-    code: z.enum(["context_length_exceeded", "overloaded", "draining", "internal"]),
+    code: z.enum([
+      "context_length_exceeded",
+      "payload_too_large",
+      "overloaded",
+      "draining",
+      "internal",
+    ]),
     message: z.string(),
   }),
 ]);

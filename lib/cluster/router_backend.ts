@@ -344,8 +344,35 @@ export class RouterBackend implements GenerationBackend {
     );
   }
 
-  #open(replica: string, body: Omit<Generate, "type" | "stream" | "replyTo" | "credit">) {
+  /**
+   * Sends a generate request and registers its stream, or answers why it cannot be sent: a
+   * request over the server's max_payload is refused before anything is counted (the publish
+   * threw after the replica's slot was taken, so slots leaked until every request got 503).
+   */
+  #open(
+    replica: string,
+    body: Omit<Generate, "type" | "stream" | "replyTo" | "credit">,
+  ): RemoteStream | Extract<GenerationEvent, { type: "error" }> {
     const id = randomId("s");
+    const msg: Generate = {
+      type: "generate",
+      stream: id,
+      replyTo: subjects.frames(this.id),
+      credit: this.#window,
+      ...body,
+    };
+    const bytes = encodeMessage(msg);
+    const maxPayload = this.#nc.info?.max_payload ?? 1 << 20;
+    if (bytes.length > maxPayload) {
+      return {
+        type: "error",
+        code: "payload_too_large",
+        message: `The request is ${bytes.length} bytes as sent to a replica (prompt as ` +
+          `${body.prompt.length} token ids, ${body.stop.length} stop strings of ` +
+          `${body.stop.reduce((n, s) => n + s.length, 0)} characters), over the NATS server's ` +
+          `max_payload of ${maxPayload} bytes; shorten the prompt or the stop strings`,
+      };
+    }
     const stream = new RemoteStream({
       id,
       replica,
@@ -359,17 +386,18 @@ export class RouterBackend implements GenerationBackend {
         }
       },
     });
+    try {
+      this.#nc.publish(subjects.requests(replica), bytes);
+    } catch (e) {
+      return {
+        type: "error",
+        code: "internal",
+        message: `Cannot send the request to replica ${replica}: ${(e as Error).message}`,
+      };
+    }
     this.#streams.set(id, stream);
     const view = this.registry.get(replica);
     if (view) view.open++;
-    const msg: Generate = {
-      type: "generate",
-      stream: id,
-      replyTo: subjects.frames(this.id),
-      credit: this.#window,
-      ...body,
-    };
-    this.#nc.publish(subjects.requests(replica), encodeMessage(msg));
     return stream;
   }
 
@@ -470,7 +498,7 @@ export class RouterBackend implements GenerationBackend {
         );
         this.#metrics?.routed.inc({ reason: choice.reason });
         this.#metrics?.byReplica.inc({ replica: choice.id });
-        const stream = current = this.#open(choice.id, {
+        const opened = this.#open(choice.id, {
           prompt,
           maxTokens: left,
           sampling: req.sampling,
@@ -480,6 +508,11 @@ export class RouterBackend implements GenerationBackend {
           requestId: req.requestId,
           logprobs: req.logprobs ?? false,
         });
+        if (!(opened instanceof RemoteStream)) {
+          yield opened;
+          return;
+        }
+        const stream = current = opened;
         const before = delivered.length;
         let lostWhy: string | undefined;
         try {

@@ -78,6 +78,8 @@ export type GenerationEvent =
 
 export type GenerationErrorCode =
   | "context_length_exceeded"
+  /** Too large to pass on (a router's request over the NATS server's max_payload). */
+  | "payload_too_large"
   | "overloaded"
   | "draining"
   | "internal";
