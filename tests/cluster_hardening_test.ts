@@ -30,7 +30,7 @@ async function greedyText(prompt: string, maxTokens: number): Promise<string> {
     stopTokens: stops,
   });
   const out = stops.includes(tokens.at(-1)!) ? tokens.slice(0, -1) : tokens;
-  const dec = tokenizer.createDecoder({ afterBos: true });
+  const dec = tokenizer.createDecoder({ afterBos: ids.at(-1) === tokenizer.bosId });
   return out.map((t) => dec.push(t)).join("") + dec.flush();
 }
 
@@ -77,4 +77,185 @@ Deno.test("a request too large for the bus is refused with 413 and leaks no repl
   assertEquals(ok.body.choices[0].text, await greedyText(prompt, 20));
   assertEquals(await fetch(`${router.base}/ready`).then((r) => r.status), 200);
   assertEquals(metricValue(await scrape(replica.base), "llm_requests_running"), 0);
+});
+
+const pick = <T>(rand: () => number, xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)]!;
+const BAD_TOKENS = ["bad id", "a.b", "*", ">", "", "x".repeat(300), "tab\there", "é", "a\nb"];
+
+/**
+ * Messages a hostile or broken peer could put on the replica's request subject and on the
+ * heartbeat subject: bytes that are not JSON, JSON of the wrong shape, each message type with
+ * one field wrong (ids no subject can hold, out-of-range numbers), requests for streams that do
+ * not exist, and 1 MB heartbeats with 100,000 bad entries.
+ */
+function hostileMessages(
+  rand: () => number,
+  n: number,
+  replica: string,
+  heartbeat: Record<string, unknown>,
+): Array<{ subject: string; data: Uint8Array }> {
+  const enc = new TextEncoder();
+  const out: Array<{ subject: string; data: Uint8Array }> = [];
+  const toReplica = `llmserve.replica.${replica}`;
+  const generate = {
+    type: "generate",
+    stream: "s-fuzz",
+    replyTo: "fuzz.sink",
+    prompt: [1, 403],
+    maxTokens: 1,
+    sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 },
+    stop: [],
+    priority: "interactive",
+    requestId: "fuzz",
+    logprobs: false,
+    credit: 64,
+  };
+  for (let i = 0; i < n; i++) {
+    const kind = Math.floor(rand() * 12);
+    const subject = rand() < 0.5 ? toReplica : "llmserve.replicas";
+    let body: unknown;
+    switch (kind) {
+      case 0: {
+        const bytes = new Uint8Array(Math.floor(rand() * 200));
+        for (let j = 0; j < bytes.length; j++) bytes[j] = Math.floor(rand() * 256);
+        out.push({ subject, data: bytes });
+        continue;
+      }
+      case 1:
+        out.push({ subject, data: enc.encode(pick(rand, ['{"type":', "[1,2", "nul", "{}}"])) });
+        continue;
+      case 2:
+        body = pick(rand, [null, 7, "heartbeat", [], [{ type: "info" }], { type: "nope" }]);
+        break;
+      case 3:
+        body = { ...generate, stream: `s-${i}`, replyTo: pick(rand, BAD_TOKENS) };
+        break;
+      case 4:
+        body = { ...generate, stream: pick(rand, BAD_TOKENS) };
+        break;
+      case 5:
+        body = {
+          ...generate,
+          stream: `s-${i}`,
+          prompt: pick(rand, [[], [-1], [1e12], ["a"], null]),
+          maxTokens: pick(rand, [0, -5, 1.5, 1e300]),
+        };
+        break;
+      case 6:
+        body = {
+          type: pick(rand, ["credit", "cancel"]),
+          stream: pick(rand, [...BAD_TOKENS, "s-none"]),
+          upTo: pick(rand, [-1, 1e20, 3]),
+          how: pick(rand, ["cancel", "gone", "x"]),
+        };
+        break;
+      case 7:
+        body = { type: "info", part: pick(rand, [-1, 1e9, 0.5, "0"]) };
+        break;
+      case 8:
+        body = { ...heartbeat, replica: pick(rand, BAD_TOKENS) };
+        break;
+      case 9:
+        body = {
+          ...heartbeat,
+          streamIds: [pick(rand, BAD_TOKENS)],
+          beat: pick(rand, [-1, 0.5, 3]),
+        };
+        break;
+      case 10:
+        body = { type: "goodbye", replica: pick(rand, BAD_TOKENS) };
+        break;
+      default:
+        if (rand() < 0.02) {
+          // A malformed 1 MB heartbeat: 100,000 issues for zod.
+          body = { ...heartbeat, prefix: { blockSize: 16, hashes: Array(100_000).fill("xxxxxx") } };
+        } else {
+          body = { ...generate, stream: `ok-${i}`, replyTo: `fuzz.sink.${i}` };
+        }
+    }
+    out.push({ subject, data: enc.encode(JSON.stringify(body)) });
+  }
+  return out;
+}
+
+Deno.test("thousands of hostile NATS messages leave router and replica serving exact tokens, with bounded logs", async () => {
+  const { connectNats } = await import("../lib/cluster/nats_connection.ts");
+  await using cluster = await Cluster.start();
+  const replica = await cluster.replica(KV);
+  const router = await cluster.router();
+  await cluster.routerSees(router, 1);
+  const nc = await connectNats({ url: cluster.nats.url, name: "fuzzer" });
+  try {
+    // A real heartbeat, to copy its shape.
+    const beats = nc.subscribe("llmserve.replicas", { max: 1 });
+    let heartbeat: Record<string, unknown> = {};
+    for await (const m of beats) heartbeat = m.json();
+    const id = heartbeat.replica as string;
+    const enc = new TextEncoder();
+    // A heartbeat whose id holds a space, then client requests (it killed the router); a
+    // generate whose replyTo holds a space (it killed the replica).
+    const spaced = enc.encode(JSON.stringify({ ...heartbeat, replica: "bad id" }));
+    const spacedBeats = setInterval(() => nc.publish("llmserve.replicas", spaced), 50);
+    try {
+      nc.publish(
+        `llmserve.replica.${id}`,
+        enc.encode(JSON.stringify({
+          type: "generate",
+          stream: "s-spaced",
+          replyTo: "bad reply",
+          prompt: [1, 403],
+          maxTokens: 2,
+          sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 },
+          stop: [],
+          priority: "interactive",
+          requestId: "spaced",
+          logprobs: false,
+          credit: 64,
+        })),
+      );
+      await new Promise((r) => setTimeout(r, 200));
+      const during = await Promise.all(
+        Array.from(
+          { length: 4 },
+          () =>
+            complete(
+              router.base,
+              JSON.stringify({ prompt: "Once", max_tokens: 3, temperature: 0 }),
+            ),
+        ),
+      );
+      for (const r of during) assertEquals(r.status, 200, JSON.stringify(r.body));
+    } finally {
+      clearInterval(spacedBeats);
+    }
+    const rand = (await import("./_fuzz_cases.ts")).seeded(21);
+    const messages = hostileMessages(rand, 3000, id, heartbeat);
+    for (let i = 0; i < messages.length; i++) {
+      nc.publish(messages[i]!.subject, messages[i]!.data);
+      if (i % 200 === 199) await nc.flush();
+    }
+    await nc.flush();
+  } finally {
+    await nc.close();
+  }
+  await cluster.routerSees(router, 1);
+  for (const prompt of ["Once upon a time", "The little dog"]) {
+    const r = await complete(
+      router.base,
+      JSON.stringify({ prompt, max_tokens: 20, temperature: 0 }),
+    );
+    assertEquals(r.status, 200, JSON.stringify(r.body));
+    assertEquals(r.body.choices[0].text, await greedyText(prompt, 20));
+  }
+  assertEquals((await fetch(`${replica.base}/health`)).status, 200);
+  // What peers make a process log is capped: 10 lines per 10 s of at most ~300 characters.
+  for (const m of [replica, router]) {
+    m.child.kill("SIGTERM");
+    await m.child.status;
+    const log = await m.log();
+    assert(
+      log.length < 64_000,
+      `${m.role} logged ${log.length} characters:\n${log.slice(0, 3000)}`,
+    );
+  }
 });

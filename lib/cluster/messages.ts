@@ -14,6 +14,27 @@ import { TokenizerWire } from "./tokenizer_wire.ts";
 const int = z.number().int();
 const nonNegative = int.nonnegative();
 
+/**
+ * Bounds on what a peer's arrays may hold, checked before their elements: zod reports an issue
+ * per bad element, and a 1 MB heartbeat of 100,000 bad hashes took 350–600 ms to parse.
+ * A replica sends at most 4096 hashes.
+ */
+const MAX_HASHES = 8192;
+const MAX_STREAMS = 65_536;
+
+/**
+ * One subject token (a replica or stream id): whatever a peer sends here becomes part of a
+ * subject this process publishes on, and a space or a dot in it made the publish throw (a
+ * heartbeat id with a space killed the router from its timer).
+ */
+export const SubjectToken = z.string().regex(/^[A-Za-z0-9_-]{1,128}$/, {
+  error: "expected 1 to 128 of A-Z a-z 0-9 _ -",
+});
+/** A whole subject to publish on: tokens joined by dots. */
+export const Subject = z.string().max(512).regex(/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$/, {
+  error: "expected dot-separated tokens of A-Z a-z 0-9 _ -",
+});
+
 export const SamplingSchema = z.object({
   temperature: z.number(),
   topK: nonNegative,
@@ -41,7 +62,7 @@ export type Load = z.infer<typeof LoadSchema>;
 
 export const HeartbeatSchema = z.object({
   type: z.literal("heartbeat"),
-  replica: z.string().min(1),
+  replica: SubjectToken,
   /** Increases by one per heartbeat; a restarted replica gets a new id, not a reset counter. */
   beat: nonNegative,
   /** The replica's own period, so a router can tell a late beat from a slow one. */
@@ -55,14 +76,14 @@ export const HeartbeatSchema = z.object({
   model: z.string(),
   load: LoadSchema,
   /** Prefix-cache summary: block size and chained hashes of cached blocks (newest last). */
-  prefix: z.object({ blockSize: int.positive(), hashes: z.array(int) }),
+  prefix: z.object({ blockSize: int.positive(), hashes: z.array(int).max(MAX_HASHES) }),
   /** Ids of the streams it is serving now: each router's per-stream liveness evidence. */
-  streamIds: z.array(z.string()),
+  streamIds: z.array(SubjectToken).max(MAX_STREAMS),
 });
 export type Heartbeat = z.infer<typeof HeartbeatSchema>;
 
 /** A replica's last word: it exits (sent after its drain, so routers drop it at once). */
-export const GoodbyeSchema = z.object({ type: z.literal("goodbye"), replica: z.string().min(1) });
+export const GoodbyeSchema = z.object({ type: z.literal("goodbye"), replica: SubjectToken });
 
 export const ReplicaAnnouncement = z.discriminatedUnion("type", [HeartbeatSchema, GoodbyeSchema]);
 export type ReplicaAnnouncement = z.infer<typeof ReplicaAnnouncement>;
@@ -74,9 +95,9 @@ export type ReplicaAnnouncement = z.infer<typeof ReplicaAnnouncement>;
  */
 export const GenerateSchema = z.object({
   type: z.literal("generate"),
-  stream: z.string().min(1),
+  stream: SubjectToken,
   /** Subject the frames go to. */
-  replyTo: z.string().min(1),
+  replyTo: Subject,
   prompt: z.array(nonNegative).min(1),
   maxTokens: int.positive(),
   sampling: SamplingSchema,
@@ -93,7 +114,7 @@ export type Generate = z.infer<typeof GenerateSchema>;
 /** Router → replica: frames with seq < upTo may be sent (cumulative, so a lost one is harmless). */
 export const CreditSchema = z.object({
   type: z.literal("credit"),
-  stream: z.string().min(1),
+  stream: SubjectToken,
   upTo: nonNegative,
 });
 
@@ -103,7 +124,7 @@ export const CreditSchema = z.object({
  */
 export const CancelSchema = z.object({
   type: z.literal("cancel"),
-  stream: z.string().min(1),
+  stream: SubjectToken,
   how: z.enum(["cancel", "gone"]),
 });
 
@@ -171,7 +192,7 @@ export const GenerationEventSchema = z.discriminatedUnion("type", [
 /** Replica → router: one event of a stream, numbered from 0 so a gap is seen. */
 export const EventFrameSchema = z.object({
   type: z.literal("event"),
-  stream: z.string().min(1),
+  stream: SubjectToken,
   seq: nonNegative,
   event: GenerationEventSchema,
 });

@@ -190,7 +190,11 @@ export class ReplicaAgent {
       w.terminate();
     }
     if (!this.#nc.isClosed()) {
-      this.#nc.publish(subjects.announce, encodeMessage({ type: "goodbye", replica: this.id }));
+      try {
+        this.#nc.publish(subjects.announce, encodeMessage({ type: "goodbye", replica: this.id }));
+      } catch (e) {
+        this.#log(`replica ${this.id}: goodbye not sent: ${(e as Error).message}`);
+      }
       this.#sub?.unsubscribe();
       await this.#nc.flush().catch(() => {});
     }
@@ -205,7 +209,11 @@ export class ReplicaAgent {
       return;
     }
     const hb: Heartbeat = { ...this.#snapshot(), beat: this.#beat++, stalledMs: 0 };
-    this.#nc.publish(subjects.announce, encodeMessage(hb));
+    try {
+      this.#nc.publish(subjects.announce, encodeMessage(hb));
+    } catch (e) {
+      this.#peerLog(`replica ${this.id}: cannot send a heartbeat: ${(e as Error).message}`);
+    }
   }
 
   #snapshot(): Omit<Heartbeat, "beat" | "stalledMs"> {
@@ -289,11 +297,25 @@ export class ReplicaAgent {
   async #serve(s: ServedStream): Promise<void> {
     const m = s.msg;
     let seq = 0;
+    // A publish that throws (the connection closed, a frame over max_payload) must not leave
+    // the catch below throwing again: that was an unhandled rejection, the end of the process.
+    let sendFailed = false;
     const send = (event: GenerationEvent) => {
-      this.#nc.publish(
-        m.replyTo,
-        encodeMessage({ type: "event", stream: m.stream, seq: seq++, event }),
-      );
+      if (sendFailed || this.#nc.isClosed()) return;
+      try {
+        this.#nc.publish(
+          m.replyTo,
+          encodeMessage({ type: "event", stream: m.stream, seq: seq++, event }),
+        );
+      } catch (e) {
+        sendFailed = true;
+        this.#peerLog(
+          `replica ${this.id}: cannot send stream ${m.stream} to ${m.replyTo}: ${
+            (e as Error).message
+          }`,
+        );
+        s.ctrl.abort("cannot reach the router");
+      }
     };
     if (this.#draining) {
       send({
@@ -318,15 +340,13 @@ export class ReplicaAgent {
         const next = await events.next();
         if (next.done) return;
         if (!await s.creditFor(seq, this.#creditTimeoutMs)) return;
-        if (this.#nc.isClosed()) return;
+        if (this.#nc.isClosed() || sendFailed) return;
         send(next.value);
         if (next.value.type === "done" || next.value.type === "error") return;
       }
     } catch (e) {
       this.#log(`replica ${this.id}: stream ${m.stream} failed: ${(e as Error).message}`);
-      if (!this.#nc.isClosed()) {
-        send({ type: "error", code: "internal", message: `Generation failed: ${e}` });
-      }
+      send({ type: "error", code: "internal", message: `Generation failed: ${e}` });
     } finally {
       // Leaving early (credit never came, router gone) frees the sequence's KV blocks.
       await events.return?.(undefined);

@@ -117,6 +117,7 @@ export class RouterBackend implements GenerationBackend {
   readonly #window: number;
   readonly #metrics?: RouterMetrics;
   readonly #log: (line: string) => void;
+  readonly #peerLog: (line: string) => void;
   readonly #streams = new Map<string, RemoteStream>();
   readonly #subs: Subscription[];
   readonly #timer: ReturnType<typeof setInterval>;
@@ -146,7 +147,7 @@ export class RouterBackend implements GenerationBackend {
     this.#window = opts.window ?? 64;
     this.#metrics = opts.metrics === undefined ? undefined : routerMetrics(opts.metrics);
     this.#log = opts.log ?? (() => {});
-    const peerLog = opts.peerLog ?? cappedLog(this.#log);
+    const peerLog = this.#peerLog = opts.peerLog ?? cappedLog(this.#log);
     const frames = nc.subscribe(subjects.frames(this.id), {
       callback: guarded((msg) => {
         const f = decodeMessage(StreamFrame, msg.data);
@@ -155,7 +156,14 @@ export class RouterBackend implements GenerationBackend {
       }, (e) => peerLog(`router: handling a frame failed: ${(e as Error).message}`)),
     });
     this.#subs = [announcements, frames];
-    this.#timer = setInterval(() => this.#watch(), 100);
+    this.#timer = setInterval(() => {
+      try {
+        this.#watch();
+      } catch (e) {
+        // An exception out of a timer ends the process: the router must outlive a bad tick.
+        peerLog(`router: the stream watch failed: ${(e as Error).message}`);
+      }
+    }, 100);
   }
 
   /**
@@ -337,11 +345,20 @@ export class RouterBackend implements GenerationBackend {
   }
 
   #cancel(s: RemoteStream, how: "cancel" | "gone"): void {
+    this.#publish(subjects.requests(s.replica), { type: "cancel", stream: s.id, how });
+  }
+
+  /**
+   * A publish from a timer or a callback: one that throws there ends the process (a heartbeat
+   * with a space in its id made the credit refresh throw InvalidSubjectError), so it is logged.
+   */
+  #publish(subject: string, message: unknown): void {
     if (this.#nc.isClosed()) return;
-    this.#nc.publish(
-      subjects.requests(s.replica),
-      encodeMessage({ type: "cancel", stream: s.id, how }),
-    );
+    try {
+      this.#nc.publish(subject, encodeMessage(message));
+    } catch (e) {
+      this.#peerLog(`router: cannot publish on ${subject}: ${(e as Error).message}`);
+    }
   }
 
   /**
@@ -377,14 +394,8 @@ export class RouterBackend implements GenerationBackend {
       id,
       replica,
       window: this.#window,
-      sendCredit: (upTo) => {
-        if (!this.#nc.isClosed()) {
-          this.#nc.publish(
-            subjects.requests(replica),
-            encodeMessage({ type: "credit", stream: id, upTo }),
-          );
-        }
-      },
+      sendCredit: (upTo) =>
+        this.#publish(subjects.requests(replica), { type: "credit", stream: id, upTo }),
     });
     try {
       this.#nc.publish(subjects.requests(replica), bytes);
