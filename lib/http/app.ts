@@ -43,7 +43,10 @@ export interface AppOptions {
   readonly wsHighWaterBytes?: number;
   /** ...and resume below this (default a quarter of the high-water mark). */
   readonly wsLowWaterBytes?: number;
-  /** A socket congested this long is closed with 1008 (default 60 s). */
+  /**
+   * A socket congested this long is closed with 1008 (default 60 s), and an SSE stream whose
+   * client took nothing for this long is cut and its generation cancelled.
+   */
   readonly wsStallTimeoutMs?: number;
   /** Period of `stats` frames to subscribed sockets (default 500 ms). */
   readonly statsIntervalMs?: number;
@@ -310,6 +313,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     createdAt: Math.floor(Date.now() / 1000),
     servedModelNames,
     recordOf: (req) => records.get(req),
+    stallTimeoutMs: opts.wsStallTimeoutMs ?? 60_000,
   });
   registerTokenizeRoutes(app, {
     backend,

@@ -33,6 +33,8 @@ export interface OpenAiOptions {
   readonly servedModelNames: readonly string[];
   /** The request-log record of a request (set up by the app's middleware). */
   readonly recordOf: (req: Request) => RequestRecord | undefined;
+  /** An SSE stream whose client takes nothing for this long is cut (the WebSocket's 1008). */
+  readonly stallTimeoutMs: number;
 }
 
 type Kind = "completions" | "chat_completions";
@@ -245,6 +247,12 @@ async function respond(
     ctrl.abort("client gone");
     await events.return(undefined);
     record?.streamEnded();
+  }, {
+    stallTimeoutMs: opts.stallTimeoutMs,
+    onStall: () => {
+      deps.metrics.errors.inc({ code: "too_slow" });
+      if (record) record.code = "too_slow";
+    },
   });
   return new Response(body, { headers: SSE_HEADERS });
 }
