@@ -128,6 +128,7 @@ export class RequestActor {
           sampling: req.sampling,
           stopTokenIds: [...codec.eogIds, ...(req.stopTokenIds ?? [])],
           priority: req.priority,
+          cacheScope: req.cacheScope,
         },
         reply,
       });

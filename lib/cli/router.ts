@@ -14,6 +14,7 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "routing": "routing",
   "api-key": "apiKey",
   "drain-timeout": "drainTimeout",
+  "cache-scope": "cacheScope",
 };
 
 function usage(): string {
@@ -76,6 +77,7 @@ export async function routerCommand(argv: string[]): Promise<number> {
     backend,
     metrics,
     apiKeys: config.apiKey,
+    cacheScope: config.cacheScope,
     drainTimeoutMs: config.drainTimeout * 1000,
   });
   const server = await serveService(service, {

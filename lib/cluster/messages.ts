@@ -108,6 +108,8 @@ export const GenerateSchema = z.object({
   logprobs: z.boolean(),
   /** Frames the replica may send before waiting for a credit message. */
   credit: int.positive(),
+  /** The client's cache scope (GenerationRequest.cacheScope), if it has one. */
+  cacheScope: z.string().max(128).optional(),
 });
 export type Generate = z.infer<typeof GenerateSchema>;
 

@@ -334,6 +334,7 @@ export class ReplicaAgent {
       priority: m.priority,
       requestId: m.requestId,
       logprobs: m.logprobs,
+      cacheScope: m.cacheScope,
     }, s.ctrl.signal)[Symbol.asyncIterator]();
     try {
       for (;;) {

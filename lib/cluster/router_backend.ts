@@ -5,7 +5,7 @@ import type {
   GenerationEvent,
   GenerationRequest,
 } from "../core/generation.ts";
-import { prefixBlockHashes } from "../core/block_allocator.ts";
+import { cacheScopeRoot, prefixBlockHashes } from "../core/block_allocator.ts";
 import type { Counter, Gauge } from "../http/metrics.ts";
 import type { ServiceMetrics } from "../http/service_metrics.ts";
 import { PromptTokens } from "../serving/prompt_tokens.ts";
@@ -468,7 +468,10 @@ export class RouterBackend implements GenerationBackend {
         const hashes = new Map<number, number[]>();
         const hashesFor = (blockSize: number) => {
           let h = hashes.get(blockSize);
-          if (h === undefined) hashes.set(blockSize, h = prefixBlockHashes(prompt, blockSize));
+          if (h === undefined) {
+            h = prefixBlockHashes(prompt, blockSize, cacheScopeRoot(req.cacheScope));
+            hashes.set(blockSize, h);
+          }
           return h;
         };
         const choice = chooseReplica(this.registry.candidates(hashesFor, refused), {
@@ -518,6 +521,7 @@ export class RouterBackend implements GenerationBackend {
           priority: req.priority,
           requestId: req.requestId,
           logprobs: req.logprobs ?? false,
+          cacheScope: req.cacheScope,
         });
         if (!(opened instanceof RemoteStream)) {
           yield opened;

@@ -4,7 +4,7 @@ import { cors } from "hono/cors";
 import type { WSContext } from "hono/ws";
 import { trace, type Tracer } from "@opentelemetry/api";
 import type { GenerationBackend } from "../core/generation.ts";
-import { ApiKeyVerifier, parseAuthorization } from "./auth.ts";
+import { ApiKeyVerifier, keyScope, parseAuthorization } from "./auth.ts";
 import { createChatRenderer } from "./chat_template.ts";
 import { ApiError, toApiError } from "./errors.ts";
 import type { FrameSocket } from "./frame_writer.ts";
@@ -24,6 +24,12 @@ export interface AppOptions {
   readonly backend: GenerationBackend;
   /** Accepted bearer tokens; empty or absent turns authentication off. */
   readonly apiKeys?: readonly string[];
+  /**
+   * Who shares the result cache and the prefix cache: "key" (default) keeps each API key's
+   * cached work to itself, so one tenant cannot learn from hits or `cached_tokens` what another
+   * asked; "global" shares them among all keys. Without API keys everything is one scope.
+   */
+  readonly cacheScope?: "key" | "global";
   /**
    * Origins (exact, or globs like `http://localhost:*`) whose pages may call the API and open
    * WebSockets, besides the server's own origin; `*` allows every page.
@@ -156,6 +162,9 @@ export function createApp(opts: AppOptions): ServiceApp {
     : [backend.modelName];
   const requestLog = opts.requestLog ?? new RequestLog();
   const records = new WeakMap<Request, RequestRecord>();
+  /** Each authenticated request's cache scope (with --cache-scope key). */
+  const scopes = new WeakMap<Request, string>();
+  const scopeByKey = opts.cacheScope !== "global";
   const retryAfter = String(opts.retryAfterSeconds ?? 1);
   const renderChat = createChatRenderer({
     template: backend.chatTemplate,
@@ -295,6 +304,7 @@ export function createApp(opts: AppOptions): ServiceApp {
           : "Invalid API key",
       );
     }
+    if (scopeByKey && token !== null) scopes.set(c.req.raw, await keyScope(token));
     await next();
   });
 
@@ -313,6 +323,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     createdAt: Math.floor(Date.now() / 1000),
     servedModelNames,
     recordOf: (req) => records.get(req),
+    scopeOf: (req) => scopes.get(req),
     stallTimeoutMs: opts.wsStallTimeoutMs ?? 60_000,
   });
   registerTokenizeRoutes(app, {
@@ -371,7 +382,13 @@ export function createApp(opts: AppOptions): ServiceApp {
       const sessionId = records.get(c.req.raw)?.id ?? `ws${++sessionCounter}`;
       const open = (ws: WSContext) => {
         if (session === undefined) {
-          session = new StreamSession(deps, sessionOpts, frameSocket(ws), sessionId);
+          session = new StreamSession(
+            deps,
+            sessionOpts,
+            frameSocket(ws),
+            sessionId,
+            scopes.get(c.req.raw),
+          );
           sessions.add(session);
         }
         return session;

@@ -53,6 +53,8 @@ export class StreamSession {
     opts: SessionOptions,
     sock: FrameSocket,
     readonly sessionId: string,
+    /** Its API key's cache scope, if it has one. */
+    readonly cacheScope?: string,
   ) {
     this.#deps = deps;
     this.#opts = opts;
@@ -204,12 +206,16 @@ export class StreamSession {
     } else {
       input = { ...sampling, prompt: f.prompt ?? "", promptParam: "prompt" };
     }
-    const { request, maxTokensCapped } = buildGenerationRequest(
+    const built = buildGenerationRequest(
       input,
       this.#deps.backend,
       // Unique even when the client reuses an id after its generation ended.
       `${this.sessionId}.${++this.#started}/${f.id}`,
     );
+    const { maxTokensCapped } = built;
+    const request = this.cacheScope === undefined
+      ? built.request
+      : { ...built.request, cacheScope: this.cacheScope };
     const gen: LiveGeneration = { ctrl: new AbortController(), cancelled: false };
     this.#gens.set(f.id, gen);
     this.#run(f.id, gen, request, maxTokensCapped).catch((err) => {
