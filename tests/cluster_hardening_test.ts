@@ -9,6 +9,7 @@ import { loadModel } from "../lib/model/load_model.ts";
 import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
+import type { GenerationEvent } from "../lib/core/generation.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { modelFile } from "./_model_files.ts";
 import { metricValue, scrape } from "./_http_harness.ts";
@@ -257,5 +258,144 @@ Deno.test("thousands of hostile NATS messages leave router and replica serving e
       log.length < 64_000,
       `${m.role} logged ${log.length} characters:\n${log.slice(0, 3000)}`,
     );
+  }
+});
+
+Deno.test("a replica that lists a stream but makes no progress loses it to another replica, exactly", async () => {
+  const { connectNats } = await import("../lib/cluster/nats_connection.ts");
+  const { RouterBackend } = await import("../lib/cluster/router_backend.ts");
+  const { prefixBlockHashes } = await import("../lib/core/block_allocator.ts");
+  await using cluster = await Cluster.start();
+  await cluster.replica(KV);
+  const peer = await connectNats({ url: cluster.nats.url, name: "hung-peer" });
+  const routerNc = await connectNats({ url: cluster.nats.url, name: "test-router" });
+  const router = await RouterBackend.start(routerNc, { progressTimeoutMs: 1500, waitMs: 15_000 });
+  const enc = new TextEncoder();
+  const prompt = "Once upon a time there was a little girl named Lily. She loved to play outside";
+  const ids = tokenizer.encode(prompt, { bos: true });
+  assert(ids.length > 17, `the prompt needs a full block, it has ${ids.length} ids`);
+  // A peer that answers "started", lists the stream in every heartbeat, and sends nothing
+  // more; it claims the prompt's prefix so the router picks it first.
+  const HUNG = "replica-hung";
+  const hung: string[] = [];
+  const real = await (async () => {
+    for await (const m of peer.subscribe("llmserve.replicas", { max: 1 })) return m.json<any>();
+  })();
+  peer.subscribe(`llmserve.replica.${HUNG}`, {
+    callback: (_e, m) => {
+      const g = m.json<any>();
+      if (g.type !== "generate") return;
+      hung.push(g.stream);
+      peer.publish(
+        g.replyTo,
+        enc.encode(JSON.stringify({
+          type: "event",
+          stream: g.stream,
+          seq: 0,
+          event: { type: "started", promptTokens: g.prompt.length },
+        })),
+      );
+    },
+  });
+  let beat = 0;
+  const beats = setInterval(() =>
+    peer.publish(
+      "llmserve.replicas",
+      enc.encode(JSON.stringify({
+        ...real,
+        replica: HUNG,
+        beat: beat++,
+        load: { ...real.load, running: 0, waiting: 0, streams: hung.length },
+        prefix: { blockSize: 16, hashes: prefixBlockHashes(ids, 16) },
+        streamIds: hung,
+      })),
+    ), 100);
+  try {
+    const { until } = await import("./_cluster.ts");
+    await until(
+      "the router to take the hung peer",
+      () => router.registry.inRotation().some((v) => v.id === HUNG),
+    );
+    const events: GenerationEvent[] = [];
+    const run = (async () => {
+      for await (
+        const e of router.generate({
+          prompt,
+          maxTokens: 20,
+          sampling: GREEDY,
+          stop: [],
+          priority: "interactive",
+          requestId: "hung",
+        }, new AbortController().signal)
+      ) events.push(e);
+    })();
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const stuck = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error("the generation was held past 20 s")), 20_000);
+    });
+    await Promise.race([run, stuck]).finally(() => clearTimeout(timer));
+    assertEquals(hung.length, 1, "the hung peer got the request first");
+    assertEquals(events.at(-1)?.type, "done", JSON.stringify(events.at(-1)));
+    const text = events.map((e) => (e.type === "token" ? e.text : "")).join("");
+    assertEquals(text, await greedyText(prompt, 20));
+    assertEquals(router.failovers, 1);
+  } finally {
+    clearInterval(beats);
+    router.close();
+    await peer.close();
+    await routerNc.close();
+  }
+});
+
+Deno.test("a replica whose frames were lost gives the stream up when the router's credit says so", async () => {
+  const { connectNats } = await import("../lib/cluster/nats_connection.ts");
+  const { until } = await import("./_cluster.ts");
+  await using cluster = await Cluster.start();
+  await cluster.replica(KV);
+  const nc = await connectNats({ url: cluster.nats.url, name: "router-stand-in" });
+  try {
+    let listed: string[] = [];
+    let id = "";
+    nc.subscribe("llmserve.replicas", {
+      callback: (_e, m) => {
+        const hb = m.json<any>();
+        if (hb.type !== "heartbeat") return;
+        id = hb.replica;
+        listed = hb.streamIds;
+      },
+    });
+    await until("a heartbeat", () => id !== "");
+    const enc = new TextEncoder();
+    const send = (msg: unknown) =>
+      nc.publish(`llmserve.replica.${id}`, enc.encode(JSON.stringify(msg)));
+    // Its frames go where nobody listens: lost, as in a reconnect. With credit 2 it sends
+    // "started" and one token, then waits for credit.
+    send({
+      type: "generate",
+      stream: "s-lost",
+      replyTo: "nobody.listens.here",
+      prompt: tokenizer.encode("Once upon a time", { bos: true }),
+      maxTokens: 200,
+      sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 },
+      stop: [],
+      priority: "interactive",
+      requestId: "lost",
+      logprobs: false,
+      credit: 2,
+    });
+    await until("the replica to list the stream", () => listed.includes("s-lost"));
+    // The router got nothing (next 0) and re-sends its grant, as it does for a quiet stream.
+    const regrant = setInterval(
+      () => send({ type: "credit", stream: "s-lost", upTo: 2, next: 0 }),
+      500,
+    );
+    try {
+      // Without the re-sync it would wait for credit for 30 s (the credit timeout).
+      await until("the replica to give the stream up", () => !listed.includes("s-lost"), 8000);
+    } finally {
+      clearInterval(regrant);
+    }
+  } finally {
+    await nc.close();
   }
 });

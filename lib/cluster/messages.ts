@@ -118,6 +118,8 @@ export const CreditSchema = z.object({
   type: z.literal("credit"),
   stream: SubjectToken,
   upTo: nonNegative,
+  /** The seq the router waits for: below what the replica sent, frames were lost. */
+  next: nonNegative.optional(),
 });
 
 /**

@@ -41,6 +41,9 @@ class ServedStream {
   readonly ctrl = new AbortController();
   upTo: number;
   gone = false;
+  /** Frames published so far, and when the last one was. */
+  sent = 0;
+  sentAt = 0;
   #wake: (() => void) | undefined;
 
   constructor(readonly msg: Generate) {
@@ -270,9 +273,29 @@ export class ReplicaAgent {
         }));
         return;
       }
-      case "credit":
-        this.#streams.get(req.stream)?.grant(req.upTo);
+      case "credit": {
+        const s = this.#streams.get(req.stream);
+        if (s === undefined) return;
+        // Frames in flight are microseconds old: only ones unacknowledged for a second, on a
+        // stream waiting for credit, count as lost.
+        if (
+          req.next !== undefined && req.next < s.sent && s.sent >= s.upTo &&
+          performance.now() - s.sentAt > 1000
+        ) {
+          // Frames it sent never reached the router (lost across a reconnect): the stream
+          // cannot go on, and waiting for credit would hold it until the credit timeout. Given
+          // up, it leaves the heartbeats and the router fails over at once, exactly.
+          this.#log(
+            `replica ${this.id}: stream ${req.stream} lost frames ${req.next}..${
+              s.sent - 1
+            } on the way; giving it up`,
+          );
+          s.abandon();
+          return;
+        }
+        s.grant(req.upTo);
         return;
+      }
       case "cancel": {
         const s = this.#streams.get(req.stream);
         if (s === undefined) return;
@@ -307,6 +330,8 @@ export class ReplicaAgent {
           m.replyTo,
           encodeMessage({ type: "event", stream: m.stream, seq: seq++, event }),
         );
+        s.sent = seq;
+        s.sentAt = performance.now();
       } catch (e) {
         sendFailed = true;
         this.#peerLog(

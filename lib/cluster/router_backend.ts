@@ -34,6 +34,11 @@ export interface RouterOptions {
   readonly staleAfterMs?: number;
   /** How long a stream that lost its replica waits for another one (default 30 s). */
   readonly failoverWaitMs?: number;
+  /**
+   * A stream with no frame for this long is lost even while its replica's heartbeats list it
+   * (a hung engine step looks alive; default 30 s): it fails over to another replica.
+   */
+  readonly progressTimeoutMs?: number;
   /** Frames a replica may send ahead of the client (default 64). */
   readonly window?: number;
   /** Share the HTTP app's metrics to add the router's own series to /metrics. */
@@ -75,11 +80,15 @@ function routerMetrics(m: ServiceMetrics): RouterMetrics {
     ),
     lostStreams: r.counter(
       "llm_router_lost_streams_total",
-      "Streams given up, by why (silent: no frame or heartbeat; gap: frames lost).",
+      "Streams given up, by why (silent: no frame or heartbeat; gap: frames lost; " +
+        "no_progress: listed by its replica but no frame).",
       ["why"],
     ),
   };
 }
+
+/** Starts the reason of a stream lost for making no progress (its replica is avoided). */
+const NO_PROGRESS = "no progress";
 
 /** How long after opening a stream its replica's heartbeats may still omit it. */
 const UNLISTED_GRACE_MS = 5000;
@@ -114,6 +123,7 @@ export class RouterBackend implements GenerationBackend {
   readonly #policy: RoutingPolicy;
   readonly #streamTimeoutMs: number;
   readonly #failoverWaitMs: number;
+  readonly #progressTimeoutMs: number;
   readonly #window: number;
   readonly #metrics?: RouterMetrics;
   readonly #log: (line: string) => void;
@@ -144,6 +154,7 @@ export class RouterBackend implements GenerationBackend {
     this.#policy = opts.policy ?? "prefix";
     this.#streamTimeoutMs = opts.streamTimeoutMs ?? 1500;
     this.#failoverWaitMs = opts.failoverWaitMs ?? 30_000;
+    this.#progressTimeoutMs = opts.progressTimeoutMs ?? 30_000;
     this.#window = opts.window ?? 64;
     this.#metrics = opts.metrics === undefined ? undefined : routerMetrics(opts.metrics);
     this.#log = opts.log ?? (() => {});
@@ -323,7 +334,15 @@ export class RouterBackend implements GenerationBackend {
             Math.round(now - s.lastActivity)
           } ms`,
         );
-      } else if (now - s.lastGrantAt > 500 && now - s.lastActivity > 250) {
+      } else if (now - s.lastFrameAt > this.#progressTimeoutMs) {
+        this.#metrics?.lostStreams.inc({ why: "no_progress" });
+        s.lose(
+          `${NO_PROGRESS}: replica ${s.replica} lists the stream but sent no frame for ${
+            Math.round(now - s.lastFrameAt)
+          } ms`,
+        );
+      } else if (now - s.lastGrantAt > 500 && now - s.lastFrameAt > 250) {
+        // Heartbeats listing the stream keep lastActivity fresh: quiet means no frame.
         s.regrant();
       }
     }
@@ -395,7 +414,12 @@ export class RouterBackend implements GenerationBackend {
       replica,
       window: this.#window,
       sendCredit: (upTo) =>
-        this.#publish(subjects.requests(replica), { type: "credit", stream: id, upTo }),
+        this.#publish(subjects.requests(replica), {
+          type: "credit",
+          stream: id,
+          upTo,
+          next: stream.nextSeq,
+        }),
     });
     try {
       this.#nc.publish(subjects.requests(replica), bytes);
@@ -582,6 +606,8 @@ export class RouterBackend implements GenerationBackend {
         }
         if (lostWhy !== undefined) {
           if (lostWhy.includes("arrived where")) this.#metrics?.lostStreams.inc({ why: "gap" });
+          // A replica that stopped making progress may look healthy: not this one again.
+          if (lostWhy.startsWith(NO_PROGRESS)) refused.add(choice.id);
           if (signal.aborted) continue;
           this.failovers++;
           this.#metrics?.failovers.inc();
