@@ -399,3 +399,68 @@ Deno.test("a replica whose frames were lost gives the stream up when the router'
     await nc.close();
   }
 });
+
+Deno.test("SIGTERM to the router: in-flight HTTP, SSE and WebSocket generations all get their full answers", async () => {
+  const { TestSocket, parseSse } = await import("./_http_harness.ts");
+  await using cluster = await Cluster.start();
+  await cluster.replica(KV);
+  const router = await cluster.router();
+  await cluster.routerSees(router, 1);
+  const prompts = ["Once upon a time", "The little dog", "Lily went to the park"];
+  // Streams end first, plain answers last: those are written after their generation ends,
+  // which is where a drain that closed every socket at once lost them.
+  const n = 150, nStream = 60;
+  const refs = await Promise.all(prompts.map((p) => greedyText(p, n)));
+  const streamRefs = await Promise.all(prompts.map((p) => greedyText(p, nStream)));
+  const body = (prompt: string, stream: boolean) =>
+    JSON.stringify({ prompt, max_tokens: stream ? nStream : n, temperature: 0, stream });
+  const post = (prompt: string, stream: boolean) =>
+    fetch(`${router.base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: body(prompt, stream),
+    });
+  const plain = Array.from(
+    { length: 8 },
+    (_, i) => post(prompts[i % 3]!, false).then((r) => r.json()),
+  );
+  const streams = await Promise.all(prompts.map((p) => post(p, true)));
+  const readers = streams.map((r) => r.body!.pipeThrough(new TextDecoderStream()).getReader());
+  const firstChunks = await Promise.all(readers.map((r) => r.read().then((c) => c.value ?? "")));
+  const ws = await TestSocket.open(router.base.replace("http", "ws") + "/v1/stream");
+  try {
+    prompts.forEach((p, i) =>
+      ws.send({ type: "generate", id: `w${i}`, prompt: p, max_tokens: nStream, temperature: 0 })
+    );
+    const firstWs = await Promise.all(
+      prompts.map((_, i) => ws.take((f) => f.id === `w${i}` && f.type === "token")),
+    );
+    const status = cluster.kill(router, "SIGTERM");
+    const rest = readers.map(async (r, i) => {
+      let text = firstChunks[i]!;
+      for (let c = await r.read(); !c.done; c = await r.read()) text += c.value;
+      return text;
+    });
+    for (const [i, a] of (await Promise.all(plain)).entries()) {
+      assertEquals(
+        a.choices?.[0]?.text,
+        refs[i % 3],
+        `HTTP ${i}: ${JSON.stringify(a).slice(0, 200)}`,
+      );
+    }
+    for (const [i, text] of (await Promise.all(rest)).entries()) {
+      const events = parseSse(text) as any[];
+      assertEquals(events.at(-1), "[DONE]", `SSE ${i}`);
+      assertEquals(events.slice(0, -1).map((e) => e.choices[0].text).join(""), streamRefs[i]);
+    }
+    for (const [i, first] of firstWs.entries()) {
+      const frames = await ws.collect(`w${i}`);
+      const text = [first, ...frames].filter((f) => f.type === "token").map((f) => f.text).join("");
+      assertEquals(frames.at(-1)!.finish_reason, "length");
+      assertEquals(text, streamRefs[i], `WebSocket ${i}`);
+    }
+    assertEquals((await status).code, 0);
+  } finally {
+    await ws.close();
+  }
+});
