@@ -1,6 +1,7 @@
 import { assert, assertEquals, assertGreater, assertLess, assertMatch } from "@std/assert";
 import {
   metricValue,
+  rawHttp,
   scrape,
   startService,
   type TestService,
@@ -425,4 +426,17 @@ Deno.test("/v1/stream lets a client reuse an id as soon as its done frame arrive
   } finally {
     await ws.close();
   }
+});
+
+Deno.test("Upgrade: websocket without Connection: Upgrade is answered 400 naming the header, not 500", async () => {
+  await using svc = await startService();
+  const key = "dGhlIHNhbXBsZSBub25jZQ==";
+  const noConnection = await rawHttp(
+    svc.base,
+    `GET /v1/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n` +
+      `Sec-WebSocket-Key: ${key}\r\nSec-WebSocket-Version: 13\r\nConnection: close\r\n\r\n`,
+  );
+  assertEquals(noConnection.status, 400, noConnection.head);
+  assertEquals(JSON.parse(noConnection.body).error.code, "invalid_request");
+  assertMatch(JSON.parse(noConnection.body).error.message, /Connection: Upgrade/);
 });

@@ -355,6 +355,17 @@ export function createApp(opts: AppOptions): ServiceApp {
         "The server is shutting down and accepts no new WebSockets; retry on another instance",
       );
     }
+    // Without it node:http hands the request over as a plain one, on which the upgrade failed
+    // with 500.
+    const connection = c.req.header("connection") ?? "";
+    if (!connection.split(",").some((t) => t.trim().toLowerCase() === "upgrade")) {
+      throw new ApiError(
+        "invalid_request",
+        `A WebSocket upgrade needs the header 'Connection: Upgrade'; received ${
+          JSON.stringify(connection.slice(0, 60) || "none")
+        }`,
+      );
+    }
     const key = c.req.header("sec-websocket-key");
     if (key === undefined || !/^[A-Za-z0-9+/]{22}==$/.test(key)) {
       throw new ApiError(
