@@ -201,3 +201,30 @@ Deno.test("SIGTERM: HTTP generations cut at the drain deadline get 503 draining,
     await lines.cancel();
   }
 });
+
+Deno.test("a connection that trickles its head past the header timeout is answered 408", async () => {
+  const { startService } = await import("./_http_harness.ts");
+  await using svc = await startService({}, {}, { headerTimeoutMs: 300 });
+  const port = Number(new URL(svc.base).port);
+  const answers = await Promise.all(Array.from({ length: 20 }, async () => {
+    const conn = await Deno.connect({ hostname: "127.0.0.1", port });
+    try {
+      await conn.write(
+        new TextEncoder().encode("GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "),
+      );
+      let text = "";
+      const buf = new Uint8Array(1024);
+      for (let n = await conn.read(buf); n !== null; n = await conn.read(buf)) {
+        text += new TextDecoder().decode(buf.subarray(0, n));
+      }
+      return text;
+    } catch (e) {
+      return `error: ${e}`;
+    } finally {
+      try {
+        conn.close();
+      } catch { /* closed by the server */ }
+    }
+  }));
+  for (const a of answers) assertMatch(a, /^HTTP\/1\.1 408 /);
+});

@@ -108,7 +108,14 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
       socket,
       setTimeout(() => {
         metrics.connectionsTimedOut.inc();
-        socket.destroy();
+        // A client trickling its head is told why (nginx and node:http answer 408); one
+        // that does not read the answer is closed a moment later all the same.
+        if (socket.writable && !socket.destroyed) {
+          socket.end(
+            `HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`,
+          );
+          setTimeout(() => socket.destroy(), 1000).unref?.();
+        } else socket.destroy();
       }, headerTimeoutMs),
     );
     socket.once("close", () => {
