@@ -54,6 +54,14 @@ export interface AppOptions {
    * client took nothing for this long is cut and its generation cancelled.
    */
   readonly wsStallTimeoutMs?: number;
+  /** A WebSocket with no frame and no generation for this long is closed (default 300 s; 0: never). */
+  readonly wsIdleTimeoutMs?: number;
+  /**
+   * WebSockets one client address may hold open (default 256): past it an upgrade is refused
+   * with 429, so one client cannot take every connection slot (behind a proxy, every client
+   * has the proxy's address).
+   */
+  readonly wsMaxPerClient?: number;
   /** Period of `stats` frames to subscribed sockets (default 500 ms). */
   readonly statsIntervalMs?: number;
   /** Retry-After seconds on 503 overloaded/draining (default 1). */
@@ -175,6 +183,9 @@ export function createApp(opts: AppOptions): ServiceApp {
   let loaded = opts.ready ?? true;
   let draining = false;
   const sessions = new Set<StreamSession>();
+  /** Open WebSockets by client address. */
+  const socketsByClient = new Map<string, number>();
+  const maxPerClient = opts.wsMaxPerClient ?? 256;
   let sessionCounter = 0;
 
   const deps: GenerationDeps = {
@@ -191,6 +202,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     maxFrameBytes: opts.maxFrameBytes ?? 256 * 1024,
     maxGenerationsPerSocket: opts.maxGenerationsPerSocket ?? 64,
     statsIntervalMs: opts.statsIntervalMs ?? 500,
+    idleTimeoutMs: opts.wsIdleTimeoutMs ?? 300_000,
     writer: {
       highWaterBytes: highWater,
       lowWaterBytes: opts.wsLowWaterBytes ?? Math.floor(highWater / 4),
@@ -383,12 +395,22 @@ export function createApp(opts: AppOptions): ServiceApp {
         }`,
       );
     }
+    const client = remoteAddress(c.env);
+    if (client !== undefined && (socketsByClient.get(client) ?? 0) >= maxPerClient) {
+      throw new ApiError(
+        "too_many_connections",
+        `This client already holds ${maxPerClient} WebSockets, the most one address may ` +
+          "open; close one (several generations can share a socket)",
+      );
+    }
     await next();
   });
   app.get(
     "/v1/stream",
     upgradeWebSocket((c) => {
       let session: StreamSession | undefined;
+      const client = remoteAddress(c.env);
+      let counted = false;
       // The socket's generations log and trace as "<upgrade's request id>.<n>/<client id>".
       const sessionId = records.get(c.req.raw)?.id ?? `ws${++sessionCounter}`;
       const open = (ws: WSContext) => {
@@ -401,6 +423,10 @@ export function createApp(opts: AppOptions): ServiceApp {
             scopes.get(c.req.raw),
           );
           sessions.add(session);
+          if (client !== undefined) {
+            counted = true;
+            socketsByClient.set(client, (socketsByClient.get(client) ?? 0) + 1);
+          }
         }
         return session;
       };
@@ -408,6 +434,12 @@ export function createApp(opts: AppOptions): ServiceApp {
         onOpen: (_evt, ws) => void open(ws),
         onMessage: (evt, ws) => open(ws).onMessage(evt.data),
         onClose: () => {
+          if (counted && client !== undefined) {
+            counted = false;
+            const n = (socketsByClient.get(client) ?? 1) - 1;
+            if (n <= 0) socketsByClient.delete(client);
+            else socketsByClient.set(client, n);
+          }
           if (session === undefined) return;
           session.onClose();
           sessions.delete(session);
@@ -466,4 +498,11 @@ export function createApp(opts: AppOptions): ServiceApp {
     },
     close: closeAll,
   };
+}
+
+/** The client's address from @hono/node-server's env (absent under app.request in tests). */
+function remoteAddress(env: unknown): string | undefined {
+  const incoming = (env as { incoming?: { socket?: { remoteAddress?: string } } } | undefined)
+    ?.incoming;
+  return incoming?.socket?.remoteAddress;
 }
