@@ -228,3 +228,23 @@ Deno.test("a connection that trickles its head past the header timeout is answer
   }));
   for (const a of answers) assertMatch(a, /^HTTP\/1\.1 408 /);
 });
+
+Deno.test("an h2c upgrade (curl --http2) is refused at once with 400 saying to use HTTP/1.1", async () => {
+  const { rawHttp, startService } = await import("./_http_harness.ts");
+  await using svc = await startService();
+  const res = await rawHttp(
+    svc.base,
+    "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade, HTTP2-Settings\r\n" +
+      "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
+  );
+  assertEquals(res.status, 400, res.head);
+  const err = JSON.parse(res.body).error;
+  assertEquals(err.code, "invalid_request");
+  assertMatch(err.message, /"h2c" is not supported.*HTTP\/1\.1/);
+  // WebSocket upgrades still work.
+  const { TestSocket } = await import("./_http_harness.ts");
+  const ws = await TestSocket.open(svc.wsUrl);
+  ws.send({ type: "generate", id: "a", prompt: "hi", max_tokens: 2 });
+  assertEquals((await ws.collect("a")).at(-1)!.type, "done");
+  await ws.close();
+});

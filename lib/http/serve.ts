@@ -160,6 +160,35 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
   // Not server.on("upgrade"): @hono/node-server writes an upgrade's refusal only while it is
   // the sole "upgrade" listener. A refused upgrade's socket is closed anyway.
   wss.on("connection", (_ws: unknown, req: IncomingMessage) => requestArrived(req.socket));
+  // Its listener ignores upgrades to anything but WebSocket, so `Upgrade: h2c` (curl --http2,
+  // Java's HttpClient) got no answer until the timeout. Ours stands in front of it, as the
+  // sole listener, and refuses those with a 400 that says what to do.
+  const honoUpgrade = server.listeners("upgrade") as Array<(...a: unknown[]) => void>;
+  server.removeAllListeners("upgrade");
+  server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Uint8Array) => {
+    const protocol = String(req.headers.upgrade ?? "");
+    if (protocol.toLowerCase() === "websocket") {
+      for (const l of honoUpgrade) l.call(server, req, socket, head);
+      return;
+    }
+    requestArrived(socket);
+    const body = JSON.stringify({
+      error: {
+        message: `Upgrade to ${JSON.stringify(protocol.slice(0, 40))} is not supported: this ` +
+          "server speaks HTTP/1.1 (and WebSocket on /v1/stream); send the request without " +
+          "'Upgrade' (curl: --http1.1)",
+        type: "invalid_request_error",
+        param: "upgrade",
+        code: "invalid_request",
+      },
+    });
+    socket.end(
+      `HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n` +
+        `Content-Length: ${new TextEncoder().encode(body).length}\r\nConnection: close\r\n\r\n` +
+        body,
+    );
+    setTimeout(() => socket.destroy(), 1000).unref?.();
+  });
   // Past the listen, errors are accept failures (EMFILE, ENFILE): the server keeps serving
   // the connections it holds and accepts again once descriptors are free.
   let listening = false;
