@@ -74,6 +74,12 @@ export const HeartbeatSchema = z.object({
   stalledMs: nonNegative,
   draining: z.boolean(),
   model: z.string(),
+  /**
+   * What the model is, not what it is called: file size, a hash of its first bytes and the
+   * context. Two files with one stem (stories260K.bin at context 512 and .gguf at 128) shared
+   * a rotation, and requests fit for one failed on the other.
+   */
+  modelId: z.string().max(256).optional(),
   load: LoadSchema,
   /** Prefix-cache summary: block size and chained hashes of cached blocks (newest last). */
   prefix: z.object({ blockSize: int.positive(), hashes: z.array(int).max(MAX_HASHES) }),
@@ -209,6 +215,8 @@ export const InfoReply = z.object({
   type: z.literal("info"),
   replica: z.string(),
   modelName: z.string(),
+  /** See HeartbeatSchema.modelId. */
+  modelId: z.string().max(256).optional(),
   contextLength: int.positive(),
   vocabSize: int.positive(),
   bosToken: z.string(),

@@ -226,6 +226,7 @@ export class ReplicaAgent {
       intervalMs: this.#heartbeatMs,
       draining: this.#draining,
       model: this.#src.info.modelName,
+      modelId: this.#src.info.modelId,
       load: { ...this.#src.load(), streams: this.#streams.size },
       prefix: {
         blockSize: this.#src.blockSize,

@@ -223,6 +223,7 @@ export class RouterBackend implements GenerationBackend {
       const info = await infoAsked;
       if (info !== undefined) {
         registry.model = info.modelName;
+        registry.modelId = info.modelId;
         router = new RouterBackend(nc, info, registry, announcements, { ...opts, peerLog });
         return router;
       }
