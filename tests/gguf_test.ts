@@ -389,7 +389,8 @@ Deno.test("parseGguf() refuses tensors whose data overlap, naming both", () => {
     writeGguf({
       metadata: [],
       tensors: [
-        { name: "a.weight", dims: [8], typeId: 0 /* F32 */, data },
+        // Tensor type 0 is F32.
+        { name: "a.weight", dims: [8], typeId: 0, data },
         { name: "b.weight", dims: [8], typeId: 0, data, offset: second },
       ],
     });
