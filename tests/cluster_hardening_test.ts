@@ -464,3 +464,111 @@ Deno.test("SIGTERM to the router: in-flight HTTP, SSE and WebSocket generations 
     await ws.close();
   }
 });
+
+Deno.test("failover after text the stop matcher held: the client gets every character, once", async () => {
+  const { connectNats } = await import("../lib/cluster/nats_connection.ts");
+  const { RouterBackend } = await import("../lib/cluster/router_backend.ts");
+  const { prefixBlockHashes } = await import("../lib/core/block_allocator.ts");
+  const { TestSocket } = await import("./_http_harness.ts");
+  const { until } = await import("./_cluster.ts");
+  await using cluster = await Cluster.start();
+  const real = await cluster.replica(KV);
+  const prompt = "Once upon a time there was a little girl named Lily. She loved to play outside";
+  const ids = tokenizer.encode(prompt, { bos: true });
+  const n = 20;
+  const want = await greedyText(prompt, n);
+  // A stop that begins inside the second generated token's text and never completes: the
+  // matcher sends that token's text up to its last character and holds the rest.
+  const refIds = await (async () => {
+    const ws = await TestSocket.open(real.base.replace("http", "ws") + "/v1/stream");
+    ws.send({ type: "generate", id: "r", prompt, max_tokens: n, temperature: 0 });
+    const frames = await ws.collect("r");
+    await ws.close();
+    return frames.filter((f) => f.type === "token").flatMap((f) => f.token_ids as number[]);
+  })();
+  const second = tokenizer.createDecoder({ afterBos: false });
+  const texts = refIds.map((id) => second.push(id));
+  const stop = texts[1]!.slice(-1) + "#";
+  assert(texts[1]!.length >= 2 && !want.includes(stop), `stop ${JSON.stringify(stop)}`);
+  // What the replica sends for that request: the peer below replays its first two token events.
+  const events = await (async () => {
+    const ws = await TestSocket.open(real.base.replace("http", "ws") + "/v1/stream");
+    ws.send({ type: "generate", id: "s", prompt, max_tokens: n, temperature: 0, stop: [stop] });
+    const frames = await ws.collect("s");
+    await ws.close();
+    return frames.filter((f) => f.type === "token").slice(0, 2).map((f) => ({
+      type: "token",
+      text: f.text,
+      ids: f.token_ids,
+      logprob: f.logprob ?? 0,
+    }));
+  })();
+  const peer = await connectNats({ url: cluster.nats.url, name: "dying-peer" });
+  const routerNc = await connectNats({ url: cluster.nats.url, name: "test-router" });
+  // Round-robin over ids sorted: the peer ("replica-0000") takes the first attempt, although
+  // the real replica holds the prompt's prefix from the reference runs above.
+  const router = await RouterBackend.start(routerNc, {
+    progressTimeoutMs: 1500,
+    waitMs: 15_000,
+    policy: "round-robin",
+  });
+  const enc = new TextEncoder();
+  const PEER = "replica-0000";
+  const served: string[] = [];
+  const hb = await (async () => {
+    for await (const m of peer.subscribe("llmserve.replicas", { max: 1 })) return m.json<any>();
+  })();
+  peer.subscribe(`llmserve.replica.${PEER}`, {
+    callback: (_e, m) => {
+      const g = m.json<any>();
+      if (g.type !== "generate") return;
+      served.push(g.stream);
+      const frames = [{ type: "started", promptTokens: g.prompt.length }, ...events];
+      frames.forEach((event, seq) =>
+        peer.publish(
+          g.replyTo,
+          enc.encode(JSON.stringify({ type: "event", stream: g.stream, seq, event })),
+        )
+      );
+    },
+  });
+  let beat = 0;
+  const beats = setInterval(() =>
+    peer.publish(
+      "llmserve.replicas",
+      enc.encode(JSON.stringify({
+        ...hb,
+        replica: PEER,
+        beat: beat++,
+        load: { ...hb.load, running: 0, waiting: 0, streams: served.length },
+        prefix: { blockSize: 16, hashes: prefixBlockHashes(ids, 16) },
+        streamIds: served,
+      })),
+    ), 100);
+  try {
+    await until(
+      "the router to take the peer",
+      () => router.registry.inRotation().some((v) => v.id === PEER),
+    );
+    const got: GenerationEvent[] = [];
+    for await (
+      const e of router.generate({
+        prompt,
+        maxTokens: n,
+        sampling: GREEDY,
+        stop: [stop],
+        priority: "interactive",
+        requestId: "held",
+      }, new AbortController().signal)
+    ) got.push(e);
+    assertEquals(served.length, 1, "the peer served the first attempt");
+    assertEquals(router.failovers, 1);
+    assertEquals(got.at(-1)?.type, "done", JSON.stringify(got.at(-1)));
+    assertEquals(got.map((e) => (e.type === "token" ? e.text : "")).join(""), want);
+  } finally {
+    clearInterval(beats);
+    router.close();
+    await peer.close();
+    await routerNc.close();
+  }
+});
