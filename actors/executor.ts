@@ -23,6 +23,14 @@ export interface ExecutorOptions {
   readonly onStep?: (report: StepReport) => void;
   /** Where failures are logged (default console.error). */
   readonly log?: (message: string) => void;
+  /**
+   * A step whose result has not come this long after the executor started waiting for it
+   * counts as failed, and the engine is restarted (default 120 s; 0 turns it off). A step that
+   * never resolves (a lost device, a deadlocked worker) otherwise holds every sequence forever,
+   * while the process looks healthy. A step that blocks this thread (the CPU engine computes
+   * on it) cannot be interrupted; it is seen once it returns.
+   */
+  readonly stepTimeoutMs?: number;
 }
 
 /**
@@ -96,12 +104,31 @@ export class ExecutorActor {
     pending.catch(() => {});
     this.#tail = this.#tail.then(async () => {
       let result: StepResult;
+      const limit = this.#opts.stepTimeoutMs ?? 120_000;
+      let watchdog: ReturnType<typeof setTimeout> | undefined;
       try {
-        result = await pending;
+        result = limit > 0
+          ? await Promise.race([
+            pending,
+            new Promise<never>((_, reject) => {
+              watchdog = setTimeout(
+                () =>
+                  reject(
+                    new Error(
+                      `step ${plan.stepId} gave no result within ${limit} ms (the engine hangs)`,
+                    ),
+                  ),
+                limit,
+              );
+            }),
+          ])
+          : await pending;
       } catch (error) {
         this.#report({ plan, startedAt, durationMs: performance.now() - startedAt, error });
         await this.#fail(epoch, error, plan.stepId);
         return;
+      } finally {
+        clearTimeout(watchdog);
       }
       const durationMs = performance.now() - startedAt;
       if (epoch !== this.#epoch) return;

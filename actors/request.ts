@@ -128,6 +128,7 @@ export class RequestActor {
           sampling: req.sampling,
           stopTokenIds: [...codec.eogIds, ...(req.stopTokenIds ?? [])],
           priority: req.priority,
+          cacheScope: req.cacheScope,
         },
         reply,
       });
@@ -147,16 +148,53 @@ export class RequestActor {
     let tFirst: number | undefined;
     let cachedTokens = 0;
     let generated = 0;
-    let heldIds: number[] = [];
-    let heldLogprob = 0;
+    // An id counts as sent only with all of its text: a router resubmits after the ids it was
+    // sent (failover), so ids whose text the stop matcher still held were lost with that text
+    // (", there was" came back as ",  was"). Text is therefore sent up to the end of the last
+    // id it completes; `end` is where an id's text ends in the decoded text (null while the
+    // decoder holds its bytes, e.g. half a UTF-8 character).
+    let pending: Array<{ id: number; logprob: number; end: number | null }> = [];
+    let decodedLen = 0;
+    let released = "";
+    let sentLen = 0;
+    const decode = (id: number, logprob: number): string => {
+      const piece = decoder.push(id);
+      pending.push({ id, logprob, end: null });
+      if (piece.length > 0) {
+        decodedLen += piece.length;
+        for (const p of pending) p.end ??= decodedLen;
+      }
+      return piece;
+    };
 
-    /** Emits text with every id not yet reported; false when the client is gone. */
-    const emitText = async (text: string, force = false): Promise<boolean> => {
-      if (text.length === 0 && !(force && heldIds.length > 0)) return true;
-      const ok = await this.#emit({ type: "token", text, ids: heldIds, logprob: heldLogprob });
-      heldIds = [];
-      heldLogprob = 0;
-      return ok;
+    /**
+     * Sends what the stop matcher released, as far as whole ids go (`final`: all of it, with
+     * every id left); false when the client is gone.
+     */
+    const emitText = async (text: string, final = false): Promise<boolean> => {
+      released += text;
+      let k = final ? pending.length : 0;
+      let upTo = final ? sentLen + released.length : sentLen;
+      if (!final) {
+        const limit = sentLen + released.length;
+        for (; k < pending.length; k++) {
+          const end = pending[k]!.end;
+          if (end === null || end > limit) break;
+          upTo = end;
+        }
+      }
+      if (k === 0 && !(final && released.length > 0)) return true;
+      const out = released.slice(0, upTo - sentLen);
+      released = released.slice(upTo - sentLen);
+      sentLen = upTo;
+      const sent = pending.slice(0, k);
+      pending = pending.slice(k);
+      return await this.#emit({
+        type: "token",
+        text: out,
+        ids: sent.map((p) => p.id),
+        logprob: sent.reduce((sum, p) => sum + p.logprob, 0),
+      });
     };
     const done = async (reason: FinishReason, completionTokens: number): Promise<void> => {
       const end = this.#now();
@@ -186,10 +224,8 @@ export class RequestActor {
         case "token": {
           generated++;
           tFirst ??= this.#now();
-          heldIds.push(msg.token);
-          heldLogprob += msg.logprob;
-          const out = stops.push(decoder.push(msg.token));
-          if (!await emitText(out.text)) return this.#stopSequence("client-gone");
+          const out = stops.push(decode(msg.token, msg.logprob));
+          if (!await emitText(out.text, out.stopped)) return this.#stopSequence("client-gone");
           if (out.stopped) {
             this.#stopSequence("cancel");
             await done("stop", generated);

@@ -103,6 +103,24 @@ export class Cluster implements AsyncDisposable {
     return m;
   }
 
+  /** A replica serving another model file (its whole command line after `serve`). */
+  async replicaServing(args: string[]): Promise<Member> {
+    const child = await spawnUntilListening([
+      "run",
+      "--allow-all",
+      new URL("../main.ts", import.meta.url).pathname,
+      "serve",
+      "--nats",
+      this.nats.url,
+      "--port",
+      "0",
+      ...args,
+    ]);
+    const m = { ...child, role: "replica" as const };
+    this.members.add(m);
+    return m;
+  }
+
   async router(extra: string[] = []): Promise<Member> {
     const child = await spawnUntilListening([
       "run",

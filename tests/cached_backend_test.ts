@@ -4,6 +4,7 @@
  * server without a cache generates for it; an unseeded sampled one is always generated.
  */
 import { assert, assertEquals, assertGreater } from "@std/assert";
+import type { GenerationEvent } from "../lib/core/generation.ts";
 import { ServingCore } from "../actors/core.ts";
 import { createApp } from "../lib/http/app.ts";
 import { RequestLog } from "../lib/http/request_log.ts";
@@ -188,7 +189,7 @@ Deno.test("an identical request arriving while the first generates follows it in
   assertEquals(metricValue(metrics, "llm_result_cache_hits_total"), 1);
 });
 
-Deno.test("a follower whose first request is cancelled generates for itself, with the same tokens", async () => {
+Deno.test("a follower whose first request is cancelled still gets the whole answer from the one generation", async () => {
   let reference;
   {
     await using plain = await serveModel(0);
@@ -208,13 +209,53 @@ Deno.test("a follower whose first request is cancelled generates for itself, wit
     const bIds = b.filter((f) => f.type === "token").flatMap((f) => f.token_ids as number[]);
     assertEquals(bIds, reference.ids);
     assertEquals(b.at(-1)!.finish_reason, reference.done.finish_reason);
-    // It generated, so it is not a cached answer.
-    assertEquals(b.at(-1)!.cached, false);
+    // The generation went on for "b" when "a" left: one generation, "b" an answer it shared.
+    assertEquals(b.at(-1)!.cached, true);
   } finally {
     await ws.close();
   }
   const metrics = await scrape(svc.base);
-  assertEquals(metricValue(metrics, "llm_result_cache_misses_total"), 2);
-  assertEquals(metricValue(metrics, "llm_result_cache_hits_total"), 0);
+  assertEquals(metricValue(metrics, "llm_result_cache_misses_total"), 1);
+  assertEquals(metricValue(metrics, "llm_result_cache_hits_total"), 1);
   assertEquals(metricValue(metrics, "llm_result_cache_entries"), 1);
+});
+
+Deno.test("a follower never waits on the leader's client: a leader that stops reading does not hold it", async () => {
+  const { FakeCore } = await import("./_fake_core.ts");
+  await using inner = new FakeCore({ contextLength: 1024 });
+  const cached = new CachedBackend(inner, 1 << 20);
+  const req = {
+    prompt: "Once upon a time",
+    maxTokens: 60,
+    sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 },
+    stop: [],
+    priority: "interactive" as const,
+    requestId: "r",
+    deterministic: true,
+  };
+  const want = inner.continuation(req.prompt, req.maxTokens);
+  const text = (events: GenerationEvent[]) =>
+    events.map((e) => (e.type === "token" ? e.text : "")).join("");
+  // The leader takes "started" and one token, then stops reading (its socket is full).
+  const leader = cached.generate(req, new AbortController().signal)[Symbol.asyncIterator]();
+  const taken = [(await leader.next()).value, (await leader.next()).value] as GenerationEvent[];
+  assertEquals(taken.map((e) => e.type), ["started", "token"]);
+  const follower: GenerationEvent[] = [];
+  const followed = (async () => {
+    for await (const e of cached.generate(req, new AbortController().signal)) follower.push(e);
+  })();
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const deadline = new Promise<"stuck">((r) => timer = setTimeout(() => r("stuck"), 10_000));
+  const outcome = await Promise.race([followed.then(() => "done" as const), deadline]);
+  clearTimeout(timer);
+  assertEquals(outcome, "done", `the follower got ${follower.length} events and waited`);
+  assertEquals(text(follower), want.text);
+  assertEquals(follower.at(-1)?.type === "done" && follower.at(-1), {
+    ...(follower.at(-1) as object),
+    finishReason: "length",
+  } as never);
+  // The leader, reading again, gets the same answer.
+  for (let n = await leader.next(); !n.done; n = await leader.next()) taken.push(n.value);
+  assertEquals(text(taken), want.text);
+  assertEquals(inner.requests.length, 1, "one generation for both");
 });

@@ -63,3 +63,108 @@ Deno.test("NATS URLs: credentials become options, servers keep host and port", (
   assertThrows(() => parseNatsUrl("http://x:1"), Error, "must be nats:// or tls://");
   assertThrows(() => parseNatsUrl(""), Error, "names no server");
 });
+
+const HEARTBEAT = {
+  type: "heartbeat",
+  replica: "replica-1",
+  beat: 1,
+  intervalMs: 250,
+  stalledMs: 0,
+  draining: false,
+  model: "m",
+  load: {
+    running: 0,
+    waiting: 0,
+    maxRunning: 1,
+    maxWaiting: 1,
+    kvBlocksUsed: 0,
+    kvBlocksTotal: 1,
+    streams: 0,
+    prefixQueryTokens: 0,
+    prefixHitTokens: 0,
+  },
+  prefix: { blockSize: 16, hashes: [1, 2] },
+  streamIds: ["s-1"],
+};
+
+Deno.test("decodeMessage() refuses ids no subject can hold, on every message that carries one", async () => {
+  const { ReplicaAnnouncement } = await import("../lib/cluster/messages.ts");
+  assertEquals(decodeMessage(ReplicaAnnouncement, bytes(HEARTBEAT)).ok, true);
+  for (const bad of ["bad id", "a.b", "*", ">", "", "x".repeat(129), "é"]) {
+    for (
+      const [schema, msg] of [
+        [ReplicaAnnouncement, { ...HEARTBEAT, replica: bad }],
+        [ReplicaAnnouncement, { ...HEARTBEAT, streamIds: [bad] }],
+        [ReplicaAnnouncement, { type: "goodbye", replica: bad }],
+        [ReplicaRequest, { type: "credit", stream: bad, upTo: 1 }],
+        [ReplicaRequest, { type: "cancel", stream: bad, how: "gone" }],
+      ] as const
+    ) {
+      const r = decodeMessage(schema, bytes(msg));
+      assertEquals(r.ok, false, `${JSON.stringify(bad)} was accepted in ${JSON.stringify(msg)}`);
+    }
+  }
+  const generate = (replyTo: string) => ({
+    type: "generate",
+    stream: "s-1",
+    replyTo,
+    prompt: [1],
+    maxTokens: 1,
+    sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 },
+    stop: [],
+    priority: "interactive",
+    requestId: "r",
+    logprobs: false,
+    credit: 1,
+  });
+  assertEquals(
+    decodeMessage(ReplicaRequest, bytes(generate("llmserve.router.r-1.frames"))).ok,
+    true,
+  );
+  for (const bad of ["bad reply", "a..b", ".a", "a.", "a.*", "a.>", ""]) {
+    const r = decodeMessage(ReplicaRequest, bytes(generate(bad)));
+    assertEquals(r.ok, false, `replyTo ${JSON.stringify(bad)} was accepted`);
+    if (!r.ok) assertMatch(r.error, /replyTo/);
+  }
+});
+
+Deno.test("decodeMessage() names a few issues of a 1 MB malformed heartbeat, not 100,000", async () => {
+  const { ReplicaAnnouncement } = await import("../lib/cluster/messages.ts");
+  const hashes = Array(100_000).fill("xxxxxx");
+  const data = bytes({ ...HEARTBEAT, prefix: { blockSize: 16, hashes } });
+  const r = decodeMessage(ReplicaAnnouncement, data);
+  assertEquals(r.ok, false);
+  if (!r.ok) {
+    assertMatch(r.error, /prefix\.hashes/);
+    // It was 33 MB: one issue per element.
+    assertEquals(r.error.length < 1000, true, `${r.error.length} characters`);
+  }
+});
+
+Deno.test("cappedLog() cuts long lines and lets 10 through per window, counting the rest", async () => {
+  const { cappedLog } = await import("../lib/cluster/nats_connection.ts");
+  const lines: string[] = [];
+  let t = 0;
+  const log = cappedLog((l) => lines.push(l), { now: () => t, perWindow: 10, windowMs: 1000 });
+  for (let i = 0; i < 25; i++) log(`bad ${i} ` + "x".repeat(1000));
+  assertEquals(lines.length, 10);
+  assertEquals(lines.every((l) => l.length < 400), true);
+  t = 1000;
+  log("next");
+  assertEquals(lines.at(-1), "next (15 similar lines suppressed before this one)");
+});
+
+Deno.test("guarded() reports a throwing handler instead of passing the throw to the reader", async () => {
+  const { guarded } = await import("../lib/cluster/nats_connection.ts");
+  const seen: string[] = [];
+  const errors: string[] = [];
+  const cb = guarded((m) => {
+    if (m.subject === "boom") throw new Error("publish failed");
+    seen.push(m.subject);
+  }, (e) => errors.push((e as Error).message));
+  const msg = (subject: string) => ({ subject }) as Parameters<typeof cb>[1];
+  cb(null, msg("boom"));
+  cb(null, msg("after"));
+  assertEquals(seen, ["after"]);
+  assertEquals(errors, ["publish failed"]);
+});

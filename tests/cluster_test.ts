@@ -347,7 +347,7 @@ Deno.test("a router over 3 NATS replicas: exact outputs, prefix routing, failove
   );
 
   await t.step(
-    "rolling restart of all three replicas under continuous load: nothing fails",
+    "rolling restart of all three replicas under HTTP, SSE and WebSocket load: nothing fails",
     async () => {
       const cases: Case[] = [
         { prompt: "Once upon a time", maxTokens: 60, sampling: sampled(5) },
@@ -358,24 +358,74 @@ Deno.test("a router over 3 NATS replicas: exact outputs, prefix routing, failove
         cases.map((c) => reference(c.prompt, c.maxTokens, c.sampling)),
       );
       let stop = false;
-      let done = 0;
+      const done = { http: 0, sse: 0, ws: 0 };
       const failures: string[] = [];
-      const client = async (k: number) => {
-        for (let i = 0; !stop; i++) {
-          const c = cases[(k + i) % cases.length]!;
-          const r = await completion(router.base, c).catch((
-            e,
-          ) => ({ status: -1, body: String(e) } as any));
-          if (r.status !== 200) failures.push(`${r.status} ${JSON.stringify(r.body)}`);
-          else if (r.body.choices[0].text !== refs[(k + i) % cases.length]!.text) {
-            failures.push(
-              "wrong text",
-            );
+      /** One answer's text, or why it is not a full answer. */
+      type Answer = { text: string } | { problem: string };
+      const http = async (c: Case): Promise<Answer> => {
+        const r = await completion(router.base, c);
+        return r.status === 200
+          ? { text: r.body.choices[0].text }
+          : { problem: `${r.status} ${JSON.stringify(r.body)}` };
+      };
+      const sse = async (c: Case): Promise<Answer> => {
+        const res = await fetch(`${router.base}/v1/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({
+            prompt: c.prompt,
+            max_tokens: c.maxTokens,
+            temperature: c.sampling.temperature,
+            top_p: c.sampling.topP,
+            seed: c.sampling.seed,
+            stream: true,
+          }),
+        });
+        const body = await res.text();
+        if (res.status !== 200) return { problem: `SSE ${res.status} ${body}` };
+        const events = parseSse(body) as any[];
+        if (events.at(-1) !== "[DONE]") {
+          return { problem: `SSE without [DONE]: ${body.slice(-200)}` };
+        }
+        return { text: events.slice(0, -1).map((e) => e.choices[0].text).join("") };
+      };
+      const client = async (k: number, kind: "http" | "sse" | "ws") => {
+        const sock = kind === "ws"
+          ? await TestSocket.open(router.base.replace("http", "ws") + "/v1/stream")
+          : undefined;
+        try {
+          for (let i = 0; !stop; i++) {
+            const n = (k + i) % cases.length;
+            const c = cases[n]!;
+            let a: Answer;
+            try {
+              if (sock === undefined) a = await (kind === "http" ? http(c) : sse(c));
+              else {
+                sock.send(wsFrame(`r${i}`, c));
+                const r = await wsCollect(sock, `r${i}`);
+                a = r.end.type === "done" && r.end.finish_reason !== "cancelled"
+                  ? { text: r.text }
+                  : { problem: `WebSocket ended with ${JSON.stringify(r.end)}` };
+              }
+            } catch (e) {
+              a = { problem: `${kind}: ${e}` };
+            }
+            if ("problem" in a) failures.push(a.problem);
+            else if (a.text !== refs[n]!.text) failures.push(`${kind}: wrong text`);
+            done[kind]++;
           }
-          done++;
+        } finally {
+          await sock?.close();
         }
       };
-      const clients = [0, 1, 2, 3].map(client);
+      const clients = [
+        client(0, "http"),
+        client(1, "http"),
+        client(2, "sse"),
+        client(0, "sse"),
+        client(1, "ws"),
+        client(2, "ws"),
+      ];
       try {
         for (const old of [...replicas]) {
           const status = await cluster.kill(old, "SIGTERM");
@@ -388,9 +438,14 @@ Deno.test("a router over 3 NATS replicas: exact outputs, prefix routing, failove
         stop = true;
         await Promise.all(clients);
       }
-      console.log(`rolling restart: ${done} requests, ${failures.length} failed`);
+      console.log(
+        `rolling restart: ${done.http} HTTP, ${done.sse} SSE, ${done.ws} WebSocket requests, ` +
+          `${failures.length} failed`,
+      );
       assertEquals(failures, []);
-      assertGreaterOrEqual(done, 10);
+      assertGreaterOrEqual(done.http, 5);
+      assertGreaterOrEqual(done.sse, 5);
+      assertGreaterOrEqual(done.ws, 5);
     },
   );
 

@@ -120,3 +120,45 @@ Deno.test("CoreBackend passes the tokenizer's vocabulary, context and token text
     await closeCore(core);
   }
 });
+
+Deno.test("a token event carries only the ids whose text it completes: text a stop matcher holds keeps its ids", async () => {
+  const { core, backend: b, opts } = backend();
+  try {
+    const prompt = TOKENIZER.encode("Once upon a time", { bos: true });
+    const n = 12;
+    const words = fakeContinuation(prompt, {
+      ...opts,
+      maxTokens: n,
+      contextLength: 128,
+      vocabSize: 512,
+      sampling: GREEDY,
+    });
+    const text = (id: number) => TOKENIZER.tokenText(id);
+    // Stops that begin inside a word's text and never complete: the matcher sends " th" of
+    // " the" and holds "e" (stop "e#"), or the end of one word and all of the next, until the
+    // following text shows they are not a stop.
+    const stop = [
+      text(words[2]!).slice(-1) + "#",
+      text(words[5]!).slice(-2) + text(words[6]!) + "#",
+    ];
+    const events = await run(b, { ...request(prompt, n), stop });
+    const dec = TOKENIZER.createDecoder({ afterBos: prompt.at(-1) === BOS });
+    let sent = "";
+    let decoded = "";
+    for (const e of events) {
+      if (e.type !== "token") continue;
+      sent += e.text;
+      for (const id of e.ids) decoded += dec.push(id);
+      // What a router counts as delivered (the ids) must be exactly what the client has (the
+      // text): failover resubmits after those ids, and held text would be lost.
+      assertEquals(sent, decoded, `after ${JSON.stringify(e)}`);
+    }
+    assertEquals(ids(events), words);
+    assertEquals(events.at(-1)?.type === "done" && events.at(-1), {
+      ...(events.at(-1) as object),
+      finishReason: "length",
+    } as never);
+  } finally {
+    await closeCore(core);
+  }
+});

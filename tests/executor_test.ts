@@ -63,7 +63,7 @@ Deno.test("ExecutorActor hands plans to the engine without waiting for results, 
           resolved.push({ stepId: p.stepId, at: clock++ });
           res(r);
         });
-        if (finish.length === 3) for (const f of finish.reverse()) f();
+        if (finish.length === 3) { for (const f of finish.reverse()) f(); }
       });
     },
     dispose() {},
@@ -554,6 +554,67 @@ Deno.test("ServingCore keeps every step within the limits an engine's buffers we
     for (const events of all) assertEquals(events.at(-1)?.type, "done");
     assertEquals(widest.seqs, 3, "steps fill up to, and never past, the engine's sequence limit");
     assert(widest.tokens <= 8, `a step held ${widest.tokens} tokens, above the engine's 8`);
+  } finally {
+    await core.close();
+  }
+});
+
+Deno.test("ServingCore: a step that never resolves is caught by the step watchdog, the engine restarted, every request completes", async () => {
+  const base: FakeEngineOptions = {
+    vocabSize: VOCAB,
+    numBlocks: 96,
+    blockSize: 4,
+    contextLength: 256,
+    latencyMs: 1,
+  };
+  let built = 0;
+  // The first engine's 6th step hangs for good (a lost device); the second one works.
+  const factory = (): Engine => {
+    const n = built++;
+    const inner = new FakeEngine(base);
+    if (n > 0) return inner;
+    let calls = 0;
+    return {
+      name: "hangs",
+      config: inner.config,
+      kv: inner.kv,
+      step: (p: StepPlan) => calls++ === 5 ? new Promise<StepResult>(() => {}) : inner.step(p),
+
+      release: (id: number) => inner.release?.(id),
+      dispose: () => inner.dispose(),
+    };
+  };
+  const core = new ServingCore({
+    engine: factory(),
+    engineFactory: factory,
+    codec: fakeCodec,
+    scheduler: { maxBatchTokens: 32 },
+    executor: { ...silent, restartBackoffMs: 1, stepTimeoutMs: 300 },
+  });
+  try {
+    const prompts = [[BOS, 5, 9, 12], [BOS, 20, 3], [BOS, 7, 7, 7, 40]];
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const stuck = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error("the requests were held past 10 s")), 10_000);
+    });
+    const all = Promise.all(prompts.map((p) =>
+      collect(core.generate({
+        prompt: p,
+        maxTokens: 12,
+        sampling: GREEDY,
+        stop: [],
+        priority: "interactive",
+        requestId: "w",
+      }))
+    ));
+    const results = await Promise.race([all, stuck]).finally(() => clearTimeout(timer));
+    assertEquals(built, 2, "one hang, one restart");
+    results.forEach((events, i) => {
+      const ids = events.flatMap((e) => (e.type === "token" ? e.ids : []));
+      const want = continuation(prompts[i]!, 12, 256);
+      assertEquals(ids, want.at(-1) === EOS ? want.slice(0, -1) : want, `request ${i}`);
+      assertEquals(events.at(-1)?.type, "done");
+    });
   } finally {
     await core.close();
   }

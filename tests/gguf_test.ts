@@ -382,3 +382,39 @@ Deno.test("parseGguf() rejects a tensor offset that breaks the alignment", () =>
     "tensor 'w' data offset 4 is not a multiple of the alignment 32",
   );
 });
+
+Deno.test("parseGguf() refuses tensors whose data overlap, naming both", () => {
+  const data = f32Bytes([1, 2, 3, 4, 5, 6, 7, 8]);
+  const file = (second: number) =>
+    writeGguf({
+      metadata: [],
+      tensors: [
+        // Tensor type 0 is F32.
+        { name: "a.weight", dims: [8], typeId: 0, data },
+        { name: "b.weight", dims: [8], typeId: 0, data, offset: second },
+      ],
+    });
+  assertEquals(parseGguf(file(32), "ok.gguf").tensors.size, 2);
+  assertThrows(
+    () => parseGguf(file(0), "overlap.gguf"),
+    Error,
+    "overlap.gguf: the data of tensor 'b.weight' (bytes 0..32) overlaps tensor 'a.weight' (bytes 0..32)",
+  );
+});
+
+Deno.test("a FIFO given as the model is named as one, not 'no such file'", async () => {
+  const { resolveModelSource } = await import("../lib/source/model_source.ts");
+  const dir = await Deno.makeTempDir();
+  try {
+    const fifo = `${dir}/pipe.gguf`;
+    const made = await new Deno.Command("mkfifo", { args: [fifo] }).output();
+    assertEquals(made.code, 0);
+    await assertRejects(
+      () => resolveModelSource(fifo),
+      Error,
+      `Cannot use "${fifo}" as a model: it is a FIFO (named pipe), not a regular file`,
+    );
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});

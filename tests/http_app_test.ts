@@ -705,3 +705,28 @@ Deno.test("a burst that fits the free running slots is served, not refused as ov
   assertEquals(statuses.filter((s) => s !== 200), [], `statuses: ${statuses.join(",")}`);
   for (const [, body] of answers) assertEquals(body.usage.completion_tokens, 4);
 });
+
+Deno.test("an SSE client that stops reading is cut after the stall timeout and its generation freed", async () => {
+  const tokenBytes = 65536;
+  await using svc = await startService(
+    { tokenDelayMs: 0, tokenPadding: tokenBytes, contextLength: 1 << 30, maxRunning: 1 },
+    { wsStallTimeoutMs: 1500 },
+  );
+  const conn = await Deno.connect({ hostname: "127.0.0.1", port: Number(new URL(svc.base).port) });
+  try {
+    const body = JSON.stringify({ prompt: "p", max_tokens: 1_000_000, stream: true });
+    await conn.write(new TextEncoder().encode(
+      `POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n` +
+        `Content-Length: ${body.length}\r\n\r\n${body}`,
+    ));
+    await waitUntil(() => svc.backend.tokensYielded > 0, "generation to start");
+    // The client reads nothing: its stream is cut and the core's only running slot freed.
+    await waitUntil(() => svc.backend.active === 0, "the stalled stream to be cut", 8000);
+    const res = await postJson(svc.base + "/v1/completions", { prompt: "next", max_tokens: 3 });
+    assertEquals(res.status, 200);
+    assertEquals((await res.json()).choices[0].finish_reason, "length");
+    assertEquals(metricValue(await scrape(svc.base), 'llm_errors_total{code="too_slow"}'), 1);
+  } finally {
+    conn.close();
+  }
+});

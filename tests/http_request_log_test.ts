@@ -192,7 +192,9 @@ Deno.test("the request id is on the request's llm.request span", async () => {
 
 Deno.test("--log-format off writes no request lines", async () => {
   const lines: string[] = [];
-  await using svc = await startService({}, { requestLog: new RequestLog("off", (l) => lines.push(l)) });
+  await using svc = await startService({}, {
+    requestLog: new RequestLog("off", (l) => lines.push(l)),
+  });
   const res = await postJson(svc.base + "/v1/completions", { prompt: "a", max_tokens: 1 });
   assertEquals(res.status, 200);
   // The id is still made and echoed.
@@ -238,4 +240,24 @@ Deno.test("RequestLog leaves successful probes out unless asked, and --log-level
   assertEquals(written({ level: "debug" }), sent.map((e) => `${e.route} ${e.status}`));
   assertEquals(written({ level: "warn", probes: true }), ["/ready 503", "/v1/completions 503"]);
   assertEquals(written({ level: "error" }), []);
+});
+
+Deno.test("formatText() quotes an id that could forge a line or carry terminal escapes", () => {
+  const entry = (id: string): RequestLogEntry => ({
+    time: "2026-12-01T09:00:00.000Z",
+    request_id: id,
+    method: "WS",
+    route: "/v1/stream",
+    status: 200,
+    total_ms: 1,
+  });
+  for (const id of ["a\n2026-12-01T09:00:01.000Z POST /admin 200", "\u001b[31mred", "a b", 'q"x']) {
+    const line = formatText(entry(id));
+    assertEquals(line.includes("\n"), false, line);
+    assertEquals(line.includes("\u001b"), false, line);
+    assertMatch(line, /id="/);
+    // The id survives, as JSON.
+    assertEquals(JSON.parse(/ id=(".*") total=/.exec(line)![1]!), id);
+  }
+  assertMatch(formatText(entry("sock-7.1/a")), / id=sock-7\.1\/a /);
 });

@@ -95,3 +95,156 @@ Deno.test("serveService() names the address it could not listen on", async () =>
     new RegExp(`Cannot listen on 127\\.0\\.0\\.1:${port}: .*in use.*--port`, "i"),
   );
 });
+
+/** Reads an SSE response until its first `data:` event, returning the text read so far. */
+async function firstEvent(reader: ReadableStreamDefaultReader<string>): Promise<string> {
+  let text = "";
+  while (!text.includes("\n\n")) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    text += value;
+  }
+  return text;
+}
+
+async function readRest(reader: ReadableStreamDefaultReader<string>, head: string) {
+  let text = head;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return text;
+    text += value;
+  }
+}
+
+Deno.test("SIGTERM: every HTTP and SSE answer whose generation finished reaches its client", async () => {
+  const { FakeCore } = await import("./_fake_core.ts");
+  const { parseSse } = await import("./_http_harness.ts");
+  await using oracle = new FakeCore({ contextLength: 1024 });
+  const { child, port, nextLine, lines } = await spawnServer(10_000);
+  const base = `http://127.0.0.1:${port}`;
+  const n = 4;
+  const maxTokens = 12;
+  const prompt = (i: number) => `answer number ${i}`;
+  const body = (i: number, stream: boolean) =>
+    JSON.stringify({ prompt: prompt(i), max_tokens: maxTokens, temperature: 0, stream });
+  const post = (i: number, stream: boolean) =>
+    fetch(`${base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: body(i, stream),
+    });
+  try {
+    const plain = Array.from({ length: n }, (_, i) => post(i, false));
+    const streams = await Promise.all(Array.from({ length: n }, (_, i) => post(n + i, true)));
+    const readers = streams.map((r) => r.body!.pipeThrough(new TextDecoderStream()).getReader());
+    const heads = await Promise.all(readers.map(firstEvent));
+    // All 2n generations are running (the SSE ones have produced a token): drain now.
+    const { metricValue, scrape } = await import("./_http_harness.ts");
+    assertEquals(metricValue(await scrape(base), "llm_inflight_generations"), 2 * n);
+    child.kill("SIGTERM");
+    const answers = await Promise.allSettled(plain.map(async (p) => (await p).json()));
+    const sse = await Promise.allSettled(readers.map((r, i) => readRest(r, heads[i]!)));
+    for (let i = 0; i < n; i++) {
+      const a = answers[i]!;
+      assertEquals(
+        a.status,
+        "fulfilled",
+        `plain answer ${i}: ${(a as PromiseRejectedResult).reason}`,
+      );
+      const json = (a as PromiseFulfilledResult<any>).value;
+      assertEquals(json.choices[0].text, oracle.continuation(prompt(i), maxTokens).text);
+      assertEquals(json.choices[0].finish_reason, "length");
+    }
+    for (let i = 0; i < n; i++) {
+      const s = sse[i]!;
+      assertEquals(
+        s.status,
+        "fulfilled",
+        `SSE answer ${i}: ${(s as PromiseRejectedResult).reason}`,
+      );
+      const events = parseSse((s as PromiseFulfilledResult<string>).value);
+      assertEquals(events.at(-1), "[DONE]");
+      const text = events.slice(0, -1).map((e: any) => e.choices[0].text).join("");
+      assertEquals(text, oracle.continuation(prompt(n + i), maxTokens).text);
+    }
+    assertEquals(await nextLine(), 'drained {"completed":true,"aborted":0}');
+    assertEquals((await child.status).code, 0);
+  } finally {
+    await lines.cancel();
+  }
+});
+
+Deno.test("SIGTERM: HTTP generations cut at the drain deadline get 503 draining, SSE an error event", async () => {
+  const { child, port, nextLine, lines } = await spawnServer(200);
+  const base = `http://127.0.0.1:${port}`;
+  const post = (stream: boolean) =>
+    fetch(`${base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ prompt: "never ends", max_tokens: 500, stream }),
+    });
+  try {
+    const plain = post(false);
+    const stream = await post(true);
+    const reader = stream.body!.pipeThrough(new TextDecoderStream()).getReader();
+    const head = await firstEvent(reader);
+    child.kill("SIGTERM");
+    const res = await plain;
+    assertEquals(res.status, 503);
+    assertEquals((await res.json()).error.code, "draining");
+    const { parseSse } = await import("./_http_harness.ts");
+    const events = parseSse(await readRest(reader, head));
+    assertEquals((events.at(-1) as any).error.code, "draining");
+    assertEquals(await nextLine(), 'drained {"completed":false,"aborted":2}');
+    assertEquals((await child.status).code, 0);
+  } finally {
+    await lines.cancel();
+  }
+});
+
+Deno.test("a connection that trickles its head past the header timeout is answered 408", async () => {
+  const { startService } = await import("./_http_harness.ts");
+  await using svc = await startService({}, {}, { headerTimeoutMs: 300 });
+  const port = Number(new URL(svc.base).port);
+  const answers = await Promise.all(Array.from({ length: 20 }, async () => {
+    const conn = await Deno.connect({ hostname: "127.0.0.1", port });
+    try {
+      await conn.write(
+        new TextEncoder().encode("GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "),
+      );
+      let text = "";
+      const buf = new Uint8Array(1024);
+      for (let n = await conn.read(buf); n !== null; n = await conn.read(buf)) {
+        text += new TextDecoder().decode(buf.subarray(0, n));
+      }
+      return text;
+    } catch (e) {
+      return `error: ${e}`;
+    } finally {
+      try {
+        conn.close();
+      } catch { /* closed by the server */ }
+    }
+  }));
+  for (const a of answers) assertMatch(a, /^HTTP\/1\.1 408 /);
+});
+
+Deno.test("an h2c upgrade (curl --http2) is refused at once with 400 saying to use HTTP/1.1", async () => {
+  const { rawHttp, startService } = await import("./_http_harness.ts");
+  await using svc = await startService();
+  const res = await rawHttp(
+    svc.base,
+    "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade, HTTP2-Settings\r\n" +
+      "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
+  );
+  assertEquals(res.status, 400, res.head);
+  const err = JSON.parse(res.body).error;
+  assertEquals(err.code, "invalid_request");
+  assertMatch(err.message, /"h2c" is not supported.*HTTP\/1\.1/);
+  // WebSocket upgrades still work.
+  const { TestSocket } = await import("./_http_harness.ts");
+  const ws = await TestSocket.open(svc.wsUrl);
+  ws.send({ type: "generate", id: "a", prompt: "hi", max_tokens: 2 });
+  assertEquals((await ws.collect("a")).at(-1)!.type, "done");
+  await ws.close();
+});

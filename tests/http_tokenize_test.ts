@@ -147,3 +147,20 @@ Deno.test("GET /props gives the model, its context, template, special tokens, li
   assertEquals(p.limits.max_body_bytes, 1 << 20);
   assertEquals(p.loaded, true);
 });
+
+Deno.test("/tokenize refuses text that cannot fit in the context before tokenizing it, naming the limit", async () => {
+  await using svc = serve();
+  const long = "Once upon a time ".repeat(40_000); // 680 KB
+  const messages = [{ role: "user", content: long }];
+  for (const body of [{ content: long }, { prompt: long }, { messages }]) {
+    const [status, json] = await post(svc.base, "/tokenize", body);
+    assertEquals(status, 400, JSON.stringify(json).slice(0, 200));
+    assertEquals(json.error.code, "context_length_exceeded");
+    assertStringIncludes(json.error.message, `context is ${model.config.contextLength} tokens`);
+    assertEquals(json.error.param, Object.keys(body)[0]);
+  }
+  // Text that fits is still tokenized.
+  const [status, json] = await post(svc.base, "/tokenize", { content: "Once upon a time" });
+  assertEquals(status, 200);
+  assertEquals(json.count, tokenizer.encode("Once upon a time", { bos: false }).length);
+});

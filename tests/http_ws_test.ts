@@ -1,6 +1,7 @@
 import { assert, assertEquals, assertGreater, assertLess, assertMatch } from "@std/assert";
 import {
   metricValue,
+  rawHttp,
   scrape,
   startService,
   type TestService,
@@ -424,5 +425,66 @@ Deno.test("/v1/stream lets a client reuse an id as soon as its done frame arrive
     assertEquals(new Set(svc.backend.requests.map((r) => r.requestId)).size, 2);
   } finally {
     await ws.close();
+  }
+});
+
+Deno.test("Upgrade: websocket without Connection: Upgrade is answered 400 naming the header, not 500", async () => {
+  await using svc = await startService();
+  const key = "dGhlIHNhbXBsZSBub25jZQ==";
+  const noConnection = await rawHttp(
+    svc.base,
+    `GET /v1/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n` +
+      `Sec-WebSocket-Key: ${key}\r\nSec-WebSocket-Version: 13\r\nConnection: close\r\n\r\n`,
+  );
+  assertEquals(noConnection.status, 400, noConnection.head);
+  assertEquals(JSON.parse(noConnection.body).error.code, "invalid_request");
+  assertMatch(JSON.parse(noConnection.body).error.message, /Connection: Upgrade/);
+});
+
+Deno.test("an idle WebSocket is closed with 1000 after the idle timeout; one running a generation is not", async () => {
+  await using svc = await startService({ tokenDelayMs: 30, contextLength: 1024 }, {
+    wsIdleTimeoutMs: 300,
+  });
+  const idle = await TestSocket.open(svc.wsUrl);
+  const busy = await TestSocket.open(svc.wsUrl);
+  try {
+    // 30 tokens at 30 ms: the generation outlives the idle timeout several times over.
+    busy.send({ type: "generate", id: "g", prompt: "keep going", max_tokens: 30 });
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const closed = await Promise.race([
+      idle.closed,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(
+          () => reject(new Error("the idle socket was still open after 5 s")),
+          5000,
+        );
+      }),
+    ]).finally(() => clearTimeout(timer));
+    assertEquals(closed.code, 1000);
+    assertMatch(closed.reason, /idle/);
+    const frames = await busy.collect("g");
+    assertEquals(frames.at(-1)!.finish_reason, "length");
+    assertEquals(frames.filter((f) => f.type === "token").length, 30);
+  } finally {
+    await idle.close();
+    await busy.close();
+  }
+});
+
+Deno.test("one client may hold only so many WebSockets: past it the upgrade is 429, and a closed one frees a place", async () => {
+  await using svc = await startService({}, { wsMaxPerClient: 3 });
+  const open = await Promise.all([0, 1, 2].map(() => TestSocket.open(svc.wsUrl)));
+  const upgrade = () =>
+    rawHttp(
+      svc.base,
+      `GET /v1/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n` +
+        `Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n`,
+    );
+  try {
+    assertEquals((await upgrade()).status, 429);
+    await open[0]!.close();
+    await waitUntil(async () => (await upgrade()).status === 101, "a place to free up");
+  } finally {
+    for (const s of open) await s.close();
   }
 });

@@ -37,3 +37,19 @@ Deno.test("PromptTokens.minTokens() never exceeds the real token count (prose, s
   // And it is a useful bound: a long prose prompt is bounded well above nothing.
   assertGreater(text.minTokens("Once upon a time ".repeat(1000)), 1000);
 });
+
+Deno.test("PromptTokens.tokenize() with special pieces and no BOS keeps a typed <s> (llama-server's parse_special)", async () => {
+  const { loadModel } = await import("../lib/model/load_model.ts");
+  const { assertEquals } = await import("@std/assert");
+  const model = await loadModel(modelFile("compat/tinyllama-like-q4_0.gguf"));
+  const tok = new Tokenizer(model.tokenizer!);
+  const text = new PromptTokens(tok);
+  // llama-server on this vocabulary: POST /tokenize {"content": "<s>Hi", "parse_special": true}.
+  assertEquals(text.tokenize("<s>Hi", { bos: false, special: true }), [1, 6324]);
+  assertEquals(text.tokenize("<s>Hi", { bos: false, special: true }), [
+    tok.bosId,
+    ...tok.encode("Hi", { bos: false }),
+  ]);
+  // Without parse_special the same text is characters.
+  assertEquals(text.tokenize("<s>Hi", { bos: false, special: false }).includes(tok.bosId), false);
+});

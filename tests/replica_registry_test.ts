@@ -64,3 +64,16 @@ Deno.test("routed prompts count as cached until a beat reports them, or for 30 s
   assertEquals(cachedOf().has(12), false, "12 never showed up in 30 s");
   assertEquals(reg.get("a")!.routed, 1);
 });
+
+Deno.test("replicas of two files with one name do not share a rotation: the model's identity decides", () => {
+  const reg = new ReplicaRegistry({ now: () => 0 });
+  // Heard before the router knew its model: both recorded.
+  reg.onHeartbeat(beat("bin", { model: "stories260K", modelId: "1057-aa-ctx512" }));
+  reg.onHeartbeat(beat("gguf", { model: "stories260K", modelId: "1185-bb-ctx128" }));
+  reg.model = "stories260K";
+  reg.modelId = "1057-aa-ctx512";
+  assertEquals(reg.inRotation().map((v) => v.id), ["bin"]);
+  reg.onHeartbeat(beat("gguf", { model: "stories260K", modelId: "1185-bb-ctx128" }));
+  reg.onHeartbeat(beat("bin2", { model: "stories260K", modelId: "1057-aa-ctx512" }));
+  assertEquals(reg.inRotation().map((v) => v.id), ["bin", "bin2"]);
+});

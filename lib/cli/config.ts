@@ -106,6 +106,11 @@ export const SETTINGS = {
     help: "serve /metrics without an API key",
     default: "false",
   },
+  cacheScope: {
+    env: "LLMSERVE_CACHE_SCOPE",
+    help: "who shares the result and prefix caches: key (each API key its own) | global",
+    default: "key",
+  },
   resultCache: {
     env: "LLMSERVE_RESULT_CACHE",
     help: "memory for cached answers to deterministic requests, e.g. 64MiB (0: off)",
@@ -239,6 +244,7 @@ export const ConfigSchema = z.object({
   // Off by default: benchmarks and soak runs repeat requests to measure the engine, and a
   // cache would answer them instead.
   resultCache: byteSize(D.resultCache.default),
+  cacheScope: z.enum(["key", "global"]).default(D.cacheScope.default),
   maxConnections: positiveInt().optional(),
   headerTimeout: seconds().default(D.headerTimeout.default),
   bodyTimeout: seconds().default(D.bodyTimeout.default),

@@ -16,6 +16,7 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "routing": "routing",
   "api-key": "apiKey",
   "drain-timeout": "drainTimeout",
+  "cache-scope": "cacheScope",
 };
 
 /** Where the router's flag means something other than the server's. */
@@ -93,6 +94,7 @@ export async function routerCommand(argv: string[]): Promise<number> {
     backend,
     metrics,
     apiKeys: config.apiKey,
+    cacheScope: config.cacheScope,
     drainTimeoutMs: config.drainTimeout * 1000,
   });
   const server = await serveService(service, {

@@ -63,6 +63,7 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "chat-template": "chatTemplate",
   "metrics-public": "metricsPublic",
   "result-cache": "resultCache",
+  "cache-scope": "cacheScope",
   "nats": "nats",
   "nats-creds": "natsCreds",
   "max-connections": "maxConnections",
@@ -328,6 +329,7 @@ async function start(
     backend,
     metrics,
     apiKeys: config.apiKey,
+    cacheScope: config.cacheScope,
     corsOrigins: config.corsOrigin,
     allowedHosts: config.allowedHost,
     drainTimeoutMs: config.drainTimeout * 1000,
@@ -350,6 +352,7 @@ async function start(
     core,
     model,
     blockSize: plan.blockSize,
+    modelPath: source.modelPath,
     log,
   });
   const c = model.config;
@@ -402,6 +405,7 @@ async function startReplica(
     core: ServingCore;
     model: Model;
     blockSize: number;
+    modelPath: string;
     log: (line: string) => void;
   },
 ) {
@@ -414,6 +418,8 @@ async function startReplica(
     blockSize: deps.blockSize,
     info: {
       modelName: backend.modelName,
+      // Without an id (the file cannot be read again) routers go by the name alone.
+      modelId: await modelIdentity(deps.modelPath, backend.contextLength).catch(() => undefined),
       contextLength: backend.contextLength,
       vocabSize: backend.vocabSize,
       bosToken: backend.bosToken,
@@ -494,4 +500,28 @@ async function warmUp(engine: Engine, bosId: number): Promise<void> {
     }],
   });
   engine.release?.(seqId);
+}
+
+/**
+ * A model's identity for routers: file size, the SHA-256 of its first 64 KiB (GGUF metadata,
+ * or a llama2.c header and first weights) and the context it is served with. A stem is not
+ * enough: stories260K.bin (context 512) and stories260K.gguf (context 128) share one.
+ */
+async function modelIdentity(path: string, contextLength: number): Promise<string> {
+  const file = await Deno.open(path);
+  try {
+    const size = (await file.stat()).size;
+    const head = new Uint8Array(Math.min(size, 64 * 1024));
+    let got = 0;
+    while (got < head.length) {
+      const n = await file.read(head.subarray(got));
+      if (n === null) break;
+      got += n;
+    }
+    const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", head.subarray(0, got)));
+    const hex = Array.from(digest.subarray(0, 8), (b) => b.toString(16).padStart(2, "0")).join("");
+    return `${size}-${hex}-ctx${contextLength}`;
+  } finally {
+    file.close();
+  }
 }

@@ -42,7 +42,12 @@ self.onmessage = async (e: MessageEvent) => {
           beat: beat++,
           stalledMs: Math.round(performance.now() - snapshotAt),
         };
-        nc.publish(subjects.announce, encodeMessage(hb));
+        try {
+          nc.publish(subjects.announce, encodeMessage(hb));
+        } catch (e) {
+          // A throw from this timer would end the worker, and its error the whole process.
+          console.error(`heartbeat not sent: ${(e as Error).message}`);
+        }
       };
       closeNats = async () => {
         await nc.flush().catch(() => {});

@@ -14,6 +14,27 @@ import { TokenizerWire } from "./tokenizer_wire.ts";
 const int = z.number().int();
 const nonNegative = int.nonnegative();
 
+/**
+ * Bounds on what a peer's arrays may hold, checked before their elements: zod reports an issue
+ * per bad element, and a 1 MB heartbeat of 100,000 bad hashes took 350–600 ms to parse.
+ * A replica sends at most 4096 hashes.
+ */
+const MAX_HASHES = 8192;
+const MAX_STREAMS = 65_536;
+
+/**
+ * One subject token (a replica or stream id): whatever a peer sends here becomes part of a
+ * subject this process publishes on, and a space or a dot in it made the publish throw (a
+ * heartbeat id with a space killed the router from its timer).
+ */
+export const SubjectToken = z.string().regex(/^[A-Za-z0-9_-]{1,128}$/, {
+  error: "expected 1 to 128 of A-Z a-z 0-9 _ -",
+});
+/** A whole subject to publish on: tokens joined by dots. */
+export const Subject = z.string().max(512).regex(/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$/, {
+  error: "expected dot-separated tokens of A-Z a-z 0-9 _ -",
+});
+
 export const SamplingSchema = z.object({
   temperature: z.number(),
   topK: nonNegative,
@@ -41,7 +62,7 @@ export type Load = z.infer<typeof LoadSchema>;
 
 export const HeartbeatSchema = z.object({
   type: z.literal("heartbeat"),
-  replica: z.string().min(1),
+  replica: SubjectToken,
   /** Increases by one per heartbeat; a restarted replica gets a new id, not a reset counter. */
   beat: nonNegative,
   /** The replica's own period, so a router can tell a late beat from a slow one. */
@@ -53,16 +74,22 @@ export const HeartbeatSchema = z.object({
   stalledMs: nonNegative,
   draining: z.boolean(),
   model: z.string(),
+  /**
+   * What the model is, not what it is called: file size, a hash of its first bytes and the
+   * context. Two files with one stem (stories260K.bin at context 512 and .gguf at 128) shared
+   * a rotation, and requests fit for one failed on the other.
+   */
+  modelId: z.string().max(256).optional(),
   load: LoadSchema,
   /** Prefix-cache summary: block size and chained hashes of cached blocks (newest last). */
-  prefix: z.object({ blockSize: int.positive(), hashes: z.array(int) }),
+  prefix: z.object({ blockSize: int.positive(), hashes: z.array(int).max(MAX_HASHES) }),
   /** Ids of the streams it is serving now: each router's per-stream liveness evidence. */
-  streamIds: z.array(z.string()),
+  streamIds: z.array(SubjectToken).max(MAX_STREAMS),
 });
 export type Heartbeat = z.infer<typeof HeartbeatSchema>;
 
 /** A replica's last word: it exits (sent after its drain, so routers drop it at once). */
-export const GoodbyeSchema = z.object({ type: z.literal("goodbye"), replica: z.string().min(1) });
+export const GoodbyeSchema = z.object({ type: z.literal("goodbye"), replica: SubjectToken });
 
 export const ReplicaAnnouncement = z.discriminatedUnion("type", [HeartbeatSchema, GoodbyeSchema]);
 export type ReplicaAnnouncement = z.infer<typeof ReplicaAnnouncement>;
@@ -74,9 +101,9 @@ export type ReplicaAnnouncement = z.infer<typeof ReplicaAnnouncement>;
  */
 export const GenerateSchema = z.object({
   type: z.literal("generate"),
-  stream: z.string().min(1),
+  stream: SubjectToken,
   /** Subject the frames go to. */
-  replyTo: z.string().min(1),
+  replyTo: Subject,
   prompt: z.array(nonNegative).min(1),
   maxTokens: int.positive(),
   sampling: SamplingSchema,
@@ -87,14 +114,18 @@ export const GenerateSchema = z.object({
   logprobs: z.boolean(),
   /** Frames the replica may send before waiting for a credit message. */
   credit: int.positive(),
+  /** The client's cache scope (GenerationRequest.cacheScope), if it has one. */
+  cacheScope: z.string().max(128).optional(),
 });
 export type Generate = z.infer<typeof GenerateSchema>;
 
 /** Router → replica: frames with seq < upTo may be sent (cumulative, so a lost one is harmless). */
 export const CreditSchema = z.object({
   type: z.literal("credit"),
-  stream: z.string().min(1),
+  stream: SubjectToken,
   upTo: nonNegative,
+  /** The seq the router waits for: below what the replica sent, frames were lost. */
+  next: nonNegative.optional(),
 });
 
 /**
@@ -103,11 +134,18 @@ export const CreditSchema = z.object({
  */
 export const CancelSchema = z.object({
   type: z.literal("cancel"),
-  stream: z.string().min(1),
+  stream: SubjectToken,
   how: z.enum(["cancel", "gone"]),
 });
 
-export const InfoRequestSchema = z.object({ type: z.literal("info") });
+/**
+ * Router → replica: one part of its info reply. A real vocabulary (Llama 3: 5.5 MiB as JSON,
+ * Qwen: 4.2 MiB) is over nats-server's stock max_payload (1 MiB), so the reply travels in parts.
+ */
+export const InfoRequestSchema = z.object({
+  type: z.literal("info"),
+  part: nonNegative.default(0),
+});
 
 export const ReplicaRequest = z.discriminatedUnion("type", [
   GenerateSchema,
@@ -150,7 +188,13 @@ export const GenerationEventSchema = z.discriminatedUnion("type", [
   }),
   z.object({
     type: z.literal("error"),
-    code: z.enum(["context_length_exceeded", "overloaded", "draining", "internal"]),
+    code: z.enum([
+      "context_length_exceeded",
+      "payload_too_large",
+      "overloaded",
+      "draining",
+      "internal",
+    ]),
     message: z.string(),
   }),
 ]);
@@ -158,7 +202,7 @@ export const GenerationEventSchema = z.discriminatedUnion("type", [
 /** Replica → router: one event of a stream, numbered from 0 so a gap is seen. */
 export const EventFrameSchema = z.object({
   type: z.literal("event"),
-  stream: z.string().min(1),
+  stream: SubjectToken,
   seq: nonNegative,
   event: GenerationEventSchema,
 });
@@ -171,6 +215,8 @@ export const InfoReply = z.object({
   type: z.literal("info"),
   replica: z.string(),
   modelName: z.string(),
+  /** See HeartbeatSchema.modelId. */
+  modelId: z.string().max(256).optional(),
   contextLength: int.positive(),
   vocabSize: int.positive(),
   bosToken: z.string(),
@@ -180,6 +226,20 @@ export const InfoReply = z.object({
   tokenizer: TokenizerWire,
 });
 export type InfoReply = z.infer<typeof InfoReply>;
+
+/**
+ * Replica → router: part `part` of `parts` of its {@link InfoReply} (JSON, `bytes` long in all),
+ * base64-encoded so its size is known before it is sent.
+ */
+export const InfoPart = z.object({
+  type: z.literal("info_part"),
+  replica: z.string(),
+  part: nonNegative,
+  parts: int.positive(),
+  bytes: nonNegative,
+  data: z.string(),
+});
+export type InfoPart = z.infer<typeof InfoPart>;
 
 /** Parses a message body or says what was wrong with it (for a log line; never thrown at a peer). */
 export function decodeMessage<T extends z.ZodType>(
@@ -194,10 +254,11 @@ export function decodeMessage<T extends z.ZodType>(
   }
   const parsed = schema.safeParse(json);
   if (!parsed.success) {
-    return {
-      ok: false,
-      error: parsed.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; "),
-    };
+    // A peer decides how many issues there are: name the first few, count the rest.
+    const issues = parsed.error.issues;
+    const named = issues.slice(0, 3).map((i) => `${i.path.join(".")}: ${i.message}`.slice(0, 200));
+    const more = issues.length > 3 ? `; and ${issues.length - 3} more issues` : "";
+    return { ok: false, error: named.join("; ") + more };
   }
   return { ok: true, value: parsed.data };
 }

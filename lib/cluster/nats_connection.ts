@@ -1,4 +1,9 @@
-import { connect, credsAuthenticator, type NatsConnection } from "@nats-io/transport-node";
+import {
+  connect,
+  credsAuthenticator,
+  type Msg,
+  type NatsConnection,
+} from "@nats-io/transport-node";
 
 export type { NatsConnection };
 
@@ -91,4 +96,63 @@ export async function connectNats(opts: NatsOptions): Promise<NatsConnection> {
     })().catch(() => {});
   }
   return nc;
+}
+
+/**
+ * A subscription callback that survives its handler. The client calls callbacks from its
+ * socket reader: a handler that throws (a publish over max_payload, a subject it refuses) ends
+ * that reader, and the connection stays up but deaf, while heartbeats from another thread
+ * still call it healthy. The error is reported instead.
+ */
+export function guarded(
+  handler: (msg: Msg) => void,
+  report: (err: unknown) => void,
+): (err: Error | null, msg: Msg) => void {
+  return (err, msg) => {
+    if (err !== null) return;
+    try {
+      handler(msg);
+    } catch (e) {
+      try {
+        report(e);
+      } catch { /* a failing report must not end the reader either */ }
+    }
+  };
+}
+
+/**
+ * A log for what peers send: lines cut to `maxChars`, and at most `perWindow` lines per
+ * `windowMs`; the rest are counted and the count is logged with the next line let through.
+ * A peer can send a malformed message at line rate, and one 1 MB message gave 33 MB of zod
+ * issues in one line.
+ */
+export function cappedLog(
+  log: (line: string) => void,
+  opts: { maxChars?: number; perWindow?: number; windowMs?: number; now?: () => number } = {},
+): (line: string) => void {
+  const maxChars = opts.maxChars ?? 300;
+  const perWindow = opts.perWindow ?? 10;
+  const windowMs = opts.windowMs ?? 10_000;
+  const now = opts.now ?? (() => performance.now());
+  let windowStart = -Infinity;
+  let inWindow = 0;
+  let suppressed = 0;
+  return (line) => {
+    const t = now();
+    if (t - windowStart >= windowMs) {
+      windowStart = t;
+      inWindow = 0;
+    }
+    if (inWindow >= perWindow) {
+      suppressed++;
+      return;
+    }
+    inWindow++;
+    const cut = line.length > maxChars
+      ? `${line.slice(0, maxChars)}… (${line.length} chars)`
+      : line;
+    const note = suppressed > 0 ? ` (${suppressed} similar lines suppressed before this one)` : "";
+    suppressed = 0;
+    log(cut + note);
+  };
 }

@@ -27,6 +27,11 @@ export class RemoteStream {
   readonly openedAt: number;
   /** Last frame, or last heartbeat listing this stream. */
   lastActivity: number;
+  /**
+   * Last frame (or the opening): a replica that lists the stream in every heartbeat but sends
+   * nothing (a hung engine step, frames lost in a reconnect) is seen by this alone.
+   */
+  lastFrameAt: number;
   /** The consumer's last look at its credit (resent when the stream is quiet). */
   lastGrantAt: number;
   #queue: GenerationEvent[] = [];
@@ -47,7 +52,11 @@ export class RemoteStream {
     this.#granted = opts.window;
     this.#sendCredit = opts.sendCredit;
     this.#now = opts.now ?? (() => performance.now());
-    this.openedAt = this.lastActivity = this.lastGrantAt = this.#now();
+    this.openedAt =
+      this.lastActivity =
+      this.lastFrameAt =
+      this.lastGrantAt =
+        this.#now();
   }
 
   get lost(): boolean {
@@ -66,7 +75,7 @@ export class RemoteStream {
       return;
     }
     this.#nextSeq++;
-    this.lastActivity = this.#now();
+    this.lastActivity = this.lastFrameAt = this.#now();
     this.#queue.push(event);
     if (event.type === "done" || event.type === "error") this.#ended = true;
     this.#wakeUp();
@@ -83,7 +92,17 @@ export class RemoteStream {
     this.#wakeUp();
   }
 
-  /** Sends the current grant again (a lost credit message would stall the stream for good). */
+  /** The seq of the next frame this end waits for. */
+  get nextSeq(): number {
+    return this.#nextSeq;
+  }
+
+  /**
+   * Sends the current grant again, with the next frame expected: a lost credit message would
+   * stall the stream for good, and a replica that sent frames which never arrived (lost in a
+   * reconnect) learns so from `next` and gives the stream up, instead of waiting for credit
+   * the same `upTo` never gives.
+   */
   regrant(): void {
     this.lastGrantAt = this.#now();
     this.#sendCredit(this.#granted);

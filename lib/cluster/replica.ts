@@ -9,8 +9,9 @@ import {
   type Load,
   ReplicaRequest,
 } from "./messages.ts";
+import { infoPartRanges, toBase64 } from "./info_parts.ts";
 import { subjects } from "./subjects.ts";
-import type { NatsOptions } from "./nats_connection.ts";
+import { cappedLog, guarded, type NatsOptions } from "./nats_connection.ts";
 
 /** What a replica reports and serves, taken from the running server. */
 export interface ReplicaSource {
@@ -40,6 +41,9 @@ class ServedStream {
   readonly ctrl = new AbortController();
   upTo: number;
   gone = false;
+  /** Frames published so far, and when the last one was. */
+  sent = 0;
+  sentAt = 0;
   #wake: (() => void) | undefined;
 
   constructor(readonly msg: Generate) {
@@ -93,6 +97,8 @@ export class ReplicaAgent {
   readonly #maxHashes: number;
   readonly #creditTimeoutMs: number;
   readonly #log: (line: string) => void;
+  /** For what peers cause: capped, since a peer decides how often and how long. */
+  readonly #peerLog: (line: string) => void;
   readonly #streams = new Map<string, ServedStream>();
   readonly #running = new Set<Promise<void>>();
   #sub: Subscription | undefined;
@@ -100,6 +106,7 @@ export class ReplicaAgent {
   #beat = 0;
   #draining = false;
   #worker: Worker | undefined;
+  #info: { bytes: Uint8Array; ranges: Array<[number, number]> } | undefined;
 
   constructor(nc: NatsConnection, source: ReplicaSource, opts: ReplicaAgentOptions) {
     this.#nc = nc;
@@ -109,6 +116,7 @@ export class ReplicaAgent {
     this.#maxHashes = opts.maxHashes ?? 4096;
     this.#creditTimeoutMs = opts.creditTimeoutMs ?? 30_000;
     this.#log = opts.log ?? (() => {});
+    this.#peerLog = cappedLog(this.#log);
   }
 
   get streams(): number {
@@ -126,9 +134,10 @@ export class ReplicaAgent {
    */
   async start(workerNats?: NatsOptions): Promise<void> {
     this.#sub = this.#nc.subscribe(subjects.requests(this.id), {
-      callback: (err, msg) => {
-        if (err === null) this.#onRequest(msg);
-      },
+      callback: guarded(
+        (msg) => this.#onRequest(msg),
+        (e) => this.#peerLog(`replica ${this.id}: a request failed: ${(e as Error).message}`),
+      ),
     });
     await this.#nc.flush();
     if (workerNats !== undefined) {
@@ -184,7 +193,11 @@ export class ReplicaAgent {
       w.terminate();
     }
     if (!this.#nc.isClosed()) {
-      this.#nc.publish(subjects.announce, encodeMessage({ type: "goodbye", replica: this.id }));
+      try {
+        this.#nc.publish(subjects.announce, encodeMessage({ type: "goodbye", replica: this.id }));
+      } catch (e) {
+        this.#log(`replica ${this.id}: goodbye not sent: ${(e as Error).message}`);
+      }
       this.#sub?.unsubscribe();
       await this.#nc.flush().catch(() => {});
     }
@@ -199,7 +212,11 @@ export class ReplicaAgent {
       return;
     }
     const hb: Heartbeat = { ...this.#snapshot(), beat: this.#beat++, stalledMs: 0 };
-    this.#nc.publish(subjects.announce, encodeMessage(hb));
+    try {
+      this.#nc.publish(subjects.announce, encodeMessage(hb));
+    } catch (e) {
+      this.#peerLog(`replica ${this.id}: cannot send a heartbeat: ${(e as Error).message}`);
+    }
   }
 
   #snapshot(): Omit<Heartbeat, "beat" | "stalledMs"> {
@@ -209,6 +226,7 @@ export class ReplicaAgent {
       intervalMs: this.#heartbeatMs,
       draining: this.#draining,
       model: this.#src.info.modelName,
+      modelId: this.#src.info.modelId,
       load: { ...this.#src.load(), streams: this.#streams.size },
       prefix: {
         blockSize: this.#src.blockSize,
@@ -218,20 +236,67 @@ export class ReplicaAgent {
     };
   }
 
+  /** The info reply, encoded once and split for the connection's max_payload. */
+  #infoParts(): { bytes: Uint8Array; ranges: Array<[number, number]> } {
+    if (this.#info === undefined) {
+      const bytes = encodeMessage({ type: "info", replica: this.id, ...this.#src.info });
+      const maxPayload = this.#nc.info?.max_payload ?? 1 << 20;
+      this.#info = { bytes, ranges: infoPartRanges(bytes.length, maxPayload) };
+    }
+    return this.#info;
+  }
+
   #onRequest(msg: Msg): void {
     const parsed = decodeMessage(ReplicaRequest, msg.data);
     if (!parsed.ok) {
-      this.#log(`replica ${this.id}: ignored a malformed request: ${parsed.error}`);
+      this.#peerLog(`replica ${this.id}: ignored a malformed request: ${parsed.error}`);
       return;
     }
     const req = parsed.value;
     switch (req.type) {
-      case "info":
-        msg.respond(encodeMessage({ type: "info", replica: this.id, ...this.#src.info }));
+      case "info": {
+        const parts = this.#infoParts();
+        const range = parts.ranges[req.part];
+        if (range === undefined) {
+          this.#peerLog(
+            `replica ${this.id}: ignored a request for info part ${req.part} of ` +
+              `${parts.ranges.length}`,
+          );
+          return;
+        }
+        msg.respond(encodeMessage({
+          type: "info_part",
+          replica: this.id,
+          part: req.part,
+          parts: parts.ranges.length,
+          bytes: parts.bytes.length,
+          data: toBase64(parts.bytes.subarray(range[0], range[1])),
+        }));
         return;
-      case "credit":
-        this.#streams.get(req.stream)?.grant(req.upTo);
+      }
+      case "credit": {
+        const s = this.#streams.get(req.stream);
+        if (s === undefined) return;
+        // Frames in flight are microseconds old: only ones unacknowledged for a second, on a
+        // stream waiting for credit, count as lost.
+        if (
+          req.next !== undefined && req.next < s.sent && s.sent >= s.upTo &&
+          performance.now() - s.sentAt > 1000
+        ) {
+          // Frames it sent never reached the router (lost across a reconnect): the stream
+          // cannot go on, and waiting for credit would hold it until the credit timeout. Given
+          // up, it leaves the heartbeats and the router fails over at once, exactly.
+          this.#log(
+            `replica ${this.id}: stream ${req.stream} lost frames ${req.next}..${
+              s.sent - 1
+            } on the way; giving it up`,
+          );
+          s.abandon();
+          return;
+        }
+        s.grant(req.upTo);
         return;
+      }
       case "cancel": {
         const s = this.#streams.get(req.stream);
         if (s === undefined) return;
@@ -256,11 +321,27 @@ export class ReplicaAgent {
   async #serve(s: ServedStream): Promise<void> {
     const m = s.msg;
     let seq = 0;
+    // A publish that throws (the connection closed, a frame over max_payload) must not leave
+    // the catch below throwing again: that was an unhandled rejection, the end of the process.
+    let sendFailed = false;
     const send = (event: GenerationEvent) => {
-      this.#nc.publish(
-        m.replyTo,
-        encodeMessage({ type: "event", stream: m.stream, seq: seq++, event }),
-      );
+      if (sendFailed || this.#nc.isClosed()) return;
+      try {
+        this.#nc.publish(
+          m.replyTo,
+          encodeMessage({ type: "event", stream: m.stream, seq: seq++, event }),
+        );
+        s.sent = seq;
+        s.sentAt = performance.now();
+      } catch (e) {
+        sendFailed = true;
+        this.#peerLog(
+          `replica ${this.id}: cannot send stream ${m.stream} to ${m.replyTo}: ${
+            (e as Error).message
+          }`,
+        );
+        s.ctrl.abort("cannot reach the router");
+      }
     };
     if (this.#draining) {
       send({
@@ -279,21 +360,20 @@ export class ReplicaAgent {
       priority: m.priority,
       requestId: m.requestId,
       logprobs: m.logprobs,
+      cacheScope: m.cacheScope,
     }, s.ctrl.signal)[Symbol.asyncIterator]();
     try {
       for (;;) {
         const next = await events.next();
         if (next.done) return;
         if (!await s.creditFor(seq, this.#creditTimeoutMs)) return;
-        if (this.#nc.isClosed()) return;
+        if (this.#nc.isClosed() || sendFailed) return;
         send(next.value);
         if (next.value.type === "done" || next.value.type === "error") return;
       }
     } catch (e) {
       this.#log(`replica ${this.id}: stream ${m.stream} failed: ${(e as Error).message}`);
-      if (!this.#nc.isClosed()) {
-        send({ type: "error", code: "internal", message: `Generation failed: ${e}` });
-      }
+      send({ type: "error", code: "internal", message: `Generation failed: ${e}` });
     } finally {
       // Leaving early (credit never came, router gone) frees the sequence's KV blocks.
       await events.return?.(undefined);

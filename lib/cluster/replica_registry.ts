@@ -35,6 +35,8 @@ export interface RegistryOptions {
   readonly now?: () => number;
   /** Replicas serving another model are never used; the first one seen decides (or this). */
   readonly model?: string;
+  /** ...and, when replicas report it, the model's identity (HeartbeatSchema.modelId). */
+  readonly modelId?: string;
   readonly log?: (line: string) => void;
 }
 
@@ -52,6 +54,7 @@ export class ReplicaRegistry {
   readonly #now: () => number;
   readonly #log: (line: string) => void;
   #model: string | undefined;
+  #modelId: string | undefined;
   readonly #foreign = new Set<string>();
 
   constructor(opts: RegistryOptions = {}) {
@@ -59,6 +62,7 @@ export class ReplicaRegistry {
     this.#stalledAfterMs = opts.stalledAfterMs ?? 15_000;
     this.#now = opts.now ?? (() => performance.now());
     this.#model = opts.model;
+    this.#modelId = opts.modelId;
     this.#log = opts.log ?? (() => {});
   }
 
@@ -68,6 +72,26 @@ export class ReplicaRegistry {
 
   set model(name: string | undefined) {
     this.#model = name;
+    this.#dropForeign();
+  }
+
+  get modelId(): string | undefined {
+    return this.#modelId;
+  }
+
+  set modelId(id: string | undefined) {
+    this.#modelId = id;
+    this.#dropForeign();
+  }
+
+  /** Views recorded before the model was known that turn out to serve another one. */
+  #dropForeign(): void {
+    for (const [id, v] of this.#views) if (!this.#serves(v.heartbeat)) this.#views.delete(id);
+  }
+
+  #serves(hb: Heartbeat): boolean {
+    return (this.#model === undefined || hb.model === this.#model) &&
+      (this.#modelId === undefined || hb.modelId === this.#modelId);
   }
 
   get(id: string): ReplicaView | undefined {
@@ -76,12 +100,14 @@ export class ReplicaRegistry {
 
   /** Records a heartbeat; returns the view (new or updated), or undefined for a foreign model. */
   onHeartbeat(hb: Heartbeat): ReplicaView | undefined {
-    if (this.#model !== undefined && hb.model !== this.#model) {
+    if (!this.#serves(hb)) {
       if (!this.#foreign.has(hb.replica)) {
         this.#foreign.add(hb.replica);
         this.#log(
-          `replica ${hb.replica} serves model ${JSON.stringify(hb.model)}, not ` +
-            `${JSON.stringify(this.#model)}: it gets no traffic from this router`,
+          `replica ${hb.replica} serves model ${JSON.stringify(hb.model)} (${
+            hb.modelId ?? "no id"
+          }), not ${JSON.stringify(this.#model)} (${this.#modelId ?? "no id"}): it gets no ` +
+            "traffic from this router",
         );
       }
       return undefined;

@@ -5,7 +5,7 @@ import type {
   GenerationEvent,
   GenerationRequest,
 } from "../core/generation.ts";
-import { prefixBlockHashes } from "../core/block_allocator.ts";
+import { cacheScopeRoot, prefixBlockHashes } from "../core/block_allocator.ts";
 import type { Counter, Gauge } from "../http/metrics.ts";
 import type { ServiceMetrics } from "../http/service_metrics.ts";
 import { PromptTokens } from "../serving/prompt_tokens.ts";
@@ -14,10 +14,12 @@ import {
   decodeMessage,
   encodeMessage,
   type Generate,
-  InfoReply,
+  type InfoReply,
   ReplicaAnnouncement,
   StreamFrame,
 } from "./messages.ts";
+import { requestInfo } from "./info_parts.ts";
+import { cappedLog, guarded } from "./nats_connection.ts";
 import { RemoteStream } from "./remote_stream.ts";
 import { tokenizerFromWire } from "./tokenizer_wire.ts";
 import { ReplicaRegistry } from "./replica_registry.ts";
@@ -32,11 +34,18 @@ export interface RouterOptions {
   readonly staleAfterMs?: number;
   /** How long a stream that lost its replica waits for another one (default 30 s). */
   readonly failoverWaitMs?: number;
+  /**
+   * A stream with no frame for this long is lost even while its replica's heartbeats list it
+   * (a hung engine step looks alive; default 30 s): it fails over to another replica.
+   */
+  readonly progressTimeoutMs?: number;
   /** Frames a replica may send ahead of the client (default 64). */
   readonly window?: number;
   /** Share the HTTP app's metrics to add the router's own series to /metrics. */
   readonly metrics?: ServiceMetrics;
   readonly log?: (line: string) => void;
+  /** Where what peers cause is logged (default: `log`, capped). */
+  readonly peerLog?: (line: string) => void;
 }
 
 interface RouterMetrics {
@@ -71,11 +80,15 @@ function routerMetrics(m: ServiceMetrics): RouterMetrics {
     ),
     lostStreams: r.counter(
       "llm_router_lost_streams_total",
-      "Streams given up, by why (silent: no frame or heartbeat; gap: frames lost).",
+      "Streams given up, by why (silent: no frame or heartbeat; gap: frames lost; " +
+        "no_progress: listed by its replica but no frame).",
       ["why"],
     ),
   };
 }
+
+/** Starts the reason of a stream lost for making no progress (its replica is avoided). */
+const NO_PROGRESS = "no progress";
 
 /** How long after opening a stream its replica's heartbeats may still omit it. */
 const UNLISTED_GRACE_MS = 5000;
@@ -110,9 +123,11 @@ export class RouterBackend implements GenerationBackend {
   readonly #policy: RoutingPolicy;
   readonly #streamTimeoutMs: number;
   readonly #failoverWaitMs: number;
+  readonly #progressTimeoutMs: number;
   readonly #window: number;
   readonly #metrics?: RouterMetrics;
   readonly #log: (line: string) => void;
+  readonly #peerLog: (line: string) => void;
   readonly #streams = new Map<string, RemoteStream>();
   readonly #subs: Subscription[];
   readonly #timer: ReturnType<typeof setInterval>;
@@ -139,19 +154,27 @@ export class RouterBackend implements GenerationBackend {
     this.#policy = opts.policy ?? "prefix";
     this.#streamTimeoutMs = opts.streamTimeoutMs ?? 1500;
     this.#failoverWaitMs = opts.failoverWaitMs ?? 30_000;
+    this.#progressTimeoutMs = opts.progressTimeoutMs ?? 30_000;
     this.#window = opts.window ?? 64;
     this.#metrics = opts.metrics === undefined ? undefined : routerMetrics(opts.metrics);
     this.#log = opts.log ?? (() => {});
+    const peerLog = this.#peerLog = opts.peerLog ?? cappedLog(this.#log);
     const frames = nc.subscribe(subjects.frames(this.id), {
-      callback: (err, msg) => {
-        if (err !== null) return;
+      callback: guarded((msg) => {
         const f = decodeMessage(StreamFrame, msg.data);
-        if (!f.ok) return this.#log(`router: ignored a malformed frame: ${f.error}`);
+        if (!f.ok) return peerLog(`router: ignored a malformed frame: ${f.error}`);
         this.#streams.get(f.value.stream)?.onFrame(f.value.seq, f.value.event);
-      },
+      }, (e) => peerLog(`router: handling a frame failed: ${(e as Error).message}`)),
     });
     this.#subs = [announcements, frames];
-    this.#timer = setInterval(() => this.#watch(), 100);
+    this.#timer = setInterval(() => {
+      try {
+        this.#watch();
+      } catch (e) {
+        // An exception out of a timer ends the process: the router must outlive a bad tick.
+        peerLog(`router: the stream watch failed: ${(e as Error).message}`);
+      }
+    }, 100);
   }
 
   /**
@@ -168,24 +191,17 @@ export class RouterBackend implements GenerationBackend {
     let infoAsked: Promise<InfoReply | undefined> | undefined;
     const askInfo = async (replica: string): Promise<InfoReply | undefined> => {
       try {
-        const reply = await nc.request(
-          subjects.requests(replica),
-          encodeMessage({ type: "info" }),
-          { timeout: 3000 },
-        );
-        const info = decodeMessage(InfoReply, reply.data);
-        if (!info.ok) log(`router: replica ${replica} sent a malformed info reply: ${info.error}`);
-        return info.ok ? info.value : undefined;
+        return await requestInfo(nc, replica, 3000);
       } catch (e) {
-        log(`router: replica ${replica} did not answer an info request: ${(e as Error).message}`);
+        log(`router: replica ${replica} did not give its info: ${(e as Error).message}`);
         return undefined;
       }
     };
+    const peerLog = cappedLog(log);
     const announcements = nc.subscribe(subjects.announce, {
-      callback: (err, msg) => {
-        if (err !== null) return;
+      callback: guarded((msg) => {
         const a = decodeMessage(ReplicaAnnouncement, msg.data);
-        if (!a.ok) return log(`router: ignored a malformed announcement: ${a.error}`);
+        if (!a.ok) return peerLog(`router: ignored a malformed announcement: ${a.error}`);
         if (a.value.type === "goodbye") {
           if (router) router.#onGoodbye(a.value.replica);
           else registry.onGoodbye(a.value.replica);
@@ -199,7 +215,7 @@ export class RouterBackend implements GenerationBackend {
           });
         }
         registry.onHeartbeat(a.value);
-      },
+      }, (e) => peerLog(`router: handling an announcement failed: ${(e as Error).message}`)),
     });
     const waitMs = opts.waitMs ?? 60_000;
     const deadline = performance.now() + waitMs;
@@ -207,7 +223,8 @@ export class RouterBackend implements GenerationBackend {
       const info = await infoAsked;
       if (info !== undefined) {
         registry.model = info.modelName;
-        router = new RouterBackend(nc, info, registry, announcements, opts);
+        registry.modelId = info.modelId;
+        router = new RouterBackend(nc, info, registry, announcements, { ...opts, peerLog });
         return router;
       }
       if (performance.now() > deadline) {
@@ -318,7 +335,15 @@ export class RouterBackend implements GenerationBackend {
             Math.round(now - s.lastActivity)
           } ms`,
         );
-      } else if (now - s.lastGrantAt > 500 && now - s.lastActivity > 250) {
+      } else if (now - s.lastFrameAt > this.#progressTimeoutMs) {
+        this.#metrics?.lostStreams.inc({ why: "no_progress" });
+        s.lose(
+          `${NO_PROGRESS}: replica ${s.replica} lists the stream but sent no frame for ${
+            Math.round(now - s.lastFrameAt)
+          } ms`,
+        );
+      } else if (now - s.lastGrantAt > 500 && now - s.lastFrameAt > 250) {
+        // Heartbeats listing the stream keep lastActivity fresh: quiet means no frame.
         s.regrant();
       }
     }
@@ -340,31 +365,32 @@ export class RouterBackend implements GenerationBackend {
   }
 
   #cancel(s: RemoteStream, how: "cancel" | "gone"): void {
-    if (this.#nc.isClosed()) return;
-    this.#nc.publish(
-      subjects.requests(s.replica),
-      encodeMessage({ type: "cancel", stream: s.id, how }),
-    );
+    this.#publish(subjects.requests(s.replica), { type: "cancel", stream: s.id, how });
   }
 
-  #open(replica: string, body: Omit<Generate, "type" | "stream" | "replyTo" | "credit">) {
+  /**
+   * A publish from a timer or a callback: one that throws there ends the process (a heartbeat
+   * with a space in its id made the credit refresh throw InvalidSubjectError), so it is logged.
+   */
+  #publish(subject: string, message: unknown): void {
+    if (this.#nc.isClosed()) return;
+    try {
+      this.#nc.publish(subject, encodeMessage(message));
+    } catch (e) {
+      this.#peerLog(`router: cannot publish on ${subject}: ${(e as Error).message}`);
+    }
+  }
+
+  /**
+   * Sends a generate request and registers its stream, or answers why it cannot be sent: a
+   * request over the server's max_payload is refused before anything is counted (the publish
+   * threw after the replica's slot was taken, so slots leaked until every request got 503).
+   */
+  #open(
+    replica: string,
+    body: Omit<Generate, "type" | "stream" | "replyTo" | "credit">,
+  ): RemoteStream | Extract<GenerationEvent, { type: "error" }> {
     const id = randomId("s");
-    const stream = new RemoteStream({
-      id,
-      replica,
-      window: this.#window,
-      sendCredit: (upTo) => {
-        if (!this.#nc.isClosed()) {
-          this.#nc.publish(
-            subjects.requests(replica),
-            encodeMessage({ type: "credit", stream: id, upTo }),
-          );
-        }
-      },
-    });
-    this.#streams.set(id, stream);
-    const view = this.registry.get(replica);
-    if (view) view.open++;
     const msg: Generate = {
       type: "generate",
       stream: id,
@@ -372,7 +398,42 @@ export class RouterBackend implements GenerationBackend {
       credit: this.#window,
       ...body,
     };
-    this.#nc.publish(subjects.requests(replica), encodeMessage(msg));
+    const bytes = encodeMessage(msg);
+    const maxPayload = this.#nc.info?.max_payload ?? 1 << 20;
+    if (bytes.length > maxPayload) {
+      return {
+        type: "error",
+        code: "payload_too_large",
+        message: `The request is ${bytes.length} bytes as sent to a replica (prompt as ` +
+          `${body.prompt.length} token ids, ${body.stop.length} stop strings of ` +
+          `${body.stop.reduce((n, s) => n + s.length, 0)} characters), over the NATS server's ` +
+          `max_payload of ${maxPayload} bytes; shorten the prompt or the stop strings`,
+      };
+    }
+    const stream = new RemoteStream({
+      id,
+      replica,
+      window: this.#window,
+      sendCredit: (upTo) =>
+        this.#publish(subjects.requests(replica), {
+          type: "credit",
+          stream: id,
+          upTo,
+          next: stream.nextSeq,
+        }),
+    });
+    try {
+      this.#nc.publish(subjects.requests(replica), bytes);
+    } catch (e) {
+      return {
+        type: "error",
+        code: "internal",
+        message: `Cannot send the request to replica ${replica}: ${(e as Error).message}`,
+      };
+    }
+    this.#streams.set(id, stream);
+    const view = this.registry.get(replica);
+    if (view) view.open++;
     return stream;
   }
 
@@ -432,7 +493,10 @@ export class RouterBackend implements GenerationBackend {
         const hashes = new Map<number, number[]>();
         const hashesFor = (blockSize: number) => {
           let h = hashes.get(blockSize);
-          if (h === undefined) hashes.set(blockSize, h = prefixBlockHashes(prompt, blockSize));
+          if (h === undefined) {
+            h = prefixBlockHashes(prompt, blockSize, cacheScopeRoot(req.cacheScope));
+            hashes.set(blockSize, h);
+          }
           return h;
         };
         const choice = chooseReplica(this.registry.candidates(hashesFor, refused), {
@@ -473,7 +537,7 @@ export class RouterBackend implements GenerationBackend {
         );
         this.#metrics?.routed.inc({ reason: choice.reason });
         this.#metrics?.byReplica.inc({ replica: choice.id });
-        const stream = current = this.#open(choice.id, {
+        const opened = this.#open(choice.id, {
           prompt,
           maxTokens: left,
           sampling: req.sampling,
@@ -482,7 +546,13 @@ export class RouterBackend implements GenerationBackend {
           priority: req.priority,
           requestId: req.requestId,
           logprobs: req.logprobs ?? false,
+          cacheScope: req.cacheScope,
         });
+        if (!(opened instanceof RemoteStream)) {
+          yield opened;
+          return;
+        }
+        const stream = current = opened;
         const before = delivered.length;
         let lostWhy: string | undefined;
         try {
@@ -537,6 +607,8 @@ export class RouterBackend implements GenerationBackend {
         }
         if (lostWhy !== undefined) {
           if (lostWhy.includes("arrived where")) this.#metrics?.lostStreams.inc({ why: "gap" });
+          // A replica that stopped making progress may look healthy: not this one again.
+          if (lostWhy.startsWith(NO_PROGRESS)) refused.add(choice.id);
           if (signal.aborted) continue;
           this.failovers++;
           this.#metrics?.failovers.inc();

@@ -5,6 +5,11 @@ export interface KvSeq {
   readonly seqId: number;
   /** Prompt, then generated tokens the CPU has seen (may run ahead of the scheduled slots). */
   readonly tokens: readonly number[];
+  /**
+   * Root of its blocks' hash chain ({@link cacheScopeRoot}): sequences share cached blocks
+   * only within one root, so one API key's prompts are never another's cache hits.
+   */
+  readonly cacheRoot?: number;
 }
 
 export interface BlockAllocatorOptions {
@@ -41,6 +46,8 @@ interface SeqBlocks {
   numTokens: number;
   /** Leading full blocks already published in (or taken from) the prefix cache. */
   numHashed: number;
+  /** Its chain's root ({@link KvSeq.cacheRoot}). */
+  readonly root: number;
   /** Chained hash of the last hashed block. */
   lastHash: number;
   /** Tokens whose KV came from the prefix cache at the first allocation. */
@@ -51,6 +58,8 @@ interface SeqBlocks {
 interface CachedBlock {
   readonly hash: number;
   readonly parent: number;
+  /** The chain's root: a first block is confirmed by it too, not by its hash alone. */
+  readonly root: number;
   readonly tokens: Int32Array;
 }
 
@@ -58,14 +67,31 @@ const ROOT_HASH = 0x6a09e667;
 const NO_PARENT = -1;
 
 /**
+ * The hash-chain root of a cache scope (an API key's, or "" for the shared one): blocks are
+ * named by chains from their scope's root, so a prompt under one scope never finds another's
+ * cached blocks, and `cached_tokens` cannot confirm another tenant's prompt block by block.
+ */
+export function cacheScopeRoot(scope: string | undefined): number {
+  if (scope === undefined || scope === "") return ROOT_HASH;
+  let h = ROOT_HASH ^ 0x5be0cd19;
+  for (let i = 0; i < scope.length; i++) h = hash32(h ^ scope.charCodeAt(i), i);
+  // Never the shared root, whatever the scope.
+  return h === ROOT_HASH ? h ^ 1 : h;
+}
+
+/**
  * The chained hashes of a token sequence's full blocks, as the prefix cache names them: entry i
  * identifies blocks 0..i. A router compares them with a replica's {@link
  * BlockAllocator.cachedBlockHashes} to guess how much of a prompt that replica has cached.
  * Like a lookup, the last token is never counted (one token is always computed).
  */
-export function prefixBlockHashes(tokens: readonly number[], blockSize: number): number[] {
+export function prefixBlockHashes(
+  tokens: readonly number[],
+  blockSize: number,
+  root = ROOT_HASH,
+): number[] {
   const out: number[] = [];
-  let h = ROOT_HASH;
+  let h = root;
   const n = Math.floor((tokens.length - 1) / blockSize);
   for (let i = 0; i < n; i++) {
     h = blockHash(h, tokens, i * blockSize, (i + 1) * blockSize);
@@ -200,7 +226,14 @@ export class BlockAllocator {
     let claimedFromFree = 0;
     for (const b of prefix) if (this.#refCount[b] === 0) claimedFromFree++;
     if (need > this.numFreeBlocks - claimedFromFree - reserve) return null;
-    own = { blocks: [], numTokens: 0, numHashed: 0, lastHash: ROOT_HASH, cachedTokens: 0 };
+    own = {
+      blocks: [],
+      numTokens: 0,
+      numHashed: 0,
+      root: seq.cacheRoot ?? ROOT_HASH,
+      lastHash: seq.cacheRoot ?? ROOT_HASH,
+      cachedTokens: 0,
+    };
     this.#seqs.set(seq.seqId, own);
     for (const b of prefix) {
       this.#retain(b);
@@ -296,7 +329,8 @@ export class BlockAllocator {
     const found: number[] = [];
     if (!this.prefixCaching) return found;
     const maxBlocks = Math.floor((seq.tokens.length - 1) / this.blockSize);
-    let parentHash = ROOT_HASH;
+    const root = seq.cacheRoot ?? ROOT_HASH;
+    let parentHash = root;
     let parentBlock = NO_PARENT;
     for (let i = 0; i < maxBlocks; i++) {
       const from = i * this.blockSize, to = from + this.blockSize;
@@ -304,7 +338,9 @@ export class BlockAllocator {
       const b = this.#cachedByHash.get(h);
       if (b === undefined) break;
       const c = this.#cached[b]!;
-      if (c.parent !== parentBlock || !sameTokens(c.tokens, seq.tokens, from)) break;
+      if (c.parent !== parentBlock || c.root !== root || !sameTokens(c.tokens, seq.tokens, from)) {
+        break;
+      }
       found.push(b);
       parentHash = h;
       parentBlock = b;
@@ -326,6 +362,7 @@ export class BlockAllocator {
         this.#cached[b] = {
           hash: h,
           parent: i === 0 ? NO_PARENT : own.blocks[i - 1]!,
+          root: own.root,
           tokens: Int32Array.from(seq.tokens.slice(from, to)),
         };
         this.#cachedByHash.set(h, b);

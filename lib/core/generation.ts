@@ -31,6 +31,12 @@ export interface GenerationRequest {
    * same request always gives the same answer and a stored one may be replayed.
    */
   readonly deterministic?: boolean;
+  /**
+   * Who may share cached work with this request (an opaque id of its API key; "" or absent:
+   * everyone). The result cache and the prefix cache answer a request only from work done
+   * under the same scope.
+   */
+  readonly cacheScope?: string;
 }
 
 export type FinishReason = "stop" | "length" | "cancelled";
@@ -78,6 +84,8 @@ export type GenerationEvent =
 
 export type GenerationErrorCode =
   | "context_length_exceeded"
+  /** Too large to pass on (a router's request over the NATS server's max_payload). */
+  | "payload_too_large"
   | "overloaded"
   | "draining"
   | "internal";

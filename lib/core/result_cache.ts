@@ -28,6 +28,8 @@ export function resultCacheKey(model: string, req: GenerationRequest): string | 
   const s = req.sampling;
   const greedy = s.temperature === 0;
   return JSON.stringify([
+    // One API key's answers are never another's hits (nor its in-flight generations).
+    req.cacheScope ?? "",
     model,
     typeof req.prompt === "string" ? req.prompt : [...req.prompt],
     req.parseSpecialTokens === true,

@@ -1,4 +1,4 @@
-import { BlockAllocator } from "./block_allocator.ts";
+import { BlockAllocator, cacheScopeRoot } from "./block_allocator.ts";
 import { DEFAULT_LIMITS } from "../engine/limits.ts";
 import type { SeqInput, StepPlan, StepResult } from "../engine/engine.ts";
 import type { FinishReason, GenerationErrorCode } from "./generation.ts";
@@ -196,6 +196,7 @@ export class Scheduler {
       sampling: spec.sampling,
       stopTokenIds: spec.stopTokenIds,
       priority: spec.priority,
+      cacheRoot: spec.cacheScope ? cacheScopeRoot(spec.cacheScope) : undefined,
       arrivalStep: this.#nextStepId,
       arrivalOrder: this.#arrivals++,
       reply,

@@ -16,6 +16,8 @@ export interface SeqSpec {
   /** Token ids that end the generation (EOS included by the request actor). */
   readonly stopTokenIds: readonly number[];
   readonly priority: Priority;
+  /** Its prefix-cache scope (GenerationRequest.cacheScope). */
+  readonly cacheScope?: string;
 }
 
 /** How the scheduler answers one sequence. Never blocks: see SeqEvent for why it stays bounded. */

@@ -22,6 +22,8 @@ export class Sequence implements KvSeq {
   readonly sampling: SamplingParams;
   readonly stopTokenIds: ReadonlySet<number>;
   readonly priority: Priority;
+  /** Root of its prefix-cache hash chain (its cache scope's). */
+  readonly cacheRoot: number | undefined;
   /** Step counter when it arrived, for aging. */
   readonly arrivalStep: number;
   /** FIFO rank among all sequences; a preempted sequence keeps it, so it re-queues ahead of later ones. */
@@ -49,6 +51,7 @@ export class Sequence implements KvSeq {
     sampling: SamplingParams;
     stopTokenIds: readonly number[];
     priority: Priority;
+    cacheRoot?: number;
     arrivalStep: number;
     arrivalOrder: number;
     reply?: SeqEventSink;
@@ -60,6 +63,7 @@ export class Sequence implements KvSeq {
     this.sampling = init.sampling;
     this.stopTokenIds = new Set(init.stopTokenIds);
     this.priority = init.priority;
+    this.cacheRoot = init.cacheRoot;
     this.arrivalStep = init.arrivalStep;
     this.arrivalOrder = init.arrivalOrder;
     this.reply = init.reply;

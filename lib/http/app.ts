@@ -4,7 +4,7 @@ import { cors } from "hono/cors";
 import type { WSContext } from "hono/ws";
 import { trace, type Tracer } from "@opentelemetry/api";
 import type { GenerationBackend } from "../core/generation.ts";
-import { ApiKeyVerifier, parseAuthorization } from "./auth.ts";
+import { ApiKeyVerifier, keyScope, parseAuthorization } from "./auth.ts";
 import { createChatRenderer } from "./chat_template.ts";
 import { ApiError, toApiError } from "./errors.ts";
 import type { FrameSocket } from "./frame_writer.ts";
@@ -25,6 +25,12 @@ export interface AppOptions {
   /** Accepted bearer tokens; empty or absent turns authentication off. */
   readonly apiKeys?: readonly string[];
   /**
+   * Who shares the result cache and the prefix cache: "key" (default) keeps each API key's
+   * cached work to itself, so one tenant cannot learn from hits or `cached_tokens` what another
+   * asked; "global" shares them among all keys. Without API keys everything is one scope.
+   */
+  readonly cacheScope?: "key" | "global";
+  /**
    * Origins (exact, or globs like `http://localhost:*`) whose pages may call the API and open
    * WebSockets, besides the server's own origin; `*` allows every page.
    */
@@ -43,8 +49,19 @@ export interface AppOptions {
   readonly wsHighWaterBytes?: number;
   /** ...and resume below this (default a quarter of the high-water mark). */
   readonly wsLowWaterBytes?: number;
-  /** A socket congested this long is closed with 1008 (default 60 s). */
+  /**
+   * A socket congested this long is closed with 1008 (default 60 s), and an SSE stream whose
+   * client took nothing for this long is cut and its generation cancelled.
+   */
   readonly wsStallTimeoutMs?: number;
+  /** A WebSocket with no frame and no generation for this long is closed (default 300 s; 0: never). */
+  readonly wsIdleTimeoutMs?: number;
+  /**
+   * WebSockets one client address may hold open (default 256): past it an upgrade is refused
+   * with 429, so one client cannot take every connection slot (behind a proxy, every client
+   * has the proxy's address).
+   */
+  readonly wsMaxPerClient?: number;
   /** Period of `stats` frames to subscribed sockets (default 500 ms). */
   readonly statsIntervalMs?: number;
   /** Retry-After seconds on 503 overloaded/draining (default 1). */
@@ -153,6 +170,9 @@ export function createApp(opts: AppOptions): ServiceApp {
     : [backend.modelName];
   const requestLog = opts.requestLog ?? new RequestLog();
   const records = new WeakMap<Request, RequestRecord>();
+  /** Each authenticated request's cache scope (with --cache-scope key). */
+  const scopes = new WeakMap<Request, string>();
+  const scopeByKey = opts.cacheScope !== "global";
   const retryAfter = String(opts.retryAfterSeconds ?? 1);
   const renderChat = createChatRenderer({
     template: backend.chatTemplate,
@@ -163,6 +183,9 @@ export function createApp(opts: AppOptions): ServiceApp {
   let loaded = opts.ready ?? true;
   let draining = false;
   const sessions = new Set<StreamSession>();
+  /** Open WebSockets by client address. */
+  const socketsByClient = new Map<string, number>();
+  const maxPerClient = opts.wsMaxPerClient ?? 256;
   let sessionCounter = 0;
 
   const deps: GenerationDeps = {
@@ -179,6 +202,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     maxFrameBytes: opts.maxFrameBytes ?? 256 * 1024,
     maxGenerationsPerSocket: opts.maxGenerationsPerSocket ?? 64,
     statsIntervalMs: opts.statsIntervalMs ?? 500,
+    idleTimeoutMs: opts.wsIdleTimeoutMs ?? 300_000,
     writer: {
       highWaterBytes: highWater,
       lowWaterBytes: opts.wsLowWaterBytes ?? Math.floor(highWater / 4),
@@ -292,6 +316,7 @@ export function createApp(opts: AppOptions): ServiceApp {
           : "Invalid API key",
       );
     }
+    if (scopeByKey && token !== null) scopes.set(c.req.raw, await keyScope(token));
     await next();
   });
 
@@ -310,6 +335,8 @@ export function createApp(opts: AppOptions): ServiceApp {
     createdAt: Math.floor(Date.now() / 1000),
     servedModelNames,
     recordOf: (req) => records.get(req),
+    scopeOf: (req) => scopes.get(req),
+    stallTimeoutMs: opts.wsStallTimeoutMs ?? 60_000,
   });
   registerTokenizeRoutes(app, {
     backend,
@@ -340,6 +367,17 @@ export function createApp(opts: AppOptions): ServiceApp {
         "The server is shutting down and accepts no new WebSockets; retry on another instance",
       );
     }
+    // Without it node:http hands the request over as a plain one, on which the upgrade failed
+    // with 500.
+    const connection = c.req.header("connection") ?? "";
+    if (!connection.split(",").some((t) => t.trim().toLowerCase() === "upgrade")) {
+      throw new ApiError(
+        "invalid_request",
+        `A WebSocket upgrade needs the header 'Connection: Upgrade'; received ${
+          JSON.stringify(connection.slice(0, 60) || "none")
+        }`,
+      );
+    }
     const key = c.req.header("sec-websocket-key");
     if (key === undefined || !/^[A-Za-z0-9+/]{22}==$/.test(key)) {
       throw new ApiError(
@@ -357,18 +395,38 @@ export function createApp(opts: AppOptions): ServiceApp {
         }`,
       );
     }
+    const client = remoteAddress(c.env);
+    if (client !== undefined && (socketsByClient.get(client) ?? 0) >= maxPerClient) {
+      throw new ApiError(
+        "too_many_connections",
+        `This client already holds ${maxPerClient} WebSockets, the most one address may ` +
+          "open; close one (several generations can share a socket)",
+      );
+    }
     await next();
   });
   app.get(
     "/v1/stream",
     upgradeWebSocket((c) => {
       let session: StreamSession | undefined;
+      const client = remoteAddress(c.env);
+      let counted = false;
       // The socket's generations log and trace as "<upgrade's request id>.<n>/<client id>".
       const sessionId = records.get(c.req.raw)?.id ?? `ws${++sessionCounter}`;
       const open = (ws: WSContext) => {
         if (session === undefined) {
-          session = new StreamSession(deps, sessionOpts, frameSocket(ws), sessionId);
+          session = new StreamSession(
+            deps,
+            sessionOpts,
+            frameSocket(ws),
+            sessionId,
+            scopes.get(c.req.raw),
+          );
           sessions.add(session);
+          if (client !== undefined) {
+            counted = true;
+            socketsByClient.set(client, (socketsByClient.get(client) ?? 0) + 1);
+          }
         }
         return session;
       };
@@ -376,6 +434,12 @@ export function createApp(opts: AppOptions): ServiceApp {
         onOpen: (_evt, ws) => void open(ws),
         onMessage: (evt, ws) => open(ws).onMessage(evt.data),
         onClose: () => {
+          if (counted && client !== undefined) {
+            counted = false;
+            const n = (socketsByClient.get(client) ?? 1) - 1;
+            if (n <= 0) socketsByClient.delete(client);
+            else socketsByClient.set(client, n);
+          }
           if (session === undefined) return;
           session.onClose();
           sessions.delete(session);
@@ -434,4 +498,11 @@ export function createApp(opts: AppOptions): ServiceApp {
     },
     close: closeAll,
   };
+}
+
+/** The client's address from @hono/node-server's env (absent under app.request in tests). */
+function remoteAddress(env: unknown): string | undefined {
+  const incoming = (env as { incoming?: { socket?: { remoteAddress?: string } } } | undefined)
+    ?.incoming;
+  return incoming?.socket?.remoteAddress;
 }

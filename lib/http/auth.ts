@@ -66,3 +66,13 @@ export function parseAuthorization(header: string | null | undefined): Authoriza
 async function digest(text: string): Promise<Uint8Array> {
   return new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text)));
 }
+
+/**
+ * The cache scope of a key: an id derived from it (never the key itself, which must not sit in
+ * cache keys and metrics), the same for the same key and, for practical purposes, different
+ * for different keys.
+ */
+export async function keyScope(key: string): Promise<string> {
+  const d = await digest(`llmserve cache scope\n${key}`);
+  return Array.from(d.subarray(0, 12), (b) => b.toString(16).padStart(2, "0")).join("");
+}

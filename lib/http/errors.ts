@@ -9,6 +9,7 @@ export type ApiErrorCode =
   | "duplicate_id"
   | "unknown_id"
   | "too_many_generations"
+  | "too_many_connections"
   | "frame_too_large"
   | "payload_too_large"
   | "unauthorized"
@@ -33,6 +34,7 @@ const STATUS: Record<ApiErrorCode, number> = {
   duplicate_id: 409,
   unknown_id: 404,
   too_many_generations: 429,
+  too_many_connections: 429,
   frame_too_large: 413,
   payload_too_large: 413,
   unauthorized: 401,

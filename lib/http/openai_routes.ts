@@ -33,6 +33,10 @@ export interface OpenAiOptions {
   readonly servedModelNames: readonly string[];
   /** The request-log record of a request (set up by the app's middleware). */
   readonly recordOf: (req: Request) => RequestRecord | undefined;
+  /** The request's cache scope (its API key's), if it has one. */
+  readonly scopeOf: (req: Request) => string | undefined;
+  /** An SSE stream whose client takes nothing for this long is cut (the WebSocket's 1008). */
+  readonly stallTimeoutMs: number;
 }
 
 type Kind = "completions" | "chat_completions";
@@ -171,11 +175,10 @@ async function respond(
   const record = opts.recordOf(req);
   // Without a client id, the response's id is the request id (header, log and trace).
   if (record?.generated) record.id = id;
-  const { request, maxTokensCapped } = buildGenerationRequest(
-    parsed.input,
-    deps.backend,
-    record?.id ?? id,
-  );
+  const built = buildGenerationRequest(parsed.input, deps.backend, record?.id ?? id);
+  const { maxTokensCapped } = built;
+  const scope = opts.scopeOf(req);
+  const request = scope === undefined ? built.request : { ...built.request, cacheScope: scope };
   const ctrl = new AbortController();
   const onClientGone = () => ctrl.abort("client gone");
   req.signal.addEventListener("abort", onClientGone, { once: true });
@@ -253,6 +256,12 @@ async function respond(
     ctrl.abort("client gone");
     await events.return(undefined);
     record?.streamEnded();
+  }, {
+    stallTimeoutMs: opts.stallTimeoutMs,
+    onStall: () => {
+      deps.metrics.errors.inc({ code: "too_slow" });
+      if (record) record.code = "too_slow";
+    },
   });
   return new Response(body, { headers: SSE_HEADERS });
 }

@@ -153,11 +153,20 @@ export class RequestLog {
 export function formatText(e: RequestLogEntry): string {
   const parts = [e.time, e.method, e.route, String(e.status)];
   if (e.code !== undefined) parts.push(`code=${e.code}`);
-  parts.push(`id=${e.request_id}`);
+  parts.push(`id=${logSafe(e.request_id)}`);
   if (e.prompt_tokens !== undefined) parts.push(`prompt=${e.prompt_tokens}`);
   if (e.completion_tokens !== undefined) parts.push(`completion=${e.completion_tokens}`);
   if (e.ttft_ms !== undefined) parts.push(`ttft=${e.ttft_ms}ms`);
   parts.push(`total=${e.total_ms}ms`);
   if (e.cached !== undefined) parts.push(`cached=${e.cached}`);
   return parts.join(" ");
+}
+
+/**
+ * A client-chosen value as one token of a text log line: WebSocket generation ids are the
+ * client's, and unescaped a newline in one forged a line and an ESC recoloured the terminal.
+ * Values of plain visible characters stay as they are; anything else is written as JSON.
+ */
+function logSafe(value: string): string {
+  return /^[\x21-\x7e]*$/.test(value) && !value.includes('"') ? value : JSON.stringify(value);
 }

@@ -1,4 +1,4 @@
-import type { IncomingMessage, Server } from "node:http";
+import type { IncomingMessage, Server, ServerResponse } from "node:http";
 import type { Socket } from "node:net";
 import process from "node:process";
 import { createAdaptorServer } from "@hono/node-server";
@@ -48,6 +48,8 @@ export interface RunningServer {
 
 /** How often idle and slow connections are checked against their timeouts. */
 const CHECK_INTERVAL_MS = 1000;
+/** How long past the drain's deadline (or a second signal) answers still get to be written. */
+const WRITE_GRACE_MS = 400;
 
 /**
  * Serves the app over node:http (Deno's implementation) and drains on SIGTERM/SIGINT.
@@ -113,7 +115,14 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
       socket,
       setTimeout(() => {
         metrics.connectionsTimedOut.inc();
-        socket.destroy();
+        // A client trickling its head is told why (nginx and node:http answer 408); one
+        // that does not read the answer is closed a moment later all the same.
+        if (socket.writable && !socket.destroyed) {
+          socket.end(
+            `HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`,
+          );
+          setTimeout(() => socket.destroy(), 1000).unref?.();
+        } else socket.destroy();
       }, headerTimeoutMs),
     );
     socket.once("close", () => {
@@ -129,7 +138,32 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
     clearTimeout(waitingForRequest.get(socket));
     waitingForRequest.delete(socket);
   };
-  server.on("request", (req: IncomingMessage) => requestArrived(req.socket));
+  // Responses not yet handed to the socket. A generation leaves the in-flight registry once its
+  // consumer has its final event, before @hono/node-server has written the response: the drain
+  // waits for these too, or closing the sockets cut finished answers (6 of 8 got nothing).
+  const responses = new Set<ServerResponse>();
+  let responsesIdle: (() => void) | undefined;
+  server.on("request", (req: IncomingMessage, res: ServerResponse) => {
+    requestArrived(req.socket);
+    responses.add(res);
+    const done = () => {
+      if (responses.delete(res) && responses.size === 0) responsesIdle?.();
+    };
+    res.once("finish", done);
+    res.once("close", done);
+  });
+  /** Resolves once every response has been written, or after `ms`. */
+  const responsesWritten = (ms: number) =>
+    new Promise<void>((resolve) => {
+      if (responses.size === 0) return resolve();
+      const timer = setTimeout(settle, ms);
+      function settle() {
+        clearTimeout(timer);
+        responsesIdle = undefined;
+        resolve();
+      }
+      responsesIdle = settle;
+    });
   // Not server.on("upgrade"): @hono/node-server writes an upgrade's refusal only while it is
   // the sole "upgrade" listener. A refused upgrade's socket is closed anyway.
   wss.on("connection", (ws: WebSocket, req: IncomingMessage) => {
@@ -176,6 +210,35 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
       };
       attempt(50);
     },
+  });
+  // Its listener ignores upgrades to anything but WebSocket, so `Upgrade: h2c` (curl --http2,
+  // Java's HttpClient) got no answer until the timeout. Ours stands in front of it, as the
+  // sole listener, and refuses those with a 400 that says what to do.
+  const honoUpgrade = server.listeners("upgrade") as Array<(...a: unknown[]) => void>;
+  server.removeAllListeners("upgrade");
+  server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Uint8Array) => {
+    const protocol = String(req.headers.upgrade ?? "");
+    if (protocol.toLowerCase() === "websocket") {
+      for (const l of honoUpgrade) l.call(server, req, socket, head);
+      return;
+    }
+    requestArrived(socket);
+    const body = JSON.stringify({
+      error: {
+        message: `Upgrade to ${JSON.stringify(protocol.slice(0, 40))} is not supported: this ` +
+          "server speaks HTTP/1.1 (and WebSocket on /v1/stream); send the request without " +
+          "'Upgrade' (curl: --http1.1)",
+        type: "invalid_request_error",
+        param: "upgrade",
+        code: "invalid_request",
+      },
+    });
+    socket.end(
+      `HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n` +
+        `Content-Length: ${new TextEncoder().encode(body).length}\r\nConnection: close\r\n\r\n` +
+        body,
+    );
+    setTimeout(() => socket.destroy(), 1000).unref?.();
   });
   // Past the listen, errors are accept failures (EMFILE, ENFILE): the server keeps serving
   // the connections it holds and accepts again once descriptors are free.
@@ -236,10 +299,16 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
     let stopping: Promise<DrainResult> | undefined;
     let resolveClosed!: (r: DrainResult) => void;
     const closed = new Promise<DrainResult>((r) => resolveClosed = r);
+    let hurried = false;
     const stop = (): Promise<DrainResult> => {
       stopping ??= (async () => {
         acceptWatch.close();
+        const deadline = performance.now() + opts.drainTimeoutMs;
         const result = await service.drain({ timeoutMs: opts.drainTimeoutMs });
+        // Finished answers (and the final frames of cut ones) still have to be written. A
+        // client that does not read must not hold the exit past the deadline's extra second.
+        const left = hurried ? 0 : Math.max(0, deadline - performance.now());
+        await responsesWritten(left + WRITE_GRACE_MS);
         // The listeners stay: a signal that comes after the drain, while the caller closes the
         // core and exits, would otherwise end the process with Deno's default (exit 143).
         // Whatever is left holds no generation (a half-sent body, an idle keep-alive): close it.
@@ -258,6 +327,7 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
       if (stopping === undefined) void stop();
       else {
         log("second signal: cancelling what is still running");
+        hurried = true;
         service.hurry();
       }
     };

@@ -19,6 +19,12 @@ export interface SessionOptions {
   readonly maxGenerationsPerSocket: number;
   readonly statsIntervalMs: number;
   readonly writer: WriterOptions;
+  /**
+   * A socket that sent no frame and ran no generation for this long is closed with 1000
+   * (0: never). Idle sockets otherwise held connection slots for good: 704 of them locked
+   * every other client out.
+   */
+  readonly idleTimeoutMs?: number;
 }
 
 interface LiveGeneration {
@@ -30,6 +36,8 @@ const FRAME_TYPES = Object.keys(CLIENT_FRAMES) as ClientFrameType[];
 
 /** WebSocket close code for a server going away (drain). */
 export const CLOSE_GOING_AWAY = 1001;
+/** WebSocket close code for an orderly close (an idle socket). */
+export const CLOSE_NORMAL = 1000;
 
 /**
  * One client socket on `GET /v1/stream`: parses and validates client frames, runs any number
@@ -53,11 +61,34 @@ export class StreamSession {
     opts: SessionOptions,
     sock: FrameSocket,
     readonly sessionId: string,
+    /** Its API key's cache scope, if it has one. */
+    readonly cacheScope?: string,
   ) {
     this.#deps = deps;
     this.#opts = opts;
     this.#sock = sock;
     this.#writer = new FrameWriter(sock, opts.writer);
+    this.#armIdle();
+  }
+
+  #idleTimer: ReturnType<typeof setTimeout> | undefined;
+  #lastFrameAt = performance.now();
+
+  #armIdle(): void {
+    const ms = this.#opts.idleTimeoutMs ?? 0;
+    if (!(ms > 0) || this.#closed) return;
+    const left = this.#lastFrameAt + ms - performance.now();
+    this.#idleTimer = setTimeout(() => {
+      this.#idleTimer = undefined;
+      if (this.#closed) return;
+      if (this.#gens.size === 0 && performance.now() - this.#lastFrameAt >= ms) {
+        this.close(CLOSE_NORMAL, `idle for ${Math.round(ms / 1000)} s`);
+      } else {
+        // Busy or recently active: counted again from the last frame or generation.
+        if (this.#gens.size > 0) this.#lastFrameAt = performance.now();
+        this.#armIdle();
+      }
+    }, Math.max(10, left));
   }
 
   /** Generations running on this socket. */
@@ -67,6 +98,7 @@ export class StreamSession {
 
   onMessage(data: unknown): void {
     if (this.#closed) return;
+    this.#lastFrameAt = performance.now();
     // The frame's id, once known, goes into the error so the client knows which one failed.
     let id: string | undefined;
     let type: unknown;
@@ -95,6 +127,7 @@ export class StreamSession {
   onClose(): void {
     if (this.#closed) return;
     this.#closed = true;
+    clearTimeout(this.#idleTimer);
     for (const g of this.#gens.values()) g.ctrl.abort("socket closed");
     if (this.#statsTimer !== undefined) clearInterval(this.#statsTimer);
     this.#statsTimer = undefined;
@@ -204,12 +237,16 @@ export class StreamSession {
     } else {
       input = { ...sampling, prompt: f.prompt ?? "", promptParam: "prompt" };
     }
-    const { request, maxTokensCapped } = buildGenerationRequest(
+    const built = buildGenerationRequest(
       input,
       this.#deps.backend,
       // Unique even when the client reuses an id after its generation ended.
       `${this.sessionId}.${++this.#started}/${f.id}`,
     );
+    const { maxTokensCapped } = built;
+    const request = this.cacheScope === undefined
+      ? built.request
+      : { ...built.request, cacheScope: this.cacheScope };
     const gen: LiveGeneration = { ctrl: new AbortController(), cancelled: false };
     this.#gens.set(f.id, gen);
     this.#run(f.id, gen, request, maxTokensCapped).catch((err) => {
@@ -294,6 +331,7 @@ export class StreamSession {
   /** Forgets a generation's id, unless the client already reused it for a newer one. */
   #release(id: string, gen: LiveGeneration): void {
     if (this.#gens.get(id) === gen) this.#gens.delete(id);
+    this.#lastFrameAt = performance.now();
   }
 
   #cancel(f: CancelFrame): void {

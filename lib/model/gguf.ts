@@ -585,6 +585,23 @@ export function ggufTensors(
     }
     tensors.set(info.name, { name: info.name, type, shape, data: data.subarray(start, end) });
   }
+  // Two tensors sharing bytes load "fine" and compute garbage: each must have its own.
+  const spans = header.tensorInfos
+    .map((info) => ({
+      name: info.name,
+      from: info.offset,
+      to: info.offset + tensors.get(info.name)!.data.byteLength,
+    }))
+    .sort((a, b) => a.from - b.from);
+  for (let i = 1; i < spans.length; i++) {
+    const prev = spans[i - 1]!, cur = spans[i]!;
+    if (cur.from < prev.to && cur.to > cur.from) {
+      throw new Error(
+        `Cannot load GGUF ${source}: the data of tensor '${cur.name}' (bytes ${cur.from}..${cur.to}) ` +
+          `overlaps tensor '${prev.name}' (bytes ${prev.from}..${prev.to})`,
+      );
+    }
+  }
   return tensors;
 }
 

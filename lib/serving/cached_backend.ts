@@ -89,104 +89,152 @@ export class CachedBackend implements GenerationBackend {
     const key = this.cache.capacityBytes > 0 ? resultCacheKey(this.modelName, req) : null;
     if (key === null) return this.inner.generate(req, signal);
     const flight = this.#flights.get(key);
-    if (flight !== undefined) return this.#follow(flight, req, signal);
+    if (flight !== undefined && !flight.abandoned) return this.#consume(flight, signal, false);
     const stored = this.cache.get(key);
     if (stored !== undefined) return replay(stored, signal);
-    return this.#generateAndStore(key, req, signal);
-  }
-
-  async *#generateAndStore(
-    key: string,
-    req: GenerationRequest,
-    signal: AbortSignal,
-  ): AsyncGenerator<GenerationEvent> {
-    const t0 = performance.now();
-    const flight = new Flight();
-    this.#flights.set(key, flight);
-    try {
-      for await (const ev of this.inner.generate(req, signal)) {
-        if (ev.type === "started") flight.start(ev.promptTokens);
-        else if (ev.type === "token") {
-          flight.push({ text: ev.text, ids: ev.ids, logprob: ev.logprob });
-        } else if (ev.type === "done" && ev.finishReason !== "cancelled" && !signal.aborted) {
-          const result: StoredResult = {
-            promptTokens: flight.promptTokens ?? 0,
-            tokens: flight.tokens,
-            finishReason: ev.finishReason,
-            usage: ev.usage,
-            totalMs: performance.now() - t0,
-          };
-          this.cache.set(key, result);
-          flight.finish(result);
-        }
-        yield ev;
-      }
-    } finally {
-      // Cancelled, failed or abandoned: whoever followed it generates for itself.
-      flight.fail();
-      if (this.#flights.get(key) === flight) this.#flights.delete(key);
-    }
+    return this.#consume(this.#launch(key, req), signal, true);
   }
 
   /**
-   * An identical request while the first is still generating: its events are passed on as
-   * they come instead of generating the same tokens twice. Should the first one not finish
-   * (cancelled by its client, an error), this one generates after all, skipping the events it
-   * already passed on (the same tokens: generation is deterministic).
+   * Starts the generation that identical requests share. It is pulled from the core by a pump
+   * of its own, one event whenever some consumer has taken everything so far: a lone client
+   * that stops reading still holds its sequence (the core decodes nothing for it), but a
+   * follower never waits on another client's socket (a leader that stopped reading an SSE
+   * stream held its followers indefinitely). It is cancelled once nobody consumes it.
    */
-  async *#follow(
+  #launch(key: string, req: GenerationRequest): Flight {
+    const flight = new Flight();
+    this.#flights.set(key, flight);
+    const t0 = performance.now();
+    const pump = async () => {
+      const it = this.inner.generate(req, flight.ctrl.signal)[Symbol.asyncIterator]();
+      try {
+        for (;;) {
+          await flight.demand();
+          const n = await it.next();
+          if (n.done) break;
+          const ev = n.value;
+          if (ev.type === "started") flight.start(ev.promptTokens);
+          else if (ev.type === "token") {
+            flight.push({ text: ev.text, ids: ev.ids, logprob: ev.logprob });
+          } else if (ev.type === "error") return flight.end({ error: ev });
+          else if (ev.finishReason === "cancelled" || flight.ctrl.signal.aborted) {
+            return flight.end({ cancelled: true });
+          } else {
+            const result: StoredResult = {
+              promptTokens: flight.promptTokens ?? 0,
+              tokens: flight.tokens,
+              finishReason: ev.finishReason,
+              usage: ev.usage,
+              totalMs: performance.now() - t0,
+            };
+            this.cache.set(key, result);
+            return flight.end({ result, done: ev });
+          }
+        }
+        flight.end({
+          error: { type: "error", code: "internal", message: "The core ended without done" },
+        });
+      } catch (e) {
+        const message = `Generation failed: ${e instanceof Error ? e.message : String(e)}`;
+        flight.end({ error: { type: "error", code: "internal", message } });
+      } finally {
+        if (this.#flights.get(key) === flight) this.#flights.delete(key);
+        try {
+          await it.return?.();
+        } catch { /* the core failed while ending; already reported */ }
+      }
+    };
+    flight.onAbandoned = () => {
+      if (this.#flights.get(key) === flight) this.#flights.delete(key);
+    };
+    void pump();
+    return flight;
+  }
+
+  /**
+   * One request's view of a shared generation, at its own pace. The first request (`leader`)
+   * gets the core's own done event; the others get the stored answer's, marked `cached`.
+   */
+  async *#consume(
     flight: Flight,
-    req: GenerationRequest,
     signal: AbortSignal,
+    leader: boolean,
   ): AsyncGenerator<GenerationEvent> {
+    flight.attach();
     const t0 = performance.now();
     let started = false;
     let sent = 0;
     let sentIds = 0;
     let firstAt = -1;
-    for (;;) {
-      if (!started && flight.promptTokens !== undefined) {
-        started = true;
-        yield { type: "started", promptTokens: flight.promptTokens };
+    try {
+      for (;;) {
+        if (!started && flight.promptTokens !== undefined) {
+          started = true;
+          yield { type: "started", promptTokens: flight.promptTokens };
+        }
+        while (started && sent < flight.tokens.length && !signal.aborted) {
+          if (firstAt < 0) firstAt = performance.now();
+          const t = flight.tokens[sent++]!;
+          sentIds += t.ids.length;
+          yield { type: "token", text: t.text, ids: t.ids, logprob: t.logprob };
+        }
+        if (signal.aborted) {
+          yield cancelledDone(flight.promptTokens ?? 0, sentIds, t0, firstAt);
+          return;
+        }
+        const end = flight.ending;
+        if (end !== undefined && sent === flight.tokens.length) {
+          if ("error" in end) yield end.error;
+          else if ("cancelled" in end) {
+            yield cancelledDone(flight.promptTokens ?? 0, sentIds, t0, firstAt);
+          } else if (leader) yield end.done;
+          else {
+            this.cache.countHit(end.result.totalMs);
+            yield doneFrom(end.result, t0, firstAt, sent);
+          }
+          return;
+        }
+        await flight.changed(signal);
       }
-      while (started && sent < flight.tokens.length && !signal.aborted) {
-        if (firstAt < 0) firstAt = performance.now();
-        const t = flight.tokens[sent++]!;
-        sentIds += t.ids.length;
-        yield { type: "token", text: t.text, ids: t.ids, logprob: t.logprob };
-      }
-      if (signal.aborted) {
-        yield cancelledDone(flight.promptTokens ?? 0, sentIds, t0, firstAt);
-        return;
-      }
-      if (flight.result !== undefined && sent === flight.tokens.length) {
-        this.cache.countHit(flight.result.totalMs);
-        yield doneFrom(flight.result, t0, firstAt, sent);
-        return;
-      }
-      if (flight.failed) break;
-      await flight.changed(signal);
-    }
-    // The first one did not finish: generate, passing on only what is new.
-    let skipTokens = sent;
-    for await (const ev of this.generate(req, signal)) {
-      if (ev.type === "started" && started) continue;
-      if (ev.type === "token" && skipTokens > 0) {
-        skipTokens--;
-        continue;
-      }
-      yield ev;
+    } finally {
+      flight.detach();
     }
   }
 }
 
-/** What followers of a running generation see: its events so far and how it ended. */
+type FlightEnd =
+  | { readonly result: StoredResult; readonly done: GenerationEvent }
+  | { readonly error: Extract<GenerationEvent, { type: "error" }> }
+  | { readonly cancelled: true };
+
+/** A generation shared by identical requests: its events so far and how it ended. */
 class Flight {
+  readonly ctrl = new AbortController();
   promptTokens: number | undefined;
   readonly tokens: StoredToken[] = [];
-  result: StoredResult | undefined;
-  failed = false;
+  ending: FlightEnd | undefined;
+  onAbandoned: (() => void) | undefined;
+  #consumers = 0;
+  #waiting = 0;
   #waiters: Array<() => void> = [];
+  #demand: (() => void) | undefined;
+
+  /** Nobody consumes it any more: it is being cancelled, and new requests must not join. */
+  get abandoned(): boolean {
+    return this.ctrl.signal.aborted;
+  }
+
+  attach(): void {
+    this.#consumers++;
+  }
+  detach(): void {
+    if (--this.#consumers === 0 && this.ending === undefined) {
+      this.ctrl.abort("client gone");
+      this.onAbandoned?.();
+      this.#demand?.();
+    }
+  }
 
   start(promptTokens: number): void {
     this.promptTokens = promptTokens;
@@ -196,21 +244,27 @@ class Flight {
     this.tokens.push(t);
     this.#wake();
   }
-  finish(r: StoredResult): void {
-    this.result = r;
-    this.#wake();
-  }
-  fail(): void {
-    if (this.result !== undefined) return;
-    this.failed = true;
+  end(how: FlightEnd): void {
+    this.ending ??= how;
     this.#wake();
   }
 
-  /** Resolves at the next change, or when `signal` aborts. */
+  /** Resolves once a consumer waits for the next event (or nobody is left to wait). */
+  demand(): Promise<void> {
+    if (this.#waiting > 0 || this.ctrl.signal.aborted) return Promise.resolve();
+    return new Promise((resolve) => this.#demand = resolve);
+  }
+
+  /** Resolves at the next change, or when `signal` aborts; meanwhile this is demand. */
   changed(signal: AbortSignal): Promise<void> {
     if (signal.aborted) return Promise.resolve();
+    this.#waiting++;
+    const d = this.#demand;
+    this.#demand = undefined;
+    d?.();
     return new Promise((resolve) => {
       const done = () => {
+        this.#waiting--;
         signal.removeEventListener("abort", done);
         this.#waiters = this.#waiters.filter((w) => w !== done);
         resolve();

@@ -56,6 +56,12 @@ export class PromptTokens {
   }
 
   tokenize(text: string, opts: { bos: boolean; special: boolean }): number[] {
+    // Control-token text without an added BOS (llama-server's parse_special without
+    // add_special): every piece the client typed is a token, a leading "<s>" included. The
+    // template path drops that one as the duplicate of the BOS it adds, and it was lost.
+    if (opts.special && !opts.bos) {
+      return this.tokenizer.encode(text, { special: true, bos: false, eos: false });
+    }
     const ids = this.encode(text, opts.special);
     if (opts.bos) return [...ids];
     // encode added what the vocabulary adds to a prompt; nothing of it was asked for.

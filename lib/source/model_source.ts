@@ -141,7 +141,9 @@ export async function resolveFileSpec(spec: string, options: ResolveOptions = {}
   throw new Error(
     info === null
       ? `Cannot find file "${spec}": no such file; give an existing path or an http(s) URL`
-      : `Cannot use "${spec}": it is a directory, not a file`,
+      : info.isDirectory
+      ? `Cannot use "${spec}": it is a directory, not a file`
+      : `Cannot use "${spec}": it is ${specialFileKind(info)}, not a regular file`,
   );
 }
 
@@ -207,6 +209,14 @@ async function resolveSpec(spec: string, context: Context): Promise<ModelSource>
   if (info?.isDirectory) {
     throw new Error(
       `Cannot use "${spec}" as a model: it is a directory; give a .gguf or llama2.c .bin file`,
+    );
+  }
+  if (info !== null && !info.isFile) {
+    // A FIFO, socket or device exists but cannot be mapped and re-read as a model must be;
+    // it was reported as "no such file".
+    throw new Error(
+      `Cannot use "${spec}" as a model: it is ${specialFileKind(info)}, not a regular file; ` +
+        "give a .gguf or llama2.c .bin file",
     );
   }
   const knownName = Object.keys(KNOWN_MODELS).find((n) => n.toLowerCase() === spec.toLowerCase());
@@ -495,4 +505,13 @@ async function readTextOrNull(path: string): Promise<string | null> {
     if (error instanceof Deno.errors.NotFound) return null;
     throw error;
   }
+}
+
+/** What a path that is neither a regular file nor a directory is, for an error message. */
+function specialFileKind(info: Deno.FileInfo): string {
+  if (info.isFifo) return "a FIFO (named pipe)";
+  if (info.isSocket) return "a socket";
+  if (info.isCharDevice || info.isBlockDevice) return "a device";
+  if (info.isSymlink) return "a dangling symbolic link";
+  return "not a regular file";
 }
