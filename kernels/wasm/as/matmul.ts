@@ -630,28 +630,10 @@ export function matmul(
   type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
   accum: bool, n0: i32, n1: i32,
 ): void {
-  // One copy of the loops per type (and tile height): with the type a constant, the compiler
-  // drops every other type's branches and keeps the loop's vectors in registers.
-  switch (type) {
-    case T_F32: mmRows(T_F32, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
-    case T_F16: mmRows(T_F16, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
-    case T_BF16: mmRows(T_BF16, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
-    case T_Q8_0: mmRows(T_Q8_0, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
-    case T_Q4_0: mmRows(T_Q4_0, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
-    case T_Q4_1: mmRows(T_Q4_1, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
-    case T_Q5_0: mmRows(T_Q5_0, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
-    case T_Q5_1: mmRows(T_Q5_1, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
-    case T_Q2_K: mmRows(T_Q2_K, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
-    case T_Q3_K: mmRows(T_Q3_K, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
-    case T_Q4_K: mmRows(T_Q4_K, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
-    case T_Q5_K: mmRows(T_Q5_K, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
-    case T_Q6_K: mmRows(T_Q6_K, w, K, desc, B, out, ostride, bias, accum, n0, n1); break;
-    default: unreachable();
-  }
+  mmRows(type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
 }
 
-// @ts-ignore: decorator
-@inline function mmRows(
+function mmRows(
   type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
   accum: bool, n0: i32, n1: i32,
 ): void {
