@@ -366,9 +366,10 @@ async function start(
       `  memory    weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
         formatBytes(mem?.kvCache ?? plan.bytes)
       }`,
-      `  kv cache  ${numBlocks} blocks x ${plan.blockSize} tokens = ${formatBytes(plan.bytes)} (${
-        numBlocks * plan.blockSize
-      } tokens; ${plan.why})`,
+      // The engine's own size: auto plans in f32, and the CPU engine holds the blocks in f16.
+      `  kv cache  ${numBlocks} blocks x ${plan.blockSize} tokens = ${
+        formatBytes(mem?.kvCache ?? plan.bytes)
+      } (${numBlocks * plan.blockSize} tokens; ${plan.why}; pages become resident as they fill on cpu)`,
       `  chat      ${
         chatTemplate !== undefined
           ? `template from --chat-template ${config.chatTemplate}`
