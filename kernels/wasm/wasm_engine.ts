@@ -232,12 +232,9 @@ export class WasmEngine implements Engine {
     if (this.#layers.length !== nLayers) {
       throw new Error(`Cannot build the CPU engine: config says ${nLayers} layers, weights hold ${this.#layers.length}`);
     }
-    const tiedBytes = weights.output === weights.tokenEmbedding ? 0 : 0;
     this.#output = matrix(weights.output, vocabSize, dim);
-    weightBytes += tiedBytes;
-    if (weights.output === weights.tokenEmbedding) {
-      // counted once
-    } else {
+    // The embedding is read in place row by row; a tied one is the classifier, counted above.
+    if (weights.output !== weights.tokenEmbedding) {
       weightBytes += byteSize(weights.tokenEmbedding.type, weights.tokenEmbedding.shape);
     }
     this.#outputNorm = vector(weights.outputNorm, dim);
