@@ -21,3 +21,26 @@ Deno.test("createEngine() gives a WebGPU engine whose dispose() also destroys th
   const info = await deadline(engine.gpu.device.lost, 5_000);
   assertEquals(info.reason, "destroyed");
 });
+
+Deno.test("createEngine('auto') times a decode step on both engines and keeps the faster: on a software adapter, the CPU engine, with both timings in its description", async () => {
+  const model = await loadModel(modelFile("stories260K.gguf"));
+  const kv = { numBlocks: 16, blockSize: 16 };
+  const { engine, description } = await createEngine(model, "auto", kv);
+  try {
+    const m = /decode step ([\d.]+) ms on cpu, ([\d.]+) ms on webgpu \((.+)\)/.exec(description);
+    assertEquals(m !== null, true, description);
+    const [cpuMs, gpuMs] = [Number(m![1]), Number(m![2])];
+    // It kept the one it measured faster, and says so first.
+    assertEquals(engine.name, cpuMs <= gpuMs ? "cpu" : "webgpu", description);
+    assertEquals(description.startsWith(cpuMs <= gpuMs ? "cpu (WebAssembly" : "webgpu ("), true, description);
+    // The kept engine has the whole cache, whichever won.
+    assertEquals(engine.kv, kv);
+    const r = await engine.step({
+      stepId: 0,
+      seqs: [{ seqId: 1, tokens: [1, 2], startPos: 0, blockTable: [15], sample: true, sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 } }],
+    });
+    assertEquals(r.sampled.length, 1);
+  } finally {
+    engine.dispose();
+  }
+});

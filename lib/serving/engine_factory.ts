@@ -135,12 +135,12 @@ export async function createEngine(
     });
     return { engine: e, description: `cpu (WebAssembly ${e.flavour === "relaxed" ? "relaxed SIMD" : "SIMD"}, ${e.threads} threads, ${e.kvDtype} KV)` };
   };
-  const gpu = async () => {
+  const gpu = async (geometry = kv, stepLimits = limits) => {
     // The engine acquires the device itself so that dispose() destroys it: the executor
     // builds a new engine after every failure, and each old device would otherwise stay alive.
-    const e = await WebGpuEngine.create(model.config, model.weights, kv, {
-      maxBatchTokens: limits.maxBatchTokens,
-      maxSeqs: limits.maxSeqs,
+    const e = await WebGpuEngine.create(model.config, model.weights, geometry, {
+      maxBatchTokens: stepLimits.maxBatchTokens,
+      maxSeqs: stepLimits.maxSeqs,
       ...(onUpload ? { onUpload } : {}),
     });
     return { engine: e as Engine, description: `webgpu (${e.gpu.description})` };
@@ -156,23 +156,22 @@ export async function createEngine(
     throw new Error("Cannot create the WebGPU engine: --kv-dtype f16 is not supported on webgpu yet (its KV cache is f32)");
   }
   if (backend === "webgpu") return await gpu();
-  // auto
+  // auto: the WebGPU side is timed on an engine with one KV block and one row, so that losing
+  // costs no device-sized KV cache; it is built in full only when it wins.
   const c = await cpu();
   let g: { engine: Engine; description: string };
   try {
-    g = await gpu();
+    g = await gpu({ numBlocks: 1, blockSize: kv.blockSize }, { maxBatchTokens: 1, maxSeqs: 1 });
   } catch (e) {
     return { ...c, description: `${c.description}; webgpu unavailable: ${e instanceof Error ? e.message : e}` };
   }
   const [cpuMs, gpuMs] = [await timeDecodeStep(c.engine), await timeDecodeStep(g.engine)];
-  const [keep, drop] = cpuMs <= gpuMs ? [c, g] : [g, c];
-  drop.engine.dispose();
-  return {
-    engine: keep.engine,
-    description: `${keep.description}; auto chose it: decode step ${cpuMs.toFixed(1)} ms on cpu, ${
-      gpuMs.toFixed(1)
-    } ms on ${g.description}`,
-  };
+  const timings = `decode step ${cpuMs.toFixed(1)} ms on cpu, ${gpuMs.toFixed(1)} ms on ${g.description}`;
+  g.engine.dispose();
+  if (cpuMs <= gpuMs) return { engine: c.engine, description: `${c.description}; auto chose it: ${timings}` };
+  c.engine.dispose();
+  const full = await gpu();
+  return { engine: full.engine, description: `${full.description}; auto chose it: ${timings}` };
 }
 
 /**
