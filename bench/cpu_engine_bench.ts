@@ -101,7 +101,7 @@ for (const path of models) {
   const rssLoaded = Deno.memoryUsage().rss;
   const mine: Row[] = [];
   for (const npl of npls) mine.push(await ours(engine, model.config.vocabSize, npl));
-  // Touch every KV page used, then read RSS: what serving these sequences holds.
+  // After the runs: the KV pages the sequences wrote are resident now.
   const rssAfter = Deno.memoryUsage().rss;
   engine.dispose();
   const one = await WasmEngine.create(model.config, model.weights, kv, { threads: 1, maxSeqs: maxNpl, maxBatchTokens: Math.max(512, maxNpl * npp) });

@@ -1,6 +1,12 @@
 import { f32ToF16 } from "../lib/model/dequantize.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
-import { BLOCK_LAYOUT, byteSize, type Tensor, type TensorType } from "../lib/model/tensor.ts";
+import {
+  BLOCK_LAYOUT,
+  BLOCK_SCALE_OFFSETS,
+  byteSize,
+  type Tensor,
+  type TensorType,
+} from "../lib/model/tensor.ts";
 import type { LayerWeights, ModelWeights } from "../lib/model/weights.ts";
 
 /** Llama-3.2-1B's shape: 16 layers, 2048 wide, 32 query / 8 KV heads of 64, 128256 tokens, tied. */
@@ -30,20 +36,6 @@ function xorshift(seed: number): () => number {
   };
 }
 
-/** Byte offsets of the f16 scale fields in each block type (d, and dmin / m where present). */
-const SCALE_FIELDS: Partial<Record<TensorType, readonly number[]>> = {
-  q8_0: [0],
-  q4_0: [0],
-  q4_1: [0, 2],
-  q5_0: [0],
-  q5_1: [0, 2],
-  q2_k: [80, 82],
-  q3_k: [108],
-  q4_k: [0, 2],
-  q5_k: [0, 2],
-  q6_k: [208],
-};
-
 /**
  * Random bytes for a tensor: a 1 MiB pattern of valid encoded values (small f16/bf16 weights,
  * or blocks of random quants with small f16 scales), repeated. Values only need to be finite
@@ -69,7 +61,7 @@ export function randomData(type: TensorType, bytes: number, seed: number): Uint8
         break;
       default:
         for (let j = 0; j < block; j++) pattern[at + j] = Math.floor(rand() * 256);
-        for (const f of SCALE_FIELDS[type]!) {
+        for (const f of BLOCK_SCALE_OFFSETS[type]) {
           view.setUint16(at + f, f32ToF16(0.005 * (0.5 + rand())), true);
         }
     }

@@ -3,6 +3,7 @@
  * them (`*.llama_cpp.json`, format llmserve-compat-fixture/1; see compat/README.md): reading a
  * fixture, and running greedy prompts on an engine while comparing each step with it.
  */
+import { assert, assertEquals } from "@std/assert";
 import { type Engine, GREEDY, type SeqInput } from "../lib/engine/engine.ts";
 import { modelFile } from "./_model_files.ts";
 
@@ -179,4 +180,42 @@ export async function compareGreedy(
     worstToTolerance: state[i]!.worst,
     step0LogprobDelta: state[i]!.step0,
   }));
+}
+
+/**
+ * A greedy `/v1/completions` of `n` tokens at `base` answers 200 with non-empty text that is a
+ * prefix of llama.cpp's continuation `text` (a shorter answer is a stop; any other is wrong).
+ */
+export async function assertGreedyCompletion(
+  base: string,
+  stem: string,
+  prompt: string,
+  n: number,
+  text: string,
+): Promise<void> {
+  const res = await fetch(`${base}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ prompt, max_tokens: n, temperature: 0 }),
+  });
+  const body = await res.json();
+  assertEquals(res.status, 200, JSON.stringify(body));
+  const got: string = body.choices[0].text;
+  assert(got.length > 0, JSON.stringify(body));
+  assert(text.startsWith(got), `${stem}: '${got}' is not a prefix of llama.cpp's '${text}'`);
+}
+
+/**
+ * The fixture prompt with the longest run of clear (margin > MARGIN) steps, llama.cpp's text for
+ * it, and how many tokens to generate (at most 3, all clear).
+ */
+export function clearPrompt(fx: Fixture): { prompt: string; text: string; n: number } {
+  const scored = fx.prompts.map((p) => {
+    const cut = p.steps.findIndex((s) => s.margin <= MARGIN);
+    return { p, clear: cut < 0 ? p.steps.length : cut };
+  }).sort((a, b) => b.clear - a.clear);
+  const best = scored[0]!;
+  assert(best.clear >= 1, `fixture ${fx.model.file}: no prompt has a clear first step`);
+  const text = (best.p as unknown as { completion_text: string }).completion_text;
+  return { prompt: best.p.prompt, text, n: Math.min(3, best.clear) };
 }

@@ -4,8 +4,7 @@
  * carries a real vocabulary): the router tokenizes with the vocabulary it got from the replica
  * and gives llama.cpp's greedy text.
  */
-import { assert, assertEquals } from "@std/assert";
-import { compatPath, type Fixture, MARGIN, readFixture } from "./_compat.ts";
+import { assertGreedyCompletion, clearPrompt, compatPath, readFixture } from "./_compat.ts";
 import { Cluster } from "./_cluster.ts";
 
 const FAMILIES = [
@@ -14,18 +13,6 @@ const FAMILIES = [
   "qwen2-like-q4_k_m",
   "qwen3-like-q4_k_m",
 ] as const;
-
-/** The prompt with the longest run of clear (margin > 0.5) steps, and llama.cpp's text. */
-function clearPrompt(fx: Fixture): { prompt: string; text: string; n: number } {
-  const scored = fx.prompts.map((p) => {
-    const cut = p.steps.findIndex((s) => s.margin <= MARGIN);
-    return { p, clear: cut < 0 ? p.steps.length : cut };
-  }).sort((a, b) => b.clear - a.clear);
-  const best = scored[0]!;
-  assert(best.clear >= 1, `fixture ${fx.model.file}: no prompt has a clear first step`);
-  const text = (best.p as unknown as { completion_text: string }).completion_text;
-  return { prompt: best.p.prompt, text, n: Math.min(3, best.clear) };
-}
 
 for (const stem of FAMILIES) {
   Deno.test(`a router over a ${stem} replica on stock nats-server gives llama.cpp's greedy text`, async () => {
@@ -46,15 +33,6 @@ for (const stem of FAMILIES) {
     ]);
     const router = await cluster.router();
     await cluster.routerSees(router, 1, 30_000);
-    const res = await fetch(`${router.base}/v1/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({ prompt, max_tokens: n, temperature: 0 }),
-    });
-    const body = await res.json();
-    assertEquals(res.status, 200, JSON.stringify(body));
-    const got: string = body.choices[0].text;
-    assert(got.length > 0, JSON.stringify(body));
-    assert(text.startsWith(got), `${stem}: '${got}' is not a prefix of llama.cpp's '${text}'`);
+    await assertGreedyCompletion(router.base, stem, prompt, n, text);
   });
 }

@@ -6,26 +6,10 @@
  * `start` runs with a short context and a small cache to keep 18 servers cheap.
  */
 import { assert, assertEquals } from "@std/assert";
-import { COMPAT_FILES, compatPath, type Fixture, MARGIN, readFixture } from "./_compat.ts";
+import { assertGreedyCompletion, clearPrompt, COMPAT_FILES, compatPath, readFixture } from "./_compat.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
-const TOKENS = 3;
-
-/** The prompt with the longest run of clear (margin > 0.5) steps, and how many to generate. */
-function clearPrompt(fx: Fixture): { prompt: string; text: string; n: number } {
-  const scored = fx.prompts.map((p) => {
-    const cut = p.steps.findIndex((s) => s.margin <= MARGIN);
-    return { p, clear: cut < 0 ? p.steps.length : cut };
-  }).sort((a, b) => b.clear - a.clear);
-  const best = scored[0]!;
-  assert(best.clear >= 1, `fixture ${fx.model.file}: no prompt has a clear first step`);
-  return { prompt: best.p.prompt, text: completionText(best.p), n: Math.min(TOKENS, best.clear) };
-}
-
-function completionText(p: Fixture["prompts"][number]): string {
-  return (p as unknown as { completion_text: string }).completion_text;
-}
 
 for (const stem of COMPAT_FILES) {
   for (const backend of ["cpu", "webgpu"]) {
@@ -83,16 +67,7 @@ for (const stem of COMPAT_FILES) {
         "4",
       ]);
       try {
-        const res = await fetch(`${server.base}/v1/completions`, {
-          method: "POST",
-          headers: { "content-type": "application/json" },
-          body: JSON.stringify({ prompt, max_tokens: n, temperature: 0 }),
-        });
-        const body = await res.json();
-        assertEquals(res.status, 200, JSON.stringify(body));
-        const got: string = body.choices[0].text;
-        assert(got.length > 0, JSON.stringify(body));
-        assert(text.startsWith(got), `${stem}: '${got}' is not a prefix of llama.cpp's '${text}'`);
+        await assertGreedyCompletion(server.base, stem, prompt, n, text);
       } finally {
         server.child.kill("SIGTERM");
         await server.child.status;

@@ -7,30 +7,19 @@
  * f32 rounding alone.
  */
 import { assert, assertEquals } from "@std/assert";
-import { BLOCK_LAYOUT, TENSOR_TYPES, type TensorType } from "../lib/model/tensor.ts";
+import {
+  BLOCK_LAYOUT,
+  BLOCK_SCALE_OFFSETS,
+  TENSOR_TYPES,
+  type TensorType,
+} from "../lib/model/tensor.ts";
 import { dequantize, f32ToF16 } from "../lib/model/dequantize.ts";
 import { wasmHeap } from "../kernels/wasm/heap.ts";
+import { ActBuffer } from "../kernels/wasm/act_buffer.ts";
 import { ThreadPool } from "../kernels/wasm/pool.ts";
 import { type KernelFlavour, kernelModule, relaxedSimdAvailable } from "../kernels/wasm/kernel_module.ts";
 import { OP, OP_WORDS, ProgramWriter } from "../kernels/wasm/program.ts";
 import { rng } from "./_gpu.ts";
-
-/** Byte offsets of each block's f16 scale fields, which random bytes must not make NaN. */
-const SCALES: Record<TensorType, number[]> = {
-  f32: [],
-  f16: [],
-  bf16: [],
-  q8_0: [0],
-  q4_0: [0],
-  q4_1: [0, 2],
-  q5_0: [0],
-  q5_1: [0, 2],
-  q2_k: [80, 82],
-  q3_k: [108],
-  q4_k: [0, 2],
-  q5_k: [0, 2],
-  q6_k: [208],
-};
 
 /** A random [n, k] tensor of `type`: random quants, scales in ±[0.002, 0.05]. */
 function randomTensor(type: TensorType, n: number, k: number, seed: number): Uint8Array {
@@ -51,30 +40,12 @@ function randomTensor(type: TensorType, n: number, k: number, seed: number): Uin
   }
   for (let i = 0; i < out.length; i++) out[i] = Math.floor(rand() * 256);
   for (let b = 0; b < out.length / bytes; b++) {
-    for (const o of SCALES[type]) {
+    for (const o of BLOCK_SCALE_OFFSETS[type]) {
       const v = (0.002 + rand() * 0.048) * (rand() < 0.2 ? -1 : 1);
       view.setUint16(b * bytes + o, f32ToF16(v), true);
     }
   }
   return out;
-}
-
-/** Activation rows in the kernels' layout (kernels/wasm/as/quantize.ts), quantized by OP.quant. */
-function actBuffer(rows: number, k: number) {
-  const heap = wasmHeap();
-  const n = rows * k;
-  const sizes = [n * 4, n, (n >> 5) * 4 + 64, (n >> 5) * 4 + 64, n, (n >> 8) * 4 + 64, (n >> 4) * 4 + 64, (n >> 5) * 4 + 64];
-  const ptrs = sizes.map((s) => heap.alloc(s, "test activations"));
-  const desc = heap.alloc(64, "test descriptor");
-  heap.i32(desc, 8).set(ptrs);
-  return {
-    desc,
-    f: heap.f32(ptrs[0]!, n),
-    free: () => {
-      ptrs.forEach((p, i) => heap.free(p, sizes[i]!));
-      heap.free(desc, 64);
-    },
-  };
 }
 
 /** W·x for `rows` activation rows through the kernels; returns [rows, n] outputs. */
@@ -90,8 +61,8 @@ async function kernelMatmul(
   const heap = wasmHeap();
   const wp = heap.alloc(w.length, "test weights");
   heap.u8(wp, w.length).set(w);
-  const act = actBuffer(rows, k);
-  act.f.set(x);
+  const act = new ActBuffer(heap, rows, k, "test activations");
+  heap.f32(act.f, rows * k).set(x);
   const out = heap.alloc(rows * n * 4, "test outputs");
   const prog = heap.alloc(4 * OP_WORDS * 4, "test program");
   const pw = new ProgramWriter(heap.i32(prog, 4 * OP_WORDS));

@@ -28,9 +28,12 @@ export function kernelBytes(flavour: KernelFlavour): Uint8Array {
   }
 }
 
-/** Whether this runtime validates the relaxed-SIMD build. */
+let relaxed: boolean | undefined;
+
+/** Whether this runtime validates the relaxed-SIMD build (read and validated once). */
 export function relaxedSimdAvailable(): boolean {
-  return WebAssembly.validate(kernelBytes("relaxed") as BufferSource);
+  relaxed ??= WebAssembly.validate(kernelBytes("relaxed") as BufferSource);
+  return relaxed;
 }
 
 /**

@@ -14,11 +14,7 @@ export class ThreadPool {
   #broken: string | undefined;
   #closed = false;
 
-  private constructor(
-    private readonly heap: WasmHeap,
-    private readonly ctrl: number,
-    workers: Worker[],
-  ) {
+  private constructor(heap: WasmHeap, ctrl: number, workers: Worker[]) {
     this.#workers = workers;
     this.#words = heap.i32(ctrl, CTRL.words);
     for (const w of workers) {

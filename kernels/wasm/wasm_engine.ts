@@ -13,6 +13,7 @@ import type { ModelWeights } from "../../lib/model/weights.ts";
 import { dequantize } from "../../lib/model/dequantize.ts";
 import { DEFAULT_LIMITS } from "../../lib/engine/limits.ts";
 import { type WasmHeap, wasmHeap } from "./heap.ts";
+import { ActBuffer } from "./act_buffer.ts";
 import { ThreadPool } from "./pool.ts";
 import { f32Bits, OP, OP_WORDS, ProgramWriter } from "./program.ts";
 import { type KernelFlavour, kernelModule } from "./kernel_module.ts";
@@ -58,46 +59,6 @@ interface LayerPtrs {
   readonly kNorm: number;
 }
 
-/** Activation rows of width K in every encoding the matmuls read (see as/quantize.ts). */
-class ActBuffer {
-  readonly desc: number;
-  readonly f: number;
-  readonly #ranges: [number, number][] = [];
-  constructor(private readonly heap: WasmHeap, readonly rows: number, readonly K: number, what: string) {
-    const take = (bytes: number) => {
-      const p = heap.alloc(Math.max(bytes, 64), what);
-      this.#ranges.push([p, Math.max(bytes, 64)]);
-      return p;
-    };
-    const n = rows * K;
-    this.f = take(n * 4);
-    const fields = [
-      this.f,
-      take(n), // q32
-      take((n >> 5) * 4 + 64), // d32
-      take((n >> 5) * 4 + 64), // s32
-      take(n), // q256
-      take((n >> 8) * 4 + 64), // d256
-      take((n >> 4) * 4 + 64), // bs16
-      take((n >> 5) * 4 + 64), // bs32
-    ];
-    this.desc = take(64);
-    const d = heap.i32(this.desc, 8);
-    fields.forEach((p, i) => (d[i] = p));
-  }
-  /** A descriptor for rows from..: the same buffers, offset (for classifier chunks). */
-  writeOffsetDesc(at: number, from: number): void {
-    const d = this.heap.i32(this.desc, 8);
-    const out = this.heap.i32(at, 8);
-    const K = this.K;
-    const per = [K * 4, K, (K >> 5) * 4, (K >> 5) * 4, K, (K >> 8) * 4, (K >> 4) * 2, (K >> 5) * 2];
-    for (let i = 0; i < 8; i++) out[i] = d[i]! + from * per[i]!;
-  }
-  free(): void {
-    for (const [p, n] of this.#ranges) this.heap.free(p, n);
-  }
-}
-
 /** Weights already placed in the heap, per tensor: shared by every engine over the model. */
 const placed = new WeakMap<Tensor, number>();
 
@@ -127,6 +88,7 @@ export class WasmEngine implements Engine {
   readonly #output: Matrix;
   readonly #outputNorm: number;
   readonly #embedding: Tensor;
+  readonly #embedRowBytes: number;
   readonly #freqs: Float64Array;
   readonly #owned: [number, number][] = [];
   readonly #lastSampled = new Map<number, number>();
@@ -174,11 +136,13 @@ export class WasmEngine implements Engine {
     this.limits = { maxSeqs, maxBatchTokens: maxRows };
     this.#freqs = ropeFrequencies(config);
     this.#embedding = weights.tokenEmbedding;
+    this.#embedRowBytes = byteSize(weights.tokenEmbedding.type, [config.dim]);
 
     const qDim = nHeads * headDim, kvDim = nKvHeads * headDim;
     let weightBytes = 0;
     const vector = (t: Tensor | undefined, n: number): number => {
       if (!t) return 0;
+      weightBytes += n * 4;
       const hit = placed.get(t);
       if (hit !== undefined) return hit;
       const values = dequantize(t);
@@ -188,7 +152,6 @@ export class WasmEngine implements Engine {
       const p = heap.alloc(n * 4, `'${t.name}'`);
       heap.f32(p, n).set(values);
       placed.set(t, p);
-      weightBytes += n * 4;
       return p;
     };
     const matrix = (t: Tensor, rows: number, cols: number): Matrix => {
@@ -267,10 +230,7 @@ export class WasmEngine implements Engine {
     this.#prog = own(this.#progOps * OP_WORDS * 4, "the step program");
     this.#chunkDesc = own(64, "a classifier descriptor");
     const buffers = this.#owned.slice(before).reduce((n, [, b]) => n + b, 0) +
-      [this.#actDim, this.#actAtt, this.#actHidden, this.#actOut].reduce(
-        (n, a) => n + a.rows * a.K * 7,
-        0,
-      );
+      [this.#actDim, this.#actAtt, this.#actHidden, this.#actOut].reduce((n, a) => n + a.bytes, 0);
     this.memory = { weights: weightBytes, kvCache: kvBytes, buffers };
   }
 
@@ -408,9 +368,9 @@ export class WasmEngine implements Engine {
 
   #embed(token: number, out: Float32Array): void {
     const t = this.#embedding;
-    const rowBytes = byteSize(t.type, [t.shape[1]!]);
-    const data = t.data.subarray(token * rowBytes, (token + 1) * rowBytes);
-    out.set(dequantize({ name: t.name, type: t.type, shape: [t.shape[1]!], data }));
+    const n = this.#embedRowBytes;
+    const data = t.data.subarray(token * n, (token + 1) * n);
+    out.set(dequantize({ name: t.name, type: t.type, shape: [this.config.dim], data }));
   }
 
   /** The program of one step: every layer for `rows` rows, then the final norm of the sampled rows. */

@@ -63,10 +63,10 @@ export function planKvCache(config: ModelConfig, req: KvRequest): KvPlan {
   const elt = req.bytesPerElement ?? 4;
   const blockBytes = kvBlockBytes(config, blockSize, elt);
   const poolBlockBytes = blockSize * config.nKvHeads * config.headDim * elt;
-  const poolCap = Math.min(
-    req.maxPoolBytes === undefined ? Infinity : Math.floor(req.maxPoolBytes / poolBlockBytes),
-    req.maxBytes === undefined ? Infinity : Math.floor(req.maxBytes / blockBytes),
-  );
+  const poolCap = req.maxPoolBytes === undefined
+    ? Infinity
+    : Math.floor(req.maxPoolBytes / poolBlockBytes);
+  const totalCap = req.maxBytes === undefined ? Infinity : Math.floor(req.maxBytes / blockBytes);
   const contextBlocks = Math.ceil(config.contextLength / blockSize);
   const plan = (numBlocks: number, contextLength: number, why: string): KvPlan => ({
     numBlocks,
@@ -86,10 +86,10 @@ export function planKvCache(config: ModelConfig, req: KvRequest): KvPlan {
         }); raise it, or lower --context-length`,
       );
     }
-    if (numBlocks > poolCap && req.maxPoolBytes === undefined) {
+    if (numBlocks > totalCap) {
       throw new Error(
         `--kv-memory ${formatBytes(req.kvMemory)} does not fit in the CPU engine's memory beside the model: use at most ${
-          formatBytes(poolCap * blockBytes)
+          formatBytes(totalCap * blockBytes)
         }`,
       );
     }
@@ -111,10 +111,10 @@ export function planKvCache(config: ModelConfig, req: KvRequest): KvPlan {
     ? UNKNOWN_MEMORY_CAP
     : req.availableMemory / 4;
   const memoryCap = Math.floor(memoryBudget / blockBytes);
-  const numBlocks = Math.max(1, Math.min(wanted, poolCap, memoryCap));
+  const numBlocks = Math.max(1, Math.min(wanted, poolCap, totalCap, memoryCap));
   const by = numBlocks === wanted
     ? `a full context for each of ${req.maxRunning} sequences`
-    : numBlocks === poolCap && req.maxPoolBytes === undefined
+    : numBlocks === totalCap
     ? `the CPU engine's 4 GiB WebAssembly memory`
     : numBlocks === poolCap
     ? `the device's binding limit of ${formatBytes(req.maxPoolBytes!)} per layer pool`

@@ -1,11 +1,18 @@
 import type { SamplingParams } from "./engine.ts";
-import { argmax, candidateSet, isGreedyTemperature, logSoftmaxAt, type SampleResult } from "./sampling.ts";
+import {
+  argmax,
+  checkParams,
+  isGreedyTemperature,
+  logSoftmaxAt,
+  sample,
+  type SampleResult,
+} from "./sampling.ts";
 import { uniform } from "../util/rng.ts";
 
 /**
  * Tokens more than this many nats below the best are left out of the sort: together they hold
  * at most vocab × e^-24 (3e-6 at 150k) of the probability. When the draw lands in that tail,
- * the row is drawn again through the full sort, so the result is the same either way.
+ * the row is drawn again by sample() itself, so the result is the same either way.
  */
 const TAIL_NATS = 24;
 
@@ -20,12 +27,11 @@ const TAIL_NATS = 24;
  * ```
  */
 export function sampleRow(logits: Float32Array, p: SamplingParams, position: number): SampleResult {
+  checkParams(p, logits.length);
   if (isGreedyTemperature(p.temperature) || p.topK === 1) {
-    if (isGreedyTemperature(p.temperature)) candidateSet(logits.subarray(0, 1), p); // checks params
     const token = argmax(logits);
     return { token, logprob: logSoftmaxAt(logits, token) };
   }
-  candidateSet(logits.subarray(0, 1), { ...p, temperature: 0 }); // checks params
   const n = logits.length;
   const scaled = new Float32Array(n);
   let max = -Infinity;
@@ -34,8 +40,9 @@ export function sampleRow(logits: Float32Array, p: SamplingParams, position: num
     scaled[i] = s;
     if (s > max) max = s;
   }
+  const byTopK = p.topK > 0 && p.topK < n;
   let ids: number[];
-  if (p.topK > 0 && p.topK < n) {
+  if (byTopK) {
     ids = topK(scaled, p.topK);
   } else {
     ids = [];
@@ -43,9 +50,11 @@ export function sampleRow(logits: Float32Array, p: SamplingParams, position: num
     for (let i = 0; i < n; i++) if (scaled[i]! >= floor) ids.push(i);
   }
   ids.sort((a, b) => scaled[b]! - scaled[a]! || a - b);
-  const full = !(p.topK > 0 && p.topK < n) && ids.length < n;
+  // The candidates are a prefix of the full order that leaves a tail out; the sum still
+  // covers the tail, as sample()'s does.
+  const tailCut = !byTopK && ids.length < n;
   let total = 0;
-  if (full) for (let i = 0; i < n; i++) total += Math.exp(scaled[i]! - max);
+  if (tailCut) for (let i = 0; i < n; i++) total += Math.exp(scaled[i]! - max);
   else for (const id of ids) total += Math.exp(scaled[id]! - max);
   let probs = ids.map((id) => Math.exp(scaled[id]! - max) / total);
   if (p.topP < 1) {
@@ -58,7 +67,7 @@ export function sampleRow(logits: Float32Array, p: SamplingParams, position: num
         break;
       }
     }
-    if (keep < 0 && full) return slow(logits, p, position);
+    if (keep < 0 && tailCut) return sample(logits, p, position);
     if (keep > 0) {
       ids = ids.slice(0, keep);
       probs = probs.slice(0, keep);
@@ -68,9 +77,9 @@ export function sampleRow(logits: Float32Array, p: SamplingParams, position: num
     const floor = p.minP * probs[0]!;
     let keep = 0;
     while (keep < probs.length && probs[keep]! >= floor) keep++;
-    if (keep === probs.length && full && probs[probs.length - 1]! >= floor && p.topP >= 1) {
+    if (keep === probs.length && tailCut && probs[probs.length - 1]! >= floor && p.topP >= 1) {
       // Tokens past the tail might still clear the min-p floor.
-      if (Math.exp(-TAIL_NATS) >= p.minP) return slow(logits, p, position);
+      if (Math.exp(-TAIL_NATS) >= p.minP) return sample(logits, p, position);
     }
     ids = ids.slice(0, keep);
     probs = probs.slice(0, keep);
@@ -83,24 +92,8 @@ export function sampleRow(logits: Float32Array, p: SamplingParams, position: num
     if (cum > target) return { token: ids[j]!, logprob: logSoftmaxAt(logits, ids[j]!) };
   }
   // The draw fell past the sorted candidates: only the full order can say where.
-  if (full && p.topP >= 1 && p.minP === 0) return slow(logits, p, position);
+  if (tailCut && p.topP >= 1 && p.minP === 0) return sample(logits, p, position);
   const token = ids[ids.length - 1]!;
-  return { token, logprob: logSoftmaxAt(logits, token) };
-}
-
-function slow(logits: Float32Array, p: SamplingParams, position: number): SampleResult {
-  const { ids, probs } = candidateSet(logits, p);
-  let token = ids[ids.length - 1]!;
-  const total = probs.reduce((a, b) => a + b, 0);
-  const target = uniform(p.seed, position) * total;
-  let cum = 0;
-  for (let j = 0; j < ids.length; j++) {
-    cum += probs[j]!;
-    if (cum > target) {
-      token = ids[j]!;
-      break;
-    }
-  }
   return { token, logprob: logSoftmaxAt(logits, token) };
 }
 

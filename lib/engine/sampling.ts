@@ -65,7 +65,8 @@ export function isGreedyTemperature(temperature: number): boolean {
   return !(temperature >= MIN_TEMPERATURE);
 }
 
-function checkParams(p: SamplingParams, vocab: number): void {
+/** Throws naming the first invalid sampling parameter (shared by every sampler). */
+export function checkParams(p: SamplingParams, vocab: number): void {
   const bad = (what: string, got: unknown) => {
     throw new Error(`Cannot sample: ${what}, received ${got}`);
   };

@@ -47,6 +47,23 @@ export const BLOCK_LAYOUT: Record<TensorType, { elements: number; bytes: number 
   q6_k: { elements: 256, bytes: 210 }, // ql[128], qh[64], scales[16], d
 };
 
+/** Byte offsets of the f16 scale fields (d, and dmin or m where present) in each block type. */
+export const BLOCK_SCALE_OFFSETS: Record<TensorType, readonly number[]> = {
+  f32: [],
+  f16: [],
+  bf16: [],
+  q8_0: [0],
+  q4_0: [0],
+  q4_1: [0, 2],
+  q5_0: [0],
+  q5_1: [0, 2],
+  q2_k: [80, 82],
+  q3_k: [108],
+  q4_k: [0, 2],
+  q5_k: [0, 2],
+  q6_k: [208],
+};
+
 /** Every tensor type, in BLOCK_LAYOUT's order. */
 export const TENSOR_TYPES = Object.keys(BLOCK_LAYOUT) as TensorType[];
 

@@ -59,16 +59,19 @@ export async function planKv(
 ): Promise<KvPlan> {
   const onCpu = backend === "cpu" || backend === "reference";
   const maxPoolBytes = onCpu ? undefined : await adapterBindingLimit();
-  const bytesPerElement = backend === "cpu" && (opts.kvDtype ?? "f16") === "f16" ? 2 : 4;
-  const heapLeft = WasmHeap.MAX_BYTES - wasmHeap().used - CPU_HEADROOM;
+  // The plan counts elements at the size of the engine it is for: auto plans in f32, for
+  // WebGPU, and the CPU engine then holds the same blocks at its own size.
+  const cpuElement = opts.kvDtype === "f32" ? 4 : 2;
+  const bytesPerElement = backend === "cpu" ? cpuElement : 4;
+  const runsCpu = backend === "cpu" || backend === "auto";
+  const heapLeft = runsCpu ? WasmHeap.MAX_BYTES - wasmHeap().used - CPU_HEADROOM : 0;
+  const available = freeMemory();
   return planKvCache(model.config, {
     ...req,
     bytesPerElement,
-    // auto plans in f32 for WebGPU; the CPU engine then holds the same blocks in f16.
-    ...(backend === "cpu" ? { maxBytes: Math.max(0, heapLeft) } : {}),
-    ...(backend === "auto" ? { maxBytes: Math.max(0, 2 * heapLeft) } : {}),
+    ...(runsCpu ? { maxBytes: Math.max(0, (heapLeft * bytesPerElement) / cpuElement) } : {}),
     ...(maxPoolBytes === undefined ? {} : { maxPoolBytes }),
-    ...(freeMemory() === undefined ? {} : { availableMemory: freeMemory() }),
+    ...(available === undefined ? {} : { availableMemory: available }),
   });
 }
 

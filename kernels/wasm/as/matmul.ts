@@ -234,6 +234,10 @@ const BITS: v128 = i8x16(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -
         h0 = v128.load(bp + 16);
         h1 = v128.load(bp + 32);
       }
+      // The four chunks (and Q6_K's eight sub-blocks below) are written out rather than looped:
+      // the shift counts and shuffle lanes must be constants. A loop over helpers with run-time
+      // counts and swizzle masks measured 2.2x slower for Q6_K and 1.15x for Q4_K (8192 x 2048,
+      // one row, one thread).
       { // chunk 0: sub-blocks 0 (low nibbles) and 1 (high nibbles)
         const x0 = v128.load(qs, 0), x1 = v128.load(qs, 16);
         let w0 = v128.and(x0, M4), w1 = v128.and(x1, M4);

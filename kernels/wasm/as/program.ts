@@ -6,9 +6,6 @@ import { ACT_F, normRow, quantizeRow } from "./quantize";
 import { matmul } from "./matmul";
 import { attendHead, qkvPost, swigluRow } from "./layer_ops";
 
-export { f2h } from "./simd";
-export { rowBytes } from "./matmul";
-
 // Op codes and field offsets: kernels/wasm/program.ts writes the same layout.
 const OP_END: i32 = 0;
 const OP_NORM_QUANT: i32 = 1;

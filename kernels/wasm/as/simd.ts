@@ -3,25 +3,6 @@
 export const ZERO: v128 = i32x4.splat(0);
 
 /**
- * acc + the dot product of 16 signed activations `a` with 16 weights `w` in 0..127, as 4
- * partial sums. Weights stay below 128 so relaxed SIMD's i8×i7 dot product is exact and the
- * same on every CPU; both builds therefore give the same integers.
- */
-// @ts-ignore: decorator
-@inline export function dot16(a: v128, w: v128, acc: v128): v128 {
-  if (ASC_FEATURE_RELAXED_SIMD) {
-    return i32x4.relaxed_dot_i8x16_i7x16_add_s(a, w, acc);
-  } else {
-    const lo = i16x8.extmul_low_i8x16_s(a, w);
-    const hi = i16x8.extmul_high_i8x16_s(a, w);
-    return i32x4.add(
-      acc,
-      i32x4.add(i32x4.extadd_pairwise_i16x8_s(lo), i32x4.extadd_pairwise_i16x8_s(hi)),
-    );
-  }
-}
-
-/**
  * Pair sums a[2i]·w[2i] + a[2i+1]·w[2i+1] of 16 signed activations and 16 weights in 0..127,
  * as 8 i16 lanes (pmaddubsw): exact, since |a| ≤ 127 keeps each pair within ±32512. The plain
  * build computes the same sums from 16-bit products.
@@ -56,12 +37,6 @@ export const ZERO: v128 = i32x4.splat(0);
 @inline export function hsum(v: v128): f32 {
   return (f32x4.extract_lane(v, 0) + f32x4.extract_lane(v, 1)) +
     (f32x4.extract_lane(v, 2) + f32x4.extract_lane(v, 3));
-}
-
-// @ts-ignore: decorator
-@inline export function hsumi(v: v128): i32 {
-  return (i32x4.extract_lane(v, 0) + i32x4.extract_lane(v, 1)) +
-    (i32x4.extract_lane(v, 2) + i32x4.extract_lane(v, 3));
 }
 
 /** IEEE half (as its 16 bits) to f32, exact for every finite value. */

@@ -1,0 +1,45 @@
+import type { WasmHeap } from "./heap.ts";
+
+/**
+ * Bytes per row of each field of an activation buffer K wide, in the order of the descriptor's
+ * words (ACT_* in as/quantize.ts): f32 values, Q8_0 quants, their scales and scaled sums, Q8_K
+ * quants, their scales, and the 16-bit sums of each 16 and each 32 quants.
+ */
+function rowBytes(K: number): number[] {
+  return [K * 4, K, (K >> 5) * 4, (K >> 5) * 4, K, (K >> 8) * 4, (K >> 4) * 2, (K >> 5) * 2];
+}
+
+/** Activation rows of width K in every encoding the matmuls read, with their descriptor. */
+export class ActBuffer {
+  /** Address of the 8-word descriptor the kernels take. */
+  readonly desc: number;
+  /** Address of the f32 rows. */
+  readonly f: number;
+  /** Bytes held. */
+  readonly bytes: number;
+  readonly #ranges: [number, number][];
+
+  constructor(private readonly heap: WasmHeap, readonly rows: number, readonly K: number, what: string) {
+    // Padded: a field can be empty (K below a block) yet still needs an address.
+    this.#ranges = rowBytes(K).map((b) => {
+      const n = rows * b + 64;
+      return [heap.alloc(n, what), n];
+    });
+    this.#ranges.push([heap.alloc(64, what), 64]);
+    this.bytes = this.#ranges.reduce((n, [, b]) => n + b, 0);
+    this.desc = this.#ranges[8]![0];
+    this.f = this.#ranges[0]![0];
+    heap.i32(this.desc, 8).set(this.#ranges.slice(0, 8).map(([p]) => p));
+  }
+
+  /** Writes at `at` a descriptor for rows from `from` on (the classifier's chunks). */
+  writeOffsetDesc(at: number, from: number): void {
+    const d = this.heap.i32(this.desc, 8);
+    const per = rowBytes(this.K);
+    this.heap.i32(at, 8).set(per.map((b, i) => d[i]! + from * b));
+  }
+
+  free(): void {
+    for (const [p, n] of this.#ranges) this.heap.free(p, n);
+  }
+}
