@@ -2,12 +2,15 @@ import type { WasmHeap } from "./heap.ts";
 
 /**
  * Bytes per row of each field of an activation buffer K wide, in the order of the descriptor's
- * words (ACT_* in as/quantize.ts): f32 values, Q8_0 quants, their scales and scaled sums, Q8_K
- * quants, their scales, and the 16-bit sums of each 16 and each 32 quants.
+ * words (ACT_* in as/quantize.ts): f32 values, Q8_0 quants, their scales and scaled sums (tiled
+ * by four rows), Q8_K quants, their scales, the 16-bit sums of each 16 and each 32 quants, and
+ * the Q8_0 quants widened to 16 bits.
  */
 function rowBytes(K: number): number[] {
-  return [K * 4, K, (K >> 5) * 4, (K >> 5) * 4, K, (K >> 8) * 4, (K >> 4) * 2, (K >> 5) * 2];
+  return [K * 4, K, (K >> 5) * 4, (K >> 5) * 4, K, (K >> 8) * 4, (K >> 4) * 2, (K >> 5) * 2, K * 2];
 }
+
+const FIELDS = 9;
 
 /** Activation rows of width K in every encoding the matmuls read, with their descriptor. */
 export class ActBuffer {
@@ -20,23 +23,26 @@ export class ActBuffer {
   readonly #ranges: [number, number][];
 
   constructor(private readonly heap: WasmHeap, readonly rows: number, readonly K: number, what: string) {
-    // Padded: a field can be empty (K below a block) yet still needs an address.
+    // Padded: a field can be empty (K below a block) yet still needs an address; rows are
+    // rounded up to whole tiles of four.
+    const tiled = Math.ceil(rows / 4) * 4;
     this.#ranges = rowBytes(K).map((b) => {
-      const n = rows * b + 64;
+      const n = tiled * b + 64;
       return [heap.alloc(n, what), n];
     });
     this.#ranges.push([heap.alloc(64, what), 64]);
     this.bytes = this.#ranges.reduce((n, [, b]) => n + b, 0);
-    this.desc = this.#ranges[8]![0];
+    this.desc = this.#ranges[FIELDS]![0];
     this.f = this.#ranges[0]![0];
-    heap.i32(this.desc, 8).set(this.#ranges.slice(0, 8).map(([p]) => p));
+    heap.i32(this.desc, FIELDS).set(this.#ranges.slice(0, FIELDS).map(([p]) => p));
   }
 
-  /** Writes at `at` a descriptor for rows from `from` on (the classifier's chunks). */
+  /** Writes at `at` a descriptor for rows from `from` on (the classifier's chunks); `from` is a multiple of 4. */
   writeOffsetDesc(at: number, from: number): void {
-    const d = this.heap.i32(this.desc, 8);
+    if (from % 4 !== 0) throw new Error(`Activation rows are tiled by four: cannot offset by ${from} rows`);
+    const d = this.heap.i32(this.desc, FIELDS);
     const per = rowBytes(this.K);
-    this.heap.i32(at, 8).set(per.map((b, i) => d[i]! + from * b));
+    this.heap.i32(at, FIELDS).set(per.map((b, i) => d[i]! + from * b));
   }
 
   free(): void {

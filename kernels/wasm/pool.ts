@@ -1,4 +1,4 @@
-import { CTRL } from "./pool_protocol.ts";
+import { CTRL, SCRATCH_BYTES } from "./pool_protocol.ts";
 import type { WasmHeap } from "./heap.ts";
 
 /**
@@ -49,7 +49,8 @@ export class ThreadPool {
     if (!(Number.isInteger(threads) && threads >= 1 && threads <= 256)) {
       throw new Error(`Cannot start the CPU engine: threads must be an integer in 1..256, received ${threads}`);
     }
-    const ctrl = heap.alloc(CTRL.bytes, "thread pool control words");
+    const ctrlBytes = CTRL.bytes + threads * SCRATCH_BYTES;
+    const ctrl = heap.alloc(ctrlBytes, "thread pool control words");
     heap.u8(ctrl, CTRL.bytes).fill(0);
     const workers: Worker[] = [];
     const ready: Promise<void>[] = [];
@@ -71,7 +72,7 @@ export class ThreadPool {
       await Promise.all(ready);
     } catch (e) {
       for (const w of workers) w.terminate();
-      heap.free(ctrl, CTRL.bytes);
+      heap.free(ctrl, ctrlBytes);
       throw e;
     }
     return new ThreadPool(heap, ctrl, workers);
@@ -104,6 +105,7 @@ export class ThreadPool {
     for (const w of this.#workers) w.terminate();
     this.#pending?.reject(new Error("The thread pool was closed during a program"));
     this.#pending = undefined;
-    // The control words are not freed: a terminating thread may still touch them.
+    // The control words (and the threads' scratch) are not freed: a terminating thread may
+    // still touch them.
   }
 }

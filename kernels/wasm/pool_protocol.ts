@@ -13,3 +13,9 @@ export const CTRL = {
   /** The barrier's two words (count, generation) start here, in bytes. */
   barrierOffset: 32,
 } as const;
+
+/**
+ * Bytes of scratch each thread owns, after the control block: SCRATCH_BYTES in
+ * kernels/wasm/as/legacy.ts, which the worker checks.
+ */
+export const SCRATCH_BYTES = 4096;

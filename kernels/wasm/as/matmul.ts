@@ -7,16 +7,14 @@
 // unpacking. Weights are unpacked to unsigned values below 128 (offsets and minimums are
 // applied through the activations' block sums), so relaxed SIMD's i8×i7 dot product is exact.
 
-import { dot16signed, h2f, h2f_hi, h2f_lo, h2fScale, hsum, pairs16, ZERO } from "./simd";
+import { h2f, h2f_hi, h2f_lo, h2fScale, hsum, pairs16, ZERO } from "./simd";
+import { matmulQ4_0, matmulQ4_1, matmulQ5_0, matmulQ5_1, matmulQ8_0 } from "./legacy";
 import {
   ACT_BS16,
   ACT_BS32,
   ACT_D256,
-  ACT_D32,
   ACT_F,
   ACT_Q256,
-  ACT_Q32,
-  ACT_S32,
 } from "./quantize";
 
 // Type codes: the index of the type in TENSOR_TYPES (lib/model/tensor.ts).
@@ -63,13 +61,6 @@ export function rowBytes(type: i32, K: i32): i32 {
 // Integer dot products of a 32-element sub-block: pair sums in i16 (sub-block sums stay
 // within i16 for weights below 64), widened or scaled by pmaddwd into i32 lanes.
 
-// @ts-ignore: decorator
-@inline function lacc(acc: v128, q: usize, w0: v128, w1: v128, scale: f32): v128 {
-  const p = i16x8.add(pairs16(v128.load(q), w0), pairs16(v128.load(q, 16), w1));
-  const s = i32x4.extadd_pairwise_i16x8_s(p);
-  return f32x4.add(acc, f32x4.mul(f32x4.convert_i32x4_s(s), f32x4.splat(scale)));
-}
-
 /** is + Σ sc·w·a over 32 elements; sc is an i16 splat (scales up to 63). */
 // @ts-ignore: decorator
 @inline function kacc32(is: v128, q: usize, w0: v128, w1: v128, sc: v128): v128 {
@@ -92,101 +83,6 @@ export function rowBytes(type: i32, K: i32): i32 {
 const M4: v128 = i8x16.splat(0x0f);
 const M30: v128 = i8x16.splat(0x30);
 const BIT16: v128 = i8x16.splat(0x10);
-const BITS: v128 = i8x16(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
-
-/** 0x10 in lane i where bit (base + i) of qh is set, for 16 lanes. */
-// @ts-ignore: decorator
-@inline function highBits(qh: u32, byte0: u8): v128 {
-  const v = i32x4.splat(<i32>qh);
-  const s = byte0 == 0
-    ? i8x16.swizzle(v, i8x16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1))
-    : i8x16.swizzle(v, i8x16(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-  return v128.and(i8x16.eq(v128.and(s, BITS), BITS), BIT16);
-}
-
-// ---- 32-element types: Q8_0 activations (d32, s32 = d32 × block sum) ----------------------
-
-// @ts-ignore: decorator
-@inline function k_legacy(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
-  const nb = K >> 5;
-  const q = load<usize>(desc + ACT_Q32) + <usize>b * <usize>K;
-  const ds = load<usize>(desc + ACT_D32) + (<usize>(b * nb) << 2);
-  const ss = load<usize>(desc + ACT_S32) + (<usize>(b * nb) << 2);
-  const qk = <usize>K;
-  const dk = <usize>nb << 2;
-  let a0 = f32x4.splat(0), a1 = f32x4.splat(0), a2 = f32x4.splat(0), a3 = f32x4.splat(0);
-  let e0: f32 = 0, e1: f32 = 0, e2: f32 = 0, e3: f32 = 0;
-  for (let j = 0; j < nb; j++) {
-    const qo = q + (<usize>j << 5);
-    const jo = <usize>j << 2;
-    let w0 = ZERO, w1 = ZERO;
-    let dw: f32 = 0, m: f32 = 0;
-    if (type == T_Q8_0) {
-      const bp = wr + <usize>j * 34;
-      dw = h2fScale(load<u16>(bp));
-      const x0 = v128.load(bp + 2);
-      const x1 = v128.load(bp + 18);
-      const sa = dot16signed(v128.load(qo, 16), x1, dot16signed(v128.load(qo), x0, ZERO));
-      a0 = f32x4.add(a0, f32x4.mul(f32x4.convert_i32x4_s(sa), f32x4.splat(dw * load<f32>(ds + jo))));
-      if (nr == 4) {
-        const s1 = dot16signed(v128.load(qo + qk, 16), x1, dot16signed(v128.load(qo + qk), x0, ZERO));
-        a1 = f32x4.add(a1, f32x4.mul(f32x4.convert_i32x4_s(s1), f32x4.splat(dw * load<f32>(ds + dk + jo))));
-        const s2 = dot16signed(v128.load(qo + 2 * qk, 16), x1, dot16signed(v128.load(qo + 2 * qk), x0, ZERO));
-        a2 = f32x4.add(a2, f32x4.mul(f32x4.convert_i32x4_s(s2), f32x4.splat(dw * load<f32>(ds + 2 * dk + jo))));
-        const s3 = dot16signed(v128.load(qo + 3 * qk, 16), x1, dot16signed(v128.load(qo + 3 * qk), x0, ZERO));
-        a3 = f32x4.add(a3, f32x4.mul(f32x4.convert_i32x4_s(s3), f32x4.splat(dw * load<f32>(ds + 3 * dk + jo))));
-      }
-      continue;
-    }
-    if (type == T_Q4_0) {
-      const bp = wr + <usize>j * 18;
-      dw = h2fScale(load<u16>(bp));
-      const x = v128.load(bp + 2);
-      w0 = v128.and(x, M4);
-      w1 = v128.and(i16x8.shr_u(x, 4), M4);
-      m = dw * -8;
-    } else if (type == T_Q4_1) {
-      const bp = wr + <usize>j * 20;
-      dw = h2fScale(load<u16>(bp));
-      m = h2fScale(load<u16>(bp + 2));
-      const x = v128.load(bp + 4);
-      w0 = v128.and(x, M4);
-      w1 = v128.and(i16x8.shr_u(x, 4), M4);
-    } else if (type == T_Q5_0) {
-      const bp = wr + <usize>j * 22;
-      dw = h2fScale(load<u16>(bp));
-      const qh = load<u32>(bp + 2);
-      const x = v128.load(bp + 6);
-      w0 = v128.or(v128.and(x, M4), highBits(qh, 0));
-      w1 = v128.or(v128.and(i16x8.shr_u(x, 4), M4), highBits(qh, 2));
-      m = dw * -16;
-    } else {
-      // T_Q5_1
-      const bp = wr + <usize>j * 24;
-      dw = h2fScale(load<u16>(bp));
-      m = h2fScale(load<u16>(bp + 2));
-      const qh = load<u32>(bp + 4);
-      const x = v128.load(bp + 8);
-      w0 = v128.or(v128.and(x, M4), highBits(qh, 0));
-      w1 = v128.or(v128.and(i16x8.shr_u(x, 4), M4), highBits(qh, 2));
-    }
-    a0 = lacc(a0, qo, w0, w1, dw * load<f32>(ds + jo));
-    e0 += m * load<f32>(ss + jo);
-    if (nr == 4) {
-      a1 = lacc(a1, qo + qk, w0, w1, dw * load<f32>(ds + dk + jo));
-      e1 += m * load<f32>(ss + dk + jo);
-      a2 = lacc(a2, qo + 2 * qk, w0, w1, dw * load<f32>(ds + 2 * dk + jo));
-      e2 += m * load<f32>(ss + 2 * dk + jo);
-      a3 = lacc(a3, qo + 3 * qk, w0, w1, dw * load<f32>(ds + 3 * dk + jo));
-      e3 += m * load<f32>(ss + 3 * dk + jo);
-    }
-  }
-  R0 = hsum(a0) + e0;
-  R1 = hsum(a1) + e1;
-  R2 = hsum(a2) + e2;
-  R3 = hsum(a3) + e3;
-}
-
 // ---- K-quants: Q8_K activations (d256, bs16, bs32) ----------------------------------------
 
 // @ts-ignore: decorator
@@ -614,7 +510,6 @@ const BITS: v128 = i8x16(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -
 // @ts-ignore: decorator
 @inline function tile(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
   if (type <= T_BF16) k_float(type, wr, K, desc, b, nr);
-  else if (type <= T_Q5_1) k_legacy(type, wr, K, desc, b, nr);
   else k_kquant(type, wr, K, desc, b, nr);
 }
 
@@ -634,6 +529,13 @@ export function matmul(
   type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
   accum: bool, n0: i32, n1: i32,
 ): void {
+  switch (type) {
+    case T_Q8_0: matmulQ8_0(w, K, desc, B, out, ostride, bias, accum, n0, n1); return;
+    case T_Q4_0: matmulQ4_0(w, K, desc, B, out, ostride, bias, accum, n0, n1); return;
+    case T_Q4_1: matmulQ4_1(w, K, desc, B, out, ostride, bias, accum, n0, n1); return;
+    case T_Q5_0: matmulQ5_0(w, K, desc, B, out, ostride, bias, accum, n0, n1); return;
+    case T_Q5_1: matmulQ5_1(w, K, desc, B, out, ostride, bias, accum, n0, n1); return;
+  }
   mmRows(type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
 }
 

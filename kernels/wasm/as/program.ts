@@ -4,6 +4,7 @@
 
 import { ACT_F, normRow, quantizeRow } from "./quantize";
 import { matmul } from "./matmul";
+import { SCRATCH_BYTES, setScratch } from "./legacy";
 import { attendHead, qkvPost, swigluRow } from "./layer_ops";
 
 // Op codes and field offsets: kernels/wasm/program.ts writes the same layout.
@@ -44,8 +45,17 @@ function barrier(ctrl: usize, n: i32): void {
   while (atomic.load<i32>(ctrl, 4) == gen) atomic.wait<i32>(ctrl + 4, gen, -1);
 }
 
-/** Runs the program at prog as thread tid of nth; ctrl is the barrier's two words. */
-export function run(prog: usize, ctrl: usize, tid: i32, nth: i32): void {
+/** Bytes of the scratch range each thread's run() is given. */
+export function scratchBytes(): i32 {
+  return SCRATCH_BYTES;
+}
+
+/**
+ * Runs the program at prog as thread tid of nth; ctrl is the barrier's two words, scratch this
+ * thread's own SCRATCH_BYTES.
+ */
+export function run(prog: usize, ctrl: usize, tid: i32, nth: i32, scratch: usize): void {
+  setScratch(scratch);
   for (let p = prog; ; p += OP_BYTES) {
     const op = word(p, 0);
     if (op == OP_END) break;

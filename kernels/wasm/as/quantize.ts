@@ -4,9 +4,11 @@
 import { hsum } from "./simd";
 
 /**
- * Where one buffer of activation rows lives (8 pointers, see ACT_* in kernels/wasm/layout.ts).
- * Row r of a K-wide buffer starts at r*K in f and the two q arrays, r*K/32 in d32 and s32,
- * r*K/256 in d256, r*K/16 in bs16, r*K/32 in bs32 (bs16 summed in pairs; both i16).
+ * Where one buffer of activation rows lives (9 pointers, written by kernels/wasm/act_buffer.ts).
+ * Row r of a K-wide buffer starts at r*K in f, q32, q256 and q16 (q32 widened to i16), r*K/256
+ * in d256, r*K/16 in bs16, r*K/32 in bs32 (bs16 summed in pairs; both i16). d32 and s32 are
+ * tiled by four rows, block-major: row r's block j is float ((r/4)·(K/32) + j)·4 + r%4, so one
+ * load gives a block's scales for four rows.
  */
 export const ACT_F: i32 = 0;
 export const ACT_Q32: i32 = 4;
@@ -16,6 +18,7 @@ export const ACT_Q256: i32 = 16;
 export const ACT_D256: i32 = 20;
 export const ACT_BS16: i32 = 24;
 export const ACT_BS32: i32 = 28;
+export const ACT_Q16: i32 = 32;
 
 /** Largest |x| over n floats at p (n a multiple of 16). */
 function absmax(p: usize, n: i32): f32 {
@@ -30,17 +33,22 @@ function absmax(p: usize, n: i32): f32 {
 }
 
 /**
- * 16 floats at p times id, rounded to nearest (ties to even), stored as 16 int8 at q; returns
- * their integer sum.
+ * 16 floats at p times id, rounded to nearest (ties to even), stored as 16 int8 at q (and as
+ * 16 int16 at w unless w is 0); returns their integer sum.
  */
 // @ts-ignore: decorator
-@inline function q16(p: usize, id: f32, q: usize): i32 {
+@inline function q16(p: usize, id: f32, q: usize, w: usize = 0): i32 {
   const s = f32x4.splat(id);
   const a = i32x4.trunc_sat_f32x4_s(f32x4.nearest(f32x4.mul(v128.load(p), s)));
   const b = i32x4.trunc_sat_f32x4_s(f32x4.nearest(f32x4.mul(v128.load(p, 16), s)));
   const c = i32x4.trunc_sat_f32x4_s(f32x4.nearest(f32x4.mul(v128.load(p, 32), s)));
   const d = i32x4.trunc_sat_f32x4_s(f32x4.nearest(f32x4.mul(v128.load(p, 48), s)));
-  v128.store(q, i8x16.narrow_i16x8_s(i16x8.narrow_i32x4_s(a, b), i16x8.narrow_i32x4_s(c, d)));
+  const ab = i16x8.narrow_i32x4_s(a, b), cd = i16x8.narrow_i32x4_s(c, d);
+  v128.store(q, i8x16.narrow_i16x8_s(ab, cd));
+  if (w != 0) {
+    v128.store(w, ab);
+    v128.store(w, cd, 16);
+  }
   const t = i32x4.add(i32x4.add(a, b), i32x4.add(c, d));
   return (i32x4.extract_lane(t, 0) + i32x4.extract_lane(t, 1)) +
     (i32x4.extract_lane(t, 2) + i32x4.extract_lane(t, 3));
@@ -51,16 +59,20 @@ export function quantizeRow(desc: usize, K: i32, row: i32): void {
   if (K & 31) return; // only float weights read rows this narrow
   const f = load<usize>(desc + ACT_F) + (<usize>row * <usize>K << 2);
   const q32 = load<usize>(desc + ACT_Q32) + <usize>row * <usize>K;
-  const d32 = load<usize>(desc + ACT_D32) + (<usize>row * <usize>(K >> 5) << 2);
-  const s32 = load<usize>(desc + ACT_S32) + (<usize>row * <usize>(K >> 5) << 2);
-  for (let j = 0; j < K >> 5; j++) {
+  const q16w = load<usize>(desc + ACT_Q16) + (<usize>row * <usize>K << 1);
+  const nb = K >> 5;
+  const tile = (<usize>((row >> 2) * nb * 4 + (row & 3)) << 2);
+  const d32 = load<usize>(desc + ACT_D32) + tile;
+  const s32 = load<usize>(desc + ACT_S32) + tile;
+  for (let j = 0; j < nb; j++) {
     const p = f + (<usize>j << 7);
     const amax = absmax(p, 32);
     const d: f32 = amax / 127;
     const id: f32 = amax > 0 ? <f32>127 / amax : 0;
-    const sum = q16(p, id, q32 + (<usize>j << 5)) + q16(p + 64, id, q32 + (<usize>j << 5) + 16);
-    store<f32>(d32 + (<usize>j << 2), d);
-    store<f32>(s32 + (<usize>j << 2), d * <f32>sum);
+    const qj = q32 + (<usize>j << 5), wj = q16w + (<usize>j << 6);
+    const sum = q16(p, id, qj, wj) + q16(p + 64, id, qj + 16, wj + 32);
+    store<f32>(d32 + (<usize>j << 4), d);
+    store<f32>(s32 + (<usize>j << 4), d * <f32>sum);
   }
   if (K & 255) return;
   const q256 = load<usize>(desc + ACT_Q256) + <usize>row * <usize>K;

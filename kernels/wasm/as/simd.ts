@@ -21,17 +21,6 @@ export const ZERO: v128 = i32x4.splat(0);
   }
 }
 
-/** Exact dot product of 16 signed activations with 16 signed weights (Q8_0's -128 included). */
-// @ts-ignore: decorator
-@inline export function dot16signed(a: v128, w: v128, acc: v128): v128 {
-  const lo = i16x8.extmul_low_i8x16_s(a, w);
-  const hi = i16x8.extmul_high_i8x16_s(a, w);
-  return i32x4.add(
-    acc,
-    i32x4.add(i32x4.extadd_pairwise_i16x8_s(lo), i32x4.extadd_pairwise_i16x8_s(hi)),
-  );
-}
-
 /** Lanes summed as (l0 + l1) + (l2 + l3): one fixed order, so results never depend on tiling. */
 // @ts-ignore: decorator
 @inline export function hsum(v: v128): f32 {
@@ -67,7 +56,7 @@ export const ZERO: v128 = i32x4.splat(0);
   return h2f4(x);
 }
 // @ts-ignore: decorator
-@inline function h2f4(x: v128): v128 {
+@inline export function h2f4(x: v128): v128 {
   const em = i32x4.shl(v128.and(x, i32x4.splat(0x7fff)), 13);
   const f = f32x4.mul(em, f32x4.splat(reinterpret<f32>(0x77800000)));
   return v128.or(f, i32x4.shl(v128.and(x, i32x4.splat(0x8000)), 16));

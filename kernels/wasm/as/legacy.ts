@@ -1,0 +1,341 @@
+// Matmuls for the 32-element weight types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), which carry a float
+// scale per 32 weights. Their cost is that float step, so it is taken four outputs at a time:
+// the exact integer sums of four blocks are folded into one vector's lanes, then scaled and
+// accumulated together. With 4+ activation rows the lanes are four rows against one weight
+// row; with fewer, one row against four weight rows, so a decode step shares each activation
+// block across four weight rows.
+//
+// Every output element is the same sequence of f32 operations whichever way it is computed
+// (or alone, in legacyOne): acc += f32(S_j) × (dw_j × da_j), e += m_j × s_j over the blocks j
+// in order, then acc + e. S_j is an exact integer, so the lane-folding order cannot change it.
+
+import { h2f4, h2fScale, pairs16 } from "./simd";
+import { ACT_D32, ACT_Q16, ACT_Q32, ACT_S32 } from "./quantize";
+
+const T_Q8_0: i32 = 3;
+const T_Q4_0: i32 = 4;
+const T_Q4_1: i32 = 5;
+const T_Q5_0: i32 = 6;
+const T_Q5_1: i32 = 7;
+
+const M4: v128 = i8x16.splat(0x0f);
+
+/** 256 × 8 bytes: byte i of entry x is 0x10 when bit i of x is set (Q5's fifth bits). */
+const HIGH_BITS: usize = memory.data(2048, 16);
+for (let x = 0; x < 256; x++) {
+  let v: u64 = 0;
+  for (let i = 0; i < 8; i++) if ((x >> i) & 1) v |= (<u64>0x10) << (<u64>(8 * i));
+  store<u64>(HIGH_BITS + (<usize>x << 3), v);
+}
+
+// @ts-ignore: decorator
+@inline function blockBytes(type: i32): usize {
+  return type == T_Q8_0 ? 34 : type == T_Q4_0 ? 18 : type == T_Q4_1 ? 20 : type == T_Q5_0 ? 22 : 24;
+}
+
+// @ts-ignore: decorator
+@inline function fifthBits(qh: u32, shift: u32): v128 {
+  const lo = v128.load64_zero(HIGH_BITS + (<usize>((qh >> shift) & 0xff) << 3));
+  return v128.load64_lane(HIGH_BITS + (<usize>((qh >> (shift + 8)) & 0xff) << 3), lo, 1);
+}
+
+/** Weights 0..15 of a 4/5-bit block as unsigned bytes below 32. */
+// @ts-ignore: decorator
+@inline function lowHalf(type: i32, bp: usize): v128 {
+  if (type == T_Q4_0) return v128.and(v128.load(bp, 2), M4);
+  if (type == T_Q4_1) return v128.and(v128.load(bp, 4), M4);
+  if (type == T_Q5_0) return v128.or(v128.and(v128.load(bp, 6), M4), fifthBits(load<u32>(bp, 2), 0));
+  return v128.or(v128.and(v128.load(bp, 8), M4), fifthBits(load<u32>(bp, 4), 0));
+}
+
+/** Weights 16..31. */
+// @ts-ignore: decorator
+@inline function highHalf(type: i32, bp: usize): v128 {
+  if (type == T_Q4_0) return v128.and(i16x8.shr_u(v128.load(bp, 2), 4), M4);
+  if (type == T_Q4_1) return v128.and(i16x8.shr_u(v128.load(bp, 4), 4), M4);
+  if (type == T_Q5_0) {
+    return v128.or(v128.and(i16x8.shr_u(v128.load(bp, 6), 4), M4), fifthBits(load<u32>(bp, 2), 16));
+  }
+  return v128.or(v128.and(i16x8.shr_u(v128.load(bp, 8), 4), M4), fifthBits(load<u32>(bp, 4), 16));
+}
+
+// @ts-ignore: decorator
+@inline function scaleOf(bp: usize): f32 {
+  return h2fScale(load<u16>(bp));
+}
+
+/** The factor of the activation block sum: −8·d, −16·d, the stored minimum, or 0 for Q8_0. */
+// @ts-ignore: decorator
+@inline function offsetOf(type: i32, bp: usize, dw: f32): f32 {
+  if (type == T_Q4_0) return dw * -8;
+  if (type == T_Q5_0) return dw * -16;
+  if (type == T_Q8_0) return 0;
+  return h2fScale(load<u16>(bp, 2));
+}
+
+/** Pair sums of a 4/5-bit block with 32 int8 activations at q: 8 i16 lanes, each ≤ 4·31·127. */
+// @ts-ignore: decorator
+@inline function pairs32(q: usize, w0: v128, w1: v128): v128 {
+  return i16x8.add(pairs16(v128.load(q), w0), pairs16(v128.load(q, 16), w1));
+}
+
+/** A Q8_0 block against 32 int16 activations at q: 4 i32 lanes summing to the exact dot product. */
+// @ts-ignore: decorator
+@inline function dot8(q: usize, x0: v128, x1: v128, x2: v128, x3: v128): v128 {
+  return i32x4.add(
+    i32x4.add(i32x4.dot_i16x8_s(v128.load(q), x0), i32x4.dot_i16x8_s(v128.load(q, 16), x1)),
+    i32x4.add(i32x4.dot_i16x8_s(v128.load(q, 32), x2), i32x4.dot_i16x8_s(v128.load(q, 48), x3)),
+  );
+}
+
+/** Lane r = the sum of pair-sum vector r's lanes (each lane ≤ 15748, so pairs of them fit i16). */
+// @ts-ignore: decorator
+@inline function fold16(p0: v128, p1: v128, p2: v128, p3: v128): v128 {
+  const x01 = i32x4.extadd_pairwise_i16x8_s(i16x8.add(
+    i8x16.shuffle(p0, p1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
+    i8x16.shuffle(p0, p1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31),
+  ));
+  const x23 = i32x4.extadd_pairwise_i16x8_s(i16x8.add(
+    i8x16.shuffle(p2, p3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
+    i8x16.shuffle(p2, p3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31),
+  ));
+  return i32x4.add(v128.shuffle<i32>(x01, x23, 0, 2, 4, 6), v128.shuffle<i32>(x01, x23, 1, 3, 5, 7));
+}
+
+/** Lane r = the sum of i32 vector r's lanes. */
+// @ts-ignore: decorator
+@inline function fold32(s0: v128, s1: v128, s2: v128, s3: v128): v128 {
+  const t01 = i32x4.add(v128.shuffle<i32>(s0, s1, 0, 4, 1, 5), v128.shuffle<i32>(s0, s1, 2, 6, 3, 7));
+  const t23 = i32x4.add(v128.shuffle<i32>(s2, s3, 0, 4, 1, 5), v128.shuffle<i32>(s2, s3, 2, 6, 3, 7));
+  return i32x4.add(v128.shuffle<i32>(t01, t23, 0, 1, 4, 5), v128.shuffle<i32>(t01, t23, 2, 3, 6, 7));
+}
+
+// @ts-ignore: decorator
+@inline function lanesum(v: v128): i32 {
+  return (i32x4.extract_lane(v, 0) + i32x4.extract_lane(v, 1)) +
+    (i32x4.extract_lane(v, 2) + i32x4.extract_lane(v, 3));
+}
+
+/** Where activation row b's block j scale lives: rows are tiled by four, block-major. */
+// @ts-ignore: decorator
+@inline function scaleAt(base: usize, nb: i32, b: i32, j: i32): usize {
+  return base + (<usize>(((b >> 2) * nb + j) * 4 + (b & 3)) << 2);
+}
+
+/** One weight row against activation rows b..b+3: their four results as lanes. */
+// @ts-ignore: decorator
+@inline function legacyRows4(type: i32, wr: usize, K: i32, desc: usize, b: i32): v128 {
+  const nb = K >> 5;
+  const bb = blockBytes(type);
+  const qk = <usize>K;
+  const ds = load<usize>(desc, ACT_D32) + (<usize>((b >> 2) * nb) << 4);
+  const ss = load<usize>(desc, ACT_S32) + (<usize>((b >> 2) * nb) << 4);
+  let acc = f32x4.splat(0), e = f32x4.splat(0);
+  if (type == T_Q8_0) {
+    const q = load<usize>(desc, ACT_Q16) + (<usize>b * qk << 1);
+    const qk2 = qk << 1;
+    for (let j = 0; j < nb; j++) {
+      const bp = wr + <usize>j * bb;
+      const x0 = v128.load8x8_s(bp, 2), x1 = v128.load8x8_s(bp, 10);
+      const x2 = v128.load8x8_s(bp, 18), x3 = v128.load8x8_s(bp, 26);
+      const qo = q + (<usize>j << 6);
+      const s = fold32(
+        dot8(qo, x0, x1, x2, x3),
+        dot8(qo + qk2, x0, x1, x2, x3),
+        dot8(qo + 2 * qk2, x0, x1, x2, x3),
+        dot8(qo + 3 * qk2, x0, x1, x2, x3),
+      );
+      const sc = f32x4.mul(f32x4.splat(scaleOf(bp)), v128.load(ds + (<usize>j << 4)));
+      acc = f32x4.add(acc, f32x4.mul(f32x4.convert_i32x4_s(s), sc));
+    }
+    return acc;
+  }
+  const q = load<usize>(desc, ACT_Q32) + <usize>b * qk;
+  for (let j = 0; j < nb; j++) {
+    const bp = wr + <usize>j * bb;
+    const w0 = lowHalf(type, bp), w1 = highHalf(type, bp);
+    const qo = q + (<usize>j << 5);
+    const s = fold16(
+      pairs32(qo, w0, w1),
+      pairs32(qo + qk, w0, w1),
+      pairs32(qo + 2 * qk, w0, w1),
+      pairs32(qo + 3 * qk, w0, w1),
+    );
+    const dw = scaleOf(bp);
+    const jo = <usize>j << 4;
+    acc = f32x4.add(acc, f32x4.mul(f32x4.convert_i32x4_s(s), f32x4.mul(f32x4.splat(dw), v128.load(ds + jo))));
+    e = f32x4.add(e, f32x4.mul(f32x4.splat(offsetOf(type, bp, dw)), v128.load(ss + jo)));
+  }
+  return f32x4.add(acc, e);
+}
+
+/** Blocks per pass of legacyCols4: its integer sums for four rows fill SCRATCH_BYTES. */
+const CHUNK: i32 = 64;
+export const SCRATCH_BYTES: i32 = CHUNK * 64;
+/** This thread's scratch (globals are per thread; memory is shared, so each has its own range). */
+let scratch: usize = 0;
+export function setScratch(p: usize): void {
+  scratch = p;
+}
+
+/** The four f16 values at p + i·rb (i = 0..3) as f32 lanes; finite values only. */
+// @ts-ignore: decorator
+@inline function halves4(p: usize, rb: usize): v128 {
+  let v = v128.load16_lane(p, ZERO16, 0);
+  v = v128.load16_lane(p + rb, v, 1);
+  v = v128.load16_lane(p + 2 * rb, v, 2);
+  v = v128.load16_lane(p + 3 * rb, v, 3);
+  return h2f4(i32x4.extend_low_i16x8_u(v));
+}
+const ZERO16: v128 = i32x4.splat(0);
+
+/**
+ * Weight rows wr + i·rb (i = 0..3) against activation row b: the four results as lanes. Each
+ * row's blocks are first read in sequence (the exact integer sums go to scratch), then the
+ * four rows' scales are applied together: reading the four rows interleaved block by block
+ * ran 1.5x slower from memory.
+ */
+// @ts-ignore: decorator
+@inline function legacyCols4(type: i32, wr: usize, rb: usize, K: i32, desc: usize, b: i32): v128 {
+  const nb = K >> 5;
+  const bb = blockBytes(type);
+  const d32 = load<usize>(desc, ACT_D32), s32 = load<usize>(desc, ACT_S32);
+  const q8 = load<usize>(desc, ACT_Q32) + <usize>b * <usize>K;
+  const q16 = load<usize>(desc, ACT_Q16) + (<usize>b * <usize>K << 1);
+  const scr = scratch;
+  let acc = f32x4.splat(0), e = f32x4.splat(0);
+  for (let j0 = 0; j0 < nb; j0 += CHUNK) {
+    const j1 = min(nb, j0 + CHUNK);
+    for (let r = 0; r < 4; r++) {
+      const row = wr + <usize>r * rb;
+      for (let j = j0; j < j1; j++) {
+        const bp = row + <usize>j * bb;
+        let s: v128;
+        if (type == T_Q8_0) {
+          const qo = q16 + (<usize>j << 6);
+          s = dotRow8(bp, v128.load(qo), v128.load(qo, 16), v128.load(qo, 32), v128.load(qo, 48));
+        } else {
+          s = i32x4.extadd_pairwise_i16x8_s(pairs32(q8 + (<usize>j << 5), lowHalf(type, bp), highHalf(type, bp)));
+        }
+        v128.store(scr + (<usize>((j - j0) * 4 + r) << 4), s);
+      }
+    }
+    for (let j = j0; j < j1; j++) {
+      const so = scr + (<usize>(j - j0) << 6);
+      const s = fold32(v128.load(so), v128.load(so, 16), v128.load(so, 32), v128.load(so, 48));
+      const bp = wr + <usize>j * bb;
+      const dw = halves4(bp, rb);
+      acc = f32x4.add(acc, f32x4.mul(f32x4.convert_i32x4_s(s), f32x4.mul(dw, f32x4.splat(load<f32>(scaleAt(d32, nb, b, j))))));
+      if (type != T_Q8_0) {
+        const m = type == T_Q4_0
+          ? f32x4.mul(dw, f32x4.splat(-8))
+          : type == T_Q5_0
+          ? f32x4.mul(dw, f32x4.splat(-16))
+          : halves4(bp + 2, rb);
+        e = f32x4.add(e, f32x4.mul(m, f32x4.splat(load<f32>(scaleAt(s32, nb, b, j)))));
+      }
+    }
+  }
+  return type == T_Q8_0 ? acc : f32x4.add(acc, e);
+}
+
+/** A Q8_0 block at p (its 32 weights widened to i16) against int16 activations a0..a3. */
+// @ts-ignore: decorator
+@inline function dotRow8(p: usize, a0: v128, a1: v128, a2: v128, a3: v128): v128 {
+  return i32x4.add(
+    i32x4.add(i32x4.dot_i16x8_s(a0, v128.load8x8_s(p, 2)), i32x4.dot_i16x8_s(a1, v128.load8x8_s(p, 10))),
+    i32x4.add(i32x4.dot_i16x8_s(a2, v128.load8x8_s(p, 18)), i32x4.dot_i16x8_s(a3, v128.load8x8_s(p, 26))),
+  );
+}
+
+/** One weight row against activation row b, with the same operations per element as above. */
+// @ts-ignore: decorator
+@inline function legacyOne(type: i32, wr: usize, K: i32, desc: usize, b: i32): f32 {
+  const nb = K >> 5;
+  const bb = blockBytes(type);
+  const d32 = load<usize>(desc, ACT_D32), s32 = load<usize>(desc, ACT_S32);
+  let acc: f32 = 0, e: f32 = 0;
+  if (type == T_Q8_0) {
+    const q = load<usize>(desc, ACT_Q16) + (<usize>b * <usize>K << 1);
+    for (let j = 0; j < nb; j++) {
+      const qo = q + (<usize>j << 6);
+      const bp = wr + <usize>j * bb;
+      const s = lanesum(dotRow8(bp, v128.load(qo), v128.load(qo, 16), v128.load(qo, 32), v128.load(qo, 48)));
+      acc = acc + <f32>s * (scaleOf(bp) * load<f32>(scaleAt(d32, nb, b, j)));
+    }
+    return acc;
+  }
+  const q = load<usize>(desc, ACT_Q32) + <usize>b * <usize>K;
+  for (let j = 0; j < nb; j++) {
+    const bp = wr + <usize>j * bb;
+    const s = lanesum(i32x4.extadd_pairwise_i16x8_s(pairs32(q + (<usize>j << 5), lowHalf(type, bp), highHalf(type, bp))));
+    const dw = scaleOf(bp);
+    acc = acc + <f32>s * (dw * load<f32>(scaleAt(d32, nb, b, j)));
+    e = e + offsetOf(type, bp, dw) * load<f32>(scaleAt(s32, nb, b, j));
+  }
+  return acc + e;
+}
+
+// @ts-ignore: decorator
+@inline function put(out: usize, v: f32, bias: usize, n: i32, accum: bool): void {
+  let r = v;
+  if (bias != 0) r = r + load<f32>(bias + (<usize>n << 2));
+  if (accum) r = load<f32>(out) + r;
+  store<f32>(out, r);
+}
+
+// @ts-ignore: decorator
+@inline function legacy(
+  type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
+  accum: bool, n0: i32, n1: i32,
+): void {
+  const rb = <usize>(K >> 5) * blockBytes(type);
+  const os = <usize>ostride << 2;
+  const B4 = B & ~3;
+  if (B4 > 0) {
+    for (let n = n0; n < n1; n++) {
+      const wr = w + <usize>n * rb;
+      const on = out + (<usize>n << 2);
+      for (let b = 0; b < B4; b += 4) {
+        const v = legacyRows4(type, wr, K, desc, b);
+        const o = on + <usize>b * os;
+        put(o, f32x4.extract_lane(v, 0), bias, n, accum);
+        put(o + os, f32x4.extract_lane(v, 1), bias, n, accum);
+        put(o + 2 * os, f32x4.extract_lane(v, 2), bias, n, accum);
+        put(o + 3 * os, f32x4.extract_lane(v, 3), bias, n, accum);
+      }
+    }
+  }
+  for (let b = B4; b < B; b++) {
+    const ob = out + <usize>b * os;
+    let n = n0;
+    for (; n + 4 <= n1; n += 4) {
+      const v = legacyCols4(type, w + <usize>n * rb, rb, K, desc, b);
+      const o = ob + (<usize>n << 2);
+      put(o, f32x4.extract_lane(v, 0), bias, n, accum);
+      put(o + 4, f32x4.extract_lane(v, 1), bias, n + 1, accum);
+      put(o + 8, f32x4.extract_lane(v, 2), bias, n + 2, accum);
+      put(o + 12, f32x4.extract_lane(v, 3), bias, n + 3, accum);
+    }
+    for (; n < n1; n++) {
+      put(ob + (<usize>n << 2), legacyOne(type, w + <usize>n * rb, K, desc, b), bias, n, accum);
+    }
+  }
+}
+
+// One function per type, so that each is compiled with its type's branches folded away.
+export function matmulQ8_0(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  legacy(T_Q8_0, w, K, desc, B, out, os, bias, accum, n0, n1);
+}
+export function matmulQ4_0(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  legacy(T_Q4_0, w, K, desc, B, out, os, bias, accum, n0, n1);
+}
+export function matmulQ4_1(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  legacy(T_Q4_1, w, K, desc, B, out, os, bias, accum, n0, n1);
+}
+export function matmulQ5_0(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  legacy(T_Q5_0, w, K, desc, B, out, os, bias, accum, n0, n1);
+}
+export function matmulQ5_1(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  legacy(T_Q5_1, w, K, desc, B, out, os, bias, accum, n0, n1);
+}
