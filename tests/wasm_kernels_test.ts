@@ -19,6 +19,7 @@ import { ActBuffer } from "../kernels/wasm/act_buffer.ts";
 import { ThreadPool } from "../kernels/wasm/pool.ts";
 import { type KernelFlavour, kernelModule, relaxedSimdAvailable } from "../kernels/wasm/kernel_module.ts";
 import { OP, OP_WORDS, ProgramWriter } from "../kernels/wasm/program.ts";
+import { argmax, logSoftmaxAt } from "../lib/engine/sampling.ts";
 import { rng } from "./_gpu.ts";
 
 /** A random [n, k] tensor of `type`: random quants, scales in ±[0.002, 0.05]. */
@@ -78,7 +79,9 @@ async function kernelMatmul(
   return result;
 }
 
-const N = 12, K = 512, ROWS = 6;
+// 13 outputs: split over 1, 2 or 3 threads, they reach every path of the kernels (four
+// weight rows at a time, and the rows left over).
+const N = 13, K = 512, ROWS = 6;
 
 /** Round half to even, as f32x4.nearest does. */
 function nearest(v: number): number {
@@ -176,3 +179,50 @@ for (const type of TENSOR_TYPES) {
     }
   });
 }
+
+/** The threads' row statistics (first argmax, max, Σ e^(x − max), fallback flag) of each row. */
+async function kernelRowStats(pool: ThreadPool, rows: Float32Array[], V: number) {
+  const heap = wasmHeap();
+  const lp = heap.alloc(rows.length * V * 4, "test logits");
+  rows.forEach((r, i) => heap.f32(lp + i * V * 4, V).set(r));
+  const out = heap.alloc(rows.length * 16, "test stats");
+  const prog = heap.alloc(2 * OP_WORDS * 4, "test program");
+  new ProgramWriter(heap.i32(prog, 2 * OP_WORDS)).op(OP.rowStats, [lp, rows.length, V, out]).end();
+  await pool.run(prog);
+  const i = heap.i32(out, rows.length * 4).slice(), f = heap.f32(out, rows.length * 4).slice();
+  heap.free(lp, rows.length * V * 4);
+  heap.free(out, rows.length * 16);
+  heap.free(prog, 2 * OP_WORDS * 4);
+  return rows.map((_, r) => ({ at: i[r * 4]!, max: f[r * 4 + 1]!, sum: f[r * 4 + 2]!, bad: i[r * 4 + 3]! }));
+}
+
+Deno.test("row statistics: the first argmax and the log-softmax normaliser of argmax() and logSoftmaxAt(), NaN and infinities flagged", async () => {
+  const rand = rng(17);
+  const V = 1001; // not a multiple of 4
+  const rows: Float32Array[] = [];
+  for (let r = 0; r < 5; r++) rows.push(Float32Array.from({ length: V }, () => (rand() * 2 - 1) * 12 * (r + 1)));
+  rows[1]![700] = 1000; // far above the rest: most terms underflow
+  rows[2]![3] = 50, rows[2]![999] = 50; // a tie: the first wins
+  rows[3]!.fill(-3); // all equal
+  const odd = Float32Array.from({ length: V }, () => rand() * 4);
+  odd[1000] = 9; // the largest in the tail past the last 4 lanes
+  rows.push(odd);
+  const nan = rows[0]!.slice();
+  nan[10] = NaN;
+  const inf = rows[0]!.slice();
+  inf[20] = Infinity;
+  rows.push(nan, inf);
+  const stats = await withPool(3, "relaxed", (p) => kernelRowStats(p, rows, V));
+  for (let r = 0; r < 6; r++) {
+    const want = argmax(rows[r]!);
+    assertEquals(stats[r]!.at, want, `row ${r} argmax`);
+    assertEquals(stats[r]!.max, rows[r]![want], `row ${r} max`);
+    assertEquals(stats[r]!.bad, 0);
+    const lp = -Math.log(stats[r]!.sum), exact = logSoftmaxAt(rows[r]!, want);
+    assert(Math.abs(lp - exact) <= 1e-6 * Math.max(1, Math.abs(exact)), `row ${r}: logprob ${lp} vs ${exact}`);
+  }
+  assertEquals(stats[6]!.bad, 1, "a NaN logit");
+  assertEquals(stats[7]!.bad, 1, "an infinite logit");
+  const simd = await withPool(1, "simd", (p) => kernelRowStats(p, rows, V));
+  assertEquals(simd, stats, "plain-SIMD build and 1 thread");
+});

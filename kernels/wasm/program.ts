@@ -12,6 +12,7 @@ export const OP = {
   attention: 4,
   swiglu: 5,
   quant: 6,
+  rowStats: 7,
 } as const;
 
 export const OP_WORDS = 32;

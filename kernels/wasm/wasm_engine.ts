@@ -18,6 +18,7 @@ import { ThreadPool } from "./pool.ts";
 import { f32Bits, OP, OP_WORDS, ProgramWriter } from "./program.ts";
 import { type KernelFlavour, kernelModule } from "./kernel_module.ts";
 import { sampleRow } from "../../lib/engine/sample_row.ts";
+import { checkParams, isGreedyTemperature } from "../../lib/engine/sampling.ts";
 
 /** How the CPU engine is built. */
 export interface WasmEngineOptions {
@@ -104,6 +105,7 @@ export class WasmEngine implements Engine {
   readonly #actHidden: ActBuffer;
   readonly #actOut: ActBuffer;
   readonly #logits: number;
+  readonly #stats: number;
   readonly #rowInts: number; // positions | slots | tableOffs | rowmap, maxRows each
   readonly #tables: number;
   readonly #tableCap: number;
@@ -220,6 +222,7 @@ export class WasmEngine implements Engine {
     this.#actHidden = new ActBuffer(heap, maxRows, hiddenDim, "hidden rows");
     this.#actOut = new ActBuffer(heap, maxSeqs, dim, "classifier rows");
     this.#logits = own(LOGIT_ROWS * vocabSize * 4, "the logits");
+    this.#stats = own(LOGIT_ROWS * 16, "the logits' row statistics");
     this.#rowInts = own(4 * maxRows * 4, "per-row indices");
     this.#tableCap = maxSeqs * Math.min(kv.numBlocks, Math.ceil(config.contextLength / kv.blockSize));
     this.#tables = own(this.#tableCap * 4, "block tables");
@@ -346,15 +349,22 @@ export class WasmEngine implements Engine {
       const w = new ProgramWriter(heap.i32(this.#prog, this.#progOps * OP_WORDS));
       const o = this.#output;
       w.op(OP.matmul, [o.type, o.ptr, o.rows, o.cols, this.#chunkDesc, n, this.#logits, vocabSize, 0, 0]);
+      w.op(OP.rowStats, [this.#logits, n, vocabSize, this.#stats]);
       w.end();
       await this.#pool.run(this.#prog);
       const logits = heap.f32(this.#logits, n * vocabSize);
+      const stats = heap.i32(this.#stats, n * 4), statsF = heap.f32(this.#stats, n * 4);
       for (let r = 0; r < n; r++) {
         const { seq: i } = sampling[c + r]!;
         const seq = plan.seqs[i]!;
         const row = logits.subarray(r * vocabSize, (r + 1) * vocabSize);
         const position = seq.startPos + (seq.useLastSampled ? 1 : seq.tokens.length);
-        const { token, logprob } = sampleRow(row, seq.sampling, position);
+        // Greedy rows take the threads' argmax and normaliser (a row with a NaN or an
+        // infinite logit goes the general way).
+        const greedy = isGreedyTemperature(seq.sampling.temperature) || seq.sampling.topK === 1;
+        const { token, logprob } = greedy && stats[r * 4 + 3] === 0
+          ? (checkParams(seq.sampling, vocabSize), { token: stats[r * 4]!, logprob: -Math.log(statsF[r * 4 + 2]!) })
+          : sampleRow(row, seq.sampling, position);
         this.#lastSampled.set(seq.seqId, token);
         sampled.push(
           plan.returnLogits

@@ -9,7 +9,7 @@
 // (or alone, in legacyOne): acc += f32(S_j) × (dw_j × da_j), e += m_j × s_j over the blocks j
 // in order, then acc + e. S_j is an exact integer, so the lane-folding order cannot change it.
 
-import { h2f4, h2fScale, pairs16 } from "./simd";
+import { dot4, h2f4, h2fScale, pairs16, ZERO } from "./simd";
 import { ACT_D32, ACT_Q16, ACT_Q32, ACT_S32 } from "./quantize";
 
 const T_Q8_0: i32 = 3;
@@ -77,6 +77,12 @@ for (let x = 0; x < 256; x++) {
 // @ts-ignore: decorator
 @inline function pairs32(q: usize, w0: v128, w1: v128): v128 {
   return i16x8.add(pairs16(v128.load(q), w0), pairs16(v128.load(q, 16), w1));
+}
+
+/** The same block sums as i32 lanes (exact: i32 cannot overflow here). */
+// @ts-ignore: decorator
+@inline function dot32(q: usize, w0: v128, w1: v128): v128 {
+  return dot4(dot4(ZERO, v128.load(q), w0), v128.load(q, 16), w1);
 }
 
 /** A Q8_0 block against 32 int16 activations at q: 4 i32 lanes summing to the exact dot product. */
@@ -155,11 +161,11 @@ for (let x = 0; x < 256; x++) {
     const bp = wr + <usize>j * bb;
     const w0 = lowHalf(type, bp), w1 = highHalf(type, bp);
     const qo = q + (<usize>j << 5);
-    const s = fold16(
-      pairs32(qo, w0, w1),
-      pairs32(qo + qk, w0, w1),
-      pairs32(qo + 2 * qk, w0, w1),
-      pairs32(qo + 3 * qk, w0, w1),
+    const s = fold32(
+      dot32(qo, w0, w1),
+      dot32(qo + qk, w0, w1),
+      dot32(qo + 2 * qk, w0, w1),
+      dot32(qo + 3 * qk, w0, w1),
     );
     const dw = scaleOf(bp);
     const jo = <usize>j << 4;
@@ -181,13 +187,12 @@ export function setScratch(p: usize): void {
 /** The four f16 values at p + i·rb (i = 0..3) as f32 lanes; finite values only. */
 // @ts-ignore: decorator
 @inline function halves4(p: usize, rb: usize): v128 {
-  let v = v128.load16_lane(p, ZERO16, 0);
+  let v = v128.load16_lane(p, ZERO, 0);
   v = v128.load16_lane(p + rb, v, 1);
   v = v128.load16_lane(p + 2 * rb, v, 2);
   v = v128.load16_lane(p + 3 * rb, v, 3);
   return h2f4(i32x4.extend_low_i16x8_u(v));
 }
-const ZERO16: v128 = i32x4.splat(0);
 
 /**
  * Weight rows wr + i·rb (i = 0..3) against activation row b: the four results as lanes. Each

@@ -6,6 +6,7 @@ import { ACT_F, normRow, quantizeRow } from "./quantize";
 import { matmul } from "./matmul";
 import { SCRATCH_BYTES, setScratch } from "./legacy";
 import { attendHead, qkvPost, swigluRow } from "./layer_ops";
+import { rowStats } from "./row_stats";
 
 // Op codes and field offsets: kernels/wasm/program.ts writes the same layout.
 const OP_END: i32 = 0;
@@ -15,6 +16,7 @@ const OP_QKV_POST: i32 = 3;
 const OP_ATTENTION: i32 = 4;
 const OP_SWIGLU: i32 = 5;
 const OP_QUANT: i32 = 6;
+const OP_ROW_STATS: i32 = 7;
 const OP_BYTES: usize = 128;
 const NO_BARRIER: i32 = 1;
 const SPIN: i32 = 20000;
@@ -109,6 +111,12 @@ export function run(prog: usize, ctrl: usize, tid: i32, nth: i32, scratch: usize
       const rows = word(p, 5), stride = <usize>word(p, 4) << 2;
       for (let r = lo(rows, tid, nth); r < lo(rows, tid + 1, nth); r++) {
         swigluRow(ptr(p, 2) + <usize>r * stride, ptr(p, 3) + <usize>r * stride, word(p, 6), ptr(p, 7), r);
+      }
+    } else if (op == OP_ROW_STATS) {
+      // Fields: logits, rows, vocabulary, out (16 bytes a row).
+      const rows = word(p, 3), V = word(p, 4);
+      for (let r = lo(rows, tid, nth); r < lo(rows, tid + 1, nth); r++) {
+        rowStats(ptr(p, 2) + (<usize>r * <usize>V << 2), V, ptr(p, 5) + (<usize>r << 4));
       }
     } else {
       unreachable();

