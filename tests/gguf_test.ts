@@ -418,3 +418,59 @@ Deno.test("a FIFO given as the model is named as one, not 'no such file'", async
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+/** A GGUF header built byte by byte: counts a writer would never produce. */
+function rawGguf(parts: (number | bigint | string)[][]): Uint8Array {
+  const out: number[] = [];
+  const u32 = (v: number) => out.push(v & 0xff, (v >>> 8) & 0xff, (v >>> 16) & 0xff, v >>> 24);
+  const u64 = (v: bigint) => {
+    for (let i = 0n; i < 8n; i++) out.push(Number((v >> (8n * i)) & 0xffn));
+  };
+  u32(0x46554747);
+  u32(3);
+  for (const part of parts) {
+    for (const f of part) {
+      if (typeof f === "bigint") u64(f);
+      else if (typeof f === "number") u32(f);
+      else {
+        const b = new TextEncoder().encode(f);
+        u64(BigInt(b.length));
+        out.push(...b);
+      }
+    }
+  }
+  return new Uint8Array([...out, ...new Uint8Array(256)]);
+}
+
+async function rejectionOf(bytes: Uint8Array): Promise<string> {
+  const path = await Deno.makeTempFile({ suffix: ".gguf" });
+  try {
+    await Deno.writeFile(path, bytes);
+    const err = await assertRejects(() => readGguf(path), Error);
+    assert(err.message.startsWith(`Cannot load GGUF ${path}: `), err.message);
+    return err.message.slice(`Cannot load GGUF ${path}: `.length);
+  } finally {
+    await Deno.remove(path);
+  }
+}
+
+Deno.test("readGguf() refuses a string array whose count the file cannot hold, before allocating it, naming the key", async () => {
+  const msg = await rejectionOf(rawGguf([[0n, 1n], ["tokenizer.ggml.tokens", 9, 8, 1n << 40n]]));
+  // The count ends at byte 69: magic, version, two counts (24), the key (8 + 21), its type, the
+  // element type and the count (16); then 2^40 lengths of 8 bytes; the file is 69 + 256 bytes.
+  assertEquals(msg, `file is truncated while reading the ${2 ** 40} elements of metadata 'tokenizer.ggml.tokens': needs ${2 ** 43 + 69} bytes, received ${69 + 256}`);
+  const plain = await rejectionOf(rawGguf([[0n, 1n], ["general.tags", 9, 8, 1n << 33n]]));
+  assert(plain.includes(`the ${2 ** 33} elements of metadata 'general.tags'`), plain);
+});
+
+Deno.test("readGguf() refuses arrays nested past 8 levels instead of overflowing the stack", async () => {
+  const levels = Array.from({ length: 100_000 }, () => [9, 1n] as (number | bigint)[]);
+  const msg = await rejectionOf(rawGguf([[0n, 1n], ["general.nested", 9], ...levels]));
+  assertEquals(msg, "metadata 'general.nested'[0][0][0][0][0][0][0][0] nests arrays more than 8 deep (is the file corrupt?)");
+});
+
+Deno.test("readGguf() refuses a tensor that would end past the file before asking for its buffer", async () => {
+  // One f32 tensor of 2^20 × 2^20 elements (4 TiB) in a file of a few hundred bytes.
+  const msg = await rejectionOf(rawGguf([[1n, 0n], ["huge", 2, 1n << 20n, 1n << 20n, 0, 0n]]));
+  assert(/^file is truncated while reading the data of tensor 'huge': needs \d+ bytes, received \d+$/.test(msg), msg);
+});

@@ -348,13 +348,27 @@ function checkType(c: Cursor, type: number, what: string, source: string): GgufV
   return type as GgufValueType;
 }
 
+/** Arrays of arrays nest at most this deep (GGUF files use one level; the recursion is bounded). */
+const MAX_ARRAY_DEPTH = 8;
+
 function readArray(
   c: Cursor,
   what: string,
   source: string,
+  depth = 0,
 ): { elementType: GgufValueType; value: GgufArray } {
+  if (depth >= MAX_ARRAY_DEPTH) {
+    throw new Error(
+      `Cannot load GGUF ${source}: ${what} nests arrays more than ${MAX_ARRAY_DEPTH} deep (is the file corrupt?)`,
+    );
+  }
   const elementType = checkType(c, c.u32(`the element type of ${what}`), what, source);
   const n = c.count(`the length of ${what}`);
+  // Each element takes at least its length's 8 bytes (a nested array's header 12): a count the
+  // rest of the header cannot hold is refused before anything that size is allocated.
+  if (elementType === GgufValueType.STRING || elementType === GgufValueType.ARRAY) {
+    c.need(n * (elementType === GgufValueType.STRING ? 8 : 12), () => `the ${n} elements of ${what}`);
+  }
   const copy = (size: number) => c.copy(n, size, what);
   switch (elementType) {
     // Copies, not views: the data may be unaligned in the file, and the header buffer is dropped after parsing.
@@ -387,7 +401,7 @@ function readArray(
     }
     case GgufValueType.ARRAY: {
       const out: GgufArray[] = [];
-      for (let i = 0; i < n; i++) out.push(readArray(c, `${what}[${i}]`, source).value);
+      for (let i = 0; i < n; i++) out.push(readArray(c, `${what}[${i}]`, source, depth + 1).value);
       return { elementType, value: out };
     }
   }
@@ -406,6 +420,7 @@ function readArrayAsBytes(
     return readArray(c, what, source);
   }
   const n = c.count(`the length of ${what}`);
+  c.need(n * 8, () => `the ${n} elements of ${what}`);
   const first = c.offset;
   const offsets = new Uint32Array(n + 1);
   let total = 0;
@@ -605,11 +620,22 @@ export function ggufTensors(
   return tensors;
 }
 
-/** Bytes of the data section the tensors actually use (from header.dataOffset). */
-function dataSectionBytes(header: GgufHeader, source: string): number {
+/**
+ * Bytes of the data section the tensors actually use (from header.dataOffset); a tensor that
+ * would end past the file is refused here, before a buffer that size is asked for.
+ */
+function dataSectionBytes(header: GgufHeader, source: string, fileSize: number): number {
   let end = 0;
   for (const info of header.tensorInfos) {
-    end = Math.max(end, info.offset + tensorLayout(info, source).bytes);
+    const tensorEnd = info.offset + tensorLayout(info, source).bytes;
+    if (header.dataOffset + tensorEnd > fileSize) {
+      throw new Error(
+        `Cannot load GGUF ${source}: file is truncated while reading the data of tensor '${info.name}': needs ${
+          header.dataOffset + tensorEnd
+        } bytes, received ${fileSize}`,
+      );
+    }
+    end = Math.max(end, tensorEnd);
   }
   return end;
 }
@@ -657,7 +683,7 @@ export async function readGguf(
     }
   }
   checkHeader?.(header);
-  const dataBytes = dataSectionBytes(header, path);
+  const dataBytes = dataSectionBytes(header, path, fileSize);
   const data = allocate(dataBytes);
   const got = await readFully(file, header.dataOffset, data, onProgress);
   return {
