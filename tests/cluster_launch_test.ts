@@ -79,7 +79,7 @@ function lines(child: Deno.ChildProcess) {
 }
 
 for (const how of ["SIGTERM to npx", "Ctrl-C (SIGINT to the terminal's process group)"] as const) {
-  Deno.test(`deno task cluster: ${how} lets a stream's generation finish, drains each replica once, stops nats-server last, leaves nothing`, async () => {
+  Deno.test(`deno task cluster: ${how} lets a stream's generation finish (no password on a command line), drains each replica once, stops nats-server last, leaves nothing`, async () => {
     const natsPort = freePort();
     const marker = `cluster-test-${crypto.randomUUID().slice(0, 8)}`;
     const child = new Deno.Command("npx", {
@@ -125,6 +125,10 @@ for (const how of ["SIGTERM to npx", "Ctrl-C (SIGINT to the terminal's process g
           }
         });
       assert(natsConf !== undefined, "the cluster's nats-server runs");
+      // The generated password reaches the members in their environment, never on a command
+      // line that `ps` shows every user.
+      const password = /password: "([^"]+)"/.exec(Deno.readTextFileSync(natsConf!))![1]!;
+      assertEquals(processesWith(password), [], "a command line holds the NATS password");
       // A stream in flight when the signal comes: the router's drain lets it generate to its end.
       const res = await fetch(`${url}/v1/completions`, {
         method: "POST",

@@ -31,14 +31,20 @@ interface Member {
  * replica's second signal, which cuts its drain short. The Deno members read a pipe from here
  * as stdin (`PARENT_PIPE_ENV`): should this process die without a word, they drain and exit.
  */
-function spawnMember(name: string, cmd: string, args: string[], deno: boolean): Member {
+function spawnMember(
+  name: string,
+  cmd: string,
+  args: string[],
+  deno: boolean,
+  env: Record<string, string> = {},
+): Member {
   const child = new Deno.Command(cmd, {
     args,
     stdin: deno ? "piped" : "null",
     stdout: "null",
     stderr: "piped",
     detached: true,
-    env: { ...runtimeDirEnv(), ...(deno ? { [PARENT_PIPE_ENV]: "1" } : {}) },
+    env: { ...runtimeDirEnv(), ...(deno ? { [PARENT_PIPE_ENV]: "1" } : {}), ...env },
   }).spawn();
   const logged = (async () => {
     const lines = child.stderr.pipeThrough(new TextDecoderStream());
@@ -136,14 +142,23 @@ export async function clusterCommand(argv: string[]): Promise<number> {
   );
   const url = `nats://llmserve:${password}@127.0.0.1:${natsPort}`;
   const env = (n: string) => Deno.env.get(n);
-  // Validated here, so a bad replica flag is one error rather than N replicas failing.
-  const replicaArgv = ["--port", "0", "--nats", url, ...serveFlags];
-  const replicaArgs = childArgs("serve", replicaArgv, serveNeeds(parseServeArgs(replicaArgv)), env);
-  const routerArgv = ["--port", String(flags.port), "--nats", url];
+  // The URL, password and all, reaches the replicas and the router in their environment
+  // (LLMSERVE_NATS): every user of the machine can read a process's command line, not its
+  // environment. The flags are validated here with it, so a bad replica flag is one error
+  // rather than N replicas failing, and the permissions cover the NATS address.
+  const childEnv = { LLMSERVE_NATS: url };
+  const replicaArgv = ["--port", "0", ...serveFlags];
+  const replicaArgs = childArgs(
+    "serve",
+    replicaArgv,
+    serveNeeds(parseServeArgs(["--port", "0", "--nats", url, ...serveFlags])),
+    env,
+  );
+  const routerArgv = ["--port", String(flags.port)];
   const routerArgs = childArgs(
     "router",
     routerArgv,
-    routerNeeds(parseRouterArgs(routerArgv)),
+    routerNeeds(parseRouterArgs([...routerArgv, "--nats", url])),
     env,
   );
   let nats: Member | undefined;
@@ -165,9 +180,9 @@ export async function clusterCommand(argv: string[]): Promise<number> {
     }
     await waitForPort(natsPort, 10_000, nats.status);
     for (let i = 0; i < replicas; i++) {
-      replicaMembers.push(spawnMember(`replica ${i + 1}`, Deno.execPath(), replicaArgs, true));
+      replicaMembers.push(spawnMember(`replica ${i + 1}`, Deno.execPath(), replicaArgs, true, childEnv));
     }
-    router = spawnMember("router", Deno.execPath(), routerArgs, true);
+    router = spawnMember("router", Deno.execPath(), routerArgs, true, childEnv);
     const members = [nats, ...replicaMembers, router];
     const ended = await Promise.race([
       stopped.then(() => undefined),

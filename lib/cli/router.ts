@@ -60,7 +60,7 @@ export function parseRouterArgs(
   }
   const config = resolveConfig(named, env);
   if (config.nats === undefined) {
-    throw new Error(`The router needs a NATS server: pass --nats nats://host:port\n${usage()}`);
+    throw new Error(`The router needs a NATS server: pass --nats nats://host:port (or set LLMSERVE_NATS)\n${usage()}`);
   }
   return config as Config & { nats: string };
 }
