@@ -1,3 +1,4 @@
+import { assertFiniteWeights } from "./finite_weights.ts";
 import { readFileWithProgress, type ReadProgress } from "../util/read_file.ts";
 import { describeBytes, readGguf } from "./gguf.ts";
 import { assertLoadable, ggufToModel } from "./gguf_model.ts";
@@ -99,6 +100,7 @@ export async function loadModel(path: string, opts: LoadModelOptions = {}): Prom
       }`,
     );
   }
+  assertFiniteWeights(model.weights, path);
   if (opts.tokenizerPath !== undefined) {
     const tokenizer = parseLlama2cTokenizer(
       await Deno.readFile(opts.tokenizerPath),
