@@ -730,3 +730,34 @@ Deno.test("downloadFile() refuses a web page and a 404, leaving neither a file n
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("downloadFile() on a disk that refuses writes names the file, deletes the .part and says how big the file is", async () => {
+  // A file-size limit (ulimit -f, with SIGXFSZ ignored) makes every write past 64 KiB fail as
+  // a full disk does; it needs no root, unlike a small filesystem.
+  const bytes = new Uint8Array(1 << 20).map((_, i) => i * 7);
+  await withServer({ "/big.gguf": bytes }, {}, async (server, dir) => {
+    const script = `${dir}/fetch.ts`;
+    await Deno.writeTextFile(
+      script,
+      `import { downloadFile } from ${JSON.stringify(new URL("../lib/source/download.ts", import.meta.url).href)};
+try { await downloadFile(Deno.args[0], Deno.args[1], { progress: false }); console.log("{}"); }
+catch (e) { console.log(JSON.stringify({ name: e.name, message: e.message })); }`,
+    );
+    const dest = `${dir}/models/big.gguf`;
+    const out = await new Deno.Command("bash", {
+      args: ["-c", `ulimit -f 64; trap '' XFSZ; exec "$0" run -A --no-check "$@"`, Deno.execPath(), script, `${server.base}/big.gguf`, dest],
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const text = new TextDecoder().decode(out.stdout).trim();
+    assertEquals(out.code, 0, new TextDecoder().decode(out.stderr));
+    const err = JSON.parse(text.split("\n").pop()!);
+    assertEquals(err.name, "DownloadError", text);
+    assert(
+      new RegExp(`^Cannot download ${server.base}/big\\.gguf to ${dest}: writing ${dest}\\.part failed after \\d+ bytes \\(.*File too large.*\\) \\(the file is 1048576 bytes\\); deleted ${dest}\\.part$`).test(err.message),
+      err.message,
+    );
+    assert(!(await exists(`${dest}.part`)), "the .part is gone");
+    assert(!(await exists(dest)), "no final file");
+  });
+});

@@ -140,6 +140,17 @@ export async function downloadFile(
         };
         await copyBody(start.body, file, received, onProgress, brokeOff);
       }
+    } catch (e) {
+      if (!(e instanceof WriteFailed)) throw e;
+      // A full disk (or a file-size limit): the .part is what fills it, so it goes, and the
+      // error says where and how much room the file needs.
+      await Deno.remove(part).catch(() => {});
+      const need = start.total === undefined ? "" : ` (the file is ${start.total} bytes)`;
+      throw new DownloadError(
+        `Cannot download ${url} to ${dest}: writing ${part} failed after ${received} bytes ` +
+          `(${errorText(e.cause)})${need}; deleted ${part}`,
+        { cause: e.cause },
+      );
     } finally {
       bar?.finish(received);
     }
@@ -259,7 +270,11 @@ async function copyBody(
         finished = true;
         return received;
       }
-      await writeAll(file, step.value);
+      try {
+        await writeAll(file, step.value);
+      } catch (cause) {
+        throw new WriteFailed(cause);
+      }
       received += step.value.length;
       onProgress(received);
     }
@@ -267,6 +282,13 @@ async function copyBody(
     // A failed disk write leaves the body half read; release the connection.
     if (!finished) await reader.cancel().catch(() => {});
     reader.releaseLock();
+  }
+}
+
+/** The disk refused a write (ENOSPC, EFBIG, EIO): not a transfer that may resume. */
+class WriteFailed extends Error {
+  constructor(override readonly cause: unknown) {
+    super(errorText(cause));
   }
 }
 
