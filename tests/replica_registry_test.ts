@@ -77,3 +77,16 @@ Deno.test("replicas of two files with one name do not share a rotation: the mode
   reg.onHeartbeat(beat("bin2", { model: "stories260K", modelId: "1057-aa-ctx512" }));
   assertEquals(reg.inRotation().map((v) => v.id), ["bin", "bin2"]);
 });
+
+Deno.test("a router is not ready while every replica in rotation is full, and ready again when one has room", () => {
+  const reg = new ReplicaRegistry({ staleAfterMs: 1500, now: () => 0 });
+  assertEquals(reg.readinessProblems(), ["no replica in rotation"]);
+  const full = { ...beat("a").load, running: 4, waiting: 4 };
+  reg.onHeartbeat(beat("a", { load: full }));
+  reg.onHeartbeat(beat("b", { load: { ...full, running: 4, waiting: 3 } }));
+  assertEquals(reg.readinessProblems(), [], "b has room for one more");
+  reg.onHeartbeat(beat("b", { load: full }));
+  assertEquals(reg.readinessProblems(), ["every replica is full (16 requests running or waiting, capacity 16)"]);
+  reg.onHeartbeat(beat("a", { load: { ...full, waiting: 0 } }));
+  assertEquals(reg.readinessProblems(), []);
+});

@@ -189,6 +189,20 @@ export class ReplicaRegistry {
     return [...this.#views.values()];
   }
 
+  /**
+   * Why a router over these replicas should get no traffic now (its /ready): none in rotation,
+   * or every one at its limit, when each new request would be refused as overloaded.
+   */
+  readinessProblems(): string[] {
+    const open = this.candidates(() => [], new Set());
+    if (open.length === 0) return ["no replica in rotation"];
+    if (open.every((c) => c.load >= c.capacity)) {
+      const load = open.reduce((n, c) => n + c.load, 0), cap = open.reduce((n, c) => n + c.capacity, 0);
+      return [`every replica is full (${load} requests running or waiting, capacity ${cap})`];
+    }
+    return [];
+  }
+
   /** Routing candidates for a prompt with these block hashes (replicas in `exclude` left out). */
   candidates(
     promptHashesFor: (blockSize: number) => readonly number[],

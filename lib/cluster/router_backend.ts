@@ -280,7 +280,7 @@ export class RouterBackend implements GenerationBackend {
   }
 
   readinessProblems(): string[] {
-    return this.registry.inRotation().length > 0 ? [] : ["no replica in rotation"];
+    return this.registry.readinessProblems();
   }
 
   /** Stops listening; open streams are told their client is gone. */
