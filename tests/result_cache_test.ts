@@ -91,3 +91,43 @@ Deno.test("ResultCache refuses a negative capacity", () => {
   }
   assert(message.includes("received -1"), message);
 });
+
+Deno.test("a full 16 MiB result cache holds about what it counts: measured after a GC in a fresh process", async () => {
+  // Entries shaped like real ones: a prompt of a few hundred characters in the key, 128 token
+  // events of 1-6 characters, one id each. Measured as V8's live heap plus external (typed
+  // array) memory, before and after filling, with garbage collected each time.
+  const dir = await Deno.makeTempDir({ prefix: "result_cache_memory_" });
+  try {
+    const script = `${dir}/fill.ts`;
+    await Deno.writeTextFile(
+      script,
+      `import { ResultCache, resultCacheKey } from ${JSON.stringify(new URL("../lib/core/result_cache.ts", import.meta.url).href)};
+const gc = (globalThis as unknown as { gc: () => void }).gc;
+const live = () => { gc(); gc(); const m = Deno.memoryUsage(); return m.heapUsed + m.external; };
+const cache = new ResultCache(16 * 1024 * 1024);
+const before = live();
+for (let i = 0; cache.size === i; i++) {
+  const prompt = "Once upon a time, in a land far away, there lived a " + i + " ".repeat(200) + i;
+  const key = resultCacheKey("m", { prompt, maxTokens: 128, sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 }, stop: [], deterministic: true } as never)!;
+  const tokens = Array.from({ length: 128 }, (_, t) => ({ text: "abcdef".slice(0, 1 + ((t * 7 + i) % 6)), ids: [1000 + t], logprob: -Math.random() }));
+  cache.set(key, { promptTokens: 60, tokens, finishReason: "length", usage: { promptTokens: 60, completionTokens: 128 }, totalMs: 100 });
+}
+console.log(JSON.stringify({ counted: cache.bytes, measured: live() - before, entries: cache.size }));`,
+    );
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "--no-check", "--v8-flags=--expose-gc", "-A", script],
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    assertEquals(out.code, 0, new TextDecoder().decode(out.stderr));
+    const { counted, measured, entries } = JSON.parse(new TextDecoder().decode(out.stdout));
+    assert(counted <= 16 * 1024 * 1024 && counted > 15 * 1024 * 1024, `counted ${counted}`);
+    assert(entries > 1000, `${entries} entries`);
+    assert(
+      measured <= 1.15 * counted && measured >= 0.5 * counted,
+      `${entries} entries: counted ${counted} bytes, measured ${measured} (${(measured / counted).toFixed(2)}x)`,
+    );
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});

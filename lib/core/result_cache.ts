@@ -45,11 +45,81 @@ export function resultCacheKey(model: string, req: GenerationRequest): string | 
   ]);
 }
 
-/** Bytes an entry costs: the key and texts as UTF-16, ids and logprobs as 8-byte numbers. */
+/**
+ * A stored result packed flat: its token texts joined into one string, ids and logprobs in
+ * typed arrays. An array of per-token objects cost about 2.5 times what was counted for it
+ * (object headers, boxed numbers, per-array backing stores); packed, the count is what it
+ * holds.
+ */
+interface Packed {
+  readonly promptTokens: number;
+  readonly finishReason: FinishReason;
+  readonly usage: Usage;
+  readonly totalMs: number;
+  readonly text: string;
+  /** End of token i's text in `text`, and of its ids in `ids`. */
+  readonly ends: Uint32Array;
+  readonly ids: Int32Array;
+  readonly logprobs: Float64Array;
+}
+
+/**
+ * Bytes of an entry's fixed parts: the Map entry, the packed object, its usage object and its
+ * four typed arrays with their ArrayBuffers (about 100 bytes each in V8).
+ */
+const ENTRY_OVERHEAD = 640;
+
+function pack(r: StoredResult): Packed {
+  const n = r.tokens.length;
+  const ends = new Uint32Array(2 * n);
+  let chars = 0, idCount = 0;
+  for (let i = 0; i < n; i++) {
+    chars += r.tokens[i]!.text.length;
+    idCount += r.tokens[i]!.ids.length;
+    ends[2 * i] = chars;
+    ends[2 * i + 1] = idCount;
+  }
+  const ids = new Int32Array(idCount);
+  const logprobs = new Float64Array(n);
+  let k = 0;
+  for (let i = 0; i < n; i++) {
+    for (const id of r.tokens[i]!.ids) ids[k++] = id;
+    logprobs[i] = r.tokens[i]!.logprob;
+  }
+  // Joined, then flattened: a concatenation would keep a rope of every token's string.
+  const text = r.tokens.map((t) => t.text).join("");
+  return {
+    promptTokens: r.promptTokens,
+    finishReason: r.finishReason,
+    usage: r.usage,
+    totalMs: r.totalMs,
+    text,
+    ends,
+    ids,
+    logprobs,
+  };
+}
+
+function unpack(p: Packed): StoredResult {
+  const tokens: StoredToken[] = [];
+  let c = 0, k = 0;
+  for (let i = 0; i < p.logprobs.length; i++) {
+    const ce = p.ends[2 * i]!, ke = p.ends[2 * i + 1]!;
+    tokens.push({ text: p.text.slice(c, ce), ids: Array.from(p.ids.subarray(k, ke)), logprob: p.logprobs[i]! });
+    c = ce;
+    k = ke;
+  }
+  return { promptTokens: p.promptTokens, tokens, finishReason: p.finishReason, usage: p.usage, totalMs: p.totalMs };
+}
+
+/** Bytes an entry costs as stored: the key and the joined texts as UTF-16, the typed arrays, and the fixed parts. */
 export function storedResultBytes(key: string, r: StoredResult): number {
-  let bytes = 2 * key.length + 128;
-  for (const t of r.tokens) bytes += 2 * t.text.length + 8 * t.ids.length + 8 + 48;
-  return bytes;
+  let chars = 0, ids = 0;
+  for (const t of r.tokens) {
+    chars += t.text.length;
+    ids += t.ids.length;
+  }
+  return ENTRY_OVERHEAD + 2 * key.length + 2 * chars + 8 * r.tokens.length + 4 * ids + 8 * r.tokens.length;
 }
 
 /**
@@ -59,7 +129,7 @@ export function storedResultBytes(key: string, r: StoredResult): number {
  */
 export class ResultCache {
   readonly capacityBytes: number;
-  #entries = new Map<string, { result: StoredResult; bytes: number }>();
+  #entries = new Map<string, { result: Packed; bytes: number }>();
   #bytes = 0;
   hits = 0;
   misses = 0;
@@ -94,7 +164,7 @@ export class ResultCache {
     this.#entries.set(key, e);
     this.hits++;
     this.savedMs += e.result.totalMs;
-    return e.result;
+    return unpack(e.result);
   }
 
   /**
@@ -122,7 +192,7 @@ export class ResultCache {
       this.#entries.delete(oldest.value);
       this.#bytes -= e.bytes;
     }
-    this.#entries.set(key, { result, bytes });
+    this.#entries.set(key, { result: pack(result), bytes });
     this.#bytes += bytes;
     return true;
   }
