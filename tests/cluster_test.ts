@@ -547,10 +547,15 @@ Deno.test("through the router: API keys hold, and cancel and disconnect free the
   const stepsBefore = await steps();
   const sock = await TestSocket.open(wsUrl);
   sock.send(wsFrame("c1", long.case));
-  await sock.take((f) => f.id === "c1" && f.type === "token", 10_000);
+  const first = await sock.take((f) => f.id === "c1" && f.type === "token", 10_000);
   sock.send({ type: "cancel", id: "c1" });
   const end = await sock.take((f) => f.id === "c1" && f.type === "done", 10_000);
   assertEquals(end.finish_reason, "cancelled");
+  // Its usage counts the tokens this client got, not those the replica made before the
+  // cancel reached it.
+  const got = [first, ...sock.frames.filter((f) => f.id === "c1" && f.type === "token")]
+    .reduce((n, f) => n + (f.token_ids as number[]).length, 0);
+  assertEquals((end.usage as { completion_tokens: number }).completion_tokens, got, "completion_tokens of a cancelled stream");
   await until("the replica to free the cancelled sequence", replicaIdle);
   const cancelledSteps = (await steps()) - stepsBefore;
   assert(cancelledSteps < 350, `cancelled after ${cancelledSteps} steps, not run to 400`);

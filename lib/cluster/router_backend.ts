@@ -569,6 +569,9 @@ export class RouterBackend implements GenerationBackend {
                 yield { type: "started", promptTokens: promptIds.length };
               }
             } else if (ev.type === "token") {
+              // After a cancel the replica may still send what it made before the cancel
+              // reached it: the client gets none of it, and its usage counts none of it.
+              if (signal.aborted) continue;
               delivered.push(...ev.ids);
               firstTokenAt ??= performance.now();
               yield ev;
@@ -578,7 +581,9 @@ export class RouterBackend implements GenerationBackend {
                 finishReason: ev.finishReason,
                 usage: {
                   promptTokens: promptIds.length,
-                  completionTokens: before + ev.usage.completionTokens,
+                  completionTokens: ev.finishReason === "cancelled" || signal.aborted
+                    ? delivered.length
+                    : before + ev.usage.completionTokens,
                   cachedTokens: before === 0 ? ev.usage.cachedTokens : 0,
                 },
                 timings: {
