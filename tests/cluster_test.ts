@@ -496,7 +496,7 @@ Deno.test("a router over 3 NATS replicas: exact outputs, prefix routing, failove
 
 Deno.test("every replica full: the router answers 503 overloaded with Retry-After, admitted requests are exact", async () => {
   await using cluster = await Cluster.start();
-  await cluster.replica([...KV, "--max-running", "2", "--max-waiting", "2"]);
+  const replica = await cluster.replica([...KV, "--max-running", "2", "--max-waiting", "2"]);
   const router = await cluster.router();
   await cluster.routerSees(router, 1);
   const c: Case = { prompt: "Once upon a time", maxTokens: 150, sampling: GREEDY };
@@ -512,6 +512,11 @@ Deno.test("every replica full: the router answers 503 overloaded with Retry-Afte
     assert(Number(r.headers.get("retry-after")) >= 1);
   }
   for (const r of ok) assertEquals(r.body.choices[0].text, ref.text);
+  // The replica logs each stream it served over NATS as the HTTP side logs a request.
+  await cluster.kill(replica, "SIGTERM");
+  const served = (await replica.log()).split("\n").filter((l) => / NATS generate 200 /.test(l));
+  assertEquals(served.length, ok.length, `the replica's NATS lines:\n${served.join("\n")}`);
+  for (const l of served) assert(/ id=\S+ prompt=\d+ completion=150 ttft=[\d.]+ms total=[\d.]+ms/.test(l), l);
 });
 
 Deno.test("through the router: API keys hold, and cancel and disconnect free the replica's KV blocks", async () => {

@@ -27,6 +27,7 @@ import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
+import { statusOfCode } from "../http/errors.ts";
 import { createChatRenderer } from "../http/chat_template.ts";
 import { leveledLog } from "../util/log_level.ts";
 import { createLoadingService, LoadProgress, SwitchableService } from "../http/loading_service.ts";
@@ -354,6 +355,7 @@ async function start(
     blockSize: plan.blockSize,
     modelPath: source.modelPath,
     log,
+    requestLog,
   });
   const c = model.config;
   const mem = engineMemory(engine);
@@ -408,6 +410,7 @@ async function startReplica(
     blockSize: number;
     modelPath: string;
     log: (line: string) => void;
+    requestLog: RequestLog;
   },
 ) {
   const id = randomId("replica");
@@ -442,7 +445,25 @@ async function startReplica(
       };
     },
     cachedBlockHashes: (limit) => core.cachedBlockHashes(limit),
-  }, { id, log: deps.log });
+  }, {
+    id,
+    log: deps.log,
+    // A stream served over NATS gets the line an HTTP request gets: method NATS, its request id.
+    served: (requestId) => {
+      const r = deps.requestLog.record(requestId, "NATS", "generate");
+      return {
+        firstToken: () => r.firstToken(),
+        finished: (e) => {
+          r.code = e.code;
+          r.promptTokens = e.promptTokens;
+          r.completionTokens = e.completionTokens;
+          r.cached = e.cached;
+          // 499: the router went away mid-stream (nginx's "client closed request").
+          r.responded(e.code === undefined ? 200 : statusOfCode(e.code) ?? 499);
+        },
+      };
+    },
+  });
   await agent.start(natsOptions);
   let resolveDrained!: (r: { completed: boolean; aborted: number }) => void;
   const drained = new Promise<{ completed: boolean; aborted: number }>((r) => resolveDrained = r);

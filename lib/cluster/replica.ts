@@ -34,6 +34,15 @@ export interface ReplicaAgentOptions {
   /** A stream waiting this long for credit is given up: its router is gone (default 30 s). */
   readonly creditTimeoutMs?: number;
   readonly log?: (line: string) => void;
+  /** The request log's record of one stream served over NATS (the caller writes the line). */
+  readonly served?: (requestId: string) => ServedLog;
+}
+
+/** What a stream served over NATS tells the request log, as an HTTP request's line would. */
+export interface ServedLog {
+  firstToken(): void;
+  /** How it ended: its error code, or none for done; token counts when it finished. */
+  finished(e: { code?: string; promptTokens?: number; completionTokens?: number; cached?: boolean }): void;
 }
 
 /** One generation served over NATS: events go out only as far as the router granted credit. */
@@ -97,6 +106,7 @@ export class ReplicaAgent {
   readonly #maxHashes: number;
   readonly #creditTimeoutMs: number;
   readonly #log: (line: string) => void;
+  readonly #served: ((requestId: string) => ServedLog) | undefined;
   /** For what peers cause: capped, since a peer decides how often and how long. */
   readonly #peerLog: (line: string) => void;
   readonly #streams = new Map<string, ServedStream>();
@@ -116,6 +126,7 @@ export class ReplicaAgent {
     this.#maxHashes = opts.maxHashes ?? 4096;
     this.#creditTimeoutMs = opts.creditTimeoutMs ?? 30_000;
     this.#log = opts.log ?? (() => {});
+    this.#served = opts.served;
     this.#peerLog = cappedLog(this.#log);
   }
 
@@ -324,7 +335,22 @@ export class ReplicaAgent {
     // A publish that throws (the connection closed, a frame over max_payload) must not leave
     // the catch below throwing again: that was an unhandled rejection, the end of the process.
     let sendFailed = false;
+    const record = this.#served?.(m.requestId);
+    let ended = false;
+    const logEnd = (e: Parameters<ServedLog["finished"]>[0]) => {
+      if (ended) return;
+      ended = true;
+      record?.finished(e);
+    };
     const send = (event: GenerationEvent) => {
+      if (event.type === "token") record?.firstToken();
+      else if (event.type === "done") {
+        logEnd({
+          promptTokens: event.usage.promptTokens,
+          completionTokens: event.usage.completionTokens,
+          cached: event.cached !== undefined,
+        });
+      } else if (event.type === "error") logEnd({ code: event.code });
       if (sendFailed || this.#nc.isClosed()) return;
       try {
         this.#nc.publish(
@@ -376,6 +402,7 @@ export class ReplicaAgent {
       send({ type: "error", code: "internal", message: `Generation failed: ${e}` });
     } finally {
       // Leaving early (credit never came, router gone) frees the sequence's KV blocks.
+      logEnd({ code: "router_gone" });
       await events.return?.(undefined);
     }
   }

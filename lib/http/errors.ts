@@ -63,6 +63,11 @@ function typeForStatus(status: number): string {
   return "invalid_request_error";
 }
 
+/** The HTTP status of an error code; undefined for a code that is not an API error's. */
+export function statusOfCode(code: string): number | undefined {
+  return Object.hasOwn(STATUS, code) ? STATUS[code as ApiErrorCode] : undefined;
+}
+
 /** A client-visible failure: its code decides the HTTP status; param names the offending field. */
 export class ApiError extends Error {
   readonly status: number;
