@@ -9,7 +9,7 @@
 // (or alone, in legacyOne): acc += f32(S_j) × (dw_j × da_j), e += m_j × s_j over the blocks j
 // in order, then acc + e. S_j is an exact integer, so the lane-folding order cannot change it.
 
-import { dot4, h2f4, h2fScale, pairs16, ZERO } from "./simd";
+import { dot4, h2f4, h2fScale, ZERO } from "./simd";
 import { ACT_D32, ACT_Q16, ACT_Q32, ACT_S32 } from "./quantize";
 
 const T_Q8_0: i32 = 3;
@@ -73,13 +73,7 @@ for (let x = 0; x < 256; x++) {
   return h2fScale(load<u16>(bp, 2));
 }
 
-/** Pair sums of a 4/5-bit block with 32 int8 activations at q: 8 i16 lanes, each ≤ 4·31·127. */
-// @ts-ignore: decorator
-@inline function pairs32(q: usize, w0: v128, w1: v128): v128 {
-  return i16x8.add(pairs16(v128.load(q), w0), pairs16(v128.load(q, 16), w1));
-}
-
-/** The same block sums as i32 lanes (exact: i32 cannot overflow here). */
+/** A 4/5-bit block against 32 int8 activations at q: 4 i32 lanes summing to the exact dot product. */
 // @ts-ignore: decorator
 @inline function dot32(q: usize, w0: v128, w1: v128): v128 {
   return dot4(dot4(ZERO, v128.load(q), w0), v128.load(q, 16), w1);
@@ -92,20 +86,6 @@ for (let x = 0; x < 256; x++) {
     i32x4.add(i32x4.dot_i16x8_s(v128.load(q), x0), i32x4.dot_i16x8_s(v128.load(q, 16), x1)),
     i32x4.add(i32x4.dot_i16x8_s(v128.load(q, 32), x2), i32x4.dot_i16x8_s(v128.load(q, 48), x3)),
   );
-}
-
-/** Lane r = the sum of pair-sum vector r's lanes (each lane ≤ 15748, so pairs of them fit i16). */
-// @ts-ignore: decorator
-@inline function fold16(p0: v128, p1: v128, p2: v128, p3: v128): v128 {
-  const x01 = i32x4.extadd_pairwise_i16x8_s(i16x8.add(
-    i8x16.shuffle(p0, p1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
-    i8x16.shuffle(p0, p1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31),
-  ));
-  const x23 = i32x4.extadd_pairwise_i16x8_s(i16x8.add(
-    i8x16.shuffle(p2, p3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
-    i8x16.shuffle(p2, p3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31),
-  ));
-  return i32x4.add(v128.shuffle<i32>(x01, x23, 0, 2, 4, 6), v128.shuffle<i32>(x01, x23, 1, 3, 5, 7));
 }
 
 /** Lane r = the sum of i32 vector r's lanes. */
@@ -220,7 +200,7 @@ export function setScratch(p: usize): void {
           const qo = q16 + (<usize>j << 6);
           s = dotRow8(bp, v128.load(qo), v128.load(qo, 16), v128.load(qo, 32), v128.load(qo, 48));
         } else {
-          s = i32x4.extadd_pairwise_i16x8_s(pairs32(q8 + (<usize>j << 5), lowHalf(type, bp), highHalf(type, bp)));
+          s = dot32(q8 + (<usize>j << 5), lowHalf(type, bp), highHalf(type, bp));
         }
         v128.store(scr + (<usize>((j - j0) * 4 + r) << 4), s);
       }
@@ -273,7 +253,7 @@ export function setScratch(p: usize): void {
   const q = load<usize>(desc, ACT_Q32) + <usize>b * <usize>K;
   for (let j = 0; j < nb; j++) {
     const bp = wr + <usize>j * bb;
-    const s = lanesum(i32x4.extadd_pairwise_i16x8_s(pairs32(q + (<usize>j << 5), lowHalf(type, bp), highHalf(type, bp))));
+    const s = lanesum(dot32(q + (<usize>j << 5), lowHalf(type, bp), highHalf(type, bp)));
     const dw = scaleOf(bp);
     acc = acc + <f32>s * (dw * load<f32>(scaleAt(d32, nb, b, j)));
     e = e + offsetOf(type, bp, dw) * load<f32>(scaleAt(s32, nb, b, j));
