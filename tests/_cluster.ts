@@ -105,35 +105,27 @@ export class Cluster implements AsyncDisposable {
 
   /** A replica serving another model file (its whole command line after `serve`). */
   async replicaServing(args: string[]): Promise<Member> {
+    return await this.#spawnMain("serve", "replica", args);
+  }
+
+  async router(extra: string[] = []): Promise<Member> {
+    return await this.#spawnMain("router", "router", extra);
+  }
+
+  /** `main.ts <command> --nats <this cluster> --port 0 <args>`, once it listens. */
+  async #spawnMain(command: string, role: Member["role"], args: string[]): Promise<Member> {
     const child = await spawnUntilListening([
       "run",
       "--allow-all",
       new URL("../main.ts", import.meta.url).pathname,
-      "serve",
+      command,
       "--nats",
       this.nats.url,
       "--port",
       "0",
       ...args,
     ]);
-    const m = { ...child, role: "replica" as const };
-    this.members.add(m);
-    return m;
-  }
-
-  async router(extra: string[] = []): Promise<Member> {
-    const child = await spawnUntilListening([
-      "run",
-      "--allow-all",
-      new URL("../main.ts", import.meta.url).pathname,
-      "router",
-      "--nats",
-      this.nats.url,
-      "--port",
-      "0",
-      ...extra,
-    ]);
-    const m = { ...child, role: "router" as const };
+    const m = { ...child, role };
     this.members.add(m);
     return m;
   }

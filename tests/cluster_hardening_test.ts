@@ -4,6 +4,7 @@
  * and heartbeat subjects. The expected text comes from the CPU reference engine in this process
  * (one sequence alone, no scheduler, no NATS).
  */
+import { prefixBlockHashes } from "../lib/core/block_allocator.ts";
 import { assert, assertEquals, assertMatch } from "@std/assert";
 import { loadModel } from "../lib/model/load_model.ts";
 import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
@@ -52,6 +53,33 @@ function bigStopBody(prompt: string): string {
   const body = JSON.stringify({ prompt, max_tokens: 5, temperature: 0, stop });
   assert(body.length < MIB, `body is ${body.length} bytes`);
   return body;
+}
+
+/**
+ * Heartbeats every 100 ms as replica `id`, copying a real replica's beat `base`: idle, holding
+ * the prefix of `ids` and the streams in `streams` (read on each beat). Returns the interval.
+ */
+function beatAs(
+  peer: { publish(subject: string, data: Uint8Array): void },
+  base: Record<string, unknown> & { load: Record<string, unknown> },
+  id: string,
+  streams: string[],
+  ids: number[],
+): ReturnType<typeof setInterval> {
+  let beat = 0;
+  const enc = new TextEncoder();
+  return setInterval(() =>
+    peer.publish(
+      "llmserve.replicas",
+      enc.encode(JSON.stringify({
+        ...base,
+        replica: id,
+        beat: beat++,
+        load: { ...base.load, running: 0, waiting: 0, streams: streams.length },
+        prefix: { blockSize: 16, hashes: prefixBlockHashes(ids, 16) },
+        streamIds: streams,
+      })),
+    ), 100);
 }
 
 Deno.test("a request too large for the bus is refused with 413 and leaks no replica slot", async () => {
@@ -264,7 +292,6 @@ Deno.test("thousands of hostile NATS messages leave router and replica serving e
 Deno.test("a replica that lists a stream but makes no progress loses it to another replica, exactly", async () => {
   const { connectNats } = await import("../lib/cluster/nats_connection.ts");
   const { RouterBackend } = await import("../lib/cluster/router_backend.ts");
-  const { prefixBlockHashes } = await import("../lib/core/block_allocator.ts");
   await using cluster = await Cluster.start();
   await cluster.replica(KV);
   const peer = await connectNats({ url: cluster.nats.url, name: "hung-peer" });
@@ -297,19 +324,7 @@ Deno.test("a replica that lists a stream but makes no progress loses it to anoth
       );
     },
   });
-  let beat = 0;
-  const beats = setInterval(() =>
-    peer.publish(
-      "llmserve.replicas",
-      enc.encode(JSON.stringify({
-        ...real,
-        replica: HUNG,
-        beat: beat++,
-        load: { ...real.load, running: 0, waiting: 0, streams: hung.length },
-        prefix: { blockSize: 16, hashes: prefixBlockHashes(ids, 16) },
-        streamIds: hung,
-      })),
-    ), 100);
+  const beats = beatAs(peer, real, HUNG, hung, ids);
   try {
     const { until } = await import("./_cluster.ts");
     await until(
@@ -468,7 +483,6 @@ Deno.test("SIGTERM to the router: in-flight HTTP, SSE and WebSocket generations 
 Deno.test("failover after text the stop matcher held: the client gets every character, once", async () => {
   const { connectNats } = await import("../lib/cluster/nats_connection.ts");
   const { RouterBackend } = await import("../lib/cluster/router_backend.ts");
-  const { prefixBlockHashes } = await import("../lib/core/block_allocator.ts");
   const { TestSocket } = await import("./_http_harness.ts");
   const { until } = await import("./_cluster.ts");
   await using cluster = await Cluster.start();
@@ -532,19 +546,7 @@ Deno.test("failover after text the stop matcher held: the client gets every char
       );
     },
   });
-  let beat = 0;
-  const beats = setInterval(() =>
-    peer.publish(
-      "llmserve.replicas",
-      enc.encode(JSON.stringify({
-        ...hb,
-        replica: PEER,
-        beat: beat++,
-        load: { ...hb.load, running: 0, waiting: 0, streams: served.length },
-        prefix: { blockSize: 16, hashes: prefixBlockHashes(ids, 16) },
-        streamIds: served,
-      })),
-    ), 100);
+  const beats = beatAs(peer, hb, PEER, served, ids);
   try {
     await until(
       "the router to take the peer",

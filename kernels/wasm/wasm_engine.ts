@@ -17,8 +17,8 @@ import { ActBuffer } from "./act_buffer.ts";
 import { ThreadPool } from "./pool.ts";
 import { f32Bits, OP, OP_WORDS, ProgramWriter } from "./program.ts";
 import { type KernelFlavour, kernelModule } from "./kernel_module.ts";
-import { sampleRow } from "../../lib/engine/sample_row.ts";
-import { checkParams, isGreedyTemperature } from "../../lib/engine/sampling.ts";
+import { sampleRow, samplesArgmax } from "../../lib/engine/sample_row.ts";
+import { checkParams } from "../../lib/engine/sampling.ts";
 
 /** How the CPU engine is built. */
 export interface WasmEngineOptions {
@@ -361,7 +361,7 @@ export class WasmEngine implements Engine {
         const position = seq.startPos + (seq.useLastSampled ? 1 : seq.tokens.length);
         // Greedy rows take the threads' argmax and normaliser (a row with a NaN or an
         // infinite logit goes the general way).
-        const greedy = isGreedyTemperature(seq.sampling.temperature) || seq.sampling.topK === 1;
+        const greedy = samplesArgmax(seq.sampling);
         const { token, logprob } = greedy && stats[r * 4 + 3] === 0
           ? (checkParams(seq.sampling, vocabSize), { token: stats[r * 4]!, logprob: -Math.log(statsF[r * 4 + 2]!) })
           : sampleRow(row, seq.sampling, position);

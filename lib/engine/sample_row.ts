@@ -26,9 +26,14 @@ const TAIL_NATS = 24;
  * sampleRow(logits, { temperature: 0.8, topK: 40, topP: 0.95, minP: 0, seed: 1 }, 7);
  * ```
  */
+/** Whether `p` samples a row as its argmax (greedy temperature, or top-k of 1). */
+export function samplesArgmax(p: SamplingParams): boolean {
+  return isGreedyTemperature(p.temperature) || p.topK === 1;
+}
+
 export function sampleRow(logits: Float32Array, p: SamplingParams, position: number): SampleResult {
   checkParams(p, logits.length);
-  if (isGreedyTemperature(p.temperature) || p.topK === 1) {
+  if (samplesArgmax(p)) {
     const token = argmax(logits);
     return { token, logprob: logSoftmaxAt(logits, token) };
   }

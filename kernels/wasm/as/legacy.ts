@@ -261,8 +261,9 @@ export function setScratch(p: usize): void {
   return acc + e;
 }
 
+/** Stores one output: v (+ bias[n]), added to what is there with accum. */
 // @ts-ignore: decorator
-@inline function put(out: usize, v: f32, bias: usize, n: i32, accum: bool): void {
+@inline export function put(out: usize, v: f32, bias: usize, n: i32, accum: bool): void {
   let r = v;
   if (bias != 0) r = r + load<f32>(bias + (<usize>n << 2));
   if (accum) r = load<f32>(out) + r;

@@ -8,7 +8,7 @@
 // applied through the activations' block sums), so relaxed SIMD's i8×i7 dot product is exact.
 
 import { h2f, h2f_hi, h2f_lo, h2fScale, hsum, pairs16, ZERO } from "./simd";
-import { matmulQ4_0, matmulQ4_1, matmulQ5_0, matmulQ5_1, matmulQ8_0 } from "./legacy";
+import { matmulQ4_0, matmulQ4_1, matmulQ5_0, matmulQ5_1, matmulQ8_0, put } from "./legacy";
 import {
   ACT_BS16,
   ACT_BS32,
@@ -511,14 +511,6 @@ const BIT16: v128 = i8x16.splat(0x10);
 @inline function tile(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
   if (type <= T_BF16) k_float(type, wr, K, desc, b, nr);
   else k_kquant(type, wr, K, desc, b, nr);
-}
-
-// @ts-ignore: decorator
-@inline function put(out: usize, v: f32, bias: usize, n: i32, accum: bool): void {
-  let r = v;
-  if (bias != 0) r = r + load<f32>(bias + (<usize>n << 2));
-  if (accum) r = load<f32>(out) + r;
-  store<f32>(out, r);
 }
 
 /**
