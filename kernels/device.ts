@@ -1,4 +1,5 @@
 import type { StepContent } from "./step_meta.ts";
+import { describeAdapter, isCpuRasterizer } from "./adapter.ts";
 
 /**
  * The WebGPU device and what every kernel needs from it: the limits actually granted, and a
@@ -95,11 +96,7 @@ export async function acquireGpu(opts: AcquireGpuOptions = {}): Promise<Gpu> {
   const maxBindingBytes = Math.floor(Math.min(adapterMax, opts.maxBindingBytes ?? Infinity) / 4) *
     4;
   const pipelines = new Map<string, GPUComputePipeline>();
-  const info = adapter.info as GPUAdapterInfo & { isFallbackAdapter?: boolean };
-  const cpuRasterizer = info.isFallbackAdapter === true ||
-    /llvmpipe|lavapipe|swiftshader|microsoft basic render/i.test(
-      `${info.description} ${info.device} ${info.architecture}`,
-    );
+  const cpuRasterizer = isCpuRasterizer(adapter.info);
   return {
     device,
     description: adapter.info.description || adapter.info.vendor || "unknown adapter",
@@ -130,11 +127,7 @@ export async function acquireGpu(opts: AcquireGpuOptions = {}): Promise<Gpu> {
  * (for sizing the KV cache before the engine exists); undefined when there is no adapter.
  */
 export async function adapterBindingLimit(): Promise<number | undefined> {
-  if (typeof navigator === "undefined" || !navigator.gpu) return undefined;
-  const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
-  if (!adapter) return undefined;
-  const l = adapter.limits;
-  return Math.floor(Math.min(l.maxStorageBufferBindingSize, l.maxBufferSize) / 4) * 4;
+  return (await describeAdapter())?.bindingLimit;
 }
 
 /** Creates a buffer holding `data` (padded to whole words, plus `extraBytes`). */

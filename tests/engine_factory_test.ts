@@ -1,7 +1,7 @@
 import { assertEquals } from "@std/assert";
 import { deadline } from "@std/async/deadline";
 import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
-import { createEngine } from "../lib/serving/engine_factory.ts";
+import { createEngine, resolveBackend } from "../lib/serving/engine_factory.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { modelFile } from "./_model_files.ts";
 
@@ -42,5 +42,43 @@ Deno.test("createEngine('auto') times a decode step on both engines and keeps th
     assertEquals(r.sampled.length, 1);
   } finally {
     engine.dispose();
+  }
+});
+
+Deno.test("resolveBackend('auto') on a software adapter settles on the CPU engine without timing it, and leaves no graphics driver in the process", async () => {
+  // The oracle: WebGPU's own word on the adapter, asked here.
+  const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
+  if (adapter === null) throw new Error("the GPU test group needs a WebGPU adapter");
+  const software = (adapter.info as GPUAdapterInfo & { isFallbackAdapter?: boolean })
+    .isFallbackAdapter === true;
+  // In a fresh process, so that no earlier test has loaded the driver already.
+  const code = `
+    import { resolveBackend } from ${JSON.stringify(new URL("../lib/serving/engine_factory.ts", import.meta.url).href)};
+    const r = await resolveBackend("auto");
+    const maps = Deno.readTextFileSync("/proc/self/maps");
+    console.log(JSON.stringify({ ...r, driver: /libvulkan|vulkan_lvp|libEGL|libGLX?\\.|swrast|llvmpipe/.test(maps) }));
+  `;
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["eval", "--config", new URL("../deno.json", import.meta.url).pathname, code],
+    stdout: "piped",
+    stderr: "inherit",
+  }).output();
+  assertEquals(out.success, true);
+  const r = JSON.parse(new TextDecoder().decode(out.stdout).trim().split("\n").at(-1)!);
+  assertEquals(r.adapter.description, adapter.info.description);
+  assertEquals(r.adapter.cpuRasterizer, software);
+  if (software) {
+    assertEquals(r.backend, "cpu");
+    assertEquals(r.note.includes(`its adapter, ${adapter.info.description}, is a software rasterizer`), true, r.note);
+    assertEquals(r.driver, false, "the adapter was asked in this process, not in a child");
+  } else {
+    // A real GPU is timed against the CPU engine by createEngine('auto').
+    assertEquals(r.backend, "auto");
+  }
+});
+
+Deno.test("resolveBackend() passes every named backend through untouched", async () => {
+  for (const b of ["cpu", "webgpu", "reference"] as const) {
+    assertEquals(await resolveBackend(b), { backend: b });
   }
 });

@@ -165,3 +165,30 @@ Deno.test("cpu engine reads weights in place when the model was loaded into its 
     return Promise.resolve();
   });
 });
+
+Deno.test("cpu engine: a 1 GiB KV cache costs resident memory only for the blocks written, and memory.kvResident counts them", async () => {
+  const model = await loadModel(compatPath("llama3-like-q4_k_m"));
+  const c = model.config;
+  const blockBytes = 2 * c.nLayers * 16 * c.nKvHeads * c.headDim * 2; // K and V, f16
+  const kv = { numBlocks: Math.floor(2 ** 30 / blockBytes), blockSize: 16 };
+  const rss = () => Number(/VmRSS:\s+(\d+) kB/.exec(Deno.readTextFileSync("/proc/self/status"))![1]) * 1024;
+  const before = rss();
+  const e = await WasmEngine.create(c, model.weights, kv, {});
+  try {
+    assertEquals(e.memory.kvCache, kv.numBlocks * blockBytes);
+    assertEquals(e.memory.kvResident, 0);
+    // 40 tokens in blocks 7, 900 and the last: three blocks written, whatever their ids.
+    const last = kv.numBlocks - 1;
+    const tokens = Array.from({ length: 40 }, (_, i) => 1 + i);
+    await e.step({ stepId: 0, seqs: [{ seqId: 1, tokens, startPos: 0, blockTable: [7, 900, last], sample: true, sampling: GREEDY }] });
+    assertEquals(e.memory.kvResident, 3 * blockBytes);
+    // Rewriting block 7 adds nothing.
+    await e.step({ stepId: 1, seqs: [{ seqId: 2, tokens: [5], startPos: 0, blockTable: [7], sample: true, sampling: GREEDY }] });
+    assertEquals(e.memory.kvResident, 3 * blockBytes);
+    // The reservation itself stayed virtual: far less than the 1 GiB became resident.
+    const grew = rss() - before;
+    assert(grew < 2 ** 30 / 4, `RSS grew by ${grew} bytes for a 1 GiB cache`);
+  } finally {
+    e.dispose();
+  }
+});

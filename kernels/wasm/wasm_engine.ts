@@ -78,12 +78,20 @@ export class WasmEngine implements Engine {
   readonly name = "cpu";
   readonly kv: KvGeometry;
   readonly limits: { readonly maxSeqs: number; readonly maxBatchTokens: number };
-  readonly memory: { readonly weights: number; readonly kvCache: number; readonly buffers: number };
+  readonly memory: {
+    readonly weights: number;
+    readonly kvCache: number;
+    readonly buffers: number;
+    /** KV bytes of the blocks written so far: the part of the reservation made resident. */
+    readonly kvResident: number;
+  };
   readonly threads: number;
   readonly flavour: KernelFlavour;
   readonly kvDtype: "f16" | "f32";
 
   readonly #heap: WasmHeap;
+  // Notes a KV block a step writes: the cache's pages become resident only then.
+  readonly #markWritten: (block: number) => void;
   readonly #pool: ThreadPool;
   readonly #layers: LayerPtrs[];
   readonly #output: Matrix;
@@ -234,7 +242,20 @@ export class WasmEngine implements Engine {
     this.#chunkDesc = own(64, "a classifier descriptor");
     const buffers = this.#owned.slice(before).reduce((n, [, b]) => n + b, 0) +
       [this.#actDim, this.#actAtt, this.#actHidden, this.#actOut].reduce((n, a) => n + a.bytes, 0);
-    this.memory = { weights: weightBytes, kvCache: kvBytes, buffers };
+    const blockBytes = kvBytes / kv.numBlocks;
+    const written = new Uint8Array(kv.numBlocks);
+    let blocks = 0;
+    this.#markWritten = (b) => {
+      if (written[b] === 0) (written[b] = 1, blocks++);
+    };
+    this.memory = {
+      weights: weightBytes,
+      kvCache: kvBytes,
+      buffers,
+      get kvResident() {
+        return blocks * blockBytes;
+      },
+    };
   }
 
   /** Builds the engine: places the weights, allocates the KV cache and starts the threads. */
@@ -322,7 +343,9 @@ export class WasmEngine implements Engine {
       tokens.forEach((token, j) => {
         const pos = seq.startPos + j;
         positions[rows] = pos;
-        slots[rows] = seq.blockTable[Math.floor(pos / bs)]! * bs + (pos % bs);
+        const block = seq.blockTable[Math.floor(pos / bs)]!;
+        this.#markWritten(block);
+        slots[rows] = block * bs + (pos % bs);
         tableOffs[rows] = tableAt;
         this.#embed(token, x.subarray(rows * dim, (rows + 1) * dim));
         for (let p = 0; p < pairs; p++) {

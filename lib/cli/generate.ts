@@ -8,6 +8,8 @@ import { ServingCore } from "../../actors/core.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
 import {
   createEngine,
+  describeChoice,
+  resolveBackend,
   engineMemory,
   modelAllocator,
   planKv,
@@ -113,6 +115,8 @@ export async function generateCommand(argv: string[]): Promise<number> {
   // Started by the launcher, which is gone: nobody reads the output any more.
   whenLauncherGone(() => Deno.exit(143));
   const args = parsed;
+  // Asked while the model loads: the adapter probe is a child process of its own.
+  const resolving = resolveBackend(args.backend);
   const { source, tokenizer, ...opened } = await openModel(args.model ?? DEFAULT_MODEL, {
     modelsDir: args["models-dir"],
     tokenizer: args.tokenizer,
@@ -125,10 +129,11 @@ export async function generateCommand(argv: string[]): Promise<number> {
     ...(args.threads === undefined ? {} : { threads: args.threads }),
   };
   // One sequence: an automatic KV cache of one full context, shortened to fit the device.
-  const plan = await planKv(opened.model, args.backend, {
+  const resolved = await resolving;
+  const plan = await planKv(opened.model, resolved.backend, {
     blockSize: DEFAULT_LIMITS.blockSize,
     maxRunning: 1,
-  }, engineOpts);
+  }, engineOpts, resolved.adapter);
   const model = plan.contextLength === opened.model.config.contextLength
     ? opened.model
     : { ...opened.model, config: { ...opened.model.config, contextLength: plan.contextLength } };
@@ -149,14 +154,16 @@ export async function generateCommand(argv: string[]): Promise<number> {
   }
   const kv = { numBlocks: plan.numBlocks, blockSize: plan.blockSize };
   const limits = { maxBatchTokens: DEFAULT_LIMITS.maxBatchTokens, maxSeqs: 1 };
-  const { engine, description } = await createEngine(
+  const built = await createEngine(
     model,
-    args.backend,
+    resolved.backend,
     kv,
     limits,
     uploadProgress(source.modelPath),
     engineOpts,
   );
+  const { engine } = built;
+  const description = describeChoice(built.description, resolved);
   const mem = engineMemory(engine);
   const c = model.config;
   console.error(

@@ -64,7 +64,13 @@ export function childArgs(
     : derivePermissions(needs, env);
   const usesGpu = command === "serve" || command === "generate";
   const reads = usesGpu ? [...derived.read, ...gpuApiReads(env)] : derived.read;
-  const p = { ...derived, read: withRealPaths(reads), write: withRealPaths(derived.write) };
+  const p = {
+    ...derived,
+    read: withRealPaths(reads),
+    write: withRealPaths(derived.write),
+    // `--backend auto` asks a child Deno what the WebGPU adapter is (kernels/adapter.ts).
+    ...(usesGpu ? { run: [Deno.execPath()] } : {}),
+  };
   return [
     "run",
     "--no-prompt",

@@ -33,6 +33,8 @@ export interface Permissions {
   readonly env: readonly string[];
   /** `Deno.systemMemoryInfo` and the like, by name. */
   readonly sys?: readonly string[];
+  /** Programs it may start: the Deno binary itself, for `auto`'s adapter probe. */
+  readonly run?: readonly string[];
 }
 
 /** The settings that decide what a run touches. */
@@ -181,5 +183,6 @@ export function permissionFlags(p: Permissions): string[] {
     ...flag("net", p.net),
     ...flag("env", p.env),
     ...flag("sys", p.sys ?? []),
+    ...flag("run", p.run ?? []),
   ];
 }

@@ -16,6 +16,8 @@ import {
 import { CoreBackend } from "../serving/core_backend.ts";
 import {
   createEngine,
+  describeChoice,
+  resolveBackend,
   engineMemory,
   modelAllocator,
   planKv,
@@ -235,6 +237,16 @@ export async function serveCommand(argv: string[]): Promise<number> {
   return 0;
 }
 
+/**
+ * How much of the KV cache is resident: the CPU engine's pages fill as blocks are written, the
+ * WebGPU engine's cache is allocated whole on the device.
+ */
+function kvResidency(mem: { kvCache: number; kvResident?: number } | undefined): string {
+  if (mem === undefined) return "";
+  if (mem.kvResident === undefined) return " (allocated up front)";
+  return ` reserved, ${formatBytes(mem.kvResident)} resident (pages fill as blocks are written)`;
+}
+
 /** Loads the model, builds engine, core and app: everything between binding and ready. */
 async function start(
   config: Config,
@@ -244,6 +256,8 @@ async function start(
   chatTemplate: string | undefined,
   log: (line: string) => void,
 ) {
+  // Asked while the model loads: the adapter probe is a child process of its own.
+  const resolving = resolveBackend(config.backend);
   const { source, tokenizer, ...opened } = await openModel(config.model, {
     modelsDir: config.modelsDir,
     tokenizer: config.tokenizer,
@@ -256,11 +270,12 @@ async function start(
     ...(config.kvDtype === undefined ? {} : { kvDtype: config.kvDtype }),
     ...(config.threads === undefined ? {} : { threads: config.threads }),
   };
-  const plan = await planKv(opened.model, config.backend, {
+  const resolved = await resolving;
+  const plan = await planKv(opened.model, resolved.backend, {
     blockSize: config.blockSize,
     maxRunning: config.maxRunning,
     ...(config.kvMemory === undefined ? {} : { kvMemory: config.kvMemory }),
-  }, engineOpts);
+  }, engineOpts, resolved.adapter);
   // An automatic cache too small for the file's context shortens it (the summary says so).
   const model = plan.contextLength === opened.model.config.contextLength
     ? opened.model
@@ -271,9 +286,9 @@ async function start(
   progress.set("building_engine");
   // The upload to the device is most of building the engine: its bytes are the phase's progress.
   const bar = uploadProgress(source.modelPath);
-  const { engine, description } = await createEngine(
+  const built = await createEngine(
     model,
-    config.backend,
+    resolved.backend,
     kv,
     limits,
     (bytes, total) => {
@@ -282,6 +297,8 @@ async function start(
     },
     engineOpts,
   );
+  const { engine } = built;
+  const description = describeChoice(built.description, resolved);
   progress.set("warming_up");
   await warmUp(engine, tokenizer.bosId);
   // Test-only: LLMSERVE_FAULT_STEPS makes chosen engine steps fail (see lib/fault_injection.ts).
@@ -367,11 +384,11 @@ async function start(
       `  backend   ${describeWithGpuApi(description)}`,
       `  memory    weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
         formatBytes(mem?.kvCache ?? plan.bytes)
-      }`,
+      }${kvResidency(mem)}`,
       // The engine's own size: auto plans in f32, and the CPU engine holds the blocks in f16.
       `  kv cache  ${numBlocks} blocks x ${plan.blockSize} tokens = ${
         formatBytes(mem?.kvCache ?? plan.bytes)
-      } (${numBlocks * plan.blockSize} tokens; ${plan.why}; pages become resident as they fill on cpu)`,
+      } (${numBlocks * plan.blockSize} tokens; ${plan.why})`,
       `  chat      ${
         chatTemplate !== undefined
           ? `template from --chat-template ${config.chatTemplate}`

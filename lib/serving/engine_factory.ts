@@ -1,4 +1,5 @@
-import { adapterBindingLimit } from "../../kernels/device.ts";
+import { adapterBindingLimit, NO_ADAPTER_MESSAGE } from "../../kernels/device.ts";
+import { type AdapterSummary, describeAdapterInChild } from "../../kernels/adapter.ts";
 import { WebGpuEngine } from "../../kernels/webgpu_engine.ts";
 import { WasmEngine } from "../../kernels/wasm/wasm_engine.ts";
 import { WasmHeap, wasmHeap } from "../../kernels/wasm/heap.ts";
@@ -25,6 +26,53 @@ export interface EngineOptions {
   readonly threads?: number;
   /** KV cache elements of the CPU engine (WebGPU's are f32). */
   readonly kvDtype?: "f16" | "f32";
+}
+
+/** The backend to build, once "auto" has looked at the adapter. */
+export interface ResolvedBackend {
+  /** What to plan the KV cache for and build: "auto" only when there is a real GPU to time. */
+  readonly backend: BackendChoice;
+  /** Why "auto" chose without timing, for the start-up line. */
+  readonly note?: string;
+  /** The adapter "auto" found, so the KV planner need not ask again. */
+  readonly adapter?: AdapterSummary;
+}
+
+/**
+ * Settles "auto" where no timing is needed: with no adapter, or with a software rasterizer
+ * (llvmpipe, SwiftShader, WARP), which runs the WebGPU kernels on the same cores as the CPU
+ * engine and measured 20 to 30 times slower than it here, it is the CPU engine. The adapter
+ * is asked in a child process (kernels/adapter.ts), so that choosing the CPU engine leaves no
+ * graphics driver in this process's memory. Other choices pass through.
+ */
+export async function resolveBackend(asked: BackendChoice): Promise<ResolvedBackend> {
+  if (asked !== "auto") return { backend: asked };
+  let adapter: AdapterSummary | undefined;
+  try {
+    adapter = await describeAdapterInChild();
+  } catch (e) {
+    return {
+      backend: "cpu",
+      note: `auto chose it: webgpu unavailable: ${e instanceof Error ? e.message : e}`,
+    };
+  }
+  if (adapter === undefined) {
+    return { backend: "cpu", note: `auto chose it: webgpu unavailable: ${NO_ADAPTER_MESSAGE}` };
+  }
+  if (adapter.cpuRasterizer) {
+    return {
+      backend: "cpu",
+      note: `auto chose it without timing webgpu: its adapter, ${adapter.description}, is a ` +
+        `software rasterizer on these same cores (--backend webgpu uses it anyway)`,
+      adapter,
+    };
+  }
+  return { backend: "auto", adapter };
+}
+
+/** An engine's description with the reason "auto" chose it, when there is one. */
+export function describeChoice(description: string, resolved: ResolvedBackend): string {
+  return resolved.note === undefined ? description : `${description}; ${resolved.note}`;
 }
 
 /** What the step buffers and kernels of the CPU engine take beside the weights and the KV cache. */
@@ -56,9 +104,10 @@ export async function planKv(
   backend: BackendChoice,
   req: Omit<KvRequest, "maxPoolBytes" | "availableMemory">,
   opts: EngineOptions = {},
+  adapter?: AdapterSummary,
 ): Promise<KvPlan> {
   const onCpu = backend === "cpu" || backend === "reference";
-  const maxPoolBytes = onCpu ? undefined : await adapterBindingLimit();
+  const maxPoolBytes = onCpu ? undefined : adapter?.bindingLimit ?? await adapterBindingLimit();
   // The plan counts elements at the size of the engine it is for: auto plans in f32, for
   // WebGPU, and the CPU engine then holds the same blocks at its own size.
   const cpuElement = opts.kvDtype === "f32" ? 4 : 2;
@@ -85,9 +134,17 @@ function freeMemory(): number | undefined {
 }
 
 /** Device (or host) memory an engine holds, for the start-up summary. */
-export function engineMemory(engine: Engine): { weights: number; kvCache: number } | undefined {
-  const m = (engine as { memory?: { weights: number; kvCache: number } }).memory;
-  return m ? { weights: m.weights, kvCache: m.kvCache } : undefined;
+export function engineMemory(
+  engine: Engine,
+): { weights: number; kvCache: number; kvResident?: number } | undefined {
+  const m = (engine as { memory?: { weights: number; kvCache: number; kvResident?: number } })
+    .memory;
+  if (m === undefined) return undefined;
+  return {
+    weights: m.weights,
+    kvCache: m.kvCache,
+    ...(m.kvResident === undefined ? {} : { kvResident: m.kvResident }),
+  };
 }
 
 /**
