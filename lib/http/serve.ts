@@ -323,15 +323,19 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
       })();
       return stopping;
     };
-    const onSignal = () => {
-      if (stopping === undefined) void stop();
-      else {
+    const onSignal = (signal: Deno.Signal) => {
+      if (stopping === undefined) {
+        log(
+          `${signal}: draining for up to ${opts.drainTimeoutMs / 1000} s (a second signal cuts it short)`,
+        );
+        void stop();
+      } else {
         log("second signal: cancelling what is still running");
         hurried = true;
         service.hurry();
       }
     };
-    for (const s of signals) Deno.addSignalListener(s, onSignal);
+    for (const s of signals) Deno.addSignalListener(s, () => onSignal(s));
     return {
       addr,
       closed,
