@@ -4,8 +4,8 @@
  * when a need could not be met or any group failed.
  *
  * Groups: most files run in parallel; the files that drive WebGPU in-process run one after
- * another in a second invocation, because Deno 2.9.6 with Mesa's llvmpipe occasionally aborts
- * at exit when several test workers held GPU devices at once (see the README's Development).
+ * another in a second invocation. Every invocation preloads exit_without_destructors.ts, which
+ * avoids a crash at exit on OpenGL ES (see there and the README's Development).
  *
  * `deno task test tests/a_test.ts tests/b_test.ts` runs only those files, after the same set-up.
  */
@@ -45,14 +45,18 @@ const ANSI = /\x1b\[[0-9;]*m/g;
 const SUMMARY =
   /^(ok|FAILED) \| (\d+) passed(?: \([^)]*\))? \| (\d+) failed(?: \([^)]*\))?(?: \| (\d+) ignored)?/;
 
+/** Every run ends through `_exit`: see exit_without_destructors.ts for the GL exit race. */
+const PRELOAD = `--preload=${new URL("./exit_without_destructors.ts", import.meta.url).pathname}`;
+
 function groups(selected: string[]): Group[] {
-  if (selected.length > 0) return [{ name: "selected", args: ["--allow-all", ...selected] }];
+  const base = ["--allow-all", PRELOAD];
+  if (selected.length > 0) return [{ name: "selected", args: [...base, ...selected] }];
   return [
     {
       name: "parallel",
-      args: ["--allow-all", "--parallel", `--ignore=${GPU_FILES.join(",")}`, "tests/"],
+      args: [...base, "--parallel", `--ignore=${GPU_FILES.join(",")}`, "tests/"],
     },
-    { name: "gpu (serial)", args: ["--allow-all", ...GPU_FILES] },
+    { name: "gpu (serial)", args: [...base, ...GPU_FILES] },
   ];
 }
 
