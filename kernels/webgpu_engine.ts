@@ -54,6 +54,33 @@ export interface WebGpuEngineOptions {
   readonly onUpload?: (bytes: number, total: number) => void;
 }
 
+/** One layer's K and V pools. */
+interface KvPool {
+  readonly k: GPUBuffer;
+  readonly v: GPUBuffer;
+}
+
+/**
+ * Blocks the KV pools start with. They grow (to what a step needs, at least doubling) up to the
+ * budget, so a server holds device memory for the blocks it has used, not for its cap: on a
+ * software rasterizer "device memory" is the process's own.
+ */
+const INITIAL_KV_BLOCKS = 64;
+
+function kvPoolUsage(): GPUBufferUsageFlags {
+  return GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
+}
+
+/** The KV pools an engine holds now, and how to make bigger ones and rebind the layers to them. */
+interface KvPools {
+  pools: readonly KvPool[];
+  capacity: number;
+  /** One layer's K (or V) share of a block. */
+  readonly blockBytes: number;
+  readonly make: (blocks: number) => KvPool[];
+  readonly build: (pools: readonly KvPool[]) => KernelOp[];
+}
+
 /**
  * The Llama forward pass as WGSL kernels over a ragged batch with a paged KV cache. Weights stay
  * in their file encoding on the device; every buffer is allocated here, once; a step is one
@@ -77,7 +104,10 @@ export class WebGpuEngine implements Engine {
   /** Bytes of device memory held, by purpose, for the start-up line. */
   readonly memory: {
     readonly weights: number;
+    /** The KV budget: what the pools may grow to. */
     readonly kvCache: number;
+    /** What the KV pools hold now. */
+    readonly kvResident: number;
     readonly activations: number;
   };
 
@@ -87,7 +117,8 @@ export class WebGpuEngine implements Engine {
   private readonly meta: GPUBuffer;
   private readonly out: GPUBuffer;
   private readonly logits: GPUBuffer;
-  private readonly rowOps: KernelOp[];
+  private rowOps: KernelOp[];
+  private readonly kvPools: KvPools;
   private readonly sampleOps: KernelOp[];
   private readonly readbacks: GPUBuffer[] = [];
   private readonly owned: { destroy(): void }[];
@@ -111,7 +142,8 @@ export class WebGpuEngine implements Engine {
       sampleOps: KernelOp[];
       owned: { destroy(): void }[];
       slotCapacity: number;
-      memory: WebGpuEngine["memory"];
+      kvPools: KvPools;
+      memory: Omit<WebGpuEngine["memory"], "kvResident">;
     },
   ) {
     this.kv = parts.kv;
@@ -122,7 +154,14 @@ export class WebGpuEngine implements Engine {
     this.rowOps = parts.rowOps;
     this.sampleOps = parts.sampleOps;
     this.owned = parts.owned;
-    this.memory = parts.memory;
+    this.kvPools = parts.kvPools;
+    const kv = this.kvPools;
+    this.memory = {
+      ...parts.memory,
+      get kvResident() {
+        return 2 * kv.pools.length * kv.capacity * kv.blockBytes;
+      },
+    };
     this.stagingCpu = new Uint8Array(parts.layout.bytes * parts.maxStepsPerSubmit);
     this.staging = gpu.device.createBuffer({
       size: this.stagingCpu.byteLength,
@@ -277,168 +316,206 @@ export class WebGpuEngine implements Engine {
     let up: GPUBuffer | undefined; // only when gate and up cannot share one matmul
 
     const embedding = upload(check(weights.tokenEmbedding, [vocabSize, dim]));
-    const rowOps: KernelOp[] = [
-      createEmbedding(gpu, embedding, {
-        dims: m.dims,
-        rows: m.rows,
-        lastSampled: act.lastSampled,
-        x: act.x,
-      }),
-    ];
-    let kvBytes = 0;
-    weights.layers.forEach((w, l) => {
-      const kCache = buffer(numBlocks * blockBytes, `K pool ${l}`);
-      const vCache = buffer(numBlocks * blockBytes, `V pool ${l}`);
-      kvBytes += kCache.size + vCache.size;
-      // q, k and v: one matmul over the stacked rows when the encodings allow, with the norm fused.
-      const attnNorm = { weight: vector(w.attnNorm), eps: rmsEps };
-      const qkv = [check(w.wq, [qDim, dim]), check(w.wk, [kvDim, dim]), check(w.wv, [kvDim, dim])];
-      // Biases and q/k norms run between the projection and RoPE, so they rule out the fusion.
-      const extraSteps = steps.qkvBias || steps.qkNorm;
-      const fuseRope = stackable(qkv) && gpu.cpuRasterizer && !extraSteps;
-      if (fuseRope) {
-        // The lane matmul rotates q and k and stores k and v itself: one dispatch fewer.
-        rowOps.push(
-          createMatmul(gpu, upload(concatRows(qkv, `blk.${l}.qkv`)), {
-            ...rows,
-            x: act.x,
-            y: act.qkv,
-            yStride: qkvStride,
-            norm: attnNorm,
-            epilogue: "rope",
-            rope: {
-              shape: { qDim, kvDim, headDim, ropeDim: config.ropeDim },
-              rows: m.rows,
-              table: ropeTable,
-              kCache,
-              vCache,
-            },
-            layout: "lane",
-            label: "qkv+rope+kv store",
-          }),
-        );
-      } else if (stackable(qkv)) {
-        rowOps.push(
-          createMatmul(gpu, upload(concatRows(qkv, `blk.${l}.qkv`)), {
-            ...rows,
-            x: act.x,
-            y: act.qkv,
-            norm: attnNorm,
-            label: "qkv",
-          }),
-        );
-      } else {
-        [0, qDim, qDim + kvDim].forEach((yOffset, i) => {
+    // Uploads made while building the layers, kept so that a rebuild for grown KV pools
+    // uploads nothing again.
+    const made = new Map<string, unknown>();
+    const once = <T>(key: string, make: () => T): T => {
+      if (!made.has(key)) made.set(key, make());
+      return made.get(key) as T;
+    };
+    const buildRowOps = (pools: readonly KvPool[]): KernelOp[] => {
+      const rowOps: KernelOp[] = [
+        createEmbedding(gpu, embedding, {
+          dims: m.dims,
+          rows: m.rows,
+          lastSampled: act.lastSampled,
+          x: act.x,
+        }),
+      ];
+      weights.layers.forEach((w, l) => {
+        const { k: kCache, v: vCache } = pools[l]!;
+        // q, k and v: one matmul over the stacked rows when the encodings allow, with the norm fused.
+        const attnNorm = { weight: once(`${l}.attn_norm`, () => vector(w.attnNorm)), eps: rmsEps };
+        const qkv = [
+          check(w.wq, [qDim, dim]),
+          check(w.wk, [kvDim, dim]),
+          check(w.wv, [kvDim, dim]),
+        ];
+        // Biases and q/k norms run between the projection and RoPE, so they rule out the fusion.
+        const extraSteps = steps.qkvBias || steps.qkNorm;
+        const fuseRope = stackable(qkv) && gpu.cpuRasterizer && !extraSteps;
+        if (fuseRope) {
+          // The lane matmul rotates q and k and stores k and v itself: one dispatch fewer.
           rowOps.push(
-            createMatmul(gpu, upload(qkv[i]!), {
+            createMatmul(gpu, once(`${l}.qkv`, () => upload(concatRows(qkv, `blk.${l}.qkv`))), {
               ...rows,
               x: act.x,
               y: act.qkv,
               yStride: qkvStride,
-              yOffset,
               norm: attnNorm,
-              label: "q|k|v",
+              epilogue: "rope",
+              rope: {
+                shape: { qDim, kvDim, headDim, ropeDim: config.ropeDim },
+                rows: m.rows,
+                table: ropeTable,
+                kCache,
+                vCache,
+              },
+              layout: "lane",
+              label: "qkv+rope+kv store",
             }),
           );
-        });
-      }
-      if (extraSteps) {
-        let bias: GPUBuffer | undefined;
-        if (steps.qkvBias) {
-          const parts = [
-            dequantize(check(present(w.qBias, "qkvBias", l), [qDim])),
-            dequantize(check(present(w.kBias, "qkvBias", l), [kvDim])),
-            dequantize(check(present(w.vBias, "qkvBias", l), [kvDim])),
-          ];
-          const all = new Float32Array(qkvStride);
-          all.set(parts[0]!, 0);
-          all.set(parts[1]!, qDim);
-          all.set(parts[2]!, qDim + kvDim);
-          bias = uploadVector(gpu, all, `blk.${l}.qkv_bias`);
-          owned.push(bias);
+        } else if (stackable(qkv)) {
+          rowOps.push(
+            createMatmul(gpu, once(`${l}.qkv`, () => upload(concatRows(qkv, `blk.${l}.qkv`))), {
+              ...rows,
+              x: act.x,
+              y: act.qkv,
+              norm: attnNorm,
+              label: "qkv",
+            }),
+          );
+        } else {
+          [0, qDim, qDim + kvDim].forEach((yOffset, i) => {
+            rowOps.push(
+              createMatmul(gpu, upload(qkv[i]!), {
+                ...rows,
+                x: act.x,
+                y: act.qkv,
+                yStride: qkvStride,
+                yOffset,
+                norm: attnNorm,
+                label: "q|k|v",
+              }),
+            );
+          });
         }
-        rowOps.push(createQkPrep(gpu, config, steps, {
-          dims: m.dims,
-          qkv: act.qkv,
-          ...(bias ? { bias } : {}),
-          ...(steps.qkNorm
-            ? {
-              qNorm: vector(present(w.qNorm, "qkNorm", l), headDim),
-              kNorm: vector(present(w.kNorm, "qkNorm", l), headDim),
-            }
-            : {}),
-        }));
-      }
-      if (!fuseRope) {
+        if (extraSteps) {
+          const bias = steps.qkvBias
+            ? once(`${l}.qkv_bias`, () => {
+              const parts = [
+                dequantize(check(present(w.qBias, "qkvBias", l), [qDim])),
+                dequantize(check(present(w.kBias, "qkvBias", l), [kvDim])),
+                dequantize(check(present(w.vBias, "qkvBias", l), [kvDim])),
+              ];
+              const all = new Float32Array(qkvStride);
+              all.set(parts[0]!, 0);
+              all.set(parts[1]!, qDim);
+              all.set(parts[2]!, qDim + kvDim);
+              const b = uploadVector(gpu, all, `blk.${l}.qkv_bias`);
+              owned.push(b);
+              return b;
+            })
+            : undefined;
+          rowOps.push(createQkPrep(gpu, config, steps, {
+            dims: m.dims,
+            qkv: act.qkv,
+            ...(bias ? { bias } : {}),
+            ...(steps.qkNorm
+              ? {
+                qNorm: once(`${l}.q_norm`, () => vector(present(w.qNorm, "qkNorm", l), headDim)),
+                kNorm: once(`${l}.k_norm`, () => vector(present(w.kNorm, "qkNorm", l), headDim)),
+              }
+              : {}),
+          }));
+        }
+        if (!fuseRope) {
+          rowOps.push(
+            createRopeStore(gpu, config, {
+              dims: m.dims,
+              rows: m.rows,
+              table: ropeTable,
+              qkv: act.qkv,
+              kCache,
+              vCache,
+            }),
+          );
+        }
         rowOps.push(
-          createRopeStore(gpu, config, {
+          createAttention(gpu, config, blockSize, {
             dims: m.dims,
             rows: m.rows,
-            table: ropeTable,
+            seqs: m.seqs,
+            tables: m.tables,
             qkv: act.qkv,
             kCache,
             vCache,
+            out: act.att,
           }),
-        );
-      }
-      rowOps.push(
-        createAttention(gpu, config, blockSize, {
-          dims: m.dims,
-          rows: m.rows,
-          seqs: m.seqs,
-          tables: m.tables,
-          qkv: act.qkv,
-          kCache,
-          vCache,
-          out: act.att,
-        }),
-        createMatmul(gpu, upload(check(w.wo, [dim, qDim])), {
-          ...rows,
-          x: act.att,
-          y: act.x,
-          epilogue: "accumulate",
-          label: "wo",
-        }),
-      );
-      const ffnNorm = { weight: vector(w.ffnNorm), eps: rmsEps };
-      const gate = check(w.wGate, [hiddenDim, dim]);
-      const upT = check(w.wUp, [hiddenDim, dim]);
-      if (stackable([gate, upT])) {
-        const gateUp = upload(interleaveRows(gate, upT, `blk.${l}.gate_up`));
-        rowOps.push(
-          createMatmul(gpu, gateUp, {
+          createMatmul(gpu, upload(check(w.wo, [dim, qDim])), {
             ...rows,
-            x: act.x,
-            y: act.hidden,
-            norm: ffnNorm,
-            epilogue: "swiglu",
-            label: "gate_up",
+            x: act.att,
+            y: act.x,
+            epilogue: "accumulate",
+            label: "wo",
           }),
         );
-      } else {
-        up ??= buffer(maxRows * hiddenDim * 4, "up");
+        const ffnNorm = { weight: once(`${l}.ffn_norm`, () => vector(w.ffnNorm)), eps: rmsEps };
+        const gate = check(w.wGate, [hiddenDim, dim]);
+        const upT = check(w.wUp, [hiddenDim, dim]);
+        if (stackable([gate, upT])) {
+          const gateUp = once(
+            `${l}.gate_up`,
+            () => upload(interleaveRows(gate, upT, `blk.${l}.gate_up`)),
+          );
+          rowOps.push(
+            createMatmul(gpu, gateUp, {
+              ...rows,
+              x: act.x,
+              y: act.hidden,
+              norm: ffnNorm,
+              epilogue: "swiglu",
+              label: "gate_up",
+            }),
+          );
+        } else {
+          up ??= buffer(maxRows * hiddenDim * 4, "up");
+          rowOps.push(
+            createMatmul(gpu, upload(gate), {
+              ...rows,
+              x: act.x,
+              y: act.hidden,
+              norm: ffnNorm,
+              label: "gate",
+            }),
+            createMatmul(gpu, upload(upT), {
+              ...rows,
+              x: act.x,
+              y: up,
+              norm: ffnNorm,
+              label: "up",
+            }),
+            createSwiglu(gpu, hiddenDim, { dims: m.dims, gate: act.hidden, up }),
+          );
+        }
         rowOps.push(
-          createMatmul(gpu, upload(gate), {
+          createMatmul(gpu, upload(check(w.wDown, [dim, hiddenDim])), {
             ...rows,
-            x: act.x,
-            y: act.hidden,
-            norm: ffnNorm,
-            label: "gate",
+            x: act.hidden,
+            y: act.x,
+            epilogue: "accumulate",
+            label: "down",
           }),
-          createMatmul(gpu, upload(upT), { ...rows, x: act.x, y: up, norm: ffnNorm, label: "up" }),
-          createSwiglu(gpu, hiddenDim, { dims: m.dims, gate: act.hidden, up }),
         );
-      }
-      rowOps.push(
-        createMatmul(gpu, upload(check(w.wDown, [dim, hiddenDim])), {
-          ...rows,
-          x: act.hidden,
-          y: act.x,
-          epilogue: "accumulate",
-          label: "down",
+      });
+      return rowOps;
+    };
+    const newPools = (blocks: number): KvPool[] =>
+      weights.layers.map((_, l) => ({
+        k: device.createBuffer({
+          size: blocks * blockBytes,
+          usage: kvPoolUsage(),
+          label: `K pool ${l}`,
         }),
-      );
-    });
+        v: device.createBuffer({
+          size: blocks * blockBytes,
+          usage: kvPoolUsage(),
+          label: `V pool ${l}`,
+        }),
+      }));
+    const kvCapacity = Math.min(numBlocks, INITIAL_KV_BLOCKS);
+    const pools = newPools(kvCapacity);
+    const rowOps = buildRowOps(pools);
     const activationBytes = Object.values(act).reduce((s, b) => s + b.size, 0) + meta.size +
       (up?.size ?? 0);
     const sampleOps: KernelOp[] = [
@@ -480,7 +557,12 @@ export class WebGpuEngine implements Engine {
       sampleOps,
       owned,
       slotCapacity,
-      memory: { weights: weightBytes, kvCache: kvBytes, activations: activationBytes },
+      kvPools: { pools, capacity: kvCapacity, blockBytes, make: newPools, build: buildRowOps },
+      memory: {
+        weights: weightBytes,
+        kvCache: numBlocks * allLayersBlockBytes,
+        activations: activationBytes,
+      },
     });
   }
 
@@ -520,6 +602,7 @@ export class WebGpuEngine implements Engine {
       )
     );
     const enc = device.createCommandEncoder({ label: `steps from ${plans[0]?.stepId}` });
+    const grown = this.growKv(plans, enc);
     const collectors: (() => Promise<StepResult>)[] = [];
     let used = 0;
     planned.forEach((p, i) => {
@@ -555,7 +638,53 @@ export class WebGpuEngine implements Engine {
     device.queue.writeBuffer(this.staging, 0, this.stagingCpu, 0, used);
     device.queue.submit([enc.finish()]);
     // Mapping starts after the submit; nothing here waits for it, so the caller can submit again.
-    return collectors.map((start) => start());
+    grown?.retire();
+    return collectors.map((start) => {
+      const result = start();
+      return grown ? grown.checked.then(() => result) : result;
+    });
+  }
+
+  /**
+   * Grows the KV pools when a plan names a block past their capacity: new pools, the old
+   * contents copied in `enc` ahead of the steps, and every layer's kernels rebound to them.
+   * `retire` destroys the old pools once the copies are submitted; `checked` rejects when the
+   * device could not allocate the new ones.
+   */
+  private growKv(
+    plans: readonly StepPlan[],
+    enc: GPUCommandEncoder,
+  ): { retire(): void; checked: Promise<void> } | undefined {
+    const kv = this.kvPools;
+    let need = 0;
+    for (const plan of plans) {
+      for (const seq of plan.seqs) for (const b of seq.blockTable) need = Math.max(need, b + 1);
+    }
+    if (need <= kv.capacity) return undefined;
+    const capacity = Math.min(this.kv.numBlocks, Math.max(need, 2 * kv.capacity));
+    const { device } = this.gpu;
+    device.pushErrorScope("out-of-memory");
+    const pools = kv.make(capacity);
+    const oom = device.popErrorScope();
+    const old = kv.pools;
+    old.forEach((p, l) => {
+      enc.copyBufferToBuffer(p.k, 0, pools[l]!.k, 0, p.k.size);
+      enc.copyBufferToBuffer(p.v, 0, pools[l]!.v, 0, p.v.size);
+    });
+    this.rowOps = kv.build(pools);
+    kv.pools = pools;
+    kv.capacity = capacity;
+    const bytes = this.memory.kvResident;
+    return {
+      retire: () => old.forEach((p) => (p.k.destroy(), p.v.destroy())),
+      checked: oom.then((e) => {
+        if (e) {
+          throw new Error(
+            `Cannot grow the KV cache to ${capacity} blocks (${bytes} bytes): ${e.message}`,
+          );
+        }
+      }),
+    };
   }
 
   private async collect(
@@ -603,6 +732,8 @@ export class WebGpuEngine implements Engine {
       this.layout.capacity,
       (seqId, create) => this.slotFor(seqId, create),
     );
+    const enc = device.createCommandEncoder();
+    const grown = this.growKv([plan], enc);
     const ops = [
       ...this.rowOps.map((op) => ({ op, n: p.content.rows.length })),
       ...this.sampleOps.map((op) => ({ op, n: p.content.samples.length })),
@@ -616,7 +747,6 @@ export class WebGpuEngine implements Engine {
       size: ops.length * 16,
       usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
     });
-    const enc = device.createCommandEncoder();
     const ranges = this.layout.pack(
       new DataView(this.stagingCpu.buffer, 0, this.layout.bytes),
       p.content,
@@ -637,6 +767,8 @@ export class WebGpuEngine implements Engine {
     enc.copyBufferToBuffer(resolved, 0, read, 0, read.size);
     device.queue.writeBuffer(this.staging, 0, this.stagingCpu, 0, this.layout.bytes);
     device.queue.submit([enc.finish()]);
+    grown?.retire();
+    await grown?.checked;
     await read.mapAsync(GPUMapMode.READ);
     const ns = new BigUint64Array(read.getMappedRange().slice(0));
     read.destroy();
@@ -687,6 +819,7 @@ export class WebGpuEngine implements Engine {
 
   dispose(): void {
     for (const o of this.owned) o.destroy();
+    for (const p of this.kvPools.pools) (p.k.destroy(), p.v.destroy());
     for (const r of this.readbacks) r.destroy();
     this.readbacks.length = 0;
     this.lost ??= "the engine was disposed";

@@ -356,3 +356,49 @@ Deno.test("WebGpuEngine rejects bad plans with the reason, and keeps working", a
     gpu.dispose();
   }
 });
+
+Deno.test("WebGpuEngine's KV pools start small and grow when a step names a block past them, keeping what earlier steps wrote", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"));
+  const kv = { numBlocks: 1000, blockSize: 16 };
+  const { gpu, cpu } = await engines(model, kv);
+  const c = model.config;
+  const blockBytes = 2 * c.nLayers * kv.blockSize * c.nKvHeads * c.headDim * 4; // K and V, f32
+  try {
+    assertEquals(gpu.memory.kvCache, kv.numBlocks * blockBytes);
+    const resident0 = gpu.memory.kvResident;
+    assertLess(resident0, kv.numBlocks * blockBytes / 10);
+    // Sequence 1 lives in block 3, sequence 2 in block 700: the second prefill grows the pools.
+    const seqs = [{ seqId: 1, block: 3 }, { seqId: 2, block: 700 }];
+    const both = (plan: (s: { seqId: number; block: number }, i: number) => StepPlan["seqs"][number]) =>
+      (stepId: number, which = seqs): StepPlan => ({ stepId, returnLogits: true, seqs: which.map(plan) });
+    const prefill = (s: { seqId: number; block: number }) => ({
+      seqId: s.seqId, tokens: PROMPT, startPos: 0, blockTable: [s.block], sample: true, sampling: GREEDY,
+    });
+    const steps: StepPlan[] = [both(prefill)(0, [seqs[0]!]), both(prefill)(1, [seqs[1]!])];
+    for (const [i, plan] of steps.entries()) {
+      const [g, r] = [await gpu.step(plan), await cpu.step(plan)];
+      assertEquals(g.sampled.map((s) => s.token), r.sampled.map((s) => s.token));
+      if (i === 0) assertEquals(gpu.memory.kvResident, resident0);
+    }
+    assertEquals(gpu.memory.kvResident, 701 * blockBytes);
+    // Both decode on: sequence 1 reads the block it wrote before the pools were replaced.
+    let next = [PROMPT, PROMPT].map(() => 0);
+    for (let t = 0; t < 6; t++) {
+      const plan = both((s, i) => ({
+        seqId: s.seqId, tokens: [next[i]! || 403], startPos: PROMPT.length + t, blockTable: [s.block], sample: true, sampling: GREEDY,
+      }))(2 + t);
+      const [g, r] = [await gpu.step(plan), await cpu.step(plan)];
+      assertEquals(g.sampled.map((s) => s.token), r.sampled.map((s) => s.token), `decode step ${t}`);
+      g.sampled.forEach((s, i) => {
+        const err = relativeError(s.logits!, r.sampled[i]!.logits!);
+        assertLess(err, 1e-4, `decode step ${t}, sequence ${s.seqId}: logits differ by ${err}`);
+      });
+      next = r.sampled.map((s) => s.token);
+    }
+    // Never past the budget: a step naming the last block grows to exactly the budget.
+    await gpu.step({ stepId: 9, seqs: [{ ...prefill({ seqId: 3, block: 999 }) }] });
+    assertEquals(gpu.memory.kvResident, kv.numBlocks * blockBytes);
+  } finally {
+    gpu.dispose();
+  }
+});

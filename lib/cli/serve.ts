@@ -239,12 +239,12 @@ export async function serveCommand(argv: string[]): Promise<number> {
 
 /**
  * How much of the KV cache is resident: the CPU engine's pages fill as blocks are written, the
- * WebGPU engine's cache is allocated whole on the device.
+ * WebGPU engine's pools grow as steps name blocks past them.
  */
 function kvResidency(mem: { kvCache: number; kvResident?: number } | undefined): string {
   if (mem === undefined) return "";
-  if (mem.kvResident === undefined) return " (allocated up front)";
-  return ` reserved, ${formatBytes(mem.kvResident)} resident (pages fill as blocks are written)`;
+  if (mem.kvResident === undefined) return "";
+  return ` reserved, ${formatBytes(mem.kvResident)} resident (it grows as blocks are written)`;
 }
 
 /** Loads the model, builds engine, core and app: everything between binding and ready. */
