@@ -6,6 +6,8 @@
 import { assert, assertEquals } from "@std/assert";
 import { type Engine, GREEDY, type SeqInput } from "../lib/engine/engine.ts";
 import { modelFile } from "./_model_files.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 
 /** Every GGUF of the compat folder, by stem (X.gguf has X.llama_cpp.json). */
 export const COMPAT_FILES = [
@@ -200,22 +202,32 @@ export async function assertGreedyCompletion(
   });
   const body = await res.json();
   assertEquals(res.status, 200, JSON.stringify(body));
-  const got: string = body.choices[0].text;
-  assert(got.length > 0, JSON.stringify(body));
-  assert(text.startsWith(got), `${stem}: '${got}' is not a prefix of llama.cpp's '${text}'`);
+  assertEquals(body.choices[0].text, text, `${stem}: ${JSON.stringify(body)}`);
 }
 
 /**
  * The fixture prompt with the longest run of clear (margin > MARGIN) steps, llama.cpp's text for
  * it, and how many tokens to generate (at most 3, all clear).
  */
-export function clearPrompt(fx: Fixture): { prompt: string; text: string; n: number } {
+export async function clearPrompt(
+  fx: Fixture,
+  stem: string,
+): Promise<{ prompt: string; text: string; n: number }> {
   const scored = fx.prompts.map((p) => {
     const cut = p.steps.findIndex((s) => s.margin <= MARGIN);
     return { p, clear: cut < 0 ? p.steps.length : cut };
   }).sort((a, b) => b.clear - a.clear);
   const best = scored[0]!;
   assert(best.clear >= 1, `fixture ${fx.model.file}: no prompt has a clear first step`);
-  const text = (best.p as unknown as { completion_text: string }).completion_text;
-  return { prompt: best.p.prompt, text, n: Math.min(3, best.clear) };
+  const n = Math.min(3, best.clear);
+  // The text of llama.cpp's first n ids, which must begin llama.cpp's own completion text.
+  const p = best.p as unknown as { completion_ids: number[]; completion_text: string };
+  const model = await loadModel(compatPath(stem));
+  const text = new Tokenizer(model.tokenizer!).decode(p.completion_ids.slice(0, n));
+  assert(text.length > 0, `${stem}: llama.cpp's first ${n} ids decode to nothing`);
+  assert(
+    p.completion_text.startsWith(text),
+    `${stem}: llama.cpp's ids decode to '${text}', not a prefix of its text '${p.completion_text}'`,
+  );
+  return { prompt: best.p.prompt, text, n };
 }

@@ -17,7 +17,7 @@ const FAMILIES = [
 for (const stem of FAMILIES) {
   Deno.test(`a router over a ${stem} replica on stock nats-server gives llama.cpp's greedy text`, async () => {
     const fx = await readFixture(stem);
-    const { prompt, text, n } = clearPrompt(fx);
+    const { prompt, text, n } = await clearPrompt(fx, stem);
     await using cluster = await Cluster.start();
     await cluster.replicaServing([
       "--model",
