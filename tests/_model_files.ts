@@ -1,14 +1,22 @@
 /** Test helpers: the shared model files, and corrupted copies of them in a temp dir. */
 
-/** Path of a file in the models mirror (env MODEL_MIRROR); fails loudly when it is unset. */
-export function modelFile(name: string): string {
+/**
+ * The models mirror the suite was given (env MODEL_MIRROR), for the servers and commands tests
+ * start: the checkout need not sit beside the models. Fails loudly when it is unset.
+ */
+export function modelMirror(): string {
   const dir = Deno.env.get("MODEL_MIRROR");
   if (!dir) {
     throw new Error(
       "MODEL_MIRROR is unset: point it at the test models directory (e.g. MODEL_MIRROR=../shared/models)",
     );
   }
-  return `${dir}/${name}`;
+  return dir;
+}
+
+/** Path of a file in the models mirror (env MODEL_MIRROR); fails loudly when it is unset. */
+export function modelFile(name: string): string {
+  return `${modelMirror()}/${name}`;
 }
 
 /** Writes `bytes` as `name` into a fresh temp dir and returns the path. */

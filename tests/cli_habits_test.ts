@@ -1,7 +1,7 @@
 import { assert, assertEquals, assertStringIncludes, assertThrows } from "@std/assert";
 import { parseServeArgs } from "../lib/cli/serve.ts";
 import { type GenerateArgs, parseGenerateArgs } from "../lib/cli/generate.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile, modelMirror } from "./_model_files.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
 
 /** What llama.cpp and llama-server users type, and the server's own logging switches. */
@@ -72,7 +72,7 @@ Deno.test("`deno task start` with -m, -c, --chat-template and the default log: t
   const root = new URL("..", import.meta.url).pathname;
   const { child, base, log } = await spawnUntilListening(
     ["task", "start", "-m", "stories260K-q8_0", "-c", "64", "--port", "0", "--kv-memory", "1MiB", "--chat-template", template],
-    { cwd: root, env: { MODEL_MIRROR: "../shared/models" } },
+    { cwd: root, env: { MODEL_MIRROR: modelMirror() } },
   );
   const post = (path: string, body: unknown) =>
     fetch(base + path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
@@ -109,7 +109,7 @@ Deno.test("`deno task start` with -m, -c, --chat-template and the default log: t
 
 Deno.test("`deno task start --log-probes` logs probes; --log-level warn keeps only 5xx lines; a bad --chat-template fails before binding", async () => {
   const root = new URL("..", import.meta.url).pathname;
-  const env = { MODEL_MIRROR: "../shared/models" };
+  const env = { MODEL_MIRROR: modelMirror() };
   const withProbes = await spawnUntilListening(
     ["task", "start", "--port", "0", "--kv-memory", "1MiB", "--log-probes"],
     { cwd: root, env },

@@ -4,6 +4,7 @@
  * replica once, stops nats-server last, and leaves no process behind.
  */
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
+import { modelMirror } from "./_model_files.ts";
 import { findNatsServer } from "../lib/cli/cluster.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname;
@@ -103,7 +104,7 @@ for (const how of ["SIGTERM to npx", "Ctrl-C (SIGINT to the terminal's process g
         marker,
       ],
       cwd: ROOT,
-      env: { MODEL_MIRROR: "../shared/models", NATS_SERVER: NATS },
+      env: { MODEL_MIRROR: modelMirror(), NATS_SERVER: NATS },
       stdout: "null",
       stderr: "piped",
       // Its own process group, as a shell gives a foreground job: the Ctrl-C case signals it.

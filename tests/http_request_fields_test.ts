@@ -1,4 +1,5 @@
 import { assert, assertEquals, assertMatch } from "@std/assert";
+import { modelMirror } from "./_model_files.ts";
 import { readGgufHeader } from "../lib/model/gguf.ts";
 import { postJson, startService, TestSocket } from "./_http_harness.ts";
 import { REFUSED_CHAT, REFUSED_COMMON } from "../lib/http/request_fields.ts";
@@ -8,7 +9,7 @@ import { REFUSED_CHAT, REFUSED_COMMON } from "../lib/http/request_fields.ts";
  * OpenAI, vLLM or llama-server is honoured or refused by name; none returns 200 unchanged.
  */
 
-const mirror = Deno.env.get("MODEL_MIRROR") ?? "../shared/models";
+const mirror = modelMirror();
 const msgs = [{ role: "user", content: "Tell me a story" }];
 
 // The fields the issue found silently ignored, with a value that would change generation in

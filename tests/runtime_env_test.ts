@@ -1,4 +1,5 @@
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
+import { modelMirror } from "./_model_files.ts";
 import { runtimeDirFor } from "../lib/util/runtime_dir.ts";
 import { webgpuApi } from "../lib/util/gpu_api.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
@@ -45,7 +46,7 @@ Deno.test("`deno task start` without XDG_RUNTIME_DIR gives the server process a 
         PATH: Deno.env.get("PATH") ?? "",
         HOME: Deno.env.get("HOME") ?? "/tmp",
         TMPDIR: tmp,
-        MODEL_MIRROR: "../shared/models",
+        MODEL_MIRROR: modelMirror(),
       },
     },
   );
@@ -96,7 +97,7 @@ Deno.test("`deno task generate` on webgpu names OpenGL ES when the Vulkan loader
   const out = await new Deno.Command(Deno.execPath(), {
     args: ["task", "generate", "-p", "Once", "-n", "2", "--backend", "webgpu", "--temp", "0"],
     cwd: ROOT,
-    env: { MODEL_MIRROR: "../shared/models", VK_ICD_FILENAMES: "/nonexistent/icd.json" },
+    env: { MODEL_MIRROR: modelMirror(), VK_ICD_FILENAMES: "/nonexistent/icd.json" },
     stdout: "piped",
     stderr: "piped",
   }).output();
