@@ -129,6 +129,8 @@ export class RequestActor {
           stopTokenIds: [...codec.eogIds, ...(req.stopTokenIds ?? [])],
           priority: req.priority,
           cacheScope: req.cacheScope,
+          ...(req.controls !== undefined ? { controls: req.controls } : {}),
+          ...(req.generated !== undefined ? { generated: req.generated } : {}),
         },
         reply,
       });

@@ -27,6 +27,7 @@ import { createMatmul } from "./matmul.ts";
 import { createQkPrep } from "./qk_prep.ts";
 import { createRopeStore, uploadRopeTable } from "./rope.ts";
 import { createSampler } from "./sample.ts";
+import { LogitAdjustOp } from "./logit_adjust.ts";
 import { DIM_ROWS, DIM_SAMPLES, StepMetaLayout } from "./step_meta.ts";
 import { createSwiglu } from "./swiglu.ts";
 import { planStep } from "./step_plan.ts";
@@ -89,6 +90,7 @@ export class WebGpuEngine implements Engine {
   private readonly logits: GPUBuffer;
   private readonly rowOps: KernelOp[];
   private readonly sampleOps: KernelOp[];
+  private readonly adjustOp: LogitAdjustOp;
   private readonly readbacks: GPUBuffer[] = [];
   private readonly owned: { destroy(): void }[];
   /** seqId -> slot of the device table holding the token it sampled last; Map order is LRU. */
@@ -109,6 +111,7 @@ export class WebGpuEngine implements Engine {
       logits: GPUBuffer;
       rowOps: KernelOp[];
       sampleOps: KernelOp[];
+      adjustOp: LogitAdjustOp;
       owned: { destroy(): void }[];
       slotCapacity: number;
       memory: WebGpuEngine["memory"];
@@ -121,6 +124,7 @@ export class WebGpuEngine implements Engine {
     this.logits = parts.logits;
     this.rowOps = parts.rowOps;
     this.sampleOps = parts.sampleOps;
+    this.adjustOp = parts.adjustOp;
     this.owned = parts.owned;
     this.memory = parts.memory;
     this.stagingCpu = new Uint8Array(parts.layout.bytes * parts.maxStepsPerSubmit);
@@ -441,6 +445,9 @@ export class WebGpuEngine implements Engine {
     });
     const activationBytes = Object.values(act).reduce((s, b) => s + b.size, 0) + meta.size +
       (up?.size ?? 0);
+    // Penalties and bias change the classifier's output in place, before the sampler reads it.
+    const adjustOp = new LogitAdjustOp(gpu, vocabSize, act.logits);
+    owned.push(adjustOp);
     const sampleOps: KernelOp[] = [
       createMatmul(gpu, upload(check(weights.output, [vocabSize, dim])), {
         dims: m.dims,
@@ -451,6 +458,7 @@ export class WebGpuEngine implements Engine {
         samples: m.samples,
         label: "logits",
       }),
+      adjustOp,
       createSampler(gpu, vocabSize, {
         dims: m.dims,
         samples: m.samples,
@@ -478,6 +486,7 @@ export class WebGpuEngine implements Engine {
       logits: act.logits,
       rowOps,
       sampleOps,
+      adjustOp,
       owned,
       slotCapacity,
       memory: { weights: weightBytes, kvCache: kvBytes, activations: activationBytes },
@@ -519,6 +528,7 @@ export class WebGpuEngine implements Engine {
         (seqId, create) => this.slotFor(seqId, create),
       )
     );
+    this.adjustOp.prepare(plans.map(sampledAdjustments));
     const enc = device.createCommandEncoder({ label: `steps from ${plans[0]?.stepId}` });
     const collectors: (() => Promise<StepResult>)[] = [];
     let used = 0;
@@ -536,6 +546,7 @@ export class WebGpuEngine implements Engine {
       const rows = p.content.rows.length;
       const samples = p.content.samples.length;
       const pass = enc.beginComputePass();
+      this.adjustOp.use(i);
       for (const op of this.rowOps) op.encode(pass, rows);
       for (const op of this.sampleOps) op.encode(pass, samples);
       pass.end();
@@ -603,6 +614,8 @@ export class WebGpuEngine implements Engine {
       this.layout.capacity,
       (seqId, create) => this.slotFor(seqId, create),
     );
+    this.adjustOp.prepare([sampledAdjustments(plan)]);
+    this.adjustOp.use(0);
     const ops = [
       ...this.rowOps.map((op) => ({ op, n: p.content.rows.length })),
       ...this.sampleOps.map((op) => ({ op, n: p.content.samples.length })),
@@ -692,4 +705,9 @@ export class WebGpuEngine implements Engine {
     this.lost ??= "the engine was disposed";
     if (this.ownsDevice) this.gpu.device.destroy();
   }
+}
+
+/** Each sampled row's logit adjustments, in sample order (what the adjust kernel's rows are). */
+function sampledAdjustments(plan: StepPlan) {
+  return plan.seqs.filter((s) => s.sample).map((s) => s.adjust);
 }

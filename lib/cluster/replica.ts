@@ -383,6 +383,8 @@ export class ReplicaAgent {
       sampling: m.sampling,
       stop: m.stop,
       stopTokenIds: m.stopTokenIds,
+      ...(m.controls !== undefined ? { controls: m.controls } : {}),
+      ...(m.generated !== undefined ? { generated: m.generated } : {}),
       priority: m.priority,
       requestId: m.requestId,
       logprobs: m.logprobs,

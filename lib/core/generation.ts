@@ -1,4 +1,5 @@
 import type { SamplingParams } from "../engine/engine.ts";
+import type { LogitControls } from "./logit_controls.ts";
 
 /**
  * The contract between the client-facing layer (HTTP, WebSocket) and the serving core
@@ -16,6 +17,13 @@ export interface GenerationRequest {
   /** Strings that end the generation; the matched text is not emitted. */
   readonly stop: readonly string[];
   readonly stopTokenIds?: readonly number[];
+  /** Logit bias, penalties and min_tokens; absent or at their defaults: none. */
+  readonly controls?: LogitControls;
+  /**
+   * The prompt's last `generated` ids were produced by an earlier attempt (a router's
+   * failover): the penalties and min_tokens count them as output.
+   */
+  readonly generated?: number;
   readonly priority: Priority;
   /** Tracing context or request id for logs. */
   readonly requestId: string;

@@ -5,6 +5,7 @@
  */
 import type { SamplingParams } from "../engine/engine.ts";
 import type { FinishReason, GenerationErrorCode, Priority } from "./generation.ts";
+import type { LogitControls } from "./logit_controls.ts";
 
 /** What a request asks the scheduler to generate. */
 export interface SeqSpec {
@@ -18,6 +19,10 @@ export interface SeqSpec {
   readonly priority: Priority;
   /** Its prefix-cache scope (GenerationRequest.cacheScope). */
   readonly cacheScope?: string;
+  /** Logit bias, penalties and min_tokens (GenerationRequest.controls). */
+  readonly controls?: LogitControls;
+  /** The prompt's last `generated` ids are output of an earlier attempt (failover). */
+  readonly generated?: number;
 }
 
 /** How the scheduler answers one sequence. Never blocks: see SeqEvent for why it stays bounded. */

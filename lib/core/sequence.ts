@@ -2,6 +2,7 @@ import type { SamplingParams } from "../engine/engine.ts";
 import type { Priority } from "./generation.ts";
 import type { KvSeq } from "./block_allocator.ts";
 import type { SeqEventSink } from "./seq_events.ts";
+import { historyDependent, type LogitControls, PenaltyState } from "./logit_controls.ts";
 
 export type SeqStatus = "waiting" | "running" | "finished";
 
@@ -43,6 +44,13 @@ export class Sequence implements KvSeq {
   held = false;
   /** Where its events go; cleared when nobody listens any more (client gone, ended). */
   reply: SeqEventSink | undefined;
+  /** Its logit bias and penalty counts, when it has any. */
+  readonly penalties: PenaltyState | undefined;
+  /**
+   * Its penalties count every token so far, so it is never decoded from a token still on its
+   * way back (no `useLastSampled`): each of its decodes waits for the step before.
+   */
+  readonly needsKnownTokens: boolean;
 
   constructor(init: {
     seqId: number;
@@ -55,6 +63,9 @@ export class Sequence implements KvSeq {
     arrivalStep: number;
     arrivalOrder: number;
     reply?: SeqEventSink;
+    controls?: LogitControls;
+    /** The prompt's last `generated` ids count as output (failover). */
+    generated?: number;
   }) {
     this.seqId = init.seqId;
     this.tokens = [...init.prompt];
@@ -67,6 +78,20 @@ export class Sequence implements KvSeq {
     this.arrivalStep = init.arrivalStep;
     this.arrivalOrder = init.arrivalOrder;
     this.reply = init.reply;
+    const c = init.controls;
+    this.penalties = c === undefined ? undefined : new PenaltyState(
+      c,
+      init.prompt,
+      init.prompt.length - (init.generated ?? 0),
+      init.stopTokenIds,
+    );
+    this.needsKnownTokens = historyDependent(c);
+  }
+
+  /** Appends a token it sampled. */
+  pushToken(token: number): void {
+    this.tokens.push(token);
+    this.penalties?.push(token);
   }
 
   get numGenerated(): number {

@@ -1,5 +1,6 @@
 import type { KvGeometry, SamplingParams, SeqInput, StepPlan } from "./engine.ts";
 import type { ModelConfig } from "../model/model_config.ts";
+import { logitAdjustProblem } from "./logit_adjust.ts";
 
 /** What an engine with step buffers sized up front can hold in one step. */
 export interface StepCapacity {
@@ -58,6 +59,10 @@ export function validateStep(plan: StepPlan, rules: StepRules): void {
       }
     }
     if (seq.sample) checkSampling(seq.sampling, where);
+    if (seq.adjust !== undefined) {
+      const problem = logitAdjustProblem(seq.adjust, config.vocabSize);
+      if (problem !== undefined) throw new Error(`${where} has a bad logit adjustment: ${problem}`);
+    }
     rows += n;
     tableEntries += needed;
   }

@@ -1,6 +1,8 @@
 import { seedToU32 } from "../util/rng.ts";
 import type { GenerationBackend, GenerationRequest, Priority } from "../core/generation.ts";
 import { ApiError } from "./errors.ts";
+import type { LogitControls } from "../core/logit_controls.ts";
+import { checkLogitBiasIds } from "./sampling_controls.ts";
 
 /** Client parameters after validation, before limits are applied (all APIs map to this). */
 export interface GenerationInput {
@@ -22,6 +24,8 @@ export interface GenerationInput {
   readonly specialTokens?: boolean;
   readonly priority?: Priority | null | undefined;
   readonly logprobs?: boolean;
+  /** Logit bias and penalties (sampling_controls.ts), checked but for the vocabulary. */
+  readonly controls?: LogitControls;
 }
 
 /** Defaults follow OpenAI: temperature 1, top_p 1; top_k 0 and min_p 0 mean off. */
@@ -57,6 +61,7 @@ export function buildGenerationRequest(
       );
     }
   }
+  checkLogitBiasIds(input.controls, backend.vocabSize);
   const atLeast = typeof input.prompt === "string" ? backend.minTokens?.(input.prompt) ?? 0 : 0;
   if (atLeast >= backend.contextLength) {
     throw new ApiError(
@@ -101,6 +106,7 @@ export function buildGenerationRequest(
       seed: seeded ? seedToU32(input.seed as number) : randomSeed(),
     },
     stop: stop.filter((s) => s.length > 0),
+    ...(input.controls !== undefined ? { controls: input.controls } : {}),
     priority: input.priority ?? "interactive",
     requestId,
     logprobs: input.logprobs ?? false,

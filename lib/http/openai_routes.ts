@@ -4,6 +4,7 @@ import type { ChatRenderer } from "./chat_template.ts";
 import { readJsonBody } from "./body.ts";
 import { ApiError, fromGenerationError } from "./errors.ts";
 import { buildGenerationRequest, type GenerationInput } from "./generation_request.ts";
+import { logitControlsFrom } from "./sampling_controls.ts";
 import {
   chatChunk,
   chatResponse,
@@ -161,6 +162,7 @@ function common(b: CompletionBody | ChatCompletionBody) {
     seed: b.seed,
     stop: b.stop,
     priority: b.priority,
+    controls: logitControlsFrom(b),
   };
 }
 

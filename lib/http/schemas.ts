@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { acceptedFields, REFUSED_CHAT, REFUSED_COMMON, refusedFields } from "./request_fields.ts";
+import { logitControlFields } from "./sampling_controls.ts";
 
 /**
  * Shapes of everything a client sends: WebSocket frames (strict: a misspelled field is an
@@ -71,6 +72,7 @@ export const GenerateFrame = z.strictObject({
   stop: stop.optional(),
   priority: priority.optional(),
   logprobs: z.boolean().optional(),
+  ...logitControlFields,
 }).superRefine((f, ctx) => {
   if ((f.prompt === undefined) === (f.messages === undefined)) {
     ctx.addIssue({
@@ -126,12 +128,7 @@ const openAiCommon = {
   stream_options: z.object({ include_usage: z.boolean().nullish() }).nullish(),
   priority: priority.nullish(),
   n: z.literal(1, { error: "only n = 1 is supported" }).nullish(),
-  presence_penalty: z.literal(0, { error: "presence_penalty is not supported (use 0)" }).nullish(),
-  frequency_penalty: z.literal(0, { error: "frequency_penalty is not supported (use 0)" })
-    .nullish(),
-  logit_bias: z.record(z.string(), z.number()).refine((b) => Object.keys(b).length === 0, {
-    error: "logit_bias is not supported",
-  }).nullish(),
+  ...logitControlFields,
   user: z.string().nullish(),
 };
 

@@ -3,6 +3,7 @@ import type { ChatRenderer } from "./chat_template.ts";
 import { ApiError, fromGenerationError, preview, toApiError } from "./errors.ts";
 import { type FrameSocket, FrameWriter, type WriterOptions } from "./frame_writer.ts";
 import { buildGenerationRequest, type GenerationInput } from "./generation_request.ts";
+import { logitControlsFrom } from "./sampling_controls.ts";
 import { errorFrame, round, statsFrame, timingsJson, usageJson } from "./protocol.ts";
 import {
   type CancelFrame,
@@ -224,6 +225,7 @@ export class StreamSession {
       stop: f.stop,
       priority: f.priority,
       logprobs: f.logprobs ?? false,
+      controls: logitControlsFrom(f),
     };
     if (f.messages !== undefined) {
       const chat = this.#opts.renderChat(f.messages, f.chat_template_kwargs);

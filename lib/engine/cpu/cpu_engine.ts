@@ -3,6 +3,7 @@ import type { Engine, KvGeometry, SampledToken, StepPlan, StepResult } from "../
 import { validateStep } from "../step_validation.ts";
 import { type ModelConfig, ropeFrequencies } from "../../model/model_config.ts";
 import { sample } from "../sampling.ts";
+import { applyLogitAdjust } from "../logit_adjust.ts";
 import type { ModelWeights } from "../../model/weights.ts";
 import { type DenseLayer, type DenseWeights, denseWeights } from "./dense_weights.ts";
 import { addInPlace, headRmsnorm, matvec, rmsnorm, ropeWithFrequencies, swiglu } from "./ops.ts";
@@ -119,7 +120,8 @@ export class CpuEngine implements Engine {
       });
       if (!seq.sample) return;
       const position = seq.startPos + tokens.length;
-      const { token, logprob } = sample(logits!, seq.sampling, position);
+      logits = applyLogitAdjust(logits!, seq.adjust);
+      const { token, logprob } = sample(logits, seq.sampling, position);
       this.lastSampled.set(seq.seqId, token);
       sampled.push(
         plan.returnLogits

@@ -1,0 +1,145 @@
+/**
+ * The logit controls over HTTP and the WebSocket: each field reaches the core as its controls,
+ * is refused with a 400 naming it when out of range, and, on the real stories260K model, the
+ * served text is what the reference engine generates with the same penalties and bias.
+ */
+import { assertEquals, assertMatch } from "@std/assert";
+import { ServingCore } from "../actors/core.ts";
+import { createApp } from "../lib/http/app.ts";
+import { RequestLog } from "../lib/http/request_log.ts";
+import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { GREEDY } from "../lib/engine/engine.ts";
+import { type LogitControls, PenaltyState } from "../lib/core/logit_controls.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import { CoreBackend } from "../lib/serving/core_backend.ts";
+import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { postJson, startService, TestSocket } from "./_http_harness.ts";
+import { modelFile } from "./_model_files.ts";
+
+const msgs = [{ role: "user", content: "Tell me a story" }];
+const ENDPOINTS = [
+  ["/v1/completions", { prompt: "Once upon a time", max_tokens: 4 }],
+  ["/v1/chat/completions", { messages: msgs, max_tokens: 4 }],
+] as const;
+
+Deno.test("the penalties and logit_bias reach the core as its logit controls, on both endpoints", async () => {
+  await using svc = await startService();
+  const cases: [Record<string, unknown>, LogitControls | undefined][] = [
+    [{ presence_penalty: 0.5, frequency_penalty: -1.25 }, { presencePenalty: 0.5, frequencyPenalty: -1.25 }],
+    [{ logit_bias: { "17": -100, "3": 2.5, "9": 0 } }, { logitBias: [[3, 2.5], [17, -100]] }],
+    // vLLM's spelling: no window; llama-server's: its default window of 64 unless given.
+    [{ repetition_penalty: 1.3 }, { repetitionPenalty: 1.3, repeatLastN: -1 }],
+    [{ repeat_penalty: 1.1 }, { repetitionPenalty: 1.1, repeatLastN: 64 }],
+    [{ repeat_penalty: 1.1, repeat_last_n: 8 }, { repetitionPenalty: 1.1, repeatLastN: 8 }],
+    [{ repetition_penalty: 1.2, repeat_penalty: 1.2 }, { repetitionPenalty: 1.2, repeatLastN: -1 }],
+    // At their defaults, or a window of 0: no controls at all.
+    [{ presence_penalty: 0, frequency_penalty: 0, logit_bias: {}, repetition_penalty: 1 }, undefined],
+    [{ repeat_penalty: 1.5, repeat_last_n: 0 }, undefined],
+  ];
+  for (const [path, body] of ENDPOINTS) {
+    for (const [fields, want] of cases) {
+      const res = await postJson(svc.base + path, { ...body, ...fields });
+      assertEquals(res.status, 200, `${path} ${JSON.stringify(fields)}: ${await res.text()}`);
+      assertEquals(svc.backend.requests.at(-1)!.controls, want, `${path} ${JSON.stringify(fields)}`);
+    }
+  }
+});
+
+Deno.test("out-of-range penalties and biases get a 400 naming the field, on both endpoints and the WebSocket", async () => {
+  await using svc = await startService();
+  const bad: [Record<string, unknown>, string, RegExp][] = [
+    [{ presence_penalty: 2.5 }, "presence_penalty", /too big/],
+    [{ frequency_penalty: -3 }, "frequency_penalty", /too small/],
+    [{ logit_bias: { "5": 101 } }, "logit_bias.5", /too big/],
+    [{ logit_bias: { "five": 1 } }, "logit_bias.five", /keys must be token ids/],
+    [{ logit_bias: { "512": 1 } }, "logit_bias", /token id 512 is outside the model's vocabulary of 512 ids/],
+    [{ repetition_penalty: 0 }, "repetition_penalty", /too small/],
+    [{ repeat_penalty: 2.5 }, "repeat_penalty", /too big/],
+    [{ repeat_last_n: -2 }, "repeat_last_n", /too small/],
+    [{ repetition_penalty: 1.1, repeat_penalty: 1.2 }, "repeat_penalty", /the two differ/],
+  ];
+  for (const [path, body] of ENDPOINTS) {
+    for (const [fields, param, message] of bad) {
+      const res = await postJson(svc.base + path, { ...body, ...fields });
+      const err = (await res.json()).error;
+      assertEquals(res.status, 400, `${path} ${JSON.stringify(fields)}`);
+      assertEquals(err.param, param);
+      assertMatch(err.message, message);
+    }
+  }
+  const ws = await TestSocket.open(svc.wsUrl);
+  try {
+    for (const [fields, param, message] of bad) {
+      ws.send({ type: "generate", id: "g", prompt: "Once", max_tokens: 2, ...fields });
+      const f = await ws.take();
+      assertEquals([f.type, f.param], ["error", param], JSON.stringify(fields));
+      assertMatch(f.message as string, message);
+    }
+  } finally {
+    await ws.close();
+  }
+  assertEquals(svc.backend.requests.length, 0, "nothing refused reached the core");
+});
+
+// The real model: the served text is the reference engine's, generated here with the core's
+// PenaltyState over every token so far.
+const model = await loadModel(modelFile("stories260K.bin"), { tokenizerPath: modelFile("tok512.bin") });
+const tokenizer = new Tokenizer(model.tokenizer!);
+const KV = { numBlocks: 64, blockSize: 16 };
+
+async function oracleText(prompt: number[], n: number, controls: LogitControls): Promise<string> {
+  const engine = new CpuEngine(model.config, model.weights, KV);
+  const state = new PenaltyState(controls, prompt, prompt.length, [...tokenizer.eogIds]);
+  const all = [...prompt], out: number[] = [];
+  let start = 0;
+  for (let step = 0; step < n; step++) {
+    const adjust = state.adjust(all.length);
+    const r = await engine.step({
+      stepId: step,
+      seqs: [{ seqId: 1, tokens: all.slice(start), startPos: start, blockTable: [0, 1, 2, 3], sample: true, sampling: GREEDY, ...(adjust ? { adjust } : {}) }],
+    });
+    const t = r.sampled[0]!.token;
+    if (tokenizer.eogIds.has(t)) break;
+    start = all.length;
+    all.push(t);
+    state.push(t);
+    out.push(t);
+  }
+  engine.dispose();
+  return tokenizer.decode(out);
+}
+
+Deno.test("POST /v1/completions on stories260K serves the reference engine's text under repetition, presence and frequency penalties and a logit bias", async () => {
+  const make = () => new CpuEngine(model.config, model.weights, KV);
+  const core = new ServingCore({ engine: make(), engineFactory: make, codec: tokenizer });
+  const service = createApp({
+    backend: new CoreBackend("stories260K", core, tokenizer),
+    requestLog: new RequestLog("text", () => {}),
+  });
+  try {
+    const prompt = tokenizer.encode("Once upon a time", { bos: true });
+    const complete = async (fields: Record<string, unknown>) => {
+      const res = await service.fetch(new Request("http://x/v1/completions", {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ prompt: "Once upon a time", max_tokens: 40, temperature: 0, ...fields }),
+      }));
+      assertEquals(res.status, 200);
+      return (await res.json()).choices[0].text as string;
+    };
+    const plain = await complete({});
+    const cases: [Record<string, unknown>, LogitControls][] = [
+      [{ repetition_penalty: 1.5 }, { repetitionPenalty: 1.5 }],
+      [{ presence_penalty: 1.5, frequency_penalty: 0.5 }, { presencePenalty: 1.5, frequencyPenalty: 0.5 }],
+      [{ logit_bias: { "432": -100, "426": 3 } }, { logitBias: [[426, 3], [432, -100]] }],
+    ];
+    for (const [fields, controls] of cases) {
+      const got = await complete(fields);
+      assertEquals(got, await oracleText(prompt, 40, controls), JSON.stringify(fields));
+      assertEquals(got !== plain, true, `${JSON.stringify(fields)} changes the text`);
+    }
+  } finally {
+    service.close();
+    await core.close();
+  }
+});
