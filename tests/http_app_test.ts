@@ -254,15 +254,15 @@ Deno.test("every request error answers with its status, code, field and received
       message: /only n = 1/,
     },
     {
-      // Only the sampled token's logprob is read back: top alternatives would be empty dicts.
-      name: "completion logprobs > 0",
+      // OpenAI's limit on alternatives per token.
+      name: "completion logprobs > 20",
       url: comp,
-      body: { prompt: "a", logprobs: 2 },
+      body: { prompt: "a", logprobs: 21 },
       status: 400,
       code: "invalid_request",
       param: "logprobs",
       type: "invalid_request_error",
-      message: /top alternatives are not supported.*; got 2/,
+      message: /<=20; got 21/,
     },
     {
       name: "batched prompts",

@@ -3,17 +3,20 @@
  * is refused with a 400 naming it when out of range, and, on the real stories260K model, the
  * served text is what the reference engine generates with the same penalties and bias.
  */
-import { assertEquals, assertMatch } from "@std/assert";
+// deno-lint-ignore-file no-explicit-any
+import { assertAlmostEquals, assertEquals, assertMatch } from "@std/assert";
 import { ServingCore } from "../actors/core.ts";
 import { createApp } from "../lib/http/app.ts";
 import { RequestLog } from "../lib/http/request_log.ts";
+import { serveService } from "../lib/http/serve.ts";
 import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { type LogitControls, PenaltyState } from "../lib/core/logit_controls.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { CoreBackend } from "../lib/serving/core_backend.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import { postJson, startService, TestSocket } from "./_http_harness.ts";
+import { parseSse, postJson, startService, TestSocket } from "./_http_harness.ts";
+import { topLogprobs } from "../lib/engine/top_logprobs.ts";
 import { modelFile } from "./_model_files.ts";
 
 const msgs = [{ role: "user", content: "Tell me a story" }];
@@ -109,13 +112,27 @@ async function oracleText(prompt: number[], n: number, controls: LogitControls):
   return tokenizer.decode(out);
 }
 
-Deno.test("POST /v1/completions on stories260K serves the reference engine's text under repetition, presence and frequency penalties and a logit bias", async () => {
+/** A service over the reference engine on stories260K, closed by the caller. */
+function realService() {
   const make = () => new CpuEngine(model.config, model.weights, KV);
   const core = new ServingCore({ engine: make(), engineFactory: make, codec: tokenizer });
   const service = createApp({
     backend: new CoreBackend("stories260K", core, tokenizer),
     requestLog: new RequestLog("text", () => {}),
   });
+  return { core, service };
+}
+
+async function post(service: { fetch(r: Request): Response | Promise<Response> }, path: string, body: unknown) {
+  return await service.fetch(new Request("http://x" + path, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body),
+  }));
+}
+
+Deno.test("POST /v1/completions on stories260K serves the reference engine's text under repetition, presence and frequency penalties and a logit bias", async () => {
+  const { core, service } = realService();
   try {
     const prompt = tokenizer.encode("Once upon a time", { bos: true });
     const complete = async (fields: Record<string, unknown>) => {
@@ -137,6 +154,105 @@ Deno.test("POST /v1/completions on stories260K serves the reference engine's tex
       const got = await complete(fields);
       assertEquals(got, await oracleText(prompt, 40, controls), JSON.stringify(fields));
       assertEquals(got !== plain, true, `${JSON.stringify(fields)} changes the text`);
+    }
+  } finally {
+    service.close();
+    await core.close();
+  }
+});
+
+/** Greedy tokens of the reference engine with each position's n alternatives, as texts. */
+async function oracleTop(prompt: number[], steps: number, n: number) {
+  const engine = new CpuEngine(model.config, model.weights, KV);
+  const out: { text: string; logprob: number; top: [string, number][] }[] = [];
+  let feed = prompt, pos = 0;
+  for (let step = 0; step < steps; step++) {
+    const r = await engine.step({
+      stepId: step,
+      returnLogits: true,
+      seqs: [{ seqId: 1, tokens: feed, startPos: pos, blockTable: [0, 1, 2, 3], sample: true, sampling: GREEDY }],
+    });
+    const s = r.sampled[0]!;
+    const t = topLogprobs(s.logits!, n);
+    out.push({
+      text: tokenizer.decode([s.token]),
+      logprob: s.logprob,
+      top: t.ids.map((id, k) => [tokenizer.decode([id]), t.logprobs[k]!]),
+    });
+    pos += feed.length;
+    feed = [s.token];
+  }
+  engine.dispose();
+  return out;
+}
+
+Deno.test("completions' logprobs: 5 on stories260K lists each position's 5 alternatives of the reference engine (and the sampled token), streaming and not", async () => {
+  const { core, service } = realService();
+  try {
+    const want = await oracleTop(tokenizer.encode("Once upon a time", { bos: true }), 8, 5);
+    const body = { prompt: "Once upon a time", max_tokens: 8, temperature: 0, logprobs: 5 };
+    const res = await post(service, "/v1/completions", body);
+    assertEquals(res.status, 200);
+    const lp = (await res.json()).choices[0].logprobs;
+    assertEquals(lp.tokens, want.map((w) => w.text));
+    lp.top_logprobs.forEach((dict: Record<string, number>, i: number) => {
+      const entries = Object.entries(dict);
+      assertEquals(entries.map(([t]) => t), want[i]!.top.map(([t]) => t), `position ${i}`);
+      entries.forEach(([, v], k) => assertAlmostEquals(v, want[i]!.top[k]![1], 1e-9));
+      assertAlmostEquals(lp.token_logprobs[i], want[i]!.logprob, 1e-9);
+    });
+    const streamed = await post(service, "/v1/completions", { ...body, stream: true });
+    const chunks = parseSse(await streamed.text()).filter((c) => c !== "[DONE]") as any[];
+    const tops = chunks.flatMap((c) => c.choices[0]?.logprobs?.top_logprobs ?? []);
+    assertEquals(tops, lp.top_logprobs, "streamed chunks carry the same alternatives");
+  } finally {
+    service.close();
+    await core.close();
+  }
+});
+
+Deno.test("chat's top_logprobs: 3 gives OpenAI's content entries with 3 alternatives each, the first the sampled token (greedy); over the WebSocket too", async () => {
+  const { core, service } = realService();
+  try {
+    const body = { messages: msgs, max_tokens: 6, temperature: 0, logprobs: true, top_logprobs: 3 };
+    const res = await post(service, "/v1/chat/completions", body);
+    assertEquals(res.status, 200);
+    const content = (await res.json()).choices[0].logprobs.content;
+    assertEquals(content.length, 6);
+    for (const c of content) {
+      assertEquals(c.top_logprobs.length, 3);
+      assertEquals(c.top_logprobs[0].token, c.token);
+      assertAlmostEquals(c.top_logprobs[0].logprob, c.logprob, 1e-9);
+      assertEquals(c.top_logprobs[0].bytes, [...new TextEncoder().encode(c.token)]);
+      assertEquals(c.top_logprobs[1].logprob <= c.top_logprobs[0].logprob, true);
+    }
+    const streamed = await post(service, "/v1/chat/completions", { ...body, stream: true });
+    const chunks = parseSse(await streamed.text()).filter((c) => c !== "[DONE]") as any[];
+    const entries = chunks.flatMap((c) => c.choices[0]?.logprobs?.content ?? []);
+    assertEquals(entries, content);
+    // Asking for alternatives without logprobs is refused, naming the field.
+    const bad = await post(service, "/v1/chat/completions", { messages: msgs, top_logprobs: 2 });
+    assertEquals([bad.status, (await bad.json()).error.param], [400, "top_logprobs"]);
+    const tooMany = await post(service, "/v1/completions", { prompt: "x", logprobs: 21 });
+    assertEquals([tooMany.status, (await tooMany.json()).error.param], [400, "logprobs"]);
+    // The WebSocket's token frames carry them as top_logprobs: [{token_id, text, logprob}].
+    const server = await serveService(service, { hostname: "127.0.0.1", port: 0, drainTimeoutMs: 1000, signals: [] });
+    const ws = await TestSocket.open(`ws://127.0.0.1:${server.addr.port}/v1/stream`);
+    try {
+      ws.send({ type: "generate", id: "a", prompt: "Once upon a time", max_tokens: 5, temperature: 0, logprobs: true, top_logprobs: 4 });
+      const frames = (await ws.collect("a")).filter((f) => f.type === "token") as any[];
+      const want = await oracleTop(tokenizer.encode("Once upon a time", { bos: true }), 5, 4);
+      assertEquals(frames.length, 5);
+      frames.forEach((f, i) => {
+        assertEquals(f.top_logprobs.map((a: any) => a.text), want[i]!.top.map(([t]) => t));
+        assertEquals(f.top_logprobs[0].token_id, f.token_ids[0]);
+      });
+      ws.send({ type: "generate", id: "b", prompt: "Once", top_logprobs: 2 });
+      const err = await ws.take((f) => f.type === "error");
+      assertEquals(err.param, "top_logprobs");
+    } finally {
+      await ws.close();
+      await server.stop();
     }
   } finally {
     service.close();

@@ -20,6 +20,7 @@ import { type KernelFlavour, kernelModule } from "./kernel_module.ts";
 import { sampleRow, samplesArgmax } from "../../lib/engine/sample_row.ts";
 import { checkParams } from "../../lib/engine/sampling.ts";
 import { applyLogitAdjust } from "../../lib/engine/logit_adjust.ts";
+import { topLogprobs } from "../../lib/engine/top_logprobs.ts";
 
 /** How the CPU engine is built. */
 export interface WasmEngineOptions {
@@ -368,11 +369,13 @@ export class WasmEngine implements Engine {
           ? (checkParams(seq.sampling, vocabSize), { token: stats[r * 4]!, logprob: -Math.log(statsF[r * 4 + 2]!) })
           : sampleRow(row, seq.sampling, position);
         this.#lastSampled.set(seq.seqId, token);
-        sampled.push(
-          plan.returnLogits
-            ? { seqId: seq.seqId, token, logprob, logits: row.slice() }
-            : { seqId: seq.seqId, token, logprob },
-        );
+        sampled.push({
+          seqId: seq.seqId,
+          token,
+          logprob,
+          ...(plan.returnLogits ? { logits: row.slice() } : {}),
+          ...(seq.topLogprobs ? { top: topLogprobs(row, seq.topLogprobs) } : {}),
+        });
       }
     }
     return { stepId: plan.stepId, sampled };

@@ -122,6 +122,7 @@ export const GenerateSchema = z.object({
   controls: LogitControlsSchema.optional(),
   /** The prompt's last `generated` ids are what earlier attempts delivered (failover). */
   generated: nonNegative.optional(),
+  topLogprobs: int.min(0).max(20).optional(),
   priority: z.enum(["interactive", "batch"]),
   requestId: z.string(),
   logprobs: z.boolean(),
@@ -192,6 +193,10 @@ export const GenerationEventSchema = z.discriminatedUnion("type", [
     ids: z.array(nonNegative),
     // JSON has no -Infinity: a token with probability 0 under the raw logits travels as null.
     logprob: z.number().nullable().transform((v) => v ?? -Infinity),
+    top: z.object({
+      ids: z.array(nonNegative).max(20),
+      logprobs: z.array(z.number().nullable().transform((v) => v ?? -Infinity)).max(20),
+    }).optional(),
   }),
   z.object({
     type: z.literal("done"),

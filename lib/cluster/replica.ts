@@ -385,6 +385,7 @@ export class ReplicaAgent {
       stopTokenIds: m.stopTokenIds,
       ...(m.controls !== undefined ? { controls: m.controls } : {}),
       ...(m.generated !== undefined ? { generated: m.generated } : {}),
+      ...(m.topLogprobs ? { topLogprobs: m.topLogprobs } : {}),
       priority: m.priority,
       requestId: m.requestId,
       logprobs: m.logprobs,

@@ -546,6 +546,7 @@ export class RouterBackend implements GenerationBackend {
           stopTokenIds: req.stopTokenIds === undefined ? undefined : [...req.stopTokenIds],
           ...(req.controls !== undefined ? { controls: wireControls(req.controls) } : {}),
           ...(delivered.length > 0 ? { generated: (req.generated ?? 0) + delivered.length } : {}),
+          ...(req.topLogprobs ? { topLogprobs: req.topLogprobs } : {}),
           priority: req.priority,
           requestId: req.requestId,
           logprobs: req.logprobs ?? false,

@@ -1,5 +1,6 @@
 import type { SamplingParams } from "../engine/engine.ts";
 import type { LogitControls } from "./logit_controls.ts";
+import type { TopLogprobs } from "../engine/top_logprobs.ts";
 
 /**
  * The contract between the client-facing layer (HTTP, WebSocket) and the serving core
@@ -34,6 +35,8 @@ export interface GenerationRequest {
   readonly parseSpecialTokens?: boolean;
   /** Include per-token logprobs in token events. */
   readonly logprobs?: boolean;
+  /** With logprobs: this many most likely alternatives per token (0..20). */
+  readonly topLogprobs?: number;
   /**
    * The client fixed everything that decides the tokens (greedy, or an explicit seed), so the
    * same request always gives the same answer and a stored one may be replayed.
@@ -79,6 +82,11 @@ export type GenerationEvent =
     readonly text: string;
     readonly ids: readonly number[];
     readonly logprob: number;
+    /**
+     * With topLogprobs: the alternatives at the first id's position (an event holds several
+     * ids only when a character's bytes span tokens).
+     */
+    readonly top?: TopLogprobs;
   }
   | {
     readonly type: "done";

@@ -25,7 +25,8 @@ export interface StoredResult {
  * not deterministic, so it must never be answered from, or stored in, the cache.
  */
 export function resultCacheKey(model: string, req: GenerationRequest): string | null {
-  if (req.deterministic !== true) return null;
+  // Stored results keep no alternatives: a request asking for them is never cached.
+  if (req.deterministic !== true || (req.topLogprobs ?? 0) > 0) return null;
   const s = req.sampling;
   const greedy = s.temperature === 0;
   return JSON.stringify([

@@ -200,6 +200,7 @@ export class Scheduler {
       cacheRoot: spec.cacheScope ? cacheScopeRoot(spec.cacheScope) : undefined,
       controls: hasLogitControls(spec.controls) ? spec.controls : undefined,
       generated: spec.generated,
+      topLogprobs: spec.topLogprobs,
       arrivalStep: this.#nextStepId,
       arrivalOrder: this.#arrivals++,
       reply,
@@ -323,6 +324,7 @@ export class Scheduler {
         seqId: seq.seqId,
         token: s.token,
         logprob: s.logprob,
+        ...(s.top !== undefined ? { top: s.top } : {}),
         stepId: result.stepId,
       });
       if (seq.tokens.length >= seq.maxTotal) this.#finish(seq, "length");
@@ -492,6 +494,7 @@ export class Scheduler {
       sample,
       sampling: seq.sampling,
       ...(adjust !== undefined ? { adjust } : {}),
+      ...(sample && seq.topLogprobs > 0 ? { topLogprobs: seq.topLogprobs } : {}),
     });
     seq.numScheduled += n;
     b.members.add(seq);

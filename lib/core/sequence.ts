@@ -51,6 +51,8 @@ export class Sequence implements KvSeq {
    * way back (no `useLastSampled`): each of its decodes waits for the step before.
    */
   readonly needsKnownTokens: boolean;
+  /** Alternatives each sampled row returns (0: none). */
+  readonly topLogprobs: number;
 
   constructor(init: {
     seqId: number;
@@ -66,6 +68,7 @@ export class Sequence implements KvSeq {
     controls?: LogitControls;
     /** The prompt's last `generated` ids count as output (failover). */
     generated?: number;
+    topLogprobs?: number;
   }) {
     this.seqId = init.seqId;
     this.tokens = [...init.prompt];
@@ -86,6 +89,7 @@ export class Sequence implements KvSeq {
       init.stopTokenIds,
     );
     this.needsKnownTokens = historyDependent(c);
+    this.topLogprobs = init.topLogprobs ?? 0;
   }
 
   /** Appends a token it sampled. */

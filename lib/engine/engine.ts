@@ -1,5 +1,6 @@
 import type { ModelConfig } from "../model/model_config.ts";
 import type { LogitAdjust } from "./logit_adjust.ts";
+import type { TopLogprobs } from "./top_logprobs.ts";
 
 /** How one sequence picks its next token. temperature below MIN_TEMPERATURE (sampling.ts) means greedy (argmax). */
 export interface SamplingParams {
@@ -38,6 +39,8 @@ export interface SeqInput {
    * see logit_adjust.ts). The sampler, the returned logprob and `logits` all see the adjusted row.
    */
   readonly adjust?: LogitAdjust;
+  /** Return this many of the row's most likely tokens with their logprobs (0..20; 0: none). */
+  readonly topLogprobs?: number;
 }
 
 /** Everything the engine computes in one step, across all sequences. */
@@ -59,6 +62,11 @@ export interface SampledToken {
   readonly logprob: number;
   /** The row the sampler drew from (after `adjust`). */
   readonly logits?: Float32Array;
+  /**
+   * With `topLogprobs`: that many most likely tokens of the row (after `adjust`, temperature
+   * 1; ties: the lower id first), with their logprobs.
+   */
+  readonly top?: TopLogprobs;
 }
 
 export interface StepResult {

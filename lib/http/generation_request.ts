@@ -24,6 +24,8 @@ export interface GenerationInput {
   readonly specialTokens?: boolean;
   readonly priority?: Priority | null | undefined;
   readonly logprobs?: boolean;
+  /** With logprobs: alternatives per token (0..20). */
+  readonly topLogprobs?: number | null | undefined;
   /** Logit bias and penalties (sampling_controls.ts), checked but for the vocabulary. */
   readonly controls?: LogitControls;
 }
@@ -110,6 +112,7 @@ export function buildGenerationRequest(
     priority: input.priority ?? "interactive",
     requestId,
     logprobs: input.logprobs ?? false,
+    ...(input.logprobs && input.topLogprobs ? { topLogprobs: input.topLogprobs } : {}),
     parseSpecialTokens: input.specialTokens ?? false,
     deterministic: temperature === 0 || seeded,
   };

@@ -41,7 +41,11 @@ export function openAiUsage(u: Usage): OpenAiUsage {
 export interface TokenLogprob {
   readonly text: string;
   readonly logprob: number;
+  /** The most likely tokens at its position (top_logprobs / completions' logprobs > 0). */
+  readonly top?: readonly { readonly text: string; readonly logprob: number }[];
 }
+
+const utf8 = (s: string) => [...new TextEncoder().encode(s)];
 
 /** Identity of one response: every chunk of a stream repeats it. */
 export interface ResponseMeta {
@@ -55,8 +59,12 @@ function chatLogprobs(tokens: readonly TokenLogprob[]) {
     content: tokens.map((t) => ({
       token: t.text,
       logprob: t.logprob,
-      bytes: [...new TextEncoder().encode(t.text)],
-      top_logprobs: [],
+      bytes: utf8(t.text),
+      top_logprobs: (t.top ?? []).map((a) => ({
+        token: a.text,
+        logprob: a.logprob,
+        bytes: utf8(a.text),
+      })),
     })),
   };
 }
@@ -71,7 +79,13 @@ function completionLogprobs(tokens: readonly TokenLogprob[], offset: number) {
   return {
     tokens: tokens.map((t) => t.text),
     token_logprobs: tokens.map((t) => t.logprob),
-    top_logprobs: tokens.map(() => ({})),
+    // vLLM's shape: the alternatives, and the sampled token (so up to n + 1 entries).
+    top_logprobs: tokens.map((t) => {
+      if (t.top === undefined) return {};
+      const out: Record<string, number> = {};
+      for (const a of [...t.top, t]) if (!(a.text in out)) out[a.text] = a.logprob;
+      return out;
+    }),
     text_offset,
   };
 }

@@ -1,5 +1,5 @@
 import type { Hono } from "hono";
-import type { FinishReason, GenerationEvent } from "../core/generation.ts";
+import type { FinishReason, GenerationBackend, GenerationEvent } from "../core/generation.ts";
 import type { ChatRenderer } from "./chat_template.ts";
 import { readJsonBody } from "./body.ts";
 import { ApiError, fromGenerationError } from "./errors.ts";
@@ -120,6 +120,7 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
         maxTokens: b.max_tokens ?? nPredict(b.n_predict),
         defaultMaxTokens: opts.defaultCompletionMaxTokens,
         logprobs: b.logprobs !== null && b.logprobs !== undefined,
+        topLogprobs: b.logprobs,
       },
       stream: b.stream === true,
       includeUsage: b.stream_options?.include_usage === true,
@@ -141,11 +142,32 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
       specialTokens: chat.special,
       maxTokens: b.max_completion_tokens ?? b.max_tokens ?? nPredict(b.n_predict),
       logprobs: b.logprobs === true,
+      topLogprobs: chatTopLogprobs(b),
     },
     stream: b.stream === true,
     includeUsage: b.stream_options?.include_usage === true,
     model,
   };
+}
+
+/** OpenAI: top_logprobs is only meaningful, and only accepted, with logprobs: true. */
+function chatTopLogprobs(b: ChatCompletionBody): number | undefined {
+  const n = b.top_logprobs ?? 0;
+  if (n > 0 && b.logprobs !== true) {
+    throw new ApiError(
+      "invalid_request",
+      `Invalid 'top_logprobs': top_logprobs needs logprobs: true; got ${n}`,
+      "top_logprobs",
+    );
+  }
+  return n > 0 ? n : undefined;
+}
+
+/** One token event's logprob entry, with its alternatives spelled out. */
+function tokenLogprob(ev: Extract<GenerationEvent, { type: "token" }>, backend: GenerationBackend): TokenLogprob {
+  if (ev.top === undefined) return { text: ev.text, logprob: ev.logprob };
+  const top = ev.top.ids.map((id, k) => ({ text: backend.detokenize([id]), logprob: ev.top!.logprobs[k]! }));
+  return { text: ev.text, logprob: ev.logprob, top };
 }
 
 /** llama-server's `n_predict`: -1 means up to the context, as no max_tokens does. */
@@ -209,6 +231,7 @@ async function respond(
         request.logprobs === true,
         req.signal,
         maxTokensCapped,
+        deps.backend,
       );
       return Response.json(body);
     } finally {
@@ -277,6 +300,7 @@ async function collect(
   withLogprobs: boolean,
   client: AbortSignal,
   capped: boolean,
+  backend: GenerationBackend,
 ) {
   let text = "";
   const lps: TokenLogprob[] = [];
@@ -284,7 +308,7 @@ async function collect(
   while (ev !== undefined) {
     if (ev.type === "token") {
       text += ev.text;
-      if (withLogprobs) lps.push({ text: ev.text, logprob: ev.logprob });
+      if (withLogprobs) lps.push(tokenLogprob(ev, backend));
     } else if (ev.type === "done") {
       // Cancelled while the client still waits means the server cut it off (drain deadline):
       // a 200 with truncated text would pass for an answer, so tell the client to retry.
@@ -344,7 +368,7 @@ function streamRenderer(
       case "started":
         return kind === "chat_completions" ? [chunk("", null, [])] : [];
       case "token":
-        return [chunk(ev.text, null, [{ text: ev.text, logprob: ev.logprob }])];
+        return [chunk(ev.text, null, [tokenLogprob(ev, deps.backend)])];
       case "done": {
         // "cancelled" is not an OpenAI finish reason, and a client still reading did not
         // cancel: the server cut the stream (drain deadline). Say so, as a stream error.

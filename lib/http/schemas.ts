@@ -72,8 +72,16 @@ export const GenerateFrame = z.strictObject({
   stop: stop.optional(),
   priority: priority.optional(),
   logprobs: z.boolean().optional(),
+  top_logprobs: z.number().int().min(0).max(20).optional(),
   ...logitControlFields,
 }).superRefine((f, ctx) => {
+  if ((f.top_logprobs ?? 0) > 0 && f.logprobs !== true) {
+    ctx.addIssue({
+      code: "custom",
+      path: ["top_logprobs"],
+      message: "top_logprobs needs logprobs: true",
+    });
+  }
   if ((f.prompt === undefined) === (f.messages === undefined)) {
     ctx.addIssue({
       code: "custom",
@@ -145,11 +153,8 @@ export const CompletionBody = z.strictObject({
     error: "expected a string, an array of token ids, or a one-element array of either " +
       "(batched prompts are not supported)",
   }),
-  // Only the sampled token's logprob is read back from the engine, so there are no top
-  // alternatives to list: refuse asking for them rather than answer empty dicts.
-  logprobs: z.number().int().min(0).max(0, {
-    error: "top alternatives are not supported (use 0 for the sampled tokens' logprobs)",
-  }).nullish(),
+  // The sampled tokens' logprobs, with this many top alternatives each (OpenAI's limit).
+  logprobs: z.number().int().min(0).max(20).nullish(),
   echo: z.literal(false, { error: "echo is not supported" }).nullish(),
   best_of: z.literal(1, { error: "only best_of = 1 is supported" }).nullish(),
   suffix: z.null({ error: "suffix is not supported" }).optional(),
@@ -173,7 +178,7 @@ export const ChatCompletionBody = z.strictObject({
   messages: z.array(ChatMessage).min(1),
   max_completion_tokens: maxTokens.nullish(),
   logprobs: z.boolean().nullish(),
-  top_logprobs: z.literal(0, { error: "top_logprobs is not supported (use 0)" }).nullish(),
+  top_logprobs: z.number().int().min(0).max(20).nullish(),
   tools: z.array(z.unknown()).max(0, { error: "tools are not supported" }).nullish(),
   response_format: z.object({
     type: z.literal("text", { error: 'only response_format {type: "text"} is supported' }),

@@ -225,6 +225,7 @@ export class StreamSession {
       stop: f.stop,
       priority: f.priority,
       logprobs: f.logprobs ?? false,
+      topLogprobs: f.top_logprobs,
       controls: logitControlsFrom(f),
     };
     if (f.messages !== undefined) {
@@ -288,6 +289,15 @@ export class StreamSession {
             text: ev.text,
             token_ids: ev.ids,
             ...(request.logprobs ? { logprob: ev.logprob } : {}),
+            ...(request.logprobs && ev.top
+              ? {
+                top_logprobs: ev.top.ids.map((tid, k) => ({
+                  token_id: tid,
+                  text: this.#deps.backend.detokenize([tid]),
+                  logprob: ev.top!.logprobs[k],
+                })),
+              }
+              : {}),
           });
         } else if (ev.type === "done") {
           terminal = true;

@@ -4,6 +4,7 @@ import { validateStep } from "../step_validation.ts";
 import { type ModelConfig, ropeFrequencies } from "../../model/model_config.ts";
 import { sample } from "../sampling.ts";
 import { applyLogitAdjust } from "../logit_adjust.ts";
+import { topLogprobs } from "../top_logprobs.ts";
 import type { ModelWeights } from "../../model/weights.ts";
 import { type DenseLayer, type DenseWeights, denseWeights } from "./dense_weights.ts";
 import { addInPlace, headRmsnorm, matvec, rmsnorm, ropeWithFrequencies, swiglu } from "./ops.ts";
@@ -123,11 +124,13 @@ export class CpuEngine implements Engine {
       logits = applyLogitAdjust(logits!, seq.adjust);
       const { token, logprob } = sample(logits, seq.sampling, position);
       this.lastSampled.set(seq.seqId, token);
-      sampled.push(
-        plan.returnLogits
-          ? { seqId: seq.seqId, token, logprob, logits: logits! }
-          : { seqId: seq.seqId, token, logprob },
-      );
+      sampled.push({
+        seqId: seq.seqId,
+        token,
+        logprob,
+        ...(plan.returnLogits ? { logits } : {}),
+        ...(seq.topLogprobs ? { top: topLogprobs(logits, seq.topLogprobs) } : {}),
+      });
     });
     return { stepId: plan.stepId, sampled };
   }
