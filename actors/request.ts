@@ -127,7 +127,7 @@ export class RequestActor {
           prompt,
           maxTokens: req.maxTokens,
           sampling: req.sampling,
-          stopTokenIds: [...codec.eogIds, ...(req.stopTokenIds ?? [])],
+          stopTokenIds: [...(req.ignoreEos ? [] : codec.eogIds), ...(req.stopTokenIds ?? [])],
           priority: req.priority,
           cacheScope: req.cacheScope,
           ...(req.controls !== undefined ? { controls: req.controls } : {}),

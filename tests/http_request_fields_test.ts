@@ -15,8 +15,6 @@ const msgs = [{ role: "user", content: "Tell me a story" }];
 // the server that has them (vLLM's or llama-server's documented meaning).
 const IGNORED_BEFORE: [string, unknown][] = [
   ["grammar", 'root ::= "yes" | "no"'],
-  ["min_tokens", 5],
-  ["ignore_eos", true],
   ["typical_p", 0.5],
 ];
 

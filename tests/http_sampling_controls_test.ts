@@ -17,6 +17,7 @@ import { CoreBackend } from "../lib/serving/core_backend.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { parseSse, postJson, startService, TestSocket } from "./_http_harness.ts";
 import { topLogprobs } from "../lib/engine/top_logprobs.ts";
+import { seedToU32 } from "../lib/util/rng.ts";
 import { modelFile } from "./_model_files.ts";
 
 const msgs = [{ role: "user", content: "Tell me a story" }];
@@ -255,6 +256,100 @@ Deno.test("chat's top_logprobs: 3 gives OpenAI's content entries with 3 alternat
       await server.stop();
     }
   } finally {
+    service.close();
+    await core.close();
+  }
+});
+
+Deno.test("stop_token_ids, min_tokens and ignore_eos reach the core; out of range they get a 400 naming them", async () => {
+  await using svc = await startService();
+  for (const [path, body] of ENDPOINTS) {
+    const ok = await postJson(svc.base + path, { ...body, stop_token_ids: [7, 9, 7], min_tokens: 2, ignore_eos: true });
+    assertEquals(ok.status, 200, await ok.text());
+    const req = svc.backend.requests.at(-1)!;
+    assertEquals([req.stopTokenIds, req.ignoreEos, req.controls], [[7, 9], true, { minTokens: 2 }]);
+    const bad: [Record<string, unknown>, string, RegExp][] = [
+      [{ stop_token_ids: [-1] }, "stop_token_ids[0]", /too small/],
+      [{ stop_token_ids: [3, 512] }, "stop_token_ids", /token id 512 at index 1 is outside the model's vocabulary of 512 ids/],
+      [{ min_tokens: -1 }, "min_tokens", /too small/],
+      [{ min_tokens: 5 }, "min_tokens", /above the 4 tokens this request may generate/],
+      [{ ignore_eos: "yes" }, "ignore_eos", /expected boolean/],
+    ];
+    for (const [fields, param, message] of bad) {
+      const res = await postJson(svc.base + path, { ...body, ...fields });
+      const err = (await res.json()).error;
+      assertEquals([res.status, err.param], [400, param], `${path} ${JSON.stringify(fields)}`);
+      assertMatch(err.message, message);
+    }
+  }
+});
+
+/** Seed 6 at temperature 1: stories260K samples BOS (a new story: the end) as its 168th token. */
+const STORY = { prompt: "Once upon a time", temperature: 1, seed: 6, max_tokens: 300 };
+const SAMPLED = { temperature: 1, topK: 0, topP: 1, minP: 0, seed: seedToU32(6) };
+
+/** The reference engine's ids for STORY with a min_tokens suppression and the given stops. */
+async function storyIds(stops: number[], minTokens = 0): Promise<number[]> {
+  const engine = new CpuEngine(model.config, model.weights, KV);
+  const prompt = tokenizer.encode(STORY.prompt, { bos: true });
+  const state = new PenaltyState({ minTokens }, prompt, prompt.length, stops);
+  const all = [...prompt], out: number[] = [];
+  let start = 0;
+  while (out.length < STORY.max_tokens) {
+    const adjust = state.adjust(all.length);
+    const r = await engine.step({
+      stepId: out.length,
+      seqs: [{ seqId: 1, tokens: all.slice(start), startPos: start, blockTable: TABLE, sample: true, sampling: SAMPLED, ...(adjust ? { adjust } : {}) }],
+    });
+    const t = r.sampled[0]!.token;
+    start = all.length;
+    all.push(t);
+    state.push(t);
+    out.push(t);
+    if (stops.includes(t)) break;
+  }
+  engine.dispose();
+  return out;
+}
+const TABLE = Array.from({ length: 32 }, (_, i) => i);
+
+Deno.test("on stories260K over the WebSocket: ignore_eos generates past the story's end, min_tokens holds it back, stop_token_ids ends it early; each the reference engine's ids", async () => {
+  const { core, service } = realService();
+  const server = await serveService(service, { hostname: "127.0.0.1", port: 0, drainTimeoutMs: 1000, signals: [] });
+  const ws = await TestSocket.open(`ws://127.0.0.1:${server.addr.port}/v1/stream`);
+  let n = 0;
+  const run = async (fields: Record<string, unknown>) => {
+    const id = `g${n++}`;
+    ws.send({ type: "generate", id, ...STORY, ...fields });
+    const frames = await ws.collect(id, 60_000);
+    const ids = frames.filter((f) => f.type === "token").flatMap((f) => f.token_ids as number[]);
+    const done = frames.at(-1)!;
+    return { ids, finish: done.finish_reason, completion: (done.usage as any)?.completion_tokens };
+  };
+  try {
+    const stops = [tokenizer.bosId, tokenizer.eosId];
+    const plain = await run({});
+    const story = await storyIds(stops);
+    assertEquals(story.length, 168, "the oracle's story ends with BOS at 168");
+    assertEquals([plain.ids, plain.finish, plain.completion], [story.slice(0, -1), "stop", 168]);
+
+    const past = await run({ ignore_eos: true });
+    const all = await storyIds([]);
+    assertEquals([past.ids, past.finish, past.completion], [all, "length", 300]);
+
+    const held = await run({ min_tokens: 200 });
+    const want = await storyIds(stops, 200);
+    assertEquals(held.ids.length >= 200, true, `min_tokens 200: got ${held.ids.length}`);
+    assertEquals(held.ids, stops.includes(want.at(-1)!) ? want.slice(0, -1) : want);
+
+    // Stop at the first occurrence of the story's 10th token.
+    const stopId = story[9]!;
+    const at = story.indexOf(stopId);
+    const cut = await run({ stop_token_ids: [stopId] });
+    assertEquals([cut.ids, cut.finish, cut.completion], [story.slice(0, at), "stop", at + 1]);
+  } finally {
+    await ws.close();
+    await server.stop();
     service.close();
     await core.close();
   }

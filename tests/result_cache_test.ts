@@ -150,6 +150,8 @@ Deno.test("resultCacheKey: each logit control is part of the key; the same contr
   // Nothing asked, or only defaults: the plain request's key.
   assertEquals(withControls({}), k);
   assertEquals(withControls({ presencePenalty: 0, repetitionPenalty: 1, repeatLastN: 64, minTokens: 0 }), k);
+  assert(resultCacheKey("m", { ...base, ignoreEos: true }) !== k, "ignore_eos");
+  assert(resultCacheKey("m", { ...base, stopTokenIds: [4] }) !== k, "stop_token_ids");
   // Stored results keep no alternatives: asking for them is never cached.
   assertEquals(resultCacheKey("m", { ...base, logprobs: true, topLogprobs: 3 }), null);
   // An unordered bias is the same bias.

@@ -119,6 +119,7 @@ export const GenerateSchema = z.object({
   sampling: SamplingSchema,
   stop: z.array(z.string()),
   stopTokenIds: z.array(nonNegative).optional(),
+  ignoreEos: z.boolean().optional(),
   controls: LogitControlsSchema.optional(),
   /** The prompt's last `generated` ids are what earlier attempts delivered (failover). */
   generated: nonNegative.optional(),

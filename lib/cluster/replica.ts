@@ -383,6 +383,7 @@ export class ReplicaAgent {
       sampling: m.sampling,
       stop: m.stop,
       stopTokenIds: m.stopTokenIds,
+      ...(m.ignoreEos ? { ignoreEos: true } : {}),
       ...(m.controls !== undefined ? { controls: m.controls } : {}),
       ...(m.generated !== undefined ? { generated: m.generated } : {}),
       ...(m.topLogprobs ? { topLogprobs: m.topLogprobs } : {}),

@@ -544,6 +544,7 @@ export class RouterBackend implements GenerationBackend {
           sampling: req.sampling,
           stop: [...req.stop],
           stopTokenIds: req.stopTokenIds === undefined ? undefined : [...req.stopTokenIds],
+          ...(req.ignoreEos ? { ignoreEos: true } : {}),
           ...(req.controls !== undefined ? { controls: wireControls(req.controls) } : {}),
           ...(delivered.length > 0 ? { generated: (req.generated ?? 0) + delivered.length } : {}),
           ...(req.topLogprobs ? { topLogprobs: req.topLogprobs } : {}),

@@ -18,6 +18,8 @@ export interface GenerationRequest {
   /** Strings that end the generation; the matched text is not emitted. */
   readonly stop: readonly string[];
   readonly stopTokenIds?: readonly number[];
+  /** The end-of-generation tokens do not end it (only stopTokenIds, stop strings, the length). */
+  readonly ignoreEos?: boolean;
   /** Logit bias, penalties and min_tokens; absent or at their defaults: none. */
   readonly controls?: LogitControls;
   /**

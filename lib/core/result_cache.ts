@@ -43,6 +43,7 @@ export function resultCacheKey(model: string, req: GenerationRequest): string | 
     greedy ? 0 : s.seed,
     req.stop,
     req.stopTokenIds ?? [],
+    req.ignoreEos === true,
     req.logprobs === true,
     logitControlsKey(req.controls),
   ]);

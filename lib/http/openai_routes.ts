@@ -185,6 +185,8 @@ function common(b: CompletionBody | ChatCompletionBody) {
     stop: b.stop,
     priority: b.priority,
     controls: logitControlsFrom(b),
+    stopTokenIds: b.stop_token_ids,
+    ignoreEos: b.ignore_eos,
   };
 }
 

@@ -28,9 +28,6 @@ export const REFUSED_COMMON: Record<string, Refused> = {
   // vLLM
   length_penalty: off("length penalties (beam search)", 1),
   use_beam_search: off("beam search", false),
-  min_tokens: off("a minimum number of tokens", 0),
-  ignore_eos: off("generating past the end-of-sequence token", false),
-  stop_token_ids: off("stop token ids", []),
   include_stop_str_in_output: off("stop strings in the output", false),
   skip_special_tokens: off("printing special tokens", true),
   spaces_between_special_tokens: off("spacing options for special tokens", true),

@@ -28,6 +28,14 @@ export const logitControlFields = {
   repetition_penalty: repetition.nullish(),
   repeat_penalty: repetition.nullish(),
   repeat_last_n: z.number().int().min(-1).nullish(),
+  // vLLM's: the end-of-sequence tokens and stop_token_ids cannot be sampled before this many.
+  min_tokens: z.number().int().min(0).nullish(),
+};
+
+/** vLLM's stop controls: more token ids that end a generation, and generating past EOS. */
+export const stopTokenFields = {
+  stop_token_ids: z.array(z.number().int().min(0)).max(256).nullish(),
+  ignore_eos: z.boolean().nullish(),
 };
 
 /** llama-server's window when its repeat_penalty is given without one. */
@@ -40,6 +48,7 @@ type Fields = {
   repetition_penalty?: number | null;
   repeat_penalty?: number | null;
   repeat_last_n?: number | null;
+  min_tokens?: number | null;
 };
 
 /**
@@ -74,8 +83,23 @@ export function logitControlsFrom(b: Fields): LogitControls | undefined {
     ...(repetition !== 1 && window !== 0
       ? { repetitionPenalty: repetition, repeatLastN: window }
       : {}),
+    ...(b.min_tokens ? { minTokens: b.min_tokens } : {}),
   };
   return Object.keys(c).length > 0 ? c : undefined;
+}
+
+/** Refuses a stop_token_ids id outside the model's vocabulary, naming it. */
+export function checkStopTokenIds(ids: readonly number[] | undefined, vocab: number | undefined): void {
+  if (ids === undefined || vocab === undefined) return;
+  const at = ids.findIndex((id) => id >= vocab);
+  if (at >= 0) {
+    throw new ApiError(
+      "invalid_request",
+      `Invalid 'stop_token_ids': token id ${ids[at]} at index ${at} is outside the model's ` +
+        `vocabulary of ${vocab} ids (0 to ${vocab - 1}); got ${ids[at]}`,
+      "stop_token_ids",
+    );
+  }
 }
 
 /** Refuses a logit_bias id outside the model's vocabulary, naming it. */

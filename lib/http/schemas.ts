@@ -1,6 +1,6 @@
 import { z } from "zod";
 import { acceptedFields, REFUSED_CHAT, REFUSED_COMMON, refusedFields } from "./request_fields.ts";
-import { logitControlFields } from "./sampling_controls.ts";
+import { logitControlFields, stopTokenFields } from "./sampling_controls.ts";
 
 /**
  * Shapes of everything a client sends: WebSocket frames (strict: a misspelled field is an
@@ -74,6 +74,7 @@ export const GenerateFrame = z.strictObject({
   logprobs: z.boolean().optional(),
   top_logprobs: z.number().int().min(0).max(20).optional(),
   ...logitControlFields,
+  ...stopTokenFields,
 }).superRefine((f, ctx) => {
   if ((f.top_logprobs ?? 0) > 0 && f.logprobs !== true) {
     ctx.addIssue({
@@ -137,6 +138,7 @@ const openAiCommon = {
   priority: priority.nullish(),
   n: z.literal(1, { error: "only n = 1 is supported" }).nullish(),
   ...logitControlFields,
+  ...stopTokenFields,
   user: z.string().nullish(),
 };
 

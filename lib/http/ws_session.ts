@@ -227,6 +227,8 @@ export class StreamSession {
       logprobs: f.logprobs ?? false,
       topLogprobs: f.top_logprobs,
       controls: logitControlsFrom(f),
+      stopTokenIds: f.stop_token_ids,
+      ignoreEos: f.ignore_eos,
     };
     if (f.messages !== undefined) {
       const chat = this.#opts.renderChat(f.messages, f.chat_template_kwargs);
