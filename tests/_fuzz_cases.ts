@@ -216,7 +216,7 @@ const COMPLETION_POISON: Record<string, readonly Json[]> = {
   temperature: [3, -1, "x"],
   top_p: [2, -0.5],
   top_k: [-2, 0.5],
-  n: [2, 0],
+  n: [17, 0, 1.5],
   echo: [true],
   best_of: [3],
   logprobs: [21, -1, 1.5],

@@ -244,14 +244,14 @@ Deno.test("every request error answers with its status, code, field and received
       message: /tool messages are not supported\); got "tool"/,
     },
     {
-      name: "n > 1",
+      name: "n > 16",
       url: chat,
-      body: { messages: msgs, n: 2 },
+      body: { messages: msgs, n: 17 },
       status: 400,
       code: "invalid_request",
       param: "n",
       type: "invalid_request_error",
-      message: /only n = 1/,
+      message: /<=16; got 17/,
     },
     {
       // OpenAI's limit on alternatives per token.

@@ -90,13 +90,18 @@ function completionLogprobs(tokens: readonly TokenLogprob[], offset: number) {
   };
 }
 
+/** What one choice of a finished response holds. */
+export interface ChoiceResult {
+  readonly text: string;
+  readonly finish: FinishReason;
+  readonly logprobs: readonly TokenLogprob[] | null;
+}
+
 export function completionResponse(
   meta: ResponseMeta,
-  text: string,
-  finish: FinishReason,
+  choices: readonly ChoiceResult[],
   usage: Usage,
   timings: Timings,
-  logprobs: readonly TokenLogprob[] | null,
   extras: ResponseExtras,
 ) {
   return {
@@ -104,12 +109,12 @@ export function completionResponse(
     object: "text_completion",
     created: meta.created,
     model: meta.model,
-    choices: [{
-      index: 0,
-      text,
-      finish_reason: finish,
-      logprobs: logprobs === null ? null : completionLogprobs(logprobs, 0),
-    }],
+    choices: choices.map((c, index) => ({
+      index,
+      text: c.text,
+      finish_reason: c.finish,
+      logprobs: c.logprobs === null ? null : completionLogprobs(c.logprobs, 0),
+    })),
     usage: openAiUsage(usage),
     timings: timingsJson(timings),
     ...extras,
@@ -123,6 +128,7 @@ export function completionChunk(
   logprobs: { tokens: readonly TokenLogprob[]; offset: number } | null,
   withUsageField: boolean,
   extras?: ResponseExtras,
+  index = 0,
 ) {
   return {
     id: meta.id,
@@ -130,7 +136,7 @@ export function completionChunk(
     created: meta.created,
     model: meta.model,
     choices: [{
-      index: 0,
+      index,
       text,
       finish_reason: finish,
       logprobs: logprobs === null ? null : completionLogprobs(logprobs.tokens, logprobs.offset),
@@ -142,11 +148,9 @@ export function completionChunk(
 
 export function chatResponse(
   meta: ResponseMeta,
-  content: string,
-  finish: FinishReason,
+  choices: readonly ChoiceResult[],
   usage: Usage,
   timings: Timings,
-  logprobs: readonly TokenLogprob[] | null,
   extras: ResponseExtras,
 ) {
   return {
@@ -154,12 +158,12 @@ export function chatResponse(
     object: "chat.completion",
     created: meta.created,
     model: meta.model,
-    choices: [{
-      index: 0,
-      message: { role: "assistant", content, refusal: null },
-      finish_reason: finish,
-      logprobs: logprobs === null ? null : chatLogprobs(logprobs),
-    }],
+    choices: choices.map((c, index) => ({
+      index,
+      message: { role: "assistant", content: c.text, refusal: null },
+      finish_reason: c.finish,
+      logprobs: c.logprobs === null ? null : chatLogprobs(c.logprobs),
+    })),
     usage: openAiUsage(usage),
     timings: timingsJson(timings),
     ...extras,
@@ -173,6 +177,7 @@ export function chatChunk(
   logprobs: readonly TokenLogprob[] | null,
   withUsageField: boolean,
   extras?: ResponseExtras,
+  index = 0,
 ) {
   return {
     id: meta.id,
@@ -180,7 +185,7 @@ export function chatChunk(
     created: meta.created,
     model: meta.model,
     choices: [{
-      index: 0,
+      index,
       delta,
       finish_reason: finish,
       logprobs: logprobs === null ? null : chatLogprobs(logprobs),

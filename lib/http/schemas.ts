@@ -136,7 +136,7 @@ const openAiCommon = {
   stream: z.boolean().nullish(),
   stream_options: z.object({ include_usage: z.boolean().nullish() }).nullish(),
   priority: priority.nullish(),
-  n: z.literal(1, { error: "only n = 1 is supported" }).nullish(),
+  n: z.number().int().min(1).max(16).nullish(),
   ...logitControlFields,
   ...stopTokenFields,
   user: z.string().nullish(),
