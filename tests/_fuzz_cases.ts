@@ -217,7 +217,7 @@ const COMPLETION_POISON: Record<string, readonly Json[]> = {
   top_p: [2, -0.5],
   top_k: [-2, 0.5],
   n: [17, 0, 1.5],
-  echo: [true],
+  echo: ["yes", 1],
   best_of: [3],
   logprobs: [21, -1, 1.5],
   presence_penalty: [2.5, "x"],

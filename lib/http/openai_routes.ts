@@ -55,6 +55,8 @@ interface Parsed {
   readonly includeUsage: boolean;
   /** Choices asked for (`n`). */
   readonly n: number;
+  /** Completions' `echo`: the prompt, as text, to put before each choice's text. */
+  readonly echo?: string | readonly number[];
   /** The served name the response reports: the one asked for, else the first. */
   readonly model: string;
 }
@@ -133,6 +135,7 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
       stream: b.stream === true,
       includeUsage: b.stream_options?.include_usage === true,
       n: b.n ?? 1,
+      ...(b.echo ? { echo: echoPrompt(b, prompt) } : {}),
       model,
     };
   }
@@ -158,6 +161,23 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
     n: b.n ?? 1,
     model,
   };
+}
+
+/**
+ * The prompt to echo. With logprobs, OpenAI's echo lists the prompt tokens' logprobs too, and
+ * the engines compute logits only for the rows they sample from: refused, naming it.
+ */
+function echoPrompt(b: CompletionBody, prompt: string | readonly number[]): string | readonly number[] {
+  if (b.logprobs !== null && b.logprobs !== undefined) {
+    throw new ApiError(
+      "invalid_request",
+      "Invalid 'echo': echo with logprobs needs the prompt tokens' logprobs, which this server " +
+        "does not compute (the engines return logits only for sampled rows); send echo without " +
+        `logprobs; got echo true with logprobs ${b.logprobs}`,
+      "echo",
+    );
+  }
+  return prompt;
 }
 
 /** OpenAI: top_logprobs is only meaningful, and only accepted, with logprobs: true. */
@@ -234,6 +254,11 @@ async function respond(
     created: Math.floor(Date.now() / 1000),
     model: parsed.model,
   };
+  const echo = parsed.echo === undefined
+    ? ""
+    : typeof parsed.echo === "string"
+    ? parsed.echo
+    : deps.backend.detokenize(parsed.echo);
   const events = mergeChoices(
     head,
     first.value,
@@ -251,6 +276,7 @@ async function respond(
         maxTokensCapped,
         deps.backend,
         record,
+        echo,
       );
       return Response.json(body);
     } finally {
@@ -271,6 +297,7 @@ async function respond(
     maxTokensCapped,
     deps,
     record,
+    echo,
   );
   // The log line waits for the stream's end, so it has the token counts and the total time.
   record?.defer();
@@ -326,8 +353,9 @@ async function collect(
   capped: boolean,
   backend: GenerationBackend,
   record: RequestRecord | undefined,
+  echo: string,
 ) {
-  const texts = Array.from({ length: n }, () => "");
+  const texts = Array.from({ length: n }, () => echo);
   const lps = Array.from({ length: n }, (): TokenLogprob[] => []);
   const ends: (Extract<GenerationEvent, { type: "done" }> | undefined)[] = new Array(n);
   let done = 0;
@@ -381,6 +409,7 @@ function streamRenderer(
   capped: boolean,
   deps: GenerationDeps,
   record: RequestRecord | undefined,
+  echo: string,
 ): (ev: ChoiceEvent) => { chunks: string[]; last: boolean } {
   const sentRole = new Set<number>();
   const offsets = new Array<number>(n).fill(0);
@@ -412,7 +441,9 @@ function streamRenderer(
   return ({ index, event: ev }) => {
     switch (ev.type) {
       case "started":
-        return more(kind === "chat_completions" ? [chunk(index, "", null, [])] : []);
+        if (kind === "chat_completions") return more([chunk(index, "", null, [])]);
+        // Completions' echo: the prompt is each choice's first text.
+        return more(echo.length > 0 ? [chunk(index, echo, null, [])] : []);
       case "token":
         return more([chunk(index, ev.text, null, [tokenLogprob(ev, deps.backend)])]);
       case "done": {

@@ -157,7 +157,7 @@ export const CompletionBody = z.strictObject({
   }),
   // The sampled tokens' logprobs, with this many top alternatives each (OpenAI's limit).
   logprobs: z.number().int().min(0).max(20).nullish(),
-  echo: z.literal(false, { error: "echo is not supported" }).nullish(),
+  echo: z.boolean().nullish(),
   best_of: z.literal(1, { error: "only best_of = 1 is supported" }).nullish(),
   suffix: z.null({ error: "suffix is not supported" }).optional(),
 });
