@@ -208,3 +208,67 @@ Deno.test("each engine's logprob is over the biased row: log softmax of raw logi
     for (const e of Object.values(engines)) e.dispose();
   }
 });
+
+interface Spec {
+  readonly prompt: readonly number[];
+  readonly sampling: SamplingParams;
+  readonly controls?: LogitControls;
+}
+
+/** Decodes several sequences in the same steps (each row adjusted by its own state). */
+async function generateTogether(engine: Engine, specs: readonly Spec[], steps: number, seqBase: number): Promise<Generated[]> {
+  const states = specs.map((s) => s.controls && new PenaltyState(s.controls, s.prompt, s.prompt.length, []));
+  const all = specs.map((s) => [...s.prompt]);
+  const starts = specs.map(() => 0);
+  const out = specs.map((): Generated => ({ tokens: [], logprobs: [] }));
+  for (let step = 0; step < steps; step++) {
+    const r = await engine.step({
+      stepId: step,
+      seqs: specs.map((s, i) => {
+        const adjust = states[i]?.adjust(all[i]!.length);
+        return {
+          seqId: seqBase + i,
+          tokens: all[i]!.slice(starts[i]),
+          startPos: starts[i]!,
+          blockTable: [4 * (seqBase + i), 4 * (seqBase + i) + 1, 4 * (seqBase + i) + 2, 4 * (seqBase + i) + 3],
+          sample: true,
+          sampling: s.sampling,
+          ...(adjust ? { adjust } : {}),
+        };
+      }),
+    });
+    r.sampled.forEach((s, i) => {
+      starts[i] = all[i]!.length;
+      all[i]!.push(s.token);
+      states[i]?.push(s.token);
+      out[i]!.tokens.push(s.token);
+      out[i]!.logprobs.push(s.logprob);
+    });
+  }
+  specs.forEach((_, i) => engine.release?.(seqBase + i));
+  return out;
+}
+
+Deno.test("batch invariance with penalties and bias: each sequence's tokens and logprobs are the same alone or sharing its steps (CPU and WebGPU engines)", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"), { tokenizerPath: modelFile("tok512.bin") });
+  const specs: Spec[] = [
+    { prompt: PROMPT, sampling: SEEDED, controls: { repetitionPenalty: 1.3, frequencyPenalty: 0.5 } },
+    { prompt: [1, 403, 407], sampling: GREEDY, controls: { logitBias: [[261, -100], [300, 3]] } },
+    { prompt: [1, 300], sampling: { ...SEEDED, seed: 9 } },
+    { prompt: PROMPT, sampling: GREEDY, controls: { presencePenalty: 1 } },
+  ];
+  const engines = await allEngines(model);
+  try {
+    for (const name of ["cpu", "webgpu"] as const) {
+      const e = engines[name];
+      const together = await generateTogether(e, specs, 20, 0);
+      for (const [i, spec] of specs.entries()) {
+        const [alone] = await generateTogether(e, [spec], 20, 8 + i);
+        assertEquals(alone!.tokens, together[i]!.tokens, `${name} sequence ${i}: tokens`);
+        assertEquals(alone!.logprobs, together[i]!.logprobs, `${name} sequence ${i}: logprobs, bit for bit`);
+      }
+    }
+  } finally {
+    for (const e of Object.values(engines)) e.dispose();
+  }
+});
