@@ -14,6 +14,7 @@ import { PenaltyState } from "../lib/core/logit_controls.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { readU32, rng, runPass, storage, testGpu } from "./_gpu.ts";
 import { modelFile } from "./_model_files.ts";
+import { compatPath } from "./_compat.ts";
 
 Deno.test("topLogprobs() lists the n largest logits, ties by the lower id, with hand-computed log softmax", () => {
   const logits = new Float32Array([1, 3, 3, 0, 2]);
@@ -58,20 +59,21 @@ const KV = { numBlocks: 64, blockSize: 16 };
 const TABLE = Array.from({ length: 16 }, (_, i) => i);
 const PROMPT = [1, 403, 407, 261, 378];
 
-/** Greedy decode with penalties and bias, 20 alternatives asked at every row. */
-async function run(engine: Engine, steps: number): Promise<SampledToken[]> {
+/** Greedy decode with penalties and bias, `top` (or 3 at even steps) alternatives asked. */
+async function run(engine: Engine, steps: number, prompt = PROMPT, top = 20): Promise<SampledToken[]> {
   const controls = { repetitionPenalty: 1.4, presencePenalty: 0.5, logitBias: [[300, 2]] as [number, number][] };
-  const state = new PenaltyState(controls, PROMPT, PROMPT.length, []);
-  const all = [...PROMPT], out: SampledToken[] = [];
+  const state = new PenaltyState(controls, prompt, prompt.length, []);
+  const all = [...prompt], out: SampledToken[] = [];
   let start = 0;
   for (let step = 0; step < steps; step++) {
     const adjust = state.adjust(all.length);
     const r = await engine.step({
       stepId: step,
+      returnLogits: true,
       seqs: [
-        { seqId: 1, tokens: all.slice(start), startPos: start, blockTable: TABLE, sample: true, sampling: GREEDY, adjust, topLogprobs: step % 2 ? 20 : 3 },
+        { seqId: 1, tokens: all.slice(start), startPos: start, blockTable: TABLE, sample: true, sampling: GREEDY, adjust, topLogprobs: step % 2 ? top : 3 },
         // A row that asks for none shares every step: it gets none, and changes nothing.
-        { seqId: 2, tokens: [PROMPT[step % 5]!], startPos: step, blockTable: [20, 21], sample: true, sampling: GREEDY },
+        { seqId: 2, tokens: [prompt[step % prompt.length]!], startPos: step, blockTable: [20, 21], sample: true, sampling: GREEDY },
       ],
     });
     const s = r.sampled[0]!;
@@ -113,3 +115,47 @@ Deno.test("reference, CPU and WebGPU engines list the same top alternatives with
     for (const [, e] of engines) e.dispose();
   }
 });
+
+Deno.test("reference, CPU and WebGPU engines list the same top 5 alternatives on a compat GGUF (tinyllama-like, 32000 tokens) under penalties and bias", async () => {
+  const model = await loadModel(compatPath("tinyllama-like-q4_k_m"));
+  const prompt = [1, 15043, 3186, 29892, 920];
+  const reference = new CpuEngine(model.config, model.weights, KV);
+  // The CPU engine quantizes activations to 8 bits for quantized weights, as llama.cpp does:
+  // its alternatives' logprobs get the compat tests' tolerance (0.25 nats + 5% of the value).
+  const engines: [string, Engine, (lp: number) => number][] = [
+    ["cpu", await WasmEngine.create(model.config, model.weights, KV, { kvDtype: "f32" }), (lp) => 0.25 + 0.05 * Math.abs(lp)],
+    ["webgpu", await WebGpuEngine.create(model.config, model.weights, KV, { gpu: await testGpu() }), () => 1e-4],
+  ];
+  try {
+    const want = await run(reference, 6, prompt, 5);
+    for (const [name, engine, tol] of engines) {
+      const got = await run(engine, 6, prompt, 5);
+      got.forEach((s, i) => {
+        assertEquals(s.token, want[i]!.token, `${name} step ${i}`);
+        const ref = want[i]!;
+        if (name === "webgpu") assertEquals(s.top!.ids, ref.top!.ids, `${name} step ${i}: alternatives`);
+        // The CPU engine's logits are not the reference's on quantized weights, so near-ties
+        // may swap: each alternative it lists has the reference's logprob for that id, and the
+        // k-th the reference's k-th, within the tolerance.
+        const lse = logSumExp(ref.logits!);
+        s.top!.ids.forEach((id, k) => {
+          const lp = s.top!.logprobs[k]!;
+          const byId = ref.logits![id]! - lse, kth = ref.top!.logprobs[k]!;
+          assertAlmostEquals(lp, byId, tol(byId), `${name} step ${i} #${k}: id ${id}`);
+          assertAlmostEquals(lp, kth, tol(kth), `${name} step ${i} #${k}: k-th value`);
+        });
+      });
+    }
+  } finally {
+    reference.dispose();
+    for (const [, e] of engines) e.dispose();
+  }
+});
+
+function logSumExp(l: Float32Array): number {
+  let max = -Infinity;
+  for (const v of l) max = Math.max(max, v);
+  let sum = 0;
+  for (const v of l) sum += Math.exp(v - max);
+  return max + Math.log(sum);
+}
