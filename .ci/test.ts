@@ -19,6 +19,8 @@ export const GPU_FILES = [
   "tests/attention_test.ts",
   "tests/engine_factory_test.ts",
   "tests/kernels_test.ts",
+  "tests/logit_adjust_engines_test.ts",
+  "tests/top_logprobs_test.ts",
   "tests/matmul_test.ts",
   "tests/sample_test.ts",
   "tests/webgpu_engine_test.ts",

@@ -5,6 +5,7 @@ import type {
   Timings,
 } from "../lib/core/generation.ts";
 import { StopMatcher } from "../lib/core/stop_strings.ts";
+import type { TopLogprobs } from "../lib/engine/top_logprobs.ts";
 import { Channel, ChannelClosedError } from "./channel.ts";
 import type { RequestMsg, SchedulerMsg, SeqEvent } from "./messages.ts";
 
@@ -126,9 +127,12 @@ export class RequestActor {
           prompt,
           maxTokens: req.maxTokens,
           sampling: req.sampling,
-          stopTokenIds: [...codec.eogIds, ...(req.stopTokenIds ?? [])],
+          stopTokenIds: [...(req.ignoreEos ? [] : codec.eogIds), ...(req.stopTokenIds ?? [])],
           priority: req.priority,
           cacheScope: req.cacheScope,
+          ...(req.controls !== undefined ? { controls: req.controls } : {}),
+          ...(req.generated !== undefined ? { generated: req.generated } : {}),
+          ...(req.topLogprobs ? { topLogprobs: req.topLogprobs } : {}),
         },
         reply,
       });
@@ -153,13 +157,14 @@ export class RequestActor {
     // (", there was" came back as ",  was"). Text is therefore sent up to the end of the last
     // id it completes; `end` is where an id's text ends in the decoded text (null while the
     // decoder holds its bytes, e.g. half a UTF-8 character).
-    let pending: Array<{ id: number; logprob: number; end: number | null }> = [];
+    let pending: Array<{ id: number; logprob: number; top?: TopLogprobs; end: number | null }> =
+      [];
     let decodedLen = 0;
     let released = "";
     let sentLen = 0;
-    const decode = (id: number, logprob: number): string => {
+    const decode = (id: number, logprob: number, top?: TopLogprobs): string => {
       const piece = decoder.push(id);
-      pending.push({ id, logprob, end: null });
+      pending.push({ id, logprob, end: null, ...(top !== undefined ? { top } : {}) });
       if (piece.length > 0) {
         decodedLen += piece.length;
         for (const p of pending) p.end ??= decodedLen;
@@ -194,6 +199,7 @@ export class RequestActor {
         text: out,
         ids: sent.map((p) => p.id),
         logprob: sent.reduce((sum, p) => sum + p.logprob, 0),
+        ...(sent[0]?.top !== undefined ? { top: sent[0].top } : {}),
       });
     };
     const done = async (reason: FinishReason, completionTokens: number): Promise<void> => {
@@ -224,7 +230,7 @@ export class RequestActor {
         case "token": {
           generated++;
           tFirst ??= this.#now();
-          const out = stops.push(decode(msg.token, msg.logprob));
+          const out = stops.push(decode(msg.token, msg.logprob, msg.top));
           if (!await emitText(out.text, out.stopped)) return this.#stopSequence("client-gone");
           if (out.stopped) {
             this.#stopSequence("cancel");

@@ -27,6 +27,9 @@ import { createMatmul } from "./matmul.ts";
 import { createQkPrep } from "./qk_prep.ts";
 import { createRopeStore, uploadRopeTable } from "./rope.ts";
 import { createSampler } from "./sample.ts";
+import { LogitAdjustOp } from "./logit_adjust.ts";
+import { topLogprobsBytes, TopLogprobsOp } from "./top_logprobs.ts";
+import { MAX_TOP_LOGPROBS, type TopLogprobs } from "../lib/engine/top_logprobs.ts";
 import { DIM_ROWS, DIM_SAMPLES, StepMetaLayout } from "./step_meta.ts";
 import { createSwiglu } from "./swiglu.ts";
 import { planStep } from "./step_plan.ts";
@@ -120,6 +123,8 @@ export class WebGpuEngine implements Engine {
   private rowOps: KernelOp[];
   private readonly kvPools: KvPools;
   private readonly sampleOps: KernelOp[];
+  private readonly adjustOp: LogitAdjustOp;
+  private readonly topOp: TopLogprobsOp;
   private readonly readbacks: GPUBuffer[] = [];
   private readonly owned: { destroy(): void }[];
   /** seqId -> slot of the device table holding the token it sampled last; Map order is LRU. */
@@ -140,6 +145,8 @@ export class WebGpuEngine implements Engine {
       logits: GPUBuffer;
       rowOps: KernelOp[];
       sampleOps: KernelOp[];
+      adjustOp: LogitAdjustOp;
+      topOp: TopLogprobsOp;
       owned: { destroy(): void }[];
       slotCapacity: number;
       kvPools: KvPools;
@@ -153,6 +160,8 @@ export class WebGpuEngine implements Engine {
     this.logits = parts.logits;
     this.rowOps = parts.rowOps;
     this.sampleOps = parts.sampleOps;
+    this.adjustOp = parts.adjustOp;
+    this.topOp = parts.topOp;
     this.owned = parts.owned;
     this.kvPools = parts.kvPools;
     const kv = this.kvPools;
@@ -518,6 +527,12 @@ export class WebGpuEngine implements Engine {
     const rowOps = buildRowOps(pools);
     const activationBytes = Object.values(act).reduce((s, b) => s + b.size, 0) + meta.size +
       (up?.size ?? 0);
+    // Penalties and bias change the classifier's output in place, before the sampler reads it.
+    const adjustOp = new LogitAdjustOp(gpu, vocabSize, act.logits);
+    owned.push(adjustOp);
+    // Only rows that ask for alternatives run it, after the adjustments.
+    const topOp = new TopLogprobsOp(gpu, vocabSize, act.logits, maxSeqs);
+    owned.push(topOp);
     const sampleOps: KernelOp[] = [
       createMatmul(gpu, upload(check(weights.output, [vocabSize, dim])), {
         dims: m.dims,
@@ -528,6 +543,7 @@ export class WebGpuEngine implements Engine {
         samples: m.samples,
         label: "logits",
       }),
+      adjustOp,
       createSampler(gpu, vocabSize, {
         dims: m.dims,
         samples: m.samples,
@@ -535,6 +551,7 @@ export class WebGpuEngine implements Engine {
         out: act.out,
         lastSampled: act.lastSampled,
       }),
+      topOp,
     ];
     const weightBytes = [...matrices.values()].reduce(
       (s, mm) => s + mm.chunks.reduce((a, c) => a + c.buffer.size, 0),
@@ -555,6 +572,8 @@ export class WebGpuEngine implements Engine {
       logits: act.logits,
       rowOps,
       sampleOps,
+      adjustOp,
+      topOp,
       owned,
       slotCapacity,
       kvPools: { pools, capacity: kvCapacity, blockBytes, make: newPools, build: buildRowOps },
@@ -601,6 +620,8 @@ export class WebGpuEngine implements Engine {
         (seqId, create) => this.slotFor(seqId, create),
       )
     );
+    this.adjustOp.prepare(plans.map(sampledAdjustments));
+    this.topOp.prepare(plans.map(sampledTopCounts));
     const enc = device.createCommandEncoder({ label: `steps from ${plans[0]?.stepId}` });
     const grown = this.growKv(plans, enc);
     const collectors: (() => Promise<StepResult>)[] = [];
@@ -619,6 +640,8 @@ export class WebGpuEngine implements Engine {
       const rows = p.content.rows.length;
       const samples = p.content.samples.length;
       const pass = enc.beginComputePass();
+      this.adjustOp.use(i);
+      const asks = this.topOp.use(i);
       for (const op of this.rowOps) op.encode(pass, rows);
       for (const op of this.sampleOps) op.encode(pass, samples);
       pass.end();
@@ -633,7 +656,16 @@ export class WebGpuEngine implements Engine {
         });
         enc.copyBufferToBuffer(this.logits, 0, logits, 0, logits.size);
       }
-      collectors.push(() => this.collect(plan, p.sampledSeqIds, readback, logits));
+      let top: GPUBuffer | undefined;
+      if (asks > 0) {
+        top = device.createBuffer({
+          size: topLogprobsBytes(asks),
+          usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+          label: "top logprobs readback",
+        });
+        enc.copyBufferToBuffer(this.topOp.out, 0, top, 0, top.size);
+      }
+      collectors.push(() => this.collect(plan, p.sampledSeqIds, readback, logits, top));
     });
     device.queue.writeBuffer(this.staging, 0, this.stagingCpu, 0, used);
     device.queue.submit([enc.finish()]);
@@ -692,9 +724,14 @@ export class WebGpuEngine implements Engine {
     seqIds: readonly number[],
     readback: GPUBuffer,
     logits?: GPUBuffer,
+    topBuffer?: GPUBuffer,
   ): Promise<StepResult> {
     try {
-      await Promise.all([readback.mapAsync(GPUMapMode.READ), logits?.mapAsync(GPUMapMode.READ)]);
+      await Promise.all([
+        readback.mapAsync(GPUMapMode.READ),
+        logits?.mapAsync(GPUMapMode.READ),
+        topBuffer?.mapAsync(GPUMapMode.READ),
+      ]);
     } catch (e) {
       throw new Error(`Cannot read back step ${plan.stepId}: ${this.lost ?? (e as Error).message}`);
     }
@@ -706,10 +743,17 @@ export class WebGpuEngine implements Engine {
     const logprobs = new Float32Array(words.buffer);
     const all = logits ? new Float32Array(logits.getMappedRange().slice(0)) : undefined;
     logits?.destroy();
+    const tops = topBuffer ? unpackTop(plan, new Uint32Array(topBuffer.getMappedRange().slice(0))) : [];
+    topBuffer?.destroy();
     const vocab = this.config.vocabSize;
     const sampled: SampledToken[] = seqIds.map((seqId, i) => {
       const t = { seqId, token: words[2 * i]!, logprob: logprobs[2 * i + 1]! };
-      return all ? { ...t, logits: all.slice(i * vocab, (i + 1) * vocab) } : t;
+      const top = tops[i];
+      return {
+        ...t,
+        ...(all ? { logits: all.slice(i * vocab, (i + 1) * vocab) } : {}),
+        ...(top ? { top } : {}),
+      };
     });
     return { stepId: plan.stepId, sampled };
   }
@@ -734,6 +778,10 @@ export class WebGpuEngine implements Engine {
     );
     const enc = device.createCommandEncoder();
     const grown = this.growKv([plan], enc);
+    this.adjustOp.prepare([sampledAdjustments(plan)]);
+    this.adjustOp.use(0);
+    this.topOp.prepare([sampledTopCounts(plan)]);
+    this.topOp.use(0);
     const ops = [
       ...this.rowOps.map((op) => ({ op, n: p.content.rows.length })),
       ...this.sampleOps.map((op) => ({ op, n: p.content.samples.length })),
@@ -825,4 +873,37 @@ export class WebGpuEngine implements Engine {
     this.lost ??= "the engine was disposed";
     if (this.ownsDevice) this.gpu.device.destroy();
   }
+}
+
+/** Each sampled row's logit adjustments, in sample order (what the adjust kernel's rows are). */
+function sampledAdjustments(plan: StepPlan) {
+  return plan.seqs.filter((s) => s.sample).map((s) => s.adjust);
+}
+
+/** Each sampled row's top-logprobs count, in sample order. */
+function sampledTopCounts(plan: StepPlan) {
+  return plan.seqs.filter((s) => s.sample).map((s) => s.topLogprobs);
+}
+
+/** The top-logprobs results of a plan's asking rows, by sample index. */
+function unpackTop(plan: StepPlan, words: Uint32Array): (TopLogprobs | undefined)[] {
+  const f32 = new Float32Array(words.buffer);
+  const out: (TopLogprobs | undefined)[] = [];
+  let a = 0;
+  for (const n of sampledTopCounts(plan)) {
+    if (!n) {
+      out.push(undefined);
+      continue;
+    }
+    const ids: number[] = [], logprobs: number[] = [];
+    for (let k = 0; k < n; k++) {
+      const w = 2 * (a * MAX_TOP_LOGPROBS + k);
+      if (words[w] === 0xffffffff) break;
+      ids.push(words[w]!);
+      logprobs.push(f32[w + 1]!);
+    }
+    out.push({ ids, logprobs });
+    a++;
+  }
+  return out;
 }

@@ -1,3 +1,4 @@
+import type { LogitControls } from "../lib/core/logit_controls.ts";
 /**
  * Drives a Scheduler by hand against a FakeEngine, the way the actors do but synchronously, so
  * tests control exactly when steps are planned and when their results arrive. A planned step
@@ -17,6 +18,8 @@ export interface HarnessSeq {
   priority?: Priority;
   sampling?: SamplingParams;
   stopTokenIds?: number[];
+  controls?: LogitControls;
+  generated?: number;
 }
 
 type Pending = { kind: "result"; result: StepResult } | {
@@ -72,6 +75,8 @@ export class Harness {
       sampling: s.sampling ?? GREEDY,
       stopTokenIds: s.stopTokenIds ?? [],
       priority: s.priority ?? "interactive",
+      ...(s.controls ? { controls: s.controls } : {}),
+      ...(s.generated ? { generated: s.generated } : {}),
     }, (e) => log.push(e));
     return seqId;
   }

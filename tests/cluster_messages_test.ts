@@ -168,3 +168,39 @@ Deno.test("guarded() reports a throwing handler instead of passing the throw to 
   assertEquals(seen, ["after"]);
   assertEquals(errors, ["publish failed"]);
 });
+
+Deno.test("a generate request carries the logit controls, the delivered-token count and top_logprobs; a token frame its alternatives", () => {
+  const generate = {
+    type: "generate",
+    stream: "s-1",
+    replyTo: "llmserve.router.r-1.frames",
+    prompt: [1, 7, 7],
+    maxTokens: 4,
+    sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 },
+    stop: [],
+    controls: {
+      logitBias: [[3, -100]],
+      presencePenalty: 0.5,
+      frequencyPenalty: 0.25,
+      repetitionPenalty: 1.3,
+      repeatLastN: 64,
+      minTokens: 2,
+    },
+    generated: 2,
+    topLogprobs: 5,
+    priority: "interactive",
+    requestId: "r",
+    logprobs: true,
+    credit: 1,
+  };
+  assertEquals(decodeMessage(ReplicaRequest, encodeMessage(generate)), { ok: true, value: generate });
+  const bad = decodeMessage(ReplicaRequest, bytes({ ...generate, controls: { repetitionPenalty: 0 } }));
+  assertEquals(bad.ok, false);
+  const frame = {
+    type: "event",
+    stream: "s-1",
+    seq: 0,
+    event: { type: "token", text: "a", ids: [5], logprob: -0.5, top: { ids: [5, 9], logprobs: [-0.5, -1.5] } },
+  };
+  assertEquals(decodeMessage(StreamFrame, encodeMessage(frame)), { ok: true, value: frame });
+});

@@ -11,6 +11,7 @@ import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
 import { GREEDY, type SamplingParams } from "../lib/engine/engine.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { type LogitControls, PenaltyState } from "../lib/core/logit_controls.ts";
 import { modelFile } from "./_model_files.ts";
 import { metricValue, parseSse, scrape, TestSocket } from "./_http_harness.ts";
 import { Cluster, type Member, until } from "./_cluster.ts";
@@ -32,24 +33,62 @@ async function reference(
   prompt: string | number[],
   maxTokens: number,
   sampling: SamplingParams,
+  controls?: LogitControls,
 ): Promise<Expected> {
   const ids = typeof prompt === "string" ? tokenizer.encode(prompt, { bos: true }) : prompt;
   const engine = new CpuEngine(model.config, model.weights, { numBlocks: 64, blockSize: 16 });
   const stops = [tokenizer.eosId, tokenizer.bosId];
-  const { tokens } = await referenceGenerate(engine, ids, maxTokens, sampling, {
-    stopTokens: stops,
-  });
+  const { tokens } = controls === undefined
+    ? await referenceGenerate(engine, ids, maxTokens, sampling, { stopTokens: stops })
+    : await penalizedGenerate(engine, ids, maxTokens, sampling, controls, stops);
   const out = stops.includes(tokens.at(-1)!) ? tokens.slice(0, -1) : tokens;
   const dec = tokenizer.createDecoder({ afterBos: ids.at(-1) === tokenizer.bosId });
   const text = out.map((t) => dec.push(t)).join("") + dec.flush();
   return { ids: out, text };
 }
 
+/** referenceGenerate() with each row adjusted by the core's PenaltyState over the tokens so far. */
+async function penalizedGenerate(
+  engine: CpuEngine,
+  prompt: number[],
+  maxTokens: number,
+  sampling: SamplingParams,
+  controls: LogitControls,
+  stops: number[],
+): Promise<{ tokens: number[] }> {
+  const state = new PenaltyState(controls, prompt, prompt.length, stops);
+  const all = [...prompt], tokens: number[] = [];
+  const table = Array.from({ length: 64 }, (_, i) => i);
+  let start = 0;
+  while (tokens.length < maxTokens) {
+    const adjust = state.adjust(all.length);
+    const r = await engine.step({
+      stepId: tokens.length,
+      seqs: [{ seqId: 0, tokens: all.slice(start), startPos: start, blockTable: table, sample: true, sampling, ...(adjust ? { adjust } : {}) }],
+    });
+    const t = r.sampled[0]!.token;
+    start = all.length;
+    all.push(t);
+    state.push(t);
+    tokens.push(t);
+    if (stops.includes(t)) break;
+  }
+  return { tokens };
+}
+
 interface Case {
   readonly prompt: string;
   readonly maxTokens: number;
   readonly sampling: SamplingParams;
+  /** Penalties: as the core takes them, and as a request spells them. */
+  readonly controls?: { readonly core: LogitControls; readonly fields: Record<string, unknown> };
 }
+
+/** Presence, frequency and repetition penalties, for the failover cases that carry them. */
+const PENALTIES = {
+  core: { presencePenalty: 0.8, frequencyPenalty: 0.4, repetitionPenalty: 1.3, repeatLastN: -1 },
+  fields: { presence_penalty: 0.8, frequency_penalty: 0.4, repetition_penalty: 1.3 },
+};
 
 const sampled = (seed: number): SamplingParams => ({
   temperature: 0.9,
@@ -68,6 +107,7 @@ function wsFrame(id: string, c: Case) {
     temperature: c.sampling.temperature,
     top_p: c.sampling.topP,
     seed: c.sampling.seed,
+    ...c.controls?.fields,
   };
 }
 
@@ -280,9 +320,11 @@ Deno.test("a router over 3 NATS replicas: exact outputs, prefix routing, failove
         prompt: ["Once upon a time", "The cat", "A boy named Tim", "In the forest"][i % 4]!,
         maxTokens: 300,
         sampling: i % 3 === 0 ? GREEDY : sampled(1000 + i),
+        // Penalty state travels with the resubmission: the router sends the delivered ids.
+        ...(i % 4 === 1 ? { controls: PENALTIES } : {}),
       }));
       const refs = await Promise.all(
-        cases.map((c) => reference(c.prompt, c.maxTokens, c.sampling)),
+        cases.map((c) => reference(c.prompt, c.maxTokens, c.sampling, c.controls?.core)),
       );
       const socks = await Promise.all(
         [0, 1, 2, 3].map(() => TestSocket.open(router.base.replace("http", "ws") + "/v1/stream")),

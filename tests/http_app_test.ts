@@ -244,25 +244,25 @@ Deno.test("every request error answers with its status, code, field and received
       message: /tool messages are not supported\); got "tool"/,
     },
     {
-      name: "n > 1",
+      name: "n > 16",
       url: chat,
-      body: { messages: msgs, n: 2 },
+      body: { messages: msgs, n: 17 },
       status: 400,
       code: "invalid_request",
       param: "n",
       type: "invalid_request_error",
-      message: /only n = 1/,
+      message: /<=16; got 17/,
     },
     {
-      // Only the sampled token's logprob is read back: top alternatives would be empty dicts.
-      name: "completion logprobs > 0",
+      // OpenAI's limit on alternatives per token.
+      name: "completion logprobs > 20",
       url: comp,
-      body: { prompt: "a", logprobs: 2 },
+      body: { prompt: "a", logprobs: 21 },
       status: 400,
       code: "invalid_request",
       param: "logprobs",
       type: "invalid_request_error",
-      message: /top alternatives are not supported.*; got 2/,
+      message: /<=20; got 21/,
     },
     {
       name: "batched prompts",

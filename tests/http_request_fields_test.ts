@@ -15,11 +15,7 @@ const msgs = [{ role: "user", content: "Tell me a story" }];
 // The fields the issue found silently ignored, with a value that would change generation in
 // the server that has them (vLLM's or llama-server's documented meaning).
 const IGNORED_BEFORE: [string, unknown][] = [
-  ["repetition_penalty", 1.3],
-  ["repeat_penalty", 1.1],
   ["grammar", 'root ::= "yes" | "no"'],
-  ["min_tokens", 5],
-  ["ignore_eos", true],
   ["typical_p", 0.5],
 ];
 

@@ -131,3 +131,32 @@ console.log(JSON.stringify({ counted: cache.bytes, measured: live() - before, en
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("resultCacheKey: each logit control is part of the key; the same controls spelled with defaults share it", () => {
+  const k = resultCacheKey("m", base);
+  const withControls = (controls: GenerationRequest["controls"]) => resultCacheKey("m", { ...base, controls });
+  const variants: GenerationRequest["controls"][] = [
+    { logitBias: [[5, -100]] },
+    { logitBias: [[5, -99]] },
+    { logitBias: [[6, -100]] },
+    { presencePenalty: 0.5 },
+    { frequencyPenalty: 0.5 },
+    { repetitionPenalty: 1.2 },
+    { repetitionPenalty: 1.2, repeatLastN: 64 },
+    { minTokens: 3 },
+  ];
+  const keys = variants.map(withControls);
+  assertEquals(new Set([k, ...keys]).size, variants.length + 1, "every variant has its own key");
+  // Nothing asked, or only defaults: the plain request's key.
+  assertEquals(withControls({}), k);
+  assertEquals(withControls({ presencePenalty: 0, repetitionPenalty: 1, repeatLastN: 64, minTokens: 0 }), k);
+  assert(resultCacheKey("m", { ...base, ignoreEos: true }) !== k, "ignore_eos");
+  assert(resultCacheKey("m", { ...base, stopTokenIds: [4] }) !== k, "stop_token_ids");
+  // Stored results keep no alternatives: asking for them is never cached.
+  assertEquals(resultCacheKey("m", { ...base, logprobs: true, topLogprobs: 3 }), null);
+  // An unordered bias is the same bias.
+  assertEquals(
+    withControls({ logitBias: [[9, 1], [2, 3]] }),
+    withControls({ logitBias: [[2, 3], [9, 1]] }),
+  );
+});

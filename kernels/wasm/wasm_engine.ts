@@ -19,6 +19,8 @@ import { f32Bits, OP, OP_WORDS, ProgramWriter } from "./program.ts";
 import { type KernelFlavour, kernelModule } from "./kernel_module.ts";
 import { sampleRow, samplesArgmax } from "../../lib/engine/sample_row.ts";
 import { checkParams } from "../../lib/engine/sampling.ts";
+import { applyLogitAdjust } from "../../lib/engine/logit_adjust.ts";
+import { topLogprobs } from "../../lib/engine/top_logprobs.ts";
 
 /** How the CPU engine is built. */
 export interface WasmEngineOptions {
@@ -380,20 +382,23 @@ export class WasmEngine implements Engine {
       for (let r = 0; r < n; r++) {
         const { seq: i } = sampling[c + r]!;
         const seq = plan.seqs[i]!;
-        const row = logits.subarray(r * vocabSize, (r + 1) * vocabSize);
+        const raw = logits.subarray(r * vocabSize, (r + 1) * vocabSize);
+        const row = applyLogitAdjust(raw, seq.adjust);
         const position = seq.startPos + (seq.useLastSampled ? 1 : seq.tokens.length);
-        // Greedy rows take the threads' argmax and normaliser (a row with a NaN or an
-        // infinite logit goes the general way).
-        const greedy = samplesArgmax(seq.sampling);
+        // Greedy rows take the threads' argmax and normaliser, which are the raw row's (a row
+        // with a NaN or an infinite logit, or an adjusted one, goes the general way).
+        const greedy = samplesArgmax(seq.sampling) && row === raw;
         const { token, logprob } = greedy && stats[r * 4 + 3] === 0
           ? (checkParams(seq.sampling, vocabSize), { token: stats[r * 4]!, logprob: -Math.log(statsF[r * 4 + 2]!) })
           : sampleRow(row, seq.sampling, position);
         this.#lastSampled.set(seq.seqId, token);
-        sampled.push(
-          plan.returnLogits
-            ? { seqId: seq.seqId, token, logprob, logits: row.slice() }
-            : { seqId: seq.seqId, token, logprob },
-        );
+        sampled.push({
+          seqId: seq.seqId,
+          token,
+          logprob,
+          ...(plan.returnLogits ? { logits: row.slice() } : {}),
+          ...(seq.topLogprobs ? { top: topLogprobs(row, seq.topLogprobs) } : {}),
+        });
       }
     }
     return { stepId: plan.stepId, sampled };

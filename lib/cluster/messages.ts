@@ -43,6 +43,16 @@ export const SamplingSchema = z.object({
   seed: nonNegative,
 });
 
+/** GenerationRequest.controls on the wire (lib/core/logit_controls.ts). */
+export const LogitControlsSchema = z.object({
+  logitBias: z.array(z.tuple([nonNegative, z.number()])).max(1_000_000).optional(),
+  presencePenalty: z.number().optional(),
+  frequencyPenalty: z.number().optional(),
+  repetitionPenalty: z.number().positive().optional(),
+  repeatLastN: int.min(-1).optional(),
+  minTokens: nonNegative.optional(),
+});
+
 /** Load a replica reports about itself: what the router balances on. */
 export const LoadSchema = z.object({
   running: nonNegative,
@@ -96,8 +106,8 @@ export type ReplicaAnnouncement = z.infer<typeof ReplicaAnnouncement>;
 
 /**
  * Router → replica: run a generation from token ids. `generated` ids were produced by an
- * earlier attempt and are already at the end of `prompt` (failover): the replica counts the
- * prompt as given, so seeded draws continue at the same positions.
+ * earlier attempt and are already at the end of `prompt` (failover): seeded draws continue at
+ * the same positions, and the penalties and min_tokens count those ids as output.
  */
 export const GenerateSchema = z.object({
   type: z.literal("generate"),
@@ -109,6 +119,11 @@ export const GenerateSchema = z.object({
   sampling: SamplingSchema,
   stop: z.array(z.string()),
   stopTokenIds: z.array(nonNegative).optional(),
+  ignoreEos: z.boolean().optional(),
+  controls: LogitControlsSchema.optional(),
+  /** The prompt's last `generated` ids are what earlier attempts delivered (failover). */
+  generated: nonNegative.optional(),
+  topLogprobs: int.min(0).max(20).optional(),
   priority: z.enum(["interactive", "batch"]),
   requestId: z.string(),
   logprobs: z.boolean(),
@@ -179,6 +194,10 @@ export const GenerationEventSchema = z.discriminatedUnion("type", [
     ids: z.array(nonNegative),
     // JSON has no -Infinity: a token with probability 0 under the raw logits travels as null.
     logprob: z.number().nullable().transform((v) => v ?? -Infinity),
+    top: z.object({
+      ids: z.array(nonNegative).max(20),
+      logprobs: z.array(z.number().nullable().transform((v) => v ?? -Infinity)).max(20),
+    }).optional(),
   }),
   z.object({
     type: z.literal("done"),

@@ -6,6 +6,7 @@ import type {
   GenerationRequest,
 } from "../core/generation.ts";
 import { cacheScopeRoot, prefixBlockHashes } from "../core/block_allocator.ts";
+import type { LogitControls } from "../core/logit_controls.ts";
 import type { Counter, Gauge } from "../http/metrics.ts";
 import type { ServiceMetrics } from "../http/service_metrics.ts";
 import { PromptTokens } from "../serving/prompt_tokens.ts";
@@ -543,6 +544,10 @@ export class RouterBackend implements GenerationBackend {
           sampling: req.sampling,
           stop: [...req.stop],
           stopTokenIds: req.stopTokenIds === undefined ? undefined : [...req.stopTokenIds],
+          ...(req.ignoreEos ? { ignoreEos: true } : {}),
+          ...(req.controls !== undefined ? { controls: wireControls(req.controls) } : {}),
+          ...(delivered.length > 0 ? { generated: (req.generated ?? 0) + delivered.length } : {}),
+          ...(req.topLogprobs ? { topLogprobs: req.topLogprobs } : {}),
           priority: req.priority,
           requestId: req.requestId,
           logprobs: req.logprobs ?? false,
@@ -641,4 +646,12 @@ function routerTimings(t0: number, first: number | undefined, generated: number)
     totalMs: end - t0,
     decodeTokensPerSecond: generated > 1 && decodeMs > 0 ? ((generated - 1) * 1000) / decodeMs : 0,
   };
+}
+
+/** GenerationRequest.controls as the Generate message carries them. */
+function wireControls(c: LogitControls): NonNullable<Generate["controls"]> {
+  const { logitBias, ...rest } = c;
+  return logitBias === undefined
+    ? rest
+    : { ...rest, logitBias: logitBias.map(([id, b]) => [id, b] as [number, number]) };
 }

@@ -1,4 +1,6 @@
 import type { SamplingParams } from "../engine/engine.ts";
+import type { LogitControls } from "./logit_controls.ts";
+import type { TopLogprobs } from "../engine/top_logprobs.ts";
 
 /**
  * The contract between the client-facing layer (HTTP, WebSocket) and the serving core
@@ -16,6 +18,15 @@ export interface GenerationRequest {
   /** Strings that end the generation; the matched text is not emitted. */
   readonly stop: readonly string[];
   readonly stopTokenIds?: readonly number[];
+  /** The end-of-generation tokens do not end it (only stopTokenIds, stop strings, the length). */
+  readonly ignoreEos?: boolean;
+  /** Logit bias, penalties and min_tokens; absent or at their defaults: none. */
+  readonly controls?: LogitControls;
+  /**
+   * The prompt's last `generated` ids were produced by an earlier attempt (a router's
+   * failover): the penalties and min_tokens count them as output.
+   */
+  readonly generated?: number;
   readonly priority: Priority;
   /** Tracing context or request id for logs. */
   readonly requestId: string;
@@ -26,6 +37,8 @@ export interface GenerationRequest {
   readonly parseSpecialTokens?: boolean;
   /** Include per-token logprobs in token events. */
   readonly logprobs?: boolean;
+  /** With logprobs: this many most likely alternatives per token (0..20). */
+  readonly topLogprobs?: number;
   /**
    * The client fixed everything that decides the tokens (greedy, or an explicit seed), so the
    * same request always gives the same answer and a stored one may be replayed.
@@ -71,6 +84,11 @@ export type GenerationEvent =
     readonly text: string;
     readonly ids: readonly number[];
     readonly logprob: number;
+    /**
+     * With topLogprobs: the alternatives at the first id's position (an event holds several
+     * ids only when a character's bytes span tokens).
+     */
+    readonly top?: TopLogprobs;
   }
   | {
     readonly type: "done";

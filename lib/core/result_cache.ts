@@ -1,4 +1,5 @@
 import type { FinishReason, GenerationRequest, Usage } from "./generation.ts";
+import { hasLogitControls, type LogitControls } from "./logit_controls.ts";
 
 /** One stored token event of a finished generation. */
 export interface StoredToken {
@@ -24,7 +25,8 @@ export interface StoredResult {
  * not deterministic, so it must never be answered from, or stored in, the cache.
  */
 export function resultCacheKey(model: string, req: GenerationRequest): string | null {
-  if (req.deterministic !== true) return null;
+  // Stored results keep no alternatives: a request asking for them is never cached.
+  if (req.deterministic !== true || (req.topLogprobs ?? 0) > 0) return null;
   const s = req.sampling;
   const greedy = s.temperature === 0;
   return JSON.stringify([
@@ -41,8 +43,27 @@ export function resultCacheKey(model: string, req: GenerationRequest): string | 
     greedy ? 0 : s.seed,
     req.stop,
     req.stopTokenIds ?? [],
+    req.ignoreEos === true,
     req.logprobs === true,
+    logitControlsKey(req.controls),
   ]);
+}
+
+/**
+ * The controls' part of the key, with every field at its default written the same way (absent,
+ * 0 or 1), so a request that spells a default out shares the answer of one that leaves it out.
+ */
+function logitControlsKey(c: LogitControls | undefined): unknown {
+  if (!hasLogitControls(c)) return null;
+  const rep = c.repetitionPenalty ?? 1;
+  return [
+    [...(c.logitBias ?? [])].sort((a, b) => a[0] - b[0]),
+    c.presencePenalty ?? 0,
+    c.frequencyPenalty ?? 0,
+    rep,
+    rep === 1 ? -1 : c.repeatLastN ?? -1,
+    c.minTokens ?? 0,
+  ];
 }
 
 /**

@@ -3,6 +3,7 @@ import { DEFAULT_LIMITS } from "../engine/limits.ts";
 import type { SeqInput, StepPlan, StepResult } from "../engine/engine.ts";
 import type { FinishReason, GenerationErrorCode } from "./generation.ts";
 import { Sequence } from "./sequence.ts";
+import { hasLogitControls, logitControlsProblem } from "./logit_controls.ts";
 import { isTokenId } from "../engine/step_validation.ts";
 import type { SchedulerStats, SeqEvent, SeqEventSink, SeqSpec } from "./seq_events.ts";
 
@@ -197,6 +198,9 @@ export class Scheduler {
       stopTokenIds: spec.stopTokenIds,
       priority: spec.priority,
       cacheRoot: spec.cacheScope ? cacheScopeRoot(spec.cacheScope) : undefined,
+      controls: hasLogitControls(spec.controls) ? spec.controls : undefined,
+      generated: spec.generated,
+      topLogprobs: spec.topLogprobs,
       arrivalStep: this.#nextStepId,
       arrivalOrder: this.#arrivals++,
       reply,
@@ -310,7 +314,7 @@ export class Scheduler {
       }
       if (seq.status !== "running" || seq.epoch !== epoch) continue;
       seq.pending--;
-      seq.tokens.push(s.token);
+      seq.pushToken(s.token);
       if (seq.stopTokenIds.has(s.token)) {
         this.#finish(seq, "stop", s.token);
         continue;
@@ -320,6 +324,7 @@ export class Scheduler {
         seqId: seq.seqId,
         token: s.token,
         logprob: s.logprob,
+        ...(s.top !== undefined ? { top: s.top } : {}),
         stepId: result.stepId,
       });
       if (seq.tokens.length >= seq.maxTotal) this.#finish(seq, "length");
@@ -434,6 +439,12 @@ export class Scheduler {
         }, outside the vocabulary of ${vocab} ids`,
       };
     }
+    const controls = spec.controls === undefined
+      ? undefined
+      : logitControlsProblem(spec.controls, vocab);
+    if (controls !== undefined) {
+      return { code: "internal", message: `Cannot submit sequence ${seqId}: ${controls}` };
+    }
     const limit = this.#promptLimit;
     if (prompt.length >= limit) {
       return {
@@ -452,8 +463,10 @@ export class Scheduler {
 
   /** Running, with one token to feed (known, or sampled in flight), and room to sample one more. */
   #wantsDecode(seq: Sequence): boolean {
-    return seq.status === "running" && !seq.held && (seq.pending > 0 || seq.unfed === 1) &&
-      seq.canSample && !this.#barred(seq);
+    const feed = seq.needsKnownTokens
+      ? seq.pending === 0 && seq.unfed === 1
+      : seq.pending > 0 || seq.unfed === 1;
+    return seq.status === "running" && !seq.held && feed && seq.canSample && !this.#barred(seq);
   }
 
   /** Running, not yet in this step, with known tokens to feed (a prompt or a recomputation). */
@@ -469,6 +482,7 @@ export class Scheduler {
     const start = seq.numScheduled;
     const useLastSampled = seq.pending > 0;
     const sample = useLastSampled || start + n === seq.tokens.length;
+    const adjust = sample ? seq.penalties?.adjust(start + n) : undefined;
     b.entries.push({
       seqId: seq.seqId,
       tokens: useLastSampled ? NO_TOKENS : seq.tokens.slice(start, start + n),
@@ -479,6 +493,8 @@ export class Scheduler {
       blockTable: table,
       sample,
       sampling: seq.sampling,
+      ...(adjust !== undefined ? { adjust } : {}),
+      ...(sample && seq.topLogprobs > 0 ? { topLogprobs: seq.topLogprobs } : {}),
     });
     seq.numScheduled += n;
     b.members.add(seq);

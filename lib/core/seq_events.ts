@@ -5,6 +5,8 @@
  */
 import type { SamplingParams } from "../engine/engine.ts";
 import type { FinishReason, GenerationErrorCode, Priority } from "./generation.ts";
+import type { LogitControls } from "./logit_controls.ts";
+import type { TopLogprobs } from "../engine/top_logprobs.ts";
 
 /** What a request asks the scheduler to generate. */
 export interface SeqSpec {
@@ -18,6 +20,12 @@ export interface SeqSpec {
   readonly priority: Priority;
   /** Its prefix-cache scope (GenerationRequest.cacheScope). */
   readonly cacheScope?: string;
+  /** Logit bias, penalties and min_tokens (GenerationRequest.controls). */
+  readonly controls?: LogitControls;
+  /** The prompt's last `generated` ids are output of an earlier attempt (failover). */
+  readonly generated?: number;
+  /** Alternatives to return with each sampled token (0..20). */
+  readonly topLogprobs?: number;
 }
 
 /** How the scheduler answers one sequence. Never blocks: see SeqEvent for why it stays bounded. */
@@ -43,6 +51,8 @@ export type SeqEvent =
     readonly seqId: number;
     readonly token: number;
     readonly logprob: number;
+    /** With SeqSpec.topLogprobs: the most likely tokens at its position. */
+    readonly top?: TopLogprobs;
     /** The step that sampled it (tests measure gaps in steps). */
     readonly stepId: number;
   }

@@ -2,6 +2,7 @@ import type { SamplingParams } from "../engine/engine.ts";
 import type { Priority } from "./generation.ts";
 import type { KvSeq } from "./block_allocator.ts";
 import type { SeqEventSink } from "./seq_events.ts";
+import { historyDependent, type LogitControls, PenaltyState } from "./logit_controls.ts";
 
 export type SeqStatus = "waiting" | "running" | "finished";
 
@@ -43,6 +44,15 @@ export class Sequence implements KvSeq {
   held = false;
   /** Where its events go; cleared when nobody listens any more (client gone, ended). */
   reply: SeqEventSink | undefined;
+  /** Its logit bias and penalty counts, when it has any. */
+  readonly penalties: PenaltyState | undefined;
+  /**
+   * Its penalties count every token so far, so it is never decoded from a token still on its
+   * way back (no `useLastSampled`): each of its decodes waits for the step before.
+   */
+  readonly needsKnownTokens: boolean;
+  /** Alternatives each sampled row returns (0: none). */
+  readonly topLogprobs: number;
 
   constructor(init: {
     seqId: number;
@@ -55,6 +65,10 @@ export class Sequence implements KvSeq {
     arrivalStep: number;
     arrivalOrder: number;
     reply?: SeqEventSink;
+    controls?: LogitControls;
+    /** The prompt's last `generated` ids count as output (failover). */
+    generated?: number;
+    topLogprobs?: number;
   }) {
     this.seqId = init.seqId;
     this.tokens = [...init.prompt];
@@ -67,6 +81,21 @@ export class Sequence implements KvSeq {
     this.arrivalStep = init.arrivalStep;
     this.arrivalOrder = init.arrivalOrder;
     this.reply = init.reply;
+    const c = init.controls;
+    this.penalties = c === undefined ? undefined : new PenaltyState(
+      c,
+      init.prompt,
+      init.prompt.length - (init.generated ?? 0),
+      init.stopTokenIds,
+    );
+    this.needsKnownTokens = historyDependent(c);
+    this.topLogprobs = init.topLogprobs ?? 0;
+  }
+
+  /** Appends a token it sampled. */
+  pushToken(token: number): void {
+    this.tokens.push(token);
+    this.penalties?.push(token);
   }
 
   get numGenerated(): number {

@@ -1,4 +1,6 @@
 import type { ModelConfig } from "../model/model_config.ts";
+import type { LogitAdjust } from "./logit_adjust.ts";
+import type { TopLogprobs } from "./top_logprobs.ts";
 
 /** How one sequence picks its next token. temperature below MIN_TEMPERATURE (sampling.ts) means greedy (argmax). */
 export interface SamplingParams {
@@ -32,6 +34,13 @@ export interface SeqInput {
   /** False for a prefill chunk that is not the prompt's last: nothing is sampled. */
   readonly sample: boolean;
   readonly sampling: SamplingParams;
+  /**
+   * Changes to the sampled row's logits before sampling (logit bias, penalties, min_tokens;
+   * see logit_adjust.ts). The sampler, the returned logprob and `logits` all see the adjusted row.
+   */
+  readonly adjust?: LogitAdjust;
+  /** Return this many of the row's most likely tokens with their logprobs (0..20; 0: none). */
+  readonly topLogprobs?: number;
 }
 
 /** Everything the engine computes in one step, across all sequences. */
@@ -45,9 +54,19 @@ export interface StepPlan {
 export interface SampledToken {
   readonly seqId: number;
   readonly token: number;
-  /** Natural log of the token's probability under softmax of the raw logits (temperature 1). */
+  /**
+   * Natural log of the token's probability under softmax of the row's logits at temperature 1,
+   * after the row's `adjust` (the raw logits when it has none), before temperature and the
+   * top-k/top-p/min-p cuts.
+   */
   readonly logprob: number;
+  /** The row the sampler drew from (after `adjust`). */
   readonly logits?: Float32Array;
+  /**
+   * With `topLogprobs`: that many most likely tokens of the row (after `adjust`, temperature
+   * 1; ties: the lower id first), with their logprobs.
+   */
+  readonly top?: TopLogprobs;
 }
 
 export interface StepResult {

@@ -1,5 +1,7 @@
 import type { KvGeometry, SamplingParams, SeqInput, StepPlan } from "./engine.ts";
 import type { ModelConfig } from "../model/model_config.ts";
+import { logitAdjustProblem } from "./logit_adjust.ts";
+import { MAX_TOP_LOGPROBS } from "./top_logprobs.ts";
 
 /** What an engine with step buffers sized up front can hold in one step. */
 export interface StepCapacity {
@@ -58,6 +60,14 @@ export function validateStep(plan: StepPlan, rules: StepRules): void {
       }
     }
     if (seq.sample) checkSampling(seq.sampling, where);
+    if (seq.adjust !== undefined) {
+      const problem = logitAdjustProblem(seq.adjust, config.vocabSize);
+      if (problem !== undefined) throw new Error(`${where} has a bad logit adjustment: ${problem}`);
+    }
+    const top = seq.topLogprobs;
+    if (top !== undefined && !(Number.isInteger(top) && top >= 0 && top <= MAX_TOP_LOGPROBS)) {
+      throw new Error(`${where} asks for ${top} top logprobs, expected an integer in 0..${MAX_TOP_LOGPROBS}`);
+    }
     rows += n;
     tableEntries += needed;
   }

@@ -1,6 +1,8 @@
 import { seedToU32 } from "../util/rng.ts";
 import type { GenerationBackend, GenerationRequest, Priority } from "../core/generation.ts";
 import { ApiError } from "./errors.ts";
+import type { LogitControls } from "../core/logit_controls.ts";
+import { checkLogitBiasIds, checkStopTokenIds } from "./sampling_controls.ts";
 
 /** Client parameters after validation, before limits are applied (all APIs map to this). */
 export interface GenerationInput {
@@ -22,6 +24,14 @@ export interface GenerationInput {
   readonly specialTokens?: boolean;
   readonly priority?: Priority | null | undefined;
   readonly logprobs?: boolean;
+  /** With logprobs: alternatives per token (0..20). */
+  readonly topLogprobs?: number | null | undefined;
+  /** Logit bias and penalties (sampling_controls.ts), checked but for the vocabulary. */
+  readonly controls?: LogitControls;
+  /** More ids that end the generation (vLLM's stop_token_ids). */
+  readonly stopTokenIds?: readonly number[] | null | undefined;
+  /** Generate past the end-of-generation tokens (vLLM's ignore_eos). */
+  readonly ignoreEos?: boolean | null | undefined;
 }
 
 /** Defaults follow OpenAI: temperature 1, top_p 1; top_k 0 and min_p 0 mean off. */
@@ -57,6 +67,8 @@ export function buildGenerationRequest(
       );
     }
   }
+  checkLogitBiasIds(input.controls, backend.vocabSize);
+  checkStopTokenIds(input.stopTokenIds ?? undefined, backend.vocabSize);
   const atLeast = typeof input.prompt === "string" ? backend.minTokens?.(input.prompt) ?? 0 : 0;
   if (atLeast >= backend.contextLength) {
     throw new ApiError(
@@ -82,6 +94,16 @@ export function buildGenerationRequest(
     );
   }
   const asked = input.maxTokens ?? input.defaultMaxTokens ?? room;
+  const minTokens = input.controls?.minTokens ?? 0;
+  if (minTokens > Math.min(asked, room)) {
+    throw new ApiError(
+      "invalid_request",
+      `Invalid 'min_tokens': it is above the ${
+        Math.min(asked, room)
+      } tokens this request may generate (max_tokens, or the room the context leaves); got ${minTokens}`,
+      "min_tokens",
+    );
+  }
   const stop = input.stop === undefined || input.stop === null
     ? []
     : typeof input.stop === "string"
@@ -101,9 +123,13 @@ export function buildGenerationRequest(
       seed: seeded ? seedToU32(input.seed as number) : randomSeed(),
     },
     stop: stop.filter((s) => s.length > 0),
+    ...(input.controls !== undefined ? { controls: input.controls } : {}),
+    ...(input.stopTokenIds?.length ? { stopTokenIds: [...new Set(input.stopTokenIds)] } : {}),
+    ...(input.ignoreEos ? { ignoreEos: true } : {}),
     priority: input.priority ?? "interactive",
     requestId,
     logprobs: input.logprobs ?? false,
+    ...(input.logprobs && input.topLogprobs ? { topLogprobs: input.topLogprobs } : {}),
     parseSpecialTokens: input.specialTokens ?? false,
     deterministic: temperature === 0 || seeded,
   };

@@ -41,7 +41,11 @@ export function openAiUsage(u: Usage): OpenAiUsage {
 export interface TokenLogprob {
   readonly text: string;
   readonly logprob: number;
+  /** The most likely tokens at its position (top_logprobs / completions' logprobs > 0). */
+  readonly top?: readonly { readonly text: string; readonly logprob: number }[];
 }
+
+const utf8 = (s: string) => [...new TextEncoder().encode(s)];
 
 /** Identity of one response: every chunk of a stream repeats it. */
 export interface ResponseMeta {
@@ -55,8 +59,12 @@ function chatLogprobs(tokens: readonly TokenLogprob[]) {
     content: tokens.map((t) => ({
       token: t.text,
       logprob: t.logprob,
-      bytes: [...new TextEncoder().encode(t.text)],
-      top_logprobs: [],
+      bytes: utf8(t.text),
+      top_logprobs: (t.top ?? []).map((a) => ({
+        token: a.text,
+        logprob: a.logprob,
+        bytes: utf8(a.text),
+      })),
     })),
   };
 }
@@ -71,18 +79,29 @@ function completionLogprobs(tokens: readonly TokenLogprob[], offset: number) {
   return {
     tokens: tokens.map((t) => t.text),
     token_logprobs: tokens.map((t) => t.logprob),
-    top_logprobs: tokens.map(() => ({})),
+    // vLLM's shape: the alternatives, and the sampled token (so up to n + 1 entries).
+    top_logprobs: tokens.map((t) => {
+      if (t.top === undefined) return {};
+      const out: Record<string, number> = {};
+      for (const a of [...t.top, t]) if (!(a.text in out)) out[a.text] = a.logprob;
+      return out;
+    }),
     text_offset,
   };
 }
 
+/** What one choice of a finished response holds. */
+export interface ChoiceResult {
+  readonly text: string;
+  readonly finish: FinishReason;
+  readonly logprobs: readonly TokenLogprob[] | null;
+}
+
 export function completionResponse(
   meta: ResponseMeta,
-  text: string,
-  finish: FinishReason,
+  choices: readonly ChoiceResult[],
   usage: Usage,
   timings: Timings,
-  logprobs: readonly TokenLogprob[] | null,
   extras: ResponseExtras,
 ) {
   return {
@@ -90,12 +109,12 @@ export function completionResponse(
     object: "text_completion",
     created: meta.created,
     model: meta.model,
-    choices: [{
-      index: 0,
-      text,
-      finish_reason: finish,
-      logprobs: logprobs === null ? null : completionLogprobs(logprobs, 0),
-    }],
+    choices: choices.map((c, index) => ({
+      index,
+      text: c.text,
+      finish_reason: c.finish,
+      logprobs: c.logprobs === null ? null : completionLogprobs(c.logprobs, 0),
+    })),
     usage: openAiUsage(usage),
     timings: timingsJson(timings),
     ...extras,
@@ -109,6 +128,7 @@ export function completionChunk(
   logprobs: { tokens: readonly TokenLogprob[]; offset: number } | null,
   withUsageField: boolean,
   extras?: ResponseExtras,
+  index = 0,
 ) {
   return {
     id: meta.id,
@@ -116,7 +136,7 @@ export function completionChunk(
     created: meta.created,
     model: meta.model,
     choices: [{
-      index: 0,
+      index,
       text,
       finish_reason: finish,
       logprobs: logprobs === null ? null : completionLogprobs(logprobs.tokens, logprobs.offset),
@@ -128,11 +148,9 @@ export function completionChunk(
 
 export function chatResponse(
   meta: ResponseMeta,
-  content: string,
-  finish: FinishReason,
+  choices: readonly ChoiceResult[],
   usage: Usage,
   timings: Timings,
-  logprobs: readonly TokenLogprob[] | null,
   extras: ResponseExtras,
 ) {
   return {
@@ -140,12 +158,12 @@ export function chatResponse(
     object: "chat.completion",
     created: meta.created,
     model: meta.model,
-    choices: [{
-      index: 0,
-      message: { role: "assistant", content, refusal: null },
-      finish_reason: finish,
-      logprobs: logprobs === null ? null : chatLogprobs(logprobs),
-    }],
+    choices: choices.map((c, index) => ({
+      index,
+      message: { role: "assistant", content: c.text, refusal: null },
+      finish_reason: c.finish,
+      logprobs: c.logprobs === null ? null : chatLogprobs(c.logprobs),
+    })),
     usage: openAiUsage(usage),
     timings: timingsJson(timings),
     ...extras,
@@ -159,6 +177,7 @@ export function chatChunk(
   logprobs: readonly TokenLogprob[] | null,
   withUsageField: boolean,
   extras?: ResponseExtras,
+  index = 0,
 ) {
   return {
     id: meta.id,
@@ -166,7 +185,7 @@ export function chatChunk(
     created: meta.created,
     model: meta.model,
     choices: [{
-      index: 0,
+      index,
       delta,
       finish_reason: finish,
       logprobs: logprobs === null ? null : chatLogprobs(logprobs),

@@ -1,9 +1,16 @@
 import type { Hono } from "hono";
-import type { FinishReason, GenerationEvent } from "../core/generation.ts";
+import type {
+  FinishReason,
+  GenerationBackend,
+  GenerationEvent,
+  Usage,
+} from "../core/generation.ts";
+import { type ChoiceEvent, choiceRequests, mergeChoices } from "./choices.ts";
 import type { ChatRenderer } from "./chat_template.ts";
 import { readJsonBody } from "./body.ts";
 import { ApiError, fromGenerationError } from "./errors.ts";
 import { buildGenerationRequest, type GenerationInput } from "./generation_request.ts";
+import { logitControlsFrom } from "./sampling_controls.ts";
 import {
   chatChunk,
   chatResponse,
@@ -46,6 +53,10 @@ interface Parsed {
   readonly input: GenerationInput;
   readonly stream: boolean;
   readonly includeUsage: boolean;
+  /** Choices asked for (`n`). */
+  readonly n: number;
+  /** Completions' `echo`: the prompt, as text, to put before each choice's text. */
+  readonly echo?: string | readonly number[];
   /** The served name the response reports: the one asked for, else the first. */
   readonly model: string;
 }
@@ -119,9 +130,12 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
         maxTokens: b.max_tokens ?? nPredict(b.n_predict),
         defaultMaxTokens: opts.defaultCompletionMaxTokens,
         logprobs: b.logprobs !== null && b.logprobs !== undefined,
+        topLogprobs: b.logprobs,
       },
       stream: b.stream === true,
       includeUsage: b.stream_options?.include_usage === true,
+      n: b.n ?? 1,
+      ...(b.echo ? { echo: echoPrompt(b, prompt) } : {}),
       model,
     };
   }
@@ -140,11 +154,50 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
       specialTokens: chat.special,
       maxTokens: b.max_completion_tokens ?? b.max_tokens ?? nPredict(b.n_predict),
       logprobs: b.logprobs === true,
+      topLogprobs: chatTopLogprobs(b),
     },
     stream: b.stream === true,
     includeUsage: b.stream_options?.include_usage === true,
+    n: b.n ?? 1,
     model,
   };
+}
+
+/**
+ * The prompt to echo. With logprobs, OpenAI's echo lists the prompt tokens' logprobs too, and
+ * the engines compute logits only for the rows they sample from: refused, naming it.
+ */
+function echoPrompt(b: CompletionBody, prompt: string | readonly number[]): string | readonly number[] {
+  if (b.logprobs !== null && b.logprobs !== undefined) {
+    throw new ApiError(
+      "invalid_request",
+      "Invalid 'echo': echo with logprobs needs the prompt tokens' logprobs, which this server " +
+        "does not compute (the engines return logits only for sampled rows); send echo without " +
+        `logprobs; got echo true with logprobs ${b.logprobs}`,
+      "echo",
+    );
+  }
+  return prompt;
+}
+
+/** OpenAI: top_logprobs is only meaningful, and only accepted, with logprobs: true. */
+function chatTopLogprobs(b: ChatCompletionBody): number | undefined {
+  const n = b.top_logprobs ?? 0;
+  if (n > 0 && b.logprobs !== true) {
+    throw new ApiError(
+      "invalid_request",
+      `Invalid 'top_logprobs': top_logprobs needs logprobs: true; got ${n}`,
+      "top_logprobs",
+    );
+  }
+  return n > 0 ? n : undefined;
+}
+
+/** One token event's logprob entry, with its alternatives spelled out. */
+function tokenLogprob(ev: Extract<GenerationEvent, { type: "token" }>, backend: GenerationBackend): TokenLogprob {
+  if (ev.top === undefined) return { text: ev.text, logprob: ev.logprob };
+  const top = ev.top.ids.map((id, k) => ({ text: backend.detokenize([id]), logprob: ev.top!.logprobs[k]! }));
+  return { text: ev.text, logprob: ev.logprob, top };
 }
 
 /** llama-server's `n_predict`: -1 means up to the context, as no max_tokens does. */
@@ -161,6 +214,9 @@ function common(b: CompletionBody | ChatCompletionBody) {
     seed: b.seed,
     stop: b.stop,
     priority: b.priority,
+    controls: logitControlsFrom(b),
+    stopTokenIds: b.stop_token_ids,
+    ignoreEos: b.ignore_eos,
   };
 }
 
@@ -182,12 +238,13 @@ async function respond(
   const ctrl = new AbortController();
   const onClientGone = () => ctrl.abort("client gone");
   req.signal.addEventListener("abort", onClientGone, { once: true });
-  const events = trackGeneration(deps, request, kind as Api, ctrl.signal, record);
+  const choices = choiceRequests(request, parsed.n);
+  const head = trackGeneration(deps, request, kind as Api, ctrl.signal, record);
   // The first event decides the status: an overloaded or draining core gets a real 503.
-  const first = await events.next();
+  const first = await head.next();
   if (first.done || first.value.type === "error") {
     req.signal.removeEventListener("abort", onClientGone);
-    await events.return(undefined);
+    await head.return(undefined);
     if (first.done) throw new ApiError("internal", "The core ended the generation without events");
     const ev = first.value as Extract<GenerationEvent, { type: "error" }>;
     throw fromGenerationError(ev.code, ev.message);
@@ -197,16 +254,29 @@ async function respond(
     created: Math.floor(Date.now() / 1000),
     model: parsed.model,
   };
+  const echo = parsed.echo === undefined
+    ? ""
+    : typeof parsed.echo === "string"
+    ? parsed.echo
+    : deps.backend.detokenize(parsed.echo);
+  const events = mergeChoices(
+    head,
+    first.value,
+    choices.slice(1).map((r) => () => trackGeneration(deps, r, kind as Api, ctrl.signal)),
+  );
   if (!parsed.stream) {
     try {
       const body = await collect(
         kind,
         meta,
-        first.value,
         events,
+        parsed.n,
         request.logprobs === true,
         req.signal,
         maxTokensCapped,
+        deps.backend,
+        record,
+        echo,
       );
       return Response.json(body);
     } finally {
@@ -221,37 +291,34 @@ async function respond(
   const render = streamRenderer(
     kind,
     meta,
+    parsed.n,
     parsed.includeUsage,
     request.logprobs === true,
     maxTokensCapped,
     deps,
+    record,
+    echo,
   );
   // The log line waits for the stream's end, so it has the token counts and the total time.
   record?.defer();
-  let peeked: GenerationEvent | undefined = first.value;
   let ended = false;
   const body = pullSseStream(async () => {
     if (ended) {
       record?.streamEnded();
       return null;
     }
-    let ev = peeked;
-    peeked = undefined;
-    if (ev === undefined) {
-      const n = await events.next();
-      if (n.done) {
-        ended = true;
-        record?.streamEnded();
-        return null;
-      }
-      ev = n.value;
+    const n = await events.next();
+    if (n.done) {
+      ended = true;
+      record?.streamEnded();
+      return null;
     }
-    const out = render(ev);
-    if (ev.type === "done" || ev.type === "error") {
+    const { chunks, last } = render(n.value);
+    if (last) {
       ended = true;
       await events.return(undefined);
     }
-    return out;
+    return chunks;
   }, async () => {
     ctrl.abort("client gone");
     await events.return(undefined);
@@ -266,23 +333,36 @@ async function respond(
   return new Response(body, { headers: SSE_HEADERS });
 }
 
-/** Drains a non-streaming generation into the response object. */
+/** A request's choices' usage together: the prompt once, every choice's completion tokens. */
+function totalUsage(usages: readonly Usage[]): Usage {
+  return {
+    promptTokens: usages[0]!.promptTokens,
+    completionTokens: usages.reduce((n, u) => n + u.completionTokens, 0),
+    cachedTokens: usages[0]!.cachedTokens,
+  };
+}
+
+/** Drains a non-streaming generation (all its choices) into the response object. */
 async function collect(
   kind: Kind,
   meta: ResponseMeta,
-  first: GenerationEvent,
-  events: AsyncGenerator<GenerationEvent>,
+  events: AsyncGenerator<ChoiceEvent>,
+  n: number,
   withLogprobs: boolean,
   client: AbortSignal,
   capped: boolean,
+  backend: GenerationBackend,
+  record: RequestRecord | undefined,
+  echo: string,
 ) {
-  let text = "";
-  const lps: TokenLogprob[] = [];
-  let ev: GenerationEvent | undefined = first;
-  while (ev !== undefined) {
+  const texts = Array.from({ length: n }, () => echo);
+  const lps = Array.from({ length: n }, (): TokenLogprob[] => []);
+  const ends: (Extract<GenerationEvent, { type: "done" }> | undefined)[] = new Array(n);
+  let done = 0;
+  for await (const { index, event: ev } of events) {
     if (ev.type === "token") {
-      text += ev.text;
-      if (withLogprobs) lps.push({ text: ev.text, logprob: ev.logprob });
+      texts[index] += ev.text;
+      if (withLogprobs) lps[index]!.push(tokenLogprob(ev, backend));
     } else if (ev.type === "done") {
       // Cancelled while the client still waits means the server cut it off (drain deadline):
       // a 200 with truncated text would pass for an answer, so tell the client to retry.
@@ -292,57 +372,80 @@ async function collect(
           "The server shut down before this generation finished; retry on another instance",
         );
       }
-      const lp = withLogprobs ? lps : null;
-      const extras = responseExtras(capped, ev.cached);
+      ends[index] = ev;
+      if (++done < n) continue;
+      const all = ends as Extract<GenerationEvent, { type: "done" }>[];
+      const choices = all.map((e, i) => ({
+        text: texts[i]!,
+        finish: e.finishReason,
+        logprobs: withLogprobs ? lps[i]! : null,
+      }));
+      const usage = totalUsage(all.map((e) => e.usage));
+      if (record && n > 1) record.completionTokens = usage.completionTokens;
+      // The slowest choice's timings: the response was ready when it was.
+      const timings = all.reduce((a, e) => e.timings.totalMs > a.totalMs ? e.timings : a, all[0]!.timings);
+      const cached = all.every((e) => e.cached !== undefined) ? all[0]!.cached : undefined;
+      const extras = responseExtras(capped, cached);
       return kind === "completions"
-        ? completionResponse(meta, text, ev.finishReason, ev.usage, ev.timings, lp, extras)
-        : chatResponse(meta, text, ev.finishReason, ev.usage, ev.timings, lp, extras);
+        ? completionResponse(meta, choices, usage, timings, extras)
+        : chatResponse(meta, choices, usage, timings, extras);
     } else if (ev.type === "error") {
       throw fromGenerationError(ev.code, ev.message);
     }
-    const n: IteratorResult<GenerationEvent> = await events.next();
-    ev = n.done ? undefined : n.value;
   }
   throw new ApiError("internal", "The generation ended without a result (cancelled)");
 }
 
-/** Turns core events into SSE events for one streaming response. */
+/**
+ * Turns the choices' core events into SSE events for one streaming response: each chunk names
+ * its choice's index; the usage chunk (summed) and [DONE] follow the last choice's end.
+ */
 function streamRenderer(
   kind: Kind,
   meta: ResponseMeta,
+  n: number,
   includeUsage: boolean,
   withLogprobs: boolean,
   capped: boolean,
   deps: GenerationDeps,
-): (ev: GenerationEvent) => string[] {
-  let sentRole = false;
-  let offset = 0;
+  record: RequestRecord | undefined,
+  echo: string,
+): (ev: ChoiceEvent) => { chunks: string[]; last: boolean } {
+  const sentRole = new Set<number>();
+  const offsets = new Array<number>(n).fill(0);
+  const usages: Usage[] = [];
   const object = kind === "completions" ? "text_completion" : "chat.completion.chunk";
   const chunk = (
+    index: number,
     text: string | undefined,
     finish: FinishReason | null,
     lp: TokenLogprob[],
     extras?: ResponseExtras,
   ) => {
     if (kind === "completions") {
-      const logprobs = withLogprobs && lp.length > 0 ? { tokens: lp, offset } : null;
-      offset += text?.length ?? 0;
-      return sseData(completionChunk(meta, text ?? "", finish, logprobs, includeUsage, extras));
+      const logprobs = withLogprobs && lp.length > 0 ? { tokens: lp, offset: offsets[index]! } : null;
+      offsets[index]! += text?.length ?? 0;
+      return sseData(
+        completionChunk(meta, text ?? "", finish, logprobs, includeUsage, extras, index),
+      );
     }
     const delta: { role?: "assistant"; content?: string } = {};
-    if (!sentRole) delta.role = "assistant";
-    sentRole = true;
+    if (!sentRole.has(index)) delta.role = "assistant";
+    sentRole.add(index);
     if (text !== undefined) delta.content = text;
     return sseData(
-      chatChunk(meta, delta, finish, withLogprobs ? lp : null, includeUsage, extras),
+      chatChunk(meta, delta, finish, withLogprobs ? lp : null, includeUsage, extras, index),
     );
   };
-  return (ev) => {
+  const more = (chunks: string[]) => ({ chunks, last: false });
+  return ({ index, event: ev }) => {
     switch (ev.type) {
       case "started":
-        return kind === "chat_completions" ? [chunk("", null, [])] : [];
+        if (kind === "chat_completions") return more([chunk(index, "", null, [])]);
+        // Completions' echo: the prompt is each choice's first text.
+        return more(echo.length > 0 ? [chunk(index, echo, null, [])] : []);
       case "token":
-        return [chunk(ev.text, null, [{ text: ev.text, logprob: ev.logprob }])];
+        return more([chunk(index, ev.text, null, [tokenLogprob(ev, deps.backend)])]);
       case "done": {
         // "cancelled" is not an OpenAI finish reason, and a client still reading did not
         // cancel: the server cut the stream (drain deadline). Say so, as a stream error.
@@ -352,24 +455,29 @@ function streamRenderer(
             "The server shut down before this generation finished; retry on another instance",
           );
           deps.metrics.errors.inc({ code: err.code });
-          return [sseData(err.toJSON())];
+          return { chunks: [sseData(err.toJSON())], last: true };
         }
         const out = [
           chunk(
+            index,
             kind === "completions" ? "" : undefined,
             ev.finishReason,
             [],
             responseExtras(capped, ev.cached),
           ),
         ];
-        if (includeUsage) out.push(sseData(usageChunk(meta, object, ev.usage)));
+        usages.push(ev.usage);
+        if (usages.length < n) return more(out);
+        const usage = totalUsage(usages);
+        if (record && n > 1) record.completionTokens = usage.completionTokens;
+        if (includeUsage) out.push(sseData(usageChunk(meta, object, usage)));
         out.push(sseData("[DONE]"));
-        return out;
+        return { chunks: out, last: true };
       }
       case "error": {
         const err = fromGenerationError(ev.code, ev.message);
         deps.metrics.errors.inc({ code: err.code });
-        return [sseData(err.toJSON())];
+        return { chunks: [sseData(err.toJSON())], last: true };
       }
     }
   };

@@ -22,16 +22,12 @@ interface Refused {
 const off = (what: string, ...values: unknown[]): Refused => ({ off: values, what });
 
 /** Fields shared by /v1/completions and /v1/chat/completions that are refused unless off. */
-// OpenAI's own (n, penalties, logit_bias, echo, best_of, tools) are in schemas.ts, with their
-// types checked as well.
+// OpenAI's own (n, echo, best_of, tools) are in schemas.ts, with their types checked as well;
+// the penalties and logit_bias, honoured, in sampling_controls.ts.
 export const REFUSED_COMMON: Record<string, Refused> = {
   // vLLM
-  repetition_penalty: off("repetition penalties", 1),
   length_penalty: off("length penalties (beam search)", 1),
   use_beam_search: off("beam search", false),
-  min_tokens: off("a minimum number of tokens", 0),
-  ignore_eos: off("generating past the end-of-sequence token", false),
-  stop_token_ids: off("stop token ids", []),
   include_stop_str_in_output: off("stop strings in the output", false),
   skip_special_tokens: off("printing special tokens", true),
   spaces_between_special_tokens: off("spacing options for special tokens", true),
@@ -46,8 +42,6 @@ export const REFUSED_COMMON: Record<string, Refused> = {
   structured_outputs: off("structured outputs"),
   logits_processors: off("logits processors", []),
   // llama-server
-  repeat_penalty: off("repetition penalties", 1),
-  repeat_last_n: off("repetition penalties (their window)", 64, 0),
   penalize_nl: off("newline penalties", false),
   typical_p: off("typical sampling", 1),
   tfs_z: off("tail-free sampling", 1),

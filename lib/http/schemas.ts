@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { acceptedFields, REFUSED_CHAT, REFUSED_COMMON, refusedFields } from "./request_fields.ts";
+import { logitControlFields, stopTokenFields } from "./sampling_controls.ts";
 
 /**
  * Shapes of everything a client sends: WebSocket frames (strict: a misspelled field is an
@@ -71,7 +72,17 @@ export const GenerateFrame = z.strictObject({
   stop: stop.optional(),
   priority: priority.optional(),
   logprobs: z.boolean().optional(),
+  top_logprobs: z.number().int().min(0).max(20).optional(),
+  ...logitControlFields,
+  ...stopTokenFields,
 }).superRefine((f, ctx) => {
+  if ((f.top_logprobs ?? 0) > 0 && f.logprobs !== true) {
+    ctx.addIssue({
+      code: "custom",
+      path: ["top_logprobs"],
+      message: "top_logprobs needs logprobs: true",
+    });
+  }
   if ((f.prompt === undefined) === (f.messages === undefined)) {
     ctx.addIssue({
       code: "custom",
@@ -125,13 +136,9 @@ const openAiCommon = {
   stream: z.boolean().nullish(),
   stream_options: z.object({ include_usage: z.boolean().nullish() }).nullish(),
   priority: priority.nullish(),
-  n: z.literal(1, { error: "only n = 1 is supported" }).nullish(),
-  presence_penalty: z.literal(0, { error: "presence_penalty is not supported (use 0)" }).nullish(),
-  frequency_penalty: z.literal(0, { error: "frequency_penalty is not supported (use 0)" })
-    .nullish(),
-  logit_bias: z.record(z.string(), z.number()).refine((b) => Object.keys(b).length === 0, {
-    error: "logit_bias is not supported",
-  }).nullish(),
+  n: z.number().int().min(1).max(16).nullish(),
+  ...logitControlFields,
+  ...stopTokenFields,
   user: z.string().nullish(),
 };
 
@@ -148,12 +155,9 @@ export const CompletionBody = z.strictObject({
     error: "expected a string, an array of token ids, or a one-element array of either " +
       "(batched prompts are not supported)",
   }),
-  // Only the sampled token's logprob is read back from the engine, so there are no top
-  // alternatives to list: refuse asking for them rather than answer empty dicts.
-  logprobs: z.number().int().min(0).max(0, {
-    error: "top alternatives are not supported (use 0 for the sampled tokens' logprobs)",
-  }).nullish(),
-  echo: z.literal(false, { error: "echo is not supported" }).nullish(),
+  // The sampled tokens' logprobs, with this many top alternatives each (OpenAI's limit).
+  logprobs: z.number().int().min(0).max(20).nullish(),
+  echo: z.boolean().nullish(),
   best_of: z.literal(1, { error: "only best_of = 1 is supported" }).nullish(),
   suffix: z.null({ error: "suffix is not supported" }).optional(),
 });
@@ -176,7 +180,7 @@ export const ChatCompletionBody = z.strictObject({
   messages: z.array(ChatMessage).min(1),
   max_completion_tokens: maxTokens.nullish(),
   logprobs: z.boolean().nullish(),
-  top_logprobs: z.literal(0, { error: "top_logprobs is not supported (use 0)" }).nullish(),
+  top_logprobs: z.number().int().min(0).max(20).nullish(),
   tools: z.array(z.unknown()).max(0, { error: "tools are not supported" }).nullish(),
   response_format: z.object({
     type: z.literal("text", { error: 'only response_format {type: "text"} is supported' }),

@@ -3,6 +3,7 @@ import type { ChatRenderer } from "./chat_template.ts";
 import { ApiError, fromGenerationError, preview, toApiError } from "./errors.ts";
 import { type FrameSocket, FrameWriter, type WriterOptions } from "./frame_writer.ts";
 import { buildGenerationRequest, type GenerationInput } from "./generation_request.ts";
+import { logitControlsFrom } from "./sampling_controls.ts";
 import { errorFrame, round, statsFrame, timingsJson, usageJson } from "./protocol.ts";
 import {
   type CancelFrame,
@@ -224,6 +225,10 @@ export class StreamSession {
       stop: f.stop,
       priority: f.priority,
       logprobs: f.logprobs ?? false,
+      topLogprobs: f.top_logprobs,
+      controls: logitControlsFrom(f),
+      stopTokenIds: f.stop_token_ids,
+      ignoreEos: f.ignore_eos,
     };
     if (f.messages !== undefined) {
       const chat = this.#opts.renderChat(f.messages, f.chat_template_kwargs);
@@ -286,6 +291,15 @@ export class StreamSession {
             text: ev.text,
             token_ids: ev.ids,
             ...(request.logprobs ? { logprob: ev.logprob } : {}),
+            ...(request.logprobs && ev.top
+              ? {
+                top_logprobs: ev.top.ids.map((tid, k) => ({
+                  token_id: tid,
+                  text: this.#deps.backend.detokenize([tid]),
+                  logprob: ev.top!.logprobs[k],
+                })),
+              }
+              : {}),
           });
         } else if (ev.type === "done") {
           terminal = true;

@@ -33,8 +33,11 @@ export class CoreBackend implements GenerationBackend {
 
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
     // Sampling BOS means a new document begins: llama2.c models end their stories that way
-    // (run.c stops there too), so it ends the generation like EOS.
-    const stopTokenIds = [this.tokenizer.bosId, ...(req.stopTokenIds ?? [])];
+    // (run.c stops there too), so it ends the generation like EOS (and, like EOS, not with
+    // ignore_eos).
+    const stopTokenIds = req.ignoreEos
+      ? [...(req.stopTokenIds ?? [])]
+      : [this.tokenizer.bosId, ...(req.stopTokenIds ?? [])];
     const prompt = typeof req.prompt === "string"
       ? this.#text.encode(req.prompt, req.parseSpecialTokens ?? false)
       : req.prompt;

@@ -3,6 +3,8 @@ import type { Engine, KvGeometry, SampledToken, StepPlan, StepResult } from "../
 import { validateStep } from "../step_validation.ts";
 import { type ModelConfig, ropeFrequencies } from "../../model/model_config.ts";
 import { sample } from "../sampling.ts";
+import { applyLogitAdjust } from "../logit_adjust.ts";
+import { topLogprobs } from "../top_logprobs.ts";
 import type { ModelWeights } from "../../model/weights.ts";
 import { type DenseLayer, type DenseWeights, denseWeights } from "./dense_weights.ts";
 import { addInPlace, headRmsnorm, matvec, rmsnorm, ropeWithFrequencies, swiglu } from "./ops.ts";
@@ -119,13 +121,16 @@ export class CpuEngine implements Engine {
       });
       if (!seq.sample) return;
       const position = seq.startPos + tokens.length;
-      const { token, logprob } = sample(logits!, seq.sampling, position);
+      logits = applyLogitAdjust(logits!, seq.adjust);
+      const { token, logprob } = sample(logits, seq.sampling, position);
       this.lastSampled.set(seq.seqId, token);
-      sampled.push(
-        plan.returnLogits
-          ? { seqId: seq.seqId, token, logprob, logits: logits! }
-          : { seqId: seq.seqId, token, logprob },
-      );
+      sampled.push({
+        seqId: seq.seqId,
+        token,
+        logprob,
+        ...(plan.returnLogits ? { logits } : {}),
+        ...(seq.topLogprobs ? { top: topLogprobs(logits, seq.topLogprobs) } : {}),
+      });
     });
     return { stepId: plan.stepId, sampled };
   }
