@@ -601,7 +601,9 @@ Deno.test("drain() aborts generations still running at its deadline", async () =
   const took = performance.now() - t0;
   assertEquals(result, { completed: false, aborted: 1 });
   assertGreater(took, 90);
-  assertLess(took, 2000);
+  // The generation alone would run for minutes (100000 tokens at 5 ms); 20 s leaves a loaded
+  // machine room and still tells the deadline from the generation's end.
+  assertLess(took, 20_000);
   const events = parseSse(await res.text()) as Array<Record<string, any>>;
   // "cancelled" is no OpenAI finish reason: a stream the server cut ends with an error event.
   assertEquals(events.at(-1)!.error.code, "draining");

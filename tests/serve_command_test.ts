@@ -5,7 +5,7 @@ import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile, modelMirror } from "./_model_files.ts";
 import { spawnServer, spawnUntilListening } from "./_serve_child.ts";
 
 const noEnv = () => undefined;
@@ -153,7 +153,7 @@ Deno.test("`deno task start` serves the default model under the task's narrow pe
   const root = new URL("..", import.meta.url).pathname;
   const { child, base, log } = await spawnUntilListening(
     ["task", "start", "--port", "0", "--kv-memory", "1MiB"],
-    { cwd: root, env: { MODEL_MIRROR: "../shared/models" } },
+    { cwd: root, env: { MODEL_MIRROR: modelMirror() } },
   );
   try {
     const res = await fetch(`${base}/v1/completions`, {
