@@ -276,6 +276,9 @@ Deno.test("bad lines get the error the same HTTP request gets, in the error file
       },
     ];
     const file = await upload(c, jsonl(bad, "/v1/chat/completions"));
+    const listed = await c.files.list({ purpose: "batch" });
+    assertEquals(listed.data.map((f) => f.id), [file.id]);
+    assertEquals((await c.files.retrieve(file.id)).bytes, file.bytes);
     const created = await c.batches.create({
       input_file_id: file.id,
       endpoint: "/v1/chat/completions",

@@ -50,7 +50,7 @@ const CreateBatchBody = z.strictObject({
 
 /**
  * OpenAI's Files and Batch endpoints: POST /v1/files (multipart, purpose "batch"),
- * GET /v1/files/{id}, GET /v1/files/{id}/content, POST /v1/batches, GET /v1/batches,
+ * GET /v1/files, GET /v1/files/{id}, GET /v1/files/{id}/content, POST /v1/batches, GET /v1/batches,
  * GET /v1/batches/{id}, POST /v1/batches/{id}/cancel.
  */
 export function registerBatchRoutes(app: Hono, deps: BatchRouteDeps): void {
@@ -120,6 +120,13 @@ export function registerBatchRoutes(app: Hono, deps: BatchRouteDeps): void {
     }
     return f;
   };
+  app.get("/v1/files", async (c) => {
+    const purpose = c.req.query("purpose");
+    const files = (await store.listFiles()).filter((f) =>
+      purpose === undefined || f.purpose === purpose
+    );
+    return c.json({ object: "list", data: files, has_more: false });
+  });
   app.get("/v1/files/:id", async (c) => c.json(await fileOr404(c.req.param("id"))));
   app.get("/v1/files/:id/content", async (c) => {
     await fileOr404(c.req.param("id"));

@@ -70,7 +70,6 @@ export class BatchRunner {
   #paused = false;
   #closed = false;
   #retryTimer: ReturnType<typeof setTimeout> | undefined;
-  readonly #settled = new Set<() => void>();
 
   constructor(store: BatchStore, exec: LineExecutor, opts: RunnerOptions) {
     this.#store = store;
@@ -151,19 +150,6 @@ export class BatchRunner {
     for (const ctrl of a.running.values()) ctrl.abort("batch cancelled");
     await this.#settle(a);
     return a.batch;
-  }
-
-  /** Resolves when no batch is left unfinished (tests, benchmarks). */
-  idle(): Promise<void> {
-    if (this.#active.size === 0) return Promise.resolve();
-    return new Promise((resolve) => {
-      const check = () => {
-        if (this.#active.size > 0) return;
-        this.#settled.delete(check);
-        resolve();
-      };
-      this.#settled.add(check);
-    });
   }
 
   /** The server is shutting down: no more lines start; running ones are cut off. */
@@ -355,7 +341,6 @@ export class BatchRunner {
       this.#opts.log?.(`batch ${b.id}: cannot finish: ${(e as Error).message}`);
       this.#active.delete(b.id);
     }
-    for (const f of [...this.#settled]) f();
   }
 
   async #fail(b: BatchObject, code: string, message: string): Promise<void> {

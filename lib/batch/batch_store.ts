@@ -60,6 +60,22 @@ export class BatchStore {
     return await readJson<FileObject>(`${this.#files}/${id}.json`);
   }
 
+  /** Every stored file object, newest first. */
+  async listFiles(): Promise<FileObject[]> {
+    const out: FileObject[] = [];
+    try {
+      for await (const e of Deno.readDir(this.#files)) {
+        const m = /^(file-[A-Za-z0-9_-]+)\.json$/.exec(e.name);
+        if (!e.isFile || m === null) continue;
+        const f = await readJson<FileObject>(`${this.#files}/${e.name}`);
+        if (f !== undefined) out.push(f);
+      }
+    } catch (e) {
+      if (!(e instanceof Deno.errors.NotFound)) throw e;
+    }
+    return out.sort((a, b) => b.created_at - a.created_at || (a.id < b.id ? 1 : -1));
+  }
+
   async fileContent(id: string): Promise<Uint8Array | undefined> {
     if (!isFileId(id) || (await this.getFile(id)) === undefined) return undefined;
     return await Deno.readFile(`${this.#files}/${id}.jsonl`);
