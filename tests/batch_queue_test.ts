@@ -440,3 +440,47 @@ Deno.test("limits: file size, line count and unfinished batches are refused with
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("with API keys, one key's files and batches are not another key's to see", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "batch_test_" });
+  const srv = await server(dir, ["--api-key", "key-one-123", "--api-key", "key-two-456"]);
+  try {
+    const one = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: "key-one-123", maxRetries: 0 });
+    const two = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: "key-two-456", maxRetries: 0 });
+    const file = await upload(one, jsonl(lines(3, 4)));
+    const created = await one.batches.create({
+      input_file_id: file.id,
+      endpoint: "/v1/completions",
+      completion_window: "24h",
+    });
+    const b = await waitForBatch(one, created.id, finished);
+    assertEquals(b.status, "completed");
+    assertEquals((await fileRows(one, b.output_file_id)).length, 3);
+    for (
+      const attempt of [
+        () => two.batches.retrieve(created.id),
+        () => two.batches.cancel(created.id),
+        () => two.files.retrieve(file.id),
+        () => two.files.content(b.output_file_id!),
+        () =>
+          two.batches.create({
+            input_file_id: file.id,
+            endpoint: "/v1/completions",
+            completion_window: "24h",
+          }),
+      ]
+    ) {
+      const e = await assertRejects(attempt, OpenAI.APIError);
+      assertEquals(e.status, 404);
+    }
+    assertEquals((await two.batches.list()).data, []);
+    assertEquals((await two.files.list()).data, []);
+    assertEquals((await one.batches.list()).data.map((x) => x.id), [created.id]);
+    const anonymous = await fetch(`${srv.base}/v1/batches/${created.id}`);
+    assertEquals(anonymous.status, 401);
+    await anonymous.body?.cancel();
+  } finally {
+    await srv.stop();
+    await Deno.remove(dir, { recursive: true });
+  }
+});

@@ -11,7 +11,9 @@ import {
   type BatchObject,
   type FileObject,
   publicBatch,
+  publicFile,
   TERMINAL_STATUSES,
+  visibleTo,
 } from "./batch_types.ts";
 
 export interface BatchLimits {
@@ -108,28 +110,33 @@ export function registerBatchRoutes(app: Hono, deps: BatchRouteDeps): void {
       purpose: "batch",
       status: "processed",
       lines,
+      ...scopeField(deps.scopeOf(c.req.raw)),
     };
     await store.putFile(meta, bytes);
-    return c.json(meta);
+    return c.json(publicFile(meta));
   });
 
-  const fileOr404 = async (id: string): Promise<FileObject> => {
+  const fileOr404 = async (id: string, req: Request): Promise<FileObject> => {
     const f = await store.getFile(id);
-    if (f === undefined) {
+    if (f === undefined || !visibleTo(f.scope, deps.scopeOf(req))) {
       throw new ApiError("not_found", `No file with id ${preview(id)}`, "file_id");
     }
     return f;
   };
   app.get("/v1/files", async (c) => {
     const purpose = c.req.query("purpose");
+    const asker = deps.scopeOf(c.req.raw);
     const files = (await store.listFiles()).filter((f) =>
-      purpose === undefined || f.purpose === purpose
+      (purpose === undefined || f.purpose === purpose) && visibleTo(f.scope, asker)
     );
-    return c.json({ object: "list", data: files, has_more: false });
+    return c.json({ object: "list", data: files.map(publicFile), has_more: false });
   });
-  app.get("/v1/files/:id", async (c) => c.json(await fileOr404(c.req.param("id"))));
+  app.get(
+    "/v1/files/:id",
+    async (c) => c.json(publicFile(await fileOr404(c.req.param("id"), c.req.raw))),
+  );
   app.get("/v1/files/:id/content", async (c) => {
-    await fileOr404(c.req.param("id"));
+    await fileOr404(c.req.param("id"), c.req.raw);
     const content = await store.fileContent(c.req.param("id"));
     if (content === undefined) {
       throw new ApiError("not_found", `No file with id ${preview(c.req.param("id"))}`, "file_id");
@@ -143,7 +150,7 @@ export function registerBatchRoutes(app: Hono, deps: BatchRouteDeps): void {
     await deps.ready;
     const body = parseWith(CreateBatchBody, await readJsonBody(c.req.raw, 1 << 20));
     const input = await store.getFile(body.input_file_id);
-    if (input === undefined) {
+    if (input === undefined || !visibleTo(input.scope, deps.scopeOf(c.req.raw))) {
       throw new ApiError(
         "not_found",
         `Invalid 'input_file_id': no file with id ${
@@ -213,9 +220,9 @@ export function registerBatchRoutes(app: Hono, deps: BatchRouteDeps): void {
     return c.json(publicBatch(batch));
   });
 
-  const batchOr404 = (id: string): BatchObject => {
+  const batchOr404 = (id: string, req: Request): BatchObject => {
     const b = runner.get(id);
-    if (b === undefined) {
+    if (b === undefined || !visibleTo(b.scope, deps.scopeOf(req))) {
       throw new ApiError("not_found", `No batch with id ${preview(id)}`, "batch_id");
     }
     return b;
@@ -231,7 +238,8 @@ export function registerBatchRoutes(app: Hono, deps: BatchRouteDeps): void {
         "limit",
       );
     }
-    let all = runner.list();
+    const asker = deps.scopeOf(c.req.raw);
+    let all = runner.list().filter((b) => visibleTo(b.scope, asker));
     const after = c.req.query("after");
     if (after !== undefined) {
       const at = all.findIndex((b) => b.id === after);
@@ -255,11 +263,11 @@ export function registerBatchRoutes(app: Hono, deps: BatchRouteDeps): void {
   });
   app.get("/v1/batches/:id", async (c) => {
     await deps.ready;
-    return c.json(publicBatch(batchOr404(c.req.param("id"))));
+    return c.json(publicBatch(batchOr404(c.req.param("id"), c.req.raw)));
   });
   app.post("/v1/batches/:id/cancel", async (c) => {
     await deps.ready;
-    const b = batchOr404(c.req.param("id"));
+    const b = batchOr404(c.req.param("id"), c.req.raw);
     if (TERMINAL_STATUSES.has(b.status)) {
       throw new ApiError(
         "conflict",
@@ -327,4 +335,8 @@ async function readMultipart(req: Request, maxBytes: number): Promise<FormData> 
       `The upload is not valid multipart/form-data: ${(e as Error).message}`,
     );
   }
+}
+
+function scopeField(scope: string | undefined): { scope?: string } {
+  return scope === undefined ? {} : { scope };
 }

@@ -323,6 +323,7 @@ export class BatchRunner {
           filename: `${b.id}_${suffix}.jsonl`,
           purpose: "batch_output",
           status: "processed",
+          ...(b.scope === undefined ? {} : { scope: b.scope }),
         };
         await this.#store.putFile(meta, content);
         return meta.id;

@@ -38,6 +38,8 @@ export interface FileObject {
   readonly status: "processed";
   /** Input files: how many request lines it holds (an extension, counted at upload). */
   readonly lines?: number;
+  /** Not sent to clients: the cache scope of the API key it belongs to (see BatchObject). */
+  readonly scope?: string;
 }
 
 export interface RequestCounts {
@@ -78,8 +80,8 @@ export interface BatchObject {
   request_counts: RequestCounts;
   metadata: Record<string, string> | null;
   /**
-   * Not sent to clients: the cache scope of the API key that created it, so its lines share
-   * cached work as that key's own requests would.
+   * Not sent to clients: the cache scope of the API key that created it. Its lines share
+   * cached work as that key's own requests would, and other keys do not see it.
    */
   scope?: string;
 }
@@ -118,4 +120,17 @@ export interface ResultRecord {
 export function publicBatch(b: BatchObject): Omit<BatchObject, "scope"> {
   const { scope: _scope, ...rest } = b;
   return { ...rest, request_counts: { ...rest.request_counts } };
+}
+
+export function publicFile(f: FileObject): Omit<FileObject, "scope"> {
+  const { scope: _scope, ...rest } = f;
+  return rest;
+}
+
+/**
+ * Whether a request may see an object: with --cache-scope key and API keys on, only the key
+ * that made it does; objects made without a key, and requests without a scope, see all.
+ */
+export function visibleTo(owner: string | undefined, asker: string | undefined): boolean {
+  return owner === undefined || asker === undefined || owner === asker;
 }
