@@ -20,6 +20,7 @@ export const LAYERS: readonly string[] = [
   "lib/core",
   "actors",
   "lib/http",
+  "lib/batch",
   "lib/serving",
   "lib/cluster",
   "lib/cli",

@@ -11,6 +11,7 @@ import {
   assertStringIncludes,
   assertThrows,
 } from "@std/assert";
+import { batchBenchTable, runBatchBench } from "../bench/batch_bench.ts";
 import { runCompare } from "../bench/compare.ts";
 import { engineRestarts } from "../bench/compare_common.ts";
 import { runLoad } from "../bench/load.ts";
@@ -185,4 +186,25 @@ Deno.test("bench/result_cache_bench.ts runs the repeated workload with the cache
   assertEquals([off.hits, off.misses], [0, 0]);
   assertEquals([on.hits, on.misses], [4, 2]);
   assertStringIncludes(cacheTable(off, on), "on / off");
+});
+
+Deno.test("bench/batch_bench.ts measures interactive TTFT alone and beside a running batch", async () => {
+  const rows = await runBatchBench({
+    levels: [2],
+    backend: "reference",
+    clients: 2,
+    requestsPerClient: 2,
+    thinkMs: 5,
+    rounds: 2,
+    interactiveMaxTokens: 4,
+    batchLines: 100,
+    batchMaxTokens: 32,
+  });
+  assertEquals(rows.length, 1);
+  const row = rows[0]!;
+  assertEquals(row.errors, 0);
+  // Two clients, two requests each, in each phase of two rounds.
+  assertEquals([row.alone.n, row.withBatch.n], [8, 8]);
+  assertGreater(row.batchLinesPerSecond, 0);
+  assertStringIncludes(batchBenchTable(rows), "p99 ratio");
 });

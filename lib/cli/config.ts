@@ -135,6 +135,30 @@ export const SETTINGS = {
     help: "seconds an idle keep-alive connection is kept",
     default: 5,
   },
+  dataDir: {
+    env: "LLMSERVE_DATA_DIR",
+    help: "where batch files and results live (default $XDG_DATA_HOME/llmserve, else ~/.local/share/llmserve)",
+  },
+  batchConcurrency: {
+    env: "LLMSERVE_BATCH_CONCURRENCY",
+    help: "batch lines generating at once, beside interactive traffic",
+    default: 4,
+  },
+  batchMaxFileSize: {
+    env: "LLMSERVE_BATCH_MAX_FILE_SIZE",
+    help: "largest batch input file",
+    default: "100MiB",
+  },
+  batchMaxLines: {
+    env: "LLMSERVE_BATCH_MAX_LINES",
+    help: "most request lines in one batch input file",
+    default: 50000,
+  },
+  batchMaxActive: {
+    env: "LLMSERVE_BATCH_MAX_ACTIVE",
+    help: "most unfinished batches at once",
+    default: 16,
+  },
   corsOrigin: {
     env: "LLMSERVE_CORS_ORIGINS",
     help: "origin whose pages may use the API, e.g. http://localhost:* (repeatable; env: comma-separated)",
@@ -249,6 +273,11 @@ export const ConfigSchema = z.object({
   headerTimeout: seconds().default(D.headerTimeout.default),
   bodyTimeout: seconds().default(D.bodyTimeout.default),
   keepAliveTimeout: seconds().default(D.keepAliveTimeout.default),
+  dataDir: z.string().min(1).optional(),
+  batchConcurrency: positiveInt().default(D.batchConcurrency.default),
+  batchMaxFileSize: byteSize(D.batchMaxFileSize.default),
+  batchMaxLines: positiveInt().default(D.batchMaxLines.default),
+  batchMaxActive: positiveInt().default(D.batchMaxActive.default),
   corsOrigin: z.array(
     z.string().regex(
       /^(\*|null|[a-z][a-z0-9+.-]*:\/\/[^/\s]+)$/i,

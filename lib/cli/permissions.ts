@@ -13,6 +13,7 @@ import {
   resolveModelsDir,
 } from "../source/model_source.ts";
 import { GPU_API_ENV, VULKAN_DRIVER_DIRS } from "../util/gpu_api.ts";
+import { resolveDataDir } from "../batch/data_dir.ts";
 
 /**
  * What a run that may use WebGPU reads to tell Vulkan from OpenGL ES for its start-up line
@@ -51,6 +52,8 @@ export interface RunNeeds {
   readonly natsCreds?: string;
   /** `--chat-template`: a template file to read. */
   readonly chatTemplate?: string;
+  /** A server's batch queue: `--data-dir` (absent: the default), read and written. */
+  readonly batchQueue?: { readonly dataDir?: string | undefined };
   /** Whether the run may download a missing model (`models` only lists, so it never does). */
   readonly mayDownload?: boolean;
   /** Whether the run builds an engine (`models` does not): the CPU engine reads its kernels. */
@@ -63,6 +66,7 @@ export const ENV_READ = [
   "MODELS_DIR",
   "MODEL_MIRROR",
   "XDG_CACHE_HOME",
+  "XDG_DATA_HOME",
   "HOME",
   "LOCALAPPDATA",
   // Read by the `ws` package behind node:http's WebSocket upgrades.
@@ -132,6 +136,11 @@ export function derivePermissions(needs: RunNeeds, env: EnvGetter): Permissions 
   if (needs.host !== undefined) net.add(netHost(needs.host));
   for (const url of (needs.nats ?? "").split(",").map((u) => u.trim()).filter(Boolean)) {
     net.add(natsHost(url));
+  }
+  if (needs.batchQueue !== undefined) {
+    const data = resolveDataDir(needs.batchQueue.dataDir, env);
+    read.add(data);
+    write.add(data);
   }
   if (needs.natsCreds !== undefined) read.add(needs.natsCreds);
   if (needs.chatTemplate !== undefined) read.add(needs.chatTemplate);

@@ -26,6 +26,8 @@ import {
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
 import { type Engine, GREEDY, stepTokens } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
+import { BatchQueue } from "../batch/batch_queue.ts";
+import { resolveDataDir } from "../batch/data_dir.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
@@ -75,6 +77,11 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "keep-alive-timeout": "keepAliveTimeout",
   "cors-origin": "corsOrigin",
   "allowed-host": "allowedHost",
+  "data-dir": "dataDir",
+  "batch-concurrency": "batchConcurrency",
+  "batch-max-file-size": "batchMaxFileSize",
+  "batch-max-lines": "batchMaxLines",
+  "batch-max-active": "batchMaxActive",
 };
 
 /** llama-server's spellings of the same flags (`llama-server -m x -c 4096 --port 8080`). */
@@ -127,6 +134,7 @@ export function serveNeeds(c: Config): RunNeeds {
     nats: c.nats,
     natsCreds: c.natsCreds,
     chatTemplate: c.chatTemplate,
+    batchQueue: { dataDir: c.dataDir },
   };
 }
 
@@ -207,7 +215,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     log("stopped before the model finished loading");
     return 0;
   }
-  const { service, core, summary, replica } = first;
+  const { service, core, summary, replica, batches } = first;
   front.switchTo(service);
   progress.set("ready");
   log(
@@ -226,6 +234,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     log(`replica drained: ${r.completed ? "all NATS streams finished" : `${r.aborted} aborted`}`);
     await replica.close();
   }
+  await batches.close();
   await core.close();
   log(
     `drained: ${
@@ -343,7 +352,17 @@ async function start(
     ? new CachedBackend(coreBackend, config.resultCache)
     : coreBackend;
   const servedModelNames = config.servedModelName.length > 0 ? config.servedModelName : [modelName];
+  const dataDir = resolveDataDir(config.dataDir, (n) => Deno.env.get(n));
+  const batches = new BatchQueue({
+    dataDir,
+    maxInFlight: config.batchConcurrency,
+    maxFileBytes: config.batchMaxFileSize,
+    maxLines: config.batchMaxLines,
+    maxActive: config.batchMaxActive,
+    log,
+  });
   const service = createApp({
+    extend: batches.attach,
     backend,
     metrics,
     apiKeys: config.apiKey,
@@ -403,6 +422,7 @@ async function start(
       `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}${
         config.metricsPublic ? " (/metrics public)" : ""
       }`,
+      `  batches   ${dataDir} (${config.batchConcurrency} lines at once)`,
       ...(replica ? [`  replica   ${replica.agent.id} on NATS ${replica.where}`] : []),
       `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
       ...(faults
@@ -411,7 +431,7 @@ async function start(
         ]
         : []),
     ].join("\n");
-  return { service, core, summary, replica };
+  return { service, core, summary, replica, batches };
 }
 
 /**

@@ -11,7 +11,7 @@ import type { FrameSocket } from "./frame_writer.ts";
 import { registerHealthRoutes } from "./health_routes.ts";
 import { InFlightRegistry } from "./inflight.ts";
 import { OriginPolicy } from "./origin.ts";
-import { registerOpenAiRoutes } from "./openai_routes.ts";
+import { type OpenAiHandler, openAiHandler, registerOpenAiRoutes } from "./openai_routes.ts";
 import { PLAYGROUND_HTML } from "./playground.html.ts";
 import { ServiceMetrics } from "./service_metrics.ts";
 import { isValidRequestId, newRequestId, RequestLog, type RequestRecord } from "./request_log.ts";
@@ -87,6 +87,18 @@ export interface AppOptions {
   readonly requestLog?: RequestLog;
   /** Extra facts for GET /props (model path, limits). */
   readonly props?: ServerProps;
+  /** Mounts more routes behind the same middleware (the batch queue, lib/batch/). */
+  readonly extend?: (app: Hono, ctx: AppContext) => void;
+}
+
+/** What routes mounted by `extend` get from the app. */
+export interface AppContext {
+  /** The completion routes' handler, for work the server runs itself. */
+  readonly openAi: OpenAiHandler;
+  /** The cache scope of an authenticated request (with --cache-scope key). */
+  readonly scopeOf: (req: Request) => string | undefined;
+  /** The HTTP body limit: a request that big is refused wherever it comes from. */
+  readonly maxBodyBytes: number;
 }
 
 export interface DrainResult {
@@ -328,15 +340,21 @@ export function createApp(opts: AppOptions): ServiceApp {
     isLoaded: () => loaded,
     isDraining: () => draining,
   });
-  registerOpenAiRoutes(app, deps, {
+  const openAiOpts = {
     renderChat,
     maxBodyBytes: opts.maxBodyBytes ?? 1 << 20,
     defaultCompletionMaxTokens: opts.defaultCompletionMaxTokens ?? 16,
     createdAt: Math.floor(Date.now() / 1000),
     servedModelNames,
-    recordOf: (req) => records.get(req),
-    scopeOf: (req) => scopes.get(req),
+    recordOf: (req: Request) => records.get(req),
+    scopeOf: (req: Request) => scopes.get(req),
     stallTimeoutMs: opts.wsStallTimeoutMs ?? 60_000,
+  };
+  registerOpenAiRoutes(app, deps, openAiOpts);
+  opts.extend?.(app, {
+    openAi: openAiHandler(deps, openAiOpts),
+    scopeOf: openAiOpts.scopeOf,
+    maxBodyBytes: openAiOpts.maxBodyBytes,
   });
   registerTokenizeRoutes(app, {
     backend,

@@ -21,6 +21,8 @@ export type ApiErrorCode =
   | "upgrade_required"
   | "model_not_found"
   | "context_length_exceeded"
+  | "too_many_batches"
+  | "conflict"
   | "overloaded"
   | "draining"
   | "loading"
@@ -46,6 +48,8 @@ const STATUS: Record<ApiErrorCode, number> = {
   upgrade_required: 426,
   model_not_found: 404,
   context_length_exceeded: 400,
+  too_many_batches: 429,
+  conflict: 409,
   overloaded: 503,
   draining: 503,
   loading: 503,

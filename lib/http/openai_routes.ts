@@ -48,6 +48,18 @@ export interface OpenAiOptions {
 
 type Kind = "completions" | "chat_completions";
 
+/**
+ * Answers one completion request as its route would (the same parsing, limits and errors;
+ * errors are thrown as ApiError), for callers inside the server: the batch queue runs its
+ * lines through it. `scope` stands for the cache scope of the key that sent the work.
+ */
+export type OpenAiHandler = (req: Request, kind: Kind, scope?: string) => Promise<Response>;
+
+export function openAiHandler(deps: GenerationDeps, opts: OpenAiOptions): OpenAiHandler {
+  return (req, kind, scope) =>
+    respond(req, kind, deps, scope === undefined ? opts : { ...opts, scopeOf: () => scope });
+}
+
 /** What one request asked for, after validation. */
 interface Parsed {
   readonly input: GenerationInput;

@@ -1,0 +1,101 @@
+import type { Hono } from "hono";
+import type { AppContext } from "../http/app.ts";
+import { ApiError, toApiError } from "../http/errors.ts";
+import { BatchRunner, type LineExecutor } from "./batch_runner.ts";
+import { type BatchLimits, registerBatchRoutes } from "./batch_routes.ts";
+import { BatchStore } from "./batch_store.ts";
+
+export interface BatchQueueOptions extends BatchLimits {
+  /** Where files and results live. */
+  readonly dataDir: string;
+  /** Batch lines generating at once (the bound that keeps interactive TTFT). */
+  readonly maxInFlight: number;
+  readonly log?: (line: string) => void;
+}
+
+/**
+ * The batch queue as the server mounts it: the store in the data directory, the runner, and
+ * the routes. Pass `attach` as createApp's `extend`; it resumes the stored batches.
+ */
+export class BatchQueue {
+  readonly store: BatchStore;
+  #runner: BatchRunner | undefined;
+  readonly #opts: BatchQueueOptions;
+
+  constructor(opts: BatchQueueOptions) {
+    this.#opts = opts;
+    this.store = new BatchStore(opts.dataDir);
+  }
+
+  get runner(): BatchRunner | undefined {
+    return this.#runner;
+  }
+
+  readonly attach = (app: Hono, ctx: AppContext): void => {
+    const runner = new BatchRunner(this.store, lineExecutor(ctx), {
+      maxInFlight: this.#opts.maxInFlight,
+      ...(this.#opts.log ? { log: this.#opts.log } : {}),
+    });
+    this.#runner = runner;
+    const ready = runner.resume().then((n) => {
+      if (n > 0) {
+        this.#opts.log?.(`batches: resumed ${n} unfinished batch(es) from ${this.#opts.dataDir}`);
+      }
+    }).catch((e) => {
+      this.#opts.log?.(
+        `batches: cannot resume from ${this.#opts.dataDir}: ${(e as Error).message}`,
+      );
+    });
+    registerBatchRoutes(app, {
+      store: this.store,
+      runner,
+      limits: this.#opts,
+      ready,
+      scopeOf: ctx.scopeOf,
+    });
+  };
+
+  async close(): Promise<void> {
+    await this.#runner?.close();
+  }
+}
+
+/**
+ * A line runs as the same request sent to the endpoint would, with two differences a batch
+ * needs: its priority is `batch` whatever it asks, and it cannot stream.
+ */
+function lineExecutor(ctx: AppContext): LineExecutor {
+  return async (endpoint, body, scope, signal) => {
+    if (body.stream === true) {
+      const e = new ApiError(
+        "invalid_request",
+        "Invalid 'stream': a batch request cannot stream (send false or leave it out); got true",
+        "stream",
+      );
+      return { status: e.status, body: e.toJSON() };
+    }
+    const text = JSON.stringify({ ...body, priority: "batch" });
+    const bytes = new TextEncoder().encode(text).length;
+    if (bytes > ctx.maxBodyBytes) {
+      const e = new ApiError(
+        "payload_too_large",
+        `Request body is ${bytes} bytes; the limit is ${ctx.maxBodyBytes} bytes`,
+      );
+      return { status: e.status, body: e.toJSON() };
+    }
+    const req = new Request(`http://batch.internal${endpoint}`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: text,
+      signal,
+    });
+    try {
+      const kind = endpoint === "/v1/completions" ? "completions" : "chat_completions";
+      const res = await ctx.openAi(req, kind, scope);
+      return { status: res.status, body: await res.json() };
+    } catch (e) {
+      const err = toApiError(e);
+      return { status: err.status, body: err.toJSON() };
+    }
+  };
+}

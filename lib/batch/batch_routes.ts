@@ -1,0 +1,342 @@
+import type { Hono } from "hono";
+import { z } from "zod";
+import { readJsonBody } from "../http/body.ts";
+import { ApiError, preview } from "../http/errors.ts";
+import { parseWith } from "../http/validation.ts";
+import { parseBatchLines, splitLines } from "./batch_lines.ts";
+import type { BatchRunner } from "./batch_runner.ts";
+import { type BatchStore, newId } from "./batch_store.ts";
+import {
+  BATCH_ENDPOINTS,
+  type BatchObject,
+  type FileObject,
+  publicBatch,
+  publicFile,
+  TERMINAL_STATUSES,
+  visibleTo,
+} from "./batch_types.ts";
+
+export interface BatchLimits {
+  /** Largest input file, in bytes. */
+  readonly maxFileBytes: number;
+  /** Most request lines in one input file. */
+  readonly maxLines: number;
+  /** Most batches not yet finished at once. */
+  readonly maxActive: number;
+}
+
+export interface BatchRouteDeps {
+  readonly store: BatchStore;
+  readonly runner: BatchRunner;
+  readonly limits: BatchLimits;
+  /** Resolves once stored batches are loaded (routes wait for it). */
+  readonly ready: Promise<unknown>;
+  readonly scopeOf: (req: Request) => string | undefined;
+}
+
+/** Room for a multipart body's boundaries and its `purpose` part, besides the file. */
+const MULTIPART_OVERHEAD = 64 * 1024;
+
+const CreateBatchBody = z.strictObject({
+  input_file_id: z.string().min(1),
+  endpoint: z.enum(BATCH_ENDPOINTS, {
+    error: `expected one of ${BATCH_ENDPOINTS.map((e) => `"${e}"`).join(", ")}`,
+  }),
+  completion_window: z.literal("24h", { error: 'only "24h" is supported' }),
+  metadata: z.record(z.string().max(64), z.string().max(512)).refine(
+    (m) => Object.keys(m).length <= 16,
+    { error: "at most 16 metadata keys" },
+  ).nullish(),
+  output_expires_after: z.unknown().optional(),
+});
+
+/**
+ * OpenAI's Files and Batch endpoints: POST /v1/files (multipart, purpose "batch"),
+ * GET /v1/files, GET /v1/files/{id}, GET /v1/files/{id}/content, POST /v1/batches, GET /v1/batches,
+ * GET /v1/batches/{id}, POST /v1/batches/{id}/cancel.
+ */
+export function registerBatchRoutes(app: Hono, deps: BatchRouteDeps): void {
+  const { store, runner, limits } = deps;
+
+  app.post("/v1/files", async (c) => {
+    await deps.ready;
+    const form = await readMultipart(c.req.raw, limits.maxFileBytes + MULTIPART_OVERHEAD);
+    const purpose = form.get("purpose");
+    if (purpose !== "batch") {
+      throw new ApiError(
+        "invalid_request",
+        `Invalid 'purpose': this server takes files for batches only (send "batch"); got ${
+          preview(typeof purpose === "string" ? purpose : purpose === null ? undefined : "a file")
+        }`,
+        "purpose",
+      );
+    }
+    const file = form.get("file");
+    if (file === null || typeof file === "string") {
+      throw new ApiError(
+        "invalid_request",
+        "Missing 'file': send the JSONL input as a multipart file part named 'file'",
+        "file",
+      );
+    }
+    if (file.size > limits.maxFileBytes) {
+      throw new ApiError(
+        "payload_too_large",
+        `The file is ${file.size} bytes; the limit is ${limits.maxFileBytes} bytes (--batch-max-file-size)`,
+        "file",
+      );
+    }
+    const bytes = new Uint8Array(await file.arrayBuffer());
+    let text: string;
+    try {
+      text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+    } catch {
+      throw new ApiError("invalid_request", "The file is not valid UTF-8 text (JSONL)", "file");
+    }
+    const lines = splitLines(text).length;
+    if (lines > limits.maxLines) {
+      throw new ApiError(
+        "invalid_request",
+        `The file has ${lines} request lines; the limit is ${limits.maxLines} (--batch-max-lines)`,
+        "file",
+      );
+    }
+    const meta: FileObject = {
+      id: newId("file-"),
+      object: "file",
+      bytes: bytes.length,
+      created_at: Math.floor(Date.now() / 1000),
+      filename: file.name || "input.jsonl",
+      purpose: "batch",
+      status: "processed",
+      lines,
+      ...scopeField(deps.scopeOf(c.req.raw)),
+    };
+    await store.putFile(meta, bytes);
+    return c.json(publicFile(meta));
+  });
+
+  const fileOr404 = async (id: string, req: Request): Promise<FileObject> => {
+    const f = await store.getFile(id);
+    if (f === undefined || !visibleTo(f.scope, deps.scopeOf(req))) {
+      throw new ApiError("not_found", `No file with id ${preview(id)}`, "file_id");
+    }
+    return f;
+  };
+  app.get("/v1/files", async (c) => {
+    const purpose = c.req.query("purpose");
+    const asker = deps.scopeOf(c.req.raw);
+    const files = (await store.listFiles()).filter((f) =>
+      (purpose === undefined || f.purpose === purpose) && visibleTo(f.scope, asker)
+    );
+    return c.json({ object: "list", data: files.map(publicFile), has_more: false });
+  });
+  app.get(
+    "/v1/files/:id",
+    async (c) => c.json(publicFile(await fileOr404(c.req.param("id"), c.req.raw))),
+  );
+  app.get("/v1/files/:id/content", async (c) => {
+    await fileOr404(c.req.param("id"), c.req.raw);
+    const content = await store.fileContent(c.req.param("id"));
+    if (content === undefined) {
+      throw new ApiError("not_found", `No file with id ${preview(c.req.param("id"))}`, "file_id");
+    }
+    return new Response(content as Uint8Array<ArrayBuffer>, {
+      headers: { "content-type": "application/jsonl" },
+    });
+  });
+
+  app.post("/v1/batches", async (c) => {
+    await deps.ready;
+    const body = parseWith(CreateBatchBody, await readJsonBody(c.req.raw, 1 << 20));
+    const input = await store.getFile(body.input_file_id);
+    if (input === undefined || !visibleTo(input.scope, deps.scopeOf(c.req.raw))) {
+      throw new ApiError(
+        "not_found",
+        `Invalid 'input_file_id': no file with id ${
+          preview(body.input_file_id)
+        }; upload it with POST /v1/files first`,
+        "input_file_id",
+      );
+    }
+    if (input.purpose !== "batch") {
+      throw new ApiError(
+        "invalid_request",
+        `Invalid 'input_file_id': ${input.id} has purpose "${input.purpose}", not "batch"`,
+        "input_file_id",
+      );
+    }
+    if (runner.activeCount >= limits.maxActive) {
+      throw new ApiError(
+        "too_many_batches",
+        `${runner.activeCount} batches are already unfinished, the most this server runs at once ` +
+          `(--batch-max-active ${limits.maxActive}); wait for one to finish or cancel one`,
+      );
+    }
+    const content = (await store.fileContent(input.id))!;
+    const { lines, errors } = parseBatchLines(new TextDecoder().decode(content), body.endpoint);
+    if (lines.length > limits.maxLines) {
+      throw new ApiError(
+        "invalid_request",
+        `The input file has ${lines.length} request lines; the limit is ${limits.maxLines} (--batch-max-lines)`,
+        "input_file_id",
+      );
+    }
+    const now = Math.floor(Date.now() / 1000);
+    const batch: BatchObject = {
+      id: newId("batch_"),
+      object: "batch",
+      endpoint: body.endpoint,
+      errors: null,
+      input_file_id: input.id,
+      completion_window: "24h",
+      status: "in_progress",
+      output_file_id: null,
+      error_file_id: null,
+      created_at: now,
+      in_progress_at: now,
+      expires_at: now + 24 * 3600,
+      finalizing_at: null,
+      completed_at: null,
+      failed_at: null,
+      expired_at: null,
+      cancelling_at: null,
+      cancelled_at: null,
+      request_counts: { total: lines.length, completed: 0, failed: 0 },
+      metadata: body.metadata ?? null,
+    };
+    const scope = deps.scopeOf(c.req.raw);
+    if (scope !== undefined) batch.scope = scope;
+    if (errors.length > 0) {
+      batch.status = "failed";
+      batch.in_progress_at = null;
+      batch.failed_at = now;
+      batch.errors = { object: "list", data: errors };
+      batch.request_counts = { total: 0, completed: 0, failed: 0 };
+      await runner.record(batch);
+    } else {
+      await runner.start(batch, lines);
+    }
+    return c.json(publicBatch(batch));
+  });
+
+  const batchOr404 = (id: string, req: Request): BatchObject => {
+    const b = runner.get(id);
+    if (b === undefined || !visibleTo(b.scope, deps.scopeOf(req))) {
+      throw new ApiError("not_found", `No batch with id ${preview(id)}`, "batch_id");
+    }
+    return b;
+  };
+  app.get("/v1/batches", async (c) => {
+    await deps.ready;
+    const limitText = c.req.query("limit");
+    const limit = limitText === undefined ? 20 : Number(limitText);
+    if (!Number.isInteger(limit) || limit < 1 || limit > 100) {
+      throw new ApiError(
+        "invalid_request",
+        `Invalid 'limit': expected an integer from 1 to 100; got ${preview(limitText)}`,
+        "limit",
+      );
+    }
+    const asker = deps.scopeOf(c.req.raw);
+    let all = runner.list().filter((b) => visibleTo(b.scope, asker));
+    const after = c.req.query("after");
+    if (after !== undefined) {
+      const at = all.findIndex((b) => b.id === after);
+      if (at < 0) {
+        throw new ApiError(
+          "not_found",
+          `Invalid 'after': no batch with id ${preview(after)}`,
+          "after",
+        );
+      }
+      all = all.slice(at + 1);
+    }
+    const data = all.slice(0, limit).map(publicBatch);
+    return c.json({
+      object: "list",
+      data,
+      first_id: data[0]?.id ?? null,
+      last_id: data.at(-1)?.id ?? null,
+      has_more: all.length > limit,
+    });
+  });
+  app.get("/v1/batches/:id", async (c) => {
+    await deps.ready;
+    return c.json(publicBatch(batchOr404(c.req.param("id"), c.req.raw)));
+  });
+  app.post("/v1/batches/:id/cancel", async (c) => {
+    await deps.ready;
+    const b = batchOr404(c.req.param("id"), c.req.raw);
+    if (TERMINAL_STATUSES.has(b.status)) {
+      throw new ApiError(
+        "conflict",
+        `Batch ${b.id} is already ${b.status} and cannot be cancelled`,
+        "batch_id",
+      );
+    }
+    return c.json(publicBatch((await runner.cancel(b.id))!));
+  });
+}
+
+/**
+ * A multipart/form-data body, refused with 413 once it passes `maxBytes` (declared or
+ * streamed), so an upload cannot make the server buffer more than the limit.
+ */
+async function readMultipart(req: Request, maxBytes: number): Promise<FormData> {
+  const type = req.headers.get("content-type") ?? "";
+  if (!/^multipart\/form-data\s*;/i.test(type)) {
+    throw new ApiError(
+      "unsupported_media_type",
+      `Upload a file as 'Content-Type: multipart/form-data' with parts 'file' and 'purpose'; received ${
+        type === "" ? "no Content-Type" : preview(type)
+      }`,
+    );
+  }
+  const tooLarge = (n: string) =>
+    new ApiError(
+      "payload_too_large",
+      `The upload is ${n} bytes; the limit is ${maxBytes} bytes with the multipart framing (--batch-max-file-size)`,
+      "file",
+    );
+  const declared = Number(req.headers.get("content-length") ?? "NaN");
+  if (Number.isFinite(declared) && declared > maxBytes) throw tooLarge(String(declared));
+  const chunks: Uint8Array[] = [];
+  let total = 0;
+  if (req.body !== null) {
+    const reader = req.body.getReader();
+    for (;;) {
+      let r: ReadableStreamReadResult<Uint8Array>;
+      try {
+        r = await reader.read();
+      } catch {
+        throw new ApiError("invalid_request", `The upload ended after ${total} bytes`);
+      }
+      if (r.done) break;
+      total += r.value.byteLength;
+      if (total > maxBytes) {
+        await reader.cancel();
+        throw tooLarge(`more than ${maxBytes}`);
+      }
+      chunks.push(r.value);
+    }
+  }
+  const body = new Uint8Array(total);
+  let at = 0;
+  for (const ch of chunks) {
+    body.set(ch, at);
+    at += ch.byteLength;
+  }
+  try {
+    return await new Response(body, { headers: { "content-type": type } }).formData();
+  } catch (e) {
+    throw new ApiError(
+      "invalid_request",
+      `The upload is not valid multipart/form-data: ${(e as Error).message}`,
+    );
+  }
+}
+
+function scopeField(scope: string | undefined): { scope?: string } {
+  return scope === undefined ? {} : { scope };
+}

@@ -1,0 +1,246 @@
+import type { BatchObject, FileObject, OutputLine, ResultRecord } from "./batch_types.ts";
+
+/** Ids name files on disk, so only these spellings are ever looked up. */
+const FILE_ID = /^file-[A-Za-z0-9_-]{1,64}$/;
+const BATCH_ID = /^batch_[A-Za-z0-9_-]{1,64}$/;
+
+export function isFileId(id: string): boolean {
+  return FILE_ID.test(id);
+}
+
+export function isBatchId(id: string): boolean {
+  return BATCH_ID.test(id);
+}
+
+/** A fresh id with OpenAI's prefixes: `file-…`, `batch_…`, `batch_req_…`. */
+export function newId(prefix: "file-" | "batch_" | "batch_req_"): string {
+  return prefix + crypto.randomUUID().replaceAll("-", "").slice(0, 24);
+}
+
+/**
+ * The batch queue's files on disk, under one data directory:
+ *
+ *   files/<id>.jsonl           a file's content (uploads, and the output/error files)
+ *   files/<id>.json            its file object
+ *   batches/<id>.json          a batch object, replaced atomically at each status change
+ *   batches/<id>.results.jsonl the finished lines, appended and fsynced one at a time
+ *
+ * Objects are written to a temporary name, fsynced and renamed over the old one, so a crash
+ * leaves the old version or the new one, never half of either. The results log is the record
+ * of which lines are done: a line counts once its record and newline are on disk.
+ * Directories are created on the first write, so a server that never takes a batch leaves no
+ * trace.
+ */
+export class BatchStore {
+  readonly #files: string;
+  readonly #batches: string;
+  #made = false;
+
+  constructor(readonly dir: string) {
+    this.#files = `${dir}/files`;
+    this.#batches = `${dir}/batches`;
+  }
+
+  async #ensureDirs(): Promise<void> {
+    if (this.#made) return;
+    await Deno.mkdir(this.#files, { recursive: true });
+    await Deno.mkdir(this.#batches, { recursive: true });
+    this.#made = true;
+  }
+
+  /** Stores a file's content, then its object (a file exists once its object does). */
+  async putFile(meta: FileObject, content: Uint8Array): Promise<void> {
+    await this.#ensureDirs();
+    await writeAtomic(`${this.#files}/${meta.id}.jsonl`, content);
+    await writeAtomic(`${this.#files}/${meta.id}.json`, encode(JSON.stringify(meta)));
+  }
+
+  async getFile(id: string): Promise<FileObject | undefined> {
+    if (!isFileId(id)) return undefined;
+    return await readJson<FileObject>(`${this.#files}/${id}.json`);
+  }
+
+  /** Every stored file object, newest first. */
+  async listFiles(): Promise<FileObject[]> {
+    const out: FileObject[] = [];
+    try {
+      for await (const e of Deno.readDir(this.#files)) {
+        const m = /^(file-[A-Za-z0-9_-]+)\.json$/.exec(e.name);
+        if (!e.isFile || m === null) continue;
+        const f = await readJson<FileObject>(`${this.#files}/${e.name}`);
+        if (f !== undefined) out.push(f);
+      }
+    } catch (e) {
+      if (!(e instanceof Deno.errors.NotFound)) throw e;
+    }
+    return out.sort((a, b) => b.created_at - a.created_at || (a.id < b.id ? 1 : -1));
+  }
+
+  async fileContent(id: string): Promise<Uint8Array | undefined> {
+    if (!isFileId(id) || (await this.getFile(id)) === undefined) return undefined;
+    return await Deno.readFile(`${this.#files}/${id}.jsonl`);
+  }
+
+  async saveBatch(b: BatchObject): Promise<void> {
+    await this.#ensureDirs();
+    await writeAtomic(`${this.#batches}/${b.id}.json`, encode(JSON.stringify(b)));
+  }
+
+  /** Every stored batch (for a restart to resume the unfinished ones). */
+  async listBatches(): Promise<BatchObject[]> {
+    const out: BatchObject[] = [];
+    let entries: Deno.DirEntry[];
+    try {
+      entries = await Array.fromAsync(Deno.readDir(this.#batches));
+    } catch (e) {
+      if (e instanceof Deno.errors.NotFound) return out;
+      throw e;
+    }
+    for (const e of entries) {
+      const m = /^(batch_[A-Za-z0-9_-]+)\.json$/.exec(e.name);
+      if (!e.isFile || m === null) continue;
+      const b = await readJson<BatchObject>(`${this.#batches}/${e.name}`);
+      if (b !== undefined) out.push(b);
+    }
+    return out.sort((a, b) => a.created_at - b.created_at || (a.id < b.id ? -1 : 1));
+  }
+
+  /** Opens a batch's results log for appending, reading the records already in it. */
+  async openResults(batchId: string): Promise<ResultLog> {
+    await this.#ensureDirs();
+    return await ResultLog.open(`${this.#batches}/${batchId}.results.jsonl`);
+  }
+}
+
+/**
+ * A batch's finished lines: one JSON record per line, each appended and fsynced before the
+ * line counts as done. A crash can leave at most one partial record at the end, which
+ * open() cuts off (that line runs again); a record whose index is already there is not
+ * written twice.
+ */
+export class ResultLog {
+  readonly records: ResultRecord[];
+  readonly #file: Deno.FsFile;
+  readonly #indices = new Set<number>();
+  #tail: Promise<void> = Promise.resolve();
+  #closed = false;
+
+  private constructor(file: Deno.FsFile, records: ResultRecord[]) {
+    this.#file = file;
+    this.records = records;
+    for (const r of records) this.#indices.add(r.index);
+  }
+
+  static async open(path: string): Promise<ResultLog> {
+    const file = await Deno.open(path, { read: true, write: true, create: true });
+    try {
+      const bytes = await readAll(file);
+      const lastNewline = bytes.lastIndexOf(0x0a);
+      const whole = lastNewline + 1;
+      if (whole < bytes.length) {
+        // A record cut short by a crash: the line was not done.
+        await file.truncate(whole);
+        await file.sync();
+      }
+      const records: ResultRecord[] = [];
+      const seen = new Set<number>();
+      const text = new TextDecoder().decode(bytes.subarray(0, whole));
+      for (const row of text.split("\n")) {
+        if (row === "") continue;
+        const r = JSON.parse(row) as ResultRecord;
+        if (seen.has(r.index)) continue;
+        seen.add(r.index);
+        records.push(r);
+      }
+      await file.seek(0, Deno.SeekMode.End);
+      return new ResultLog(file, records);
+    } catch (e) {
+      file.close();
+      throw e;
+    }
+  }
+
+  has(index: number): boolean {
+    return this.#indices.has(index);
+  }
+
+  /** Appends one record and resolves once it is on disk (appends are serialized). */
+  append(index: number, ok: boolean, line: OutputLine): Promise<void> {
+    if (this.#indices.has(index)) return this.#tail;
+    this.#indices.add(index);
+    const record: ResultRecord = { index, ok, line };
+    this.records.push(record);
+    const bytes = encode(JSON.stringify(record) + "\n");
+    const run = this.#tail.then(async () => {
+      await writeAll(this.#file, bytes);
+      await this.#file.sync();
+    });
+    this.#tail = run.catch(() => {});
+    return run;
+  }
+
+  /** Waits for pending appends, then closes the file. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    await this.#tail;
+    this.#file.close();
+  }
+}
+
+function encode(text: string): Uint8Array {
+  return new TextEncoder().encode(text);
+}
+
+async function readJson<T>(path: string): Promise<T | undefined> {
+  try {
+    return JSON.parse(await Deno.readTextFile(path)) as T;
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound) return undefined;
+    throw e;
+  }
+}
+
+async function readAll(file: Deno.FsFile): Promise<Uint8Array> {
+  const size = (await file.stat()).size;
+  const out = new Uint8Array(size);
+  let got = 0;
+  while (got < size) {
+    const n = await file.read(out.subarray(got));
+    if (n === null) break;
+    got += n;
+  }
+  return out.subarray(0, got);
+}
+
+async function writeAll(file: Deno.FsFile, bytes: Uint8Array): Promise<void> {
+  let at = 0;
+  while (at < bytes.length) at += await file.write(bytes.subarray(at));
+}
+
+/** Writes to a temporary name, fsyncs, renames into place, fsyncs the directory. */
+export async function writeAtomic(path: string, bytes: Uint8Array): Promise<void> {
+  const tmp = `${path}.tmp`;
+  const file = await Deno.open(tmp, { write: true, create: true, truncate: true });
+  try {
+    await writeAll(file, bytes);
+    await file.sync();
+  } finally {
+    file.close();
+  }
+  await Deno.rename(tmp, path);
+  await syncDir(path.slice(0, path.lastIndexOf("/")));
+}
+
+/** Makes a rename durable; where a directory cannot be opened, the rename stands as it is. */
+async function syncDir(dir: string): Promise<void> {
+  let d: Deno.FsFile | undefined;
+  try {
+    d = await Deno.open(dir, { read: true });
+    await d.sync();
+  } catch {
+    // Not every platform lets a directory be opened and synced.
+  } finally {
+    d?.close();
+  }
+}
