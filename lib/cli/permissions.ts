@@ -41,6 +41,10 @@ export interface Permissions {
 export interface RunNeeds {
   /** `--model`: a path, an http(s) URL, a known name or a file stem in the models dir/mirror. */
   readonly model: string;
+  /** `--model` given several times: every one of them is served. */
+  readonly models?: readonly string[];
+  /** `--all-models` reads the models directory only (already readable). */
+  readonly allModels?: boolean;
   readonly tokenizer?: string;
   readonly modelsDir?: string;
   /** The listen address (`serve` only). */
@@ -109,7 +113,7 @@ export function derivePermissions(needs: RunNeeds, env: EnvGetter): Permissions 
   const mirror = mirrorDirFromEnv(env);
   if (mirror !== undefined) read.add(mirror);
   const mayDownload = needs.mayDownload ?? true;
-  for (const spec of [needs.model, needs.tokenizer]) {
+  for (const spec of [needs.model, ...(needs.models ?? []), needs.tokenizer]) {
     if (spec === undefined) continue;
     if (isHttpUrl(spec)) {
       if (!mayDownload) continue;

@@ -1,0 +1,357 @@
+/**
+ * The service of a server with several models: each loaded model has a whole app of its own
+ * (lib/http's, over its own engine, KV pool and scheduler), and this front sends each request
+ * to the one its `model` field names, loading it first through the pool. What is about all
+ * models (/v1/models, /health, /ready, /metrics) it answers itself.
+ */
+import type { DrainResult, ServiceApp } from "../http/app.ts";
+import { ApiKeyVerifier, parseAuthorization } from "../http/auth.ts";
+import { ApiError, preview } from "../http/errors.ts";
+import { PROMETHEUS_CONTENT_TYPE } from "../http/metrics.ts";
+import { OriginPolicy } from "../http/origin.ts";
+import { isValidRequestId, newRequestId, RequestLog } from "../http/request_log.ts";
+import type { ServiceMetrics } from "../http/service_metrics.ts";
+import { parseKeepAlive } from "../util/duration.ts";
+import { type Lease, ModelLoadError, type ModelPool } from "./model_pool.ts";
+import { mergeModelMetrics, poolMetrics } from "./model_metrics.ts";
+
+/** What /v1/models says of a model, loaded or not. */
+export interface CatalogModel {
+  readonly name: string;
+  readonly path: string;
+  readonly bytes: number;
+  readonly format: string;
+  readonly architecture?: string;
+  readonly quantization?: string;
+  /** The context the file declares (or --context-length). */
+  readonly contextLength?: number;
+}
+
+export interface ModelsServiceOptions {
+  readonly pool: ModelPool<ServiceApp>;
+  readonly catalog: readonly CatalogModel[];
+  /** Serves /metrics' connection counters (serveService writes them). */
+  readonly metrics: ServiceMetrics;
+  readonly apiKeys?: readonly string[];
+  readonly metricsPublic?: boolean;
+  readonly corsOrigins?: readonly string[];
+  readonly allowedHosts?: readonly string[];
+  readonly requestLog?: RequestLog;
+  readonly maxBodyBytes?: number;
+  readonly drainTimeoutMs?: number;
+}
+
+/** POST routes whose JSON body names the model. */
+const BODY_ROUTES = new Set(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]);
+
+export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
+  const { pool, metrics } = opts;
+  const keys = new ApiKeyVerifier(opts.apiKeys ?? []);
+  const origins = new OriginPolicy(opts.corsOrigins ?? [], opts.allowedHosts ?? []);
+  const requestLog = opts.requestLog ?? new RequestLog();
+  const maxBodyBytes = opts.maxBodyBytes ?? 1 << 20;
+  const defaultModel = opts.catalog[0]!.name;
+  const createdAt = Math.floor(Date.now() / 1000);
+  let draining = false;
+  /** Requests between arriving and their model's answer being passed on (loads included). */
+  let routing = 0;
+
+  const served = () => pool.names.map((n) => `"${n}"`).join(", ");
+  const unknownModel = (asked: unknown) =>
+    new ApiError(
+      "model_not_found",
+      `The model ${preview(asked)} does not exist; this server serves ${served()}`,
+      "model",
+    );
+
+  const describe = (m: CatalogModel) => {
+    const s = pool.status().find((x) => x.name === m.name)!;
+    return {
+      id: m.name,
+      object: "model",
+      created: createdAt,
+      owned_by: "llmserve",
+      root: m.name,
+      ...(m.contextLength === undefined ? {} : { max_model_len: m.contextLength }),
+      // Ollama's /api/ps and /api/tags say as much; OpenAI clients ignore what they do not know.
+      loaded: s.phase === "loaded",
+      phase: s.phase,
+      size_bytes: m.bytes,
+      format: m.format,
+      ...(m.architecture === undefined ? {} : { architecture: m.architecture }),
+      ...(m.quantization === undefined ? {} : { quantization: m.quantization }),
+    };
+  };
+
+  /** Host/Origin and API key checks for what this front answers itself. */
+  const gate = async (req: Request, path: string): Promise<void> => {
+    const refusal = origins.check(req.headers.get("host") ?? undefined, req.headers.get("origin") ?? undefined);
+    if (refusal !== null) {
+      throw new ApiError(
+        origins.hostAllowed(req.headers.get("host") ?? "") ? "forbidden_origin" : "forbidden_host",
+        refusal,
+      );
+    }
+    const open = path === "/health" || path === "/ready" ||
+      (path === "/metrics" && opts.metricsPublic === true);
+    if (!keys.enabled || open) return;
+    const auth = parseAuthorization(req.headers.get("authorization"));
+    let token = auth.kind === "token" ? auth.token : null;
+    if (auth.kind === "missing" && path === "/v1/stream") {
+      token = new URL(req.url).searchParams.get("api_key");
+    }
+    if (!(await keys.verify(token))) {
+      throw new ApiError(
+        "unauthorized",
+        auth.kind === "malformed"
+          ? auth.problem
+          : token === null
+          ? "Missing API key: send the header 'Authorization: Bearer <key>'"
+          : "Invalid API key",
+      );
+    }
+  };
+
+  const own = async (req: Request, path: string): Promise<Response | undefined> => {
+    if (req.method !== "GET" && req.method !== "HEAD") return undefined;
+    if (path === "/health") {
+      const models: Record<string, unknown> = {};
+      for (const s of pool.status()) {
+        models[s.name] = {
+          phase: s.phase,
+          ...(s.phase === "unloaded" ? {} : { bytes: s.bytes }),
+          ...(s.progress ? { progress: s.progress } : {}),
+          ...(s.lastError === undefined ? {} : { last_error: s.lastError }),
+        };
+      }
+      return Response.json({ status: "ok", phase: "ready", models });
+    }
+    if (path === "/ready") {
+      return draining
+        ? Response.json({ status: "unavailable", reasons: ["draining"] }, { status: 503 })
+        : Response.json({ status: "ready" });
+    }
+    if (path === "/metrics") {
+      await gate(req, path);
+      const perModel: { model: string; text: string }[] = [];
+      for (const { name, service } of pool.loaded()) {
+        const res = await service.fetch(new Request(new URL("/metrics", req.url), {
+          headers: internalHeaders(req),
+        }));
+        if (res.ok) perModel.push({ model: name, text: await res.text() });
+      }
+      return new Response(
+        mergeModelMetrics(metrics.render(), perModel) + poolMetrics(pool.status()),
+        { headers: { "content-type": PROMETHEUS_CONTENT_TYPE } },
+      );
+    }
+    if (path === "/v1/models") {
+      await gate(req, path);
+      return Response.json({ object: "list", data: opts.catalog.map(describe) });
+    }
+    if (path.startsWith("/v1/models/")) {
+      await gate(req, path);
+      const id = decodeURIComponent(path.slice("/v1/models/".length));
+      const m = opts.catalog.find((c) => c.name === id);
+      if (m === undefined) throw unknownModel(id);
+      return Response.json(describe(m));
+    }
+    return undefined;
+  };
+
+  /** The model a request is for, and the request to pass on (its body without keep_alive). */
+  const pick = async (
+    req: Request,
+    path: string,
+  ): Promise<{ name: string; keepAliveMs?: number; forward: Request }> => {
+    if (req.method === "POST" && BODY_ROUTES.has(path)) {
+      const length = Number(req.headers.get("content-length") ?? "0");
+      if (length > maxBodyBytes) throw tooLarge(length);
+      const text = await req.text();
+      if (text.length > maxBodyBytes) throw tooLarge(text.length);
+      let body: unknown;
+      try {
+        body = JSON.parse(text);
+      } catch {
+        // Not JSON: the default model's app says what is wrong with it.
+        return { name: defaultModel, forward: rebuilt(req, text) };
+      }
+      if (body === null || typeof body !== "object" || Array.isArray(body)) {
+        return { name: defaultModel, forward: rebuilt(req, text) };
+      }
+      const fields = body as Record<string, unknown>;
+      const asked = fields.model;
+      let name = defaultModel;
+      if (asked !== undefined && asked !== null) {
+        if (typeof asked !== "string" || !pool.has(asked)) throw unknownModel(asked);
+        name = asked;
+      }
+      let keepAliveMs: number | undefined;
+      if ("keep_alive" in fields) {
+        const k = parseKeepAlive(fields.keep_alive);
+        if (typeof k === "string") {
+          throw new ApiError("invalid_request", `Invalid 'keep_alive': ${k}`, "keep_alive");
+        }
+        keepAliveMs = k;
+        delete fields.keep_alive;
+        return { name, keepAliveMs, forward: rebuilt(req, JSON.stringify(fields)) };
+      }
+      return { name, forward: rebuilt(req, text) };
+    }
+    // A WebSocket, the playground, /props and the rest: ?model= picks, else the default model.
+    const asked = new URL(req.url).searchParams.get("model");
+    if (asked !== null && !pool.has(asked)) throw unknownModel(asked);
+    return { name: asked ?? defaultModel, forward: req };
+  };
+
+  const errorResponse = (e: ApiError, id: string): Response => {
+    metrics.errors.inc({ code: e.code });
+    const headers: Record<string, string> = { "x-request-id": id };
+    if (e.status === 503) headers["retry-after"] = "1";
+    if (e.status === 401) headers["www-authenticate"] = 'Bearer realm="llmserve"';
+    return Response.json(e.toJSON(), { status: e.status, headers });
+  };
+
+  const fetch = async (req: Request, info?: unknown): Promise<Response> => {
+    const path = new URL(req.url).pathname;
+    const asked = req.headers.get("x-request-id");
+    const id = asked !== null && isValidRequestId(asked) ? asked : newRequestId();
+    let lease: Lease<ServiceApp> | undefined;
+    routing++;
+    try {
+      const answered = await own(req, path);
+      if (answered !== undefined) {
+        answered.headers.set("x-request-id", id);
+        if (!(path === "/health" || path === "/ready" || path === "/metrics")) {
+          requestLog.record(id, req.method, path).responded(answered.status);
+        }
+        return answered;
+      }
+      // The key first: an unknown model's answer names the served ones.
+      await gate(req, path);
+      const picked = await pick(req, path);
+      if (draining) {
+        throw new ApiError("draining", "The server is shutting down; retry on another instance");
+      }
+      lease = await pool.acquire(picked.name, picked.keepAliveMs);
+      const res = await lease.model.service.fetch(picked.forward, info);
+      const held = lease;
+      lease = undefined;
+      return releasedWhenDone(res, () => held.release());
+    } catch (err) {
+      lease?.release();
+      const e = err instanceof ApiError
+        ? err
+        : err instanceof ModelLoadError
+        ? new ApiError(err.insufficientMemory ? "insufficient_memory" : "model_load_failed", err.message, "model")
+        : new ApiError("internal", `Internal error: ${err instanceof Error ? err.message : err}`);
+      const res = errorResponse(e, id);
+      const record = requestLog.record(id, req.method, path);
+      record.code = e.code;
+      record.responded(res.status);
+      return res;
+    } finally {
+      routing--;
+    }
+  };
+
+  const hurried = new AbortController();
+  return {
+    get app(): never {
+      throw new Error("The models service has no Hono app of its own; each model's app has one");
+    },
+    fetch,
+    metrics,
+    async drain(d = {}): Promise<DrainResult> {
+      draining = true;
+      const timeoutMs = d.timeoutMs ?? opts.drainTimeoutMs ?? 30_000;
+      // Requests still waiting for a load get it (or its error) within the deadline too.
+      const deadline = Date.now() + timeoutMs;
+      while (routing > 0 && Date.now() < deadline && !hurried.signal.aborted) {
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      const results = await Promise.all(
+        pool.loaded().map(({ service }) =>
+          service.drain({ timeoutMs: Math.max(0, deadline - Date.now()) })
+        ),
+      );
+      await pool.close();
+      return {
+        completed: results.every((r) => r.completed),
+        aborted: results.reduce((s, r) => s + r.aborted, 0),
+      };
+    },
+    hurry() {
+      hurried.abort();
+      for (const { service } of pool.loaded()) service.hurry();
+    },
+    setReady() {},
+    get draining() {
+      return draining;
+    },
+    get inFlight() {
+      return pool.loaded().reduce((s, m) => s + m.service.inFlight, 0);
+    },
+    get sockets() {
+      return pool.loaded().reduce((s, m) => s + m.service.sockets, 0);
+    },
+    close() {
+      for (const { service } of pool.loaded()) service.close();
+    },
+  };
+
+  function tooLarge(bytes: number): ApiError {
+    return new ApiError(
+      "payload_too_large",
+      `Request body of ${bytes} bytes is over the limit of ${maxBodyBytes} bytes`,
+    );
+  }
+}
+
+/** The same request with the body given (the original's was read to find the model). */
+function rebuilt(req: Request, body: string): Request {
+  const headers = new Headers(req.headers);
+  headers.delete("content-length");
+  return new Request(req.url, { method: req.method, headers, body, signal: req.signal });
+}
+
+/** Headers for a request the front makes of a model's app on a client's behalf. */
+function internalHeaders(req: Request): Headers {
+  const h = new Headers();
+  for (const name of ["host", "authorization"]) {
+    const v = req.headers.get(name);
+    if (v !== null) h.set(name, v);
+  }
+  return h;
+}
+
+/**
+ * The response, with `done` called once its body has been sent or abandoned: a model stays
+ * held (never unloaded) while a stream from it is being read.
+ */
+function releasedWhenDone(res: Response, done: () => void): Response {
+  if (res.body === null || res.status === 101) {
+    done();
+    return res;
+  }
+  const reader = res.body.getReader();
+  const body = new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      try {
+        const { value, done: end } = await reader.read();
+        if (end) {
+          controller.close();
+          done();
+        } else controller.enqueue(value);
+      } catch (e) {
+        done();
+        controller.error(e);
+      }
+    },
+    cancel(reason) {
+      done();
+      return reader.cancel(reason);
+    },
+  });
+  return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });
+}
