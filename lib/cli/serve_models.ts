@@ -90,6 +90,8 @@ interface Shared {
   readonly chatTemplate?: string;
   readonly requestLog: RequestLog;
   readonly resolved: Promise<ResolvedBackend>;
+  /** Each model's metrics registry, kept across its loads. */
+  readonly metrics: ReadonlyMap<string, ServiceMetrics>;
 }
 
 /**
@@ -135,7 +137,7 @@ export async function loadServedModel(
     built.engine.dispose();
     throw e;
   }
-  const metrics = new ServiceMetrics();
+  const metrics = shared.metrics.get(m.name)!;
   const core = new ServingCore({
     engine: built.engine,
     engineFactory: async () =>
@@ -236,6 +238,7 @@ export async function serveModelsCommand(
     chatTemplate,
     requestLog,
     resolved: resolveBackend(config.backend),
+    metrics: new Map(catalog.map((m) => [m.name, new ServiceMetrics()])),
   };
   let backendLine: string | undefined;
   const pool = new ModelPool<ServiceApp>(
@@ -256,6 +259,7 @@ export async function serveModelsCommand(
     pool,
     catalog,
     metrics,
+    modelMetrics: shared.metrics,
     apiKeys: config.apiKey,
     metricsPublic: config.metricsPublic,
     corsOrigins: config.corsOrigin,

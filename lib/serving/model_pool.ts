@@ -65,6 +65,8 @@ export interface ModelStatus {
   readonly phase: ModelPhase;
   readonly bytes: number;
   readonly leases: number;
+  /** Requests it is answering or loading for, and WebSocket generations on it. */
+  readonly inFlight: number;
   readonly keepAliveMs: number;
   readonly loads: number;
   readonly loadFailures: number;
@@ -181,6 +183,7 @@ export class ModelPool<S> {
       phase: e.phase,
       bytes: e.phase === "loaded" ? e.model!.bytes : e.reserved,
       leases: e.leases,
+      inFlight: Math.max(e.leases, e.model?.busy() ?? 0),
       keepAliveMs: e.keepAliveMs,
       loads: e.loads,
       loadFailures: e.loadFailures,

@@ -4,6 +4,7 @@
  * to the one its `model` field names, loading it first through the pool. What is about all
  * models (/v1/models, /health, /ready, /metrics) it answers itself.
  */
+import type { CoreStats } from "../core/generation.ts";
 import type { DrainResult, ServiceApp } from "../http/app.ts";
 import { ApiKeyVerifier, parseAuthorization } from "../http/auth.ts";
 import { ApiError, preview } from "../http/errors.ts";
@@ -32,6 +33,11 @@ export interface ModelsServiceOptions {
   readonly catalog: readonly CatalogModel[];
   /** Serves /metrics' connection counters (serveService writes them). */
   readonly metrics: ServiceMetrics;
+  /**
+   * Each model's registry, kept across its loads (so its counters never go back when it is
+   * unloaded and loaded again); each load's app writes to it.
+   */
+  readonly modelMetrics: ReadonlyMap<string, ServiceMetrics>;
   readonly apiKeys?: readonly string[];
   readonly metricsPublic?: boolean;
   readonly corsOrigins?: readonly string[];
@@ -40,6 +46,18 @@ export interface ModelsServiceOptions {
   readonly maxBodyBytes?: number;
   readonly drainTimeoutMs?: number;
 }
+
+/** What an unloaded model's gauges say: nothing running, nothing held. */
+const IDLE_STATS: CoreStats = {
+  running: 0,
+  waiting: 0,
+  kvBlocksUsed: 0,
+  kvBlocksTotal: 0,
+  prefixCacheHitRate: 0,
+  steps: 0,
+  lastBatchSize: 0,
+  executorHealthy: true,
+};
 
 /** POST routes whose JSON body names the model. */
 const BODY_ROUTES = new Set(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]);
@@ -119,7 +137,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       for (const s of pool.status()) {
         models[s.name] = {
           phase: s.phase,
-          ...(s.phase === "unloaded" ? {} : { bytes: s.bytes }),
+          ...(s.phase === "unloaded" ? {} : { bytes: s.bytes, in_flight: s.inFlight }),
           ...(s.progress ? { progress: s.progress } : {}),
           ...(s.lastError === undefined ? {} : { last_error: s.lastError }),
         };
@@ -134,11 +152,19 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     if (path === "/metrics") {
       await gate(req, path);
       const perModel: { model: string; text: string }[] = [];
-      for (const { name, service } of pool.loaded()) {
-        const res = await service.fetch(new Request(new URL("/metrics", req.url), {
-          headers: internalHeaders(req),
-        }));
-        if (res.ok) perModel.push({ model: name, text: await res.text() });
+      const loaded = new Map(pool.loaded().map((m) => [m.name, m.service]));
+      for (const [name, registry] of opts.modelMetrics) {
+        const service = loaded.get(name);
+        // A loaded model's app refreshes its gauges from its core as it renders them.
+        const res = service === undefined ? undefined : await service.fetch(
+          new Request(new URL("/metrics", req.url), { headers: internalHeaders(req) }),
+        );
+        if (res?.ok) perModel.push({ model: name, text: await res.text() });
+        else {
+          await res?.body?.cancel();
+          registry.setStats(IDLE_STATS, 0);
+          perModel.push({ model: name, text: registry.render() });
+        }
       }
       return new Response(
         mergeModelMetrics(metrics.render(), perModel) + poolMetrics(pool.status()),
