@@ -143,6 +143,16 @@ Deno.test("three models in one server under a budget that fits two", async (t) =
         assertStringIncludes(r.body.error.message, `Cannot load model "${BROKEN}": `);
         assertStringIncludes(r.body.error.message, BROKEN + ".gguf");
       }
+      const stream = await fetch(`${base}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: BROKEN, prompt: PROMPT, stream: true }),
+      });
+      const events = await stream.text();
+      assert(events.startsWith(`: loading model "${BROKEN}"`), events.slice(0, 200));
+      const last = JSON.parse(events.trimEnd().split("\n").pop()!.slice("data: ".length));
+      assertEquals(last.error.code, "model_load_failed");
+      assertStringIncludes(last.error.message, `Cannot load model "${BROKEN}": `);
       const h = await health();
       assertEquals(h[BROKEN]!.phase, "unloaded");
       assertStringIncludes(h[BROKEN]!.last_error!, `Cannot load model "${BROKEN}"`);
@@ -156,6 +166,20 @@ Deno.test("three models in one server under a budget that fits two", async (t) =
     await t.step("keep_alive 0 unloads the model after its request", async () => {
       assertEquals(await text(A, { keep_alive: 0 }), oracle[A]);
       await until(A, "unloaded");
+      // A stream for it now hears how the load goes first (SSE comments), then the tokens.
+      const res = await fetch(`${base}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: A, prompt: PROMPT, max_tokens: N, temperature: 0, stream: true }),
+      });
+      assertEquals(res.status, 200);
+      const sse = await res.text();
+      assert(sse.startsWith(`: loading model "${A}"`), sse.slice(0, 200));
+      const streamed = sse.split("\n").filter((l) => l.startsWith("data: {")).map((l) =>
+        JSON.parse(l.slice(6)).choices[0].text
+      ).join("");
+      assertEquals(streamed, oracle[A]);
+      assert(sse.trimEnd().endsWith("data: [DONE]"), sse.slice(-200));
       const bad = await complete(A, { keep_alive: "soon" });
       assertEquals(bad.status, 400);
       assertEquals(bad.body.error.param, "keep_alive");
@@ -286,6 +310,7 @@ Deno.test("--max-loaded-models 1: a load that needs the busy model gone is refus
   const { complete, text, phases, openStream, inFlight } = client(server.base);
   try {
     const oracleA = await generateAlone(A);
+    await text(C); // loaded first: the stream below is a running generation, not a load
     const onC = await openStream(C, 2000);
     assertEquals(await inFlight(C), 1);
     const refused = await complete(A);

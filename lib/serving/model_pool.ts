@@ -138,6 +138,10 @@ export class ModelPool<S> {
     return [...this.#entries.keys()];
   }
 
+  phaseOf(name: string): ModelPhase | undefined {
+    return this.#entries.get(name)?.phase;
+  }
+
   has(name: string): boolean {
     return this.#entries.has(name);
   }

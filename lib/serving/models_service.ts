@@ -189,7 +189,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
   const pick = async (
     req: Request,
     path: string,
-  ): Promise<{ name: string; keepAliveMs?: number; forward: Request }> => {
+  ): Promise<{ name: string; keepAliveMs?: number; stream?: boolean; forward: Request }> => {
     if (req.method === "POST" && BODY_ROUTES.has(path)) {
       const length = Number(req.headers.get("content-length") ?? "0");
       if (length > maxBodyBytes) throw tooLarge(length);
@@ -212,6 +212,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
         if (typeof asked !== "string" || !pool.has(asked)) throw unknownModel(asked);
         name = asked;
       }
+      const stream = fields.stream === true;
       let keepAliveMs: number | undefined;
       if ("keep_alive" in fields) {
         const k = parseKeepAlive(fields.keep_alive);
@@ -220,9 +221,9 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
         }
         keepAliveMs = k;
         delete fields.keep_alive;
-        return { name, keepAliveMs, forward: rebuilt(req, JSON.stringify(fields)) };
+        return { name, keepAliveMs, stream, forward: rebuilt(req, JSON.stringify(fields)) };
       }
-      return { name, forward: rebuilt(req, text) };
+      return { name, stream, forward: rebuilt(req, text) };
     }
     // A WebSocket, the playground, /props and the rest: ?model= picks, else the default model.
     const asked = new URL(req.url).searchParams.get("model");
@@ -259,6 +260,9 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       if (draining) {
         throw new ApiError("draining", "The server is shutting down; retry on another instance");
       }
+      if (picked.stream && pool.phaseOf(picked.name) !== "loaded") {
+        return loadingStream(picked.name, picked.keepAliveMs, picked.forward, info, id);
+      }
       lease = await pool.acquire(picked.name, picked.keepAliveMs);
       const res = await lease.model.service.fetch(picked.forward, info);
       const held = lease;
@@ -269,8 +273,8 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       const e = err instanceof ApiError
         ? err
         : err instanceof ModelLoadError
-        ? new ApiError(err.insufficientMemory ? "insufficient_memory" : "model_load_failed", err.message, "model")
-        : new ApiError("internal", `Internal error: ${err instanceof Error ? err.message : err}`);
+        ? loadError(err)
+        : toInternal(err);
       const res = errorResponse(e, id);
       const record = requestLog.record(id, req.method, path);
       record.code = e.code;
@@ -279,6 +283,94 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     } finally {
       routing--;
     }
+  };
+
+  /**
+   * A stream for a model that is not loaded yet: answered at once, with an SSE comment line on
+   * how the load goes every half second (clients skip comments), then the model's own stream.
+   * Past the 200, a failed load or a refused request is a final `data: {"error": ...}` event,
+   * as any error once a stream has begun.
+   */
+  const loadingStream = (
+    name: string,
+    keepAliveMs: number | undefined,
+    forward: Request,
+    info: unknown,
+    id: string,
+  ): Response => {
+    const enc = new TextEncoder();
+    let timer: ReturnType<typeof setInterval> | undefined;
+    let upstream: ReadableStreamDefaultReader<Uint8Array> | undefined;
+    let release = () => {};
+    let cancelled = false;
+    const body = new ReadableStream<Uint8Array>({
+      start: async (controller) => {
+        const say = () => {
+          const s = pool.status().find((x) => x.name === name)!;
+          const p = s.progress;
+          controller.enqueue(enc.encode(
+            `: loading model ${JSON.stringify(name)}${
+              p ? ` ${p.bytes}${p.total === undefined ? "" : `/${p.total}`} bytes` : ""
+            }\n\n`,
+          ));
+        };
+        say();
+        timer = setInterval(say, 500);
+        const fail = (e: ApiError) => {
+          metrics.errors.inc({ code: e.code });
+          controller.enqueue(enc.encode(`data: ${JSON.stringify(e.toJSON())}\n\n`));
+          controller.close();
+        };
+        try {
+          const lease = await pool.acquire(name, keepAliveMs);
+          release = () => lease.release();
+          clearInterval(timer);
+          const res = await lease.model.service.fetch(forward, info);
+          if (!res.ok || res.body === null) {
+            const text = res.body === null ? "" : await res.text();
+            release();
+            // The model's app refused the request (a 4xx naming the problem): pass its
+            // error envelope on as the stream's one event.
+            let envelope: unknown;
+            try {
+              envelope = { error: JSON.parse(text).error };
+            } catch {
+              envelope = toInternal(`the model's app answered ${res.status}: ${text}`).toJSON();
+            }
+            controller.enqueue(enc.encode(`data: ${JSON.stringify(envelope)}\n\n`));
+            controller.close();
+            return;
+          }
+          upstream = res.body.getReader();
+          for (;;) {
+            const { value, done } = await upstream.read();
+            if (done) break;
+            controller.enqueue(value);
+          }
+          controller.close();
+        } catch (err) {
+          clearInterval(timer);
+          if (cancelled) return; // the client left: nothing to tell it
+          fail(err instanceof ModelLoadError ? loadError(err) : toInternal(err));
+        } finally {
+          release();
+        }
+      },
+      cancel: async (reason) => {
+        cancelled = true;
+        clearInterval(timer);
+        await upstream?.cancel(reason);
+        release();
+      },
+    });
+    requestLog.record(id, "POST", new URL(forward.url).pathname).responded(200);
+    return new Response(body, {
+      headers: {
+        "content-type": "text/event-stream",
+        "cache-control": "no-cache",
+        "x-request-id": id,
+      },
+    });
   };
 
   const hurried = new AbortController();
@@ -332,6 +424,18 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       `Request body of ${bytes} bytes is over the limit of ${maxBodyBytes} bytes`,
     );
   }
+}
+
+function loadError(err: ModelLoadError): ApiError {
+  return new ApiError(
+    err.insufficientMemory ? "insufficient_memory" : "model_load_failed",
+    err.message,
+    "model",
+  );
+}
+
+function toInternal(err: unknown): ApiError {
+  return new ApiError("internal", `Internal error: ${err instanceof Error ? err.message : String(err)}`);
 }
 
 /** The same request with the body given (the original's was read to find the model). */
