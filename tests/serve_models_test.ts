@@ -10,6 +10,7 @@
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
 import { compatPath } from "./_compat.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
+import { otlpAttr, startOtlpCollector } from "./_otlp_collector.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
 const A = "stories260K-q4_1";
@@ -331,5 +332,48 @@ Deno.test("--max-loaded-models 1: a load that needs the busy model gone is refus
   } finally {
     server.child.kill("SIGTERM");
     await server.child.status;
+  }
+});
+
+Deno.test("each load has its own llm.model.load span, a failed one with its error", async () => {
+  const collector = startOtlpCollector();
+  const dir = await Deno.makeTempDir({ prefix: "serve_models_span_" });
+  const whole = await Deno.readFile(compatPath(A));
+  await Deno.writeFile(`${dir}/${BROKEN}.gguf`, whole.subarray(0, whole.length >> 1));
+  const server = await spawnUntilListening([
+    "run",
+    "--allow-all",
+    MAIN,
+    "serve",
+    "--port",
+    "0",
+    "--backend",
+    "cpu",
+    "--kv-memory",
+    "2MiB",
+    "--model",
+    compatPath(A),
+    "--model",
+    `${dir}/${BROKEN}.gguf`,
+  ], { env: collector.env });
+  const { complete, text } = client(server.base);
+  try {
+    await text(A);
+    assertEquals((await complete(BROKEN)).status, 500);
+    server.child.kill("SIGTERM");
+    assertEquals((await server.child.status).code, 0, await server.log());
+    const loads = collector.spans.filter((s) => s.name === "llm.model.load");
+    assertEquals(loads.map((s) => otlpAttr(s, "llm.model")).sort(), [BROKEN, A].sort());
+    const ok = loads.find((s) => otlpAttr(s, "llm.model") === A)!;
+    assert(Number(otlpAttr(ok, "llm.model.bytes")) > whole.length, JSON.stringify(ok.attributes));
+    // Under the HTTP span of the request that asked for the model.
+    assert(collector.spans.some((s) => s.spanId === ok.parentSpanId), "no parent span");
+    const failed = loads.find((s) => otlpAttr(s, "llm.model") === BROKEN)!;
+    assertEquals(otlpAttr(failed, "error.type"), "Error");
+    assertEquals(failed.status?.code, 2); // STATUS_CODE_ERROR
+    assertStringIncludes(failed.status?.message ?? "", `${BROKEN}.gguf`);
+  } finally {
+    await collector.close();
+    await Deno.remove(dir, { recursive: true });
   }
 });

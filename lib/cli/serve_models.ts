@@ -3,6 +3,7 @@
  * is loaded at start; the pool (lib/serving/model_pool.ts) loads each on its first request and
  * unloads idle ones under --memory-budget, --max-loaded-models and the keep-alive.
  */
+import { SpanStatusCode, trace } from "@opentelemetry/api";
 import { ServingCore } from "../../actors/core.ts";
 import { createApp, type ServiceApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
@@ -203,6 +204,32 @@ export async function loadServedModel(
   };
 }
 
+/**
+ * A load in its own span, `llm.model.load`, under the HTTP span of the request that started it
+ * (the requests that share the load wait on this one): the model, its file, what it holds, and
+ * the error when it fails.
+ */
+function tracedLoad(m: CatalogModel, shared: Shared, ctx: LoadContext) {
+  return trace.getTracer("llmserve").startActiveSpan(
+    "llm.model.load",
+    { attributes: { "llm.model": m.name, "llm.model.path": m.path, "llm.model.file_bytes": m.bytes } },
+    async (span) => {
+      try {
+        const loaded = await loadServedModel(m, shared, ctx);
+        span.setAttribute("llm.model.bytes", loaded.bytes);
+        return loaded;
+      } catch (e) {
+        const message = e instanceof Error ? e.message : String(e);
+        span.setStatus({ code: SpanStatusCode.ERROR, message });
+        span.setAttribute("error.type", e instanceof Error ? e.name : "Error");
+        throw e;
+      } finally {
+        span.end();
+      }
+    },
+  );
+}
+
 /** Free host memory, the default budget (as `auto` KV sizing reads it); unknown: no limit. */
 function freeMemory(): number | undefined {
   try {
@@ -240,14 +267,9 @@ export async function serveModelsCommand(
     resolved: resolveBackend(config.backend),
     metrics: new Map(catalog.map((m) => [m.name, new ServiceMetrics()])),
   };
-  let backendLine: string | undefined;
   const pool = new ModelPool<ServiceApp>(
     catalog.map((m) => ({ name: m.name, estimateBytes: m.bytes })),
-    async (name, ctx) => {
-      const loaded = await loadServedModel(catalog.find((m) => m.name === name)!, shared, ctx);
-      backendLine ??= loaded.description;
-      return loaded;
-    },
+    (name, ctx) => tracedLoad(catalog.find((m) => m.name === name)!, shared, ctx),
     {
       memoryBudget: budget,
       ...(config.maxLoadedModels === undefined ? {} : { maxLoaded: config.maxLoadedModels }),
