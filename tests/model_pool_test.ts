@@ -198,3 +198,43 @@ Deno.test("keep_alive durations as Ollama reads them", () => {
     assert(typeof r === "string" && r.includes("received"), String(r));
   }
 });
+
+Deno.test("an expired model's parsed file is kept for its next load and dropped first for room", async () => {
+  const dropped: string[] = [];
+  let clock = 0;
+  const pool = new ModelPool<string>(
+    [{ name: "a", estimateBytes: 40 * MB }, { name: "b", estimateBytes: 40 * MB }, {
+      name: "c",
+      estimateBytes: 40 * MB,
+    }],
+    (name, ctx) => {
+      ctx.reserve(40 * MB);
+      return Promise.resolve({
+        service: name,
+        bytes: 40 * MB,
+        busy: () => 0,
+        close: () => Promise.resolve({ bytes: 10 * MB, drop: () => void dropped.push(name) }),
+      });
+    },
+    { memoryBudget: 85 * MB, keepAliveMs: 60_000, now: () => ++clock },
+  );
+  const status = (n: string) => pool.status().find((s) => s.name === n)!;
+  const settle = () => new Promise((r) => setTimeout(r, 0));
+  (await pool.acquire("a", 0)).release(); // expires at once: its file stays
+  await settle();
+  assertEquals([status("a").phase, status("a").residueBytes], ["unloaded", 10 * MB]);
+  await use(pool, "b"); // b 40 + a's file 10 fit in 85
+  assertEquals(dropped, []);
+  // c: b 40 + a's file 10 + c 40 do not: a's file goes, not the loaded b.
+  await use(pool, "c");
+  assertEquals(dropped, ["a"]);
+  assertEquals(phases(pool), { a: "unloaded", b: "loaded", c: "loaded" });
+  // a again: b (idle, least recent) is evicted, and an evicted model's file goes with it.
+  await use(pool, "a");
+  await settle();
+  assertEquals(phases(pool), { a: "loaded", b: "unloaded", c: "loaded" });
+  assertEquals(dropped, ["a", "b"]);
+  assertEquals(status("b").residueBytes, 0);
+  await pool.close();
+  assertEquals(dropped, ["a", "b", "a", "c"]);
+});

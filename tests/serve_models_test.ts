@@ -223,6 +223,8 @@ Deno.test("three models in one server under a budget that fits two", async (t) =
   const log = await server.log();
   assertStringIncludes(log, `model ${A} loaded in`);
   assertStringIncludes(log, "(3 waiting)");
+  // keep_alive 0 left A's parsed file, and the stream after it reused it (with its tokens).
+  assert(new RegExp(`model ${A} loaded in [\\d.]+ s \\(1 waiting; reused its parsed file\\)`).test(log), log);
 });
 
 /** Requests to the server at `base`, and what its /health and /metrics say. */

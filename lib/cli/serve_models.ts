@@ -25,7 +25,13 @@ import {
   type ResolvedBackend,
   warmUp,
 } from "../serving/engine_factory.ts";
-import { type LoadContext, ModelPool, type PooledModel } from "../serving/model_pool.ts";
+import {
+  type LoadContext,
+  ModelPool,
+  type PooledModel,
+  type Residue,
+} from "../serving/model_pool.ts";
+import { wasmHeap } from "../../kernels/wasm/heap.ts";
 import { type CatalogModel, createModelsService } from "../serving/models_service.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { formatKeepAlive } from "../util/duration.ts";
@@ -93,6 +99,47 @@ interface Shared {
   readonly resolved: Promise<ResolvedBackend>;
   /** Each model's metrics registry, kept across its loads. */
   readonly metrics: ReadonlyMap<string, ServiceMetrics>;
+  /** Parsed files (weights' bytes, tokenizer) by model: loaded, or left by an unload. */
+  readonly parsed: Map<string, ParsedFile>;
+}
+
+/** A model file as openModel gives it, and how to free the bytes it was read into. */
+interface ParsedFile {
+  readonly opened: Awaited<ReturnType<typeof openModel>>;
+  readonly free: () => void;
+}
+
+/**
+ * Reads and parses a model file; its bytes go where the backend wants them (the CPU engine's
+ * heap), and free() returns them there, which nothing else would: the heap is never collected.
+ */
+async function parseFile(m: CatalogModel, config: Config, ctx: LoadContext): Promise<ParsedFile> {
+  const allocate = modelAllocator(config.backend);
+  const views: Uint8Array[] = [];
+  const opened = await openModel(m.path, {
+    modelsDir: config.modelsDir,
+    tokenizer: config.tokenizer,
+    contextLength: config.contextLength,
+    purpose: "serve",
+    onProgress: (_phase, bytes, total) => ctx.progress(bytes, total),
+    ...(allocate === undefined ? {} : {
+      allocate: (n: number) => {
+        const view = allocate(n);
+        views.push(view);
+        return view;
+      },
+    }),
+  });
+  let freed = false;
+  return {
+    opened,
+    free: () => {
+      if (freed) return;
+      freed = true;
+      const heap = wasmHeap();
+      for (const v of views) if (heap.owns(v)) heap.free(v.byteOffset, v.byteLength);
+    },
+  };
 }
 
 /**
@@ -104,16 +151,37 @@ export async function loadServedModel(
   m: CatalogModel,
   shared: Shared,
   ctx: LoadContext,
-): Promise<PooledModel<ServiceApp> & { readonly description: string }> {
+): Promise<PooledModel<ServiceApp> & { readonly description: string; readonly reused: boolean }> {
   const { config } = shared;
-  const { tokenizer, ...opened } = await openModel(m.path, {
-    modelsDir: config.modelsDir,
-    tokenizer: config.tokenizer,
-    contextLength: config.contextLength,
-    purpose: "serve",
-    onProgress: (_phase, bytes, total) => ctx.progress(bytes, total),
-    allocate: modelAllocator(config.backend),
-  });
+  const reused = shared.parsed.get(m.name);
+  const file = reused ?? await parseFile(m, config, ctx);
+  shared.parsed.set(m.name, file);
+  // The parsed file outlives this load only by coming back from close() as its residue.
+  const residue = {
+    bytes: m.bytes,
+    drop: () => {
+      if (shared.parsed.get(m.name) === file) shared.parsed.delete(m.name);
+      file.free();
+    },
+  };
+  try {
+    return await buildOnFile(m, shared, ctx, file, reused !== undefined, residue);
+  } catch (e) {
+    residue.drop();
+    throw e;
+  }
+}
+
+async function buildOnFile(
+  m: CatalogModel,
+  shared: Shared,
+  ctx: LoadContext,
+  file: ParsedFile,
+  reused: boolean,
+  residue: Residue,
+): Promise<PooledModel<ServiceApp> & { readonly description: string; readonly reused: boolean }> {
+  const { config } = shared;
+  const { tokenizer, ...opened } = file.opened;
   const engineOpts = {
     ...(config.kvDtype === undefined ? {} : { kvDtype: config.kvDtype }),
     ...(config.threads === undefined ? {} : { threads: config.threads }),
@@ -196,10 +264,13 @@ export async function loadServedModel(
     service,
     bytes: mem === undefined ? m.bytes + plan.bytes : mem.weights + mem.kvCache,
     description,
+    reused,
+    ...(reused ? { note: "reused its parsed file" } : {}),
     busy: () => service.inFlight,
     close: async () => {
       service.close();
       await core.close();
+      return residue;
     },
   };
 }
@@ -217,6 +288,7 @@ function tracedLoad(m: CatalogModel, shared: Shared, ctx: LoadContext) {
       try {
         const loaded = await loadServedModel(m, shared, ctx);
         span.setAttribute("llm.model.bytes", loaded.bytes);
+        span.setAttribute("llm.model.reused_file", loaded.reused);
         return loaded;
       } catch (e) {
         const message = e instanceof Error ? e.message : String(e);
@@ -266,6 +338,7 @@ export async function serveModelsCommand(
     requestLog,
     resolved: resolveBackend(config.backend),
     metrics: new Map(catalog.map((m) => [m.name, new ServiceMetrics()])),
+    parsed: new Map(),
   };
   const pool = new ModelPool<ServiceApp>(
     catalog.map((m) => ({ name: m.name, estimateBytes: m.bytes })),

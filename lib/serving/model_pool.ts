@@ -11,9 +11,22 @@ export interface PooledModel<S> {
   readonly service: S;
   /** Memory it holds (weights and KV cache), counted against the budget. */
   readonly bytes: number;
+  /** Said after "loaded in N s" in the log, e.g. that it reused its parsed file. */
+  readonly note?: string;
   /** Work open on it that the pool's leases do not see (WebSocket generations). */
   busy(): number;
-  close(): Promise<void>;
+  /**
+   * Frees the model; what it leaves for a faster next load (its parsed file) comes back as a
+   * residue, which the pool counts against the budget and drops first when it needs room.
+   */
+  close(): Promise<Residue | void>;
+}
+
+/** What an unloaded model leaves behind to load faster next time (its parsed file). */
+export interface Residue {
+  readonly bytes: number;
+  /** Frees it; the next load starts from the file again. */
+  drop(): void;
 }
 
 /** What a loader may tell the pool while it loads. */
@@ -64,6 +77,8 @@ export interface ModelStatus {
   readonly name: string;
   readonly phase: ModelPhase;
   readonly bytes: number;
+  /** Memory an unloaded model's parsed file still holds (reused by its next load). */
+  readonly residueBytes: number;
   readonly leases: number;
   /** Requests it is answering or loading for, and WebSocket generations on it. */
   readonly inFlight: number;
@@ -85,6 +100,8 @@ interface Entry<S> {
   model?: PooledModel<S>;
   /** Memory a load in progress has claimed. */
   reserved: number;
+  /** What the last unload left (the parsed file), while unloaded. */
+  residue?: Residue;
   leases: number;
   lastUsed: number;
   keepAliveMs: number;
@@ -186,6 +203,7 @@ export class ModelPool<S> {
       name: e.name,
       phase: e.phase,
       bytes: e.phase === "loaded" ? e.model!.bytes : e.reserved,
+      residueBytes: e.residue?.bytes ?? 0,
       leases: e.leases,
       inFlight: Math.max(e.leases, e.model?.busy() ?? 0),
       keepAliveMs: e.keepAliveMs,
@@ -216,6 +234,7 @@ export class ModelPool<S> {
         this.#unload(e, "shutdown")
       ),
     );
+    for (const e of this.#entries.values()) if (e.residue) this.#dropResidue(e);
   }
 
   #entry(name: string): Entry<S> {
@@ -231,6 +250,9 @@ export class ModelPool<S> {
     e.phase = "loading";
     e.progress = { bytes: 0 };
     e.reserved = 0;
+    // The loader takes its residue over (and reuses it): from here it is counted in the load's
+    // reservation, and no other load may drop it.
+    e.residue = undefined;
     const load = (async () => {
       this.#reserve(e, e.estimate);
       return await this.#loader(e.name, {
@@ -252,7 +274,11 @@ export class ModelPool<S> {
         e.loads++;
         const seconds = (this.#now() - started) / 1000;
         e.loadSeconds += seconds;
-        this.#log(`model ${e.name} loaded in ${seconds.toFixed(2)} s (${e.leases} waiting)`);
+        this.#log(
+          `model ${e.name} loaded in ${seconds.toFixed(2)} s (${e.leases} waiting${
+            model.note === undefined ? "" : `; ${model.note}`
+          })`,
+        );
         // Closed while it loaded: nobody will release it through the pool.
         if (this.#closed) void this.#unload(e, "shutdown");
         return model;
@@ -290,10 +316,20 @@ export class ModelPool<S> {
     const others = () => [...this.#entries.values()].filter((o) => o !== e);
     const used = () =>
       others().reduce(
-        (s, o) => s + (o.phase === "loaded" ? o.model!.bytes : o.phase === "loading" ? o.reserved : 0),
+        (s, o) =>
+          s + (o.residue?.bytes ?? 0) +
+          (o.phase === "loaded" ? o.model!.bytes : o.phase === "loading" ? o.reserved : 0),
         0,
       );
     const count = () => others().filter((o) => o.phase !== "unloaded").length;
+    // Parsed files of unloaded models go first, least recently used first: dropping one costs
+    // only its next load's read.
+    while (used() + bytes > budget) {
+      const residue = others().filter((o) => o.residue !== undefined)
+        .sort((a, b) => a.lastUsed - b.lastUsed)[0];
+      if (residue === undefined) break;
+      this.#dropResidue(residue);
+    }
     while (used() + bytes > budget || count() + 1 > maxLoaded) {
       const victim = others()
         .filter((o) => o.phase === "loaded" && this.#idle(o) && o.keepAliveMs !== Infinity)
@@ -323,6 +359,13 @@ export class ModelPool<S> {
       void this.#unload(victim, "evicted");
     }
     e.reserved = bytes;
+  }
+
+  #dropResidue(e: Entry<S>): void {
+    const r = e.residue!;
+    e.residue = undefined;
+    this.#log(`model ${e.name}: parsed file dropped (${mib(r.bytes)} freed)`);
+    r.drop();
   }
 
   #idle(e: Entry<S>): boolean {
@@ -356,11 +399,18 @@ export class ModelPool<S> {
     e.keepAliveMs = this.#opts.keepAliveMs;
     if (why === "evicted") e.evictions++;
     this.#log(`model ${e.name} unloaded (${why}, ${mib(model.bytes)} freed)`);
+    let residue: Residue | void = undefined;
     try {
-      await model.close();
+      residue = await model.close();
     } catch (err) {
       this.#log(`model ${e.name}: closing failed: ${err instanceof Error ? err.message : err}`);
     }
+    // A load begun meanwhile already reuses it.
+    if (!residue || e.phase !== "unloaded") return;
+    // An evicted model's memory was wanted, its parsed file's too. One that expired keeps it
+    // until room is needed.
+    if (why !== "expired" || this.#closed) residue.drop();
+    else e.residue = residue;
   }
 }
 
