@@ -97,6 +97,11 @@ export const SETTINGS = {
     help: "router: prefix | least-loaded | round-robin",
     default: "prefix",
   },
+  byModel: {
+    env: "LLMSERVE_BY_MODEL",
+    help: "router: replicas may serve different models; each request goes to one serving its `model`",
+    default: "false",
+  },
   drainTimeout: {
     env: "LLMSERVE_DRAIN_TIMEOUT",
     help: "seconds to let in-flight requests finish on SIGTERM",
@@ -278,6 +283,7 @@ export const ConfigSchema = z.object({
   nats: z.string().min(1).optional(),
   natsCreds: z.string().min(1).optional(),
   routing: z.enum(["prefix", "least-loaded", "round-robin"]).default(D.routing.default),
+  byModel: flag(),
   servedModelName: z.array(z.string().min(1, "a served model name cannot be empty")).default([]),
   logFormat: z.enum(["text", "json", "off"]).default(D.logFormat.default),
   logLevel: z.enum(LOG_LEVELS).default("info"),

@@ -40,8 +40,11 @@ import { describeWithGpuApi } from "../util/gpu_api.ts";
 import type { Config } from "./config.ts";
 import { openModel } from "./open_model.ts";
 
+/** A model file served by name, with what /v1/models says of it. */
+type ServedFile = CatalogModel & { readonly path: string; readonly bytes: number; readonly format: string };
+
 /** The model files a configuration serves, by name, with what /v1/models says of them. */
-export async function modelCatalog(config: Config): Promise<CatalogModel[]> {
+export async function modelCatalog(config: Config): Promise<ServedFile[]> {
   const paths: string[] = [];
   if (config.allModels) {
     const { files } = await listLocalModelFiles({ modelsDir: config.modelsDir });
@@ -59,7 +62,7 @@ export async function modelCatalog(config: Config): Promise<CatalogModel[]> {
     });
     paths.push(source.modelPath);
   }
-  const catalog: CatalogModel[] = [];
+  const catalog: ServedFile[] = [];
   for (const path of paths) {
     const name = path.split("/").pop()!.replace(/\.(gguf|bin)$/i, "");
     if (catalog.some((m) => m.name === name)) {
@@ -113,7 +116,7 @@ interface ParsedFile {
  * Reads and parses a model file; its bytes go where the backend wants them (the CPU engine's
  * heap), and free() returns them there, which nothing else would: the heap is never collected.
  */
-async function parseFile(m: CatalogModel, config: Config, ctx: LoadContext): Promise<ParsedFile> {
+async function parseFile(m: ServedFile, config: Config, ctx: LoadContext): Promise<ParsedFile> {
   const allocate = modelAllocator(config.backend);
   const views: Uint8Array[] = [];
   const opened = await openModel(m.path, {
@@ -148,7 +151,7 @@ async function parseFile(m: CatalogModel, config: Config, ctx: LoadContext): Pro
  * before the engine is built, so a model that cannot fit fails before taking the memory.
  */
 export async function loadServedModel(
-  m: CatalogModel,
+  m: ServedFile,
   shared: Shared,
   ctx: LoadContext,
 ): Promise<PooledModel<ServiceApp> & { readonly description: string; readonly reused: boolean }> {
@@ -173,7 +176,7 @@ export async function loadServedModel(
 }
 
 async function buildOnFile(
-  m: CatalogModel,
+  m: ServedFile,
   shared: Shared,
   ctx: LoadContext,
   file: ParsedFile,
@@ -280,7 +283,7 @@ async function buildOnFile(
  * (the requests that share the load wait on this one): the model, its file, what it holds, and
  * the error when it fails.
  */
-function tracedLoad(m: CatalogModel, shared: Shared, ctx: LoadContext) {
+function tracedLoad(m: ServedFile, shared: Shared, ctx: LoadContext) {
   return trace.getTracer("llmserve").startActiveSpan(
     "llm.model.load",
     { attributes: { "llm.model": m.name, "llm.model.path": m.path, "llm.model.file_bytes": m.bytes } },

@@ -13,24 +13,40 @@ import { OriginPolicy } from "../http/origin.ts";
 import { isValidRequestId, newRequestId, RequestLog } from "../http/request_log.ts";
 import type { ServiceMetrics } from "../http/service_metrics.ts";
 import { parseKeepAlive } from "../util/duration.ts";
-import { type Lease, ModelLoadError, type ModelPool } from "./model_pool.ts";
+import { type Lease, ModelLoadError, type ModelPhase, type ModelStatus } from "./model_pool.ts";
 import { mergeModelMetrics, poolMetrics } from "./model_metrics.ts";
 
 /** What /v1/models says of a model, loaded or not. */
 export interface CatalogModel {
   readonly name: string;
-  readonly path: string;
-  readonly bytes: number;
-  readonly format: string;
+  readonly path?: string;
+  readonly bytes?: number;
+  readonly format?: string;
   readonly architecture?: string;
   readonly quantization?: string;
   /** The context the file declares (or --context-length). */
   readonly contextLength?: number;
 }
 
+/**
+ * The models behind the front and how to get one's app: the pool of a server (which loads
+ * them), or a router's models as replicas advertise them (lib/cluster/model_router.ts).
+ */
+export interface ModelDirectory {
+  readonly names: readonly string[];
+  has(name: string): boolean;
+  phaseOf(name: string): ModelPhase | undefined;
+  /** The model's app, held until release(); rejects with ModelLoadError. */
+  acquire(name: string, keepAliveMs?: number): Promise<Lease<ServiceApp>>;
+  status(): ModelStatus[];
+  loaded(): { name: string; service: ServiceApp }[];
+  close(): Promise<void>;
+}
+
 export interface ModelsServiceOptions {
-  readonly pool: ModelPool<ServiceApp>;
-  readonly catalog: readonly CatalogModel[];
+  readonly pool: ModelDirectory;
+  /** What /v1/models lists, first the default model (a function where it changes). */
+  readonly catalog: readonly CatalogModel[] | (() => readonly CatalogModel[]);
   /** Serves /metrics' connection counters (serveService writes them). */
   readonly metrics: ServiceMetrics;
   /**
@@ -68,7 +84,8 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
   const origins = new OriginPolicy(opts.corsOrigins ?? [], opts.allowedHosts ?? []);
   const requestLog = opts.requestLog ?? new RequestLog();
   const maxBodyBytes = opts.maxBodyBytes ?? 1 << 20;
-  const defaultModel = opts.catalog[0]!.name;
+  const catalog = () => typeof opts.catalog === "function" ? opts.catalog() : opts.catalog;
+  const defaultModel = () => catalog()[0]?.name ?? "";
   const createdAt = Math.floor(Date.now() / 1000);
   let draining = false;
   /** Requests between arriving and their model's answer being passed on (loads included). */
@@ -83,7 +100,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     );
 
   const describe = (m: CatalogModel) => {
-    const s = pool.status().find((x) => x.name === m.name)!;
+    const s = pool.status().find((x) => x.name === m.name);
     return {
       id: m.name,
       object: "model",
@@ -92,10 +109,10 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       root: m.name,
       ...(m.contextLength === undefined ? {} : { max_model_len: m.contextLength }),
       // Ollama's /api/ps and /api/tags say as much; OpenAI clients ignore what they do not know.
-      loaded: s.phase === "loaded",
-      phase: s.phase,
-      size_bytes: m.bytes,
-      format: m.format,
+      loaded: s?.phase === "loaded",
+      phase: s?.phase ?? "unloaded",
+      ...(m.bytes === undefined ? {} : { size_bytes: m.bytes }),
+      ...(m.format === undefined ? {} : { format: m.format }),
       ...(m.architecture === undefined ? {} : { architecture: m.architecture }),
       ...(m.quantization === undefined ? {} : { quantization: m.quantization }),
     };
@@ -173,12 +190,12 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     }
     if (path === "/v1/models") {
       await gate(req, path);
-      return Response.json({ object: "list", data: opts.catalog.map(describe) });
+      return Response.json({ object: "list", data: catalog().map(describe) });
     }
     if (path.startsWith("/v1/models/")) {
       await gate(req, path);
       const id = decodeURIComponent(path.slice("/v1/models/".length));
-      const m = opts.catalog.find((c) => c.name === id);
+      const m = catalog().find((c) => c.name === id);
       if (m === undefined) throw unknownModel(id);
       return Response.json(describe(m));
     }
@@ -200,14 +217,14 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
         body = JSON.parse(text);
       } catch {
         // Not JSON: the default model's app says what is wrong with it.
-        return { name: defaultModel, forward: rebuilt(req, text) };
+        return { name: defaultModel(), forward: rebuilt(req, text) };
       }
       if (body === null || typeof body !== "object" || Array.isArray(body)) {
-        return { name: defaultModel, forward: rebuilt(req, text) };
+        return { name: defaultModel(), forward: rebuilt(req, text) };
       }
       const fields = body as Record<string, unknown>;
       const asked = fields.model;
-      let name = defaultModel;
+      let name = defaultModel();
       if (asked !== undefined && asked !== null) {
         if (typeof asked !== "string" || !pool.has(asked)) throw unknownModel(asked);
         name = asked;
@@ -228,7 +245,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     // A WebSocket, the playground, /props and the rest: ?model= picks, else the default model.
     const asked = new URL(req.url).searchParams.get("model");
     if (asked !== null && !pool.has(asked)) throw unknownModel(asked);
-    return { name: asked ?? defaultModel, forward: req };
+    return { name: asked ?? defaultModel(), forward: req };
   };
 
   const errorResponse = (e: ApiError, id: string): Response => {
