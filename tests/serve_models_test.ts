@@ -379,3 +379,35 @@ Deno.test("each load has its own llm.model.load span, a failed one with its erro
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("--all-models serves every GGUF file of the models directory by its name", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "serve_models_dir_" });
+  for (const stem of [A, B]) await Deno.copyFile(compatPath(stem), `${dir}/${stem}.gguf`);
+  // Not a GGUF file: a llama2.c checkpoint needs its tokenizer, so --all-models leaves it out.
+  await Deno.writeFile(`${dir}/notes.bin`, new Uint8Array(64));
+  const server = await spawnUntilListening([
+    "run",
+    "--allow-all",
+    MAIN,
+    "serve",
+    "--port",
+    "0",
+    "--backend",
+    "cpu",
+    "--kv-memory",
+    "2MiB",
+    "--models-dir",
+    dir,
+    "--all-models",
+  ]);
+  const { text } = client(server.base);
+  try {
+    const list = await (await fetch(`${server.base}/v1/models`)).json();
+    assertEquals(list.data.map((m: { id: string }) => m.id), [A, B]);
+    assertEquals(await text(B), await generateAlone(B));
+  } finally {
+    server.child.kill("SIGTERM");
+    await server.child.status;
+    await Deno.remove(dir, { recursive: true });
+  }
+});
