@@ -158,6 +158,14 @@ Deno.test("three models in one server under a budget that fits two", async (t) =
       assertEquals(h[BROKEN]!.phase, "unloaded");
       assertStringIncludes(h[BROKEN]!.last_error!, `Cannot load model "${BROKEN}"`);
       for (const m of [A, C, B]) assertEquals(await text(m), oracle[m]);
+      // The body is read to find the model, up to the same 1 MiB limit a model's app has.
+      const huge = await fetch(`${base}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: A, prompt: "x".repeat(2 << 20) }),
+      });
+      assertEquals(huge.status, 413);
+      assertEquals((await huge.json()).error.code, "payload_too_large");
       const unknown = await complete("no-such-model");
       assertEquals(unknown.status, 404);
       assertEquals(unknown.body.error.code, "model_not_found");

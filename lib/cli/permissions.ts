@@ -43,8 +43,6 @@ export interface RunNeeds {
   readonly model: string;
   /** `--model` given several times: every one of them is served. */
   readonly models?: readonly string[];
-  /** `--all-models` reads the models directory only (already readable). */
-  readonly allModels?: boolean;
   readonly tokenizer?: string;
   readonly modelsDir?: string;
   /** The listen address (`serve` only). */

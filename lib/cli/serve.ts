@@ -128,7 +128,6 @@ export function serveNeeds(c: Config): RunNeeds {
   return {
     model: c.model,
     models: c.models,
-    allModels: c.allModels,
     tokenizer: c.tokenizer,
     modelsDir: c.modelsDir,
     host: c.host,

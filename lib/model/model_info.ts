@@ -14,7 +14,7 @@ export interface ModelFileInfo {
    * `Q8_0 (+F16, F32)`; llama2.c checkpoints are F32.
    */
   readonly quantization?: string;
-  /** The context the file declares (`<arch>.context_length`; llama2.c: its seq_len). */
+  /** The context a GGUF file declares (`<arch>.context_length`). */
   readonly contextLength?: number;
   /** Why the header could not be read, for a file that looks like a model but is broken. */
   readonly problem?: string;

@@ -210,8 +210,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     if (req.method === "POST" && BODY_ROUTES.has(path)) {
       const length = Number(req.headers.get("content-length") ?? "0");
       if (length > maxBodyBytes) throw tooLarge(length);
-      const text = await req.text();
-      if (text.length > maxBodyBytes) throw tooLarge(text.length);
+      const text = await readCapped(req, maxBodyBytes, tooLarge);
       let body: unknown;
       try {
         body = JSON.parse(text);
@@ -453,6 +452,26 @@ function loadError(err: ModelLoadError): ApiError {
 
 function toInternal(err: unknown): ApiError {
   return new ApiError("internal", `Internal error: ${err instanceof Error ? err.message : String(err)}`);
+}
+
+/** The body as text, refused once it passes `max` bytes (a chunked body names no length). */
+async function readCapped(
+  req: Request,
+  max: number,
+  tooLarge: (bytes: number) => ApiError,
+): Promise<string> {
+  if (req.body === null) return "";
+  const chunks: Uint8Array[] = [];
+  let bytes = 0;
+  for await (const chunk of req.body) {
+    bytes += chunk.byteLength;
+    if (bytes > max) throw tooLarge(bytes);
+    chunks.push(chunk);
+  }
+  const all = new Uint8Array(bytes);
+  let at = 0;
+  for (const c of chunks) (all.set(c, at), at += c.byteLength);
+  return new TextDecoder().decode(all);
 }
 
 /** The same request with the body given (the original's was read to find the model). */
