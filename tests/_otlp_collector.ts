@@ -8,6 +8,8 @@ export interface OtlpSpan {
   attributes?: Array<{ key: string; value: Record<string, unknown> }>;
   events?: Array<{ name: string }>;
   links?: Array<{ traceId: string; spanId: string }>;
+  /** code 2 is an error, with its message. */
+  status?: { code?: number; message?: string };
 }
 
 /** An attribute's value as text (OTLP wraps it as {stringValue} / {intValue} / ...). */

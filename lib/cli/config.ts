@@ -2,6 +2,7 @@ import { z } from "zod";
 import { parseByteSize } from "../util/byte_size.ts";
 import { DEFAULT_LIMITS } from "../engine/limits.ts";
 import { LOG_LEVELS } from "../util/log_level.ts";
+import { parseKeepAlive } from "../util/duration.ts";
 
 /**
  * Every setting of the server and the CLI, with the environment variable that can also set
@@ -12,6 +13,29 @@ export const SETTINGS = {
     env: "LLMSERVE_MODEL",
     help: "model path, https:// URL or known name",
     default: "stories260K",
+  },
+  models: {
+    env: "LLMSERVE_MODELS",
+    help: "several models served at once, loaded on demand (--model repeated; env: comma-separated)",
+  },
+  allModels: {
+    env: "LLMSERVE_ALL_MODELS",
+    help: "serve every GGUF file of the models directory, by the names `deno task models` prints",
+    default: "false",
+  },
+  memoryBudget: {
+    env: "LLMSERVE_MEMORY_BUDGET",
+    help: "memory all loaded models may hold together (weights + KV); the least recently used idle one is unloaded to make room (auto: the free memory at start)",
+    default: "auto",
+  },
+  maxLoadedModels: {
+    env: "LLMSERVE_MAX_LOADED_MODELS",
+    help: "models loaded at once at most (several models only; default no limit)",
+  },
+  keepAlive: {
+    env: "LLMSERVE_KEEP_ALIVE",
+    help: "how long an idle model stays loaded: 30s, 5m, 1h, 0 (unload when idle), -1 (forever); a request's keep_alive overrides it",
+    default: "5m",
   },
   tokenizer: { env: "LLMSERVE_TOKENIZER", help: "llama2.c tokenizer.bin for a .bin checkpoint" },
   modelsDir: { env: "MODELS_DIR", help: "where downloaded models are kept" },
@@ -72,6 +96,11 @@ export const SETTINGS = {
     env: "LLMSERVE_ROUTING",
     help: "router: prefix | least-loaded | round-robin",
     default: "prefix",
+  },
+  byModel: {
+    env: "LLMSERVE_BY_MODEL",
+    help: "router: replicas may serve different models; each request goes to one serving its `model`",
+    default: "false",
   },
   drainTimeout: {
     env: "LLMSERVE_DRAIN_TIMEOUT",
@@ -171,6 +200,7 @@ export const SETTINGS = {
 
 /** Settings that take a list: repeated flags, or a comma-separated variable. */
 const LIST_SETTINGS: ReadonlySet<string> = new Set([
+  "models",
   "apiKey",
   "servedModelName",
   "corsOrigin",
@@ -217,6 +247,24 @@ const seconds = () =>
 
 export const ConfigSchema = z.object({
   model: z.string().min(1).default(D.model.default),
+  models: z.array(z.string().min(1, "a model cannot be empty")).default([]),
+  allModels: flag(),
+  memoryBudget: z.string().default(D.memoryBudget.default).transform((s, ctx) => {
+    if (s.trim().toLowerCase() === "auto") return undefined;
+    try {
+      return parseByteSize(s);
+    } catch (e) {
+      ctx.addIssue({ code: "custom", message: (e as Error).message });
+      return z.NEVER;
+    }
+  }),
+  maxLoadedModels: positiveInt().optional(),
+  keepAlive: z.string().default(D.keepAlive.default).transform((s, ctx) => {
+    const ms = parseKeepAlive(s);
+    if (typeof ms === "number") return ms;
+    ctx.addIssue({ code: "custom", message: ms });
+    return z.NEVER;
+  }),
   tokenizer: z.string().min(1).optional(),
   modelsDir: z.string().min(1).optional(),
   backend: z.enum(["webgpu", "cpu", "reference", "auto"]).default(D.backend.default),
@@ -259,6 +307,7 @@ export const ConfigSchema = z.object({
   nats: z.string().min(1).optional(),
   natsCreds: z.string().min(1).optional(),
   routing: z.enum(["prefix", "least-loaded", "round-robin"]).default(D.routing.default),
+  byModel: flag(),
   servedModelName: z.array(z.string().min(1, "a served model name cannot be empty")).default([]),
   logFormat: z.enum(["text", "json", "off"]).default(D.logFormat.default),
   logLevel: z.enum(LOG_LEVELS).default("info"),

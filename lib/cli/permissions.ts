@@ -42,6 +42,8 @@ export interface Permissions {
 export interface RunNeeds {
   /** `--model`: a path, an http(s) URL, a known name or a file stem in the models dir/mirror. */
   readonly model: string;
+  /** `--model` given several times: every one of them is served. */
+  readonly models?: readonly string[];
   readonly tokenizer?: string;
   readonly modelsDir?: string;
   /** The listen address (`serve` only). */
@@ -113,7 +115,7 @@ export function derivePermissions(needs: RunNeeds, env: EnvGetter): Permissions 
   const mirror = mirrorDirFromEnv(env);
   if (mirror !== undefined) read.add(mirror);
   const mayDownload = needs.mayDownload ?? true;
-  for (const spec of [needs.model, needs.tokenizer]) {
+  for (const spec of [needs.model, ...(needs.models ?? []), needs.tokenizer]) {
     if (spec === undefined) continue;
     if (isHttpUrl(spec)) {
       if (!mayDownload) continue;

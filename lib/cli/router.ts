@@ -2,6 +2,8 @@ import { parseArgs } from "@std/cli/parse-args";
 import { type Config, resolveConfig, type SettingName, SETTINGS } from "./config.ts";
 import { connectNats } from "../cluster/nats_connection.ts";
 import { RouterBackend } from "../cluster/router_backend.ts";
+import { ModelRouterDirectory } from "../cluster/model_router.ts";
+import { createModelsService } from "../serving/models_service.ts";
 import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
@@ -17,6 +19,7 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "api-key": "apiKey",
   "drain-timeout": "drainTimeout",
   "cache-scope": "cacheScope",
+  "by-model": "byModel",
 };
 
 /** Where the router's flag means something other than the server's. */
@@ -42,9 +45,9 @@ export function parseRouterArgs(
   env?: (name: string) => string | undefined,
 ): Config & { nats: string } {
   const flags = parseArgs(argv, {
-    string: Object.keys(FLAG_NAMES),
+    string: Object.keys(FLAG_NAMES).filter((f) => f !== "by-model"),
     collect: ["api-key"],
-    boolean: ["help"],
+    boolean: ["help", "by-model"],
   });
   const unknown = [
     ...Object.keys(flags).filter((k) => k !== "_" && k !== "help" && !(k in FLAG_NAMES)).map((k) =>
@@ -56,6 +59,8 @@ export function parseRouterArgs(
   const named: Partial<Record<SettingName, unknown>> = {};
   for (const [flag, name] of Object.entries(FLAG_NAMES)) {
     const v = (flags as Record<string, unknown>)[flag];
+    // An absent switch reads false, which would hide the environment's.
+    if (v === false) continue;
     if (v !== undefined && !(Array.isArray(v) && v.length === 0)) named[name] = v;
   }
   const config = resolveConfig(named, env);
@@ -87,8 +92,9 @@ export async function routerCommand(argv: string[]): Promise<number> {
     name: "llmserve-router",
     log,
   });
-  log(`router: connected to NATS ${nc.getServer()}; waiting for a replica`);
   const metrics = new ServiceMetrics();
+  if (config.byModel) return await routeByModel(config, nc, metrics, log);
+  log(`router: connected to NATS ${nc.getServer()}; waiting for a replica`);
   const backend = await RouterBackend.start(nc, { policy: config.routing, metrics, log });
   const service = createApp({
     backend,
@@ -124,6 +130,56 @@ export async function routerCommand(argv: string[]): Promise<number> {
         ? "all in-flight generations finished"
         : `${result.aborted} aborted at the deadline`
     }; ${backend.failovers} failover(s) served`,
+  );
+  return 0;
+}
+
+/** `router --by-model`: every model the replicas serve, each request routed by its `model`. */
+async function routeByModel(
+  config: Config & { nats: string },
+  nc: Awaited<ReturnType<typeof connectNats>>,
+  metrics: ServiceMetrics,
+  log: (line: string) => void,
+): Promise<number> {
+  const directory = new ModelRouterDirectory(nc, {
+    policy: config.routing,
+    apiKeys: config.apiKey,
+    cacheScope: config.cacheScope,
+    drainTimeoutMs: config.drainTimeout * 1000,
+    log,
+  });
+  const service = createModelsService({
+    pool: directory,
+    catalog: () => directory.catalog(),
+    metrics,
+    modelMetrics: directory.modelMetrics,
+    apiKeys: config.apiKey,
+    drainTimeoutMs: config.drainTimeout * 1000,
+  });
+  const server = await serveService(service, {
+    hostname: config.host,
+    port: config.port,
+    drainTimeoutMs: config.drainTimeout * 1000,
+    onListen: (addr) => {
+      log([
+        `llmserve router ready (by model)`,
+        `  models    what the replicas' heartbeats name, each routed among its own replicas`,
+        `  nats      ${nc.getServer()}`,
+        `  routing   ${config.routing}`,
+        `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
+        `  url       http://${addr.hostname}:${addr.port}/  (API under /v1; "model" picks)`,
+      ].join("\n"));
+    },
+  });
+  whenLauncherGone(() => void server.stop());
+  const result = await server.closed;
+  await nc.close();
+  log(
+    `drained: ${
+      result.completed
+        ? "all in-flight generations finished"
+        : `${result.aborted} aborted at the deadline`
+    }`,
   );
   return 0;
 }

@@ -3,6 +3,7 @@ import { parseFlags } from "./args.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
 import type { RunNeeds } from "./permissions.ts";
 import { versionLine } from "./version.ts";
+import { serveModelsCommand } from "./serve_models.ts";
 import { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
@@ -22,9 +23,10 @@ import {
   modelAllocator,
   planKv,
   rebuildBackend,
+  warmUp,
 } from "../serving/engine_factory.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
-import { type Engine, GREEDY, stepTokens } from "../engine/engine.ts";
+import { type Engine, stepTokens } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
 import { BatchQueue } from "../batch/batch_queue.ts";
 import { resolveDataDir } from "../batch/data_dir.ts";
@@ -45,6 +47,10 @@ import { defaultMaxConnections, openFileLimit } from "../util/fd_limit.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",
+  "all-models": "allModels",
+  "memory-budget": "memoryBudget",
+  "max-loaded-models": "maxLoadedModels",
+  "keep-alive": "keepAlive",
   "tokenizer": "tokenizer",
   "backend": "backend",
   "threads": "threads",
@@ -93,7 +99,7 @@ export const SERVE_ALIASES: Readonly<Record<string, string>> = {
 };
 
 /** Flags that take no value. */
-const BOOLEAN_FLAGS = ["metrics-public", "log-probes"];
+const BOOLEAN_FLAGS = ["metrics-public", "log-probes", "all-models"];
 
 function usage(): string {
   const rows = Object.entries(FLAG_NAMES).map(([flag, name]) => {
@@ -128,6 +134,7 @@ export function serveInfo(argv: readonly string[]): string | undefined {
 export function serveNeeds(c: Config): RunNeeds {
   return {
     model: c.model,
+    models: c.models,
     tokenizer: c.tokenizer,
     modelsDir: c.modelsDir,
     host: c.host,
@@ -142,7 +149,7 @@ export function serveNeeds(c: Config): RunNeeds {
 export function parseServeArgs(argv: string[], env?: (name: string) => string | undefined): Config {
   const { values: flags, unknown } = parseFlags(argv, {
     string: Object.keys(FLAG_NAMES).filter((f) => !BOOLEAN_FLAGS.includes(f)),
-    collect: ["api-key", "served-model-name", "cors-origin", "allowed-host"],
+    collect: ["model", "api-key", "served-model-name", "cors-origin", "allowed-host"],
     boolean: ["help", "version", ...BOOLEAN_FLAGS],
     aliases: SERVE_ALIASES,
   });
@@ -158,6 +165,12 @@ export function parseServeArgs(argv: string[], env?: (name: string) => string | 
       continue;
     }
     if (v !== undefined && !(Array.isArray(v) && v.length === 0)) named[name] = v;
+  }
+  // --model given several times serves them all (lib/cli/serve_models.ts); once, as always.
+  if (Array.isArray(named.model)) {
+    const specs = named.model as string[];
+    if (specs.length > 1) named.models = specs;
+    named.model = specs[0];
   }
   return resolveConfig(named, env);
 }
@@ -178,6 +191,9 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const chatTemplate = config.chatTemplate === undefined
     ? undefined
     : await readChatTemplate(config.chatTemplate);
+  if (config.models.length > 0 || config.allModels) {
+    return await serveModelsCommand(config, chatTemplate);
+  }
   const logger = leveledLog(config.logLevel);
   // Start-up, ready and drain lines are written at every level: a few per run, and the only
   // word that the server is up or gone.
@@ -538,27 +554,6 @@ async function readChatTemplate(path: string): Promise<string> {
     );
   }
   return text;
-}
-
-/**
- * One throw-away step before the server says it is ready: WebGPU compiles its pipelines on
- * first use (about a second on llvmpipe), which would otherwise land on the first request's
- * time to first token. It writes block 0's first slot, which the next owner overwrites.
- */
-async function warmUp(engine: Engine, bosId: number): Promise<void> {
-  const seqId = -1;
-  await engine.step({
-    stepId: -1,
-    seqs: [{
-      seqId,
-      tokens: [bosId],
-      startPos: 0,
-      blockTable: [0],
-      sample: true,
-      sampling: GREEDY,
-    }],
-  });
-  engine.release?.(seqId);
 }
 
 /**

@@ -184,10 +184,19 @@ export class RouterBackend implements GenerationBackend {
    */
   static async start(
     nc: NatsConnection,
-    opts: RouterOptions & { waitMs?: number; staleAfterMs?: number } = {},
+    opts: RouterOptions & {
+      waitMs?: number;
+      staleAfterMs?: number;
+      /** Route only to replicas serving this model (a router by model has one per model). */
+      model?: string;
+    } = {},
   ): Promise<RouterBackend> {
     const log = opts.log ?? (() => {});
-    const registry = new ReplicaRegistry({ staleAfterMs: opts.staleAfterMs, log });
+    const registry = new ReplicaRegistry({
+      staleAfterMs: opts.staleAfterMs,
+      log,
+      ...(opts.model === undefined ? {} : { model: opts.model }),
+    });
     let router: RouterBackend | undefined;
     let infoAsked: Promise<InfoReply | undefined> | undefined;
     const askInfo = async (replica: string): Promise<InfoReply | undefined> => {
@@ -209,7 +218,8 @@ export class RouterBackend implements GenerationBackend {
           return;
         }
         if (router) return router.#onHeartbeat(a.value);
-        if (infoAsked === undefined && !a.value.draining) {
+        const wanted = opts.model === undefined || a.value.model === opts.model;
+        if (infoAsked === undefined && !a.value.draining && wanted) {
           infoAsked = askInfo(a.value.replica).then((info) => {
             if (info === undefined) infoAsked = undefined;
             return info;
@@ -231,7 +241,9 @@ export class RouterBackend implements GenerationBackend {
       if (performance.now() > deadline) {
         announcements.unsubscribe();
         throw new Error(
-          `No replica answered on NATS within ${waitMs / 1000} s: start one with ` +
+          `No replica${
+            opts.model === undefined ? "" : ` serving ${JSON.stringify(opts.model)}`
+          } answered on NATS within ${waitMs / 1000} s: start one with ` +
             `'deno task start --nats <url>' pointing at the same server and credentials`,
         );
       }

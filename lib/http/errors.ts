@@ -26,6 +26,8 @@ export type ApiErrorCode =
   | "overloaded"
   | "draining"
   | "loading"
+  | "model_load_failed"
+  | "insufficient_memory"
   | "internal";
 
 const STATUS: Record<ApiErrorCode, number> = {
@@ -53,6 +55,8 @@ const STATUS: Record<ApiErrorCode, number> = {
   overloaded: 503,
   draining: 503,
   loading: 503,
+  model_load_failed: 500,
+  insufficient_memory: 503,
   internal: 500,
 };
 

@@ -14,6 +14,8 @@ export interface ModelFileInfo {
    * `Q8_0 (+F16, F32)`; llama2.c checkpoints are F32.
    */
   readonly quantization?: string;
+  /** The context a GGUF file declares (`<arch>.context_length`). */
+  readonly contextLength?: number;
   /** Why the header could not be read, for a file that looks like a model but is broken. */
   readonly problem?: string;
 }
@@ -33,8 +35,11 @@ export async function describeModelFile(path: string): Promise<ModelFileInfo> {
   }
 }
 
-function summarize(h: GgufHeader): { architecture?: string; quantization?: string } {
+function summarize(
+  h: GgufHeader,
+): { architecture?: string; quantization?: string; contextLength?: number } {
   const arch = h.metadata.get("general.architecture")?.value;
+  const context = h.metadata.get(`${arch}.context_length`)?.value;
   const elements = new Map<string, number>();
   for (const t of h.tensorInfos) {
     const name = ggmlTypeName(t.typeId).toUpperCase();
@@ -47,7 +52,13 @@ function summarize(h: GgufHeader): { architecture?: string; quantization?: strin
     : types.length === 1
     ? types[0]
     : `${types[0]} (+${types.slice(1).join(", ")})`;
-  return { architecture: typeof arch === "string" ? arch : undefined, quantization };
+  return {
+    architecture: typeof arch === "string" ? arch : undefined,
+    quantization,
+    ...(typeof context === "number" || typeof context === "bigint"
+      ? { contextLength: Number(context) }
+      : {}),
+  };
 }
 
 async function readHeader(file: Deno.FsFile, size: number, path: string): Promise<GgufHeader> {

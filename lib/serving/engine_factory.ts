@@ -242,3 +242,24 @@ export function rebuildBackend(description: string, asked: BackendChoice): Backe
   if (asked !== "auto") return asked;
   return description.startsWith("webgpu") ? "webgpu" : "cpu";
 }
+
+/**
+ * One throw-away step before the server says it is ready: WebGPU compiles its pipelines on
+ * first use (about a second on llvmpipe), which would otherwise land on the first request's
+ * time to first token. It writes block 0's first slot, which the next owner overwrites.
+ */
+export async function warmUp(engine: Engine, bosId: number): Promise<void> {
+  const seqId = -1;
+  await engine.step({
+    stepId: -1,
+    seqs: [{
+      seqId,
+      tokens: [bosId],
+      startPos: 0,
+      blockTable: [0],
+      sample: true,
+      sampling: GREEDY,
+    }],
+  });
+  engine.release?.(seqId);
+}

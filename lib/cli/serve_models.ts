@@ -1,0 +1,414 @@
+/**
+ * `deno task start --model a --model b` (or `--all-models`): one server, several models. None
+ * is loaded at start; the pool (lib/serving/model_pool.ts) loads each on its first request and
+ * unloads idle ones under --memory-budget, --max-loaded-models and the keep-alive.
+ */
+import { SpanStatusCode, trace } from "@opentelemetry/api";
+import { ServingCore } from "../../actors/core.ts";
+import { createApp, type ServiceApp } from "../http/app.ts";
+import { serveService } from "../http/serve.ts";
+import { ServiceMetrics } from "../http/service_metrics.ts";
+import { stepTokens } from "../engine/engine.ts";
+import { RequestLog } from "../http/request_log.ts";
+import { describeModelFile } from "../model/model_info.ts";
+import { listLocalModelFiles, resolveModelSource } from "../source/model_source.ts";
+import { CoreBackend } from "../serving/core_backend.ts";
+import { CachedBackend } from "../serving/cached_backend.ts";
+import {
+  createEngine,
+  describeChoice,
+  engineMemory,
+  modelAllocator,
+  planKv,
+  rebuildBackend,
+  resolveBackend,
+  type ResolvedBackend,
+  warmUp,
+} from "../serving/engine_factory.ts";
+import {
+  type LoadContext,
+  ModelPool,
+  type PooledModel,
+  type Residue,
+} from "../serving/model_pool.ts";
+import { wasmHeap } from "../../kernels/wasm/heap.ts";
+import { type CatalogModel, createModelsService } from "../serving/models_service.ts";
+import { formatBytes } from "../util/byte_size.ts";
+import { formatKeepAlive } from "../util/duration.ts";
+import { defaultMaxConnections, openFileLimit } from "../util/fd_limit.ts";
+import { describeWithGpuApi } from "../util/gpu_api.ts";
+import type { Config } from "./config.ts";
+import { openModel } from "./open_model.ts";
+
+/** A model file served by name, with what /v1/models says of it. */
+type ServedFile = CatalogModel & { readonly path: string; readonly bytes: number; readonly format: string };
+
+/** The model files a configuration serves, by name, with what /v1/models says of them. */
+export async function modelCatalog(config: Config): Promise<ServedFile[]> {
+  const paths: string[] = [];
+  if (config.allModels) {
+    const { files } = await listLocalModelFiles({ modelsDir: config.modelsDir });
+    // The models directory's GGUF files: a llama2.c checkpoint needs a tokenizer of its own.
+    for (const f of files) {
+      if (f.place === "models dir" && f.kind === "model" && f.name.endsWith(".gguf")) {
+        paths.push(f.path);
+      }
+    }
+  }
+  for (const spec of config.models) {
+    const source = await resolveModelSource(spec, {
+      modelsDir: config.modelsDir,
+      tokenizer: config.tokenizer,
+    });
+    paths.push(source.modelPath);
+  }
+  const catalog: ServedFile[] = [];
+  for (const path of paths) {
+    const name = path.split("/").pop()!.replace(/\.(gguf|bin)$/i, "");
+    if (catalog.some((m) => m.name === name)) {
+      throw new Error(
+        `Two models would be served as "${name}": ${catalog.find((m) => m.name === name)!.path} ` +
+          `and ${path}; a model is named by its file's name without .gguf/.bin`,
+      );
+    }
+    const info = await describeModelFile(path);
+    catalog.push({
+      name,
+      path,
+      bytes: (await Deno.stat(path)).size,
+      format: info.format,
+      ...(info.architecture === undefined ? {} : { architecture: info.architecture }),
+      ...(info.quantization === undefined ? {} : { quantization: info.quantization }),
+      ...(config.contextLength ?? info.contextLength) === undefined
+        ? {}
+        : { contextLength: config.contextLength ?? info.contextLength },
+    });
+  }
+  if (catalog.length === 0) {
+    throw new Error(
+      config.allModels
+        ? `--all-models: the models directory has no .gguf files (${config.modelsDir ?? "default"})`
+        : "No model to serve",
+    );
+  }
+  return catalog;
+}
+
+/** The shared pieces every model's app is built with. */
+interface Shared {
+  readonly config: Config;
+  readonly chatTemplate?: string;
+  readonly requestLog: RequestLog;
+  readonly resolved: Promise<ResolvedBackend>;
+  /** Each model's metrics registry, kept across its loads. */
+  readonly metrics: ReadonlyMap<string, ServiceMetrics>;
+  /** Parsed files (weights' bytes, tokenizer) by model: loaded, or left by an unload. */
+  readonly parsed: Map<string, ParsedFile>;
+}
+
+/** A model file as openModel gives it, and how to free the bytes it was read into. */
+interface ParsedFile {
+  readonly opened: Awaited<ReturnType<typeof openModel>>;
+  readonly free: () => void;
+}
+
+/**
+ * Reads and parses a model file; its bytes go where the backend wants them (the CPU engine's
+ * heap), and free() returns them there, which nothing else would: the heap is never collected.
+ */
+async function parseFile(m: ServedFile, config: Config, ctx: LoadContext): Promise<ParsedFile> {
+  const allocate = modelAllocator(config.backend);
+  const views: Uint8Array[] = [];
+  const opened = await openModel(m.path, {
+    modelsDir: config.modelsDir,
+    tokenizer: config.tokenizer,
+    contextLength: config.contextLength,
+    purpose: "serve",
+    onProgress: (_phase, bytes, total) => ctx.progress(bytes, total),
+    ...(allocate === undefined ? {} : {
+      allocate: (n: number) => {
+        const view = allocate(n);
+        views.push(view);
+        return view;
+      },
+    }),
+  });
+  let freed = false;
+  return {
+    opened,
+    free: () => {
+      if (freed) return;
+      freed = true;
+      const heap = wasmHeap();
+      for (const v of views) if (heap.owns(v)) heap.free(v.byteOffset, v.byteLength);
+    },
+  };
+}
+
+/**
+ * Loads one model the way a one-model server does (open, plan the KV cache, build the engine,
+ * warm it up, start its core) and wraps it in its own app. The KV plan is reserved in the pool
+ * before the engine is built, so a model that cannot fit fails before taking the memory.
+ */
+export async function loadServedModel(
+  m: ServedFile,
+  shared: Shared,
+  ctx: LoadContext,
+): Promise<PooledModel<ServiceApp> & { readonly description: string; readonly reused: boolean }> {
+  const { config } = shared;
+  const reused = shared.parsed.get(m.name);
+  const file = reused ?? await parseFile(m, config, ctx);
+  shared.parsed.set(m.name, file);
+  // The parsed file outlives this load only by coming back from close() as its residue.
+  const residue = {
+    bytes: m.bytes,
+    drop: () => {
+      if (shared.parsed.get(m.name) === file) shared.parsed.delete(m.name);
+      file.free();
+    },
+  };
+  try {
+    return await buildOnFile(m, shared, ctx, file, reused !== undefined, residue);
+  } catch (e) {
+    residue.drop();
+    throw e;
+  }
+}
+
+async function buildOnFile(
+  m: ServedFile,
+  shared: Shared,
+  ctx: LoadContext,
+  file: ParsedFile,
+  reused: boolean,
+  residue: Residue,
+): Promise<PooledModel<ServiceApp> & { readonly description: string; readonly reused: boolean }> {
+  const { config } = shared;
+  const { tokenizer, ...opened } = file.opened;
+  const engineOpts = {
+    ...(config.kvDtype === undefined ? {} : { kvDtype: config.kvDtype }),
+    ...(config.threads === undefined ? {} : { threads: config.threads }),
+  };
+  const resolved = await shared.resolved;
+  const plan = await planKv(opened.model, resolved.backend, {
+    blockSize: config.blockSize,
+    maxRunning: config.maxRunning,
+    ...(config.kvMemory === undefined ? {} : { kvMemory: config.kvMemory }),
+  }, engineOpts, resolved.adapter);
+  ctx.reserve(m.bytes + plan.bytes);
+  const model = plan.contextLength === opened.model.config.contextLength
+    ? opened.model
+    : { ...opened.model, config: { ...opened.model.config, contextLength: plan.contextLength } };
+  const kv = { numBlocks: plan.numBlocks, blockSize: plan.blockSize };
+  const limits = { maxBatchTokens: config.maxBatchTokens, maxSeqs: config.maxRunning };
+  const built = await createEngine(model, resolved.backend, kv, limits, undefined, engineOpts);
+  const description = describeChoice(built.description, resolved);
+  try {
+    await warmUp(built.engine, tokenizer.bosId);
+  } catch (e) {
+    built.engine.dispose();
+    throw e;
+  }
+  const metrics = shared.metrics.get(m.name)!;
+  const core = new ServingCore({
+    engine: built.engine,
+    engineFactory: async () =>
+      (await createEngine(
+        model,
+        rebuildBackend(description, config.backend),
+        kv,
+        limits,
+        undefined,
+        engineOpts,
+      )).engine,
+    codec: tokenizer,
+    maxInFlight: config.pipelineDepth,
+    scheduler: {
+      maxBatchTokens: config.maxBatchTokens,
+      maxRunning: config.maxRunning,
+      maxWaiting: config.maxWaiting,
+    },
+    executor: {
+      onStep: (r) => {
+        if (r.error !== undefined) return;
+        const tokens = stepTokens(r.plan);
+        metrics.observeStep({ durationMs: r.durationMs, batchSize: r.plan.seqs.length, tokens });
+      },
+    },
+  });
+  const coreBackend = new CoreBackend(m.name, core, tokenizer, shared.chatTemplate ?? model.chatTemplate);
+  const backend = config.resultCache > 0
+    ? new CachedBackend(coreBackend, config.resultCache)
+    : coreBackend;
+  const service = createApp({
+    backend,
+    metrics,
+    apiKeys: config.apiKey,
+    cacheScope: config.cacheScope,
+    corsOrigins: config.corsOrigin,
+    allowedHosts: config.allowedHost,
+    drainTimeoutMs: config.drainTimeout * 1000,
+    servedModelNames: [m.name],
+    metricsPublic: config.metricsPublic,
+    requestLog: shared.requestLog,
+    props: {
+      modelPath: m.path,
+      backend: description,
+      maxRunning: config.maxRunning,
+      maxWaiting: config.maxWaiting,
+      maxBatchTokens: config.maxBatchTokens,
+      kvBlocks: plan.numBlocks,
+      blockSize: config.blockSize,
+      resultCacheBytes: config.resultCache,
+    },
+  });
+  const mem = engineMemory(built.engine);
+  return {
+    service,
+    bytes: mem === undefined ? m.bytes + plan.bytes : mem.weights + mem.kvCache,
+    description,
+    reused,
+    ...(reused ? { note: "reused its parsed file" } : {}),
+    busy: () => service.inFlight,
+    close: async () => {
+      service.close();
+      await core.close();
+      return residue;
+    },
+  };
+}
+
+/**
+ * A load in its own span, `llm.model.load`, under the HTTP span of the request that started it
+ * (the requests that share the load wait on this one): the model, its file, what it holds, and
+ * the error when it fails.
+ */
+function tracedLoad(m: ServedFile, shared: Shared, ctx: LoadContext) {
+  return trace.getTracer("llmserve").startActiveSpan(
+    "llm.model.load",
+    { attributes: { "llm.model": m.name, "llm.model.path": m.path, "llm.model.file_bytes": m.bytes } },
+    async (span) => {
+      try {
+        const loaded = await loadServedModel(m, shared, ctx);
+        span.setAttribute("llm.model.bytes", loaded.bytes);
+        span.setAttribute("llm.model.reused_file", loaded.reused);
+        return loaded;
+      } catch (e) {
+        const message = e instanceof Error ? e.message : String(e);
+        span.setStatus({ code: SpanStatusCode.ERROR, message });
+        span.setAttribute("error.type", e instanceof Error ? e.name : "Error");
+        throw e;
+      } finally {
+        span.end();
+      }
+    },
+  );
+}
+
+/** Free host memory, the default budget (as `auto` KV sizing reads it); unknown: no limit. */
+function freeMemory(): number | undefined {
+  try {
+    return Deno.systemMemoryInfo().available;
+  } catch {
+    return undefined;
+  }
+}
+
+export async function serveModelsCommand(
+  config: Config,
+  chatTemplate: string | undefined,
+): Promise<number> {
+  if (config.servedModelName.length > 0) {
+    throw new Error(
+      "--served-model-name names the one model of a server; with several models each is " +
+        `served by its file's name (received --served-model-name ${config.servedModelName.join(", ")})`,
+    );
+  }
+  if (config.nats !== undefined) {
+    throw new Error("--nats serves one model; a replica with several models is not supported yet");
+  }
+  const log = (line: string) => console.error(line);
+  const catalog = await modelCatalog(config);
+  const requestLog = new RequestLog(config.logFormat, undefined, {
+    level: config.logLevel,
+    probes: config.logProbes,
+  });
+  const metrics = new ServiceMetrics();
+  const budget = config.memoryBudget ?? freeMemory() ?? Infinity;
+  const shared: Shared = {
+    config,
+    chatTemplate,
+    requestLog,
+    resolved: resolveBackend(config.backend),
+    metrics: new Map(catalog.map((m) => [m.name, new ServiceMetrics()])),
+    parsed: new Map(),
+  };
+  const pool = new ModelPool<ServiceApp>(
+    catalog.map((m) => ({ name: m.name, estimateBytes: m.bytes })),
+    (name, ctx) => tracedLoad(catalog.find((m) => m.name === name)!, shared, ctx),
+    {
+      memoryBudget: budget,
+      ...(config.maxLoadedModels === undefined ? {} : { maxLoaded: config.maxLoadedModels }),
+      keepAliveMs: config.keepAlive,
+      log,
+    },
+  );
+  const service = createModelsService({
+    pool,
+    catalog,
+    metrics,
+    modelMetrics: shared.metrics,
+    apiKeys: config.apiKey,
+    metricsPublic: config.metricsPublic,
+    corsOrigins: config.corsOrigin,
+    allowedHosts: config.allowedHost,
+    requestLog,
+    drainTimeoutMs: config.drainTimeout * 1000,
+  });
+  const fdLimit = openFileLimit();
+  const maxConnections = config.maxConnections ?? defaultMaxConnections(fdLimit);
+  let listening!: Deno.NetAddr;
+  const server = await serveService(service, {
+    hostname: config.host,
+    port: config.port,
+    drainTimeoutMs: config.drainTimeout * 1000,
+    maxConnections,
+    headerTimeoutMs: config.headerTimeout * 1000,
+    bodyTimeoutMs: config.bodyTimeout * 1000,
+    keepAliveTimeoutMs: config.keepAliveTimeout * 1000,
+    onListen: (addr) => listening = addr,
+  });
+  const resolved = await shared.resolved;
+  log(
+    [
+      `llmserve ready (${catalog.length} models, each loaded on its first request)`,
+      ...catalog.map((m) =>
+        `  model     ${m.name}: ${m.path} (${m.architecture ?? m.format}, ${
+          m.quantization ?? "?"
+        }, ${formatBytes(m.bytes)}${m.contextLength ? `, context ${m.contextLength}` : ""})`
+      ),
+      `  backend   ${
+        describeWithGpuApi(describeChoice(resolved.backend, resolved))
+      } (each model builds its own engine)`,
+      `  memory    budget ${
+        budget === Infinity ? "unlimited" : formatBytes(budget)
+      }${config.memoryBudget === undefined ? " (auto: the free memory)" : ""}; at most ${
+        config.maxLoadedModels ?? "any number of"
+      } models loaded; keep-alive ${formatKeepAlive(config.keepAlive)}`,
+      `  kv cache  ${
+        config.kvMemory === undefined ? "auto" : formatBytes(config.kvMemory)
+      } per model, blocks of ${config.blockSize} tokens`,
+      `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
+      `  url       http://${listening.hostname}:${listening.port}/  (API under /v1; "model" picks)`,
+    ].join("\n"),
+  );
+  const result = await server.closed;
+  log(
+    `drained: ${
+      result.completed
+        ? "all in-flight generations finished"
+        : `${result.aborted} aborted at the deadline`
+    }`,
+  );
+  return 0;
+}

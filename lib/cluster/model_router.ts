@@ -1,0 +1,166 @@
+/**
+ * A router by model (`deno task router --by-model`): replicas may serve different models, and
+ * each request goes to one serving the model it names. The models are learnt from the
+ * replicas' heartbeats; each gets a RouterBackend of its own (routing among that model's
+ * replicas by the router's policy, prefix-aware by default) and an app over it, and the front
+ * of lib/serving/models_service.ts picks the app by the request's `model`.
+ */
+import type { NatsConnection, Subscription } from "@nats-io/transport-node";
+import { createApp, type ServiceApp } from "../http/app.ts";
+import { ServiceMetrics } from "../http/service_metrics.ts";
+import { type Lease, ModelLoadError, type ModelPhase, type ModelStatus } from "../serving/model_pool.ts";
+import type { CatalogModel, ModelDirectory } from "../serving/models_service.ts";
+import { decodeMessage, ReplicaAnnouncement } from "./messages.ts";
+import { cappedLog, guarded } from "./nats_connection.ts";
+import { RouterBackend } from "./router_backend.ts";
+import type { RoutingPolicy } from "./routing.ts";
+import { subjects } from "./subjects.ts";
+
+export interface ModelRouterOptions {
+  readonly policy?: RoutingPolicy;
+  readonly apiKeys?: readonly string[];
+  readonly cacheScope?: "key" | "global";
+  readonly drainTimeoutMs?: number;
+  /** A model none of whose replicas beat for this long is no longer served (default 5 s). */
+  readonly forgetAfterMs?: number;
+  readonly log?: (line: string) => void;
+}
+
+interface Routed {
+  /** performance.now() of the last heartbeat naming it, by replica. */
+  readonly replicas: Map<string, number>;
+  building?: Promise<{ backend: RouterBackend; service: ServiceApp }>;
+  built?: { backend: RouterBackend; service: ServiceApp };
+}
+
+export class ModelRouterDirectory implements ModelDirectory {
+  /** Each model's metrics registry (the front labels them by model). */
+  readonly modelMetrics = new Map<string, ServiceMetrics>();
+  readonly #models = new Map<string, Routed>();
+  readonly #nc: NatsConnection;
+  readonly #opts: ModelRouterOptions;
+  readonly #sub: Subscription;
+  readonly #log: (line: string) => void;
+
+  constructor(nc: NatsConnection, opts: ModelRouterOptions = {}) {
+    this.#nc = nc;
+    this.#opts = opts;
+    this.#log = opts.log ?? (() => {});
+    const peerLog = cappedLog(this.#log);
+    this.#sub = nc.subscribe(subjects.announce, {
+      callback: guarded((msg) => {
+        const a = decodeMessage(ReplicaAnnouncement, msg.data);
+        if (!a.ok) return peerLog(`router: ignored a malformed announcement: ${a.error}`);
+        if (a.value.type === "goodbye") {
+          for (const m of this.#models.values()) m.replicas.delete(a.value.replica);
+          return;
+        }
+        if (a.value.draining) return;
+        let m = this.#models.get(a.value.model);
+        if (m === undefined) {
+          this.#models.set(a.value.model, m = { replicas: new Map() });
+          this.#log(`router: replica ${a.value.replica} serves model ${JSON.stringify(a.value.model)}`);
+        }
+        m.replicas.set(a.value.replica, performance.now());
+        // Built as soon as it is seen, so that its first request does not wait for the info.
+        void this.#build(a.value.model).catch(() => {});
+      }, (e) => peerLog(`router: handling an announcement failed: ${(e as Error).message}`)),
+    });
+  }
+
+  /** Models with a replica heard from lately, in the order they were first seen. */
+  get names(): string[] {
+    const now = performance.now();
+    const forget = this.#opts.forgetAfterMs ?? 5000;
+    return [...this.#models].filter(([, m]) => [...m.replicas.values()].some((t) => now - t < forget))
+      .map(([name]) => name);
+  }
+
+  catalog(): CatalogModel[] {
+    return this.names.map((name) => {
+      const b = this.#models.get(name)?.built?.backend;
+      return { name, ...(b === undefined ? {} : { contextLength: b.contextLength }) };
+    });
+  }
+
+  has(name: string): boolean {
+    return this.names.includes(name);
+  }
+
+  phaseOf(name: string): ModelPhase | undefined {
+    const m = this.#models.get(name);
+    if (m === undefined) return undefined;
+    return m.built ? "loaded" : m.building ? "loading" : "unloaded";
+  }
+
+  async acquire(name: string): Promise<Lease<ServiceApp>> {
+    let built;
+    try {
+      built = await this.#build(name);
+    } catch (e) {
+      throw new ModelLoadError(name, `Cannot route to model "${name}": ${(e as Error).message}`, true);
+    }
+    return {
+      model: { service: built.service, bytes: 0, busy: () => built.service.inFlight, close: () => Promise.resolve() },
+      loaded: false,
+      release() {},
+    };
+  }
+
+  status(): ModelStatus[] {
+    return this.names.map((name) => ({
+      name,
+      phase: this.phaseOf(name)!,
+      bytes: 0,
+      residueBytes: 0,
+      leases: 0,
+      inFlight: this.#models.get(name)?.built?.service.inFlight ?? 0,
+      keepAliveMs: Infinity,
+      loads: 0,
+      loadFailures: 0,
+      loadSeconds: 0,
+      evictions: 0,
+    }));
+  }
+
+  loaded(): { name: string; service: ServiceApp }[] {
+    return [...this.#models].flatMap(([name, m]) => m.built ? [{ name, service: m.built.service }] : []);
+  }
+
+  close(): Promise<void> {
+    this.#sub.unsubscribe();
+    for (const m of this.#models.values()) m.built?.backend.close();
+    return Promise.resolve();
+  }
+
+  /** The model's router backend and app, started once (again after a failed start). */
+  #build(name: string): Promise<{ backend: RouterBackend; service: ServiceApp }> {
+    const m = this.#models.get(name);
+    if (m === undefined) return Promise.reject(new Error("no replica serves it"));
+    if (m.built) return Promise.resolve(m.built);
+    m.building ??= (async () => {
+      let metrics = this.modelMetrics.get(name);
+      if (metrics === undefined) this.modelMetrics.set(name, metrics = new ServiceMetrics());
+      const backend = await RouterBackend.start(this.#nc, {
+        model: name,
+        waitMs: 10_000,
+        metrics,
+        log: this.#log,
+        ...(this.#opts.policy === undefined ? {} : { policy: this.#opts.policy }),
+      });
+      const service = createApp({
+        backend,
+        metrics,
+        servedModelNames: [name],
+        ...(this.#opts.apiKeys === undefined ? {} : { apiKeys: this.#opts.apiKeys }),
+        ...(this.#opts.cacheScope === undefined ? {} : { cacheScope: this.#opts.cacheScope }),
+        ...(this.#opts.drainTimeoutMs === undefined ? {} : { drainTimeoutMs: this.#opts.drainTimeoutMs }),
+      });
+      m.built = { backend, service };
+      this.#log(`router: routing model ${JSON.stringify(name)} (context ${backend.contextLength})`);
+      return m.built;
+    })();
+    m.building.catch(() => m.building = undefined);
+    return m.building;
+  }
+}

@@ -1,0 +1,523 @@
+/**
+ * The service of a server with several models: each loaded model has a whole app of its own
+ * (lib/http's, over its own engine, KV pool and scheduler), and this front sends each request
+ * to the one its `model` field names, loading it first through the pool. What is about all
+ * models (/v1/models, /health, /ready, /metrics) it answers itself.
+ */
+import type { CoreStats } from "../core/generation.ts";
+import type { DrainResult, ServiceApp } from "../http/app.ts";
+import { ApiKeyVerifier, parseAuthorization } from "../http/auth.ts";
+import { ApiError, preview } from "../http/errors.ts";
+import { PROMETHEUS_CONTENT_TYPE } from "../http/metrics.ts";
+import { OriginPolicy } from "../http/origin.ts";
+import { isValidRequestId, newRequestId, RequestLog } from "../http/request_log.ts";
+import type { ServiceMetrics } from "../http/service_metrics.ts";
+import { parseKeepAlive } from "../util/duration.ts";
+import { type Lease, ModelLoadError, type ModelPhase, type ModelStatus } from "./model_pool.ts";
+import { mergeModelMetrics, poolMetrics } from "./model_metrics.ts";
+
+/** What /v1/models says of a model, loaded or not. */
+export interface CatalogModel {
+  readonly name: string;
+  readonly path?: string;
+  readonly bytes?: number;
+  readonly format?: string;
+  readonly architecture?: string;
+  readonly quantization?: string;
+  /** The context the file declares (or --context-length). */
+  readonly contextLength?: number;
+}
+
+/**
+ * The models behind the front and how to get one's app: the pool of a server (which loads
+ * them), or a router's models as replicas advertise them (lib/cluster/model_router.ts).
+ */
+export interface ModelDirectory {
+  readonly names: readonly string[];
+  has(name: string): boolean;
+  phaseOf(name: string): ModelPhase | undefined;
+  /** The model's app, held until release(); rejects with ModelLoadError. */
+  acquire(name: string, keepAliveMs?: number): Promise<Lease<ServiceApp>>;
+  status(): ModelStatus[];
+  loaded(): { name: string; service: ServiceApp }[];
+  close(): Promise<void>;
+}
+
+export interface ModelsServiceOptions {
+  readonly pool: ModelDirectory;
+  /** What /v1/models lists, first the default model (a function where it changes). */
+  readonly catalog: readonly CatalogModel[] | (() => readonly CatalogModel[]);
+  /** Serves /metrics' connection counters (serveService writes them). */
+  readonly metrics: ServiceMetrics;
+  /**
+   * Each model's registry, kept across its loads (so its counters never go back when it is
+   * unloaded and loaded again); each load's app writes to it.
+   */
+  readonly modelMetrics: ReadonlyMap<string, ServiceMetrics>;
+  readonly apiKeys?: readonly string[];
+  readonly metricsPublic?: boolean;
+  readonly corsOrigins?: readonly string[];
+  readonly allowedHosts?: readonly string[];
+  readonly requestLog?: RequestLog;
+  readonly maxBodyBytes?: number;
+  readonly drainTimeoutMs?: number;
+}
+
+/** What an unloaded model's gauges say: nothing running, nothing held. */
+const IDLE_STATS: CoreStats = {
+  running: 0,
+  waiting: 0,
+  kvBlocksUsed: 0,
+  kvBlocksTotal: 0,
+  prefixCacheHitRate: 0,
+  steps: 0,
+  lastBatchSize: 0,
+  executorHealthy: true,
+};
+
+/** POST routes whose JSON body names the model. */
+const BODY_ROUTES = new Set(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]);
+
+export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
+  const { pool, metrics } = opts;
+  const keys = new ApiKeyVerifier(opts.apiKeys ?? []);
+  const origins = new OriginPolicy(opts.corsOrigins ?? [], opts.allowedHosts ?? []);
+  const requestLog = opts.requestLog ?? new RequestLog();
+  const maxBodyBytes = opts.maxBodyBytes ?? 1 << 20;
+  const catalog = () => typeof opts.catalog === "function" ? opts.catalog() : opts.catalog;
+  const defaultModel = () => catalog()[0]?.name ?? "";
+  const createdAt = Math.floor(Date.now() / 1000);
+  let draining = false;
+  /** Requests between arriving and their model's answer being passed on (loads included). */
+  let routing = 0;
+
+  const served = () => pool.names.map((n) => `"${n}"`).join(", ");
+  const unknownModel = (asked: unknown) =>
+    new ApiError(
+      "model_not_found",
+      `The model ${preview(asked)} does not exist; this server serves ${served()}`,
+      "model",
+    );
+
+  const describe = (m: CatalogModel) => {
+    const s = pool.status().find((x) => x.name === m.name);
+    return {
+      id: m.name,
+      object: "model",
+      created: createdAt,
+      owned_by: "llmserve",
+      root: m.name,
+      ...(m.contextLength === undefined ? {} : { max_model_len: m.contextLength }),
+      // Ollama's /api/ps and /api/tags say as much; OpenAI clients ignore what they do not know.
+      loaded: s?.phase === "loaded",
+      phase: s?.phase ?? "unloaded",
+      ...(m.bytes === undefined ? {} : { size_bytes: m.bytes }),
+      ...(m.format === undefined ? {} : { format: m.format }),
+      ...(m.architecture === undefined ? {} : { architecture: m.architecture }),
+      ...(m.quantization === undefined ? {} : { quantization: m.quantization }),
+    };
+  };
+
+  /** Host/Origin and API key checks for what this front answers itself. */
+  const gate = async (req: Request, path: string): Promise<void> => {
+    const refusal = origins.check(req.headers.get("host") ?? undefined, req.headers.get("origin") ?? undefined);
+    if (refusal !== null) {
+      throw new ApiError(
+        origins.hostAllowed(req.headers.get("host") ?? "") ? "forbidden_origin" : "forbidden_host",
+        refusal,
+      );
+    }
+    const open = path === "/health" || path === "/ready" ||
+      (path === "/metrics" && opts.metricsPublic === true);
+    if (!keys.enabled || open) return;
+    const auth = parseAuthorization(req.headers.get("authorization"));
+    let token = auth.kind === "token" ? auth.token : null;
+    if (auth.kind === "missing" && path === "/v1/stream") {
+      token = new URL(req.url).searchParams.get("api_key");
+    }
+    if (!(await keys.verify(token))) {
+      throw new ApiError(
+        "unauthorized",
+        auth.kind === "malformed"
+          ? auth.problem
+          : token === null
+          ? "Missing API key: send the header 'Authorization: Bearer <key>'"
+          : "Invalid API key",
+      );
+    }
+  };
+
+  const own = async (req: Request, path: string): Promise<Response | undefined> => {
+    if (req.method !== "GET" && req.method !== "HEAD") return undefined;
+    if (path === "/health") {
+      const models: Record<string, unknown> = {};
+      for (const s of pool.status()) {
+        models[s.name] = {
+          phase: s.phase,
+          ...(s.phase === "unloaded" ? {} : { bytes: s.bytes, in_flight: s.inFlight }),
+          ...(s.progress ? { progress: s.progress } : {}),
+          ...(s.lastError === undefined ? {} : { last_error: s.lastError }),
+        };
+      }
+      return Response.json({ status: "ok", phase: "ready", models });
+    }
+    if (path === "/ready") {
+      return draining
+        ? Response.json({ status: "unavailable", reasons: ["draining"] }, { status: 503 })
+        : Response.json({ status: "ready" });
+    }
+    if (path === "/metrics") {
+      await gate(req, path);
+      const perModel: { model: string; text: string }[] = [];
+      const loaded = new Map(pool.loaded().map((m) => [m.name, m.service]));
+      for (const [name, registry] of opts.modelMetrics) {
+        const service = loaded.get(name);
+        // A loaded model's app refreshes its gauges from its core as it renders them.
+        const res = service === undefined ? undefined : await service.fetch(
+          new Request(new URL("/metrics", req.url), { headers: internalHeaders(req) }),
+        );
+        if (res?.ok) perModel.push({ model: name, text: await res.text() });
+        else {
+          await res?.body?.cancel();
+          registry.setStats(IDLE_STATS, 0);
+          perModel.push({ model: name, text: registry.render() });
+        }
+      }
+      return new Response(
+        mergeModelMetrics(metrics.render(), perModel) + poolMetrics(pool.status()),
+        { headers: { "content-type": PROMETHEUS_CONTENT_TYPE } },
+      );
+    }
+    if (path === "/v1/models") {
+      await gate(req, path);
+      return Response.json({ object: "list", data: catalog().map(describe) });
+    }
+    if (path.startsWith("/v1/models/")) {
+      await gate(req, path);
+      const id = decodeURIComponent(path.slice("/v1/models/".length));
+      const m = catalog().find((c) => c.name === id);
+      if (m === undefined) throw unknownModel(id);
+      return Response.json(describe(m));
+    }
+    return undefined;
+  };
+
+  /** The model a request is for, and the request to pass on (its body without keep_alive). */
+  const pick = async (
+    req: Request,
+    path: string,
+  ): Promise<{ name: string; keepAliveMs?: number; stream?: boolean; forward: Request }> => {
+    if (req.method === "POST" && BODY_ROUTES.has(path)) {
+      const length = Number(req.headers.get("content-length") ?? "0");
+      if (length > maxBodyBytes) throw tooLarge(length);
+      const text = await readCapped(req, maxBodyBytes, tooLarge);
+      let body: unknown;
+      try {
+        body = JSON.parse(text);
+      } catch {
+        // Not JSON: the default model's app says what is wrong with it.
+        return { name: defaultModel(), forward: rebuilt(req, text) };
+      }
+      if (body === null || typeof body !== "object" || Array.isArray(body)) {
+        return { name: defaultModel(), forward: rebuilt(req, text) };
+      }
+      const fields = body as Record<string, unknown>;
+      const asked = fields.model;
+      let name = defaultModel();
+      if (asked !== undefined && asked !== null) {
+        if (typeof asked !== "string" || !pool.has(asked)) throw unknownModel(asked);
+        name = asked;
+      }
+      const stream = fields.stream === true;
+      let keepAliveMs: number | undefined;
+      if ("keep_alive" in fields) {
+        const k = parseKeepAlive(fields.keep_alive);
+        if (typeof k === "string") {
+          throw new ApiError("invalid_request", `Invalid 'keep_alive': ${k}`, "keep_alive");
+        }
+        keepAliveMs = k;
+        delete fields.keep_alive;
+        return { name, keepAliveMs, stream, forward: rebuilt(req, JSON.stringify(fields)) };
+      }
+      return { name, stream, forward: rebuilt(req, text) };
+    }
+    // A WebSocket, the playground, /props and the rest: ?model= picks, else the default model.
+    const asked = new URL(req.url).searchParams.get("model");
+    if (asked !== null && !pool.has(asked)) throw unknownModel(asked);
+    return { name: asked ?? defaultModel(), forward: req };
+  };
+
+  const errorResponse = (e: ApiError, id: string): Response => {
+    metrics.errors.inc({ code: e.code });
+    const headers: Record<string, string> = { "x-request-id": id };
+    if (e.status === 503) headers["retry-after"] = "1";
+    if (e.status === 401) headers["www-authenticate"] = 'Bearer realm="llmserve"';
+    return Response.json(e.toJSON(), { status: e.status, headers });
+  };
+
+  const fetch = async (req: Request, info?: unknown): Promise<Response> => {
+    const path = new URL(req.url).pathname;
+    const asked = req.headers.get("x-request-id");
+    const id = asked !== null && isValidRequestId(asked) ? asked : newRequestId();
+    let lease: Lease<ServiceApp> | undefined;
+    routing++;
+    try {
+      const answered = await own(req, path);
+      if (answered !== undefined) {
+        answered.headers.set("x-request-id", id);
+        if (!(path === "/health" || path === "/ready" || path === "/metrics")) {
+          requestLog.record(id, req.method, path).responded(answered.status);
+        }
+        return answered;
+      }
+      // The key first: an unknown model's answer names the served ones.
+      await gate(req, path);
+      const picked = await pick(req, path);
+      if (draining) {
+        throw new ApiError("draining", "The server is shutting down; retry on another instance");
+      }
+      if (picked.stream && pool.phaseOf(picked.name) !== "loaded") {
+        return loadingStream(picked.name, picked.keepAliveMs, picked.forward, info, id);
+      }
+      lease = await pool.acquire(picked.name, picked.keepAliveMs);
+      const res = await lease.model.service.fetch(picked.forward, info);
+      const held = lease;
+      lease = undefined;
+      return releasedWhenDone(res, () => held.release());
+    } catch (err) {
+      lease?.release();
+      const e = err instanceof ApiError
+        ? err
+        : err instanceof ModelLoadError
+        ? loadError(err)
+        : toInternal(err);
+      const res = errorResponse(e, id);
+      const record = requestLog.record(id, req.method, path);
+      record.code = e.code;
+      record.responded(res.status);
+      return res;
+    } finally {
+      routing--;
+    }
+  };
+
+  /**
+   * A stream for a model that is not loaded yet: answered at once, with an SSE comment line on
+   * how the load goes every half second (clients skip comments), then the model's own stream.
+   * Past the 200, a failed load or a refused request is a final `data: {"error": ...}` event,
+   * as any error once a stream has begun.
+   */
+  const loadingStream = (
+    name: string,
+    keepAliveMs: number | undefined,
+    forward: Request,
+    info: unknown,
+    id: string,
+  ): Response => {
+    const enc = new TextEncoder();
+    let timer: ReturnType<typeof setInterval> | undefined;
+    let upstream: ReadableStreamDefaultReader<Uint8Array> | undefined;
+    let release = () => {};
+    let cancelled = false;
+    const body = new ReadableStream<Uint8Array>({
+      start: async (controller) => {
+        const say = () => {
+          const s = pool.status().find((x) => x.name === name)!;
+          const p = s.progress;
+          controller.enqueue(enc.encode(
+            `: loading model ${JSON.stringify(name)}${
+              p ? ` ${p.bytes}${p.total === undefined ? "" : `/${p.total}`} bytes` : ""
+            }\n\n`,
+          ));
+        };
+        say();
+        timer = setInterval(say, 500);
+        const fail = (e: ApiError) => {
+          metrics.errors.inc({ code: e.code });
+          controller.enqueue(enc.encode(`data: ${JSON.stringify(e.toJSON())}\n\n`));
+          controller.close();
+        };
+        try {
+          const lease = await pool.acquire(name, keepAliveMs);
+          release = () => lease.release();
+          clearInterval(timer);
+          const res = await lease.model.service.fetch(forward, info);
+          if (!res.ok || res.body === null) {
+            const text = res.body === null ? "" : await res.text();
+            release();
+            // The model's app refused the request (a 4xx naming the problem): pass its
+            // error envelope on as the stream's one event.
+            let envelope: unknown;
+            try {
+              envelope = { error: JSON.parse(text).error };
+            } catch {
+              envelope = toInternal(`the model's app answered ${res.status}: ${text}`).toJSON();
+            }
+            controller.enqueue(enc.encode(`data: ${JSON.stringify(envelope)}\n\n`));
+            controller.close();
+            return;
+          }
+          upstream = res.body.getReader();
+          for (;;) {
+            const { value, done } = await upstream.read();
+            if (done) break;
+            controller.enqueue(value);
+          }
+          controller.close();
+        } catch (err) {
+          clearInterval(timer);
+          if (cancelled) return; // the client left: nothing to tell it
+          fail(err instanceof ModelLoadError ? loadError(err) : toInternal(err));
+        } finally {
+          release();
+        }
+      },
+      cancel: async (reason) => {
+        cancelled = true;
+        clearInterval(timer);
+        await upstream?.cancel(reason);
+        release();
+      },
+    });
+    requestLog.record(id, "POST", new URL(forward.url).pathname).responded(200);
+    return new Response(body, {
+      headers: {
+        "content-type": "text/event-stream",
+        "cache-control": "no-cache",
+        "x-request-id": id,
+      },
+    });
+  };
+
+  const hurried = new AbortController();
+  return {
+    get app(): never {
+      throw new Error("The models service has no Hono app of its own; each model's app has one");
+    },
+    fetch,
+    metrics,
+    async drain(d = {}): Promise<DrainResult> {
+      draining = true;
+      const timeoutMs = d.timeoutMs ?? opts.drainTimeoutMs ?? 30_000;
+      // Requests still waiting for a load get it (or its error) within the deadline too.
+      const deadline = Date.now() + timeoutMs;
+      while (routing > 0 && Date.now() < deadline && !hurried.signal.aborted) {
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      const results = await Promise.all(
+        pool.loaded().map(({ service }) =>
+          service.drain({ timeoutMs: Math.max(0, deadline - Date.now()) })
+        ),
+      );
+      await pool.close();
+      return {
+        completed: results.every((r) => r.completed),
+        aborted: results.reduce((s, r) => s + r.aborted, 0),
+      };
+    },
+    hurry() {
+      hurried.abort();
+      for (const { service } of pool.loaded()) service.hurry();
+    },
+    setReady() {},
+    get draining() {
+      return draining;
+    },
+    get inFlight() {
+      return pool.loaded().reduce((s, m) => s + m.service.inFlight, 0);
+    },
+    get sockets() {
+      return pool.loaded().reduce((s, m) => s + m.service.sockets, 0);
+    },
+    close() {
+      for (const { service } of pool.loaded()) service.close();
+    },
+  };
+
+  function tooLarge(bytes: number): ApiError {
+    return new ApiError(
+      "payload_too_large",
+      `Request body of ${bytes} bytes is over the limit of ${maxBodyBytes} bytes`,
+    );
+  }
+}
+
+function loadError(err: ModelLoadError): ApiError {
+  return new ApiError(
+    err.insufficientMemory ? "insufficient_memory" : "model_load_failed",
+    err.message,
+    "model",
+  );
+}
+
+function toInternal(err: unknown): ApiError {
+  return new ApiError("internal", `Internal error: ${err instanceof Error ? err.message : String(err)}`);
+}
+
+/** The body as text, refused once it passes `max` bytes (a chunked body names no length). */
+async function readCapped(
+  req: Request,
+  max: number,
+  tooLarge: (bytes: number) => ApiError,
+): Promise<string> {
+  if (req.body === null) return "";
+  const chunks: Uint8Array[] = [];
+  let bytes = 0;
+  for await (const chunk of req.body) {
+    bytes += chunk.byteLength;
+    if (bytes > max) throw tooLarge(bytes);
+    chunks.push(chunk);
+  }
+  const all = new Uint8Array(bytes);
+  let at = 0;
+  for (const c of chunks) (all.set(c, at), at += c.byteLength);
+  return new TextDecoder().decode(all);
+}
+
+/** The same request with the body given (the original's was read to find the model). */
+function rebuilt(req: Request, body: string): Request {
+  const headers = new Headers(req.headers);
+  headers.delete("content-length");
+  return new Request(req.url, { method: req.method, headers, body, signal: req.signal });
+}
+
+/** Headers for a request the front makes of a model's app on a client's behalf. */
+function internalHeaders(req: Request): Headers {
+  const h = new Headers();
+  for (const name of ["host", "authorization"]) {
+    const v = req.headers.get(name);
+    if (v !== null) h.set(name, v);
+  }
+  return h;
+}
+
+/**
+ * The response, with `done` called once its body has been sent or abandoned: a model stays
+ * held (never unloaded) while a stream from it is being read.
+ */
+function releasedWhenDone(res: Response, done: () => void): Response {
+  if (res.body === null || res.status === 101) {
+    done();
+    return res;
+  }
+  const reader = res.body.getReader();
+  const body = new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      try {
+        const { value, done: end } = await reader.read();
+        if (end) {
+          controller.close();
+          done();
+        } else controller.enqueue(value);
+      } catch (e) {
+        done();
+        controller.error(e);
+      }
+    },
+    cancel(reason) {
+      done();
+      return reader.cancel(reason);
+    },
+  });
+  return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });
+}

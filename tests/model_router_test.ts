@@ -1,0 +1,77 @@
+/**
+ * `router --by-model` over two replicas serving different models: each request goes to a
+ * replica of the model it names (its answer is `generate`'s for that file), /v1/models lists
+ * both, and an unknown model is a 404 naming them.
+ */
+import { assert, assertEquals, assertStringIncludes } from "@std/assert";
+import { compatPath } from "./_compat.ts";
+import { Cluster, until } from "./_cluster.ts";
+
+const MAIN = new URL("../main.ts", import.meta.url).pathname;
+const A = "stories260K-q4_1";
+const B = "tinyllama-like-q4_0";
+const PROMPT = "Once upon a time";
+const N = 8;
+
+async function generateAlone(stem: string): Promise<string> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-all", MAIN, "generate", "--model", compatPath(stem), "--prompt", PROMPT,
+      "--max-tokens", String(N), "--temperature", "0", "--backend", "cpu"],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  assertEquals(out.code, 0, new TextDecoder().decode(out.stderr));
+  return new TextDecoder().decode(out.stdout).replace(/\n$/, "");
+}
+
+const replicaArgs = (stem: string) => [
+  "--model",
+  compatPath(stem),
+  "--backend",
+  "cpu",
+  "--kv-memory",
+  "2MiB",
+  "--max-running",
+  "4",
+];
+
+Deno.test("a router by model sends each request to a replica of its model", async () => {
+  await using cluster = await Cluster.start();
+  const [oracleA, oracleB] = await Promise.all([generateAlone(A), generateAlone(B)]);
+  await Promise.all([cluster.replicaServing(replicaArgs(A)), cluster.replicaServing(replicaArgs(B))]);
+  const router = await cluster.router(["--by-model"]);
+  const complete = async (model: string) => {
+    const res = await fetch(`${router.base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model, prompt: PROMPT, max_tokens: N, temperature: 0 }),
+    });
+    return { status: res.status, body: await res.json() };
+  };
+  await until("the router to route both models", async () => {
+    const h = await (await fetch(`${router.base}/health`)).json();
+    return h.models?.[A]?.phase === "loaded" && h.models?.[B]?.phase === "loaded";
+  }, 30_000);
+  const list = await (await fetch(`${router.base}/v1/models`)).json();
+  assertEquals(list.data.map((m: { id: string }) => m.id).sort(), [A, B].sort());
+  for (const [model, oracle] of [[A, oracleA], [B, oracleB], [B, oracleB], [A, oracleA]]) {
+    const r = await complete(model!);
+    assertEquals(r.status, 200, JSON.stringify(r.body));
+    assertEquals(r.body.model, model);
+    assertEquals(r.body.choices[0].text, oracle);
+  }
+  assert(oracleA !== oracleB, "the two models must answer differently for the test to tell them apart");
+  const unknown = await complete("no-such-model");
+  assertEquals(unknown.status, 404);
+  assertEquals(unknown.body.error.code, "model_not_found");
+  assertStringIncludes(unknown.body.error.message, `"${A}"`);
+  assertStringIncludes(unknown.body.error.message, `"${B}"`);
+  // Each model's requests are counted under its label.
+  const metrics = await (await fetch(`${router.base}/metrics`)).text();
+  for (const m of [A, B]) {
+    assert(
+      metrics.includes(`llm_http_requests_total{model="${m}",method="POST",route="/v1/completions",status="200"} 2`),
+      metrics.split("\n").filter((l) => l.startsWith("llm_http_requests_total")).join("\n"),
+    );
+  }
+});
