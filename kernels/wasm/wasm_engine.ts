@@ -18,6 +18,7 @@ import { ThreadPool } from "./pool.ts";
 import { f32Bits, OP, OP_WORDS, ProgramWriter } from "./program.ts";
 import { type KernelFlavour, kernelModule } from "./kernel_module.ts";
 import { sampleRow, samplesArgmax } from "../../lib/engine/sample_row.ts";
+import { sampleMaskedRow } from "./masked_sampling.ts";
 import { checkParams } from "../../lib/engine/sampling.ts";
 
 /** How the CPU engine is built. */
@@ -362,7 +363,9 @@ export class WasmEngine implements Engine {
         // Greedy rows take the threads' argmax and normaliser (a row with a NaN or an
         // infinite logit goes the general way).
         const greedy = samplesArgmax(seq.sampling);
-        const { token, logprob } = greedy && stats[r * 4 + 3] === 0
+        const { token, logprob } = seq.tokenMask
+          ? sampleMaskedRow(row, seq.sampling, position, seq.tokenMask, greedy, stats, statsF, r)
+          : greedy && stats[r * 4 + 3] === 0
           ? (checkParams(seq.sampling, vocabSize), { token: stats[r * 4]!, logprob: -Math.log(statsF[r * 4 + 2]!) })
           : sampleRow(row, seq.sampling, position);
         this.#lastSampled.set(seq.seqId, token);

@@ -5,6 +5,7 @@
  */
 import type { SamplingParams } from "../engine/engine.ts";
 import type { FinishReason, GenerationErrorCode, Priority } from "./generation.ts";
+import type { TokenConstraint } from "../grammar/token_constraint.ts";
 
 /** What a request asks the scheduler to generate. */
 export interface SeqSpec {
@@ -18,6 +19,11 @@ export interface SeqSpec {
   readonly priority: Priority;
   /** Its prefix-cache scope (GenerationRequest.cacheScope). */
   readonly cacheScope?: string;
+  /**
+   * Constrained decoding: the grammar state the sampled tokens must follow. The scheduler owns
+   * it from submit() on and disposes of it when the sequence ends (or is refused).
+   */
+  readonly constraint?: TokenConstraint;
 }
 
 /** How the scheduler answers one sequence. Never blocks: see SeqEvent for why it stays bounded. */

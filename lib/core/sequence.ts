@@ -2,6 +2,7 @@ import type { SamplingParams } from "../engine/engine.ts";
 import type { Priority } from "./generation.ts";
 import type { KvSeq } from "./block_allocator.ts";
 import type { SeqEventSink } from "./seq_events.ts";
+import type { TokenConstraint } from "../grammar/token_constraint.ts";
 
 export type SeqStatus = "waiting" | "running" | "finished";
 
@@ -43,6 +44,13 @@ export class Sequence implements KvSeq {
   held = false;
   /** Where its events go; cleared when nobody listens any more (client gone, ended). */
   reply: SeqEventSink | undefined;
+  /** Its grammar state, for constrained decoding (see scheduler.ts, refreshMasks). */
+  readonly constraint: TokenConstraint | undefined;
+  /**
+   * The ids its next sample may take, under `constraint`; undefined while the grammar has not
+   * yet seen the last sampled token (the sequence cannot sample until it has).
+   */
+  mask: Uint32Array | undefined;
 
   constructor(init: {
     seqId: number;
@@ -55,6 +63,7 @@ export class Sequence implements KvSeq {
     arrivalStep: number;
     arrivalOrder: number;
     reply?: SeqEventSink;
+    constraint?: TokenConstraint;
   }) {
     this.seqId = init.seqId;
     this.tokens = [...init.prompt];
@@ -67,6 +76,7 @@ export class Sequence implements KvSeq {
     this.arrivalStep = init.arrivalStep;
     this.arrivalOrder = init.arrivalOrder;
     this.reply = init.reply;
+    this.constraint = init.constraint;
   }
 
   get numGenerated(): number {

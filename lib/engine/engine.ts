@@ -32,6 +32,11 @@ export interface SeqInput {
   /** False for a prefill chunk that is not the prompt's last: nothing is sampled. */
   readonly sample: boolean;
   readonly sampling: SamplingParams;
+  /**
+   * Constrained decoding: the ids this sample may take (lib/engine/token_mask.ts), one bit per
+   * id; the sampler treats every other id's logit as -Infinity. Absent: every id.
+   */
+  readonly tokenMask?: Uint32Array;
 }
 
 /** Everything the engine computes in one step, across all sequences. */

@@ -1,5 +1,6 @@
 import type { KvGeometry, SamplingParams, SeqInput, StepPlan } from "./engine.ts";
 import type { ModelConfig } from "../model/model_config.ts";
+import { tokenMaskProblem } from "./token_mask.ts";
 
 /** What an engine with step buffers sized up front can hold in one step. */
 export interface StepCapacity {
@@ -58,6 +59,10 @@ export function validateStep(plan: StepPlan, rules: StepRules): void {
       }
     }
     if (seq.sample) checkSampling(seq.sampling, where);
+    if (seq.sample && seq.tokenMask !== undefined) {
+      const problem = tokenMaskProblem(seq.tokenMask, config.vocabSize);
+      if (problem) throw new Error(`${where}: ${problem}`);
+    }
     rows += n;
     tableEntries += needed;
   }

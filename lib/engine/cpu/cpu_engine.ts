@@ -2,7 +2,13 @@ import { setImmediate } from "node:timers";
 import type { Engine, KvGeometry, SampledToken, StepPlan, StepResult } from "../engine.ts";
 import { validateStep } from "../step_validation.ts";
 import { type ModelConfig, ropeFrequencies } from "../../model/model_config.ts";
-import { sample } from "../sampling.ts";
+import { logSoftmaxAt, sample } from "../sampling.ts";
+import { maskLogits } from "../token_mask.ts";
+
+/** A masked draw reports its token's logprob under the raw logits, as an unmasked one does. */
+function rawLogprob(logits: Float32Array, token: number): { token: number; logprob: number } {
+  return { token, logprob: logSoftmaxAt(logits, token) };
+}
 import type { ModelWeights } from "../../model/weights.ts";
 import { type DenseLayer, type DenseWeights, denseWeights } from "./dense_weights.ts";
 import { addInPlace, headRmsnorm, matvec, rmsnorm, ropeWithFrequencies, swiglu } from "./ops.ts";
@@ -119,7 +125,10 @@ export class CpuEngine implements Engine {
       });
       if (!seq.sample) return;
       const position = seq.startPos + tokens.length;
-      const { token, logprob } = sample(logits!, seq.sampling, position);
+      const mask = seq.tokenMask;
+      const { token, logprob } = mask
+        ? rawLogprob(logits!, sample(maskLogits(logits!, mask), seq.sampling, position).token)
+        : sample(logits!, seq.sampling, position);
       this.lastSampled.set(seq.seqId, token);
       sampled.push(
         plan.returnLogits
