@@ -168,3 +168,24 @@ Deno.test("guarded() reports a throwing handler instead of passing the throw to 
   assertEquals(seen, ["after"]);
   assertEquals(errors, ["publish failed"]);
 });
+
+Deno.test("a generate message carries the output constraint and how many prompt ids the grammar replays", () => {
+  const msg = {
+    type: "generate",
+    stream: "s",
+    replyTo: "r",
+    prompt: [1, 5, 6],
+    maxTokens: 4,
+    sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 },
+    stop: [],
+    priority: "interactive",
+    requestId: "x",
+    logprobs: false,
+    credit: 8,
+    constraint: { type: "json_schema", schema: '{"type":"integer"}' },
+    constraintReplay: 2,
+  };
+  assertEquals(decodeMessage(ReplicaRequest, bytes(msg)), { ok: true, value: msg });
+  const bad = decodeMessage(ReplicaRequest, bytes({ ...msg, constraint: { type: "regex" } }));
+  assertEquals(bad.ok, false);
+});

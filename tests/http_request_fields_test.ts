@@ -16,7 +16,7 @@ const msgs = [{ role: "user", content: "Tell me a story" }];
 const IGNORED_BEFORE: [string, unknown][] = [
   ["repetition_penalty", 1.3],
   ["repeat_penalty", 1.1],
-  ["grammar", 'root ::= "yes" | "no"'],
+  ["guided_regex", "[a-z]+"],
   ["min_tokens", 5],
   ["ignore_eos", true],
   ["typical_p", 0.5],

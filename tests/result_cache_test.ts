@@ -131,3 +131,12 @@ console.log(JSON.stringify({ counted: cache.bytes, measured: live() - before, en
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("resultCacheKey: the output constraint is part of the key", () => {
+  const schema = { ...base, constraint: { type: "json_schema", schema: '{"type":"integer"}' } } as const;
+  const other = { ...base, constraint: { type: "json_schema", schema: '{"type":"string"}' } } as const;
+  const keys = [base, schema, other, { ...base, constraint: { type: "json_object" } } as const]
+    .map((r) => resultCacheKey("m", r as GenerationRequest));
+  assertEquals(new Set(keys).size, 4);
+  assertEquals(resultCacheKey("m", schema as GenerationRequest), resultCacheKey("m", { ...schema }));
+});

@@ -43,6 +43,13 @@ export const SamplingSchema = z.object({
   seed: nonNegative,
 });
 
+/** GenerationRequest.constraint (lib/grammar/output_constraint.ts) on the wire. */
+export const ConstraintSchema = z.discriminatedUnion("type", [
+  z.strictObject({ type: z.literal("json_object") }),
+  z.strictObject({ type: z.literal("json_schema"), schema: z.string() }),
+  z.strictObject({ type: z.literal("grammar"), grammar: z.string() }),
+]);
+
 /** Load a replica reports about itself: what the router balances on. */
 export const LoadSchema = z.object({
   running: nonNegative,
@@ -116,6 +123,13 @@ export const GenerateSchema = z.object({
   credit: int.positive(),
   /** The client's cache scope (GenerationRequest.cacheScope), if it has one. */
   cacheScope: z.string().max(128).optional(),
+  /** Constrained decoding (GenerationRequest.constraint). */
+  constraint: ConstraintSchema.optional(),
+  /**
+   * How many of the prompt's last ids were generated under `constraint` (failover): the
+   * replica's grammar reads them before it samples, so the continuation is exact.
+   */
+  constraintReplay: nonNegative.optional(),
 });
 export type Generate = z.infer<typeof GenerateSchema>;
 

@@ -1,4 +1,5 @@
 import type { FinishReason, GenerationRequest, Usage } from "./generation.ts";
+import { constraintKey } from "../grammar/output_constraint.ts";
 
 /** One stored token event of a finished generation. */
 export interface StoredToken {
@@ -42,6 +43,9 @@ export function resultCacheKey(model: string, req: GenerationRequest): string | 
     req.stop,
     req.stopTokenIds ?? [],
     req.logprobs === true,
+    // The same prompt under another schema is another answer.
+    req.constraint ? constraintKey(req.constraint) : "",
+    req.constraintReplay ?? 0,
   ]);
 }
 

@@ -1,6 +1,7 @@
 import { seedToU32 } from "../util/rng.ts";
 import type { GenerationBackend, GenerationRequest, Priority } from "../core/generation.ts";
 import { ApiError } from "./errors.ts";
+import type { OutputConstraint } from "../grammar/output_constraint.ts";
 
 /** Client parameters after validation, before limits are applied (all APIs map to this). */
 export interface GenerationInput {
@@ -22,6 +23,8 @@ export interface GenerationInput {
   readonly specialTokens?: boolean;
   readonly priority?: Priority | null | undefined;
   readonly logprobs?: boolean;
+  /** Constrained decoding (response_format, json_schema, grammar). */
+  readonly constraint?: OutputConstraint;
 }
 
 /** Defaults follow OpenAI: temperature 1, top_p 1; top_k 0 and min_p 0 mean off. */
@@ -106,6 +109,7 @@ export function buildGenerationRequest(
     logprobs: input.logprobs ?? false,
     parseSpecialTokens: input.specialTokens ?? false,
     deterministic: temperature === 0 || seeded,
+    ...(input.constraint ? { constraint: input.constraint } : {}),
   };
   return { request, promptTokens, maxTokensCapped: asked > room };
 }

@@ -1,4 +1,5 @@
 import type { Hono } from "hono";
+import { outputConstraint } from "./response_format.ts";
 import type { FinishReason, GenerationEvent } from "../core/generation.ts";
 import type { ChatRenderer } from "./chat_template.ts";
 import { readJsonBody } from "./body.ts";
@@ -153,7 +154,9 @@ function nPredict(n: number | null | undefined): number | undefined {
 }
 
 function common(b: CompletionBody | ChatCompletionBody) {
+  const constraint = outputConstraint(b);
   return {
+    ...(constraint ? { constraint } : {}),
     temperature: b.temperature,
     topK: b.top_k,
     topP: b.top_p,

@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { acceptedFields, REFUSED_CHAT, REFUSED_COMMON, refusedFields } from "./request_fields.ts";
+import { constraintFields, frameConstraintFields } from "./response_format.ts";
 
 /**
  * Shapes of everything a client sends: WebSocket frames (strict: a misspelled field is an
@@ -71,6 +72,7 @@ export const GenerateFrame = z.strictObject({
   stop: stop.optional(),
   priority: priority.optional(),
   logprobs: z.boolean().optional(),
+  ...frameConstraintFields,
 }).superRefine((f, ctx) => {
   if ((f.prompt === undefined) === (f.messages === undefined)) {
     ctx.addIssue({
@@ -133,6 +135,7 @@ const openAiCommon = {
     error: "logit_bias is not supported",
   }).nullish(),
   user: z.string().nullish(),
+  ...constraintFields,
 };
 
 const tokenIds = z.array(z.number().int().min(0)).min(1);
@@ -178,9 +181,6 @@ export const ChatCompletionBody = z.strictObject({
   logprobs: z.boolean().nullish(),
   top_logprobs: z.literal(0, { error: "top_logprobs is not supported (use 0)" }).nullish(),
   tools: z.array(z.unknown()).max(0, { error: "tools are not supported" }).nullish(),
-  response_format: z.object({
-    type: z.literal("text", { error: 'only response_format {type: "text"} is supported' }),
-  }).nullish(),
 });
 export type ChatCompletionBody = z.output<typeof ChatCompletionBody>;
 
