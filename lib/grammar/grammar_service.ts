@@ -261,3 +261,10 @@ export function lazyGrammarService(
     constraint: async (c, replay) => (await get()).constraint(c, replay),
   };
 }
+
+/** A compiler that refuses every constraint, saying why (an engine that cannot apply masks). */
+export function noGrammars(why: string): { constraint: GrammarService["constraint"] } {
+  return {
+    constraint: () => Promise.reject(new ConstraintError(`Cannot constrain the output: ${why}`)),
+  };
+}
