@@ -133,7 +133,9 @@ export class RequestActor {
       const replay = Math.min(req.constraintReplay ?? 0, prompt.length);
       try {
         if (!this.#grammars) {
-          throw new ConstraintError("Cannot constrain the output: this server has no grammar engine");
+          throw new ConstraintError(
+            "Cannot constrain the output: this server has no grammar engine",
+          );
         }
         constraint = await this.#grammars.constraint(
           req.constraint,

@@ -27,6 +27,7 @@ import { createMatmul } from "./matmul.ts";
 import { createQkPrep } from "./qk_prep.ts";
 import { createRopeStore, uploadRopeTable } from "./rope.ts";
 import { createSampler } from "./sample.ts";
+import { TokenMaskUpload } from "./token_masks.ts";
 import { DIM_ROWS, DIM_SAMPLES, StepMetaLayout } from "./step_meta.ts";
 import { createSwiglu } from "./swiglu.ts";
 import { planStep } from "./step_plan.ts";
@@ -89,6 +90,7 @@ export class WebGpuEngine implements Engine {
   private readonly logits: GPUBuffer;
   private readonly rowOps: KernelOp[];
   private readonly sampleOps: KernelOp[];
+  private readonly masks: TokenMaskUpload;
   private readonly readbacks: GPUBuffer[] = [];
   private readonly owned: { destroy(): void }[];
   /** seqId -> slot of the device table holding the token it sampled last; Map order is LRU. */
@@ -109,6 +111,7 @@ export class WebGpuEngine implements Engine {
       logits: GPUBuffer;
       rowOps: KernelOp[];
       sampleOps: KernelOp[];
+      masks: TokenMaskUpload;
       owned: { destroy(): void }[];
       slotCapacity: number;
       memory: WebGpuEngine["memory"];
@@ -121,6 +124,7 @@ export class WebGpuEngine implements Engine {
     this.logits = parts.logits;
     this.rowOps = parts.rowOps;
     this.sampleOps = parts.sampleOps;
+    this.masks = parts.masks;
     this.owned = parts.owned;
     this.memory = parts.memory;
     this.stagingCpu = new Uint8Array(parts.layout.bytes * parts.maxStepsPerSubmit);
@@ -439,8 +443,10 @@ export class WebGpuEngine implements Engine {
         }),
       );
     });
+    const masks = new TokenMaskUpload(gpu, vocabSize, maxSeqs, maxStepsPerSubmit);
+    owned.push(masks);
     const activationBytes = Object.values(act).reduce((s, b) => s + b.size, 0) + meta.size +
-      (up?.size ?? 0);
+      (up?.size ?? 0) + masks.buffer.size;
     const sampleOps: KernelOp[] = [
       createMatmul(gpu, upload(check(weights.output, [vocabSize, dim])), {
         dims: m.dims,
@@ -457,6 +463,7 @@ export class WebGpuEngine implements Engine {
         logits: act.logits,
         out: act.out,
         lastSampled: act.lastSampled,
+        masks,
       }),
     ];
     const weightBytes = [...matrices.values()].reduce(
@@ -478,6 +485,7 @@ export class WebGpuEngine implements Engine {
       logits: act.logits,
       rowOps,
       sampleOps,
+      masks,
       owned,
       slotCapacity,
       memory: { weights: weightBytes, kvCache: kvBytes, activations: activationBytes },
@@ -522,6 +530,7 @@ export class WebGpuEngine implements Engine {
     const enc = device.createCommandEncoder({ label: `steps from ${plans[0]?.stepId}` });
     const collectors: (() => Promise<StepResult>)[] = [];
     let used = 0;
+    this.masks.begin();
     planned.forEach((p, i) => {
       const plan = plans[i]!;
       const base = i * this.layout.bytes;
@@ -533,6 +542,7 @@ export class WebGpuEngine implements Engine {
         enc.copyBufferToBuffer(this.staging, base + off, this.meta, off, len);
       }
       used = base + this.layout.bytes;
+      this.masks.encode(enc, plan);
       const rows = p.content.rows.length;
       const samples = p.content.samples.length;
       const pass = enc.beginComputePass();
@@ -553,6 +563,7 @@ export class WebGpuEngine implements Engine {
       collectors.push(() => this.collect(plan, p.sampledSeqIds, readback, logits));
     });
     device.queue.writeBuffer(this.staging, 0, this.stagingCpu, 0, used);
+    this.masks.flush(device.queue);
     device.queue.submit([enc.finish()]);
     // Mapping starts after the submit; nothing here waits for it, so the caller can submit again.
     return collectors.map((start) => start());

@@ -18,7 +18,11 @@ export function randomSchemas(count: number, seed: number): Schema[] {
   const leaf = (): Schema => {
     switch (int(0, 7)) {
       case 0:
-        return { type: "string", maxLength: int(1, 4), ...(random() < 0.3 ? { minLength: 1 } : {}) };
+        return {
+          type: "string",
+          maxLength: int(1, 4),
+          ...(random() < 0.3 ? { minLength: 1 } : {}),
+        };
       case 1: {
         const lo = int(-20, 20);
         return { type: "integer", minimum: lo, maximum: lo + int(0, 200) };

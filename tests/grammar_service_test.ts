@@ -20,7 +20,10 @@ const VOCABULARIES = [
 ] as const;
 
 async function tokenizerOf(path: string): Promise<{ tokenizer: Tokenizer; vocab: number }> {
-  const model = await loadModel(path, path.endsWith(".bin") ? { tokenizerPath: modelFile("tok512.bin") } : {});
+  const model = await loadModel(
+    path,
+    path.endsWith(".bin") ? { tokenizerPath: modelFile("tok512.bin") } : {},
+  );
   return { tokenizer: new Tokenizer(model.tokenizer!), vocab: model.config.vocabSize };
 }
 

@@ -27,7 +27,10 @@ Deno.test("POST /v1/chat/completions with response_format json_schema answers JS
     messages: msgs,
     max_tokens: 200,
     temperature: 0,
-    response_format: { type: "json_schema", json_schema: { name: "cat", schema: SCHEMA, strict: true } },
+    response_format: {
+      type: "json_schema",
+      json_schema: { name: "cat", schema: SCHEMA, strict: true },
+    },
   });
   assertEquals(res.status, 200);
   const body = await res.json();
@@ -55,7 +58,11 @@ Deno.test("POST /v1/chat/completions with response_format json_object constrains
   // object is checked on a real model in structured_output_test.ts); unconstrained it says
   // only words (" the", " was"), never a brace or a quote.
   assert(content.startsWith('{"'), content);
-  const free = await postJson(svc.base + "/v1/chat/completions", { messages: msgs, max_tokens: 30, seed: 5 });
+  const free = await postJson(svc.base + "/v1/chat/completions", {
+    messages: msgs,
+    max_tokens: 30,
+    seed: 5,
+  });
   assert(!(await free.json()).choices[0].message.content.includes("{"));
 });
 
@@ -148,7 +155,14 @@ Deno.test("the WebSocket generate frame takes response_format and json_schema", 
       seed: 4,
       response_format: { type: "json_schema", json_schema: { name: "cat", schema: SCHEMA } },
     });
-    ws.send({ type: "generate", id: "b", prompt: "A cat:", max_tokens: 200, seed: 5, json_schema: SCHEMA });
+    ws.send({
+      type: "generate",
+      id: "b",
+      prompt: "A cat:",
+      max_tokens: 200,
+      seed: 5,
+      json_schema: SCHEMA,
+    });
     for (const id of ["a", "b"]) {
       const frames = await ws.collect(id);
       const text = frames.filter((f) => f.type === "token").map((f) => f.text).join("");

@@ -80,9 +80,11 @@ Deno.test("200 random JSON schemas at temperature 1 on the cpu engine: every out
   const c = core(engine, await engine());
   try {
     const ajv = new Ajv({ strict: false });
-    const constrained = await Promise.all(schemas.map((s, i) =>
-      run(c, request(i, { type: "json_schema", schema: JSON.stringify(s) }, 256))
-    ));
+    const constrained = await Promise.all(
+      schemas.map((s, i) =>
+        run(c, request(i, { type: "json_schema", schema: JSON.stringify(s) }, 256))
+      ),
+    );
     const free = await Promise.all(schemas.map((_, i) => run(c, request(i, undefined, 64))));
     let validFree = 0;
     constrained.forEach((out, i) => {
@@ -112,10 +114,21 @@ Deno.test("constrained decoding on the reference engine: json_object and a schem
   const engine = () => new CpuEngine(model.config, model.weights, KV);
   const c = core(engine, engine());
   try {
-    const schema = { type: "object", properties: { name: { type: "string", maxLength: 5 }, n: { type: "integer", minimum: 1, maximum: 9 } }, required: ["name", "n"], additionalProperties: false };
+    const schema = {
+      type: "object",
+      properties: {
+        name: { type: "string", maxLength: 5 },
+        n: { type: "integer", minimum: 1, maximum: 9 },
+      },
+      required: ["name", "n"],
+      additionalProperties: false,
+    };
     const validate = new Ajv({ strict: false }).compile(schema);
     for (const temperature of [0, 1]) {
-      const a = await run(c, request(1, { type: "json_schema", schema: JSON.stringify(schema) }, 128, { temperature }));
+      const a = await run(
+        c,
+        request(1, { type: "json_schema", schema: JSON.stringify(schema) }, 128, { temperature }),
+      );
       assertEquals(a.finish, "stop", a.text);
       assert(validate(JSON.parse(a.text)), a.text);
       const b = await run(c, request(2, { type: "json_object" }, 400, { temperature }));

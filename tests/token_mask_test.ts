@@ -59,7 +59,16 @@ Deno.test("a masked row samples the same token through sample() (reference) and 
     const position = trial;
     const ref = sample(maskLogits(logits, mask), p, position).token;
     const noStats = new Int32Array([0, 0, 0, 1]);
-    const cpu = sampleMaskedRow(logits, p, position, mask, p.temperature === 0 || p.topK === 1, noStats, new Float32Array(4), 0);
+    const cpu = sampleMaskedRow(
+      logits,
+      p,
+      position,
+      mask,
+      p.temperature === 0 || p.topK === 1,
+      noStats,
+      new Float32Array(4),
+      0,
+    );
     assertEquals(cpu.token, ref, `trial ${trial}`);
     assert(tokenAllowed(mask, ref), `trial ${trial}: token ${ref} is masked`);
     assertEquals(cpu.logprob, logSoftmaxAt(logits, ref)); // under the raw logits
@@ -84,7 +93,10 @@ Deno.test("the reference and cpu engines sample only allowed tokens, and the sam
       sample: true,
       sampling: { temperature: i % 2 === 0 ? 0 : 1, topK: 0, topP: 1, minP: 0, seed: 77 + i },
       // A few allowed ids far apart in likelihood, so f32 rounding cannot flip the choice.
-      tokenMask: maskOf(config.vocabSize, Array.from({ length: 3 }, () => Math.floor(random() * 512))),
+      tokenMask: maskOf(
+        config.vocabSize,
+        Array.from({ length: 3 }, () => Math.floor(random() * 512)),
+      ),
     }));
     const plan = { stepId: 0, seqs };
     const [a, b] = await Promise.all([reference.step(plan), cpu.step(plan)]);

@@ -20,7 +20,9 @@ export function sampleMaskedRow(
   r: number,
 ): SampleResult {
   checkParams(p, row.length);
-  const token = greedy ? maskedArgmax(row, mask) : sampleRow(maskLogits(row, mask), p, position).token;
+  const token = greedy
+    ? maskedArgmax(row, mask)
+    : sampleRow(maskLogits(row, mask), p, position).token;
   const logprob = stats[r * 4 + 3] === 0
     ? row[token]! - statsF[r * 4 + 1]! - Math.log(statsF[r * 4 + 2]!)
     : logSoftmaxAt(row, token);

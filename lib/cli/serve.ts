@@ -1,5 +1,5 @@
 import { openModel, uploadProgress } from "./open_model.ts";
-import { lazyGrammarService, noGrammars } from "../grammar/grammar_service.ts";
+import { lazyGrammarService } from "../grammar/grammar_service.ts";
 import { parseFlags } from "./args.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
 import type { RunNeeds } from "./permissions.ts";
@@ -297,11 +297,7 @@ async function start(
           .engine,
       ),
     codec: tokenizer,
-    // The WebGPU sampler does not read token masks yet: refuse constrained requests there
-    // rather than let the grammar see tokens it forbade.
-    grammars: engine.name === "webgpu"
-      ? noGrammars("the webgpu backend does not apply token masks yet; use --backend cpu or reference")
-      : lazyGrammarService(tokenizer, model.config.vocabSize),
+    grammars: lazyGrammarService(tokenizer, model.config.vocabSize),
     maxInFlight: config.pipelineDepth,
     scheduler: {
       maxBatchTokens: config.maxBatchTokens,

@@ -1,5 +1,5 @@
 import { ConstraintError } from "./constraint_error.ts";
-import { grammarVocabulary, type GrammarVocabulary } from "./grammar_vocabulary.ts";
+import { type GrammarVocabulary, grammarVocabulary } from "./grammar_vocabulary.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { constraintKey, type OutputConstraint } from "./output_constraint.ts";
 import type { TokenConstraint } from "./token_constraint.ts";
@@ -18,14 +18,17 @@ import {
  * json.dumps), no other whitespace. Free whitespace lets a model pad forever, and a fixed layout
  * makes the same request give the same text on every replica.
  */
-const JSON_LAYOUT = { anyWhitespace: false, indent: -1, separators: [", ", ": "] as [string, string] };
+const JSON_LAYOUT = {
+  anyWhitespace: false,
+  indent: -1,
+  separators: [", ", ": "] as [string, string],
+};
 
 /** Compiled grammars kept (least recently used dropped first). */
 const DEFAULT_CACHE_ENTRIES = 64;
 
 /** The grammar of OpenAI's json_object: any JSON object. */
 const ANY_OBJECT = '{"type": "object"}';
-
 
 export interface GrammarServiceStats {
   readonly compiles: number;
@@ -259,12 +262,5 @@ export function lazyGrammarService(
   return {
     service: get,
     constraint: async (c, replay) => (await get()).constraint(c, replay),
-  };
-}
-
-/** A compiler that refuses every constraint, saying why (an engine that cannot apply masks). */
-export function noGrammars(why: string): { constraint: GrammarService["constraint"] } {
-  return {
-    constraint: () => Promise.reject(new ConstraintError(`Cannot constrain the output: ${why}`)),
   };
 }

@@ -111,7 +111,11 @@ function walk(s: unknown, path: string): SchemaProblem | undefined {
     if (ANNOTATIONS.has(key)) continue;
     if (!ENFORCED.has(key)) {
       const why = REFUSED_WHY[key] ?? "this server cannot enforce it";
-      return { path: at(path, key), keyword: key, message: `keyword '${key}' is not supported: ${why}` };
+      return {
+        path: at(path, key),
+        keyword: key,
+        message: `keyword '${key}' is not supported: ${why}`,
+      };
     }
     const sub = checkValue(key, value, at(path, key), o);
     if (sub) return sub;
@@ -154,9 +158,11 @@ function checkValue(
       return undefined;
     }
     case "$ref":
-      return typeof value === "string" && value.startsWith("#")
-        ? undefined
-        : bad(`only references inside the schema ("#/$defs/…") are supported, got ${JSON.stringify(value)}`);
+      return typeof value === "string" && value.startsWith("#") ? undefined : bad(
+        `only references inside the schema ("#/$defs/…") are supported, got ${
+          JSON.stringify(value)
+        }`,
+      );
     case "format":
       return typeof value === "string" && FORMATS.has(value) ? undefined : bad(
         `format ${JSON.stringify(value)} is not supported (supported: ${[...FORMATS].join(", ")})`,
@@ -170,7 +176,9 @@ function checkValue(
       if (typeof value !== "number" || !Number.isInteger(value)) {
         return bad(`'${key}' must be an integer here, got ${JSON.stringify(value)}`);
       }
-      if (parent.type === "number" || (Array.isArray(parent.type) && parent.type.includes("number"))) {
+      if (
+        parent.type === "number" || (Array.isArray(parent.type) && parent.type.includes("number"))
+      ) {
         return bad(`'${key}' is supported on integers only, not on type number`);
       }
       return undefined;

@@ -25,7 +25,10 @@ export const ResponseFormat = z.discriminatedUnion("type", [
       strict: z.boolean().nullish(),
     }),
   }),
-], { error: 'expected {type: "text"}, {type: "json_object"} or {type: "json_schema", json_schema: {...}}' });
+], {
+  error:
+    'expected {type: "text"}, {type: "json_object"} or {type: "json_schema", json_schema: {...}}',
+});
 
 /** Zod fields for a body schema (both OpenAI endpoints). */
 export const constraintFields = {
