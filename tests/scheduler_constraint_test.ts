@@ -94,6 +94,12 @@ Deno.test("Scheduler decodes a constrained sequence only with its grammar's mask
     assert(!s.useLastSampled, "a constrained decode never feeds a token still in flight");
     if (s.sample) assert(s.tokenMask !== undefined, "every sample of it carries its mask");
   }
+  // Three steps in flight: its token of step t is known when t ends, so it samples again in
+  // step t + 3, the first planned after that.
+  const sampledAt = plans.filter((p) => p.seqs.some((s) => s.seqId === 1 && s.sample)).map((p) =>
+    p.stepId
+  );
+  assertEquals(sampledAt.slice(1).map((id, k) => id - sampledAt[k]!), [3, 3, 3, 3, 3]);
   // The unconstrained one was in every step until it ended, fed from the device.
   assertEquals(tokens(2).length, 24);
   const stepsOf2 = plans.filter((p) => p.seqs.some((s) => s.seqId === 2)).length;

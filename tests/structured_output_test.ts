@@ -176,3 +176,34 @@ Deno.test("a schema that does not compile ends the generation with invalid_reque
     await closeCore(c);
   }
 });
+
+Deno.test("a failover resubmission (prompt + delivered ids, constraintReplay) continues exactly where the lost generation was", async () => {
+  const engine = () => WasmEngine.create(model.config, model.weights, KV, { maxSeqs: 32 });
+  const c = core(engine, await engine());
+  try {
+    const schema = JSON.stringify(randomSchemas(3, 77)[2]);
+    const constraint = { type: "json_schema", schema } as const;
+    const prompt = tokenizer.encode("Once upon a time, record 9:");
+    const whole = await run(c, { ...request(9, constraint, 256), prompt });
+    assertEquals(whole.finish, "stop");
+    assert(whole.ids.length >= 6, whole.text);
+    for (const k of [1, 3, Math.floor(whole.ids.length / 2)]) {
+      // As the router resubmits: the delivered ids appended, max_tokens less them, same seed.
+      const resumed = await run(c, {
+        ...request(9, constraint, 256 - k),
+        prompt: [...prompt, ...whole.ids.slice(0, k)],
+        constraintReplay: k,
+      });
+      assertEquals(resumed.ids, whole.ids.slice(k), `resumed after ${k} tokens`);
+      assertEquals(resumed.finish, "stop");
+    }
+    // Without the replay the grammar would start over at the delivered text: not the same.
+    const naive = await run(c, {
+      ...request(9, constraint, 256 - 3),
+      prompt: [...prompt, ...whole.ids.slice(0, 3)],
+    });
+    assert(naive.ids.join() !== whole.ids.slice(3).join());
+  } finally {
+    await closeCore(c);
+  }
+});
