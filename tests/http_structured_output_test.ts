@@ -1,3 +1,5 @@
+// deno-lint-ignore no-import-prefix -- as in http_openai_client_test.ts
+import OpenAI from "npm:openai@7.59.0";
 import { assert, assertEquals, assertMatch } from "@std/assert";
 import { Ajv } from "ajv";
 import { parseSse, postJson, startService, TestSocket } from "./_http_harness.ts";
@@ -8,7 +10,7 @@ import { parseSse, postJson, startService, TestSocket } from "./_http_harness.ts
  * validates with an independent validator (ajv).
  */
 
-const msgs = [{ role: "user", content: "Describe a cat" }];
+const msgs = [{ role: "user" as const, content: "Describe a cat" }];
 const SCHEMA = {
   type: "object",
   properties: {
@@ -181,4 +183,33 @@ Deno.test("the WebSocket generate frame takes response_format and json_schema", 
   } finally {
     await ws.close();
   }
+});
+
+Deno.test("the official openai client's response_format json_schema round-trips, streaming and not", async () => {
+  await using svc = await startService();
+  const client = new OpenAI({ baseURL: svc.base + "/v1", apiKey: "unused", maxRetries: 0 });
+  const response_format = {
+    type: "json_schema" as const,
+    json_schema: { name: "cat", schema: SCHEMA, strict: true },
+  };
+  const out = await client.chat.completions.create({
+    model: "fake-llama",
+    messages: msgs,
+    max_tokens: 200,
+    seed: 21,
+    response_format,
+  });
+  const content = out.choices[0]!.message.content!;
+  assert(validate(JSON.parse(content)), content);
+  const stream = await client.chat.completions.create({
+    model: "fake-llama",
+    messages: msgs,
+    max_tokens: 200,
+    seed: 21,
+    response_format,
+    stream: true,
+  });
+  let text = "";
+  for await (const chunk of stream) text += chunk.choices[0]?.delta.content ?? "";
+  assertEquals(text, content);
 });
