@@ -111,6 +111,11 @@ for (const n of seqCounts) {
       constrained: Math.max(best.constrained, constrained.decodeTps),
     };
   }
+  console.error(
+    `${n} sequences: unconstrained ${fmt(best.free)} tok/s, json schema ${
+      fmt(best.constrained)
+    } tok/s`,
+  );
   rows.push([
     String(n),
     String(tokens),
