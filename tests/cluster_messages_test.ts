@@ -189,3 +189,13 @@ Deno.test("a generate message carries the output constraint and how many prompt 
   const bad = decodeMessage(ReplicaRequest, bytes({ ...msg, constraint: { type: "regex" } }));
   assertEquals(bad.ok, false);
 });
+
+Deno.test("a replica's invalid_request error (a schema it could not compile) reaches the router as such", () => {
+  const frame = {
+    type: "event",
+    stream: "s-2",
+    seq: 0,
+    event: { type: "error", code: "invalid_request", message: "Cannot compile the grammar: x" },
+  };
+  assertEquals(decodeMessage(StreamFrame, encodeMessage(frame)), { ok: true, value: frame });
+});

@@ -204,6 +204,8 @@ export const GenerationEventSchema = z.discriminatedUnion("type", [
     type: z.literal("error"),
     code: z.enum([
       "context_length_exceeded",
+      // A schema or grammar the replica could not compile: the client's 400.
+      "invalid_request",
       "payload_too_large",
       "overloaded",
       "draining",
