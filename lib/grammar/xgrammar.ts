@@ -25,6 +25,11 @@ export type {
 /** The version loaded, for logs and /props. */
 export const XGRAMMAR_VERSION: string = pkg.version;
 
+/** The bundle's path in Deno's npm cache: what a server reads to constrain output (permissions). */
+export const XGRAMMAR_BUNDLE: string = fileURLToPath(
+  import.meta.resolve(`@mlc-ai/web-xgrammar/${pkg.main}`),
+);
+
 /** What XGrammar wrote to stderr most recently (its reason for an abort). */
 const diagnostics: string[] = [];
 
@@ -41,7 +46,7 @@ let loading: Promise<XGrammar> | undefined;
  */
 export function loadXGrammar(): Promise<XGrammar> {
   loading ??= (async () => {
-    const file = fileURLToPath(import.meta.resolve(`@mlc-ai/web-xgrammar/${pkg.main}`));
+    const file = XGRAMMAR_BUNDLE;
     const source = await Deno.readTextFile(file);
     const module = { exports: {} as Record<string, unknown> };
     const quiet = {
