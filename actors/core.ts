@@ -5,7 +5,7 @@ import { Channel } from "./channel.ts";
 import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { type EngineFactory, ExecutorActor, type ExecutorOptions } from "./executor.ts";
 import type { SchedulerStats } from "./messages.ts";
-import { RequestActor, type TextCodec } from "./request.ts";
+import { type ConstraintCompiler, RequestActor, type TextCodec } from "./request.ts";
 import { createExecutorMailbox, SchedulerActor } from "./scheduler.ts";
 import { StepTracer } from "./step_tracing.ts";
 
@@ -22,6 +22,8 @@ export interface ServingCoreOptions {
   readonly executor?: ExecutorOptions;
   /** Events buffered per client before its generation waits for it (default 16). */
   readonly clientBuffer?: number;
+  /** Compiles output constraints (constrained decoding); absent: constrained requests fail. */
+  readonly grammars?: ConstraintCompiler;
 }
 
 /**
@@ -41,6 +43,7 @@ export class ServingCore {
   readonly contextLength: number;
   readonly #codec: TextCodec;
   readonly #clientBuffer: number;
+  readonly #grammars: ConstraintCompiler | undefined;
   readonly #loops: Promise<unknown>;
   readonly #steps = new StepTracer();
 
@@ -80,6 +83,7 @@ export class ServingCore {
     this.contextLength = engine.config.contextLength;
     this.#codec = opts.codec;
     this.#clientBuffer = opts.clientBuffer ?? 16;
+    this.#grammars = opts.grammars;
     this.#loops = Promise.all([this.scheduler.run(), this.executor.run()]);
   }
 
@@ -101,7 +105,7 @@ export class ServingCore {
         return id;
       },
     };
-    const actor = new RequestActor(handle, this.#codec, req, sink);
+    const actor = new RequestActor(handle, this.#codec, req, sink, { grammars: this.#grammars });
     const onAbort = () => actor.abort();
     signal?.addEventListener("abort", onAbort, { once: true });
     if (signal?.aborted) actor.abort();

@@ -7,6 +7,9 @@ import type {
 import { StopMatcher } from "../lib/core/stop_strings.ts";
 import type { TopLogprobs } from "../lib/engine/top_logprobs.ts";
 import { Channel, ChannelClosedError } from "./channel.ts";
+import type { OutputConstraint } from "../lib/grammar/output_constraint.ts";
+import type { TokenConstraint } from "../lib/grammar/token_constraint.ts";
+import { ConstraintError } from "../lib/grammar/constraint_error.ts";
 import type { RequestMsg, SchedulerMsg, SeqEvent } from "./messages.ts";
 
 /** What the request actor needs of a tokenizer (lib/tokenizer/tokenizer.ts's Tokenizer fits). */
@@ -36,6 +39,14 @@ export interface GenerationSink {
 export interface RequestActorOptions {
   /** Clock in milliseconds (default performance.now). */
   readonly now?: () => number;
+  /** Compiles a request's output constraint (constrained decoding); absent: none is served. */
+  readonly grammars?: ConstraintCompiler;
+}
+
+/** What the request actor needs to constrain a generation (lib/grammar's GrammarService). */
+export interface ConstraintCompiler {
+  /** A fresh grammar state for one sequence, advanced over `replay`; throws ConstraintError. */
+  constraint(c: OutputConstraint, replay: readonly number[]): Promise<TokenConstraint>;
 }
 
 /**
@@ -53,6 +64,7 @@ export class RequestActor {
   #req: GenerationRequest;
   #sink: GenerationSink;
   #now: () => number;
+  #grammars: ConstraintCompiler | undefined;
   #seqId = -1;
   #ended = false;
 
@@ -68,6 +80,7 @@ export class RequestActor {
     this.#req = req;
     this.#sink = sink;
     this.#now = opts.now ?? (() => performance.now());
+    this.#grammars = opts.grammars;
     // Bounded by construction: the scheduler sends at most maxTokens + 3 events for a sequence
     // (see SeqEvent), plus abort and client-gone. So its replies never wait.
     this.mailbox = new Channel(Math.max(0, req.maxTokens) + 8);
@@ -115,10 +128,29 @@ export class RequestActor {
     const prompt = typeof req.prompt === "string"
       ? codec.encode(req.prompt, { special: req.parseSpecialTokens ?? false })
       : [...req.prompt];
+    const t0 = this.#now();
+    let constraint: TokenConstraint | undefined;
+    if (req.constraint) {
+      const replay = Math.min(req.constraintReplay ?? 0, prompt.length);
+      try {
+        if (!this.#grammars) {
+          throw new ConstraintError(
+            "Cannot constrain the output: this server has no grammar engine",
+          );
+        }
+        constraint = await this.#grammars.constraint(
+          req.constraint,
+          prompt.slice(prompt.length - replay),
+        );
+      } catch (e) {
+        if (!(e instanceof ConstraintError)) throw e;
+        await this.#emit({ type: "error", code: "invalid_request", message: e.message });
+        return;
+      }
+    }
     const seqId = this.#scheduler.nextSeqId();
     this.#seqId = seqId;
     const reply = (e: SeqEvent) => this.#post(e);
-    const t0 = this.#now();
     try {
       await this.#scheduler.mailbox.send({
         type: "submit",
@@ -133,10 +165,12 @@ export class RequestActor {
           ...(req.controls !== undefined ? { controls: req.controls } : {}),
           ...(req.generated !== undefined ? { generated: req.generated } : {}),
           ...(req.topLogprobs ? { topLogprobs: req.topLogprobs } : {}),
+          ...(constraint ? { constraint } : {}),
         },
         reply,
       });
     } catch (e) {
+      constraint?.dispose();
       if (!(e instanceof ChannelClosedError)) throw e;
       await this.#emit({
         type: "error",

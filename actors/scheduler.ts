@@ -77,6 +77,8 @@ export class SchedulerActor {
     try {
       for await (const msg of this.mailbox) {
         this.#handle(msg);
+        // Constrained sequences sample only under a mask of what their grammar allows next.
+        if (this.#core.masksPending) await this.#core.refreshMasks();
         this.#pump();
       }
     } catch (e) {

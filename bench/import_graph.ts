@@ -17,6 +17,7 @@ export const LAYERS: readonly string[] = [
   "lib/engine/cpu",
   "kernels",
   "kernels/wasm",
+  "lib/grammar",
   "lib/core",
   "actors",
   "lib/http",

@@ -67,7 +67,7 @@ fn uniform01(seed: u32, counter: u32) -> f32 {
  * largest key whose prefix count/mass reaches a target": found by a radix search over the key,
  * 4 bits a pass, summing counts or masses per digit (in a fixed order, for batch invariance).
  */
-export function sampleWgsl(vocab: number, threads = GPU_THREADS): string {
+export function sampleWgsl(vocab: number, threads = GPU_THREADS, maskRows = 0): string {
   if (!(threads >= 1 && Number.isInteger(threads))) {
     throw new Error(
       `Cannot build the sampler: threads must be a positive integer, received ${threads}`,
@@ -75,6 +75,23 @@ export function sampleWgsl(vocab: number, threads = GPU_THREADS): string {
   }
   const passes = searchPasses(vocab);
   const loDigits = passes - 8;
+  // Token masks (constrained decoding, lib/engine/token_mask.ts): masks[i] != 0 says sample i
+  // is masked, and its row of ceil(V / 32) words starts at maskRows + i * W. A masked token
+  // draws as if its logit were -Infinity (-FLT_MAX here, whose weight is exp(...) = 0 just the
+  // same); the logprob stays the raw logits'.
+  const masked = maskRows > 0;
+  const words = Math.ceil(vocab / 32);
+  const maskDecls = masked
+    ? `@group(0) @binding(5) var<storage, read> masks: array<u32>;
+const W = ${words}u;
+const MASK_ROWS = ${maskRows}u;
+var<private> maskBase: u32;
+var<private> isMasked: bool;
+fn allowed(j: u32) -> bool {
+  return !isMasked || ((masks[maskBase + (j >> 5u)] >> (j & 31u)) & 1u) == 1u;
+}`
+    : `fn allowed(j: u32) -> bool { return true; }
+const isMasked = false;`;
   return /* wgsl */ `
 ${WGSL_STEP_TYPES}
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
@@ -82,6 +99,7 @@ ${WGSL_STEP_TYPES}
 @group(0) @binding(2) var<storage, read> logits: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<u32>;
 @group(0) @binding(4) var<storage, read_write> lastSampled: array<u32>;
+${maskDecls}
 ${WGSL_RNG}
 const V = ${vocab}u;
 const T = ${threads}u;
@@ -92,6 +110,11 @@ var<workgroup> redK: array<u32, T>;
 var<workgroup> redL: array<u32, T>;
 var<workgroup> bins: array<f32, ${threads * 16}>;
 var<workgroup> totals: array<f32, 16>;
+
+// A token's scaled logit as the sampler sees it: a masked token's is the lowest float.
+fn scaled(base: u32, j: u32, temp: f32) -> f32 {
+  return select(-3.4028234e38, logits[base + j] / temp, allowed(j));
+}
 
 // Order-preserving bits of an f32: larger float, larger u32.
 fn orderKey(z: f32) -> u32 {
@@ -142,7 +165,7 @@ fn search(base: u32, temp: f32, zmax: f32, count: bool, ck: u32, cl: u32, minE: 
     var local: array<f32, 16>;
     for (var d = 0u; d < 16u; d++) { local[d] = 0.0; }
     for (var j = t; j < V; j += T) {
-      let z = logits[base + j] / temp;
+      let z = scaled(base, j, temp);
       let k = orderKey(z);
       let l = V - 1u - j;
       if ((k & mk) == pk && (l & ml) == pl) {
@@ -201,6 +224,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   if (i >= dims[${DIM_SAMPLES}]) { return; }
   let sm = samples[i];
   let base = i * V;
+${masked ? "  isMasked = masks[i] != 0u;\n  maskBase = MASK_ROWS + i * W;" : ""}
 
   // Raw logits: the argmax (rank key order) and log-sum-exp for the logprob.
   var bk = 0u;
@@ -218,6 +242,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let logSum = log(sumAll(se, t));
 
   var chosen = argmax;
+  if (isMasked) {
+    // Greedy under a mask: the largest allowed logit (the lowest id on ties).
+    var gk = 0u;
+    var gl = 0u;
+    for (var j = t; j < V; j += T) {
+      let k = orderKey(logits[base + j]);
+      let l = V - 1u - j;
+      if (allowed(j) && atOrAfter(k, l, gk, gl)) { gk = k; gl = l; }
+    }
+    let g = maxKey(gk, gl, t);
+    chosen = V - 1u - g.y;
+  }
   // Below MIN_TEMPERATURE logits / T overflows f32: greedy, as on the CPU.
   if (sm.temperature >= ${MIN_TEMPERATURE.toExponential()}) {
     // Divided, not multiplied by 1/T: the same f32 rounding as the CPU reference.
@@ -225,12 +261,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var zk = 0u;
     var zl = 0u;
     for (var j = t; j < V; j += T) {
-      let k = orderKey(logits[base + j] / temp);
+      let k = orderKey(scaled(base, j, temp));
       let l = V - 1u - j;
       if (j == t || atOrAfter(k, l, zk, zl)) { zk = k; zl = l; }
     }
     let zTop = maxKey(zk, zl, t);
-    let zmax = logits[base + V - 1u - zTop.y] / temp;
+    let zmax = scaled(base, V - 1u - zTop.y, temp);
     var ck = 0u;
     var cl = 0u;
     if (sm.topK > 0u && sm.topK < V) {
@@ -241,8 +277,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     if (sm.topP < 1.0) {
       var kept = 0.0;
       for (var j = t; j < V; j += T) {
-        let z = logits[base + j] / temp;
-        kept += select(0.0, exp(z - zmax), atOrAfter(orderKey(z), V - 1u - j, ck, cl));
+        let z = scaled(base, j, temp);
+        kept += select(0.0, exp(z - zmax), atOrAfter(orderKey(z), V - 1u - j, ck, cl) && allowed(j));
       }
       let mass = sumAll(kept, t);
       let c = search(base, temp, zmax, false, ck, cl, 0.0, sm.topP * mass, false, t);
@@ -254,11 +290,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var lastK = 0xffffffffu;
     var lastL = 0xffffffffu;
     for (var j = t; j < V; j += T) {
-      let z = logits[base + j] / temp;
+      let z = scaled(base, j, temp);
       let k = orderKey(z);
       let l = V - 1u - j;
       let e = exp(z - zmax);
-      if (atOrAfter(k, l, ck, cl) && e >= minE) {
+      if (atOrAfter(k, l, ck, cl) && e >= minE && allowed(j)) {
         kept += e;
         if (!atOrAfter(k, l, lastK, lastL)) { lastK = k; lastL = l; }
       }
@@ -297,6 +333,8 @@ export interface SampleTarget {
   /** [samples, 2] u32: token id, then the f32 bits of its logprob. */
   readonly out: GPUBuffer;
   readonly lastSampled: GPUBuffer;
+  /** Token masks (kernels/token_masks.ts) for up to `rows` samples; absent: never masked. */
+  readonly masks?: { readonly buffer: GPUBuffer; readonly rows: number };
   /**
    * "wide" (64 threads per sequence; suits GPUs) or "narrow" (one SIMD batch of 8, so the
    * reductions through workgroup memory stay short; suits CPU rasterizers). Default by device.
@@ -309,11 +347,11 @@ export interface SampleTarget {
 export function createSampler(gpu: Gpu, vocab: number, t: SampleTarget): KernelOp {
   const narrow = (t.layout ?? (gpu.cpuRasterizer ? "narrow" : "wide")) === "narrow";
   const threads = samplerThreads(vocab, narrow ? CPU_THREADS : GPU_THREADS);
-  const pipeline = gpu.pipeline(sampleWgsl(vocab, threads), "sample");
+  const pipeline = gpu.pipeline(sampleWgsl(vocab, threads, t.masks?.rows ?? 0), "sample");
   const group = bindAll(
     gpu,
     pipeline,
-    [t.dims, t.samples, t.logits, t.out, t.lastSampled],
+    [t.dims, t.samples, t.logits, t.out, t.lastSampled, ...(t.masks ? [t.masks.buffer] : [])],
     "sample",
   );
   return {

@@ -30,6 +30,7 @@ import { createSampler } from "./sample.ts";
 import { LogitAdjustOp } from "./logit_adjust.ts";
 import { topLogprobsBytes, TopLogprobsOp } from "./top_logprobs.ts";
 import { MAX_TOP_LOGPROBS, type TopLogprobs } from "../lib/engine/top_logprobs.ts";
+import { TokenMaskUpload } from "./token_masks.ts";
 import { DIM_ROWS, DIM_SAMPLES, StepMetaLayout } from "./step_meta.ts";
 import { createSwiglu } from "./swiglu.ts";
 import { planStep } from "./step_plan.ts";
@@ -125,6 +126,7 @@ export class WebGpuEngine implements Engine {
   private readonly sampleOps: KernelOp[];
   private readonly adjustOp: LogitAdjustOp;
   private readonly topOp: TopLogprobsOp;
+  private readonly masks: TokenMaskUpload;
   private readonly readbacks: GPUBuffer[] = [];
   private readonly owned: { destroy(): void }[];
   /** seqId -> slot of the device table holding the token it sampled last; Map order is LRU. */
@@ -147,6 +149,7 @@ export class WebGpuEngine implements Engine {
       sampleOps: KernelOp[];
       adjustOp: LogitAdjustOp;
       topOp: TopLogprobsOp;
+      masks: TokenMaskUpload;
       owned: { destroy(): void }[];
       slotCapacity: number;
       kvPools: KvPools;
@@ -162,6 +165,7 @@ export class WebGpuEngine implements Engine {
     this.sampleOps = parts.sampleOps;
     this.adjustOp = parts.adjustOp;
     this.topOp = parts.topOp;
+    this.masks = parts.masks;
     this.owned = parts.owned;
     this.kvPools = parts.kvPools;
     const kv = this.kvPools;
@@ -525,8 +529,10 @@ export class WebGpuEngine implements Engine {
     const kvCapacity = Math.min(numBlocks, INITIAL_KV_BLOCKS);
     const pools = newPools(kvCapacity);
     const rowOps = buildRowOps(pools);
+    const masks = new TokenMaskUpload(gpu, vocabSize, maxSeqs, maxStepsPerSubmit);
+    owned.push(masks);
     const activationBytes = Object.values(act).reduce((s, b) => s + b.size, 0) + meta.size +
-      (up?.size ?? 0);
+      (up?.size ?? 0) + masks.buffer.size;
     // Penalties and bias change the classifier's output in place, before the sampler reads it.
     const adjustOp = new LogitAdjustOp(gpu, vocabSize, act.logits);
     owned.push(adjustOp);
@@ -550,6 +556,7 @@ export class WebGpuEngine implements Engine {
         logits: act.logits,
         out: act.out,
         lastSampled: act.lastSampled,
+        masks,
       }),
       topOp,
     ];
@@ -574,6 +581,7 @@ export class WebGpuEngine implements Engine {
       sampleOps,
       adjustOp,
       topOp,
+      masks,
       owned,
       slotCapacity,
       kvPools: { pools, capacity: kvCapacity, blockBytes, make: newPools, build: buildRowOps },
@@ -626,6 +634,7 @@ export class WebGpuEngine implements Engine {
     const grown = this.growKv(plans, enc);
     const collectors: (() => Promise<StepResult>)[] = [];
     let used = 0;
+    this.masks.begin();
     planned.forEach((p, i) => {
       const plan = plans[i]!;
       const base = i * this.layout.bytes;
@@ -637,6 +646,7 @@ export class WebGpuEngine implements Engine {
         enc.copyBufferToBuffer(this.staging, base + off, this.meta, off, len);
       }
       used = base + this.layout.bytes;
+      this.masks.encode(enc, plan);
       const rows = p.content.rows.length;
       const samples = p.content.samples.length;
       const pass = enc.beginComputePass();
@@ -668,6 +678,7 @@ export class WebGpuEngine implements Engine {
       collectors.push(() => this.collect(plan, p.sampledSeqIds, readback, logits, top));
     });
     device.queue.writeBuffer(this.staging, 0, this.stagingCpu, 0, used);
+    this.masks.flush(device.queue);
     device.queue.submit([enc.finish()]);
     // Mapping starts after the submit; nothing here waits for it, so the caller can submit again.
     grown?.retire();

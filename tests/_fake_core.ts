@@ -10,6 +10,7 @@ import { ServingCore } from "../actors/core.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import { GREEDY, type SamplingParams, type StepPlan } from "../lib/engine/engine.ts";
 import { CoreBackend } from "../lib/serving/core_backend.ts";
+import { lazyGrammarService } from "../lib/grammar/grammar_service.ts";
 import { parseLlama2cTokenizer } from "../lib/tokenizer/llama2c_tokenizer.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./_fake_engine.ts";
@@ -95,6 +96,7 @@ export class FakeCore extends CoreBackend {
         return engines.at(-1)!;
       },
       codec: TOKENIZER,
+      grammars: lazyGrammarService(TOKENIZER, TOKENIZER.vocabSize),
       scheduler: { maxRunning: opts.maxRunning ?? 8, maxWaiting: opts.maxWaiting ?? 8 },
       executor: {
         log: (line) => (markerIds || broken.now ? undefined : console.error(line)),

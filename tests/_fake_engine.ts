@@ -6,6 +6,7 @@ import type {
   StepPlan,
   StepResult,
 } from "../lib/engine/engine.ts";
+import { allowedIds } from "../lib/engine/token_mask.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import { hash32 } from "../lib/util/rng.ts";
 import { validateStep } from "../lib/engine/step_validation.ts";
@@ -194,13 +195,10 @@ export class FakeEngine implements Engine {
         }
         h = fakeChain(h, this.#slotToken[s]!, pos);
       }
-      const token = fakeDraw(
-        h,
-        end - 1,
-        input.sampling,
-        this.config.vocabSize,
-        this.#opts.outputIds,
-      );
+      // Constrained: the draw picks among the ids the mask allows, as a real sampler would.
+      const token = input.tokenMask
+        ? fakeDraw(h, end - 1, input.sampling, 0, allowedIds(input.tokenMask, this.config.vocabSize))
+        : fakeDraw(h, end - 1, input.sampling, this.config.vocabSize, this.#opts.outputIds);
       this.#lastSampled.set(input.seqId, token);
       sampled.push({ seqId: input.seqId, token, logprob: fakeLogprob(h) });
     }

@@ -215,6 +215,8 @@ const COMPLETION_POISON: Record<string, readonly Json[]> = {
   max_tokens: [0, -5, "1", 1e20, 1.5],
   temperature: [3, -1, "x"],
   top_p: [2, -0.5],
+  json_schema: ["{}", { type: "object", not: { required: ["a"] } }],
+  grammar: [5],
   top_k: [-2, 0.5],
   n: [17, 0, 1.5],
   echo: ["yes", 1],
@@ -247,7 +249,12 @@ const CHAT_POISON: Record<string, readonly Json[]> = {
   ],
   tools: [[{}]],
   top_logprobs: [2, 21],
-  response_format: [{ type: "json_object" }],
+  // Malformed, or a schema keyword constrained decoding cannot enforce.
+  response_format: [
+    { type: "xml" },
+    { type: "json_schema" },
+    { type: "json_schema", json_schema: { schema: { type: "array", uniqueItems: true } } },
+  ],
   max_completion_tokens: [0, "9"],
   temperature: [9],
   logprobs: ["yes"],

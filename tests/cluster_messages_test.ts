@@ -204,3 +204,34 @@ Deno.test("a generate request carries the logit controls, the delivered-token co
   };
   assertEquals(decodeMessage(StreamFrame, encodeMessage(frame)), { ok: true, value: frame });
 });
+
+Deno.test("a generate message carries the output constraint and how many prompt ids the grammar replays", () => {
+  const msg = {
+    type: "generate",
+    stream: "s",
+    replyTo: "r",
+    prompt: [1, 5, 6],
+    maxTokens: 4,
+    sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 },
+    stop: [],
+    priority: "interactive",
+    requestId: "x",
+    logprobs: false,
+    credit: 8,
+    constraint: { type: "json_schema", schema: '{"type":"integer"}' },
+    constraintReplay: 2,
+  };
+  assertEquals(decodeMessage(ReplicaRequest, bytes(msg)), { ok: true, value: msg });
+  const bad = decodeMessage(ReplicaRequest, bytes({ ...msg, constraint: { type: "regex" } }));
+  assertEquals(bad.ok, false);
+});
+
+Deno.test("a replica's invalid_request error (a schema it could not compile) reaches the router as such", () => {
+  const frame = {
+    type: "event",
+    stream: "s-2",
+    seq: 0,
+    event: { type: "error", code: "invalid_request", message: "Cannot compile the grammar: x" },
+  };
+  assertEquals(decodeMessage(StreamFrame, encodeMessage(frame)), { ok: true, value: frame });
+});

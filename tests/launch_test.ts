@@ -115,6 +115,35 @@ for (const s of settings) {
   });
 }
 
+Deno.test("deno task start serves constrained output under the derived permissions (it reads XGrammar's bundle)", async () => {
+  const { root } = await dirWithModel();
+  try {
+    const server = await start(["--model", "stories260K-q8_0"], { MODELS_DIR: root });
+    const res = await fetch(`${server.base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        prompt: "A point:",
+        max_tokens: 40,
+        seed: 1,
+        json_schema: {
+          type: "object",
+          properties: { x: { type: "integer", minimum: 0, maximum: 9 } },
+          required: ["x"],
+          additionalProperties: false,
+        },
+      }),
+    });
+    const body = await res.json();
+    await stopAndLog(server);
+    assertEquals(res.status, 200, JSON.stringify(body));
+    const x = JSON.parse(body.choices[0].text).x;
+    assert(Number.isInteger(x) && x >= 0 && x <= 9, body.choices[0].text);
+  } finally {
+    await Deno.remove(root, { recursive: true });
+  }
+});
+
 Deno.test("deno task generate downloads from a host other than Hugging Face into MODELS_DIR", async () => {
   const bytes = await Deno.readFile(modelFile(MODEL));
   const server = Deno.serve(

@@ -160,3 +160,12 @@ Deno.test("resultCacheKey: each logit control is part of the key; the same contr
     withControls({ logitBias: [[2, 3], [9, 1]] }),
   );
 });
+
+Deno.test("resultCacheKey: the output constraint is part of the key", () => {
+  const schema = { ...base, constraint: { type: "json_schema", schema: '{"type":"integer"}' } } as const;
+  const other = { ...base, constraint: { type: "json_schema", schema: '{"type":"string"}' } } as const;
+  const keys = [base, schema, other, { ...base, constraint: { type: "json_object" } } as const]
+    .map((r) => resultCacheKey("m", r as GenerationRequest));
+  assertEquals(new Set(keys).size, 4);
+  assertEquals(resultCacheKey("m", schema as GenerationRequest), resultCacheKey("m", { ...schema }));
+});

@@ -4,7 +4,8 @@ import { createSampler, type SampleLayout, samplerThreads, WGSL_RNG } from "../k
 import type { SampleMeta } from "../kernels/step_meta.ts";
 import type { SamplingParams } from "../lib/engine/engine.ts";
 import { hash32 } from "../lib/util/rng.ts";
-import { MIN_TEMPERATURE, sample } from "../lib/engine/sampling.ts";
+import { logSoftmaxAt, MIN_TEMPERATURE, sample } from "../lib/engine/sampling.ts";
+import { maskLogits } from "../lib/engine/token_mask.ts";
 import { randomF32, readU32, rng, runPass, stepMeta, storage, testGpu, zeros } from "./_gpu.ts";
 
 Deno.test("WGSL hash32 gives lib/rng.ts's bits", async () => {
@@ -152,4 +153,60 @@ Deno.test("createSampler() treats a temperature below MIN_TEMPERATURE as greedy 
   // ...and rows whose top logits tie, where only a sampler at MIN_TEMPERATURE draws the second.
   const tied = Float32Array.from({ length: rows * vocab }, (_, i) => (i % vocab < 2 ? 3 : -3));
   for (const layout of LAYOUTS) await compareWithReference(vocab, tied, rows, layout, tiny);
+});
+
+Deno.test("createSampler() with token masks draws the reference's token over the allowed ids, logprob under the raw logits", async () => {
+  const gpu = await testGpu();
+  const rand = rng(31);
+  for (const vocab of [1000, 32000]) {
+    const rows = PARAMS.length * 2;
+    const logits = randomF32(rand, rows * vocab, 6);
+    const words = Math.ceil(vocab / 32);
+    // Flags, then one row of words per sample; every other sample unmasked.
+    const maskData = new Uint32Array(rows + rows * words);
+    const masks: (Uint32Array | undefined)[] = [];
+    for (let i = 0; i < rows; i++) {
+      if (i % 2 === 1) {
+        masks.push(undefined);
+        continue;
+      }
+      const m = new Uint32Array(words);
+      for (let k = 0; k < 1 + (i % 7) * 5; k++) {
+        const id = Math.floor(rand() * vocab);
+        m[id >>> 5]! |= 1 << (id & 31);
+      }
+      masks.push(m);
+      maskData[i] = 1;
+      maskData.set(m, rows + i * words);
+    }
+    const metas: SampleMeta[] = [];
+    const params: SamplingParams[] = [];
+    for (let i = 0; i < rows; i++) {
+      const p = { ...PARAMS[i % PARAMS.length]!, seed: 500 + i };
+      params.push(p);
+      metas.push({ row: i, lastSlot: i, position: 9 + i, ...p });
+    }
+    const meta = stepMeta(gpu, { rows: [], seqs: [], samples: metas, blockTables: [] });
+    const out = zeros(gpu, rows * 8);
+    const op = createSampler(gpu, vocab, {
+      dims: meta.dims,
+      samples: meta.samples,
+      logits: storage(gpu, logits),
+      out,
+      lastSampled: zeros(gpu, rows * 4),
+      masks: { buffer: storage(gpu, maskData), rows },
+    });
+    await runPass(gpu, (pass) => op.encode(pass, rows));
+    const got = await readU32(gpu, out, rows * 2);
+    const lp = new Float32Array(got.buffer);
+    for (let i = 0; i < rows; i++) {
+      const row = logits.subarray(i * vocab, (i + 1) * vocab);
+      const m = masks[i];
+      const token = sample(m ? maskLogits(row, m) : row, params[i]!, 9 + i).token;
+      const what = `vocab ${vocab} row ${i} ${JSON.stringify(params[i])} masked ${m !== undefined}`;
+      assertEquals(got[2 * i], token, what);
+      if (m) assertEquals((m[token >>> 5]! >>> (token & 31)) & 1, 1, what);
+      assertAlmostEquals(lp[2 * i + 1]!, logSoftmaxAt(row, token), 1e-4, what);
+    }
+  }
 });

@@ -402,3 +402,54 @@ Deno.test("WebGpuEngine's KV pools start small and grow when a step names a bloc
     gpu.dispose();
   }
 });
+
+Deno.test("WebGpuEngine samples under token masks the tokens the reference engine does, in one batched step and in a second submitted before the first is read", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"), {
+    tokenizerPath: modelFile("tok512.bin"),
+  });
+  const { gpu, cpu } = await engines(model);
+  try {
+    const rand = rng(12);
+    const vocab = model.config.vocabSize;
+    const maskOf = (n: number) => {
+      const m = new Uint32Array(Math.ceil(vocab / 32));
+      for (let k = 0; k < n; k++) {
+        const id = Math.floor(rand() * vocab);
+        m[id >>> 5]! |= 1 << (id & 31);
+      }
+      return m;
+    };
+    const seqs = Array.from({ length: 6 }, (_, i) => ({
+      seqId: i,
+      tokens: [1, 403 + i, 407, 261],
+      startPos: 0,
+      blockTable: [i],
+      sample: true,
+      sampling: { temperature: i % 2 === 0 ? 0 : 1, topK: 0, topP: 1, minP: 0, seed: 40 + i },
+      // Masked and unmasked sequences share the step.
+      ...(i === 3 ? {} : { tokenMask: maskOf(2 + i) }),
+    }));
+    const first = { stepId: 0, seqs };
+    const second = {
+      stepId: 1,
+      seqs: seqs.map((s) => ({
+        ...s,
+        tokens: [s.tokens[0]!, 300 + s.seqId],
+        blockTable: [10 + s.seqId],
+        tokenMask: maskOf(3),
+      })),
+    };
+    const [a1, a2] = [gpu.step(first), gpu.step(second)];
+    const [r1, r2] = [await cpu.step(first), await cpu.step(second)];
+    for (const [got, want, plan] of [[await a1, r1, first], [await a2, r2, second]] as const) {
+      plan.seqs.forEach((s, i) => {
+        assertEquals(got.sampled[i]!.token, want.sampled[i]!.token, `step ${plan.stepId} seq ${i}`);
+        const t = got.sampled[i]!.token;
+        if (s.tokenMask) assertEquals((s.tokenMask[t >>> 5]! >>> (t & 31)) & 1, 1);
+      });
+    }
+  } finally {
+    gpu.dispose();
+    cpu.dispose();
+  }
+});

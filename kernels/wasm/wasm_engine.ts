@@ -18,6 +18,7 @@ import { ThreadPool } from "./pool.ts";
 import { f32Bits, OP, OP_WORDS, ProgramWriter } from "./program.ts";
 import { type KernelFlavour, kernelModule } from "./kernel_module.ts";
 import { sampleRow, samplesArgmax } from "../../lib/engine/sample_row.ts";
+import { sampleMaskedRow } from "./masked_sampling.ts";
 import { checkParams } from "../../lib/engine/sampling.ts";
 import { applyLogitAdjust } from "../../lib/engine/logit_adjust.ts";
 import { topLogprobs } from "../../lib/engine/top_logprobs.ts";
@@ -64,6 +65,9 @@ interface LayerPtrs {
 
 /** Weights already placed in the heap, per tensor: shared by every engine over the model. */
 const placed = new WeakMap<Tensor, number>();
+
+/** Row statistics that say "do not hold" (their flag word set): for a row changed after them. */
+const NO_ROW_STATS = new Int32Array([0, 0, 0, 1]);
 
 /**
  * The CPU engine: the forward pass as WebAssembly SIMD kernels (kernels/wasm/as/) over weights
@@ -387,8 +391,20 @@ export class WasmEngine implements Engine {
         const position = seq.startPos + (seq.useLastSampled ? 1 : seq.tokens.length);
         // Greedy rows take the threads' argmax and normaliser, which are the raw row's (a row
         // with a NaN or an infinite logit, or an adjusted one, goes the general way).
-        const greedy = samplesArgmax(seq.sampling) && row === raw;
-        const { token, logprob } = greedy && stats[r * 4 + 3] === 0
+        const greedy = samplesArgmax(seq.sampling);
+        const rawStats = row === raw;
+        const { token, logprob } = seq.tokenMask
+          ? sampleMaskedRow(
+            row,
+            seq.sampling,
+            position,
+            seq.tokenMask,
+            greedy,
+            rawStats ? stats : NO_ROW_STATS,
+            statsF,
+            rawStats ? r : 0,
+          )
+          : greedy && rawStats && stats[r * 4 + 3] === 0
           ? (checkParams(seq.sampling, vocabSize), { token: stats[r * 4]!, logprob: -Math.log(statsF[r * 4 + 2]!) })
           : sampleRow(row, seq.sampling, position);
         this.#lastSampled.set(seq.seqId, token);

@@ -14,6 +14,7 @@ import {
 } from "../source/model_source.ts";
 import { GPU_API_ENV, VULKAN_DRIVER_DIRS } from "../util/gpu_api.ts";
 import { resolveDataDir } from "../batch/data_dir.ts";
+import { XGRAMMAR_BUNDLE } from "../grammar/xgrammar.ts";
 
 /**
  * What a run that may use WebGPU reads to tell Vulkan from OpenGL ES for its start-up line
@@ -149,7 +150,11 @@ export function derivePermissions(needs: RunNeeds, env: EnvGetter): Permissions 
   // A replica's heartbeat worker is a module loaded at run time, which needs read access.
   if (needs.nats !== undefined) read.add(new URL("../cluster/", import.meta.url).pathname);
   // The CPU engine reads its compiled kernels and starts its worker threads from here.
-  if (needs.runsEngine ?? true) read.add(CPU_KERNELS_DIR);
+  if (needs.runsEngine ?? true) {
+    read.add(CPU_KERNELS_DIR);
+    // Constrained decoding reads XGrammar's bundle from Deno's npm cache on first use.
+    read.add(XGRAMMAR_BUNDLE);
+  }
   return {
     read: [...read],
     write: [...write],

@@ -1,4 +1,5 @@
 import { openModel, uploadProgress } from "./open_model.ts";
+import { lazyGrammarService } from "../grammar/grammar_service.ts";
 import { parseFlags } from "./args.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
 import type { RunNeeds } from "./permissions.ts";
@@ -338,6 +339,7 @@ async function start(
           .engine,
       ),
     codec: tokenizer,
+    grammars: lazyGrammarService(tokenizer, model.config.vocabSize),
     maxInFlight: config.pipelineDepth,
     scheduler: {
       maxBatchTokens: config.maxBatchTokens,

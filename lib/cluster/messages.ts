@@ -52,6 +52,12 @@ export const LogitControlsSchema = z.object({
   repeatLastN: int.min(-1).optional(),
   minTokens: nonNegative.optional(),
 });
+/** GenerationRequest.constraint (lib/grammar/output_constraint.ts) on the wire. */
+export const ConstraintSchema = z.discriminatedUnion("type", [
+  z.strictObject({ type: z.literal("json_object") }),
+  z.strictObject({ type: z.literal("json_schema"), schema: z.string() }),
+  z.strictObject({ type: z.literal("grammar"), grammar: z.string() }),
+]);
 
 /** Load a replica reports about itself: what the router balances on. */
 export const LoadSchema = z.object({
@@ -131,6 +137,13 @@ export const GenerateSchema = z.object({
   credit: int.positive(),
   /** The client's cache scope (GenerationRequest.cacheScope), if it has one. */
   cacheScope: z.string().max(128).optional(),
+  /** Constrained decoding (GenerationRequest.constraint). */
+  constraint: ConstraintSchema.optional(),
+  /**
+   * How many of the prompt's last ids were generated under `constraint` (failover): the
+   * replica's grammar reads them before it samples, so the continuation is exact.
+   */
+  constraintReplay: nonNegative.optional(),
 });
 export type Generate = z.infer<typeof GenerateSchema>;
 
@@ -209,6 +222,8 @@ export const GenerationEventSchema = z.discriminatedUnion("type", [
     type: z.literal("error"),
     code: z.enum([
       "context_length_exceeded",
+      // A schema or grammar the replica could not compile: the client's 400.
+      "invalid_request",
       "payload_too_large",
       "overloaded",
       "draining",

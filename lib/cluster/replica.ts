@@ -391,6 +391,7 @@ export class ReplicaAgent {
       requestId: m.requestId,
       logprobs: m.logprobs,
       cacheScope: m.cacheScope,
+      ...(m.constraint ? { constraint: m.constraint, constraintReplay: m.constraintReplay ?? 0 } : {}),
     }, s.ctrl.signal)[Symbol.asyncIterator]();
     try {
       for (;;) {

@@ -564,6 +564,13 @@ export class RouterBackend implements GenerationBackend {
           requestId: req.requestId,
           logprobs: req.logprobs ?? false,
           cacheScope: req.cacheScope,
+          // The grammar must read what was delivered before it samples again.
+          ...(req.constraint
+            ? {
+              constraint: req.constraint,
+              constraintReplay: (req.constraintReplay ?? 0) + delivered.length,
+            }
+            : {}),
         });
         if (!(opened instanceof RemoteStream)) {
           yield opened;

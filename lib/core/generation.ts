@@ -1,6 +1,7 @@
 import type { SamplingParams } from "../engine/engine.ts";
 import type { LogitControls } from "./logit_controls.ts";
 import type { TopLogprobs } from "../engine/top_logprobs.ts";
+import type { OutputConstraint } from "../grammar/output_constraint.ts";
 
 /**
  * The contract between the client-facing layer (HTTP, WebSocket) and the serving core
@@ -50,6 +51,13 @@ export interface GenerationRequest {
    * under the same scope.
    */
   readonly cacheScope?: string;
+  /** Constrained decoding: every sampled token keeps the output a prefix of this grammar's. */
+  readonly constraint?: OutputConstraint;
+  /**
+   * How many of the prompt's last ids were generated under `constraint` by an earlier attempt
+   * (a router's failover resubmission): the grammar reads them before the first sample.
+   */
+  readonly constraintReplay?: number;
 }
 
 export type FinishReason = "stop" | "length" | "cancelled";
@@ -102,6 +110,8 @@ export type GenerationEvent =
 
 export type GenerationErrorCode =
   | "context_length_exceeded"
+  /** The request cannot be served as asked (a schema or grammar that does not compile). */
+  | "invalid_request"
   /** Too large to pass on (a router's request over the NATS server's max_payload). */
   | "payload_too_large"
   | "overloaded"

@@ -1,5 +1,6 @@
 import type { FinishReason, GenerationRequest, Usage } from "./generation.ts";
 import { hasLogitControls, type LogitControls } from "./logit_controls.ts";
+import { constraintKey } from "../grammar/output_constraint.ts";
 
 /** One stored token event of a finished generation. */
 export interface StoredToken {
@@ -46,6 +47,9 @@ export function resultCacheKey(model: string, req: GenerationRequest): string | 
     req.ignoreEos === true,
     req.logprobs === true,
     logitControlsKey(req.controls),
+    // The same prompt under another schema is another answer.
+    req.constraint ? constraintKey(req.constraint) : "",
+    req.constraintReplay ?? 0,
   ]);
 }
 

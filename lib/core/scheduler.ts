@@ -5,6 +5,7 @@ import type { FinishReason, GenerationErrorCode } from "./generation.ts";
 import { Sequence } from "./sequence.ts";
 import { hasLogitControls, logitControlsProblem } from "./logit_controls.ts";
 import { isTokenId } from "../engine/step_validation.ts";
+import { allowsOnly, tokenMaskProblem } from "../engine/token_mask.ts";
 import type { SchedulerStats, SeqEvent, SeqEventSink, SeqSpec } from "./seq_events.ts";
 
 export interface SchedulerConfig {
@@ -141,6 +142,8 @@ export class Scheduler {
   #draining = false;
   /** Ids whose per-sequence engine state can go (ended or preempted), not yet handed over. */
   #released: number[] = [];
+  /** Constrained sequences whose next mask is to be computed (refreshMasks). */
+  #needMask: Sequence[] = [];
 
   constructor(config: SchedulerConfig) {
     this.config = config;
@@ -181,11 +184,13 @@ export class Scheduler {
     const { seqId, prompt } = spec;
     const problem = this.#refusal(spec);
     if (problem) {
+      spec.constraint?.dispose();
       safeReply(reply, { type: "rejected", seqId, ...problem });
       return;
     }
     safeReply(reply, { type: "accepted", seqId, promptTokens: prompt.length });
     if (spec.maxTokens <= 0) {
+      spec.constraint?.dispose();
       safeReply(reply, { type: "finished", seqId, reason: "length", completionTokens: 0 });
       this.#finished++;
       return;
@@ -204,9 +209,57 @@ export class Scheduler {
       arrivalStep: this.#nextStepId,
       arrivalOrder: this.#arrivals++,
       reply,
+      constraint: spec.constraint,
     });
     this.#seqs.set(seqId, seq);
     this.#waiting.push(seq);
+    if (seq.constraint) this.#needMask.push(seq);
+  }
+
+  /** Whether constrained sequences wait for their next mask (call refreshMasks before schedule). */
+  get masksPending(): boolean {
+    return this.#needMask.length > 0;
+  }
+
+  /**
+   * Computes the next token mask of every constrained sequence whose grammar has seen a new
+   * token (or none yet). A sequence whose grammar allows nothing but its end finishes here
+   * ("stop"): the output is complete. The only asynchronous step of the scheduler, because
+   * XGrammar's mask call is; the owning actor awaits it between messages, so nothing else
+   * touches the scheduler meanwhile.
+   */
+  async refreshMasks(): Promise<void> {
+    while (this.#needMask.length > 0) {
+      const seqs = this.#needMask;
+      this.#needMask = [];
+      for (const seq of seqs) {
+        if (seq.status === "finished" || !seq.constraint || seq.mask) continue;
+        let mask: Uint32Array;
+        try {
+          mask = await seq.constraint.nextMask();
+        } catch (e) {
+          if (!ended(seq)) {
+            this.#retire(seq, {
+              type: "failed",
+              seqId: seq.seqId,
+              code: "internal",
+              message: `Generation failed: the grammar could not give the next tokens (${
+                e instanceof Error ? e.message : e
+              })`,
+            });
+          }
+          continue;
+        }
+        // Cancelled while its mask was computed (the await let other work run).
+        if (ended(seq)) continue;
+        const vocab = this.config.vocabSize || mask.length * 32;
+        if (tokenMaskProblem(mask, vocab) || allowsOnly(mask, seq.constraint.stopIds, vocab)) {
+          this.#finish(seq, "stop");
+        } else {
+          seq.mask = mask;
+        }
+      }
+    }
   }
 
   /**
@@ -318,6 +371,20 @@ export class Scheduler {
       if (seq.stopTokenIds.has(s.token)) {
         this.#finish(seq, "stop", s.token);
         continue;
+      }
+      if (seq.constraint) {
+        if (!seq.constraint.accept(s.token)) {
+          this.#retire(seq, {
+            type: "failed",
+            seqId: seq.seqId,
+            code: "internal",
+            message:
+              `Generation failed: the engine sampled token ${s.token}, which the grammar does not allow there`,
+          });
+          continue;
+        }
+        seq.mask = undefined;
+        this.#needMask.push(seq);
       }
       this.#reply(seq, {
         type: "token",
@@ -461,18 +528,29 @@ export class Scheduler {
     return seq.faults >= ISOLATE_AFTER_FAULTS && this.#build!.record.isolated !== undefined;
   }
 
-  /** Running, with one token to feed (known, or sampled in flight), and room to sample one more. */
+  /**
+   * Running, with one token to feed (known, or sampled in flight), and room to sample one more.
+   * A constrained sequence's next mask depends on the token it sampled last, so it decodes only
+   * once that token is here and its grammar has seen it: it never feeds a token still in flight.
+   */
   #wantsDecode(seq: Sequence): boolean {
-    const feed = seq.needsKnownTokens
+    const ready = seq.constraint
+      ? seq.pending === 0 && seq.unfed === 1 && seq.mask !== undefined
+      : seq.needsKnownTokens
       ? seq.pending === 0 && seq.unfed === 1
       : seq.pending > 0 || seq.unfed === 1;
-    return seq.status === "running" && !seq.held && feed && seq.canSample && !this.#barred(seq);
+    return seq.status === "running" && !seq.held && ready && seq.canSample && !this.#barred(seq);
   }
 
   /** Running, not yet in this step, with known tokens to feed (a prompt or a recomputation). */
   #wantsPrefill(seq: Sequence): boolean {
     return seq.status === "running" && !seq.held && !this.#build!.members.has(seq) &&
-      seq.pending === 0 && seq.unfed >= 2 && !this.#barred(seq);
+      seq.pending === 0 && seq.unfed >= 2 && this.#maskReady(seq) && !this.#barred(seq);
+  }
+
+  /** An unconstrained sequence, or a constrained one whose next mask is known. */
+  #maskReady(seq: Sequence): boolean {
+    return !seq.constraint || seq.mask !== undefined;
   }
 
   /** Adds n of the sequence's tokens (or its last sampled one) to the step being built. */
@@ -495,6 +573,7 @@ export class Scheduler {
       sampling: seq.sampling,
       ...(adjust !== undefined ? { adjust } : {}),
       ...(sample && seq.topLogprobs > 0 ? { topLogprobs: seq.topLogprobs } : {}),
+      ...(sample && seq.mask ? { tokenMask: seq.mask } : {}),
     });
     seq.numScheduled += n;
     b.members.add(seq);
@@ -519,7 +598,7 @@ export class Scheduler {
       if (b.budget === 0 || this.#running.length >= this.config.maxRunning) break;
       // No room for it now, nor for those behind it.
       if (b.preempted.has(seq) && b.entries.length > 0) break;
-      if (seq.held || this.#barred(seq)) continue;
+      if (seq.held || this.#barred(seq) || !this.#maskReady(seq)) continue;
       let cached = 0, n = 0, table: readonly number[] | null = null;
       for (;;) {
         // Again after each preemption: the victim's free may have cached more of this prompt,
@@ -662,6 +741,7 @@ export class Scheduler {
     seq.epoch++;
     this.#finished++;
     this.#seqs.delete(seq.seqId);
+    seq.constraint?.dispose();
     this.#reply(seq, event);
     seq.reply = undefined;
   }
@@ -669,6 +749,11 @@ export class Scheduler {
   #reply(seq: Sequence, event: SeqEvent): void {
     if (seq.reply) safeReply(seq.reply, event);
   }
+}
+
+/** Read through a call: TypeScript narrows a field as if no await could change it. */
+function ended(seq: Sequence): boolean {
+  return seq.status === "finished";
 }
 
 /** A listener that throws must not corrupt the scheduler's state. */

@@ -7,6 +7,7 @@ import type { SamplingParams } from "../engine/engine.ts";
 import type { FinishReason, GenerationErrorCode, Priority } from "./generation.ts";
 import type { LogitControls } from "./logit_controls.ts";
 import type { TopLogprobs } from "../engine/top_logprobs.ts";
+import type { TokenConstraint } from "../grammar/token_constraint.ts";
 
 /** What a request asks the scheduler to generate. */
 export interface SeqSpec {
@@ -26,6 +27,11 @@ export interface SeqSpec {
   readonly generated?: number;
   /** Alternatives to return with each sampled token (0..20). */
   readonly topLogprobs?: number;
+  /**
+   * Constrained decoding: the grammar state the sampled tokens must follow. The scheduler owns
+   * it from submit() on and disposes of it when the sequence ends (or is refused).
+   */
+  readonly constraint?: TokenConstraint;
 }
 
 /** How the scheduler answers one sequence. Never blocks: see SeqEvent for why it stays bounded. */

@@ -3,6 +3,7 @@ import type { Priority } from "./generation.ts";
 import type { KvSeq } from "./block_allocator.ts";
 import type { SeqEventSink } from "./seq_events.ts";
 import { historyDependent, type LogitControls, PenaltyState } from "./logit_controls.ts";
+import type { TokenConstraint } from "../grammar/token_constraint.ts";
 
 export type SeqStatus = "waiting" | "running" | "finished";
 
@@ -53,6 +54,13 @@ export class Sequence implements KvSeq {
   readonly needsKnownTokens: boolean;
   /** Alternatives each sampled row returns (0: none). */
   readonly topLogprobs: number;
+  /** Its grammar state, for constrained decoding (see scheduler.ts, refreshMasks). */
+  readonly constraint: TokenConstraint | undefined;
+  /**
+   * The ids its next sample may take, under `constraint`; undefined while the grammar has not
+   * yet seen the last sampled token (the sequence cannot sample until it has).
+   */
+  mask: Uint32Array | undefined;
 
   constructor(init: {
     seqId: number;
@@ -69,6 +77,7 @@ export class Sequence implements KvSeq {
     /** The prompt's last `generated` ids count as output (failover). */
     generated?: number;
     topLogprobs?: number;
+    constraint?: TokenConstraint;
   }) {
     this.seqId = init.seqId;
     this.tokens = [...init.prompt];
@@ -90,6 +99,7 @@ export class Sequence implements KvSeq {
     );
     this.needsKnownTokens = historyDependent(c);
     this.topLogprobs = init.topLogprobs ?? 0;
+    this.constraint = init.constraint;
   }
 
   /** Appends a token it sampled. */

@@ -41,6 +41,11 @@ export interface SeqInput {
   readonly adjust?: LogitAdjust;
   /** Return this many of the row's most likely tokens with their logprobs (0..20; 0: none). */
   readonly topLogprobs?: number;
+  /**
+   * Constrained decoding: the ids this sample may take (lib/engine/token_mask.ts), one bit per
+   * id; the sampler treats every other id's logit as -Infinity. Absent: every id.
+   */
+  readonly tokenMask?: Uint32Array;
 }
 
 /** Everything the engine computes in one step, across all sequences. */

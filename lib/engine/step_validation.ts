@@ -2,6 +2,7 @@ import type { KvGeometry, SamplingParams, SeqInput, StepPlan } from "./engine.ts
 import type { ModelConfig } from "../model/model_config.ts";
 import { logitAdjustProblem } from "./logit_adjust.ts";
 import { MAX_TOP_LOGPROBS } from "./top_logprobs.ts";
+import { tokenMaskProblem } from "./token_mask.ts";
 
 /** What an engine with step buffers sized up front can hold in one step. */
 export interface StepCapacity {
@@ -67,6 +68,10 @@ export function validateStep(plan: StepPlan, rules: StepRules): void {
     const top = seq.topLogprobs;
     if (top !== undefined && !(Number.isInteger(top) && top >= 0 && top <= MAX_TOP_LOGPROBS)) {
       throw new Error(`${where} asks for ${top} top logprobs, expected an integer in 0..${MAX_TOP_LOGPROBS}`);
+    }
+    if (seq.sample && seq.tokenMask !== undefined) {
+      const problem = tokenMaskProblem(seq.tokenMask, config.vocabSize);
+      if (problem) throw new Error(`${where}: ${problem}`);
     }
     rows += n;
     tableEntries += needed;

@@ -3,6 +3,7 @@ import type { GenerationBackend, GenerationRequest, Priority } from "../core/gen
 import { ApiError } from "./errors.ts";
 import type { LogitControls } from "../core/logit_controls.ts";
 import { checkLogitBiasIds, checkStopTokenIds } from "./sampling_controls.ts";
+import type { OutputConstraint } from "../grammar/output_constraint.ts";
 
 /** Client parameters after validation, before limits are applied (all APIs map to this). */
 export interface GenerationInput {
@@ -32,6 +33,8 @@ export interface GenerationInput {
   readonly stopTokenIds?: readonly number[] | null | undefined;
   /** Generate past the end-of-generation tokens (vLLM's ignore_eos). */
   readonly ignoreEos?: boolean | null | undefined;
+  /** Constrained decoding (response_format, json_schema, grammar). */
+  readonly constraint?: OutputConstraint;
 }
 
 /** Defaults follow OpenAI: temperature 1, top_p 1; top_k 0 and min_p 0 mean off. */
@@ -132,6 +135,7 @@ export function buildGenerationRequest(
     ...(input.logprobs && input.topLogprobs ? { topLogprobs: input.topLogprobs } : {}),
     parseSpecialTokens: input.specialTokens ?? false,
     deterministic: temperature === 0 || seeded,
+    ...(input.constraint ? { constraint: input.constraint } : {}),
   };
   return { request, promptTokens, maxTokensCapped: asked > room };
 }

@@ -6,6 +6,7 @@ import type {
   Usage,
 } from "../core/generation.ts";
 import { type ChoiceEvent, choiceRequests, mergeChoices } from "./choices.ts";
+import { outputConstraint } from "./response_format.ts";
 import type { ChatRenderer } from "./chat_template.ts";
 import { readJsonBody } from "./body.ts";
 import { ApiError, fromGenerationError } from "./errors.ts";
@@ -218,7 +219,9 @@ function nPredict(n: number | null | undefined): number | undefined {
 }
 
 function common(b: CompletionBody | ChatCompletionBody) {
+  const constraint = outputConstraint(b);
   return {
+    ...(constraint ? { constraint } : {}),
     temperature: b.temperature,
     topK: b.top_k,
     topP: b.top_p,

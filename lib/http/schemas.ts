@@ -1,6 +1,7 @@
 import { z } from "zod";
 import { acceptedFields, REFUSED_CHAT, REFUSED_COMMON, refusedFields } from "./request_fields.ts";
 import { logitControlFields, stopTokenFields } from "./sampling_controls.ts";
+import { constraintFields, frameConstraintFields } from "./response_format.ts";
 
 /**
  * Shapes of everything a client sends: WebSocket frames (strict: a misspelled field is an
@@ -75,6 +76,7 @@ export const GenerateFrame = z.strictObject({
   top_logprobs: z.number().int().min(0).max(20).optional(),
   ...logitControlFields,
   ...stopTokenFields,
+  ...frameConstraintFields,
 }).superRefine((f, ctx) => {
   if ((f.top_logprobs ?? 0) > 0 && f.logprobs !== true) {
     ctx.addIssue({
@@ -140,6 +142,7 @@ const openAiCommon = {
   ...logitControlFields,
   ...stopTokenFields,
   user: z.string().nullish(),
+  ...constraintFields,
 };
 
 const tokenIds = z.array(z.number().int().min(0)).min(1);
@@ -182,9 +185,6 @@ export const ChatCompletionBody = z.strictObject({
   logprobs: z.boolean().nullish(),
   top_logprobs: z.number().int().min(0).max(20).nullish(),
   tools: z.array(z.unknown()).max(0, { error: "tools are not supported" }).nullish(),
-  response_format: z.object({
-    type: z.literal("text", { error: 'only response_format {type: "text"} is supported' }),
-  }).nullish(),
 });
 export type ChatCompletionBody = z.output<typeof ChatCompletionBody>;
 

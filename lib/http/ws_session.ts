@@ -1,4 +1,6 @@
 import type { GenerationRequest } from "../core/generation.ts";
+import { outputConstraint } from "./response_format.ts";
+import type { OutputConstraint } from "../grammar/output_constraint.ts";
 import type { ChatRenderer } from "./chat_template.ts";
 import { ApiError, fromGenerationError, preview, toApiError } from "./errors.ts";
 import { type FrameSocket, FrameWriter, type WriterOptions } from "./frame_writer.ts";
@@ -229,6 +231,7 @@ export class StreamSession {
       controls: logitControlsFrom(f),
       stopTokenIds: f.stop_token_ids,
       ignoreEos: f.ignore_eos,
+      ...constraintOf(f),
     };
     if (f.messages !== undefined) {
       const chat = this.#opts.renderChat(f.messages, f.chat_template_kwargs);
@@ -380,4 +383,10 @@ export class StreamSession {
 
 function utf8Length(s: string): number {
   return new TextEncoder().encode(s).byteLength;
+}
+
+/** A frame's output constraint, as the HTTP bodies give it (400-style error naming the field). */
+function constraintOf(f: GenerateFrame): { constraint?: OutputConstraint } {
+  const constraint = outputConstraint(f);
+  return constraint ? { constraint } : {};
 }

@@ -165,6 +165,17 @@ export class Tokenizer {
     return this.#specials.map((s) => s.piece);
   }
 
+  /**
+   * Whether the id is a control, user-defined, unknown or unused token: one only template text
+   * (or nothing at all) produces, never plain text. Constrained decoding leaves them out.
+   */
+  isSpecial(id: number): boolean {
+    this.#checkId(id);
+    const t = this.#types[id];
+    return t === TokenType.CONTROL || t === TokenType.USER_DEFINED || t === TokenType.UNKNOWN ||
+      t === TokenType.UNUSED;
+  }
+
   /** Whether sampling this id ends a generation. */
   isEog(id: number): boolean {
     return this.eogIds.has(id);

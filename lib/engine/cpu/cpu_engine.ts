@@ -2,9 +2,18 @@ import { setImmediate } from "node:timers";
 import type { Engine, KvGeometry, SampledToken, StepPlan, StepResult } from "../engine.ts";
 import { validateStep } from "../step_validation.ts";
 import { type ModelConfig, ropeFrequencies } from "../../model/model_config.ts";
-import { sample } from "../sampling.ts";
+import { logSoftmaxAt, sample } from "../sampling.ts";
 import { applyLogitAdjust } from "../logit_adjust.ts";
 import { topLogprobs } from "../top_logprobs.ts";
+import { maskLogits } from "../token_mask.ts";
+
+/**
+ * A masked draw reports its token's logprob under the row before the mask (after any logit
+ * adjustments), as an unmasked one does.
+ */
+function rawLogprob(logits: Float32Array, token: number): { token: number; logprob: number } {
+  return { token, logprob: logSoftmaxAt(logits, token) };
+}
 import type { ModelWeights } from "../../model/weights.ts";
 import { type DenseLayer, type DenseWeights, denseWeights } from "./dense_weights.ts";
 import { addInPlace, headRmsnorm, matvec, rmsnorm, ropeWithFrequencies, swiglu } from "./ops.ts";
@@ -122,7 +131,10 @@ export class CpuEngine implements Engine {
       if (!seq.sample) return;
       const position = seq.startPos + tokens.length;
       logits = applyLogitAdjust(logits!, seq.adjust);
-      const { token, logprob } = sample(logits, seq.sampling, position);
+      const mask = seq.tokenMask;
+      const { token, logprob } = mask
+        ? rawLogprob(logits, sample(maskLogits(logits, mask), seq.sampling, position).token)
+        : sample(logits, seq.sampling, position);
       this.lastSampled.set(seq.seqId, token);
       sampled.push({
         seqId: seq.seqId,

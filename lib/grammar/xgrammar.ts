@@ -1,0 +1,105 @@
+/**
+ * XGrammar (`@mlc-ai/web-xgrammar`, its C++ compiled to WebAssembly; what WebLLM runs) loaded
+ * as the CommonJS bundle it is. Its `lib/index.js` is a UMD bundle that reads `require` and
+ * `__filename`, but its package.json says `"type": "module"`, so Deno's `import` evaluates it as
+ * an ES module and it fails ("require is not defined"). The importing of its package.json below
+ * makes Deno fetch the package like any npm dependency (and the lockfile pin it); the bundle is
+ * then read from the package and run as CommonJS with the five variables a CommonJS module gets,
+ * plus a `console` whose errors are kept: XGrammar reports a bad schema or grammar on stderr and
+ * aborts, and the message belongs in the client's 400, not in the server's log.
+ */
+import pkg from "@mlc-ai/web-xgrammar/package.json" with { type: "json" };
+import { createRequire } from "node:module";
+import { dirname } from "node:path";
+import { fileURLToPath } from "node:url";
+import type * as XG from "@mlc-ai/web-xgrammar";
+
+export type XGrammar = typeof XG;
+export type {
+  CompiledGrammar,
+  GrammarCompiler,
+  GrammarMatcher,
+  TokenizerInfo,
+} from "@mlc-ai/web-xgrammar";
+
+/** The version loaded, for logs and /props. */
+export const XGRAMMAR_VERSION: string = pkg.version;
+
+/** The bundle's path in Deno's npm cache: what a server reads to constrain output (permissions). */
+export const XGRAMMAR_BUNDLE: string = fileURLToPath(
+  import.meta.resolve(`@mlc-ai/web-xgrammar/${pkg.main}`),
+);
+
+/** What XGrammar wrote to stderr most recently (its reason for an abort). */
+const diagnostics: string[] = [];
+
+let loading: Promise<XGrammar> | undefined;
+
+/**
+ * The XGrammar module, loaded once per process (its WebAssembly is instantiated on first use by
+ * XGrammar itself).
+ *
+ * ```ts
+ * const xg = await loadXGrammar();
+ * const info = await xg.TokenizerInfo.createTokenizerInfo(["a", "b", "</s>"], "raw", false, 3, [2]);
+ * ```
+ */
+export function loadXGrammar(): Promise<XGrammar> {
+  loading ??= (async () => {
+    const file = XGRAMMAR_BUNDLE;
+    const source = await Deno.readTextFile(file);
+    const module = { exports: {} as Record<string, unknown> };
+    const quiet = {
+      ...console,
+      error: (...args: unknown[]) => keep(args),
+      warn: (...args: unknown[]) => keep(args),
+    };
+    // CommonJS's wrapper, as Node's loader builds it, with `console` added.
+    const run = new Function(
+      "exports",
+      "require",
+      "module",
+      "__filename",
+      "__dirname",
+      "console",
+      source,
+    );
+    run(module.exports, createRequire(file), module, file, dirname(file), quiet);
+    return module.exports as unknown as XGrammar;
+  })();
+  return loading;
+}
+
+function keep(args: unknown[]): void {
+  diagnostics.push(args.map(String).join(" "));
+  if (diagnostics.length > 8) diagnostics.shift();
+}
+
+/**
+ * Runs an XGrammar call and turns its abort into an Error carrying XGrammar's own message
+ * ("[FATAL] …json_schema_converter.cc:3460: Check failed: … Failed to parse JSON …" becomes
+ * "Failed to parse JSON …").
+ */
+export async function xgrammarCall<T>(call: () => T | Promise<T>): Promise<T> {
+  diagnostics.length = 0;
+  try {
+    return await call();
+  } catch (e) {
+    const said = diagnostics.filter((d) => d.includes("[FATAL]")).pop() ?? diagnostics.pop();
+    if (said === undefined) throw e;
+    throw new XGrammarError(cleanDiagnostic(said));
+  }
+}
+
+/** XGrammar refused a schema or grammar; the message is its own. */
+export class XGrammarError extends Error {
+  override readonly name = "XGrammarError";
+}
+
+/** "[FATAL] /path/file.cc:12: Check failed: (x) is false: why" → "why". */
+function cleanDiagnostic(line: string): string {
+  return line
+    .replace(/^\s*\[FATAL\]\s*\S+:\d+:\s*/, "")
+    .replace(/^Check failed: \(.*?\) is false:\s*/, "")
+    .trim();
+}

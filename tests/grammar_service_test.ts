@@ -1,0 +1,157 @@
+import { assert, assertEquals, assertRejects } from "@std/assert";
+import { Ajv } from "ajv";
+import { GrammarService } from "../lib/grammar/grammar_service.ts";
+import { ConstraintError } from "../lib/grammar/constraint_error.ts";
+import { grammarVocabulary } from "../lib/grammar/grammar_vocabulary.ts";
+import type { TokenConstraint } from "../lib/grammar/token_constraint.ts";
+import { allowedIds, allowsOnly } from "../lib/engine/token_mask.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { seededRandom } from "../lib/util/seeded_random.ts";
+import { compatPath } from "./_compat.ts";
+import { modelFile } from "./_model_files.ts";
+
+/** Real vocabularies: byte-level BPE (Llama 3, Qwen2.5) and SentencePiece (TinyLlama, tok512). */
+const VOCABULARIES = [
+  ["llama3-like", () => compatPath("llama3-like-q4_k_m")],
+  ["qwen2-like", () => compatPath("qwen2-like-q4_k_m")],
+  ["tinyllama-like", () => compatPath("tinyllama-like-q4_k_m")],
+  ["stories260K (tok512)", () => modelFile("stories260K.bin")],
+] as const;
+
+async function tokenizerOf(path: string): Promise<{ tokenizer: Tokenizer; vocab: number }> {
+  const model = await loadModel(
+    path,
+    path.endsWith(".bin") ? { tokenizerPath: modelFile("tok512.bin") } : {},
+  );
+  return { tokenizer: new Tokenizer(model.tokenizer!), vocab: model.config.vocabSize };
+}
+
+const SCHEMA = {
+  type: "object",
+  properties: {
+    name: { type: "string", maxLength: 6 },
+    age: { type: "integer", minimum: 0, maximum: 120 },
+    tags: { type: "array", items: { enum: ["a", "b", "ü"] }, maxItems: 3 },
+    ok: { type: "boolean" },
+  },
+  required: ["name", "age"],
+  additionalProperties: false,
+};
+
+/**
+ * Walks the grammar with uniformly random allowed tokens until it may only end. Returns the
+ * bytes the tokens decode to, as the tokenizer decodes them, and checks at every step that no
+ * id the tokenizer never prints from text is allowed (save the stop ids at the end).
+ */
+async function randomWalk(
+  c: TokenConstraint,
+  tokenizer: Tokenizer,
+  vocab: number,
+  random: () => number,
+  maxSteps = 400,
+  prefer?: (id: number) => boolean,
+): Promise<string> {
+  const ids: number[] = [];
+  for (let step = 0; step < maxSteps; step++) {
+    const mask = await c.nextMask();
+    if (allowsOnly(mask, c.stopIds, vocab)) return tokenizer.decode(ids);
+    const allowed = allowedIds(mask, vocab);
+    for (const id of allowed) {
+      if (c.stopIds.includes(id)) continue;
+      assert(id < tokenizer.vocabSize && !tokenizer.isSpecial(id), `special id ${id} allowed`);
+      assert(tokenizer.tokenBytes(id).length > 0, `empty token ${id} allowed`);
+    }
+    let choices = allowed.filter((id) => !c.stopIds.includes(id));
+    const preferred = prefer ? choices.filter(prefer) : [];
+    if (preferred.length > 0 && random() < 0.7) choices = preferred;
+    const id = choices[Math.floor(random() * choices.length)]!;
+    assert(c.accept(id), `the grammar refused token ${id}, which its mask allowed`);
+    ids.push(id);
+  }
+  throw new Error(`the walk did not finish in ${maxSteps} tokens: ${tokenizer.decode(ids)}`);
+}
+
+/** The id that prints exactly `text`. */
+function idOf(tokenizer: Tokenizer, text: string): number {
+  const want = new TextEncoder().encode(text);
+  for (let id = 0; id < tokenizer.vocabSize; id++) {
+    const b = tokenizer.tokenBytes(id);
+    if (b.length === want.length && b.every((x, i) => x === want[i])) return id;
+  }
+  throw new Error(`no token prints ${JSON.stringify(text)}`);
+}
+
+for (const [name, path] of VOCABULARIES) {
+  Deno.test(`GrammarService masks on the ${name} vocabulary allow only tokens whose bytes keep the output valid`, async () => {
+    const { tokenizer, vocab } = await tokenizerOf(path());
+    const grammars = await GrammarService.create(grammarVocabulary(tokenizer, vocab));
+    const validate = new Ajv({ strict: false }).compile(SCHEMA);
+    const random = seededRandom(7);
+    for (let i = 0; i < 6; i++) {
+      const c = await grammars.constraint({ type: "json_schema", schema: JSON.stringify(SCHEMA) });
+      const text = await randomWalk(c, tokenizer, vocab, random);
+      c.dispose();
+      const value = JSON.parse(text);
+      assert(validate(value), `${text}: ${JSON.stringify(validate.errors)}`);
+    }
+    // json_object: any object. Uniform draws write strings for ever; lean on closing bytes.
+    const closing = (id: number) => tokenizer.tokenBytes(id).some((b) => b === 0x22 || b === 0x7d);
+    const c = await grammars.constraint({ type: "json_object" });
+    const value = JSON.parse(await randomWalk(c, tokenizer, vocab, random, 2000, closing));
+    c.dispose();
+    assertEquals(typeof value, "object");
+    assert(value !== null && !Array.isArray(value));
+  });
+}
+
+Deno.test("GrammarService compiles a schema once and answers again from its cache", async () => {
+  const { tokenizer, vocab } = await tokenizerOf(modelFile("stories260K.bin"));
+  const grammars = await GrammarService.create(grammarVocabulary(tokenizer, vocab), {
+    cacheEntries: 2,
+  });
+  const a = { type: "json_schema", schema: '{"type": "integer"}' } as const;
+  const b = { type: "json_schema", schema: '{"type": "string"}' } as const;
+  const c = { type: "json_schema", schema: '{"type": "boolean"}' } as const;
+  const first = await grammars.compile(a);
+  assert(first === await grammars.compile(a));
+  assertEquals(grammars.stats(), { compiles: 1, hits: 1, entries: 1 });
+  await grammars.compile(b);
+  await grammars.compile(c); // evicts a, the least recently used
+  assertEquals(grammars.stats().entries, 2);
+  await grammars.compile(a);
+  assertEquals(grammars.stats().compiles, 4);
+});
+
+Deno.test("GrammarService refuses a schema or grammar XGrammar cannot compile, with its reason", async () => {
+  const { tokenizer, vocab } = await tokenizerOf(modelFile("stories260K.bin"));
+  const grammars = await GrammarService.create(grammarVocabulary(tokenizer, vocab));
+  const e = await assertRejects(
+    () => grammars.constraint({ type: "json_schema", schema: "{not json" }),
+    ConstraintError,
+  );
+  assert(/Cannot compile the JSON schema: .*parse JSON/.test(e.message), e.message);
+  await assertRejects(
+    () => grammars.constraint({ type: "grammar", grammar: "root ::= (" }),
+    ConstraintError,
+    "Cannot compile the grammar",
+  );
+  // Still usable after XGrammar aborted twice.
+  const ok = await grammars.constraint({ type: "grammar", grammar: 'root ::= "yes" | "no"' });
+  const text = await randomWalk(ok, tokenizer, vocab, seededRandom(1));
+  assert(text === "yes" || text === "no", text);
+});
+
+Deno.test("GrammarService.constraint() replays the tokens an earlier attempt generated", async () => {
+  const { tokenizer, vocab } = await tokenizerOf(modelFile("stories260K.bin"));
+  const grammars = await GrammarService.create(grammarVocabulary(tokenizer, vocab));
+  const spec = { type: "grammar", grammar: 'root ::= "abc" [0-9]' } as const;
+  const replay = [idOf(tokenizer, "a"), idOf(tokenizer, "b")];
+  const c = await grammars.constraint(spec, replay);
+  assertEquals((await randomWalk(c, tokenizer, vocab, seededRandom(3))).slice(0, 1), "c");
+  await assertRejects(
+    () => grammars.constraint(spec, [idOf(tokenizer, "x")]),
+    ConstraintError,
+    "does not fit the grammar",
+  );
+});
