@@ -130,6 +130,9 @@ for (const how of ["SIGTERM to npx", "Ctrl-C (SIGINT to the terminal's process g
       // line that `ps` shows every user.
       const password = /password: "([^"]+)"/.exec(Deno.readTextFileSync(natsConf!))![1]!;
       assertEquals(processesWith(password), [], "a command line holds the NATS password");
+      // Both replicas serving, so that each has a drain to run: the router is up as soon as one
+      // is, and a replica still loading when the signal comes stops without one.
+      for (const r of [1, 2]) await log.waitFor(new RegExp(`\\[replica ${r}\\] llmserve ready`), 120_000);
       // A stream in flight when the signal comes: the router's drain lets it generate to its end.
       const res = await fetch(`${url}/v1/completions`, {
         method: "POST",
