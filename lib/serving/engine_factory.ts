@@ -136,15 +136,9 @@ function freeMemory(): number | undefined {
 /** Device (or host) memory an engine holds, for the start-up summary. */
 export function engineMemory(
   engine: Engine,
-): { weights: number; kvCache: number; kvResident?: number } | undefined {
-  const m = (engine as { memory?: { weights: number; kvCache: number; kvResident?: number } })
-    .memory;
-  if (m === undefined) return undefined;
-  return {
-    weights: m.weights,
-    kvCache: m.kvCache,
-    ...(m.kvResident === undefined ? {} : { kvResident: m.kvResident }),
-  };
+): { readonly weights: number; readonly kvCache: number; readonly kvResident?: number } | undefined {
+  // The engine's own object: its kvResident is a live getter, so later reads see the growth.
+  return (engine as { memory?: { weights: number; kvCache: number; kvResident?: number } }).memory;
 }
 
 /**
