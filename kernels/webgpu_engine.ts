@@ -6,33 +6,27 @@ import type {
   StepResult,
 } from "../lib/engine/engine.ts";
 import { dequantize } from "../lib/model/dequantize.ts";
-import { NO_EXTRA_STEPS } from "../lib/model/architecture.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import type { Tensor } from "../lib/model/tensor.ts";
 import type { ModelWeights } from "../lib/model/weights.ts";
-import { createAttention } from "./attention.ts";
 import { acquireGpu, type Gpu, type KernelOp } from "./device.ts";
 import { createEmbedding } from "./embedding.ts";
 import {
-  concatRows,
   destroyMatrix,
   type GpuMatrix,
-  interleaveRows,
   type RowSource,
-  stackable,
   uploadMatrix,
   uploadVector,
 } from "./gpu_matrix.ts";
 import { createMatmul } from "./matmul.ts";
-import { createQkPrep } from "./qk_prep.ts";
-import { createRopeStore, uploadRopeTable } from "./rope.ts";
+import { uploadRopeTable } from "./rope.ts";
 import { createSampler } from "./sample.ts";
 import { LogitAdjustOp } from "./logit_adjust.ts";
 import { topLogprobsBytes, TopLogprobsOp } from "./top_logprobs.ts";
 import { MAX_TOP_LOGPROBS, type TopLogprobs } from "../lib/engine/top_logprobs.ts";
 import { TokenMaskUpload } from "./token_masks.ts";
-import { DIM_ROWS, DIM_SAMPLES, StepMetaLayout } from "./step_meta.ts";
-import { createSwiglu } from "./swiglu.ts";
+import { DIM_SAMPLES, StepMetaLayout } from "./step_meta.ts";
+import { type KvPool, type LayerBuild, layerOps } from "./webgpu_layer.ts";
 import { planStep } from "./step_plan.ts";
 import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { kvBlockBytes, kvBlocksIn } from "../lib/engine/kv_budget.ts";
@@ -56,12 +50,11 @@ export interface WebGpuEngineOptions {
   readonly maxStepsPerSubmit?: number;
   /** Bytes of weights uploaded so far and in all, after each matrix (a start-up progress bar). */
   readonly onUpload?: (bytes: number, total: number) => void;
-}
-
-/** One layer's K and V pools. */
-interface KvPool {
-  readonly k: GPUBuffer;
-  readonly v: GPUBuffer;
+  /**
+   * Device slots holding each live sequence's last sampled token (default max(1024, 4 ×
+   * maxSeqs)). A step that needs one more than this throws: see `release`.
+   */
+  readonly lastSampledSlots?: number;
 }
 
 /**
@@ -129,7 +122,7 @@ export class WebGpuEngine implements Engine {
   private readonly masks: TokenMaskUpload;
   private readonly readbacks: GPUBuffer[] = [];
   private readonly owned: { destroy(): void }[];
-  /** seqId -> slot of the device table holding the token it sampled last; Map order is LRU. */
+  /** seqId -> slot of the device table holding the token it sampled last. */
   private readonly lastSlots = new Map<number, number>();
   private readonly freeSlots: number[];
   private lost: string | undefined;
@@ -204,315 +197,54 @@ export class WebGpuEngine implements Engine {
   ): Promise<WebGpuEngine> {
     const gpu = opts.gpu ?? await acquireGpu();
     const { device } = gpu;
-    const { dim, hiddenDim, nLayers, nHeads, nKvHeads, headDim, vocabSize, rmsEps } = config;
-    const qDim = nHeads * headDim;
-    const kvDim = nKvHeads * headDim;
-    const blockSize = budget.blockSize ?? DEFAULT_LIMITS.blockSize;
-    /** One layer's K (or V) share of a block. */
-    const blockBytes = blockSize * kvDim * 4;
-    const allLayersBlockBytes = kvBlockBytes(config, blockSize);
-    const numBlocks = budget.numBlocks ?? kvBlocksIn(budget.kvBytes ?? 0, config, blockSize);
-    const fail = (why: string): never => {
-      throw new Error(`Cannot create WebGPU engine: ${why}`);
-    };
-    if (
-      !(Number.isInteger(numBlocks) && numBlocks > 0 && Number.isInteger(blockSize) &&
-        blockSize > 0)
-    ) {
-      fail(
-        `the KV budget gives ${numBlocks} blocks of ${blockSize} tokens; pass numBlocks or kvBytes (at least ${allLayersBlockBytes} bytes, one block)`,
-      );
-    }
-    if (numBlocks * blockBytes > gpu.maxBindingBytes) {
-      fail(
-        `one layer's K pool of ${numBlocks} blocks needs ${
-          numBlocks * blockBytes
-        } bytes, above the device's binding limit of ${gpu.maxBindingBytes}; lower the KV budget to at most ${
-          Math.floor(gpu.maxBindingBytes / blockBytes) * allLayersBlockBytes
-        } bytes`,
-      );
-    }
-    if (nHeads % nKvHeads !== 0 || headDim % 2 !== 0 || config.ropeDim > headDim) {
-      fail(
-        `unsupported head layout: ${nHeads} query heads, ${nKvHeads} KV heads, head size ${headDim}, RoPE dims ${config.ropeDim}`,
-      );
-    }
-    if (weights.layers.length !== nLayers) {
-      fail(`the config says ${nLayers} layers, the weights hold ${weights.layers.length}`);
-    }
-    const maxRows = opts.maxBatchTokens ?? DEFAULT_LIMITS.maxBatchTokens;
-    const maxSeqs = opts.maxSeqs ?? DEFAULT_LIMITS.maxRunning;
-    const maxStepsPerSubmit = opts.maxStepsPerSubmit ?? DEFAULT_LIMITS.maxStepsPerSubmit;
-    const blocksPerSeq = Math.min(numBlocks, Math.ceil(config.contextLength / blockSize));
-    const layout = new StepMetaLayout({
-      maxRows,
-      maxSeqs,
-      maxTableEntries: maxSeqs * blocksPerSeq,
-    });
-
+    const geometry = engineGeometry(config, weights, budget, opts, gpu);
+    const { blockSize, blockBytes, numBlocks, layout, maxSeqs } = geometry;
     device.pushErrorScope("out-of-memory");
     device.pushErrorScope("validation");
     const owned: { destroy(): void }[] = [];
-    const matrices = new Map<Tensor | RowSource, GpuMatrix>();
-    const check = (t: Tensor, shape: readonly number[]) => {
-      if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
-        fail(
-          `tensor '${t.name}' has shape [${t.shape.join(", ")}], expected [${shape.join(", ")}]`,
-        );
-      }
-      return t;
-    };
-    const allWeights = new Set<Tensor>([weights.tokenEmbedding, weights.output]);
-    for (const w of weights.layers) {
-      for (const t of [w.wq, w.wk, w.wv, w.wo, w.wGate, w.wUp, w.wDown]) allWeights.add(t);
-    }
-    const uploadTotal = [...allWeights].reduce((n, t) => n + t.data.byteLength, 0);
-    let uploaded = 0;
-    const upload = (t: Tensor | RowSource): GpuMatrix => {
-      let mm = matrices.get(t);
-      if (!mm) {
-        const created = uploadMatrix(gpu, t);
-        uploaded = Math.min(
-          uploadTotal,
-          uploaded + ("copyRows" in t ? t.byteLength : t.data.byteLength),
-        );
-        opts.onUpload?.(uploaded, uploadTotal);
-        matrices.set(t, created);
-        owned.push({ destroy: () => destroyMatrix(created) });
-        mm = created;
-      }
-      return mm;
-    };
-    const vector = (t: Tensor, length = dim): GPUBuffer => {
-      const b = uploadVector(gpu, dequantize(check(t, [length])), t.name);
-      owned.push(b);
-      return b;
-    };
-    const steps = config.steps ?? NO_EXTRA_STEPS;
-    const present = (t: Tensor | undefined, what: string, l: number): Tensor =>
-      t ?? fail(`the ${what} step is on but layer ${l} has no ${what} tensors`);
-    const buffer = (
-      bytes: number,
-      label: string,
-      usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC,
-    ): GPUBuffer => {
-      if (bytes > gpu.maxBindingBytes) {
-        fail(
-          `buffer '${label}' needs ${bytes} bytes, above the device's binding limit of ${gpu.maxBindingBytes}; lower maxBatchTokens or maxSeqs`,
-        );
-      }
-      const b = device.createBuffer({ size: Math.max(16, Math.ceil(bytes / 4) * 4), usage, label });
-      owned.push(b);
-      return b;
-    };
-
+    const own = <T extends { destroy(): void }>(b: T): T => (owned.push(b), b);
+    const uploads = weightUploads(gpu, weights, opts, own, config.dim);
+    const buffer = deviceBuffers(gpu, own);
     const meta = buffer(
       layout.bytes,
       "step meta",
       GPUBufferUsage.UNIFORM | GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
     );
     const m = layout.bindings(meta);
-    const slotCapacity = Math.max(1024, 4 * maxSeqs);
-    const qkvStride = qDim + 2 * kvDim;
-    const act = {
-      x: buffer(maxRows * dim * 4, "x"),
-      qkv: buffer(maxRows * qkvStride * 4, "qkv"),
-      att: buffer(maxRows * qDim * 4, "att"),
-      hidden: buffer(maxRows * hiddenDim * 4, "hidden"),
-      logits: buffer(maxSeqs * vocabSize * 4, "logits"),
-      out: buffer(maxSeqs * 8, "sampled"),
-      lastSampled: buffer(slotCapacity * 4, "last sampled"),
-    };
-    const ropeTable = uploadRopeTable(gpu, config, config.contextLength);
-    owned.push(ropeTable);
-    const rows = { dims: m.dims, rowsField: DIM_ROWS };
+    const slotCapacity = opts.lastSampledSlots ?? Math.max(1024, 4 * maxSeqs);
+    const act = activations(config, geometry, slotCapacity, buffer);
     let up: GPUBuffer | undefined; // only when gate and up cannot share one matmul
-
-    const embedding = upload(check(weights.tokenEmbedding, [vocabSize, dim]));
+    const embedding = uploads.upload(
+      uploads.check(weights.tokenEmbedding, [config.vocabSize, config.dim]),
+    );
     // Uploads made while building the layers, kept so that a rebuild for grown KV pools
     // uploads nothing again.
     const made = new Map<string, unknown>();
-    const once = <T>(key: string, make: () => T): T => {
-      if (!made.has(key)) made.set(key, make());
-      return made.get(key) as T;
+    const layerBuild: LayerBuild = {
+      gpu,
+      config,
+      blockSize,
+      meta: m,
+      act,
+      ropeTable: own(uploadRopeTable(gpu, config, config.contextLength)),
+      ...uploads,
+      once: <T>(key: string, make: () => T): T => {
+        if (!made.has(key)) made.set(key, make());
+        return made.get(key) as T;
+      },
+      upScratch: () => up ??= buffer(geometry.maxRows * config.hiddenDim * 4, "up"),
+      own,
+      fail: failCreate,
     };
-    const buildRowOps = (pools: readonly KvPool[]): KernelOp[] => {
-      const rowOps: KernelOp[] = [
-        createEmbedding(gpu, embedding, {
-          dims: m.dims,
-          rows: m.rows,
-          lastSampled: act.lastSampled,
-          x: act.x,
-        }),
-      ];
-      weights.layers.forEach((w, l) => {
-        const { k: kCache, v: vCache } = pools[l]!;
-        // q, k and v: one matmul over the stacked rows when the encodings allow, with the norm fused.
-        const attnNorm = { weight: once(`${l}.attn_norm`, () => vector(w.attnNorm)), eps: rmsEps };
-        const qkv = [
-          check(w.wq, [qDim, dim]),
-          check(w.wk, [kvDim, dim]),
-          check(w.wv, [kvDim, dim]),
-        ];
-        // Biases and q/k norms run between the projection and RoPE, so they rule out the fusion.
-        const extraSteps = steps.qkvBias || steps.qkNorm;
-        const fuseRope = stackable(qkv) && gpu.cpuRasterizer && !extraSteps;
-        if (fuseRope) {
-          // The lane matmul rotates q and k and stores k and v itself: one dispatch fewer.
-          rowOps.push(
-            createMatmul(gpu, once(`${l}.qkv`, () => upload(concatRows(qkv, `blk.${l}.qkv`))), {
-              ...rows,
-              x: act.x,
-              y: act.qkv,
-              yStride: qkvStride,
-              norm: attnNorm,
-              epilogue: "rope",
-              rope: {
-                shape: { qDim, kvDim, headDim, ropeDim: config.ropeDim },
-                rows: m.rows,
-                table: ropeTable,
-                kCache,
-                vCache,
-              },
-              layout: "lane",
-              label: "qkv+rope+kv store",
-            }),
-          );
-        } else if (stackable(qkv)) {
-          rowOps.push(
-            createMatmul(gpu, once(`${l}.qkv`, () => upload(concatRows(qkv, `blk.${l}.qkv`))), {
-              ...rows,
-              x: act.x,
-              y: act.qkv,
-              norm: attnNorm,
-              label: "qkv",
-            }),
-          );
-        } else {
-          [0, qDim, qDim + kvDim].forEach((yOffset, i) => {
-            rowOps.push(
-              createMatmul(gpu, upload(qkv[i]!), {
-                ...rows,
-                x: act.x,
-                y: act.qkv,
-                yStride: qkvStride,
-                yOffset,
-                norm: attnNorm,
-                label: "q|k|v",
-              }),
-            );
-          });
-        }
-        if (extraSteps) {
-          const bias = steps.qkvBias
-            ? once(`${l}.qkv_bias`, () => {
-              const parts = [
-                dequantize(check(present(w.qBias, "qkvBias", l), [qDim])),
-                dequantize(check(present(w.kBias, "qkvBias", l), [kvDim])),
-                dequantize(check(present(w.vBias, "qkvBias", l), [kvDim])),
-              ];
-              const all = new Float32Array(qkvStride);
-              all.set(parts[0]!, 0);
-              all.set(parts[1]!, qDim);
-              all.set(parts[2]!, qDim + kvDim);
-              const b = uploadVector(gpu, all, `blk.${l}.qkv_bias`);
-              owned.push(b);
-              return b;
-            })
-            : undefined;
-          rowOps.push(createQkPrep(gpu, config, steps, {
-            dims: m.dims,
-            qkv: act.qkv,
-            ...(bias ? { bias } : {}),
-            ...(steps.qkNorm
-              ? {
-                qNorm: once(`${l}.q_norm`, () => vector(present(w.qNorm, "qkNorm", l), headDim)),
-                kNorm: once(`${l}.k_norm`, () => vector(present(w.kNorm, "qkNorm", l), headDim)),
-              }
-              : {}),
-          }));
-        }
-        if (!fuseRope) {
-          rowOps.push(
-            createRopeStore(gpu, config, {
-              dims: m.dims,
-              rows: m.rows,
-              table: ropeTable,
-              qkv: act.qkv,
-              kCache,
-              vCache,
-            }),
-          );
-        }
-        rowOps.push(
-          createAttention(gpu, config, blockSize, {
-            dims: m.dims,
-            rows: m.rows,
-            seqs: m.seqs,
-            tables: m.tables,
-            qkv: act.qkv,
-            kCache,
-            vCache,
-            out: act.att,
-          }),
-          createMatmul(gpu, upload(check(w.wo, [dim, qDim])), {
-            ...rows,
-            x: act.att,
-            y: act.x,
-            epilogue: "accumulate",
-            label: "wo",
-          }),
-        );
-        const ffnNorm = { weight: once(`${l}.ffn_norm`, () => vector(w.ffnNorm)), eps: rmsEps };
-        const gate = check(w.wGate, [hiddenDim, dim]);
-        const upT = check(w.wUp, [hiddenDim, dim]);
-        if (stackable([gate, upT])) {
-          const gateUp = once(
-            `${l}.gate_up`,
-            () => upload(interleaveRows(gate, upT, `blk.${l}.gate_up`)),
-          );
-          rowOps.push(
-            createMatmul(gpu, gateUp, {
-              ...rows,
-              x: act.x,
-              y: act.hidden,
-              norm: ffnNorm,
-              epilogue: "swiglu",
-              label: "gate_up",
-            }),
-          );
-        } else {
-          up ??= buffer(maxRows * hiddenDim * 4, "up");
-          rowOps.push(
-            createMatmul(gpu, upload(gate), {
-              ...rows,
-              x: act.x,
-              y: act.hidden,
-              norm: ffnNorm,
-              label: "gate",
-            }),
-            createMatmul(gpu, upload(upT), {
-              ...rows,
-              x: act.x,
-              y: up,
-              norm: ffnNorm,
-              label: "up",
-            }),
-            createSwiglu(gpu, hiddenDim, { dims: m.dims, gate: act.hidden, up }),
-          );
-        }
-        rowOps.push(
-          createMatmul(gpu, upload(check(w.wDown, [dim, hiddenDim])), {
-            ...rows,
-            x: act.hidden,
-            y: act.x,
-            epilogue: "accumulate",
-            label: "down",
-          }),
-        );
-      });
-      return rowOps;
-    };
+    const buildRowOps = (pools: readonly KvPool[]): KernelOp[] => [
+      createEmbedding(gpu, embedding, {
+        dims: m.dims,
+        rows: m.rows,
+        lastSampled: act.lastSampled,
+        x: act.x,
+      }),
+      ...weights.layers.flatMap((w, l) => layerOps(layerBuild, l, w, pools[l]!)),
+    ];
     const newPools = (blocks: number): KvPool[] =>
       weights.layers.map((_, l) => ({
         k: device.createBuffer({
@@ -529,28 +261,29 @@ export class WebGpuEngine implements Engine {
     const kvCapacity = Math.min(numBlocks, INITIAL_KV_BLOCKS);
     const pools = newPools(kvCapacity);
     const rowOps = buildRowOps(pools);
-    const masks = new TokenMaskUpload(gpu, vocabSize, maxSeqs, maxStepsPerSubmit);
-    owned.push(masks);
-    const activationBytes = Object.values(act).reduce((s, b) => s + b.size, 0) + meta.size +
-      (up?.size ?? 0) + masks.buffer.size;
+    const masks = own(
+      new TokenMaskUpload(gpu, config.vocabSize, maxSeqs, geometry.maxStepsPerSubmit),
+    );
     // Penalties and bias change the classifier's output in place, before the sampler reads it.
-    const adjustOp = new LogitAdjustOp(gpu, vocabSize, act.logits);
-    owned.push(adjustOp);
+    const adjustOp = own(new LogitAdjustOp(gpu, config.vocabSize, act.logits));
     // Only rows that ask for alternatives run it, after the adjustments.
-    const topOp = new TopLogprobsOp(gpu, vocabSize, act.logits, maxSeqs);
-    owned.push(topOp);
+    const topOp = own(new TopLogprobsOp(gpu, config.vocabSize, act.logits, maxSeqs));
     const sampleOps: KernelOp[] = [
-      createMatmul(gpu, upload(check(weights.output, [vocabSize, dim])), {
-        dims: m.dims,
-        rowsField: DIM_SAMPLES,
-        x: act.x,
-        y: act.logits,
-        norm: { weight: vector(weights.outputNorm), eps: rmsEps },
-        samples: m.samples,
-        label: "logits",
-      }),
+      createMatmul(
+        gpu,
+        uploads.upload(uploads.check(weights.output, [config.vocabSize, config.dim])),
+        {
+          dims: m.dims,
+          rowsField: DIM_SAMPLES,
+          x: act.x,
+          y: act.logits,
+          norm: { weight: uploads.vector(weights.outputNorm), eps: config.rmsEps },
+          samples: m.samples,
+          label: "logits",
+        },
+      ),
       adjustOp,
-      createSampler(gpu, vocabSize, {
+      createSampler(gpu, config.vocabSize, {
         dims: m.dims,
         samples: m.samples,
         logits: act.logits,
@@ -560,20 +293,18 @@ export class WebGpuEngine implements Engine {
       }),
       topOp,
     ];
-    const weightBytes = [...matrices.values()].reduce(
-      (s, mm) => s + mm.chunks.reduce((a, c) => a + c.buffer.size, 0),
-      0,
-    );
+    const activationBytes = Object.values(act).reduce((s, b) => s + b.size, 0) + meta.size +
+      (up?.size ?? 0) + masks.buffer.size;
     const validation = await device.popErrorScope();
     const oom = await device.popErrorScope();
     if (validation || oom) {
       for (const o of owned) o.destroy();
-      fail(`the device rejected the set-up: ${(validation ?? oom)!.message}`);
+      failCreate(`the device rejected the set-up: ${(validation ?? oom)!.message}`);
     }
     return new WebGpuEngine(config, gpu, opts.gpu === undefined, {
       kv: { numBlocks, blockSize },
       layout,
-      maxStepsPerSubmit,
+      maxStepsPerSubmit: geometry.maxStepsPerSubmit,
       meta,
       out: act.out,
       logits: act.logits,
@@ -586,8 +317,8 @@ export class WebGpuEngine implements Engine {
       slotCapacity,
       kvPools: { pools, capacity: kvCapacity, blockBytes, make: newPools, build: buildRowOps },
       memory: {
-        weights: weightBytes,
-        kvCache: numBlocks * allLayersBlockBytes,
+        weights: uploads.bytes(),
+        kvCache: numBlocks * geometry.allLayersBlockBytes,
         activations: activationBytes,
       },
     });
@@ -754,7 +485,9 @@ export class WebGpuEngine implements Engine {
     const logprobs = new Float32Array(words.buffer);
     const all = logits ? new Float32Array(logits.getMappedRange().slice(0)) : undefined;
     logits?.destroy();
-    const tops = topBuffer ? unpackTop(plan, new Uint32Array(topBuffer.getMappedRange().slice(0))) : [];
+    const tops = topBuffer
+      ? unpackTop(plan, new Uint32Array(topBuffer.getMappedRange().slice(0)))
+      : [];
     topBuffer?.destroy();
     const vocab = this.config.vocabSize;
     const sampled: SampledToken[] = seqIds.map((seqId, i) => {
@@ -849,23 +582,22 @@ export class WebGpuEngine implements Engine {
     });
   }
 
-  /** The device slot holding seqId's last sampled token; `create` assigns one (evicting the least recent). */
+  /**
+   * The device slot holding seqId's last sampled token; `create` assigns a free one. Running
+   * out is an error, not an eviction: taking a live sequence's slot would feed it another
+   * sequence's token on its next decode.
+   */
   private slotFor(seqId: number, create: boolean): number | undefined {
-    let slot = this.lastSlots.get(seqId);
-    if (slot !== undefined) {
-      this.lastSlots.delete(seqId); // re-insert: most recently used last
-      this.lastSlots.set(seqId, slot);
-      return slot;
+    const slot = this.lastSlots.get(seqId);
+    if (slot !== undefined || !create) return slot;
+    const free = this.freeSlots.pop();
+    if (free === undefined) {
+      throw new Error(
+        `Cannot keep sequence ${seqId}'s sampled token on the device: all ${this.lastSlots.size} last-sampled slots are held by sequences not released (call release() for every sequence that ended or was preempted, or raise lastSampledSlots)`,
+      );
     }
-    if (!create) return undefined;
-    slot = this.freeSlots.pop();
-    if (slot === undefined) {
-      const [oldest, s] = this.lastSlots.entries().next().value!;
-      this.lastSlots.delete(oldest);
-      slot = s;
-    }
-    this.lastSlots.set(seqId, slot);
-    return slot;
+    this.lastSlots.set(seqId, free);
+    return free;
   }
 
   /** Forgets a finished or preempted sequence's last sampled token. */
@@ -884,6 +616,170 @@ export class WebGpuEngine implements Engine {
     this.lost ??= "the engine was disposed";
     if (this.ownsDevice) this.gpu.device.destroy();
   }
+}
+
+function failCreate(why: string): never {
+  throw new Error(`Cannot create WebGPU engine: ${why}`);
+}
+
+/** The KV and step geometry an engine is created with, checked against the model and the device. */
+interface EngineGeometry {
+  readonly blockSize: number;
+  /** One layer's K (or V) share of a block. */
+  readonly blockBytes: number;
+  /** A block over all layers, K and V. */
+  readonly allLayersBlockBytes: number;
+  readonly numBlocks: number;
+  readonly maxRows: number;
+  readonly maxSeqs: number;
+  readonly maxStepsPerSubmit: number;
+  readonly layout: StepMetaLayout;
+}
+
+/**
+ * Validates the KV budget, the head layout and the layer count, and derives the step layout.
+ * Throws naming what was wrong and what would fit.
+ */
+function engineGeometry(
+  config: ModelConfig,
+  weights: ModelWeights,
+  budget: KvBudget,
+  opts: WebGpuEngineOptions,
+  gpu: Gpu,
+): EngineGeometry {
+  const { nLayers, nHeads, nKvHeads, headDim } = config;
+  const blockSize = budget.blockSize ?? DEFAULT_LIMITS.blockSize;
+  const blockBytes = blockSize * nKvHeads * headDim * 4;
+  const allLayersBlockBytes = kvBlockBytes(config, blockSize);
+  const numBlocks = budget.numBlocks ?? kvBlocksIn(budget.kvBytes ?? 0, config, blockSize);
+  if (
+    !(Number.isInteger(numBlocks) && numBlocks > 0 && Number.isInteger(blockSize) &&
+      blockSize > 0)
+  ) {
+    failCreate(
+      `the KV budget gives ${numBlocks} blocks of ${blockSize} tokens; pass numBlocks or kvBytes (at least ${allLayersBlockBytes} bytes, one block)`,
+    );
+  }
+  if (numBlocks * blockBytes > gpu.maxBindingBytes) {
+    failCreate(
+      `one layer's K pool of ${numBlocks} blocks needs ${
+        numBlocks * blockBytes
+      } bytes, above the device's binding limit of ${gpu.maxBindingBytes}; lower the KV budget to at most ${
+        Math.floor(gpu.maxBindingBytes / blockBytes) * allLayersBlockBytes
+      } bytes`,
+    );
+  }
+  if (nHeads % nKvHeads !== 0 || headDim % 2 !== 0 || config.ropeDim > headDim) {
+    failCreate(
+      `unsupported head layout: ${nHeads} query heads, ${nKvHeads} KV heads, head size ${headDim}, RoPE dims ${config.ropeDim}`,
+    );
+  }
+  if (weights.layers.length !== nLayers) {
+    failCreate(`the config says ${nLayers} layers, the weights hold ${weights.layers.length}`);
+  }
+  const maxRows = opts.maxBatchTokens ?? DEFAULT_LIMITS.maxBatchTokens;
+  const maxSeqs = opts.maxSeqs ?? DEFAULT_LIMITS.maxRunning;
+  const blocksPerSeq = Math.min(numBlocks, Math.ceil(config.contextLength / blockSize));
+  return {
+    blockSize,
+    blockBytes,
+    allLayersBlockBytes,
+    numBlocks,
+    maxRows,
+    maxSeqs,
+    maxStepsPerSubmit: opts.maxStepsPerSubmit ?? DEFAULT_LIMITS.maxStepsPerSubmit,
+    layout: new StepMetaLayout({ maxRows, maxSeqs, maxTableEntries: maxSeqs * blocksPerSeq }),
+  };
+}
+
+/** Uploads each weight tensor once, reporting progress; `bytes` is what they hold on the device. */
+function weightUploads(
+  gpu: Gpu,
+  weights: ModelWeights,
+  opts: WebGpuEngineOptions,
+  own: <T extends { destroy(): void }>(b: T) => T,
+  dim: number,
+) {
+  const matrices = new Map<Tensor | RowSource, GpuMatrix>();
+  const allWeights = new Set<Tensor>([weights.tokenEmbedding, weights.output]);
+  for (const w of weights.layers) {
+    for (const t of [w.wq, w.wk, w.wv, w.wo, w.wGate, w.wUp, w.wDown]) allWeights.add(t);
+  }
+  const uploadTotal = [...allWeights].reduce((n, t) => n + t.data.byteLength, 0);
+  let uploaded = 0;
+  const check = (t: Tensor, shape: readonly number[]): Tensor => {
+    if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
+      failCreate(
+        `tensor '${t.name}' has shape [${t.shape.join(", ")}], expected [${shape.join(", ")}]`,
+      );
+    }
+    return t;
+  };
+  return {
+    check,
+    upload(t: Tensor | RowSource): GpuMatrix {
+      let mm = matrices.get(t);
+      if (!mm) {
+        const created = uploadMatrix(gpu, t);
+        uploaded = Math.min(
+          uploadTotal,
+          uploaded + ("copyRows" in t ? t.byteLength : t.data.byteLength),
+        );
+        opts.onUpload?.(uploaded, uploadTotal);
+        matrices.set(t, created);
+        own({ destroy: () => destroyMatrix(created) });
+        mm = created;
+      }
+      return mm;
+    },
+    vector(t: Tensor, length = dim): GPUBuffer {
+      return own(uploadVector(gpu, dequantize(check(t, [length])), t.name));
+    },
+    bytes(): number {
+      return [...matrices.values()].reduce(
+        (s, mm) => s + mm.chunks.reduce((a, c) => a + c.buffer.size, 0),
+        0,
+      );
+    },
+  };
+}
+
+/** A storage-buffer maker that refuses sizes past the device's binding limit. */
+function deviceBuffers(gpu: Gpu, own: <T extends { destroy(): void }>(b: T) => T) {
+  return (
+    bytes: number,
+    label: string,
+    usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC,
+  ): GPUBuffer => {
+    if (bytes > gpu.maxBindingBytes) {
+      failCreate(
+        `buffer '${label}' needs ${bytes} bytes, above the device's binding limit of ${gpu.maxBindingBytes}; lower maxBatchTokens or maxSeqs`,
+      );
+    }
+    return own(
+      gpu.device.createBuffer({ size: Math.max(16, Math.ceil(bytes / 4) * 4), usage, label }),
+    );
+  };
+}
+
+/** Every activation buffer of a step, sized for the geometry's rows and sequences. */
+function activations(
+  config: ModelConfig,
+  g: EngineGeometry,
+  slotCapacity: number,
+  buffer: (bytes: number, label: string) => GPUBuffer,
+) {
+  const qDim = config.nHeads * config.headDim;
+  const qkvStride = qDim + 2 * config.nKvHeads * config.headDim;
+  return {
+    x: buffer(g.maxRows * config.dim * 4, "x"),
+    qkv: buffer(g.maxRows * qkvStride * 4, "qkv"),
+    att: buffer(g.maxRows * qDim * 4, "att"),
+    hidden: buffer(g.maxRows * config.hiddenDim * 4, "hidden"),
+    logits: buffer(g.maxSeqs * config.vocabSize * 4, "logits"),
+    out: buffer(g.maxSeqs * 8, "sampled"),
+    lastSampled: buffer(slotCapacity * 4, "last sampled"),
+  };
 }
 
 /** Each sampled row's logit adjustments, in sample order (what the adjust kernel's rows are). */

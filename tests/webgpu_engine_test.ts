@@ -357,6 +357,53 @@ Deno.test("WebGpuEngine rejects bad plans with the reason, and keeps working", a
   }
 });
 
+Deno.test("WebGpuEngine refuses to sample for a sequence when every last-sampled slot is held by a live one, instead of taking one over", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"));
+  const gpu = await WebGpuEngine.create(model.config, model.weights, KV, {
+    gpu: await testGpu(),
+    lastSampledSlots: 2,
+  });
+  const cpu = new CpuEngine(model.config, model.weights, KV);
+  try {
+    const prefill = (seqId: number, stepId: number): StepPlan => ({
+      stepId,
+      seqs: [{
+        seqId,
+        tokens: PROMPT,
+        startPos: 0,
+        sample: true,
+        sampling: GREEDY,
+        blockTable: [seqId],
+      }],
+    });
+    const first = await gpu.step(prefill(1, 1));
+    await gpu.step(prefill(2, 2));
+    await assertRejects(() => gpu.step(prefill(3, 3)), Error, "all 2 last-sampled slots are held");
+    gpu.release(2);
+    await gpu.step(prefill(3, 4));
+    // Sequence 1 kept its slot: its next input is still its own sampled token.
+    const decode = (e: Engine, useLastSampled: boolean) =>
+      e.step({
+        stepId: 5,
+        seqs: [{
+          seqId: 1,
+          tokens: useLastSampled ? [] : [first.sampled[0]!.token],
+          useLastSampled,
+          startPos: PROMPT.length,
+          sample: true,
+          sampling: GREEDY,
+          blockTable: [1],
+        }],
+      });
+    await cpu.step(prefill(1, 1));
+    const want = await decode(cpu, false);
+    const got = await decode(gpu, true);
+    assertEquals(got.sampled[0]!.token, want.sampled[0]!.token);
+  } finally {
+    gpu.dispose();
+  }
+});
+
 Deno.test("WebGpuEngine's KV pools start small and grow when a step names a block past them, keeping what earlier steps wrote", async () => {
   const model = await loadModel(modelFile("stories260K.bin"));
   const kv = { numBlocks: 1000, blockSize: 16 };

@@ -1,0 +1,249 @@
+import { dequantize } from "../lib/model/dequantize.ts";
+import { NO_EXTRA_STEPS } from "../lib/model/architecture.ts";
+import type { ModelConfig } from "../lib/model/model_config.ts";
+import type { Tensor } from "../lib/model/tensor.ts";
+import type { LayerWeights } from "../lib/model/weights.ts";
+import { createAttention } from "./attention.ts";
+import type { Gpu, KernelOp } from "./device.ts";
+import {
+  concatRows,
+  type GpuMatrix,
+  interleaveRows,
+  type RowSource,
+  stackable,
+  uploadVector,
+} from "./gpu_matrix.ts";
+import { createMatmul } from "./matmul.ts";
+import { createQkPrep } from "./qk_prep.ts";
+import { createRopeStore } from "./rope.ts";
+import { DIM_ROWS, type StepMetaLayout } from "./step_meta.ts";
+import { createSwiglu } from "./swiglu.ts";
+
+/** One layer's K and V pools. */
+export interface KvPool {
+  readonly k: GPUBuffer;
+  readonly v: GPUBuffer;
+}
+
+/** The activation buffers a layer reads and writes (allocated once, for maxRows rows). */
+export interface LayerActivations {
+  /** The residual stream, [rows, dim]. */
+  readonly x: GPUBuffer;
+  /** q | k | v per row, [rows, qDim + 2·kvDim]. */
+  readonly qkv: GPUBuffer;
+  /** Attention output, [rows, qDim]. */
+  readonly att: GPUBuffer;
+  /** The FFN's hidden rows, [rows, hiddenDim]. */
+  readonly hidden: GPUBuffer;
+}
+
+/**
+ * What building a layer's kernels needs from the engine being created: the device, the step
+ * meta bindings, the activations, and uploads that happen once per tensor, so that a rebuild
+ * for grown KV pools binds the same weight buffers again.
+ */
+export interface LayerBuild {
+  readonly gpu: Gpu;
+  readonly config: ModelConfig;
+  readonly blockSize: number;
+  readonly meta: ReturnType<StepMetaLayout["bindings"]>;
+  readonly act: LayerActivations;
+  readonly ropeTable: GPUBuffer;
+  /** A weight matrix on the device (uploaded on first use). */
+  readonly upload: (t: Tensor | RowSource) => GpuMatrix;
+  /** Memoizes an upload under a key: built on the first build, reused on rebuilds. */
+  readonly once: <T>(key: string, make: () => T) => T;
+  /** A norm or bias vector on the device, dequantized to f32, with its shape checked. */
+  readonly vector: (t: Tensor, length?: number) => GPUBuffer;
+  /** The tensor, after checking its shape (throws naming the tensor otherwise). */
+  readonly check: (t: Tensor, shape: readonly number[]) => Tensor;
+  /** The separate `up` activation, for encodings where gate and up cannot share a matmul. */
+  readonly upScratch: () => GPUBuffer;
+  /** Keeps a buffer to destroy with the engine. */
+  readonly own: (b: GPUBuffer) => GPUBuffer;
+  readonly fail: (why: string) => never;
+}
+
+/**
+ * Layer l's kernels, in order: the q/k/v projection with its norm fused (and RoPE + the KV
+ * store fused on CPU rasterizers), bias / q-k norm when the architecture has them, RoPE + KV
+ * store, attention over the paged cache, the output projection adding into the residual, the
+ * gate/up projection with SwiGLU in its epilogue, and the down projection adding into the
+ * residual.
+ */
+export function layerOps(b: LayerBuild, l: number, w: LayerWeights, pool: KvPool): KernelOp[] {
+  const { gpu, config, blockSize, act, ropeTable, upload, once, vector, check, fail } = b;
+  const m = b.meta;
+  const { dim, hiddenDim, nHeads, nKvHeads, headDim, rmsEps } = config;
+  const qDim = nHeads * headDim;
+  const kvDim = nKvHeads * headDim;
+  const qkvStride = qDim + 2 * kvDim;
+  const steps = config.steps ?? NO_EXTRA_STEPS;
+  const rows = { dims: m.dims, rowsField: DIM_ROWS };
+  const present = (t: Tensor | undefined, what: string): Tensor =>
+    t ?? fail(`the ${what} step is on but layer ${l} has no ${what} tensors`);
+  const ops: KernelOp[] = [];
+  const { k: kCache, v: vCache } = pool;
+  // q, k and v: one matmul over the stacked rows when the encodings allow, with the norm fused.
+  const attnNorm = { weight: once(`${l}.attn_norm`, () => vector(w.attnNorm)), eps: rmsEps };
+  const qkv = [
+    check(w.wq, [qDim, dim]),
+    check(w.wk, [kvDim, dim]),
+    check(w.wv, [kvDim, dim]),
+  ];
+  // Biases and q/k norms run between the projection and RoPE, so they rule out the fusion.
+  const extraSteps = steps.qkvBias || steps.qkNorm;
+  const fuseRope = stackable(qkv) && gpu.cpuRasterizer && !extraSteps;
+  if (fuseRope) {
+    // The lane matmul rotates q and k and stores k and v itself: one dispatch fewer.
+    ops.push(
+      createMatmul(gpu, once(`${l}.qkv`, () => upload(concatRows(qkv, `blk.${l}.qkv`))), {
+        ...rows,
+        x: act.x,
+        y: act.qkv,
+        yStride: qkvStride,
+        norm: attnNorm,
+        epilogue: "rope",
+        rope: {
+          shape: { qDim, kvDim, headDim, ropeDim: config.ropeDim },
+          rows: m.rows,
+          table: ropeTable,
+          kCache,
+          vCache,
+        },
+        layout: "lane",
+        label: "qkv+rope+kv store",
+      }),
+    );
+  } else if (stackable(qkv)) {
+    ops.push(
+      createMatmul(gpu, once(`${l}.qkv`, () => upload(concatRows(qkv, `blk.${l}.qkv`))), {
+        ...rows,
+        x: act.x,
+        y: act.qkv,
+        norm: attnNorm,
+        label: "qkv",
+      }),
+    );
+  } else {
+    [0, qDim, qDim + kvDim].forEach((yOffset, i) => {
+      ops.push(
+        createMatmul(gpu, upload(qkv[i]!), {
+          ...rows,
+          x: act.x,
+          y: act.qkv,
+          yStride: qkvStride,
+          yOffset,
+          norm: attnNorm,
+          label: "q|k|v",
+        }),
+      );
+    });
+  }
+  if (extraSteps) {
+    const bias = steps.qkvBias
+      ? once(`${l}.qkv_bias`, () => {
+        const parts = [
+          dequantize(check(present(w.qBias, "qkvBias"), [qDim])),
+          dequantize(check(present(w.kBias, "qkvBias"), [kvDim])),
+          dequantize(check(present(w.vBias, "qkvBias"), [kvDim])),
+        ];
+        const all = new Float32Array(qkvStride);
+        all.set(parts[0]!, 0);
+        all.set(parts[1]!, qDim);
+        all.set(parts[2]!, qDim + kvDim);
+        return b.own(uploadVector(gpu, all, `blk.${l}.qkv_bias`));
+      })
+      : undefined;
+    ops.push(createQkPrep(gpu, config, steps, {
+      dims: m.dims,
+      qkv: act.qkv,
+      ...(bias ? { bias } : {}),
+      ...(steps.qkNorm
+        ? {
+          qNorm: once(`${l}.q_norm`, () => vector(present(w.qNorm, "qkNorm"), headDim)),
+          kNorm: once(`${l}.k_norm`, () => vector(present(w.kNorm, "qkNorm"), headDim)),
+        }
+        : {}),
+    }));
+  }
+  if (!fuseRope) {
+    ops.push(
+      createRopeStore(gpu, config, {
+        dims: m.dims,
+        rows: m.rows,
+        table: ropeTable,
+        qkv: act.qkv,
+        kCache,
+        vCache,
+      }),
+    );
+  }
+  ops.push(
+    createAttention(gpu, config, blockSize, {
+      dims: m.dims,
+      rows: m.rows,
+      seqs: m.seqs,
+      tables: m.tables,
+      qkv: act.qkv,
+      kCache,
+      vCache,
+      out: act.att,
+    }),
+    createMatmul(gpu, upload(check(w.wo, [dim, qDim])), {
+      ...rows,
+      x: act.att,
+      y: act.x,
+      epilogue: "accumulate",
+      label: "wo",
+    }),
+  );
+  const ffnNorm = { weight: once(`${l}.ffn_norm`, () => vector(w.ffnNorm)), eps: rmsEps };
+  const gate = check(w.wGate, [hiddenDim, dim]);
+  const upT = check(w.wUp, [hiddenDim, dim]);
+  if (stackable([gate, upT])) {
+    const gateUp = once(
+      `${l}.gate_up`,
+      () => upload(interleaveRows(gate, upT, `blk.${l}.gate_up`)),
+    );
+    ops.push(
+      createMatmul(gpu, gateUp, {
+        ...rows,
+        x: act.x,
+        y: act.hidden,
+        norm: ffnNorm,
+        epilogue: "swiglu",
+        label: "gate_up",
+      }),
+    );
+  } else {
+    const up = b.upScratch();
+    ops.push(
+      createMatmul(gpu, upload(gate), {
+        ...rows,
+        x: act.x,
+        y: act.hidden,
+        norm: ffnNorm,
+        label: "gate",
+      }),
+      createMatmul(gpu, upload(upT), {
+        ...rows,
+        x: act.x,
+        y: up,
+        norm: ffnNorm,
+        label: "up",
+      }),
+      createSwiglu(gpu, hiddenDim, { dims: m.dims, gate: act.hidden, up }),
+    );
+  }
+  ops.push(
+    createMatmul(gpu, upload(check(w.wDown, [dim, hiddenDim])), {
+      ...rows,
+      x: act.hidden,
+      y: act.x,
+      epilogue: "accumulate",
+      label: "down",
+    }),
+  );
+  return ops;
+}
