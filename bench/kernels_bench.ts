@@ -6,7 +6,8 @@
  *   deno run --allow-all bench/kernels_bench.ts                       # stories260K from $MODEL_MIRROR
  *   deno run --allow-all bench/kernels_bench.ts --model path.gguf
  *   deno run --allow-all bench/kernels_bench.ts --synthetic q4_0      # random Llama-3.2-1B shape (any tensor type)
- *   options: --batches 1,8,32,64  --steps 48  --prompt 16  --layers N (synthetic)
+ *   deno run --allow-all bench/kernels_bench.ts --shape qwen25_05b    # a perf file's shape and encodings, random
+ *   options: --batches 1,8,32,64  --steps 48  --prompt 16  --layers N (synthetic, shape)
  *
  * Uses no npm packages, so it runs on a machine with only a deno binary.
  */
@@ -18,11 +19,13 @@ import type { ModelConfig } from "../lib/model/model_config.ts";
 import { TENSOR_TYPES, type TensorType } from "../lib/model/tensor.ts";
 import type { ModelWeights } from "../lib/model/weights.ts";
 import { LLAMA_1B_SHAPE, syntheticWeights } from "./synthetic_model.ts";
+import { PERF_SHAPES, type PerfShape, perfShapeModel } from "./perf_shapes.ts";
 import { markdownTable } from "./markdown_table.ts";
 
 interface Options {
   model?: string;
   synthetic?: TensorType;
+  shape?: PerfShape;
   layers?: number;
   batches: number[];
   steps: number;
@@ -47,6 +50,12 @@ function parseOptions(args: readonly string[]): Options {
         }
         opts.synthetic = value as TensorType;
         break;
+      case "--shape":
+        if (!(PERF_SHAPES as string[]).includes(value)) {
+          throw new Error(`--shape must be one of ${PERF_SHAPES.join(", ")}, received ${value}`);
+        }
+        opts.shape = value as PerfShape;
+        break;
       case "--layers":
         opts.layers = Number(value);
         break;
@@ -69,6 +78,14 @@ function parseOptions(args: readonly string[]): Options {
 async function loadSubject(
   o: Options,
 ): Promise<{ name: string; config: ModelConfig; weights: ModelWeights }> {
+  if (o.shape) {
+    const { config, weights } = perfShapeModel(o.shape, o.layers);
+    return {
+      name: `random ${o.shape} (${config.nLayers} layers), the perf file's Q4_K_M encodings`,
+      config,
+      weights,
+    };
+  }
   if (o.synthetic) {
     const config = { ...LLAMA_1B_SHAPE, nLayers: o.layers ?? LLAMA_1B_SHAPE.nLayers };
     return {

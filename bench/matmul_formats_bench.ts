@@ -7,6 +7,8 @@
  *   deno run --allow-all bench/matmul_formats_bench.ts
  *   options: --rows 2048 --cols 2048 --batch 1 --layout lane|split (default: the device's)
  *            --repeat 20 (matmuls per timed submit)
+ *            --bandwidth-gbs N (the device's memory bandwidth, for the share column; default:
+ *            the datasheet figure of a GPU named in DATASHEET_BANDWIDTH, else no share column)
  *
  * Timing: `repeat` dispatches in one compute pass, submitted, awaited with
  * onSubmittedWorkDone(); the best of 5 such runs (taken round-robin over the types), divided
@@ -27,6 +29,28 @@ export interface FormatsOptions {
   readonly batch: number;
   readonly repeat: number;
   readonly layout?: MatmulLayout;
+  readonly bandwidthGbs?: number;
+}
+
+/**
+ * Datasheet memory bandwidth (GB/s) of GPUs the benchmark may meet, matched against the
+ * adapter's description; first match wins, so longer names come first.
+ */
+export const DATASHEET_BANDWIDTH: readonly (readonly [RegExp, number])[] = [
+  [/H200/i, 4800],
+  [/H100.*PCIe/i, 2000],
+  [/H100/i, 3350],
+  [/A100.*40GB/i, 1555],
+  [/A100/i, 2039],
+  [/L40S?/i, 864],
+  [/RTX 4090/i, 1008],
+  [/A10\b/i, 600],
+  [/T4\b/i, 320],
+];
+
+/** The datasheet bandwidth for an adapter description, or undefined when it names none known. */
+export function datasheetBandwidth(description: string): number | undefined {
+  return DATASHEET_BANDWIDTH.find(([name]) => name.test(description))?.[1];
 }
 
 export interface FormatResult {
@@ -58,7 +82,8 @@ function parseOptions(args: readonly string[]): FormatsOptions {
     if (!Number.isInteger(n) || n < 1) {
       throw new Error(`Cannot parse options: ${key} needs a positive integer, received ${value}`);
     }
-    if (key === "--rows") o.rows = n;
+    if (key === "--bandwidth-gbs") o.bandwidthGbs = n;
+    else if (key === "--rows") o.rows = n;
     else if (key === "--cols") o.cols = n;
     else if (key === "--batch") o.batch = n;
     else if (key === "--repeat") o.repeat = n;
@@ -130,8 +155,16 @@ export async function runFormatsBench(
   });
   const f16 = results.find((r) => r.type === "f16")!;
   const fmt = (v: number, d = 2) => v.toFixed(d);
+  const bandwidth = o.bandwidthGbs ?? datasheetBandwidth(gpu.description);
   print(`# Matmul throughput by tensor type\n`);
   print(`- device: ${gpu.description}; layout ${layout}`);
+  print(
+    bandwidth === undefined
+      ? "- memory bandwidth: unknown for this adapter (pass --bandwidth-gbs for a share column)"
+      : `- memory bandwidth assumed: ${bandwidth} GB/s (${
+        o.bandwidthGbs === undefined ? "datasheet figure for this adapter" : "--bandwidth-gbs"
+      })`,
+  );
   print(
     `- W [${o.rows}, ${o.cols}] × ${o.batch} activation row(s); best of 5 submits of ${o.repeat} matmuls\n`,
   );
@@ -144,6 +177,7 @@ export async function runFormatsBench(
       "weight GB/s",
       "GB/s ÷ F16",
       "time ÷ F16",
+      ...(bandwidth === undefined ? [] : ["share of bandwidth"]),
     ],
     results.map((r) => [
       r.type,
@@ -153,6 +187,7 @@ export async function runFormatsBench(
       fmt(r.gbPerS),
       fmt(r.gbPerS / f16.gbPerS),
       fmt(r.usPerMatmul / f16.usPerMatmul),
+      ...(bandwidth === undefined ? [] : [`${fmt((100 * r.gbPerS) / bandwidth, 1)}%`]),
     ]),
   ));
   gpu.device.destroy();
