@@ -1,6 +1,7 @@
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import { bindAll, type Gpu, type KernelOp } from "./device.ts";
 import { DIM_ROWS, WGSL_STEP_TYPES } from "./step_meta.ts";
+import { type KvDtype, kvElementBytes, kvWgsl } from "./kv_dtype.ts";
 
 /** Threads per workgroup: 32 when a KV group's outputs fit (fewer idle lanes), else 64. */
 function threadsFor(group: number, headDim: number): number {
@@ -20,8 +21,13 @@ function threadsFor(group: number, headDim: number): number {
  * way, so a row's output depends only on its own sequence, never on the rest of the batch.
  * Scores and slots are double-buffered by tile parity: one barrier per tile.
  */
-export function attentionWgsl(config: ModelConfig, blockSize: number): string {
+export function attentionWgsl(
+  config: ModelConfig,
+  blockSize: number,
+  kvDtype: KvDtype = "f32",
+): string {
   const { nHeads, nKvHeads, headDim } = config;
+  const kv = kvWgsl(kvDtype);
   const qDim = nHeads * headDim;
   const kvDim = nKvHeads * headDim;
   const stride = qDim + 2 * kvDim;
@@ -36,15 +42,15 @@ export function attentionWgsl(config: ModelConfig, blockSize: number): string {
   // Output element (head, dim) = t + 64a of the group's G x HD, one register set each.
   const outs = Array.from({ length: Math.ceil((group * headDim) / threads) }, (_, a) => a);
   const each = (f: (a: number) => string) => outs.map(f).join("\n    ");
-  return /* wgsl */ `
+  return /* wgsl */ `${kv.enable}
 ${WGSL_STEP_TYPES}
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
 @group(0) @binding(1) var<storage, read> rows: array<Row>;
 @group(0) @binding(2) var<storage, read> seqs: array<Seq>;
 @group(0) @binding(3) var<storage, read> tables: array<u32>;
 @group(0) @binding(4) var<storage, read> QKV: array<f32>;
-@group(0) @binding(5) var<storage, read> Kc: array<f32>;
-@group(0) @binding(6) var<storage, read> Vc: array<f32>;
+@group(0) @binding(5) var<storage, read> Kc: ${kv.scalarArray};
+@group(0) @binding(6) var<storage, read> Vc: ${kv.scalarArray};
 @group(0) @binding(7) var<storage, read_write> O: array<f32>;
 const HD = ${headDim}u;
 const TK = ${tk}u;
@@ -93,7 +99,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       if (pg == 0u) { slots[b * TK + pk] = slot; }
       let kb = slot * ${kvDim}u + kvBase;
       var dot = 0.0;
-      for (var d = 0u; d < HD; d++) { dot += qs[pg * HD + d] * Kc[kb + d]; }
+      for (var d = 0u; d < HD; d++) { dot += qs[pg * HD + d] * ${kv.load("Kc", "kb + d")}; }
       scores[b * ${threads}u + t] = dot * SCALE;
     }
     workgroupBarrier();
@@ -111,7 +117,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       for (var i = 0u; i < count; i++) {
         let p = exp(scores[b * ${threads}u + g${a} * TK + i] - mNew);
         l${a} += p;
-        acc${a} += p * Vc[slots[b * TK + i] * ${kvDim}u + kvBase + d];
+        acc${a} += p * ${kv.load("Vc", `slots[b * TK + i] * ${kvDim}u + kvBase + d`)};
       }
       m${a} = mNew;
     }`
@@ -135,8 +141,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
  * max, sum and output in registers, walking the row's keys in order with an online softmax. No workgroup memory and no barrier; a row's result is one fixed chain of
  * operations, whatever else shares the step.
  */
-export function attentionLaneWgsl(config: ModelConfig, blockSize: number): string {
+export function attentionLaneWgsl(
+  config: ModelConfig,
+  blockSize: number,
+  kvDtype: KvDtype = "f32",
+): string {
   const { nHeads, nKvHeads, headDim } = config;
+  const kv = kvWgsl(kvDtype);
   if (headDim % 4 !== 0) {
     throw new Error(`Cannot build lane attention: head size ${headDim} is not a multiple of 4`);
   }
@@ -149,15 +160,15 @@ export function attentionLaneWgsl(config: ModelConfig, blockSize: number): strin
   const gs = Array.from({ length: group }, (_, g) => g);
   const each = (f: (i: number) => string, sep = "\n  ") => vs.map(f).join(sep);
   const heads = (f: (g: number) => string, sep = "\n  ") => gs.map(f).join(sep);
-  return /* wgsl */ `
+  return /* wgsl */ `${kv.enable}
 ${WGSL_STEP_TYPES}
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
 @group(0) @binding(1) var<storage, read> rows: array<Row>;
 @group(0) @binding(2) var<storage, read> seqs: array<Seq>;
 @group(0) @binding(3) var<storage, read> tables: array<u32>;
 @group(0) @binding(4) var<storage, read> QKV: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read> Kc: array<vec4<f32>>;
-@group(0) @binding(6) var<storage, read> Vc: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> Kc: ${kv.vec4Array};
+@group(0) @binding(6) var<storage, read> Vc: ${kv.vec4Array};
 @group(0) @binding(7) var<storage, read_write> O: array<vec4<f32>>;
 const SCALE = ${1 / Math.sqrt(headDim)};
 @compute @workgroup_size(${LANE_ATTENTION_THREADS})
@@ -179,7 +190,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
   for (var key = 0u; key < n; key++) {
     let slot = tables[seq.tableOffset + key / ${blockSize}u] * ${blockSize}u + key % ${blockSize}u;
     let kb = slot * ${kvDim / 4}u + kvBase;
-    ${each((i) => `let k${i} = Kc[kb + ${i}u]; let v${i} = Vc[kb + ${i}u];`, "\n    ")}
+    ${
+    each(
+      (i) =>
+        `let k${i} = ${kv.loadVec4("Kc", `kb + ${i}u`)}; let v${i} = ${
+          kv.loadVec4("Vc", `kb + ${i}u`)
+        };`,
+      "\n    ",
+    )
+  }
     ${
     heads((g) =>
       `{
@@ -215,6 +234,8 @@ export interface AttentionTarget {
   readonly kCache: GPUBuffer;
   readonly vCache: GPUBuffer;
   readonly out: GPUBuffer;
+  /** How the pools hold elements (default f32). */
+  readonly kvDtype?: KvDtype;
   /**
    * "tiled" (a workgroup per row and KV head, key tiles in workgroup memory; suits GPUs) or
    * "lane" (a thread per row and query head; suits CPU rasterizers). Default by device.
@@ -232,7 +253,9 @@ export function createAttention(
   const lane = (t.layout ?? (gpu.cpuRasterizer && config.headDim % 4 === 0 ? "lane" : "tiled")) ===
     "lane";
   const pipeline = gpu.pipeline(
-    lane ? attentionLaneWgsl(config, blockSize) : attentionWgsl(config, blockSize),
+    lane
+      ? attentionLaneWgsl(config, blockSize, t.kvDtype)
+      : attentionWgsl(config, blockSize, t.kvDtype),
     "attention",
   );
   const group = bindAll(gpu, pipeline, [
@@ -252,7 +275,8 @@ export function createAttention(
       const keys = c.rows.reduce((s, r) => s + r.pos + 1, 0);
       return {
         flops: 4 * nHeads * headDim * keys,
-        bytes: 2 * nKvHeads * headDim * 4 * keys + 2 * c.rows.length * nHeads * headDim * 4,
+        bytes: 2 * nKvHeads * headDim * kvElementBytes(t.kvDtype ?? "f32") * keys +
+          2 * c.rows.length * nHeads * headDim * 4,
       };
     },
     encode(pass: GPUComputePassEncoder, rows: number): void {

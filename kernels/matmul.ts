@@ -3,6 +3,7 @@ import { type Gpu, type KernelOp, uploadBuffer } from "./device.ts";
 import type { GpuMatrix } from "./gpu_matrix.ts";
 import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";
 import { chunkElements, chunkVec4s, WGSL_WEIGHT_HELPERS, wgslLoadChunk } from "./weight_formats.ts";
+import { type KvDtype, kvWgsl } from "./kv_dtype.ts";
 
 /** Activation rows one workgroup multiplies against each weight chunk it loads. */
 export const MATMUL_ROWS_PER_GROUP = 8;
@@ -37,6 +38,8 @@ export interface RopeShape {
   readonly kvDim: number;
   readonly headDim: number;
   readonly ropeDim: number;
+  /** How the KV pools hold elements (default f32). */
+  readonly kvDtype?: KvDtype;
 }
 
 /** How a matmul spreads its work over threads (see {@link MatmulTarget.layout}). */
@@ -220,6 +223,7 @@ export function matmulLaneWgsl(spec: MatmulSpec): string {
   if (epilogue === "rope" && (!rope || outs % 2 !== 0)) {
     throw new Error("Cannot build the rope epilogue without the head layout, or with odd outputs");
   }
+  const kv = kvWgsl(rope?.kvDtype ?? "f32");
   const ropePair = (r: number, j: number) => {
     // Features f, f + 1 of q | k | v; rows are clamped, stores guarded by the caller.
     const rot = "v = vec2<f32>(v.x * cs.x - v.y * cs.y, v.x * cs.y + v.y * cs.x);";
@@ -236,10 +240,11 @@ export function matmulLaneWgsl(spec: MatmulSpec): string {
       } else if (f < ${rope!.qDim + rope!.kvDim}u) {
         let i = f - ${rope!.qDim}u;
         ${maybeRotate("i")}
-        let ki = row${r}.slot * ${rope!.kvDim}u + i; Kc[ki] = v.x; Kc[ki + 1u] = v.y;
+        ${kv.storePair("Kc", `row${r}.slot * ${rope!.kvDim}u + i`, "v")}
       } else {
-        let vi = row${r}.slot * ${rope!.kvDim}u + f - ${rope!.qDim + rope!.kvDim}u;
-        Vc[vi] = v.x; Vc[vi + 1u] = v.y;
+        ${
+      kv.storePair("Vc", `row${r}.slot * ${rope!.kvDim}u + f - ${rope!.qDim + rope!.kvDim}u`, "v")
+    }
       }
     }`;
   };
@@ -271,7 +276,7 @@ export function matmulLaneWgsl(spec: MatmulSpec): string {
       (j >> 1) * 2 * threads + (j & 1)
     }u + 2u * t; let oc${j} = min(o${j}, chunk.rows - 1u);`
   ).join("\n  ");
-  return /* wgsl */ `
+  return /* wgsl */ `${kv.enable}
 ${WGSL_STEP_TYPES}
 struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
@@ -285,8 +290,8 @@ ${
     rope
       ? `@group(0) @binding(7) var<storage, read> rows: array<Row>;
 @group(0) @binding(8) var<storage, read> table: array<vec2<f32>>;
-@group(0) @binding(9) var<storage, read_write> Kc: array<f32>;
-@group(0) @binding(10) var<storage, read_write> Vc: array<f32>;`
+@group(0) @binding(9) var<storage, read_write> Kc: ${kv.scalarArray};
+@group(0) @binding(10) var<storage, read_write> Vc: ${kv.scalarArray};`
       : ""
   }
 const NCHUNK = ${cols / chunkElements(type)}u;

@@ -1,6 +1,7 @@
 import { type ModelConfig, ropeFrequencies } from "../lib/model/model_config.ts";
 import { bindAll, type Gpu, type KernelOp, uploadBuffer } from "./device.ts";
 import { DIM_ROWS, WGSL_STEP_TYPES } from "./step_meta.ts";
+import { type KvDtype, kvElementBytes, kvWgsl } from "./kv_dtype.ts";
 
 /**
  * cos/sin of pos * freq_i (ropeFrequencies(): theta^(-2i/ropeDim), divided by any Llama 3
@@ -27,19 +28,20 @@ export function ropeTable(config: ModelConfig, positions: number): Float32Array 
  * pairs within each head), and copies v into the pool, at the slot the row's block table names.
  * A row of `qkv` holds q, then k, then v (the fused projection's output).
  */
-export function ropeStoreWgsl(config: ModelConfig): string {
+export function ropeStoreWgsl(config: ModelConfig, kvDtype: KvDtype = "f32"): string {
   const { nHeads, nKvHeads, headDim, ropeDim } = config;
+  const kv = kvWgsl(kvDtype);
   const qDim = nHeads * headDim;
   const kvDim = nKvHeads * headDim;
   const stride = qDim + 2 * kvDim;
-  return /* wgsl */ `
+  return /* wgsl */ `${kv.enable}
 ${WGSL_STEP_TYPES}
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
 @group(0) @binding(1) var<storage, read> rows: array<Row>;
 @group(0) @binding(2) var<storage, read> table: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read_write> QKV: array<f32>;
-@group(0) @binding(4) var<storage, read_write> Kc: array<f32>;
-@group(0) @binding(5) var<storage, read_write> Vc: array<f32>;
+@group(0) @binding(4) var<storage, read_write> Kc: ${kv.scalarArray};
+@group(0) @binding(5) var<storage, read_write> Vc: ${kv.scalarArray};
 const HALF = ${headDim / 2}u;
 const PAIRS = ${ropeDim / 2}u;
 fn rotate(v: vec2<f32>, cs: vec2<f32>) -> vec2<f32> {
@@ -66,11 +68,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let at = base + ${qDim}u + 2u * i;
     var v = vec2<f32>(QKV[at], QKV[at + 1u]);
     if (p < PAIRS) { v = rotate(v, table[tb + p]); }
-    Kc[row.slot * ${kvDim}u + 2u * i] = v.x;
-    Kc[row.slot * ${kvDim}u + 2u * i + 1u] = v.y;
+    ${kv.storePair("Kc", `row.slot * ${kvDim}u + 2u * i`, "v")}
   }
-  for (var j = t; j < ${kvDim}u; j += 64u) {
-    Vc[row.slot * ${kvDim}u + j] = QKV[base + ${qDim + kvDim}u + j];
+  for (var j = t; j < ${kvDim / 2}u; j += 64u) {
+    let at = base + ${qDim + kvDim}u + 2u * j;
+    ${kv.storePair("Vc", `row.slot * ${kvDim}u + 2u * j`, "vec2<f32>(QKV[at], QKV[at + 1u])")}
   }
 }
 `;
@@ -85,6 +87,8 @@ export interface RopeStoreTarget {
   readonly qkv: GPUBuffer;
   readonly kCache: GPUBuffer;
   readonly vCache: GPUBuffer;
+  /** How the pools hold elements (default f32). */
+  readonly kvDtype?: KvDtype;
 }
 
 /** Uploads ropeTable() for positions 0..positions-1. */
@@ -94,7 +98,7 @@ export function uploadRopeTable(gpu: Gpu, config: ModelConfig, positions: number
 
 /** A bound RoPE + KV-store over `rows` rows. */
 export function createRopeStore(gpu: Gpu, config: ModelConfig, t: RopeStoreTarget): KernelOp {
-  const pipeline = gpu.pipeline(ropeStoreWgsl(config), "rope+store");
+  const pipeline = gpu.pipeline(ropeStoreWgsl(config, t.kvDtype), "rope+store");
   const group = bindAll(
     gpu,
     pipeline,
@@ -108,7 +112,8 @@ export function createRopeStore(gpu: Gpu, config: ModelConfig, t: RopeStoreTarge
       const qkv = (nHeads + 2 * nKvHeads) * headDim;
       return {
         flops: c.rows.length * (nHeads + nKvHeads) * headDim * 3,
-        bytes: c.rows.length * (qkv + nHeads * headDim + 2 * nKvHeads * headDim) * 4,
+        bytes: c.rows.length * (qkv + nHeads * headDim) * 4 +
+          c.rows.length * 2 * nKvHeads * headDim * kvElementBytes(t.kvDtype ?? "f32"),
       };
     },
     encode(pass: GPUComputePassEncoder, rows: number): void {

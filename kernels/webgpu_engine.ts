@@ -27,9 +27,10 @@ import { MAX_TOP_LOGPROBS, type TopLogprobs } from "../lib/engine/top_logprobs.t
 import { TokenMaskUpload } from "./token_masks.ts";
 import { DIM_SAMPLES, StepMetaLayout } from "./step_meta.ts";
 import { type KvPool, type LayerBuild, layerOps } from "./webgpu_layer.ts";
+import { type KvDtype, kvElementBytes } from "./kv_dtype.ts";
 import { planStep } from "./step_plan.ts";
 import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
-import { kvBlockBytes, kvBlocksIn } from "../lib/engine/kv_budget.ts";
+import { kvBlockBytes } from "../lib/engine/kv_budget.ts";
 
 /** How much KV cache to allocate: a block count, or a byte budget it is derived from. */
 export interface KvBudget {
@@ -55,6 +56,11 @@ export interface WebGpuEngineOptions {
    * maxSeqs)). A step that needs one more than this throws: see `release`.
    */
   readonly lastSampledSlots?: number;
+  /**
+   * How the KV pools hold elements: f16 (half the memory; the default where the device has
+   * shader-f16) or f32.
+   */
+  readonly kvDtype?: KvDtype;
 }
 
 /**
@@ -98,6 +104,8 @@ export class WebGpuEngine implements Engine {
     return { maxSeqs: this.layout.capacity.maxSeqs, maxBatchTokens: this.layout.capacity.maxRows };
   }
   readonly kv: KvGeometry;
+  /** How the KV pools hold elements. */
+  readonly kvDtype: KvDtype;
   /** Bytes of device memory held, by purpose, for the start-up line. */
   readonly memory: {
     readonly weights: number;
@@ -133,6 +141,7 @@ export class WebGpuEngine implements Engine {
     private readonly ownsDevice: boolean,
     parts: {
       kv: KvGeometry;
+      kvDtype: KvDtype;
       layout: StepMetaLayout;
       maxStepsPerSubmit: number;
       meta: GPUBuffer;
@@ -150,6 +159,7 @@ export class WebGpuEngine implements Engine {
     },
   ) {
     this.kv = parts.kv;
+    this.kvDtype = parts.kvDtype;
     this.layout = parts.layout;
     this.meta = parts.meta;
     this.out = parts.out;
@@ -224,6 +234,7 @@ export class WebGpuEngine implements Engine {
       gpu,
       config,
       blockSize,
+      kvDtype: geometry.kvDtype,
       meta: m,
       act,
       ropeTable: own(uploadRopeTable(gpu, config, config.contextLength)),
@@ -303,6 +314,7 @@ export class WebGpuEngine implements Engine {
     }
     return new WebGpuEngine(config, gpu, opts.gpu === undefined, {
       kv: { numBlocks, blockSize },
+      kvDtype: geometry.kvDtype,
       layout,
       maxStepsPerSubmit: geometry.maxStepsPerSubmit,
       meta,
@@ -625,6 +637,7 @@ function failCreate(why: string): never {
 /** The KV and step geometry an engine is created with, checked against the model and the device. */
 interface EngineGeometry {
   readonly blockSize: number;
+  readonly kvDtype: KvDtype;
   /** One layer's K (or V) share of a block. */
   readonly blockBytes: number;
   /** A block over all layers, K and V. */
@@ -649,9 +662,17 @@ function engineGeometry(
 ): EngineGeometry {
   const { nLayers, nHeads, nKvHeads, headDim } = config;
   const blockSize = budget.blockSize ?? DEFAULT_LIMITS.blockSize;
-  const blockBytes = blockSize * nKvHeads * headDim * 4;
-  const allLayersBlockBytes = kvBlockBytes(config, blockSize);
-  const numBlocks = budget.numBlocks ?? kvBlocksIn(budget.kvBytes ?? 0, config, blockSize);
+  const kvDtype = opts.kvDtype ?? (gpu.hasShaderF16 ? "f16" : "f32");
+  if (kvDtype === "f16" && !gpu.hasShaderF16) {
+    failCreate(
+      `an f16 KV cache needs the device's shader-f16 feature, which ${gpu.description} lacks; use kvDtype f32`,
+    );
+  }
+  const element = kvElementBytes(kvDtype);
+  const blockBytes = blockSize * nKvHeads * headDim * element;
+  const allLayersBlockBytes = kvBlockBytes(config, blockSize, element);
+  const numBlocks = budget.numBlocks ??
+    Math.floor((budget.kvBytes ?? 0) / allLayersBlockBytes);
   if (
     !(Number.isInteger(numBlocks) && numBlocks > 0 && Number.isInteger(blockSize) &&
       blockSize > 0)
@@ -682,6 +703,7 @@ function engineGeometry(
   const blocksPerSeq = Math.min(numBlocks, Math.ceil(config.contextLength / blockSize));
   return {
     blockSize,
+    kvDtype,
     blockBytes,
     allLayersBlockBytes,
     numBlocks,

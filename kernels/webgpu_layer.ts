@@ -18,6 +18,7 @@ import { createQkPrep } from "./qk_prep.ts";
 import { createRopeStore } from "./rope.ts";
 import { DIM_ROWS, type StepMetaLayout } from "./step_meta.ts";
 import { createSwiglu } from "./swiglu.ts";
+import type { KvDtype } from "./kv_dtype.ts";
 
 /** One layer's K and V pools. */
 export interface KvPool {
@@ -46,6 +47,7 @@ export interface LayerBuild {
   readonly gpu: Gpu;
   readonly config: ModelConfig;
   readonly blockSize: number;
+  readonly kvDtype: KvDtype;
   readonly meta: ReturnType<StepMetaLayout["bindings"]>;
   readonly act: LayerActivations;
   readonly ropeTable: GPUBuffer;
@@ -72,7 +74,7 @@ export interface LayerBuild {
  * residual.
  */
 export function layerOps(b: LayerBuild, l: number, w: LayerWeights, pool: KvPool): KernelOp[] {
-  const { gpu, config, blockSize, act, ropeTable, upload, once, vector, check, fail } = b;
+  const { gpu, config, blockSize, kvDtype, act, ropeTable, upload, once, vector, check, fail } = b;
   const m = b.meta;
   const { dim, hiddenDim, nHeads, nKvHeads, headDim, rmsEps } = config;
   const qDim = nHeads * headDim;
@@ -105,7 +107,7 @@ export function layerOps(b: LayerBuild, l: number, w: LayerWeights, pool: KvPool
         norm: attnNorm,
         epilogue: "rope",
         rope: {
-          shape: { qDim, kvDim, headDim, ropeDim: config.ropeDim },
+          shape: { qDim, kvDim, headDim, ropeDim: config.ropeDim, kvDtype },
           rows: m.rows,
           table: ropeTable,
           kCache,
@@ -176,6 +178,7 @@ export function layerOps(b: LayerBuild, l: number, w: LayerWeights, pool: KvPool
         qkv: act.qkv,
         kCache,
         vCache,
+        kvDtype,
       }),
     );
   }
@@ -188,6 +191,7 @@ export function layerOps(b: LayerBuild, l: number, w: LayerWeights, pool: KvPool
       qkv: act.qkv,
       kCache,
       vCache,
+      kvDtype,
       out: act.att,
     }),
     createMatmul(gpu, upload(check(w.wo, [dim, qDim])), {

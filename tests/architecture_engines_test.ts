@@ -116,7 +116,7 @@ async function assertMatchesOracle(
 ) {
   const model: Model = ggufToModel(g, name);
   const want = hfForward(g, shape, prompt);
-  const gpu = await WebGpuEngine.create(model.config, model.weights, KV, { gpu: await testGpu() });
+  const gpu = await WebGpuEngine.create(model.config, model.weights, KV, { gpu: await testGpu(), kvDtype: "f32" });
   const engines: Engine[] = [new CpuEngine(model.config, model.weights, KV), gpu];
   try {
     for (const engine of engines) {

@@ -26,6 +26,7 @@ for (const stem of COMPAT_FILES) {
     const [model, fx] = await Promise.all([loadModel(compatPath(stem)), readFixture(stem)]);
     const gpu = await WebGpuEngine.create(model.config, model.weights, KV, {
       gpu: await testGpu(),
+      kvDtype: "f32",
       maxSeqs: 8,
     });
     try {
@@ -66,12 +67,50 @@ for (const stem of COMPAT_FILES) {
   });
 }
 
+// llama.cpp's own KV cache is f16, so its fixtures hold for an f16 cache as well: the engine's
+// default on devices with shader-f16. Steps 0-2 of each prompt (the 128k/152k vocabularies are
+// slow on llvmpipe), all 32 on stories260K.
+for (
+  const stem of [
+    "stories260K-q4_1",
+    "tinyllama-like-q4_k_m",
+    "qwen2-like-q4_k_m",
+    "qwen3-like-q4_k_m",
+  ] as const
+) {
+  Deno.test(`${stem} on webgpu with an f16 KV cache: greedy tokens equal llama.cpp's where its margin > 0.5, logprobs within tolerance`, async () => {
+    const [model, fx] = await Promise.all([loadModel(compatPath(stem)), readFixture(stem)]);
+    const gpu = await WebGpuEngine.create(model.config, model.weights, KV, {
+      gpu: await testGpu(),
+      kvDtype: "f16",
+      maxSeqs: 8,
+    });
+    try {
+      assertEquals(gpu.kvDtype, "f16");
+      const steps = stem.startsWith("stories") ? 32 : 3;
+      const results = await compareGreedy(gpu, fx.prompts, { steps });
+      for (const r of results) {
+        const where = `${stem} on webgpu (f16 KV), prompt '${r.name}'`;
+        assert(r.firstMismatch === undefined, `${where}: ${JSON.stringify(r.firstMismatch)}`);
+        assert(r.worstToTolerance <= 1, `${where}: max |Δlogprob| ${r.maxLogprobDelta}`);
+      }
+      console.log(
+        `${stem}, f16 KV: max |Δlogprob| against llama.cpp ${
+          Math.max(...results.map((r) => r.maxLogprobDelta)).toFixed(4)
+        } over ${results.reduce((n, r) => n + r.compared, 0)} steps`,
+      );
+    } finally {
+      gpu.dispose();
+    }
+  });
+}
+
 Deno.test("WebGPU engine on qwen2-like (Q5_0/Q8_0/Q4_K/Q6_K, biases, unfused q/k/v): 16 prompts decoded together give each the logprobs it gets alone", async () => {
   const model = await loadModel(compatPath("qwen2-like-q4_k_m"));
   const gpu = await WebGpuEngine.create(model.config, model.weights, {
     numBlocks: 40,
     blockSize: 16,
-  }, { gpu: await testGpu(), maxSeqs: 16 });
+  }, { gpu: await testGpu(), kvDtype: "f32", maxSeqs: 16 });
   try {
     await assertBatchInvariant(gpu, model.config.vocabSize, 2);
   } finally {

@@ -103,7 +103,7 @@ async function allEngines(model: Model): Promise<Record<"reference" | "cpu" | "w
     reference: new CpuEngine(model.config, model.weights, KV),
     // f32 KV: the CPU engine's logits are then within 1e-3 of the reference (wasm_engine_test).
     cpu: await WasmEngine.create(model.config, model.weights, KV, { kvDtype: "f32" }),
-    webgpu: await WebGpuEngine.create(model.config, model.weights, KV, { gpu: await testGpu() }),
+    webgpu: await WebGpuEngine.create(model.config, model.weights, KV, { gpu: await testGpu(), kvDtype: "f32" }),
   };
 }
 

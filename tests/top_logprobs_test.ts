@@ -92,7 +92,7 @@ Deno.test("reference, CPU and WebGPU engines list the same top alternatives with
   const model = await loadModel(modelFile("stories260K.bin"), { tokenizerPath: modelFile("tok512.bin") });
   const engines: [string, Engine, number][] = [
     ["cpu", await WasmEngine.create(model.config, model.weights, KV, { kvDtype: "f32" }), 2e-3],
-    ["webgpu", await WebGpuEngine.create(model.config, model.weights, KV, { gpu: await testGpu() }), 1e-4],
+    ["webgpu", await WebGpuEngine.create(model.config, model.weights, KV, { gpu: await testGpu(), kvDtype: "f32" }), 1e-4],
   ];
   const reference = new CpuEngine(model.config, model.weights, KV);
   try {
@@ -124,7 +124,7 @@ Deno.test("reference, CPU and WebGPU engines list the same top 5 alternatives on
   // its alternatives' logprobs get the compat tests' tolerance (0.25 nats + 5% of the value).
   const engines: [string, Engine, (lp: number) => number][] = [
     ["cpu", await WasmEngine.create(model.config, model.weights, KV, { kvDtype: "f32" }), (lp) => 0.25 + 0.05 * Math.abs(lp)],
-    ["webgpu", await WebGpuEngine.create(model.config, model.weights, KV, { gpu: await testGpu() }), () => 1e-4],
+    ["webgpu", await WebGpuEngine.create(model.config, model.weights, KV, { gpu: await testGpu(), kvDtype: "f32" }), () => 1e-4],
   ];
   try {
     const want = await run(reference, 6, prompt, 5);

@@ -20,7 +20,10 @@ const PROMPT = [1, 403, 407, 261, 378]; // "Once upon a time"
 const KV = { numBlocks: 64, blockSize: 16 };
 
 async function engines(model: Model, kv = KV): Promise<{ gpu: WebGpuEngine; cpu: CpuEngine }> {
-  const gpu = await WebGpuEngine.create(model.config, model.weights, kv, { gpu: await testGpu() });
+  const gpu = await WebGpuEngine.create(model.config, model.weights, kv, {
+    gpu: await testGpu(),
+    kvDtype: "f32",
+  });
   return { gpu, cpu: new CpuEngine(model.config, model.weights, kv) };
 }
 
@@ -95,6 +98,7 @@ Deno.test("WebGpuEngine splits weights larger than one binding across several an
   const kv = { numBlocks: 16, blockSize: 16 };
   const gpu = await WebGpuEngine.create(model.config, model.weights, kv, {
     gpu: small,
+    kvDtype: "f32",
     maxSeqs: 4,
     maxBatchTokens: 32,
   });
@@ -111,6 +115,7 @@ Deno.test("WebGpuEngine splits weights larger than one binding across several an
       () =>
         WebGpuEngine.create(model.config, model.weights, { numBlocks: 17, blockSize: 16 }, {
           gpu: small,
+          kvDtype: "f32",
           maxSeqs: 4,
           maxBatchTokens: 32,
         }),
@@ -357,10 +362,56 @@ Deno.test("WebGpuEngine rejects bad plans with the reason, and keeps working", a
   }
 });
 
+Deno.test("WebGpuEngine's f16 KV cache holds twice the blocks of a byte budget, and greedy-decodes 120 tokens of stories260K like the f32 reference, logprobs within 0.02", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"));
+  const budget = { kvBytes: 1 << 20, blockSize: 16 };
+  const device = await testGpu();
+  const f16 = await WebGpuEngine.create(model.config, model.weights, budget, {
+    gpu: device,
+    kvDtype: "f16",
+  });
+  const f32 = await WebGpuEngine.create(model.config, model.weights, budget, {
+    gpu: device,
+    kvDtype: "f32",
+  });
+  try {
+    // stories260K: 5 layers, 4 KV heads of 8: a 16-token block is 5 × 2 × 16 × 32 elements.
+    assertEquals(f32.kv.numBlocks, Math.floor((1 << 20) / (5 * 2 * 16 * 32 * 4)));
+    assertEquals(f16.kv.numBlocks, 2 * f32.kv.numBlocks);
+    assertEquals(f16.memory.kvCache, f32.memory.kvCache);
+    const cpu = new CpuEngine(model.config, model.weights, KV);
+    const want = await referenceGenerate(cpu, PROMPT, 120, GREEDY, { returnLogits: true });
+    const got = await referenceGenerate(f16, PROMPT, 120, GREEDY, {
+      returnLogits: true,
+      useLastSampled: true,
+    });
+    assertEquals(got.tokens, want.tokens);
+    const logprob = (l: Float32Array, t: number) => {
+      const max = Math.max(...l);
+      return l[t]! - max - Math.log(l.reduce((s, v) => s + Math.exp(v - max), 0));
+    };
+    const worst = Math.max(
+      ...want.tokens.map((t, i) =>
+        Math.abs(logprob(got.logits[i]!, t) - logprob(want.logits[i]!, t))
+      ),
+    );
+    console.log(
+      `stories260K, f16 KV against the f32 reference: max |Δlogprob| ${
+        worst.toFixed(5)
+      } over 120 steps`,
+    );
+    assertLess(worst, 0.02);
+  } finally {
+    f16.dispose();
+    f32.dispose();
+  }
+});
+
 Deno.test("WebGpuEngine refuses to sample for a sequence when every last-sampled slot is held by a live one, instead of taking one over", async () => {
   const model = await loadModel(modelFile("stories260K.bin"));
   const gpu = await WebGpuEngine.create(model.config, model.weights, KV, {
     gpu: await testGpu(),
+    kvDtype: "f32",
     lastSampledSlots: 2,
   });
   const cpu = new CpuEngine(model.config, model.weights, KV);
@@ -416,10 +467,20 @@ Deno.test("WebGpuEngine's KV pools start small and grow when a step names a bloc
     assertLess(resident0, kv.numBlocks * blockBytes / 10);
     // Sequence 1 lives in block 3, sequence 2 in block 700: the second prefill grows the pools.
     const seqs = [{ seqId: 1, block: 3 }, { seqId: 2, block: 700 }];
-    const both = (plan: (s: { seqId: number; block: number }, i: number) => StepPlan["seqs"][number]) =>
-      (stepId: number, which = seqs): StepPlan => ({ stepId, returnLogits: true, seqs: which.map(plan) });
+    const both =
+      (plan: (s: { seqId: number; block: number }, i: number) => StepPlan["seqs"][number]) =>
+      (stepId: number, which = seqs): StepPlan => ({
+        stepId,
+        returnLogits: true,
+        seqs: which.map(plan),
+      });
     const prefill = (s: { seqId: number; block: number }) => ({
-      seqId: s.seqId, tokens: PROMPT, startPos: 0, blockTable: [s.block], sample: true, sampling: GREEDY,
+      seqId: s.seqId,
+      tokens: PROMPT,
+      startPos: 0,
+      blockTable: [s.block],
+      sample: true,
+      sampling: GREEDY,
     });
     const steps: StepPlan[] = [both(prefill)(0, [seqs[0]!]), both(prefill)(1, [seqs[1]!])];
     for (const [i, plan] of steps.entries()) {
@@ -432,10 +493,19 @@ Deno.test("WebGpuEngine's KV pools start small and grow when a step names a bloc
     let next = [PROMPT, PROMPT].map(() => 0);
     for (let t = 0; t < 6; t++) {
       const plan = both((s, i) => ({
-        seqId: s.seqId, tokens: [next[i]! || 403], startPos: PROMPT.length + t, blockTable: [s.block], sample: true, sampling: GREEDY,
+        seqId: s.seqId,
+        tokens: [next[i]! || 403],
+        startPos: PROMPT.length + t,
+        blockTable: [s.block],
+        sample: true,
+        sampling: GREEDY,
       }))(2 + t);
       const [g, r] = [await gpu.step(plan), await cpu.step(plan)];
-      assertEquals(g.sampled.map((s) => s.token), r.sampled.map((s) => s.token), `decode step ${t}`);
+      assertEquals(
+        g.sampled.map((s) => s.token),
+        r.sampled.map((s) => s.token),
+        `decode step ${t}`,
+      );
       g.sampled.forEach((s, i) => {
         const err = relativeError(s.logits!, r.sampled[i]!.logits!);
         assertLess(err, 1e-4, `decode step ${t}, sequence ${s.seqId}: logits differ by ${err}`);

@@ -50,7 +50,7 @@ export const SETTINGS = {
   },
   kvDtype: {
     env: "LLMSERVE_KV_DTYPE",
-    help: "CPU engine KV cache elements: f16 | f32 (default f16; WebGPU's are f32)",
+    help: "KV cache elements of the cpu and webgpu engines: f16 | f32 (default f16)",
   },
   contextLength: { env: "LLMSERVE_CONTEXT_LENGTH", help: "override the model's context length" },
   host: { env: "LLMSERVE_HOST", help: "address to listen on", default: "127.0.0.1" },

@@ -108,10 +108,10 @@ export async function planKv(
 ): Promise<KvPlan> {
   const onCpu = backend === "cpu" || backend === "reference";
   const maxPoolBytes = onCpu ? undefined : adapter?.bindingLimit ?? await adapterBindingLimit();
-  // The plan counts elements at the size of the engine it is for: auto plans in f32, for
-  // WebGPU, and the CPU engine then holds the same blocks at its own size.
+  // The plan counts elements at the size of the engine it is for; the reference engine's are
+  // f32, the cpu and webgpu engines' f16 unless told f32.
   const cpuElement = opts.kvDtype === "f32" ? 4 : 2;
-  const bytesPerElement = backend === "cpu" ? cpuElement : 4;
+  const bytesPerElement = backend === "reference" ? 4 : cpuElement;
   const runsCpu = backend === "cpu" || backend === "auto";
   const heapLeft = runsCpu ? WasmHeap.MAX_BYTES - wasmHeap().used - CPU_HEADROOM : 0;
   const available = freeMemory();
@@ -196,8 +196,9 @@ export async function createEngine(
       maxBatchTokens: stepLimits.maxBatchTokens,
       maxSeqs: stepLimits.maxSeqs,
       ...(onUpload ? { onUpload } : {}),
+      ...(opts.kvDtype === undefined ? {} : { kvDtype: opts.kvDtype }),
     });
-    return { engine: e as Engine, description: `webgpu (${e.gpu.description})` };
+    return { engine: e as Engine, description: `webgpu (${e.gpu.description}, ${e.kvDtype} KV)` };
   };
   if (backend === "reference") {
     return {
@@ -206,9 +207,6 @@ export async function createEngine(
     };
   }
   if (backend === "cpu") return await cpu();
-  if (opts.kvDtype === "f16" && backend === "webgpu") {
-    throw new Error("Cannot create the WebGPU engine: --kv-dtype f16 is not supported on webgpu yet (its KV cache is f32)");
-  }
   if (backend === "webgpu") return await gpu();
   // auto: the WebGPU side is timed on an engine with one KV block and one row, so that losing
   // costs no device-sized KV cache; it is built in full only when it wins.
