@@ -506,6 +506,15 @@ export class RouterBackend implements GenerationBackend {
     f.lost(loss);
     this.#metrics?.lostStreams.inc({ why: LOSS_LABEL[loss.kind] });
     if (loss.kind === "refused" || signal.aborted) return;
+    if (f.left <= 0) {
+      // Lost after its last token (the final frame): nothing is left to resubmit.
+      this.#log(
+        `router: ${req.requestId}: stream on ${loss.replica} lost (${loss.kind}: ${
+          describeLoss(loss)
+        }) after all ${f.delivered.length} tokens; ending it here`,
+      );
+      return;
+    }
     this.failovers++;
     this.#metrics?.failovers.inc();
     this.#log(
