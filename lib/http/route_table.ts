@@ -35,16 +35,14 @@ export class RouteTable {
 
   /**
    * The request's route label: the pattern it matches (under its method, else under any
-   * other), or "unmatched" (a bounded label set whatever paths clients send).
+   * other) without parameter regexes, or "unmatched" (a bounded label set whatever paths
+   * clients send).
    */
   label(method: string, path: string): string {
-    const own = this.patternFor(method, path);
-    if (own !== undefined) return own;
-    for (const m of this.#table().methods) {
-      const p = this.#match(m, path)[0];
-      if (p !== undefined) return p;
-    }
-    return "unmatched";
+    let pattern = this.patternFor(method, path);
+    for (const m of this.#table().methods) pattern ??= this.#match(m, path)[0];
+    // A parameter's regex is no part of its name: /v1/models/:model{.+} is /v1/models/:model.
+    return pattern === undefined ? "unmatched" : pattern.replace(/\{[^}]*\}/g, "");
   }
 
   /** The methods `path` takes, as an Allow header value; undefined when no route matches. */
