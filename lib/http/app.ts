@@ -137,8 +137,8 @@ export interface ServiceApp {
  * Builds the client-facing service over a generation backend: the WebSocket protocol on
  * /v1/stream, the OpenAI-compatible API, health, readiness, metrics and the playground.
  *
- * The middleware, outermost first: request counter (http_metrics_middleware.ts), request id
- * and log (request_log_middleware.ts), tracing (tracing_middleware.ts), Host/Origin and CORS
+ * The middleware, outermost first: request counter (http_metrics_middleware.ts), tracing
+ * (tracing_middleware.ts), request id and log (request_log_middleware.ts), Host/Origin and CORS
  * (origin_middleware.ts), API keys (auth_middleware.ts), the JSON body limit (body_limit.ts);
  * error_mapping.ts turns what any of them or a route throws into the answer. Every route label
  * and 405 comes from one route table, hono's own (route_table.ts).
@@ -185,8 +185,8 @@ export function createApp(opts: AppOptions): ServiceApp {
   app.use(
     "*",
     httpMetricsMiddleware(metrics, routes),
-    requestLogMiddleware({ log: requestLog, records, routes, refuse: respond }),
     tracingMiddleware(records),
+    requestLogMiddleware({ log: requestLog, records, routes, refuse: respond }),
     ...originMiddleware(new OriginPolicy(opts.corsOrigins ?? [], opts.allowedHosts ?? [])),
     auth.middleware(),
     jsonBodyLimit(maxBodyBytes, routes),
