@@ -1,4 +1,4 @@
-import type { NatsConnection } from "@nats-io/transport-node";
+import type { BusConnection } from "./nats_connection.ts";
 import { decodeMessage, encodeMessage, InfoPart, InfoReply } from "./messages.ts";
 import { subjects } from "./subjects.ts";
 
@@ -41,7 +41,7 @@ export function fromBase64(text: string): Uint8Array {
  * wrong (a timeout, a malformed or inconsistent part, a malformed whole).
  */
 export async function requestInfo(
-  nc: NatsConnection,
+  nc: BusConnection,
   replica: string,
   timeoutMs: number,
 ): Promise<InfoReply> {

@@ -1,11 +1,38 @@
-import {
-  connect,
-  credsAuthenticator,
-  type Msg,
-  type NatsConnection,
-} from "@nats-io/transport-node";
+import { connect, credsAuthenticator, type NatsConnection } from "@nats-io/transport-node";
 
 export type { NatsConnection };
+
+/** A message as the cluster code reads it: a NATS `Msg` is one. */
+export interface BusMsg {
+  readonly subject: string;
+  readonly data: Uint8Array;
+  /** The inbox of a request; respond() publishes there (false when there is none). */
+  readonly reply?: string;
+  respond(data?: Uint8Array): boolean;
+}
+
+export interface BusSubscription {
+  unsubscribe(): void;
+}
+
+/**
+ * The part of the NATS client that the router, the replica agent and requestInfo() use: core
+ * publish/subscribe, request/reply (rejected at once when nobody listens, after `timeout`
+ * otherwise), flush, and the closed state. A NatsConnection is one; tests/_fake_nats.ts is an
+ * in-process one with the same semantics.
+ */
+export interface BusConnection {
+  /** The server's INFO (max_payload: the largest message it takes). */
+  readonly info?: { readonly max_payload: number };
+  publish(subject: string, data?: Uint8Array): void;
+  subscribe(
+    subject: string,
+    opts: { callback: (err: Error | null, msg: BusMsg) => void },
+  ): BusSubscription;
+  request(subject: string, data: Uint8Array, opts: { timeout: number }): Promise<BusMsg>;
+  flush(): Promise<void>;
+  isClosed(): boolean;
+}
 
 export interface NatsOptions {
   /** nats://[user:password@|token@]host:port, comma-separated for several servers. */
@@ -105,9 +132,9 @@ export async function connectNats(opts: NatsOptions): Promise<NatsConnection> {
  * still call it healthy. The error is reported instead.
  */
 export function guarded(
-  handler: (msg: Msg) => void,
+  handler: (msg: BusMsg) => void,
   report: (err: unknown) => void,
-): (err: Error | null, msg: Msg) => void {
+): (err: Error | null, msg: BusMsg) => void {
   return (err, msg) => {
     if (err !== null) return;
     try {

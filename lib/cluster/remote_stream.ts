@@ -1,9 +1,10 @@
 import type { GenerationEvent } from "../core/generation.ts";
+import type { StreamLoss } from "./stream_loss.ts";
 
 /** What a remote stream reads next: an event, or the news that the stream is lost. */
 export type StreamRead =
   | { readonly kind: "event"; readonly event: GenerationEvent }
-  | { readonly kind: "lost"; readonly reason: string };
+  | { readonly kind: "lost"; readonly loss: StreamLoss };
 
 export interface RemoteStreamOptions {
   readonly id: string;
@@ -38,7 +39,7 @@ export class RemoteStream {
   #nextSeq = 0;
   #consumed = 0;
   #granted: number;
-  #lost: string | undefined;
+  #lost: StreamLoss | undefined;
   #ended = false;
   #wake: (() => void) | undefined;
   readonly #window: number;
@@ -71,7 +72,7 @@ export class RemoteStream {
   onFrame(seq: number, event: GenerationEvent): void {
     if (this.#lost !== undefined || this.#ended) return;
     if (seq !== this.#nextSeq) {
-      this.lose(`frame ${seq} arrived where ${this.#nextSeq} was due (messages were lost)`);
+      this.lose({ kind: "frames_lost", replica: this.replica, seq, expected: this.#nextSeq });
       return;
     }
     this.#nextSeq++;
@@ -86,9 +87,9 @@ export class RemoteStream {
     this.lastActivity = this.#now();
   }
 
-  lose(reason: string): void {
+  lose(loss: StreamLoss): void {
     if (this.#lost !== undefined || this.#ended) return;
-    this.#lost = reason;
+    this.#lost = loss;
     this.#wakeUp();
   }
 
@@ -114,7 +115,7 @@ export class RemoteStream {
       await new Promise<void>((resolve) => this.#wake = resolve);
     }
     const event = this.#queue.shift();
-    if (event === undefined) return { kind: "lost", reason: this.#lost! };
+    if (event === undefined) return { kind: "lost", loss: this.#lost! };
     this.#consumed++;
     const upTo = this.#consumed + this.#window;
     if (!this.#ended && upTo - this.#granted >= this.#window / 2) {

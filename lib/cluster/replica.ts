@@ -1,4 +1,3 @@
-import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { GenerationBackend, GenerationEvent } from "../core/generation.ts";
 import {
   decodeMessage,
@@ -11,7 +10,14 @@ import {
 } from "./messages.ts";
 import { infoPartRanges, toBase64 } from "./info_parts.ts";
 import { subjects } from "./subjects.ts";
-import { cappedLog, guarded, type NatsOptions } from "./nats_connection.ts";
+import {
+  type BusConnection,
+  type BusMsg,
+  type BusSubscription,
+  cappedLog,
+  guarded,
+  type NatsOptions,
+} from "./nats_connection.ts";
 
 /** What a replica reports and serves, taken from the running server. */
 export interface ReplicaSource {
@@ -100,7 +106,7 @@ class ServedStream {
  */
 export class ReplicaAgent {
   readonly id: string;
-  readonly #nc: NatsConnection;
+  readonly #nc: BusConnection;
   readonly #src: ReplicaSource;
   readonly #heartbeatMs: number;
   readonly #maxHashes: number;
@@ -111,14 +117,14 @@ export class ReplicaAgent {
   readonly #peerLog: (line: string) => void;
   readonly #streams = new Map<string, ServedStream>();
   readonly #running = new Set<Promise<void>>();
-  #sub: Subscription | undefined;
+  #sub: BusSubscription | undefined;
   #timer: ReturnType<typeof setInterval> | undefined;
   #beat = 0;
   #draining = false;
   #worker: Worker | undefined;
   #info: { bytes: Uint8Array; ranges: Array<[number, number]> } | undefined;
 
-  constructor(nc: NatsConnection, source: ReplicaSource, opts: ReplicaAgentOptions) {
+  constructor(nc: BusConnection, source: ReplicaSource, opts: ReplicaAgentOptions) {
     this.#nc = nc;
     this.#src = source;
     this.id = opts.id;
@@ -257,7 +263,7 @@ export class ReplicaAgent {
     return this.#info;
   }
 
-  #onRequest(msg: Msg): void {
+  #onRequest(msg: BusMsg): void {
     const parsed = decodeMessage(ReplicaRequest, msg.data);
     if (!parsed.ok) {
       this.#peerLog(`replica ${this.id}: ignored a malformed request: ${parsed.error}`);
@@ -391,7 +397,9 @@ export class ReplicaAgent {
       requestId: m.requestId,
       logprobs: m.logprobs,
       cacheScope: m.cacheScope,
-      ...(m.constraint ? { constraint: m.constraint, constraintReplay: m.constraintReplay ?? 0 } : {}),
+      ...(m.constraint
+        ? { constraint: m.constraint, constraintReplay: m.constraintReplay ?? 0 }
+        : {}),
     }, s.ctrl.signal)[Symbol.asyncIterator]();
     try {
       for (;;) {

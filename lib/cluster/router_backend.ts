@@ -1,4 +1,3 @@
-import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import type {
   CoreStats,
   GenerationBackend,
@@ -6,7 +5,6 @@ import type {
   GenerationRequest,
 } from "../core/generation.ts";
 import { cacheScopeRoot, prefixBlockHashes } from "../core/block_allocator.ts";
-import type { LogitControls } from "../core/logit_controls.ts";
 import type { Counter, Gauge } from "../http/metrics.ts";
 import type { ServiceMetrics } from "../http/service_metrics.ts";
 import { PromptTokens } from "../serving/prompt_tokens.ts";
@@ -20,8 +18,10 @@ import {
   StreamFrame,
 } from "./messages.ts";
 import { requestInfo } from "./info_parts.ts";
-import { cappedLog, guarded } from "./nats_connection.ts";
+import { type BusConnection, type BusSubscription, cappedLog, guarded } from "./nats_connection.ts";
+import { type AttemptEnd, Failover, type GenerateBody } from "./failover.ts";
 import { RemoteStream } from "./remote_stream.ts";
+import { describeLoss, LOSS_LABEL, type StreamLoss } from "./stream_loss.ts";
 import { tokenizerFromWire } from "./tokenizer_wire.ts";
 import { ReplicaRegistry } from "./replica_registry.ts";
 import { chooseReplica, type RoutingPolicy } from "./routing.ts";
@@ -82,14 +82,12 @@ function routerMetrics(m: ServiceMetrics): RouterMetrics {
     lostStreams: r.counter(
       "llm_router_lost_streams_total",
       "Streams given up, by why (silent: no frame or heartbeat; gap: frames lost; " +
-        "no_progress: listed by its replica but no frame).",
+        "no_progress: listed by its replica but no frame; goodbye: its replica stopped; " +
+        "refused: overloaded or draining before it began).",
       ["why"],
     ),
   };
 }
-
-/** Starts the reason of a stream lost for making no progress (its replica is avoided). */
-const NO_PROGRESS = "no progress";
 
 /** How long after opening a stream its replica's heartbeats may still omit it. */
 const UNLISTED_GRACE_MS = 5000;
@@ -100,12 +98,8 @@ const delay = (ms: number) => new Promise((r) => setTimeout(r, ms));
  * The router's GenerationBackend: the HTTP app (WebSocket, OpenAI routes, metrics, playground,
  * API keys) runs over it unchanged, and each generation goes to a replica over NATS.
  *
- * Failover is exact: the router keeps every token id it delivered, and when the stream is lost
- * it sends prompt + those ids to another replica with the same seed and max_tokens less what
- * was delivered. The sampler draws from (seed, position) and the position of the next token is
- * unchanged, so the continuation is the one the lost replica would have produced. Stop strings
- * stay exact too: a replica never sends text that could begin a stop string (it holds such text
- * back with its ids), so what was delivered holds no partial match.
+ * Failover is exact (failover.ts): a lost stream (stream_loss.ts says why) is resubmitted to
+ * another replica as prompt + the tokens delivered, with the same seed.
  */
 export class RouterBackend implements GenerationBackend {
   readonly id = randomId("router");
@@ -118,7 +112,7 @@ export class RouterBackend implements GenerationBackend {
   readonly registry: ReplicaRegistry;
   /** Generations resubmitted after a loss (for tests and the closing log). */
   failovers = 0;
-  readonly #nc: NatsConnection;
+  readonly #nc: BusConnection;
   readonly specialTokens: readonly string[];
   readonly #prompts: PromptTokens;
   readonly #policy: RoutingPolicy;
@@ -130,16 +124,16 @@ export class RouterBackend implements GenerationBackend {
   readonly #log: (line: string) => void;
   readonly #peerLog: (line: string) => void;
   readonly #streams = new Map<string, RemoteStream>();
-  readonly #subs: Subscription[];
+  readonly #subs: BusSubscription[];
   readonly #timer: ReturnType<typeof setInterval>;
   #turn = 0;
   #lastWatch = performance.now();
 
   private constructor(
-    nc: NatsConnection,
+    nc: BusConnection,
     info: InfoReply,
     registry: ReplicaRegistry,
-    announcements: Subscription,
+    announcements: BusSubscription,
     opts: RouterOptions,
   ) {
     this.#nc = nc;
@@ -183,7 +177,7 @@ export class RouterBackend implements GenerationBackend {
    * replica to answer an info request, which gives the model's name, context and vocabulary.
    */
   static async start(
-    nc: NatsConnection,
+    nc: BusConnection,
     opts: RouterOptions & {
       waitMs?: number;
       staleAfterMs?: number;
@@ -324,7 +318,7 @@ export class RouterBackend implements GenerationBackend {
   #onGoodbye(replica: string): void {
     this.registry.onGoodbye(replica);
     for (const s of this.#streams.values()) {
-      if (s.replica === replica) s.lose(`replica ${replica} said goodbye`);
+      if (s.replica === replica) s.lose({ kind: "replica_gone", replica });
     }
   }
 
@@ -342,19 +336,9 @@ export class RouterBackend implements GenerationBackend {
     for (const s of this.#streams.values()) {
       if (s.lost || s.ended) continue;
       if (now - s.lastActivity > this.#streamTimeoutMs) {
-        this.#metrics?.lostStreams.inc({ why: "silent" });
-        s.lose(
-          `no frame and no heartbeat from replica ${s.replica} for ${
-            Math.round(now - s.lastActivity)
-          } ms`,
-        );
+        s.lose({ kind: "timed_out", replica: s.replica, silentMs: now - s.lastActivity });
       } else if (now - s.lastFrameAt > this.#progressTimeoutMs) {
-        this.#metrics?.lostStreams.inc({ why: "no_progress" });
-        s.lose(
-          `${NO_PROGRESS}: replica ${s.replica} lists the stream but sent no frame for ${
-            Math.round(now - s.lastFrameAt)
-          } ms`,
-        );
+        s.lose({ kind: "no_progress", replica: s.replica, quietMs: now - s.lastFrameAt });
       } else if (now - s.lastGrantAt > 500 && now - s.lastFrameAt > 250) {
         // Heartbeats listing the stream keep lastActivity fresh: quiet means no frame.
         s.regrant();
@@ -401,7 +385,7 @@ export class RouterBackend implements GenerationBackend {
    */
   #open(
     replica: string,
-    body: Omit<Generate, "type" | "stream" | "replyTo" | "credit">,
+    body: GenerateBody,
   ): RemoteStream | Extract<GenerationEvent, { type: "error" }> {
     const id = randomId("s");
     const msg: Generate = {
@@ -457,52 +441,20 @@ export class RouterBackend implements GenerationBackend {
   }
 
   async *#generate(req: GenerationRequest, signal: AbortSignal): AsyncGenerator<GenerationEvent> {
-    const t0 = performance.now();
     const promptIds = typeof req.prompt === "string"
       ? this.#prompts.encode(req.prompt, req.parseSpecialTokens ?? false)
       : [...req.prompt];
-    const delivered: number[] = [];
-    const refused = new Set<string>();
-    let refusal: Extract<GenerationEvent, { type: "error" }> | undefined;
-    let started = false;
-    let firstTokenAt: number | undefined;
-    let waitingSince: number | undefined;
+    const f = new Failover(req, promptIds);
     let current: RemoteStream | undefined;
     const onAbort = () => {
       if (current !== undefined && !current.lost) this.#cancel(current, "cancel");
     };
     signal.addEventListener("abort", onAbort, { once: true });
-    const cancelled = (): GenerationEvent => ({
-      type: "done",
-      finishReason: "cancelled",
-      usage: {
-        promptTokens: promptIds.length,
-        completionTokens: delivered.length,
-        cachedTokens: 0,
-      },
-      timings: routerTimings(t0, firstTokenAt, delivered.length),
-    });
     try {
       for (;;) {
-        if (signal.aborted) {
-          yield cancelled();
-          return;
-        }
-        const left = req.maxTokens - delivered.length;
-        if (left <= 0) {
-          yield {
-            type: "done",
-            finishReason: "length",
-            usage: {
-              promptTokens: promptIds.length,
-              completionTokens: delivered.length,
-              cachedTokens: 0,
-            },
-            timings: routerTimings(t0, firstTokenAt, delivered.length),
-          };
-          return;
-        }
-        const prompt = delivered.length === 0 ? promptIds : [...promptIds, ...delivered];
+        if (signal.aborted) return yield f.finish("cancelled");
+        if (f.left <= 0) return yield f.finish("length");
+        const prompt = f.prompt();
         const hashes = new Map<number, number[]>();
         const hashesFor = (blockSize: number) => {
           let h = hashes.get(blockSize);
@@ -512,165 +464,63 @@ export class RouterBackend implements GenerationBackend {
           }
           return h;
         };
-        const choice = chooseReplica(this.registry.candidates(hashesFor, refused), {
+        const choice = chooseReplica(this.registry.candidates(hashesFor, f.avoid), {
           policy: this.#policy,
           turn: this.#turn++,
         });
         if (choice.kind !== "replica") {
-          if (!started) {
-            // Nothing was sent to the client yet: a clear refusal beats a long wait.
-            yield refusal ?? {
-              type: "error",
-              code: "overloaded",
-              message: choice.kind === "overloaded"
-                ? "Every replica is at its request limit; retry shortly"
-                : "No replica is available; retry shortly",
-            };
-            return;
-          }
-          // Mid-stream: the client sees a pause while a replica comes back.
-          waitingSince ??= performance.now();
-          if (performance.now() - waitingSince > this.#failoverWaitMs) {
-            yield {
-              type: "error",
-              code: "internal",
-              message: `The replica serving this generation was lost and no other one took it ` +
-                `over within ${this.#failoverWaitMs / 1000} s`,
-            };
-            return;
-          }
-          refused.clear();
+          const end = f.noReplica(choice.kind, this.#failoverWaitMs);
+          if (end !== undefined) return yield end;
           await delay(100);
           continue;
         }
-        waitingSince = undefined;
+        f.chosen();
         this.registry.noteRouted(
           choice.id,
           hashesFor(this.registry.get(choice.id)!.heartbeat.prefix.blockSize),
         );
         this.#metrics?.routed.inc({ reason: choice.reason });
         this.#metrics?.byReplica.inc({ replica: choice.id });
-        const opened = this.#open(choice.id, {
-          prompt,
-          maxTokens: left,
-          sampling: req.sampling,
-          stop: [...req.stop],
-          stopTokenIds: req.stopTokenIds === undefined ? undefined : [...req.stopTokenIds],
-          ...(req.ignoreEos ? { ignoreEos: true } : {}),
-          ...(req.controls !== undefined ? { controls: wireControls(req.controls) } : {}),
-          ...(delivered.length > 0 ? { generated: (req.generated ?? 0) + delivered.length } : {}),
-          ...(req.topLogprobs ? { topLogprobs: req.topLogprobs } : {}),
-          priority: req.priority,
-          requestId: req.requestId,
-          logprobs: req.logprobs ?? false,
-          cacheScope: req.cacheScope,
-          // The grammar must read what was delivered before it samples again.
-          ...(req.constraint
-            ? {
-              constraint: req.constraint,
-              constraintReplay: (req.constraintReplay ?? 0) + delivered.length,
-            }
-            : {}),
-        });
-        if (!(opened instanceof RemoteStream)) {
-          yield opened;
-          return;
-        }
+        const opened = this.#open(choice.id, f.request());
+        if (!(opened instanceof RemoteStream)) return yield opened;
         const stream = current = opened;
-        const before = delivered.length;
-        let lostWhy: string | undefined;
+        let end: AttemptEnd;
         try {
-          for (;;) {
-            const r = await stream.read();
-            if (r.kind === "lost") {
-              lostWhy = r.reason;
-              break;
-            }
-            const ev = r.event;
-            if (ev.type === "started") {
-              if (!started) {
-                started = true;
-                yield { type: "started", promptTokens: promptIds.length };
-              }
-            } else if (ev.type === "token") {
-              // After a cancel the replica may still send what it made before the cancel
-              // reached it: the client gets none of it, and its usage counts none of it.
-              if (signal.aborted) continue;
-              delivered.push(...ev.ids);
-              firstTokenAt ??= performance.now();
-              yield ev;
-            } else if (ev.type === "done") {
-              yield {
-                type: "done",
-                finishReason: ev.finishReason,
-                usage: {
-                  promptTokens: promptIds.length,
-                  completionTokens: ev.finishReason === "cancelled" || signal.aborted
-                    ? delivered.length
-                    : before + ev.usage.completionTokens,
-                  cachedTokens: before === 0 ? ev.usage.cachedTokens : 0,
-                },
-                timings: {
-                  ...ev.timings,
-                  timeToFirstTokenMs: (firstTokenAt ?? performance.now()) - t0,
-                  totalMs: performance.now() - t0,
-                },
-              };
-              return;
-            } else {
-              if (!started && (ev.code === "overloaded" || ev.code === "draining")) {
-                // Refused before it began: another replica may take it.
-                refused.add(choice.id);
-                refusal = { ...ev, code: "overloaded" };
-                break;
-              }
-              yield ev;
-              return;
-            }
-          }
+          end = yield* f.attempt(stream, signal);
         } finally {
           this.#close(stream);
           // Leaving early (client gone) or giving the stream up: the replica frees it.
           if (!stream.ended) this.#cancel(stream, "gone");
           current = undefined;
         }
-        if (lostWhy !== undefined) {
-          if (lostWhy.includes("arrived where")) this.#metrics?.lostStreams.inc({ why: "gap" });
-          // A replica that stopped making progress may look healthy: not this one again.
-          if (lostWhy.startsWith(NO_PROGRESS)) refused.add(choice.id);
-          if (signal.aborted) continue;
-          this.failovers++;
-          this.#metrics?.failovers.inc();
-          this.#log(
-            `router: ${req.requestId}: stream on ${choice.id} lost (${lostWhy}); resubmitting ` +
-              `prompt + ${delivered.length} tokens`,
-          );
-        }
+        if (end.kind === "final") return;
+        this.#lost(req, f, end.loss, signal);
       }
     } finally {
       signal.removeEventListener("abort", onAbort);
     }
   }
-}
 
-function routerTimings(t0: number, first: number | undefined, generated: number) {
-  const end = performance.now();
-  const tFirst = first ?? end;
-  const decodeMs = end - tFirst;
-  return {
-    queuedMs: 0,
-    prefillMs: tFirst - t0,
-    timeToFirstTokenMs: tFirst - t0,
-    decodeMs,
-    totalMs: end - t0,
-    decodeTokensPerSecond: generated > 1 && decodeMs > 0 ? ((generated - 1) * 1000) / decodeMs : 0,
-  };
-}
-
-/** GenerationRequest.controls as the Generate message carries them. */
-function wireControls(c: LogitControls): NonNullable<Generate["controls"]> {
-  const { logitBias, ...rest } = c;
-  return logitBias === undefined
-    ? rest
-    : { ...rest, logitBias: logitBias.map(([id, b]) => [id, b] as [number, number]) };
+  /** One attempt lost: counted by kind, logged, and (unless refused) a failover. */
+  #lost(req: GenerationRequest, f: Failover, loss: StreamLoss, signal: AbortSignal): void {
+    f.lost(loss);
+    this.#metrics?.lostStreams.inc({ why: LOSS_LABEL[loss.kind] });
+    if (loss.kind === "refused" || signal.aborted) return;
+    if (f.left <= 0) {
+      // Lost after its last token (the final frame): nothing is left to resubmit.
+      this.#log(
+        `router: ${req.requestId}: stream on ${loss.replica} lost (${loss.kind}: ${
+          describeLoss(loss)
+        }) after all ${f.delivered.length} tokens; ending it here`,
+      );
+      return;
+    }
+    this.failovers++;
+    this.#metrics?.failovers.inc();
+    this.#log(
+      `router: ${req.requestId}: stream on ${loss.replica} lost (${loss.kind}: ${
+        describeLoss(loss)
+      }); resubmitting prompt + ${f.delivered.length} tokens`,
+    );
+  }
 }

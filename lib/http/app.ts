@@ -1,24 +1,27 @@
 import { Hono } from "hono";
-import { upgradeWebSocket } from "@hono/node-server";
-import { cors } from "hono/cors";
-import type { WSContext } from "hono/ws";
 import { trace, type Tracer } from "@opentelemetry/api";
 import type { GenerationBackend } from "../core/generation.ts";
-import { ApiKeyVerifier, keyScope, parseAuthorization } from "./auth.ts";
+import { ApiKeyVerifier } from "./auth.ts";
+import { ApiKeyAuth } from "./auth_middleware.ts";
+import { jsonBodyLimit } from "./body_limit.ts";
 import { createChatRenderer } from "./chat_template.ts";
-import { ApiError, toApiError } from "./errors.ts";
-import type { FrameSocket } from "./frame_writer.ts";
+import { errorResponder, installErrorMapping } from "./error_mapping.ts";
 import { registerHealthRoutes } from "./health_routes.ts";
+import { httpMetricsMiddleware } from "./http_metrics_middleware.ts";
 import { InFlightRegistry } from "./inflight.ts";
 import { OriginPolicy } from "./origin.ts";
+import { originMiddleware } from "./origin_middleware.ts";
 import { type OpenAiHandler, openAiHandler, registerOpenAiRoutes } from "./openai_routes.ts";
 import { PLAYGROUND_HTML } from "./playground.html.ts";
-import { ServiceMetrics } from "./service_metrics.ts";
-import { isValidRequestId, newRequestId, RequestLog, type RequestRecord } from "./request_log.ts";
-import { registerTokenizeRoutes } from "./tokenize_routes.ts";
 import { registerPropsRoute, type ServerProps } from "./props_route.ts";
+import { RequestLog } from "./request_log.ts";
+import { requestLogMiddleware, RequestRecords } from "./request_log_middleware.ts";
+import { RouteTable } from "./route_table.ts";
+import { ServiceMetrics } from "./service_metrics.ts";
+import { registerStreamRoute } from "./stream_route.ts";
+import { registerTokenizeRoutes } from "./tokenize_routes.ts";
+import { tracingMiddleware } from "./tracing_middleware.ts";
 import type { GenerationDeps } from "./tracked_generation.ts";
-import { CLOSE_GOING_AWAY, StreamSession } from "./ws_session.ts";
 
 export interface AppOptions {
   readonly backend: GenerationBackend;
@@ -131,61 +134,26 @@ export interface ServiceApp {
 }
 
 /**
- * Every route and its methods: the routes get their own label in llm_http_requests_total
- * (others are "unmatched"), and another method on them is answered 405 with `Allow`.
- */
-const ROUTE_METHODS: Record<string, string> = {
-  "/": "GET, HEAD",
-  "/health": "GET, HEAD",
-  "/ready": "GET, HEAD",
-  "/metrics": "GET, HEAD",
-  "/v1/stream": "GET",
-  "/v1/models": "GET, HEAD",
-  "/v1/completions": "POST",
-  "/v1/chat/completions": "POST",
-  "/tokenize": "POST",
-  "/detokenize": "POST",
-  "/props": "GET, HEAD",
-};
-const ROUTES = new Set(Object.keys(ROUTE_METHODS));
-
-function frameSocket(ws: WSContext): FrameSocket {
-  const raw = ws.raw as { bufferedAmount?: number } | undefined;
-  return {
-    send: (text) => ws.send(text),
-    // Deno's WebSocket counts bytes handed to send() and not yet written to the network.
-    get bufferedAmount() {
-      return raw?.bufferedAmount ?? 0;
-    },
-    get isOpen() {
-      return ws.readyState === 1;
-    },
-    close: (code, reason) => ws.close(code, reason),
-  };
-}
-
-/**
  * Builds the client-facing service over a generation backend: the WebSocket protocol on
  * /v1/stream, the OpenAI-compatible API, health, readiness, metrics and the playground.
+ *
+ * The middleware, outermost first: request counter (http_metrics_middleware.ts), tracing
+ * (tracing_middleware.ts), request id and log (request_log_middleware.ts), Host/Origin and CORS
+ * (origin_middleware.ts), API keys (auth_middleware.ts), the JSON body limit (body_limit.ts);
+ * error_mapping.ts turns what any of them or a route throws into the answer. Every route label
+ * and 405 comes from one route table, hono's own (route_table.ts).
  */
 export function createApp(opts: AppOptions): ServiceApp {
   const backend = opts.backend;
   const metrics = opts.metrics ?? new ServiceMetrics();
   const tracer = opts.tracer ?? trace.getTracer("llmserve");
   const inflight = new InFlightRegistry();
-  const keys = new ApiKeyVerifier(opts.apiKeys ?? []);
-  const origins = new OriginPolicy(opts.corsOrigins ?? [], opts.allowedHosts ?? []);
-  const openPaths = new Set(opts.openPaths ?? ["/", "/health", "/ready"]);
-  if (opts.metricsPublic === true) openPaths.add("/metrics");
+  const maxBodyBytes = opts.maxBodyBytes ?? 1 << 20;
+  const defaultCompletionMaxTokens = opts.defaultCompletionMaxTokens ?? 16;
   const servedModelNames = opts.servedModelNames?.length
     ? [...opts.servedModelNames]
     : [backend.modelName];
   const requestLog = opts.requestLog ?? new RequestLog();
-  const records = new WeakMap<Request, RequestRecord>();
-  /** Each authenticated request's cache scope (with --cache-scope key). */
-  const scopes = new WeakMap<Request, string>();
-  const scopeByKey = opts.cacheScope !== "global";
-  const retryAfter = String(opts.retryAfterSeconds ?? 1);
   const renderChat = createChatRenderer({
     template: backend.chatTemplate,
     bosToken: backend.bosToken,
@@ -194,11 +162,35 @@ export function createApp(opts: AppOptions): ServiceApp {
   });
   let loaded = opts.ready ?? true;
   let draining = false;
-  const sessions = new Set<StreamSession>();
-  /** Open WebSockets by client address. */
-  const socketsByClient = new Map<string, number>();
-  const maxPerClient = opts.wsMaxPerClient ?? 256;
-  let sessionCounter = 0;
+
+  const app = new Hono();
+  const routes = new RouteTable(() => app.routes);
+  const records = new RequestRecords();
+  const respond = errorResponder({
+    metrics,
+    records,
+    routes,
+    retryAfterSeconds: opts.retryAfterSeconds ?? 1,
+  });
+  installErrorMapping(app, respond, routes);
+  const openPaths = new Set(opts.openPaths ?? ["/", "/health", "/ready"]);
+  if (opts.metricsPublic === true) openPaths.add("/metrics");
+  const auth = new ApiKeyAuth({
+    keys: new ApiKeyVerifier(opts.apiKeys ?? []),
+    openPaths,
+    scopeByKey: opts.cacheScope !== "global",
+  });
+  const scopeOf = (req: Request) => auth.scopeOf(req);
+
+  app.use(
+    "*",
+    httpMetricsMiddleware(metrics, routes),
+    tracingMiddleware(records),
+    requestLogMiddleware({ log: requestLog, records, routes, refuse: respond }),
+    ...originMiddleware(new OriginPolicy(opts.corsOrigins ?? [], opts.allowedHosts ?? [])),
+    auth.middleware(),
+    jsonBodyLimit(maxBodyBytes, routes),
+  );
 
   const deps: GenerationDeps = {
     backend,
@@ -222,116 +214,6 @@ export function createApp(opts: AppOptions): ServiceApp {
     },
   };
 
-  const app = new Hono();
-
-  const errorResponse = (e: ApiError, req: Request): Response => {
-    metrics.errors.inc({ code: e.code });
-    const record = records.get(req);
-    if (record) record.code = e.code;
-    const headers: Record<string, string> = {};
-    if (e.status === 503) headers["retry-after"] = retryAfter;
-    if (e.status === 401) headers["www-authenticate"] = 'Bearer realm="llmserve"';
-    if (e.code === "upgrade_required") headers["sec-websocket-version"] = "13";
-    if (e.code === "method_not_allowed") headers["allow"] = allowedMethods(new URL(req.url).pathname)!;
-    return Response.json(e.toJSON(), { status: e.status, headers });
-  };
-  const allowedMethods = (path: string): string | undefined =>
-    ROUTE_METHODS[path] ?? (path.startsWith("/v1/models/") ? "GET, HEAD" : undefined);
-  app.onError((err, c) => errorResponse(toApiError(err), c.req.raw));
-  app.notFound((c) => {
-    const allow = allowedMethods(c.req.path);
-    return errorResponse(
-      allow === undefined
-        ? new ApiError("not_found", `No route for ${c.req.method} ${c.req.path}`)
-        : new ApiError(
-          "method_not_allowed",
-          `${c.req.path} does not take ${c.req.method}; use ${allow}`,
-        ),
-      c.req.raw,
-    );
-  });
-
-  // Request id, request log and request counter: first, so they see every answer, errors
-  // and refusals included.
-  app.use("*", async (c, next) => {
-    const route = ROUTES.has(c.req.path) ? c.req.path : "unmatched";
-    const asked = c.req.header("x-request-id");
-    const valid = asked !== undefined && isValidRequestId(asked);
-    const record = valid
-      ? requestLog.record(asked, c.req.method, route)
-      : requestLog.record(newRequestId(), c.req.method, route, true);
-    records.set(c.req.raw, record);
-    // Under OTEL_DENO this is Deno.serve's HTTP span; the llm.request span carries it too.
-    trace.getActiveSpan()?.setAttribute("llm.request.id", record.id);
-    if (asked !== undefined && !valid) {
-      c.res = errorResponse(
-        new ApiError(
-          "invalid_request",
-          `Invalid 'x-request-id' header: expected 1 to 128 visible ASCII characters, received ${
-            JSON.stringify(asked.slice(0, 60))
-          }`,
-          "x-request-id",
-        ),
-        c.req.raw,
-      );
-    } else {
-      await next();
-    }
-    try {
-      c.res.headers.set("x-request-id", record.id);
-    } catch {
-      // A WebSocket upgrade's headers are immutable; the socket's frames carry ids instead.
-    }
-    metrics.httpRequests.inc({ method: c.req.method, route, status: String(c.res.status) });
-    record.responded(c.res.status);
-  });
-
-  // Host and Origin before anything else, the open paths included: a rebinding page must not
-  // read /metrics or load the playground under its own name either.
-  app.use("*", async (c, next) => {
-    const refusal = origins.check(c.req.header("host"), c.req.header("origin"));
-    if (refusal !== null) {
-      throw new ApiError(
-        origins.hostAllowed(c.req.header("host") ?? "") ? "forbidden_origin" : "forbidden_host",
-        refusal,
-      );
-    }
-    await next();
-  });
-  // Listed cross-origin pages get CORS headers and their preflights answered.
-  app.use(
-    "*",
-    cors({
-      origin: (origin) => (origins.isListed(origin) ? origin : null),
-      allowMethods: ["GET", "POST", "OPTIONS"],
-      allowHeaders: ["authorization", "content-type", "x-request-id"],
-      exposeHeaders: ["retry-after", "x-request-id"],
-      maxAge: 600,
-    }),
-  );
-
-  app.use("*", async (c, next) => {
-    if (!keys.enabled || openPaths.has(c.req.path)) return await next();
-    const auth = parseAuthorization(c.req.header("authorization"));
-    let token = auth.kind === "token" ? auth.token : null;
-    // Browsers cannot set headers on a WebSocket, so the socket may carry the key in its URL.
-    if (auth.kind === "missing" && c.req.path === "/v1/stream") {
-      token = c.req.query("api_key") ?? null;
-    }
-    if (!(await keys.verify(token))) {
-      throw new ApiError(
-        "unauthorized",
-        auth.kind === "malformed"
-          ? auth.problem
-          : token === null
-          ? "Missing API key: send the header 'Authorization: Bearer <key>'"
-          : "Invalid API key",
-      );
-    }
-    if (scopeByKey && token !== null) scopes.set(c.req.raw, await keyScope(token));
-    await next();
-  });
-
   app.get("/", (c) => c.html(PLAYGROUND_HTML));
   registerHealthRoutes(app, {
     backend,
@@ -342,143 +224,39 @@ export function createApp(opts: AppOptions): ServiceApp {
   });
   const openAiOpts = {
     renderChat,
-    maxBodyBytes: opts.maxBodyBytes ?? 1 << 20,
-    defaultCompletionMaxTokens: opts.defaultCompletionMaxTokens ?? 16,
+    maxBodyBytes,
+    defaultCompletionMaxTokens,
     createdAt: Math.floor(Date.now() / 1000),
     servedModelNames,
-    recordOf: (req: Request) => records.get(req),
-    scopeOf: (req: Request) => scopes.get(req),
+    recordOf: (req: Request) => records.of(req),
+    scopeOf,
     stallTimeoutMs: opts.wsStallTimeoutMs ?? 60_000,
   };
   registerOpenAiRoutes(app, deps, openAiOpts);
-  opts.extend?.(app, {
-    openAi: openAiHandler(deps, openAiOpts),
-    scopeOf: openAiOpts.scopeOf,
-    maxBodyBytes: openAiOpts.maxBodyBytes,
-  });
-  registerTokenizeRoutes(app, {
-    backend,
-    renderChat,
-    maxBodyBytes: opts.maxBodyBytes ?? 1 << 20,
-    servedModelNames,
-  });
+  opts.extend?.(app, { openAi: openAiHandler(deps, openAiOpts), scopeOf, maxBodyBytes });
+  registerTokenizeRoutes(app, { backend, renderChat, maxBodyBytes, servedModelNames });
   registerPropsRoute(app, {
     backend,
     servedModelNames,
     props: opts.props ?? {},
     limits: {
-      max_body_bytes: opts.maxBodyBytes ?? 1 << 20,
+      max_body_bytes: maxBodyBytes,
       max_frame_bytes: sessionOpts.maxFrameBytes,
       max_generations_per_socket: sessionOpts.maxGenerationsPerSocket,
-      default_completion_max_tokens: opts.defaultCompletionMaxTokens ?? 16,
+      default_completion_max_tokens: defaultCompletionMaxTokens,
     },
     isLoaded: () => loaded,
   });
-
-  // Refusals of an upgrade go out as the status and headers alone (ws writes them on the raw
-  // socket), so each has its own status.
-  app.get("/v1/stream", async (c, next) => {
-    if (c.req.header("upgrade")?.toLowerCase() !== "websocket") return await next();
-    if (draining) {
-      throw new ApiError(
-        "draining",
-        "The server is shutting down and accepts no new WebSockets; retry on another instance",
-      );
-    }
-    // Without it node:http hands the request over as a plain one, on which the upgrade failed
-    // with 500.
-    const connection = c.req.header("connection") ?? "";
-    if (!connection.split(",").some((t) => t.trim().toLowerCase() === "upgrade")) {
-      throw new ApiError(
-        "invalid_request",
-        `A WebSocket upgrade needs the header 'Connection: Upgrade'; received ${
-          JSON.stringify(connection.slice(0, 60) || "none")
-        }`,
-      );
-    }
-    const key = c.req.header("sec-websocket-key");
-    if (key === undefined || !/^[A-Za-z0-9+/]{22}==$/.test(key)) {
-      throw new ApiError(
-        "invalid_request",
-        `A WebSocket upgrade needs a Sec-WebSocket-Key of 16 base64 bytes; received ${
-          key === undefined ? "none" : JSON.stringify(key.slice(0, 40))
-        }`,
-      );
-    }
-    if (c.req.header("sec-websocket-version") !== "13") {
-      throw new ApiError(
-        "upgrade_required",
-        `Only WebSocket version 13 is supported; received ${
-          JSON.stringify(c.req.header("sec-websocket-version") ?? "none")
-        }`,
-      );
-    }
-    const client = remoteAddress(c.env);
-    if (client !== undefined && (socketsByClient.get(client) ?? 0) >= maxPerClient) {
-      throw new ApiError(
-        "too_many_connections",
-        `This client already holds ${maxPerClient} WebSockets, the most one address may ` +
-          "open; close one (several generations can share a socket)",
-      );
-    }
-    await next();
+  const sockets = registerStreamRoute(app, {
+    deps,
+    session: sessionOpts,
+    maxPerClient: opts.wsMaxPerClient ?? 256,
+    isDraining: () => draining,
+    requestIdOf: (req) => records.of(req)?.id,
+    scopeOf,
   });
-  app.get(
-    "/v1/stream",
-    upgradeWebSocket((c) => {
-      let session: StreamSession | undefined;
-      const client = remoteAddress(c.env);
-      let counted = false;
-      // The socket's generations log and trace as "<upgrade's request id>.<n>/<client id>".
-      const sessionId = records.get(c.req.raw)?.id ?? `ws${++sessionCounter}`;
-      const open = (ws: WSContext) => {
-        if (session === undefined) {
-          session = new StreamSession(
-            deps,
-            sessionOpts,
-            frameSocket(ws),
-            sessionId,
-            scopes.get(c.req.raw),
-          );
-          sessions.add(session);
-          if (client !== undefined) {
-            counted = true;
-            socketsByClient.set(client, (socketsByClient.get(client) ?? 0) + 1);
-          }
-        }
-        return session;
-      };
-      return {
-        onOpen: (_evt, ws) => void open(ws),
-        onMessage: (evt, ws) => open(ws).onMessage(evt.data),
-        onClose: () => {
-          if (counted && client !== undefined) {
-            counted = false;
-            const n = (socketsByClient.get(client) ?? 1) - 1;
-            if (n <= 0) socketsByClient.delete(client);
-            else socketsByClient.set(client, n);
-          }
-          if (session === undefined) return;
-          session.onClose();
-          sessions.delete(session);
-        },
-      };
-    }),
-    () => {
-      throw new ApiError(
-        "upgrade_required",
-        "GET /v1/stream is a WebSocket endpoint; connect with a WebSocket client " +
-          "(header 'Upgrade: websocket')",
-      );
-    },
-  );
 
   const hurried = new AbortController();
-  const closeAll = () => {
-    for (const s of sessions) s.close(CLOSE_GOING_AWAY, "server is shutting down");
-    sessions.clear();
-  };
-
   return {
     app,
     fetch: (req, info) => app.fetch(req, info as never),
@@ -496,7 +274,7 @@ export function createApp(opts: AppOptions): ServiceApp {
         // the second past the deadline that the drain may take).
         await inflight.whenIdle(500);
       }
-      closeAll();
+      sockets.closeAll();
       return { completed, aborted };
     },
     hurry() {
@@ -512,15 +290,8 @@ export function createApp(opts: AppOptions): ServiceApp {
       return inflight.size;
     },
     get sockets() {
-      return sessions.size;
+      return sockets.size;
     },
-    close: closeAll,
+    close: () => sockets.closeAll(),
   };
-}
-
-/** The client's address from @hono/node-server's env (absent under app.request in tests). */
-function remoteAddress(env: unknown): string | undefined {
-  const incoming = (env as { incoming?: { socket?: { remoteAddress?: string } } } | undefined)
-    ?.incoming;
-  return incoming?.socket?.remoteAddress;
 }

@@ -86,7 +86,8 @@ async function readLimited(req: Request, maxBytes: number): Promise<string> {
   }
 }
 
-function tooLarge(bytes: number, maxBytes: number, atLeast = false): ApiError {
+/** The 413 of a body over `maxBytes` (`atLeast`: counted while streaming, not declared). */
+export function tooLarge(bytes: number, maxBytes: number, atLeast = false): ApiError {
   return new ApiError(
     "payload_too_large",
     `Request body is ${atLeast ? "more than " : ""}${atLeast ? maxBytes : bytes} bytes; ` +

@@ -1,0 +1,54 @@
+import type { MiddlewareHandler } from "hono";
+import { type ApiKeyVerifier, keyScope, parseAuthorization } from "./auth.ts";
+import { ApiError } from "./errors.ts";
+
+export interface AuthOptions {
+  readonly keys: ApiKeyVerifier;
+  /** Paths served without a key. */
+  readonly openPaths: ReadonlySet<string>;
+  /** Give each key its own cache scope (--cache-scope key). */
+  readonly scopeByKey: boolean;
+}
+
+/**
+ * API-key authentication: a request off the open paths needs `Authorization: Bearer <key>`
+ * (a WebSocket upgrade may carry it as `?api_key=`, since browsers cannot set headers on a
+ * socket). With scopes by key it remembers each authenticated request's cache scope.
+ */
+export class ApiKeyAuth {
+  readonly #o: AuthOptions;
+  readonly #scopes = new WeakMap<Request, string>();
+
+  constructor(o: AuthOptions) {
+    this.#o = o;
+  }
+
+  /** The cache scope of an authenticated request (with --cache-scope key). */
+  scopeOf(req: Request): string | undefined {
+    return this.#scopes.get(req);
+  }
+
+  middleware(): MiddlewareHandler {
+    const { keys, openPaths, scopeByKey } = this.#o;
+    return async (c, next) => {
+      if (!keys.enabled || openPaths.has(c.req.path)) return await next();
+      const auth = parseAuthorization(c.req.header("authorization"));
+      let token = auth.kind === "token" ? auth.token : null;
+      if (auth.kind === "missing" && c.req.path === "/v1/stream") {
+        token = c.req.query("api_key") ?? null;
+      }
+      if (!(await keys.verify(token))) {
+        throw new ApiError(
+          "unauthorized",
+          auth.kind === "malformed"
+            ? auth.problem
+            : token === null
+            ? "Missing API key: send the header 'Authorization: Bearer <key>'"
+            : "Invalid API key",
+        );
+      }
+      if (scopeByKey && token !== null) this.#scopes.set(c.req.raw, await keyScope(token));
+      await next();
+    };
+  }
+}

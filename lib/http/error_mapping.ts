@@ -1,0 +1,59 @@
+import type { Hono } from "hono";
+import { ApiError, toApiError } from "./errors.ts";
+import type { RequestRecords } from "./request_log_middleware.ts";
+import type { RouteTable } from "./route_table.ts";
+import type { ServiceMetrics } from "./service_metrics.ts";
+
+export interface ErrorMappingOptions {
+  readonly metrics: ServiceMetrics;
+  readonly records: RequestRecords;
+  readonly routes: RouteTable;
+  /** Retry-After seconds on 503 overloaded/draining. */
+  readonly retryAfterSeconds: number;
+}
+
+/** Answers an ApiError: its JSON body, status and the headers its code calls for. */
+export type ErrorResponder = (e: ApiError, req: Request) => Response;
+
+/**
+ * The one place an error becomes a response: counted in llm_errors_total, its code put on the
+ * request's log record, and the headers it needs (Retry-After on 503, WWW-Authenticate on
+ * 401, Sec-WebSocket-Version on 426, Allow on 405 from the route table).
+ */
+export function errorResponder(o: ErrorMappingOptions): ErrorResponder {
+  const retryAfter = String(o.retryAfterSeconds);
+  return (e, req) => {
+    o.metrics.errors.inc({ code: e.code });
+    const record = o.records.of(req);
+    if (record) record.code = e.code;
+    const headers: Record<string, string> = {};
+    if (e.status === 503) headers["retry-after"] = retryAfter;
+    if (e.status === 401) headers["www-authenticate"] = 'Bearer realm="llmserve"';
+    if (e.code === "upgrade_required") headers["sec-websocket-version"] = "13";
+    if (e.code === "method_not_allowed") {
+      const allow = o.routes.allowed(new URL(req.url).pathname);
+      if (allow !== undefined) headers["allow"] = allow;
+    }
+    return Response.json(e.toJSON(), { status: e.status, headers });
+  };
+}
+
+/**
+ * Maps whatever a handler or middleware throws through `respond`, and answers a request no
+ * route took: 405 with Allow when the path is a route under other methods, else 404.
+ */
+export function installErrorMapping(app: Hono, respond: ErrorResponder, routes: RouteTable): void {
+  app.onError((err, c) => respond(toApiError(err), c.req.raw));
+  app.notFound((c) => {
+    const allow = routes.allowed(c.req.path);
+    return respond(
+      allow === undefined
+        ? new ApiError("not_found", `No route for ${c.req.method} ${c.req.path}`)
+        : new ApiError(
+          "method_not_allowed",
+          `${c.req.path} does not take ${c.req.method}; use ${allow}`,
+        ),
+      c.req.raw,
+    );
+  });
+}

@@ -1,0 +1,21 @@
+import type { MiddlewareHandler } from "hono";
+import type { RouteTable } from "./route_table.ts";
+import type { ServiceMetrics } from "./service_metrics.ts";
+
+/**
+ * Counts every answer in llm_http_requests_total by method, route label and status. Mounted
+ * first, so refusals of every later middleware (host, origin, key, request id) are counted.
+ */
+export function httpMetricsMiddleware(
+  metrics: ServiceMetrics,
+  routes: RouteTable,
+): MiddlewareHandler {
+  return async (c, next) => {
+    await next();
+    metrics.httpRequests.inc({
+      method: c.req.method,
+      route: routes.label(c.req.method, c.req.path),
+      status: String(c.res.status),
+    });
+  };
+}
