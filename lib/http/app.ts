@@ -6,6 +6,7 @@ import { trace, type Tracer } from "@opentelemetry/api";
 import type { GenerationBackend } from "../core/generation.ts";
 import { ApiKeyVerifier, keyScope, parseAuthorization } from "./auth.ts";
 import { createChatRenderer } from "./chat_template.ts";
+import { templateTools } from "./tools.ts";
 import { ApiError, toApiError } from "./errors.ts";
 import type { FrameSocket } from "./frame_writer.ts";
 import { registerHealthRoutes } from "./health_routes.ts";
@@ -340,8 +341,10 @@ export function createApp(opts: AppOptions): ServiceApp {
     isLoaded: () => loaded,
     isDraining: () => draining,
   });
+  const tools = templateTools(backend.chatTemplate);
   const openAiOpts = {
     renderChat,
+    templateTools: tools,
     maxBodyBytes: opts.maxBodyBytes ?? 1 << 20,
     defaultCompletionMaxTokens: opts.defaultCompletionMaxTokens ?? 16,
     createdAt: Math.floor(Date.now() / 1000),
@@ -359,6 +362,7 @@ export function createApp(opts: AppOptions): ServiceApp {
   registerTokenizeRoutes(app, {
     backend,
     renderChat,
+    templateTools: tools,
     maxBodyBytes: opts.maxBodyBytes ?? 1 << 20,
     servedModelNames,
   });
