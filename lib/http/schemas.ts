@@ -183,6 +183,16 @@ export const ChatMessage = z.strictObject({
   name: z.string().nullish(),
   tool_calls: z.array(MessageToolCall).nullish(),
   tool_call_id: z.string().nullish(),
+  // An assistant message as a response gave it (clients send it back as is): its refusal text
+  // stands for the content when there is none.
+  refusal: z.string().nullish(),
+  // Added to a response's message by the openai SDK's helpers (chat.completions.stream,
+  // .parse): accepted back, without effect.
+  parsed: z.unknown().optional(),
+  annotations: z.array(z.unknown()).nullish(),
+  // Never in our answers; accepted only as "none".
+  audio: z.null({ error: "audio is not supported" }).optional(),
+  function_call: z.null({ error: "function_call is not supported; use tool_calls" }).optional(),
 });
 export type ChatMessage = z.output<typeof ChatMessage>;
 

@@ -46,7 +46,14 @@ export type ToolChoice = z.output<typeof ToolChoice>;
 export const MessageToolCall = z.strictObject({
   id: z.string(),
   type: z.literal("function", { error: 'only tool calls of type "function" are supported' }),
-  function: z.strictObject({ name: z.string(), arguments: z.string() }),
+  function: z.strictObject({
+    name: z.string(),
+    arguments: z.string(),
+    // Added by the openai SDK's helpers to the calls they assemble; accepted back, unused.
+    parsed_arguments: z.unknown().optional(),
+  }),
+  // A streamed call's position, kept by some clients' accumulators.
+  index: z.number().int().min(0).nullish(),
 });
 
 /** What the chat template and the answer's parsing do for one request. */
@@ -243,6 +250,7 @@ export interface RequestMessage {
   readonly name?: string | null | undefined;
   readonly tool_calls?: readonly z.output<typeof MessageToolCall>[] | null | undefined;
   readonly tool_call_id?: string | null | undefined;
+  readonly refusal?: string | null | undefined;
 }
 
 /**
@@ -251,8 +259,12 @@ export interface RequestMessage {
  * back with `tojson`); content may be null only beside calls.
  */
 export function chatTurns(messages: readonly RequestMessage[], template: TemplateTools): ChatTurn[] {
-  return messages.map((m, i): ChatTurn => {
+  return messages.map((message, i): ChatTurn => {
+    let m = message;
     const calls = m.tool_calls ?? [];
+    if ((m.content === null || m.content === undefined) && m.role === "assistant" && m.refusal) {
+      m = { ...m, content: m.refusal };
+    }
     if (m.role !== "assistant" && m.tool_calls !== undefined && m.tool_calls !== null) {
       throw new ApiError(
         "invalid_request",
