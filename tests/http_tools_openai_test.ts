@@ -198,6 +198,28 @@ for (const stem of ["qwen2-like-q4_k_m", "llama3-like-q4_k_m"]) {
           { role: "tool", tool_call_id: sc.id, content: RESULT },
         ]),
       );
+
+      // auto: the model's own text is parsed. A GBNF grammar stands in for a model that chooses
+      // to call (these weights never would): it spells the template's format with ordinary
+      // tokens, which the real detokenizer turns back into the text the parser reads.
+      const written = stem.startsWith("qwen")
+        ? 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+        : '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}';
+      const auto = await client.chat.completions.create({
+        model,
+        messages: [USER],
+        tools: TOOLS,
+        temperature: 0,
+        max_tokens: 128,
+        grammar: `root ::= ${JSON.stringify(written)}`,
+      } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+      const a1 = auto.choices[0]!;
+      assertEquals(a1.finish_reason, "tool_calls");
+      assertEquals(a1.message.content, stem.startsWith("qwen") ? "Checking." : null);
+      assertEquals(
+        (a1.message.tool_calls![0]! as typeof call).function,
+        { name: "get_weather", arguments: '{"city":"Paris","unit":"celsius"}' },
+      );
     } finally {
       server.child.kill("SIGTERM");
       await server.child.status;

@@ -167,6 +167,40 @@ Deno.test("tool_choice auto: a Hermes call in the text becomes message.tool_call
   assertEquals(svc.backend.requests.at(-1)!.constraint, undefined, "auto never constrains");
 });
 
+Deno.test("n choices each get their own call; streamed logprobs cover every token, held back or not", async () => {
+  await using svc = await startService(fake);
+  const res = await postJson(svc.base + "/v1/chat/completions", {
+    messages: msgs,
+    tools: [WEATHER],
+    tool_choice: "required",
+    max_tokens: 100,
+    seed: 3,
+    n: 2,
+  });
+  const body = await res.json();
+  assertEquals(body.choices.length, 2);
+  for (const c of body.choices) {
+    assertEquals(c.finish_reason, "tool_calls");
+    assert(validate(JSON.parse(c.message.tool_calls[0].function.arguments)), JSON.stringify(c));
+  }
+  const streamed = await postJson(svc.base + "/v1/chat/completions", {
+    messages: msgs,
+    tools: [WEATHER],
+    max_tokens: 100,
+    temperature: 0,
+    stream: true,
+    logprobs: true,
+    stream_options: { include_usage: true },
+    grammar: gbnf("Ok " + HERMES_CALL),
+  });
+  const events = parseSse(await streamed.text()).slice(0, -1) as {
+    choices: { logprobs: { content: unknown[] } | null }[];
+    usage?: { completion_tokens: number } | null;
+  }[];
+  const lps = events.flatMap((e) => e.choices.flatMap((c) => c.logprobs?.content ?? []));
+  assertEquals(lps.length, events.at(-1)!.usage!.completion_tokens);
+});
+
 Deno.test("tool_choice none: no tools in the prompt, and a call-shaped text stays content", async () => {
   await using svc = await startService(fake);
   const res = await postJson(svc.base + "/v1/chat/completions", {
