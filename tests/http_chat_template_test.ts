@@ -101,7 +101,8 @@ Deno.test("tools, an assistant's tool_calls and a tool result render as the temp
   const { modelFile } = await import("./_model_files.ts");
   const { chatTurns, templateTools } = await import("../lib/http/tools.ts");
   const plainTool = { ...TOOL, function: { ...TOOL.function, description: "Weather" } };
-  for (const file of ["qwen2-like-q4_k_m.gguf", "qwen3-like-q4_k_m.gguf", "llama3-like-q4_k_m.gguf"]) {
+  const files = ["qwen2-like-q4_k_m.gguf", "qwen3-like-q4_k_m.gguf", "llama3-like-q4_k_m.gguf"];
+  for (const file of files) {
     const header = await readGgufHeader(modelFile(`compat/${file}`));
     const tok = new Tokenizer(ggufTokenizerData(header.metadata, file)!);
     const template = header.metadata.get("tokenizer.chat_template")!.value as string;
@@ -118,7 +119,11 @@ Deno.test("tools, an assistant's tool_calls and a tool result render as the temp
       {
         role: "assistant",
         content: null,
-        tool_calls: [{ id: "call_1", type: "function", function: { name: "get_weather", arguments: '{"city": "Paris"}' } }],
+        tool_calls: [{
+          id: "call_1",
+          type: "function",
+          function: { name: "get_weather", arguments: '{"city": "Paris"}' },
+        }],
       },
       { role: "tool", tool_call_id: "call_1", content: "sunny" },
     ], templateTools(template));
@@ -132,7 +137,11 @@ Deno.test("tools, an assistant's tool_calls and a tool result render as the temp
         {
           role: "assistant",
           content: file.startsWith("qwen3") ? "" : null,
-          tool_calls: [{ id: "call_1", type: "function", function: { name: "get_weather", arguments: { city: "Paris" } } }],
+          tool_calls: [{
+            id: "call_1",
+            type: "function",
+            function: { name: "get_weather", arguments: { city: "Paris" } },
+          }],
         },
         { role: "tool", tool_call_id: "call_1", content: "sunny" },
       ],

@@ -42,7 +42,12 @@ const TOOLS = [
     function: {
       name: "get_time",
       description: "Local time in a city",
-      parameters: { type: "object", properties: { city: { type: "string", maxLength: 12 } }, required: ["city"], additionalProperties: false },
+      parameters: {
+        type: "object",
+        properties: { city: { type: "string", maxLength: 12 } },
+        required: ["city"],
+        additionalProperties: false,
+      },
     },
   },
 ];

@@ -14,10 +14,11 @@ import { parseSse, postJson, startService, TestSocket } from "./_http_harness.ts
  */
 
 /** A small template in the Hermes style: tools, calls and tool results all visible. */
-const TEMPLATE = "{%- if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>{% endif %}" +
+const TEMPLATE =
+  "{%- if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>{% endif %}" +
   "{%- for m in messages %}[{{ m.role }}]{{ m.content }}" +
-  "{%- if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{\"name\": \"{{ c.function.name }}\", " +
-  "\"arguments\": {{ c.function.arguments | tojson }}}</tool_call>{% endfor %}{% endif %}" +
+  '{%- if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{"name": "{{ c.function.name }}", ' +
+  '"arguments": {{ c.function.arguments | tojson }}}</tool_call>{% endfor %}{% endif %}' +
   "{%- if m.role == 'tool' %}({{ m.tool_call_id }}){% endif %}{% endfor %}[assistant]";
 
 const PARAMS = {
@@ -35,14 +36,18 @@ const WEATHER = {
 };
 const TIME = {
   type: "function",
-  function: { name: "get_time", parameters: { type: "object", properties: {}, additionalProperties: false } },
+  function: {
+    name: "get_time",
+    parameters: { type: "object", properties: {}, additionalProperties: false },
+  },
 };
 const validate = new Ajv({ strict: false }).compile(PARAMS);
 const msgs = [{ role: "user", content: "Weather in Paris?" }];
 const fake = { chatTemplate: TEMPLATE, contextLength: 1024 };
 
 /** A grammar that makes the fake model write one Hermes call (what a real model would). */
-const HERMES_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}\n</tool_call>';
+const HERMES_CALL =
+  '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}\n</tool_call>';
 const gbnf = (text: string) => `root ::= ${JSON.stringify(text)}`;
 
 Deno.test("tool_choice naming a function: the output is constrained to a call that parses and validates", async () => {
@@ -71,7 +76,10 @@ Deno.test("tool_choice naming a function: the output is constrained to a call th
   // The template rendered the tools into the prompt; the core got the call's schema.
   const prompt = req.prompt as string;
   assert(prompt.startsWith('<tools>{"type": "function"'), prompt);
-  assert(prompt.includes('"name": "get_time"'), "every tool is rendered, only the named one is forced");
+  assert(
+    prompt.includes('"name": "get_time"'),
+    "every tool is rendered, only the named one is forced",
+  );
   assertEquals(req.constraint?.type, "json_schema");
   const schema = JSON.parse((req.constraint as { schema: string }).schema);
   assertEquals(schema.properties.name, { const: "get_weather" });
@@ -93,7 +101,12 @@ Deno.test("tool_choice required, streamed: delta.tool_calls carries id, type and
     choices: {
       delta: {
         content?: string;
-        tool_calls?: { index: number; id?: string; type?: string; function: { name?: string; arguments: string } }[];
+        tool_calls?: {
+          index: number;
+          id?: string;
+          type?: string;
+          function: { name?: string; arguments: string };
+        }[];
       };
       finish_reason: string | null;
     }[];
@@ -102,7 +115,11 @@ Deno.test("tool_choice required, streamed: delta.tool_calls carries id, type and
   assertEquals(events.at(-1), "[DONE]");
   const chunks = events.slice(0, -1) as Chunk[];
   const deltas = chunks.flatMap((c) => c.choices[0]!.delta.tool_calls ?? []);
-  assertEquals(chunks.map((c) => c.choices[0]!.delta.content ?? "").join(""), "", "no content beside the call");
+  assertEquals(
+    chunks.map((c) => c.choices[0]!.delta.content ?? "").join(""),
+    "",
+    "no content beside the call",
+  );
   assert(deltas.length >= 2, JSON.stringify(deltas));
   assertEquals(deltas.every((d) => d.index === 0), true);
   assertMatch(deltas[0]!.id!, /^call_/);
@@ -146,7 +163,13 @@ Deno.test("tool_choice auto: a Hermes call in the text becomes message.tool_call
     grammar: gbnf("I will check.\n" + HERMES_CALL),
   });
   const chunks = parseSse(await streamed.text()).slice(0, -1) as {
-    choices: { delta: { content?: string; tool_calls?: { function: { name?: string; arguments: string } }[] }; finish_reason: string | null }[];
+    choices: {
+      delta: {
+        content?: string;
+        tool_calls?: { function: { name?: string; arguments: string } }[];
+      };
+      finish_reason: string | null;
+    }[];
   }[];
   assertEquals(chunks.map((c) => c.choices[0]!.delta.content ?? "").join(""), "I will check.");
   const calls = chunks.flatMap((c) => c.choices[0]!.delta.tool_calls ?? []);
@@ -242,7 +265,8 @@ Deno.test("an assistant message's tool_calls (content null) and the tool's resul
   assertEquals(res.status, 200);
   const prompt = svc.backend.requests[0]!.prompt as string;
   // Hand-written from TEMPLATE: the arguments go back as the object tojson writes.
-  const tail = '[user]Weather in Paris?[assistant]<tool_call>{"name": "get_weather", "arguments": ' +
+  const tail =
+    '[user]Weather in Paris?[assistant]<tool_call>{"name": "get_weather", "arguments": ' +
     '{"city": "Paris", "days": 1}}</tool_call>[tool]{"forecast": "sun"}(call_1)[assistant]';
   assert(prompt.endsWith(tail), prompt);
 });
@@ -250,14 +274,23 @@ Deno.test("an assistant message's tool_calls (content null) and the tool's resul
 Deno.test("the result cache key and the request carry what tools change", async () => {
   await using svc = await startService(fake);
   const ask = (extra: Record<string, unknown>) =>
-    postJson(svc.base + "/v1/chat/completions", { messages: msgs, max_tokens: 4, temperature: 0, ...extra })
+    postJson(svc.base + "/v1/chat/completions", {
+      messages: msgs,
+      max_tokens: 4,
+      temperature: 0,
+      ...extra,
+    })
       .then((r) => r.body?.cancel());
   await ask({});
   await ask({ tools: [WEATHER] });
   await ask({ tools: [WEATHER], tool_choice: "required" });
   await ask({ tools: [WEATHER, TIME], tool_choice: "required" });
   const keys = svc.backend.requests.map((r) => resultCacheKey("m", r));
-  assertEquals(new Set(keys).size, 4, "tools (prompt) and a forced call (constraint) each change the key");
+  assertEquals(
+    new Set(keys).size,
+    4,
+    "tools (prompt) and a forced call (constraint) each change the key",
+  );
   assertNotEquals(keys[1], null);
 });
 
@@ -265,32 +298,91 @@ Deno.test("bad tools and tool_choice are 400s naming the field", async () => {
   await using svc = await startService(fake);
   const cases: [Record<string, unknown>, string, RegExp][] = [
     [{ tools: [{ type: "code_interpreter" }] }, "tools[0].type", /only tools of type "function"/],
-    [{ tools: [{ type: "function", function: {} }] }, "tools[0].function.name", /Missing required field/],
-    [{ tools: [{ type: "function", function: { name: "a b" } }] }, "tools[0].function.name", /function name/],
-    [{ tools: [{ type: "function", function: { name: "f", parameters: "x" } }] }, "tools[0].function.parameters", /JSON Schema object/],
-    [{ tools: [{ type: "function", function: { name: "f", parameters: { type: "string" } } }] }, "tools[0].function.parameters.type", /must be "object"/],
+    [
+      { tools: [{ type: "function", function: {} }] },
+      "tools[0].function.name",
+      /Missing required field/,
+    ],
+    [
+      { tools: [{ type: "function", function: { name: "a b" } }] },
+      "tools[0].function.name",
+      /function name/,
+    ],
+    [
+      { tools: [{ type: "function", function: { name: "f", parameters: "x" } }] },
+      "tools[0].function.parameters",
+      /JSON Schema object/,
+    ],
+    [
+      { tools: [{ type: "function", function: { name: "f", parameters: { type: "string" } } }] },
+      "tools[0].function.parameters.type",
+      /must be "object"/,
+    ],
     [{ tools: [WEATHER, WEATHER] }, "tools[1].function.name", /two tools are named "get_weather"/],
     [{ tool_choice: "required" }, "tool_choice", /needs 'tools'/],
-    [{ tools: [WEATHER], tool_choice: { type: "function", function: { name: "nope" } } }, "tool_choice.function.name", /no tool is named "nope" \(tools: "get_weather"\)/],
-    [{ tools: [WEATHER], tool_choice: "sometimes" }, "tool_choice", /expected "none", "auto", "required"/],
-    [{ tools: [WEATHER], tool_choice: "required", response_format: { type: "json_object" } }, "response_format", /already constrains the output to a call/],
     [
-      { tools: [{ type: "function", function: { name: "f", parameters: { type: "object", properties: { t: { type: "array", uniqueItems: true } } } } }], tool_choice: "required" },
+      { tools: [WEATHER], tool_choice: { type: "function", function: { name: "nope" } } },
+      "tool_choice.function.name",
+      /no tool is named "nope" \(tools: "get_weather"\)/,
+    ],
+    [
+      { tools: [WEATHER], tool_choice: "sometimes" },
+      "tool_choice",
+      /expected "none", "auto", "required"/,
+    ],
+    [
+      { tools: [WEATHER], tool_choice: "required", response_format: { type: "json_object" } },
+      "response_format",
+      /already constrains the output to a call/,
+    ],
+    [
+      {
+        tools: [{
+          type: "function",
+          function: {
+            name: "f",
+            parameters: { type: "object", properties: { t: { type: "array", uniqueItems: true } } },
+          },
+        }],
+        tool_choice: "required",
+      },
       "tools[0].function.parameters.properties.t.uniqueItems",
       /keyword 'uniqueItems' is not supported/,
     ],
-    [{ messages: [{ role: "tool", content: "x" }] }, "messages[0].tool_call_id", /answers the call/],
-    [{ messages: [{ role: "user", content: null }] }, "messages[0].content", /only an assistant message with tool_calls/],
     [
-      { messages: [...msgs, { role: "assistant", content: null, tool_calls: [{ id: "c", type: "function", function: { name: "f", arguments: "{oops" } }] }] },
+      { messages: [{ role: "tool", content: "x" }] },
+      "messages[0].tool_call_id",
+      /answers the call/,
+    ],
+    [
+      { messages: [{ role: "user", content: null }] },
+      "messages[0].content",
+      /only an assistant message with tool_calls/,
+    ],
+    [
+      {
+        messages: [...msgs, {
+          role: "assistant",
+          content: null,
+          tool_calls: [{ id: "c", type: "function", function: { name: "f", arguments: "{oops" } }],
+        }],
+      },
       "messages[1].tool_calls[0].function.arguments",
       /not JSON/,
     ],
     [{ functions: [{ name: "f" }] }, "functions", /not supported/],
-    [{ chat_template_kwargs: { tools: [WEATHER] } }, "chat_template_kwargs.tools", /set by the server/],
+    [
+      { chat_template_kwargs: { tools: [WEATHER] } },
+      "chat_template_kwargs.tools",
+      /set by the server/,
+    ],
   ];
   for (const [extra, param, message] of cases) {
-    const res = await postJson(svc.base + "/v1/chat/completions", { messages: msgs, max_tokens: 4, ...extra });
+    const res = await postJson(svc.base + "/v1/chat/completions", {
+      messages: msgs,
+      max_tokens: 4,
+      ...extra,
+    });
     const body = await res.json();
     assertEquals([res.status, body.error?.param], [400, param], JSON.stringify(extra));
     assertMatch(body.error.message, message, JSON.stringify(extra));
@@ -299,10 +391,19 @@ Deno.test("bad tools and tool_choice are 400s naming the field", async () => {
 });
 
 Deno.test("a model whose template has no tool support, or no template, refuses tools with a 400 saying so", async () => {
-  const zephyr = "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}</s>\n{% endfor %}<|assistant|>\n";
-  for (const [opts, what] of [[{ chatTemplate: zephyr }, /chat template has no tool support/], [{}, /has no chat template/]] as const) {
+  const zephyr =
+    "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}</s>\n{% endfor %}<|assistant|>\n";
+  for (
+    const [opts, what] of [[{ chatTemplate: zephyr }, /chat template has no tool support/], [
+      {},
+      /has no chat template/,
+    ]] as const
+  ) {
     await using svc = await startService(opts);
-    const res = await postJson(svc.base + "/v1/chat/completions", { messages: msgs, tools: [WEATHER] });
+    const res = await postJson(svc.base + "/v1/chat/completions", {
+      messages: msgs,
+      tools: [WEATHER],
+    });
     const body = await res.json();
     assertEquals([res.status, body.error.param], [400, "tools"]);
     assertMatch(body.error.message, what);

@@ -1,8 +1,8 @@
 import { assertEquals } from "@std/assert";
 import {
   parseCallJson,
-  parseToolCalls,
   type ParsedOutput,
+  parseToolCalls,
   type ToolCallFormat,
   ToolCallStream,
 } from "../lib/http/tool_calls.ts";
@@ -22,7 +22,8 @@ const CASES: { name: string; format: ToolCallFormat; text: string; want: ParsedO
   {
     name: "hermes: one call, as Qwen2.5 writes it",
     format: "hermes",
-    text: '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>',
+    text:
+      '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>',
     want: { content: null, calls: [call("get_weather", { city: "Paris", days: 2 })] },
   },
   {
@@ -35,7 +36,8 @@ const CASES: { name: string; format: ToolCallFormat; text: string; want: ParsedO
   {
     name: "hermes: Qwen3's thinking stays content",
     format: "hermes",
-    text: '<think>\nThe user wants weather.\n</think>\n\n<tool_call>\n{"name": "w", "arguments": {"c": "<b>"}}\n</tool_call>',
+    text:
+      '<think>\nThe user wants weather.\n</think>\n\n<tool_call>\n{"name": "w", "arguments": {"c": "<b>"}}\n</tool_call>',
     want: {
       content: "<think>\nThe user wants weather.\n</think>",
       calls: [call("w", { c: "<b>" })],
@@ -50,7 +52,8 @@ const CASES: { name: string; format: ToolCallFormat; text: string; want: ParsedO
   {
     name: "hermes: a block that is not a call stays text, the valid one is a call",
     format: "hermes",
-    text: '<tool_call>\nnot json\n</tool_call> and <tool_call>{"name": "g", "arguments": {}}</tool_call> done',
+    text:
+      '<tool_call>\nnot json\n</tool_call> and <tool_call>{"name": "g", "arguments": {}}</tool_call> done',
     want: { content: "<tool_call>\nnot json\n</tool_call> and  done", calls: [call("g", {})] },
   },
   {

@@ -8,7 +8,12 @@ import type {
 import { type ChoiceEvent, choiceRequests, mergeChoices } from "./choices.ts";
 import { constraintField, outputConstraint } from "./response_format.ts";
 import { chatTurns, newToolCallId, type TemplateTools, toolPlan } from "./tools.ts";
-import { parseToolCalls, type ParsedToolCall, type ToolCallFormat, ToolCallStream } from "./tool_calls.ts";
+import {
+  type ParsedToolCall,
+  parseToolCalls,
+  type ToolCallFormat,
+  ToolCallStream,
+} from "./tool_calls.ts";
 import type { ChatRenderer } from "./chat_template.ts";
 import { readJsonBody } from "./body.ts";
 import { ApiError, fromGenerationError } from "./errors.ts";
@@ -165,10 +170,9 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
     b.chat_template_kwargs,
     tools.tools,
   );
-  const base = common(b);
   return {
     input: {
-      ...base,
+      ...common(b),
       // A constrained call (tool_choice "required" or named); toolPlan refused a second one.
       ...(tools.constraint ? { constraint: tools.constraint } : {}),
       prompt: chat.prompt,
@@ -581,5 +585,9 @@ function callsFinish(f: FinishReason): ChatFinishReason {
 }
 
 function openAiToolCall(c: ParsedToolCall): OpenAiToolCall {
-  return { id: newToolCallId(), type: "function", function: { name: c.name, arguments: c.arguments } };
+  return {
+    id: newToolCallId(),
+    type: "function",
+    function: { name: c.name, arguments: c.arguments },
+  };
 }

@@ -56,7 +56,9 @@ export function parseCallJson(text: string): ParsedToolCall | undefined {
     }
   }
   if (typeof obj !== "object" || obj === null || Array.isArray(obj)) return undefined;
-  const keys = Object.keys(o).filter((k) => k !== "name" && k !== "arguments" && k !== "parameters");
+  const keys = Object.keys(o).filter((k) =>
+    k !== "name" && k !== "arguments" && k !== "parameters"
+  );
   if (keys.length > 0) return undefined;
   return { name: o.name, arguments: JSON.stringify(obj) };
 }

@@ -237,7 +237,9 @@ function toolSpec(t: FunctionTool): ToolSpec {
     type: "function",
     function: {
       name: f.name,
-      ...(f.description !== undefined && f.description !== null ? { description: f.description } : {}),
+      ...(f.description !== undefined && f.description !== null
+        ? { description: f.description }
+        : {}),
       ...(f.parameters !== undefined && f.parameters !== null ? { parameters: f.parameters } : {}),
     },
   };
@@ -258,7 +260,10 @@ export interface RequestMessage {
  * need a template that supports tools; a call's arguments must be JSON (templates write them
  * back with `tojson`); content may be null only beside calls.
  */
-export function chatTurns(messages: readonly RequestMessage[], template: TemplateTools): ChatTurn[] {
+export function chatTurns(
+  messages: readonly RequestMessage[],
+  template: TemplateTools,
+): ChatTurn[] {
   return messages.map((message, i): ChatTurn => {
     let m = message;
     const calls = m.tool_calls ?? [];
