@@ -435,3 +435,29 @@ Deno.test("the WebSocket protocol refuses tools with an error frame pointing at 
     await ws.close();
   }
 });
+
+Deno.test("POST /tokenize with messages renders tool calls and results as chat completions do", async () => {
+  await using svc = await startService(fake);
+  const messages = [
+    ...msgs,
+    {
+      role: "assistant",
+      content: null,
+      tool_calls: [{
+        id: "c1",
+        type: "function",
+        function: { name: "get_weather", arguments: '{"city": "Rome", "days": 2}' },
+      }],
+    },
+    { role: "tool", tool_call_id: "c1", content: "rain" },
+  ];
+  const res = await postJson(svc.base + "/tokenize", { messages });
+  assertEquals(res.status, 200);
+  const { tokens } = await res.json();
+  const chat = await postJson(svc.base + "/v1/chat/completions", {
+    messages,
+    max_tokens: 1,
+    temperature: 0,
+  });
+  assertEquals(tokens.length, (await chat.json()).usage.prompt_tokens);
+});
