@@ -236,12 +236,12 @@ Deno.test("every request error answers with its status, code, field and received
     {
       name: "bad role",
       url: chat,
-      body: { messages: [{ role: "tool", content: "x" }] },
+      body: { messages: [{ role: "robot", content: "x" }] },
       status: 400,
       code: "invalid_request",
       param: "messages[0].role",
       type: "invalid_request_error",
-      message: /tool messages are not supported\); got "tool"/,
+      message: /expected one of "system", "developer", "user", "assistant", "tool"; got "robot"/,
     },
     {
       name: "n > 16",

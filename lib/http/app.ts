@@ -6,6 +6,7 @@ import { ApiKeyAuth } from "./auth_middleware.ts";
 import { jsonBodyLimit } from "./body_limit.ts";
 import { createChatRenderer } from "./chat_template.ts";
 import { errorResponder, installErrorMapping } from "./error_mapping.ts";
+import { templateTools } from "./tools.ts";
 import { registerHealthRoutes } from "./health_routes.ts";
 import { httpMetricsMiddleware } from "./http_metrics_middleware.ts";
 import { InFlightRegistry } from "./inflight.ts";
@@ -222,8 +223,10 @@ export function createApp(opts: AppOptions): ServiceApp {
     isLoaded: () => loaded,
     isDraining: () => draining,
   });
+  const tools = templateTools(backend.chatTemplate);
   const openAiOpts = {
     renderChat,
+    templateTools: tools,
     maxBodyBytes,
     defaultCompletionMaxTokens,
     createdAt: Math.floor(Date.now() / 1000),
@@ -234,7 +237,13 @@ export function createApp(opts: AppOptions): ServiceApp {
   };
   registerOpenAiRoutes(app, deps, openAiOpts);
   opts.extend?.(app, { openAi: openAiHandler(deps, openAiOpts), scopeOf, maxBodyBytes });
-  registerTokenizeRoutes(app, { backend, renderChat, maxBodyBytes, servedModelNames });
+  registerTokenizeRoutes(app, {
+    backend,
+    renderChat,
+    templateTools: tools,
+    maxBodyBytes,
+    servedModelNames,
+  });
   registerPropsRoute(app, {
     backend,
     servedModelNames,

@@ -2,20 +2,46 @@ import { Template } from "@huggingface/jinja";
 import { protectLiteral } from "../tokenizer/literal_text.ts";
 import { ApiError } from "./errors.ts";
 
-export type ChatRole = "system" | "developer" | "user" | "assistant";
+export type ChatRole = "system" | "developer" | "user" | "assistant" | "tool";
+
+/** A call an assistant message made, its arguments parsed (templates write them with tojson). */
+export interface ChatToolCall {
+  readonly id: string;
+  readonly name: string;
+  readonly arguments: unknown;
+}
 
 export interface ChatTurn {
   readonly role: ChatRole;
   readonly content: string;
+  /** An assistant turn's calls. */
+  readonly toolCalls?: readonly ChatToolCall[];
+  /** A tool turn: the call it answers, and the function's name when the client gave it. */
+  readonly toolCallId?: string;
+  readonly name?: string;
+}
+
+/** A tool as the template's `tools` variable holds it (OpenAI's shape). */
+export interface ToolSpec {
+  readonly type: "function";
+  readonly function: {
+    readonly name: string;
+    readonly description?: string;
+    readonly parameters?: Readonly<Record<string, unknown>>;
+  };
 }
 
 /** Template variables a request adds (`chat_template_kwargs`), e.g. `{enable_thinking: false}`. */
 export type TemplateVariables = Readonly<Record<string, unknown>>;
 
-/** Renders a conversation; `vars` reach the model's template beside `messages`. */
+/**
+ * Renders a conversation; `vars` reach the model's template beside `messages`, and `tools` (when
+ * there are any) as its `tools` variable.
+ */
 export type ChatRenderer = (
   turns: readonly ChatTurn[],
   vars?: TemplateVariables | null,
+  tools?: readonly ToolSpec[],
 ) => RenderedChat;
 
 /** A chat rendered into prompt text, with stop strings the format needs. */
@@ -41,12 +67,32 @@ export const PLAIN_CHAT_STOPS: readonly string[] = ["\nUser:", "\nSystem:"];
 export function renderPlainChat(
   turns: readonly ChatTurn[],
   vars?: TemplateVariables | null,
+  tools?: readonly ToolSpec[],
 ): RenderedChat {
   refuseVariablesWithoutTemplate(vars);
+  if ((tools?.length ?? 0) > 0 || turns.some((t) => t.role === "tool" || t.toolCalls)) {
+    throw new ApiError(
+      "invalid_request",
+      "This model has no chat template, so it cannot render tools, tool calls or tool results",
+      (tools?.length ?? 0) > 0 ? "tools" : "messages",
+    );
+  }
   const label = (r: ChatRole) => r === "assistant" ? "Assistant" : r === "user" ? "User" : "System";
   const lines = turns.map((t) => `${label(t.role)}: ${t.content}`);
   lines.push("Assistant:");
   return { prompt: lines.join("\n"), stop: PLAIN_CHAT_STOPS, special: false };
+}
+
+/** protectLiteral on every string in a JSON value (keys too: templates print whole objects). */
+function protectStrings(v: unknown, specials: readonly string[]): unknown {
+  if (typeof v === "string") return protectLiteral(v, specials);
+  if (Array.isArray(v)) return v.map((x) => protectStrings(x, specials));
+  if (typeof v === "object" && v !== null) {
+    return Object.fromEntries(
+      Object.entries(v).map(([k, x]) => [protectLiteral(k, specials), protectStrings(x, specials)]),
+    );
+  }
+  return v;
 }
 
 // The plain format has no variables: accepting them would ignore a field that, on a model with
@@ -89,7 +135,8 @@ export function createChatRenderer(opts: {
       `Cannot parse the model's chat template: ${err instanceof Error ? err.message : err}`,
     );
   }
-  return (turns, vars) => {
+  const protect = (v: unknown) => protectStrings(v, specials);
+  return (turns, vars, tools) => {
     try {
       const prompt = tpl.render({
         // First, so that the server's own variables below always win.
@@ -97,7 +144,21 @@ export function createChatRenderer(opts: {
         messages: turns.map((t) => ({
           role: t.role,
           content: protectLiteral(t.content, specials),
+          // Only where present: Llama 3.1's template tests `'tool_calls' in message`.
+          ...(t.toolCalls
+            ? {
+              tool_calls: t.toolCalls.map((c) => ({
+                id: protect(c.id),
+                type: "function",
+                function: { name: protect(c.name), arguments: protect(c.arguments) },
+              })),
+            }
+            : {}),
+          ...(t.toolCallId !== undefined ? { tool_call_id: protect(t.toolCallId) } : {}),
+          ...(t.name !== undefined ? { name: protect(t.name) } : {}),
         })),
+        // Only when there are tools: templates test `tools is defined` / `if tools`.
+        ...(tools && tools.length > 0 ? { tools: protect(tools) } : {}),
         bos_token: opts.bosToken,
         eos_token: opts.eosToken,
         add_generation_prompt: true,

@@ -90,11 +90,32 @@ function completionLogprobs(tokens: readonly TokenLogprob[], offset: number) {
   };
 }
 
+/** A chat answer's finish reasons: the core's, and "tool_calls" when the answer is calls. */
+export type ChatFinishReason = FinishReason | "tool_calls";
+
+/** A call in a chat answer, as OpenAI writes it. */
+export interface OpenAiToolCall {
+  readonly id: string;
+  readonly type: "function";
+  readonly function: { readonly name: string; readonly arguments: string };
+}
+
 /** What one choice of a finished response holds. */
 export interface ChoiceResult {
-  readonly text: string;
-  readonly finish: FinishReason;
+  /** The text; for a chat answer of calls, the content beside them (null when none). */
+  readonly text: string | null;
+  readonly finish: ChatFinishReason;
   readonly logprobs: readonly TokenLogprob[] | null;
+  /** Chat: the calls parsed from the answer (tools.ts), when there are any. */
+  readonly toolCalls?: readonly OpenAiToolCall[];
+}
+
+/** A streamed call's delta: its id, type and name first, then its arguments. */
+export interface ToolCallDelta {
+  readonly index: number;
+  readonly id?: string;
+  readonly type?: "function";
+  readonly function: { readonly name?: string; readonly arguments: string };
 }
 
 export function completionResponse(
@@ -111,7 +132,7 @@ export function completionResponse(
     model: meta.model,
     choices: choices.map((c, index) => ({
       index,
-      text: c.text,
+      text: c.text ?? "",
       finish_reason: c.finish,
       logprobs: c.logprobs === null ? null : completionLogprobs(c.logprobs, 0),
     })),
@@ -160,7 +181,12 @@ export function chatResponse(
     model: meta.model,
     choices: choices.map((c, index) => ({
       index,
-      message: { role: "assistant", content: c.text, refusal: null },
+      message: {
+        role: "assistant",
+        content: c.text,
+        refusal: null,
+        ...(c.toolCalls && c.toolCalls.length > 0 ? { tool_calls: c.toolCalls } : {}),
+      },
       finish_reason: c.finish,
       logprobs: c.logprobs === null ? null : chatLogprobs(c.logprobs),
     })),
@@ -172,8 +198,8 @@ export function chatResponse(
 
 export function chatChunk(
   meta: ResponseMeta,
-  delta: { role?: "assistant"; content?: string },
-  finish: FinishReason | null,
+  delta: { role?: "assistant"; content?: string; tool_calls?: readonly ToolCallDelta[] },
+  finish: ChatFinishReason | null,
   logprobs: readonly TokenLogprob[] | null,
   withUsageField: boolean,
   extras?: ResponseExtras,

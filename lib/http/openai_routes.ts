@@ -6,13 +6,21 @@ import type {
   Usage,
 } from "../core/generation.ts";
 import { type ChoiceEvent, choiceRequests, mergeChoices } from "./choices.ts";
-import { outputConstraint } from "./response_format.ts";
+import { constraintField, outputConstraint } from "./response_format.ts";
+import { chatTurns, newToolCallId, type TemplateTools, toolPlan } from "./tools.ts";
+import {
+  type ParsedToolCall,
+  parseToolCalls,
+  type ToolCallFormat,
+  ToolCallStream,
+} from "./tool_calls.ts";
 import type { ChatRenderer } from "./chat_template.ts";
 import { readJsonBody } from "./body.ts";
 import { ApiError, fromGenerationError } from "./errors.ts";
 import { buildGenerationRequest, type GenerationInput } from "./generation_request.ts";
 import { logitControlsFrom } from "./sampling_controls.ts";
 import {
+  type ChatFinishReason,
   chatChunk,
   chatResponse,
   completionChunk,
@@ -20,10 +28,12 @@ import {
   type ResponseExtras,
   responseExtras,
   type ResponseMeta,
+  type OpenAiToolCall,
   type TokenLogprob,
+  type ToolCallDelta,
   usageChunk,
 } from "./openai_format.ts";
-import { ChatCompletionBody, type ChatMessage, CompletionBody } from "./schemas.ts";
+import { ChatCompletionBody, CompletionBody } from "./schemas.ts";
 import { pullSseStream, SSE_HEADERS, sseData } from "./sse.ts";
 import { type Api, type GenerationDeps, trackGeneration } from "./tracked_generation.ts";
 import { parseWith } from "./validation.ts";
@@ -32,6 +42,8 @@ import { newRequestId } from "./request_log.ts";
 
 export interface OpenAiOptions {
   readonly renderChat: ChatRenderer;
+  /** What the model's chat template does with tools (tools.ts templateTools). */
+  readonly templateTools: TemplateTools;
   readonly maxBodyBytes: number;
   /** OpenAI's default for /v1/completions is 16; chat defaults to the rest of the context. */
   readonly defaultCompletionMaxTokens: number;
@@ -72,6 +84,8 @@ interface Parsed {
   readonly echo?: string | readonly number[];
   /** The served name the response reports: the one asked for, else the first. */
   readonly model: string;
+  /** Chat with tools: the format the answer's calls are read in. */
+  readonly toolFormat?: ToolCallFormat;
 }
 
 /**
@@ -117,10 +131,6 @@ export function servedName(asked: string | null | undefined, served: readonly st
   );
 }
 
-function contentText(m: ChatMessage): string {
-  return typeof m.content === "string" ? m.content : m.content.map((p) => p.text).join("");
-}
-
 function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
   const served = opts.servedModelNames;
   if (kind === "completions") {
@@ -154,13 +164,17 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
   }
   const b = parseWith(ChatCompletionBody, body);
   const model = servedName(b.model, served);
+  const tools = toolPlan(b, opts.templateTools, constraintField(b));
   const chat = opts.renderChat(
-    b.messages.map((m) => ({ role: m.role, content: contentText(m) })),
+    chatTurns(b.messages, opts.templateTools),
     b.chat_template_kwargs,
+    tools.tools,
   );
   return {
     input: {
       ...common(b),
+      // A constrained call (tool_choice "required" or named); toolPlan refused a second one.
+      ...(tools.constraint ? { constraint: tools.constraint } : {}),
       prompt: chat.prompt,
       promptParam: "messages",
       extraStop: chat.stop,
@@ -173,6 +187,7 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
     includeUsage: b.stream_options?.include_usage === true,
     n: b.n ?? 1,
     model,
+    ...(tools.parse ? { toolFormat: tools.parse } : {}),
   };
 }
 
@@ -292,6 +307,7 @@ async function respond(
         deps.backend,
         record,
         echo,
+        parsed.toolFormat,
       );
       return Response.json(body);
     } finally {
@@ -313,6 +329,7 @@ async function respond(
     deps,
     record,
     echo,
+    parsed.toolFormat,
   );
   // The log line waits for the stream's end, so it has the token counts and the total time.
   record?.defer();
@@ -369,6 +386,7 @@ async function collect(
   backend: GenerationBackend,
   record: RequestRecord | undefined,
   echo: string,
+  toolFormat: ToolCallFormat | undefined,
 ) {
   const texts = Array.from({ length: n }, () => echo);
   const lps = Array.from({ length: n }, (): TokenLogprob[] => []);
@@ -390,11 +408,22 @@ async function collect(
       ends[index] = ev;
       if (++done < n) continue;
       const all = ends as Extract<GenerationEvent, { type: "done" }>[];
-      const choices = all.map((e, i) => ({
-        text: texts[i]!,
-        finish: e.finishReason,
-        logprobs: withLogprobs ? lps[i]! : null,
-      }));
+      const choices = all.map((e, i) => {
+        const choice = {
+          text: texts[i]!,
+          finish: e.finishReason,
+          logprobs: withLogprobs ? lps[i]! : null,
+        };
+        if (toolFormat === undefined) return choice;
+        const out = parseToolCalls(texts[i]!, toolFormat);
+        if (out.calls.length === 0) return choice;
+        return {
+          ...choice,
+          text: out.content,
+          finish: callsFinish(e.finishReason),
+          toolCalls: out.calls.map(openAiToolCall),
+        };
+      });
       const usage = totalUsage(all.map((e) => e.usage));
       if (record && n > 1) record.completionTokens = usage.completionTokens;
       // The slowest choice's timings: the response was ready when it was.
@@ -425,42 +454,92 @@ function streamRenderer(
   deps: GenerationDeps,
   record: RequestRecord | undefined,
   echo: string,
+  toolFormat: ToolCallFormat | undefined,
 ): (ev: ChoiceEvent) => { chunks: string[]; last: boolean } {
   const sentRole = new Set<number>();
+  // Chat with tools: each choice's text goes through a parser, which holds back what may be a
+  // call; the logprobs of tokens held back go out with the next chunk sent.
+  const parsers = toolFormat === undefined
+    ? undefined
+    : Array.from({ length: n }, () => new ToolCallStream(toolFormat));
+  const heldLps = Array.from({ length: n }, (): TokenLogprob[] => []);
+  const callCounts = new Array<number>(n).fill(0);
   const offsets = new Array<number>(n).fill(0);
   const usages: Usage[] = [];
   const object = kind === "completions" ? "text_completion" : "chat.completion.chunk";
   const chunk = (
     index: number,
     text: string | undefined,
-    finish: FinishReason | null,
+    finish: ChatFinishReason | null,
     lp: TokenLogprob[],
     extras?: ResponseExtras,
+    toolCalls?: ToolCallDelta[],
   ) => {
     if (kind === "completions") {
       const logprobs = withLogprobs && lp.length > 0 ? { tokens: lp, offset: offsets[index]! } : null;
       offsets[index]! += text?.length ?? 0;
       return sseData(
-        completionChunk(meta, text ?? "", finish, logprobs, includeUsage, extras, index),
+        completionChunk(
+          meta,
+          text ?? "",
+          finish as FinishReason | null,
+          logprobs,
+          includeUsage,
+          extras,
+          index,
+        ),
       );
     }
-    const delta: { role?: "assistant"; content?: string } = {};
+    const delta: { role?: "assistant"; content?: string; tool_calls?: ToolCallDelta[] } = {};
     if (!sentRole.has(index)) delta.role = "assistant";
     sentRole.add(index);
     if (text !== undefined) delta.content = text;
+    if (toolCalls !== undefined) delta.tool_calls = toolCalls;
     return sseData(
       chatChunk(meta, delta, finish, withLogprobs ? lp : null, includeUsage, extras, index),
     );
   };
   const more = (chunks: string[]) => ({ chunks, last: false });
+  /** The chunks of what a choice's parser let through: content, then each call (two chunks). */
+  const parsedChunks = (
+    index: number,
+    piece: { content: string; calls: readonly ParsedToolCall[] },
+    lp: TokenLogprob[],
+  ): string[] => {
+    const held = heldLps[index]!;
+    held.push(...lp);
+    const out: string[] = [];
+    const takeLps = () => held.splice(0, held.length);
+    if (piece.content !== "") out.push(chunk(index, piece.content, null, takeLps()));
+    for (const call of piece.calls) {
+      const c = openAiToolCall(call);
+      const k = callCounts[index]!++;
+      out.push(chunk(index, undefined, null, takeLps(), undefined, [{
+        index: k,
+        id: c.id,
+        type: "function",
+        function: { name: c.function.name, arguments: "" },
+      }]));
+      out.push(
+        chunk(index, undefined, null, [], undefined, [{
+          index: k,
+          function: { arguments: c.function.arguments },
+        }]),
+      );
+    }
+    return out;
+  };
   return ({ index, event: ev }) => {
     switch (ev.type) {
       case "started":
         if (kind === "chat_completions") return more([chunk(index, "", null, [])]);
         // Completions' echo: the prompt is each choice's first text.
         return more(echo.length > 0 ? [chunk(index, echo, null, [])] : []);
-      case "token":
-        return more([chunk(index, ev.text, null, [tokenLogprob(ev, deps.backend)])]);
+      case "token": {
+        const lp = [tokenLogprob(ev, deps.backend)];
+        if (parsers) return more(parsedChunks(index, parsers[index]!.push(ev.text), lp));
+        return more([chunk(index, ev.text, null, lp)]);
+      }
       case "done": {
         // "cancelled" is not an OpenAI finish reason, and a client still reading did not
         // cancel: the server cut the stream (drain deadline). Say so, as a stream error.
@@ -472,15 +551,17 @@ function streamRenderer(
           deps.metrics.errors.inc({ code: err.code });
           return { chunks: [sseData(err.toJSON())], last: true };
         }
-        const out = [
+        const out = parsers ? parsedChunks(index, parsers[index]!.finish(), []) : [];
+        const finish = callCounts[index]! > 0 ? callsFinish(ev.finishReason) : ev.finishReason;
+        out.push(
           chunk(
             index,
             kind === "completions" ? "" : undefined,
-            ev.finishReason,
-            [],
+            finish,
+            heldLps[index]!.splice(0),
             responseExtras(capped, ev.cached),
           ),
-        ];
+        );
         usages.push(ev.usage);
         if (usages.length < n) return more(out);
         const usage = totalUsage(usages);
@@ -495,5 +576,18 @@ function streamRenderer(
         return { chunks: [sseData(err.toJSON())], last: true };
       }
     }
+  };
+}
+
+/** An answer of calls ends with "tool_calls", unless it was cut short (length). */
+function callsFinish(f: FinishReason): ChatFinishReason {
+  return f === "stop" ? "tool_calls" : f;
+}
+
+function openAiToolCall(c: ParsedToolCall): OpenAiToolCall {
+  return {
+    id: newToolCallId(),
+    type: "function",
+    function: { name: c.name, arguments: c.arguments },
   };
 }

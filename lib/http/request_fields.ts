@@ -22,7 +22,7 @@ interface Refused {
 const off = (what: string, ...values: unknown[]): Refused => ({ off: values, what });
 
 /** Fields shared by /v1/completions and /v1/chat/completions that are refused unless off. */
-// OpenAI's own (n, echo, best_of, tools) are in schemas.ts, with their types checked as well;
+// OpenAI's own (n, echo, best_of, tools, tool_choice) are in schemas.ts, with their types checked as well;
 // the penalties and logit_bias, honoured, in sampling_controls.ts.
 export const REFUSED_COMMON: Record<string, Refused> = {
   // vLLM
@@ -57,7 +57,6 @@ export const REFUSED_COMMON: Record<string, Refused> = {
 
 /** Refused only on /v1/chat/completions (they shape the chat prompt or its output). */
 export const REFUSED_CHAT: Record<string, Refused> = {
-  tool_choice: off("tools", "none"),
   functions: off("functions (tools)", []),
   function_call: off("functions (tools)", "none"),
   reasoning_effort: off("reasoning effort"),

@@ -102,6 +102,17 @@ export function outputConstraint(b: ConstraintFields): OutputConstraint | undefi
   return given[0]?.[1];
 }
 
+/** The field that gives the request's output constraint (the first, in outputConstraint's order). */
+export function constraintField(b: ConstraintFields): string | undefined {
+  const rf = b.response_format;
+  if (rf && rf.type !== "text") return "response_format";
+  if (b.json_schema) return "json_schema";
+  if (b.guided_json !== undefined && b.guided_json !== null) return "guided_json";
+  if (b.grammar) return "grammar";
+  if (b.guided_grammar) return "guided_grammar";
+  return undefined;
+}
+
 function schemaConstraint(schema: unknown, field: string): OutputConstraint {
   const problem = unsupportedSchemaPart(schema);
   if (problem) {

@@ -2,6 +2,7 @@ import { z } from "zod";
 import { acceptedFields, REFUSED_CHAT, REFUSED_COMMON, refusedFields } from "./request_fields.ts";
 import { logitControlFields, stopTokenFields } from "./sampling_controls.ts";
 import { constraintFields, frameConstraintFields } from "./response_format.ts";
+import { FunctionTool, MessageToolCall, ToolChoice } from "./tools.ts";
 
 /**
  * Shapes of everything a client sends: WebSocket frames (strict: a misspelled field is an
@@ -45,6 +46,7 @@ export const RESERVED_TEMPLATE_VARIABLES = [
   "bos_token",
   "eos_token",
   "add_generation_prompt",
+  "tools",
 ] as const;
 const chatTemplateKwargs = z.record(z.string(), z.unknown()).superRefine((kw, ctx) => {
   for (const name of RESERVED_TEMPLATE_VARIABLES) {
@@ -77,6 +79,12 @@ export const GenerateFrame = z.strictObject({
   ...logitControlFields,
   ...stopTokenFields,
   ...frameConstraintFields,
+  tools: z.never({
+    error: "tools are not supported on the WebSocket protocol; use POST /v1/chat/completions",
+  }).optional(),
+  tool_choice: z.never({
+    error: "tools are not supported on the WebSocket protocol; use POST /v1/chat/completions",
+  }).optional(),
 }).superRefine((f, ctx) => {
   if ((f.top_logprobs ?? 0) > 0 && f.logprobs !== true) {
     ctx.addIssue({
@@ -167,12 +175,24 @@ export const CompletionBody = z.strictObject({
 export type CompletionBody = z.output<typeof CompletionBody>;
 
 export const ChatMessage = z.strictObject({
-  role: z.enum(["system", "developer", "user", "assistant"], {
-    error: 'expected one of "system", "developer", "user", "assistant" ' +
-      "(tool messages are not supported)",
+  role: z.enum(["system", "developer", "user", "assistant", "tool"], {
+    error: 'expected one of "system", "developer", "user", "assistant", "tool"',
   }),
-  content: messageContent,
+  // Null only on an assistant message with tool_calls (checked in tools.ts chatTurns).
+  content: messageContent.nullish(),
   name: z.string().nullish(),
+  tool_calls: z.array(MessageToolCall).nullish(),
+  tool_call_id: z.string().nullish(),
+  // An assistant message as a response gave it (clients send it back as is): its refusal text
+  // stands for the content when there is none.
+  refusal: z.string().nullish(),
+  // Added to a response's message by the openai SDK's helpers (chat.completions.stream,
+  // .parse): accepted back, without effect.
+  parsed: z.unknown().optional(),
+  annotations: z.array(z.unknown()).nullish(),
+  // Never in our answers; accepted only as "none".
+  audio: z.null({ error: "audio is not supported" }).optional(),
+  function_call: z.null({ error: "function_call is not supported; use tool_calls" }).optional(),
 });
 export type ChatMessage = z.output<typeof ChatMessage>;
 
@@ -184,7 +204,8 @@ export const ChatCompletionBody = z.strictObject({
   max_completion_tokens: maxTokens.nullish(),
   logprobs: z.boolean().nullish(),
   top_logprobs: z.number().int().min(0).max(20).nullish(),
-  tools: z.array(z.unknown()).max(0, { error: "tools are not supported" }).nullish(),
+  tools: z.array(FunctionTool).max(128).nullish(),
+  tool_choice: ToolChoice.nullish(),
 });
 export type ChatCompletionBody = z.output<typeof ChatCompletionBody>;
 

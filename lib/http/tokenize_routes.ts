@@ -6,10 +6,13 @@ import { ApiError } from "./errors.ts";
 import { servedName } from "./openai_routes.ts";
 import { DetokenizeBody, TokenizeBody } from "./schemas.ts";
 import { parseWith } from "./validation.ts";
+import { chatTurns, type TemplateTools } from "./tools.ts";
 
 export interface TokenizeOptions {
   readonly backend: GenerationBackend;
   readonly renderChat: ChatRenderer;
+  /** What the model's template does with tools (tool messages need its support). */
+  readonly templateTools: TemplateTools;
   readonly maxBodyBytes: number;
   readonly servedModelNames: readonly string[];
 }
@@ -67,15 +70,7 @@ export function registerTokenizeRoutes(app: Hono, o: TokenizeOptions): void {
           "add_generation_prompt",
         );
       }
-      const chat = o.renderChat(
-        b.messages.map((m) => ({
-          role: m.role,
-          content: typeof m.content === "string"
-            ? m.content
-            : m.content.map((p) => p.text).join(""),
-        })),
-        b.chat_template_kwargs,
-      );
+      const chat = o.renderChat(chatTurns(b.messages, o.templateTools), b.chat_template_kwargs);
       fits(chat.prompt, "messages");
       ids = o.backend.tokenize(chat.prompt, { bos: true, special: chat.special });
     } else if (b.content !== undefined) {
