@@ -330,7 +330,6 @@ async function start(
   // Test-only: LLMSERVE_FAULT_STEPS makes chosen engine steps fail (see lib/fault_injection.ts).
   const faults = FaultInjector.fromEnv();
   const withFaults = (e: Engine): Engine => (faults ? faults.wrap(e) : e);
-  let restartsSeen = 0;
   const core: ServingCore = new ServingCore({
     engine: withFaults(engine),
     engineFactory: async () =>
@@ -347,12 +346,10 @@ async function start(
       maxWaiting: config.maxWaiting,
     },
     executor: {
+      // Restarts are counted by the executor, not from failed steps: every step already
+      // handed to a dead engine fails too.
+      onRestart: () => metrics.observeExecutorRestart(),
       onStep: (r) => {
-        // Restarts are counted from the executor, not from failed steps: every step already
-        // handed to a dead engine fails too. The count is synced on the step after a restart.
-        for (; restartsSeen < core.executor.restarts; restartsSeen++) {
-          metrics.observeExecutorRestart();
-        }
         if (r.error !== undefined) return;
         const tokens = stepTokens(r.plan);
         metrics.observeStep({ durationMs: r.durationMs, batchSize: r.plan.seqs.length, tokens });
