@@ -7,8 +7,8 @@
  *   MODEL_MIRROR=../shared/models deno run -A bench/throughput_bench.ts [--tokens 128] [--concurrency 1,8,32,64] [--backends webgpu,cpu] [--in-flight 3]
  */
 import { parseArgs } from "@std/cli/parse-args";
-import { ServingCore } from "../actors/core.ts";
-import { type BackendChoice, createEngine } from "../lib/serving/engine_factory.ts";
+import type { BackendChoice } from "../lib/serving/engine_factory.ts";
+import { openServing } from "../lib/serving/open_serving.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import type { GenerationEvent } from "../lib/core/generation.ts";
 import { loadModel } from "../lib/model/load_model.ts";
@@ -45,13 +45,12 @@ async function runOnce(
   const blockSize = 16;
   const numBlocks = Math.ceil((n * (tokens + 32)) / blockSize) + 8;
   const limits = { maxBatchTokens: 512, maxSeqs: Math.max(n, 1) };
-  const { engine } = await createEngine(model, backend, { numBlocks, blockSize }, limits);
-  const core = new ServingCore({
-    engine,
-    engineFactory: async () =>
-      (await createEngine(model, backend, { numBlocks, blockSize }, limits)).engine,
-    codec: tokenizer,
-    scheduler: { maxRunning: n, maxBatchTokens: 512 },
+  const { core } = await openServing({
+    model,
+    tokenizer,
+    backend,
+    kv: { numBlocks, blockSize },
+    limits,
     maxInFlight,
   });
   const one = async (i: number) => {

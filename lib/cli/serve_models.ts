@@ -4,27 +4,22 @@
  * unloads idle ones under --memory-budget, --max-loaded-models and the keep-alive.
  */
 import { SpanStatusCode, trace } from "@opentelemetry/api";
-import { ServingCore } from "../../actors/core.ts";
 import { createApp, type ServiceApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
-import { stepTokens } from "../engine/engine.ts";
 import { RequestLog } from "../http/request_log.ts";
 import { describeModelFile } from "../model/model_info.ts";
 import { listLocalModelFiles, resolveModelSource } from "../source/model_source.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
 import { CachedBackend } from "../serving/cached_backend.ts";
 import {
-  createEngine,
   describeChoice,
   engineMemory,
   modelAllocator,
-  planKv,
-  rebuildBackend,
   resolveBackend,
   type ResolvedBackend,
-  warmUp,
 } from "../serving/engine_factory.ts";
+import { openServing, planServing } from "../serving/open_serving.ts";
 import {
   type LoadContext,
   ModelPool,
@@ -190,52 +185,27 @@ async function buildOnFile(
     ...(config.threads === undefined ? {} : { threads: config.threads }),
   };
   const resolved = await shared.resolved;
-  const plan = await planKv(opened.model, resolved.backend, {
+  const { plan, kv, model } = await planServing(opened.model, resolved, {
     blockSize: config.blockSize,
     maxRunning: config.maxRunning,
     ...(config.kvMemory === undefined ? {} : { kvMemory: config.kvMemory }),
-  }, engineOpts, resolved.adapter);
+  }, engineOpts);
   ctx.reserve(m.bytes + plan.bytes);
-  const model = plan.contextLength === opened.model.config.contextLength
-    ? opened.model
-    : { ...opened.model, config: { ...opened.model.config, contextLength: plan.contextLength } };
-  const kv = { numBlocks: plan.numBlocks, blockSize: plan.blockSize };
-  const limits = { maxBatchTokens: config.maxBatchTokens, maxSeqs: config.maxRunning };
-  const built = await createEngine(model, resolved.backend, kv, limits, undefined, engineOpts);
-  const description = describeChoice(built.description, resolved);
-  try {
-    await warmUp(built.engine, tokenizer.bosId);
-  } catch (e) {
-    built.engine.dispose();
-    throw e;
-  }
   const metrics = shared.metrics.get(m.name)!;
-  const core = new ServingCore({
-    engine: built.engine,
-    engineFactory: async () =>
-      (await createEngine(
-        model,
-        rebuildBackend(description, config.backend),
-        kv,
-        limits,
-        undefined,
-        engineOpts,
-      )).engine,
-    codec: tokenizer,
+  const built = await openServing({
+    model,
+    tokenizer,
+    backend: config.backend,
+    resolved,
+    kv,
+    limits: { maxBatchTokens: config.maxBatchTokens, maxSeqs: config.maxRunning },
+    engineOptions: engineOpts,
+    warmUp: true,
     maxInFlight: config.pipelineDepth,
-    scheduler: {
-      maxBatchTokens: config.maxBatchTokens,
-      maxRunning: config.maxRunning,
-      maxWaiting: config.maxWaiting,
-    },
-    executor: {
-      onStep: (r) => {
-        if (r.error !== undefined) return;
-        const tokens = stepTokens(r.plan);
-        metrics.observeStep({ durationMs: r.durationMs, batchSize: r.plan.seqs.length, tokens });
-      },
-    },
+    scheduler: { maxWaiting: config.maxWaiting },
+    metrics,
   });
+  const { core, description } = built;
   const coreBackend = new CoreBackend(m.name, core, tokenizer, shared.chatTemplate ?? model.chatTemplate);
   const backend = config.resultCache > 0
     ? new CachedBackend(coreBackend, config.resultCache)
