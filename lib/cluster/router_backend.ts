@@ -1,6 +1,8 @@
+import { doneEvent } from "../core/done_event.ts";
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import type {
   CoreStats,
+  FinishReason,
   GenerationBackend,
   GenerationEvent,
   GenerationRequest,
@@ -472,16 +474,14 @@ export class RouterBackend implements GenerationBackend {
       if (current !== undefined && !current.lost) this.#cancel(current, "cancel");
     };
     signal.addEventListener("abort", onAbort, { once: true });
-    const cancelled = (): GenerationEvent => ({
-      type: "done",
-      finishReason: "cancelled",
-      usage: {
+    // A router cannot see a replica's queue: the wait for the first token counts as prefill.
+    const routerDone = (reason: FinishReason): GenerationEvent =>
+      doneEvent(reason, {
         promptTokens: promptIds.length,
         completionTokens: delivered.length,
         cachedTokens: 0,
-      },
-      timings: routerTimings(t0, firstTokenAt, delivered.length),
-    });
+      }, { start: t0, scheduled: t0, firstToken: firstTokenAt });
+    const cancelled = () => routerDone("cancelled");
     try {
       for (;;) {
         if (signal.aborted) {
@@ -490,16 +490,7 @@ export class RouterBackend implements GenerationBackend {
         }
         const left = req.maxTokens - delivered.length;
         if (left <= 0) {
-          yield {
-            type: "done",
-            finishReason: "length",
-            usage: {
-              promptTokens: promptIds.length,
-              completionTokens: delivered.length,
-              cachedTokens: 0,
-            },
-            timings: routerTimings(t0, firstTokenAt, delivered.length),
-          };
+          yield routerDone("length");
           return;
         }
         const prompt = delivered.length === 0 ? promptIds : [...promptIds, ...delivered];
@@ -600,22 +591,18 @@ export class RouterBackend implements GenerationBackend {
               firstTokenAt ??= performance.now();
               yield ev;
             } else if (ev.type === "done") {
-              yield {
-                type: "done",
-                finishReason: ev.finishReason,
-                usage: {
-                  promptTokens: promptIds.length,
-                  completionTokens: ev.finishReason === "cancelled" || signal.aborted
-                    ? delivered.length
-                    : before + ev.usage.completionTokens,
-                  cachedTokens: before === 0 ? ev.usage.cachedTokens : 0,
-                },
-                timings: {
-                  ...ev.timings,
-                  timeToFirstTokenMs: (firstTokenAt ?? performance.now()) - t0,
-                  totalMs: performance.now() - t0,
-                },
-              };
+              // The replica's own phases, with the times this router's client saw.
+              yield doneEvent(ev.finishReason, {
+                promptTokens: promptIds.length,
+                completionTokens: ev.finishReason === "cancelled" || signal.aborted
+                  ? delivered.length
+                  : before + ev.usage.completionTokens,
+                cachedTokens: before === 0 ? ev.usage.cachedTokens : 0,
+              }, {
+                ...ev.timings,
+                timeToFirstTokenMs: (firstTokenAt ?? performance.now()) - t0,
+                totalMs: performance.now() - t0,
+              });
               return;
             } else {
               if (!started && (ev.code === "overloaded" || ev.code === "draining")) {
@@ -651,20 +638,6 @@ export class RouterBackend implements GenerationBackend {
       signal.removeEventListener("abort", onAbort);
     }
   }
-}
-
-function routerTimings(t0: number, first: number | undefined, generated: number) {
-  const end = performance.now();
-  const tFirst = first ?? end;
-  const decodeMs = end - tFirst;
-  return {
-    queuedMs: 0,
-    prefillMs: tFirst - t0,
-    timeToFirstTokenMs: tFirst - t0,
-    decodeMs,
-    totalMs: end - t0,
-    decodeTokensPerSecond: generated > 1 && decodeMs > 0 ? ((generated - 1) * 1000) / decodeMs : 0,
-  };
 }
 
 /** GenerationRequest.controls as the Generate message carries them. */
