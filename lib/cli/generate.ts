@@ -1,5 +1,6 @@
 import { openModel, uploadProgress } from "./open_model.ts";
 import { DEFAULT_LIMITS } from "../engine/limits.ts";
+import { completionRoom, promptProblem } from "../core/prompt_check.ts";
 import { parseFlags } from "./args.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
 import { versionLine } from "./version.ts";
@@ -128,12 +129,9 @@ export async function generateCommand(argv: string[]): Promise<number> {
   }, engineOptions);
   const promptIds = tokenizer.encode(args.prompt);
   const limit = model.config.contextLength;
-  if (promptIds.length >= limit) {
-    throw new Error(
-      `Cannot generate: the prompt has ${promptIds.length} tokens, the context length is ${limit}`,
-    );
-  }
-  const maxTokens = Math.min(args["max-tokens"], limit - promptIds.length);
+  const problem = promptProblem(promptIds, { contextLength: limit, vocabSize: model.config.vocabSize });
+  if (problem !== undefined) throw new Error(`Cannot generate: ${problem.message}`);
+  const maxTokens = Math.min(args["max-tokens"], completionRoom(promptIds.length, limit));
   if (maxTokens < args["max-tokens"]) {
     // Said before generating, so a short output is not taken for the model stopping.
     console.error(
