@@ -6,6 +6,7 @@
  *
  *   MODEL_MIRROR=../shared/models deno run -A bench/throughput_bench.ts [--tokens 128] [--concurrency 1,8,32,64] [--backends webgpu,cpu] [--in-flight 3]
  */
+import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { parseArgs } from "@std/cli/parse-args";
 import type { BackendChoice } from "../lib/serving/engine_factory.ts";
 import { openServing } from "../lib/serving/open_serving.ts";
@@ -42,9 +43,9 @@ async function runOnce(
   tokens: number,
   maxInFlight: number,
 ) {
-  const blockSize = 16;
+  const blockSize = DEFAULT_LIMITS.blockSize;
   const numBlocks = Math.ceil((n * (tokens + 32)) / blockSize) + 8;
-  const limits = { maxBatchTokens: 512, maxSeqs: Math.max(n, 1) };
+  const limits = { maxBatchTokens: DEFAULT_LIMITS.maxBatchTokens, maxSeqs: Math.max(n, 1) };
   const { core } = await openServing({
     model,
     tokenizer,

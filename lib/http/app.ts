@@ -1,3 +1,4 @@
+import { HTTP_DEFAULTS } from "./defaults.ts";
 import { Hono } from "hono";
 import { upgradeWebSocket } from "@hono/node-server";
 import { cors } from "hono/cors";
@@ -208,7 +209,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     isDraining: () => draining,
     requestLog,
   };
-  const highWater = opts.wsHighWaterBytes ?? 1 << 20;
+  const highWater = opts.wsHighWaterBytes ?? HTTP_DEFAULTS.wsHighWaterBytes;
   const sessionOpts = {
     renderChat,
     maxFrameBytes: opts.maxFrameBytes ?? 256 * 1024,
@@ -342,7 +343,7 @@ export function createApp(opts: AppOptions): ServiceApp {
   });
   const openAiOpts = {
     renderChat,
-    maxBodyBytes: opts.maxBodyBytes ?? 1 << 20,
+    maxBodyBytes: opts.maxBodyBytes ?? HTTP_DEFAULTS.maxBodyBytes,
     defaultCompletionMaxTokens: opts.defaultCompletionMaxTokens ?? 16,
     createdAt: Math.floor(Date.now() / 1000),
     servedModelNames,
@@ -359,7 +360,7 @@ export function createApp(opts: AppOptions): ServiceApp {
   registerTokenizeRoutes(app, {
     backend,
     renderChat,
-    maxBodyBytes: opts.maxBodyBytes ?? 1 << 20,
+    maxBodyBytes: opts.maxBodyBytes ?? HTTP_DEFAULTS.maxBodyBytes,
     servedModelNames,
   });
   registerPropsRoute(app, {
@@ -367,7 +368,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     servedModelNames,
     props: opts.props ?? {},
     limits: {
-      max_body_bytes: opts.maxBodyBytes ?? 1 << 20,
+      max_body_bytes: opts.maxBodyBytes ?? HTTP_DEFAULTS.maxBodyBytes,
       max_frame_bytes: sessionOpts.maxFrameBytes,
       max_generations_per_socket: sessionOpts.maxGenerationsPerSocket,
       default_completion_max_tokens: opts.defaultCompletionMaxTokens ?? 16,
@@ -486,7 +487,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     async drain(d = {}) {
       draining = true;
       const completed = await inflight.whenIdle(
-        d.timeoutMs ?? opts.drainTimeoutMs ?? 30_000,
+        d.timeoutMs ?? opts.drainTimeoutMs ?? HTTP_DEFAULTS.drainTimeoutSeconds * 1000,
         hurried.signal,
       );
       let aborted = 0;
