@@ -1,4 +1,5 @@
 import { openModel, uploadProgress } from "./open_model.ts";
+import { modelStem } from "../source/model_source.ts";
 import { parseFlags } from "./args.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
 import type { RunNeeds } from "./permissions.ts";
@@ -317,7 +318,7 @@ async function start(
     scheduler: { maxWaiting: config.maxWaiting },
     metrics,
   });
-  const modelName = source.modelPath.split("/").pop()!.replace(/\.(gguf|bin)$/, "");
+  const modelName = modelStem(source.modelPath);
   const coreBackend = new CoreBackend(
     modelName,
     core,

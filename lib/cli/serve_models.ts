@@ -9,7 +9,7 @@ import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
 import { describeModelFile } from "../model/model_info.ts";
-import { listLocalModelFiles, resolveModelSource } from "../source/model_source.ts";
+import { listLocalModelFiles, modelStem, resolveModelSource } from "../source/model_source.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
 import { CachedBackend } from "../serving/cached_backend.ts";
 import {
@@ -59,7 +59,7 @@ export async function modelCatalog(config: Config): Promise<ServedFile[]> {
   }
   const catalog: ServedFile[] = [];
   for (const path of paths) {
-    const name = path.split("/").pop()!.replace(/\.(gguf|bin)$/i, "");
+    const name = modelStem(path);
     if (catalog.some((m) => m.name === name)) {
       throw new Error(
         `Two models would be served as "${name}": ${catalog.find((m) => m.name === name)!.path} ` +
