@@ -100,7 +100,13 @@ Deno.test("openServing(): every engine, the first and each restart's, is wrapped
 });
 
 Deno.test("openServing(): structured output is wired by default (the lazy grammar service) on the planned KV pool", async () => {
-  const { core } = await openServing({ model, tokenizer, backend: "reference", kv: KV, limits: LIMITS });
+  const { core } = await openServing({
+    model,
+    tokenizer,
+    backend: "reference",
+    kv: KV,
+    limits: LIMITS,
+  });
   try {
     const got = await run(core.generate(request({
       maxTokens: 200,
@@ -126,7 +132,10 @@ Deno.test("openServing(): structured output is wired by default (the lazy gramma
 });
 
 Deno.test("planServing(): the plan's geometry, and the model kept as it is when the cache holds its context", async () => {
-  const whole = await planServing(model, { backend: "reference" }, { blockSize: 16, maxRunning: 2 });
+  const whole = await planServing(model, { backend: "reference" }, {
+    blockSize: 16,
+    maxRunning: 2,
+  });
   assertEquals(whole.kv, { numBlocks: whole.plan.numBlocks, blockSize: 16 });
   assertEquals(whole.plan.contextLength, 512);
   assertEquals(whole.model, model);
