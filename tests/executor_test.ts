@@ -43,6 +43,25 @@ async function drain(ch: Channel<SchedulerMsg>, n: number): Promise<SchedulerMsg
   return out;
 }
 
+/**
+ * Fake engines built one after another (the first, then each restart's): `fails(n, call)` says
+ * whether engine n's (from 1) step number `call` (from 0) fails.
+ */
+function failingEngines(fails: (engine: number, call: number) => boolean) {
+  const engines: FakeEngine[] = [];
+  const make = () => {
+    const n = engines.length + 1;
+    const e = new FakeEngine({
+      blockSize: 4,
+      numBlocks: 16,
+      failWhen: (_p, call) => fails(n, call),
+    });
+    engines.push(e);
+    return e;
+  };
+  return { engines, make };
+}
+
 Deno.test("ExecutorActor hands plans to the engine without waiting for results, and answers in step order", async () => {
   const calls: { stepId: number; at: number }[] = [];
   const resolved: { stepId: number; at: number }[] = [];
@@ -87,16 +106,7 @@ Deno.test("ExecutorActor hands plans to the engine without waiting for results, 
 });
 
 Deno.test("ExecutorActor restarts a failed engine, reports failed then ready, and drops stale plans", async () => {
-  const engines: FakeEngine[] = [];
-  const make = () => {
-    const e = new FakeEngine({
-      blockSize: 4,
-      numBlocks: 16,
-      failWhen: (_p, call) => engines.length === 1 && call === 1,
-    });
-    engines.push(e);
-    return e;
-  };
+  const { engines, make } = failingEngines((engine, call) => engine === 1 && call === 1);
   const mailbox = new Channel<ExecutorMsg>(8);
   const scheduler = new Channel<SchedulerMsg>(16);
   const ex = new ExecutorActor(make(), make, mailbox, scheduler, {
@@ -133,17 +143,8 @@ Deno.test("ExecutorActor restarts a failed engine, reports failed then ready, an
 });
 
 Deno.test("ExecutorActor reports each restart as it happens, before the scheduler hears the engine is ready, with no later step needed", async () => {
-  const engines: FakeEngine[] = [];
   // Engines 1 and 2 fail their second step; engine 3 is healthy.
-  const make = () => {
-    const e = new FakeEngine({
-      blockSize: 4,
-      numBlocks: 16,
-      failWhen: (_p, call) => engines.length < 3 && call === 1,
-    });
-    engines.push(e);
-    return e;
-  };
+  const { engines, make } = failingEngines((engine, call) => engine < 3 && call === 1);
   const mailbox = new Channel<ExecutorMsg>(8);
   const scheduler = new Channel<SchedulerMsg>(16);
   const seen: string[] = [];
@@ -174,16 +175,7 @@ Deno.test("ExecutorActor reports each restart as it happens, before the schedule
 });
 
 Deno.test("ExecutorActor: an onRestart hook that throws is logged and the restart still completes", async () => {
-  const engines: FakeEngine[] = [];
-  const make = () => {
-    const e = new FakeEngine({
-      blockSize: 4,
-      numBlocks: 16,
-      failWhen: (_p, call) => engines.length === 1 && call === 0,
-    });
-    engines.push(e);
-    return e;
-  };
+  const { make } = failingEngines((engine, call) => engine === 1 && call === 0);
   const mailbox = new Channel<ExecutorMsg>(8);
   const scheduler = new Channel<SchedulerMsg>(16);
   const logged: string[] = [];
@@ -198,7 +190,10 @@ Deno.test("ExecutorActor: an onRestart hook that throws is logged and the restar
   await mailbox.send({ type: "step", epoch: 0, plan: plan(0, 0, [BOS, 7]), release: [] });
   const got = await drain(scheduler, 2);
   assertEquals(got.map((m) => m.type), ["executor-failed", "executor-ready"]);
-  assert(logged.some((m) => m.includes("onRestart hook threw: counter exploded")), logged.join("\n"));
+  assert(
+    logged.some((m) => m.includes("onRestart hook threw: counter exploded")),
+    logged.join("\n"),
+  );
   mailbox.close();
   await running;
 });
@@ -262,16 +257,7 @@ Deno.test("ExecutorActor releases ended sequences on the engine before the next 
 });
 
 Deno.test("ExecutorActor: an onStep hook that throws loses no result and no restart", async () => {
-  const engines: FakeEngine[] = [];
-  const make = () => {
-    const e = new FakeEngine({
-      blockSize: 4,
-      numBlocks: 16,
-      failWhen: (_p, call) => engines.length === 1 && call === 1,
-    });
-    engines.push(e);
-    return e;
-  };
+  const { make } = failingEngines((engine, call) => engine === 1 && call === 1);
   const mailbox = new Channel<ExecutorMsg>(8);
   const scheduler = new Channel<SchedulerMsg>(16);
   const logged: string[] = [];
