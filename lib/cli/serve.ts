@@ -18,6 +18,7 @@ import {
 import { CoreBackend } from "../serving/core_backend.ts";
 import { engineMemory, modelAllocator, resolveBackend } from "../serving/engine_factory.ts";
 import { openServing, planServing } from "../serving/open_serving.ts";
+import { servingSettings } from "./serving_settings.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
 import type { Engine } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
@@ -284,16 +285,14 @@ async function start(
     onProgress: (phase, bytes, total) => progress.set(phase, bytes, total),
     allocate: modelAllocator(config.backend),
   });
-  const engineOptions = {
-    ...(config.kvDtype === undefined ? {} : { kvDtype: config.kvDtype }),
-    ...(config.threads === undefined ? {} : { threads: config.threads }),
-  };
+  const settings = servingSettings(config);
   const resolved = await resolving;
-  const { plan, kv, model } = await planServing(opened.model, resolved, {
-    blockSize: config.blockSize,
-    maxRunning: config.maxRunning,
-    ...(config.kvMemory === undefined ? {} : { kvMemory: config.kvMemory }),
-  }, engineOptions);
+  const { plan, kv, model } = await planServing(
+    opened.model,
+    resolved,
+    settings.kvRequest,
+    settings.engineOptions,
+  );
   const numBlocks = plan.numBlocks;
   progress.set("building_engine");
   // The upload to the device is most of building the engine: its bytes are the phase's progress.
@@ -301,21 +300,17 @@ async function start(
   // Test-only: LLMSERVE_FAULT_STEPS makes chosen engine steps fail (see lib/fault_injection.ts).
   const faults = FaultInjector.fromEnv();
   const { core, engine, description } = await openServing({
+    ...settings.core,
     model,
     tokenizer,
-    backend: config.backend,
     resolved,
     kv,
-    limits: { maxBatchTokens: config.maxBatchTokens, maxSeqs: config.maxRunning },
-    engineOptions,
     onUpload: (bytes, total) => {
       bar(bytes, total);
       progress.set("building_engine", bytes, total);
     },
     warmUp: () => progress.set("warming_up"),
     ...(faults ? { wrapEngine: (e: Engine) => faults.wrap(e) } : {}),
-    maxInFlight: config.pipelineDepth,
-    scheduler: { maxWaiting: config.maxWaiting },
     metrics,
   });
   const modelName = modelStem(source.modelPath);

@@ -20,6 +20,7 @@ import {
   type ResolvedBackend,
 } from "../serving/engine_factory.ts";
 import { openServing, planServing } from "../serving/open_serving.ts";
+import { servingSettings } from "./serving_settings.ts";
 import {
   type LoadContext,
   ModelPool,
@@ -180,29 +181,23 @@ async function buildOnFile(
 ): Promise<PooledModel<ServiceApp> & { readonly description: string; readonly reused: boolean }> {
   const { config } = shared;
   const { tokenizer, ...opened } = file.opened;
-  const engineOpts = {
-    ...(config.kvDtype === undefined ? {} : { kvDtype: config.kvDtype }),
-    ...(config.threads === undefined ? {} : { threads: config.threads }),
-  };
+  const settings = servingSettings(config);
   const resolved = await shared.resolved;
-  const { plan, kv, model } = await planServing(opened.model, resolved, {
-    blockSize: config.blockSize,
-    maxRunning: config.maxRunning,
-    ...(config.kvMemory === undefined ? {} : { kvMemory: config.kvMemory }),
-  }, engineOpts);
+  const { plan, kv, model } = await planServing(
+    opened.model,
+    resolved,
+    settings.kvRequest,
+    settings.engineOptions,
+  );
   ctx.reserve(m.bytes + plan.bytes);
   const metrics = shared.metrics.get(m.name)!;
   const built = await openServing({
+    ...settings.core,
     model,
     tokenizer,
-    backend: config.backend,
     resolved,
     kv,
-    limits: { maxBatchTokens: config.maxBatchTokens, maxSeqs: config.maxRunning },
-    engineOptions: engineOpts,
     warmUp: true,
-    maxInFlight: config.pipelineDepth,
-    scheduler: { maxWaiting: config.maxWaiting },
     metrics,
   });
   const { core, description } = built;
