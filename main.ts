@@ -1,3 +1,4 @@
+import { DEFAULT_MODEL } from "./lib/source/model_source.ts";
 import { generateCommand, generateInfo, parseGenerateArgs } from "./lib/cli/generate.ts";
 import { ALL_PERMISSIONS, launch } from "./lib/cli/launch.ts";
 import { modelsCommand, parseModelsArgs } from "./lib/cli/models.ts";
@@ -57,7 +58,7 @@ async function launchCommand(args: string[]): Promise<number> {
         return 2;
       }
       return await launch("generate", rest, {
-        model: a.model ?? "stories260K",
+        model: a.model ?? DEFAULT_MODEL,
         tokenizer: a.tokenizer,
         modelsDir: a["models-dir"],
       });

@@ -21,6 +21,12 @@ export interface ExecutorOptions {
   /** Wait before retrying a failed restart, doubled each time (default 100 ms). */
   readonly restartBackoffMs?: number;
   readonly onStep?: (report: StepReport) => void;
+  /**
+   * Called once per engine restart, as soon as the replacement engine is built and before the
+   * scheduler hears it is ready, with the restarts so far (1 for the first). Steps that failed
+   * on the dead engine are not restarts: every step already handed to it fails too.
+   */
+  readonly onRestart?: (restarts: number) => void;
   /** Where failures are logged (default console.error). */
   readonly log?: (message: string) => void;
   /**
@@ -142,13 +148,15 @@ export class ExecutorActor {
    * the rejection would end the process.
    */
   #report(report: StepReport): void {
+    this.#hook(`onStep`, () => this.#opts.onStep?.(report), ` on step ${report.plan.stepId}`);
+  }
+
+  #hook(name: string, call: () => void, where = ""): void {
     try {
-      this.#opts.onStep?.(report);
+      call();
     } catch (e) {
       (this.#opts.log ?? console.error)(
-        `Executor: the onStep hook threw on step ${report.plan.stepId}: ${
-          e instanceof Error ? e.message : e
-        }`,
+        `Executor: the ${name} hook threw${where}: ${e instanceof Error ? e.message : e}`,
       );
     }
   }
@@ -177,6 +185,7 @@ export class ExecutorActor {
       try {
         this.#engine = await this.#factory();
         this.#restarts++;
+        this.#hook("onRestart", () => this.#opts.onRestart?.(this.#restarts));
         await this.#post({ type: "executor-ready", epoch: this.#epoch });
         return;
       } catch (e) {

@@ -1,9 +1,5 @@
-import type {
-  FinishReason,
-  GenerationEvent,
-  GenerationRequest,
-  Timings,
-} from "../lib/core/generation.ts";
+import { doneEvent } from "../lib/core/done_event.ts";
+import type { FinishReason, GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import { StopMatcher } from "../lib/core/stop_strings.ts";
 import type { TopLogprobs } from "../lib/engine/top_logprobs.ts";
 import { Channel, ChannelClosedError } from "./channel.ts";
@@ -237,13 +233,11 @@ export class RequestActor {
       });
     };
     const done = async (reason: FinishReason, completionTokens: number): Promise<void> => {
-      const end = this.#now();
-      await this.#emit({
-        type: "done",
-        finishReason: reason,
-        usage: { promptTokens: prompt.length, completionTokens, cachedTokens },
-        timings: timings(t0, tScheduled, tFirst, end, completionTokens),
-      });
+      await this.#emit(doneEvent(
+        reason,
+        { promptTokens: prompt.length, completionTokens, cachedTokens },
+        { start: t0, scheduled: tScheduled, firstToken: tFirst, end: this.#now() },
+      ));
     };
 
     for await (const msg of this.mailbox) {
@@ -327,24 +321,3 @@ export class RequestActor {
   }
 }
 
-/** Per-request timings in ms; phases that never happened count as 0. */
-function timings(
-  t0: number,
-  scheduled: number | undefined,
-  first: number | undefined,
-  end: number,
-  generated: number,
-): Timings {
-  const tScheduled = scheduled ?? end;
-  const tFirst = first ?? end;
-  const decodeMs = end - tFirst;
-  return {
-    queuedMs: tScheduled - t0,
-    prefillMs: tFirst - tScheduled,
-    timeToFirstTokenMs: tFirst - t0,
-    decodeMs,
-    totalMs: end - t0,
-    // The first token comes from the prefill; the rest are decode steps.
-    decodeTokensPerSecond: generated > 1 && decodeMs > 0 ? ((generated - 1) * 1000) / decodeMs : 0,
-  };
-}

@@ -5,7 +5,7 @@
  */
 import { setImmediate } from "node:timers";
 import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
-import { ServingCore } from "../actors/core.ts";
+import type { ServingCore } from "../actors/core.ts";
 import type { TextCodec } from "../actors/request.ts";
 import {
   type Engine,
@@ -15,7 +15,8 @@ import {
   type StepPlan,
   type StepResult,
 } from "../lib/engine/engine.ts";
-import { type BackendChoice, createEngine } from "../lib/serving/engine_factory.ts";
+import type { BackendChoice } from "../lib/serving/engine_factory.ts";
+import { openServing } from "../lib/serving/open_serving.ts";
 import type { Priority } from "../lib/core/generation.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import type { SchedulerConfig } from "../lib/core/scheduler.ts";
@@ -166,17 +167,24 @@ export async function makeCore(
     maxBatchTokens: scheduler.maxBatchTokens ?? DEFAULT_LIMITS.maxBatchTokens,
     maxSeqs: scheduler.maxRunning ?? DEFAULT_LIMITS.maxRunning,
   };
-  const { engine, description } = await createEngine(bm.model, backend, kv, limits);
-  const probe = new ProbeEngine(engine);
-  const core = new ServingCore({
-    engine: probe,
-    engineFactory: async () =>
-      new ProbeEngine((await createEngine(bm.model, backend, kv, limits)).engine),
+  let probe: ProbeEngine | undefined;
+  const { core, description } = await openServing({
+    model: bm.model,
+    tokenizer: bm.tokenizer,
+    backend,
+    kv,
+    limits,
+    // The first engine's probe is the one reported; a restart's engine is counted apart.
+    wrapEngine: (e) => {
+      const p = new ProbeEngine(e);
+      probe ??= p;
+      return p;
+    },
     codec,
-    scheduler: { maxBatchTokens: limits.maxBatchTokens, maxRunning: limits.maxSeqs, ...scheduler },
+    scheduler,
   });
   made.push(core);
-  return { core, probe, description };
+  return { core, probe: probe!, description };
 }
 
 const made: ServingCore[] = [];

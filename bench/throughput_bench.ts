@@ -6,9 +6,10 @@
  *
  *   MODEL_MIRROR=../shared/models deno run -A bench/throughput_bench.ts [--tokens 128] [--concurrency 1,8,32,64] [--backends webgpu,cpu] [--in-flight 3]
  */
+import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { parseArgs } from "@std/cli/parse-args";
-import { ServingCore } from "../actors/core.ts";
-import { type BackendChoice, createEngine } from "../lib/serving/engine_factory.ts";
+import type { BackendChoice } from "../lib/serving/engine_factory.ts";
+import { openServing } from "../lib/serving/open_serving.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import type { GenerationEvent } from "../lib/core/generation.ts";
 import { loadModel } from "../lib/model/load_model.ts";
@@ -42,16 +43,15 @@ async function runOnce(
   tokens: number,
   maxInFlight: number,
 ) {
-  const blockSize = 16;
+  const blockSize = DEFAULT_LIMITS.blockSize;
   const numBlocks = Math.ceil((n * (tokens + 32)) / blockSize) + 8;
-  const limits = { maxBatchTokens: 512, maxSeqs: Math.max(n, 1) };
-  const { engine } = await createEngine(model, backend, { numBlocks, blockSize }, limits);
-  const core = new ServingCore({
-    engine,
-    engineFactory: async () =>
-      (await createEngine(model, backend, { numBlocks, blockSize }, limits)).engine,
-    codec: tokenizer,
-    scheduler: { maxRunning: n, maxBatchTokens: 512 },
+  const limits = { maxBatchTokens: DEFAULT_LIMITS.maxBatchTokens, maxSeqs: Math.max(n, 1) };
+  const { core } = await openServing({
+    model,
+    tokenizer,
+    backend,
+    kv: { numBlocks, blockSize },
+    limits,
     maxInFlight,
   });
   const one = async (i: number) => {

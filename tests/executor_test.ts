@@ -43,6 +43,25 @@ async function drain(ch: Channel<SchedulerMsg>, n: number): Promise<SchedulerMsg
   return out;
 }
 
+/**
+ * Fake engines built one after another (the first, then each restart's): `fails(n, call)` says
+ * whether engine n's (from 1) step number `call` (from 0) fails.
+ */
+function failingEngines(fails: (engine: number, call: number) => boolean) {
+  const engines: FakeEngine[] = [];
+  const make = () => {
+    const n = engines.length + 1;
+    const e = new FakeEngine({
+      blockSize: 4,
+      numBlocks: 16,
+      failWhen: (_p, call) => fails(n, call),
+    });
+    engines.push(e);
+    return e;
+  };
+  return { engines, make };
+}
+
 Deno.test("ExecutorActor hands plans to the engine without waiting for results, and answers in step order", async () => {
   const calls: { stepId: number; at: number }[] = [];
   const resolved: { stepId: number; at: number }[] = [];
@@ -87,16 +106,7 @@ Deno.test("ExecutorActor hands plans to the engine without waiting for results, 
 });
 
 Deno.test("ExecutorActor restarts a failed engine, reports failed then ready, and drops stale plans", async () => {
-  const engines: FakeEngine[] = [];
-  const make = () => {
-    const e = new FakeEngine({
-      blockSize: 4,
-      numBlocks: 16,
-      failWhen: (_p, call) => engines.length === 1 && call === 1,
-    });
-    engines.push(e);
-    return e;
-  };
+  const { engines, make } = failingEngines((engine, call) => engine === 1 && call === 1);
   const mailbox = new Channel<ExecutorMsg>(8);
   const scheduler = new Channel<SchedulerMsg>(16);
   const ex = new ExecutorActor(make(), make, mailbox, scheduler, {
@@ -128,6 +138,62 @@ Deno.test("ExecutorActor restarts a failed engine, reports failed then ready, an
   assert(next?.type === "step-result" && next.epoch === 1 && next.result.stepId === 4);
   assertEquals(engines[1]!.calls, 1);
   assertEquals(ex.restarts, 1);
+  mailbox.close();
+  await running;
+});
+
+Deno.test("ExecutorActor reports each restart as it happens, before the scheduler hears the engine is ready, with no later step needed", async () => {
+  // Engines 1 and 2 fail their second step; engine 3 is healthy.
+  const { engines, make } = failingEngines((engine, call) => engine < 3 && call === 1);
+  const mailbox = new Channel<ExecutorMsg>(8);
+  const scheduler = new Channel<SchedulerMsg>(16);
+  const seen: string[] = [];
+  const ex = new ExecutorActor(make(), make, mailbox, scheduler, {
+    ...silent,
+    restartBackoffMs: 1,
+    onRestart: (n) => seen.push(`restart ${n} (engines built ${engines.length})`),
+  });
+  const running = ex.run();
+  // Three steps on engine 1: the second fails, the third fails with it (one restart, not two).
+  for (let s = 0; s < 3; s++) {
+    await mailbox.send({ type: "step", epoch: 0, plan: plan(s, s, [BOS, 7]), release: [] });
+  }
+  const first = await drain(scheduler, 3);
+  assertEquals(first.map((m) => m.type), ["step-result", "executor-failed", "executor-ready"]);
+  // Reported when executor-ready was posted, though no step has run on the new engine yet.
+  assertEquals(seen, ["restart 1 (engines built 2)"]);
+  assertEquals(engines[1]!.calls, 0);
+  for (let s = 3; s < 5; s++) {
+    await mailbox.send({ type: "step", epoch: 1, plan: plan(s, 0, [BOS, 8]), release: [] });
+  }
+  const second = await drain(scheduler, 3);
+  assertEquals(second.map((m) => m.type), ["step-result", "executor-failed", "executor-ready"]);
+  assertEquals(seen, ["restart 1 (engines built 2)", "restart 2 (engines built 3)"]);
+  assertEquals(ex.restarts, 2);
+  mailbox.close();
+  await running;
+});
+
+Deno.test("ExecutorActor: an onRestart hook that throws is logged and the restart still completes", async () => {
+  const { make } = failingEngines((engine, call) => engine === 1 && call === 0);
+  const mailbox = new Channel<ExecutorMsg>(8);
+  const scheduler = new Channel<SchedulerMsg>(16);
+  const logged: string[] = [];
+  const ex = new ExecutorActor(make(), make, mailbox, scheduler, {
+    log: (m) => logged.push(m),
+    restartBackoffMs: 1,
+    onRestart: () => {
+      throw new Error("counter exploded");
+    },
+  });
+  const running = ex.run();
+  await mailbox.send({ type: "step", epoch: 0, plan: plan(0, 0, [BOS, 7]), release: [] });
+  const got = await drain(scheduler, 2);
+  assertEquals(got.map((m) => m.type), ["executor-failed", "executor-ready"]);
+  assert(
+    logged.some((m) => m.includes("onRestart hook threw: counter exploded")),
+    logged.join("\n"),
+  );
   mailbox.close();
   await running;
 });
@@ -191,16 +257,7 @@ Deno.test("ExecutorActor releases ended sequences on the engine before the next 
 });
 
 Deno.test("ExecutorActor: an onStep hook that throws loses no result and no restart", async () => {
-  const engines: FakeEngine[] = [];
-  const make = () => {
-    const e = new FakeEngine({
-      blockSize: 4,
-      numBlocks: 16,
-      failWhen: (_p, call) => engines.length === 1 && call === 1,
-    });
-    engines.push(e);
-    return e;
-  };
+  const { make } = failingEngines((engine, call) => engine === 1 && call === 1);
   const mailbox = new Channel<ExecutorMsg>(8);
   const scheduler = new Channel<SchedulerMsg>(16);
   const logged: string[] = [];

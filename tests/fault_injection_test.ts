@@ -1,5 +1,7 @@
 import { assertEquals, assertRejects, assertThrows } from "@std/assert";
-import { GREEDY, type StepPlan } from "../lib/engine/engine.ts";
+import { type Engine, GREEDY, type StepPlan } from "../lib/engine/engine.ts";
+import { ServingCore } from "../actors/core.ts";
+import { BOS, fakeCodec } from "./_fake_codec.ts";
 import { FakeEngine } from "./_fake_engine.ts";
 import { FaultInjector, parseFaultSteps } from "../lib/engine/fault_injection.ts";
 
@@ -53,4 +55,44 @@ Deno.test("a device-lost fault fails that engine for good; a new engine counts o
   await assertRejects(() => fresh.step(plan(0, [1])), Error, "engine step 3");
   assertEquals(inj.steps, 3);
   assertEquals(inj.injected, 2);
+});
+
+Deno.test("a wrapped engine keeps the limits its step buffers were sized for, so the core stays within them", async () => {
+  const inj = new FaultInjector(new Map());
+  const limited = (): Engine =>
+    Object.assign(new FakeEngine({ vocabSize: 64, numBlocks: 256, blockSize: 4 }), {
+      limits: { maxSeqs: 3, maxBatchTokens: 8 },
+    });
+  const wrapped = inj.wrap(limited());
+  assertEquals(wrapped.limits, { maxSeqs: 3, maxBatchTokens: 8 });
+  assertEquals(inj.wrap(new FakeEngine()).limits, undefined);
+  // End to end: the scheduler reads the limits off the engine it is given, the wrapped one.
+  let widest = 0;
+  const core = new ServingCore({
+    engine: wrapped,
+    engineFactory: () => inj.wrap(limited()),
+    codec: fakeCodec,
+    scheduler: { maxRunning: 64, maxBatchTokens: 512 },
+    executor: { onStep: ({ plan }) => void (widest = Math.max(widest, plan.seqs.length)) },
+  });
+  try {
+    const ends = await Promise.all(Array.from({ length: 8 }, async (_, i) => {
+      let last = "";
+      for await (
+        const e of core.generate({
+          prompt: [BOS, 2 + i, 3 + i],
+          maxTokens: 4,
+          sampling: GREEDY,
+          stop: [],
+          priority: "interactive",
+          requestId: `l${i}`,
+        })
+      ) last = e.type;
+      return last;
+    }));
+    assertEquals(ends, Array(8).fill("done"));
+    assertEquals(widest, 3, "steps fill up to, and never past, the wrapped engine's 3 sequences");
+  } finally {
+    await core.close();
+  }
 });

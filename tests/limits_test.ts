@@ -5,6 +5,9 @@ import { parseServeArgs } from "../lib/cli/serve.ts";
 import { schedulerConfig } from "../lib/core/scheduler.ts";
 import { createExecutorMailbox, SchedulerActor } from "../actors/scheduler.ts";
 import { Scheduler } from "../lib/core/scheduler.ts";
+import { HTTP_DEFAULTS } from "../lib/http/defaults.ts";
+import { DEFAULT_MODEL } from "../lib/source/model_source.ts";
+import { startService } from "./_http_harness.ts";
 
 const noEnv = () => undefined;
 
@@ -45,4 +48,33 @@ Deno.test("serve's usage shows every limit with its default", () => {
     const line = err.message.split("\n").find((l) => l.trimStart().startsWith(flag + " "));
     assertStringIncludes(line ?? `(no line for ${flag})`, `default ${value}]`);
   }
+});
+
+Deno.test("the HTTP defaults: the configuration, --help and the app read the one table", async () => {
+  const config = resolveConfig({}, noEnv);
+  // The numbers themselves, written out: a change to the table is a change to this test.
+  assertEquals(HTTP_DEFAULTS.maxBodyBytes, 1_048_576);
+  assertEquals(
+    [config.headerTimeout, config.bodyTimeout, config.keepAliveTimeout, config.drainTimeout],
+    [60, 60, 5, 30],
+  );
+  assertEquals(config.headerTimeout, HTTP_DEFAULTS.headerTimeoutSeconds);
+  assertEquals(config.bodyTimeout, HTTP_DEFAULTS.bodyTimeoutSeconds);
+  assertEquals(config.keepAliveTimeout, HTTP_DEFAULTS.keepAliveTimeoutSeconds);
+  assertEquals(config.drainTimeout, HTTP_DEFAULTS.drainTimeoutSeconds);
+  assertEquals(config.model, "stories260K");
+  assertEquals(config.model, DEFAULT_MODEL);
+  const err = assertThrows(() => parseServeArgs(["--no-such-flag"], noEnv), Error) as Error;
+  const line = err.message.split("\n").find((l) => l.trimStart().startsWith("--header-timeout "));
+  assertStringIncludes(line ?? "(no --header-timeout line)", `default 60]`);
+  // An app given no body limit reports the table's, and refuses a body one byte over it.
+  await using svc = await startService();
+  const props = await (await fetch(`${svc.base}/props`)).json();
+  assertEquals(props.limits.max_body_bytes, 1_048_576);
+  const res = await fetch(`${svc.base}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ prompt: "x".repeat(1_048_576) }),
+  });
+  assertEquals(res.status, 413, await res.text());
 });

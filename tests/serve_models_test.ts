@@ -8,6 +8,7 @@
  * that takes the others.
  */
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
+import { Ajv } from "ajv";
 import { compatPath } from "./_compat.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
 import { otlpAttr, startOtlpCollector } from "./_otlp_collector.ts";
@@ -339,6 +340,61 @@ Deno.test("--max-loaded-models 1: a load that needs the busy model gone is refus
     assert(all.includes('"finish_reason":"length"'), all.slice(-400));
     assertEquals(await text(A), oracleA); // C idle now: it makes way
     assertEquals(await phases(), { [C]: "unloaded", [A]: "loaded" });
+  } finally {
+    server.child.kill("SIGTERM");
+    await server.child.status;
+  }
+});
+
+Deno.test("a server of several models honours response_format json_schema on each of them", async () => {
+  const server = await spawnUntilListening([
+    "run",
+    "--allow-all",
+    MAIN,
+    "serve",
+    "--port",
+    "0",
+    "--backend",
+    "cpu",
+    "--kv-memory",
+    "2MiB",
+    "--model",
+    compatPath(A),
+    "--model",
+    compatPath(C),
+  ]);
+  const schema = {
+    type: "object",
+    properties: {
+      name: { type: "string", maxLength: 8 },
+      age: { type: "integer", minimum: 1, maximum: 20 },
+      color: { enum: ["black", "white"] },
+    },
+    required: ["name", "age", "color"],
+    additionalProperties: false,
+  };
+  const validate = new Ajv({ strict: false }).compile(schema);
+  try {
+    for (const model of [A, C]) {
+      const res = await fetch(`${server.base}/v1/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({
+          model,
+          messages: [{ role: "user", content: "Describe a cat" }],
+          max_tokens: 256,
+          seed: 7,
+          response_format: { type: "json_schema", json_schema: { name: "cat", schema } },
+        }),
+      });
+      const body = await res.json();
+      assertEquals(res.status, 200, `${model}: ${JSON.stringify(body)}`);
+      assertEquals(body.model, model);
+      const content: string = body.choices[0].message.content;
+      assertEquals(body.choices[0].finish_reason, "stop", `${model}: ${content}`);
+      // Checked by an independent validator: the grammar service is not its own oracle.
+      assert(validate(JSON.parse(content)), `${model}: ${content}: ${JSON.stringify(validate.errors)}`);
+    }
   } finally {
     server.child.kill("SIGTERM");
     await server.child.status;

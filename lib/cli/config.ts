@@ -1,3 +1,5 @@
+import { HTTP_DEFAULTS } from "../http/defaults.ts";
+import { DEFAULT_MODEL } from "../source/model_source.ts";
 import { z } from "zod";
 import { parseByteSize } from "../util/byte_size.ts";
 import { DEFAULT_LIMITS } from "../engine/limits.ts";
@@ -12,7 +14,7 @@ export const SETTINGS = {
   model: {
     env: "LLMSERVE_MODEL",
     help: "model path, https:// URL or known name",
-    default: "stories260K",
+    default: DEFAULT_MODEL,
   },
   models: {
     env: "LLMSERVE_MODELS",
@@ -105,7 +107,7 @@ export const SETTINGS = {
   drainTimeout: {
     env: "LLMSERVE_DRAIN_TIMEOUT",
     help: "seconds to let in-flight requests finish on SIGTERM",
-    default: 30,
+    default: HTTP_DEFAULTS.drainTimeoutSeconds,
   },
   servedModelName: {
     env: "LLMSERVE_SERVED_MODEL_NAMES",
@@ -152,17 +154,17 @@ export const SETTINGS = {
   headerTimeout: {
     env: "LLMSERVE_HEADER_TIMEOUT",
     help: "seconds a connection has to send a request's headers",
-    default: 60,
+    default: HTTP_DEFAULTS.headerTimeoutSeconds,
   },
   bodyTimeout: {
     env: "LLMSERVE_BODY_TIMEOUT",
     help: "seconds a whole request may take to arrive",
-    default: 60,
+    default: HTTP_DEFAULTS.bodyTimeoutSeconds,
   },
   keepAliveTimeout: {
     env: "LLMSERVE_KEEP_ALIVE_TIMEOUT",
     help: "seconds an idle keep-alive connection is kept",
-    default: 5,
+    default: HTTP_DEFAULTS.keepAliveTimeoutSeconds,
   },
   dataDir: {
     env: "LLMSERVE_DATA_DIR",

@@ -1,20 +1,13 @@
 import { openModel, uploadProgress } from "./open_model.ts";
 import { DEFAULT_LIMITS } from "../engine/limits.ts";
+import { completionRoom, promptProblem } from "../core/prompt_check.ts";
 import { parseFlags } from "./args.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
 import { versionLine } from "./version.ts";
 import type { SamplingParams } from "../engine/engine.ts";
-import { ServingCore } from "../../actors/core.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
-import {
-  createEngine,
-  describeChoice,
-  resolveBackend,
-  engineMemory,
-  modelAllocator,
-  planKv,
-  rebuildBackend,
-} from "../serving/engine_factory.ts";
+import { engineMemory, modelAllocator, resolveBackend } from "../serving/engine_factory.ts";
+import { openServing, planServing } from "../serving/open_serving.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import { DEFAULT_MODEL } from "../source/model_source.ts";
@@ -124,27 +117,21 @@ export async function generateCommand(argv: string[]): Promise<number> {
     purpose: "generate with",
     allocate: modelAllocator(args.backend),
   });
-  const engineOpts = {
+  const engineOptions = {
     ...(args["kv-dtype"] === undefined ? {} : { kvDtype: args["kv-dtype"] }),
     ...(args.threads === undefined ? {} : { threads: args.threads }),
   };
   // One sequence: an automatic KV cache of one full context, shortened to fit the device.
   const resolved = await resolving;
-  const plan = await planKv(opened.model, resolved.backend, {
+  const { plan, kv, model } = await planServing(opened.model, resolved, {
     blockSize: DEFAULT_LIMITS.blockSize,
     maxRunning: 1,
-  }, engineOpts, resolved.adapter);
-  const model = plan.contextLength === opened.model.config.contextLength
-    ? opened.model
-    : { ...opened.model, config: { ...opened.model.config, contextLength: plan.contextLength } };
+  }, engineOptions);
   const promptIds = tokenizer.encode(args.prompt);
   const limit = model.config.contextLength;
-  if (promptIds.length >= limit) {
-    throw new Error(
-      `Cannot generate: the prompt has ${promptIds.length} tokens, the context length is ${limit}`,
-    );
-  }
-  const maxTokens = Math.min(args["max-tokens"], limit - promptIds.length);
+  const problem = promptProblem(promptIds, { contextLength: limit, vocabSize: model.config.vocabSize });
+  if (problem !== undefined) throw new Error(`Cannot generate: ${problem.message}`);
+  const maxTokens = Math.min(args["max-tokens"], completionRoom(promptIds.length, limit));
   if (maxTokens < args["max-tokens"]) {
     // Said before generating, so a short output is not taken for the model stopping.
     console.error(
@@ -152,18 +139,18 @@ export async function generateCommand(argv: string[]): Promise<number> {
         `${promptIds.length} tokens and the context is ${limit} (--context-length raises it)`,
     );
   }
-  const kv = { numBlocks: plan.numBlocks, blockSize: plan.blockSize };
-  const limits = { maxBatchTokens: DEFAULT_LIMITS.maxBatchTokens, maxSeqs: 1 };
-  const built = await createEngine(
+  // The same serving core as the server (one sequence): pipelined decode, the same stop rules.
+  const { core, engine, description } = await openServing({
     model,
-    resolved.backend,
+    tokenizer,
+    backend: args.backend,
+    resolved,
     kv,
-    limits,
-    uploadProgress(source.modelPath),
-    engineOpts,
-  );
-  const { engine } = built;
-  const description = describeChoice(built.description, resolved);
+    limits: { maxBatchTokens: DEFAULT_LIMITS.maxBatchTokens, maxSeqs: 1 },
+    engineOptions,
+    onUpload: uploadProgress(source.modelPath),
+    maxInFlight: DEFAULT_LIMITS.pipelineDepth,
+  });
   const mem = engineMemory(engine);
   const c = model.config;
   console.error(
@@ -174,22 +161,6 @@ export async function generateCommand(argv: string[]): Promise<number> {
     }, kv cache ${formatBytes(mem?.kvCache ?? plan.bytes)}; prompt ${promptIds.length} tokens`,
   );
 
-  // The same serving core as the server (one sequence): pipelined decode, the same stop rules.
-  const core = new ServingCore({
-    engine,
-    engineFactory: async () =>
-      (await createEngine(
-        model,
-        rebuildBackend(description, args.backend),
-        kv,
-        limits,
-        undefined,
-        engineOpts,
-      )).engine,
-    codec: tokenizer,
-    maxInFlight: DEFAULT_LIMITS.pipelineDepth,
-    scheduler: { maxRunning: 1, maxBatchTokens: limits.maxBatchTokens },
-  });
   const backend = new CoreBackend("cli", core, tokenizer);
   const sampling: SamplingParams = {
     temperature: args.temperature,

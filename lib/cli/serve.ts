@@ -1,11 +1,11 @@
 import { openModel, uploadProgress } from "./open_model.ts";
-import { lazyGrammarService } from "../grammar/grammar_service.ts";
+import { modelStem } from "../source/model_source.ts";
 import { parseFlags } from "./args.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
 import type { RunNeeds } from "./permissions.ts";
 import { versionLine } from "./version.ts";
 import { serveModelsCommand } from "./serve_models.ts";
-import { ServingCore } from "../../actors/core.ts";
+import type { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import {
@@ -16,18 +16,11 @@ import {
   SETTINGS,
 } from "./config.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
-import {
-  createEngine,
-  describeChoice,
-  resolveBackend,
-  engineMemory,
-  modelAllocator,
-  planKv,
-  rebuildBackend,
-  warmUp,
-} from "../serving/engine_factory.ts";
+import { engineMemory, modelAllocator, resolveBackend } from "../serving/engine_factory.ts";
+import { openServing, planServing } from "../serving/open_serving.ts";
+import { servingSettings } from "./serving_settings.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
-import { type Engine, stepTokens } from "../engine/engine.ts";
+import type { Engine } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
 import { BatchQueue } from "../batch/batch_queue.ts";
 import { resolveDataDir } from "../batch/data_dir.ts";
@@ -292,74 +285,35 @@ async function start(
     onProgress: (phase, bytes, total) => progress.set(phase, bytes, total),
     allocate: modelAllocator(config.backend),
   });
-  const engineOpts = {
-    ...(config.kvDtype === undefined ? {} : { kvDtype: config.kvDtype }),
-    ...(config.threads === undefined ? {} : { threads: config.threads }),
-  };
+  const settings = servingSettings(config);
   const resolved = await resolving;
-  const plan = await planKv(opened.model, resolved.backend, {
-    blockSize: config.blockSize,
-    maxRunning: config.maxRunning,
-    ...(config.kvMemory === undefined ? {} : { kvMemory: config.kvMemory }),
-  }, engineOpts, resolved.adapter);
-  // An automatic cache too small for the file's context shortens it (the summary says so).
-  const model = plan.contextLength === opened.model.config.contextLength
-    ? opened.model
-    : { ...opened.model, config: { ...opened.model.config, contextLength: plan.contextLength } };
+  const { plan, kv, model } = await planServing(
+    opened.model,
+    resolved,
+    settings.kvRequest,
+    settings.engineOptions,
+  );
   const numBlocks = plan.numBlocks;
-  const kv = { numBlocks, blockSize: plan.blockSize };
-  const limits = { maxBatchTokens: config.maxBatchTokens, maxSeqs: config.maxRunning };
   progress.set("building_engine");
   // The upload to the device is most of building the engine: its bytes are the phase's progress.
   const bar = uploadProgress(source.modelPath);
-  const built = await createEngine(
+  // Test-only: LLMSERVE_FAULT_STEPS makes chosen engine steps fail (see lib/fault_injection.ts).
+  const faults = FaultInjector.fromEnv();
+  const { core, engine, description } = await openServing({
+    ...settings.core,
     model,
-    resolved.backend,
+    tokenizer,
+    resolved,
     kv,
-    limits,
-    (bytes, total) => {
+    onUpload: (bytes, total) => {
       bar(bytes, total);
       progress.set("building_engine", bytes, total);
     },
-    engineOpts,
-  );
-  const { engine } = built;
-  const description = describeChoice(built.description, resolved);
-  progress.set("warming_up");
-  await warmUp(engine, tokenizer.bosId);
-  // Test-only: LLMSERVE_FAULT_STEPS makes chosen engine steps fail (see lib/fault_injection.ts).
-  const faults = FaultInjector.fromEnv();
-  const withFaults = (e: Engine): Engine => (faults ? faults.wrap(e) : e);
-  let restartsSeen = 0;
-  const core: ServingCore = new ServingCore({
-    engine: withFaults(engine),
-    engineFactory: async () =>
-      withFaults(
-        (await createEngine(model, rebuildBackend(description, config.backend), kv, limits, undefined, engineOpts))
-          .engine,
-      ),
-    codec: tokenizer,
-    grammars: lazyGrammarService(tokenizer, model.config.vocabSize),
-    maxInFlight: config.pipelineDepth,
-    scheduler: {
-      maxBatchTokens: config.maxBatchTokens,
-      maxRunning: config.maxRunning,
-      maxWaiting: config.maxWaiting,
-    },
-    executor: {
-      onStep: (r) => {
-        // Restarts are counted from the executor, not from failed steps: every step already
-        // handed to a dead engine fails too. The count is synced on the step after a restart.
-        for (; restartsSeen < core.executor.restarts; restartsSeen++) {
-          metrics.observeExecutorRestart();
-        }
-        if (r.error !== undefined) return;
-        const tokens = stepTokens(r.plan);
-        metrics.observeStep({ durationMs: r.durationMs, batchSize: r.plan.seqs.length, tokens });
-      },
-    },
+    warmUp: () => progress.set("warming_up"),
+    ...(faults ? { wrapEngine: (e: Engine) => faults.wrap(e) } : {}),
+    metrics,
   });
-  const modelName = source.modelPath.split("/").pop()!.replace(/\.(gguf|bin)$/, "");
+  const modelName = modelStem(source.modelPath);
   const coreBackend = new CoreBackend(
     modelName,
     core,

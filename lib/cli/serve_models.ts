@@ -4,27 +4,23 @@
  * unloads idle ones under --memory-budget, --max-loaded-models and the keep-alive.
  */
 import { SpanStatusCode, trace } from "@opentelemetry/api";
-import { ServingCore } from "../../actors/core.ts";
 import { createApp, type ServiceApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
-import { stepTokens } from "../engine/engine.ts";
 import { RequestLog } from "../http/request_log.ts";
 import { describeModelFile } from "../model/model_info.ts";
-import { listLocalModelFiles, resolveModelSource } from "../source/model_source.ts";
+import { listLocalModelFiles, modelStem, resolveModelSource } from "../source/model_source.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
 import { CachedBackend } from "../serving/cached_backend.ts";
 import {
-  createEngine,
   describeChoice,
   engineMemory,
   modelAllocator,
-  planKv,
-  rebuildBackend,
   resolveBackend,
   type ResolvedBackend,
-  warmUp,
 } from "../serving/engine_factory.ts";
+import { openServing, planServing } from "../serving/open_serving.ts";
+import { servingSettings } from "./serving_settings.ts";
 import {
   type LoadContext,
   ModelPool,
@@ -64,7 +60,7 @@ export async function modelCatalog(config: Config): Promise<ServedFile[]> {
   }
   const catalog: ServedFile[] = [];
   for (const path of paths) {
-    const name = path.split("/").pop()!.replace(/\.(gguf|bin)$/i, "");
+    const name = modelStem(path);
     if (catalog.some((m) => m.name === name)) {
       throw new Error(
         `Two models would be served as "${name}": ${catalog.find((m) => m.name === name)!.path} ` +
@@ -185,57 +181,26 @@ async function buildOnFile(
 ): Promise<PooledModel<ServiceApp> & { readonly description: string; readonly reused: boolean }> {
   const { config } = shared;
   const { tokenizer, ...opened } = file.opened;
-  const engineOpts = {
-    ...(config.kvDtype === undefined ? {} : { kvDtype: config.kvDtype }),
-    ...(config.threads === undefined ? {} : { threads: config.threads }),
-  };
+  const settings = servingSettings(config);
   const resolved = await shared.resolved;
-  const plan = await planKv(opened.model, resolved.backend, {
-    blockSize: config.blockSize,
-    maxRunning: config.maxRunning,
-    ...(config.kvMemory === undefined ? {} : { kvMemory: config.kvMemory }),
-  }, engineOpts, resolved.adapter);
+  const { plan, kv, model } = await planServing(
+    opened.model,
+    resolved,
+    settings.kvRequest,
+    settings.engineOptions,
+  );
   ctx.reserve(m.bytes + plan.bytes);
-  const model = plan.contextLength === opened.model.config.contextLength
-    ? opened.model
-    : { ...opened.model, config: { ...opened.model.config, contextLength: plan.contextLength } };
-  const kv = { numBlocks: plan.numBlocks, blockSize: plan.blockSize };
-  const limits = { maxBatchTokens: config.maxBatchTokens, maxSeqs: config.maxRunning };
-  const built = await createEngine(model, resolved.backend, kv, limits, undefined, engineOpts);
-  const description = describeChoice(built.description, resolved);
-  try {
-    await warmUp(built.engine, tokenizer.bosId);
-  } catch (e) {
-    built.engine.dispose();
-    throw e;
-  }
   const metrics = shared.metrics.get(m.name)!;
-  const core = new ServingCore({
-    engine: built.engine,
-    engineFactory: async () =>
-      (await createEngine(
-        model,
-        rebuildBackend(description, config.backend),
-        kv,
-        limits,
-        undefined,
-        engineOpts,
-      )).engine,
-    codec: tokenizer,
-    maxInFlight: config.pipelineDepth,
-    scheduler: {
-      maxBatchTokens: config.maxBatchTokens,
-      maxRunning: config.maxRunning,
-      maxWaiting: config.maxWaiting,
-    },
-    executor: {
-      onStep: (r) => {
-        if (r.error !== undefined) return;
-        const tokens = stepTokens(r.plan);
-        metrics.observeStep({ durationMs: r.durationMs, batchSize: r.plan.seqs.length, tokens });
-      },
-    },
+  const built = await openServing({
+    ...settings.core,
+    model,
+    tokenizer,
+    resolved,
+    kv,
+    warmUp: true,
+    metrics,
   });
+  const { core, description } = built;
   const coreBackend = new CoreBackend(m.name, core, tokenizer, shared.chatTemplate ?? model.chatTemplate);
   const backend = config.resultCache > 0
     ? new CachedBackend(coreBackend, config.resultCache)

@@ -1,3 +1,4 @@
+import { doneEvent } from "../core/done_event.ts";
 import type { GenerationEvent, GenerationRequest } from "../core/generation.ts";
 import type { LogitControls } from "../core/logit_controls.ts";
 import type { Generate } from "./messages.ts";
@@ -150,22 +151,18 @@ export class Failover {
         this.#firstTokenAt ??= performance.now();
         yield ev;
       } else if (ev.type === "done") {
-        yield {
-          type: "done",
-          finishReason: ev.finishReason,
-          usage: {
-            promptTokens: this.promptIds.length,
-            completionTokens: ev.finishReason === "cancelled" || signal.aborted
-              ? this.delivered.length
-              : before + ev.usage.completionTokens,
-            cachedTokens: before === 0 ? ev.usage.cachedTokens : 0,
-          },
-          timings: {
-            ...ev.timings,
-            timeToFirstTokenMs: (this.#firstTokenAt ?? performance.now()) - this.#t0,
-            totalMs: performance.now() - this.#t0,
-          },
-        };
+        // The replica's own phases, with the times this router's client saw.
+        yield doneEvent(ev.finishReason, {
+          promptTokens: this.promptIds.length,
+          completionTokens: ev.finishReason === "cancelled" || signal.aborted
+            ? this.delivered.length
+            : before + ev.usage.completionTokens,
+          cachedTokens: before === 0 ? ev.usage.cachedTokens : 0,
+        }, {
+          ...ev.timings,
+          timeToFirstTokenMs: (this.#firstTokenAt ?? performance.now()) - this.#t0,
+          totalMs: performance.now() - this.#t0,
+        });
         return { kind: "final" };
       } else {
         if (!this.#started && (ev.code === "overloaded" || ev.code === "draining")) {
@@ -184,23 +181,16 @@ export class Failover {
 
   /** The router's own final event: the client left, or max_tokens were all delivered. */
   finish(reason: "cancelled" | "length"): GenerationEvent {
-    const end = performance.now();
-    const first = this.#firstTokenAt ?? end;
-    const decodeMs = end - first;
-    const n = this.delivered.length;
-    return {
-      type: "done",
-      finishReason: reason,
-      usage: { promptTokens: this.promptIds.length, completionTokens: n, cachedTokens: 0 },
-      timings: {
-        queuedMs: 0,
-        prefillMs: first - this.#t0,
-        timeToFirstTokenMs: first - this.#t0,
-        decodeMs,
-        totalMs: end - this.#t0,
-        decodeTokensPerSecond: n > 1 && decodeMs > 0 ? ((n - 1) * 1000) / decodeMs : 0,
-      },
-    };
+    // A router cannot see a replica's queue: the wait for the first token counts as prefill.
+    return doneEvent(reason, {
+      promptTokens: this.promptIds.length,
+      completionTokens: this.delivered.length,
+      cachedTokens: 0,
+    }, {
+      start: this.#t0,
+      scheduled: this.#t0,
+      ...(this.#firstTokenAt === undefined ? {} : { firstToken: this.#firstTokenAt }),
+    });
   }
 }
 

@@ -1,3 +1,4 @@
+import { DEFAULT_LIMITS } from "../engine/limits.ts";
 import { hash32 } from "../util/rng.ts";
 
 /** What the allocator reads of a sequence: its id and the token ids known so far. */
@@ -144,7 +145,7 @@ export class BlockAllocator {
   #hash: (parent: number, tokens: readonly number[], from: number, to: number) => number;
 
   constructor(options: BlockAllocatorOptions) {
-    const { numBlocks, blockSize = 16, prefixCaching = true, hash = blockHash } = options;
+    const { numBlocks, blockSize = DEFAULT_LIMITS.blockSize, prefixCaching = true, hash = blockHash } = options;
     this.#hash = hash;
     if (!Number.isInteger(numBlocks) || numBlocks < 1) {
       throw new RangeError(

@@ -4,7 +4,7 @@ import type { SeqInput, StepPlan, StepResult } from "../engine/engine.ts";
 import type { FinishReason, GenerationErrorCode } from "./generation.ts";
 import { Sequence } from "./sequence.ts";
 import { hasLogitControls, logitControlsProblem } from "./logit_controls.ts";
-import { isTokenId } from "../engine/step_validation.ts";
+import { outsideVocabulary, promptProblem } from "./prompt_check.ts";
 import { allowsOnly, tokenMaskProblem } from "../engine/token_mask.ts";
 import type { SchedulerStats, SeqEvent, SeqEventSink, SeqSpec } from "./seq_events.ts";
 
@@ -497,7 +497,7 @@ export class Scheduler {
       };
     }
     const vocab = this.config.vocabSize;
-    const bad = vocab > 0 ? prompt.findIndex((t) => !isTokenId(t, vocab)) : -1;
+    const bad = vocab > 0 ? outsideVocabulary(prompt, vocab) : -1;
     if (bad >= 0) {
       return {
         code: "internal",
@@ -512,15 +512,13 @@ export class Scheduler {
     if (controls !== undefined) {
       return { code: "internal", message: `Cannot submit sequence ${seqId}: ${controls}` };
     }
+    // The edge's prompt rule (prompt_check.ts) again, for what reaches the core by other ways;
+    // the KV pool bounds a prompt too when it holds less than the context.
     const limit = this.#promptLimit;
-    if (prompt.length >= limit) {
-      return {
-        code: "context_length_exceeded",
-        message:
-          `Cannot submit: the prompt has ${prompt.length} tokens; the context holds ${limit}, and at least one must remain for the completion`,
-      };
-    }
-    return undefined;
+    return promptProblem(prompt.length, {
+      contextLength: limit,
+      ...(limit < this.config.contextLength ? { holder: "the KV cache" } : {}),
+    });
   }
 
   /** A repeat suspect shares a step with no other suspect, so a crash there names the culprit. */

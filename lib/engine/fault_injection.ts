@@ -63,6 +63,8 @@ export class FaultInjector {
       name: engine.name,
       config: engine.config,
       kv: engine.kv,
+      // The step buffers of the wrapped engine are still what bounds a plan.
+      ...(engine.limits === undefined ? {} : { limits: engine.limits }),
       release: (seqId) => engine.release?.(seqId),
       dispose: () => engine.dispose(),
       step: (plan: StepPlan): Promise<StepResult> => {

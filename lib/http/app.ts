@@ -1,4 +1,5 @@
 import { Hono } from "hono";
+import { HTTP_DEFAULTS } from "./defaults.ts";
 import { trace, type Tracer } from "@opentelemetry/api";
 import type { GenerationBackend } from "../core/generation.ts";
 import { ApiKeyVerifier } from "./auth.ts";
@@ -149,7 +150,7 @@ export function createApp(opts: AppOptions): ServiceApp {
   const metrics = opts.metrics ?? new ServiceMetrics();
   const tracer = opts.tracer ?? trace.getTracer("llmserve");
   const inflight = new InFlightRegistry();
-  const maxBodyBytes = opts.maxBodyBytes ?? 1 << 20;
+  const maxBodyBytes = opts.maxBodyBytes ?? HTTP_DEFAULTS.maxBodyBytes;
   const defaultCompletionMaxTokens = opts.defaultCompletionMaxTokens ?? 16;
   const servedModelNames = opts.servedModelNames?.length
     ? [...opts.servedModelNames]
@@ -201,7 +202,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     isDraining: () => draining,
     requestLog,
   };
-  const highWater = opts.wsHighWaterBytes ?? 1 << 20;
+  const highWater = opts.wsHighWaterBytes ?? HTTP_DEFAULTS.wsHighWaterBytes;
   const sessionOpts = {
     renderChat,
     maxFrameBytes: opts.maxFrameBytes ?? 256 * 1024,
@@ -273,7 +274,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     async drain(d = {}) {
       draining = true;
       const completed = await inflight.whenIdle(
-        d.timeoutMs ?? opts.drainTimeoutMs ?? 30_000,
+        d.timeoutMs ?? opts.drainTimeoutMs ?? HTTP_DEFAULTS.drainTimeoutSeconds * 1000,
         hurried.signal,
       );
       let aborted = 0;

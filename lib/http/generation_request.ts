@@ -1,6 +1,7 @@
 import { seedToU32 } from "../util/rng.ts";
 import type { GenerationBackend, GenerationRequest, Priority } from "../core/generation.ts";
 import { ApiError } from "./errors.ts";
+import { completionRoom, promptProblem } from "../core/prompt_check.ts";
 import type { LogitControls } from "../core/logit_controls.ts";
 import { checkLogitBiasIds, checkStopTokenIds } from "./sampling_controls.ts";
 import type { OutputConstraint } from "../grammar/output_constraint.ts";
@@ -58,18 +59,6 @@ export function buildGenerationRequest(
   backend: Pick<GenerationBackend, "countTokens" | "minTokens" | "contextLength" | "vocabSize">,
   requestId: string,
 ): { request: GenerationRequest; promptTokens: number; maxTokensCapped: boolean } {
-  if (typeof input.prompt !== "string" && backend.vocabSize !== undefined) {
-    const vocab = backend.vocabSize;
-    const at = input.prompt.findIndex((id) => id >= vocab);
-    if (at >= 0) {
-      throw new ApiError(
-        "invalid_request",
-        `Invalid '${input.promptParam}': token id ${input.prompt[at]} at index ${at} is outside ` +
-          `the model's vocabulary of ${vocab} ids (0 to ${vocab - 1})`,
-        input.promptParam,
-      );
-    }
-  }
   checkLogitBiasIds(input.controls, backend.vocabSize);
   checkStopTokenIds(input.stopTokenIds ?? undefined, backend.vocabSize);
   const atLeast = typeof input.prompt === "string" ? backend.minTokens?.(input.prompt) ?? 0 : 0;
@@ -86,16 +75,20 @@ export function buildGenerationRequest(
   const promptTokens = typeof input.prompt === "string"
     ? backend.countTokens(input.prompt, { special: input.specialTokens ?? false })
     : input.prompt.length;
-  const room = backend.contextLength - promptTokens;
-  if (room < 1) {
+  const problem = promptProblem(typeof input.prompt === "string" ? promptTokens : input.prompt, {
+    contextLength: backend.contextLength,
+    ...(backend.vocabSize === undefined ? {} : { vocabSize: backend.vocabSize }),
+  });
+  if (problem !== undefined) {
     throw new ApiError(
-      "context_length_exceeded",
-      `The prompt is ${promptTokens} tokens but the model's context is ` +
-        `${backend.contextLength} tokens, which leaves no room for a completion; ` +
-        `shorten it to at most ${backend.contextLength - 1} tokens`,
+      problem.code,
+      problem.code === "invalid_request"
+        ? `Invalid '${input.promptParam}': ${problem.message}`
+        : problem.message,
       input.promptParam,
     );
   }
+  const room = completionRoom(promptTokens, backend.contextLength);
   const asked = input.maxTokens ?? input.defaultMaxTokens ?? room;
   const minTokens = input.controls?.minTokens ?? 0;
   if (minTokens > Math.min(asked, room)) {

@@ -1,3 +1,4 @@
+import { vocabularyProblem } from "../core/prompt_check.ts";
 import { z } from "zod";
 import type { LogitControls } from "../core/logit_controls.ts";
 import { ApiError } from "./errors.ts";
@@ -90,15 +91,18 @@ export function logitControlsFrom(b: Fields): LogitControls | undefined {
 
 /** Refuses a stop_token_ids id outside the model's vocabulary, naming it. */
 export function checkStopTokenIds(ids: readonly number[] | undefined, vocab: number | undefined): void {
-  if (ids === undefined || vocab === undefined) return;
-  const at = ids.findIndex((id) => id >= vocab);
-  if (at >= 0) {
-    throw new ApiError(
-      "invalid_request",
-      `Invalid 'stop_token_ids': token id ${ids[at]} at index ${at} is outside the model's ` +
-        `vocabulary of ${vocab} ids (0 to ${vocab - 1}); got ${ids[at]}`,
-      "stop_token_ids",
-    );
+  checkTokenIds(ids, vocab, "stop_token_ids");
+}
+
+/** Refuses ids outside the model's vocabulary as the request's `param`, naming the first. */
+export function checkTokenIds(
+  ids: readonly number[] | undefined,
+  vocab: number | undefined,
+  param: string,
+): void {
+  const problem = ids === undefined ? undefined : vocabularyProblem(ids, vocab);
+  if (problem !== undefined) {
+    throw new ApiError("invalid_request", `Invalid '${param}': ${problem}`, param);
   }
 }
 

@@ -1,3 +1,4 @@
+import { HTTP_DEFAULTS } from "./defaults.ts";
 import type { IncomingMessage, Server, ServerResponse } from "node:http";
 import type { Socket } from "node:net";
 import process from "node:process";
@@ -68,11 +69,14 @@ const WRITE_GRACE_MS = 400;
  */
 export function serveService(service: ServiceApp, opts: ServeOptions): Promise<RunningServer> {
   const log = opts.log ?? ((line: string) => console.error(line));
-  const headerTimeoutMs = opts.headerTimeoutMs ?? 60_000;
-  const bodyTimeoutMs = Math.max(opts.bodyTimeoutMs ?? 60_000, headerTimeoutMs);
+  const headerTimeoutMs = opts.headerTimeoutMs ?? HTTP_DEFAULTS.headerTimeoutSeconds * 1000;
+  const bodyTimeoutMs = Math.max(
+    opts.bodyTimeoutMs ?? HTTP_DEFAULTS.bodyTimeoutSeconds * 1000,
+    headerTimeoutMs,
+  );
   const wss = new WebSocketServer({
     noServer: true,
-    maxPayload: opts.wsMaxPayloadBytes ?? 1 << 20,
+    maxPayload: opts.wsMaxPayloadBytes ?? HTTP_DEFAULTS.wsMaxPayloadBytes,
     perMessageDeflate: false,
   });
   const server = createAdaptorServer({
@@ -84,11 +88,11 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
     serverOptions: {
       headersTimeout: headerTimeoutMs,
       requestTimeout: bodyTimeoutMs,
-      keepAliveTimeout: opts.keepAliveTimeoutMs ?? 5000,
+      keepAliveTimeout: opts.keepAliveTimeoutMs ?? HTTP_DEFAULTS.keepAliveTimeoutSeconds * 1000,
       connectionsCheckingInterval: CHECK_INTERVAL_MS,
     },
   }) as Server;
-  const maxConnections = opts.maxConnections ?? 1024;
+  const maxConnections = opts.maxConnections ?? HTTP_DEFAULTS.maxConnections;
   const metrics = service.metrics;
 
   // Deno's node:http has maxConnections but neither counts nor reports what it drops, and its

@@ -1,3 +1,4 @@
+import { outsideVocabulary, vocabularyProblem } from "../core/prompt_check.ts";
 import type { Hono } from "hono";
 import type { GenerationBackend } from "../core/generation.ts";
 import { readJsonBody } from "./body.ts";
@@ -92,17 +93,10 @@ export function registerTokenizeRoutes(app: Hono, o: TokenizeOptions): void {
   app.post("/detokenize", async (c) => {
     const b = parseWith(DetokenizeBody, await readJsonBody(c.req.raw, o.maxBodyBytes));
     if (b.model !== undefined && b.model !== null) servedName(b.model, o.servedModelNames);
-    const vocab = o.backend.vocabSize;
-    if (vocab !== undefined) {
-      const at = b.tokens.findIndex((id) => id >= vocab);
-      if (at >= 0) {
-        throw new ApiError(
-          "invalid_request",
-          `Invalid 'tokens': token id ${b.tokens[at]} at index ${at} is outside the model's ` +
-            `vocabulary of ${vocab} ids (0 to ${vocab - 1})`,
-          `tokens[${at}]`,
-        );
-      }
+    const problem = vocabularyProblem(b.tokens, o.backend.vocabSize);
+    if (problem !== undefined) {
+      const at = outsideVocabulary(b.tokens, o.backend.vocabSize!);
+      throw new ApiError("invalid_request", `Invalid 'tokens': ${problem}`, `tokens[${at}]`);
     }
     const text = o.backend.detokenize(b.tokens);
     return c.json({ content: text, prompt: text });

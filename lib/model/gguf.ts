@@ -669,19 +669,7 @@ export async function readGguf(
 ): Promise<GgufFile> {
   using file = await Deno.open(path, { read: true });
   const fileSize = (await file.stat()).size;
-  let prefixSize = Math.min(fileSize, FIRST_HEADER_READ);
-  let header: GgufHeader;
-  for (;;) {
-    const prefix = new Uint8Array(prefixSize);
-    const got = await readFully(file, 0, prefix);
-    try {
-      header = parseGgufHeader(prefix.subarray(0, got), path);
-      break;
-    } catch (e) {
-      if (!(e instanceof GgufTruncatedError) || got >= fileSize) throw e;
-      prefixSize = Math.min(fileSize, Math.max(prefixSize * 2, e.needed + FIRST_HEADER_READ));
-    }
-  }
+  const header = await readGgufHeaderOf(file, fileSize, path);
   checkHeader?.(header);
   const dataBytes = dataSectionBytes(header, path, fileSize);
   const data = allocate(dataBytes);
@@ -695,7 +683,19 @@ export async function readGguf(
 /** Reads and parses only a GGUF's header (metadata and tensor infos), not its tensor data. */
 export async function readGgufHeader(path: string): Promise<GgufHeader> {
   using file = await Deno.open(path, { read: true });
-  const fileSize = (await file.stat()).size;
+  return await readGgufHeaderOf(file, (await file.stat()).size, path);
+}
+
+/**
+ * Parses the header of an open GGUF file of `fileSize` bytes from a prefix of it, grown until
+ * the header fits (each retry parses from the start, so it grows fast: big vocabularies make
+ * headers of several MiB). The prefix is dropped; the file's position is left anywhere.
+ */
+export async function readGgufHeaderOf(
+  file: Deno.FsFile,
+  fileSize: number,
+  path: string,
+): Promise<GgufHeader> {
   let size = Math.min(fileSize, FIRST_HEADER_READ);
   for (;;) {
     const prefix = new Uint8Array(size);
@@ -704,10 +704,18 @@ export async function readGgufHeader(path: string): Promise<GgufHeader> {
       return parseGgufHeader(prefix.subarray(0, got), path);
     } catch (e) {
       if (!(e instanceof GgufTruncatedError) || got >= fileSize) throw e;
-      // Big vocabularies make headers of several MiB: grow fast, since each retry parses from the start.
       size = Math.min(fileSize, Math.max(size * 8, e.needed * 2));
     }
   }
+}
+
+/** A metadata value in a few words, for "must be ..., received ..." errors. */
+export function describeGgufValue(v: GgufValue | undefined): string {
+  if (v === undefined) return "nothing";
+  if (typeof v === "string") return `'${v}'`;
+  if (Array.isArray(v)) return `an array of ${v.length}`;
+  if (ArrayBuffer.isView(v)) return `a ${v.constructor.name} of ${v.length}`;
+  return `${typeof v} ${String(v)}`;
 }
 
 /** First bytes of a file as hex and printable text, for "not the format I expected" errors. */

@@ -3,6 +3,7 @@ import { LAYER_TENSORS, MODEL_TENSORS, STEP_TENSORS } from "./architecture.ts";
 import { ARCHITECTURES } from "./architectures.ts";
 import { dequantize } from "./dequantize.ts";
 import {
+  describeGgufValue,
   type GgufFile,
   type GgufHeader,
   type GgufValue,
@@ -102,7 +103,7 @@ export function ggufToModel(gguf: GgufFile, source: string): Model {
       return fail(`metadata '${key(name)}' is missing`);
     }
     if (typeof v !== "number" || !Number.isFinite(v)) {
-      return fail(`metadata '${key(name)}' must be a number, received ${describe(v)}`);
+      return fail(`metadata '${key(name)}' must be a number, received ${describeGgufValue(v)}`);
     }
     return v;
   };
@@ -261,12 +262,4 @@ export function ggufToModel(gguf: GgufFile, source: string): Model {
     ...(typeof chatTemplate === "string" ? { chatTemplate } : {}),
     source,
   };
-}
-
-function describe(v: GgufValue | undefined): string {
-  if (v === undefined) return "nothing";
-  if (typeof v === "string") return `'${v}'`;
-  if (Array.isArray(v)) return `an array of ${v.length}`;
-  if (ArrayBuffer.isView(v)) return `a ${v.constructor.name} of ${v.length}`;
-  return `${typeof v} ${String(v)}`;
 }

@@ -1,4 +1,4 @@
-import { type GgufHeader, type GgufValue, readGgufHeader } from "./gguf.ts";
+import { describeGgufValue, type GgufHeader, readGgufHeader } from "./gguf.ts";
 import { ByteStrings } from "../util/byte_strings.ts";
 import { SUPPORTED_PRE_TOKENIZERS } from "../tokenizer/pre_tokenizer.ts";
 import type { TokenizerData, TokenizerModel } from "../tokenizer/tokenizer_data.ts";
@@ -47,7 +47,7 @@ export function ggufTokenizerData(metadata: Metadata, source: string): Tokenizer
   const tokens = meta("tokenizer.ggml.tokens");
   if (!Array.isArray(tokens) || !tokens.every((t) => typeof t === "string")) {
     return fail(
-      `metadata 'tokenizer.ggml.tokens' must be an array of strings, received ${describe(tokens)}`,
+      `metadata 'tokenizer.ggml.tokens' must be an array of strings, received ${describeGgufValue(tokens)}`,
     );
   }
   const n = tokens.length;
@@ -60,7 +60,7 @@ export function ggufTokenizerData(metadata: Metadata, source: string): Tokenizer
   } else {
     return fail(
       `metadata 'tokenizer.ggml.scores' must be ${n} float32 values, received ${
-        describe(rawScores)
+        describeGgufValue(rawScores)
       }`,
     );
   }
@@ -72,7 +72,7 @@ export function ggufTokenizerData(metadata: Metadata, source: string): Tokenizer
     ) {
       return fail(
         `metadata 'tokenizer.ggml.token_type' must be ${n} int32 values, received ${
-          describe(rawTypes)
+          describeGgufValue(rawTypes)
         }`,
       );
     }
@@ -88,7 +88,7 @@ export function ggufTokenizerData(metadata: Metadata, source: string): Tokenizer
     ) {
       return fail(
         `metadata 'tokenizer.ggml.merges' must be a non-empty array of strings for a byte-level BPE vocabulary, received ${
-          describe(raw)
+          describeGgufValue(raw)
         }`,
       );
     } else {
@@ -99,7 +99,7 @@ export function ggufTokenizerData(metadata: Metadata, source: string): Tokenizer
     const v = meta(key) ?? fallback;
     if (v === undefined) return undefined;
     if (typeof v !== "number" || !Number.isInteger(v) || v < 0 || v >= n) {
-      return fail(`metadata '${key}' must be a token id below ${n}, received ${describe(v)}`);
+      return fail(`metadata '${key}' must be a token id below ${n}, received ${describeGgufValue(v)}`);
     }
     return v;
   };
@@ -107,7 +107,7 @@ export function ggufTokenizerData(metadata: Metadata, source: string): Tokenizer
     const v = meta(key);
     if (v === undefined) return undefined;
     if (typeof v !== "boolean") {
-      return fail(`metadata '${key}' must be a boolean, received ${describe(v)}`);
+      return fail(`metadata '${key}' must be a boolean, received ${describeGgufValue(v)}`);
     }
     return v;
   };
@@ -142,12 +142,4 @@ export function ggufTokenizerData(metadata: Metadata, source: string): Tokenizer
  */
 export async function readGgufTokenizer(path: string): Promise<TokenizerData | undefined> {
   return ggufTokenizerData((await readGgufHeader(path)).metadata, path);
-}
-
-function describe(v: GgufValue | undefined): string {
-  if (v === undefined) return "nothing";
-  if (typeof v === "string") return `'${v}'`;
-  if (Array.isArray(v)) return `an array of ${v.length}`;
-  if (ArrayBuffer.isView(v)) return `a ${v.constructor.name} of ${v.length}`;
-  return `${typeof v} ${String(v)}`;
 }

@@ -2,7 +2,8 @@
  * What a model file is, read from its header alone (for `deno task models`): format,
  * architecture and quantization, without loading the weights.
  */
-import { ggmlTypeName, type GgufHeader, GgufTruncatedError, parseGgufHeader } from "./gguf.ts";
+import { ggmlTypeName, type GgufHeader, readGgufHeaderOf } from "./gguf.ts";
+import { readFully } from "../util/read_file.ts";
 import { detectModelFormat } from "./load_model.ts";
 
 export interface ModelFileInfo {
@@ -29,7 +30,7 @@ export async function describeModelFile(path: string): Promise<ModelFileInfo> {
   if (format === "llama2c") return { format, architecture: "llama", quantization: "F32" };
   if (format !== "gguf") return { format: "other" };
   try {
-    return { format, ...summarize(await readHeader(file, size, path)) };
+    return { format, ...summarize(await readGgufHeaderOf(file, size, path)) };
   } catch (e) {
     return { format, problem: e instanceof Error ? e.message : String(e) };
   }
@@ -61,27 +62,7 @@ function summarize(
   };
 }
 
-async function readHeader(file: Deno.FsFile, size: number, path: string): Promise<GgufHeader> {
-  let want = Math.min(size, 1 << 20);
-  for (;;) {
-    const prefix = await readAt(file, want);
-    try {
-      return parseGgufHeader(prefix, path);
-    } catch (e) {
-      if (!(e instanceof GgufTruncatedError) || prefix.length >= size) throw e;
-      want = Math.min(size, Math.max(want * 2, e.needed + (1 << 20)));
-    }
-  }
-}
-
 async function readAt(file: Deno.FsFile, n: number): Promise<Uint8Array> {
-  await file.seek(0, Deno.SeekMode.Start);
   const out = new Uint8Array(n);
-  let filled = 0;
-  while (filled < n) {
-    const got = await file.read(out.subarray(filled));
-    if (got === null) break;
-    filled += got;
-  }
-  return out.subarray(0, filled);
+  return out.subarray(0, await readFully(file, 0, out));
 }

@@ -1,3 +1,4 @@
+import { doneEvent, generationTimings } from "../core/done_event.ts";
 import type {
   CoreStats,
   GenerationBackend,
@@ -279,53 +280,38 @@ class Flight {
   }
 }
 
+/** A follower's or a replay's done event after an abort: what it had sent, no prompt computed. */
 function cancelledDone(
   promptTokens: number,
   sent: number,
   t0: number,
   firstAt: number,
 ): GenerationEvent {
-  const end = performance.now();
-  const first = firstAt < 0 ? end : firstAt;
-  return {
-    type: "done",
-    finishReason: "cancelled",
-    usage: { promptTokens, completionTokens: sent, cachedTokens: 0 },
-    timings: {
-      queuedMs: 0,
-      prefillMs: 0,
-      timeToFirstTokenMs: first - t0,
-      decodeMs: end - first,
-      totalMs: end - t0,
-      decodeTokensPerSecond: 0,
-    },
-  };
+  return doneEvent(
+    "cancelled",
+    { promptTokens, completionTokens: sent, cachedTokens: 0 },
+    // Nothing is queued or prefilled for it: the wait for its first token counts as prefill.
+    { start: t0, scheduled: t0, ...(firstAt < 0 ? {} : { firstToken: firstAt }) },
+  );
 }
 
-/** The done event of an answer not generated for this request (replayed or followed). */
+/**
+ * The done event of an answer not generated for this request (replayed or followed): its
+ * decode rate is over the `sent` chunks it was sent in.
+ */
 function doneFrom(r: StoredResult, t0: number, firstAt: number, sent: number): GenerationEvent {
-  const end = performance.now();
-  const first = firstAt < 0 ? end : firstAt;
-  const decodeMs = end - first;
-  return {
-    type: "done",
-    finishReason: r.finishReason,
-    usage: {
+  const clock = { start: t0, scheduled: t0, ...(firstAt < 0 ? {} : { firstToken: firstAt }) };
+  return doneEvent(
+    r.finishReason,
+    {
       promptTokens: r.promptTokens,
       completionTokens: r.usage.completionTokens,
       // No prompt token was computed for this request.
       cachedTokens: r.promptTokens,
     },
-    timings: {
-      queuedMs: 0,
-      prefillMs: 0,
-      timeToFirstTokenMs: first - t0,
-      decodeMs,
-      totalMs: end - t0,
-      decodeTokensPerSecond: sent > 1 && decodeMs > 0 ? (sent - 1) / (decodeMs / 1000) : 0,
-    },
-    cached: { savedMs: r.totalMs },
-  };
+    generationTimings(clock, sent),
+    { savedMs: r.totalMs },
+  );
 }
 
 /** The stored events again, as fast as the consumer takes them; an abort ends it "cancelled". */

@@ -4,6 +4,7 @@
  * to the one its `model` field names, loading it first through the pool. What is about all
  * models (/v1/models, /health, /ready, /metrics) it answers itself.
  */
+import { HTTP_DEFAULTS } from "../http/defaults.ts";
 import type { CoreStats } from "../core/generation.ts";
 import type { DrainResult, ServiceApp } from "../http/app.ts";
 import { ApiKeyVerifier, parseAuthorization } from "../http/auth.ts";
@@ -83,7 +84,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
   const keys = new ApiKeyVerifier(opts.apiKeys ?? []);
   const origins = new OriginPolicy(opts.corsOrigins ?? [], opts.allowedHosts ?? []);
   const requestLog = opts.requestLog ?? new RequestLog();
-  const maxBodyBytes = opts.maxBodyBytes ?? 1 << 20;
+  const maxBodyBytes = opts.maxBodyBytes ?? HTTP_DEFAULTS.maxBodyBytes;
   const catalog = () => typeof opts.catalog === "function" ? opts.catalog() : opts.catalog;
   const defaultModel = () => catalog()[0]?.name ?? "";
   const createdAt = Math.floor(Date.now() / 1000);

@@ -3,7 +3,7 @@
  * complete, verified file is renamed to `dest`, so a reader never sees half a model. A `.part`
  * left by a broken connection or a killed process is resumed with a `Range` request next time.
  */
-import { createHash } from "node:crypto";
+import { sha256OfFile } from "../util/sha256.ts";
 import { ProgressBar, type ProgressOptions } from "../util/progress_bar.ts";
 
 /** How {@linkcode downloadFile} fetches, reports and verifies. */
@@ -295,18 +295,6 @@ class WriteFailed extends Error {
 async function writeAll(file: Deno.FsFile, bytes: Uint8Array): Promise<void> {
   let offset = 0;
   while (offset < bytes.length) offset += await file.write(bytes.subarray(offset));
-}
-
-async function sha256OfFile(file: Deno.FsFile): Promise<string> {
-  const hash = createHash("sha256");
-  await file.seek(0, Deno.SeekMode.Start);
-  const buffer = new Uint8Array(1 << 20);
-  while (true) {
-    const n = await file.read(buffer);
-    if (n === null) break;
-    hash.update(buffer.subarray(0, n));
-  }
-  return hash.digest("hex");
 }
 
 /** Content-Length, unless a content coding makes it count other bytes than the file's. */

@@ -2,7 +2,7 @@
  * Where model files come from: a path, an http(s) URL cached in the models directory, or a short
  * name of a known model. Turns any of them into local file paths a loader can open.
  */
-import { createHash } from "node:crypto";
+import { sha256OfPath } from "../util/sha256.ts";
 import { DownloadError, downloadFile, type DownloadOptions, PART_SUFFIX } from "./download.ts";
 
 /** Reads an environment variable; injectable so defaults are testable without touching the process. */
@@ -147,9 +147,17 @@ export async function resolveFileSpec(spec: string, options: ResolveOptions = {}
   );
 }
 
+/** The endings of a model file (GGUF, llama2.c checkpoint or tokenizer), in any case. */
+export const MODEL_FILE = /\.(gguf|bin)$/i;
+
+/** A file's name without its directory and its `.gguf`/`.bin`: the name it is served by. */
+export function modelStem(path: string): string {
+  return path.split(/[\\/]/).pop()!.replace(MODEL_FILE, "");
+}
+
 /** A spec that names a file rather than a model: it has a directory part or a model extension. */
 export function isPathSpec(spec: string): boolean {
-  return /[\\/]/.test(spec) || /\.(gguf|bin)$/i.test(spec);
+  return /[\\/]/.test(spec) || MODEL_FILE.test(spec);
 }
 
 /** True for specs that name an `http://` or `https://` resource. */
@@ -238,7 +246,7 @@ async function resolveSpec(spec: string, context: Context): Promise<ModelSource>
     `files by stem in ${describeLookupPlaces(context)}: ${
       stems.length === 0 ? "none" : stems.join(", ")
     }; a path to an existing .gguf or llama2.c .bin file, or an http(s) URL, also works`;
-  if (/[\\/]/.test(spec) || /\.(gguf|bin)$/i.test(spec)) {
+  if (isPathSpec(spec)) {
     throw new Error(`Cannot find model file "${spec}": no such file; ${alternatives}`);
   }
   throw new Error(`Unknown model "${spec}"; ${alternatives}`);
@@ -253,7 +261,7 @@ function describeLookupPlaces(context: Context): string {
 
 /** `name`, `name.gguf` or `name.bin` in the models directory, then the mirror. */
 async function findLocalByName(name: string, context: Context): Promise<string | undefined> {
-  const candidates = /\.(gguf|bin)$/i.test(name) ? [name] : [`${name}.gguf`, `${name}.bin`];
+  const candidates = MODEL_FILE.test(name) ? [name] : [`${name}.gguf`, `${name}.bin`];
   for (const dir of [context.modelsDir, context.mirrorDir]) {
     if (dir === undefined) continue;
     for (const c of candidates) {
@@ -295,7 +303,7 @@ export async function listLocalModelFiles(
     const names: string[] = [];
     try {
       for await (const e of Deno.readDir(dir)) {
-        if (e.isFile && /\.(gguf|bin)$/i.test(e.name)) names.push(e.name);
+        if (e.isFile && MODEL_FILE.test(e.name)) names.push(e.name);
       }
     } catch (error) {
       if (error instanceof Deno.errors.NotFound) continue;
@@ -304,7 +312,7 @@ export async function listLocalModelFiles(
     for (const name of names.sort()) {
       const path = joinPath(dir, name);
       const bytes = (await Deno.stat(path)).size;
-      const stem = name.replace(/\.(gguf|bin)$/i, "");
+      const stem = modelStem(name);
       const kind = tokenizerNames.has(name) ? "tokenizer" : "model";
       files.push({ name, stem, path, place, bytes, kind });
     }
@@ -435,18 +443,6 @@ function sha256Header(headers: Headers): string | undefined {
     if (v !== undefined && /^[0-9a-f]{64}$/.test(v)) return v;
   }
   return undefined;
-}
-
-async function sha256OfPath(path: string): Promise<string> {
-  const hash = createHash("sha256");
-  using file = await Deno.open(path, { read: true });
-  const buffer = new Uint8Array(1 << 20);
-  for (;;) {
-    const n = await file.read(buffer);
-    if (n === null) break;
-    hash.update(buffer.subarray(0, n));
-  }
-  return hash.digest("hex");
 }
 
 async function findInMirror(name: string, context: Context): Promise<string | undefined> {
