@@ -316,7 +316,16 @@ Deno.test("Scheduler: an interactive request takes a running slot from batch wor
     !next.seqs.some((e) => e.seqId === b2),
     "the most recently admitted batch sequence gave way",
   );
-  assert(next.seqs.some((e) => e.seqId === b1), "the earlier batch sequence keeps running");
+  assert(
+    !next.seqs.some((e) => e.seqId === b1),
+    "the earlier batch sequence keeps its slot but yields the interactive prefill's step",
+  );
+  h.deliver();
+  h.plan();
+  assert(
+    h.plans.at(-1)!.seqs.some((e) => e.seqId === b1 && e.startPos > 0),
+    "the earlier batch sequence goes on, not recomputed, once the prefill is done",
+  );
   h.runToEnd(1);
   const solo = (prompt: number[], maxTokens: number) => {
     const alone = new Harness({ vocabSize: 512, numBlocks: 64, blockSize: 4 });
@@ -331,6 +340,73 @@ Deno.test("Scheduler: an interactive request takes a running slot from batch wor
     "the preempted batch sequence is recomputed exactly",
   );
   assertEquals(h.tokens(i1), solo(range(100, 6), 5));
+});
+
+Deno.test("Scheduler: batch rows yield every step while an interactive prefill is pending, and progress when it is done", () => {
+  // maxBatchTokens 8: the interactive 30-token prompt needs 4 chunks, so 4 steps.
+  const h = new Harness({ vocabSize: 512, numBlocks: 64, blockSize: 4 }, {
+    maxBatchTokens: 8,
+    agingSteps: 10_000,
+  });
+  const b1 = h.submit({ prompt: range(0, 4), maxTokens: 40, priority: "batch" });
+  const b2 = h.submit({ prompt: range(50, 4), maxTokens: 40, priority: "batch" });
+  for (let i = 0; i < 3; i++) {
+    assert(h.plan());
+    h.deliver();
+  }
+  const generated = (id: number) => h.tokens(id).length;
+  const before = [generated(b1), generated(b2)];
+  assertEquals(before, [3, 3], "alone, batch work prefills and then decodes every step");
+  const i1 = h.submit({ prompt: range(100, 30), maxTokens: 4 });
+  const batchIn = (p: { seqs: readonly { seqId: number }[] }) =>
+    p.seqs.some((e) => e.seqId === b1 || e.seqId === b2);
+  // Pipelined (depth 3): the prefill's chunks are planned back to back.
+  const held: number[] = [];
+  while (h.tokens(i1).length === 0) {
+    if (h.queue.length < 3 && h.plan()) {
+      const p = h.plans.at(-1)!;
+      if (p.seqs.some((e) => e.seqId === i1 && e.tokens.length > 0)) {
+        assert(!batchIn(p), `step ${p.stepId} has batch rows beside the interactive prefill`);
+        held.push(p.stepId);
+      }
+      continue;
+    }
+    assert(h.deliver());
+  }
+  assertEquals(held.length, 4, "the prompt took 4 chunks, each in a step of its own");
+  assertEquals([generated(b1), generated(b2)], before, "batch work made no progress meanwhile");
+  h.runToEnd(3);
+  const after = h.plans.filter((p) => p.stepId > held.at(-1)! && batchIn(p));
+  assertGreater(after.length, 30, "batch work decodes again once the prefill is done");
+  assert(
+    after.some((p) => p.seqs.some((e) => e.seqId === i1)),
+    "beside the interactive decodes",
+  );
+  for (const [id, prompt, n] of [[b1, range(0, 4), 40], [b2, range(50, 4), 40]] as const) {
+    assertEquals(h.tokens(id), expected(h, { prompt: [...prompt], maxTokens: n }));
+  }
+  assertEquals(h.tokens(i1), expected(h, { prompt: range(100, 30), maxTokens: 4 }));
+});
+
+Deno.test("Scheduler: while only batch work is live it keeps backgroundDepth steps in flight, not the pipeline", () => {
+  const h = new Harness({ vocabSize: 512, numBlocks: 64, blockSize: 4 }, {
+    agingSteps: 10_000,
+    backgroundDepth: 1,
+  });
+  const b = h.submit({ prompt: range(0, 4), maxTokens: 20, priority: "batch" });
+  assert(h.plan());
+  assert(!h.plan(), "a second batch-only step waits for the first's result");
+  h.deliver();
+  assert(h.plan());
+  // An interactive arrival is planned at once, behind the one batch step in flight.
+  const i = h.submit({ prompt: range(100, 4), maxTokens: 3 });
+  assert(h.plan());
+  assert(h.plans.at(-1)!.seqs.some((e) => e.seqId === i));
+  assert(h.plan(), "with interactive work live the full pipeline is used");
+  assertEquals(h.sched.stepsInFlight, 3);
+  h.runToEnd(3);
+  assertEquals(h.tokens(b), expected(h, { prompt: range(0, 4), maxTokens: 20 }));
+  assertEquals(h.tokens(i), expected(h, { prompt: range(100, 4), maxTokens: 3 }));
 });
 
 Deno.test("Scheduler: aging lets a batch request run despite a steady stream of interactive ones", () => {

@@ -25,6 +25,11 @@ export interface SchedulerConfig {
   readonly maxWaiting: number;
   /** Steps after which a batch request ranks like an interactive one. */
   readonly agingSteps: number;
+  /**
+   * Steps in flight while only batch-rank work is live: an interactive arrival then waits
+   * behind at most this many batch steps instead of the whole pipeline.
+   */
+  readonly backgroundDepth: number;
   /** Free blocks a new admission must leave for the running sequences to grow into. */
   readonly watermarkBlocks: number;
   /**
@@ -42,6 +47,7 @@ const SCHEDULER_DEFAULTS = {
   maxRunning: DEFAULT_LIMITS.maxRunning,
   maxWaiting: DEFAULT_LIMITS.maxWaiting,
   agingSteps: DEFAULT_LIMITS.agingSteps,
+  backgroundDepth: DEFAULT_LIMITS.backgroundDepth,
   prefixCaching: true,
   maxSeqFaults: DEFAULT_LIMITS.maxSeqFaults,
   vocabSize: 0,
@@ -65,6 +71,7 @@ export function schedulerConfig(
       "contextLength",
       "maxBatchTokens",
       "maxRunning",
+      "backgroundDepth",
     ] as const
   ) {
     if (!Number.isInteger(cfg[key]) || cfg[key] < 1) {
@@ -297,6 +304,10 @@ export class Scheduler {
   /** Builds the next step, or null when no sequence can make progress now. */
   schedule(): StepPlan | null {
     if (!this.#healthy) return null;
+    const foreground = this.#foreground();
+    if (foreground === "none" && this.#inFlight.size >= this.config.backgroundDepth) return null;
+    // While interactive work waits or reads its prompt, batch rows yield the whole step.
+    const yieldLow = foreground === "starting";
     const b: StepBuild = {
       stepId: this.#nextStepId,
       entries: [],
@@ -311,21 +322,21 @@ export class Scheduler {
       const running = this.#byPriority(this.#running);
       // 1. One token for every decoding sequence.
       for (const seq of running) {
-        if (b.budget === 0) break;
+        if (b.budget === 0 || (yieldLow && this.#rank(seq) === 1)) break;
         if (!this.#wantsDecode(seq)) continue;
         const table = this.#makeRoom(seq, 1, true);
         if (table) this.#add(seq, 1, table);
       }
       // 2. The next prefill chunk of every admitted sequence still reading its prompt.
       for (const seq of running) {
-        if (b.budget === 0) break;
+        if (b.budget === 0 || (yieldLow && this.#rank(seq) === 1)) break;
         if (!this.#wantsPrefill(seq)) continue;
         const n = Math.min(seq.unfed, b.budget);
         const table = this.#makeRoom(seq, n, false);
         if (table) this.#add(seq, n, table);
       }
       // 3. Admissions from the queue.
-      this.#admit();
+      this.#admit(yieldLow);
     } finally {
       this.#build = undefined;
     }
@@ -591,11 +602,12 @@ export class Scheduler {
    * allow; each may preempt strictly lower-ranked running work to fit. First come, first
    * served: a later arrival does not jump a request that does not fit.
    */
-  #admit(): void {
+  #admit(yieldLow: boolean): void {
     const b = this.#build!;
     let admitted = false;
     for (const seq of this.#byPriority(this.#waiting)) {
       if (b.budget === 0 || this.#running.length >= this.config.maxRunning) break;
+      if (yieldLow && this.#rank(seq) === 1) break;
       // No room for it now, nor for those behind it.
       if (b.preempted.has(seq) && b.entries.length > 0) break;
       if (seq.held || this.#barred(seq) || !this.#maskReady(seq)) continue;
@@ -625,6 +637,21 @@ export class Scheduler {
       this.#add(seq, n, table);
     }
     if (admitted) this.#waiting = this.#waiting.filter((s) => s.status === "waiting");
+  }
+
+  /**
+   * What interactive-rank work can use the next step: "starting" while one waits for
+   * admission or still has prompt (or recomputation) to read, "running" while one only
+   * decodes, "none" when all live work is batch rank (or its clients stopped reading).
+   */
+  #foreground(): "starting" | "running" | "none" {
+    let running = false;
+    for (const seq of this.#seqs.values()) {
+      if (seq.held || this.#rank(seq) === 1) continue;
+      if (seq.status === "waiting" || (seq.pending === 0 && seq.unfed >= 2)) return "starting";
+      running = true;
+    }
+    return running ? "running" : "none";
   }
 
   /** Batch work ranks like interactive work once it has waited agingSteps. */
