@@ -191,8 +191,7 @@ export class RequestActor {
     // (", there was" came back as ",  was"). Text is therefore sent up to the end of the last
     // id it completes; `end` is where an id's text ends in the decoded text (null while the
     // decoder holds its bytes, e.g. half a UTF-8 character).
-    let pending: Array<{ id: number; logprob: number; top?: TopLogprobs; end: number | null }> =
-      [];
+    let pending: Array<{ id: number; logprob: number; top?: TopLogprobs; end: number | null }> = [];
     let decodedLen = 0;
     let released = "";
     let sentLen = 0;

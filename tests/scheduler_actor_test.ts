@@ -2,7 +2,7 @@ import { assert, assertEquals, assertThrows } from "@std/assert";
 import { Channel } from "../actors/channel.ts";
 import type { ExecutorMsg, SeqEvent } from "../actors/messages.ts";
 import { createExecutorMailbox, SchedulerActor } from "../actors/scheduler.ts";
-import { Scheduler, schedulerConfig } from "../lib/core/scheduler.ts";
+import { schedulerConfig } from "../lib/core/scheduler.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { FakeEngine } from "./_fake_engine.ts";
 
@@ -15,11 +15,11 @@ function stepOf(m: ExecutorMsg | undefined): StepMsg {
 
 /** The actor over a real Scheduler, with the test in the executor's place. */
 function setup(maxInFlight = 2) {
-  const core = new Scheduler(
-    schedulerConfig({ numBlocks: 64, blockSize: 4, contextLength: 128 }, { maxRunning: 4 }),
-  );
+  const config = schedulerConfig({ numBlocks: 64, blockSize: 4, contextLength: 128 }, {
+    maxRunning: 4,
+  });
   const executor = createExecutorMailbox(maxInFlight);
-  const actor = new SchedulerActor(core, executor, { maxInFlight });
+  const actor = new SchedulerActor(config, executor, { maxInFlight });
   const running = actor.run();
   const events = new Map<number, SeqEvent[]>();
   const submit = (prompt: number[], maxTokens: number) => {
@@ -47,11 +47,11 @@ function setup(maxInFlight = 2) {
   };
   /** Lets the actor handle what is in its mailbox (its loop runs on the microtask queue). */
   const settle = () => new Promise((r) => setTimeout(r, 0));
-  return { actor, core, executor, running, events, submit, sent, settle };
+  return { actor, executor, running, events, submit, sent, settle };
 }
 
 Deno.test("SchedulerActor refuses a pipeline depth below 1 and an executor mailbox that could refuse a plan", () => {
-  const core = new Scheduler(schedulerConfig({ numBlocks: 8, blockSize: 4, contextLength: 32 }));
+  const core = schedulerConfig({ numBlocks: 8, blockSize: 4, contextLength: 32 });
   assertThrows(
     () => new SchedulerActor(core, createExecutorMailbox(2), { maxInFlight: 0 }),
     RangeError,
@@ -71,7 +71,7 @@ Deno.test("SchedulerActor keeps maxInFlight steps outstanding and plans the next
   await t.settle();
   const first = t.sent();
   assertEquals(first.map((m) => m.type), ["step", "step"], "two steps, no more, before any result");
-  assertEquals(t.core.stepsInFlight, 2);
+  assertEquals(t.actor.stats().stepsInFlight, 2);
   for (const m of first) {
     if (m.type !== "step") continue;
     await t.actor.mailbox.send({

@@ -47,7 +47,7 @@ Deno.test("Scheduler: a sequence run alone yields the fake model's continuation,
     assertEquals(h.tokens(id).length, 20);
     const end = h.finished(id);
     assertEquals([end.reason, end.completionTokens], ["length", 20]);
-    assertEquals(h.sched.kv.stats().usedBlocks, 0);
+    assertEquals(h.sched.stats().kvBlocksUsed, 0);
     if (depth > 1) {
       assert(
         h.plans.some((p) => p.seqs.some((e) => e.useLastSampled)),
@@ -87,7 +87,7 @@ Deno.test("Scheduler stops on EOS, on stop ids, on max_tokens and at the context
     10,
     "30-token prompt in a 40-token context gets 10 tokens",
   );
-  assertEquals(h.sched.kv.stats().usedBlocks, 0);
+  assertEquals(h.sched.stats().kvBlocksUsed, 0);
 });
 
 Deno.test("Scheduler discards tokens sampled past a stop when results arrive late", () => {
@@ -124,8 +124,8 @@ Deno.test("Scheduler: a preempted and recomputed sequence produces exactly the u
     p.seqs.some((e) => e.seqId === ids[0] && e.startPos === 0)
   );
   assertEquals(firstSteps.length, 1, "the oldest sequence was never recomputed");
-  assertEquals(h.sched.kv.stats().usedBlocks, 0);
-  h.sched.kv.checkConsistency();
+  assertEquals(h.sched.stats().kvBlocksUsed, 0);
+  h.sched.checkConsistency();
 });
 
 Deno.test("Scheduler: with a shared prompt prefix the second prefill skips the cached blocks", () => {
@@ -211,11 +211,11 @@ Deno.test("Scheduler: cancel frees blocks at once and ignores results still in f
   const idQuiet = h.submit({ prompt: range(90, 20), maxTokens: 40 });
   for (let i = 0; i < 4; i++) h.plan();
   h.deliver();
-  const used = h.sched.kv.stats().usedBlocks;
+  const used = h.sched.stats().kvBlocksUsed;
   h.sched.cancel(idGone);
-  h.sched.cancel(idQuiet, false);
+  h.clientGone(idQuiet);
   assertEquals(
-    h.sched.kv.stats().usedBlocks,
+    h.sched.stats().kvBlocksUsed,
     used - 2 * Math.ceil(23 / 4),
     "both lost their blocks",
   );
@@ -445,7 +445,7 @@ Deno.test("Scheduler: an executor failure sends running sequences back for recom
   assertEquals(h.faults, 1);
   assertEquals(h.sched.stats().executorRestarts, 1);
   ids.forEach((id, i) => assertEquals(h.tokens(id), expected(h, seqs[i]!), `seq ${id}`));
-  assertEquals(h.sched.kv.stats().usedBlocks, 0);
+  assertEquals(h.sched.stats().kvBlocksUsed, 0);
 });
 
 Deno.test("Scheduler fails a request that crashes the engine every time, and only that one", () => {
@@ -467,7 +467,7 @@ Deno.test("Scheduler fails a request that crashes the engine every time, and onl
   assert(end.message.includes("crashed in 4 steps"), end.message);
   assertEquals(h.faults, 4, "two shared crashes, then two with the poison isolated");
   ids.forEach((id, i) => assertEquals(h.tokens(id), expected(h, innocents[i]!), `innocent ${id}`));
-  assertEquals(h.sched.kv.stats().usedBlocks, 0);
+  assertEquals(h.sched.stats().kvBlocksUsed, 0);
 });
 
 Deno.test("Scheduler refuses prompt tokens outside the vocabulary", () => {
@@ -531,7 +531,7 @@ Deno.test("Scheduler property: random interleavings leak nothing and every finis
         h.sched.cancel(live[r(live.length)]!);
       } else if (a < 136 && live.length > 0) {
         const id = live[r(live.length)]!;
-        h.sched.cancel(id, false);
+        h.clientGone(id);
         gone.add(id);
       } else if (a < 142) {
         h.failNext = true;
@@ -540,14 +540,13 @@ Deno.test("Scheduler property: random interleavings leak nothing and every finis
       } else if (!h.deliver() && toSubmit === 0 && h.sched.numLive === 0) {
         break;
       }
-      if (tick % 16 === 0) h.sched.kv.checkConsistency();
+      if (tick % 16 === 0) h.sched.checkConsistency();
     }
     while (h.deliver());
     const where = `run ${run}`;
     assertEquals(h.sched.numLive, 0, `${where}: leaked sequences`);
-    assertEquals(h.sched.kv.stats().usedBlocks, 0, `${where}: leaked blocks`);
-    assertEquals(h.sched.kv.numSeqs, 0, `${where}: the allocator still tracks sequences`);
-    h.sched.kv.checkConsistency();
+    assertEquals(h.sched.stats().kvBlocksUsed, 0, `${where}: leaked blocks`);
+    h.sched.checkConsistency();
     checkPlans(h, maxBatchTokens, maxRunning);
     for (const [id, spec] of specs) {
       const got = h.tokens(id);
@@ -616,6 +615,6 @@ Deno.test("Scheduler: an admission that preempts a sharer of its prefix starts a
   h.runToEnd(2);
   assertEquals(h.tokens(it), expected(h, t));
   assertEquals(h.tokens(iv), expected(h, v));
-  assertEquals(h.sched.kv.stats().usedBlocks, 0);
-  h.sched.kv.checkConsistency();
+  assertEquals(h.sched.stats().kvBlocksUsed, 0);
+  h.sched.checkConsistency();
 });
