@@ -46,6 +46,8 @@ export type SchedulerMsg =
   | { readonly type: "executor-down"; readonly error: string }
   /** Publish the prefix cache's hashes for SchedulerActor.cachedBlockHashes's next caller. */
   | { readonly type: "publish-hashes"; readonly limit: number }
+  /** The pause between paced background steps is over (SchedulerActorOptions.backgroundShare). */
+  | { readonly type: "wake" }
   /** Refuse new submissions; running and waiting ones go on. */
   | { readonly type: "drain" };
 

@@ -17,6 +17,12 @@ export interface SchedulerActorOptions {
   readonly maxInFlight?: number;
   /** Scheduler mailbox capacity (default 1024): submitters wait beyond it. */
   readonly mailboxCapacity?: number;
+  /** See DEFAULT_LIMITS.backgroundShare (1: no pacing). */
+  readonly backgroundShare?: number;
+  /** See DEFAULT_LIMITS.backgroundQuietMs. */
+  readonly backgroundQuietMs?: number;
+  /** Clock in milliseconds (default performance.now). */
+  readonly now?: () => number;
 }
 
 /**
@@ -46,6 +52,15 @@ export class SchedulerActor {
   #paused = false;
   #nextSeqId = 1;
   #unsentRelease: number[] = [];
+  readonly #share: number;
+  readonly #quietMs: number;
+  readonly #now: () => number;
+  /** Steps planned while only batch work was live (paced). */
+  #backgroundSteps = new Set<number>();
+  /** When interactive work was last live, and when the next paced background step may start. */
+  #lastForeground = -Infinity;
+  #backgroundAt = -Infinity;
+  #wakeTimer: ReturnType<typeof setTimeout> | undefined;
 
   constructor(
     config: SchedulerConfig,
@@ -69,6 +84,14 @@ export class SchedulerActor {
       );
     }
     this.mailbox = new Channel(opts.mailboxCapacity ?? 1024);
+    this.#share = opts.backgroundShare ?? DEFAULT_LIMITS.backgroundShare;
+    if (!(this.#share > 0 && this.#share <= 1)) {
+      throw new RangeError(
+        `Cannot create scheduler actor: backgroundShare must be in (0, 1], received ${this.#share}`,
+      );
+    }
+    this.#quietMs = opts.backgroundQuietMs ?? DEFAULT_LIMITS.backgroundQuietMs;
+    this.#now = opts.now ?? (() => performance.now());
   }
 
   /** A fresh sequence id (ids are never reused, so late events cannot be misattributed). */
@@ -114,6 +137,7 @@ export class SchedulerActor {
       reason = `The scheduler failed: ${e instanceof Error ? e.message : e}`;
       console.error(reason, e);
     } finally {
+      clearTimeout(this.#wakeTimer);
       this.mailbox.close();
       this.#core.failAll("internal", reason);
       this.#stats = this.#core.stats();
@@ -154,11 +178,18 @@ export class SchedulerActor {
         core.hold(msg.seqId, msg.type === "hold");
         break;
       case "step-result":
+        if (this.#backgroundSteps.delete(msg.result.stepId) && this.#share < 1) {
+          this.#backgroundAt = this.#now() + msg.durationMs * (1 / this.#share - 1);
+        }
         if (msg.epoch === this.#epoch) core.onResult(msg.result);
+        break;
+      case "wake":
+        this.#wakeTimer = undefined;
         break;
       case "executor-failed":
         if (msg.epoch === this.#epoch) {
           core.onExecutorFailure(msg.stepId, msg.error);
+          this.#backgroundSteps.clear();
           this.#unsentRelease = [];
           this.#paused = true;
         }
@@ -192,8 +223,16 @@ export class SchedulerActor {
   #pump(): void {
     if (this.#paused) return;
     while (this.#core.stepsInFlight < this.maxInFlight) {
-      const plan = this.#core.schedule();
-      if (!plan) break;
+      const now = this.#now();
+      const background = this.#core.backgroundOnly;
+      if (!background) this.#lastForeground = now;
+      const paced = now - this.#lastForeground < this.#quietMs && now < this.#backgroundAt;
+      const plan = this.#core.schedule(!paced);
+      if (!plan) {
+        if (paced && background && this.#wakeTimer === undefined) this.#wakeAt(this.#backgroundAt);
+        break;
+      }
+      if (background) this.#backgroundSteps.add(plan.stepId);
       const msg: ExecutorMsg = {
         type: "step",
         epoch: this.#epoch,
@@ -214,6 +253,15 @@ export class SchedulerActor {
     ) {
       this.#unsentRelease = release;
     }
+  }
+
+  /** Posts "wake" at `at` (the actor's clock), so a paced background step is planned then. */
+  #wakeAt(at: number): void {
+    this.#wakeTimer = setTimeout(() => {
+      this.mailbox.send({ type: "wake" }).catch(() => {
+        // Closed: nothing is planned any more.
+      });
+    }, Math.max(0, at - this.#now()));
   }
 
   #takeReleased(): number[] {

@@ -166,11 +166,21 @@ export class Scheduler {
     return ids;
   }
 
-  /** Builds the next step, or null when no sequence can make progress now. */
-  schedule(): StepPlan | null {
+  /** Whether only batch-rank work could use the next step (a "background" step). */
+  get backgroundOnly(): boolean {
+    return foreground(this.#q.live.values(), this.#rankOf) === "none";
+  }
+
+  /**
+   * Builds the next step, or null when no sequence can make progress now. A background step
+   * is planned only while fewer than backgroundDepth steps are in flight, and only when
+   * `background` (the actor's pacing) allows one.
+   */
+  schedule(background = true): StepPlan | null {
     if (!this.#healthy) return null;
     const fg = foreground(this.#q.live.values(), this.#rankOf);
-    if (fg === "none" && this.#inFlight.size >= this.config.backgroundDepth) return null;
+    const depth = background ? this.config.backgroundDepth : 0;
+    if (fg === "none" && this.#inFlight.size >= depth) return null;
     // While interactive work waits or reads its prompt, batch rows yield the whole step.
     const yieldLow = fg === "starting";
     const b = new StepBuild(this.#nextStepId, this.config.maxBatchTokens);
