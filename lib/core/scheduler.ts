@@ -161,9 +161,7 @@ export class Scheduler {
    * their per-sequence state (engine.release) before running the next plan.
    */
   takeReleased(): number[] {
-    const ids = this.#released;
-    this.#released = [];
-    return ids;
+    return this.#released.splice(0);
   }
 
   /** Whether only batch-rank work could use the next step (a "background" step). */
@@ -173,8 +171,7 @@ export class Scheduler {
 
   /**
    * Builds the next step, or null when no sequence can make progress now. A background step
-   * is planned only while fewer than backgroundDepth steps are in flight, and only when
-   * `background` (the actor's pacing) allows one.
+   * needs fewer than backgroundDepth steps in flight, and `background` (the actor's pacing).
    */
   schedule(background = true): StepPlan | null {
     if (!this.#healthy) return null;
@@ -267,8 +264,7 @@ export class Scheduler {
    * time cannot keep it restarting, while the requests that shared its steps go on.
    */
   onExecutorFailure(failedStepId?: number, error = "unknown error"): void {
-    for (const seq of this.#inFlight.suspects(failedStepId)) {
-      if (seq.status !== "running" || ++seq.faults < this.config.maxSeqFaults) continue;
+    for (const seq of this.#inFlight.blame(failedStepId, this.config.maxSeqFaults)) {
       this.#fail(
         seq,
         `Generation failed: the engine crashed in ${seq.faults} steps that included this request (last error: ${error})`,
@@ -379,13 +375,9 @@ export class Scheduler {
 
   /** Ends a live sequence with a finish reason (the stop token that ended it, if one did). */
   #finish(seq: Sequence, reason: FinishReason, stopToken?: number): void {
-    const completionTokens = seq.numGenerated;
-    this.#retire(
-      seq,
-      stopToken === undefined
-        ? { type: "finished", seqId: seq.seqId, reason, completionTokens }
-        : { type: "finished", seqId: seq.seqId, reason, completionTokens, stopToken },
-    );
+    const { seqId, numGenerated: completionTokens } = seq;
+    const end = { type: "finished", seqId, reason, completionTokens } as const;
+    this.#retire(seq, stopToken === undefined ? end : { ...end, stopToken });
   }
 
   #fail(seq: Sequence, message: string): void {

@@ -131,10 +131,14 @@ export class InFlightSteps {
     return rec;
   }
 
-  /** Who is to blame if the step crashed the engine: its isolated suspect, else all of it. */
-  suspects(stepId: number | undefined): readonly Sequence[] {
+  /**
+   * Blames the step that crashed the engine: a fault for its isolated suspect, else for every
+   * sequence in it still running. Returns those that reached `maxFaults`, to be failed.
+   */
+  blame(stepId: number | undefined, maxFaults: number): Sequence[] {
     const rec = stepId === undefined ? undefined : this.#steps.get(stepId);
-    return rec?.isolated ? [rec.isolated] : rec?.all ?? [];
+    const suspects = rec?.isolated ? [rec.isolated] : rec?.all ?? [];
+    return suspects.filter((seq) => seq.status === "running" && ++seq.faults >= maxFaults);
   }
 
   clear(): void {
