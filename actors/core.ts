@@ -1,6 +1,6 @@
 import type { Engine } from "../lib/engine/engine.ts";
 import type { CoreStats, GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
-import { Scheduler, type SchedulerConfig, schedulerConfig } from "../lib/core/scheduler.ts";
+import { type SchedulerConfig, schedulerConfig } from "../lib/core/scheduler.ts";
 import { Channel } from "./channel.ts";
 import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { type EngineFactory, ExecutorActor, type ExecutorOptions } from "./executor.ts";
@@ -59,13 +59,13 @@ export class ServingCore {
         engine.limits.maxBatchTokens,
       );
     }
-    const core = new Scheduler(schedulerConfig({
+    const config = schedulerConfig({
       numBlocks: engine.kv.numBlocks,
       blockSize: engine.kv.blockSize,
       contextLength: engine.config.contextLength,
-    }, overrides));
+    }, overrides);
     const executorMailbox = createExecutorMailbox(maxInFlight);
-    this.scheduler = new SchedulerActor(core, executorMailbox, { maxInFlight });
+    this.scheduler = new SchedulerActor(config, executorMailbox, { maxInFlight });
     const onStep = opts.executor?.onStep;
     this.executor = new ExecutorActor(
       engine,

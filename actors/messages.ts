@@ -44,8 +44,10 @@ export type SchedulerMsg =
   | { readonly type: "executor-ready"; readonly epoch: number }
   /** The engine could not be recreated: nothing can run any more. */
   | { readonly type: "executor-down"; readonly error: string }
-  /** Ask for a stats snapshot. */
-  | { readonly type: "stats"; readonly reply: (stats: SchedulerStats) => void }
+  /** Publish the prefix cache's hashes for SchedulerActor.cachedBlockHashes's next caller. */
+  | { readonly type: "publish-hashes"; readonly limit: number }
+  /** The pause between paced background steps is over (SchedulerActorOptions.backgroundShare). */
+  | { readonly type: "wake" }
   /** Refuse new submissions; running and waiting ones go on. */
   | { readonly type: "drain" };
 

@@ -7,6 +7,7 @@ import type { OutputConstraint } from "../lib/grammar/output_constraint.ts";
 import type { TokenConstraint } from "../lib/grammar/token_constraint.ts";
 import { ConstraintError } from "../lib/grammar/constraint_error.ts";
 import type { RequestMsg, SchedulerMsg, SeqEvent } from "./messages.ts";
+import { SEQ_EVENTS_BESIDE_TOKENS } from "../lib/core/seq_events.ts";
 
 /** What the request actor needs of a tokenizer (lib/tokenizer/tokenizer.ts's Tokenizer fits). */
 export interface TextCodec {
@@ -45,6 +46,18 @@ export interface ConstraintCompiler {
   constraint(c: OutputConstraint, replay: readonly number[]): Promise<TokenConstraint>;
 }
 
+/** Messages the client side posts to a request actor: abort and client-gone, each at most once. */
+const CLIENT_MESSAGES = 2;
+
+/**
+ * A request actor's mailbox capacity: every event the scheduler can send for a sequence of
+ * `maxTokens` (see SEQ_EVENTS_BESIDE_TOKENS) and the client's messages. Full means a bound is
+ * broken; the generation then fails with an error naming the lost message, never silently.
+ */
+export function requestMailboxCapacity(maxTokens: number): number {
+  return Math.max(0, maxTokens) + SEQ_EVENTS_BESIDE_TOKENS + CLIENT_MESSAGES;
+}
+
 /**
  * One generation, from prompt to `done`: tokenizes, submits to the scheduler, turns token ids
  * into text deltas, applies stop strings (holding back text that may begin one), and reports
@@ -63,6 +76,10 @@ export class RequestActor {
   #grammars: ConstraintCompiler | undefined;
   #seqId = -1;
   #ended = false;
+  /** Client messages posted already (each is posted once). */
+  #posted = new Set<"abort" | "client-gone">();
+  /** Set when the mailbox refused a message: the generation fails with it. */
+  #overflow: string | undefined;
 
   constructor(
     scheduler: SchedulerHandle,
@@ -77,9 +94,8 @@ export class RequestActor {
     this.#sink = sink;
     this.#now = opts.now ?? (() => performance.now());
     this.#grammars = opts.grammars;
-    // Bounded by construction: the scheduler sends at most maxTokens + 3 events for a sequence
-    // (see SeqEvent), plus abort and client-gone. So its replies never wait.
-    this.mailbox = new Channel(Math.max(0, req.maxTokens) + 8);
+    // Bounded by construction, so the scheduler's replies never wait (see requestMailboxCapacity).
+    this.mailbox = new Channel(requestMailboxCapacity(req.maxTokens));
   }
 
   /** True once the generation has ended (done or error sent, or the client left). */
@@ -89,16 +105,24 @@ export class RequestActor {
 
   /** The caller cancelled: free the sequence and end with done("cancelled"). */
   abort(): void {
-    this.#post({ type: "abort" });
+    this.#postOnce("abort");
   }
 
   /** The client is gone: free the sequence; nothing more is sent. */
   clientGone(): void {
-    this.#post({ type: "client-gone" });
+    this.#postOnce("client-gone");
+  }
+
+  #postOnce(type: "abort" | "client-gone"): void {
+    if (this.#posted.has(type)) return;
+    this.#posted.add(type);
+    this.#post({ type });
   }
 
   #post(msg: RequestMsg): void {
-    if (!this.mailbox.closed) this.mailbox.trySend(msg);
+    if (this.mailbox.closed || this.mailbox.trySend(msg)) return;
+    this.#overflow ??=
+      `the request mailbox (capacity ${this.mailbox.capacity}) was full and lost a "${msg.type}" message`;
   }
 
   /** Runs the generation to its end. Never throws: failures become an `error` event. */
@@ -187,8 +211,7 @@ export class RequestActor {
     // (", there was" came back as ",  was"). Text is therefore sent up to the end of the last
     // id it completes; `end` is where an id's text ends in the decoded text (null while the
     // decoder holds its bytes, e.g. half a UTF-8 character).
-    let pending: Array<{ id: number; logprob: number; top?: TopLogprobs; end: number | null }> =
-      [];
+    let pending: Array<{ id: number; logprob: number; top?: TopLogprobs; end: number | null }> = [];
     let decodedLen = 0;
     let released = "";
     let sentLen = 0;
@@ -241,6 +264,8 @@ export class RequestActor {
     };
 
     for await (const msg of this.mailbox) {
+      // A full mailbox is a broken bound, reported rather than streaming with a gap.
+      if (this.#overflow) throw new Error(this.#overflow);
       switch (msg.type) {
         case "accepted":
           if (!await this.#emit({ type: "started", promptTokens: prompt.length })) {

@@ -1,7 +1,13 @@
-import type { Scheduler } from "../lib/core/scheduler.ts";
+import { Scheduler, type SchedulerConfig } from "../lib/core/scheduler.ts";
 import { Channel } from "./channel.ts";
 import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
-import type { ExecutorMsg, SchedulerMsg, SchedulerStats } from "./messages.ts";
+import type {
+  ExecutorMsg,
+  SchedulerMsg,
+  SchedulerStats,
+  SeqEvent,
+  SeqEventSink,
+} from "./messages.ts";
 
 export interface SchedulerActorOptions {
   /**
@@ -11,12 +17,20 @@ export interface SchedulerActorOptions {
   readonly maxInFlight?: number;
   /** Scheduler mailbox capacity (default 1024): submitters wait beyond it. */
   readonly mailboxCapacity?: number;
+  /** See DEFAULT_LIMITS.backgroundShare (1: no pacing). */
+  readonly backgroundShare?: number;
+  /** See DEFAULT_LIMITS.backgroundQuietMs. */
+  readonly backgroundQuietMs?: number;
+  /** Clock in milliseconds (default performance.now). */
+  readonly now?: () => number;
 }
 
 /**
  * The scheduler as an actor: an async loop over its mailbox that alone drives the
- * {@link Scheduler} state machine. After every message it plans steps until `maxInFlight` are
- * outstanding or nothing can progress, and hands them to the executor.
+ * {@link Scheduler} state machine it owns. After every message it plans steps until
+ * `maxInFlight` are outstanding or nothing can progress, and hands them to the executor. It
+ * routes the policy's events to each sequence's submitter, and publishes a snapshot of the
+ * policy's state at the end of every turn: the only view others get of it.
  *
  * The executor's mailbox must hold 2 × maxInFlight plans (see {@link createExecutorMailbox}):
  * maxInFlight current ones plus as many stale ones from before an executor restart that the
@@ -28,14 +42,33 @@ export class SchedulerActor {
   readonly maxInFlight: number;
   #core: Scheduler;
   #executor: Channel<ExecutorMsg>;
+  /** Where each live sequence's events go (its submitter's reply), until its last event. */
+  #routes = new Map<number, SeqEventSink>();
+  #stats: SchedulerStats;
+  /** Prefix-cache hashes as of the turn that last answered a "publish-hashes". */
+  #hashes: number[] = [];
   #epoch = 0;
   /** Between executor-failed and executor-ready: nothing can run. */
   #paused = false;
   #nextSeqId = 1;
   #unsentRelease: number[] = [];
+  readonly #share: number;
+  readonly #quietMs: number;
+  readonly #now: () => number;
+  /** Steps planned while only batch work was live (paced). */
+  #backgroundSteps = new Set<number>();
+  /** When interactive work was last live, and when the next paced background step may start. */
+  #lastForeground = -Infinity;
+  #backgroundAt = -Infinity;
+  #wakeTimer: ReturnType<typeof setTimeout> | undefined;
 
-  constructor(core: Scheduler, executor: Channel<ExecutorMsg>, opts: SchedulerActorOptions = {}) {
-    this.#core = core;
+  constructor(
+    config: SchedulerConfig,
+    executor: Channel<ExecutorMsg>,
+    opts: SchedulerActorOptions = {},
+  ) {
+    this.#core = new Scheduler(config, (e) => this.#route(e));
+    this.#stats = this.#core.stats();
     this.#executor = executor;
     this.maxInFlight = opts.maxInFlight ?? DEFAULT_LIMITS.pipelineDepth;
     if (!Number.isInteger(this.maxInFlight) || this.maxInFlight < 1) {
@@ -51,6 +84,14 @@ export class SchedulerActor {
       );
     }
     this.mailbox = new Channel(opts.mailboxCapacity ?? 1024);
+    this.#share = opts.backgroundShare ?? DEFAULT_LIMITS.backgroundShare;
+    if (!(this.#share > 0 && this.#share <= 1)) {
+      throw new RangeError(
+        `Cannot create scheduler actor: backgroundShare must be in (0, 1], received ${this.#share}`,
+      );
+    }
+    this.#quietMs = opts.backgroundQuietMs ?? DEFAULT_LIMITS.backgroundQuietMs;
+    this.#now = opts.now ?? (() => performance.now());
   }
 
   /** A fresh sequence id (ids are never reused, so late events cannot be misattributed). */
@@ -58,14 +99,20 @@ export class SchedulerActor {
     return this.#nextSeqId++;
   }
 
-  /** A read-only snapshot of the scheduler's state (safe to call from anywhere, e.g. /metrics). */
+  /** The scheduler's state as of the end of the actor's latest turn (e.g. for /metrics). */
   stats(): SchedulerStats {
-    return this.#core.stats();
+    return this.#stats;
   }
 
-  /** The prefix cache's block hashes (see BlockAllocator.cachedBlockHashes). */
+  /**
+   * The prefix cache's block hashes (newest last, at most `limit`) as the actor last published
+   * them, and a request to publish them afresh: a caller that polls (a replica's heartbeat)
+   * sees what the cache held at its previous poll, or later. Computing them in every turn
+   * would cost the step loop a copy of the whole cache's hashes.
+   */
   cachedBlockHashes(limit: number): number[] {
-    return this.#core.kv.cachedBlockHashes(limit);
+    if (!this.mailbox.closed) this.mailbox.trySend({ type: "publish-hashes", limit });
+    return this.#hashes.length <= limit ? this.#hashes : this.#hashes.slice(-limit);
   }
 
   /**
@@ -78,16 +125,22 @@ export class SchedulerActor {
       for await (const msg of this.mailbox) {
         this.#handle(msg);
         // Constrained sequences sample only under a mask of what their grammar allows next.
-        if (this.#core.masksPending) await this.#core.refreshMasks();
+        if (this.#core.masksPending) {
+          this.#stats = this.#core.stats();
+          await this.#core.refreshMasks();
+        }
         this.#pump();
+        this.#stats = this.#core.stats();
       }
     } catch (e) {
       // A bug here must not leave requests hanging: end them all with an error.
       reason = `The scheduler failed: ${e instanceof Error ? e.message : e}`;
       console.error(reason, e);
     } finally {
+      clearTimeout(this.#wakeTimer);
       this.mailbox.close();
       this.#core.failAll("internal", reason);
+      this.#stats = this.#core.stats();
       this.#executor.close();
     }
   }
@@ -95,25 +148,48 @@ export class SchedulerActor {
   #handle(msg: SchedulerMsg): void {
     const core = this.#core;
     switch (msg.type) {
-      case "submit":
-        core.submit(msg.seq, msg.reply);
+      case "submit": {
+        const { seqId } = msg.seq;
+        if (this.#routes.has(seqId)) {
+          // The policy would refuse it too, but its answer would go to the live one's owner.
+          msg.seq.constraint?.dispose();
+          safeReply(msg.reply, {
+            type: "rejected",
+            seqId,
+            code: "internal",
+            message: `Cannot submit sequence ${seqId}: the id is already live`,
+          });
+          break;
+        }
+        this.#routes.set(seqId, msg.reply);
+        core.submit(msg.seq);
         break;
+      }
       case "cancel":
-        core.cancel(msg.seqId, true);
+        core.cancel(msg.seqId);
         break;
       case "client-gone":
-        core.cancel(msg.seqId, false);
+        // Nobody listens: its finished("cancelled") goes nowhere.
+        this.#routes.delete(msg.seqId);
+        core.cancel(msg.seqId);
         break;
       case "hold":
       case "resume":
         core.hold(msg.seqId, msg.type === "hold");
         break;
       case "step-result":
+        if (this.#backgroundSteps.delete(msg.result.stepId) && this.#share < 1) {
+          this.#backgroundAt = this.#now() + msg.durationMs * (1 / this.#share - 1);
+        }
         if (msg.epoch === this.#epoch) core.onResult(msg.result);
+        break;
+      case "wake":
+        this.#wakeTimer = undefined;
         break;
       case "executor-failed":
         if (msg.epoch === this.#epoch) {
           core.onExecutorFailure(msg.stepId, msg.error);
+          this.#backgroundSteps.clear();
           this.#unsentRelease = [];
           this.#paused = true;
         }
@@ -126,8 +202,8 @@ export class SchedulerActor {
         core.failAll("internal", `The model executor is down: ${msg.error}`);
         this.#paused = true;
         break;
-      case "stats":
-        msg.reply(core.stats());
+      case "publish-hashes":
+        this.#hashes = core.cachedBlockHashes(msg.limit);
         break;
       case "drain":
         core.drain();
@@ -135,11 +211,28 @@ export class SchedulerActor {
     }
   }
 
+  /** Hands a policy event to its sequence's submitter; the last one ends the route. */
+  #route(event: SeqEvent): void {
+    const reply = this.#routes.get(event.seqId);
+    if (event.type === "rejected" || event.type === "finished" || event.type === "failed") {
+      this.#routes.delete(event.seqId);
+    }
+    if (reply) safeReply(reply, event);
+  }
+
   #pump(): void {
     if (this.#paused) return;
     while (this.#core.stepsInFlight < this.maxInFlight) {
-      const plan = this.#core.schedule();
-      if (!plan) break;
+      const now = this.#now();
+      const background = this.#core.backgroundOnly;
+      if (!background) this.#lastForeground = now;
+      const paced = now - this.#lastForeground < this.#quietMs && now < this.#backgroundAt;
+      const plan = this.#core.schedule(!paced);
+      if (!plan) {
+        if (paced && background && this.#wakeTimer === undefined) this.#wakeAt(this.#backgroundAt);
+        break;
+      }
+      if (background) this.#backgroundSteps.add(plan.stepId);
       const msg: ExecutorMsg = {
         type: "step",
         epoch: this.#epoch,
@@ -162,10 +255,31 @@ export class SchedulerActor {
     }
   }
 
+  /** Posts "wake" at `at` (the actor's clock), so a paced background step is planned then. */
+  #wakeAt(at: number): void {
+    this.#wakeTimer = setTimeout(() => {
+      this.mailbox.send({ type: "wake" }).catch(() => {
+        // Closed: nothing is planned any more.
+      });
+    }, Math.max(0, at - this.#now()));
+  }
+
   #takeReleased(): number[] {
     const ids = this.#unsentRelease.concat(this.#core.takeReleased());
     this.#unsentRelease = [];
     return ids;
+  }
+}
+
+/** A listener that throws must not corrupt the scheduler's state. */
+function safeReply(reply: SeqEventSink, event: SeqEvent): void {
+  try {
+    reply(event);
+  } catch (e) {
+    console.error(
+      `Scheduler: the reply handler of seq ${event.seqId} threw on "${event.type}":`,
+      e,
+    );
   }
 }
 

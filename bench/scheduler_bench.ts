@@ -52,7 +52,7 @@ export function measure(running: number, iters: number): Row {
       sampling: GREEDY,
       stopTokenIds: [EOS],
       priority: seed % 4 === 0 ? "batch" : "interactive",
-    }, () => {});
+    });
   };
   for (let i = 0; i < running; i++) submit();
 
@@ -117,13 +117,13 @@ export async function measureActors(running: number, steps: number): Promise<Act
     release: (id: number) => fake.release(id),
     dispose() {},
   };
-  const core = new Scheduler(schedulerConfig({ numBlocks, blockSize, contextLength }, {
+  const config = schedulerConfig({ numBlocks, blockSize, contextLength }, {
     maxRunning: running,
     maxBatchTokens: Math.max(512, running),
     maxWaiting: running * 4,
-  }));
+  });
   const execMailbox = createExecutorMailbox(2);
-  const actor = new SchedulerActor(core, execMailbox, { maxInFlight: 2 });
+  const actor = new SchedulerActor(config, execMailbox, { maxInFlight: 2 });
   const executor = new ExecutorActor(engine, () => engine, execMailbox, actor.mailbox);
   const loops = Promise.all([actor.run(), executor.run()]);
   let seed = 1, started = -1, startSteps = 0;

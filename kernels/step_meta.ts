@@ -130,9 +130,9 @@ export class StepMetaLayout {
     }
     const o = this.offsets;
     const u32 = (at: number, v: number) => region.setUint32(at, v >>> 0, true);
-    u32(0, c.rows.length);
-    u32(4, c.samples.length);
-    u32(8, c.seqs.length);
+    u32(DIM_ROWS * 4, c.rows.length);
+    u32(DIM_SAMPLES * 4, c.samples.length);
+    u32(DIM_SEQS * 4, c.seqs.length);
     u32(12, 0);
     c.rows.forEach((r, i) => {
       const at = o.rows + i * ROW_WORDS * 4;

@@ -5,7 +5,12 @@ import type { LogitControls } from "../lib/core/logit_controls.ts";
  * runs on the engine at once (engines execute in call order); its result is delivered later,
  * which reproduces the pipelined executor's late tokens.
  */
-import { GREEDY, type SamplingParams, type StepPlan, type StepResult } from "../lib/engine/engine.ts";
+import {
+  GREEDY,
+  type SamplingParams,
+  type StepPlan,
+  type StepResult,
+} from "../lib/engine/engine.ts";
 import { FakeEngine, type FakeEngineOptions } from "./_fake_engine.ts";
 import type { Priority } from "../lib/core/generation.ts";
 import { Scheduler, type SchedulerConfig, schedulerConfig } from "../lib/core/scheduler.ts";
@@ -40,17 +45,24 @@ export class Harness {
   /** Engine errors containing this count as device faults; any other error fails the test. */
   faultMarker = "injected fault";
   faults = 0;
+  /** Sequences whose owner left: their events go nowhere (the actor drops their route). */
+  readonly #gone = new Set<number>();
   #failurePending = false;
   #nextId = 1;
 
   constructor(engineOpts: FakeEngineOptions, overrides: Partial<SchedulerConfig> = {}) {
     this.engineOpts = engineOpts;
     this.engine = this.#newEngine();
-    this.sched = new Scheduler(schedulerConfig({
-      numBlocks: this.engine.kv.numBlocks,
-      blockSize: this.engine.kv.blockSize,
-      contextLength: this.engine.config.contextLength,
-    }, overrides));
+    this.sched = new Scheduler(
+      schedulerConfig({
+        numBlocks: this.engine.kv.numBlocks,
+        blockSize: this.engine.kv.blockSize,
+        contextLength: this.engine.config.contextLength,
+      }, overrides),
+      (e) => {
+        if (!this.#gone.has(e.seqId)) this.events.get(e.seqId)?.push(e);
+      },
+    );
   }
 
   #newEngine(): FakeEngine {
@@ -66,8 +78,7 @@ export class Harness {
 
   submit(s: HarnessSeq): number {
     const seqId = this.#nextId++;
-    const log: SeqEvent[] = [];
-    this.events.set(seqId, log);
+    this.events.set(seqId, []);
     this.sched.submit({
       seqId,
       prompt: s.prompt,
@@ -77,8 +88,14 @@ export class Harness {
       priority: s.priority ?? "interactive",
       ...(s.controls ? { controls: s.controls } : {}),
       ...(s.generated ? { generated: s.generated } : {}),
-    }, (e) => log.push(e));
+    });
     return seqId;
+  }
+
+  /** Its client left: cancelled, and nobody hears about it (as the actor's "client-gone"). */
+  clientGone(seqId: number): void {
+    this.#gone.add(seqId);
+    this.sched.cancel(seqId);
   }
 
   /** Plans one step and runs it on the engine; false when there was nothing to plan. */

@@ -4,7 +4,6 @@ import { resolveConfig } from "../lib/cli/config.ts";
 import { parseServeArgs } from "../lib/cli/serve.ts";
 import { schedulerConfig } from "../lib/core/scheduler.ts";
 import { createExecutorMailbox, SchedulerActor } from "../actors/scheduler.ts";
-import { Scheduler } from "../lib/core/scheduler.ts";
 import { HTTP_DEFAULTS } from "../lib/http/defaults.ts";
 import { DEFAULT_MODEL } from "../lib/source/model_source.ts";
 import { startService } from "./_http_harness.ts";
@@ -29,8 +28,8 @@ Deno.test("the server's configuration and a bare scheduler default to the same l
 Deno.test("the scheduler actor's default pipeline depth is the server's", () => {
   const mailbox = createExecutorMailbox();
   assertEquals(mailbox.capacity, 2 * DEFAULT_LIMITS.pipelineDepth);
-  const core = new Scheduler(schedulerConfig({ numBlocks: 8, blockSize: 16, contextLength: 64 }));
-  assertEquals(new SchedulerActor(core, mailbox).maxInFlight, DEFAULT_LIMITS.pipelineDepth);
+  const config = schedulerConfig({ numBlocks: 8, blockSize: 16, contextLength: 64 });
+  assertEquals(new SchedulerActor(config, mailbox).maxInFlight, DEFAULT_LIMITS.pipelineDepth);
 });
 
 Deno.test("serve's usage shows every limit with its default", () => {

@@ -6,6 +6,9 @@ import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.
 import type { SchedulerConfig } from "../lib/core/scheduler.ts";
 import { BOS, decodeAll, EOS, fakeCodec, piece } from "./_fake_codec.ts";
 import { closeCore } from "./_serving_core.ts";
+import { Channel } from "../actors/channel.ts";
+import type { SchedulerMsg } from "../actors/messages.ts";
+import { RequestActor, requestMailboxCapacity } from "../actors/request.ts";
 
 const VOCAB = 64;
 
@@ -351,4 +354,38 @@ Deno.test("A client that stops reading holds its sequence: the engine decodes no
   } finally {
     await closeCore(core);
   }
+});
+
+Deno.test("RequestActor: a mailbox overflow (more events than its sequence can get) fails the generation with an error naming it", async () => {
+  const mailbox = new Channel<SchedulerMsg>(8);
+  const scheduler = { mailbox, nextSeqId: () => 7 };
+  const maxTokens = 2;
+  const sink = new Channel<GenerationEvent>(64);
+  const actor = new RequestActor(scheduler, fakeCodec, request([BOS, 4, 5], maxTokens), sink);
+  assertEquals(actor.mailbox.capacity, requestMailboxCapacity(maxTokens));
+  const running = actor.run().finally(() => sink.close());
+  const submit = (await mailbox.receive()).value;
+  if (submit?.type !== "submit") throw new Error(`expected a submit, got ${submit?.type}`);
+  const reply = submit.reply;
+  // A scheduler bug: more token events than max_tokens allows, all before the actor reads.
+  reply({ type: "accepted", seqId: 7, promptTokens: 3 });
+  reply({ type: "scheduled", seqId: 7, cachedTokens: 0 });
+  for (let i = 0; i < actor.mailbox.capacity; i++) {
+    reply({ type: "token", seqId: 7, token: 4, logprob: 0, stepId: i });
+  }
+  const events = await collect(sink);
+  await running;
+  const last = events.at(-1)!;
+  assertEquals(last.type, "error");
+  assert(
+    last.type === "error" &&
+      /request mailbox \(capacity 7\) was full and lost a "token"/.test(last.message),
+    JSON.stringify(last),
+  );
+  // It also told the scheduler to drop the sequence.
+  const msgs: string[] = [];
+  for (let m = mailbox.tryReceive(); m && !m.done; m = mailbox.tryReceive()) {
+    msgs.push(m.value.type);
+  }
+  assert(msgs.includes("client-gone"), msgs.join());
 });

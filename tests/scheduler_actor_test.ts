@@ -1,8 +1,13 @@
 import { assert, assertEquals, assertThrows } from "@std/assert";
 import { Channel } from "../actors/channel.ts";
 import type { ExecutorMsg, SeqEvent } from "../actors/messages.ts";
-import { createExecutorMailbox, SchedulerActor } from "../actors/scheduler.ts";
-import { Scheduler, schedulerConfig } from "../lib/core/scheduler.ts";
+import {
+  createExecutorMailbox,
+  SchedulerActor,
+  type SchedulerActorOptions,
+} from "../actors/scheduler.ts";
+import type { Priority } from "../lib/core/generation.ts";
+import { schedulerConfig } from "../lib/core/scheduler.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { FakeEngine } from "./_fake_engine.ts";
 
@@ -14,15 +19,15 @@ function stepOf(m: ExecutorMsg | undefined): StepMsg {
 }
 
 /** The actor over a real Scheduler, with the test in the executor's place. */
-function setup(maxInFlight = 2) {
-  const core = new Scheduler(
-    schedulerConfig({ numBlocks: 64, blockSize: 4, contextLength: 128 }, { maxRunning: 4 }),
-  );
+function setup(maxInFlight = 2, opts: SchedulerActorOptions = {}) {
+  const config = schedulerConfig({ numBlocks: 64, blockSize: 4, contextLength: 128 }, {
+    maxRunning: 4,
+  });
   const executor = createExecutorMailbox(maxInFlight);
-  const actor = new SchedulerActor(core, executor, { maxInFlight });
+  const actor = new SchedulerActor(config, executor, { maxInFlight, ...opts });
   const running = actor.run();
   const events = new Map<number, SeqEvent[]>();
-  const submit = (prompt: number[], maxTokens: number) => {
+  const submit = (prompt: number[], maxTokens: number, priority: Priority = "interactive") => {
     const seqId = actor.nextSeqId();
     const log: SeqEvent[] = [];
     events.set(seqId, log);
@@ -34,7 +39,7 @@ function setup(maxInFlight = 2) {
         maxTokens,
         sampling: GREEDY,
         stopTokenIds: [],
-        priority: "interactive",
+        priority,
       },
       reply: (e) => log.push(e),
     }).then(() => seqId);
@@ -47,11 +52,11 @@ function setup(maxInFlight = 2) {
   };
   /** Lets the actor handle what is in its mailbox (its loop runs on the microtask queue). */
   const settle = () => new Promise((r) => setTimeout(r, 0));
-  return { actor, core, executor, running, events, submit, sent, settle };
+  return { actor, executor, running, events, submit, sent, settle };
 }
 
 Deno.test("SchedulerActor refuses a pipeline depth below 1 and an executor mailbox that could refuse a plan", () => {
-  const core = new Scheduler(schedulerConfig({ numBlocks: 8, blockSize: 4, contextLength: 32 }));
+  const core = schedulerConfig({ numBlocks: 8, blockSize: 4, contextLength: 32 });
   assertThrows(
     () => new SchedulerActor(core, createExecutorMailbox(2), { maxInFlight: 0 }),
     RangeError,
@@ -71,7 +76,7 @@ Deno.test("SchedulerActor keeps maxInFlight steps outstanding and plans the next
   await t.settle();
   const first = t.sent();
   assertEquals(first.map((m) => m.type), ["step", "step"], "two steps, no more, before any result");
-  assertEquals(t.core.stepsInFlight, 2);
+  assertEquals(t.actor.stats().stepsInFlight, 2);
   for (const m of first) {
     if (m.type !== "step") continue;
     await t.actor.mailbox.send({
@@ -153,4 +158,63 @@ Deno.test("SchedulerActor hands releases over on their own when no step follows,
     JSON.stringify(last),
   );
   assert(t.executor.closed);
+});
+
+Deno.test("SchedulerActor paces batch-only steps to backgroundShare of the engine's time while interactive work came recently, and not after a quiet spell", async () => {
+  let clock = 1000;
+  const t = setup(3, { backgroundShare: 0.25, backgroundQuietMs: 500, now: () => clock });
+  const engine = new FakeEngine({ numBlocks: 64, blockSize: 4, contextLength: 128 });
+  const result = async (m: ExecutorMsg | undefined, durationMs: number) => {
+    await t.actor.mailbox.send({
+      type: "step-result",
+      epoch: 0,
+      result: engine.run(stepOf(m).plan),
+      durationMs,
+    });
+    await t.settle();
+  };
+  const steps = () => t.sent().filter((m) => m.type === "step");
+  const batch = await t.submit([1, 5, 6], 40, "batch");
+  await t.settle();
+  const [b0, ...rest] = steps();
+  assertEquals(stepOf(b0).plan.seqs.map((e) => e.seqId), [batch]);
+  assertEquals(rest, [], "batch-only: one step in flight (backgroundDepth), not maxInFlight");
+  const interactive = await t.submit([1, 7, 8], 1);
+  await t.settle();
+  // Planned at once behind the one batch step; the prefill's step holds no batch row, the
+  // step after it (the interactive one now only decodes) does.
+  const [i0, m1, ...none] = steps();
+  assertEquals(stepOf(i0).plan.seqs.map((e) => e.seqId), [interactive]);
+  assertEquals(stepOf(m1).plan.seqs.map((e) => e.seqId), [batch]);
+  assertEquals(none, []);
+  // Run what is in flight (instantly) until the interactive request is done.
+  const queue = [b0, i0, m1];
+  while (!t.events.get(interactive)!.some((e) => e.type === "finished") || queue.length > 1) {
+    await result(queue.shift(), 0);
+    queue.push(...steps());
+  }
+  assertEquals(queue.length, 1, "batch alone again: one step in flight");
+  await result(queue[0], 0);
+  const [b1, ...more] = steps();
+  assertEquals(stepOf(b1).plan.seqs.map((e) => e.seqId), [batch]);
+  assertEquals(more, []);
+  // A 10 ms batch-only step at share 0.25 leaves the engine 30 ms before the next.
+  await result(b1, 10);
+  assertEquals(steps(), [], "paced: nothing before 30 ms have passed");
+  clock += 29;
+  await t.actor.mailbox.send({ type: "wake" });
+  await t.settle();
+  assertEquals(steps(), [], "still paced at 29 ms");
+  clock += 1;
+  await t.actor.mailbox.send({ type: "wake" });
+  await t.settle();
+  const [b2] = steps();
+  assertEquals(stepOf(b2).plan.seqs.map((e) => e.seqId), [batch], "the next batch step at 30 ms");
+  // Past backgroundQuietMs without interactive work, batch steps run back to back.
+  clock += 500;
+  await result(b2, 10);
+  const [b3] = steps();
+  assertEquals(stepOf(b3).plan.seqs.map((e) => e.seqId), [batch], "no pacing after a quiet spell");
+  t.actor.mailbox.close();
+  await t.running;
 });

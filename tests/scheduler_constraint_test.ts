@@ -59,23 +59,21 @@ Deno.test("Scheduler decodes a constrained sequence only with its grammar's mask
     blockSize: 4,
     contextLength: 256,
   });
-  const sched = new Scheduler(schedulerConfig({ numBlocks: 64, blockSize: 4, contextLength: 256 }, {
-    vocabSize: VOCAB,
-  }));
+  const events = new Map<number, SeqEvent[]>([[1, []], [2, []]]);
+  const sched = new Scheduler(
+    schedulerConfig({ numBlocks: 64, blockSize: 4, contextLength: 256 }, { vocabSize: VOCAB }),
+    (e) => events.get(e.seqId)!.push(e),
+  );
   const script = [7, 9, 11, 13, 15, 17];
   const constraint = new ScriptConstraint(script);
-  const events = new Map<number, SeqEvent[]>([[1, []], [2, []]]);
   const spec = {
     maxTokens: 40,
     sampling: GREEDY,
     stopTokenIds: [EOS],
     priority: "interactive" as const,
   };
-  sched.submit({ ...spec, seqId: 1, prompt: [3, 4, 5], constraint }, (e) => events.get(1)!.push(e));
-  sched.submit(
-    { ...spec, seqId: 2, prompt: [3, 4, 6], maxTokens: 24 },
-    (e) => events.get(2)!.push(e),
-  );
+  sched.submit({ ...spec, seqId: 1, prompt: [3, 4, 5], constraint });
+  sched.submit({ ...spec, seqId: 2, prompt: [3, 4, 6], maxTokens: 24 });
   const plans = await drive(sched, engine, 3);
 
   const tokens = (id: number) =>
@@ -114,9 +112,13 @@ Deno.test("Scheduler fails a constrained sequence whose engine sampled a token t
     blockSize: 4,
     contextLength: 256,
   });
-  const sched = new Scheduler(schedulerConfig({ numBlocks: 64, blockSize: 4, contextLength: 256 }, {
-    vocabSize: VOCAB,
-  }));
+  const log: SeqEvent[] = [];
+  const sched = new Scheduler(
+    schedulerConfig({ numBlocks: 64, blockSize: 4, contextLength: 256 }, { vocabSize: VOCAB }),
+    (e) => {
+      if (e.seqId === 1) log.push(e);
+    },
+  );
   // A grammar whose mask says one thing and whose matcher wants another: an engine bug's shape.
   const liar = new ScriptConstraint([5, 6]);
   liar.nextMask = () => {
@@ -124,14 +126,13 @@ Deno.test("Scheduler fails a constrained sequence whose engine sampled a token t
     m[0] = 1 << 9;
     return Promise.resolve(m);
   };
-  const log: SeqEvent[] = [];
   const spec = {
     maxTokens: 8,
     sampling: GREEDY,
     stopTokenIds: [EOS],
     priority: "interactive" as const,
   };
-  sched.submit({ ...spec, seqId: 1, prompt: [3, 4], constraint: liar }, (e) => log.push(e));
+  sched.submit({ ...spec, seqId: 1, prompt: [3, 4], constraint: liar });
   await drive(sched, engine, 2);
   const end = log.at(-1)!;
   assertEquals(end.type, "failed");
@@ -141,7 +142,7 @@ Deno.test("Scheduler fails a constrained sequence whose engine sampled a token t
   assert(liar.disposed);
   const live = new ScriptConstraint([1]);
   const refused = new ScriptConstraint([1]);
-  sched.submit({ ...spec, seqId: 2, prompt: [3], constraint: live }, () => {});
-  sched.submit({ ...spec, seqId: 2, prompt: [3], constraint: refused }, () => {}); // duplicate id
+  sched.submit({ ...spec, seqId: 2, prompt: [3], constraint: live });
+  sched.submit({ ...spec, seqId: 2, prompt: [3], constraint: refused }); // duplicate id
   assert(refused.disposed && !live.disposed);
 });

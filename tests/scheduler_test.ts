@@ -47,7 +47,7 @@ Deno.test("Scheduler: a sequence run alone yields the fake model's continuation,
     assertEquals(h.tokens(id).length, 20);
     const end = h.finished(id);
     assertEquals([end.reason, end.completionTokens], ["length", 20]);
-    assertEquals(h.sched.kv.stats().usedBlocks, 0);
+    assertEquals(h.sched.stats().kvBlocksUsed, 0);
     if (depth > 1) {
       assert(
         h.plans.some((p) => p.seqs.some((e) => e.useLastSampled)),
@@ -87,7 +87,7 @@ Deno.test("Scheduler stops on EOS, on stop ids, on max_tokens and at the context
     10,
     "30-token prompt in a 40-token context gets 10 tokens",
   );
-  assertEquals(h.sched.kv.stats().usedBlocks, 0);
+  assertEquals(h.sched.stats().kvBlocksUsed, 0);
 });
 
 Deno.test("Scheduler discards tokens sampled past a stop when results arrive late", () => {
@@ -124,8 +124,8 @@ Deno.test("Scheduler: a preempted and recomputed sequence produces exactly the u
     p.seqs.some((e) => e.seqId === ids[0] && e.startPos === 0)
   );
   assertEquals(firstSteps.length, 1, "the oldest sequence was never recomputed");
-  assertEquals(h.sched.kv.stats().usedBlocks, 0);
-  h.sched.kv.checkConsistency();
+  assertEquals(h.sched.stats().kvBlocksUsed, 0);
+  h.sched.checkConsistency();
 });
 
 Deno.test("Scheduler: with a shared prompt prefix the second prefill skips the cached blocks", () => {
@@ -211,11 +211,11 @@ Deno.test("Scheduler: cancel frees blocks at once and ignores results still in f
   const idQuiet = h.submit({ prompt: range(90, 20), maxTokens: 40 });
   for (let i = 0; i < 4; i++) h.plan();
   h.deliver();
-  const used = h.sched.kv.stats().usedBlocks;
+  const used = h.sched.stats().kvBlocksUsed;
   h.sched.cancel(idGone);
-  h.sched.cancel(idQuiet, false);
+  h.clientGone(idQuiet);
   assertEquals(
-    h.sched.kv.stats().usedBlocks,
+    h.sched.stats().kvBlocksUsed,
     used - 2 * Math.ceil(23 / 4),
     "both lost their blocks",
   );
@@ -316,7 +316,16 @@ Deno.test("Scheduler: an interactive request takes a running slot from batch wor
     !next.seqs.some((e) => e.seqId === b2),
     "the most recently admitted batch sequence gave way",
   );
-  assert(next.seqs.some((e) => e.seqId === b1), "the earlier batch sequence keeps running");
+  assert(
+    !next.seqs.some((e) => e.seqId === b1),
+    "the earlier batch sequence keeps its slot but yields the interactive prefill's step",
+  );
+  h.deliver();
+  h.plan();
+  assert(
+    h.plans.at(-1)!.seqs.some((e) => e.seqId === b1 && e.startPos > 0),
+    "the earlier batch sequence goes on, not recomputed, once the prefill is done",
+  );
   h.runToEnd(1);
   const solo = (prompt: number[], maxTokens: number) => {
     const alone = new Harness({ vocabSize: 512, numBlocks: 64, blockSize: 4 });
@@ -331,6 +340,73 @@ Deno.test("Scheduler: an interactive request takes a running slot from batch wor
     "the preempted batch sequence is recomputed exactly",
   );
   assertEquals(h.tokens(i1), solo(range(100, 6), 5));
+});
+
+Deno.test("Scheduler: batch rows yield every step while an interactive prefill is pending, and progress when it is done", () => {
+  // maxBatchTokens 8: the interactive 30-token prompt needs 4 chunks, so 4 steps.
+  const h = new Harness({ vocabSize: 512, numBlocks: 64, blockSize: 4 }, {
+    maxBatchTokens: 8,
+    agingSteps: 10_000,
+  });
+  const b1 = h.submit({ prompt: range(0, 4), maxTokens: 40, priority: "batch" });
+  const b2 = h.submit({ prompt: range(50, 4), maxTokens: 40, priority: "batch" });
+  for (let i = 0; i < 3; i++) {
+    assert(h.plan());
+    h.deliver();
+  }
+  const generated = (id: number) => h.tokens(id).length;
+  const before = [generated(b1), generated(b2)];
+  assertEquals(before, [3, 3], "alone, batch work prefills and then decodes every step");
+  const i1 = h.submit({ prompt: range(100, 30), maxTokens: 4 });
+  const batchIn = (p: { seqs: readonly { seqId: number }[] }) =>
+    p.seqs.some((e) => e.seqId === b1 || e.seqId === b2);
+  // Pipelined (depth 3): the prefill's chunks are planned back to back.
+  const held: number[] = [];
+  while (h.tokens(i1).length === 0) {
+    if (h.queue.length < 3 && h.plan()) {
+      const p = h.plans.at(-1)!;
+      if (p.seqs.some((e) => e.seqId === i1 && e.tokens.length > 0)) {
+        assert(!batchIn(p), `step ${p.stepId} has batch rows beside the interactive prefill`);
+        held.push(p.stepId);
+      }
+      continue;
+    }
+    assert(h.deliver());
+  }
+  assertEquals(held.length, 4, "the prompt took 4 chunks, each in a step of its own");
+  assertEquals([generated(b1), generated(b2)], before, "batch work made no progress meanwhile");
+  h.runToEnd(3);
+  const after = h.plans.filter((p) => p.stepId > held.at(-1)! && batchIn(p));
+  assertGreater(after.length, 30, "batch work decodes again once the prefill is done");
+  assert(
+    after.some((p) => p.seqs.some((e) => e.seqId === i1)),
+    "beside the interactive decodes",
+  );
+  for (const [id, prompt, n] of [[b1, range(0, 4), 40], [b2, range(50, 4), 40]] as const) {
+    assertEquals(h.tokens(id), expected(h, { prompt: [...prompt], maxTokens: n }));
+  }
+  assertEquals(h.tokens(i1), expected(h, { prompt: range(100, 30), maxTokens: 4 }));
+});
+
+Deno.test("Scheduler: while only batch work is live it keeps backgroundDepth steps in flight, not the pipeline", () => {
+  const h = new Harness({ vocabSize: 512, numBlocks: 64, blockSize: 4 }, {
+    agingSteps: 10_000,
+    backgroundDepth: 1,
+  });
+  const b = h.submit({ prompt: range(0, 4), maxTokens: 20, priority: "batch" });
+  assert(h.plan());
+  assert(!h.plan(), "a second batch-only step waits for the first's result");
+  h.deliver();
+  assert(h.plan());
+  // An interactive arrival is planned at once, behind the one batch step in flight.
+  const i = h.submit({ prompt: range(100, 4), maxTokens: 3 });
+  assert(h.plan());
+  assert(h.plans.at(-1)!.seqs.some((e) => e.seqId === i));
+  assert(h.plan(), "with interactive work live the full pipeline is used");
+  assertEquals(h.sched.stepsInFlight, 3);
+  h.runToEnd(3);
+  assertEquals(h.tokens(b), expected(h, { prompt: range(0, 4), maxTokens: 20 }));
+  assertEquals(h.tokens(i), expected(h, { prompt: range(100, 4), maxTokens: 3 }));
 });
 
 Deno.test("Scheduler: aging lets a batch request run despite a steady stream of interactive ones", () => {
@@ -369,7 +445,7 @@ Deno.test("Scheduler: an executor failure sends running sequences back for recom
   assertEquals(h.faults, 1);
   assertEquals(h.sched.stats().executorRestarts, 1);
   ids.forEach((id, i) => assertEquals(h.tokens(id), expected(h, seqs[i]!), `seq ${id}`));
-  assertEquals(h.sched.kv.stats().usedBlocks, 0);
+  assertEquals(h.sched.stats().kvBlocksUsed, 0);
 });
 
 Deno.test("Scheduler fails a request that crashes the engine every time, and only that one", () => {
@@ -391,7 +467,7 @@ Deno.test("Scheduler fails a request that crashes the engine every time, and onl
   assert(end.message.includes("crashed in 4 steps"), end.message);
   assertEquals(h.faults, 4, "two shared crashes, then two with the poison isolated");
   ids.forEach((id, i) => assertEquals(h.tokens(id), expected(h, innocents[i]!), `innocent ${id}`));
-  assertEquals(h.sched.kv.stats().usedBlocks, 0);
+  assertEquals(h.sched.stats().kvBlocksUsed, 0);
 });
 
 Deno.test("Scheduler refuses prompt tokens outside the vocabulary", () => {
@@ -455,7 +531,7 @@ Deno.test("Scheduler property: random interleavings leak nothing and every finis
         h.sched.cancel(live[r(live.length)]!);
       } else if (a < 136 && live.length > 0) {
         const id = live[r(live.length)]!;
-        h.sched.cancel(id, false);
+        h.clientGone(id);
         gone.add(id);
       } else if (a < 142) {
         h.failNext = true;
@@ -464,14 +540,13 @@ Deno.test("Scheduler property: random interleavings leak nothing and every finis
       } else if (!h.deliver() && toSubmit === 0 && h.sched.numLive === 0) {
         break;
       }
-      if (tick % 16 === 0) h.sched.kv.checkConsistency();
+      if (tick % 16 === 0) h.sched.checkConsistency();
     }
     while (h.deliver());
     const where = `run ${run}`;
     assertEquals(h.sched.numLive, 0, `${where}: leaked sequences`);
-    assertEquals(h.sched.kv.stats().usedBlocks, 0, `${where}: leaked blocks`);
-    assertEquals(h.sched.kv.numSeqs, 0, `${where}: the allocator still tracks sequences`);
-    h.sched.kv.checkConsistency();
+    assertEquals(h.sched.stats().kvBlocksUsed, 0, `${where}: leaked blocks`);
+    h.sched.checkConsistency();
     checkPlans(h, maxBatchTokens, maxRunning);
     for (const [id, spec] of specs) {
       const got = h.tokens(id);
@@ -540,6 +615,6 @@ Deno.test("Scheduler: an admission that preempts a sharer of its prefix starts a
   h.runToEnd(2);
   assertEquals(h.tokens(it), expected(h, t));
   assertEquals(h.tokens(iv), expected(h, v));
-  assertEquals(h.sched.kv.stats().usedBlocks, 0);
-  h.sched.kv.checkConsistency();
+  assertEquals(h.sched.stats().kvBlocksUsed, 0);
+  h.sched.checkConsistency();
 });

@@ -4,6 +4,7 @@ import { z } from "zod";
 import { parseByteSize } from "../util/byte_size.ts";
 import { DEFAULT_LIMITS } from "../engine/limits.ts";
 import { LOG_LEVELS } from "../util/log_level.ts";
+import { ROUTING_POLICIES } from "../cluster/routing.ts";
 import { parseKeepAlive } from "../util/duration.ts";
 
 /**
@@ -96,7 +97,7 @@ export const SETTINGS = {
   natsCreds: { env: "LLMSERVE_NATS_CREDS", help: "NATS .creds file (JWT + NKey seed)" },
   routing: {
     env: "LLMSERVE_ROUTING",
-    help: "router: prefix | least-loaded | round-robin",
+    help: `router: ${ROUTING_POLICIES.join(" | ")}`,
     default: "prefix",
   },
   byModel: {
@@ -308,7 +309,7 @@ export const ConfigSchema = z.object({
   ).default(D.drainTimeout.default),
   nats: z.string().min(1).optional(),
   natsCreds: z.string().min(1).optional(),
-  routing: z.enum(["prefix", "least-loaded", "round-robin"]).default(D.routing.default),
+  routing: z.enum(ROUTING_POLICIES).default(D.routing.default),
   byModel: flag(),
   servedModelName: z.array(z.string().min(1, "a served model name cannot be empty")).default([]),
   logFormat: z.enum(["text", "json", "off"]).default(D.logFormat.default),

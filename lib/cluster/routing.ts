@@ -20,9 +20,10 @@
  * answer is "overloaded".
  */
 
-export type RoutingPolicy = "prefix" | "least-loaded" | "round-robin";
+/** Every routing rule, as `--routing` takes it. */
+export const ROUTING_POLICIES = ["prefix", "least-loaded", "round-robin"] as const;
 
-export const ROUTING_POLICIES: readonly RoutingPolicy[] = ["prefix", "least-loaded", "round-robin"];
+export type RoutingPolicy = typeof ROUTING_POLICIES[number];
 
 export interface Candidate {
   readonly id: string;

@@ -1,153 +1,61 @@
-import { BlockAllocator, cacheScopeRoot } from "./block_allocator.ts";
-import { DEFAULT_LIMITS } from "../engine/limits.ts";
-import type { SeqInput, StepPlan, StepResult } from "../engine/engine.ts";
+import { BlockAllocator } from "./block_allocator.ts";
+import type { StepPlan, StepResult } from "../engine/engine.ts";
 import type { FinishReason, GenerationErrorCode } from "./generation.ts";
 import { Sequence } from "./sequence.ts";
-import { hasLogitControls, logitControlsProblem } from "./logit_controls.ts";
-import { outsideVocabulary, promptProblem } from "./prompt_check.ts";
-import { allowsOnly, tokenMaskProblem } from "../engine/token_mask.ts";
 import type { SchedulerStats, SeqEvent, SeqEventSink, SeqSpec } from "./seq_events.ts";
+import type { SchedulerConfig } from "./scheduler_config.ts";
+import { promptLimit, submissionRefusal } from "./admission.ts";
+import { byPriority, foreground, type Rank, rank } from "./priority.ts";
+import { pickVictim, slotVictims } from "./preemption.ts";
+import { InFlightSteps, maskReady, StepBuild } from "./step_build.ts";
+import { MaskQueue } from "./mask_refresh.ts";
+import { SeqQueues } from "./seq_queues.ts";
 
-export interface SchedulerConfig {
-  /** KV pool geometry: take it from the engine (engine.kv). */
-  readonly numBlocks: number;
-  readonly blockSize: number;
-  /** Longest prompt + completion (engine.config.contextLength). */
-  readonly contextLength: number;
-  /** Token budget of one step (prefill chunk tokens + one per decode). */
-  readonly maxBatchTokens: number;
-  /** Most sequences holding KV blocks at once. */
-  readonly maxRunning: number;
-  /**
-   * Most sequences waiting that cannot start at the next step (beyond the free running slots);
-   * more submissions are refused as "overloaded".
-   */
-  readonly maxWaiting: number;
-  /** Steps after which a batch request ranks like an interactive one. */
-  readonly agingSteps: number;
-  /** Free blocks a new admission must leave for the running sequences to grow into. */
-  readonly watermarkBlocks: number;
-  /**
-   * A sequence in this many steps that crashed the engine is failed instead of recomputed
-   * again, so one poisonous request cannot keep the engine restarting forever.
-   */
-  readonly maxSeqFaults: number;
-  /** Prompt token ids must be below this (0: unchecked); one bad id would fail a whole step. */
-  readonly vocabSize: number;
-  readonly prefixCaching: boolean;
-}
-
-const SCHEDULER_DEFAULTS = {
-  maxBatchTokens: DEFAULT_LIMITS.maxBatchTokens,
-  maxRunning: DEFAULT_LIMITS.maxRunning,
-  maxWaiting: DEFAULT_LIMITS.maxWaiting,
-  agingSteps: DEFAULT_LIMITS.agingSteps,
-  prefixCaching: true,
-  maxSeqFaults: DEFAULT_LIMITS.maxSeqFaults,
-  vocabSize: 0,
-} as const;
-
-/** Fills in the defaults (lib/engine/limits.ts); the watermark is a share of the pool. */
-export function schedulerConfig(
-  required: Pick<SchedulerConfig, "numBlocks" | "blockSize" | "contextLength">,
-  overrides: Partial<SchedulerConfig> = {},
-): SchedulerConfig {
-  const cfg = {
-    ...SCHEDULER_DEFAULTS,
-    watermarkBlocks: Math.ceil(required.numBlocks * DEFAULT_LIMITS.watermarkFraction),
-    ...required,
-    ...overrides,
-  };
-  for (
-    const key of [
-      "numBlocks",
-      "blockSize",
-      "contextLength",
-      "maxBatchTokens",
-      "maxRunning",
-    ] as const
-  ) {
-    if (!Number.isInteger(cfg[key]) || cfg[key] < 1) {
-      throw new RangeError(
-        `Cannot create scheduler: ${key} must be a positive integer, received ${cfg[key]}`,
-      );
-    }
-  }
-  return cfg;
-}
-
-interface InFlightStep {
-  /** Every sequence in the plan (the suspects if the step crashes the engine). */
-  readonly all: Sequence[];
-  /** The one repeat suspect allowed in this step: if the step crashes, it alone is blamed. */
-  isolated?: Sequence;
-  /** The sampling entries of the plan, in plan order... */
-  readonly seqs: Sequence[];
-  /** ...each with the epoch it was planned under (parallel arrays: no object per entry). */
-  readonly epochs: number[];
-}
-
-/** The step being built by schedule(). */
-interface StepBuild {
-  readonly stepId: number;
-  readonly entries: SeqInput[];
-  readonly record: InFlightStep;
-  /** Sequences in the step: never preempted to make room for another. */
-  readonly members: Set<Sequence>;
-  /**
-   * Sequences preempted to make room while building it. They wait for a later step (so a
-   * preemption is not undone at once), unless this step would otherwise be empty.
-   */
-  readonly preempted: Set<Sequence>;
-  budget: number;
-}
-
-const NO_TOKENS: readonly number[] = Object.freeze([]);
-
-/** Crashed steps after which a sequence runs as the only suspect of its step, to settle blame. */
-const ISOLATE_AFTER_FAULTS = 2;
+export { type SchedulerConfig, schedulerConfig } from "./scheduler_config.ts";
 
 /**
  * The continuous-batching policy as a synchronous state machine (the SchedulerActor drives it).
  * Each schedule() builds one step under the token budget and the sequence cap: single-token
- * decodes first, then prefill chunks, then admissions, highest priority first. KV blocks are
+ * decodes first, then prefill chunks, then admissions, highest priority first; batch rows
+ * yield the step while interactive work is starting (lib/core/priority.ts). KV blocks are
  * allocated lazily per step; when they run out the lowest-priority, most recently admitted
  * sequence is preempted and later recomputed. schedule() may be called again before earlier
  * results come back (pipelining): a decode then feeds "the token sampled last", and tokens
  * sampled past a stop are dropped when they arrive. Plans are checked by the engines
  * (lib/engine/step_validation.ts) and requests by the edge; submit() checks only what would
- * let one request fail a step shared with others.
+ * let one request fail a step shared with others (lib/core/admission.ts). Every event for a
+ * sequence goes to the one `emit` sink; routing it to the sequence's owner is the actor's job.
  */
 export class Scheduler {
   readonly config: SchedulerConfig;
-  readonly kv: BlockAllocator;
-  /** Live sequences (waiting or running). */
-  #seqs = new Map<number, Sequence>();
-  /** Sorted by arrivalOrder. */
-  #waiting: Sequence[] = [];
-  /** In admission order. */
-  #running: Sequence[] = [];
-  #inFlight = new Map<number, InFlightStep>();
+  readonly #kv: BlockAllocator;
+  readonly #emit: SeqEventSink;
+  readonly #q = new SeqQueues();
+  readonly #inFlight = new InFlightSteps();
   /** Set only while schedule() runs. */
   #build: StepBuild | undefined;
   #nextStepId = 0;
   #arrivals = 0;
-  #admissions = 0;
-  #preemptions = 0;
-  #finished = 0;
-  #restarts = 0;
-  #lastBatchSize = 0;
-  #lastBatchTokens = 0;
+  /** What stats() reports as counted. */
+  readonly #counts = {
+    preemptions: 0,
+    finished: 0,
+    executorRestarts: 0,
+    lastBatchSize: 0,
+    lastBatchTokens: 0,
+  };
   #healthy = true;
   #draining = false;
   /** Ids whose per-sequence engine state can go (ended or preempted), not yet handed over. */
   #released: number[] = [];
-  /** Constrained sequences whose next mask is to be computed (refreshMasks). */
-  #needMask: Sequence[] = [];
+  readonly #masks = new MaskQueue();
+  readonly #rankOf = (seq: Sequence): Rank => rank(seq, this.#nextStepId, this.config.agingSteps);
 
-  constructor(config: SchedulerConfig) {
+  /** `emit` hears every sequence's events, synchronously; it must not throw. */
+  constructor(config: SchedulerConfig, emit: SeqEventSink = () => {}) {
     this.config = config;
-    this.kv = new BlockAllocator({
+    this.#emit = emit;
+    this.#kv = new BlockAllocator({
       numBlocks: config.numBlocks,
       blockSize: config.blockSize,
       prefixCaching: config.prefixCaching,
@@ -156,19 +64,31 @@ export class Scheduler {
 
   /** Sequences not yet finished (waiting or running). */
   get numLive(): number {
-    return this.#seqs.size;
-  }
-
-  get numRunning(): number {
-    return this.#running.length;
-  }
-
-  get numWaiting(): number {
-    return this.#waiting.length;
+    return this.#q.live.size;
   }
 
   get stepsInFlight(): number {
     return this.#inFlight.size;
+  }
+
+  /** Whether constrained sequences wait for their next mask (call refreshMasks before schedule). */
+  get masksPending(): boolean {
+    return this.#masks.pending;
+  }
+
+  /** The prefix cache's block hashes, newest last (see BlockAllocator.cachedBlockHashes). */
+  cachedBlockHashes(limit: number): number[] {
+    return this.#kv.cachedBlockHashes(limit);
+  }
+
+  /** Throws if the KV books disagree, or hold blocks for a sequence not running. For tests. */
+  checkConsistency(): void {
+    this.#kv.checkConsistency();
+    if (this.#kv.numSeqs > this.#q.running.length) {
+      throw new Error(
+        `Scheduler: the allocator holds blocks for ${this.#kv.numSeqs} sequences, ${this.#q.running.length} are running`,
+      );
+    }
   }
 
   /** Stop accepting submissions (graceful shutdown); live sequences go on. */
@@ -176,102 +96,54 @@ export class Scheduler {
     this.#draining = true;
   }
 
-  /**
-   * Queues a sequence. Answers accepted or rejected (prompt too long, queue full, draining)
-   * through `reply` before returning.
-   */
-  submit(spec: SeqSpec, reply: SeqEventSink): void {
+  /** Queues a sequence; emits accepted or rejected (prompt too long, queue full, draining). */
+  submit(spec: SeqSpec): void {
     const { seqId, prompt } = spec;
-    const problem = this.#refusal(spec);
+    const problem = submissionRefusal(spec, this.config, {
+      live: (id) => this.#q.live.has(id),
+      healthy: this.#healthy,
+      draining: this.#draining,
+      running: this.#q.running.length,
+      waiting: this.#q.waiting.length,
+    });
     if (problem) {
       spec.constraint?.dispose();
-      safeReply(reply, { type: "rejected", seqId, ...problem });
+      this.#emit({ type: "rejected", seqId, ...problem });
       return;
     }
-    safeReply(reply, { type: "accepted", seqId, promptTokens: prompt.length });
+    this.#emit({ type: "accepted", seqId, promptTokens: prompt.length });
     if (spec.maxTokens <= 0) {
       spec.constraint?.dispose();
-      safeReply(reply, { type: "finished", seqId, reason: "length", completionTokens: 0 });
-      this.#finished++;
+      this.#emit({ type: "finished", seqId, reason: "length", completionTokens: 0 });
+      this.#counts.finished++;
       return;
     }
-    const seq = new Sequence({
-      seqId,
-      prompt,
-      maxTotal: prompt.length + Math.min(spec.maxTokens, this.#promptLimit - prompt.length),
-      sampling: spec.sampling,
-      stopTokenIds: spec.stopTokenIds,
-      priority: spec.priority,
-      cacheRoot: spec.cacheScope ? cacheScopeRoot(spec.cacheScope) : undefined,
-      controls: hasLogitControls(spec.controls) ? spec.controls : undefined,
-      generated: spec.generated,
-      topLogprobs: spec.topLogprobs,
-      arrivalStep: this.#nextStepId,
-      arrivalOrder: this.#arrivals++,
-      reply,
-      constraint: spec.constraint,
-    });
-    this.#seqs.set(seqId, seq);
-    this.#waiting.push(seq);
-    if (seq.constraint) this.#needMask.push(seq);
-  }
-
-  /** Whether constrained sequences wait for their next mask (call refreshMasks before schedule). */
-  get masksPending(): boolean {
-    return this.#needMask.length > 0;
+    const room = promptLimit(this.config) - prompt.length;
+    const maxTotal = prompt.length + Math.min(spec.maxTokens, room);
+    const seq = Sequence.fromSpec(spec, maxTotal, this.#nextStepId, this.#arrivals++);
+    this.#q.add(seq);
+    if (seq.constraint) this.#masks.push(seq);
   }
 
   /**
    * Computes the next token mask of every constrained sequence whose grammar has seen a new
-   * token (or none yet). A sequence whose grammar allows nothing but its end finishes here
-   * ("stop"): the output is complete. The only asynchronous step of the scheduler, because
-   * XGrammar's mask call is; the owning actor awaits it between messages, so nothing else
-   * touches the scheduler meanwhile.
+   * token (lib/core/mask_refresh.ts). The only asynchronous step of the scheduler; the owning
+   * actor awaits it between messages, so nothing else touches the scheduler meanwhile.
    */
-  async refreshMasks(): Promise<void> {
-    while (this.#needMask.length > 0) {
-      const seqs = this.#needMask;
-      this.#needMask = [];
-      for (const seq of seqs) {
-        if (seq.status === "finished" || !seq.constraint || seq.mask) continue;
-        let mask: Uint32Array;
-        try {
-          mask = await seq.constraint.nextMask();
-        } catch (e) {
-          if (!ended(seq)) {
-            this.#retire(seq, {
-              type: "failed",
-              seqId: seq.seqId,
-              code: "internal",
-              message: `Generation failed: the grammar could not give the next tokens (${
-                e instanceof Error ? e.message : e
-              })`,
-            });
-          }
-          continue;
-        }
-        // Cancelled while its mask was computed (the await let other work run).
-        if (ended(seq)) continue;
-        const vocab = this.config.vocabSize || mask.length * 32;
-        if (tokenMaskProblem(mask, vocab) || allowsOnly(mask, seq.constraint.stopIds, vocab)) {
-          this.#finish(seq, "stop");
-        } else {
-          seq.mask = mask;
-        }
-      }
-    }
+  refreshMasks(): Promise<void> {
+    return this.#masks.refresh(this.config.vocabSize, (seq, outcome) => {
+      if ("stop" in outcome) this.#finish(seq, "stop");
+      else this.#fail(seq, outcome.error);
+    });
   }
 
   /**
    * Ends a live sequence at once and frees its blocks; results still in flight for it are
-   * dropped. Answers finished("cancelled") when `notify`. Unknown ids are ignored (it may have
-   * finished meanwhile).
+   * dropped. Emits finished("cancelled"). Unknown ids are ignored (it may have finished).
    */
-  cancel(seqId: number, notify = true): void {
-    const seq = this.#seqs.get(seqId);
-    if (!seq) return;
-    if (!notify) seq.reply = undefined;
-    this.#finish(seq, "cancelled");
+  cancel(seqId: number): void {
+    const seq = this.#q.live.get(seqId);
+    if (seq) this.#finish(seq, "cancelled");
   }
 
   /**
@@ -280,7 +152,7 @@ export class Scheduler {
    * ignored (it may have finished meanwhile).
    */
   hold(seqId: number, held: boolean): void {
-    const seq = this.#seqs.get(seqId);
+    const seq = this.#q.live.get(seqId);
     if (seq) seq.held = held;
   }
 
@@ -289,51 +161,56 @@ export class Scheduler {
    * their per-sequence state (engine.release) before running the next plan.
    */
   takeReleased(): number[] {
-    const ids = this.#released;
-    this.#released = [];
-    return ids;
+    return this.#released.splice(0);
   }
 
-  /** Builds the next step, or null when no sequence can make progress now. */
-  schedule(): StepPlan | null {
+  /** Whether only batch-rank work could use the next step (a "background" step). */
+  get backgroundOnly(): boolean {
+    return foreground(this.#q.live.values(), this.#rankOf) === "none";
+  }
+
+  /**
+   * Builds the next step, or null when no sequence can make progress now. A background step
+   * needs fewer than backgroundDepth steps in flight, and `background` (the actor's pacing).
+   */
+  schedule(background = true): StepPlan | null {
     if (!this.#healthy) return null;
-    const b: StepBuild = {
-      stepId: this.#nextStepId,
-      entries: [],
-      record: { all: [], seqs: [], epochs: [] },
-      members: new Set(),
-      preempted: new Set(),
-      budget: this.config.maxBatchTokens,
-    };
+    const fg = foreground(this.#q.live.values(), this.#rankOf);
+    const depth = background ? this.config.backgroundDepth : 0;
+    if (fg === "none" && this.#inFlight.size >= depth) return null;
+    // While interactive work waits or reads its prompt, batch rows yield the whole step.
+    const yieldLow = fg === "starting";
+    const b = new StepBuild(this.#nextStepId, this.config.maxBatchTokens);
     this.#build = b;
     try {
-      this.#yieldSlotsToInteractive();
-      const running = this.#byPriority(this.#running);
+      for (const v of slotVictims(this.#q, this.config.maxRunning, this.#rankOf)) this.#preempt(v);
+      const running = byPriority(this.#q.running, this.#rankOf);
+      const allowed = (seq: Sequence) => b.budget > 0 && !(yieldLow && this.#rankOf(seq) === 1);
       // 1. One token for every decoding sequence.
       for (const seq of running) {
-        if (b.budget === 0) break;
-        if (!this.#wantsDecode(seq)) continue;
+        if (!allowed(seq)) break;
+        if (!b.wantsDecode(seq)) continue;
         const table = this.#makeRoom(seq, 1, true);
-        if (table) this.#add(seq, 1, table);
+        if (table) b.add(seq, 1, table);
       }
       // 2. The next prefill chunk of every admitted sequence still reading its prompt.
       for (const seq of running) {
-        if (b.budget === 0) break;
-        if (!this.#wantsPrefill(seq)) continue;
+        if (!allowed(seq)) break;
+        if (!b.wantsPrefill(seq)) continue;
         const n = Math.min(seq.unfed, b.budget);
         const table = this.#makeRoom(seq, n, false);
-        if (table) this.#add(seq, n, table);
+        if (table) b.add(seq, n, table);
       }
       // 3. Admissions from the queue.
-      this.#admit();
+      this.#admit(allowed);
     } finally {
       this.#build = undefined;
     }
     if (b.entries.length === 0) return null;
     this.#nextStepId++;
-    this.#inFlight.set(b.stepId, b.record);
-    this.#lastBatchSize = b.entries.length;
-    this.#lastBatchTokens = this.config.maxBatchTokens - b.budget;
+    this.#inFlight.add(b.stepId, b.record);
+    this.#counts.lastBatchSize = b.entries.length;
+    this.#counts.lastBatchTokens = b.maxTokens - b.budget;
     return { stepId: b.stepId, seqs: b.entries };
   }
 
@@ -343,29 +220,13 @@ export class Scheduler {
    * failure, and tokens of sequences preempted or finished since, are ignored.
    */
   onResult(result: StepResult): void {
-    const rec = this.#inFlight.get(result.stepId);
+    const rec = this.#inFlight.take(result);
     if (!rec) return;
-    const oldest = this.#inFlight.keys().next().value;
-    if (oldest !== result.stepId) {
-      throw new Error(`Scheduler: result of step ${result.stepId} arrived before step ${oldest}'s`);
-    }
-    this.#inFlight.delete(result.stepId);
     // The step ran: none of its sequences crashes the engine.
     for (const seq of rec.all) seq.faults = 0;
-    if (result.sampled.length !== rec.seqs.length) {
-      throw new Error(
-        `Scheduler: step ${result.stepId} returned ${result.sampled.length} sampled tokens, its plan asked for ${rec.seqs.length}`,
-      );
-    }
     for (let i = 0; i < rec.seqs.length; i++) {
-      const seq = rec.seqs[i]!, epoch = rec.epochs[i]!;
-      const s = result.sampled[i]!;
-      if (s.seqId !== seq.seqId) {
-        throw new Error(
-          `Scheduler: step ${result.stepId} entry ${i} is for seq ${s.seqId}, the plan had seq ${seq.seqId}`,
-        );
-      }
-      if (seq.status !== "running" || seq.epoch !== epoch) continue;
+      const seq = rec.seqs[i]!, s = result.sampled[i]!;
+      if (seq.status !== "running" || seq.epoch !== rec.epochs[i]) continue;
       seq.pending--;
       seq.pushToken(s.token);
       if (seq.stopTokenIds.has(s.token)) {
@@ -374,19 +235,16 @@ export class Scheduler {
       }
       if (seq.constraint) {
         if (!seq.constraint.accept(s.token)) {
-          this.#retire(seq, {
-            type: "failed",
-            seqId: seq.seqId,
-            code: "internal",
-            message:
-              `Generation failed: the engine sampled token ${s.token}, which the grammar does not allow there`,
-          });
+          this.#fail(
+            seq,
+            `Generation failed: the engine sampled token ${s.token}, which the grammar does not allow there`,
+          );
           continue;
         }
         seq.mask = undefined;
-        this.#needMask.push(seq);
+        this.#masks.push(seq);
       }
-      this.#reply(seq, {
+      this.#emit({
         type: "token",
         seqId: seq.seqId,
         token: s.token,
@@ -406,42 +264,35 @@ export class Scheduler {
    * time cannot keep it restarting, while the requests that shared its steps go on.
    */
   onExecutorFailure(failedStepId?: number, error = "unknown error"): void {
-    const failed = failedStepId === undefined ? undefined : this.#inFlight.get(failedStepId);
-    const blamed = failed?.isolated ? [failed.isolated] : failed?.all ?? [];
-    for (const seq of blamed) {
-      if (seq.status !== "running" || ++seq.faults < this.config.maxSeqFaults) continue;
-      this.#retire(seq, {
-        type: "failed",
-        seqId: seq.seqId,
-        code: "internal",
-        message:
-          `Generation failed: the engine crashed in ${seq.faults} steps that included this request (last error: ${error})`,
-      });
+    for (const seq of this.#inFlight.blame(failedStepId, this.config.maxSeqFaults)) {
+      this.#fail(
+        seq,
+        `Generation failed: the engine crashed in ${seq.faults} steps that included this request (last error: ${error})`,
+      );
     }
     this.#inFlight.clear();
-    for (const seq of this.#running) this.#requeue(seq);
-    this.#running = [];
-    this.kv.reset();
+    this.#q.requeueAll();
+    this.#kv.reset();
     this.#released = []; // the new engine never saw them
-    this.#restarts++;
+    this.#counts.executorRestarts++;
   }
 
   /** Nothing can run any more: fail every live sequence and refuse new ones. */
   failAll(code: GenerationErrorCode, message: string): void {
     this.#healthy = false;
     this.#inFlight.clear();
-    for (const seq of [...this.#seqs.values()]) {
+    for (const seq of [...this.#q.live.values()]) {
       this.#retire(seq, { type: "failed", seqId: seq.seqId, code, message });
     }
-    this.kv.reset();
+    this.#kv.reset();
     this.#released = [];
   }
 
   stats(): SchedulerStats {
-    const kv = this.kv.stats();
+    const kv = this.#kv.stats();
     return {
-      running: this.#running.length,
-      waiting: this.#waiting.length,
+      running: this.#q.running.length,
+      waiting: this.#q.waiting.length,
       kvBlocksUsed: kv.usedBlocks,
       kvBlocksFree: kv.freeBlocks,
       kvBlocksTotal: kv.numBlocks,
@@ -450,194 +301,49 @@ export class Scheduler {
       prefixQueryTokens: kv.prefixQueryTokens,
       prefixHitRate: kv.prefixHitRate,
       evictions: kv.evictions,
-      preemptions: this.#preemptions,
+      ...this.#counts,
       steps: this.#nextStepId,
       stepsInFlight: this.#inFlight.size,
-      lastBatchSize: this.#lastBatchSize,
-      lastBatchTokens: this.#lastBatchTokens,
-      finished: this.#finished,
-      executorRestarts: this.#restarts,
       executorHealthy: this.#healthy,
       draining: this.#draining,
     };
   }
 
-  /** A lone sequence must always fit the pool, or preemption could never make room for it. */
-  get #promptLimit(): number {
-    return Math.min(this.config.contextLength, this.config.numBlocks * this.config.blockSize);
-  }
-
-  /** Why a submission is refused, if it is. */
-  #refusal(spec: SeqSpec): { code: GenerationErrorCode; message: string } | undefined {
-    const { seqId, prompt } = spec;
-    if (this.#seqs.has(seqId)) {
-      return {
-        code: "internal",
-        message: `Cannot submit sequence ${seqId}: the id is already live`,
-      };
-    }
-    if (!this.#healthy) return { code: "internal", message: "Cannot submit: the executor is down" };
-    if (this.#draining) {
-      return { code: "draining", message: "Cannot submit: the server is draining" };
-    }
-    // Those that can start at the next step are not queued for the purpose of overload.
-    const freeSlots = Math.max(0, this.config.maxRunning - this.#running.length);
-    const queued = this.#waiting.length - freeSlots;
-    if (queued >= this.config.maxWaiting) {
-      return {
-        code: "overloaded",
-        message:
-          `Cannot submit: ${queued} requests are waiting beyond the ${freeSlots} free running slots, the limit is ${this.config.maxWaiting}`,
-      };
-    }
-    if (prompt.length === 0) {
-      return {
-        code: "internal",
-        message: `Cannot submit sequence ${seqId}: the prompt has no tokens`,
-      };
-    }
-    const vocab = this.config.vocabSize;
-    const bad = vocab > 0 ? outsideVocabulary(prompt, vocab) : -1;
-    if (bad >= 0) {
-      return {
-        code: "internal",
-        message: `Cannot submit: prompt token ${bad} is ${
-          prompt[bad]
-        }, outside the vocabulary of ${vocab} ids`,
-      };
-    }
-    const controls = spec.controls === undefined
-      ? undefined
-      : logitControlsProblem(spec.controls, vocab);
-    if (controls !== undefined) {
-      return { code: "internal", message: `Cannot submit sequence ${seqId}: ${controls}` };
-    }
-    // The edge's prompt rule (prompt_check.ts) again, for what reaches the core by other ways;
-    // the KV pool bounds a prompt too when it holds less than the context.
-    const limit = this.#promptLimit;
-    return promptProblem(prompt.length, {
-      contextLength: limit,
-      ...(limit < this.config.contextLength ? { holder: "the KV cache" } : {}),
-    });
-  }
-
-  /** A repeat suspect shares a step with no other suspect, so a crash there names the culprit. */
-  #barred(seq: Sequence): boolean {
-    return seq.faults >= ISOLATE_AFTER_FAULTS && this.#build!.record.isolated !== undefined;
-  }
-
   /**
-   * Running, with one token to feed (known, or sampled in flight), and room to sample one more.
-   * A constrained sequence's next mask depends on the token it sampled last, so it decodes only
-   * once that token is here and its grammar has seen it: it never feeds a token still in flight.
+   * Admits waiting sequences, highest priority first, while the budget, the running cap and
+   * `allowed` (the step's budget and yield rule) let them; each may preempt strictly
+   * lower-ranked running work to fit. First come, first served: a later arrival does not jump
+   * a request that does not fit.
    */
-  #wantsDecode(seq: Sequence): boolean {
-    const ready = seq.constraint
-      ? seq.pending === 0 && seq.unfed === 1 && seq.mask !== undefined
-      : seq.needsKnownTokens
-      ? seq.pending === 0 && seq.unfed === 1
-      : seq.pending > 0 || seq.unfed === 1;
-    return seq.status === "running" && !seq.held && ready && seq.canSample && !this.#barred(seq);
-  }
-
-  /** Running, not yet in this step, with known tokens to feed (a prompt or a recomputation). */
-  #wantsPrefill(seq: Sequence): boolean {
-    return seq.status === "running" && !seq.held && !this.#build!.members.has(seq) &&
-      seq.pending === 0 && seq.unfed >= 2 && this.#maskReady(seq) && !this.#barred(seq);
-  }
-
-  /** An unconstrained sequence, or a constrained one whose next mask is known. */
-  #maskReady(seq: Sequence): boolean {
-    return !seq.constraint || seq.mask !== undefined;
-  }
-
-  /** Adds n of the sequence's tokens (or its last sampled one) to the step being built. */
-  #add(seq: Sequence, n: number, table: readonly number[]): void {
-    const b = this.#build!;
-    if (seq.faults >= ISOLATE_AFTER_FAULTS) b.record.isolated = seq;
-    const start = seq.numScheduled;
-    const useLastSampled = seq.pending > 0;
-    const sample = useLastSampled || start + n === seq.tokens.length;
-    const adjust = sample ? seq.penalties?.adjust(start + n) : undefined;
-    b.entries.push({
-      seqId: seq.seqId,
-      tokens: useLastSampled ? NO_TOKENS : seq.tokens.slice(start, start + n),
-      useLastSampled,
-      startPos: start,
-      // The allocator's own array, not a copy: a table only grows at its end while its
-      // sequence lives, so it still covers this step when the engine reads it later.
-      blockTable: table,
-      sample,
-      sampling: seq.sampling,
-      ...(adjust !== undefined ? { adjust } : {}),
-      ...(sample && seq.topLogprobs > 0 ? { topLogprobs: seq.topLogprobs } : {}),
-      ...(sample && seq.mask ? { tokenMask: seq.mask } : {}),
-    });
-    seq.numScheduled += n;
-    b.members.add(seq);
-    b.record.all.push(seq);
-    if (sample) {
-      seq.pending++;
-      b.record.seqs.push(seq);
-      b.record.epochs.push(seq.epoch);
-    }
-    b.budget -= n;
-  }
-
-  /**
-   * Admits waiting sequences, highest priority first, while the budget and the running cap
-   * allow; each may preempt strictly lower-ranked running work to fit. First come, first
-   * served: a later arrival does not jump a request that does not fit.
-   */
-  #admit(): void {
+  #admit(allowed: (seq: Sequence) => boolean): void {
     const b = this.#build!;
     let admitted = false;
-    for (const seq of this.#byPriority(this.#waiting)) {
-      if (b.budget === 0 || this.#running.length >= this.config.maxRunning) break;
+    for (const seq of byPriority(this.#q.waiting, this.#rankOf)) {
+      if (!allowed(seq) || this.#q.running.length >= this.config.maxRunning) break;
       // No room for it now, nor for those behind it.
       if (b.preempted.has(seq) && b.entries.length > 0) break;
-      if (seq.held || this.#barred(seq) || !this.#maskReady(seq)) continue;
+      if (seq.held || b.barred(seq) || !maskReady(seq)) continue;
       let cached = 0, n = 0, table: readonly number[] | null = null;
       for (;;) {
         // Again after each preemption: the victim's free may have cached more of this prompt,
         // and allocateSlots takes every cached block it finds, so the plan must start after them.
-        cached = this.kv.computedPrefix(seq);
+        cached = this.#kv.computedPrefix(seq);
         n = Math.min(seq.tokens.length - cached, b.budget);
-        const reserve = this.#running.length > 0 ? this.config.watermarkBlocks : 0;
-        table = this.kv.allocateSlots(seq, n, reserve);
+        const reserve = this.#q.running.length > 0 ? this.config.watermarkBlocks : 0;
+        table = this.#kv.allocateSlots(seq, n, reserve);
         if (table) break;
-        const victim = this.#victim(seq, true);
+        const victim = pickVictim(this.#q.running, seq, true, b.members, this.#rankOf);
         if (!victim) break;
         this.#preempt(victim);
       }
       if (!table) break;
-      seq.status = "running";
-      seq.admitOrder = this.#admissions++;
-      seq.numScheduled = cached;
-      this.#running.push(seq);
       admitted = true;
-      if (seq.cachedTokens < 0) {
-        seq.cachedTokens = cached;
-        this.#reply(seq, { type: "scheduled", seqId: seq.seqId, cachedTokens: cached });
+      if (this.#q.start(seq, cached)) {
+        this.#emit({ type: "scheduled", seqId: seq.seqId, cachedTokens: cached });
       }
-      this.#add(seq, n, table);
+      b.add(seq, n, table);
     }
-    if (admitted) this.#waiting = this.#waiting.filter((s) => s.status === "waiting");
-  }
-
-  /** Batch work ranks like interactive work once it has waited agingSteps. */
-  #rank(seq: Sequence): number {
-    return seq.priority === "interactive" ||
-        this.#nextStepId - seq.arrivalStep >= this.config.agingSteps
-      ? 0
-      : 1;
-  }
-
-  /** Rank 0 first, then rank 1, each keeping the list's order. */
-  #byPriority(list: readonly Sequence[]): Sequence[] {
-    const high: Sequence[] = [], low: Sequence[] = [];
-    for (const s of list) (this.#rank(s) === 0 ? high : low).push(s);
-    return high.length === 0 ? low : low.length === 0 ? high : high.concat(low);
+    if (admitted) this.#q.settle();
   }
 
   /**
@@ -646,9 +352,9 @@ export class Scheduler {
    */
   #makeRoom(seq: Sequence, n: number, isDecode: boolean): readonly number[] | null {
     for (;;) {
-      const table = this.kv.allocateSlots(seq, n);
+      const table = this.#kv.allocateSlots(seq, n);
       if (table) return table;
-      const victim = this.#victim(seq, false);
+      const victim = pickVictim(this.#q.running, seq, false, this.#build!.members, this.#rankOf);
       if (victim) {
         this.#preempt(victim);
         continue;
@@ -658,71 +364,24 @@ export class Scheduler {
     }
   }
 
-  /**
-   * Interactive work waiting for a running slot takes one from batch work, most recently
-   * admitted first: the cap on running sequences must not let a batch load keep interactive
-   * requests queued. The batch sequence is recomputed later (its full blocks stay in the prefix
-   * cache), and aging lifts it to interactive rank, so it is not starved.
-   */
-  #yieldSlotsToInteractive(): void {
-    const wanting = this.#waiting.filter((s) => this.#rank(s) === 0).length;
-    let short = wanting - (this.config.maxRunning - this.#running.length);
-    for (; short > 0; short--) {
-      const victim = this.#running.findLast((s) => this.#rank(s) === 1);
-      if (!victim) return;
-      this.#preempt(victim);
-    }
-  }
-
-  /**
-   * The running sequence to preempt for `seq`: lowest rank, then most recently admitted, not
-   * part of the step being built. For an admission (`strictlyLower`) only lower ranks qualify;
-   * otherwise also equal ranks admitted after `seq`.
-   */
-  #victim(seq: Sequence, strictlyLower: boolean): Sequence | undefined {
-    const members = this.#build!.members;
-    const rank = this.#rank(seq);
-    for (let r = 1; r >= rank; r--) {
-      if (strictlyLower && r === rank) break;
-      for (let i = this.#running.length - 1; i >= 0; i--) {
-        const s = this.#running[i]!;
-        if (s === seq || members.has(s) || this.#rank(s) !== r) continue;
-        if (r === rank && s.admitOrder < seq.admitOrder) break;
-        return s;
-      }
-    }
-    return undefined;
-  }
-
   /** Frees a running sequence's blocks and puts it back in the queue, ahead of later arrivals. */
   #preempt(seq: Sequence): void {
-    this.kv.free(seq);
+    this.#kv.free(seq);
     this.#build!.preempted.add(seq);
-    this.#running.splice(this.#running.indexOf(seq), 1);
-    this.#requeue(seq);
-    this.#preemptions++;
+    this.#q.requeue(seq);
+    this.#counts.preemptions++;
     this.#released.push(seq.seqId);
-  }
-
-  #requeue(seq: Sequence): void {
-    seq.status = "waiting";
-    seq.numScheduled = 0;
-    seq.pending = 0;
-    seq.epoch++;
-    let i = this.#waiting.length;
-    while (i > 0 && this.#waiting[i - 1]!.arrivalOrder > seq.arrivalOrder) i--;
-    this.#waiting.splice(i, 0, seq);
   }
 
   /** Ends a live sequence with a finish reason (the stop token that ended it, if one did). */
   #finish(seq: Sequence, reason: FinishReason, stopToken?: number): void {
-    const completionTokens = seq.numGenerated;
-    this.#retire(
-      seq,
-      stopToken === undefined
-        ? { type: "finished", seqId: seq.seqId, reason, completionTokens }
-        : { type: "finished", seqId: seq.seqId, reason, completionTokens, stopToken },
-    );
+    const { seqId, numGenerated: completionTokens } = seq;
+    const end = { type: "finished", seqId, reason, completionTokens } as const;
+    this.#retire(seq, stopToken === undefined ? end : { ...end, stopToken });
+  }
+
+  #fail(seq: Sequence, message: string): void {
+    this.#retire(seq, { type: "failed", seqId: seq.seqId, code: "internal", message });
   }
 
   /**
@@ -730,38 +389,11 @@ export class Scheduler {
    * its in-flight results go stale, the engine may forget it, and its owner hears `event`.
    */
   #retire(seq: Sequence, event: SeqEvent): void {
-    const queue = seq.status === "running" ? this.#running : this.#waiting;
-    const i = queue.indexOf(seq);
-    if (i >= 0) queue.splice(i, 1);
-    this.kv.free(seq);
-    if (seq.cachedTokens >= 0) this.#released.push(seq.seqId); // it reached the engine
-    seq.status = "finished";
-    seq.epoch++;
-    this.#finished++;
-    this.#seqs.delete(seq.seqId);
+    this.#kv.free(seq);
+    if (seq.admitted) this.#released.push(seq.seqId); // it reached the engine
+    this.#q.remove(seq);
+    this.#counts.finished++;
     seq.constraint?.dispose();
-    this.#reply(seq, event);
-    seq.reply = undefined;
-  }
-
-  #reply(seq: Sequence, event: SeqEvent): void {
-    if (seq.reply) safeReply(seq.reply, event);
-  }
-}
-
-/** Read through a call: TypeScript narrows a field as if no await could change it. */
-function ended(seq: Sequence): boolean {
-  return seq.status === "finished";
-}
-
-/** A listener that throws must not corrupt the scheduler's state. */
-function safeReply(reply: SeqEventSink, event: SeqEvent): void {
-  try {
-    reply(event);
-  } catch (e) {
-    console.error(
-      `Scheduler: the reply handler of seq ${event.seqId} threw on "${event.type}":`,
-      e,
-    );
+    this.#emit(event);
   }
 }

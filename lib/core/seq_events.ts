@@ -38,10 +38,14 @@ export interface SeqSpec {
 export type SeqEventSink = (event: SeqEvent) => void;
 
 /**
- * Scheduler → request actor, for one sequence. A sequence gets at most
- * accepted|rejected, scheduled, maxTokens tokens and finished|failed, so a mailbox of
- * capacity maxTokens + 4 never fills and the scheduler never waits on a slow client.
+ * Events a sequence gets besides its tokens: accepted|rejected, scheduled, finished|failed.
+ * With at most maxTokens token events, a mailbox of maxTokens + SEQ_EVENTS_BESIDE_TOKENS
+ * never fills, so the scheduler never waits on a slow client (actors/request.ts sizes its
+ * mailbox from this).
  */
+export const SEQ_EVENTS_BESIDE_TOKENS = 3;
+
+/** Scheduler → request actor, for one sequence (at most maxTokens + SEQ_EVENTS_BESIDE_TOKENS). */
 export type SeqEvent =
   | { readonly type: "accepted"; readonly seqId: number; readonly promptTokens: number }
   | {

@@ -1,8 +1,13 @@
 import type { SamplingParams } from "../engine/engine.ts";
 import type { Priority } from "./generation.ts";
-import type { KvSeq } from "./block_allocator.ts";
-import type { SeqEventSink } from "./seq_events.ts";
-import { historyDependent, type LogitControls, PenaltyState } from "./logit_controls.ts";
+import { cacheScopeRoot, type KvSeq } from "./block_allocator.ts";
+import type { SeqSpec } from "./seq_events.ts";
+import {
+  hasLogitControls,
+  historyDependent,
+  type LogitControls,
+  PenaltyState,
+} from "./logit_controls.ts";
 import type { TokenConstraint } from "../grammar/token_constraint.ts";
 
 export type SeqStatus = "waiting" | "running" | "finished";
@@ -37,14 +42,15 @@ export class Sequence implements KvSeq {
   epoch = 0;
   /** Order of the latest admission; preemption picks the most recent. */
   admitOrder = 0;
-  /** Prefix-cache tokens at the first admission, -1 before it. */
-  cachedTokens = -1;
+  /**
+   * It has been in a step: it got its "scheduled" event, and the engine may hold state for it
+   * (released when it ends). Stays true across preemptions.
+   */
+  admitted = false;
   /** Steps including it that crashed the engine. */
   faults = 0;
   /** Its client has stopped reading: nothing is planned for it until it catches up. */
   held = false;
-  /** Where its events go; cleared when nobody listens any more (client gone, ended). */
-  reply: SeqEventSink | undefined;
   /** Its logit bias and penalty counts, when it has any. */
   readonly penalties: PenaltyState | undefined;
   /**
@@ -72,7 +78,6 @@ export class Sequence implements KvSeq {
     cacheRoot?: number;
     arrivalStep: number;
     arrivalOrder: number;
-    reply?: SeqEventSink;
     controls?: LogitControls;
     /** The prompt's last `generated` ids count as output (failover). */
     generated?: number;
@@ -89,7 +94,6 @@ export class Sequence implements KvSeq {
     this.cacheRoot = init.cacheRoot;
     this.arrivalStep = init.arrivalStep;
     this.arrivalOrder = init.arrivalOrder;
-    this.reply = init.reply;
     const c = init.controls;
     this.penalties = c === undefined ? undefined : new PenaltyState(
       c,
@@ -100,6 +104,34 @@ export class Sequence implements KvSeq {
     this.needsKnownTokens = historyDependent(c);
     this.topLogprobs = init.topLogprobs ?? 0;
     this.constraint = init.constraint;
+  }
+
+  /**
+   * The sequence a submission asks for: at most `maxTotal` tokens in all (the prompt plus
+   * maxTokens, capped by what the context holds), arriving at step `arrivalStep` as the
+   * `arrivalOrder`th.
+   */
+  static fromSpec(
+    spec: SeqSpec,
+    maxTotal: number,
+    arrivalStep: number,
+    arrivalOrder: number,
+  ): Sequence {
+    return new Sequence({
+      seqId: spec.seqId,
+      prompt: spec.prompt,
+      maxTotal,
+      sampling: spec.sampling,
+      stopTokenIds: spec.stopTokenIds,
+      priority: spec.priority,
+      cacheRoot: spec.cacheScope ? cacheScopeRoot(spec.cacheScope) : undefined,
+      controls: hasLogitControls(spec.controls) ? spec.controls : undefined,
+      generated: spec.generated,
+      topLogprobs: spec.topLogprobs,
+      arrivalStep,
+      arrivalOrder,
+      constraint: spec.constraint,
+    });
   }
 
   /** Appends a token it sampled. */

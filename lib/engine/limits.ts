@@ -27,6 +27,19 @@ export const DEFAULT_LIMITS = {
   maxPipelineDepth: 8,
   /** Steps after which a batch request ranks like an interactive one. */
   agingSteps: 256,
+  /**
+   * Steps in flight while only batch work runs (below pipelineDepth): an interactive request
+   * arriving then waits behind this many batch steps, not a full pipeline of them.
+   */
+  backgroundDepth: 1,
+  /**
+   * Share of the engine's time batch-only steps may take while interactive requests arrived in
+   * the last backgroundQuietMs: after a batch-only step of d ms the next waits d × (1/share − 1),
+   * so an interactive arrival finds the engine (and, on the CPU engine, the cores) free more
+   * often. Without recent interactive traffic batch work runs back to back.
+   */
+  backgroundShare: 0.5,
+  backgroundQuietMs: 1000,
   /** Share of the KV pool a new admission must leave free for running sequences to grow. */
   watermarkFraction: 0.01,
   /** Steps that crashed the engine after which a sequence is failed, not recomputed again. */

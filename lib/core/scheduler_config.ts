@@ -1,0 +1,76 @@
+import { DEFAULT_LIMITS } from "../engine/limits.ts";
+
+export interface SchedulerConfig {
+  /** KV pool geometry: take it from the engine (engine.kv). */
+  readonly numBlocks: number;
+  readonly blockSize: number;
+  /** Longest prompt + completion (engine.config.contextLength). */
+  readonly contextLength: number;
+  /** Token budget of one step (prefill chunk tokens + one per decode). */
+  readonly maxBatchTokens: number;
+  /** Most sequences holding KV blocks at once. */
+  readonly maxRunning: number;
+  /**
+   * Most sequences waiting that cannot start at the next step (beyond the free running slots);
+   * more submissions are refused as "overloaded".
+   */
+  readonly maxWaiting: number;
+  /** Steps after which a batch request ranks like an interactive one. */
+  readonly agingSteps: number;
+  /**
+   * Steps in flight while only batch-rank work is live: an interactive arrival then waits
+   * behind at most this many batch steps instead of the whole pipeline.
+   */
+  readonly backgroundDepth: number;
+  /** Free blocks a new admission must leave for the running sequences to grow into. */
+  readonly watermarkBlocks: number;
+  /**
+   * A sequence in this many steps that crashed the engine is failed instead of recomputed
+   * again, so one poisonous request cannot keep the engine restarting forever.
+   */
+  readonly maxSeqFaults: number;
+  /** Prompt token ids must be below this (0: unchecked); one bad id would fail a whole step. */
+  readonly vocabSize: number;
+  readonly prefixCaching: boolean;
+}
+
+const SCHEDULER_DEFAULTS = {
+  maxBatchTokens: DEFAULT_LIMITS.maxBatchTokens,
+  maxRunning: DEFAULT_LIMITS.maxRunning,
+  maxWaiting: DEFAULT_LIMITS.maxWaiting,
+  agingSteps: DEFAULT_LIMITS.agingSteps,
+  backgroundDepth: DEFAULT_LIMITS.backgroundDepth,
+  prefixCaching: true,
+  maxSeqFaults: DEFAULT_LIMITS.maxSeqFaults,
+  vocabSize: 0,
+} as const;
+
+/** Fills in the defaults (lib/engine/limits.ts); the watermark is a share of the pool. */
+export function schedulerConfig(
+  required: Pick<SchedulerConfig, "numBlocks" | "blockSize" | "contextLength">,
+  overrides: Partial<SchedulerConfig> = {},
+): SchedulerConfig {
+  const cfg = {
+    ...SCHEDULER_DEFAULTS,
+    watermarkBlocks: Math.ceil(required.numBlocks * DEFAULT_LIMITS.watermarkFraction),
+    ...required,
+    ...overrides,
+  };
+  for (
+    const key of [
+      "numBlocks",
+      "blockSize",
+      "contextLength",
+      "maxBatchTokens",
+      "maxRunning",
+      "backgroundDepth",
+    ] as const
+  ) {
+    if (!Number.isInteger(cfg[key]) || cfg[key] < 1) {
+      throw new RangeError(
+        `Cannot create scheduler: ${key} must be a positive integer, received ${cfg[key]}`,
+      );
+    }
+  }
+  return cfg;
+}
