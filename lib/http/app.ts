@@ -128,6 +128,17 @@ export interface ServiceApp {
   readonly sockets: number;
   /** Closes every WebSocket and stops timers (after drain, or in tests). */
   close(): void;
+  /**
+   * Serves a `/v1/stream` socket upgraded elsewhere: the front of a server of several models
+   * upgrades at once, sends `loading` frames while the model loads, then hands the socket to
+   * the model's app. `upgrade` is the upgrade request (its API key gives the cache scope, its
+   * checks were the front's); the socket's client frames go to onMessage, its close to onClose.
+   */
+  adoptSocket?(
+    ws: WSContext,
+    upgrade: Request,
+    sessionId: string,
+  ): Promise<{ onMessage(data: unknown): void; onClose(): void }>;
 }
 
 /**
@@ -483,6 +494,25 @@ export function createApp(opts: AppOptions): ServiceApp {
     app,
     fetch: (req, info) => app.fetch(req, info as never),
     metrics,
+    async adoptSocket(ws, upgrade, sessionId) {
+      let scope: string | undefined;
+      if (keys.enabled && scopeByKey) {
+        const auth = parseAuthorization(upgrade.headers.get("authorization"));
+        const token = auth.kind === "token"
+          ? auth.token
+          : new URL(upgrade.url).searchParams.get("api_key");
+        if (token !== null) scope = await keyScope(token);
+      }
+      const session = new StreamSession(deps, sessionOpts, frameSocket(ws), sessionId, scope);
+      sessions.add(session);
+      return {
+        onMessage: (data) => session.onMessage(data),
+        onClose: () => {
+          session.onClose();
+          sessions.delete(session);
+        },
+      };
+    },
     async drain(d = {}) {
       draining = true;
       const completed = await inflight.whenIdle(

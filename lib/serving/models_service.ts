@@ -4,7 +4,11 @@
  * to the one its `model` field names, loading it first through the pool. What is about all
  * models (/v1/models, /health, /ready, /metrics) it answers itself.
  */
+import { Hono } from "hono";
+import { upgradeWebSocket } from "@hono/node-server";
+import type { WSContext } from "hono/ws";
 import type { CoreStats } from "../core/generation.ts";
+import type { ErrorFrame, LoadingFrame } from "../http/protocol.ts";
 import type { DrainResult, ServiceApp } from "../http/app.ts";
 import { ApiKeyVerifier, parseAuthorization } from "../http/auth.ts";
 import { ApiError, preview } from "../http/errors.ts";
@@ -279,6 +283,10 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       if (picked.stream && pool.phaseOf(picked.name) !== "loaded") {
         return loadingStream(picked.name, picked.keepAliveMs, picked.forward, info, id);
       }
+      if (path === "/v1/stream" && isUpgrade(req) && pool.phaseOf(picked.name) !== "loaded") {
+        requestLog.record(id, req.method, path).responded(101);
+        return await loadingSocket(picked.name, req, info, id);
+      }
       lease = await pool.acquire(picked.name, picked.keepAliveMs);
       const res = await lease.model.service.fetch(picked.forward, info);
       const held = lease;
@@ -389,6 +397,88 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     });
   };
 
+  /**
+   * A WebSocket for a model that is not loaded yet: upgraded at once, told how the load goes by
+   * `loading` frames (at once, then every half second), then handed to the model's app, which
+   * answers the client frames held meanwhile. A failed load is an error frame and a close.
+   */
+  const pendingSockets = new WeakMap<Request, { name: string; id: string }>();
+  const socketApp = new Hono();
+  socketApp.get(
+    "/v1/stream",
+    upgradeWebSocket((c) => {
+      const upgrade = c.req.raw;
+      const { name, id } = pendingSockets.get(upgrade)!;
+      const held: unknown[] = [];
+      let session: { onMessage(data: unknown): void; onClose(): void } | undefined;
+      let closed = false;
+      let timer: ReturnType<typeof setInterval> | undefined;
+      const t0 = performance.now();
+      const send = (ws: WSContext, frame: LoadingFrame | ErrorFrame) => {
+        if (ws.readyState === 1) ws.send(JSON.stringify(frame));
+      };
+      return {
+        onOpen: (_evt, ws) => {
+          const say = () => {
+            const p = pool.status().find((x) => x.name === name)?.progress;
+            send(ws, {
+              type: "loading",
+              model: name,
+              bytes: p?.bytes ?? 0,
+              ...(p?.total === undefined ? {} : { total_bytes: p.total }),
+              elapsed_s: Math.round(performance.now() - t0) / 1000,
+            });
+          };
+          say();
+          timer = setInterval(say, 500);
+          (async () => {
+            const lease = await pool.acquire(name);
+            try {
+              clearInterval(timer);
+              if (closed) return;
+              const app = lease.model.service;
+              if (app.adoptSocket === undefined) throw new Error(`model "${name}" cannot take a socket`);
+              session = await app.adoptSocket(ws, upgrade, id);
+              if (closed) return session.onClose();
+              for (const data of held.splice(0)) session.onMessage(data);
+            } finally {
+              // As for an upgrade passed on: the socket's generations keep the model busy().
+              lease.release();
+            }
+          })().catch((err) => {
+            clearInterval(timer);
+            if (closed) return;
+            const e = err instanceof ModelLoadError ? loadError(err) : toInternal(err);
+            metrics.errors.inc({ code: e.code });
+            send(ws, { type: "error", code: e.code, message: e.message, param: "model" });
+            ws.close(1011, "the model could not be loaded");
+          });
+        },
+        onMessage: (evt, ws) => {
+          if (session !== undefined) return session.onMessage(evt.data);
+          if (held.length >= MAX_HELD_FRAMES) {
+            return send(ws, {
+              type: "error",
+              code: "loading",
+              message: `The model "${name}" is loading; at most ${MAX_HELD_FRAMES} frames are ` +
+                "held until it is ready, this one was dropped",
+            });
+          }
+          held.push(evt.data);
+        },
+        onClose: () => {
+          closed = true;
+          clearInterval(timer);
+          session?.onClose();
+        },
+      };
+    }),
+  );
+  const loadingSocket = async (name: string, req: Request, info: unknown, id: string) => {
+    pendingSockets.set(req, { name, id });
+    return await socketApp.fetch(req, info as never);
+  };
+
   const hurried = new AbortController();
   return {
     get app(): never {
@@ -440,6 +530,18 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       `Request body of ${bytes} bytes is over the limit of ${maxBodyBytes} bytes`,
     );
   }
+}
+
+/** Client frames a socket may send while its model loads (answered once it is loaded). */
+const MAX_HELD_FRAMES = 64;
+
+/** A WebSocket upgrade the front may take itself (else the model's app says what is wrong). */
+function isUpgrade(req: Request): boolean {
+  const h = req.headers;
+  return h.get("upgrade")?.toLowerCase() === "websocket" &&
+    (h.get("connection") ?? "").split(",").some((t) => t.trim().toLowerCase() === "upgrade") &&
+    /^[A-Za-z0-9+/]{22}==$/.test(h.get("sec-websocket-key") ?? "") &&
+    h.get("sec-websocket-version") === "13";
 }
 
 function loadError(err: ModelLoadError): ApiError {
