@@ -98,7 +98,61 @@ export async function modelCatalog(config: Config): Promise<ServedFile[]> {
         : "No model to serve",
     );
   }
-  return catalog;
+  return withServedNames(catalog, config.servedModelName);
+}
+
+/**
+ * `--served-model-name alias=model` (repeatable) in a server of several models: the model
+ * (by its file's name) is served as the alias instead, and as every further alias given for
+ * it; the first is its name in /v1/models, /health, /metrics and to routers. Every entry must
+ * say which model it is for, name a model served, and no name may be served twice.
+ */
+export function withServedNames<M extends CatalogModel>(
+  catalog: readonly M[],
+  entries: readonly string[],
+): (M & { readonly aliases?: readonly string[] })[] {
+  const byFile = new Map<string, string[]>();
+  for (const entry of entries) {
+    const at = entry.indexOf("=");
+    if (at < 0) {
+      throw new Error(
+        `--served-model-name: with several models each name says which model it is for, as ` +
+          `alias=model (model: one of ${catalog.map((m) => `"${m.name}"`).join(", ")}); ` +
+          `received ${JSON.stringify(entry)}`,
+      );
+    }
+    const alias = entry.slice(0, at).trim(), file = entry.slice(at + 1).trim();
+    if (alias === "") {
+      throw new Error(`--served-model-name: the alias before "=" is empty in ${JSON.stringify(entry)}`);
+    }
+    if (!catalog.some((m) => m.name === file)) {
+      throw new Error(
+        `--served-model-name ${JSON.stringify(entry)}: no model is named ${JSON.stringify(file)}; ` +
+          `the models are ${catalog.map((m) => `"${m.name}"`).join(", ")} (their files' names)`,
+      );
+    }
+    const names = byFile.get(file) ?? [];
+    if (!names.includes(alias)) names.push(alias);
+    byFile.set(file, names);
+  }
+  const out = catalog.map((m) => {
+    const names = byFile.get(m.name);
+    return names === undefined ? m : { ...m, name: names[0]!, aliases: names.slice(1) };
+  });
+  const owner = new Map<string, string>();
+  for (const [i, m] of out.entries()) {
+    for (const name of [m.name, ...(m.aliases ?? [])]) {
+      const other = owner.get(name);
+      if (other !== undefined && other !== catalog[i]!.name) {
+        throw new Error(
+          `--served-model-name: two models would be served as ${JSON.stringify(name)}: ` +
+            `"${other}" and "${catalog[i]!.name}"`,
+        );
+      }
+      owner.set(name, catalog[i]!.name);
+    }
+  }
+  return out;
 }
 
 /** The shared pieces every model's app is built with. */
@@ -261,7 +315,7 @@ async function buildOnFile(
     corsOrigins: config.corsOrigin,
     allowedHosts: config.allowedHost,
     drainTimeoutMs: config.drainTimeout * 1000,
-    servedModelNames: [m.name],
+    servedModelNames: [m.name, ...(m.aliases ?? [])],
     metricsPublic: config.metricsPublic,
     requestLog: shared.requestLog,
     props: {
@@ -360,12 +414,6 @@ export async function serveModelsCommand(
   config: Config,
   chatTemplate: string | undefined,
 ): Promise<number> {
-  if (config.servedModelName.length > 0) {
-    throw new Error(
-      "--served-model-name names the one model of a server; with several models each is " +
-        `served by its file's name (received --served-model-name ${config.servedModelName.join(", ")})`,
-    );
-  }
   const log = (line: string) => console.error(line);
   const catalog = await modelCatalog(config);
   const requestLog = new RequestLog(config.logFormat, undefined, {
@@ -450,7 +498,7 @@ export async function serveModelsCommand(
     [
       `llmserve ready (${catalog.length} models, each loaded on its first request)`,
       ...catalog.map((m) =>
-        `  model     ${m.name}: ${m.path} (${m.architecture ?? m.format}, ${
+        `  model     ${[m.name, ...(m.aliases ?? [])].join(", ")}: ${m.path} (${m.architecture ?? m.format}, ${
           m.quantization ?? "?"
         }, ${formatBytes(m.bytes)}${m.contextLength ? `, context ${m.contextLength}` : ""})`
       ),

@@ -23,6 +23,8 @@ import { mergeModelMetrics, poolMetrics } from "./model_metrics.ts";
 /** What /v1/models says of a model, loaded or not. */
 export interface CatalogModel {
   readonly name: string;
+  /** Further names a request may give for it (`--served-model-name alias=model`). */
+  readonly aliases?: readonly string[];
   readonly path?: string;
   readonly bytes?: number;
   readonly format?: string;
@@ -95,7 +97,14 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
   /** Requests between arriving and their model's answer being passed on (loads included). */
   let routing = 0;
 
-  const served = () => pool.names.map((n) => `"${n}"`).join(", ");
+  /** A name a request gave: the model's own, or an alias of it (undefined: none). */
+  const resolve = (asked: string): string | undefined => {
+    if (pool.has(asked)) return asked;
+    const m = catalog().find((c) => c.aliases?.includes(asked));
+    return m !== undefined && pool.has(m.name) ? m.name : undefined;
+  };
+  const aliasesOf = (name: string) => catalog().find((c) => c.name === name)?.aliases ?? [];
+  const served = () => pool.names.flatMap((n) => [n, ...aliasesOf(n)]).map((n) => `"${n}"`).join(", ");
   const unknownModel = (asked: unknown) =>
     new ApiError(
       "model_not_found",
@@ -103,10 +112,11 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       "model",
     );
 
-  const describe = (m: CatalogModel) => {
+  /** A model's /v1/models entry, under `id` (its name or an alias; `root` is its name). */
+  const describe = (m: CatalogModel, id = m.name) => {
     const s = pool.status().find((x) => x.name === m.name);
     return {
-      id: m.name,
+      id,
       object: "model",
       created: createdAt,
       owned_by: "llmserve",
@@ -194,14 +204,18 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     }
     if (path === "/v1/models") {
       await gate(req, path);
-      return Response.json({ object: "list", data: catalog().map(describe) });
+      return Response.json({
+        object: "list",
+        data: catalog().flatMap((m) => [m.name, ...(m.aliases ?? [])].map((id) => describe(m, id))),
+      });
     }
     if (path.startsWith("/v1/models/")) {
       await gate(req, path);
       const id = decodeURIComponent(path.slice("/v1/models/".length));
-      const m = catalog().find((c) => c.name === id);
+      const name = resolve(id);
+      const m = catalog().find((c) => c.name === name);
       if (m === undefined) throw unknownModel(id);
-      return Response.json(describe(m));
+      return Response.json(describe(m, id));
     }
     return undefined;
   };
@@ -229,8 +243,9 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       const asked = fields.model;
       let name = defaultModel();
       if (asked !== undefined && asked !== null) {
-        if (typeof asked !== "string" || !pool.has(asked)) throw unknownModel(asked);
-        name = asked;
+        const resolved = typeof asked === "string" ? resolve(asked) : undefined;
+        if (resolved === undefined) throw unknownModel(asked);
+        name = resolved;
       }
       const stream = fields.stream === true;
       let keepAliveMs: number | undefined;
@@ -247,8 +262,9 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     }
     // A WebSocket, the playground, /props and the rest: ?model= picks, else the default model.
     const asked = new URL(req.url).searchParams.get("model");
-    if (asked !== null && !pool.has(asked)) throw unknownModel(asked);
-    return { name: asked ?? defaultModel(), forward: req };
+    const resolved = asked === null ? defaultModel() : resolve(asked);
+    if (resolved === undefined) throw unknownModel(asked);
+    return { name: resolved, forward: req };
   };
 
   const errorResponse = (e: ApiError, id: string): Response => {
