@@ -46,6 +46,8 @@ import { randomId } from "../cluster/subjects.ts";
 import { tokenizerToWire } from "../cluster/tokenizer_wire.ts";
 import { statusOfCode } from "../http/errors.ts";
 import type { ModelDirectory } from "../serving/models_service.ts";
+import { BatchQueue } from "../batch/batch_queue.ts";
+import { resolveDataDir } from "../batch/data_dir.ts";
 
 /** A model file served by name, with what /v1/models says of it. */
 type ServedFile = CatalogModel & { readonly path: string; readonly bytes: number; readonly format: string };
@@ -468,7 +470,19 @@ export async function serveModelsCommand(
       await pool.close();
     },
   };
+  // One batch queue for every model: each line runs on the model its body names.
+  const dataDir = resolveDataDir(config.dataDir, (n) => Deno.env.get(n));
+  const batches = new BatchQueue({
+    dataDir,
+    maxInFlight: config.batchConcurrency,
+    maxFileBytes: config.batchMaxFileSize,
+    maxLines: config.batchMaxLines,
+    maxActive: config.batchMaxActive,
+    log,
+  });
   const service = createModelsService({
+    extend: batches.attach,
+    cacheScope: config.cacheScope,
     pool: directory,
     catalog,
     metrics,
@@ -514,11 +528,13 @@ export async function serveModelsCommand(
         config.kvMemory === undefined ? "auto" : formatBytes(config.kvMemory)
       } per model, blocks of ${config.blockSize} tokens`,
       `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
+      `  batches   ${dataDir} (${config.batchConcurrency} lines at once; each line's "model" picks)`,
       ...(replica ? [`  replica   ${replica.agent.id} on NATS ${replica.where} (serving every model)`] : []),
       `  url       http://${listening.hostname}:${listening.port}/  (API under /v1; "model" picks)`,
     ].join("\n"),
   );
   const result = await server.closed;
+  await batches.close();
   log(
     `drained: ${
       result.completed

@@ -134,6 +134,11 @@ export interface ServiceApp {
    * the model's app. `upgrade` is the upgrade request (its API key gives the cache scope, its
    * checks were the front's); the socket's client frames go to onMessage, its close to onClose.
    */
+  /**
+   * The completion routes' handler, without the routes' key check (the caller made it): the
+   * front of a server of several models runs batch lines on each model's app through it.
+   */
+  readonly openAi?: OpenAiHandler;
   adoptSocket?(
     ws: WSContext,
     upgrade: Request,
@@ -362,8 +367,9 @@ export function createApp(opts: AppOptions): ServiceApp {
     stallTimeoutMs: opts.wsStallTimeoutMs ?? 60_000,
   };
   registerOpenAiRoutes(app, deps, openAiOpts);
+  const openAi = openAiHandler(deps, openAiOpts);
   opts.extend?.(app, {
-    openAi: openAiHandler(deps, openAiOpts),
+    openAi,
     scopeOf: openAiOpts.scopeOf,
     maxBodyBytes: openAiOpts.maxBodyBytes,
   });
@@ -494,6 +500,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     app,
     fetch: (req, info) => app.fetch(req, info as never),
     metrics,
+    openAi,
     async adoptSocket(ws, upgrade, sessionId) {
       let scope: string | undefined;
       if (keys.enabled && scopeByKey) {

@@ -9,9 +9,10 @@ import { upgradeWebSocket } from "@hono/node-server";
 import type { WSContext } from "hono/ws";
 import type { CoreStats } from "../core/generation.ts";
 import type { ErrorFrame, LoadingFrame } from "../http/protocol.ts";
-import type { DrainResult, ServiceApp } from "../http/app.ts";
-import { ApiKeyVerifier, parseAuthorization } from "../http/auth.ts";
-import { ApiError, preview } from "../http/errors.ts";
+import type { AppContext, DrainResult, ServiceApp } from "../http/app.ts";
+import { ApiKeyVerifier, keyScope, parseAuthorization } from "../http/auth.ts";
+import { ApiError, preview, toApiError } from "../http/errors.ts";
+import type { OpenAiHandler } from "../http/openai_routes.ts";
 import { PROMETHEUS_CONTENT_TYPE } from "../http/metrics.ts";
 import { OriginPolicy } from "../http/origin.ts";
 import { isValidRequestId, newRequestId, RequestLog } from "../http/request_log.ts";
@@ -67,6 +68,13 @@ export interface ModelsServiceOptions {
   readonly requestLog?: RequestLog;
   readonly maxBodyBytes?: number;
   readonly drainTimeoutMs?: number;
+  /** As createApp's: who shares cached work (the batch routes' files and batches too). */
+  readonly cacheScope?: "key" | "global";
+  /**
+   * Mounts routes served by the front for every model (the batch queue, lib/batch/): their
+   * `openAi` handler runs each request on the app of the model its body names.
+   */
+  readonly extend?: (app: Hono, ctx: AppContext) => void;
 }
 
 /** What an unloaded model's gauges say: nothing running, nothing held. */
@@ -132,6 +140,10 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     };
   };
 
+  /** The cache scope of a request whose key the gate verified (with --cache-scope key). */
+  const scopes = new WeakMap<Request, string>();
+  const scopeByKey = opts.cacheScope !== "global";
+
   /** Host/Origin and API key checks for what this front answers itself. */
   const gate = async (req: Request, path: string): Promise<void> => {
     const refusal = origins.check(req.headers.get("host") ?? undefined, req.headers.get("origin") ?? undefined);
@@ -159,6 +171,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
           : "Invalid API key",
       );
     }
+    if (scopeByKey && token !== null) scopes.set(req, await keyScope(token));
   };
 
   const own = async (req: Request, path: string): Promise<Response | undefined> => {
@@ -267,6 +280,61 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     return { name: resolved, forward: req };
   };
 
+  /**
+   * A completion request of the front's own routes (a batch line): run on the app of the
+   * model its body names, loaded first if need be, and held until its answer is read.
+   */
+  const openAi: OpenAiHandler = async (req, kind, scope) => {
+    const text = await req.text();
+    let fields: Record<string, unknown> | undefined;
+    try {
+      const body = JSON.parse(text);
+      if (body !== null && typeof body === "object" && !Array.isArray(body)) fields = body;
+    } catch { /* the default model's app says what is wrong with it */ }
+    let name = defaultModel();
+    let keepAliveMs: number | undefined;
+    if (fields !== undefined) {
+      const asked = fields.model;
+      if (asked !== undefined && asked !== null) {
+        const resolved = typeof asked === "string" ? resolve(asked) : undefined;
+        if (resolved === undefined) throw unknownModel(asked);
+        name = resolved;
+      }
+      if ("keep_alive" in fields) {
+        const k = parseKeepAlive(fields.keep_alive);
+        if (typeof k === "string") {
+          throw new ApiError("invalid_request", `Invalid 'keep_alive': ${k}`, "keep_alive");
+        }
+        keepAliveMs = k;
+        delete fields.keep_alive;
+      }
+    }
+    let lease: Lease<ServiceApp>;
+    try {
+      lease = await pool.acquire(name, keepAliveMs);
+    } catch (err) {
+      throw err instanceof ModelLoadError ? loadError(err) : err;
+    }
+    try {
+      const run = lease.model.service.openAi;
+      if (run === undefined) throw new Error(`the app of model "${name}" runs no completions`);
+      const res = await run(rebuilt(req, fields === undefined ? text : JSON.stringify(fields)), kind, scope);
+      // Read whole while the model is held (a batch line never streams).
+      return new Response(await res.arrayBuffer(), { status: res.status, headers: res.headers });
+    } finally {
+      lease.release();
+    }
+  };
+  /** The routes `extend` mounts, behind the front's own checks (gate). */
+  const extraApp = opts.extend === undefined ? undefined : (() => {
+    const app = new Hono();
+    app.onError((err, c) => errorResponse(toApiError(err), c.req.header("x-request-id") ?? newRequestId()));
+    opts.extend!(app, { openAi, scopeOf: (req) => scopes.get(req), maxBodyBytes });
+    return app;
+  })();
+  const isExtraPath = (path: string) =>
+    extraApp !== undefined && /^\/v1\/(files|batches)(\/|$)/.test(path);
+
   const errorResponse = (e: ApiError, id: string): Response => {
     metrics.errors.inc({ code: e.code });
     const headers: Record<string, string> = { "x-request-id": id };
@@ -292,6 +360,12 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       }
       // The key first: an unknown model's answer names the served ones.
       await gate(req, path);
+      if (isExtraPath(path)) {
+        const res = await extraApp!.fetch(req);
+        res.headers.set("x-request-id", id);
+        requestLog.record(id, req.method, path).responded(res.status);
+        return res;
+      }
       const picked = await pick(req, path);
       if (draining) {
         throw new ApiError("draining", "The server is shutting down; retry on another instance");
