@@ -166,4 +166,19 @@ Deno.test("replicas of several models: routed by name, to the one with the model
     assertEquals(body.error.code, "model_not_found");
     for (const m of [ONLY_1, ONLY_2, BOTH]) assertStringIncludes(body.error.message, `"${m}"`);
   });
+
+  await t.step("SIGTERM to a replica of several models: it leaves the rotation, drains and exits 0", async () => {
+    const status = await cluster.kill(r2, "SIGTERM");
+    assertEquals(status.code, 0);
+    assertStringIncludes(await r2.log(), "replica drained: all NATS streams finished");
+    // Its goodbye takes it out at once: ONLY_2, served by no replica now, is no longer served.
+    const r = await complete(ONLY_2);
+    assertEquals(r.status, 404, r.text);
+    const message = JSON.parse(r.text).error.message as string;
+    const served = message.slice(message.indexOf("serves "));
+    for (const m of [BOTH, ONLY_1]) assertStringIncludes(served, `"${m}"`);
+    assert(!served.includes(`"${ONLY_2}"`), message);
+    // The shared one is served by the other replica (it loads it there).
+    assertEquals(await text(BOTH), oracles[BOTH]);
+  });
 });

@@ -297,8 +297,10 @@ export class RouterBackend implements GenerationBackend {
     let running = 0, waiting = 0, used = 0, total = 0, hit = 0, query = 0;
     for (const v of live) {
       const l = v.heartbeat.load;
-      running += l.running;
-      waiting += l.waiting;
+      // A replica of several models: this model's own scheduler (0 while it is not loaded).
+      const own = v.heartbeat.models !== undefined;
+      running += own ? v.entry.running ?? 0 : l.running;
+      waiting += own ? v.entry.waiting ?? 0 : l.waiting;
       used += l.kvBlocksUsed;
       total += l.kvBlocksTotal;
       hit += l.prefixHitTokens;
