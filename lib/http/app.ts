@@ -143,6 +143,8 @@ export interface ServiceApp {
     ws: WSContext,
     upgrade: Request,
     sessionId: string,
+    /** The client's address: its sockets count against wsMaxPerClient here too. */
+    client?: string,
   ): Promise<{ onMessage(data: unknown): void; onClose(): void }>;
 }
 
@@ -501,7 +503,19 @@ export function createApp(opts: AppOptions): ServiceApp {
     fetch: (req, info) => app.fetch(req, info as never),
     metrics,
     openAi,
-    async adoptSocket(ws, upgrade, sessionId) {
+    async adoptSocket(ws, upgrade, sessionId, client) {
+      if (client !== undefined && (socketsByClient.get(client) ?? 0) >= maxPerClient) {
+        const e = new ApiError(
+          "too_many_connections",
+          `This client already holds ${maxPerClient} WebSockets, the most one address may ` +
+            "open; close one (several generations can share a socket)",
+        );
+        metrics.errors.inc({ code: e.code });
+        ws.send(JSON.stringify({ type: "error", code: e.code, message: e.message }));
+        ws.close(1008, "too many WebSockets from this client");
+        return { onMessage() {}, onClose() {} };
+      }
+      if (client !== undefined) socketsByClient.set(client, (socketsByClient.get(client) ?? 0) + 1);
       let scope: string | undefined;
       if (keys.enabled && scopeByKey) {
         const auth = parseAuthorization(upgrade.headers.get("authorization"));
@@ -515,6 +529,11 @@ export function createApp(opts: AppOptions): ServiceApp {
       return {
         onMessage: (data) => session.onMessage(data),
         onClose: () => {
+          if (client !== undefined) {
+            const n = (socketsByClient.get(client) ?? 1) - 1;
+            if (n <= 0) socketsByClient.delete(client);
+            else socketsByClient.set(client, n);
+          }
           session.onClose();
           sessions.delete(session);
         },

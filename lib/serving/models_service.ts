@@ -499,6 +499,8 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     upgradeWebSocket((c) => {
       const upgrade = c.req.raw;
       const { name, id } = pendingSockets.get(upgrade)!;
+      const client = (c.env as { incoming?: { socket?: { remoteAddress?: string } } } | undefined)
+        ?.incoming?.socket?.remoteAddress;
       const held: unknown[] = [];
       let session: { onMessage(data: unknown): void; onClose(): void } | undefined;
       let closed = false;
@@ -528,7 +530,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
               if (closed) return;
               const app = lease.model.service;
               if (app.adoptSocket === undefined) throw new Error(`model "${name}" cannot take a socket`);
-              session = await app.adoptSocket(ws, upgrade, id);
+              session = await app.adoptSocket(ws, upgrade, id, client);
               if (closed) return session.onClose();
               for (const data of held.splice(0)) session.onMessage(data);
             } finally {
