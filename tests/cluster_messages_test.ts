@@ -235,3 +235,29 @@ Deno.test("a replica's invalid_request error (a schema it could not compile) rea
   };
   assertEquals(decodeMessage(StreamFrame, encodeMessage(frame)), { ok: true, value: frame });
 });
+
+Deno.test("a heartbeat of several models lists each with its phase; their hashes are bounded all together", async () => {
+  const { ReplicaAnnouncement, servedModels } = await import("../lib/cluster/messages.ts");
+  const models = [
+    { name: "a", modelId: "1-aa-ctx128", phase: "loaded", running: 1, waiting: 0, hashes: [5] },
+    { name: "b", phase: "unloaded" },
+  ];
+  const r = decodeMessage(ReplicaAnnouncement, bytes({ ...HEARTBEAT, models }));
+  assertEquals(r.ok, true);
+  if (r.ok && r.value.type === "heartbeat") assertEquals(servedModels(r.value), models);
+  // A beat without the list is one model, loaded, with the beat's own figures.
+  const one = decodeMessage(ReplicaAnnouncement, bytes(HEARTBEAT));
+  if (one.ok && one.value.type === "heartbeat") {
+    assertEquals(servedModels(one.value), [{ name: "m", phase: "loaded", running: 0, waiting: 0, hashes: [1, 2] }]);
+  }
+  // 8192 hashes in each of three models: refused before a single element is checked.
+  const many = [0, 1, 2].map((i) => ({ name: `m${i}`, phase: "loaded", hashes: Array(8192).fill("x") }));
+  const bad = decodeMessage(ReplicaAnnouncement, bytes({ ...HEARTBEAT, models: many }));
+  assertEquals(bad.ok, false);
+  if (!bad.ok) {
+    assertMatch(bad.error, /more than 8192 hashes in all models \(24576\)/);
+    assertEquals(bad.error.length < 1000, true, `${bad.error.length} characters`);
+  }
+  const phase = decodeMessage(ReplicaAnnouncement, bytes({ ...HEARTBEAT, models: [{ name: "a", phase: "warm" }] }));
+  assertEquals(phase.ok, false);
+});

@@ -90,3 +90,37 @@ Deno.test("a router is not ready while every replica in rotation is full, and re
   reg.onHeartbeat(beat("a", { load: { ...full, waiting: 0 } }));
   assertEquals(reg.readinessProblems(), []);
 });
+
+Deno.test("a replica of several models: its entry for the router's model gives the load, the hashes and whether it is loaded", () => {
+  let now = 0;
+  const reg = new ReplicaRegistry({ now: () => now, model: "y" });
+  const multi = (replica: string, models: Heartbeat["models"], running = 0) =>
+    beat(replica, {
+      model: "x",
+      models,
+      load: { ...beat(replica).load, running, maxRunning: 4, maxWaiting: 4 },
+    });
+  // "a" has y loaded with 2 running (and 3 more running for x); "b" serves y, not loaded.
+  reg.onHeartbeat(multi("a", [
+    { name: "x", phase: "loaded", running: 3, waiting: 0, hashes: [1] },
+    { name: "y", phase: "loaded", running: 2, waiting: 0, hashes: [7, 8] },
+  ], 5));
+  reg.onHeartbeat(multi("b", [{ name: "x", phase: "unloaded" }, { name: "y", phase: "unloaded" }], 1));
+  assertEquals(reg.onHeartbeat(multi("c", [{ name: "x", phase: "loaded" }])), undefined, "c does not serve y");
+  const byId = Object.fromEntries(reg.candidates(() => [7, 8], new Set()).map((c) => [c.id, c]));
+  assertEquals(byId.a!.load, 2, "y's own scheduler");
+  assertEquals(byId.a!.capacity, 8);
+  assertEquals(byId.a!.matchedBlocks, 2);
+  assertEquals(byId.a!.loaded, true);
+  assertEquals(byId.b!.load, 1, "the replica's total: a new scheduler on a busy machine");
+  assertEquals(byId.b!.capacity, 9);
+  assertEquals(byId.b!.loaded, false);
+  // Work sent to b makes it warm (it loads y) until a beat says loaded, or for 30 s.
+  reg.noteRouted("b", []);
+  assertEquals(reg.candidates(() => [], new Set()).find((c) => c.id === "b")!.loaded, true);
+  now = 31_000;
+  reg.onHeartbeat(multi("b", [{ name: "x", phase: "unloaded" }, { name: "y", phase: "unloaded" }]));
+  assertEquals(reg.candidates(() => [], new Set()).find((c) => c.id === "b")!.loaded, false);
+  reg.onHeartbeat(multi("b", [{ name: "y", phase: "loading" }]));
+  assertEquals(reg.candidates(() => [], new Set()).find((c) => c.id === "b")!.loaded, true, "loading counts");
+});

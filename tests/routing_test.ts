@@ -108,3 +108,29 @@ Deno.test("a prompt's block hashes match what the allocator's prefix cache holds
   // Only the leading run counts: a hole at block 0 means nothing is reused.
   assertEquals(matchedBlocks([1, ...hashes.slice(1)], cached), 0);
 });
+
+Deno.test("replicas with the model loaded are preferred while one has room, whatever the policy", () => {
+  for (const policy of ["prefix", "least-loaded", "round-robin"] as const) {
+    const pick = (cs: Candidate[], turn = 0) => {
+      const c = chooseReplica(cs, { policy, turn });
+      return c.kind === "replica" ? c.id : c.kind;
+    };
+    // The cold one is idle and holds the prompt's prefix; the warm one is busier.
+    const cold = cand("a", { loaded: false, load: 0, matchedBlocks: 4 });
+    assertEquals(pick([cold, cand("b", { loaded: true, load: 5 })]), "b", policy);
+    assertEquals(pick([cold, cand("b", { loaded: true, load: 5 })], 1), "b", policy);
+    // The warm one full: the cold one loads it.
+    assertEquals(pick([cold, cand("b", { loaded: true, load: 10 })]), "a", policy);
+    // None has it: the least loaded of those that would load it (round-robin takes turns).
+    if (policy !== "round-robin") {
+      assertEquals(pick([cand("a", { loaded: false, load: 3 }), cand("b", { loaded: false, load: 1 })]), "b");
+    }
+  }
+  // Among several warm ones the policy decides: the prefix holder.
+  const c = chooseReplica([
+    cand("a", { loaded: true, load: 1, matchedBlocks: 3 }),
+    cand("b", { loaded: true, load: 0 }),
+    cand("c", { loaded: false, load: 0, matchedBlocks: 5 }),
+  ], { policy: "prefix" });
+  assertEquals(c.kind === "replica" ? `${c.id}:${c.reason}` : c.kind, "a:prefix");
+});

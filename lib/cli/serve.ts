@@ -36,6 +36,7 @@ import { connectNats } from "../cluster/nats_connection.ts";
 import { ReplicaAgent } from "../cluster/replica.ts";
 import { randomId } from "../cluster/subjects.ts";
 import { tokenizerToWire } from "../cluster/tokenizer_wire.ts";
+import { modelIdentity } from "../cluster/model_identity.ts";
 import type { Model } from "../model/weights.ts";
 import { defaultMaxConnections, openFileLimit } from "../util/fd_limit.ts";
 
@@ -510,28 +511,4 @@ async function readChatTemplate(path: string): Promise<string> {
     );
   }
   return text;
-}
-
-/**
- * A model's identity for routers: file size, the SHA-256 of its first 64 KiB (GGUF metadata,
- * or a llama2.c header and first weights) and the context it is served with. A stem is not
- * enough: stories260K.bin (context 512) and stories260K.gguf (context 128) share one.
- */
-async function modelIdentity(path: string, contextLength: number): Promise<string> {
-  const file = await Deno.open(path);
-  try {
-    const size = (await file.stat()).size;
-    const head = new Uint8Array(Math.min(size, 64 * 1024));
-    let got = 0;
-    while (got < head.length) {
-      const n = await file.read(head.subarray(got));
-      if (n === null) break;
-      got += n;
-    }
-    const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", head.subarray(0, got)));
-    const hex = Array.from(digest.subarray(0, 8), (b) => b.toString(16).padStart(2, "0")).join("");
-    return `${size}-${hex}-ctx${contextLength}`;
-  } finally {
-    file.close();
-  }
 }

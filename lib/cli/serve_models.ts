@@ -35,6 +35,15 @@ import { defaultMaxConnections, openFileLimit } from "../util/fd_limit.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import type { Config } from "./config.ts";
 import { openModel } from "./open_model.ts";
+import { ReplicaAgent, type ReplicaModels, type ReplicaSource } from "../cluster/replica.ts";
+import { connectNats } from "../cluster/nats_connection.ts";
+import { modelIdentity } from "../cluster/model_identity.ts";
+import { randomId } from "../cluster/subjects.ts";
+import { tokenizerToWire } from "../cluster/tokenizer_wire.ts";
+import { statusOfCode } from "../http/errors.ts";
+import type { ModelDirectory } from "../serving/models_service.ts";
+import { BatchQueue } from "../batch/batch_queue.ts";
+import { resolveDataDir } from "../batch/data_dir.ts";
 
 /** A model file served by name, with what /v1/models says of it. */
 type ServedFile = CatalogModel & { readonly path: string; readonly bytes: number; readonly format: string };
@@ -87,7 +96,61 @@ export async function modelCatalog(config: Config): Promise<ServedFile[]> {
         : "No model to serve",
     );
   }
-  return catalog;
+  return withServedNames(catalog, config.servedModelName);
+}
+
+/**
+ * `--served-model-name alias=model` (repeatable) in a server of several models: the model
+ * (by its file's name) is served as the alias instead, and as every further alias given for
+ * it; the first is its name in /v1/models, /health, /metrics and to routers. Every entry must
+ * say which model it is for, name a model served, and no name may be served twice.
+ */
+export function withServedNames<M extends CatalogModel>(
+  catalog: readonly M[],
+  entries: readonly string[],
+): (M & { readonly aliases?: readonly string[] })[] {
+  const byFile = new Map<string, string[]>();
+  for (const entry of entries) {
+    const at = entry.indexOf("=");
+    if (at < 0) {
+      throw new Error(
+        `--served-model-name: with several models each name says which model it is for, as ` +
+          `alias=model (model: one of ${catalog.map((m) => `"${m.name}"`).join(", ")}); ` +
+          `received ${JSON.stringify(entry)}`,
+      );
+    }
+    const alias = entry.slice(0, at).trim(), file = entry.slice(at + 1).trim();
+    if (alias === "") {
+      throw new Error(`--served-model-name: the alias before "=" is empty in ${JSON.stringify(entry)}`);
+    }
+    if (!catalog.some((m) => m.name === file)) {
+      throw new Error(
+        `--served-model-name ${JSON.stringify(entry)}: no model is named ${JSON.stringify(file)}; ` +
+          `the models are ${catalog.map((m) => `"${m.name}"`).join(", ")} (their files' names)`,
+      );
+    }
+    const names = byFile.get(file) ?? [];
+    if (!names.includes(alias)) names.push(alias);
+    byFile.set(file, names);
+  }
+  const out = catalog.map((m) => {
+    const names = byFile.get(m.name);
+    return names === undefined ? m : { ...m, name: names[0]!, aliases: names.slice(1) };
+  });
+  const owner = new Map<string, string>();
+  for (const [i, m] of out.entries()) {
+    for (const name of [m.name, ...(m.aliases ?? [])]) {
+      const other = owner.get(name);
+      if (other !== undefined && other !== catalog[i]!.name) {
+        throw new Error(
+          `--served-model-name: two models would be served as ${JSON.stringify(name)}: ` +
+            `"${other}" and "${catalog[i]!.name}"`,
+        );
+      }
+      owner.set(name, catalog[i]!.name);
+    }
+  }
+  return out;
 }
 
 /** The shared pieces every model's app is built with. */
@@ -100,6 +163,12 @@ interface Shared {
   readonly metrics: ReadonlyMap<string, ServiceMetrics>;
   /** Parsed files (weights' bytes, tokenizer) by model: loaded, or left by an unload. */
   readonly parsed: Map<string, ParsedFile>;
+  /**
+   * With --nats: what the replica serves of each loaded model (set by its load, removed by its
+   * unload), and each model's identity for routers.
+   */
+  readonly replicaSources?: Map<string, ReplicaSource>;
+  readonly modelIds?: ReadonlyMap<string, string | undefined>;
 }
 
 /** A model file as openModel gives it, and how to free the bytes it was read into. */
@@ -213,7 +282,7 @@ async function buildOnFile(
     corsOrigins: config.corsOrigin,
     allowedHosts: config.allowedHost,
     drainTimeoutMs: config.drainTimeout * 1000,
-    servedModelNames: [m.name],
+    servedModelNames: [m.name, ...(m.aliases ?? [])],
     metricsPublic: config.metricsPublic,
     requestLog: shared.requestLog,
     props: {
@@ -227,6 +296,34 @@ async function buildOnFile(
       resultCacheBytes: config.resultCache,
     },
   });
+  shared.replicaSources?.set(m.name, {
+    backend: coreBackend,
+    blockSize: plan.blockSize,
+    info: {
+      modelName: m.name,
+      modelId: shared.modelIds?.get(m.name),
+      contextLength: coreBackend.contextLength,
+      vocabSize: coreBackend.vocabSize,
+      bosToken: coreBackend.bosToken,
+      eosToken: coreBackend.eosToken,
+      chatTemplate: coreBackend.chatTemplate,
+      tokenizer: tokenizerToWire(model.tokenizer!),
+    },
+    load: () => {
+      const s = core.schedulerStats();
+      return {
+        running: s.running,
+        waiting: s.waiting,
+        maxRunning: config.maxRunning,
+        maxWaiting: config.maxWaiting,
+        kvBlocksUsed: s.kvBlocksUsed,
+        kvBlocksTotal: s.kvBlocksTotal,
+        prefixQueryTokens: s.prefixQueryTokens,
+        prefixHitTokens: s.prefixHitTokens,
+      };
+    },
+    cachedBlockHashes: (limit) => core.cachedBlockHashes(limit),
+  });
   const mem = engineMemory(built.engine);
   return {
     service,
@@ -236,6 +333,7 @@ async function buildOnFile(
     ...(reused ? { note: "reused its parsed file" } : {}),
     busy: () => service.inFlight,
     close: async () => {
+      shared.replicaSources?.delete(m.name);
       service.close();
       await core.close();
       return residue;
@@ -283,15 +381,6 @@ export async function serveModelsCommand(
   config: Config,
   chatTemplate: string | undefined,
 ): Promise<number> {
-  if (config.servedModelName.length > 0) {
-    throw new Error(
-      "--served-model-name names the one model of a server; with several models each is " +
-        `served by its file's name (received --served-model-name ${config.servedModelName.join(", ")})`,
-    );
-  }
-  if (config.nats !== undefined) {
-    throw new Error("--nats serves one model; a replica with several models is not supported yet");
-  }
   const log = (line: string) => console.error(line);
   const catalog = await modelCatalog(config);
   const requestLog = new RequestLog(config.logFormat, undefined, {
@@ -307,6 +396,16 @@ export async function serveModelsCommand(
     resolved: resolveBackend(config.backend),
     metrics: new Map(catalog.map((m) => [m.name, new ServiceMetrics()])),
     parsed: new Map(),
+    ...(config.nats === undefined ? {} : {
+      replicaSources: new Map(),
+      // The context the catalog names (the file's, or --context-length), known before a load,
+      // so that a model is one identity whether loaded or not.
+      modelIds: new Map(
+        await Promise.all(catalog.map(async (m) =>
+          [m.name, await modelIdentity(m.path, m.contextLength ?? 0).catch(() => undefined)] as const
+        )),
+      ),
+    }),
   };
   const pool = new ModelPool<ServiceApp>(
     catalog.map((m) => ({ name: m.name, estimateBytes: m.bytes })),
@@ -318,8 +417,38 @@ export async function serveModelsCommand(
       log,
     },
   );
+  const replica = config.nats === undefined ? undefined : await startModelsReplica(config, pool, shared, log);
+  // The pool is closed once the HTTP side drained; with a replica, once its NATS streams did too.
+  const directory: ModelDirectory = replica === undefined ? pool : {
+    get names() {
+      return pool.names;
+    },
+    has: (name) => pool.has(name),
+    phaseOf: (name) => pool.phaseOf(name),
+    acquire: (name, keepAliveMs) => pool.acquire(name, keepAliveMs),
+    status: () => pool.status(),
+    loaded: () => pool.loaded(),
+    close: async () => {
+      const r = await replica.drain();
+      log(`replica drained: ${r.completed ? "all NATS streams finished" : `${r.aborted} aborted`}`);
+      await replica.close();
+      await pool.close();
+    },
+  };
+  // One batch queue for every model: each line runs on the model its body names.
+  const dataDir = resolveDataDir(config.dataDir, (n) => Deno.env.get(n));
+  const batches = new BatchQueue({
+    dataDir,
+    maxInFlight: config.batchConcurrency,
+    maxFileBytes: config.batchMaxFileSize,
+    maxLines: config.batchMaxLines,
+    maxActive: config.batchMaxActive,
+    log,
+  });
   const service = createModelsService({
-    pool,
+    extend: batches.attach,
+    cacheScope: config.cacheScope,
+    pool: directory,
     catalog,
     metrics,
     modelMetrics: shared.metrics,
@@ -348,7 +477,7 @@ export async function serveModelsCommand(
     [
       `llmserve ready (${catalog.length} models, each loaded on its first request)`,
       ...catalog.map((m) =>
-        `  model     ${m.name}: ${m.path} (${m.architecture ?? m.format}, ${
+        `  model     ${[m.name, ...(m.aliases ?? [])].join(", ")}: ${m.path} (${m.architecture ?? m.format}, ${
           m.quantization ?? "?"
         }, ${formatBytes(m.bytes)}${m.contextLength ? `, context ${m.contextLength}` : ""})`
       ),
@@ -364,10 +493,13 @@ export async function serveModelsCommand(
         config.kvMemory === undefined ? "auto" : formatBytes(config.kvMemory)
       } per model, blocks of ${config.blockSize} tokens`,
       `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
+      `  batches   ${dataDir} (${config.batchConcurrency} lines at once; each line's "model" picks)`,
+      ...(replica ? [`  replica   ${replica.agent.id} on NATS ${replica.where} (serving every model)`] : []),
       `  url       http://${listening.hostname}:${listening.port}/  (API under /v1; "model" picks)`,
     ].join("\n"),
   );
   const result = await server.closed;
+  await batches.close();
   log(
     `drained: ${
       result.completed
@@ -376,4 +508,74 @@ export async function serveModelsCommand(
     }`,
   );
   return 0;
+}
+
+/**
+ * The replica role of a server of several models: routers see every model in its heartbeats
+ * (loaded or not), and a generate or info request for one not loaded loads it through the
+ * pool, as an HTTP request would. On SIGTERM/SIGINT it leaves the rotation at once, then
+ * drains with the HTTP side.
+ */
+async function startModelsReplica(
+  config: Config,
+  pool: ModelPool<ServiceApp>,
+  shared: Shared,
+  log: (line: string) => void,
+) {
+  const sources = shared.replicaSources!;
+  const id = randomId("replica");
+  const natsOptions = { url: config.nats!, credsFile: config.natsCreds, name: id };
+  const nc = await connectNats({ ...natsOptions, log });
+  const models: ReplicaModels = {
+    maxRunning: config.maxRunning,
+    maxWaiting: config.maxWaiting,
+    blockSize: config.blockSize,
+    list: () =>
+      pool.status().map((s) => {
+        const source = sources.get(s.name);
+        const modelId = shared.modelIds?.get(s.name);
+        return {
+          name: s.name,
+          ...(modelId === undefined ? {} : { modelId }),
+          phase: s.phase,
+          ...(source === undefined || s.phase !== "loaded" ? {} : { source }),
+        };
+      }),
+    acquire: async (name) => {
+      const lease = await pool.acquire(name);
+      const source = sources.get(name);
+      if (source === undefined) {
+        lease.release();
+        throw new Error(`model ${JSON.stringify(name)} loaded without a replica source`);
+      }
+      return { source, release: () => lease.release() };
+    },
+  };
+  const agent = new ReplicaAgent(nc, models, {
+    id,
+    log,
+    // A stream served over NATS gets the line an HTTP request gets: method NATS, its request id.
+    served: (requestId) => {
+      const r = shared.requestLog.record(requestId, "NATS", "generate");
+      return {
+        firstToken: () => r.firstToken(),
+        finished: (e) => {
+          r.code = e.code;
+          r.promptTokens = e.promptTokens;
+          r.completionTokens = e.completionTokens;
+          r.cached = e.cached;
+          r.responded(e.code === undefined ? 200 : statusOfCode(e.code) ?? 499);
+        },
+      };
+    },
+  });
+  await agent.start(natsOptions);
+  let drained: Promise<{ completed: boolean; aborted: number }> | undefined;
+  /** Leaves the rotation and lets the NATS streams finish (once, whoever asks first). */
+  const drain = () => {
+    for (const s of ["SIGTERM", "SIGINT"] as const) Deno.removeSignalListener(s, drain);
+    return drained ??= agent.drain(config.drainTimeout * 1000);
+  };
+  for (const s of ["SIGTERM", "SIGINT"] as const) Deno.addSignalListener(s, drain);
+  return { agent, drain, where: nc.getServer(), close: () => nc.close() };
 }

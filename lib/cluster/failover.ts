@@ -39,7 +39,13 @@ export class Failover {
   #refusal: ErrorEvent | undefined;
   #waitingSince: number | undefined;
 
-  constructor(req: GenerationRequest, promptIds: readonly number[], t0 = performance.now()) {
+  /** `model`: the model a router by model routes, named in each generate. */
+  constructor(
+    req: GenerationRequest,
+    promptIds: readonly number[],
+    t0 = performance.now(),
+    readonly model?: string,
+  ) {
     this.#req = req;
     this.promptIds = promptIds;
     this.#t0 = t0;
@@ -80,6 +86,7 @@ export class Failover {
       requestId: req.requestId,
       logprobs: req.logprobs ?? false,
       cacheScope: req.cacheScope,
+      ...(this.model === undefined ? {} : { model: this.model }),
       // The grammar must read what was delivered before it samples again.
       ...(req.constraint
         ? { constraint: req.constraint, constraintReplay: (req.constraintReplay ?? 0) + n }

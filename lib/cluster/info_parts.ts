@@ -44,6 +44,8 @@ export async function requestInfo(
   nc: BusConnection,
   replica: string,
   timeoutMs: number,
+  /** For a replica serving several models: whose facts (it loads the model to give them). */
+  model?: string,
 ): Promise<InfoReply> {
   const chunks: Uint8Array[] = [];
   let parts = 1;
@@ -51,7 +53,7 @@ export async function requestInfo(
   for (let part = 0; part < parts; part++) {
     const reply = await nc.request(
       subjects.requests(replica),
-      encodeMessage({ type: "info", part }),
+      encodeMessage({ type: "info", part, ...(model === undefined ? {} : { model }) }),
       { timeout: timeoutMs },
     );
     const p = decodeMessage(InfoPart, reply.data);

@@ -76,6 +76,45 @@ export const LoadSchema = z.object({
 });
 export type Load = z.infer<typeof LoadSchema>;
 
+/** Models a replica lists at most (every model it serves, loaded or not). */
+const MAX_MODELS = 1024;
+
+/**
+ * One model of a replica serving several (`deno task start --nats URL --model a --model b`):
+ * its name and identity, whether it is loaded there, and while loaded its own scheduler's load
+ * and prefix-cache hashes (each model has its own engine, KV cache and scheduler).
+ */
+export const ReplicaModelSchema = z.object({
+  name: z.string().max(256),
+  /** See HeartbeatSchema.modelId. */
+  modelId: z.string().max(256).optional(),
+  phase: z.enum(["unloaded", "loading", "loaded"]),
+  /** Its scheduler's load while loaded (the replica's limits apply to each model). */
+  running: nonNegative.optional(),
+  waiting: nonNegative.optional(),
+  /** Chained hashes of its cached prefix blocks, while loaded. */
+  hashes: z.array(int).max(MAX_HASHES).optional(),
+});
+export type ReplicaModel = z.infer<typeof ReplicaModelSchema>;
+
+/**
+ * The models list, its hashes counted before any element is parsed: all models together may
+ * hold MAX_HASHES (zod's cost grows with the elements it checks, see MAX_HASHES).
+ */
+const ModelsField = z.preprocess((v, ctx) => {
+  if (!Array.isArray(v) || v.length > MAX_MODELS) return v;
+  let n = 0;
+  for (const m of v) {
+    const h = (m as { hashes?: unknown } | null)?.hashes;
+    if (Array.isArray(h)) n += h.length;
+  }
+  if (n > MAX_HASHES) {
+    ctx.addIssue({ code: "custom", message: `more than ${MAX_HASHES} hashes in all models (${n})` });
+    return z.NEVER;
+  }
+  return v;
+}, z.array(ReplicaModelSchema).max(MAX_MODELS));
+
 export const HeartbeatSchema = z.object({
   type: z.literal("heartbeat"),
   replica: SubjectToken,
@@ -101,8 +140,30 @@ export const HeartbeatSchema = z.object({
   prefix: z.object({ blockSize: int.positive(), hashes: z.array(int).max(MAX_HASHES) }),
   /** Ids of the streams it is serving now: each router's per-stream liveness evidence. */
   streamIds: z.array(SubjectToken).max(MAX_STREAMS),
+  /**
+   * A replica serving several models lists each here (`model` is then its default model, the
+   * one a request naming none gets, `load` its totals and `prefix.hashes` empty: each model's
+   * hashes are in its entry). Absent from a replica of one model.
+   */
+  models: ModelsField.optional(),
 });
 export type Heartbeat = z.infer<typeof HeartbeatSchema>;
+
+/**
+ * The models a heartbeat says its replica serves: its `models` list, or the one model of a
+ * replica that has no list (always loaded, with the beat's own load and hashes).
+ */
+export function servedModels(hb: Heartbeat): ReplicaModel[] {
+  if (hb.models !== undefined) return hb.models;
+  return [{
+    name: hb.model,
+    ...(hb.modelId === undefined ? {} : { modelId: hb.modelId }),
+    phase: "loaded",
+    running: hb.load.running,
+    waiting: hb.load.waiting,
+    hashes: hb.prefix.hashes,
+  }];
+}
 
 /** A replica's last word: it exits (sent after its drain, so routers drop it at once). */
 export const GoodbyeSchema = z.object({ type: z.literal("goodbye"), replica: SubjectToken });
@@ -144,6 +205,11 @@ export const GenerateSchema = z.object({
    * replica's grammar reads them before it samples, so the continuation is exact.
    */
   constraintReplay: nonNegative.optional(),
+  /**
+   * The model to run it on, for a replica serving several (which loads it first when it is not
+   * loaded); absent: the replica's default model. A replica of one model refuses another name.
+   */
+  model: z.string().max(256).optional(),
 });
 export type Generate = z.infer<typeof GenerateSchema>;
 
@@ -173,6 +239,8 @@ export const CancelSchema = z.object({
 export const InfoRequestSchema = z.object({
   type: z.literal("info"),
   part: nonNegative.default(0),
+  /** Which model's facts (a replica serving several loads it to answer); absent: its default. */
+  model: z.string().max(256).optional(),
 });
 
 export const ReplicaRequest = z.discriminatedUnion("type", [

@@ -10,7 +10,7 @@ import { createApp, type ServiceApp } from "../http/app.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { type Lease, ModelLoadError, type ModelPhase, type ModelStatus } from "../serving/model_pool.ts";
 import type { CatalogModel, ModelDirectory } from "../serving/models_service.ts";
-import { decodeMessage, ReplicaAnnouncement } from "./messages.ts";
+import { decodeMessage, ReplicaAnnouncement, type ReplicaModel, servedModels } from "./messages.ts";
 import { cappedLog, guarded } from "./nats_connection.ts";
 import { RouterBackend } from "./router_backend.ts";
 import type { RoutingPolicy } from "./routing.ts";
@@ -27,8 +27,8 @@ export interface ModelRouterOptions {
 }
 
 interface Routed {
-  /** performance.now() of the last heartbeat naming it, by replica. */
-  readonly replicas: Map<string, number>;
+  /** The last heartbeat naming it, by replica: when, and the model's phase there. */
+  readonly replicas: Map<string, { at: number; phase: ReplicaModel["phase"] }>;
   building?: Promise<{ backend: RouterBackend; service: ServiceApp }>;
   built?: { backend: RouterBackend; service: ServiceApp };
 }
@@ -56,14 +56,18 @@ export class ModelRouterDirectory implements ModelDirectory {
           return;
         }
         if (a.value.draining) return;
-        let m = this.#models.get(a.value.model);
-        if (m === undefined) {
-          this.#models.set(a.value.model, m = { replicas: new Map() });
-          this.#log(`router: replica ${a.value.replica} serves model ${JSON.stringify(a.value.model)}`);
+        for (const served of servedModels(a.value)) {
+          let m = this.#models.get(served.name);
+          if (m === undefined) {
+            this.#models.set(served.name, m = { replicas: new Map() });
+            this.#log(`router: replica ${a.value.replica} serves model ${JSON.stringify(served.name)}`);
+          }
+          m.replicas.set(a.value.replica, { at: performance.now(), phase: served.phase });
+          // Built as soon as a replica has it loaded, so that its first request does not wait
+          // for the info. A model loaded nowhere is built by its first request: asking a
+          // replica for its info loads it there.
+          if (served.phase === "loaded") void this.#build(served.name).catch(() => {});
         }
-        m.replicas.set(a.value.replica, performance.now());
-        // Built as soon as it is seen, so that its first request does not wait for the info.
-        void this.#build(a.value.model).catch(() => {});
       }, (e) => peerLog(`router: handling an announcement failed: ${(e as Error).message}`)),
     });
   }
@@ -72,7 +76,7 @@ export class ModelRouterDirectory implements ModelDirectory {
   get names(): string[] {
     const now = performance.now();
     const forget = this.#opts.forgetAfterMs ?? 5000;
-    return [...this.#models].filter(([, m]) => [...m.replicas.values()].some((t) => now - t < forget))
+    return [...this.#models].filter(([, m]) => [...m.replicas.values()].some((r) => now - r.at < forget))
       .map(([name]) => name);
   }
 
@@ -87,10 +91,19 @@ export class ModelRouterDirectory implements ModelDirectory {
     return this.names.includes(name);
   }
 
+  /**
+   * "loaded" once the router routes it and a replica has it loaded; "loading" while its router
+   * starts or a replica loads it; else "unloaded" (replicas serve it, none has it loaded).
+   */
   phaseOf(name: string): ModelPhase | undefined {
     const m = this.#models.get(name);
     if (m === undefined) return undefined;
-    return m.built ? "loaded" : m.building ? "loading" : "unloaded";
+    const now = performance.now();
+    const forget = this.#opts.forgetAfterMs ?? 5000;
+    const phases = [...m.replicas.values()].filter((r) => now - r.at < forget).map((r) => r.phase);
+    if (m.built && phases.includes("loaded")) return "loaded";
+    if ((m.building && !m.built) || phases.includes("loading") || phases.includes("loaded")) return "loading";
+    return "unloaded";
   }
 
   async acquire(name: string): Promise<Lease<ServiceApp>> {
@@ -143,7 +156,9 @@ export class ModelRouterDirectory implements ModelDirectory {
       if (metrics === undefined) this.modelMetrics.set(name, metrics = new ServiceMetrics());
       const backend = await RouterBackend.start(this.#nc, {
         model: name,
-        waitMs: 10_000,
+        // A replica of several models loads the model to answer the info request.
+        waitMs: 120_000,
+        infoTimeoutMs: 120_000,
         metrics,
         log: this.#log,
         ...(this.#opts.policy === undefined ? {} : { policy: this.#opts.policy }),

@@ -6,6 +6,7 @@ import {
   type Heartbeat,
   type InfoReply,
   type Load,
+  type ReplicaModel,
   ReplicaRequest,
 } from "./messages.ts";
 import { infoPartRanges, toBase64 } from "./info_parts.ts";
@@ -29,6 +30,33 @@ export interface ReplicaSource {
   /** Scheduler load, streams excluded. */
   load(): Omit<Load, "streams">;
   cachedBlockHashes(limit: number): number[];
+}
+
+/** One model of a {@link ReplicaModels}, as its heartbeat lists it. */
+export interface ReplicaModelState {
+  readonly name: string;
+  readonly modelId?: string;
+  readonly phase: ReplicaModel["phase"];
+  /** Its source while loaded. */
+  readonly source?: ReplicaSource;
+}
+
+/**
+ * A replica serving several models (a server of several models with --nats): each is loaded on
+ * demand, by the first generate or info request naming it, through the server's model pool.
+ */
+export interface ReplicaModels {
+  /** Every model it serves, the default (for a request naming none) first. */
+  list(): readonly ReplicaModelState[];
+  /**
+   * The model's source, loaded first if need be, held (never unloaded) until release().
+   * Rejects when the load fails; `insufficientMemory` on the error says it could not get room.
+   */
+  acquire(name: string): Promise<{ readonly source: ReplicaSource; release(): void }>;
+  /** The scheduler limits every model's core runs with, and the KV block size. */
+  readonly maxRunning: number;
+  readonly maxWaiting: number;
+  readonly blockSize: number;
 }
 
 export interface ReplicaAgentOptions {
@@ -107,7 +135,9 @@ class ServedStream {
 export class ReplicaAgent {
   readonly id: string;
   readonly #nc: BusConnection;
-  readonly #src: ReplicaSource;
+  /** A replica of one model has its source; one of several, its models. */
+  readonly #src: ReplicaSource | undefined;
+  readonly #models: ReplicaModels | undefined;
   readonly #heartbeatMs: number;
   readonly #maxHashes: number;
   readonly #creditTimeoutMs: number;
@@ -122,11 +152,13 @@ export class ReplicaAgent {
   #beat = 0;
   #draining = false;
   #worker: Worker | undefined;
-  #info: { bytes: Uint8Array; ranges: Array<[number, number]> } | undefined;
+  /** Info replies, encoded once per model ("" for the one model of a single-model replica). */
+  readonly #info = new Map<string, { bytes: Uint8Array; ranges: Array<[number, number]> }>();
 
-  constructor(nc: BusConnection, source: ReplicaSource, opts: ReplicaAgentOptions) {
+  constructor(nc: BusConnection, source: ReplicaSource | ReplicaModels, opts: ReplicaAgentOptions) {
     this.#nc = nc;
-    this.#src = source;
+    if ("acquire" in source) this.#models = source;
+    else this.#src = source;
     this.id = opts.id;
     this.#heartbeatMs = opts.heartbeatMs ?? 250;
     this.#maxHashes = opts.maxHashes ?? 4096;
@@ -237,30 +269,127 @@ export class ReplicaAgent {
   }
 
   #snapshot(): Omit<Heartbeat, "beat" | "stalledMs"> {
+    if (this.#models !== undefined) return this.#modelsSnapshot(this.#models);
+    const src = this.#src!;
     return {
       type: "heartbeat",
       replica: this.id,
       intervalMs: this.#heartbeatMs,
       draining: this.#draining,
-      model: this.#src.info.modelName,
-      modelId: this.#src.info.modelId,
-      load: { ...this.#src.load(), streams: this.#streams.size },
+      model: src.info.modelName,
+      modelId: src.info.modelId,
+      load: { ...src.load(), streams: this.#streams.size },
       prefix: {
-        blockSize: this.#src.blockSize,
-        hashes: this.#src.cachedBlockHashes(this.#maxHashes),
+        blockSize: src.blockSize,
+        hashes: src.cachedBlockHashes(this.#maxHashes),
       },
       streamIds: [...this.#streams.keys()],
     };
   }
 
-  /** The info reply, encoded once and split for the connection's max_payload. */
-  #infoParts(): { bytes: Uint8Array; ranges: Array<[number, number]> } {
-    if (this.#info === undefined) {
-      const bytes = encodeMessage({ type: "info", replica: this.id, ...this.#src.info });
+  /**
+   * A replica of several models: each listed with its phase, and while loaded its own load and
+   * hashes (the hash budget shared among the loaded ones); `load` holds the totals.
+   */
+  #modelsSnapshot(models: ReplicaModels): Omit<Heartbeat, "beat" | "stalledMs"> {
+    const list = models.list();
+    const loaded = list.filter((m) => m.source !== undefined).length;
+    const perModel = loaded === 0 ? 0 : Math.floor(this.#maxHashes / loaded);
+    const total = {
+      running: 0,
+      waiting: 0,
+      kvBlocksUsed: 0,
+      kvBlocksTotal: 0,
+      prefixQueryTokens: 0,
+      prefixHitTokens: 0,
+    };
+    const entries: ReplicaModel[] = list.map((m) => {
+      const base = { name: m.name, ...(m.modelId === undefined ? {} : { modelId: m.modelId }) };
+      if (m.source === undefined) return { ...base, phase: m.phase === "loaded" ? "loading" : m.phase };
+      const l = m.source.load();
+      for (const k of Object.keys(total) as (keyof typeof total)[]) total[k] += l[k];
+      return {
+        ...base,
+        phase: "loaded",
+        running: l.running,
+        waiting: l.waiting,
+        hashes: m.source.cachedBlockHashes(perModel),
+      };
+    });
+    const first = list[0];
+    return {
+      type: "heartbeat",
+      replica: this.id,
+      intervalMs: this.#heartbeatMs,
+      draining: this.#draining,
+      model: first?.name ?? "",
+      ...(first?.modelId === undefined ? {} : { modelId: first.modelId }),
+      load: {
+        ...total,
+        maxRunning: models.maxRunning,
+        maxWaiting: models.maxWaiting,
+        streams: this.#streams.size,
+      },
+      prefix: { blockSize: models.blockSize, hashes: [] },
+      streamIds: [...this.#streams.keys()],
+      models: entries,
+    };
+  }
+
+  /** A model's info reply, encoded once and split for the connection's max_payload. */
+  #infoParts(key: string, src: ReplicaSource): { bytes: Uint8Array; ranges: Array<[number, number]> } {
+    let parts = this.#info.get(key);
+    if (parts === undefined) {
+      const bytes = encodeMessage({ type: "info", replica: this.id, ...src.info });
       const maxPayload = this.#nc.info?.max_payload ?? 1 << 20;
-      this.#info = { bytes, ranges: infoPartRanges(bytes.length, maxPayload) };
+      this.#info.set(key, parts = { bytes, ranges: infoPartRanges(bytes.length, maxPayload) });
     }
-    return this.#info;
+    return parts;
+  }
+
+  /** Answers an info request; a replica of several models loads the model to learn its facts. */
+  async #answerInfo(msg: BusMsg, part: number, model: string | undefined): Promise<void> {
+    let parts;
+    if (this.#models === undefined) {
+      parts = this.#infoParts("", this.#src!);
+    } else {
+      const name = model ?? this.#models.list()[0]?.name ?? "";
+      parts = this.#info.get(name);
+      if (parts === undefined) {
+        if (!this.#models.list().some((m) => m.name === name)) {
+          this.#peerLog(`replica ${this.id}: ignored an info request for model ${JSON.stringify(name)}, which it does not serve`);
+          return;
+        }
+        let held;
+        try {
+          held = await this.#models.acquire(name);
+        } catch (e) {
+          this.#log(`replica ${this.id}: no info for model ${JSON.stringify(name)}: ${(e as Error).message}`);
+          return;
+        }
+        try {
+          parts = this.#infoParts(name, held.source);
+        } finally {
+          held.release();
+        }
+      }
+    }
+    const range = parts.ranges[part];
+    if (range === undefined) {
+      this.#peerLog(
+        `replica ${this.id}: ignored a request for info part ${part} of ` +
+          `${parts.ranges.length}`,
+      );
+      return;
+    }
+    msg.respond(encodeMessage({
+      type: "info_part",
+      replica: this.id,
+      part,
+      parts: parts.ranges.length,
+      bytes: parts.bytes.length,
+      data: toBase64(parts.bytes.subarray(range[0], range[1])),
+    }));
   }
 
   #onRequest(msg: BusMsg): void {
@@ -272,23 +401,9 @@ export class ReplicaAgent {
     const req = parsed.value;
     switch (req.type) {
       case "info": {
-        const parts = this.#infoParts();
-        const range = parts.ranges[req.part];
-        if (range === undefined) {
-          this.#peerLog(
-            `replica ${this.id}: ignored a request for info part ${req.part} of ` +
-              `${parts.ranges.length}`,
-          );
-          return;
-        }
-        msg.respond(encodeMessage({
-          type: "info_part",
-          replica: this.id,
-          part: req.part,
-          parts: parts.ranges.length,
-          bytes: parts.bytes.length,
-          data: toBase64(parts.bytes.subarray(range[0], range[1])),
-        }));
+        this.#answerInfo(msg, req.part, req.model).catch((e) =>
+          this.#peerLog(`replica ${this.id}: an info request failed: ${(e as Error).message}`)
+        );
         return;
       }
       case "credit": {
@@ -383,7 +498,46 @@ export class ReplicaAgent {
       });
       return;
     }
-    const events = this.#src.backend.generate({
+    let backend: GenerationBackend;
+    let release = () => {};
+    if (this.#models === undefined) {
+      const own = this.#src!.info.modelName;
+      if (m.model !== undefined && m.model !== own) {
+        send({
+          type: "error",
+          code: "invalid_request",
+          message: `This replica serves model ${JSON.stringify(own)}, not ${JSON.stringify(m.model)}`,
+        });
+        return;
+      }
+      backend = this.#src!.backend;
+    } else {
+      const list = this.#models.list();
+      const name = m.model ?? list[0]?.name ?? "";
+      if (!list.some((x) => x.name === name)) {
+        send({
+          type: "error",
+          code: "invalid_request",
+          message: `This replica does not serve model ${JSON.stringify(name)}; it serves ${
+            list.map((x) => JSON.stringify(x.name)).join(", ")
+          }`,
+        });
+        return;
+      }
+      try {
+        const held = await this.#models.acquire(name);
+        backend = held.source.backend;
+        release = () => held.release();
+      } catch (e) {
+        const message = (e as Error).message;
+        // No room now (the other models are busy): a refusal, so the router tries another.
+        const noRoom = (e as { insufficientMemory?: boolean }).insufficientMemory === true;
+        send({ type: "error", code: noRoom ? "overloaded" : "internal", message });
+        return;
+      }
+      // A cancel that came during the load reaches the generation through the aborted signal.
+    }
+    const events = backend.generate({
       prompt: m.prompt,
       maxTokens: m.maxTokens,
       sampling: m.sampling,
@@ -417,6 +571,7 @@ export class ReplicaAgent {
       // Leaving early (credit never came, router gone) frees the sequence's KV blocks.
       logEnd({ code: "router_gone" });
       await events.return?.(undefined);
+      release();
     }
   }
 }

@@ -1,4 +1,4 @@
-import type { Heartbeat } from "./messages.ts";
+import { type Heartbeat, type ReplicaModel, servedModels } from "./messages.ts";
 import { type Candidate, matchedBlocks } from "./routing.ts";
 
 /** What a router knows about one replica. */
@@ -18,6 +18,13 @@ export interface ReplicaView {
   cached: Set<number>;
   /** Hashes of prompts routed there, with when, kept until a heartbeat reports them. */
   pending: Map<number, number>;
+  /** The router's model as this replica lists it (a replica of several models may not have it loaded). */
+  entry: ReplicaModel;
+  /**
+   * When this router last sent it work for the model (or asked it for the model's info): it is
+   * loading it then, though its beats may not say so yet. Cleared once a beat says loaded.
+   */
+  warmingAt?: number;
 }
 
 const RECENT_HALF_LIFE_MS = 10_000;
@@ -90,8 +97,15 @@ export class ReplicaRegistry {
   }
 
   #serves(hb: Heartbeat): boolean {
-    return (this.#model === undefined || hb.model === this.#model) &&
-      (this.#modelId === undefined || hb.modelId === this.#modelId);
+    return this.#entryOf(hb) !== undefined;
+  }
+
+  /** The router's model in the heartbeat's list (by name and, once known, identity). */
+  #entryOf(hb: Heartbeat): ReplicaModel | undefined {
+    const name = this.#model ?? hb.model;
+    return servedModels(hb).find((m) =>
+      m.name === name && (this.#modelId === undefined || m.modelId === this.#modelId)
+    );
   }
 
   get(id: string): ReplicaView | undefined {
@@ -100,7 +114,8 @@ export class ReplicaRegistry {
 
   /** Records a heartbeat; returns the view (new or updated), or undefined for a foreign model. */
   onHeartbeat(hb: Heartbeat): ReplicaView | undefined {
-    if (!this.#serves(hb)) {
+    const entry = this.#entryOf(hb);
+    if (entry === undefined) {
       if (!this.#foreign.has(hb.replica)) {
         this.#foreign.add(hb.replica);
         this.#log(
@@ -125,6 +140,7 @@ export class ReplicaRegistry {
         recentAt: now,
         cached: new Set(),
         pending: new Map(),
+        entry,
       };
       this.#views.set(hb.replica, v);
     }
@@ -133,7 +149,9 @@ export class ReplicaRegistry {
     // PENDING_MS (the request failed, or the blocks were evicted before a beat saw them).
     v.heartbeat = hb;
     v.lastSeen = now;
-    v.cached = new Set(hb.prefix.hashes);
+    v.entry = entry;
+    if (entry.phase === "loaded") v.warmingAt = undefined;
+    v.cached = new Set(entry.hashes ?? []);
     for (const [h, at] of v.pending) {
       if (v.cached.has(h) || now - at > PENDING_MS) v.pending.delete(h);
       else v.cached.add(h);
@@ -151,12 +169,25 @@ export class ReplicaRegistry {
     if (v === undefined) return;
     v.routed++;
     const now = this.#now();
+    if (v.entry.phase !== "loaded") v.warmingAt = now;
     v.recent = decayed(v, now) + 1;
     v.recentAt = now;
     for (const h of promptHashes) {
       v.pending.set(h, now);
       v.cached.add(h);
     }
+  }
+
+  /** It was asked for the model's info, which a replica of several models loads it to give. */
+  noteWarming(id: string): void {
+    const v = this.#views.get(id);
+    if (v !== undefined && v.entry.phase !== "loaded") v.warmingAt = this.#now();
+  }
+
+  /** The model is loaded there, loading, or about to be (this router sent it work for it). */
+  hasLoaded(v: ReplicaView): boolean {
+    return v.entry.phase !== "unloaded" ||
+      (v.warmingAt !== undefined && this.#now() - v.warmingAt <= PENDING_MS);
   }
 
   isLive(v: ReplicaView): boolean {
@@ -210,11 +241,18 @@ export class ReplicaRegistry {
   ): Candidate[] {
     return this.inRotation().filter((v) => !exclude.has(v.id)).map((v) => {
       const l = v.heartbeat.load;
+      const loaded = this.hasLoaded(v);
+      // A model loaded there has its own scheduler's load; one not loaded yet would get a new
+      // scheduler on a replica busy with its other models, whose total load then counts.
+      const own = v.entry.phase === "loaded" && v.heartbeat.models !== undefined
+        ? (v.entry.running ?? 0) + (v.entry.waiting ?? 0)
+        : l.running + l.waiting;
       return {
         id: v.id,
         // Its report is up to a beat old; this router's own count of open streams is exact.
-        load: Math.max(v.open, l.running + l.waiting),
-        capacity: l.maxRunning + l.maxWaiting,
+        load: Math.max(v.open, own),
+        capacity: l.maxRunning + l.maxWaiting + (v.entry.phase === "loaded" ? 0 : own),
+        loaded,
         routed: v.routed,
         recent: decayed(v, this.#now()),
         matchedBlocks: matchedBlocks(promptHashesFor(v.heartbeat.prefix.blockSize), v.cached),

@@ -15,6 +15,7 @@ import {
   type Generate,
   type InfoReply,
   ReplicaAnnouncement,
+  servedModels,
   StreamFrame,
 } from "./messages.ts";
 import { requestInfo } from "./info_parts.ts";
@@ -47,6 +48,8 @@ export interface RouterOptions {
   readonly log?: (line: string) => void;
   /** Where what peers cause is logged (default: `log`, capped). */
   readonly peerLog?: (line: string) => void;
+  /** The model it routes, named in each generate (a router by model's; see start). */
+  readonly model?: string;
 }
 
 interface RouterMetrics {
@@ -116,6 +119,8 @@ export class RouterBackend implements GenerationBackend {
   readonly specialTokens: readonly string[];
   readonly #prompts: PromptTokens;
   readonly #policy: RoutingPolicy;
+  /** The model a router by model routes (named in each generate, for replicas of several). */
+  readonly #model: string | undefined;
   readonly #streamTimeoutMs: number;
   readonly #failoverWaitMs: number;
   readonly #progressTimeoutMs: number;
@@ -147,6 +152,7 @@ export class RouterBackend implements GenerationBackend {
     this.#prompts = new PromptTokens(new Tokenizer(tokenizerFromWire(info.tokenizer)));
     this.specialTokens = this.#prompts.specialTokens;
     this.#policy = opts.policy ?? "prefix";
+    this.#model = opts.model;
     this.#streamTimeoutMs = opts.streamTimeoutMs ?? 1500;
     this.#failoverWaitMs = opts.failoverWaitMs ?? 30_000;
     this.#progressTimeoutMs = opts.progressTimeoutMs ?? 30_000;
@@ -183,6 +189,11 @@ export class RouterBackend implements GenerationBackend {
       staleAfterMs?: number;
       /** Route only to replicas serving this model (a router by model has one per model). */
       model?: string;
+      /**
+       * How long a replica may take to answer the info request (default 3 s). A replica of
+       * several models loads the model first, which a router by model waits for.
+       */
+      infoTimeoutMs?: number;
     } = {},
   ): Promise<RouterBackend> {
     const log = opts.log ?? (() => {});
@@ -193,9 +204,13 @@ export class RouterBackend implements GenerationBackend {
     });
     let router: RouterBackend | undefined;
     let infoAsked: Promise<InfoReply | undefined> | undefined;
+    const startedAt = performance.now();
     const askInfo = async (replica: string): Promise<InfoReply | undefined> => {
       try {
-        return await requestInfo(nc, replica, 3000);
+        const info = await requestInfo(nc, replica, opts.infoTimeoutMs ?? 3000, opts.model);
+        // Asked for a model it had not loaded, the replica loaded it to answer.
+        registry.noteWarming(replica);
+        return info;
       } catch (e) {
         log(`router: replica ${replica} did not give its info: ${(e as Error).message}`);
         return undefined;
@@ -212,7 +227,13 @@ export class RouterBackend implements GenerationBackend {
           return;
         }
         if (router) return router.#onHeartbeat(a.value);
-        const wanted = opts.model === undefined || a.value.model === opts.model;
+        const listed = opts.model === undefined
+          ? undefined
+          : servedModels(a.value).find((m) => m.name === opts.model);
+        // A replica with the model loaded answers at once; one without loads it to answer, so
+        // those are asked only when, after the first beats, none has it loaded.
+        const wanted = opts.model === undefined ||
+          (listed !== undefined && (listed.phase !== "unloaded" || performance.now() - startedAt > 600));
         if (infoAsked === undefined && !a.value.draining && wanted) {
           infoAsked = askInfo(a.value.replica).then((info) => {
             if (info === undefined) infoAsked = undefined;
@@ -229,7 +250,11 @@ export class RouterBackend implements GenerationBackend {
       if (info !== undefined) {
         registry.model = info.modelName;
         registry.modelId = info.modelId;
-        router = new RouterBackend(nc, info, registry, announcements, { ...opts, peerLog });
+        router = new RouterBackend(nc, info, registry, announcements, {
+          ...opts,
+          peerLog,
+          ...(opts.model === undefined ? {} : { model: opts.model }),
+        });
         return router;
       }
       if (performance.now() > deadline) {
@@ -266,8 +291,10 @@ export class RouterBackend implements GenerationBackend {
     let running = 0, waiting = 0, used = 0, total = 0, hit = 0, query = 0;
     for (const v of live) {
       const l = v.heartbeat.load;
-      running += l.running;
-      waiting += l.waiting;
+      // A replica of several models: this model's own scheduler (0 while it is not loaded).
+      const own = v.heartbeat.models !== undefined;
+      running += own ? v.entry.running ?? 0 : l.running;
+      waiting += own ? v.entry.waiting ?? 0 : l.waiting;
       used += l.kvBlocksUsed;
       total += l.kvBlocksTotal;
       hit += l.prefixHitTokens;
@@ -444,7 +471,7 @@ export class RouterBackend implements GenerationBackend {
     const promptIds = typeof req.prompt === "string"
       ? this.#prompts.encode(req.prompt, req.parseSpecialTokens ?? false)
       : [...req.prompt];
-    const f = new Failover(req, promptIds);
+    const f = new Failover(req, promptIds, performance.now(), this.#model);
     let current: RemoteStream | undefined;
     const onAbort = () => {
       if (current !== undefined && !current.lost) this.#cancel(current, "cancel");

@@ -17,7 +17,8 @@
  * - round-robin: for comparison (benchmarks and tests).
  *
  * Full replicas (running + waiting at their limits) never get work; when all are full the
- * answer is "overloaded".
+ * answer is "overloaded". Where replicas serve several models, only those with the model
+ * loaded (or loading) are considered while one of them has room; else every one serving it.
  */
 
 /** Every routing rule, as `--routing` takes it. */
@@ -39,6 +40,11 @@ export interface Candidate {
   readonly matchedBlocks: number;
   /** Size of its prefix-cache summary: among equally loaded ones, a new prefix goes to the smallest. */
   readonly cachedBlocks: number;
+  /**
+   * Whether it has the model loaded (or loading): replicas that do are preferred over ones that
+   * would load it first, whatever the policy (default true: a replica of one model has it).
+   */
+  readonly loaded?: boolean;
 }
 
 export type RoutingChoice =
@@ -92,8 +98,12 @@ export function chooseReplica(
   opts: RoutingOptions,
 ): RoutingChoice {
   if (candidates.length === 0) return { kind: "none" };
-  const open = candidates.filter((c) => c.load < c.capacity);
-  if (open.length === 0) return { kind: "overloaded" };
+  const notFull = candidates.filter((c) => c.load < c.capacity);
+  if (notFull.length === 0) return { kind: "overloaded" };
+  // A load costs seconds; a replica with the model loaded and room takes it, the rule below
+  // choosing among those. Only when none has room does one that must load it first get it.
+  const warm = notFull.filter((c) => c.loaded !== false);
+  const open = warm.length > 0 ? warm : notFull;
   if (opts.policy === "round-robin") {
     const sorted = [...open].sort(byId);
     const c = sorted[(opts.turn ?? 0) % sorted.length]!;

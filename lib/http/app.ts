@@ -1,4 +1,5 @@
 import { Hono } from "hono";
+import type { WSContext } from "hono/ws";
 import { HTTP_DEFAULTS } from "./defaults.ts";
 import { trace, type Tracer } from "@opentelemetry/api";
 import type { GenerationBackend } from "../core/generation.ts";
@@ -133,6 +134,24 @@ export interface ServiceApp {
   readonly sockets: number;
   /** Closes every WebSocket and stops timers (after drain, or in tests). */
   close(): void;
+  /**
+   * The completion routes' handler, without the routes' key check (the caller made it): the
+   * front of a server of several models runs batch lines on each model's app through it.
+   */
+  readonly openAi?: OpenAiHandler;
+  /**
+   * Serves a `/v1/stream` socket upgraded elsewhere: the front of a server of several models
+   * upgrades at once, sends `loading` frames while the model loads, then hands the socket to
+   * the model's app. `upgrade` is the upgrade request (its API key gives the cache scope, its
+   * checks were the front's); the socket's client frames go to onMessage, its close to onClose.
+   */
+  adoptSocket?(
+    ws: WSContext,
+    upgrade: Request,
+    sessionId: string,
+    /** The client's address: its sockets count against wsMaxPerClient here too. */
+    client?: string,
+  ): Promise<{ onMessage(data: unknown): void; onClose(): void }>;
 }
 
 /**
@@ -237,7 +256,8 @@ export function createApp(opts: AppOptions): ServiceApp {
     stallTimeoutMs: opts.wsStallTimeoutMs ?? 60_000,
   };
   registerOpenAiRoutes(app, deps, openAiOpts);
-  opts.extend?.(app, { openAi: openAiHandler(deps, openAiOpts), scopeOf, maxBodyBytes });
+  const openAi = openAiHandler(deps, openAiOpts);
+  opts.extend?.(app, { openAi, scopeOf, maxBodyBytes });
   registerTokenizeRoutes(app, {
     backend,
     renderChat,
@@ -264,6 +284,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     isDraining: () => draining,
     requestIdOf: (req) => records.of(req)?.id,
     scopeOf,
+    onRefused: (e) => metrics.errors.inc({ code: e.code }),
   });
 
   const hurried = new AbortController();
@@ -271,6 +292,10 @@ export function createApp(opts: AppOptions): ServiceApp {
     app,
     fetch: (req, info) => app.fetch(req, info as never),
     metrics,
+    openAi,
+    async adoptSocket(ws, upgrade, sessionId, client) {
+      return sockets.adopt(ws, sessionId, await auth.scopeOfUpgrade(upgrade), client);
+    },
     async drain(d = {}) {
       draining = true;
       const completed = await inflight.whenIdle(

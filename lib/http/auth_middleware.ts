@@ -28,6 +28,19 @@ export class ApiKeyAuth {
     return this.#scopes.get(req);
   }
 
+  /**
+   * The cache scope of a WebSocket upgrade another app checked (the front of a server of
+   * several models hands its sockets over): read from its key, header or `?api_key=`.
+   */
+  async scopeOfUpgrade(upgrade: Request): Promise<string | undefined> {
+    if (!this.#o.keys.enabled || !this.#o.scopeByKey) return undefined;
+    const auth = parseAuthorization(upgrade.headers.get("authorization"));
+    const token = auth.kind === "token"
+      ? auth.token
+      : new URL(upgrade.url).searchParams.get("api_key");
+    return token === null ? undefined : await keyScope(token);
+  }
+
   middleware(): MiddlewareHandler {
     const { keys, openPaths, scopeByKey } = this.#o;
     return async (c, next) => {

@@ -202,6 +202,11 @@ function onFrame(f) {
     $("stat-cache").textContent = rc ? rc.hits + " hits / " + rc.misses + " misses" : "off";
     return;
   }
+  if (f.type === "loading") {
+    $("log").textContent = "loading model " + f.model + ": " + f.bytes +
+      (f.total_bytes !== undefined ? " / " + f.total_bytes : "") + " bytes";
+    return;
+  }
   const g = f.id !== undefined ? gens.get(f.id) : undefined;
   if (f.type === "error" && !g) { $("log").textContent = f.code + ": " + f.message; return; }
   if (!g) return;

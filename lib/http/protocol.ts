@@ -10,7 +10,23 @@ export type ServerFrame =
   | TokenFrame
   | DoneFrame
   | ErrorFrame
-  | StatsFrame;
+  | StatsFrame
+  | LoadingFrame;
+
+/**
+ * Sent by a server of several models on a socket whose model is not loaded yet, at once and
+ * every half second until it is (then the socket serves as usual; client frames sent
+ * meanwhile are answered after the load). A load that fails ends with an error frame
+ * (`model_load_failed`, `insufficient_memory`) and a close with 1011.
+ */
+export interface LoadingFrame {
+  readonly type: "loading";
+  readonly model: string;
+  /** Bytes of the model file read so far, and its size when known. */
+  readonly bytes: number;
+  readonly total_bytes?: number;
+  readonly elapsed_s: number;
+}
 
 export interface StartedFrame {
   readonly type: "started";

@@ -16,11 +16,24 @@ export interface StreamRouteOptions {
   readonly requestIdOf: (req: Request) => string | undefined;
   /** The upgrade's cache scope, which every generation on the socket runs under. */
   readonly scopeOf: (req: Request) => string | undefined;
+  /** Counts an adopted socket refused for the per-client limit (the error metric). */
+  readonly onRefused?: (e: ApiError) => void;
 }
 
 /** The open sockets of `GET /v1/stream`. */
 export interface StreamSockets {
   readonly size: number;
+  /**
+   * Serves a socket upgraded elsewhere (the front of a server of several models upgrades at
+   * once and hands it over once the model is loaded); `client`'s sockets count against
+   * maxPerClient here too. A client past the limit gets an error frame and close 1008.
+   */
+  adopt(
+    ws: WSContext,
+    sessionId: string,
+    scope: string | undefined,
+    client?: string,
+  ): { onMessage(data: unknown): void; onClose(): void };
   /** Closes every socket with 1001 (a drain's end, or close()). */
   closeAll(): void;
 }
@@ -134,6 +147,34 @@ export function registerStreamRoute(app: Hono, o: StreamRouteOptions): StreamSoc
   return {
     get size() {
       return sessions.size;
+    },
+    adopt(ws, sessionId, scope, client) {
+      if (client !== undefined && (socketsByClient.get(client) ?? 0) >= o.maxPerClient) {
+        const e = new ApiError(
+          "too_many_connections",
+          `This client already holds ${o.maxPerClient} WebSockets, the most one address may ` +
+            "open; close one (several generations can share a socket)",
+        );
+        o.onRefused?.(e);
+        ws.send(JSON.stringify({ type: "error", code: e.code, message: e.message }));
+        ws.close(1008, "too many WebSockets from this client");
+        return { onMessage() {}, onClose() {} };
+      }
+      if (client !== undefined) socketsByClient.set(client, (socketsByClient.get(client) ?? 0) + 1);
+      const session = new StreamSession(o.deps, o.session, frameSocket(ws), sessionId, scope);
+      sessions.add(session);
+      return {
+        onMessage: (data) => session.onMessage(data),
+        onClose: () => {
+          if (client !== undefined) {
+            const n = (socketsByClient.get(client) ?? 1) - 1;
+            if (n <= 0) socketsByClient.delete(client);
+            else socketsByClient.set(client, n);
+          }
+          session.onClose();
+          sessions.delete(session);
+        },
+      };
     },
     closeAll() {
       for (const s of sessions) s.close(CLOSE_GOING_AWAY, "server is shutting down");

@@ -5,10 +5,15 @@
  * models (/v1/models, /health, /ready, /metrics) it answers itself.
  */
 import { HTTP_DEFAULTS } from "../http/defaults.ts";
+import { Hono } from "hono";
+import { upgradeWebSocket } from "@hono/node-server";
+import type { WSContext } from "hono/ws";
 import type { CoreStats } from "../core/generation.ts";
-import type { DrainResult, ServiceApp } from "../http/app.ts";
-import { ApiKeyVerifier, parseAuthorization } from "../http/auth.ts";
-import { ApiError, preview } from "../http/errors.ts";
+import type { ErrorFrame, LoadingFrame } from "../http/protocol.ts";
+import type { AppContext, DrainResult, ServiceApp } from "../http/app.ts";
+import { ApiKeyVerifier, keyScope, parseAuthorization } from "../http/auth.ts";
+import { ApiError, preview, toApiError } from "../http/errors.ts";
+import type { OpenAiHandler } from "../http/openai_routes.ts";
 import { PROMETHEUS_CONTENT_TYPE } from "../http/metrics.ts";
 import { OriginPolicy } from "../http/origin.ts";
 import { isValidRequestId, newRequestId, RequestLog } from "../http/request_log.ts";
@@ -20,6 +25,8 @@ import { mergeModelMetrics, poolMetrics } from "./model_metrics.ts";
 /** What /v1/models says of a model, loaded or not. */
 export interface CatalogModel {
   readonly name: string;
+  /** Further names a request may give for it (`--served-model-name alias=model`). */
+  readonly aliases?: readonly string[];
   readonly path?: string;
   readonly bytes?: number;
   readonly format?: string;
@@ -62,6 +69,13 @@ export interface ModelsServiceOptions {
   readonly requestLog?: RequestLog;
   readonly maxBodyBytes?: number;
   readonly drainTimeoutMs?: number;
+  /** As createApp's: who shares cached work (the batch routes' files and batches too). */
+  readonly cacheScope?: "key" | "global";
+  /**
+   * Mounts routes served by the front for every model (the batch queue, lib/batch/): their
+   * `openAi` handler runs each request on the app of the model its body names.
+   */
+  readonly extend?: (app: Hono, ctx: AppContext) => void;
 }
 
 /** What an unloaded model's gauges say: nothing running, nothing held. */
@@ -92,7 +106,14 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
   /** Requests between arriving and their model's answer being passed on (loads included). */
   let routing = 0;
 
-  const served = () => pool.names.map((n) => `"${n}"`).join(", ");
+  /** A name a request gave: the model's own, or an alias of it (undefined: none). */
+  const resolve = (asked: string): string | undefined => {
+    if (pool.has(asked)) return asked;
+    const m = catalog().find((c) => c.aliases?.includes(asked));
+    return m !== undefined && pool.has(m.name) ? m.name : undefined;
+  };
+  const aliasesOf = (name: string) => catalog().find((c) => c.name === name)?.aliases ?? [];
+  const served = () => pool.names.flatMap((n) => [n, ...aliasesOf(n)]).map((n) => `"${n}"`).join(", ");
   const unknownModel = (asked: unknown) =>
     new ApiError(
       "model_not_found",
@@ -100,10 +121,11 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       "model",
     );
 
-  const describe = (m: CatalogModel) => {
+  /** A model's /v1/models entry, under `id` (its name or an alias; `root` is its name). */
+  const describe = (m: CatalogModel, id = m.name) => {
     const s = pool.status().find((x) => x.name === m.name);
     return {
-      id: m.name,
+      id,
       object: "model",
       created: createdAt,
       owned_by: "llmserve",
@@ -118,6 +140,10 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       ...(m.quantization === undefined ? {} : { quantization: m.quantization }),
     };
   };
+
+  /** The cache scope of a request whose key the gate verified (with --cache-scope key). */
+  const scopes = new WeakMap<Request, string>();
+  const scopeByKey = opts.cacheScope !== "global";
 
   /** Host/Origin and API key checks for what this front answers itself. */
   const gate = async (req: Request, path: string): Promise<void> => {
@@ -146,6 +172,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
           : "Invalid API key",
       );
     }
+    if (scopeByKey && token !== null) scopes.set(req, await keyScope(token));
   };
 
   const own = async (req: Request, path: string): Promise<Response | undefined> => {
@@ -191,14 +218,18 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     }
     if (path === "/v1/models") {
       await gate(req, path);
-      return Response.json({ object: "list", data: catalog().map(describe) });
+      return Response.json({
+        object: "list",
+        data: catalog().flatMap((m) => [m.name, ...(m.aliases ?? [])].map((id) => describe(m, id))),
+      });
     }
     if (path.startsWith("/v1/models/")) {
       await gate(req, path);
       const id = decodeURIComponent(path.slice("/v1/models/".length));
-      const m = catalog().find((c) => c.name === id);
+      const name = resolve(id);
+      const m = catalog().find((c) => c.name === name);
       if (m === undefined) throw unknownModel(id);
-      return Response.json(describe(m));
+      return Response.json(describe(m, id));
     }
     return undefined;
   };
@@ -226,8 +257,9 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       const asked = fields.model;
       let name = defaultModel();
       if (asked !== undefined && asked !== null) {
-        if (typeof asked !== "string" || !pool.has(asked)) throw unknownModel(asked);
-        name = asked;
+        const resolved = typeof asked === "string" ? resolve(asked) : undefined;
+        if (resolved === undefined) throw unknownModel(asked);
+        name = resolved;
       }
       const stream = fields.stream === true;
       let keepAliveMs: number | undefined;
@@ -244,9 +276,65 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     }
     // A WebSocket, the playground, /props and the rest: ?model= picks, else the default model.
     const asked = new URL(req.url).searchParams.get("model");
-    if (asked !== null && !pool.has(asked)) throw unknownModel(asked);
-    return { name: asked ?? defaultModel(), forward: req };
+    const resolved = asked === null ? defaultModel() : resolve(asked);
+    if (resolved === undefined) throw unknownModel(asked);
+    return { name: resolved, forward: req };
   };
+
+  /**
+   * A completion request of the front's own routes (a batch line): run on the app of the
+   * model its body names, loaded first if need be, and held until its answer is read.
+   */
+  const openAi: OpenAiHandler = async (req, kind, scope) => {
+    const text = await req.text();
+    let fields: Record<string, unknown> | undefined;
+    try {
+      const body = JSON.parse(text);
+      if (body !== null && typeof body === "object" && !Array.isArray(body)) fields = body;
+    } catch { /* the default model's app says what is wrong with it */ }
+    let name = defaultModel();
+    let keepAliveMs: number | undefined;
+    if (fields !== undefined) {
+      const asked = fields.model;
+      if (asked !== undefined && asked !== null) {
+        const resolved = typeof asked === "string" ? resolve(asked) : undefined;
+        if (resolved === undefined) throw unknownModel(asked);
+        name = resolved;
+      }
+      if ("keep_alive" in fields) {
+        const k = parseKeepAlive(fields.keep_alive);
+        if (typeof k === "string") {
+          throw new ApiError("invalid_request", `Invalid 'keep_alive': ${k}`, "keep_alive");
+        }
+        keepAliveMs = k;
+        delete fields.keep_alive;
+      }
+    }
+    let lease: Lease<ServiceApp>;
+    try {
+      lease = await pool.acquire(name, keepAliveMs);
+    } catch (err) {
+      throw err instanceof ModelLoadError ? loadError(err) : err;
+    }
+    try {
+      const run = lease.model.service.openAi;
+      if (run === undefined) throw new Error(`the app of model "${name}" runs no completions`);
+      const res = await run(rebuilt(req, fields === undefined ? text : JSON.stringify(fields)), kind, scope);
+      // Read whole while the model is held (a batch line never streams).
+      return new Response(await res.arrayBuffer(), { status: res.status, headers: res.headers });
+    } finally {
+      lease.release();
+    }
+  };
+  /** The routes `extend` mounts, behind the front's own checks (gate). */
+  const extraApp = opts.extend === undefined ? undefined : (() => {
+    const app = new Hono();
+    app.onError((err, c) => errorResponse(toApiError(err), c.req.header("x-request-id") ?? newRequestId()));
+    opts.extend!(app, { openAi, scopeOf: (req) => scopes.get(req), maxBodyBytes });
+    return app;
+  })();
+  const isExtraPath = (path: string) =>
+    extraApp !== undefined && /^\/v1\/(files|batches)(\/|$)/.test(path);
 
   const errorResponse = (e: ApiError, id: string): Response => {
     metrics.errors.inc({ code: e.code });
@@ -273,12 +361,22 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       }
       // The key first: an unknown model's answer names the served ones.
       await gate(req, path);
+      if (isExtraPath(path)) {
+        const res = await extraApp!.fetch(req);
+        res.headers.set("x-request-id", id);
+        requestLog.record(id, req.method, path).responded(res.status);
+        return res;
+      }
       const picked = await pick(req, path);
       if (draining) {
         throw new ApiError("draining", "The server is shutting down; retry on another instance");
       }
       if (picked.stream && pool.phaseOf(picked.name) !== "loaded") {
         return loadingStream(picked.name, picked.keepAliveMs, picked.forward, info, id);
+      }
+      if (path === "/v1/stream" && isUpgrade(req) && pool.phaseOf(picked.name) !== "loaded") {
+        requestLog.record(id, req.method, path).responded(101);
+        return await loadingSocket(picked.name, req, info, id);
       }
       lease = await pool.acquire(picked.name, picked.keepAliveMs);
       const res = await lease.model.service.fetch(picked.forward, info);
@@ -390,6 +488,90 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     });
   };
 
+  /**
+   * A WebSocket for a model that is not loaded yet: upgraded at once, told how the load goes by
+   * `loading` frames (at once, then every half second), then handed to the model's app, which
+   * answers the client frames held meanwhile. A failed load is an error frame and a close.
+   */
+  const pendingSockets = new WeakMap<Request, { name: string; id: string }>();
+  const socketApp = new Hono();
+  socketApp.get(
+    "/v1/stream",
+    upgradeWebSocket((c) => {
+      const upgrade = c.req.raw;
+      const { name, id } = pendingSockets.get(upgrade)!;
+      const client = (c.env as { incoming?: { socket?: { remoteAddress?: string } } } | undefined)
+        ?.incoming?.socket?.remoteAddress;
+      const held: unknown[] = [];
+      let session: { onMessage(data: unknown): void; onClose(): void } | undefined;
+      let closed = false;
+      let timer: ReturnType<typeof setInterval> | undefined;
+      const t0 = performance.now();
+      const send = (ws: WSContext, frame: LoadingFrame | ErrorFrame) => {
+        if (ws.readyState === 1) ws.send(JSON.stringify(frame));
+      };
+      return {
+        onOpen: (_evt, ws) => {
+          const say = () => {
+            const p = pool.status().find((x) => x.name === name)?.progress;
+            send(ws, {
+              type: "loading",
+              model: name,
+              bytes: p?.bytes ?? 0,
+              ...(p?.total === undefined ? {} : { total_bytes: p.total }),
+              elapsed_s: Math.round(performance.now() - t0) / 1000,
+            });
+          };
+          say();
+          timer = setInterval(say, 500);
+          (async () => {
+            const lease = await pool.acquire(name);
+            try {
+              clearInterval(timer);
+              if (closed) return;
+              const app = lease.model.service;
+              if (app.adoptSocket === undefined) throw new Error(`model "${name}" cannot take a socket`);
+              session = await app.adoptSocket(ws, upgrade, id, client);
+              if (closed) return session.onClose();
+              for (const data of held.splice(0)) session.onMessage(data);
+            } finally {
+              // As for an upgrade passed on: the socket's generations keep the model busy().
+              lease.release();
+            }
+          })().catch((err) => {
+            clearInterval(timer);
+            if (closed) return;
+            const e = err instanceof ModelLoadError ? loadError(err) : toInternal(err);
+            metrics.errors.inc({ code: e.code });
+            send(ws, { type: "error", code: e.code, message: e.message, param: "model" });
+            ws.close(1011, "the model could not be loaded");
+          });
+        },
+        onMessage: (evt, ws) => {
+          if (session !== undefined) return session.onMessage(evt.data);
+          if (held.length >= MAX_HELD_FRAMES) {
+            return send(ws, {
+              type: "error",
+              code: "loading",
+              message: `The model "${name}" is loading; at most ${MAX_HELD_FRAMES} frames are ` +
+                "held until it is ready, this one was dropped",
+            });
+          }
+          held.push(evt.data);
+        },
+        onClose: () => {
+          closed = true;
+          clearInterval(timer);
+          session?.onClose();
+        },
+      };
+    }),
+  );
+  const loadingSocket = async (name: string, req: Request, info: unknown, id: string) => {
+    pendingSockets.set(req, { name, id });
+    return await socketApp.fetch(req, info as never);
+  };
+
   const hurried = new AbortController();
   return {
     get app(): never {
@@ -441,6 +623,18 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       `Request body of ${bytes} bytes is over the limit of ${maxBodyBytes} bytes`,
     );
   }
+}
+
+/** Client frames a socket may send while its model loads (answered once it is loaded). */
+const MAX_HELD_FRAMES = 64;
+
+/** A WebSocket upgrade the front may take itself (else the model's app says what is wrong). */
+function isUpgrade(req: Request): boolean {
+  const h = req.headers;
+  return h.get("upgrade")?.toLowerCase() === "websocket" &&
+    (h.get("connection") ?? "").split(",").some((t) => t.trim().toLowerCase() === "upgrade") &&
+    /^[A-Za-z0-9+/]{22}==$/.test(h.get("sec-websocket-key") ?? "") &&
+    h.get("sec-websocket-version") === "13";
 }
 
 function loadError(err: ModelLoadError): ApiError {
