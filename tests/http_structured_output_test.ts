@@ -115,6 +115,31 @@ Deno.test("POST /v1/completions takes response_format, llama-server's json_schem
   assertMatch((await res.json()).choices[0].text, /^(yes|no) because [a-z]{1,5}$/);
 });
 
+Deno.test("vLLM's guided_choice: every answer is exactly one of the choices (quotes and backslashes included), and a bad list is a 400", async () => {
+  await using svc = await startService();
+  const choices = ["red", "green", 'say "blue"', "a\\b"];
+  const seen = new Set<string>();
+  for (let seed = 0; seed < 12; seed++) {
+    const res = await postJson(svc.base + "/v1/completions", {
+      prompt: "Pick a colour:",
+      max_tokens: 20,
+      temperature: 1,
+      seed,
+      guided_choice: choices,
+    });
+    assertEquals(res.status, 200);
+    const text = (await res.json()).choices[0].text;
+    assert(choices.includes(text), `not a choice: ${JSON.stringify(text)}`);
+    seen.add(text);
+  }
+  assert(seen.size > 1, `12 seeds all gave ${[...seen]}`);
+  for (const bad of [[], [""], "red"]) {
+    const res = await postJson(svc.base + "/v1/completions", { prompt: "x", guided_choice: bad });
+    assertEquals(res.status, 400, JSON.stringify(bad));
+    assertMatch((await res.json()).error.message, /guided_choice/);
+  }
+});
+
 Deno.test("a schema keyword constrained decoding cannot enforce is a 400 naming it and its place", async () => {
   await using svc = await startService();
   const schema = { type: "object", properties: { tags: { type: "array", uniqueItems: true } } };

@@ -36,7 +36,6 @@ export const REFUSED_COMMON: Record<string, Refused> = {
   bad_words: off("banned words", []),
   prompt_logprobs: off("prompt logprobs", 0),
   guided_regex: off("guided decoding (regex)"),
-  guided_choice: off("guided decoding (choice)"),
   structured_outputs: off("structured outputs"),
   logits_processors: off("logits processors", []),
   // llama-server

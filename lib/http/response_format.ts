@@ -39,6 +39,8 @@ export const constraintFields = {
     error: "expected a JSON Schema object or its JSON text",
   }).nullish(),
   guided_grammar: z.string().max(1 << 20).nullish(),
+  guided_choice: z.array(z.string().min(1, { error: "a choice must not be empty" }).max(4096))
+    .min(1, { error: "give at least one choice" }).max(1024).nullish(),
 };
 
 /** The WebSocket generate frame's fields (the same meaning, OpenAI's and llama-server's names). */
@@ -54,6 +56,7 @@ export interface ConstraintFields {
   readonly grammar?: string | null;
   readonly guided_json?: Record<string, unknown> | string | null;
   readonly guided_grammar?: string | null;
+  readonly guided_choice?: readonly string[] | null;
 }
 
 /**
@@ -90,6 +93,9 @@ export function outputConstraint(b: ConstraintFields): OutputConstraint | undefi
   if (b.guided_grammar) {
     given.push(["guided_grammar", { type: "grammar", grammar: b.guided_grammar }]);
   }
+  if (b.guided_choice) {
+    given.push(["guided_choice", { type: "grammar", grammar: choiceGrammar(b.guided_choice) }]);
+  }
   if (given.length > 1) {
     throw new ApiError(
       "invalid_request",
@@ -110,7 +116,25 @@ export function constraintField(b: ConstraintFields): string | undefined {
   if (b.guided_json !== undefined && b.guided_json !== null) return "guided_json";
   if (b.grammar) return "grammar";
   if (b.guided_grammar) return "guided_grammar";
+  if (b.guided_choice) return "guided_choice";
   return undefined;
+}
+
+/**
+ * vLLM's `guided_choice` as a grammar: the output is exactly one of the strings. Each is a
+ * GBNF string literal, with the quote, the backslash and control characters escaped.
+ *
+ * ```ts
+ * choiceGrammar(["yes", 'say "no"']); // 'root ::= "yes" | "say \\"no\\""'
+ * ```
+ */
+export function choiceGrammar(choices: readonly string[]): string {
+  const literal = (c: string) =>
+    '"' + c.replace(/[\\"\x00-\x1f\x7f]/g, (ch) => {
+      if (ch === "\\" || ch === '"') return "\\" + ch;
+      return "\\x" + ch.charCodeAt(0).toString(16).padStart(2, "0");
+    }) + '"';
+  return `root ::= ${[...new Set(choices)].map(literal).join(" | ")}`;
 }
 
 function schemaConstraint(schema: unknown, field: string): OutputConstraint {
