@@ -130,6 +130,7 @@ export function constraintField(b: ConstraintFields): string | undefined {
  */
 export function choiceGrammar(choices: readonly string[]): string {
   const literal = (c: string) =>
+    // deno-lint-ignore no-control-regex -- control characters are what it escapes
     '"' + c.replace(/[\\"\x00-\x1f\x7f]/g, (ch) => {
       if (ch === "\\" || ch === '"') return "\\" + ch;
       return "\\x" + ch.charCodeAt(0).toString(16).padStart(2, "0");
