@@ -194,11 +194,13 @@ Deno.test("bench/batch_bench.ts measures interactive TTFT alone and beside a run
     backend: "reference",
     clients: 2,
     requestsPerClient: 2,
-    thinkMs: 5,
+    // Batch rows yield to interactive prefills, so the clients think long enough (mean 50 ms)
+    // for a few short lines to finish beside them.
+    thinkMs: 50,
     rounds: 2,
     interactiveMaxTokens: 4,
     batchLines: 100,
-    batchMaxTokens: 32,
+    batchMaxTokens: 8,
   });
   assertEquals(rows.length, 1);
   const row = rows[0]!;
