@@ -35,6 +35,11 @@ export interface SchedulerConfig {
   /** Prompt token ids must be below this (0: unchecked); one bad id would fail a whole step. */
   readonly vocabSize: number;
   readonly prefixCaching: boolean;
+  /**
+   * The engine takes late token masks (Engine.lateMasks): a constrained sequence then decodes
+   * from its token in flight, its mask computed while the step runs.
+   */
+  readonly lateMasks: boolean;
 }
 
 const SCHEDULER_DEFAULTS = {
@@ -45,6 +50,7 @@ const SCHEDULER_DEFAULTS = {
   prefixCaching: true,
   maxSeqFaults: DEFAULT_LIMITS.maxSeqFaults,
   vocabSize: 0,
+  lateMasks: false,
 } as const;
 
 /** Fills in the defaults (lib/engine/limits.ts); the watermark is a share of the pool. */
@@ -230,14 +236,17 @@ export class Scheduler {
    */
   async refreshMasks(): Promise<void> {
     while (this.#needMask.length > 0) {
-      const seqs = this.#needMask;
+      const seqs = [...new Set(this.#needMask)].filter((seq) =>
+        seq.status !== "finished" && seq.constraint && !seq.mask
+      );
       this.#needMask = [];
-      for (const seq of seqs) {
-        if (seq.status === "finished" || !seq.constraint || seq.mask) continue;
-        let mask: Uint32Array;
-        try {
-          mask = await seq.constraint.nextMask();
-        } catch (e) {
+      // Asked for all at once: a grammar thread answers them in one round trip.
+      const masks = await Promise.allSettled(seqs.map((seq) => seq.constraint!.nextMask()));
+      for (let i = 0; i < seqs.length; i++) {
+        const seq = seqs[i]!, got = masks[i]!;
+        if (!seq.constraint) continue;
+        if (got.status === "rejected") {
+          const e = got.reason;
           if (!ended(seq)) {
             this.#retire(seq, {
               type: "failed",
@@ -250,6 +259,7 @@ export class Scheduler {
           }
           continue;
         }
+        const mask = got.value;
         // Cancelled while its mask was computed (the await let other work run).
         if (ended(seq)) continue;
         const vocab = this.config.vocabSize || mask.length * 32;
@@ -257,6 +267,9 @@ export class Scheduler {
           this.#finish(seq, "stop");
         } else {
           seq.mask = mask;
+          // A step in flight already feeds the token this mask follows: it samples under it.
+          seq.late?.resolve(mask);
+          seq.late = undefined;
         }
       }
     }
@@ -531,11 +544,14 @@ export class Scheduler {
   /**
    * Running, with one token to feed (known, or sampled in flight), and room to sample one more.
    * A constrained sequence's next mask depends on the token it sampled last, so it decodes only
-   * once that token is here and its grammar has seen it: it never feeds a token still in flight.
+   * once that token is here and its grammar has seen it, or, with late masks, feeds its token in
+   * flight and gets the mask that follows it while the step runs (one such mask at a time).
    */
   #wantsDecode(seq: Sequence): boolean {
     const ready = seq.constraint
-      ? seq.pending === 0 && seq.unfed === 1 && seq.mask !== undefined
+      ? seq.pending === 0
+        ? seq.unfed === 1 && seq.mask !== undefined
+        : this.config.lateMasks && !seq.needsKnownTokens && seq.late === undefined
       : seq.needsKnownTokens
       ? seq.pending === 0 && seq.unfed === 1
       : seq.pending > 0 || seq.unfed === 1;
@@ -561,6 +577,13 @@ export class Scheduler {
     const useLastSampled = seq.pending > 0;
     const sample = useLastSampled || start + n === seq.tokens.length;
     const adjust = sample ? seq.penalties?.adjust(start + n) : undefined;
+    // A constrained decode of its token in flight: its mask is the one after that token.
+    let late: Promise<Uint32Array> | undefined;
+    if (sample && seq.constraint && useLastSampled) {
+      let resolve!: (m: Uint32Array) => void;
+      late = new Promise<Uint32Array>((r) => resolve = r);
+      seq.late = { promise: late, resolve };
+    }
     b.entries.push({
       seqId: seq.seqId,
       tokens: useLastSampled ? NO_TOKENS : seq.tokens.slice(start, start + n),
@@ -573,7 +596,7 @@ export class Scheduler {
       sampling: seq.sampling,
       ...(adjust !== undefined ? { adjust } : {}),
       ...(sample && seq.topLogprobs > 0 ? { topLogprobs: seq.topLogprobs } : {}),
-      ...(sample && seq.mask ? { tokenMask: seq.mask } : {}),
+      ...(late ? { lateTokenMask: late } : sample && seq.mask ? { tokenMask: seq.mask } : {}),
     });
     seq.numScheduled += n;
     b.members.add(seq);
@@ -707,6 +730,7 @@ export class Scheduler {
   }
 
   #requeue(seq: Sequence): void {
+    this.#settleLate(seq);
     seq.status = "waiting";
     seq.numScheduled = 0;
     seq.pending = 0;
@@ -737,6 +761,7 @@ export class Scheduler {
     if (i >= 0) queue.splice(i, 1);
     this.kv.free(seq);
     if (seq.cachedTokens >= 0) this.#released.push(seq.seqId); // it reached the engine
+    this.#settleLate(seq);
     seq.status = "finished";
     seq.epoch++;
     this.#finished++;
@@ -744,6 +769,17 @@ export class Scheduler {
     seq.constraint?.dispose();
     this.#reply(seq, event);
     seq.reply = undefined;
+  }
+
+  /**
+   * Its step in flight is stale (the sequence ended or goes back to the queue): the engine still
+   * waits for that step's mask, so it gets one allowing every id (the token is dropped).
+   */
+  #settleLate(seq: Sequence): void {
+    if (!seq.late) return;
+    const words = seq.mask?.length ?? Math.ceil((this.config.vocabSize || 32) / 32);
+    seq.late.resolve(new Uint32Array(words).fill(0xffffffff));
+    seq.late = undefined;
   }
 
   #reply(seq: Sequence, event: SeqEvent): void {
