@@ -4,12 +4,7 @@ import { type GrammarVocabulary, grammarVocabulary } from "./grammar_vocabulary.
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { constraintKey, type OutputConstraint } from "./output_constraint.ts";
 import type { TokenConstraint } from "./token_constraint.ts";
-import type {
-  GrammarReply,
-  GrammarRequest,
-  MaskAnswer,
-  MaskItem,
-} from "./grammar_worker.ts";
+import type { GrammarReply, GrammarRequest, MaskAnswer, MaskItem } from "./grammar_worker.ts";
 import { tokenAllowed } from "../engine/token_mask.ts";
 
 /** Compiled grammars kept (least recently used dropped first). */
@@ -175,8 +170,7 @@ class GrammarThread {
   #worker: Worker;
   #calls = new Map<number, { resolve: (r: GrammarReply) => void; reject: (e: Error) => void }>();
   #nextCall = 1;
-  #batch: { item: MaskItem; resolve: (a: MaskAnswer) => void; reject: (e: Error) => void }[] =
-    [];
+  #batch: { item: MaskItem; resolve: (a: MaskAnswer) => void; reject: (e: Error) => void }[] = [];
   #broken: Error | undefined;
 
   constructor() {
