@@ -305,3 +305,28 @@ Deno.test("a cold schema compile runs off the event loop: another generation kee
     (await inner.service()).close();
   }
 });
+
+Deno.test("late masks: constrained generations cancelled mid-stream leave the engine nothing to wait for; the others finish", async () => {
+  const engine = () => WasmEngine.create(model.config, model.weights, KV, { maxSeqs: 32 });
+  const c = core(engine, await engine());
+  try {
+    const schema = { type: "json_object" } as const;
+    const cut = async (i: number) => {
+      let n = 0;
+      for await (
+        const ev of c.generate(request(i, schema, 200)) as AsyncIterable<GenerationEvent>
+      ) {
+        if (ev.type === "token" && ++n === 3) break; // closes the stream: cancelled
+      }
+      return n;
+    };
+    const outs = await Promise.all([
+      ...Array.from({ length: 8 }, (_, i) => cut(i)),
+      ...Array.from({ length: 4 }, (_, i) => run(c, request(50 + i, schema, 60))),
+    ]);
+    outs.slice(0, 8).forEach((n) => assertEquals(n, 3));
+    for (const o of outs.slice(8) as Outcome[]) assertEquals(o.error, undefined);
+  } finally {
+    await closeCore(c);
+  }
+});
