@@ -51,7 +51,11 @@ export class ServingCore {
     const { engine } = opts;
     const maxInFlight = opts.maxInFlight ?? DEFAULT_LIMITS.pipelineDepth;
     // An engine with fixed step buffers bounds what the scheduler may put in one step.
-    const overrides = { vocabSize: engine.config.vocabSize, ...opts.scheduler };
+    const overrides = {
+      vocabSize: engine.config.vocabSize,
+      lateMasks: engine.lateMasks === true,
+      ...opts.scheduler,
+    };
     if (engine.limits) {
       overrides.maxRunning = Math.min(overrides.maxRunning ?? Infinity, engine.limits.maxSeqs);
       overrides.maxBatchTokens = Math.min(

@@ -1,7 +1,8 @@
 /**
  * Constrained decoding's cost: decode tokens/s of N concurrent generations under a JSON schema
  * against the same generations unconstrained (same prompts, same number of tokens), on the CPU
- * engine through the real serving core, and the schema compile time, cold and cached.
+ * engine through the real serving core; the schema compile time, cold and cached, with the event
+ * loop's longest stall meanwhile; and the next mask's cost, for 1 and for 32 matchers at once.
  *
  *   deno task bench:structured [--model /tmp/perf/qwen25-05b-q4_k_m.gguf] [--seqs 1,32]
  *     [--items 24] [--threads n] [--rounds 3]
@@ -135,10 +136,29 @@ console.log(
 await core.close();
 
 // Compile time: a fresh service (cold: builds the TokenizerInfo, then compiles), then the same
-// and a new schema again.
-const t0 = performance.now();
-const grammars = await GrammarService.create(grammarVocabulary(tokenizer, model.config.vocabSize));
-const tInfo = performance.now();
+// and a new schema again, each with the event loop's longest stall meanwhile (the largest gap
+// between ticks of a 1 ms timer: what every other stream waits at worst).
+async function stall<T>(work: () => Promise<T>): Promise<{ value: T; ms: number; gap: number }> {
+  let last = performance.now(), gap = 0;
+  const timer = setInterval(() => {
+    const now = performance.now();
+    gap = Math.max(gap, now - last);
+    last = now;
+  }, 1);
+  const t = performance.now();
+  try {
+    const value = await work();
+    const ms = performance.now() - t;
+    gap = Math.max(gap, performance.now() - last);
+    return { value, ms, gap };
+  } finally {
+    clearInterval(timer);
+  }
+}
+const made = await stall(() =>
+  GrammarService.create(grammarVocabulary(tokenizer, model.config.vocabSize))
+);
+const grammars = made.value;
 const rich = {
   type: "object",
   properties: {
@@ -155,15 +175,54 @@ const rich = {
   additionalProperties: false,
 };
 const richConstraint: OutputConstraint = { type: "json_schema", schema: JSON.stringify(rich) };
-const t1 = performance.now();
-await grammars.compile(richConstraint);
-const t2 = performance.now();
-await grammars.compile(richConstraint);
-const t3 = performance.now();
+const cold = await stall(() => grammars.compile(richConstraint));
+const cached = await stall(() => grammars.compile(richConstraint));
+
+// Mask cost: n matchers of the digits schema walked in lock step, each step asking for all n
+// masks at once (as the scheduler does), then feeding each the first digit its mask allows.
+const digit = [...Array(model.config.vocabSize).keys()].filter((id) =>
+  id < tokenizer.vocabSize && !tokenizer.isSpecial(id) &&
+  /^[0-9]$/.test(new TextDecoder().decode(tokenizer.tokenBytes(id)))
+);
+/** The first id a mask allows that is not a stop id (-1: only stops, the output is complete). */
+function firstAllowed(m: Uint32Array): number {
+  for (let w = 0; w < m.length; w++) {
+    for (let bits = m[w]!; bits !== 0; bits &= bits - 1) {
+      const id = w * 32 + 31 - Math.clz32(bits & -bits);
+      if (!grammars.stopIds.includes(id)) return id;
+    }
+  }
+  return -1;
+}
+async function maskCost(n: number): Promise<number> {
+  let cs = await Promise.all(Array.from({ length: n }, () => grammars.constraint(constraint)));
+  let masks = 0, ms = 0;
+  while (cs.length > 0) {
+    const t = performance.now();
+    const got = await Promise.all(cs.map((c) => c.nextMask()));
+    ms += performance.now() - t;
+    masks += cs.length;
+    const next = got.map((m) =>
+      digit.find((id) => (m[id >>> 5]! >>> (id & 31)) & 1) ?? firstAllowed(m)
+    );
+    cs.forEach((c, i) => next[i]! < 0 ? c.dispose() : c.accept(next[i]!));
+    cs = cs.filter((_, i) => next[i]! >= 0);
+  }
+  return ms / masks;
+}
+const mask1 = await maskCost(1);
+const mask32 = await maskCost(Math.max(...seqCounts));
 console.log(
-  table(["what", "ms"], [
-    ["vocabulary for the grammar engine (once per server)", fmt(tInfo - t0)],
-    ["schema compile, cold", fmt(t2 - t1)],
-    ["schema compile, cached (same schema)", fmt(t3 - t2, 3)],
+  table(["what", "ms", "longest event-loop stall, ms"], [
+    ["vocabulary for the grammar engine (once per server)", fmt(made.ms), fmt(made.gap)],
+    ["schema compile, cold", fmt(cold.ms), fmt(cold.gap)],
+    ["schema compile, cached (same schema)", fmt(cached.ms, 3), fmt(cached.gap)],
+    ["mask per token, 1 sequence (round trip to the grammar thread)", fmt(mask1, 3), ""],
+    [
+      `mask per token, ${Math.max(...seqCounts)} sequences asked at once`,
+      fmt(mask32, 3),
+      "",
+    ],
   ]),
 );
+grammars.close();

@@ -2,6 +2,7 @@ import { assertEquals } from "@std/assert";
 import {
   CPU_KERNELS_DIR,
   derivePermissions,
+  GRAMMAR_WORKER_DIR,
   HUGGING_FACE_HOSTS,
   permissionFlags,
 } from "../lib/cli/permissions.ts";
@@ -15,7 +16,7 @@ Deno.test("derivePermissions() reads and writes the default models directory and
     { model: "stories260K", host: "127.0.0.1" },
     envOf({ HOME: "/home/u", MODEL_MIRROR: "/m" }),
   );
-  assertEquals(p.read, ["/home/u/.cache/llmserve/models", "/m", CPU_KERNELS_DIR, XGRAMMAR_BUNDLE]);
+  assertEquals(p.read, ["/home/u/.cache/llmserve/models", "/m", CPU_KERNELS_DIR, XGRAMMAR_BUNDLE, GRAMMAR_WORKER_DIR]);
   assertEquals(p.write, ["/home/u/.cache/llmserve/models"]);
   assertEquals(p.net, [...HUGGING_FACE_HOSTS, "127.0.0.1"]);
   assertEquals(p.env.includes("LLMSERVE_*"), true);
@@ -26,18 +27,18 @@ Deno.test("derivePermissions() follows XDG_CACHE_HOME, MODELS_DIR and --models-d
     { model: "stories260K" },
     envOf({ HOME: "/h", XDG_CACHE_HOME: "/x" }),
   );
-  assertEquals(xdg.read, ["/x/llmserve/models", CPU_KERNELS_DIR, XGRAMMAR_BUNDLE]);
+  assertEquals(xdg.read, ["/x/llmserve/models", CPU_KERNELS_DIR, XGRAMMAR_BUNDLE, GRAMMAR_WORKER_DIR]);
   const env = derivePermissions(
     { model: "stories260K" },
     envOf({ HOME: "/h", XDG_CACHE_HOME: "/x", MODELS_DIR: "/d" }),
   );
-  assertEquals(env.read, ["/d", CPU_KERNELS_DIR, XGRAMMAR_BUNDLE]);
+  assertEquals(env.read, ["/d", CPU_KERNELS_DIR, XGRAMMAR_BUNDLE, GRAMMAR_WORKER_DIR]);
   assertEquals(env.write, ["/d"]);
   const flag = derivePermissions(
     { model: "stories260K", modelsDir: "/f" },
     envOf({ MODELS_DIR: "/d" }),
   );
-  assertEquals(flag.read, ["/f", CPU_KERNELS_DIR, XGRAMMAR_BUNDLE]);
+  assertEquals(flag.read, ["/f", CPU_KERNELS_DIR, XGRAMMAR_BUNDLE, GRAMMAR_WORKER_DIR]);
   assertEquals(flag.write, ["/f"]);
 });
 
@@ -46,14 +47,14 @@ Deno.test("derivePermissions() grants a model given by path only that file, with
     { model: "/any/path.gguf", host: "10.0.0.5" },
     envOf({ MODELS_DIR: "/d" }),
   );
-  assertEquals(p.read, ["/d", "/any/path.gguf", CPU_KERNELS_DIR, XGRAMMAR_BUNDLE]);
+  assertEquals(p.read, ["/d", "/any/path.gguf", CPU_KERNELS_DIR, XGRAMMAR_BUNDLE, GRAMMAR_WORKER_DIR]);
   assertEquals(p.write, []);
   assertEquals(p.net, ["10.0.0.5"]);
   const v6 = derivePermissions(
     { model: "./m.bin", tokenizer: "./t.bin", host: "::1" },
     envOf({ MODELS_DIR: "/d" }),
   );
-  assertEquals(v6.read, ["/d", "./m.bin", "./t.bin", CPU_KERNELS_DIR, XGRAMMAR_BUNDLE]);
+  assertEquals(v6.read, ["/d", "./m.bin", "./t.bin", CPU_KERNELS_DIR, XGRAMMAR_BUNDLE, GRAMMAR_WORKER_DIR]);
   assertEquals(v6.net, ["[::1]"]);
 });
 
@@ -107,5 +108,6 @@ Deno.test("derivePermissions() lets a replica reach its NATS servers and read it
     cluster,
     CPU_KERNELS_DIR,
     XGRAMMAR_BUNDLE,
+    GRAMMAR_WORKER_DIR,
   ]);
 });

@@ -12,6 +12,7 @@ import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { modelFile } from "./_model_files.ts";
 import { randomSchemas } from "./_random_schema.ts";
 import { closeCore } from "./_serving_core.ts";
+import { compatPath } from "./_compat.ts";
 
 const model = await loadModel(modelFile("stories260K.bin"), {
   tokenizerPath: modelFile("tok512.bin"),
@@ -203,6 +204,128 @@ Deno.test("a failover resubmission (prompt + delivered ids, constraintReplay) co
       prompt: [...prompt, ...whole.ids.slice(0, 3)],
     });
     assert(naive.ids.join() !== whole.ids.slice(3).join());
+  } finally {
+    await closeCore(c);
+  }
+});
+
+Deno.test("late masks: 32 constrained sequences at temperature 1 decode from their tokens in flight and give the same tokens as when each waits for its token", async () => {
+  const engine = () => WasmEngine.create(model.config, model.weights, KV, { maxSeqs: 32 });
+  const schemas = randomSchemas(32, 99);
+  const outputs: Outcome[][] = [];
+  for (const lateMasks of [true, false]) {
+    let lateSamples = 0;
+    const c = new ServingCore({
+      engine: await engine(),
+      engineFactory: engine,
+      codec: tokenizer,
+      grammars: lazyGrammarService(tokenizer, model.config.vocabSize),
+      scheduler: { maxRunning: 32, lateMasks },
+      executor: {
+        onStep: (r) => lateSamples += r.plan.seqs.filter((s) => s.lateTokenMask).length,
+      },
+    });
+    try {
+      outputs.push(
+        await Promise.all(
+          schemas.map((s, i) =>
+            run(c, request(i, { type: "json_schema", schema: JSON.stringify(s) }, 200))
+          ),
+        ),
+      );
+    } finally {
+      await closeCore(c);
+    }
+    if (lateMasks) assert(lateSamples > 100, `${lateSamples} samples under a late mask`);
+    else assertEquals(lateSamples, 0);
+  }
+  const [late, waiting] = outputs as [Outcome[], Outcome[]];
+  late.forEach((out, i) => {
+    assertEquals(out.error, undefined);
+    assertEquals(out.finish, "stop", out.text);
+    assertEquals(out.ids, waiting[i]!.ids, `schema ${i}`);
+  });
+});
+
+Deno.test("a cold schema compile runs off the event loop: another generation keeps streaming tokens meanwhile (152k vocabulary)", async () => {
+  const big = await loadModel(compatPath("qwen2-like-q4_k_m"));
+  const bigTokenizer = new Tokenizer(big.tokenizer!);
+  const engine = () => WasmEngine.create(big.config, big.weights, KV, { maxSeqs: 4 });
+  const inner = lazyGrammarService(bigTokenizer, big.config.vocabSize);
+  await inner.service(); // the vocabulary is built; what is measured is one schema's compile
+  let streamed = 0, duringCompile = -1;
+  const c = new ServingCore({
+    engine: await engine(),
+    engineFactory: engine,
+    codec: bigTokenizer,
+    grammars: {
+      constraint: async (spec, replay) => {
+        const before = streamed;
+        const out = await inner.constraint(spec, replay);
+        duringCompile = streamed - before;
+        return out;
+      },
+    },
+    scheduler: { maxRunning: 4 },
+  });
+  try {
+    const free = (async () => {
+      const req = { ...request(1, undefined, 100_000), ignoreEos: true };
+      for await (const ev of c.generate(req) as AsyncIterable<GenerationEvent>) {
+        if (ev.type === "token") streamed += ev.ids.length;
+        if (duringCompile >= 0) break; // closes the stream: the generation is cancelled
+      }
+    })();
+    while (streamed < 2) await new Promise((r) => setTimeout(r, 10));
+    const schema = {
+      type: "object",
+      properties: {
+        name: { type: "string", maxLength: 20 },
+        age: { type: "integer", minimum: 0, maximum: 150 },
+        tags: { type: "array", items: { enum: ["a", "b", "c"] }, maxItems: 5 },
+        address: {
+          type: "object",
+          properties: { city: { type: "string" }, zip: { type: "string", pattern: "^[0-9]{5}$" } },
+          required: ["city"],
+        },
+      },
+      required: ["name", "age"],
+      additionalProperties: false,
+    };
+    const constrained = await run(
+      c,
+      request(2, { type: "json_schema", schema: JSON.stringify(schema) }, 8),
+    );
+    await free;
+    assertEquals(constrained.error, undefined);
+    // Compiled on the main thread, the compile stalled every stream for its whole length.
+    assert(duringCompile >= 5, `${duringCompile} tokens streamed while the schema compiled`);
+  } finally {
+    await closeCore(c);
+    (await inner.service()).close();
+  }
+});
+
+Deno.test("late masks: constrained generations cancelled mid-stream leave the engine nothing to wait for; the others finish", async () => {
+  const engine = () => WasmEngine.create(model.config, model.weights, KV, { maxSeqs: 32 });
+  const c = core(engine, await engine());
+  try {
+    const schema = { type: "json_object" } as const;
+    const cut = async (i: number) => {
+      let n = 0;
+      for await (
+        const ev of c.generate(request(i, schema, 200)) as AsyncIterable<GenerationEvent>
+      ) {
+        if (ev.type === "token" && ++n === 3) break; // closes the stream: cancelled
+      }
+      return n;
+    };
+    const outs = await Promise.all([
+      ...Array.from({ length: 8 }, (_, i) => cut(i)),
+      ...Array.from({ length: 4 }, (_, i) => run(c, request(50 + i, schema, 60))),
+    ]);
+    outs.slice(0, 8).forEach((n) => assertEquals(n, 3));
+    for (const o of outs.slice(8) as Outcome[]) assertEquals(o.error, undefined);
   } finally {
     await closeCore(c);
   }

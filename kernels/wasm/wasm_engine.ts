@@ -19,6 +19,7 @@ import { f32Bits, OP, OP_WORDS, ProgramWriter } from "./program.ts";
 import { type KernelFlavour, kernelModule } from "./kernel_module.ts";
 import { sampleRow, samplesArgmax } from "../../lib/engine/sample_row.ts";
 import { sampleMaskedRow } from "./masked_sampling.ts";
+import { tokenMaskProblem } from "../../lib/engine/token_mask.ts";
 import { checkParams } from "../../lib/engine/sampling.ts";
 import { applyLogitAdjust } from "../../lib/engine/logit_adjust.ts";
 import { topLogprobs } from "../../lib/engine/top_logprobs.ts";
@@ -82,6 +83,8 @@ const NO_ROW_STATS = new Int32Array([0, 0, 0, 1]);
  */
 export class WasmEngine implements Engine {
   readonly name = "cpu";
+  /** Its sampling runs on this thread after the forward pass: a late mask is awaited there. */
+  readonly lateMasks = true;
   readonly kv: KvGeometry;
   readonly limits: { readonly maxSeqs: number; readonly maxBatchTokens: number };
   readonly memory: {
@@ -372,6 +375,7 @@ export class WasmEngine implements Engine {
     await this.#pool.run(this.#prog);
 
     const sampled: SampledToken[] = [];
+    let masks: (Uint32Array | undefined)[] | undefined;
     for (let c = 0; c < sampling.length; c += LOGIT_ROWS) {
       const n = Math.min(LOGIT_ROWS, sampling.length - c);
       this.#actOut.writeOffsetDesc(this.#chunkDesc, c);
@@ -381,6 +385,8 @@ export class WasmEngine implements Engine {
       w.op(OP.rowStats, [this.#logits, n, vocabSize, this.#stats]);
       w.end();
       await this.#pool.run(this.#prog);
+      // Late masks were computed while the layers and the first logits ran.
+      masks ??= await this.#masks(plan);
       const logits = heap.f32(this.#logits, n * vocabSize);
       const stats = heap.i32(this.#stats, n * 4), statsF = heap.f32(this.#stats, n * 4);
       for (let r = 0; r < n; r++) {
@@ -393,12 +399,13 @@ export class WasmEngine implements Engine {
         // with a NaN or an infinite logit, or an adjusted one, goes the general way).
         const greedy = samplesArgmax(seq.sampling);
         const rawStats = row === raw;
-        const { token, logprob } = seq.tokenMask
+        const mask = masks[i];
+        const { token, logprob } = mask
           ? sampleMaskedRow(
             row,
             seq.sampling,
             position,
-            seq.tokenMask,
+            mask,
             greedy,
             rawStats ? stats : NO_ROW_STATS,
             statsF,
@@ -418,6 +425,17 @@ export class WasmEngine implements Engine {
       }
     }
     return { stepId: plan.stepId, sampled };
+  }
+
+  /** Each sequence's token mask, late ones awaited (and checked as validateStep checks the rest). */
+  async #masks(plan: StepPlan): Promise<(Uint32Array | undefined)[]> {
+    const masks = await Promise.all(plan.seqs.map((s) => s.lateTokenMask ?? s.tokenMask));
+    masks.forEach((m, i) => {
+      if (!plan.seqs[i]!.lateTokenMask) return;
+      const problem = tokenMaskProblem(m!, this.config.vocabSize);
+      if (problem) throw new Error(`step ${plan.stepId} seq ${plan.seqs[i]!.seqId}'s late mask: ${problem}`);
+    });
+    return masks;
   }
 
   #embed(token: number, out: Float32Array): void {

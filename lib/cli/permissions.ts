@@ -79,6 +79,9 @@ export const ENV_READ = [
   ...GPU_API_ENV,
 ] as const;
 
+/** The grammar thread's module (lib/grammar/grammar_worker.ts), loaded at run time. */
+export const GRAMMAR_WORKER_DIR = new URL("../grammar/", import.meta.url).pathname;
+
 /** What the CPU engine reads at run time: its compiled kernels and its worker's module. */
 export const CPU_KERNELS_DIR = new URL("../../kernels/wasm/", import.meta.url).pathname;
 
@@ -154,6 +157,8 @@ export function derivePermissions(needs: RunNeeds, env: EnvGetter): Permissions 
     read.add(CPU_KERNELS_DIR);
     // Constrained decoding reads XGrammar's bundle from Deno's npm cache on first use.
     read.add(XGRAMMAR_BUNDLE);
+    // XGrammar runs on a thread of its own, whose module is read when it starts.
+    read.add(GRAMMAR_WORKER_DIR);
   }
   return {
     read: [...read],

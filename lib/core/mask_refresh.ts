@@ -28,14 +28,17 @@ export class MaskQueue {
    */
   async refresh(vocabSize: number, end: (seq: Sequence, outcome: MaskOutcome) => void) {
     while (this.#need.length > 0) {
-      const seqs = this.#need;
+      const seqs = [...new Set(this.#need)].filter((seq) =>
+        seq.status !== "finished" && seq.constraint && !seq.mask
+      );
       this.#need = [];
-      for (const seq of seqs) {
-        if (seq.status === "finished" || !seq.constraint || seq.mask) continue;
-        let mask: Uint32Array;
-        try {
-          mask = await seq.constraint.nextMask();
-        } catch (e) {
+      // Asked for all at once: the grammar thread answers them in one round trip.
+      const masks = await Promise.allSettled(seqs.map((seq) => seq.constraint!.nextMask()));
+      for (let i = 0; i < seqs.length; i++) {
+        const seq = seqs[i]!, got = masks[i]!;
+        if (!seq.constraint) continue;
+        if (got.status === "rejected") {
+          const e = got.reason;
           if (!ended(seq)) {
             end(seq, {
               error: `Generation failed: the grammar could not give the next tokens (${
@@ -45,6 +48,7 @@ export class MaskQueue {
           }
           continue;
         }
+        const mask = got.value;
         // Cancelled while its mask was computed (the await let other work run).
         if (ended(seq)) continue;
         const vocab = vocabSize || mask.length * 32;
@@ -52,6 +56,9 @@ export class MaskQueue {
           end(seq, { stop: true });
         } else {
           seq.mask = mask;
+          // A step in flight already feeds the token this mask follows: it samples under it.
+          seq.late?.resolve(mask);
+          seq.late = undefined;
         }
       }
     }

@@ -30,7 +30,7 @@ export class Scheduler {
   readonly config: SchedulerConfig;
   readonly #kv: BlockAllocator;
   readonly #emit: SeqEventSink;
-  readonly #q = new SeqQueues();
+  readonly #q: SeqQueues;
   readonly #inFlight = new InFlightSteps();
   /** Set only while schedule() runs. */
   #build: StepBuild | undefined;
@@ -55,6 +55,7 @@ export class Scheduler {
   constructor(config: SchedulerConfig, emit: SeqEventSink = () => {}) {
     this.config = config;
     this.#emit = emit;
+    this.#q = new SeqQueues(Math.ceil((config.vocabSize || 32) / 32));
     this.#kv = new BlockAllocator({
       numBlocks: config.numBlocks,
       blockSize: config.blockSize,
@@ -180,7 +181,7 @@ export class Scheduler {
     if (fg === "none" && this.#inFlight.size >= depth) return null;
     // While interactive work waits or reads its prompt, batch rows yield the whole step.
     const yieldLow = fg === "starting";
-    const b = new StepBuild(this.#nextStepId, this.config.maxBatchTokens);
+    const b = new StepBuild(this.#nextStepId, this.config.maxBatchTokens, this.config.lateMasks);
     this.#build = b;
     try {
       for (const v of slotVictims(this.#q, this.config.maxRunning, this.#rankOf)) this.#preempt(v);

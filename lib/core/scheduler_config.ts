@@ -32,6 +32,11 @@ export interface SchedulerConfig {
   /** Prompt token ids must be below this (0: unchecked); one bad id would fail a whole step. */
   readonly vocabSize: number;
   readonly prefixCaching: boolean;
+  /**
+   * The engine takes late token masks (Engine.lateMasks): a constrained sequence then decodes
+   * from its token in flight, its mask computed while the step runs.
+   */
+  readonly lateMasks: boolean;
 }
 
 const SCHEDULER_DEFAULTS = {
@@ -43,6 +48,7 @@ const SCHEDULER_DEFAULTS = {
   prefixCaching: true,
   maxSeqFaults: DEFAULT_LIMITS.maxSeqFaults,
   vocabSize: 0,
+  lateMasks: false,
 } as const;
 
 /** Fills in the defaults (lib/engine/limits.ts); the watermark is a share of the pool. */

@@ -8,6 +8,9 @@ import type { Sequence } from "./sequence.ts";
  */
 export class SeqQueues {
   readonly live = new Map<number, Sequence>();
+
+  /** `maskWords`: the size of a token mask, for settling a stale late mask. */
+  constructor(readonly maskWords = 1) {}
   #waiting: Sequence[] = [];
   #running: Sequence[] = [];
   #admissions = 0;
@@ -63,12 +66,24 @@ export class SeqQueues {
     const queue = seq.status === "running" ? this.#running : this.#waiting;
     const i = queue.indexOf(seq);
     if (i >= 0) queue.splice(i, 1);
+    this.#settleLate(seq);
     seq.status = "finished";
     seq.epoch++;
     this.live.delete(seq.seqId);
   }
 
+  /**
+   * Its step in flight is stale (the sequence ended or goes back to the queue): the engine still
+   * waits for that step's mask, so it gets one allowing every id (the token is dropped).
+   */
+  #settleLate(seq: Sequence): void {
+    if (!seq.late) return;
+    seq.late.resolve(new Uint32Array(seq.mask?.length ?? this.maskWords).fill(0xffffffff));
+    seq.late = undefined;
+  }
+
   #enqueue(seq: Sequence): void {
+    this.#settleLate(seq);
     seq.status = "waiting";
     seq.numScheduled = 0;
     seq.pending = 0;

@@ -40,7 +40,11 @@ export class StepBuild {
   readonly preempted = new Set<Sequence>();
   budget: number;
 
-  constructor(readonly stepId: number, readonly maxTokens: number) {
+  constructor(
+    readonly stepId: number,
+    readonly maxTokens: number,
+    readonly lateMasks = false,
+  ) {
     this.budget = maxTokens;
   }
 
@@ -52,11 +56,14 @@ export class StepBuild {
   /**
    * Running, with one token to feed (known, or sampled in flight), and room to sample one more.
    * A constrained sequence's next mask depends on the token it sampled last, so it decodes only
-   * once that token is here and its grammar has seen it: it never feeds a token still in flight.
+   * once that token is here and its grammar has seen it, or, with late masks, feeds its token in
+   * flight and gets the mask that follows it while the step runs (one such mask at a time).
    */
   wantsDecode(seq: Sequence): boolean {
     const ready = seq.constraint
-      ? seq.pending === 0 && seq.unfed === 1 && seq.mask !== undefined
+      ? seq.pending === 0
+        ? seq.unfed === 1 && seq.mask !== undefined
+        : this.lateMasks && !seq.needsKnownTokens && seq.late === undefined
       : seq.needsKnownTokens
       ? seq.pending === 0 && seq.unfed === 1
       : seq.pending > 0 || seq.unfed === 1;
@@ -76,6 +83,13 @@ export class StepBuild {
     const useLastSampled = seq.pending > 0;
     const sample = useLastSampled || start + n === seq.tokens.length;
     const adjust = sample ? seq.penalties?.adjust(start + n) : undefined;
+    // A constrained decode of its token in flight: its mask is the one after that token.
+    let late: Promise<Uint32Array> | undefined;
+    if (sample && seq.constraint && useLastSampled) {
+      let resolve!: (m: Uint32Array) => void;
+      late = new Promise<Uint32Array>((r) => resolve = r);
+      seq.late = { promise: late, resolve };
+    }
     this.entries.push({
       seqId: seq.seqId,
       tokens: useLastSampled ? NO_TOKENS : seq.tokens.slice(start, start + n),
@@ -88,7 +102,7 @@ export class StepBuild {
       sampling: seq.sampling,
       ...(adjust !== undefined ? { adjust } : {}),
       ...(sample && seq.topLogprobs > 0 ? { topLogprobs: seq.topLogprobs } : {}),
-      ...(sample && seq.mask ? { tokenMask: seq.mask } : {}),
+      ...(late ? { lateTokenMask: late } : sample && seq.mask ? { tokenMask: seq.mask } : {}),
     });
     seq.numScheduled += n;
     this.members.add(seq);

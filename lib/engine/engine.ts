@@ -46,6 +46,13 @@ export interface SeqInput {
    * id; the sampler treats every other id's logit as -Infinity. Absent: every id.
    */
   readonly tokenMask?: Uint32Array;
+  /**
+   * A token mask that is not known yet when the step is planned (only to an engine with
+   * `lateMasks`): the sequence feeds the token it sampled last, and the mask depends on that
+   * token, so the scheduler computes it while the step's forward pass runs. The engine awaits
+   * it before sampling the row and treats it as `tokenMask`.
+   */
+  readonly lateTokenMask?: Promise<Uint32Array>;
 }
 
 /** Everything the engine computes in one step, across all sequences. */
@@ -96,6 +103,11 @@ export interface Engine {
   readonly kv: KvGeometry;
   /** Set by engines whose step buffers are sized up front: no plan may exceed these. */
   readonly limits?: { readonly maxSeqs: number; readonly maxBatchTokens: number };
+  /**
+   * Takes `lateTokenMask`: awaits it between the forward pass and sampling, so a constrained
+   * sequence decodes from its token in flight like an unconstrained one.
+   */
+  readonly lateMasks?: boolean;
   step(plan: StepPlan): Promise<StepResult>;
   /**
    * The sequence is finished or preempted: forget its per-sequence state (last sampled token).

@@ -1,34 +1,14 @@
+import { Worker } from "node:worker_threads";
 import { ConstraintError } from "./constraint_error.ts";
 import { type GrammarVocabulary, grammarVocabulary } from "./grammar_vocabulary.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { constraintKey, type OutputConstraint } from "./output_constraint.ts";
 import type { TokenConstraint } from "./token_constraint.ts";
-import {
-  type CompiledGrammar,
-  type GrammarCompiler,
-  type GrammarMatcher,
-  loadXGrammar,
-  type XGrammar,
-  xgrammarCall,
-  XGrammarError,
-} from "./xgrammar.ts";
-
-/**
- * How JSON is laid out under a schema: one line, ", " and ": " between items (Python's
- * json.dumps), no other whitespace. Free whitespace lets a model pad forever, and a fixed layout
- * makes the same request give the same text on every replica.
- */
-const JSON_LAYOUT = {
-  anyWhitespace: false,
-  indent: -1,
-  separators: [", ", ": "] as [string, string],
-};
+import type { GrammarReply, GrammarRequest, MaskAnswer, MaskItem } from "./grammar_worker.ts";
+import { tokenAllowed } from "../engine/token_mask.ts";
 
 /** Compiled grammars kept (least recently used dropped first). */
 const DEFAULT_CACHE_ENTRIES = 64;
-
-/** The grammar of OpenAI's json_object: any JSON object. */
-const ANY_OBJECT = '{"type": "object"}';
 
 export interface GrammarServiceStats {
   readonly compiles: number;
@@ -36,9 +16,17 @@ export interface GrammarServiceStats {
   readonly entries: number;
 }
 
+/** A grammar compiled in the grammar thread, named by its id there. */
+export class CompiledGrammarHandle {
+  constructor(readonly gid: number) {}
+}
+
 /**
  * Compiles output constraints against one vocabulary, once per distinct constraint (an LRU keyed
- * by the SHA-256 of its text), and starts a matcher per sequence.
+ * by the SHA-256 of its text), and starts a matcher per sequence. XGrammar runs on a thread of
+ * its own (grammar_worker.ts): a cold compile (about a second on a 150k vocabulary) no longer
+ * stalls the thread that streams every generation, and the masks of all the sequences that
+ * want one are computed there in one round trip.
  *
  * ```ts
  * const grammars = await GrammarService.create(grammarVocabulary(tokenizer, config.vocabSize));
@@ -50,26 +38,16 @@ export { ConstraintError };
 export class GrammarService {
   readonly vocabSize: number;
   readonly stopIds: readonly number[];
-  #xg: XGrammar;
-  /** For JSON: the vocabulary without tokens holding a control byte (see jsonVocabulary). */
-  #jsonCompiler: GrammarCompiler;
-  /** For grammars: every token; made on the first grammar. */
-  #textCompiler: Promise<GrammarCompiler> | undefined;
-  #vocab: GrammarVocabulary;
+  #thread: GrammarThread;
   #cache = new Map<string, CacheEntry>();
   #capacity: number;
   #compiles = 0;
   #hits = 0;
+  #nextGid = 1;
+  #nextMid = 1;
 
-  private constructor(
-    xg: XGrammar,
-    jsonCompiler: GrammarCompiler,
-    vocab: GrammarVocabulary,
-    capacity: number,
-  ) {
-    this.#xg = xg;
-    this.#jsonCompiler = jsonCompiler;
-    this.#vocab = vocab;
+  private constructor(thread: GrammarThread, vocab: GrammarVocabulary, capacity: number) {
+    this.#thread = thread;
     this.vocabSize = vocab.vocabSize;
     this.stopIds = vocab.stopIds;
     this.#capacity = capacity;
@@ -79,20 +57,30 @@ export class GrammarService {
     vocab: GrammarVocabulary,
     opts: { cacheEntries?: number } = {},
   ): Promise<GrammarService> {
-    const xg = await loadXGrammar();
-    const compiler = await compilerFor(xg, jsonVocabulary(vocab));
-    return new GrammarService(xg, compiler, vocab, opts.cacheEntries ?? DEFAULT_CACHE_ENTRIES);
+    const thread = new GrammarThread();
+    try {
+      await thread.call({ op: "init", call: 0, vocab });
+    } catch (e) {
+      thread.close();
+      throw e;
+    }
+    return new GrammarService(thread, vocab, opts.cacheEntries ?? DEFAULT_CACHE_ENTRIES);
   }
 
   stats(): GrammarServiceStats {
     return { compiles: this.#compiles, hits: this.#hits, entries: this.#cache.size };
   }
 
+  /** Ends the grammar thread; every constraint made here is unusable afterwards. */
+  close(): void {
+    this.#thread.close();
+  }
+
   /**
    * The compiled grammar of a constraint, from the cache when it was compiled before. Throws
    * ConstraintError with XGrammar's reason when it cannot be compiled.
    */
-  async compile(c: OutputConstraint): Promise<CompiledGrammar> {
+  async compile(c: OutputConstraint): Promise<CompiledGrammarHandle> {
     const entry = await this.#entry(c);
     try {
       return await entry.grammar;
@@ -113,7 +101,10 @@ export class GrammarService {
       return hit;
     }
     this.#compiles++;
-    const entry: CacheEntry = { grammar: this.#compileNow(c), pins: 1, evicted: false };
+    const gid = this.#nextGid++;
+    const grammar = this.#thread.call({ op: "compile", call: 0, gid, constraint: c })
+      .then(() => new CompiledGrammarHandle(gid));
+    const entry: CacheEntry = { grammar, pins: 1, evicted: false };
     this.#cache.set(key, entry);
     entry.grammar.catch(() => {
       if (this.#cache.get(key) === entry) this.#cache.delete(key);
@@ -122,13 +113,17 @@ export class GrammarService {
       const [oldest, old] = this.#cache.entries().next().value!;
       this.#cache.delete(oldest);
       old.evicted = true;
-      if (old.pins === 0) dispose(old);
+      if (old.pins === 0) this.#dispose(old);
     }
     return entry;
   }
 
   #unpin(entry: CacheEntry): void {
-    if (--entry.pins === 0 && entry.evicted) dispose(entry);
+    if (--entry.pins === 0 && entry.evicted) this.#dispose(entry);
+  }
+
+  #dispose(entry: CacheEntry): void {
+    entry.grammar.then((g) => this.#thread.post({ op: "drop", gid: g.gid }), () => {});
   }
 
   /**
@@ -137,110 +132,159 @@ export class GrammarService {
    */
   async constraint(c: OutputConstraint, replay: readonly number[] = []): Promise<TokenConstraint> {
     const entry = await this.#entry(c);
-    let matcher: GrammarMatcher;
+    const mid = this.#nextMid++;
+    let reply: GrammarReply;
     try {
       // Pinned until the matcher holds its own reference (XGrammar shares the grammar).
-      matcher = await this.#xg.GrammarMatcher.createGrammarMatcher(await entry.grammar);
+      const { gid } = await entry.grammar;
+      reply = await this.#thread.call({ op: "matcher", call: 0, mid, gid, replay: [...replay] });
     } finally {
       this.#unpin(entry);
     }
-    const constraint = new XGrammarConstraint(matcher, this.stopIds);
-    for (let i = 0; i < replay.length; i++) {
-      if (!constraint.accept(replay[i]!)) {
-        constraint.dispose();
-        throw new ConstraintError(
-          `Cannot resume the constrained output: generated token ${i} (id ${
-            replay[i]
-          }) does not fit the grammar`,
-        );
-      }
+    const at = reply.ok ? reply.refusedAt : undefined;
+    if (at !== undefined) {
+      throw new ConstraintError(
+        `Cannot resume the constrained output: generated token ${at} (id ${
+          replay[at]
+        }) does not fit the grammar`,
+      );
     }
-    return constraint;
-  }
-
-  async #compileNow(c: OutputConstraint): Promise<CompiledGrammar> {
-    const json = this.#jsonCompiler;
-    const text = c.type === "grammar"
-      ? await (this.#textCompiler ??= compilerFor(this.#xg, this.#vocab))
-      : undefined;
-    const l = JSON_LAYOUT;
-    return xgrammarCall(() => {
-      switch (c.type) {
-        case "json_object":
-          return json.compileJSONSchema(ANY_OBJECT, l.anyWhitespace, l.indent, l.separators);
-        case "json_schema":
-          return json.compileJSONSchema(c.schema, l.anyWhitespace, l.indent, l.separators);
-        case "grammar":
-          return text!.compileGrammar(c.grammar);
-      }
-    }).catch((e) => {
-      const what = c.type === "grammar" ? "grammar" : "JSON schema";
-      const why = e instanceof XGrammarError ? e.message : String(e);
-      throw new ConstraintError(`Cannot compile the ${what}: ${why}`);
-    });
+    return new WorkerConstraint(this.#thread, mid, this.stopIds);
   }
 }
 
 /** A compiled grammar in the LRU, and how many callers are using it right now. */
 interface CacheEntry {
-  readonly grammar: Promise<CompiledGrammar>;
+  readonly grammar: Promise<CompiledGrammarHandle>;
   pins: number;
   evicted: boolean;
 }
 
-function dispose(entry: CacheEntry): void {
-  entry.grammar.then((g) => g.dispose(), () => {});
-}
+/**
+ * The grammar thread and its calls. It keeps the process alive only while a call is waiting
+ * for its answer (a server or a test that never closes it still exits). Mask requests made in
+ * the same turn of the event loop (the scheduler asks for every constrained sequence's at once)
+ * go in one message.
+ */
+class GrammarThread {
+  #worker: Worker;
+  #calls = new Map<number, { resolve: (r: GrammarReply) => void; reject: (e: Error) => void }>();
+  #nextCall = 1;
+  #batch: { item: MaskItem; resolve: (a: MaskAnswer) => void; reject: (e: Error) => void }[] = [];
+  #broken: Error | undefined;
 
-/** A compiler over a vocabulary (XGrammar's own unbounded cache off: ours is an LRU). */
-async function compilerFor(xg: XGrammar, vocab: GrammarVocabulary): Promise<GrammarCompiler> {
-  const info = await xgrammarCall(() =>
-    xg.TokenizerInfo.createTokenizerInfo(
-      // XGrammar copies each Uint8Array's bytes as they are (its std::string binding).
-      vocab.tokens as unknown as string[],
-      "raw",
-      false,
-      vocab.vocabSize,
-      [...vocab.stopIds],
-    )
-  );
-  return await xg.GrammarCompiler.createGrammarCompiler(info, false);
+  constructor() {
+    this.#worker = new Worker(new URL("./grammar_worker.ts", import.meta.url));
+    this.#worker.unref();
+    this.#worker.on("message", (reply: GrammarReply) => {
+      const waiting = this.#calls.get(reply.call);
+      this.#calls.delete(reply.call);
+      if (this.#calls.size === 0) this.#worker.unref();
+      if (!waiting) return;
+      if (reply.ok) waiting.resolve(reply);
+      else {
+        waiting.reject(
+          reply.constraint ? new ConstraintError(reply.message) : new Error(reply.message),
+        );
+      }
+    });
+    const fail = (e: Error) => {
+      this.#broken = new Error(`The grammar thread failed: ${e.message}`);
+      for (const w of this.#calls.values()) w.reject(this.#broken);
+      this.#calls.clear();
+      this.#worker.unref();
+    };
+    this.#worker.on("error", fail);
+    this.#worker.on("exit", () => fail(new Error("it exited")));
+  }
+
+  /** Sends a request (its `call` is filled in) and waits for its answer. */
+  call(req: GrammarRequest & { call: number }): Promise<GrammarReply> {
+    if (this.#broken) return Promise.reject(this.#broken);
+    const call = this.#nextCall++;
+    return new Promise((resolve, reject) => {
+      if (this.#calls.size === 0) this.#worker.ref();
+      this.#calls.set(call, { resolve, reject });
+      this.#worker.postMessage({ ...req, call });
+    });
+  }
+
+  /** Sends a request that has no answer. */
+  post(req: GrammarRequest): void {
+    if (!this.#broken) this.#worker.postMessage(req);
+  }
+
+  /** The next mask of a matcher after `tokens`, batched with the others asked for meanwhile. */
+  mask(item: MaskItem): Promise<MaskAnswer> {
+    return new Promise((resolve, reject) => {
+      if (this.#batch.length === 0) queueMicrotask(() => this.#flush());
+      this.#batch.push({ item, resolve, reject });
+    });
+  }
+
+  #flush(): void {
+    const batch = this.#batch;
+    this.#batch = [];
+    this.call({ op: "masks", call: 0, items: batch.map((b) => b.item) }).then(
+      (reply) => {
+        const masks = reply.ok ? reply.masks ?? [] : [];
+        batch.forEach((b, i) => {
+          const m = masks[i];
+          if (m) b.resolve(m);
+          else b.reject(new Error("the grammar thread gave no mask"));
+        });
+      },
+      (e) => batch.forEach((b) => b.reject(e)),
+    );
+  }
+
+  close(): void {
+    this.#broken ??= new Error("The grammar service was closed");
+    this.#worker.terminate();
+  }
 }
 
 /**
- * The vocabulary JSON is made of: tokens holding a byte below 0x20 left out. Our JSON layout
- * has no newline or tab, and inside a string JSON forbids raw control characters, yet XGrammar
- * 0.1.27's string rule under minLength/maxLength (`[^"\\\r\n]{0,n}`) admits them: a tab or
- * \x1a token then made the output unparseable.
+ * A matcher in the grammar thread behind the TokenConstraint interface. A token is checked
+ * against the mask it was sampled under at once (XGrammar accepts exactly the tokens its mask
+ * allows), and fed to the matcher with the next mask's request.
  */
-function jsonVocabulary(vocab: GrammarVocabulary): GrammarVocabulary {
-  const none = new Uint8Array(0);
-  const tokens = vocab.tokens.map((t) => t.some((b) => b < 0x20) ? none : t);
-  return { ...vocab, tokens };
-}
-
-/** A GrammarMatcher behind the TokenConstraint interface. */
-class XGrammarConstraint implements TokenConstraint {
-  #matcher: GrammarMatcher;
+class WorkerConstraint implements TokenConstraint {
+  #thread: GrammarThread;
+  #mid: number;
+  #mask: Uint32Array | undefined;
+  #unsent: number[] = [];
   #disposed = false;
 
-  constructor(matcher: GrammarMatcher, readonly stopIds: readonly number[]) {
-    this.#matcher = matcher;
+  constructor(thread: GrammarThread, mid: number, readonly stopIds: readonly number[]) {
+    this.#thread = thread;
+    this.#mid = mid;
   }
 
   accept(token: number): boolean {
-    return this.#matcher.acceptToken(token);
+    if (this.#mask && !tokenAllowed(this.#mask, token)) return false;
+    this.#unsent.push(token);
+    this.#mask = undefined;
+    return true;
   }
 
   async nextMask(): Promise<Uint32Array> {
-    const words = await this.#matcher.getNextTokenBitmask();
-    return new Uint32Array(words.buffer, words.byteOffset, words.length);
+    if (this.#disposed) throw new Error("the constraint was disposed");
+    const tokens = this.#unsent;
+    this.#unsent = [];
+    const answer = await this.#thread.mask({ mid: this.#mid, tokens });
+    if ("refused" in answer) {
+      throw new Error(`the grammar refused token ${tokens[answer.refused]}`);
+    }
+    if ("error" in answer) throw new Error(answer.error);
+    this.#mask = answer.mask;
+    return answer.mask;
   }
 
   dispose(): void {
     if (this.#disposed) return;
     this.#disposed = true;
-    this.#matcher.dispose();
+    this.#thread.post({ op: "free", mid: this.#mid });
   }
 }
 

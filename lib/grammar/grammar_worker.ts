@@ -1,0 +1,211 @@
+/**
+ * The thread that owns XGrammar for a GrammarService (grammar_service.ts): its vocabulary, the
+ * compiled grammars and every sequence's matcher. A cold compile takes about a second on a 150k
+ * vocabulary and XGrammar's WebAssembly cannot be interrupted, so it runs here, off the thread
+ * that streams every generation; a compiled grammar cannot leave the WebAssembly instance that
+ * made it, so the matchers and their masks live here too.
+ *
+ * Requests come with a `call` number and are answered in order with it; `drop` and `free` have
+ * no answer. Masks go back as transferred buffers (no copy).
+ */
+import { parentPort } from "node:worker_threads";
+import type { GrammarVocabulary } from "./grammar_vocabulary.ts";
+import type { OutputConstraint } from "./output_constraint.ts";
+import {
+  type CompiledGrammar,
+  type GrammarCompiler,
+  type GrammarMatcher,
+  loadXGrammar,
+  type XGrammar,
+  xgrammarCall,
+  XGrammarError,
+} from "./xgrammar.ts";
+
+export type GrammarRequest =
+  | { op: "init"; call: number; vocab: GrammarVocabulary }
+  | { op: "compile"; call: number; gid: number; constraint: OutputConstraint }
+  | { op: "drop"; gid: number }
+  | { op: "matcher"; call: number; mid: number; gid: number; replay: readonly number[] }
+  | { op: "masks"; call: number; items: readonly MaskItem[] }
+  | { op: "free"; mid: number };
+
+/** One matcher's next mask: first feed it `tokens` (sampled since its last mask). */
+export interface MaskItem {
+  readonly mid: number;
+  readonly tokens: readonly number[];
+}
+
+/** A mask, or the index in `tokens` of the first token the grammar refused. */
+export type MaskAnswer = { mask: Uint32Array } | { refused: number } | { error: string };
+
+export type GrammarReply =
+  | { call: number; ok: true; masks?: MaskAnswer[]; refusedAt?: number }
+  /** `constraint`: the request's grammar is at fault (a 400), else an internal failure. */
+  | { call: number; ok: false; constraint: boolean; message: string };
+
+/**
+ * How JSON is laid out under a schema: one line, ", " and ": " between items (Python's
+ * json.dumps), no other whitespace. Free whitespace lets a model pad forever, and a fixed layout
+ * makes the same request give the same text on every replica.
+ */
+const JSON_LAYOUT = {
+  anyWhitespace: false,
+  indent: -1,
+  separators: [", ", ": "] as [string, string],
+};
+
+/** The grammar of OpenAI's json_object: any JSON object. */
+const ANY_OBJECT = '{"type": "object"}';
+
+class GrammarHost {
+  #xg: XGrammar | undefined;
+  #vocab: GrammarVocabulary | undefined;
+  /** For JSON: the vocabulary without tokens holding a control byte (see jsonVocabulary). */
+  #jsonCompiler: GrammarCompiler | undefined;
+  /** For grammars: every token; made on the first grammar. */
+  #textCompiler: GrammarCompiler | undefined;
+  #grammars = new Map<number, CompiledGrammar>();
+  #matchers = new Map<number, GrammarMatcher>();
+
+  async handle(req: GrammarRequest): Promise<GrammarReply | undefined> {
+    switch (req.op) {
+      case "init": {
+        this.#xg = await loadXGrammar();
+        this.#vocab = req.vocab;
+        this.#jsonCompiler = await compilerFor(this.#xg, jsonVocabulary(req.vocab));
+        return { call: req.call, ok: true };
+      }
+      case "compile": {
+        const grammar = await this.#compile(req.constraint);
+        this.#grammars.set(req.gid, grammar);
+        return { call: req.call, ok: true };
+      }
+      case "drop":
+        this.#grammars.get(req.gid)?.dispose();
+        this.#grammars.delete(req.gid);
+        return undefined;
+      case "matcher": {
+        const grammar = this.#grammars.get(req.gid);
+        if (!grammar) throw new Error(`grammar ${req.gid} is not compiled here`);
+        const matcher = await this.#xg!.GrammarMatcher.createGrammarMatcher(grammar);
+        for (let i = 0; i < req.replay.length; i++) {
+          if (!matcher.acceptToken(req.replay[i]!)) {
+            matcher.dispose();
+            return { call: req.call, ok: true, refusedAt: i };
+          }
+        }
+        this.#matchers.set(req.mid, matcher);
+        return { call: req.call, ok: true };
+      }
+      case "masks": {
+        const masks: MaskAnswer[] = [];
+        for (const { mid, tokens } of req.items) {
+          const matcher = this.#matchers.get(mid);
+          if (!matcher) {
+            masks.push({ error: `matcher ${mid} does not exist` });
+            continue;
+          }
+          const refused = tokens.findIndex((t) => !matcher.acceptToken(t));
+          if (refused >= 0) {
+            masks.push({ refused });
+            continue;
+          }
+          const words = await matcher.getNextTokenBitmask();
+          masks.push({ mask: new Uint32Array(words.buffer, words.byteOffset, words.length) });
+        }
+        return { call: req.call, ok: true, masks };
+      }
+      case "free":
+        this.#matchers.get(req.mid)?.dispose();
+        this.#matchers.delete(req.mid);
+        return undefined;
+    }
+  }
+
+  #compile(c: OutputConstraint): Promise<CompiledGrammar> {
+    const l = JSON_LAYOUT;
+    return xgrammarCall(async () => {
+      switch (c.type) {
+        case "json_object":
+          return this.#jsonCompiler!.compileJSONSchema(
+            ANY_OBJECT,
+            l.anyWhitespace,
+            l.indent,
+            l.separators,
+          );
+        case "json_schema":
+          return this.#jsonCompiler!.compileJSONSchema(
+            c.schema,
+            l.anyWhitespace,
+            l.indent,
+            l.separators,
+          );
+        case "grammar":
+          this.#textCompiler ??= await compilerFor(this.#xg!, this.#vocab!);
+          return this.#textCompiler.compileGrammar(c.grammar);
+      }
+    }).catch((e) => {
+      const what = c.type === "grammar" ? "grammar" : "JSON schema";
+      const why = e instanceof XGrammarError ? e.message : String(e);
+      throw new ConstraintFault(`Cannot compile the ${what}: ${why}`);
+    });
+  }
+}
+
+/** The request's own grammar cannot be compiled (the client's 400). */
+class ConstraintFault extends Error {}
+
+/** A compiler over a vocabulary (XGrammar's own unbounded cache off: ours is an LRU). */
+async function compilerFor(xg: XGrammar, vocab: GrammarVocabulary): Promise<GrammarCompiler> {
+  const info = await xgrammarCall(() =>
+    xg.TokenizerInfo.createTokenizerInfo(
+      // XGrammar copies each Uint8Array's bytes as they are (its std::string binding).
+      vocab.tokens as unknown as string[],
+      "raw",
+      false,
+      vocab.vocabSize,
+      [...vocab.stopIds],
+    )
+  );
+  return await xg.GrammarCompiler.createGrammarCompiler(info, false);
+}
+
+/**
+ * The vocabulary JSON is made of: tokens holding a byte below 0x20 left out. Our JSON layout
+ * has no newline or tab, and inside a string JSON forbids raw control characters, yet XGrammar
+ * 0.1.27's string rule under minLength/maxLength (`[^"\\\r\n]{0,n}`) admits them: a tab or
+ * \x1a token then made the output unparseable.
+ */
+function jsonVocabulary(vocab: GrammarVocabulary): GrammarVocabulary {
+  const none = new Uint8Array(0);
+  const tokens = vocab.tokens.map((t) => t.some((b) => b < 0x20) ? none : t);
+  return { ...vocab, tokens };
+}
+
+if (parentPort) {
+  const port = parentPort;
+  const host = new GrammarHost();
+  // One request at a time, in arrival order: XGrammar is not reentrant, and answers keep order.
+  let queue = Promise.resolve();
+  port.on("message", (req: GrammarRequest) => {
+    queue = queue.then(async () => {
+      let reply: GrammarReply | undefined;
+      try {
+        reply = await host.handle(req);
+      } catch (e) {
+        if (!("call" in req)) return;
+        reply = {
+          call: req.call,
+          ok: false,
+          constraint: e instanceof ConstraintFault,
+          message: e instanceof Error ? e.message : String(e),
+        };
+      }
+      if (!reply) return;
+      const buffers = reply.ok && reply.masks
+        ? reply.masks.flatMap((m) => "mask" in m ? [m.mask.buffer as ArrayBuffer] : [])
+        : [];
+      port.postMessage(reply, buffers);
+    });
+  });
+}
