@@ -1,6 +1,6 @@
 import { assertEquals, assertRejects, assertThrows } from "@std/assert";
 import { GREEDY, type StepPlan } from "../lib/engine/engine.ts";
-import { FakeEngine } from "./_fake_engine.ts";
+import { FakeEngine } from "./harness/fake_engine.ts";
 import { FaultInjector, parseFaultSteps } from "../lib/engine/fault_injection.ts";
 
 const plan = (stepId: number, seqIds: number[]): StepPlan => ({

@@ -5,9 +5,9 @@
  * CPU reference run alone (lib/reference/reference_generate.ts).
  */
 import { assert, assertEquals, assertGreater, assertLessOrEqual, assertMatch } from "@std/assert";
-import { metricValue, type ServerProcess, startServer } from "../bench/server_process.ts";
+import { metricValue, type ServerProcess, startServer } from "./harness/server_process.ts";
 import { type FuzzBody, malformedHttpBodies, malformedWsFrames, seeded } from "./_fuzz_cases.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 import { FrameClient, type GenParams, MODEL_NAME, Reference } from "./_reliability_harness.ts";
 
 const reference = Reference.load();

@@ -1,7 +1,7 @@
 import { assert, assertEquals, assertGreater, assertLess, assertNotEquals } from "@std/assert";
 import { ServingCore } from "../actors/core.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
-import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./_fake_engine.ts";
+import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./harness/fake_engine.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import type { SchedulerConfig } from "../lib/core/scheduler.ts";
 import { BOS, decodeAll, EOS, fakeCodec, piece } from "./_fake_codec.ts";

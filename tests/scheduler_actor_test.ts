@@ -4,7 +4,7 @@ import type { ExecutorMsg, SeqEvent } from "../actors/messages.ts";
 import { createExecutorMailbox, SchedulerActor } from "../actors/scheduler.ts";
 import { Scheduler, schedulerConfig } from "../lib/core/scheduler.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
-import { FakeEngine } from "./_fake_engine.ts";
+import { FakeEngine } from "./harness/fake_engine.ts";
 
 type StepMsg = Extract<ExecutorMsg, { type: "step" }>;
 

@@ -8,7 +8,7 @@
  * that takes the others.
  */
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
-import { compatPath } from "./_compat.ts";
+import { compatPath } from "./harness/compat.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
 import { otlpAttr, startOtlpCollector } from "./_otlp_collector.ts";
 

@@ -4,7 +4,7 @@
  * loading starts.
  */
 import { assert, assertEquals, assertGreater, assertStringIncludes } from "@std/assert";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 const GGUF = Deno.readFileSync(modelFile("stories260K-ctx512.gguf"));
 
