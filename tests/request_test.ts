@@ -278,8 +278,10 @@ Deno.test("RequestActor after drain() answers 'draining' while running generatio
   const core = startCore({ latencyMs: 1 });
   try {
     const prompt = promptWithLongRun(30, 4);
-    const first = collect(core.generate(request(prompt, 30)));
-    await new Promise((r) => setTimeout(r, 5));
+    const gen = core.generate(request(prompt, 30));
+    // Drained once the first generation has started (its first event), not after a guessed delay.
+    assertEquals((await gen.next()).value?.type, "started");
+    const first = collect(gen);
     await core.drain();
     const refused = await collect(core.generate(request(prompt, 30)));
     assertEquals(refused.map((e) => e.type === "error" && e.code), ["draining"]);
