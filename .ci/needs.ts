@@ -6,10 +6,16 @@
  * each one returns. A need that cannot be met is an error naming what is missing; nothing is
  * skipped silently.
  *
- * To add a program the tests run (a server, a checker), append one line:
+ * To add a program the tests run (a server, a checker), append one entry to NEEDS:
  *
  * ```ts
- * program({ name: "nats-server", apt: "nats-server", env: "NATS_SERVER", why: "the NATS tests" }),
+ * import { assertEquals } from "@std/assert";
+ *
+ * const needs: Need[] = [
+ *   ...NEEDS,
+ *   program({ name: "redis-server", apt: "redis-server", env: "REDIS_SERVER", why: "the cache tests" }),
+ * ];
+ * assertEquals(needs.at(-1)?.name, "redis-server"); // nothing is installed until provide()
  * ```
  *
  * The tests then read the program's path from that environment variable.

@@ -57,9 +57,18 @@ class Queue<T> {
  *
  * @example
  * ```ts
+ * import { assertEquals } from "@std/assert";
+ *
  * const ch = new Channel<number>(2);
- * (async () => { for (let i = 0; i < 5; i++) await ch.send(i); ch.close(); })();
- * for await (const n of ch) console.log(n); // 0 1 2 3 4
+ * // The producer waits whenever two items are unread.
+ * const producer = (async () => {
+ *   for (let i = 0; i < 5; i++) await ch.send(i);
+ *   ch.close();
+ * })();
+ * const got: number[] = [];
+ * for await (const n of ch) got.push(n);
+ * await producer;
+ * assertEquals(got, [0, 1, 2, 3, 4]);
  * ```
  */
 export class Channel<T> implements AsyncIterable<T> {

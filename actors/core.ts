@@ -32,8 +32,35 @@ export interface ServingCoreOptions {
  *
  * @example
  * ```ts
- * const core = new ServingCore({ engine, engineFactory, codec: tokenizer });
- * for await (const ev of core.generate(request, AbortSignal.timeout(30_000))) console.log(ev);
+ * import { assertEquals } from "@std/assert";
+ * import { GREEDY } from "../lib/engine/engine.ts";
+ * import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+ * import { loadModel } from "../lib/model/load_model.ts";
+ * import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
+ *
+ * const model = await loadModel("stories260K.bin", { tokenizerPath: "tok512.bin" });
+ * // The executor builds a fresh engine with engineFactory when one fails.
+ * const engineFactory = () =>
+ *   new CpuEngine(model.config, model.weights, { numBlocks: 64, blockSize: 16 });
+ * const core = new ServingCore({
+ *   engine: engineFactory(),
+ *   engineFactory,
+ *   codec: new Tokenizer(model.tokenizer!),
+ * });
+ * const request = {
+ *   prompt: "Once upon a time",
+ *   maxTokens: 8,
+ *   sampling: GREEDY,
+ *   stop: [],
+ *   priority: "interactive" as const,
+ *   requestId: "example",
+ * };
+ * const types: string[] = [];
+ * for await (const ev of core.generate(request, AbortSignal.timeout(30_000))) {
+ *   types.push(ev.type);
+ *   if (ev.type === "done") assertEquals(ev.usage.completionTokens, 8);
+ * }
+ * assertEquals([types[0], types.at(-1)], ["started", "done"]);
  * await core.close();
  * ```
  */

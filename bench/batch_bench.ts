@@ -12,7 +12,7 @@
 import { parseArgs } from "@std/cli/parse-args";
 import { httpGenerate, type RequestRecord } from "./load_clients.ts";
 import { machineInfo, machineLine } from "./machine.ts";
-import { modelMirror, startServer } from "./server_process.ts";
+import { modelMirror, startServer } from "../tests/harness/server_process.ts";
 import { fmt, ratio, summarize, type Summary, table } from "./stats.ts";
 import { seededRandom, storyWords } from "./workload.ts";
 

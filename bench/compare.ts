@@ -16,7 +16,7 @@ import { compareLlamaCpp, type LlamaCppOptions, type LlamaCppResult } from "./co
 import { comparePrefix, type PrefixOptions, type PrefixResult } from "./compare_prefix.ts";
 import { comparePriority, type PriorityOptions, type PriorityResult } from "./compare_priority.ts";
 import { type MachineInfo, machineInfo, machineLine } from "./machine.ts";
-import { modelMirror } from "./server_process.ts";
+import { modelMirror } from "../tests/harness/server_process.ts";
 
 export const SECTIONS = ["batching", "kv", "prefix", "priority", "llama-cpp"] as const;
 export type Section = typeof SECTIONS[number];

@@ -14,7 +14,7 @@ import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import type { Engine } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import { COMPAT_FILES, compareGreedy, compatPath, readFixture } from "../tests/_compat.ts";
+import { COMPAT_FILES, compareGreedy, compatPath, readFixture } from "../tests/harness/compat.ts";
 import { markdownTable } from "./markdown_table.ts";
 
 const f = parseArgs(Deno.args, { string: ["steps", "only"] });

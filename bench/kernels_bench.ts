@@ -188,7 +188,11 @@ export interface KernelsBenchResult {
  * Runs the benchmark with command-line style options, writing markdown through `print`.
  *
  * ```ts
- * const r = await runKernelsBench(["--batches", "1,32"], () => {});
+ * import { assertEquals } from "@std/assert";
+ *
+ * const argv = ["--model", "stories260K.bin", "--batches", "1,4", "--steps", "4"];
+ * const r = await runKernelsBench(argv, () => {}); // the tables not printed
+ * assertEquals(r.steps.map((s) => s.batch), [1, 4]);
  * ```
  */
 export async function runKernelsBench(

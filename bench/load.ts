@@ -20,7 +20,7 @@ import {
   WsPool,
 } from "./load_clients.ts";
 import { type MachineInfo, machineInfo, machineLine } from "./machine.ts";
-import { modelMirror, type ServerProcess, startServer } from "./server_process.ts";
+import { modelMirror, type ServerProcess, startServer } from "../tests/harness/server_process.ts";
 import { fmt, summarize, type Summary, table } from "./stats.ts";
 import { chartSvg, type Panel } from "./svg_chart.ts";
 import {

@@ -2,7 +2,12 @@
  * A markdown table with columns padded to equal width, numbers right-aligned.
  *
  * ```ts
- * markdownTable(["kernel", "ms"], [["matmul", "0.12"]]);
+ * import { assertEquals } from "@std/assert";
+ *
+ * assertEquals(
+ *   markdownTable(["kernel", "ms"], [["matmul", "0.12"]]),
+ *   "| kernel |   ms |\n|--------|-----:|\n| matmul | 0.12 |\n", // padded; numbers right-aligned
+ * );
  * ```
  */
 export function markdownTable(

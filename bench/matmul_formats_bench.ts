@@ -99,7 +99,12 @@ function parseOptions(args: readonly string[]): FormatsOptions {
  * Times every tensor type's matmul and prints a markdown table through `print`.
  *
  * ```ts
- * const results = await runFormatsBench(["--rows", "512", "--cols", "512"], () => {});
+ * import { assertEquals } from "@std/assert";
+ * import { TENSOR_TYPES } from "../lib/model/tensor.ts";
+ *
+ * const argv = ["--rows", "256", "--cols", "256", "--repeat", "2"];
+ * const results = await runFormatsBench(argv, () => {}); // the table not printed
+ * assertEquals(results.map((r) => r.type), TENSOR_TYPES); // one row per tensor type
  * ```
  */
 export async function runFormatsBench(

@@ -13,7 +13,7 @@
  */
 import { parseArgs } from "@std/cli/parse-args";
 import { markdownTable } from "./markdown_table.ts";
-import { startServer } from "./server_process.ts";
+import { startServer } from "../tests/harness/server_process.ts";
 
 const flags = parseArgs(Deno.args, {
   string: ["model", "other", "rounds", "backend"],

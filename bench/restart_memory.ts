@@ -6,7 +6,7 @@
  *   MODEL_MIRROR=../shared/models deno run -A bench/restart_memory.ts [--faults 30] [--backend cpu]
  */
 import { parseArgs } from "@std/cli/parse-args";
-import { metricValue, startServer } from "./server_process.ts";
+import { metricValue, startServer } from "../tests/harness/server_process.ts";
 import { markdownTable } from "./markdown_table.ts";
 
 const args = parseArgs(Deno.args, { string: ["faults", "backend", "kv-memory", "model"] });

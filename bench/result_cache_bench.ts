@@ -10,7 +10,7 @@
 import { parseArgs } from "@std/cli/parse-args";
 import { type RequestRecord, WsPool } from "./load_clients.ts";
 import { machineInfo, machineLine } from "./machine.ts";
-import { startServer } from "./server_process.ts";
+import { startServer } from "../tests/harness/server_process.ts";
 import { fmt, ratio, summarize, table } from "./stats.ts";
 import type { WorkItem } from "./workload.ts";
 

@@ -12,7 +12,7 @@
 import { parseArgs } from "@std/cli/parse-args";
 import { httpGenerate, type RequestRecord } from "./load_clients.ts";
 import { machineInfo, machineLine } from "./machine.ts";
-import { metricValue, modelMirror, startServer } from "./server_process.ts";
+import { metricValue, modelMirror, startServer } from "../tests/harness/server_process.ts";
 import { fmt, ratio, summarize, table } from "./stats.ts";
 
 const PROMPTS = [

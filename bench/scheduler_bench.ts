@@ -15,7 +15,7 @@ import { ExecutorActor } from "../actors/executor.ts";
 import type { SeqEvent } from "../actors/messages.ts";
 import { createExecutorMailbox, SchedulerActor } from "../actors/scheduler.ts";
 import { GREEDY, type StepPlan, type StepResult } from "../lib/engine/engine.ts";
-import { FakeEngine } from "../tests/_fake_engine.ts";
+import { FakeEngine } from "../tests/harness/fake_engine.ts";
 import { Scheduler, schedulerConfig } from "../lib/core/scheduler.ts";
 
 const EOS = 2;

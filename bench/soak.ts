@@ -16,7 +16,7 @@ import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { type RequestRecord, WsConnection } from "./load_clients.ts";
 import { machineInfo, machineLine } from "./machine.ts";
-import { metricValue, modelMirror, startServer } from "./server_process.ts";
+import { metricValue, modelMirror, startServer } from "../tests/harness/server_process.ts";
 import { seededRandom } from "./workload.ts";
 
 export interface SoakOptions {

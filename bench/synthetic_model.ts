@@ -78,7 +78,12 @@ export function randomData(type: TensorType, bytes: number, seed: number): Uint8
  * tied classifier. Built in memory; nothing is written to disk.
  *
  * ```ts
- * const w = syntheticWeights(LLAMA_1B_SHAPE, "q4_0");
+ * import { assertEquals } from "@std/assert";
+ *
+ * // Llama 3.2 1B's matrices, cut to 2 layers and a 4096-token vocabulary to be quick.
+ * const w = syntheticWeights({ ...LLAMA_1B_SHAPE, nLayers: 2, vocabSize: 4096 }, "q4_0");
+ * assertEquals(w.layers.length, 2);
+ * assertEquals([w.layers[0]!.wq.type, w.layers[0]!.wq.shape], ["q4_0", [2048, 2048]]);
  * ```
  */
 export function syntheticWeights(config: ModelConfig, type: TensorType): ModelWeights {

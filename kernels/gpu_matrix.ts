@@ -55,7 +55,15 @@ function tensorRows(t: Tensor): RowSource {
  * binding limit allows. Throws when a single row would not fit in one binding.
  *
  * ```ts
- * const wq = uploadMatrix(gpu, layer.wq);
+ * import { assertEquals } from "@std/assert";
+ * import { loadModel } from "../lib/model/load_model.ts";
+ * import { acquireGpu } from "./device.ts";
+ *
+ * const gpu = await acquireGpu();
+ * const model = await loadModel("stories260K.bin");
+ * const wq = uploadMatrix(gpu, model.weights.layers[0]!.wq); // f32 [64, 64]: 16 KiB, one chunk
+ * assertEquals([wq.rows, wq.cols, wq.rowBytes, wq.chunks.length], [64, 64, 256, 1]);
+ * destroyMatrix(wq);
  * ```
  */
 export function uploadMatrix(gpu: Gpu, tensor: Tensor | RowSource): GpuMatrix {

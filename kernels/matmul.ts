@@ -358,8 +358,30 @@ export interface MatmulTarget {
  * chunk, each writing its own columns of y.
  *
  * ```ts
- * const qkv = createMatmul(gpu, wqkv, { dims, x, y: qkv, rowsField: DIM_ROWS, norm: { weight, eps } });
- * qkv.encode(pass, nRows);
+ * import { assertEquals } from "@std/assert";
+ * import { acquireGpu, readBuffer, uploadBuffer } from "./device.ts";
+ * import { uploadMatrix } from "./gpu_matrix.ts";
+ * import { DIM_ROWS } from "./step_meta.ts";
+ *
+ * const gpu = await acquireGpu();
+ * const f32 = (values: number[]) => new Uint8Array(new Float32Array(values).buffer);
+ * // W = [[1, 2, 3, 4], [5, 6, 7, 8]]: 2 outputs of 4 inputs (f32 rows come in fours).
+ * const data = f32([1, 2, 3, 4, 5, 6, 7, 8]);
+ * const w = uploadMatrix(gpu, { name: "w", type: "f32", shape: [2, 4], data });
+ * const usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC;
+ * const x = uploadBuffer(gpu, new Float32Array([1, 1, 1, 1, 1, 0, 0, 0]), usage, "x"); // two rows
+ * const y = uploadBuffer(gpu, new Float32Array(4), usage, "y");
+ * // The step's dims (here only the row count, at DIM_ROWS); a norm: { weight, eps } would fuse
+ * // an RMSNorm of x, an epilogue would add, SwiGLU or rotate instead of storing.
+ * const dims = uploadBuffer(gpu, new Uint32Array(16).fill(2, DIM_ROWS, DIM_ROWS + 1),
+ *   GPUBufferUsage.UNIFORM | GPUBufferUsage.STORAGE, "dims");
+ * const op = createMatmul(gpu, w, { dims, x, y, rowsField: DIM_ROWS });
+ * const enc = gpu.device.createCommandEncoder();
+ * const pass = enc.beginComputePass();
+ * op.encode(pass, 2);
+ * pass.end();
+ * gpu.device.queue.submit([enc.finish()]);
+ * assertEquals([...new Float32Array(await readBuffer(gpu, y, 16))], [10, 26, 1, 5]); // W·x per row
  * ```
  */
 export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): KernelOp {

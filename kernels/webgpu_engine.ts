@@ -92,9 +92,23 @@ interface KvPools {
  * t+1 can be submitted before step t's readback arrives.
  *
  * ```ts
+ * import { assertEquals } from "@std/assert";
+ * import { GREEDY } from "../lib/engine/engine.ts";
+ * import { loadModel } from "../lib/model/load_model.ts";
+ *
+ * const model = await loadModel("stories260K.bin");
  * const engine = await WebGpuEngine.create(model.config, model.weights, { kvBytes: 64 << 20 });
- * const first = engine.step(prefillPlan);   // not awaited:
- * const second = engine.step(decodePlan);   // submitted at once, decoding first's token on the GPU
+ * const seq = { seqId: 1, blockTable: [0], sample: true, sampling: GREEDY };
+ * // Prefill BOS and "Once", not awaited...
+ * const first = engine.step({ stepId: 0, seqs: [{ ...seq, tokens: [1, 403], startPos: 0 }] });
+ * // ...so the decode is submitted at once, its input the token first samples, on the GPU.
+ * const second = engine.step({
+ *   stepId: 1,
+ *   seqs: [{ ...seq, tokens: [], useLastSampled: true, startPos: 2 }],
+ * });
+ * assertEquals((await first).sampled[0]?.token, 407); // " upon", as the reference engine says
+ * assertEquals((await second).sampled[0]?.token, 261); // " a"
+ * engine.dispose();
  * ```
  */
 export class WebGpuEngine implements Engine {

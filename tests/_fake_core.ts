@@ -13,8 +13,8 @@ import { CoreBackend } from "../lib/serving/core_backend.ts";
 import { lazyGrammarService } from "../lib/grammar/grammar_service.ts";
 import { parseLlama2cTokenizer } from "../lib/tokenizer/llama2c_tokenizer.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./_fake_engine.ts";
-import { modelFile } from "./_model_files.ts";
+import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./harness/fake_engine.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 export const TOKENIZER = new Tokenizer(
   parseLlama2cTokenizer(await Deno.readFile(modelFile("tok512.bin")), 512, "tok512.bin"),

@@ -8,7 +8,7 @@ import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import type { Model } from "../lib/model/weights.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 export const MODEL_NAME = "stories260K-ctx512.gguf";
 

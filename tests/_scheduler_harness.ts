@@ -11,7 +11,7 @@ import {
   type StepPlan,
   type StepResult,
 } from "../lib/engine/engine.ts";
-import { FakeEngine, type FakeEngineOptions } from "./_fake_engine.ts";
+import { FakeEngine, type FakeEngineOptions } from "./harness/fake_engine.ts";
 import type { Priority } from "../lib/core/generation.ts";
 import { Scheduler, type SchedulerConfig, schedulerConfig } from "../lib/core/scheduler.ts";
 import type { SeqEvent } from "../actors/messages.ts";

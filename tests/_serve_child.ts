@@ -1,5 +1,5 @@
 /** Test helper: the real server (`main.ts serve`, or any deno command) as a child process. */
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 export interface ServeChild {
   readonly child: Deno.ChildProcess;

@@ -6,7 +6,7 @@ import { loadModel } from "../lib/model/load_model.ts";
 import { ropeFrequencies } from "../lib/model/model_config.ts";
 import { neoxToNormOrder } from "../lib/model/rope_layout.ts";
 import { T, TINY, tinyLlamaGguf, writeGguf } from "./_gguf_writer.ts";
-import { tempFile } from "./_model_files.ts";
+import { tempFile } from "./harness/model_files.ts";
 
 const rowOf = (m: Float32Array, cols: number, r: number) => m.slice(r * cols, (r + 1) * cols);
 

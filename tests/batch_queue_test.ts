@@ -8,9 +8,9 @@
 // deno-lint-ignore no-import-prefix -- not in the import map (deno.json is the lead's); pinned here
 import OpenAI, { toFile } from "npm:openai@7.59.0";
 import { assert, assertEquals, assertGreater, assertLess, assertRejects } from "@std/assert";
-import { type ServerProcess, startServer } from "../bench/server_process.ts";
+import { type ServerProcess, startServer } from "./harness/server_process.ts";
 import { derivedSeed } from "../lib/batch/batch_lines.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 const MODEL_ARGS = [
   "--model",

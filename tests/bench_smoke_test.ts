@@ -24,7 +24,7 @@ import {
   poissonArrivals,
   seededRandom,
 } from "../bench/workload.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 Deno.test("percentile() is nearest-rank and summarize() reports it", () => {
   const v = [15, 20, 35, 40, 50]; // the textbook nearest-rank example

@@ -12,7 +12,7 @@ import { seededRandom } from "../lib/util/seeded_random.ts";
 import { readGgufTokenizer } from "../lib/model/gguf_tokenizer.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import type { TokenizerData } from "../lib/tokenizer/tokenizer_data.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 /** Ids 0..255 are the bytes; then the merged tokens and three special ones. */
 const EXTRA = ["Ġt", "he", "Ġthe", "ab", "bc", "<|im_end|>", "<tool>", "<|endoftext|>"] as const;

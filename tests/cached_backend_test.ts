@@ -15,7 +15,7 @@ import { CoreBackend } from "../lib/serving/core_backend.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { serveService } from "../lib/http/serve.ts";
 import { metricValue, parseSse, postJson, scrape, TestSocket } from "./_http_harness.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 const model = await loadModel(modelFile("stories260K.bin"), {
   tokenizerPath: modelFile("tok512.bin"),

@@ -1,7 +1,7 @@
 import { assert, assertEquals, assertStringIncludes, assertThrows } from "@std/assert";
 import { parseServeArgs } from "../lib/cli/serve.ts";
 import { type GenerateArgs, parseGenerateArgs } from "../lib/cli/generate.ts";
-import { modelFile, modelMirror } from "./_model_files.ts";
+import { modelFile, modelMirror } from "./harness/model_files.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
 
 /** What llama.cpp and llama-server users type, and the server's own logging switches. */

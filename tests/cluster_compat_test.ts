@@ -4,7 +4,7 @@
  * carries a real vocabulary): the router tokenizes with the vocabulary it got from the replica
  * and gives llama.cpp's greedy text.
  */
-import { assertGreedyCompletion, clearPrompt, compatPath, readFixture } from "./_compat.ts";
+import { assertGreedyCompletion, clearPrompt, compatPath, readFixture } from "./harness/compat.ts";
 import { Cluster } from "./_cluster.ts";
 
 const FAMILIES = [

@@ -24,7 +24,7 @@ import { tokenizerToWire } from "../lib/cluster/tokenizer_wire.ts";
 import { parseLlama2cTokenizer } from "../lib/tokenizer/llama2c_tokenizer.ts";
 import { FakeCore } from "./_fake_core.ts";
 import { metricValue } from "./_http_harness.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 import { FakeNatsConnection, FakeNatsServer, type TappedMessage } from "./_fake_nats.ts";
 
 const TOKENIZER_DATA = parseLlama2cTokenizer(

@@ -12,7 +12,7 @@ import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import type { GenerationEvent } from "../lib/core/generation.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 import { metricValue, scrape } from "./_http_harness.ts";
 import { Cluster } from "./_cluster.ts";
 

@@ -4,7 +4,7 @@
  * replica once, stops nats-server last, and leaves no process behind.
  */
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
-import { modelMirror } from "./_model_files.ts";
+import { modelMirror } from "./harness/model_files.ts";
 import { findNatsServer } from "../lib/cli/cluster.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname;

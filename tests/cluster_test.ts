@@ -12,7 +12,7 @@ import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
 import { GREEDY, type SamplingParams } from "../lib/engine/engine.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { type LogitControls, PenaltyState } from "../lib/core/logit_controls.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 import { metricValue, parseSse, scrape, TestSocket } from "./_http_harness.ts";
 import { Cluster, type Member, until } from "./_cluster.ts";
 

@@ -6,7 +6,7 @@
  * `start` runs with a short context and a small cache to keep 18 servers cheap.
  */
 import { assert, assertEquals } from "@std/assert";
-import { assertGreedyCompletion, clearPrompt, COMPAT_FILES, compatPath, readFixture } from "./_compat.ts";
+import { assertGreedyCompletion, clearPrompt, COMPAT_FILES, compatPath, readFixture } from "./harness/compat.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;

@@ -25,7 +25,7 @@ import {
   compatPath,
   type PromptComparison,
   readFixture,
-} from "./_compat.ts";
+} from "./harness/compat.ts";
 
 /** Every compat file, with the steps the reference compares (fewer for the 128k+ vocabularies). */
 const FILES: readonly { stem: string; cpuSteps: number }[] = COMPAT_FILES.map((stem) => ({

@@ -13,7 +13,7 @@ import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
 import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { GREEDY, type SeqInput } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
-import { compareGreedy, COMPAT_FILES, compatPath, readFixture } from "./_compat.ts";
+import { compareGreedy, COMPAT_FILES, compatPath, readFixture } from "./harness/compat.ts";
 import { relativeError, rng, testGpu } from "./_gpu.ts";
 import { assertBatchInvariant } from "./_batch_invariance.ts";
 

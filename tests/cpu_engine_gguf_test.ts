@@ -4,7 +4,7 @@ import { loadModel } from "../lib/model/load_model.ts";
 import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
 import type { Model } from "../lib/model/weights.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 const KV = { numBlocks: 32, blockSize: 16 };
 

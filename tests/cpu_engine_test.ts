@@ -12,7 +12,7 @@ import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
 import { sample } from "../lib/engine/sampling.ts";
 import type { ModelWeights } from "../lib/model/weights.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 const FIXTURES = new URL("./fixtures/run_c/", import.meta.url);
 const { config, weights } = parseLlama2cCheckpoint(

@@ -2,7 +2,7 @@ import { assert, assertEquals } from "@std/assert";
 import { dequantize, f16ToF32, f32ToF16 } from "../lib/model/dequantize.ts";
 import { readGguf } from "../lib/model/gguf.ts";
 import type { Tensor } from "../lib/model/tensor.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 const tensor = (type: Tensor["type"], shape: number[], bytes: number[]): Tensor => ({
   name: "t",

@@ -3,7 +3,7 @@ import { deadline } from "@std/async/deadline";
 import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
 import { createEngine, resolveBackend } from "../lib/serving/engine_factory.ts";
 import { loadModel } from "../lib/model/load_model.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 Deno.test("createEngine() gives a WebGPU engine whose dispose() also destroys the device it acquired", async () => {
   const model = await loadModel(modelFile("stories260K.bin"), {

@@ -10,7 +10,7 @@ import {
   type StepResult,
   stepTokens,
 } from "../lib/engine/engine.ts";
-import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./_fake_engine.ts";
+import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./harness/fake_engine.ts";
 import type { GenerationEvent } from "../lib/core/generation.ts";
 import { BOS, EOS, fakeCodec } from "./_fake_codec.ts";
 import { prng } from "./_scheduler_harness.ts";

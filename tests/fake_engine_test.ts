@@ -1,6 +1,6 @@
 import { assertEquals, assertNotEquals, assertThrows } from "@std/assert";
 import { GREEDY, type SeqInput } from "../lib/engine/engine.ts";
-import { fakeContinuation, FakeEngine } from "./_fake_engine.ts";
+import { fakeContinuation, FakeEngine } from "./harness/fake_engine.ts";
 
 const BLOCK = 16;
 const promptA = Array.from({ length: 40 }, (_, i) => (i * 7 + 3) % 64);

@@ -2,7 +2,7 @@ import { assertEquals, assertRejects, assertThrows } from "@std/assert";
 import { type Engine, GREEDY, type StepPlan } from "../lib/engine/engine.ts";
 import { ServingCore } from "../actors/core.ts";
 import { BOS, fakeCodec } from "./_fake_codec.ts";
-import { FakeEngine } from "./_fake_engine.ts";
+import { FakeEngine } from "./harness/fake_engine.ts";
 import { FaultInjector, parseFaultSteps } from "../lib/engine/fault_injection.ts";
 
 const plan = (stepId: number, seqIds: number[]): StepPlan => ({

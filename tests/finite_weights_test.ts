@@ -7,7 +7,7 @@ import { assert, assertEquals, assertRejects } from "@std/assert";
 import { loadModel } from "../lib/model/load_model.ts";
 import { parseGgufHeader } from "../lib/model/gguf.ts";
 import { firstNonFinite } from "../lib/model/finite_weights.ts";
-import { modelFile, tempFile } from "./_model_files.ts";
+import { modelFile, tempFile } from "./harness/model_files.ts";
 
 /** A copy of `name` with `value` written at byte `at` of tensor `tensor`'s data. */
 async function withBytesAt(name: string, tensor: string, at: number, value: Uint8Array): Promise<string> {

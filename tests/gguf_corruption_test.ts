@@ -8,7 +8,7 @@
 import { assert } from "@std/assert";
 import { loadModel } from "../lib/model/load_model.ts";
 import { parseGgufHeader } from "../lib/model/gguf.ts";
-import { modelFile, tempFile } from "./_model_files.ts";
+import { modelFile, tempFile } from "./harness/model_files.ts";
 import { rng } from "./_gpu.ts";
 
 const PATTERNS: ((r: () => number) => number[])[] = [

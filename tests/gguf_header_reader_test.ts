@@ -8,7 +8,7 @@ import {
 } from "../lib/model/gguf.ts";
 import { describeModelFile } from "../lib/model/model_info.ts";
 import { f32Bytes, T, writeGguf } from "./_gguf_writer.ts";
-import { tempFile } from "./_model_files.ts";
+import { tempFile } from "./harness/model_files.ts";
 
 Deno.test("readGgufHeaderOf(): a header of 9 MiB, past two growths of the first 1 MiB read, parses whole", async () => {
   const big = "y".repeat(9 << 20);

@@ -11,7 +11,7 @@ import { ggufToModel } from "../lib/model/gguf_model.ts";
 import { parseLlama2cCheckpoint } from "../lib/model/llama2c_checkpoint.ts";
 import type { Tensor } from "../lib/model/tensor.ts";
 import { T, TINY, tinyLlamaGguf } from "./_gguf_writer.ts";
-import { corruptedCopy, ggufString, modelFile, replaceUnique } from "./_model_files.ts";
+import { corruptedCopy, ggufString, modelFile, replaceUnique } from "./harness/model_files.ts";
 
 const enc = new TextEncoder();
 

@@ -21,7 +21,7 @@ import {
   replaceUnique,
   tempFile,
   tensorTypeFieldOffset,
-} from "./_model_files.ts";
+} from "./harness/model_files.ts";
 
 const MAX_U64 = 2n ** 64n - 1n;
 const MIN_I64 = -(2n ** 63n);

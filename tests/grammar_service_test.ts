@@ -8,8 +8,8 @@ import { allowedIds, allowsOnly } from "../lib/engine/token_mask.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { seededRandom } from "../lib/util/seeded_random.ts";
-import { compatPath } from "./_compat.ts";
-import { modelFile } from "./_model_files.ts";
+import { compatPath } from "./harness/compat.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 /** Real vocabularies: byte-level BPE (Llama 3, Qwen2.5) and SentencePiece (TinyLlama, tok512). */
 const VOCABULARIES = [

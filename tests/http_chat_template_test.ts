@@ -54,7 +54,7 @@ Deno.test("createChatRenderer() keeps special-token spellings in message content
   const { readGgufHeader } = await import("../lib/model/gguf.ts");
   const { ggufTokenizerData } = await import("../lib/model/gguf_tokenizer.ts");
   const { Tokenizer } = await import("../lib/tokenizer/tokenizer.ts");
-  const { modelFile } = await import("./_model_files.ts");
+  const { modelFile } = await import("./harness/model_files.ts");
   for (const [file, end, start] of [["qwen2-like-q4_k_m.gguf", 151645, 151644], ["llama3-like-q4_k_m.gguf", 128009, 128006]] as const) {
     const header = await readGgufHeader(modelFile(`compat/${file}`));
     const tok = new Tokenizer(ggufTokenizerData(header.metadata, file)!);
@@ -98,7 +98,7 @@ Deno.test("tools, an assistant's tool_calls and a tool result render as the temp
   const { readGgufHeader } = await import("../lib/model/gguf.ts");
   const { ggufTokenizerData } = await import("../lib/model/gguf_tokenizer.ts");
   const { Tokenizer } = await import("../lib/tokenizer/tokenizer.ts");
-  const { modelFile } = await import("./_model_files.ts");
+  const { modelFile } = await import("./harness/model_files.ts");
   const { chatTurns, templateTools } = await import("../lib/http/tools.ts");
   const plainTool = { ...TOOL, function: { ...TOOL.function, description: "Weather" } };
   const files = ["qwen2-like-q4_k_m.gguf", "qwen3-like-q4_k_m.gguf", "llama3-like-q4_k_m.gguf"];

@@ -1,5 +1,5 @@
 import { assert, assertEquals, assertMatch } from "@std/assert";
-import { modelMirror } from "./_model_files.ts";
+import { modelMirror } from "./harness/model_files.ts";
 import { readGgufHeader } from "../lib/model/gguf.ts";
 import { postJson, startService, TestSocket } from "./_http_harness.ts";
 import { REFUSED_CHAT, REFUSED_COMMON } from "../lib/http/request_fields.ts";

@@ -18,7 +18,7 @@ import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { parseSse, postJson, startService, TestSocket } from "./_http_harness.ts";
 import { topLogprobs } from "../lib/engine/top_logprobs.ts";
 import { seedToU32 } from "../lib/util/rng.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 const msgs = [{ role: "user", content: "Tell me a story" }];
 const ENDPOINTS = [

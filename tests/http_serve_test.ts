@@ -35,6 +35,17 @@ async function spawnServer(drainTimeoutMs: number) {
   return { child, port: Number(first.split(" ")[1]), nextLine, lines };
 }
 
+/** Resolves once the server's /ready answers 503 naming "draining". */
+async function untilDraining(port: number): Promise<void> {
+  for (let i = 0; i < 500; i++) {
+    const res = await fetch(`http://127.0.0.1:${port}/ready`);
+    const body = await res.json();
+    if (res.status === 503 && body.reasons?.includes("draining")) return;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  throw new Error("the server never reported draining on /ready");
+}
+
 Deno.test("SIGTERM lets an in-flight generation finish, refuses new ones, and exits 0", async () => {
   const { child, port, nextLine, lines } = await spawnServer(5000);
   const ws = await TestSocket.open(`ws://127.0.0.1:${port}/v1/stream`);
@@ -43,7 +54,8 @@ Deno.test("SIGTERM lets an in-flight generation finish, refuses new ones, and ex
     await ws.take((f) => f.id === "a" && f.type === "token");
     child.kill("SIGTERM");
     // Draining: the socket still works for what it started, but new generations are refused.
-    await new Promise((r) => setTimeout(r, 50));
+    // Sent once the server says it drains (/ready's reasons), not after a guessed delay.
+    await untilDraining(port);
     ws.send({ type: "generate", id: "b", prompt: "too late" });
     const refused = await ws.take((f) => f.id === "b");
     assertEquals([refused.type, refused.code], ["error", "draining"]);

@@ -6,7 +6,7 @@ import { Ajv } from "ajv";
 import { readGgufHeader } from "../lib/model/gguf.ts";
 import { ggufTokenizerData } from "../lib/model/gguf_tokenizer.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import { compatPath } from "./_compat.ts";
+import { compatPath } from "./harness/compat.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
 
 /**

@@ -171,7 +171,7 @@ Deno.test("a request gets a span with token counts, priority, finish reason and 
     assertEquals(span.attributes["llm.priority"], "batch");
     assertEquals(
       span.attributes["gen_ai.usage.input_tokens"],
-      backend.countTokens("trace this please"),
+      11, // "trace this please" in tok512: [1, 259, 420, 412, 331, 308, 293, 282, 305, 412, 372]
     );
     assertEquals(span.attributes["gen_ai.usage.output_tokens"], 4);
     const repeated = [...span.setCounts].filter(([, n]) => n > 1).map(([k]) => k);

@@ -50,15 +50,18 @@ Deno.test("/v1/stream multiplexes two concurrent generations on one socket by id
       seen[f.id as "a" | "b"].push(f);
     }
     for (
-      const [id, prompt, seed, n] of [["a", "the cat sat", 7, 12], [
+      // count: the prompt's tokens in tok512 (run.c's encoding), BOS included:
+      // "the cat sat" [1, 265, 280, 294, 262, 294],
+      // "a dog ran far away" [1, 261, 400, 428, 352, 303, 272, 295, 261, 424, 283].
+      const [id, prompt, seed, n, count] of [["a", "the cat sat", 7, 12, 6], [
         "b",
         "a dog ran far away",
         3,
         9,
+        11,
       ]] as const
     ) {
       const frames = seen[id];
-      const count = svc.backend.countTokens(prompt);
       const sampling = svc.backend.requests.find((r) => r.requestId.endsWith(`/${id}`))!.sampling;
       assertEquals(sampling.seed, seed);
       assertEquals(frames[0], {

@@ -8,7 +8,7 @@ import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 import { type ServeChild, spawnUntilListening } from "./_serve_child.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname;

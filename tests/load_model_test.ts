@@ -1,7 +1,7 @@
 import { assert, assertEquals, assertRejects } from "@std/assert";
 import { dequantize } from "../lib/model/dequantize.ts";
 import { detectModelFormat, loadModel } from "../lib/model/load_model.ts";
-import { corruptedCopy, modelFile, tempFile } from "./_model_files.ts";
+import { corruptedCopy, modelFile, tempFile } from "./harness/model_files.ts";
 
 Deno.test("loadModel() tells a GGUF from a llama2.c checkpoint and both give the same model", async () => {
   const gguf = await loadModel(modelFile("stories260K.gguf"));

@@ -14,8 +14,8 @@ import { type LogitControls, PenaltyState } from "../lib/core/logit_controls.ts"
 import { loadModel } from "../lib/model/load_model.ts";
 import type { Model } from "../lib/model/weights.ts";
 import { readF32, runPass, storage, testGpu } from "./_gpu.ts";
-import { modelFile } from "./_model_files.ts";
-import { compatPath } from "./_compat.ts";
+import { modelFile } from "./harness/model_files.ts";
+import { compatPath } from "./harness/compat.ts";
 
 const KV = { numBlocks: 64, blockSize: 16 };
 const TABLE = Array.from({ length: 16 }, (_, i) => i);

@@ -2,7 +2,7 @@ import { assertEquals, assertThrows } from "@std/assert";
 import { MergeRanks } from "../lib/tokenizer/merge_ranks.ts";
 import { ByteStrings } from "../lib/util/byte_strings.ts";
 import { readGgufHeader } from "../lib/model/gguf.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 Deno.test("MergeRanks gives each pair its index, the first of duplicates, and -1 for no merge", () => {
   const r = new MergeRanks(["Ġ t", "h e", "Ġ t", "日 本", "🦙 x"]);

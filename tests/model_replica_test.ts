@@ -6,7 +6,7 @@
  * naming every served one.
  */
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
-import { compatPath } from "./_compat.ts";
+import { compatPath } from "./harness/compat.ts";
 import { Cluster, until } from "./_cluster.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;

@@ -4,7 +4,7 @@
  * both, and an unknown model is a 404 naming them.
  */
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
-import { compatPath } from "./_compat.ts";
+import { compatPath } from "./harness/compat.ts";
 import { Cluster, until } from "./_cluster.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;

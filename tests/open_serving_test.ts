@@ -6,7 +6,7 @@ import { FaultInjector, parseFaultSteps } from "../lib/engine/fault_injection.ts
 import { loadModel } from "../lib/model/load_model.ts";
 import { openServing, planServing } from "../lib/serving/open_serving.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 const model = await loadModel(modelFile("stories260K.bin"), {
   tokenizerPath: modelFile("tok512.bin"),

@@ -2,7 +2,7 @@ import { assertEquals } from "@std/assert";
 import { perfShapeModel, perfTensorType, usesMoreBits } from "../bench/perf_shapes.ts";
 import { ggmlTypeName, readGgufHeader } from "../lib/model/gguf.ts";
 import { byteSize } from "../lib/model/tensor.ts";
-import { compatPath } from "./_compat.ts";
+import { compatPath } from "./harness/compat.ts";
 
 // llama-quantize's Q4_K_M files give attn_v and ffn_down more bits in these layers; read from
 // the headers of the perf files (../shared/models/perf/README.md), 24 and 16 layers.

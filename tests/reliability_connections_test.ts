@@ -6,8 +6,8 @@
  * produces the reference tokens.
  */
 import { assert, assertEquals, assertGreater, assertLess, assertMatch } from "@std/assert";
-import { metricValue, openFds, type ServerProcess, startServer } from "../bench/server_process.ts";
-import { modelFile } from "./_model_files.ts";
+import { metricValue, openFds, type ServerProcess, startServer } from "./harness/server_process.ts";
+import { modelFile } from "./harness/model_files.ts";
 import { RawWebSocket } from "./_raw_ws_client.ts";
 import { FrameClient, type GenParams, MODEL_NAME, Reference } from "./_reliability_harness.ts";
 

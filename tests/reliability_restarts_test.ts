@@ -4,8 +4,8 @@
  * one engine's worth of what it was before.
  */
 import { assertEquals, assertLess } from "@std/assert";
-import { metricValue, startServer } from "../bench/server_process.ts";
-import { modelFile } from "./_model_files.ts";
+import { metricValue, startServer } from "./harness/server_process.ts";
+import { modelFile } from "./harness/model_files.ts";
 import { FrameClient, type GenParams, MODEL_NAME, Reference } from "./_reliability_harness.ts";
 
 Deno.test("restart storm: 30 injected faults, every generation matches the reference, RSS grows by less than one KV pool", async () => {

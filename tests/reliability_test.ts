@@ -5,9 +5,9 @@
  * CPU reference run alone (lib/reference/reference_generate.ts).
  */
 import { assert, assertEquals, assertGreater, assertLessOrEqual, assertMatch } from "@std/assert";
-import { metricValue, type ServerProcess, startServer } from "../bench/server_process.ts";
+import { metricValue, type ServerProcess, startServer } from "./harness/server_process.ts";
 import { type FuzzBody, malformedHttpBodies, malformedWsFrames, seeded } from "./_fuzz_cases.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 import { FrameClient, type GenParams, MODEL_NAME, Reference } from "./_reliability_harness.ts";
 
 const reference = Reference.load();
@@ -140,9 +140,17 @@ Deno.test("fuzzing: thousands of malformed frames and bodies each get a clear er
     const ws = await FrameClient.open(server.wsUrl);
     for (const f of all) ws.send(f.data);
     await ws.until(() => ws.frames.length >= all.length, `${all.length} error frames`, 30_000);
-    // Nothing else may arrive: wait a moment for stragglers, then compare one to one (the
-    // server answers frames in order).
-    await new Promise((r) => setTimeout(r, 200));
+    // Nothing else may arrive. The server answers frames in order, so once a final probe's
+    // answer is in (a generate frame without a prompt: an error naming its id), every answer to
+    // the frames before it is too: exactly one each, then the probe's.
+    ws.send(JSON.stringify({ type: "generate", id: "final-probe" }));
+    await ws.until(
+      () => ws.frames.some((f) => f.id === "final-probe"),
+      "the probe's answer",
+      30_000,
+    );
+    assertEquals(ws.frames.at(-1)?.id, "final-probe", "nothing after the probe's answer");
+    ws.frames.pop();
     if (ws.frames.length !== all.length) {
       const odd = ws.frames.filter((f) => f.type !== "error").slice(0, 5);
       const ids = new Set(ws.frames.filter((f) => f.type !== "error").map((f) => f.id));

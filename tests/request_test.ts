@@ -1,7 +1,7 @@
 import { assert, assertEquals, assertGreater, assertLess, assertNotEquals } from "@std/assert";
 import { ServingCore } from "../actors/core.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
-import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./_fake_engine.ts";
+import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./harness/fake_engine.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import type { SchedulerConfig } from "../lib/core/scheduler.ts";
 import { BOS, decodeAll, EOS, fakeCodec, piece } from "./_fake_codec.ts";
@@ -281,8 +281,10 @@ Deno.test("RequestActor after drain() answers 'draining' while running generatio
   const core = startCore({ latencyMs: 1 });
   try {
     const prompt = promptWithLongRun(30, 4);
-    const first = collect(core.generate(request(prompt, 30)));
-    await new Promise((r) => setTimeout(r, 5));
+    const gen = core.generate(request(prompt, 30));
+    // Drained once the first generation has started (its first event), not after a guessed delay.
+    assertEquals((await gen.next()).value?.type, "started");
+    const first = collect(gen);
     await core.drain();
     const refused = await collect(core.generate(request(prompt, 30)));
     assertEquals(refused.map((e) => e.type === "error" && e.code), ["draining"]);

@@ -1,5 +1,5 @@
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
-import { modelMirror } from "./_model_files.ts";
+import { modelMirror } from "./harness/model_files.ts";
 import { runtimeDirFor } from "../lib/util/runtime_dir.ts";
 import { webgpuApi } from "../lib/util/gpu_api.ts";
 import { spawnUntilListening } from "./_serve_child.ts";

@@ -9,7 +9,7 @@ import {
 import type { Priority } from "../lib/core/generation.ts";
 import { schedulerConfig } from "../lib/core/scheduler.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
-import { FakeEngine } from "./_fake_engine.ts";
+import { FakeEngine } from "./harness/fake_engine.ts";
 
 type StepMsg = Extract<ExecutorMsg, { type: "step" }>;
 

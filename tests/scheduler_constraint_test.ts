@@ -4,7 +4,7 @@ import { Scheduler, schedulerConfig } from "../lib/core/scheduler.ts";
 import type { SeqEvent } from "../lib/core/seq_events.ts";
 import type { TokenConstraint } from "../lib/grammar/token_constraint.ts";
 import { maskWords } from "../lib/engine/token_mask.ts";
-import { FakeEngine } from "./_fake_engine.ts";
+import { FakeEngine } from "./harness/fake_engine.ts";
 
 const VOCAB = 64;
 const EOS = 0;

@@ -1,6 +1,6 @@
 import { assert, assertEquals, assertGreater, assertLessOrEqual } from "@std/assert";
 import { GREEDY, stepTokens } from "../lib/engine/engine.ts";
-import { fakeContinuation } from "./_fake_engine.ts";
+import { fakeContinuation } from "./harness/fake_engine.ts";
 import { Harness, type HarnessSeq, prng } from "./_scheduler_harness.ts";
 
 const EOS = 0;

@@ -5,7 +5,7 @@ import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import { modelFile, modelMirror } from "./_model_files.ts";
+import { modelFile, modelMirror } from "./harness/model_files.ts";
 import { spawnServer, spawnUntilListening } from "./_serve_child.ts";
 
 const noEnv = () => undefined;

@@ -5,7 +5,7 @@
  * model gets the default one, an unknown one the 404 an HTTP request gets.
  */
 import { assertEquals, assertStringIncludes } from "@std/assert";
-import { compatPath } from "./_compat.ts";
+import { compatPath } from "./harness/compat.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
 import { until } from "./_cluster.ts";
 

@@ -6,7 +6,7 @@
  * frame.
  */
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
-import { compatPath } from "./_compat.ts";
+import { compatPath } from "./harness/compat.ts";
 import { TestSocket } from "./_http_harness.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
 

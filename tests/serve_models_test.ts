@@ -9,7 +9,7 @@
  */
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
 import { Ajv } from "ajv";
-import { compatPath } from "./_compat.ts";
+import { compatPath } from "./harness/compat.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
 import { otlpAttr, startOtlpCollector } from "./_otlp_collector.ts";
 

@@ -12,7 +12,7 @@ import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
 import type { SchedulerConfig } from "../lib/core/scheduler.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 import { closeCore } from "./_serving_core.ts";
 
 const model = await loadModel(modelFile("stories260K.bin"), {

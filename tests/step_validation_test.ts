@@ -10,8 +10,8 @@ import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { parseLlama2cCheckpoint } from "../lib/model/llama2c_checkpoint.ts";
 import { planStep } from "../kernels/step_plan.ts";
-import { FakeEngine } from "./_fake_engine.ts";
-import { modelFile } from "./_model_files.ts";
+import { FakeEngine } from "./harness/fake_engine.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 const model = parseLlama2cCheckpoint(
   await Deno.readFile(modelFile("stories260K.bin")),

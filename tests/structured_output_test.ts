@@ -9,10 +9,10 @@ import type { OutputConstraint } from "../lib/grammar/output_constraint.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 import { randomSchemas } from "./_random_schema.ts";
 import { closeCore } from "./_serving_core.ts";
-import { compatPath } from "./_compat.ts";
+import { compatPath } from "./harness/compat.ts";
 
 const model = await loadModel(modelFile("stories260K.bin"), {
   tokenizerPath: modelFile("tok512.bin"),

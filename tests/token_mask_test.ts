@@ -15,7 +15,7 @@ import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { parseLlama2cCheckpoint } from "../lib/model/llama2c_checkpoint.ts";
 import { seededRandom } from "../lib/util/seeded_random.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 function maskOf(vocab: number, ids: readonly number[]): Uint32Array {
   const m = new Uint32Array(maskWords(vocab));

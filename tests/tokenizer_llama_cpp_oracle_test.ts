@@ -11,7 +11,7 @@
 import { assertEquals } from "@std/assert";
 import { readGgufTokenizer } from "../lib/model/gguf_tokenizer.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 const fixture = JSON.parse(
   await Deno.readTextFile(

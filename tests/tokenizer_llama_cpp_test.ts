@@ -10,7 +10,7 @@ import { readGgufHeader } from "../lib/model/gguf.ts";
 import { ggufTokenizerData } from "../lib/model/gguf_tokenizer.ts";
 import { createChatRenderer } from "../lib/http/chat_template.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 interface Fixture {
   model: { file: string; gguf: Record<string, unknown> };

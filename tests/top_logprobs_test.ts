@@ -13,8 +13,8 @@ import { type Engine, GREEDY, type SampledToken } from "../lib/engine/engine.ts"
 import { PenaltyState } from "../lib/core/logit_controls.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { readU32, rng, runPass, storage, testGpu } from "./_gpu.ts";
-import { modelFile } from "./_model_files.ts";
-import { compatPath } from "./_compat.ts";
+import { modelFile } from "./harness/model_files.ts";
+import { compatPath } from "./harness/compat.ts";
 
 Deno.test("topLogprobs() lists the n largest logits, ties by the lower id, with hand-computed log softmax", () => {
   const logits = new Float32Array([1, 3, 3, 0, 2]);

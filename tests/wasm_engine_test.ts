@@ -9,8 +9,8 @@ import { type Engine, GREEDY, type SamplingParams, type SeqInput } from "../lib/
 import { loadModel } from "../lib/model/load_model.ts";
 import type { Model } from "../lib/model/weights.ts";
 import { wasmHeap } from "../kernels/wasm/heap.ts";
-import { compatPath } from "./_compat.ts";
-import { modelFile } from "./_model_files.ts";
+import { compatPath } from "./harness/compat.ts";
+import { modelFile } from "./harness/model_files.ts";
 import { rng } from "./_gpu.ts";
 
 const KV = { numBlocks: 48, blockSize: 16 };

@@ -14,7 +14,7 @@ import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
 import type { TensorType } from "../lib/model/tensor.ts";
 import type { Model } from "../lib/model/weights.ts";
 import { encodeTensor, relativeError, rng, testGpu } from "./_gpu.ts";
-import { modelFile } from "./_model_files.ts";
+import { modelFile } from "./harness/model_files.ts";
 
 const PROMPT = [1, 403, 407, 261, 378]; // "Once upon a time"
 const KV = { numBlocks: 64, blockSize: 16 };

@@ -78,7 +78,18 @@ const NO_ROW_STATS = new Int32Array([0, 0, 0, 1]);
  * in one fixed order.
  *
  * ```ts
- * const engine = await WasmEngine.create(model.config, model.weights, { numBlocks: 64, blockSize: 16 });
+ * import { assertEquals } from "@std/assert";
+ * import { GREEDY } from "../../lib/engine/engine.ts";
+ * import { loadModel } from "../../lib/model/load_model.ts";
+ *
+ * const model = await loadModel("stories260K.bin");
+ * const kv = { numBlocks: 64, blockSize: 16 };
+ * const engine = await WasmEngine.create(model.config, model.weights, kv, { threads: 2 });
+ * // BOS and "Once" into KV block 0; greedy picks " upon", as the reference engine does.
+ * const r = await engine.step({ stepId: 0, seqs: [{ seqId: 1, tokens: [1, 403], startPos: 0,
+ *   blockTable: [0], sample: true, sampling: GREEDY }] });
+ * assertEquals(r.sampled[0]?.token, 407);
+ * engine.dispose();
  * ```
  */
 export class WasmEngine implements Engine {

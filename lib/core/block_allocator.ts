@@ -120,10 +120,14 @@ function blockHash(parent: number, tokens: readonly number[], from: number, to: 
  *
  * @example
  * ```ts
+ * import { assertEquals } from "@std/assert";
+ *
  * const kv = new BlockAllocator({ numBlocks: 64 });
  * const seq = { seqId: 1, tokens: [1, 2, 3] };
- * const cached = kv.computedPrefix(seq);       // 0: nothing cached yet
- * const table = kv.allocateSlots(seq, 3 - cached); // [blockId]
+ * const cached = kv.computedPrefix(seq);
+ * assertEquals(cached, 0); // nothing cached yet
+ * const table = kv.allocateSlots(seq, 3 - cached); // null when the free blocks do not suffice
+ * assertEquals(table?.length, 1); // three tokens fit one block
  * kv.free(seq);
  * ```
  */

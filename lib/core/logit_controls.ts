@@ -75,8 +75,12 @@ export function logitControlsProblem(c: LogitControls, vocab: number): string | 
  * sequence, or one a router resubmits with the tokens it delivered, carries the same state.
  *
  * ```ts
+ * import { assertEquals } from "@std/assert";
+ *
+ * // Prompt [1], output so far [7] (from index 1), stop id 2.
  * const s = new PenaltyState({ frequencyPenalty: 0.5 }, [1, 7], 1, [2]);
- * s.adjust(2); // token 7: subtract 0.5
+ * const adj = s.adjust(2)!; // for the token at position 2
+ * assertEquals([[...adj.ids], [...adj.subtract]], [[7], [0.5]]); // token 7 output once: -0.5
  * ```
  */
 export class PenaltyState {

@@ -15,9 +15,11 @@ export interface StopMatch {
  *
  * @example
  * ```ts
+ * import { assertEquals } from "@std/assert";
+ *
  * const m = new StopMatcher(["\n\n"]);
- * m.push("Hello\n"); // { text: "Hello", stopped: false }  ("\n" held back)
- * m.push("\nWorld"); // { text: "", stopped: true }
+ * assertEquals(m.push("Hello\n"), { text: "Hello", stopped: false }); // "\n" held back
+ * assertEquals(m.push("\nWorld"), { text: "", stopped: true });
  * ```
  */
 export class StopMatcher {

@@ -55,7 +55,15 @@ export interface KvPlan {
  * plan says so.
  *
  * ```ts
- * planKvCache(model.config, { blockSize: 16, maxRunning: 64, maxPoolBytes: 128 << 20 });
+ * import { assertEquals } from "@std/assert";
+ * import { loadModel } from "../model/load_model.ts";
+ *
+ * const { config } = await loadModel("stories260K.bin"); // a 512-token context
+ * const plan = planKvCache(config, { blockSize: 16, maxRunning: 64, maxPoolBytes: 128 << 20 });
+ * // A full context for each of 64 sequences (64 x 512 / 16 = 2048 blocks) and the scheduler's
+ * // watermark of free blocks (1%: 21), under every cap.
+ * assertEquals([plan.numBlocks, plan.contextLength], [2048 + 21, 512]);
+ * assertEquals(plan.why, "auto: a full context for each of 64 sequences");
  * ```
  */
 export function planKvCache(config: ModelConfig, req: KvRequest): KvPlan {

@@ -38,9 +38,11 @@ export function adjustLogit(logit: number, bias: number, penalty: number, subtra
  * when there is nothing to apply.
  *
  * ```ts
+ * import { assertEquals } from "@std/assert";
+ *
  * const adj = { ids: new Int32Array([1]), bias: new Float32Array([-100]),
  *   penalty: new Float32Array([1]), subtract: new Float32Array([0]) };
- * applyLogitAdjust(new Float32Array([0, 3]), adj); // Float32Array [0, -97]
+ * assertEquals([...applyLogitAdjust(new Float32Array([0, 3]), adj)], [0, -97]);
  * ```
  */
 export function applyLogitAdjust(logits: Float32Array, adj: LogitAdjust | undefined): Float32Array {

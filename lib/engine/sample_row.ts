@@ -16,6 +16,11 @@ import { uniform } from "../util/rng.ts";
  */
 const TAIL_NATS = 24;
 
+/** Whether `p` samples a row as its argmax (greedy temperature, or top-k of 1). */
+export function samplesArgmax(p: SamplingParams): boolean {
+  return isGreedyTemperature(p.temperature) || p.topK === 1;
+}
+
 /**
  * sample() (sampling.ts) without sorting the vocabulary: greedy is one pass, top-k keeps a
  * k-element selection, and otherwise only the tokens within TAIL_NATS of the best are sorted.
@@ -23,14 +28,14 @@ const TAIL_NATS = 24;
  * the normalising sum is taken in index order rather than sorted order.
  *
  * ```ts
- * sampleRow(logits, { temperature: 0.8, topK: 40, topP: 0.95, minP: 0, seed: 1 }, 7);
+ * import { assertEquals } from "@std/assert";
+ * import { sample } from "./sampling.ts";
+ *
+ * const logits = new Float32Array([0.5, 2, 1.5, -1, 0, 1.9]);
+ * const p = { temperature: 0.8, topK: 40, topP: 0.95, minP: 0, seed: 1 };
+ * assertEquals(sampleRow(logits, p, 7).token, sample(logits, p, 7).token);
  * ```
  */
-/** Whether `p` samples a row as its argmax (greedy temperature, or top-k of 1). */
-export function samplesArgmax(p: SamplingParams): boolean {
-  return isGreedyTemperature(p.temperature) || p.topK === 1;
-}
-
 export function sampleRow(logits: Float32Array, p: SamplingParams, position: number): SampleResult {
   checkParams(p, logits.length);
   if (samplesArgmax(p)) {

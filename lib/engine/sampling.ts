@@ -17,7 +17,9 @@ export interface SampleResult {
  * Index of the largest logit; the lowest index wins ties, so every backend picks the same token.
  *
  * ```ts
- * argmax(new Float32Array([1, 3, 3])); // 1
+ * import { assertEquals } from "@std/assert";
+ *
+ * assertEquals(argmax(new Float32Array([1, 3, 3])), 1);
  * ```
  */
 export function argmax(logits: ArrayLike<number>): number {
@@ -38,7 +40,9 @@ export function argmax(logits: ArrayLike<number>): number {
  * log(softmax(logits)[i]), computed stably in double precision.
  *
  * ```ts
- * logSoftmaxAt([0, 0], 1); // -Math.LN2
+ * import { assertAlmostEquals } from "@std/assert";
+ *
+ * assertAlmostEquals(logSoftmaxAt([0, 0], 1), -Math.LN2); // log(1/2)
  * ```
  */
 export function logSoftmaxAt(logits: ArrayLike<number>, i: number): number {
@@ -86,7 +90,11 @@ export function checkParams(p: SamplingParams, vocab: number): void {
  * f32, as a kernel does it) is in double precision.
  *
  * ```ts
- * candidateSet([2, 1, 0], { temperature: 1, topK: 2, topP: 1, minP: 0, seed: 0 }).ids; // [0, 1]
+ * import { assertEquals } from "@std/assert";
+ *
+ * // top-k 2 keeps the two largest logits, most likely first.
+ * const { ids } = candidateSet([2, 1, 0], { temperature: 1, topK: 2, topP: 1, minP: 0, seed: 0 });
+ * assertEquals(ids, [0, 1]);
  * ```
  */
 export function candidateSet(logits: ArrayLike<number>, params: SamplingParams): CandidateSet {
@@ -138,7 +146,14 @@ export function candidateSet(logits: ArrayLike<number>, params: SamplingParams):
  * probability exceeds u times the total (the last one if rounding leaves none).
  *
  * ```ts
- * sample(logits, GREEDY, 5).token === argmax(logits); // true
+ * import { assertEquals } from "@std/assert";
+ * import { GREEDY } from "./engine.ts";
+ *
+ * const logits = new Float32Array([0.1, 2.5, -1]);
+ * assertEquals(sample(logits, GREEDY, 5).token, argmax(logits)); // greedy: the argmax, 1
+ * // Sampled: the same seed and position draw the same token, however often it is re-run.
+ * const warm = { temperature: 1, topK: 0, topP: 1, minP: 0, seed: 42 };
+ * assertEquals(sample(logits, warm, 5).token, sample(logits, warm, 5).token);
  * ```
  */
 export function sample(

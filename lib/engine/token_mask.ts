@@ -27,7 +27,10 @@ export function allowedIds(mask: Uint32Array, vocab: number): number[] {
  * allowed ids.
  *
  * ```ts
- * maskLogits(new Float32Array([1, 2]), Uint32Array.of(0b01)); // [1, -Infinity]
+ * import { assertEquals } from "@std/assert";
+ *
+ * // Bit 0 set: only token 0 is allowed.
+ * assertEquals([...maskLogits(new Float32Array([1, 2]), Uint32Array.of(0b01))], [1, -Infinity]);
  * ```
  */
 export function maskLogits(logits: Float32Array, mask: Uint32Array): Float32Array {

@@ -12,7 +12,9 @@ export const MAX_TOP_LOGPROBS = 20;
  * temperature 1, in double precision. One pass per pick over the row: n is at most 20.
  *
  * ```ts
- * topLogprobs(new Float32Array([0, 2, 1]), 2).ids; // [1, 2]
+ * import { assertEquals } from "@std/assert";
+ *
+ * assertEquals(topLogprobs(new Float32Array([0, 2, 1]), 2).ids, [1, 2]); // the two likeliest
  * ```
  */
 export function topLogprobs(logits: Float32Array, n: number): TopLogprobs {

@@ -21,6 +21,8 @@ export class CompiledGrammarHandle {
   constructor(readonly gid: number) {}
 }
 
+export { ConstraintError };
+
 /**
  * Compiles output constraints against one vocabulary, once per distinct constraint (an LRU keyed
  * by the SHA-256 of its text), and starts a matcher per sequence. XGrammar runs on a thread of
@@ -29,12 +31,24 @@ export class CompiledGrammarHandle {
  * want one are computed there in one round trip.
  *
  * ```ts
+ * import { assertEquals } from "@std/assert";
+ * import { loadModel } from "../model/load_model.ts";
+ * import { Tokenizer } from "../tokenizer/tokenizer.ts";
+ * import { grammarVocabulary } from "./grammar_vocabulary.ts";
+ *
+ * const { config, tokenizer: data } = await loadModel("stories260K.bin", { tokenizerPath: "tok512.bin" });
+ * const tokenizer = new Tokenizer(data!);
  * const grammars = await GrammarService.create(grammarVocabulary(tokenizer, config.vocabSize));
  * const c = await grammars.constraint({ type: "json_object" });
+ * const mask = await c.nextMask();
+ * const allowed = (id: number) => ((mask[id >>> 5]! >>> (id & 31)) & 1) === 1;
+ * // A JSON object opens with "{", which tok512 spells only as its byte token <0x7B>: id 126.
+ * const first = Array.from({ length: config.vocabSize }, (_, id) => id).filter(allowed);
+ * assertEquals(first, [126]);
+ * assertEquals(c.accept(126), true);
+ * c.dispose();
  * ```
  */
-export { ConstraintError };
-
 export class GrammarService {
   readonly vocabSize: number;
   readonly stopIds: readonly number[];

@@ -86,7 +86,10 @@ export interface SchemaProblem {
  * enforce all of it.
  *
  * ```ts
- * unsupportedSchemaPart({ type: "array", uniqueItems: true })?.keyword; // "uniqueItems"
+ * import { assertEquals } from "@std/assert";
+ *
+ * assertEquals(unsupportedSchemaPart({ type: "array", uniqueItems: true })?.keyword, "uniqueItems");
+ * assertEquals(unsupportedSchemaPart({ type: "array", items: { type: "string" } }), undefined);
  * ```
  */
 export function unsupportedSchemaPart(schema: unknown): SchemaProblem | undefined {

@@ -40,7 +40,10 @@ let loading: Promise<XGrammar> | undefined;
  * XGrammar itself).
  *
  * ```ts
+ * import { assertEquals } from "@std/assert";
+ *
  * const xg = await loadXGrammar();
+ * assertEquals(await loadXGrammar(), xg); // once per process
  * const info = await xg.TokenizerInfo.createTokenizerInfo(["a", "b", "</s>"], "raw", false, 3, [2]);
  * ```
  */

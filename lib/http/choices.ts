@@ -37,7 +37,23 @@ export function choiceRequests(req: GenerationRequest, n: number): GenerationReq
  * choice started.
  *
  * ```ts
- * for await (const { index, event } of mergeChoices(gen0, first, [() => gen1()])) { ... }
+ * import { assertEquals } from "@std/assert";
+ * import type { GenerationEvent } from "../core/generation.ts";
+ *
+ * // A choice's stream, faked: it starts, then gives one token.
+ * async function* choice(text: string): AsyncGenerator<GenerationEvent> {
+ *   yield { type: "started", promptTokens: 3 };
+ *   yield { type: "token", text, ids: [7], logprob: 0 };
+ * }
+ * const head = choice("a");
+ * const first = (await head.next()).value as GenerationEvent; // the caller took this one
+ * const seen: string[] = [];
+ * for await (const { index, event } of mergeChoices(head, first, [() => choice("b")])) {
+ *   seen.push(`${index}:${event.type}`);
+ * }
+ * // Choice 1 starts only once choice 0 has its first token (its prompt is then cached).
+ * assertEquals(seen.slice(0, 2), ["0:started", "0:token"]);
+ * assertEquals(seen.slice(2).sort(), ["1:started", "1:token"]);
  * ```
  */
 export async function* mergeChoices(

@@ -644,8 +644,11 @@ function dataSectionBytes(header: GgufHeader, source: string, fileSize: number):
  * Parses a GGUF file held in memory. Tensor data are views of `bytes` (nothing is copied).
  *
  * ```ts
- * const gguf = parseGguf(await Deno.readFile("model.gguf"), "model.gguf");
- * gguf.metadata.get("general.architecture")?.value; // "llama"
+ * import { assertEquals } from "@std/assert";
+ *
+ * const gguf = parseGguf(await Deno.readFile("stories260K.gguf"), "stories260K.gguf");
+ * assertEquals(gguf.metadata.get("general.architecture")?.value, "llama");
+ * assertEquals(gguf.tensors.get("token_embd.weight")?.shape, [512, 64]); // outermost first
  * ```
  */
 export function parseGguf(bytes: Uint8Array, source: string): GgufFile {

@@ -22,7 +22,17 @@ import type { LayerWeights, Model, ModelWeights } from "./weights.ts";
  * and every unsupported tensor type with its tensor count. Empty when nothing blocks it.
  *
  * ```ts
- * ggufBlockers(header); // ["architecture 'gemma2' is not supported (supported: llama, qwen2, qwen3)", ...]
+ * import { assertEquals } from "@std/assert";
+ * import { GgufValueType, readGgufHeader } from "./gguf.ts";
+ *
+ * const header = await readGgufHeader("stories260K.gguf");
+ * assertEquals(ggufBlockers(header), []);
+ * // The same header naming an architecture this project does not run:
+ * const metadata = new Map(header.metadata)
+ *   .set("general.architecture", { type: GgufValueType.STRING, value: "gemma2" });
+ * assertEquals(ggufBlockers({ ...header, metadata }), [
+ *   "architecture 'gemma2' is not supported (supported: llama, qwen2, qwen3)",
+ * ]);
  * ```
  */
 export function ggufBlockers(header: GgufHeader): string[] {

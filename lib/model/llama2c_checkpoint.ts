@@ -11,7 +11,12 @@ const HEADER_BYTES = 7 * 4;
  * views into `bytes`, so the file is held in memory once.
  *
  * ```ts
- * const { config } = parseLlama2cCheckpoint(await Deno.readFile("stories260K.bin"), "stories260K.bin");
+ * import { assertEquals } from "@std/assert";
+ *
+ * const bytes = await Deno.readFile("stories260K.bin");
+ * const { config } = parseLlama2cCheckpoint(bytes, "stories260K.bin");
+ * assertEquals([config.dim, config.nLayers, config.nHeads, config.nKvHeads], [64, 5, 8, 4]);
+ * assertEquals([config.vocabSize, config.contextLength], [512, 512]);
  * ```
  */
 export function parseLlama2cCheckpoint(

@@ -59,8 +59,13 @@ export function detectModelFormat(head: Uint8Array): ModelFormat | undefined {
  * bytes. The file's bytes are held in memory once (tensors are views of them).
  *
  * ```ts
+ * import { assertEquals } from "@std/assert";
+ *
  * const model = await loadModel("stories260K.bin", { tokenizerPath: "tok512.bin" });
  * const same = await loadModel("stories260K.gguf", { contextLength: 512 });
+ * // One model in two formats: the same shape, and both carry its 512-token vocabulary.
+ * assertEquals(same.config.nLayers, model.config.nLayers);
+ * assertEquals([same.tokenizer?.tokens.length, model.tokenizer?.tokens.length], [512, 512]);
  * ```
  */
 export async function loadModel(path: string, opts: LoadModelOptions = {}): Promise<Model> {

@@ -35,7 +35,9 @@ export interface ModelConfig {
  * precision. Both engines rotate pair i of a head at position pos by pos × this.
  *
  * ```ts
- * ropeFrequencies({ ropeTheta: 10000, ropeDim: 4 }); // [1, 0.01]
+ * import { assertEquals } from "@std/assert";
+ *
+ * assertEquals([...ropeFrequencies({ ropeTheta: 10000, ropeDim: 4 })], [1, 0.01]);
  * ```
  */
 export function ropeFrequencies(

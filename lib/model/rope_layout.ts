@@ -7,7 +7,9 @@ import type { Tensor } from "./tensor.ts";
  * perm[newRow] = oldRow.
  *
  * ```ts
- * neoxToNormOrder(1, 4, 4); // [0, 2, 1, 3]
+ * import { assertEquals } from "@std/assert";
+ *
+ * assertEquals(neoxToNormOrder(1, 4, 4), [0, 2, 1, 3]);
  * ```
  */
 export function neoxToNormOrder(heads: number, headDim: number, ropeDim: number): number[] {

@@ -12,7 +12,11 @@ const LLAMA2C_EOS_ID = 2;
  * format has none.
  *
  * ```ts
+ * import { assertEquals } from "@std/assert";
+ *
  * const tok = parseLlama2cTokenizer(await Deno.readFile("tok512.bin"), 512, "tok512.bin");
+ * assertEquals([tok.tokens.length, tok.bosId, tok.eosId], [512, 1, 2]);
+ * assertEquals(tok.tokens[403], " Once"); // a space spelled " ", not "▁"
  * ```
  */
 export function parseLlama2cTokenizer(

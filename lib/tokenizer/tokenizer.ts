@@ -42,8 +42,15 @@ export interface IncrementalDecoder {
  * pre-tokenizer ("gpt2": Llama 3, Qwen2/3, SmolLM).
  *
  * ```ts
+ * import { assertEquals } from "@std/assert";
+ * import { parseLlama2cTokenizer } from "./llama2c_tokenizer.ts";
+ *
+ * const bytes = await Deno.readFile("tok512.bin");
  * const tok = new Tokenizer(parseLlama2cTokenizer(bytes, 512, "tok512.bin"));
- * tok.encode("Once upon a time"); // [1, 403, 407, 261, 378]
+ * assertEquals(tok.encode("Once upon a time"), [1, 403, 407, 261, 378]); // run.c's ids, BOS first
+ * // After BOS, SentencePiece's dummy-prefix space is dropped, as run.c does.
+ * assertEquals(tok.decode([1, 403, 407, 261, 378]), "Once upon a time");
+ * assertEquals(tok.decode([403]), " Once");
  * ```
  */
 export class Tokenizer {

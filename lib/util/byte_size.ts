@@ -13,7 +13,9 @@ const UNITS: Record<string, number> = {
  * Parses a human byte size such as "256MiB", "1.5GB" or "4096".
  *
  * ```ts
- * parseByteSize("256MiB"); // 268435456
+ * import { assertEquals } from "@std/assert";
+ *
+ * assertEquals(parseByteSize("256MiB"), 268435456);
  * ```
  */
 export function parseByteSize(text: string): number {

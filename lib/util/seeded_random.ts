@@ -3,8 +3,11 @@
  * random tests, fuzzing and benchmark workloads repeat exactly.
  *
  * ```ts
- * const r = seededRandom(42);
- * r(); // always the same first draw for seed 42
+ * import { assertEquals } from "@std/assert";
+ *
+ * const a = seededRandom(42);
+ * const b = seededRandom(42);
+ * assertEquals([a(), a()], [b(), b()]); // the same draws for the same seed
  * ```
  */
 export function seededRandom(seed: number): () => number {

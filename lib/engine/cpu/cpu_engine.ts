@@ -21,19 +21,6 @@ import { pagedAttention } from "./paged_attention.ts";
 import { PagedKvCache } from "./paged_kv_cache.ts";
 
 /**
- * The CPU reference engine: the whole Llama forward pass in plain TypeScript over f32 weights
- * (dequantized once here), with the same paged KV cache and step API as the GPU engine. It runs
- * every new token of every sequence one at a time, in plan order, which is what a batched,
- * chunked forward must reproduce. It is the oracle for GPU work, so it favours obviousness over
- * speed.
- *
- * ```ts
- * const engine = new CpuEngine(model.config, model.weights, { numBlocks: 64, blockSize: 16 });
- * const r = await engine.step({ stepId: 0, seqs: [{ seqId: 1, tokens: [1, 403], startPos: 0,
- *   blockTable: [0], sample: true, sampling: GREEDY }] });
- * ```
- */
-/**
  * The dense (f32) copies of a model's weights, made once per weights object: they are only
  * read, so every engine over the same model (a rebuilt one after a fault, a test's second
  * engine) shares them instead of holding its own.
@@ -47,6 +34,27 @@ function sharedDenseWeights(config: ModelConfig, weights: ModelWeights): DenseWe
   return dense;
 }
 
+/**
+ * The CPU reference engine: the whole Llama forward pass in plain TypeScript over f32 weights
+ * (dequantized once here), with the same paged KV cache and step API as the GPU engine. It runs
+ * every new token of every sequence one at a time, in plan order, which is what a batched,
+ * chunked forward must reproduce. It is the oracle for GPU work, so it favours obviousness over
+ * speed.
+ *
+ * ```ts
+ * import { assertEquals } from "@std/assert";
+ * import { GREEDY } from "../engine.ts";
+ * import { loadModel } from "../../model/load_model.ts";
+ *
+ * const model = await loadModel("stories260K.bin");
+ * const engine = new CpuEngine(model.config, model.weights, { numBlocks: 64, blockSize: 16 });
+ * // Prefill BOS and "Once" at positions 0 and 1 of KV block 0, and sample what follows.
+ * const r = await engine.step({ stepId: 0, seqs: [{ seqId: 1, tokens: [1, 403], startPos: 0,
+ *   blockTable: [0], sample: true, sampling: GREEDY }] });
+ * assertEquals(r.sampled.map((s) => [s.seqId, s.token]), [[1, 407]]); // " upon"
+ * engine.dispose();
+ * ```
+ */
 export class CpuEngine implements Engine {
   readonly name = "cpu";
   readonly kv: KvGeometry;

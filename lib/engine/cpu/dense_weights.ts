@@ -46,7 +46,13 @@ function expand(t: Tensor, shape: readonly number[]): Float32Array {
  * shares the embedding's array.
  *
  * ```ts
+ * import { assertEquals } from "@std/assert";
+ * import { loadModel } from "../../model/load_model.ts";
+ *
+ * const model = await loadModel("stories260K-q8_0.gguf"); // Q8_0 weights
  * const dense = denseWeights(model.config, model.weights);
+ * assertEquals(dense.layers.length, model.config.nLayers);
+ * assertEquals(dense.tokenEmbedding.length, model.config.vocabSize * model.config.dim);
  * ```
  */
 export function denseWeights(config: ModelConfig, w: ModelWeights): DenseWeights {

@@ -8,7 +8,10 @@
  * RMS normalisation: out[j] = weight[j] * x[j] / sqrt(mean(x²) + eps). `out` may be `x`.
  *
  * ```ts
- * rmsnorm(out, new Float32Array([3, 4]), new Float32Array([1, 1]), 0); // out ≈ [0.8485, 1.1314]
+ * import { assertEquals } from "@std/assert";
+ *
+ * const out = rmsnorm(new Float32Array(2), new Float32Array([3, 4]), new Float32Array([1, 1]), 0);
+ * assertEquals([...out].map((v) => +v.toFixed(4)), [0.8485, 1.1314]); // [3, 4] / sqrt(12.5)
  * ```
  */
 export function rmsnorm(
@@ -34,7 +37,11 @@ export function rmsnorm(
  * matrix here: [outFeatures, inFeatures]).
  *
  * ```ts
- * matvec(new Float32Array(2), new Float32Array([1, 2, 3, 4]), new Float32Array([1, 1])); // [3, 7]
+ * import { assertEquals } from "@std/assert";
+ *
+ * // W = [[1, 2], [3, 4]], x = [1, 1]
+ * const y = matvec(new Float32Array(2), new Float32Array([1, 2, 3, 4]), new Float32Array([1, 1]));
+ * assertEquals([...y], [3, 7]);
  * ```
  */
 export function matvec(out: Float32Array, w: Float32Array, x: Float32Array): Float32Array {
@@ -60,7 +67,11 @@ export function matvec(out: Float32Array, w: Float32Array, x: Float32Array): Flo
  * past ropeDim are left alone.
  *
  * ```ts
- * rope(q, nHeads, headDim, headDim, pos, 10000);
+ * import { assertEquals } from "@std/assert";
+ *
+ * // One head of 2 dimensions at position 1: the pair turns by 1 * 10000^0 = 1 radian.
+ * const q = rope(new Float32Array([1, 0]), 1, 2, 2, 1, 10000);
+ * assertEquals([...q], [Math.fround(Math.cos(1)), Math.fround(Math.sin(1))]);
  * ```
  */
 export function rope(
@@ -87,7 +98,13 @@ export function rope(
  * pos * freqs[i]; dimensions past 2 * freqs.length are left alone.
  *
  * ```ts
- * ropeWithFrequencies(q, nHeads, headDim, ropeFrequencies(config), pos);
+ * import { assertEquals } from "@std/assert";
+ * import { ropeFrequencies } from "../../model/model_config.ts";
+ *
+ * const freqs = ropeFrequencies({ ropeTheta: 10000, ropeDim: 4 }); // [1, 0.01]
+ * // One head of 4 dimensions at position 1: pair (0, 1) turns by 1 radian, pair (2, 3) by 0.01.
+ * const q = ropeWithFrequencies(new Float32Array([1, 0, 1, 0]), 1, 4, freqs, 1);
+ * assertEquals([...q].map((v) => +v.toFixed(3)), [0.54, 0.841, 1, 0.01]);
  * ```
  */
 export function ropeWithFrequencies(
@@ -123,7 +140,11 @@ export function ropeWithFrequencies(
  * the same weights: Qwen3's q/k norms.
  *
  * ```ts
- * headRmsnorm(q, nHeads, qNorm, 1e-6);
+ * import { assertEquals } from "@std/assert";
+ *
+ * // Two heads of 2: each normalised on its own, so [6, 8] ends like [3, 4].
+ * const q = headRmsnorm(new Float32Array([3, 4, 6, 8]), 2, new Float32Array([1, 1]), 0);
+ * assertEquals([...q].map((v) => +v.toFixed(4)), [0.8485, 1.1314, 0.8485, 1.1314]);
  * ```
  */
 export function headRmsnorm(
@@ -154,7 +175,10 @@ export function silu(x: number): number {
  * SwiGLU in place on `gate`: gate[i] = silu(gate[i]) * up[i].
  *
  * ```ts
- * swiglu(gate, up);
+ * import { assertEquals } from "@std/assert";
+ *
+ * const out = swiglu(new Float32Array([0, 1]), new Float32Array([5, 2]));
+ * assertEquals([...out].map((v) => +v.toFixed(4)), [0, 1.4621]); // silu(0) * 5, silu(1) * 2
  * ```
  */
 export function swiglu(gate: Float32Array, up: Float32Array): Float32Array {

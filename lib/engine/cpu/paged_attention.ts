@@ -7,7 +7,17 @@ import type { PagedKvCache } from "./paged_kv_cache.ts";
  * double precision; `out` receives nHeads * headDim values.
  *
  * ```ts
- * pagedAttention(out, q, kv, layer, [4, 0, 7], 40, nHeads);
+ * import { assertEquals } from "@std/assert";
+ * import { PagedKvCache } from "./paged_kv_cache.ts";
+ *
+ * // One layer, one KV head of 2, blocks of 2 slots: positions 0 and 1 of the sequence live in
+ * // block 3, position 2 in block 1.
+ * const kv = new PagedKvCache(1, 1, 2, { numBlocks: 4, blockSize: 2 });
+ * const table = [3, 1];
+ * [[1, 0], [0, 1], [2, 2]].forEach((v, pos) => kv.value(0).set(v, kv.slotOffset(table, pos)));
+ * // The keys are all zero, so every position scores the same: out is the mean of the values.
+ * const out = pagedAttention(new Float32Array(2), new Float32Array([1, 1]), kv, 0, table, 2, 1);
+ * assertEquals([...out], [1, 1]);
  * ```
  */
 export function pagedAttention(

@@ -6,8 +6,15 @@ import type { KvGeometry } from "../engine.ts";
  * offset p % blockSize; no sequence owns a contiguous region.
  *
  * ```ts
+ * import { assertEquals } from "@std/assert";
+ *
+ * // 5 layers of 4 KV heads of 8: a token's slot holds 32 floats.
  * const kv = new PagedKvCache(5, 4, 8, { numBlocks: 64, blockSize: 16 });
- * kv.key(0).subarray(kv.slotOffset([3, 9], 17), kv.slotOffset([3, 9], 17) + kv.rowSize); // block 9, offset 1
+ * // Position 17 of a sequence whose block table is [3, 9]: block 9, offset 1.
+ * const at = kv.slotOffset([3, 9], 17);
+ * assertEquals(at, (9 * 16 + 1) * kv.rowSize);
+ * const key = kv.key(0).subarray(at, at + kv.rowSize); // that token's key in layer 0
+ * assertEquals(key.length, 32);
  * ```
  */
 export class PagedKvCache {

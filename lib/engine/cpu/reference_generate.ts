@@ -27,7 +27,17 @@ export interface ReferenceGeneration {
  * prefill step, then one decode step per token. For tests and the CLI.
  *
  * ```ts
+ * import { assertEquals } from "@std/assert";
+ * import { GREEDY } from "../engine.ts";
+ * import { loadModel } from "../../model/load_model.ts";
+ * import { CpuEngine } from "./cpu_engine.ts";
+ *
+ * const model = await loadModel("stories260K.bin");
+ * const engine = new CpuEngine(model.config, model.weights, { numBlocks: 8, blockSize: 16 });
+ * // "Once upon a time" (BOS first), then 60 greedy tokens: no stop token was given.
  * const { tokens } = await referenceGenerate(engine, [1, 403, 407, 261, 378], 60, GREEDY);
+ * assertEquals(tokens.length, 60);
+ * engine.dispose();
  * ```
  */
 export async function referenceGenerate(

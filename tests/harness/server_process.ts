@@ -30,7 +30,7 @@ export interface ServerProcess {
   readonly exited: Promise<{ code: number; log: string }>;
 }
 
-const MAIN = new URL("../main.ts", import.meta.url).pathname;
+const MAIN = new URL("../../main.ts", import.meta.url).pathname;
 
 /** Starts `deno run -A main.ts serve --host 127.0.0.1 --port 0 ...args` and waits for its URL. */
 export async function startServer(opts: ServerOptions): Promise<ServerProcess> {

@@ -5,11 +5,11 @@ import type {
   SamplingParams,
   StepPlan,
   StepResult,
-} from "../lib/engine/engine.ts";
-import { allowedIds } from "../lib/engine/token_mask.ts";
-import type { ModelConfig } from "../lib/model/model_config.ts";
-import { hash32 } from "../lib/util/rng.ts";
-import { validateStep } from "../lib/engine/step_validation.ts";
+} from "../../lib/engine/engine.ts";
+import { allowedIds } from "../../lib/engine/token_mask.ts";
+import type { ModelConfig } from "../../lib/model/model_config.ts";
+import { hash32 } from "../../lib/util/rng.ts";
+import { validateStep } from "../../lib/engine/step_validation.ts";
 
 /**
  * A scripted stand-in for a model, for testing the serving core without one. Its "KV cache" is

@@ -4,10 +4,10 @@
  * fixture, and running greedy prompts on an engine while comparing each step with it.
  */
 import { assert, assertEquals } from "@std/assert";
-import { type Engine, GREEDY, type SeqInput } from "../lib/engine/engine.ts";
-import { modelFile } from "./_model_files.ts";
-import { loadModel } from "../lib/model/load_model.ts";
-import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { type Engine, GREEDY, type SeqInput } from "../../lib/engine/engine.ts";
+import { modelFile } from "./model_files.ts";
+import { loadModel } from "../../lib/model/load_model.ts";
+import { Tokenizer } from "../../lib/tokenizer/tokenizer.ts";
 
 /** Every GGUF of the compat folder, by stem (X.gguf has X.llama_cpp.json). */
 export const COMPAT_FILES = [
