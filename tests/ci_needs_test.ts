@@ -15,7 +15,22 @@ async function withCache<T>(f: (cache: string) => Promise<T>): Promise<T> {
   } finally {
     if (before === undefined) Deno.env.delete("XDG_CACHE_HOME");
     else Deno.env.set("XDG_CACHE_HOME", before);
-    await Deno.remove(cache, { recursive: true });
+    await removeSettled(cache);
+  }
+}
+
+/**
+ * Removes the cache, again if something still wrote into it meanwhile: apt's fetch methods are
+ * child processes that may finish writing a partial file just after apt-get itself has exited.
+ */
+async function removeSettled(dir: string): Promise<void> {
+  for (let attempt = 1;; attempt++) {
+    try {
+      return await Deno.remove(dir, { recursive: true });
+    } catch (e) {
+      if (attempt === 5 || !(e instanceof Error && /not empty/i.test(e.message))) throw e;
+      await new Promise((r) => setTimeout(r, 200 * attempt));
+    }
   }
 }
 
