@@ -142,15 +142,13 @@ Deno.test("Tokenizer.encode() breaks score ties leftmost and ignores pairs below
   assertEquals(new Tokenizer(low).encode("xy").length, 4);
 });
 
-Deno.test("Tokenizer.encode() handles an 8k-character prompt quickly and still like run.c", () => {
+// How fast it is, is bench/tokenizer_bench.ts's to say (an 8,000-character prompt, timed).
+Deno.test("Tokenizer.encode() round-trips an 8k-character prompt and still encodes like run.c", () => {
   const next = rng(7);
   let text = "";
   while (text.length < 8192) text += randomText(next, 30) + " ";
   text = text.slice(0, 8192);
-  const t0 = performance.now();
   const ids = fromLlama2c.encode(text);
-  const ms = performance.now() - t0;
-  assert(ms < 1000, `encoding 8192 characters took ${ms.toFixed(0)} ms`);
   assertEquals(fromLlama2c.decode(ids), text);
   const slice = text.slice(0, 1500);
   assertEquals(fromLlama2c.encode(slice), runcEncode(llama2cData, slice, true, false));
