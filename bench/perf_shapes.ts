@@ -1,7 +1,7 @@
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import { byteSize, type Tensor, type TensorType } from "../lib/model/tensor.ts";
 import type { LayerWeights, ModelWeights } from "../lib/model/weights.ts";
-import { randomData } from "./synthetic_model.ts";
+import { LLAMA_1B_SHAPE, randomData } from "./synthetic_model.ts";
 
 /**
  * The two real-proportioned shapes of ../shared/models/perf (Qwen2.5-0.5B and Llama-3.2-1B), with
@@ -30,20 +30,8 @@ const CONFIGS: Record<PerfShape, ModelConfig> = {
     rmsEps: 1e-6,
     steps: { qkvBias: true, qkNorm: false },
   },
-  llama32_1b: {
-    architecture: "llama",
-    dim: 2048,
-    hiddenDim: 8192,
-    nLayers: 16,
-    nHeads: 32,
-    nKvHeads: 8,
-    headDim: 64,
-    vocabSize: 128256,
-    contextLength: 131072,
-    ropeTheta: 500000,
-    ropeDim: 64,
-    rmsEps: 1e-5,
-  },
+  // Llama-3.2-1B's file lists a 128k context; the shape is the synthetic benchmark's.
+  llama32_1b: { ...LLAMA_1B_SHAPE, contextLength: 131072 },
 };
 
 export function perfShapeConfig(shape: PerfShape): ModelConfig {

@@ -7,8 +7,6 @@
  */
 export type KvDtype = "f16" | "f32";
 
-export const KV_DTYPES: readonly KvDtype[] = ["f16", "f32"];
-
 export function kvElementBytes(dtype: KvDtype): number {
   return dtype === "f16" ? 2 : 4;
 }

@@ -30,7 +30,7 @@ import { type KvPool, type LayerBuild, layerOps } from "./webgpu_layer.ts";
 import { type KvDtype, kvElementBytes } from "./kv_dtype.ts";
 import { planStep } from "./step_plan.ts";
 import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
-import { kvBlockBytes } from "../lib/engine/kv_budget.ts";
+import { kvBlockBytes, kvBlocksIn } from "../lib/engine/kv_budget.ts";
 
 /** How much KV cache to allocate: a block count, or a byte budget it is derived from. */
 export interface KvBudget {
@@ -686,7 +686,7 @@ function engineGeometry(
   const blockBytes = blockSize * nKvHeads * headDim * element;
   const allLayersBlockBytes = kvBlockBytes(config, blockSize, element);
   const numBlocks = budget.numBlocks ??
-    Math.floor((budget.kvBytes ?? 0) / allLayersBlockBytes);
+    kvBlocksIn(budget.kvBytes ?? 0, config, blockSize, element);
   if (
     !(Number.isInteger(numBlocks) && numBlocks > 0 && Number.isInteger(blockSize) &&
       blockSize > 0)

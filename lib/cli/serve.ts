@@ -35,7 +35,7 @@ import { CachedBackend } from "../serving/cached_backend.ts";
 import { connectNats } from "../cluster/nats_connection.ts";
 import { ReplicaAgent } from "../cluster/replica.ts";
 import { randomId } from "../cluster/subjects.ts";
-import { tokenizerToWire } from "../cluster/tokenizer_wire.ts";
+import { coreReplicaSource } from "../cluster/replica_source.ts";
 import { modelIdentity } from "../cluster/model_identity.ts";
 import type { Model } from "../model/weights.ts";
 import { defaultMaxConnections, openFileLimit } from "../util/fd_limit.ts";
@@ -427,35 +427,15 @@ async function startReplica(
   const natsOptions = { url: config.nats!, credsFile: config.natsCreds, name: id };
   const nc = await connectNats({ ...natsOptions, log: deps.log });
   const { backend, core, model } = deps;
-  const agent = new ReplicaAgent(nc, {
+  const agent = new ReplicaAgent(nc, coreReplicaSource({
     backend,
+    core,
+    tokenizer: model.tokenizer!,
     blockSize: deps.blockSize,
-    info: {
-      modelName: backend.modelName,
-      // Without an id (the file cannot be read again) routers go by the name alone.
-      modelId: await modelIdentity(deps.modelPath, backend.contextLength).catch(() => undefined),
-      contextLength: backend.contextLength,
-      vocabSize: backend.vocabSize,
-      bosToken: backend.bosToken,
-      eosToken: backend.eosToken,
-      chatTemplate: backend.chatTemplate,
-      tokenizer: tokenizerToWire(model.tokenizer!),
-    },
-    load: () => {
-      const s = core.schedulerStats();
-      return {
-        running: s.running,
-        waiting: s.waiting,
-        maxRunning: config.maxRunning,
-        maxWaiting: config.maxWaiting,
-        kvBlocksUsed: s.kvBlocksUsed,
-        kvBlocksTotal: s.kvBlocksTotal,
-        prefixQueryTokens: s.prefixQueryTokens,
-        prefixHitTokens: s.prefixHitTokens,
-      };
-    },
-    cachedBlockHashes: (limit) => core.cachedBlockHashes(limit),
-  }, {
+    // Without an id (the file cannot be read again) routers go by the name alone.
+    modelId: await modelIdentity(deps.modelPath, backend.contextLength).catch(() => undefined),
+    limits: config,
+  }), {
     id,
     log: deps.log,
     // A stream served over NATS gets the line an HTTP request gets: method NATS, its request id.

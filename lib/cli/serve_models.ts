@@ -39,7 +39,7 @@ import { ReplicaAgent, type ReplicaModels, type ReplicaSource } from "../cluster
 import { connectNats } from "../cluster/nats_connection.ts";
 import { modelIdentity } from "../cluster/model_identity.ts";
 import { randomId } from "../cluster/subjects.ts";
-import { tokenizerToWire } from "../cluster/tokenizer_wire.ts";
+import { coreReplicaSource } from "../cluster/replica_source.ts";
 import { statusOfCode } from "../http/errors.ts";
 import type { ModelDirectory } from "../serving/models_service.ts";
 import { BatchQueue } from "../batch/batch_queue.ts";
@@ -296,34 +296,15 @@ async function buildOnFile(
       resultCacheBytes: config.resultCache,
     },
   });
-  shared.replicaSources?.set(m.name, {
+  shared.replicaSources?.set(m.name, coreReplicaSource({
     backend: coreBackend,
+    core,
+    tokenizer: model.tokenizer!,
     blockSize: plan.blockSize,
-    info: {
-      modelName: m.name,
-      modelId: shared.modelIds?.get(m.name),
-      contextLength: coreBackend.contextLength,
-      vocabSize: coreBackend.vocabSize,
-      bosToken: coreBackend.bosToken,
-      eosToken: coreBackend.eosToken,
-      chatTemplate: coreBackend.chatTemplate,
-      tokenizer: tokenizerToWire(model.tokenizer!),
-    },
-    load: () => {
-      const s = core.schedulerStats();
-      return {
-        running: s.running,
-        waiting: s.waiting,
-        maxRunning: config.maxRunning,
-        maxWaiting: config.maxWaiting,
-        kvBlocksUsed: s.kvBlocksUsed,
-        kvBlocksTotal: s.kvBlocksTotal,
-        prefixQueryTokens: s.prefixQueryTokens,
-        prefixHitTokens: s.prefixHitTokens,
-      };
-    },
-    cachedBlockHashes: (limit) => core.cachedBlockHashes(limit),
-  });
+    modelName: m.name,
+    modelId: shared.modelIds?.get(m.name),
+    limits: config,
+  }));
   const mem = engineMemory(built.engine);
   return {
     service,

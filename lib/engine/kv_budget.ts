@@ -7,9 +7,14 @@ export function kvBlockBytes(config: ModelConfig, blockSize: number, bytesPerEle
   return 2 * config.nLayers * blockSize * config.nKvHeads * config.headDim * bytesPerElement;
 }
 
-/** Whole KV blocks a byte budget holds. */
-export function kvBlocksIn(bytes: number, config: ModelConfig, blockSize: number): number {
-  return Math.floor(bytes / kvBlockBytes(config, blockSize));
+/** Whole KV blocks a byte budget holds (f32 elements unless told otherwise). */
+export function kvBlocksIn(
+  bytes: number,
+  config: ModelConfig,
+  blockSize: number,
+  bytesPerElement = 4,
+): number {
+  return Math.floor(bytes / kvBlockBytes(config, blockSize, bytesPerElement));
 }
 
 /** What the KV cache may use, from the flags and the machine. */

@@ -15,6 +15,34 @@ export interface AuthOptions {
  * (a WebSocket upgrade may carry it as `?api_key=`, since browsers cannot set headers on a
  * socket). With scopes by key it remembers each authenticated request's cache scope.
  */
+/**
+ * The request's API key, verified: `Authorization: Bearer <key>`, or on a WebSocket upgrade
+ * (`/v1/stream`, where browsers cannot set headers) `?api_key=`. Throws 401 naming what was
+ * wrong; returns the key (null when keys are off and none was sent).
+ */
+export async function verifiedKey(
+  keys: ApiKeyVerifier,
+  req: Request,
+  path: string,
+): Promise<string | null> {
+  const auth = parseAuthorization(req.headers.get("authorization"));
+  let token = auth.kind === "token" ? auth.token : null;
+  if (auth.kind === "missing" && path === "/v1/stream") {
+    token = new URL(req.url).searchParams.get("api_key");
+  }
+  if (!(await keys.verify(token))) {
+    throw new ApiError(
+      "unauthorized",
+      auth.kind === "malformed"
+        ? auth.problem
+        : token === null
+        ? "Missing API key: send the header 'Authorization: Bearer <key>'"
+        : "Invalid API key",
+    );
+  }
+  return token;
+}
+
 export class ApiKeyAuth {
   readonly #o: AuthOptions;
   readonly #scopes = new WeakMap<Request, string>();
@@ -34,10 +62,7 @@ export class ApiKeyAuth {
    */
   async scopeOfUpgrade(upgrade: Request): Promise<string | undefined> {
     if (!this.#o.keys.enabled || !this.#o.scopeByKey) return undefined;
-    const auth = parseAuthorization(upgrade.headers.get("authorization"));
-    const token = auth.kind === "token"
-      ? auth.token
-      : new URL(upgrade.url).searchParams.get("api_key");
+    const token = await verifiedKey(this.#o.keys, upgrade, "/v1/stream");
     return token === null ? undefined : await keyScope(token);
   }
 
@@ -45,21 +70,7 @@ export class ApiKeyAuth {
     const { keys, openPaths, scopeByKey } = this.#o;
     return async (c, next) => {
       if (!keys.enabled || openPaths.has(c.req.path)) return await next();
-      const auth = parseAuthorization(c.req.header("authorization"));
-      let token = auth.kind === "token" ? auth.token : null;
-      if (auth.kind === "missing" && c.req.path === "/v1/stream") {
-        token = c.req.query("api_key") ?? null;
-      }
-      if (!(await keys.verify(token))) {
-        throw new ApiError(
-          "unauthorized",
-          auth.kind === "malformed"
-            ? auth.problem
-            : token === null
-            ? "Missing API key: send the header 'Authorization: Bearer <key>'"
-            : "Invalid API key",
-        );
-      }
+      const token = await verifiedKey(keys, c.req.raw, c.req.path);
       if (scopeByKey && token !== null) this.#scopes.set(c.req.raw, await keyScope(token));
       await next();
     };

@@ -48,6 +48,28 @@ export function registerStreamRoute(app: Hono, o: StreamRouteOptions): StreamSoc
   /** Open WebSockets by client address. */
   const socketsByClient = new Map<string, number>();
   let sessionCounter = 0;
+  /** The refusal for a client already at the limit, or undefined. */
+  const overLimit = (client: string | undefined): ApiError | undefined =>
+    client !== undefined && (socketsByClient.get(client) ?? 0) >= o.maxPerClient
+      ? new ApiError(
+        "too_many_connections",
+        `This client already holds ${o.maxPerClient} WebSockets, the most one address may ` +
+          "open; close one (several generations can share a socket)",
+      )
+      : undefined;
+  /** Counts a socket against its client; the returned release uncounts it, once. */
+  const count = (client: string | undefined): () => void => {
+    if (client === undefined) return () => {};
+    socketsByClient.set(client, (socketsByClient.get(client) ?? 0) + 1);
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      const n = (socketsByClient.get(client) ?? 1) - 1;
+      if (n <= 0) socketsByClient.delete(client);
+      else socketsByClient.set(client, n);
+    };
+  };
 
   app.get("/v1/stream", async (c, next) => {
     if (c.req.header("upgrade")?.toLowerCase() !== "websocket") return await next();
@@ -85,14 +107,8 @@ export function registerStreamRoute(app: Hono, o: StreamRouteOptions): StreamSoc
         }`,
       );
     }
-    const client = remoteAddress(c.env);
-    if (client !== undefined && (socketsByClient.get(client) ?? 0) >= o.maxPerClient) {
-      throw new ApiError(
-        "too_many_connections",
-        `This client already holds ${o.maxPerClient} WebSockets, the most one address may ` +
-          "open; close one (several generations can share a socket)",
-      );
-    }
+    const refusal = overLimit(remoteAddress(c.env));
+    if (refusal) throw refusal;
     await next();
   });
   app.get(
@@ -100,7 +116,7 @@ export function registerStreamRoute(app: Hono, o: StreamRouteOptions): StreamSoc
     upgradeWebSocket((c) => {
       let session: StreamSession | undefined;
       const client = remoteAddress(c.env);
-      let counted = false;
+      let release = () => {};
       const sessionId = o.requestIdOf(c.req.raw) ?? `ws${++sessionCounter}`;
       const open = (ws: WSContext) => {
         if (session === undefined) {
@@ -112,10 +128,7 @@ export function registerStreamRoute(app: Hono, o: StreamRouteOptions): StreamSoc
             o.scopeOf(c.req.raw),
           );
           sessions.add(session);
-          if (client !== undefined) {
-            counted = true;
-            socketsByClient.set(client, (socketsByClient.get(client) ?? 0) + 1);
-          }
+          release = count(client);
         }
         return session;
       };
@@ -123,12 +136,7 @@ export function registerStreamRoute(app: Hono, o: StreamRouteOptions): StreamSoc
         onOpen: (_evt, ws) => void open(ws),
         onMessage: (evt, ws) => open(ws).onMessage(evt.data),
         onClose: () => {
-          if (counted && client !== undefined) {
-            counted = false;
-            const n = (socketsByClient.get(client) ?? 1) - 1;
-            if (n <= 0) socketsByClient.delete(client);
-            else socketsByClient.set(client, n);
-          }
+          release();
           if (session === undefined) return;
           session.onClose();
           sessions.delete(session);
@@ -149,28 +157,20 @@ export function registerStreamRoute(app: Hono, o: StreamRouteOptions): StreamSoc
       return sessions.size;
     },
     adopt(ws, sessionId, scope, client) {
-      if (client !== undefined && (socketsByClient.get(client) ?? 0) >= o.maxPerClient) {
-        const e = new ApiError(
-          "too_many_connections",
-          `This client already holds ${o.maxPerClient} WebSockets, the most one address may ` +
-            "open; close one (several generations can share a socket)",
-        );
+      const e = overLimit(client);
+      if (e) {
         o.onRefused?.(e);
         ws.send(JSON.stringify({ type: "error", code: e.code, message: e.message }));
         ws.close(1008, "too many WebSockets from this client");
         return { onMessage() {}, onClose() {} };
       }
-      if (client !== undefined) socketsByClient.set(client, (socketsByClient.get(client) ?? 0) + 1);
+      const release = count(client);
       const session = new StreamSession(o.deps, o.session, frameSocket(ws), sessionId, scope);
       sessions.add(session);
       return {
         onMessage: (data) => session.onMessage(data),
         onClose: () => {
-          if (client !== undefined) {
-            const n = (socketsByClient.get(client) ?? 1) - 1;
-            if (n <= 0) socketsByClient.delete(client);
-            else socketsByClient.set(client, n);
-          }
+          release();
           session.onClose();
           sessions.delete(session);
         },

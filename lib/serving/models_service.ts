@@ -11,7 +11,8 @@ import type { WSContext } from "hono/ws";
 import type { CoreStats } from "../core/generation.ts";
 import type { ErrorFrame, LoadingFrame } from "../http/protocol.ts";
 import type { AppContext, DrainResult, ServiceApp } from "../http/app.ts";
-import { ApiKeyVerifier, keyScope, parseAuthorization } from "../http/auth.ts";
+import { ApiKeyVerifier, keyScope } from "../http/auth.ts";
+import { verifiedKey } from "../http/auth_middleware.ts";
 import { ApiError, preview, toApiError } from "../http/errors.ts";
 import type { OpenAiHandler } from "../http/openai_routes.ts";
 import { PROMETHEUS_CONTENT_TYPE } from "../http/metrics.ts";
@@ -157,21 +158,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     const open = path === "/health" || path === "/ready" ||
       (path === "/metrics" && opts.metricsPublic === true);
     if (!keys.enabled || open) return;
-    const auth = parseAuthorization(req.headers.get("authorization"));
-    let token = auth.kind === "token" ? auth.token : null;
-    if (auth.kind === "missing" && path === "/v1/stream") {
-      token = new URL(req.url).searchParams.get("api_key");
-    }
-    if (!(await keys.verify(token))) {
-      throw new ApiError(
-        "unauthorized",
-        auth.kind === "malformed"
-          ? auth.problem
-          : token === null
-          ? "Missing API key: send the header 'Authorization: Bearer <key>'"
-          : "Invalid API key",
-      );
-    }
+    const token = await verifiedKey(keys, req, path);
     if (scopeByKey && token !== null) scopes.set(req, await keyScope(token));
   };
 

@@ -1,0 +1,52 @@
+import type { ServingCore } from "../../actors/core.ts";
+import type { CoreBackend } from "../serving/core_backend.ts";
+import type { TokenizerData } from "../tokenizer/tokenizer_data.ts";
+import type { ReplicaSource } from "./replica.ts";
+import { tokenizerToWire } from "./tokenizer_wire.ts";
+
+/**
+ * What a replica tells routers about one serving core: its model's facts and vocabulary, and
+ * the scheduler's load against the configured limits. The one builder for `serve --nats` and
+ * for each model of a server of several models.
+ */
+export function coreReplicaSource(o: {
+  readonly backend: CoreBackend;
+  readonly core: ServingCore;
+  readonly tokenizer: TokenizerData;
+  readonly blockSize: number;
+  /** The name routers know it by (default the backend's). */
+  readonly modelName?: string;
+  /** The file's identity; without it routers go by the name alone. */
+  readonly modelId: string | undefined;
+  readonly limits: { readonly maxRunning: number; readonly maxWaiting: number };
+}): ReplicaSource {
+  const { backend, core } = o;
+  return {
+    backend,
+    blockSize: o.blockSize,
+    info: {
+      modelName: o.modelName ?? backend.modelName,
+      modelId: o.modelId,
+      contextLength: backend.contextLength,
+      vocabSize: backend.vocabSize,
+      bosToken: backend.bosToken,
+      eosToken: backend.eosToken,
+      chatTemplate: backend.chatTemplate,
+      tokenizer: tokenizerToWire(o.tokenizer),
+    },
+    load: () => {
+      const s = core.schedulerStats();
+      return {
+        running: s.running,
+        waiting: s.waiting,
+        maxRunning: o.limits.maxRunning,
+        maxWaiting: o.limits.maxWaiting,
+        kvBlocksUsed: s.kvBlocksUsed,
+        kvBlocksTotal: s.kvBlocksTotal,
+        prefixQueryTokens: s.prefixQueryTokens,
+        prefixHitTokens: s.prefixHitTokens,
+      };
+    },
+    cachedBlockHashes: (limit) => core.cachedBlockHashes(limit),
+  };
+}
