@@ -78,6 +78,8 @@ export type Load = z.infer<typeof LoadSchema>;
 
 /** Models a replica lists at most (every model it serves, loaded or not). */
 const MAX_MODELS = 1024;
+/** Aliases one model may list at most. */
+const MAX_ALIASES = 64;
 
 /**
  * One model of a replica serving several (`deno task start --nats URL --model a --model b`):
@@ -86,6 +88,11 @@ const MAX_MODELS = 1024;
  */
 export const ReplicaModelSchema = z.object({
   name: z.string().max(256),
+  /**
+   * Further names a request may give for it (`--served-model-name alias=model`): routers
+   * resolve them to `name`, which is what a generate names.
+   */
+  aliases: z.array(z.string().min(1).max(256)).max(MAX_ALIASES).optional(),
   /** See HeartbeatSchema.modelId. */
   modelId: z.string().max(256).optional(),
   phase: z.enum(["unloaded", "loading", "loaded"]),

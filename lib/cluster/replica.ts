@@ -35,6 +35,8 @@ export interface ReplicaSource {
 /** One model of a {@link ReplicaModels}, as its heartbeat lists it. */
 export interface ReplicaModelState {
   readonly name: string;
+  /** Further names it is served by (`--served-model-name alias=model`), for routers. */
+  readonly aliases?: readonly string[];
   readonly modelId?: string;
   readonly phase: ReplicaModel["phase"];
   /** Its source while loaded. */
@@ -304,7 +306,11 @@ export class ReplicaAgent {
       prefixHitTokens: 0,
     };
     const entries: ReplicaModel[] = list.map((m) => {
-      const base = { name: m.name, ...(m.modelId === undefined ? {} : { modelId: m.modelId }) };
+      const base = {
+        name: m.name,
+        ...(m.aliases === undefined || m.aliases.length === 0 ? {} : { aliases: [...m.aliases] }),
+        ...(m.modelId === undefined ? {} : { modelId: m.modelId }),
+      };
       if (m.source === undefined) return { ...base, phase: m.phase === "loaded" ? "loading" : m.phase };
       const l = m.source.load();
       for (const k of Object.keys(total) as (keyof typeof total)[]) total[k] += l[k];
