@@ -6,7 +6,7 @@
  * that served it is the one of the model it named, on a replica serving that model; aliases a
  * replica advertises reach the same core as the model's name.
  */
-import { assertEquals, assertStringIncludes } from "@std/assert";
+import { assert, assertEquals, assertStringIncludes } from "@std/assert";
 import { ServiceMetrics } from "../lib/http/service_metrics.ts";
 import type { ServiceApp } from "../lib/http/app.ts";
 import { ModelRouterDirectory } from "../lib/cluster/model_router.ts";
@@ -20,6 +20,8 @@ import { FakeCore } from "./_fake_core.ts";
 import { FakeNatsServer } from "./_fake_nats.ts";
 import { metricValue } from "./_http_harness.ts";
 import { modelFile } from "./harness/model_files.ts";
+import { compatPath } from "./harness/compat.ts";
+import { Cluster, until } from "./_cluster.ts";
 
 const TOKENIZER_DATA = parseLlama2cTokenizer(
   await Deno.readFile(modelFile("tok512.bin")),
@@ -119,15 +121,7 @@ async function cluster() {
   };
 }
 
-type Cluster = Awaited<ReturnType<typeof cluster>>;
-
-async function until(what: string, cond: () => boolean | Promise<boolean>): Promise<void> {
-  const end = performance.now() + 10_000;
-  while (!(await cond())) {
-    if (performance.now() > end) throw new Error(`Timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
+type InProcess = Awaited<ReturnType<typeof cluster>>;
 
 async function complete(service: ServiceApp, model: string | undefined) {
   const res = await service.fetch(
@@ -146,7 +140,7 @@ async function complete(service: ServiceApp, model: string | undefined) {
 }
 
 /** How many generations each core ran. */
-const counts = (c: Cluster) =>
+const counts = (c: InProcess) =>
   Object.fromEntries(Object.entries(c.cores).map(([k, v]) => [k, v.requests.length]));
 
 /** Waits until the route of `model` (built by `directory`) has both replicas of beta ready. */
@@ -292,4 +286,105 @@ Deno.test("a router by model routes an advertised alias as the model's name", as
     service.close();
     await directory.close();
   }
+});
+
+const MAIN = new URL("../main.ts", import.meta.url).pathname;
+const A = "stories260K-q4_1";
+const B = "tinyllama-like-q4_0";
+const TEXT_PROMPT = "Once upon a time";
+
+/** The `generate` command's text for a compat file alone: the oracle for its answers. */
+async function generateAlone(stem: string): Promise<string> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "--allow-all",
+      MAIN,
+      "generate",
+      "--model",
+      compatPath(stem),
+      "--prompt",
+      TEXT_PROMPT,
+      "--max-tokens",
+      String(N),
+      "--temperature",
+      "0",
+      "--backend",
+      "cpu",
+    ],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  assertEquals(out.code, 0, new TextDecoder().decode(out.stderr));
+  return new TextDecoder().decode(out.stdout).replace(/\n$/, "");
+}
+
+Deno.test("over nats-server: both routers serve a replica's every model, by name and by alias", async (t) => {
+  await using cluster = await Cluster.start();
+  const [oracleA, oracleB, replica] = await Promise.all([
+    generateAlone(A),
+    generateAlone(B),
+    cluster.replicaServing([
+      "--model",
+      compatPath(A),
+      "--model",
+      compatPath(B),
+      "--served-model-name",
+      `chat=${B}`,
+      "--served-model-name",
+      `talk=${B}`,
+      "--backend",
+      "cpu",
+      "--kv-memory",
+      "2MiB",
+      "--max-running",
+      "4",
+      "--max-batch-tokens",
+      "128",
+    ]),
+  ]);
+  assert(
+    oracleA !== oracleB,
+    "the two models must answer differently for the test to tell them apart",
+  );
+  const [plain, byModel] = await Promise.all([cluster.router(), cluster.router(["--by-model"])]);
+  const served = [A, "chat", "talk"];
+  for (const [what, router] of [["plain", plain], ["by model", byModel]] as const) {
+    await t.step(`${what}: /v1/models, answers by name and alias, and the 404`, async () => {
+      await until("the router to hear every name", async () => {
+        const list = await (await fetch(`${router.base}/v1/models`)).json();
+        return list.data?.length === served.length;
+      }, 30_000);
+      const list = await (await fetch(`${router.base}/v1/models`)).json();
+      assertEquals(
+        list.data.map((m: { id: string; root: string }) => `${m.id}->${m.root}`).sort(),
+        [`${A}->${A}`, "chat->chat", "talk->chat"].sort(),
+      );
+      for (const [model, oracle] of [["talk", oracleB], [A, oracleA], ["chat", oracleB]]) {
+        const res = await fetch(`${router.base}/v1/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ model, prompt: TEXT_PROMPT, max_tokens: N, temperature: 0 }),
+        });
+        const body = await res.json();
+        assertEquals(res.status, 200, JSON.stringify(body));
+        assertEquals(body.model, model);
+        assertEquals(body.choices[0].text, oracle, `${model} through the ${what} router`);
+      }
+      // The file's own name is not served: the alias replaced it on the replica.
+      const res = await fetch(`${router.base}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: B, prompt: TEXT_PROMPT, max_tokens: N }),
+      });
+      const body = await res.json();
+      assertEquals(res.status, 404, JSON.stringify(body));
+      assertEquals(body.error.code, "model_not_found");
+      for (const m of served) assertStringIncludes(body.error.message, `"${m}"`);
+    });
+  }
+  // Both routers' requests for chat and talk ran on the replica's one copy of the file.
+  const metrics = await (await fetch(`${replica.base}/metrics`)).text();
+  assertEquals(metricValue(metrics, 'llm_model_loads_total{model="chat"}'), 1);
+  assertEquals(metricValue(metrics, `llm_model_loads_total{model="${A}"}`), 1);
 });
