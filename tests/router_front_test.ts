@@ -291,6 +291,8 @@ Deno.test("a router by model routes an advertised alias as the model's name", as
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
 const A = "stories260K-q4_1";
 const B = "tinyllama-like-q4_0";
+/** Served alone by a replica of one model, under two names. */
+const C = "stories260K-q5_1";
 const TEXT_PROMPT = "Once upon a time";
 
 /** The `generate` command's text for a compat file alone: the oracle for its answers. */
@@ -321,9 +323,20 @@ async function generateAlone(stem: string): Promise<string> {
 
 Deno.test("over nats-server: both routers serve a replica's every model, by name and by alias", async (t) => {
   await using cluster = await Cluster.start();
-  const [oracleA, oracleB, replica] = await Promise.all([
+  const limits = [
+    "--backend",
+    "cpu",
+    "--kv-memory",
+    "2MiB",
+    "--max-running",
+    "4",
+    "--max-batch-tokens",
+    "128",
+  ];
+  const [oracleA, oracleB, oracleC, replica, solo] = await Promise.all([
     generateAlone(A),
     generateAlone(B),
+    generateAlone(C),
     cluster.replicaServing([
       "--model",
       compatPath(A),
@@ -333,22 +346,24 @@ Deno.test("over nats-server: both routers serve a replica's every model, by name
       `chat=${B}`,
       "--served-model-name",
       `talk=${B}`,
-      "--backend",
-      "cpu",
-      "--kv-memory",
-      "2MiB",
-      "--max-running",
-      "4",
-      "--max-batch-tokens",
-      "128",
+      ...limits,
+    ]),
+    // A server of one model: the first --served-model-name is its name, the second an alias.
+    cluster.replicaServing([
+      "--model",
+      compatPath(C),
+      "--served-model-name",
+      "solo",
+      "--served-model-name",
+      "solo2",
+      ...limits,
     ]),
   ]);
-  assert(
-    oracleA !== oracleB,
-    "the two models must answer differently for the test to tell them apart",
-  );
+  // A and C (two quantizations of stories260K) may answer alike: which replica ran each
+  // request is told by the replicas' logs below.
+  assert(oracleA !== oracleB && oracleC !== oracleB, "B must answer unlike A and C");
   const [plain, byModel] = await Promise.all([cluster.router(), cluster.router(["--by-model"])]);
-  const served = [A, "chat", "talk"];
+  const served = [A, "chat", "talk", "solo", "solo2"];
   for (const [what, router] of [["plain", plain], ["by model", byModel]] as const) {
     await t.step(`${what}: /v1/models, answers by name and alias, and the 404`, async () => {
       await until("the router to hear every name", async () => {
@@ -358,9 +373,13 @@ Deno.test("over nats-server: both routers serve a replica's every model, by name
       const list = await (await fetch(`${router.base}/v1/models`)).json();
       assertEquals(
         list.data.map((m: { id: string; root: string }) => `${m.id}->${m.root}`).sort(),
-        [`${A}->${A}`, "chat->chat", "talk->chat"].sort(),
+        [`${A}->${A}`, "chat->chat", "talk->chat", "solo->solo", "solo2->solo"].sort(),
       );
-      for (const [model, oracle] of [["talk", oracleB], [A, oracleA], ["chat", oracleB]]) {
+      const asked = [["talk", oracleB], [A, oracleA], ["solo2", oracleC], ["chat", oracleB], [
+        "solo",
+        oracleC,
+      ]];
+      for (const [model, oracle] of asked) {
         const res = await fetch(`${router.base}/v1/completions`, {
           method: "POST",
           headers: { "content-type": "application/json" },
@@ -387,4 +406,11 @@ Deno.test("over nats-server: both routers serve a replica's every model, by name
   const metrics = await (await fetch(`${replica.base}/metrics`)).text();
   assertEquals(metricValue(metrics, 'llm_model_loads_total{model="chat"}'), 1);
   assertEquals(metricValue(metrics, `llm_model_loads_total{model="${A}"}`), 1);
+  // Which replica served each: every generation a replica runs for a router is a request-log
+  // line of its own (method NATS). Per router: A, chat and talk there; solo and solo2 on solo.
+  for (const [member, n] of [[replica, 6], [solo, 4]] as const) {
+    assertEquals((await cluster.kill(member, "SIGTERM")).code, 0);
+    const log = await member.log();
+    assertEquals(log.match(/ NATS generate 200 /g)?.length ?? 0, n, log);
+  }
 });

@@ -136,6 +136,8 @@ export const HeartbeatSchema = z.object({
   stalledMs: nonNegative,
   draining: z.boolean(),
   model: z.string(),
+  /** A replica of one model: its further names (`--served-model-name` given more than once). */
+  aliases: z.array(z.string().min(1).max(256)).max(MAX_ALIASES).optional(),
   /**
    * What the model is, not what it is called: file size, a hash of its first bytes and the
    * context. Two files with one stem (stories260K.bin at context 512 and .gguf at 128) shared
@@ -164,6 +166,7 @@ export function servedModels(hb: Heartbeat): ReplicaModel[] {
   if (hb.models !== undefined) return hb.models;
   return [{
     name: hb.model,
+    ...(hb.aliases === undefined ? {} : { aliases: hb.aliases }),
     ...(hb.modelId === undefined ? {} : { modelId: hb.modelId }),
     phase: "loaded",
     running: hb.load.running,

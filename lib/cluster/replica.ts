@@ -26,6 +26,8 @@ export interface ReplicaSource {
   readonly backend: GenerationBackend;
   /** Model facts and vocabulary for routers (without the replica's id). */
   readonly info: Omit<InfoReply, "type" | "replica">;
+  /** Further names its model is served by (besides info.modelName), for routers. */
+  readonly aliases?: readonly string[];
   readonly blockSize: number;
   /** Scheduler load, streams excluded. */
   load(): Omit<Load, "streams">;
@@ -279,6 +281,7 @@ export class ReplicaAgent {
       intervalMs: this.#heartbeatMs,
       draining: this.#draining,
       model: src.info.modelName,
+      ...(src.aliases?.length ? { aliases: [...src.aliases] } : {}),
       modelId: src.info.modelId,
       load: { ...src.load(), streams: this.#streams.size },
       prefix: {
