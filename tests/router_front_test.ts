@@ -242,6 +242,46 @@ Deno.test("a plain router serves every model its replicas advertise, by name and
   }
 });
 
+Deno.test("a plain router with API keys: another model needs the key, and so does its 404", async () => {
+  await using c = await cluster();
+  const { service, directory } = createPlainRouter(c.routerConn, c.backend, {
+    metrics: c.metrics,
+    apiKeys: ["k-123"],
+    log: (l) => c.log.push(l),
+  });
+  const post = (model: string, key?: string) =>
+    service.fetch(
+      new Request("http://router/v1/completions", {
+        method: "POST",
+        headers: {
+          "content-type": "application/json",
+          ...(key === undefined ? {} : { authorization: `Bearer ${key}` }),
+        },
+        body: JSON.stringify({ model, prompt: PROMPT, max_tokens: N, temperature: 0 }),
+      }),
+    );
+  try {
+    await until("the router to hear gamma", () => directory.has("gamma"));
+    for (const model of ["gamma", "no-such-model"]) {
+      const res = await post(model);
+      assertEquals(res.status, 401, model);
+      assertEquals((await res.json()).error.code, "unauthorized");
+    }
+    assertEquals(c.cores.gamma1.requests.length, 0);
+    const ok = await post("gamma", "k-123");
+    const body = await ok.json();
+    assertEquals(ok.status, 200, JSON.stringify(body));
+    assertEquals(body.choices[0].text, c.cores.gamma1.continuation(PROMPT, N).text);
+    assertEquals(c.cores.gamma1.requests.length, 1);
+    const unknown = await post("no-such-model", "k-123");
+    assertEquals(unknown.status, 404);
+    assertStringIncludes((await unknown.json()).error.message, `"gamma"`);
+  } finally {
+    await directory.close();
+    service.close();
+  }
+});
+
 Deno.test("a router by model routes an advertised alias as the model's name", async () => {
   await using c = await cluster();
   const oracle = c.cores.beta0.continuation(PROMPT, N).text;

@@ -28,17 +28,18 @@ export function createPlainRouter(
   backend: RouterBackend,
   opts: ModelRouterOptions & { readonly metrics: ServiceMetrics },
 ): { service: ServiceApp; directory: ModelRouterDirectory } {
+  const { metrics, ...routing } = opts;
   const primaryNames = [backend.modelName];
   const primary = createApp({
     backend,
-    metrics: opts.metrics,
+    metrics,
     servedModelNames: primaryNames,
     ...(opts.apiKeys === undefined ? {} : { apiKeys: opts.apiKeys }),
     ...(opts.cacheScope === undefined ? {} : { cacheScope: opts.cacheScope }),
     ...(opts.drainTimeoutMs === undefined ? {} : { drainTimeoutMs: opts.drainTimeoutMs }),
   });
   const directory = new ModelRouterDirectory(nc, {
-    ...opts,
+    ...routing,
     servedElsewhere: (name) => name === backend.modelName,
   });
   const service = createRouterFront({
