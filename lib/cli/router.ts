@@ -1,10 +1,10 @@
 import { parseArgs } from "@std/cli/parse-args";
 import { type Config, resolveConfig, type SettingName, SETTINGS } from "./config.ts";
-import { connectNats } from "../cluster/nats_connection.ts";
+import { cappedLog, connectNats } from "../cluster/nats_connection.ts";
 import { RouterBackend } from "../cluster/router_backend.ts";
 import { ModelRouterDirectory } from "../cluster/model_router.ts";
+import { createPlainRouter } from "../cluster/router_front.ts";
 import { createModelsService } from "../serving/models_service.ts";
-import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
@@ -95,13 +95,17 @@ export async function routerCommand(argv: string[]): Promise<number> {
   const metrics = new ServiceMetrics();
   if (config.byModel) return await routeByModel(config, nc, metrics, log);
   log(`router: connected to NATS ${nc.getServer()}; waiting for a replica`);
-  const backend = await RouterBackend.start(nc, { policy: config.routing, metrics, log });
-  const service = createApp({
-    backend,
+  // One capped log for what peers cause, however many subscriptions hear it.
+  const peerLog = cappedLog(log);
+  const backend = await RouterBackend.start(nc, { policy: config.routing, metrics, log, peerLog });
+  const { service, directory } = createPlainRouter(nc, backend, {
     metrics,
+    policy: config.routing,
     apiKeys: config.apiKey,
     cacheScope: config.cacheScope,
     drainTimeoutMs: config.drainTimeout * 1000,
+    log,
+    peerLog,
   });
   const server = await serveService(service, {
     hostname: config.host,
@@ -110,7 +114,8 @@ export async function routerCommand(argv: string[]): Promise<number> {
     onListen: (addr) => {
       log([
         `llmserve router ready`,
-        `  model     ${backend.modelName} (context ${backend.contextLength}), served by replicas`,
+        `  model     ${backend.modelName} (context ${backend.contextLength}), served by ` +
+          `replicas; a request naming another model its replicas serve goes to one serving it`,
         `  nats      ${nc.getServer()} (router ${backend.id})`,
         `  routing   ${config.routing}`,
         `  replicas  ${backend.registry.inRotation().map((v) => v.id).join(", ")}`,
@@ -123,6 +128,7 @@ export async function routerCommand(argv: string[]): Promise<number> {
   whenLauncherGone(() => void server.stop());
   const result = await server.closed;
   backend.close();
+  await directory.close();
   await nc.close();
   log(
     `drained: ${

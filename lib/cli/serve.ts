@@ -358,6 +358,7 @@ async function start(
     },
   });
   const replica = config.nats === undefined ? undefined : await startReplica(config, {
+    servedModelNames,
     backend: coreBackend,
     core,
     model,
@@ -414,6 +415,8 @@ async function start(
 async function startReplica(
   config: Config,
   deps: {
+    /** The names it serves: routers know it by the first, and the rest as its aliases. */
+    servedModelNames: readonly string[];
     backend: CoreBackend;
     core: ServingCore;
     model: Model;
@@ -432,6 +435,8 @@ async function startReplica(
     core,
     tokenizer: model.tokenizer!,
     blockSize: deps.blockSize,
+    modelName: deps.servedModelNames[0]!,
+    aliases: deps.servedModelNames.slice(1),
     // Without an id (the file cannot be read again) routers go by the name alone.
     modelId: await modelIdentity(deps.modelPath, backend.contextLength).catch(() => undefined),
     limits: config,

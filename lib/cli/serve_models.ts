@@ -398,7 +398,9 @@ export async function serveModelsCommand(
       log,
     },
   );
-  const replica = config.nats === undefined ? undefined : await startModelsReplica(config, pool, shared, log);
+  const replica = config.nats === undefined
+    ? undefined
+    : await startModelsReplica(config, pool, catalog, shared, log);
   // The pool is closed once the HTTP side drained; with a replica, once its NATS streams did too.
   const directory: ModelDirectory = replica === undefined ? pool : {
     get names() {
@@ -493,13 +495,14 @@ export async function serveModelsCommand(
 
 /**
  * The replica role of a server of several models: routers see every model in its heartbeats
- * (loaded or not), and a generate or info request for one not loaded loads it through the
- * pool, as an HTTP request would. On SIGTERM/SIGINT it leaves the rotation at once, then
- * drains with the HTTP side.
+ * (loaded or not, with its aliases), and a generate or info request for one not loaded loads
+ * it through the pool, as an HTTP request would. On SIGTERM/SIGINT it leaves the rotation at
+ * once, then drains with the HTTP side.
  */
 async function startModelsReplica(
   config: Config,
   pool: ModelPool<ServiceApp>,
+  catalog: readonly ServedFile[],
   shared: Shared,
   log: (line: string) => void,
 ) {
@@ -515,8 +518,10 @@ async function startModelsReplica(
       pool.status().map((s) => {
         const source = sources.get(s.name);
         const modelId = shared.modelIds?.get(s.name);
+        const aliases = catalog.find((m) => m.name === s.name)?.aliases ?? [];
         return {
           name: s.name,
+          ...(aliases.length === 0 ? {} : { aliases }),
           ...(modelId === undefined ? {} : { modelId }),
           phase: s.phase,
           ...(source === undefined || s.phase !== "loaded" ? {} : { source }),

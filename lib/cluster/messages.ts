@@ -78,6 +78,8 @@ export type Load = z.infer<typeof LoadSchema>;
 
 /** Models a replica lists at most (every model it serves, loaded or not). */
 const MAX_MODELS = 1024;
+/** Aliases one model may list at most. */
+const MAX_ALIASES = 64;
 
 /**
  * One model of a replica serving several (`deno task start --nats URL --model a --model b`):
@@ -86,6 +88,11 @@ const MAX_MODELS = 1024;
  */
 export const ReplicaModelSchema = z.object({
   name: z.string().max(256),
+  /**
+   * Further names a request may give for it (`--served-model-name alias=model`): routers
+   * resolve them to `name`, which is what a generate names.
+   */
+  aliases: z.array(z.string().min(1).max(256)).max(MAX_ALIASES).optional(),
   /** See HeartbeatSchema.modelId. */
   modelId: z.string().max(256).optional(),
   phase: z.enum(["unloaded", "loading", "loaded"]),
@@ -129,6 +136,8 @@ export const HeartbeatSchema = z.object({
   stalledMs: nonNegative,
   draining: z.boolean(),
   model: z.string(),
+  /** A replica of one model: its further names (`--served-model-name` given more than once). */
+  aliases: z.array(z.string().min(1).max(256)).max(MAX_ALIASES).optional(),
   /**
    * What the model is, not what it is called: file size, a hash of its first bytes and the
    * context. Two files with one stem (stories260K.bin at context 512 and .gguf at 128) shared
@@ -157,6 +166,7 @@ export function servedModels(hb: Heartbeat): ReplicaModel[] {
   if (hb.models !== undefined) return hb.models;
   return [{
     name: hb.model,
+    ...(hb.aliases === undefined ? {} : { aliases: hb.aliases }),
     ...(hb.modelId === undefined ? {} : { modelId: hb.modelId }),
     phase: "loaded",
     running: hb.load.running,

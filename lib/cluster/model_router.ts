@@ -5,13 +5,12 @@
  * replicas by the router's policy, prefix-aware by default) and an app over it, and the front
  * of lib/serving/models_service.ts picks the app by the request's `model`.
  */
-import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import { createApp, type ServiceApp } from "../http/app.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { type Lease, ModelLoadError, type ModelPhase, type ModelStatus } from "../serving/model_pool.ts";
 import type { CatalogModel, ModelDirectory } from "../serving/models_service.ts";
 import { decodeMessage, ReplicaAnnouncement, type ReplicaModel, servedModels } from "./messages.ts";
-import { cappedLog, guarded } from "./nats_connection.ts";
+import { type BusConnection, type BusSubscription, cappedLog, guarded } from "./nats_connection.ts";
 import { RouterBackend } from "./router_backend.ts";
 import type { RoutingPolicy } from "./routing.ts";
 import { subjects } from "./subjects.ts";
@@ -24,11 +23,26 @@ export interface ModelRouterOptions {
   /** A model none of whose replicas beat for this long is no longer served (default 5 s). */
   readonly forgetAfterMs?: number;
   readonly log?: (line: string) => void;
+  /** Where what peers cause is logged (default: `log`, capped). */
+  readonly peerLog?: (line: string) => void;
+  /**
+   * Models this directory leaves to another router (a plain router's own model, served by its
+   * first RouterBackend): never built here, never listed, though their aliases are learnt.
+   */
+  readonly servedElsewhere?: (name: string) => boolean;
 }
 
 interface Routed {
-  /** The last heartbeat naming it, by replica: when, and the model's phase there. */
-  readonly replicas: Map<string, { at: number; phase: ReplicaModel["phase"] }>;
+  /** The last heartbeat naming it, by replica: when, the model's phase and its aliases there. */
+  readonly replicas: Map<
+    string,
+    { at: number; phase: ReplicaModel["phase"]; aliases: readonly string[] }
+  >;
+  /**
+   * Its name, then every alias a replica lately heard gives it: the names its app accepts (read
+   * at each request), kept in step with the heartbeats.
+   */
+  readonly served: string[];
   building?: Promise<{ backend: RouterBackend; service: ServiceApp }>;
   built?: { backend: RouterBackend; service: ServiceApp };
 }
@@ -37,16 +51,17 @@ export class ModelRouterDirectory implements ModelDirectory {
   /** Each model's metrics registry (the front labels them by model). */
   readonly modelMetrics = new Map<string, ServiceMetrics>();
   readonly #models = new Map<string, Routed>();
-  readonly #nc: NatsConnection;
+  readonly #nc: BusConnection;
   readonly #opts: ModelRouterOptions;
-  readonly #sub: Subscription;
+  readonly #sub: BusSubscription;
   readonly #log: (line: string) => void;
+  readonly #peerLog: (line: string) => void;
 
-  constructor(nc: NatsConnection, opts: ModelRouterOptions = {}) {
+  constructor(nc: BusConnection, opts: ModelRouterOptions = {}) {
     this.#nc = nc;
     this.#opts = opts;
     this.#log = opts.log ?? (() => {});
-    const peerLog = cappedLog(this.#log);
+    const peerLog = this.#peerLog = opts.peerLog ?? cappedLog(this.#log);
     this.#sub = nc.subscribe(subjects.announce, {
       callback: guarded((msg) => {
         const a = decodeMessage(ReplicaAnnouncement, msg.data);
@@ -59,14 +74,23 @@ export class ModelRouterDirectory implements ModelDirectory {
         for (const served of servedModels(a.value)) {
           let m = this.#models.get(served.name);
           if (m === undefined) {
-            this.#models.set(served.name, m = { replicas: new Map() });
+            this.#models.set(served.name, m = { replicas: new Map(), served: [served.name] });
             this.#log(`router: replica ${a.value.replica} serves model ${JSON.stringify(served.name)}`);
           }
-          m.replicas.set(a.value.replica, { at: performance.now(), phase: served.phase });
+          const aliases = served.aliases ?? [];
+          m.replicas.set(a.value.replica, { at: performance.now(), phase: served.phase, aliases });
+          for (const alias of aliases) {
+            if (m.served.includes(alias)) continue;
+            m.served.push(alias);
+            const [model, as] = [served.name, alias].map((n) => JSON.stringify(n));
+            this.#log(`router: model ${model} is also served as ${as}`);
+          }
           // Built as soon as a replica has it loaded, so that its first request does not wait
           // for the info. A model loaded nowhere is built by its first request: asking a
           // replica for its info loads it there.
-          if (served.phase === "loaded") void this.#build(served.name).catch(() => {});
+          if (served.phase === "loaded" && !this.#elsewhere(served.name)) {
+            void this.#build(served.name).catch(() => {});
+          }
         }
       }, (e) => peerLog(`router: handling an announcement failed: ${(e as Error).message}`)),
     });
@@ -74,16 +98,56 @@ export class ModelRouterDirectory implements ModelDirectory {
 
   /** Models with a replica heard from lately, in the order they were first seen. */
   get names(): string[] {
+    return this.#heard().filter((name) => !this.#elsewhere(name));
+  }
+
+  /** Every model heard from lately, those served elsewhere included. */
+  #heard(): string[] {
     const now = performance.now();
     const forget = this.#opts.forgetAfterMs ?? 5000;
     return [...this.#models].filter(([, m]) => [...m.replicas.values()].some((r) => now - r.at < forget))
       .map(([name]) => name);
   }
 
+  #elsewhere(name: string): boolean {
+    return this.#opts.servedElsewhere?.(name) ?? false;
+  }
+
+  /**
+   * The aliases replicas heard from lately give a model (`--served-model-name alias=model`), in
+   * the order first heard; a replica that stops beating takes its aliases with it.
+   */
+  aliasesOf(name: string): string[] {
+    const m = this.#models.get(name);
+    if (m === undefined) return [];
+    const now = performance.now();
+    const forget = this.#opts.forgetAfterMs ?? 5000;
+    const live = new Set(
+      [...m.replicas.values()].filter((r) => now - r.at < forget).flatMap((r) => r.aliases),
+    );
+    return m.served.slice(1).filter((a) => live.has(a) && a !== name);
+  }
+
+  /**
+   * The model a request's name stands for: a model's own name, else the model one of whose
+   * aliases it is (a model's own name wins over another's alias); undefined when none is heard.
+   * Models served elsewhere are resolved too, so that their aliases reach them.
+   */
+  resolve(asked: string): string | undefined {
+    const heard = this.#heard();
+    if (heard.includes(asked)) return asked;
+    return heard.find((name) => this.aliasesOf(name).includes(asked));
+  }
+
   catalog(): CatalogModel[] {
     return this.names.map((name) => {
       const b = this.#models.get(name)?.built?.backend;
-      return { name, ...(b === undefined ? {} : { contextLength: b.contextLength }) };
+      const aliases = this.aliasesOf(name);
+      return {
+        name,
+        ...(aliases.length === 0 ? {} : { aliases }),
+        ...(b === undefined ? {} : { contextLength: b.contextLength }),
+      };
     });
   }
 
@@ -161,12 +225,14 @@ export class ModelRouterDirectory implements ModelDirectory {
         infoTimeoutMs: 120_000,
         metrics,
         log: this.#log,
+        peerLog: this.#peerLog,
         ...(this.#opts.policy === undefined ? {} : { policy: this.#opts.policy }),
       });
       const service = createApp({
         backend,
         metrics,
-        servedModelNames: [name],
+        // The live list: aliases heard after the build are accepted too.
+        servedModelNames: m.served,
         ...(this.#opts.apiKeys === undefined ? {} : { apiKeys: this.#opts.apiKeys }),
         ...(this.#opts.cacheScope === undefined ? {} : { cacheScope: this.#opts.cacheScope }),
         ...(this.#opts.drainTimeoutMs === undefined ? {} : { drainTimeoutMs: this.#opts.drainTimeoutMs }),

@@ -26,6 +26,8 @@ export interface ReplicaSource {
   readonly backend: GenerationBackend;
   /** Model facts and vocabulary for routers (without the replica's id). */
   readonly info: Omit<InfoReply, "type" | "replica">;
+  /** Further names its model is served by (besides info.modelName), for routers. */
+  readonly aliases?: readonly string[];
   readonly blockSize: number;
   /** Scheduler load, streams excluded. */
   load(): Omit<Load, "streams">;
@@ -35,6 +37,8 @@ export interface ReplicaSource {
 /** One model of a {@link ReplicaModels}, as its heartbeat lists it. */
 export interface ReplicaModelState {
   readonly name: string;
+  /** Further names it is served by (`--served-model-name alias=model`), for routers. */
+  readonly aliases?: readonly string[];
   readonly modelId?: string;
   readonly phase: ReplicaModel["phase"];
   /** Its source while loaded. */
@@ -277,6 +281,7 @@ export class ReplicaAgent {
       intervalMs: this.#heartbeatMs,
       draining: this.#draining,
       model: src.info.modelName,
+      ...(src.aliases?.length ? { aliases: [...src.aliases] } : {}),
       modelId: src.info.modelId,
       load: { ...src.load(), streams: this.#streams.size },
       prefix: {
@@ -304,7 +309,11 @@ export class ReplicaAgent {
       prefixHitTokens: 0,
     };
     const entries: ReplicaModel[] = list.map((m) => {
-      const base = { name: m.name, ...(m.modelId === undefined ? {} : { modelId: m.modelId }) };
+      const base = {
+        name: m.name,
+        ...(m.aliases === undefined || m.aliases.length === 0 ? {} : { aliases: [...m.aliases] }),
+        ...(m.modelId === undefined ? {} : { modelId: m.modelId }),
+      };
       if (m.source === undefined) return { ...base, phase: m.phase === "loaded" ? "loading" : m.phase };
       const l = m.source.load();
       for (const k of Object.keys(total) as (keyof typeof total)[]) total[k] += l[k];

@@ -16,6 +16,8 @@ export function coreReplicaSource(o: {
   readonly blockSize: number;
   /** The name routers know it by (default the backend's). */
   readonly modelName?: string;
+  /** Further names it is served by (a server of one model's other --served-model-name). */
+  readonly aliases?: readonly string[];
   /** The file's identity; without it routers go by the name alone. */
   readonly modelId: string | undefined;
   readonly limits: { readonly maxRunning: number; readonly maxWaiting: number };
@@ -23,6 +25,7 @@ export function coreReplicaSource(o: {
   const { backend, core } = o;
   return {
     backend,
+    ...(o.aliases === undefined ? {} : { aliases: o.aliases }),
     blockSize: o.blockSize,
     info: {
       modelName: o.modelName ?? backend.modelName,

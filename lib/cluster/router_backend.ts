@@ -216,7 +216,7 @@ export class RouterBackend implements GenerationBackend {
         return undefined;
       }
     };
-    const peerLog = cappedLog(log);
+    const peerLog = opts.peerLog ?? cappedLog(log);
     const announcements = nc.subscribe(subjects.announce, {
       callback: guarded((msg) => {
         const a = decodeMessage(ReplicaAnnouncement, msg.data);

@@ -84,7 +84,8 @@ export interface AppOptions {
   readonly ready?: boolean;
   /**
    * Names clients may give as `model` (vLLM's --served-model-name, llama-server's --alias);
-   * /v1/models lists them. Default: the backend's model name.
+   * /v1/models lists them. Default: the backend's model name. Read at each request, not
+   * copied: a router adds the aliases its replicas advertise as it hears them.
    */
   readonly servedModelNames?: readonly string[];
   /** Serve /metrics without an API key (so Prometheus can scrape it). Default false. */
@@ -172,7 +173,7 @@ export function createApp(opts: AppOptions): ServiceApp {
   const maxBodyBytes = opts.maxBodyBytes ?? HTTP_DEFAULTS.maxBodyBytes;
   const defaultCompletionMaxTokens = opts.defaultCompletionMaxTokens ?? 16;
   const servedModelNames = opts.servedModelNames?.length
-    ? [...opts.servedModelNames]
+    ? opts.servedModelNames
     : [backend.modelName];
   const requestLog = opts.requestLog ?? new RequestLog();
   const renderChat = createChatRenderer({

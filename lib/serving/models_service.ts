@@ -92,7 +92,12 @@ const IDLE_STATS: CoreStats = {
 };
 
 /** POST routes whose JSON body names the model. */
-const BODY_ROUTES = new Set(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]);
+export const BODY_ROUTES: ReadonlySet<string> = new Set([
+  "/v1/completions",
+  "/v1/chat/completions",
+  "/tokenize",
+  "/detokenize",
+]);
 
 export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
   const { pool, metrics } = opts;
@@ -637,7 +642,7 @@ function toInternal(err: unknown): ApiError {
 }
 
 /** The body as text, refused once it passes `max` bytes (a chunked body names no length). */
-async function readCapped(
+export async function readCapped(
   req: Request,
   max: number,
   tooLarge: (bytes: number) => ApiError,
@@ -657,7 +662,7 @@ async function readCapped(
 }
 
 /** The same request with the body given (the original's was read to find the model). */
-function rebuilt(req: Request, body: string): Request {
+export function rebuilt(req: Request, body: string): Request {
   const headers = new Headers(req.headers);
   headers.delete("content-length");
   return new Request(req.url, { method: req.method, headers, body, signal: req.signal });
