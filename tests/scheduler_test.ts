@@ -402,11 +402,47 @@ Deno.test("Scheduler: while only batch work is live it keeps backgroundDepth ste
   const i = h.submit({ prompt: range(100, 4), maxTokens: 3 });
   assert(h.plan());
   assert(h.plans.at(-1)!.seqs.some((e) => e.seqId === i));
-  assert(h.plan(), "with interactive work live the full pipeline is used");
-  assertEquals(h.sched.stepsInFlight, 3);
+  assertEquals(h.sched.stepsInFlight, 2);
   h.runToEnd(3);
   assertEquals(h.tokens(b), expected(h, { prompt: range(0, 4), maxTokens: 20 }));
   assertEquals(h.tokens(i), expected(h, { prompt: range(100, 4), maxTokens: 3 }));
+});
+
+Deno.test("Scheduler: interactive decodes beside batch work keep backgroundDepth steps in flight, and batch rows ride in them", () => {
+  const h = new Harness({ vocabSize: 512, numBlocks: 64, blockSize: 4 }, {
+    agingSteps: 10_000,
+    backgroundDepth: 1,
+  });
+  const iSpec = { prompt: range(100, 4), maxTokens: 12 };
+  const bSpec = { prompt: range(0, 4), maxTokens: 12, priority: "batch" as const };
+  const i = h.submit(iSpec);
+  // Interactive work alone: the full pipeline.
+  assert(h.plan() && h.plan() && h.plan());
+  assertEquals(h.sched.stepsInFlight, 3);
+  const b = h.submit(bSpec);
+  // With batch work live, no step is planned until fewer than backgroundDepth are in flight.
+  h.deliver();
+  assert(!h.plan(), "a third step waits while batch work is live");
+  h.deliver();
+  assert(!h.plan());
+  h.deliver();
+  assert(h.plan());
+  const mixed = h.plans.at(-1)!.seqs.map((e) => e.seqId);
+  assert(mixed.includes(i) && mixed.includes(b), `the step holds both: ${mixed}`);
+  assert(!h.plan(), "one step in flight beside batch work");
+  // An interactive arrival is still planned at once (the batch rows yield its step).
+  const i2 = h.submit({ prompt: range(200, 6), maxTokens: 3 });
+  assert(h.plan());
+  const starting = h.plans.at(-1)!.seqs.map((e) => e.seqId);
+  assert(starting.includes(i2) && !starting.includes(b), `the prefill's step: ${starting}`);
+  // Every step from here on holds at most one other in flight, and the batch sequence goes on.
+  for (let guard = 0; guard < 200 && h.sched.numLive > 0; guard++) {
+    while (h.plan()) assertLessOrEqual(h.sched.stepsInFlight, 3);
+    h.deliver();
+  }
+  assertEquals(h.tokens(i), expected(h, iSpec));
+  assertEquals(h.tokens(b), expected(h, bSpec));
+  assertEquals(h.tokens(i2), expected(h, { prompt: range(200, 6), maxTokens: 3 }));
 });
 
 Deno.test("Scheduler: aging lets a batch request run despite a steady stream of interactive ones", () => {

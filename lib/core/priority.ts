@@ -21,7 +21,8 @@ export function byPriority(list: readonly Sequence[], rankOf: (s: Sequence) => R
  * when all live work is rank 1 (or its clients stopped reading). While "starting", rank-1 rows
  * yield the whole step, so an interactive prefill shares its step with no batch work; while
  * "none", only backgroundDepth steps run ahead, so an interactive arrival waits behind that
- * many batch steps rather than a full pipeline.
+ * many batch steps rather than a full pipeline (and while "running" beside rank-1 work too:
+ * see {@link rankOneLive}).
  */
 export function foreground(
   live: Iterable<Sequence>,
@@ -34,4 +35,16 @@ export function foreground(
     running = true;
   }
   return running ? "running" : "none";
+}
+
+/**
+ * Whether rank-1 work could use a step (live and its client reading). While it could and
+ * rank-0 work only decodes, the pipeline is backgroundDepth deep, not pipelineDepth: batch
+ * rows make a step longer (on the CPU engine 8 of them took a one-row decode step from 1.1 to
+ * 2.6 ms), and an interactive arrival waits behind every step in flight, so a full pipeline of
+ * such steps is what cost it most (bench/README.md, "Batch jobs beside interactive traffic").
+ */
+export function rankOneLive(live: Iterable<Sequence>, rankOf: (s: Sequence) => Rank): boolean {
+  for (const seq of live) if (!seq.held && rankOf(seq) === 1) return true;
+  return false;
 }

@@ -5,7 +5,7 @@ import { Sequence } from "./sequence.ts";
 import type { SchedulerStats, SeqEvent, SeqEventSink, SeqSpec } from "./seq_events.ts";
 import type { SchedulerConfig } from "./scheduler_config.ts";
 import { promptLimit, submissionRefusal } from "./admission.ts";
-import { byPriority, foreground, type Rank, rank } from "./priority.ts";
+import { byPriority, foreground, type Rank, rank, rankOneLive } from "./priority.ts";
 import { pickVictim, slotVictims } from "./preemption.ts";
 import { InFlightSteps, maskReady, StepBuild } from "./step_build.ts";
 import { MaskQueue } from "./mask_refresh.ts";
@@ -172,13 +172,19 @@ export class Scheduler {
 
   /**
    * Builds the next step, or null when no sequence can make progress now. A background step
-   * needs fewer than backgroundDepth steps in flight, and `background` (the actor's pacing).
+   * needs fewer than backgroundDepth steps in flight, and `background` (the actor's pacing);
+   * so does a step of rank-0 decodes while rank-1 work is live (its rows ride in it). Only a
+   * step for starting rank-0 work, which rank-1 rows yield, may go deeper.
    */
   schedule(background = true): StepPlan | null {
     if (!this.#healthy) return null;
     const fg = foreground(this.#q.live.values(), this.#rankOf);
     const depth = background ? this.config.backgroundDepth : 0;
     if (fg === "none" && this.#inFlight.size >= depth) return null;
+    if (
+      fg === "running" && this.#inFlight.size >= this.config.backgroundDepth &&
+      rankOneLive(this.#q.live.values(), this.#rankOf)
+    ) return null;
     // While interactive work waits or reads its prompt, batch rows yield the whole step.
     const yieldLow = fg === "starting";
     const b = new StepBuild(this.#nextStepId, this.config.maxBatchTokens, this.config.lateMasks);

@@ -18,8 +18,9 @@ export interface SchedulerConfig {
   /** Steps after which a batch request ranks like an interactive one. */
   readonly agingSteps: number;
   /**
-   * Steps in flight while only batch-rank work is live: an interactive arrival then waits
-   * behind at most this many batch steps instead of the whole pipeline.
+   * Steps in flight while batch-rank work is live (alone, or riding beside rank-0 decodes): an
+   * interactive arrival then waits behind at most this many steps holding batch rows instead of
+   * the whole pipeline.
    */
   readonly backgroundDepth: number;
   /** Free blocks a new admission must leave for the running sequences to grow into. */

@@ -28,8 +28,9 @@ export const DEFAULT_LIMITS = {
   /** Steps after which a batch request ranks like an interactive one. */
   agingSteps: 256,
   /**
-   * Steps in flight while only batch work runs (below pipelineDepth): an interactive request
-   * arriving then waits behind this many batch steps, not a full pipeline of them.
+   * Steps in flight while batch work runs, alone or beside interactive decodes (below
+   * pipelineDepth): an interactive request arriving then waits behind this many steps holding
+   * batch rows, not a full pipeline of them. Only a step for an interactive prefill goes deeper.
    */
   backgroundDepth: 1,
   /**
