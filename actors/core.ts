@@ -81,6 +81,7 @@ export class ServingCore {
     const overrides = {
       vocabSize: engine.config.vocabSize,
       lateMasks: engine.lateMasks === true,
+      shallowBesideBatch: engine.resultsOnHost === true,
       ...opts.scheduler,
     };
     if (engine.limits) {

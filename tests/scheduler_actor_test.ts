@@ -181,13 +181,14 @@ Deno.test("SchedulerActor paces batch-only steps to backgroundShare of the engin
   assertEquals(rest, [], "batch-only: one step in flight (backgroundDepth), not maxInFlight");
   const interactive = await t.submit([1, 7, 8], 1);
   await t.settle();
-  // Planned at once behind the one batch step; the prefill's step holds no batch row, and
-  // no step joins the two while batch work is live (backgroundDepth, not maxInFlight).
-  const [i0, ...none] = steps();
+  // Planned at once behind the one batch step; the prefill's step holds no batch row, the
+  // step after it (the interactive one now only decodes) does.
+  const [i0, m1, ...none] = steps();
   assertEquals(stepOf(i0).plan.seqs.map((e) => e.seqId), [interactive]);
+  assertEquals(stepOf(m1).plan.seqs.map((e) => e.seqId), [batch]);
   assertEquals(none, []);
   // Run what is in flight (instantly) until the interactive request is done.
-  const queue = [b0, i0];
+  const queue = [b0, i0, m1];
   while (!t.events.get(interactive)!.some((e) => e.type === "finished") || queue.length > 1) {
     await result(queue.shift(), 0);
     queue.push(...steps());

@@ -388,30 +388,40 @@ Deno.test("Scheduler: batch rows yield every step while an interactive prefill i
   assertEquals(h.tokens(i1), expected(h, { prompt: range(100, 30), maxTokens: 4 }));
 });
 
-Deno.test("Scheduler: while only batch work is live it keeps backgroundDepth steps in flight, not the pipeline", () => {
-  const h = new Harness({ vocabSize: 512, numBlocks: 64, blockSize: 4 }, {
-    agingSteps: 10_000,
-    backgroundDepth: 1,
+for (const shallowBesideBatch of [false, true]) {
+  Deno.test(`Scheduler: while only batch work is live it keeps backgroundDepth steps in flight, not the pipeline (results on host: ${shallowBesideBatch})`, () => {
+    const h = new Harness({ vocabSize: 512, numBlocks: 64, blockSize: 4 }, {
+      agingSteps: 10_000,
+      backgroundDepth: 1,
+      shallowBesideBatch,
+    });
+    const b = h.submit({ prompt: range(0, 4), maxTokens: 20, priority: "batch" });
+    assert(h.plan());
+    assert(!h.plan(), "a second batch-only step waits for the first's result");
+    h.deliver();
+    assert(h.plan());
+    // An interactive arrival is planned at once, behind the one batch step in flight.
+    const i = h.submit({ prompt: range(100, 4), maxTokens: 3 });
+    assert(h.plan());
+    assert(h.plans.at(-1)!.seqs.some((e) => e.seqId === i));
+    assertEquals(h.sched.stepsInFlight, 2);
+    if (!shallowBesideBatch) {
+      // An engine whose results need a readback then fills its pipeline (the next test shows
+      // one with results on the host keeping it shallow).
+      assert(h.plan(), "with interactive work live the full pipeline is used");
+      assertEquals(h.sched.stepsInFlight, 3);
+    }
+    h.runToEnd(3);
+    assertEquals(h.tokens(b), expected(h, { prompt: range(0, 4), maxTokens: 20 }));
+    assertEquals(h.tokens(i), expected(h, { prompt: range(100, 4), maxTokens: 3 }));
   });
-  const b = h.submit({ prompt: range(0, 4), maxTokens: 20, priority: "batch" });
-  assert(h.plan());
-  assert(!h.plan(), "a second batch-only step waits for the first's result");
-  h.deliver();
-  assert(h.plan());
-  // An interactive arrival is planned at once, behind the one batch step in flight.
-  const i = h.submit({ prompt: range(100, 4), maxTokens: 3 });
-  assert(h.plan());
-  assert(h.plans.at(-1)!.seqs.some((e) => e.seqId === i));
-  assertEquals(h.sched.stepsInFlight, 2);
-  h.runToEnd(3);
-  assertEquals(h.tokens(b), expected(h, { prompt: range(0, 4), maxTokens: 20 }));
-  assertEquals(h.tokens(i), expected(h, { prompt: range(100, 4), maxTokens: 3 }));
-});
+}
 
-Deno.test("Scheduler: interactive decodes beside batch work keep backgroundDepth steps in flight, and batch rows ride in them", () => {
+Deno.test("Scheduler: on an engine with results on the host, interactive decodes beside batch work keep backgroundDepth steps in flight, and batch rows ride in them", () => {
   const h = new Harness({ vocabSize: 512, numBlocks: 64, blockSize: 4 }, {
     agingSteps: 10_000,
     backgroundDepth: 1,
+    shallowBesideBatch: true,
   });
   const iSpec = { prompt: range(100, 4), maxTokens: 12 };
   const bSpec = { prompt: range(0, 4), maxTokens: 12, priority: "batch" as const };

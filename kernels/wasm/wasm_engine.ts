@@ -96,6 +96,7 @@ export class WasmEngine implements Engine {
   readonly name = "cpu";
   /** Its sampling runs on this thread after the forward pass: a late mask is awaited there. */
   readonly lateMasks = true;
+  readonly resultsOnHost = true;
   readonly kv: KvGeometry;
   readonly limits: { readonly maxSeqs: number; readonly maxBatchTokens: number };
   readonly memory: {

@@ -182,7 +182,8 @@ export class Scheduler {
     const depth = background ? this.config.backgroundDepth : 0;
     if (fg === "none" && this.#inFlight.size >= depth) return null;
     if (
-      fg === "running" && this.#inFlight.size >= this.config.backgroundDepth &&
+      fg === "running" && this.config.shallowBesideBatch &&
+      this.#inFlight.size >= this.config.backgroundDepth &&
       rankOneLive(this.#q.live.values(), this.#rankOf)
     ) return null;
     // While interactive work waits or reads its prompt, batch rows yield the whole step.

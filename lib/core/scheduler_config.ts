@@ -38,6 +38,12 @@ export interface SchedulerConfig {
    * from its token in flight, its mask computed while the step runs.
    */
   readonly lateMasks: boolean;
+  /**
+   * The engine's results are on the host when a step ends (Engine.resultsOnHost): steps of
+   * interactive decodes beside live batch work then keep backgroundDepth in flight, not the
+   * pipeline, since an interactive arrival waits behind every step in flight holding batch rows.
+   */
+  readonly shallowBesideBatch: boolean;
 }
 
 const SCHEDULER_DEFAULTS = {
@@ -50,6 +56,7 @@ const SCHEDULER_DEFAULTS = {
   maxSeqFaults: DEFAULT_LIMITS.maxSeqFaults,
   vocabSize: 0,
   lateMasks: false,
+  shallowBesideBatch: false,
 } as const;
 
 /** Fills in the defaults (lib/engine/limits.ts); the watermark is a share of the pool. */

@@ -108,6 +108,13 @@ export interface Engine {
    * sequence decodes from its token in flight like an unconstrained one.
    */
   readonly lateMasks?: boolean;
+  /**
+   * A step's result is on the host when the step ends (no device readback to wait for), so
+   * planning the next step only after it costs the planning gap and no more. The scheduler then
+   * keeps backgroundDepth steps in flight while batch rows ride beside interactive decodes; an
+   * engine whose results come back through a readback keeps its pipeline there instead.
+   */
+  readonly resultsOnHost?: boolean;
   step(plan: StepPlan): Promise<StepResult>;
   /**
    * The sequence is finished or preempted: forget its per-sequence state (last sampled token).
