@@ -8,6 +8,8 @@ import { createApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
+import { listenerOptions } from "./listener_options.ts";
+import { openFileLimit } from "../util/fd_limit.ts";
 import type { RunNeeds } from "./permissions.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
@@ -104,9 +106,7 @@ export async function routerCommand(argv: string[]): Promise<number> {
     drainTimeoutMs: config.drainTimeout * 1000,
   });
   const server = await serveService(service, {
-    hostname: config.host,
-    port: config.port,
-    drainTimeoutMs: config.drainTimeout * 1000,
+    ...listenerOptions(config, openFileLimit()),
     onListen: (addr) => {
       log([
         `llmserve router ready`,
@@ -157,9 +157,7 @@ async function routeByModel(
     drainTimeoutMs: config.drainTimeout * 1000,
   });
   const server = await serveService(service, {
-    hostname: config.host,
-    port: config.port,
-    drainTimeoutMs: config.drainTimeout * 1000,
+    ...listenerOptions(config, openFileLimit()),
     onListen: (addr) => {
       log([
         `llmserve router ready (by model)`,
