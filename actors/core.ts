@@ -24,6 +24,11 @@ export interface ServingCoreOptions {
   readonly clientBuffer?: number;
   /** Compiles output constraints (constrained decoding); absent: constrained requests fail. */
   readonly grammars?: ConstraintCompiler;
+  /**
+   * The clock of the generations' timings, in ms (default performance.now). A test passes a
+   * logical one (engine steps counted) so that its timings do not depend on machine speed.
+   */
+  readonly now?: () => number;
 }
 
 /**
@@ -71,6 +76,7 @@ export class ServingCore {
   readonly #codec: TextCodec;
   readonly #clientBuffer: number;
   readonly #grammars: ConstraintCompiler | undefined;
+  readonly #now: (() => number) | undefined;
   readonly #loops: Promise<unknown>;
   readonly #steps = new StepTracer();
 
@@ -116,6 +122,7 @@ export class ServingCore {
     this.#codec = opts.codec;
     this.#clientBuffer = opts.clientBuffer ?? 16;
     this.#grammars = opts.grammars;
+    this.#now = opts.now;
     this.#loops = Promise.all([this.scheduler.run(), this.executor.run()]);
   }
 
@@ -137,7 +144,10 @@ export class ServingCore {
         return id;
       },
     };
-    const actor = new RequestActor(handle, this.#codec, req, sink, { grammars: this.#grammars });
+    const actor = new RequestActor(handle, this.#codec, req, sink, {
+      grammars: this.#grammars,
+      now: this.#now,
+    });
     const onAbort = () => actor.abort();
     signal?.addEventListener("abort", onAbort, { once: true });
     if (signal?.aborted) actor.abort();

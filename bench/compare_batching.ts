@@ -17,6 +17,7 @@ import {
   sleep,
   timedGeneration,
 } from "./compare_common.ts";
+import { logicalClock, type ReplayClock, wallClock } from "./replay_clock.ts";
 import { fmt, pct, ratio, summarize, type Summary, table } from "./stats.ts";
 import {
   drawLength,
@@ -35,6 +36,12 @@ export interface BatchingOptions {
   readonly seed: number;
   readonly backend: BackendChoice;
   readonly maxBatchTokens: number;
+  /**
+   * When set, the static run is replayed on a logical clock on which each engine step takes
+   * this many ms: its batches then do not depend on the machine's speed (the smoke test's
+   * padding), and its times are logical. Unset: the wall clock, as measured for the tables.
+   */
+  readonly logicalStepMs?: number;
 }
 
 export interface TraceItem {
@@ -129,7 +136,12 @@ export async function runContinuous(
 }
 
 /** The trace through static batches driven on the engine directly (see the module comment). */
-export async function runStatic(bm: BenchModel, trace: readonly TraceItem[], o: BatchingOptions) {
+export async function runStatic(
+  bm: BenchModel,
+  trace: readonly TraceItem[],
+  o: BatchingOptions,
+  startClock: () => ReplayClock = wallClock,
+) {
   const B = o.batchSize, blockSize = 16;
   const maxPrompt = Math.max(...trace.map((t) => t.prompt.length));
   const maxOut = Math.max(...trace.map((t) => t.maxTokens));
@@ -145,12 +157,16 @@ export async function runStatic(bm: BenchModel, trace: readonly TraceItem[], o: 
   const table = (slot: number) => Array.from({ length: perSeq }, (_, i) => slot * perSeq + i);
   const recs: GenRecord[] = trace.map(() => ({ arrival: 0, tokens: [], cachedTokens: 0 }));
   let rows = 0, padding = 0, next = 0, stepId = 0, seqIds = 1;
-  const t0 = performance.now();
-  trace.forEach((t, i) => (recs[i] = { arrival: t0 + t.at, tokens: [], cachedTokens: 0 }));
+  trace.forEach((t, i) => (recs[i] = { arrival: t.at, tokens: [], cachedTokens: 0 }));
+  const clock = startClock(); // once the engine is built: the replay starts now
+  const step = async (plan: StepPlan) => {
+    const res = await engine.step(plan);
+    clock.stepped();
+    return res;
+  };
   while (next < trace.length) {
-    const now = performance.now() - t0;
-    if (trace[next]!.at > now) await sleep(trace[next]!.at - now);
-    const arrived = performance.now() - t0;
+    await clock.until(trace[next]!.at);
+    const arrived = clock.now();
     const members: number[] = [];
     while (next < trace.length && members.length < B && trace[next]!.at <= arrived) {
       members.push(next++);
@@ -186,9 +202,9 @@ export async function runStatic(bm: BenchModel, trace: readonly TraceItem[], o: 
       }
     });
     for (const plan of chunkPlans(rowsOf, o.maxBatchTokens, () => stepId++)) {
-      const res = await engine.step(plan);
+      const res = await step(plan);
       rows += plan.seqs.reduce((s, e) => s + e.tokens.length, 0);
-      const at = performance.now();
+      const at = clock.now();
       for (const s of res.sampled) {
         const j = ids.indexOf(s.seqId);
         if (j < 0) continue;
@@ -210,9 +226,9 @@ export async function runStatic(bm: BenchModel, trace: readonly TraceItem[], o: 
           sampling: trace[m]!.sampling,
         })),
       };
-      const res = await engine.step(plan);
+      const res = await step(plan);
       rows += members.length;
-      const at = performance.now();
+      const at = clock.now();
       res.sampled.forEach((s, j) => {
         const m = members[j]!;
         const r = recs[m]!;
@@ -223,13 +239,13 @@ export async function runStatic(bm: BenchModel, trace: readonly TraceItem[], o: 
       });
     }
     for (const [j, m] of members.entries()) {
-      recs[m]!.end ??= performance.now(); // max_tokens 1: done at prefill
+      recs[m]!.end ??= clock.now(); // max_tokens 1: done at prefill
       engine.release?.(ids[j]!);
       engine.release?.(padIds[j]!);
     }
   }
   engine.dispose();
-  return { result: policyResult(recs, t0, rows, padding), records: recs };
+  return { result: policyResult(recs, 0, rows, padding), records: recs };
 }
 
 /** Splits prefill rows into plans of at most `budget` rows, sampling only at a prompt's end. */
@@ -263,7 +279,9 @@ function chunkPlans(rows: readonly SeqInput[], budget: number, nextId: () => num
 export async function compareBatching(bm: BenchModel, o: BatchingOptions): Promise<BatchingResult> {
   const trace = batchingTrace(bm, o);
   const cont = await runContinuous(bm, trace, o);
-  const stat = await runStatic(bm, trace, o);
+  const step = o.logicalStepMs;
+  const startClock = step === undefined ? wallClock : () => logicalClock(step);
+  const stat = await runStatic(bm, trace, o, startClock);
   const sameTokens = cont.records.every((r, i) =>
     r.tokens.join() === stat.records[i]!.tokens.join()
   );
@@ -315,7 +333,7 @@ export async function compareBatching(bm: BenchModel, o: BatchingOptions): Promi
     `outputs ${o.outputTokens.min}–${o.outputTokens.max} tokens (EOS ignored), batch cap ${o.batchSize}, ${o.backend} engine. ` +
     `Both produced ${c.outputTokens} output tokens; token for token the same: ${
       sameTokens ? "yes" : "NO"
-    }.`,
+    }. Static batching ran on the ${startClock().label}.`,
     "",
     table(["", "continuous", "static", "continuous / static"], rows),
   ].join("\n");

@@ -1,11 +1,10 @@
 import type { Gpu, KernelOp } from "./device.ts";
 import type { LogitAdjust } from "../lib/engine/logit_adjust.ts";
+import { PlanRegions } from "./plan_regions.ts";
 
 /** u32 words of one entry: sample row, token id, bias, penalty, subtract. */
 const ENTRY_WORDS = 5;
-const HEADER_BYTES = 4;
 const THREADS = 64;
-const ALIGN = 256; // minStorageBufferOffsetAlignment on most GPUs
 
 /**
  * lib/engine/logit_adjust.ts on the device: one thread per listed (row, token), in place on the
@@ -33,27 +32,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 `;
 }
 
-/** One plan's entries as packed: where its region starts in the submit's buffer and how many. */
-interface Region {
-  readonly offset: number;
-  readonly bytes: number;
-  readonly count: number;
-}
-
 /**
  * The logit-adjust kernel of one engine. Each submit packs every plan's entries into one
- * buffer (a 256-byte-aligned region each, written once before the submit); `use(i)` points the
- * op at plan i's region before that plan's kernels are encoded. The buffer grows as needed; a
- * replaced one is kept until dispose, since steps already submitted may still read it.
+ * buffer (PlanRegions: a region each, written once before the submit); `use(i)` points the op
+ * at plan i's region before that plan's kernels are encoded.
  */
 export class LogitAdjustOp implements KernelOp {
   readonly label = "logit adjust";
   readonly #gpu: Gpu;
   readonly #pipeline: GPUComputePipeline;
   readonly #logits: GPUBuffer;
-  #buffer: GPUBuffer | undefined;
-  readonly #retired: GPUBuffer[] = [];
-  #regions: (Region | undefined)[] = [];
+  readonly #regions: PlanRegions;
   #group: GPUBindGroup | undefined;
   #count = 0;
 
@@ -61,6 +50,7 @@ export class LogitAdjustOp implements KernelOp {
     this.#gpu = gpu;
     this.#logits = logits;
     this.#pipeline = gpu.pipeline(logitAdjustWgsl(vocab), this.label);
+    this.#regions = new PlanRegions(gpu, "logit adjustments");
   }
 
   /**
@@ -68,25 +58,11 @@ export class LogitAdjustOp implements KernelOp {
    * row order, undefined for a row without) and uploads them.
    */
   prepare(plans: readonly (readonly (LogitAdjust | undefined)[])[]): void {
-    this.#regions = [];
-    let total = 0;
     const counts = plans.map((rows) => rows.reduce((n, a) => n + (a?.ids.length ?? 0), 0));
-    const regions = counts.map((count) => {
-      if (count === 0) return undefined;
-      const bytes = HEADER_BYTES + count * ENTRY_WORDS * 4;
-      const r = { offset: total, bytes, count };
-      total += Math.ceil(bytes / ALIGN) * ALIGN;
-      return r;
-    });
-    if (total === 0) return;
-    const data = new ArrayBuffer(total);
-    const u32 = new Uint32Array(data), f32 = new Float32Array(data);
-    plans.forEach((rows, p) => {
-      const region = regions[p];
-      if (region === undefined) return;
-      let w = region.offset / 4;
-      u32[w++] = region.count;
-      rows.forEach((a, row) => {
+    this.#regions.write(counts, ENTRY_WORDS * 4, (data, p, word) => {
+      const u32 = new Uint32Array(data), f32 = new Float32Array(data);
+      let w = word;
+      plans[p]!.forEach((a, row) => {
         if (a === undefined) return;
         for (let i = 0; i < a.ids.length; i++) {
           u32[w] = row;
@@ -98,19 +74,16 @@ export class LogitAdjustOp implements KernelOp {
         }
       });
     });
-    this.#ensure(total);
-    this.#gpu.device.queue.writeBuffer(this.#buffer!, 0, data);
-    this.#regions = regions;
   }
 
   /** Points the next encode at plan `i` of the last prepare() (nothing to do when it has none). */
   use(i: number): void {
-    const r = this.#regions[i];
+    const r = this.#regions.region(i);
     this.#count = r?.count ?? 0;
     this.#group = r === undefined ? undefined : this.#gpu.device.createBindGroup({
       layout: this.#pipeline.getBindGroupLayout(0),
       entries: [
-        { binding: 0, resource: { buffer: this.#buffer!, offset: r.offset, size: r.bytes } },
+        { binding: 0, resource: r.binding },
         { binding: 1, resource: { buffer: this.#logits } },
       ],
       label: this.label,
@@ -130,21 +103,6 @@ export class LogitAdjustOp implements KernelOp {
 
   /** Frees its buffers (the engine's `owned` list calls this). */
   destroy(): void {
-    this.#buffer?.destroy();
-    for (const b of this.#retired) b.destroy();
-    this.#retired.length = 0;
-    this.#buffer = undefined;
-  }
-
-  #ensure(bytes: number): void {
-    if (this.#buffer !== undefined && this.#buffer.size >= bytes) return;
-    if (this.#buffer !== undefined) this.#retired.push(this.#buffer);
-    let size = Math.max(4096, this.#buffer?.size ?? 0);
-    while (size < bytes) size *= 2;
-    this.#buffer = this.#gpu.device.createBuffer({
-      size,
-      usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
-      label: "logit adjustments",
-    });
+    this.#regions.destroy();
   }
 }

@@ -1,7 +1,7 @@
 import type { Gpu, KernelOp } from "./device.ts";
 import { MAX_TOP_LOGPROBS } from "../lib/engine/top_logprobs.ts";
+import { PlanRegions } from "./plan_regions.ts";
 
-const ALIGN = 256; // minStorageBufferOffsetAlignment on most GPUs
 /** As in sample.ts: llvmpipe leaves a loop after 65535 iterations per invocation, silently. */
 const LOOP_BUDGET = 64000;
 
@@ -115,10 +115,9 @@ export function topLogprobsBytes(asks: number): number {
 }
 
 /**
- * The top-logprobs kernel of one engine, with the request packing of LogitAdjustOp: each submit
- * writes every plan's asks (sampled row, n) into one buffer, a 256-byte-aligned region per plan;
- * `use(i)` points the op at plan i's. Plans whose rows ask for none dispatch nothing, and only
- * the asking rows' results are copied back.
+ * The top-logprobs kernel of one engine: each submit writes every plan's asks (sampled row, n)
+ * into one buffer (PlanRegions, a region per plan); `use(i)` points the op at plan i's. Plans
+ * whose rows ask for none dispatch nothing, and only the asking rows' results are copied back.
  */
 export class TopLogprobsOp implements KernelOp {
   readonly label = "top logprobs";
@@ -128,9 +127,7 @@ export class TopLogprobsOp implements KernelOp {
   readonly #pipeline: GPUComputePipeline;
   readonly #logits: GPUBuffer;
   readonly #threads: number;
-  #buffer: GPUBuffer | undefined;
-  readonly #retired: GPUBuffer[] = [];
-  #regions: ({ offset: number; bytes: number; count: number } | undefined)[] = [];
+  readonly #regions: PlanRegions;
   #group: GPUBindGroup | undefined;
   #count = 0;
 
@@ -139,6 +136,7 @@ export class TopLogprobsOp implements KernelOp {
     this.#logits = logits;
     this.#threads = topLogprobsThreads(vocab, gpu.cpuRasterizer ? 8 : 64);
     this.#pipeline = gpu.pipeline(topLogprobsWgsl(vocab, this.#threads), this.label);
+    this.#regions = new PlanRegions(gpu, "top logprobs asks");
     this.out = gpu.device.createBuffer({
       size: Math.max(16, topLogprobsBytes(maxSeqs)),
       usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC,
@@ -148,50 +146,25 @@ export class TopLogprobsOp implements KernelOp {
 
   /** Packs each plan's asks: per plan, its sampled rows' counts in row order (0 or undefined: none). */
   prepare(plans: readonly (readonly (number | undefined)[])[]): void {
-    this.#regions = [];
-    let total = 0;
     const asks = plans.map((rows) => rows.flatMap((n, row) => (n ? [[row, n] as const] : [])));
-    const regions = asks.map((a) => {
-      if (a.length === 0) return undefined;
-      const bytes = 4 + a.length * 8;
-      const r = { offset: total, bytes, count: a.length };
-      total += Math.ceil(bytes / ALIGN) * ALIGN;
-      return r;
-    });
-    if (total === 0) return;
-    const u32 = new Uint32Array(total / 4);
-    asks.forEach((a, p) => {
-      const r = regions[p];
-      if (r === undefined) return;
-      let w = r.offset / 4;
-      u32[w++] = a.length;
-      for (const [row, n] of a) {
+    this.#regions.write(asks.map((a) => a.length), 8, (data, p, word) => {
+      const u32 = new Uint32Array(data);
+      let w = word;
+      for (const [row, n] of asks[p]!) {
         u32[w++] = row;
         u32[w++] = n;
       }
     });
-    if (this.#buffer === undefined || this.#buffer.size < total) {
-      if (this.#buffer !== undefined) this.#retired.push(this.#buffer);
-      let size = Math.max(4096, this.#buffer?.size ?? 0);
-      while (size < total) size *= 2;
-      this.#buffer = this.#gpu.device.createBuffer({
-        size,
-        usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST,
-        label: "top logprobs asks",
-      });
-    }
-    this.#gpu.device.queue.writeBuffer(this.#buffer, 0, u32);
-    this.#regions = regions;
   }
 
   /** Points the next encode at plan `i`; returns how many rows of it ask. */
   use(i: number): number {
-    const r = this.#regions[i];
+    const r = this.#regions.region(i);
     this.#count = r?.count ?? 0;
     this.#group = r === undefined ? undefined : this.#gpu.device.createBindGroup({
       layout: this.#pipeline.getBindGroupLayout(0),
       entries: [
-        { binding: 0, resource: { buffer: this.#buffer!, offset: r.offset, size: r.bytes } },
+        { binding: 0, resource: r.binding },
         { binding: 1, resource: { buffer: this.#logits } },
         { binding: 2, resource: { buffer: this.out } },
       ],
@@ -213,9 +186,6 @@ export class TopLogprobsOp implements KernelOp {
 
   destroy(): void {
     this.out.destroy();
-    this.#buffer?.destroy();
-    for (const b of this.#retired) b.destroy();
-    this.#retired.length = 0;
-    this.#buffer = undefined;
+    this.#regions.destroy();
   }
 }

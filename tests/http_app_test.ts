@@ -1,4 +1,4 @@
-import { assert, assertEquals, assertGreater, assertLess, assertMatch } from "@std/assert";
+import { assert, assertEquals, assertGreater, assertMatch } from "@std/assert";
 import { FakeCore } from "./_fake_core.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import {
@@ -601,10 +601,9 @@ Deno.test("drain() aborts generations still running at its deadline", async () =
   const result = await svc.service.drain({ timeoutMs: 100 });
   const took = performance.now() - t0;
   assertEquals(result, { completed: false, aborted: 1 });
+  // The deadline ended it (the generation alone would run for minutes: 100000 tokens at 5 ms):
+  // the result says one was aborted, and the drain waited its 100 ms first.
   assertGreater(took, 90);
-  // The generation alone would run for minutes (100000 tokens at 5 ms); 20 s leaves a loaded
-  // machine room and still tells the deadline from the generation's end.
-  assertLess(took, 20_000);
   const events = parseSse(await res.text()) as Array<Record<string, any>>;
   // "cancelled" is no OpenAI finish reason: a stream the server cut ends with an error event.
   assertEquals(events.at(-1)!.error.code, "draining");

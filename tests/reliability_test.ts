@@ -33,12 +33,15 @@ async function metrics(base: string): Promise<string> {
   return await (await fetch(`${base}/metrics`)).text();
 }
 
-/** Polls /metrics until `series` reads `want` (what is left in flight settles asynchronously). */
+/**
+ * Polls /metrics until `series` reads `want` (what is left in flight settles asynchronously).
+ * `timeoutMs` is a hang guard, not a speed bound.
+ */
 async function metricSettles(
   base: string,
   series: string,
   want: number,
-  timeoutMs = 5000,
+  timeoutMs = 60_000,
 ): Promise<void> {
   const end = performance.now() + timeoutMs;
   let last: number | undefined;

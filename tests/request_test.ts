@@ -1,6 +1,6 @@
-import { assert, assertEquals, assertGreater, assertLess, assertNotEquals } from "@std/assert";
+import { assert, assertEquals, assertGreater, assertGreaterOrEqual, assertLess } from "@std/assert";
 import { ServingCore } from "../actors/core.ts";
-import { GREEDY } from "../lib/engine/engine.ts";
+import { GREEDY, type StepPlan, type StepResult } from "../lib/engine/engine.ts";
 import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./harness/fake_engine.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import type { SchedulerConfig } from "../lib/core/scheduler.ts";
@@ -73,7 +73,11 @@ function doneOf(events: GenerationEvent[]) {
   return d;
 }
 
-async function waitFor(what: string, cond: () => boolean, ms = 2000): Promise<void> {
+/**
+ * Polls until `cond` holds (a final probe of the scheduler's state). `ms` only keeps a broken
+ * run from hanging: it is far above what any machine takes, and no assertion is about time.
+ */
+async function waitFor(what: string, cond: () => boolean, ms = 60_000): Promise<void> {
   const end = Date.now() + ms;
   while (!cond()) {
     if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
@@ -294,8 +298,39 @@ Deno.test("RequestActor after drain() answers 'draining' while running generatio
   }
 });
 
+/** A fake engine that logs each step's sequences (and a prefill's tokens) and counts steps. */
+class StepLogEngine extends FakeEngine {
+  readonly log: { seqId: number; tokens: readonly number[] }[][] = [];
+  finished = 0;
+  override async step(plan: StepPlan): Promise<StepResult> {
+    this.log.push(plan.seqs.map((s) => ({ seqId: s.seqId, tokens: s.tokens })));
+    const result = await super.step(plan);
+    this.finished++;
+    return result;
+  }
+}
+
 Deno.test("RequestActor reports timings: queue, prefill, first token and decode rate add up", async () => {
-  const core = startCore({ latencyMs: 3 }, { maxRunning: 1 });
+  // Timings on a logical clock of 3 ms per finished engine step: they count steps, so the
+  // relations below hold on any machine. A step's result comes on a timer (a macrotask) and
+  // the actors read the clock as they handle messages (microtasks), so with one step at a time
+  // each reading sees exactly the steps finished before the message was sent.
+  const STEP_MS = 3;
+  const engine = new StepLogEngine({
+    vocabSize: VOCAB,
+    numBlocks: 128,
+    blockSize: 4,
+    contextLength: 512,
+    latencyMs: 1,
+  });
+  const core = new ServingCore({
+    engine,
+    engineFactory: () => engine,
+    codec: fakeCodec,
+    scheduler: { maxRunning: 1 },
+    maxInFlight: 1,
+    now: () => engine.finished * STEP_MS,
+  });
   try {
     const p1 = promptWithLongRun(20, 1), p2 = promptWithLongRun(20, 6);
     const [a, b] = await Promise.all([
@@ -307,13 +342,26 @@ Deno.test("RequestActor reports timings: queue, prefill, first token and decode 
       for (const v of Object.values(t)) assert(v >= 0 && Number.isFinite(v), JSON.stringify(t));
       assert(Math.abs(t.timeToFirstTokenMs - (t.queuedMs + t.prefillMs)) < 1e-6);
       assert(Math.abs(t.totalMs - (t.timeToFirstTokenMs + t.decodeMs)) < 1e-6);
-      assertGreater(t.prefillMs, 2, "the first token needs at least one 3 ms step");
+      assertGreaterOrEqual(t.prefillMs, STEP_MS, "the first token needs at least one step");
+      // The 19 tokens after the first take at least 19 more steps.
+      assertGreaterOrEqual(t.decodeMs, 19 * STEP_MS, JSON.stringify(t));
       assert(Math.abs(t.decodeTokensPerSecond - 19 / (t.decodeMs / 1000)) < 1e-6);
     }
-    // With one running slot the second request waits for the whole first one.
-    const [first, second] = ta.queuedMs < tb.queuedMs ? [ta, tb] : [tb, ta];
-    assertGreater(second.queuedMs, first.totalMs * 0.8, JSON.stringify({ first, second }));
-    assertNotEquals(ta.queuedMs, tb.queuedMs);
+    // With one running slot no step holds both, and the second runs only after the whole first.
+    const order = engine.log.map((step) => {
+      assertEquals(step.length, 1, "one sequence a step");
+      return step[0]!.seqId;
+    });
+    const switchAt = order.findIndex((id) => id !== order[0]);
+    assertGreater(switchAt, 0, `both sequences ran: ${order.join()}`);
+    assert(order.slice(switchAt).every((id) => id !== order[0]), order.join());
+    // The first step is the first sequence's prefill: its prompt tells which request it is.
+    const prefill = engine.log[0]![0]!.tokens.join();
+    assert(prefill === p1.join() || prefill === p2.join(), prefill);
+    const [first, second] = prefill === p1.join() ? [ta, tb] : [tb, ta];
+    // The second waited in the queue for the first's 20 steps (1 prefill, 19 decodes).
+    assertGreaterOrEqual(second.queuedMs, 20 * STEP_MS, JSON.stringify({ first, second }));
+    assertLess(first.queuedMs, second.queuedMs);
   } finally {
     await closeCore(core);
   }
@@ -342,7 +390,7 @@ Deno.test("A client that stops reading holds its sequence: the engine decodes no
     await waitFor("the sequence to be held", () => {
       const s = core.schedulerStats();
       return s.running === 1 && s.stepsInFlight === 0;
-    }, 10_000);
+    });
     const computed = engine.tokensComputed;
     // Everything computed fits in what was read, the 4-event buffer, the request actor's
     // event in hand and the steps that were in flight: far from the 300 asked for.

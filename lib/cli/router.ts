@@ -8,6 +8,8 @@ import { createModelsService } from "../serving/models_service.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
+import { listenerOptions } from "./listener_options.ts";
+import { openFileLimit } from "../util/fd_limit.ts";
 import type { RunNeeds } from "./permissions.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
@@ -108,9 +110,7 @@ export async function routerCommand(argv: string[]): Promise<number> {
     peerLog,
   });
   const server = await serveService(service, {
-    hostname: config.host,
-    port: config.port,
-    drainTimeoutMs: config.drainTimeout * 1000,
+    ...listenerOptions(config, openFileLimit()),
     onListen: (addr) => {
       log([
         `llmserve router ready`,
@@ -163,9 +163,7 @@ async function routeByModel(
     drainTimeoutMs: config.drainTimeout * 1000,
   });
   const server = await serveService(service, {
-    hostname: config.host,
-    port: config.port,
-    drainTimeoutMs: config.drainTimeout * 1000,
+    ...listenerOptions(config, openFileLimit()),
     onListen: (addr) => {
       log([
         `llmserve router ready (by model)`,

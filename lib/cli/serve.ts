@@ -38,7 +38,8 @@ import { randomId } from "../cluster/subjects.ts";
 import { coreReplicaSource } from "../cluster/replica_source.ts";
 import { modelIdentity } from "../cluster/model_identity.ts";
 import type { Model } from "../model/weights.ts";
-import { defaultMaxConnections, openFileLimit } from "../util/fd_limit.ts";
+import { openFileLimit } from "../util/fd_limit.ts";
+import { listenerOptions } from "./listener_options.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",
@@ -202,15 +203,9 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const front = new SwitchableService(createLoadingService(progress, requestLog, metrics));
   let listening!: Deno.NetAddr;
   const fdLimit = openFileLimit();
-  const maxConnections = config.maxConnections ?? defaultMaxConnections(fdLimit);
+  const listener = listenerOptions(config, fdLimit);
   const server = await serveService(front, {
-    hostname: config.host,
-    port: config.port,
-    drainTimeoutMs: config.drainTimeout * 1000,
-    maxConnections,
-    headerTimeoutMs: config.headerTimeout * 1000,
-    bodyTimeoutMs: config.bodyTimeout * 1000,
-    keepAliveTimeoutMs: config.keepAliveTimeout * 1000,
+    ...listener,
     log: logger.warn,
     onListen: (addr) => {
       listening = addr;
@@ -234,7 +229,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
       `  origins   same origin${
         config.corsOrigin.length > 0 ? ` + ${config.corsOrigin.join(", ")}` : " only"
       }${config.allowedHost.length > 0 ? `; host names ${config.allowedHost.join(", ")}` : ""}`,
-      `  conns     ${maxConnections} at most${
+      `  conns     ${listener.maxConnections} at most${
         config.maxConnections === undefined ? ` (open-file limit ${fdLimit ?? "unknown"})` : ""
       }; timeouts: header ${config.headerTimeout} s, body ${config.bodyTimeout} s, keep-alive ${config.keepAliveTimeout} s`,
     ].join("\n"),

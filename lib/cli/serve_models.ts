@@ -31,7 +31,8 @@ import { wasmHeap } from "../../kernels/wasm/heap.ts";
 import { type CatalogModel, createModelsService } from "../serving/models_service.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { formatKeepAlive } from "../util/duration.ts";
-import { defaultMaxConnections, openFileLimit } from "../util/fd_limit.ts";
+import { openFileLimit } from "../util/fd_limit.ts";
+import { listenerOptions } from "./listener_options.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import type { Config } from "./config.ts";
 import { openModel } from "./open_model.ts";
@@ -442,17 +443,9 @@ export async function serveModelsCommand(
     requestLog,
     drainTimeoutMs: config.drainTimeout * 1000,
   });
-  const fdLimit = openFileLimit();
-  const maxConnections = config.maxConnections ?? defaultMaxConnections(fdLimit);
   let listening!: Deno.NetAddr;
   const server = await serveService(service, {
-    hostname: config.host,
-    port: config.port,
-    drainTimeoutMs: config.drainTimeout * 1000,
-    maxConnections,
-    headerTimeoutMs: config.headerTimeout * 1000,
-    bodyTimeoutMs: config.bodyTimeout * 1000,
-    keepAliveTimeoutMs: config.keepAliveTimeout * 1000,
+    ...listenerOptions(config, openFileLimit()),
     onListen: (addr) => listening = addr,
   });
   const resolved = await shared.resolved;
