@@ -45,6 +45,8 @@ export interface FakeCoreOptions {
   readonly failMarker?: string;
   /** Characters appended to each token's text on its way out (large frames for backpressure). */
   readonly tokenPadding?: number;
+  /** Holds steps' results (FakeEngineOptions.holdWhen). */
+  readonly holdWhen?: FakeEngineOptions["holdWhen"];
 }
 
 export class FakeCore extends CoreBackend {
@@ -73,6 +75,7 @@ export class FakeCore extends CoreBackend {
       blockSize: opts.kvBlockSize ?? 16,
       numBlocks: opts.kvBlocksTotal ?? 256,
       latencyMs: opts.tokenDelayMs ?? 0,
+      ...(opts.holdWhen ? { holdWhen: opts.holdWhen } : {}),
       failWhen: (plan: StepPlan) => {
         if (broken.now) return true;
         if (!markerIds) return false;

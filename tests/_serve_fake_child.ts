@@ -1,13 +1,29 @@
 /**
  * Child process for the drain test: the real service over the real serving core on the fake
  * model, draining on SIGTERM. Prints "listening <port>" when ready and "drained <json>" before
- * exiting 0.
+ * exiting 0. Arguments: the drain timeout in ms; optionally a number of generations N, after
+ * whose first tokens every step is held until SIGTERM, so that all N are still running when
+ * the signal comes however slow the machine.
  */
 import { createApp } from "../lib/http/app.ts";
 import { serveService } from "../lib/http/serve.ts";
 import { FakeCore } from "./_fake_core.ts";
 
-const backend = new FakeCore({ tokenDelayMs: 20, contextLength: 1024 });
+const holdAfter = Deno.args[1] === undefined ? undefined : Number(Deno.args[1]);
+const signalled = Promise.withResolvers<void>();
+Deno.addSignalListener("SIGTERM", () => signalled.resolve());
+const sampled = new Set<number>();
+const backend = new FakeCore({
+  tokenDelayMs: 20,
+  contextLength: 1024,
+  ...(holdAfter === undefined ? {} : {
+    holdWhen: (plan) => {
+      const hold = sampled.size >= holdAfter;
+      for (const s of plan.seqs) if (s.sample) sampled.add(s.seqId);
+      return hold ? signalled.promise : undefined;
+    },
+  }),
+});
 const service = createApp({ backend });
 const running = await serveService(service, {
   hostname: "127.0.0.1",

@@ -2,7 +2,7 @@ import { assertEquals, assertMatch } from "@std/assert";
 import { TestSocket } from "./_http_harness.ts";
 
 /** Starts tests/_serve_fake_child.ts and returns it with its port and a stdout line reader. */
-async function spawnServer(drainTimeoutMs: number) {
+async function spawnServer(drainTimeoutMs: number, holdAfter?: number) {
   const child = new Deno.Command(Deno.execPath(), {
     args: [
       "run",
@@ -11,6 +11,7 @@ async function spawnServer(drainTimeoutMs: number) {
       "--allow-env",
       new URL("./_serve_fake_child.ts", import.meta.url).pathname,
       String(drainTimeoutMs),
+      ...(holdAfter === undefined ? [] : [String(holdAfter)]),
     ],
     stdout: "piped",
     stderr: "inherit",
@@ -37,13 +38,15 @@ async function spawnServer(drainTimeoutMs: number) {
 
 /** Resolves once the server's /ready answers 503 naming "draining". */
 async function untilDraining(port: number): Promise<void> {
-  for (let i = 0; i < 500; i++) {
+  // A hang guard, not a speed bound: a loaded machine may take seconds to deliver the signal.
+  const guard = performance.now() + 60_000;
+  while (performance.now() < guard) {
     const res = await fetch(`http://127.0.0.1:${port}/ready`);
     const body = await res.json();
     if (res.status === 503 && body.reasons?.includes("draining")) return;
     await new Promise((r) => setTimeout(r, 10));
   }
-  throw new Error("the server never reported draining on /ready");
+  throw new Error("the server never reported draining on /ready within 60 s");
 }
 
 Deno.test("SIGTERM lets an in-flight generation finish, refuses new ones, and exits 0", async () => {
@@ -132,9 +135,10 @@ Deno.test("SIGTERM: every HTTP and SSE answer whose generation finished reaches 
   const { FakeCore } = await import("./_fake_core.ts");
   const { parseSse } = await import("./_http_harness.ts");
   await using oracle = new FakeCore({ contextLength: 1024 });
-  const { child, port, nextLine, lines } = await spawnServer(10_000);
-  const base = `http://127.0.0.1:${port}`;
   const n = 4;
+  // The server holds every step after the 2n generations' first tokens until SIGTERM.
+  const { child, port, nextLine, lines } = await spawnServer(10_000, 2 * n);
+  const base = `http://127.0.0.1:${port}`;
   const maxTokens = 12;
   const prompt = (i: number) => `answer number ${i}`;
   const body = (i: number, stream: boolean) =>
@@ -150,9 +154,16 @@ Deno.test("SIGTERM: every HTTP and SSE answer whose generation finished reaches 
     const streams = await Promise.all(Array.from({ length: n }, (_, i) => post(n + i, true)));
     const readers = streams.map((r) => r.body!.pipeThrough(new TextDecoderStream()).getReader());
     const heads = await Promise.all(readers.map(firstEvent));
-    // All 2n generations are running (the SSE ones have produced a token): drain now.
+    // All 2n generations are running, and held there (the SSE ones have produced a token; the
+    // plain ones may reach the core a little later): drain now.
     const { metricValue, scrape } = await import("./_http_harness.ts");
-    assertEquals(metricValue(await scrape(base), "llm_inflight_generations"), 2 * n);
+    const guard = performance.now() + 60_000; // a hang guard, not a speed bound
+    let inflight = metricValue(await scrape(base), "llm_inflight_generations");
+    while (inflight !== 2 * n && performance.now() < guard) {
+      await new Promise((r) => setTimeout(r, 10));
+      inflight = metricValue(await scrape(base), "llm_inflight_generations");
+    }
+    assertEquals(inflight, 2 * n);
     child.kill("SIGTERM");
     const answers = await Promise.allSettled(plain.map(async (p) => (await p).json()));
     const sse = await Promise.allSettled(readers.map((r, i) => readRest(r, heads[i]!)));

@@ -94,6 +94,12 @@ export interface FakeEngineOptions {
   readonly failWhen?: (plan: StepPlan, callIndex: number) => boolean;
   /** Resolve each step after this many ms (default: on the next microtask). */
   readonly latencyMs?: number;
+  /**
+   * Called with each step's plan as it is taken: a promise returned holds that step's result (and so
+   * every later one) until it resolves, so a test can keep generations in flight for as long
+   * as it needs instead of hoping they are still running.
+   */
+  readonly holdWhen?: (plan: StepPlan) => Promise<void> | undefined;
 }
 
 /** See the module comment. Steps run synchronously inside step(), so they execute in call order. */
@@ -145,8 +151,11 @@ export class FakeEngine implements Engine {
       return Promise.reject(e);
     }
     const ms = this.#opts.latencyMs ?? 0;
-    if (ms <= 0) return Promise.resolve(result);
-    return new Promise((resolve) => setTimeout(() => resolve(result), ms));
+    const held = this.#opts.holdWhen?.(plan);
+    const delayed = ms <= 0
+      ? Promise.resolve(result)
+      : new Promise<StepResult>((resolve) => setTimeout(() => resolve(result), ms));
+    return held ? held.then(() => delayed) : delayed;
   }
 
   /** The step, synchronously (tests that drive the scheduler by hand use this). */
