@@ -9,6 +9,7 @@ import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
 import { listenerOptions } from "./listener_options.ts";
+import { drainedLine } from "./serve_lines.ts";
 import { openFileLimit } from "../util/fd_limit.ts";
 import type { RunNeeds } from "./permissions.ts";
 
@@ -130,13 +131,7 @@ export async function routerCommand(argv: string[]): Promise<number> {
   backend.close();
   await directory.close();
   await nc.close();
-  log(
-    `drained: ${
-      result.completed
-        ? "all in-flight generations finished"
-        : `${result.aborted} aborted at the deadline`
-    }; ${backend.failovers} failover(s) served`,
-  );
+  log(`${drainedLine(result)}; ${backend.failovers} failover(s) served`);
   return 0;
 }
 
@@ -178,12 +173,6 @@ async function routeByModel(
   whenLauncherGone(() => void server.stop());
   const result = await server.closed;
   await nc.close();
-  log(
-    `drained: ${
-      result.completed
-        ? "all in-flight generations finished"
-        : `${result.aborted} aborted at the deadline`
-    }`,
-  );
+  log(drainedLine(result));
   return 0;
 }

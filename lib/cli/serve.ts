@@ -27,7 +27,7 @@ import { resolveDataDir } from "../batch/data_dir.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
-import { statusOfCode } from "../http/errors.ts";
+import { drainedLine, natsServedLog } from "./serve_lines.ts";
 import { createChatRenderer } from "../http/chat_template.ts";
 import { leveledLog } from "../util/log_level.ts";
 import { createLoadingService, LoadProgress, SwitchableService } from "../http/loading_service.ts";
@@ -242,13 +242,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   }
   await batches.close();
   await core.close();
-  log(
-    `drained: ${
-      result.completed
-        ? "all in-flight generations finished"
-        : `${result.aborted} aborted at the deadline`
-    }`,
-  );
+  log(drainedLine(result));
   return 0;
 }
 
@@ -438,21 +432,8 @@ async function startReplica(
   }), {
     id,
     log: deps.log,
-    // A stream served over NATS gets the line an HTTP request gets: method NATS, its request id.
-    served: (requestId) => {
-      const r = deps.requestLog.record(requestId, "NATS", "generate");
-      return {
-        firstToken: () => r.firstToken(),
-        finished: (e) => {
-          r.code = e.code;
-          r.promptTokens = e.promptTokens;
-          r.completionTokens = e.completionTokens;
-          r.cached = e.cached;
-          // 499: the router went away mid-stream (nginx's "client closed request").
-          r.responded(e.code === undefined ? 200 : statusOfCode(e.code) ?? 499);
-        },
-      };
-    },
+    // A stream served over NATS gets the line an HTTP request gets.
+    served: natsServedLog(deps.requestLog),
   });
   await agent.start(natsOptions);
   let resolveDrained!: (r: { completed: boolean; aborted: number }) => void;

@@ -41,7 +41,7 @@ import { connectNats } from "../cluster/nats_connection.ts";
 import { modelIdentity } from "../cluster/model_identity.ts";
 import { randomId } from "../cluster/subjects.ts";
 import { coreReplicaSource } from "../cluster/replica_source.ts";
-import { statusOfCode } from "../http/errors.ts";
+import { drainedLine, natsServedLog } from "./serve_lines.ts";
 import type { ModelDirectory } from "../serving/models_service.ts";
 import { BatchQueue } from "../batch/batch_queue.ts";
 import { resolveDataDir } from "../batch/data_dir.ts";
@@ -476,13 +476,7 @@ export async function serveModelsCommand(
   );
   const result = await server.closed;
   await batches.close();
-  log(
-    `drained: ${
-      result.completed
-        ? "all in-flight generations finished"
-        : `${result.aborted} aborted at the deadline`
-    }`,
-  );
+  log(drainedLine(result));
   return 0;
 }
 
@@ -533,20 +527,8 @@ async function startModelsReplica(
   const agent = new ReplicaAgent(nc, models, {
     id,
     log,
-    // A stream served over NATS gets the line an HTTP request gets: method NATS, its request id.
-    served: (requestId) => {
-      const r = shared.requestLog.record(requestId, "NATS", "generate");
-      return {
-        firstToken: () => r.firstToken(),
-        finished: (e) => {
-          r.code = e.code;
-          r.promptTokens = e.promptTokens;
-          r.completionTokens = e.completionTokens;
-          r.cached = e.cached;
-          r.responded(e.code === undefined ? 200 : statusOfCode(e.code) ?? 499);
-        },
-      };
-    },
+    // A stream served over NATS gets the line an HTTP request gets.
+    served: natsServedLog(shared.requestLog),
   });
   await agent.start(natsOptions);
   let drained: Promise<{ completed: boolean; aborted: number }> | undefined;
