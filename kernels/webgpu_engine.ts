@@ -18,7 +18,7 @@ import {
   uploadMatrix,
   uploadVector,
 } from "./gpu_matrix.ts";
-import { createMatmul } from "./matmul.ts";
+import { createClassifier } from "./classifier.ts";
 import { uploadRopeTable } from "./rope.ts";
 import { createSampler } from "./sample.ts";
 import { LogitAdjustOp } from "./logit_adjust.ts";
@@ -294,19 +294,18 @@ export class WebGpuEngine implements Engine {
     // Only rows that ask for alternatives run it, after the adjustments.
     const topOp = own(new TopLogprobsOp(gpu, config.vocabSize, act.logits, maxSeqs));
     const sampleOps: KernelOp[] = [
-      createMatmul(
+      own(createClassifier(
         gpu,
         uploads.upload(uploads.check(weights.output, [config.vocabSize, config.dim])),
         {
           dims: m.dims,
-          rowsField: DIM_SAMPLES,
           x: act.x,
           y: act.logits,
           norm: { weight: uploads.vector(weights.outputNorm), eps: config.rmsEps },
           samples: m.samples,
-          label: "logits",
+          maxRows: maxSeqs,
         },
-      ),
+      )),
       adjustOp,
       createSampler(gpu, config.vocabSize, {
         dims: m.dims,
