@@ -123,9 +123,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     ).join("\n  ")
   }
   ${rows.map((r) => js.map((j) => `var a${j}_${r} = 0.0;`).join(" ")).join("\n  ")}
-  for (var c = 0u; c < NCHUNK; c++) {
+  ${
+    type === "q6_k" ? q6kHalfLoop(cols, tile, outs) : `for (var c = 0u; c < NCHUNK; c++) {
       ${js.map((j) => wgslLoadChunk(type, cols, `oc${j}`, `w${j}`)).join("\n      ")}
       ${perRow}
+  }`
   }
   ${stores}
 }
@@ -292,4 +294,71 @@ export function createClassifier(
       for (const p of parts) p.params.destroy();
     },
   };
+}
+
+/**
+ * The lane kernel's loop for Q6_K, over half super-blocks (128 elements) instead of 32-element
+ * chunks: the four sub-blocks of a half share its 64 ql bytes (low and high nibbles) and its
+ * 32 qh bytes (2 bits each), so each word is loaded once, not once per sub-block (30 loads a
+ * half against 84). A block may start 2 bytes into a word (210-byte blocks): n words at a
+ * 2-aligned offset are n + 1 loads funnelled by half a word. Element (q - 32) * d * scale is
+ * summed as d * scale * Σ (q - 32) x per 16 elements, one chain per (row, output) in order.
+ */
+function q6kHalfLoop(cols: number, tile: number, outs: number): string {
+  const js = Array.from({ length: outs }, (_, j) => j);
+  const rows = Array.from({ length: tile }, (_, r) => r);
+  const run = (p: string, name: string, at: string, n: number) => {
+    const raw = Array.from(
+      { length: n + 1 },
+      (_, i) => `let ${p}${name}r${i} = W[${p}b + ${at} + ${i}u];`,
+    )
+      .join(" ");
+    const words = Array.from(
+      { length: n },
+      (_, i) =>
+        `let ${p}${name}${i} = select(${p}${name}r${i}, (${p}${name}r${i} >> 16u) | (${p}${name}r${
+          i + 1
+        } << 16u), ${p}odd);`,
+    ).join(" ");
+    return `${raw}
+      ${words}`;
+  };
+  const loads = js.map((j) => {
+    const p = `w${j}`;
+    // Word offsets from the block's first word: ql at 16n, qh at 32 + 8n, scales at 48 + 2n.
+    return `let ${p}off = oc${j} * ${(cols / 256) * 210}u + (h >> 1u) * 210u;
+      let ${p}b = ${p}off >> 2u; let ${p}odd = (${p}off & 2u) != 0u; let ${p}n = h & 1u;
+      ${run(p, "q", `16u * ${p}n`, 16)}
+      ${run(p, "h", `32u + 8u * ${p}n`, 8)}
+      ${run(p, "s", `48u + 2u * ${p}n`, 2)}
+      let ${p}d = halfAt(${p}off + 208u);`;
+  }).join("\n      ");
+  // Sub-block k of the half: ql words k%2 * 8 + i, nibble 4(k/2); qh bits 2k; scale bytes 2k, 2k + 1.
+  const q = (p: string, k: number, i: number) =>
+    `vec4<f32>(fields(${p}q${(k % 2) * 8 + i}, ${4 * (k >> 1)}u, 15u) | (fields(${p}h${i}, ${
+      2 * k
+    }u, 3u) << vec4<u32>(4u))) - 32.0`;
+  const scale = (p: string, b: number) =>
+    `f32(bitcast<i32>(${p}s${b >> 2} << ${24 - 8 * (b & 3)}u) >> 24u)`;
+  const perRow = rows.map((r) => {
+    const groups = [0, 1, 2, 3].flatMap((k) =>
+      [0, 1].map((g) => {
+        const xs = [0, 1, 2, 3].map((i) =>
+          `let x${i} = Xn[(r0 + ${r}u) * XV + h * 32u + ${8 * k + 4 * g + i}u];`
+        ).join(" ");
+        const acc = js.map((j) =>
+          `a${j}_${r} += w${j}d * ${scale(`w${j}`, 2 * k + g)} * (${
+            [0, 1, 2, 3].map((i) => `dot(${q(`w${j}`, k, 4 * g + i)}, x${i})`).join(" + ")
+          });`
+        ).join("\n        ");
+        return `{ ${xs}
+        ${acc} }`;
+      })
+    ).join("\n      ");
+    return tile === 1 ? `{ ${groups} }` : `if (${r}u < live) { ${groups} }`;
+  }).join("\n      ");
+  return `for (var h = 0u; h < ${cols / 128}u; h++) {
+      ${loads}
+      ${perRow}
+  }`;
 }

@@ -92,6 +92,21 @@ for (const type of TYPES) {
   });
 }
 
+Deno.test("createClassifier() reads rows of several blocks (768 wide: Q6_K blocks 2 bytes off a word in every row)", async () => {
+  const gpu = await testGpu();
+  const rand = rng(29);
+  const x = randomF32(rand, 3 * 768, 2);
+  const normW = randomF32(rand, 768);
+  for (const type of TYPES) {
+    const w = randomTensor(rand, type, 99, 768, "output");
+    const want = reference(w, x, normW, [2, 1]);
+    for (const layout of LAYOUTS) {
+      const err = relativeError(await classify(gpu, w, x, normW, [2, 1], layout), want);
+      assertLess(err, 1e-5, `${type} ${layout}: relative error ${err}`);
+    }
+  }
+});
+
 Deno.test("createClassifier() covers outputs over the y and z grid dimensions where one is too short", async () => {
   const real = await testGpu();
   // 7 workgroups per dimension: 1,000 outputs need the z dimension on either layout.
