@@ -25,7 +25,7 @@ import { LogitAdjustOp } from "./logit_adjust.ts";
 import { topLogprobsBytes, TopLogprobsOp } from "./top_logprobs.ts";
 import { MAX_TOP_LOGPROBS, type TopLogprobs } from "../lib/engine/top_logprobs.ts";
 import { TokenMaskUpload } from "./token_masks.ts";
-import { DIM_SAMPLES, StepMetaLayout } from "./step_meta.ts";
+import { StepMetaLayout } from "./step_meta.ts";
 import { type KvPool, type LayerBuild, layerOps } from "./webgpu_layer.ts";
 import { type KvDtype, kvElementBytes } from "./kv_dtype.ts";
 import { planStep } from "./step_plan.ts";
