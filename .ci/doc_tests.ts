@@ -18,6 +18,7 @@
 
 /** Files whose examples drive a WebGPU device: type-checked, not run. */
 export const GPU_EXAMPLES: readonly string[] = [
+  "kernels/classifier.ts",
   "kernels/device.ts",
   "kernels/gpu_matrix.ts",
   "kernels/matmul.ts",

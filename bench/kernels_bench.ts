@@ -8,6 +8,7 @@
  *   deno run --allow-all bench/kernels_bench.ts --synthetic q4_0      # random Llama-3.2-1B shape (any tensor type)
  *   deno run --allow-all bench/kernels_bench.ts --shape qwen25_05b    # a perf file's shape and encodings, random
  *   options: --batches 1,8,32,64  --steps 48  --prompt 16  --layers N (synthetic, shape)
+ *            --only kernels (the per-kernel tables alone: quick where a step takes seconds)
  *
  * Uses no npm packages, so it runs on a machine with only a deno binary.
  */
@@ -30,10 +31,11 @@ interface Options {
   batches: number[];
   steps: number;
   prompt: number;
+  kernelsOnly: boolean;
 }
 
 function parseOptions(args: readonly string[]): Options {
-  const opts: Options = { batches: [1, 8, 32, 64], steps: 48, prompt: 16 };
+  const opts: Options = { batches: [1, 8, 32, 64], steps: 48, prompt: 16, kernelsOnly: false };
   for (let i = 0; i < args.length; i++) {
     const key = args[i]!;
     const value = args[++i];
@@ -67,6 +69,10 @@ function parseOptions(args: readonly string[]): Options {
         break;
       case "--prompt":
         opts.prompt = Number(value);
+        break;
+      case "--only":
+        if (value !== "kernels") throw new Error(`--only takes kernels, received ${value}`);
+        opts.kernelsOnly = true;
         break;
       default:
         throw new Error(`Cannot parse options: unknown option ${key}`);
@@ -229,7 +235,7 @@ export async function runKernelsBench(
   print(`- decode at position ${o.prompt}+, ${o.steps} steps per measurement\n`);
 
   // Per-kernel GPU time (timestamp queries, each kernel in its own pass; min of 5).
-  for (const batch of [1, maxBatch]) {
+  for (const batch of new Set([1, maxBatch])) {
     const w = new Workload(engine, batch, o.prompt, blocksEach);
     await w.prefill();
     const plan = w.decode(0);
@@ -257,6 +263,19 @@ export async function runKernelsBench(
         fmt(f.bytes / f.ms / 1e6, 2),
       ]).concat([["**total**", String(runs[0]!.length), fmt(total, 3), "100%", "", ""]]),
     ));
+  }
+
+  if (o.kernelsOnly) {
+    engine.dispose();
+    gpu.device.destroy();
+    const none = { waitedMs: NaN, pipelinedMs: NaN };
+    return {
+      device: gpu.description,
+      model: subject.name,
+      emptyStep: none,
+      steps: [],
+      singleStream: [],
+    };
   }
 
   // Step time by batch size, next to an empty step (submit + readback, no kernels).

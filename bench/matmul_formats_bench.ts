@@ -9,6 +9,9 @@
  *            --repeat 20 (matmuls per timed submit)
  *            --bandwidth-gbs N (the device's memory bandwidth, for the share column; default:
  *            the datasheet figure of a GPU named in DATASHEET_BANDWIDTH, else no share column)
+ *            --classifier N (the final norm + classifier for N sampled rows of --batch: the
+ *            classifier kernel against the fused-norm gathered matmul it replaced, same run;
+ *            e.g. --rows 128256 --cols 2048 for Llama 3's vocabulary)
  *
  * Timing: `repeat` dispatches in one compute pass, submitted, awaited with
  * onSubmittedWorkDone(); the best of 5 such runs (taken round-robin over the types), divided
@@ -16,8 +19,10 @@
  */
 import { acquireGpu } from "../kernels/device.ts";
 import { destroyMatrix, uploadMatrix } from "../kernels/gpu_matrix.ts";
+import { createClassifier } from "../kernels/classifier.ts";
+import type { KernelOp } from "../kernels/device.ts";
 import { createMatmul, type MatmulLayout } from "../kernels/matmul.ts";
-import { DIM_ROWS } from "../kernels/step_meta.ts";
+import { DIM_ROWS, DIM_SAMPLES, SAMPLE_WORDS } from "../kernels/step_meta.ts";
 import { uploadBuffer } from "../kernels/device.ts";
 import { BLOCK_LAYOUT, byteSize, TENSOR_TYPES, type TensorType } from "../lib/model/tensor.ts";
 import { markdownTable } from "./markdown_table.ts";
@@ -30,6 +35,7 @@ export interface FormatsOptions {
   readonly repeat: number;
   readonly layout?: MatmulLayout;
   readonly bandwidthGbs?: number;
+  readonly classifier?: number;
 }
 
 /**
@@ -59,6 +65,8 @@ export interface FormatResult {
   readonly weightBytes: number;
   readonly usPerMatmul: number;
   readonly gbPerS: number;
+  /** With --classifier: the replaced fused-norm gathered matmul, timed in the same run. */
+  readonly before?: { readonly usPerMatmul: number; readonly gbPerS: number };
 }
 
 function parseOptions(args: readonly string[]): FormatsOptions {
@@ -87,7 +95,13 @@ function parseOptions(args: readonly string[]): FormatsOptions {
     else if (key === "--cols") o.cols = n;
     else if (key === "--batch") o.batch = n;
     else if (key === "--repeat") o.repeat = n;
+    else if (key === "--classifier") o.classifier = n;
     else throw new Error(`Cannot parse options: unknown option ${key}`);
+  }
+  if (o.classifier !== undefined && o.classifier > o.batch) {
+    throw new Error(
+      `--classifier samples rows of --batch: needs at most ${o.batch}, received ${o.classifier}`,
+    );
   }
   if (o.cols % 256 !== 0) {
     throw new Error(`--cols must be a multiple of 256 (K-quant blocks), received ${o.cols}`);
@@ -124,27 +138,54 @@ export async function runFormatsBench(
     usage: GPUBufferUsage.STORAGE,
     label: "y",
   });
+  // Classifier mode: sampled row i reads x row batch - 1 - i (a gather, as in the engine).
+  const sampled = o.classifier ?? 0;
+  const sampleWords = new Uint32Array(Math.max(1, sampled) * SAMPLE_WORDS);
+  for (let i = 0; i < sampled; i++) sampleWords[i * SAMPLE_WORDS] = o.batch - 1 - i;
+  const samples = uploadBuffer(gpu, sampleWords, GPUBufferUsage.STORAGE, "samples");
+  const sampleDims = uploadBuffer(
+    gpu,
+    new Uint32Array(4).fill(sampled, DIM_SAMPLES, DIM_SAMPLES + 1),
+    GPUBufferUsage.UNIFORM,
+    "sample dims",
+  );
+  const norm = {
+    weight: uploadBuffer(gpu, new Float32Array(o.cols).fill(1.5), GPUBufferUsage.STORAGE, "norm"),
+    eps: 1e-5,
+  };
   const subjects = TENSOR_TYPES.map((type) => {
     const shape = [o.rows, o.cols];
     const bytes = byteSize(type, shape);
     const m = uploadMatrix(gpu, { name: type, type, shape, data: randomData(type, bytes, 7) });
-    const op = createMatmul(gpu, m, { dims: dimsBuffer, x, y, rowsField: DIM_ROWS, layout });
-    return { type, bytes, m, op, best: Infinity };
+    if (o.classifier === undefined) {
+      const op = createMatmul(gpu, m, { dims: dimsBuffer, x, y, rowsField: DIM_ROWS, layout });
+      return { type, bytes, m, op, best: Infinity };
+    }
+    const target = { dims: sampleDims, x, y, samples, norm };
+    const op = createClassifier(gpu, m, { ...target, maxRows: sampled, layout });
+    const before = createMatmul(gpu, m, { ...target, rowsField: DIM_SAMPLES, layout });
+    return { type, bytes, m, op, before, best: Infinity, bestBefore: Infinity };
   });
-  const run = async (op: (typeof subjects)[number]["op"], n: number) => {
+  const run = async (op: KernelOp, n: number) => {
     const enc = gpu.device.createCommandEncoder();
     const pass = enc.beginComputePass();
-    for (let i = 0; i < n; i++) op.encode(pass, o.batch);
+    for (let i = 0; i < n; i++) op.encode(pass, o.classifier ?? o.batch);
     pass.end();
     const t = performance.now();
     gpu.device.queue.submit([enc.finish()]);
     await gpu.device.queue.onSubmittedWorkDone();
     return performance.now() - t;
   };
-  for (const s of subjects) await run(s.op, 2); // compile and warm up
-  // Round-robin over the types, so a change in machine load hits every type alike.
+  for (const s of subjects) {
+    await run(s.op, 2); // compile and warm up
+    if (s.before) await run(s.before, 2);
+  }
+  // Round-robin over the types (and kernels), so a change in machine load hits all alike.
   for (let r = 0; r < 5; r++) {
-    for (const s of subjects) s.best = Math.min(s.best, await run(s.op, o.repeat));
+    for (const s of subjects) {
+      s.best = Math.min(s.best, await run(s.op, o.repeat));
+      if (s.before) s.bestBefore = Math.min(s.bestBefore!, await run(s.before, o.repeat));
+    }
   }
   const results: FormatResult[] = subjects.map((s) => {
     const ms = s.best / o.repeat;
@@ -156,6 +197,14 @@ export async function runFormatsBench(
       weightBytes: s.bytes,
       usPerMatmul: ms * 1000,
       gbPerS: s.bytes / ms / 1e6,
+      ...(s.before
+        ? {
+          before: {
+            usPerMatmul: (s.bestBefore! / o.repeat) * 1000,
+            gbPerS: s.bytes / (s.bestBefore! / o.repeat) / 1e6,
+          },
+        }
+        : {}),
     };
   });
   const f16 = results.find((r) => r.type === "f16")!;
@@ -173,6 +222,35 @@ export async function runFormatsBench(
   print(
     `- W [${o.rows}, ${o.cols}] × ${o.batch} activation row(s); best of 5 submits of ${o.repeat} matmuls\n`,
   );
+  if (o.classifier !== undefined) {
+    print(
+      `Classifier: final RMSNorm + W · x for ${o.classifier} sampled row(s) gathered from the ${o.batch}; before = the fused-norm gathered matmul (createMatmul), after = createClassifier, same run.\n`,
+    );
+    print(markdownTable(
+      [
+        "type",
+        "bits/weight",
+        "weights MiB",
+        "µs before",
+        "µs after",
+        "GB/s before",
+        "GB/s after",
+        "speed-up",
+      ],
+      results.map((r) => [
+        r.type,
+        fmt(r.bitsPerWeight, 4).replace(/\.?0+$/, ""),
+        fmt(r.weightBytes / 2 ** 20),
+        fmt(r.before!.usPerMatmul, 1),
+        fmt(r.usPerMatmul, 1),
+        fmt(r.before!.gbPerS),
+        fmt(r.gbPerS),
+        `${fmt(r.before!.usPerMatmul / r.usPerMatmul)}x`,
+      ]),
+    ));
+    gpu.device.destroy();
+    return results;
+  }
   print(markdownTable(
     [
       "type",

@@ -18,14 +18,14 @@ import {
   uploadMatrix,
   uploadVector,
 } from "./gpu_matrix.ts";
-import { createMatmul } from "./matmul.ts";
+import { createClassifier } from "./classifier.ts";
 import { uploadRopeTable } from "./rope.ts";
 import { createSampler } from "./sample.ts";
 import { LogitAdjustOp } from "./logit_adjust.ts";
 import { topLogprobsBytes, TopLogprobsOp } from "./top_logprobs.ts";
 import { MAX_TOP_LOGPROBS, type TopLogprobs } from "../lib/engine/top_logprobs.ts";
 import { TokenMaskUpload } from "./token_masks.ts";
-import { DIM_SAMPLES, StepMetaLayout } from "./step_meta.ts";
+import { StepMetaLayout } from "./step_meta.ts";
 import { type KvPool, type LayerBuild, layerOps } from "./webgpu_layer.ts";
 import { type KvDtype, kvElementBytes } from "./kv_dtype.ts";
 import { planStep } from "./step_plan.ts";
@@ -294,19 +294,18 @@ export class WebGpuEngine implements Engine {
     // Only rows that ask for alternatives run it, after the adjustments.
     const topOp = own(new TopLogprobsOp(gpu, config.vocabSize, act.logits, maxSeqs));
     const sampleOps: KernelOp[] = [
-      createMatmul(
+      own(createClassifier(
         gpu,
         uploads.upload(uploads.check(weights.output, [config.vocabSize, config.dim])),
         {
           dims: m.dims,
-          rowsField: DIM_SAMPLES,
           x: act.x,
           y: act.logits,
           norm: { weight: uploads.vector(weights.outputNorm), eps: config.rmsEps },
           samples: m.samples,
-          label: "logits",
+          maxRows: maxSeqs,
         },
-      ),
+      )),
       adjustOp,
       createSampler(gpu, config.vocabSize, {
         dims: m.dims,
