@@ -570,3 +570,24 @@ Deno.test("WebGpuEngine samples under token masks the tokens the reference engin
     cpu.dispose();
   }
 });
+
+Deno.test("WebGpuEngine.lastStepDispatches counts a decode step of stories260K as n_layers × per-layer + 3, and one more for a logit bias", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"));
+  const { gpu: engine } = await engines(model);
+  try {
+    // Per layer: q|k|v (norm fused; RoPE + KV store fused too on a CPU rasterizer, else their
+    // own kernel), attention, wo (+ residual), gate|up (norm and SwiGLU fused), down (+ residual).
+    // Per step: the embedding gather, the classifier (final norm fused) and the sampler.
+    const perLayer = engine.gpu.cpuRasterizer ? 5 : 6;
+    const want = model.config.nLayers * perLayer + 3;
+    const seq = { seqId: 1, blockTable: [0], sample: true, sampling: GREEDY };
+    await engine.step({ stepId: 0, seqs: [{ ...seq, tokens: PROMPT, startPos: 0 }] });
+    await engine.step({ stepId: 1, seqs: [{ ...seq, tokens: [], useLastSampled: true, startPos: 5 }] });
+    assertEquals(engine.lastStepDispatches, want, `dispatches of a decode step, ${model.config.nLayers} layers`);
+    const adjust = { ids: Int32Array.of(300), bias: Float32Array.of(2), penalty: Float32Array.of(1), subtract: Float32Array.of(0) };
+    await engine.step({ stepId: 2, seqs: [{ ...seq, tokens: [], useLastSampled: true, startPos: 6, adjust }] });
+    assertEquals(engine.lastStepDispatches, want + 1, "a decode step with a logit bias adds the adjust kernel");
+  } finally {
+    engine.dispose();
+  }
+});
