@@ -3,7 +3,9 @@ import { type Gpu, type KernelOp, uploadBuffer } from "./device.ts";
 import type { GpuMatrix } from "./gpu_matrix.ts";
 import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";
 import { chunkElements, chunkVec4s, WGSL_WEIGHT_HELPERS, wgslLoadChunk } from "./weight_formats.ts";
-import { type KvDtype, kvWgsl } from "./kv_dtype.ts";
+import { type KvDtype, kvElementBytes, kvWgsl } from "./kv_dtype.ts";
+import type { ModelConfig } from "../lib/model/model_config.ts";
+import { wgslLaneAttentionBody } from "./attention.ts";
 
 /** Activation rows one workgroup multiplies against each weight chunk it loads. */
 export const MATMUL_ROWS_PER_GROUP = 8;
@@ -58,6 +60,20 @@ export interface MatmulSpec {
   readonly gather?: boolean;
   /** With the "rope" epilogue. */
   readonly rope?: RopeShape;
+  /** The input rows are the paged attention of rows of q | k | v (lane layout only). */
+  readonly attention?: AttentionShape;
+}
+
+/**
+ * Attention as a matmul's prologue: each workgroup attends for its own row tile into workgroup
+ * memory, then multiplies those rows (the output projection), so attention costs no dispatch of
+ * its own. Every workgroup of the tile's rows repeats the attention: the layer uses it only when
+ * one workgroup spans all outputs.
+ */
+export interface AttentionShape {
+  readonly config: Pick<ModelConfig, "nHeads" | "nKvHeads" | "headDim">;
+  readonly blockSize: number;
+  readonly kvDtype: KvDtype;
 }
 
 /**
@@ -205,7 +221,8 @@ export function matmulLaneWgsl(spec: MatmulSpec): string {
       }`
       : wgslLoadChunk(type, cols, `oc${j}`, `w${j}a`)
   ).join("\n      ");
-  const { normLoads, dotWith, rowInputs } = wgslChunkInputs(nv, norm);
+  const att = spec.attention;
+  const { normLoads, dotWith, rowInputs } = wgslChunkInputs(nv, norm, att !== undefined);
   const perRow = rows.map((r) => {
     const { xs, xw, sumSq } = rowInputs(r);
     const accum = js.map((j) =>
@@ -223,7 +240,8 @@ export function matmulLaneWgsl(spec: MatmulSpec): string {
   if (epilogue === "rope" && (!rope || outs % 2 !== 0)) {
     throw new Error("Cannot build the rope epilogue without the head layout, or with odd outputs");
   }
-  const kv = kvWgsl(rope?.kvDtype ?? "f32");
+  if (rope && att) throw new Error("Cannot build a matmul with both rope and attention");
+  const kv = kvWgsl(rope?.kvDtype ?? att?.kvDtype ?? "f32");
   const ropePair = (r: number, j: number) => {
     // Features f, f + 1 of q | k | v; rows are clamped, stores guarded by the caller.
     const rot = "v = vec2<f32>(v.x * cs.x - v.y * cs.y, v.x * cs.y + v.y * cs.x);";
@@ -294,6 +312,16 @@ ${
 @group(0) @binding(10) var<storage, read_write> Vc: ${kv.scalarArray};`
       : ""
   }
+${
+    att
+      ? `@group(0) @binding(7) var<storage, read> rows: array<Row>;
+@group(0) @binding(9) var<storage, read> Kc: ${kv.vec4Array};
+@group(0) @binding(10) var<storage, read> Vc: ${kv.vec4Array};
+@group(0) @binding(11) var<storage, read> seqs: array<Seq>;
+@group(0) @binding(12) var<storage, read> tables: array<u32>;
+var<workgroup> A: array<vec4<f32>, ${(tr * cols) / 4}>;`
+      : ""
+  }
 const NCHUNK = ${cols / chunkElements(type)}u;
 const XV = ${cols / 4}u;
 ${type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
@@ -305,6 +333,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   if (r0 >= nRows) { return; }
   let live = min(${tr}u, nRows - r0);
   let base = (wid.y + wid.z * nwg.y) * ${threads * outs}u;
+  ${att ? attentionPrologue(att, threads) : ""}
   // Lanes past the last output compute a copy of it and store nothing: no divergent branch.
   ${outIdx}
   ${srcRows}
@@ -317,6 +346,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   ${stores}
 }
 `;
+}
+
+/** The tile's rows attended into A (row lr of the tile at A[lr * XV]), every lane sharing them. */
+function attentionPrologue(att: AttentionShape, threads: number): string {
+  const { nKvHeads, nHeads, headDim } = att.config;
+  if (nHeads % nKvHeads !== 0) {
+    throw new Error(
+      `Cannot build attention: ${nHeads} query heads are not a multiple of ${nKvHeads} KV heads`,
+    );
+  }
+  const body = wgslLaneAttentionBody(att.config, att.blockSize, att.kvDtype, {
+    q: "X",
+    out: (i) => `A[lr * XV + ${i}]`,
+  });
+  return `for (var task = t; task < live * ${nKvHeads}u; task += ${threads}u) {
+    let lr = task / ${nKvHeads}u;
+    let kvh = task % ${nKvHeads}u;
+    let r = r0 + lr;
+    ${body}
+  }
+  workgroupBarrier();`;
 }
 
 /** Where a matmul reads and writes. */
@@ -336,6 +386,19 @@ export interface MatmulTarget {
     readonly shape: RopeShape;
     readonly rows: GPUBufferBinding | GPUBuffer;
     readonly table: GPUBuffer;
+    readonly kCache: GPUBuffer;
+    readonly vCache: GPUBuffer;
+  };
+  /**
+   * Attention as the prologue ({@link AttentionShape}): x is then the rows of q | k | v, and the
+   * matrix multiplies their attention output; the step's rows, sequences and block tables, and
+   * the KV pools.
+   */
+  readonly attention?: {
+    readonly shape: AttentionShape;
+    readonly rows: GPUBufferBinding | GPUBuffer;
+    readonly seqs: GPUBufferBinding | GPUBuffer;
+    readonly tables: GPUBufferBinding | GPUBuffer;
     readonly kCache: GPUBuffer;
     readonly vCache: GPUBuffer;
   };
@@ -400,6 +463,7 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
     normEps: target.norm?.eps,
     gather: target.samples !== undefined,
     rope: target.rope?.shape,
+    attention: target.attention?.shape,
   };
   const lane = (target.layout ?? (gpu.cpuRasterizer ? "lane" : "split")) === "lane";
   if ((epilogue === "rope") !== (target.rope !== undefined) || (epilogue === "rope" && !lane)) {
@@ -409,12 +473,22 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
       }, rope ${target.rope ? "given" : "missing"})`,
     );
   }
+  if (target.attention) {
+    const { nHeads, headDim } = target.attention.shape.config;
+    if (!lane || m.cols !== nHeads * headDim) {
+      throw new Error(
+        `Cannot bind matmul '${m.name}': attention as its prologue needs the lane layout and ${
+          nHeads * headDim
+        } input columns (layout ${lane ? "lane" : "split"}, ${m.cols} columns)`,
+      );
+    }
+  }
   if (epilogue === "rope" && m.chunks.some((c) => c.rows % 2 !== 0)) {
     throw new Error(`Cannot bind matmul '${m.name}': rope needs whole pairs in every chunk`);
   }
   const pipeline = gpu.pipeline(
     lane ? matmulLaneWgsl(spec) : matmulWgsl(spec),
-    `matmul ${m.type} k=${m.cols} ${epilogue}`,
+    `matmul ${m.type} k=${m.cols} ${epilogue}${spec.attention ? " after attention" : ""}`,
   );
   const to = lane
     ? laneShape(m.type).threads * laneShape(m.type).outs
@@ -447,6 +521,10 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
         [10, target.rope.vCache],
       );
     }
+    if (target.attention) {
+      const a = target.attention;
+      bound.push([7, a.rows], [9, a.kCache], [10, a.vCache], [11, a.seqs], [12, a.tables]);
+    }
     const entries = bound.map(([binding, b]) => ({
       binding,
       resource: b instanceof GPUBuffer ? { buffer: b } : b,
@@ -465,9 +543,16 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
     cost(c) {
       const n = target.rowsField === DIM_SAMPLES ? c.samples.length : c.rows.length;
       const yBytes = n * outputs * 4 * (epilogue === "accumulate" ? 2 : 1);
+      // The prologue's attention, counted once (as the separate kernel's cost would be).
+      const att = target.attention?.shape;
+      const keys = att ? c.rows.reduce((sum, r) => sum + r.pos + 1, 0) : 0;
+      const attFlops = att ? 4 * att.config.nHeads * att.config.headDim * keys : 0;
+      const attBytes = att
+        ? 2 * att.config.nKvHeads * att.config.headDim * kvElementBytes(att.kvDtype) * keys
+        : 0;
       return {
-        flops: 2 * n * m.rows * m.cols + (target.norm ? 2 * n * m.cols : 0),
-        bytes: m.rows * m.rowBytes + n * m.cols * 4 + yBytes,
+        flops: 2 * n * m.rows * m.cols + (target.norm ? 2 * n * m.cols : 0) + attFlops,
+        bytes: m.rows * m.rowBytes + n * m.cols * 4 + yBytes + attBytes,
       };
     },
     encode(pass: GPUComputePassEncoder, rows: number): void {
@@ -486,14 +571,16 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
  * WGSL snippets both matmul layouts share for one chunk of `nv` vec4s: the RMSNorm weights, a
  * row's activations (normalized when fused), its sum of squares, and a dot product with them.
  */
-function wgslChunkInputs(nv: number, norm: boolean) {
+function wgslChunkInputs(nv: number, norm: boolean, fromTile = false) {
   const vecs = (f: (i: number) => string, sep = " ") =>
     Array.from({ length: nv }, (_, i) => f(i)).join(sep);
   return {
     normLoads: norm ? vecs((i) => `let nw${i} = NW[c * ${nv}u + ${i}u];`) : "",
     dotWith: (p: string) => vecs((i) => `dot(${p}${i}, x${i})`, " + "),
     rowInputs: (r: number) => ({
-      xs: vecs((i) => `let xr${i} = X[src${r} * XV + c * ${nv}u + ${i}u];`),
+      xs: vecs((i) =>
+        `let xr${i} = ${fromTile ? `A[${r}u` : `X[src${r}`} * XV + c * ${nv}u + ${i}u];`
+      ),
       xw: vecs((i) => `let x${i} = ${norm ? `xr${i} * nw${i}` : `xr${i}`};`),
       sumSq: norm ? `s${r} += ${vecs((i) => `dot(xr${i}, xr${i})`, " + ")};` : "",
     }),

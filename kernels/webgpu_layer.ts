@@ -13,7 +13,7 @@ import {
   stackable,
   uploadVector,
 } from "./gpu_matrix.ts";
-import { createMatmul } from "./matmul.ts";
+import { createMatmul, laneShape } from "./matmul.ts";
 import { createQkPrep } from "./qk_prep.ts";
 import { createRopeStore } from "./rope.ts";
 import { DIM_ROWS, type StepMetaLayout } from "./step_meta.ts";
@@ -182,26 +182,46 @@ export function layerOps(b: LayerBuild, l: number, w: LayerWeights, pool: KvPool
       }),
     );
   }
-  ops.push(
-    createAttention(gpu, config, blockSize, {
-      dims: m.dims,
-      rows: m.rows,
-      seqs: m.seqs,
-      tables: m.tables,
-      qkv: act.qkv,
-      kCache,
-      vCache,
-      kvDtype,
-      out: act.att,
-    }),
-    createMatmul(gpu, upload(check(w.wo, [dim, qDim])), {
+  const wo = upload(check(w.wo, [dim, qDim]));
+  if (attentionInWo(gpu, config, wo)) {
+    ops.push(createMatmul(gpu, wo, {
       ...rows,
-      x: act.att,
+      x: act.qkv,
       y: act.x,
       epilogue: "accumulate",
-      label: "wo",
-    }),
-  );
+      attention: {
+        shape: { config, blockSize, kvDtype },
+        rows: m.rows,
+        seqs: m.seqs,
+        tables: m.tables,
+        kCache,
+        vCache,
+      },
+      layout: "lane",
+      label: "attention+wo",
+    }));
+  } else {
+    ops.push(
+      createAttention(gpu, config, blockSize, {
+        dims: m.dims,
+        rows: m.rows,
+        seqs: m.seqs,
+        tables: m.tables,
+        qkv: act.qkv,
+        kCache,
+        vCache,
+        kvDtype,
+        out: act.att,
+      }),
+      createMatmul(gpu, wo, {
+        ...rows,
+        x: act.att,
+        y: act.x,
+        epilogue: "accumulate",
+        label: "wo",
+      }),
+    );
+  }
   const ffnNorm = { weight: once(`${l}.ffn_norm`, () => vector(w.ffnNorm)), eps: rmsEps };
   const gate = check(w.wGate, [hiddenDim, dim]);
   const upT = check(w.wUp, [hiddenDim, dim]);
@@ -250,4 +270,16 @@ export function layerOps(b: LayerBuild, l: number, w: LayerWeights, pool: KvPool
     }),
   );
   return ops;
+}
+
+/**
+ * Attention runs as the output projection's prologue (one dispatch fewer per layer) on a CPU
+ * rasterizer when one lane workgroup spans all of wo's outputs, so no attention is computed
+ * twice, and a tile's attention rows fit the 16 KiB of workgroup memory WebGPU guarantees.
+ */
+function attentionInWo(gpu: Gpu, config: ModelConfig, wo: GpuMatrix): boolean {
+  const { threads, outs, rows } = laneShape(wo.type);
+  const qDim = config.nHeads * config.headDim;
+  return gpu.cpuRasterizer && config.headDim % 4 === 0 && wo.chunks.length === 1 &&
+    threads * outs >= wo.rows && rows * qDim * 4 <= 16384;
 }

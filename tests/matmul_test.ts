@@ -6,6 +6,8 @@ import { DIM_ROWS, DIM_SAMPLES, type SampleMeta } from "../kernels/step_meta.ts"
 import { dequantize } from "../lib/model/dequantize.ts";
 import { matvec, rmsnorm, rope, silu } from "../lib/engine/cpu/ops.ts";
 import { uploadRopeTable } from "../kernels/rope.ts";
+import { pagedAttention } from "../lib/engine/cpu/paged_attention.ts";
+import { PagedKvCache } from "../lib/engine/cpu/paged_kv_cache.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import { BLOCK_LAYOUT, TENSOR_TYPES, type TensorType } from "../lib/model/tensor.ts";
 import {
@@ -393,3 +395,71 @@ Deno.test("uploadMatrix() refuses rows that are not whole blocks of the type, na
     String(error),
   );
 });
+
+// Head shapes: stories260K's (8 query heads over 4 KV heads of 8) and 4 heads over 1 of 40.
+for (const [nHeads, nKvHeads, headDim] of [[8, 4, 8], [4, 1, 40]] as const) {
+  Deno.test(`createMatmul() with attention as its prologue adds W · the reference paged attention to y, for a prefill chunk and decodes (${nHeads}q/${nKvHeads}kv heads of ${headDim})`, async () => {
+    const gpu = await testGpu();
+    const blockSize = 4;
+    const numBlocks = 30;
+    const qDim = nHeads * headDim;
+    const kvDim = nKvHeads * headDim;
+    const stride = qDim + 2 * kvDim;
+    const outputs = 100; // two lane workgroups of outputs, each attending for itself
+    const rand = rng(headDim + 1);
+    const cache = new PagedKvCache(1, nKvHeads, headDim, { numBlocks, blockSize });
+    cache.key(0).set(randomF32(rand, cache.key(0).length, 2));
+    cache.value(0).set(randomF32(rand, cache.value(0).length));
+    const tableA = Array.from({ length: 12 }, (_, i) => (i * 7 + 3) % numBlocks);
+    const tableB = [29, 1];
+    const seqs = [
+      { tableOffset: 0, tableLength: tableA.length, lastRow: 0 },
+      { tableOffset: tableA.length, tableLength: 2, lastRow: 0 },
+    ];
+    // A chunk of sequence 0 at positions 30..39 (two row tiles, the second partial), then decodes.
+    const rows = [
+      ...Array.from({ length: 10 }, (_, i) => ({ token: 0, pos: 30 + i, seq: 0, slot: 0 })),
+      { token: 0, pos: 6, seq: 1, slot: 0 },
+      { token: 0, pos: 0, seq: 1, slot: 0 },
+    ];
+    const qkv = randomF32(rand, rows.length * stride, 2);
+    const y0 = randomF32(rand, rows.length * outputs);
+    const wt = randomTensor(rand, "f32", outputs, qDim);
+    const meta = stepMeta(gpu, { rows, seqs, samples: [], blockTables: [...tableA, ...tableB] });
+    const y = storage(gpu, y0);
+    const op = createMatmul(gpu, uploadMatrix(gpu, wt), {
+      dims: meta.dims,
+      x: storage(gpu, qkv),
+      y,
+      rowsField: DIM_ROWS,
+      epilogue: "accumulate",
+      attention: {
+        shape: { config: { nHeads, nKvHeads, headDim }, blockSize, kvDtype: "f32" },
+        rows: meta.rows,
+        seqs: meta.seqs,
+        tables: meta.tables,
+        kCache: storage(gpu, cache.key(0)),
+        vCache: storage(gpu, cache.value(0)),
+      },
+      layout: "lane",
+    });
+    await runPass(gpu, (pass) => op.encode(pass, rows.length));
+    const got = await readF32(gpu, y, rows.length * outputs);
+    const w = dequantize(wt);
+    const tables = [tableA, tableB];
+    rows.forEach((r, i) => {
+      const att = pagedAttention(
+        new Float32Array(qDim),
+        qkv.subarray(i * stride, i * stride + qDim),
+        cache,
+        0,
+        tables[r.seq]!,
+        r.pos,
+        nHeads,
+      );
+      const want = matvec(new Float32Array(outputs), w, att).map((v, o) => v + y0[i * outputs + o]!);
+      const err = relativeError(got.subarray(i * outputs, (i + 1) * outputs), want);
+      assertLess(err, 1e-5, `row ${i} (seq ${r.seq}, pos ${r.pos}): relative error ${err}`);
+    });
+  });
+}

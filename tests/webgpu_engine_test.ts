@@ -578,7 +578,7 @@ Deno.test("WebGpuEngine.lastStepDispatches counts a decode step of stories260K a
     // Per layer: q|k|v (norm fused; RoPE + KV store fused too on a CPU rasterizer, else their
     // own kernel), attention, wo (+ residual), gate|up (norm and SwiGLU fused), down (+ residual).
     // Per step: the embedding gather, the classifier (final norm fused) and the sampler.
-    const perLayer = engine.gpu.cpuRasterizer ? 5 : 6;
+    const perLayer = engine.gpu.cpuRasterizer ? 4 : 6;
     const want = model.config.nLayers * perLayer + 3;
     const seq = { seqId: 1, blockTable: [0], sample: true, sampling: GREEDY };
     await engine.step({ stepId: 0, seqs: [{ ...seq, tokens: PROMPT, startPos: 0 }] });
