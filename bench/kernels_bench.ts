@@ -175,6 +175,8 @@ async function timeIt(f: () => Promise<unknown>): Promise<number> {
 export interface KernelsBenchResult {
   readonly device: string;
   readonly model: string;
+  /** Compute dispatches of one decode step at batch 1, as the engine encoded them. */
+  readonly dispatchesPerStep: number;
   readonly emptyStep: { readonly waitedMs: number; readonly pipelinedMs: number };
   readonly steps: readonly {
     readonly batch: number;
@@ -258,6 +260,17 @@ export async function runKernelsBench(
       ]).concat([["**total**", String(runs[0]!.length), fmt(total, 3), "100%", "", ""]]),
     ));
   }
+
+  // Dispatches of a decode step at batch 1, counted as the engine encoded them.
+  const counted = new Workload(engine, 1, o.prompt, blocksEach, 2000);
+  await counted.prefill();
+  await engine.step(counted.decode(0));
+  const dispatches = engine.lastStepDispatches;
+  print(
+    `- dispatches per decode step (batch 1): ${dispatches}; with the 3 of every step (embedding, classifier, sampler), ${
+      fmt((dispatches - 3) / config.nLayers)
+    } per layer over ${config.nLayers} layers\n`,
+  );
 
   // Step time by batch size, next to an empty step (submit + readback, no kernels).
   const empty = (id: number): StepPlan => ({ stepId: id, seqs: [] });
@@ -360,6 +373,7 @@ export async function runKernelsBench(
   return {
     device: gpu.description,
     model: subject.name,
+    dispatchesPerStep: dispatches,
     emptyStep: { waitedMs: emptyWaited, pipelinedMs: emptyPiped },
     steps,
     singleStream: results.map(([mode, msPerToken]) => ({ mode, msPerToken })),

@@ -42,6 +42,8 @@ export interface RopeShape {
   readonly ropeDim: number;
   /** How the KV pools hold elements (default f32). */
   readonly kvDtype?: KvDtype;
+  /** Add a bias over q | k | v features (binding 13) before rotating: Qwen2's q/k/v biases. */
+  readonly bias?: boolean;
 }
 
 /** How a matmul spreads its work over threads (see {@link MatmulTarget.layout}). */
@@ -250,8 +252,10 @@ export function matmulLaneWgsl(spec: MatmulSpec): string {
         rope!.ropeDim / 2
       }u) { let cs = table[row${r}.pos * ${rope!.ropeDim / 2}u + p]; ${rot} }`;
     return `if (o${j} < chunk.rows) {
-      var v = vec2<f32>(a${j}_${r} * scale, a${j + 1}_${r} * scale);
       let f = chunk.yOffset + o${j};
+      var v = vec2<f32>(a${j}_${r} * scale, a${j + 1}_${r} * scale)${
+      rope!.bias ? " + vec2<f32>(QB[f], QB[f + 1u])" : ""
+    };
       if (f < ${rope!.qDim}u) {
         ${maybeRotate("f")}
         let yi = (r0 + ${r}u) * chunk.yStride + f; Y[yi] = v.x; Y[yi + 1u] = v.y;
@@ -309,7 +313,9 @@ ${
       ? `@group(0) @binding(7) var<storage, read> rows: array<Row>;
 @group(0) @binding(8) var<storage, read> table: array<vec2<f32>>;
 @group(0) @binding(9) var<storage, read_write> Kc: ${kv.scalarArray};
-@group(0) @binding(10) var<storage, read_write> Vc: ${kv.scalarArray};`
+@group(0) @binding(10) var<storage, read_write> Vc: ${kv.scalarArray};${
+        rope.bias ? "\n@group(0) @binding(13) var<storage, read> QB: array<f32>;" : ""
+      }`
       : ""
   }
 ${
@@ -388,6 +394,8 @@ export interface MatmulTarget {
     readonly table: GPUBuffer;
     readonly kCache: GPUBuffer;
     readonly vCache: GPUBuffer;
+    /** The q | k | v biases (f32, one per feature), when shape.bias is set. */
+    readonly bias?: GPUBuffer;
   };
   /**
    * Attention as the prologue ({@link AttentionShape}): x is then the rows of q | k | v, and the
@@ -520,6 +528,14 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
         [9, target.rope.kCache],
         [10, target.rope.vCache],
       );
+      if (target.rope.shape.bias) {
+        if (!target.rope.bias) {
+          throw new Error(
+            `Cannot bind matmul '${m.name}': the rope shape asks for a bias, none given`,
+          );
+        }
+        bound.push([13, target.rope.bias]);
+      }
     }
     if (target.attention) {
       const a = target.attention;

@@ -463,3 +463,86 @@ for (const [nHeads, nKvHeads, headDim] of [[8, 4, 8], [4, 1, 40]] as const) {
     });
   });
 }
+
+Deno.test("createMatmul() rope epilogue with a q | k | v bias, as two matmuls (q|k in q8_0, v in f32 at its offset), adds the bias before rotating like the reference", async () => {
+  const gpu = await testGpu();
+  const [nHeads, nKvHeads, headDim, dim, ropeDim] = [4, 2, 8, 64, 8];
+  const qDim = nHeads * headDim;
+  const kvDim = nKvHeads * headDim;
+  const stride = qDim + 2 * kvDim;
+  const config: ModelConfig = {
+    architecture: "qwen2",
+    dim,
+    hiddenDim: 8,
+    nLayers: 1,
+    nHeads,
+    nKvHeads,
+    headDim,
+    vocabSize: 8,
+    contextLength: 300,
+    ropeTheta: 10000,
+    ropeDim,
+    rmsEps: 1e-5,
+  };
+  const rand = rng(77);
+  const wqk = randomTensor(rand, "q8_0", qDim + kvDim, dim, "wqk");
+  const wv = randomTensor(rand, "f32", kvDim, dim, "wv");
+  const bias = randomF32(rand, stride, 2);
+  const x = randomF32(rand, 11 * dim, 2);
+  const normW = randomF32(rand, dim);
+  const rows = Array.from({ length: 11 }, (_, i) => ({
+    token: 0,
+    pos: [0, 1, 7, 299, 128][i % 5]!,
+    seq: 0,
+    slot: (i * 7 + 3) % 40,
+  }));
+  const meta = stepMeta(gpu, { rows, seqs: [], samples: [], blockTables: [] });
+  const y = zeros(gpu, rows.length * stride * 4);
+  const kc = zeros(gpu, 40 * kvDim * 4);
+  const vc = zeros(gpu, 40 * kvDim * 4);
+  const table = uploadRopeTable(gpu, config, config.contextLength);
+  const xb = storage(gpu, x);
+  const nw = storage(gpu, normW);
+  const bb = storage(gpu, bias);
+  const ops = [[wqk, 0], [wv, qDim + kvDim]] as const;
+  await runPass(gpu, (pass) => {
+    for (const [w, yOffset] of ops) {
+      createMatmul(gpu, uploadMatrix(gpu, w), {
+        dims: meta.dims,
+        x: xb,
+        y,
+        yStride: stride,
+        yOffset,
+        rowsField: DIM_ROWS,
+        norm: { weight: nw, eps: 1e-5 },
+        epilogue: "rope",
+        rope: {
+          shape: { qDim, kvDim, headDim, ropeDim, bias: true },
+          rows: meta.rows,
+          table,
+          kCache: kc,
+          vCache: vc,
+          bias: bb,
+        },
+        layout: "lane",
+      }).encode(pass, rows.length);
+    }
+  });
+  const gotY = await readF32(gpu, y, rows.length * stride);
+  const gotK = await readF32(gpu, kc, 40 * kvDim);
+  const gotV = await readF32(gpu, vc, 40 * kvDim);
+  const dense = new Float32Array(stride * dim);
+  dense.set(dequantize(wqk), 0);
+  dense.set(dequantize(wv), (qDim + kvDim) * dim);
+  rows.forEach((r, i) => {
+    const xr = rmsnorm(new Float32Array(dim), x.slice(i * dim, (i + 1) * dim), normW, 1e-5);
+    const out = matvec(new Float32Array(stride), dense, xr).map((v, f) => v + bias[f]!);
+    const q = rope(out.slice(0, qDim), nHeads, headDim, ropeDim, r.pos, 10000);
+    const k = rope(out.slice(qDim, qDim + kvDim), nKvHeads, headDim, ropeDim, r.pos, 10000);
+    const v = out.slice(qDim + kvDim);
+    const at = (b: Float32Array, off: number, n: number) => b.subarray(off, off + n);
+    assertLess(relativeError(at(gotY, i * stride, qDim), q), 1e-5, `q of row ${i}`);
+    assertLess(relativeError(at(gotK, r.slot * kvDim, kvDim), k), 1e-5, `k of row ${i}`);
+    assertLess(relativeError(at(gotV, r.slot * kvDim, kvDim), v), 1e-5, `v of row ${i}`);
+  });
+});
