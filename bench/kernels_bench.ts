@@ -267,9 +267,7 @@ export async function runKernelsBench(
   await engine.step(counted.decode(0));
   const dispatches = engine.lastStepDispatches;
   print(
-    `- dispatches per decode step (batch 1): ${dispatches}; with the 3 of every step (embedding, classifier, sampler), ${
-      fmt((dispatches - 3) / config.nLayers)
-    } per layer over ${config.nLayers} layers\n`,
+    `- dispatches per decode step (batch 1): ${dispatches} for ${config.nLayers} layers (the embedding, classifier and sampler once each, or once per chunk of a matrix split across bindings)\n`,
   );
 
   // Step time by batch size, next to an empty step (submit + readback, no kernels).
