@@ -356,7 +356,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 /** The tile's rows attended into A (row lr of the tile at A[lr * XV]), every lane sharing them. */
 function attentionPrologue(att: AttentionShape, threads: number): string {
-  const { nKvHeads, nHeads, headDim } = att.config;
+  const { nKvHeads, nHeads } = att.config;
   if (nHeads % nKvHeads !== 0) {
     throw new Error(
       `Cannot build attention: ${nHeads} query heads are not a multiple of ${nKvHeads} KV heads`,
