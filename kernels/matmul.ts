@@ -17,10 +17,16 @@ const CHUNKS_PER_THREAD = 4;
  * at least CHUNKS_PER_THREAD chunks per thread so each workgroup does enough work to pay for
  * its barrier (costly on CPU rasterizers; on GPUs wide rows still get KS = 64).
  */
-export function matmulSplit(type: TensorType, cols: number): { ks: number; to: number } {
+export function matmulSplit(
+  type: TensorType,
+  cols: number,
+  epilogue: MatmulEpilogue = "store",
+): { ks: number; to: number } {
   const chunks = cols / chunkElements(type);
+  // The rope epilogue finishes output pairs in one workgroup: at least two outputs each.
+  const most = epilogue === "rope" ? THREADS / 2 : THREADS;
   let ks = 1;
-  while (ks * 2 <= THREADS && ks * 2 * CHUNKS_PER_THREAD <= chunks) ks *= 2;
+  while (ks * 2 <= most && ks * 2 * CHUNKS_PER_THREAD <= chunks) ks *= 2;
   return { ks, to: THREADS / ks };
 }
 
@@ -31,7 +37,7 @@ export function matmulSplit(type: TensorType, cols: number): { ks: number; to: n
 export type MatmulEpilogue = "store" | "accumulate" | "swiglu" | "rope";
 
 /**
- * Head layout of a q | k | v projection whose "rope" epilogue (lane layout only) rotates q and
+ * Head layout of a q | k | v projection whose "rope" epilogue (either layout) rotates q and
  * k llama2.c style (adjacent pairs within each head, by rows[r].pos) and writes q to y, and k
  * and v into the KV pools at rows[r].slot: the projection and the RoPE + KV store in one pass.
  */
@@ -90,8 +96,13 @@ export interface AttentionShape {
  */
 export function matmulWgsl(spec: MatmulSpec): string {
   const { type, cols, rowsField, epilogue } = spec;
-  const { ks, to } = matmulSplit(type, cols);
+  const { ks, to } = matmulSplit(type, cols, epilogue);
   const tr = MATMUL_ROWS_PER_GROUP;
+  const rope = spec.rope;
+  if (epilogue === "rope" && !rope) {
+    throw new Error("Cannot build the rope epilogue without the head layout");
+  }
+  const kv = kvWgsl(rope?.kvDtype ?? "f32");
   const norm = spec.normEps !== undefined;
   const dual = epilogue === "swiglu";
   const nv = chunkVec4s(type);
@@ -130,12 +141,36 @@ export function matmulWgsl(spec: MatmulSpec): string {
     ? "let gs = gt * scale; let v = gs / (1.0 + exp(-gs)) * (ut * scale);"
     : "let v = at * scale;";
   const write = epilogue === "accumulate" ? "Y[yi] = Y[yi] + v;" : "Y[yi] = v;";
+  // Rope: the thread of each even output also sums its odd partner's partials (the next KS).
+  const finish = epilogue === "rope"
+    ? `if ((o & 1u) == 0u) {
+      ${partials.map(sum).join("\n      ")}
+      var at1 = 0.0; for (var i = 0u; i < KS; i++) { at1 += part_a[r * ${THREADS}u + g + KS + i]; }
+      ${scale}
+      let row = rows[r0 + r];
+      ${
+      wgslRopePair(rope!, kv, {
+        x: "at * scale",
+        y: "at1 * scale",
+        row: "row",
+        o: "o",
+        yRow: "(r0 + r)",
+      })
+    }
+    }`
+    : `if (o < chunk.rows) {
+      ${partials.map(sum).join("\n      ")}
+      ${scale}
+      ${result}
+      let yi = (r0 + r) * chunk.yStride + chunk.yOffset + o;
+      ${write}
+    }`;
   const srcRows = rows.map((r) =>
     `let src${r} = ${spec.gather ? `samples[min(r0 + ${r}u, nRows - 1u)].row` : `r0 + ${r}u`};`
   )
     .join(" ");
 
-  return /* wgsl */ `
+  return /* wgsl */ `${kv.enable}
 ${WGSL_STEP_TYPES}
 struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
@@ -145,6 +180,7 @@ struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
 ${norm ? "@group(0) @binding(5) var<storage, read> NW: array<vec4<f32>>;" : ""}
 ${spec.gather ? "@group(0) @binding(6) var<storage, read> samples: array<Sample>;" : ""}
+${rope ? wgslRopeBindings(rope, kv) : ""}
 const KS = ${ks}u;
 const TO = ${to}u;
 const NCHUNK = ${cols / chunkElements(type)}u;
@@ -175,13 +211,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   // Thread s of an output's group finishes rows s, s + KS, ...: KS partials added in order.
   let g = t - s;
   for (var r = s; r < live; r += KS) {
-    if (o < chunk.rows) {
-      ${partials.map(sum).join("\n      ")}
-      ${scale}
-      ${result}
-      let yi = (r0 + r) * chunk.yStride + chunk.yOffset + o;
-      ${write}
-    }
+    ${finish}
   }
 }
 `;
@@ -244,32 +274,14 @@ export function matmulLaneWgsl(spec: MatmulSpec): string {
   }
   if (rope && att) throw new Error("Cannot build a matmul with both rope and attention");
   const kv = kvWgsl(rope?.kvDtype ?? att?.kvDtype ?? "f32");
-  const ropePair = (r: number, j: number) => {
-    // Features f, f + 1 of q | k | v; rows are clamped, stores guarded by the caller.
-    const rot = "v = vec2<f32>(v.x * cs.x - v.y * cs.y, v.x * cs.y + v.y * cs.x);";
-    const maybeRotate = (i: string) =>
-      `let p = (${i} % ${rope!.headDim}u) / 2u; if (p < ${
-        rope!.ropeDim / 2
-      }u) { let cs = table[row${r}.pos * ${rope!.ropeDim / 2}u + p]; ${rot} }`;
-    return `if (o${j} < chunk.rows) {
-      let f = chunk.yOffset + o${j};
-      var v = vec2<f32>(a${j}_${r} * scale, a${j + 1}_${r} * scale)${
-      rope!.bias ? " + vec2<f32>(QB[f], QB[f + 1u])" : ""
-    };
-      if (f < ${rope!.qDim}u) {
-        ${maybeRotate("f")}
-        let yi = (r0 + ${r}u) * chunk.yStride + f; Y[yi] = v.x; Y[yi + 1u] = v.y;
-      } else if (f < ${rope!.qDim + rope!.kvDim}u) {
-        let i = f - ${rope!.qDim}u;
-        ${maybeRotate("i")}
-        ${kv.storePair("Kc", `row${r}.slot * ${rope!.kvDim}u + i`, "v")}
-      } else {
-        ${
-      kv.storePair("Vc", `row${r}.slot * ${rope!.kvDim}u + f - ${rope!.qDim + rope!.kvDim}u`, "v")
-    }
-      }
-    }`;
-  };
+  const ropePair = (r: number, j: number) =>
+    wgslRopePair(rope!, kv, {
+      x: `a${j}_${r} * scale`,
+      y: `a${j + 1}_${r} * scale`,
+      row: `row${r}`,
+      o: `o${j}`,
+      yRow: `(r0 + ${r}u)`,
+    });
   const stores = rows.map((r) => {
     const scale = norm
       ? `let scale = 1.0 / sqrt(s${r} / ${cols}.0 + ${spec.normEps!.toExponential()});`
@@ -308,16 +320,7 @@ struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
 ${norm ? "@group(0) @binding(5) var<storage, read> NW: array<vec4<f32>>;" : ""}
 ${spec.gather ? "@group(0) @binding(6) var<storage, read> samples: array<Sample>;" : ""}
-${
-    rope
-      ? `@group(0) @binding(7) var<storage, read> rows: array<Row>;
-@group(0) @binding(8) var<storage, read> table: array<vec2<f32>>;
-@group(0) @binding(9) var<storage, read_write> Kc: ${kv.scalarArray};
-@group(0) @binding(10) var<storage, read_write> Vc: ${kv.scalarArray};${
-        rope.bias ? "\n@group(0) @binding(13) var<storage, read> QB: array<f32>;" : ""
-      }`
-      : ""
-  }
+${rope ? wgslRopeBindings(rope, kv) : ""}
 ${
     att
       ? `@group(0) @binding(7) var<storage, read> rows: array<Row>;
@@ -373,6 +376,49 @@ function attentionPrologue(att: AttentionShape, threads: number): string {
     ${body}
   }
   workgroupBarrier();`;
+}
+
+/**
+ * The "rope" epilogue for output features o, o + 1 of q | k | v (o even) with values x, y of
+ * token row `row` (a Row) at step row `yRow`: the bias added, q rotated into Y, k rotated and v
+ * copied into the KV pools at the row's slot. Both layouts use it.
+ */
+function wgslRopePair(
+  rope: RopeShape,
+  kv: ReturnType<typeof kvWgsl>,
+  at: { x: string; y: string; row: string; o: string; yRow: string },
+): string {
+  const rot = "v = vec2<f32>(v.x * cs.x - v.y * cs.y, v.x * cs.y + v.y * cs.x);";
+  const maybeRotate = (i: string) =>
+    `let p = (${i} % ${rope.headDim}u) / 2u; if (p < ${
+      rope.ropeDim / 2
+    }u) { let cs = table[${at.row}.pos * ${rope.ropeDim / 2}u + p]; ${rot} }`;
+  return `if (${at.o} < chunk.rows) {
+      let f = chunk.yOffset + ${at.o};
+      var v = vec2<f32>(${at.x}, ${at.y})${rope.bias ? " + vec2<f32>(QB[f], QB[f + 1u])" : ""};
+      if (f < ${rope.qDim}u) {
+        ${maybeRotate("f")}
+        let yi = ${at.yRow} * chunk.yStride + f; Y[yi] = v.x; Y[yi + 1u] = v.y;
+      } else if (f < ${rope.qDim + rope.kvDim}u) {
+        let i = f - ${rope.qDim}u;
+        ${maybeRotate("i")}
+        ${kv.storePair("Kc", `${at.row}.slot * ${rope.kvDim}u + i`, "v")}
+      } else {
+        ${
+    kv.storePair("Vc", `${at.row}.slot * ${rope.kvDim}u + f - ${rope.qDim + rope.kvDim}u`, "v")
+  }
+      }
+    }`;
+}
+
+/** WGSL bindings of the "rope" epilogue (7, 8, 9, 10 and the bias at 13). */
+function wgslRopeBindings(rope: RopeShape, kv: ReturnType<typeof kvWgsl>): string {
+  return `@group(0) @binding(7) var<storage, read> rows: array<Row>;
+@group(0) @binding(8) var<storage, read> table: array<vec2<f32>>;
+@group(0) @binding(9) var<storage, read_write> Kc: ${kv.scalarArray};
+@group(0) @binding(10) var<storage, read_write> Vc: ${kv.scalarArray};${
+    rope.bias ? "\n@group(0) @binding(13) var<storage, read> QB: array<f32>;" : ""
+  }`;
 }
 
 /** Where a matmul reads and writes. */
@@ -474,11 +520,11 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
     attention: target.attention?.shape,
   };
   const lane = (target.layout ?? (gpu.cpuRasterizer ? "lane" : "split")) === "lane";
-  if ((epilogue === "rope") !== (target.rope !== undefined) || (epilogue === "rope" && !lane)) {
+  if ((epilogue === "rope") !== (target.rope !== undefined)) {
     throw new Error(
-      `Cannot bind matmul '${m.name}': the rope epilogue needs target.rope and the lane layout (epilogue ${epilogue}, layout ${
-        lane ? "lane" : "split"
-      }, rope ${target.rope ? "given" : "missing"})`,
+      `Cannot bind matmul '${m.name}': the rope epilogue needs target.rope, and target.rope the rope epilogue (epilogue ${epilogue}, rope ${
+        target.rope ? "given" : "missing"
+      })`,
     );
   }
   if (target.attention) {
@@ -500,7 +546,7 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
   );
   const to = lane
     ? laneShape(m.type).threads * laneShape(m.type).outs
-    : matmulSplit(m.type, m.cols).to;
+    : matmulSplit(m.type, m.cols, epilogue).to;
   const rowsPerGroup = lane ? laneShape(m.type).rows : MATMUL_ROWS_PER_GROUP;
   const outputs = dual ? m.rows / 2 : m.rows;
   const parts = m.chunks.map((c) => {

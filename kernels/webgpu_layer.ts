@@ -67,11 +67,11 @@ export interface LayerBuild {
 }
 
 /**
- * Layer l's kernels, in order: the q/k/v projection with its norm fused (and RoPE + the KV
- * store fused on CPU rasterizers), bias / q-k norm when the architecture has them, RoPE + KV
- * store, attention over the paged cache, the output projection adding into the residual, the
- * gate/up projection with SwiGLU in its epilogue, and the down projection adding into the
- * residual.
+ * Layer l's kernels, in order: the q/k/v projection with its norm, biases, RoPE and the KV
+ * store fused (with q/k norms, which need whole heads, the projection, the norm kernel and RoPE
+ * + KV store apart), attention over the paged cache (on CPU rasterizers, where it fits, in the
+ * output projection's prologue), the output projection adding into the residual, the gate/up
+ * projection with SwiGLU in its epilogue, and the down projection adding into the residual.
  */
 export function layerOps(b: LayerBuild, l: number, w: LayerWeights, pool: KvPool): KernelOp[] {
   const { gpu, config, blockSize, kvDtype, act, ropeTable, upload, once, vector, check, fail } = b;
@@ -109,9 +109,9 @@ export function layerOps(b: LayerBuild, l: number, w: LayerWeights, pool: KvPool
     : undefined;
   // q/k norms run between the projection and RoPE (over whole heads), so they rule out the
   // fusion; a bias is added in the epilogue.
-  const fuseRope = gpu.cpuRasterizer && !steps.qkNorm;
+  const fuseRope = !steps.qkNorm;
   if (fuseRope) {
-    // Lane matmuls rotate q and k and store k and v themselves: no RoPE dispatch. One matmul
+    // The matmuls rotate q and k and store k and v themselves: no RoPE dispatch. One matmul
     // per run of q, k, v whose encodings stack (all three in most files).
     for (const run of stackRuns(qkv, [0, qDim, qDim + kvDim])) {
       const key = run.parts.length === 3 ? `${l}.qkv` : `${l}.qkv@${run.offset}`;
@@ -144,7 +144,6 @@ export function layerOps(b: LayerBuild, l: number, w: LayerWeights, pool: KvPool
             vCache,
             ...(qkvBias ? { bias: qkvBias } : {}),
           },
-          layout: "lane",
           label: run.parts.length === 3 ? "qkv+rope+kv store" : "q|k|v+rope+kv store",
         }),
       );

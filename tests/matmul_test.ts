@@ -273,10 +273,11 @@ Deno.test("createMatmul() splits a matrix larger than one binding into row chunk
   gpu.device.destroy();
 });
 
-for (const [type, ropeDim, cap] of [["f32", 8, undefined], ["q8_0", 4, 1024]] as const) {
-  Deno.test(`createMatmul() rope epilogue (lane, ${type}, ropeDim ${ropeDim}${cap ? ", split matrix" : ""}) projects q | k | v, rotates q and k like the reference rope and stores k and v at each row's slot`, async () => {
+// 1024-wide f32 rows: the split layout's widest reduction (KS = 32, two outputs per workgroup).
+for (const layout of ["lane", "split"] as const) for (const [type, ropeDim, cap, dim] of [["f32", 8, undefined, 64], ["q8_0", 4, 1024, 64], ["f32", 8, undefined, 1024]] as const) {
+  Deno.test(`createMatmul() rope epilogue (${layout}, ${type}, ropeDim ${ropeDim}, rows of ${dim}${cap ? ", split matrix" : ""}) projects q | k | v, rotates q and k like the reference rope and stores k and v at each row's slot`, async () => {
     const gpu = cap ? await acquireGpu({ maxBindingBytes: cap }) : await testGpu();
-    const [nHeads, nKvHeads, headDim, dim] = [4, 2, 8, 64];
+    const [nHeads, nKvHeads, headDim] = [4, 2, 8];
     const qDim = nHeads * headDim;
     const kvDim = nKvHeads * headDim;
     const stride = qDim + 2 * kvDim;
@@ -325,7 +326,7 @@ for (const [type, ropeDim, cap] of [["f32", 8, undefined], ["q8_0", 4, 1024]] as
         kCache: kc,
         vCache: vc,
       },
-      layout: "lane",
+      layout,
     });
     await runPass(gpu, (pass) => op.encode(pass, rows.length));
     const gotY = await readF32(gpu, y, rows.length * stride);
@@ -347,7 +348,7 @@ for (const [type, ropeDim, cap] of [["f32", 8, undefined], ["q8_0", 4, 1024]] as
   });
 }
 
-Deno.test("createMatmul() refuses the rope epilogue without its buffers or on the split layout", async () => {
+Deno.test("createMatmul() refuses the rope epilogue without its buffers, and its buffers without the epilogue", async () => {
   const gpu = await testGpu();
   const m = uploadMatrix(gpu, randomTensor(rng(3), "f32", 16, 8));
   const meta = dims(gpu, 1);
@@ -362,7 +363,8 @@ Deno.test("createMatmul() refuses the rope epilogue without its buffers or on th
   for (
     const t of [
       { ...base, epilogue: "rope" as const, layout: "lane" as const },
-      { ...base, epilogue: "rope" as const, layout: "split" as const, rope },
+      { ...base, epilogue: "rope" as const, layout: "split" as const },
+      { ...base, epilogue: "store" as const, layout: "split" as const, rope },
     ]
   ) {
     let error: Error | undefined;
@@ -372,7 +374,7 @@ Deno.test("createMatmul() refuses the rope epilogue without its buffers or on th
       error = e as Error;
     }
     assert(
-      error?.message.includes("rope epilogue needs target.rope and the lane layout"),
+      error?.message.includes("the rope epilogue needs target.rope, and target.rope the rope epilogue"),
       String(error),
     );
   }
@@ -464,7 +466,7 @@ for (const [nHeads, nKvHeads, headDim] of [[8, 4, 8], [4, 1, 40]] as const) {
   });
 }
 
-Deno.test("createMatmul() rope epilogue with a q | k | v bias, as two matmuls (q|k in q8_0, v in f32 at its offset), adds the bias before rotating like the reference", async () => {
+for (const layout of ["lane", "split"] as const) Deno.test(`createMatmul() rope epilogue (${layout}) with a q | k | v bias, as two matmuls (q|k in q8_0, v in f32 at its offset), adds the bias before rotating like the reference`, async () => {
   const gpu = await testGpu();
   const [nHeads, nKvHeads, headDim, dim, ropeDim] = [4, 2, 8, 64, 8];
   const qDim = nHeads * headDim;
@@ -524,7 +526,7 @@ Deno.test("createMatmul() rope epilogue with a q | k | v bias, as two matmuls (q
           vCache: vc,
           bias: bb,
         },
-        layout: "lane",
+        layout,
       }).encode(pass, rows.length);
     }
   });
