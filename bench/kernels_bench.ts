@@ -181,6 +181,8 @@ async function timeIt(f: () => Promise<unknown>): Promise<number> {
 export interface KernelsBenchResult {
   readonly device: string;
   readonly model: string;
+  /** Compute dispatches of one decode step at batch 1, as the engine encoded them. */
+  readonly dispatchesPerStep: number;
   readonly emptyStep: { readonly waitedMs: number; readonly pipelinedMs: number };
   readonly steps: readonly {
     readonly batch: number;
@@ -265,6 +267,14 @@ export async function runKernelsBench(
     ));
   }
 
+  // Dispatches of a decode step at batch 1, counted as the engine encoded them.
+  const counted = new Workload(engine, 1, o.prompt, blocksEach, 2000);
+  await counted.prefill();
+  await engine.step(counted.decode(0));
+  const dispatches = engine.lastStepDispatches;
+  print(
+    `- dispatches per decode step (batch 1): ${dispatches} for ${config.nLayers} layers (the embedding, final norm, classifier and sampler once each, or once per chunk of a matrix split across bindings)\n`,
+  );
   if (o.kernelsOnly) {
     engine.dispose();
     gpu.device.destroy();
@@ -273,6 +283,7 @@ export async function runKernelsBench(
       device: gpu.description,
       model: subject.name,
       emptyStep: none,
+      dispatchesPerStep: dispatches,
       steps: [],
       singleStream: [],
     };
@@ -379,6 +390,7 @@ export async function runKernelsBench(
   return {
     device: gpu.description,
     model: subject.name,
+    dispatchesPerStep: dispatches,
     emptyStep: { waitedMs: emptyWaited, pipelinedMs: emptyPiped },
     steps,
     singleStream: results.map(([mode, msPerToken]) => ({ mode, msPerToken })),

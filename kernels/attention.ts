@@ -146,20 +146,13 @@ export function attentionLaneWgsl(
   blockSize: number,
   kvDtype: KvDtype = "f32",
 ): string {
-  const { nHeads, nKvHeads, headDim } = config;
+  const { nKvHeads } = config;
   const kv = kvWgsl(kvDtype);
-  if (headDim % 4 !== 0) {
-    throw new Error(`Cannot build lane attention: head size ${headDim} is not a multiple of 4`);
-  }
-  const qDim = nHeads * headDim;
-  const kvDim = nKvHeads * headDim;
-  const stride = qDim + 2 * kvDim;
-  const group = nHeads / nKvHeads;
-  const nv = headDim / 4;
-  const vs = Array.from({ length: nv }, (_, i) => i);
-  const gs = Array.from({ length: group }, (_, g) => g);
-  const each = (f: (i: number) => string, sep = "\n  ") => vs.map(f).join(sep);
-  const heads = (f: (g: number) => string, sep = "\n  ") => gs.map(f).join(sep);
+  const qDim = config.nHeads * config.headDim;
+  const body = wgslLaneAttentionBody(config, blockSize, kvDtype, {
+    q: "QKV",
+    out: (i) => `O[(r * ${qDim}u) / 4u + ${i}]`,
+  });
   return /* wgsl */ `${kv.enable}
 ${WGSL_STEP_TYPES}
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
@@ -170,7 +163,6 @@ ${WGSL_STEP_TYPES}
 @group(0) @binding(5) var<storage, read> Kc: ${kv.vec4Array};
 @group(0) @binding(6) var<storage, read> Vc: ${kv.vec4Array};
 @group(0) @binding(7) var<storage, read_write> O: array<vec4<f32>>;
-const SCALE = ${1 / Math.sqrt(headDim)};
 @compute @workgroup_size(${LANE_ATTENTION_THREADS})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
   let nRows = dims[${DIM_ROWS}];
@@ -178,12 +170,47 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
   if (task >= nRows * ${nKvHeads}u) { return; }
   let r = task / ${nKvHeads}u;
   let kvh = task % ${nKvHeads}u;
-  let row = rows[r];
+  ${body}
+}
+`;
+}
+
+/**
+ * The lane attention of row r (a step row index) and KV head kvh, both in scope: reads q from
+ * the vec4 array named `q` (rows of q | k | v), K/V from Kc/Vc through rows, seqs and tables,
+ * and stores the group's output vec4s at `out(i)`, i a WGSL u32 expression counting the row's
+ * output vec4s from its start (head kvh·G's first). Shared by the attention kernel and the
+ * matmul that runs attention as its prologue.
+ */
+export function wgslLaneAttentionBody(
+  config: Pick<ModelConfig, "nHeads" | "nKvHeads" | "headDim">,
+  blockSize: number,
+  kvDtype: KvDtype,
+  io: { readonly q: string; readonly out: (i: string) => string },
+): string {
+  const { nHeads, nKvHeads, headDim } = config;
+  const kv = kvWgsl(kvDtype);
+  if (headDim % 4 !== 0) {
+    throw new Error(`Cannot build lane attention: head size ${headDim} is not a multiple of 4`);
+  }
+  const kvDim = nKvHeads * headDim;
+  const stride = nHeads * headDim + 2 * kvDim;
+  const group = nHeads / nKvHeads;
+  const nv = headDim / 4;
+  const vs = Array.from({ length: nv }, (_, i) => i);
+  const gs = Array.from({ length: group }, (_, g) => g);
+  const each = (f: (i: number) => string, sep = "\n  ") => vs.map(f).join(sep);
+  const heads = (f: (g: number) => string, sep = "\n  ") => gs.map(f).join(sep);
+  return `let row = rows[r];
   let seq = seqs[row.seq];
   let kvBase = kvh * ${nv}u;
   // The group's query heads are contiguous: heads kvh*G .. kvh*G + G - 1.
   let qBase = (r * ${stride}u + kvh * ${group * headDim}u) / 4u;
-  ${heads((g) => each((i) => `let q${g}_${i} = QKV[qBase + ${g * nv + i}u] * SCALE;`))}
+  ${
+    heads((g) =>
+      each((i) => `let q${g}_${i} = ${io.q}[qBase + ${g * nv + i}u] * ${1 / Math.sqrt(headDim)};`)
+    )
+  }
   ${heads((g) => each((i) => `var acc${g}_${i} = vec4<f32>(0.0);`))}
   ${heads((g) => `var m${g} = -3.402823e38; var l${g} = 0.0;`)}
   let n = row.pos + 1u;
@@ -212,10 +239,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }`, "\n    ")
   }
   }
-  let oBase = (r * ${qDim}u + kvh * ${group * headDim}u) / 4u;
-  ${heads((g) => each((i) => `O[oBase + ${g * nv + i}u] = acc${g}_${i} / l${g};`))}
-}
-`;
+  ${
+    heads((g) =>
+      each((i) => `${io.out(`kvh * ${group * nv}u + ${g * nv + i}u`)} = acc${g}_${i} / l${g};`)
+    )
+  }`;
 }
 
 /** Threads per workgroup of the lane layout (one SIMD batch of a CPU rasterizer's). */

@@ -3,7 +3,9 @@ import { type Gpu, type KernelOp, uploadBuffer } from "./device.ts";
 import type { GpuMatrix } from "./gpu_matrix.ts";
 import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";
 import { chunkElements, chunkVec4s, WGSL_WEIGHT_HELPERS, wgslLoadChunk } from "./weight_formats.ts";
-import { type KvDtype, kvWgsl } from "./kv_dtype.ts";
+import { type KvDtype, kvElementBytes, kvWgsl } from "./kv_dtype.ts";
+import type { ModelConfig } from "../lib/model/model_config.ts";
+import { wgslLaneAttentionBody } from "./attention.ts";
 
 /** Activation rows one workgroup multiplies against each weight chunk it loads. */
 export const MATMUL_ROWS_PER_GROUP = 8;
@@ -15,10 +17,16 @@ const CHUNKS_PER_THREAD = 4;
  * at least CHUNKS_PER_THREAD chunks per thread so each workgroup does enough work to pay for
  * its barrier (costly on CPU rasterizers; on GPUs wide rows still get KS = 64).
  */
-export function matmulSplit(type: TensorType, cols: number): { ks: number; to: number } {
+export function matmulSplit(
+  type: TensorType,
+  cols: number,
+  epilogue: MatmulEpilogue = "store",
+): { ks: number; to: number } {
   const chunks = cols / chunkElements(type);
+  // The rope epilogue finishes output pairs in one workgroup: at least two outputs each.
+  const most = epilogue === "rope" ? THREADS / 2 : THREADS;
   let ks = 1;
-  while (ks * 2 <= THREADS && ks * 2 * CHUNKS_PER_THREAD <= chunks) ks *= 2;
+  while (ks * 2 <= most && ks * 2 * CHUNKS_PER_THREAD <= chunks) ks *= 2;
   return { ks, to: THREADS / ks };
 }
 
@@ -29,7 +37,7 @@ export function matmulSplit(type: TensorType, cols: number): { ks: number; to: n
 export type MatmulEpilogue = "store" | "accumulate" | "swiglu" | "rope";
 
 /**
- * Head layout of a q | k | v projection whose "rope" epilogue (lane layout only) rotates q and
+ * Head layout of a q | k | v projection whose "rope" epilogue (either layout) rotates q and
  * k llama2.c style (adjacent pairs within each head, by rows[r].pos) and writes q to y, and k
  * and v into the KV pools at rows[r].slot: the projection and the RoPE + KV store in one pass.
  */
@@ -40,6 +48,8 @@ export interface RopeShape {
   readonly ropeDim: number;
   /** How the KV pools hold elements (default f32). */
   readonly kvDtype?: KvDtype;
+  /** Add a bias over q | k | v features (binding 13) before rotating: Qwen2's q/k/v biases. */
+  readonly bias?: boolean;
 }
 
 /** How a matmul spreads its work over threads (see {@link MatmulTarget.layout}). */
@@ -58,6 +68,20 @@ export interface MatmulSpec {
   readonly gather?: boolean;
   /** With the "rope" epilogue. */
   readonly rope?: RopeShape;
+  /** The input rows are the paged attention of rows of q | k | v (lane layout only). */
+  readonly attention?: AttentionShape;
+}
+
+/**
+ * Attention as a matmul's prologue: each workgroup attends for its own row tile into workgroup
+ * memory, then multiplies those rows (the output projection), so attention costs no dispatch of
+ * its own. Every workgroup of the tile's rows repeats the attention: the layer uses it only when
+ * one workgroup spans all outputs.
+ */
+export interface AttentionShape {
+  readonly config: Pick<ModelConfig, "nHeads" | "nKvHeads" | "headDim">;
+  readonly blockSize: number;
+  readonly kvDtype: KvDtype;
 }
 
 /**
@@ -72,8 +96,13 @@ export interface MatmulSpec {
  */
 export function matmulWgsl(spec: MatmulSpec): string {
   const { type, cols, rowsField, epilogue } = spec;
-  const { ks, to } = matmulSplit(type, cols);
+  const { ks, to } = matmulSplit(type, cols, epilogue);
   const tr = MATMUL_ROWS_PER_GROUP;
+  const rope = spec.rope;
+  if (epilogue === "rope" && !rope) {
+    throw new Error("Cannot build the rope epilogue without the head layout");
+  }
+  const kv = kvWgsl(rope?.kvDtype ?? "f32");
   const norm = spec.normEps !== undefined;
   const dual = epilogue === "swiglu";
   const nv = chunkVec4s(type);
@@ -112,12 +141,36 @@ export function matmulWgsl(spec: MatmulSpec): string {
     ? "let gs = gt * scale; let v = gs / (1.0 + exp(-gs)) * (ut * scale);"
     : "let v = at * scale;";
   const write = epilogue === "accumulate" ? "Y[yi] = Y[yi] + v;" : "Y[yi] = v;";
+  // Rope: the thread of each even output also sums its odd partner's partials (the next KS).
+  const finish = epilogue === "rope"
+    ? `if ((o & 1u) == 0u) {
+      ${partials.map(sum).join("\n      ")}
+      var at1 = 0.0; for (var i = 0u; i < KS; i++) { at1 += part_a[r * ${THREADS}u + g + KS + i]; }
+      ${scale}
+      let row = rows[r0 + r];
+      ${
+      wgslRopePair(rope!, kv, {
+        x: "at * scale",
+        y: "at1 * scale",
+        row: "row",
+        o: "o",
+        yRow: "(r0 + r)",
+      })
+    }
+    }`
+    : `if (o < chunk.rows) {
+      ${partials.map(sum).join("\n      ")}
+      ${scale}
+      ${result}
+      let yi = (r0 + r) * chunk.yStride + chunk.yOffset + o;
+      ${write}
+    }`;
   const srcRows = rows.map((r) =>
     `let src${r} = ${spec.gather ? `samples[min(r0 + ${r}u, nRows - 1u)].row` : `r0 + ${r}u`};`
   )
     .join(" ");
 
-  return /* wgsl */ `
+  return /* wgsl */ `${kv.enable}
 ${WGSL_STEP_TYPES}
 struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
@@ -127,6 +180,7 @@ struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
 ${norm ? "@group(0) @binding(5) var<storage, read> NW: array<vec4<f32>>;" : ""}
 ${spec.gather ? "@group(0) @binding(6) var<storage, read> samples: array<Sample>;" : ""}
+${rope ? wgslRopeBindings(rope, kv) : ""}
 const KS = ${ks}u;
 const TO = ${to}u;
 const NCHUNK = ${cols / chunkElements(type)}u;
@@ -157,13 +211,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   // Thread s of an output's group finishes rows s, s + KS, ...: KS partials added in order.
   let g = t - s;
   for (var r = s; r < live; r += KS) {
-    if (o < chunk.rows) {
-      ${partials.map(sum).join("\n      ")}
-      ${scale}
-      ${result}
-      let yi = (r0 + r) * chunk.yStride + chunk.yOffset + o;
-      ${write}
-    }
+    ${finish}
   }
 }
 `;
@@ -205,7 +253,8 @@ export function matmulLaneWgsl(spec: MatmulSpec): string {
       }`
       : wgslLoadChunk(type, cols, `oc${j}`, `w${j}a`)
   ).join("\n      ");
-  const { normLoads, dotWith, rowInputs } = wgslChunkInputs(nv, norm);
+  const att = spec.attention;
+  const { normLoads, dotWith, rowInputs } = wgslChunkInputs(nv, norm, att !== undefined);
   const perRow = rows.map((r) => {
     const { xs, xw, sumSq } = rowInputs(r);
     const accum = js.map((j) =>
@@ -223,31 +272,16 @@ export function matmulLaneWgsl(spec: MatmulSpec): string {
   if (epilogue === "rope" && (!rope || outs % 2 !== 0)) {
     throw new Error("Cannot build the rope epilogue without the head layout, or with odd outputs");
   }
-  const kv = kvWgsl(rope?.kvDtype ?? "f32");
-  const ropePair = (r: number, j: number) => {
-    // Features f, f + 1 of q | k | v; rows are clamped, stores guarded by the caller.
-    const rot = "v = vec2<f32>(v.x * cs.x - v.y * cs.y, v.x * cs.y + v.y * cs.x);";
-    const maybeRotate = (i: string) =>
-      `let p = (${i} % ${rope!.headDim}u) / 2u; if (p < ${
-        rope!.ropeDim / 2
-      }u) { let cs = table[row${r}.pos * ${rope!.ropeDim / 2}u + p]; ${rot} }`;
-    return `if (o${j} < chunk.rows) {
-      var v = vec2<f32>(a${j}_${r} * scale, a${j + 1}_${r} * scale);
-      let f = chunk.yOffset + o${j};
-      if (f < ${rope!.qDim}u) {
-        ${maybeRotate("f")}
-        let yi = (r0 + ${r}u) * chunk.yStride + f; Y[yi] = v.x; Y[yi + 1u] = v.y;
-      } else if (f < ${rope!.qDim + rope!.kvDim}u) {
-        let i = f - ${rope!.qDim}u;
-        ${maybeRotate("i")}
-        ${kv.storePair("Kc", `row${r}.slot * ${rope!.kvDim}u + i`, "v")}
-      } else {
-        ${
-      kv.storePair("Vc", `row${r}.slot * ${rope!.kvDim}u + f - ${rope!.qDim + rope!.kvDim}u`, "v")
-    }
-      }
-    }`;
-  };
+  if (rope && att) throw new Error("Cannot build a matmul with both rope and attention");
+  const kv = kvWgsl(rope?.kvDtype ?? att?.kvDtype ?? "f32");
+  const ropePair = (r: number, j: number) =>
+    wgslRopePair(rope!, kv, {
+      x: `a${j}_${r} * scale`,
+      y: `a${j + 1}_${r} * scale`,
+      row: `row${r}`,
+      o: `o${j}`,
+      yRow: `(r0 + ${r}u)`,
+    });
   const stores = rows.map((r) => {
     const scale = norm
       ? `let scale = 1.0 / sqrt(s${r} / ${cols}.0 + ${spec.normEps!.toExponential()});`
@@ -286,12 +320,15 @@ struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
 ${norm ? "@group(0) @binding(5) var<storage, read> NW: array<vec4<f32>>;" : ""}
 ${spec.gather ? "@group(0) @binding(6) var<storage, read> samples: array<Sample>;" : ""}
+${rope ? wgslRopeBindings(rope, kv) : ""}
 ${
-    rope
+    att
       ? `@group(0) @binding(7) var<storage, read> rows: array<Row>;
-@group(0) @binding(8) var<storage, read> table: array<vec2<f32>>;
-@group(0) @binding(9) var<storage, read_write> Kc: ${kv.scalarArray};
-@group(0) @binding(10) var<storage, read_write> Vc: ${kv.scalarArray};`
+@group(0) @binding(9) var<storage, read> Kc: ${kv.vec4Array};
+@group(0) @binding(10) var<storage, read> Vc: ${kv.vec4Array};
+@group(0) @binding(11) var<storage, read> seqs: array<Seq>;
+@group(0) @binding(12) var<storage, read> tables: array<u32>;
+var<workgroup> A: array<vec4<f32>, ${(tr * cols) / 4}>;`
       : ""
   }
 const NCHUNK = ${cols / chunkElements(type)}u;
@@ -305,6 +342,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   if (r0 >= nRows) { return; }
   let live = min(${tr}u, nRows - r0);
   let base = (wid.y + wid.z * nwg.y) * ${threads * outs}u;
+  ${att ? attentionPrologue(att, threads) : ""}
   // Lanes past the last output compute a copy of it and store nothing: no divergent branch.
   ${outIdx}
   ${srcRows}
@@ -317,6 +355,70 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   ${stores}
 }
 `;
+}
+
+/** The tile's rows attended into A (row lr of the tile at A[lr * XV]), every lane sharing them. */
+function attentionPrologue(att: AttentionShape, threads: number): string {
+  const { nKvHeads, nHeads } = att.config;
+  if (nHeads % nKvHeads !== 0) {
+    throw new Error(
+      `Cannot build attention: ${nHeads} query heads are not a multiple of ${nKvHeads} KV heads`,
+    );
+  }
+  const body = wgslLaneAttentionBody(att.config, att.blockSize, att.kvDtype, {
+    q: "X",
+    out: (i) => `A[lr * XV + ${i}]`,
+  });
+  return `for (var task = t; task < live * ${nKvHeads}u; task += ${threads}u) {
+    let lr = task / ${nKvHeads}u;
+    let kvh = task % ${nKvHeads}u;
+    let r = r0 + lr;
+    ${body}
+  }
+  workgroupBarrier();`;
+}
+
+/**
+ * The "rope" epilogue for output features o, o + 1 of q | k | v (o even) with values x, y of
+ * token row `row` (a Row) at step row `yRow`: the bias added, q rotated into Y, k rotated and v
+ * copied into the KV pools at the row's slot. Both layouts use it.
+ */
+function wgslRopePair(
+  rope: RopeShape,
+  kv: ReturnType<typeof kvWgsl>,
+  at: { x: string; y: string; row: string; o: string; yRow: string },
+): string {
+  const rot = "v = vec2<f32>(v.x * cs.x - v.y * cs.y, v.x * cs.y + v.y * cs.x);";
+  const maybeRotate = (i: string) =>
+    `let p = (${i} % ${rope.headDim}u) / 2u; if (p < ${
+      rope.ropeDim / 2
+    }u) { let cs = table[${at.row}.pos * ${rope.ropeDim / 2}u + p]; ${rot} }`;
+  return `if (${at.o} < chunk.rows) {
+      let f = chunk.yOffset + ${at.o};
+      var v = vec2<f32>(${at.x}, ${at.y})${rope.bias ? " + vec2<f32>(QB[f], QB[f + 1u])" : ""};
+      if (f < ${rope.qDim}u) {
+        ${maybeRotate("f")}
+        let yi = ${at.yRow} * chunk.yStride + f; Y[yi] = v.x; Y[yi + 1u] = v.y;
+      } else if (f < ${rope.qDim + rope.kvDim}u) {
+        let i = f - ${rope.qDim}u;
+        ${maybeRotate("i")}
+        ${kv.storePair("Kc", `${at.row}.slot * ${rope.kvDim}u + i`, "v")}
+      } else {
+        ${
+    kv.storePair("Vc", `${at.row}.slot * ${rope.kvDim}u + f - ${rope.qDim + rope.kvDim}u`, "v")
+  }
+      }
+    }`;
+}
+
+/** WGSL bindings of the "rope" epilogue (7, 8, 9, 10 and the bias at 13). */
+function wgslRopeBindings(rope: RopeShape, kv: ReturnType<typeof kvWgsl>): string {
+  return `@group(0) @binding(7) var<storage, read> rows: array<Row>;
+@group(0) @binding(8) var<storage, read> table: array<vec2<f32>>;
+@group(0) @binding(9) var<storage, read_write> Kc: ${kv.scalarArray};
+@group(0) @binding(10) var<storage, read_write> Vc: ${kv.scalarArray};${
+    rope.bias ? "\n@group(0) @binding(13) var<storage, read> QB: array<f32>;" : ""
+  }`;
 }
 
 /** Where a matmul reads and writes. */
@@ -336,6 +438,21 @@ export interface MatmulTarget {
     readonly shape: RopeShape;
     readonly rows: GPUBufferBinding | GPUBuffer;
     readonly table: GPUBuffer;
+    readonly kCache: GPUBuffer;
+    readonly vCache: GPUBuffer;
+    /** The q | k | v biases (f32, one per feature), when shape.bias is set. */
+    readonly bias?: GPUBuffer;
+  };
+  /**
+   * Attention as the prologue ({@link AttentionShape}): x is then the rows of q | k | v, and the
+   * matrix multiplies their attention output; the step's rows, sequences and block tables, and
+   * the KV pools.
+   */
+  readonly attention?: {
+    readonly shape: AttentionShape;
+    readonly rows: GPUBufferBinding | GPUBuffer;
+    readonly seqs: GPUBufferBinding | GPUBuffer;
+    readonly tables: GPUBufferBinding | GPUBuffer;
     readonly kCache: GPUBuffer;
     readonly vCache: GPUBuffer;
   };
@@ -400,25 +517,36 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
     normEps: target.norm?.eps,
     gather: target.samples !== undefined,
     rope: target.rope?.shape,
+    attention: target.attention?.shape,
   };
   const lane = (target.layout ?? (gpu.cpuRasterizer ? "lane" : "split")) === "lane";
-  if ((epilogue === "rope") !== (target.rope !== undefined) || (epilogue === "rope" && !lane)) {
+  if ((epilogue === "rope") !== (target.rope !== undefined)) {
     throw new Error(
-      `Cannot bind matmul '${m.name}': the rope epilogue needs target.rope and the lane layout (epilogue ${epilogue}, layout ${
-        lane ? "lane" : "split"
-      }, rope ${target.rope ? "given" : "missing"})`,
+      `Cannot bind matmul '${m.name}': the rope epilogue needs target.rope, and target.rope the rope epilogue (epilogue ${epilogue}, rope ${
+        target.rope ? "given" : "missing"
+      })`,
     );
+  }
+  if (target.attention) {
+    const { nHeads, headDim } = target.attention.shape.config;
+    if (!lane || m.cols !== nHeads * headDim) {
+      throw new Error(
+        `Cannot bind matmul '${m.name}': attention as its prologue needs the lane layout and ${
+          nHeads * headDim
+        } input columns (layout ${lane ? "lane" : "split"}, ${m.cols} columns)`,
+      );
+    }
   }
   if (epilogue === "rope" && m.chunks.some((c) => c.rows % 2 !== 0)) {
     throw new Error(`Cannot bind matmul '${m.name}': rope needs whole pairs in every chunk`);
   }
   const pipeline = gpu.pipeline(
     lane ? matmulLaneWgsl(spec) : matmulWgsl(spec),
-    `matmul ${m.type} k=${m.cols} ${epilogue}`,
+    `matmul ${m.type} k=${m.cols} ${epilogue}${spec.attention ? " after attention" : ""}`,
   );
   const to = lane
     ? laneShape(m.type).threads * laneShape(m.type).outs
-    : matmulSplit(m.type, m.cols).to;
+    : matmulSplit(m.type, m.cols, epilogue).to;
   const rowsPerGroup = lane ? laneShape(m.type).rows : MATMUL_ROWS_PER_GROUP;
   const outputs = dual ? m.rows / 2 : m.rows;
   const parts = m.chunks.map((c) => {
@@ -446,6 +574,18 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
         [9, target.rope.kCache],
         [10, target.rope.vCache],
       );
+      if (target.rope.shape.bias) {
+        if (!target.rope.bias) {
+          throw new Error(
+            `Cannot bind matmul '${m.name}': the rope shape asks for a bias, none given`,
+          );
+        }
+        bound.push([13, target.rope.bias]);
+      }
+    }
+    if (target.attention) {
+      const a = target.attention;
+      bound.push([7, a.rows], [9, a.kCache], [10, a.vCache], [11, a.seqs], [12, a.tables]);
     }
     const entries = bound.map(([binding, b]) => ({
       binding,
@@ -465,9 +605,16 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
     cost(c) {
       const n = target.rowsField === DIM_SAMPLES ? c.samples.length : c.rows.length;
       const yBytes = n * outputs * 4 * (epilogue === "accumulate" ? 2 : 1);
+      // The prologue's attention, counted once (as the separate kernel's cost would be).
+      const att = target.attention?.shape;
+      const keys = att ? c.rows.reduce((sum, r) => sum + r.pos + 1, 0) : 0;
+      const attFlops = att ? 4 * att.config.nHeads * att.config.headDim * keys : 0;
+      const attBytes = att
+        ? 2 * att.config.nKvHeads * att.config.headDim * kvElementBytes(att.kvDtype) * keys
+        : 0;
       return {
-        flops: 2 * n * m.rows * m.cols + (target.norm ? 2 * n * m.cols : 0),
-        bytes: m.rows * m.rowBytes + n * m.cols * 4 + yBytes,
+        flops: 2 * n * m.rows * m.cols + (target.norm ? 2 * n * m.cols : 0) + attFlops,
+        bytes: m.rows * m.rowBytes + n * m.cols * 4 + yBytes + attBytes,
       };
     },
     encode(pass: GPUComputePassEncoder, rows: number): void {
@@ -486,14 +633,16 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
  * WGSL snippets both matmul layouts share for one chunk of `nv` vec4s: the RMSNorm weights, a
  * row's activations (normalized when fused), its sum of squares, and a dot product with them.
  */
-function wgslChunkInputs(nv: number, norm: boolean) {
+function wgslChunkInputs(nv: number, norm: boolean, fromTile = false) {
   const vecs = (f: (i: number) => string, sep = " ") =>
     Array.from({ length: nv }, (_, i) => f(i)).join(sep);
   return {
     normLoads: norm ? vecs((i) => `let nw${i} = NW[c * ${nv}u + ${i}u];`) : "",
     dotWith: (p: string) => vecs((i) => `dot(${p}${i}, x${i})`, " + "),
     rowInputs: (r: number) => ({
-      xs: vecs((i) => `let xr${i} = X[src${r} * XV + c * ${nv}u + ${i}u];`),
+      xs: vecs((i) =>
+        `let xr${i} = ${fromTile ? `A[${r}u` : `X[src${r}`} * XV + c * ${nv}u + ${i}u];`
+      ),
       xw: vecs((i) => `let x${i} = ${norm ? `xr${i} * nw${i}` : `xr${i}`};`),
       sumSq: norm ? `s${r} += ${vecs((i) => `dot(xr${i}, xr${i})`, " + ")};` : "",
     }),

@@ -10,6 +10,7 @@ import type { ModelConfig } from "../lib/model/model_config.ts";
 import type { Tensor } from "../lib/model/tensor.ts";
 import type { ModelWeights } from "../lib/model/weights.ts";
 import { acquireGpu, type Gpu, type KernelOp } from "./device.ts";
+import { countDispatches } from "./dispatch_count.ts";
 import { createEmbedding } from "./embedding.ts";
 import {
   destroyMatrix,
@@ -148,6 +149,11 @@ export class WebGpuEngine implements Engine {
   private readonly lastSlots = new Map<number, number>();
   private readonly freeSlots: number[];
   private lost: string | undefined;
+  /**
+   * Compute dispatches encoded for the last plan submitted (the last of a stepMany call): the
+   * figure of dispatches per step, counted as encoded.
+   */
+  lastStepDispatches = 0;
 
   private constructor(
     readonly config: ModelConfig,
@@ -405,12 +411,14 @@ export class WebGpuEngine implements Engine {
       this.masks.encode(enc, plan);
       const rows = p.content.rows.length;
       const samples = p.content.samples.length;
-      const pass = enc.beginComputePass();
+      const counted = countDispatches(enc.beginComputePass());
+      const pass = counted.pass;
       this.adjustOp.use(i);
       const asks = this.topOp.use(i);
       for (const op of this.rowOps) op.encode(pass, rows);
       for (const op of this.sampleOps) op.encode(pass, samples);
       pass.end();
+      this.lastStepDispatches = counted.count();
       const readback = this.takeReadback();
       enc.copyBufferToBuffer(this.out, 0, readback, 0, Math.max(8, samples * 8));
       let logits: GPUBuffer | undefined;

@@ -13,7 +13,7 @@ import {
   stackable,
   uploadVector,
 } from "./gpu_matrix.ts";
-import { createMatmul } from "./matmul.ts";
+import { createMatmul, laneShape } from "./matmul.ts";
 import { createQkPrep } from "./qk_prep.ts";
 import { createRopeStore } from "./rope.ts";
 import { DIM_ROWS, type StepMetaLayout } from "./step_meta.ts";
@@ -67,11 +67,11 @@ export interface LayerBuild {
 }
 
 /**
- * Layer l's kernels, in order: the q/k/v projection with its norm fused (and RoPE + the KV
- * store fused on CPU rasterizers), bias / q-k norm when the architecture has them, RoPE + KV
- * store, attention over the paged cache, the output projection adding into the residual, the
- * gate/up projection with SwiGLU in its epilogue, and the down projection adding into the
- * residual.
+ * Layer l's kernels, in order: the q/k/v projection with its norm, biases, RoPE and the KV
+ * store fused (with q/k norms, which need whole heads, the projection, the norm kernel and RoPE
+ * + KV store apart), attention over the paged cache (on CPU rasterizers, where it fits, in the
+ * output projection's prologue), the output projection adding into the residual, the gate/up
+ * projection with SwiGLU in its epilogue, and the down projection adding into the residual.
  */
 export function layerOps(b: LayerBuild, l: number, w: LayerWeights, pool: KvPool): KernelOp[] {
   const { gpu, config, blockSize, kvDtype, act, ropeTable, upload, once, vector, check, fail } = b;
@@ -93,30 +93,61 @@ export function layerOps(b: LayerBuild, l: number, w: LayerWeights, pool: KvPool
     check(w.wk, [kvDim, dim]),
     check(w.wv, [kvDim, dim]),
   ];
-  // Biases and q/k norms run between the projection and RoPE, so they rule out the fusion.
-  const extraSteps = steps.qkvBias || steps.qkNorm;
-  const fuseRope = stackable(qkv) && gpu.cpuRasterizer && !extraSteps;
+  const qkvBias = steps.qkvBias
+    ? once(`${l}.qkv_bias`, () => {
+      const parts = [
+        dequantize(check(present(w.qBias, "qkvBias"), [qDim])),
+        dequantize(check(present(w.kBias, "qkvBias"), [kvDim])),
+        dequantize(check(present(w.vBias, "qkvBias"), [kvDim])),
+      ];
+      const all = new Float32Array(qkvStride);
+      all.set(parts[0]!, 0);
+      all.set(parts[1]!, qDim);
+      all.set(parts[2]!, qDim + kvDim);
+      return b.own(uploadVector(gpu, all, `blk.${l}.qkv_bias`));
+    })
+    : undefined;
+  // q/k norms run between the projection and RoPE (over whole heads), so they rule out the
+  // fusion; a bias is added in the epilogue.
+  const fuseRope = !steps.qkNorm;
   if (fuseRope) {
-    // The lane matmul rotates q and k and stores k and v itself: one dispatch fewer.
-    ops.push(
-      createMatmul(gpu, once(`${l}.qkv`, () => upload(concatRows(qkv, `blk.${l}.qkv`))), {
-        ...rows,
-        x: act.x,
-        y: act.qkv,
-        yStride: qkvStride,
-        norm: attnNorm,
-        epilogue: "rope",
-        rope: {
-          shape: { qDim, kvDim, headDim, ropeDim: config.ropeDim, kvDtype },
-          rows: m.rows,
-          table: ropeTable,
-          kCache,
-          vCache,
-        },
-        layout: "lane",
-        label: "qkv+rope+kv store",
-      }),
-    );
+    // The matmuls rotate q and k and store k and v themselves: no RoPE dispatch. One matmul
+    // per run of q, k, v whose encodings stack (all three in most files).
+    for (const run of stackRuns(qkv, [0, qDim, qDim + kvDim])) {
+      const key = run.parts.length === 3 ? `${l}.qkv` : `${l}.qkv@${run.offset}`;
+      const name = `blk.${l}.${run.parts.length === 3 ? "qkv" : `qkv@${run.offset}`}`;
+      const matrix = once(
+        key,
+        () => upload(run.parts.length === 1 ? run.parts[0]! : concatRows(run.parts, name)),
+      );
+      ops.push(
+        createMatmul(gpu, matrix, {
+          ...rows,
+          x: act.x,
+          y: act.qkv,
+          yStride: qkvStride,
+          yOffset: run.offset,
+          norm: attnNorm,
+          epilogue: "rope",
+          rope: {
+            shape: {
+              qDim,
+              kvDim,
+              headDim,
+              ropeDim: config.ropeDim,
+              kvDtype,
+              bias: qkvBias !== undefined,
+            },
+            rows: m.rows,
+            table: ropeTable,
+            kCache,
+            vCache,
+            ...(qkvBias ? { bias: qkvBias } : {}),
+          },
+          label: run.parts.length === 3 ? "qkv+rope+kv store" : "q|k|v+rope+kv store",
+        }),
+      );
+    }
   } else if (stackable(qkv)) {
     ops.push(
       createMatmul(gpu, once(`${l}.qkv`, () => upload(concatRows(qkv, `blk.${l}.qkv`))), {
@@ -142,21 +173,8 @@ export function layerOps(b: LayerBuild, l: number, w: LayerWeights, pool: KvPool
       );
     });
   }
-  if (extraSteps) {
-    const bias = steps.qkvBias
-      ? once(`${l}.qkv_bias`, () => {
-        const parts = [
-          dequantize(check(present(w.qBias, "qkvBias"), [qDim])),
-          dequantize(check(present(w.kBias, "qkvBias"), [kvDim])),
-          dequantize(check(present(w.vBias, "qkvBias"), [kvDim])),
-        ];
-        const all = new Float32Array(qkvStride);
-        all.set(parts[0]!, 0);
-        all.set(parts[1]!, qDim);
-        all.set(parts[2]!, qDim + kvDim);
-        return b.own(uploadVector(gpu, all, `blk.${l}.qkv_bias`));
-      })
-      : undefined;
+  if (!fuseRope && (steps.qkvBias || steps.qkNorm)) {
+    const bias = qkvBias;
     ops.push(createQkPrep(gpu, config, steps, {
       dims: m.dims,
       qkv: act.qkv,
@@ -182,26 +200,46 @@ export function layerOps(b: LayerBuild, l: number, w: LayerWeights, pool: KvPool
       }),
     );
   }
-  ops.push(
-    createAttention(gpu, config, blockSize, {
-      dims: m.dims,
-      rows: m.rows,
-      seqs: m.seqs,
-      tables: m.tables,
-      qkv: act.qkv,
-      kCache,
-      vCache,
-      kvDtype,
-      out: act.att,
-    }),
-    createMatmul(gpu, upload(check(w.wo, [dim, qDim])), {
+  const wo = upload(check(w.wo, [dim, qDim]));
+  if (attentionInWo(gpu, config, wo)) {
+    ops.push(createMatmul(gpu, wo, {
       ...rows,
-      x: act.att,
+      x: act.qkv,
       y: act.x,
       epilogue: "accumulate",
-      label: "wo",
-    }),
-  );
+      attention: {
+        shape: { config, blockSize, kvDtype },
+        rows: m.rows,
+        seqs: m.seqs,
+        tables: m.tables,
+        kCache,
+        vCache,
+      },
+      layout: "lane",
+      label: "attention+wo",
+    }));
+  } else {
+    ops.push(
+      createAttention(gpu, config, blockSize, {
+        dims: m.dims,
+        rows: m.rows,
+        seqs: m.seqs,
+        tables: m.tables,
+        qkv: act.qkv,
+        kCache,
+        vCache,
+        kvDtype,
+        out: act.att,
+      }),
+      createMatmul(gpu, wo, {
+        ...rows,
+        x: act.att,
+        y: act.x,
+        epilogue: "accumulate",
+        label: "wo",
+      }),
+    );
+  }
   const ffnNorm = { weight: once(`${l}.ffn_norm`, () => vector(w.ffnNorm)), eps: rmsEps };
   const gate = check(w.wGate, [hiddenDim, dim]);
   const upT = check(w.wUp, [hiddenDim, dim]);
@@ -250,4 +288,33 @@ export function layerOps(b: LayerBuild, l: number, w: LayerWeights, pool: KvPool
     }),
   );
   return ops;
+}
+
+/**
+ * Attention runs as the output projection's prologue (one dispatch fewer per layer) on a CPU
+ * rasterizer when one lane workgroup spans all of wo's outputs, so no attention is computed
+ * twice, and a tile's attention rows fit the 16 KiB of workgroup memory WebGPU guarantees.
+ */
+function attentionInWo(gpu: Gpu, config: ModelConfig, wo: GpuMatrix): boolean {
+  const { threads, outs, rows } = laneShape(wo.type);
+  const qDim = config.nHeads * config.headDim;
+  return gpu.cpuRasterizer && config.headDim % 4 === 0 && wo.chunks.length === 1 &&
+    threads * outs >= wo.rows && rows * qDim * 4 <= 16384;
+}
+
+/**
+ * q, k and v as runs of consecutive tensors one matmul can stack (same encoding and row
+ * length), each with the q | k | v feature its first row writes.
+ */
+function stackRuns(
+  parts: readonly Tensor[],
+  offsets: readonly number[],
+): { parts: Tensor[]; offset: number }[] {
+  const runs: { parts: Tensor[]; offset: number }[] = [];
+  parts.forEach((t, i) => {
+    const last = runs.at(-1);
+    if (last && stackable([...last.parts, t])) last.parts.push(t);
+    else runs.push({ parts: [t], offset: offsets[i]! });
+  });
+  return runs;
 }

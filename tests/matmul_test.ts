@@ -6,6 +6,8 @@ import { DIM_ROWS, DIM_SAMPLES, type SampleMeta } from "../kernels/step_meta.ts"
 import { dequantize } from "../lib/model/dequantize.ts";
 import { matvec, rmsnorm, rope, silu } from "../lib/engine/cpu/ops.ts";
 import { uploadRopeTable } from "../kernels/rope.ts";
+import { pagedAttention } from "../lib/engine/cpu/paged_attention.ts";
+import { PagedKvCache } from "../lib/engine/cpu/paged_kv_cache.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import { BLOCK_LAYOUT, TENSOR_TYPES, type TensorType } from "../lib/model/tensor.ts";
 import {
@@ -271,10 +273,11 @@ Deno.test("createMatmul() splits a matrix larger than one binding into row chunk
   gpu.device.destroy();
 });
 
-for (const [type, ropeDim, cap] of [["f32", 8, undefined], ["q8_0", 4, 1024]] as const) {
-  Deno.test(`createMatmul() rope epilogue (lane, ${type}, ropeDim ${ropeDim}${cap ? ", split matrix" : ""}) projects q | k | v, rotates q and k like the reference rope and stores k and v at each row's slot`, async () => {
+// 1024-wide f32 rows: the split layout's widest reduction (KS = 32, two outputs per workgroup).
+for (const layout of ["lane", "split"] as const) for (const [type, ropeDim, cap, dim] of [["f32", 8, undefined, 64], ["q8_0", 4, 1024, 64], ["f32", 8, undefined, 1024]] as const) {
+  Deno.test(`createMatmul() rope epilogue (${layout}, ${type}, ropeDim ${ropeDim}, rows of ${dim}${cap ? ", split matrix" : ""}) projects q | k | v, rotates q and k like the reference rope and stores k and v at each row's slot`, async () => {
     const gpu = cap ? await acquireGpu({ maxBindingBytes: cap }) : await testGpu();
-    const [nHeads, nKvHeads, headDim, dim] = [4, 2, 8, 64];
+    const [nHeads, nKvHeads, headDim] = [4, 2, 8];
     const qDim = nHeads * headDim;
     const kvDim = nKvHeads * headDim;
     const stride = qDim + 2 * kvDim;
@@ -323,7 +326,7 @@ for (const [type, ropeDim, cap] of [["f32", 8, undefined], ["q8_0", 4, 1024]] as
         kCache: kc,
         vCache: vc,
       },
-      layout: "lane",
+      layout,
     });
     await runPass(gpu, (pass) => op.encode(pass, rows.length));
     const gotY = await readF32(gpu, y, rows.length * stride);
@@ -345,7 +348,7 @@ for (const [type, ropeDim, cap] of [["f32", 8, undefined], ["q8_0", 4, 1024]] as
   });
 }
 
-Deno.test("createMatmul() refuses the rope epilogue without its buffers or on the split layout", async () => {
+Deno.test("createMatmul() refuses the rope epilogue without its buffers, and its buffers without the epilogue", async () => {
   const gpu = await testGpu();
   const m = uploadMatrix(gpu, randomTensor(rng(3), "f32", 16, 8));
   const meta = dims(gpu, 1);
@@ -360,7 +363,8 @@ Deno.test("createMatmul() refuses the rope epilogue without its buffers or on th
   for (
     const t of [
       { ...base, epilogue: "rope" as const, layout: "lane" as const },
-      { ...base, epilogue: "rope" as const, layout: "split" as const, rope },
+      { ...base, epilogue: "rope" as const, layout: "split" as const },
+      { ...base, epilogue: "store" as const, layout: "split" as const, rope },
     ]
   ) {
     let error: Error | undefined;
@@ -370,7 +374,7 @@ Deno.test("createMatmul() refuses the rope epilogue without its buffers or on th
       error = e as Error;
     }
     assert(
-      error?.message.includes("rope epilogue needs target.rope and the lane layout"),
+      error?.message.includes("the rope epilogue needs target.rope, and target.rope the rope epilogue"),
       String(error),
     );
   }
@@ -392,4 +396,155 @@ Deno.test("uploadMatrix() refuses rows that are not whole blocks of the type, na
     ),
     String(error),
   );
+});
+
+// Head shapes: stories260K's (8 query heads over 4 KV heads of 8) and 4 heads over 1 of 40.
+for (const [nHeads, nKvHeads, headDim] of [[8, 4, 8], [4, 1, 40]] as const) {
+  Deno.test(`createMatmul() with attention as its prologue adds W · the reference paged attention to y, for a prefill chunk and decodes (${nHeads}q/${nKvHeads}kv heads of ${headDim})`, async () => {
+    const gpu = await testGpu();
+    const blockSize = 4;
+    const numBlocks = 30;
+    const qDim = nHeads * headDim;
+    const kvDim = nKvHeads * headDim;
+    const stride = qDim + 2 * kvDim;
+    const outputs = 100; // two lane workgroups of outputs, each attending for itself
+    const rand = rng(headDim + 1);
+    const cache = new PagedKvCache(1, nKvHeads, headDim, { numBlocks, blockSize });
+    cache.key(0).set(randomF32(rand, cache.key(0).length, 2));
+    cache.value(0).set(randomF32(rand, cache.value(0).length));
+    const tableA = Array.from({ length: 12 }, (_, i) => (i * 7 + 3) % numBlocks);
+    const tableB = [29, 1];
+    const seqs = [
+      { tableOffset: 0, tableLength: tableA.length, lastRow: 0 },
+      { tableOffset: tableA.length, tableLength: 2, lastRow: 0 },
+    ];
+    // A chunk of sequence 0 at positions 30..39 (two row tiles, the second partial), then decodes.
+    const rows = [
+      ...Array.from({ length: 10 }, (_, i) => ({ token: 0, pos: 30 + i, seq: 0, slot: 0 })),
+      { token: 0, pos: 6, seq: 1, slot: 0 },
+      { token: 0, pos: 0, seq: 1, slot: 0 },
+    ];
+    const qkv = randomF32(rand, rows.length * stride, 2);
+    const y0 = randomF32(rand, rows.length * outputs);
+    const wt = randomTensor(rand, "f32", outputs, qDim);
+    const meta = stepMeta(gpu, { rows, seqs, samples: [], blockTables: [...tableA, ...tableB] });
+    const y = storage(gpu, y0);
+    const op = createMatmul(gpu, uploadMatrix(gpu, wt), {
+      dims: meta.dims,
+      x: storage(gpu, qkv),
+      y,
+      rowsField: DIM_ROWS,
+      epilogue: "accumulate",
+      attention: {
+        shape: { config: { nHeads, nKvHeads, headDim }, blockSize, kvDtype: "f32" },
+        rows: meta.rows,
+        seqs: meta.seqs,
+        tables: meta.tables,
+        kCache: storage(gpu, cache.key(0)),
+        vCache: storage(gpu, cache.value(0)),
+      },
+      layout: "lane",
+    });
+    await runPass(gpu, (pass) => op.encode(pass, rows.length));
+    const got = await readF32(gpu, y, rows.length * outputs);
+    const w = dequantize(wt);
+    const tables = [tableA, tableB];
+    rows.forEach((r, i) => {
+      const att = pagedAttention(
+        new Float32Array(qDim),
+        qkv.subarray(i * stride, i * stride + qDim),
+        cache,
+        0,
+        tables[r.seq]!,
+        r.pos,
+        nHeads,
+      );
+      const want = matvec(new Float32Array(outputs), w, att).map((v, o) => v + y0[i * outputs + o]!);
+      const err = relativeError(got.subarray(i * outputs, (i + 1) * outputs), want);
+      assertLess(err, 1e-5, `row ${i} (seq ${r.seq}, pos ${r.pos}): relative error ${err}`);
+    });
+  });
+}
+
+for (const layout of ["lane", "split"] as const) Deno.test(`createMatmul() rope epilogue (${layout}) with a q | k | v bias, as two matmuls (q|k in q8_0, v in f32 at its offset), adds the bias before rotating like the reference`, async () => {
+  const gpu = await testGpu();
+  const [nHeads, nKvHeads, headDim, dim, ropeDim] = [4, 2, 8, 64, 8];
+  const qDim = nHeads * headDim;
+  const kvDim = nKvHeads * headDim;
+  const stride = qDim + 2 * kvDim;
+  const config: ModelConfig = {
+    architecture: "qwen2",
+    dim,
+    hiddenDim: 8,
+    nLayers: 1,
+    nHeads,
+    nKvHeads,
+    headDim,
+    vocabSize: 8,
+    contextLength: 300,
+    ropeTheta: 10000,
+    ropeDim,
+    rmsEps: 1e-5,
+  };
+  const rand = rng(77);
+  const wqk = randomTensor(rand, "q8_0", qDim + kvDim, dim, "wqk");
+  const wv = randomTensor(rand, "f32", kvDim, dim, "wv");
+  const bias = randomF32(rand, stride, 2);
+  const x = randomF32(rand, 11 * dim, 2);
+  const normW = randomF32(rand, dim);
+  const rows = Array.from({ length: 11 }, (_, i) => ({
+    token: 0,
+    pos: [0, 1, 7, 299, 128][i % 5]!,
+    seq: 0,
+    slot: (i * 7 + 3) % 40,
+  }));
+  const meta = stepMeta(gpu, { rows, seqs: [], samples: [], blockTables: [] });
+  const y = zeros(gpu, rows.length * stride * 4);
+  const kc = zeros(gpu, 40 * kvDim * 4);
+  const vc = zeros(gpu, 40 * kvDim * 4);
+  const table = uploadRopeTable(gpu, config, config.contextLength);
+  const xb = storage(gpu, x);
+  const nw = storage(gpu, normW);
+  const bb = storage(gpu, bias);
+  const ops = [[wqk, 0], [wv, qDim + kvDim]] as const;
+  await runPass(gpu, (pass) => {
+    for (const [w, yOffset] of ops) {
+      createMatmul(gpu, uploadMatrix(gpu, w), {
+        dims: meta.dims,
+        x: xb,
+        y,
+        yStride: stride,
+        yOffset,
+        rowsField: DIM_ROWS,
+        norm: { weight: nw, eps: 1e-5 },
+        epilogue: "rope",
+        rope: {
+          shape: { qDim, kvDim, headDim, ropeDim, bias: true },
+          rows: meta.rows,
+          table,
+          kCache: kc,
+          vCache: vc,
+          bias: bb,
+        },
+        layout,
+      }).encode(pass, rows.length);
+    }
+  });
+  const gotY = await readF32(gpu, y, rows.length * stride);
+  const gotK = await readF32(gpu, kc, 40 * kvDim);
+  const gotV = await readF32(gpu, vc, 40 * kvDim);
+  const dense = new Float32Array(stride * dim);
+  dense.set(dequantize(wqk), 0);
+  dense.set(dequantize(wv), (qDim + kvDim) * dim);
+  rows.forEach((r, i) => {
+    const xr = rmsnorm(new Float32Array(dim), x.slice(i * dim, (i + 1) * dim), normW, 1e-5);
+    const out = matvec(new Float32Array(stride), dense, xr).map((v, f) => v + bias[f]!);
+    const q = rope(out.slice(0, qDim), nHeads, headDim, ropeDim, r.pos, 10000);
+    const k = rope(out.slice(qDim, qDim + kvDim), nKvHeads, headDim, ropeDim, r.pos, 10000);
+    const v = out.slice(qDim + kvDim);
+    const at = (b: Float32Array, off: number, n: number) => b.subarray(off, off + n);
+    assertLess(relativeError(at(gotY, i * stride, qDim), q), 1e-5, `q of row ${i}`);
+    assertLess(relativeError(at(gotK, r.slot * kvDim, kvDim), k), 1e-5, `k of row ${i}`);
+    assertLess(relativeError(at(gotV, r.slot * kvDim, kvDim), v), 1e-5, `v of row ${i}`);
+  });
 });

@@ -570,3 +570,26 @@ Deno.test("WebGpuEngine samples under token masks the tokens the reference engin
     cpu.dispose();
   }
 });
+
+Deno.test("WebGpuEngine.lastStepDispatches counts a decode step of stories260K as n_layers × per-layer (4 on a CPU rasterizer, 5 on a GPU) + 4, and one more for a logit bias", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"));
+  const { gpu: engine } = await engines(model);
+  try {
+    // Per layer: q|k|v (norm, RoPE and the KV store fused), attention (on a CPU rasterizer in
+    // wo's prologue: stories260K's 64 outputs fit one lane workgroup), wo (+ residual), gate|up
+    // (norm and SwiGLU fused), down (+ residual). Per step: the embedding gather, the final
+    // norm of the sampled rows (once, not in each of the classifier's workgroups), the
+    // classifier and the sampler.
+    const perLayer = engine.gpu.cpuRasterizer ? 4 : 5;
+    const want = model.config.nLayers * perLayer + 4;
+    const seq = { seqId: 1, blockTable: [0], sample: true, sampling: GREEDY };
+    await engine.step({ stepId: 0, seqs: [{ ...seq, tokens: PROMPT, startPos: 0 }] });
+    await engine.step({ stepId: 1, seqs: [{ ...seq, tokens: [], useLastSampled: true, startPos: 5 }] });
+    assertEquals(engine.lastStepDispatches, want, `dispatches of a decode step, ${model.config.nLayers} layers`);
+    const adjust = { ids: Int32Array.of(300), bias: Float32Array.of(2), penalty: Float32Array.of(1), subtract: Float32Array.of(0) };
+    await engine.step({ stepId: 2, seqs: [{ ...seq, tokens: [], useLastSampled: true, startPos: 6, adjust }] });
+    assertEquals(engine.lastStepDispatches, want + 1, "a decode step with a logit bias adds the adjust kernel");
+  } finally {
+    engine.dispose();
+  }
+});
