@@ -6,10 +6,9 @@
  * naming every served one.
  */
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
-import { compatPath } from "./harness/compat.ts";
+import { compatPath, generateAlone as generateCompat } from "./harness/compat.ts";
 import { Cluster, until } from "./_cluster.ts";
 
-const MAIN = new URL("../main.ts", import.meta.url).pathname;
 /** Served by the first replica only, the second only, and both. */
 const ONLY_1 = "stories260K-q4_1";
 const ONLY_2 = "stories260K-q5_1";
@@ -17,16 +16,7 @@ const BOTH = "tinyllama-like-q4_0";
 const PROMPT = "Once upon a time";
 const N = 8;
 
-async function generateAlone(stem: string): Promise<string> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "--allow-all", MAIN, "generate", "--model", compatPath(stem), "--prompt", PROMPT,
-      "--max-tokens", String(N), "--temperature", "0", "--backend", "cpu"],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  assertEquals(out.code, 0, new TextDecoder().decode(out.stderr));
-  return new TextDecoder().decode(out.stdout).replace(/\n$/, "");
-}
+const generateAlone = (stem: string) => generateCompat(stem, PROMPT, N);
 
 const replicaArgs = (stems: string[]) => [
   ...stems.flatMap((s) => ["--model", compatPath(s)]),
@@ -49,7 +39,9 @@ async function phases(base: string): Promise<Record<string, string>> {
 }
 async function loads(base: string, model: string): Promise<number> {
   const body = await (await fetch(`${base}/metrics`)).text();
-  const line = body.split("\n").find((l) => l.startsWith(`llm_model_loads_total{model="${model}"}`));
+  const line = body.split("\n").find((l) =>
+    l.startsWith(`llm_model_loads_total{model="${model}"}`)
+  );
   if (line === undefined) throw new Error(`no llm_model_loads_total for ${model} at ${base}`);
   return Number(line.split(" ").pop());
 }
@@ -90,7 +82,11 @@ Deno.test("replicas of several models: routed by name, to the one with the model
     }, 30_000);
     const list = await (await fetch(`${router.base}/v1/models`)).json();
     assertEquals(list.data.map((m: { id: string }) => m.id).sort(), [ONLY_1, ONLY_2, BOTH].sort());
-    assertEquals(await phases(router.base), { [ONLY_1]: "unloaded", [ONLY_2]: "unloaded", [BOTH]: "unloaded" });
+    assertEquals(await phases(router.base), {
+      [ONLY_1]: "unloaded",
+      [ONLY_2]: "unloaded",
+      [BOTH]: "unloaded",
+    });
     assertEquals(await phases(r1.base), { [ONLY_1]: "unloaded", [BOTH]: "unloaded" });
   });
 
@@ -117,13 +113,22 @@ Deno.test("replicas of several models: routed by name, to the one with the model
       const res = await fetch(`${base}/v1/completions`, {
         method: "POST",
         headers: { "content-type": "application/json" },
-        body: JSON.stringify({ model: BOTH, prompt: PROMPT, max_tokens: N, temperature: 0, keep_alive: keepAlive }),
+        body: JSON.stringify({
+          model: BOTH,
+          prompt: PROMPT,
+          max_tokens: N,
+          temperature: 0,
+          keep_alive: keepAlive,
+        }),
       });
       assertEquals(res.status, 200);
       assertEquals((await res.json()).choices[0].text, oracles[BOTH]);
     };
     await direct(holder.base, 0);
-    await until(`${BOTH} to be unloaded on ${holder.base}`, async () => (await phases(holder.base))[BOTH] === "unloaded");
+    await until(
+      `${BOTH} to be unloaded on ${holder.base}`,
+      async () => (await phases(holder.base))[BOTH] === "unloaded",
+    );
     await direct(other.base, "10m");
     await until("the router to see it loaded on the other replica", async () => {
       const h = await (await fetch(`${router.base}/health`)).json();
@@ -132,32 +137,44 @@ Deno.test("replicas of several models: routed by name, to the one with the model
     const before = [await loads(holder.base, BOTH), await loads(other.base, BOTH)];
     for (let i = 0; i < 4; i++) assertEquals(await text(BOTH), oracles[BOTH]);
     const after = [await loads(holder.base, BOTH), await loads(other.base, BOTH)];
-    assertEquals(after, before, "no replica loaded it again: the router sent it where it was loaded");
+    assertEquals(
+      after,
+      before,
+      "no replica loaded it again: the router sent it where it was loaded",
+    );
     assertEquals((await phases(holder.base))[BOTH], "unloaded");
   });
 
-  await t.step("a streamed request for a model loaded nowhere hears the load, then its tokens", async () => {
-    // Unloaded on its replica first (keep_alive 0 on that replica's own HTTP port).
-    const res = await fetch(`${r1.base}/v1/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({ model: ONLY_1, prompt: PROMPT, max_tokens: 1, keep_alive: 0 }),
-    });
-    assertEquals(res.status, 200);
-    await res.body?.cancel();
-    await until(`${ONLY_1} to be unloaded`, async () => (await phases(r1.base))[ONLY_1] === "unloaded");
-    await until("the router to hear it", async () => {
-      const h = await (await fetch(`${router.base}/health`)).json();
-      return h.models[ONLY_1]?.phase !== "loaded";
-    });
-    const r = await complete(ONLY_1, true);
-    assertEquals(r.status, 200);
-    assertStringIncludes(r.text, `: loading model "${ONLY_1}"`);
-    const events = r.text.split("\n\n").filter((e) => e.startsWith("data: ") && e !== "data: [DONE]")
-      .map((e) => JSON.parse(e.slice(6)));
-    assertEquals(events.map((e) => e.choices?.[0]?.text ?? "").join(""), oracles[ONLY_1], r.text);
-    assertEquals(await loads(r1.base, ONLY_1), 2);
-  });
+  await t.step(
+    "a streamed request for a model loaded nowhere hears the load, then its tokens",
+    async () => {
+      // Unloaded on its replica first (keep_alive 0 on that replica's own HTTP port).
+      const res = await fetch(`${r1.base}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: ONLY_1, prompt: PROMPT, max_tokens: 1, keep_alive: 0 }),
+      });
+      assertEquals(res.status, 200);
+      await res.body?.cancel();
+      await until(
+        `${ONLY_1} to be unloaded`,
+        async () => (await phases(r1.base))[ONLY_1] === "unloaded",
+      );
+      await until("the router to hear it", async () => {
+        const h = await (await fetch(`${router.base}/health`)).json();
+        return h.models[ONLY_1]?.phase !== "loaded";
+      });
+      const r = await complete(ONLY_1, true);
+      assertEquals(r.status, 200);
+      assertStringIncludes(r.text, `: loading model "${ONLY_1}"`);
+      const events = r.text.split("\n\n").filter((e) =>
+        e.startsWith("data: ") && e !== "data: [DONE]"
+      )
+        .map((e) => JSON.parse(e.slice(6)));
+      assertEquals(events.map((e) => e.choices?.[0]?.text ?? "").join(""), oracles[ONLY_1], r.text);
+      assertEquals(await loads(r1.base, ONLY_1), 2);
+    },
+  );
 
   await t.step("an unknown model is a 404 naming every served one", async () => {
     const r = await complete("no-such-model");
@@ -167,18 +184,21 @@ Deno.test("replicas of several models: routed by name, to the one with the model
     for (const m of [ONLY_1, ONLY_2, BOTH]) assertStringIncludes(body.error.message, `"${m}"`);
   });
 
-  await t.step("SIGTERM to a replica of several models: it leaves the rotation, drains and exits 0", async () => {
-    const status = await cluster.kill(r2, "SIGTERM");
-    assertEquals(status.code, 0);
-    assertStringIncludes(await r2.log(), "replica drained: all NATS streams finished");
-    // Its goodbye takes it out at once: ONLY_2, served by no replica now, is no longer served.
-    const r = await complete(ONLY_2);
-    assertEquals(r.status, 404, r.text);
-    const message = JSON.parse(r.text).error.message as string;
-    const served = message.slice(message.indexOf("serves "));
-    for (const m of [BOTH, ONLY_1]) assertStringIncludes(served, `"${m}"`);
-    assert(!served.includes(`"${ONLY_2}"`), message);
-    // The shared one is served by the other replica (it loads it there).
-    assertEquals(await text(BOTH), oracles[BOTH]);
-  });
+  await t.step(
+    "SIGTERM to a replica of several models: it leaves the rotation, drains and exits 0",
+    async () => {
+      const status = await cluster.kill(r2, "SIGTERM");
+      assertEquals(status.code, 0);
+      assertStringIncludes(await r2.log(), "replica drained: all NATS streams finished");
+      // Its goodbye takes it out at once: ONLY_2, served by no replica now, is no longer served.
+      const r = await complete(ONLY_2);
+      assertEquals(r.status, 404, r.text);
+      const message = JSON.parse(r.text).error.message as string;
+      const served = message.slice(message.indexOf("serves "));
+      for (const m of [BOTH, ONLY_1]) assertStringIncludes(served, `"${m}"`);
+      assert(!served.includes(`"${ONLY_2}"`), message);
+      // The shared one is served by the other replica (it loads it there).
+      assertEquals(await text(BOTH), oracles[BOTH]);
+    },
+  );
 });

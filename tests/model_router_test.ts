@@ -4,25 +4,15 @@
  * both, and an unknown model is a 404 naming them.
  */
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
-import { compatPath } from "./harness/compat.ts";
+import { compatPath, generateAlone as generateCompat } from "./harness/compat.ts";
 import { Cluster, until } from "./_cluster.ts";
 
-const MAIN = new URL("../main.ts", import.meta.url).pathname;
 const A = "stories260K-q4_1";
 const B = "tinyllama-like-q4_0";
 const PROMPT = "Once upon a time";
 const N = 8;
 
-async function generateAlone(stem: string): Promise<string> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "--allow-all", MAIN, "generate", "--model", compatPath(stem), "--prompt", PROMPT,
-      "--max-tokens", String(N), "--temperature", "0", "--backend", "cpu"],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  assertEquals(out.code, 0, new TextDecoder().decode(out.stderr));
-  return new TextDecoder().decode(out.stdout).replace(/\n$/, "");
-}
+const generateAlone = (stem: string) => generateCompat(stem, PROMPT, N);
 
 const replicaArgs = (stem: string) => [
   "--model",
@@ -38,7 +28,10 @@ const replicaArgs = (stem: string) => [
 Deno.test("a router by model sends each request to a replica of its model", async () => {
   await using cluster = await Cluster.start();
   const [oracleA, oracleB] = await Promise.all([generateAlone(A), generateAlone(B)]);
-  await Promise.all([cluster.replicaServing(replicaArgs(A)), cluster.replicaServing(replicaArgs(B))]);
+  await Promise.all([
+    cluster.replicaServing(replicaArgs(A)),
+    cluster.replicaServing(replicaArgs(B)),
+  ]);
   const router = await cluster.router(["--by-model"]);
   const complete = async (model: string) => {
     const res = await fetch(`${router.base}/v1/completions`, {
@@ -60,7 +53,10 @@ Deno.test("a router by model sends each request to a replica of its model", asyn
     assertEquals(r.body.model, model);
     assertEquals(r.body.choices[0].text, oracle);
   }
-  assert(oracleA !== oracleB, "the two models must answer differently for the test to tell them apart");
+  assert(
+    oracleA !== oracleB,
+    "the two models must answer differently for the test to tell them apart",
+  );
   const unknown = await complete("no-such-model");
   assertEquals(unknown.status, 404);
   assertEquals(unknown.body.error.code, "model_not_found");
@@ -70,7 +66,9 @@ Deno.test("a router by model sends each request to a replica of its model", asyn
   const metrics = await (await fetch(`${router.base}/metrics`)).text();
   for (const m of [A, B]) {
     assert(
-      metrics.includes(`llm_http_requests_total{model="${m}",method="POST",route="/v1/completions",status="200"} 2`),
+      metrics.includes(
+        `llm_http_requests_total{model="${m}",method="POST",route="/v1/completions",status="200"} 2`,
+      ),
       metrics.split("\n").filter((l) => l.startsWith("llm_http_requests_total")).join("\n"),
     );
   }

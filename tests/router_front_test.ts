@@ -20,7 +20,7 @@ import { FakeCore } from "./_fake_core.ts";
 import { FakeNatsServer } from "./_fake_nats.ts";
 import { metricValue } from "./_http_harness.ts";
 import { modelFile } from "./harness/model_files.ts";
-import { compatPath } from "./harness/compat.ts";
+import { compatPath, generateAlone as generateCompat } from "./harness/compat.ts";
 import { Cluster, until } from "./_cluster.ts";
 
 const TOKENIZER_DATA = parseLlama2cTokenizer(
@@ -328,38 +328,13 @@ Deno.test("a router by model routes an advertised alias as the model's name", as
   }
 });
 
-const MAIN = new URL("../main.ts", import.meta.url).pathname;
 const A = "stories260K-q4_1";
 const B = "tinyllama-like-q4_0";
 /** Served alone by a replica of one model, under two names. */
 const C = "stories260K-q5_1";
 const TEXT_PROMPT = "Once upon a time";
 
-/** The `generate` command's text for a compat file alone: the oracle for its answers. */
-async function generateAlone(stem: string): Promise<string> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: [
-      "run",
-      "--allow-all",
-      MAIN,
-      "generate",
-      "--model",
-      compatPath(stem),
-      "--prompt",
-      TEXT_PROMPT,
-      "--max-tokens",
-      String(N),
-      "--temperature",
-      "0",
-      "--backend",
-      "cpu",
-    ],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  assertEquals(out.code, 0, new TextDecoder().decode(out.stderr));
-  return new TextDecoder().decode(out.stdout).replace(/\n$/, "");
-}
+const generateAlone = (stem: string) => generateCompat(stem, TEXT_PROMPT, N);
 
 Deno.test("over nats-server: both routers serve a replica's every model, by name and by alias", async (t) => {
   await using cluster = await Cluster.start();

@@ -5,7 +5,7 @@
  * model gets the default one, an unknown one the 404 an HTTP request gets.
  */
 import { assertEquals, assertStringIncludes } from "@std/assert";
-import { compatPath } from "./harness/compat.ts";
+import { compatPath, generateAlone as generateCompat } from "./harness/compat.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
 import { until } from "./_cluster.ts";
 
@@ -16,25 +16,33 @@ const ALIAS = "story";
 const PROMPT = "Once upon a time";
 const N = 12;
 
-async function generateAlone(stem: string): Promise<string> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "--allow-all", MAIN, "generate", "--model", compatPath(stem), "--prompt", PROMPT,
-      "--max-tokens", String(N), "--temperature", "0", "--backend", "cpu"],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  assertEquals(out.code, 0, new TextDecoder().decode(out.stderr));
-  return new TextDecoder().decode(out.stdout).replace(/\n$/, "");
-}
+const generateAlone = (stem: string) => generateCompat(stem, PROMPT, N);
 
 Deno.test("several models: aliases, and a batch whose lines name their models", async (t) => {
   const dir = await Deno.makeTempDir({ prefix: "serve_models_batch_" });
   const [oracleA, oracleC, server] = await Promise.all([
     generateAlone(A),
     generateAlone(C),
-    spawnUntilListening(["run", "--allow-all", MAIN, "serve", "--port", "0", "--backend", "cpu",
-      "--kv-memory", "2MiB", "--model", compatPath(A), "--model", compatPath(C),
-      "--served-model-name", `${ALIAS}=${A}`, "--data-dir", dir]),
+    spawnUntilListening([
+      "run",
+      "--allow-all",
+      MAIN,
+      "serve",
+      "--port",
+      "0",
+      "--backend",
+      "cpu",
+      "--kv-memory",
+      "2MiB",
+      "--model",
+      compatPath(A),
+      "--model",
+      compatPath(C),
+      "--served-model-name",
+      `${ALIAS}=${A}`,
+      "--data-dir",
+      dir,
+    ]),
   ]);
   const base = server.base;
   const complete = async (model: string) => {
@@ -66,9 +74,16 @@ Deno.test("several models: aliases, and a batch whose lines name their models", 
           custom_id: id,
           method: "POST",
           url: "/v1/completions",
-          body: { ...(model === undefined ? {} : { model }), prompt: PROMPT, max_tokens: N, temperature: 0 },
+          body: {
+            ...(model === undefined ? {} : { model }),
+            prompt: PROMPT,
+            max_tokens: N,
+            temperature: 0,
+          },
         });
-      const jsonl = [line("a", ALIAS), line("c", C), line("unknown", "nope"), line("default")].join("\n") + "\n";
+      const jsonl =
+        [line("a", ALIAS), line("c", C), line("unknown", "nope"), line("default")].join("\n") +
+        "\n";
       const form = new FormData();
       form.append("purpose", "batch");
       form.append("file", new Blob([jsonl]), "requests.jsonl");
@@ -77,7 +92,11 @@ Deno.test("several models: aliases, and a batch whose lines name their models", 
       const created = await fetch(`${base}/v1/batches`, {
         method: "POST",
         headers: { "content-type": "application/json" },
-        body: JSON.stringify({ input_file_id: file.id, endpoint: "/v1/completions", completion_window: "24h" }),
+        body: JSON.stringify({
+          input_file_id: file.id,
+          endpoint: "/v1/completions",
+          completion_window: "24h",
+        }),
       });
       assertEquals(created.status, 200);
       const id = (await created.json()).id as string;

@@ -6,7 +6,7 @@
  * frame.
  */
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
-import { compatPath } from "./harness/compat.ts";
+import { compatPath, generateAlone as generateCompat } from "./harness/compat.ts";
 import { TestSocket } from "./_http_harness.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
 
@@ -19,16 +19,7 @@ const N = 12;
 /** Long enough for a load on a contended machine: the test waits for frames, not for time. */
 const WAIT = 120_000;
 
-async function generateAlone(stem: string): Promise<string> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "--allow-all", MAIN, "generate", "--model", compatPath(stem), "--prompt", PROMPT,
-      "--max-tokens", String(N), "--temperature", "0", "--backend", "cpu"],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  assertEquals(out.code, 0, new TextDecoder().decode(out.stderr));
-  return new TextDecoder().decode(out.stdout).replace(/\n$/, "");
-}
+const generateAlone = (stem: string) => generateCompat(stem, PROMPT, N);
 
 Deno.test("a WebSocket hears its model load in `loading` frames, then is served", async (t) => {
   const dir = await Deno.makeTempDir({ prefix: "serve_models_socket_" });
@@ -36,31 +27,49 @@ Deno.test("a WebSocket hears its model load in `loading` frames, then is served"
   await Deno.writeFile(`${dir}/${BROKEN}.gguf`, whole.subarray(0, whole.length >> 1));
   const [oracle, server] = await Promise.all([
     generateAlone(C),
-    spawnUntilListening(["run", "--allow-all", MAIN, "serve", "--port", "0", "--backend", "cpu",
-      "--kv-memory", "2MiB", "--model", compatPath(A), "--model", compatPath(C), "--model",
-      `${dir}/${BROKEN}.gguf`]),
+    spawnUntilListening([
+      "run",
+      "--allow-all",
+      MAIN,
+      "serve",
+      "--port",
+      "0",
+      "--backend",
+      "cpu",
+      "--kv-memory",
+      "2MiB",
+      "--model",
+      compatPath(A),
+      "--model",
+      compatPath(C),
+      "--model",
+      `${dir}/${BROKEN}.gguf`,
+    ]),
   ]);
   const ws = server.base.replace("http", "ws");
   const generate = { type: "generate", id: "g", prompt: PROMPT, max_tokens: N, temperature: 0 };
   try {
-    await t.step("the socket opens before the load; the generate sent meanwhile is answered after it", async () => {
-      const sock = await TestSocket.open(`${ws}/v1/stream?model=${C}`);
-      sock.send(generate);
-      const frames = await sock.collect("g", WAIT);
-      const loading = sock.frames.filter((f) => f.type === "loading");
-      assert(loading.length >= 1, JSON.stringify(sock.frames).slice(0, 300));
-      for (const f of loading) {
-        assertEquals(f.model, C);
-        assertEquals(typeof f.bytes, "number");
-        if (f.total_bytes !== undefined) assert((f.bytes as number) <= (f.total_bytes as number));
-      }
-      assertEquals(frames[0]!.type, "started");
-      assertEquals(frames.at(-1)!.type, "done");
-      assertEquals(frames.filter((f) => f.type === "token").map((f) => f.text).join(""), oracle);
-      await sock.close();
-      const h = await (await fetch(`${server.base}/health`)).json();
-      assertEquals(h.models[C].phase, "loaded");
-    });
+    await t.step(
+      "the socket opens before the load; the generate sent meanwhile is answered after it",
+      async () => {
+        const sock = await TestSocket.open(`${ws}/v1/stream?model=${C}`);
+        sock.send(generate);
+        const frames = await sock.collect("g", WAIT);
+        const loading = sock.frames.filter((f) => f.type === "loading");
+        assert(loading.length >= 1, JSON.stringify(sock.frames).slice(0, 300));
+        for (const f of loading) {
+          assertEquals(f.model, C);
+          assertEquals(typeof f.bytes, "number");
+          if (f.total_bytes !== undefined) assert((f.bytes as number) <= (f.total_bytes as number));
+        }
+        assertEquals(frames[0]!.type, "started");
+        assertEquals(frames.at(-1)!.type, "done");
+        assertEquals(frames.filter((f) => f.type === "token").map((f) => f.text).join(""), oracle);
+        await sock.close();
+        const h = await (await fetch(`${server.base}/health`)).json();
+        assertEquals(h.models[C].phase, "loaded");
+      },
+    );
 
     await t.step("a loaded model's socket gets no loading frame", async () => {
       const sock = await TestSocket.open(`${ws}/v1/stream?model=${C}`);

@@ -9,7 +9,7 @@
  */
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
 import { Ajv } from "ajv";
-import { compatPath } from "./harness/compat.ts";
+import { compatPath, generateAlone as generateCompat } from "./harness/compat.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
 import { otlpAttr, startOtlpCollector } from "./_otlp_collector.ts";
 
@@ -22,31 +22,7 @@ const PROMPT = "Once upon a time";
 const N = 12;
 const BUDGET = 17 * 2 ** 20;
 
-/** What `generate` prints for the file, greedy: the single-model oracle. */
-async function generateAlone(stem: string): Promise<string> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: [
-      "run",
-      "--allow-all",
-      MAIN,
-      "generate",
-      "--model",
-      compatPath(stem),
-      "--prompt",
-      PROMPT,
-      "--max-tokens",
-      String(N),
-      "--temperature",
-      "0",
-      "--backend",
-      "cpu",
-    ],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  assertEquals(out.code, 0, new TextDecoder().decode(out.stderr));
-  return new TextDecoder().decode(out.stdout).replace(/\n$/, "");
-}
+const generateAlone = (stem: string) => generateCompat(stem, PROMPT, N);
 
 Deno.test("three models in one server under a budget that fits two", async (t) => {
   const dir = await Deno.makeTempDir({ prefix: "serve_models_test_" });
@@ -95,40 +71,71 @@ Deno.test("three models in one server under a budget that fits two", async (t) =
       assertEquals(list.data[2].max_model_len, 2048);
     });
 
-    await t.step("concurrent first requests share one load and get the model's own tokens", async () => {
-      const texts = await Promise.all([text(A), text(A), text(A)]);
-      assertEquals(texts, [oracle[A], oracle[A], oracle[A]]);
-      assertEquals(await metric("llm_model_loads_total", A), 1);
-    });
+    await t.step(
+      "concurrent first requests share one load and get the model's own tokens",
+      async () => {
+        const texts = await Promise.all([text(A), text(A), text(A)]);
+        assertEquals(texts, [oracle[A], oracle[A], oracle[A]]);
+        assertEquals(await metric("llm_model_loads_total", A), 1);
+      },
+    );
 
-    await t.step("the least recently used idle model is unloaded, and reloaded when asked for", async () => {
-      assertEquals(await text(B), oracle[B]);
-      assertEquals(await phases(), { [A]: "loaded", [B]: "loaded", [C]: "unloaded", [BROKEN]: "unloaded" });
-      const h = await health();
-      const [a, b] = [h[A]!.bytes!, h[B]!.bytes!];
-      assertEquals(await text(C), oracle[C]);
-      const c = (await health())[C]!.bytes!;
-      // The budget holds any two of them, never all three.
-      assert(Math.max(a + b, a + c, b + c) <= BUDGET && a + b + c > BUDGET, `${a} ${b} ${c}`);
-      assertEquals(await phases(), { [A]: "unloaded", [B]: "loaded", [C]: "loaded", [BROKEN]: "unloaded" });
-      assertEquals(await metric("llm_model_evictions_total", A), 1);
-      assertEquals(await text(A), oracle[A]); // B is now the least recently used
-      assertEquals(await phases(), { [A]: "loaded", [B]: "unloaded", [C]: "loaded", [BROKEN]: "unloaded" });
-      assertEquals(await metric("llm_model_loads_total", A), 2);
-      // Alternating requests keep giving each model's own tokens across the swaps.
-      for (const m of [B, C, A, B]) assertEquals(await text(m), oracle[m]);
-    });
+    await t.step(
+      "the least recently used idle model is unloaded, and reloaded when asked for",
+      async () => {
+        assertEquals(await text(B), oracle[B]);
+        assertEquals(await phases(), {
+          [A]: "loaded",
+          [B]: "loaded",
+          [C]: "unloaded",
+          [BROKEN]: "unloaded",
+        });
+        const h = await health();
+        const [a, b] = [h[A]!.bytes!, h[B]!.bytes!];
+        assertEquals(await text(C), oracle[C]);
+        const c = (await health())[C]!.bytes!;
+        // The budget holds any two of them, never all three.
+        assert(Math.max(a + b, a + c, b + c) <= BUDGET && a + b + c > BUDGET, `${a} ${b} ${c}`);
+        assertEquals(await phases(), {
+          [A]: "unloaded",
+          [B]: "loaded",
+          [C]: "loaded",
+          [BROKEN]: "unloaded",
+        });
+        assertEquals(await metric("llm_model_evictions_total", A), 1);
+        assertEquals(await text(A), oracle[A]); // B is now the least recently used
+        assertEquals(await phases(), {
+          [A]: "loaded",
+          [B]: "unloaded",
+          [C]: "loaded",
+          [BROKEN]: "unloaded",
+        });
+        assertEquals(await metric("llm_model_loads_total", A), 2);
+        // Alternating requests keep giving each model's own tokens across the swaps.
+        for (const m of [B, C, A, B]) assertEquals(await text(m), oracle[m]);
+      },
+    );
 
     await t.step("a model with a generation running is never unloaded", async () => {
       assertEquals(await text(C), oracle[C]);
       assertEquals(await text(A), oracle[A]);
-      assertEquals(await phases(), { [A]: "loaded", [B]: "unloaded", [C]: "loaded", [BROKEN]: "unloaded" });
+      assertEquals(await phases(), {
+        [A]: "loaded",
+        [B]: "unloaded",
+        [C]: "loaded",
+        [BROKEN]: "unloaded",
+      });
       const evictionsOfC = await metric("llm_model_evictions_total", C);
       const onC = await openStream(C, 2000); // C is the least recently used, and busy
       assertEquals(await inFlight(C), 1);
       assertEquals(await text(B), oracle[B]); // so loading B unloads the idle A
       assertEquals(await inFlight(C), 1); // still running: it was busy throughout
-      assertEquals(await phases(), { [A]: "unloaded", [B]: "loaded", [C]: "loaded", [BROKEN]: "unloaded" });
+      assertEquals(await phases(), {
+        [A]: "unloaded",
+        [B]: "loaded",
+        [C]: "loaded",
+        [BROKEN]: "unloaded",
+      });
       const all = await onC.finish();
       assert(all.includes('"finish_reason":"length"'), all.slice(-400));
       assert(all.trimEnd().endsWith("data: [DONE]"), all.slice(-200));
@@ -136,42 +143,45 @@ Deno.test("three models in one server under a budget that fits two", async (t) =
       assertEquals(await text(A), oracle[A]); // once idle, they can be unloaded again
     });
 
-    await t.step("a failing load answers its requests with a clear error; the others serve on", async () => {
-      const results = await Promise.all([complete(BROKEN), complete(BROKEN)]);
-      for (const r of results) {
-        assertEquals(r.status, 500, JSON.stringify(r.body));
-        assertEquals(r.body.error.code, "model_load_failed");
-        assertEquals(r.body.error.param, "model");
-        assertStringIncludes(r.body.error.message, `Cannot load model "${BROKEN}": `);
-        assertStringIncludes(r.body.error.message, BROKEN + ".gguf");
-      }
-      const stream = await fetch(`${base}/v1/completions`, {
-        method: "POST",
-        headers: { "content-type": "application/json" },
-        body: JSON.stringify({ model: BROKEN, prompt: PROMPT, stream: true }),
-      });
-      const events = await stream.text();
-      assert(events.startsWith(`: loading model "${BROKEN}"`), events.slice(0, 200));
-      const last = JSON.parse(events.trimEnd().split("\n").pop()!.slice("data: ".length));
-      assertEquals(last.error.code, "model_load_failed");
-      assertStringIncludes(last.error.message, `Cannot load model "${BROKEN}": `);
-      const h = await health();
-      assertEquals(h[BROKEN]!.phase, "unloaded");
-      assertStringIncludes(h[BROKEN]!.last_error!, `Cannot load model "${BROKEN}"`);
-      for (const m of [A, C, B]) assertEquals(await text(m), oracle[m]);
-      // The body is read to find the model, up to the same 1 MiB limit a model's app has.
-      const huge = await fetch(`${base}/v1/completions`, {
-        method: "POST",
-        headers: { "content-type": "application/json" },
-        body: JSON.stringify({ model: A, prompt: "x".repeat(2 << 20) }),
-      });
-      assertEquals(huge.status, 413);
-      assertEquals((await huge.json()).error.code, "payload_too_large");
-      const unknown = await complete("no-such-model");
-      assertEquals(unknown.status, 404);
-      assertEquals(unknown.body.error.code, "model_not_found");
-      assertStringIncludes(unknown.body.error.message, `"${A}", "${B}", "${C}", "${BROKEN}"`);
-    });
+    await t.step(
+      "a failing load answers its requests with a clear error; the others serve on",
+      async () => {
+        const results = await Promise.all([complete(BROKEN), complete(BROKEN)]);
+        for (const r of results) {
+          assertEquals(r.status, 500, JSON.stringify(r.body));
+          assertEquals(r.body.error.code, "model_load_failed");
+          assertEquals(r.body.error.param, "model");
+          assertStringIncludes(r.body.error.message, `Cannot load model "${BROKEN}": `);
+          assertStringIncludes(r.body.error.message, BROKEN + ".gguf");
+        }
+        const stream = await fetch(`${base}/v1/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ model: BROKEN, prompt: PROMPT, stream: true }),
+        });
+        const events = await stream.text();
+        assert(events.startsWith(`: loading model "${BROKEN}"`), events.slice(0, 200));
+        const last = JSON.parse(events.trimEnd().split("\n").pop()!.slice("data: ".length));
+        assertEquals(last.error.code, "model_load_failed");
+        assertStringIncludes(last.error.message, `Cannot load model "${BROKEN}": `);
+        const h = await health();
+        assertEquals(h[BROKEN]!.phase, "unloaded");
+        assertStringIncludes(h[BROKEN]!.last_error!, `Cannot load model "${BROKEN}"`);
+        for (const m of [A, C, B]) assertEquals(await text(m), oracle[m]);
+        // The body is read to find the model, up to the same 1 MiB limit a model's app has.
+        const huge = await fetch(`${base}/v1/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ model: A, prompt: "x".repeat(2 << 20) }),
+        });
+        assertEquals(huge.status, 413);
+        assertEquals((await huge.json()).error.code, "payload_too_large");
+        const unknown = await complete("no-such-model");
+        assertEquals(unknown.status, 404);
+        assertEquals(unknown.body.error.code, "model_not_found");
+        assertStringIncludes(unknown.body.error.message, `"${A}", "${B}", "${C}", "${BROKEN}"`);
+      },
+    );
 
     await t.step("keep_alive 0 unloads the model after its request", async () => {
       assertEquals(await text(A, { keep_alive: 0 }), oracle[A]);
@@ -180,7 +190,13 @@ Deno.test("three models in one server under a budget that fits two", async (t) =
       const res = await fetch(`${base}/v1/completions`, {
         method: "POST",
         headers: { "content-type": "application/json" },
-        body: JSON.stringify({ model: A, prompt: PROMPT, max_tokens: N, temperature: 0, stream: true }),
+        body: JSON.stringify({
+          model: A,
+          prompt: PROMPT,
+          max_tokens: N,
+          temperature: 0,
+          stream: true,
+        }),
       });
       assertEquals(res.status, 200);
       const sse = await res.text();
@@ -196,16 +212,24 @@ Deno.test("three models in one server under a budget that fits two", async (t) =
       assertStringIncludes(bad.body.error.message, '"soon"');
     });
 
-    await t.step("keep_alive -1 keeps a model through the pressure that takes the others", async () => {
-      const evictionsOfC = await metric("llm_model_evictions_total", C);
-      assertEquals(await text(C, { keep_alive: -1 }), oracle[C]);
-      assertEquals(await text(B), oracle[B]); // C is now the least recently used
-      assertEquals(await text(A), oracle[A]); // must evict B, the unpinned one
-      assertEquals(await phases(), { [A]: "loaded", [B]: "unloaded", [C]: "loaded", [BROKEN]: "unloaded" });
-      assertEquals(await text(B), oracle[B]); // and again A, never C
-      assertEquals((await phases())[C], "loaded");
-      assertEquals(await metric("llm_model_evictions_total", C), evictionsOfC);
-    });
+    await t.step(
+      "keep_alive -1 keeps a model through the pressure that takes the others",
+      async () => {
+        const evictionsOfC = await metric("llm_model_evictions_total", C);
+        assertEquals(await text(C, { keep_alive: -1 }), oracle[C]);
+        assertEquals(await text(B), oracle[B]); // C is now the least recently used
+        assertEquals(await text(A), oracle[A]); // must evict B, the unpinned one
+        assertEquals(await phases(), {
+          [A]: "loaded",
+          [B]: "unloaded",
+          [C]: "loaded",
+          [BROKEN]: "unloaded",
+        });
+        assertEquals(await text(B), oracle[B]); // and again A, never C
+        assertEquals((await phases())[C], "loaded");
+        assertEquals(await metric("llm_model_evictions_total", C), evictionsOfC);
+      },
+    );
 
     await t.step("/metrics passes promtool with every model's families labelled", async () => {
       const body = await (await fetch(`${base}/metrics`)).text();
@@ -233,7 +257,10 @@ Deno.test("three models in one server under a budget that fits two", async (t) =
   assertStringIncludes(log, `model ${A} loaded in`);
   assertStringIncludes(log, "(3 waiting)");
   // keep_alive 0 left A's parsed file, and the stream after it reused it (with its tokens).
-  assert(new RegExp(`model ${A} loaded in [\\d.]+ s \\(1 waiting; reused its parsed file\\)`).test(log), log);
+  assert(
+    new RegExp(`model ${A} loaded in [\\d.]+ s \\(1 waiting; reused its parsed file\\)`).test(log),
+    log,
+  );
 });
 
 /** Requests to the server at `base`, and what its /health and /metrics say. */
@@ -273,7 +300,13 @@ function client(base: string) {
     const res = await fetch(`${base}/v1/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({ model, prompt: PROMPT, max_tokens: maxTokens, temperature: 0, stream: true }),
+      body: JSON.stringify({
+        model,
+        prompt: PROMPT,
+        max_tokens: maxTokens,
+        temperature: 0,
+        stream: true,
+      }),
     });
     assertEquals(res.status, 200);
     const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
@@ -393,7 +426,10 @@ Deno.test("a server of several models honours response_format json_schema on eac
       const content: string = body.choices[0].message.content;
       assertEquals(body.choices[0].finish_reason, "stop", `${model}: ${content}`);
       // Checked by an independent validator: the grammar service is not its own oracle.
-      assert(validate(JSON.parse(content)), `${model}: ${content}: ${JSON.stringify(validate.errors)}`);
+      assert(
+        validate(JSON.parse(content)),
+        `${model}: ${content}: ${JSON.stringify(validate.errors)}`,
+      );
     }
   } finally {
     server.child.kill("SIGTERM");

@@ -103,10 +103,15 @@ export class ModelRouterDirectory implements ModelDirectory {
 
   /** Every model heard from lately, those served elsewhere included. */
   #heard(): string[] {
+    return [...this.#models].filter(([, m]) => this.#lately(m).length > 0)
+      .map(([name]) => name);
+  }
+
+  /** What the replicas heard from lately (within forgetAfterMs) said of a model. */
+  #lately(m: Routed) {
     const now = performance.now();
     const forget = this.#opts.forgetAfterMs ?? 5000;
-    return [...this.#models].filter(([, m]) => [...m.replicas.values()].some((r) => now - r.at < forget))
-      .map(([name]) => name);
+    return [...m.replicas.values()].filter((r) => now - r.at < forget);
   }
 
   #elsewhere(name: string): boolean {
@@ -120,11 +125,7 @@ export class ModelRouterDirectory implements ModelDirectory {
   aliasesOf(name: string): string[] {
     const m = this.#models.get(name);
     if (m === undefined) return [];
-    const now = performance.now();
-    const forget = this.#opts.forgetAfterMs ?? 5000;
-    const live = new Set(
-      [...m.replicas.values()].filter((r) => now - r.at < forget).flatMap((r) => r.aliases),
-    );
+    const live = new Set(this.#lately(m).flatMap((r) => r.aliases));
     return m.served.slice(1).filter((a) => live.has(a) && a !== name);
   }
 
@@ -162,9 +163,7 @@ export class ModelRouterDirectory implements ModelDirectory {
   phaseOf(name: string): ModelPhase | undefined {
     const m = this.#models.get(name);
     if (m === undefined) return undefined;
-    const now = performance.now();
-    const forget = this.#opts.forgetAfterMs ?? 5000;
-    const phases = [...m.replicas.values()].filter((r) => now - r.at < forget).map((r) => r.phase);
+    const phases = this.#lately(m).map((r) => r.phase);
     if (m.built && phases.includes("loaded")) return "loaded";
     if ((m.building && !m.built) || phases.includes("loading") || phases.includes("loaded")) return "loading";
     return "unloaded";

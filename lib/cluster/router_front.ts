@@ -14,7 +14,7 @@ import { HTTP_DEFAULTS } from "../http/defaults.ts";
 import { ApiError, preview, toApiError } from "../http/errors.ts";
 import type { ServiceMetrics } from "../http/service_metrics.ts";
 import { ModelLoadError } from "../serving/model_pool.ts";
-import { BODY_ROUTES, readCapped, rebuilt } from "../serving/models_service.ts";
+import { BODY_ROUTES, objectBody, readCapped, rebuilt } from "../serving/models_service.ts";
 import { ModelRouterDirectory, type ModelRouterOptions } from "./model_router.ts";
 import type { BusConnection } from "./nats_connection.ts";
 import type { RouterBackend } from "./router_backend.ts";
@@ -150,11 +150,8 @@ export function createRouterFront(o: RouterFrontOptions): ServiceApp {
         const length = Number(req.headers.get("content-length") ?? "0");
         if (length > maxBodyBytes) throw tooLarge(length);
         const text = await readCapped(req, maxBodyBytes, tooLarge);
-        let asked: unknown;
-        try {
-          const body = JSON.parse(text);
-          if (body !== null && typeof body === "object" && !Array.isArray(body)) asked = body.model;
-        } catch { /* not JSON: the primary says what is wrong with it */ }
+        // Not a JSON object: the primary says what is wrong with it.
+        const asked = objectBody(text)?.model;
         return await (await appFor(req, path, asked)).fetch(rebuilt(req, text), info);
       }
       if (req.method === "GET" && path === "/v1/models") return await listModels(req, info);

@@ -235,17 +235,9 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       const length = Number(req.headers.get("content-length") ?? "0");
       if (length > maxBodyBytes) throw tooLarge(length);
       const text = await readCapped(req, maxBodyBytes, tooLarge);
-      let body: unknown;
-      try {
-        body = JSON.parse(text);
-      } catch {
-        // Not JSON: the default model's app says what is wrong with it.
-        return { name: defaultModel(), forward: rebuilt(req, text) };
-      }
-      if (body === null || typeof body !== "object" || Array.isArray(body)) {
-        return { name: defaultModel(), forward: rebuilt(req, text) };
-      }
-      const fields = body as Record<string, unknown>;
+      const fields = objectBody(text);
+      // Not a JSON object: the default model's app says what is wrong with it.
+      if (fields === undefined) return { name: defaultModel(), forward: rebuilt(req, text) };
       const asked = fields.model;
       let name = defaultModel();
       if (asked !== undefined && asked !== null) {
@@ -279,11 +271,8 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
    */
   const openAi: OpenAiHandler = async (req, kind, scope) => {
     const text = await req.text();
-    let fields: Record<string, unknown> | undefined;
-    try {
-      const body = JSON.parse(text);
-      if (body !== null && typeof body === "object" && !Array.isArray(body)) fields = body;
-    } catch { /* the default model's app says what is wrong with it */ }
+    // Not a JSON object: the default model's app says what is wrong with it.
+    const fields = objectBody(text);
     let name = defaultModel();
     let keepAliveMs: number | undefined;
     if (fields !== undefined) {
@@ -659,6 +648,15 @@ export async function readCapped(
   let at = 0;
   for (const c of chunks) (all.set(c, at), at += c.byteLength);
   return new TextDecoder().decode(all);
+}
+
+/** A request body's fields when it is a JSON object; undefined for anything else. */
+export function objectBody(text: string): Record<string, unknown> | undefined {
+  try {
+    const body = JSON.parse(text);
+    if (body !== null && typeof body === "object" && !Array.isArray(body)) return body;
+  } catch { /* not JSON */ }
+  return undefined;
 }
 
 /** The same request with the body given (the original's was read to find the model). */

@@ -231,3 +231,36 @@ export async function clearPrompt(
   );
   return { prompt: best.p.prompt, text, n };
 }
+
+/**
+ * The `generate` command's greedy text (cpu backend) for a compat file alone: the oracle for
+ * what a server or router serving it beside other models answers.
+ */
+export async function generateAlone(
+  stem: string,
+  prompt: string,
+  maxTokens: number,
+): Promise<string> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "--allow-all",
+      new URL("../../main.ts", import.meta.url).pathname,
+      "generate",
+      "--model",
+      compatPath(stem),
+      "--prompt",
+      prompt,
+      "--max-tokens",
+      String(maxTokens),
+      "--temperature",
+      "0",
+      "--backend",
+      "cpu",
+    ],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  assertEquals(out.code, 0, new TextDecoder().decode(out.stderr));
+  return new TextDecoder().decode(out.stdout).replace(/\n$/, "");
+}
