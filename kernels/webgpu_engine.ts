@@ -30,6 +30,7 @@ import { StepMetaLayout } from "./step_meta.ts";
 import { type KvPool, type LayerBuild, layerOps } from "./webgpu_layer.ts";
 import { type KvDtype, kvElementBytes } from "./kv_dtype.ts";
 import { planStep } from "./step_plan.ts";
+import { DeferredMaps } from "./deferred_maps.ts";
 import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { kvBlockBytes, kvBlocksIn } from "../lib/engine/kv_budget.ts";
 
@@ -131,6 +132,8 @@ export class WebGpuEngine implements Engine {
     readonly activations: number;
   };
 
+  /** Results come back through a readback, on Deno's 10 ms mapping tick. */
+  readonly resultsOnHost = false;
   private readonly layout: StepMetaLayout;
   private readonly staging: GPUBuffer;
   private readonly stagingCpu: Uint8Array<ArrayBuffer>;
@@ -144,6 +147,7 @@ export class WebGpuEngine implements Engine {
   private readonly topOp: TopLogprobsOp;
   private readonly masks: TokenMaskUpload;
   private readonly readbacks: GPUBuffer[] = [];
+  private readonly maps = new DeferredMaps(GPUMapMode.READ);
   private readonly owned: { destroy(): void }[];
   /** seqId -> slot of the device table holding the token it sampled last. */
   private readonly lastSlots = new Map<number, number>();
@@ -443,8 +447,11 @@ export class WebGpuEngine implements Engine {
     });
     device.queue.writeBuffer(this.staging, 0, this.stagingCpu, 0, used);
     this.masks.flush(device.queue);
-    device.queue.submit([enc.finish()]);
-    // Mapping starts after the submit; nothing here waits for it, so the caller can submit again.
+    const commands = enc.finish();
+    // The earlier steps' readbacks start mapping now, so their wait on the device overlapped
+    // this step's encoding (kernels/deferred_maps.ts); this step's start at the next submit.
+    this.maps.flush();
+    device.queue.submit([commands]);
     grown?.retire();
     return collectors.map((start) => {
       const result = start();
@@ -502,11 +509,7 @@ export class WebGpuEngine implements Engine {
     topBuffer?: GPUBuffer,
   ): Promise<StepResult> {
     try {
-      await Promise.all([
-        readback.mapAsync(GPUMapMode.READ),
-        logits?.mapAsync(GPUMapMode.READ),
-        topBuffer?.mapAsync(GPUMapMode.READ),
-      ]);
+      await this.maps.map([readback, logits, topBuffer]);
     } catch (e) {
       throw new Error(`Cannot read back step ${plan.stepId}: ${this.lost ?? (e as Error).message}`);
     }
@@ -642,6 +645,7 @@ export class WebGpuEngine implements Engine {
   }
 
   dispose(): void {
+    this.maps.flush();
     for (const o of this.owned) o.destroy();
     for (const p of this.kvPools.pools) (p.k.destroy(), p.v.destroy());
     for (const r of this.readbacks) r.destroy();
