@@ -2,7 +2,7 @@ import type { Engine } from "../lib/engine/engine.ts";
 import type { CoreStats, GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import { type SchedulerConfig, schedulerConfig } from "../lib/core/scheduler.ts";
 import { Channel } from "./channel.ts";
-import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
+import { defaultPipelineDepth } from "../lib/engine/limits.ts";
 import { type EngineFactory, ExecutorActor, type ExecutorOptions } from "./executor.ts";
 import type { SchedulerStats } from "./messages.ts";
 import { type ConstraintCompiler, RequestActor, type TextCodec } from "./request.ts";
@@ -17,7 +17,7 @@ export interface ServingCoreOptions {
   readonly codec: TextCodec;
   /** Overrides of the scheduler's limits (maxBatchTokens, maxRunning, maxWaiting, ...). */
   readonly scheduler?: Partial<SchedulerConfig>;
-  /** Steps planned ahead of their results (default DEFAULT_LIMITS.pipelineDepth). */
+  /** Steps planned ahead of their results (default: defaultPipelineDepth for the engine). */
   readonly maxInFlight?: number;
   readonly executor?: ExecutorOptions;
   /** Events buffered per client before its generation waits for it (default 16). */
@@ -82,7 +82,7 @@ export class ServingCore {
 
   constructor(opts: ServingCoreOptions) {
     const { engine } = opts;
-    const maxInFlight = opts.maxInFlight ?? DEFAULT_LIMITS.pipelineDepth;
+    const maxInFlight = opts.maxInFlight ?? defaultPipelineDepth(engine.resultsOnHost);
     // An engine with fixed step buffers bounds what the scheduler may put in one step.
     const overrides = {
       vocabSize: engine.config.vocabSize,

@@ -4,7 +4,7 @@
  * the same run on each backend. The requests go through the whole core (request actors,
  * scheduler, executor, engine) in-process, without HTTP.
  *
- *   MODEL_MIRROR=../shared/models deno run -A bench/throughput_bench.ts [--tokens 128] [--concurrency 1,8,32,64] [--backends webgpu,cpu] [--in-flight 3]
+ *   MODEL_MIRROR=../shared/models deno run -A bench/throughput_bench.ts [--tokens 128] [--concurrency 1,8,32,64] [--backends webgpu,cpu] [--in-flight N (default: the server's depth for the backend)]
  */
 import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { parseArgs } from "@std/cli/parse-args";
@@ -41,7 +41,7 @@ async function runOnce(
   backend: BackendChoice,
   n: number,
   tokens: number,
-  maxInFlight: number,
+  maxInFlight: number | undefined,
 ) {
   const blockSize = DEFAULT_LIMITS.blockSize;
   const numBlocks = Math.ceil((n * (tokens + 32)) / blockSize) + 8;
@@ -52,7 +52,7 @@ async function runOnce(
     backend,
     kv: { numBlocks, blockSize },
     limits,
-    maxInFlight,
+    ...(maxInFlight === undefined ? {} : { maxInFlight }),
   });
   const one = async (i: number) => {
     let produced = 0;
@@ -83,7 +83,7 @@ export async function runThroughputBench(opts: {
   tokens: number;
   concurrency: number[];
   backends: BackendChoice[];
-  /** Steps planned ahead of their results (default 3, the server's default pipeline depth). */
+  /** Steps planned ahead of their results (default: the server's, defaultPipelineDepth). */
   maxInFlight?: number;
 }): Promise<ThroughputRow[]> {
   const source = await resolveModelSource("stories260K");
@@ -99,7 +99,7 @@ export async function runThroughputBench(opts: {
         backend,
         n,
         opts.tokens,
-        opts.maxInFlight ?? 3,
+        opts.maxInFlight,
       );
       const tps = tokens / seconds;
       if (n === opts.concurrency[0]) base = tps;
@@ -136,7 +136,7 @@ if (import.meta.main) {
     tokens: Number(args.tokens ?? 128),
     concurrency: (args.concurrency ?? "1,8,32,64").split(",").map(Number),
     backends: (args.backends ?? "webgpu,cpu").split(",") as BackendChoice[],
-    maxInFlight: Number(args["in-flight"] ?? 3),
+    ...(args["in-flight"] === undefined ? {} : { maxInFlight: Number(args["in-flight"]) }),
   });
   console.log(
     `## Throughput scaling, stories260K, ${args.tokens ?? 128} tokens per generation, greedy\n`,

@@ -34,8 +34,8 @@ Deno.test("resolveConfig() names every invalid setting and the value received", 
   }
 });
 
-Deno.test("resolveConfig() bounds the pipeline depth to 1..8", () => {
-  assertEquals(resolveConfig({}, noEnv).pipelineDepth, 3);
+Deno.test("resolveConfig() bounds the pipeline depth to 1..8, and leaves it to the engine when unset", () => {
+  assertEquals(resolveConfig({}, noEnv).pipelineDepth, undefined);
   assertEquals(resolveConfig({ pipelineDepth: "8" }, noEnv).pipelineDepth, 8);
   assertThrows(() => resolveConfig({ pipelineDepth: "9" }, noEnv), Error, "at most 8");
   assertThrows(() => resolveConfig({ pipelineDepth: "0" }, noEnv), Error, "--pipeline-depth");

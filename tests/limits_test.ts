@@ -1,5 +1,8 @@
 import { assertEquals, assertStringIncludes, assertThrows } from "@std/assert";
-import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
+import { DEFAULT_LIMITS, defaultPipelineDepth } from "../lib/engine/limits.ts";
+import { ServingCore } from "../actors/core.ts";
+import { FakeEngine, type FakeEngineOptions } from "./harness/fake_engine.ts";
+import { TOKENIZER } from "./_fake_core.ts";
 import { resolveConfig } from "../lib/cli/config.ts";
 import { parseServeArgs } from "../lib/cli/serve.ts";
 import { schedulerConfig } from "../lib/core/scheduler.ts";
@@ -21,7 +24,8 @@ Deno.test("the server's configuration and a bare scheduler default to the same l
   // "auto": serve sizes the cache from the model and the device (planKvCache).
   assertEquals(DEFAULT_LIMITS.kvMemory, "auto");
   assertEquals(config.kvMemory, undefined);
-  assertEquals(config.pipelineDepth, DEFAULT_LIMITS.pipelineDepth);
+  // Unset: the serving core picks it from the engine (defaultPipelineDepth).
+  assertEquals(config.pipelineDepth, undefined);
   assertEquals(sched.watermarkBlocks, Math.ceil(1000 * DEFAULT_LIMITS.watermarkFraction));
 });
 
@@ -41,12 +45,16 @@ Deno.test("serve's usage shows every limit with its default", () => {
     "--max-batch-tokens": DEFAULT_LIMITS.maxBatchTokens,
     "--max-running": DEFAULT_LIMITS.maxRunning,
     "--max-waiting": DEFAULT_LIMITS.maxWaiting,
-    "--pipeline-depth": DEFAULT_LIMITS.pipelineDepth,
   };
   for (const [flag, value] of Object.entries(shown)) {
     const line = err.message.split("\n").find((l) => l.trimStart().startsWith(flag + " "));
     assertStringIncludes(line ?? `(no line for ${flag})`, `default ${value}]`);
   }
+  const depth = err.message.split("\n").find((l) => l.trimStart().startsWith("--pipeline-depth "));
+  assertStringIncludes(
+    depth ?? "(no line for --pipeline-depth)",
+    `default ${DEFAULT_LIMITS.pipelineDepth}, ${DEFAULT_LIMITS.readbackPipelineDepth} on webgpu`,
+  );
 });
 
 Deno.test("the HTTP defaults: the configuration, --help and the app read the one table", async () => {
@@ -76,4 +84,29 @@ Deno.test("the HTTP defaults: the configuration, --help and the app read the one
     body: JSON.stringify({ prompt: "x".repeat(1_048_576) }),
   });
   assertEquals(res.status, 413, await res.text());
+});
+
+Deno.test("a serving core pipelines 8 steps for an engine whose results come back through a readback, 3 for one with them on the host, and a configured depth wins", async () => {
+  const cases: [FakeEngineOptions, number | undefined, number][] = [
+    [{ resultsOnHost: false }, undefined, 8],
+    [{ resultsOnHost: true }, undefined, 3],
+    [{}, undefined, 3],
+    [{ resultsOnHost: false }, 2, 2],
+  ];
+  for (const [opts, maxInFlight, want] of cases) {
+    const make = () => new FakeEngine(opts);
+    const core = new ServingCore({
+      engine: make(),
+      engineFactory: make,
+      codec: TOKENIZER,
+      ...(maxInFlight === undefined ? {} : { maxInFlight }),
+    });
+    try {
+      assertEquals(core.scheduler.maxInFlight, want, JSON.stringify({ opts, maxInFlight }));
+    } finally {
+      await core.close();
+    }
+  }
+  assertEquals(DEFAULT_LIMITS.readbackPipelineDepth, 8);
+  assertEquals(defaultPipelineDepth(false), DEFAULT_LIMITS.readbackPipelineDepth);
 });

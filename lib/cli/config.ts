@@ -86,8 +86,8 @@ export const SETTINGS = {
   },
   pipelineDepth: {
     env: "LLMSERVE_PIPELINE_DEPTH",
-    help: `steps submitted ahead of their results (1-${DEFAULT_LIMITS.maxPipelineDepth})`,
-    default: DEFAULT_LIMITS.pipelineDepth,
+    help:
+      `steps submitted ahead of their results (1-${DEFAULT_LIMITS.maxPipelineDepth}; default ${DEFAULT_LIMITS.pipelineDepth}, ${DEFAULT_LIMITS.readbackPipelineDepth} on webgpu)`,
   },
   apiKey: { env: "LLMSERVE_API_KEYS", help: "accepted API keys (env: comma-separated)" },
   nats: {
@@ -296,7 +296,7 @@ export const ConfigSchema = z.object({
   pipelineDepth: positiveInt().max(
     DEFAULT_LIMITS.maxPipelineDepth,
     `must be at most ${DEFAULT_LIMITS.maxPipelineDepth}`,
-  ).default(DEFAULT_LIMITS.pipelineDepth),
+  ).optional(),
   apiKey: z.array(
     z.string().min(8, "API keys must have at least 8 characters").regex(
       /^[\x21-\x7e]+$/,

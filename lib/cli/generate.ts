@@ -149,7 +149,6 @@ export async function generateCommand(argv: string[]): Promise<number> {
     limits: { maxBatchTokens: DEFAULT_LIMITS.maxBatchTokens, maxSeqs: 1 },
     engineOptions,
     onUpload: uploadProgress(source.modelPath),
-    maxInFlight: DEFAULT_LIMITS.pipelineDepth,
   });
   const mem = engineMemory(engine);
   const c = model.config;

@@ -378,7 +378,7 @@ async function start(
           ? "the model's template"
           : "plain format (the model has no template; System:/User:/Assistant: lines)"
       }`,
-      `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${config.pipelineDepth}`,
+      `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${core.scheduler.maxInFlight}`,
       `  results   ${
         config.resultCache > 0 ? `cache ${formatBytes(config.resultCache)}` : "cache off"
       }`,

@@ -31,7 +31,7 @@ export function servingSettings(c: Config): {
       backend: c.backend,
       limits: { maxBatchTokens: c.maxBatchTokens, maxSeqs: c.maxRunning },
       engineOptions,
-      maxInFlight: c.pipelineDepth,
+      ...(c.pipelineDepth === undefined ? {} : { maxInFlight: c.pipelineDepth }),
       scheduler: { maxWaiting: c.maxWaiting },
     },
   };

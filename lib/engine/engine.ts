@@ -113,6 +113,8 @@ export interface Engine {
    * planning the next step only after it costs the planning gap and no more. The scheduler then
    * keeps backgroundDepth steps in flight while batch rows ride beside interactive decodes; an
    * engine whose results come back through a readback keeps its pipeline there instead.
+   * `false` says they do come back through a readback (WebGPU): the default pipeline is then
+   * DEFAULT_LIMITS.readbackPipelineDepth deep, to cover the readback's tick.
    */
   readonly resultsOnHost?: boolean;
   step(plan: StepPlan): Promise<StepResult>;

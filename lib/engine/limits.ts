@@ -23,6 +23,13 @@ export const DEFAULT_LIMITS = {
    * single-stream) at the cost of steps computed past a stop.
    */
   pipelineDepth: 3,
+  /**
+   * pipelineDepth for engines whose results come back through a device readback (WebGPU).
+   * Deno resolves a buffer mapping no sooner than its 10 ms poll tick, so a single stream
+   * decodes at most this many steps per tick: 3 held stories260K to ~205 tokens/s on llvmpipe,
+   * 8 lets its ~2 ms steps run back to back (~500 tokens/s). Steps past a stop cost a batch row.
+   */
+  readbackPipelineDepth: 8,
   /** The deepest pipeline allowed: each level costs a step computed past every stop. */
   maxPipelineDepth: 8,
   /** Steps after which a batch request ranks like an interactive one. */
@@ -48,3 +55,14 @@ export const DEFAULT_LIMITS = {
   /** Plans one WebGPU submit may encode. */
   maxStepsPerSubmit: 8,
 } as const;
+
+/**
+ * The pipeline depth an engine gets when none is configured: readbackPipelineDepth for one
+ * whose results come back through a device readback (`Engine.resultsOnHost` false), else
+ * pipelineDepth: an engine that waits for no readback tick gains nothing deeper.
+ */
+export function defaultPipelineDepth(resultsOnHost: boolean | undefined): number {
+  return resultsOnHost === false
+    ? DEFAULT_LIMITS.readbackPipelineDepth
+    : DEFAULT_LIMITS.pipelineDepth;
+}

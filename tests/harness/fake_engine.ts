@@ -100,6 +100,8 @@ export interface FakeEngineOptions {
    * as it needs instead of hoping they are still running.
    */
   readonly holdWhen?: (plan: StepPlan) => Promise<void> | undefined;
+  /** What it says of itself as Engine.resultsOnHost (default: unset, like the reference engine). */
+  readonly resultsOnHost?: boolean;
 }
 
 /** See the module comment. Steps run synchronously inside step(), so they execute in call order. */
@@ -107,6 +109,7 @@ export class FakeEngine implements Engine {
   readonly name = "fake";
   readonly config: ModelConfig;
   readonly kv: KvGeometry;
+  readonly resultsOnHost?: boolean;
   /** step() calls so far, failed ones included. */
   calls = 0;
   /** Token rows computed so far. */
@@ -121,6 +124,7 @@ export class FakeEngine implements Engine {
 
   constructor(opts: FakeEngineOptions = {}) {
     this.#opts = opts;
+    if (opts.resultsOnHost !== undefined) this.resultsOnHost = opts.resultsOnHost;
     const vocabSize = opts.vocabSize ?? 64;
     const contextLength = opts.contextLength ?? 2048;
     this.kv = { numBlocks: opts.numBlocks ?? 256, blockSize: opts.blockSize ?? 16 };
