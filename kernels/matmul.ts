@@ -225,7 +225,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
  * slow to compile.
  */
 export function laneShape(type: TensorType): { threads: number; outs: number; rows: number } {
-  return { threads: 8, outs: chunkVec4s(type) === 1 ? 8 : 4, rows: 8 };
+  return { threads: 8, outs: chunkVec4s(type) === 1 ? 8 : 4, rows: LANE_TILES.at(-1)! };
+}
+
+/**
+ * Row tiles the lane layout compiles; a dispatch takes the smallest that covers its rows. A
+ * decode step of one sequence then runs a one-row kernel: llvmpipe executes the unrolled rows
+ * of an 8-row tile past the live ones (masked, not skipped), so one row paid for eight.
+ */
+export const LANE_TILES = [1, 8] as const;
+
+/** The tile a lane matmul over `rows` token rows runs with. */
+export function laneTile(rows: number): number {
+  return LANE_TILES.find((t) => t >= rows) ?? LANE_TILES.at(-1)!;
 }
 
 /**
@@ -236,9 +248,10 @@ export function laneShape(type: TensorType): { threads: number; outs: number; ro
  * shape is chosen to reuse every load: an activation vec4 feeds all the thread's outputs, a
  * weight chunk all the tile's rows.
  */
-export function matmulLaneWgsl(spec: MatmulSpec): string {
+export function matmulLaneWgsl(spec: MatmulSpec, tile = laneShape(spec.type).rows): string {
   const { type, cols, rowsField, epilogue } = spec;
-  const { threads, outs, rows: tr } = laneShape(type);
+  const { threads, outs } = laneShape(type);
+  const tr = tile;
   const norm = spec.normEps !== undefined;
   const dual = epilogue === "swiglu";
   const nv = chunkVec4s(type);
@@ -260,7 +273,8 @@ export function matmulLaneWgsl(spec: MatmulSpec): string {
     const accum = js.map((j) =>
       accs.map((a) => `${a}${j}_${r} += w${j}${a}d * (${dotWith(`w${j}${a}`)});`).join(" ")
     ).join(" ");
-    return `if (${r}u < live) { ${xs} ${xw} ${accum} ${sumSq} }`;
+    const body = `{ ${xs} ${xw} ${accum} ${sumSq} }`;
+    return tr === 1 ? body : `if (${r}u < live) ${body}`;
   }).join("\n      ");
   const zeroDecls = rows.map((r) =>
     [
@@ -540,14 +554,17 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
   if (epilogue === "rope" && m.chunks.some((c) => c.rows % 2 !== 0)) {
     throw new Error(`Cannot bind matmul '${m.name}': rope needs whole pairs in every chunk`);
   }
-  const pipeline = gpu.pipeline(
-    lane ? matmulLaneWgsl(spec) : matmulWgsl(spec),
-    `matmul ${m.type} k=${m.cols} ${epilogue}${spec.attention ? " after attention" : ""}`,
-  );
+  const name = `matmul ${m.type} k=${m.cols} ${epilogue}${
+    spec.attention ? " after attention" : ""
+  }`;
+  // The lane layout: one pipeline per row tile (LANE_TILES), picked per dispatch.
+  const tiles: readonly number[] = lane ? LANE_TILES : [MATMUL_ROWS_PER_GROUP];
+  const pipelines = lane
+    ? LANE_TILES.map((t) => gpu.pipeline(matmulLaneWgsl(spec, t), `${name} tile ${t}`))
+    : [gpu.pipeline(matmulWgsl(spec), name)];
   const to = lane
     ? laneShape(m.type).threads * laneShape(m.type).outs
     : matmulSplit(m.type, m.cols, epilogue).to;
-  const rowsPerGroup = lane ? laneShape(m.type).rows : MATMUL_ROWS_PER_GROUP;
   const outputs = dual ? m.rows / 2 : m.rows;
   const parts = m.chunks.map((c) => {
     const n = dual ? c.rows / 2 : c.rows;
@@ -591,14 +608,16 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
       binding,
       resource: b instanceof GPUBuffer ? { buffer: b } : b,
     }));
-    const bindGroup = gpu.device.createBindGroup({
-      layout: pipeline.getBindGroupLayout(0),
-      entries,
-      label: m.name,
-    });
+    const bindGroups = pipelines.map((pipeline) =>
+      gpu.device.createBindGroup({
+        layout: pipeline.getBindGroupLayout(0),
+        entries,
+        label: m.name,
+      })
+    );
     const groups = Math.ceil(n / to);
     const gy = Math.min(groups, gpu.maxWorkgroupsPerDimension);
-    return { bindGroup, gy, gz: Math.ceil(groups / gy) };
+    return { bindGroups, gy, gz: Math.ceil(groups / gy) };
   });
   return {
     label: `matmul ${target.label ?? m.name} ${m.type}`,
@@ -619,10 +638,12 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
     },
     encode(pass: GPUComputePassEncoder, rows: number): void {
       if (rows === 0) return;
-      pass.setPipeline(pipeline);
-      const gx = Math.ceil(rows / rowsPerGroup);
+      const tile = lane ? laneTile(rows) : MATMUL_ROWS_PER_GROUP;
+      const t = tiles.indexOf(tile);
+      pass.setPipeline(pipelines[t]!);
+      const gx = Math.ceil(rows / tile);
       for (const p of parts) {
-        pass.setBindGroup(0, p.bindGroup);
+        pass.setBindGroup(0, p.bindGroups[t]!);
         pass.dispatchWorkgroups(gx, p.gy, p.gz);
       }
     },
