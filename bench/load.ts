@@ -482,7 +482,15 @@ const numbers = (s: string, flag: string) =>
 
 /** Parses the command line into LoadOptions. */
 export function parseLoadArgs(argv: string[]): LoadOptions {
-  const f = parseArgs(argv, {
+  // "--server-arg --max-running 64": parseArgs takes a value that starts with "-" for a flag of
+  // its own, so the server's flags were dropped without a word. Bind each to its --server-arg.
+  const bound: string[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    if (a === "--server-arg" && i + 1 < argv.length) bound.push(`--server-arg=${argv[++i]}`);
+    else bound.push(a);
+  }
+  const f = parseArgs(bound, {
     string: [
       "url",
       "backend",
@@ -503,6 +511,9 @@ export function parseLoadArgs(argv: string[]): LoadOptions {
     ],
     collect: ["server-arg"],
     boolean: ["help", "no-out"],
+    unknown: (arg: string) => {
+      throw new Error(`Unknown argument ${JSON.stringify(arg)} for bench/load.ts; see --help`);
+    },
   });
   if (f.help) {
     console.log(USAGE);

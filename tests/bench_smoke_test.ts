@@ -15,7 +15,7 @@ import { batchBenchTable, runBatchBench } from "../bench/batch_bench.ts";
 import { runCompare, sectionOptions } from "../bench/compare.ts";
 import { type BatchingResult, compareBatching } from "../bench/compare_batching.ts";
 import { engineRestarts, loadBenchModel } from "../bench/compare_common.ts";
-import { runLoad } from "../bench/load.ts";
+import { parseLoadArgs, runLoad } from "../bench/load.ts";
 import { cacheTable, repeatedWorkload, runCacheBench } from "../bench/result_cache_bench.ts";
 import { percentile, summarize } from "../bench/stats.ts";
 import { chartSvg, niceAxis } from "../bench/svg_chart.ts";
@@ -226,4 +226,17 @@ Deno.test("bench/batch_bench.ts measures interactive TTFT alone and beside a run
   assertEquals([row.alone.n, row.withBatch.n], [8, 8]);
   assertGreater(row.batchLinesPerSecond, 0);
   assertStringIncludes(batchBenchTable(rows), "p99 ratio");
+});
+
+Deno.test("bench/load.ts hands every --server-arg's flags to the servers it starts, and refuses an argument it does not know", () => {
+  const opts = parseLoadArgs([
+    "--server-arg",
+    "--pipeline-depth 8",
+    "--server-arg=--max-running 64",
+    "--backend",
+    "webgpu",
+  ]);
+  assertEquals(opts.serverArgs, ["--pipeline-depth", "8", "--max-running", "64"]);
+  assertEquals(opts.backends, ["webgpu"]);
+  assertThrows(() => parseLoadArgs(["--concurency", "8"]), Error, '"--concurency"');
 });
