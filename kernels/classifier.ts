@@ -1,7 +1,7 @@
 import type { TensorType } from "../lib/model/tensor.ts";
 import type { Gpu, KernelOp } from "./device.ts";
 import type { GpuMatrix } from "./gpu_matrix.ts";
-import { createMatmul } from "./matmul.ts";
+import { createMatmul, LANE_TILES, laneShape, laneTile } from "./matmul.ts";
 import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";
 import { chunkElements, chunkVec4s, WGSL_WEIGHT_HELPERS, wgslLoadChunk } from "./weight_formats.ts";
 
@@ -20,19 +20,12 @@ import { chunkElements, chunkVec4s, WGSL_WEIGHT_HELPERS, wgslLoadChunk } from ".
  *   more than it saves there (measured on llvmpipe, bench/README "Classifier").
  */
 
-/** Lanes per workgroup on a CPU rasterizer (one SIMD batch of llvmpipe's 256-bit vectors). */
-const LANE_THREADS = 8;
-/** Row tiles compiled for CPU rasterizers; a step takes the smallest that covers its rows. */
-export const CLASSIFIER_TILES = [1, 2, 4, 8] as const;
-
-/** Outputs each lane owns: fewer for block types, whose dequantization is long code. */
-export function classifierOuts(type: TensorType): number {
-  return chunkVec4s(type) === 1 ? 8 : 4;
-}
-
-/** The tile of rows a step of `rows` sampled rows runs with, and how many passes it takes. */
+/**
+ * The tile of rows a step of `rows` sampled rows runs with (the lane matmul's tiles and rule,
+ * LANE_TILES), and how many passes over the weights it takes.
+ */
 export function classifierTile(rows: number): { tile: number; passes: number } {
-  const tile = CLASSIFIER_TILES.find((t) => t >= rows) ?? CLASSIFIER_TILES.at(-1)!;
+  const tile = laneTile(rows);
   return { tile, passes: Math.ceil(rows / tile) };
 }
 
@@ -77,7 +70,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
  * workgroup memory and no barrier. Rows are unrolled (no dynamically indexed private array).
  */
 export function classifierLaneWgsl(type: TensorType, cols: number, tile: number): string {
-  const outs = classifierOuts(type);
+  // The lane matmul's workgroup: 8 lanes (one SIMD batch of llvmpipe's 256-bit vectors), each
+  // owning fewer outputs for block types, whose dequantization is long code.
+  const { threads, outs } = laneShape(type);
   const nv = chunkVec4s(type);
   const js = Array.from({ length: outs }, (_, j) => j);
   const rows = Array.from({ length: tile }, (_, r) => r);
@@ -108,19 +103,18 @@ struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
 const NCHUNK = ${cols / chunkElements(type)}u;
 const XV = ${cols / 4}u;
 ${type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
-@compute @workgroup_size(${LANE_THREADS})
+@compute @workgroup_size(${threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) t: u32) {
   let nRows = dims[${DIM_SAMPLES}];
   let r0 = wid.x * ${tile}u;
   if (r0 >= nRows) { return; }
   let live = min(${tile}u, nRows - r0);
-  let base = (wid.y + wid.z * nwg.y) * ${LANE_THREADS * outs}u + t;
+  let base = (wid.y + wid.z * nwg.y) * ${threads * outs}u + t;
   // Lanes past the last output compute a copy of it and store nothing: no divergent branch.
   ${
-    js.map((j) =>
-      `let o${j} = base + ${j * LANE_THREADS}u; let oc${j} = min(o${j}, chunk.rows - 1u);`
-    ).join("\n  ")
+    js.map((j) => `let o${j} = base + ${j * threads}u; let oc${j} = min(o${j}, chunk.rows - 1u);`)
+      .join("\n  ")
   }
   ${rows.map((r) => js.map((j) => `var a${j}_${r} = 0.0;`).join(" ")).join("\n  ")}
   ${
@@ -245,13 +239,14 @@ export function createClassifier(
       destroy: () => xn.destroy(),
     };
   }
-  const pipelines = CLASSIFIER_TILES.map((tile) =>
+  const pipelines = LANE_TILES.map((tile) =>
     gpu.pipeline(
       classifierLaneWgsl(m.type, m.cols, tile),
       `classifier ${m.type} k=${m.cols} tile ${tile}`,
     )
   );
-  const perGroup = LANE_THREADS * classifierOuts(m.type);
+  const { threads, outs } = laneShape(m.type);
+  const perGroup = threads * outs;
   const parts = m.chunks.map((c) => {
     const params = device.createBuffer({
       size: 16,
@@ -282,7 +277,7 @@ export function createClassifier(
       if (rows === 0) return;
       encodeNorm(pass, rows);
       const { tile, passes } = classifierTile(rows);
-      const t = CLASSIFIER_TILES.indexOf(tile as (typeof CLASSIFIER_TILES)[number]);
+      const t = LANE_TILES.indexOf(tile as (typeof LANE_TILES)[number]);
       pass.setPipeline(pipelines[t]!);
       for (const p of parts) {
         pass.setBindGroup(0, p.bindGroups[t]!);

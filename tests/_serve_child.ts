@@ -45,26 +45,48 @@ export async function spawnUntilListening(
   return { child, base, log: () => rest };
 }
 
+/** `main.ts serve` with `backend` on a free port and a small KV pool, then `extra` flags. */
+function serveArgs(backend: string, extra: string[]): string[] {
+  const main = new URL("../main.ts", import.meta.url).pathname;
+  return [
+    "run",
+    "--allow-all",
+    main,
+    "serve",
+    "--port",
+    "0",
+    "--backend",
+    backend,
+    "--kv-memory",
+    "2MiB",
+    ...extra,
+  ];
+}
+
 /** `main.ts serve` on stories260K (llama2.c files from the mirror), a free port, a small KV pool. */
 export function spawnServer(
   extra: string[] = [],
   opts: { backend?: string; env?: Record<string, string> } = {},
 ): Promise<ServeChild> {
-  return spawnUntilListening([
-    "run",
-    "--allow-all",
-    new URL("../main.ts", import.meta.url).pathname,
-    "serve",
-    "--model",
-    modelFile("stories260K.bin"),
-    "--tokenizer",
-    modelFile("tok512.bin"),
-    "--port",
-    "0",
-    "--backend",
-    opts.backend ?? "reference",
-    "--kv-memory",
-    "2MiB",
-    ...extra,
-  ], { env: opts.env });
+  return spawnUntilListening(
+    serveArgs(opts.backend ?? "reference", [
+      "--model",
+      modelFile("stories260K.bin"),
+      "--tokenizer",
+      modelFile("tok512.bin"),
+      ...extra,
+    ]),
+    { env: opts.env },
+  );
+}
+
+/**
+ * `main.ts serve` on the cpu engine, a free port and a small KV pool; `flags` name the models
+ * (`--model` repeated, `--models-dir`) and the rest.
+ */
+export function spawnCpuServer(
+  flags: string[],
+  opts: { env?: Record<string, string> } = {},
+): Promise<ServeChild> {
+  return spawnUntilListening(serveArgs("cpu", flags), opts);
 }

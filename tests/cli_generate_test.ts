@@ -1,24 +1,6 @@
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
 import { modelFile } from "./harness/model_files.ts";
-
-const decoder = new TextDecoder();
-
-async function runGenerate(
-  args: string[],
-): Promise<{ code: number; stdout: string; stderr: string }> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: [
-      "run",
-      "--allow-all",
-      new URL("../main.ts", import.meta.url).pathname,
-      "generate",
-      ...args,
-    ],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  return { code: out.code, stdout: decoder.decode(out.stdout), stderr: decoder.decode(out.stderr) };
-}
+import { runGenerate } from "./harness/generate_command.ts";
 
 /** A fixture's stdout without the prompt run.c echoes first: what `generate` must print. */
 async function runCText(name: string, prompt: string): Promise<string> {

@@ -6,8 +6,15 @@
  * `start` runs with a short context and a small cache to keep 18 servers cheap.
  */
 import { assert, assertEquals } from "@std/assert";
-import { assertGreedyCompletion, clearPrompt, COMPAT_FILES, compatPath, readFixture } from "./harness/compat.ts";
+import {
+  assertGreedyCompletion,
+  clearPrompt,
+  COMPAT_FILES,
+  compatPath,
+  readFixture,
+} from "./harness/compat.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
+import { runGenerate } from "./harness/generate_command.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
 
@@ -16,30 +23,22 @@ for (const stem of COMPAT_FILES) {
     Deno.test(`generate --backend ${backend} loads ${stem} and prints llama.cpp's greedy text`, async () => {
       const fx = await readFixture(stem);
       const { prompt, text, n } = await clearPrompt(fx, stem);
-      const out = await new Deno.Command(Deno.execPath(), {
-        args: [
-          "run",
-          "--allow-all",
-          MAIN,
-          "generate",
-          "--model",
-          compatPath(stem),
-          "--prompt",
-          prompt,
-          "--max-tokens",
-          String(n),
-          "--temperature",
-          "0",
-          "--backend",
-          backend,
-        ],
-        stdout: "piped",
-        stderr: "piped",
-      }).output();
-      const stderr = new TextDecoder().decode(out.stderr);
+      const out = await runGenerate([
+        "--model",
+        compatPath(stem),
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        String(n),
+        "--temperature",
+        "0",
+        "--backend",
+        backend,
+      ]);
+      const stderr = out.stderr;
       assertEquals(out.code, 0, stderr);
       // generate ends its text with one newline of its own.
-      assertEquals(new TextDecoder().decode(out.stdout), `${text}\n`, stderr);
+      assertEquals(out.stdout, `${text}\n`, stderr);
       assert(stderr.includes(`on ${backend}`), stderr);
       assert(/memory: weights [\d.]+ [KMG]iB, kv cache/.test(stderr), stderr);
     });

@@ -6,10 +6,9 @@
  */
 import { assertEquals, assertStringIncludes } from "@std/assert";
 import { compatPath, generateAlone as generateCompat } from "./harness/compat.ts";
-import { spawnUntilListening } from "./_serve_child.ts";
+import { spawnCpuServer } from "./_serve_child.ts";
 import { until } from "./_cluster.ts";
 
-const MAIN = new URL("../main.ts", import.meta.url).pathname;
 const A = "stories260K-q4_1";
 const C = "tinyllama-like-q4_0";
 const ALIAS = "story";
@@ -23,17 +22,7 @@ Deno.test("several models: aliases, and a batch whose lines name their models", 
   const [oracleA, oracleC, server] = await Promise.all([
     generateAlone(A),
     generateAlone(C),
-    spawnUntilListening([
-      "run",
-      "--allow-all",
-      MAIN,
-      "serve",
-      "--port",
-      "0",
-      "--backend",
-      "cpu",
-      "--kv-memory",
-      "2MiB",
+    spawnCpuServer([
       "--model",
       compatPath(A),
       "--model",

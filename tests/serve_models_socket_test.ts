@@ -8,9 +8,8 @@
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
 import { compatPath, generateAlone as generateCompat } from "./harness/compat.ts";
 import { TestSocket } from "./_http_harness.ts";
-import { spawnUntilListening } from "./_serve_child.ts";
+import { spawnCpuServer } from "./_serve_child.ts";
 
-const MAIN = new URL("../main.ts", import.meta.url).pathname;
 const A = "stories260K-q4_1";
 const C = "tinyllama-like-q4_0";
 const BROKEN = "broken";
@@ -27,17 +26,7 @@ Deno.test("a WebSocket hears its model load in `loading` frames, then is served"
   await Deno.writeFile(`${dir}/${BROKEN}.gguf`, whole.subarray(0, whole.length >> 1));
   const [oracle, server] = await Promise.all([
     generateAlone(C),
-    spawnUntilListening([
-      "run",
-      "--allow-all",
-      MAIN,
-      "serve",
-      "--port",
-      "0",
-      "--backend",
-      "cpu",
-      "--kv-memory",
-      "2MiB",
+    spawnCpuServer([
       "--model",
       compatPath(A),
       "--model",

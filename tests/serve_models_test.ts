@@ -10,10 +10,9 @@
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
 import { Ajv } from "ajv";
 import { compatPath, generateAlone as generateCompat } from "./harness/compat.ts";
-import { spawnUntilListening } from "./_serve_child.ts";
+import { spawnCpuServer } from "./_serve_child.ts";
 import { otlpAttr, startOtlpCollector } from "./_otlp_collector.ts";
 
-const MAIN = new URL("../main.ts", import.meta.url).pathname;
 const A = "stories260K-q4_1";
 const B = "stories260K-q5_1";
 const C = "tinyllama-like-q4_0";
@@ -35,17 +34,7 @@ Deno.test("three models in one server under a budget that fits two", async (t) =
       [B]: b!,
       [C]: c!,
     })),
-    spawnUntilListening([
-      "run",
-      "--allow-all",
-      MAIN,
-      "serve",
-      "--port",
-      "0",
-      "--backend",
-      "cpu",
-      "--kv-memory",
-      "2MiB",
+    spawnCpuServer([
       "--memory-budget",
       String(BUDGET),
       "--model",
@@ -334,17 +323,7 @@ function client(base: string) {
 }
 
 Deno.test("--max-loaded-models 1: a load that needs the busy model gone is refused, then served", async () => {
-  const server = await spawnUntilListening([
-    "run",
-    "--allow-all",
-    MAIN,
-    "serve",
-    "--port",
-    "0",
-    "--backend",
-    "cpu",
-    "--kv-memory",
-    "2MiB",
+  const server = await spawnCpuServer([
     "--max-loaded-models",
     "1",
     "--model",
@@ -380,17 +359,7 @@ Deno.test("--max-loaded-models 1: a load that needs the busy model gone is refus
 });
 
 Deno.test("a server of several models honours response_format json_schema on each of them", async () => {
-  const server = await spawnUntilListening([
-    "run",
-    "--allow-all",
-    MAIN,
-    "serve",
-    "--port",
-    "0",
-    "--backend",
-    "cpu",
-    "--kv-memory",
-    "2MiB",
+  const server = await spawnCpuServer([
     "--model",
     compatPath(A),
     "--model",
@@ -442,17 +411,7 @@ Deno.test("each load has its own llm.model.load span, a failed one with its erro
   const dir = await Deno.makeTempDir({ prefix: "serve_models_span_" });
   const whole = await Deno.readFile(compatPath(A));
   await Deno.writeFile(`${dir}/${BROKEN}.gguf`, whole.subarray(0, whole.length >> 1));
-  const server = await spawnUntilListening([
-    "run",
-    "--allow-all",
-    MAIN,
-    "serve",
-    "--port",
-    "0",
-    "--backend",
-    "cpu",
-    "--kv-memory",
-    "2MiB",
+  const server = await spawnCpuServer([
     "--model",
     compatPath(A),
     "--model",
@@ -485,17 +444,7 @@ Deno.test("--all-models serves every GGUF file of the models directory by its na
   for (const stem of [A, B]) await Deno.copyFile(compatPath(stem), `${dir}/${stem}.gguf`);
   // Not a GGUF file: a llama2.c checkpoint needs its tokenizer, so --all-models leaves it out.
   await Deno.writeFile(`${dir}/notes.bin`, new Uint8Array(64));
-  const server = await spawnUntilListening([
-    "run",
-    "--allow-all",
-    MAIN,
-    "serve",
-    "--port",
-    "0",
-    "--backend",
-    "cpu",
-    "--kv-memory",
-    "2MiB",
+  const server = await spawnCpuServer([
     "--models-dir",
     dir,
     "--all-models",

@@ -6,6 +6,7 @@
 import { assert, assertEquals } from "@std/assert";
 import { type Engine, GREEDY, type SeqInput } from "../../lib/engine/engine.ts";
 import { modelFile } from "./model_files.ts";
+import { runGenerate } from "./generate_command.ts";
 import { loadModel } from "../../lib/model/load_model.ts";
 import { Tokenizer } from "../../lib/tokenizer/tokenizer.ts";
 
@@ -241,26 +242,18 @@ export async function generateAlone(
   prompt: string,
   maxTokens: number,
 ): Promise<string> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: [
-      "run",
-      "--allow-all",
-      new URL("../../main.ts", import.meta.url).pathname,
-      "generate",
-      "--model",
-      compatPath(stem),
-      "--prompt",
-      prompt,
-      "--max-tokens",
-      String(maxTokens),
-      "--temperature",
-      "0",
-      "--backend",
-      "cpu",
-    ],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  assertEquals(out.code, 0, new TextDecoder().decode(out.stderr));
-  return new TextDecoder().decode(out.stdout).replace(/\n$/, "");
+  const out = await runGenerate([
+    "--model",
+    compatPath(stem),
+    "--prompt",
+    prompt,
+    "--max-tokens",
+    String(maxTokens),
+    "--temperature",
+    "0",
+    "--backend",
+    "cpu",
+  ]);
+  assertEquals(out.code, 0, out.stderr);
+  return out.stdout.replace(/\n$/, "");
 }
