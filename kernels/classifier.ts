@@ -3,7 +3,13 @@ import type { Gpu, KernelOp } from "./device.ts";
 import type { GpuMatrix } from "./gpu_matrix.ts";
 import { createMatmul, LANE_TILES, laneShape, laneTile } from "./matmul.ts";
 import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";
-import { chunkElements, chunkVec4s, WGSL_WEIGHT_HELPERS, wgslLoadChunk } from "./weight_formats.ts";
+import {
+  chunkElements,
+  chunkVec4s,
+  rowBytes,
+  WGSL_WEIGHT_HELPERS,
+  wgslLoadChunk,
+} from "./weight_formats.ts";
 
 /**
  * The vocabulary-sized last matmul: logits[i] = W · RMSNorm(x[samples[i].row]) for the few
@@ -295,38 +301,26 @@ export function createClassifier(
  * The lane kernel's loop for Q6_K, over half super-blocks (128 elements) instead of 32-element
  * chunks: the four sub-blocks of a half share its 64 ql bytes (low and high nibbles) and its
  * 32 qh bytes (2 bits each), so each word is loaded once, not once per sub-block (30 loads a
- * half against 84). A block may start 2 bytes into a word (210-byte blocks): n words at a
- * 2-aligned offset are n + 1 loads funnelled by half a word. Element (q - 32) * d * scale is
+ * half against 84), every block word-aligned on the device (212 bytes). Element (q - 32) * d * scale is
  * summed as d * scale * Σ (q - 32) x per 16 elements, one chain per (row, output) in order.
  */
 function q6kHalfLoop(cols: number, tile: number, outs: number): string {
   const js = Array.from({ length: outs }, (_, j) => j);
   const rows = Array.from({ length: tile }, (_, r) => r);
-  const run = (p: string, name: string, at: string, n: number) => {
-    const raw = Array.from(
-      { length: n + 1 },
-      (_, i) => `let ${p}${name}r${i} = W[${p}b + ${at} + ${i}u];`,
-    )
-      .join(" ");
-    const words = Array.from(
-      { length: n },
-      (_, i) =>
-        `let ${p}${name}${i} = select(${p}${name}r${i}, (${p}${name}r${i} >> 16u) | (${p}${name}r${
-          i + 1
-        } << 16u), ${p}odd);`,
-    ).join(" ");
-    return `${raw}
-      ${words}`;
-  };
+  const run = (p: string, name: string, at: string, n: number) =>
+    Array.from({ length: n }, (_, i) => `let ${p}${name}${i} = W[${p}b + ${at} + ${i}u];`).join(
+      " ",
+    );
+  const block = rowBytes("q6_k", 256);
   const loads = js.map((j) => {
     const p = `w${j}`;
     // Word offsets from the block's first word: ql at 16n, qh at 32 + 8n, scales at 48 + 2n.
-    return `let ${p}off = oc${j} * ${(cols / 256) * 210}u + (h >> 1u) * 210u;
-      let ${p}b = ${p}off >> 2u; let ${p}odd = (${p}off & 2u) != 0u; let ${p}n = h & 1u;
+    return `let ${p}b = (oc${j} * ${(cols / 256) * block}u + (h >> 1u) * ${block}u) >> 2u;
+      let ${p}n = h & 1u;
       ${run(p, "q", `16u * ${p}n`, 16)}
       ${run(p, "h", `32u + 8u * ${p}n`, 8)}
       ${run(p, "s", `48u + 2u * ${p}n`, 2)}
-      let ${p}d = halfAt(${p}off + 208u);`;
+      let ${p}d = unpack2x16float(W[${p}b + 52u]).x;`;
   }).join("\n      ");
   // Sub-block k of the half: ql words k%2 * 8 + i, nibble 4(k/2); qh bits 2k; scale bytes 2k, 2k + 1.
   const q = (p: string, k: number, i: number) =>

@@ -1,5 +1,6 @@
 import { BLOCK_LAYOUT, type Tensor, type TensorType } from "../lib/model/tensor.ts";
 import { type Gpu, uploadBuffer } from "./device.ts";
+import { rowBytes as deviceRowBytes, sameOnDevice, toDeviceRows } from "./weight_formats.ts";
 
 /** Whole rows of a matrix in one buffer, small enough for one storage binding. */
 export interface MatrixChunk {
@@ -10,19 +11,24 @@ export interface MatrixChunk {
 
 /**
  * A weight matrix [rows, cols] on the device in its file encoding (f32, f16, bf16 or any
- * block type, never expanded), split by rows into chunks when it exceeds one binding.
+ * block type, never expanded; 2-aligned blocks rearranged so every field is word-aligned, see DEVICE_LAYOUT in weight_formats.ts), split
+ * by rows into chunks when it exceeds one binding.
  */
 export interface GpuMatrix {
   readonly name: string;
   readonly type: TensorType;
   readonly rows: number;
   readonly cols: number;
+  /** Bytes of one row on the device. */
   readonly rowBytes: number;
   readonly chunks: readonly MatrixChunk[];
 }
 
-/** Bytes the kernels may read past a chunk's last block (a 2-aligned block read as whole words). */
+/** Bytes the kernels may read past a chunk's last block (sub-word fields read as a whole word). */
 const TAIL_PAD = 4;
+
+/** File bytes staged per copy when blocks are rearranged on the way to the device. */
+const PAD_STAGING_BYTES = 1 << 20;
 
 /**
  * A matrix's rows to upload, assembled from one or more tensors without being materialized:
@@ -84,14 +90,19 @@ export function uploadMatrix(gpu: Gpu, tensor: Tensor | RowSource): GpuMatrix {
       `Cannot upload matrix '${t.name}': the kernels need its inner dimension to be a multiple of ${unit} for type ${t.type}, received shape [${rows}, ${cols}]`,
     );
   }
-  const rowBytes = (cols / elements) * bytes;
-  if (t.byteLength !== rows * rowBytes) {
+  const fileRowBytes = (cols / elements) * bytes;
+  if (t.byteLength !== rows * fileRowBytes) {
     throw new Error(
       `Cannot upload matrix '${t.name}': ${t.type} [${rows}, ${cols}] needs ${
-        rows * rowBytes
+        rows * fileRowBytes
       } bytes, received ${t.byteLength}`,
     );
   }
+  const rowBytes = deviceRowBytes(t.type, cols);
+  const stageRows = Math.max(1, Math.floor(PAD_STAGING_BYTES / fileRowBytes));
+  const staging = sameOnDevice(t.type)
+    ? undefined
+    : new Uint8Array(Math.min(rows, stageRows) * fileRowBytes);
   const fit = Math.floor((gpu.maxBindingBytes - TAIL_PAD - 4) / rowBytes);
   // Even, so interleaved gate/up row pairs never straddle two chunks.
   const rowsPerChunk = fit > 1 ? fit - (fit % 2) : fit;
@@ -106,7 +117,8 @@ export function uploadMatrix(gpu: Gpu, tensor: Tensor | RowSource): GpuMatrix {
     const label = chunks.length === 0 && n === rows
       ? t.name
       : `${t.name}[${rowStart}..${rowStart + n})`;
-    // Rows go from the file's bytes into the mapped buffer: no host copy in between.
+    // Rows go from the file's bytes into the mapped buffer: no host copy in between, or a
+    // small staging one when the blocks are rearranged.
     const size = Math.max(4, Math.ceil((n * rowBytes + TAIL_PAD) / 4) * 4);
     const buffer = gpu.device.createBuffer({
       size,
@@ -114,7 +126,18 @@ export function uploadMatrix(gpu: Gpu, tensor: Tensor | RowSource): GpuMatrix {
       label,
       mappedAtCreation: true,
     });
-    t.copyRows(new Uint8Array(buffer.getMappedRange(), 0, n * rowBytes), rowStart, n);
+    const mapped = new Uint8Array(buffer.getMappedRange(), 0, n * rowBytes);
+    if (!staging) t.copyRows(mapped, rowStart, n);
+    for (let r = 0; staging && r < n; r += stageRows) {
+      const k = Math.min(stageRows, n - r);
+      t.copyRows(staging, rowStart + r, k);
+      toDeviceRows(
+        t.type,
+        cols,
+        staging.subarray(0, k * fileRowBytes),
+        mapped.subarray(r * rowBytes),
+      );
+    }
     buffer.unmap();
     chunks.push({ buffer, rowStart, rows: n });
   }

@@ -2,19 +2,17 @@ import { BLOCK_LAYOUT, type TensorType } from "../lib/model/tensor.ts";
 
 /**
  * WGSL that reads weights in their file encoding from `W: array<u32>` (f32 matmuls use
- * `array<vec4<f32>>`). A block of 34 (Q8_0), 18 (Q4_0), 22 (Q5_0), 110 (Q3_K) or 210 (Q6_K)
- * bytes may start on a 2-byte boundary only, so fields are read as whole words and shifted
- * into place (`w2`). Every reader yields one chunk: 4 elements of a float type, or 32 of a
- * block type (a Q8_0..Q5_1 block, or one eighth of a K-quant super-block).
+ * `array<vec4<f32>>`), with one change on the device: blocks of 34 (Q8_0), 18 (Q4_0), 22
+ * (Q5_0), 110 (Q3_K) or 210 (Q6_K) bytes are laid out so that every field starts on a word
+ * ({@link DEVICE_LAYOUT}). Read in place, such blocks start on a 2-byte boundary every other
+ * block, and their fields cost two loads and a select each, or one extra load per run of
+ * words: on llvmpipe the aligned reads made Q3_K matmuls 1.5x, Q5_0 1.15x and Q6_K 1.1x as
+ * fast (bench:formats at 9,728 x 1,024, one row). Every reader yields one chunk: 4 elements of a float type, or 32 of a block type (a
+ * Q8_0..Q5_1 block, or one eighth of a K-quant super-block).
  */
 
 /** Helpers shared by every reader. */
 export const WGSL_WEIGHT_HELPERS = /* wgsl */ `
-// The f16 at a 2-aligned byte offset.
-fn halfAt(byteOff: u32) -> f32 {
-  let h = unpack2x16float(W[byteOff >> 2u]);
-  return select(h.x, h.y, (byteOff & 2u) != 0u);
-}
 // The 32 bits at a 2-aligned byte offset.
 fn w2(byteOff: u32) -> u32 {
   let i = byteOff >> 2u;
@@ -64,10 +62,84 @@ fn q3Scale(a: u32, b: u32, c: u32, k: u32) -> f32 {
 }
 `;
 
-/** Bytes of one row of `cols` elements. */
+/**
+ * How the device lays out a block type whose file blocks are 2-aligned (34, 18, 22, 110 or 210
+ * bytes), so that every field the kernels read starts on a word:
+ * - "pairs" (Q8_0, Q4_0, Q5_0, whose f16 scale leads): each two blocks of a row become their
+ *   two scales, then the rest of the first, then the rest of the second. No byte is added,
+ *   except a zero block at the end of a row of an odd number of blocks.
+ * - "pad" (Q3_K, Q6_K, whose f16 scale is last): 2 zero bytes after each block (under 2%).
+ */
+const DEVICE_LAYOUT: Partial<Record<TensorType, "pairs" | "pad">> = {
+  q8_0: "pairs",
+  q4_0: "pairs",
+  q5_0: "pairs",
+  q3_k: "pad",
+  q6_k: "pad",
+};
+
+/** Whether the device holds this type's rows exactly as the file does. */
+export function sameOnDevice(type: TensorType): boolean {
+  return DEVICE_LAYOUT[type] === undefined;
+}
+
+/** Bytes of one row of `cols` elements on the device ({@link DEVICE_LAYOUT}). */
 export function rowBytes(type: TensorType, cols: number): number {
   const { elements, bytes } = BLOCK_LAYOUT[type];
-  return (cols / elements) * bytes;
+  const blocks = cols / elements;
+  switch (DEVICE_LAYOUT[type]) {
+    case "pairs":
+      return Math.ceil(blocks / 2) * 2 * bytes;
+    case "pad":
+      return blocks * (bytes + 2);
+    default:
+      return blocks * bytes;
+  }
+}
+
+/**
+ * Copies whole rows of `type` from their file bytes `src` into `dst` in the device layout
+ * ({@link DEVICE_LAYOUT}); `dst` must hold them and start zeroed (pads are not written). Both
+ * must start on a 2-byte boundary.
+ */
+export function toDeviceRows(
+  type: TensorType,
+  cols: number,
+  src: Uint8Array,
+  dst: Uint8Array,
+): void {
+  const layout = DEVICE_LAYOUT[type];
+  if (layout === undefined) {
+    dst.set(src);
+    return;
+  }
+  const { elements, bytes } = BLOCK_LAYOUT[type];
+  const blocks = cols / elements;
+  const sw = bytes / 2; // u16s per file block
+  const srcRow = blocks * sw;
+  const dstRow = rowBytes(type, cols) / 2;
+  const rows = src.byteLength / (2 * srcRow);
+  const s16 = new Uint16Array(src.buffer, src.byteOffset, rows * srcRow);
+  const d16 = new Uint16Array(dst.buffer, dst.byteOffset, rows * dstRow);
+  for (let r = 0; r < rows; r++) {
+    let s = r * srcRow;
+    let d = r * dstRow;
+    if (layout === "pad") {
+      for (let b = 0; b < blocks; b++, s += sw, d += sw + 1) {
+        for (let i = 0; i < sw; i++) d16[d + i] = s16[s + i]!;
+      }
+      continue;
+    }
+    for (let b = 0; b < blocks; b += 2, d += 2 * sw) {
+      // Scales first; the rest of block b, then of block b + 1 (a missing one stays zero).
+      const both = b + 1 < blocks;
+      d16[d] = s16[s]!;
+      if (both) d16[d + 1] = s16[s + sw]!;
+      for (let i = 1; i < sw; i++) d16[d + 1 + i] = s16[s + i]!;
+      if (both) { for (let i = 1; i < sw; i++) d16[d + sw + i] = s16[s + sw + i]!; }
+      s += 2 * sw;
+    }
+  }
 }
 
 /** Elements per matmul work item: a vec4 for float types, 32 for block types. */
@@ -96,50 +168,21 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
       return `let ${p}b = ((${rowExpr}) * ${n}u + c) * 2u;
       let ${p}d = 1.0;
       let ${p}0 = vec4<f32>(unpack2x16float(W[${p}b]), unpack2x16float(W[${p}b + 1u]));`;
-    case "q8_0": {
-      // Words w0..w8 cover the 34 bytes whether the block starts at byte 0 or 2 of a word.
-      const words = Array.from({ length: 9 }, (_, i) => `let ${p}w${i} = W[${p}wi + ${i}u];`).join(
-        " ",
-      );
-      const qs = Array.from(
-        { length: 8 },
-        (_, i) =>
-          `let ${p}${i} = i8x4(select((${p}w${i} >> 16u) | (${p}w${i + 1} << 16u), ${p}w${
-            i + 1
-          }, ${p}odd));`,
-      ).join("\n      ");
-      return `let ${p}off = (${rowExpr}) * ${rowBytes(type, cols)}u + c * 34u;
-      let ${p}wi = ${p}off >> 2u;
-      let ${p}odd = (${p}off & 2u) != 0u;
-      ${words}
-      let ${p}h = unpack2x16float(${p}w0);
-      let ${p}d = select(${p}h.x, ${p}h.y, ${p}odd);
-      ${qs}`;
-    }
+    case "q8_0":
+      // A pair of blocks: d0 | d1, qs0[32], qs1[32] (DEVICE_LAYOUT).
+      return `${pairHead(type, cols, rowExpr, p)}
+      ${Array.from({ length: 8 }, (_, i) => `let ${p}${i} = i8x4(W[${p}q + ${i}u]);`).join(" ")}`;
     case "q4_0": {
-      const words = Array.from({ length: 5 }, (_, i) => `let ${p}w${i} = W[${p}wi + ${i}u];`).join(
-        " ",
-      );
-      const nib = Array.from(
-        { length: 4 },
-        (_, i) =>
-          `let ${p}n${i} = select((${p}w${i} >> 16u) | (${p}w${i + 1} << 16u), ${p}w${
-            i + 1
-          }, ${p}odd);`,
-      ).join("\n      ");
-      // Byte k of the 16 holds element k (low nibble) and element k + 16 (high nibble).
+      // A pair of blocks: d0 | d1, qs0[16], qs1[16]. Byte k of the 16 holds element k (low
+      // nibble) and element k + 16 (high nibble).
       const vals = Array.from(
         { length: 4 },
-        (_, i) => `let ${p}${i} = lo4(${p}n${i}); let ${p}${i + 4} = hi4(${p}n${i});`,
-      )
-        .join("\n      ");
-      return `let ${p}off = (${rowExpr}) * ${rowBytes(type, cols)}u + c * 18u;
-      let ${p}wi = ${p}off >> 2u;
-      let ${p}odd = (${p}off & 2u) != 0u;
-      ${words}
-      let ${p}h = unpack2x16float(${p}w0);
-      let ${p}d = select(${p}h.x, ${p}h.y, ${p}odd);
-      ${nib}
+        (_, i) =>
+          `let ${p}n${i} = W[${p}q + ${i}u]; let ${p}${i} = lo4(${p}n${i}); let ${p}${
+            i + 4
+          } = hi4(${p}n${i});`,
+      ).join("\n      ");
+      return `${pairHead(type, cols, rowExpr, p)}
       ${vals}`;
     }
     case "bf16":
@@ -174,7 +217,8 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
       ${vals}`;
     }
     case "q5_0": {
-      // d, qh, qs: 22 bytes, 2-aligned. Element k's fifth bit is bit k of qh.
+      // A pair of blocks: d0 | d1, qh0, qs0[16], qh1, qs1[16]. Element k's fifth bit is bit k
+      // of qh.
       const vals = Array.from(
         { length: 4 },
         (_, i) =>
@@ -185,10 +229,9 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
             16 + 4 * i
           }u) << vec4<u32>(4u))) - 16.0;`,
       ).join("\n      ");
-      return `let ${p}off = (${rowExpr}) * ${rowBytes(type, cols)}u + c * 22u;
-      let ${p}d = halfAt(${p}off);
-      let ${p}qh = w2(${p}off + 2u);
-      ${words(p, "n", 4, (i) => `w2(${p}off + ${6 + 4 * i}u)`)}
+      return `${pairHead(type, cols, rowExpr, p)}
+      let ${p}qh = W[${p}q];
+      ${words(p, "n", 4, (i) => `W[${p}q + ${1 + i}u]`)}
       ${vals}`;
     }
     case "q2_k":
@@ -198,6 +241,19 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
     case "q6_k":
       return kQuantChunk(type, cols, rowExpr, p);
   }
+}
+
+/**
+ * Block c of a row in the "pairs" layout: its scale pd and the word index pq where the rest of
+ * the block starts (DEVICE_LAYOUT).
+ */
+function pairHead(type: TensorType, cols: number, rowExpr: string, p: string): string {
+  const { bytes } = BLOCK_LAYOUT[type];
+  return `let ${p}wi = ((${rowExpr}) * ${rowBytes(type, cols)}u + (c >> 1u) * ${2 * bytes}u) >> 2u;
+      let ${p}odd = (c & 1u) != 0u;
+      let ${p}dd = unpack2x16float(W[${p}wi]);
+      let ${p}d = select(${p}dd.x, ${p}dd.y, ${p}odd);
+      let ${p}q = ${p}wi + 1u + select(0u, ${(bytes - 2) / 4}u, ${p}odd);`;
 }
 
 /** `let <p><name>0 = <read(0)>; ...` for n words. */
@@ -212,35 +268,16 @@ function words(p: string, name: string, n: number, read: (i: number) => string):
  * each run holds elements 4i..4i+3 and fields() takes them apart.
  */
 function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string): string {
-  const { bytes } = BLOCK_LAYOUT[type];
+  const bytes = rowBytes(type, 256);
   const head = `let ${p}off = (${rowExpr}) * ${rowBytes(type, cols)}u + (c >> 3u) * ${bytes}u;
       let ${p}s = c & 7u;
       let ${p}d = 1.0;`;
-  // A 32-byte run at byte `at` of the block as 8 words: direct loads when the block size keeps
-  // every block word-aligned, else 9 loads shifted by half a word where the run starts at 2
-  // mod 4 (one select per word instead of w2's two loads).
-  const aligned = bytes % 4 === 0;
+  // A 32-byte run at byte `at` of the block as 8 words (every device block is word-aligned).
   const run = (name: string, at: string) => {
     const b = `${p}${name}b`;
-    if (aligned) {
-      return `let ${b} = (${p}off + ${at}) >> 2u; ${words(p, name, 8, (i) => `W[${b} + ${i}u]`)}`;
-    }
-    const odd = `${p}${name}o`;
-    const raw = words(p, `${name}r`, 9, (i) => `W[${b} + ${i}u]`);
-    return `let ${b} = (${p}off + ${at}) >> 2u; let ${odd} = ((${p}off + ${at}) & 2u) != 0u; ${raw}
-      ${
-      words(
-        p,
-        name,
-        8,
-        (i) =>
-          `select(${p}${name}r${i}, (${p}${name}r${i} >> 16u) | (${p}${name}r${
-            i + 1
-          } << 16u), ${odd})`,
-      )
-    }`;
+    return `let ${b} = (${p}off + ${at}) >> 2u; ${words(p, name, 8, (i) => `W[${b} + ${i}u]`)}`;
   };
-  const word = (at: string) => aligned ? `W[(${p}off + ${at}) >> 2u]` : `w2(${p}off + ${at})`;
+  const word = (at: string) => `W[(${p}off + ${at}) >> 2u]`;
   const vals = (expr: (i: number) => string) =>
     Array.from({ length: 8 }, (_, i) => `let ${p}${i} = ${expr(i)};`).join("\n      ");
   switch (type) {
@@ -266,8 +303,8 @@ function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string)
       // hmask[32], qs[64], scales[12], d. As Q2_K's 2 bits, minus 4 where hmask[l]'s bit
       // 4n + j (n = s/4, j = s%4) is clear; signed 6-bit scales 2s, 2s + 1.
       return `${head}
-      let ${p}sa = w2(${p}off + 96u); let ${p}sb = w2(${p}off + 100u); let ${p}sc = w2(${p}off + 104u);
-      let ${p}dall = halfAt(${p}off + 108u);
+      let ${p}sa = ${word("96u")}; let ${p}sb = ${word("100u")}; let ${p}sc = ${word("104u")};
+      let ${p}dall = unpack2x16float(${word("108u")}).x;
       let ${p}da = ${p}dall * q3Scale(${p}sa, ${p}sb, ${p}sc, 2u * ${p}s);
       let ${p}db = ${p}dall * q3Scale(${p}sa, ${p}sb, ${p}sc, 2u * ${p}s + 1u);
       let ${p}sh = 2u * (${p}s & 3u);
@@ -306,7 +343,7 @@ function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string)
       return `${head}
       let ${p}n = ${p}s >> 2u; let ${p}k = ${p}s & 3u;
       let ${p}sw = w2(${p}off + 192u + 8u * ${p}n + 2u * ${p}k);
-      let ${p}dall = halfAt(${p}off + 208u);
+      let ${p}dall = unpack2x16float(${word("208u")}).x;
       let ${p}da = ${p}dall * f32(bitcast<i32>(${p}sw << 24u) >> 24u);
       let ${p}db = ${p}dall * f32(bitcast<i32>(${p}sw << 16u) >> 24u);
       let ${p}sh = 4u * (${p}k >> 1u);
