@@ -96,3 +96,23 @@ Deno.test("a wrapped engine keeps the limits its step buffers were sized for, so
     await core.close();
   }
 });
+
+Deno.test("a wrapped engine keeps its late masks and where its results land, so the core pipelines it as deep as the engine itself", async () => {
+  const inj = new FaultInjector(new Map());
+  const readback = inj.wrap(
+    Object.assign(new FakeEngine({ resultsOnHost: false }), { lateMasks: true }),
+  );
+  assertEquals([readback.resultsOnHost, readback.lateMasks], [false, true]);
+  const plain = inj.wrap(new FakeEngine());
+  assertEquals([plain.resultsOnHost, plain.lateMasks], [undefined, undefined]);
+  const core = new ServingCore({
+    engine: readback,
+    engineFactory: () => inj.wrap(new FakeEngine({ resultsOnHost: false })),
+    codec: fakeCodec,
+  });
+  try {
+    assertEquals(core.scheduler.maxInFlight, 8);
+  } finally {
+    await core.close();
+  }
+});

@@ -63,8 +63,11 @@ export class FaultInjector {
       name: engine.name,
       config: engine.config,
       kv: engine.kv,
-      // The step buffers of the wrapped engine are still what bounds a plan.
+      // The step buffers of the wrapped engine are still what bounds a plan, and its
+      // capabilities still decide the core's pipeline depth and late masks.
       ...(engine.limits === undefined ? {} : { limits: engine.limits }),
+      ...(engine.lateMasks === undefined ? {} : { lateMasks: engine.lateMasks }),
+      ...(engine.resultsOnHost === undefined ? {} : { resultsOnHost: engine.resultsOnHost }),
       release: (seqId) => engine.release?.(seqId),
       dispose: () => engine.dispose(),
       step: (plan: StepPlan): Promise<StepResult> => {
