@@ -2,7 +2,7 @@ import type { Engine } from "../lib/engine/engine.ts";
 import type { CoreStats, GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import { type SchedulerConfig, schedulerConfig } from "../lib/core/scheduler.ts";
 import { Channel } from "./channel.ts";
-import { defaultPipelineDepth } from "../lib/engine/limits.ts";
+import { DEFAULT_LIMITS, defaultPipelineDepth } from "../lib/engine/limits.ts";
 import { type EngineFactory, ExecutorActor, type ExecutorOptions } from "./executor.ts";
 import type { SchedulerStats } from "./messages.ts";
 import { type ConstraintCompiler, RequestActor, type TextCodec } from "./request.ts";
@@ -103,7 +103,20 @@ export class ServingCore {
       contextLength: engine.config.contextLength,
     }, overrides);
     const executorMailbox = createExecutorMailbox(maxInFlight);
-    this.scheduler = new SchedulerActor(config, executorMailbox, { maxInFlight });
+    // A configured depth is kept as given; the default one adapts where the engine says how
+    // long its readbacks take.
+    const adapt = opts.maxInFlight === undefined && engine.readbackLatencyMs !== undefined;
+    this.scheduler = new SchedulerActor(config, executorMailbox, {
+      maxInFlight,
+      ...(adapt
+        ? {
+          adaptiveDepth: {
+            min: DEFAULT_LIMITS.pipelineDepth,
+            latencyMs: engine.readbackLatencyMs!,
+          },
+        }
+        : {}),
+    });
     const onStep = opts.executor?.onStep;
     this.executor = new ExecutorActor(
       engine,

@@ -1,6 +1,7 @@
 import { Scheduler, type SchedulerConfig } from "../lib/core/scheduler.ts";
 import { Channel } from "./channel.ts";
 import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
+import { PipelineDepth } from "../lib/core/pipeline_depth.ts";
 import type {
   ExecutorMsg,
   SchedulerMsg,
@@ -15,6 +16,12 @@ export interface SchedulerActorOptions {
    * hides behind the device's. 1 waits for every result. Default DEFAULT_LIMITS.pipelineDepth.
    */
   readonly maxInFlight?: number;
+  /**
+   * Adapt the steps in flight between `min` and maxInFlight to cover a readback of
+   * `latencyMs` at the steps' measured cost (StepResult.busyMs, lib/core/pipeline_depth.ts);
+   * unset: always maxInFlight.
+   */
+  readonly adaptiveDepth?: { readonly min: number; readonly latencyMs: number };
   /** Scheduler mailbox capacity (default 1024): submitters wait beyond it. */
   readonly mailboxCapacity?: number;
   /** See DEFAULT_LIMITS.backgroundShare (1: no pacing). */
@@ -40,6 +47,7 @@ export interface SchedulerActorOptions {
 export class SchedulerActor {
   readonly mailbox: Channel<SchedulerMsg>;
   readonly maxInFlight: number;
+  readonly #depth: PipelineDepth | undefined;
   #core: Scheduler;
   #executor: Channel<ExecutorMsg>;
   /** Where each live sequence's events go (its submitter's reply), until its last event. */
@@ -83,6 +91,12 @@ export class SchedulerActor {
         })`,
       );
     }
+    const adapt = opts.adaptiveDepth;
+    this.#depth = adapt && new PipelineDepth({
+      min: Math.min(adapt.min, this.maxInFlight),
+      max: this.maxInFlight,
+      latencyMs: adapt.latencyMs,
+    });
     this.mailbox = new Channel(opts.mailboxCapacity ?? 1024);
     this.#share = opts.backgroundShare ?? DEFAULT_LIMITS.backgroundShare;
     if (!(this.#share > 0 && this.#share <= 1)) {
@@ -97,6 +111,16 @@ export class SchedulerActor {
   /** A fresh sequence id (ids are never reused, so late events cannot be misattributed). */
   nextSeqId(): number {
     return this.#nextSeqId++;
+  }
+
+  /** The fewest steps it keeps in flight when the depth adapts; else maxInFlight. */
+  get minPipelineDepth(): number {
+    return this.#depth?.min ?? this.maxInFlight;
+  }
+
+  /** Steps it keeps in flight now: maxInFlight, or less where the depth adapts. */
+  get pipelineDepth(): number {
+    return this.#depth?.current ?? this.maxInFlight;
   }
 
   /** The scheduler's state as of the end of the actor's latest turn (e.g. for /metrics). */
@@ -181,7 +205,10 @@ export class SchedulerActor {
         if (this.#backgroundSteps.delete(msg.result.stepId) && this.#share < 1) {
           this.#backgroundAt = this.#now() + msg.durationMs * (1 / this.#share - 1);
         }
-        if (msg.epoch === this.#epoch) core.onResult(msg.result);
+        if (msg.epoch === this.#epoch) {
+          core.onResult(msg.result);
+          this.#depth?.onResult(msg.result.busyMs);
+        }
         break;
       case "wake":
         this.#wakeTimer = undefined;
@@ -197,6 +224,7 @@ export class SchedulerActor {
       case "executor-ready":
         this.#epoch = msg.epoch;
         this.#paused = false;
+        this.#depth?.reset();
         break;
       case "executor-down":
         core.failAll("internal", `The model executor is down: ${msg.error}`);
@@ -222,7 +250,7 @@ export class SchedulerActor {
 
   #pump(): void {
     if (this.#paused) return;
-    while (this.#core.stepsInFlight < this.maxInFlight) {
+    while (this.#core.stepsInFlight < this.pipelineDepth) {
       const now = this.#now();
       const background = this.#core.backgroundOnly;
       if (!background) this.#lastForeground = now;

@@ -6,6 +6,10 @@
  * and GPU time add up. Mapped just before the next submit instead, the wait covers only what is
  * left of the step already running, and the next step was encoded beside it. A zero-delay timer
  * starts the mappings that no submit follows (the last step of a burst), so none waits forever.
+ *
+ * Because the call waits for the device, the moment it returns is when every step submitted
+ * before it had finished: `map` resolves with that moment, from which the engine tells how long
+ * a step kept it busy (StepResult.busyMs), all the scheduler needs to size its pipeline.
  */
 
 /** The part of a GPUBuffer this needs (a recording stand-in in tests). */
@@ -15,7 +19,7 @@ export interface Mappable {
 
 interface Pending {
   readonly buffers: readonly Mappable[];
-  resolve(): void;
+  resolve(idleAt: number): void;
   reject(e: unknown): void;
 }
 
@@ -23,11 +27,17 @@ export class DeferredMaps {
   #pending: Pending[] = [];
   #timer: ReturnType<typeof setTimeout> | undefined;
 
-  constructor(private readonly mode: number) {}
+  constructor(
+    private readonly mode: number,
+    private readonly now: () => number = () => performance.now(),
+  ) {}
 
-  /** Resolves once every buffer is mapped; none starts mapping before `flush` or the timer. */
-  map(buffers: readonly (Mappable | undefined)[]): Promise<void> {
-    const { promise, resolve, reject } = Promise.withResolvers<void>();
+  /**
+   * Resolves once every buffer is mapped, with the clock's time when their mapping calls had
+   * returned (the device idle then); none starts mapping before `flush` or the timer.
+   */
+  map(buffers: readonly (Mappable | undefined)[]): Promise<number> {
+    const { promise, resolve, reject } = Promise.withResolvers<number>();
     this.#pending.push({ buffers: buffers.filter((b) => b !== undefined), resolve, reject });
     this.#timer ??= setTimeout(() => {
       this.#timer = undefined;
@@ -50,7 +60,8 @@ export class DeferredMaps {
         p.reject(e);
         continue;
       }
-      Promise.all(started).then(() => p.resolve(), p.reject);
+      const idleAt = this.now();
+      Promise.all(started).then(() => p.resolve(idleAt), p.reject);
     }
   }
 }

@@ -134,6 +134,8 @@ export class WebGpuEngine implements Engine {
 
   /** Results come back through a readback, on Deno's 10 ms mapping tick. */
   readonly resultsOnHost = false;
+  /** Deno's `mapAsync` polls the device, then resolves no sooner than 10 ms later (ext/webgpu). */
+  readonly readbackLatencyMs = 10;
   private readonly layout: StepMetaLayout;
   private readonly staging: GPUBuffer;
   private readonly stagingCpu: Uint8Array<ArrayBuffer>;
@@ -378,6 +380,7 @@ export class WebGpuEngine implements Engine {
 
   private submit(plans: readonly StepPlan[]): Promise<StepResult>[] {
     if (this.lost) throw new Error(`Cannot run step ${plans[0]?.stepId}: ${this.lost}`);
+    let submittedAt = 0;
     const maxSteps = this.stagingCpu.byteLength / this.layout.bytes;
     if (plans.length > maxSteps) {
       throw new Error(
@@ -443,7 +446,9 @@ export class WebGpuEngine implements Engine {
         });
         enc.copyBufferToBuffer(this.topOp.out, 0, top, 0, top.size);
       }
-      collectors.push(() => this.collect(plan, p.sampledSeqIds, readback, logits, top));
+      collectors.push(() =>
+        this.collect(plan, p.sampledSeqIds, submittedAt, plans.length, readback, logits, top)
+      );
     });
     device.queue.writeBuffer(this.staging, 0, this.stagingCpu, 0, used);
     this.masks.flush(device.queue);
@@ -451,6 +456,8 @@ export class WebGpuEngine implements Engine {
     // The earlier steps' readbacks start mapping now, so their wait on the device overlapped
     // this step's encoding (kernels/deferred_maps.ts); this step's start at the next submit.
     this.maps.flush();
+    // The flush waited for any step still running: this submit's steps start now.
+    submittedAt = performance.now();
     device.queue.submit([commands]);
     grown?.retire();
     return collectors.map((start) => {
@@ -504,12 +511,15 @@ export class WebGpuEngine implements Engine {
   private async collect(
     plan: StepPlan,
     seqIds: readonly number[],
+    submittedAt: number,
+    stepsInSubmit: number,
     readback: GPUBuffer,
     logits?: GPUBuffer,
     topBuffer?: GPUBuffer,
   ): Promise<StepResult> {
+    let idleAt: number;
     try {
-      await this.maps.map([readback, logits, topBuffer]);
+      idleAt = await this.maps.map([readback, logits, topBuffer]);
     } catch (e) {
       throw new Error(`Cannot read back step ${plan.stepId}: ${this.lost ?? (e as Error).message}`);
     }
@@ -535,7 +545,8 @@ export class WebGpuEngine implements Engine {
         ...(top ? { top } : {}),
       };
     });
-    return { stepId: plan.stepId, sampled };
+    const busyMs = Math.max(0, idleAt - submittedAt) / stepsInSubmit;
+    return { stepId: plan.stepId, sampled, busyMs };
   }
 
   /**

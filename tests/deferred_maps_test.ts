@@ -66,3 +66,20 @@ Deno.test("a mapping that fails, at the call or later, rejects only its own step
   await assertRejects(() => p2, Error, "device lost");
   await p3;
 });
+
+Deno.test("a mapping resolves with the time its mapping call returned, when the device had finished what came before", async () => {
+  let clock = 5;
+  // Deno's mapAsync waits on the device inside the call: here the wait moves the clock to 12.
+  const waits: Mappable = {
+    mapAsync: () => {
+      clock = 12;
+      return Promise.resolve();
+    },
+  };
+  const maps = new DeferredMaps(READ, () => clock);
+  const done = maps.map([waits]);
+  clock = 7;
+  maps.flush();
+  clock = 30;
+  assertEquals(await done, 12);
+});

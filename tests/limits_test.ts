@@ -110,3 +110,23 @@ Deno.test("a serving core pipelines 8 steps for an engine whose results come bac
   assertEquals(DEFAULT_LIMITS.readbackPipelineDepth, 8);
   assertEquals(defaultPipelineDepth(false), DEFAULT_LIMITS.readbackPipelineDepth);
 });
+
+Deno.test("a serving core adapts the depth between 3 and 8 for an engine that gives its readback latency, unless a depth is configured", async () => {
+  const make = () =>
+    Object.assign(new FakeEngine({ resultsOnHost: false }), { readbackLatencyMs: 10 });
+  for (const [maxInFlight, want] of [[undefined, [3, 8]], [5, [5, 5]]] as const) {
+    const core = new ServingCore({
+      engine: make(),
+      engineFactory: make,
+      codec: TOKENIZER,
+      ...(maxInFlight === undefined ? {} : { maxInFlight }),
+    });
+    try {
+      const s = core.scheduler;
+      assertEquals([s.minPipelineDepth, s.maxInFlight], [...want], `configured ${maxInFlight}`);
+      assertEquals(s.pipelineDepth, want[1], "the deepest before any result");
+    } finally {
+      await core.close();
+    }
+  }
+});

@@ -218,3 +218,27 @@ Deno.test("SchedulerActor paces batch-only steps to backgroundShare of the engin
   t.actor.mailbox.close();
   await t.running;
 });
+
+Deno.test("SchedulerActor with an adaptive depth keeps fewer steps in flight once its steps say they are long", async () => {
+  const t = setup(8, { adaptiveDepth: { min: 3, latencyMs: 10 } });
+  const engine = new FakeEngine({ numBlocks: 64, blockSize: 4, contextLength: 128 });
+  await t.submit([1, 5, 6], 40);
+  await t.settle();
+  let pending = t.sent().map(stepOf);
+  assertEquals(pending.length, 8, "the deepest before any result");
+  // Steps that kept the engine busy 30 ms each: 2 + ceil(10 / 30) = 3.
+  for (let i = 0; i < 8; i++) {
+    const m = pending.shift()!;
+    await t.actor.mailbox.send({
+      type: "step-result",
+      epoch: 0,
+      result: { ...engine.run(m.plan), busyMs: 30 },
+      durationMs: 40,
+    });
+    await t.settle();
+    pending = pending.concat(t.sent().map(stepOf));
+  }
+  assertEquals([t.actor.pipelineDepth, pending.length], [3, 3]);
+  t.actor.mailbox.close();
+  await t.running;
+});

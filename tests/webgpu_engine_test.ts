@@ -1,4 +1,4 @@
-import { assertEquals, assertLess, assertRejects } from "@std/assert";
+import { assert, assertEquals, assertLess, assertRejects } from "@std/assert";
 import { acquireGpu } from "../kernels/device.ts";
 import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
 import {
@@ -325,6 +325,39 @@ Deno.test("WebGpuEngine.stepMany() runs k decode steps in one submit with the sa
   }
 });
 
+Deno.test("WebGpuEngine says how long each step kept it busy: some time, and no more than from its call to its result", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"));
+  const { gpu } = await engines(model);
+  try {
+    const plan = (stepId: number, startPos: number, tokens: number[]): StepPlan => ({
+      stepId,
+      seqs: [{
+        seqId: 1,
+        tokens,
+        ...(tokens.length === 0 ? { useLastSampled: true } : {}),
+        startPos,
+        blockTable: [0],
+        sample: true,
+        sampling: GREEDY,
+      }],
+    });
+    const timed = async (p: Promise<StepResult>, calledAt: number) => {
+      const r = await p;
+      return { busy: r.busyMs!, elapsed: performance.now() - calledAt };
+    };
+    const steps = [timed(gpu.step(plan(0, 0, PROMPT)), performance.now())];
+    // Pipelined decodes: each one's busy time is its own, not its wait behind the others.
+    for (let k = 0; k < 6; k++) {
+      steps.push(timed(gpu.step(plan(1 + k, PROMPT.length + k, [])), performance.now()));
+    }
+    for (const { busy, elapsed } of await Promise.all(steps)) {
+      assert(busy > 0 && busy <= elapsed, `busy ${busy} ms of ${elapsed} ms`);
+    }
+  } finally {
+    gpu.dispose();
+  }
+});
+
 Deno.test("WebGpuEngine rejects bad plans with the reason, and keeps working", async () => {
   const model = await loadModel(modelFile("stories260K.bin"));
   const { gpu } = await engines(model, { numBlocks: 4, blockSize: 16 });
@@ -584,11 +617,30 @@ Deno.test("WebGpuEngine.lastStepDispatches counts a decode step of stories260K a
     const want = model.config.nLayers * perLayer + 4;
     const seq = { seqId: 1, blockTable: [0], sample: true, sampling: GREEDY };
     await engine.step({ stepId: 0, seqs: [{ ...seq, tokens: PROMPT, startPos: 0 }] });
-    await engine.step({ stepId: 1, seqs: [{ ...seq, tokens: [], useLastSampled: true, startPos: 5 }] });
-    assertEquals(engine.lastStepDispatches, want, `dispatches of a decode step, ${model.config.nLayers} layers`);
-    const adjust = { ids: Int32Array.of(300), bias: Float32Array.of(2), penalty: Float32Array.of(1), subtract: Float32Array.of(0) };
-    await engine.step({ stepId: 2, seqs: [{ ...seq, tokens: [], useLastSampled: true, startPos: 6, adjust }] });
-    assertEquals(engine.lastStepDispatches, want + 1, "a decode step with a logit bias adds the adjust kernel");
+    await engine.step({
+      stepId: 1,
+      seqs: [{ ...seq, tokens: [], useLastSampled: true, startPos: 5 }],
+    });
+    assertEquals(
+      engine.lastStepDispatches,
+      want,
+      `dispatches of a decode step, ${model.config.nLayers} layers`,
+    );
+    const adjust = {
+      ids: Int32Array.of(300),
+      bias: Float32Array.of(2),
+      penalty: Float32Array.of(1),
+      subtract: Float32Array.of(0),
+    };
+    await engine.step({
+      stepId: 2,
+      seqs: [{ ...seq, tokens: [], useLastSampled: true, startPos: 6, adjust }],
+    });
+    assertEquals(
+      engine.lastStepDispatches,
+      want + 1,
+      "a decode step with a logit bias adds the adjust kernel",
+    );
   } finally {
     engine.dispose();
   }

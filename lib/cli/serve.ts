@@ -378,7 +378,9 @@ async function start(
           ? "the model's template"
           : "plain format (the model has no template; System:/User:/Assistant: lines)"
       }`,
-      `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${core.scheduler.maxInFlight}`,
+      `  limits    ${config.maxBatchTokens} tokens/step, ${config.maxRunning} running, ${config.maxWaiting} waiting, pipeline depth ${
+        pipelineDepthText(core.scheduler)
+      }`,
       `  results   ${
         config.resultCache > 0 ? `cache ${formatBytes(config.resultCache)}` : "cache off"
       }`,
@@ -472,4 +474,11 @@ async function readChatTemplate(path: string): Promise<string> {
     );
   }
   return text;
+}
+
+/** "8", or "3-8 (adapts to the step rate)" where the core adapts it. */
+function pipelineDepthText(s: { minPipelineDepth: number; maxInFlight: number }): string {
+  return s.minPipelineDepth === s.maxInFlight
+    ? `${s.maxInFlight}`
+    : `${s.minPipelineDepth}-${s.maxInFlight} (adapts to the step rate)`;
 }

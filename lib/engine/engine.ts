@@ -85,6 +85,13 @@ export interface StepResult {
   readonly stepId: number;
   /** One entry per sequence whose input had sample = true, in plan order. */
   readonly sampled: readonly SampledToken[];
+  /**
+   * How long the step kept the engine busy (device time, or the host's encoding of the next
+   * step where that took longer), from an engine whose result comes later than that (a
+   * readback): the scheduler keeps enough steps in flight to cover the rest
+   * (lib/core/pipeline_depth.ts).
+   */
+  readonly busyMs?: number;
 }
 
 /** Geometry of the paged KV cache an engine owns. */
@@ -117,6 +124,14 @@ export interface Engine {
    * DEFAULT_LIMITS.readbackPipelineDepth deep, to cover the readback's tick.
    */
   readonly resultsOnHost?: boolean;
+  /**
+   * The fixed part of a readback's latency, in ms, when resultsOnHost is false (WebGPU on
+   * Deno: 10, the sleep before `mapAsync` resolves). With it, and StepResult.busyMs, the
+   * serving core adapts its pipeline depth to cover this latency at the step's measured cost
+   * instead of always keeping DEFAULT_LIMITS.readbackPipelineDepth in flight
+   * (lib/core/pipeline_depth.ts).
+   */
+  readonly readbackLatencyMs?: number;
   step(plan: StepPlan): Promise<StepResult>;
   /**
    * The sequence is finished or preempted: forget its per-sequence state (last sampled token).

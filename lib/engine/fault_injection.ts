@@ -68,6 +68,9 @@ export class FaultInjector {
       ...(engine.limits === undefined ? {} : { limits: engine.limits }),
       ...(engine.lateMasks === undefined ? {} : { lateMasks: engine.lateMasks }),
       ...(engine.resultsOnHost === undefined ? {} : { resultsOnHost: engine.resultsOnHost }),
+      ...(engine.readbackLatencyMs === undefined
+        ? {}
+        : { readbackLatencyMs: engine.readbackLatencyMs }),
       release: (seqId) => engine.release?.(seqId),
       dispose: () => engine.dispose(),
       step: (plan: StepPlan): Promise<StepResult> => {

@@ -1,0 +1,76 @@
+/**
+ * How many steps to keep in flight for an engine whose results come back through a readback
+ * with a fixed latency (`Engine.readbackLatencyMs`; Deno's WebGPU `mapAsync` resolves no sooner
+ * than 10 ms after it is called): enough to keep the engine busy until a step's result is back,
+ * and no more. A step queued beyond that adds no throughput, only its time to the wait of the
+ * next new request's prefill: with 8 in flight, 32 streams on llvmpipe (~9 ms steps) had up to
+ * 2× the TTFT of 3 in flight for the same tokens/s, while one stream (~2 ms steps) needs 6–8 to
+ * decode at twice the rate of 3.
+ *
+ * The step's cost is measured, not assumed: each result says how long its step kept the engine
+ * busy (StepResult.busyMs). A step's result is back about busy + latency after it started, and
+ * the mapping that ends its wait starts only at the next submit, so the steps after it must
+ * cover busy + latency: depth = 2 + ⌈latency / busy⌉, smoothed over recent steps.
+ *
+ * ```ts
+ * import { assertEquals } from "@std/assert";
+ * import { PipelineDepth } from "./pipeline_depth.ts";
+ *
+ * const depth = new PipelineDepth({ min: 3, max: 8, latencyMs: 10 });
+ * assertEquals(depth.current, 8); // before any measurement: the deepest
+ * depth.onResult(9); // a 9 ms step: 2 + ceil(10 / 9) = 4
+ * assertEquals(depth.current, 4);
+ * ```
+ */
+export class PipelineDepth {
+  readonly min: number;
+  readonly max: number;
+  readonly latencyMs: number;
+  /** Steps the scheduler may have in flight now. */
+  current: number;
+  /** Smoothed busy ms per step. */
+  #busy: number | undefined;
+
+  constructor(opts: { min: number; max: number; latencyMs: number }) {
+    const { min, max, latencyMs } = opts;
+    if (!Number.isInteger(min) || !Number.isInteger(max) || min < 1 || max < min) {
+      throw new RangeError(
+        `Cannot adapt the pipeline depth: need integers 1 <= min <= max, received min ${min}, max ${max}`,
+      );
+    }
+    if (!(latencyMs >= 0)) {
+      throw new RangeError(
+        `Cannot adapt the pipeline depth: latencyMs must be >= 0, received ${latencyMs}`,
+      );
+    }
+    this.min = min;
+    this.max = max;
+    this.latencyMs = latencyMs;
+    this.current = max;
+  }
+
+  /** Smoothed ms a step keeps the engine busy, once measured. */
+  get busyMs(): number | undefined {
+    return this.#busy;
+  }
+
+  /** A step's result arrived, saying how long it kept the engine busy (if the engine says). */
+  onResult(busyMs: number | undefined): void {
+    if (busyMs === undefined || !Number.isFinite(busyMs) || busyMs < 0) return;
+    // A quarter of each new step: a burst of prefill steps moves it, one outlier does not.
+    this.#busy = this.#busy === undefined ? busyMs : this.#busy + 0.25 * (busyMs - this.#busy);
+    this.current = depthFor(this.latencyMs, this.#busy, this.min, this.max);
+  }
+
+  /** After an engine restart the old measurements say nothing of the new engine. */
+  reset(): void {
+    this.#busy = undefined;
+    this.current = this.max;
+  }
+}
+
+/** Steps in flight that keep an engine busy `busyMs` per step through a `latencyMs` readback. */
+export function depthFor(latencyMs: number, busyMs: number, min: number, max: number): number {
+  const need = busyMs <= 0 ? max : 2 + Math.ceil(latencyMs / busyMs);
+  return Math.min(max, Math.max(min, need));
+}

@@ -1,0 +1,40 @@
+import { assertEquals, assertThrows } from "@std/assert";
+import { depthFor, PipelineDepth } from "../lib/core/pipeline_depth.ts";
+
+Deno.test("depthFor() covers a step's busy time and the readback after it: 2 + ceil(L / busy), within min..max", () => {
+  // 10 ms readback: 2 ms steps need 2 + 5, 4 ms steps 2 + 3, 9 ms 2 + 2, 30 ms 2 + 1 -> min 3.
+  assertEquals([2, 4, 9, 30].map((d) => depthFor(10, d, 3, 8)), [7, 5, 4, 3]);
+  assertEquals(depthFor(10, 0.5, 3, 8), 8, "never past max");
+  assertEquals(depthFor(10, 0, 3, 8), 8, "a step that cost nothing measurable: the deepest");
+});
+
+Deno.test("PipelineDepth follows the smoothed busy time: deep for short steps, shallow for long ones", () => {
+  const d = new PipelineDepth({ min: 3, max: 8, latencyMs: 10 });
+  assertEquals([d.busyMs, d.current], [undefined, 8]);
+  for (let i = 0; i < 20; i++) d.onResult(2);
+  assertEquals([d.busyMs, d.current], [2, 7]);
+  // One 40 ms prefill moves the estimate by a quarter of the difference: 2 + 9.5 -> 11.5 ms.
+  d.onResult(40);
+  assertEquals([d.busyMs, d.current], [11.5, 3]);
+  for (let i = 0; i < 40; i++) d.onResult(9);
+  assertEquals(d.current, 4);
+  // Steps the engine does not time change nothing.
+  d.onResult(undefined);
+  d.onResult(Number.NaN);
+  assertEquals(d.current, 4);
+  d.reset();
+  assertEquals([d.busyMs, d.current], [undefined, 8]);
+});
+
+Deno.test("PipelineDepth refuses bounds out of order and a negative latency, naming them", () => {
+  assertThrows(
+    () => new PipelineDepth({ min: 4, max: 3, latencyMs: 10 }),
+    RangeError,
+    "received min 4, max 3",
+  );
+  assertThrows(
+    () => new PipelineDepth({ min: 1, max: 3, latencyMs: -1 }),
+    RangeError,
+    "latencyMs must be >= 0, received -1",
+  );
+});
