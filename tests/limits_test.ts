@@ -53,7 +53,7 @@ Deno.test("serve's usage shows every limit with its default", () => {
   const depth = err.message.split("\n").find((l) => l.trimStart().startsWith("--pipeline-depth "));
   assertStringIncludes(
     depth ?? "(no line for --pipeline-depth)",
-    `default ${DEFAULT_LIMITS.pipelineDepth}, ${DEFAULT_LIMITS.readbackPipelineDepth} on webgpu`,
+    `default ${DEFAULT_LIMITS.pipelineDepth}; on webgpu ${DEFAULT_LIMITS.pipelineDepth}-${DEFAULT_LIMITS.readbackPipelineDepth}, adapted to the step's cost`,
   );
 });
 

@@ -87,7 +87,7 @@ export const SETTINGS = {
   pipelineDepth: {
     env: "LLMSERVE_PIPELINE_DEPTH",
     help:
-      `steps submitted ahead of their results (1-${DEFAULT_LIMITS.maxPipelineDepth}; default ${DEFAULT_LIMITS.pipelineDepth}, ${DEFAULT_LIMITS.readbackPipelineDepth} on webgpu)`,
+      `steps submitted ahead of their results (1-${DEFAULT_LIMITS.maxPipelineDepth}; default ${DEFAULT_LIMITS.pipelineDepth}; on webgpu ${DEFAULT_LIMITS.pipelineDepth}-${DEFAULT_LIMITS.readbackPipelineDepth}, adapted to the step's cost)`,
   },
   apiKey: { env: "LLMSERVE_API_KEYS", help: "accepted API keys (env: comma-separated)" },
   nats: {
