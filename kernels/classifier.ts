@@ -324,9 +324,9 @@ function q6kHalfLoop(cols: number, tile: number, outs: number): string {
   }).join("\n      ");
   // Sub-block k of the half: ql words k%2 * 8 + i, nibble 4(k/2); qh bits 2k; scale bytes 2k, 2k + 1.
   const q = (p: string, k: number, i: number) =>
-    `vec4<f32>(fields(${p}q${(k % 2) * 8 + i}, ${4 * (k >> 1)}u, 15u) | (fields(${p}h${i}, ${
-      2 * k
-    }u, 3u) << vec4<u32>(4u))) - 32.0`;
+    `vec4<f32>(bytes4(((${p}q${(k % 2) * 8 + i} >> ${
+      4 * (k >> 1)
+    }u) & 0x0F0F0F0Fu) | (((${p}h${i} >> ${2 * k}u) & 0x03030303u) << 4u))) - 32.0`;
   const scale = (p: string, b: number) =>
     `f32(bitcast<i32>(${p}s${b >> 2} << ${24 - 8 * (b & 3)}u) >> 24u)`;
   const perRow = rows.map((r) => {

@@ -37,9 +37,16 @@ fn hi4(v: u32) -> vec4<f32> {
 fn fields(w: u32, shift: u32, mask: u32) -> vec4<u32> {
   return (vec4<u32>(w) >> (vec4<u32>(0u, 8u, 16u, 24u) + shift)) & vec4<u32>(mask);
 }
-// Bits s, s + 1, s + 2, s + 3 of qh: the fifth bits of four Q5_0/Q5_1 elements.
-fn qhBits(qh: u32, s: u32) -> vec4<u32> {
-  return (vec4<u32>(qh) >> (vec4<u32>(0u, 1u, 2u, 3u) + s)) & vec4<u32>(1u);
+// The four bytes of a word, low byte first.
+fn bytes4(w: u32) -> vec4<u32> {
+  return (vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u);
+}
+// Bits s..s + 3 of qh (the fifth bits of four Q5_0/Q5_1 elements) moved to bit 4 of each of
+// a word's four bytes: multiplying by 0x204081 copies the nibble to bits 0, 7, 14 and 21, so
+// bit j lands at 8j, with no carries. Then one OR with the nibbles gives four 5-bit values in
+// a word and bytes4() takes them apart: a third fewer integer operations than bit by bit.
+fn qhSpread(qh: u32, s: u32) -> u32 {
+  return ((((qh >> s) & 15u) * 0x204081u) & 0x01010101u) << 4u;
 }
 // Byte k (0..11) of the 12 bytes held in words a, b, c.
 fn byte12(a: u32, b: u32, c: u32, k: u32) -> u32 {
@@ -199,9 +206,7 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
       const qsWord = five ? 2 : 1;
       const q = (i: number, hi: boolean) =>
         five
-          ? `fields(${p}n${i}, ${hi ? 4 : 0}u, 15u) | (qhBits(${p}qh, ${
-            hi ? 16 + 4 * i : 4 * i
-          }u) << vec4<u32>(4u))`
+          ? `bytes4(${nibbles(`${p}n${i}`, hi)} | qhSpread(${p}qh, ${hi ? 16 + 4 * i : 4 * i}u))`
           : `fields(${p}n${i}, ${hi ? 4 : 0}u, 15u)`;
       const vals = Array.from(
         { length: 4 },
@@ -222,12 +227,12 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
       const vals = Array.from(
         { length: 4 },
         (_, i) =>
-          `let ${p}${i} = vec4<f32>(fields(${p}n${i}, 0u, 15u) | (qhBits(${p}qh, ${
+          `let ${p}${i} = vec4<f32>(bytes4(${nibbles(`${p}n${i}`, false)} | qhSpread(${p}qh, ${
             4 * i
-          }u) << vec4<u32>(4u))) - 16.0;
-      let ${p}${i + 4} = vec4<f32>(fields(${p}n${i}, 4u, 15u) | (qhBits(${p}qh, ${
+          }u))) - 16.0;
+      let ${p}${i + 4} = vec4<f32>(bytes4(${nibbles(`${p}n${i}`, true)} | qhSpread(${p}qh, ${
             16 + 4 * i
-          }u) << vec4<u32>(4u))) - 16.0;`,
+          }u))) - 16.0;`,
       ).join("\n      ");
       return `${pairHead(type, cols, rowExpr, p)}
       let ${p}qh = W[${p}q];
@@ -254,6 +259,11 @@ function pairHead(type: TensorType, cols: number, rowExpr: string, p: string): s
       let ${p}dd = unpack2x16float(W[${p}wi]);
       let ${p}d = select(${p}dd.x, ${p}dd.y, ${p}odd);
       let ${p}q = ${p}wi + 1u + select(0u, ${(bytes - 2) / 4}u, ${p}odd);`;
+}
+
+/** The low (or high) nibbles of a word's four bytes, each in the low bits of its byte. */
+function nibbles(word: string, high: boolean): string {
+  return high ? `((${word} >> 4u) & 0x0F0F0F0Fu)` : `(${word} & 0x0F0F0F0Fu)`;
 }
 
 /** `let <p><name>0 = <read(0)>; ...` for n words. */
@@ -325,7 +335,7 @@ function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string)
       const five = type === "q5_k";
       const q = (i: number) =>
         five
-          ? `fields(${p}q${i}, ${p}sh, 15u) | (fields(${p}h${i}, ${p}s, 1u) << vec4<u32>(4u))`
+          ? `bytes4(((${p}q${i} >> ${p}sh) & 0x0F0F0F0Fu) | (((${p}h${i} >> ${p}s) & 0x01010101u) << 4u))`
           : `fields(${p}q${i}, ${p}sh, 15u)`;
       return `${head}
       let ${p}dd = unpack2x16float(${word("0u")});
@@ -354,7 +364,7 @@ function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string)
         vals((i) =>
           `${p}d${
             i < 4 ? "a" : "b"
-          } * (vec4<f32>(fields(${p}q${i}, ${p}sh, 15u) | (fields(${p}h${i}, ${p}hs, 3u) << vec4<u32>(4u))) - 32.0)`
+          } * (vec4<f32>(bytes4(((${p}q${i} >> ${p}sh) & 0x0F0F0F0Fu) | (((${p}h${i} >> ${p}hs) & 0x03030303u) << 4u))) - 32.0)`
         )
       }`;
     default:
