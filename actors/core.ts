@@ -198,6 +198,7 @@ export class ServingCore {
       steps: s.steps,
       lastBatchSize: s.lastBatchSize,
       executorHealthy: s.executorHealthy,
+      pipelineDepth: this.scheduler.pipelineDepth,
     };
   }
 

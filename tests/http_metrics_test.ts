@@ -130,6 +130,25 @@ Deno.test("GET /metrics exposes every service metric with the right type and val
   );
 });
 
+Deno.test("ServiceMetrics reports the core's pipeline depth, and 0 where the backend gives none", () => {
+  const stats = {
+    running: 1,
+    waiting: 0,
+    kvBlocksUsed: 2,
+    kvBlocksTotal: 8,
+    prefixCacheHitRate: 0,
+    steps: 3,
+    lastBatchSize: 1,
+    executorHealthy: true,
+  };
+  const m = new ServiceMetrics();
+  m.setStats({ ...stats, pipelineDepth: 5 }, 1);
+  assertEquals(metricValue(m.render(), "llm_pipeline_depth"), 5);
+  const none = new ServiceMetrics();
+  none.setStats(stats, 1);
+  assertEquals(metricValue(none.render(), "llm_pipeline_depth"), 0);
+});
+
 Deno.test("/metrics has a 0..1 KV-usage gauge and the queued and running gauges an endpoint picker scrapes", async () => {
   await using svc = await startService(
     { tokenDelayMs: 5, maxRunning: 1, maxWaiting: 4, kvBlocksTotal: 10, kvBlockSize: 4 },

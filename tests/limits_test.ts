@@ -125,6 +125,7 @@ Deno.test("a serving core adapts the depth between 3 and 8 for an engine that gi
       const s = core.scheduler;
       assertEquals([s.minPipelineDepth, s.maxInFlight], [...want], `configured ${maxInFlight}`);
       assertEquals(s.pipelineDepth, want[1], "the deepest before any result");
+      assertEquals(core.stats().pipelineDepth, want[1], "what /metrics reports");
     } finally {
       await core.close();
     }

@@ -128,6 +128,8 @@ export interface CoreStats {
   readonly steps: number;
   readonly lastBatchSize: number;
   readonly executorHealthy: boolean;
+  /** Steps the scheduler keeps in flight now (adapted to the step's cost on WebGPU). */
+  readonly pipelineDepth?: number;
   /** Present when a result cache is configured. */
   readonly resultCache?: ResultCacheStats;
 }

@@ -39,6 +39,7 @@ export class ServiceMetrics {
   readonly executorBusySeconds: Counter;
   readonly executorRestarts: Counter;
   readonly executorBusyFraction: Gauge;
+  readonly pipelineDepth: Gauge;
   readonly executorHealthy: Gauge;
   readonly running: Gauge;
   readonly waiting: Gauge;
@@ -131,6 +132,10 @@ export class ServiceMetrics {
       "Share of wall time spent inside executor steps over the last window (GPU utilisation proxy).",
     );
     this.executorHealthy = r.gauge("llm_executor_healthy", "1 when the executor is healthy.");
+    this.pipelineDepth = r.gauge(
+      "llm_pipeline_depth",
+      "Steps the scheduler keeps in flight now (adapted to the step's cost on webgpu).",
+    );
     this.connections = r.gauge(
       "llm_http_connections",
       "Client connections open (HTTP and WebSocket).",
@@ -224,6 +229,7 @@ export class ServiceMetrics {
     this.kvBlocksTotal.set(stats.kvBlocksTotal);
     this.prefixCacheHitRate.set(stats.prefixCacheHitRate);
     this.executorHealthy.set(stats.executorHealthy ? 1 : 0);
+    if (stats.pipelineDepth !== undefined) this.pipelineDepth.set(stats.pipelineDepth);
     this.inFlight.set(inFlight);
     this.executorBusyFraction.set(this.busyFraction());
     const usage = stats.kvBlocksTotal > 0 ? stats.kvBlocksUsed / stats.kvBlocksTotal : 0;
