@@ -207,7 +207,7 @@ export class SchedulerActor {
         }
         if (msg.epoch === this.#epoch) {
           core.onResult(msg.result);
-          this.#depth?.onResult(msg.result.busyMs);
+          this.#depth?.onResult(msg.result.busyMs, msg.result.readbackMs);
         }
         break;
       case "wake":

@@ -518,8 +518,10 @@ export class WebGpuEngine implements Engine {
     topBuffer?: GPUBuffer,
   ): Promise<StepResult> {
     let idleAt: number;
+    let mappedAt: number;
     try {
       idleAt = await this.maps.map([readback, logits, topBuffer]);
+      mappedAt = performance.now();
     } catch (e) {
       throw new Error(`Cannot read back step ${plan.stepId}: ${this.lost ?? (e as Error).message}`);
     }
@@ -546,7 +548,7 @@ export class WebGpuEngine implements Engine {
       };
     });
     const busyMs = Math.max(0, idleAt - submittedAt) / stepsInSubmit;
-    return { stepId: plan.stepId, sampled, busyMs };
+    return { stepId: plan.stepId, sampled, busyMs, readbackMs: Math.max(0, mappedAt - idleAt) };
   }
 
   /**

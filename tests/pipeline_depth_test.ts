@@ -26,6 +26,18 @@ Deno.test("PipelineDepth follows the smoothed busy time: deep for short steps, s
   assertEquals([d.busyMs, d.current], [undefined, 8]);
 });
 
+Deno.test("PipelineDepth takes the readback latency its results measure over the engine's guess", () => {
+  const d = new PipelineDepth({ min: 3, max: 8, latencyMs: 10 });
+  d.onResult(4);
+  assertEquals([d.readbackMs, d.current], [undefined, 5], "the guess: 2 + ceil(10 / 4)");
+  // Readbacks of 14 ms: 2 + ceil(14 / 4) = 6 once measured.
+  for (let i = 0; i < 10; i++) d.onResult(4, 14);
+  assertEquals([d.readbackMs, d.current], [14, 6]);
+  // A latency without a busy time is no measurement of a step.
+  d.onResult(undefined, 100);
+  assertEquals(d.readbackMs, 14);
+});
+
 Deno.test("PipelineDepth refuses bounds out of order and a negative latency, naming them", () => {
   assertThrows(
     () => new PipelineDepth({ min: 4, max: 3, latencyMs: 10 }),

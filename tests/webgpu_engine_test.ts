@@ -325,7 +325,7 @@ Deno.test("WebGpuEngine.stepMany() runs k decode steps in one submit with the sa
   }
 });
 
-Deno.test("WebGpuEngine says how long each step kept it busy: some time, and no more than from its call to its result", async () => {
+Deno.test("WebGpuEngine says how long each step kept it busy and how long its readback took: within the time from its call to its result, the readback no less than Deno's tick", async () => {
   const model = await loadModel(modelFile("stories260K.bin"));
   const { gpu } = await engines(model);
   try {
@@ -341,17 +341,23 @@ Deno.test("WebGpuEngine says how long each step kept it busy: some time, and no 
         sampling: GREEDY,
       }],
     });
-    const timed = async (p: Promise<StepResult>, calledAt: number) => {
-      const r = await p;
-      return { busy: r.busyMs!, elapsed: performance.now() - calledAt };
+    const timed = async (run: () => Promise<StepResult>) => {
+      const calledAt = performance.now();
+      const r = await run();
+      return { busy: r.busyMs!, readback: r.readbackMs!, elapsed: performance.now() - calledAt };
     };
-    const steps = [timed(gpu.step(plan(0, 0, PROMPT)), performance.now())];
+    const steps = [timed(() => gpu.step(plan(0, 0, PROMPT)))];
     // Pipelined decodes: each one's busy time is its own, not its wait behind the others.
     for (let k = 0; k < 6; k++) {
-      steps.push(timed(gpu.step(plan(1 + k, PROMPT.length + k, [])), performance.now()));
+      steps.push(timed(() => gpu.step(plan(1 + k, PROMPT.length + k, []))));
     }
-    for (const { busy, elapsed } of await Promise.all(steps)) {
+    for (const { busy, readback, elapsed } of await Promise.all(steps)) {
       assert(busy > 0 && busy <= elapsed, `busy ${busy} ms of ${elapsed} ms`);
+      // Deno resolves a mapping no sooner than its 10 ms tick after the call.
+      assert(
+        readback >= 9 && busy + readback <= elapsed,
+        `readback ${readback} ms of ${elapsed} ms`,
+      );
     }
   } finally {
     gpu.dispose();

@@ -7,10 +7,12 @@
  * 2× the TTFT of 3 in flight for the same tokens/s, while one stream (~2 ms steps) needs 6–8 to
  * decode at twice the rate of 3.
  *
- * The step's cost is measured, not assumed: each result says how long its step kept the engine
- * busy (StepResult.busyMs). A step's result is back about busy + latency after it started, and
- * the mapping that ends its wait starts only at the next submit, so the steps after it must
- * cover busy + latency: depth = 2 + ⌈latency / busy⌉, smoothed over recent steps.
+ * Both are measured, not assumed: each result says how long its step kept the engine busy
+ * (StepResult.busyMs) and how long its readback then took (StepResult.readbackMs; until one
+ * does, the engine's `readbackLatencyMs`). A step's result is back about busy + latency after
+ * it started, and the mapping that ends its wait starts only at the next submit, so the steps
+ * after it must cover busy + latency: depth = 2 + ⌈latency / busy⌉, both smoothed over recent
+ * steps.
  *
  * ```ts
  * import { assertEquals } from "@std/assert";
@@ -20,16 +22,21 @@
  * assertEquals(depth.current, 8); // before any measurement: the deepest
  * depth.onResult(9); // a 9 ms step: 2 + ceil(10 / 9) = 4
  * assertEquals(depth.current, 4);
+ * depth.onResult(9, 19); // its readback took 19 ms, measured, not assumed: 2 + ceil(19 / 9)
+ * assertEquals(depth.current, 5);
  * ```
  */
 export class PipelineDepth {
   readonly min: number;
   readonly max: number;
+  /** The readback latency assumed until a result measures one. */
   readonly latencyMs: number;
   /** Steps the scheduler may have in flight now. */
   current: number;
   /** Smoothed busy ms per step. */
   #busy: number | undefined;
+  /** Smoothed measured readback latency. */
+  #latency: number | undefined;
 
   constructor(opts: { min: number; max: number; latencyMs: number }) {
     const { min, max, latencyMs } = opts;
@@ -54,19 +61,37 @@ export class PipelineDepth {
     return this.#busy;
   }
 
-  /** A step's result arrived, saying how long it kept the engine busy (if the engine says). */
-  onResult(busyMs: number | undefined): void {
-    if (busyMs === undefined || !Number.isFinite(busyMs) || busyMs < 0) return;
-    // A quarter of each new step: a burst of prefill steps moves it, one outlier does not.
-    this.#busy = this.#busy === undefined ? busyMs : this.#busy + 0.25 * (busyMs - this.#busy);
-    this.current = depthFor(this.latencyMs, this.#busy, this.min, this.max);
+  /** Smoothed measured readback latency, once measured. */
+  get readbackMs(): number | undefined {
+    return this.#latency;
+  }
+
+  /**
+   * A step's result arrived, saying how long it kept the engine busy and how long its readback
+   * took (where the engine says).
+   */
+  onResult(busyMs: number | undefined, readbackMs?: number): void {
+    if (!measured(busyMs)) return;
+    this.#busy = smooth(this.#busy, busyMs);
+    if (measured(readbackMs)) this.#latency = smooth(this.#latency, readbackMs);
+    this.current = depthFor(this.#latency ?? this.latencyMs, this.#busy, this.min, this.max);
   }
 
   /** After an engine restart the old measurements say nothing of the new engine. */
   reset(): void {
     this.#busy = undefined;
+    this.#latency = undefined;
     this.current = this.max;
   }
+}
+
+function measured(ms: number | undefined): ms is number {
+  return ms !== undefined && Number.isFinite(ms) && ms >= 0;
+}
+
+/** A quarter of each new step: a burst of prefill steps moves it, one outlier does not. */
+function smooth(old: number | undefined, v: number): number {
+  return old === undefined ? v : old + 0.25 * (v - old);
 }
 
 /** Steps in flight that keep an engine busy `busyMs` per step through a `latencyMs` readback. */

@@ -92,6 +92,8 @@ export interface StepResult {
    * (lib/core/pipeline_depth.ts).
    */
   readonly busyMs?: number;
+  /** With busyMs: how long the result then took to come back (the readback's latency). */
+  readonly readbackMs?: number;
 }
 
 /** Geometry of the paged KV cache an engine owns. */
@@ -126,8 +128,9 @@ export interface Engine {
   readonly resultsOnHost?: boolean;
   /**
    * The fixed part of a readback's latency, in ms, when resultsOnHost is false (WebGPU on
-   * Deno: 10, the sleep before `mapAsync` resolves). With it, and StepResult.busyMs, the
-   * serving core adapts its pipeline depth to cover this latency at the step's measured cost
+   * Deno: 10, the sleep before `mapAsync` resolves). With it, the serving core adapts its
+   * pipeline depth to cover the readback at the step's measured cost (StepResult.busyMs), with
+   * the latency each result measures (StepResult.readbackMs) replacing this first guess,
    * instead of always keeping DEFAULT_LIMITS.readbackPipelineDepth in flight
    * (lib/core/pipeline_depth.ts).
    */
