@@ -86,6 +86,16 @@ Deno.test("the HTTP defaults: the configuration, --help and the app read the one
   assertEquals(res.status, 413, await res.text());
 });
 
+/** A serving core over engines from `make`, with the depth configured or left to the engine. */
+function coreOver(make: () => FakeEngine, maxInFlight: number | undefined): ServingCore {
+  return new ServingCore({
+    engine: make(),
+    engineFactory: make,
+    codec: TOKENIZER,
+    ...(maxInFlight === undefined ? {} : { maxInFlight }),
+  });
+}
+
 Deno.test("a serving core pipelines 8 steps for an engine whose results come back through a readback, 3 for one with them on the host, and a configured depth wins", async () => {
   const cases: [FakeEngineOptions, number | undefined, number][] = [
     [{ resultsOnHost: false }, undefined, 8],
@@ -94,13 +104,7 @@ Deno.test("a serving core pipelines 8 steps for an engine whose results come bac
     [{ resultsOnHost: false }, 2, 2],
   ];
   for (const [opts, maxInFlight, want] of cases) {
-    const make = () => new FakeEngine(opts);
-    const core = new ServingCore({
-      engine: make(),
-      engineFactory: make,
-      codec: TOKENIZER,
-      ...(maxInFlight === undefined ? {} : { maxInFlight }),
-    });
+    const core = coreOver(() => new FakeEngine(opts), maxInFlight);
     try {
       assertEquals(core.scheduler.maxInFlight, want, JSON.stringify({ opts, maxInFlight }));
     } finally {
@@ -115,12 +119,7 @@ Deno.test("a serving core adapts the depth between 3 and 8 for an engine that gi
   const make = () =>
     Object.assign(new FakeEngine({ resultsOnHost: false }), { readbackLatencyMs: 10 });
   for (const [maxInFlight, want] of [[undefined, [3, 8]], [5, [5, 5]]] as const) {
-    const core = new ServingCore({
-      engine: make(),
-      engineFactory: make,
-      codec: TOKENIZER,
-      ...(maxInFlight === undefined ? {} : { maxInFlight }),
-    });
+    const core = coreOver(make, maxInFlight);
     try {
       const s = core.scheduler;
       assertEquals([s.minPipelineDepth, s.maxInFlight], [...want], `configured ${maxInFlight}`);
