@@ -273,7 +273,7 @@ export async function runKernelsBench(
   await engine.step(counted.decode(0));
   const dispatches = engine.lastStepDispatches;
   print(
-    `- dispatches per decode step (batch 1): ${dispatches} for ${config.nLayers} layers (the embedding, final norm, classifier and sampler once each, or once per chunk of a matrix split across bindings)\n`,
+    `- dispatches per decode step (batch 1): ${dispatches} for ${config.nLayers} layers (the embedding, the final norm unless the last down projection writes it, the classifier and the sampler once each, or once per chunk of a matrix split across bindings)\n`,
   );
   if (o.kernelsOnly) {
     engine.dispose();

@@ -144,8 +144,13 @@ export interface ClassifierTarget {
   readonly x: GPUBuffer;
   /** Logits [maxRows, matrix rows] f32. */
   readonly y: GPUBuffer;
-  /** The final RMSNorm's f32 weights [cols] and epsilon. */
-  readonly norm: { readonly weight: GPUBuffer; readonly eps: number };
+  /** The final RMSNorm's f32 weights [cols] and epsilon (or `normalized`). */
+  readonly norm?: { readonly weight: GPUBuffer; readonly eps: number };
+  /**
+   * Instead of `norm`: the sampled rows already normalized, [maxRows, cols] (the last layer's
+   * down projection wrote them, MatmulTarget.finalNorm): no norm dispatch of its own.
+   */
+  readonly normalized?: GPUBuffer;
   /** Sampled rows one step may have at most (sizes the normalized-input buffer). */
   readonly maxRows: number;
   /** Default: "lane" on a CPU rasterizer, else the split matmul (threads share each row). */
@@ -195,28 +200,41 @@ export function createClassifier(
 ): KernelOp & { destroy(): void } {
   const { device } = gpu;
   const lane = (target.layout ?? (gpu.cpuRasterizer ? "lane" : "split")) === "lane";
-  const xn = device.createBuffer({
+  const { norm, normalized } = target;
+  if ((norm === undefined) === (normalized === undefined)) {
+    throw new Error(
+      `Cannot bind classifier '${m.name}': give the final norm or the normalized rows, exactly one (norm ${
+        norm ? "given" : "missing"
+      }, normalized ${normalized ? "given" : "missing"})`,
+    );
+  }
+  const xn = normalized ?? device.createBuffer({
     size: Math.max(1, target.maxRows) * m.cols * 4,
     usage: GPUBufferUsage.STORAGE,
     label: `${m.name} normalized input`,
   });
-  const normPipeline = gpu.pipeline(
-    classifierNormWgsl(m.cols, target.norm.eps),
-    `classifier norm k=${m.cols}`,
-  );
-  const normGroup = device.createBindGroup({
-    layout: normPipeline.getBindGroupLayout(0),
-    entries: [target.dims, target.samples, target.x, target.norm.weight, xn].map((b, binding) => ({
-      binding,
-      resource: bufferBinding(b),
-    })),
-    label: `${m.name} norm`,
-  });
-  const encodeNorm = (pass: GPUComputePassEncoder, rows: number) => {
-    pass.setPipeline(normPipeline);
-    pass.setBindGroup(0, normGroup);
-    pass.dispatchWorkgroups(rows);
-  };
+  let encodeNorm = (_pass: GPUComputePassEncoder, _rows: number) => {};
+  if (norm) {
+    const normPipeline = gpu.pipeline(
+      classifierNormWgsl(m.cols, norm.eps),
+      `classifier norm k=${m.cols}`,
+    );
+    const normGroup = device.createBindGroup({
+      layout: normPipeline.getBindGroupLayout(0),
+      entries: [target.dims, target.samples, target.x, norm.weight, xn].map((b, binding) => ({
+        binding,
+        resource: bufferBinding(b),
+      })),
+      label: `${m.name} norm`,
+    });
+    encodeNorm = (pass, rows) => {
+      pass.setPipeline(normPipeline);
+      pass.setBindGroup(0, normGroup);
+      pass.dispatchWorkgroups(rows);
+    };
+  }
+  // A buffer the caller gave stays the caller's.
+  const destroyXn = () => normalized === undefined && xn.destroy();
   const cost: KernelOp["cost"] = (c) => {
     const n = c.samples.length;
     return {
@@ -242,7 +260,7 @@ export function createClassifier(
         encodeNorm(pass, rows);
         matmul.encode(pass, rows);
       },
-      destroy: () => xn.destroy(),
+      destroy: () => void destroyXn(),
     };
   }
   const pipelines = LANE_TILES.map((tile) =>
@@ -291,7 +309,7 @@ export function createClassifier(
       }
     },
     destroy() {
-      xn.destroy();
+      destroyXn();
       for (const p of parts) p.params.destroy();
     },
   };

@@ -70,6 +70,13 @@ export interface MatmulSpec {
   readonly rope?: RopeShape;
   /** The input rows are the paged attention of rows of q | k | v (lane layout only). */
   readonly attention?: AttentionShape;
+  /**
+   * After adding into y, also write the model's final RMSNorm of each sampled row's new y to
+   * its compact row in Xn (binding 15; norm weights at 5, samples at 6): the classifier's norm
+   * dispatch folded into the last layer's down projection. Lane layout, one workgroup spanning
+   * all outputs, and the "accumulate" epilogue only.
+   */
+  readonly finalNorm?: { readonly eps: number };
 }
 
 /**
@@ -289,6 +296,12 @@ export function matmulLaneWgsl(spec: MatmulSpec, tile = laneShape(spec.type).row
     throw new Error("Cannot build the rope epilogue without the head layout, or with odd outputs");
   }
   if (rope && att) throw new Error("Cannot build a matmul with both rope and attention");
+  const fin = spec.finalNorm;
+  if (fin && (epilogue !== "accumulate" || norm || spec.gather)) {
+    throw new Error(
+      `Cannot build the final norm into a matmul but after an accumulating epilogue without a norm or gathered rows of its own (epilogue ${epilogue})`,
+    );
+  }
   const kv = kvWgsl(rope?.kvDtype ?? att?.kvDtype ?? "f32");
   const ropePair = (r: number, j: number) =>
     wgslRopePair(rope!, kv, {
@@ -310,7 +323,11 @@ export function matmulLaneWgsl(spec: MatmulSpec, tile = laneShape(spec.type).row
       const result = dual
         ? `let gs = g${j}_${r} * scale; let v = gs / (1.0 + exp(-gs)) * (u${j}_${r} * scale);`
         : `let v = a${j}_${r} * scale;`;
-      const write = epilogue === "accumulate" ? "Y[yi] = Y[yi] + v;" : "Y[yi] = v;";
+      const write = fin
+        ? `let ny = Y[yi] + v; Y[yi] = ny; fy${j}_${r} = ny;`
+        : epilogue === "accumulate"
+        ? "Y[yi] = Y[yi] + v;"
+        : "Y[yi] = v;";
       return `if (o${j} < chunk.rows) { ${result} let yi = (r0 + ${r}u) * chunk.yStride + chunk.yOffset + o${j}; ${write} }`;
     }).join(" ");
     return `if (${r}u < live) { ${scale} ${outsW} }`;
@@ -338,6 +355,14 @@ ${norm ? "@group(0) @binding(5) var<storage, read> NW: array<vec4<f32>>;" : ""}
 ${spec.gather ? "@group(0) @binding(6) var<storage, read> samples: array<Sample>;" : ""}
 ${rope ? wgslRopeBindings(rope, kv) : ""}
 ${
+    fin
+      ? `@group(0) @binding(5) var<storage, read> FNW: array<f32>;
+@group(0) @binding(6) var<storage, read> samples: array<Sample>;
+@group(0) @binding(15) var<storage, read_write> Xn: array<f32>;
+var<workgroup> fpart: array<f32, ${tr * threads}>;`
+      : ""
+  }
+${
     att
       ? `@group(0) @binding(7) var<storage, read> rows: array<Row>;
 @group(0) @binding(9) var<storage, read> Kc: ${kv.vec4Array};
@@ -363,14 +388,48 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   ${outIdx}
   ${srcRows}
   ${zeroDecls}
+  ${fin ? rows.map((r) => js.map((j) => `var fy${j}_${r} = 0.0;`).join(" ")).join("\n  ") : ""}
   for (var c = 0u; c < NCHUNK; c++) {
       ${loads}
       ${normLoads}
       ${perRow}
   }
   ${stores}
+  ${fin ? finalNormEpilogue(fin.eps, tr, threads, outs) : ""}
 }
 `;
+}
+
+/**
+ * The final norm of the tile's sampled rows into Xn, from the new y values fy each lane just
+ * stored: the lanes' sums of squares in lane order (every lane the same total), then each
+ * lane writes its outputs of every compact row whose sample reads this token row.
+ */
+function finalNormEpilogue(eps: number, tile: number, threads: number, outs: number): string {
+  const rows = Array.from({ length: tile }, (_, r) => r);
+  const js = Array.from({ length: outs }, (_, j) => j);
+  const parts = rows.map((r) =>
+    `fpart[${r * threads}u + t] = ${js.map((j) => `fy${j}_${r} * fy${j}_${r}`).join(" + ")};`
+  ).join("\n  ");
+  const writes = rows.map((r) =>
+    `if (${r}u < live) {
+    var ss = 0.0;
+    for (var l = 0u; l < ${threads}u; l++) { ss += fpart[${r * threads}u + l]; }
+    let fscale = 1.0 / sqrt(ss / f32(chunk.rows) + ${eps.toExponential()});
+    for (var i = 0u; i < dims[${DIM_SAMPLES}]; i++) {
+      if (samples[i].row == r0 + ${r}u) {
+        ${
+      js.map((j) =>
+        `if (o${j} < chunk.rows) { Xn[i * chunk.rows + o${j}] = fy${j}_${r} * FNW[o${j}] * fscale; }`
+      ).join("\n        ")
+    }
+      }
+    }
+  }`
+  ).join("\n  ");
+  return `${parts}
+  workgroupBarrier();
+  ${writes}`;
 }
 
 /** The tile's rows attended into A (row lr of the tile at A[lr * XV]), every lane sharing them. */
@@ -472,6 +531,16 @@ export interface MatmulTarget {
     readonly kCache: GPUBuffer;
     readonly vCache: GPUBuffer;
   };
+  /**
+   * Also write the final RMSNorm of each sampled row's new y into `out` ([samples, outputs]):
+   * see {@link MatmulSpec.finalNorm}; the classifier then takes `out` as its normalized input.
+   */
+  readonly finalNorm?: {
+    readonly weight: GPUBuffer;
+    readonly eps: number;
+    readonly samples: GPUBufferBinding | GPUBuffer;
+    readonly out: GPUBuffer;
+  };
   /** Floats per row of y (default: the matrix's output features). */
   readonly yStride?: number;
   /** Column of y receiving output feature 0 (default 0). */
@@ -534,6 +603,7 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
     gather: target.samples !== undefined,
     rope: target.rope?.shape,
     attention: target.attention?.shape,
+    finalNorm: target.finalNorm && { eps: target.finalNorm.eps },
   };
   const lane = (target.layout ?? (gpu.cpuRasterizer ? "lane" : "split")) === "lane";
   if ((epilogue === "rope") !== (target.rope !== undefined)) {
@@ -552,6 +622,13 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
         } input columns (layout ${lane ? "lane" : "split"}, ${m.cols} columns)`,
       );
     }
+  }
+  if (target.finalNorm && !(lane && m.chunks.length === 1 && finalNormFits(m.type, m.rows))) {
+    throw new Error(
+      `Cannot bind matmul '${m.name}' with the final norm in its epilogue: it needs the lane layout and one lane workgroup over all of its ${m.rows} outputs in one binding (layout ${
+        lane ? "lane" : "split"
+      }, ${m.chunks.length} chunks)`,
+    );
   }
   if (epilogue === "rope" && m.chunks.some((c) => c.rows % 2 !== 0)) {
     throw new Error(`Cannot bind matmul '${m.name}': rope needs whole pairs in every chunk`);
@@ -585,6 +662,10 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
       [4, target.y],
     ];
     if (target.norm) bound.push([5, target.norm.weight]);
+    if (target.finalNorm) {
+      const f = target.finalNorm;
+      bound.push([5, f.weight], [6, f.samples], [15, f.out]);
+    }
     if (target.samples) bound.push([6, target.samples]);
     if (target.rope) {
       bound.push(
@@ -650,6 +731,17 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
       }
     },
   };
+}
+
+/**
+ * Whether a lane matmul of `type` over `outputs` outputs can write the final norm in its
+ * epilogue (MatmulSpec.finalNorm): one workgroup spans all its outputs, so each holds whole
+ * rows of the new y (the matrix must also sit in one binding). Tiny models on CPU
+ * rasterizers; elsewhere the classifier's own norm pass runs.
+ */
+export function finalNormFits(type: TensorType, outputs: number): boolean {
+  const { threads, outs } = laneShape(type);
+  return threads * outs >= outputs;
 }
 
 /**

@@ -20,6 +20,7 @@ import {
   uploadVector,
 } from "./gpu_matrix.ts";
 import { createClassifier } from "./classifier.ts";
+import { finalNormFits } from "./matmul.ts";
 import { uploadRopeTable } from "./rope.ts";
 import { createSampler } from "./sample.ts";
 import { LogitAdjustOp } from "./logit_adjust.ts";
@@ -256,6 +257,14 @@ export class WebGpuEngine implements Engine {
     // Uploads made while building the layers, kept so that a rebuild for grown KV pools
     // uploads nothing again.
     const made = new Map<string, unknown>();
+    // On a CPU rasterizer a tiny model's last down projection spans its rows in one workgroup,
+    // so it writes the final norm of the sampled rows too: one dispatch fewer per step.
+    const outputNorm = uploads.vector(weights.outputNorm);
+    const lastDown = weights.layers.at(-1)?.wDown;
+    const normalized = gpu.cpuRasterizer && lastDown && finalNormFits(lastDown.type, config.dim) &&
+        lastDown.data.byteLength + 8 <= gpu.maxBindingBytes
+      ? buffer(maxSeqs * config.dim * 4, "normalized sampled rows")
+      : undefined;
     const layerBuild: LayerBuild = {
       gpu,
       config,
@@ -272,6 +281,16 @@ export class WebGpuEngine implements Engine {
       upScratch: () => up ??= buffer(geometry.maxRows * config.hiddenDim * 4, "up"),
       own,
       fail: failCreate,
+      ...(normalized
+        ? {
+          finalNorm: {
+            weight: outputNorm,
+            eps: config.rmsEps,
+            samples: m.samples,
+            out: normalized,
+          },
+        }
+        : {}),
     };
     const buildRowOps = (pools: readonly KvPool[]): KernelOp[] => [
       createEmbedding(gpu, embedding, {
@@ -313,7 +332,7 @@ export class WebGpuEngine implements Engine {
           dims: m.dims,
           x: act.x,
           y: act.logits,
-          norm: { weight: uploads.vector(weights.outputNorm), eps: config.rmsEps },
+          ...(normalized ? { normalized } : { norm: { weight: outputNorm, eps: config.rmsEps } }),
           samples: m.samples,
           maxRows: maxSeqs,
         },

@@ -13,7 +13,7 @@ import {
   stackable,
   uploadVector,
 } from "./gpu_matrix.ts";
-import { createMatmul, laneShape } from "./matmul.ts";
+import { createMatmul, laneShape, type MatmulTarget } from "./matmul.ts";
 import { createQkPrep } from "./qk_prep.ts";
 import { createRopeStore } from "./rope.ts";
 import { DIM_ROWS, type StepMetaLayout } from "./step_meta.ts";
@@ -63,6 +63,8 @@ export interface LayerBuild {
   readonly upScratch: () => GPUBuffer;
   /** Keeps a buffer to destroy with the engine. */
   readonly own: (b: GPUBuffer) => GPUBuffer;
+  /** The final norm in the last layer's down projection (MatmulTarget.finalNorm), if it fits. */
+  readonly finalNorm?: MatmulTarget["finalNorm"];
   readonly fail: (why: string) => never;
 }
 
@@ -285,6 +287,9 @@ export function layerOps(b: LayerBuild, l: number, w: LayerWeights, pool: KvPool
       y: act.x,
       epilogue: "accumulate",
       label: "down",
+      ...(b.finalNorm && l === config.nLayers - 1
+        ? { finalNorm: b.finalNorm, layout: "lane" as const, label: "down+final norm" }
+        : {}),
     }),
   );
   return ops;

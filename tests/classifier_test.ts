@@ -1,4 +1,4 @@
-import { assert, assertEquals, assertLess } from "@std/assert";
+import { assert, assertEquals, assertLess, assertThrows } from "@std/assert";
 import { classifierTile, createClassifier } from "../kernels/classifier.ts";
 import type { Gpu } from "../kernels/device.ts";
 import { uploadMatrix } from "../kernels/gpu_matrix.ts";
@@ -156,4 +156,37 @@ Deno.test("classifierTile() takes the smallest tile covering the rows, passes of
     { tile: 8, passes: 2 },
     { tile: 8, passes: 3 },
   ]);
+});
+
+Deno.test("createClassifier() multiplies rows normalized elsewhere as they are, and takes the final norm or those rows, exactly one", async () => {
+  const gpu = await testGpu();
+  const rand = rng(21);
+  const w = randomTensor(rand, "f32", 40, 64, "w");
+  // Two compact rows already normalized (the last down projection's epilogue writes them).
+  const xn = randomF32(rand, 2 * 64);
+  const meta = stepMeta(gpu, {
+    rows: [0, 1, 2].map(() => ({ token: 0, pos: 0, seq: 0, slot: 0 })),
+    seqs: [],
+    samples: [2, 0].map(sample),
+    blockTables: [],
+  });
+  const y = storage(gpu, new Float32Array(2 * 40).fill(NaN));
+  const common = { dims: meta.dims, samples: meta.samples, x: storage(gpu, xn), y, maxRows: 2 };
+  const m = uploadMatrix(gpu, w);
+  const op = createClassifier(gpu, m, { ...common, normalized: storage(gpu, xn) });
+  await runPass(gpu, (pass) => op.encode(pass, 2));
+  const dense = dequantize(w);
+  const want = new Float32Array(2 * 40);
+  for (const i of [0, 1]) {
+    want.set(matvec(new Float32Array(40), dense, xn.slice(i * 64, (i + 1) * 64)), i * 40);
+  }
+  assertLess(relativeError(await readF32(gpu, y, 2 * 40), want), 1e-5);
+  const norm = { weight: storage(gpu, randomF32(rand, 64)), eps: 1e-5 };
+  for (const both of [{}, { norm, normalized: storage(gpu, xn) }]) {
+    assertThrows(
+      () => createClassifier(gpu, m, { ...common, ...both }),
+      Error,
+      "give the final norm or the normalized rows, exactly one",
+    );
+  }
 });

@@ -274,78 +274,87 @@ Deno.test("createMatmul() splits a matrix larger than one binding into row chunk
 });
 
 // 1024-wide f32 rows: the split layout's widest reduction (KS = 32, two outputs per workgroup).
-for (const layout of ["lane", "split"] as const) for (const [type, ropeDim, cap, dim] of [["f32", 8, undefined, 64], ["q8_0", 4, 1024, 64], ["f32", 8, undefined, 1024]] as const) {
-  Deno.test(`createMatmul() rope epilogue (${layout}, ${type}, ropeDim ${ropeDim}, rows of ${dim}${cap ? ", split matrix" : ""}) projects q | k | v, rotates q and k like the reference rope and stores k and v at each row's slot`, async () => {
-    const gpu = cap ? await acquireGpu({ maxBindingBytes: cap }) : await testGpu();
-    const [nHeads, nKvHeads, headDim] = [4, 2, 8];
-    const qDim = nHeads * headDim;
-    const kvDim = nKvHeads * headDim;
-    const stride = qDim + 2 * kvDim;
-    const config: ModelConfig = {
-      architecture: "llama",
-      dim,
-      hiddenDim: 8,
-      nLayers: 1,
-      nHeads,
-      nKvHeads,
-      headDim,
-      vocabSize: 8,
-      contextLength: 300,
-      ropeTheta: 10000,
-      ropeDim,
-      rmsEps: 1e-5,
-    };
-    const rand = rng(41 + ropeDim);
-    const w = randomTensor(rand, type, stride, dim, "wqkv");
-    const x = randomF32(rand, 11 * dim, 2);
-    const normW = randomF32(rand, dim);
-    const rows = Array.from({ length: 11 }, (_, i) => ({
-      token: 0,
-      pos: [0, 1, 7, 299, 128][i % 5]!,
-      seq: 0,
-      slot: (i * 7 + 3) % 40,
-    }));
-    const meta = stepMeta(gpu, { rows, seqs: [], samples: [], blockTables: [] });
-    const y = zeros(gpu, rows.length * stride * 4);
-    const kc = zeros(gpu, 40 * kvDim * 4);
-    const vc = zeros(gpu, 40 * kvDim * 4);
-    const m = uploadMatrix(gpu, w);
-    if (cap) assert(m.chunks.length > 1, "the binding cap should split the matrix");
-    const op = createMatmul(gpu, m, {
-      dims: meta.dims,
-      x: storage(gpu, x),
-      y,
-      yStride: stride,
-      rowsField: DIM_ROWS,
-      norm: { weight: storage(gpu, normW), eps: 1e-5 },
-      epilogue: "rope",
-      rope: {
-        shape: { qDim, kvDim, headDim, ropeDim },
-        rows: meta.rows,
-        table: uploadRopeTable(gpu, config, config.contextLength),
-        kCache: kc,
-        vCache: vc,
-      },
-      layout,
+for (const layout of ["lane", "split"] as const) {
+  for (
+    const [type, ropeDim, cap, dim] of [["f32", 8, undefined, 64], ["q8_0", 4, 1024, 64], [
+      "f32",
+      8,
+      undefined,
+      1024,
+    ]] as const
+  ) {
+    Deno.test(`createMatmul() rope epilogue (${layout}, ${type}, ropeDim ${ropeDim}, rows of ${dim}${cap ? ", split matrix" : ""}) projects q | k | v, rotates q and k like the reference rope and stores k and v at each row's slot`, async () => {
+      const gpu = cap ? await acquireGpu({ maxBindingBytes: cap }) : await testGpu();
+      const [nHeads, nKvHeads, headDim] = [4, 2, 8];
+      const qDim = nHeads * headDim;
+      const kvDim = nKvHeads * headDim;
+      const stride = qDim + 2 * kvDim;
+      const config: ModelConfig = {
+        architecture: "llama",
+        dim,
+        hiddenDim: 8,
+        nLayers: 1,
+        nHeads,
+        nKvHeads,
+        headDim,
+        vocabSize: 8,
+        contextLength: 300,
+        ropeTheta: 10000,
+        ropeDim,
+        rmsEps: 1e-5,
+      };
+      const rand = rng(41 + ropeDim);
+      const w = randomTensor(rand, type, stride, dim, "wqkv");
+      const x = randomF32(rand, 11 * dim, 2);
+      const normW = randomF32(rand, dim);
+      const rows = Array.from({ length: 11 }, (_, i) => ({
+        token: 0,
+        pos: [0, 1, 7, 299, 128][i % 5]!,
+        seq: 0,
+        slot: (i * 7 + 3) % 40,
+      }));
+      const meta = stepMeta(gpu, { rows, seqs: [], samples: [], blockTables: [] });
+      const y = zeros(gpu, rows.length * stride * 4);
+      const kc = zeros(gpu, 40 * kvDim * 4);
+      const vc = zeros(gpu, 40 * kvDim * 4);
+      const m = uploadMatrix(gpu, w);
+      if (cap) assert(m.chunks.length > 1, "the binding cap should split the matrix");
+      const op = createMatmul(gpu, m, {
+        dims: meta.dims,
+        x: storage(gpu, x),
+        y,
+        yStride: stride,
+        rowsField: DIM_ROWS,
+        norm: { weight: storage(gpu, normW), eps: 1e-5 },
+        epilogue: "rope",
+        rope: {
+          shape: { qDim, kvDim, headDim, ropeDim },
+          rows: meta.rows,
+          table: uploadRopeTable(gpu, config, config.contextLength),
+          kCache: kc,
+          vCache: vc,
+        },
+        layout,
+      });
+      await runPass(gpu, (pass) => op.encode(pass, rows.length));
+      const gotY = await readF32(gpu, y, rows.length * stride);
+      const gotK = await readF32(gpu, kc, 40 * kvDim);
+      const gotV = await readF32(gpu, vc, 40 * kvDim);
+      const dense = dequantize(w);
+      rows.forEach((r, i) => {
+        const xr = rmsnorm(new Float32Array(dim), x.slice(i * dim, (i + 1) * dim), normW, 1e-5);
+        const out = matvec(new Float32Array(stride), dense, xr);
+        const q = rope(out.slice(0, qDim), nHeads, headDim, ropeDim, r.pos, 10000);
+        const k = rope(out.slice(qDim, qDim + kvDim), nKvHeads, headDim, ropeDim, r.pos, 10000);
+        const v = out.slice(qDim + kvDim);
+        const at = (b: Float32Array, off: number, n: number) => b.subarray(off, off + n);
+        assertLess(relativeError(at(gotY, i * stride, qDim), q), 1e-5, `q of row ${i}`);
+        assertLess(relativeError(at(gotK, r.slot * kvDim, kvDim), k), 1e-5, `k of row ${i}`);
+        assertLess(relativeError(at(gotV, r.slot * kvDim, kvDim), v), 1e-5, `v of row ${i}`);
+      });
+      if (cap) gpu.device.destroy();
     });
-    await runPass(gpu, (pass) => op.encode(pass, rows.length));
-    const gotY = await readF32(gpu, y, rows.length * stride);
-    const gotK = await readF32(gpu, kc, 40 * kvDim);
-    const gotV = await readF32(gpu, vc, 40 * kvDim);
-    const dense = dequantize(w);
-    rows.forEach((r, i) => {
-      const xr = rmsnorm(new Float32Array(dim), x.slice(i * dim, (i + 1) * dim), normW, 1e-5);
-      const out = matvec(new Float32Array(stride), dense, xr);
-      const q = rope(out.slice(0, qDim), nHeads, headDim, ropeDim, r.pos, 10000);
-      const k = rope(out.slice(qDim, qDim + kvDim), nKvHeads, headDim, ropeDim, r.pos, 10000);
-      const v = out.slice(qDim + kvDim);
-      const at = (b: Float32Array, off: number, n: number) => b.subarray(off, off + n);
-      assertLess(relativeError(at(gotY, i * stride, qDim), q), 1e-5, `q of row ${i}`);
-      assertLess(relativeError(at(gotK, r.slot * kvDim, kvDim), k), 1e-5, `k of row ${i}`);
-      assertLess(relativeError(at(gotV, r.slot * kvDim, kvDim), v), 1e-5, `v of row ${i}`);
-    });
-    if (cap) gpu.device.destroy();
-  });
+  }
 }
 
 Deno.test("createMatmul() refuses the rope epilogue without its buffers, and its buffers without the epilogue", async () => {
@@ -374,7 +383,9 @@ Deno.test("createMatmul() refuses the rope epilogue without its buffers, and its
       error = e as Error;
     }
     assert(
-      error?.message.includes("the rope epilogue needs target.rope, and target.rope the rope epilogue"),
+      error?.message.includes(
+        "the rope epilogue needs target.rope, and target.rope the rope epilogue",
+      ),
       String(error),
     );
   }
@@ -459,92 +470,145 @@ for (const [nHeads, nKvHeads, headDim] of [[8, 4, 8], [4, 1, 40]] as const) {
         r.pos,
         nHeads,
       );
-      const want = matvec(new Float32Array(outputs), w, att).map((v, o) => v + y0[i * outputs + o]!);
+      const want = matvec(new Float32Array(outputs), w, att).map((v, o) =>
+        v + y0[i * outputs + o]!
+      );
       const err = relativeError(got.subarray(i * outputs, (i + 1) * outputs), want);
       assertLess(err, 1e-5, `row ${i} (seq ${r.seq}, pos ${r.pos}): relative error ${err}`);
     });
   });
 }
 
-for (const layout of ["lane", "split"] as const) Deno.test(`createMatmul() rope epilogue (${layout}) with a q | k | v bias, as two matmuls (q|k in q8_0, v in f32 at its offset), adds the bias before rotating like the reference`, async () => {
-  const gpu = await testGpu();
-  const [nHeads, nKvHeads, headDim, dim, ropeDim] = [4, 2, 8, 64, 8];
-  const qDim = nHeads * headDim;
-  const kvDim = nKvHeads * headDim;
-  const stride = qDim + 2 * kvDim;
-  const config: ModelConfig = {
-    architecture: "qwen2",
-    dim,
-    hiddenDim: 8,
-    nLayers: 1,
-    nHeads,
-    nKvHeads,
-    headDim,
-    vocabSize: 8,
-    contextLength: 300,
-    ropeTheta: 10000,
-    ropeDim,
-    rmsEps: 1e-5,
-  };
-  const rand = rng(77);
-  const wqk = randomTensor(rand, "q8_0", qDim + kvDim, dim, "wqk");
-  const wv = randomTensor(rand, "f32", kvDim, dim, "wv");
-  const bias = randomF32(rand, stride, 2);
-  const x = randomF32(rand, 11 * dim, 2);
-  const normW = randomF32(rand, dim);
-  const rows = Array.from({ length: 11 }, (_, i) => ({
-    token: 0,
-    pos: [0, 1, 7, 299, 128][i % 5]!,
-    seq: 0,
-    slot: (i * 7 + 3) % 40,
-  }));
-  const meta = stepMeta(gpu, { rows, seqs: [], samples: [], blockTables: [] });
-  const y = zeros(gpu, rows.length * stride * 4);
-  const kc = zeros(gpu, 40 * kvDim * 4);
-  const vc = zeros(gpu, 40 * kvDim * 4);
-  const table = uploadRopeTable(gpu, config, config.contextLength);
-  const xb = storage(gpu, x);
-  const nw = storage(gpu, normW);
-  const bb = storage(gpu, bias);
-  const ops = [[wqk, 0], [wv, qDim + kvDim]] as const;
-  await runPass(gpu, (pass) => {
-    for (const [w, yOffset] of ops) {
-      createMatmul(gpu, uploadMatrix(gpu, w), {
+for (const layout of ["lane", "split"] as const) {
+  Deno.test(`createMatmul() rope epilogue (${layout}) with a q | k | v bias, as two matmuls (q|k in q8_0, v in f32 at its offset), adds the bias before rotating like the reference`, async () => {
+    const gpu = await testGpu();
+    const [nHeads, nKvHeads, headDim, dim, ropeDim] = [4, 2, 8, 64, 8];
+    const qDim = nHeads * headDim;
+    const kvDim = nKvHeads * headDim;
+    const stride = qDim + 2 * kvDim;
+    const config: ModelConfig = {
+      architecture: "qwen2",
+      dim,
+      hiddenDim: 8,
+      nLayers: 1,
+      nHeads,
+      nKvHeads,
+      headDim,
+      vocabSize: 8,
+      contextLength: 300,
+      ropeTheta: 10000,
+      ropeDim,
+      rmsEps: 1e-5,
+    };
+    const rand = rng(77);
+    const wqk = randomTensor(rand, "q8_0", qDim + kvDim, dim, "wqk");
+    const wv = randomTensor(rand, "f32", kvDim, dim, "wv");
+    const bias = randomF32(rand, stride, 2);
+    const x = randomF32(rand, 11 * dim, 2);
+    const normW = randomF32(rand, dim);
+    const rows = Array.from({ length: 11 }, (_, i) => ({
+      token: 0,
+      pos: [0, 1, 7, 299, 128][i % 5]!,
+      seq: 0,
+      slot: (i * 7 + 3) % 40,
+    }));
+    const meta = stepMeta(gpu, { rows, seqs: [], samples: [], blockTables: [] });
+    const y = zeros(gpu, rows.length * stride * 4);
+    const kc = zeros(gpu, 40 * kvDim * 4);
+    const vc = zeros(gpu, 40 * kvDim * 4);
+    const table = uploadRopeTable(gpu, config, config.contextLength);
+    const xb = storage(gpu, x);
+    const nw = storage(gpu, normW);
+    const bb = storage(gpu, bias);
+    const ops = [[wqk, 0], [wv, qDim + kvDim]] as const;
+    await runPass(gpu, (pass) => {
+      for (const [w, yOffset] of ops) {
+        createMatmul(gpu, uploadMatrix(gpu, w), {
+          dims: meta.dims,
+          x: xb,
+          y,
+          yStride: stride,
+          yOffset,
+          rowsField: DIM_ROWS,
+          norm: { weight: nw, eps: 1e-5 },
+          epilogue: "rope",
+          rope: {
+            shape: { qDim, kvDim, headDim, ropeDim, bias: true },
+            rows: meta.rows,
+            table,
+            kCache: kc,
+            vCache: vc,
+            bias: bb,
+          },
+          layout,
+        }).encode(pass, rows.length);
+      }
+    });
+    const gotY = await readF32(gpu, y, rows.length * stride);
+    const gotK = await readF32(gpu, kc, 40 * kvDim);
+    const gotV = await readF32(gpu, vc, 40 * kvDim);
+    const dense = new Float32Array(stride * dim);
+    dense.set(dequantize(wqk), 0);
+    dense.set(dequantize(wv), (qDim + kvDim) * dim);
+    rows.forEach((r, i) => {
+      const xr = rmsnorm(new Float32Array(dim), x.slice(i * dim, (i + 1) * dim), normW, 1e-5);
+      const out = matvec(new Float32Array(stride), dense, xr).map((v, f) => v + bias[f]!);
+      const q = rope(out.slice(0, qDim), nHeads, headDim, ropeDim, r.pos, 10000);
+      const k = rope(out.slice(qDim, qDim + kvDim), nKvHeads, headDim, ropeDim, r.pos, 10000);
+      const v = out.slice(qDim + kvDim);
+      const at = (b: Float32Array, off: number, n: number) => b.subarray(off, off + n);
+      assertLess(relativeError(at(gotY, i * stride, qDim), q), 1e-5, `q of row ${i}`);
+      assertLess(relativeError(at(gotK, r.slot * kvDim, kvDim), k), 1e-5, `k of row ${i}`);
+      assertLess(relativeError(at(gotV, r.slot * kvDim, kvDim), v), 1e-5, `v of row ${i}`);
+    });
+  });
+}
+
+for (const [type, outF, inF] of [["f32", 64, 172], ["q8_0", 32, 64]] as const) {
+  Deno.test(`createMatmul() with the final norm in its epilogue (${type}, ${outF} outputs) adds W·x to y and writes rmsnorm(new y) of each sampled row, in sample order`, async () => {
+    const gpu = await testGpu();
+    const rand = rng(outF + inF);
+    const w = randomTensor(rand, type, outF, inF, "down");
+    const normW = randomF32(rand, outF);
+    const eps = 1e-5;
+    for (const [rows, sampled] of [[1, [0]], [11, [9, 2, 10]], [3, []]] as const) {
+      const x = randomF32(rand, rows * inF, 2);
+      const y0 = randomF32(rand, rows * outF);
+      const meta = dims(gpu, rows, [...sampled]);
+      const y = storage(gpu, y0);
+      const out = zeros(gpu, Math.max(1, sampled.length) * outF * 4);
+      const op = createMatmul(gpu, uploadMatrix(gpu, w), {
         dims: meta.dims,
-        x: xb,
-        y,
-        yStride: stride,
-        yOffset,
         rowsField: DIM_ROWS,
-        norm: { weight: nw, eps: 1e-5 },
-        epilogue: "rope",
-        rope: {
-          shape: { qDim, kvDim, headDim, ropeDim, bias: true },
-          rows: meta.rows,
-          table,
-          kCache: kc,
-          vCache: vc,
-          bias: bb,
-        },
-        layout,
-      }).encode(pass, rows.length);
+        x: storage(gpu, x),
+        y,
+        epilogue: "accumulate",
+        finalNorm: { weight: storage(gpu, normW), eps, samples: meta.samples, out },
+        layout: "lane",
+      });
+      await runPass(gpu, (pass) => op.encode(pass, rows));
+      const got = await readF32(gpu, y, rows * outF);
+      const dense = dequantize(w);
+      const want = new Float32Array(rows * outF);
+      for (let r = 0; r < rows; r++) {
+        const o = matvec(new Float32Array(outF), dense, x.slice(r * inF, (r + 1) * inF));
+        for (let j = 0; j < outF; j++) want[r * outF + j] = y0[r * outF + j]! + o[j]!;
+      }
+      assertLess(relativeError(got, want), 1e-5, `${rows} rows: y`);
+      if (sampled.length === 0) continue;
+      const normed = await readF32(gpu, out, sampled.length * outF);
+      const wantNorm = new Float32Array(sampled.length * outF);
+      sampled.forEach((r, i) => {
+        const row = rmsnorm(
+          new Float32Array(outF),
+          want.slice(r * outF, (r + 1) * outF),
+          normW,
+          eps,
+        );
+        wantNorm.set(row, i * outF);
+      });
+      const err = relativeError(normed, wantNorm);
+      assertLess(err, 1e-5, `${rows} rows, samples ${sampled}: relative error ${err}`);
     }
   });
-  const gotY = await readF32(gpu, y, rows.length * stride);
-  const gotK = await readF32(gpu, kc, 40 * kvDim);
-  const gotV = await readF32(gpu, vc, 40 * kvDim);
-  const dense = new Float32Array(stride * dim);
-  dense.set(dequantize(wqk), 0);
-  dense.set(dequantize(wv), (qDim + kvDim) * dim);
-  rows.forEach((r, i) => {
-    const xr = rmsnorm(new Float32Array(dim), x.slice(i * dim, (i + 1) * dim), normW, 1e-5);
-    const out = matvec(new Float32Array(stride), dense, xr).map((v, f) => v + bias[f]!);
-    const q = rope(out.slice(0, qDim), nHeads, headDim, ropeDim, r.pos, 10000);
-    const k = rope(out.slice(qDim, qDim + kvDim), nKvHeads, headDim, ropeDim, r.pos, 10000);
-    const v = out.slice(qDim + kvDim);
-    const at = (b: Float32Array, off: number, n: number) => b.subarray(off, off + n);
-    assertLess(relativeError(at(gotY, i * stride, qDim), q), 1e-5, `q of row ${i}`);
-    assertLess(relativeError(at(gotK, r.slot * kvDim, kvDim), k), 1e-5, `k of row ${i}`);
-    assertLess(relativeError(at(gotV, r.slot * kvDim, kvDim), v), 1e-5, `v of row ${i}`);
-  });
-});
+}
