@@ -234,7 +234,9 @@ export function createClassifier(
     };
   }
   // A buffer the caller gave stays the caller's.
-  const destroyXn = () => normalized === undefined && xn.destroy();
+  const destroyXn = () => {
+    if (!normalized) xn.destroy();
+  };
   const cost: KernelOp["cost"] = (c) => {
     const n = c.samples.length;
     return {
@@ -260,7 +262,7 @@ export function createClassifier(
         encodeNorm(pass, rows);
         matmul.encode(pass, rows);
       },
-      destroy: () => void destroyXn(),
+      destroy: destroyXn,
     };
   }
   const pipelines = LANE_TILES.map((tile) =>

@@ -623,7 +623,7 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
       );
     }
   }
-  if (target.finalNorm && !(lane && m.chunks.length === 1 && finalNormFits(m.type, m.rows))) {
+  if (target.finalNorm && !(lane && finalNormFits(m))) {
     throw new Error(
       `Cannot bind matmul '${m.name}' with the final norm in its epilogue: it needs the lane layout and one lane workgroup over all of its ${m.rows} outputs in one binding (layout ${
         lane ? "lane" : "split"
@@ -734,14 +734,13 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
 }
 
 /**
- * Whether a lane matmul of `type` over `outputs` outputs can write the final norm in its
- * epilogue (MatmulSpec.finalNorm): one workgroup spans all its outputs, so each holds whole
- * rows of the new y (the matrix must also sit in one binding). Tiny models on CPU
- * rasterizers; elsewhere the classifier's own norm pass runs.
+ * Whether lane matmul `m` can write the final norm in its epilogue (MatmulSpec.finalNorm): it
+ * sits in one binding and one workgroup spans all its outputs, so each holds whole rows of the
+ * new y. Tiny models on CPU rasterizers; elsewhere the classifier's own norm pass runs.
  */
-export function finalNormFits(type: TensorType, outputs: number): boolean {
-  const { threads, outs } = laneShape(type);
-  return threads * outs >= outputs;
+export function finalNormFits(m: Pick<GpuMatrix, "type" | "rows" | "chunks">): boolean {
+  const { threads, outs } = laneShape(m.type);
+  return m.chunks.length === 1 && threads * outs >= m.rows;
 }
 
 /**

@@ -260,9 +260,11 @@ export class WebGpuEngine implements Engine {
     // On a CPU rasterizer a tiny model's last down projection spans its rows in one workgroup,
     // so it writes the final norm of the sampled rows too: one dispatch fewer per step.
     const outputNorm = uploads.vector(weights.outputNorm);
-    const lastDown = weights.layers.at(-1)?.wDown;
-    const normalized = gpu.cpuRasterizer && lastDown && finalNormFits(lastDown.type, config.dim) &&
-        lastDown.data.byteLength + 8 <= gpu.maxBindingBytes
+    // (Uploaded here to ask; the layer's own upload of it finds it done.)
+    const lastLayer = weights.layers.at(-1);
+    const lastDown = lastLayer &&
+      uploads.upload(uploads.check(lastLayer.wDown, [config.dim, config.hiddenDim]));
+    const normalized = gpu.cpuRasterizer && lastDown && finalNormFits(lastDown)
       ? buffer(maxSeqs * config.dim * 4, "normalized sampled rows")
       : undefined;
     const layerBuild: LayerBuild = {

@@ -11,10 +11,10 @@ import {
   clearPrompt,
   COMPAT_FILES,
   compatPath,
+  generateGreedy,
   readFixture,
 } from "./harness/compat.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
-import { runGenerate } from "./harness/generate_command.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
 
@@ -23,18 +23,7 @@ for (const stem of COMPAT_FILES) {
     Deno.test(`generate --backend ${backend} loads ${stem} and prints llama.cpp's greedy text`, async () => {
       const fx = await readFixture(stem);
       const { prompt, text, n } = await clearPrompt(fx, stem);
-      const out = await runGenerate([
-        "--model",
-        compatPath(stem),
-        "--prompt",
-        prompt,
-        "--max-tokens",
-        String(n),
-        "--temperature",
-        "0",
-        "--backend",
-        backend,
-      ]);
+      const out = await generateGreedy(stem, prompt, n, backend);
       const stderr = out.stderr;
       assertEquals(out.code, 0, stderr);
       // generate ends its text with one newline of its own.

@@ -233,16 +233,14 @@ export async function clearPrompt(
   return { prompt: best.p.prompt, text, n };
 }
 
-/**
- * The `generate` command's greedy text (cpu backend) for a compat file alone: the oracle for
- * what a server or router serving it beside other models answers.
- */
-export async function generateAlone(
+/** The `generate` command, greedy, for `maxTokens` tokens of a compat file on `backend`. */
+export function generateGreedy(
   stem: string,
   prompt: string,
   maxTokens: number,
-): Promise<string> {
-  const out = await runGenerate([
+  backend: string,
+): ReturnType<typeof runGenerate> {
+  return runGenerate([
     "--model",
     compatPath(stem),
     "--prompt",
@@ -252,8 +250,20 @@ export async function generateAlone(
     "--temperature",
     "0",
     "--backend",
-    "cpu",
+    backend,
   ]);
+}
+
+/**
+ * The `generate` command's greedy text (cpu backend) for a compat file alone: the oracle for
+ * what a server or router serving it beside other models answers.
+ */
+export async function generateAlone(
+  stem: string,
+  prompt: string,
+  maxTokens: number,
+): Promise<string> {
+  const out = await generateGreedy(stem, prompt, maxTokens, "cpu");
   assertEquals(out.code, 0, out.stderr);
   return out.stdout.replace(/\n$/, "");
 }

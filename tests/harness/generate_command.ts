@@ -1,6 +1,6 @@
-/** The `generate` command (`main.ts generate`) as a child process, its output decoded. */
 const decoder = new TextDecoder();
 
+/** The `generate` command (`main.ts generate`) as a child process, its output decoded. */
 export async function runGenerate(
   args: string[],
 ): Promise<{ code: number; stdout: string; stderr: string }> {
