@@ -14,6 +14,7 @@ import { runtimeDirEnv } from "../lib/util/runtime_dir.ts";
 
 /** Test files that create a GPU device in their own process. */
 export const GPU_FILES = [
+  "tests/adapter_test.ts",
   "tests/architecture_engines_test.ts",
   "tests/compat_llama_cpp_webgpu_test.ts",
   "tests/doc_examples_test.ts",

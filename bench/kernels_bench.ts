@@ -18,7 +18,8 @@ import { GREEDY, type StepPlan, type StepResult } from "../lib/engine/engine.ts"
 import { loadModel } from "../lib/model/load_model.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import { TENSOR_TYPES, type TensorType } from "../lib/model/tensor.ts";
-import type { ModelWeights } from "../lib/model/weights.ts";
+import { type ModelWeights, stepMatrixBytes } from "../lib/model/weights.ts";
+import { chooseRasterizerThreads } from "../kernels/adapter.ts";
 import { LLAMA_1B_SHAPE, syntheticWeights } from "./synthetic_model.ts";
 import { PERF_SHAPES, type PerfShape, perfShapeModel } from "./perf_shapes.ts";
 import { markdownTable } from "./markdown_table.ts";
@@ -208,8 +209,10 @@ export async function runKernelsBench(
   print: (text: string) => void = console.log,
 ): Promise<KernelsBenchResult> {
   const o = parseOptions(argv);
-  const gpu: Gpu = await acquireGpu();
   const subject = await loadSubject(o);
+  // As the engine would for itself: the rasterizer's threads are settled by the first adapter.
+  chooseRasterizerThreads(stepMatrixBytes(subject.weights));
+  const gpu: Gpu = await acquireGpu();
   const { config } = subject;
   const maxBatch = Math.max(...o.batches);
   const positions = o.prompt + 4 * o.steps + 8;
@@ -225,7 +228,11 @@ export async function runKernelsBench(
   });
   const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
   print(`# WebGPU engine benchmark\n`);
-  print(`- device: ${gpu.description} (binding limit ${mib(gpu.maxBindingBytes)})`);
+  print(
+    `- device: ${gpu.description}${
+      gpu.inlineDispatch ? ", dispatches inline" : ""
+    } (binding limit ${mib(gpu.maxBindingBytes)})`,
+  );
   print(
     `- model: ${subject.name}: dim ${config.dim}, ${config.nLayers} layers, ${config.nHeads}/${config.nKvHeads} heads, vocab ${config.vocabSize}`,
   );

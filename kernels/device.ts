@@ -1,5 +1,10 @@
 import type { StepContent } from "./step_meta.ts";
-import { describeAdapter, isCpuRasterizer } from "./adapter.ts";
+import {
+  describeAdapter,
+  isCpuRasterizer,
+  rasterizerInline,
+  requestDefaultAdapter,
+} from "./adapter.ts";
 
 /**
  * The WebGPU device and what every kernel needs from it: the limits actually granted, and a
@@ -22,6 +27,8 @@ export interface Gpu {
    * layouts without workgroup barriers and with activation reads shared by every SIMD lane.
    */
   readonly cpuRasterizer: boolean;
+  /** A software rasterizer running each dispatch's workgroups on its own thread (chooseRasterizerThreads). */
+  readonly inlineDispatch: boolean;
   /** The compiled pipeline for a WGSL program, compiled on first use. */
   pipeline(code: string, label: string): GPUComputePipeline;
 }
@@ -66,9 +73,7 @@ export async function acquireGpu(opts: AcquireGpuOptions = {}): Promise<Gpu> {
       `Cannot start WebGPU: navigator.gpu is missing (run Deno with --unstable-webgpu); ${NO_ADAPTER_MESSAGE}`,
     );
   }
-  const adapter = await navigator.gpu.requestAdapter({
-    powerPreference: opts.powerPreference ?? "high-performance",
-  });
+  const adapter = await requestDefaultAdapter(opts.powerPreference);
   if (!adapter) throw new Error(`Cannot start WebGPU: ${NO_ADAPTER_MESSAGE}`);
   const wanted: GPUFeatureName[] = ["shader-f16", "timestamp-query"];
   const features = wanted.filter((f) => adapter.features.has(f));
@@ -106,6 +111,7 @@ export async function acquireGpu(opts: AcquireGpuOptions = {}): Promise<Gpu> {
     hasShaderF16: features.includes("shader-f16"),
     hasTimestamps: features.includes("timestamp-query"),
     cpuRasterizer,
+    inlineDispatch: cpuRasterizer && rasterizerInline(),
     pipeline(code: string, label: string): GPUComputePipeline {
       let p = pipelines.get(code);
       if (!p) {

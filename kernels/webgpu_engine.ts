@@ -8,7 +8,8 @@ import type {
 import { dequantize } from "../lib/model/dequantize.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import type { Tensor } from "../lib/model/tensor.ts";
-import type { ModelWeights } from "../lib/model/weights.ts";
+import { type ModelWeights, stepMatrixBytes } from "../lib/model/weights.ts";
+import { chooseRasterizerThreads } from "./adapter.ts";
 import { acquireGpu, type Gpu, type KernelOp } from "./device.ts";
 import { countDispatches } from "./dispatch_count.ts";
 import { createEmbedding } from "./embedding.ts";
@@ -232,6 +233,7 @@ export class WebGpuEngine implements Engine {
     budget: KvBudget,
     opts: WebGpuEngineOptions = {},
   ): Promise<WebGpuEngine> {
+    if (!opts.gpu) chooseRasterizerThreads(stepMatrixBytes(weights));
     const gpu = opts.gpu ?? await acquireGpu();
     const { device } = gpu;
     const geometry = engineGeometry(config, weights, budget, opts, gpu);

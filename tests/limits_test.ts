@@ -96,9 +96,9 @@ function coreOver(make: () => FakeEngine, maxInFlight: number | undefined): Serv
   });
 }
 
-Deno.test("a serving core pipelines 8 steps for an engine whose results come back through a readback, 3 for one with them on the host, and a configured depth wins", async () => {
+Deno.test("a serving core pipelines 16 steps for an engine whose results come back through a readback, 3 for one with them on the host, and a configured depth wins", async () => {
   const cases: [FakeEngineOptions, number | undefined, number][] = [
-    [{ resultsOnHost: false }, undefined, 8],
+    [{ resultsOnHost: false }, undefined, 16],
     [{ resultsOnHost: true }, undefined, 3],
     [{}, undefined, 3],
     [{ resultsOnHost: false }, 2, 2],
@@ -111,14 +111,14 @@ Deno.test("a serving core pipelines 8 steps for an engine whose results come bac
       await core.close();
     }
   }
-  assertEquals(DEFAULT_LIMITS.readbackPipelineDepth, 8);
+  assertEquals(DEFAULT_LIMITS.readbackPipelineDepth, 16);
   assertEquals(defaultPipelineDepth(false), DEFAULT_LIMITS.readbackPipelineDepth);
 });
 
-Deno.test("a serving core adapts the depth between 3 and 8 for an engine that gives its readback latency, unless a depth is configured", async () => {
+Deno.test("a serving core adapts the depth between 3 and 16 for an engine that gives its readback latency, unless a depth is configured", async () => {
   const make = () =>
     Object.assign(new FakeEngine({ resultsOnHost: false }), { readbackLatencyMs: 10 });
-  for (const [maxInFlight, want] of [[undefined, [3, 8]], [5, [5, 5]]] as const) {
+  for (const [maxInFlight, want] of [[undefined, [3, 16]], [5, [5, 5]]] as const) {
     const core = coreOver(make, maxInFlight);
     try {
       const s = core.scheduler;

@@ -27,11 +27,13 @@ export const DEFAULT_LIMITS = {
    * pipelineDepth for engines whose results come back through a device readback (WebGPU).
    * Deno resolves a buffer mapping no sooner than its 10 ms poll tick, so a single stream
    * decodes at most this many steps per tick: 3 held stories260K to ~205 tokens/s on llvmpipe,
-   * 8 lets its ~2 ms steps run back to back (~500 tokens/s). Steps past a stop cost a batch row.
+   * 8 its ~2 ms steps to ~500, and 16 lets its ~1 ms steps with workgroups inline run back to
+   * back (555 -> 939 tokens/s through the server). Steps past a stop cost a batch row; the
+   * scheduler keeps fewer in flight when steps are long (lib/core/pipeline_depth.ts).
    */
-  readbackPipelineDepth: 8,
+  readbackPipelineDepth: 16,
   /** The deepest pipeline allowed: each level costs a step computed past every stop. */
-  maxPipelineDepth: 8,
+  maxPipelineDepth: 16,
   /** Steps after which a batch request ranks like an interactive one. */
   agingSteps: 256,
   /**

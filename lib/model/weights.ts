@@ -47,3 +47,13 @@ export interface Model {
   /** Where it was loaded from, for logs. */
   readonly source: string;
 }
+
+/**
+ * Bytes of the matrices one decode step reads: every layer's projections and the classifier
+ * (the embedding is a lookup; norms and biases are vectors).
+ */
+export function stepMatrixBytes(weights: ModelWeights): number {
+  const layer = (l: LayerWeights) =>
+    [l.wq, l.wk, l.wv, l.wo, l.wGate, l.wUp, l.wDown].reduce((n, t) => n + t.data.byteLength, 0);
+  return weights.layers.reduce((n, l) => n + layer(l), 0) + weights.output.data.byteLength;
+}

@@ -1,12 +1,16 @@
 import { adapterBindingLimit, NO_ADAPTER_MESSAGE } from "../../kernels/device.ts";
-import { type AdapterSummary, describeAdapterInChild } from "../../kernels/adapter.ts";
+import {
+  type AdapterSummary,
+  chooseRasterizerThreads,
+  describeAdapterInChild,
+} from "../../kernels/adapter.ts";
 import { WebGpuEngine } from "../../kernels/webgpu_engine.ts";
 import { WasmEngine } from "../../kernels/wasm/wasm_engine.ts";
 import { WasmHeap, wasmHeap } from "../../kernels/wasm/heap.ts";
 import { type KvPlan, type KvRequest, planKvCache } from "../engine/kv_budget.ts";
 import { type Engine, GREEDY, type KvGeometry } from "../engine/engine.ts";
 import { CpuEngine } from "../engine/cpu/cpu_engine.ts";
-import type { Model } from "../model/weights.ts";
+import { type Model, stepMatrixBytes } from "../model/weights.ts";
 import { DEFAULT_LIMITS } from "../engine/limits.ts";
 
 export type BackendChoice = "webgpu" | "cpu" | "reference" | "auto";
@@ -107,6 +111,8 @@ export async function planKv(
   adapter?: AdapterSummary,
 ): Promise<KvPlan> {
   const onCpu = backend === "cpu" || backend === "reference";
+  // Before this process's first adapter (adapterBindingLimit asks for one): Mesa reads it then.
+  if (!onCpu) chooseRasterizerThreads(stepMatrixBytes(model.weights));
   const maxPoolBytes = onCpu ? undefined : adapter?.bindingLimit ?? await adapterBindingLimit();
   // The plan counts elements at the size of the engine it is for; the reference engine's are
   // f32, the cpu and webgpu engines' f16 unless told f32.
@@ -136,7 +142,9 @@ function freeMemory(): number | undefined {
 /** Device (or host) memory an engine holds, for the start-up summary. */
 export function engineMemory(
   engine: Engine,
-): { readonly weights: number; readonly kvCache: number; readonly kvResident?: number } | undefined {
+):
+  | { readonly weights: number; readonly kvCache: number; readonly kvResident?: number }
+  | undefined {
   // The engine's own object: its kvResident is a live getter, so later reads see the growth.
   return (engine as { memory?: { weights: number; kvCache: number; kvResident?: number } }).memory;
 }
@@ -187,7 +195,12 @@ export async function createEngine(
       ...(opts.threads === undefined ? {} : { threads: opts.threads }),
       ...(opts.kvDtype === undefined ? {} : { kvDtype: opts.kvDtype }),
     });
-    return { engine: e, description: `cpu (WebAssembly ${e.flavour === "relaxed" ? "relaxed SIMD" : "SIMD"}, ${e.threads} threads, ${e.kvDtype} KV)` };
+    return {
+      engine: e,
+      description: `cpu (WebAssembly ${
+        e.flavour === "relaxed" ? "relaxed SIMD" : "SIMD"
+      }, ${e.threads} threads, ${e.kvDtype} KV)`,
+    };
   };
   const gpu = async (geometry = kv, stepLimits = limits) => {
     // The engine acquires the device itself so that dispose() destroys it: the executor
@@ -198,7 +211,12 @@ export async function createEngine(
       ...(onUpload ? { onUpload } : {}),
       ...(opts.kvDtype === undefined ? {} : { kvDtype: opts.kvDtype }),
     });
-    return { engine: e as Engine, description: `webgpu (${e.gpu.description}, ${e.kvDtype} KV)` };
+    return {
+      engine: e as Engine,
+      description: `webgpu (${e.gpu.description}${
+        e.gpu.inlineDispatch ? ", dispatches inline" : ""
+      }, ${e.kvDtype} KV)`,
+    };
   };
   if (backend === "reference") {
     return {
@@ -215,12 +233,19 @@ export async function createEngine(
   try {
     g = await gpu({ numBlocks: 1, blockSize: kv.blockSize }, { maxBatchTokens: 1, maxSeqs: 1 });
   } catch (e) {
-    return { ...c, description: `${c.description}; webgpu unavailable: ${e instanceof Error ? e.message : e}` };
+    return {
+      ...c,
+      description: `${c.description}; webgpu unavailable: ${e instanceof Error ? e.message : e}`,
+    };
   }
   const [cpuMs, gpuMs] = [await timeDecodeStep(c.engine), await timeDecodeStep(g.engine)];
-  const timings = `decode step ${cpuMs.toFixed(1)} ms on cpu, ${gpuMs.toFixed(1)} ms on ${g.description}`;
+  const timings = `decode step ${cpuMs.toFixed(1)} ms on cpu, ${
+    gpuMs.toFixed(1)
+  } ms on ${g.description}`;
   g.engine.dispose();
-  if (cpuMs <= gpuMs) return { engine: c.engine, description: `${c.description}; auto chose it: ${timings}` };
+  if (cpuMs <= gpuMs) {
+    return { engine: c.engine, description: `${c.description}; auto chose it: ${timings}` };
+  }
   c.engine.dispose();
   const full = await gpu();
   return { engine: full.engine, description: `${full.description}; auto chose it: ${timings}` };
