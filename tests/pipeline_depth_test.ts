@@ -1,5 +1,5 @@
 import { assertEquals, assertThrows } from "@std/assert";
-import { depthFor, PipelineDepth } from "../lib/core/pipeline_depth.ts";
+import { depthFor, LATE_READBACK, PipelineDepth } from "../lib/core/pipeline_depth.ts";
 
 Deno.test("depthFor() covers a step's busy time and the readback after it: 2 + ceil(L / busy), within min..max", () => {
   // 10 ms readback: 2 ms steps need 2 + 5, 4 ms steps 2 + 3, 9 ms 2 + 2, 30 ms 2 + 1 -> min 3.
@@ -33,9 +33,20 @@ Deno.test("PipelineDepth takes the readback latency its results measure over the
   // Readbacks of 14 ms: 2 + ceil(14 / 4) = 6 once measured.
   for (let i = 0; i < 10; i++) d.onResult(4, 14);
   assertEquals([d.readbackMs, d.current], [14, 6]);
+  // Shorter readbacks than the guess lower it: 2 + ceil(6 / 4).
+  for (let i = 0; i < 40; i++) d.onResult(4, 6);
+  assertEquals(d.current, 4);
   // A latency without a busy time is no measurement of a step.
   d.onResult(undefined, 100);
-  assertEquals(d.readbackMs, 14);
+  assertEquals(d.readbackMs?.toFixed(3), "6.000");
+});
+
+Deno.test("a readback later than LATE_READBACK times the engine's latency counts as that much: the host was late, not the device", () => {
+  const d = new PipelineDepth({ min: 3, max: 16, latencyMs: 10 });
+  for (let i = 0; i < 40; i++) d.onResult(4, 40);
+  // Measured 40 ms, counted as 1.25 x 10: 2 + ceil(12.5 / 4) = 6, not 2 + ceil(40 / 4) = 12.
+  assertEquals(LATE_READBACK, 1.25);
+  assertEquals([Math.round(d.readbackMs!), d.current], [40, 6]);
 });
 
 Deno.test("PipelineDepth refuses bounds out of order and a negative latency, naming them", () => {

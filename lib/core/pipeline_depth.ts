@@ -14,6 +14,12 @@
  * after it must cover busy + latency: depth = 2 + ⌈latency / busy⌉, both smoothed over recent
  * steps.
  *
+ * A measured latency counts at most LATE_READBACK times the engine's own: a readback that
+ * takes longer means this process's event loop came to it late, busy with its clients, and
+ * steps queued to cover that wait only delay new prefills while the host stays the limit. At
+ * 32 streams on llvmpipe readbacks measured 15-60 ms, which kept 5-6 steps in flight; capped,
+ * 4, and the server-side TTFT went 53-70 -> 33-35 ms (p50) at the same tokens/s.
+ *
  * ```ts
  * import { assertEquals } from "@std/assert";
  * import { PipelineDepth } from "./pipeline_depth.ts";
@@ -22,8 +28,11 @@
  * assertEquals(depth.current, 8); // before any measurement: the deepest
  * depth.onResult(9); // a 9 ms step: 2 + ceil(10 / 9) = 4
  * assertEquals(depth.current, 4);
- * depth.onResult(9, 19); // its readback took 19 ms, measured, not assumed: 2 + ceil(19 / 9)
- * assertEquals(depth.current, 5);
+ * depth.onResult(9, 12); // its readback took 12 ms, measured, not assumed: 2 + ceil(12 / 9)
+ * assertEquals(depth.current, 4);
+ * const late = new PipelineDepth({ min: 3, max: 16, latencyMs: 10 });
+ * late.onResult(2, 40); // a 40 ms readback counts as 12.5 (the host was late): 2 + ceil(12.5 / 2)
+ * assertEquals(late.current, 9);
  * ```
  */
 export class PipelineDepth {
@@ -74,7 +83,8 @@ export class PipelineDepth {
     if (!measured(busyMs)) return;
     this.#busy = smooth(this.#busy, busyMs);
     if (measured(readbackMs)) this.#latency = smooth(this.#latency, readbackMs);
-    this.current = depthFor(this.#latency ?? this.latencyMs, this.#busy, this.min, this.max);
+    const latency = Math.min(this.#latency ?? this.latencyMs, LATE_READBACK * this.latencyMs);
+    this.current = depthFor(latency, this.#busy, this.min, this.max);
   }
 
   /** After an engine restart the old measurements say nothing of the new engine. */
@@ -84,6 +94,9 @@ export class PipelineDepth {
     this.current = this.max;
   }
 }
+
+/** The most a measured readback latency counts for, as a multiple of the engine's own. */
+export const LATE_READBACK = 1.25;
 
 function measured(ms: number | undefined): ms is number {
   return ms !== undefined && Number.isFinite(ms) && ms >= 0;
