@@ -7,8 +7,9 @@ import { BLOCK_LAYOUT, type TensorType } from "../lib/model/tensor.ts";
  * ({@link DEVICE_LAYOUT}). Read in place, such blocks start on a 2-byte boundary every other
  * block, and their fields cost two loads and a select each, or one extra load per run of
  * words: on llvmpipe the aligned reads made Q3_K matmuls 1.5x, Q5_0 1.15x and Q6_K 1.1x as
- * fast (bench:formats at 9,728 x 1,024, one row). Every reader yields one chunk: 4 elements of a float type, or 32 of a block type (a
- * Q8_0..Q5_1 block, or one eighth of a K-quant super-block).
+ * fast (bench:formats at 9,728 x 1,024, one row). Every reader yields one chunk
+ * (chunkElements): 4 elements of a float type, or 32 of a block type (a Q8_0..Q5_1 block, or
+ * one eighth of a K-quant super-block), or 64 of Q4_K and Q5_K (a quarter super-block).
  */
 
 /** Helpers shared by every reader. */
@@ -149,8 +150,14 @@ export function toDeviceRows(
   }
 }
 
-/** Elements per matmul work item: a vec4 for float types, 32 for block types. */
+/**
+ * Elements per matmul work item: a vec4 for float types, 32 for block types, and 64 for Q4_K
+ * and Q5_K, whose sub-blocks 2p and 2p + 1 share one run of 32 quant bytes (low and high
+ * nibbles): read one sub-block at a time, every quant word was loaded twice, and on llvmpipe,
+ * where each storage load is a loop over the SIMD lanes, loads are most of a matmul's time.
+ */
 export function chunkElements(type: TensorType): number {
+  if (type === "q4_k" || type === "q5_k") return 64;
   return BLOCK_LAYOUT[type].elements === 1 ? 4 : 32;
 }
 
@@ -272,8 +279,9 @@ function words(p: string, name: string, n: number, read: (i: number) => string):
 }
 
 /**
- * One 32-element sub-block s = c % 8 of super-block c / 8 of a K-quant row, every element
- * dequantized (pd = 1): the sub-block's scales differ per 16 elements for Q2_K, Q3_K and Q6_K.
+ * One 32-element sub-block s = c % 8 of super-block c / 8 of a K-quant row (two, for Q4_K and
+ * Q5_K: chunkElements), every element dequantized (pd = 1): the sub-block's scales differ per
+ * 16 elements for Q2_K, Q3_K and Q6_K.
  * Element l of the sub-block sits in byte l of a 32-byte run (quants, high bits), so word i of
  * each run holds elements 4i..4i+3 and fields() takes them apart.
  */
@@ -330,21 +338,33 @@ function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string)
       }`;
     case "q4_k":
     case "q5_k": {
-      // d, dmin, scales[12], [qh[32],] qs[128]: word-aligned. Sub-block pair s/2 shares 32 qs
-      // bytes (low nibbles for even s, high for odd); Q5_K's fifth bit is bit s of qh[l].
+      // d, dmin, scales[12], [qh[32],] qs[128]: word-aligned. Chunk c is sub-blocks 2t, 2t + 1
+      // (t = c % 4) of super-block c / 4: one run of 32 qs bytes, low nibbles then high;
+      // Q5_K's fifth bit of sub-block s is bit s of qh[l].
       const five = type === "q5_k";
-      const q = (i: number) =>
-        five
-          ? `bytes4(((${p}q${i} >> ${p}sh) & 0x0F0F0F0Fu) | (((${p}h${i} >> ${p}s) & 0x01010101u) << 4u))`
-          : `fields(${p}q${i}, ${p}sh, 15u)`;
-      return `${head}
+      const q = (i: number, hi: boolean) => {
+        const nib = `((${p}q${i} >> ${hi ? 4 : 0}u) & 0x0F0F0F0Fu)`;
+        return five
+          ? `bytes4(${nib} | (((${p}h${i} >> ${p}s${hi ? "b" : "a"}) & 0x01010101u) << 4u))`
+          : `fields(${p}q${i}, ${hi ? 4 : 0}u, 15u)`;
+      };
+      const pairVals = Array.from({ length: 16 }, (_, i) => {
+        const hi = i >= 8;
+        const x = hi ? "b" : "a";
+        return `let ${p}${i} = ${p}ds${x} * vec4<f32>(${q(i % 8, hi)}) - ${p}ms${x};`;
+      }).join("\n      ");
+      return `let ${p}off = (${rowExpr}) * ${rowBytes(type, cols)}u + (c >> 2u) * ${bytes}u;
+      let ${p}sa = 2u * (c & 3u); let ${p}sb = ${p}sa + 1u;
+      let ${p}d = 1.0;
       let ${p}dd = unpack2x16float(${word("0u")});
-      let ${p}sm = kScaleMin(${word("4u")}, ${word("8u")}, ${word("12u")}, ${p}s);
-      let ${p}ds = ${p}dd.x * ${p}sm.x; let ${p}ms = ${p}dd.y * ${p}sm.y;
-      let ${p}sh = 4u * (${p}s & 1u);
-      ${run("q", `${five ? 48 : 16}u + 32u * (${p}s >> 1u)`)}
+      let ${p}s0 = ${word("4u")}; let ${p}s1 = ${word("8u")}; let ${p}s2 = ${word("12u")};
+      let ${p}sma = kScaleMin(${p}s0, ${p}s1, ${p}s2, ${p}sa);
+      let ${p}smb = kScaleMin(${p}s0, ${p}s1, ${p}s2, ${p}sb);
+      let ${p}dsa = ${p}dd.x * ${p}sma.x; let ${p}msa = ${p}dd.y * ${p}sma.y;
+      let ${p}dsb = ${p}dd.x * ${p}smb.x; let ${p}msb = ${p}dd.y * ${p}smb.y;
+      ${run("q", `${five ? 48 : 16}u + 32u * (c & 3u)`)}
       ${five ? run("h", "16u") : ""}
-      ${vals((i) => `${p}ds * vec4<f32>(${q(i)}) - ${p}ms`)}`;
+      ${pairVals}`;
     }
     case "q6_k":
       // ql[128], qh[64], int8 scales[16], d. Half n = s/4, quarter k = s%4: low 4 bits from
