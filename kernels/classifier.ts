@@ -6,9 +6,11 @@ import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";
 import {
   chunkElements,
   chunkVec4s,
+  needsVec4View,
   rowBytes,
   WGSL_WEIGHT_HELPERS,
   wgslLoadChunk,
+  wgslVec4View,
 } from "./weight_formats.ts";
 
 /**
@@ -104,6 +106,7 @@ struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
 @group(0) @binding(1) var<uniform> chunk: Chunk;
 @group(0) @binding(2) var<storage, read> W: ${type === "f32" ? "array<vec4<f32>>" : "array<u32>"};
+${wgslVec4View(type, 5)}
 @group(0) @binding(3) var<storage, read> Xn: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
 const NCHUNK = ${cols / chunkElements(type)}u;
@@ -287,7 +290,14 @@ export function createClassifier(
     const bindGroups = pipelines.map((p) =>
       device.createBindGroup({
         layout: p.getBindGroupLayout(0),
-        entries: [target.dims, params, c.buffer, xn, target.y].map((b, binding) => ({
+        entries: [
+          target.dims,
+          params,
+          c.buffer,
+          xn,
+          target.y,
+          ...(needsVec4View(m.type) ? [c.buffer] : []),
+        ].map((b, binding) => ({
           binding,
           resource: bufferBinding(b),
         })),

@@ -1,7 +1,14 @@
 import { bindAll, type Gpu, type KernelOp, uploadBuffer } from "./device.ts";
 import type { GpuMatrix } from "./gpu_matrix.ts";
 import { DIM_ROWS, LAST_SAMPLED_FLAG, WGSL_STEP_TYPES } from "./step_meta.ts";
-import { chunkElements, chunkVec4s, WGSL_WEIGHT_HELPERS, wgslLoadChunk } from "./weight_formats.ts";
+import {
+  chunkElements,
+  chunkVec4s,
+  needsVec4View,
+  WGSL_WEIGHT_HELPERS,
+  wgslLoadChunk,
+  wgslVec4View,
+} from "./weight_formats.ts";
 
 /**
  * WGSL gathering each row's token embedding, dequantized from the file encoding by the same
@@ -22,6 +29,7 @@ struct Chunk { rowStart: u32, rows: u32, unused0: u32, unused1: u32 }
 @group(0) @binding(3) var<storage, read> rows: array<Row>;
 @group(0) @binding(4) var<storage, read> lastSampled: array<u32>;
 @group(0) @binding(5) var<storage, read_write> X: array<vec4<f32>>;
+${wgslVec4View(m.type, 6)}
 ${m.type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
@@ -66,6 +74,7 @@ export function createEmbedding(gpu: Gpu, m: GpuMatrix, target: EmbeddingTarget)
       target.rows,
       target.lastSampled,
       target.x,
+      ...(needsVec4View(m.type) ? [c.buffer] : []),
     ])
   );
   return {

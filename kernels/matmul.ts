@@ -2,7 +2,14 @@ import type { TensorType } from "../lib/model/tensor.ts";
 import { type Gpu, type KernelOp, uploadBuffer } from "./device.ts";
 import type { GpuMatrix } from "./gpu_matrix.ts";
 import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";
-import { chunkElements, chunkVec4s, WGSL_WEIGHT_HELPERS, wgslLoadChunk } from "./weight_formats.ts";
+import {
+  chunkElements,
+  chunkVec4s,
+  needsVec4View,
+  WGSL_WEIGHT_HELPERS,
+  wgslLoadChunk,
+  wgslVec4View,
+} from "./weight_formats.ts";
 import { type KvDtype, kvElementBytes, kvWgsl } from "./kv_dtype.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import { wgslLaneAttentionBody } from "./attention.ts";
@@ -183,6 +190,7 @@ struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
 @group(0) @binding(1) var<uniform> chunk: Chunk;
 @group(0) @binding(2) var<storage, read> W: ${wType};
+${wgslVec4View(type, 16)}
 @group(0) @binding(3) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
 ${norm ? "@group(0) @binding(5) var<storage, read> NW: array<vec4<f32>>;" : ""}
@@ -349,6 +357,7 @@ struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
 @group(0) @binding(1) var<uniform> chunk: Chunk;
 @group(0) @binding(2) var<storage, read> W: ${wType};
+${wgslVec4View(type, 16)}
 @group(0) @binding(3) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
 ${norm ? "@group(0) @binding(5) var<storage, read> NW: array<vec4<f32>>;" : ""}
@@ -661,6 +670,7 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
       [3, target.x],
       [4, target.y],
     ];
+    if (needsVec4View(m.type)) bound.push([16, c.buffer]);
     if (target.norm) bound.push([5, target.norm.weight]);
     if (target.finalNorm) {
       const f = target.finalNorm;

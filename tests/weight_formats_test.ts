@@ -4,20 +4,45 @@ import { rowBytes, toDeviceRows } from "../kernels/weight_formats.ts";
 /** `n` bytes numbered from `from`. */
 const seq = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
 
-Deno.test("toDeviceRows() puts each two Q5_0 blocks' scales first, then the rest of each, and ends an odd row with a zero block", () => {
-  // One row of three 22-byte blocks (96 columns): block b's bytes are 100b + 0..21.
+Deno.test("toDeviceRows() lays a Q5_0 row out as planes of scales, fifth bits and quants, each padded to 16 bytes", () => {
+  // One row of three 22-byte blocks (96 columns): block b's bytes are 100b + 0..21 (d at 0..1,
+  // qh at 2..5, qs at 6..21).
   const src = new Uint8Array([...seq(0, 22), ...seq(100, 22), ...seq(200, 22)]);
-  assertEquals(rowBytes("q5_0", 96), 88);
-  const dst = new Uint8Array(88);
+  // Scales 6 -> 16 bytes, fifth bits 12 -> 16, quants 48: 80.
+  assertEquals(rowBytes("q5_0", 96), 80);
+  const dst = new Uint8Array(80);
   toDeviceRows("q5_0", 96, src, dst);
   assertEquals([...dst], [
-    ...[0, 1, 100, 101], // d0, d1
-    ...seq(2, 20), // qh0, qs0
-    ...seq(102, 20), // qh1, qs1
-    ...[200, 201, 0, 0], // d2, and the missing block's scale
-    ...seq(202, 20),
-    ...new Array(20).fill(0),
+    ...[0, 1, 100, 101, 200, 201], // d0, d1, d2
+    ...new Array(10).fill(0),
+    ...seq(2, 4), // qh0
+    ...seq(102, 4),
+    ...seq(202, 4),
+    ...new Array(4).fill(0),
+    ...seq(6, 16), // qs0
+    ...seq(106, 16),
+    ...seq(206, 16),
   ]);
+});
+
+Deno.test("toDeviceRows() puts Q8_0 and Q4_0 scales before their quants, row by row", () => {
+  // Two rows of one 34-byte Q8_0 block each (32 columns).
+  const q8 = new Uint8Array([...seq(0, 34), ...seq(50, 34)]);
+  assertEquals(rowBytes("q8_0", 32), 48);
+  const d8 = new Uint8Array(96);
+  toDeviceRows("q8_0", 32, q8, d8);
+  const row = (from: number, qs: number) => [
+    from,
+    from + 1,
+    ...new Array(14).fill(0),
+    ...seq(from + 2, qs),
+  ];
+  assertEquals([...d8], [...row(0, 32), ...row(50, 32)]);
+  const q4 = new Uint8Array(seq(0, 18));
+  assertEquals(rowBytes("q4_0", 32), 32);
+  const d4 = new Uint8Array(32);
+  toDeviceRows("q4_0", 32, q4, d4);
+  assertEquals([...d4], row(0, 16));
 });
 
 Deno.test("toDeviceRows() pads each Q6_K block to 212 bytes and copies word-aligned types as they are", () => {
