@@ -10,7 +10,7 @@ import {
   rowBytes,
   WGSL_WEIGHT_HELPERS,
   wgslLoadChunk,
-  wgslVec4View,
+  wgslWeights,
 } from "./weight_formats.ts";
 
 /**
@@ -105,8 +105,7 @@ export function classifierLaneWgsl(type: TensorType, cols: number, tile: number)
 struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
 @group(0) @binding(1) var<uniform> chunk: Chunk;
-@group(0) @binding(2) var<storage, read> W: ${type === "f32" ? "array<vec4<f32>>" : "array<u32>"};
-${wgslVec4View(type, 5)}
+${wgslWeights(type, 5)}
 @group(0) @binding(3) var<storage, read> Xn: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
 const NCHUNK = ${cols / chunkElements(type)}u;

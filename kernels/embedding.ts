@@ -7,7 +7,7 @@ import {
   needsVec4View,
   WGSL_WEIGHT_HELPERS,
   wgslLoadChunk,
-  wgslVec4View,
+  wgslWeights,
 } from "./weight_formats.ts";
 
 /**
@@ -25,11 +25,10 @@ ${WGSL_STEP_TYPES}
 struct Chunk { rowStart: u32, rows: u32, unused0: u32, unused1: u32 }
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
 @group(0) @binding(1) var<uniform> chunk: Chunk;
-@group(0) @binding(2) var<storage, read> W: ${m.type === "f32" ? "array<vec4<f32>>" : "array<u32>"};
+${wgslWeights(m.type, 6)}
 @group(0) @binding(3) var<storage, read> rows: array<Row>;
 @group(0) @binding(4) var<storage, read> lastSampled: array<u32>;
 @group(0) @binding(5) var<storage, read_write> X: array<vec4<f32>>;
-${wgslVec4View(m.type, 6)}
 ${m.type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {

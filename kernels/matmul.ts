@@ -8,7 +8,7 @@ import {
   needsVec4View,
   WGSL_WEIGHT_HELPERS,
   wgslLoadChunk,
-  wgslVec4View,
+  wgslWeights,
 } from "./weight_formats.ts";
 import { type KvDtype, kvElementBytes, kvWgsl } from "./kv_dtype.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
@@ -120,7 +120,6 @@ export function matmulWgsl(spec: MatmulSpec): string {
   const norm = spec.normEps !== undefined;
   const dual = epilogue === "swiglu";
   const nv = chunkVec4s(type);
-  const wType = type === "f32" ? "array<vec4<f32>>" : "array<u32>";
   const rows = Array.from({ length: tr }, (_, r) => r);
   const accs = dual ? ["g", "u"] : ["a"];
   const partials = [...accs, ...(norm ? ["s"] : [])];
@@ -189,8 +188,7 @@ ${WGSL_STEP_TYPES}
 struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
 @group(0) @binding(1) var<uniform> chunk: Chunk;
-@group(0) @binding(2) var<storage, read> W: ${wType};
-${wgslVec4View(type, 16)}
+${wgslWeights(type, 16)}
 @group(0) @binding(3) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
 ${norm ? "@group(0) @binding(5) var<storage, read> NW: array<vec4<f32>>;" : ""}
@@ -272,7 +270,6 @@ export function matmulLaneWgsl(spec: MatmulSpec, tile = laneShape(spec.type).row
   const norm = spec.normEps !== undefined;
   const dual = epilogue === "swiglu";
   const nv = chunkVec4s(type);
-  const wType = type === "f32" ? "array<vec4<f32>>" : "array<u32>";
   const rows = Array.from({ length: tr }, (_, r) => r);
   const js = Array.from({ length: outs }, (_, j) => j);
   const accs = dual ? ["g", "u"] : ["a"];
@@ -356,8 +353,7 @@ ${WGSL_STEP_TYPES}
 struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
 @group(0) @binding(0) var<uniform> dims: vec4<u32>;
 @group(0) @binding(1) var<uniform> chunk: Chunk;
-@group(0) @binding(2) var<storage, read> W: ${wType};
-${wgslVec4View(type, 16)}
+${wgslWeights(type, 16)}
 @group(0) @binding(3) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
 ${norm ? "@group(0) @binding(5) var<storage, read> NW: array<vec4<f32>>;" : ""}

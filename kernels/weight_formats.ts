@@ -14,11 +14,6 @@ import { BLOCK_LAYOUT, type TensorType } from "../lib/model/tensor.ts";
 
 /** Helpers shared by every reader. */
 export const WGSL_WEIGHT_HELPERS = /* wgsl */ `
-// The 32 bits at a 2-aligned byte offset.
-fn w2(byteOff: u32) -> u32 {
-  let i = byteOff >> 2u;
-  return select(W[i], (W[i] >> 16u) | (W[i + 1u] << 16u), (byteOff & 2u) != 0u);
-}
 // Four signed bytes of a word, low byte first.
 fn i8x4(w: u32) -> vec4<f32> {
   return vec4<f32>(vec4<i32>(
@@ -98,20 +93,38 @@ function planes(type: TensorType, cols: number): { qh: number; qs: number; bytes
   return { qh, qs, bytes: qs + blocks * (type === "q8_0" ? 32 : 16) };
 }
 
-/** Whether a type's reader also loads 16-byte words through `W4` ({@link wgslVec4View}). */
+/**
+ * Readers that load 16 bytes at a time through `W4` (array<vec4<u32>>; on llvmpipe a vec4 load
+ * costs less than three word loads): Q4_K and Q5_K only so (their 144- and 176-byte blocks
+ * start on 16 bytes), the "planes" types beside word loads from `W`.
+ */
+const VEC4_ONLY: ReadonlySet<TensorType> = new Set(["q4_k", "q5_k"]);
+
+/** Whether a type's kernels bind the weights twice: as W (binding 2) and as W4 ({@link wgslWeights}). */
 export function needsVec4View(type: TensorType): boolean {
   return DEVICE_LAYOUT[type] === "planes";
 }
 
 /**
- * The declaration of `W4`, the weights as vec4<u32> at `binding` (bind the same buffer as W
- * there), for the types that need it; "" for the others.
+ * The weights' declarations for a type's reader: `W` at binding 2 (vec4<f32> for f32, else
+ * u32 words), or `W4` there for Q4_K and Q5_K; the "planes" types also get `W4` at
+ * `vec4Binding`, which must be bound to the same buffer (needsVec4View).
  */
-export function wgslVec4View(type: TensorType, binding: number): string {
-  return needsVec4View(type)
-    ? `@group(0) @binding(${binding}) var<storage, read> W4: array<vec4<u32>>;`
-    : "";
+export function wgslWeights(type: TensorType, vec4Binding: number): string {
+  const decl = (binding: number, name: string, elem: string) =>
+    `@group(0) @binding(${binding}) var<storage, read> ${name}: array<${elem}>;`;
+  if (type === "f32") return decl(2, "W", "vec4<f32>");
+  if (VEC4_ONLY.has(type)) return decl(2, "W4", "vec4<u32>");
+  return `${decl(2, "W", "u32")}
+${needsVec4View(type) ? decl(vec4Binding, "W4", "vec4<u32>") : ""}
+${w2Helper}`;
 }
+
+const w2Helper = /* wgsl */ `// The 32 bits at a 2-aligned byte offset.
+fn w2(byteOff: u32) -> u32 {
+  let i = byteOff >> 2u;
+  return select(W[i], (W[i] >> 16u) | (W[i + 1u] << 16u), (byteOff & 2u) != 0u);
+}`;
 
 /** Whether the device holds this type's rows exactly as the file does. */
 export function sameOnDevice(type: TensorType): boolean {
@@ -387,17 +400,24 @@ function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string)
         const x = hi ? "b" : "a";
         return `let ${p}${i} = ${p}ds${x} * vec4<f32>(${q(i % 8, hi)}) - ${p}ms${x};`;
       }).join("\n      ");
-      return `let ${p}off = (${rowExpr}) * ${rowBytes(type, cols)}u + (c >> 2u) * ${bytes}u;
+      // Blocks of 144 and 176 bytes start on 16 bytes: the header (d, dmin, scales) is one
+      // vec4<u32>, a 32-byte run two (W4; on llvmpipe a vec4 load costs less than three words).
+      const c4 = ["x", "y", "z", "w"];
+      const run4 = (name: string, at: string) =>
+        `let ${p}${name}v0 = W4[${p}hb + ${at}]; let ${p}${name}v1 = W4[${p}hb + ${at} + 1u]; ${
+          words(p, name, 8, (i) => `${p}${name}v${i >> 2}.${c4[i & 3]}`)
+        }`;
+      return `let ${p}hb = ((${rowExpr}) * ${rowBytes(type, cols)}u + (c >> 2u) * ${bytes}u) >> 4u;
       let ${p}sa = 2u * (c & 3u); let ${p}sb = ${p}sa + 1u;
       let ${p}d = 1.0;
-      let ${p}dd = unpack2x16float(${word("0u")});
-      let ${p}s0 = ${word("4u")}; let ${p}s1 = ${word("8u")}; let ${p}s2 = ${word("12u")};
-      let ${p}sma = kScaleMin(${p}s0, ${p}s1, ${p}s2, ${p}sa);
-      let ${p}smb = kScaleMin(${p}s0, ${p}s1, ${p}s2, ${p}sb);
+      let ${p}hd = W4[${p}hb];
+      let ${p}dd = unpack2x16float(${p}hd.x);
+      let ${p}sma = kScaleMin(${p}hd.y, ${p}hd.z, ${p}hd.w, ${p}sa);
+      let ${p}smb = kScaleMin(${p}hd.y, ${p}hd.z, ${p}hd.w, ${p}sb);
       let ${p}dsa = ${p}dd.x * ${p}sma.x; let ${p}msa = ${p}dd.y * ${p}sma.y;
       let ${p}dsb = ${p}dd.x * ${p}smb.x; let ${p}msb = ${p}dd.y * ${p}smb.y;
-      ${run("q", `${five ? 48 : 16}u + 32u * (c & 3u)`)}
-      ${five ? run("h", "16u") : ""}
+      ${run4("q", `${five ? 3 : 1}u + 2u * (c & 3u)`)}
+      ${five ? run4("h", "1u") : ""}
       ${pairVals}`;
     }
     case "q6_k":
