@@ -341,13 +341,24 @@ function q6kHalfLoop(cols: number, tile: number, outs: number): string {
       " ",
     );
   const block = rowBytes("q6_k", 256);
+  // Runs of 16-byte words through W4 (device blocks start on 16 bytes), as words name0...
+  const c4 = ["x", "y", "z", "w"];
+  const run4 = (p: string, name: string, at: string, n: number) =>
+    Array.from({ length: n }, (_, v) => `let ${p}${name}v${v} = W4[(${p}b >> 2u) + ${at} + ${v}u];`)
+      .join(" ") +
+    " " +
+    Array.from(
+      { length: 4 * n },
+      (_, i) => `let ${p}${name}${i} = ${p}${name}v${i >> 2}.${c4[i & 3]};`,
+    )
+      .join(" ");
   const loads = js.map((j) => {
     const p = `w${j}`;
     // Word offsets from the block's first word: ql at 16n, qh at 32 + 8n, scales at 48 + 2n.
     return `let ${p}b = (oc${j} * ${(cols / 256) * block}u + (h >> 1u) * ${block}u) >> 2u;
       let ${p}n = h & 1u;
-      ${run(p, "q", `16u * ${p}n`, 16)}
-      ${run(p, "h", `32u + 8u * ${p}n`, 8)}
+      ${run4(p, "q", `4u * ${p}n`, 4)}
+      ${run4(p, "h", `8u + 2u * ${p}n`, 2)}
       ${run(p, "s", `48u + 2u * ${p}n`, 2)}
       let ${p}d = unpack2x16float(W[${p}b + 52u]).x;`;
   }).join("\n      ");

@@ -73,7 +73,9 @@ fn q3Scale(a: u32, b: u32, c: u32, k: u32) -> f32 {
  *   bytes, so a block's quants are one or two 16-byte loads (`W4`, the same buffer as
  *   vec4<u32>). On llvmpipe each storage load is a loop over the SIMD lanes, a vec4 costing
  *   less than three words. Rows grow by the padding only (Qwen2.5's 896 columns: 1.3%).
- * - "pad" (Q3_K, Q6_K, whose f16 scale is last): 2 zero bytes after each block (under 2%).
+ * - "pad" (Q3_K, Q6_K, whose f16 scale is last): zero bytes after each block up to a
+ *   multiple of 16 (Q3_K 110 -> 112, Q6_K 210 -> 224: 6.7%), so that Q6_K's 32-byte runs
+ *   of quants and high bits are two 16-byte loads each through `W4`.
  */
 const DEVICE_LAYOUT: Partial<Record<TensorType, "planes" | "pad">> = {
   q8_0: "planes",
@@ -102,7 +104,7 @@ const VEC4_ONLY: ReadonlySet<TensorType> = new Set(["q4_k", "q5_k"]);
 
 /** Whether a type's kernels bind the weights twice: as W (binding 2) and as W4 ({@link wgslWeights}). */
 export function needsVec4View(type: TensorType): boolean {
-  return DEVICE_LAYOUT[type] === "planes";
+  return DEVICE_LAYOUT[type] === "planes" || type === "q6_k";
 }
 
 /**
@@ -139,7 +141,7 @@ export function rowBytes(type: TensorType, cols: number): number {
     case "planes":
       return planes(type, cols).bytes;
     case "pad":
-      return blocks * (bytes + 2);
+      return blocks * pad16(bytes);
     default:
       return blocks * bytes;
   }
@@ -188,7 +190,7 @@ export function toDeviceRows(
   for (let r = 0; r < rows; r++) {
     let s = (r * srcRow) / 2;
     let d = (r * dstRow) / 2;
-    for (let b = 0; b < blocks; b++, s += sw, d += sw + 1) {
+    for (let b = 0; b < blocks; b++, s += sw, d += pad16(bytes) / 2) {
       for (let i = 0; i < sw; i++) d16[d + i] = s16[s + i]!;
     }
   }
@@ -343,6 +345,12 @@ function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string)
     return `let ${b} = (${p}off + ${at}) >> 2u; ${words(p, name, 8, (i) => `W[${b} + ${i}u]`)}`;
   };
   const word = (at: string) => `W[(${p}off + ${at}) >> 2u]`;
+  // A 32-byte run at vec4 `at` from the block's first (hb) as 8 words: two 16-byte loads.
+  const c4 = ["x", "y", "z", "w"];
+  const run4 = (name: string, at: string) =>
+    `let ${p}${name}v0 = W4[${p}hb + ${at}]; let ${p}${name}v1 = W4[${p}hb + ${at} + 1u]; ${
+      words(p, name, 8, (i) => `${p}${name}v${i >> 2}.${c4[i & 3]}`)
+    }`;
   const vals = (expr: (i: number) => string) =>
     Array.from({ length: 8 }, (_, i) => `let ${p}${i} = ${expr(i)};`).join("\n      ");
   switch (type) {
@@ -402,11 +410,6 @@ function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string)
       }).join("\n      ");
       // Blocks of 144 and 176 bytes start on 16 bytes: the header (d, dmin, scales) is one
       // vec4<u32>, a 32-byte run two (W4; on llvmpipe a vec4 load costs less than three words).
-      const c4 = ["x", "y", "z", "w"];
-      const run4 = (name: string, at: string) =>
-        `let ${p}${name}v0 = W4[${p}hb + ${at}]; let ${p}${name}v1 = W4[${p}hb + ${at} + 1u]; ${
-          words(p, name, 8, (i) => `${p}${name}v${i >> 2}.${c4[i & 3]}`)
-        }`;
       return `let ${p}hb = ((${rowExpr}) * ${rowBytes(type, cols)}u + (c >> 2u) * ${bytes}u) >> 4u;
       let ${p}sa = 2u * (c & 3u); let ${p}sb = ${p}sa + 1u;
       let ${p}d = 1.0;
@@ -432,8 +435,9 @@ function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string)
       let ${p}db = ${p}dall * f32(bitcast<i32>(${p}sw << 16u) >> 24u);
       let ${p}sh = 4u * (${p}k >> 1u);
       let ${p}hs = 2u * ${p}k;
-      ${run("q", `64u * ${p}n + 32u * (${p}k & 1u)`)}
-      ${run("h", `128u + 32u * ${p}n`)}
+      let ${p}hb = ${p}off >> 4u;
+      ${run4("q", `4u * ${p}n + 2u * (${p}k & 1u)`)}
+      ${run4("h", `8u + 2u * ${p}n`)}
       ${
         vals((i) =>
           `${p}d${

@@ -45,12 +45,19 @@ Deno.test("toDeviceRows() puts Q8_0 and Q4_0 scales before their quants, row by 
   assertEquals([...d4], row(0, 16));
 });
 
-Deno.test("toDeviceRows() pads each Q6_K block to 212 bytes and copies word-aligned types as they are", () => {
+Deno.test("toDeviceRows() pads each Q6_K block to 224 bytes and Q3_K's to 112 (16-byte starts), and copies word-aligned types as they are", () => {
   const src = new Uint8Array([...seq(0, 210), ...seq(10, 210)].map((b) => b % 256));
-  assertEquals(rowBytes("q6_k", 512), 424);
-  const dst = new Uint8Array(424);
+  assertEquals(rowBytes("q6_k", 512), 448);
+  const dst = new Uint8Array(448);
   toDeviceRows("q6_k", 512, src, dst);
-  assertEquals([...dst], [...seq(0, 210), 0, 0, ...seq(10, 210), 0, 0].map((b) => b % 256));
+  const zeros = new Array(14).fill(0);
+  assertEquals([...dst], [
+    ...seq(0, 210).map((b) => b % 256),
+    ...zeros,
+    ...seq(10, 210).map((b) => b % 256),
+    ...zeros,
+  ]);
+  assertEquals(rowBytes("q3_k", 256), 112);
 
   const q4k = new Uint8Array(seq(0, 144));
   const out = new Uint8Array(144);
