@@ -44,8 +44,28 @@ let threadsAtLoad: string | undefined | null = null;
 export async function requestDefaultAdapter(
   powerPreference: GPUPowerPreference = "high-performance",
 ): Promise<GPUAdapter | null> {
-  if (threadsAtLoad === null) threadsAtLoad = Deno.env.get(RASTERIZER_THREADS_ENV);
-  return await navigator.gpu.requestAdapter({ powerPreference });
+  const first = threadsAtLoad === null;
+  if (first) threadsAtLoad = readEnv(RASTERIZER_THREADS_ENV);
+  const adapter = await navigator.gpu.requestAdapter({ powerPreference });
+  // Mesa has read it now: processes this one starts get the user's environment, not ours.
+  if (first) setHere?.delete(RASTERIZER_THREADS_ENV);
+  setHere = undefined;
+  return adapter;
+}
+
+/** The environment chooseRasterizerThreads set LP_NUM_THREADS in, until the adapter is loaded. */
+let setHere: Pick<typeof Deno.env, "delete"> | undefined;
+
+/** A variable's value, or undefined where this process may not read it (the adapter probe runs with no permissions). */
+function readEnv(name: string): string | undefined {
+  try {
+    return Deno.env.get(name);
+  } catch (e) {
+    if (e instanceof Deno.errors.NotCapable || e instanceof Deno.errors.PermissionDenied) {
+      return undefined;
+    }
+    throw e;
+  }
 }
 
 /** Whether a software rasterizer loaded in this process runs workgroups inline (LP_NUM_THREADS=0). */
@@ -69,18 +89,20 @@ export const INLINE_RASTERIZER_BYTES = 4 * 2 ** 20;
  * INLINE_RASTERIZER_BYTES a step run a software rasterizer's workgroups inline, by setting
  * LP_NUM_THREADS=0 (only Mesa's software drivers read it). Leaves the variable alone when the
  * user set it, and does nothing once an adapter was requested (Mesa has read it then); the
- * first model to ask decides for the whole process. Returns what the driver will do, or
- * "fixed" when it was already loaded.
+ * first model to ask decides for the whole process. The variable is removed again once the
+ * adapter is loaded, so child processes (servers, probes) choose for themselves. Returns what
+ * the driver will do, or "fixed" when it was already loaded.
  */
 export function chooseRasterizerThreads(
   matrixBytes: number,
-  env: Pick<typeof Deno.env, "get" | "set"> = Deno.env,
+  env: Pick<typeof Deno.env, "get" | "set" | "delete"> = Deno.env,
 ): "inline" | "pool" | "fixed" {
   if (threadsAtLoad !== null) return "fixed";
   const set = env.get(RASTERIZER_THREADS_ENV);
   if (set !== undefined) return set === "0" ? "inline" : "pool";
   if (matrixBytes > INLINE_RASTERIZER_BYTES) return "pool";
   env.set(RASTERIZER_THREADS_ENV, "0");
+  setHere = env;
   return "inline";
 }
 

@@ -1,3 +1,4 @@
+import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { assertEquals, assertThrows } from "@std/assert";
 import { resolveConfig } from "../lib/cli/config.ts";
 
@@ -34,10 +35,16 @@ Deno.test("resolveConfig() names every invalid setting and the value received", 
   }
 });
 
-Deno.test("resolveConfig() bounds the pipeline depth to 1..8, and leaves it to the engine when unset", () => {
+Deno.test("resolveConfig() bounds the pipeline depth to 1..maxPipelineDepth, and leaves it to the engine when unset", () => {
+  const most = DEFAULT_LIMITS.maxPipelineDepth;
+  assertEquals(most, 16);
   assertEquals(resolveConfig({}, noEnv).pipelineDepth, undefined);
-  assertEquals(resolveConfig({ pipelineDepth: "8" }, noEnv).pipelineDepth, 8);
-  assertThrows(() => resolveConfig({ pipelineDepth: "9" }, noEnv), Error, "at most 8");
+  assertEquals(resolveConfig({ pipelineDepth: String(most) }, noEnv).pipelineDepth, most);
+  assertThrows(
+    () => resolveConfig({ pipelineDepth: String(most + 1) }, noEnv),
+    Error,
+    `at most ${most}`,
+  );
   assertThrows(() => resolveConfig({ pipelineDepth: "0" }, noEnv), Error, "--pipeline-depth");
 });
 

@@ -1,3 +1,4 @@
+import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { assertEquals, assertRejects, assertThrows } from "@std/assert";
 import { type Engine, GREEDY, type StepPlan } from "../lib/engine/engine.ts";
 import { ServingCore } from "../actors/core.ts";
@@ -111,7 +112,7 @@ Deno.test("a wrapped engine keeps its late masks and where its results land, so 
     codec: fakeCodec,
   });
   try {
-    assertEquals(core.scheduler.maxInFlight, 8);
+    assertEquals(core.scheduler.maxInFlight, DEFAULT_LIMITS.readbackPipelineDepth);
   } finally {
     await core.close();
   }
