@@ -10,6 +10,7 @@ import {
   rowBytes,
   WGSL_WEIGHT_HELPERS,
   wgslLoadChunk,
+  wgslVec4Words,
   wgslWeights,
 } from "./weight_formats.ts";
 
@@ -330,8 +331,9 @@ export function createClassifier(
  * The lane kernel's loop for Q6_K, over half super-blocks (128 elements) instead of 32-element
  * chunks: the four sub-blocks of a half share its 64 ql bytes (low and high nibbles) and its
  * 32 qh bytes (2 bits each), so each word is loaded once, not once per sub-block (30 loads a
- * half against 84), every block word-aligned on the device (212 bytes). Element (q - 32) * d * scale is
- * summed as d * scale * Σ (q - 32) x per 16 elements, one chain per (row, output) in order.
+ * half against 84); device blocks start on 16 bytes (224), so the runs are vec4 loads.
+ * Element (q - 32) * d * scale is summed as d * scale * Σ (q - 32) x per 16 elements, one
+ * chain per (row, output) in order.
  */
 function q6kHalfLoop(cols: number, tile: number, outs: number): string {
   const js = Array.from({ length: outs }, (_, j) => j);
@@ -341,24 +343,13 @@ function q6kHalfLoop(cols: number, tile: number, outs: number): string {
       " ",
     );
   const block = rowBytes("q6_k", 256);
-  // Runs of 16-byte words through W4 (device blocks start on 16 bytes), as words name0...
-  const c4 = ["x", "y", "z", "w"];
-  const run4 = (p: string, name: string, at: string, n: number) =>
-    Array.from({ length: n }, (_, v) => `let ${p}${name}v${v} = W4[(${p}b >> 2u) + ${at} + ${v}u];`)
-      .join(" ") +
-    " " +
-    Array.from(
-      { length: 4 * n },
-      (_, i) => `let ${p}${name}${i} = ${p}${name}v${i >> 2}.${c4[i & 3]};`,
-    )
-      .join(" ");
   const loads = js.map((j) => {
     const p = `w${j}`;
     // Word offsets from the block's first word: ql at 16n, qh at 32 + 8n, scales at 48 + 2n.
     return `let ${p}b = (oc${j} * ${(cols / 256) * block}u + (h >> 1u) * ${block}u) >> 2u;
       let ${p}n = h & 1u;
-      ${run4(p, "q", `4u * ${p}n`, 4)}
-      ${run4(p, "h", `8u + 2u * ${p}n`, 2)}
+      ${wgslVec4Words(p, "q", `(${p}b >> 2u) + 4u * ${p}n`, 4)}
+      ${wgslVec4Words(p, "h", `(${p}b >> 2u) + 8u + 2u * ${p}n`, 2)}
       ${run(p, "s", `48u + 2u * ${p}n`, 2)}
       let ${p}d = unpack2x16float(W[${p}b + 52u]).x;`;
   }).join("\n      ");

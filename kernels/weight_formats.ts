@@ -2,14 +2,15 @@ import { BLOCK_LAYOUT, type TensorType } from "../lib/model/tensor.ts";
 
 /**
  * WGSL that reads weights in their file encoding from `W: array<u32>` (f32 matmuls use
- * `array<vec4<f32>>`), with one change on the device: blocks of 34 (Q8_0), 18 (Q4_0), 22
- * (Q5_0), 110 (Q3_K) or 210 (Q6_K) bytes are laid out so that every field starts on a word
- * ({@link DEVICE_LAYOUT}). Read in place, such blocks start on a 2-byte boundary every other
- * block, and their fields cost two loads and a select each, or one extra load per run of
- * words: on llvmpipe the aligned reads made Q3_K matmuls 1.5x, Q5_0 1.15x and Q6_K 1.1x as
- * fast (bench:formats at 9,728 x 1,024, one row). Every reader yields one chunk
- * (chunkElements): 4 elements of a float type, or 32 of a block type (a Q8_0..Q5_1 block, or
- * one eighth of a K-quant super-block), or 64 of Q4_K and Q5_K (a quarter super-block).
+ * `array<vec4<f32>>`) and, where blocks start on 16 bytes, `W4: array<vec4<u32>>`
+ * ({@link wgslWeights}), with one change on the device: blocks of 34 (Q8_0), 18 (Q4_0), 22
+ * (Q5_0), 110 (Q3_K) or 210 (Q6_K) bytes are laid out so that their fields start on a word or
+ * on 16 bytes ({@link DEVICE_LAYOUT}). Read in place, such blocks start on a 2-byte boundary
+ * every other block, and their fields cost two loads and a select each; on llvmpipe every
+ * storage load is also a loop over the SIMD lanes, where a vec4 costs less than three words.
+ * Every reader yields one chunk (chunkElements): 4 elements of a float type, or 32 of a block
+ * type (a Q8_0..Q5_1 block, or one eighth of a K-quant super-block), or 64 of Q4_K and Q5_K
+ * (a quarter super-block).
  */
 
 /** Helpers shared by every reader. */
@@ -228,24 +229,20 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
       return `let ${p}b = ((${rowExpr}) * ${n}u + c) * 2u;
       let ${p}d = 1.0;
       let ${p}0 = vec4<f32>(unpack2x16float(W[${p}b]), unpack2x16float(W[${p}b + 1u]));`;
-    case "q8_0": {
+    case "q8_0":
       // Planes (DEVICE_LAYOUT): the block's 32 signed bytes are two vec4<u32>.
-      const c4 = ["x", "y", "z", "w"];
       return `${planesHead(type, cols, rowExpr, p)}
-      let ${p}qa = W4[${p}q4 + 2u * c]; let ${p}qb = W4[${p}q4 + 2u * c + 1u];
-      ${
-        Array.from({ length: 8 }, (_, i) =>
-          `let ${p}${i} = i8x4(${p}q${i < 4 ? "a" : "b"}.${c4[i % 4]});`).join(" ")
-      }`;
-    }
+      ${wgslVec4Words(p, "q", `${p}qat + 2u * c`, 2)}
+      ${Array.from({ length: 8 }, (_, i) => `let ${p}${i} = i8x4(${p}q${i});`).join(" ")}`;
     case "q4_0": {
       // Planes: the block's 16 quant bytes are one vec4<u32>. Byte k holds element k (low
       // nibble) and element k + 16 (high nibble).
-      const vals = ["x", "y", "z", "w"].map((w, i) =>
-        `let ${p}${i} = lo4(${p}qv.${w}); let ${p}${i + 4} = hi4(${p}qv.${w});`
+      const vals = Array.from(
+        { length: 4 },
+        (_, i) => `let ${p}${i} = lo4(${p}n${i}); let ${p}${i + 4} = hi4(${p}n${i});`,
       ).join("\n      ");
       return `${planesHead(type, cols, rowExpr, p)}
-      let ${p}qv = W4[${p}q4 + c];
+      ${wgslVec4Words(p, "n", `${p}qat + c`, 1)}
       ${vals}`;
     }
     case "bf16":
@@ -280,20 +277,19 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
     case "q5_0": {
       // Planes: the block's fifth bits are one word (element k's is bit k), its 16 quant bytes
       // one vec4<u32>.
-      const w4 = ["x", "y", "z", "w"];
       const vals = Array.from(
         { length: 4 },
         (_, i) =>
-          `let ${p}${i} = vec4<f32>(bytes4(${
-            nibbles(`${p}qv.${w4[i]}`, false)
-          } | qhSpread(${p}qh, ${4 * i}u))) - 16.0;
-      let ${p}${i + 4} = vec4<f32>(bytes4(${nibbles(`${p}qv.${w4[i]}`, true)} | qhSpread(${p}qh, ${
+          `let ${p}${i} = vec4<f32>(bytes4(${nibbles(`${p}n${i}`, false)} | qhSpread(${p}qh, ${
+            4 * i
+          }u))) - 16.0;
+      let ${p}${i + 4} = vec4<f32>(bytes4(${nibbles(`${p}n${i}`, true)} | qhSpread(${p}qh, ${
             16 + 4 * i
           }u))) - 16.0;`,
       ).join("\n      ");
       return `${planesHead(type, cols, rowExpr, p)}
       let ${p}qh = W[${p}r + ${planes(type, cols).qh / 4}u + c];
-      let ${p}qv = W4[${p}q4 + c];
+      ${wgslVec4Words(p, "n", `${p}qat + c`, 1)}
       ${vals}`;
     }
     case "q2_k":
@@ -306,7 +302,7 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
 }
 
 /**
- * Block c of a row in the "planes" layout: its scale pd, the row's first word pr, and pq4,
+ * Block c of a row in the "planes" layout: its scale pd, the row's first word pr, and pqat,
  * the vec4 index where the row's quants start (DEVICE_LAYOUT).
  */
 function planesHead(type: TensorType, cols: number, rowExpr: string, p: string): string {
@@ -314,12 +310,22 @@ function planesHead(type: TensorType, cols: number, rowExpr: string, p: string):
   return `let ${p}r = (${rowExpr}) * ${bytes / 4}u;
       let ${p}dd = unpack2x16float(W[${p}r + (c >> 1u)]);
       let ${p}d = select(${p}dd.x, ${p}dd.y, (c & 1u) != 0u);
-      let ${p}q4 = (${p}r >> 2u) + ${qs / 16}u;`;
+      let ${p}qat = (${p}r >> 2u) + ${qs / 16}u;`;
 }
 
 /** The low (or high) nibbles of a word's four bytes, each in the low bits of its byte. */
 function nibbles(word: string, high: boolean): string {
   return high ? `((${word} >> 4u) & 0x0F0F0F0Fu)` : `(${word} & 0x0F0F0F0Fu)`;
+}
+
+/**
+ * `n` 16-byte loads from `W4` at vec4 index `at` onwards, as words `<p><name>0` .. 4n - 1
+ * (the readers' word names, whichever way they were loaded).
+ */
+export function wgslVec4Words(p: string, name: string, at: string, n: number): string {
+  const loads = Array.from({ length: n }, (_, v) => `let ${p}${name}v${v} = W4[${at} + ${v}u];`);
+  const c4 = ["x", "y", "z", "w"];
+  return `${loads.join(" ")} ${words(p, name, 4 * n, (i) => `${p}${name}v${i >> 2}.${c4[i & 3]}`)}`;
 }
 
 /** `let <p><name>0 = <read(0)>; ...` for n words. */
@@ -346,11 +352,7 @@ function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string)
   };
   const word = (at: string) => `W[(${p}off + ${at}) >> 2u]`;
   // A 32-byte run at vec4 `at` from the block's first (hb) as 8 words: two 16-byte loads.
-  const c4 = ["x", "y", "z", "w"];
-  const run4 = (name: string, at: string) =>
-    `let ${p}${name}v0 = W4[${p}hb + ${at}]; let ${p}${name}v1 = W4[${p}hb + ${at} + 1u]; ${
-      words(p, name, 8, (i) => `${p}${name}v${i >> 2}.${c4[i & 3]}`)
-    }`;
+  const run4 = (name: string, at: string) => wgslVec4Words(p, name, `${p}hb + ${at}`, 2);
   const vals = (expr: (i: number) => string) =>
     Array.from({ length: 8 }, (_, i) => `let ${p}${i} = ${expr(i)};`).join("\n      ");
   switch (type) {

@@ -273,6 +273,71 @@ Deno.test("createMatmul() splits a matrix larger than one binding into row chunk
   gpu.device.destroy();
 });
 
+/** The rope tests' heads: 4 query heads and 2 KV heads of 8. */
+const ROPE_HEADS = { nHeads: 4, nKvHeads: 2, headDim: 8 } as const;
+
+function ropeConfig(
+  architecture: ModelConfig["architecture"],
+  dim: number,
+  ropeDim: number,
+): ModelConfig {
+  return {
+    architecture,
+    dim,
+    hiddenDim: 8,
+    nLayers: 1,
+    ...ROPE_HEADS,
+    vocabSize: 8,
+    contextLength: 300,
+    ropeTheta: 10000,
+    ropeDim,
+    rmsEps: 1e-5,
+  };
+}
+
+/** 11 token rows at positions across the table, each with its own KV slot of 40. */
+const ropeRows = () =>
+  Array.from({ length: 11 }, (_, i) => ({
+    token: 0,
+    pos: [0, 1, 7, 299, 128][i % 5]!,
+    seq: 0,
+    slot: (i * 7 + 3) % 40,
+  }));
+
+/**
+ * Checks each row's q (in y) and k, v (at its slot) against the reference: RMSNorm, the dense
+ * q | k | v product plus `bias`, then rope on q and k.
+ */
+function assertRopeRows(
+  got: { y: Float32Array; k: Float32Array; v: Float32Array },
+  rows: readonly { pos: number; slot: number }[],
+  ref: {
+    dense: Float32Array;
+    x: Float32Array;
+    normW: Float32Array;
+    dim: number;
+    ropeDim: number;
+    bias?: Float32Array;
+  },
+): void {
+  const { nHeads, nKvHeads, headDim } = ROPE_HEADS;
+  const qDim = nHeads * headDim;
+  const kvDim = nKvHeads * headDim;
+  const stride = qDim + 2 * kvDim;
+  const { dense, x, normW, dim, ropeDim, bias } = ref;
+  rows.forEach((r, i) => {
+    const xr = rmsnorm(new Float32Array(dim), x.slice(i * dim, (i + 1) * dim), normW, 1e-5);
+    const out = matvec(new Float32Array(stride), dense, xr).map((v, f) => v + (bias?.[f] ?? 0));
+    const q = rope(out.slice(0, qDim), nHeads, headDim, ropeDim, r.pos, 10000);
+    const k = rope(out.slice(qDim, qDim + kvDim), nKvHeads, headDim, ropeDim, r.pos, 10000);
+    const v = out.slice(qDim + kvDim);
+    const at = (b: Float32Array, off: number, n: number) => b.subarray(off, off + n);
+    assertLess(relativeError(at(got.y, i * stride, qDim), q), 1e-5, `q of row ${i}`);
+    assertLess(relativeError(at(got.k, r.slot * kvDim, kvDim), k), 1e-5, `k of row ${i}`);
+    assertLess(relativeError(at(got.v, r.slot * kvDim, kvDim), v), 1e-5, `v of row ${i}`);
+  });
+}
+
 // 1024-wide f32 rows: the split layout's widest reduction (KS = 32, two outputs per workgroup).
 for (const layout of ["lane", "split"] as const) {
   for (
@@ -285,34 +350,16 @@ for (const layout of ["lane", "split"] as const) {
   ) {
     Deno.test(`createMatmul() rope epilogue (${layout}, ${type}, ropeDim ${ropeDim}, rows of ${dim}${cap ? ", split matrix" : ""}) projects q | k | v, rotates q and k like the reference rope and stores k and v at each row's slot`, async () => {
       const gpu = cap ? await acquireGpu({ maxBindingBytes: cap }) : await testGpu();
-      const [nHeads, nKvHeads, headDim] = [4, 2, 8];
+      const { nHeads, nKvHeads, headDim } = ROPE_HEADS;
       const qDim = nHeads * headDim;
       const kvDim = nKvHeads * headDim;
       const stride = qDim + 2 * kvDim;
-      const config: ModelConfig = {
-        architecture: "llama",
-        dim,
-        hiddenDim: 8,
-        nLayers: 1,
-        nHeads,
-        nKvHeads,
-        headDim,
-        vocabSize: 8,
-        contextLength: 300,
-        ropeTheta: 10000,
-        ropeDim,
-        rmsEps: 1e-5,
-      };
+      const config = ropeConfig("llama", dim, ropeDim);
       const rand = rng(41 + ropeDim);
       const w = randomTensor(rand, type, stride, dim, "wqkv");
       const x = randomF32(rand, 11 * dim, 2);
       const normW = randomF32(rand, dim);
-      const rows = Array.from({ length: 11 }, (_, i) => ({
-        token: 0,
-        pos: [0, 1, 7, 299, 128][i % 5]!,
-        seq: 0,
-        slot: (i * 7 + 3) % 40,
-      }));
+      const rows = ropeRows();
       const meta = stepMeta(gpu, { rows, seqs: [], samples: [], blockTables: [] });
       const y = zeros(gpu, rows.length * stride * 4);
       const kc = zeros(gpu, 40 * kvDim * 4);
@@ -340,17 +387,12 @@ for (const layout of ["lane", "split"] as const) {
       const gotY = await readF32(gpu, y, rows.length * stride);
       const gotK = await readF32(gpu, kc, 40 * kvDim);
       const gotV = await readF32(gpu, vc, 40 * kvDim);
-      const dense = dequantize(w);
-      rows.forEach((r, i) => {
-        const xr = rmsnorm(new Float32Array(dim), x.slice(i * dim, (i + 1) * dim), normW, 1e-5);
-        const out = matvec(new Float32Array(stride), dense, xr);
-        const q = rope(out.slice(0, qDim), nHeads, headDim, ropeDim, r.pos, 10000);
-        const k = rope(out.slice(qDim, qDim + kvDim), nKvHeads, headDim, ropeDim, r.pos, 10000);
-        const v = out.slice(qDim + kvDim);
-        const at = (b: Float32Array, off: number, n: number) => b.subarray(off, off + n);
-        assertLess(relativeError(at(gotY, i * stride, qDim), q), 1e-5, `q of row ${i}`);
-        assertLess(relativeError(at(gotK, r.slot * kvDim, kvDim), k), 1e-5, `k of row ${i}`);
-        assertLess(relativeError(at(gotV, r.slot * kvDim, kvDim), v), 1e-5, `v of row ${i}`);
+      assertRopeRows({ y: gotY, k: gotK, v: gotV }, rows, {
+        dense: dequantize(w),
+        x,
+        normW,
+        dim,
+        ropeDim,
       });
       if (cap) gpu.device.destroy();
     });
@@ -482,36 +524,19 @@ for (const [nHeads, nKvHeads, headDim] of [[8, 4, 8], [4, 1, 40]] as const) {
 for (const layout of ["lane", "split"] as const) {
   Deno.test(`createMatmul() rope epilogue (${layout}) with a q | k | v bias, as two matmuls (q|k in q8_0, v in f32 at its offset), adds the bias before rotating like the reference`, async () => {
     const gpu = await testGpu();
-    const [nHeads, nKvHeads, headDim, dim, ropeDim] = [4, 2, 8, 64, 8];
+    const [dim, ropeDim] = [64, 8];
+    const { nHeads, nKvHeads, headDim } = ROPE_HEADS;
     const qDim = nHeads * headDim;
     const kvDim = nKvHeads * headDim;
     const stride = qDim + 2 * kvDim;
-    const config: ModelConfig = {
-      architecture: "qwen2",
-      dim,
-      hiddenDim: 8,
-      nLayers: 1,
-      nHeads,
-      nKvHeads,
-      headDim,
-      vocabSize: 8,
-      contextLength: 300,
-      ropeTheta: 10000,
-      ropeDim,
-      rmsEps: 1e-5,
-    };
+    const config = ropeConfig("qwen2", dim, ropeDim);
     const rand = rng(77);
     const wqk = randomTensor(rand, "q8_0", qDim + kvDim, dim, "wqk");
     const wv = randomTensor(rand, "f32", kvDim, dim, "wv");
     const bias = randomF32(rand, stride, 2);
     const x = randomF32(rand, 11 * dim, 2);
     const normW = randomF32(rand, dim);
-    const rows = Array.from({ length: 11 }, (_, i) => ({
-      token: 0,
-      pos: [0, 1, 7, 299, 128][i % 5]!,
-      seq: 0,
-      slot: (i * 7 + 3) % 40,
-    }));
+    const rows = ropeRows();
     const meta = stepMeta(gpu, { rows, seqs: [], samples: [], blockTables: [] });
     const y = zeros(gpu, rows.length * stride * 4);
     const kc = zeros(gpu, 40 * kvDim * 4);
@@ -550,17 +575,7 @@ for (const layout of ["lane", "split"] as const) {
     const dense = new Float32Array(stride * dim);
     dense.set(dequantize(wqk), 0);
     dense.set(dequantize(wv), (qDim + kvDim) * dim);
-    rows.forEach((r, i) => {
-      const xr = rmsnorm(new Float32Array(dim), x.slice(i * dim, (i + 1) * dim), normW, 1e-5);
-      const out = matvec(new Float32Array(stride), dense, xr).map((v, f) => v + bias[f]!);
-      const q = rope(out.slice(0, qDim), nHeads, headDim, ropeDim, r.pos, 10000);
-      const k = rope(out.slice(qDim, qDim + kvDim), nKvHeads, headDim, ropeDim, r.pos, 10000);
-      const v = out.slice(qDim + kvDim);
-      const at = (b: Float32Array, off: number, n: number) => b.subarray(off, off + n);
-      assertLess(relativeError(at(gotY, i * stride, qDim), q), 1e-5, `q of row ${i}`);
-      assertLess(relativeError(at(gotK, r.slot * kvDim, kvDim), k), 1e-5, `k of row ${i}`);
-      assertLess(relativeError(at(gotV, r.slot * kvDim, kvDim), v), 1e-5, `v of row ${i}`);
-    });
+    assertRopeRows({ y: gotY, k: gotK, v: gotV }, rows, { dense, x, normW, dim, ropeDim, bias });
   });
 }
 
