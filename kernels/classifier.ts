@@ -9,6 +9,7 @@ import {
   needsVec4View,
   rowBytes,
   WGSL_WEIGHT_HELPERS,
+  wgslAt,
   wgslLoadChunk,
   wgslVec4Words,
   wgslWeights,
@@ -78,7 +79,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
  * the row's chunks in order, so each sum is one sequential chain (batch invariant), with no
  * workgroup memory and no barrier. Rows are unrolled (no dynamically indexed private array).
  */
-export function classifierLaneWgsl(type: TensorType, cols: number, tile: number): string {
+export function classifierLaneWgsl(
+  type: TensorType,
+  cols: number,
+  tile: number,
+  group = 1,
+): string {
   // The lane matmul's workgroup: 8 lanes (one SIMD batch of llvmpipe's 256-bit vectors), each
   // owning fewer outputs for block types, whose dequantization is long code.
   const { threads, outs } = laneShape(type);
@@ -127,8 +133,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   }
   ${rows.map((r) => js.map((j) => `var a${j}_${r} = 0.0;`).join(" ")).join("\n  ")}
   ${
-    type === "q6_k" ? q6kHalfLoop(cols, tile, outs) : `for (var c = 0u; c < NCHUNK; c++) {
-      ${js.map((j) => wgslLoadChunk(type, cols, `oc${j}`, `w${j}`)).join("\n      ")}
+    type === "q6_k" ? q6kHalfLoop(cols, tile, outs, group) : `for (var c = 0u; c < NCHUNK; c++) {
+      ${js.map((j) => wgslLoadChunk(type, cols, `oc${j}`, `w${j}`, group)).join("\n      ")}
       ${perRow}
   }`
   }
@@ -270,7 +276,7 @@ export function createClassifier(
   }
   const pipelines = LANE_TILES.map((tile) =>
     gpu.pipeline(
-      classifierLaneWgsl(m.type, m.cols, tile),
+      classifierLaneWgsl(m.type, m.cols, tile, m.group),
       `classifier ${m.type} k=${m.cols} tile ${tile}`,
     )
   );
@@ -335,7 +341,7 @@ export function createClassifier(
  * Element (q - 32) * d * scale is summed as d * scale * Σ (q - 32) x per 16 elements, one
  * chain per (row, output) in order.
  */
-function q6kHalfLoop(cols: number, tile: number, outs: number): string {
+function q6kHalfLoop(cols: number, tile: number, outs: number, group: number): string {
   const js = Array.from({ length: outs }, (_, j) => j);
   const rows = Array.from({ length: tile }, (_, r) => r);
   const run = (p: string, name: string, at: string, n: number) =>
@@ -346,7 +352,8 @@ function q6kHalfLoop(cols: number, tile: number, outs: number): string {
   const loads = js.map((j) => {
     const p = `w${j}`;
     // Word offsets from the block's first word: ql at 16n, qh at 32 + 8n, scales at 48 + 2n.
-    return `let ${p}b = (oc${j} * ${(cols / 256) * block}u + (h >> 1u) * ${block}u) >> 2u;
+    const at = wgslAt({ group, rowBytes: (cols / 256) * block }, `oc${j}`, "h >> 1u", 0, block);
+    return `let ${p}b = ${at} >> 2u;
       let ${p}n = h & 1u;
       ${wgslVec4Words(p, "q", `(${p}b >> 2u) + 4u * ${p}n`, 4)}
       ${wgslVec4Words(p, "h", `(${p}b >> 2u) + 8u + 2u * ${p}n`, 2)}

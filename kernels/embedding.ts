@@ -41,7 +41,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   }u]; }
   if (token >= chunk.rowStart && token - chunk.rowStart < chunk.rows) {
     let o = token - chunk.rowStart;
-    ${wgslLoadChunk(m.type, m.cols, "o", "e")}
+    ${wgslLoadChunk(m.type, m.cols, "o", "e", m.group)}
     let base = r * ${m.cols / 4}u + c * ${nv}u;
     ${stores}
   }

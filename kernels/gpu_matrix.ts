@@ -1,6 +1,11 @@
 import { BLOCK_LAYOUT, type Tensor, type TensorType } from "../lib/model/tensor.ts";
 import { type Gpu, uploadBuffer } from "./device.ts";
-import { rowBytes as deviceRowBytes, sameOnDevice, toDeviceRows } from "./weight_formats.ts";
+import {
+  LANE_ROW_GROUP,
+  rowBytes as deviceRowBytes,
+  sameOnDevice,
+  toDeviceRows,
+} from "./weight_formats.ts";
 
 /** Whole rows of a matrix in one buffer, small enough for one storage binding. */
 export interface MatrixChunk {
@@ -21,6 +26,11 @@ export interface GpuMatrix {
   readonly cols: number;
   /** Bytes of one row on the device. */
   readonly rowBytes: number;
+  /**
+   * Rows interleaved in groups of this many (a power of two; wgslAt in weight_formats.ts):
+   * LANE_ROW_GROUP on a CPU rasterizer, 1 (row-major) elsewhere. Every chunk starts a group.
+   */
+  readonly group: number;
   readonly chunks: readonly MatrixChunk[];
 }
 
@@ -72,7 +82,11 @@ function tensorRows(t: Tensor): RowSource {
  * destroyMatrix(wq);
  * ```
  */
-export function uploadMatrix(gpu: Gpu, tensor: Tensor | RowSource): GpuMatrix {
+export function uploadMatrix(
+  gpu: Gpu,
+  tensor: Tensor | RowSource,
+  wantedGroup = gpu.cpuRasterizer ? LANE_ROW_GROUP : 1,
+): GpuMatrix {
   const t = "copyRows" in tensor ? tensor : tensorRows(tensor);
   if (t.shape.length !== 2) {
     throw new Error(
@@ -99,18 +113,21 @@ export function uploadMatrix(gpu: Gpu, tensor: Tensor | RowSource): GpuMatrix {
     );
   }
   const rowBytes = deviceRowBytes(t.type, cols);
-  const stageRows = Math.max(1, Math.floor(PAD_STAGING_BYTES / fileRowBytes));
-  const staging = sameOnDevice(t.type)
-    ? undefined
-    : new Uint8Array(Math.min(rows, stageRows) * fileRowBytes);
   const fit = Math.floor((gpu.maxBindingBytes - TAIL_PAD - 4) / rowBytes);
-  // Even, so interleaved gate/up row pairs never straddle two chunks.
-  const rowsPerChunk = fit > 1 ? fit - (fit % 2) : fit;
-  if (rowsPerChunk < 1) {
+  if (fit < 1) {
     throw new Error(
       `Cannot upload matrix '${t.name}': one row of ${rowBytes} bytes exceeds the device's binding limit of ${gpu.maxBindingBytes} bytes`,
     );
   }
+  // A group never spans two chunks, so it is as large as one binding allows.
+  let group = 1;
+  while (group * 2 <= Math.min(wantedGroup, fit)) group *= 2;
+  // Whole groups, and even, so interleaved gate/up row pairs never straddle two chunks.
+  const rowsPerChunk = group > 1 ? fit - (fit % group) : fit > 1 ? fit - (fit % 2) : fit;
+  const stageRows = Math.max(group, Math.floor(PAD_STAGING_BYTES / fileRowBytes / group) * group);
+  const staging = sameOnDevice(t.type) && group === 1
+    ? undefined
+    : new Uint8Array(Math.min(rows, stageRows) * fileRowBytes);
   const chunks: MatrixChunk[] = [];
   for (let rowStart = 0; rowStart < rows; rowStart += rowsPerChunk) {
     const n = Math.min(rowsPerChunk, rows - rowStart);
@@ -119,14 +136,16 @@ export function uploadMatrix(gpu: Gpu, tensor: Tensor | RowSource): GpuMatrix {
       : `${t.name}[${rowStart}..${rowStart + n})`;
     // Rows go from the file's bytes into the mapped buffer: no host copy in between, or a
     // small staging one when the blocks are rearranged.
-    const size = Math.max(4, Math.ceil((n * rowBytes + TAIL_PAD) / 4) * 4);
+    // A last partial group takes a whole group's bytes.
+    const deviceRows = Math.ceil(n / group) * group;
+    const size = Math.max(4, Math.ceil((deviceRows * rowBytes + TAIL_PAD) / 4) * 4);
     const buffer = gpu.device.createBuffer({
       size,
       usage: GPUBufferUsage.STORAGE,
       label,
       mappedAtCreation: true,
     });
-    const mapped = new Uint8Array(buffer.getMappedRange(), 0, n * rowBytes);
+    const mapped = new Uint8Array(buffer.getMappedRange(), 0, deviceRows * rowBytes);
     if (!staging) t.copyRows(mapped, rowStart, n);
     for (let r = 0; staging && r < n; r += stageRows) {
       const k = Math.min(stageRows, n - r);
@@ -136,12 +155,13 @@ export function uploadMatrix(gpu: Gpu, tensor: Tensor | RowSource): GpuMatrix {
         cols,
         staging.subarray(0, k * fileRowBytes),
         mapped.subarray(r * rowBytes),
+        group,
       );
     }
     buffer.unmap();
     chunks.push({ buffer, rowStart, rows: n });
   }
-  return { name: t.name, type: t.type, rows, cols, rowBytes, chunks };
+  return { name: t.name, type: t.type, rows, cols, rowBytes, group, chunks };
 }
 
 /** Whether these matrices can be stacked into one (same encoding and row length). */

@@ -66,6 +66,8 @@ export type MatmulLayout = "split" | "lane";
 export interface MatmulSpec {
   readonly type: TensorType;
   readonly cols: number;
+  /** The matrix's row group (GpuMatrix.group); default 1, row-major. */
+  readonly group?: number;
   /** Index into dims of the row count. */
   readonly rowsField: number;
   readonly epilogue: MatmulEpilogue;
@@ -125,10 +127,10 @@ export function matmulWgsl(spec: MatmulSpec): string {
   const partials = [...accs, ...(norm ? ["s"] : [])];
 
   const loads = dual
-    ? `${wgslLoadChunk(type, cols, "2u * o", "wg")}\n      ${
-      wgslLoadChunk(type, cols, "2u * o + 1u", "wu")
+    ? `${wgslLoadChunk(type, cols, "2u * o", "wg", spec.group)}\n      ${
+      wgslLoadChunk(type, cols, "2u * o + 1u", "wu", spec.group)
     }`
-    : wgslLoadChunk(type, cols, "o", "wa");
+    : wgslLoadChunk(type, cols, "o", "wa", spec.group);
   const { normLoads, dotWith, rowInputs } = wgslChunkInputs(nv, norm);
   const perRow = rows.map((r) => {
     const { xs, xw, sumSq } = rowInputs(r);
@@ -275,10 +277,10 @@ export function matmulLaneWgsl(spec: MatmulSpec, tile = laneShape(spec.type).row
   const accs = dual ? ["g", "u"] : ["a"];
   const loads = js.map((j) =>
     dual
-      ? `${wgslLoadChunk(type, cols, `2u * oc${j}`, `w${j}g`)}\n      ${
-        wgslLoadChunk(type, cols, `2u * oc${j} + 1u`, `w${j}u`)
+      ? `${wgslLoadChunk(type, cols, `2u * oc${j}`, `w${j}g`, spec.group)}\n      ${
+        wgslLoadChunk(type, cols, `2u * oc${j} + 1u`, `w${j}u`, spec.group)
       }`
-      : wgslLoadChunk(type, cols, `oc${j}`, `w${j}a`)
+      : wgslLoadChunk(type, cols, `oc${j}`, `w${j}a`, spec.group)
   ).join("\n      ");
   const att = spec.attention;
   const { normLoads, dotWith, rowInputs } = wgslChunkInputs(nv, norm, att !== undefined);
@@ -602,6 +604,7 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
   const spec: MatmulSpec = {
     type: m.type,
     cols: m.cols,
+    group: m.group,
     rowsField: target.rowsField,
     epilogue,
     normEps: target.norm?.eps,

@@ -97,6 +97,61 @@ function planes(type: TensorType, cols: number): { qh: number; qs: number; bytes
 }
 
 /**
+ * A row's fields as planes: plane f holds `n` elements of `bytes` each from byte `at` of the
+ * row (a "planes" type's scales, fifth bits and quants; one plane of whole blocks, or of
+ * vec4 units for float types, otherwise). Row grouping ({@link wgslAt}) interleaves the rows of
+ * a group plane by plane, element by element.
+ */
+function rowPlanes(type: TensorType, cols: number): { at: number; bytes: number; n: number }[] {
+  const { elements, bytes } = BLOCK_LAYOUT[type];
+  if (DEVICE_LAYOUT[type] === "planes") {
+    const { qh, qs } = planes(type, cols);
+    const blocks = cols / 32;
+    return [
+      { at: 0, bytes: 2, n: blocks },
+      ...(type === "q5_0" ? [{ at: qh, bytes: 4, n: blocks }] : []),
+      { at: qs, bytes: type === "q8_0" ? 32 : 16, n: blocks },
+    ];
+  }
+  if (elements === 1) return [{ at: 0, bytes: 4 * bytes, n: cols / 4 }];
+  return [{ at: 0, bytes: rowBytes(type, elements), n: cols / elements }];
+}
+
+/**
+ * Rows a lane matmul's workgroup reads together (8 lanes x 4 outputs x gate and up), which a
+ * CPU rasterizer's matrices interleave (uploadMatrix): row-major, each lane's load is a
+ * separate stream through memory, 64 of them a workgroup, and llvmpipe loads lane by lane;
+ * interleaved, a workgroup's loads of one chunk are one run of bytes and consecutive chunks
+ * consecutive runs. A load-only kernel over 48 MB of vec4s ran 1.4-1.7x faster so.
+ */
+export const LANE_ROW_GROUP = 64;
+
+/**
+ * WGSL for the byte offset of element `block` of the plane at byte `at` of rows of `rowBytes`
+ * bytes, with elements of `bytes`, in row `row` of a matrix whose rows are interleaved in
+ * groups of `group` (a power of two): group g holds its rows' planes one after another, each
+ * plane element by element, rows innermost:
+ *   g * group * rowBytes + group * at + (block * group + row % group) * bytes.
+ * With group 1 that is the row-major row * rowBytes + at + block * bytes.
+ */
+export function wgslAt(
+  layout: { readonly group: number; readonly rowBytes: number },
+  row: string,
+  block: string,
+  at: number,
+  bytes: number,
+): string {
+  const { group, rowBytes } = layout;
+  if (group === 1) {
+    return `((${row}) * ${rowBytes}u + ${at ? `${at}u + ` : ""}(${block}) * ${bytes}u)`;
+  }
+  const lg = Math.log2(group);
+  return `(((${row}) >> ${lg}u) * ${group * rowBytes}u + ${
+    group * at
+  }u + (((${block}) << ${lg}u) + ((${row}) & ${group - 1}u)) * ${bytes}u)`;
+}
+
+/**
  * Readers that load 16 bytes at a time through `W4` (array<vec4<u32>>; on llvmpipe a vec4 load
  * costs less than three word loads): Q4_K and Q5_K only so (their 144- and 176-byte blocks
  * start on 16 bytes), the "planes" types beside word loads from `W`.
@@ -150,15 +205,42 @@ export function rowBytes(type: TensorType, cols: number): number {
 
 /**
  * Copies whole rows of `type` from their file bytes `src` into `dst` in the device layout
- * ({@link DEVICE_LAYOUT}); `dst` must hold them and start zeroed (pads are not written). Both
- * must start on a 2-byte boundary.
+ * ({@link DEVICE_LAYOUT}), rows interleaved in groups of `group` ({@link wgslAt}; `src` starts
+ * a group, and a last partial group takes a whole group's bytes); `dst` must hold them and
+ * start zeroed (pads are not written). Both must start on a 2-byte boundary.
  */
 export function toDeviceRows(
   type: TensorType,
   cols: number,
   src: Uint8Array,
   dst: Uint8Array,
+  group = 1,
 ): void {
+  if (group === 1) return toDeviceRowMajor(type, cols, src, dst);
+  const { elements, bytes } = BLOCK_LAYOUT[type];
+  const fileRow = (cols / elements) * bytes;
+  const rows = src.byteLength / fileRow;
+  const dstRow = rowBytes(type, cols);
+  const row = new Uint8Array(dstRow);
+  const ps = rowPlanes(type, cols);
+  for (let r = 0; r < rows; r++) {
+    row.fill(0);
+    toDeviceRowMajor(type, cols, src.subarray(r * fileRow, (r + 1) * fileRow), row);
+    const base = Math.floor(r / group) * group * dstRow;
+    const t = r % group;
+    for (const p of ps) {
+      for (let b = 0; b < p.n; b++) {
+        const from = p.at + b * p.bytes;
+        dst.set(
+          row.subarray(from, from + p.bytes),
+          base + group * p.at + (b * group + t) * p.bytes,
+        );
+      }
+    }
+  }
+}
+
+function toDeviceRowMajor(type: TensorType, cols: number, src: Uint8Array, dst: Uint8Array): void {
   const layout = DEVICE_LAYOUT[type];
   if (layout === undefined) {
     dst.set(src);
@@ -220,19 +302,27 @@ export function chunkVec4s(type: TensorType): number {
  * takes the same products in the same order: the scale products are exact, and the last
  * operation rounds once).
  */
-export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p: string): string {
-  const n = cols / chunkElements(type);
+export function wgslLoadChunk(
+  type: TensorType,
+  cols: number,
+  rowExpr: string,
+  p: string,
+  group = 1,
+): string {
+  const layout = { group, rowBytes: rowBytes(type, cols) };
+  const at = (block: string, plane: number, bytes: number) =>
+    wgslAt(layout, rowExpr, block, plane, bytes);
   switch (type) {
     case "f32":
-      return `let ${p}d = 1.0; let ${p}0 = W[(${rowExpr}) * ${n}u + c];`;
+      return `let ${p}d = 1.0; let ${p}0 = W[${at("c", 0, 16)} >> 4u];`;
     case "f16":
-      return `let ${p}b = ((${rowExpr}) * ${n}u + c) * 2u;
+      return `let ${p}b = ${at("c", 0, 8)} >> 2u;
       let ${p}d = 1.0;
       let ${p}0 = vec4<f32>(unpack2x16float(W[${p}b]), unpack2x16float(W[${p}b + 1u]));`;
     case "q8_0":
       // Planes (DEVICE_LAYOUT): the block's 32 signed bytes are two vec4<u32>.
-      return `${planesHead(type, cols, rowExpr, p)}
-      ${wgslVec4Words(p, "q", `${p}qat + 2u * c`, 2)}
+      return `${planesHead(type, cols, at, p)}
+      ${wgslVec4Words(p, "q", `${p}qat`, 2)}
       ${Array.from({ length: 8 }, (_, i) => `let ${p}${i} = i8x4(${p}q${i});`).join(" ")}`;
     case "q4_0": {
       // Planes: the block's 16 quant bytes are one vec4<u32>. Byte k holds element k (low
@@ -241,13 +331,13 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
         { length: 4 },
         (_, i) => `let ${p}${i} = lo4(${p}n${i}); let ${p}${i + 4} = hi4(${p}n${i});`,
       ).join("\n      ");
-      return `${planesHead(type, cols, rowExpr, p)}
-      ${wgslVec4Words(p, "n", `${p}qat + c`, 1)}
+      return `${planesHead(type, cols, at, p)}
+      ${wgslVec4Words(p, "n", `${p}qat`, 1)}
       ${vals}`;
     }
     case "bf16":
       // The top halves of f32s: element 2k in the word's low half, 2k + 1 in its high half.
-      return `let ${p}b = ((${rowExpr}) * ${n}u + c) * 2u;
+      return `let ${p}b = ${at("c", 0, 8)} >> 2u;
       let ${p}d = 1.0;
       let ${p}x = W[${p}b]; let ${p}y = W[${p}b + 1u];
       let ${p}0 = bitcast<vec4<f32>>(vec4<u32>(${p}x << 16u, ${p}x & 0xffff0000u, ${p}y << 16u, ${p}y & 0xffff0000u));`;
@@ -267,7 +357,7 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
           `let ${p}${i} = ${p}dm.x * vec4<f32>(${q(i, false)}) + ${p}dm.y;
       let ${p}${i + 4} = ${p}dm.x * vec4<f32>(${q(i, true)}) + ${p}dm.y;`,
       ).join("\n      ");
-      return `let ${p}wi = ((${rowExpr}) * ${rowBytes(type, cols)}u + c * ${bytes}u) >> 2u;
+      return `let ${p}wi = ${at("c", 0, bytes)} >> 2u;
       let ${p}d = 1.0;
       let ${p}dm = unpack2x16float(W[${p}wi]);
       ${five ? `let ${p}qh = W[${p}wi + 1u];` : ""}
@@ -287,9 +377,9 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
             16 + 4 * i
           }u))) - 16.0;`,
       ).join("\n      ");
-      return `${planesHead(type, cols, rowExpr, p)}
-      let ${p}qh = W[${p}r + ${planes(type, cols).qh / 4}u + c];
-      ${wgslVec4Words(p, "n", `${p}qat + c`, 1)}
+      return `${planesHead(type, cols, at, p)}
+      let ${p}qh = W[${at("c", planes(type, cols).qh, 4)} >> 2u];
+      ${wgslVec4Words(p, "n", `${p}qat`, 1)}
       ${vals}`;
     }
     case "q2_k":
@@ -297,20 +387,24 @@ export function wgslLoadChunk(type: TensorType, cols: number, rowExpr: string, p
     case "q4_k":
     case "q5_k":
     case "q6_k":
-      return kQuantChunk(type, cols, rowExpr, p);
+      return kQuantChunk(type, (block, bytes) => at(block, 0, bytes), p);
   }
 }
 
 /**
- * Block c of a row in the "planes" layout: its scale pd, the row's first word pr, and pqat,
- * the vec4 index where the row's quants start (DEVICE_LAYOUT).
+ * Block c of a row in the "planes" layout: its scale pd and pqat, the vec4 index of its quants
+ * (DEVICE_LAYOUT), from `at` (wgslLoadChunk's addresses).
  */
-function planesHead(type: TensorType, cols: number, rowExpr: string, p: string): string {
-  const { qs, bytes } = planes(type, cols);
-  return `let ${p}r = (${rowExpr}) * ${bytes / 4}u;
-      let ${p}dd = unpack2x16float(W[${p}r + (c >> 1u)]);
-      let ${p}d = select(${p}dd.x, ${p}dd.y, (c & 1u) != 0u);
-      let ${p}qat = (${p}r >> 2u) + ${qs / 16}u;`;
+function planesHead(
+  type: TensorType,
+  cols: number,
+  at: (block: string, plane: number, bytes: number) => string,
+  p: string,
+): string {
+  return `let ${p}sat = ${at("c", 0, 2)};
+      let ${p}dd = unpack2x16float(W[${p}sat >> 2u]);
+      let ${p}d = select(${p}dd.x, ${p}dd.y, (${p}sat & 2u) != 0u);
+      let ${p}qat = ${at("c", planes(type, cols).qs, type === "q8_0" ? 32 : 16)} >> 4u;`;
 }
 
 /** The low (or high) nibbles of a word's four bytes, each in the low bits of its byte. */
@@ -340,9 +434,13 @@ function words(p: string, name: string, n: number, read: (i: number) => string):
  * Element l of the sub-block sits in byte l of a 32-byte run (quants, high bits), so word i of
  * each run holds elements 4i..4i+3 and fields() takes them apart.
  */
-function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string): string {
+function kQuantChunk(
+  type: TensorType,
+  blockAt: (block: string, bytes: number) => string,
+  p: string,
+): string {
   const bytes = rowBytes(type, 256);
-  const head = `let ${p}off = (${rowExpr}) * ${rowBytes(type, cols)}u + (c >> 3u) * ${bytes}u;
+  const head = `let ${p}off = ${blockAt("c >> 3u", bytes)};
       let ${p}s = c & 7u;
       let ${p}d = 1.0;`;
   // A 32-byte run at byte `at` of the block as 8 words (every device block is word-aligned).
@@ -412,7 +510,7 @@ function kQuantChunk(type: TensorType, cols: number, rowExpr: string, p: string)
       }).join("\n      ");
       // Blocks of 144 and 176 bytes start on 16 bytes: the header (d, dmin, scales) is one
       // vec4<u32>, a 32-byte run two (W4; on llvmpipe a vec4 load costs less than three words).
-      return `let ${p}hb = ((${rowExpr}) * ${rowBytes(type, cols)}u + (c >> 2u) * ${bytes}u) >> 4u;
+      return `let ${p}hb = ${blockAt("c >> 2u", bytes)} >> 4u;
       let ${p}sa = 2u * (c & 3u); let ${p}sb = ${p}sa + 1u;
       let ${p}d = 1.0;
       let ${p}hd = W4[${p}hb];

@@ -64,3 +64,24 @@ Deno.test("toDeviceRows() pads each Q6_K block to 224 bytes and Q3_K's to 112 (1
   toDeviceRows("q4_k", 256, q4k, out);
   assertEquals([rowBytes("q4_k", 256), [...out]], [144, [...q4k]]);
 });
+
+Deno.test("toDeviceRows() with a row group interleaves the group's rows plane by plane, and a last partial group takes a whole group's bytes", () => {
+  // Three rows of one 34-byte Q8_0 block each (32 columns), in groups of 2: row r's bytes are
+  // 50r + 0..33 (d at 0..1, qs at 2..33). A row-major device row is 48 bytes (scales padded to 16).
+  const src = new Uint8Array([...seq(0, 34), ...seq(50, 34), ...seq(100, 34)]);
+  const dst = new Uint8Array(4 * 48);
+  toDeviceRows("q8_0", 32, src, dst, 2);
+  const zeros = (n: number) => new Array(n).fill(0);
+  assertEquals([...dst], [
+    // Group 0: both scales, the plane's padding (2 x 16 bytes in all), then both rows' quants.
+    ...[0, 1, 50, 51],
+    ...zeros(28),
+    ...seq(2, 32),
+    ...seq(52, 32),
+    // Group 1: row 2 alone, in a whole group's 96 bytes.
+    ...[100, 101],
+    ...zeros(30),
+    ...seq(102, 32),
+    ...zeros(32),
+  ]);
+});
