@@ -89,11 +89,15 @@ const DEVICE_LAYOUT: Partial<Record<TensorType, "planes" | "pad">> = {
 const pad16 = (n: number) => Math.ceil(n / 16) * 16;
 
 /** Byte offsets of a "planes" row's planes, and its size. */
-function planes(type: TensorType, cols: number): { qh: number; qs: number; bytes: number } {
+function planes(
+  type: TensorType,
+  cols: number,
+): { qh: number; qs: number; qsBytes: number; bytes: number } {
   const blocks = cols / 32;
   const qh = pad16(2 * blocks);
   const qs = qh + (type === "q5_0" ? pad16(4 * blocks) : 0);
-  return { qh, qs, bytes: qs + blocks * (type === "q8_0" ? 32 : 16) };
+  const qsBytes = type === "q8_0" ? 32 : 16;
+  return { qh, qs, qsBytes, bytes: qs + blocks * qsBytes };
 }
 
 /**
@@ -105,12 +109,12 @@ function planes(type: TensorType, cols: number): { qh: number; qs: number; bytes
 function rowPlanes(type: TensorType, cols: number): { at: number; bytes: number; n: number }[] {
   const { elements, bytes } = BLOCK_LAYOUT[type];
   if (DEVICE_LAYOUT[type] === "planes") {
-    const { qh, qs } = planes(type, cols);
+    const { qh, qs, qsBytes } = planes(type, cols);
     const blocks = cols / 32;
     return [
       { at: 0, bytes: 2, n: blocks },
       ...(type === "q5_0" ? [{ at: qh, bytes: 4, n: blocks }] : []),
-      { at: qs, bytes: type === "q8_0" ? 32 : 16, n: blocks },
+      { at: qs, bytes: qsBytes, n: blocks },
     ];
   }
   if (elements === 1) return [{ at: 0, bytes: 4 * bytes, n: cols / 4 }];
@@ -401,10 +405,11 @@ function planesHead(
   at: (block: string, plane: number, bytes: number) => string,
   p: string,
 ): string {
+  const { qs, qsBytes } = planes(type, cols);
   return `let ${p}sat = ${at("c", 0, 2)};
       let ${p}dd = unpack2x16float(W[${p}sat >> 2u]);
       let ${p}d = select(${p}dd.x, ${p}dd.y, (${p}sat & 2u) != 0u);
-      let ${p}qat = ${at("c", planes(type, cols).qs, type === "q8_0" ? 32 : 16)} >> 4u;`;
+      let ${p}qat = ${at("c", qs, qsBytes)} >> 4u;`;
 }
 
 /** The low (or high) nibbles of a word's four bytes, each in the low bits of its byte. */
