@@ -231,7 +231,7 @@ export async function runKernelsBench(
   print(
     `- device: ${gpu.description}${
       gpu.inlineDispatch ? ", dispatches inline" : ""
-    } (binding limit ${mib(gpu.maxBindingBytes)})`,
+    }${gpu.laneSubgroups ? ", 8-lane subgroups" : ""} (binding limit ${mib(gpu.maxBindingBytes)})`,
   );
   print(
     `- model: ${subject.name}: dim ${config.dim}, ${config.nLayers} layers, ${config.nHeads}/${config.nKvHeads} heads, vocab ${config.vocabSize}`,

@@ -30,6 +30,21 @@ export function isCpuRasterizer(info: GPUAdapterInfo): boolean {
     );
 }
 
+/** Threads of a lane kernel's workgroup (matmulLaneWgsl, classifierLaneWgsl): one SIMD batch of llvmpipe. */
+export const LANE_THREADS = 8;
+
+/**
+ * Whether a lane kernel's workgroup is exactly one subgroup on this adapter, so its lanes can
+ * load one activation vec4 each and share them by subgroupBroadcast instead of every lane
+ * loading every vec4: a CPU rasterizer whose subgroups are always LANE_THREADS wide (lavapipe
+ * on 256-bit vectors says 8..8; llvmpipe through OpenGL ES says 4..128 and has no subgroups).
+ */
+export function laneSubgroupsFit(info: GPUAdapterInfo): boolean {
+  const i = info as GPUAdapterInfo & { subgroupMinSize?: number; subgroupMaxSize?: number };
+  return isCpuRasterizer(info) && i.subgroupMinSize === LANE_THREADS &&
+    i.subgroupMaxSize === LANE_THREADS;
+}
+
 /**
  * Mesa's variable for the threads its software rasterizers (llvmpipe, lavapipe) run a
  * dispatch's workgroups on; 0 runs them on the driver's own thread. Mesa reads it once, when

@@ -1,7 +1,7 @@
 import type { TensorType } from "../lib/model/tensor.ts";
 import type { Gpu, KernelOp } from "./device.ts";
 import type { GpuMatrix } from "./gpu_matrix.ts";
-import { createMatmul, LANE_TILES, laneShape, laneTile } from "./matmul.ts";
+import { broadcastFits, createMatmul, LANE_TILES, laneShape, laneTile } from "./matmul.ts";
 import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";
 import {
   chunkElements,
@@ -74,6 +74,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 }
 
 /**
+ * Whether the classifier's lanes can share a chunk's activations by subgroupBroadcast: block
+ * types whose chunks are whole multiples of the lanes, and Q6_K's half-block loop (32 vec4s).
+ */
+export function classifierBroadcastFits(type: TensorType): boolean {
+  return type === "q6_k" || broadcastFits(type);
+}
+
+/**
  * WGSL for Y[r * yStride + yOffset + o] = Σ_k W[o, k] · Xn[r, k] for r in [r0, r0 + tile):
  * lane t of a workgroup owns outputs base + j·8 + t (adjacent lanes, adjacent rows) and walks
  * the row's chunks in order, so each sum is one sequential chain (batch invariant), with no
@@ -84,6 +92,7 @@ export function classifierLaneWgsl(
   cols: number,
   tile: number,
   group = 1,
+  broadcast = false,
 ): string {
   // The lane matmul's workgroup: 8 lanes (one SIMD batch of llvmpipe's 256-bit vectors), each
   // owning fewer outputs for block types, whose dequantization is long code.
@@ -93,8 +102,24 @@ export function classifierLaneWgsl(
   const rows = Array.from({ length: tile }, (_, r) => r);
   const vecs = (f: (i: number) => string, sep = " ") =>
     Array.from({ length: nv }, (_, i) => f(i)).join(sep);
+  if (broadcast && !classifierBroadcastFits(type)) {
+    throw new Error(
+      `Cannot build a classifier that broadcasts activations for ${type}: it needs chunks of a multiple of ${threads} vec4s`,
+    );
+  }
+  // Broadcast (Gpu.laneSubgroups): lane sl loads vec4s sl, sl + 8, ... of the chunk and every
+  // lane takes each from its loader, one load a lane instead of nv.
+  const sharedX = (r: number, at: (k: number) => string, n: number) =>
+    Array.from(
+      { length: n / threads },
+      (_, k) => `let xl${k} = Xn[(r0 + ${r}u) * XV + ${at(k)} + sl];`,
+    ).join(" ");
   const perRow = rows.map((r) => {
-    const xs = vecs((i) => `let x${i} = Xn[(r0 + ${r}u) * XV + c * ${nv}u + ${i}u];`);
+    const xs = broadcast
+      ? `${sharedX(r, (k) => `c * ${nv}u + ${k * threads}u`, nv)} ${
+        vecs((i) => `let x${i} = subgroupBroadcast(xl${Math.floor(i / threads)}, ${i % threads}u);`)
+      }`
+      : vecs((i) => `let x${i} = Xn[(r0 + ${r}u) * XV + c * ${nv}u + ${i}u];`);
     const acc = js.map((j) =>
       `a${j}_${r} += w${j}d * (${vecs((i) => `dot(w${j}${i}, x${i})`, " + ")});`
     )
@@ -120,7 +145,9 @@ const XV = ${cols / 4}u;
 ${type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
 @compute @workgroup_size(${threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) t: u32) {
+        @builtin(local_invocation_index) t: u32${
+    broadcast ? ", @builtin(subgroup_invocation_id) sl: u32" : ""
+  }) {
   let nRows = dims[${DIM_SAMPLES}];
   let r0 = wid.x * ${tile}u;
   if (r0 >= nRows) { return; }
@@ -133,7 +160,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   }
   ${rows.map((r) => js.map((j) => `var a${j}_${r} = 0.0;`).join(" ")).join("\n  ")}
   ${
-    type === "q6_k" ? q6kHalfLoop(cols, tile, outs, group) : `for (var c = 0u; c < NCHUNK; c++) {
+    type === "q6_k"
+      ? q6kHalfLoop(cols, tile, outs, group, broadcast)
+      : `for (var c = 0u; c < NCHUNK; c++) {
       ${js.map((j) => wgslLoadChunk(type, cols, `oc${j}`, `w${j}`, group)).join("\n      ")}
       ${perRow}
   }`
@@ -276,7 +305,13 @@ export function createClassifier(
   }
   const pipelines = LANE_TILES.map((tile) =>
     gpu.pipeline(
-      classifierLaneWgsl(m.type, m.cols, tile, m.group),
+      classifierLaneWgsl(
+        m.type,
+        m.cols,
+        tile,
+        m.group,
+        gpu.laneSubgroups && classifierBroadcastFits(m.type),
+      ),
       `classifier ${m.type} k=${m.cols} tile ${tile}`,
     )
   );
@@ -341,7 +376,13 @@ export function createClassifier(
  * Element (q - 32) * d * scale is summed as d * scale * Σ (q - 32) x per 16 elements, one
  * chain per (row, output) in order.
  */
-function q6kHalfLoop(cols: number, tile: number, outs: number, group: number): string {
+function q6kHalfLoop(
+  cols: number,
+  tile: number,
+  outs: number,
+  group: number,
+  broadcast: boolean,
+): string {
   const js = Array.from({ length: outs }, (_, j) => j);
   const rows = Array.from({ length: tile }, (_, r) => r);
   const run = (p: string, name: string, at: string, n: number) =>
@@ -370,8 +411,11 @@ function q6kHalfLoop(cols: number, tile: number, outs: number, group: number): s
   const perRow = rows.map((r) => {
     const groups = [0, 1, 2, 3].flatMap((k) =>
       [0, 1].map((g) => {
+        // Broadcast: lane sl loaded vec4 8k + sl of the half (xl{k}, below).
         const xs = [0, 1, 2, 3].map((i) =>
-          `let x${i} = Xn[(r0 + ${r}u) * XV + h * 32u + ${8 * k + 4 * g + i}u];`
+          broadcast
+            ? `let x${i} = subgroupBroadcast(xl${k}, ${4 * g + i}u);`
+            : `let x${i} = Xn[(r0 + ${r}u) * XV + h * 32u + ${8 * k + 4 * g + i}u];`
         ).join(" ");
         const acc = js.map((j) =>
           `a${j}_${r} += w${j}d * ${scale(`w${j}`, 2 * k + g)} * (${
@@ -382,7 +426,11 @@ function q6kHalfLoop(cols: number, tile: number, outs: number, group: number): s
         ${acc} }`;
       })
     ).join("\n      ");
-    return tile === 1 ? `{ ${groups} }` : `if (${r}u < live) { ${groups} }`;
+    const shared = broadcast
+      ? [0, 1, 2, 3].map((k) => `let xl${k} = Xn[(r0 + ${r}u) * XV + h * 32u + ${8 * k}u + sl];`)
+        .join(" ")
+      : "";
+    return tile === 1 ? `{ ${shared} ${groups} }` : `if (${r}u < live) { ${shared} ${groups} }`;
   }).join("\n      ");
   return `for (var h = 0u; h < ${cols / 128}u; h++) {
       ${loads}

@@ -2,6 +2,7 @@ import type { StepContent } from "./step_meta.ts";
 import {
   describeAdapter,
   isCpuRasterizer,
+  laneSubgroupsFit,
   rasterizerInline,
   requestDefaultAdapter,
 } from "./adapter.ts";
@@ -29,6 +30,12 @@ export interface Gpu {
   readonly cpuRasterizer: boolean;
   /** A software rasterizer running each dispatch's workgroups on its own thread (chooseRasterizerThreads). */
   readonly inlineDispatch: boolean;
+  /**
+   * The device has subgroups and a lane kernel's workgroup is one of them (laneSubgroupsFit):
+   * lane matmuls and the classifier load each activation vec4 once per workgroup, not once per
+   * lane, and share it by subgroupBroadcast (llvmpipe loads storage lane by lane).
+   */
+  readonly laneSubgroups: boolean;
   /** The compiled pipeline for a WGSL program, compiled on first use. */
   pipeline(code: string, label: string): GPUComputePipeline;
 }
@@ -77,19 +84,26 @@ export async function acquireGpu(opts: AcquireGpuOptions = {}): Promise<Gpu> {
   if (!adapter) throw new Error(`Cannot start WebGPU: ${NO_ADAPTER_MESSAGE}`);
   const wanted: GPUFeatureName[] = ["shader-f16", "timestamp-query"];
   const features = wanted.filter((f) => adapter.features.has(f));
+  // Deno 2.9's adapter.features leaves out "subgroups" even where the device grants it, so ask
+  // where the lane kernels can use them, and ask again without if the adapter refuses.
+  const subgroups = laneSubgroupsFit(adapter.info);
   const l = adapter.limits;
-  const device = await adapter.requestDevice({
-    requiredFeatures: features,
-    requiredLimits: {
-      maxStorageBufferBindingSize: l.maxStorageBufferBindingSize,
-      maxBufferSize: l.maxBufferSize,
-      maxStorageBuffersPerShaderStage: l.maxStorageBuffersPerShaderStage,
-      maxComputeWorkgroupStorageSize: l.maxComputeWorkgroupStorageSize,
-      maxComputeInvocationsPerWorkgroup: l.maxComputeInvocationsPerWorkgroup,
-      maxComputeWorkgroupSizeX: l.maxComputeWorkgroupSizeX,
-      maxComputeWorkgroupsPerDimension: l.maxComputeWorkgroupsPerDimension,
-    },
-  });
+  const request = (required: GPUFeatureName[]) =>
+    adapter.requestDevice({
+      requiredFeatures: required,
+      requiredLimits: {
+        maxStorageBufferBindingSize: l.maxStorageBufferBindingSize,
+        maxBufferSize: l.maxBufferSize,
+        maxStorageBuffersPerShaderStage: l.maxStorageBuffersPerShaderStage,
+        maxComputeWorkgroupStorageSize: l.maxComputeWorkgroupStorageSize,
+        maxComputeInvocationsPerWorkgroup: l.maxComputeInvocationsPerWorkgroup,
+        maxComputeWorkgroupSizeX: l.maxComputeWorkgroupSizeX,
+        maxComputeWorkgroupsPerDimension: l.maxComputeWorkgroupsPerDimension,
+      },
+    });
+  const device = subgroups
+    ? await request([...features, "subgroups"]).catch(() => request(features))
+    : await request(features);
   device.addEventListener("uncapturederror", (e) => {
     console.error(`webgpu error: ${(e as GPUUncapturedErrorEvent).error.message}`);
   });
@@ -112,6 +126,7 @@ export async function acquireGpu(opts: AcquireGpuOptions = {}): Promise<Gpu> {
     hasTimestamps: features.includes("timestamp-query"),
     cpuRasterizer,
     inlineDispatch: cpuRasterizer && rasterizerInline(),
+    laneSubgroups: subgroups && device.features.has("subgroups"),
     pipeline(code: string, label: string): GPUComputePipeline {
       let p = pipelines.get(code);
       if (!p) {

@@ -13,6 +13,7 @@ import {
 import { type KvDtype, kvElementBytes, kvWgsl } from "./kv_dtype.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import { wgslLaneAttentionBody } from "./attention.ts";
+import { LANE_THREADS } from "./adapter.ts";
 
 /** Activation rows one workgroup multiplies against each weight chunk it loads. */
 export const MATMUL_ROWS_PER_GROUP = 8;
@@ -86,6 +87,13 @@ export interface MatmulSpec {
    * all outputs, and the "accumulate" epilogue only.
    */
   readonly finalNorm?: { readonly eps: number };
+  /**
+   * Lane layout where the workgroup is one subgroup (Gpu.laneSubgroups): each lane loads one
+   * vec4 of a chunk's activations (and norm weights) and the lanes share them by
+   * subgroupBroadcast; the same values in the same order, so the same bits. Needs chunks of a
+   * multiple of 8 vec4s (block types) and input rows from X (not attention's tile).
+   */
+  readonly broadcast?: boolean;
 }
 
 /**
@@ -131,7 +139,7 @@ export function matmulWgsl(spec: MatmulSpec): string {
       wgslLoadChunk(type, cols, "2u * o + 1u", "wu", spec.group)
     }`
     : wgslLoadChunk(type, cols, "o", "wa", spec.group);
-  const { normLoads, dotWith, rowInputs } = wgslChunkInputs(nv, norm);
+  const { normLoads, dotWith, rowInputs } = wgslChunkInputs(nv, norm, "load");
   const perRow = rows.map((r) => {
     const { xs, xw, sumSq } = rowInputs(r);
     const accum = accs.map((a) => `${a}${r} += w${a}d * (${dotWith(`w${a}`)});`).join(" ");
@@ -240,7 +248,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
  * slow to compile.
  */
 export function laneShape(type: TensorType): { threads: number; outs: number; rows: number } {
-  return { threads: 8, outs: chunkVec4s(type) === 1 ? 8 : 4, rows: LANE_TILES.at(-1)! };
+  return { threads: LANE_THREADS, outs: chunkVec4s(type) === 1 ? 8 : 4, rows: LANE_TILES.at(-1)! };
 }
 
 /**
@@ -283,7 +291,19 @@ export function matmulLaneWgsl(spec: MatmulSpec, tile = laneShape(spec.type).row
       : wgslLoadChunk(type, cols, `oc${j}`, `w${j}a`, spec.group)
   ).join("\n      ");
   const att = spec.attention;
-  const { normLoads, dotWith, rowInputs } = wgslChunkInputs(nv, norm, att !== undefined);
+  const broadcast = spec.broadcast === true;
+  if (broadcast && (att || !broadcastFits(type))) {
+    throw new Error(
+      `Cannot build a lane matmul that broadcasts activations for ${type} (${nv} vec4s a chunk)${
+        att ? " with attention as its prologue" : ""
+      }: it needs chunks of a multiple of ${threads} vec4s read from X`,
+    );
+  }
+  const { normLoads, dotWith, rowInputs } = wgslChunkInputs(
+    nv,
+    norm,
+    att ? "tile" : broadcast ? "broadcast" : "load",
+  );
   const perRow = rows.map((r) => {
     const { xs, xw, sumSq } = rowInputs(r);
     const accum = js.map((j) =>
@@ -384,7 +404,9 @@ const XV = ${cols / 4}u;
 ${type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
 @compute @workgroup_size(${threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) t: u32) {
+        @builtin(local_invocation_index) t: u32${
+    broadcast ? ", @builtin(subgroup_invocation_id) sl: u32" : ""
+  }) {
   let nRows = dims[${rowsField}];
   let r0 = wid.x * ${tr}u;
   if (r0 >= nRows) { return; }
@@ -614,6 +636,7 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
     finalNorm: target.finalNorm && { eps: target.finalNorm.eps },
   };
   const lane = (target.layout ?? (gpu.cpuRasterizer ? "lane" : "split")) === "lane";
+  const broadcast = lane && gpu.laneSubgroups && !target.attention && broadcastFits(m.type);
   if ((epilogue === "rope") !== (target.rope !== undefined)) {
     throw new Error(
       `Cannot bind matmul '${m.name}': the rope epilogue needs target.rope, and target.rope the rope epilogue (epilogue ${epilogue}, rope ${
@@ -647,7 +670,9 @@ export function createMatmul(gpu: Gpu, m: GpuMatrix, target: MatmulTarget): Kern
   // The lane layout: one pipeline per row tile (LANE_TILES), picked per dispatch.
   const tiles: readonly number[] = lane ? LANE_TILES : [MATMUL_ROWS_PER_GROUP];
   const pipelines = lane
-    ? LANE_TILES.map((t) => gpu.pipeline(matmulLaneWgsl(spec, t), `${name} tile ${t}`))
+    ? LANE_TILES.map((t) =>
+      gpu.pipeline(matmulLaneWgsl({ ...spec, broadcast }, t), `${name} tile ${t}`)
+    )
     : [gpu.pipeline(matmulWgsl(spec), name)];
   const to = lane
     ? laneShape(m.type).threads * laneShape(m.type).outs
@@ -753,19 +778,51 @@ export function finalNormFits(m: Pick<GpuMatrix, "type" | "rows" | "chunks">): b
 }
 
 /**
+ * Whether a type's lane kernels can share activations by subgroupBroadcast
+ * (MatmulSpec.broadcast): each lane loads one vec4 of a chunk, so a chunk must be whole
+ * multiples of the workgroup's lanes.
+ */
+export function broadcastFits(type: TensorType): boolean {
+  return chunkVec4s(type) % LANE_THREADS === 0;
+}
+
+/**
  * WGSL snippets both matmul layouts share for one chunk of `nv` vec4s: the RMSNorm weights, a
  * row's activations (normalized when fused), its sum of squares, and a dot product with them.
+ * Chunk c of the input rows is read by "load" (every thread loads each vec4), "tile"
+ * (from attention's workgroup tile A), or "broadcast" (lane sl loads vec4s sl, sl + 8, ... and
+ * subgroupBroadcast hands each to every lane: on llvmpipe, where a storage load is a loop over
+ * the lanes, a chunk's activations cost one load a lane instead of eight).
  */
-function wgslChunkInputs(nv: number, norm: boolean, fromTile = false) {
+function wgslChunkInputs(nv: number, norm: boolean, from: "load" | "tile" | "broadcast") {
   const vecs = (f: (i: number) => string, sep = " ") =>
     Array.from({ length: nv }, (_, i) => f(i)).join(sep);
+  const shared = (name: string, load: (k: number) => string) => {
+    const loads = Array.from(
+      { length: nv / LANE_THREADS },
+      (_, k) => `let ${name}l${k} = ${load(k)};`,
+    );
+    const taken = vecs((i) =>
+      `let ${name}${i} = subgroupBroadcast(${name}l${Math.floor(i / LANE_THREADS)}, ${
+        i % LANE_THREADS
+      }u);`
+    );
+    return `${loads.join(" ")} ${taken}`;
+  };
+  const lane = (k: number) => `c * ${nv}u + ${k * LANE_THREADS}u + sl`;
   return {
-    normLoads: norm ? vecs((i) => `let nw${i} = NW[c * ${nv}u + ${i}u];`) : "",
+    normLoads: !norm
+      ? ""
+      : from === "broadcast"
+      ? shared("nw", (k) => `NW[${lane(k)}]`)
+      : vecs((i) => `let nw${i} = NW[c * ${nv}u + ${i}u];`),
     dotWith: (p: string) => vecs((i) => `dot(${p}${i}, x${i})`, " + "),
     rowInputs: (r: number) => ({
-      xs: vecs((i) =>
-        `let xr${i} = ${fromTile ? `A[${r}u` : `X[src${r}`} * XV + c * ${nv}u + ${i}u];`
-      ),
+      xs: from === "broadcast"
+        ? shared("xr", (k) => `X[src${r} * XV + ${lane(k)}]`)
+        : vecs((i) =>
+          `let xr${i} = ${from === "tile" ? `A[${r}u` : `X[src${r}`} * XV + c * ${nv}u + ${i}u];`
+        ),
       xw: vecs((i) => `let x${i} = ${norm ? `xr${i} * nw${i}` : `xr${i}`};`),
       sumSq: norm ? `s${r} += ${vecs((i) => `dot(xr${i}, xr${i})`, " + ")};` : "",
     }),

@@ -1,7 +1,8 @@
-import { assertEquals } from "@std/assert";
+import { assert, assertEquals } from "@std/assert";
 import {
   chooseRasterizerThreads,
   INLINE_RASTERIZER_BYTES,
+  laneSubgroupsFit,
   RASTERIZER_THREADS_ENV,
 } from "../kernels/adapter.ts";
 import { loadModel } from "../lib/model/load_model.ts";
@@ -112,4 +113,30 @@ const choice = chooseRasterizerThreads(0, { get: (k) => vars.get(k), set: (k, v)
 console.log(JSON.stringify({ choice, set: vars.size, env: Deno.env.get("LP_NUM_THREADS") ?? null }));
 `;
   assertEquals(await inChild(body, env), { choice: "fixed", set: 0, env: null });
+});
+
+Deno.test("laneSubgroupsFit() takes subgroups where a CPU rasterizer's are always the lane kernel's 8 lanes", () => {
+  const info = (description: string, min: number, max: number, fallback = false) =>
+    ({
+      description,
+      subgroupMinSize: min,
+      subgroupMaxSize: max,
+      isFallbackAdapter: fallback,
+      vendor: "",
+      architecture: "",
+      device: "",
+    }) as unknown as GPUAdapterInfo;
+  assert(
+    laneSubgroupsFit(info("llvmpipe (LLVM 15.0.6, 256 bits)", 8, 8, true)),
+    "lavapipe through Vulkan",
+  );
+  assert(
+    !laneSubgroupsFit(info("llvmpipe (LLVM 15.0.6, 256 bits)", 4, 128, true)),
+    "llvmpipe through OpenGL ES",
+  );
+  assert(
+    !laneSubgroupsFit(info("llvmpipe (LLVM 15.0.6, 512 bits)", 16, 16, true)),
+    "16 lanes to a subgroup (512-bit vectors)",
+  );
+  assert(!laneSubgroupsFit(info("NVIDIA H200", 32, 32)), "a real GPU: split layout");
 });

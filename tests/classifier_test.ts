@@ -190,3 +190,25 @@ Deno.test("createClassifier() multiplies rows normalized elsewhere as they are, 
     );
   }
 });
+
+Deno.test("createClassifier() lanes share activations by subgroupBroadcast on a CPU rasterizer, with the same bits as every lane loading them", async () => {
+  const gpu = await testGpu();
+  assertEquals(gpu.laneSubgroups, gpu.cpuRasterizer, "subgroups granted for the lane kernels");
+  const loads: Gpu = { ...gpu, laneSubgroups: false };
+  const rand = rng(41);
+  const x = randomF32(rand, 4 * 768, 2);
+  const normW = randomF32(rand, 768);
+  for (const type of ["q8_0", "q6_k", "q4_k"] as const) {
+    const w = randomTensor(rand, type, 130, 768, "output");
+    for (const gather of [[1], [3, 0, 2]]) {
+      const shared = await classify(gpu, w, x, normW, gather, "lane");
+      assertEquals(
+        shared,
+        await classify(loads, w, x, normW, gather, "lane"),
+        `${type} [${gather}]`,
+      );
+      const err = relativeError(shared, reference(w, x, normW, gather));
+      assertLess(err, 1e-5, `${type} [${gather}] against the CPU reference: ${err}`);
+    }
+  }
+});

@@ -1,4 +1,4 @@
-import { assert, assertLess } from "@std/assert";
+import { assert, assertEquals, assertLess } from "@std/assert";
 import { acquireGpu, type Gpu } from "../kernels/device.ts";
 import { interleaveRows, uploadMatrix } from "../kernels/gpu_matrix.ts";
 import { createMatmul, type MatmulEpilogue, type MatmulLayout } from "../kernels/matmul.ts";
@@ -627,3 +627,23 @@ for (const [type, outF, inF] of [["f32", 64, 172], ["q8_0", 32, 64]] as const) {
     }
   });
 }
+
+Deno.test("lane matmuls share activations by subgroupBroadcast on a CPU rasterizer's 8-wide subgroups, with the same bits as every lane loading them", async () => {
+  const gpu = await testGpu();
+  // The suite's WebGPU is lavapipe (subgroups of exactly 8); a real GPU runs the split layout.
+  assertEquals(gpu.laneSubgroups, gpu.cpuRasterizer, "subgroups granted for the lane kernels");
+  const loads: Gpu = { ...gpu, laneSubgroups: false };
+  const cases: Omit<Case, "seed" | "layout">[] = [
+    { type: "q8_0", outF: 40, inF: 256, rows: 1, norm: true },
+    { type: "q5_0", outF: 24, inF: 96, rows: 3, epilogue: "swiglu", norm: true },
+    { type: "q4_0", outF: 17, inF: 64, rows: 19, epilogue: "accumulate" },
+    { type: "q4_k", outF: 33, inF: 512, rows: 8, norm: true, gather: [5, 0, 7] },
+    { type: "q6_k", outF: 9, inF: 256, rows: 2, epilogue: "swiglu" },
+  ];
+  for (const [i, c] of cases.entries()) {
+    const [shared] = await compare(gpu, { ...c, seed: 100 + i, layout: "lane" });
+    const [loaded, want] = await compare(loads, { ...c, seed: 100 + i, layout: "lane" });
+    assertEquals(shared, loaded, `${c.type} ${c.epilogue ?? "store"} x ${c.rows} rows`);
+    assertLess(relativeError(shared, want), 1e-5, `${c.type} against the CPU reference`);
+  }
+});

@@ -215,7 +215,7 @@ export async function createEngine(
       engine: e as Engine,
       description: `webgpu (${e.gpu.description}${
         e.gpu.inlineDispatch ? ", dispatches inline" : ""
-      }, ${e.kvDtype} KV)`,
+      }${e.gpu.laneSubgroups ? ", 8-lane subgroups" : ""}, ${e.kvDtype} KV)`,
     };
   };
   if (backend === "reference") {
