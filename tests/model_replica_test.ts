@@ -124,16 +124,35 @@ Deno.test("replicas of several models: routed by name, to the one with the model
       assertEquals(res.status, 200);
       assertEquals((await res.json()).choices[0].text, oracles[BOTH]);
     };
+    // The router routes by each replica's latest heartbeat, which lags the replica's own
+    // /health by up to two beats (the main thread's snapshot, then the heartbeat worker's
+    // send), and its /health phase sums up every replica's: "loaded" there does not say where.
+    // So each wait is for the one phase only the state wanted can give. First the holder's
+    // load of the last step: until a beat says loaded, the router may still hear "unloaded"
+    // or "loading" from before it (a later "unloaded" would not be the unload), and routing
+    // counts a replica it sent work to as loading it (ReplicaRegistry.hasLoaded, up to 30 s)
+    // until a beat says loaded.
+    const routerPhase = async () => (await phases(router.base))[BOTH];
+    await until(
+      `the router to hear ${BOTH} loaded on the holder`,
+      async () => (await routerPhase()) === "loaded",
+    );
     await direct(holder.base, 0);
     await until(
       `${BOTH} to be unloaded on ${holder.base}`,
       async () => (await phases(holder.base))[BOTH] === "unloaded",
     );
+    // Then the unload: "unloaded" only once no replica's beat says loading or loaded.
+    await until(
+      `the router to hear ${BOTH} unloaded`,
+      async () => (await routerPhase()) === "unloaded",
+    );
     await direct(other.base, "10m");
-    await until("the router to see it loaded on the other replica", async () => {
-      const h = await (await fetch(`${router.base}/health`)).json();
-      return h.models[BOTH]?.phase === "loaded";
-    });
+    // Now only the other replica can be the one the router hears it loaded on.
+    await until(
+      "the router to see it loaded on the other replica",
+      async () => (await routerPhase()) === "loaded",
+    );
     const before = [await loads(holder.base, BOTH), await loads(other.base, BOTH)];
     for (let i = 0; i < 4; i++) assertEquals(await text(BOTH), oracles[BOTH]);
     const after = [await loads(holder.base, BOTH), await loads(other.base, BOTH)];
