@@ -14,6 +14,7 @@ import { type KvDtype, kvElementBytes, kvWgsl } from "./kv_dtype.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import { wgslLaneAttentionBody } from "./attention.ts";
 import { LANE_THREADS } from "./adapter.ts";
+import { q6kHalfLoop } from "./q6k_half_loop.ts";
 
 /** Activation rows one workgroup multiplies against each weight chunk it loads. */
 export const MATMUL_ROWS_PER_GROUP = 8;
@@ -244,16 +245,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
  * Shape of the lane layout's workgroup: `threads` lanes (one SIMD batch of a CPU rasterizer),
  * each owning `outs` output features (strided by `threads`) for `rows` token rows. One
  * activation load then feeds `outs` dot products and one weight chunk `rows` of them. Eight
- * outputs a lane, but four for a gate|up pair (`dual`: eight weight rows already) and for Q6_K
- * (its 32-element reader is long code): on the Qwen2.5-0.5B shape with subgroups, 8 against 4
- * took the Q8_0 classifier 28 -> 20 ms, Q4_K down 10.7 -> 9.0 ms and Q5_0 wo 4.4 -> 3.6 ms,
- * while gate|up at 8 (16 rows) went 34.6 -> 36.6 ms and Q6_K down 18.0 -> 20.3 ms.
+ * outputs a lane, but four for a block type's gate|up pair (`dual`: eight weight rows already):
+ * on the Qwen2.5-0.5B shape with subgroups, 8 against 4 took the Q8_0 classifier 28 -> 20 ms,
+ * Q4_K down 10.3 -> 9.0 ms and Q6_K down (half-block loop) 11.1 -> 10.3 ms, while gate|up at 8
+ * (16 rows a lane) went 34.6 -> 36.6 ms.
  */
 export function laneShape(
   type: TensorType,
   dual = false,
 ): { threads: number; outs: number; rows: number } {
-  const fewer = chunkVec4s(type) > 1 && (dual || type === "q6_k");
+  const fewer = chunkVec4s(type) > 1 && dual;
   return { threads: LANE_THREADS, outs: fewer ? 4 : 8, rows: LANE_TILES.at(-1)! };
 }
 
@@ -310,6 +311,9 @@ export function matmulLaneWgsl(spec: MatmulSpec, tile = laneShape(spec.type).row
     norm,
     att ? "tile" : broadcast ? "broadcast" : "load",
   );
+  // Q6_K without a norm or a gate|up pair (the down projections) walks half super-blocks, as
+  // the classifier does: each ql/qh word loaded once instead of once per 32-element chunk.
+  const halfLoop = type === "q6_k" && !norm && !dual && !att && epilogue !== "rope";
   const perRow = rows.map((r) => {
     const { xs, xw, sumSq } = rowInputs(r);
     const accum = js.map((j) =>
@@ -424,10 +428,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   ${srcRows}
   ${zeroDecls}
   ${fin ? rows.map((r) => js.map((j) => `var fy${j}_${r} = 0.0;`).join(" ")).join("\n  ") : ""}
-  for (var c = 0u; c < NCHUNK; c++) {
+  ${
+    halfLoop
+      ? q6kHalfLoop(cols, tr, outs, spec.group ?? 1, broadcast, (r, v) => `X[src${r} * XV + ${v}]`)
+      : `for (var c = 0u; c < NCHUNK; c++) {
       ${loads}
       ${normLoads}
       ${perRow}
+  }`
   }
   ${stores}
   ${fin ? finalNormEpilogue(fin.eps, tr, threads, outs) : ""}

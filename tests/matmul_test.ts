@@ -639,6 +639,8 @@ Deno.test("lane matmuls share activations by subgroupBroadcast on a CPU rasteriz
     { type: "q4_0", outF: 17, inF: 64, rows: 19, epilogue: "accumulate" },
     { type: "q4_k", outF: 33, inF: 512, rows: 8, norm: true, gather: [5, 0, 7] },
     { type: "q6_k", outF: 9, inF: 256, rows: 2, epilogue: "swiglu" },
+    // Q6_K without a norm or a pair: the half-block loop the down projections take.
+    { type: "q6_k", outF: 19, inF: 512, rows: 3, epilogue: "accumulate" },
   ];
   for (const [i, c] of cases.entries()) {
     const [shared] = await compare(gpu, { ...c, seed: 100 + i, layout: "lane" });
