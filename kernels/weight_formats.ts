@@ -227,18 +227,37 @@ export function toDeviceRows(
   const dstRow = rowBytes(type, cols);
   const row = new Uint8Array(dstRow);
   const ps = rowPlanes(type, cols);
+  // Elements move as 16-bit units (every element and plane offset is even; words where the
+  // destination allows): element by element with subarray() and set() took the upload of the
+  // Qwen2.5-0.5B-shaped file from 1.3 to 3.3-4.2 s.
+  const wide = dst.byteOffset % 4 === 0 && ps.every((p) => p.bytes % 4 === 0 && p.at % 4 === 0);
+  const unit = wide ? 4 : 2;
+  const view = (b: Uint8Array) =>
+    wide
+      ? new Uint32Array(b.buffer, b.byteOffset, b.byteLength >> 2)
+      : new Uint16Array(b.buffer, b.byteOffset, b.byteLength >> 1);
+  if (dst.byteOffset % 2 !== 0 || dst.byteLength % unit !== 0) {
+    throw new Error(
+      `Cannot lay out ${type} rows at byte offset ${dst.byteOffset} (${dst.byteLength} bytes): the device copy must start and end on a ${unit}-byte boundary`,
+    );
+  }
+  const rowUnits = view(row);
+  const dstUnits = view(dst);
   for (let r = 0; r < rows; r++) {
     row.fill(0);
     toDeviceRowMajor(type, cols, src.subarray(r * fileRow, (r + 1) * fileRow), row);
     const base = Math.floor(r / group) * group * dstRow;
     const t = r % group;
     for (const p of ps) {
+      const n = p.bytes / unit;
       for (let b = 0; b < p.n; b++) {
         const from = p.at + b * p.bytes;
-        dst.set(
-          row.subarray(from, from + p.bytes),
-          base + group * p.at + (b * group + t) * p.bytes,
-        );
+        const to = base + group * p.at + (b * group + t) * p.bytes;
+        if (p.bytes >= 64) {
+          dst.set(row.subarray(from, from + p.bytes), to); // whole K-quant blocks: memcpy
+          continue;
+        }
+        for (let k = 0; k < n; k++) dstUnits[to / unit + k] = rowUnits[from / unit + k]!;
       }
     }
   }
@@ -265,8 +284,11 @@ function toDeviceRowMajor(type: TensorType, cols: number, src: Uint8Array, dst: 
       for (let b = 0, s = r * srcRow; b < blocks; b++, s += bytes) {
         dst[d + 2 * b] = src[s]!;
         dst[d + 2 * b + 1] = src[s + 1]!;
-        if (qhBytes) dst.set(src.subarray(s + 2, s + 6), d + qh + 4 * b);
-        dst.set(src.subarray(s + 2 + qhBytes, s + bytes), d + qs + qsBytes * b);
+        // Byte loops: subarray() and set() for runs this short cost more than the copy.
+        for (let k = 0, at = d + qh + 4 * b; k < qhBytes; k++) dst[at + k] = src[s + 2 + k]!;
+        for (let k = 0, at = d + qs + qsBytes * b, from = s + 2 + qhBytes; k < qsBytes; k++) {
+          dst[at + k] = src[from + k]!;
+        }
       }
     }
     return;
