@@ -8,11 +8,8 @@ import {
   chunkElements,
   chunkVec4s,
   needsVec4View,
-  rowBytes,
   WGSL_WEIGHT_HELPERS,
-  wgslAt,
   wgslLoadChunk,
-  wgslVec4Words,
   wgslWeights,
 } from "./weight_formats.ts";
 
