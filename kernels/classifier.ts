@@ -1,7 +1,14 @@
 import type { TensorType } from "../lib/model/tensor.ts";
 import type { Gpu, KernelOp } from "./device.ts";
 import type { GpuMatrix } from "./gpu_matrix.ts";
-import { broadcastFits, createMatmul, LANE_TILES, laneShape, laneTile } from "./matmul.ts";
+import {
+  broadcastFits,
+  createMatmul,
+  LANE_TILES,
+  laneShape,
+  laneTile,
+  wgslSharedVec4s,
+} from "./matmul.ts";
 import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";
 import { q6kHalfLoop } from "./q6k_half_loop.ts";
 import {
@@ -72,14 +79,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 }
 
 /**
- * Whether the classifier's lanes can share a chunk's activations by subgroupBroadcast: block
- * types whose chunks are whole multiples of the lanes, and Q6_K's half-block loop (32 vec4s).
- */
-export function classifierBroadcastFits(type: TensorType): boolean {
-  return type === "q6_k" || broadcastFits(type);
-}
-
-/**
  * WGSL for Y[r * yStride + yOffset + o] = Σ_k W[o, k] · Xn[r, k] for r in [r0, r0 + tile):
  * lane t of a workgroup owns outputs base + j·8 + t (adjacent lanes, adjacent rows) and walks
  * the row's chunks in order, so each sum is one sequential chain (batch invariant), with no
@@ -100,23 +99,14 @@ export function classifierLaneWgsl(
   const rows = Array.from({ length: tile }, (_, r) => r);
   const vecs = (f: (i: number) => string, sep = " ") =>
     Array.from({ length: nv }, (_, i) => f(i)).join(sep);
-  if (broadcast && !classifierBroadcastFits(type)) {
+  if (broadcast && !broadcastFits(type)) {
     throw new Error(
       `Cannot build a classifier that broadcasts activations for ${type}: it needs chunks of a multiple of ${threads} vec4s`,
     );
   }
-  // Broadcast (Gpu.laneSubgroups): lane sl loads vec4s sl, sl + 8, ... of the chunk and every
-  // lane takes each from its loader, one load a lane instead of nv.
-  const sharedX = (r: number, at: (k: number) => string, n: number) =>
-    Array.from(
-      { length: n / threads },
-      (_, k) => `let xl${k} = Xn[(r0 + ${r}u) * XV + ${at(k)} + sl];`,
-    ).join(" ");
   const perRow = rows.map((r) => {
     const xs = broadcast
-      ? `${sharedX(r, (k) => `c * ${nv}u + ${k * threads}u`, nv)} ${
-        vecs((i) => `let x${i} = subgroupBroadcast(xl${Math.floor(i / threads)}, ${i % threads}u);`)
-      }`
+      ? wgslSharedVec4s("x", nv, (k) => `Xn[(r0 + ${r}u) * XV + c * ${nv}u + ${k * threads}u + sl]`)
       : vecs((i) => `let x${i} = Xn[(r0 + ${r}u) * XV + c * ${nv}u + ${i}u];`);
     const acc = js.map((j) =>
       `a${j}_${r} += w${j}d * (${vecs((i) => `dot(w${j}${i}, x${i})`, " + ")});`
@@ -308,7 +298,7 @@ export function createClassifier(
         m.cols,
         tile,
         m.group,
-        gpu.laneSubgroups && classifierBroadcastFits(m.type),
+        gpu.laneSubgroups && broadcastFits(m.type),
       ),
       `classifier ${m.type} k=${m.cols} tile ${tile}`,
     )

@@ -126,7 +126,7 @@ export async function acquireGpu(opts: AcquireGpuOptions = {}): Promise<Gpu> {
     hasTimestamps: features.includes("timestamp-query"),
     cpuRasterizer,
     inlineDispatch: cpuRasterizer && rasterizerInline(),
-    laneSubgroups: subgroups && device.features.has("subgroups"),
+    laneSubgroups: device.features.has("subgroups"),
     pipeline(code: string, label: string): GPUComputePipeline {
       let p = pipelines.get(code);
       if (!p) {

@@ -801,6 +801,26 @@ export function broadcastFits(type: TensorType): boolean {
 }
 
 /**
+ * WGSL binding `name`0 .. `name`{nv-1}, a chunk's vec4s that every lane of a lane workgroup
+ * needs, loaded once a workgroup: lane sl loads vec4s sl, sl + 8, ... (`load(k)` for the
+ * k-th, as `name`l{k}) and subgroupBroadcast hands each to every lane (MatmulSpec.broadcast).
+ */
+export function wgslSharedVec4s(name: string, nv: number, load: (k: number) => string): string {
+  const loads = Array.from(
+    { length: nv / LANE_THREADS },
+    (_, k) => `let ${name}l${k} = ${load(k)};`,
+  );
+  const taken = Array.from(
+    { length: nv },
+    (_, i) =>
+      `let ${name}${i} = subgroupBroadcast(${name}l${Math.floor(i / LANE_THREADS)}, ${
+        i % LANE_THREADS
+      }u);`,
+  );
+  return `${loads.join(" ")} ${taken.join(" ")}`;
+}
+
+/**
  * WGSL snippets both matmul layouts share for one chunk of `nv` vec4s: the RMSNorm weights, a
  * row's activations (normalized when fused), its sum of squares, and a dot product with them.
  * Chunk c of the input rows is read by "load" (every thread loads each vec4), "tile"
@@ -811,18 +831,7 @@ export function broadcastFits(type: TensorType): boolean {
 function wgslChunkInputs(nv: number, norm: boolean, from: "load" | "tile" | "broadcast") {
   const vecs = (f: (i: number) => string, sep = " ") =>
     Array.from({ length: nv }, (_, i) => f(i)).join(sep);
-  const shared = (name: string, load: (k: number) => string) => {
-    const loads = Array.from(
-      { length: nv / LANE_THREADS },
-      (_, k) => `let ${name}l${k} = ${load(k)};`,
-    );
-    const taken = vecs((i) =>
-      `let ${name}${i} = subgroupBroadcast(${name}l${Math.floor(i / LANE_THREADS)}, ${
-        i % LANE_THREADS
-      }u);`
-    );
-    return `${loads.join(" ")} ${taken}`;
-  };
+  const shared = (name: string, load: (k: number) => string) => wgslSharedVec4s(name, nv, load);
   const lane = (k: number) => `c * ${nv}u + ${k * LANE_THREADS}u + sl`;
   return {
     normLoads: !norm

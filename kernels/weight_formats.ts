@@ -227,9 +227,9 @@ export function toDeviceRows(
   const dstRow = rowBytes(type, cols);
   const row = new Uint8Array(dstRow);
   const ps = rowPlanes(type, cols);
-  // Elements move as 16-bit units (every element and plane offset is even; words where the
-  // destination allows): element by element with subarray() and set() took the upload of the
-  // Qwen2.5-0.5B-shaped file from 1.3 to 3.3-4.2 s.
+  // Small elements move as 16-bit units (every element and plane offset is even; words where
+  // the destination allows): one subarray() and set() each took 26-31 ms for a 4,864 x 896
+  // Q5_0 matrix, this 7-11 ms.
   const wide = dst.byteOffset % 4 === 0 && ps.every((p) => p.bytes % 4 === 0 && p.at % 4 === 0);
   const unit = wide ? 4 : 2;
   const view = (b: Uint8Array) =>
