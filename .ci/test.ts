@@ -42,6 +42,8 @@ interface GroupResult {
   readonly seconds: number;
   /** The runner's own summary line was seen (absent when it crashed before or at the end). */
   readonly summarized: boolean;
+  /** Each failed test's `name => file:line` with the first lines of its error, for the summary. */
+  readonly failures: string[];
 }
 
 // deno-lint-ignore no-control-regex -- stripping the runner's colour codes
@@ -73,12 +75,19 @@ async function runGroup(group: Group, env: Record<string, string>): Promise<Grou
     stdout: "piped",
     stderr: "inherit",
   }).spawn();
-  // Pass the output through while keeping the last lines, where deno test writes its summary.
+  // Pass the output through while keeping the last lines, where deno test writes its summary,
+  // and the errors it reports, which the summary repeats: CI shows only the end of a long log.
   let tail = "";
+  let partial = "";
+  const errors = new ErrorSection();
   const decoder = new TextDecoder();
   for await (const chunk of child.stdout) {
     await Deno.stdout.write(chunk);
-    tail = (tail + decoder.decode(chunk, { stream: true })).slice(-4096);
+    const text = decoder.decode(chunk, { stream: true });
+    tail = (tail + text).slice(-4096);
+    const lines = (partial + text).split("\n");
+    partial = lines.pop() ?? "";
+    for (const line of lines) errors.read(line.replace(ANSI, ""));
   }
   const { code } = await child.status;
   const lines = tail.replace(ANSI, "").split("\n").map((l) => l.trim());
@@ -91,7 +100,40 @@ async function runGroup(group: Group, env: Record<string, string>): Promise<Grou
     ignored: m?.[4] ? Number(m[4]) : 0,
     seconds: (performance.now() - started) / 1000,
     summarized: m !== undefined,
+    failures: errors.failures,
   };
+}
+
+/** Lines of a test's error the summary repeats: the assertion and where it was thrown. */
+const ERROR_LINES = 8;
+
+/**
+ * Reads deno test's ` ERRORS ` section line by line: each `name => ./file:line:col` header and
+ * the first lines of the error under it (less the caret line and the runtime's own frames), until the ` FAILURES ` list that repeats the names.
+ */
+class ErrorSection {
+  readonly failures: string[] = [];
+  #inErrors = false;
+  #kept = 0;
+
+  read(line: string): void {
+    const trimmed = line.trim();
+    if (trimmed === "ERRORS") {
+      this.#inErrors = true;
+      return;
+    }
+    if (trimmed === "FAILURES" || SUMMARY.test(trimmed)) this.#inErrors = false;
+    if (!this.#inErrors || trimmed === "") return;
+    if (/ => \S+:\d+:\d+$|\(uncaught error\)$/.test(trimmed)) {
+      this.failures.push(trimmed);
+      this.#kept = 0;
+    } else if (
+      this.failures.length > 0 && this.#kept < ERROR_LINES && !/^\^+$|\(ext:/.test(trimmed)
+    ) {
+      this.failures.push(`    ${trimmed}`);
+      this.#kept++;
+    }
+  }
 }
 
 async function main(args: string[]): Promise<number> {
@@ -125,6 +167,7 @@ async function main(args: string[]): Promise<number> {
           ? `: deno test exited ${r.code} after its summary`
           : ""),
     );
+    for (const line of r.failures) console.log(`    ${line}`);
   }
   if (unmet.length > 0) console.log(`  set-up failed for: ${unmet.join(", ")}`);
   const passed = results.reduce((s, r) => s + r.passed, 0);
