@@ -107,7 +107,14 @@ export async function aptInstall(packages: string[]): Promise<void> {
  * (`apt-get download` and `dpkg-deb -x` need no root, so a newcomer's account gets it as CI
  * does, and the machine is left as it was). The tests read its path from `$<env>`.
  */
-export function program(p: { name: string; apt: string; env: string; why: string }): Need {
+export function program(p: {
+  name: string;
+  apt: string;
+  env: string;
+  why: string;
+  /** The cache root instead of {@linkcode cacheHome}'s (the tests' own, never the env's). */
+  cacheHome?: string;
+}): Need {
   return {
     name: p.name,
     why: p.why,
@@ -117,13 +124,14 @@ export function program(p: { name: string; apt: string; env: string; why: string
       const found = onPath(p.name);
       // The tests run it by the path in $<env>, or by name: put its folder on PATH too.
       if (found) return { env: withFolderOnPath(p.env, found), how: `found ${found}` };
-      const cached = inUnpacked(debCacheDir(p.apt), p.name);
+      const home = p.cacheHome ?? cacheHome();
+      const cached = inUnpacked(debCacheDir(p.apt, home), p.name);
       if (cached) {
         return { env: withFolderOnPath(p.env, cached), how: `unpacked earlier: ${cached}` };
       }
       let unpacked: string;
       try {
-        unpacked = await unpackDebian(p.apt, p.name);
+        unpacked = await unpackDebian(p.apt, p.name, [], home);
       } catch (e) {
         throw new Error(
           `${p.name} is not on PATH and Debian's ${p.apt} could not be fetched: ` +
@@ -138,10 +146,20 @@ export function program(p: { name: string; apt: string; env: string; why: string
   };
 }
 
-/** Where Debian packages are unpacked for the tests: `~/.cache/llmserve/debs/<package>`. */
-export function debCacheDir(pkg: string): string {
-  const home = Deno.env.get("XDG_CACHE_HOME") ||
+/** The user's cache root: `$XDG_CACHE_HOME`, else `~/.cache`. */
+export function cacheHome(): string {
+  return Deno.env.get("XDG_CACHE_HOME") ||
     `${Deno.env.get("HOME") || `${tmpDir()}/llmserve-${Deno.uid() ?? "u"}`}/.cache`;
+}
+
+/**
+ * Where Debian packages are unpacked for the tests: `<cache root>/llmserve/debs/<package>`.
+ * The root is a parameter, not set through XDG_CACHE_HOME, because test files running in
+ * parallel share one process environment: a root set there for one test became every spawned
+ * server's Deno cache meanwhile, and one of them failed fetching npm packages into it as the test
+ * removed it.
+ */
+export function debCacheDir(pkg: string, home: string = cacheHome()): string {
   return `${home}/llmserve/debs/${pkg}`;
 }
 
@@ -170,8 +188,9 @@ export async function unpackDebian(
   name: string,
   /** apt options for the first try (tests point it at empty lists, as on a fresh image). */
   systemApt: readonly string[] = [],
+  home: string = cacheHome(),
 ): Promise<string> {
-  const root = debCacheDir(pkg);
+  const root = debCacheDir(pkg, home);
   const base = root.slice(0, root.lastIndexOf("/"));
   await Deno.mkdir(base, { recursive: true });
   const work = await Deno.makeTempDir({ dir: base, prefix: `.${pkg}-` });

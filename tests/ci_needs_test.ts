@@ -6,15 +6,17 @@ import { debCacheDir, onPath, program, unpackDebian } from "../.ci/needs.ts";
  * and unpacked into a cache (never installed), also on a machine whose package lists are empty.
  */
 
+/**
+ * Runs f with a cache root of its own, passed as a parameter: setting XDG_CACHE_HOME would
+ * reach the servers other test files spawn meanwhile (one process environment for all).
+ */
 async function withCache<T>(f: (cache: string) => Promise<T>): Promise<T> {
   const cache = await Deno.makeTempDir({ prefix: "ci_needs_test_" });
-  const before = Deno.env.get("XDG_CACHE_HOME");
-  Deno.env.set("XDG_CACHE_HOME", cache);
+  const envBefore = Deno.env.get("XDG_CACHE_HOME");
   try {
     return await f(cache);
   } finally {
-    if (before === undefined) Deno.env.delete("XDG_CACHE_HOME");
-    else Deno.env.set("XDG_CACHE_HOME", before);
+    assertEquals(Deno.env.get("XDG_CACHE_HOME"), envBefore, "XDG_CACHE_HOME was changed");
     await removeSettled(cache);
   }
 }
@@ -39,8 +41,14 @@ Deno.test("unpackDebian() fetches nats-server with empty package lists and the b
     const empty = `${cache}/empty-lists`;
     await Deno.mkdir(`${empty}/partial`, { recursive: true });
     // A fresh image: the machine's lists hold nothing, so apt must use lists of its own.
-    const path = await unpackDebian("nats-server", "nats-server", ["-o", `Dir::State::Lists=${empty}`]);
-    assertEquals(path, `${debCacheDir("nats-server")}/usr/sbin/nats-server`);
+    const path = await unpackDebian(
+      "nats-server",
+      "nats-server",
+      ["-o", `Dir::State::Lists=${empty}`],
+      cache,
+    );
+    assertEquals(path, `${debCacheDir("nats-server", cache)}/usr/sbin/nats-server`);
+    assertEquals(path, `${cache}/llmserve/debs/nats-server/usr/sbin/nats-server`);
     assert(path.startsWith(cache));
     const out = await new Deno.Command(path, { args: ["--version"], stdout: "piped" }).output();
     assertEquals(out.code, 0);
@@ -52,24 +60,41 @@ Deno.test("unpackDebian() fetches nats-server with empty package lists and the b
 });
 
 Deno.test("program() takes a program missing from PATH from Debian's package, then from the cache", async () => {
-  await withCache(async () => {
-    const need = program({ name: "promtool", apt: "prometheus", env: "LLMSERVE_TEST_PROMTOOL", why: "test" });
+  await withCache(async (cache) => {
+    const need = program({
+      name: "promtool",
+      apt: "prometheus",
+      env: "LLMSERVE_TEST_PROMTOOL",
+      why: "test",
+      cacheHome: cache,
+    });
+    // provide() puts an unpacked program's folder on PATH, for the runs the set-up starts.
     const pathBefore = Deno.env.get("PATH") ?? "";
-    // Only when promtool is not installed is the fetch path exercised; where it is, PATH wins.
-    const installed = onPath("promtool");
-    const first = await need.provide();
-    const second = await need.provide();
-    const path = first.env["LLMSERVE_TEST_PROMTOOL"]!;
-    if (installed === undefined) {
-      assertMatch(first.how, /^Debian's prometheus unpacked \(no install\): /);
-      assertMatch(second.how, /^(unpacked earlier|found) /);
-    } else {
-      assertEquals(path, installed);
+    try {
+      // Only when promtool is not installed is the fetch path exercised; where it is, PATH wins.
+      const installed = onPath("promtool");
+      const first = await need.provide();
+      const second = await need.provide();
+      const path = first.env["LLMSERVE_TEST_PROMTOOL"]!;
+      if (installed === undefined) {
+        assertMatch(first.how, /^Debian's prometheus unpacked \(no install\): /);
+        assertMatch(second.how, /^(unpacked earlier|found) /);
+      } else {
+        assertEquals(path, installed);
+      }
+      const out = await new Deno.Command(path, {
+        args: ["--version"],
+        stdout: "piped",
+        stderr: "piped",
+      })
+        .output();
+      assertEquals(out.code, 0);
+      assertMatch(
+        new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr),
+        /promtool, version \d/,
+      );
+    } finally {
+      Deno.env.set("PATH", pathBefore);
     }
-    const out = await new Deno.Command(path, { args: ["--version"], stdout: "piped", stderr: "piped" })
-      .output();
-    assertEquals(out.code, 0);
-    assertMatch(new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr), /promtool, version \d/);
-    Deno.env.set("PATH", pathBefore);
   });
 });
