@@ -4,6 +4,7 @@ import type { GpuMatrix } from "./gpu_matrix.ts";
 import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";
 import {
   chunkElements,
+  chunkOffset,
   chunkVec4s,
   needsVec4View,
   WGSL_WEIGHT_HELPERS,
@@ -290,12 +291,16 @@ export function matmulLaneWgsl(spec: MatmulSpec, tile = laneShape(spec.type).row
   const rows = Array.from({ length: tr }, (_, r) => r);
   const js = Array.from({ length: outs }, (_, j) => j);
   const accs = dual ? ["g", "u"] : ["a"];
+  // Q4_0/Q5_0 quants are loaded without their offset, subtracted once per product through the
+  // chunk's activation sum (chunkOffset).
+  const offset = chunkOffset(type);
+  const uncentered = offset > 0;
   const loads = js.map((j) =>
     dual
-      ? `${wgslLoadChunk(type, cols, `2u * oc${j}`, `w${j}g`, spec.group)}\n      ${
-        wgslLoadChunk(type, cols, `2u * oc${j} + 1u`, `w${j}u`, spec.group)
+      ? `${wgslLoadChunk(type, cols, `2u * oc${j}`, `w${j}g`, spec.group, uncentered)}\n      ${
+        wgslLoadChunk(type, cols, `2u * oc${j} + 1u`, `w${j}u`, spec.group, uncentered)
       }`
-      : wgslLoadChunk(type, cols, `oc${j}`, `w${j}a`, spec.group)
+      : wgslLoadChunk(type, cols, `oc${j}`, `w${j}a`, spec.group, uncentered)
   ).join("\n      ");
   const att = spec.attention;
   const broadcast = spec.broadcast === true;
@@ -316,10 +321,18 @@ export function matmulLaneWgsl(spec: MatmulSpec, tile = laneShape(spec.type).row
   const halfLoop = type === "q6_k" && !norm && !dual && !att && epilogue !== "rope";
   const perRow = rows.map((r) => {
     const { xs, xw, sumSq } = rowInputs(r);
+    const sx = uncentered
+      ? `let sx = ${offset.toFixed(1)} * dot(${
+        Array.from({ length: nv }, (_, i) => `x${i}`).join(" + ")
+      }, vec4<f32>(1.0));`
+      : "";
+    const minus = uncentered ? " - sx" : "";
     const accum = js.map((j) =>
-      accs.map((a) => `${a}${j}_${r} += w${j}${a}d * (${dotWith(`w${j}${a}`)});`).join(" ")
+      accs.map((a) => `${a}${j}_${r} += w${j}${a}d * (${dotWith(`w${j}${a}`)}${minus});`).join(
+        " ",
+      )
     ).join(" ");
-    const body = `{ ${xs} ${xw} ${accum} ${sumSq} }`;
+    const body = `{ ${xs} ${xw} ${sx} ${accum} ${sumSq} }`;
     return tr === 1 ? body : `if (${r}u < live) ${body}`;
   }).join("\n      ");
   const zeroDecls = rows.map((r) =>

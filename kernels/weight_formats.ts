@@ -322,6 +322,16 @@ export function chunkVec4s(type: TensorType): number {
 }
 
 /**
+ * What every quant of a Q4_0 (8) or Q5_0 (16) block is offset by (0 for other types). A matmul
+ * may load the quants without it (wgslLoadChunk's `uncentered`) and subtract offset × the sum
+ * of the chunk's activations once per product, d · (q·x − offset · Σx): the sum is shared by
+ * every output a thread computes, the subtraction per weight vec4 is gone.
+ */
+export function chunkOffset(type: TensorType): number {
+  return type === "q5_0" ? 16 : type === "q4_0" ? 8 : 0;
+}
+
+/**
  * Statements loading chunk `c` of weight row `rowExpr` into `let` bindings named with `p`:
  * vec4s p0, p1, ... (one per activation vec4) and a per-chunk scale pd, so that element i of
  * the chunk is pd * p[i/4][i%4], exactly the f32 lib/model/dequantize.ts gives (each value
@@ -334,7 +344,10 @@ export function wgslLoadChunk(
   rowExpr: string,
   p: string,
   group = 1,
+  /** Leave out the quants' offset ({@linkcode chunkOffset}): the caller subtracts it. */
+  uncentered = false,
 ): string {
+  const centre = (offset: number) => uncentered ? "" : ` - ${offset.toFixed(1)}`;
   const layout = { group, rowBytes: rowBytes(type, cols) };
   const at = (block: string, plane: number, bytes: number) =>
     wgslAt(layout, rowExpr, block, plane, bytes);
@@ -355,7 +368,12 @@ export function wgslLoadChunk(
       // nibble) and element k + 16 (high nibble).
       const vals = Array.from(
         { length: 4 },
-        (_, i) => `let ${p}${i} = lo4(${p}n${i}); let ${p}${i + 4} = hi4(${p}n${i});`,
+        (_, i) =>
+          uncentered
+            ? `let ${p}${i} = vec4<f32>(fields(${p}n${i}, 0u, 15u)); let ${p}${
+              i + 4
+            } = vec4<f32>(fields(${p}n${i}, 4u, 15u));`
+            : `let ${p}${i} = lo4(${p}n${i}); let ${p}${i + 4} = hi4(${p}n${i});`,
       ).join("\n      ");
       return `${planesHead(type, cols, at, p)}
       ${wgslVec4Words(p, "n", `${p}qat`, 1)}
@@ -398,10 +416,10 @@ export function wgslLoadChunk(
         (_, i) =>
           `let ${p}${i} = vec4<f32>(bytes4(${nibbles(`${p}n${i}`, false)} | qhSpread(${p}qh, ${
             4 * i
-          }u))) - 16.0;
+          }u)))${centre(16)};
       let ${p}${i + 4} = vec4<f32>(bytes4(${nibbles(`${p}n${i}`, true)} | qhSpread(${p}qh, ${
             16 + 4 * i
-          }u))) - 16.0;`,
+          }u)))${centre(16)};`,
       ).join("\n      ");
       return `${planesHead(type, cols, at, p)}
       let ${p}qh = W[${at("c", planes(type, cols).qh, 4)} >> 2u];
