@@ -65,7 +65,7 @@ export function unlistedGpuExamples(root: string, files: readonly string[]): str
   return files.filter((f) => {
     if (GPU_EXAMPLES.includes(f)) return false;
     const text = Deno.readTextFileSync(`${root}/${f}`);
-    const blocks = text.split(/^\s*\*\s*```ts\b/m).slice(1).map((b) => b.split("```")[0]!);
+    const blocks = text.split(EXAMPLE).slice(1).map((b) => b.split("```")[0]!);
     return blocks.some((b) => NEEDS_DEVICE.test(b));
   });
 }

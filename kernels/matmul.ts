@@ -315,22 +315,15 @@ export function matmulLaneWgsl(spec: MatmulSpec, tile = laneShape(spec.type).row
     nv,
     norm,
     att ? "tile" : broadcast ? "broadcast" : "load",
+    offset,
   );
   // Q6_K without a norm or a gate|up pair (the down projections) walks half super-blocks, as
   // the classifier does: each ql/qh word loaded once instead of once per 32-element chunk.
   const halfLoop = type === "q6_k" && !norm && !dual && !att && epilogue !== "rope";
   const perRow = rows.map((r) => {
-    const { xs, xw, sumSq } = rowInputs(r);
-    const sx = uncentered
-      ? `let sx = ${offset.toFixed(1)} * dot(${
-        Array.from({ length: nv }, (_, i) => `x${i}`).join(" + ")
-      }, vec4<f32>(1.0));`
-      : "";
-    const minus = uncentered ? " - sx" : "";
+    const { xs, xw, sx, sumSq } = rowInputs(r);
     const accum = js.map((j) =>
-      accs.map((a) => `${a}${j}_${r} += w${j}${a}d * (${dotWith(`w${j}${a}`)}${minus});`).join(
-        " ",
-      )
+      accs.map((a) => `${a}${j}_${r} += w${j}${a}d * (${dotWith(`w${j}${a}`)});`).join(" ")
     ).join(" ");
     const body = `{ ${xs} ${xw} ${sx} ${accum} ${sumSq} }`;
     return tr === 1 ? body : `if (${r}u < live) ${body}`;
@@ -841,7 +834,13 @@ export function wgslSharedVec4s(name: string, nv: number, load: (k: number) => s
  * subgroupBroadcast hands each to every lane: on llvmpipe, where a storage load is a loop over
  * the lanes, a chunk's activations cost one load a lane instead of eight).
  */
-function wgslChunkInputs(nv: number, norm: boolean, from: "load" | "tile" | "broadcast") {
+function wgslChunkInputs(
+  nv: number,
+  norm: boolean,
+  from: "load" | "tile" | "broadcast",
+  /** The weights' quant offset, left out of their loads (chunkOffset): dotWith subtracts it. */
+  offset = 0,
+) {
   const vecs = (f: (i: number) => string, sep = " ") =>
     Array.from({ length: nv }, (_, i) => f(i)).join(sep);
   const shared = (name: string, load: (k: number) => string) => wgslSharedVec4s(name, nv, load);
@@ -852,7 +851,7 @@ function wgslChunkInputs(nv: number, norm: boolean, from: "load" | "tile" | "bro
       : from === "broadcast"
       ? shared("nw", (k) => `NW[${lane(k)}]`)
       : vecs((i) => `let nw${i} = NW[c * ${nv}u + ${i}u];`),
-    dotWith: (p: string) => vecs((i) => `dot(${p}${i}, x${i})`, " + "),
+    dotWith: (p: string) => vecs((i) => `dot(${p}${i}, x${i})`, " + ") + (offset ? " - sx" : ""),
     rowInputs: (r: number) => ({
       xs: from === "broadcast"
         ? shared("xr", (k) => `X[src${r} * XV + ${lane(k)}]`)
@@ -860,6 +859,10 @@ function wgslChunkInputs(nv: number, norm: boolean, from: "load" | "tile" | "bro
           `let xr${i} = ${from === "tile" ? `A[${r}u` : `X[src${r}`} * XV + c * ${nv}u + ${i}u];`
         ),
       xw: vecs((i) => `let x${i} = ${norm ? `xr${i} * nw${i}` : `xr${i}`};`),
+      // offset × the chunk's activation sum, once a row and chunk for every output's product.
+      sx: offset
+        ? `let sx = ${offset.toFixed(1)} * dot(${vecs((i) => `x${i}`, " + ")}, vec4<f32>(1.0));`
+        : "",
       sumSq: norm ? `s${r} += ${vecs((i) => `dot(xr${i}, xr${i})`, " + ")};` : "",
     }),
   };

@@ -23,13 +23,6 @@ fn i8x4(w: u32) -> vec4<f32> {
     bitcast<i32>(w << 8u) >> 24u,
     bitcast<i32>(w) >> 24u));
 }
-// Low and high nibbles of a word's four bytes, minus 8 (Q4_0's zero point).
-fn lo4(v: u32) -> vec4<f32> {
-  return vec4<f32>(vec4<u32>(v & 15u, (v >> 8u) & 15u, (v >> 16u) & 15u, (v >> 24u) & 15u)) - 8.0;
-}
-fn hi4(v: u32) -> vec4<f32> {
-  return vec4<f32>(vec4<u32>((v >> 4u) & 15u, (v >> 12u) & 15u, (v >> 20u) & 15u, v >> 28u)) - 8.0;
-}
 // Bits shift.. of each of a word's four bytes, masked: nibbles, 2-bit fields, single bits.
 fn fields(w: u32, shift: u32, mask: u32) -> vec4<u32> {
   return (vec4<u32>(w) >> (vec4<u32>(0u, 8u, 16u, 24u) + shift)) & vec4<u32>(mask);
@@ -347,7 +340,7 @@ export function wgslLoadChunk(
   /** Leave out the quants' offset ({@linkcode chunkOffset}): the caller subtracts it. */
   uncentered = false,
 ): string {
-  const centre = (offset: number) => uncentered ? "" : ` - ${offset.toFixed(1)}`;
+  const centre = uncentered || chunkOffset(type) === 0 ? "" : ` - ${chunkOffset(type).toFixed(1)}`;
   const layout = { group, rowBytes: rowBytes(type, cols) };
   const at = (block: string, plane: number, bytes: number) =>
     wgslAt(layout, rowExpr, block, plane, bytes);
@@ -369,11 +362,9 @@ export function wgslLoadChunk(
       const vals = Array.from(
         { length: 4 },
         (_, i) =>
-          uncentered
-            ? `let ${p}${i} = vec4<f32>(fields(${p}n${i}, 0u, 15u)); let ${p}${
-              i + 4
-            } = vec4<f32>(fields(${p}n${i}, 4u, 15u));`
-            : `let ${p}${i} = lo4(${p}n${i}); let ${p}${i + 4} = hi4(${p}n${i});`,
+          `let ${p}${i} = vec4<f32>(fields(${p}n${i}, 0u, 15u))${centre}; let ${p}${
+            i + 4
+          } = vec4<f32>(fields(${p}n${i}, 4u, 15u))${centre};`,
       ).join("\n      ");
       return `${planesHead(type, cols, at, p)}
       ${wgslVec4Words(p, "n", `${p}qat`, 1)}
@@ -416,10 +407,10 @@ export function wgslLoadChunk(
         (_, i) =>
           `let ${p}${i} = vec4<f32>(bytes4(${nibbles(`${p}n${i}`, false)} | qhSpread(${p}qh, ${
             4 * i
-          }u)))${centre(16)};
+          }u)))${centre};
       let ${p}${i + 4} = vec4<f32>(bytes4(${nibbles(`${p}n${i}`, true)} | qhSpread(${p}qh, ${
             16 + 4 * i
-          }u)))${centre(16)};`,
+          }u)))${centre};`,
       ).join("\n      ");
       return `${planesHead(type, cols, at, p)}
       let ${p}qh = W[${at("c", planes(type, cols).qh, 4)} >> 2u];
