@@ -1,5 +1,6 @@
 import { assert, assertEquals, assertStringIncludes, assertThrows } from "@std/assert";
 import { parseServeArgs } from "../lib/cli/serve.ts";
+import { parseRouterArgs } from "../lib/cli/router.ts";
 import { type GenerateArgs, parseGenerateArgs } from "../lib/cli/generate.ts";
 import { modelFile, modelMirror } from "./harness/model_files.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
@@ -42,7 +43,45 @@ Deno.test("parseGenerateArgs() takes llama.cpp's -m, -p, -n, -c, --n-predict, --
   const c = parsed(["--prompt", "-m", "-n", "3"]);
   assertEquals([c.prompt, c["max-tokens"]], ["-m", 3]);
   const bad = parseGenerateArgs(["-x"]);
-  assert("error" in bad && bad.error.startsWith("Unknown argument(s): -x\n"));
+  assert("error" in bad && bad.error.startsWith("Unknown argument(s): -x;"), JSON.stringify(bad));
+});
+
+Deno.test("parseServeArgs() takes vLLM's --max-model-len and llama-server's --parallel / -np", () => {
+  assertEquals(parseServeArgs(["--max-model-len", "512"], noEnv).contextLength, 512);
+  assertEquals(parseServeArgs(["--parallel", "3"], noEnv).maxRunning, 3);
+  assertEquals(parseServeArgs(["-np", "5"], noEnv).maxRunning, 5);
+});
+
+Deno.test("parseServeArgs() answers a peer's flag that means nothing here with what to use instead", () => {
+  // Read as one flag with its value, named as typed: never "-n -g -l", never the usage text.
+  const e = assertThrows(() => parseServeArgs(["-ngl", "99"], noEnv), Error);
+  assertEquals(e.message.split("\n").length, 1, e.message);
+  assertStringIncludes(e.message, "-ngl is not a flag here: the backend is chosen with --backend");
+  assertThrows(
+    () => parseServeArgs(["--gpu-memory-utilization", "0.9"], noEnv),
+    Error,
+    "--gpu-memory-utilization is not a flag here: the KV cache is sized with --kv-memory",
+  );
+});
+
+Deno.test("an unknown flag gets one line with the nearest known flag", () => {
+  const e = assertThrows(() => parseServeArgs(["--prot", "80"], noEnv), Error);
+  assertEquals(
+    e.message,
+    "Unknown argument(s): --prot (did you mean --port?); `deno task start --help` lists every flag",
+  );
+  // Nothing near: no guess.
+  assertThrows(() => parseServeArgs(["--zzzzzz"], noEnv), Error, "Unknown argument(s): --zzzzzz;");
+  // A several-letter flag after one dash is shown as typed, not as its letters.
+  assertThrows(() => parseServeArgs(["-kvm", "1"], noEnv), Error, "Unknown argument(s): -kvm");
+  // Typos of the generate and router commands too.
+  const g = parseGenerateArgs(["--max-tokns", "3"]);
+  assertStringIncludes("error" in g ? g.error : "(parsed)", "--max-tokns (did you mean --max-tokens?)");
+  assertThrows(
+    () => parseRouterArgs(["--nats", "nats://x:1", "--drian-timeout", "1s"], noEnv),
+    Error,
+    "did you mean --drain-timeout?",
+  );
 });
 
 Deno.test("generate -m -p -n prints the same greedy text as the long flags, and says when the context lowers -n", async () => {

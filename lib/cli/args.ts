@@ -26,13 +26,19 @@ export interface ParsedFlags {
   readonly values: Record<string, unknown>;
   /** Flags and positional arguments that the spec does not know, as typed. */
   readonly unknown: string[];
+  /** Each flag given, by its name, as the user typed it (`n-gpu-layers` -> `-ngl`). */
+  readonly typed: Record<string, string>;
 }
+
+/** Marks a several-letter flag typed after one dash, so that errors show it as typed. */
+const SINGLE_DASH = "\u0000";
 
 /** Parses `argv` by `spec`; never throws (the caller reports `unknown`). */
 export function parseFlags(argv: readonly string[], spec: FlagSpec): ParsedFlags {
   const takesValue = new Set(spec.string);
   const joined: string[] = [];
-  const canonical = canonicalArgs(argv, spec.aliases ?? {}, takesValue);
+  const typed: Record<string, string> = {};
+  const canonical = canonicalArgs(argv, spec.aliases ?? {}, takesValue, typed);
   for (let i = 0; i < canonical.length; i++) {
     const a = canonical[i]!;
     const next = canonical[i + 1];
@@ -55,14 +61,18 @@ export function parseFlags(argv: readonly string[], spec: FlagSpec): ParsedFlags
   const unknown = [
     // parseArgs reads `-x` as the key "x": show it with the one dash it was typed with.
     ...Object.keys(flags).filter((k) => k !== "_" && !known.has(k)).map((k) =>
-      k.length === 1 ? `-${k}` : `--${k}`
+      k.startsWith(SINGLE_DASH)
+        ? `-${k.slice(SINGLE_DASH.length)}`
+        : k.length === 1
+        ? `-${k}`
+        : `--${k}`
     ),
     // parseArgs lists the value of `--prompt ""` as a positional too; an empty one is harmless.
     ...flags._.map(String).filter((a) => a !== ""),
   ];
   const values: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(flags)) if (k !== "_") values[k] = v;
-  return { values, unknown };
+  return { values, unknown, typed };
 }
 
 /**
@@ -73,6 +83,7 @@ function canonicalArgs(
   argv: readonly string[],
   aliases: Readonly<Record<string, string>>,
   takesValue: ReadonlySet<string>,
+  typed: Record<string, string>,
 ): string[] {
   const out: string[] = [];
   let rest = false;
@@ -86,11 +97,17 @@ function canonicalArgs(
     }
     const m = /^--?([^=-][^=]*)(=.*)?$/.exec(a);
     const name = m?.[1];
-    // A single dash takes only a one-letter alias: `-1` stays a (negative) value.
-    const target = name === undefined || (!a.startsWith("--") && name.length !== 1)
-      ? undefined
-      : aliases[name];
-    out.push(target === undefined ? a : `--${target}${m?.[2] ?? ""}`);
+    // A number after one dash stays a (negative) value: `-1`, `-0.5`, `-1e5`.
+    if (name === undefined || /^[\d.]/.test(name)) {
+      out.push(a);
+      continue;
+    }
+    const target = aliases[name];
+    typed[target ?? name] ??= a.split("=")[0]!;
+    if (target !== undefined) out.push(`--${target}${m?.[2] ?? ""}`);
+    // One dash and several letters is one flag (llama.cpp's `-ngl 99`), never `-n -g -l`.
+    else if (!a.startsWith("--") && name.length > 1) out.push(`--${SINGLE_DASH}${name}${m?.[2] ?? ""}`);
+    else out.push(a);
   }
   return out;
 }

@@ -2,6 +2,7 @@ import { openModel, uploadProgress } from "./open_model.ts";
 import { DEFAULT_LIMITS } from "../engine/limits.ts";
 import { completionRoom, promptProblem } from "../core/prompt_check.ts";
 import { parseFlags } from "./args.ts";
+import { unknownArgumentsError } from "./flag_suggestions.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
 import { versionLine } from "./version.ts";
 import type { SamplingParams } from "../engine/engine.ts";
@@ -70,7 +71,10 @@ export function parseGenerateArgs(argv: readonly string[]): GenerateArgs | { err
     boolean: ["help", "version"],
     aliases: GENERATE_ALIASES,
   });
-  if (unknown.length > 0) return { error: `Unknown argument(s): ${unknown.join(" ")}\n${USAGE}` };
+  if (unknown.length > 0) {
+    const known = [...Object.keys(GenerateArgs.shape), "help", "version"];
+    return { error: unknownArgumentsError(unknown, known, "deno task generate") };
+  }
   delete values.help;
   delete values.version;
   const parsed = GenerateArgs.safeParse(values);

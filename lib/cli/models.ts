@@ -1,5 +1,6 @@
 /** `deno task models`: the model files the server can find, by the name `--model` takes. */
 import { parseFlags } from "./args.ts";
+import { unknownArgumentsError } from "./flag_suggestions.ts";
 import { describeModelFile } from "../model/model_info.ts";
 import { listLocalModelFiles } from "../source/model_source.ts";
 import { describeKnownModels } from "../source/model_source.ts";
@@ -16,7 +17,9 @@ export function parseModelsArgs(argv: readonly string[]): { modelsDir?: string }
     string: ["models-dir"],
     boolean: ["help", "version"],
   });
-  if (unknown.length > 0) return `Unknown argument(s): ${unknown.join(" ")}\n${USAGE}`;
+  if (unknown.length > 0) {
+    return unknownArgumentsError(unknown, ["models-dir", "help", "version"], "deno task models");
+  }
   const dir = values["models-dir"];
   return typeof dir === "string" && dir !== "" ? { modelsDir: dir } : {};
 }

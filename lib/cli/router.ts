@@ -1,3 +1,4 @@
+import { unknownArgumentsError } from "./flag_suggestions.ts";
 import { parseArgs } from "@std/cli/parse-args";
 import { type Config, resolveConfig, type SettingName, SETTINGS } from "./config.ts";
 import { cappedLog, connectNats } from "../cluster/nats_connection.ts";
@@ -58,7 +59,10 @@ export function parseRouterArgs(
     ),
     ...flags._.map(String),
   ];
-  if (unknown.length > 0) throw new Error(`Unknown argument(s): ${unknown.join(" ")}\n${usage()}`);
+  if (unknown.length > 0) {
+    const known = [...Object.keys(FLAG_NAMES), "help"];
+    throw new Error(unknownArgumentsError(unknown, known, "deno task router"));
+  }
   const named: Partial<Record<SettingName, unknown>> = {};
   for (const [flag, name] of Object.entries(FLAG_NAMES)) {
     const v = (flags as Record<string, unknown>)[flag];

@@ -1,6 +1,7 @@
 import { openModel, uploadProgress } from "./open_model.ts";
 import { modelStem } from "../source/model_source.ts";
 import { parseFlags } from "./args.ts";
+import { PEER_FLAGS, peerFlagError, unknownArgumentsError } from "./flag_suggestions.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
 import type { RunNeeds } from "./permissions.ts";
 import { versionLine } from "./version.ts";
@@ -92,6 +93,12 @@ export const SERVE_ALIASES: Readonly<Record<string, string>> = {
   c: "context-length",
   "ctx-size": "context-length",
   t: "threads",
+  // vLLM's spelling.
+  "max-model-len": "context-length",
+  // llama-server's slots are our running sequences: at most that many in one step.
+  parallel: "max-running",
+  np: "max-running",
+  ngl: "n-gpu-layers",
 };
 
 /** Flags that take no value. */
@@ -107,7 +114,8 @@ function usage(): string {
 ${rows.join("\n")}
   --help               this text
   --version            print the version and exit
-llama-server's names work too: -m (--model), -c / --ctx-size (--context-length).
+llama-server's names work too: -m (--model), -c / --ctx-size (--context-length), -t (--threads),
+  -np / --parallel (--max-running); and vLLM's --max-model-len (--context-length).
 
 Examples:
   deno task start                                         stories260K on http://127.0.0.1:8000/
@@ -143,13 +151,25 @@ export function serveNeeds(c: Config): RunNeeds {
 
 /** Parses `serve` flags into the validated configuration. Exported for tests. */
 export function parseServeArgs(argv: string[], env?: (name: string) => string | undefined): Config {
-  const { values: flags, unknown } = parseFlags(argv, {
-    string: Object.keys(FLAG_NAMES).filter((f) => !BOOLEAN_FLAGS.includes(f)),
+  const valueFlags = Object.keys(FLAG_NAMES).filter((f) => !BOOLEAN_FLAGS.includes(f));
+  const { values: flags, unknown, typed } = parseFlags(argv, {
+    string: [...valueFlags, ...Object.keys(PEER_FLAGS)],
     collect: ["model", "api-key", "served-model-name", "cors-origin", "allowed-host"],
     boolean: ["help", "version", ...BOOLEAN_FLAGS],
     aliases: SERVE_ALIASES,
   });
-  if (unknown.length > 0) throw new Error(`Unknown argument(s): ${unknown.join(" ")}\n${usage()}`);
+  for (const flag of Object.keys(PEER_FLAGS)) {
+    if (flags[flag] !== undefined) throw new Error(peerFlagError(flag, typed[flag] ?? `--${flag}`));
+  }
+  if (unknown.length > 0) {
+    const known = [
+      ...Object.keys(FLAG_NAMES),
+      "help",
+      "version",
+      ...Object.keys(SERVE_ALIASES).filter((a) => a.length > 2),
+    ];
+    throw new Error(unknownArgumentsError(unknown, known, "deno task start"));
+  }
   const named: Partial<Record<SettingName, unknown>> = {};
   for (const [flag, name] of Object.entries(FLAG_NAMES)) {
     const v = flags[flag];
