@@ -439,9 +439,13 @@ Deno.test("each load has its own llm.model.load span, a failed one with its erro
   }
 });
 
-Deno.test("--all-models serves every GGUF file of the models directory by its name", async () => {
+Deno.test("--all-models serves every GGUF file of the models directory by its name, links included", async () => {
   const dir = await Deno.makeTempDir({ prefix: "serve_models_dir_" });
-  for (const stem of [A, B]) await Deno.copyFile(compatPath(stem), `${dir}/${stem}.gguf`);
+  await Deno.copyFile(compatPath(A), `${dir}/${A}.gguf`);
+  // A shared model store: a link to the one copy of the file.
+  await Deno.symlink(await Deno.realPath(compatPath(B)), `${dir}/${B}.gguf`);
+  // A link whose target is gone is not a model.
+  await Deno.symlink(`${dir}/gone.gguf`, `${dir}/dangling.gguf`);
   // Not a GGUF file: a llama2.c checkpoint needs its tokenizer, so --all-models leaves it out.
   await Deno.writeFile(`${dir}/notes.bin`, new Uint8Array(64));
   const server = await spawnCpuServer([

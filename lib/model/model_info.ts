@@ -5,14 +5,16 @@
 import { ggmlTypeName, type GgufHeader, readGgufHeaderOf } from "./gguf.ts";
 import { readFully } from "../util/read_file.ts";
 import { detectModelFormat } from "./load_model.ts";
+import { fileTypeName } from "./file_type.ts";
 
 export interface ModelFileInfo {
   /** `gguf`, `llama2c`, or `other` (a tokenizer, or not a model). */
   readonly format: "gguf" | "llama2c" | "other";
   readonly architecture?: string;
   /**
-   * The tensor type holding most of the weights, then the others present, e.g.
-   * `Q8_0 (+F16, F32)`; llama2.c checkpoints are F32.
+   * The file type llama-quantize wrote (`general.file_type`, else the tensor type holding most
+   * of the weights), then the other tensor types present, e.g. `Q8_0 (+F16, F32)` or
+   * `Q4_K_M (+Q8_0, Q5_0, Q4_K, Q6_K, F32)`; llama2.c checkpoints are F32.
    */
   readonly quantization?: string;
   /** The context a GGUF file declares (`<arch>.context_length`). */
@@ -47,12 +49,15 @@ function summarize(
     const n = t.dims.reduce((a, b) => a * b, 1);
     elements.set(name, (elements.get(name) ?? 0) + n);
   }
-  const types = [...elements.entries()].sort((a, b) => b[1] - a[1]).map(([t]) => t);
-  const quantization = types.length === 0
+  const byElements = [...elements.entries()].sort((a, b) => b[1] - a[1]).map(([t]) => t);
+  // The file type first (Q4_K_M), as llama.cpp and Ollama name files; else the commonest type.
+  const named = fileTypeName(h.metadata.get("general.file_type")?.value) ?? byElements[0];
+  const others = byElements.filter((t) => t !== named);
+  const quantization = named === undefined
     ? undefined
-    : types.length === 1
-    ? types[0]
-    : `${types[0]} (+${types.slice(1).join(", ")})`;
+    : others.length === 0
+    ? named
+    : `${named} (+${others.join(", ")})`;
   return {
     architecture: typeof arch === "string" ? arch : undefined,
     quantization,

@@ -303,7 +303,10 @@ export async function listLocalModelFiles(
     const names: string[] = [];
     try {
       for await (const e of Deno.readDir(dir)) {
-        if (e.isFile && MODEL_FILE.test(e.name)) names.push(e.name);
+        if (!MODEL_FILE.test(e.name)) continue;
+        // A shared model store is often a folder of links to one copy of each file; a link
+        // whose target is gone is not a model.
+        if (e.isFile || (e.isSymlink && await isFile(joinPath(dir, e.name)))) names.push(e.name);
       }
     } catch (error) {
       if (error instanceof Deno.errors.NotFound) continue;
