@@ -19,6 +19,11 @@ export interface AdapterSummary {
   readonly cpuRasterizer: boolean;
   /** The largest buffer one binding may cover, in whole 4-byte words. */
   readonly bindingLimit: number;
+  /**
+   * Whether the adapter offers `shader-f16`: without it the WebGPU engine's KV cache is f32,
+   * twice the bytes an element, which the KV plan must count.
+   */
+  readonly shaderF16: boolean;
 }
 
 /** Whether an adapter is a software rasterizer (WebGPU's fallback adapter, or known by name). */
@@ -131,6 +136,7 @@ export async function describeAdapter(): Promise<AdapterSummary | undefined> {
     description: adapter.info.description || adapter.info.vendor || "unknown adapter",
     cpuRasterizer: isCpuRasterizer(adapter.info),
     bindingLimit: Math.floor(Math.min(l.maxStorageBufferBindingSize, l.maxBufferSize) / 4) * 4,
+    shaderF16: adapter.features.has("shader-f16"),
   };
 }
 
@@ -163,7 +169,8 @@ export async function describeAdapterInChild(): Promise<AdapterSummary | undefin
   const s = parsed as Partial<AdapterSummary>;
   if (
     typeof s.description !== "string" || typeof s.cpuRasterizer !== "boolean" ||
-    !(typeof s.bindingLimit === "number" && s.bindingLimit > 0)
+    !(typeof s.bindingLimit === "number" && s.bindingLimit > 0) ||
+    typeof s.shaderF16 !== "boolean"
   ) {
     throw new Error(
       `the adapter probe printed ${JSON.stringify(last.slice(0, 200))}, not an adapter`,
@@ -173,6 +180,7 @@ export async function describeAdapterInChild(): Promise<AdapterSummary | undefin
     description: s.description,
     cpuRasterizer: s.cpuRasterizer,
     bindingLimit: s.bindingLimit,
+    shaderF16: s.shaderF16,
   };
 }
 

@@ -1,6 +1,5 @@
 import type { StepContent } from "./step_meta.ts";
 import {
-  describeAdapter,
   isCpuRasterizer,
   laneSubgroupsFit,
   rasterizerInline,
@@ -141,14 +140,6 @@ export async function acquireGpu(opts: AcquireGpuOptions = {}): Promise<Gpu> {
       return p;
     },
   };
-}
-
-/**
- * The largest buffer one binding of the default adapter may cover, without creating a device
- * (for sizing the KV cache before the engine exists); undefined when there is no adapter.
- */
-export async function adapterBindingLimit(): Promise<number | undefined> {
-  return (await describeAdapter())?.bindingLimit;
 }
 
 /** Creates a buffer holding `data` (padded to whole words, plus `extraBytes`). */

@@ -1,9 +1,10 @@
-import { assertEquals } from "@std/assert";
+import { assert, assertEquals } from "@std/assert";
 import { deadline } from "@std/async/deadline";
 import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
-import { createEngine, resolveBackend } from "../lib/serving/engine_factory.ts";
+import { createEngine, planKv, resolveBackend } from "../lib/serving/engine_factory.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { modelFile } from "./harness/model_files.ts";
+import { compatPath } from "./harness/compat.ts";
 
 Deno.test("createEngine() gives a WebGPU engine whose dispose() also destroys the device it acquired", async () => {
   const model = await loadModel(modelFile("stories260K.bin"), {
@@ -81,4 +82,36 @@ Deno.test("resolveBackend() passes every named backend through untouched", async
   for (const b of ["cpu", "webgpu", "reference"] as const) {
     assertEquals(await resolveBackend(b), { backend: b });
   }
+});
+
+/** An OpenGL ES adapter as a fresh machine has one: no shader-f16, 128 MiB bindings. */
+const GL_ADAPTER = {
+  description: "llvmpipe (GL, test)",
+  cpuRasterizer: true,
+  bindingLimit: 128 * 2 ** 20,
+  shaderF16: false,
+};
+
+Deno.test("planKv() counts 4 bytes an element for WebGPU on an adapter without shader-f16, so --kv-memory is honoured", async () => {
+  const model = await loadModel(modelFile("stories260K.gguf"));
+  const { nLayers, nKvHeads, headDim } = model.config;
+  const req = { blockSize: 16, maxRunning: 4, kvMemory: 16 * 2 ** 20 };
+  // K and V, every layer, 16 tokens of f32: what the engine will store on such an adapter.
+  const f32Block = 2 * nLayers * 16 * nKvHeads * headDim * 4;
+  const gl = await planKv(model, "webgpu", req, {}, GL_ADAPTER);
+  assertEquals(gl.numBlocks, Math.floor(req.kvMemory / f32Block));
+  // With shader-f16 the same budget holds twice the blocks.
+  const f16 = await planKv(model, "webgpu", req, {}, { ...GL_ADAPTER, shaderF16: true });
+  assertEquals(f16.numBlocks, Math.floor(req.kvMemory / (f32Block / 2)));
+  // auto may pick WebGPU: its plan holds for the larger element.
+  assertEquals((await planKv(model, "auto", req, {}, GL_ADAPTER)).numBlocks, gl.numBlocks);
+});
+
+Deno.test("planKv('webgpu') with default flags fits each layer's f32 pool in a 128 MiB binding (llama3-like)", async () => {
+  const model = await loadModel(compatPath("llama3-like-q4_k_m"));
+  const { nKvHeads, headDim } = model.config;
+  const plan = await planKv(model, "webgpu", { blockSize: 16, maxRunning: 64 }, {}, GL_ADAPTER);
+  const poolBytes = plan.numBlocks * 16 * nKvHeads * headDim * 4;
+  assert(poolBytes <= GL_ADAPTER.bindingLimit, `${poolBytes} bytes > ${GL_ADAPTER.bindingLimit}`);
+  assert(plan.numBlocks > 0);
 });

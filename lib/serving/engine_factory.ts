@@ -1,7 +1,8 @@
-import { adapterBindingLimit, NO_ADAPTER_MESSAGE } from "../../kernels/device.ts";
+import { NO_ADAPTER_MESSAGE } from "../../kernels/device.ts";
 import {
   type AdapterSummary,
   chooseRasterizerThreads,
+  describeAdapter,
   describeAdapterInChild,
 } from "../../kernels/adapter.ts";
 import { WebGpuEngine } from "../../kernels/webgpu_engine.ts";
@@ -111,13 +112,23 @@ export async function planKv(
   adapter?: AdapterSummary,
 ): Promise<KvPlan> {
   const onCpu = backend === "cpu" || backend === "reference";
-  // Before this process's first adapter (adapterBindingLimit asks for one): Mesa reads it then.
+  // Before this process's first adapter (describeAdapter asks for one): Mesa reads it then.
   if (!onCpu) chooseRasterizerThreads(stepMatrixBytes(model.weights));
-  const maxPoolBytes = onCpu ? undefined : adapter?.bindingLimit ?? await adapterBindingLimit();
-  // The plan counts elements at the size of the engine it is for; the reference engine's are
-  // f32, the cpu and webgpu engines' f16 unless told f32.
+  const summary = onCpu ? undefined : adapter ?? await describeAdapter();
+  const maxPoolBytes = summary?.bindingLimit;
+  // The plan counts elements at the size of the engine it is for: the reference engine's are
+  // f32, the cpu engine's f16 unless told f32, and the webgpu engine's f16 only where the
+  // adapter has shader-f16 (else it stores f32, and a plan at 2 bytes would double the cap).
   const cpuElement = opts.kvDtype === "f32" ? 4 : 2;
-  const bytesPerElement = backend === "reference" ? 4 : cpuElement;
+  const gpuElement = opts.kvDtype === "f32" || summary?.shaderF16 === false ? 4 : 2;
+  // auto may pick either engine: the plan must hold for the larger element.
+  const bytesPerElement = backend === "reference"
+    ? 4
+    : backend === "cpu"
+    ? cpuElement
+    : backend === "webgpu"
+    ? gpuElement
+    : Math.max(cpuElement, summary === undefined ? cpuElement : gpuElement);
   const runsCpu = backend === "cpu" || backend === "auto";
   const heapLeft = runsCpu ? WasmHeap.MAX_BYTES - wasmHeap().used - CPU_HEADROOM : 0;
   const available = freeMemory();
