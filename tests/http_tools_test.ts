@@ -86,6 +86,43 @@ Deno.test("tool_choice naming a function: the output is constrained to a call th
   assertEquals(schema.properties.arguments, PARAMS);
 });
 
+Deno.test("a forced call cut by max_tokens comes back as that call so far, finish_reason length, content null, streamed or not", async () => {
+  await using svc = await startService(fake);
+  const request = {
+    messages: msgs,
+    tools: [WEATHER],
+    tool_choice: { type: "function", function: { name: "get_weather" } },
+    max_tokens: 40,
+    seed: 3,
+  };
+  const whole = (await (await postJson(svc.base + "/v1/chat/completions", request)).json())
+    .choices[0];
+  assertEquals([whole.finish_reason, whole.message.content], ["length", null]);
+  assertEquals(whole.message.tool_calls.length, 1);
+  const fn = whole.message.tool_calls[0].function;
+  assertEquals(fn.name, "get_weather");
+  // The arguments as far as they came: an object begun, not finished.
+  assert(fn.arguments.startsWith("{"), fn.arguments);
+  let complete = true;
+  try {
+    JSON.parse(fn.arguments);
+  } catch {
+    complete = false;
+  }
+  assertEquals(complete, false, fn.arguments);
+  // Streamed, the same seed gives the same call in deltas, and no content.
+  const res = await postJson(svc.base + "/v1/chat/completions", { ...request, stream: true });
+  type Delta = { content?: string; tool_calls?: { function: { name?: string; arguments: string } }[] };
+  const chunks = parseSse(await res.text()).slice(0, -1) as {
+    choices: { delta: Delta; finish_reason: string | null }[];
+  }[];
+  const deltas = chunks.flatMap((c) => c.choices[0]!.delta.tool_calls ?? []);
+  assertEquals(chunks.map((c) => c.choices[0]!.delta.content ?? "").join(""), "");
+  assertEquals(deltas.map((d) => d.function.name ?? "").join(""), fn.name);
+  assertEquals(deltas.map((d) => d.function.arguments).join(""), fn.arguments);
+  assertEquals(chunks.at(-1)!.choices[0]!.finish_reason, "length");
+});
+
 Deno.test("tool_choice required, streamed: delta.tool_calls carries id, type and name, then the arguments", async () => {
   await using svc = await startService(fake);
   const res = await postJson(svc.base + "/v1/chat/completions", {

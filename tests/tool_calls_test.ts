@@ -18,7 +18,14 @@ const call = (name: string, args: Record<string, unknown>) => ({
   arguments: JSON.stringify(args),
 });
 
-const CASES: { name: string; format: ToolCallFormat; text: string; want: ParsedOutput }[] = [
+/** `cut`: the text ended at max_tokens (finish_reason "length"). */
+const CASES: {
+  name: string;
+  format: ToolCallFormat;
+  text: string;
+  cut?: boolean;
+  want: ParsedOutput;
+}[] = [
   {
     name: "hermes: one call, as Qwen2.5 writes it",
     format: "hermes",
@@ -116,11 +123,53 @@ const CASES: { name: string; format: ToolCallFormat; text: string; want: ParsedO
     text: '{"name": "f", "parameters": {"x": ',
     want: { content: '{"name": "f", "parameters": {"x": ', calls: [] },
   },
+  {
+    name: "json: a call cut by max_tokens is that call, its arguments as far as they came",
+    format: "json",
+    text: '{"name": "f", "parameters": {"x": ',
+    cut: true,
+    want: { content: null, calls: [{ name: "f", arguments: '{"x": ' }] },
+  },
+  {
+    name: "json: a call cut inside its name has the name so far, escapes read",
+    format: "json",
+    text: '<|python_tag|>{"name": "a\\"b\\u00',
+    cut: true,
+    want: { content: null, calls: [{ name: 'a"b', arguments: "" }] },
+  },
+  {
+    name: "json: cut before the name began, still a call (nothing of it yet)",
+    format: "json",
+    text: '{"na',
+    cut: true,
+    want: { content: null, calls: [{ name: "", arguments: "" }] },
+  },
+  {
+    name: "json: words cut by max_tokens stay content",
+    format: "json",
+    text: "It is sun",
+    cut: true,
+    want: { content: "It is sun", calls: [] },
+  },
+  {
+    name: "hermes: a call cut by max_tokens after words: the words, then the call so far",
+    format: "hermes",
+    text: 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa',
+    cut: true,
+    want: { content: "Sure.", calls: [{ name: "get_weather", arguments: '{"city": "Pa' }] },
+  },
+  {
+    name: "hermes: an unclosed block that is not a call stays text when cut",
+    format: "hermes",
+    text: "a <tool_call> b",
+    cut: true,
+    want: { content: "a <tool_call> b", calls: [] },
+  },
 ];
 
 for (const c of CASES) {
   Deno.test(`parseToolCalls() ${c.name}`, () => {
-    assertEquals(parseToolCalls(c.text, c.format), c.want);
+    assertEquals(parseToolCalls(c.text, c.format, c.cut), c.want);
   });
 }
 
@@ -159,7 +208,7 @@ Deno.test("ToolCallStream gives the whole-text parse's calls and content, howeve
       let content = "";
       const calls = [];
       for (const p of [...pieces(c.text, seed), null]) {
-        const got = p === null ? s.finish() : s.push(p);
+        const got = p === null ? s.finish(c.cut) : s.push(p);
         content += got.content;
         calls.push(...got.calls);
       }

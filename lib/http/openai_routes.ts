@@ -415,7 +415,7 @@ async function collect(
           logprobs: withLogprobs ? lps[i]! : null,
         };
         if (toolFormat === undefined) return choice;
-        const out = parseToolCalls(texts[i]!, toolFormat);
+        const out = parseToolCalls(texts[i]!, toolFormat, e.finishReason === "length");
         if (out.calls.length === 0) return choice;
         return {
           ...choice,
@@ -551,7 +551,8 @@ function streamRenderer(
           deps.metrics.errors.inc({ code: err.code });
           return { chunks: [sseData(err.toJSON())], last: true };
         }
-        const out = parsers ? parsedChunks(index, parsers[index]!.finish(), []) : [];
+        const cut = ev.finishReason === "length";
+        const out = parsers ? parsedChunks(index, parsers[index]!.finish(cut), []) : [];
         const finish = callCounts[index]! > 0 ? callsFinish(ev.finishReason) : ev.finishReason;
         out.push(
           chunk(

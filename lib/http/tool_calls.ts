@@ -63,10 +63,40 @@ export function parseCallJson(text: string): ParsedToolCall | undefined {
   return { name: o.name, arguments: JSON.stringify(obj) };
 }
 
+/**
+ * A call that `max_tokens` cut short: `{"name": "f", "arguments": {"city": "Par` gives the name
+ * and the arguments' text as generated so far, which is what OpenAI returns for a cut call
+ * (with finish_reason "length"). Undefined when the text does not start like a call.
+ */
+export function cutCall(text: string): ParsedToolCall | undefined {
+  const m = /^\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)("?)/s.exec(text);
+  // Cut before the name began: a call all the same, with nothing of it generated yet.
+  if (!m) return CALL_OPENING.startsWith(text.replace(/\s+/g, "")) ? EMPTY_CALL : undefined;
+  const name = unescapeJson(m[1]!);
+  if (m[2] === "") return { name, arguments: "" };
+  const rest = text.slice(m[0].length);
+  const args = /^\s*,\s*"(?:arguments|parameters)"\s*:\s*/s.exec(rest);
+  return { name, arguments: args ? rest.slice(args[0].length) : "" };
+}
+
+const CALL_OPENING = '{"name":"';
+const EMPTY_CALL: ParsedToolCall = { name: "", arguments: "" };
+
+/** A JSON string's body read as far as it is whole (a cut escape is dropped). */
+function unescapeJson(body: string): string {
+  for (let end = body.length; end >= 0; end--) {
+    try {
+      return JSON.parse(`"${body.slice(0, end)}"`);
+    } catch {
+      // A cut `\u00` escape: try without its tail.
+    }
+  }
+  return "";
+}
+
 /** The calls of a bare-JSON answer ("json" format), or undefined when it is not only calls. */
 function parseJsonCalls(text: string): ParsedToolCall[] | undefined {
-  let body = text.trim();
-  if (body.startsWith(PYTHON_TAG)) body = body.slice(PYTHON_TAG.length).trim();
+  const body = withoutPythonTag(text);
   if (!body.startsWith("{")) return undefined;
   const one = parseCallJson(body);
   if (one) return [one];
@@ -80,18 +110,27 @@ function parseJsonCalls(text: string): ParsedToolCall[] | undefined {
   return calls.length > 1 ? calls : undefined;
 }
 
+/** The answer without Llama 3.1's `<|python_tag|>` lead or leading whitespace. */
+function withoutPythonTag(text: string): string {
+  const body = text.trimStart();
+  return body.startsWith(PYTHON_TAG) ? body.slice(PYTHON_TAG.length).trimStart() : body;
+}
+
 /**
- * The calls in a finished text, and the content around them.
+ * The calls in a finished text, and the content around them. With `cut` (the answer ended at
+ * max_tokens), a call still open at the end is a call cut short (cutCall), not content.
  *
  * ```ts
  * parseToolCalls('<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>', "hermes");
  * // { content: null, calls: [{ name: "f", arguments: '{"x":1}' }] }
  * ```
  */
-export function parseToolCalls(text: string, format: ToolCallFormat): ParsedOutput {
+export function parseToolCalls(text: string, format: ToolCallFormat, cut = false): ParsedOutput {
   if (format === "json") {
     const calls = parseJsonCalls(text);
-    return calls ? { content: null, calls } : { content: text, calls: [] };
+    if (calls) return { content: null, calls };
+    const partial = cut ? cutCall(withoutPythonTag(text)) : undefined;
+    return partial ? { content: null, calls: [partial] } : { content: text, calls: [] };
   }
   const calls: ParsedToolCall[] = [];
   let content = "";
@@ -102,7 +141,8 @@ export function parseToolCalls(text: string, format: ToolCallFormat): ParsedOutp
     const close = text.indexOf(CLOSE, open + OPEN.length);
     const end = close < 0 ? text.length : close + CLOSE.length;
     const body = text.slice(open + OPEN.length, close < 0 ? text.length : close);
-    const call = parseCallJson(body.trim());
+    const call = parseCallJson(body.trim()) ??
+      (cut && close < 0 ? cutCall(body.trim()) : undefined);
     content += text.slice(at, open);
     // A block that does not hold a call stays text, tags and all.
     if (call) calls.push(call);
@@ -148,16 +188,18 @@ export class ToolCallStream {
     return this.#format === "json" ? this.#pushJson() : this.#pushHermes(false);
   }
 
-  /** The end of the answer: what was held is decided now. */
-  finish(): StreamPiece {
+  /** The end of the answer (`cut`: at max_tokens): what was held is decided now. */
+  finish(cut = false): StreamPiece {
     if (this.#format === "json") {
       if (this.#plain) return this.#content(this.#takeHeld(), true);
       const all = this.#takeHeld();
       const calls = parseJsonCalls(all);
       if (calls) return { content: "", calls };
+      const partial = cut ? cutCall(withoutPythonTag(all)) : undefined;
+      if (partial) return { content: "", calls: [partial] };
       return { content: all, calls: [] };
     }
-    return this.#pushHermes(true);
+    return this.#pushHermes(true, cut);
   }
 
   #takeHeld(): string {
@@ -177,7 +219,7 @@ export class ToolCallStream {
     return this.#content(this.#takeHeld(), false);
   }
 
-  #pushHermes(end: boolean): StreamPiece {
+  #pushHermes(end: boolean, cut = false): StreamPiece {
     let content = "";
     const calls: ParsedToolCall[] = [];
     for (;;) {
@@ -186,7 +228,8 @@ export class ToolCallStream {
         if (close < 0 && !end) break;
         const body = close < 0 ? this.#held : this.#held.slice(0, close);
         const rest = close < 0 ? "" : this.#held.slice(close + CLOSE.length);
-        const call = parseCallJson(body.trim());
+        const call = parseCallJson(body.trim()) ??
+          (cut && close < 0 ? cutCall(body.trim()) : undefined);
         if (call) {
           calls.push(call);
           this.#calls++;
