@@ -2,6 +2,8 @@
 import { chromium } from "npm:playwright-core@1.65.1";
 import { assertEquals } from "@std/assert";
 import { startService, waitUntil } from "./_http_harness.ts";
+import { spawnCpuServer } from "./_serve_child.ts";
+import { compatPath } from "./harness/compat.ts";
 
 /** The Chromium `deno task test` unpacks from npm (.ci/needs.ts) and names in CHROMIUM_PATH. */
 function chromiumPath(): string {
@@ -172,4 +174,45 @@ Deno.test("the playground's chat mode, sampling controls, model line, prompts, t
     if (shots !== undefined) console.log(`screenshots in ${shots}`);
   }
   await waitUntil(() => svc.service.sockets === 0, "the pages' sockets to close");
+});
+
+Deno.test("on a server of several models the playground picks the model: its line, and its text", async () => {
+  const [a, b] = ["stories260K-q4_1", "stories260K-q5_1"];
+  const server = await spawnCpuServer(["--model", compatPath(a), "--model", compatPath(b)]);
+  const browser = await chromium.launch({ executablePath: chromiumPath(), args: ["--no-sandbox"] });
+  try {
+    // The oracle: the same greedy prompt through /v1/completions, naming the model.
+    const completion = async (model: string) => {
+      const res = await fetch(`${server.base}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model, prompt: "Once upon a time", max_tokens: 12, temperature: 0 }),
+      });
+      assertEquals(res.status, 200);
+      return (await res.json()).choices[0].text as string;
+    };
+    const page = await browser.newPage();
+    const pageErrors: string[] = [];
+    page.on("pageerror", (e) => pageErrors.push(String(e)));
+    await page.goto(server.base + "/");
+    await page.waitForSelector("#model-picker:not([hidden])");
+    assertEquals(await page.$$eval("#model-pick option", (os) => os.map((o) => o.textContent)), [a, b]);
+    await page.selectOption("#model-pick", b);
+    await page.waitForFunction(`document.querySelector("#model-name")?.textContent === ${JSON.stringify(b)}`);
+    await page.waitForFunction(`document.querySelector("#stat-conn")?.textContent === "open"`);
+    await page.fill("#prompt", "Once upon a time");
+    await page.fill("#temperature", "0");
+    await page.fill("#max-tokens", "12");
+    await page.click("#start");
+    await page.waitForSelector('.gen[data-id="g1"][data-state="length"]', { timeout: 60_000 });
+    assertEquals(await page.textContent('.gen[data-id="g1"] .out'), await completion(b));
+    assertEquals(pageErrors, []);
+  } finally {
+    await browser.close();
+    server.child.kill("SIGTERM");
+    await server.child.status;
+  }
+  // The ready summary points at the playground too.
+  const log = await server.log();
+  assertEquals(/url .*\(playground, with a model picker;/.test(log), true, log);
 });

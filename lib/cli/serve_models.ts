@@ -462,16 +462,18 @@ export async function serveModelsCommand(
       } (each model builds its own engine)`,
       `  memory    budget ${
         budget === Infinity ? "unlimited" : formatBytes(budget)
-      }${config.memoryBudget === undefined ? " (auto: the free memory)" : ""}; at most ${
-        config.maxLoadedModels ?? "any number of"
-      } models loaded; keep-alive ${formatKeepAlive(config.keepAlive)}`,
+      }${config.memoryBudget === undefined ? " (auto: the free memory)" : ""}; ${
+        config.maxLoadedModels === undefined
+          ? "no limit on the models loaded but the budget"
+          : `at most ${config.maxLoadedModels} models loaded`
+      }; keep-alive ${formatKeepAlive(config.keepAlive)}`,
       `  kv cache  ${
         config.kvMemory === undefined ? "auto" : formatBytes(config.kvMemory)
       } per model, blocks of ${config.blockSize} tokens`,
       `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
       `  batches   ${dataDir} (${config.batchConcurrency} lines at once; each line's "model" picks)`,
       ...(replica ? [`  replica   ${replica.agent.id} on NATS ${replica.where} (serving every model)`] : []),
-      `  url       http://${listening.hostname}:${listening.port}/  (API under /v1; "model" picks)`,
+      `  url       http://${listening.hostname}:${listening.port}/  (playground, with a model picker; API under /v1; "model" picks)`,
     ].join("\n"),
   );
   const result = await server.closed;

@@ -4,6 +4,8 @@
  * (messages, rendered by the model's chat template on the server), with the sampling controls
  * the protocol has. It reads the model's name and context from GET /props and shows the
  * scheduler live from the `stats` frames the server pushes after `{type: "subscribe_stats"}`.
+ * On a server of several models (GET /v1/models lists more than one) a picker chooses the
+ * model, sent as `?model=` on /props and the socket, which the server of several models routes by.
  * With API keys on, the key typed in the page goes in the socket URL's `api_key` parameter
  * (browsers cannot set headers on a WebSocket) and in the /props request's header.
  * All server and user text is inserted with textContent, never as HTML.
@@ -77,6 +79,7 @@ export const PLAYGROUND_HTML = `<!doctype html>
 <header>
   <h1>llmserve playground</h1>
   <div id="model">model <b id="model-name">…</b> · context <b id="model-context">…</b> tokens</div>
+  <label id="model-picker" hidden>Model <select id="model-pick" aria-label="Model"></select></label>
 </header>
 <div class="layout">
   <div>
@@ -138,11 +141,44 @@ let counter = 0;
 let history = [];
 
 function apiKey() { return $("api-key").value.trim(); }
+function authHeaders() {
+  const key = apiKey();
+  return key ? { headers: { authorization: "Bearer " + key } } : {};
+}
+
+/** The model picked (a server of several models); "" for the server's default. */
+function pickedModel() { return $("model-pick").value; }
+
+/** "?a=1&b=2" of the non-empty pairs, or "". */
+function query(pairs) {
+  const q = pairs.filter(([, v]) => v).map(([k, v]) => k + "=" + encodeURIComponent(v));
+  return q.length ? "?" + q.join("&") : "";
+}
+
+/** A server of several models lists them all: the picker shows only then. */
+async function loadModels() {
+  try {
+    const res = await fetch("/v1/models", authHeaders());
+    if (!res.ok) return;
+    const ids = (await res.json()).data.map((m) => m.id);
+    const pick = $("model-pick");
+    const was = pick.value;
+    pick.replaceChildren(...ids.map((id) => {
+      const o = document.createElement("option");
+      o.value = id;
+      o.textContent = id;
+      return o;
+    }));
+    if (ids.includes(was)) pick.value = was;
+    $("model-picker").hidden = ids.length < 2;
+  } catch (_) {
+    // No list: the server's default model serves, as before the picker.
+  }
+}
 
 async function loadProps() {
-  const key = apiKey();
   try {
-    const res = await fetch("/props", key ? { headers: { authorization: "Bearer " + key } } : {});
+    const res = await fetch("/props" + query([["model", pickedModel()]]), authHeaders());
     if (!res.ok) throw new Error("HTTP " + res.status);
     const p = await res.json();
     $("model-name").textContent = p.model;
@@ -156,7 +192,7 @@ function connect() {
   const key = apiKey();
   const proto = location.protocol === "https:" ? "wss:" : "ws:";
   const url = proto + "//" + location.host + "/v1/stream" +
-    (key ? "?api_key=" + encodeURIComponent(key) : "");
+    query([["api_key", key], ["model", pickedModel()]]);
   const sock = new WebSocket(url);
   ws = sock;
   $("stat-conn").textContent = "connecting";
@@ -331,10 +367,11 @@ $("new-chat").onclick = () => { history = []; $("chat-turns").textContent = "0 t
 $("mode-completion").onchange = setMode;
 $("mode-chat").onchange = setMode;
 $("prompt").onkeydown = (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) start(); };
-$("api-key").onchange = () => { const old = ws; ws = null; old && old.close(); connect(); loadProps(); };
+function reconnect() { const old = ws; ws = null; old && old.close(); connect(); loadProps(); }
+$("api-key").onchange = () => loadModels().then(reconnect);
+$("model-pick").onchange = reconnect;
 setMode();
-loadProps();
-connect();
+loadModels().then(() => { loadProps(); connect(); });
 </script>
 </body>
 </html>
