@@ -1,3 +1,4 @@
+import { hfAccess } from "../lib/source/hf_token.ts";
 import {
   assert,
   assertEquals,
@@ -760,4 +761,43 @@ catch (e) { console.log(JSON.stringify({ name: e.name, message: e.message })); }
     assert(!(await exists(`${dest}.part`)), "the .part is gone");
     assert(!(await exists(dest)), "no final file");
   });
+});
+
+Deno.test("HF_TOKEN goes to Hugging Face's hosts only, and a refusal says how to get access", () => {
+  const url = "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/resolve/main/model.gguf";
+  assertEquals(hfAccess(url, "hf_abc").authorization, "Bearer hf_abc");
+  assertEquals(hfAccess("https://cdn-lfs.hf.co/x.gguf", "hf_abc").authorization, "Bearer hf_abc");
+  for (const elsewhere of ["https://example.com/model.gguf", "https://huggingface.co.evil.example/m.gguf"]) {
+    assertEquals(hfAccess(elsewhere, "hf_abc"), {}, elsewhere);
+  }
+  const without = hfAccess(url, undefined);
+  assertEquals(without.authorization, undefined);
+  assertStringIncludes(without.refusedHint ?? "", "set HF_TOKEN");
+  assertStringIncludes(hfAccess(url, "hf_abc").refusedHint ?? "", "HF_TOKEN was sent and refused");
+});
+
+Deno.test("downloadFile() sends the authorization it is given; a 401 carries the hint", async () => {
+  const body = new Uint8Array([1, 2, 3, 4, 5]);
+  const server = Deno.serve(
+    { hostname: "127.0.0.1", port: 0, onListen() {} },
+    (req) =>
+      req.headers.get("authorization") === "Bearer right"
+        ? new Response(body)
+        : new Response("Access to model is restricted", { status: 401 }),
+  );
+  const dir = await Deno.makeTempDir({ prefix: "model_source_test_" });
+  const url = `http://127.0.0.1:${(server.addr as Deno.NetAddr).port}/gated.gguf`;
+  try {
+    const refused = await assertRejects(
+      () => downloadFile(url, `${dir}/a.gguf`, { progress: false, refusedHint: "set HF_TOKEN" }),
+      DownloadError,
+    );
+    assertStringIncludes(refused.message, "HTTP 401");
+    assertStringIncludes(refused.message, "; set HF_TOKEN");
+    await downloadFile(url, `${dir}/a.gguf`, { progress: false, authorization: "Bearer right" });
+    assertEquals(await Deno.readFile(`${dir}/a.gguf`), body);
+  } finally {
+    await server.shutdown();
+    await Deno.remove(dir, { recursive: true });
+  }
 });

@@ -3,9 +3,9 @@ import {
   CPU_KERNELS_DIR,
   derivePermissions,
   GRAMMAR_WORKER_DIR,
-  HUGGING_FACE_HOSTS,
   permissionFlags,
 } from "../lib/cli/permissions.ts";
+import { HUGGING_FACE_HOSTS } from "../lib/source/hf_token.ts";
 import { XGRAMMAR_BUNDLE } from "../lib/grammar/xgrammar.ts";
 
 /** An environment with only these variables. */

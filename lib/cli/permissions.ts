@@ -4,6 +4,7 @@
  * settings name (a models directory elsewhere, a model file by path, another listen address,
  * a download host).
  */
+import { HUGGING_FACE_HOSTS } from "../source/hf_token.ts";
 import {
   type EnvGetter,
   isHttpUrl,
@@ -69,6 +70,8 @@ export const ENV_READ = [
   "LLMSERVE_*",
   "MODELS_DIR",
   "MODEL_MIRROR",
+  // A Hugging Face access token for gated repositories (lib/source/hf_token.ts).
+  "HF_TOKEN",
   "XDG_CACHE_HOME",
   "XDG_DATA_HOME",
   "HOME",
@@ -90,19 +93,6 @@ export const CPU_KERNELS_DIR = new URL("../../kernels/wasm/", import.meta.url).p
 
 /** `--kv-memory auto` sizes the cache from the machine's memory. */
 export const SYS_READ = ["systemMemoryInfo"] as const;
-
-/**
- * Hugging Face answers a `resolve/` URL with a redirect to one of its content hosts, so a
- * download from it needs those too.
- */
-export const HUGGING_FACE_HOSTS = [
-  "huggingface.co",
-  "hf.co",
-  "cdn-lfs.huggingface.co",
-  "cdn-lfs.hf.co",
-  "cdn-lfs-us-1.hf.co",
-  "cas-bridge.xethub.hf.co",
-] as const;
 
 /**
  * The permissions a run with these settings needs:

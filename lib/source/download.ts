@@ -21,6 +21,10 @@ export interface DownloadOptions {
    */
   readonly sha256?: string;
   readonly signal?: AbortSignal;
+  /** The `Authorization` header to send (a Hugging Face token, for its hosts only). */
+  readonly authorization?: string;
+  /** What to do about it when the server refuses access (401, 403), appended to the error. */
+  readonly refusedHint?: string;
   /** Called as bytes arrive (received so far, total when the server said). */
   readonly onProgress?: (received: number, total: number | undefined) => void;
 }
@@ -195,6 +199,7 @@ async function startTransfer(
   const doFetch = options.fetch ?? fetch;
   const headers = new Headers({ "accept-encoding": "identity" });
   if (partSize > 0) headers.set("range", `bytes=${partSize}-`);
+  if (options.authorization !== undefined) headers.set("authorization", options.authorization);
   let response: Response;
   try {
     response = await doFetch(url, { headers, signal: options.signal });
@@ -216,8 +221,10 @@ async function startTransfer(
   }
   if (!response.ok) {
     await response.body?.cancel();
+    const refused = response.status === 401 || response.status === 403;
+    const hint = refused && options.refusedHint !== undefined ? `; ${options.refusedHint}` : "";
     throw new DownloadError(
-      `Cannot download ${url}: the server answered HTTP ${response.status} ${response.statusText}`,
+      `Cannot download ${url}: the server answered HTTP ${response.status} ${response.statusText}${hint}`,
     );
   }
   const type = response.headers.get("content-type") ?? "";

@@ -2,6 +2,7 @@
  * Where model files come from: a path, an http(s) URL cached in the models directory, or a short
  * name of a known model. Turns any of them into local file paths a loader can open.
  */
+import { hfAccess, hfTokenFromEnv } from "./hf_token.ts";
 import { sha256OfPath } from "../util/sha256.ts";
 import { DownloadError, downloadFile, type DownloadOptions, PART_SUFFIX } from "./download.ts";
 
@@ -97,6 +98,8 @@ export interface ResolveOptions {
   readonly tokenizer?: string;
   /** Passed to every download: fetch, progress bar, abort signal. */
   readonly download?: Omit<DownloadOptions, "sha256" | "label">;
+  /** Sent to Hugging Face's hosts only (hf_token.ts). Default: env `HF_TOKEN`. */
+  readonly hfToken?: string;
 }
 
 /**
@@ -198,6 +201,7 @@ interface Context {
   readonly modelsDir: string;
   readonly mirrorDir: string | undefined;
   readonly download: Omit<DownloadOptions, "sha256" | "label">;
+  readonly hfToken: string | undefined;
 }
 
 function makeContext(options: ResolveOptions): Context {
@@ -205,6 +209,7 @@ function makeContext(options: ResolveOptions): Context {
     modelsDir: options.modelsDir ?? resolveModelsDir(),
     mirrorDir: options.mirrorDir === null ? undefined : options.mirrorDir ?? mirrorDirFromEnv(),
     download: options.download ?? {},
+    hfToken: options.hfToken ?? hfTokenFromEnv(),
   };
 }
 
@@ -344,7 +349,12 @@ async function resolveKnownFile(
   await withOfflineHint(
     file.name,
     context,
-    downloadFile(file.url, cached, { ...context.download, label: file.name, sha256: file.sha256 }),
+    downloadFile(file.url, cached, {
+      ...context.download,
+      ...hfAccess(file.url, context.hfToken),
+      label: file.name,
+      sha256: file.sha256,
+    }),
   );
   return cached;
 }
@@ -397,7 +407,11 @@ async function resolveUrl(url: string, context: Context): Promise<string> {
     await withOfflineHint(
       name,
       context,
-      downloadFile(href, cached, { ...context.download, label: name }),
+      downloadFile(href, cached, {
+        ...context.download,
+        ...hfAccess(href, context.hfToken),
+        label: name,
+      }),
     );
   } catch (e) {
     // The record only guards a .part to resume; with nothing kept it would be a stray file.
