@@ -83,6 +83,7 @@ for (const how of ["SIGTERM to npx", "Ctrl-C (SIGINT to the terminal's process g
   Deno.test(`deno task cluster: ${how} lets a stream's generation finish (no password on a command line), drains each replica once, stops nats-server last, leaves nothing`, async () => {
     const natsPort = freePort();
     const marker = `cluster-test-${crypto.randomUUID().slice(0, 8)}`;
+    const dataDir = await Deno.makeTempDir({ prefix: "cluster_launch_data_" });
     const child = new Deno.Command("npx", {
       args: [
         "-y",
@@ -102,6 +103,8 @@ for (const how of ["SIGTERM to npx", "Ctrl-C (SIGINT to the terminal's process g
         "2MiB",
         "--served-model-name",
         marker,
+        "--data-dir",
+        dataDir,
       ],
       cwd: ROOT,
       env: { MODEL_MIRROR: modelMirror(), NATS_SERVER: NATS },
@@ -133,6 +136,11 @@ for (const how of ["SIGTERM to npx", "Ctrl-C (SIGINT to the terminal's process g
       // Both replicas serving, so that each has a drain to run: the router is up as soon as one
       // is, and a replica still loading when the signal comes stops without one.
       for (const r of [1, 2]) await log.waitFor(new RegExp(`\\[replica ${r}\\] llmserve ready`), 120_000);
+      // One server per data directory: each replica has its own folder under the one given.
+      for (const r of [1, 2]) {
+        const m = await log.waitFor(new RegExp(`\\[replica ${r}\\]\\s+batches\\s+(\\S+)`), 10_000);
+        assertEquals(m[1], `${dataDir}/replica-${r}`);
+      }
       // A stream in flight when the signal comes: the router's drain lets it generate to its end.
       const res = await fetch(`${url}/v1/completions`, {
         method: "POST",
@@ -164,6 +172,7 @@ for (const how of ["SIGTERM to npx", "Ctrl-C (SIGINT to the terminal's process g
       } catch { /* gone */ }
     }
     const out = log.text;
+    await Deno.remove(dataDir, { recursive: true });
     await noneLeft([marker, `127.0.0.1:${natsPort}`, natsConf!]);
     assert(!(await exists(natsConf!)), "the cluster's temporary folder is removed");
     for (const r of ["replica 1", "replica 2"]) {

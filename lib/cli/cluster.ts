@@ -4,12 +4,14 @@ import { PARENT_PIPE_ENV } from "./parent_watch.ts";
 import { parseRouterArgs, routerNeeds } from "./router.ts";
 import { parseServeArgs, serveNeeds } from "./serve.ts";
 import { runtimeDirEnv } from "../util/runtime_dir.ts";
+import { resolveDataDir } from "../batch/data_dir.ts";
 
 const USAGE =
   `Usage: deno task cluster [--replicas N] [--port P] [--nats-port Q] [-- serve flags...]
   Starts, for a local try: nats-server with a generated password on 127.0.0.1:Q (default
   4222), N replicas (default 2; each also on its own free HTTP port) and a router on P
-  (default 8000). Flags after -- go to every replica (e.g. -- --backend cpu). Ctrl-C or
+  (default 8000). Flags after -- go to every replica (e.g. -- --backend cpu); each replica
+  keeps its files and batches in replica-<n>/ of the data folder (--data-dir). Ctrl-C or
   SIGTERM stops the router, drains every replica, then stops nats-server.
   nats-server is $NATS_SERVER, else found on PATH or in /usr/local/sbin, /usr/sbin, /sbin.`;
 
@@ -106,6 +108,11 @@ async function stop(m: Member): Promise<void> {
   if (m.piped) await m.child.stdin.close().catch(() => {});
 }
 
+/** Replica `i`'s (from 0) own data folder under the cluster's. */
+export function replicaDataDir(dataRoot: string, i: number): string {
+  return `${dataRoot}/replica-${i + 1}`;
+}
+
 /** `cluster` command: nats-server, N replicas and a router on this machine. */
 export async function clusterCommand(argv: string[]): Promise<number> {
   const dash = argv.indexOf("--");
@@ -130,7 +137,7 @@ export async function clusterCommand(argv: string[]): Promise<number> {
     throw new Error(
       "Cannot start the cluster: nats-server is not on PATH nor in /usr/local/sbin, /usr/sbin " +
         "or /sbin. Install Debian's nats-server (apt-get install nats-server), or without root: " +
-        "apt-get download nats-server && dpkg-deb -x nats-server_*.deb ~/nats, then " +
+        "(cd \"$(mktemp -d)\" && apt-get download nats-server && dpkg-deb -x nats-server_*.deb ~/nats), then " +
         "NATS_SERVER=~/nats/usr/sbin/nats-server",
     );
   }
@@ -147,13 +154,14 @@ export async function clusterCommand(argv: string[]): Promise<number> {
   // environment. The flags are validated here with it, so a bad replica flag is one error
   // rather than N replicas failing, and the permissions cover the NATS address.
   const childEnv = { LLMSERVE_NATS: url };
-  const replicaArgv = ["--port", "0", ...serveFlags];
-  const replicaArgs = childArgs(
-    "serve",
-    replicaArgv,
-    serveNeeds(parseServeArgs(["--port", "0", "--nats", url, ...serveFlags])),
-    env,
-  );
+  const served = parseServeArgs(["--port", "0", "--nats", url, ...serveFlags]);
+  // One server per data directory: each replica keeps its files and batches in its own
+  // folder under the one given (or the default), the same one on every run so batches resume.
+  const dataRoot = resolveDataDir(served.dataDir, env);
+  const replicaArgs = Array.from({ length: replicas }, (_, i) => {
+    const argv = ["--port", "0", ...serveFlags, "--data-dir", replicaDataDir(dataRoot, i)];
+    return childArgs("serve", argv, serveNeeds(parseServeArgs([...argv, "--nats", url])), env);
+  });
   const routerArgv = ["--port", String(flags.port)];
   const routerArgs = childArgs(
     "router",
@@ -180,7 +188,9 @@ export async function clusterCommand(argv: string[]): Promise<number> {
     }
     await waitForPort(natsPort, 10_000, nats.status);
     for (let i = 0; i < replicas; i++) {
-      replicaMembers.push(spawnMember(`replica ${i + 1}`, Deno.execPath(), replicaArgs, true, childEnv));
+      replicaMembers.push(
+        spawnMember(`replica ${i + 1}`, Deno.execPath(), replicaArgs[i]!, true, childEnv),
+      );
     }
     router = spawnMember("router", Deno.execPath(), routerArgs, true, childEnv);
     const members = [nats, ...replicaMembers, router];
