@@ -5,7 +5,13 @@
  */
 // deno-lint-ignore no-import-prefix -- not in the import map (deno.json is the lead's); pinned here
 import OpenAI from "npm:openai@7.59.0";
-import { assert, assertEquals, assertGreaterOrEqual, assertLessOrEqual } from "@std/assert";
+import {
+  assert,
+  assertAlmostEquals,
+  assertEquals,
+  assertGreaterOrEqual,
+  assertLessOrEqual,
+} from "@std/assert";
 import { loadModel } from "../lib/model/load_model.ts";
 import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
@@ -189,6 +195,11 @@ Deno.test("a router over 3 NATS replicas: exact outputs, prefix routing, failove
             (r.end.usage as any).completion_tokens,
             exp.ids.length + (r.end.finish_reason === "stop" ? 1 : 0),
           );
+          // The router's timings add up as a server's do (each rounded to 0.001 ms).
+          const t = r.end.timings as any;
+          assertAlmostEquals(t.queued_ms + t.prefill_ms, t.ttft_ms, 0.003, JSON.stringify(t));
+          assertAlmostEquals(t.ttft_ms + t.decode_ms, t.total_ms, 0.003, JSON.stringify(t));
+          assert(t.queued_ms >= 0 && t.prefill_ms >= 0 && t.decode_ms >= 0, JSON.stringify(t));
         }
       } finally {
         await sock.close();

@@ -158,18 +158,19 @@ export class Failover {
         this.#firstTokenAt ??= performance.now();
         yield ev;
       } else if (ev.type === "done") {
-        // The replica's own phases, with the times this router's client saw.
+        // The times this router's client saw, so that they add up (ttft = queued + prefill,
+        // total = ttft + decode): the replica's prefill, and everything before it (routing,
+        // the replica's queue, a failover) as queued.
+        const end = performance.now();
+        const firstToken = this.#firstTokenAt ?? end;
+        const scheduled = Math.max(this.#t0, firstToken - ev.timings.prefillMs);
         yield doneEvent(ev.finishReason, {
           promptTokens: this.promptIds.length,
           completionTokens: ev.finishReason === "cancelled" || signal.aborted
             ? this.delivered.length
             : before + ev.usage.completionTokens,
           cachedTokens: before === 0 ? ev.usage.cachedTokens : 0,
-        }, {
-          ...ev.timings,
-          timeToFirstTokenMs: (this.#firstTokenAt ?? performance.now()) - this.#t0,
-          totalMs: performance.now() - this.#t0,
-        });
+        }, { start: this.#t0, scheduled, firstToken, end });
         return { kind: "final" };
       } else {
         if (!this.#started && (ev.code === "overloaded" || ev.code === "draining")) {
