@@ -7,6 +7,9 @@ import { LOG_LEVELS } from "../util/log_level.ts";
 import { ROUTING_POLICIES } from "../cluster/routing.ts";
 import { formatKeepAlive, parseKeepAlive } from "../util/duration.ts";
 
+/** --max-keep-alive when not given: a day, or --keep-alive where that is longer. */
+export const DEFAULT_MAX_KEEP_ALIVE_MS = 24 * 3_600_000;
+
 /**
  * Every setting of the server and the CLI, with the environment variable that can also set
  * it. Command-line flags win over the environment, which wins over the defaults.
@@ -42,7 +45,9 @@ export const SETTINGS = {
   },
   maxKeepAlive: {
     env: "LLMSERVE_MAX_KEEP_ALIVE",
-    help: "the longest keep_alive a request may ask (longer ones are lowered to it); -1 lets requests keep models forever (default 24h, or --keep-alive if longer)",
+    help: `the longest keep_alive a request may ask (longer ones are lowered to it); -1 lets requests keep models forever (default ${
+      formatKeepAlive(DEFAULT_MAX_KEEP_ALIVE_MS)
+    }, or --keep-alive if longer)`,
   },
   tokenizer: { env: "LLMSERVE_TOKENIZER", help: "llama2.c tokenizer.bin for a .bin checkpoint" },
   modelsDir: { env: "MODELS_DIR", help: "where downloaded models are kept" },
@@ -404,9 +409,6 @@ export function resolveConfig(
   }
   return parsed.data;
 }
-
-/** --max-keep-alive when not given: a day, or --keep-alive where that is longer. */
-export const DEFAULT_MAX_KEEP_ALIVE_MS = 24 * 3_600_000;
 
 /**
  * The longest keep_alive a request may ask (ms, Infinity: no cap). Given, it must be at least
