@@ -270,6 +270,11 @@ Deno.test("bad lines get the error the same HTTP request gets, in the error file
         body: { messages: [{ role: "user", content: "Once upon a time ".repeat(400) }] },
       },
       { custom_id: "nomsg", body: { max_tokens: 4 } },
+      // > 0 as a double, 0 as the engine's f32: a 400 like the same request alone.
+      {
+        custom_id: "f32",
+        body: { messages: [{ role: "user", content: "Hi" }], repetition_penalty: 1e-300 },
+      },
       {
         custom_id: "model",
         body: { model: "gpt-4o", messages: [{ role: "user", content: "Hi" }] },
@@ -286,11 +291,11 @@ Deno.test("bad lines get the error the same HTTP request gets, in the error file
     });
     const b = await waitForBatch(c, created.id, finished);
     assertEquals(b.status, "completed");
-    assertEquals(b.request_counts, { total: 6, completed: 1, failed: 5 });
+    assertEquals(b.request_counts, { total: 7, completed: 1, failed: 6 });
     const out = await fileRows(c, b.output_file_id);
     assertEquals(out.map((o) => o.custom_id), ["good"]);
     const errors = await fileRows(c, b.error_file_id);
-    assertEquals(errors.map((o) => o.custom_id), ["hot", "typo", "long", "nomsg", "model"]);
+    assertEquals(errors.map((o) => o.custom_id), ["hot", "typo", "long", "nomsg", "f32", "model"]);
     for (const e of errors) {
       const row = bad.find((r) => r.custom_id === e.custom_id)!;
       const ref = await alone(srv.base, "/v1/chat/completions", row.body);
@@ -300,6 +305,8 @@ Deno.test("bad lines get the error the same HTTP request gets, in the error file
       assertEquals(e.response!.body, ref.body, e.custom_id);
       assertEquals(e.error, null);
     }
+    const f32 = errors.find((e) => e.custom_id === "f32")!.response!;
+    assertEquals([f32.status_code, f32.body.error.param], [400, "repetition_penalty"]);
     // A structurally broken file fails the whole batch at validation, naming each line.
     const broken = [
       JSON.stringify({ custom_id: "a", method: "POST", url: "/v1/chat/completions", body: {} }),

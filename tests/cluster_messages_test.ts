@@ -196,6 +196,16 @@ Deno.test("a generate request carries the logit controls, the delivered-token co
   assertEquals(decodeMessage(ReplicaRequest, encodeMessage(generate)), { ok: true, value: generate });
   const bad = decodeMessage(ReplicaRequest, bytes({ ...generate, controls: { repetitionPenalty: 0 } }));
   assertEquals(bad.ok, false);
+  // A replica checks the floats as the f32 its engine holds: 1e-300 is 0 there, 1e39 infinite.
+  const tiny = decodeMessage(ReplicaRequest, bytes({ ...generate, controls: { repetitionPenalty: 1e-300 } }));
+  assertEquals(tiny.ok, false);
+  if (!tiny.ok) assertMatch(tiny.error, /repetitionPenalty.*> 0 as a 32-bit float.*1e-300 rounds to 0/);
+  const hot = decodeMessage(
+    ReplicaRequest,
+    bytes({ ...generate, sampling: { ...generate.sampling, temperature: 1e39 } }),
+  );
+  assertEquals(hot.ok, false);
+  if (!hot.ok) assertMatch(hot.error, /temperature.*finite number as a 32-bit float.*rounds to Infinity/);
   const frame = {
     type: "event",
     stream: "s-1",

@@ -1,6 +1,6 @@
 import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { assertEquals, assertThrows } from "@std/assert";
-import { resolveConfig } from "../lib/cli/config.ts";
+import { maxKeepAlive, resolveConfig } from "../lib/cli/config.ts";
 
 const noEnv = () => undefined;
 
@@ -121,4 +121,20 @@ Deno.test("resolveConfig() has timeouts like mature servers' (header 60 s, body 
   assertEquals(c.maxConnections, undefined, "derived from the open-file limit at start-up");
   assertEquals(resolveConfig({ maxConnections: "100" }, noEnv).maxConnections, 100);
   assertThrows(() => resolveConfig({ headerTimeout: "0" }, noEnv), Error, "--header-timeout");
+});
+
+Deno.test("--max-keep-alive caps a request's keep_alive: a day by default (or --keep-alive if longer), -1 for no cap, never below --keep-alive", () => {
+  const cap = (flags: Record<string, string>) => maxKeepAlive(resolveConfig(flags, () => undefined));
+  const HOUR = 3_600_000;
+  assertEquals(cap({}), 24 * HOUR);
+  assertEquals(cap({ keepAlive: "48h" }), 48 * HOUR);
+  assertEquals(cap({ keepAlive: "-1" }), Infinity);
+  assertEquals(cap({ maxKeepAlive: "30m" }), HOUR / 2);
+  assertEquals(cap({ maxKeepAlive: "-1" }), Infinity);
+  assertThrows(
+    () => cap({ keepAlive: "2h", maxKeepAlive: "1h" }),
+    Error,
+    "--keep-alive 2h is longer than --max-keep-alive 1h; raise --max-keep-alive",
+  );
+  assertThrows(() => resolveConfig({ maxKeepAlive: "soon" }, () => undefined), Error, '--max-keep-alive: expected a number of seconds or a duration like "30s"');
 });

@@ -70,7 +70,12 @@ Deno.test("every HTTP request gets one log line: successes, client errors, auth 
   assert(typeof first.ttft_ms === "number" && first.ttft_ms <= first.total_ms);
   assertEquals(byStatus.get(400)?.code, "invalid_request");
   assertEquals(byStatus.get(401)?.code, "unauthorized");
-  assertEquals([byStatus.get(404)?.code, byStatus.get(404)?.route], ["not_found", "unmatched"]);
+  // The route label stays bounded ("unmatched"); the line still names the path asked for.
+  assertEquals(
+    [byStatus.get(404)?.code, byStatus.get(404)?.route, byStatus.get(404)?.path],
+    ["not_found", "unmatched", "/nope"],
+  );
+  assertEquals(byStatus.get(200)?.path, undefined);
   assertEquals(byStatus.get(503)?.code, "overloaded");
   // The streamed one is logged when its stream ends, with the tokens it sent.
   const holder = cap.entries().find((e) => e.request_id === "holder")!;
@@ -150,6 +155,10 @@ Deno.test("the text format puts method, route, status, id, tokens, TTFT and tota
     }),
     "2026-12-01T09:00:00.000Z POST /v1/completions 200 id=abc prompt=5 completion=16 ttft=3.1ms total=40.2ms cached=false",
   );
+  // No route matched: the line names the path, quoted where it could forge a line.
+  const unmatched = { time: "t", request_id: "abc", method: "GET", route: "unmatched", status: 404, total_ms: 1 };
+  assertEquals(formatText({ ...unmatched, path: "/favicon.ico" }), "t GET unmatched path=/favicon.ico 404 id=abc total=1ms");
+  assertEquals(formatText({ ...unmatched, path: "/a\nb" }), 't GET unmatched path="/a\\nb" 404 id=abc total=1ms');
 });
 
 Deno.test("the request id is on the request's llm.request span", async () => {

@@ -91,6 +91,43 @@ const model = await loadModel(modelFile("stories260K.bin"), { tokenizerPath: mod
 const tokenizer = new Tokenizer(model.tokenizer!);
 const KV = { numBlocks: 64, blockSize: 16 };
 
+Deno.test("a float in range as a double but not as the engine's f32 gets a 400 naming the field, the bound and the value, over HTTP and the WebSocket", async () => {
+  await using svc = await startService();
+  const before = svc.backend.requests.length;
+  // > 0 as a double, and 0 as the f32 the engine divides by.
+  const bad: [Record<string, number>, string][] = [
+    [{ repetition_penalty: 1e-300 }, "repetition_penalty"],
+    [{ repeat_penalty: 5e-46 }, "repeat_penalty"],
+  ];
+  const expected = (v: number) =>
+    new RegExp(`expected a number > 0 as a 32-bit float.*\\(${v} rounds to 0\\); got ${v}`);
+  for (const [path, body] of ENDPOINTS) {
+    for (const [fields, param] of bad) {
+      const res = await postJson(svc.base + path, { ...body, ...fields });
+      const err = (await res.json()).error;
+      assertEquals(res.status, 400, `${path} ${JSON.stringify(fields)}`);
+      assertEquals([err.code, err.param], ["invalid_request", param]);
+      assertMatch(err.message, expected(fields[param]!));
+    }
+  }
+  const ws = await TestSocket.open(svc.wsUrl);
+  try {
+    for (const [fields, param] of bad) {
+      ws.send({ type: "generate", id: "g", prompt: "Once", max_tokens: 2, ...fields });
+      const f = await ws.take();
+      assertEquals([f.type, f.param], ["error", param], JSON.stringify(fields));
+      assertMatch(f.message as string, expected(fields[param]!));
+    }
+  } finally {
+    await ws.close();
+  }
+  assertEquals(svc.backend.requests.length, before, "nothing reached the backend");
+  // The smallest f32 above 0 passes: the bound is the engine's, not a stricter one.
+  const ok = { prompt: "Once", max_tokens: 2, repetition_penalty: 2 ** -149 };
+  const res = await postJson(svc.base + "/v1/completions", ok);
+  assertEquals(res.status, 200, await res.text());
+});
+
 async function oracleText(prompt: number[], n: number, controls: LogitControls): Promise<string> {
   const engine = new CpuEngine(model.config, model.weights, KV);
   const state = new PenaltyState(controls, prompt, prompt.length, [...tokenizer.eogIds]);

@@ -392,6 +392,22 @@ Deno.test("bad tools and tool_choice are 400s naming the field", async () => {
       /answers the call/,
     ],
     [
+      { messages: [...msgs, { role: "tool", tool_call_id: "call_nowhere", content: "x" }] },
+      "messages[1].tool_call_id",
+      /no earlier assistant message has a tool call of id "call_nowhere" \(none has tool_calls\)/,
+    ],
+    [
+      {
+        messages: [...msgs, {
+          role: "assistant",
+          content: null,
+          tool_calls: [{ id: "c1", type: "function", function: { name: "f", arguments: "{}" } }],
+        }, { role: "tool", tool_call_id: "c2", content: "x" }],
+      },
+      "messages[2].tool_call_id",
+      /no earlier assistant message has a tool call of id "c2"$/,
+    ],
+    [
       { messages: [{ role: "user", content: null }] },
       "messages[0].content",
       /only an assistant message with tool_calls/,

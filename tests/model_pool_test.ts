@@ -18,7 +18,14 @@ interface Fake {
 
 function fakePool(
   sizes: Record<string, number>,
-  opts: { budget?: number; maxLoaded?: number; keepAliveMs?: number; gated?: boolean; failing?: string[] } = {},
+  opts: {
+    budget?: number;
+    maxLoaded?: number;
+    keepAliveMs?: number;
+    maxKeepAliveMs?: number;
+    gated?: boolean;
+    failing?: string[];
+  } = {},
 ): Fake {
   const f: Fake = { loads: new Map(), closes: new Map(), gates: new Map(), pool: undefined! };
   let clock = 0;
@@ -43,6 +50,7 @@ function fakePool(
       memoryBudget: opts.budget ?? Infinity,
       ...(opts.maxLoaded === undefined ? {} : { maxLoaded: opts.maxLoaded }),
       keepAliveMs: opts.keepAliveMs ?? 60_000,
+      ...(opts.maxKeepAliveMs === undefined ? {} : { maxKeepAliveMs: opts.maxKeepAliveMs }),
       // A clock that moves one tick a call: every use is later than the one before.
       now: () => ++clock,
     },
@@ -53,8 +61,8 @@ function fakePool(
 const phases = (pool: ModelPool<string>) =>
   Object.fromEntries(pool.status().map((s) => [s.name, s.phase]));
 
-async function use(pool: ModelPool<string>, name: string, keepAliveMs?: number) {
-  const lease = await pool.acquire(name, keepAliveMs);
+async function use(pool: ModelPool<string>, name: string, keepAliveMs?: number, tenant?: string) {
+  const lease = await pool.acquire(name, keepAliveMs, tenant);
   lease.release();
   return lease;
 }
@@ -98,7 +106,9 @@ Deno.test("a busy model is never unloaded: the load fails when only busy ones co
   const err = await assertRejects(() => f.pool.acquire("b"), ModelLoadError);
   assert(err.insufficientMemory);
   assert(err.message.includes('Cannot load model "b"'), err.message);
-  assert(err.message.includes("a 57.2 MiB (busy)"), err.message);
+  assert(err.message.includes("a 57.2 MiB (busy: 1 request running; kept 1m after its last request)"), err.message);
+  assert(err.message.endsWith("retry when the busy ones are idle"), err.message);
+  assertEquals(err.retryAfterSeconds, 1);
   assertEquals(phases(f.pool), { a: "loaded", b: "unloaded" });
   assertEquals(f.closes.get("a"), undefined);
   held.release();
@@ -131,6 +141,53 @@ Deno.test("keep_alive 0 unloads once idle; -1 survives the pressure that takes o
   assertEquals(phases(f.pool), { a: "loaded", b: "unloaded", c: "loaded" });
   await f.pool.close();
   assertEquals(phases(f.pool), { a: "unloaded", b: "unloaded", c: "unloaded" });
+});
+
+Deno.test("--max-keep-alive lowers a request's keep_alive -1 to the cap: the model is then evicted under pressure like any idle one", async () => {
+  const HOUR = 3_600_000;
+  const f = fakePool({ a: 40 * MB, b: 40 * MB, c: 40 * MB }, { budget: 100 * MB, maxKeepAliveMs: HOUR });
+  await use(f.pool, "a", Infinity);
+  await use(f.pool, "b", 100 * 24 * HOUR); // "2400h"
+  const status = (m: string) => f.pool.status().find((s) => s.name === m)!;
+  assertEquals([status("a").keepAliveMs, status("b").keepAliveMs], [HOUR, HOUR]);
+  assert(status("a").expiresInMs! <= HOUR && status("a").expiresInMs! > 0, String(status("a").expiresInMs));
+  await use(f.pool, "c"); // a, the least recently used, is not pinned: it makes room
+  assertEquals(phases(f.pool), { a: "unloaded", b: "loaded", c: "loaded" });
+  await f.pool.close();
+});
+
+Deno.test("keep_alive is each tenant's own: one key's 0 does not unload what another asked to keep, its own later 0 does", async () => {
+  const f = fakePool({ a: 1 }, { keepAliveMs: 60_000 });
+  await use(f.pool, "a", Infinity, "alice");
+  await use(f.pool, "a", 0, "mallory"); // shortens only mallory's wish
+  assertEquals(phases(f.pool).a, "loaded");
+  assertEquals(f.pool.status()[0]!.expiresInMs, Infinity);
+  await use(f.pool, "a", 0, "alice"); // alice takes hers back: nobody wants it kept
+  assertEquals(phases(f.pool).a, "unloaded");
+  // Without keys every request is one tenant's (""): the last keep_alive wins, as in Ollama.
+  await use(f.pool, "a", Infinity);
+  await use(f.pool, "a", 0);
+  assertEquals(phases(f.pool).a, "unloaded");
+  await f.pool.close();
+});
+
+Deno.test("no room because of models kept forever: the error names each with its size and keep-alive, and does not advise retrying", async () => {
+  const f = fakePool({ a: 60 * MB, b: 60 * MB }, { budget: 100 * MB });
+  await use(f.pool, "a", Infinity, "alice");
+  const err = await assertRejects(() => f.pool.acquire("b"), ModelLoadError);
+  assert(err.insufficientMemory);
+  assertEquals(err.retryAfterSeconds, null);
+  assertEquals(
+    err.message,
+    'Cannot load model "b": it needs 57.2 MiB and 57.2 MiB of the 95.4 MiB budget (--memory-budget) ' +
+      "is held, by models that cannot be unloaded now: a 57.2 MiB (idle; kept forever (keep_alive -1)); " +
+      "waiting will not help: they stay until every key keeping them forever sends keep_alive 0 " +
+      "for them, or the server restarts (--max-keep-alive caps keep_alive)",
+  );
+  await use(f.pool, "a", 0, "alice");
+  await use(f.pool, "b");
+  assertEquals(phases(f.pool), { a: "unloaded", b: "loaded" });
+  await f.pool.close();
 });
 
 Deno.test("the keep-alive timer unloads an idle model, and a new request cancels it", async () => {

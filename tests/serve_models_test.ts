@@ -37,6 +37,9 @@ Deno.test("three models in one server under a budget that fits two", async (t) =
     spawnCpuServer([
       "--memory-budget",
       String(BUDGET),
+      // keep_alive -1 keeps a model forever only where the operator allows it.
+      "--max-keep-alive",
+      "-1",
       "--model",
       compatPath(A),
       "--model",
@@ -346,7 +349,7 @@ Deno.test("--max-loaded-models 1: a load that needs the busy model gone is refus
       `Cannot load model "${A}": 1 models are loaded, the most --max-loaded-models allows`,
     );
     assertStringIncludes(refused.body.error.message, `${C} `);
-    assertStringIncludes(refused.body.error.message, "(busy)");
+    assertStringIncludes(refused.body.error.message, "(busy: 1 request running;");
     assertEquals((await phases())[C], "loaded");
     const all = await onC.finish();
     assert(all.includes('"finish_reason":"length"'), all.slice(-400));

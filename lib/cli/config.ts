@@ -5,7 +5,10 @@ import { parseByteSize } from "../util/byte_size.ts";
 import { DEFAULT_LIMITS } from "../engine/limits.ts";
 import { LOG_LEVELS } from "../util/log_level.ts";
 import { ROUTING_POLICIES } from "../cluster/routing.ts";
-import { parseKeepAlive } from "../util/duration.ts";
+import { formatKeepAlive, parseKeepAlive } from "../util/duration.ts";
+
+/** --max-keep-alive when not given: a day, or --keep-alive where that is longer. */
+export const DEFAULT_MAX_KEEP_ALIVE_MS = 24 * 3_600_000;
 
 /**
  * Every setting of the server and the CLI, with the environment variable that can also set
@@ -39,6 +42,12 @@ export const SETTINGS = {
     env: "LLMSERVE_KEEP_ALIVE",
     help: "how long an idle model stays loaded: 30s, 5m, 1h, 0 (unload when idle), -1 (forever); a request's keep_alive overrides it",
     default: "5m",
+  },
+  maxKeepAlive: {
+    env: "LLMSERVE_MAX_KEEP_ALIVE",
+    help: `the longest keep_alive a request may ask (longer ones are lowered to it); -1 lets requests keep models forever (default ${
+      formatKeepAlive(DEFAULT_MAX_KEEP_ALIVE_MS)
+    }, or --keep-alive if longer)`,
   },
   tokenizer: { env: "LLMSERVE_TOKENIZER", help: "llama2.c tokenizer.bin for a .bin checkpoint" },
   modelsDir: { env: "MODELS_DIR", help: "where downloaded models are kept" },
@@ -268,6 +277,13 @@ export const ConfigSchema = z.object({
     ctx.addIssue({ code: "custom", message: ms });
     return z.NEVER;
   }),
+  maxKeepAlive: z.string().optional().transform((s, ctx) => {
+    if (s === undefined) return undefined;
+    const ms = parseKeepAlive(s);
+    if (typeof ms === "number") return ms;
+    ctx.addIssue({ code: "custom", message: ms });
+    return z.NEVER;
+  }),
   tokenizer: z.string().min(1).optional(),
   modelsDir: z.string().min(1).optional(),
   backend: z.enum(["webgpu", "cpu", "reference", "auto"]).default(D.backend.default),
@@ -392,6 +408,22 @@ export function resolveConfig(
     throw new Error(`Invalid configuration:\n  ${lines.join("\n  ")}`);
   }
   return parsed.data;
+}
+
+/**
+ * The longest keep_alive a request may ask (ms, Infinity: no cap). Given, it must be at least
+ * --keep-alive: otherwise a request naming no keep_alive would get more than any naming one.
+ */
+export function maxKeepAlive(c: Pick<Config, "keepAlive" | "maxKeepAlive">): number {
+  if (c.maxKeepAlive === undefined) return Math.max(DEFAULT_MAX_KEEP_ALIVE_MS, c.keepAlive);
+  if (c.keepAlive > c.maxKeepAlive) {
+    throw new Error(
+      `Invalid configuration: --keep-alive ${formatKeepAlive(c.keepAlive)} is longer than ` +
+        `--max-keep-alive ${formatKeepAlive(c.maxKeepAlive)}; raise --max-keep-alive ` +
+        `(-1 lets requests keep models forever) or lower --keep-alive`,
+    );
+  }
+  return c.maxKeepAlive;
 }
 
 /** `maxBatchTokens` -> `--max-batch-tokens`. */

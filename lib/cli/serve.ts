@@ -48,6 +48,7 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "memory-budget": "memoryBudget",
   "max-loaded-models": "maxLoadedModels",
   "keep-alive": "keepAlive",
+  "max-keep-alive": "maxKeepAlive",
   "tokenizer": "tokenizer",
   "backend": "backend",
   "threads": "threads",

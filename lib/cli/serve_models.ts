@@ -34,7 +34,7 @@ import { formatKeepAlive } from "../util/duration.ts";
 import { openFileLimit } from "../util/fd_limit.ts";
 import { listenerOptions } from "./listener_options.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
-import type { Config } from "./config.ts";
+import { type Config, maxKeepAlive } from "./config.ts";
 import { openModel } from "./open_model.ts";
 import { ReplicaAgent, type ReplicaModels, type ReplicaSource } from "../cluster/replica.ts";
 import { connectNats } from "../cluster/nats_connection.ts";
@@ -364,6 +364,7 @@ export async function serveModelsCommand(
   chatTemplate: string | undefined,
 ): Promise<number> {
   const log = (line: string) => console.error(line);
+  const keepAliveCap = maxKeepAlive(config);
   const catalog = await modelCatalog(config);
   const requestLog = new RequestLog(config.logFormat, undefined, {
     level: config.logLevel,
@@ -396,6 +397,7 @@ export async function serveModelsCommand(
       memoryBudget: budget,
       ...(config.maxLoadedModels === undefined ? {} : { maxLoaded: config.maxLoadedModels }),
       keepAliveMs: config.keepAlive,
+      maxKeepAliveMs: keepAliveCap,
       log,
     },
   );
@@ -409,7 +411,7 @@ export async function serveModelsCommand(
     },
     has: (name) => pool.has(name),
     phaseOf: (name) => pool.phaseOf(name),
-    acquire: (name, keepAliveMs) => pool.acquire(name, keepAliveMs),
+    acquire: (name, keepAliveMs, tenant) => pool.acquire(name, keepAliveMs, tenant),
     status: () => pool.status(),
     loaded: () => pool.loaded(),
     close: async () => {
@@ -466,7 +468,9 @@ export async function serveModelsCommand(
         config.maxLoadedModels === undefined
           ? "no limit on the models loaded but the budget"
           : `at most ${config.maxLoadedModels} models loaded`
-      }; keep-alive ${formatKeepAlive(config.keepAlive)}`,
+      }; keep-alive ${formatKeepAlive(config.keepAlive)}, a request's at most ${
+        formatKeepAlive(keepAliveCap)
+      }`,
       `  kv cache  ${
         config.kvMemory === undefined ? "auto" : formatBytes(config.kvMemory)
       } per model, blocks of ${config.blockSize} tokens`,

@@ -10,6 +10,7 @@
  */
 import { z } from "zod";
 import { TokenizerWire } from "./tokenizer_wire.ts";
+import { f32Number } from "../util/f32_number.ts";
 
 const int = z.number().int();
 const nonNegative = int.nonnegative();
@@ -36,19 +37,19 @@ export const Subject = z.string().max(512).regex(/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-
 });
 
 export const SamplingSchema = z.object({
-  temperature: z.number(),
+  temperature: f32Number(),
   topK: nonNegative,
-  topP: z.number().min(0).max(1),
-  minP: z.number().min(0).max(1),
+  topP: f32Number({ min: 0, max: 1 }),
+  minP: f32Number({ min: 0, max: 1 }),
   seed: nonNegative,
 });
 
 /** GenerationRequest.controls on the wire (lib/core/logit_controls.ts). */
 export const LogitControlsSchema = z.object({
-  logitBias: z.array(z.tuple([nonNegative, z.number()])).max(1_000_000).optional(),
-  presencePenalty: z.number().optional(),
-  frequencyPenalty: z.number().optional(),
-  repetitionPenalty: z.number().positive().optional(),
+  logitBias: z.array(z.tuple([nonNegative, f32Number()])).max(1_000_000).optional(),
+  presencePenalty: f32Number().optional(),
+  frequencyPenalty: f32Number().optional(),
+  repetitionPenalty: f32Number({ gt: 0 }).optional(),
   repeatLastN: int.min(-1).optional(),
   minTokens: nonNegative.optional(),
 });

@@ -1,4 +1,5 @@
 import { type LogitAdjust, SUPPRESS_BIAS } from "../engine/logit_adjust.ts";
+import { f32Problem } from "../util/f32_number.ts";
 
 /**
  * What a request asks of the logits beyond temperature and the cuts: OpenAI's logit_bias and
@@ -49,15 +50,18 @@ export function logitControlsProblem(c: LogitControls, vocab: number): string | 
     }
     if (seen.has(id)) return `logit bias lists token id ${id} twice`;
     seen.add(id);
-    if (!Number.isFinite(bias)) return `logit bias of token ${id} is ${bias}, not finite`;
+    const problem = f32Problem(bias, {});
+    if (problem !== undefined) return `logit bias of token ${id} is ${bias}: ${problem}`;
   }
-  for (const [name, v] of [["presence", c.presencePenalty], ["frequency", c.frequencyPenalty]]) {
-    if (v !== undefined && !Number.isFinite(v)) return `the ${name} penalty is ${v}, not finite`;
+  // As the engine will hold them: f32, where 1e-300 is 0 and 1e39 infinite.
+  const penalties = [["presence", c.presencePenalty], ["frequency", c.frequencyPenalty]] as const;
+  for (const [name, v] of penalties) {
+    const problem = v === undefined ? undefined : f32Problem(v, {});
+    if (problem !== undefined) return `the ${name} penalty is ${v}: ${problem}`;
   }
   const r = c.repetitionPenalty;
-  if (r !== undefined && !(r > 0 && Number.isFinite(r))) {
-    return `the repetition penalty is ${r}, expected a finite number > 0`;
-  }
+  const problem = r === undefined ? undefined : f32Problem(r, { gt: 0 });
+  if (problem !== undefined) return `the repetition penalty is ${r}: ${problem}`;
   const n = c.repeatLastN;
   if (n !== undefined && !(Number.isInteger(n) && n >= -1)) {
     return `repeatLastN is ${n}, expected an integer >= -1`;

@@ -44,16 +44,13 @@ export function errorResponder(o: ErrorMappingOptions): ErrorResponder {
  */
 export function installErrorMapping(app: Hono, respond: ErrorResponder, routes: RouteTable): void {
   app.onError((err, c) => respond(toApiError(err), c.req.raw));
-  app.notFound((c) => {
-    const allow = routes.allowed(c.req.path);
-    return respond(
-      allow === undefined
-        ? new ApiError("not_found", `No route for ${c.req.method} ${c.req.path}`)
-        : new ApiError(
-          "method_not_allowed",
-          `${c.req.path} does not take ${c.req.method}; use ${allow}`,
-        ),
-      c.req.raw,
-    );
-  });
+  app.notFound((c) => respond(unroutedError(c.req.method, c.req.path, routes), c.req.raw));
+}
+
+/** A request no route takes: 405 naming the methods when the path is a route, else 404. */
+export function unroutedError(method: string, path: string, routes: RouteTable): ApiError {
+  const allow = routes.allowed(path);
+  return allow === undefined
+    ? new ApiError("not_found", `No route for ${method} ${path}`)
+    : new ApiError("method_not_allowed", `${path} does not take ${method}; use ${allow}`);
 }

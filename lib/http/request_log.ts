@@ -16,6 +16,8 @@ export interface RequestLogEntry {
   readonly request_id: string;
   readonly method: string;
   readonly route: string;
+  /** The path asked for, where no route matched (the route is then "unmatched"). */
+  readonly path?: string;
   readonly status: number;
   /** The error code, for failures. */
   readonly code?: string;
@@ -50,6 +52,8 @@ export class RequestRecord {
   completionTokens: number | undefined;
   ttftMs: number | undefined;
   cached: boolean | undefined;
+  /** Set where no route matched: the path, which the bounded route label cannot say. */
+  path: string | undefined;
   #deferred = false;
   #responded = false;
   #streamEnded = false;
@@ -94,6 +98,7 @@ export class RequestRecord {
       request_id: this.id,
       method: this.method,
       route: this.route,
+      ...(this.path !== undefined ? { path: this.path.slice(0, MAX_LOGGED_PATH) } : {}),
       status: this.status,
       ...(this.code !== undefined ? { code: this.code } : {}),
       ...(this.promptTokens !== undefined ? { prompt_tokens: this.promptTokens } : {}),
@@ -104,6 +109,9 @@ export class RequestRecord {
     });
   }
 }
+
+/** A longer unmatched path is cut to this many characters in its log line. */
+const MAX_LOGGED_PATH = 200;
 
 /** Routes that load balancers and orchestrators poll every few seconds. */
 export const PROBE_ROUTES: ReadonlySet<string> = new Set(["/health", "/ready", "/metrics"]);
@@ -151,7 +159,9 @@ export class RequestLog {
 
 /** `2026-12-01T09:00:00.000Z POST /v1/completions 200 id=… prompt=5 completion=16 ttft=3.1ms total=40.2ms` */
 export function formatText(e: RequestLogEntry): string {
-  const parts = [e.time, e.method, e.route, String(e.status)];
+  const parts = [e.time, e.method, e.route];
+  if (e.path !== undefined) parts.push(`path=${logSafe(e.path)}`);
+  parts.push(String(e.status));
   if (e.code !== undefined) parts.push(`code=${e.code}`);
   parts.push(`id=${logSafe(e.request_id)}`);
   if (e.prompt_tokens !== undefined) parts.push(`prompt=${e.prompt_tokens}`);

@@ -43,6 +43,7 @@ export function requestLogMiddleware(o: RequestLogMiddlewareOptions): Middleware
     const record = valid
       ? o.log.record(asked, c.req.method, route)
       : o.log.record(newRequestId(), c.req.method, route, true);
+    if (route === "unmatched") record.path = c.req.path;
     o.records.set(c.req.raw, record);
     if (asked !== undefined && !valid) {
       c.res = o.refuse(

@@ -2,6 +2,7 @@ import { vocabularyProblem } from "../core/prompt_check.ts";
 import { z } from "zod";
 import type { LogitControls } from "../core/logit_controls.ts";
 import { ApiError } from "./errors.ts";
+import { f32Number } from "../util/f32_number.ts";
 
 /**
  * The request fields that change logits before sampling, with the ranges of the servers that
@@ -9,12 +10,12 @@ import { ApiError } from "./errors.ts";
  * repetition_penalty ((0, 2]) and llama-server's spelling of it, repeat_penalty, with its
  * window repeat_last_n (-1: the whole sequence, 0: off).
  */
-const penalty = z.number().min(-2).max(2);
-const repetition = z.number().gt(0).max(2);
+const penalty = f32Number({ min: -2, max: 2 });
+const repetition = f32Number({ gt: 0, max: 2 });
 
 /** Zod fields for the OpenAI bodies (null: not given) and the WebSocket frame. */
 export const logitControlFields = {
-  logit_bias: z.record(z.string(), z.number().min(-100).max(100)).superRefine((b, ctx) => {
+  logit_bias: z.record(z.string(), f32Number({ min: -100, max: 100 })).superRefine((b, ctx) => {
     for (const key of Object.keys(b)) {
       if (/^(0|[1-9][0-9]{0,9})$/.test(key)) continue;
       ctx.addIssue({

@@ -3,6 +3,7 @@ import { acceptedFields, REFUSED_CHAT, REFUSED_COMMON, refusedFields } from "./r
 import { logitControlFields, stopTokenFields } from "./sampling_controls.ts";
 import { constraintFields, frameConstraintFields } from "./response_format.ts";
 import { FunctionTool, MessageToolCall, ToolChoice } from "./tools.ts";
+import { f32Number } from "../util/f32_number.ts";
 
 /**
  * Shapes of everything a client sends: WebSocket frames (strict: a misspelled field is an
@@ -11,10 +12,10 @@ import { FunctionTool, MessageToolCall, ToolChoice } from "./tools.ts";
  */
 
 const maxTokens = z.number().int().min(1).max(1_000_000);
-const temperature = z.number().min(0).max(2);
+const temperature = f32Number({ min: 0, max: 2 });
 const topK = z.number().int().min(0);
-const topP = z.number().min(0).max(1);
-const minP = z.number().min(0).max(1);
+const topP = f32Number({ min: 0, max: 1 });
+const minP = f32Number({ min: 0, max: 1 });
 // Integers a double holds exactly: beyond +-(2^53 - 1) a JSON number is already rounded.
 const seed = z.number().int().min(Number.MIN_SAFE_INTEGER).max(Number.MAX_SAFE_INTEGER);
 const stop = z.union([z.string(), z.array(z.string()).max(16)], {

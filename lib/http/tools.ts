@@ -264,6 +264,8 @@ export function chatTurns(
   messages: readonly RequestMessage[],
   template: TemplateTools,
 ): ChatTurn[] {
+  /** Ids of the calls of the assistant messages so far: what a tool message may answer. */
+  const callIds = new Set<string>();
   return messages.map((message, i): ChatTurn => {
     let m = message;
     const calls = m.tool_calls ?? [];
@@ -295,6 +297,17 @@ export function chatTurns(
         `messages[${i}].tool_call_id`,
       );
     }
+    // OpenAI answers 400 too: a result for a call never made is a confused or forged history.
+    if (m.role === "tool" && !callIds.has(m.tool_call_id!)) {
+      throw new ApiError(
+        "invalid_request",
+        `Invalid 'messages[${i}].tool_call_id': no earlier assistant message has a tool call ` +
+          `of id ${JSON.stringify(m.tool_call_id!.slice(0, 100))}` +
+          (callIds.size === 0 ? " (none has tool_calls)" : ""),
+        `messages[${i}].tool_call_id`,
+      );
+    }
+    for (const c of calls) callIds.add(c.id);
     if (m.content === null || m.content === undefined) {
       if (!(m.role === "assistant" && calls.length > 0)) {
         throw new ApiError(

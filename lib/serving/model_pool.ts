@@ -3,8 +3,17 @@
  * decides when each is loaded and unloaded: a request's first use loads a model (concurrent
  * first requests share that load), an idle model stays warm for its keep-alive, and a load that
  * needs memory unloads the least recently used idle ones. A model with requests running or
- * waiting is never unloaded; one kept forever (keep_alive -1) is unloaded only at shutdown.
+ * waiting is never unloaded; one kept forever (keep_alive -1, where --max-keep-alive allows it)
+ * is unloaded only at shutdown.
+ *
+ * Keep-alive is kept per tenant (API key): each tenant's latest request sets how long that
+ * tenant wants the model kept after its own last use (Ollama's rule, where the last request's
+ * keep_alive wins), and the model stays loaded until the latest of those. So a tenant can
+ * shorten only its own wish: keep_alive 0 from one key does not unload a model another key
+ * asked to keep. Without keys every request is one tenant's, exactly as in Ollama.
  */
+
+import { formatKeepAlive } from "../util/duration.ts";
 
 /** A loaded model as the pool sees it: what to forward to, what it holds, how to free it. */
 export interface PooledModel<S> {
@@ -46,7 +55,16 @@ export type ModelPhase = "unloaded" | "loading" | "loaded";
 
 /** A load that failed; every request that waited for it gets this. */
 export class ModelLoadError extends Error {
-  constructor(readonly model: string, message: string, readonly insufficientMemory = false) {
+  constructor(
+    readonly model: string,
+    message: string,
+    readonly insufficientMemory = false,
+    /**
+     * With insufficientMemory: seconds after which a retry may find room, or null when waiting
+     * will not help (the memory is held by models kept forever).
+     */
+    readonly retryAfterSeconds: number | null = 1,
+  ) {
     super(message);
     this.name = "ModelLoadError";
   }
@@ -59,6 +77,11 @@ export interface PoolOptions {
   readonly maxLoaded?: number;
   /** How long an idle model stays loaded when a request names no keep_alive (ms). */
   readonly keepAliveMs: number;
+  /**
+   * The longest keep_alive a request may ask (ms; Infinity lets keep_alive -1 keep a model
+   * forever). A longer one is lowered to it. Default: no cap.
+   */
+  readonly maxKeepAliveMs?: number;
   /** Reports loads, unloads and failures (the server's log). */
   readonly log?: (line: string) => void;
   readonly now?: () => number;
@@ -82,7 +105,13 @@ export interface ModelStatus {
   readonly leases: number;
   /** Requests it is answering or loading for, and WebSocket generations on it. */
   readonly inFlight: number;
+  /** The longest keep-alive a tenant asked for (the default's before any request). */
   readonly keepAliveMs: number;
+  /**
+   * While loaded and idle: ms from now until the keep-alive unloads it (Infinity: kept
+   * forever). Absent while it is busy, loading or unloaded.
+   */
+  readonly expiresInMs?: number;
   readonly loads: number;
   readonly loadFailures: number;
   readonly loadSeconds: number;
@@ -104,7 +133,10 @@ interface Entry<S> {
   residue?: Residue;
   leases: number;
   lastUsed: number;
-  keepAliveMs: number;
+  /** Each tenant's keep-alive (ms) and its last release: kept until the latest sum. */
+  keeps: Map<string, { ms: number; since: number }>;
+  /** While idle: when (pool clock) the keep-alive unloads it; Infinity for never. */
+  expiresAt?: number;
   timer?: ReturnType<typeof setTimeout>;
   loads: number;
   loadFailures: number;
@@ -116,6 +148,8 @@ interface Entry<S> {
 
 /** How often an expired model still busy with WebSocket work is looked at again. */
 const BUSY_RECHECK_MS = 1000;
+/** The longest delay setTimeout takes as given (2^31 - 1 ms). */
+const MAX_TIMER_MS = 2 ** 31 - 1;
 
 export class ModelPool<S> {
   readonly #entries = new Map<string, Entry<S>>();
@@ -138,7 +172,7 @@ export class ModelPool<S> {
         reserved: 0,
         leases: 0,
         lastUsed: 0,
-        keepAliveMs: opts.keepAliveMs,
+        keeps: new Map(),
         loads: 0,
         loadFailures: 0,
         loadSeconds: 0,
@@ -163,18 +197,29 @@ export class ModelPool<S> {
     return this.#entries.has(name);
   }
 
+  /** The keep-alive a request asking `ms` gets: at most --max-keep-alive. */
+  keepAliveFor(ms: number): number {
+    return Math.min(ms, this.#opts.maxKeepAliveMs ?? Infinity);
+  }
+
   /**
    * The model loaded (loading it first if needed) and held: it is not unloaded before
-   * release(). `keepAliveMs` (a request's keep_alive) replaces how long it stays loaded once
-   * idle. Rejects with ModelLoadError when the load fails.
+   * release(). `keepAliveMs` (a request's keep_alive, capped by maxKeepAliveMs) replaces how
+   * long `tenant` wants it kept after its last use; a tenant that never named one gets the
+   * default. Rejects with ModelLoadError when the load fails.
    */
-  async acquire(name: string, keepAliveMs?: number): Promise<Lease<S>> {
+  async acquire(name: string, keepAliveMs?: number, tenant = ""): Promise<Lease<S>> {
     const e = this.#entry(name);
     if (this.#closed) throw new ModelLoadError(name, "The server is shutting down");
     e.leases++;
     clearTimeout(e.timer);
     e.timer = undefined;
-    if (keepAliveMs !== undefined) e.keepAliveMs = keepAliveMs;
+    e.expiresAt = undefined;
+    const keep = e.keeps.get(tenant);
+    const ms = keepAliveMs === undefined
+      ? keep?.ms ?? this.#opts.keepAliveMs
+      : this.keepAliveFor(keepAliveMs);
+    e.keeps.set(tenant, { ms, since: this.#now() });
     const waited = e.phase !== "loaded";
     let model: PooledModel<S>;
     try {
@@ -193,6 +238,8 @@ export class ModelPool<S> {
         released = true;
         e.leases--;
         e.lastUsed = this.#now();
+        const keep = e.keeps.get(tenant);
+        if (keep !== undefined) keep.since = e.lastUsed;
         if (e.leases === 0) this.#whenIdle(e);
       },
     };
@@ -206,7 +253,10 @@ export class ModelPool<S> {
       residueBytes: e.residue?.bytes ?? 0,
       leases: e.leases,
       inFlight: Math.max(e.leases, e.model?.busy() ?? 0),
-      keepAliveMs: e.keepAliveMs,
+      keepAliveMs: this.#keepAliveMs(e),
+      ...(e.phase === "loaded" && e.expiresAt !== undefined
+        ? { expiresInMs: Math.max(0, e.expiresAt - this.#now()) }
+        : {}),
       loads: e.loads,
       loadFailures: e.loadFailures,
       loadSeconds: e.loadSeconds,
@@ -288,6 +338,8 @@ export class ModelPool<S> {
         e.reserved = 0;
         e.loading = undefined;
         e.progress = undefined;
+        // The keep-alives asked of a load that never happened: the next one starts afresh.
+        e.keeps.clear();
         e.loadFailures++;
         const failure = err instanceof ModelLoadError ? err : new ModelLoadError(
           e.name,
@@ -332,33 +384,60 @@ export class ModelPool<S> {
     }
     while (used() + bytes > budget || count() + 1 > maxLoaded) {
       const victim = others()
-        .filter((o) => o.phase === "loaded" && this.#idle(o) && o.keepAliveMs !== Infinity)
+        .filter((o) => o.phase === "loaded" && this.#idle(o) && this.#keepAliveMs(o) !== Infinity)
         .sort((a, b) => a.lastUsed - b.lastUsed)[0];
       if (victim === undefined) {
-        const held = others().filter((o) => o.phase !== "unloaded").map((o) =>
-          `${o.name} ${mib(o.phase === "loaded" ? o.model!.bytes : o.reserved)} (${
-            o.phase === "loading"
-              ? "loading"
-              : !this.#idle(o)
-              ? "busy"
-              : "kept forever"
-          })`
-        );
         const why = used() + bytes > budget
           ? `it needs ${mib(bytes)} and ${mib(used())} of the ${mib(budget)} budget ` +
             `(--memory-budget) is held`
           : `${count()} models are loaded, the most --max-loaded-models allows`;
-        throw new ModelLoadError(
-          e.name,
-          `Cannot load model "${e.name}": ${why}, by models that cannot be unloaded now: ${
-            held.join(", ")
-          }; retry when they are idle`,
-          true,
-        );
+        throw this.#noRoom(e, why, others().filter((o) => o.phase !== "unloaded"));
       }
       void this.#unload(victim, "evicted");
     }
     e.reserved = bytes;
+  }
+
+  /**
+   * The refusal of a load for want of room, naming what holds it: each model, its size, its
+   * state and how long it is kept. Only requests running or a load can end soon; where the
+   * holders are all kept forever, waiting will not help, and the error says so (no retry).
+   */
+  #noRoom(e: Entry<S>, why: string, holders: Entry<S>[]): ModelLoadError {
+    const held = holders.map((o) => {
+      const size = mib(o.phase === "loaded" ? o.model!.bytes : o.reserved);
+      const inFlight = Math.max(o.leases, o.model?.busy() ?? 0);
+      const state = o.phase === "loading"
+        ? "loading"
+        : inFlight > 0
+        ? `busy: ${inFlight} request${inFlight === 1 ? "" : "s"} running`
+        : "idle";
+      const keep = this.#keepAliveMs(o);
+      return `${o.name} ${size} (${state}; kept ${
+        keep === Infinity ? "forever (keep_alive -1)" : `${formatKeepAlive(keep)} after its last request`
+      })`;
+    });
+    const waitable = holders.some((o) => o.phase === "loading" || !this.#idle(o));
+    return new ModelLoadError(
+      e.name,
+      `Cannot load model "${e.name}": ${why}, by models that cannot be unloaded now: ${
+        held.join(", ")
+      }; ${
+        waitable
+          ? "retry when the busy ones are idle"
+          : "waiting will not help: they stay until every key keeping them forever sends " +
+            "keep_alive 0 for them, or the server restarts (--max-keep-alive caps keep_alive)"
+      }`,
+      true,
+      waitable ? 1 : null,
+    );
+  }
+
+  /** The longest keep-alive any tenant wants for the model. */
+  #keepAliveMs(e: Entry<S>): number {
+    let ms = e.keeps.size === 0 ? this.#opts.keepAliveMs : 0;
+    for (const k of e.keeps.values()) ms = Math.max(ms, k.ms);
+    return ms;
   }
 
   #dropResidue(e: Entry<S>): void {
@@ -372,9 +451,17 @@ export class ModelPool<S> {
     return e.leases === 0 && (e.model?.busy() ?? 0) === 0;
   }
 
+  /** Starts the keep-alive of a model gone idle: unloaded once every tenant's has passed. */
   #whenIdle(e: Entry<S>): void {
-    if (e.phase !== "loaded" || e.keepAliveMs === Infinity || this.#closed) return;
+    if (e.phase !== "loaded" || this.#closed) return;
     clearTimeout(e.timer);
+    e.timer = undefined;
+    const now = this.#now();
+    let deadline = -Infinity;
+    for (const k of e.keeps.values()) deadline = Math.max(deadline, k.since + k.ms);
+    if (e.keeps.size === 0) deadline = now + this.#opts.keepAliveMs;
+    e.expiresAt = deadline;
+    if (deadline === Infinity) return;
     const expire = () => {
       e.timer = undefined;
       if (e.phase !== "loaded" || e.leases > 0) return;
@@ -384,8 +471,13 @@ export class ModelPool<S> {
       }
       void this.#unload(e, "expired");
     };
-    if (e.keepAliveMs <= 0) expire();
-    else e.timer = setTimeout(expire, e.keepAliveMs);
+    // setTimeout fires at once for a delay past 2^31 - 1 ms (24.8 days): wait in steps.
+    const wait = (ms: number) => {
+      if (ms <= 0) return expire();
+      const step = Math.min(ms, MAX_TIMER_MS);
+      e.timer = setTimeout(() => ms > step ? wait(ms - step) : expire(), step);
+    };
+    wait(deadline - now);
   }
 
   /** Takes a model out of the pool at once (its memory counts as free) and closes it. */
@@ -395,8 +487,9 @@ export class ModelPool<S> {
     e.timer = undefined;
     e.phase = "unloaded";
     e.model = undefined;
+    e.expiresAt = undefined;
     // The next load starts from the default keep-alive again, unless its request names one.
-    e.keepAliveMs = this.#opts.keepAliveMs;
+    e.keeps.clear();
     if (why === "evicted") e.evictions++;
     this.#log(`model ${e.name} unloaded (${why}, ${mib(model.bytes)} freed)`);
     let residue: Residue | void = undefined;

@@ -14,12 +14,15 @@ import type { AppContext, DrainResult, ServiceApp } from "../http/app.ts";
 import { ApiKeyVerifier, keyScope } from "../http/auth.ts";
 import { verifiedKey } from "../http/auth_middleware.ts";
 import { ApiError, preview, toApiError } from "../http/errors.ts";
+import { appRoutes } from "../http/app_routes.ts";
+import { unroutedError } from "../http/error_mapping.ts";
+import { RouteTable } from "../http/route_table.ts";
 import type { OpenAiHandler } from "../http/openai_routes.ts";
 import { PROMETHEUS_CONTENT_TYPE } from "../http/metrics.ts";
 import { OriginPolicy } from "../http/origin.ts";
 import { isValidRequestId, newRequestId, RequestLog } from "../http/request_log.ts";
 import type { ServiceMetrics } from "../http/service_metrics.ts";
-import { parseKeepAlive } from "../util/duration.ts";
+import { formatKeepAlive, parseKeepAlive } from "../util/duration.ts";
 import { type Lease, ModelLoadError, type ModelPhase, type ModelStatus } from "./model_pool.ts";
 import { mergeModelMetrics, poolMetrics } from "./model_metrics.ts";
 
@@ -45,8 +48,11 @@ export interface ModelDirectory {
   readonly names: readonly string[];
   has(name: string): boolean;
   phaseOf(name: string): ModelPhase | undefined;
-  /** The model's app, held until release(); rejects with ModelLoadError. */
-  acquire(name: string, keepAliveMs?: number): Promise<Lease<ServiceApp>>;
+  /**
+   * The model's app, held until release(); rejects with ModelLoadError. `tenant` (the API key's
+   * scope, "" without keys) is whose keep-alive `keepAliveMs` sets.
+   */
+  acquire(name: string, keepAliveMs?: number, tenant?: string): Promise<Lease<ServiceApp>>;
   status(): ModelStatus[];
   loaded(): { name: string; service: ServiceApp }[];
   close(): Promise<void>;
@@ -109,6 +115,12 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
   const defaultModel = () => catalog()[0]?.name ?? "";
   const createdAt = Math.floor(Date.now() / 1000);
   let draining = false;
+  /** What a model's app serves: any other path is answered here, with no model loaded. */
+  const modelRoutes = new RouteTable(appRoutes);
+  /** Whether a model's app has a route for the request (a CORS preflight: any method of it). */
+  const routed = (method: string, path: string) =>
+    modelRoutes.patternFor(method, path) !== undefined ||
+    (method === "OPTIONS" && modelRoutes.allowed(path) !== undefined);
   /** Requests between arriving and their model's answer being passed on (loads included). */
   let routing = 0;
 
@@ -149,6 +161,9 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
 
   /** The cache scope of a request whose key the gate verified (with --cache-scope key). */
   const scopes = new WeakMap<Request, string>();
+  /** Whose keep-alive a request sets: its key's scope whatever --cache-scope says. */
+  const tenants = new WeakMap<Request, string>();
+  const tenantOf = (req: Request) => tenants.get(req) ?? "";
   const scopeByKey = opts.cacheScope !== "global";
 
   /** Host/Origin and API key checks for what this front answers itself. */
@@ -164,19 +179,34 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       (path === "/metrics" && opts.metricsPublic === true);
     if (!keys.enabled || open) return;
     const token = await verifiedKey(keys, req, path);
-    if (scopeByKey && token !== null) scopes.set(req, await keyScope(token));
+    if (token === null) return;
+    const scope = await keyScope(token);
+    tenants.set(req, scope);
+    if (scopeByKey) scopes.set(req, scope);
   };
 
   const own = async (req: Request, path: string): Promise<Response | undefined> => {
     if (req.method !== "GET" && req.method !== "HEAD") return undefined;
     if (path === "/health") {
+      // A load error names files and settings: with keys, only a caller holding one sees it
+      // (as a request to the model would); without keys every caller may make that request.
+      const detailed = !keys.enabled ||
+        await verifiedKey(keys, req, path).then(() => true, () => false);
       const models: Record<string, unknown> = {};
       for (const s of pool.status()) {
         models[s.name] = {
           phase: s.phase,
           ...(s.phase === "unloaded" ? {} : { bytes: s.bytes, in_flight: s.inFlight }),
+          ...(s.phase === "loaded" ? { keep_alive: formatKeepAlive(s.keepAliveMs) } : {}),
+          ...(s.expiresInMs === undefined ? {} : {
+            expires_at: s.expiresInMs === Infinity
+              ? "never"
+              : new Date(Date.now() + s.expiresInMs).toISOString(),
+          }),
           ...(s.progress ? { progress: s.progress } : {}),
-          ...(s.lastError === undefined ? {} : { last_error: s.lastError }),
+          ...(s.lastError === undefined
+            ? {}
+            : { last_error: detailed ? s.lastError : HIDDEN_LOAD_ERROR }),
         };
       }
       return Response.json({ status: "ok", phase: "ready", models });
@@ -293,7 +323,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     }
     let lease: Lease<ServiceApp>;
     try {
-      lease = await pool.acquire(name, keepAliveMs);
+      lease = await pool.acquire(name, keepAliveMs, scope ?? "");
     } catch (err) {
       throw err instanceof ModelLoadError ? loadError(err) : err;
     }
@@ -317,10 +347,13 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
   const isExtraPath = (path: string) =>
     extraApp !== undefined && /^\/v1\/(files|batches)(\/|$)/.test(path);
 
-  const errorResponse = (e: ApiError, id: string): Response => {
+  const errorResponse = (e: ApiError, id: string, path?: string): Response => {
     metrics.errors.inc({ code: e.code });
     const headers: Record<string, string> = { "x-request-id": id };
-    if (e.status === 503) headers["retry-after"] = "1";
+    const retryAfter = retryAfterOf.has(e) ? retryAfterOf.get(e) : 1;
+    if (e.status === 503 && retryAfter != null) headers["retry-after"] = String(retryAfter);
+    const allow = path === undefined ? undefined : modelRoutes.allowed(path);
+    if (e.code === "method_not_allowed" && allow !== undefined) headers["allow"] = allow;
     if (e.status === 401) headers["www-authenticate"] = 'Bearer realm="llmserve"';
     return Response.json(e.toJSON(), { status: e.status, headers });
   };
@@ -348,18 +381,20 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
         requestLog.record(id, req.method, path).responded(res.status);
         return res;
       }
+      // Before pick(): a 404 or 405 must not load, wait for or evict a model.
+      if (!routed(req.method, path)) throw unroutedError(req.method, path, modelRoutes);
       const picked = await pick(req, path);
       if (draining) {
         throw new ApiError("draining", "The server is shutting down; retry on another instance");
       }
       if (picked.stream && pool.phaseOf(picked.name) !== "loaded") {
-        return loadingStream(picked.name, picked.keepAliveMs, picked.forward, info, id);
+        return loadingStream(picked.name, picked.keepAliveMs, tenantOf(req), picked.forward, info, id);
       }
       if (path === "/v1/stream" && isUpgrade(req) && pool.phaseOf(picked.name) !== "loaded") {
         requestLog.record(id, req.method, path).responded(101);
         return await loadingSocket(picked.name, req, info, id);
       }
-      lease = await pool.acquire(picked.name, picked.keepAliveMs);
+      lease = await pool.acquire(picked.name, picked.keepAliveMs, tenantOf(req));
       const res = await lease.model.service.fetch(picked.forward, info);
       const held = lease;
       lease = undefined;
@@ -371,7 +406,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
         : err instanceof ModelLoadError
         ? loadError(err)
         : toInternal(err);
-      const res = errorResponse(e, id);
+      const res = errorResponse(e, id, path);
       const record = requestLog.record(id, req.method, path);
       record.code = e.code;
       record.responded(res.status);
@@ -390,6 +425,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
   const loadingStream = (
     name: string,
     keepAliveMs: number | undefined,
+    tenant: string,
     forward: Request,
     info: unknown,
     id: string,
@@ -418,7 +454,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
           controller.close();
         };
         try {
-          const lease = await pool.acquire(name, keepAliveMs);
+          const lease = await pool.acquire(name, keepAliveMs, tenant);
           release = () => lease.release();
           clearInterval(timer);
           const res = await lease.model.service.fetch(forward, info);
@@ -481,6 +517,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     upgradeWebSocket((c) => {
       const upgrade = c.req.raw;
       const { name, id } = pendingSockets.get(upgrade)!;
+      const tenant = tenantOf(upgrade);
       const client = (c.env as { incoming?: { socket?: { remoteAddress?: string } } } | undefined)
         ?.incoming?.socket?.remoteAddress;
       const held: unknown[] = [];
@@ -506,7 +543,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
           say();
           timer = setInterval(say, 500);
           (async () => {
-            const lease = await pool.acquire(name);
+            const lease = await pool.acquire(name, undefined, tenant);
             try {
               clearInterval(timer);
               if (closed) return;
@@ -606,6 +643,10 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
   }
 }
 
+/** /health's last_error for a caller without an API key, where the server has keys. */
+export const HIDDEN_LOAD_ERROR =
+  "the last load failed (its error is shown with an API key, and in the server log)";
+
 /** Client frames a socket may send while its model loads (answered once it is loaded). */
 const MAX_HELD_FRAMES = 64;
 
@@ -618,12 +659,17 @@ function isUpgrade(req: Request): boolean {
     h.get("sec-websocket-version") === "13";
 }
 
+/** Retry-After seconds of a 503 other than 1; null: none, as waiting will not help. */
+const retryAfterOf = new WeakMap<ApiError, number | null>();
+
 function loadError(err: ModelLoadError): ApiError {
-  return new ApiError(
+  const e = new ApiError(
     err.insufficientMemory ? "insufficient_memory" : "model_load_failed",
     err.message,
     "model",
   );
+  if (err.insufficientMemory) retryAfterOf.set(e, err.retryAfterSeconds);
+  return e;
 }
 
 function toInternal(err: unknown): ApiError {
