@@ -78,14 +78,21 @@ Deno.test("logitControlsProblem() names what would fail a shared step", () => {
   assertEquals(logitControlsProblem({ logitBias: [[1, 1], [1, 2]] }, 8), "logit bias lists token id 1 twice");
   assertEquals(
     logitControlsProblem({ repetitionPenalty: 0 }, 8),
-    "the repetition penalty is 0: expected a number > 0",
+    "the repetition penalty is 0: expected a number >= 0.000001",
   );
   assertEquals(logitControlsProblem({ presencePenalty: NaN }, 8), "the presence penalty is NaN: expected a finite number");
   // What the engine would see: an f32, where 1e-300 is 0 and 1e39 infinite.
   assertEquals(
     logitControlsProblem({ repetitionPenalty: 1e-300 }, 8),
-    "the repetition penalty is 1e-300: expected a number > 0 as a 32-bit float, the precision " +
-      "the engine computes in (1e-300 rounds to 0)",
+    "the repetition penalty is 1e-300: expected a number >= 0.000001 as a 32-bit float, the " +
+      "precision the engine computes in (1e-300 rounds to 0)",
+  );
+  // Above 0 as an f32, but a logit divided by it overflows.
+  assertEquals(
+    logitControlsProblem({ repetitionPenalty: 1e-40 }, 8)?.startsWith(
+      "the repetition penalty is 1e-40: expected a number >= 0.000001",
+    ),
+    true,
   );
   assertEquals(
     logitControlsProblem({ logitBias: [[1, 1e39]] }, 8),

@@ -11,6 +11,7 @@
 import { z } from "zod";
 import { TokenizerWire } from "./tokenizer_wire.ts";
 import { f32Number } from "../util/f32_number.ts";
+import { REPETITION_PENALTY } from "../core/logit_controls.ts";
 
 const int = z.number().int();
 const nonNegative = int.nonnegative();
@@ -49,7 +50,7 @@ export const LogitControlsSchema = z.object({
   logitBias: z.array(z.tuple([nonNegative, f32Number()])).max(1_000_000).optional(),
   presencePenalty: f32Number().optional(),
   frequencyPenalty: f32Number().optional(),
-  repetitionPenalty: f32Number({ gt: 0 }).optional(),
+  repetitionPenalty: f32Number(REPETITION_PENALTY).optional(),
   repeatLastN: int.min(-1).optional(),
   minTokens: nonNegative.optional(),
 });

@@ -2,6 +2,12 @@ import { type LogitAdjust, SUPPRESS_BIAS } from "../engine/logit_adjust.ts";
 import { f32Problem } from "../util/f32_number.ts";
 
 /**
+ * The repetition penalty's range: vLLM's (0, 2], but at least 1e-6, since the penalty divides
+ * positive logits and below ~1e-37 that overflows f32 to Infinity (garbage text, no error).
+ */
+export const REPETITION_PENALTY = { min: 1e-6, max: 2 } as const;
+
+/**
  * What a request asks of the logits beyond temperature and the cuts: OpenAI's logit_bias and
  * presence/frequency penalties, vLLM's and llama.cpp's repetition penalty, vLLM's min_tokens.
  * Every field at its default changes nothing.
@@ -60,7 +66,7 @@ export function logitControlsProblem(c: LogitControls, vocab: number): string | 
     if (problem !== undefined) return `the ${name} penalty is ${v}: ${problem}`;
   }
   const r = c.repetitionPenalty;
-  const problem = r === undefined ? undefined : f32Problem(r, { gt: 0 });
+  const problem = r === undefined ? undefined : f32Problem(r, REPETITION_PENALTY);
   if (problem !== undefined) return `the repetition penalty is ${r}: ${problem}`;
   const n = c.repeatLastN;
   if (n !== undefined && !(Number.isInteger(n) && n >= -1)) {

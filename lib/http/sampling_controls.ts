@@ -1,17 +1,17 @@
 import { vocabularyProblem } from "../core/prompt_check.ts";
 import { z } from "zod";
-import type { LogitControls } from "../core/logit_controls.ts";
+import { type LogitControls, REPETITION_PENALTY } from "../core/logit_controls.ts";
 import { ApiError } from "./errors.ts";
 import { f32Number } from "../util/f32_number.ts";
 
 /**
  * The request fields that change logits before sampling, with the ranges of the servers that
  * define them: OpenAI's logit_bias (-100..100) and presence/frequency penalties (-2..2), vLLM's
- * repetition_penalty ((0, 2]) and llama-server's spelling of it, repeat_penalty, with its
+ * repetition_penalty ([1e-6, 2]: REPETITION_PENALTY) and llama-server's spelling of it, repeat_penalty, with its
  * window repeat_last_n (-1: the whole sequence, 0: off).
  */
 const penalty = f32Number({ min: -2, max: 2 });
-const repetition = f32Number({ gt: 0, max: 2 });
+const repetition = f32Number(REPETITION_PENALTY);
 
 /** Zod fields for the OpenAI bodies (null: not given) and the WebSocket frame. */
 export const logitControlFields = {

@@ -38,9 +38,11 @@ export function f32Problem(v: number, b: F32Bounds): string | undefined {
       : `expected ${expected} as a 32-bit float, the precision the engine computes in ` +
         `(${v} rounds to ${f})`;
   if (!Number.isFinite(f)) return why("a finite number");
-  if (b.gt !== undefined && !(f > b.gt)) return why(`a number > ${b.gt}`);
-  if (b.min !== undefined && !(f >= b.min)) return why(`a number >= ${b.min}`);
-  if (b.max !== undefined && !(f <= b.max)) return why(`a number <= ${b.max}`);
+  // The bounds are f32 in the engine too: 1e-6 is compared as the f32 nearest it.
+  const f32 = Math.fround;
+  if (b.gt !== undefined && !(f > f32(b.gt))) return why(`a number > ${b.gt}`);
+  if (b.min !== undefined && !(f >= f32(b.min))) return why(`a number >= ${b.min}`);
+  if (b.max !== undefined && !(f <= f32(b.max))) return why(`a number <= ${b.max}`);
   return undefined;
 }
 
