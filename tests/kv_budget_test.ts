@@ -58,8 +58,13 @@ Deno.test("planKvCache() with --kv-memory uses that budget, and refuses one that
   const small = { ...LLAMA32_1B, contextLength: 2048 };
   const p = planKvCache(small, { blockSize: 16, maxRunning: 64, kvMemory: 256 * MiB });
   assertEquals([p.numBlocks, p.why], [256, "--kv-memory"]);
+  // A context of the file's that the cache cannot hold is shortened to what it holds...
+  const shortened = planKvCache(small, { blockSize: 16, maxRunning: 1, kvMemory: 64 * MiB });
+  assertEquals([shortened.numBlocks, shortened.contextLength], [64, 64 * 16]);
+  assertStringIncludes(shortened.why, "context shortened from 2048 to 1024 tokens");
+  // ...but one asked for (--context-length) is the user's: the cache that cannot hold it is an error.
   const tooSmall = assertThrows(
-    () => planKvCache(small, { blockSize: 16, maxRunning: 1, kvMemory: 64 * MiB }),
+    () => planKvCache(small, { blockSize: 16, maxRunning: 1, kvMemory: 64 * MiB, contextFixed: true }),
     Error,
   );
   assertStringIncludes(

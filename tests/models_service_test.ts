@@ -102,7 +102,7 @@ Deno.test("/health shows a load error only to a caller with an API key", async (
   const { complete, health } = client(server.base);
   try {
     const failed = await complete(BROKEN, {}, "key-one-1");
-    assertEquals([failed.status, failed.body.error.code], [500, "model_load_failed"]);
+    assertEquals([failed.status, failed.body.error.code], [503, "model_load_failed"]);
     // The key holder was told the detail, with the file's path.
     assertStringIncludes(failed.body.error.message, `${dir}/${BROKEN}.gguf`);
     const anonymous = await health();

@@ -140,7 +140,9 @@ Deno.test("three models in one server under a budget that fits two", async (t) =
       async () => {
         const results = await Promise.all([complete(BROKEN), complete(BROKEN)]);
         for (const r of results) {
-          assertEquals(r.status, 500, JSON.stringify(r.body));
+          // The server cannot serve it as configured: a 503, with no Retry-After, since
+          // waiting will not mend the file (never a 500, which says the server broke).
+          assertEquals([r.status, r.retryAfter], [503, null], JSON.stringify(r.body));
           assertEquals(r.body.error.code, "model_load_failed");
           assertEquals(r.body.error.param, "model");
           assertStringIncludes(r.body.error.message, `Cannot load model "${BROKEN}": `);
@@ -263,7 +265,7 @@ function client(base: string) {
       headers: { "content-type": "application/json" },
       body: JSON.stringify({ model, prompt: PROMPT, max_tokens: N, temperature: 0, ...extra }),
     });
-    return { status: res.status, body: await res.json() };
+    return { status: res.status, body: await res.json(), retryAfter: res.headers.get("retry-after") };
   };
   const text = async (model: string, extra: Record<string, unknown> = {}) => {
     const r = await complete(model, extra);
@@ -423,7 +425,7 @@ Deno.test("each load has its own llm.model.load span, a failed one with its erro
   const { complete, text } = client(server.base);
   try {
     await text(A);
-    assertEquals((await complete(BROKEN)).status, 500);
+    assertEquals((await complete(BROKEN)).status, 503);
     server.child.kill("SIGTERM");
     assertEquals((await server.child.status).code, 0, await server.log());
     const loads = collector.spans.filter((s) => s.name === "llm.model.load");
@@ -466,4 +468,31 @@ Deno.test("--all-models serves every GGUF file of the models directory by its na
     await server.child.status;
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+Deno.test("a model whose file's context does not fit --kv-memory loads with its context shortened, and says so", async () => {
+  // qwen3-like declares 40,960 tokens; 64 MiB holds 2,048 of its 16-token blocks (its K and V
+  // take 2 x 8 layers x 16 tokens x 8 KV heads x 128 x 2 bytes = 64 KiB a block, in f16).
+  const server = await spawnCpuServer([
+    "--kv-memory",
+    "64MiB",
+    "--model",
+    compatPath(A),
+    "--model",
+    compatPath("qwen3-like-q4_k_m"),
+  ]);
+  try {
+    const res = await fetch(`${server.base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "qwen3-like-q4_k_m", prompt: "Hi", max_tokens: 2 }),
+    });
+    assertEquals(res.status, 200, await res.text());
+    const props = await (await fetch(`${server.base}/props?model=qwen3-like-q4_k_m`)).json();
+    assertEquals(props.context_length, 2048 * 16);
+  } finally {
+    server.child.kill("SIGTERM");
+    await server.child.status;
+  }
+  assertStringIncludes(await server.log(), "context shortened from 40960 to 32768 tokens");
 });

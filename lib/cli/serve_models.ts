@@ -3,6 +3,7 @@
  * is loaded at start; the pool (lib/serving/model_pool.ts) loads each on its first request and
  * unloads idle ones under --memory-budget, --max-loaded-models and the keep-alive.
  */
+import type { KvPlan } from "../engine/kv_budget.ts";
 import { SpanStatusCode, trace } from "@opentelemetry/api";
 import { createApp, type ServiceApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
@@ -312,7 +313,7 @@ async function buildOnFile(
     bytes: mem === undefined ? m.bytes + plan.bytes : mem.weights + mem.kvCache,
     description,
     reused,
-    ...(reused ? { note: "reused its parsed file" } : {}),
+    ...loadNote(reused, plan),
     busy: () => service.inFlight,
     close: async () => {
       shared.replicaSources?.delete(m.name);
@@ -321,6 +322,15 @@ async function buildOnFile(
       return residue;
     },
   };
+}
+
+/** What the load log says after "loaded in N s": a reused file, a context shortened to fit. */
+function loadNote(reused: boolean, plan: KvPlan): { note?: string } {
+  const parts = [
+    ...(reused ? ["reused its parsed file"] : []),
+    ...(plan.why.includes("shortened") ? [`kv cache ${plan.why}`] : []),
+  ];
+  return parts.length === 0 ? {} : { note: parts.join("; ") };
 }
 
 /**

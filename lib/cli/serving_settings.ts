@@ -26,6 +26,7 @@ export function servingSettings(c: Config): {
       blockSize: c.blockSize,
       maxRunning: c.maxRunning,
       ...(c.kvMemory === undefined ? {} : { kvMemory: c.kvMemory }),
+      contextFixed: c.contextLength !== undefined,
     },
     core: {
       backend: c.backend,

@@ -35,6 +35,11 @@ export interface KvRequest {
   readonly bytesPerElement?: number;
   /** A hard cap on the whole cache (the CPU engine's 4 GiB WebAssembly memory). */
   readonly maxBytes?: number;
+  /**
+   * The context was asked for (`--context-length`): a `kvMemory` that cannot hold one full
+   * sequence of it is an error, where otherwise the context is shortened to what it holds.
+   */
+  readonly contextFixed?: boolean;
 }
 
 /** What an automatic cache may take when the free memory is unknown. */
@@ -90,7 +95,7 @@ export function planKvCache(config: ModelConfig, req: KvRequest): KvPlan {
   });
   if (req.kvMemory !== undefined) {
     const numBlocks = Math.floor(req.kvMemory / blockBytes);
-    if (numBlocks < contextBlocks) {
+    if (numBlocks < contextBlocks && (req.contextFixed || numBlocks === 0)) {
       throw new Error(
         `--kv-memory ${
           formatBytes(req.kvMemory)
@@ -115,7 +120,14 @@ export function planKvCache(config: ModelConfig, req: KvRequest): KvPlan {
         }; use at most ${formatBytes(poolCap * blockBytes)}`,
       );
     }
-    return plan(numBlocks, config.contextLength, "--kv-memory");
+    if (numBlocks >= contextBlocks) return plan(numBlocks, config.contextLength, "--kv-memory");
+    // As auto does: the file's context (a 40k-token Qwen3) need not fit a small cache.
+    const contextLength = numBlocks * blockSize;
+    return plan(
+      numBlocks,
+      contextLength,
+      `--kv-memory; context shortened from ${config.contextLength} to ${contextLength} tokens to fit one full sequence (pass --context-length to choose, or raise --kv-memory)`,
+    );
   }
   // The scheduler keeps a watermark of blocks free for running sequences to grow into.
   const watermark = (n: number) => Math.ceil(n * DEFAULT_LIMITS.watermarkFraction);

@@ -55,7 +55,9 @@ const STATUS: Record<ApiErrorCode, number> = {
   overloaded: 503,
   draining: 503,
   loading: 503,
-  model_load_failed: 500,
+  // The server cannot serve that model as configured (a cache that cannot hold it, a broken
+  // file): not the client's fault, and no crash; waiting does not help (no Retry-After).
+  model_load_failed: 503,
   insufficient_memory: 503,
   internal: 500,
 };

@@ -668,7 +668,7 @@ function loadError(err: ModelLoadError): ApiError {
     err.message,
     "model",
   );
-  if (err.insufficientMemory) retryAfterOf.set(e, err.retryAfterSeconds);
+  retryAfterOf.set(e, err.insufficientMemory ? err.retryAfterSeconds : null);
   return e;
 }
 
