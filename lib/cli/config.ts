@@ -24,6 +24,11 @@ export const SETTINGS = {
     env: "LLMSERVE_MODELS",
     help: "several models served at once, loaded on demand (--model repeated; env: comma-separated)",
   },
+  modelsConfig: {
+    env: "LLMSERVE_MODELS_CONFIG",
+    help:
+      "a YAML or JSON file of models to serve, each with its own context-length, kv-memory, kv-dtype, keep-alive, aliases and sampling defaults",
+  },
   allModels: {
     env: "LLMSERVE_ALL_MODELS",
     help: "serve every GGUF file of the models directory, by the names `deno task models` prints",
@@ -260,6 +265,7 @@ const seconds = () =>
 export const ConfigSchema = z.object({
   model: z.string().min(1).default(D.model.default),
   models: z.array(z.string().min(1, "a model cannot be empty")).default([]),
+  modelsConfig: z.string().min(1).optional(),
   allModels: flag(),
   memoryBudget: z.string().default(D.memoryBudget.default).transform((s, ctx) => {
     if (s.trim().toLowerCase() === "auto") return undefined;

@@ -57,6 +57,8 @@ export interface RunNeeds {
   readonly natsCreds?: string;
   /** `--chat-template`: a template file to read. */
   readonly chatTemplate?: string;
+  /** Other files the run reads (`--models-config`). */
+  readonly readFiles?: readonly string[];
   /** A server's batch queue: `--data-dir` (absent: the default), read and written. */
   readonly batchQueue?: { readonly dataDir?: string | undefined };
   /** Whether the run may download a missing model (`models` only lists, so it never does). */
@@ -143,6 +145,7 @@ export function derivePermissions(needs: RunNeeds, env: EnvGetter): Permissions 
   }
   if (needs.natsCreds !== undefined) read.add(needs.natsCreds);
   if (needs.chatTemplate !== undefined) read.add(needs.chatTemplate);
+  for (const f of needs.readFiles ?? []) read.add(f);
   // A replica's heartbeat worker is a module loaded at run time, which needs read access.
   if (needs.nats !== undefined) read.add(new URL("../cluster/", import.meta.url).pathname);
   // The CPU engine reads its compiled kernels and starts its worker threads from here.

@@ -6,6 +6,7 @@ import { whenLauncherGone } from "./parent_watch.ts";
 import type { RunNeeds } from "./permissions.ts";
 import { versionLine } from "./version.ts";
 import { serveModelsCommand } from "./serve_models.ts";
+import { readModelsConfig } from "./models_config.ts";
 import type { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
@@ -45,6 +46,7 @@ import { listenerOptions } from "./listener_options.ts";
 const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",
   "all-models": "allModels",
+  "models-config": "modelsConfig",
   "memory-budget": "memoryBudget",
   "max-loaded-models": "maxLoadedModels",
   "keep-alive": "keepAlive",
@@ -137,9 +139,11 @@ export function serveInfo(argv: readonly string[]): string | undefined {
 
 /** What a server with this configuration touches, for the launcher's permissions. */
 export function serveNeeds(c: Config): RunNeeds {
+  const fromFile = c.modelsConfig === undefined ? [] : readModelsConfig(c.modelsConfig);
   return {
     model: c.model,
-    models: c.models,
+    models: [...c.models, ...fromFile.map((e) => e.model)],
+    ...(c.modelsConfig === undefined ? {} : { readFiles: [c.modelsConfig] }),
     tokenizer: c.tokenizer,
     modelsDir: c.modelsDir,
     host: c.host,
@@ -208,7 +212,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const chatTemplate = config.chatTemplate === undefined
     ? undefined
     : await readChatTemplate(config.chatTemplate);
-  if (config.models.length > 0 || config.allModels) {
+  if (config.models.length > 0 || config.allModels || config.modelsConfig !== undefined) {
     return await serveModelsCommand(config, chatTemplate);
   }
   const logger = leveledLog(config.logLevel);

@@ -45,10 +45,22 @@ import { coreReplicaSource } from "../cluster/replica_source.ts";
 import { drainedLine, natsServedLog } from "./serve_lines.ts";
 import type { ModelDirectory } from "../serving/models_service.ts";
 import { BatchQueue } from "../batch/batch_queue.ts";
+import { type ModelsFileEntry, readModelsConfig } from "./models_config.ts";
 import { resolveDataDir } from "../batch/data_dir.ts";
 
 /** A model file served by name, with what /v1/models says of it. */
-type ServedFile = CatalogModel & { readonly path: string; readonly bytes: number; readonly format: string };
+type ServedFile = CatalogModel & {
+  readonly path: string;
+  readonly bytes: number;
+  readonly format: string;
+  /** Its own settings and sampling defaults (its entry in --models-config). */
+  readonly own?: Pick<ModelsFileEntry, "settings" | "sampling">;
+};
+
+/** The configuration one model runs with: the server's, with its own settings over it. */
+function configOf(m: ServedFile, config: Config): Config {
+  return m.own === undefined ? config : { ...config, ...m.own.settings };
+}
 
 /** The model files a configuration serves, by name, with what /v1/models says of them. */
 export async function modelCatalog(config: Config): Promise<ServedFile[]> {
@@ -70,6 +82,7 @@ export async function modelCatalog(config: Config): Promise<ServedFile[]> {
     paths.push(source.modelPath);
   }
   const catalog: ServedFile[] = [];
+  const fromFile = config.modelsConfig === undefined ? [] : readModelsConfig(config.modelsConfig);
   for (const path of paths) {
     const name = modelStem(path);
     if (catalog.some((m) => m.name === name)) {
@@ -91,14 +104,55 @@ export async function modelCatalog(config: Config): Promise<ServedFile[]> {
         : { contextLength: config.contextLength ?? info.contextLength },
     });
   }
-  if (catalog.length === 0) {
+  const own: (ServedFile & { readonly aliases: readonly string[] })[] = [];
+  for (const e of fromFile) {
+    const source = await resolveModelSource(e.model, {
+      modelsDir: config.modelsDir,
+      tokenizer: config.tokenizer,
+    });
+    const path = source.modelPath;
+    const info = await describeModelFile(path);
+    const contextLength = e.settings.contextLength ?? config.contextLength ?? info.contextLength;
+    own.push({
+      name: e.name,
+      aliases: e.aliases,
+      path,
+      bytes: (await Deno.stat(path)).size,
+      format: info.format,
+      ...(info.architecture === undefined ? {} : { architecture: info.architecture }),
+      ...(info.quantization === undefined ? {} : { quantization: info.quantization }),
+      ...(contextLength === undefined ? {} : { contextLength }),
+      own: { settings: e.settings, ...(e.sampling ? { sampling: e.sampling } : {}) },
+    });
+  }
+  if (catalog.length === 0 && own.length === 0) {
     throw new Error(
       config.allModels
         ? `--all-models: the models directory has no .gguf files (${config.modelsDir ?? "default"})`
         : "No model to serve",
     );
   }
-  return withServedNames(catalog, config.servedModelName);
+  return uniqueNames([...withServedNames(catalog, config.servedModelName), ...own]);
+}
+
+/** The catalog, refused when two of its models would answer to one name. */
+function uniqueNames<M extends ServedFile & { readonly aliases?: readonly string[] }>(
+  all: readonly M[],
+): M[] {
+  const owner = new Map<string, string>();
+  for (const m of all) {
+    for (const name of [m.name, ...(m.aliases ?? [])]) {
+      const other = owner.get(name);
+      if (other !== undefined) {
+        throw new Error(
+          `Two models would be served as ${JSON.stringify(name)}: ${other} and ${m.path} ` +
+            "(--model, --served-model-name and --models-config name them together)",
+        );
+      }
+      owner.set(name, m.path);
+    }
+  }
+  return [...all];
 }
 
 /**
@@ -183,7 +237,8 @@ interface ParsedFile {
  * Reads and parses a model file; its bytes go where the backend wants them (the CPU engine's
  * heap), and free() returns them there, which nothing else would: the heap is never collected.
  */
-async function parseFile(m: ServedFile, config: Config, ctx: LoadContext): Promise<ParsedFile> {
+async function parseFile(m: ServedFile, server: Config, ctx: LoadContext): Promise<ParsedFile> {
+  const config = configOf(m, server);
   const allocate = modelAllocator(config.backend);
   const views: Uint8Array[] = [];
   const opened = await openModel(m.path, {
@@ -250,7 +305,7 @@ async function buildOnFile(
   reused: boolean,
   residue: Residue,
 ): Promise<PooledModel<ServiceApp> & { readonly description: string; readonly reused: boolean }> {
-  const { config } = shared;
+  const config = configOf(m, shared.config);
   const { tokenizer, ...opened } = file.opened;
   const settings = servingSettings(config);
   const resolved = await shared.resolved;
@@ -272,7 +327,13 @@ async function buildOnFile(
     metrics,
   });
   const { core, description } = built;
-  const coreBackend = new CoreBackend(m.name, core, tokenizer, shared.chatTemplate ?? model.chatTemplate);
+  const coreBackend = new CoreBackend(
+    m.name,
+    core,
+    tokenizer,
+    shared.chatTemplate ?? model.chatTemplate,
+    m.own?.sampling,
+  );
   const backend = config.resultCache > 0
     ? new CachedBackend(coreBackend, config.resultCache)
     : coreBackend;
@@ -401,7 +462,11 @@ export async function serveModelsCommand(
     }),
   };
   const pool = new ModelPool<ServiceApp>(
-    catalog.map((m) => ({ name: m.name, estimateBytes: m.bytes })),
+    catalog.map((m) => ({
+      name: m.name,
+      estimateBytes: m.bytes,
+      ...(m.own?.settings.keepAlive === undefined ? {} : { keepAliveMs: m.own.settings.keepAlive }),
+    })),
     (name, ctx) => tracedLoad(catalog.find((m) => m.name === name)!, shared, ctx),
     {
       memoryBudget: budget,

@@ -150,9 +150,22 @@ export interface ResultCacheStats {
  * It rejects synchronously-detectable problems (prompt too long, queue full) as an "error"
  * event as the first event.
  */
+/**
+ * A model's own defaults for the sampling fields a request leaves out (its entry in the
+ * server's models file), in place of the server's (temperature 1, no cuts).
+ */
+export interface SamplingDefaults {
+  readonly temperature?: number;
+  readonly topK?: number;
+  readonly topP?: number;
+  readonly minP?: number;
+}
+
 export interface GenerationBackend {
   readonly modelName: string;
   readonly contextLength: number;
+  /** What a request that names no temperature, top_k, top_p or min_p gets. */
+  readonly samplingDefaults?: SamplingDefaults;
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent>;
   countTokens(text: string, opts?: { special?: boolean }): number;
   /**

@@ -56,7 +56,10 @@ function randomSeed(): number {
  */
 export function buildGenerationRequest(
   input: GenerationInput,
-  backend: Pick<GenerationBackend, "countTokens" | "minTokens" | "contextLength" | "vocabSize">,
+  backend: Pick<
+    GenerationBackend,
+    "countTokens" | "minTokens" | "contextLength" | "vocabSize" | "samplingDefaults"
+  >,
   requestId: string,
 ): { request: GenerationRequest; promptTokens: number; maxTokensCapped: boolean } {
   checkLogitBiasIds(input.controls, backend.vocabSize);
@@ -106,16 +109,17 @@ export function buildGenerationRequest(
     ? [input.stop]
     : [...input.stop];
   for (const s of input.extraStop ?? []) if (!stop.includes(s)) stop.push(s);
-  const temperature = input.temperature ?? DEFAULT_TEMPERATURE;
+  const d = backend.samplingDefaults ?? {};
+  const temperature = input.temperature ?? d.temperature ?? DEFAULT_TEMPERATURE;
   const seeded = input.seed !== undefined && input.seed !== null;
   const request: GenerationRequest = {
     prompt: input.prompt,
     maxTokens: Math.min(asked, room),
     sampling: {
       temperature,
-      topK: input.topK ?? 0,
-      topP: input.topP ?? 1,
-      minP: input.minP ?? 0,
+      topK: input.topK ?? d.topK ?? 0,
+      topP: input.topP ?? d.topP ?? 1,
+      minP: input.minP ?? d.minP ?? 0,
       seed: seeded ? seedToU32(input.seed as number) : randomSeed(),
     },
     stop: stop.filter((s) => s.length > 0),

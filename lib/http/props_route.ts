@@ -56,7 +56,12 @@ export function registerPropsRoute(app: Hono, o: PropsOptions): void {
       },
       default_generation_settings: {
         n_ctx: b.contextLength,
-        params: { temperature: DEFAULT_TEMPERATURE, top_k: 0, top_p: 1, min_p: 0 },
+        params: {
+          temperature: b.samplingDefaults?.temperature ?? DEFAULT_TEMPERATURE,
+          top_k: b.samplingDefaults?.topK ?? 0,
+          top_p: b.samplingDefaults?.topP ?? 1,
+          min_p: b.samplingDefaults?.minP ?? 0,
+        },
       },
     });
   });

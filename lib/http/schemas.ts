@@ -23,6 +23,12 @@ const stop = z.union([z.string(), z.array(z.string()).max(16)], {
 });
 const priority = z.enum(["interactive", "batch"]);
 
+/**
+ * The sampling fields with their wire names and ranges: what a request may set, and so what a
+ * model's entry in the models file (lib/cli/models_config.ts) may set as its default.
+ */
+export const SAMPLING_FIELDS = { temperature, top_k: topK, top_p: topP, min_p: minP } as const;
+
 /** A generation id on the WebSocket: what the client uses to tell its generations apart. */
 const generationId = z.string().min(1).max(128);
 

@@ -4,6 +4,7 @@ import type {
   GenerationBackend,
   GenerationEvent,
   GenerationRequest,
+  SamplingDefaults,
 } from "../core/generation.ts";
 import {
   ResultCache,
@@ -32,6 +33,9 @@ export class CachedBackend implements GenerationBackend {
 
   get modelName(): string {
     return this.inner.modelName;
+  }
+  get samplingDefaults(): SamplingDefaults | undefined {
+    return this.inner.samplingDefaults;
   }
   get contextLength(): number {
     return this.inner.contextLength;

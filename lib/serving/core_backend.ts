@@ -4,6 +4,7 @@ import type {
   GenerationBackend,
   GenerationEvent,
   GenerationRequest,
+  SamplingDefaults,
 } from "../core/generation.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { PromptTokens } from "./prompt_tokens.ts";
@@ -22,6 +23,7 @@ export class CoreBackend implements GenerationBackend {
     private readonly core: ServingCore,
     private readonly tokenizer: Tokenizer,
     readonly chatTemplate?: string,
+    readonly samplingDefaults?: SamplingDefaults,
   ) {
     this.contextLength = core.contextLength;
     this.bosToken = tokenizer.tokenText(tokenizer.bosId);

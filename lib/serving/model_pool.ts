@@ -122,6 +122,8 @@ export interface ModelStatus {
 
 interface Entry<S> {
   readonly name: string;
+  /** How long it stays loaded when no request named a keep_alive (per model, or the server's). */
+  readonly defaultKeepAliveMs: number;
   /** Memory guessed before a load: the file's size, or what the last load held. */
   estimate: number;
   phase: ModelPhase;
@@ -160,13 +162,19 @@ export class ModelPool<S> {
   #closed = false;
 
   constructor(
-    models: readonly { readonly name: string; readonly estimateBytes: number }[],
+    models: readonly {
+      readonly name: string;
+      readonly estimateBytes: number;
+      /** This model's keep-alive when a request names none (default: opts.keepAliveMs). */
+      readonly keepAliveMs?: number;
+    }[],
     loader: Loader<S>,
     opts: PoolOptions,
   ) {
     for (const m of models) {
       this.#entries.set(m.name, {
         name: m.name,
+        defaultKeepAliveMs: m.keepAliveMs ?? opts.keepAliveMs,
         estimate: m.estimateBytes,
         phase: "unloaded",
         reserved: 0,
@@ -217,7 +225,7 @@ export class ModelPool<S> {
     e.expiresAt = undefined;
     const keep = e.keeps.get(tenant);
     const ms = keepAliveMs === undefined
-      ? keep?.ms ?? this.#opts.keepAliveMs
+      ? keep?.ms ?? e.defaultKeepAliveMs
       : this.keepAliveFor(keepAliveMs);
     e.keeps.set(tenant, { ms, since: this.#now() });
     const waited = e.phase !== "loaded";
@@ -435,7 +443,7 @@ export class ModelPool<S> {
 
   /** The longest keep-alive any tenant wants for the model. */
   #keepAliveMs(e: Entry<S>): number {
-    let ms = e.keeps.size === 0 ? this.#opts.keepAliveMs : 0;
+    let ms = e.keeps.size === 0 ? e.defaultKeepAliveMs : 0;
     for (const k of e.keeps.values()) ms = Math.max(ms, k.ms);
     return ms;
   }
@@ -459,7 +467,7 @@ export class ModelPool<S> {
     const now = this.#now();
     let deadline = -Infinity;
     for (const k of e.keeps.values()) deadline = Math.max(deadline, k.since + k.ms);
-    if (e.keeps.size === 0) deadline = now + this.#opts.keepAliveMs;
+    if (e.keeps.size === 0) deadline = now + e.defaultKeepAliveMs;
     e.expiresAt = deadline;
     if (deadline === Infinity) return;
     const expire = () => {
