@@ -1,10 +1,9 @@
+// The launcher (`launch serve`) stays the server's parent while it runs, and keeps every module
+// it loaded: so it loads only what it needs (launch.ts, the flags' parsing), and each command
+// loads its own graph when it runs.
 import { DEFAULT_MODEL } from "./lib/source/model_source.ts";
-import { generateCommand, generateInfo, parseGenerateArgs } from "./lib/cli/generate.ts";
 import { ALL_PERMISSIONS, launch } from "./lib/cli/launch.ts";
-import { modelsCommand, parseModelsArgs } from "./lib/cli/models.ts";
-import { parseServeArgs, serveCommand, serveInfo, serveNeeds } from "./lib/cli/serve.ts";
-import { parseRouterArgs, routerCommand, routerNeeds } from "./lib/cli/router.ts";
-import { clusterCommand } from "./lib/cli/cluster.ts";
+import { parseServeArgs, serveInfo, serveNeeds } from "./lib/cli/serve_args.ts";
 
 const USAGE = `Usage: deno task start [options]      run the server (see --help)
        deno task generate [options]   one completion on stdout
@@ -16,15 +15,15 @@ async function main(args: string[]): Promise<number> {
   const [command, ...rest] = args;
   switch (command) {
     case "serve":
-      return await serveCommand(rest);
+      return await (await import("./lib/cli/serve.ts")).serveCommand(rest);
     case "cluster":
-      return await clusterCommand(rest);
+      return await (await import("./lib/cli/cluster.ts")).clusterCommand(rest);
     case "router":
-      return await routerCommand(rest);
+      return await (await import("./lib/cli/router.ts")).routerCommand(rest);
     case "generate":
-      return await generateCommand(rest);
+      return await (await import("./lib/cli/generate.ts")).generateCommand(rest);
     case "models":
-      return await modelsCommand(rest);
+      return await (await import("./lib/cli/models.ts")).modelsCommand(rest);
     case "launch":
       return await launchCommand(rest);
     default:
@@ -45,12 +44,14 @@ async function launchCommand(args: string[]): Promise<number> {
       return await launch("serve", rest, serveNeeds(parseServeArgs(rest)));
     }
     case "router": {
+      const { parseRouterArgs, routerNeeds } = await import("./lib/cli/router.ts");
       if (rest.includes("--help")) return await launch("router", rest, undefined);
       return await launch("router", rest, routerNeeds(parseRouterArgs(rest)));
     }
     case "cluster":
       return await launch("cluster", rest, ALL_PERMISSIONS);
     case "generate": {
+      const { generateInfo, parseGenerateArgs } = await import("./lib/cli/generate.ts");
       if (generateInfo(rest) !== undefined) return await launch("generate", rest, undefined);
       const a = parseGenerateArgs(rest);
       if ("error" in a) {
@@ -64,6 +65,7 @@ async function launchCommand(args: string[]): Promise<number> {
       });
     }
     case "models": {
+      const { parseModelsArgs } = await import("./lib/cli/models.ts");
       const m = parseModelsArgs(rest);
       if (typeof m === "string") {
         console.error(m);

@@ -1,5 +1,5 @@
 import { assert, assertEquals, assertStringIncludes, assertThrows } from "@std/assert";
-import { parseServeArgs } from "../lib/cli/serve.ts";
+import { parseServeArgs } from "../lib/cli/serve_args.ts";
 import { parseRouterArgs } from "../lib/cli/router.ts";
 import { type GenerateArgs, parseGenerateArgs } from "../lib/cli/generate.ts";
 import { modelFile, modelMirror } from "./harness/model_files.ts";

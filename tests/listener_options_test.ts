@@ -1,7 +1,7 @@
 import { assertEquals } from "@std/assert";
 import { listenerOptions } from "../lib/cli/listener_options.ts";
 import { parseRouterArgs } from "../lib/cli/router.ts";
-import { parseServeArgs } from "../lib/cli/serve.ts";
+import { parseServeArgs } from "../lib/cli/serve_args.ts";
 
 Deno.test("listenerOptions() maps the listener's settings from seconds to ms, the connection cap from the open-file limit unless given", () => {
   const config = parseServeArgs([

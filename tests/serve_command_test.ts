@@ -1,5 +1,5 @@
 import { assert, assertEquals, assertStringIncludes, assertThrows } from "@std/assert";
-import { parseServeArgs, serveInfo } from "../lib/cli/serve.ts";
+import { parseServeArgs, serveInfo } from "../lib/cli/serve_args.ts";
 import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
 import { GREEDY } from "../lib/engine/engine.ts";

@@ -2,7 +2,7 @@ import { parseArgs } from "@std/cli/parse-args";
 import { childArgs } from "./launch.ts";
 import { PARENT_PIPE_ENV } from "./parent_watch.ts";
 import { parseRouterArgs, routerNeeds } from "./router.ts";
-import { parseServeArgs, serveNeeds } from "./serve.ts";
+import { parseServeArgs, serveNeeds } from "./serve_args.ts";
 import { runtimeDirEnv } from "../util/runtime_dir.ts";
 import { resolveDataDir } from "../batch/data_dir.ts";
 
