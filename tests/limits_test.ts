@@ -1,10 +1,10 @@
-import { assertEquals, assertStringIncludes, assertThrows } from "@std/assert";
+import { assertEquals, assertStringIncludes } from "@std/assert";
 import { DEFAULT_LIMITS, defaultPipelineDepth } from "../lib/engine/limits.ts";
 import { ServingCore } from "../actors/core.ts";
 import { FakeEngine, type FakeEngineOptions } from "./harness/fake_engine.ts";
 import { TOKENIZER } from "./_fake_core.ts";
 import { resolveConfig } from "../lib/cli/config.ts";
-import { parseServeArgs, serveInfo } from "../lib/cli/serve_args.ts";
+import { serveInfo } from "../lib/cli/serve_args.ts";
 import { schedulerConfig } from "../lib/core/scheduler.ts";
 import { createExecutorMailbox, SchedulerActor } from "../actors/scheduler.ts";
 import { HTTP_DEFAULTS } from "../lib/http/defaults.ts";
