@@ -203,3 +203,25 @@ Deno.test("no room because models are kept forever (--max-keep-alive -1): the 50
     await server.child.status;
   }
 });
+
+Deno.test("a body that is not UTF-8 gets a 400 from a server of several models, as from one", async () => {
+  const server = await spawnCpuServer(["--model", compatPath(A), "--model", compatPath(B)]);
+  try {
+    const head = new TextEncoder().encode(`{"model":"${A}","prompt":"Once `);
+    const body = new Uint8Array([...head, 0xff, ...new TextEncoder().encode(`","max_tokens":2}`)]);
+    const res = await fetch(`${server.base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body,
+    });
+    const json = await res.json();
+    assertEquals([res.status, json.error.code], [400, "invalid_json"], JSON.stringify(json));
+    assertStringIncludes(json.error.message, "not valid UTF-8");
+    // Refused before any model: none was loaded for it.
+    const { loads } = client(server.base);
+    assertEquals(await loads(A), 0);
+  } finally {
+    server.child.kill("SIGTERM");
+    await server.child.status;
+  }
+});

@@ -139,6 +139,31 @@ async function complete(service: ServiceApp, model: string | undefined) {
   return { status: res.status, body: await res.json() };
 }
 
+/**
+ * A completion request whose JSON names `model` and holds a byte that is not UTF-8 (0xFF) in its
+ * prompt: a lenient decoder would serve it as U+FFFD, a prompt the client never sent.
+ */
+function invalidUtf8Request(model: string): Request {
+  const head = new TextEncoder().encode(`{"model":"${model}","prompt":"Once `);
+  const tail = new TextEncoder().encode(`","max_tokens":2}`);
+  const body = new Uint8Array([...head, 0xff, ...tail]);
+  return new Request("http://router/v1/completions", {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body,
+  });
+}
+
+/** A front's answer to invalidUtf8Request: 400, naming UTF-8, and nothing generated. */
+async function assertRefusesInvalidUtf8(service: ServiceApp, c: InProcess, model: string) {
+  const before = counts(c);
+  const res = await service.fetch(invalidUtf8Request(model));
+  const body = await res.json();
+  assertEquals([res.status, body.error.code], [400, "invalid_json"], JSON.stringify(body));
+  assertStringIncludes(body.error.message, "not valid UTF-8");
+  assertEquals(counts(c), before, "nothing reached a replica");
+}
+
 /** How many generations each core ran. */
 const counts = (c: InProcess) =>
   Object.fromEntries(Object.entries(c.cores).map(([k, v]) => [k, v.requests.length]));
@@ -322,6 +347,24 @@ Deno.test("a router by model routes an advertised alias as the model's name", as
     for (const m of ["alpha", "a-alias", "beta", "b-alias", "gamma"]) {
       assertStringIncludes(unknown.body.error.message, `"${m}"`);
     }
+    await assertRefusesInvalidUtf8(service, c, "beta");
+  } finally {
+    service.close();
+    await directory.close();
+  }
+});
+
+Deno.test("a plain router refuses a body that is not UTF-8 with a 400, for its own model and another", async () => {
+  await using c = await cluster();
+  const { service, directory } = createPlainRouter(c.routerConn, c.backend, {
+    metrics: c.metrics,
+    policy: "round-robin",
+    log: (l) => c.log.push(l),
+  });
+  try {
+    await until("the router to hear gamma", () => directory.has("gamma"));
+    await assertRefusesInvalidUtf8(service, c, "alpha");
+    await assertRefusesInvalidUtf8(service, c, "gamma");
   } finally {
     service.close();
     await directory.close();

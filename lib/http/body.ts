@@ -74,14 +74,21 @@ async function readLimited(req: Request, maxBytes: number): Promise<string> {
     all.set(c, at);
     at += c.byteLength;
   }
+  return decodeBody(all);
+}
+
+/**
+ * A JSON body's bytes as text, or a 400 when they are not UTF-8: every front (one model,
+ * several, a router) decodes through here. Fatal: a lenient decoder would turn stray bytes into
+ * U+FFFD and serve a prompt the client never sent.
+ */
+export function decodeBody(bytes: Uint8Array): string {
   try {
-    // Fatal: a lenient decoder would turn stray bytes into U+FFFD and serve a prompt the client
-    // never sent.
-    return new TextDecoder("utf-8", { fatal: true }).decode(all);
+    return new TextDecoder("utf-8", { fatal: true }).decode(bytes);
   } catch {
     throw new ApiError(
       "invalid_json",
-      `Request body is not valid UTF-8 (${total} bytes); JSON bodies must be UTF-8 encoded`,
+      `Request body is not valid UTF-8 (${bytes.byteLength} bytes); JSON bodies must be UTF-8 encoded`,
     );
   }
 }

@@ -4,6 +4,7 @@
  * to the one its `model` field names, loading it first through the pool. What is about all
  * models (/v1/models, /health, /ready, /metrics) it answers itself.
  */
+import { decodeBody } from "../http/body.ts";
 import { HTTP_DEFAULTS } from "../http/defaults.ts";
 import { Hono } from "hono";
 import { upgradeWebSocket } from "@hono/node-server";
@@ -693,7 +694,7 @@ export async function readCapped(
   const all = new Uint8Array(bytes);
   let at = 0;
   for (const c of chunks) (all.set(c, at), at += c.byteLength);
-  return new TextDecoder().decode(all);
+  return decodeBody(all);
 }
 
 /** A request body's fields when it is a JSON object; undefined for anything else. */
