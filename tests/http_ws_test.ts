@@ -104,7 +104,7 @@ Deno.test("/v1/stream cancel mid-stream ends the generation and frees its KV blo
   const ws = await TestSocket.open(svc.wsUrl);
   try {
     ws.send({ type: "generate", id: "long", prompt: "tell me a story", max_tokens: 2000, seed: 1 });
-    await ws.take((f) => f.id === "long" && f.type === "started");
+    const started = await ws.take((f) => f.id === "long" && f.type === "started");
     for (let i = 0; i < 3; i++) await ws.take((f) => f.id === "long" && f.type === "token");
     const before = await scrape(svc.base);
     assertGreater(metricValue(before, "llm_kv_blocks_used")!, 0);
@@ -115,6 +115,9 @@ Deno.test("/v1/stream cancel mid-stream ends the generation and frees its KV blo
     assertEquals(done.type, "done");
     assertEquals(done.finish_reason, "cancelled");
     assertLess((done.usage as { completion_tokens: number }).completion_tokens, 2000);
+    // A cancelled generation still counts the prompt it read.
+    assertEquals((done.usage as { prompt_tokens: number }).prompt_tokens, started.prompt_tokens);
+    assertGreater(started.prompt_tokens as number, 0);
     await waitUntil(() => svc.backend.active === 0, "the core to release the sequence");
     const after = await scrape(svc.base);
     assertEquals(metricValue(after, "llm_kv_blocks_used"), 0);

@@ -257,7 +257,7 @@ export class StreamSession {
       : { ...built.request, cacheScope: this.cacheScope };
     const gen: LiveGeneration = { ctrl: new AbortController(), cancelled: false };
     this.#gens.set(f.id, gen);
-    this.#run(f.id, gen, request, maxTokensCapped).catch((err) => {
+    this.#run(f.id, gen, request, maxTokensCapped, built.promptTokens).catch((err) => {
       this.#sendError(toApiError(err), f.id);
     });
   }
@@ -267,9 +267,12 @@ export class StreamSession {
     gen: LiveGeneration,
     request: GenerationRequest,
     capped: boolean,
+    promptTokens: number,
   ): Promise<void> {
     let terminal = false;
     let completion = 0;
+    // What the core counted once it started (a cancel can come before).
+    let prompt = promptTokens;
     // One request-log line per generation; its status is what the HTTP API would answer.
     const record = this.#deps.requestLog.record(request.requestId, "WS", "/v1/stream");
     let status = 200;
@@ -278,6 +281,7 @@ export class StreamSession {
       for await (const ev of events) {
         let open = true;
         if (ev.type === "started") {
+          prompt = ev.promptTokens;
           open = await this.#writer.send({
             type: "started",
             id,
@@ -336,7 +340,7 @@ export class StreamSession {
           type: "done",
           id,
           finish_reason: "cancelled",
-          usage: usageJson({ promptTokens: 0, completionTokens: completion, cachedTokens: 0 }),
+          usage: usageJson({ promptTokens: prompt, completionTokens: completion, cachedTokens: 0 }),
           timings: null,
           max_tokens_capped: capped,
           cached: false,
