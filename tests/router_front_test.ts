@@ -348,6 +348,12 @@ Deno.test("a router by model routes an advertised alias as the model's name", as
       assertStringIncludes(unknown.body.error.message, `"${m}"`);
     }
     await assertRefusesInvalidUtf8(service, c, "beta");
+    // A router loads nothing: no load counts or resident bytes of its own, which would be zeros
+    // beside the replicas' real ones.
+    const metrics = await (await service.fetch(new Request("http://router/metrics"))).text();
+    for (const family of ["llm_model_loads_total", "llm_model_resident_bytes", "llm_model_evictions_total"]) {
+      assertEquals(metrics.includes(family), false, `${family} in the router's /metrics`);
+    }
   } finally {
     service.close();
     await directory.close();

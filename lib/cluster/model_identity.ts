@@ -21,3 +21,10 @@ export async function modelIdentity(path: string, contextLength: number): Promis
     file.close();
   }
 }
+
+/** The log line of a model served without an identity: routers then match it by name alone. */
+export function identityWarning(path: string, e: unknown): string {
+  return `warning: cannot read ${path} again for its identity (${
+    e instanceof Error ? e.message : String(e)
+  }); routers will match this model by its name alone`;
+}

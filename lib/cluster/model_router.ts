@@ -183,6 +183,9 @@ export class ModelRouterDirectory implements ModelDirectory {
     };
   }
 
+  /** The replicas load and unload: the pool's families are theirs to export (/metrics). */
+  readonly countsLoads = false;
+
   status(): ModelStatus[] {
     return this.names.map((name) => ({
       name,

@@ -164,7 +164,9 @@ export function ggufToModel(gguf: GgufFile, source: string): Model {
     return gguf.tensors.get(name) ?? fail(`tensor '${name}' is missing`);
   };
   const tokenEmbedding = tensor(MODEL_TENSORS.tokenEmbedding);
-  const vocabSize = tokenizer?.tokens.length ?? tokenEmbedding.shape[0] ?? 0;
+  // Token ids are checked against it everywhere: a model without one would check nothing.
+  const vocabSize = tokenizer?.tokens.length ?? tokenEmbedding.shape[0] ??
+    fail(`tensor '${MODEL_TENSORS.tokenEmbedding}' has no vocabulary dimension`);
   const shaped = (name: string, shape: number[]): Tensor => {
     const t = tensor(name);
     if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {

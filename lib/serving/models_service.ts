@@ -57,6 +57,11 @@ export interface ModelDirectory {
   status(): ModelStatus[];
   loaded(): { name: string; service: ServiceApp }[];
   close(): Promise<void>;
+  /**
+   * False for a directory that loads nothing itself (a router by model): its status has no
+   * loads, evictions or resident bytes to export, and zeros would read as measurements.
+   */
+  readonly countsLoads?: boolean;
 }
 
 export interface ModelsServiceOptions {
@@ -235,7 +240,8 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
         }
       }
       return new Response(
-        mergeModelMetrics(metrics.render(), perModel) + poolMetrics(pool.status()),
+        mergeModelMetrics(metrics.render(), perModel) +
+          (pool.countsLoads === false ? "" : poolMetrics(pool.status())),
         { headers: { "content-type": PROMETHEUS_CONTENT_TYPE } },
       );
     }
