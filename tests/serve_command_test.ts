@@ -142,6 +142,14 @@ Deno.test("the served model refuses a prompt longer than the context with its to
     assertEquals(res.status, 400);
     const body = await res.json();
     assertEquals(body.error.code, "context_length_exceeded");
+    // The count as the server's tokenizer gives it (llama.cpp's /tokenize shape), and the limit.
+    const tokens = (await (await fetch(`${base}/tokenize`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ content: "Once upon a time there was a very long story ".repeat(4), add_special: true }),
+    })).json()).tokens as number[];
+    assert(tokens.length > 32, `${tokens.length} tokens`);
+    assertStringIncludes(body.error.message, `The prompt is ${tokens.length} tokens`);
     assertStringIncludes(body.error.message, "32");
   } finally {
     child.kill("SIGTERM");
