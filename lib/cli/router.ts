@@ -7,7 +7,7 @@ import { createPlainRouter } from "../cluster/router_front.ts";
 import { createModelsService } from "../serving/models_service.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
-import { whenLauncherGone } from "./parent_watch.ts";
+import { stopOnRequest } from "./stop_deadline.ts";
 import { listenerOptions } from "./listener_options.ts";
 import { drainedLine } from "./serve_lines.ts";
 import { openFileLimit } from "../util/fd_limit.ts";
@@ -126,7 +126,7 @@ export async function routerCommand(argv: string[]): Promise<number> {
     },
   });
   // Started by the launcher, which is gone (killed without passing a signal on): drain.
-  whenLauncherGone(() => void server.stop());
+  stopOnRequest(server, config.drainTimeout, log);
   const result = await server.closed;
   backend.close();
   await directory.close();
@@ -170,7 +170,7 @@ async function routeByModel(
       ].join("\n"));
     },
   });
-  whenLauncherGone(() => void server.stop());
+  stopOnRequest(server, config.drainTimeout, log);
   const result = await server.closed;
   await nc.close();
   log(drainedLine(result));
