@@ -6,6 +6,7 @@ import { DEFAULT_LIMITS } from "../engine/limits.ts";
 import { LOG_LEVELS } from "../util/log_level.ts";
 import { ROUTING_POLICIES } from "../cluster/routing.ts";
 import { parseKeepAlive } from "../util/duration.ts";
+import { EXIT_GRACE_SECONDS } from "./stop_deadline.ts";
 
 /**
  * Every setting of the server and the CLI, with the environment variable that can also set
@@ -107,7 +108,8 @@ export const SETTINGS = {
   },
   drainTimeout: {
     env: "LLMSERVE_DRAIN_TIMEOUT",
-    help: "seconds to let in-flight requests finish on SIGTERM",
+    help:
+      `seconds to let in-flight requests finish on SIGTERM; the process exits at most ${EXIT_GRACE_SECONDS} s after it`,
     default: HTTP_DEFAULTS.drainTimeoutSeconds,
   },
   servedModelName: {

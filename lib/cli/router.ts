@@ -30,7 +30,6 @@ const ROUTER_HELP: Partial<Record<SettingName, string>> = {
   nats: "NATS server(s) the replicas serve on: nats://[user:pass@|token@]host:port (required)",
   host: "address the router listens on",
   port: "port the router listens on (0 picks a free one)",
-  drainTimeout: "seconds to let in-flight requests finish on SIGTERM",
 };
 
 function usage(): string {
