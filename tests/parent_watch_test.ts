@@ -2,7 +2,7 @@
  * A server started through the real launcher (`main.ts launch serve`) ends when the launcher is
  * killed without a word (SIGKILL), at every point of its life: still starting, loading its
  * model, serving, a replica connected to NATS, with NATS gone, mid-stream, and while draining
- * with NATS frozen. Each case polls the server's /proc entry until it is gone, within the bound
+ * with NATS frozen; and a router (`main.ts launch router`) still waiting for a replica. Each case polls the server's /proc entry until it is gone, within the bound
  * the launcher promises (--drain-timeout + EXIT_GRACE_SECONDS, and start-up time), and reads
  * from its log that it drained rather than ran into that deadline.
  */
@@ -54,24 +54,20 @@ interface Launched {
   readonly ended: Promise<string>;
 }
 
-async function launch(args: string[], env: Record<string, string> = {}): Promise<Launched> {
+/** `main.ts launch serve` on the cpu backend, a free port and a small KV pool, then `args`. */
+function launch(args: string[], env: Record<string, string> = {}): Promise<Launched> {
+  return launchCommand(
+    ["serve", "--port", "0", "--backend", "cpu", "--kv-memory", "1MiB", ...args],
+    env,
+  );
+}
+
+async function launchCommand(
+  argv: string[],
+  env: Record<string, string> = {},
+): Promise<Launched> {
   const launcher = new Deno.Command(Deno.execPath(), {
-    args: [
-      "run",
-      "--allow-all",
-      MAIN,
-      "launch",
-      "serve",
-      "--port",
-      "0",
-      "--backend",
-      "cpu",
-      "--kv-memory",
-      "1MiB",
-      "--drain-timeout",
-      String(DRAIN_S),
-      ...args,
-    ],
+    args: ["run", "--allow-all", MAIN, "launch", ...argv, "--drain-timeout", String(DRAIN_S)],
     env: { MODEL_MIRROR: "", ...env },
     stdin: "null",
     stdout: "null",
@@ -283,6 +279,18 @@ Deno.test("a launcher killed during the drain, with NATS frozen: the replica sti
       Deno.kill(nats.child!.pid, "SIGCONT");
       await nc.close();
     }
+  } finally {
+    await nats.stop();
+  }
+});
+
+Deno.test("a launcher killed while its router waits for a replica: the router exits at once", async () => {
+  const nats = await NatsServer.start();
+  try {
+    const s = await launchCommand(["router", "--port", "0"], { LLMSERVE_NATS: nats.url });
+    await s.line(/waiting for a replica/);
+    const { log } = await killLauncherAndWait(s);
+    assertStringIncludes(log, "stopping before it listens");
   } finally {
     await nats.stop();
   }
