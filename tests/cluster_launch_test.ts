@@ -192,6 +192,72 @@ for (const how of ["SIGTERM to npx", "Ctrl-C (SIGINT to the terminal's process g
   });
 }
 
+Deno.test("the cluster's launcher killed outright (SIGKILL): cluster stops every member and leaves nothing", async () => {
+  const natsPort = freePort();
+  const marker = `cluster-test-${crypto.randomUUID().slice(0, 8)}`;
+  // The launcher itself (what `deno task cluster` runs), so that SIGKILL reaches it alone.
+  const launcher = new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "--allow-all",
+      `${ROOT}main.ts`,
+      "launch",
+      "cluster",
+      "--replicas",
+      "1",
+      "--port",
+      "0",
+      "--nats-port",
+      String(natsPort),
+      "--",
+      "--backend",
+      "cpu",
+      "--kv-memory",
+      "2MiB",
+      "--served-model-name",
+      marker,
+    ],
+    cwd: ROOT,
+    env: { MODEL_MIRROR: modelMirror(), NATS_SERVER: NATS },
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+  // The cluster process holds the launcher's stderr: it ends once cluster has exited.
+  const log = lines(launcher);
+  try {
+    await log.waitFor(/\[router\]\s+url\s+http/, 120_000);
+    await log.waitFor(/\[replica 1\] llmserve ready/, 120_000);
+    launcher.kill("SIGKILL");
+    await launcher.status;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    await Promise.race([
+      log.done,
+      new Promise((_, reject) => {
+        timer = setTimeout(
+          () => reject(new Error(`cluster still running 60 s after its launcher's SIGKILL:\n${log.text}`)),
+          60_000,
+        );
+      }),
+    ]).finally(() => clearTimeout(timer));
+  } finally {
+    try {
+      launcher.kill("SIGKILL");
+    } catch { /* gone */ }
+    // A failing run leaves no cluster behind: SIGTERM stops it and its members.
+    for (const p of processesWith(marker).filter((p) => / launch cluster | cluster /.test(p))) {
+      try {
+        Deno.kill(Number(p.split(":")[0]), "SIGTERM");
+      } catch { /* gone */ }
+    }
+  }
+  const out = log.text;
+  assertStringIncludes(out, "cluster: launcher gone");
+  assertStringIncludes(out, "[replica 1] replica drained: all NATS streams finished");
+  assertStringIncludes(out, "[router] drained: all in-flight generations finished");
+  assertStringIncludes(out, "cluster: stopped");
+  await noneLeft([marker, `127.0.0.1:${natsPort}`]);
+});
+
 Deno.test("deno task router: a SIGTERM to npx leaves no router behind (the launcher stops it)", async () => {
   const natsPort = freePort();
   const nats = new Deno.Command(NATS, {

@@ -1,6 +1,7 @@
 import { parseArgs } from "@std/cli/parse-args";
 import { childArgs } from "./launch.ts";
-import { PARENT_PIPE_ENV } from "./parent_watch.ts";
+import { LAUNCHER_GONE, PARENT_PIPE_ENV, whenLauncherGone } from "./parent_watch.ts";
+import { STOP_SIGNALS } from "./stop_deadline.ts";
 import { parseRouterArgs, routerNeeds } from "./router.ts";
 import { parseServeArgs, serveNeeds } from "./serve_args.ts";
 import { runtimeDirEnv } from "../util/runtime_dir.ts";
@@ -178,7 +179,13 @@ export async function clusterCommand(argv: string[]): Promise<number> {
       signalled = true;
       resolve();
     };
-    for (const s of ["SIGINT", "SIGTERM"] as const) Deno.addSignalListener(s, onSignal);
+    for (const s of STOP_SIGNALS) Deno.addSignalListener(s, onSignal);
+    // Its launcher killed without a word: stop every member as on SIGTERM, rather than leave
+    // nats-server, the replicas and the router running with nobody to stop them.
+    whenLauncherGone(() => {
+      console.error(`cluster: ${LAUNCHER_GONE}; stopping as on SIGTERM`);
+      onSignal();
+    });
   });
   try {
     try {

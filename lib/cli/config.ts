@@ -6,6 +6,7 @@ import { DEFAULT_LIMITS } from "../engine/limits.ts";
 import { LOG_LEVELS } from "../util/log_level.ts";
 import { ROUTING_POLICIES } from "../cluster/routing.ts";
 import { formatKeepAlive, parseKeepAlive } from "../util/duration.ts";
+import { EXIT_GRACE_SECONDS } from "./stop_deadline.ts";
 
 /** --max-keep-alive when not given: a day, or --keep-alive where that is longer. */
 export const DEFAULT_MAX_KEEP_ALIVE_MS = 24 * 3_600_000;
@@ -121,7 +122,8 @@ export const SETTINGS = {
   },
   drainTimeout: {
     env: "LLMSERVE_DRAIN_TIMEOUT",
-    help: "seconds to let in-flight requests finish on SIGTERM",
+    help:
+      `seconds to let in-flight requests finish on SIGTERM; the process exits at most ${EXIT_GRACE_SECONDS} s after it`,
     default: HTTP_DEFAULTS.drainTimeoutSeconds,
   },
   servedModelName: {

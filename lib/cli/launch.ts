@@ -16,7 +16,9 @@
  *   on Linux the launcher watches those wrapper processes above it and, when one of them
  *   exits, stops the child as if it had been sent SIGTERM.
  * - The child's stdin is a pipe from the launcher: if the launcher dies without a word
- *   (SIGKILL), the child reads end-of-file and stops too (see `parent_watch.ts`).
+ *   (SIGKILL), the child reads end-of-file and stops as on SIGTERM (see `parent_watch.ts`),
+ *   and however its stop began it exits within --drain-timeout + EXIT_GRACE_SECONDS
+ *   (`stop_deadline.ts`).
  */
 import { fileURLToPath } from "node:url";
 import {

@@ -8,7 +8,8 @@ import { createPlainRouter } from "../cluster/router_front.ts";
 import { createModelsService } from "../serving/models_service.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
-import { whenLauncherGone } from "./parent_watch.ts";
+import { stopOnRequest } from "./stop_deadline.ts";
+import { LAUNCHER_GONE, whenLauncherGone } from "./parent_watch.ts";
 import { listenerOptions } from "./listener_options.ts";
 import { drainedLine } from "./serve_lines.ts";
 import { openFileLimit } from "../util/fd_limit.ts";
@@ -31,7 +32,6 @@ const ROUTER_HELP: Partial<Record<SettingName, string>> = {
   nats: "NATS server(s) the replicas serve on: nats://[user:pass@|token@]host:port (required)",
   host: "address the router listens on",
   port: "port the router listens on (0 picks a free one)",
-  drainTimeout: "seconds to let in-flight requests finish on SIGTERM",
 };
 
 function usage(): string {
@@ -102,6 +102,14 @@ export async function routerCommand(argv: string[]): Promise<number> {
   const metrics = new ServiceMetrics();
   if (config.byModel) return await routeByModel(config, nc, metrics, log);
   log(`router: connected to NATS ${nc.getServer()}; waiting for a replica`);
+  // Waiting for a replica (up to a minute) it holds no request: a launcher gone meanwhile ends
+  // it at once, with SIGTERM's exit code; once it listens, stopOnRequest drains it instead.
+  let listening = false;
+  whenLauncherGone(() => {
+    if (listening) return;
+    log(`${LAUNCHER_GONE}: stopping before it listens`);
+    Deno.exit(143);
+  });
   // One capped log for what peers cause, however many subscriptions hear it.
   const peerLog = cappedLog(log);
   const backend = await RouterBackend.start(nc, { policy: config.routing, metrics, log, peerLog });
@@ -129,8 +137,9 @@ export async function routerCommand(argv: string[]): Promise<number> {
       ].join("\n"));
     },
   });
+  listening = true;
   // Started by the launcher, which is gone (killed without passing a signal on): drain.
-  whenLauncherGone(() => void server.stop());
+  stopOnRequest(server, config.drainTimeout, log);
   const result = await server.closed;
   backend.close();
   await directory.close();
@@ -174,7 +183,7 @@ async function routeByModel(
       ].join("\n"));
     },
   });
-  whenLauncherGone(() => void server.stop());
+  stopOnRequest(server, config.drainTimeout, log);
   const result = await server.closed;
   await nc.close();
   log(drainedLine(result));

@@ -1,6 +1,7 @@
 import { openModel, uploadProgress } from "./open_model.ts";
 import { modelStem } from "../source/model_source.ts";
-import { whenLauncherGone } from "./parent_watch.ts";
+import { stopOnRequest } from "./stop_deadline.ts";
+import { drainOnStop } from "./replica_stop.ts";
 import { serveModelsCommand } from "./serve_models.ts";
 import { parseServeArgs, serveInfo } from "./serve_args.ts";
 import type { ServingCore } from "../../actors/core.ts";
@@ -75,8 +76,9 @@ export async function serveCommand(argv: string[]): Promise<number> {
       log(`llmserve listening on http://${addr.hostname}:${addr.port}/ (loading the model)`);
     },
   });
-  // Started by the launcher, which is gone (killed without passing a signal on): drain.
-  whenLauncherGone(() => void server.stop());
+  // Started by the launcher, which is gone (killed without passing a signal on): drain as on
+  // SIGTERM. A replica's NATS side watches for itself (replica_stop.ts).
+  const deadline = stopOnRequest(server, config.drainTimeout, log);
   // A signal while loading ends the run; the load is abandoned with the process.
   const loaded = start(config, progress, metrics, requestLog, chatTemplate, log);
   const first = await Promise.race([loaded, server.closed.then(() => null)]);
@@ -99,11 +101,17 @@ export async function serveCommand(argv: string[]): Promise<number> {
   );
   const result = await server.closed;
   if (replica) {
-    const r = await replica.drained;
+    // Started by the stop request already, whatever it was; asked for here too, so that no way
+    // of closing the HTTP side leaves this waiting for a request that never comes.
+    deadline.waitingOn("the replica's NATS streams");
+    const r = await replica.drain();
     log(`replica drained: ${r.completed ? "all NATS streams finished" : `${r.aborted} aborted`}`);
+    deadline.waitingOn("closing the NATS connection");
     await replica.close();
   }
+  deadline.waitingOn("the batch queue");
   await batches.close();
+  deadline.waitingOn("the engine's close");
   await core.close();
   log(drainedLine(result));
   return 0;
@@ -264,7 +272,8 @@ async function start(
 
 /**
  * The replica role beside the HTTP server: the same core takes generations from routers over
- * NATS. On SIGTERM/SIGINT it leaves the rotation at once, then drains with the HTTP side.
+ * NATS. On SIGTERM/SIGINT or the launcher's end it leaves the rotation at once, then drains
+ * with the HTTP side.
  */
 async function startReplica(
   config: Config,
@@ -304,16 +313,9 @@ async function startReplica(
     served: natsServedLog(deps.requestLog),
   });
   await agent.start(natsOptions);
-  let resolveDrained!: (r: { completed: boolean; aborted: number }) => void;
-  const drained = new Promise<{ completed: boolean; aborted: number }>((r) => resolveDrained = r);
-  const onSignal = () => {
-    for (const s of ["SIGTERM", "SIGINT"] as const) Deno.removeSignalListener(s, onSignal);
-    agent.drain(config.drainTimeout * 1000).then(resolveDrained);
-  };
-  for (const s of ["SIGTERM", "SIGINT"] as const) Deno.addSignalListener(s, onSignal);
   return {
     agent,
-    drained,
+    drain: drainOnStop(agent, config.drainTimeout),
     where: nc.getServer(),
     close: () => nc.close(),
   };

@@ -43,6 +43,8 @@ import { identityWarning, modelIdentity } from "../cluster/model_identity.ts";
 import { randomId } from "../cluster/subjects.ts";
 import { coreReplicaSource } from "../cluster/replica_source.ts";
 import { drainedLine, natsServedLog } from "./serve_lines.ts";
+import { stopOnRequest } from "./stop_deadline.ts";
+import { drainOnStop } from "./replica_stop.ts";
 import type { ModelDirectory } from "../serving/models_service.ts";
 import { BatchQueue } from "../batch/batch_queue.ts";
 import { type ModelsFileEntry, readModelsConfig } from "./models_config.ts";
@@ -531,6 +533,9 @@ export async function serveModelsCommand(
     ...listenerOptions(config, openFileLimit()),
     onListen: (addr) => listening = addr,
   });
+  // Started by the launcher, which is gone (killed without passing a signal on): drain as on
+  // SIGTERM. A replica's NATS side watches for itself (replica_stop.ts).
+  const deadline = stopOnRequest(server, config.drainTimeout, log);
   const resolved = await shared.resolved;
   log(
     [
@@ -562,6 +567,7 @@ export async function serveModelsCommand(
     ].join("\n"),
   );
   const result = await server.closed;
+  deadline.waitingOn("the batch queue");
   await batches.close();
   log(drainedLine(result));
   return 0;
@@ -570,8 +576,8 @@ export async function serveModelsCommand(
 /**
  * The replica role of a server of several models: routers see every model in its heartbeats
  * (loaded or not, with its aliases), and a generate or info request for one not loaded loads
- * it through the pool, as an HTTP request would. On SIGTERM/SIGINT it leaves the rotation at
- * once, then drains with the HTTP side.
+ * it through the pool, as an HTTP request would. On SIGTERM/SIGINT or the launcher's end it
+ * leaves the rotation at once, then drains with the HTTP side.
  */
 async function startModelsReplica(
   config: Config,
@@ -618,12 +624,10 @@ async function startModelsReplica(
     served: natsServedLog(shared.requestLog),
   });
   await agent.start(natsOptions);
-  let drained: Promise<{ completed: boolean; aborted: number }> | undefined;
-  /** Leaves the rotation and lets the NATS streams finish (once, whoever asks first). */
-  const drain = () => {
-    for (const s of ["SIGTERM", "SIGINT"] as const) Deno.removeSignalListener(s, drain);
-    return drained ??= agent.drain(config.drainTimeout * 1000);
+  return {
+    agent,
+    drain: drainOnStop(agent, config.drainTimeout),
+    where: nc.getServer(),
+    close: () => nc.close(),
   };
-  for (const s of ["SIGTERM", "SIGINT"] as const) Deno.addSignalListener(s, drain);
-  return { agent, drain, where: nc.getServer(), close: () => nc.close() };
 }

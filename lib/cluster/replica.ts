@@ -1,3 +1,4 @@
+import { deadline as within } from "@std/async/deadline";
 import type { GenerationBackend, GenerationEvent } from "../core/generation.ts";
 import {
   decodeMessage,
@@ -62,6 +63,9 @@ export interface ReplicaModels {
   readonly maxWaiting: number;
   readonly blockSize: number;
 }
+
+/** How long close() waits for NATS to take the goodbye. */
+const GOODBYE_FLUSH_MS = 2000;
 
 export interface ReplicaAgentOptions {
   readonly id: string;
@@ -252,7 +256,10 @@ export class ReplicaAgent {
         this.#log(`replica ${this.id}: goodbye not sent: ${(e as Error).message}`);
       }
       this.#sub?.unsubscribe();
-      await this.#nc.flush().catch(() => {});
+      // The client fails a flush at its next reconnect attempt when the server is gone, but
+      // one that is up and silent (stopped, cut off) holds it until the pings time out, 30 s
+      // and more: the goodbye is best effort, the stop must not wait on it.
+      await within(this.#nc.flush(), GOODBYE_FLUSH_MS).catch(() => {});
     }
   }
 
