@@ -22,8 +22,7 @@ import { servingSettings } from "./serving_settings.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
 import type { Engine } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
-import { BatchQueue } from "../batch/batch_queue.ts";
-import { resolveDataDir } from "../batch/data_dir.ts";
+import { batchQueueFor } from "./batch_queue_config.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
@@ -84,6 +83,11 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "batch-max-file-size": "batchMaxFileSize",
   "batch-max-lines": "batchMaxLines",
   "batch-max-active": "batchMaxActive",
+  "batch-max-uploads": "batchMaxUploads",
+  "batch-max-uploads-per-key": "batchMaxUploadsPerKey",
+  "batch-max-storage": "batchMaxStorage",
+  "batch-max-files": "batchMaxFiles",
+  "batch-retention": "batchRetention",
 };
 
 /** llama-server's spellings of the same flags (`llama-server -m x -c 4096 --port 8080`). */
@@ -314,15 +318,7 @@ async function start(
     ? new CachedBackend(coreBackend, config.resultCache)
     : coreBackend;
   const servedModelNames = config.servedModelName.length > 0 ? config.servedModelName : [modelName];
-  const dataDir = resolveDataDir(config.dataDir, (n) => Deno.env.get(n));
-  const batches = new BatchQueue({
-    dataDir,
-    maxInFlight: config.batchConcurrency,
-    maxFileBytes: config.batchMaxFileSize,
-    maxLines: config.batchMaxLines,
-    maxActive: config.batchMaxActive,
-    log,
-  });
+  const { batches, dataDir } = batchQueueFor(config, log);
   const service = createApp({
     extend: batches.attach,
     backend,

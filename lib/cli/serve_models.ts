@@ -43,8 +43,7 @@ import { randomId } from "../cluster/subjects.ts";
 import { coreReplicaSource } from "../cluster/replica_source.ts";
 import { drainedLine, natsServedLog } from "./serve_lines.ts";
 import type { ModelDirectory } from "../serving/models_service.ts";
-import { BatchQueue } from "../batch/batch_queue.ts";
-import { resolveDataDir } from "../batch/data_dir.ts";
+import { batchQueueFor } from "./batch_queue_config.ts";
 
 /** A model file served by name, with what /v1/models says of it. */
 type ServedFile = CatalogModel & { readonly path: string; readonly bytes: number; readonly format: string };
@@ -420,15 +419,7 @@ export async function serveModelsCommand(
     },
   };
   // One batch queue for every model: each line runs on the model its body names.
-  const dataDir = resolveDataDir(config.dataDir, (n) => Deno.env.get(n));
-  const batches = new BatchQueue({
-    dataDir,
-    maxInFlight: config.batchConcurrency,
-    maxFileBytes: config.batchMaxFileSize,
-    maxLines: config.batchMaxLines,
-    maxActive: config.batchMaxActive,
-    log,
-  });
+  const { batches, dataDir } = batchQueueFor(config, log);
   const service = createModelsService({
     extend: batches.attach,
     cacheScope: config.cacheScope,

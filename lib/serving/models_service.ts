@@ -320,7 +320,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
   const errorResponse = (e: ApiError, id: string): Response => {
     metrics.errors.inc({ code: e.code });
     const headers: Record<string, string> = { "x-request-id": id };
-    if (e.status === 503) headers["retry-after"] = "1";
+    if (e.status === 503 || e.status === 429) headers["retry-after"] = "1";
     if (e.status === 401) headers["www-authenticate"] = 'Bearer realm="llmserve"';
     return Response.json(e.toJSON(), { status: e.status, headers });
   };
