@@ -2,6 +2,7 @@ import { Busboy, type BusboyFileStream } from "@fastify/busboy";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { ApiError, preview } from "../http/errors.ts";
+import { isDiskFull } from "./disk_full.ts";
 import { JsonlChecker, type JsonlLimits } from "./jsonl_check.ts";
 
 export interface UploadLimits extends JsonlLimits {
@@ -82,6 +83,7 @@ async function parse(
   const fields = new Map<string, string>();
   const checker = new JsonlChecker(limits);
   let file: Promise<{ filename: string; bytes: number }> | undefined;
+  let fileStream: BusboyFileStream | undefined;
   let bb: ReturnType<typeof Busboy>;
   try {
     bb = Busboy({
@@ -97,19 +99,29 @@ async function parse(
       stream.resume();
       return;
     }
+    fileStream = stream;
     file = sink(stream, filename, limits, checker, out, onBytes);
     // A refusal stops the whole upload at once, not when the client finishes sending.
     file.catch((e) => bb.destroy(e));
   });
   const body = req.body === null ? Readable.from([]) : Readable.fromWeb(req.body as never);
+  // A client that leaves mid-upload ends its body stream with neither data nor an error: the
+  // request's signal is what tells.
+  const left = () =>
+    bb.destroy(new ApiError("invalid_request", "The client closed the connection mid-upload"));
+  req.signal.addEventListener("abort", left, { once: true });
   try {
-    await pipeline(body, bb);
+    await pipeline(body, bb, { signal: req.signal });
   } catch (e) {
-    if (file !== undefined) await file.catch(() => {});
+    // Busboy does not end a file stream it was reading when it is destroyed: end it here, so
+    // that the sink stops (a sink that failed first has its own error, reported instead).
+    fileStream?.destroy(e as Error);
     const failed = file === undefined ? undefined : await file.then(() => undefined, (f) => f);
-    if (failed !== undefined) throw failed;
-    if (e instanceof ApiError) throw e;
-    throw notMultipart(e);
+    const err = failed ?? e;
+    if (err instanceof ApiError || isDiskFull(err)) throw err;
+    throw notMultipart(err);
+  } finally {
+    req.signal.removeEventListener("abort", left);
   }
   if (file === undefined) {
     throw new ApiError(
