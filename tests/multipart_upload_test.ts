@@ -7,6 +7,7 @@
 import { assert, assertEquals, assertLess } from "@std/assert";
 import { type ServerProcess, startServer } from "./harness/server_process.ts";
 import { modelFile } from "./harness/model_files.ts";
+import { fileForm as form, filesIn, jsonlOf, until } from "./harness/uploads.ts";
 
 const MODEL_ARGS = [
   "--model",
@@ -27,31 +28,6 @@ function server(dataDir: string, extra: string[] = []): Promise<ServerProcess> {
   return startServer({ args: [...MODEL_ARGS, "--data-dir", dataDir, ...extra] });
 }
 
-/** JSONL request lines of about `lineBytes` each, `totalBytes` in all. */
-export function jsonlOf(totalBytes: number, lineBytes: number): Uint8Array {
-  const pad = "x".repeat(Math.max(0, lineBytes - 110));
-  const rows: string[] = [];
-  let size = 0;
-  for (let i = 0; size < totalBytes; i++) {
-    const row = JSON.stringify({
-      custom_id: `c${i}`,
-      method: "POST",
-      url: "/v1/completions",
-      body: { prompt: `Once ${pad}`, max_tokens: 4 },
-    }) + "\n";
-    rows.push(row);
-    size += row.length;
-  }
-  return new TextEncoder().encode(rows.join(""));
-}
-
-function form(bytes: Uint8Array, purpose = "batch"): FormData {
-  const f = new FormData();
-  f.append("purpose", purpose);
-  f.append("file", new Blob([bytes as Uint8Array<ArrayBuffer>]), "input.jsonl");
-  return f;
-}
-
 async function post(base: string, body: FormData | ReadableStream<Uint8Array>, headers = {}) {
   const res = await fetch(`${base}/v1/files`, { method: "POST", body, headers });
   return { status: res.status, body: await res.json() };
@@ -70,15 +46,6 @@ async function peakGrowth(pid: number, run: () => Promise<void>): Promise<number
   Deno.writeTextFileSync(`/proc/${pid}/clear_refs`, "5");
   await run();
   return statusKb(pid, "VmHWM") - before;
-}
-
-async function filesIn(dataDir: string): Promise<string[]> {
-  try {
-    return (await Array.fromAsync(Deno.readDir(`${dataDir}/files`))).map((e) => e.name).sort();
-  } catch (e) {
-    if (e instanceof Deno.errors.NotFound) return [];
-    throw e;
-  }
 }
 
 async function sha256(bytes: Uint8Array): Promise<string> {
@@ -170,19 +137,10 @@ Deno.test("a refused or broken upload leaves nothing behind in the data dir", as
     }).catch(() => undefined);
     await started;
     // The temporary file shows that the server is receiving; then the client leaves.
-    const end = performance.now() + 10_000;
-    while (!(await filesIn(dir)).some((n) => n.endsWith(".tmp"))) {
-      if (performance.now() > end) throw new Error("the upload never reached the server");
-      await new Promise((r) => setTimeout(r, 20));
-    }
+    await until(async () => (await filesIn(dir)).some((n) => n.endsWith(".tmp")), "the upload");
     ctrl.abort();
     await cut;
-    while ((await filesIn(dir)).length !== keptFiles.length) {
-      if (performance.now() > end) {
-        throw new Error(`left behind after a cut upload: ${await filesIn(dir)}`);
-      }
-      await new Promise((r) => setTimeout(r, 20));
-    }
+    await until(async () => (await filesIn(dir)).length === keptFiles.length, "the cleanup");
     assertEquals(await filesIn(dir), keptFiles);
   } finally {
     await srv.stop();
