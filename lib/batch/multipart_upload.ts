@@ -1,6 +1,4 @@
 import { Busboy, type BusboyFileStream } from "@fastify/busboy";
-import { Readable } from "node:stream";
-import { pipeline } from "node:stream/promises";
 import { ApiError, preview } from "../http/errors.ts";
 import { isDiskFull } from "./disk_full.ts";
 import { JsonlChecker, type JsonlLimits } from "./jsonl_check.ts";
@@ -93,6 +91,17 @@ async function parse(
   } catch (e) {
     throw notMultipart(e);
   }
+  let failure: unknown;
+  const failed = new AbortController();
+  const fail = (e: unknown) => {
+    if (failure !== undefined) return;
+    failure = e;
+    failed.abort();
+    // Busboy leaves a file stream it was feeding open when it is destroyed: end it too.
+    fileStream?.destroy();
+    bb.destroy();
+  };
+  bb.on("error", fail);
   bb.on("field", (name: string, value: string) => fields.set(name, value));
   bb.on("file", (name: string, stream: BusboyFileStream, filename: string) => {
     if (name !== "file" || file !== undefined) {
@@ -101,37 +110,91 @@ async function parse(
     }
     fileStream = stream;
     file = sink(stream, filename, limits, checker, out, onBytes);
-    // A refusal stops the whole upload at once, not when the client finishes sending.
-    file.catch((e) => bb.destroy(e));
+    file.catch(fail);
   });
-  const body = req.body === null ? Readable.from([]) : Readable.fromWeb(req.body as never);
-  // A client that leaves mid-upload ends its body stream with neither data nor an error: the
-  // request's signal is what tells.
-  const left = () =>
-    bb.destroy(new ApiError("invalid_request", "The client closed the connection mid-upload"));
-  req.signal.addEventListener("abort", left, { once: true });
-  try {
-    await pipeline(body, bb, { signal: req.signal });
-  } catch (e) {
-    // Busboy does not end a file stream it was reading when it is destroyed: end it here, so
-    // that the sink stops (a sink that failed first has its own error, reported instead).
-    fileStream?.destroy(e as Error);
-    const failed = file === undefined ? undefined : await file.then(() => undefined, (f) => f);
-    const err = failed ?? e;
-    if (err instanceof ApiError || isDiskFull(err)) throw err;
-    throw notMultipart(err);
-  } finally {
-    req.signal.removeEventListener("abort", left);
+  await pump(req, bb, limits.maxFileBytes + MULTIPART_OVERHEAD, failed.signal, fail)
+    .catch(fail);
+  // Busboy ends with "finish"; an error or a failing sink destroys it, which emits nothing.
+  if (failure === undefined) await event(bb, "finish", failed.signal);
+  const got = failure === undefined ? await file?.catch(fail) : await file?.catch(() => {});
+  if (failure !== undefined) {
+    if (failure instanceof ApiError || isDiskFull(failure)) throw failure;
+    throw notMultipart(failure);
   }
-  if (file === undefined) {
+  if (got === undefined) {
     throw new ApiError(
       "invalid_request",
       "Missing 'file': send the JSONL input as a multipart file part named 'file'",
       "file",
     );
   }
-  const { filename, bytes } = await file;
-  return { fields, filename, bytes, lines: checker.end() };
+  return { fields, filename: got.filename, bytes: got.bytes, lines: checker.end() };
+}
+
+/**
+ * After a refusal, the body is read on and dropped for this many bytes more before the
+ * connection is cut: a client still sending when the server closes may see a reset instead of
+ * the answer. Bounded, because dropped chunks are garbage that V8 collects late (it runs a
+ * collection for outside-heap buffers only every ~64 MiB): reading a whole 60 MiB body to the
+ * end raised the peak RSS by 63 MiB.
+ */
+const DISCARD_BYTES = 8 * 1024 * 1024;
+
+/** Feeds the request body to the parser, waiting while it is busy (see DISCARD_BYTES). */
+async function pump(
+  req: Request,
+  bb: ReturnType<typeof Busboy>,
+  maxBody: number,
+  failed: AbortSignal,
+  fail: (e: unknown) => void,
+): Promise<void> {
+  if (req.body === null) return void bb.end();
+  const reader = req.body.getReader();
+  // A client that leaves mid-upload ends its body stream with neither data nor an error: the
+  // request's signal is what tells.
+  const leave = () => void reader.cancel().catch(() => {});
+  req.signal.addEventListener("abort", leave, { once: true });
+  let total = 0;
+  let refusedAt = 0;
+  try {
+    for (;;) {
+      const r = await reader.read();
+      if (r.done || req.signal.aborted) break;
+      total += r.value.length;
+      if (total > maxBody && !failed.aborted) {
+        fail(tooLarge(`The upload is more than ${maxBody} bytes`, maxBody, "with the multipart framing "));
+      }
+      if (failed.aborted) {
+        refusedAt ||= total;
+        if (total > maxBody || total - refusedAt > DISCARD_BYTES) {
+          return void reader.cancel().catch(() => {});
+        }
+        continue;
+      }
+      // A destroyed busboy emits neither "drain" nor "close": the failure ends the wait.
+      if (!bb.write(r.value)) await event(bb, "drain", failed);
+    }
+  } finally {
+    req.signal.removeEventListener("abort", leave);
+  }
+  if (req.signal.aborted) {
+    throw new ApiError("invalid_request", "The client closed the connection mid-upload");
+  }
+  if (!failed.aborted) bb.end();
+}
+
+/** Resolves at busboy's `name` event, or once the upload has failed. */
+function event(bb: ReturnType<typeof Busboy>, name: string, failed: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      bb.off(name, done);
+      failed.removeEventListener("abort", done);
+      resolve();
+    };
+    bb.on(name, done);
+    failed.addEventListener("abort", done);
+    if (failed.aborted || (name === "finish" && bb.writableFinished)) done();
+  });
 }
 
 async function sink(
