@@ -41,10 +41,14 @@ async function upload(c: OpenAI, text: string) {
 
 async function finished(c: OpenAI, id: string): Promise<OpenAI.Batch> {
   let b = await c.batches.retrieve(id);
-  await until(async () => {
-    b = await c.batches.retrieve(id);
-    return ["completed", "failed", "cancelled", "expired"].includes(b.status);
-  }, `batch ${id} to finish`, 120_000);
+  await until(
+    async () => {
+      b = await c.batches.retrieve(id);
+      return ["completed", "failed", "cancelled", "expired"].includes(b.status);
+    },
+    `batch ${id} to finish`,
+    120_000,
+  );
   return b;
 }
 
@@ -72,7 +76,9 @@ Deno.test("DELETE: 409 for an unfinished batch's input, OpenAI's answer otherwis
     const log = await Deno.readTextFile(`${dir}/batches/${created.id}.results.jsonl`);
     const records = log.split("\n").filter(Boolean).map((l) => JSON.parse(l));
     assertEquals(records.length, 6);
-    for (const [id, ok, n] of [[b.output_file_id!, true, 4], [b.error_file_id!, false, 2]] as const) {
+    for (
+      const [id, ok, n] of [[b.output_file_id!, true, 4], [b.error_file_id!, false, 2]] as const
+    ) {
       const text = await (await c.files.content(id)).text();
       const want = records.filter((r) => r.ok === ok).sort((x, y) => x.index - y.index)
         .map((r) => JSON.stringify(r.line) + "\n").join("");

@@ -107,10 +107,14 @@ Deno.test("a batch whose results the full disk refuses says why in errors, and c
     const filler = await fill(disk.dir);
 
     let waiting: any;
-    await until(async () => {
-      waiting = await batch();
-      return waiting.errors !== null;
-    }, "the batch to report the full disk", 60_000);
+    await until(
+      async () => {
+        waiting = await batch();
+        return waiting.errors !== null;
+      },
+      "the batch to report the full disk",
+      60_000,
+    );
     assert(["in_progress", "finalizing"].includes(waiting.status), waiting.status);
     assertEquals(waiting.errors.data[0].code, "insufficient_storage");
     assert(
@@ -120,10 +124,14 @@ Deno.test("a batch whose results the full disk refuses says why in errors, and c
 
     await Deno.remove(filler);
     let done: any;
-    await until(async () => {
-      done = await batch();
-      return done.status === "completed";
-    }, "the batch to complete after space was freed", 120_000);
+    await until(
+      async () => {
+        done = await batch();
+        return done.status === "completed";
+      },
+      "the batch to complete after space was freed",
+      120_000,
+    );
     assertEquals(done.errors, null);
     assertEquals(done.request_counts, { total: n, completed: n, failed: 0 });
     const rows = (await (await fetch(`${srv.base}/v1/files/${done.output_file_id}/content`)).text())

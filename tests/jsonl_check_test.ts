@@ -37,7 +37,7 @@ Deno.test("the line count equals splitLines' on the whole text, whatever the chu
     "   ",
     '{"custom_id":"b"}\r',
     "\t",
-    '[1,2,3]',
+    "[1,2,3]",
     '"just a string"',
     '{"custom_id":"c"}',
   ];
@@ -47,8 +47,10 @@ Deno.test("the line count equals splitLines' on the whole text, whatever the chu
     const want = splitLines(text).length;
     const next = rng(7 + trailing.length);
     for (let trial = 0; trial < 200; trial++) {
-      const cuts = Array.from({ length: Math.floor(next() * 8) }, () =>
-        Math.floor(next() * bytes.length)).sort((x, y) => x - y);
+      const cuts = Array.from(
+        { length: Math.floor(next() * 8) },
+        () => Math.floor(next() * bytes.length),
+      ).sort((x, y) => x - y);
       assertEquals(check(bytes, cuts), want, `cuts ${cuts} trailing ${JSON.stringify(trailing)}`);
     }
   }
@@ -78,5 +80,8 @@ Deno.test("bad UTF-8, a non-JSON line, a long line and one line too many are ref
     () => check(enc("{}\n{}\n\n{}\n{}"), [], { maxLines: 3, maxLineBytes: 64 }),
     ApiError,
   );
-  assertEquals(e4.message, "The file has at least 4 request lines; the limit is 3 (--batch-max-lines)");
+  assertEquals(
+    e4.message,
+    "The file has at least 4 request lines; the limit is 3 (--batch-max-lines)",
+  );
 });

@@ -101,8 +101,18 @@ Deno.test("a refused or broken upload leaves nothing behind in the data dir", as
     const enc = (s: string) => new TextEncoder().encode(s);
     const good = jsonlOf(8000, 200);
     const cases: Array<[string, FormData, number, string]> = [
-      ["bad JSON on the last line", form(new Uint8Array([...good, ...enc("{oops\n")])), 400, "not valid JSON"],
-      ["bad UTF-8", form(new Uint8Array([...good, ...enc('{"a":"'), 0xff, ...enc('"}\n')])), 400, "UTF-8"],
+      [
+        "bad JSON on the last line",
+        form(new Uint8Array([...good, ...enc("{oops\n")])),
+        400,
+        "not valid JSON",
+      ],
+      [
+        "bad UTF-8",
+        form(new Uint8Array([...good, ...enc('{"a":"'), 0xff, ...enc('"}\n')])),
+        400,
+        "UTF-8",
+      ],
       ["too many lines", form(jsonlOf(30_000, 100)), 400, "--batch-max-lines"],
       ["too large", form(jsonlOf(1.5 * MiB, 1000)), 413, "--batch-max-file-size"],
       ["wrong purpose", form(good, "fine-tune"), 400, "purpose"],

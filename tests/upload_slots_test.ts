@@ -30,14 +30,20 @@ Deno.test("past the per-key and the per-server bound an upload gets 429 with Ret
     const perKey = await postFile(srv.base, small(), a);
     assertEquals(perKey.status, 429);
     assertEquals(perKey.body.error.code, "too_many_uploads");
-    assert(perKey.body.error.message.includes("--batch-max-uploads-per-key 1"), perKey.body.error.message);
+    assert(
+      perKey.body.error.message.includes("--batch-max-uploads-per-key 1"),
+      perKey.body.error.message,
+    );
     assert(Number(perKey.retryAfter) > 0, `Retry-After: ${perKey.retryAfter}`);
 
     const heldB = heldUpload(srv.base, b, content);
     await until(() => receiving(2), "key b's upload to start");
     const perServer = await postFile(srv.base, small(), c);
     assertEquals(perServer.status, 429);
-    assert(perServer.body.error.message.includes("--batch-max-uploads 2"), perServer.body.error.message);
+    assert(
+      perServer.body.error.message.includes("--batch-max-uploads 2"),
+      perServer.body.error.message,
+    );
     assert(Number(perServer.retryAfter) > 0, `Retry-After: ${perServer.retryAfter}`);
 
     const doneA = await heldA.finish();

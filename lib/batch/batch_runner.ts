@@ -423,7 +423,10 @@ export class BatchRunner {
       const write = async (ok: boolean, suffix: string): Promise<string | null> => {
         const rows = records.filter((r) => r.ok === ok);
         if (rows.length === 0) return null;
-        const bytes = rows.reduce((n, r) => n + encoder.encode(JSON.stringify(r.line)).length + 1, 0);
+        const bytes = rows.reduce(
+          (n, r) => n + encoder.encode(JSON.stringify(r.line)).length + 1,
+          0,
+        );
         const meta: FileObject = {
           id: `file-${stem}-${suffix}`,
           object: "file",

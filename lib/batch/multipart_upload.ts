@@ -23,7 +23,8 @@ const MULTIPART_OVERHEAD = 64 * 1024;
  * Streams a multipart/form-data upload's `file` part into `path` as it arrives, checking it
  * on the way (size, line count, UTF-8, each line's JSON: JsonlChecker), so memory holds a
  * chunk and a line, never the file. `onBytes` sees each chunk's size first (a quota can refuse
- * it). Any refusal or failure removes `path` and throws; the request body is not read further.
+ * it). Any refusal or failure removes `path` and throws (see DISCARD_BYTES for the rest of the
+ * body).
  *
  * The parser is @fastify/busboy (node streams, which Deno runs): Request.formData() and the
  * web-stream parsers we looked at buffer a whole part in memory.
@@ -162,7 +163,13 @@ async function pump(
       if (r.done || req.signal.aborted) break;
       total += r.value.length;
       if (total > maxBody && !failed.aborted) {
-        fail(tooLarge(`The upload is more than ${maxBody} bytes`, maxBody, "with the multipart framing "));
+        fail(
+          tooLarge(
+            `The upload is more than ${maxBody} bytes`,
+            maxBody,
+            "with the multipart framing ",
+          ),
+        );
       }
       if (failed.aborted) {
         refusedAt ||= total;
