@@ -138,13 +138,11 @@ export function registerBatchRoutes(app: Hono, deps: BatchRouteDeps): void {
   );
   app.get("/v1/files/:id/content", async (c) => {
     await fileOr404(c.req.param("id"), c.req.raw);
-    const content = await store.fileContent(c.req.param("id"));
+    const content = await store.contentStream(c.req.param("id"));
     if (content === undefined) {
       throw new ApiError("not_found", `No file with id ${preview(c.req.param("id"))}`, "file_id");
     }
-    return new Response(content as Uint8Array<ArrayBuffer>, {
-      headers: { "content-type": "application/jsonl" },
-    });
+    return new Response(content, { headers: { "content-type": "application/jsonl" } });
   });
   app.delete("/v1/files/:id", async (c) => {
     await deps.ready;

@@ -160,6 +160,22 @@ export class BatchStore {
     return encode(resultFileText(rows));
   }
 
+  /** A file's content to send: an upload streams from disk; an output file is built whole. */
+  async contentStream(id: string): Promise<ReadableStream<Uint8Array> | undefined> {
+    const meta = isFileId(id) ? await this.getFile(id) : undefined;
+    if (meta === undefined) return undefined;
+    if (meta.results === undefined) {
+      try {
+        return (await Deno.open(`${this.#files}/${id}.jsonl`, { read: true })).readable;
+      } catch (e) {
+        if (e instanceof Deno.errors.NotFound) return undefined;
+        throw e;
+      }
+    }
+    const bytes = await this.fileContent(id);
+    return bytes === undefined ? undefined : new Blob([bytes as Uint8Array<ArrayBuffer>]).stream();
+  }
+
   async getBatch(id: string): Promise<BatchObject | undefined> {
     if (!isBatchId(id)) return undefined;
     return await readJson<BatchObject>(`${this.#batches}/${id}.json`);
