@@ -58,7 +58,7 @@ function server(dataDir: string, extra: string[] = []): Promise<ServerProcess> {
   });
 }
 
-Deno.test("an upload that does not fit the data disk gets 507 naming the folder and leaves nothing", async () => {
+Deno.test("an upload that does not fit the data disk gets 507 naming the folder and leaves nothing; so does a batch", async () => {
   const disk = await smallDisk("1m");
   const srv = await server(disk.dir);
   try {
@@ -70,6 +70,22 @@ Deno.test("an upload that does not fit the data disk gets 507 naming the folder 
     // The refused upload's bytes are gone: a file that fits is taken.
     const ok = await postFile(srv.base, fileForm(jsonlOf(600 * 1024, 1000)));
     assertEquals(ok.status, 200, JSON.stringify(ok.body));
+    // A batch the full disk cannot store is a 507 too, and does not exist.
+    const filler = await fill(disk.dir);
+    const batch = await fetch(`${srv.base}/v1/batches`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        input_file_id: ok.body.id,
+        endpoint: "/v1/completions",
+        completion_window: "24h",
+      }),
+    });
+    const refused = await batch.json();
+    assertEquals(batch.status, 507, JSON.stringify(refused));
+    assert(refused.error.message.includes("the batch was not created"), refused.error.message);
+    assertEquals((await (await fetch(`${srv.base}/v1/batches`)).json()).data, []);
+    await Deno.remove(filler);
   } finally {
     await srv.stop();
     await disk.remove();

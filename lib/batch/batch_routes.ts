@@ -6,7 +6,7 @@ import { parseWith } from "../http/validation.ts";
 import { parseBatchLines } from "./batch_lines.ts";
 import type { BatchRunner } from "./batch_runner.ts";
 import { type BatchStore, newId } from "./batch_store.ts";
-import { insufficientStorage, isDiskFull } from "./disk_full.ts";
+import { insufficientStorage, isDiskFull, storing } from "./disk_full.ts";
 import { receiveUpload } from "./multipart_upload.ts";
 import type { StorageQuota } from "./storage_quota.ts";
 import type { UploadSlots } from "./upload_slots.ts";
@@ -110,7 +110,7 @@ export function registerBatchRoutes(app: Hono, deps: BatchRouteDeps): void {
       return meta;
     } catch (e) {
       if (path !== undefined) await Deno.remove(path).catch(() => {});
-      if (isDiskFull(e)) throw insufficientStorage(store.dir, e);
+      if (isDiskFull(e)) throw insufficientStorage(store.dir, e, "the file was not stored");
       throw e;
     } finally {
       reservation.end();
@@ -227,9 +227,9 @@ export function registerBatchRoutes(app: Hono, deps: BatchRouteDeps): void {
       batch.failed_at = now;
       batch.errors = { object: "list", data: errors };
       batch.request_counts = { total: 0, completed: 0, failed: 0 };
-      await runner.record(batch);
+      await storing(store.dir, "the batch was not created", () => runner.record(batch));
     } else {
-      await runner.start(batch, lines);
+      await storing(store.dir, "the batch was not created", () => runner.start(batch, lines));
     }
     return c.json(publicBatch(batch));
   });
@@ -289,7 +289,12 @@ export function registerBatchRoutes(app: Hono, deps: BatchRouteDeps): void {
         "batch_id",
       );
     }
-    return c.json(publicBatch((await runner.cancel(b.id))!));
+    const cancelled = await storing(
+      store.dir,
+      "the batch was not cancelled",
+      () => runner.cancel(b.id),
+    );
+    return c.json(publicBatch(cancelled!));
   });
 }
 

@@ -168,16 +168,17 @@ export class BatchRunner {
 
   /** Stores a validated batch and starts running it. */
   async start(batch: BatchObject, lines: readonly BatchLine[]): Promise<void> {
-    this.#batches.set(batch.id, batch);
+    // Saved first: a batch the disk refused does not exist.
     await this.#store.saveBatch(batch);
+    this.#batches.set(batch.id, batch);
     await this.#activate(batch, lines, "completed");
     this.#pump();
   }
 
   /** Records a batch that failed validation. */
   async record(batch: BatchObject): Promise<void> {
-    this.#batches.set(batch.id, batch);
     await this.#store.saveBatch(batch);
+    this.#batches.set(batch.id, batch);
   }
 
   /**
@@ -192,7 +193,8 @@ export class BatchRunner {
     a.batch.cancelling_at = this.#now();
     a.ending = "cancelled";
     a.pending = [];
-    await this.#store.saveBatch(a.batch);
+    // The cancel holds even if the disk refuses the object now: it is saved when the batch ends.
+    await this.#store.saveBatch(a.batch).catch((e) => this.#diskRefused(a, e));
     for (const ctrl of a.running.values()) ctrl.abort("batch cancelled");
     await this.#settle(a);
     return a.batch;

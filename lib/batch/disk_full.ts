@@ -6,14 +6,24 @@ export function isDiskFull(e: unknown): boolean {
   return code === "ENOSPC" || code === "EDQUOT";
 }
 
-/** The 507 an upload gets when the data folder has no room left. */
-export function insufficientStorage(dataDir: string, e: unknown): ApiError {
+/** The 507 a request gets when the data folder has no room for what it would store. */
+export function insufficientStorage(dataDir: string, e: unknown, what: string): ApiError {
   return new ApiError(
     "insufficient_storage",
     `The server's data folder ${dataDir} is full (${
       (e as Error).message ?? e
-    }); the file was not stored. Try again once space is freed`,
+    }); ${what}. Try again once space is freed`,
   );
+}
+
+/** Runs a step that writes to the data folder; a full disk becomes the 507 naming it. */
+export async function storing<T>(dataDir: string, what: string, run: () => Promise<T>): Promise<T> {
+  try {
+    return await run();
+  } catch (e) {
+    if (isDiskFull(e)) throw insufficientStorage(dataDir, e, what);
+    throw e;
+  }
 }
 
 /** Why a batch waits: the `errors` entry it shows until its results can be written again. */
