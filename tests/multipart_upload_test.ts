@@ -7,7 +7,7 @@
 import { assert, assertEquals, assertLess } from "@std/assert";
 import { type ServerProcess, startServer } from "./harness/server_process.ts";
 import { modelFile } from "./harness/model_files.ts";
-import { fileForm as form, filesIn, jsonlOf, until } from "./harness/uploads.ts";
+import { fileForm as form, filesIn, heldUpload, jsonlOf, until } from "./harness/uploads.ts";
 
 const MODEL_ARGS = [
   "--model",
@@ -152,6 +152,23 @@ Deno.test("a refused or broken upload leaves nothing behind in the data dir", as
     await cut;
     await until(async () => (await filesIn(dir)).length === keptFiles.length, "the cleanup");
     assertEquals(await filesIn(dir), keptFiles);
+  } finally {
+    await srv.stop();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("an upload cut by kill -9 leaves its temporary file only until the next start", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "upload_test_" });
+  let srv = await server(dir);
+  try {
+    const held = heldUpload(srv.base, undefined, jsonlOf(64 * 1024, 300));
+    await until(async () => (await filesIn(dir)).some((n) => n.endsWith(".tmp")), "the upload");
+    await srv.stop("SIGKILL");
+    await held.finish().catch(() => undefined);
+    assertEquals((await filesIn(dir)).filter((n) => n.endsWith(".tmp")).length, 1);
+    srv = await server(dir);
+    await until(async () => (await filesIn(dir)).length === 0, "the restart's cleanup");
   } finally {
     await srv.stop();
     await Deno.remove(dir, { recursive: true });
