@@ -307,10 +307,17 @@ Deno.test("bad lines get the error the same HTTP request gets, in the error file
     }
     const f32 = errors.find((e) => e.custom_id === "f32")!.response!;
     assertEquals([f32.status_code, f32.body.error.param], [400, "repetition_penalty"]);
+    // A line that is not JSON is refused at upload, naming it; nothing is stored.
+    const notJson = await assertRejects(
+      () => upload(c, `${JSON.stringify({ custom_id: "a" })}\n{not json\n`),
+      OpenAI.APIError,
+    );
+    assertEquals(notJson.status, 400);
+    assert(notJson.message.includes("Line 2 is not valid JSON"), notJson.message);
+    assertEquals((await c.files.list({ purpose: "batch" })).data.map((f) => f.id), [file.id]);
     // A structurally broken file fails the whole batch at validation, naming each line.
     const broken = [
       JSON.stringify({ custom_id: "a", method: "POST", url: "/v1/chat/completions", body: {} }),
-      "{not json",
       JSON.stringify({ custom_id: "a", method: "POST", url: "/v1/chat/completions", body: {} }),
       JSON.stringify({ custom_id: "b", method: "POST", url: "/v1/completions", body: {} }),
       JSON.stringify({ custom_id: "c", method: "GET", url: "/v1/chat/completions", body: {} }),
@@ -324,10 +331,7 @@ Deno.test("bad lines get the error the same HTTP request gets, in the error file
     assertEquals(failed.status, "failed");
     assertEquals(
       failed.errors!.data!.map((e) => [e.line, e.code]),
-      [[2, "invalid_json_line"], [3, "duplicate_custom_id"], [4, "mismatched_url"], [
-        5,
-        "invalid_method",
-      ]],
+      [[2, "duplicate_custom_id"], [3, "mismatched_url"], [4, "invalid_method"]],
     );
     assertEquals((await c.batches.retrieve(failed.id)).status, "failed");
   } finally {

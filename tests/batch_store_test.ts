@@ -1,6 +1,6 @@
 /** The batch store's results log: what a crash can leave behind, and what a reopen keeps. */
 import { assertEquals } from "@std/assert";
-import { BatchStore } from "../lib/batch/batch_store.ts";
+import { BatchStore, ResultLog } from "../lib/batch/batch_store.ts";
 import type { OutputLine } from "../lib/batch/batch_types.ts";
 
 const line = (custom_id: string): OutputLine => ({
@@ -54,5 +54,21 @@ Deno.test("a store that never took a batch leaves no directory behind, and ids o
     assertEquals(exists, false);
   } finally {
     await Deno.remove(dir.slice(0, -"/data".length), { recursive: true });
+  }
+});
+
+Deno.test("a record the disk refuses is not kept: not in the records the output files are built from, and it may be appended again", async () => {
+  // /dev/full refuses every write with ENOSPC, as a full disk does (any user may open it).
+  const log = await ResultLog.open("/dev/full");
+  try {
+    const refused = await log.append(0, true, line("a")).then(() => undefined, (e) => e);
+    assertEquals((refused as { code?: string }).code, "ENOSPC");
+    assertEquals(log.records, []);
+    assertEquals(log.has(0), false);
+    const again = await log.append(0, true, line("a")).then(() => undefined, (e) => e);
+    assertEquals((again as { code?: string }).code, "ENOSPC");
+    assertEquals(log.records, []);
+  } finally {
+    await log.close();
   }
 });

@@ -4,12 +4,23 @@ import { ApiError, toApiError } from "../http/errors.ts";
 import { BatchRunner, type LineExecutor } from "./batch_runner.ts";
 import { type BatchLimits, registerBatchRoutes } from "./batch_routes.ts";
 import { BatchStore } from "./batch_store.ts";
+import { batchLineBytes } from "./jsonl_check.ts";
+import { StorageQuota } from "./storage_quota.ts";
+import { UploadSlots } from "./upload_slots.ts";
 
 export interface BatchQueueOptions extends BatchLimits {
   /** Where files and results live. */
   readonly dataDir: string;
   /** Batch lines generating at once (the bound that keeps interactive TTFT). */
   readonly maxInFlight: number;
+  /** Uploads streaming at once: over the server, and for one API key. */
+  readonly maxUploads: number;
+  readonly maxUploadsPerKey: number;
+  /** Each key's share of the data folder: bytes and files. */
+  readonly maxStorageBytes: number;
+  readonly maxFiles: number;
+  /** How long a finished batch's files are kept, in ms (Infinity: until deleted). */
+  readonly retentionMs: number;
   readonly log?: (line: string) => void;
 }
 
@@ -21,6 +32,8 @@ export class BatchQueue {
   readonly store: BatchStore;
   #runner: BatchRunner | undefined;
   readonly #opts: BatchQueueOptions;
+  #sweep: ReturnType<typeof setInterval> | undefined;
+  #closed = false;
 
   constructor(opts: BatchQueueOptions) {
     this.#opts = opts;
@@ -49,13 +62,37 @@ export class BatchQueue {
     registerBatchRoutes(app, {
       store: this.store,
       runner,
-      limits: this.#opts,
+      limits: { ...this.#opts, maxLineBytes: batchLineBytes(ctx.maxBodyBytes) },
+      uploads: new UploadSlots({
+        perServer: this.#opts.maxUploads,
+        perKey: this.#opts.maxUploadsPerKey,
+      }),
+      quota: new StorageQuota(
+        { maxBytes: this.#opts.maxStorageBytes, maxFiles: this.#opts.maxFiles },
+        (scope) => this.store.usage(scope),
+      ),
       ready,
       scopeOf: ctx.scopeOf,
     });
+    void ready.then(() => this.#expireEvery(runner));
   };
 
+  /** Runs the retention sweep now and then: every half retention, within 250 ms to 1 min. */
+  #expireEvery(runner: BatchRunner): void {
+    const retention = this.#opts.retentionMs;
+    if (!Number.isFinite(retention) || this.#closed) return;
+    const sweep = () =>
+      runner.expireFiles(retention).catch((e) =>
+        this.#opts.log?.(`batches: cannot expire files: ${(e as Error).message}`)
+      );
+    void sweep();
+    this.#sweep = setInterval(sweep, Math.min(60_000, Math.max(250, retention / 2)));
+    Deno.unrefTimer(this.#sweep);
+  }
+
   async close(): Promise<void> {
+    this.#closed = true;
+    clearInterval(this.#sweep);
     await this.#runner?.close();
   }
 }

@@ -3,9 +3,13 @@ import { z } from "zod";
 import { readJsonBody } from "../http/body.ts";
 import { ApiError, preview } from "../http/errors.ts";
 import { parseWith } from "../http/validation.ts";
-import { parseBatchLines, splitLines } from "./batch_lines.ts";
+import { parseBatchLines } from "./batch_lines.ts";
 import type { BatchRunner } from "./batch_runner.ts";
 import { type BatchStore, newId } from "./batch_store.ts";
+import { insufficientStorage, isDiskFull, storing } from "./disk_full.ts";
+import { receiveUpload } from "./multipart_upload.ts";
+import type { StorageQuota } from "./storage_quota.ts";
+import type { UploadSlots } from "./upload_slots.ts";
 import {
   BATCH_ENDPOINTS,
   type BatchObject,
@@ -28,14 +32,14 @@ export interface BatchLimits {
 export interface BatchRouteDeps {
   readonly store: BatchStore;
   readonly runner: BatchRunner;
-  readonly limits: BatchLimits;
+  /** With the longest request line, in bytes (from the server's body limit: batchLineBytes). */
+  readonly limits: BatchLimits & { readonly maxLineBytes: number };
+  readonly uploads: UploadSlots;
+  readonly quota: StorageQuota;
   /** Resolves once stored batches are loaded (routes wait for it). */
   readonly ready: Promise<unknown>;
   readonly scopeOf: (req: Request) => string | undefined;
 }
-
-/** Room for a multipart body's boundaries and its `purpose` part, besides the file. */
-const MULTIPART_OVERHEAD = 64 * 1024;
 
 const CreateBatchBody = z.strictObject({
   input_file_id: z.string().min(1),
@@ -52,69 +56,66 @@ const CreateBatchBody = z.strictObject({
 
 /**
  * OpenAI's Files and Batch endpoints: POST /v1/files (multipart, purpose "batch"),
- * GET /v1/files, GET /v1/files/{id}, GET /v1/files/{id}/content, POST /v1/batches, GET /v1/batches,
- * GET /v1/batches/{id}, POST /v1/batches/{id}/cancel.
+ * GET /v1/files, GET /v1/files/{id}, GET /v1/files/{id}/content, DELETE /v1/files/{id},
+ * POST /v1/batches, GET /v1/batches, GET /v1/batches/{id}, POST /v1/batches/{id}/cancel.
  */
 export function registerBatchRoutes(app: Hono, deps: BatchRouteDeps): void {
   const { store, runner, limits } = deps;
 
   app.post("/v1/files", async (c) => {
     await deps.ready;
-    const form = await readMultipart(c.req.raw, limits.maxFileBytes + MULTIPART_OVERHEAD);
-    const purpose = form.get("purpose");
-    if (purpose !== "batch") {
-      throw new ApiError(
-        "invalid_request",
-        `Invalid 'purpose': this server takes files for batches only (send "batch"); got ${
-          preview(typeof purpose === "string" ? purpose : purpose === null ? undefined : "a file")
-        }`,
-        "purpose",
-      );
-    }
-    const file = form.get("file");
-    if (file === null || typeof file === "string") {
-      throw new ApiError(
-        "invalid_request",
-        "Missing 'file': send the JSONL input as a multipart file part named 'file'",
-        "file",
-      );
-    }
-    if (file.size > limits.maxFileBytes) {
-      throw new ApiError(
-        "payload_too_large",
-        `The file is ${file.size} bytes; the limit is ${limits.maxFileBytes} bytes (--batch-max-file-size)`,
-        "file",
-      );
-    }
-    const bytes = new Uint8Array(await file.arrayBuffer());
-    let text: string;
+    const scope = deps.scopeOf(c.req.raw);
+    const release = deps.uploads.acquire(scope);
     try {
-      text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
-    } catch {
-      throw new ApiError("invalid_request", "The file is not valid UTF-8 text (JSONL)", "file");
+      return c.json(publicFile(await upload(c.req.raw, scope)));
+    } finally {
+      release();
     }
-    const lines = splitLines(text).length;
-    if (lines > limits.maxLines) {
-      throw new ApiError(
-        "invalid_request",
-        `The file has ${lines} request lines; the limit is ${limits.maxLines} (--batch-max-lines)`,
-        "file",
-      );
-    }
-    const meta: FileObject = {
-      id: newId("file-"),
-      object: "file",
-      bytes: bytes.length,
-      created_at: Math.floor(Date.now() / 1000),
-      filename: file.name || "input.jsonl",
-      purpose: "batch",
-      status: "processed",
-      lines,
-      ...scopeField(deps.scopeOf(c.req.raw)),
-    };
-    await store.putFile(meta, bytes);
-    return c.json(publicFile(meta));
   });
+
+  /** Streams the upload to a temporary file, checks it, and stores it; or leaves nothing. */
+  const upload = async (req: Request, scope: string | undefined): Promise<FileObject> => {
+    const declared = Number(req.headers.get("content-length") ?? "NaN");
+    const reservation = await deps.quota.begin(
+      scope,
+      Number.isFinite(declared) ? declared : undefined,
+    );
+    const id = newId("file-");
+    let path: string | undefined;
+    try {
+      path = await store.uploadPath(id);
+      const got = await receiveUpload(req, path, limits, (n) => reservation.add(n));
+      const purpose = got.fields.get("purpose");
+      if (purpose !== "batch") {
+        throw new ApiError(
+          "invalid_request",
+          `Invalid 'purpose': this server takes files for batches only (send "batch"); got ${
+            preview(purpose)
+          }`,
+          "purpose",
+        );
+      }
+      const meta: FileObject = {
+        id,
+        object: "file",
+        bytes: got.bytes,
+        created_at: Math.floor(Date.now() / 1000),
+        filename: got.filename || "input.jsonl",
+        purpose: "batch",
+        status: "processed",
+        lines: got.lines,
+        ...scopeField(scope),
+      };
+      await store.commitUpload(meta, path);
+      return meta;
+    } catch (e) {
+      if (path !== undefined) await Deno.remove(path).catch(() => {});
+      if (isDiskFull(e)) throw insufficientStorage(store.dir, e, "the file was not stored");
+      throw e;
+    } finally {
+      reservation.end();
+    }
+  };
 
   const fileOr404 = async (id: string, req: Request): Promise<FileObject> => {
     const f = await store.getFile(id);
@@ -137,13 +138,26 @@ export function registerBatchRoutes(app: Hono, deps: BatchRouteDeps): void {
   );
   app.get("/v1/files/:id/content", async (c) => {
     await fileOr404(c.req.param("id"), c.req.raw);
-    const content = await store.fileContent(c.req.param("id"));
+    const content = await store.contentStream(c.req.param("id"));
     if (content === undefined) {
       throw new ApiError("not_found", `No file with id ${preview(c.req.param("id"))}`, "file_id");
     }
-    return new Response(content as Uint8Array<ArrayBuffer>, {
-      headers: { "content-type": "application/jsonl" },
-    });
+    return new Response(content, { headers: { "content-type": "application/jsonl" } });
+  });
+  app.delete("/v1/files/:id", async (c) => {
+    await deps.ready;
+    const f = await fileOr404(c.req.param("id"), c.req.raw);
+    const reader = runner.readerOf(f.id);
+    if (reader !== undefined) {
+      throw new ApiError(
+        "conflict",
+        `File ${f.id} is the input of batch ${reader.id}, which is ${reader.status}; ` +
+          `cancel the batch or wait for it to finish before deleting the file`,
+        "file_id",
+      );
+    }
+    await store.deleteFile(f);
+    return c.json({ id: f.id, object: "file", deleted: true });
   });
 
   app.post("/v1/batches", async (c) => {
@@ -213,9 +227,9 @@ export function registerBatchRoutes(app: Hono, deps: BatchRouteDeps): void {
       batch.failed_at = now;
       batch.errors = { object: "list", data: errors };
       batch.request_counts = { total: 0, completed: 0, failed: 0 };
-      await runner.record(batch);
+      await storing(store.dir, "the batch was not created", () => runner.record(batch));
     } else {
-      await runner.start(batch, lines);
+      await storing(store.dir, "the batch was not created", () => runner.start(batch, lines));
     }
     return c.json(publicBatch(batch));
   });
@@ -275,66 +289,13 @@ export function registerBatchRoutes(app: Hono, deps: BatchRouteDeps): void {
         "batch_id",
       );
     }
-    return c.json(publicBatch((await runner.cancel(b.id))!));
+    const cancelled = await storing(
+      store.dir,
+      "the batch was not cancelled",
+      () => runner.cancel(b.id),
+    );
+    return c.json(publicBatch(cancelled!));
   });
-}
-
-/**
- * A multipart/form-data body, refused with 413 once it passes `maxBytes` (declared or
- * streamed), so an upload cannot make the server buffer more than the limit.
- */
-async function readMultipart(req: Request, maxBytes: number): Promise<FormData> {
-  const type = req.headers.get("content-type") ?? "";
-  if (!/^multipart\/form-data\s*;/i.test(type)) {
-    throw new ApiError(
-      "unsupported_media_type",
-      `Upload a file as 'Content-Type: multipart/form-data' with parts 'file' and 'purpose'; received ${
-        type === "" ? "no Content-Type" : preview(type)
-      }`,
-    );
-  }
-  const tooLarge = (n: string) =>
-    new ApiError(
-      "payload_too_large",
-      `The upload is ${n} bytes; the limit is ${maxBytes} bytes with the multipart framing (--batch-max-file-size)`,
-      "file",
-    );
-  const declared = Number(req.headers.get("content-length") ?? "NaN");
-  if (Number.isFinite(declared) && declared > maxBytes) throw tooLarge(String(declared));
-  const chunks: Uint8Array[] = [];
-  let total = 0;
-  if (req.body !== null) {
-    const reader = req.body.getReader();
-    for (;;) {
-      let r: ReadableStreamReadResult<Uint8Array>;
-      try {
-        r = await reader.read();
-      } catch {
-        throw new ApiError("invalid_request", `The upload ended after ${total} bytes`);
-      }
-      if (r.done) break;
-      total += r.value.byteLength;
-      if (total > maxBytes) {
-        await reader.cancel();
-        throw tooLarge(`more than ${maxBytes}`);
-      }
-      chunks.push(r.value);
-    }
-  }
-  const body = new Uint8Array(total);
-  let at = 0;
-  for (const ch of chunks) {
-    body.set(ch, at);
-    at += ch.byteLength;
-  }
-  try {
-    return await new Response(body, { headers: { "content-type": type } }).formData();
-  } catch (e) {
-    throw new ApiError(
-      "invalid_request",
-      `The upload is not valid multipart/form-data: ${(e as Error).message}`,
-    );
-  }
 }
 
 function scopeField(scope: string | undefined): { scope?: string } {

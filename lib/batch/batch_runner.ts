@@ -1,5 +1,6 @@
 import { derivedSeed, parseBatchLines } from "./batch_lines.ts";
 import { type BatchStore, newId, type ResultLog } from "./batch_store.ts";
+import { diskErrorMessage } from "./disk_full.ts";
 import {
   type BatchEndpoint,
   type BatchLine,
@@ -31,6 +32,8 @@ export interface RunnerOptions {
   readonly maxInFlight: number;
   /** Wait before trying again after an overloaded (503) answer (default 200 ms). */
   readonly retryDelayMs?: number;
+  /** Wait before writing results again after the disk refused them (default 1 s). */
+  readonly diskRetryMs?: number;
   /** Unix seconds (tests move it to expire a batch). */
   readonly now?: () => number;
   readonly log?: (line: string) => void;
@@ -49,14 +52,23 @@ interface Active {
   readonly running: Map<number, AbortController>;
   ending: Ending;
   finalizing: boolean;
+  /**
+   * Finished lines the disk refused, in order: written again (before any new line starts)
+   * once the disk takes them. Only then do they count, and only then can the batch end.
+   */
+  readonly stalled: { index: number; ok: boolean; line: OutputLine }[];
+  /** The timer that tries the disk again, while it refuses this batch's writes. */
+  diskRetry: ReturnType<typeof setTimeout> | undefined;
 }
 
 /**
  * The one owner of every batch's state: it starts lines while fewer than `maxInFlight` run
  * (so interactive traffic keeps the capacity it needs), records each finished line in the
- * batch's results log before counting it, and writes the output and error files at the end.
- * Lines are taken in order, oldest batch first. A line that finds the server overloaded is
- * tried again; one cut off (cancel, shutdown) is not recorded, so a restart runs it again.
+ * batch's results log before counting it, and makes the output and error files (views of the
+ * log) at the end. Lines are taken in order, oldest batch first. A line that finds the server
+ * overloaded is tried again; one cut off (cancel, shutdown) is not recorded, so a restart runs
+ * it again. While the disk refuses a batch's writes (full), the batch's `errors` say so, it
+ * starts no line, and it tries again every `diskRetryMs` until the disk takes them.
  */
 export class BatchRunner {
   readonly #store: BatchStore;
@@ -70,6 +82,8 @@ export class BatchRunner {
   #paused = false;
   #closed = false;
   #retryTimer: ReturnType<typeof setTimeout> | undefined;
+  /** Finished batches whose files expireFiles() already removed. */
+  readonly #expired = new Set<string>();
 
   constructor(store: BatchStore, exec: LineExecutor, opts: RunnerOptions) {
     this.#store = store;
@@ -84,6 +98,7 @@ export class BatchRunner {
   /** Loads the stored batches and resumes the unfinished ones where their logs left off. */
   async resume(): Promise<number> {
     let resumed = 0;
+    await this.#store.removeTemporaries();
     for (const b of await this.#store.listBatches()) {
       this.#batches.set(b.id, b);
       if (TERMINAL_STATUSES.has(b.status)) continue;
@@ -115,6 +130,37 @@ export class BatchRunner {
     return this.#active.size;
   }
 
+  /** The unfinished batch that reads this input file, if any. */
+  readerOf(fileId: string): BatchObject | undefined {
+    for (const a of this.#active.values()) if (a.batch.input_file_id === fileId) return a.batch;
+    return undefined;
+  }
+
+  /**
+   * Deletes the files of batches that finished `retentionMs` or more ago: the output and error
+   * files with their results log, and the input file unless an unfinished batch reads it. The
+   * batch objects stay (their file ids then answer 404). Returns how many files went.
+   */
+  async expireFiles(retentionMs: number): Promise<number> {
+    const now = this.#now();
+    let removed = 0;
+    for (const b of [...this.#batches.values()]) {
+      if (!TERMINAL_STATUSES.has(b.status) || this.#expired.has(b.id)) continue;
+      const end = b.completed_at ?? b.cancelled_at ?? b.expired_at ?? b.failed_at;
+      if (end === null || (now - end) * 1000 < retentionMs) continue;
+      const input = this.readerOf(b.input_file_id) === undefined ? b.input_file_id : null;
+      for (const id of [b.output_file_id, b.error_file_id, input]) {
+        const f = id === null ? undefined : await this.#store.getFile(id);
+        if (f === undefined) continue;
+        await this.#store.deleteFile(f);
+        removed++;
+      }
+      await this.#store.removeResults(b.id);
+      this.#expired.add(b.id);
+    }
+    return removed;
+  }
+
   /** Lines generating now, over all batches. */
   get inFlight(): number {
     return this.#inFlight;
@@ -122,16 +168,17 @@ export class BatchRunner {
 
   /** Stores a validated batch and starts running it. */
   async start(batch: BatchObject, lines: readonly BatchLine[]): Promise<void> {
-    this.#batches.set(batch.id, batch);
+    // Saved first: a batch the disk refused does not exist.
     await this.#store.saveBatch(batch);
+    this.#batches.set(batch.id, batch);
     await this.#activate(batch, lines, "completed");
     this.#pump();
   }
 
   /** Records a batch that failed validation. */
   async record(batch: BatchObject): Promise<void> {
-    this.#batches.set(batch.id, batch);
     await this.#store.saveBatch(batch);
+    this.#batches.set(batch.id, batch);
   }
 
   /**
@@ -146,7 +193,8 @@ export class BatchRunner {
     a.batch.cancelling_at = this.#now();
     a.ending = "cancelled";
     a.pending = [];
-    await this.#store.saveBatch(a.batch);
+    // The cancel holds even if the disk refuses the object now: it is saved when the batch ends.
+    await this.#store.saveBatch(a.batch).catch((e) => this.#diskRefused(a, e));
     for (const ctrl of a.running.values()) ctrl.abort("batch cancelled");
     await this.#settle(a);
     return a.batch;
@@ -157,6 +205,7 @@ export class BatchRunner {
     this.#closed = true;
     clearTimeout(this.#retryTimer);
     for (const a of this.#active.values()) {
+      clearTimeout(a.diskRetry);
       for (const ctrl of a.running.values()) ctrl.abort("server stopping");
     }
     for (const a of this.#active.values()) await a.log.close();
@@ -180,6 +229,8 @@ export class BatchRunner {
       running: new Map(),
       ending,
       finalizing: false,
+      stalled: [],
+      diskRetry: undefined,
     };
     this.#active.set(b.id, a);
     if (a.pending.length === 0) await this.#settle(a);
@@ -197,6 +248,7 @@ export class BatchRunner {
   #nextLine(): { a: Active; index: number } | undefined {
     for (const a of this.#active.values()) {
       if (a.batch.status !== "in_progress" || a.pending.length === 0) continue;
+      if (a.stalled.length > 0) continue;
       if (this.#now() >= a.batch.expires_at) {
         void this.#expire(a);
         continue;
@@ -261,17 +313,71 @@ export class BatchRunner {
       response: { status_code: outcome.status, request_id: requestId, body: outcome.body },
       error: null,
     };
-    try {
-      await a.log.append(line.index, ok, out);
-    } catch (e) {
-      // The disk refused the record: the line is not done; it runs again after a restart.
-      this.#opts.log?.(
-        `batch ${a.batch.id}: cannot record line ${line.index}: ${(e as Error).message}`,
-      );
+    await this.#write(a, { index: line.index, ok, line: out });
+  }
+
+  /**
+   * Records a finished line in the batch's results log and counts it. If the disk refuses it,
+   * the record waits in `stalled` (so it is not in the log, nor in the output file, nor
+   * counted) and the disk is tried again later; records after it wait behind it.
+   */
+  async #write(a: Active, r: { index: number; ok: boolean; line: OutputLine }): Promise<void> {
+    if (a.stalled.length > 0) {
+      a.stalled.push(r);
       return;
     }
-    if (ok) a.batch.request_counts.completed++;
+    try {
+      await a.log.append(r.index, r.ok, r.line);
+    } catch (e) {
+      a.stalled.push(r);
+      this.#diskRefused(a, e);
+      return;
+    }
+    if (r.ok) a.batch.request_counts.completed++;
     else a.batch.request_counts.failed++;
+  }
+
+  /** The disk refused a write: the batch says why, and tries again in a while. */
+  #diskRefused(a: Active, e: unknown): void {
+    const message = diskErrorMessage(this.#store.dir, e);
+    this.#opts.log?.(`batch ${a.batch.id}: ${message}`);
+    a.batch.errors = {
+      object: "list",
+      data: [{ code: "insufficient_storage", message, param: null, line: null }],
+    };
+    // Kept in memory for GET; on disk too if there is room for the small object.
+    void this.#store.saveBatch(a.batch).catch(() => {});
+    if (a.diskRetry !== undefined || this.#closed) return;
+    a.diskRetry = setTimeout(() => {
+      a.diskRetry = undefined;
+      void this.#retryDisk(a);
+    }, this.#opts.diskRetryMs ?? 1000);
+  }
+
+  /** Writes the stalled records again; once all are in, the batch goes on where it was. */
+  async #retryDisk(a: Active): Promise<void> {
+    if (this.#closed) return;
+    while (a.stalled.length > 0) {
+      const r = a.stalled[0]!;
+      try {
+        await a.log.append(r.index, r.ok, r.line);
+      } catch (e) {
+        this.#diskRefused(a, e);
+        return;
+      }
+      a.stalled.shift();
+      if (r.ok) a.batch.request_counts.completed++;
+      else a.batch.request_counts.failed++;
+    }
+    if (a.batch.errors?.data[0]?.code === "insufficient_storage") a.batch.errors = null;
+    try {
+      await this.#store.saveBatch(a.batch);
+    } catch (e) {
+      this.#diskRefused(a, e);
+      return;
+    }
+    await this.#settle(a);
+    this.#pump();
   }
 
   async #expire(a: Active): Promise<void> {
@@ -280,23 +386,29 @@ export class BatchRunner {
     a.ending = "expired";
     for (const index of left) {
       const line = a.lines[index]!;
-      await a.log.append(index, false, {
-        id: newId("batch_req_"),
-        custom_id: line.customId,
-        response: null,
-        error: {
-          code: "batch_expired",
-          message: "This request could not be executed before the completion window expired.",
+      await this.#write(a, {
+        index,
+        ok: false,
+        line: {
+          id: newId("batch_req_"),
+          custom_id: line.customId,
+          response: null,
+          error: {
+            code: "batch_expired",
+            message: "This request could not be executed before the completion window expired.",
+          },
         },
       });
-      a.batch.request_counts.failed++;
     }
     await this.#settle(a);
   }
 
   /** Once nothing of a batch runs and nothing is left to start, writes its files and ends it. */
   async #settle(a: Active): Promise<void> {
-    if (a.finalizing || a.running.size > 0 || a.pending.length > 0 || this.#closed) return;
+    if (
+      a.finalizing || a.running.size > 0 || a.pending.length > 0 || a.stalled.length > 0 ||
+      this.#closed
+    ) return;
     a.finalizing = true;
     const b = a.batch;
     try {
@@ -306,41 +418,47 @@ export class BatchRunner {
         await this.#store.saveBatch(b);
       }
       await a.log.close();
-      const records = [...a.log.records].filter((r) => r.index < a.lines.length)
-        .sort((x, y) => x.index - y.index);
+      const records = a.log.records.filter((r) => r.index < a.lines.length);
       const stem = b.id.slice("batch_".length);
+      const encoder = new TextEncoder();
+      // The files are views of the results log (its one copy): only their objects are written.
       const write = async (ok: boolean, suffix: string): Promise<string | null> => {
         const rows = records.filter((r) => r.ok === ok);
         if (rows.length === 0) return null;
-        const content = new TextEncoder().encode(
-          rows.map((r) => JSON.stringify(r.line) + "\n").join(""),
+        const bytes = rows.reduce(
+          (n, r) => n + encoder.encode(JSON.stringify(r.line)).length + 1,
+          0,
         );
         const meta: FileObject = {
           id: `file-${stem}-${suffix}`,
           object: "file",
-          bytes: content.length,
+          bytes,
           created_at: this.#now(),
           filename: `${b.id}_${suffix}.jsonl`,
           purpose: "batch_output",
           status: "processed",
           ...(b.scope === undefined ? {} : { scope: b.scope }),
+          results: { batch: b.id, ok, lines: a.lines.length },
         };
-        await this.#store.putFile(meta, content);
+        await this.#store.putResultFile(meta);
         return meta.id;
       };
-      b.output_file_id = await write(true, "output");
-      b.error_file_id = await write(false, "error");
+      const output_file_id = await write(true, "output");
+      const error_file_id = await write(false, "error");
+      // The final status shows once it is on disk: a refused save leaves the batch as it was.
       const now = this.#now();
-      b.status = a.ending;
-      if (a.ending === "completed") b.completed_at = now;
-      else if (a.ending === "cancelled") b.cancelled_at = now;
-      else b.expired_at = now;
-      await this.#store.saveBatch(b);
+      const ended: BatchObject = { ...b, status: a.ending, output_file_id, error_file_id };
+      if (b.errors?.data[0]?.code === "insufficient_storage") ended.errors = null;
+      if (a.ending === "completed") ended.completed_at = now;
+      else if (a.ending === "cancelled") ended.cancelled_at = now;
+      else ended.expired_at = now;
+      await this.#store.saveBatch(ended);
+      Object.assign(b, ended);
       this.#active.delete(b.id);
     } catch (e) {
-      // Left as it is on disk: a restart finishes it.
-      this.#opts.log?.(`batch ${b.id}: cannot finish: ${(e as Error).message}`);
-      this.#active.delete(b.id);
+      // Not finished: tried again once the disk takes writes (a restart would finish it too).
+      a.finalizing = false;
+      this.#diskRefused(a, e);
     }
   }
 

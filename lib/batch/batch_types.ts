@@ -40,6 +40,11 @@ export interface FileObject {
   readonly lines?: number;
   /** Not sent to clients: the cache scope of the API key it belongs to (see BatchObject). */
   readonly scope?: string;
+  /**
+   * Not sent to clients: an output (ok) or error file's content is the records of this batch's
+   * results log, of its first `lines` lines, sorted by line; the log is its one copy.
+   */
+  readonly results?: { readonly batch: string; readonly ok: boolean; readonly lines: number };
 }
 
 export interface RequestCounts {
@@ -122,8 +127,8 @@ export function publicBatch(b: BatchObject): Omit<BatchObject, "scope"> {
   return { ...rest, request_counts: { ...rest.request_counts } };
 }
 
-export function publicFile(f: FileObject): Omit<FileObject, "scope"> {
-  const { scope: _scope, ...rest } = f;
+export function publicFile(f: FileObject): Omit<FileObject, "scope" | "results"> {
+  const { scope: _scope, results: _results, ...rest } = f;
   return rest;
 }
 

@@ -207,6 +207,31 @@ export const SETTINGS = {
     help: "most unfinished batches at once",
     default: 16,
   },
+  batchMaxUploads: {
+    env: "LLMSERVE_BATCH_MAX_UPLOADS",
+    help: "file uploads streaming at once over the server (more get 429 with Retry-After)",
+    default: 8,
+  },
+  batchMaxUploadsPerKey: {
+    env: "LLMSERVE_BATCH_MAX_UPLOADS_PER_KEY",
+    help: "file uploads streaming at once for one API key (more get 429 with Retry-After)",
+    default: 2,
+  },
+  batchMaxStorage: {
+    env: "LLMSERVE_BATCH_MAX_STORAGE",
+    help: "bytes of files (inputs and outputs) one API key may keep; without keys, the whole data dir",
+    default: "10GiB",
+  },
+  batchMaxFiles: {
+    env: "LLMSERVE_BATCH_MAX_FILES",
+    help: "files (inputs and outputs) one API key may keep; without keys, the whole data dir",
+    default: 1000,
+  },
+  batchRetention: {
+    env: "LLMSERVE_BATCH_RETENTION",
+    help: "how long a finished batch's input, output and error files are kept, e.g. 24h (-1: until deleted)",
+    default: "720h",
+  },
   corsOrigin: {
     env: "LLMSERVE_CORS_ORIGINS",
     help: "origin whose pages may use the API, e.g. http://localhost:* (repeatable; env: comma-separated)",
@@ -354,6 +379,16 @@ export const ConfigSchema = z.object({
   batchMaxFileSize: byteSize(D.batchMaxFileSize.default),
   batchMaxLines: positiveInt().default(D.batchMaxLines.default),
   batchMaxActive: positiveInt().default(D.batchMaxActive.default),
+  batchMaxUploads: positiveInt().default(D.batchMaxUploads.default),
+  batchMaxUploadsPerKey: positiveInt().default(D.batchMaxUploadsPerKey.default),
+  batchMaxStorage: byteSize(D.batchMaxStorage.default),
+  batchMaxFiles: positiveInt().default(D.batchMaxFiles.default),
+  batchRetention: z.string().default(D.batchRetention.default).transform((s, ctx) => {
+    const ms = parseKeepAlive(s);
+    if (typeof ms === "number") return ms;
+    ctx.addIssue({ code: "custom", message: ms });
+    return z.NEVER;
+  }),
   corsOrigin: z.array(
     z.string().regex(
       /^(\*|null|[a-z][a-z0-9+.-]*:\/\/[^/\s]+)$/i,

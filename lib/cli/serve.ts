@@ -15,8 +15,7 @@ import { servingSettings } from "./serving_settings.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
 import type { Engine } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
-import { BatchQueue } from "../batch/batch_queue.ts";
-import { resolveDataDir } from "../batch/data_dir.ts";
+import { batchQueueFor } from "./batch_queue_config.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
@@ -185,15 +184,7 @@ async function start(
     ? new CachedBackend(coreBackend, config.resultCache)
     : coreBackend;
   const servedModelNames = config.servedModelName.length > 0 ? config.servedModelName : [modelName];
-  const dataDir = resolveDataDir(config.dataDir, (n) => Deno.env.get(n));
-  const batches = new BatchQueue({
-    dataDir,
-    maxInFlight: config.batchConcurrency,
-    maxFileBytes: config.batchMaxFileSize,
-    maxLines: config.batchMaxLines,
-    maxActive: config.batchMaxActive,
-    log,
-  });
+  const { batches, dataDir } = batchQueueFor(config, log);
   const service = createApp({
     extend: batches.attach,
     backend,

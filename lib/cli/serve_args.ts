@@ -56,6 +56,11 @@ export const FLAG_NAMES: Record<string, SettingName> = {
   "batch-max-file-size": "batchMaxFileSize",
   "batch-max-lines": "batchMaxLines",
   "batch-max-active": "batchMaxActive",
+  "batch-max-uploads": "batchMaxUploads",
+  "batch-max-uploads-per-key": "batchMaxUploadsPerKey",
+  "batch-max-storage": "batchMaxStorage",
+  "batch-max-files": "batchMaxFiles",
+  "batch-retention": "batchRetention",
 };
 
 /** llama-server's spellings of the same flags (`llama-server -m x -c 4096 --port 8080`). */

@@ -46,9 +46,8 @@ import { drainedLine, natsServedLog } from "./serve_lines.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
 import { drainOnStop } from "./replica_stop.ts";
 import type { ModelDirectory } from "../serving/models_service.ts";
-import { BatchQueue } from "../batch/batch_queue.ts";
 import { type ModelsFileEntry, readModelsConfig } from "./models_config.ts";
-import { resolveDataDir } from "../batch/data_dir.ts";
+import { batchQueueFor } from "./batch_queue_config.ts";
 
 /** A model file served by name, with what /v1/models says of it. */
 type ServedFile = CatalogModel & {
@@ -505,15 +504,7 @@ export async function serveModelsCommand(
     },
   };
   // One batch queue for every model: each line runs on the model its body names.
-  const dataDir = resolveDataDir(config.dataDir, (n) => Deno.env.get(n));
-  const batches = new BatchQueue({
-    dataDir,
-    maxInFlight: config.batchConcurrency,
-    maxFileBytes: config.batchMaxFileSize,
-    maxLines: config.batchMaxLines,
-    maxActive: config.batchMaxActive,
-    log,
-  });
+  const { batches, dataDir } = batchQueueFor(config, log);
   const service = createModelsService({
     extend: batches.attach,
     cacheScope: config.cacheScope,

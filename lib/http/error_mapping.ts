@@ -8,7 +8,7 @@ export interface ErrorMappingOptions {
   readonly metrics: ServiceMetrics;
   readonly records: RequestRecords;
   readonly routes: RouteTable;
-  /** Retry-After seconds on 503 overloaded/draining. */
+  /** Retry-After seconds on 503 (overloaded, draining) and 429 (too many at once). */
   readonly retryAfterSeconds: number;
 }
 
@@ -17,7 +17,7 @@ export type ErrorResponder = (e: ApiError, req: Request) => Response;
 
 /**
  * The one place an error becomes a response: counted in llm_errors_total, its code put on the
- * request's log record, and the headers it needs (Retry-After on 503, WWW-Authenticate on
+ * request's log record, and the headers it needs (Retry-After on 503 and 429, WWW-Authenticate on
  * 401, Sec-WebSocket-Version on 426, Allow on 405 from the route table).
  */
 export function errorResponder(o: ErrorMappingOptions): ErrorResponder {
@@ -27,7 +27,7 @@ export function errorResponder(o: ErrorMappingOptions): ErrorResponder {
     const record = o.records.of(req);
     if (record) record.code = e.code;
     const headers: Record<string, string> = {};
-    if (e.status === 503) headers["retry-after"] = retryAfter;
+    if (e.status === 503 || e.status === 429) headers["retry-after"] = retryAfter;
     if (e.status === 401) headers["www-authenticate"] = 'Bearer realm="llmserve"';
     if (e.code === "upgrade_required") headers["sec-websocket-version"] = "13";
     if (e.code === "method_not_allowed") {

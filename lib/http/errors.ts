@@ -22,6 +22,9 @@ export type ApiErrorCode =
   | "model_not_found"
   | "context_length_exceeded"
   | "too_many_batches"
+  | "too_many_uploads"
+  | "storage_quota_exceeded"
+  | "insufficient_storage"
   | "conflict"
   | "overloaded"
   | "draining"
@@ -51,6 +54,9 @@ const STATUS: Record<ApiErrorCode, number> = {
   model_not_found: 404,
   context_length_exceeded: 400,
   too_many_batches: 429,
+  too_many_uploads: 429,
+  storage_quota_exceeded: 400,
+  insufficient_storage: 507,
   conflict: 409,
   overloaded: 503,
   draining: 503,

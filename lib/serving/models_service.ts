@@ -358,7 +358,9 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
     metrics.errors.inc({ code: e.code });
     const headers: Record<string, string> = { "x-request-id": id };
     const retryAfter = retryAfterOf.has(e) ? retryAfterOf.get(e) : 1;
-    if (e.status === 503 && retryAfter != null) headers["retry-after"] = String(retryAfter);
+    if ((e.status === 503 || e.status === 429) && retryAfter != null) {
+      headers["retry-after"] = String(retryAfter);
+    }
     const allow = path === undefined ? undefined : modelRoutes.allowed(path);
     if (e.code === "method_not_allowed" && allow !== undefined) headers["allow"] = allow;
     if (e.status === 401) headers["www-authenticate"] = 'Bearer realm="llmserve"';

@@ -12,6 +12,8 @@ export interface ServerOptions {
   readonly startTimeoutMs?: number;
   /** Start it under `ulimit -n <n>` (a lowered open-file limit), through sh. */
   readonly openFileLimit?: number;
+  /** Another checkout's main.ts (a benchmark's "before"); default this checkout's. */
+  readonly main?: string;
 }
 
 export interface ServerProcess {
@@ -34,7 +36,7 @@ const MAIN = new URL("../../main.ts", import.meta.url).pathname;
 
 /** Starts `deno run -A main.ts serve --host 127.0.0.1 --port 0 ...args` and waits for its URL. */
 export async function startServer(opts: ServerOptions): Promise<ServerProcess> {
-  const args = ["run", "-A", MAIN, "serve", "--host", "127.0.0.1", "--port", "0", ...opts.args];
+  const args = ["run", "-A", opts.main ?? MAIN, "serve", "--host", "127.0.0.1", "--port", "0", ...opts.args];
   // exec keeps the pid: signals and /proc/<pid> reach the server itself.
   const [cmd, cmdArgs] = opts.openFileLimit === undefined
     ? [Deno.execPath(), args]
