@@ -16,7 +16,7 @@ function parsed(argv: string[]): GenerateArgs {
 }
 const decoder = new TextDecoder();
 /** A text request-log line: `<ISO time> <method> <route> <status> ...`. */
-const REQUEST_LINE = /^\d{4}-\d\d-\d\dT\S+Z (GET|HEAD|POST|WS) \S+ \d{3} /;
+const REQUEST_LINE = /^\d{4}-\d\d-\d\dT\S+Z (GET|HEAD|POST|WS) \S+( path=\S+)? \d{3} /;
 
 Deno.test("parseServeArgs() takes llama-server's -m, -c and --ctx-size for --model and --context-length", () => {
   const c = parseServeArgs(["-m", "stories260K-q8_0", "-c", "256", "--port", "9000"], noEnv);
@@ -161,7 +161,11 @@ Deno.test("`deno task start --log-probes` logs probes; --log-level warn keeps on
     assertEquals((await withProbes.child.status).code, 0);
   }
   const lines = (await withProbes.log()).split("\n").filter((l) => REQUEST_LINE.test(l));
-  assertEquals(lines.map((l) => l.split(" ").slice(1, 4).join(" ")), ["GET /health 200", "GET unmatched 404"]);
+  // A request no route matched names its path.
+  assertEquals(lines.map((l) => REQUEST_LINE.exec(l)![0].split(" ").slice(1).join(" ")), [
+    "GET /health 200 ",
+    "GET unmatched path=/nope 404 ",
+  ]);
 
   // At warn only 5xx request lines are written (tests/http_request_log_test.ts has one); the
   // start-up and drain lines are not request lines and stay.
