@@ -12,7 +12,8 @@ const USAGE =
   Starts, for a local try: nats-server with a generated password on 127.0.0.1:Q (default
   4222), N replicas (default 2; each also on its own free HTTP port) and a router on P
   (default 8000). Flags after -- go to every replica (e.g. -- --backend cpu); each replica
-  keeps its files and batches in replica-<n>/ of the data folder (--data-dir). Ctrl-C or
+  keeps its files and batches in replica-<n>/ of the data folder (--data-dir), the router the
+  Batch API's in router/. Ctrl-C or
   SIGTERM stops the router, drains every replica, then stops nats-server.
   nats-server is $NATS_SERVER, else found on PATH or in /usr/local/sbin, /usr/sbin, /sbin.`;
 
@@ -163,7 +164,8 @@ export async function clusterCommand(argv: string[]): Promise<number> {
     const argv = ["--port", "0", ...serveFlags, "--data-dir", replicaDataDir(dataRoot, i)];
     return childArgs("serve", argv, serveNeeds(parseServeArgs([...argv, "--nats", url])), env);
   });
-  const routerArgv = ["--port", String(flags.port)];
+  // The router keeps the Batch API's files and batches in its own folder beside the replicas'.
+  const routerArgv = ["--port", String(flags.port), "--data-dir", `${dataRoot}/router`];
   const routerArgs = childArgs(
     "router",
     routerArgv,

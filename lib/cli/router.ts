@@ -14,6 +14,7 @@ import { listenerOptions } from "./listener_options.ts";
 import { drainedLine } from "./serve_lines.ts";
 import { openFileLimit } from "../util/fd_limit.ts";
 import type { RunNeeds } from "./permissions.ts";
+import { batchQueueFor } from "./batch_queue_config.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "nats": "nats",
@@ -25,6 +26,17 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "drain-timeout": "drainTimeout",
   "cache-scope": "cacheScope",
   "by-model": "byModel",
+  // The router keeps the Batch API's files and batches; each line goes through its routing.
+  "data-dir": "dataDir",
+  "batch-concurrency": "batchConcurrency",
+  "batch-max-file-size": "batchMaxFileSize",
+  "batch-max-lines": "batchMaxLines",
+  "batch-max-active": "batchMaxActive",
+  "batch-max-uploads": "batchMaxUploads",
+  "batch-max-uploads-per-key": "batchMaxUploadsPerKey",
+  "batch-max-storage": "batchMaxStorage",
+  "batch-max-files": "batchMaxFiles",
+  "batch-retention": "batchRetention",
 };
 
 /** Where the router's flag means something other than the server's. */
@@ -79,7 +91,14 @@ export function parseRouterArgs(
 
 /** What a router touches, for the launcher: its listen address, the NATS servers, the creds. */
 export function routerNeeds(c: Config): RunNeeds {
-  return { model: "", mayDownload: false, host: c.host, nats: c.nats, natsCreds: c.natsCreds };
+  return {
+    model: "",
+    mayDownload: false,
+    host: c.host,
+    nats: c.nats,
+    natsCreds: c.natsCreds,
+    batchQueue: { dataDir: c.dataDir },
+  };
 }
 
 /**
@@ -113,6 +132,7 @@ export async function routerCommand(argv: string[]): Promise<number> {
   // One capped log for what peers cause, however many subscriptions hear it.
   const peerLog = cappedLog(log);
   const backend = await RouterBackend.start(nc, { policy: config.routing, metrics, log, peerLog });
+  const { batches, dataDir } = batchQueueFor(config, log);
   const { service, directory } = createPlainRouter(nc, backend, {
     metrics,
     policy: config.routing,
@@ -121,6 +141,7 @@ export async function routerCommand(argv: string[]): Promise<number> {
     drainTimeoutMs: config.drainTimeout * 1000,
     log,
     peerLog,
+    extend: batches.attach,
   });
   const server = await serveService(service, {
     ...listenerOptions(config, openFileLimit()),
@@ -133,6 +154,7 @@ export async function routerCommand(argv: string[]): Promise<number> {
         `  routing   ${config.routing}`,
         `  replicas  ${backend.registry.inRotation().map((v) => v.id).join(", ")}`,
         `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
+        `  batches   ${dataDir} (${config.batchConcurrency} lines at once, each routed as a request)`,
         `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
       ].join("\n"));
     },
@@ -141,6 +163,7 @@ export async function routerCommand(argv: string[]): Promise<number> {
   // Started by the launcher, which is gone (killed without passing a signal on): drain.
   stopOnRequest(server, config.drainTimeout, log);
   const result = await server.closed;
+  await batches.close();
   backend.close();
   await directory.close();
   await nc.close();
@@ -162,6 +185,7 @@ async function routeByModel(
     drainTimeoutMs: config.drainTimeout * 1000,
     log,
   });
+  const { batches, dataDir } = batchQueueFor(config, log);
   const service = createModelsService({
     pool: directory,
     catalog: () => directory.catalog(),
@@ -169,6 +193,7 @@ async function routeByModel(
     modelMetrics: directory.modelMetrics,
     apiKeys: config.apiKey,
     drainTimeoutMs: config.drainTimeout * 1000,
+    extend: batches.attach,
   });
   const server = await serveService(service, {
     ...listenerOptions(config, openFileLimit()),
@@ -179,12 +204,14 @@ async function routeByModel(
         `  nats      ${nc.getServer()}`,
         `  routing   ${config.routing}`,
         `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
+        `  batches   ${dataDir} (${config.batchConcurrency} lines at once; each line's "model" picks)`,
         `  url       http://${addr.hostname}:${addr.port}/  (API under /v1; "model" picks)`,
       ].join("\n"));
     },
   });
   stopOnRequest(server, config.drainTimeout, log);
   const result = await server.closed;
+  await batches.close();
   await nc.close();
   log(drainedLine(result));
   return 0;

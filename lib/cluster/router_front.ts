@@ -7,7 +7,8 @@
  * from a {@link ModelRouterDirectory}, which routes it by the router's policy among the
  * replicas serving it; a model no replica serves is a 404 naming every served one.
  */
-import { createApp, type DrainResult, type ServiceApp } from "../http/app.ts";
+import { type AppOptions, createApp, type DrainResult, type ServiceApp } from "../http/app.ts";
+import type { OpenAiHandler } from "../http/openai_routes.ts";
 import { ApiKeyVerifier } from "../http/auth.ts";
 import { verifiedKey } from "../http/auth_middleware.ts";
 import { HTTP_DEFAULTS } from "../http/defaults.ts";
@@ -26,10 +27,18 @@ import type { RouterBackend } from "./router_backend.ts";
 export function createPlainRouter(
   nc: BusConnection,
   backend: RouterBackend,
-  opts: ModelRouterOptions & { readonly metrics: ServiceMetrics },
+  opts: ModelRouterOptions & {
+    readonly metrics: ServiceMetrics;
+    /** Routes mounted beside the API (the Batch API); their completions are routed as requests. */
+    readonly extend?: AppOptions["extend"];
+  },
 ): { service: ServiceApp; directory: ModelRouterDirectory } {
-  const { metrics, ...routing } = opts;
+  const { metrics, extend, ...routing } = opts;
   const primaryNames = [backend.modelName];
+  const directory = new ModelRouterDirectory(nc, {
+    ...routing,
+    servedElsewhere: (name) => name === backend.modelName,
+  });
   const primary = createApp({
     backend,
     metrics,
@@ -37,10 +46,9 @@ export function createPlainRouter(
     ...(opts.apiKeys === undefined ? {} : { apiKeys: opts.apiKeys }),
     ...(opts.cacheScope === undefined ? {} : { cacheScope: opts.cacheScope }),
     ...(opts.drainTimeoutMs === undefined ? {} : { drainTimeoutMs: opts.drainTimeoutMs }),
-  });
-  const directory = new ModelRouterDirectory(nc, {
-    ...routing,
-    servedElsewhere: (name) => name === backend.modelName,
+    ...(extend === undefined ? {} : {
+      extend: (app, ctx) => extend(app, { ...ctx, openAi: routedOpenAi(ctx.openAi, primaryNames, directory) }),
+    }),
   });
   const service = createRouterFront({
     primary,
@@ -50,6 +58,48 @@ export function createPlainRouter(
     ...(opts.apiKeys === undefined ? {} : { apiKeys: opts.apiKeys }),
   });
   return { service, directory };
+}
+
+/**
+ * A completion of the router's own routes (a batch line), run as the front runs a request: on
+ * the primary's app (its model, spread over its replicas) or on the app of the other model the
+ * body names, over that model's replicas.
+ */
+function routedOpenAi(
+  primary: OpenAiHandler,
+  primaryNames: readonly string[],
+  directory: ModelRouterDirectory,
+): OpenAiHandler {
+  return async (req, kind, scope) => {
+    const text = await req.text();
+    const asked = objectBody(text)?.model;
+    if (typeof asked !== "string" || primaryNames.includes(asked)) {
+      return await primary(rebuilt(req, text), kind, scope);
+    }
+    const name = directory.resolve(asked);
+    if (name === undefined || !directory.has(name)) {
+      throw new ApiError(
+        "model_not_found",
+        `The model ${preview(asked)} does not exist; no replica serves it`,
+        "model",
+      );
+    }
+    let lease;
+    try {
+      lease = await directory.acquire(name);
+    } catch (e) {
+      if (e instanceof ModelLoadError) throw new ApiError("model_load_failed", e.message, "model");
+      throw e;
+    }
+    try {
+      const run = lease.model.service.openAi;
+      if (run === undefined) throw new Error(`the route of model "${name}" runs no completions`);
+      const res = await run(rebuilt(req, text), kind, scope);
+      return new Response(await res.arrayBuffer(), { status: res.status, headers: res.headers });
+    } finally {
+      lease.release();
+    }
+  };
 }
 
 export interface RouterFrontOptions {
