@@ -1,37 +1,14 @@
 /**
- * A full data disk, for real: the data dir is a 1 MiB tmpfs (mounting one needs root, as CI
- * runs; as another user these tests fail saying so, they never skip). An upload that does not
- * fit gets 507 naming the folder and leaves nothing; a batch whose results the disk refuses
- * says so in `errors`, waits, and completes once space is freed, each line recorded once and
- * counted once.
+ * A full data disk, for real: the server runs in a mount namespace of its own with a 1 MiB
+ * tmpfs as its data dir (`unshare -rm`, which any user may do, root or not), which the test
+ * fills and empties through /proc/<pid>/root. An upload that does not fit gets 507 naming the
+ * folder and leaves nothing; a batch whose results the disk refuses says so in `errors`, waits,
+ * and completes once space is freed, each line recorded once and counted once.
  */
 import { assert, assertEquals } from "@std/assert";
-import { type ServerProcess, startServer } from "./harness/server_process.ts";
+import { namespaceView, type ServerProcess, startServer } from "./harness/server_process.ts";
 import { modelFile } from "./harness/model_files.ts";
 import { fileForm, filesIn, jsonlOf, postFile, until } from "./harness/uploads.ts";
-
-/** A fresh tmpfs of `size` (e.g. "1m"), unmounted and removed by the returned function. */
-async function smallDisk(size: string): Promise<{ dir: string; remove(): Promise<void> }> {
-  const dir = await Deno.makeTempDir({ prefix: "disk_full_test_" });
-  const mount = await new Deno.Command("mount", {
-    args: ["-t", "tmpfs", "-o", `size=${size}`, "tmpfs", dir],
-    stderr: "piped",
-  }).output();
-  if (!mount.success) {
-    await Deno.remove(dir);
-    throw new Error(
-      `These tests need a small real disk: mounting a tmpfs needs root (CI runs as root); ` +
-        `mount said: ${new TextDecoder().decode(mount.stderr).trim()}`,
-    );
-  }
-  return {
-    dir,
-    async remove() {
-      await new Deno.Command("umount", { args: [dir] }).output();
-      await Deno.remove(dir, { recursive: true });
-    },
-  };
-}
 
 /** Writes a file in `dir` until the disk refuses more; returns its path. */
 async function fill(dir: string): Promise<string> {
@@ -48,30 +25,42 @@ async function fill(dir: string): Promise<string> {
   return path;
 }
 
-function server(dataDir: string, extra: string[] = []): Promise<ServerProcess> {
-  return startServer({
+/** A server whose data dir is a fresh 1 MiB tmpfs, and the test's view of that disk. */
+async function server(
+  extra: string[] = [],
+): Promise<{ srv: ServerProcess; dir: string; view: string; remove(): Promise<void> }> {
+  const dir = await Deno.makeTempDir({ prefix: "disk_full_test_" });
+  const srv = await startServer({
     args: [
       ...["--model", modelFile("stories260K.bin"), "--tokenizer", modelFile("tok512.bin")],
       ...["--backend", "reference", "--kv-memory", "8MiB", "--log-format", "off"],
-      ...["--data-dir", dataDir, ...extra],
+      ...["--data-dir", dir, ...extra],
     ],
+    tmpfs: { dir, size: "1m" },
   });
+  return {
+    srv,
+    dir,
+    view: namespaceView(srv, dir),
+    // The tmpfs goes with the server's namespace; the folder under it was always empty.
+    remove: () => Deno.remove(dir, { recursive: true }),
+  };
 }
 
 Deno.test("an upload that does not fit the data disk gets 507 naming the folder and leaves nothing; so does a batch", async () => {
-  const disk = await smallDisk("1m");
-  const srv = await server(disk.dir);
+  const disk = await server();
+  const { srv } = disk;
   try {
     const r = await postFile(srv.base, fileForm(jsonlOf(2 * 1024 * 1024, 1000)));
     assertEquals(r.status, 507, JSON.stringify(r.body));
     assertEquals(r.body.error.code, "insufficient_storage");
     assert(r.body.error.message.includes(`data folder ${disk.dir} is full`), r.body.error.message);
-    assertEquals(await filesIn(disk.dir), []);
+    assertEquals(await filesIn(disk.view), []);
     // The refused upload's bytes are gone: a file that fits is taken.
     const ok = await postFile(srv.base, fileForm(jsonlOf(600 * 1024, 1000)));
     assertEquals(ok.status, 200, JSON.stringify(ok.body));
     // A batch the full disk cannot store is a 507 too, and does not exist.
-    const filler = await fill(disk.dir);
+    const filler = await fill(disk.view);
     const batch = await fetch(`${srv.base}/v1/batches`, {
       method: "POST",
       headers: { "content-type": "application/json" },
@@ -93,8 +82,8 @@ Deno.test("an upload that does not fit the data disk gets 507 naming the folder 
 });
 
 Deno.test("a batch whose results the full disk refuses says why in errors, and completes once space is freed, each line once", async () => {
-  const disk = await smallDisk("1m");
-  const srv = await server(disk.dir, ["--batch-concurrency", "1"]);
+  const disk = await server(["--batch-concurrency", "1"]);
+  const { srv } = disk;
   const get = async (path: string) => await (await fetch(`${srv.base}${path}`)).json();
   try {
     const n = 30;
@@ -120,7 +109,7 @@ Deno.test("a batch whose results the full disk refuses says why in errors, and c
     }).then((r) => r.json());
     const batch = () => get(`/v1/batches/${created.id}`);
     await until(async () => (await batch()).request_counts.completed >= 1, "a first line");
-    const filler = await fill(disk.dir);
+    const filler = await fill(disk.view);
 
     let waiting: any;
     await until(

@@ -14,6 +14,17 @@ export interface ServerOptions {
   readonly openFileLimit?: number;
   /** Another checkout's main.ts (a benchmark's "before"); default this checkout's. */
   readonly main?: string;
+  /**
+   * Start it in a user and mount namespace of its own (`unshare -rm`, which any user may do,
+   * root or not) with a tmpfs of `size` (e.g. "1m") mounted on `dir`: a small real disk that
+   * only the server sees; the test reaches it at `/proc/<pid>/root<dir>` (namespaceView).
+   */
+  readonly tmpfs?: { readonly dir: string; readonly size: string };
+}
+
+/** Where a test sees `path` of a server started with `tmpfs`: through its mount namespace. */
+export function namespaceView(server: Pick<ServerProcess, "pid">, path: string): string {
+  return `/proc/${server.pid}/root${path}`;
 }
 
 export interface ServerProcess {
@@ -38,7 +49,22 @@ const MAIN = new URL("../../main.ts", import.meta.url).pathname;
 export async function startServer(opts: ServerOptions): Promise<ServerProcess> {
   const args = ["run", "-A", opts.main ?? MAIN, "serve", "--host", "127.0.0.1", "--port", "0", ...opts.args];
   // exec keeps the pid: signals and /proc/<pid> reach the server itself.
-  const [cmd, cmdArgs] = opts.openFileLimit === undefined
+  const [cmd, cmdArgs] = opts.tmpfs !== undefined
+    ? [
+      "unshare",
+      [
+        "-rm",
+        "sh",
+        "-c",
+        'mount -t tmpfs -o "size=$1" tmpfs "$2" && shift 2 && exec "$@"',
+        "sh",
+        opts.tmpfs.size,
+        opts.tmpfs.dir,
+        Deno.execPath(),
+        ...args,
+      ],
+    ]
+    : opts.openFileLimit === undefined
     ? [Deno.execPath(), args]
     : ["sh", ["-c", `ulimit -n ${opts.openFileLimit} && exec "$0" "$@"`, Deno.execPath(), ...args]];
   const child = new Deno.Command(cmd, {
