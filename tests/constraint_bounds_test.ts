@@ -39,7 +39,10 @@ function schemaFormat(schema: unknown) {
 /** A small schema no earlier request sent: it must be compiled afresh. */
 const FRESH = {
   type: "object",
-  properties: { colour: { enum: ["red", "green"] }, legs: { type: "integer", minimum: 0, maximum: 8 } },
+  properties: {
+    colour: { enum: ["red", "green"] },
+    legs: { type: "integer", minimum: 0, maximum: 8 },
+  },
   required: ["colour", "legs"],
   additionalProperties: false,
 };
@@ -59,7 +62,11 @@ Deno.test("the nested schemas that trapped XGrammar (60 objects, 1,000 arrays, 2
   const chat = svc.base + "/v1/chat/completions";
   const limit = String(GRAMMAR_LIMITS.maxDepth);
   for (const schema of [nestedObjects(60), nestedArrays(1000)]) {
-    const res = await postJson(chat, { messages: msgs, response_format: schemaFormat(schema) }, auth(A));
+    const res = await postJson(
+      chat,
+      { messages: msgs, response_format: schemaFormat(schema) },
+      auth(A),
+    );
     const message = await error400(res);
     assertMatch(message, /nests \d+ levels deep/);
     assert(message.includes(`limit is ${limit}`), message);
@@ -71,7 +78,10 @@ Deno.test("the nested schemas that trapped XGrammar (60 objects, 1,000 arrays, 2
     messages: msgs,
     tools: [{
       type: "function",
-      function: { name: "deep", parameters: { type: "object", properties: { p: nestedObjects(70) } } },
+      function: {
+        name: "deep",
+        parameters: { type: "object", properties: { p: nestedObjects(70) } },
+      },
     }],
     tool_choice: "required",
   }, auth(A));
@@ -133,7 +143,9 @@ Deno.test("maxLength and minLength of 10^9, a minimum no max_tokens can write, a
     await error400(await ask({ type: "string", minLength: 1e9 })),
     /'minLength' is 1000000000; the limit for minLength is 100000/,
   );
-  const short = await error400(await ask({ type: "array", items: { type: "integer" }, minItems: 5000 }, 10));
+  const short = await error400(
+    await ask({ type: "array", items: { type: "integer" }, minItems: 5000 }, 10),
+  );
   assertMatch(short, /'minItems' \(5000\) cannot be written in 10 tokens \(max_tokens/);
   const many = { enum: Array.from({ length: 1001 }, (_, i) => `v${i}`) };
   assertMatch(await error400(await ask(many)), /enums hold 1001 values in all; the limit is 1000/);
@@ -180,4 +192,23 @@ Deno.test("min_tokens with an output constraint is a 400 naming min_tokens: a co
   });
   assertEquals(alone.status, 200);
   assertEquals(svc.backend.requests.length, 1);
+});
+
+Deno.test("a grammar engine that cannot start answers constrained requests 503 with Retry-After, plain ones 200; once it can, the next request starts it", async () => {
+  const grammar: { bundle?: string } = { bundle: "/nonexistent/web-xgrammar/lib/index.js" };
+  await using svc = await startService({ grammar });
+  const chat = svc.base + "/v1/chat/completions";
+  const constrained = { messages: msgs, max_tokens: 20, response_format: { type: "json_object" } };
+  for (let i = 0; i < 2; i++) {
+    const res = await postJson(chat, constrained);
+    const body = await res.json();
+    assertEquals(res.status, 503);
+    assert(res.headers.has("retry-after"));
+    assertMatch(body.error.message, /the grammar engine could not be started .*retry later/);
+  }
+  assertEquals((await postJson(chat, { messages: msgs, max_tokens: 4 })).status, 200);
+  delete grammar.bundle;
+  const res = await postJson(chat, constrained);
+  assertEquals(res.status, 200);
+  assert((await res.json()).choices[0].message.content.startsWith("{"));
 });

@@ -1,7 +1,7 @@
 import { assert, assertEquals, assertLess, assertRejects } from "@std/assert";
 import { Ajv } from "ajv";
-import { GrammarService } from "../lib/grammar/grammar_service.ts";
-import { ConstraintError } from "../lib/grammar/constraint_error.ts";
+import { GrammarService, lazyGrammarService } from "../lib/grammar/grammar_service.ts";
+import { ConstraintError, GrammarUnavailableError } from "../lib/grammar/constraint_error.ts";
 import { GRAMMAR_LIMITS, type GrammarLimits } from "../lib/grammar/grammar_limits.ts";
 import type { GrammarRestartReason } from "../lib/grammar/grammar_thread.ts";
 import { grammarVocabulary } from "../lib/grammar/grammar_vocabulary.ts";
@@ -250,10 +250,14 @@ Deno.test("a compile whose client left is ended at once; the next compile runs o
     onRestart: (r) => restarts.push(r),
   });
   const left = new AbortController();
-  const slow = grammars.constraint({
-    type: "json_schema",
-    schema: '{"type": "string", "pattern": "^(a{0,1000}){0,1000}$"}',
-  }, [], { signal: left.signal });
+  const slow = grammars.constraint(
+    {
+      type: "json_schema",
+      schema: '{"type": "string", "pattern": "^(a{0,1000}){0,1000}$"}',
+    },
+    [],
+    { signal: left.signal },
+  );
   slow.catch(() => {});
   await new Promise((r) => setTimeout(r, 200));
   left.abort(new Error("client left"));
@@ -284,4 +288,22 @@ Deno.test("a compile that outgrows the worker's memory budget traps and is survi
   const ok = await grammars.constraint({ type: "json_object" });
   assertStartsAll(await ok.nextMask(), tokenizer, vocab, "{");
   grammars.close();
+});
+
+Deno.test("a grammar engine that cannot start is a GrammarUnavailableError (a 503), not a cached failure: the next request starts it again", async () => {
+  const { tokenizer, vocab } = await tokenizerOf(modelFile("stories260K.bin"));
+  // XGrammar's bundle missing (a broken npm cache): the workers cannot load it.
+  const opts: { bundle?: string } = { bundle: "/nonexistent/web-xgrammar/lib/index.js" };
+  const lazy = lazyGrammarService(tokenizer, vocab, opts);
+  for (let i = 0; i < 2; i++) {
+    await assertRejects(
+      () => lazy.constraint({ type: "json_object" }, []),
+      GrammarUnavailableError,
+      "the grammar engine could not be started",
+    );
+  }
+  delete opts.bundle; // the cache repaired: the next request starts the engine
+  const c = await lazy.constraint({ type: "json_object" }, []);
+  assertStartsAll(await c.nextMask(), tokenizer, vocab, "{");
+  (await lazy.service()).close();
 });

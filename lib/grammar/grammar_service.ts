@@ -28,6 +28,8 @@ export interface GrammarServiceOptions {
   readonly limits?: GrammarLimits;
   /** Told of each worker ended (trap, budget, cancelled compile, crash): log and count it. */
   readonly onRestart?: (reason: GrammarRestartReason, why: string) => void;
+  /** XGrammar's bundle (default: the npm package's, xgrammar.ts's XGRAMMAR_BUNDLE). */
+  readonly bundle?: string;
 }
 
 /** What a request brings to a compile: its room for output and its client's going away. */
@@ -92,6 +94,7 @@ export class GrammarService {
   #hits = 0;
   #restarts: Record<GrammarRestartReason, number> = { trap: 0, budget: 0, cancelled: 0, crash: 0 };
   #onRestart: GrammarServiceOptions["onRestart"];
+  #bundle: string | undefined;
   #closed = false;
   #nextGid = 1;
   #nextMid = 1;
@@ -104,6 +107,7 @@ export class GrammarService {
     this.longestToken = vocab.tokens.reduce((n, t) => Math.max(n, t.length), 1);
     this.#capacity = opts.cacheEntries ?? DEFAULT_CACHE_ENTRIES;
     this.#onRestart = opts.onRestart;
+    this.#bundle = opts.bundle;
   }
 
   /** Starts the pool's workers; rejects when XGrammar cannot be started. */
@@ -140,7 +144,7 @@ export class GrammarService {
   #start(): GrammarThread {
     const thread: GrammarThread = new GrammarThread(
       this.#vocab,
-      this.limits.workerMemoryBytes,
+      { memoryBytes: this.limits.workerMemoryBytes, bundle: this.#bundle },
       (reason, why) => this.#died(thread, reason, why),
     );
     return thread;
@@ -229,7 +233,10 @@ export class GrammarService {
   }
 
   /** Compiles on the least busy worker, within the budget; again elsewhere if that one ended. */
-  async #compileSomewhere(c: OutputConstraint, signal: AbortSignal): Promise<CompiledGrammarHandle> {
+  async #compileSomewhere(
+    c: OutputConstraint,
+    signal: AbortSignal,
+  ): Promise<CompiledGrammarHandle> {
     const gid = this.#nextGid++;
     const budget = {
       ms: this.limits.compileMs,
@@ -314,7 +321,10 @@ interface CacheEntry {
 }
 
 /** The entry's grammar; a caller whose signal fires stops waiting, the last one ends the compile. */
-function waitFor(entry: CacheEntry, signal: AbortSignal | undefined): Promise<CompiledGrammarHandle> {
+function waitFor(
+  entry: CacheEntry,
+  signal: AbortSignal | undefined,
+): Promise<CompiledGrammarHandle> {
   if (entry.handle) return entry.grammar;
   if (signal?.aborted) return Promise.reject(signal.reason);
   entry.waiting++;

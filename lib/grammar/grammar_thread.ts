@@ -47,12 +47,12 @@ export class GrammarThread {
 
   constructor(
     vocab: GrammarVocabulary,
-    memoryBytes: number,
+    engine: { readonly memoryBytes: number; readonly bundle?: string | undefined },
     onDeath: (reason: GrammarRestartReason, why: string) => void,
   ) {
     this.#onDeath = onDeath;
     this.#worker = new Worker(new URL("./grammar_worker.ts", import.meta.url), {
-      workerData: { memoryBytes },
+      workerData: engine,
     });
     this.#worker.unref();
     this.#worker.on("message", (reply: GrammarReply) => this.#answer(reply));
@@ -86,7 +86,9 @@ export class GrammarThread {
       this.#end("trap", reply.message);
       return;
     }
-    waiting.reject(reply.constraint ? new ConstraintError(reply.message) : new Error(reply.message));
+    waiting.reject(
+      reply.constraint ? new ConstraintError(reply.message) : new Error(reply.message),
+    );
   }
 
   /** Sends a request (its `call` is filled in) and waits for its answer, within `budget`. */

@@ -61,7 +61,7 @@ const JSON_LAYOUT = {
 const ANY_OBJECT = '{"type": "object"}';
 
 class GrammarHost {
-  constructor(readonly memoryBytes: number | undefined) {}
+  constructor(readonly memoryBytes: number | undefined, readonly bundle: string | undefined) {}
   #xg: XGrammar | undefined;
   #vocab: GrammarVocabulary | undefined;
   /** For JSON: the vocabulary without tokens holding a control byte (see jsonVocabulary). */
@@ -74,7 +74,7 @@ class GrammarHost {
   async handle(req: GrammarRequest): Promise<GrammarReply | undefined> {
     switch (req.op) {
       case "init": {
-        this.#xg = await loadXGrammar(this.memoryBytes);
+        this.#xg = await loadXGrammar(this.memoryBytes, this.bundle);
         this.#vocab = req.vocab;
         this.#jsonCompiler = await compilerFor(this.#xg, jsonVocabulary(req.vocab));
         return { call: req.call, ok: true };
@@ -204,7 +204,7 @@ function isTrap(e: unknown): boolean {
 
 if (parentPort) {
   const port = parentPort;
-  const host = new GrammarHost(workerData?.memoryBytes);
+  const host = new GrammarHost(workerData?.memoryBytes, workerData?.bundle);
   let trapped: string | undefined;
   // One request at a time, in arrival order: XGrammar is not reentrant, and answers keep order.
   let queue = Promise.resolve();

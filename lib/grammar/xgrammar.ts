@@ -37,7 +37,8 @@ let loading: Promise<XGrammar> | undefined;
 
 /**
  * The XGrammar module, loaded once per process (its WebAssembly is instantiated on first use by
- * XGrammar itself).
+ * XGrammar itself), its WebAssembly heap bounded to `memoryBytes`, from `file` (the bundle of
+ * the npm package by default).
  *
  * ```ts
  * import { assertEquals } from "@std/assert";
@@ -47,9 +48,11 @@ let loading: Promise<XGrammar> | undefined;
  * const info = await xg.TokenizerInfo.createTokenizerInfo(["a", "b", "</s>"], "raw", false, 3, [2]);
  * ```
  */
-export function loadXGrammar(memoryBytes?: number): Promise<XGrammar> {
+export function loadXGrammar(
+  memoryBytes?: number,
+  file: string = XGRAMMAR_BUNDLE,
+): Promise<XGrammar> {
   loading ??= (async () => {
-    const file = XGRAMMAR_BUNDLE;
     const source = withHeapMax(await Deno.readTextFile(file), memoryBytes);
     const module = { exports: {} as Record<string, unknown> };
     const quiet = {
