@@ -368,4 +368,3 @@ export class RequestActor {
     });
   }
 }
-

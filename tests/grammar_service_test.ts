@@ -104,6 +104,7 @@ for (const [name, path] of VOCABULARIES) {
     c.dispose();
     assertEquals(typeof value, "object");
     assert(value !== null && !Array.isArray(value));
+    grammars.close();
   });
 }
 
@@ -128,6 +129,7 @@ Deno.test("GrammarService compiles a schema once and answers again from its cach
   assertEquals(grammars.stats().entries, 2);
   await grammars.compile(a);
   assertEquals(grammars.stats().compiles, 4);
+  grammars.close();
 });
 
 Deno.test("GrammarService refuses a schema or grammar XGrammar cannot compile, with its reason", async () => {
@@ -147,6 +149,7 @@ Deno.test("GrammarService refuses a schema or grammar XGrammar cannot compile, w
   const ok = await grammars.constraint({ type: "grammar", grammar: 'root ::= "yes" | "no"' });
   const text = await randomWalk(ok, tokenizer, vocab, seededRandom(1));
   assert(text === "yes" || text === "no", text);
+  grammars.close();
 });
 
 Deno.test("GrammarService.constraint() replays the tokens an earlier attempt generated", async () => {
@@ -161,6 +164,7 @@ Deno.test("GrammarService.constraint() replays the tokens an earlier attempt gen
     ConstraintError,
     "does not fit the grammar",
   );
+  grammars.close();
 });
 
 /** Every id the mask allows prints text starting with `prefix`, and one prints exactly it. */

@@ -28,7 +28,8 @@ export interface GrammarLimits {
 }
 
 export const GRAMMAR_LIMITS: GrammarLimits = {
-  maxBytes: 256 * 1024,
+  // As the HTTP fields' own cap on a grammar; 50,000 GBNF alternatives compile in time.
+  maxBytes: 1024 * 1024,
   maxDepth: 64,
   maxEnumValues: 1000,
   maxRepetition: 10_000,

@@ -150,36 +150,45 @@ export class GrammarService {
     return thread;
   }
 
-  /** A worker was ended: forget what it held, and start a fresh one in its place. */
+  /**
+   * A worker was ended: forget what it held. It is replaced when next needed (#pick), so an
+   * engine that cannot start is tried again per request, never in a loop.
+   */
   #died(thread: GrammarThread, reason: GrammarRestartReason, why: string): void {
     for (const [key, entry] of this.#cache) {
       if (entry.handle?.thread === thread) this.#cache.delete(key);
     }
     if (this.#closed) return;
     this.#restarts[reason]++;
-    const i = this.#threads.indexOf(thread);
-    if (i >= 0) this.#threads[i] = this.#start();
-    (this.#onRestart ?? ((r, w) => console.error(`grammar worker restarted (${r}): ${w}`)))(
+    (this.#onRestart ?? ((r, w) => console.error(`grammar worker ended (${r}): ${w}`)))(
       reason,
       why,
     );
   }
 
-  /** The least busy live worker, once it has its vocabulary; a 503 when none can start. */
+  /**
+   * The least busy worker that has its vocabulary, its `compiling` counted up before anything
+   * is awaited (the caller counts it down); a 503 when none can start.
+   */
   async #pick(): Promise<GrammarThread> {
     if (this.#closed) throw new GrammarUnavailableError("The grammar service was closed");
     this.#threads = this.#threads.map((t) => t.alive ? t : this.#start());
-    const thread = this.#threads.reduce((a, b) => b.load < a.load ? b : a);
-    try {
-      await thread.ready;
-    } catch (e) {
-      throw new GrammarUnavailableError(
-        `Cannot constrain the output: the grammar engine could not be started (${
-          e instanceof Error ? e.message : e
-        }); retry later`,
-      );
+    let failure: unknown;
+    for (const thread of [...this.#threads].sort((a, b) => a.load - b.load)) {
+      thread.compiling++;
+      try {
+        await thread.ready;
+        if (thread.alive) return thread;
+      } catch (e) {
+        failure = e;
+      }
+      thread.compiling--;
     }
-    return thread;
+    throw new GrammarUnavailableError(
+      `Cannot constrain the output: the grammar engine could not be started (${
+        failure instanceof Error ? failure.message : failure ?? "its workers were ended"
+      }); retry later`,
+    );
   }
 
   /**
@@ -250,6 +259,8 @@ export class GrammarService {
         return new CompiledGrammarHandle(gid, thread);
       } catch (e) {
         if (!(e instanceof ThreadGoneError) || move >= MOVES || signal.aborted) throw e;
+      } finally {
+        thread.compiling--;
       }
     }
   }

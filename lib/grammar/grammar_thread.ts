@@ -58,7 +58,10 @@ export class GrammarThread {
     this.#worker.on("message", (reply: GrammarReply) => this.#answer(reply));
     this.#worker.on("error", (e: Error) => this.#end("crash", `it failed: ${e.message}`));
     this.#worker.on("exit", () => this.#end("crash", "it exited"));
-    this.ready = this.call({ op: "init", call: 0, vocab }).then(() => {});
+    this.ready = this.call({ op: "init", call: 0, vocab }).then(() => {}, (e) => {
+      this.#end("crash", `it could not start: ${e instanceof Error ? e.message : e}`);
+      throw e;
+    });
     this.ready.catch(() => {});
   }
 
@@ -66,9 +69,15 @@ export class GrammarThread {
     return this.#dead === undefined;
   }
 
-  /** Calls waiting for an answer: what the pool balances on. */
+  /**
+   * Compiles sent here or on their way (counted from the moment the pool chose this worker, so
+   * two compiles asked for in the same turn go to different workers), then calls waiting for an
+   * answer: what the pool balances on.
+   */
+  compiling = 0;
+
   get load(): number {
-    return this.#calls.size;
+    return this.compiling * 1_000_000 + this.#calls.size;
   }
 
   #answer(reply: GrammarReply): void {

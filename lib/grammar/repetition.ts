@@ -2,7 +2,8 @@
  * How far a regex or a GBNF grammar's counted repetition expands: XGrammar writes `x{0,1000}`
  * as up to 1000 copies of x, so `(a{0,1000}){0,1000}` becomes about 10^6 states. `states` is
  * the sum over atoms of the product of the upper bounds of the repetitions around each (a rule
- * counts as what its own text expands to); `depth` the deepest parenthesis nesting.
+ * counts as what its own text expands to; 0 without any counted repetition); `depth` the deepest
+ * parenthesis nesting.
  *
  * ```ts
  * import { assertEquals } from "@std/assert";
@@ -15,11 +16,16 @@ export function repetitionOf(
   text: string,
   kind: "regex" | "grammar",
 ): { states: number; depth: number } {
-  if (kind === "regex") return scan(text, kind, () => 1);
+  // Without counted repetition a text expands to nothing beyond its own size (maxBytes).
+  if (kind === "regex") {
+    const r = scan(text, kind, () => 1);
+    return { states: r.counted ? r.states : 0, depth: r.depth };
+  }
   const rules = splitRules(text);
   const memo = new Map<string, number>();
   const open = new Set<string>();
   let depth = 0;
+  let counted = false;
   const ruleStates = (name: string): number => {
     const known = memo.get(name);
     if (known !== undefined) return known;
@@ -30,12 +36,13 @@ export function repetitionOf(
     const r = scan(body, kind, ruleStates);
     open.delete(name);
     depth = Math.max(depth, r.depth);
+    counted ||= r.counted;
     memo.set(name, r.states);
     return r.states;
   };
   let states = 0;
   for (const name of rules.keys()) states = Math.max(states, ruleStates(name));
-  return { states, depth };
+  return { states: counted ? states : 0, depth };
 }
 
 /** GBNF rules by name: `name ::= body`, a body running to the next rule's head. */
@@ -59,9 +66,10 @@ function scan(
   text: string,
   kind: "regex" | "grammar",
   ruleStates: (name: string) => number,
-): { states: number; depth: number } {
+): { states: number; depth: number; counted: boolean } {
   const stack: Frame[] = [{ sum: 0, last: 0 }];
   let depth = 0;
+  let counted = false;
   const top = () => stack[stack.length - 1]!;
   const atom = (w: number) => {
     top().sum += w;
@@ -94,6 +102,7 @@ function scan(
       }
       const n = Number(m[1] || 0);
       const upper = m[2] === "" ? n : m[3] === "" ? n + 1 : Number(m[3]);
+      counted = true;
       const f = top();
       f.sum += f.last * (Math.max(upper, 1) - 1);
       f.last *= Math.max(upper, 1);
@@ -106,7 +115,7 @@ function scan(
       atom(1);
     }
   }
-  return { states: stack.reduce((s, f) => s + f.sum, 0), depth };
+  return { states: stack.reduce((s, f) => s + f.sum, 0), depth, counted };
 }
 
 /** The index of the unescaped `end` that closes what opens at `start`. */

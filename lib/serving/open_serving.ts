@@ -131,7 +131,7 @@ export async function openServing(o: OpenServingOptions): Promise<OpenedServing>
     codec: o.codec ?? o.tokenizer,
     grammars: o.grammars ?? lazyGrammarService(o.tokenizer, o.model.config.vocabSize, {
       onRestart: (reason, why) => {
-        console.error(`grammar worker restarted (${reason}): ${why}`);
+        console.error(`grammar worker ended (${reason}): ${why}`);
         metrics?.observeGrammarRestart(reason);
       },
     }),
