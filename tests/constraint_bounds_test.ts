@@ -3,7 +3,7 @@ import { Ajv } from "ajv";
 import { GRAMMAR_LIMITS } from "../lib/grammar/grammar_limits.ts";
 import { checkConstraintBounds } from "../lib/grammar/constraint_bounds.ts";
 import { ConstraintError } from "../lib/grammar/constraint_error.ts";
-import { postJson, startService } from "./_http_harness.ts";
+import { postJson, startService, TestSocket } from "./_http_harness.ts";
 
 /**
  * The bounds a constraint passes before XGrammar sees it (lib/grammar/constraint_bounds.ts),
@@ -227,4 +227,30 @@ Deno.test("a schema or grammar over the byte bound is refused naming its size (H
       .minimum,
     0,
   );
+});
+
+Deno.test("on the WebSocket, the 60-nested schema is an error frame naming the bound, and the next frame's schema is served", async () => {
+  await using svc = await startService();
+  const ws = await TestSocket.open(svc.wsUrl);
+  try {
+    ws.send({ type: "generate", id: "deep", prompt: "x", json_schema: nestedObjects(60) });
+    const [err] = await ws.collect("deep");
+    assertEquals(err!.type, "error");
+    assertEquals(err!.code, "invalid_request");
+    assertMatch(String(err!.message), /nests 121 levels deep .*the limit is 64/);
+    ws.send({
+      type: "generate",
+      id: "ok",
+      prompt: "x",
+      max_tokens: 200,
+      seed: 3,
+      json_schema: FRESH,
+    });
+    const frames = await ws.collect("ok");
+    const text = frames.filter((f) => f.type === "token").map((f) => f.text).join("");
+    assertEquals(frames.at(-1)!.finish_reason, "stop", text);
+    assert(validFresh(JSON.parse(text)), text);
+  } finally {
+    await ws.close();
+  }
 });
