@@ -5,7 +5,7 @@ import type { TopLogprobs } from "../lib/engine/top_logprobs.ts";
 import { Channel, ChannelClosedError } from "./channel.ts";
 import type { OutputConstraint } from "../lib/grammar/output_constraint.ts";
 import type { TokenConstraint } from "../lib/grammar/token_constraint.ts";
-import { ConstraintError } from "../lib/grammar/constraint_error.ts";
+import { ConstraintError, GrammarUnavailableError } from "../lib/grammar/constraint_error.ts";
 import type { RequestMsg, SchedulerMsg, SeqEvent } from "./messages.ts";
 import { SEQ_EVENTS_BESIDE_TOKENS } from "../lib/core/seq_events.ts";
 
@@ -42,8 +42,16 @@ export interface RequestActorOptions {
 
 /** What the request actor needs to constrain a generation (lib/grammar's GrammarService). */
 export interface ConstraintCompiler {
-  /** A fresh grammar state for one sequence, advanced over `replay`; throws ConstraintError. */
-  constraint(c: OutputConstraint, replay: readonly number[]): Promise<TokenConstraint>;
+  /**
+   * A fresh grammar state for one sequence, advanced over `replay`; throws ConstraintError (a
+   * 400) or GrammarUnavailableError (a 503). `maxTokens` bounds what the constraint may demand;
+   * `signal` fires when the client leaves (a compile only it waits for is ended).
+   */
+  constraint(
+    c: OutputConstraint,
+    replay: readonly number[],
+    req?: { readonly maxTokens?: number; readonly signal?: AbortSignal },
+  ): Promise<TokenConstraint>;
 }
 
 /** Messages the client side posts to a request actor: abort and client-gone, each at most once. */
@@ -80,6 +88,8 @@ export class RequestActor {
   #posted = new Set<"abort" | "client-gone">();
   /** Set when the mailbox refused a message: the generation fails with it. */
   #overflow: string | undefined;
+  /** Fires on abort or client-gone: a grammar compile nobody else waits for is ended. */
+  #left = new AbortController();
 
   constructor(
     scheduler: SchedulerHandle,
@@ -116,6 +126,7 @@ export class RequestActor {
   #postOnce(type: "abort" | "client-gone"): void {
     if (this.#posted.has(type)) return;
     this.#posted.add(type);
+    this.#left.abort(new Error(`the request was ${type === "abort" ? "cancelled" : "left"}`));
     this.#post({ type });
   }
 
@@ -161,8 +172,20 @@ export class RequestActor {
         constraint = await this.#grammars.constraint(
           req.constraint,
           prompt.slice(prompt.length - replay),
+          { maxTokens: req.maxTokens, signal: this.#left.signal },
         );
       } catch (e) {
+        if (this.#left.signal.aborted) {
+          // Nobody waits for a compile the client left; a cancelled one still ends with done.
+          if (!this.#posted.has("abort")) return;
+          const usage = { promptTokens: prompt.length, completionTokens: 0, cachedTokens: 0 };
+          await this.#emit(doneEvent("cancelled", usage, { start: t0, end: this.#now() }));
+          return;
+        }
+        if (e instanceof GrammarUnavailableError) {
+          await this.#emit({ type: "error", code: "overloaded", message: e.message });
+          return;
+        }
         if (!(e instanceof ConstraintError)) throw e;
         await this.#emit({ type: "error", code: "invalid_request", message: e.message });
         return;
@@ -345,4 +368,3 @@ export class RequestActor {
     });
   }
 }
-

@@ -10,7 +10,7 @@ import { ServingCore } from "../actors/core.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import { GREEDY, type SamplingParams, type StepPlan } from "../lib/engine/engine.ts";
 import { CoreBackend } from "../lib/serving/core_backend.ts";
-import { lazyGrammarService } from "../lib/grammar/grammar_service.ts";
+import { type GrammarServiceOptions, lazyGrammarService } from "../lib/grammar/grammar_service.ts";
 import { parseLlama2cTokenizer } from "../lib/tokenizer/llama2c_tokenizer.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./harness/fake_engine.ts";
@@ -37,6 +37,8 @@ export interface FakeCoreOptions {
   readonly kvBlockSize?: number;
   readonly kvBlocksTotal?: number;
   readonly chatTemplate?: string;
+  /** Options of the real grammar service behind constrained requests (its limits, its bundle). */
+  readonly grammar?: GrammarServiceOptions;
   /**
    * The engine crashes on every step that would compute a third generated token of a prompt
    * containing this text: the real core restarts it, recomputes, and after maxSeqFaults fails
@@ -99,7 +101,7 @@ export class FakeCore extends CoreBackend {
         return engines.at(-1)!;
       },
       codec: TOKENIZER,
-      grammars: lazyGrammarService(TOKENIZER, TOKENIZER.vocabSize),
+      grammars: lazyGrammarService(TOKENIZER, TOKENIZER.vocabSize, opts.grammar),
       scheduler: { maxRunning: opts.maxRunning ?? 8, maxWaiting: opts.maxWaiting ?? 8 },
       executor: {
         log: (line) => (markerIds || broken.now ? undefined : console.error(line)),

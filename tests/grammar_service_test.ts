@@ -1,7 +1,9 @@
-import { assert, assertEquals, assertRejects } from "@std/assert";
+import { assert, assertEquals, assertLess, assertRejects } from "@std/assert";
 import { Ajv } from "ajv";
-import { GrammarService } from "../lib/grammar/grammar_service.ts";
-import { ConstraintError } from "../lib/grammar/constraint_error.ts";
+import { GrammarService, lazyGrammarService } from "../lib/grammar/grammar_service.ts";
+import { ConstraintError, GrammarUnavailableError } from "../lib/grammar/constraint_error.ts";
+import { GRAMMAR_LIMITS, type GrammarLimits } from "../lib/grammar/grammar_limits.ts";
+import type { GrammarRestartReason } from "../lib/grammar/grammar_thread.ts";
 import { grammarVocabulary } from "../lib/grammar/grammar_vocabulary.ts";
 import type { TokenConstraint } from "../lib/grammar/token_constraint.ts";
 import { allowedIds, allowsOnly } from "../lib/engine/token_mask.ts";
@@ -102,6 +104,7 @@ for (const [name, path] of VOCABULARIES) {
     c.dispose();
     assertEquals(typeof value, "object");
     assert(value !== null && !Array.isArray(value));
+    grammars.close();
   });
 }
 
@@ -115,12 +118,18 @@ Deno.test("GrammarService compiles a schema once and answers again from its cach
   const c = { type: "json_schema", schema: '{"type": "boolean"}' } as const;
   const first = await grammars.compile(a);
   assert(first === await grammars.compile(a));
-  assertEquals(grammars.stats(), { compiles: 1, hits: 1, entries: 1 });
+  assertEquals(grammars.stats(), {
+    compiles: 1,
+    hits: 1,
+    entries: 1,
+    restarts: { trap: 0, budget: 0, cancelled: 0, crash: 0 },
+  });
   await grammars.compile(b);
   await grammars.compile(c); // evicts a, the least recently used
   assertEquals(grammars.stats().entries, 2);
   await grammars.compile(a);
   assertEquals(grammars.stats().compiles, 4);
+  grammars.close();
 });
 
 Deno.test("GrammarService refuses a schema or grammar XGrammar cannot compile, with its reason", async () => {
@@ -140,6 +149,7 @@ Deno.test("GrammarService refuses a schema or grammar XGrammar cannot compile, w
   const ok = await grammars.constraint({ type: "grammar", grammar: 'root ::= "yes" | "no"' });
   const text = await randomWalk(ok, tokenizer, vocab, seededRandom(1));
   assert(text === "yes" || text === "no", text);
+  grammars.close();
 });
 
 Deno.test("GrammarService.constraint() replays the tokens an earlier attempt generated", async () => {
@@ -154,4 +164,150 @@ Deno.test("GrammarService.constraint() replays the tokens an earlier attempt gen
     ConstraintError,
     "does not fit the grammar",
   );
+  grammars.close();
+});
+
+/** Every id the mask allows prints text starting with `prefix`, and one prints exactly it. */
+function assertStartsAll(mask: Uint32Array, tokenizer: Tokenizer, vocab: number, prefix: string) {
+  const allowed = allowedIds(mask, vocab);
+  assert(allowed.includes(idOf(tokenizer, prefix)), `${prefix} not allowed`);
+  for (const id of allowed) {
+    const text = new TextDecoder().decode(tokenizer.tokenBytes(id));
+    assert(text.startsWith(prefix), `${JSON.stringify(text)} allowed where ${prefix} must come`);
+  }
+}
+
+/** `depth` arrays nested in one another: XGrammar 0.1.27's converter traps from about 100. */
+function nestedArrays(depth: number): string {
+  return '{"type": "array", "items": '.repeat(depth) + '{"type": "string"}' + "}".repeat(depth);
+}
+
+/** The bounds of GRAMMAR_LIMITS lifted, so a schema they refuse reaches XGrammar. */
+function unbounded(over: Partial<GrammarLimits> = {}): GrammarLimits {
+  return {
+    ...GRAMMAR_LIMITS,
+    maxDepth: Infinity,
+    maxRepetition: Infinity,
+    maxLengthBound: Infinity,
+    ...over,
+  };
+}
+
+Deno.test("a WebAssembly trap in the grammar worker fails that compile alone: the worker starts afresh, a live matcher moves on, new schemas compile", async () => {
+  const { tokenizer, vocab } = await tokenizerOf(modelFile("stories260K.bin"));
+  const restarts: GrammarRestartReason[] = [];
+  // One worker: the trap happens where the live matcher lives.
+  const grammars = await GrammarService.create(grammarVocabulary(tokenizer, vocab), {
+    limits: unbounded({ workers: 1 }),
+    onRestart: (r) => restarts.push(r),
+  });
+  const live = await grammars.constraint({ type: "grammar", grammar: 'root ::= "abc" [0-9]' });
+  assertStartsAll(await live.nextMask(), tokenizer, vocab, "a");
+  assert(live.accept(idOf(tokenizer, "a")));
+
+  const e = await assertRejects(
+    () => grammars.compile({ type: "json_schema", schema: nestedArrays(1000) }),
+    ConstraintError,
+  );
+  assert(/RuntimeError|out of bounds/.test(e.message) && /restarted/.test(e.message), e.message);
+  assertEquals(restarts, ["trap"]);
+
+  // Before the fix every later compile answered "Aborted()" or "table index is out of bounds".
+  const fresh = await grammars.constraint({ type: "json_object" });
+  assertStartsAll(await fresh.nextMask(), tokenizer, vocab, "{");
+  // The live matcher replayed "a" on the fresh worker: only "b" may follow.
+  assertStartsAll(await live.nextMask(), tokenizer, vocab, "b");
+  assertEquals(grammars.stats().restarts.trap, 1);
+  grammars.close();
+});
+
+Deno.test("a compile over its time budget is ended with a 400 naming the budget, and a canary constrained request meanwhile is answered within 2 s", async () => {
+  const { tokenizer, vocab } = await tokenizerOf(modelFile("stories260K.bin"));
+  const restarts: GrammarRestartReason[] = [];
+  const grammars = await GrammarService.create(grammarVocabulary(tokenizer, vocab), {
+    limits: unbounded({ compileMs: 3000 }),
+    onRestart: (r) => restarts.push(r),
+  });
+  const t0 = performance.now();
+  const slow = grammars.compile({
+    type: "json_schema",
+    schema: '{"type": "string", "pattern": "^(a{0,1000}){0,1000}$"}',
+  });
+  slow.catch(() => {});
+  const canary = await grammars.constraint({
+    type: "json_schema",
+    schema: '{"type": "string", "maxLength": 3}',
+  });
+  assertStartsAll(await canary.nextMask(), tokenizer, vocab, '"');
+  assertLess(performance.now() - t0, 2000);
+  await assertRejects(() => slow, ConstraintError, "3000 ms compile budget");
+  assertLess(performance.now() - t0, 3000 + 2000);
+  assertEquals(restarts, ["budget"]);
+  grammars.close();
+});
+
+Deno.test("a compile whose client left is ended at once; the next compile runs on a fresh worker", async () => {
+  const { tokenizer, vocab } = await tokenizerOf(modelFile("stories260K.bin"));
+  const restarts: GrammarRestartReason[] = [];
+  const grammars = await GrammarService.create(grammarVocabulary(tokenizer, vocab), {
+    limits: unbounded({ workers: 1 }),
+    onRestart: (r) => restarts.push(r),
+  });
+  const left = new AbortController();
+  const slow = grammars.constraint(
+    {
+      type: "json_schema",
+      schema: '{"type": "string", "pattern": "^(a{0,1000}){0,1000}$"}',
+    },
+    [],
+    { signal: left.signal },
+  );
+  slow.catch(() => {});
+  await new Promise((r) => setTimeout(r, 200));
+  left.abort(new Error("client left"));
+  await assertRejects(() => slow, Error, "client left");
+  assertEquals(restarts, ["cancelled"]);
+  const next = await grammars.constraint({ type: "json_object" });
+  assertStartsAll(await next.nextMask(), tokenizer, vocab, "{");
+  grammars.close();
+});
+
+Deno.test("a compile that outgrows the worker's memory budget traps and is survived", async () => {
+  const { tokenizer, vocab } = await tokenizerOf(modelFile("stories260K.bin"));
+  const restarts: GrammarRestartReason[] = [];
+  const grammars = await GrammarService.create(grammarVocabulary(tokenizer, vocab), {
+    limits: unbounded({
+      workerMemoryBytes: 64 * 1024 * 1024,
+      maxEnumValues: Infinity,
+      maxBytes: Infinity,
+    }),
+    onRestart: (r) => restarts.push(r),
+  });
+  const huge = { enum: Array.from({ length: 200_000 }, (_, i) => `value number ${i}`) };
+  await assertRejects(
+    () => grammars.compile({ type: "json_schema", schema: JSON.stringify(huge) }),
+    ConstraintError,
+  );
+  assertEquals(restarts, ["trap"]);
+  const ok = await grammars.constraint({ type: "json_object" });
+  assertStartsAll(await ok.nextMask(), tokenizer, vocab, "{");
+  grammars.close();
+});
+
+Deno.test("a grammar engine that cannot start is a GrammarUnavailableError (a 503), not a cached failure: the next request starts it again", async () => {
+  const { tokenizer, vocab } = await tokenizerOf(modelFile("stories260K.bin"));
+  // XGrammar's bundle missing (a broken npm cache): the workers cannot load it.
+  const opts: { bundle?: string } = { bundle: "/nonexistent/web-xgrammar/lib/index.js" };
+  const lazy = lazyGrammarService(tokenizer, vocab, opts);
+  for (let i = 0; i < 2; i++) {
+    await assertRejects(
+      () => lazy.constraint({ type: "json_object" }, []),
+      GrammarUnavailableError,
+      "the grammar engine could not be started",
+    );
+  }
+  delete opts.bundle; // the cache repaired: the next request starts the engine
+  const c = await lazy.constraint({ type: "json_object" }, []);
+  assertStartsAll(await c.nextMask(), tokenizer, vocab, "{");
+  (await lazy.service()).close();
 });

@@ -79,6 +79,9 @@ Deno.test("openServing(): every engine, the first and each restart's, is wrapped
     metrics: {
       observeExecutorRestart: () => counted.restarts++,
       observeStep: () => counted.steps++,
+      observeGrammarRestart: () => {
+        throw new Error("no constrained request here: no grammar worker to restart");
+      },
     },
   });
   try {

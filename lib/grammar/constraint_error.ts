@@ -2,3 +2,8 @@
 export class ConstraintError extends Error {
   override readonly name = "ConstraintError";
 }
+
+/** The grammar engine cannot be had right now (it failed to start): a 503; a later request retries. */
+export class GrammarUnavailableError extends Error {
+  override readonly name = "GrammarUnavailableError";
+}

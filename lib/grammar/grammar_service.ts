@@ -1,34 +1,64 @@
-import { Worker } from "node:worker_threads";
-import { ConstraintError } from "./constraint_error.ts";
+import { ConstraintError, GrammarUnavailableError } from "./constraint_error.ts";
+import { checkConstraintBounds, checkRoom, type ConstraintNeeds } from "./constraint_bounds.ts";
+import { GRAMMAR_LIMITS, type GrammarLimits } from "./grammar_limits.ts";
+import { type GrammarRestartReason, GrammarThread, ThreadGoneError } from "./grammar_thread.ts";
 import { type GrammarVocabulary, grammarVocabulary } from "./grammar_vocabulary.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { constraintKey, type OutputConstraint } from "./output_constraint.ts";
 import type { TokenConstraint } from "./token_constraint.ts";
-import type { GrammarReply, GrammarRequest, MaskAnswer, MaskItem } from "./grammar_worker.ts";
 import { tokenAllowed } from "../engine/token_mask.ts";
 
 /** Compiled grammars kept (least recently used dropped first). */
 const DEFAULT_CACHE_ENTRIES = 64;
 
+/** Fresh workers a call may be moved to when the one it waited on was ended under it. */
+const MOVES = 2;
+
 export interface GrammarServiceStats {
   readonly compiles: number;
   readonly hits: number;
   readonly entries: number;
+  /** Workers ended and started afresh, by why. */
+  readonly restarts: Readonly<Record<GrammarRestartReason, number>>;
 }
 
-/** A grammar compiled in the grammar thread, named by its id there. */
+export interface GrammarServiceOptions {
+  readonly cacheEntries?: number;
+  /** Bounds and budgets (default GRAMMAR_LIMITS); tests lift one to reach XGrammar with it. */
+  readonly limits?: GrammarLimits;
+  /** Told of each worker ended (trap, budget, cancelled compile, crash): log and count it. */
+  readonly onRestart?: (reason: GrammarRestartReason, why: string) => void;
+  /** XGrammar's bundle (default: the npm package's, xgrammar.ts's XGRAMMAR_BUNDLE). */
+  readonly bundle?: string;
+}
+
+/** What a request brings to a compile: its room for output and its client's going away. */
+export interface ConstraintRequest {
+  /** Tokens the request may generate: a schema whose minimum cannot fit is refused. */
+  readonly maxTokens?: number;
+  /** Aborted when the client leaves: a compile only it waits for is ended. */
+  readonly signal?: AbortSignal;
+}
+
+/** A grammar compiled in a grammar worker, named by its id there. */
 export class CompiledGrammarHandle {
-  constructor(readonly gid: number) {}
+  constructor(readonly gid: number, readonly thread: GrammarThread) {}
 }
 
 export { ConstraintError };
 
 /**
  * Compiles output constraints against one vocabulary, once per distinct constraint (an LRU keyed
- * by the SHA-256 of its text), and starts a matcher per sequence. XGrammar runs on a thread of
- * its own (grammar_worker.ts): a cold compile (about a second on a 150k vocabulary) no longer
- * stalls the thread that streams every generation, and the masks of all the sequences that
- * want one are computed there in one round trip.
+ * by the SHA-256 of its text), and starts a matcher per sequence. XGrammar runs on a small pool
+ * of workers (grammar_worker.ts), off the thread that streams every generation; a compile goes
+ * to the least busy one, so one slow compile does not hold up another request's.
+ *
+ * Nothing a request sends can break it for the others: a constraint is checked against
+ * GRAMMAR_LIMITS first (constraint_bounds.ts), each compile runs within a time budget and each
+ * worker within a memory budget, and a compile over budget, a cancelled one or a WebAssembly
+ * trap ends its worker and starts a fresh one (the vocabulary sent again). That request gets
+ * the 400; the grammars cached there are forgotten, and the matchers that lived there move to a
+ * fresh worker, replaying the tokens they had accepted.
  *
  * ```ts
  * import { assertEquals } from "@std/assert";
@@ -47,57 +77,129 @@ export { ConstraintError };
  * assertEquals(first, [126]);
  * assertEquals(c.accept(126), true);
  * c.dispose();
+ * grammars.close();
  * ```
  */
 export class GrammarService {
   readonly vocabSize: number;
   readonly stopIds: readonly number[];
-  #thread: GrammarThread;
+  readonly limits: GrammarLimits;
+  /** Bytes of the vocabulary's longest token: what one token can write at most. */
+  readonly longestToken: number;
+  #vocab: GrammarVocabulary;
+  #threads: GrammarThread[] = [];
   #cache = new Map<string, CacheEntry>();
   #capacity: number;
   #compiles = 0;
   #hits = 0;
+  #restarts: Record<GrammarRestartReason, number> = { trap: 0, budget: 0, cancelled: 0, crash: 0 };
+  #onRestart: GrammarServiceOptions["onRestart"];
+  #bundle: string | undefined;
+  #closed = false;
   #nextGid = 1;
   #nextMid = 1;
 
-  private constructor(thread: GrammarThread, vocab: GrammarVocabulary, capacity: number) {
-    this.#thread = thread;
+  private constructor(vocab: GrammarVocabulary, opts: GrammarServiceOptions) {
+    this.#vocab = vocab;
     this.vocabSize = vocab.vocabSize;
     this.stopIds = vocab.stopIds;
-    this.#capacity = capacity;
+    this.limits = opts.limits ?? GRAMMAR_LIMITS;
+    this.longestToken = vocab.tokens.reduce((n, t) => Math.max(n, t.length), 1);
+    this.#capacity = opts.cacheEntries ?? DEFAULT_CACHE_ENTRIES;
+    this.#onRestart = opts.onRestart;
+    this.#bundle = opts.bundle;
   }
 
+  /** Starts the pool's workers; rejects when XGrammar cannot be started. */
   static async create(
     vocab: GrammarVocabulary,
-    opts: { cacheEntries?: number } = {},
+    opts: GrammarServiceOptions = {},
   ): Promise<GrammarService> {
-    const thread = new GrammarThread();
+    const service = new GrammarService(vocab, opts);
+    for (let i = 0; i < service.limits.workers; i++) service.#threads.push(service.#start());
     try {
-      await thread.call({ op: "init", call: 0, vocab });
+      await Promise.all(service.#threads.map((t) => t.ready));
     } catch (e) {
-      thread.close();
+      service.close();
       throw e;
     }
-    return new GrammarService(thread, vocab, opts.cacheEntries ?? DEFAULT_CACHE_ENTRIES);
+    return service;
   }
 
   stats(): GrammarServiceStats {
-    return { compiles: this.#compiles, hits: this.#hits, entries: this.#cache.size };
+    return {
+      compiles: this.#compiles,
+      hits: this.#hits,
+      entries: this.#cache.size,
+      restarts: { ...this.#restarts },
+    };
   }
 
-  /** Ends the grammar thread; every constraint made here is unusable afterwards. */
+  /** Ends the grammar workers; every constraint made here is unusable afterwards. */
   close(): void {
-    this.#thread.close();
+    this.#closed = true;
+    for (const t of this.#threads) t.close();
+  }
+
+  #start(): GrammarThread {
+    const thread: GrammarThread = new GrammarThread(
+      this.#vocab,
+      { memoryBytes: this.limits.workerMemoryBytes, bundle: this.#bundle },
+      (reason, why) => this.#died(thread, reason, why),
+    );
+    return thread;
+  }
+
+  /**
+   * A worker was ended: forget what it held. It is replaced when next needed (#pick), so an
+   * engine that cannot start is tried again per request, never in a loop.
+   */
+  #died(thread: GrammarThread, reason: GrammarRestartReason, why: string): void {
+    for (const [key, entry] of this.#cache) {
+      if (entry.handle?.thread === thread) this.#cache.delete(key);
+    }
+    if (this.#closed) return;
+    this.#restarts[reason]++;
+    (this.#onRestart ?? ((r, w) => console.error(`grammar worker ended (${r}): ${w}`)))(
+      reason,
+      why,
+    );
+  }
+
+  /**
+   * The least busy worker that has its vocabulary, its `compiling` counted up before anything
+   * is awaited (the caller counts it down); a 503 when none can start.
+   */
+  async #pick(): Promise<GrammarThread> {
+    if (this.#closed) throw new GrammarUnavailableError("The grammar service was closed");
+    this.#threads = this.#threads.map((t) => t.alive ? t : this.#start());
+    let failure: unknown;
+    for (const thread of [...this.#threads].sort((a, b) => a.load - b.load)) {
+      thread.compiling++;
+      try {
+        await thread.ready;
+        if (thread.alive) return thread;
+      } catch (e) {
+        failure = e;
+      }
+      thread.compiling--;
+    }
+    throw new GrammarUnavailableError(
+      `Cannot constrain the output: the grammar engine could not be started (${
+        failure instanceof Error ? failure.message : failure ?? "its workers were ended"
+      }); retry later`,
+    );
   }
 
   /**
    * The compiled grammar of a constraint, from the cache when it was compiled before. Throws
-   * ConstraintError with XGrammar's reason when it cannot be compiled.
+   * ConstraintError with the bound it breaks or XGrammar's reason when it cannot be compiled.
    */
-  async compile(c: OutputConstraint): Promise<CompiledGrammarHandle> {
+  async compile(c: OutputConstraint, req: ConstraintRequest = {}): Promise<CompiledGrammarHandle> {
     const entry = await this.#entry(c);
     try {
-      return await entry.grammar;
+      if (req.maxTokens !== undefined) checkRoom(entry.needs, req.maxTokens, this.longestToken);
+      return await waitFor(entry, req.signal);
     } finally {
       this.#unpin(entry);
     }
@@ -114,11 +216,18 @@ export class GrammarService {
       hit.pins++;
       return hit;
     }
+    const needs = checkConstraintBounds(c, this.limits);
     this.#compiles++;
-    const gid = this.#nextGid++;
-    const grammar = this.#thread.call({ op: "compile", call: 0, gid, constraint: c })
-      .then(() => new CompiledGrammarHandle(gid));
-    const entry: CacheEntry = { grammar, pins: 1, evicted: false };
+    const cancel = new AbortController();
+    const entry: CacheEntry = {
+      grammar: undefined as unknown as Promise<CompiledGrammarHandle>,
+      pins: 1,
+      waiting: 0,
+      cancel,
+      evicted: false,
+      needs,
+    };
+    entry.grammar = this.#compileSomewhere(c, cancel.signal).then((h) => entry.handle = h);
     this.#cache.set(key, entry);
     entry.grammar.catch(() => {
       if (this.#cache.get(key) === entry) this.#cache.delete(key);
@@ -132,152 +241,157 @@ export class GrammarService {
     return entry;
   }
 
+  /** Compiles on the least busy worker, within the budget; again elsewhere if that one ended. */
+  async #compileSomewhere(
+    c: OutputConstraint,
+    signal: AbortSignal,
+  ): Promise<CompiledGrammarHandle> {
+    const gid = this.#nextGid++;
+    const budget = {
+      ms: this.limits.compileMs,
+      what: `the ${this.limits.compileMs} ms compile budget`,
+      signal,
+    };
+    for (let move = 0;; move++) {
+      const thread = await this.#pick();
+      try {
+        await thread.call({ op: "compile", call: 0, gid, constraint: c }, budget);
+        return new CompiledGrammarHandle(gid, thread);
+      } catch (e) {
+        if (!(e instanceof ThreadGoneError) || move >= MOVES || signal.aborted) throw e;
+      } finally {
+        thread.compiling--;
+      }
+    }
+  }
+
   #unpin(entry: CacheEntry): void {
     if (--entry.pins === 0 && entry.evicted) this.#dispose(entry);
   }
 
   #dispose(entry: CacheEntry): void {
-    entry.grammar.then((g) => this.#thread.post({ op: "drop", gid: g.gid }), () => {});
+    entry.grammar.then((g) => g.thread.post({ op: "drop", gid: g.gid }), () => {});
   }
 
   /**
    * A fresh matcher for a sequence, advanced over `replay` (tokens an earlier attempt already
    * generated under this constraint: a failover resubmission).
    */
-  async constraint(c: OutputConstraint, replay: readonly number[] = []): Promise<TokenConstraint> {
-    const entry = await this.#entry(c);
-    const mid = this.#nextMid++;
-    let reply: GrammarReply;
-    try {
-      // Pinned until the matcher holds its own reference (XGrammar shares the grammar).
-      const { gid } = await entry.grammar;
-      reply = await this.#thread.call({ op: "matcher", call: 0, mid, gid, replay: [...replay] });
-    } finally {
-      this.#unpin(entry);
-    }
-    const at = reply.ok ? reply.refusedAt : undefined;
-    if (at !== undefined) {
-      throw new ConstraintError(
-        `Cannot resume the constrained output: generated token ${at} (id ${
-          replay[at]
-        }) does not fit the grammar`,
-      );
-    }
-    return new WorkerConstraint(this.#thread, mid, this.stopIds);
+  async constraint(
+    c: OutputConstraint,
+    replay: readonly number[] = [],
+    req: ConstraintRequest = {},
+  ): Promise<TokenConstraint> {
+    const { thread, mid } = await this.matcher(c, replay, req);
+    return new WorkerConstraint(this, c, thread, mid, replay);
   }
-}
 
-/** A compiled grammar in the LRU, and how many callers are using it right now. */
-interface CacheEntry {
-  readonly grammar: Promise<CompiledGrammarHandle>;
-  pins: number;
-  evicted: boolean;
-}
-
-/**
- * The grammar thread and its calls. It keeps the process alive only while a call is waiting
- * for its answer (a server or a test that never closes it still exits). Mask requests made in
- * the same turn of the event loop (the scheduler asks for every constrained sequence's at once)
- * go in one message.
- */
-class GrammarThread {
-  #worker: Worker;
-  #calls = new Map<number, { resolve: (r: GrammarReply) => void; reject: (e: Error) => void }>();
-  #nextCall = 1;
-  #batch: { item: MaskItem; resolve: (a: MaskAnswer) => void; reject: (e: Error) => void }[] = [];
-  #broken: Error | undefined;
-
-  constructor() {
-    this.#worker = new Worker(new URL("./grammar_worker.ts", import.meta.url));
-    this.#worker.unref();
-    this.#worker.on("message", (reply: GrammarReply) => {
-      const waiting = this.#calls.get(reply.call);
-      this.#calls.delete(reply.call);
-      if (this.#calls.size === 0) this.#worker.unref();
-      if (!waiting) return;
-      if (reply.ok) waiting.resolve(reply);
-      else {
-        waiting.reject(
-          reply.constraint ? new ConstraintError(reply.message) : new Error(reply.message),
-        );
+  /** A matcher in some worker, advanced over `replay`; moves on when its worker is ended. */
+  async matcher(
+    c: OutputConstraint,
+    replay: readonly number[],
+    req: ConstraintRequest = {},
+  ): Promise<{ thread: GrammarThread; mid: number }> {
+    for (let move = 0;; move++) {
+      const entry = await this.#entry(c);
+      const mid = this.#nextMid++;
+      try {
+        if (req.maxTokens !== undefined) checkRoom(entry.needs, req.maxTokens, this.longestToken);
+        // Pinned until the matcher holds its own reference (XGrammar shares the grammar).
+        const { gid, thread } = await waitFor(entry, req.signal);
+        const reply = await thread.call({ op: "matcher", call: 0, mid, gid, replay: [...replay] });
+        const at = reply.ok ? reply.refusedAt : undefined;
+        if (at !== undefined) {
+          throw new ConstraintError(
+            `Cannot resume the constrained output: generated token ${at} (id ${
+              replay[at]
+            }) does not fit the grammar`,
+          );
+        }
+        return { thread, mid };
+      } catch (e) {
+        if (!(e instanceof ThreadGoneError) || move >= MOVES) throw e;
+      } finally {
+        this.#unpin(entry);
       }
-    });
-    const fail = (e: Error) => {
-      this.#broken = new Error(`The grammar thread failed: ${e.message}`);
-      for (const w of this.#calls.values()) w.reject(this.#broken);
-      this.#calls.clear();
-      this.#worker.unref();
-    };
-    this.#worker.on("error", fail);
-    this.#worker.on("exit", () => fail(new Error("it exited")));
-  }
-
-  /** Sends a request (its `call` is filled in) and waits for its answer. */
-  call(req: GrammarRequest & { call: number }): Promise<GrammarReply> {
-    if (this.#broken) return Promise.reject(this.#broken);
-    const call = this.#nextCall++;
-    return new Promise((resolve, reject) => {
-      if (this.#calls.size === 0) this.#worker.ref();
-      this.#calls.set(call, { resolve, reject });
-      this.#worker.postMessage({ ...req, call });
-    });
-  }
-
-  /** Sends a request that has no answer. */
-  post(req: GrammarRequest): void {
-    if (!this.#broken) this.#worker.postMessage(req);
-  }
-
-  /** The next mask of a matcher after `tokens`, batched with the others asked for meanwhile. */
-  mask(item: MaskItem): Promise<MaskAnswer> {
-    return new Promise((resolve, reject) => {
-      if (this.#batch.length === 0) queueMicrotask(() => this.#flush());
-      this.#batch.push({ item, resolve, reject });
-    });
-  }
-
-  #flush(): void {
-    const batch = this.#batch;
-    this.#batch = [];
-    this.call({ op: "masks", call: 0, items: batch.map((b) => b.item) }).then(
-      (reply) => {
-        const masks = reply.ok ? reply.masks ?? [] : [];
-        batch.forEach((b, i) => {
-          const m = masks[i];
-          if (m) b.resolve(m);
-          else b.reject(new Error("the grammar thread gave no mask"));
-        });
-      },
-      (e) => batch.forEach((b) => b.reject(e)),
-    );
-  }
-
-  close(): void {
-    this.#broken ??= new Error("The grammar service was closed");
-    this.#worker.terminate();
+    }
   }
 }
 
+/** A compiled grammar in the LRU, and how many callers are using or awaiting it right now. */
+interface CacheEntry {
+  grammar: Promise<CompiledGrammarHandle>;
+  /** The grammar once compiled: which worker holds it. */
+  handle?: CompiledGrammarHandle;
+  pins: number;
+  /** Callers awaiting the compile with a signal; it is cancelled once all of them left. */
+  waiting: number;
+  readonly cancel: AbortController;
+  evicted: boolean;
+  readonly needs: ConstraintNeeds;
+}
+
+/** The entry's grammar; a caller whose signal fires stops waiting, the last one ends the compile. */
+function waitFor(
+  entry: CacheEntry,
+  signal: AbortSignal | undefined,
+): Promise<CompiledGrammarHandle> {
+  if (entry.handle) return entry.grammar;
+  if (signal?.aborted) return Promise.reject(signal.reason);
+  entry.waiting++;
+  return new Promise((resolve, reject) => {
+    let left = false;
+    const onAbort = () => {
+      left = true;
+      reject(signal!.reason);
+      if (--entry.waiting === 0 && !entry.handle) entry.cancel.abort(signal!.reason);
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
+    entry.grammar.then(resolve, reject).finally(() => {
+      if (!left) entry.waiting--;
+      signal?.removeEventListener("abort", onAbort);
+    });
+  });
+}
+
 /**
- * A matcher in the grammar thread behind the TokenConstraint interface. A token is checked
+ * A matcher in a grammar worker behind the TokenConstraint interface. A token is checked
  * against the mask it was sampled under at once (XGrammar accepts exactly the tokens its mask
- * allows), and fed to the matcher with the next mask's request.
+ * allows), and fed to the matcher with the next mask's request. It keeps every token it
+ * accepted, so when its worker is ended under it (another request's trap or budget) it starts
+ * again on a fresh worker, replaying them.
  */
 class WorkerConstraint implements TokenConstraint {
+  #service: GrammarService;
+  #constraint: OutputConstraint;
   #thread: GrammarThread;
   #mid: number;
   #mask: Uint32Array | undefined;
+  #accepted: number[];
   #unsent: number[] = [];
   #disposed = false;
 
-  constructor(thread: GrammarThread, mid: number, readonly stopIds: readonly number[]) {
+  constructor(
+    service: GrammarService,
+    constraint: OutputConstraint,
+    thread: GrammarThread,
+    mid: number,
+    replay: readonly number[],
+  ) {
+    this.#service = service;
+    this.#constraint = constraint;
     this.#thread = thread;
     this.#mid = mid;
+    this.#accepted = [...replay];
+    this.stopIds = service.stopIds;
   }
+
+  readonly stopIds: readonly number[];
 
   accept(token: number): boolean {
     if (this.#mask && !tokenAllowed(this.#mask, token)) return false;
     this.#unsent.push(token);
+    this.#accepted.push(token);
     this.#mask = undefined;
     return true;
   }
@@ -286,7 +400,17 @@ class WorkerConstraint implements TokenConstraint {
     if (this.#disposed) throw new Error("the constraint was disposed");
     const tokens = this.#unsent;
     this.#unsent = [];
-    const answer = await this.#thread.mask({ mid: this.#mid, tokens });
+    let answer;
+    for (let move = 0;; move++) {
+      try {
+        answer = await this.#thread.mask({ mid: this.#mid, tokens: move === 0 ? tokens : [] });
+        break;
+      } catch (e) {
+        if (!(e instanceof ThreadGoneError) || move >= MOVES) throw e;
+        const moved = await this.#service.matcher(this.#constraint, this.#accepted);
+        [this.#thread, this.#mid] = [moved.thread, moved.mid];
+      }
+    }
     if ("refused" in answer) {
       throw new Error(`the grammar refused token ${tokens[answer.refused]}`);
     }
@@ -309,16 +433,34 @@ async function sha256(text: string): Promise<string> {
 
 /**
  * A GrammarService made on the first constrained request: building XGrammar's view of a 150k
- * vocabulary takes about 200 ms, which a server that never constrains should not pay.
+ * vocabulary takes about 200 ms, which a server that never constrains should not pay. A start
+ * that fails is not kept: that request gets GrammarUnavailableError (a 503), and the next one
+ * tries again.
  */
 export function lazyGrammarService(
   tokenizer: Tokenizer,
   vocabSize: number,
-): { constraint: GrammarService["constraint"]; service(): Promise<GrammarService> } {
+  opts: GrammarServiceOptions = {},
+): {
+  constraint(
+    c: OutputConstraint,
+    replay: readonly number[],
+    req?: ConstraintRequest,
+  ): Promise<TokenConstraint>;
+  service(): Promise<GrammarService>;
+} {
   let service: Promise<GrammarService> | undefined;
-  const get = () => service ??= GrammarService.create(grammarVocabulary(tokenizer, vocabSize));
+  const get = () =>
+    service ??= GrammarService.create(grammarVocabulary(tokenizer, vocabSize), opts).catch((e) => {
+      service = undefined;
+      throw new GrammarUnavailableError(
+        `Cannot constrain the output: the grammar engine could not be started (${
+          e instanceof Error ? e.message : e
+        }); retry later`,
+      );
+    });
   return {
     service: get,
-    constraint: async (c, replay) => (await get()).constraint(c, replay),
+    constraint: async (c, replay, req) => (await get()).constraint(c, replay, req),
   };
 }

@@ -8,7 +8,7 @@
  * Requests come with a `call` number and are answered in order with it; `drop` and `free` have
  * no answer. Masks go back as transferred buffers (no copy).
  */
-import { parentPort } from "node:worker_threads";
+import { parentPort, workerData } from "node:worker_threads";
 import type { GrammarVocabulary } from "./grammar_vocabulary.ts";
 import type { OutputConstraint } from "./output_constraint.ts";
 import {
@@ -40,8 +40,11 @@ export type MaskAnswer = { mask: Uint32Array } | { refused: number } | { error: 
 
 export type GrammarReply =
   | { call: number; ok: true; masks?: MaskAnswer[]; refusedAt?: number }
-  /** `constraint`: the request's grammar is at fault (a 400), else an internal failure. */
-  | { call: number; ok: false; constraint: boolean; message: string };
+  /**
+   * `constraint`: the request's grammar is at fault (a 400), else an internal failure.
+   * `trapped`: XGrammar's WebAssembly trapped; this worker must not be used again.
+   */
+  | { call: number; ok: false; constraint: boolean; trapped?: boolean; message: string };
 
 /**
  * How JSON is laid out under a schema: one line, ", " and ": " between items (Python's
@@ -58,6 +61,7 @@ const JSON_LAYOUT = {
 const ANY_OBJECT = '{"type": "object"}';
 
 class GrammarHost {
+  constructor(readonly memoryBytes: number | undefined, readonly bundle: string | undefined) {}
   #xg: XGrammar | undefined;
   #vocab: GrammarVocabulary | undefined;
   /** For JSON: the vocabulary without tokens holding a control byte (see jsonVocabulary). */
@@ -70,7 +74,7 @@ class GrammarHost {
   async handle(req: GrammarRequest): Promise<GrammarReply | undefined> {
     switch (req.op) {
       case "init": {
-        this.#xg = await loadXGrammar();
+        this.#xg = await loadXGrammar(this.memoryBytes, this.bundle);
         this.#vocab = req.vocab;
         this.#jsonCompiler = await compilerFor(this.#xg, jsonVocabulary(req.vocab));
         return { call: req.call, ok: true };
@@ -147,7 +151,7 @@ class GrammarHost {
     }).catch((e) => {
       const what = c.type === "grammar" ? "grammar" : "JSON schema";
       const why = e instanceof XGrammarError ? e.message : String(e);
-      throw new ConstraintFault(`Cannot compile the ${what}: ${why}`);
+      throw new ConstraintFault(`Cannot compile the ${what}: ${why}`, { cause: e });
     });
   }
 }
@@ -182,23 +186,44 @@ function jsonVocabulary(vocab: GrammarVocabulary): GrammarVocabulary {
   return { ...vocab, tokens };
 }
 
+/**
+ * Whether an error is a WebAssembly trap (or Emscripten's abort, which raises one): after it
+ * the instance's stack and allocator are half-unwound, and every later call fails ("Aborted()",
+ * "table index is out of bounds": issue 37).
+ */
+function isTrap(e: unknown): boolean {
+  for (let x = e; x instanceof Error; x = x.cause) {
+    if (x instanceof XGrammarError && x.checked) return false;
+    if (x instanceof WebAssembly.RuntimeError) return true;
+    if (/RuntimeError|Aborted\(|out of bounds|unreachable|Maximum call stack/.test(x.message)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 if (parentPort) {
   const port = parentPort;
-  const host = new GrammarHost();
+  const host = new GrammarHost(workerData?.memoryBytes, workerData?.bundle);
+  let trapped: string | undefined;
   // One request at a time, in arrival order: XGrammar is not reentrant, and answers keep order.
   let queue = Promise.resolve();
   port.on("message", (req: GrammarRequest) => {
     queue = queue.then(async () => {
       let reply: GrammarReply | undefined;
       try {
+        if (trapped !== undefined) throw new Error(trapped);
         reply = await host.handle(req);
       } catch (e) {
+        const message = e instanceof Error ? e.message : String(e);
+        if (trapped === undefined && isTrap(e)) trapped = message;
         if (!("call" in req)) return;
         reply = {
           call: req.call,
           ok: false,
           constraint: e instanceof ConstraintFault,
-          message: e instanceof Error ? e.message : String(e),
+          ...(trapped !== undefined ? { trapped: true } : {}),
+          message,
         };
       }
       if (!reply) return;

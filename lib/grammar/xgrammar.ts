@@ -37,7 +37,8 @@ let loading: Promise<XGrammar> | undefined;
 
 /**
  * The XGrammar module, loaded once per process (its WebAssembly is instantiated on first use by
- * XGrammar itself).
+ * XGrammar itself), its WebAssembly heap bounded to `memoryBytes`, from `file` (the bundle of
+ * the npm package by default).
  *
  * ```ts
  * import { assertEquals } from "@std/assert";
@@ -47,10 +48,12 @@ let loading: Promise<XGrammar> | undefined;
  * const info = await xg.TokenizerInfo.createTokenizerInfo(["a", "b", "</s>"], "raw", false, 3, [2]);
  * ```
  */
-export function loadXGrammar(): Promise<XGrammar> {
+export function loadXGrammar(
+  memoryBytes?: number,
+  file: string = XGRAMMAR_BUNDLE,
+): Promise<XGrammar> {
   loading ??= (async () => {
-    const file = XGRAMMAR_BUNDLE;
-    const source = await Deno.readTextFile(file);
+    const source = withHeapMax(await Deno.readTextFile(file), memoryBytes);
     const module = { exports: {} as Record<string, unknown> };
     const quiet = {
       ...console,
@@ -73,6 +76,22 @@ export function loadXGrammar(): Promise<XGrammar> {
   return loading;
 }
 
+/** Emscripten's heap limit as the bundle states it (2 GiB). */
+const HEAP_MAX = "getHeapMax=()=>2147483648";
+
+/**
+ * The bundle with its heap limit lowered to `bytes`: growing past it fails an allocation, which
+ * aborts (a trap the pool answers by restarting the worker), instead of taking the machine's
+ * memory. Throws when the bundle no longer states its limit where this expects it.
+ */
+function withHeapMax(source: string, bytes: number | undefined): string {
+  if (bytes === undefined) return source;
+  if (!source.includes(HEAP_MAX)) {
+    throw new Error(`XGrammar ${pkg.version}'s bundle has no '${HEAP_MAX}' to bound its memory`);
+  }
+  return source.replace(HEAP_MAX, `getHeapMax=()=>${Math.floor(bytes / 65536) * 65536}`);
+}
+
 function keep(args: unknown[]): void {
   diagnostics.push(args.map(String).join(" "));
   if (diagnostics.length > 8) diagnostics.shift();
@@ -88,15 +107,22 @@ export async function xgrammarCall<T>(call: () => T | Promise<T>): Promise<T> {
   try {
     return await call();
   } catch (e) {
-    const said = diagnostics.filter((d) => d.includes("[FATAL]")).pop() ?? diagnostics.pop();
+    const fatal = diagnostics.filter((d) => d.includes("[FATAL]")).pop();
+    const said = fatal ?? diagnostics.pop();
     if (said === undefined) throw e;
-    throw new XGrammarError(cleanDiagnostic(said));
+    throw new XGrammarError(cleanDiagnostic(said), { cause: e }, fatal !== undefined);
   }
 }
 
-/** XGrammar refused a schema or grammar; the message is its own. */
+/**
+ * XGrammar refused a schema or grammar; the message is its own. `checked`: it said why in a
+ * [FATAL] line, an error its own checks raised (the instance stays sound), not a trap.
+ */
 export class XGrammarError extends Error {
   override readonly name = "XGrammarError";
+  constructor(message: string, options: ErrorOptions, readonly checked: boolean) {
+    super(message, options);
+  }
 }
 
 /** "[FATAL] /path/file.cc:12: Check failed: (x) is false: why" → "why". */

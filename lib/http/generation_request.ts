@@ -103,6 +103,17 @@ export function buildGenerationRequest(
       "min_tokens",
     );
   }
+  if (minTokens > 0 && input.constraint !== undefined) {
+    // Once the constrained output is complete only a stop token may follow, which min_tokens
+    // forbids: one of the two would be broken silently (vLLM then samples from an all-masked
+    // row). Refused instead, so the client chooses.
+    throw new ApiError(
+      "invalid_request",
+      `Invalid 'min_tokens': it cannot be combined with an output constraint (response_format, ` +
+        `json_schema, grammar, guided_*): a complete constrained output must end at once; got ${minTokens}`,
+      "min_tokens",
+    );
+  }
   const stop = input.stop === undefined || input.stop === null
     ? []
     : typeof input.stop === "string"

@@ -38,6 +38,7 @@ export class ServiceMetrics {
   readonly steps: Counter;
   readonly executorBusySeconds: Counter;
   readonly executorRestarts: Counter;
+  readonly grammarRestarts: Counter;
   readonly executorBusyFraction: Gauge;
   readonly pipelineDepth: Gauge;
   readonly executorHealthy: Gauge;
@@ -127,6 +128,11 @@ export class ServiceMetrics {
       "llm_executor_restarts_total",
       "Executor restarts after a device loss.",
     );
+    this.grammarRestarts = r.counter(
+      "llm_grammar_worker_restarts_total",
+      "Grammar workers ended and started afresh, by reason (trap, budget, cancelled, crash).",
+      ["reason"],
+    );
     this.executorBusyFraction = r.gauge(
       "llm_executor_busy_fraction",
       "Share of wall time spent inside executor steps over the last window (GPU utilisation proxy).",
@@ -198,6 +204,11 @@ export class ServiceMetrics {
   /** The core calls this when it rebuilds the executor after a device loss. */
   observeExecutorRestart(): void {
     this.executorRestarts.inc();
+  }
+
+  /** A grammar worker was ended (a trap, a compile over budget or cancelled, a crash). */
+  observeGrammarRestart(reason: string): void {
+    this.grammarRestarts.inc({ reason });
   }
 
   /** Busy share of the last window (or of the time since start, if shorter), in [0, 1]. */

@@ -83,7 +83,10 @@ export interface OpenServingOptions {
   readonly scheduler?: Partial<SchedulerConfig>;
   readonly executor?: ExecutorOptions;
   /** Where each step and each engine restart is counted. */
-  readonly metrics?: Pick<ServiceMetrics, "observeStep" | "observeExecutorRestart">;
+  readonly metrics?: Pick<
+    ServiceMetrics,
+    "observeStep" | "observeExecutorRestart" | "observeGrammarRestart"
+  >;
 }
 
 export interface OpenedServing {
@@ -126,7 +129,12 @@ export async function openServing(o: OpenServingOptions): Promise<OpenedServing>
         (await createEngine(o.model, rebuild, o.kv, o.limits, undefined, engineOptions)).engine,
       ),
     codec: o.codec ?? o.tokenizer,
-    grammars: o.grammars ?? lazyGrammarService(o.tokenizer, o.model.config.vocabSize),
+    grammars: o.grammars ?? lazyGrammarService(o.tokenizer, o.model.config.vocabSize, {
+      onRestart: (reason, why) => {
+        console.error(`grammar worker ended (${reason}): ${why}`);
+        metrics?.observeGrammarRestart(reason);
+      },
+    }),
     ...(o.maxInFlight === undefined ? {} : { maxInFlight: o.maxInFlight }),
     scheduler: {
       maxBatchTokens: o.limits.maxBatchTokens,
