@@ -214,12 +214,14 @@ export class Scheduler {
     } finally {
       this.#build = undefined;
     }
+    // Only an admission, which always adds an entry, asks for a copy.
+    const kvCopies = this.#kv.takeCopies();
     if (b.entries.length === 0) return null;
     this.#nextStepId++;
     this.#inFlight.add(b.stepId, b.record);
     this.#counts.lastBatchSize = b.entries.length;
     this.#counts.lastBatchTokens = b.maxTokens - b.budget;
-    return { stepId: b.stepId, seqs: b.entries };
+    return { stepId: b.stepId, seqs: b.entries, ...(kvCopies.length > 0 ? { kvCopies } : {}) };
   }
 
   /**
