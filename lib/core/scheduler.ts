@@ -10,6 +10,7 @@ import { pickVictim, slotVictims } from "./preemption.ts";
 import { InFlightSteps, maskReady, StepBuild } from "./step_build.ts";
 import { MaskQueue } from "./mask_refresh.ts";
 import { SeqQueues } from "./seq_queues.ts";
+import { StepCost } from "./step_cost.ts";
 
 export { type SchedulerConfig, schedulerConfig } from "./scheduler_config.ts";
 
@@ -49,6 +50,7 @@ export class Scheduler {
   /** Ids whose per-sequence engine state can go (ended or preempted), not yet handed over. */
   #released: number[] = [];
   readonly #masks = new MaskQueue();
+  readonly #cost = new StepCost();
   readonly #rankOf = (seq: Sequence): Rank => rank(seq, this.#nextStepId, this.config.agingSteps);
 
   /** `emit` hears every sequence's events, synchronously; it must not throw. */
@@ -188,7 +190,12 @@ export class Scheduler {
     ) return null;
     // While interactive work waits or reads its prompt, batch rows yield the whole step.
     const yieldLow = fg === "starting";
-    const b = new StepBuild(this.#nextStepId, this.config.maxBatchTokens, this.config.lateMasks);
+    const b = new StepBuild(
+      this.#nextStepId,
+      this.config.maxBatchTokens,
+      this.config.lateMasks,
+      this.#cost.burstRows(this.#prefillBacklog()),
+    );
     this.#build = b;
     try {
       for (const v of slotVictims(this.#q, this.config.maxRunning, this.#rankOf)) this.#preempt(v);
@@ -201,13 +208,14 @@ export class Scheduler {
         const table = this.#makeRoom(seq, 1, true);
         if (table) b.add(seq, 1, table);
       }
-      // 2. The next prefill chunk of every admitted sequence still reading its prompt.
+      // 2. The next prefill chunk of the admitted sequences still reading their prompts, while
+      // the step has room for prompts (a burst is cut into steps between prompts).
       for (const seq of running) {
-        if (!allowed(seq)) break;
+        if (!allowed(seq) || !b.roomForPrefill) break;
         if (!b.wantsPrefill(seq)) continue;
         const n = Math.min(seq.unfed, b.budget);
         const table = this.#makeRoom(seq, n, false);
-        if (table) b.add(seq, n, table);
+        if (table) b.addPrefill(seq, n, table);
       }
       // 3. Admissions from the queue.
       this.#admit(allowed);
@@ -227,11 +235,14 @@ export class Scheduler {
   /**
    * Applies a step's sampled tokens: appends them, streams them, and ends sequences that hit a
    * stop condition. Results must come in step order; those of steps lost to an executor
-   * failure, and tokens of sequences preempted or finished since, are ignored.
+   * failure, and tokens of sequences preempted or finished since, are ignored. `busyMs`, how
+   * long the step alone kept the engine busy, teaches the scheduler what steps cost (StepCost),
+   * by which it cuts bursts of prompts into steps; without it bursts are not cut.
    */
-  onResult(result: StepResult): void {
+  onResult(result: StepResult, busyMs?: number): void {
     const rec = this.#inFlight.take(result);
     if (!rec) return;
+    if (busyMs !== undefined) this.#cost.observe(rec.rows, busyMs);
     // The step ran: none of its sequences crashes the engine.
     for (const seq of rec.all) seq.faults = 0;
     for (let i = 0; i < rec.seqs.length; i++) {
@@ -319,6 +330,14 @@ export class Scheduler {
     };
   }
 
+  /** Prompt rows not yet fed: running prompts' rest and every waiting prompt. */
+  #prefillBacklog(): number {
+    let rows = 0;
+    for (const seq of this.#q.running) if (seq.pending === 0 && seq.unfed >= 2) rows += seq.unfed;
+    for (const seq of this.#q.waiting) rows += seq.tokens.length;
+    return rows;
+  }
+
   /**
    * Admits waiting sequences, highest priority first, while the budget, the running cap and
    * `allowed` (the step's budget and yield rule) let them; each may preempt strictly
@@ -329,7 +348,8 @@ export class Scheduler {
     const b = this.#build!;
     let admitted = false;
     for (const seq of byPriority(this.#q.waiting, this.#rankOf)) {
-      if (!allowed(seq) || this.#q.running.length >= this.config.maxRunning) break;
+      if (!allowed(seq) || !b.roomForPrefill) break;
+      if (this.#q.running.length >= this.config.maxRunning) break;
       // No room for it now, nor for those behind it.
       if (b.preempted.has(seq) && b.entries.length > 0) break;
       if (seq.held || b.barred(seq) || !maskReady(seq)) continue;
@@ -351,7 +371,7 @@ export class Scheduler {
       if (this.#q.start(seq, cached)) {
         this.#emit({ type: "scheduled", seqId: seq.seqId, cachedTokens: cached });
       }
-      b.add(seq, n, table);
+      b.addPrefill(seq, n, table);
     }
     if (admitted) this.#q.settle();
   }
