@@ -18,7 +18,10 @@ export { type SchedulerConfig, schedulerConfig } from "./scheduler_config.ts";
  * The continuous-batching policy as a synchronous state machine (the SchedulerActor drives it).
  * Each schedule() builds one step under the token budget and the sequence cap: single-token
  * decodes first, then prefill chunks, then admissions, highest priority first; batch rows
- * yield the step while interactive work is starting (lib/core/priority.ts). KV blocks are
+ * yield the step while interactive work is starting (lib/core/priority.ts). A burst of
+ * interactive prompts is cut into steps between prompts at the size StepCost finds gives the
+ * least mean time to first token, so each prompt's first token comes with its own prefill and
+ * running decodes get a token every step meanwhile (lib/core/step_cost.ts). KV blocks are
  * allocated lazily per step; when they run out the lowest-priority, most recently admitted
  * sequence is preempted and later recomputed. schedule() may be called again before earlier
  * results come back (pipelining): a decode then feeds "the token sampled last", and tokens
@@ -194,7 +197,8 @@ export class Scheduler {
       this.#nextStepId,
       this.config.maxBatchTokens,
       this.config.lateMasks,
-      this.#cost.burstRows(this.#prefillBacklog()),
+      // Only interactive prompts are cut: batch work wants throughput, not early first tokens.
+      yieldLow ? this.#cost.burstRows(this.#prefillBacklog()) : Infinity,
     );
     this.#build = b;
     try {
