@@ -1,10 +1,11 @@
 /**
- * Token-level prefix reuse through the Scheduler on stories260K, with the reference engine and
- * the CPU (wasm) engine: a prompt sharing all but its last token with a cached one prefills one
+ * Token-level prefix reuse through the Scheduler on stories260K, on the reference, CPU (wasm)
+ * and WebGPU engines: a prompt sharing all but its last token with a cached one prefills one
  * token, after a copy of the partly shared block, and its logits equal a cold run's bit for bit.
  */
 import { assert, assertEquals } from "@std/assert";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
+import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
 import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { type Engine, GREEDY, type StepPlan } from "../lib/engine/engine.ts";
 import { Scheduler, schedulerConfig } from "../lib/core/scheduler.ts";
@@ -62,6 +63,7 @@ for (
   const [name, make] of [
     ["reference", () => new CpuEngine(model.config, model.weights, KV)],
     ["cpu (wasm)", () => WasmEngine.create(model.config, model.weights, KV, { threads: 2 })],
+    ["webgpu", () => WebGpuEngine.create(model.config, model.weights, KV)],
   ] as const
 ) {
   Deno.test(`Scheduler on ${name}: a prompt sharing 20 of 21 tokens prefills 1 and equals a cold run bit for bit`, async () => {

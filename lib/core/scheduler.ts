@@ -10,7 +10,7 @@ import { pickVictim, slotVictims } from "./preemption.ts";
 import { InFlightSteps, maskReady, StepBuild } from "./step_build.ts";
 import { MaskQueue } from "./mask_refresh.ts";
 import { SeqQueues } from "./seq_queues.ts";
-import { StepCost } from "./step_cost.ts";
+import { type PromptBacklog, StepCost } from "./step_cost.ts";
 
 export { type SchedulerConfig, schedulerConfig } from "./scheduler_config.ts";
 
@@ -193,13 +193,7 @@ export class Scheduler {
     ) return null;
     // While interactive work waits or reads its prompt, batch rows yield the whole step.
     const yieldLow = fg === "starting";
-    const b = new StepBuild(
-      this.#nextStepId,
-      this.config.maxBatchTokens,
-      this.config.lateMasks,
-      // Only interactive prompts are cut: batch work wants throughput, not early first tokens.
-      yieldLow ? this.#cost.burstRows(this.#prefillBacklog()) : Infinity,
-    );
+    const b = new StepBuild(this.#nextStepId, this.config.maxBatchTokens, this.config.lateMasks);
     this.#build = b;
     try {
       for (const v of slotVictims(this.#q, this.config.maxRunning, this.#rankOf)) this.#preempt(v);
@@ -212,6 +206,8 @@ export class Scheduler {
         const table = this.#makeRoom(seq, 1, true);
         if (table) b.add(seq, 1, table);
       }
+      // Only interactive prompts are cut: batch work wants throughput, not early first tokens.
+      if (yieldLow) b.burstRows = this.#cost.burstRows(this.#prefillBacklog(), b.entries.length);
       // 2. The next prefill chunk of the admitted sequences still reading their prompts, while
       // the step has room for prompts (a burst is cut into steps between prompts).
       for (const seq of running) {
@@ -246,7 +242,7 @@ export class Scheduler {
   onResult(result: StepResult, busyMs?: number): void {
     const rec = this.#inFlight.take(result);
     if (!rec) return;
-    if (busyMs !== undefined) this.#cost.observe(rec.rows, busyMs);
+    if (busyMs !== undefined) this.#cost.observe(rec.rows, rec.seqs.length, busyMs);
     // The step ran: none of its sequences crashes the engine.
     for (const seq of rec.all) seq.faults = 0;
     for (let i = 0; i < rec.seqs.length; i++) {
@@ -334,12 +330,14 @@ export class Scheduler {
     };
   }
 
-  /** Prompt rows not yet fed: running prompts' rest and every waiting prompt. */
-  #prefillBacklog(): number {
-    let rows = 0;
-    for (const seq of this.#q.running) if (seq.pending === 0 && seq.unfed >= 2) rows += seq.unfed;
-    for (const seq of this.#q.waiting) rows += seq.tokens.length;
-    return rows;
+  /** Prompt rows not yet fed, and their prompts: running prompts' rest and every waiting one. */
+  #prefillBacklog(): PromptBacklog {
+    let rows = 0, prompts = 0;
+    for (const seq of this.#q.running) {
+      if (seq.pending === 0 && seq.unfed >= 2) (rows += seq.unfed, prompts++);
+    }
+    for (const seq of this.#q.waiting) (rows += seq.tokens.length, prompts++);
+    return { rows, prompts };
   }
 
   /**

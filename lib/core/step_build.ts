@@ -43,13 +43,13 @@ export class StepBuild {
   budget: number;
   /** Prompt rows (prefill chunks) in the step so far. */
   prefillRows = 0;
+  /** Prompt rows after which no further prompt starts a chunk in this step (see StepCost). */
+  burstRows = Infinity;
 
   constructor(
     readonly stepId: number,
     readonly maxTokens: number,
     readonly lateMasks = false,
-    /** Prompt rows after which no further prompt starts a chunk in this step (see StepCost). */
-    readonly burstRows = Infinity,
   ) {
     this.budget = maxTokens;
   }
