@@ -3,7 +3,7 @@
  * and WebGPU engines: a prompt sharing all but its last token with a cached one prefills one
  * token, after a copy of the partly shared block, and its logits equal a cold run's bit for bit.
  */
-import { assert, assertEquals } from "@std/assert";
+import { assert, assertEquals, assertGreater } from "@std/assert";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
 import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
@@ -11,6 +11,8 @@ import { type Engine, GREEDY, type StepPlan } from "../lib/engine/engine.ts";
 import { Scheduler, schedulerConfig } from "../lib/core/scheduler.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { modelFile } from "./harness/model_files.ts";
+import { fakeContinuation } from "./harness/fake_engine.ts";
+import { Harness } from "./_scheduler_harness.ts";
 
 const model = await loadModel(modelFile("stories260K.bin"), {
   tokenizerPath: modelFile("tok512.bin"),
@@ -91,3 +93,31 @@ for (
     }
   });
 }
+
+Deno.test("Scheduler on the fake engine: sharers of partial blocks, preempted and recomputed in a small pool, get their solo tokens", () => {
+  // 12 blocks of 4 for five sequences growing to 24 tokens each: they cannot all fit.
+  const h = new Harness({ vocabSize: 512, numBlocks: 12, blockSize: 4 }, { watermarkBlocks: 0 });
+  const base = Array.from({ length: 10 }, (_, i) => 7 + i);
+  const first = { prompt: base, maxTokens: 14 };
+  const ids = [h.submit(first)];
+  h.plan(), h.plan(); // its blocks and its tail are in the cache from the next step on
+  // Each shares 5..9 of base's tokens (a whole block and part of the next), then differs.
+  const seqs = [5, 6, 7, 9].map((n, i) => ({ prompt: [...base.slice(0, n), 300 + i], maxTokens: 18 }));
+  for (const s of seqs) ids.push(h.submit(s));
+  h.runToEnd(2);
+  assertGreater(h.engine.blocksCopied, 0, "partial blocks were shared copy-on-write");
+  assertGreater(h.sched.stats().preemptions, 0, "the pool is too small: someone was preempted");
+  [first, ...seqs].forEach((s, i) =>
+    assertEquals(
+      h.tokens(ids[i]!),
+      fakeContinuation(s.prompt, {
+        maxTokens: s.maxTokens,
+        contextLength: 48,
+        vocabSize: 512,
+        sampling: GREEDY,
+      }),
+    )
+  );
+  assertEquals(h.sched.stats().kvBlocksUsed, 0);
+  h.sched.checkConsistency();
+});
