@@ -96,14 +96,18 @@ if (import.meta.main) {
       const { cold, repeat, burst } = await round(base, o, Number(a.seed) + 7919 * r);
       const s = summarize(burst);
       rows.push(
-        `| ${r + 1} | ${fmt(cold)} | ${fmt(repeat)} | ${fmt(Math.min(...burst))} | ${fmt(s.p50)} | ${fmt(s.p90)} | ${fmt(s.max)} |`,
+        `| ${r + 1} | ${fmt(cold)} | ${fmt(repeat)} | ${fmt(Math.min(...burst))} | ${
+          fmt(s.p50)
+        } | ${fmt(s.p90)} | ${fmt(s.max)} |`,
       );
     }
     console.log(machineLine(machineInfo()));
     console.log(
       `${o.long}-token prompt cold, then again with a new last token; ${o.burst} prompts of ${o.burstTokens} tokens at once; ${o.output} tokens each; time to first token in ms (client side)\n`,
     );
-    console.log("| round | cold | new last token | burst first | burst p50 | burst p90 | burst last |");
+    console.log(
+      "| round | cold | new last token | burst first | burst p50 | burst p90 | burst last |",
+    );
     console.log("|---:|---:|---:|---:|---:|---:|---:|");
     for (const row of rows) console.log(row);
   } finally {

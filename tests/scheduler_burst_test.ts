@@ -9,7 +9,7 @@ import { assert, assertEquals, assertGreater, assertLess } from "@std/assert";
 import { GREEDY, stepTokens } from "../lib/engine/engine.ts";
 import { Scheduler, schedulerConfig } from "../lib/core/scheduler.ts";
 import type { SeqEvent } from "../lib/core/seq_events.ts";
-import { FakeEngine, fakeContinuation } from "./harness/fake_engine.ts";
+import { fakeContinuation, FakeEngine } from "./harness/fake_engine.ts";
 
 const FIXED_MS = 40, ROW_MS = 12, SAMPLE_MS = 30;
 const PROMPT = 11, BURST = 32;
@@ -34,7 +34,14 @@ function setup(reportCost: boolean) {
   let nextId = 1;
   const submit = (prompt: number[], maxTokens: number) => {
     const seqId = nextId++;
-    sched.submit({ seqId, prompt, maxTokens, sampling: GREEDY, stopTokenIds: [], priority: "interactive" });
+    sched.submit({
+      seqId,
+      prompt,
+      maxTokens,
+      sampling: GREEDY,
+      stopTokenIds: [],
+      priority: "interactive",
+    });
     return seqId;
   };
   const step = () => {
@@ -44,8 +51,10 @@ function setup(reportCost: boolean) {
     log.push({
       stepId: plan.stepId,
       rows,
-      prefillDone: plan.seqs.filter((s) => s.sample && s.tokens.length > 0 && !s.useLastSampled &&
-        s.startPos + s.tokens.length === PROMPT).map((s) => s.seqId),
+      prefillDone: plan.seqs.filter((s) =>
+        s.sample && s.tokens.length > 0 && !s.useLastSampled &&
+        s.startPos + s.tokens.length === PROMPT
+      ).map((s) => s.seqId),
       sampled: plan.seqs.filter((s) => s.sample).map((s) => s.seqId),
     });
     const result = engine.run(plan);
@@ -83,7 +92,11 @@ Deno.test("Scheduler: a burst of 32 prompts gives each its first token as its ow
   const prefillStep = new Map<number, number>();
   for (const s of burstLog) for (const id of s.prefillDone) prefillStep.set(id, s.stepId);
   for (const id of burst) {
-    assertEquals(firstTokenStep.get(id), prefillStep.get(id), `seq ${id}: first token from its own last prefill step`);
+    assertEquals(
+      firstTokenStep.get(id),
+      prefillStep.get(id),
+      `seq ${id}: first token from its own last prefill step`,
+    );
   }
   // Cut between prompts. A step without prompts costs 40 + (12 + 30) × 2 decodes = 124 ms, a
   // prompt 12 × 11 + 30 = 162 ms: √(32 × 124 / 162) = 4.95 prompts, 54.4 rows a step, so
@@ -94,10 +107,16 @@ Deno.test("Scheduler: a burst of 32 prompts gives each its first token as its ow
   assertGreater(steps.size, 2, "first tokens spread over the burst's steps");
   const order = burst.map((id) => firstTokenStep.get(id)!);
   assertEquals(order, [...order].sort((a, b) => a - b), "in arrival order");
-  assertLess(order[0]!, prefillStep.get(burst.at(-1)!)!, "the first came before the last prefill was planned");
+  assertLess(
+    order[0]!,
+    prefillStep.get(burst.at(-1)!)!,
+    "the first came before the last prefill was planned",
+  );
   // The decodes already running: one token in every step of the burst.
   for (const s of burstLog) {
-    for (const id of running) assert(s.sampled.includes(id), `step ${s.stepId} left seq ${id} without a token`);
+    for (const id of running) {
+      assert(s.sampled.includes(id), `step ${s.stepId} left seq ${id} without a token`);
+    }
   }
 });
 
@@ -109,7 +128,17 @@ Deno.test("Scheduler: without step costs a burst is not cut (all 32 prefills in 
 Deno.test("Scheduler: a burst cut into steps still gives every sequence the fake model's continuation", () => {
   const { events, burst } = burstBesideDecodes(true);
   for (const [i, id] of burst.entries()) {
-    const got = events.filter((e) => e.type === "token" && e.seqId === id).map((e) => e.type === "token" ? e.token : -1);
-    assertEquals(got, fakeContinuation(promptOf(i), { maxTokens: 3, contextLength: 2048, vocabSize: 64, sampling: GREEDY }));
+    const got = events.filter((e) => e.type === "token" && e.seqId === id).map((e) =>
+      e.type === "token" ? e.token : -1
+    );
+    assertEquals(
+      got,
+      fakeContinuation(promptOf(i), {
+        maxTokens: 3,
+        contextLength: 2048,
+        vocabSize: 64,
+        sampling: GREEDY,
+      }),
+    );
   }
 });

@@ -85,7 +85,11 @@ for (
       const a = shared.logits.get(2)!, b = alone.logits.get(1)!;
       assertEquals(a.length, b.length);
       for (let i = 0; i < a.length; i++) {
-        assertEquals(new Uint32Array(a[i]!.buffer), new Uint32Array(b[i]!.buffer), `step ${i}'s logits`);
+        assertEquals(
+          new Uint32Array(a[i]!.buffer),
+          new Uint32Array(b[i]!.buffer),
+          `step ${i}'s logits`,
+        );
       }
     } finally {
       warm.dispose();
@@ -102,7 +106,10 @@ Deno.test("Scheduler on the fake engine: sharers of partial blocks, preempted an
   const ids = [h.submit(first)];
   h.plan(), h.plan(); // its blocks and its tail are in the cache from the next step on
   // Each shares 5..9 of base's tokens (a whole block and part of the next), then differs.
-  const seqs = [5, 6, 7, 9].map((n, i) => ({ prompt: [...base.slice(0, n), 300 + i], maxTokens: 18 }));
+  const seqs = [5, 6, 7, 9].map((n, i) => ({
+    prompt: [...base.slice(0, n), 300 + i],
+    maxTokens: 18,
+  }));
   for (const s of seqs) ids.push(h.submit(s));
   h.runToEnd(2);
   assertGreater(h.engine.blocksCopied, 0, "partial blocks were shared copy-on-write");

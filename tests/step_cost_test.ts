@@ -11,7 +11,11 @@ Deno.test("StepCost fits a fixed, a per-row and a per-sample cost from the steps
   assertAlmostEquals(cost.perSampleMs!, 20, 1e-6);
   // Hand-computed: 10 prompts of 30 rows beside 4 decodes. A step without them costs
   // 25 + (3 + 20) × 4 = 117 ms, a prompt 3 × 30 + 20 = 110: √(10 × 117 / 110) prompts a step.
-  assertAlmostEquals(cost.burstRows({ rows: 300, prompts: 10 }, 4), 30 * Math.sqrt(1170 / 110), 1e-6);
+  assertAlmostEquals(
+    cost.burstRows({ rows: 300, prompts: 10 }, 4),
+    30 * Math.sqrt(1170 / 110),
+    1e-6,
+  );
 });
 
 Deno.test("StepCost with decodes only fits rows alone", () => {
@@ -27,7 +31,11 @@ Deno.test("StepCost cuts nothing until it has seen enough steps of different siz
   const backlog = { rows: 1000, prompts: 10 };
   assertEquals(cost.burstRows(backlog, 0), Infinity, "nothing seen");
   for (let i = 0; i < 10; i++) cost.observe(8, 1, 50);
-  assertEquals(cost.burstRows(backlog, 0), Infinity, "steps all of 8 rows say nothing of a row's cost");
+  assertEquals(
+    cost.burstRows(backlog, 0),
+    Infinity,
+    "steps all of 8 rows say nothing of a row's cost",
+  );
   cost.observe(1, 1, 30);
   cost.observe(16, 1, 70);
   assertEquals(Number.isFinite(cost.burstRows(backlog, 0)), true);
@@ -48,7 +56,9 @@ Deno.test("StepCost follows a machine that got slower: recent steps weigh more",
 
 Deno.test("StepCost ignores observations that cannot be costs", () => {
   const cost = new StepCost();
-  for (const [rows, sampled, ms] of [[0, 0, 5], [3, 1, -1], [2, 1, NaN], [4, 1, Infinity], [2, 3, 9]]) {
+  for (
+    const [rows, sampled, ms] of [[0, 0, 5], [3, 1, -1], [2, 1, NaN], [4, 1, Infinity], [2, 3, 9]]
+  ) {
     cost.observe(rows!, sampled!, ms!);
   }
   for (const n of [1, 2, 3, 4]) cost.observe(n, 1, 10 * n);

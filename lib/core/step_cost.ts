@@ -33,9 +33,8 @@ interface Fit {
  * import { assertAlmostEquals } from "@std/assert";
  *
  * const cost = new StepCost();
- * for (const [rows, sampled] of [[1, 1], [4, 1], [32, 2], [8, 8], [64, 3], [2, 2]]) {
- *   cost.observe(rows, sampled, 40 + 12 * rows + 30 * sampled);
- * }
+ * const steps: [number, number][] = [[1, 1], [4, 1], [32, 2], [8, 8], [64, 3], [2, 2]];
+ * for (const [rows, sampled] of steps) cost.observe(rows, sampled, 40 + 12 * rows + 30 * sampled);
  * // 20 prompts of 16 rows, nothing decoding: F = 40, q = 12 × 16 + 30 = 222 ms a prompt,
  * // m = √(20 × 40 / 222) = 1.9 prompts, so about 30 prompt rows a step.
  * assertAlmostEquals(cost.burstRows({ rows: 320, prompts: 20 }, 0), 16 * Math.sqrt(800 / 222), 1e-6);
@@ -55,7 +54,17 @@ export class StepCost {
     if (!(rows > 0 && sampled >= 0 && sampled <= rows && ms >= 0 && Number.isFinite(ms))) return;
     const s = this.#s;
     for (let i = 0; i < s.length; i++) s[i]! *= StepCost.DECAY;
-    const terms = [1, rows, sampled, ms, rows * rows, rows * sampled, sampled * sampled, rows * ms, sampled * ms];
+    const terms = [
+      1,
+      rows,
+      sampled,
+      ms,
+      rows * rows,
+      rows * sampled,
+      sampled * sampled,
+      rows * ms,
+      sampled * ms,
+    ];
     for (let i = 0; i < s.length; i++) s[i]! += terms[i]!;
     this.#n++;
   }
