@@ -45,6 +45,7 @@ async function ttft(base: string, prompt: number[], o: Options, i: number): Prom
   const r: RequestRecord = await httpGenerate(
     base,
     i,
+    // Token ids, which /v1/completions takes as a prompt: the "new last token" is exactly one.
     { prompt: prompt as unknown as string, maxTokens: o.output },
     { temperature: 0, seed: 1 },
   );
