@@ -69,6 +69,8 @@ export class SchedulerActor {
   #lastForeground = -Infinity;
   #backgroundAt = -Infinity;
   #wakeTimer: ReturnType<typeof setTimeout> | undefined;
+  /** When the previous step result arrived (the actor's clock). */
+  #lastResultAt = -Infinity;
 
   constructor(
     config: SchedulerConfig,
@@ -206,7 +208,7 @@ export class SchedulerActor {
           this.#backgroundAt = this.#now() + msg.durationMs * (1 / this.#share - 1);
         }
         if (msg.epoch === this.#epoch) {
-          core.onResult(msg.result);
+          core.onResult(msg.result, this.#busyMs(msg.result.busyMs, msg.durationMs));
           this.#depth?.onResult(msg.result.busyMs, msg.result.readbackMs);
         }
         break;
@@ -237,6 +239,18 @@ export class SchedulerActor {
         core.drain();
         break;
     }
+  }
+
+  /**
+   * How long a step alone kept the engine busy: what the engine says, else its time from being
+   * handed over to its result, less the part spent behind the step before it (engines run steps
+   * in order, so a pipelined step waits for its predecessor's result first).
+   */
+  #busyMs(reported: number | undefined, durationMs: number): number {
+    const now = this.#now();
+    const sincePrevious = now - this.#lastResultAt;
+    this.#lastResultAt = now;
+    return reported ?? Math.min(durationMs, sincePrevious);
   }
 
   /** Hands a policy event to its sequence's submitter; the last one ends the route. */

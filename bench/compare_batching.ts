@@ -119,6 +119,9 @@ export async function runContinuous(
     maxRunning: o.batchSize,
     maxBatchTokens: o.maxBatchTokens,
     maxWaiting: trace.length,
+    // Static batches share no KV: with the prefix cache (which reuses down to a shared first
+    // token) the continuous side would compute fewer rows for another reason than batching.
+    prefixCaching: false,
   });
   const t0 = performance.now();
   const recs = await Promise.all(trace.map(async (t) => {

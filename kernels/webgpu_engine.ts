@@ -1,5 +1,6 @@
 import type {
   Engine,
+  KvCopy,
   KvGeometry,
   SampledToken,
   StepPlan,
@@ -153,6 +154,8 @@ export class WebGpuEngine implements Engine {
   private readonly readbacks: GPUBuffer[] = [];
   private readonly maps = new DeferredMaps(GPUMapMode.READ);
   private readonly owned: { destroy(): void }[];
+  /** One block's worth of one layer's K or V, for block copies; made at the first copy. */
+  private kvScratch: GPUBuffer | undefined;
   /** seqId -> slot of the device table holding the token it sampled last. */
   private readonly lastSlots = new Map<number, number>();
   private readonly freeSlots: number[];
@@ -438,6 +441,7 @@ export class WebGpuEngine implements Engine {
         enc.copyBufferToBuffer(this.staging, base + off, this.meta, off, len);
       }
       used = base + this.layout.bytes;
+      this.copyBlocks(enc, plan.kvCopies);
       this.masks.encode(enc, plan);
       const rows = p.content.rows.length;
       const samples = p.content.samples.length;
@@ -490,6 +494,28 @@ export class WebGpuEngine implements Engine {
   }
 
   /**
+   * Encodes a plan's KV block copies (StepPlan.kvCopies) ahead of its kernels, through a scratch
+   * block: WebGPU copies no buffer onto itself.
+   */
+  private copyBlocks(enc: GPUCommandEncoder, pairs: readonly KvCopy[] | undefined): void {
+    if (!pairs?.length) return;
+    const n = this.kvPools.blockBytes;
+    const scratch = this.kvScratch ??= this.gpu.device.createBuffer({
+      size: n,
+      usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+      label: "KV block copy",
+    });
+    for (const [src, dst] of pairs) {
+      for (const pool of this.kvPools.pools) {
+        for (const buf of [pool.k, pool.v]) {
+          enc.copyBufferToBuffer(buf, src * n, scratch, 0, n);
+          enc.copyBufferToBuffer(scratch, 0, buf, dst * n, n);
+        }
+      }
+    }
+  }
+
+  /**
    * Grows the KV pools when a plan names a block past their capacity: new pools, the old
    * contents copied in `enc` ahead of the steps, and every layer's kernels rebound to them.
    * `retire` destroys the old pools once the copies are submitted; `checked` rejects when the
@@ -503,6 +529,7 @@ export class WebGpuEngine implements Engine {
     let need = 0;
     for (const plan of plans) {
       for (const seq of plan.seqs) for (const b of seq.blockTable) need = Math.max(need, b + 1);
+      for (const [src, dst] of plan.kvCopies ?? []) need = Math.max(need, src + 1, dst + 1);
     }
     if (need <= kv.capacity) return undefined;
     const capacity = Math.min(this.kv.numBlocks, Math.max(need, 2 * kv.capacity));
@@ -684,6 +711,7 @@ export class WebGpuEngine implements Engine {
     this.maps.flush();
     for (const o of this.owned) o.destroy();
     for (const p of this.kvPools.pools) (p.k.destroy(), p.v.destroy());
+    this.kvScratch?.destroy();
     for (const r of this.readbacks) r.destroy();
     this.readbacks.length = 0;
     this.lost ??= "the engine was disposed";

@@ -66,7 +66,7 @@ Deno.test("free() returns blocks to the pool, and shared blocks only when the la
   kv.checkConsistency();
 });
 
-Deno.test("computedPrefix() finds cached full blocks and always leaves one token to compute", () => {
+Deno.test("computedPrefix() finds cached blocks to the token and always leaves one token to compute", () => {
   const kv = new BlockAllocator({ numBlocks: 16, blockSize: 4 });
   const shared = range(200, 12);
   const a = seqOf(1, [...shared, 7, 8]);
@@ -75,13 +75,13 @@ Deno.test("computedPrefix() finds cached full blocks and always leaves one token
   assertEquals(kv.computedPrefix(seqOf(2, [...shared, 9, 9, 9])), 12);
   assertEquals(
     kv.computedPrefix(seqOf(3, shared)),
-    8,
-    "12 cached tokens of 12 would leave nothing to compute",
+    11,
+    "12 cached tokens of 12 would leave nothing to compute: 2 blocks and 3 tokens of the third",
   );
   assertEquals(
     kv.computedPrefix(seqOf(4, [...shared.slice(0, 5), 0, ...shared.slice(6)])),
-    4,
-    "a difference in the second block stops the match after the first",
+    5,
+    "a difference at token 5 stops the match there: the first block and 1 token of the second",
   );
   assertEquals(kv.computedPrefix(seqOf(5, [1, ...shared])), 0, "a shifted prompt shares nothing");
 
@@ -116,10 +116,14 @@ Deno.test("a block is published only once its tokens are known", () => {
   kv.allocateSlots(a, 3);
   kv.allocateSlots(a, 1); // slot 3 holds a token sampled on the device, unknown here
   kv.allocateSlots(a, 1);
-  assertEquals(kv.computedPrefix(seqOf(2, [0, 1, 2, 3, 4, 5])), 0);
+  assertEquals(
+    kv.computedPrefix(seqOf(2, [0, 1, 2, 3, 4, 5])),
+    3,
+    "the 3 known tokens are shared, not the 2 sampled on the device",
+  );
   tokens.push(3, 4);
   kv.allocateSlots(a, 0);
-  assertEquals(kv.computedPrefix(seqOf(2, [0, 1, 2, 3, 4, 5])), 4);
+  assertEquals(kv.computedPrefix(seqOf(2, [0, 1, 2, 3, 4, 5])), 5);
 });
 
 Deno.test("prefix matches are confirmed by token ids and parent block, not the hash alone", () => {
@@ -208,15 +212,21 @@ Deno.test("random allocate/free/lookup sequences keep the books consistent and s
   // An independent model of block contents: what each owner wrote at each position.
   const content = new Map<number, number[]>();
   const live = new Map<number, { seqId: number; tokens: number[]; written: number }>();
-  let nextId = 1;
+  let nextId = 1, copies = 0;
   for (let op = 0; op < 4000; op++) {
     const r = rand(10);
     if (r < 4 || live.size === 0) {
       const base = rand(3) * 1000; // few distinct prefixes, so the cache gets hits
-      const tokens = [...range(base, 4 * rand(4)), ...range(rand(1e6), 1 + rand(9))];
+      // Shared prefixes of any length, so partial blocks are shared too.
+      const tokens = [...range(base, rand(16)), ...range(rand(1e6), 1 + rand(9))];
       const s = { seqId: nextId++, tokens, written: 0 };
       const cached = kv.computedPrefix(s);
       const table = kv.allocateSlots(s, tokens.length - cached);
+      // What the engine does first: copy-on-write of the partly shared blocks.
+      for (const [src, dst] of kv.takeCopies()) {
+        content.set(dst, [...content.get(src) ?? []]);
+        copies++;
+      }
       if (!table) continue;
       // Cached blocks must hold exactly the tokens this sequence would have written.
       for (let pos = 0; pos < cached; pos++) {
@@ -258,5 +268,93 @@ Deno.test("random allocate/free/lookup sequences keep the books consistent and s
   for (const s of live.values()) kv.free(s);
   assertEquals(kv.stats().usedBlocks, 0);
   assert(kv.stats().prefixHitTokens > 0, "the random workload should have hit the cache");
+  assert(copies > 0, "the random workload should have shared partial blocks");
   assert(kv.stats().evictions > 0, "the random workload should have evicted");
+});
+
+Deno.test("a prompt sharing 20 of 21 tokens of a cached one takes 20 and copies the partial block", () => {
+  const kv = new BlockAllocator({ numBlocks: 8, blockSize: 16 });
+  const a = seqOf(1, range(100, 21));
+  kv.allocateSlots(a, 21);
+  const aTable = [...kv.blockTable(1)!];
+  kv.free(a); // block 0 cached whole, block 1 holds a's tail of 5 tokens
+  const b = seqOf(2, [...range(100, 20), 7]);
+  assertEquals(kv.computedPrefix(b), 20, "16 of a whole block and 4 of the tail");
+  const table = kv.allocateSlots(b, 1)!;
+  assertEquals(table[0], aTable[0], "the whole block is shared");
+  assertNotEquals(table[1], aTable[1], "the partial block is b's own copy");
+  assertEquals(kv.takeCopies(), [[aTable[1], table[1]]]);
+  assertEquals(kv.takeCopies(), [], "each copy is handed over once");
+  assertEquals(kv.stats().prefixHitTokens, 20);
+  kv.checkConsistency();
+});
+
+Deno.test("a running sequence's tail is shared from its next allocation on, up to its known tokens", () => {
+  const kv = new BlockAllocator({ numBlocks: 8, blockSize: 16 });
+  const tokens = range(0, 6);
+  const a = seqOf(1, tokens);
+  kv.allocateSlots(a, 6);
+  const probe = seqOf(2, [...range(0, 6), 99]);
+  assertEquals(kv.computedPrefix(probe), 0, "a's tail is being written in the current step");
+  kv.allocateSlots(a, 1); // the next step: slots 0..5 are written; slot 6's token is unknown
+  assertEquals(kv.computedPrefix(probe), 6);
+  const t = kv.allocateSlots(probe, 1)!;
+  assertEquals(kv.takeCopies(), [[kv.blockTable(1)![0], t[0]]]);
+  kv.checkConsistency();
+});
+
+Deno.test("a shared partial block that is evicted is no longer found; a copy planned before stands", () => {
+  const kv = new BlockAllocator({ numBlocks: 3, blockSize: 4 });
+  const a = seqOf(1, range(0, 6));
+  kv.allocateSlots(a, 6);
+  const aTable = [...kv.blockTable(1)!];
+  kv.free(a); // [0..4) cached whole, the tail [4, 5] partial
+  const b = seqOf(2, [0, 1, 2, 3, 4, 77]);
+  assertEquals(kv.computedPrefix(b), 5);
+  const tb = kv.allocateSlots(b, 1)!;
+  assertEquals(tb.length, 2);
+  // c needs 1 block; the only free one besides b's is a's tail, the least recently freed.
+  const c = seqOf(3, range(500, 3));
+  const tc = kv.allocateSlots(c, 3)!;
+  assertEquals(tc, [aTable[1]], "a's tail is evicted and reused in the same step");
+  assertEquals(kv.stats().evictions, 1);
+  assertEquals(
+    kv.takeCopies(),
+    [[aTable[1], tb[1]]],
+    "b's copy comes first in the step, so it reads a's tail before c overwrites it",
+  );
+  kv.free(b);
+  kv.free(c);
+  assertEquals(
+    kv.computedPrefix(seqOf(4, [0, 1, 2, 3, 4, 5, 6])),
+    5,
+    "a's tail is gone; b's copy (0..4 then 77) still gives token 4",
+  );
+  kv.checkConsistency();
+});
+
+Deno.test("a preempted sequence that shared a partial block finds its own copy again", () => {
+  const kv = new BlockAllocator({ numBlocks: 8, blockSize: 4 });
+  const a = seqOf(1, range(0, 6));
+  kv.allocateSlots(a, 6);
+  kv.allocateSlots(a, 0); // the next step: a's tail [4, 5] is published
+  const b = seqOf(2, [0, 1, 2, 3, 4, 50, 51]);
+  assertEquals(kv.computedPrefix(b), 5);
+  const tb = [...kv.allocateSlots(b, 2)!];
+  kv.takeCopies();
+  b.tokens.push(52); // b sampled one more token
+  kv.free(b); // preempted: its blocks go back, its tail (4, 50, 51) cached
+  assertEquals(
+    kv.computedPrefix(b),
+    7,
+    "recomputing b takes back its 7 written tokens: block 0 and 3 tokens of its own tail",
+  );
+  const again = kv.allocateSlots(b, 1)!;
+  assertEquals(again[0], tb[0]);
+  const copies = kv.takeCopies();
+  assertEquals(copies.length, again[1] === tb[1] ? 0 : 1, "taken back in place, or copied");
+  if (copies.length) assertEquals(copies[0], [tb[1], again[1]]);
+  kv.free(a);
+  kv.free(b);
+  kv.checkConsistency();
 });

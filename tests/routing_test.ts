@@ -99,12 +99,15 @@ Deno.test("a prompt's block hashes match what the allocator's prefix cache holds
   // 14 tokens: 3 full blocks, all published at free; a lookup leaves the last token to compute.
   assertEquals(hashes.length, 3);
   assertEquals(matchedBlocks(hashes, cached), 3);
+  // The cache reuses to the token (3 blocks and 1 token of the tail): the router's whole
+  // blocks are a lower bound of it, off by less than a block.
   const probe = { seqId: 2, tokens };
-  assertEquals(kv.computedPrefix(probe), 3 * 4);
-  // A prompt that diverges in block 2 matches blocks 0 and 1 only, as the cache would.
+  assertEquals(kv.computedPrefix(probe), 3 * 4 + 1);
+  // A prompt that diverges in block 2 matches blocks 0 and 1 only; the cache also reuses the
+  // 1 token of block 2 before the difference.
   const other = [...tokens.slice(0, 9), 7, 7, 7, 7, 7];
   assertEquals(matchedBlocks(prefixBlockHashes(other, 4), cached), 2);
-  assertEquals(kv.computedPrefix({ seqId: 3, tokens: other }), 2 * 4);
+  assertEquals(kv.computedPrefix({ seqId: 3, tokens: other }), 2 * 4 + 1);
   // Only the leading run counts: a hole at block 0 means nothing is reused.
   assertEquals(matchedBlocks([1, ...hashes.slice(1)], cached), 0);
 });

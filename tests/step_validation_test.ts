@@ -147,6 +147,30 @@ for (const [what, seqs, fragment] of BAD) {
   });
 }
 
+for (
+  const [what, kvCopies] of [
+    ["a KV copy onto its own block", [[3, 3]]],
+    ["a KV copy from outside the pool", [[KV.numBlocks, 2]]],
+    ["a KV copy to a fractional block", [[1, 2.5]]],
+    ["two KV copies to one block", [[1, 4], [2, 4]]],
+  ] as const
+) {
+  Deno.test(`every engine refuses a plan with ${what}, with the same message`, async () => {
+    const messages: string[] = [];
+    for (const [name, make] of Object.entries(engines)) {
+      const engine = make();
+      const err = await assertRejects(
+        () => engine.step({ stepId: 7, seqs: [seq({})], kvCopies }),
+        Error,
+      );
+      assert(err.message.startsWith("Cannot run step 7: KV copy ["), `${name}: ${err.message}`);
+      messages.push(err.message);
+      engine.dispose();
+    }
+    assertEquals(new Set(messages).size, 1, `messages differ: ${messages.join(" | ")}`);
+  });
+}
+
 Deno.test("the GPU planner refuses a step beyond the buffers it was sized for", () => {
   const plan: StepPlan = {
     stepId: 3,

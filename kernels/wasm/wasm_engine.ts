@@ -1,5 +1,6 @@
 import type {
   Engine,
+  KvCopy,
   KvGeometry,
   SampledToken,
   StepPlan,
@@ -344,6 +345,7 @@ export class WasmEngine implements Engine {
       },
     });
     const heap = this.#heap;
+    if (plan.kvCopies) this.#copyBlocks(plan.kvCopies);
     const maxRows = this.limits.maxBatchTokens;
     const ints = heap.i32(this.#rowInts, 4 * maxRows);
     const positions = ints.subarray(0, maxRows);
@@ -450,7 +452,20 @@ export class WasmEngine implements Engine {
     return masks;
   }
 
-  #embed(token: number, out: Float32Array): void {
+  /** Copies whole KV blocks, every layer's K and V, in order (StepPlan.kvCopies). */
+  #copyBlocks(pairs: readonly KvCopy[]): void {
+    const n = this.#kvLayerBytes / this.kv.numBlocks;
+    const mem = this.#heap.u8(this.#kv, 2 * this.config.nLayers * this.#kvLayerBytes);
+    for (const [src, dst] of pairs) {
+      this.#markWritten(dst);
+      for (let pool = 0; pool < 2 * this.config.nLayers; pool++) {
+        const at = pool * this.#kvLayerBytes;
+        mem.copyWithin(at + dst * n, at + src * n, at + (src + 1) * n);
+      }
+    }
+  }
+
+    #embed(token: number, out: Float32Array): void {
     const t = this.#embedding;
     const n = this.#embedRowBytes;
     const data = t.data.subarray(token * n, (token + 1) * n);

@@ -1,5 +1,7 @@
 import { DEFAULT_LIMITS } from "../engine/limits.ts";
+import type { KvCopy } from "../engine/engine.ts";
 import { hash32 } from "../util/rng.ts";
+import { BlockChildren, NO_PARENT } from "./block_children.ts";
 
 /** What the allocator reads of a sequence: its id and the token ids known so far. */
 export interface KvSeq {
@@ -58,6 +60,8 @@ interface SeqBlocks {
 /** Identity of a cached block: confirmed by parent block and token ids, not by hash alone. */
 interface CachedBlock {
   readonly hash: number;
+  /** The chained hash before it (its root for a first block). */
+  readonly parentHash: number;
   readonly parent: number;
   /** The chain's root: a first block is confirmed by it too, not by its hash alone. */
   readonly root: number;
@@ -65,7 +69,16 @@ interface CachedBlock {
 }
 
 const ROOT_HASH = 0x6a09e667;
-const NO_PARENT = -1;
+
+/**
+ * What a lookup found: whole cached blocks, then `extra` leading slots of `donor`, a cached or
+ * partly filled block that the new sequence gets a copy of (-1 and 0 when none).
+ */
+interface Prefix {
+  readonly blocks: number[];
+  readonly donor: number;
+  readonly extra: number;
+}
 
 /**
  * The hash-chain root of a cache scope (an API key's, or "" for the shared one): blocks are
@@ -118,6 +131,14 @@ function blockHash(parent: number, tokens: readonly number[], from: number, to: 
  * in the same step that fills it. Free blocks that hold a cached prefix stay reusable until
  * evicted, least recently freed first.
  *
+ * Reuse goes to the token: past its last whole cached block, a prompt also takes the leading
+ * tokens it shares with the block that follows that prefix in the cache, full or a sequence's
+ * partly filled tail (compared by token ids, {@link BlockChildren}). Those blocks are shared
+ * copy-on-write: the new sequence gets a fresh block and a copy of the shared one
+ * ({@link takeCopies}, which the step plan carries to the engine), since its next token is
+ * written into that block. Copies run before the step computes anything, and a tail counts only
+ * the tokens of steps planned before, so a copy always reads KV already written.
+ *
  * @example
  * ```ts
  * import { assertEquals } from "@std/assert";
@@ -142,6 +163,10 @@ export class BlockAllocator {
   #freeCached = new Map<number, true>();
   #cachedByHash = new Map<number, number>();
   #cached: (CachedBlock | undefined)[];
+  /** Full cached blocks and partly filled tails, by the prefix they follow. */
+  #children = new BlockChildren();
+  /** Block copies for the step being planned. */
+  #copies: KvCopy[] = [];
   #seqs = new Map<number, SeqBlocks>();
   #queryTokens = 0;
   #hitTokens = 0;
@@ -174,6 +199,8 @@ export class BlockAllocator {
     this.#refCount.fill(0);
     this.#cached.fill(undefined);
     this.#cachedByHash.clear();
+    this.#children.clear();
+    this.#copies = [];
     this.#freeCached.clear();
     this.#seqs.clear();
     // Popped from the end: block 0 is handed out first, which keeps tests readable.
@@ -192,14 +219,25 @@ export class BlockAllocator {
 
   /**
    * Number of the sequence's leading tokens whose KV is already in the pool. For a sequence
-   * that owns no blocks yet this is a prefix-cache lookup: whole cached blocks, always leaving
-   * at least one token to compute (the step must produce logits). For a sequence that owns
-   * blocks it is the prefix it got from the cache when it was admitted.
+   * that owns no blocks yet this is a prefix-cache lookup: whole cached blocks, then the tokens
+   * it shares with the block after them (any number), always leaving at least one token to
+   * compute (the step must produce logits). For a sequence that owns blocks it is the prefix it
+   * got from the cache when it was admitted.
    */
   computedPrefix(seq: KvSeq): number {
     const own = this.#seqs.get(seq.seqId);
     if (own) return own.cachedTokens;
-    return this.#lookup(seq).length * this.blockSize;
+    const p = this.#lookup(seq);
+    return p.blocks.length * this.blockSize + p.extra;
+  }
+
+  /**
+   * The block copies that admissions since the last call need ([source, destination]), for the
+   * step being planned (StepPlan.kvCopies): a destination's shared slots must be copied before
+   * that step writes the rest.
+   */
+  takeCopies(): KvCopy[] {
+    return this.#copies.splice(0);
   }
 
   /**
@@ -225,8 +263,10 @@ export class BlockAllocator {
       own.numTokens += numNewTokens;
       return own.blocks;
     }
-    const prefix = this.#lookup(seq);
-    const need = this.blocksFor(prefix.length * this.blockSize + numNewTokens) - prefix.length;
+    const { blocks: prefix, donor, extra } = this.#lookup(seq);
+    const cachedTokens = prefix.length * this.blockSize + extra;
+    // The copy of a partly shared block is one of the new blocks.
+    const need = this.blocksFor(cachedTokens + numNewTokens) - prefix.length;
     // Prefix blocks taken from the free pool are no longer available for new slots.
     let claimedFromFree = 0;
     for (const b of prefix) if (this.#refCount[b] === 0) claimedFromFree++;
@@ -246,10 +286,14 @@ export class BlockAllocator {
       own.lastHash = this.#cached[b]!.hash;
     }
     own.numHashed = prefix.length;
-    own.numTokens = own.cachedTokens = prefix.length * this.blockSize;
+    own.numTokens = own.cachedTokens = cachedTokens;
     this.#queryTokens += seq.tokens.length;
     this.#hitTokens += own.cachedTokens;
+    // The donor is not held: a later take may evict it and the step write over it, but the
+    // step's copies run before it writes anything. Taken as the copy itself, it needs none.
     for (let i = 0; i < need; i++) own.blocks.push(this.#take());
+    const copy = own.blocks[prefix.length];
+    if (extra > 0 && copy !== donor) this.#copies.push([donor, copy!]);
     own.numTokens += numNewTokens;
     return own.blocks;
   }
@@ -318,7 +362,7 @@ export class BlockAllocator {
       if (inFree[b] !== expectFree) {
         throw new Error(`Block ${b}: ref count ${refs[b]} but listed ${inFree[b]} times as free`);
       }
-      if (this.#freeCached.has(b) && !this.#cached[b]) {
+      if (this.#freeCached.has(b) && !this.#hasContent(b)) {
         throw new Error(`Block ${b}: in the cached free list without cached content`);
       }
     }
@@ -329,10 +373,13 @@ export class BlockAllocator {
     }
   }
 
-  /** Cached blocks matching the sequence's leading full blocks, leaving at least one token. */
-  #lookup(seq: KvSeq): number[] {
+  /**
+   * Cached blocks matching the sequence's leading full blocks, then the block sharing most of
+   * its next tokens, leaving at least one token to compute.
+   */
+  #lookup(seq: KvSeq): Prefix {
     const found: number[] = [];
-    if (!this.prefixCaching) return found;
+    if (!this.prefixCaching) return { blocks: found, donor: -1, extra: 0 };
     const maxBlocks = Math.floor((seq.tokens.length - 1) / this.blockSize);
     const root = seq.cacheRoot ?? ROOT_HASH;
     let parentHash = root;
@@ -350,31 +397,58 @@ export class BlockAllocator {
       parentHash = h;
       parentBlock = b;
     }
-    return found;
+    const from = found.length * this.blockSize;
+    const limit = Math.min(this.blockSize, seq.tokens.length - 1 - from);
+    const m = limit > 0
+      ? this.#children.longestMatch(parentHash, parentBlock, root, seq.tokens, from, limit)
+      : undefined;
+    return { blocks: found, donor: m?.block ?? -1, extra: m?.length ?? 0 };
   }
 
-  /** Publishes the sequence's full blocks whose slots were scheduled and whose tokens are known. */
+  /**
+   * Publishes the sequence's full blocks whose slots were scheduled and whose tokens are known,
+   * and records how much of its tail block they fill.
+   */
   #publish(own: SeqBlocks, seq: KvSeq): void {
     if (!this.prefixCaching) return;
-    const full = Math.floor(Math.min(own.numTokens, seq.tokens.length) / this.blockSize);
+    const written = Math.min(own.numTokens, seq.tokens.length);
+    const full = Math.floor(written / this.blockSize);
     while (own.numHashed < full) {
       const i = own.numHashed;
       const from = i * this.blockSize, to = from + this.blockSize;
       const h = this.#hash(own.lastHash, seq.tokens, from, to);
       const b = own.blocks[i]!;
+      if (!this.#cached[b]) this.#children.delete(b); // no longer a tail
       // An equal block already cached elsewhere keeps its entry; this copy stays private.
       if (!this.#cachedByHash.has(h) && !this.#cached[b]) {
-        this.#cached[b] = {
+        const c: CachedBlock = {
           hash: h,
+          parentHash: own.lastHash,
           parent: i === 0 ? NO_PARENT : own.blocks[i - 1]!,
           root: own.root,
           tokens: Int32Array.from(seq.tokens.slice(from, to)),
         };
+        this.#cached[b] = c;
         this.#cachedByHash.set(h, b);
+        this.#children.set(b, c);
       }
       own.lastHash = h;
       own.numHashed++;
     }
+    const from = full * this.blockSize;
+    if (written > from) {
+      this.#children.set(own.blocks[full]!, {
+        parentHash: own.lastHash,
+        parent: full === 0 ? NO_PARENT : own.blocks[full - 1]!,
+        root: own.root,
+        tokens: seq.tokens.slice(from, written),
+      });
+    }
+  }
+
+  /** Whether a free block still holds something a lookup can reuse. */
+  #hasContent(b: number): boolean {
+    return this.#cached[b] !== undefined || this.#children.has(b);
   }
 
   #retain(b: number): void {
@@ -384,7 +458,7 @@ export class BlockAllocator {
 
   #release(b: number): void {
     if (--this.#refCount[b]! > 0) return;
-    if (this.#cached[b]) this.#freeCached.set(b, true);
+    if (this.#hasContent(b)) this.#freeCached.set(b, true);
     else this.#freeUncached.push(b);
   }
 
@@ -398,9 +472,10 @@ export class BlockAllocator {
       }
       b = lru.value;
       this.#freeCached.delete(b);
-      const c = this.#cached[b]!;
-      if (this.#cachedByHash.get(c.hash) === b) this.#cachedByHash.delete(c.hash);
+      const c = this.#cached[b];
+      if (c && this.#cachedByHash.get(c.hash) === b) this.#cachedByHash.delete(c.hash);
       this.#cached[b] = undefined;
+      this.#children.delete(b);
       this.#evictions++;
     }
     this.#refCount[b] = 1;

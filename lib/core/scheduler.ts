@@ -10,6 +10,7 @@ import { pickVictim, slotVictims } from "./preemption.ts";
 import { InFlightSteps, maskReady, StepBuild } from "./step_build.ts";
 import { MaskQueue } from "./mask_refresh.ts";
 import { SeqQueues } from "./seq_queues.ts";
+import { type PromptBacklog, StepCost } from "./step_cost.ts";
 
 export { type SchedulerConfig, schedulerConfig } from "./scheduler_config.ts";
 
@@ -17,7 +18,10 @@ export { type SchedulerConfig, schedulerConfig } from "./scheduler_config.ts";
  * The continuous-batching policy as a synchronous state machine (the SchedulerActor drives it).
  * Each schedule() builds one step under the token budget and the sequence cap: single-token
  * decodes first, then prefill chunks, then admissions, highest priority first; batch rows
- * yield the step while interactive work is starting (lib/core/priority.ts). KV blocks are
+ * yield the step while interactive work is starting (lib/core/priority.ts). A burst of
+ * interactive prompts is cut into steps between prompts at the size StepCost finds gives the
+ * least mean time to first token, so each prompt's first token comes with its own prefill and
+ * running decodes get a token every step meanwhile (lib/core/step_cost.ts). KV blocks are
  * allocated lazily per step; when they run out the lowest-priority, most recently admitted
  * sequence is preempted and later recomputed. schedule() may be called again before earlier
  * results come back (pipelining): a decode then feeds "the token sampled last", and tokens
@@ -49,6 +53,7 @@ export class Scheduler {
   /** Ids whose per-sequence engine state can go (ended or preempted), not yet handed over. */
   #released: number[] = [];
   readonly #masks = new MaskQueue();
+  readonly #cost = new StepCost();
   readonly #rankOf = (seq: Sequence): Rank => rank(seq, this.#nextStepId, this.config.agingSteps);
 
   /** `emit` hears every sequence's events, synchronously; it must not throw. */
@@ -201,35 +206,43 @@ export class Scheduler {
         const table = this.#makeRoom(seq, 1, true);
         if (table) b.add(seq, 1, table);
       }
-      // 2. The next prefill chunk of every admitted sequence still reading its prompt.
+      // Only interactive prompts are cut: batch work wants throughput, not early first tokens.
+      if (yieldLow) b.burstRows = this.#cost.burstRows(this.#prefillBacklog(), b.entries.length);
+      // 2. The next prefill chunk of the admitted sequences still reading their prompts, while
+      // the step has room for prompts (a burst is cut into steps between prompts).
       for (const seq of running) {
-        if (!allowed(seq)) break;
+        if (!allowed(seq) || !b.roomForPrefill) break;
         if (!b.wantsPrefill(seq)) continue;
         const n = Math.min(seq.unfed, b.budget);
         const table = this.#makeRoom(seq, n, false);
-        if (table) b.add(seq, n, table);
+        if (table) b.addPrefill(seq, n, table);
       }
       // 3. Admissions from the queue.
       this.#admit(allowed);
     } finally {
       this.#build = undefined;
     }
+    // Only an admission, which always adds an entry, asks for a copy.
+    const kvCopies = this.#kv.takeCopies();
     if (b.entries.length === 0) return null;
     this.#nextStepId++;
     this.#inFlight.add(b.stepId, b.record);
     this.#counts.lastBatchSize = b.entries.length;
     this.#counts.lastBatchTokens = b.maxTokens - b.budget;
-    return { stepId: b.stepId, seqs: b.entries };
+    return { stepId: b.stepId, seqs: b.entries, ...(kvCopies.length > 0 ? { kvCopies } : {}) };
   }
 
   /**
    * Applies a step's sampled tokens: appends them, streams them, and ends sequences that hit a
    * stop condition. Results must come in step order; those of steps lost to an executor
-   * failure, and tokens of sequences preempted or finished since, are ignored.
+   * failure, and tokens of sequences preempted or finished since, are ignored. `busyMs`, how
+   * long the step alone kept the engine busy, teaches the scheduler what steps cost (StepCost),
+   * by which it cuts bursts of prompts into steps; without it bursts are not cut.
    */
-  onResult(result: StepResult): void {
+  onResult(result: StepResult, busyMs?: number): void {
     const rec = this.#inFlight.take(result);
     if (!rec) return;
+    if (busyMs !== undefined) this.#cost.observe(rec.rows, rec.seqs.length, busyMs);
     // The step ran: none of its sequences crashes the engine.
     for (const seq of rec.all) seq.faults = 0;
     for (let i = 0; i < rec.seqs.length; i++) {
@@ -317,6 +330,16 @@ export class Scheduler {
     };
   }
 
+  /** Prompt rows not yet fed, and their prompts: running prompts' rest and every waiting one. */
+  #prefillBacklog(): PromptBacklog {
+    let rows = 0, prompts = 0;
+    for (const seq of this.#q.running) {
+      if (seq.pending === 0 && seq.unfed >= 2) (rows += seq.unfed, prompts++);
+    }
+    for (const seq of this.#q.waiting) (rows += seq.tokens.length, prompts++);
+    return { rows, prompts };
+  }
+
   /**
    * Admits waiting sequences, highest priority first, while the budget, the running cap and
    * `allowed` (the step's budget and yield rule) let them; each may preempt strictly
@@ -327,7 +350,8 @@ export class Scheduler {
     const b = this.#build!;
     let admitted = false;
     for (const seq of byPriority(this.#q.waiting, this.#rankOf)) {
-      if (!allowed(seq) || this.#q.running.length >= this.config.maxRunning) break;
+      if (!allowed(seq) || !b.roomForPrefill) break;
+      if (this.#q.running.length >= this.config.maxRunning) break;
       // No room for it now, nor for those behind it.
       if (b.preempted.has(seq) && b.entries.length > 0) break;
       if (seq.held || b.barred(seq) || !maskReady(seq)) continue;
@@ -349,7 +373,7 @@ export class Scheduler {
       if (this.#q.start(seq, cached)) {
         this.#emit({ type: "scheduled", seqId: seq.seqId, cachedTokens: cached });
       }
-      b.add(seq, n, table);
+      b.addPrefill(seq, n, table);
     }
     if (admitted) this.#q.settle();
   }

@@ -16,6 +16,8 @@ export interface InFlightStep {
   readonly seqs: Sequence[];
   /** ...each with the epoch it was planned under (parallel arrays: no object per entry). */
   readonly epochs: number[];
+  /** Token rows of the step (what its cost is measured against). */
+  rows: number;
 }
 
 /** An unconstrained sequence, or a constrained one whose next mask is known. */
@@ -30,7 +32,7 @@ export function maskReady(seq: Sequence): boolean {
  */
 export class StepBuild {
   readonly entries: SeqInput[] = [];
-  readonly record: InFlightStep = { all: [], seqs: [], epochs: [] };
+  readonly record: InFlightStep = { all: [], seqs: [], epochs: [], rows: 0 };
   /** Sequences in the step: never preempted to make room for another. */
   readonly members = new Set<Sequence>();
   /**
@@ -39,6 +41,10 @@ export class StepBuild {
    */
   readonly preempted = new Set<Sequence>();
   budget: number;
+  /** Prompt rows (prefill chunks) in the step so far. */
+  prefillRows = 0;
+  /** Prompt rows after which no further prompt starts a chunk in this step (see StepCost). */
+  burstRows = Infinity;
 
   constructor(
     readonly stepId: number,
@@ -46,6 +52,15 @@ export class StepBuild {
     readonly lateMasks = false,
   ) {
     this.budget = maxTokens;
+  }
+
+  /**
+   * Whether one more prompt's chunk joins the step: the first always does; the next only while
+   * the step's prompt rows are below burstRows, so a burst is cut between prompts, never
+   * inside one, and each prompt's first token comes at the end of its own step.
+   */
+  get roomForPrefill(): boolean {
+    return this.budget > 0 && (this.prefillRows === 0 || this.prefillRows < this.burstRows);
   }
 
   /** A repeat suspect shares a step with no other suspect, so a crash there names the culprit. */
@@ -74,6 +89,12 @@ export class StepBuild {
   wantsPrefill(seq: Sequence): boolean {
     return seq.status === "running" && !seq.held && !this.members.has(seq) &&
       seq.pending === 0 && seq.unfed >= 2 && maskReady(seq) && !this.barred(seq);
+  }
+
+  /** Adds a chunk of n known tokens of a prompt (or a recomputation) to the step. */
+  addPrefill(seq: Sequence, n: number, table: readonly number[]): void {
+    this.add(seq, n, table);
+    this.prefillRows += n;
   }
 
   /** Adds n of the sequence's tokens (or its last sampled one) to the step. */
@@ -105,6 +126,7 @@ export class StepBuild {
       ...(late ? { lateTokenMask: late } : sample && seq.mask ? { tokenMask: seq.mask } : {}),
     });
     seq.numScheduled += n;
+    this.record.rows += n;
     this.members.add(seq);
     this.record.all.push(seq);
     if (sample) {

@@ -61,7 +61,17 @@ export interface StepPlan {
   readonly seqs: readonly SeqInput[];
   /** Return the logits of each sampling sequence's last row (tests and the oracle). */
   readonly returnLogits?: boolean;
+  /**
+   * KV blocks to copy, every layer's K and V, before anything of the step is computed:
+   * [source, destination] pairs, applied in order. A sequence that shares the first tokens of a
+   * cached block gets a copy of it to write its next positions into (copy-on-write of a
+   * partial block, lib/core/block_allocator.ts). Checked by validateStep (step_validation.ts).
+   */
+  readonly kvCopies?: readonly KvCopy[];
 }
+
+/** One block copy of a step: [source block, destination block]. */
+export type KvCopy = readonly [number, number];
 
 export interface SampledToken {
   readonly seqId: number;

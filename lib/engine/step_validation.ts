@@ -76,6 +76,7 @@ export function validateStep(plan: StepPlan, rules: StepRules): void {
     rows += n;
     tableEntries += needed;
   }
+  checkCopies(plan, kv);
   const cap = rules.capacity;
   if (
     cap && (rows > cap.maxRows || plan.seqs.length > cap.maxSeqs ||
@@ -84,6 +85,28 @@ export function validateStep(plan: StepPlan, rules: StepRules): void {
     throw new Error(
       `Cannot run step ${plan.stepId}: it has ${rows} token rows, ${plan.seqs.length} sequences and ${tableEntries} block-table entries; the engine was sized for ${cap.maxRows} rows (maxBatchTokens), ${cap.maxSeqs} sequences (maxSeqs), ${cap.maxTableEntries} entries`,
     );
+  }
+}
+
+/**
+ * A step's block copies name blocks of the pool, never copy a block onto itself, and write each
+ * destination once (a second write would make the order of two copies matter).
+ */
+function checkCopies(plan: StepPlan, kv: KvGeometry): void {
+  const copies = plan.kvCopies;
+  if (copies === undefined) return;
+  const written = new Set<number>();
+  for (const pair of copies) {
+    const [src, dst] = pair;
+    const inPool = (b: number) => Number.isInteger(b) && b >= 0 && b < kv.numBlocks;
+    if (!inPool(src) || !inPool(dst) || src === dst || written.has(dst)) {
+      throw new Error(
+        `Cannot run step ${plan.stepId}: KV copy [${src}, ${dst}] must name two different blocks in 0..${
+          kv.numBlocks - 1
+        } and a destination no other copy of the step writes`,
+      );
+    }
+    written.add(dst);
   }
 }
 

@@ -116,6 +116,8 @@ export class FakeEngine implements Engine {
   tokensComputed = 0;
   /** release() calls so far. */
   released = 0;
+  /** KV blocks copied so far (StepPlan.kvCopies). */
+  blocksCopied = 0;
   #opts: FakeEngineOptions;
   #slotToken: Int32Array;
   #slotPos: Int32Array;
@@ -174,6 +176,12 @@ export class FakeEngine implements Engine {
     });
     const failAt = this.#opts.failWhen?.(plan, call) ? Math.floor(plan.seqs.length / 2) : -1;
     const { blockSize } = this.kv;
+    // Copy-on-write of shared partial blocks: whole blocks, before the step writes anything.
+    for (const [src, dst] of plan.kvCopies ?? []) {
+      this.#slotToken.copyWithin(dst * blockSize, src * blockSize, (src + 1) * blockSize);
+      this.#slotPos.copyWithin(dst * blockSize, src * blockSize, (src + 1) * blockSize);
+      this.blocksCopied++;
+    }
     const sampled: SampledToken[] = [];
     for (let i = 0; i < plan.seqs.length; i++) {
       if (i === failAt) {

@@ -128,6 +128,7 @@ export class CpuEngine implements Engine {
     }
     // Check the whole plan before touching the cache, so a bad plan changes nothing.
     const inputs = this.resolveInputs(plan);
+    if (plan.kvCopies) this.cache.copyBlocks(plan.kvCopies);
     const sampled: SampledToken[] = [];
     plan.seqs.forEach((seq, i) => {
       const tokens = inputs[i]!;

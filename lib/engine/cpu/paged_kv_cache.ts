@@ -69,6 +69,16 @@ export class PagedKvCache {
     return this.values[layer]!;
   }
 
+  /** Copies whole blocks, every layer's K and V, in order ([source, destination] pairs). */
+  copyBlocks(pairs: readonly (readonly [number, number])[]): void {
+    const n = this.geometry.blockSize * this.rowSize;
+    for (const [src, dst] of pairs) {
+      for (const pool of [...this.keys, ...this.values]) {
+        pool.copyWithin(dst * n, src * n, (src + 1) * n);
+      }
+    }
+  }
+
   /** Float offset of position `pos`'s row within a layer's pool, through a block table. */
   slotOffset(blockTable: readonly number[], pos: number): number {
     const { blockSize, numBlocks } = this.geometry;
