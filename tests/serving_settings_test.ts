@@ -15,9 +15,15 @@ Deno.test("servingSettings(): each server setting lands where a serving core rea
     maxRunning: "5",
     maxWaiting: "7",
     pipelineDepth: "2",
+    contextLength: "128",
   }, noEnv));
   assertEquals(s.engineOptions, { kvDtype: "f32", threads: 3 });
-  assertEquals(s.kvRequest, { blockSize: 32, maxRunning: 5, kvMemory: 64 * 2 ** 20 });
+  assertEquals(s.kvRequest, {
+    blockSize: 32,
+    maxRunning: 5,
+    kvMemory: 64 * 2 ** 20,
+    contextFixed: true,
+  });
   assertEquals(s.core, {
     backend: "cpu",
     limits: { maxBatchTokens: 100, maxSeqs: 5 },

@@ -26,7 +26,8 @@ export function servingSettings(c: Config): {
       blockSize: c.blockSize,
       maxRunning: c.maxRunning,
       ...(c.kvMemory === undefined ? {} : { kvMemory: c.kvMemory }),
-      contextFixed: c.contextLength !== undefined,
+      // --context-length given: a --kv-memory that cannot hold it is an error, not a shortening.
+      ...(c.contextLength === undefined ? {} : { contextFixed: true }),
     },
     core: {
       backend: c.backend,

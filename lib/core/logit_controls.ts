@@ -1,5 +1,5 @@
 import { type LogitAdjust, SUPPRESS_BIAS } from "../engine/logit_adjust.ts";
-import { f32Problem } from "../util/f32_number.ts";
+import { f32Problem } from "../util/f32_problem.ts";
 
 /**
  * The repetition penalty's range: vLLM's (0, 2], but at least 1e-6, since the penalty divides
