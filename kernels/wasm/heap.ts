@@ -32,6 +32,7 @@ export class WasmHeap {
   /** The largest total one wasm32 memory can ever hold. */
   static readonly MAX_BYTES = MAX_PAGES * WASM_PAGE_BYTES;
 
+  /** A heap of its own; owningHeap() finds it while it lives. */
   constructor(maxBytes = WasmHeap.MAX_BYTES) {
     if (!(Number.isInteger(maxBytes) && maxBytes > HEAP_BASE && maxBytes <= WasmHeap.MAX_BYTES)) {
       throw new Error(
@@ -39,6 +40,7 @@ export class WasmHeap {
       );
     }
     this.maxBytes = maxBytes;
+    live.push(new WeakRef(this));
   }
 
   /** Bytes that can still be allocated above the top (freed ranges below it not counted). */
@@ -124,6 +126,8 @@ export class WasmHeap {
 }
 
 const shared: WasmHeap[] = [];
+/** Every heap made, the process's and others (a test's small ones), for owningHeap(). */
+const live: WeakRef<WasmHeap>[] = [];
 
 /**
  * The process's i-th heap, created on first use: a model split over several memories has its
@@ -134,7 +138,11 @@ export function wasmHeap(i = 0): WasmHeap {
   return shared[i]!;
 }
 
-/** The process's heap holding `view`, if any. */
+/** The heap holding `view`, if any. */
 export function owningHeap(view: ArrayBufferView): WasmHeap | undefined {
-  return shared.find((h) => h.owns(view));
+  for (const r of live) {
+    const h = r.deref();
+    if (h?.owns(view)) return h;
+  }
+  return undefined;
 }

@@ -12,7 +12,8 @@ import { byteSize, TENSOR_TYPES } from "../../lib/model/tensor.ts";
 import type { ModelWeights } from "../../lib/model/weights.ts";
 import { dequantize } from "../../lib/model/dequantize.ts";
 import { DEFAULT_LIMITS } from "../../lib/engine/limits.ts";
-import { owningHeap, WasmHeap, wasmHeap } from "./heap.ts";
+import { WasmHeap, wasmHeap } from "./heap.ts";
+import { heldLayers } from "./tensor_placement.ts";
 import { ThreadPool } from "./pool.ts";
 import { EnginePart, LOGIT_ROWS, partOverheadBytes, type PartShape, scoreBytes } from "./engine_part.ts";
 import { type LayerRange, splitLayers, type SplitUnit } from "./layer_split.ts";
@@ -535,14 +536,11 @@ function splitModel(
   shape: PartShape,
   opts: WasmEngineOptions,
 ): { ranges: LayerRange[]; heaps: WasmHeap[] } {
-  const owners = weights.layers.map((l) => owningHeap(l.wq.data));
-  if (opts.memoryBytes === undefined && owners.every((h) => h !== undefined)) {
-    const ranges: LayerRange[] = [], heaps: WasmHeap[] = [];
-    owners.forEach((h, i) => {
-      if (heaps[heaps.length - 1] === h) ranges[ranges.length - 1] = { start: ranges[ranges.length - 1]!.start, end: i + 1 };
-      else (heaps.push(h!), ranges.push({ start: i, end: i + 1 }));
-    });
-    return { ranges, heaps };
+  const held = opts.memoryBytes === undefined ? heldLayers(weights) : undefined;
+  if (held) {
+    let start = 0;
+    const ranges = held.map((h) => ({ start, end: start += h.layers }));
+    return { ranges, heaps: held.map((h) => h.heap) };
   }
   const cap = opts.memoryBytes ?? WasmHeap.MAX_BYTES;
   const kvLayer = 2 * kvLayerBytesOf(config, kv, opts.kvDtype ?? "f16");

@@ -16,6 +16,7 @@ import {
   describeChoice,
   engineMemory,
   modelAllocator,
+  modelPlacement,
   resolveBackend,
   type ResolvedBackend,
 } from "../serving/engine_factory.ts";
@@ -27,7 +28,7 @@ import {
   type PooledModel,
   type Residue,
 } from "../serving/model_pool.ts";
-import { wasmHeap } from "../../kernels/wasm/heap.ts";
+import { owningHeap } from "../../kernels/wasm/heap.ts";
 import { type CatalogModel, createModelsService } from "../serving/models_service.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { formatKeepAlive } from "../util/duration.ts";
@@ -184,6 +185,7 @@ interface ParsedFile {
  */
 async function parseFile(m: ServedFile, config: Config, ctx: LoadContext): Promise<ParsedFile> {
   const allocate = modelAllocator(config.backend);
+  const place = modelPlacement(config.backend);
   const views: Uint8Array[] = [];
   const opened = await openModel(m.path, {
     modelsDir: config.modelsDir,
@@ -198,6 +200,13 @@ async function parseFile(m: ServedFile, config: Config, ctx: LoadContext): Promi
         return view;
       },
     }),
+    ...(place === undefined ? {} : {
+      placeTensors: (tensors: Parameters<typeof place>[0]) => {
+        const placed = place(tensors);
+        if (placed) views.push(...placed);
+        return placed;
+      },
+    }),
   });
   let freed = false;
   return {
@@ -205,8 +214,7 @@ async function parseFile(m: ServedFile, config: Config, ctx: LoadContext): Promi
     free: () => {
       if (freed) return;
       freed = true;
-      const heap = wasmHeap();
-      for (const v of views) if (heap.owns(v)) heap.free(v.byteOffset, v.byteLength);
+      for (const v of views) owningHeap(v)?.free(v.byteOffset, v.byteLength);
     },
   };
 }

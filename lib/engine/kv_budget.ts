@@ -33,8 +33,10 @@ export interface KvRequest {
   readonly availableMemory?: number;
   /** Bytes of one cached element: 4 (f32, the default) or 2 (f16). */
   readonly bytesPerElement?: number;
-  /** A hard cap on the whole cache (the CPU engine's 4 GiB WebAssembly memory). */
+  /** A hard cap on the whole cache (what the CPU engine's 4 GiB WebAssembly memories leave). */
   readonly maxBytes?: number;
+  /** How many CPU engine memories the model's layers (and so the cache) are split over. */
+  readonly memories?: number;
 }
 
 /** What an automatic cache may take when the free memory is unknown. */
@@ -128,7 +130,9 @@ export function planKvCache(config: ModelConfig, req: KvRequest): KvPlan {
   const by = numBlocks === wanted
     ? `a full context for each of ${req.maxRunning} sequences`
     : numBlocks === totalCap
-    ? `the CPU engine's 4 GiB WebAssembly memory`
+    ? (req.memories ?? 1) > 1
+      ? `the room beside the weights in the CPU engine's ${req.memories} WebAssembly memories (4 GiB each, a layer range in each)`
+      : `the CPU engine's 4 GiB WebAssembly memory`
     : numBlocks === poolCap
     ? `the device's binding limit of ${formatBytes(req.maxPoolBytes!)} per layer pool`
     : req.availableMemory === undefined
