@@ -123,7 +123,7 @@ export class EnginePart {
     this.actAtt = new ActBuffer(heap, shape.maxRows, nHeads * headDim, "attention rows");
     this.actHidden = new ActBuffer(heap, shape.maxRows, hiddenDim, "hidden rows");
     this.actOut = last ? new ActBuffer(heap, shape.maxSeqs, dim, "classifier rows") : undefined;
-    this.bufferBytes = this.#owned.slice(1).reduce((n, [, bytes]) => n + bytes, 0) +
+    this.bufferBytes = this.#owned.reduce((n, [, bytes]) => n + bytes, -this.kvBytes) +
       this.#acts().reduce((n, a) => n + a.bytes, 0);
   }
 
