@@ -97,4 +97,9 @@ Deno.test("planKvCache() for a model split over two CPU engine memories: capped 
   const tight = planKvCache(llama8b, { ...req, availableMemory: 2 * 2 ** 30 });
   assertEquals(tight.numBlocks, 256); // a quarter of 2 GiB, 2 MiB a block
   assertStringIncludes(tight.why, "a quarter of the 2.0 GiB of free memory");
+  assertThrows(
+    () => planKvCache({ ...llama8b, contextLength: 8192 }, { ...req, kvMemory: 4096 * MiB }),
+    Error,
+    "--kv-memory 4.0 GiB does not fit in the CPU engine's 2 memories beside the model: use at most 2.0 GiB",
+  );
 });

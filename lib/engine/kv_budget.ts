@@ -103,7 +103,9 @@ export function planKvCache(config: ModelConfig, req: KvRequest): KvPlan {
     }
     if (numBlocks > totalCap) {
       throw new Error(
-        `--kv-memory ${formatBytes(req.kvMemory)} does not fit in the CPU engine's memory beside the model: use at most ${
+        `--kv-memory ${formatBytes(req.kvMemory)} does not fit in the CPU engine's ${
+          (req.memories ?? 1) > 1 ? `${req.memories} memories` : "memory"
+        } beside the model: use at most ${
           formatBytes(totalCap * blockBytes)
         }`,
       );
