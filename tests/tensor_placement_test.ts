@@ -18,7 +18,7 @@ function smallHeaps(): { heaps: WasmHeap[]; limits: PlacementLimits } {
   const heaps: WasmHeap[] = [];
   return {
     heaps,
-    limits: { memoryBytes: MEMORY, headroom: 4 << 20, kvReserve: 1 << 20, heap: (i) => (heaps[i] ??= new WasmHeap(MEMORY)) },
+    limits: { memoryBytes: MEMORY, headroom: 4 << 20, kvBytes: 1 << 20, heap: (i) => (heaps[i] ??= new WasmHeap(MEMORY)) },
   };
 }
 
@@ -79,8 +79,21 @@ Deno.test("a tensor bigger than one memory is refused at placement, naming it an
   assertThrows(
     () => placeInHeaps(tensors, limits),
     Error,
-    `Cannot split the model over CPU engine memories of ${MEMORY} bytes: layer 0 with 'blk.0.ffn_up.weight' (${39 << 20} bytes) needs`,
+    `Cannot split the model over CPU engine memories of ${MEMORY} bytes: layer 0 with 'blk.0.ffn_up.weight' (${39 << 20} bytes) and its ${1 << 20} bytes of KV cache needs`,
   );
+});
+
+Deno.test("each layer takes its share of the KV cache to keep room for: more cache, more memories", () => {
+  const MiB = 2 ** 20;
+  const tensors = [0, 1, 2, 3].map((i) => ({ name: `blk.${i}.ffn_up.weight`, bytes: 4 * MiB }));
+  const memoriesFor = (kvBytes: number) => {
+    const heaps: WasmHeap[] = [];
+    const views = placeInHeaps(tensors, { memoryBytes: MEMORY, headroom: 2 * MiB, kvBytes, heap: (i) => (heaps[i] ??= new WasmHeap(MEMORY)) });
+    return new Set(views!.map((v) => heaps.findIndex((h) => h.owns(v)))).size;
+  };
+  // 16 MiB less 2 of headroom holds three 4 MiB layers, or one with 4 MiB of cache beside it.
+  assertEquals(memoriesFor(0), 2);
+  assertEquals(memoriesFor(16 * MiB), 4);
 });
 
 Deno.test("a GGUF that fits in one memory beside the headroom is left to the caller's single buffer", () => {

@@ -1,15 +1,23 @@
 import type { ModelWeights } from "../../lib/model/weights.ts";
 import { HEAP_BASE, owningHeap, WasmHeap, wasmHeap } from "./heap.ts";
+import { availableMemory, UNKNOWN_MEMORY_CAP } from "../../lib/engine/kv_budget.ts";
 import { type LayerRange, splitLayers, type SplitUnit } from "./layer_split.ts";
 
 /** What the CPU engine's step buffers and kernels take in a memory beside weights and KV cache. */
 export const CPU_HEADROOM = 512 * 2 ** 20;
 
 /**
- * Room a memory keeps for its KV cache when a model is split: without it, a greedy split
- * would fill the first memories with weights and leave no cache beside them.
+ * Bytes of KV cache a split model's memories keep room for, over all layers: `--kv-memory` when
+ * given, else what planKvCache's automatic size may take at most, a quarter of the memory free
+ * once the file is read (`MemAvailable` now, less the file), or its cap when that is unknown.
+ * Each layer's share rides with the layer, so a machine with more free memory gets more, less
+ * full memories. The room is address space only: pages are committed as blocks are written.
  */
-export const SPLIT_KV_RESERVE = 512 * 2 ** 20;
+export function splitKvBytes(fileBytes: number, kvMemory?: number): number {
+  if (kvMemory !== undefined) return kvMemory;
+  const free = availableMemory();
+  return free === undefined ? UNKNOWN_MEMORY_CAP : Math.max(0, free - fileBytes) / 4;
+}
 
 const LAYER = /^blk\.(\d+)\./;
 
@@ -26,60 +34,64 @@ function layerOf(name: string, layers: number, tied: boolean): number {
 /** Sizes placeInHeaps splits by: the defaults, or a test's small ones. */
 export interface PlacementLimits {
   /** Bytes one memory holds (default 4 GiB). */
-  readonly memoryBytes: number;
+  readonly memoryBytes?: number;
   /** Kept free in each memory for step buffers and kernels (default CPU_HEADROOM). */
-  readonly headroom: number;
-  /** Kept free in each memory of a split for its KV cache (default SPLIT_KV_RESERVE). */
-  readonly kvReserve: number;
+  readonly headroom?: number;
+  /** KV cache to keep room for, over all layers (default splitKvBytes()). */
+  readonly kvBytes?: number;
   /** The i-th heap to consider (default: the process's, wasmHeap(i)). */
-  readonly heap: (i: number) => WasmHeap;
+  readonly heap?: (i: number) => WasmHeap;
 }
-
-const DEFAULT_LIMITS: PlacementLimits = {
-  memoryBytes: WasmHeap.MAX_BYTES,
-  headroom: CPU_HEADROOM,
-  kvReserve: SPLIT_KV_RESERVE,
-  heap: wasmHeap,
-};
 
 /**
  * Where a GGUF's tensors are read to for the CPU engine. A file that fits in heap 0 beside
  * CPU_HEADROOM is read there in one piece (undefined: the caller's allocate does it). A bigger
- * one is split by layer range (layer_split.ts, keeping SPLIT_KV_RESERVE per memory for the KV
- * cache), and each tensor is read straight into its range's heap: the first heap of the
- * process with room, so weights are never held twice.
+ * one is split by layer range (layer_split.ts), each layer counted with its share of the KV
+ * cache (splitKvBytes), and each tensor is read straight into its range's heap: the first heap
+ * of the process with room, so weights are never held twice.
  */
 export function placeInHeaps(
   tensors: readonly { readonly name: string; readonly bytes: number }[],
-  limits: PlacementLimits = DEFAULT_LIMITS,
+  opts: PlacementLimits = {},
 ): Uint8Array[] | undefined {
   const total = tensors.reduce((n, t) => n + t.bytes, 0);
+  const limits = {
+    memoryBytes: opts.memoryBytes ?? WasmHeap.MAX_BYTES,
+    headroom: opts.headroom ?? CPU_HEADROOM,
+    heap: opts.heap ?? wasmHeap,
+  };
   if (total + limits.headroom <= limits.heap(0).room) return undefined;
   const tied = !tensors.some((t) => t.name === "output.weight");
   const layers = 1 + tensors.reduce((n, t) => Math.max(n, Number(LAYER.exec(t.name)?.[1] ?? 0)), 0);
+  const kvShare = Math.ceil((opts.kvBytes ?? splitKvBytes(total)) / layers);
   const units: { bytes: number; what: string; biggest: number }[] = Array.from(
     { length: layers },
-    (_, i) => ({ bytes: 0, what: `layer ${i}`, biggest: 0 }),
+    (_, i) => ({ bytes: kvShare, what: `layer ${i}`, biggest: 0 }),
   );
   for (const t of tensors) {
     const layer = layerOf(t.name, layers, tied);
     const u = units[layer]!;
     u.bytes += t.bytes;
-    if (t.bytes > u.biggest) (u.biggest = t.bytes, u.what = `layer ${layer} with '${t.name}' (${t.bytes} bytes)`);
+    if (t.bytes > u.biggest) {
+      u.biggest = t.bytes;
+      u.what = `layer ${layer} with '${t.name}' (${t.bytes} bytes) and its ${kvShare} bytes of KV cache`;
+    }
   }
-  const reserve = limits.headroom + limits.kvReserve;
-  const ranges = splitLayers(units as SplitUnit[], reserve, limits.memoryBytes);
-  const heaps = pickHeaps(ranges.map((r) => units.slice(r.start, r.end).reduce((n, u) => n + u.bytes, 0) + reserve), limits);
+  const ranges = splitLayers(units as SplitUnit[], limits.headroom, limits.memoryBytes);
+  const heaps = pickHeaps(
+    ranges.map((r) => units.slice(r.start, r.end).reduce((n, u) => n + u.bytes, limits.headroom)),
+    limits.heap,
+  );
   const heapOf = (layer: number) => heaps[ranges.findIndex((r: LayerRange) => layer < r.end)]!;
   return tensors.map((t) => heapOf(layerOf(t.name, layers, tied)).bytes(t.bytes, `'${t.name}'`));
 }
 
 /** For each range's bytes, a distinct heap with room for them. */
-function pickHeaps(bytes: readonly number[], limits: PlacementLimits): WasmHeap[] {
+function pickHeaps(bytes: readonly number[], heap: (i: number) => WasmHeap): WasmHeap[] {
   const picked: WasmHeap[] = [];
   for (const b of bytes) {
     for (let i = 0;; i++) {
-      const h = limits.heap(i);
+      const h = heap(i);
       if (h.room === h.maxBytes - HEAP_BASE && h.room < b) {
         throw new Error(`Cannot place ${b} bytes of layers in a CPU engine memory: a fresh one holds ${h.room}`);
       }

@@ -274,7 +274,7 @@ async function start(
     purpose: "serve",
     onProgress: (phase, bytes, total) => progress.set(phase, bytes, total),
     allocate: modelAllocator(config.backend),
-    placeTensors: modelPlacement(config.backend),
+    placeTensors: modelPlacement(config.backend, config.kvMemory),
   });
   const settings = servingSettings(config);
   const resolved = await resolving;

@@ -185,7 +185,7 @@ interface ParsedFile {
  */
 async function parseFile(m: ServedFile, config: Config, ctx: LoadContext): Promise<ParsedFile> {
   const allocate = modelAllocator(config.backend);
-  const place = modelPlacement(config.backend);
+  const place = modelPlacement(config.backend, config.kvMemory);
   const views: Uint8Array[] = [];
   const opened = await openModel(m.path, {
     modelsDir: config.modelsDir,

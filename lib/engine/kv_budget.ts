@@ -39,6 +39,18 @@ export interface KvRequest {
   readonly memories?: number;
 }
 
+/**
+ * Free host memory (`MemAvailable` of /proc/meminfo on Linux), or undefined without the
+ * permission (`--allow-sys=systemMemoryInfo`).
+ */
+export function availableMemory(): number | undefined {
+  try {
+    return Deno.systemMemoryInfo().available;
+  } catch {
+    return undefined;
+  }
+}
+
 /** What an automatic cache may take when the free memory is unknown. */
 export const UNKNOWN_MEMORY_CAP = 1024 * 2 ** 20;
 

@@ -8,7 +8,7 @@ import { WebGpuEngine } from "../../kernels/webgpu_engine.ts";
 import { WasmEngine } from "../../kernels/wasm/wasm_engine.ts";
 import { wasmHeap } from "../../kernels/wasm/heap.ts";
 import { CPU_HEADROOM, heldLayers, kvBlocksBeside, placeInHeaps } from "../../kernels/wasm/tensor_placement.ts";
-import { kvBlockBytes, type KvPlan, type KvRequest, planKvCache } from "../engine/kv_budget.ts";
+import { availableMemory, kvBlockBytes, type KvPlan, type KvRequest, planKvCache } from "../engine/kv_budget.ts";
 import type { PlaceTensors } from "../model/gguf.ts";
 import { type Engine, GREEDY, type KvGeometry } from "../engine/engine.ts";
 import { CpuEngine } from "../engine/cpu/cpu_engine.ts";
@@ -99,10 +99,12 @@ export function modelAllocator(
 
 /**
  * For the CPU engine, a GGUF too big for one WebAssembly memory is read tensor by tensor
- * straight into several, by layer range (kernels/wasm/tensor_placement.ts).
+ * straight into several, by layer range, with room for a KV cache of `kvMemory` (automatic
+ * when undefined; kernels/wasm/tensor_placement.ts).
  */
-export function modelPlacement(backend: BackendChoice): PlaceTensors | undefined {
-  return backend === "cpu" || backend === "auto" ? placeInHeaps : undefined;
+export function modelPlacement(backend: BackendChoice, kvMemory?: number): PlaceTensors | undefined {
+  if (backend !== "cpu" && backend !== "auto") return undefined;
+  return (tensors) => placeInHeaps(tensors, kvMemory === undefined ? {} : { kvBytes: kvMemory });
 }
 
 /**
@@ -131,7 +133,7 @@ export async function planKv(
   // One block's K and V for one layer, at the CPU engine's element size.
   const layerBlockBytes = 2 * req.blockSize * model.config.nKvHeads * model.config.headDim * cpuElement;
   const cpuBlocks = kvBlocksBeside(memories.map((m) => ({ room: m.heap.room, layers: m.layers })), layerBlockBytes);
-  const available = freeMemory();
+  const available = availableMemory();
   return planKvCache(model.config, {
     ...req,
     bytesPerElement,
@@ -139,15 +141,6 @@ export async function planKv(
     ...(maxPoolBytes === undefined ? {} : { maxPoolBytes }),
     ...(available === undefined ? {} : { availableMemory: available }),
   });
-}
-
-/** Free host memory, or undefined without the permission (`--allow-sys=systemMemoryInfo`). */
-function freeMemory(): number | undefined {
-  try {
-    return Deno.systemMemoryInfo().available;
-  } catch {
-    return undefined;
-  }
 }
 
 /** Device (or host) memory an engine holds, for the start-up summary. */
