@@ -18,6 +18,7 @@ import { parseArgs } from "@std/cli/parse-args";
 import { loadModel } from "../lib/model/load_model.ts";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { wasmHeap } from "../kernels/wasm/heap.ts";
+import { placeInHeaps } from "../kernels/wasm/tensor_placement.ts";
 import { GREEDY, type SeqInput } from "../lib/engine/engine.ts";
 import { formatBytes } from "../lib/util/byte_size.ts";
 import { chartSvg } from "./svg_chart.ts";
@@ -117,7 +118,8 @@ for (const path of perProcess ? [] : models) {
   const name = path.split("/").pop()!;
   const fileBytes = (await Deno.stat(path)).size;
   const rssBefore = Deno.memoryUsage().rss;
-  const model = await loadModel(path, { allocate: (n) => heap.bytes(n, "the model's weights") });
+  // A file too big for one WebAssembly memory is read tensor by tensor into several.
+  const model = await loadModel(path, { allocate: (n) => heap.bytes(n, "the model's weights"), placeTensors: placeInHeaps });
   const maxNpl = Math.max(...npls);
   const per = Math.ceil((npp + ntg + 1) / 16);
   const kv = { numBlocks: maxNpl * per, blockSize: 16 };
@@ -166,7 +168,7 @@ for (const path of perProcess ? [] : models) {
   const big = mine.find((m) => m.npl === maxNpl)!;
   lines.push(`\nThreads at ${maxNpl} sequences: 1 thread ${f1(single.tg)} tok/s, ${threads} threads ${f1(big.tg)} tok/s: ${(big.tg / single.tg).toFixed(2)}×.`);
   lines.push(
-    `\nMemory: RSS ${formatBytes(rssBefore)} before load, ${formatBytes(rssLoaded)} after load and engine start, ${formatBytes(rssAfter)} after the runs; file ${formatBytes(fileBytes)}, KV cache ${formatBytes(engine.memory.kvCache)} (${kv.numBlocks} blocks, f16), step buffers ${formatBytes(engine.memory.buffers)}; after load − file − KV = ${formatBytes(rssLoaded - fileBytes - engine.memory.kvCache)}.`,
+    `\nMemory: RSS ${formatBytes(rssBefore)} before load, ${formatBytes(rssLoaded)} after load and engine start, ${formatBytes(rssAfter)} after the runs; file ${formatBytes(fileBytes)}, KV cache ${formatBytes(engine.memory.kvCache)} (${kv.numBlocks} blocks, f16), step buffers ${formatBytes(engine.memory.buffers)}, ${engine.memories} WebAssembly ${engine.memories === 1 ? "memory" : "memories"}; after load − file − KV = ${formatBytes(rssLoaded - fileBytes - engine.memory.kvCache)}.`,
   );
   (args["chart-data"] ? (c: Chart) => lines.push(CHART_LINE + JSON.stringify(c)) : (c: Chart) => chart.push(c))({
     title: name,

@@ -89,3 +89,22 @@ Deno.test("planKvCache() keeps an automatic cache to 1 GiB when the free memory 
   assertEquals(p.numBlocks, Math.floor((1024 * MiB) / kvBlockBytes(LLAMA32_1B, 16)));
   assertStringIncludes(p.why, "free memory unknown");
 });
+
+Deno.test("planKvCache() for a model split over two CPU engine memories: capped by their room (and says so) or by a quarter of the free memory, whichever is less", () => {
+  // Llama-3.1-8B's shape: 32 layers, 8 KV heads of 128; an f16 block of 16 tokens is 2 MiB.
+  const llama8b = { ...LLAMA32_1B, dim: 4096, hiddenDim: 14336, nLayers: 32, headDim: 128 };
+  const blockBytes = kvBlockBytes(llama8b, 16, 2);
+  assertEquals(blockBytes, 2 * MiB);
+  const req = { blockSize: 16, maxRunning: 4, bytesPerElement: 2, maxBytes: 1024 * blockBytes, memories: 2 };
+  const roomy = planKvCache(llama8b, { ...req, availableMemory: 20 * 2 ** 30 });
+  assertEquals(roomy.numBlocks, 1024);
+  assertStringIncludes(roomy.why, "the room beside the weights in the CPU engine's 2 WebAssembly memories");
+  const tight = planKvCache(llama8b, { ...req, availableMemory: 2 * 2 ** 30 });
+  assertEquals(tight.numBlocks, 256); // a quarter of 2 GiB, 2 MiB a block
+  assertStringIncludes(tight.why, "a quarter of the 2.0 GiB of free memory");
+  assertThrows(
+    () => planKvCache({ ...llama8b, contextLength: 8192 }, { ...req, kvMemory: 4096 * MiB }),
+    Error,
+    "--kv-memory 4.0 GiB does not fit in the CPU engine's 2 memories beside the model: use at most 2.0 GiB",
+  );
+});

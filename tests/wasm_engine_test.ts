@@ -192,3 +192,43 @@ Deno.test("cpu engine: a 1 GiB KV cache costs resident memory only for the block
     e.dispose();
   }
 });
+
+// Caps that split these models (2 layers each for the compat files, 5 for stories260K) over
+// several memories, with a 512-token context, maxBatchTokens 64 and maxSeqs 16: the engine
+// says how many it used.
+const SPLITS = [
+  { file: () => compatPath("llama3-like-q4_k_m"), memoryBytes: 40 << 20, memories: 2 },
+  { file: () => compatPath("qwen2-like-q4_k_m"), memoryBytes: 34 << 20, memories: 2 },
+  { file: () => modelFile("stories260K.gguf"), memoryBytes: 2 << 20, memories: 3 },
+];
+
+Deno.test("cpu engine split over several memories by layer range gives the logits of one memory, bit for bit, alone and batched, on 1 and 2 threads", async () => {
+  for (const { file, memoryBytes, memories } of SPLITS) {
+    const model = await loadModel(file(), { contextLength: 512 });
+    const prompts = randomPrompts(model.config.vocabSize, 5).slice(0, 4); // at most 64 rows
+    const base = { maxBatchTokens: 64, maxSeqs: 16 };
+    const whole = await withEngine(model, { ...base, threads: 2 }, async (e) => {
+      assertEquals(e.memories, 1);
+      return { together: await batch(e, prompts, 3), alone: await batch(e, [prompts[0]!], 3, GREEDY, 50, 30) };
+    });
+    for (const threads of [1, 2]) {
+      await withEngine(model, { ...base, threads, memoryBytes }, async (e) => {
+        const what = `${model.source} over ${memoryBytes} byte memories, ${threads} threads`;
+        assertEquals(e.memories, memories, what);
+        const together = await batch(e, prompts, 3);
+        together.forEach((steps, i) => steps.forEach((l, s) => assertEquals(bits(l), bits(whole.together[i]![s]!), `${what}: prompt ${i} step ${s}`)));
+        const [alone] = await batch(e, [prompts[0]!], 3, GREEDY, 50, 30);
+        alone!.forEach((l, s) => assertEquals(bits(l), bits(whole.alone[0]![s]!), `${what}: alone, step ${s}`));
+      });
+    }
+  }
+});
+
+Deno.test("cpu engine refuses a memory cap that one layer with its tensors cannot fit in, naming the tensor and the sizes", async () => {
+  const model = await loadModel(compatPath("llama3-like-q4_k_m"));
+  await assertRejects(
+    () => WasmEngine.create(model.config, model.weights, KV, { maxBatchTokens: 64, maxSeqs: 16, memoryBytes: 32 << 20 }),
+    Error,
+    `Cannot split the model over CPU engine memories of ${32 << 20} bytes: layer 1 with the classifier 'token_embd.weight' (26933760 bytes) needs`,
+  );
+});

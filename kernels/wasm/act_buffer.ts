@@ -22,6 +22,12 @@ export class ActBuffer {
   readonly bytes: number;
   readonly #ranges: [number, number][];
 
+  /** Bytes an ActBuffer of `rows` rows of width K takes. */
+  static bytesFor(rows: number, K: number): number {
+    const tiled = Math.ceil(rows / 4) * 4;
+    return rowBytes(K).reduce((n, b) => n + tiled * b + 64, 64);
+  }
+
   constructor(private readonly heap: WasmHeap, readonly rows: number, readonly K: number, what: string) {
     // Padded: a field can be empty (K below a block) yet still needs an address; rows are
     // rounded up to whole tiles of four.

@@ -1,11 +1,12 @@
 /**
- * The process's one shared WebAssembly.Memory. The CPU engine's model bytes, KV cache and step
- * buffers live in it, so every worker thread of the pool reads them in place: the weights are
- * read from the file straight into it and are never copied again.
+ * The CPU engine's shared WebAssembly memories. The model bytes, KV cache and step buffers
+ * live in them, so every worker thread of the pool reads them in place: the weights are read
+ * from the file straight into them and are never copied again.
  *
- * wasm32 addresses at most 4 GiB, which bounds model + KV cache + step buffers. Pages are
- * committed by the OS as they are first written, so a KV cache sized for many sequences costs
- * resident memory only as its blocks fill.
+ * wasm32 addresses at most 4 GiB, which bounds what one memory holds; a bigger model is split
+ * by layer range over several (kernels/wasm/layer_split.ts). Pages are committed by the OS as
+ * they are first written, so a KV cache sized for many sequences costs resident memory only as
+ * its blocks fill.
  */
 export const WASM_PAGE_BYTES = 65536;
 const MAX_PAGES = 65536;
@@ -20,14 +21,32 @@ export class WasmHeap {
     maximum: MAX_PAGES,
     shared: true,
   });
+  /** The most this heap may hold: 4 GiB, or less where a test forces a model to split. */
+  readonly maxBytes: number;
   /** Free ranges below #top, sorted by start. */
   #free: { start: number; size: number }[] = [];
   #top = HEAP_BASE;
   /** Every SharedArrayBuffer handed out over this memory (one per size it had). */
   readonly #buffers = new WeakSet<ArrayBufferLike>();
 
-  /** The largest total the heap can ever hold. */
+  /** The largest total one wasm32 memory can ever hold. */
   static readonly MAX_BYTES = MAX_PAGES * WASM_PAGE_BYTES;
+
+  /** A heap of its own; owningHeap() finds it while it lives. */
+  constructor(maxBytes = WasmHeap.MAX_BYTES) {
+    if (!(Number.isInteger(maxBytes) && maxBytes > HEAP_BASE && maxBytes <= WasmHeap.MAX_BYTES)) {
+      throw new Error(
+        `A CPU engine memory holds ${HEAP_BASE + 1}..${WasmHeap.MAX_BYTES} bytes, received ${maxBytes}`,
+      );
+    }
+    this.maxBytes = maxBytes;
+    live.push(new WeakRef(this));
+  }
+
+  /** Bytes that can still be allocated above the top (freed ranges below it not counted). */
+  get room(): number {
+    return this.maxBytes - this.#top;
+  }
 
   /** Bytes below the top of the heap (allocated or freed for reuse). */
   get used(): number {
@@ -47,9 +66,9 @@ export class WasmHeap {
     }
     const start = this.#top;
     const end = start + size;
-    if (end > WasmHeap.MAX_BYTES) {
+    if (end > this.maxBytes) {
       throw new Error(
-        `Cannot allocate ${what} (${size} bytes) in the CPU engine's memory: it would end at ${end} bytes, past WebAssembly's 4 GiB (${WasmHeap.MAX_BYTES} bytes); ${this.used} bytes are in use`,
+        `Cannot allocate ${what} (${size} bytes) in a CPU engine memory: it would end at ${end} bytes, past its cap of ${this.maxBytes} bytes; ${this.used} bytes are in use`,
       );
     }
     const have = this.memory.buffer.byteLength;
@@ -106,10 +125,24 @@ export class WasmHeap {
   }
 }
 
-let shared: WasmHeap | undefined;
+const shared: WasmHeap[] = [];
+/** Every heap made, the process's and others (a test's small ones), for owningHeap(). */
+const live: WeakRef<WasmHeap>[] = [];
 
-/** The process's heap, created on first use. */
-export function wasmHeap(): WasmHeap {
-  shared ??= new WasmHeap();
-  return shared;
+/**
+ * The process's i-th heap, created on first use: a model split over several memories has its
+ * i-th layer range in heap i; every model that fits in one memory shares heap 0.
+ */
+export function wasmHeap(i = 0): WasmHeap {
+  while (shared.length <= i) shared.push(new WasmHeap());
+  return shared[i]!;
+}
+
+/** The heap holding `view`, if any. */
+export function owningHeap(view: ArrayBufferView): WasmHeap | undefined {
+  for (const r of live) {
+    const h = r.deref();
+    if (h?.owns(view)) return h;
+  }
+  return undefined;
 }

@@ -1,4 +1,8 @@
-/** Word indices of a pool's control block (Int32Array over CTRL.bytes at its address). */
+/**
+ * Word indices of a pool's control block (Int32Array over CTRL.bytes at its address). Every
+ * memory of the pool has such a block, for its barrier and the threads' scratch; the first
+ * memory's also carries the words that start and end programs.
+ */
 export const CTRL = {
   /** Bumped by the main thread to start a program (workers wait on it). */
   gen: 0,
@@ -8,6 +12,8 @@ export const CTRL = {
   done: 2,
   /** Non-zero: workers exit at the next wake-up. */
   stop: 3,
+  /** Which of the pool's memories the program is in (its index in the pool's heaps). */
+  mem: 4,
   words: 16,
   bytes: 64,
   /** The barrier's two words (count, generation) start here, in bytes. */

@@ -13,9 +13,11 @@ import { byteSize, TENSOR_TYPES } from "../../lib/model/tensor.ts";
 import type { ModelWeights } from "../../lib/model/weights.ts";
 import { dequantize } from "../../lib/model/dequantize.ts";
 import { DEFAULT_LIMITS } from "../../lib/engine/limits.ts";
-import { type WasmHeap, wasmHeap } from "./heap.ts";
-import { ActBuffer } from "./act_buffer.ts";
+import { WasmHeap, wasmHeap } from "./heap.ts";
+import { heldLayers } from "./tensor_placement.ts";
 import { ThreadPool } from "./pool.ts";
+import { EnginePart, LOGIT_ROWS, partOverheadBytes, type PartShape, scoreBytes } from "./engine_part.ts";
+import { type LayerRange, splitLayers, type SplitUnit } from "./layer_split.ts";
 import { f32Bits, OP, OP_WORDS, ProgramWriter } from "./program.ts";
 import { type KernelFlavour, kernelModule } from "./kernel_module.ts";
 import { sampleRow, samplesArgmax } from "../../lib/engine/sample_row.ts";
@@ -35,10 +37,13 @@ export interface WasmEngineOptions {
   readonly kvDtype?: "f16" | "f32";
   /** Kernel build; default: relaxed SIMD where the runtime has it. */
   readonly flavour?: KernelFlavour;
+  /**
+   * The most one of the engine's WebAssembly memories may hold (default and most: 4 GiB).
+   * Given, the engine splits the layers over fresh memories of this size, copying the weights
+   * there: how tests make a small model run split.
+   */
+  readonly memoryBytes?: number;
 }
-
-/** Classifier rows computed per program: bounds the logits buffer (rows × vocabulary). */
-const LOGIT_ROWS = 16;
 
 /** A matrix as the kernels read it: its type code, address and shape. */
 interface Matrix {
@@ -65,8 +70,13 @@ interface LayerPtrs {
   readonly kNorm: number;
 }
 
-/** Weights already placed in the heap, per tensor: shared by every engine over the model. */
-const placed = new WeakMap<Tensor, number>();
+/** Weights already placed in a heap, per tensor: shared by every engine over the model. */
+const placedIn = new WeakMap<WasmHeap, WeakMap<Tensor, number>>();
+function placed(heap: WasmHeap): WeakMap<Tensor, number> {
+  let m = placedIn.get(heap);
+  if (!m) placedIn.set(heap, m = new WeakMap());
+  return m;
+}
 
 /** Row statistics that say "do not hold" (their flag word set): for a row changed after them. */
 const NO_ROW_STATS = new Int32Array([0, 0, 0, 1]);
@@ -110,72 +120,54 @@ export class WasmEngine implements Engine {
   readonly threads: number;
   readonly flavour: KernelFlavour;
   readonly kvDtype: "f16" | "f32";
+  /** WebAssembly memories the layers are split over (1 unless the model needs more than 4 GiB). */
+  readonly memories: number;
 
-  readonly #heap: WasmHeap;
   // Notes a KV block a step writes: the cache's pages become resident only then.
   readonly #markWritten: (block: number) => void;
   readonly #pool: ThreadPool;
+  /** One per memory, in layer order: the model's layers split by range. */
+  readonly #parts: EnginePart[];
+  /** Per layer, in model order. */
   readonly #layers: LayerPtrs[];
   readonly #output: Matrix;
   readonly #outputNorm: number;
   readonly #embedding: Tensor;
   readonly #embedRowBytes: number;
   readonly #freqs: Float64Array;
-  readonly #owned: [number, number][] = [];
+  readonly #tableCap: number;
   readonly #lastSampled = new Map<number, number>();
   #queue: Promise<unknown> = Promise.resolve();
   #disposed = false;
-
-  // Step buffers.
-  readonly #x: number;
-  readonly #qkv: number;
-  readonly #gu: number;
-  readonly #actDim: ActBuffer;
-  readonly #actAtt: ActBuffer;
-  readonly #actHidden: ActBuffer;
-  readonly #actOut: ActBuffer;
-  readonly #logits: number;
-  readonly #stats: number;
-  readonly #rowInts: number; // positions | slots | tableOffs | rowmap, maxRows each
-  readonly #tables: number;
-  readonly #tableCap: number;
-  readonly #rope: number;
-  readonly #scores: number;
-  readonly #scoreBytes: number;
-  readonly #prog: number;
-  readonly #progOps: number;
-  readonly #chunkDesc: number;
-  readonly #kv: number;
-  readonly #kvLayerBytes: number;
 
   private constructor(
     readonly config: ModelConfig,
     weights: ModelWeights,
     kv: KvGeometry,
     pool: ThreadPool,
-    heap: WasmHeap,
+    split: { ranges: LayerRange[]; heaps: WasmHeap[]; shape: PartShape },
     opts: WasmEngineOptions & { flavour: KernelFlavour },
   ) {
     const { dim, hiddenDim, nHeads, nKvHeads, headDim, vocabSize, nLayers } = config;
     this.kv = { numBlocks: kv.numBlocks, blockSize: kv.blockSize };
-    this.#heap = heap;
     this.#pool = pool;
     this.threads = pool.threads;
     this.flavour = opts.flavour;
     this.kvDtype = opts.kvDtype ?? "f16";
-    const maxRows = opts.maxBatchTokens ?? DEFAULT_LIMITS.maxBatchTokens;
-    const maxSeqs = opts.maxSeqs ?? DEFAULT_LIMITS.maxRunning;
+    const { maxRows, maxSeqs, tableCap } = split.shape;
     this.limits = { maxSeqs, maxBatchTokens: maxRows };
+    this.#tableCap = tableCap;
     this.#freqs = ropeFrequencies(config);
     this.#embedding = weights.tokenEmbedding;
     this.#embedRowBytes = byteSize(weights.tokenEmbedding.type, [config.dim]);
+    this.memories = split.heaps.length;
 
     const qDim = nHeads * headDim, kvDim = nKvHeads * headDim;
     let weightBytes = 0;
-    const vector = (t: Tensor | undefined, n: number): number => {
+    const vector = (heap: WasmHeap, t: Tensor | undefined, n: number): number => {
       if (!t) return 0;
       weightBytes += n * 4;
-      const hit = placed.get(t);
+      const hit = placed(heap).get(t);
       if (hit !== undefined) return hit;
       const values = dequantize(t);
       if (values.length !== n) {
@@ -183,10 +175,10 @@ export class WasmEngine implements Engine {
       }
       const p = heap.alloc(n * 4, `'${t.name}'`);
       heap.f32(p, n).set(values);
-      placed.set(t, p);
+      placed(heap).set(t, p);
       return p;
     };
-    const matrix = (t: Tensor, rows: number, cols: number): Matrix => {
+    const matrix = (heap: WasmHeap, t: Tensor, rows: number, cols: number): Matrix => {
       if (t.shape.length !== 2 || t.shape[0] !== rows || t.shape[1] !== cols) {
         throw new Error(
           `Cannot build the CPU engine: '${t.name}' has shape [${t.shape.join(", ")}], expected [${rows}, ${cols}]`,
@@ -195,75 +187,63 @@ export class WasmEngine implements Engine {
       const type = TENSOR_TYPES.indexOf(t.type);
       const bytes = byteSize(t.type, t.shape);
       weightBytes += bytes;
-      let ptr = placed.get(t);
+      let ptr = placed(heap).get(t);
       if (ptr === undefined) {
         if (heap.owns(t.data)) {
           ptr = t.data.byteOffset;
         } else {
-          // Tensors made at load (neox Q/K rows reordered) or read into ordinary memory.
+          // Tensors made at load (neox Q/K rows reordered), read into ordinary memory or into
+          // another part's memory.
           ptr = heap.alloc(bytes, `'${t.name}'`);
           heap.u8(ptr, bytes).set(t.data.subarray(0, bytes));
         }
-        placed.set(t, ptr);
+        placed(heap).set(t, ptr);
       }
       return { type, ptr, rows, cols };
     };
-    this.#layers = weights.layers.map((l) => ({
-      attnNorm: vector(l.attnNorm, dim),
-      ffnNorm: vector(l.ffnNorm, dim),
-      wq: matrix(l.wq, qDim, dim),
-      wk: matrix(l.wk, kvDim, dim),
-      wv: matrix(l.wv, kvDim, dim),
-      wo: matrix(l.wo, dim, qDim),
-      wGate: matrix(l.wGate, hiddenDim, dim),
-      wUp: matrix(l.wUp, hiddenDim, dim),
-      wDown: matrix(l.wDown, dim, hiddenDim),
-      qBias: vector(l.qBias, qDim),
-      kBias: vector(l.kBias, kvDim),
-      vBias: vector(l.vBias, kvDim),
-      qNorm: vector(l.qNorm, headDim),
-      kNorm: vector(l.kNorm, headDim),
-    }));
-    if (this.#layers.length !== nLayers) {
-      throw new Error(`Cannot build the CPU engine: config says ${nLayers} layers, weights hold ${this.#layers.length}`);
+    if (weights.layers.length !== nLayers) {
+      throw new Error(`Cannot build the CPU engine: config says ${nLayers} layers, weights hold ${weights.layers.length}`);
     }
-    this.#output = matrix(weights.output, vocabSize, dim);
+    const heapOf = (layer: number) => split.heaps[split.ranges.findIndex((r) => layer < r.end)]!;
+    this.#layers = weights.layers.map((l, i) => {
+      const h = heapOf(i);
+      return {
+        attnNorm: vector(h, l.attnNorm, dim),
+        ffnNorm: vector(h, l.ffnNorm, dim),
+        wq: matrix(h, l.wq, qDim, dim),
+        wk: matrix(h, l.wk, kvDim, dim),
+        wv: matrix(h, l.wv, kvDim, dim),
+        wo: matrix(h, l.wo, dim, qDim),
+        wGate: matrix(h, l.wGate, hiddenDim, dim),
+        wUp: matrix(h, l.wUp, hiddenDim, dim),
+        wDown: matrix(h, l.wDown, dim, hiddenDim),
+        qBias: vector(h, l.qBias, qDim),
+        kBias: vector(h, l.kBias, kvDim),
+        vBias: vector(h, l.vBias, kvDim),
+        qNorm: vector(h, l.qNorm, headDim),
+        kNorm: vector(h, l.kNorm, headDim),
+      };
+    });
+    const lastHeap = split.heaps[split.heaps.length - 1]!;
+    this.#output = matrix(lastHeap, weights.output, vocabSize, dim);
     // The embedding is read in place row by row; a tied one is the classifier, counted above.
     if (weights.output !== weights.tokenEmbedding) {
       weightBytes += byteSize(weights.tokenEmbedding.type, weights.tokenEmbedding.shape);
     }
-    this.#outputNorm = vector(weights.outputNorm, dim);
+    this.#outputNorm = vector(lastHeap, weights.outputNorm, dim);
 
-    const own = (bytes: number, what: string) => {
-      const p = heap.alloc(bytes, what);
-      this.#owned.push([p, bytes]);
-      return p;
-    };
-    const elt = this.kvDtype === "f16" ? 2 : 4;
-    this.#kvLayerBytes = kv.numBlocks * kv.blockSize * kvDim * elt;
-    const kvBytes = 2 * nLayers * this.#kvLayerBytes;
-    this.#kv = own(kvBytes, `the KV cache (${kv.numBlocks} blocks)`);
-    const before = this.#owned.length;
-    this.#x = own(maxRows * dim * 4, "the residual rows");
-    this.#qkv = own(maxRows * (qDim + 2 * kvDim) * 4, "the q/k/v rows");
-    this.#gu = own(maxRows * 2 * hiddenDim * 4, "the gate/up rows");
-    this.#actDim = new ActBuffer(heap, maxRows, dim, "activation rows");
-    this.#actAtt = new ActBuffer(heap, maxRows, qDim, "attention rows");
-    this.#actHidden = new ActBuffer(heap, maxRows, hiddenDim, "hidden rows");
-    this.#actOut = new ActBuffer(heap, maxSeqs, dim, "classifier rows");
-    this.#logits = own(LOGIT_ROWS * vocabSize * 4, "the logits");
-    this.#stats = own(LOGIT_ROWS * 16, "the logits' row statistics");
-    this.#rowInts = own(4 * maxRows * 4, "per-row indices");
-    this.#tableCap = maxSeqs * Math.min(kv.numBlocks, Math.ceil(config.contextLength / kv.blockSize));
-    this.#tables = own(this.#tableCap * 4, "block tables");
-    this.#rope = own(maxRows * (config.ropeDim / 2) * 8, "RoPE tables");
-    this.#scoreBytes = Math.ceil((config.contextLength + 16) * 4 / 64) * 64;
-    this.#scores = own(this.#scoreBytes * pool.threads, "attention scores");
-    this.#progOps = nLayers * 16 + 8;
-    this.#prog = own(this.#progOps * OP_WORDS * 4, "the step program");
-    this.#chunkDesc = own(64, "a classifier descriptor");
-    const buffers = this.#owned.slice(before).reduce((n, [, b]) => n + b, 0) +
-      [this.#actDim, this.#actAtt, this.#actHidden, this.#actOut].reduce((n, a) => n + a.bytes, 0);
+    const kvLayerBytes = kvLayerBytesOf(config, kv, this.kvDtype);
+    this.#parts = [];
+    try {
+      split.ranges.forEach((r, i) => {
+        const last = i === split.ranges.length - 1;
+        this.#parts.push(new EnginePart(split.heaps[i]!, i, r.start, r.end, split.shape, kvLayerBytes, last));
+      });
+    } catch (e) {
+      for (const p of this.#parts) p.free();
+      throw e;
+    }
+    const kvBytes = this.#parts.reduce((n, p) => n + p.kvBytes, 0);
     const blockBytes = kvBytes / kv.numBlocks;
     const written = new Uint8Array(kv.numBlocks);
     let blocks = 0;
@@ -273,7 +253,7 @@ export class WasmEngine implements Engine {
     this.memory = {
       weights: weightBytes,
       kvCache: kvBytes,
-      buffers,
+      buffers: this.#parts.reduce((n, p) => n + p.bufferBytes, 0),
       get kvResident() {
         return blocks * blockBytes;
       },
@@ -295,18 +275,26 @@ export class WasmEngine implements Engine {
     if (config.headDim % 8 !== 0) {
       throw new Error(`Cannot create the CPU engine: head size ${config.headDim} must be a multiple of 8`);
     }
-    const heap = wasmHeap();
     const { module, flavour } = kernelModule(opts.flavour);
     const threads = opts.threads ?? navigator.hardwareConcurrency;
-    const pool = await ThreadPool.start(heap, module, threads);
+    const maxRows = opts.maxBatchTokens ?? DEFAULT_LIMITS.maxBatchTokens;
+    const maxSeqs = opts.maxSeqs ?? DEFAULT_LIMITS.maxRunning;
+    const shape: PartShape = {
+      config,
+      maxRows,
+      maxSeqs,
+      threads,
+      tableCap: maxSeqs * Math.min(kv.numBlocks, Math.ceil(config.contextLength / kv.blockSize)),
+    };
+    const split = splitModel(config, weights, kv, shape, opts);
+    const pool = await ThreadPool.start(split.heaps, module, threads);
     try {
-      return new WasmEngine(config, weights, kv, pool, heap, { ...opts, flavour });
+      return new WasmEngine(config, weights, kv, pool, { ...split, shape }, { ...opts, flavour });
     } catch (e) {
       pool.close();
       throw e;
     }
   }
-
   step(plan: StepPlan): Promise<StepResult> {
     const result = this.#queue.then(() => this.#runStep(plan));
     this.#queue = result.catch(() => {});
@@ -323,8 +311,7 @@ export class WasmEngine implements Engine {
     this.#pool.close();
     // Freed after the queue drains: a step in flight still reads these buffers.
     this.#queue.finally(() => {
-      for (const [p, n] of this.#owned) this.#heap.free(p, n);
-      for (const a of [this.#actDim, this.#actAtt, this.#actHidden, this.#actOut]) a.free();
+      for (const p of this.#parts) p.free();
     });
     this.#lastSampled.clear();
   }
@@ -344,18 +331,19 @@ export class WasmEngine implements Engine {
         maxTableEntries: this.#tableCap,
       },
     });
-    const heap = this.#heap;
+    const first = this.#parts[0]!, last = this.#parts[this.#parts.length - 1]!;
+    const heap = first.heap;
     if (plan.kvCopies) this.#copyBlocks(plan.kvCopies);
     const maxRows = this.limits.maxBatchTokens;
-    const ints = heap.i32(this.#rowInts, 4 * maxRows);
+    const ints = heap.i32(first.rowInts, 4 * maxRows);
     const positions = ints.subarray(0, maxRows);
     const slots = ints.subarray(maxRows, 2 * maxRows);
     const tableOffs = ints.subarray(2 * maxRows, 3 * maxRows);
     const rowmap = ints.subarray(3 * maxRows, 4 * maxRows);
-    const tables = heap.i32(this.#tables, this.#tableCap);
-    const x = heap.f32(this.#x, maxRows * dim);
+    const tables = heap.i32(first.tables, this.#tableCap);
+    const x = heap.f32(first.x, maxRows * dim);
     const pairs = config.ropeDim / 2;
-    const rope = heap.f32(this.#rope, maxRows * pairs * 2);
+    const rope = heap.f32(first.rope, maxRows * pairs * 2);
 
     let rows = 0, tableAt = 0;
     const sampling: { seq: number; row: number }[] = [];
@@ -385,24 +373,23 @@ export class WasmEngine implements Engine {
       }
     });
 
-    this.#writeLayers(rows, sampling.length);
-    await this.#pool.run(this.#prog);
+    await this.#runLayers(rows, sampling.length, tableAt);
 
     const sampled: SampledToken[] = [];
     let masks: (Uint32Array | undefined)[] | undefined;
     for (let c = 0; c < sampling.length; c += LOGIT_ROWS) {
       const n = Math.min(LOGIT_ROWS, sampling.length - c);
-      this.#actOut.writeOffsetDesc(this.#chunkDesc, c);
-      const w = new ProgramWriter(heap.i32(this.#prog, this.#progOps * OP_WORDS));
+      last.actOut!.writeOffsetDesc(last.chunkDesc, c);
+      const w = new ProgramWriter(last.heap.i32(last.prog, last.progOps * OP_WORDS));
       const o = this.#output;
-      w.op(OP.matmul, [o.type, o.ptr, o.rows, o.cols, this.#chunkDesc, n, this.#logits, vocabSize, 0, 0]);
-      w.op(OP.rowStats, [this.#logits, n, vocabSize, this.#stats]);
+      w.op(OP.matmul, [o.type, o.ptr, o.rows, o.cols, last.chunkDesc, n, last.logits, vocabSize, 0, 0]);
+      w.op(OP.rowStats, [last.logits, n, vocabSize, last.stats]);
       w.end();
-      await this.#pool.run(this.#prog);
+      await this.#pool.run(last.prog, last.mem);
       // Late masks were computed while the layers and the first logits ran.
       masks ??= await this.#masks(plan);
-      const logits = heap.f32(this.#logits, n * vocabSize);
-      const stats = heap.i32(this.#stats, n * 4), statsF = heap.f32(this.#stats, n * 4);
+      const logits = last.heap.f32(last.logits, n * vocabSize);
+      const stats = last.heap.i32(last.stats, n * 4), statsF = last.heap.f32(last.stats, n * 4);
       for (let r = 0; r < n; r++) {
         const { seq: i } = sampling[c + r]!;
         const seq = plan.seqs[i]!;
@@ -454,15 +441,20 @@ export class WasmEngine implements Engine {
 
   /** Copies whole KV blocks, every layer's K and V, in order (StepPlan.kvCopies). */
   #copyBlocks(pairs: readonly KvCopy[]): void {
-    const n = this.#kvLayerBytes / this.kv.numBlocks;
-    const mem = this.#heap.u8(this.#kv, 2 * this.config.nLayers * this.#kvLayerBytes);
-    for (const [src, dst] of pairs) {
-      this.#markWritten(dst);
-      for (let pool = 0; pool < 2 * this.config.nLayers; pool++) {
-        const at = pool * this.#kvLayerBytes;
-        mem.copyWithin(at + dst * n, at + src * n, at + (src + 1) * n);
+    // Every memory holds the K and V pools of its own layers: a block is copied in each.
+    for (const p of this.#parts) {
+      const pools = 2 * (p.end - p.start);
+      const layerBytes = p.kvBytes / pools;
+      const n = layerBytes / this.kv.numBlocks;
+      const mem = p.heap.u8(p.kv, p.kvBytes);
+      for (const [src, dst] of pairs) {
+        for (let pool = 0; pool < pools; pool++) {
+          const at = pool * layerBytes;
+          mem.copyWithin(at + dst * n, at + src * n, at + (src + 1) * n);
+        }
       }
     }
+    for (const [, dst] of pairs) this.#markWritten(dst);
   }
 
     #embed(token: number, out: Float32Array): void {
@@ -472,8 +464,33 @@ export class WasmEngine implements Engine {
     out.set(dequantize({ name: t.name, type: t.type, shape: [this.config.dim], data }));
   }
 
-  /** The program of one step: every layer for `rows` rows, then the final norm of the sampled rows. */
-  #writeLayers(rows: number, sampled: number): void {
+  /**
+   * Runs every layer for `rows` rows, part by part: each part's memory gets the rows' inputs
+   * (written into the first's) and the residual rows the part before left, then its program.
+   */
+  async #runLayers(rows: number, sampled: number, tableEntries: number): Promise<void> {
+    const dim = this.config.dim, maxRows = this.limits.maxBatchTokens;
+    const first = this.#parts[0]!;
+    const inputs: [number, number][] = [
+      [first.rowInts, 4 * maxRows * 4],
+      [first.tables, tableEntries * 4],
+      [first.rope, rows * (this.config.ropeDim / 2) * 8],
+    ];
+    let prev: EnginePart | undefined;
+    for (const p of this.#parts) {
+      if (prev) {
+        const to = [p.rowInts, p.tables, p.rope];
+        inputs.forEach(([from, n], i) => p.heap.u8(to[i]!, n).set(first.heap.u8(from, n)));
+        p.heap.u8(p.x, rows * dim * 4).set(prev.heap.u8(prev.x, rows * dim * 4));
+      }
+      this.#writeLayers(p, rows, p === this.#parts[this.#parts.length - 1] ? sampled : 0);
+      await this.#pool.run(p.prog, p.mem);
+      prev = p;
+    }
+  }
+
+  /** The program of one part for `rows` rows: its layers, then the final norm of the sampled rows. */
+  #writeLayers(p: EnginePart, rows: number, sampled: number): void {
     const c = this.config;
     const { dim, hiddenDim, nHeads, nKvHeads, headDim } = c;
     const qDim = nHeads * headDim, kvDim = nKvHeads * headDim;
@@ -481,38 +498,89 @@ export class WasmEngine implements Engine {
     const maxRows = this.limits.maxBatchTokens;
     const eps = f32Bits(c.rmsEps);
     const f32kv = this.kvDtype === "f32" ? 1 : 0;
-    const positions = this.#rowInts, slots = this.#rowInts + maxRows * 4;
-    const tableOffs = this.#rowInts + 2 * maxRows * 4, rowmap = this.#rowInts + 3 * maxRows * 4;
-    const w = new ProgramWriter(this.#heap.i32(this.#prog, this.#progOps * OP_WORDS));
+    const positions = p.rowInts, slots = p.rowInts + maxRows * 4;
+    const tableOffs = p.rowInts + 2 * maxRows * 4, rowmap = p.rowInts + 3 * maxRows * 4;
+    const kvLayerBytes = p.kvBytes / (2 * (p.end - p.start));
+    const scoreStride = scoreBytes(c);
+    const w = new ProgramWriter(p.heap.i32(p.prog, p.progOps * OP_WORDS));
     const mm = (m: Matrix, desc: number, out: number, ostride: number, bias: number, accum: number, barrier = true) =>
       w.op(OP.matmul, [m.type, m.ptr, m.rows, m.cols, desc, rows, out, ostride, bias, accum], barrier);
-    this.#layers.forEach((l, i) => {
-      const kc = this.#kv + 2 * i * this.#kvLayerBytes;
-      const vc = kc + this.#kvLayerBytes;
-      w.op(OP.normQuant, [this.#x, dim, rows, dim, l.attnNorm, eps, 0, this.#actDim.desc]);
-      mm(l.wq, this.#actDim.desc, this.#qkv, qkvW, l.qBias, 0, false);
-      mm(l.wk, this.#actDim.desc, this.#qkv + qDim * 4, qkvW, l.kBias, 0, false);
-      mm(l.wv, this.#actDim.desc, this.#qkv + (qDim + kvDim) * 4, qkvW, l.vBias, 0);
+    for (let i = p.start; i < p.end; i++) {
+      const l = this.#layers[i]!;
+      const kc = p.kv + 2 * (i - p.start) * kvLayerBytes;
+      const vc = kc + kvLayerBytes;
+      w.op(OP.normQuant, [p.x, dim, rows, dim, l.attnNorm, eps, 0, p.actDim.desc]);
+      mm(l.wq, p.actDim.desc, p.qkv, qkvW, l.qBias, 0, false);
+      mm(l.wk, p.actDim.desc, p.qkv + qDim * 4, qkvW, l.kBias, 0, false);
+      mm(l.wv, p.actDim.desc, p.qkv + (qDim + kvDim) * 4, qkvW, l.vBias, 0);
       w.op(OP.qkvPost, [
-        this.#qkv, qkvW, 0, qDim, qDim + kvDim, rows, nHeads, nKvHeads, headDim, c.ropeDim,
-        this.#rope, l.qNorm, l.kNorm, eps, slots, kc, vc, f32kv,
+        p.qkv, qkvW, 0, qDim, qDim + kvDim, rows, nHeads, nKvHeads, headDim, c.ropeDim,
+        p.rope, l.qNorm, l.kNorm, eps, slots, kc, vc, f32kv,
       ]);
       w.op(OP.attention, [
-        this.#qkv, qkvW, 0, this.#actAtt.f, qDim, rows, nHeads, nKvHeads, headDim, positions,
-        tableOffs, this.#tables, this.kv.blockSize, kc, vc, f32Bits(1 / Math.sqrt(headDim)),
-        this.#scores, this.#scoreBytes, f32kv,
+        p.qkv, qkvW, 0, p.actAtt.f, qDim, rows, nHeads, nKvHeads, headDim, positions,
+        tableOffs, p.tables, this.kv.blockSize, kc, vc, f32Bits(1 / Math.sqrt(headDim)),
+        p.scores, scoreStride, f32kv,
       ]);
-      w.op(OP.quant, [this.#actAtt.desc, rows, qDim]);
-      mm(l.wo, this.#actAtt.desc, this.#x, dim, 0, 1);
-      w.op(OP.normQuant, [this.#x, dim, rows, dim, l.ffnNorm, eps, 0, this.#actDim.desc]);
-      mm(l.wGate, this.#actDim.desc, this.#gu, 2 * hiddenDim, 0, 0, false);
-      mm(l.wUp, this.#actDim.desc, this.#gu + hiddenDim * 4, 2 * hiddenDim, 0, 0);
-      w.op(OP.swiglu, [this.#gu, this.#gu + hiddenDim * 4, 2 * hiddenDim, rows, hiddenDim, this.#actHidden.desc]);
-      mm(l.wDown, this.#actHidden.desc, this.#x, dim, 0, 1);
-    });
+      w.op(OP.quant, [p.actAtt.desc, rows, qDim]);
+      mm(l.wo, p.actAtt.desc, p.x, dim, 0, 1);
+      w.op(OP.normQuant, [p.x, dim, rows, dim, l.ffnNorm, eps, 0, p.actDim.desc]);
+      mm(l.wGate, p.actDim.desc, p.gu, 2 * hiddenDim, 0, 0, false);
+      mm(l.wUp, p.actDim.desc, p.gu + hiddenDim * 4, 2 * hiddenDim, 0, 0);
+      w.op(OP.swiglu, [p.gu, p.gu + hiddenDim * 4, 2 * hiddenDim, rows, hiddenDim, p.actHidden.desc]);
+      mm(l.wDown, p.actHidden.desc, p.x, dim, 0, 1);
+    }
     if (sampled > 0) {
-      w.op(OP.normQuant, [this.#x, dim, sampled, dim, this.#outputNorm, eps, rowmap, this.#actOut.desc]);
+      w.op(OP.normQuant, [p.x, dim, sampled, dim, this.#outputNorm, eps, rowmap, p.actOut!.desc]);
     }
     w.end();
   }
+}
+
+/** Bytes of one layer's K (or V) cache. */
+function kvLayerBytesOf(config: ModelConfig, kv: KvGeometry, dtype: "f16" | "f32"): number {
+  return kv.numBlocks * kv.blockSize * config.nKvHeads * config.headDim * (dtype === "f16" ? 2 : 4);
+}
+
+/**
+ * Which memory holds which layers. Weights the loader already read into the process's heaps
+ * stay where they are (each run of layers in one heap is a part); otherwise the layers are
+ * split (layer_split.ts) over as few memories as hold them with their KV cache and step
+ * buffers: heap 0 when one does, else the process's heaps 0, 1, ... or, with `memoryBytes`,
+ * fresh memories of that size.
+ */
+function splitModel(
+  config: ModelConfig,
+  weights: ModelWeights,
+  kv: KvGeometry,
+  shape: PartShape,
+  opts: WasmEngineOptions,
+): { ranges: LayerRange[]; heaps: WasmHeap[] } {
+  const held = opts.memoryBytes === undefined ? heldLayers(weights) : undefined;
+  if (held) {
+    let start = 0;
+    const ranges = held.map((h) => ({ start, end: start += h.layers }));
+    return { ranges, heaps: held.map((h) => h.heap) };
+  }
+  const cap = opts.memoryBytes ?? WasmHeap.MAX_BYTES;
+  const kvLayer = 2 * kvLayerBytesOf(config, kv, opts.kvDtype ?? "f16");
+  const tensorBytes = (t: Tensor | undefined) => (t ? byteSize(t.type, t.shape) : 0);
+  const units: SplitUnit[] = weights.layers.map((l, i) => {
+    const tensors = [l.wq, l.wk, l.wv, l.wo, l.wGate, l.wUp, l.wDown, l.attnNorm, l.ffnNorm, l.qBias, l.kBias, l.vBias, l.qNorm, l.kNorm];
+    const bytes = tensors.reduce((n, t) => n + tensorBytes(t), kvLayer);
+    return { bytes, what: `layer ${i} (its weights and KV cache)` };
+  });
+  // The classifier rides with the last layer, with its buffers: the difference of a last part's.
+  const out = tensorBytes(weights.output) + tensorBytes(weights.outputNorm) +
+    partOverheadBytes(shape, true) - partOverheadBytes(shape, false);
+  const n = units.length - 1;
+  units[n] = {
+    bytes: units[n]!.bytes + out,
+    what: `layer ${n} with the classifier '${weights.output.name}' (${tensorBytes(weights.output)} bytes)`,
+  };
+  const ranges = splitLayers(units, partOverheadBytes(shape, false), cap);
+  const heaps = opts.memoryBytes !== undefined
+    ? ranges.map(() => new WasmHeap(cap))
+    : ranges.map((_, i) => wasmHeap(i));
+  return { ranges, heaps };
 }

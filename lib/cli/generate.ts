@@ -7,7 +7,7 @@ import { whenLauncherGone } from "./parent_watch.ts";
 import { versionLine } from "./version.ts";
 import type { SamplingParams } from "../engine/engine.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
-import { engineMemory, modelAllocator, resolveBackend } from "../serving/engine_factory.ts";
+import { engineMemory, modelAllocator, modelPlacement, resolveBackend } from "../serving/engine_factory.ts";
 import { openServing, planServing } from "../serving/open_serving.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
@@ -120,6 +120,7 @@ export async function generateCommand(argv: string[]): Promise<number> {
     contextLength: args["context-length"],
     purpose: "generate with",
     allocate: modelAllocator(args.backend),
+    placeTensors: modelPlacement(args.backend),
   });
   const engineOptions = {
     ...(args["kv-dtype"] === undefined ? {} : { kvDtype: args["kv-dtype"] }),

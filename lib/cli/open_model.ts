@@ -3,6 +3,7 @@ import { type ModelSource, resolveModelSource } from "../source/model_source.ts"
 import { ProgressBar } from "../util/progress_bar.ts";
 import { Tokenizer } from "../tokenizer/tokenizer.ts";
 import type { Model } from "../model/weights.ts";
+import type { PlaceTensors } from "../model/gguf.ts";
 
 export interface OpenModelOptions {
   readonly modelsDir?: string;
@@ -14,6 +15,8 @@ export interface OpenModelOptions {
   readonly onProgress?: (phase: "downloading" | "reading", bytes: number, total?: number) => void;
   /** Where the weights' bytes go (see loadModel). */
   readonly allocate?: (bytes: number) => Uint8Array;
+  /** Where each tensor's bytes go, for a GGUF (see loadModel). */
+  readonly placeTensors?: PlaceTensors;
 }
 
 /**
@@ -40,6 +43,7 @@ export async function openModel(
     tokenizerPath: source.tokenizerPath,
     contextLength: opts.contextLength,
     ...(opts.allocate ? { allocate: opts.allocate } : {}),
+    ...(opts.placeTensors ? { placeTensors: opts.placeTensors } : {}),
     onProgress: (bytes, total) => {
       bar ??= new ProgressBar(`loading ${source.modelPath.split("/").pop()}`, total, 0);
       bar.update(read = bytes);

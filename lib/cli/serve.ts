@@ -9,7 +9,7 @@ import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import type { Config } from "./config.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
-import { engineMemory, modelAllocator, resolveBackend } from "../serving/engine_factory.ts";
+import { engineMemory, modelAllocator, modelPlacement, resolveBackend } from "../serving/engine_factory.ts";
 import { openServing, planServing } from "../serving/open_serving.ts";
 import { servingSettings } from "./serving_settings.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
@@ -144,6 +144,7 @@ async function start(
     purpose: "serve",
     onProgress: (phase, bytes, total) => progress.set(phase, bytes, total),
     allocate: modelAllocator(config.backend),
+    placeTensors: modelPlacement(config.backend, config.kvMemory),
   });
   const settings = servingSettings(config);
   const resolved = await resolving;

@@ -17,6 +17,7 @@ import {
   describeChoice,
   engineMemory,
   modelAllocator,
+  modelPlacement,
   resolveBackend,
   type ResolvedBackend,
 } from "../serving/engine_factory.ts";
@@ -28,7 +29,7 @@ import {
   type PooledModel,
   type Residue,
 } from "../serving/model_pool.ts";
-import { wasmHeap } from "../../kernels/wasm/heap.ts";
+import { owningHeap } from "../../kernels/wasm/heap.ts";
 import { type CatalogModel, createModelsService } from "../serving/models_service.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { formatKeepAlive } from "../util/duration.ts";
@@ -241,6 +242,7 @@ interface ParsedFile {
 async function parseFile(m: ServedFile, server: Config, ctx: LoadContext): Promise<ParsedFile> {
   const config = configOf(m, server);
   const allocate = modelAllocator(config.backend);
+  const place = modelPlacement(config.backend, config.kvMemory);
   const views: Uint8Array[] = [];
   const opened = await openModel(m.path, {
     modelsDir: config.modelsDir,
@@ -255,6 +257,13 @@ async function parseFile(m: ServedFile, server: Config, ctx: LoadContext): Promi
         return view;
       },
     }),
+    ...(place === undefined ? {} : {
+      placeTensors: (tensors: Parameters<typeof place>[0]) => {
+        const placed = place(tensors);
+        if (placed) views.push(...placed);
+        return placed;
+      },
+    }),
   });
   let freed = false;
   return {
@@ -262,8 +271,7 @@ async function parseFile(m: ServedFile, server: Config, ctx: LoadContext): Promi
     free: () => {
       if (freed) return;
       freed = true;
-      const heap = wasmHeap();
-      for (const v of views) if (heap.owns(v)) heap.free(v.byteOffset, v.byteLength);
+      for (const v of views) owningHeap(v)?.free(v.byteOffset, v.byteLength);
     },
   };
 }

@@ -33,13 +33,27 @@ export interface KvRequest {
   readonly availableMemory?: number;
   /** Bytes of one cached element: 4 (f32, the default) or 2 (f16). */
   readonly bytesPerElement?: number;
-  /** A hard cap on the whole cache (the CPU engine's 4 GiB WebAssembly memory). */
+  /** A hard cap on the whole cache (what the CPU engine's 4 GiB WebAssembly memories leave). */
   readonly maxBytes?: number;
   /**
    * The context was asked for (`--context-length`): a `kvMemory` that cannot hold one full
    * sequence of it is an error, where otherwise the context is shortened to what it holds.
    */
   readonly contextFixed?: boolean;
+  /** How many CPU engine memories the model's layers (and so the cache) are split over. */
+  readonly memories?: number;
+}
+
+/**
+ * Free host memory (`MemAvailable` of /proc/meminfo on Linux), or undefined without the
+ * permission (`--allow-sys=systemMemoryInfo`).
+ */
+export function availableMemory(): number | undefined {
+  try {
+    return Deno.systemMemoryInfo().available;
+  } catch {
+    return undefined;
+  }
 }
 
 /** What an automatic cache may take when the free memory is unknown. */
@@ -106,7 +120,9 @@ export function planKvCache(config: ModelConfig, req: KvRequest): KvPlan {
     }
     if (numBlocks > totalCap) {
       throw new Error(
-        `--kv-memory ${formatBytes(req.kvMemory)} does not fit in the CPU engine's memory beside the model: use at most ${
+        `--kv-memory ${formatBytes(req.kvMemory)} does not fit in the CPU engine's ${
+          (req.memories ?? 1) > 1 ? `${req.memories} memories` : "memory"
+        } beside the model: use at most ${
           formatBytes(totalCap * blockBytes)
         }`,
       );
@@ -140,7 +156,9 @@ export function planKvCache(config: ModelConfig, req: KvRequest): KvPlan {
   const by = numBlocks === wanted
     ? `a full context for each of ${req.maxRunning} sequences`
     : numBlocks === totalCap
-    ? `the CPU engine's 4 GiB WebAssembly memory`
+    ? (req.memories ?? 1) > 1
+      ? `the room beside the weights in the CPU engine's ${req.memories} WebAssembly memories (4 GiB each, a layer range in each)`
+      : `the CPU engine's 4 GiB WebAssembly memory`
     : numBlocks === poolCap
     ? `the device's binding limit of ${formatBytes(req.maxPoolBytes!)} per layer pool`
     : req.availableMemory === undefined

@@ -600,6 +600,12 @@ export function ggufTensors(
     }
     tensors.set(info.name, { name: info.name, type, shape, data: data.subarray(start, end) });
   }
+  checkOverlaps(header, tensors, source);
+  return tensors;
+}
+
+/** Refuses a header whose tensors share bytes of the file. */
+function checkOverlaps(header: GgufHeader, tensors: Map<string, Tensor>, source: string): void {
   // Two tensors sharing bytes load "fine" and compute garbage: each must have its own.
   const spans = header.tensorInfos
     .map((info) => ({
@@ -617,6 +623,43 @@ export function ggufTensors(
       );
     }
   }
+}
+
+/**
+ * Where each tensor's bytes go, given every tensor's name and size in header order: one view
+ * per tensor (the CPU engine splits a model too big for one WebAssembly memory over several),
+ * or undefined for one buffer holding the whole data section.
+ */
+export type PlaceTensors = (
+  tensors: readonly { readonly name: string; readonly bytes: number }[],
+) => Uint8Array[] | undefined;
+
+/** Reads each tensor into the view `views` has for it, in file order; returns the tensors. */
+async function readPlaced(
+  file: Deno.FsFile,
+  header: GgufHeader,
+  views: Uint8Array[],
+  source: string,
+  onProgress?: ReadProgress,
+): Promise<Map<string, Tensor>> {
+  const tensors = new Map<string, Tensor>();
+  const order = header.tensorInfos.map((info, i) => ({ info, i })).sort((a, b) => a.info.offset - b.info.offset);
+  const total = views.reduce((n, v) => n + v.byteLength, 0);
+  let done = 0;
+  for (const { info, i } of order) {
+    const { type, shape, bytes } = tensorLayout(info, source);
+    const view = views[i]!;
+    if (view.byteLength !== bytes) {
+      throw new Error(`Cannot load GGUF ${source}: tensor '${info.name}' needs ${bytes} bytes, was given ${view.byteLength}`);
+    }
+    await readFully(file, header.dataOffset + info.offset, view, (n) => onProgress?.(done + n, total));
+    done += bytes;
+    if (tensors.has(info.name)) {
+      throw new Error(`Cannot load GGUF ${source}: tensor '${info.name}' appears twice`);
+    }
+    tensors.set(info.name, { name: info.name, type, shape, data: view });
+  }
+  checkOverlaps(header, tensors, source);
   return tensors;
 }
 
@@ -669,12 +712,15 @@ export async function readGguf(
   onProgress?: ReadProgress,
   checkHeader?: (header: GgufHeader) => void,
   allocate: (bytes: number) => Uint8Array = (n) => new Uint8Array(n),
+  place?: PlaceTensors,
 ): Promise<GgufFile> {
   using file = await Deno.open(path, { read: true });
   const fileSize = (await file.stat()).size;
   const header = await readGgufHeaderOf(file, fileSize, path);
   checkHeader?.(header);
   const dataBytes = dataSectionBytes(header, path, fileSize);
+  const views = place?.(header.tensorInfos.map((info) => ({ name: info.name, bytes: tensorLayout(info, path).bytes })));
+  if (views) return { ...header, tensors: await readPlaced(file, header, views, path, onProgress) };
   const data = allocate(dataBytes);
   const got = await readFully(file, header.dataOffset, data, onProgress);
   return {

@@ -1,6 +1,6 @@
 import { assertFiniteWeights } from "./finite_weights.ts";
 import { readFileWithProgress, type ReadProgress } from "../util/read_file.ts";
-import { describeBytes, readGguf } from "./gguf.ts";
+import { describeBytes, type PlaceTensors, readGguf } from "./gguf.ts";
 import { assertLoadable, ggufToModel } from "./gguf_model.ts";
 import { parseLlama2cCheckpoint } from "./llama2c_checkpoint.ts";
 import { parseLlama2cTokenizer } from "../tokenizer/llama2c_tokenizer.ts";
@@ -19,6 +19,8 @@ export interface LoadModelOptions {
    * WebAssembly memory, so the file is read into the one place its threads read it from.
    */
   allocate?: (bytes: number) => Uint8Array;
+  /** For a GGUF: a view per tensor instead (see PlaceTensors); `allocate` where it declines. */
+  placeTensors?: PlaceTensors;
 }
 
 /** The file formats loadModel recognises. */
@@ -87,6 +89,7 @@ export async function loadModel(path: string, opts: LoadModelOptions = {}): Prom
       opts.onProgress,
       (h) => assertLoadable(h, path),
       opts.allocate,
+      opts.placeTensors,
     );
     model = ggufToModel(gguf, path);
   } else if (format === "llama2c") {

@@ -7,8 +7,10 @@ import {
 } from "../../kernels/adapter.ts";
 import { WebGpuEngine } from "../../kernels/webgpu_engine.ts";
 import { WasmEngine } from "../../kernels/wasm/wasm_engine.ts";
-import { WasmHeap, wasmHeap } from "../../kernels/wasm/heap.ts";
-import { type KvPlan, type KvRequest, planKvCache } from "../engine/kv_budget.ts";
+import { wasmHeap } from "../../kernels/wasm/heap.ts";
+import { CPU_HEADROOM, heldLayers, kvBlocksBeside, placeInHeaps } from "../../kernels/wasm/tensor_placement.ts";
+import { availableMemory, kvBlockBytes, type KvPlan, type KvRequest, planKvCache } from "../engine/kv_budget.ts";
+import type { PlaceTensors } from "../model/gguf.ts";
 import { type Engine, GREEDY, type KvGeometry } from "../engine/engine.ts";
 import { CpuEngine } from "../engine/cpu/cpu_engine.ts";
 import { type Model, stepMatrixBytes } from "../model/weights.ts";
@@ -80,29 +82,37 @@ export function describeChoice(description: string, resolved: ResolvedBackend): 
   return resolved.note === undefined ? description : `${description}; ${resolved.note}`;
 }
 
-/** What the step buffers and kernels of the CPU engine take beside the weights and the KV cache. */
-const CPU_HEADROOM = 512 * 2 ** 20;
-
 /**
  * Where a model's bytes should be read to for this backend: the CPU engine's shared memory
  * (so its threads read the file's bytes in place) when the CPU engine may run it and the file
- * fits in WebAssembly's 4 GiB with room for a KV cache; ordinary memory otherwise.
+ * fits in one WebAssembly memory with room for a KV cache; ordinary memory otherwise (a GGUF
+ * too big for one memory is placed tensor by tensor instead: modelPlacement).
  */
 export function modelAllocator(
   backend: BackendChoice,
 ): ((bytes: number) => Uint8Array) | undefined {
   if (backend !== "cpu" && backend !== "auto") return undefined;
   return (bytes) =>
-    bytes + CPU_HEADROOM <= WasmHeap.MAX_BYTES - wasmHeap().used
+    bytes + CPU_HEADROOM <= wasmHeap().room
       ? wasmHeap().bytes(bytes, "the model's weights")
       : new Uint8Array(bytes);
 }
 
 /**
+ * For the CPU engine, a GGUF too big for one WebAssembly memory is read tensor by tensor
+ * straight into several, by layer range, with room for a KV cache of `kvMemory` (automatic
+ * when undefined; kernels/wasm/tensor_placement.ts).
+ */
+export function modelPlacement(backend: BackendChoice, kvMemory?: number): PlaceTensors | undefined {
+  if (backend !== "cpu" && backend !== "auto") return undefined;
+  return (tensors) => placeInHeaps(tensors, kvMemory === undefined ? {} : { kvBytes: kvMemory });
+}
+
+/**
  * Sizes the KV cache for this model on the backend it will run on (planKvCache): the WebGPU
  * adapter's binding limit caps each layer's pool unless the backend runs on the CPU, the CPU
- * engine's f16 cache takes 2 bytes an element and must fit in its 4 GiB memory, and the
- * host's free memory caps an automatic size.
+ * engine's f16 cache takes 2 bytes an element and each memory's layers' share of it must fit
+ * beside them in that memory's 4 GiB, and the host's free memory caps an automatic size.
  */
 export async function planKv(
   model: Model,
@@ -130,24 +140,18 @@ export async function planKv(
     ? gpuElement
     : Math.max(cpuElement, summary === undefined ? cpuElement : gpuElement);
   const runsCpu = backend === "cpu" || backend === "auto";
-  const heapLeft = runsCpu ? WasmHeap.MAX_BYTES - wasmHeap().used - CPU_HEADROOM : 0;
-  const available = freeMemory();
+  const memories = heldLayers(model.weights) ?? [{ heap: wasmHeap(), layers: model.config.nLayers }];
+  // One block's K and V for one layer, at the CPU engine's element size.
+  const layerBlockBytes = 2 * req.blockSize * model.config.nKvHeads * model.config.headDim * cpuElement;
+  const cpuBlocks = kvBlocksBeside(memories.map((m) => ({ room: m.heap.room, layers: m.layers })), layerBlockBytes);
+  const available = availableMemory();
   return planKvCache(model.config, {
     ...req,
     bytesPerElement,
-    ...(runsCpu ? { maxBytes: Math.max(0, (heapLeft * bytesPerElement) / cpuElement) } : {}),
+    ...(runsCpu ? { maxBytes: cpuBlocks * kvBlockBytes(model.config, req.blockSize, bytesPerElement), memories: memories.length } : {}),
     ...(maxPoolBytes === undefined ? {} : { maxPoolBytes }),
     ...(available === undefined ? {} : { availableMemory: available }),
   });
-}
-
-/** Free host memory, or undefined without the permission (`--allow-sys=systemMemoryInfo`). */
-function freeMemory(): number | undefined {
-  try {
-    return Deno.systemMemoryInfo().available;
-  } catch {
-    return undefined;
-  }
 }
 
 /** Device (or host) memory an engine holds, for the start-up summary. */
