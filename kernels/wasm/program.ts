@@ -13,6 +13,7 @@ export const OP = {
   swiglu: 5,
   quant: 6,
   rowStats: 7,
+  readSweep: 8,
 } as const;
 
 export const OP_WORDS = 32;

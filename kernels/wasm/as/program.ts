@@ -7,6 +7,7 @@ import { matmul } from "./matmul";
 import { SCRATCH_BYTES, setScratch } from "./legacy";
 import { attendHead, qkvPost, swigluRow } from "./layer_ops";
 import { rowStats } from "./row_stats";
+import { readSweep } from "./read_sweep";
 
 // Op codes and field offsets: kernels/wasm/program.ts writes the same layout.
 const OP_END: i32 = 0;
@@ -17,6 +18,7 @@ const OP_ATTENTION: i32 = 4;
 const OP_SWIGLU: i32 = 5;
 const OP_QUANT: i32 = 6;
 const OP_ROW_STATS: i32 = 7;
+const OP_READ_SWEEP: i32 = 8;
 const OP_BYTES: usize = 128;
 const NO_BARRIER: i32 = 1;
 const SPIN: i32 = 20000;
@@ -118,6 +120,11 @@ export function run(prog: usize, ctrl: usize, tid: i32, nth: i32, scratch: usize
       for (let r = lo(rows, tid, nth); r < lo(rows, tid + 1, nth); r++) {
         rowStats(ptr(p, 2) + (<usize>r * <usize>V << 2), V, ptr(p, 5) + (<usize>r << 4));
       }
+    } else if (op == OP_READ_SWEEP) {
+      // Fields: base, 64-byte units, sink (16 bytes a thread).
+      const units = word(p, 3);
+      const u0 = lo(units, tid, nth), u1 = lo(units, tid + 1, nth);
+      readSweep(ptr(p, 2) + (<usize>u0 << 6), <usize>(u1 - u0) << 6, ptr(p, 4) + (<usize>tid << 4));
     } else {
       unreachable();
     }
