@@ -2,6 +2,9 @@
  * The CPU engine's matmul kernels alone, per weight type, on real-model shapes: weight GB/s at
  * 1 activation row (decode) against the plain read loop's bandwidth over the same bytes, and
  * activation rows/s at 16 and 64 rows (prefill). Random weights; the best of --repeats runs.
+ * On a machine shared with other work, --cpu-iters N times N runs by this process's CPU time
+ * (/proc/self/stat) instead of the wall clock, which counts the time the threads were not
+ * scheduled: steadier for A/B comparisons of a kernel change.
  *
  *   deno run -A bench/cpu_matmul_bench.ts [--threads 1] [--rows 1,16,64] [--repeats 5] [--types q4_k,q6_k,q5_0,q8_0]
  */
@@ -15,7 +18,7 @@ import { readBandwidth } from "../kernels/wasm/read_bandwidth.ts";
 import { byteSize, TENSOR_TYPES, type TensorType } from "../lib/model/tensor.ts";
 
 const args = parseArgs(Deno.args, {
-  string: ["threads", "rows", "repeats", "types"],
+  string: ["threads", "rows", "repeats", "types", "cpu-iters"],
   default: { threads: "1", rows: "1,16,64", repeats: "5", types: "q4_k,q6_k,q5_0,q8_0" },
 });
 const threads = Number(args.threads), repeats = Number(args.repeats);
@@ -29,6 +32,13 @@ const ALL_SHAPES: [TensorType, number, number][] = [
   ["q8_0", 4864, 896],
 ];
 const SHAPES = ALL_SHAPES.filter(([t]) => String(args.types).split(",").includes(t));
+const cpuIters = Number(args["cpu-iters"] ?? 0);
+const TICKS_PER_S = 100;
+/** This process's user + system CPU time in ms (all threads). */
+function cpuMs(): number {
+  const f = Deno.readTextFileSync("/proc/self/stat").split(") ")[1]!.split(" ");
+  return ((Number(f[11]) + Number(f[12])) * 1000) / TICKS_PER_S;
+}
 const heap = wasmHeap();
 const pool = await ThreadPool.start(heap, kernelModule().module, threads);
 const maxRows = Math.max(...rowCounts);
@@ -56,6 +66,11 @@ for (const [type, N, K] of SHAPES) {
       const t0 = performance.now();
       await pool.run(prog);
       if (i > 0) best = Math.min(best, performance.now() - t0);
+    }
+    if (cpuIters > 0) {
+      const c0 = cpuMs();
+      for (let i = 0; i < cpuIters; i++) await pool.run(prog);
+      best = (cpuMs() - c0) / cpuIters / threads;
     }
     cells.push(rows === 1 ? `${(bytes / best / 1e6).toFixed(1)} GB/s` : `${(rows * 1000 / best).toFixed(0)} rows/s`);
   }
