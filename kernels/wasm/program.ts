@@ -17,6 +17,12 @@ export const OP = {
 } as const;
 
 export const OP_WORDS = 32;
+
+/**
+ * Query rows of one sequence the attention op computes together, sharing each K/V row read
+ * (each thread's score scratch holds this many rows of scores).
+ */
+export const ATTENTION_GROUP = 4;
 const NO_BARRIER = 1;
 
 const f32Scratch = new Float32Array(1);

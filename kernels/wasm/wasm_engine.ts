@@ -15,7 +15,7 @@ import { DEFAULT_LIMITS } from "../../lib/engine/limits.ts";
 import { type WasmHeap, wasmHeap } from "./heap.ts";
 import { ActBuffer } from "./act_buffer.ts";
 import { ThreadPool } from "./pool.ts";
-import { f32Bits, OP, OP_WORDS, ProgramWriter } from "./program.ts";
+import { ATTENTION_GROUP, f32Bits, OP, OP_WORDS, ProgramWriter } from "./program.ts";
 import { type KernelFlavour, kernelModule } from "./kernel_module.ts";
 import { sampleRow, samplesArgmax } from "../../lib/engine/sample_row.ts";
 import { sampleMaskedRow } from "./masked_sampling.ts";
@@ -256,7 +256,7 @@ export class WasmEngine implements Engine {
     this.#tableCap = maxSeqs * Math.min(kv.numBlocks, Math.ceil(config.contextLength / kv.blockSize));
     this.#tables = own(this.#tableCap * 4, "block tables");
     this.#rope = own(maxRows * (config.ropeDim / 2) * 8, "RoPE tables");
-    this.#scoreBytes = Math.ceil((config.contextLength + 16) * 4 / 64) * 64;
+    this.#scoreBytes = ATTENTION_GROUP * Math.ceil((config.contextLength + 16) * 4 / 64) * 64;
     this.#scores = own(this.#scoreBytes * pool.threads, "attention scores");
     this.#progOps = nLayers * 16 + 8;
     this.#prog = own(this.#progOps * OP_WORDS * 4, "the step program");
@@ -485,7 +485,7 @@ export class WasmEngine implements Engine {
       w.op(OP.attention, [
         this.#qkv, qkvW, 0, this.#actAtt.f, qDim, rows, nHeads, nKvHeads, headDim, positions,
         tableOffs, this.#tables, this.kv.blockSize, kc, vc, f32Bits(1 / Math.sqrt(headDim)),
-        this.#scores, this.#scoreBytes, f32kv,
+        this.#scores, this.#scoreBytes, f32kv, ATTENTION_GROUP,
       ]);
       w.op(OP.quant, [this.#actAtt.desc, rows, qDim]);
       mm(l.wo, this.#actAtt.desc, this.#x, dim, 0, 1);

@@ -5,7 +5,7 @@
 import { ACT_F, normRow, quantizeRow } from "./quantize";
 import { matmul } from "./matmul";
 import { SCRATCH_BYTES, setScratch } from "./legacy";
-import { attendHead, qkvPost, swigluRow } from "./layer_ops";
+import { attendHeads, qkvPost, swigluRow } from "./layer_ops";
 import { rowStats } from "./row_stats";
 import { readSweep } from "./read_sweep";
 
@@ -47,6 +47,42 @@ function barrier(ctrl: usize, n: i32): void {
   }
   for (let i = 0; i < SPIN; i++) if (atomic.load<i32>(ctrl, 4) != gen) return;
   while (atomic.load<i32>(ctrl, 4) == gen) atomic.wait<i32>(ctrl + 4, gen, -1);
+}
+
+/**
+ * The attention op: work items are (group of `group` rows, head), split over the threads; in a
+ * group, each run of rows of one sequence at consecutive positions is one attendHeads call, so
+ * a prompt's rows share their K/V reads. Which rows share a call never changes a row's result.
+ */
+function attention(p: usize, tid: i32, nth: i32): void {
+  const rows = word(p, 7), nHeads = word(p, 8), nKv = word(p, 9), hd = word(p, 10);
+  const stride = <usize>word(p, 3) << 2, ostride = <usize>word(p, 6) << 2;
+  const group = word(p, 21);
+  const headsPerKv = nHeads / nKv;
+  const perThread = <usize>word(p, 19);
+  const scores = ptr(p, 18) + <usize>tid * perThread;
+  const sStride = perThread / <usize>group;
+  const positions = ptr(p, 11), tableOffs = ptr(p, 12);
+  const total = ((rows + group - 1) / group) * nHeads;
+  for (let i = lo(total, tid, nth); i < lo(total, tid + 1, nth); i++) {
+    const h = i % nHeads, r1 = min(rows, (i / nHeads) * group + group);
+    const kvOff = <usize>(h / headsPerKv) * <usize>hd * (word(p, 20) != 0 ? 4 : 2);
+    for (let r = (i / nHeads) * group; r < r1;) {
+      const pos0 = load<i32>(positions + (<usize>r << 2)), toff = load<i32>(tableOffs + (<usize>r << 2));
+      let n = 1;
+      while (
+        r + n < r1 && load<i32>(tableOffs + (<usize>(r + n) << 2)) == toff &&
+        load<i32>(positions + (<usize>(r + n) << 2)) == pos0 + n
+      ) n++;
+      attendHeads(
+        ptr(p, 2) + <usize>r * stride + (<usize>(word(p, 4) + h * hd) << 2), stride,
+        ptr(p, 5) + <usize>r * ostride + (<usize>(h * hd) << 2), ostride, n, pos0,
+        ptr(p, 13) + (<usize>toff << 2), word(p, 14), ptr(p, 15) + kvOff, ptr(p, 16) + kvOff, nKv * hd, hd,
+        reinterpret<f32>(word(p, 17)), scores, sStride, word(p, 20) != 0,
+      );
+      r += n;
+    }
+  }
 }
 
 /** Bytes of the scratch range each thread's run() is given. */
@@ -93,22 +129,7 @@ export function run(prog: usize, ctrl: usize, tid: i32, nth: i32, scratch: usize
         );
       }
     } else if (op == OP_ATTENTION) {
-      const rows = word(p, 7), nHeads = word(p, 8), nKv = word(p, 9), hd = word(p, 10);
-      const stride = <usize>word(p, 3) << 2, ostride = <usize>word(p, 6) << 2;
-      const group = nHeads / nKv;
-      const scores = ptr(p, 18) + <usize>tid * <usize>word(p, 19);
-      const total = rows * nHeads;
-      for (let i = lo(total, tid, nth); i < lo(total, tid + 1, nth); i++) {
-        const r = i / nHeads, h = i % nHeads;
-        const q = ptr(p, 2) + <usize>r * stride + (<usize>(word(p, 4) + h * hd) << 2);
-        const out = ptr(p, 5) + <usize>r * ostride + (<usize>(h * hd) << 2);
-        const table = ptr(p, 13) + (<usize>load<i32>(ptr(p, 12) + (<usize>r << 2)) << 2);
-        const kvOff = <usize>(h / group) * <usize>hd * (word(p, 20) != 0 ? 4 : 2);
-        attendHead(
-          q, out, load<i32>(ptr(p, 11) + (<usize>r << 2)), table, word(p, 14), ptr(p, 15) + kvOff,
-          ptr(p, 16) + kvOff, nKv * hd, hd, reinterpret<f32>(word(p, 17)), scores, word(p, 20) != 0,
-        );
-      }
+      attention(p, tid, nth);
     } else if (op == OP_SWIGLU) {
       const rows = word(p, 5), stride = <usize>word(p, 4) << 2;
       for (let r = lo(rows, tid, nth); r < lo(rows, tid + 1, nth); r++) {
