@@ -20,7 +20,7 @@ export const OP_WORDS = 32;
 
 /**
  * Query rows of one sequence the attention op computes together, sharing each K/V row read
- * (each thread's score scratch holds this many rows of scores).
+ * (a row alone shares them across the query heads of one KV head instead).
  */
 export const ATTENTION_GROUP = 4;
 const NO_BARRIER = 1;

@@ -141,6 +141,7 @@ export class WasmEngine implements Engine {
   readonly #rope: number;
   readonly #scores: number;
   readonly #scoreBytes: number;
+  readonly #scoreRows: number;
   readonly #prog: number;
   readonly #progOps: number;
   readonly #chunkDesc: number;
@@ -256,7 +257,9 @@ export class WasmEngine implements Engine {
     this.#tableCap = maxSeqs * Math.min(kv.numBlocks, Math.ceil(config.contextLength / kv.blockSize));
     this.#tables = own(this.#tableCap * 4, "block tables");
     this.#rope = own(maxRows * (config.ropeDim / 2) * 8, "RoPE tables");
-    this.#scoreBytes = ATTENTION_GROUP * Math.ceil((config.contextLength + 16) * 4 / 64) * 64;
+    // Each thread's scores: a row of them for every query the attention op computes together.
+    this.#scoreRows = Math.max(ATTENTION_GROUP, nHeads / nKvHeads);
+    this.#scoreBytes = this.#scoreRows * Math.ceil((config.contextLength + 16) * 4 / 64) * 64;
     this.#scores = own(this.#scoreBytes * pool.threads, "attention scores");
     this.#progOps = nLayers * 16 + 8;
     this.#prog = own(this.#progOps * OP_WORDS * 4, "the step program");
@@ -485,7 +488,7 @@ export class WasmEngine implements Engine {
       w.op(OP.attention, [
         this.#qkv, qkvW, 0, this.#actAtt.f, qDim, rows, nHeads, nKvHeads, headDim, positions,
         tableOffs, this.#tables, this.kv.blockSize, kc, vc, f32Bits(1 / Math.sqrt(headDim)),
-        this.#scores, this.#scoreBytes, f32kv, ATTENTION_GROUP,
+        this.#scores, this.#scoreBytes, f32kv, ATTENTION_GROUP, this.#scoreRows,
       ]);
       w.op(OP.quant, [this.#actAtt.desc, rows, qDim]);
       mm(l.wo, this.#actAtt.desc, this.#x, dim, 0, 1);

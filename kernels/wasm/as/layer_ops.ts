@@ -54,25 +54,27 @@ function rotate(x: usize, heads: i32, hd: i32, ropeDim: i32, rope: usize): void 
 }
 
 /**
- * Causal attention of one query head for nq rows of one sequence at consecutive
- * positions pos0..pos0+nq-1, K/V read through the block table: scores q·k × scale, softmax in
- * f32 (max subtracted), then Σ p_t v_t into out. Each K and V row is read and widened once for
- * all nq queries (flash-style blocking over the prompt's rows); every query's own operations
- * and their order are those it has alone, so its result is the same bits however it is
- * grouped. Query j's row is q + j·qStride, its output out + j·oStride, its scores scores +
- * j·sStride. hd is a multiple of 8.
+ * Causal attention of nq queries that read the same K/V rows, through the block table: scores
+ * q·k × scale, softmax in f32 (max subtracted), then Σ p_t v_t into out. Either one head of
+ * nq rows of one sequence at consecutive positions (pstep 1: flash-style blocking over a
+ * prompt's rows), or the nq heads of one row that share a KV head (pstep 0: grouped-query
+ * attention at decode). Query j sits at position pos0 + j·pstep; its row is q + j·qStride, its
+ * output out + j·oStride, its scores scores + j·sStride. Each K and V row is read and widened
+ * once for all nq queries; every query keeps the operations and order it has alone, so its
+ * result is the same bits however it is grouped. hd is a multiple of 8.
  */
 export function attendHeads(
-  q: usize, qStride: usize, out: usize, oStride: usize, nq: i32, pos0: i32, table: usize, bs: i32,
-  kc: usize, vc: usize, kvStride: i32, hd: i32, scale: f32, scores: usize, sStride: usize, f32kv: bool,
+  q: usize, qStride: usize, out: usize, oStride: usize, nq: i32, pos0: i32, pstep: i32, table: usize,
+  bs: i32, kc: usize, vc: usize, kvStride: i32, hd: i32, scale: f32, scores: usize, sStride: usize,
+  f32kv: bool,
 ): void {
   const elt: usize = f32kv ? 4 : 2;
-  const last = pos0 + nq - 1;
+  const last = pos0 + (nq - 1) * pstep;
   for (let t = 0; t <= last; t++) {
     const slot = load<i32>(table + (<usize>(t / bs) << 2)) * bs + t % bs;
     const kp = kc + <usize>slot * <usize>kvStride * elt;
     // Queries before j0 do not see position t (causal): t > pos0 + j for j < t - pos0.
-    const j0 = max(0, t - pos0);
+    const j0 = pstep == 0 ? 0 : max(0, t - pos0);
     for (let j = j0; j < nq; j++) {
       const qj = q + <usize>j * qStride;
       let acc = f32x4.splat(0);
@@ -87,7 +89,7 @@ export function attendHeads(
   }
   for (let j = 0; j < nq; j++) {
     const sj = scores + <usize>j * sStride;
-    const pos = pos0 + j;
+    const pos = pos0 + j * pstep;
     let mx: f32 = -Infinity;
     for (let t = 0; t <= pos; t++) {
       const s = load<f32>(sj + (<usize>t << 2));
@@ -108,7 +110,7 @@ export function attendHeads(
   for (let t = 0; t <= last; t++) {
     const slot = load<i32>(table + (<usize>(t / bs) << 2)) * bs + t % bs;
     const vp = vc + <usize>slot * <usize>kvStride * elt;
-    const j0 = max(0, t - pos0);
+    const j0 = pstep == 0 ? 0 : max(0, t - pos0);
     for (let i = 0; i < hd; i += 8) {
       const vi = vp + <usize>i * elt;
       const v0 = kv8(vi, f32kv, false), v1 = kv8(vi, f32kv, true);

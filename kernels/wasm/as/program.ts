@@ -50,9 +50,10 @@ function barrier(ctrl: usize, n: i32): void {
 }
 
 /**
- * The attention op: work items are (group of `group` rows, head), split over the threads; in a
- * group, each run of rows of one sequence at consecutive positions is one attendHeads call, so
- * a prompt's rows share their K/V reads. Which rows share a call never changes a row's result.
+ * The attention op: work items are (group of `group` rows, KV head), split over the threads. In
+ * a group, a run of rows of one sequence at consecutive positions is attended per query head
+ * with the rows together (a prompt); a row alone has the query heads of its KV head together
+ * (a decode). Which queries share a call never changes a query's result.
  */
 function attention(p: usize, tid: i32, nth: i32): void {
   const rows = word(p, 7), nHeads = word(p, 8), nKv = word(p, 9), hd = word(p, 10);
@@ -61,25 +62,38 @@ function attention(p: usize, tid: i32, nth: i32): void {
   const headsPerKv = nHeads / nKv;
   const perThread = <usize>word(p, 19);
   const scores = ptr(p, 18) + <usize>tid * perThread;
-  const sStride = perThread / <usize>group;
+  const sStride = perThread / <usize>word(p, 22);
   const positions = ptr(p, 11), tableOffs = ptr(p, 12);
-  const total = ((rows + group - 1) / group) * nHeads;
+  const f32kv = word(p, 20) != 0;
+  const hb = <usize>hd << 2;
+  const total = ((rows + group - 1) / group) * nKv;
   for (let i = lo(total, tid, nth); i < lo(total, tid + 1, nth); i++) {
-    const h = i % nHeads, r1 = min(rows, (i / nHeads) * group + group);
-    const kvOff = <usize>(h / headsPerKv) * <usize>hd * (word(p, 20) != 0 ? 4 : 2);
-    for (let r = (i / nHeads) * group; r < r1;) {
+    const g = i % nKv, r1 = min(rows, (i / nKv) * group + group);
+    const kvOff = <usize>g * <usize>hd * (f32kv ? 4 : 2);
+    const kc = ptr(p, 15) + kvOff, vc = ptr(p, 16) + kvOff;
+    for (let r = (i / nKv) * group; r < r1;) {
       const pos0 = load<i32>(positions + (<usize>r << 2)), toff = load<i32>(tableOffs + (<usize>r << 2));
+      const table = ptr(p, 13) + (<usize>toff << 2);
       let n = 1;
       while (
         r + n < r1 && load<i32>(tableOffs + (<usize>(r + n) << 2)) == toff &&
         load<i32>(positions + (<usize>(r + n) << 2)) == pos0 + n
       ) n++;
-      attendHeads(
-        ptr(p, 2) + <usize>r * stride + (<usize>(word(p, 4) + h * hd) << 2), stride,
-        ptr(p, 5) + <usize>r * ostride + (<usize>(h * hd) << 2), ostride, n, pos0,
-        ptr(p, 13) + (<usize>toff << 2), word(p, 14), ptr(p, 15) + kvOff, ptr(p, 16) + kvOff, nKv * hd, hd,
-        reinterpret<f32>(word(p, 17)), scores, sStride, word(p, 20) != 0,
-      );
+      const q = ptr(p, 2) + <usize>r * stride + (<usize>(word(p, 4) + g * headsPerKv * hd) << 2);
+      const out = ptr(p, 5) + <usize>r * ostride + <usize>(g * headsPerKv) * hb;
+      if (n == 1) {
+        attendHeads(
+          q, hb, out, hb, headsPerKv, pos0, 0, table, word(p, 14), kc, vc, nKv * hd, hd,
+          reinterpret<f32>(word(p, 17)), scores, sStride, f32kv,
+        );
+      } else {
+        for (let h = 0; h < headsPerKv; h++) {
+          attendHeads(
+            q + <usize>h * hb, stride, out + <usize>h * hb, ostride, n, pos0, 1, table, word(p, 14), kc, vc,
+            nKv * hd, hd, reinterpret<f32>(word(p, 17)), scores, sStride, f32kv,
+          );
+        }
+      }
       r += n;
     }
   }
