@@ -34,13 +34,13 @@ interface Row {
 
 const args = parseArgs(Deno.args, {
   string: ["model", "llama-cpp", "npl", "threads", "npp", "ntg", "svg", "repeats"],
-  boolean: ["chart-data"],
+  boolean: ["chart-data", "skip-one-thread"],
   collect: ["model"],
   default: { npl: "1,8,32", threads: String(navigator.hardwareConcurrency), npp: "16", ntg: "32", repeats: "3" },
 });
 const models = (args.model ?? []) as string[];
 if (models.length === 0) {
-  console.error("Usage: deno run -A bench/cpu_engine_bench.ts --model <gguf> [--model …] [--llama-cpp <bin dir>] [--npl 1,8,32] [--threads N] [--repeats 3] [--svg <file>]");
+  console.error("Usage: deno run -A bench/cpu_engine_bench.ts --model <gguf> [--model …] [--llama-cpp <bin dir>] [--npl 1,8,32] [--threads N] [--repeats 3] [--skip-one-thread] [--svg <file>]");
   Deno.exit(2);
 }
 const npls: number[] = String(args.npl).split(",").map(Number);
@@ -162,8 +162,9 @@ for (const path of perProcess ? [] : models) {
   const rssAfter = Deno.memoryUsage().rss;
   engine.dispose();
   const one = await WasmEngine.create(model.config, model.weights, kv, { threads: 1, maxSeqs: maxNpl, maxBatchTokens: Math.max(512, maxNpl * npp) });
-  let single = await ours(one, model.config.vocabSize, maxNpl);
-  for (let round = 1; round < repeats; round++) single = best([single], [await ours(one, model.config.vocabSize, maxNpl)])[0]!;
+  // --skip-one-thread: the 1-thread comparison costs as much as the runs themselves.
+  let single = args["skip-one-thread"] ? { npl: maxNpl, pp: NaN, tg: NaN } : await ours(one, model.config.vocabSize, maxNpl);
+  for (let round = 1; round < repeats && !args["skip-one-thread"]; round++) single = best([single], [await ours(one, model.config.vocabSize, maxNpl)])[0]!;
   one.dispose();
   lines.push(`\n### ${name} (${formatBytes(fileBytes)}), ${threads} threads, npp ${npp}, ntg ${ntg}, best of ${repeats} alternating rounds\n`);
   lines.push("| sequences | ours decode tok/s | llama.cpp decode tok/s | ratio | ours prefill tok/s | llama.cpp prefill tok/s | ratio |");
