@@ -4,7 +4,9 @@
  * same shape on ours (npl prompts of npp tokens prefilled together, then ntg decode steps of
  * all npl sequences). Prints decode and prefill tokens/s with the ratio, our resident memory
  * after load with its breakdown, 1 against N threads at the largest batch, and writes an SVG
- * chart of decode tokens/s against concurrency. Each file runs in a process of its own (so the
+ * chart of decode tokens/s against concurrency. Prints the limit a 1-sequence decode can reach:
+ * the bandwidth of a plain WASM SIMD read loop over the loaded weights on 1 and N threads, beside
+ * the bytes/s our 1-sequence decode reads (the matrices of one step, times its tokens/s). Each file runs in a process of its own (so the
  * memory figures are its alone), in --repeats rounds (default 3) that alternate the two sides,
  * each side keeping its best.
  *
@@ -22,6 +24,8 @@ import { placeInHeaps } from "../kernels/wasm/tensor_placement.ts";
 import { GREEDY, type SeqInput } from "../lib/engine/engine.ts";
 import { formatBytes } from "../lib/util/byte_size.ts";
 import { chartSvg } from "./svg_chart.ts";
+import { readBandwidth } from "../kernels/wasm/read_bandwidth.ts";
+import { stepMatrixBytes } from "../lib/model/weights.ts";
 
 interface Row {
   readonly npl: number;
@@ -31,13 +35,13 @@ interface Row {
 
 const args = parseArgs(Deno.args, {
   string: ["model", "llama-cpp", "npl", "threads", "npp", "ntg", "svg", "repeats"],
-  boolean: ["chart-data"],
+  boolean: ["chart-data", "skip-one-thread"],
   collect: ["model"],
   default: { npl: "1,8,32", threads: String(navigator.hardwareConcurrency), npp: "16", ntg: "32", repeats: "3" },
 });
 const models = (args.model ?? []) as string[];
 if (models.length === 0) {
-  console.error("Usage: deno run -A bench/cpu_engine_bench.ts --model <gguf> [--model …] [--llama-cpp <bin dir>] [--npl 1,8,32] [--threads N] [--repeats 3] [--svg <file>]");
+  console.error("Usage: deno run -A bench/cpu_engine_bench.ts --model <gguf> [--model …] [--llama-cpp <bin dir>] [--npl 1,8,32] [--threads N] [--repeats 3] [--skip-one-thread] [--svg <file>]");
   Deno.exit(2);
 }
 const npls: number[] = String(args.npl).split(",").map(Number);
@@ -150,12 +154,19 @@ for (const path of perProcess ? [] : models) {
       }
     }
   }
+  // The read loop over the weights as they lie in the engine's memory (the file's tensors).
+  const tensors = [model.weights.tokenEmbedding, model.weights.output, ...model.weights.layers.flatMap((l) => Object.values(l))];
+  const lo = Math.min(...tensors.map((t) => t.data.byteOffset));
+  const hi = Math.max(...tensors.map((t) => t.data.byteOffset + t.data.byteLength));
+  const readLimit: number[] = [];
+  for (const n of [...new Set([1, threads])]) readLimit.push(await readBandwidth(heap, lo, hi - lo, n, repeats + 2));
   // After the runs: the KV pages the sequences wrote are resident now.
   const rssAfter = Deno.memoryUsage().rss;
   engine.dispose();
   const one = await WasmEngine.create(model.config, model.weights, kv, { threads: 1, maxSeqs: maxNpl, maxBatchTokens: Math.max(512, maxNpl * npp) });
-  let single = await ours(one, model.config.vocabSize, maxNpl);
-  for (let round = 1; round < repeats; round++) single = best([single], [await ours(one, model.config.vocabSize, maxNpl)])[0]!;
+  // --skip-one-thread: the 1-thread comparison costs as much as the runs themselves.
+  let single = args["skip-one-thread"] ? { npl: maxNpl, pp: NaN, tg: NaN } : await ours(one, model.config.vocabSize, maxNpl);
+  for (let round = 1; round < repeats && !args["skip-one-thread"]; round++) single = best([single], [await ours(one, model.config.vocabSize, maxNpl)])[0]!;
   one.dispose();
   lines.push(`\n### ${name} (${formatBytes(fileBytes)}), ${threads} threads, npp ${npp}, ntg ${ntg}, best of ${repeats} alternating rounds\n`);
   lines.push("| sequences | ours decode tok/s | llama.cpp decode tok/s | ratio | ours prefill tok/s | llama.cpp prefill tok/s | ratio |");
@@ -165,6 +176,17 @@ for (const path of perProcess ? [] : models) {
     lines.push(`| ${m.npl} | ${f1(m.tg)} | ${p ? f1(p.tg) : "–"} | ${p ? (m.tg / p.tg).toFixed(2) + "×" : "–"} | ${f1(m.pp)} | ${p ? f1(p.pp) : "–"} | ${p ? (m.pp / p.pp).toFixed(2) + "×" : "–"} |`);
   }
   if (why) lines.push(`\nllama.cpp not measured: ${why}`);
+  const one1 = mine.find((m) => m.npl === 1);
+  const stepBytes = stepMatrixBytes(model.weights);
+  const gbs = (b: number) => `${(b / 1e9).toFixed(1)} GB/s`;
+  lines.push(
+    `\nRead bandwidth, the limit (a plain WASM SIMD read loop over the ${formatBytes(hi - lo)} of weights, best of ${repeats + 2}): ` +
+      `1 thread ${gbs(readLimit[0]!)}${readLimit.length > 1 ? `, ${threads} threads ${gbs(readLimit[1]!)}` : ""}.` +
+      (one1
+        ? ` 1-sequence decode reads ${formatBytes(stepBytes)} a token: ${gbs(stepBytes * one1.tg)} at ${f1(one1.tg)} tok/s, ` +
+          `${((100 * stepBytes * one1.tg) / readLimit[readLimit.length - 1]!).toFixed(0)}% of the ${threads}-thread limit.`
+        : ""),
+  );
   const big = mine.find((m) => m.npl === maxNpl)!;
   lines.push(`\nThreads at ${maxNpl} sequences: 1 thread ${f1(single.tg)} tok/s, ${threads} threads ${f1(big.tg)} tok/s: ${(big.tg / single.tg).toFixed(2)}×.`);
   lines.push(

@@ -129,6 +129,32 @@ Deno.test("cpu engine: 1, 2 and 3 threads and the plain-SIMD build give the same
   }
 });
 
+Deno.test("cpu engine: a 37-token prompt prefilled in one step, in pieces of 1 to 13, and token by token ends on the same logits, bit for bit (attention shares K/V reads across a prompt's rows)", async () => {
+  const model = await loadModel(compatPath("qwen2-like-q4_k_m"));
+  const rand = rng(23);
+  const prompt = Array.from({ length: 37 }, () => Math.floor(rand() * model.config.vocabSize));
+  const inPieces = async (e: WasmEngine, sizes: number[], seqId: number, blocks: number[]) => {
+    let pos = 0, logits: Float32Array | undefined;
+    for (const [i, n] of sizes.entries()) {
+      const r = await e.step({
+        stepId: i,
+        returnLogits: true,
+        seqs: [{ seqId, tokens: prompt.slice(pos, pos + n), startPos: pos, blockTable: blocks, sample: true, sampling: GREEDY }],
+      });
+      logits = r.sampled[0]!.logits!;
+      pos += n;
+    }
+    assertEquals(pos, prompt.length);
+    e.release(seqId);
+    return bits(logits!);
+  };
+  await withEngine(model, { threads: 2 }, async (e) => {
+    const whole = await inPieces(e, [37], 1, [0, 1, 2]);
+    assertEquals(await inPieces(e, [1, 3, 7, 2, 13, 11], 2, [3, 4, 5]), whole, "in pieces");
+    assertEquals(await inPieces(e, Array(37).fill(1), 3, [6, 7, 8]), whole, "token by token");
+  });
+});
+
 Deno.test("cpu engine: a decode from the last sampled token equals one from the same literal token", async () => {
   const model = await loadModel(compatPath("qwen3-like-q4_k_m"));
   await withEngine(model, {}, async (e) => {

@@ -1,7 +1,7 @@
 import type { ModelConfig } from "../../lib/model/model_config.ts";
 import { ActBuffer } from "./act_buffer.ts";
 import { HEAP_BASE, type WasmHeap } from "./heap.ts";
-import { OP_WORDS } from "./program.ts";
+import { ATTENTION_GROUP, OP_WORDS } from "./program.ts";
 import { CTRL, SCRATCH_BYTES } from "./pool_protocol.ts";
 
 /** Classifier rows computed per program: bounds the logits buffer (rows × vocabulary). */
@@ -17,9 +17,17 @@ export interface PartShape {
   readonly tableCap: number;
 }
 
-/** Bytes of one thread's attention scores, a whole number of cache lines. */
+/**
+ * Rows of scores one thread's attention op keeps: one for every query it computes together
+ * (ATTENTION_GROUP prompt rows of a head, or every query head of a KV head at decode).
+ */
+export function scoreRows(config: ModelConfig): number {
+  return Math.max(ATTENTION_GROUP, config.nHeads / config.nKvHeads);
+}
+
+/** Bytes of one thread's attention scores (scoreRows rows), a whole number of cache lines. */
 export function scoreBytes(config: ModelConfig): number {
-  return Math.ceil((config.contextLength + 16) * 4 / 64) * 64;
+  return scoreRows(config) * Math.ceil((config.contextLength + 16) * 4 / 64) * 64;
 }
 
 /** Ops in a part's program: at most 16 a layer, the final norm and the end. */

@@ -13,9 +13,16 @@ export const OP = {
   swiglu: 5,
   quant: 6,
   rowStats: 7,
+  readSweep: 8,
 } as const;
 
 export const OP_WORDS = 32;
+
+/**
+ * Query rows of one sequence the attention op computes together, sharing each K/V row read
+ * (a row alone shares them across the query heads of one KV head instead).
+ */
+export const ATTENTION_GROUP = 4;
 const NO_BARRIER = 1;
 
 const f32Scratch = new Float32Array(1);

@@ -16,9 +16,16 @@ import { DEFAULT_LIMITS } from "../../lib/engine/limits.ts";
 import { WasmHeap, wasmHeap } from "./heap.ts";
 import { heldLayers } from "./tensor_placement.ts";
 import { ThreadPool } from "./pool.ts";
-import { EnginePart, LOGIT_ROWS, partOverheadBytes, type PartShape, scoreBytes } from "./engine_part.ts";
+import {
+  EnginePart,
+  LOGIT_ROWS,
+  partOverheadBytes,
+  type PartShape,
+  scoreBytes,
+  scoreRows,
+} from "./engine_part.ts";
 import { type LayerRange, splitLayers, type SplitUnit } from "./layer_split.ts";
-import { f32Bits, OP, OP_WORDS, ProgramWriter } from "./program.ts";
+import { ATTENTION_GROUP, f32Bits, OP, OP_WORDS, ProgramWriter } from "./program.ts";
 import { type KernelFlavour, kernelModule } from "./kernel_module.ts";
 import { sampleRow, samplesArgmax } from "../../lib/engine/sample_row.ts";
 import { sampleMaskedRow } from "./masked_sampling.ts";
@@ -520,7 +527,7 @@ export class WasmEngine implements Engine {
       w.op(OP.attention, [
         p.qkv, qkvW, 0, p.actAtt.f, qDim, rows, nHeads, nKvHeads, headDim, positions,
         tableOffs, p.tables, this.kv.blockSize, kc, vc, f32Bits(1 / Math.sqrt(headDim)),
-        p.scores, scoreStride, f32kv,
+        p.scores, scoreStride, f32kv, ATTENTION_GROUP, scoreRows(c),
       ]);
       w.op(OP.quant, [p.actAtt.desc, rows, qDim]);
       mm(l.wo, p.actAtt.desc, p.x, dim, 0, 1);

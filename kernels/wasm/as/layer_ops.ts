@@ -54,47 +54,72 @@ function rotate(x: usize, heads: i32, hd: i32, ropeDim: i32, rope: usize): void 
 }
 
 /**
- * Causal attention of one query head over positions 0..pos, K/V read through the block table:
- * scores q·k × scale, softmax in f32 (max subtracted), then Σ p_t v_t into out. hd is a
- * multiple of 8.
+ * Causal attention of nq queries that read the same K/V rows, through the block table: scores
+ * q·k × scale, softmax in f32 (max subtracted), then Σ p_t v_t into out. Either one head of
+ * nq rows of one sequence at consecutive positions (pstep 1: flash-style blocking over a
+ * prompt's rows), or the nq heads of one row that share a KV head (pstep 0: grouped-query
+ * attention at decode). Query j sits at position pos0 + j·pstep; its row is q + j·qStride, its
+ * output out + j·oStride, its scores scores + j·sStride. Each K and V row is read and widened
+ * once for all nq queries; every query keeps the operations and order it has alone, so its
+ * result is the same bits however it is grouped. hd is a multiple of 8.
  */
-export function attendHead(
-  q: usize, out: usize, pos: i32, table: usize, bs: i32, kc: usize, vc: usize, kvStride: i32,
-  hd: i32, scale: f32, scores: usize, f32kv: bool,
+export function attendHeads(
+  q: usize, qStride: usize, out: usize, oStride: usize, nq: i32, pos0: i32, pstep: i32, table: usize,
+  bs: i32, kc: usize, vc: usize, kvStride: i32, hd: i32, scale: f32, scores: usize, sStride: usize,
+  f32kv: bool,
 ): void {
   const elt: usize = f32kv ? 4 : 2;
-  let mx: f32 = -Infinity;
-  for (let t = 0; t <= pos; t++) {
+  const last = pos0 + (nq - 1) * pstep;
+  for (let t = 0; t <= last; t++) {
     const slot = load<i32>(table + (<usize>(t / bs) << 2)) * bs + t % bs;
     const kp = kc + <usize>slot * <usize>kvStride * elt;
-    let acc = f32x4.splat(0);
-    for (let i = 0; i < hd; i += 8) {
-      const ki = kp + <usize>i * elt;
-      const qi = q + (<usize>i << 2);
-      acc = f32x4.add(acc, f32x4.mul(v128.load(qi), kv8(ki, f32kv, false)));
-      acc = f32x4.add(acc, f32x4.mul(v128.load(qi, 16), kv8(ki, f32kv, true)));
+    // Queries before j0 do not see position t (causal): t > pos0 + j for j < t - pos0.
+    const j0 = pstep == 0 ? 0 : max(0, t - pos0);
+    for (let j = j0; j < nq; j++) {
+      const qj = q + <usize>j * qStride;
+      let acc = f32x4.splat(0);
+      for (let i = 0; i < hd; i += 8) {
+        const ki = kp + <usize>i * elt;
+        const qi = qj + (<usize>i << 2);
+        acc = f32x4.add(acc, f32x4.mul(v128.load(qi), kv8(ki, f32kv, false)));
+        acc = f32x4.add(acc, f32x4.mul(v128.load(qi, 16), kv8(ki, f32kv, true)));
+      }
+      store<f32>(scores + <usize>j * sStride + (<usize>t << 2), hsum(acc) * scale);
     }
-    const s = hsum(acc) * scale;
-    store<f32>(scores + (<usize>t << 2), s);
-    if (s > mx) mx = s;
   }
-  let sum: f32 = 0;
-  for (let t = 0; t <= pos; t++) {
-    const e = Mathf.exp(load<f32>(scores + (<usize>t << 2)) - mx);
-    store<f32>(scores + (<usize>t << 2), e);
-    sum += e;
+  for (let j = 0; j < nq; j++) {
+    const sj = scores + <usize>j * sStride;
+    const pos = pos0 + j * pstep;
+    let mx: f32 = -Infinity;
+    for (let t = 0; t <= pos; t++) {
+      const s = load<f32>(sj + (<usize>t << 2));
+      if (s > mx) mx = s;
+    }
+    let sum: f32 = 0;
+    for (let t = 0; t <= pos; t++) {
+      const e = Mathf.exp(load<f32>(sj + (<usize>t << 2)) - mx);
+      store<f32>(sj + (<usize>t << 2), e);
+      sum += e;
+    }
+    const inv: f32 = <f32>1 / sum;
+    // The weights p_t, scaled once here as the single-row loop scales them as it goes.
+    for (let t = 0; t <= pos; t++) store<f32>(sj + (<usize>t << 2), load<f32>(sj + (<usize>t << 2)) * inv);
+    const oj = out + <usize>j * oStride;
+    for (let i = 0; i < hd; i += 4) v128.store(oj + (<usize>i << 2), f32x4.splat(0));
   }
-  const inv: f32 = <f32>1 / sum;
-  for (let i = 0; i < hd; i += 4) v128.store(out + (<usize>i << 2), f32x4.splat(0));
-  for (let t = 0; t <= pos; t++) {
+  for (let t = 0; t <= last; t++) {
     const slot = load<i32>(table + (<usize>(t / bs) << 2)) * bs + t % bs;
     const vp = vc + <usize>slot * <usize>kvStride * elt;
-    const pv = f32x4.splat(load<f32>(scores + (<usize>t << 2)) * inv);
+    const j0 = pstep == 0 ? 0 : max(0, t - pos0);
     for (let i = 0; i < hd; i += 8) {
-      const o = out + (<usize>i << 2);
       const vi = vp + <usize>i * elt;
-      v128.store(o, f32x4.add(v128.load(o), f32x4.mul(pv, kv8(vi, f32kv, false))));
-      v128.store(o, f32x4.add(v128.load(o, 16), f32x4.mul(pv, kv8(vi, f32kv, true))), 16);
+      const v0 = kv8(vi, f32kv, false), v1 = kv8(vi, f32kv, true);
+      for (let j = j0; j < nq; j++) {
+        const pv = f32x4.splat(load<f32>(scores + <usize>j * sStride + (<usize>t << 2)));
+        const o = out + <usize>j * oStride + (<usize>i << 2);
+        v128.store(o, f32x4.add(v128.load(o), f32x4.mul(pv, v0)));
+        v128.store(o, f32x4.add(v128.load(o, 16), f32x4.mul(pv, v1)), 16);
+      }
     }
   }
 }

@@ -5,8 +5,9 @@
 import { ACT_F, normRow, quantizeRow } from "./quantize";
 import { matmul } from "./matmul";
 import { SCRATCH_BYTES, setScratch } from "./legacy";
-import { attendHead, qkvPost, swigluRow } from "./layer_ops";
+import { attendHeads, qkvPost, swigluRow } from "./layer_ops";
 import { rowStats } from "./row_stats";
+import { readSweep } from "./read_sweep";
 
 // Op codes and field offsets: kernels/wasm/program.ts writes the same layout.
 const OP_END: i32 = 0;
@@ -17,6 +18,7 @@ const OP_ATTENTION: i32 = 4;
 const OP_SWIGLU: i32 = 5;
 const OP_QUANT: i32 = 6;
 const OP_ROW_STATS: i32 = 7;
+const OP_READ_SWEEP: i32 = 8;
 const OP_BYTES: usize = 128;
 const NO_BARRIER: i32 = 1;
 const SPIN: i32 = 20000;
@@ -45,6 +47,56 @@ function barrier(ctrl: usize, n: i32): void {
   }
   for (let i = 0; i < SPIN; i++) if (atomic.load<i32>(ctrl, 4) != gen) return;
   while (atomic.load<i32>(ctrl, 4) == gen) atomic.wait<i32>(ctrl + 4, gen, -1);
+}
+
+/**
+ * The attention op: work items are (group of `group` rows, KV head), split over the threads. In
+ * a group, a run of rows of one sequence at consecutive positions is attended per query head
+ * with the rows together (a prompt); a row alone has the query heads of its KV head together
+ * (a decode). Which queries share a call never changes a query's result.
+ */
+function attention(p: usize, tid: i32, nth: i32): void {
+  const rows = word(p, 7), nHeads = word(p, 8), nKv = word(p, 9), hd = word(p, 10);
+  const stride = <usize>word(p, 3) << 2, ostride = <usize>word(p, 6) << 2;
+  const group = word(p, 21);
+  const headsPerKv = nHeads / nKv;
+  const perThread = <usize>word(p, 19);
+  const scores = ptr(p, 18) + <usize>tid * perThread;
+  const sStride = perThread / <usize>word(p, 22);
+  const positions = ptr(p, 11), tableOffs = ptr(p, 12);
+  const f32kv = word(p, 20) != 0;
+  const hb = <usize>hd << 2;
+  const total = ((rows + group - 1) / group) * nKv;
+  for (let i = lo(total, tid, nth); i < lo(total, tid + 1, nth); i++) {
+    const g = i % nKv, r1 = min(rows, (i / nKv) * group + group);
+    const kvOff = <usize>g * <usize>hd * (f32kv ? 4 : 2);
+    const kc = ptr(p, 15) + kvOff, vc = ptr(p, 16) + kvOff;
+    for (let r = (i / nKv) * group; r < r1;) {
+      const pos0 = load<i32>(positions + (<usize>r << 2)), toff = load<i32>(tableOffs + (<usize>r << 2));
+      const table = ptr(p, 13) + (<usize>toff << 2);
+      let n = 1;
+      while (
+        r + n < r1 && load<i32>(tableOffs + (<usize>(r + n) << 2)) == toff &&
+        load<i32>(positions + (<usize>(r + n) << 2)) == pos0 + n
+      ) n++;
+      const q = ptr(p, 2) + <usize>r * stride + (<usize>(word(p, 4) + g * headsPerKv * hd) << 2);
+      const out = ptr(p, 5) + <usize>r * ostride + <usize>(g * headsPerKv) * hb;
+      if (n == 1) {
+        attendHeads(
+          q, hb, out, hb, headsPerKv, pos0, 0, table, word(p, 14), kc, vc, nKv * hd, hd,
+          reinterpret<f32>(word(p, 17)), scores, sStride, f32kv,
+        );
+      } else {
+        for (let h = 0; h < headsPerKv; h++) {
+          attendHeads(
+            q + <usize>h * hb, stride, out + <usize>h * hb, ostride, n, pos0, 1, table, word(p, 14), kc, vc,
+            nKv * hd, hd, reinterpret<f32>(word(p, 17)), scores, sStride, f32kv,
+          );
+        }
+      }
+      r += n;
+    }
+  }
 }
 
 /** Bytes of the scratch range each thread's run() is given. */
@@ -91,22 +143,7 @@ export function run(prog: usize, ctrl: usize, tid: i32, nth: i32, scratch: usize
         );
       }
     } else if (op == OP_ATTENTION) {
-      const rows = word(p, 7), nHeads = word(p, 8), nKv = word(p, 9), hd = word(p, 10);
-      const stride = <usize>word(p, 3) << 2, ostride = <usize>word(p, 6) << 2;
-      const group = nHeads / nKv;
-      const scores = ptr(p, 18) + <usize>tid * <usize>word(p, 19);
-      const total = rows * nHeads;
-      for (let i = lo(total, tid, nth); i < lo(total, tid + 1, nth); i++) {
-        const r = i / nHeads, h = i % nHeads;
-        const q = ptr(p, 2) + <usize>r * stride + (<usize>(word(p, 4) + h * hd) << 2);
-        const out = ptr(p, 5) + <usize>r * ostride + (<usize>(h * hd) << 2);
-        const table = ptr(p, 13) + (<usize>load<i32>(ptr(p, 12) + (<usize>r << 2)) << 2);
-        const kvOff = <usize>(h / group) * <usize>hd * (word(p, 20) != 0 ? 4 : 2);
-        attendHead(
-          q, out, load<i32>(ptr(p, 11) + (<usize>r << 2)), table, word(p, 14), ptr(p, 15) + kvOff,
-          ptr(p, 16) + kvOff, nKv * hd, hd, reinterpret<f32>(word(p, 17)), scores, word(p, 20) != 0,
-        );
-      }
+      attention(p, tid, nth);
     } else if (op == OP_SWIGLU) {
       const rows = word(p, 5), stride = <usize>word(p, 4) << 2;
       for (let r = lo(rows, tid, nth); r < lo(rows, tid + 1, nth); r++) {
@@ -118,6 +155,11 @@ export function run(prog: usize, ctrl: usize, tid: i32, nth: i32, scratch: usize
       for (let r = lo(rows, tid, nth); r < lo(rows, tid + 1, nth); r++) {
         rowStats(ptr(p, 2) + (<usize>r * <usize>V << 2), V, ptr(p, 5) + (<usize>r << 4));
       }
+    } else if (op == OP_READ_SWEEP) {
+      // Fields: base, 64-byte units, sink (16 bytes a thread).
+      const units = word(p, 3);
+      const u0 = lo(units, tid, nth), u1 = lo(units, tid + 1, nth);
+      readSweep(ptr(p, 2) + (<usize>u0 << 6), <usize>(u1 - u0) << 6, ptr(p, 4) + (<usize>tid << 4));
     } else {
       unreachable();
     }

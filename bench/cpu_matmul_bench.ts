@@ -1,0 +1,84 @@
+/**
+ * The CPU engine's matmul kernels alone, per weight type, on real-model shapes: weight GB/s at
+ * 1 activation row (decode) against the plain read loop's bandwidth over the same bytes, and
+ * activation rows/s at 16 and 64 rows (prefill). Random weights; the best of --repeats runs.
+ * On a machine shared with other work, --cpu-iters N times N runs by this process's CPU time
+ * (/proc/self/stat) instead of the wall clock, which counts the time the threads were not
+ * scheduled: steadier for A/B comparisons of a kernel change.
+ *
+ *   deno run -A bench/cpu_matmul_bench.ts [--threads 1] [--rows 1,16,64] [--repeats 5] [--types q4_k,q6_k,q5_0,q8_0]
+ */
+import { parseArgs } from "@std/cli/parse-args";
+import { wasmHeap } from "../kernels/wasm/heap.ts";
+import { ActBuffer } from "../kernels/wasm/act_buffer.ts";
+import { ThreadPool } from "../kernels/wasm/pool.ts";
+import { kernelModule } from "../kernels/wasm/kernel_module.ts";
+import { OP, OP_WORDS, ProgramWriter } from "../kernels/wasm/program.ts";
+import { readBandwidth } from "../kernels/wasm/read_bandwidth.ts";
+import { byteSize, TENSOR_TYPES, type TensorType } from "../lib/model/tensor.ts";
+
+const args = parseArgs(Deno.args, {
+  string: ["threads", "rows", "repeats", "types", "cpu-iters"],
+  default: { threads: "1", rows: "1,16,64", repeats: "5", types: "q4_k,q6_k,q5_0,q8_0" },
+});
+const threads = Number(args.threads), repeats = Number(args.repeats);
+const rowCounts = String(args.rows).split(",").map(Number);
+// [type, N (weight rows), K]: Llama-3.2-1B's ffn_up (Q4_K) and ffn_down (Q6_K), Qwen2.5-0.5B's
+// ffn_up (Q5_0) and a Q8_0 of the same shape.
+const ALL_SHAPES: [TensorType, number, number][] = [
+  ["q4_k", 8192, 2048],
+  ["q6_k", 2048, 8192],
+  ["q5_0", 4864, 896],
+  ["q8_0", 4864, 896],
+];
+const SHAPES = ALL_SHAPES.filter(([t]) => String(args.types).split(",").includes(t));
+const cpuIters = Number(args["cpu-iters"] ?? 0);
+const TICKS_PER_S = 100;
+/** This process's user + system CPU time in ms (all threads). */
+function cpuMs(): number {
+  const f = Deno.readTextFileSync("/proc/self/stat").split(") ")[1]!.split(" ");
+  return ((Number(f[11]) + Number(f[12])) * 1000) / TICKS_PER_S;
+}
+const heap = wasmHeap();
+const pool = await ThreadPool.start(heap, kernelModule().module, threads);
+const maxRows = Math.max(...rowCounts);
+console.log(`| type | N × K | MiB | ${rowCounts.map((r) => `${r} row${r > 1 ? "s" : ""}`).join(" | ")} | read loop GB/s |`);
+console.log(`|---|---|---:|${rowCounts.map(() => "---:|").join("")}---:|`);
+for (const [type, N, K] of SHAPES) {
+  const bytes = byteSize(type, [N, K]);
+  const w = heap.alloc(bytes, "bench weights");
+  const u8 = heap.u8(w, bytes);
+  for (let i = 0; i < bytes; i++) u8[i] = (i * 2654435761) >>> 25;
+  const act = new ActBuffer(heap, maxRows, K, "bench activations");
+  const f = heap.f32(act.f, maxRows * K);
+  for (let i = 0; i < f.length; i++) f[i] = Math.sin(i);
+  const out = heap.alloc(maxRows * N * 4, "bench outputs");
+  const prog = heap.alloc(4 * OP_WORDS * 4, "bench program");
+  const cells: string[] = [];
+  for (const rows of rowCounts) {
+    const pw = new ProgramWriter(heap.i32(prog, 4 * OP_WORDS));
+    pw.op(OP.quant, [act.desc, rows, K]).end();
+    await pool.run(prog);
+    new ProgramWriter(heap.i32(prog, 4 * OP_WORDS))
+      .op(OP.matmul, [TENSOR_TYPES.indexOf(type), w, N, K, act.desc, rows, out, N, 0, 0]).end();
+    let best = Infinity;
+    for (let i = 0; i < repeats + 1; i++) {
+      const t0 = performance.now();
+      await pool.run(prog);
+      if (i > 0) best = Math.min(best, performance.now() - t0);
+    }
+    if (cpuIters > 0) {
+      const c0 = cpuMs();
+      for (let i = 0; i < cpuIters; i++) await pool.run(prog);
+      best = (cpuMs() - c0) / cpuIters / threads;
+    }
+    cells.push(rows === 1 ? `${(bytes / best / 1e6).toFixed(1)} GB/s` : `${(rows * 1000 / best).toFixed(0)} rows/s`);
+  }
+  const bw = await readBandwidth(heap, w, bytes, threads, repeats);
+  console.log(`| ${type} | ${N} × ${K} | ${(bytes / 2 ** 20).toFixed(1)} | ${cells.join(" | ")} | ${(bw / 1e9).toFixed(1)} |`);
+  heap.free(w, bytes);
+  heap.free(out, maxRows * N * 4);
+  heap.free(prog, 4 * OP_WORDS * 4);
+  act.free();
+}
+pool.close();
