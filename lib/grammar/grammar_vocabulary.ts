@@ -31,7 +31,7 @@ export function grammarVocabulary(tokenizer: Tokenizer, vocabSize: number): Gram
   for (let id = 0; id < vocabSize; id++) {
     offsets[id] = total;
     if (id >= tokenizer.vocabSize || tokenizer.isSpecial(id)) continue;
-    const token = tokenizer.tokenBytes(id);
+    const token = tokenizer.tokenBytes(id, false);
     if (total + token.length > packed.length) {
       const grown = new Uint8Array(2 * (total + token.length));
       grown.set(packed.subarray(0, total));

@@ -163,22 +163,16 @@ class ConstraintFault extends Error {}
 
 /**
  * A compiler over the vocabulary's tokens that `keep` (the others empty: never allowed), with
- * XGrammar's own unbounded cache off (ours is an LRU). The token views are made only for the
- * call: XGrammar copies their bytes into its heap, and the 151k small objects are garbage after.
+ * XGrammar's own unbounded cache off (ours is an LRU).
  */
 async function compilerFor(
   xg: XGrammar,
   vocab: GrammarVocabulary,
   keep: (token: Uint8Array) => boolean,
 ): Promise<GrammarCompiler> {
-  const none = new Uint8Array(0);
   const info = await xgrammarCall(() =>
     xg.TokenizerInfo.createTokenizerInfo(
-      // XGrammar copies each Uint8Array's bytes as they are (its std::string binding).
-      Array.from({ length: vocab.vocabSize }, (_, id) => {
-        const token = tokenBytes(vocab, id);
-        return keep(token) ? token : none;
-      }) as unknown as string[],
+      lazyTokens(vocab, keep) as unknown as string[],
       "raw",
       false,
       vocab.vocabSize,
@@ -186,6 +180,28 @@ async function compilerFor(
     )
   );
   return await xg.GrammarCompiler.createGrammarCompiler(info, false);
+}
+
+/**
+ * The vocabulary as the array XGrammar reads (its `vecStringFromJSArray` reads `length`, then
+ * each index once, copying each Uint8Array's bytes as they are into its heap), each token's
+ * view made as it is read: an array of 151k views held at once measured +61 MiB per worker,
+ * these are young garbage.
+ */
+function lazyTokens(
+  vocab: GrammarVocabulary,
+  keep: (token: Uint8Array) => boolean,
+): ArrayLike<Uint8Array> {
+  const none = new Uint8Array(0);
+  return new Proxy({ length: vocab.vocabSize } as ArrayLike<Uint8Array>, {
+    get(target, key) {
+      if (typeof key !== "string" || key === "length") return Reflect.get(target, key);
+      const id = Number(key);
+      if (!Number.isInteger(id) || id < 0 || id >= vocab.vocabSize) return undefined;
+      const token = tokenBytes(vocab, id);
+      return keep(token) ? token : none;
+    },
+  });
 }
 
 /**
