@@ -73,3 +73,43 @@ Deno.test("--grammar-preload=false leaves the grammar engine to the first constr
   // Read after the process exited: no background start was logged during its whole life.
   assert(!text.includes("grammar engine +"), text);
 });
+
+Deno.test("with several models, each loaded model starts its grammar engine after its load line, which says so, and the next model its own after an unload", async () => {
+  const { child, base, log, logMatch } = await spawnCpuServer([
+    "--max-loaded-models",
+    "1",
+    ...QWEN(),
+    "--model",
+    compatPath("llama3-like-q4_k_m"),
+  ]);
+  let text = "";
+  try {
+    const first = await fetch(`${base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "qwen2-like-q4_k_m", prompt: "a", max_tokens: 1 }),
+    });
+    assertEquals(first.status, 200, await first.text());
+    const loaded = await logMatch(/model qwen2-like-q4_k_m loaded in .*\n/);
+    assertStringIncludes(loaded[0], "grammar engine starting in the background");
+    const started = await logMatch(
+      /model qwen2-like-q4_k_m: grammar engine \+(\S+ \S+) resident \(1 worker, XGrammar heap (\S+ \S+)\)/,
+    );
+    assert(started.index > loaded.index);
+    assert(parseByteSize(started[2]!.replace(" ", "")) >= MIB, started[0]);
+    // Loading the other model unloads this one (--max-loaded-models 1): its workers go with it.
+    const other = await fetch(`${base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "llama3-like-q4_k_m", prompt: "a", max_tokens: 1 }),
+    });
+    assertEquals(other.status, 200, await other.text());
+    await logMatch(/model qwen2-like-q4_k_m unloaded/);
+    await logMatch(/model llama3-like-q4_k_m: grammar engine \+/);
+  } finally {
+    child.kill("SIGTERM");
+    await child.status;
+    text = await log();
+  }
+  assert(!text.includes("could not start"), text);
+});

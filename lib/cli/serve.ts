@@ -86,7 +86,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     log("stopped before the model finished loading");
     return 0;
   }
-  const { service, core, summary, replica, batches, startGrammars } = first;
+  const { service, core, summary, replica, batches, grammarEngine } = first;
   front.switchTo(service);
   progress.set("ready");
   log(
@@ -100,7 +100,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     ].join("\n"),
   );
   // After the ready line, so readiness never waits for it; its size follows on its own line.
-  if (config.grammarPreload && startGrammars) startGrammarInBackground(startGrammars, log);
+  if (config.grammarPreload && grammarEngine) startGrammarInBackground(grammarEngine.start, log);
   const result = await server.closed;
   if (replica) {
     // Started by the stop request already, whatever it was; asked for here too, so that no way
@@ -162,7 +162,7 @@ async function start(
   const bar = uploadProgress(source.modelPath);
   // Test-only: LLMSERVE_FAULT_STEPS makes chosen engine steps fail (see lib/fault_injection.ts).
   const faults = FaultInjector.fromEnv();
-  const { core, engine, description, startGrammars } = await openServing({
+  const { core, engine, description, grammarEngine } = await openServing({
     ...settings.core,
     model,
     tokenizer,
@@ -232,7 +232,7 @@ async function start(
       `  memory    weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
         formatBytes(mem?.kvCache ?? plan.bytes)
       }${kvResidency(mem)}${
-        startGrammars ? `; ${grammarPendingNote(config.grammarPreload)}` : ""
+        grammarEngine ? `; ${grammarPendingNote(config.grammarPreload)}` : ""
       }`,
       // The engine's own size: auto plans in f32, and the CPU engine holds the blocks in f16.
       `  kv cache  ${numBlocks} blocks x ${plan.blockSize} tokens = ${
@@ -263,7 +263,7 @@ async function start(
         ]
         : []),
     ].join("\n");
-  return { service, core, summary, replica, batches, startGrammars };
+  return { service, core, summary, replica, batches, grammarEngine };
 }
 
 /**

@@ -4,6 +4,7 @@
  * unloads idle ones under --memory-budget, --max-loaded-models and the keep-alive.
  */
 import type { KvPlan } from "../engine/kv_budget.ts";
+import { grammarPendingNote, startGrammarInBackground } from "../serving/grammar_preload.ts";
 import { SpanStatusCode, trace } from "@opentelemetry/api";
 import { createApp, type ServiceApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
@@ -213,6 +214,7 @@ export function withServedNames<M extends CatalogModel>(
 /** The shared pieces every model's app is built with. */
 interface Shared {
   readonly config: Config;
+  readonly log: (line: string) => void;
   readonly chatTemplate?: string;
   readonly requestLog: RequestLog;
   readonly resolved: Promise<ResolvedBackend>;
@@ -370,16 +372,23 @@ async function buildOnFile(
     limits: config,
   }));
   const mem = engineMemory(built.engine);
+  const grammars = built.grammarEngine;
+  const preload = config.grammarPreload && grammars !== undefined;
+  // After the pool's "loaded" line: the load and the request that asked for it never wait on it.
+  if (preload) {
+    setTimeout(() => startGrammarInBackground(grammars.start, shared.log, `model ${m.name}: `));
+  }
   return {
     service,
     bytes: mem === undefined ? m.bytes + plan.bytes : mem.weights + mem.kvCache,
     description,
     reused,
-    ...loadNote(reused, plan),
+    ...loadNote(reused, plan, grammars === undefined ? undefined : preload),
     busy: () => service.inFlight,
     close: async () => {
       shared.replicaSources?.delete(m.name);
       service.close();
+      grammars?.close();
       await core.close();
       return residue;
     },
@@ -387,10 +396,15 @@ async function buildOnFile(
 }
 
 /** What the load log says after "loaded in N s": a reused file, a context shortened to fit. */
-function loadNote(reused: boolean, plan: KvPlan): { note?: string } {
+function loadNote(
+  reused: boolean,
+  plan: KvPlan,
+  grammarPreload: boolean | undefined,
+): { note?: string } {
   const parts = [
     ...(reused ? ["reused its parsed file"] : []),
     ...(plan.why.includes("shortened") ? [`kv cache ${plan.why}`] : []),
+    ...(grammarPreload === undefined ? [] : [grammarPendingNote(grammarPreload)]),
   ];
   return parts.length === 0 ? {} : { note: parts.join("; ") };
 }
@@ -446,6 +460,7 @@ export async function serveModelsCommand(
   const budget = config.memoryBudget ?? freeMemory() ?? Infinity;
   const shared: Shared = {
     config,
+    log,
     chatTemplate,
     requestLog,
     resolved: resolveBackend(config.backend),

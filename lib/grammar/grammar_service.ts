@@ -461,19 +461,36 @@ export function lazyGrammarService(
     req?: ConstraintRequest,
   ): Promise<TokenConstraint>;
   service(): Promise<GrammarService>;
+  /** Ends its workers (the model is unloaded); later requests get GrammarUnavailableError. */
+  close(): void;
 } {
   let service: Promise<GrammarService> | undefined;
-  const get = () =>
-    service ??= GrammarService.create(grammarVocabulary(tokenizer, vocabSize), opts).catch((e) => {
-      service = undefined;
-      throw new GrammarUnavailableError(
-        `Cannot constrain the output: the grammar engine could not be started (${
-          e instanceof Error ? e.message : e
-        }); retry later`,
-      );
-    });
+  let closed = false;
+  const get = () => {
+    if (closed) {
+      return Promise.reject(new GrammarUnavailableError("The grammar service was closed"));
+    }
+    return service ??= GrammarService.create(grammarVocabulary(tokenizer, vocabSize), opts).then(
+      (s) => {
+        if (closed) s.close();
+        return s;
+      },
+      (e) => {
+        service = undefined;
+        throw new GrammarUnavailableError(
+          `Cannot constrain the output: the grammar engine could not be started (${
+            e instanceof Error ? e.message : e
+          }); retry later`,
+        );
+      },
+    );
+  };
   return {
     service: get,
     constraint: async (c, replay, req) => (await get()).constraint(c, replay, req),
+    close: () => {
+      closed = true;
+      service?.then((s) => s.close(), () => {});
+    },
   };
 }

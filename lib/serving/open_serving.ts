@@ -96,10 +96,11 @@ export interface OpenedServing {
   /** What was built and why ("auto"'s note included), for the start-up line and /props. */
   readonly description: string;
   /**
-   * Starts the default grammar service (the one constrained requests use) now rather than on
-   * the first of them; absent when `grammars` was given.
+   * The default grammar service (the one constrained requests use): `start` starts it now
+   * rather than on the first of them, `close` ends its workers with the model. Absent when
+   * `grammars` was given.
    */
-  readonly startGrammars?: () => Promise<GrammarService>;
+  readonly grammarEngine?: { start(): Promise<GrammarService>; close(): void };
 }
 
 /** Builds the engine, warms it up when asked, and starts a serving core on it. */
@@ -169,6 +170,6 @@ export async function openServing(o: OpenServingOptions): Promise<OpenedServing>
     core,
     engine: built.engine,
     description,
-    ...(lazy === undefined ? {} : { startGrammars: lazy.service }),
+    ...(lazy === undefined ? {} : { grammarEngine: { start: lazy.service, close: lazy.close } }),
   };
 }
