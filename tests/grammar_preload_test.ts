@@ -56,7 +56,10 @@ Deno.test("a served model starts its grammar engine after the ready summary and 
 });
 
 Deno.test("--grammar-preload=false leaves the grammar engine to the first constrained request, which still gets its JSON", async () => {
-  const { child, base, log, logMatch } = await spawnCpuServer([...QWEN(), "--grammar-preload=false"]);
+  const { child, base, log, logMatch } = await spawnCpuServer([
+    ...QWEN(),
+    "--grammar-preload=false",
+  ]);
   let text = "";
   try {
     const ready = await logMatch(/\n {2}memory {4}.*\n/);
