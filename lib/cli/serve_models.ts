@@ -404,7 +404,7 @@ function loadNote(
   const parts = [
     ...(reused ? ["reused its parsed file"] : []),
     ...(plan.why.includes("shortened") ? [`kv cache ${plan.why}`] : []),
-    ...(grammarPreload === undefined ? [] : [grammarPendingNote(grammarPreload)]),
+    ...(grammarPreload === undefined ? [] : [grammarPendingNote(grammarPreload, false)]),
   ];
   return parts.length === 0 ? {} : { note: parts.join("; ") };
 }
@@ -562,6 +562,10 @@ export async function serveModelsCommand(
           : `at most ${config.maxLoadedModels} models loaded`
       }; keep-alive ${formatKeepAlive(config.keepAlive)}, a request's at most ${
         formatKeepAlive(keepAliveCap)
+      }; ${
+        config.grammarPreload
+          ? "each model's grammar engine started after its load, its size on a line of its own (--grammar-preload=false: on its first constrained request)"
+          : "grammar engines on each model's first constrained request (--grammar-preload=false)"
       }`,
       `  kv cache  ${
         config.kvMemory === undefined ? "auto" : formatBytes(config.kvMemory)

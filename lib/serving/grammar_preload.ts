@@ -31,11 +31,19 @@ export async function preloadGrammar(
   };
 }
 
-/** The ready summary's memory note while the engine starts, or why it does not. */
-export function grammarPendingNote(preload: boolean): string {
-  return preload
-    ? "grammar engine starting in the background (--grammar-preload=false: on the first constrained request)"
-    : "grammar engine on the first constrained request (--grammar-preload=false)";
+/**
+ * The ready summary's memory note while the engine starts, or why it does not; `flag`: with how
+ * to change it (the several-models load line leaves that to the ready summary).
+ */
+export function grammarPendingNote(preload: boolean, flag = true): string {
+  const note = preload
+    ? "grammar engine starting in the background"
+    : "grammar engine on the first constrained request";
+  return flag
+    ? `${note} (${
+      preload ? "--grammar-preload=false: on the first one" : "--grammar-preload=false"
+    })`
+    : note;
 }
 
 /** "grammar engine +104.6 MiB resident (1 worker, XGrammar heap 16.2 MiB), ready in 1.6 s". */
