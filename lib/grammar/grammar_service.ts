@@ -2,7 +2,11 @@ import { ConstraintError, GrammarUnavailableError } from "./constraint_error.ts"
 import { checkConstraintBounds, checkRoom, type ConstraintNeeds } from "./constraint_bounds.ts";
 import { GRAMMAR_LIMITS, type GrammarLimits } from "./grammar_limits.ts";
 import { type GrammarRestartReason, GrammarThread, ThreadGoneError } from "./grammar_thread.ts";
-import { type GrammarVocabulary, grammarVocabulary, longestToken } from "./grammar_vocabulary.ts";
+import {
+  type GrammarVocabulary,
+  grammarVocabularyInSlices,
+  longestToken,
+} from "./grammar_vocabulary.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { constraintKey, type OutputConstraint } from "./output_constraint.ts";
 import type { TokenConstraint } from "./token_constraint.ts";
@@ -470,7 +474,9 @@ export function lazyGrammarService(
     if (closed) {
       return Promise.reject(new GrammarUnavailableError("The grammar service was closed"));
     }
-    return service ??= GrammarService.create(grammarVocabulary(tokenizer, vocabSize), opts).then(
+    return service ??= grammarVocabularyInSlices(tokenizer, vocabSize).then((vocab) =>
+      GrammarService.create(vocab, opts)
+    ).then(
       (s) => {
         if (closed) s.close();
         return s;

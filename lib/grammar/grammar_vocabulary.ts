@@ -25,10 +25,41 @@ export interface GrammarVocabulary {
  * except the end-of-generation ids it is told are stop tokens.
  */
 export function grammarVocabulary(tokenizer: Tokenizer, vocabSize: number): GrammarVocabulary {
+  const packing = pack(tokenizer, vocabSize);
+  let step = packing.next();
+  while (!step.done) step = packing.next();
+  return step.value;
+}
+
+/**
+ * grammarVocabulary in slices of `slice` tokens with the event loop free between them: 150k
+ * tokens take 0.1-0.4 s, which a server that has just said it is ready should not stall for.
+ */
+export async function grammarVocabularyInSlices(
+  tokenizer: Tokenizer,
+  vocabSize: number,
+  slice = 8192,
+): Promise<GrammarVocabulary> {
+  const packing = pack(tokenizer, vocabSize, slice);
+  let step = packing.next();
+  while (!step.done) {
+    await new Promise((resolve) => setTimeout(resolve, 0));
+    step = packing.next();
+  }
+  return step.value;
+}
+
+/** Packs the vocabulary, pausing (a yield) after every `slice` tokens. */
+function* pack(
+  tokenizer: Tokenizer,
+  vocabSize: number,
+  slice = Infinity,
+): Generator<void, GrammarVocabulary> {
   const offsets = new Uint32Array(new SharedArrayBuffer(4 * (vocabSize + 1)));
   let packed = new Uint8Array(8 * vocabSize);
   let total = 0;
   for (let id = 0; id < vocabSize; id++) {
+    if (id > 0 && id % slice === 0) yield;
     offsets[id] = total;
     if (id >= tokenizer.vocabSize || tokenizer.isSpecial(id)) continue;
     const token = tokenizer.tokenBytes(id, false);
