@@ -1,5 +1,7 @@
 import { assert, assertEquals, assertLess, assertStringIncludes } from "@std/assert";
 import { GRAMMAR_LIMITS } from "../lib/grammar/grammar_limits.ts";
+import { GrammarUnavailableError } from "../lib/grammar/constraint_error.ts";
+import { startGrammarInBackground } from "../lib/serving/grammar_preload.ts";
 import { parseByteSize } from "../lib/util/byte_size.ts";
 import { spawnCpuServer } from "./_serve_child.ts";
 import { compatPath } from "./harness/compat.ts";
@@ -115,4 +117,18 @@ Deno.test("with several models, each loaded model starts its grammar engine afte
     text = await log();
   }
   assert(!text.includes("could not start"), text);
+});
+
+Deno.test("a background start that fails is logged with its reason and that the next constrained request tries again", async () => {
+  const line = await new Promise<string>((resolve) =>
+    startGrammarInBackground(
+      () => Promise.reject(new GrammarUnavailableError("XGrammar's bundle is missing")),
+      resolve,
+      "model m: ",
+    )
+  );
+  assertEquals(
+    line,
+    "model m: grammar engine could not start in the background (XGrammar's bundle is missing); the next constrained request tries again",
+  );
 });
