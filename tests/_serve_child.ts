@@ -7,6 +7,8 @@ export interface ServeChild {
   readonly base: string;
   /** Everything the process wrote on stderr, once it has exited. */
   log(): Promise<string>;
+  /** The first match of `pattern` in stderr, once written (rejects if the process exits first). */
+  logMatch(pattern: RegExp): Promise<RegExpExecArray>;
 }
 
 const LISTENING = /url\s+(http:\/\/\S+?)\//;
@@ -35,14 +37,27 @@ export async function spawnUntilListening(
     log += value;
   }
   const base = LISTENING.exec(log)![1]!;
+  const waiters = new Set<() => boolean>();
   const rest = (async () => {
     for (;;) {
       const { value, done } = await reader.read();
       if (done) return log;
       log += value;
+      for (const w of waiters) if (w()) waiters.delete(w);
     }
   })();
-  return { child, base, log: () => rest };
+  const logMatch = (pattern: RegExp) =>
+    new Promise<RegExpExecArray>((resolve, reject) => {
+      const check = () => {
+        const m = pattern.exec(log);
+        if (m) resolve(m);
+        return m !== null;
+      };
+      if (check()) return;
+      waiters.add(check);
+      rest.then(() => reject(new Error(`the server exited without writing ${pattern}:\n${log}`)));
+    });
+  return { child, base, log: () => rest, logMatch };
 }
 
 /** `main.ts serve` with `backend` on a free port and a small KV pool, then `extra` flags. */

@@ -311,3 +311,40 @@ Deno.test("a grammar engine that cannot start is a GrammarUnavailableError (a 50
   assertStartsAll(await c.nextMask(), tokenizer, vocab, "{");
   (await lazy.service()).close();
 });
+
+Deno.test("a lazy grammar service closed with its model ends its workers: the service it started and later requests answer GrammarUnavailableError", async () => {
+  const { tokenizer, vocab } = await tokenizerOf(modelFile("stories260K.bin"));
+  const lazy = lazyGrammarService(tokenizer, vocab);
+  const started = await lazy.service();
+  const c = await lazy.constraint({ type: "json_object" }, []);
+  assertStartsAll(await c.nextMask(), tokenizer, vocab, "{");
+  lazy.close();
+  await assertRejects(() => c.nextMask(), Error, "closed");
+  await assertRejects(
+    () => started.constraint({ type: "json_schema", schema: '{"type": "string"}' }),
+    GrammarUnavailableError,
+    "closed",
+  );
+  await assertRejects(
+    () => lazy.constraint({ type: "json_object" }, []),
+    GrammarUnavailableError,
+    "closed",
+  );
+});
+
+Deno.test("the pool starts one worker, and a second only for a compile that would wait behind the first", async () => {
+  const { tokenizer, vocab } = await tokenizerOf(modelFile("stories260K.bin"));
+  const grammars = await GrammarService.create(grammarVocabulary(tokenizer, vocab));
+  assertEquals(grammars.heapBytes().length, 1);
+  await grammars.compile({ type: "json_object" });
+  await grammars.compile({ type: "json_schema", schema: '{"type": "string"}' });
+  assertEquals(grammars.heapBytes().length, 1, "compiles one after another share one worker");
+  // The first compile takes ~0.1 s (10,000 pattern states): the second is asked for meanwhile.
+  const slow = '{"type": "string", "pattern": "^(a{0,100}){0,100}$"}';
+  await Promise.all([
+    grammars.compile({ type: "json_schema", schema: slow }),
+    grammars.compile({ type: "json_schema", schema: '{"type": "boolean"}' }),
+  ]);
+  assertEquals(grammars.heapBytes().length, GRAMMAR_LIMITS.workers);
+  grammars.close();
+});

@@ -5,6 +5,7 @@
  * over real nats-server, replicas and router processes, each line's text against the CPU
  * reference engine's greedy text.
  */
+// deno-lint-ignore no-import-prefix -- the official client, pinned as the other tests pin it
 import OpenAI, { toFile } from "npm:openai@7.59.0";
 import { assertEquals, assertGreater } from "@std/assert";
 import { loadModel } from "../lib/model/load_model.ts";

@@ -249,10 +249,10 @@ Deno.test("three models in one server under a budget that fits two", async (t) =
   }
   const log = await server.log();
   assertStringIncludes(log, `model ${A} loaded in`);
-  assertStringIncludes(log, "(3 waiting)");
+  assertStringIncludes(log, "(3 waiting; grammar engine starting in the background)");
   // keep_alive 0 left A's parsed file, and the stream after it reused it (with its tokens).
   assert(
-    new RegExp(`model ${A} loaded in [\\d.]+ s \\(1 waiting; reused its parsed file\\)`).test(log),
+    new RegExp(`model ${A} loaded in [\\d.]+ s \\(1 waiting; reused its parsed file; grammar engine starting in the background\\)`).test(log),
     log,
   );
 });

@@ -154,6 +154,11 @@ export const SETTINGS = {
     help: "serve /metrics without an API key",
     default: "false",
   },
+  grammarPreload: {
+    env: "LLMSERVE_GRAMMAR_PRELOAD",
+    help: "start the structured-output engine (XGrammar over the vocabulary) once the server is ready, so the first response_format request does not wait for it (~100 MiB on a 150k vocabulary); false: start it on the first such request",
+    default: "true",
+  },
   cacheScope: {
     env: "LLMSERVE_CACHE_SCOPE",
     help: "who shares the result and prefix caches: key (each API key its own) | global",
@@ -278,13 +283,13 @@ const positiveInt = () =>
   );
 
 /** A switch: the flag alone (true), or a variable set to true, false, 1 or 0. */
-const flag = () =>
+const flag = (value = false) =>
   z.union([
     z.boolean(),
     z.enum(["true", "false", "1", "0"], { error: "expected true, false, 1 or 0" }).transform((v) =>
       v === "true" || v === "1"
     ),
-  ]).default(false);
+  ]).default(value);
 
 const seconds = () =>
   z.coerce.number({ error: "must be a number of seconds" }).positive("must be positive");
@@ -366,6 +371,7 @@ export const ConfigSchema = z.object({
   logProbes: flag(),
   chatTemplate: z.string().min(1).optional(),
   metricsPublic: flag(),
+  grammarPreload: flag(D.grammarPreload.default === "true"),
   // Off by default: benchmarks and soak runs repeat requests to measure the engine, and a
   // cache would answer them instead.
   resultCache: byteSize(D.resultCache.default),

@@ -9,6 +9,7 @@ import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import type { Config } from "./config.ts";
 import { CoreBackend } from "../serving/core_backend.ts";
+import { grammarPendingNote, startGrammarInBackground } from "../serving/grammar_preload.ts";
 import { engineMemory, modelAllocator, modelPlacement, resolveBackend } from "../serving/engine_factory.ts";
 import { openServing, planServing } from "../serving/open_serving.ts";
 import { servingSettings } from "./serving_settings.ts";
@@ -85,7 +86,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     log("stopped before the model finished loading");
     return 0;
   }
-  const { service, core, summary, replica, batches } = first;
+  const { service, core, summary, replica, batches, grammarEngine } = first;
   front.switchTo(service);
   progress.set("ready");
   log(
@@ -98,6 +99,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
       }; timeouts: header ${config.headerTimeout} s, body ${config.bodyTimeout} s, keep-alive ${config.keepAliveTimeout} s`,
     ].join("\n"),
   );
+  // After the ready line, so readiness never waits for it; its size follows on its own line.
+  if (config.grammarPreload && grammarEngine) startGrammarInBackground(grammarEngine.start, log);
   const result = await server.closed;
   if (replica) {
     // Started by the stop request already, whatever it was; asked for here too, so that no way
@@ -160,7 +163,7 @@ async function start(
   const bar = uploadProgress(source.modelPath);
   // Test-only: LLMSERVE_FAULT_STEPS makes chosen engine steps fail (see lib/fault_injection.ts).
   const faults = FaultInjector.fromEnv();
-  const { core, engine, description } = await openServing({
+  const { core, engine, description, grammarEngine } = await openServing({
     ...settings.core,
     model,
     tokenizer,
@@ -229,7 +232,9 @@ async function start(
       `  backend   ${describeWithGpuApi(description)}`,
       `  memory    weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
         formatBytes(mem?.kvCache ?? plan.bytes)
-      }${kvResidency(mem)}`,
+      }${kvResidency(mem)}${
+        grammarEngine ? `; ${grammarPendingNote(config.grammarPreload)}` : ""
+      }`,
       // The engine's own size: auto plans in f32, and the CPU engine holds the blocks in f16.
       `  kv cache  ${numBlocks} blocks x ${plan.blockSize} tokens = ${
         formatBytes(mem?.kvCache ?? plan.bytes)
@@ -259,7 +264,7 @@ async function start(
         ]
         : []),
     ].join("\n");
-  return { service, core, summary, replica, batches };
+  return { service, core, summary, replica, batches, grammarEngine };
 }
 
 /**

@@ -42,6 +42,7 @@ export const FLAG_NAMES: Record<string, SettingName> = {
   "chat-template": "chatTemplate",
   "metrics-public": "metricsPublic",
   "result-cache": "resultCache",
+  "grammar-preload": "grammarPreload",
   "cache-scope": "cacheScope",
   "nats": "nats",
   "nats-creds": "natsCreds",
@@ -78,7 +79,7 @@ export const SERVE_ALIASES: Readonly<Record<string, string>> = {
 };
 
 /** Flags that take no value. */
-const BOOLEAN_FLAGS = ["metrics-public", "log-probes", "all-models"];
+const BOOLEAN_FLAGS = ["metrics-public", "log-probes", "all-models", "grammar-preload"];
 
 function usage(): string {
   const rows = Object.entries(FLAG_NAMES).map(([flag, name]) => {

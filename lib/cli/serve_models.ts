@@ -4,6 +4,7 @@
  * unloads idle ones under --memory-budget, --max-loaded-models and the keep-alive.
  */
 import type { KvPlan } from "../engine/kv_budget.ts";
+import { grammarPendingNote, startGrammarInBackground } from "../serving/grammar_preload.ts";
 import { SpanStatusCode, trace } from "@opentelemetry/api";
 import { createApp, type ServiceApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
@@ -214,6 +215,7 @@ export function withServedNames<M extends CatalogModel>(
 /** The shared pieces every model's app is built with. */
 interface Shared {
   readonly config: Config;
+  readonly log: (line: string) => void;
   readonly chatTemplate?: string;
   readonly requestLog: RequestLog;
   readonly resolved: Promise<ResolvedBackend>;
@@ -378,16 +380,23 @@ async function buildOnFile(
     limits: config,
   }));
   const mem = engineMemory(built.engine);
+  const grammars = built.grammarEngine;
+  const preload = config.grammarPreload && grammars !== undefined;
+  // After the pool's "loaded" line: the load and the request that asked for it never wait on it.
+  if (preload) {
+    setTimeout(() => startGrammarInBackground(grammars.start, shared.log, `model ${m.name}: `));
+  }
   return {
     service,
     bytes: mem === undefined ? m.bytes + plan.bytes : mem.weights + mem.kvCache,
     description,
     reused,
-    ...loadNote(reused, plan),
+    ...loadNote(reused, plan, grammars === undefined ? undefined : preload),
     busy: () => service.inFlight,
     close: async () => {
       shared.replicaSources?.delete(m.name);
       service.close();
+      grammars?.close();
       await core.close();
       return residue;
     },
@@ -395,10 +404,15 @@ async function buildOnFile(
 }
 
 /** What the load log says after "loaded in N s": a reused file, a context shortened to fit. */
-function loadNote(reused: boolean, plan: KvPlan): { note?: string } {
+function loadNote(
+  reused: boolean,
+  plan: KvPlan,
+  grammarPreload: boolean | undefined,
+): { note?: string } {
   const parts = [
     ...(reused ? ["reused its parsed file"] : []),
     ...(plan.why.includes("shortened") ? [`kv cache ${plan.why}`] : []),
+    ...(grammarPreload === undefined ? [] : [grammarPendingNote(grammarPreload, false)]),
   ];
   return parts.length === 0 ? {} : { note: parts.join("; ") };
 }
@@ -454,6 +468,7 @@ export async function serveModelsCommand(
   const budget = config.memoryBudget ?? freeMemory() ?? Infinity;
   const shared: Shared = {
     config,
+    log,
     chatTemplate,
     requestLog,
     resolved: resolveBackend(config.backend),
@@ -555,6 +570,10 @@ export async function serveModelsCommand(
           : `at most ${config.maxLoadedModels} models loaded`
       }; keep-alive ${formatKeepAlive(config.keepAlive)}, a request's at most ${
         formatKeepAlive(keepAliveCap)
+      }; ${
+        config.grammarPreload
+          ? "each model's grammar engine started after its load, its size on a line of its own (--grammar-preload=false: on its first constrained request)"
+          : "grammar engines on each model's first constrained request (--grammar-preload=false)"
       }`,
       `  kv cache  ${
         config.kvMemory === undefined ? "auto" : formatBytes(config.kvMemory)

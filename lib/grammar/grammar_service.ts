@@ -2,7 +2,11 @@ import { ConstraintError, GrammarUnavailableError } from "./constraint_error.ts"
 import { checkConstraintBounds, checkRoom, type ConstraintNeeds } from "./constraint_bounds.ts";
 import { GRAMMAR_LIMITS, type GrammarLimits } from "./grammar_limits.ts";
 import { type GrammarRestartReason, GrammarThread, ThreadGoneError } from "./grammar_thread.ts";
-import { type GrammarVocabulary, grammarVocabulary } from "./grammar_vocabulary.ts";
+import {
+  type GrammarVocabulary,
+  grammarVocabularyInSlices,
+  longestToken,
+} from "./grammar_vocabulary.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { constraintKey, type OutputConstraint } from "./output_constraint.ts";
 import type { TokenConstraint } from "./token_constraint.ts";
@@ -104,26 +108,37 @@ export class GrammarService {
     this.vocabSize = vocab.vocabSize;
     this.stopIds = vocab.stopIds;
     this.limits = opts.limits ?? GRAMMAR_LIMITS;
-    this.longestToken = vocab.tokens.reduce((n, t) => Math.max(n, t.length), 1);
+    this.longestToken = longestToken(vocab);
     this.#capacity = opts.cacheEntries ?? DEFAULT_CACHE_ENTRIES;
     this.#onRestart = opts.onRestart;
     this.#bundle = opts.bundle;
   }
 
-  /** Starts the pool's workers; rejects when XGrammar cannot be started. */
+  /**
+   * Starts the pool's first worker; rejects when XGrammar cannot be started. The others start
+   * only when a compile would otherwise wait behind a busy one (#pick): each holds its own
+   * XGrammar tokenizer data and runtime (~60-90 MiB on a 150k vocabulary), which a server
+   * constraining one request at a time never needs twice.
+   */
   static async create(
     vocab: GrammarVocabulary,
     opts: GrammarServiceOptions = {},
   ): Promise<GrammarService> {
     const service = new GrammarService(vocab, opts);
-    for (let i = 0; i < service.limits.workers; i++) service.#threads.push(service.#start());
+    const first = service.#start();
+    service.#threads.push(first);
     try {
-      await Promise.all(service.#threads.map((t) => t.ready));
+      await first.ready;
     } catch (e) {
       service.close();
       throw e;
     }
     return service;
+  }
+
+  /** Bytes of XGrammar's WebAssembly heap in each live worker that has started. */
+  heapBytes(): number[] {
+    return this.#threads.flatMap((t) => t.alive && t.heapBytes > 0 ? [t.heapBytes] : []);
   }
 
   stats(): GrammarServiceStats {
@@ -173,6 +188,8 @@ export class GrammarService {
   async #pick(): Promise<GrammarThread> {
     if (this.#closed) throw new GrammarUnavailableError("The grammar service was closed");
     this.#threads = this.#threads.map((t) => t.alive ? t : this.#start());
+    const idle = this.#threads.some((t) => t.compiling === 0);
+    if (!idle && this.#threads.length < this.limits.workers) this.#threads.push(this.#start());
     let failure: unknown;
     for (const thread of [...this.#threads].sort((a, b) => a.load - b.load)) {
       thread.compiling++;
@@ -448,19 +465,38 @@ export function lazyGrammarService(
     req?: ConstraintRequest,
   ): Promise<TokenConstraint>;
   service(): Promise<GrammarService>;
+  /** Ends its workers (the model is unloaded); later requests get GrammarUnavailableError. */
+  close(): void;
 } {
   let service: Promise<GrammarService> | undefined;
-  const get = () =>
-    service ??= GrammarService.create(grammarVocabulary(tokenizer, vocabSize), opts).catch((e) => {
-      service = undefined;
-      throw new GrammarUnavailableError(
-        `Cannot constrain the output: the grammar engine could not be started (${
-          e instanceof Error ? e.message : e
-        }); retry later`,
-      );
-    });
+  let closed = false;
+  const get = () => {
+    if (closed) {
+      return Promise.reject(new GrammarUnavailableError("The grammar service was closed"));
+    }
+    return service ??= grammarVocabularyInSlices(tokenizer, vocabSize).then((vocab) =>
+      GrammarService.create(vocab, opts)
+    ).then(
+      (s) => {
+        if (closed) s.close();
+        return s;
+      },
+      (e) => {
+        service = undefined;
+        throw new GrammarUnavailableError(
+          `Cannot constrain the output: the grammar engine could not be started (${
+            e instanceof Error ? e.message : e
+          }); retry later`,
+        );
+      },
+    );
+  };
   return {
     service: get,
     constraint: async (c, replay, req) => (await get()).constraint(c, replay, req),
+    close: () => {
+      closed = true;
+      service?.then((s) => s.close(), () => {});
+    },
   };
 }

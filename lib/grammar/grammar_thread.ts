@@ -58,12 +58,17 @@ export class GrammarThread {
     this.#worker.on("message", (reply: GrammarReply) => this.#answer(reply));
     this.#worker.on("error", (e: Error) => this.#end("crash", `it failed: ${e.message}`));
     this.#worker.on("exit", () => this.#end("crash", "it exited"));
-    this.ready = this.call({ op: "init", call: 0, vocab }).then(() => {}, (e) => {
+    this.ready = this.call({ op: "init", call: 0, vocab }).then((r) => {
+      if (r.ok) this.heapBytes = r.heapBytes ?? 0;
+    }, (e) => {
       this.#end("crash", `it could not start: ${e instanceof Error ? e.message : e}`);
       throw e;
     });
     this.ready.catch(() => {});
   }
+
+  /** XGrammar's WebAssembly heap once the worker held the vocabulary (0 before). */
+  heapBytes = 0;
 
   get alive(): boolean {
     return this.#dead === undefined;

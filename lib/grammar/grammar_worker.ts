@@ -9,7 +9,7 @@
  * no answer. Masks go back as transferred buffers (no copy).
  */
 import { parentPort, workerData } from "node:worker_threads";
-import type { GrammarVocabulary } from "./grammar_vocabulary.ts";
+import { type GrammarVocabulary, tokenBytes } from "./grammar_vocabulary.ts";
 import type { OutputConstraint } from "./output_constraint.ts";
 import {
   type CompiledGrammar,
@@ -19,6 +19,7 @@ import {
   type XGrammar,
   xgrammarCall,
   XGrammarError,
+  xgrammarHeapBytes,
 } from "./xgrammar.ts";
 
 export type GrammarRequest =
@@ -39,7 +40,8 @@ export interface MaskItem {
 export type MaskAnswer = { mask: Uint32Array } | { refused: number } | { error: string };
 
 export type GrammarReply =
-  | { call: number; ok: true; masks?: MaskAnswer[]; refusedAt?: number }
+  /** `heapBytes` (init's answer): XGrammar's WebAssembly heap once it holds the vocabulary. */
+  | { call: number; ok: true; masks?: MaskAnswer[]; refusedAt?: number; heapBytes?: number }
   /**
    * `constraint`: the request's grammar is at fault (a 400), else an internal failure.
    * `trapped`: XGrammar's WebAssembly trapped; this worker must not be used again.
@@ -76,8 +78,8 @@ class GrammarHost {
       case "init": {
         this.#xg = await loadXGrammar(this.memoryBytes, this.bundle);
         this.#vocab = req.vocab;
-        this.#jsonCompiler = await compilerFor(this.#xg, jsonVocabulary(req.vocab));
-        return { call: req.call, ok: true };
+        this.#jsonCompiler = await compilerFor(this.#xg, req.vocab, jsonToken);
+        return { call: req.call, ok: true, heapBytes: xgrammarHeapBytes() };
       }
       case "compile": {
         const grammar = await this.#compile(req.constraint);
@@ -145,7 +147,7 @@ class GrammarHost {
             l.separators,
           );
         case "grammar":
-          this.#textCompiler ??= await compilerFor(this.#xg!, this.#vocab!);
+          this.#textCompiler ??= await compilerFor(this.#xg!, this.#vocab!, () => true);
           return this.#textCompiler.compileGrammar(c.grammar);
       }
     }).catch((e) => {
@@ -159,12 +161,18 @@ class GrammarHost {
 /** The request's own grammar cannot be compiled (the client's 400). */
 class ConstraintFault extends Error {}
 
-/** A compiler over a vocabulary (XGrammar's own unbounded cache off: ours is an LRU). */
-async function compilerFor(xg: XGrammar, vocab: GrammarVocabulary): Promise<GrammarCompiler> {
+/**
+ * A compiler over the vocabulary's tokens that `keep` (the others empty: never allowed), with
+ * XGrammar's own unbounded cache off (ours is an LRU).
+ */
+async function compilerFor(
+  xg: XGrammar,
+  vocab: GrammarVocabulary,
+  keep: (token: Uint8Array) => boolean,
+): Promise<GrammarCompiler> {
   const info = await xgrammarCall(() =>
     xg.TokenizerInfo.createTokenizerInfo(
-      // XGrammar copies each Uint8Array's bytes as they are (its std::string binding).
-      vocab.tokens as unknown as string[],
+      lazyTokens(vocab, keep) as unknown as string[],
       "raw",
       false,
       vocab.vocabSize,
@@ -175,15 +183,35 @@ async function compilerFor(xg: XGrammar, vocab: GrammarVocabulary): Promise<Gram
 }
 
 /**
- * The vocabulary JSON is made of: tokens holding a byte below 0x20 left out. Our JSON layout
- * has no newline or tab, and inside a string JSON forbids raw control characters, yet XGrammar
- * 0.1.27's string rule under minLength/maxLength (`[^"\\\r\n]{0,n}`) admits them: a tab or
- * \x1a token then made the output unparseable.
+ * The vocabulary as the array XGrammar reads (its `vecStringFromJSArray` reads `length`, then
+ * each index once, copying each Uint8Array's bytes as they are into its heap), each token's
+ * view made as it is read: an array of 151k views held at once measured +61 MiB per worker,
+ * these are young garbage.
  */
-function jsonVocabulary(vocab: GrammarVocabulary): GrammarVocabulary {
+function lazyTokens(
+  vocab: GrammarVocabulary,
+  keep: (token: Uint8Array) => boolean,
+): ArrayLike<Uint8Array> {
   const none = new Uint8Array(0);
-  const tokens = vocab.tokens.map((t) => t.some((b) => b < 0x20) ? none : t);
-  return { ...vocab, tokens };
+  return new Proxy({ length: vocab.vocabSize } as ArrayLike<Uint8Array>, {
+    get(target, key) {
+      if (typeof key !== "string" || key === "length") return Reflect.get(target, key);
+      const id = Number(key);
+      if (!Number.isInteger(id) || id < 0 || id >= vocab.vocabSize) return undefined;
+      const token = tokenBytes(vocab, id);
+      return keep(token) ? token : none;
+    },
+  });
+}
+
+/**
+ * Whether a token belongs to the vocabulary JSON is made of: none holding a byte below 0x20.
+ * Our JSON layout has no newline or tab, and inside a string JSON forbids raw control
+ * characters, yet XGrammar 0.1.27's string rule under minLength/maxLength (`[^"\\\r\n]{0,n}`)
+ * admits them: a tab or \x1a token then made the output unparseable.
+ */
+function jsonToken(token: Uint8Array): boolean {
+  return !token.some((b) => b < 0x20);
 }
 
 /**

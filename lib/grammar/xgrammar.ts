@@ -35,6 +35,17 @@ const diagnostics: string[] = [];
 
 let loading: Promise<XGrammar> | undefined;
 
+/** XGrammar's WebAssembly memory, once instantiated (see withHeapProbe). */
+let heap: WebAssembly.Memory | undefined;
+
+/**
+ * Bytes of XGrammar's WebAssembly heap in this thread (it only grows): what its tokenizer data,
+ * compilers and grammars take. 0 before XGrammar is first used here.
+ */
+export function xgrammarHeapBytes(): number {
+  return heap?.buffer.byteLength ?? 0;
+}
+
 /**
  * The XGrammar module, loaded once per process (its WebAssembly is instantiated on first use by
  * XGrammar itself), its WebAssembly heap bounded to `memoryBytes`, from `file` (the bundle of
@@ -53,7 +64,7 @@ export function loadXGrammar(
   file: string = XGRAMMAR_BUNDLE,
 ): Promise<XGrammar> {
   loading ??= (async () => {
-    const source = withHeapMax(await Deno.readTextFile(file), memoryBytes);
+    const source = withHeapProbe(withHeapMax(await Deno.readTextFile(file), memoryBytes));
     const module = { exports: {} as Record<string, unknown> };
     const quiet = {
       ...console,
@@ -68,9 +79,11 @@ export function loadXGrammar(
       "__filename",
       "__dirname",
       "console",
+      "__heap",
       source,
     );
-    run(module.exports, createRequire(file), module, file, dirname(file), quiet);
+    const probe = (m: WebAssembly.Memory) => heap = m;
+    run(module.exports, createRequire(file), module, file, dirname(file), quiet, probe);
     return module.exports as unknown as XGrammar;
   })();
   return loading;
@@ -90,6 +103,18 @@ function withHeapMax(source: string, bytes: number | undefined): string {
     throw new Error(`XGrammar ${pkg.version}'s bundle has no '${HEAP_MAX}' to bound its memory`);
   }
   return source.replace(HEAP_MAX, `getHeapMax=()=>${Math.floor(bytes / 65536) * 65536}`);
+}
+
+/** Where the bundle takes its WebAssembly memory from the instance. */
+const HEAP_SET = 'wasmMemory=wasmExports["S"];';
+
+/**
+ * The bundle with its WebAssembly memory handed to `__heap` as it is instantiated, for
+ * xgrammarHeapBytes; a bundle that no longer says it that way is run as it is (the size then
+ * reads 0, and nothing else depends on it).
+ */
+function withHeapProbe(source: string): string {
+  return source.replace(HEAP_SET, `${HEAP_SET}__heap(wasmMemory);`);
 }
 
 function keep(args: unknown[]): void {

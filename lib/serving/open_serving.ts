@@ -12,7 +12,7 @@ import type { ConstraintCompiler, TextCodec } from "../../actors/request.ts";
 import type { SchedulerConfig } from "../core/scheduler.ts";
 import { type Engine, type KvGeometry, stepTokens } from "../engine/engine.ts";
 import type { KvPlan, KvRequest } from "../engine/kv_budget.ts";
-import { lazyGrammarService } from "../grammar/grammar_service.ts";
+import { type GrammarService, lazyGrammarService } from "../grammar/grammar_service.ts";
 import type { ServiceMetrics } from "../http/service_metrics.ts";
 import type { Model } from "../model/weights.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
@@ -95,6 +95,12 @@ export interface OpenedServing {
   readonly engine: Engine;
   /** What was built and why ("auto"'s note included), for the start-up line and /props. */
   readonly description: string;
+  /**
+   * The default grammar service (the one constrained requests use): `start` starts it now
+   * rather than on the first of them, `close` ends its workers with the model. Absent when
+   * `grammars` was given.
+   */
+  readonly grammarEngine?: { start(): Promise<GrammarService>; close(): void };
 }
 
 /** Builds the engine, warms it up when asked, and starts a serving core on it. */
@@ -122,6 +128,14 @@ export async function openServing(o: OpenServingOptions): Promise<OpenedServing>
   const wrap = o.wrapEngine ?? ((e: Engine) => e);
   const rebuild = rebuildBackend(description, o.backend);
   const { metrics, executor } = o;
+  const lazy = o.grammars === undefined
+    ? lazyGrammarService(o.tokenizer, o.model.config.vocabSize, {
+      onRestart: (reason, why) => {
+        console.error(`grammar worker ended (${reason}): ${why}`);
+        metrics?.observeGrammarRestart(reason);
+      },
+    })
+    : undefined;
   const core = new ServingCore({
     engine: wrap(built.engine),
     engineFactory: async () =>
@@ -129,12 +143,7 @@ export async function openServing(o: OpenServingOptions): Promise<OpenedServing>
         (await createEngine(o.model, rebuild, o.kv, o.limits, undefined, engineOptions)).engine,
       ),
     codec: o.codec ?? o.tokenizer,
-    grammars: o.grammars ?? lazyGrammarService(o.tokenizer, o.model.config.vocabSize, {
-      onRestart: (reason, why) => {
-        console.error(`grammar worker ended (${reason}): ${why}`);
-        metrics?.observeGrammarRestart(reason);
-      },
-    }),
+    grammars: o.grammars ?? lazy!,
     ...(o.maxInFlight === undefined ? {} : { maxInFlight: o.maxInFlight }),
     scheduler: {
       maxBatchTokens: o.limits.maxBatchTokens,
@@ -157,5 +166,10 @@ export async function openServing(o: OpenServingOptions): Promise<OpenedServing>
       },
     },
   });
-  return { core, engine: built.engine, description };
+  return {
+    core,
+    engine: built.engine,
+    description,
+    ...(lazy === undefined ? {} : { grammarEngine: { start: lazy.service, close: lazy.close } }),
+  };
 }
