@@ -8,7 +8,7 @@
  * takes 0.6-4 s on the 128k/152k vocabularies, so those compare steps 0-2 of each prompt (their
  * margins are all above 14 nats), TinyLlama's files steps 0-3, the stories260K carriers all 32.
  */
-import { assert, assertEquals, assertLess } from "@std/assert";
+import { assert, assertEquals, assertLess, assertRejects } from "@std/assert";
 import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
 import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
 import { GREEDY, type SeqInput } from "../lib/engine/engine.ts";
@@ -78,13 +78,16 @@ for (
     "qwen3-like-q4_k_m",
   ] as const
 ) {
-  Deno.test(`${stem} on webgpu with an f16 KV cache: greedy tokens equal llama.cpp's where its margin > 0.5, logprobs within tolerance`, async () => {
+  Deno.test(`${stem} on webgpu with an f16 KV cache: greedy tokens equal llama.cpp's where its margin > 0.5, logprobs within tolerance (a device without shader-f16, as on OpenGL ES, refuses it by name)`, async () => {
     const [model, fx] = await Promise.all([loadModel(compatPath(stem)), readFixture(stem)]);
-    const gpu = await WebGpuEngine.create(model.config, model.weights, KV, {
-      gpu: await testGpu(),
-      kvDtype: "f16",
-      maxSeqs: 8,
-    });
+    const device = await testGpu();
+    const create = () =>
+      WebGpuEngine.create(model.config, model.weights, KV, { gpu: device, kvDtype: "f16", maxSeqs: 8 });
+    if (!device.hasShaderF16) {
+      await assertRejects(create, Error, "an f16 KV cache needs the device's shader-f16 feature");
+      return;
+    }
+    const gpu = await create();
     try {
       assertEquals(gpu.kvDtype, "f16");
       const steps = stem.startsWith("stories") ? 32 : 3;
