@@ -15,6 +15,7 @@ import { drainedLine } from "./serve_lines.ts";
 import { openFileLimit } from "../util/fd_limit.ts";
 import type { RunNeeds } from "./permissions.ts";
 import { batchQueueFor } from "./batch_queue_config.ts";
+import { BATCH_FLAG_NAMES } from "./serve_args.ts";
 
 const FLAG_NAMES: Record<string, SettingName> = {
   "nats": "nats",
@@ -27,16 +28,7 @@ const FLAG_NAMES: Record<string, SettingName> = {
   "cache-scope": "cacheScope",
   "by-model": "byModel",
   // The router keeps the Batch API's files and batches; each line goes through its routing.
-  "data-dir": "dataDir",
-  "batch-concurrency": "batchConcurrency",
-  "batch-max-file-size": "batchMaxFileSize",
-  "batch-max-lines": "batchMaxLines",
-  "batch-max-active": "batchMaxActive",
-  "batch-max-uploads": "batchMaxUploads",
-  "batch-max-uploads-per-key": "batchMaxUploadsPerKey",
-  "batch-max-storage": "batchMaxStorage",
-  "batch-max-files": "batchMaxFiles",
-  "batch-retention": "batchRetention",
+  ...BATCH_FLAG_NAMES,
 };
 
 /** Where the router's flag means something other than the server's. */

@@ -11,6 +11,20 @@ import { versionLine } from "./version.ts";
 import { type Config, resolveConfig, settingDefault, type SettingName, SETTINGS } from "./config.ts";
 import { readModelsConfig } from "./models_config.ts";
 
+/** The Batch API's flags: a server's and a router's alike (both keep files and batches). */
+export const BATCH_FLAG_NAMES: Record<string, SettingName> = {
+  "data-dir": "dataDir",
+  "batch-concurrency": "batchConcurrency",
+  "batch-max-file-size": "batchMaxFileSize",
+  "batch-max-lines": "batchMaxLines",
+  "batch-max-active": "batchMaxActive",
+  "batch-max-uploads": "batchMaxUploads",
+  "batch-max-uploads-per-key": "batchMaxUploadsPerKey",
+  "batch-max-storage": "batchMaxStorage",
+  "batch-max-files": "batchMaxFiles",
+  "batch-retention": "batchRetention",
+};
+
 export const FLAG_NAMES: Record<string, SettingName> = {
   "model": "model",
   "all-models": "allModels",
@@ -52,16 +66,7 @@ export const FLAG_NAMES: Record<string, SettingName> = {
   "keep-alive-timeout": "keepAliveTimeout",
   "cors-origin": "corsOrigin",
   "allowed-host": "allowedHost",
-  "data-dir": "dataDir",
-  "batch-concurrency": "batchConcurrency",
-  "batch-max-file-size": "batchMaxFileSize",
-  "batch-max-lines": "batchMaxLines",
-  "batch-max-active": "batchMaxActive",
-  "batch-max-uploads": "batchMaxUploads",
-  "batch-max-uploads-per-key": "batchMaxUploadsPerKey",
-  "batch-max-storage": "batchMaxStorage",
-  "batch-max-files": "batchMaxFiles",
-  "batch-retention": "batchRetention",
+  ...BATCH_FLAG_NAMES,
 };
 
 /** llama-server's spellings of the same flags (`llama-server -m x -c 4096 --port 8080`). */

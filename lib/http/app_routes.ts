@@ -1,5 +1,17 @@
 import type { CoreStats, GenerationBackend } from "../core/generation.ts";
 import { createApp } from "./app.ts";
+
+/** What a model with nothing loaded or running reports: nothing running, nothing held. */
+export const IDLE_STATS: CoreStats = {
+  running: 0,
+  waiting: 0,
+  kvBlocksUsed: 0,
+  kvBlocksTotal: 0,
+  prefixCacheHitRate: 0,
+  steps: 0,
+  lastBatchSize: 0,
+  executorHealthy: true,
+};
 import type { RegisteredRoute } from "./route_table.ts";
 
 /** Nothing to run: the app built over it is only read for its routes, never served. */
@@ -16,16 +28,7 @@ const ROUTES_ONLY: GenerationBackend = {
   bosToken: "",
   eosToken: "",
   specialTokens: [],
-  stats: (): CoreStats => ({
-    running: 0,
-    waiting: 0,
-    kvBlocksUsed: 0,
-    kvBlocksTotal: 0,
-    prefixCacheHitRate: 0,
-    steps: 0,
-    lastBatchSize: 0,
-    executorHealthy: true,
-  }),
+  stats: (): CoreStats => IDLE_STATS,
 };
 
 let routes: readonly RegisteredRoute[] | undefined;

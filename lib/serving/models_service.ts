@@ -4,12 +4,12 @@
  * to the one its `model` field names, loading it first through the pool. What is about all
  * models (/v1/models, /health, /ready, /metrics) it answers itself.
  */
+import { IDLE_STATS } from "../http/app_routes.ts";
 import { decodeBody } from "../http/body.ts";
 import { HTTP_DEFAULTS } from "../http/defaults.ts";
 import { Hono } from "hono";
 import { upgradeWebSocket } from "@hono/node-server";
 import type { WSContext } from "hono/ws";
-import type { CoreStats } from "../core/generation.ts";
 import type { ErrorFrame, LoadingFrame } from "../http/protocol.ts";
 import type { AppContext, DrainResult, ServiceApp } from "../http/app.ts";
 import { ApiKeyVerifier, keyScope } from "../http/auth.ts";
@@ -91,17 +91,6 @@ export interface ModelsServiceOptions {
   readonly extend?: (app: Hono, ctx: AppContext) => void;
 }
 
-/** What an unloaded model's gauges say: nothing running, nothing held. */
-const IDLE_STATS: CoreStats = {
-  running: 0,
-  waiting: 0,
-  kvBlocksUsed: 0,
-  kvBlocksTotal: 0,
-  prefixCacheHitRate: 0,
-  steps: 0,
-  lastBatchSize: 0,
-  executorHealthy: true,
-};
 
 /** POST routes whose JSON body names the model. */
 export const BODY_ROUTES: ReadonlySet<string> = new Set([
