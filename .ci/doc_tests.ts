@@ -18,12 +18,12 @@
 
 /** Files whose examples drive a WebGPU device: type-checked, not run. */
 export const GPU_EXAMPLES: readonly string[] = [
-  "kernels/classifier.ts",
-  "kernels/device.ts",
-  "kernels/dispatch_count.ts",
-  "kernels/gpu_matrix.ts",
-  "kernels/matmul.ts",
-  "kernels/webgpu_engine.ts",
+  "kernels/webgpu/classifier.ts",
+  "kernels/webgpu/device.ts",
+  "kernels/webgpu/dispatch_count.ts",
+  "kernels/webgpu/gpu_matrix.ts",
+  "kernels/webgpu/matmul.ts",
+  "kernels/webgpu/webgpu_engine.ts",
   "bench/kernels_bench.ts",
   "bench/matmul_formats_bench.ts",
 ];
@@ -59,7 +59,7 @@ const NEEDS_DEVICE = /\bacquireGpu\s*\(|\bnavigator\.gpu\b|\brequestAdapter\s*\(
  * while not in {@linkcode GPU_EXAMPLES}. Run by the check, such an example creates a device in
  * a process without the preload that exits through `_exit`, and on OpenGL ES the process may
  * then crash at exit (seen: `malloc_consolidate(): invalid chunk size` after every example
- * passed, kernels/dispatch_count.ts's).
+ * passed, kernels/webgpu/dispatch_count.ts's).
  */
 export function unlistedGpuExamples(root: string, files: readonly string[]): string[] {
   return files.filter((f) => {

@@ -39,7 +39,7 @@ export interface ServingCoreOptions {
  * ```ts
  * import { assertEquals } from "@std/assert";
  * import { GREEDY } from "../lib/engine/engine.ts";
- * import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+ * import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
  * import { loadModel } from "../lib/model/load_model.ts";
  * import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
  *

@@ -4,7 +4,7 @@
  *
  *   deno run --allow-all bench/adapter_info.ts
  */
-import { isCpuRasterizer } from "../kernels/adapter.ts";
+import { isCpuRasterizer } from "../kernels/webgpu/adapter.ts";
 
 const adapter = await navigator.gpu?.requestAdapter({ powerPreference: "high-performance" });
 if (!adapter) {

@@ -8,7 +8,7 @@
  *   deno run -A bench/compare.ts --only kv,prefix --quick
  */
 import { parseArgs } from "@std/cli/parse-args";
-import type { BackendChoice } from "../lib/serving/engine_factory.ts";
+import type { BackendChoice } from "../lib/compose/engine_factory.ts";
 import { type BatchingOptions, type BatchingResult, compareBatching } from "./compare_batching.ts";
 import { loadBenchModel } from "./compare_common.ts";
 import { compareKv, type KvOptions, type KvResult } from "./compare_kv.ts";

@@ -8,7 +8,7 @@
  * useful tokens are the same as the continuous run's.
  */
 import type { SamplingParams, SeqInput, StepPlan } from "../lib/engine/engine.ts";
-import { type BackendChoice, createEngine } from "../lib/serving/engine_factory.ts";
+import { type BackendChoice, createEngine } from "../lib/compose/engine_factory.ts";
 import {
   type BenchModel,
   type GenRecord,

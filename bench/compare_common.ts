@@ -15,8 +15,8 @@ import {
   type StepPlan,
   type StepResult,
 } from "../lib/engine/engine.ts";
-import type { BackendChoice } from "../lib/serving/engine_factory.ts";
-import { openServing } from "../lib/serving/open_serving.ts";
+import type { BackendChoice } from "../lib/compose/engine_factory.ts";
+import { openServing } from "../lib/compose/open_serving.ts";
 import type { Priority } from "../lib/core/generation.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import type { SchedulerConfig } from "../lib/core/scheduler.ts";

@@ -6,7 +6,7 @@
  * pre-allocated cache), or prompt + max_tokens per sequence (the best a contiguous allocator
  * can do without paging).
  */
-import type { BackendChoice } from "../lib/serving/engine_factory.ts";
+import type { BackendChoice } from "../lib/compose/engine_factory.ts";
 import { type BenchModel, makeCore, promptIds, timedGeneration } from "./compare_common.ts";
 import { fmt, pct, ratio, table } from "./stats.ts";
 import { drawLength, type LengthDist, seededRandom, storyWords } from "./workload.ts";

@@ -6,7 +6,7 @@ import { resolve } from "node:path";
  * dependency of the project) and run with `node`; when any of that fails, the reason is
  * reported and our side is still measured.
  */
-import type { BackendChoice } from "../lib/serving/engine_factory.ts";
+import type { BackendChoice } from "../lib/compose/engine_factory.ts";
 import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { type BenchModel, makeCore, timedGeneration } from "./compare_common.ts";
 import { fmt, ratio, table } from "./stats.ts";

@@ -2,7 +2,7 @@
  * Prefix caching on and off for requests that share a long system prompt: time to first
  * token, prompt tokens the engine computed, and whether the outputs stay the same (greedy).
  */
-import type { BackendChoice } from "../lib/serving/engine_factory.ts";
+import type { BackendChoice } from "../lib/compose/engine_factory.ts";
 import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import {

@@ -3,7 +3,7 @@
  * token when they are sent as "interactive" (priority on) and when the same requests are sent
  * as "batch" like everything else (priority off).
  */
-import type { BackendChoice } from "../lib/serving/engine_factory.ts";
+import type { BackendChoice } from "../lib/compose/engine_factory.ts";
 import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import type { Priority } from "../lib/core/generation.ts";
 import {

@@ -8,13 +8,13 @@
  * `MODEL_MIRROR=../shared/models deno run -A bench/compat_report.ts [--steps 32] [--only cpu|webgpu]`
  */
 import { parseArgs } from "@std/cli/parse-args";
-import { acquireGpu } from "../kernels/device.ts";
-import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { acquireGpu } from "../kernels/webgpu/device.ts";
+import { WebGpuEngine } from "../kernels/webgpu/webgpu_engine.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
 import type { Engine } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import { COMPAT_FILES, compareGreedy, compatPath, readFixture } from "../tests/harness/compat.ts";
+import { compareGreedy, COMPAT_FILES, compatPath, readFixture } from "../tests/harness/compat.ts";
 import { markdownTable } from "./markdown_table.ts";
 
 const f = parseArgs(Deno.args, { string: ["steps", "only"] });
@@ -37,7 +37,8 @@ for (const stem of COMPAT_FILES) {
         ? new CpuEngine(model.config, model.weights, kv)
         : await WebGpuEngine.create(model.config, model.weights, kv, { gpu: gpu!, maxSeqs: 8 });
       const r = await compareGreedy(engine, fx.prompts, { steps });
-      const compared = r.reduce((n, x) => n + x.compared, 0);
+      const compared = r.reduce((n, x) =>
+        n + x.compared, 0);
       const equal = r.reduce((n, x) => n + x.equal, 0);
       rows.push([
         stem,

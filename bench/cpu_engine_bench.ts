@@ -37,11 +37,19 @@ const args = parseArgs(Deno.args, {
   string: ["model", "llama-cpp", "npl", "threads", "npp", "ntg", "svg", "repeats"],
   boolean: ["chart-data", "skip-one-thread"],
   collect: ["model"],
-  default: { npl: "1,8,32", threads: String(navigator.hardwareConcurrency), npp: "16", ntg: "32", repeats: "3" },
+  default: {
+    npl: "1,8,32",
+    threads: String(navigator.hardwareConcurrency),
+    npp: "16",
+    ntg: "32",
+    repeats: "3",
+  },
 });
 const models = (args.model ?? []) as string[];
 if (models.length === 0) {
-  console.error("Usage: deno run -A bench/cpu_engine_bench.ts --model <gguf> [--model …] [--llama-cpp <bin dir>] [--npl 1,8,32] [--threads N] [--repeats 3] [--skip-one-thread] [--svg <file>]");
+  console.error(
+    "Usage: deno run -A bench/cpu_engine_bench.ts --model <gguf> [--model …] [--llama-cpp <bin dir>] [--npl 1,8,32] [--threads N] [--repeats 3] [--skip-one-thread] [--svg <file>]",
+  );
   Deno.exit(2);
 }
 const npls: number[] = String(args.npl).split(",").map(Number);
@@ -53,7 +61,10 @@ const repeats = Number(args.repeats);
 async function ours(engine: WasmEngine, vocab: number, npl: number): Promise<Row> {
   const bs = engine.kv.blockSize;
   const per = Math.ceil((npp + ntg + 1) / bs);
-  const prompts = Array.from({ length: npl }, (_, i) => Array.from({ length: npp }, (_, j) => (17 + 31 * i + 7 * j) % vocab));
+  const prompts = Array.from(
+    { length: npl },
+    (_, i) => Array.from({ length: npp }, (_, j) => (17 + 31 * i + 7 * j) % vocab),
+  );
   const seqs = (tokens: number[][], pos: number): SeqInput[] =>
     tokens.map((t, i) => ({
       seqId: i,
@@ -78,12 +89,33 @@ async function ours(engine: WasmEngine, vocab: number, npl: number): Promise<Row
 /** llama.cpp's side: llama-batched-bench's markdown table, S_PP and S_TG per batch. */
 async function llamaCpp(bin: string, model: string): Promise<Row[]> {
   const out = await new Deno.Command(`${bin}/llama-batched-bench`, {
-    args: ["-m", model, "-c", "8192", "-b", "2048", "-ub", "512", "-npp", String(npp), "-ntg", String(ntg), "-npl", npls.join(","), "-t", String(threads)],
+    args: [
+      "-m",
+      model,
+      "-c",
+      "8192",
+      "-b",
+      "2048",
+      "-ub",
+      "512",
+      "-npp",
+      String(npp),
+      "-ntg",
+      String(ntg),
+      "-npl",
+      npls.join(","),
+      "-t",
+      String(threads),
+    ],
     stdout: "piped",
     stderr: "piped",
   }).output();
   const text = new TextDecoder().decode(out.stdout);
-  if (!out.success) throw new Error(`llama-batched-bench failed: ${new TextDecoder().decode(out.stderr).slice(-500)}`);
+  if (!out.success) {
+    throw new Error(
+      `llama-batched-bench failed: ${new TextDecoder().decode(out.stderr).slice(-500)}`,
+    );
+  }
   const rows: Row[] = [];
   for (const line of text.split("\n")) {
     const cells = line.split("|").map((c) => c.trim()).filter((c) => c !== "");
@@ -103,7 +135,10 @@ const CHART_LINE = "chart-data: ";
 const perProcess = models.length > 1;
 if (perProcess) {
   const self = new URL(import.meta.url).pathname;
-  const rest = Deno.args.filter((a, i, all) => a !== "--model" && all[i - 1] !== "--model" && !a.startsWith("--model=") && a !== "--svg" && all[i - 1] !== "--svg" && !a.startsWith("--svg="));
+  const rest = Deno.args.filter((a, i, all) =>
+    a !== "--model" && all[i - 1] !== "--model" && !a.startsWith("--model=") && a !== "--svg" &&
+    all[i - 1] !== "--svg" && !a.startsWith("--svg=")
+  );
   for (const path of models) {
     const out = await new Deno.Command(Deno.execPath(), {
       args: ["run", "-A", self, ...rest, "--model", path, "--chart-data"],
@@ -123,11 +158,18 @@ for (const path of perProcess ? [] : models) {
   const fileBytes = (await Deno.stat(path)).size;
   const rssBefore = Deno.memoryUsage().rss;
   // A file too big for one WebAssembly memory is read tensor by tensor into several.
-  const model = await loadModel(path, { allocate: (n) => heap.bytes(n, "the model's weights"), placeTensors: placeInHeaps });
+  const model = await loadModel(path, {
+    allocate: (n) => heap.bytes(n, "the model's weights"),
+    placeTensors: placeInHeaps,
+  });
   const maxNpl = Math.max(...npls);
   const per = Math.ceil((npp + ntg + 1) / 16);
   const kv = { numBlocks: maxNpl * per, blockSize: 16 };
-  const engine = await WasmEngine.create(model.config, model.weights, kv, { threads, maxSeqs: maxNpl, maxBatchTokens: Math.max(512, maxNpl * npp) });
+  const engine = await WasmEngine.create(model.config, model.weights, kv, {
+    threads,
+    maxSeqs: maxNpl,
+    maxBatchTokens: Math.max(512, maxNpl * npp),
+  });
   const rssLoaded = Deno.memoryUsage().rss;
   // A warm-up, as llama-batched-bench runs one: the kernels are compiled by V8 in tiers, the
   // optimised tier only after they have run a while.
@@ -155,57 +197,116 @@ for (const path of perProcess ? [] : models) {
     }
   }
   // The read loop over the weights as they lie in the engine's memory (the file's tensors).
-  const tensors = [model.weights.tokenEmbedding, model.weights.output, ...model.weights.layers.flatMap((l) => Object.values(l))];
+  const tensors = [
+    model.weights.tokenEmbedding,
+    model.weights.output,
+    ...model.weights.layers.flatMap((l) => Object.values(l)),
+  ];
   const lo = Math.min(...tensors.map((t) => t.data.byteOffset));
   const hi = Math.max(...tensors.map((t) => t.data.byteOffset + t.data.byteLength));
   const readLimit: number[] = [];
-  for (const n of [...new Set([1, threads])]) readLimit.push(await readBandwidth(heap, lo, hi - lo, n, repeats + 2));
+  for (const n of [...new Set([1, threads])]) {
+    readLimit.push(await readBandwidth(heap, lo, hi - lo, n, repeats + 2));
+  }
   // After the runs: the KV pages the sequences wrote are resident now.
   const rssAfter = Deno.memoryUsage().rss;
   engine.dispose();
-  const one = await WasmEngine.create(model.config, model.weights, kv, { threads: 1, maxSeqs: maxNpl, maxBatchTokens: Math.max(512, maxNpl * npp) });
+  const one = await WasmEngine.create(model.config, model.weights, kv, {
+    threads: 1,
+    maxSeqs: maxNpl,
+    maxBatchTokens: Math.max(512, maxNpl * npp),
+  });
   // --skip-one-thread: the 1-thread comparison costs as much as the runs themselves.
-  let single = args["skip-one-thread"] ? { npl: maxNpl, pp: NaN, tg: NaN } : await ours(one, model.config.vocabSize, maxNpl);
-  for (let round = 1; round < repeats && !args["skip-one-thread"]; round++) single = best([single], [await ours(one, model.config.vocabSize, maxNpl)])[0]!;
+  let single = args["skip-one-thread"]
+    ? { npl: maxNpl, pp: NaN, tg: NaN }
+    : await ours(one, model.config.vocabSize, maxNpl);
+  for (let round = 1; round < repeats && !args["skip-one-thread"]; round++) {
+    single = best([single], [await ours(one, model.config.vocabSize, maxNpl)])[0]!;
+  }
   one.dispose();
-  lines.push(`\n### ${name} (${formatBytes(fileBytes)}), ${threads} threads, npp ${npp}, ntg ${ntg}, best of ${repeats} alternating rounds\n`);
-  lines.push("| sequences | ours decode tok/s | llama.cpp decode tok/s | ratio | ours prefill tok/s | llama.cpp prefill tok/s | ratio |");
+  lines.push(
+    `\n### ${name} (${
+      formatBytes(fileBytes)
+    }), ${threads} threads, npp ${npp}, ntg ${ntg}, best of ${repeats} alternating rounds\n`,
+  );
+  lines.push(
+    "| sequences | ours decode tok/s | llama.cpp decode tok/s | ratio | ours prefill tok/s | llama.cpp prefill tok/s | ratio |",
+  );
   lines.push("|---:|---:|---:|---:|---:|---:|---:|");
   for (const m of mine) {
     const p = peer.find((r) => r.npl === m.npl);
-    lines.push(`| ${m.npl} | ${f1(m.tg)} | ${p ? f1(p.tg) : "–"} | ${p ? (m.tg / p.tg).toFixed(2) + "×" : "–"} | ${f1(m.pp)} | ${p ? f1(p.pp) : "–"} | ${p ? (m.pp / p.pp).toFixed(2) + "×" : "–"} |`);
+    lines.push(
+      `| ${m.npl} | ${f1(m.tg)} | ${p ? f1(p.tg) : "–"} | ${
+        p ? (m.tg / p.tg).toFixed(2) + "×" : "–"
+      } | ${f1(m.pp)} | ${p ? f1(p.pp) : "–"} | ${p ? (m.pp / p.pp).toFixed(2) + "×" : "–"} |`,
+    );
   }
   if (why) lines.push(`\nllama.cpp not measured: ${why}`);
   const one1 = mine.find((m) => m.npl === 1);
   const stepBytes = stepMatrixBytes(model.weights);
   const gbs = (b: number) => `${(b / 1e9).toFixed(1)} GB/s`;
   lines.push(
-    `\nRead bandwidth, the limit (a plain WASM SIMD read loop over the ${formatBytes(hi - lo)} of weights, best of ${repeats + 2}): ` +
-      `1 thread ${gbs(readLimit[0]!)}${readLimit.length > 1 ? `, ${threads} threads ${gbs(readLimit[1]!)}` : ""}.` +
+    `\nRead bandwidth, the limit (a plain WASM SIMD read loop over the ${
+      formatBytes(hi - lo)
+    } of weights, best of ${repeats + 2}): ` +
+      `1 thread ${gbs(readLimit[0]!)}${
+        readLimit.length > 1 ? `, ${threads} threads ${gbs(readLimit[1]!)}` : ""
+      }.` +
       (one1
-        ? ` 1-sequence decode reads ${formatBytes(stepBytes)} a token: ${gbs(stepBytes * one1.tg)} at ${f1(one1.tg)} tok/s, ` +
-          `${((100 * stepBytes * one1.tg) / readLimit[readLimit.length - 1]!).toFixed(0)}% of the ${threads}-thread limit.`
+        ? ` 1-sequence decode reads ${formatBytes(stepBytes)} a token: ${
+          gbs(stepBytes * one1.tg)
+        } at ${f1(one1.tg)} tok/s, ` +
+          `${
+            ((100 * stepBytes * one1.tg) / readLimit[readLimit.length - 1]!).toFixed(0)
+          }% of the ${threads}-thread limit.`
         : ""),
   );
   const big = mine.find((m) => m.npl === maxNpl)!;
-  lines.push(`\nThreads at ${maxNpl} sequences: 1 thread ${f1(single.tg)} tok/s, ${threads} threads ${f1(big.tg)} tok/s: ${(big.tg / single.tg).toFixed(2)}×.`);
   lines.push(
-    `\nMemory: RSS ${formatBytes(rssBefore)} before load, ${formatBytes(rssLoaded)} after load and engine start, ${formatBytes(rssAfter)} after the runs; file ${formatBytes(fileBytes)}, KV cache ${formatBytes(engine.memory.kvCache)} (${kv.numBlocks} blocks, f16), step buffers ${formatBytes(engine.memory.buffers)}, ${engine.memories} WebAssembly ${engine.memories === 1 ? "memory" : "memories"}; after load − file − KV = ${formatBytes(rssLoaded - fileBytes - engine.memory.kvCache)}.`,
+    `\nThreads at ${maxNpl} sequences: 1 thread ${f1(single.tg)} tok/s, ${threads} threads ${
+      f1(big.tg)
+    } tok/s: ${(big.tg / single.tg).toFixed(2)}×.`,
   );
-  (args["chart-data"] ? (c: Chart) => lines.push(CHART_LINE + JSON.stringify(c)) : (c: Chart) => chart.push(c))({
-    title: name,
-    x: npls,
-    series: [
-      { name: "ours (cpu)", values: mine.map((m) => m.tg) },
-      ...(peer.length ? [{ name: "llama.cpp", values: npls.map((n) => peer.find((r) => r.npl === n)?.tg ?? null) }] : []),
-    ],
-  });
+  lines.push(
+    `\nMemory: RSS ${formatBytes(rssBefore)} before load, ${
+      formatBytes(rssLoaded)
+    } after load and engine start, ${formatBytes(rssAfter)} after the runs; file ${
+      formatBytes(fileBytes)
+    }, KV cache ${formatBytes(engine.memory.kvCache)} (${kv.numBlocks} blocks, f16), step buffers ${
+      formatBytes(engine.memory.buffers)
+    }, ${engine.memories} WebAssembly ${
+      engine.memories === 1 ? "memory" : "memories"
+    }; after load − file − KV = ${formatBytes(rssLoaded - fileBytes - engine.memory.kvCache)}.`,
+  );
+  (args["chart-data"]
+    ? (c: Chart) => lines.push(CHART_LINE + JSON.stringify(c))
+    : (c: Chart) => chart.push(c))({
+      title: name,
+      x: npls,
+      series: [
+        { name: "ours (cpu)", values: mine.map((m) => m.tg) },
+        ...(peer.length
+          ? [{
+            name: "llama.cpp",
+            values: npls.map((n) => peer.find((r) => r.npl === n)?.tg ?? null),
+          }]
+          : []),
+      ],
+    });
 }
 console.log(lines.join("\n"));
 if (args.svg) {
   await Deno.writeTextFile(
     args.svg,
-    chartSvg(chart.map((c) => ({ title: c.title, xLabel: "sequences", yLabel: "decode tokens/s", x: c.x, series: c.series }))),
+    chartSvg(
+      chart.map((c) => ({
+        title: c.title,
+        xLabel: "sequences",
+        yLabel: "decode tokens/s",
+        x: c.x,
+        series: c.series,
+      })),
+    ),
   );
   console.log(`\nchart: ${args.svg}`);
 }

@@ -42,7 +42,11 @@ function cpuMs(): number {
 const heap = wasmHeap();
 const pool = await ThreadPool.start(heap, kernelModule().module, threads);
 const maxRows = Math.max(...rowCounts);
-console.log(`| type | N × K | MiB | ${rowCounts.map((r) => `${r} row${r > 1 ? "s" : ""}`).join(" | ")} | read loop GB/s |`);
+console.log(
+  `| type | N × K | MiB | ${
+    rowCounts.map((r) => `${r} row${r > 1 ? "s" : ""}`).join(" | ")
+  } | read loop GB/s |`,
+);
 console.log(`|---|---|---:|${rowCounts.map(() => "---:|").join("")}---:|`);
 for (const [type, N, K] of SHAPES) {
   const bytes = byteSize(type, [N, K]);
@@ -72,10 +76,18 @@ for (const [type, N, K] of SHAPES) {
       for (let i = 0; i < cpuIters; i++) await pool.run(prog);
       best = (cpuMs() - c0) / cpuIters / threads;
     }
-    cells.push(rows === 1 ? `${(bytes / best / 1e6).toFixed(1)} GB/s` : `${(rows * 1000 / best).toFixed(0)} rows/s`);
+    cells.push(
+      rows === 1
+        ? `${(bytes / best / 1e6).toFixed(1)} GB/s`
+        : `${(rows * 1000 / best).toFixed(0)} rows/s`,
+    );
   }
   const bw = await readBandwidth(heap, w, bytes, threads, repeats);
-  console.log(`| ${type} | ${N} × ${K} | ${(bytes / 2 ** 20).toFixed(1)} | ${cells.join(" | ")} | ${(bw / 1e9).toFixed(1)} |`);
+  console.log(
+    `| ${type} | ${N} × ${K} | ${(bytes / 2 ** 20).toFixed(1)} | ${cells.join(" | ")} | ${
+      (bw / 1e9).toFixed(1)
+    } |`,
+  );
   heap.free(w, bytes);
   heap.free(out, maxRows * N * 4);
   heap.free(prog, 4 * OP_WORDS * 4);

@@ -12,14 +12,14 @@
  *
  * Uses no npm packages, so it runs on a machine with only a deno binary.
  */
-import { acquireGpu, type Gpu } from "../kernels/device.ts";
-import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
+import { acquireGpu, type Gpu } from "../kernels/webgpu/device.ts";
+import { WebGpuEngine } from "../kernels/webgpu/webgpu_engine.ts";
 import { GREEDY, type StepPlan, type StepResult } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import { TENSOR_TYPES, type TensorType } from "../lib/model/tensor.ts";
 import { type ModelWeights, stepMatrixBytes } from "../lib/model/weights.ts";
-import { chooseRasterizerThreads } from "../kernels/adapter.ts";
+import { chooseRasterizerThreads } from "../kernels/webgpu/adapter.ts";
 import { LLAMA_1B_SHAPE, syntheticWeights } from "./synthetic_model.ts";
 import { PERF_SHAPES, type PerfShape, perfShapeModel } from "./perf_shapes.ts";
 import { markdownTable } from "./markdown_table.ts";
@@ -229,9 +229,9 @@ export async function runKernelsBench(
   const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
   print(`# WebGPU engine benchmark\n`);
   print(
-    `- device: ${gpu.description}${
-      gpu.inlineDispatch ? ", dispatches inline" : ""
-    }${gpu.laneSubgroups ? ", 8-lane subgroups" : ""} (binding limit ${mib(gpu.maxBindingBytes)})`,
+    `- device: ${gpu.description}${gpu.inlineDispatch ? ", dispatches inline" : ""}${
+      gpu.laneSubgroups ? ", 8-lane subgroups" : ""
+    } (binding limit ${mib(gpu.maxBindingBytes)})`,
   );
   print(
     `- model: ${subject.name}: dim ${config.dim}, ${config.nLayers} layers, ${config.nHeads}/${config.nKvHeads} heads, vocab ${config.vocabSize}`,

@@ -17,13 +17,13 @@
  * onSubmittedWorkDone(); the best of 5 such runs (taken round-robin over the types), divided
  * by `repeat`. Uses no npm packages.
  */
-import { acquireGpu } from "../kernels/device.ts";
-import { destroyMatrix, uploadMatrix } from "../kernels/gpu_matrix.ts";
-import { createClassifier } from "../kernels/classifier.ts";
-import type { KernelOp } from "../kernels/device.ts";
-import { createMatmul, type MatmulLayout } from "../kernels/matmul.ts";
-import { DIM_ROWS, DIM_SAMPLES, SAMPLE_WORDS } from "../kernels/step_meta.ts";
-import { uploadBuffer } from "../kernels/device.ts";
+import { acquireGpu } from "../kernels/webgpu/device.ts";
+import { destroyMatrix, uploadMatrix } from "../kernels/webgpu/gpu_matrix.ts";
+import { createClassifier } from "../kernels/webgpu/classifier.ts";
+import type { KernelOp } from "../kernels/webgpu/device.ts";
+import { createMatmul, type MatmulLayout } from "../kernels/webgpu/matmul.ts";
+import { DIM_ROWS, DIM_SAMPLES, SAMPLE_WORDS } from "../kernels/webgpu/step_meta.ts";
+import { uploadBuffer } from "../kernels/webgpu/device.ts";
 import { BLOCK_LAYOUT, byteSize, TENSOR_TYPES, type TensorType } from "../lib/model/tensor.ts";
 import { markdownTable } from "./markdown_table.ts";
 import { randomData } from "./synthetic_model.ts";

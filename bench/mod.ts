@@ -29,5 +29,9 @@ await runKernelsBench(["--steps", "48"]);
 
 console.log("\n## Throughput scaling, stories260K, 128 greedy tokens per generation\n");
 console.log(throughputTable(
-  await runThroughputBench({ tokens: 128, concurrency: [1, 8, 32, 64], backends: ["webgpu", "cpu"] }),
+  await runThroughputBench({
+    tokens: 128,
+    concurrency: [1, 8, 32, 64],
+    backends: ["webgpu", "cpu"],
+  }),
 ));

@@ -53,7 +53,13 @@ async function firstRequest(model: string, extra: Record<string, unknown> = {}):
   const res = await fetch(`${server.base}/v1/completions`, {
     method: "POST",
     headers: { "content-type": "application/json" },
-    body: JSON.stringify({ model, prompt: "Once upon a time", max_tokens: 1, temperature: 0, ...extra }),
+    body: JSON.stringify({
+      model,
+      prompt: "Once upon a time",
+      max_tokens: 1,
+      temperature: 0,
+      ...extra,
+    }),
   });
   const body = await res.json();
   if (res.status !== 200) throw new Error(`${model}: ${res.status} ${JSON.stringify(body)}`);

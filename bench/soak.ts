@@ -11,8 +11,8 @@
 import { parseArgs } from "@std/cli/parse-args";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
-import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
+import { referenceGenerate } from "../kernels/reference/reference_generate.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { type RequestRecord, WsConnection } from "./load_clients.ts";
 import { machineInfo, machineLine } from "./machine.ts";

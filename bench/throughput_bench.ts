@@ -8,8 +8,8 @@
  */
 import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { parseArgs } from "@std/cli/parse-args";
-import type { BackendChoice } from "../lib/serving/engine_factory.ts";
-import { openServing } from "../lib/serving/open_serving.ts";
+import type { BackendChoice } from "../lib/compose/engine_factory.ts";
+import { openServing } from "../lib/compose/open_serving.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import type { GenerationEvent } from "../lib/core/generation.ts";
 import { loadModel } from "../lib/model/load_model.ts";

@@ -20,13 +20,18 @@ import { ActBuffer } from "../kernels/wasm/act_buffer.ts";
 import { OP, OP_WORDS, ProgramWriter } from "../kernels/wasm/program.ts";
 import { byteSize, TENSOR_TYPES } from "../lib/model/tensor.ts";
 
-const args = parseArgs(Deno.args, { string: ["threads", "rounds"], default: { threads: "2", rounds: "3" } });
+const args = parseArgs(Deno.args, {
+  string: ["threads", "rounds"],
+  default: { threads: "2", rounds: "3" },
+});
 const threads = Number(args.threads), rounds = Number(args.rounds);
 const MiB = 2 ** 20;
 
 function readLoop(a: "i32" | "i64"): WebAssembly.Module {
   const c = a;
-  const text = `(module (import "env" "memory" (memory ${a === "i64" ? "i64 1 262144" : "1 65536"} shared))
+  const text = `(module (import "env" "memory" (memory ${
+    a === "i64" ? "i64 1 262144" : "1 65536"
+  } shared))
   (func (export "sum") (param $p ${c}) (param $end ${c}) (result i32) (local $x v128) (local $y v128)
     (loop $l
       (local.set $x (i32x4.add (local.get $x) (v128.load (local.get $p))))
@@ -46,10 +51,20 @@ function readLoop(a: "i32" | "i64"): WebAssembly.Module {
 function plainRead(a: "i32" | "i64", bytes: number, passes: number): number {
   const pages = bytes / 65536 + 1;
   const memory = a === "i64"
-    ? new WebAssembly.Memory({ initial: BigInt(pages), maximum: 262144n, shared: true, address: "i64" } as unknown as WebAssembly.MemoryDescriptor)
+    ? new WebAssembly.Memory(
+      {
+        initial: BigInt(pages),
+        maximum: 262144n,
+        shared: true,
+        address: "i64",
+      } as unknown as WebAssembly.MemoryDescriptor,
+    )
     : new WebAssembly.Memory({ initial: pages, maximum: 65536, shared: true });
   new Uint8Array(memory.buffer).fill(1, 0, bytes);
-  const sum = new WebAssembly.Instance(readLoop(a), { env: { memory } }).exports.sum as (p: unknown, e: unknown) => number;
+  const sum = new WebAssembly.Instance(readLoop(a), { env: { memory } }).exports.sum as (
+    p: unknown,
+    e: unknown,
+  ) => number;
   const at = (x: number) => (a === "i64" ? BigInt(x) : x);
   for (let w = 0; w < 20000; w++) sum(at(0), at(65536));
   let best = Infinity;
@@ -62,7 +77,12 @@ function plainRead(a: "i32" | "i64", bytes: number, passes: number): number {
 }
 
 /** GB/s of the Q4_K matmul kernel over an N×K matrix in each heap of one pool, best of `passes`. */
-async function matmulRead(heaps: WasmHeap[], n: number, k: number, passes: number): Promise<number[]> {
+async function matmulRead(
+  heaps: WasmHeap[],
+  n: number,
+  k: number,
+  passes: number,
+): Promise<number[]> {
   const pool = await ThreadPool.start(heaps, kernelModule().module, threads);
   const type = TENSOR_TYPES.indexOf("q4_k");
   const bytes = byteSize("q4_k", [n, k]);
@@ -97,12 +117,24 @@ async function matmulRead(heaps: WasmHeap[], n: number, k: number, passes: numbe
 
 const f2 = (x: number) => x.toFixed(1);
 const plain: Record<"i32" | "i64", number[]> = { i32: [], i64: [] };
-for (let r = 0; r < rounds; r++) for (const a of ["i32", "i64"] as const) plain[a].push(plainRead(a, 512 * MiB, 8));
+for (let r = 0; r < rounds; r++) {
+  for (const a of ["i32", "i64"] as const) plain[a].push(plainRead(a, 512 * MiB, 8));
+}
 const heaps = [new WasmHeap(), new WasmHeap()];
 // 256 MiB of Q4_K: 14336 x 4096 weights (Llama-3.1-8B's ffn_gate) is 33 MB; 8 of them.
 const mm = await matmulRead(heaps, 14336 * 8, 4096, 4 * rounds);
 console.log(`| what | GB/s |\n|---|---:|`);
-console.log(`| plain read loop, wasm32 memory, 1 thread (each of ${rounds} rounds) | ${plain.i32.map(f2).join(", ")} |`);
-console.log(`| plain read loop, memory64, 1 thread (each of ${rounds} rounds) | ${plain.i64.map(f2).join(", ")} |`);
+console.log(
+  `| plain read loop, wasm32 memory, 1 thread (each of ${rounds} rounds) | ${
+    plain.i32.map(f2).join(", ")
+  } |`,
+);
+console.log(
+  `| plain read loop, memory64, 1 thread (each of ${rounds} rounds) | ${
+    plain.i64.map(f2).join(", ")
+  } |`,
+);
 console.log(`| Q4_K matmul, 1 row, ${threads} threads, first memory of the pool | ${f2(mm[0]!)} |`);
-console.log(`| Q4_K matmul, 1 row, ${threads} threads, second memory of the pool | ${f2(mm[1]!)} |`);
+console.log(
+  `| Q4_K matmul, 1 row, ${threads} threads, second memory of the pool | ${f2(mm[1]!)} |`,
+);

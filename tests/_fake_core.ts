@@ -9,7 +9,7 @@
 import { ServingCore } from "../actors/core.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import { GREEDY, type SamplingParams, type StepPlan } from "../lib/engine/engine.ts";
-import { CoreBackend } from "../lib/serving/core_backend.ts";
+import { CoreBackend } from "../lib/backend/core_backend.ts";
 import { type GrammarServiceOptions, lazyGrammarService } from "../lib/grammar/grammar_service.ts";
 import { parseLlama2cTokenizer } from "../lib/tokenizer/llama2c_tokenizer.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";

@@ -1,8 +1,8 @@
 /** Test helpers for GPU kernels: one device per test file, buffers from arrays, random data. */
-import { acquireGpu, type Gpu, readBuffer, uploadBuffer } from "../kernels/device.ts";
+import { acquireGpu, type Gpu, readBuffer, uploadBuffer } from "../kernels/webgpu/device.ts";
 import { f32ToF16 } from "../lib/model/dequantize.ts";
 import { BLOCK_LAYOUT, type Tensor, type TensorType } from "../lib/model/tensor.ts";
-import { type StepContent, StepMetaLayout } from "../kernels/step_meta.ts";
+import { type StepContent, StepMetaLayout } from "../kernels/webgpu/step_meta.ts";
 import { seededRandom } from "../lib/util/seeded_random.ts";
 
 let shared: Promise<Gpu> | undefined;

@@ -4,8 +4,8 @@
  */
 import { GREEDY, type SamplingParams } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
-import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
+import { referenceGenerate } from "../kernels/reference/reference_generate.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import type { Model } from "../lib/model/weights.ts";
 import { modelFile } from "./harness/model_files.ts";

@@ -4,7 +4,7 @@ import {
   INLINE_RASTERIZER_BYTES,
   laneSubgroupsFit,
   RASTERIZER_THREADS_ENV,
-} from "../kernels/adapter.ts";
+} from "../kernels/webgpu/adapter.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { stepMatrixBytes } from "../lib/model/weights.ts";
 import { modelFile } from "./harness/model_files.ts";

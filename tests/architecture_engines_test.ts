@@ -5,9 +5,9 @@
  * compat_llama_cpp_test.ts check the same steps against llama.cpp on real-shaped models.
  */
 import { assert, assertEquals, assertLess } from "@std/assert";
-import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
-import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import { WebGpuEngine } from "../kernels/webgpu/webgpu_engine.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
+import { referenceGenerate } from "../kernels/reference/reference_generate.ts";
 import { type Engine, GREEDY } from "../lib/engine/engine.ts";
 import { type GgufFile, parseGguf } from "../lib/model/gguf.ts";
 import { ggufToModel } from "../lib/model/gguf_model.ts";
@@ -116,7 +116,10 @@ async function assertMatchesOracle(
 ) {
   const model: Model = ggufToModel(g, name);
   const want = hfForward(g, shape, prompt);
-  const gpu = await WebGpuEngine.create(model.config, model.weights, KV, { gpu: await testGpu(), kvDtype: "f32" });
+  const gpu = await WebGpuEngine.create(model.config, model.weights, KV, {
+    gpu: await testGpu(),
+    kvDtype: "f32",
+  });
   const engines: Engine[] = [new CpuEngine(model.config, model.weights, KV), gpu];
   try {
     for (const engine of engines) {

@@ -1,8 +1,8 @@
 import { assertLess } from "@std/assert";
-import { type AttentionLayout, createAttention } from "../kernels/attention.ts";
+import { type AttentionLayout, createAttention } from "../kernels/webgpu/attention.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
-import { pagedAttention } from "../lib/engine/cpu/paged_attention.ts";
-import { PagedKvCache } from "../lib/engine/cpu/paged_kv_cache.ts";
+import { pagedAttention } from "../kernels/reference/paged_attention.ts";
+import { PagedKvCache } from "../kernels/reference/paged_kv_cache.ts";
 import {
   randomF32,
   readF32,

@@ -7,7 +7,7 @@ import { assertEquals, assertGreater } from "@std/assert";
 import { createApp } from "../lib/http/app.ts";
 import { RequestLog } from "../lib/http/request_log.ts";
 import { serveService } from "../lib/http/serve.ts";
-import { CachedBackend } from "../lib/serving/cached_backend.ts";
+import { CachedBackend } from "../lib/backend/cached_backend.ts";
 import { FakeCore } from "./_fake_core.ts";
 import { TestSocket } from "./_http_harness.ts";
 

@@ -1,11 +1,11 @@
 import { assert, assertEquals, assertLess, assertThrows } from "@std/assert";
-import { laneSubgroupsFit, requestDefaultAdapter } from "../kernels/adapter.ts";
-import { classifierTile, createClassifier } from "../kernels/classifier.ts";
-import type { Gpu } from "../kernels/device.ts";
-import { uploadMatrix } from "../kernels/gpu_matrix.ts";
-import type { SampleMeta } from "../kernels/step_meta.ts";
+import { laneSubgroupsFit, requestDefaultAdapter } from "../kernels/webgpu/adapter.ts";
+import { classifierTile, createClassifier } from "../kernels/webgpu/classifier.ts";
+import type { Gpu } from "../kernels/webgpu/device.ts";
+import { uploadMatrix } from "../kernels/webgpu/gpu_matrix.ts";
+import type { SampleMeta } from "../kernels/webgpu/step_meta.ts";
 import { dequantize } from "../lib/model/dequantize.ts";
-import { matvec, rmsnorm } from "../lib/engine/cpu/ops.ts";
+import { matvec, rmsnorm } from "../kernels/reference/ops.ts";
 import type { Tensor, TensorType } from "../lib/model/tensor.ts";
 import {
   randomF32,

@@ -23,7 +23,11 @@ Deno.test("parseServeArgs() takes llama-server's -m, -c and --ctx-size for --mod
   assertEquals([c.model, c.contextLength, c.port], ["stories260K-q8_0", 256, 9000]);
   assertEquals(parseServeArgs(["--ctx-size=64"], noEnv).contextLength, 64);
   // Validation names the flag the value was checked under, with the value typed.
-  assertThrows(() => parseServeArgs(["-c", "-5"], noEnv), Error, '--context-length: must be positive (received "-5")');
+  assertThrows(
+    () => parseServeArgs(["-c", "-5"], noEnv),
+    Error,
+    '--context-length: must be positive (received "-5")',
+  );
   // An unknown short flag is shown as typed, with one dash.
   assertThrows(() => parseServeArgs(["-q", "x"], noEnv), Error, "Unknown argument(s): -q");
 });
@@ -76,7 +80,10 @@ Deno.test("an unknown flag gets one line with the nearest known flag", () => {
   assertThrows(() => parseServeArgs(["-kvm", "1"], noEnv), Error, "Unknown argument(s): -kvm");
   // Typos of the generate and router commands too.
   const g = parseGenerateArgs(["--max-tokns", "3"]);
-  assertStringIncludes("error" in g ? g.error : "(parsed)", "--max-tokns (did you mean --max-tokens?)");
+  assertStringIncludes(
+    "error" in g ? g.error : "(parsed)",
+    "--max-tokns (did you mean --max-tokens?)",
+  );
   assertThrows(
     () => parseRouterArgs(["--nats", "nats://x:1", "--drian-timeout", "1s"], noEnv),
     Error,
@@ -87,44 +94,107 @@ Deno.test("an unknown flag gets one line with the nearest known flag", () => {
 Deno.test("generate -m -p -n prints the same greedy text as the long flags, and says when the context lowers -n", async () => {
   const run = async (args: string[]) => {
     const out = await new Deno.Command(Deno.execPath(), {
-      args: ["run", "--allow-all", new URL("../main.ts", import.meta.url).pathname, "generate", ...args],
+      args: [
+        "run",
+        "--allow-all",
+        new URL("../main.ts", import.meta.url).pathname,
+        "generate",
+        ...args,
+      ],
       stdout: "piped",
       stderr: "piped",
     }).output();
-    return { code: out.code, stdout: decoder.decode(out.stdout), stderr: decoder.decode(out.stderr) };
+    return {
+      code: out.code,
+      stdout: decoder.decode(out.stdout),
+      stderr: decoder.decode(out.stderr),
+    };
   };
   const model = modelFile("stories260K.gguf"); // declares a 128-token context
-  const long = await run(["--model", model, "--prompt", "Once upon a time", "--max-tokens", "300", "--temperature", "0", "--backend", "cpu"]);
-  const short = await run(["-m", model, "-p", "Once upon a time", "-n", "300", "--temp", "0", "--backend", "cpu"]);
+  const long = await run([
+    "--model",
+    model,
+    "--prompt",
+    "Once upon a time",
+    "--max-tokens",
+    "300",
+    "--temperature",
+    "0",
+    "--backend",
+    "cpu",
+  ]);
+  const short = await run([
+    "-m",
+    model,
+    "-p",
+    "Once upon a time",
+    "-n",
+    "300",
+    "--temp",
+    "0",
+    "--backend",
+    "cpu",
+  ]);
   assertEquals(long.code, 0, long.stderr);
   assertEquals(short.code, 0, short.stderr);
   assertEquals(short.stdout, long.stdout);
   // "Once upon a time" is 5 tokens with BOS (the models README): 128 - 5 = 123 of 300.
-  assertStringIncludes(short.stderr, "--max-tokens 300 lowered to 123: the prompt has 5 tokens and the context is 128");
-  assert(/\n(\d+) tokens in .*stopped by (the model ended the text|--max-tokens 123)\n/.test(short.stderr), short.stderr);
+  assertStringIncludes(
+    short.stderr,
+    "--max-tokens 300 lowered to 123: the prompt has 5 tokens and the context is 128",
+  );
+  assert(
+    /\n(\d+) tokens in .*stopped by (the model ended the text|--max-tokens 123)\n/.test(
+      short.stderr,
+    ),
+    short.stderr,
+  );
 });
 
 Deno.test("`deno task start` with -m, -c, --chat-template and the default log: the template renders chats, probes stay out of the log", async () => {
   const dir = await Deno.makeTempDir(); // outside the repository: the launcher must grant it
   const template = `${dir}/brackets.jinja`;
-  await Deno.writeTextFile(template, "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}");
+  await Deno.writeTextFile(
+    template,
+    "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}",
+  );
   const root = new URL("..", import.meta.url).pathname;
   const { child, base, log } = await spawnUntilListening(
-    ["task", "start", "-m", "stories260K-q8_0", "-c", "64", "--port", "0", "--kv-memory", "1MiB", "--chat-template", template],
+    [
+      "task",
+      "start",
+      "-m",
+      "stories260K-q8_0",
+      "-c",
+      "64",
+      "--port",
+      "0",
+      "--kv-memory",
+      "1MiB",
+      "--chat-template",
+      template,
+    ],
     { cwd: root, env: { MODEL_MIRROR: modelMirror() } },
   );
   const post = (path: string, body: unknown) =>
-    fetch(base + path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+    fetch(base + path, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(body),
+    });
   try {
     const props = await (await fetch(`${base}/props`)).json();
     assertEquals(props.context_length, 64);
     assert(String(props.model_path).endsWith("stories260K-q8_0.gguf"), props.model_path);
     assertEquals(props.chat_template, await Deno.readTextFile(template));
     // The ids of a chat are those of the text the file's template writes, rendered by hand.
-    const chat = await (await post("/tokenize", { messages: [{ role: "user", content: "Hi there" }] })).json();
+    const chat =
+      await (await post("/tokenize", { messages: [{ role: "user", content: "Hi there" }] })).json();
     const byHand = await (await post("/tokenize", { prompt: "[user] Hi there\n" })).json();
     assertEquals(chat.tokens, byHand.tokens);
-    for (const probe of ["/health", "/ready", "/metrics"]) await (await fetch(base + probe)).body?.cancel();
+    for (const probe of ["/health", "/ready", "/metrics"]) {
+      await (await fetch(base + probe)).body?.cancel();
+    }
     const done = await post("/v1/completions", { prompt: "Once", max_tokens: 2, temperature: 0 });
     assertEquals(done.status, 200);
     await done.body?.cancel();

@@ -7,8 +7,8 @@
 import { prefixBlockHashes } from "../lib/core/block_allocator.ts";
 import { assert, assertEquals, assertMatch } from "@std/assert";
 import { loadModel } from "../lib/model/load_model.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
-import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
+import { referenceGenerate } from "../kernels/reference/reference_generate.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import type { GenerationEvent } from "../lib/core/generation.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";

@@ -135,7 +135,9 @@ for (const how of ["SIGTERM to npx", "Ctrl-C (SIGINT to the terminal's process g
       assertEquals(processesWith(password), [], "a command line holds the NATS password");
       // Both replicas serving, so that each has a drain to run: the router is up as soon as one
       // is, and a replica still loading when the signal comes stops without one.
-      for (const r of [1, 2]) await log.waitFor(new RegExp(`\\[replica ${r}\\] llmserve ready`), 120_000);
+      for (const r of [1, 2]) {
+        await log.waitFor(new RegExp(`\\[replica ${r}\\] llmserve ready`), 120_000);
+      }
       // One server per data directory: each replica has its own folder under the one given.
       for (const r of [1, 2]) {
         const m = await log.waitFor(new RegExp(`\\[replica ${r}\\]\\s+batches\\s+(\\S+)`), 10_000);
@@ -177,8 +179,15 @@ for (const how of ["SIGTERM to npx", "Ctrl-C (SIGINT to the terminal's process g
     assert(!(await exists(natsConf!)), "the cluster's temporary folder is removed");
     for (const r of ["replica 1", "replica 2"]) {
       const own = out.split("\n").filter((l) => l.startsWith(`[${r}]`));
-      assertEquals(own.filter((l) => l.includes("drained: all in-flight generations finished")).length, 1, own.join("\n"));
-      assert(!own.some((l) => l.includes("second signal")), `${r} was signalled twice:\n${own.join("\n")}`);
+      assertEquals(
+        own.filter((l) => l.includes("drained: all in-flight generations finished")).length,
+        1,
+        own.join("\n"),
+      );
+      assert(
+        !own.some((l) => l.includes("second signal")),
+        `${r} was signalled twice:\n${own.join("\n")}`,
+      );
     }
     // nats-server's exit comes after both replicas have drained.
     const lastDrain = Math.max(
@@ -234,7 +243,10 @@ Deno.test("the cluster's launcher killed outright (SIGKILL): cluster stops every
       log.done,
       new Promise((_, reject) => {
         timer = setTimeout(
-          () => reject(new Error(`cluster still running 60 s after its launcher's SIGKILL:\n${log.text}`)),
+          () =>
+            reject(
+              new Error(`cluster still running 60 s after its launcher's SIGKILL:\n${log.text}`),
+            ),
           60_000,
         );
       }),
@@ -267,7 +279,16 @@ Deno.test("deno task router: a SIGTERM to npx leaves no router behind (the launc
   }).spawn();
   try {
     const child = new Deno.Command("npx", {
-      args: ["-y", "deno@2.9.6", "task", "router", "--nats", `nats://127.0.0.1:${natsPort}`, "--port", "0"],
+      args: [
+        "-y",
+        "deno@2.9.6",
+        "task",
+        "router",
+        "--nats",
+        `nats://127.0.0.1:${natsPort}`,
+        "--port",
+        "0",
+      ],
       cwd: ROOT,
       stdout: "null",
       stderr: "piped",

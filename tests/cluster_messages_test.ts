@@ -193,11 +193,20 @@ Deno.test("a generate request carries the logit controls, the delivered-token co
     logprobs: true,
     credit: 1,
   };
-  assertEquals(decodeMessage(ReplicaRequest, encodeMessage(generate)), { ok: true, value: generate });
-  const bad = decodeMessage(ReplicaRequest, bytes({ ...generate, controls: { repetitionPenalty: 0 } }));
+  assertEquals(decodeMessage(ReplicaRequest, encodeMessage(generate)), {
+    ok: true,
+    value: generate,
+  });
+  const bad = decodeMessage(
+    ReplicaRequest,
+    bytes({ ...generate, controls: { repetitionPenalty: 0 } }),
+  );
   assertEquals(bad.ok, false);
   // A replica checks the floats as the f32 its engine holds: 1e-300 is 0 there, 1e39 infinite.
-  const tiny = decodeMessage(ReplicaRequest, bytes({ ...generate, controls: { repetitionPenalty: 1e-300 } }));
+  const tiny = decodeMessage(
+    ReplicaRequest,
+    bytes({ ...generate, controls: { repetitionPenalty: 1e-300 } }),
+  );
   assertEquals(tiny.ok, false);
   if (!tiny.ok) assertMatch(tiny.error, /repetitionPenalty.*>= ?0\.000001.*1e-300 rounds to 0/);
   const hot = decodeMessage(
@@ -205,12 +214,20 @@ Deno.test("a generate request carries the logit controls, the delivered-token co
     bytes({ ...generate, sampling: { ...generate.sampling, temperature: 1e39 } }),
   );
   assertEquals(hot.ok, false);
-  if (!hot.ok) assertMatch(hot.error, /temperature.*finite number as a 32-bit float.*rounds to Infinity/);
+  if (!hot.ok) {
+    assertMatch(hot.error, /temperature.*finite number as a 32-bit float.*rounds to Infinity/);
+  }
   const frame = {
     type: "event",
     stream: "s-1",
     seq: 0,
-    event: { type: "token", text: "a", ids: [5], logprob: -0.5, top: { ids: [5, 9], logprobs: [-0.5, -1.5] } },
+    event: {
+      type: "token",
+      text: "a",
+      ids: [5],
+      logprob: -0.5,
+      top: { ids: [5, 9], logprobs: [-0.5, -1.5] },
+    },
   };
   assertEquals(decodeMessage(StreamFrame, encodeMessage(frame)), { ok: true, value: frame });
 });
@@ -258,16 +275,29 @@ Deno.test("a heartbeat of several models lists each with its phase; their hashes
   // A beat without the list is one model, loaded, with the beat's own figures.
   const one = decodeMessage(ReplicaAnnouncement, bytes(HEARTBEAT));
   if (one.ok && one.value.type === "heartbeat") {
-    assertEquals(servedModels(one.value), [{ name: "m", phase: "loaded", running: 0, waiting: 0, hashes: [1, 2] }]);
+    assertEquals(servedModels(one.value), [{
+      name: "m",
+      phase: "loaded",
+      running: 0,
+      waiting: 0,
+      hashes: [1, 2],
+    }]);
   }
   // 8192 hashes in each of three models: refused before a single element is checked.
-  const many = [0, 1, 2].map((i) => ({ name: `m${i}`, phase: "loaded", hashes: Array(8192).fill("x") }));
+  const many = [0, 1, 2].map((i) => ({
+    name: `m${i}`,
+    phase: "loaded",
+    hashes: Array(8192).fill("x"),
+  }));
   const bad = decodeMessage(ReplicaAnnouncement, bytes({ ...HEARTBEAT, models: many }));
   assertEquals(bad.ok, false);
   if (!bad.ok) {
     assertMatch(bad.error, /more than 8192 hashes in all models \(24576\)/);
     assertEquals(bad.error.length < 1000, true, `${bad.error.length} characters`);
   }
-  const phase = decodeMessage(ReplicaAnnouncement, bytes({ ...HEARTBEAT, models: [{ name: "a", phase: "warm" }] }));
+  const phase = decodeMessage(
+    ReplicaAnnouncement,
+    bytes({ ...HEARTBEAT, models: [{ name: "a", phase: "warm" }] }),
+  );
   assertEquals(phase.ok, false);
 });

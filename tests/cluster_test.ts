@@ -13,8 +13,8 @@ import {
   assertLessOrEqual,
 } from "@std/assert";
 import { loadModel } from "../lib/model/load_model.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
-import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
+import { referenceGenerate } from "../kernels/reference/reference_generate.ts";
 import { GREEDY, type SamplingParams } from "../lib/engine/engine.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { type LogitControls, PenaltyState } from "../lib/core/logit_controls.ts";
@@ -70,7 +70,15 @@ async function penalizedGenerate(
     const adjust = state.adjust(all.length);
     const r = await engine.step({
       stepId: tokens.length,
-      seqs: [{ seqId: 0, tokens: all.slice(start), startPos: start, blockTable: table, sample: true, sampling, ...(adjust ? { adjust } : {}) }],
+      seqs: [{
+        seqId: 0,
+        tokens: all.slice(start),
+        startPos: start,
+        blockTable: table,
+        sample: true,
+        sampling,
+        ...(adjust ? { adjust } : {}),
+      }],
     });
     const t = r.sampled[0]!.token;
     start = all.length;
@@ -569,7 +577,9 @@ Deno.test("every replica full: the router answers 503 overloaded with Retry-Afte
   await cluster.kill(replica, "SIGTERM");
   const served = (await replica.log()).split("\n").filter((l) => / NATS generate 200 /.test(l));
   assertEquals(served.length, ok.length, `the replica's NATS lines:\n${served.join("\n")}`);
-  for (const l of served) assert(/ id=\S+ prompt=\d+ completion=150 ttft=[\d.]+ms total=[\d.]+ms/.test(l), l);
+  for (const l of served) {
+    assert(/ id=\S+ prompt=\d+ completion=150 ttft=[\d.]+ms total=[\d.]+ms/.test(l), l);
+  }
 });
 
 Deno.test("through the router: API keys hold, and cancel and disconnect free the replica's KV blocks", async () => {
@@ -613,7 +623,11 @@ Deno.test("through the router: API keys hold, and cancel and disconnect free the
   // cancel reached it.
   const got = [first, ...sock.frames.filter((f) => f.id === "c1" && f.type === "token")]
     .reduce((n, f) => n + (f.token_ids as number[]).length, 0);
-  assertEquals((end.usage as { completion_tokens: number }).completion_tokens, got, "completion_tokens of a cancelled stream");
+  assertEquals(
+    (end.usage as { completion_tokens: number }).completion_tokens,
+    got,
+    "completion_tokens of a cancelled stream",
+  );
   await until("the replica to free the cancelled sequence", replicaIdle);
   const cancelledSteps = (await steps()) - stepsBefore;
   assert(cancelledSteps < 350, `cancelled after ${cancelledSteps} steps, not run to 400`);

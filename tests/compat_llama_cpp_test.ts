@@ -12,7 +12,7 @@
  * compares all 32 on every file.
  */
 import { assert, assertEquals } from "@std/assert";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import type { Engine } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";

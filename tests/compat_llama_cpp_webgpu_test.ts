@@ -9,8 +9,8 @@
  * margins are all above 14 nats), TinyLlama's files steps 0-3, the stories260K carriers all 32.
  */
 import { assert, assertEquals, assertLess, assertRejects } from "@std/assert";
-import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { WebGpuEngine } from "../kernels/webgpu/webgpu_engine.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
 import { GREEDY, type SeqInput } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { compareGreedy, COMPAT_FILES, compatPath, readFixture } from "./harness/compat.ts";
@@ -82,7 +82,11 @@ for (
     const [model, fx] = await Promise.all([loadModel(compatPath(stem)), readFixture(stem)]);
     const device = await testGpu();
     const create = () =>
-      WebGpuEngine.create(model.config, model.weights, KV, { gpu: device, kvDtype: "f16", maxSeqs: 8 });
+      WebGpuEngine.create(model.config, model.weights, KV, {
+        gpu: device,
+        kvDtype: "f16",
+        maxSeqs: 8,
+      });
     if (!device.hasShaderF16) {
       await assertRejects(create, Error, "an f16 KV cache needs the device's shader-f16 feature");
       return;

@@ -124,7 +124,8 @@ Deno.test("resolveConfig() has timeouts like mature servers' (header 60 s, body 
 });
 
 Deno.test("--max-keep-alive caps a request's keep_alive: a day by default (or --keep-alive if longer), -1 for no cap, never below --keep-alive", () => {
-  const cap = (flags: Record<string, string>) => maxKeepAlive(resolveConfig(flags, () => undefined));
+  const cap = (flags: Record<string, string>) =>
+    maxKeepAlive(resolveConfig(flags, () => undefined));
   const HOUR = 3_600_000;
   assertEquals(cap({}), 24 * HOUR);
   assertEquals(cap({ keepAlive: "48h" }), 48 * HOUR);
@@ -136,5 +137,9 @@ Deno.test("--max-keep-alive caps a request's keep_alive: a day by default (or --
     Error,
     "--keep-alive 2h is longer than --max-keep-alive 1h; raise --max-keep-alive",
   );
-  assertThrows(() => resolveConfig({ maxKeepAlive: "soon" }, () => undefined), Error, '--max-keep-alive: expected a number of seconds or a duration like "30s"');
+  assertThrows(
+    () => resolveConfig({ maxKeepAlive: "soon" }, () => undefined),
+    Error,
+    '--max-keep-alive: expected a number of seconds or a duration like "30s"',
+  );
 });

@@ -2,7 +2,7 @@ import { assertEquals } from "@std/assert";
 import { ServingCore } from "../actors/core.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
-import { CoreBackend } from "../lib/serving/core_backend.ts";
+import { CoreBackend } from "../lib/backend/core_backend.ts";
 import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./harness/fake_engine.ts";
 import { TOKENIZER, WORD_IDS } from "./_fake_core.ts";
 import { closeCore } from "./_serving_core.ts";

@@ -1,8 +1,8 @@
 import { assert, assertEquals } from "@std/assert";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
-import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
+import { referenceGenerate } from "../kernels/reference/reference_generate.ts";
 import type { Model } from "../lib/model/weights.ts";
 import { modelFile } from "./harness/model_files.ts";
 

@@ -8,8 +8,8 @@ import {
 } from "../lib/engine/engine.ts";
 import { parseLlama2cCheckpoint } from "../lib/model/llama2c_checkpoint.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
-import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
+import { referenceGenerate } from "../kernels/reference/reference_generate.ts";
 import { sample } from "../lib/engine/sampling.ts";
 import type { ModelWeights } from "../lib/model/weights.ts";
 import { modelFile } from "./harness/model_files.ts";
@@ -329,7 +329,11 @@ Deno.test("CpuEngine rejects a bad plan, naming the problem, and leaves its cach
     Error,
     "needs 2 KV blocks for positions 0..5, its block table has 1",
   );
-  await assertRejects(() => bad({ blockTable: [0, 96] }), Error, "block id 96 at table entry 1, outside 0..95");
+  await assertRejects(
+    () => bad({ blockTable: [0, 96] }),
+    Error,
+    "block id 96 at table entry 1, outside 0..95",
+  );
   await assertRejects(
     () => bad({ seqId: 3, tokens: [], useLastSampled: true }),
     Error,

@@ -1,5 +1,5 @@
 import { assertEquals, assertRejects } from "@std/assert";
-import { DeferredMaps, type Mappable } from "../kernels/deferred_maps.ts";
+import { DeferredMaps, type Mappable } from "../kernels/webgpu/deferred_maps.ts";
 
 /** Records each mapAsync call, and settles it when the test says. */
 class RecordingBuffer implements Mappable {

@@ -43,6 +43,6 @@ Deno.test("every example in the repository that creates a device is in GPU_EXAMP
   const root = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
   assertEquals(unlistedGpuExamples(root, filesWithExamples(root)), []);
   // The listed ones do reach for a device (a file listed without need only loses its run).
-  const listed = GPU_EXAMPLES.filter((f) => f.startsWith("kernels/dispatch_count"));
-  assertEquals(listed, ["kernels/dispatch_count.ts"]);
+  const listed = GPU_EXAMPLES.filter((f) => f.startsWith("kernels/webgpu/dispatch_count"));
+  assertEquals(listed, ["kernels/webgpu/dispatch_count.ts"]);
 });

@@ -1,7 +1,7 @@
 import { assert, assertEquals } from "@std/assert";
 import { deadline } from "@std/async/deadline";
-import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
-import { createEngine, planKv, resolveBackend } from "../lib/serving/engine_factory.ts";
+import { WebGpuEngine } from "../kernels/webgpu/webgpu_engine.ts";
+import { createEngine, planKv, resolveBackend } from "../lib/compose/engine_factory.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { modelFile } from "./harness/model_files.ts";
 import { compatPath } from "./harness/compat.ts";
@@ -33,12 +33,23 @@ Deno.test("createEngine('auto') times a decode step on both engines and keeps th
     const [cpuMs, gpuMs] = [Number(m![1]), Number(m![2])];
     // It kept the one it measured faster, and says so first.
     assertEquals(engine.name, cpuMs <= gpuMs ? "cpu" : "webgpu", description);
-    assertEquals(description.startsWith(cpuMs <= gpuMs ? "cpu (WebAssembly" : "webgpu ("), true, description);
+    assertEquals(
+      description.startsWith(cpuMs <= gpuMs ? "cpu (WebAssembly" : "webgpu ("),
+      true,
+      description,
+    );
     // The kept engine has the whole cache, whichever won.
     assertEquals(engine.kv, kv);
     const r = await engine.step({
       stepId: 0,
-      seqs: [{ seqId: 1, tokens: [1, 2], startPos: 0, blockTable: [15], sample: true, sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 } }],
+      seqs: [{
+        seqId: 1,
+        tokens: [1, 2],
+        startPos: 0,
+        blockTable: [15],
+        sample: true,
+        sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 },
+      }],
     });
     assertEquals(r.sampled.length, 1);
   } finally {
@@ -54,7 +65,9 @@ Deno.test("resolveBackend('auto') on a software adapter settles on the CPU engin
     .isFallbackAdapter === true;
   // In a fresh process, so that no earlier test has loaded the driver already.
   const code = `
-    import { resolveBackend } from ${JSON.stringify(new URL("../lib/serving/engine_factory.ts", import.meta.url).href)};
+    import { resolveBackend } from ${
+    JSON.stringify(new URL("../lib/compose/engine_factory.ts", import.meta.url).href)
+  };
     const r = await resolveBackend("auto");
     const maps = Deno.readTextFileSync("/proc/self/maps");
     console.log(JSON.stringify({ ...r, driver: /libvulkan|vulkan_lvp|libEGL|libGLX?\\.|swrast|llvmpipe/.test(maps) }));
@@ -70,7 +83,11 @@ Deno.test("resolveBackend('auto') on a software adapter settles on the CPU engin
   assertEquals(r.adapter.cpuRasterizer, software);
   if (software) {
     assertEquals(r.backend, "cpu");
-    assertEquals(r.note.includes(`its adapter, ${adapter.info.description}, is a software rasterizer`), true, r.note);
+    assertEquals(
+      r.note.includes(`its adapter, ${adapter.info.description}, is a software rasterizer`),
+      true,
+      r.note,
+    );
     assertEquals(r.driver, false, "the adapter was asked in this process, not in a child");
   } else {
     // A real GPU is timed against the CPU engine by createEngine('auto').

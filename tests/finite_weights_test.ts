@@ -10,7 +10,12 @@ import { firstNonFinite } from "../lib/model/finite_weights.ts";
 import { modelFile, tempFile } from "./harness/model_files.ts";
 
 /** A copy of `name` with `value` written at byte `at` of tensor `tensor`'s data. */
-async function withBytesAt(name: string, tensor: string, at: number, value: Uint8Array): Promise<string> {
+async function withBytesAt(
+  name: string,
+  tensor: string,
+  at: number,
+  value: Uint8Array,
+): Promise<string> {
   const b = await Deno.readFile(modelFile(name));
   const h = parseGgufHeader(b, name);
   const info = h.tensorInfos.find((t) => t.name === tensor)!;
@@ -32,7 +37,12 @@ Deno.test("a NaN in an f32 norm weight is refused, naming the tensor and the ele
 
 Deno.test("an infinite f16 block scale in a Q4_0 matrix is refused, naming the block", async () => {
   // Block 5 of 18 bytes; its scale is the block's first two bytes; 0xfc00 is -Infinity.
-  const path = await withBytesAt("compat/tinyllama-like-q4_0.gguf", "blk.0.attn_q.weight", 18 * 5, u16(0xfc00));
+  const path = await withBytesAt(
+    "compat/tinyllama-like-q4_0.gguf",
+    "blk.0.attn_q.weight",
+    18 * 5,
+    u16(0xfc00),
+  );
   await assertRejects(
     () => loadModel(path),
     Error,
@@ -48,13 +58,31 @@ Deno.test("a NaN minimum (dmin) in a Q4_K block is refused", async () => {
   const info = h.tensorInfos.find((t) => t.typeId === 12)!;
   const path = await withBytesAt(file, info.name, 144 * 3 + 2, u16(0x7e00));
   const err = await assertRejects(() => loadModel(path), Error);
-  assert(err.message.endsWith(`tensor '${info.name}' (q4_k) holds NaN at the scale of block 3: the file is corrupt`), err.message);
+  assert(
+    err.message.endsWith(
+      `tensor '${info.name}' (q4_k) holds NaN at the scale of block 3: the file is corrupt`,
+    ),
+    err.message,
+  );
 });
 
 Deno.test("the untouched files hold no NaN or infinity", async () => {
-  for (const f of ["stories260K.gguf", "compat/tinyllama-like-q4_0.gguf", "compat/llama3-like-q4_k_m.gguf", "compat/stories260K-bf16.gguf"]) {
+  for (
+    const f of [
+      "stories260K.gguf",
+      "compat/tinyllama-like-q4_0.gguf",
+      "compat/llama3-like-q4_k_m.gguf",
+      "compat/stories260K-bf16.gguf",
+    ]
+  ) {
     const m = await loadModel(modelFile(f));
-    for (const t of [m.weights.tokenEmbedding, m.weights.output, ...m.weights.layers.map((l) => l.wq)]) {
+    for (
+      const t of [
+        m.weights.tokenEmbedding,
+        m.weights.output,
+        ...m.weights.layers.map((l) => l.wq),
+      ]
+    ) {
       assertEquals(firstNonFinite(t), undefined, `${f}: ${t.name}`);
     }
   }

@@ -33,7 +33,12 @@ async function outcome(path: string): Promise<string | undefined> {
 const RUNTIME_ERRORS = /^(RangeError|TypeError|SyntaxError|InternalError|ReferenceError)\b/;
 
 // The qwen2-like file's 152k-token vocabulary makes each load ~0.2 s: fewer cases there.
-for (const [name, overwrites] of [["stories260K.gguf", 120], ["compat/qwen2-like-q4_k_m.gguf", 12]] as const) {
+for (
+  const [name, overwrites] of [["stories260K.gguf", 120], [
+    "compat/qwen2-like-q4_k_m.gguf",
+    12,
+  ]] as const
+) {
   Deno.test(`corrupt copies of ${name}: each loads or is refused naming the file`, async () => {
     const original = await Deno.readFile(modelFile(name));
     const headerEnd = parseGgufHeader(original, name).dataOffset;
@@ -58,7 +63,9 @@ for (const [name, overwrites] of [["stories260K.gguf", 120], ["compat/qwen2-like
     for (const [key, entry] of header.metadata) {
       if (entry.type === 9) aimed.push({ what: `the count of ${key}`, at: find(key) + 8 });
     }
-    for (const t of header.tensorInfos.slice(0, 3)) aimed.push({ what: `dimension 0 of ${t.name}`, at: find(t.name) + 4 });
+    for (const t of header.tensorInfos.slice(0, 3)) {
+      aimed.push({ what: `dimension 0 of ${t.name}`, at: find(t.name) + 4 });
+    }
     for (const { what, at } of aimed) {
       for (const p of PATTERNS.slice(0, 3)) {
         const bytes = original.slice();
@@ -80,12 +87,19 @@ for (const [name, overwrites] of [["stories260K.gguf", 120], ["compat/qwen2-like
         const got = await outcome(path);
         if (got === undefined) continue;
         refused++;
-        assert(!RUNTIME_ERRORS.test(got) && /^\w+: Cannot load /.test(got) && got.includes(path), `${c.what}: ${got}`);
+        assert(
+          !RUNTIME_ERRORS.test(got) && /^\w+: Cannot load /.test(got) && got.includes(path),
+          `${c.what}: ${got}`,
+        );
       } finally {
         await Deno.remove(path);
       }
     }
     assert(refused >= 20, `only ${refused} of ${cases.length} corruptions were refused`);
-    console.log(`${name}: ${cases.length} corrupt copies, ${refused} refused naming the file, ${cases.length - refused} loaded`);
+    console.log(
+      `${name}: ${cases.length} corrupt copies, ${refused} refused naming the file, ${
+        cases.length - refused
+      } loaded`,
+    );
   });
 }

@@ -458,7 +458,14 @@ Deno.test("readGguf() refuses a string array whose count the file cannot hold, b
   const msg = await rejectionOf(rawGguf([[0n, 1n], ["tokenizer.ggml.tokens", 9, 8, 1n << 40n]]));
   // The count ends at byte 69: magic, version, two counts (24), the key (8 + 21), its type, the
   // element type and the count (16); then 2^40 lengths of 8 bytes; the file is 69 + 256 bytes.
-  assertEquals(msg, `file is truncated while reading the ${2 ** 40} elements of metadata 'tokenizer.ggml.tokens': needs ${2 ** 43 + 69} bytes, received ${69 + 256}`);
+  assertEquals(
+    msg,
+    `file is truncated while reading the ${
+      2 ** 40
+    } elements of metadata 'tokenizer.ggml.tokens': needs ${2 ** 43 + 69} bytes, received ${
+      69 + 256
+    }`,
+  );
   const plain = await rejectionOf(rawGguf([[0n, 1n], ["general.tags", 9, 8, 1n << 33n]]));
   assert(plain.includes(`the ${2 ** 33} elements of metadata 'general.tags'`), plain);
 });
@@ -466,11 +473,18 @@ Deno.test("readGguf() refuses a string array whose count the file cannot hold, b
 Deno.test("readGguf() refuses arrays nested past 8 levels instead of overflowing the stack", async () => {
   const levels = Array.from({ length: 100_000 }, () => [9, 1n] as (number | bigint)[]);
   const msg = await rejectionOf(rawGguf([[0n, 1n], ["general.nested", 9], ...levels]));
-  assertEquals(msg, "metadata 'general.nested'[0][0][0][0][0][0][0][0] nests arrays more than 8 deep (is the file corrupt?)");
+  assertEquals(
+    msg,
+    "metadata 'general.nested'[0][0][0][0][0][0][0][0] nests arrays more than 8 deep (is the file corrupt?)",
+  );
 });
 
 Deno.test("readGguf() refuses a tensor that would end past the file before asking for its buffer", async () => {
   // One f32 tensor of 2^20 × 2^20 elements (4 TiB) in a file of a few hundred bytes.
   const msg = await rejectionOf(rawGguf([[1n, 0n], ["huge", 2, 1n << 20n, 1n << 20n, 0, 0n]]));
-  assert(/^file is truncated while reading the data of tensor 'huge': needs \d+ bytes, received \d+$/.test(msg), msg);
+  assert(
+    /^file is truncated while reading the data of tensor 'huge': needs \d+ bytes, received \d+$/
+      .test(msg),
+    msg,
+  );
 });

@@ -1,5 +1,5 @@
 import { assertEquals } from "@std/assert";
-import { concatRows, interleaveRows } from "../kernels/gpu_matrix.ts";
+import { concatRows, interleaveRows } from "../kernels/webgpu/gpu_matrix.ts";
 import type { Tensor } from "../lib/model/tensor.ts";
 
 /** An f32 [rows, 2] tensor whose row r holds the bytes base + r (4 x 2 of them). */

@@ -1,7 +1,7 @@
 import { assert, assertEquals, assertLess, assertStringIncludes } from "@std/assert";
 import { GRAMMAR_LIMITS } from "../lib/grammar/grammar_limits.ts";
 import { GrammarUnavailableError } from "../lib/grammar/constraint_error.ts";
-import { startGrammarInBackground } from "../lib/serving/grammar_preload.ts";
+import { startGrammarInBackground } from "../lib/compose/grammar_preload.ts";
 import { parseByteSize } from "../lib/util/byte_size.ts";
 import { spawnCpuServer } from "./_serve_child.ts";
 import { compatPath } from "./harness/compat.ts";

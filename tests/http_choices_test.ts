@@ -21,7 +21,10 @@ Deno.test("choiceSeed() keeps the request's seed for choice 0 and derives distin
   const req = { requestId: "r", sampling: { ...SAMPLED, seed: 7 } } as GenerationRequest;
   const reqs = choiceRequests(req, 3);
   assertEquals(reqs[0], req);
-  assertEquals(reqs.map((r) => [r.requestId, r.sampling.seed]), [["r", 7], ["r/1", choiceSeed(7, 1)], ["r/2", choiceSeed(7, 2)]]);
+  assertEquals(reqs.map((r) => [r.requestId, r.sampling.seed]), [["r", 7], [
+    "r/1",
+    choiceSeed(7, 1),
+  ], ["r/2", choiceSeed(7, 2)]]);
 });
 
 Deno.test("POST /v1/completions with n: 3 answers 3 indexed choices, each the fake model's continuation for its choice's seed, usage summed", async () => {
@@ -32,7 +35,10 @@ Deno.test("POST /v1/completions with n: 3 answers 3 indexed choices, each the fa
   const json = await res.json();
   assertEquals(json.choices.map((c: any) => c.index), [0, 1, 2]);
   const want = [0, 1, 2].map((i) =>
-    svc.backend.continuation("Once upon a time", 12, { ...SAMPLED, seed: choiceSeed(seedToU32(42), i) })
+    svc.backend.continuation("Once upon a time", 12, {
+      ...SAMPLED,
+      seed: choiceSeed(seedToU32(42), i),
+    })
   );
   assertEquals(json.choices.map((c: any) => c.text), want.map((w) => w.text));
   assertEquals(new Set(want.map((w) => w.text)).size, 3, "the choices differ");
@@ -46,11 +52,21 @@ Deno.test("POST /v1/completions with n: 3 answers 3 indexed choices, each the fa
 
 Deno.test("streaming with n: 3: every chunk names its choice, each choice's text and finish chunk arrive, and one usage chunk sums them", async () => {
   await using svc = await startService();
-  for (const [path, extra] of [
-    ["/v1/completions", { prompt: "Once upon a time" }],
-    ["/v1/chat/completions", { messages: [{ role: "user", content: "Tell me a story" }] }],
-  ] as const) {
-    const body = { ...extra, max_tokens: 10, temperature: 0.9, seed: 5, n: 3, stream: true, stream_options: { include_usage: true } };
+  for (
+    const [path, extra] of [
+      ["/v1/completions", { prompt: "Once upon a time" }],
+      ["/v1/chat/completions", { messages: [{ role: "user", content: "Tell me a story" }] }],
+    ] as const
+  ) {
+    const body = {
+      ...extra,
+      max_tokens: 10,
+      temperature: 0.9,
+      seed: 5,
+      n: 3,
+      stream: true,
+      stream_options: { include_usage: true },
+    };
     const whole = await (await postJson(svc.base + path, { ...body, stream: false })).json();
     const events = parseSse(await (await postJson(svc.base + path, body)).text());
     assertEquals(events.at(-1), "[DONE]");
@@ -77,7 +93,13 @@ Deno.test("n: 4 shares the prompt's KV blocks: the other choices find every prom
   const fullBlocks = Math.floor((promptTokens - 1) / 16);
   assert(fullBlocks >= 3, `the prompt spans ${fullBlocks} full blocks`);
   const before = svc.backend.serving.scheduler.stats();
-  const res = await postJson(svc.base + "/v1/completions", { prompt, max_tokens: 6, temperature: 0.9, seed: 1, n: 4 });
+  const res = await postJson(svc.base + "/v1/completions", {
+    prompt,
+    max_tokens: 6,
+    temperature: 0.9,
+    seed: 1,
+    n: 4,
+  });
   assertEquals(res.status, 200);
   const after = svc.backend.serving.scheduler.stats();
   // Choice 0 computes the prompt; choices 1-3 each find its full blocks cached, and all but the
@@ -89,7 +111,10 @@ Deno.test("n: 4 shares the prompt's KV blocks: the other choices find every prom
 Deno.test("n outside 1..16 is refused with a 400 naming it", async () => {
   await using svc = await startService();
   for (const n of [0, 17, 2.5]) {
-    const res = await postJson(svc.base + "/v1/chat/completions", { messages: [{ role: "user", content: "x" }], n });
+    const res = await postJson(svc.base + "/v1/chat/completions", {
+      messages: [{ role: "user", content: "x" }],
+      n,
+    });
     assertEquals([res.status, (await res.json()).error.param], [400, "n"]);
   }
 });

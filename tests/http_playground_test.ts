@@ -196,9 +196,14 @@ Deno.test("on a server of several models the playground picks the model: its lin
     page.on("pageerror", (e) => pageErrors.push(String(e)));
     await page.goto(server.base + "/");
     await page.waitForSelector("#model-picker:not([hidden])");
-    assertEquals(await page.$$eval("#model-pick option", (os) => os.map((o) => o.textContent)), [a, b]);
+    assertEquals(await page.$$eval("#model-pick option", (os) => os.map((o) => o.textContent)), [
+      a,
+      b,
+    ]);
     await page.selectOption("#model-pick", b);
-    await page.waitForFunction(`document.querySelector("#model-name")?.textContent === ${JSON.stringify(b)}`);
+    await page.waitForFunction(
+      `document.querySelector("#model-name")?.textContent === ${JSON.stringify(b)}`,
+    );
     await page.waitForFunction(`document.querySelector("#stat-conn")?.textContent === "open"`);
     await page.fill("#prompt", "Once upon a time");
     await page.fill("#temperature", "0");

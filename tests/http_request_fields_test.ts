@@ -44,7 +44,10 @@ Deno.test("every refused field is accepted at the value that means off, and as n
   await using svc = await startService();
   const tables = [
     ["/v1/completions", { prompt: "x", max_tokens: 1 }, REFUSED_COMMON],
-    ["/v1/chat/completions", { messages: msgs, max_tokens: 1 }, { ...REFUSED_COMMON, ...REFUSED_CHAT }],
+    ["/v1/chat/completions", { messages: msgs, max_tokens: 1 }, {
+      ...REFUSED_COMMON,
+      ...REFUSED_CHAT,
+    }],
   ] as const;
   let sent = 0;
   for (const [path, body, table] of tables) {

@@ -156,9 +156,22 @@ Deno.test("the text format puts method, route, status, id, tokens, TTFT and tota
     "2026-12-01T09:00:00.000Z POST /v1/completions 200 id=abc prompt=5 completion=16 ttft=3.1ms total=40.2ms cached=false",
   );
   // No route matched: the line names the path, quoted where it could forge a line.
-  const unmatched = { time: "t", request_id: "abc", method: "GET", route: "unmatched", status: 404, total_ms: 1 };
-  assertEquals(formatText({ ...unmatched, path: "/favicon.ico" }), "t GET unmatched path=/favicon.ico 404 id=abc total=1ms");
-  assertEquals(formatText({ ...unmatched, path: "/a\nb" }), 't GET unmatched path="/a\\nb" 404 id=abc total=1ms');
+  const unmatched = {
+    time: "t",
+    request_id: "abc",
+    method: "GET",
+    route: "unmatched",
+    status: 404,
+    total_ms: 1,
+  };
+  assertEquals(
+    formatText({ ...unmatched, path: "/favicon.ico" }),
+    "t GET unmatched path=/favicon.ico 404 id=abc total=1ms",
+  );
+  assertEquals(
+    formatText({ ...unmatched, path: "/a\nb" }),
+    't GET unmatched path="/a\\nb" 404 id=abc total=1ms',
+  );
 });
 
 Deno.test("the request id is on the request's llm.request span", async () => {

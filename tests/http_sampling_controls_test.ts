@@ -9,11 +9,11 @@ import { ServingCore } from "../actors/core.ts";
 import { createApp } from "../lib/http/app.ts";
 import { RequestLog } from "../lib/http/request_log.ts";
 import { serveService } from "../lib/http/serve.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { type LogitControls, PenaltyState } from "../lib/core/logit_controls.ts";
 import { loadModel } from "../lib/model/load_model.ts";
-import { CoreBackend } from "../lib/serving/core_backend.ts";
+import { CoreBackend } from "../lib/backend/core_backend.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { parseSse, postJson, startService, TestSocket } from "./_http_harness.ts";
 import { topLogprobs } from "../lib/engine/top_logprobs.ts";
@@ -29,7 +29,10 @@ const ENDPOINTS = [
 Deno.test("the penalties and logit_bias reach the core as its logit controls, on both endpoints", async () => {
   await using svc = await startService();
   const cases: [Record<string, unknown>, LogitControls | undefined][] = [
-    [{ presence_penalty: 0.5, frequency_penalty: -1.25 }, { presencePenalty: 0.5, frequencyPenalty: -1.25 }],
+    [{ presence_penalty: 0.5, frequency_penalty: -1.25 }, {
+      presencePenalty: 0.5,
+      frequencyPenalty: -1.25,
+    }],
     [{ logit_bias: { "17": -100, "3": 2.5, "9": 0 } }, { logitBias: [[3, 2.5], [17, -100]] }],
     // vLLM's spelling: no window; llama-server's: its default window of 64 unless given.
     [{ repetition_penalty: 1.3 }, { repetitionPenalty: 1.3, repeatLastN: -1 }],
@@ -37,14 +40,21 @@ Deno.test("the penalties and logit_bias reach the core as its logit controls, on
     [{ repeat_penalty: 1.1, repeat_last_n: 8 }, { repetitionPenalty: 1.1, repeatLastN: 8 }],
     [{ repetition_penalty: 1.2, repeat_penalty: 1.2 }, { repetitionPenalty: 1.2, repeatLastN: -1 }],
     // At their defaults, or a window of 0: no controls at all.
-    [{ presence_penalty: 0, frequency_penalty: 0, logit_bias: {}, repetition_penalty: 1 }, undefined],
+    [
+      { presence_penalty: 0, frequency_penalty: 0, logit_bias: {}, repetition_penalty: 1 },
+      undefined,
+    ],
     [{ repeat_penalty: 1.5, repeat_last_n: 0 }, undefined],
   ];
   for (const [path, body] of ENDPOINTS) {
     for (const [fields, want] of cases) {
       const res = await postJson(svc.base + path, { ...body, ...fields });
       assertEquals(res.status, 200, `${path} ${JSON.stringify(fields)}: ${await res.text()}`);
-      assertEquals(svc.backend.requests.at(-1)!.controls, want, `${path} ${JSON.stringify(fields)}`);
+      assertEquals(
+        svc.backend.requests.at(-1)!.controls,
+        want,
+        `${path} ${JSON.stringify(fields)}`,
+      );
     }
   }
 });
@@ -56,7 +66,11 @@ Deno.test("out-of-range penalties and biases get a 400 naming the field, on both
     [{ frequency_penalty: -3 }, "frequency_penalty", /too small/],
     [{ logit_bias: { "5": 101 } }, "logit_bias.5", /too big/],
     [{ logit_bias: { "five": 1 } }, "logit_bias.five", /keys must be token ids/],
-    [{ logit_bias: { "512": 1 } }, "logit_bias", /token id 512 is outside the model's vocabulary of 512 ids/],
+    [
+      { logit_bias: { "512": 1 } },
+      "logit_bias",
+      /token id 512 is outside the model's vocabulary of 512 ids/,
+    ],
     [{ repetition_penalty: 0 }, "repetition_penalty", /too small/],
     [{ repeat_penalty: 2.5 }, "repeat_penalty", /too big/],
     [{ repeat_last_n: -2 }, "repeat_last_n", /too small/],
@@ -87,7 +101,9 @@ Deno.test("out-of-range penalties and biases get a 400 naming the field, on both
 
 // The real model: the served text is the reference engine's, generated here with the core's
 // PenaltyState over every token so far.
-const model = await loadModel(modelFile("stories260K.bin"), { tokenizerPath: modelFile("tok512.bin") });
+const model = await loadModel(modelFile("stories260K.bin"), {
+  tokenizerPath: modelFile("tok512.bin"),
+});
 const tokenizer = new Tokenizer(model.tokenizer!);
 const KV = { numBlocks: 64, blockSize: 16 };
 
@@ -138,7 +154,15 @@ async function oracleText(prompt: number[], n: number, controls: LogitControls):
     const adjust = state.adjust(all.length);
     const r = await engine.step({
       stepId: step,
-      seqs: [{ seqId: 1, tokens: all.slice(start), startPos: start, blockTable: [0, 1, 2, 3], sample: true, sampling: GREEDY, ...(adjust ? { adjust } : {}) }],
+      seqs: [{
+        seqId: 1,
+        tokens: all.slice(start),
+        startPos: start,
+        blockTable: [0, 1, 2, 3],
+        sample: true,
+        sampling: GREEDY,
+        ...(adjust ? { adjust } : {}),
+      }],
     });
     const t = r.sampled[0]!.token;
     if (tokenizer.eogIds.has(t)) break;
@@ -162,12 +186,18 @@ function realService() {
   return { core, service };
 }
 
-async function post(service: { fetch(r: Request): Response | Promise<Response> }, path: string, body: unknown) {
-  return await service.fetch(new Request("http://x" + path, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify(body),
-  }));
+async function post(
+  service: { fetch(r: Request): Response | Promise<Response> },
+  path: string,
+  body: unknown,
+) {
+  return await service.fetch(
+    new Request("http://x" + path, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(body),
+    }),
+  );
 }
 
 Deno.test("POST /v1/completions on stories260K serves the reference engine's text under repetition, presence and frequency penalties and a logit bias", async () => {
@@ -175,18 +205,28 @@ Deno.test("POST /v1/completions on stories260K serves the reference engine's tex
   try {
     const prompt = tokenizer.encode("Once upon a time", { bos: true });
     const complete = async (fields: Record<string, unknown>) => {
-      const res = await service.fetch(new Request("http://x/v1/completions", {
-        method: "POST",
-        headers: { "content-type": "application/json" },
-        body: JSON.stringify({ prompt: "Once upon a time", max_tokens: 40, temperature: 0, ...fields }),
-      }));
+      const res = await service.fetch(
+        new Request("http://x/v1/completions", {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({
+            prompt: "Once upon a time",
+            max_tokens: 40,
+            temperature: 0,
+            ...fields,
+          }),
+        }),
+      );
       assertEquals(res.status, 200);
       return (await res.json()).choices[0].text as string;
     };
     const plain = await complete({});
     const cases: [Record<string, unknown>, LogitControls][] = [
       [{ repetition_penalty: 1.5 }, { repetitionPenalty: 1.5 }],
-      [{ presence_penalty: 1.5, frequency_penalty: 0.5 }, { presencePenalty: 1.5, frequencyPenalty: 0.5 }],
+      [{ presence_penalty: 1.5, frequency_penalty: 0.5 }, {
+        presencePenalty: 1.5,
+        frequencyPenalty: 0.5,
+      }],
       [{ logit_bias: { "432": -100, "426": 3 } }, { logitBias: [[426, 3], [432, -100]] }],
     ];
     for (const [fields, controls] of cases) {
@@ -209,7 +249,14 @@ async function oracleTop(prompt: number[], steps: number, n: number) {
     const r = await engine.step({
       stepId: step,
       returnLogits: true,
-      seqs: [{ seqId: 1, tokens: feed, startPos: pos, blockTable: [0, 1, 2, 3], sample: true, sampling: GREEDY }],
+      seqs: [{
+        seqId: 1,
+        tokens: feed,
+        startPos: pos,
+        blockTable: [0, 1, 2, 3],
+        sample: true,
+        sampling: GREEDY,
+      }],
     });
     const s = r.sampled[0]!;
     const t = topLogprobs(s.logits!, n);
@@ -275,10 +322,23 @@ Deno.test("chat's top_logprobs: 3 gives OpenAI's content entries with 3 alternat
     const tooMany = await post(service, "/v1/completions", { prompt: "x", logprobs: 21 });
     assertEquals([tooMany.status, (await tooMany.json()).error.param], [400, "logprobs"]);
     // The WebSocket's token frames carry them as top_logprobs: [{token_id, text, logprob}].
-    const server = await serveService(service, { hostname: "127.0.0.1", port: 0, drainTimeoutMs: 1000, signals: [] });
+    const server = await serveService(service, {
+      hostname: "127.0.0.1",
+      port: 0,
+      drainTimeoutMs: 1000,
+      signals: [],
+    });
     const ws = await TestSocket.open(`ws://127.0.0.1:${server.addr.port}/v1/stream`);
     try {
-      ws.send({ type: "generate", id: "a", prompt: "Once upon a time", max_tokens: 5, temperature: 0, logprobs: true, top_logprobs: 4 });
+      ws.send({
+        type: "generate",
+        id: "a",
+        prompt: "Once upon a time",
+        max_tokens: 5,
+        temperature: 0,
+        logprobs: true,
+        top_logprobs: 4,
+      });
       const frames = (await ws.collect("a")).filter((f) => f.type === "token") as any[];
       const want = await oracleTop(tokenizer.encode("Once upon a time", { bos: true }), 5, 4);
       assertEquals(frames.length, 5);
@@ -302,13 +362,22 @@ Deno.test("chat's top_logprobs: 3 gives OpenAI's content entries with 3 alternat
 Deno.test("stop_token_ids, min_tokens and ignore_eos reach the core; out of range they get a 400 naming them", async () => {
   await using svc = await startService();
   for (const [path, body] of ENDPOINTS) {
-    const ok = await postJson(svc.base + path, { ...body, stop_token_ids: [7, 9, 7], min_tokens: 2, ignore_eos: true });
+    const ok = await postJson(svc.base + path, {
+      ...body,
+      stop_token_ids: [7, 9, 7],
+      min_tokens: 2,
+      ignore_eos: true,
+    });
     assertEquals(ok.status, 200, await ok.text());
     const req = svc.backend.requests.at(-1)!;
     assertEquals([req.stopTokenIds, req.ignoreEos, req.controls], [[7, 9], true, { minTokens: 2 }]);
     const bad: [Record<string, unknown>, string, RegExp][] = [
       [{ stop_token_ids: [-1] }, "stop_token_ids[0]", /too small/],
-      [{ stop_token_ids: [3, 512] }, "stop_token_ids", /token id 512 at index 1 is outside the model's vocabulary of 512 ids/],
+      [
+        { stop_token_ids: [3, 512] },
+        "stop_token_ids",
+        /token id 512 at index 1 is outside the model's vocabulary of 512 ids/,
+      ],
       [{ min_tokens: -1 }, "min_tokens", /too small/],
       [{ min_tokens: 5 }, "min_tokens", /above the 4 tokens this request may generate/],
       [{ ignore_eos: "yes" }, "ignore_eos", /expected boolean/],
@@ -337,7 +406,15 @@ async function storyIds(stops: number[], minTokens = 0): Promise<number[]> {
     const adjust = state.adjust(all.length);
     const r = await engine.step({
       stepId: out.length,
-      seqs: [{ seqId: 1, tokens: all.slice(start), startPos: start, blockTable: TABLE, sample: true, sampling: SAMPLED, ...(adjust ? { adjust } : {}) }],
+      seqs: [{
+        seqId: 1,
+        tokens: all.slice(start),
+        startPos: start,
+        blockTable: TABLE,
+        sample: true,
+        sampling: SAMPLED,
+        ...(adjust ? { adjust } : {}),
+      }],
     });
     const t = r.sampled[0]!.token;
     start = all.length;
@@ -353,7 +430,12 @@ const TABLE = Array.from({ length: 32 }, (_, i) => i);
 
 Deno.test("on stories260K over the WebSocket: ignore_eos generates past the story's end, min_tokens holds it back, stop_token_ids ends it early; each the reference engine's ids", async () => {
   const { core, service } = realService();
-  const server = await serveService(service, { hostname: "127.0.0.1", port: 0, drainTimeoutMs: 1000, signals: [] });
+  const server = await serveService(service, {
+    hostname: "127.0.0.1",
+    port: 0,
+    drainTimeoutMs: 1000,
+    signals: [],
+  });
   const ws = await TestSocket.open(`ws://127.0.0.1:${server.addr.port}/v1/stream`);
   let n = 0;
   const run = async (fields: Record<string, unknown>) => {

@@ -5,7 +5,7 @@ import { type GgufMetadataEntry, readGgufHeader } from "../lib/model/gguf.ts";
 import { ggufTokenizerData } from "../lib/model/gguf_tokenizer.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { ByteStrings } from "../lib/util/byte_strings.ts";
-import { T, type WEntry, type WTensor, writeGguf } from "./_gguf_writer.ts";
+import { T, type WEntry, writeGguf, type WTensor } from "./_gguf_writer.ts";
 import { compatPath } from "./harness/compat.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
 
@@ -86,9 +86,7 @@ async function chosenWeightsModel(dir: string): Promise<string> {
     { key: "llama.attention.head_count_kv", type: T.U32, value: 2 },
     { key: "llama.rope.freq_base", type: T.F32, value: 10000 },
     { key: "llama.attention.layer_norm_rms_epsilon", type: T.F32, value: 1e-6 },
-    ...[...src.metadata].filter(([k]) => k.startsWith("tokenizer.")).map(([k, e]) =>
-      entryOf(k, e)
-    ),
+    ...[...src.metadata].filter(([k]) => k.startsWith("tokenizer.")).map(([k, e]) => entryOf(k, e)),
   ];
   const square = () => f32(Float32Array.from({ length: DIM * DIM }, (_, i) => Math.sin(i) * 0.1));
   const tensors: WTensor[] = [

@@ -4,7 +4,7 @@ import { resultCacheKey } from "../lib/core/result_cache.ts";
 import { parseSse, postJson, startService, TestSocket } from "./_http_harness.ts";
 
 /**
- * Tool calls over HTTP on the fake model (lib/http/tools.ts, tool_calls.ts): what reaches the
+ * Tool calls over HTTP on the fake model (lib/chat/tools.ts, tool_calls.ts): what reaches the
  * core (the prompt the template rendered with the tools, the constraint of a forced call), the
  * response shapes (message.tool_calls, delta.tool_calls, finish_reason "tool_calls"), and every
  * 400. The fake model samples uniformly under the grammar's mask, so a forced call's arguments
@@ -112,7 +112,10 @@ Deno.test("a forced call cut by max_tokens comes back as that call so far, finis
   assertEquals(complete, false, fn.arguments);
   // Streamed, the same seed gives the same call in deltas, and no content.
   const res = await postJson(svc.base + "/v1/chat/completions", { ...request, stream: true });
-  type Delta = { content?: string; tool_calls?: { function: { name?: string; arguments: string } }[] };
+  type Delta = {
+    content?: string;
+    tool_calls?: { function: { name?: string; arguments: string } }[];
+  };
   const chunks = parseSse(await res.text()).slice(0, -1) as {
     choices: { delta: Delta; finish_reason: string | null }[];
   }[];

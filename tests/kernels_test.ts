@@ -1,13 +1,13 @@
 import { assert, assertEquals, assertLess } from "@std/assert";
-import { acquireGpu } from "../kernels/device.ts";
-import { createEmbedding } from "../kernels/embedding.ts";
-import { uploadMatrix } from "../kernels/gpu_matrix.ts";
-import { createRopeStore, uploadRopeTable } from "../kernels/rope.ts";
-import { LAST_SAMPLED_FLAG } from "../kernels/step_meta.ts";
-import { createSwiglu } from "../kernels/swiglu.ts";
+import { acquireGpu } from "../kernels/webgpu/device.ts";
+import { createEmbedding } from "../kernels/webgpu/embedding.ts";
+import { uploadMatrix } from "../kernels/webgpu/gpu_matrix.ts";
+import { createRopeStore, uploadRopeTable } from "../kernels/webgpu/rope.ts";
+import { LAST_SAMPLED_FLAG } from "../kernels/webgpu/step_meta.ts";
+import { createSwiglu } from "../kernels/webgpu/swiglu.ts";
 import { dequantize } from "../lib/model/dequantize.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
-import { rope, swiglu } from "../lib/engine/cpu/ops.ts";
+import { rope, swiglu } from "../kernels/reference/ops.ts";
 import { BLOCK_LAYOUT, TENSOR_TYPES } from "../lib/model/tensor.ts";
 import {
   randomF32,

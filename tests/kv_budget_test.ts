@@ -64,7 +64,8 @@ Deno.test("planKvCache() with --kv-memory uses that budget, and refuses one that
   assertStringIncludes(shortened.why, "context shortened from 2048 to 1024 tokens");
   // ...but one asked for (--context-length) is the user's: the cache that cannot hold it is an error.
   const tooSmall = assertThrows(
-    () => planKvCache(small, { blockSize: 16, maxRunning: 1, kvMemory: 64 * MiB, contextFixed: true }),
+    () =>
+      planKvCache(small, { blockSize: 16, maxRunning: 1, kvMemory: 64 * MiB, contextFixed: true }),
     Error,
   );
   assertStringIncludes(
@@ -95,10 +96,19 @@ Deno.test("planKvCache() for a model split over two CPU engine memories: capped 
   const llama8b = { ...LLAMA32_1B, dim: 4096, hiddenDim: 14336, nLayers: 32, headDim: 128 };
   const blockBytes = kvBlockBytes(llama8b, 16, 2);
   assertEquals(blockBytes, 2 * MiB);
-  const req = { blockSize: 16, maxRunning: 4, bytesPerElement: 2, maxBytes: 1024 * blockBytes, memories: 2 };
+  const req = {
+    blockSize: 16,
+    maxRunning: 4,
+    bytesPerElement: 2,
+    maxBytes: 1024 * blockBytes,
+    memories: 2,
+  };
   const roomy = planKvCache(llama8b, { ...req, availableMemory: 20 * 2 ** 30 });
   assertEquals(roomy.numBlocks, 1024);
-  assertStringIncludes(roomy.why, "the room beside the weights in the CPU engine's 2 WebAssembly memories");
+  assertStringIncludes(
+    roomy.why,
+    "the room beside the weights in the CPU engine's 2 WebAssembly memories",
+  );
   const tight = planKvCache(llama8b, { ...req, availableMemory: 2 * 2 ** 30 });
   assertEquals(tight.numBlocks, 256); // a quarter of 2 GiB, 2 MiB a block
   assertStringIncludes(tight.why, "a quarter of the 2.0 GiB of free memory");

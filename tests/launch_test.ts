@@ -3,8 +3,8 @@
  * the launcher derives from the configuration, and signals reaching the server through it.
  */
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
-import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
+import { referenceGenerate } from "../kernels/reference/reference_generate.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";

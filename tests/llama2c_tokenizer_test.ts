@@ -5,7 +5,11 @@ import { ggufToModel } from "../lib/model/gguf_model.ts";
 
 function modelsMirror(): string {
   const dir = Deno.env.get("MODEL_MIRROR");
-  if (!dir) throw new Error("MODEL_MIRROR is unset: point it at the test models directory (e.g. ../shared/models)");
+  if (!dir) {
+    throw new Error(
+      "MODEL_MIRROR is unset: point it at the test models directory (e.g. ../shared/models)",
+    );
+  }
   return dir;
 }
 
@@ -27,7 +31,8 @@ function recordOffsets(bytes: Uint8Array, count: number): number[] {
 Deno.test("parseLlama2cTokenizer() reads tok512.bin as llama.cpp's converter read it into stories260K.gguf", async () => {
   const bytes = await Deno.readFile(tok512Path());
   const tok = parseLlama2cTokenizer(bytes, 512, "tok512.bin");
-  const gguf = ggufToModel(await readGguf(`${modelsMirror()}/stories260K.gguf`), "stories260K.gguf").tokenizer!;
+  const gguf = ggufToModel(await readGguf(`${modelsMirror()}/stories260K.gguf`), "stories260K.gguf")
+    .tokenizer!;
   assertEquals(tok.tokens.length, 512);
   assertEquals(tok.scores.length, 512);
   assertEquals(gguf.tokens.length, 512);
@@ -71,17 +76,29 @@ Deno.test("parseLlama2cTokenizer() names the token where a truncated file ends",
     [bytes.byteLength - 1, 511], // last byte of the last token missing
   ];
   for (const [cut, token] of cases) {
-    const err = assertThrows(() => parseLlama2cTokenizer(bytes.slice(0, cut), 512, "cut.bin"), Error);
+    const err = assertThrows(
+      () => parseLlama2cTokenizer(bytes.slice(0, cut), 512, "cut.bin"),
+      Error,
+    );
     assertEquals(
-      err.message.startsWith(`Cannot load llama2.c tokenizer cut.bin: file is truncated at token ${token} of 512`),
+      err.message.startsWith(
+        `Cannot load llama2.c tokenizer cut.bin: file is truncated at token ${token} of 512`,
+      ),
       true,
       `cut at ${cut}: ${err.message}`,
     );
   }
   const err = assertThrows(() => parseLlama2cTokenizer(bytes, 513, "tok512.bin"), Error);
   assertEquals(err.message.includes("truncated at token 512 of 513"), true, err.message);
-  const header = assertThrows(() => parseLlama2cTokenizer(bytes.slice(0, 2), 512, "tiny.bin"), Error);
-  assertEquals(header.message.includes("expected a 4-byte max_token_length header, received 2 bytes"), true, header.message);
+  const header = assertThrows(
+    () => parseLlama2cTokenizer(bytes.slice(0, 2), 512, "tiny.bin"),
+    Error,
+  );
+  assertEquals(
+    header.message.includes("expected a 4-byte max_token_length header, received 2 bytes"),
+    true,
+    header.message,
+  );
 });
 
 Deno.test("parseLlama2cTokenizer() rejects a negative token length, a bad header and a bad vocabulary size", async () => {
@@ -89,11 +106,23 @@ Deno.test("parseLlama2cTokenizer() rejects a negative token length, a bad header
   const offsets = recordOffsets(bytes, 512);
   const negative = bytes.slice();
   new DataView(negative.buffer).setInt32(offsets[5]! + 4, -3, true);
-  assertThrows(() => parseLlama2cTokenizer(negative, 512, "neg.bin"), Error, "token 5 has a negative length -3");
+  assertThrows(
+    () => parseLlama2cTokenizer(negative, 512, "neg.bin"),
+    Error,
+    "token 5 has a negative length -3",
+  );
 
   const zeroMax = bytes.slice();
   new DataView(zeroMax.buffer).setInt32(0, 0, true);
-  assertThrows(() => parseLlama2cTokenizer(zeroMax, 512, "zero.bin"), Error, "max_token_length must be positive, received 0");
+  assertThrows(
+    () => parseLlama2cTokenizer(zeroMax, 512, "zero.bin"),
+    Error,
+    "max_token_length must be positive, received 0",
+  );
 
-  assertThrows(() => parseLlama2cTokenizer(bytes, 0, "tok512.bin"), Error, "vocabulary size must be an integer above 2, received 0");
+  assertThrows(
+    () => parseLlama2cTokenizer(bytes, 0, "tok512.bin"),
+    Error,
+    "vocabulary size must be an integer above 2, received 0",
+  );
 });

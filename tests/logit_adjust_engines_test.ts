@@ -4,10 +4,10 @@
  * the core's own PenaltyState, token for token alike.
  */
 import { assert, assertAlmostEquals, assertEquals, assertNotEquals } from "@std/assert";
-import { LogitAdjustOp } from "../kernels/logit_adjust.ts";
-import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
+import { LogitAdjustOp } from "../kernels/webgpu/logit_adjust.ts";
+import { WebGpuEngine } from "../kernels/webgpu/webgpu_engine.ts";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
 import { type Engine, GREEDY, type SamplingParams } from "../lib/engine/engine.ts";
 import type { LogitAdjust } from "../lib/engine/logit_adjust.ts";
 import { type LogitControls, PenaltyState } from "../lib/core/logit_controls.ts";
@@ -103,7 +103,10 @@ async function allEngines(model: Model): Promise<Record<"reference" | "cpu" | "w
     reference: new CpuEngine(model.config, model.weights, KV),
     // f32 KV: the CPU engine's logits are then within 1e-3 of the reference (wasm_engine_test).
     cpu: await WasmEngine.create(model.config, model.weights, KV, { kvDtype: "f32" }),
-    webgpu: await WebGpuEngine.create(model.config, model.weights, KV, { gpu: await testGpu(), kvDtype: "f32" }),
+    webgpu: await WebGpuEngine.create(model.config, model.weights, KV, {
+      gpu: await testGpu(),
+      kvDtype: "f32",
+    }),
   };
 }
 
@@ -124,12 +127,18 @@ async function checkEnginesAgree(
         const want = await generate(engines.reference, prompt, steps, sampling, controls);
         const label = `${what}, temperature ${sampling.temperature}`;
         // The normaliser moves once any listed token's logit does: the controls took effect.
-        assertNotEquals(want.logprobs, plain.logprobs, `${label}: the controls change the logprobs`);
+        assertNotEquals(
+          want.logprobs,
+          plain.logprobs,
+          `${label}: the controls change the logprobs`,
+        );
         for (const name of ["cpu", "webgpu"] as const) {
           const got = await generate(engines[name], prompt, steps, sampling, controls);
           assertEquals(got.tokens, want.tokens, `${label}: ${name} tokens`);
           const tol = name === "webgpu" ? 1e-4 : cpuTolerance;
-          got.logprobs.forEach((lp, i) => assertAlmostEquals(lp, want.logprobs[i]!, tol, `${label}: ${name} logprob ${i}`));
+          got.logprobs.forEach((lp, i) =>
+            assertAlmostEquals(lp, want.logprobs[i]!, tol, `${label}: ${name} logprob ${i}`)
+          );
         }
         for (const [id, bias] of controls.logitBias ?? []) {
           if (bias > -100) continue;
@@ -144,7 +153,9 @@ async function checkEnginesAgree(
 }
 
 Deno.test("reference, CPU and WebGPU engines give the same tokens and logprobs on stories260K with repetition, presence and frequency penalties and logit bias", async () => {
-  const model = await loadModel(modelFile("stories260K.bin"), { tokenizerPath: modelFile("tok512.bin") });
+  const model = await loadModel(modelFile("stories260K.bin"), {
+    tokenizerPath: modelFile("tok512.bin"),
+  });
   const ref = new CpuEngine(model.config, model.weights, KV);
   const greedy = await generate(ref, PROMPT, 40, GREEDY, undefined);
   ref.dispose();
@@ -181,11 +192,20 @@ Deno.test("reference, CPU and WebGPU engines agree with penalties and bias on a 
 });
 
 Deno.test("each engine's logprob is over the biased row: log softmax of raw logits plus the bias, computed here from the raw logits", async () => {
-  const model = await loadModel(modelFile("stories260K.bin"), { tokenizerPath: modelFile("tok512.bin") });
+  const model = await loadModel(modelFile("stories260K.bin"), {
+    tokenizerPath: modelFile("tok512.bin"),
+  });
   const engines = await allEngines(model);
   try {
     for (const [name, engine] of Object.entries(engines)) {
-      const seq = { seqId: 1, tokens: PROMPT, startPos: 0, blockTable: TABLE, sample: true, sampling: GREEDY };
+      const seq = {
+        seqId: 1,
+        tokens: PROMPT,
+        startPos: 0,
+        blockTable: TABLE,
+        sample: true,
+        sampling: GREEDY,
+      };
       const raw = (await engine.step({ stepId: 0, seqs: [seq], returnLogits: true })).sampled[0]!;
       engine.release?.(1);
       // +3 on the raw runner-up: it wins if within 3 nats, and the normaliser moves either way.
@@ -201,7 +221,12 @@ Deno.test("each engine's logprob is over the biased row: log softmax of raw logi
       const lse = max + Math.log(l.reduce((s, v) => s + Math.exp(v - max), 0));
       const want = l.indexOf(max);
       assertEquals(biased.token, want, `${name}: token`);
-      assertAlmostEquals(biased.logprob, l[want]! - lse, 1e-4, `${name}: logprob over the biased row`);
+      assertAlmostEquals(
+        biased.logprob,
+        l[want]! - lse,
+        1e-4,
+        `${name}: logprob over the biased row`,
+      );
       assert(Math.abs(biased.logprob - raw.logprob) > 1e-3, `${name}: the bias moved the logprob`);
     }
   } finally {
@@ -216,8 +241,15 @@ interface Spec {
 }
 
 /** Decodes several sequences in the same steps (each row adjusted by its own state). */
-async function generateTogether(engine: Engine, specs: readonly Spec[], steps: number, seqBase: number): Promise<Generated[]> {
-  const states = specs.map((s) => s.controls && new PenaltyState(s.controls, s.prompt, s.prompt.length, []));
+async function generateTogether(
+  engine: Engine,
+  specs: readonly Spec[],
+  steps: number,
+  seqBase: number,
+): Promise<Generated[]> {
+  const states = specs.map((s) =>
+    s.controls && new PenaltyState(s.controls, s.prompt, s.prompt.length, [])
+  );
   const all = specs.map((s) => [...s.prompt]);
   const starts = specs.map(() => 0);
   const out = specs.map((): Generated => ({ tokens: [], logprobs: [] }));
@@ -230,7 +262,12 @@ async function generateTogether(engine: Engine, specs: readonly Spec[], steps: n
           seqId: seqBase + i,
           tokens: all[i]!.slice(starts[i]),
           startPos: starts[i]!,
-          blockTable: [4 * (seqBase + i), 4 * (seqBase + i) + 1, 4 * (seqBase + i) + 2, 4 * (seqBase + i) + 3],
+          blockTable: [
+            4 * (seqBase + i),
+            4 * (seqBase + i) + 1,
+            4 * (seqBase + i) + 2,
+            4 * (seqBase + i) + 3,
+          ],
           sample: true,
           sampling: s.sampling,
           ...(adjust ? { adjust } : {}),
@@ -250,9 +287,15 @@ async function generateTogether(engine: Engine, specs: readonly Spec[], steps: n
 }
 
 Deno.test("batch invariance with penalties and bias: each sequence's tokens and logprobs are the same alone or sharing its steps (CPU and WebGPU engines)", async () => {
-  const model = await loadModel(modelFile("stories260K.bin"), { tokenizerPath: modelFile("tok512.bin") });
+  const model = await loadModel(modelFile("stories260K.bin"), {
+    tokenizerPath: modelFile("tok512.bin"),
+  });
   const specs: Spec[] = [
-    { prompt: PROMPT, sampling: SEEDED, controls: { repetitionPenalty: 1.3, frequencyPenalty: 0.5 } },
+    {
+      prompt: PROMPT,
+      sampling: SEEDED,
+      controls: { repetitionPenalty: 1.3, frequencyPenalty: 0.5 },
+    },
     { prompt: [1, 403, 407], sampling: GREEDY, controls: { logitBias: [[261, -100], [300, 3]] } },
     { prompt: [1, 300], sampling: { ...SEEDED, seed: 9 } },
     { prompt: PROMPT, sampling: GREEDY, controls: { presencePenalty: 1 } },
@@ -265,7 +308,11 @@ Deno.test("batch invariance with penalties and bias: each sequence's tokens and 
       for (const [i, spec] of specs.entries()) {
         const [alone] = await generateTogether(e, [spec], 20, 8 + i);
         assertEquals(alone!.tokens, together[i]!.tokens, `${name} sequence ${i}: tokens`);
-        assertEquals(alone!.logprobs, together[i]!.logprobs, `${name} sequence ${i}: logprobs, bit for bit`);
+        assertEquals(
+          alone!.logprobs,
+          together[i]!.logprobs,
+          `${name} sequence ${i}: logprobs, bit for bit`,
+        );
       }
     }
   } finally {

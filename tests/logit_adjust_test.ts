@@ -72,7 +72,10 @@ Deno.test("SUPPRESS_BIAS takes a token out of the draw at any temperature withou
 Deno.test("logitAdjustProblem() names an id outside the vocabulary, a repeated id, a penalty <= 0 and ragged arrays", () => {
   assertEquals(logitAdjustProblem(adj([[1, 1, 1, 0]]), 4), undefined);
   assertEquals(logitAdjustProblem(adj([[4, 1, 1, 0]]), 4), "token id 4 is outside 0..3");
-  assertEquals(logitAdjustProblem(adj([[1, 1, 1, 0], [1, 0, 1, 0]]), 4), "token id 1 is listed twice");
+  assertEquals(
+    logitAdjustProblem(adj([[1, 1, 1, 0], [1, 0, 1, 0]]), 4),
+    "token id 1 is listed twice",
+  );
   assertEquals(logitAdjustProblem(adj([[1, 0, 0, 0]]), 4), "the penalty of token 1 is 0, not > 0");
   const ragged = { ...adj([[1, 0, 1, 0]]), bias: new Float32Array(2) };
   assertEquals(

@@ -51,7 +51,10 @@ Deno.test("PenaltyState pushed token by token equals one rebuilt from the tokens
 
 Deno.test("PenaltyState: min_tokens suppresses the stop ids until that many tokens were generated", () => {
   const s = new PenaltyState({ minTokens: 2 }, [4, 4], 2, [1, 6]);
-  assertEquals(rows(s, 2), [[1, SUPPRESS_BIAS, 1, 0], [6, SUPPRESS_BIAS, 1, 0]].map((r) => r.map(Math.fround)));
+  assertEquals(
+    rows(s, 2),
+    [[1, SUPPRESS_BIAS, 1, 0], [6, SUPPRESS_BIAS, 1, 0]].map((r) => r.map(Math.fround)),
+  );
   assertEquals(rows(s, 3).length, 2);
   assertEquals(rows(s, 4), [], "the third generated token may stop");
   // Output counted from `outputStart`: a resubmitted prompt whose last id was generated.
@@ -75,12 +78,18 @@ Deno.test("logitControlsProblem() names what would fail a shared step", () => {
     logitControlsProblem({ logitBias: [[8, 1]] }, 8),
     "logit bias token id 8 is outside the vocabulary of 8 ids",
   );
-  assertEquals(logitControlsProblem({ logitBias: [[1, 1], [1, 2]] }, 8), "logit bias lists token id 1 twice");
+  assertEquals(
+    logitControlsProblem({ logitBias: [[1, 1], [1, 2]] }, 8),
+    "logit bias lists token id 1 twice",
+  );
   assertEquals(
     logitControlsProblem({ repetitionPenalty: 0 }, 8),
     "the repetition penalty is 0: expected a number >= 0.000001",
   );
-  assertEquals(logitControlsProblem({ presencePenalty: NaN }, 8), "the presence penalty is NaN: expected a finite number");
+  assertEquals(
+    logitControlsProblem({ presencePenalty: NaN }, 8),
+    "the presence penalty is NaN: expected a finite number",
+  );
   // What the engine would see: an f32, where 1e-300 is 0 and 1e39 infinite.
   assertEquals(
     logitControlsProblem({ repetitionPenalty: 1e-300 }, 8),

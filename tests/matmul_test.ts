@@ -1,14 +1,14 @@
 import { assert, assertEquals, assertLess } from "@std/assert";
-import { laneSubgroupsFit, requestDefaultAdapter } from "../kernels/adapter.ts";
-import { acquireGpu, type Gpu } from "../kernels/device.ts";
-import { interleaveRows, uploadMatrix } from "../kernels/gpu_matrix.ts";
-import { createMatmul, type MatmulEpilogue, type MatmulLayout } from "../kernels/matmul.ts";
-import { DIM_ROWS, DIM_SAMPLES, type SampleMeta } from "../kernels/step_meta.ts";
+import { laneSubgroupsFit, requestDefaultAdapter } from "../kernels/webgpu/adapter.ts";
+import { acquireGpu, type Gpu } from "../kernels/webgpu/device.ts";
+import { interleaveRows, uploadMatrix } from "../kernels/webgpu/gpu_matrix.ts";
+import { createMatmul, type MatmulEpilogue, type MatmulLayout } from "../kernels/webgpu/matmul.ts";
+import { DIM_ROWS, DIM_SAMPLES, type SampleMeta } from "../kernels/webgpu/step_meta.ts";
 import { dequantize } from "../lib/model/dequantize.ts";
-import { matvec, rmsnorm, rope, silu } from "../lib/engine/cpu/ops.ts";
-import { uploadRopeTable } from "../kernels/rope.ts";
-import { pagedAttention } from "../lib/engine/cpu/paged_attention.ts";
-import { PagedKvCache } from "../lib/engine/cpu/paged_kv_cache.ts";
+import { matvec, rmsnorm, rope, silu } from "../kernels/reference/ops.ts";
+import { uploadRopeTable } from "../kernels/webgpu/rope.ts";
+import { pagedAttention } from "../kernels/reference/paged_attention.ts";
+import { PagedKvCache } from "../kernels/reference/paged_kv_cache.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import { BLOCK_LAYOUT, TENSOR_TYPES, type TensorType } from "../lib/model/tensor.ts";
 import {

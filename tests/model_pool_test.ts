@@ -3,7 +3,12 @@
  * eviction of idle models only, --max-loaded-models, keep-alive 0 and forever, failed loads.
  */
 import { assert, assertEquals, assertRejects } from "@std/assert";
-import { type LoadContext, ModelLoadError, ModelPool, type PooledModel } from "../lib/serving/model_pool.ts";
+import {
+  type LoadContext,
+  ModelLoadError,
+  ModelPool,
+  type PooledModel,
+} from "../lib/compose/model_pool.ts";
 import { parseKeepAlive } from "../lib/util/duration.ts";
 
 const MB = 1_000_000;
@@ -106,7 +111,10 @@ Deno.test("a busy model is never unloaded: the load fails when only busy ones co
   const err = await assertRejects(() => f.pool.acquire("b"), ModelLoadError);
   assert(err.insufficientMemory);
   assert(err.message.includes('Cannot load model "b"'), err.message);
-  assert(err.message.includes("a 57.2 MiB (busy: 1 request running; kept 1m after its last request)"), err.message);
+  assert(
+    err.message.includes("a 57.2 MiB (busy: 1 request running; kept 1m after its last request)"),
+    err.message,
+  );
   assert(err.message.endsWith("retry when the busy ones are idle"), err.message);
   assertEquals(err.retryAfterSeconds, 1);
   assertEquals(phases(f.pool), { a: "loaded", b: "unloaded" });
@@ -145,12 +153,18 @@ Deno.test("keep_alive 0 unloads once idle; -1 survives the pressure that takes o
 
 Deno.test("--max-keep-alive lowers a request's keep_alive -1 to the cap: the model is then evicted under pressure like any idle one", async () => {
   const HOUR = 3_600_000;
-  const f = fakePool({ a: 40 * MB, b: 40 * MB, c: 40 * MB }, { budget: 100 * MB, maxKeepAliveMs: HOUR });
+  const f = fakePool({ a: 40 * MB, b: 40 * MB, c: 40 * MB }, {
+    budget: 100 * MB,
+    maxKeepAliveMs: HOUR,
+  });
   await use(f.pool, "a", Infinity);
   await use(f.pool, "b", 100 * 24 * HOUR); // "2400h"
   const status = (m: string) => f.pool.status().find((s) => s.name === m)!;
   assertEquals([status("a").keepAliveMs, status("b").keepAliveMs], [HOUR, HOUR]);
-  assert(status("a").expiresInMs! <= HOUR && status("a").expiresInMs! > 0, String(status("a").expiresInMs));
+  assert(
+    status("a").expiresInMs! <= HOUR && status("a").expiresInMs! > 0,
+    String(status("a").expiresInMs),
+  );
   await use(f.pool, "c"); // a, the least recently used, is not pinned: it makes room
   assertEquals(phases(f.pool), { a: "unloaded", b: "loaded", c: "loaded" });
   await f.pool.close();

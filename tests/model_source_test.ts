@@ -740,13 +740,22 @@ Deno.test("downloadFile() on a disk that refuses writes names the file, deletes 
     const script = `${dir}/fetch.ts`;
     await Deno.writeTextFile(
       script,
-      `import { downloadFile } from ${JSON.stringify(new URL("../lib/source/download.ts", import.meta.url).href)};
+      `import { downloadFile } from ${
+        JSON.stringify(new URL("../lib/source/download.ts", import.meta.url).href)
+      };
 try { await downloadFile(Deno.args[0], Deno.args[1], { progress: false }); console.log("{}"); }
 catch (e) { console.log(JSON.stringify({ name: e.name, message: e.message })); }`,
     );
     const dest = `${dir}/models/big.gguf`;
     const out = await new Deno.Command("bash", {
-      args: ["-c", `ulimit -f 64; trap '' XFSZ; exec "$0" run -A --no-check "$@"`, Deno.execPath(), script, `${server.base}/big.gguf`, dest],
+      args: [
+        "-c",
+        `ulimit -f 64; trap '' XFSZ; exec "$0" run -A --no-check "$@"`,
+        Deno.execPath(),
+        script,
+        `${server.base}/big.gguf`,
+        dest,
+      ],
       stdout: "piped",
       stderr: "piped",
     }).output();
@@ -755,7 +764,9 @@ catch (e) { console.log(JSON.stringify({ name: e.name, message: e.message })); }
     const err = JSON.parse(text.split("\n").pop()!);
     assertEquals(err.name, "DownloadError", text);
     assert(
-      new RegExp(`^Cannot download ${server.base}/big\\.gguf to ${dest}: writing ${dest}\\.part failed after \\d+ bytes \\(.*File too large.*\\) \\(the file is 1048576 bytes\\); deleted ${dest}\\.part$`).test(err.message),
+      new RegExp(
+        `^Cannot download ${server.base}/big\\.gguf to ${dest}: writing ${dest}\\.part failed after \\d+ bytes \\(.*File too large.*\\) \\(the file is 1048576 bytes\\); deleted ${dest}\\.part$`,
+      ).test(err.message),
       err.message,
     );
     assert(!(await exists(`${dest}.part`)), "the .part is gone");
@@ -767,7 +778,12 @@ Deno.test("HF_TOKEN goes to Hugging Face's hosts only, and a refusal says how to
   const url = "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/resolve/main/model.gguf";
   assertEquals(hfAccess(url, "hf_abc").authorization, "Bearer hf_abc");
   assertEquals(hfAccess("https://cdn-lfs.hf.co/x.gguf", "hf_abc").authorization, "Bearer hf_abc");
-  for (const elsewhere of ["https://example.com/model.gguf", "https://huggingface.co.evil.example/m.gguf"]) {
+  for (
+    const elsewhere of [
+      "https://example.com/model.gguf",
+      "https://huggingface.co.evil.example/m.gguf",
+    ]
+  ) {
     assertEquals(hfAccess(elsewhere, "hf_abc"), {}, elsewhere);
   }
   const without = hfAccess(url, undefined);

@@ -9,7 +9,10 @@ Deno.test("deno task models lists both places with size, format, architecture an
     await Deno.copyFile(modelFile("stories260K-q8_0.gguf"), `${modelsDir}/mine-q8.gguf`);
     // Links into a shared store are listed like the files they point to.
     for (const name of ["qwen2-like-q4_k_m", "tinyllama-like-q5_k_m"]) {
-      await Deno.symlink(await Deno.realPath(modelFile(`compat/${name}.gguf`)), `${modelsDir}/${name}.gguf`);
+      await Deno.symlink(
+        await Deno.realPath(modelFile(`compat/${name}.gguf`)),
+        `${modelsDir}/${name}.gguf`,
+      );
     }
     await Deno.writeFile(`${modelsDir}/broken.gguf`, new TextEncoder().encode("GGUF\x03\0\0\0"));
     await Deno.writeTextFile(`${modelsDir}/half.gguf.part`, "x");
@@ -37,7 +40,9 @@ Deno.test("deno task models lists both places with size, format, architecture an
     assertEquals(rows.get("stories260K-q8_0")?.slice(0, 1), ["mirror"]);
     // A K-quant mix is named as llama-quantize made it (the file's name says which), though most
     // of its weights are another type.
-    for (const [name, type] of [["qwen2-like-q4_k_m", "Q4_K_M"], ["tinyllama-like-q5_k_m", "Q5_K_M"]]) {
+    for (
+      const [name, type] of [["qwen2-like-q4_k_m", "Q4_K_M"], ["tinyllama-like-q5_k_m", "Q5_K_M"]]
+    ) {
       const quant = rows.get(name)?.[4] ?? "(not listed)";
       assertEquals(quant.split(" ")[0], type, quant);
     }

@@ -34,7 +34,10 @@ Deno.test("readModelsConfig() reads each setting as its flag would, YAML or JSON
     settings: { contextLength: 256, kvMemory: 2 * 2 ** 20, keepAlive: 600_000 },
     sampling: { temperature: 0, topK: 5 },
   });
-  const json = await writeConfig(JSON.stringify({ models: { small: { model: "x.gguf", "kv-dtype": "f32" } } }), "json");
+  const json = await writeConfig(
+    JSON.stringify({ models: { small: { model: "x.gguf", "kv-dtype": "f32" } } }),
+    "json",
+  );
   assertEquals(readModelsConfig(json)[0]!.settings, { kvDtype: "f32" });
 });
 
@@ -62,8 +65,8 @@ Deno.test("readModelsConfig() names every mistake of the file with what it recei
     keep-alive: soon
 `);
   const v = assertThrows(() => readModelsConfig(values), Error);
-  assertStringIncludes(v.message, 'models.a.context-length: must be positive (received -5)');
-  assertStringIncludes(v.message, 'models.a.keep-alive:');
+  assertStringIncludes(v.message, "models.a.context-length: must be positive (received -5)");
+  assertStringIncludes(v.message, "models.a.keep-alive:");
   assertStringIncludes(v.message, '(received "soon")');
   assertThrows(() => readModelsConfig(`${bad}.missing`), Error, "cannot read it");
   const empty = await writeConfig("models: {}");
@@ -102,7 +105,10 @@ Deno.test("a server of several models from --models-config: each model's context
     // ...by its alias too; and a request's own temperature still wins (a seed makes it exact).
     assertEquals(await post({ model: "tiny" }), greedy);
     const props = await (await fetch(`${server.base}/props?model=small`)).json();
-    assertEquals([props.context_length, props.default_generation_settings.params.temperature], [256, 0]);
+    assertEquals([props.context_length, props.default_generation_settings.params.temperature], [
+      256,
+      0,
+    ]);
     // other keeps the server's defaults, and its keep-alive of 0 unloads it after its request.
     await post({ model: "other", temperature: 0 });
     const otherProps = await (await fetch(`${server.base}/props?model=other`)).json();

@@ -1,5 +1,5 @@
 /**
- * The front of a server of several models (lib/serving/models_service.ts), on real servers
+ * The front of a server of several models (lib/compose/models_service.ts), on real servers
  * (`main.ts serve` with several --model, CPU engine) as child processes: a path no model's
  * app serves loads nothing; /health keeps load errors from callers without a key; the
  * --max-keep-alive cap; each key's keep_alive is its own; and the 503 of a load that finds no
@@ -8,7 +8,7 @@
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
 import { compatPath } from "./harness/compat.ts";
 import { spawnCpuServer } from "./_serve_child.ts";
-import { HIDDEN_LOAD_ERROR } from "../lib/serving/models_service.ts";
+import { HIDDEN_LOAD_ERROR } from "../lib/compose/models_service.ts";
 
 const A = "stories260K-q4_1";
 const B = "stories260K-q5_1";
@@ -38,7 +38,9 @@ function client(base: string) {
     (await (await fetch(`${base}/health`, { headers: bearer(key) })).json()).models;
   const loads = async (model: string, key?: string) => {
     const body = await (await fetch(`${base}/metrics`, { headers: bearer(key) })).text();
-    const line = body.split("\n").find((l) => l.startsWith(`llm_model_loads_total{model="${model}"}`));
+    const line = body.split("\n").find((l) =>
+      l.startsWith(`llm_model_loads_total{model="${model}"}`)
+    );
     if (line === undefined) throw new Error(`no llm_model_loads_total for ${model} in /metrics`);
     return Number(line.split(" ").pop());
   };
@@ -118,7 +120,7 @@ Deno.test("/health shows a load error only to a caller with an API key", async (
   }
 });
 
-Deno.test("--max-keep-alive 1h: keep_alive -1 and \"100000h\" get an hour; one key's keep_alive 0 leaves what another asked to keep", async () => {
+Deno.test('--max-keep-alive 1h: keep_alive -1 and "100000h" get an hour; one key\'s keep_alive 0 leaves what another asked to keep', async () => {
   const server = await spawnCpuServer([
     "--api-key",
     "key-one-1",
@@ -184,7 +186,10 @@ Deno.test("no room because models are kept forever (--max-keep-alive -1): the 50
     assertEquals(refused.headers.get("retry-after"), null);
     const message: string = refused.body.error.message;
     for (const m of [A, B]) {
-      assertStringIncludes(message, `${m} ${mib(h[m]!.bytes!)} (idle; kept forever (keep_alive -1))`);
+      assertStringIncludes(
+        message,
+        `${m} ${mib(h[m]!.bytes!)} (idle; kept forever (keep_alive -1))`,
+      );
     }
     assertStringIncludes(message, "waiting will not help");
     assertEquals(message.includes("retry"), false, message);

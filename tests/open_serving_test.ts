@@ -1,10 +1,10 @@
 import { assert, assertEquals } from "@std/assert";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
 import { FaultInjector, parseFaultSteps } from "../lib/engine/fault_injection.ts";
 import { loadModel } from "../lib/model/load_model.ts";
-import { openServing, planServing } from "../lib/serving/open_serving.ts";
+import { openServing, planServing } from "../lib/compose/open_serving.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { modelFile } from "./harness/model_files.ts";
 

@@ -16,7 +16,13 @@ Deno.test("derivePermissions() reads and writes the default models directory and
     { model: "stories260K", host: "127.0.0.1" },
     envOf({ HOME: "/home/u", MODEL_MIRROR: "/m" }),
   );
-  assertEquals(p.read, ["/home/u/.cache/llmserve/models", "/m", CPU_KERNELS_DIR, XGRAMMAR_BUNDLE, GRAMMAR_WORKER_DIR]);
+  assertEquals(p.read, [
+    "/home/u/.cache/llmserve/models",
+    "/m",
+    CPU_KERNELS_DIR,
+    XGRAMMAR_BUNDLE,
+    GRAMMAR_WORKER_DIR,
+  ]);
   assertEquals(p.write, ["/home/u/.cache/llmserve/models"]);
   assertEquals(p.net, [...HUGGING_FACE_HOSTS, "127.0.0.1"]);
   assertEquals(p.env.includes("LLMSERVE_*"), true);
@@ -27,7 +33,12 @@ Deno.test("derivePermissions() follows XDG_CACHE_HOME, MODELS_DIR and --models-d
     { model: "stories260K" },
     envOf({ HOME: "/h", XDG_CACHE_HOME: "/x" }),
   );
-  assertEquals(xdg.read, ["/x/llmserve/models", CPU_KERNELS_DIR, XGRAMMAR_BUNDLE, GRAMMAR_WORKER_DIR]);
+  assertEquals(xdg.read, [
+    "/x/llmserve/models",
+    CPU_KERNELS_DIR,
+    XGRAMMAR_BUNDLE,
+    GRAMMAR_WORKER_DIR,
+  ]);
   const env = derivePermissions(
     { model: "stories260K" },
     envOf({ HOME: "/h", XDG_CACHE_HOME: "/x", MODELS_DIR: "/d" }),
@@ -47,14 +58,27 @@ Deno.test("derivePermissions() grants a model given by path only that file, with
     { model: "/any/path.gguf", host: "10.0.0.5" },
     envOf({ MODELS_DIR: "/d" }),
   );
-  assertEquals(p.read, ["/d", "/any/path.gguf", CPU_KERNELS_DIR, XGRAMMAR_BUNDLE, GRAMMAR_WORKER_DIR]);
+  assertEquals(p.read, [
+    "/d",
+    "/any/path.gguf",
+    CPU_KERNELS_DIR,
+    XGRAMMAR_BUNDLE,
+    GRAMMAR_WORKER_DIR,
+  ]);
   assertEquals(p.write, []);
   assertEquals(p.net, ["10.0.0.5"]);
   const v6 = derivePermissions(
     { model: "./m.bin", tokenizer: "./t.bin", host: "::1" },
     envOf({ MODELS_DIR: "/d" }),
   );
-  assertEquals(v6.read, ["/d", "./m.bin", "./t.bin", CPU_KERNELS_DIR, XGRAMMAR_BUNDLE, GRAMMAR_WORKER_DIR]);
+  assertEquals(v6.read, [
+    "/d",
+    "./m.bin",
+    "./t.bin",
+    CPU_KERNELS_DIR,
+    XGRAMMAR_BUNDLE,
+    GRAMMAR_WORKER_DIR,
+  ]);
   assertEquals(v6.net, ["[::1]"]);
 });
 

@@ -1,5 +1,5 @@
 import { assertEquals } from "@std/assert";
-import { planRegions } from "../kernels/plan_regions.ts";
+import { planRegions } from "../kernels/webgpu/plan_regions.ts";
 
 Deno.test("planRegions() gives each plan with entries a count header and its entries, 256-byte aligned, and none to a plan without", () => {
   // 20-byte entries: 2 take 4 + 40 bytes; 70 take 4 + 1400, starting at the next 256 bytes and

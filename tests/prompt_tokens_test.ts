@@ -1,7 +1,7 @@
 import { assert, assertGreater } from "@std/assert";
 import { parseLlama2cTokenizer } from "../lib/tokenizer/llama2c_tokenizer.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
-import { PromptTokens } from "../lib/serving/prompt_tokens.ts";
+import { PromptTokens } from "../lib/backend/prompt_tokens.ts";
 import { modelFile } from "./harness/model_files.ts";
 import { seeded } from "./_fuzz_cases.ts";
 

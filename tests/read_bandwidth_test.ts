@@ -12,7 +12,11 @@ Deno.test("read bandwidth: a sweep over 4 MiB on 1 and 2 threads gives a finite 
       const bw = await readBandwidth(heap, p, bytes, threads, 2);
       assert(Number.isFinite(bw) && bw > 1e8, `${threads} threads: ${bw} bytes/s`);
     }
-    await assertRejects(() => readBandwidth(heap, p, 32, 1), Error, "over 32 bytes: need at least 64");
+    await assertRejects(
+      () => readBandwidth(heap, p, 32, 1),
+      Error,
+      "over 32 bytes: need at least 64",
+    );
   } finally {
     heap.free(p, bytes);
   }

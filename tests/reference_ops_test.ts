@@ -1,7 +1,15 @@
 import { assert, assertAlmostEquals, assertEquals, assertThrows } from "@std/assert";
-import { addInPlace, matvec, rmsnorm, rope, silu, softmax, swiglu } from "../lib/engine/cpu/ops.ts";
-import { pagedAttention } from "../lib/engine/cpu/paged_attention.ts";
-import { PagedKvCache } from "../lib/engine/cpu/paged_kv_cache.ts";
+import {
+  addInPlace,
+  matvec,
+  rmsnorm,
+  rope,
+  silu,
+  softmax,
+  swiglu,
+} from "../kernels/reference/ops.ts";
+import { pagedAttention } from "../kernels/reference/paged_attention.ts";
+import { PagedKvCache } from "../kernels/reference/paged_kv_cache.ts";
 
 const f32 = (xs: number[]) => new Float32Array(xs);
 

@@ -17,7 +17,15 @@ async function serve(
   env: Record<string, string> = {},
 ): Promise<ServerProcess> {
   return await startServer({
-    args: ["--model", modelFile(MODEL_NAME), "--backend", "reference", "--kv-memory", "4MiB", ...extra],
+    args: [
+      "--model",
+      modelFile(MODEL_NAME),
+      "--backend",
+      "reference",
+      "--kv-memory",
+      "4MiB",
+      ...extra,
+    ],
     env,
   });
 }

@@ -86,7 +86,9 @@ Deno.test("a router is not ready while every replica in rotation is full, and re
   reg.onHeartbeat(beat("b", { load: { ...full, running: 4, waiting: 3 } }));
   assertEquals(reg.readinessProblems(), [], "b has room for one more");
   reg.onHeartbeat(beat("b", { load: full }));
-  assertEquals(reg.readinessProblems(), ["every replica is full (16 requests running or waiting, capacity 16)"]);
+  assertEquals(reg.readinessProblems(), [
+    "every replica is full (16 requests running or waiting, capacity 16)",
+  ]);
   reg.onHeartbeat(beat("a", { load: { ...full, waiting: 0 } }));
   assertEquals(reg.readinessProblems(), []);
 });
@@ -105,8 +107,14 @@ Deno.test("a replica of several models: its entry for the router's model gives t
     { name: "x", phase: "loaded", running: 3, waiting: 0, hashes: [1] },
     { name: "y", phase: "loaded", running: 2, waiting: 0, hashes: [7, 8] },
   ], 5));
-  reg.onHeartbeat(multi("b", [{ name: "x", phase: "unloaded" }, { name: "y", phase: "unloaded" }], 1));
-  assertEquals(reg.onHeartbeat(multi("c", [{ name: "x", phase: "loaded" }])), undefined, "c does not serve y");
+  reg.onHeartbeat(
+    multi("b", [{ name: "x", phase: "unloaded" }, { name: "y", phase: "unloaded" }], 1),
+  );
+  assertEquals(
+    reg.onHeartbeat(multi("c", [{ name: "x", phase: "loaded" }])),
+    undefined,
+    "c does not serve y",
+  );
   const byId = Object.fromEntries(reg.candidates(() => [7, 8], new Set()).map((c) => [c.id, c]));
   assertEquals(byId.a!.load, 2, "y's own scheduler");
   assertEquals(byId.a!.capacity, 8);
@@ -122,5 +130,9 @@ Deno.test("a replica of several models: its entry for the router's model gives t
   reg.onHeartbeat(multi("b", [{ name: "x", phase: "unloaded" }, { name: "y", phase: "unloaded" }]));
   assertEquals(reg.candidates(() => [], new Set()).find((c) => c.id === "b")!.loaded, false);
   reg.onHeartbeat(multi("b", [{ name: "y", phase: "loading" }]));
-  assertEquals(reg.candidates(() => [], new Set()).find((c) => c.id === "b")!.loaded, true, "loading counts");
+  assertEquals(
+    reg.candidates(() => [], new Set()).find((c) => c.id === "b")!.loaded,
+    true,
+    "loading counts",
+  );
 });

@@ -101,7 +101,9 @@ Deno.test("a full 16 MiB result cache holds about what it counts: measured after
     const script = `${dir}/fill.ts`;
     await Deno.writeTextFile(
       script,
-      `import { ResultCache, resultCacheKey } from ${JSON.stringify(new URL("../lib/core/result_cache.ts", import.meta.url).href)};
+      `import { ResultCache, resultCacheKey } from ${
+        JSON.stringify(new URL("../lib/core/result_cache.ts", import.meta.url).href)
+      };
 const gc = (globalThis as unknown as { gc: () => void }).gc;
 const live = () => { gc(); gc(); const m = Deno.memoryUsage(); return m.heapUsed + m.external; };
 const cache = new ResultCache(16 * 1024 * 1024);
@@ -125,7 +127,9 @@ console.log(JSON.stringify({ counted: cache.bytes, measured: live() - before, en
     assert(entries > 1000, `${entries} entries`);
     assert(
       measured <= 1.15 * counted && measured >= 0.5 * counted,
-      `${entries} entries: counted ${counted} bytes, measured ${measured} (${(measured / counted).toFixed(2)}x)`,
+      `${entries} entries: counted ${counted} bytes, measured ${measured} (${
+        (measured / counted).toFixed(2)
+      }x)`,
     );
   } finally {
     await Deno.remove(dir, { recursive: true });
@@ -134,7 +138,8 @@ console.log(JSON.stringify({ counted: cache.bytes, measured: live() - before, en
 
 Deno.test("resultCacheKey: each logit control is part of the key; the same controls spelled with defaults share it", () => {
   const k = resultCacheKey("m", base);
-  const withControls = (controls: GenerationRequest["controls"]) => resultCacheKey("m", { ...base, controls });
+  const withControls = (controls: GenerationRequest["controls"]) =>
+    resultCacheKey("m", { ...base, controls });
   const variants: GenerationRequest["controls"][] = [
     { logitBias: [[5, -100]] },
     { logitBias: [[5, -99]] },
@@ -149,7 +154,10 @@ Deno.test("resultCacheKey: each logit control is part of the key; the same contr
   assertEquals(new Set([k, ...keys]).size, variants.length + 1, "every variant has its own key");
   // Nothing asked, or only defaults: the plain request's key.
   assertEquals(withControls({}), k);
-  assertEquals(withControls({ presencePenalty: 0, repetitionPenalty: 1, repeatLastN: 64, minTokens: 0 }), k);
+  assertEquals(
+    withControls({ presencePenalty: 0, repetitionPenalty: 1, repeatLastN: 64, minTokens: 0 }),
+    k,
+  );
   assert(resultCacheKey("m", { ...base, ignoreEos: true }) !== k, "ignore_eos");
   assert(resultCacheKey("m", { ...base, stopTokenIds: [4] }) !== k, "stop_token_ids");
   // Stored results keep no alternatives: asking for them is never cached.
@@ -162,10 +170,19 @@ Deno.test("resultCacheKey: each logit control is part of the key; the same contr
 });
 
 Deno.test("resultCacheKey: the output constraint is part of the key", () => {
-  const schema = { ...base, constraint: { type: "json_schema", schema: '{"type":"integer"}' } } as const;
-  const other = { ...base, constraint: { type: "json_schema", schema: '{"type":"string"}' } } as const;
+  const schema = {
+    ...base,
+    constraint: { type: "json_schema", schema: '{"type":"integer"}' },
+  } as const;
+  const other = {
+    ...base,
+    constraint: { type: "json_schema", schema: '{"type":"string"}' },
+  } as const;
   const keys = [base, schema, other, { ...base, constraint: { type: "json_object" } } as const]
     .map((r) => resultCacheKey("m", r as GenerationRequest));
   assertEquals(new Set(keys).size, 4);
-  assertEquals(resultCacheKey("m", schema as GenerationRequest), resultCacheKey("m", { ...schema }));
+  assertEquals(
+    resultCacheKey("m", schema as GenerationRequest),
+    resultCacheKey("m", { ...schema }),
+  );
 });

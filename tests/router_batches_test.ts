@@ -9,8 +9,8 @@
 import OpenAI, { toFile } from "npm:openai@7.59.0";
 import { assertEquals, assertGreater } from "@std/assert";
 import { loadModel } from "../lib/model/load_model.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
-import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
+import { referenceGenerate } from "../kernels/reference/reference_generate.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { modelFile } from "./harness/model_files.ts";

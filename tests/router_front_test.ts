@@ -14,7 +14,7 @@ import { ReplicaAgent, type ReplicaModels } from "../lib/cluster/replica.ts";
 import { coreReplicaSource } from "../lib/cluster/replica_source.ts";
 import { RouterBackend } from "../lib/cluster/router_backend.ts";
 import { createPlainRouter } from "../lib/cluster/router_front.ts";
-import { createModelsService } from "../lib/serving/models_service.ts";
+import { createModelsService } from "../lib/compose/models_service.ts";
 import { parseLlama2cTokenizer } from "../lib/tokenizer/llama2c_tokenizer.ts";
 import { FakeCore } from "./_fake_core.ts";
 import { FakeNatsServer } from "./_fake_nats.ts";
@@ -351,7 +351,13 @@ Deno.test("a router by model routes an advertised alias as the model's name", as
     // A router loads nothing: no load counts or resident bytes of its own, which would be zeros
     // beside the replicas' real ones.
     const metrics = await (await service.fetch(new Request("http://router/metrics"))).text();
-    for (const family of ["llm_model_loads_total", "llm_model_resident_bytes", "llm_model_evictions_total"]) {
+    for (
+      const family of [
+        "llm_model_loads_total",
+        "llm_model_resident_bytes",
+        "llm_model_evictions_total",
+      ]
+    ) {
       assertEquals(metrics.includes(family), false, `${family} in the router's /metrics`);
     }
   } finally {

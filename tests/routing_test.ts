@@ -126,7 +126,10 @@ Deno.test("replicas with the model loaded are preferred while one has room, what
     assertEquals(pick([cold, cand("b", { loaded: true, load: 10 })]), "a", policy);
     // None has it: the least loaded of those that would load it (round-robin takes turns).
     if (policy !== "round-robin") {
-      assertEquals(pick([cand("a", { loaded: false, load: 3 }), cand("b", { loaded: false, load: 1 })]), "b");
+      assertEquals(
+        pick([cand("a", { loaded: false, load: 3 }), cand("b", { loaded: false, load: 1 })]),
+        "b",
+      );
     }
   }
   // Among several warm ones the policy decides: the prefix holder.

@@ -81,12 +81,18 @@ Deno.test("webgpuApi() says Vulkan when the loader has a driver manifest, OpenGL
   const manifest = await Deno.makeTempFile({ suffix: ".json" });
   try {
     assertEquals(webgpuApi(envOf({ VK_ICD_FILENAMES: manifest }), "linux"), "Vulkan");
-    assertEquals(webgpuApi(envOf({ VK_DRIVER_FILES: `/nonexistent.json:${manifest}` }), "linux"), "Vulkan");
+    assertEquals(
+      webgpuApi(envOf({ VK_DRIVER_FILES: `/nonexistent.json:${manifest}` }), "linux"),
+      "Vulkan",
+    );
     assertEquals(
       webgpuApi(envOf({ VK_ICD_FILENAMES: "/nonexistent.json" }), "linux"),
       "OpenGL ES (no Vulkan driver found)",
     );
-    assertEquals(webgpuApi(envOf({ DENO_WEBGPU_BACKEND: "gl" }), "linux"), "gl (DENO_WEBGPU_BACKEND)");
+    assertEquals(
+      webgpuApi(envOf({ DENO_WEBGPU_BACKEND: "gl" }), "linux"),
+      "gl (DENO_WEBGPU_BACKEND)",
+    );
     assertEquals(webgpuApi(envOf({}), "darwin"), undefined);
   } finally {
     await Deno.remove(manifest);

@@ -3,7 +3,7 @@
  * which sorts the vocabulary): the same token and logprob for every parameter mix, seed and
  * position, on logits shaped like a model's (a few likely tokens over a long flat tail).
  */
-import { assertEquals, assertAlmostEquals } from "@std/assert";
+import { assertAlmostEquals, assertEquals } from "@std/assert";
 import { sampleRow } from "../lib/engine/sample_row.ts";
 import { sample } from "../lib/engine/sampling.ts";
 import type { SamplingParams } from "../lib/engine/engine.ts";
@@ -11,7 +11,10 @@ import { rng } from "./_gpu.ts";
 
 function logits(vocab: number, seed: number, spread: number): Float32Array {
   const rand = rng(seed);
-  return Float32Array.from({ length: vocab }, () => (rand() - 0.5) * spread + (rand() < 0.002 ? 8 : 0));
+  return Float32Array.from(
+    { length: vocab },
+    () => (rand() - 0.5) * spread + (rand() < 0.002 ? 8 : 0),
+  );
 }
 
 const MIXES: Array<Omit<SamplingParams, "seed">> = [

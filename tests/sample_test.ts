@@ -1,7 +1,12 @@
 import { assertAlmostEquals, assertEquals, assertThrows } from "@std/assert";
-import { bindAll } from "../kernels/device.ts";
-import { createSampler, type SampleLayout, samplerThreads, WGSL_RNG } from "../kernels/sample.ts";
-import type { SampleMeta } from "../kernels/step_meta.ts";
+import { bindAll } from "../kernels/webgpu/device.ts";
+import {
+  createSampler,
+  type SampleLayout,
+  samplerThreads,
+  WGSL_RNG,
+} from "../kernels/webgpu/sample.ts";
+import type { SampleMeta } from "../kernels/webgpu/step_meta.ts";
 import type { SamplingParams } from "../lib/engine/engine.ts";
 import { hash32 } from "../lib/util/rng.ts";
 import { logSoftmaxAt, MIN_TEMPERATURE, sample } from "../lib/engine/sampling.ts";

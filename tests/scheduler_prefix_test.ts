@@ -5,8 +5,8 @@
  */
 import { assert, assertEquals, assertGreater } from "@std/assert";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
-import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { WebGpuEngine } from "../kernels/webgpu/webgpu_engine.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
 import { type Engine, GREEDY, type StepPlan } from "../lib/engine/engine.ts";
 import { Scheduler, schedulerConfig } from "../lib/core/scheduler.ts";
 import { loadModel } from "../lib/model/load_model.ts";

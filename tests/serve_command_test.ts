@@ -1,7 +1,7 @@
 import { assert, assertEquals, assertStringIncludes, assertThrows } from "@std/assert";
 import { parseServeArgs, serveInfo } from "../lib/cli/serve_args.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
-import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
+import { referenceGenerate } from "../kernels/reference/reference_generate.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
@@ -146,7 +146,10 @@ Deno.test("the served model refuses a prompt longer than the context with its to
     const tokens = (await (await fetch(`${base}/tokenize`, {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({ content: "Once upon a time there was a very long story ".repeat(4), add_special: true }),
+      body: JSON.stringify({
+        content: "Once upon a time there was a very long story ".repeat(4),
+        add_special: true,
+      }),
     })).json()).tokens as number[];
     assert(tokens.length > 32, `${tokens.length} tokens`);
     assertStringIncludes(body.error.message, `The prompt is ${tokens.length} tokens`);

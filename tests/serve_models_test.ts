@@ -252,7 +252,9 @@ Deno.test("three models in one server under a budget that fits two", async (t) =
   assertStringIncludes(log, "(3 waiting; grammar engine starting in the background)");
   // keep_alive 0 left A's parsed file, and the stream after it reused it (with its tokens).
   assert(
-    new RegExp(`model ${A} loaded in [\\d.]+ s \\(1 waiting; reused its parsed file; grammar engine starting in the background\\)`).test(log),
+    new RegExp(
+      `model ${A} loaded in [\\d.]+ s \\(1 waiting; reused its parsed file; grammar engine starting in the background\\)`,
+    ).test(log),
     log,
   );
 });
@@ -265,7 +267,11 @@ function client(base: string) {
       headers: { "content-type": "application/json" },
       body: JSON.stringify({ model, prompt: PROMPT, max_tokens: N, temperature: 0, ...extra }),
     });
-    return { status: res.status, body: await res.json(), retryAfter: res.headers.get("retry-after") };
+    return {
+      status: res.status,
+      body: await res.json(),
+      retryAfter: res.headers.get("retry-after"),
+    };
   };
   const text = async (model: string, extra: Record<string, unknown> = {}) => {
     const r = await complete(model, extra);

@@ -1,8 +1,8 @@
 import { assertEquals, assertThrows } from "@std/assert";
 import { GREEDY, type SeqInput } from "../lib/engine/engine.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
-import { planStep, type SlotLookup } from "../kernels/step_plan.ts";
-import { LAST_SAMPLED_FLAG, SAMPLE_WORDS, StepMetaLayout } from "../kernels/step_meta.ts";
+import { planStep, type SlotLookup } from "../kernels/webgpu/step_plan.ts";
+import { LAST_SAMPLED_FLAG, SAMPLE_WORDS, StepMetaLayout } from "../kernels/webgpu/step_meta.ts";
 
 const CONFIG: ModelConfig = {
   architecture: "llama",

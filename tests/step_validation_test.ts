@@ -6,10 +6,10 @@ import {
   type StepPlan,
   type StepResult,
 } from "../lib/engine/engine.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { parseLlama2cCheckpoint } from "../lib/model/llama2c_checkpoint.ts";
-import { planStep } from "../kernels/step_plan.ts";
+import { planStep } from "../kernels/webgpu/step_plan.ts";
 import { FakeEngine } from "./harness/fake_engine.ts";
 import { modelFile } from "./harness/model_files.ts";
 

@@ -3,7 +3,7 @@ import { Ajv } from "ajv";
 import { ServingCore } from "../actors/core.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import type { Engine, SamplingParams } from "../lib/engine/engine.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
 import { lazyGrammarService } from "../lib/grammar/grammar_service.ts";
 import type { OutputConstraint } from "../lib/grammar/output_constraint.ts";
 import { loadModel } from "../lib/model/load_model.ts";

@@ -4,7 +4,12 @@
  * place. Small memories stand in for 4 GiB ones, so a compat file splits as an 8B file does.
  */
 import { assert, assertEquals, assertThrows } from "@std/assert";
-import { heldLayers, kvBlocksBeside, placeInHeaps, type PlacementLimits } from "../kernels/wasm/tensor_placement.ts";
+import {
+  heldLayers,
+  kvBlocksBeside,
+  placeInHeaps,
+  type PlacementLimits,
+} from "../kernels/wasm/tensor_placement.ts";
 import { WasmHeap } from "../kernels/wasm/heap.ts";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { GREEDY, type SeqInput } from "../lib/engine/engine.ts";
@@ -18,16 +23,28 @@ function smallHeaps(): { heaps: WasmHeap[]; limits: PlacementLimits } {
   const heaps: WasmHeap[] = [];
   return {
     heaps,
-    limits: { memoryBytes: MEMORY, headroom: 4 << 20, kvBytes: 1 << 20, heap: (i) => (heaps[i] ??= new WasmHeap(MEMORY)) },
+    limits: {
+      memoryBytes: MEMORY,
+      headroom: 4 << 20,
+      kvBytes: 1 << 20,
+      heap: (i) => (heaps[i] ??= new WasmHeap(MEMORY)),
+    },
   };
 }
 
 async function logitsOf(e: WasmEngine): Promise<Uint32Array[]> {
   const seqs: SeqInput[] = [[1, 15043, 3186], [1, 17, 18, 19, 20]].map((tokens, i) => ({
-    seqId: i, tokens, startPos: 0, blockTable: [i], sample: true, sampling: GREEDY,
+    seqId: i,
+    tokens,
+    startPos: 0,
+    blockTable: [i],
+    sample: true,
+    sampling: GREEDY,
   }));
   const r = await e.step({ stepId: 0, seqs, returnLogits: true });
-  return r.sampled.map((s) => new Uint32Array(s.logits!.buffer, s.logits!.byteOffset, s.logits!.length));
+  return r.sampled.map((s) =>
+    new Uint32Array(s.logits!.buffer, s.logits!.byteOffset, s.logits!.length)
+  );
 }
 
 const KV = { numBlocks: 8, blockSize: 16 };
@@ -36,7 +53,10 @@ const OPTS = { maxBatchTokens: 64, maxSeqs: 16, threads: 2 };
 Deno.test("a GGUF too big for one memory is read tensor by tensor into two by layer range, and the engine runs it there in place, with the logits of one memory", async () => {
   const path = compatPath("tinyllama-like-q4_0"); // 12.4 MB of tensors, untied classifier
   const { heaps, limits } = smallHeaps();
-  const model = await loadModel(path, { contextLength: 512, placeTensors: (t) => placeInHeaps(t, limits) });
+  const model = await loadModel(path, {
+    contextLength: 512,
+    placeTensors: (t) => placeInHeaps(t, limits),
+  });
   assertEquals(heldLayers(model.weights)?.map((h) => h.layers), [1, 1]);
   assertEquals(heaps.length, 2);
   // The embedding in the first memory, the classifier in the last.
@@ -46,7 +66,10 @@ Deno.test("a GGUF too big for one memory is read tensor by tensor into two by la
   const header = await readGgufHeader(path);
   const fileBytes = header.tensorInfos.reduce((n, i) => n + tensorLayout(i, path).bytes, 0);
   const usedAtLoad = heaps.map((h) => h.used);
-  assert(usedAtLoad.reduce((a, b) => a + b, 0) - 2 * (1 << 20) <= fileBytes + 64 * header.tensorInfos.length);
+  assert(
+    usedAtLoad.reduce((a, b) => a + b, 0) - 2 * (1 << 20) <=
+      fileBytes + 64 * header.tensorInfos.length,
+  );
 
   const split = await WasmEngine.create(model.config, model.weights, KV, OPTS);
   try {
@@ -54,7 +77,10 @@ Deno.test("a GGUF too big for one memory is read tensor by tensor into two by la
     // Nothing the size of a matrix was copied: each memory grew by its cache, buffers and
     // norms (f32 copies of a few KiB) only.
     const grown = heaps.reduce((n, h, i) => n + h.used - usedAtLoad[i]!, 0);
-    assert(grown <= split.memory.kvCache + split.memory.buffers + (1 << 20), `${grown} bytes allocated`);
+    assert(
+      grown <= split.memory.kvCache + split.memory.buffers + (1 << 20),
+      `${grown} bytes allocated`,
+    );
     const whole = await loadModel(path, { contextLength: 512 });
     const one = await WasmEngine.create(whole.config, whole.weights, KV, OPTS);
     try {
@@ -79,7 +105,9 @@ Deno.test("a tensor bigger than one memory is refused at placement, naming it an
   assertThrows(
     () => placeInHeaps(tensors, limits),
     Error,
-    `Cannot split the model over CPU engine memories of ${MEMORY} bytes: layer 0 with 'blk.0.ffn_up.weight' (${39 << 20} bytes) and its ${1 << 20} bytes of KV cache needs`,
+    `Cannot split the model over CPU engine memories of ${MEMORY} bytes: layer 0 with 'blk.0.ffn_up.weight' (${
+      39 << 20
+    } bytes) and its ${1 << 20} bytes of KV cache needs`,
   );
 });
 
@@ -88,7 +116,12 @@ Deno.test("each layer takes its share of the KV cache to keep room for: more cac
   const tensors = [0, 1, 2, 3].map((i) => ({ name: `blk.${i}.ffn_up.weight`, bytes: 4 * MiB }));
   const memoriesFor = (kvBytes: number) => {
     const heaps: WasmHeap[] = [];
-    const views = placeInHeaps(tensors, { memoryBytes: MEMORY, headroom: 2 * MiB, kvBytes, heap: (i) => (heaps[i] ??= new WasmHeap(MEMORY)) });
+    const views = placeInHeaps(tensors, {
+      memoryBytes: MEMORY,
+      headroom: 2 * MiB,
+      kvBytes,
+      heap: (i) => (heaps[i] ??= new WasmHeap(MEMORY)),
+    });
     return new Set(views!.map((v) => heaps.findIndex((h) => h.owns(v)))).size;
   };
   // 16 MiB less 2 of headroom holds three 4 MiB layers, or one with 4 MiB of cache beside it.

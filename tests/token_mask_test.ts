@@ -11,7 +11,7 @@ import {
   tokenMaskProblem,
 } from "../lib/engine/token_mask.ts";
 import { sampleMaskedRow } from "../kernels/wasm/masked_sampling.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { parseLlama2cCheckpoint } from "../lib/model/llama2c_checkpoint.ts";
 import { seededRandom } from "../lib/util/seeded_random.ts";

@@ -8,7 +8,7 @@
 import { assert, assertEquals } from "@std/assert";
 import { readGgufHeader } from "../lib/model/gguf.ts";
 import { ggufTokenizerData } from "../lib/model/gguf_tokenizer.ts";
-import { createChatRenderer } from "../lib/http/chat_template.ts";
+import { createChatRenderer } from "../lib/chat/chat_template.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { modelFile } from "./harness/model_files.ts";
 

@@ -8,12 +8,23 @@ import { seededRandom } from "../lib/util/seeded_random.ts";
 
 function modelsMirror(): string {
   const dir = Deno.env.get("MODEL_MIRROR");
-  if (!dir) throw new Error("MODEL_MIRROR is unset: point it at the test models directory (e.g. ../shared/models)");
+  if (!dir) {
+    throw new Error(
+      "MODEL_MIRROR is unset: point it at the test models directory (e.g. ../shared/models)",
+    );
+  }
   return dir;
 }
 
-const llama2cData = parseLlama2cTokenizer(await Deno.readFile(`${modelsMirror()}/tok512.bin`), 512, "tok512.bin");
-const ggufData = ggufToModel(await readGguf(`${modelsMirror()}/stories260K.gguf`), "stories260K.gguf").tokenizer!;
+const llama2cData = parseLlama2cTokenizer(
+  await Deno.readFile(`${modelsMirror()}/tok512.bin`),
+  512,
+  "tok512.bin",
+);
+const ggufData = ggufToModel(
+  await readGguf(`${modelsMirror()}/stories260K.gguf`),
+  "stories260K.gguf",
+).tokenizer!;
 const fromLlama2c = new Tokenizer(llama2cData);
 const fromGguf = new Tokenizer(ggufData);
 const both = [["tok512.bin", fromLlama2c], ["stories260K.gguf", fromGguf]] as const;
@@ -65,12 +76,62 @@ function runcEncode(data: TokenizerData, text: string, bos: boolean, eos: boolea
 const rng = seededRandom;
 
 const WORDS = [
-  "Once", "upon", "a", "time", "there", "was", "little", "girl", "named", "Lily", "she", "loved", "to",
-  "play", "the", "park", "and", "happy", "said", "Tom", "big", "dog", ".", ",", "!", "?", "\"", "'",
+  "Once",
+  "upon",
+  "a",
+  "time",
+  "there",
+  "was",
+  "little",
+  "girl",
+  "named",
+  "Lily",
+  "she",
+  "loved",
+  "to",
+  "play",
+  "the",
+  "park",
+  "and",
+  "happy",
+  "said",
+  "Tom",
+  "big",
+  "dog",
+  ".",
+  ",",
+  "!",
+  "?",
+  '"',
+  "'",
 ];
 const ODD = [
-  "é", "ñ", "ü", "ß", "“", "”", "—", "…", "€", "😀", "🦙", "日本語", "你好", "Ωμέγα", "\n", "\t", "\r\n",
-  "  ", "<0x0A>", "<s>", "</s>", "<unk>", "\u00a0", "\u200a", "\u{10FFFF}", "\u0301",
+  "é",
+  "ñ",
+  "ü",
+  "ß",
+  "“",
+  "”",
+  "—",
+  "…",
+  "€",
+  "😀",
+  "🦙",
+  "日本語",
+  "你好",
+  "Ωμέγα",
+  "\n",
+  "\t",
+  "\r\n",
+  "  ",
+  "<0x0A>",
+  "<s>",
+  "</s>",
+  "<unk>",
+  "\u00a0",
+  "\u200a",
+  "\u{10FFFF}",
+  "\u0301",
 ];
 
 function randomText(next: () => number, maxParts: number): string {
@@ -91,7 +152,11 @@ const isBytePiece = (tok: Tokenizer, id: number) => /^<0x[0-9A-F]{2}>$/.test(tok
 Deno.test("Tokenizer.encode() gives the models README's ids for 'Once upon a time' from either vocabulary", () => {
   for (const [name, tok] of both) {
     assertEquals(tok.encode("Once upon a time"), [1, 403, 407, 261, 378], name);
-    assertEquals(tok.encode("Once upon a time", { bos: false, eos: true }), [403, 407, 261, 378, 2], name);
+    assertEquals(
+      tok.encode("Once upon a time", { bos: false, eos: true }),
+      [403, 407, 261, 378, 2],
+      name,
+    );
     assertEquals([tok.bosId, tok.eosId, tok.vocabSize], [1, 2, 512], name);
   }
   assertEquals(fromLlama2c.encode(""), [1]);
@@ -133,11 +198,18 @@ Deno.test("Tokenizer.encode() breaks score ties leftmost and ignores pairs below
   const tok = new Tokenizer(data);
   const textAlphabet = [...alphabet, "x", "é"]; // x and é exercise byte fallback
   for (let i = 0; i < 300; i++) {
-    const text = Array.from({ length: Math.floor(next() * 60) }, () => textAlphabet[Math.floor(next() * textAlphabet.length)]).join("");
+    const text = Array.from(
+      { length: Math.floor(next() * 60) },
+      () => textAlphabet[Math.floor(next() * textAlphabet.length)],
+    ).join("");
     assertEquals(tok.encode(text), runcEncode(data, text, true, false), JSON.stringify(text));
   }
   // run.c's search starts at -1e10, so a pair scoring below that never merges.
-  const low: TokenizerData = { ...data, tokens: [...tokens, "x", "y", "xy"], scores: Float32Array.from([...scores, -1, -1, -2e10]) };
+  const low: TokenizerData = {
+    ...data,
+    tokens: [...tokens, "x", "y", "xy"],
+    scores: Float32Array.from([...scores, -1, -1, -2e10]),
+  };
   assertEquals(new Tokenizer(low).encode("xy"), runcEncode(low, "xy", true, false));
   assertEquals(new Tokenizer(low).encode("xy").length, 4);
 });
@@ -182,7 +254,11 @@ Deno.test("Tokenizer.encode() falls back to <0xXX> byte tokens for characters th
       const ids = tok.encode(ch, { bos: false });
       // The dummy-prefix space stays a text token; the character becomes its UTF-8 bytes.
       assertEquals(tok.tokenText(ids[0]!), " ", name);
-      assertEquals(ids.slice(1).map((id) => tok.tokenText(id)), utf8Bytes(ch).map((b) => `<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`), name);
+      assertEquals(
+        ids.slice(1).map((id) => tok.tokenText(id)),
+        utf8Bytes(ch).map((b) => `<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`),
+        name,
+      );
     }
   }
 });
@@ -217,7 +293,9 @@ Deno.test("IncrementalDecoder output concatenated equals decode() for random tex
       const pieces = ids.map((id) => dec.push(id));
       pieces.push(dec.flush());
       assertEquals(pieces.join(""), tok.decode(ids, { afterBos }), `${name}: ${ids}`);
-      for (const p of pieces) assert(!/[\uD800-\uDBFF]$/.test(p), "a push ended inside a surrogate pair");
+      for (const p of pieces) {
+        assert(!/[\uD800-\uDBFF]$/.test(p), "a push ended inside a surrogate pair");
+      }
     }
   }
 });
@@ -249,7 +327,11 @@ Deno.test("Tokenizer decoding follows run.c: control tokens are empty, a piece a
 });
 
 Deno.test("Tokenizer rejects unknown ids and inconsistent vocabularies with clear messages", () => {
-  assertThrows(() => fromLlama2c.decode([512]), RangeError, "Cannot decode token id 512: the vocabulary has ids 0..511");
+  assertThrows(
+    () => fromLlama2c.decode([512]),
+    RangeError,
+    "Cannot decode token id 512: the vocabulary has ids 0..511",
+  );
   assertThrows(() => fromLlama2c.createDecoder().push(-1), RangeError, "token id -1");
   assertThrows(() => fromLlama2c.tokenText(1.5), RangeError, "token id 1.5");
   assertThrows(
@@ -257,10 +339,18 @@ Deno.test("Tokenizer rejects unknown ids and inconsistent vocabularies with clea
     Error,
     "Cannot build tokenizer: the vocabulary has 512 tokens but 3 scores",
   );
-  assertThrows(() => new Tokenizer({ ...llama2cData, eosId: 600 }), Error, "EOS id must be a token id in 0..511, received 600");
+  assertThrows(
+    () => new Tokenizer({ ...llama2cData, eosId: 600 }),
+    Error,
+    "EOS id must be a token id in 0..511, received 600",
+  );
   const badByte = Int32Array.from(ggufData.tokenTypes!);
   badByte[300] = 6;
-  assertThrows(() => new Tokenizer({ ...ggufData, tokenTypes: badByte }), Error, "token 300 has type 6 (byte) but its piece");
+  assertThrows(
+    () => new Tokenizer({ ...ggufData, tokenTypes: badByte }),
+    Error,
+    "token 300 has type 6 (byte) but its piece",
+  );
 });
 
 Deno.test("Tokenizer.encode() with special reads control-token text as the token, only when asked", () => {
@@ -277,6 +367,10 @@ Deno.test("Tokenizer.encode() with special reads control-token text as the token
   // "</s>" followed by "▁").
   assertEquals(special.slice(0, at), tok.encode("Tom ran.", { bos: false }));
   assertEquals(special.slice(at + 1), tok.encode("Lily sat.", { bos: false }));
-  assertEquals(tok.decode([tok.bosId, ...special]), "Tom ran. Lily sat.", "control tokens decode to nothing");
+  assertEquals(
+    tok.decode([tok.bosId, ...special]),
+    "Tom ran. Lily sat.",
+    "control tokens decode to nothing",
+  );
   assertEquals(tok.encode("<s>Hi", { bos: false, special: true })[0], tok.bosId);
 });

@@ -5,7 +5,7 @@ import {
   parseToolCalls,
   type ToolCallFormat,
   ToolCallStream,
-} from "../lib/http/tool_calls.ts";
+} from "../lib/chat/tool_calls.ts";
 
 /**
  * The tool-call parsers on hand-written model texts, in the shapes the Qwen2.5/Qwen3 (Hermes)

@@ -5,10 +5,10 @@
  */
 import { assertAlmostEquals, assertEquals, assertThrows } from "@std/assert";
 import { topLogprobs } from "../lib/engine/top_logprobs.ts";
-import { TopLogprobsOp } from "../kernels/top_logprobs.ts";
-import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
+import { TopLogprobsOp } from "../kernels/webgpu/top_logprobs.ts";
+import { WebGpuEngine } from "../kernels/webgpu/webgpu_engine.ts";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
 import { type Engine, GREEDY, type SampledToken } from "../lib/engine/engine.ts";
 import { PenaltyState } from "../lib/core/logit_controls.ts";
 import { loadModel } from "../lib/model/load_model.ts";
@@ -33,7 +33,10 @@ Deno.test("TopLogprobsOp on random rows (with ties) gives topLogprobs()'s ids, l
   for (const vocab of [37, 512, 32000, 151936]) {
     const rows = 3;
     // Rounded to a coarse grid so that ties are common.
-    const logits = Float32Array.from({ length: rows * vocab }, () => Math.round((rand() * 2 - 1) * 40) / 4);
+    const logits = Float32Array.from(
+      { length: rows * vocab },
+      () => Math.round((rand() * 2 - 1) * 40) / 4,
+    );
     const buf = storage(gpu, logits);
     const op = new TopLogprobsOp(gpu, vocab, buf, rows);
     try {
@@ -60,8 +63,17 @@ const TABLE = Array.from({ length: 16 }, (_, i) => i);
 const PROMPT = [1, 403, 407, 261, 378];
 
 /** Greedy decode with penalties and bias, `top` (or 3 at even steps) alternatives asked. */
-async function run(engine: Engine, steps: number, prompt = PROMPT, top = 20): Promise<SampledToken[]> {
-  const controls = { repetitionPenalty: 1.4, presencePenalty: 0.5, logitBias: [[300, 2]] as [number, number][] };
+async function run(
+  engine: Engine,
+  steps: number,
+  prompt = PROMPT,
+  top = 20,
+): Promise<SampledToken[]> {
+  const controls = {
+    repetitionPenalty: 1.4,
+    presencePenalty: 0.5,
+    logitBias: [[300, 2]] as [number, number][],
+  };
   const state = new PenaltyState(controls, prompt, prompt.length, []);
   const all = [...prompt], out: SampledToken[] = [];
   let start = 0;
@@ -71,9 +83,25 @@ async function run(engine: Engine, steps: number, prompt = PROMPT, top = 20): Pr
       stepId: step,
       returnLogits: true,
       seqs: [
-        { seqId: 1, tokens: all.slice(start), startPos: start, blockTable: TABLE, sample: true, sampling: GREEDY, adjust, topLogprobs: step % 2 ? top : 3 },
+        {
+          seqId: 1,
+          tokens: all.slice(start),
+          startPos: start,
+          blockTable: TABLE,
+          sample: true,
+          sampling: GREEDY,
+          adjust,
+          topLogprobs: step % 2 ? top : 3,
+        },
         // A row that asks for none shares every step: it gets none, and changes nothing.
-        { seqId: 2, tokens: [prompt[step % prompt.length]!], startPos: step, blockTable: [20, 21], sample: true, sampling: GREEDY },
+        {
+          seqId: 2,
+          tokens: [prompt[step % prompt.length]!],
+          startPos: step,
+          blockTable: [20, 21],
+          sample: true,
+          sampling: GREEDY,
+        },
       ],
     });
     const s = r.sampled[0]!;
@@ -89,10 +117,19 @@ async function run(engine: Engine, steps: number, prompt = PROMPT, top = 20): Pr
 }
 
 Deno.test("reference, CPU and WebGPU engines list the same top alternatives with the same logprobs on stories260K, over the penalized and biased rows", async () => {
-  const model = await loadModel(modelFile("stories260K.bin"), { tokenizerPath: modelFile("tok512.bin") });
+  const model = await loadModel(modelFile("stories260K.bin"), {
+    tokenizerPath: modelFile("tok512.bin"),
+  });
   const engines: [string, Engine, number][] = [
     ["cpu", await WasmEngine.create(model.config, model.weights, KV, { kvDtype: "f32" }), 2e-3],
-    ["webgpu", await WebGpuEngine.create(model.config, model.weights, KV, { gpu: await testGpu(), kvDtype: "f32" }), 1e-4],
+    [
+      "webgpu",
+      await WebGpuEngine.create(model.config, model.weights, KV, {
+        gpu: await testGpu(),
+        kvDtype: "f32",
+      }),
+      1e-4,
+    ],
   ];
   const reference = new CpuEngine(model.config, model.weights, KV);
   try {
@@ -107,7 +144,9 @@ Deno.test("reference, CPU and WebGPU engines list the same top alternatives with
       got.forEach((s, i) => {
         assertEquals(s.token, want[i]!.token, `${name} step ${i}`);
         assertEquals(s.top!.ids, want[i]!.top!.ids, `${name} step ${i}: alternatives`);
-        s.top!.logprobs.forEach((lp, k) => assertAlmostEquals(lp, want[i]!.top!.logprobs[k]!, tol, `${name} step ${i} #${k}`));
+        s.top!.logprobs.forEach((lp, k) =>
+          assertAlmostEquals(lp, want[i]!.top!.logprobs[k]!, tol, `${name} step ${i} #${k}`)
+        );
       });
     }
   } finally {
@@ -123,8 +162,19 @@ Deno.test("reference, CPU and WebGPU engines list the same top 5 alternatives on
   // The CPU engine quantizes activations to 8 bits for quantized weights, as llama.cpp does:
   // its alternatives' logprobs get the compat tests' tolerance (0.25 nats + 5% of the value).
   const engines: [string, Engine, (lp: number) => number][] = [
-    ["cpu", await WasmEngine.create(model.config, model.weights, KV, { kvDtype: "f32" }), (lp) => 0.25 + 0.05 * Math.abs(lp)],
-    ["webgpu", await WebGpuEngine.create(model.config, model.weights, KV, { gpu: await testGpu(), kvDtype: "f32" }), () => 1e-4],
+    [
+      "cpu",
+      await WasmEngine.create(model.config, model.weights, KV, { kvDtype: "f32" }),
+      (lp) => 0.25 + 0.05 * Math.abs(lp),
+    ],
+    [
+      "webgpu",
+      await WebGpuEngine.create(model.config, model.weights, KV, {
+        gpu: await testGpu(),
+        kvDtype: "f32",
+      }),
+      () => 1e-4,
+    ],
   ];
   try {
     const want = await run(reference, 6, prompt, 5);
@@ -133,7 +183,9 @@ Deno.test("reference, CPU and WebGPU engines list the same top 5 alternatives on
       got.forEach((s, i) => {
         assertEquals(s.token, want[i]!.token, `${name} step ${i}`);
         const ref = want[i]!;
-        if (name === "webgpu") assertEquals(s.top!.ids, ref.top!.ids, `${name} step ${i}: alternatives`);
+        if (name === "webgpu") {
+          assertEquals(s.top!.ids, ref.top!.ids, `${name} step ${i}: alternatives`);
+        }
         // The CPU engine's logits are not the reference's on quantized weights, so near-ties
         // may swap: each alternative it lists has the reference's logprob for that id, and the
         // k-th the reference's k-th, within the tolerance.

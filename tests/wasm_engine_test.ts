@@ -4,7 +4,7 @@
  */
 import { assert, assertEquals, assertRejects } from "@std/assert";
 import { WasmEngine, type WasmEngineOptions } from "../kernels/wasm/wasm_engine.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
 import { type Engine, GREEDY, type SamplingParams, type SeqInput } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import type { Model } from "../lib/model/weights.ts";
@@ -15,7 +15,11 @@ import { rng } from "./_gpu.ts";
 
 const KV = { numBlocks: 48, blockSize: 16 };
 
-async function withEngine<T>(model: Model, opts: WasmEngineOptions, f: (e: WasmEngine) => Promise<T>) {
+async function withEngine<T>(
+  model: Model,
+  opts: WasmEngineOptions,
+  f: (e: WasmEngine) => Promise<T>,
+) {
   const e = await WasmEngine.create(model.config, model.weights, KV, opts);
   try {
     return await f(e);
@@ -32,7 +36,14 @@ async function decode(engine: Engine, prompt: number[], steps: number): Promise<
     const r = await engine.step({
       stepId: s,
       returnLogits: true,
-      seqs: [{ seqId: 1, tokens: next, startPos: pos, blockTable: [0, 1, 2], sample: true, sampling: GREEDY }],
+      seqs: [{
+        seqId: 1,
+        tokens: next,
+        startPos: pos,
+        blockTable: [0, 1, 2],
+        sample: true,
+        sampling: GREEDY,
+      }],
     });
     out.push(r.sampled[0]!.logits!);
     pos += next.length;
@@ -76,13 +87,18 @@ async function batch(
 
 function randomPrompts(vocab: number, seed: number): number[][] {
   const rand = rng(seed);
-  return Array.from({ length: 16 }, () => Array.from({ length: 2 + Math.floor(rand() * 15) }, () => Math.floor(rand() * vocab)));
+  return Array.from(
+    { length: 16 },
+    () => Array.from({ length: 2 + Math.floor(rand() * 15) }, () => Math.floor(rand() * vocab)),
+  );
 }
 
 const bits = (a: Float32Array) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
 
 Deno.test("cpu engine on stories260K (f32 weights) follows the reference engine: same greedy tokens over 40 steps, logits within 0.02 (f16 KV) and 1e-3 (f32 KV)", async () => {
-  const model = await loadModel(modelFile("stories260K.bin"), { tokenizerPath: modelFile("tok512.bin") });
+  const model = await loadModel(modelFile("stories260K.bin"), {
+    tokenizerPath: modelFile("tok512.bin"),
+  });
   const reference = new CpuEngine(model.config, model.weights, KV);
   const prompt = [1, 403, 407, 261, 300];
   const expected = await decode(reference, prompt, 40);
@@ -103,7 +119,9 @@ Deno.test("cpu engine on stories260K (f32 weights) follows the reference engine:
 });
 
 Deno.test("cpu engine on qwen2-like (Q5_0/Q8_0/Q4_K/Q6_K, biases): 16 prompts together give each prompt the logits it gets alone, bit for bit, greedy and seeded", async () => {
-  const model = await loadModel(compatPath("qwen2-like-q4_k_m"), { allocate: (n) => wasmHeap().bytes(n, "test model") });
+  const model = await loadModel(compatPath("qwen2-like-q4_k_m"), {
+    allocate: (n) => wasmHeap().bytes(n, "test model"),
+  });
   const prompts = randomPrompts(model.config.vocabSize, 11);
   const seeded: SamplingParams = { temperature: 0.9, topK: 40, topP: 0.95, minP: 0.02, seed: 77 };
   await withEngine(model, { maxSeqs: 16 }, async (e) => {
@@ -111,7 +129,9 @@ Deno.test("cpu engine on qwen2-like (Q5_0/Q8_0/Q4_K/Q6_K, biases): 16 prompts to
       const together = await batch(e, prompts, 3, sampling);
       for (let i = 0; i < prompts.length; i += 5) {
         const [alone] = await batch(e, [prompts[i]!], 3, sampling, 100 + i, 34);
-        alone!.forEach((l, s) => assertEquals(bits(l), bits(together[i]![s]!), `prompt ${i} step ${s}`));
+        alone!.forEach((l, s) =>
+          assertEquals(bits(l), bits(together[i]![s]!), `prompt ${i} step ${s}`)
+        );
       }
     }
   });
@@ -121,11 +141,20 @@ Deno.test("cpu engine: 1, 2 and 3 threads and the plain-SIMD build give the same
   const model = await loadModel(compatPath("llama3-like-q4_k_m"));
   const prompts = randomPrompts(model.config.vocabSize, 3).slice(0, 6);
   const runs: Float32Array[][][] = [];
-  for (const opts of [{ threads: 1 }, { threads: 2 }, { threads: 3 }, { threads: 2, flavour: "simd" as const }]) {
+  for (
+    const opts of [{ threads: 1 }, { threads: 2 }, { threads: 3 }, {
+      threads: 2,
+      flavour: "simd" as const,
+    }]
+  ) {
     runs.push(await withEngine(model, { ...opts, maxSeqs: 16 }, (e) => batch(e, prompts, 3)));
   }
   for (const run of runs.slice(1)) {
-    run.forEach((steps, i) => steps.forEach((l, s) => assertEquals(bits(l), bits(runs[0]![i]![s]!), `prompt ${i} step ${s}`)));
+    run.forEach((steps, i) =>
+      steps.forEach((l, s) =>
+        assertEquals(bits(l), bits(runs[0]![i]![s]!), `prompt ${i} step ${s}`)
+      )
+    );
   }
 });
 
@@ -139,7 +168,14 @@ Deno.test("cpu engine: a 37-token prompt prefilled in one step, in pieces of 1 t
       const r = await e.step({
         stepId: i,
         returnLogits: true,
-        seqs: [{ seqId, tokens: prompt.slice(pos, pos + n), startPos: pos, blockTable: blocks, sample: true, sampling: GREEDY }],
+        seqs: [{
+          seqId,
+          tokens: prompt.slice(pos, pos + n),
+          startPos: pos,
+          blockTable: blocks,
+          sample: true,
+          sampling: GREEDY,
+        }],
       });
       logits = r.sampled[0]!.logits!;
       pos += n;
@@ -158,10 +194,26 @@ Deno.test("cpu engine: a 37-token prompt prefilled in one step, in pieces of 1 t
 Deno.test("cpu engine: a decode from the last sampled token equals one from the same literal token", async () => {
   const model = await loadModel(compatPath("qwen3-like-q4_k_m"));
   await withEngine(model, {}, async (e) => {
-    const seq = (p: Partial<SeqInput>): SeqInput => ({ seqId: 1, tokens: [], startPos: 0, blockTable: [0], sample: true, sampling: GREEDY, ...p });
+    const seq = (p: Partial<SeqInput>): SeqInput => ({
+      seqId: 1,
+      tokens: [],
+      startPos: 0,
+      blockTable: [0],
+      sample: true,
+      sampling: GREEDY,
+      ...p,
+    });
     const first = await e.step({ stepId: 0, seqs: [seq({ tokens: [1, 2, 3] })] });
-    const viaLast = await e.step({ stepId: 1, returnLogits: true, seqs: [seq({ useLastSampled: true, startPos: 3 })] });
-    const literal = await e.step({ stepId: 2, returnLogits: true, seqs: [seq({ tokens: [first.sampled[0]!.token], startPos: 3 })] });
+    const viaLast = await e.step({
+      stepId: 1,
+      returnLogits: true,
+      seqs: [seq({ useLastSampled: true, startPos: 3 })],
+    });
+    const literal = await e.step({
+      stepId: 2,
+      returnLogits: true,
+      seqs: [seq({ tokens: [first.sampled[0]!.token], startPos: 3 })],
+    });
     assertEquals(bits(viaLast.sampled[0]!.logits!), bits(literal.sampled[0]!.logits!));
   });
 });
@@ -171,7 +223,18 @@ Deno.test("cpu engine refuses a step larger than its buffers, naming the limit",
   await withEngine(model, { maxBatchTokens: 8, maxSeqs: 2 }, async (e) => {
     assertEquals(e.limits, { maxSeqs: 2, maxBatchTokens: 8 });
     await assertRejects(
-      () => e.step({ stepId: 4, seqs: [{ seqId: 1, tokens: [1, 2, 3, 4, 5, 6, 7, 8, 9], startPos: 0, blockTable: [0], sample: true, sampling: GREEDY }] }),
+      () =>
+        e.step({
+          stepId: 4,
+          seqs: [{
+            seqId: 1,
+            tokens: [1, 2, 3, 4, 5, 6, 7, 8, 9],
+            startPos: 0,
+            blockTable: [0],
+            sample: true,
+            sampling: GREEDY,
+          }],
+        }),
       Error,
       "Cannot run step 4: it has 9 token rows",
     );
@@ -180,14 +243,22 @@ Deno.test("cpu engine refuses a step larger than its buffers, naming the limit",
 
 Deno.test("cpu engine reads weights in place when the model was loaded into its memory, and its KV cache is f16 by default", async () => {
   const heap = wasmHeap();
-  const model = await loadModel(compatPath("tinyllama-like-q4_0"), { allocate: (n) => heap.bytes(n, "test model") });
+  const model = await loadModel(compatPath("tinyllama-like-q4_0"), {
+    allocate: (n) => heap.bytes(n, "test model"),
+  });
   assert(heap.owns(model.weights.layers[0]!.wq.data));
   const before = heap.used;
   await withEngine(model, {}, (e) => {
     const c = model.config;
-    assertEquals(e.memory.kvCache, 2 * c.nLayers * KV.numBlocks * KV.blockSize * c.nKvHeads * c.headDim * 2);
+    assertEquals(
+      e.memory.kvCache,
+      2 * c.nLayers * KV.numBlocks * KV.blockSize * c.nKvHeads * c.headDim * 2,
+    );
     // Nothing the size of the weights was allocated: only the KV cache and step buffers.
-    assert(heap.used - before < e.memory.kvCache + e.memory.buffers + (1 << 20), `${heap.used - before}`);
+    assert(
+      heap.used - before < e.memory.kvCache + e.memory.buffers + (1 << 20),
+      `${heap.used - before}`,
+    );
     return Promise.resolve();
   });
 });
@@ -197,7 +268,8 @@ Deno.test("cpu engine: a 1 GiB KV cache costs resident memory only for the block
   const c = model.config;
   const blockBytes = 2 * c.nLayers * 16 * c.nKvHeads * c.headDim * 2; // K and V, f16
   const kv = { numBlocks: Math.floor(2 ** 30 / blockBytes), blockSize: 16 };
-  const rss = () => Number(/VmRSS:\s+(\d+) kB/.exec(Deno.readTextFileSync("/proc/self/status"))![1]) * 1024;
+  const rss = () =>
+    Number(/VmRSS:\s+(\d+) kB/.exec(Deno.readTextFileSync("/proc/self/status"))![1]) * 1024;
   const before = rss();
   const e = await WasmEngine.create(c, model.weights, kv, {});
   try {
@@ -206,10 +278,30 @@ Deno.test("cpu engine: a 1 GiB KV cache costs resident memory only for the block
     // 40 tokens in blocks 7, 900 and the last: three blocks written, whatever their ids.
     const last = kv.numBlocks - 1;
     const tokens = Array.from({ length: 40 }, (_, i) => 1 + i);
-    await e.step({ stepId: 0, seqs: [{ seqId: 1, tokens, startPos: 0, blockTable: [7, 900, last], sample: true, sampling: GREEDY }] });
+    await e.step({
+      stepId: 0,
+      seqs: [{
+        seqId: 1,
+        tokens,
+        startPos: 0,
+        blockTable: [7, 900, last],
+        sample: true,
+        sampling: GREEDY,
+      }],
+    });
     assertEquals(e.memory.kvResident, 3 * blockBytes);
     // Rewriting block 7 adds nothing.
-    await e.step({ stepId: 1, seqs: [{ seqId: 2, tokens: [5], startPos: 0, blockTable: [7], sample: true, sampling: GREEDY }] });
+    await e.step({
+      stepId: 1,
+      seqs: [{
+        seqId: 2,
+        tokens: [5],
+        startPos: 0,
+        blockTable: [7],
+        sample: true,
+        sampling: GREEDY,
+      }],
+    });
     assertEquals(e.memory.kvResident, 3 * blockBytes);
     // The reservation itself stayed virtual: far less than the 1 GiB became resident.
     const grew = rss() - before;
@@ -235,16 +327,25 @@ Deno.test("cpu engine split over several memories by layer range gives the logit
     const base = { maxBatchTokens: 64, maxSeqs: 16 };
     const whole = await withEngine(model, { ...base, threads: 2 }, async (e) => {
       assertEquals(e.memories, 1);
-      return { together: await batch(e, prompts, 3), alone: await batch(e, [prompts[0]!], 3, GREEDY, 50, 30) };
+      return {
+        together: await batch(e, prompts, 3),
+        alone: await batch(e, [prompts[0]!], 3, GREEDY, 50, 30),
+      };
     });
     for (const threads of [1, 2]) {
       await withEngine(model, { ...base, threads, memoryBytes }, async (e) => {
         const what = `${model.source} over ${memoryBytes} byte memories, ${threads} threads`;
         assertEquals(e.memories, memories, what);
         const together = await batch(e, prompts, 3);
-        together.forEach((steps, i) => steps.forEach((l, s) => assertEquals(bits(l), bits(whole.together[i]![s]!), `${what}: prompt ${i} step ${s}`)));
+        together.forEach((steps, i) =>
+          steps.forEach((l, s) =>
+            assertEquals(bits(l), bits(whole.together[i]![s]!), `${what}: prompt ${i} step ${s}`)
+          )
+        );
         const [alone] = await batch(e, [prompts[0]!], 3, GREEDY, 50, 30);
-        alone!.forEach((l, s) => assertEquals(bits(l), bits(whole.alone[0]![s]!), `${what}: alone, step ${s}`));
+        alone!.forEach((l, s) =>
+          assertEquals(bits(l), bits(whole.alone[0]![s]!), `${what}: alone, step ${s}`)
+        );
       });
     }
   }
@@ -253,8 +354,15 @@ Deno.test("cpu engine split over several memories by layer range gives the logit
 Deno.test("cpu engine refuses a memory cap that one layer with its tensors cannot fit in, naming the tensor and the sizes", async () => {
   const model = await loadModel(compatPath("llama3-like-q4_k_m"));
   await assertRejects(
-    () => WasmEngine.create(model.config, model.weights, KV, { maxBatchTokens: 64, maxSeqs: 16, memoryBytes: 32 << 20 }),
+    () =>
+      WasmEngine.create(model.config, model.weights, KV, {
+        maxBatchTokens: 64,
+        maxSeqs: 16,
+        memoryBytes: 32 << 20,
+      }),
     Error,
-    `Cannot split the model over CPU engine memories of ${32 << 20} bytes: layer 1 with the classifier 'token_embd.weight' (26933760 bytes) needs`,
+    `Cannot split the model over CPU engine memories of ${
+      32 << 20
+    } bytes: layer 1 with the classifier 'token_embd.weight' (26933760 bytes) needs`,
   );
 });

@@ -17,7 +17,11 @@ import { dequantize, f32ToF16 } from "../lib/model/dequantize.ts";
 import { wasmHeap } from "../kernels/wasm/heap.ts";
 import { ActBuffer } from "../kernels/wasm/act_buffer.ts";
 import { ThreadPool } from "../kernels/wasm/pool.ts";
-import { type KernelFlavour, kernelModule, relaxedSimdAvailable } from "../kernels/wasm/kernel_module.ts";
+import {
+  type KernelFlavour,
+  kernelModule,
+  relaxedSimdAvailable,
+} from "../kernels/wasm/kernel_module.ts";
 import { OP, OP_WORDS, ProgramWriter } from "../kernels/wasm/program.ts";
 import { argmax, logSoftmaxAt } from "../lib/engine/sampling.ts";
 import { rng } from "./_gpu.ts";
@@ -35,7 +39,11 @@ function randomTensor(type: TensorType, n: number, k: number, seed: number): Uin
   if (type === "f16" || type === "bf16") {
     for (let i = 0; i < n * k; i++) {
       const v = rand() * 2 - 1;
-      view.setUint16(2 * i, type === "f16" ? f32ToF16(v) : new Uint32Array(new Float32Array([v]).buffer)[0]! >>> 16, true);
+      view.setUint16(
+        2 * i,
+        type === "f16" ? f32ToF16(v) : new Uint32Array(new Float32Array([v]).buffer)[0]! >>> 16,
+        true,
+      );
     }
     return out;
   }
@@ -102,7 +110,11 @@ function quantized(x: Float32Array, block: number): Float64Array {
   return out;
 }
 
-async function withPool<T>(threads: number, flavour: KernelFlavour, f: (p: ThreadPool) => Promise<T>) {
+async function withPool<T>(
+  threads: number,
+  flavour: KernelFlavour,
+  f: (p: ThreadPool) => Promise<T>,
+) {
   const pool = await ThreadPool.start(wasmHeap(), kernelModule(flavour).module, threads);
   try {
     return await f(pool);
@@ -142,7 +154,10 @@ for (const type of TENSOR_TYPES) {
         }
         bound += 1e-5 * abs + 1e-6;
         const err = Math.abs(got[r * N + n]! - exact);
-        assert(err <= bound, `${type} row ${r} out ${n}: |${got[r * N + n]} - ${exact}| = ${err} > ${bound}`);
+        assert(
+          err <= bound,
+          `${type} row ${r} out ${n}: |${got[r * N + n]} - ${exact}| = ${err} > ${bound}`,
+        );
         worst = Math.max(worst, err / bound);
         typical += Math.abs(exact);
       }
@@ -160,7 +175,10 @@ for (const type of TENSOR_TYPES) {
           abs += Math.abs(dense[n * K + e]! * xq[r * K + e]!);
         }
         const err = Math.abs(got[r * N + n]! - exact);
-        assert(err <= 2e-6 * abs + 1e-7, `${type} row ${r} out ${n} vs quantized activations: ${got[r * N + n]} vs ${exact}`);
+        assert(
+          err <= 2e-6 * abs + 1e-7,
+          `${type} row ${r} out ${n} vs quantized activations: ${got[r * N + n]} vs ${exact}`,
+        );
       }
     }
   });
@@ -173,9 +191,16 @@ for (const type of TENSOR_TYPES) {
     const simd = await withPool(3, "simd", (p) => kernelMatmul(p, type, w, N, K, x, ROWS));
     assertEquals(Array.from(simd), Array.from(relaxed));
     for (const r of [0, 5]) {
-      const alone = await withPool(3, "relaxed", (p) =>
-        kernelMatmul(p, type, w, N, K, x.subarray(r * K, (r + 1) * K), 1));
-      assertEquals(Array.from(alone), Array.from(relaxed.subarray(r * N, (r + 1) * N)), `row ${r} alone`);
+      const alone = await withPool(
+        3,
+        "relaxed",
+        (p) => kernelMatmul(p, type, w, N, K, x.subarray(r * K, (r + 1) * K), 1),
+      );
+      assertEquals(
+        Array.from(alone),
+        Array.from(relaxed.subarray(r * N, (r + 1) * N)),
+        `row ${r} alone`,
+      );
     }
   });
 }
@@ -193,14 +218,21 @@ async function kernelRowStats(pool: ThreadPool, rows: Float32Array[], V: number)
   heap.free(lp, rows.length * V * 4);
   heap.free(out, rows.length * 16);
   heap.free(prog, 2 * OP_WORDS * 4);
-  return rows.map((_, r) => ({ at: i[r * 4]!, max: f[r * 4 + 1]!, sum: f[r * 4 + 2]!, bad: i[r * 4 + 3]! }));
+  return rows.map((_, r) => ({
+    at: i[r * 4]!,
+    max: f[r * 4 + 1]!,
+    sum: f[r * 4 + 2]!,
+    bad: i[r * 4 + 3]!,
+  }));
 }
 
 Deno.test("row statistics: the first argmax and the log-softmax normaliser of argmax() and logSoftmaxAt(), NaN and infinities flagged", async () => {
   const rand = rng(17);
   const V = 1001; // not a multiple of 4
   const rows: Float32Array[] = [];
-  for (let r = 0; r < 5; r++) rows.push(Float32Array.from({ length: V }, () => (rand() * 2 - 1) * 12 * (r + 1)));
+  for (let r = 0; r < 5; r++) {
+    rows.push(Float32Array.from({ length: V }, () => (rand() * 2 - 1) * 12 * (r + 1)));
+  }
   rows[1]![700] = 1000; // far above the rest: most terms underflow
   rows[2]![3] = 50, rows[2]![999] = 50; // a tie: the first wins
   rows[3]!.fill(-3); // all equal
@@ -219,7 +251,10 @@ Deno.test("row statistics: the first argmax and the log-softmax normaliser of ar
     assertEquals(stats[r]!.max, rows[r]![want], `row ${r} max`);
     assertEquals(stats[r]!.bad, 0);
     const lp = -Math.log(stats[r]!.sum), exact = logSoftmaxAt(rows[r]!, want);
-    assert(Math.abs(lp - exact) <= 1e-6 * Math.max(1, Math.abs(exact)), `row ${r}: logprob ${lp} vs ${exact}`);
+    assert(
+      Math.abs(lp - exact) <= 1e-6 * Math.max(1, Math.abs(exact)),
+      `row ${r}: logprob ${lp} vs ${exact}`,
+    );
   }
   assertEquals(stats[6]!.bad, 1, "a NaN logit");
   assertEquals(stats[7]!.bad, 1, "an infinite logit");

@@ -1,6 +1,6 @@
 import { assert, assertEquals, assertLess, assertRejects } from "@std/assert";
-import { acquireGpu } from "../kernels/device.ts";
-import { WebGpuEngine } from "../kernels/webgpu_engine.ts";
+import { acquireGpu } from "../kernels/webgpu/device.ts";
+import { WebGpuEngine } from "../kernels/webgpu/webgpu_engine.ts";
 import {
   type Engine,
   GREEDY,
@@ -9,8 +9,8 @@ import {
   type StepResult,
 } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
-import { CpuEngine } from "../lib/engine/cpu/cpu_engine.ts";
-import { referenceGenerate } from "../lib/engine/cpu/reference_generate.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
+import { referenceGenerate } from "../kernels/reference/reference_generate.ts";
 import type { TensorType } from "../lib/model/tensor.ts";
 import type { Model } from "../lib/model/weights.ts";
 import { encodeTensor, relativeError, rng, testGpu } from "./_gpu.ts";
@@ -407,7 +407,8 @@ Deno.test("WebGpuEngine's f16 KV cache holds twice the blocks of a byte budget, 
   const device = await testGpu();
   if (!device.hasShaderF16) {
     await assertRejects(
-      () => WebGpuEngine.create(model.config, model.weights, budget, { gpu: device, kvDtype: "f16" }),
+      () =>
+        WebGpuEngine.create(model.config, model.weights, budget, { gpu: device, kvDtype: "f16" }),
       Error,
       "an f16 KV cache needs the device's shader-f16 feature",
     );

@@ -1,5 +1,5 @@
 import { assertEquals } from "@std/assert";
-import { rowBytes, toDeviceRows } from "../kernels/weight_formats.ts";
+import { rowBytes, toDeviceRows } from "../kernels/webgpu/weight_formats.ts";
 
 /** `n` bytes numbered from `from`. */
 const seq = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);

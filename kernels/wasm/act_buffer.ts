@@ -28,7 +28,12 @@ export class ActBuffer {
     return rowBytes(K).reduce((n, b) => n + tiled * b + 64, 64);
   }
 
-  constructor(private readonly heap: WasmHeap, readonly rows: number, readonly K: number, what: string) {
+  constructor(
+    private readonly heap: WasmHeap,
+    readonly rows: number,
+    readonly K: number,
+    what: string,
+  ) {
     // Padded: a field can be empty (K below a block) yet still needs an address; rows are
     // rounded up to whole tiles of four.
     const tiled = Math.ceil(rows / 4) * 4;
@@ -45,7 +50,9 @@ export class ActBuffer {
 
   /** Writes at `at` a descriptor for rows from `from` on (the classifier's chunks); `from` is a multiple of 4. */
   writeOffsetDesc(at: number, from: number): void {
-    if (from % 4 !== 0) throw new Error(`Activation rows are tiled by four: cannot offset by ${from} rows`);
+    if (from % 4 !== 0) {
+      throw new Error(`Activation rows are tiled by four: cannot offset by ${from} rows`);
+    }
     const d = this.heap.i32(this.desc, FIELDS);
     const per = rowBytes(this.K);
     this.heap.i32(at, FIELDS).set(per.map((b, i) => d[i]! + from * b));

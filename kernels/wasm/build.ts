@@ -19,22 +19,29 @@ export async function buildKernels(flavour: KernelFlavour): Promise<Uint8Array> 
   let out: Uint8Array | undefined;
   const { error, stderr } = await asc.main([
     entry,
-    "--runtime", "stub",
+    "--runtime",
+    "stub",
     "--importMemory",
     "--sharedMemory",
-    "--initialMemory", "1",
-    "--maximumMemory", "65536",
+    "--initialMemory",
+    "1",
+    "--maximumMemory",
+    "65536",
     "-O3",
     "--noAssert",
-    "--enable", FEATURES[flavour],
-    "-o", "kernels.wasm",
+    "--enable",
+    FEATURES[flavour],
+    "-o",
+    "kernels.wasm",
   ], {
     writeFile(name: string, contents: Uint8Array | string) {
       if (name.endsWith(".wasm")) out = contents as Uint8Array;
     },
   });
   if (error || !out) {
-    throw new Error(`Cannot build the ${flavour} kernels: ${error?.message ?? "no output"}\n${stderr}`);
+    throw new Error(
+      `Cannot build the ${flavour} kernels: ${error?.message ?? "no output"}\n${stderr}`,
+    );
   }
   return out;
 }

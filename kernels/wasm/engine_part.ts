@@ -61,7 +61,8 @@ function plainBuffers(s: PartShape, last: boolean) {
 export function partOverheadBytes(s: PartShape, last: boolean): number {
   const { dim, hiddenDim, nHeads, headDim } = s.config;
   const plain = Object.values(plainBuffers(s, last)).reduce((n, b) => n + b + 64, 0);
-  const acts = ActBuffer.bytesFor(s.maxRows, dim) + ActBuffer.bytesFor(s.maxRows, nHeads * headDim) +
+  const acts = ActBuffer.bytesFor(s.maxRows, dim) +
+    ActBuffer.bytesFor(s.maxRows, nHeads * headDim) +
     ActBuffer.bytesFor(s.maxRows, hiddenDim) + (last ? ActBuffer.bytesFor(s.maxSeqs, dim) : 0);
   return HEAP_BASE + CTRL.bytes + s.threads * SCRATCH_BYTES + plain + acts + 4096;
 }

@@ -36,7 +36,9 @@ export class WasmHeap {
   constructor(maxBytes = WasmHeap.MAX_BYTES) {
     if (!(Number.isInteger(maxBytes) && maxBytes > HEAP_BASE && maxBytes <= WasmHeap.MAX_BYTES)) {
       throw new Error(
-        `A CPU engine memory holds ${HEAP_BASE + 1}..${WasmHeap.MAX_BYTES} bytes, received ${maxBytes}`,
+        `A CPU engine memory holds ${
+          HEAP_BASE + 1
+        }..${WasmHeap.MAX_BYTES} bytes, received ${maxBytes}`,
       );
     }
     this.maxBytes = maxBytes;

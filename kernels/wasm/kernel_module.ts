@@ -40,7 +40,9 @@ export function relaxedSimdAvailable(): boolean {
  * The compiled kernels: the relaxed build where the runtime has relaxed SIMD, else the plain
  * one (or the one asked for).
  */
-export function kernelModule(flavour?: KernelFlavour): { module: WebAssembly.Module; flavour: KernelFlavour } {
+export function kernelModule(
+  flavour?: KernelFlavour,
+): { module: WebAssembly.Module; flavour: KernelFlavour } {
   const f = flavour ?? (relaxedSimdAvailable() ? "relaxed" : "simd");
   let m = compiled.get(f);
   if (!m) {

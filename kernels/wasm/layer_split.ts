@@ -53,7 +53,9 @@ export function splitLayers(units: readonly SplitUnit[], each: number, cap: numb
   if (biggest.bytes > room) {
     throw new Error(
       `Cannot split the model over CPU engine memories of ${cap} bytes: ${biggest.what} needs ${biggest.bytes} bytes, ` +
-        `and only ${Math.max(0, room)} are left in one memory beside its ${each} bytes of step buffers`,
+        `and only ${
+          Math.max(0, room)
+        } are left in one memory beside its ${each} bytes of step buffers`,
     );
   }
   const k = greedy(units, room).length;

@@ -49,9 +49,15 @@ export class ThreadPool {
   }
 
   /** Starts `threads` workers, each with an instance of `module` over every heap in `heaps`. */
-  static async start(heaps: WasmHeap | readonly WasmHeap[], module: WebAssembly.Module, threads: number): Promise<ThreadPool> {
+  static async start(
+    heaps: WasmHeap | readonly WasmHeap[],
+    module: WebAssembly.Module,
+    threads: number,
+  ): Promise<ThreadPool> {
     if (!(Number.isInteger(threads) && threads >= 1 && threads <= 256)) {
-      throw new Error(`Cannot start the CPU engine: threads must be an integer in 1..256, received ${threads}`);
+      throw new Error(
+        `Cannot start the CPU engine: threads must be an integer in 1..256, received ${threads}`,
+      );
     }
     const all = Array.isArray(heaps) ? heaps as readonly WasmHeap[] : [heaps as WasmHeap];
     const ctrlBytes = CTRL.bytes + threads * SCRATCH_BYTES;
@@ -89,13 +95,17 @@ export class ThreadPool {
 
   /** Runs the program at `prog` in the pool's memory `mem` on every thread; one program at a time. */
   run(prog: number, mem = 0): Promise<void> {
-    if (this.#closed) return Promise.reject(new Error("Cannot run a program: the thread pool is closed"));
+    if (this.#closed) {
+      return Promise.reject(new Error("Cannot run a program: the thread pool is closed"));
+    }
     if (this.#broken) return Promise.reject(new Error(this.#broken));
     if (this.#pending) {
       return Promise.reject(new Error("Cannot run a program: the previous one has not finished"));
     }
     if (!(Number.isInteger(mem) && mem >= 0 && mem < this.#memories)) {
-      return Promise.reject(new Error(`Cannot run a program in memory ${mem}: the pool has ${this.#memories}`));
+      return Promise.reject(
+        new Error(`Cannot run a program in memory ${mem}: the pool has ${this.#memories}`),
+      );
     }
     const w = this.#words;
     return new Promise<void>((resolve, reject) => {

@@ -17,7 +17,9 @@ export async function readBandwidth(
   repeats = 5,
 ): Promise<number> {
   const units = Math.floor(bytes / 64);
-  if (units < 1) throw new Error(`Cannot measure read bandwidth over ${bytes} bytes: need at least 64`);
+  if (units < 1) {
+    throw new Error(`Cannot measure read bandwidth over ${bytes} bytes: need at least 64`);
+  }
   const pool = await ThreadPool.start(heap, kernelModule().module, threads);
   const progBytes = 2 * OP_WORDS * 4, sinkBytes = 16 * threads;
   const prog = heap.alloc(progBytes, "the read sweep's program");

@@ -74,7 +74,8 @@ export function placeInHeaps(
     u.bytes += t.bytes;
     if (t.bytes > u.biggest) {
       u.biggest = t.bytes;
-      u.what = `layer ${layer} with '${t.name}' (${t.bytes} bytes) and its ${kvShare} bytes of KV cache`;
+      u.what =
+        `layer ${layer} with '${t.name}' (${t.bytes} bytes) and its ${kvShare} bytes of KV cache`;
     }
   }
   const ranges = splitLayers(units as SplitUnit[], limits.headroom, limits.memoryBytes);
@@ -93,7 +94,9 @@ function pickHeaps(bytes: readonly number[], heap: (i: number) => WasmHeap): Was
     for (let i = 0;; i++) {
       const h = heap(i);
       if (h.room === h.maxBytes - HEAP_BASE && h.room < b) {
-        throw new Error(`Cannot place ${b} bytes of layers in a CPU engine memory: a fresh one holds ${h.room}`);
+        throw new Error(
+          `Cannot place ${b} bytes of layers in a CPU engine memory: a fresh one holds ${h.room}`,
+        );
       }
       if (!picked.includes(h) && h.room >= b) {
         picked.push(h);
@@ -108,7 +111,9 @@ function pickHeaps(bytes: readonly number[], heap: (i: number) => WasmHeap): Was
  * The heaps of the process a model's layers were read into, in layer order, each with how
  * many consecutive layers it holds; undefined when some layer's weights lie elsewhere.
  */
-export function heldLayers(weights: ModelWeights): { heap: WasmHeap; layers: number }[] | undefined {
+export function heldLayers(
+  weights: ModelWeights,
+): { heap: WasmHeap; layers: number }[] | undefined {
   // wDown: a neox file's Q/K are reordered copies, made at load in ordinary memory.
   const owners = weights.layers.map((l) => owningHeap(l.wDown.data));
   if (!owners.every((h) => h !== undefined)) return undefined;
@@ -141,5 +146,9 @@ export function kvBlocksBeside(
   layerBlockBytes: number,
   headroom = CPU_HEADROOM,
 ): number {
-  return Math.min(...memories.map((m) => Math.floor(Math.max(0, m.room - headroom) / (m.layers * layerBlockBytes))));
+  return Math.min(
+    ...memories.map((m) =>
+      Math.floor(Math.max(0, m.room - headroom) / (m.layers * layerBlockBytes))
+    ),
+  );
 }

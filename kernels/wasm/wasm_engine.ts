@@ -178,7 +178,9 @@ export class WasmEngine implements Engine {
       if (hit !== undefined) return hit;
       const values = dequantize(t);
       if (values.length !== n) {
-        throw new Error(`Cannot build the CPU engine: '${t.name}' has ${values.length} values, expected ${n}`);
+        throw new Error(
+          `Cannot build the CPU engine: '${t.name}' has ${values.length} values, expected ${n}`,
+        );
       }
       const p = heap.alloc(n * 4, `'${t.name}'`);
       heap.f32(p, n).set(values);
@@ -188,7 +190,9 @@ export class WasmEngine implements Engine {
     const matrix = (heap: WasmHeap, t: Tensor, rows: number, cols: number): Matrix => {
       if (t.shape.length !== 2 || t.shape[0] !== rows || t.shape[1] !== cols) {
         throw new Error(
-          `Cannot build the CPU engine: '${t.name}' has shape [${t.shape.join(", ")}], expected [${rows}, ${cols}]`,
+          `Cannot build the CPU engine: '${t.name}' has shape [${
+            t.shape.join(", ")
+          }], expected [${rows}, ${cols}]`,
         );
       }
       const type = TENSOR_TYPES.indexOf(t.type);
@@ -209,7 +213,9 @@ export class WasmEngine implements Engine {
       return { type, ptr, rows, cols };
     };
     if (weights.layers.length !== nLayers) {
-      throw new Error(`Cannot build the CPU engine: config says ${nLayers} layers, weights hold ${weights.layers.length}`);
+      throw new Error(
+        `Cannot build the CPU engine: config says ${nLayers} layers, weights hold ${weights.layers.length}`,
+      );
     }
     const heapOf = (layer: number) => split.heaps[split.ranges.findIndex((r) => layer < r.end)]!;
     this.#layers = weights.layers.map((l, i) => {
@@ -244,7 +250,9 @@ export class WasmEngine implements Engine {
     try {
       split.ranges.forEach((r, i) => {
         const last = i === split.ranges.length - 1;
-        this.#parts.push(new EnginePart(split.heaps[i]!, i, r.start, r.end, split.shape, kvLayerBytes, last));
+        this.#parts.push(
+          new EnginePart(split.heaps[i]!, i, r.start, r.end, split.shape, kvLayerBytes, last),
+        );
       });
     } catch (e) {
       for (const p of this.#parts) p.free();
@@ -280,7 +288,9 @@ export class WasmEngine implements Engine {
       );
     }
     if (config.headDim % 8 !== 0) {
-      throw new Error(`Cannot create the CPU engine: head size ${config.headDim} must be a multiple of 8`);
+      throw new Error(
+        `Cannot create the CPU engine: head size ${config.headDim} must be a multiple of 8`,
+      );
     }
     const { module, flavour } = kernelModule(opts.flavour);
     const threads = opts.threads ?? navigator.hardwareConcurrency;
@@ -324,7 +334,9 @@ export class WasmEngine implements Engine {
   }
 
   async #runStep(plan: StepPlan): Promise<StepResult> {
-    if (this.#disposed) throw new Error(`Cannot run step ${plan.stepId}: the CPU engine was disposed`);
+    if (this.#disposed) {
+      throw new Error(`Cannot run step ${plan.stepId}: the CPU engine was disposed`);
+    }
     const { config } = this;
     const { dim, vocabSize } = config;
     const bs = this.kv.blockSize;
@@ -389,7 +401,18 @@ export class WasmEngine implements Engine {
       last.actOut!.writeOffsetDesc(last.chunkDesc, c);
       const w = new ProgramWriter(last.heap.i32(last.prog, last.progOps * OP_WORDS));
       const o = this.#output;
-      w.op(OP.matmul, [o.type, o.ptr, o.rows, o.cols, last.chunkDesc, n, last.logits, vocabSize, 0, 0]);
+      w.op(OP.matmul, [
+        o.type,
+        o.ptr,
+        o.rows,
+        o.cols,
+        last.chunkDesc,
+        n,
+        last.logits,
+        vocabSize,
+        0,
+        0,
+      ]);
       w.op(OP.rowStats, [last.logits, n, vocabSize, last.stats]);
       w.end();
       await this.#pool.run(last.prog, last.mem);
@@ -420,7 +443,8 @@ export class WasmEngine implements Engine {
             rawStats ? r : 0,
           )
           : greedy && rawStats && stats[r * 4 + 3] === 0
-          ? (checkParams(seq.sampling, vocabSize), { token: stats[r * 4]!, logprob: -Math.log(statsF[r * 4 + 2]!) })
+          ? (checkParams(seq.sampling, vocabSize),
+            { token: stats[r * 4]!, logprob: -Math.log(statsF[r * 4 + 2]!) })
           : sampleRow(row, seq.sampling, position);
         this.#lastSampled.set(seq.seqId, token);
         sampled.push({
@@ -441,7 +465,9 @@ export class WasmEngine implements Engine {
     masks.forEach((m, i) => {
       if (!plan.seqs[i]!.lateTokenMask) return;
       const problem = tokenMaskProblem(m!, this.config.vocabSize);
-      if (problem) throw new Error(`step ${plan.stepId} seq ${plan.seqs[i]!.seqId}'s late mask: ${problem}`);
+      if (problem) {
+        throw new Error(`step ${plan.stepId} seq ${plan.seqs[i]!.seqId}'s late mask: ${problem}`);
+      }
     });
     return masks;
   }
@@ -464,7 +490,7 @@ export class WasmEngine implements Engine {
     for (const [, dst] of pairs) this.#markWritten(dst);
   }
 
-    #embed(token: number, out: Float32Array): void {
+  #embed(token: number, out: Float32Array): void {
     const t = this.#embedding;
     const n = this.#embedRowBytes;
     const data = t.data.subarray(token * n, (token + 1) * n);
@@ -510,8 +536,20 @@ export class WasmEngine implements Engine {
     const kvLayerBytes = p.kvBytes / (2 * (p.end - p.start));
     const scoreStride = scoreBytes(c);
     const w = new ProgramWriter(p.heap.i32(p.prog, p.progOps * OP_WORDS));
-    const mm = (m: Matrix, desc: number, out: number, ostride: number, bias: number, accum: number, barrier = true) =>
-      w.op(OP.matmul, [m.type, m.ptr, m.rows, m.cols, desc, rows, out, ostride, bias, accum], barrier);
+    const mm = (
+      m: Matrix,
+      desc: number,
+      out: number,
+      ostride: number,
+      bias: number,
+      accum: number,
+      barrier = true,
+    ) =>
+      w.op(
+        OP.matmul,
+        [m.type, m.ptr, m.rows, m.cols, desc, rows, out, ostride, bias, accum],
+        barrier,
+      );
     for (let i = p.start; i < p.end; i++) {
       const l = this.#layers[i]!;
       const kc = p.kv + 2 * (i - p.start) * kvLayerBytes;
@@ -521,20 +559,61 @@ export class WasmEngine implements Engine {
       mm(l.wk, p.actDim.desc, p.qkv + qDim * 4, qkvW, l.kBias, 0, false);
       mm(l.wv, p.actDim.desc, p.qkv + (qDim + kvDim) * 4, qkvW, l.vBias, 0);
       w.op(OP.qkvPost, [
-        p.qkv, qkvW, 0, qDim, qDim + kvDim, rows, nHeads, nKvHeads, headDim, c.ropeDim,
-        p.rope, l.qNorm, l.kNorm, eps, slots, kc, vc, f32kv,
+        p.qkv,
+        qkvW,
+        0,
+        qDim,
+        qDim + kvDim,
+        rows,
+        nHeads,
+        nKvHeads,
+        headDim,
+        c.ropeDim,
+        p.rope,
+        l.qNorm,
+        l.kNorm,
+        eps,
+        slots,
+        kc,
+        vc,
+        f32kv,
       ]);
       w.op(OP.attention, [
-        p.qkv, qkvW, 0, p.actAtt.f, qDim, rows, nHeads, nKvHeads, headDim, positions,
-        tableOffs, p.tables, this.kv.blockSize, kc, vc, f32Bits(1 / Math.sqrt(headDim)),
-        p.scores, scoreStride, f32kv, ATTENTION_GROUP, scoreRows(c),
+        p.qkv,
+        qkvW,
+        0,
+        p.actAtt.f,
+        qDim,
+        rows,
+        nHeads,
+        nKvHeads,
+        headDim,
+        positions,
+        tableOffs,
+        p.tables,
+        this.kv.blockSize,
+        kc,
+        vc,
+        f32Bits(1 / Math.sqrt(headDim)),
+        p.scores,
+        scoreStride,
+        f32kv,
+        ATTENTION_GROUP,
+        scoreRows(c),
       ]);
       w.op(OP.quant, [p.actAtt.desc, rows, qDim]);
       mm(l.wo, p.actAtt.desc, p.x, dim, 0, 1);
       w.op(OP.normQuant, [p.x, dim, rows, dim, l.ffnNorm, eps, 0, p.actDim.desc]);
       mm(l.wGate, p.actDim.desc, p.gu, 2 * hiddenDim, 0, 0, false);
       mm(l.wUp, p.actDim.desc, p.gu + hiddenDim * 4, 2 * hiddenDim, 0, 0);
-      w.op(OP.swiglu, [p.gu, p.gu + hiddenDim * 4, 2 * hiddenDim, rows, hiddenDim, p.actHidden.desc]);
+      w.op(OP.swiglu, [
+        p.gu,
+        p.gu + hiddenDim * 4,
+        2 * hiddenDim,
+        rows,
+        hiddenDim,
+        p.actHidden.desc,
+      ]);
       mm(l.wDown, p.actHidden.desc, p.x, dim, 0, 1);
     }
     if (sampled > 0) {
@@ -573,7 +652,22 @@ function splitModel(
   const kvLayer = 2 * kvLayerBytesOf(config, kv, opts.kvDtype ?? "f16");
   const tensorBytes = (t: Tensor | undefined) => (t ? byteSize(t.type, t.shape) : 0);
   const units: SplitUnit[] = weights.layers.map((l, i) => {
-    const tensors = [l.wq, l.wk, l.wv, l.wo, l.wGate, l.wUp, l.wDown, l.attnNorm, l.ffnNorm, l.qBias, l.kBias, l.vBias, l.qNorm, l.kNorm];
+    const tensors = [
+      l.wq,
+      l.wk,
+      l.wv,
+      l.wo,
+      l.wGate,
+      l.wUp,
+      l.wDown,
+      l.attnNorm,
+      l.ffnNorm,
+      l.qBias,
+      l.kBias,
+      l.vBias,
+      l.qNorm,
+      l.kNorm,
+    ];
     const bytes = tensors.reduce((n, t) => n + tensorBytes(t), kvLayer);
     return { bytes, what: `layer ${i} (its weights and KV cache)` };
   });
@@ -583,7 +677,9 @@ function splitModel(
   const n = units.length - 1;
   units[n] = {
     bytes: units[n]!.bytes + out,
-    what: `layer ${n} with the classifier '${weights.output.name}' (${tensorBytes(weights.output)} bytes)`,
+    what: `layer ${n} with the classifier '${weights.output.name}' (${
+      tensorBytes(weights.output)
+    } bytes)`,
   };
   const ranges = splitLayers(units, partOverheadBytes(shape, false), cap);
   const heaps = opts.memoryBytes !== undefined

@@ -19,7 +19,9 @@ self.onmessage = (e: MessageEvent) => {
     const instance = new WebAssembly.Instance(module, { env: { memory } });
     const scratchBytes = (instance.exports.scratchBytes as () => number)();
     if (scratchBytes !== SCRATCH_BYTES) {
-      throw new Error(`The kernels want ${scratchBytes} bytes of scratch per thread, the pool gives ${SCRATCH_BYTES}`);
+      throw new Error(
+        `The kernels want ${scratchBytes} bytes of scratch per thread, the pool gives ${SCRATCH_BYTES}`,
+      );
     }
     return instance.exports.run as Run;
   });
@@ -34,10 +36,20 @@ self.onmessage = (e: MessageEvent) => {
     if (Atomics.load(words, CTRL.stop) !== 0) break;
     try {
       const m = Atomics.load(words, CTRL.mem), ctrl = ctrls[m]!;
-      runs[m]!(Atomics.load(words, CTRL.prog), ctrl + CTRL.barrierOffset, tid, nth, ctrl + CTRL.bytes + tid * SCRATCH_BYTES);
+      runs[m]!(
+        Atomics.load(words, CTRL.prog),
+        ctrl + CTRL.barrierOffset,
+        tid,
+        nth,
+        ctrl + CTRL.bytes + tid * SCRATCH_BYTES,
+      );
     } catch (err) {
       // The other threads may now wait at a barrier for good: the pool is unusable and says so.
-      self.postMessage({ type: "error", tid, message: err instanceof Error ? err.message : String(err) });
+      self.postMessage({
+        type: "error",
+        tid,
+        message: err instanceof Error ? err.message : String(err),
+      });
     }
     if (Atomics.add(words, CTRL.done, 1) === nth - 1) self.postMessage({ type: "done", gen });
   }

@@ -106,8 +106,9 @@ function canonicalArgs(
     typed[target ?? name] ??= a.split("=")[0]!;
     if (target !== undefined) out.push(`--${target}${m?.[2] ?? ""}`);
     // One dash and several letters is one flag (llama.cpp's `-ngl 99`), never `-n -g -l`.
-    else if (!a.startsWith("--") && name.length > 1) out.push(`--${SINGLE_DASH}${name}${m?.[2] ?? ""}`);
-    else out.push(a);
+    else if (!a.startsWith("--") && name.length > 1) {
+      out.push(`--${SINGLE_DASH}${name}${m?.[2] ?? ""}`);
+    } else out.push(a);
   }
   return out;
 }

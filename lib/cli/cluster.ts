@@ -139,7 +139,7 @@ export async function clusterCommand(argv: string[]): Promise<number> {
     throw new Error(
       "Cannot start the cluster: nats-server is not on PATH nor in /usr/local/sbin, /usr/sbin " +
         "or /sbin. Install Debian's nats-server (apt-get install nats-server), or without root: " +
-        "(cd \"$(mktemp -d)\" && apt-get download nats-server && dpkg-deb -x nats-server_*.deb ~/nats), then " +
+        '(cd "$(mktemp -d)" && apt-get download nats-server && dpkg-deb -x nats-server_*.deb ~/nats), then ' +
         "NATS_SERVER=~/nats/usr/sbin/nats-server",
     );
   }

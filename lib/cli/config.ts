@@ -23,7 +23,8 @@ export const SETTINGS = {
   },
   models: {
     env: "LLMSERVE_MODELS",
-    help: "several models served at once, loaded on demand (--model repeated; env: comma-separated)",
+    help:
+      "several models served at once, loaded on demand (--model repeated; env: comma-separated)",
   },
   modelsConfig: {
     env: "LLMSERVE_MODELS_CONFIG",
@@ -37,7 +38,8 @@ export const SETTINGS = {
   },
   memoryBudget: {
     env: "LLMSERVE_MEMORY_BUDGET",
-    help: "memory all loaded models may hold together (weights + KV); the least recently used idle one is unloaded to make room (auto: the free memory at start)",
+    help:
+      "memory all loaded models may hold together (weights + KV); the least recently used idle one is unloaded to make room (auto: the free memory at start)",
     default: "auto",
   },
   maxLoadedModels: {
@@ -46,20 +48,23 @@ export const SETTINGS = {
   },
   keepAlive: {
     env: "LLMSERVE_KEEP_ALIVE",
-    help: "how long an idle model stays loaded: 30s, 5m, 1h, 0 (unload when idle), -1 (forever); a request's keep_alive overrides it",
+    help:
+      "how long an idle model stays loaded: 30s, 5m, 1h, 0 (unload when idle), -1 (forever); a request's keep_alive overrides it",
     default: "5m",
   },
   maxKeepAlive: {
     env: "LLMSERVE_MAX_KEEP_ALIVE",
-    help: `the longest keep_alive a request may ask (longer ones are lowered to it); -1 lets requests keep models forever (default ${
-      formatKeepAlive(DEFAULT_MAX_KEEP_ALIVE_MS)
-    }, or --keep-alive if longer)`,
+    help:
+      `the longest keep_alive a request may ask (longer ones are lowered to it); -1 lets requests keep models forever (default ${
+        formatKeepAlive(DEFAULT_MAX_KEEP_ALIVE_MS)
+      }, or --keep-alive if longer)`,
   },
   tokenizer: { env: "LLMSERVE_TOKENIZER", help: "llama2.c tokenizer.bin for a .bin checkpoint" },
   modelsDir: { env: "MODELS_DIR", help: "where downloaded models are kept" },
   backend: {
     env: "LLMSERVE_BACKEND",
-    help: "auto | cpu | webgpu | reference (auto times a decode step on cpu and webgpu, keeps the faster)",
+    help:
+      "auto | cpu | webgpu | reference (auto times a decode step on cpu and webgpu, keeps the faster)",
     default: "auto",
   },
   threads: {
@@ -117,7 +122,8 @@ export const SETTINGS = {
   },
   byModel: {
     env: "LLMSERVE_BY_MODEL",
-    help: "router: replicas may serve different models; each request goes to one serving its `model`",
+    help:
+      "router: replicas may serve different models; each request goes to one serving its `model`",
     default: "false",
   },
   drainTimeout: {
@@ -156,7 +162,8 @@ export const SETTINGS = {
   },
   grammarPreload: {
     env: "LLMSERVE_GRAMMAR_PRELOAD",
-    help: "start the structured-output engine (XGrammar over the vocabulary) once the server is ready, so the first response_format request does not wait for it (~100 MiB on a 150k vocabulary); false: start it on the first such request",
+    help:
+      "start the structured-output engine (XGrammar over the vocabulary) once the server is ready, so the first response_format request does not wait for it (~100 MiB on a 150k vocabulary); false: start it on the first such request",
     default: "true",
   },
   cacheScope: {
@@ -190,7 +197,8 @@ export const SETTINGS = {
   },
   dataDir: {
     env: "LLMSERVE_DATA_DIR",
-    help: "where batch files and results live (default $XDG_DATA_HOME/llmserve, else ~/.local/share/llmserve)",
+    help:
+      "where batch files and results live (default $XDG_DATA_HOME/llmserve, else ~/.local/share/llmserve)",
   },
   batchConcurrency: {
     env: "LLMSERVE_BATCH_CONCURRENCY",
@@ -224,7 +232,8 @@ export const SETTINGS = {
   },
   batchMaxStorage: {
     env: "LLMSERVE_BATCH_MAX_STORAGE",
-    help: "bytes of files (inputs and outputs) one API key may keep; without keys, the whole data dir",
+    help:
+      "bytes of files (inputs and outputs) one API key may keep; without keys, the whole data dir",
     default: "10GiB",
   },
   batchMaxFiles: {
@@ -234,12 +243,14 @@ export const SETTINGS = {
   },
   batchRetention: {
     env: "LLMSERVE_BATCH_RETENTION",
-    help: "how long a finished batch's input, output and error files are kept, e.g. 24h (-1: until deleted)",
+    help:
+      "how long a finished batch's input, output and error files are kept, e.g. 24h (-1: until deleted)",
     default: "720h",
   },
   corsOrigin: {
     env: "LLMSERVE_CORS_ORIGINS",
-    help: "origin whose pages may use the API, e.g. http://localhost:* (repeatable; env: comma-separated)",
+    help:
+      "origin whose pages may use the API, e.g. http://localhost:* (repeatable; env: comma-separated)",
   },
   allowedHost: {
     env: "LLMSERVE_ALLOWED_HOSTS",

@@ -6,9 +6,14 @@ import { unknownArgumentsError } from "./flag_suggestions.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
 import { versionLine } from "./version.ts";
 import type { SamplingParams } from "../engine/engine.ts";
-import { CoreBackend } from "../serving/core_backend.ts";
-import { engineMemory, modelAllocator, modelPlacement, resolveBackend } from "../serving/engine_factory.ts";
-import { openServing, planServing } from "../serving/open_serving.ts";
+import { CoreBackend } from "../backend/core_backend.ts";
+import {
+  engineMemory,
+  modelAllocator,
+  modelPlacement,
+  resolveBackend,
+} from "../compose/engine_factory.ts";
+import { openServing, planServing } from "../compose/open_serving.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import { DEFAULT_MODEL } from "../source/model_source.ts";
@@ -134,7 +139,10 @@ export async function generateCommand(argv: string[]): Promise<number> {
   }, engineOptions);
   const promptIds = tokenizer.encode(args.prompt);
   const limit = model.config.contextLength;
-  const problem = promptProblem(promptIds, { contextLength: limit, vocabSize: model.config.vocabSize });
+  const problem = promptProblem(promptIds, {
+    contextLength: limit,
+    vocabSize: model.config.vocabSize,
+  });
   if (problem !== undefined) throw new Error(`Cannot generate: ${problem.message}`);
   const maxTokens = Math.min(args["max-tokens"], completionRoom(promptIds.length, limit));
   if (maxTokens < args["max-tokens"]) {
@@ -160,9 +168,9 @@ export async function generateCommand(argv: string[]): Promise<number> {
   console.error(
     `model ${source.modelPath} (${c.architecture}, ${c.nLayers} layers, vocab ${c.vocabSize}, context ${c.contextLength}) on ${
       describeWithGpuApi(description)
-    }; memory: weights ${
-      mem ? formatBytes(mem.weights) : "?"
-    }, kv cache ${formatBytes(mem?.kvCache ?? plan.bytes)}; prompt ${promptIds.length} tokens`,
+    }; memory: weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
+      formatBytes(mem?.kvCache ?? plan.bytes)
+    }; prompt ${promptIds.length} tokens`,
   );
 
   const backend = new CoreBackend("cli", core, tokenizer);
@@ -190,7 +198,9 @@ export async function generateCommand(argv: string[]): Promise<number> {
       if (e.type === "token") await Deno.stdout.write(out.encode(e.text));
       if (e.type === "done") {
         generated = e.usage.completionTokens;
-        finish = e.finishReason === "stop" ? "the model ended the text" : `--max-tokens ${maxTokens}`;
+        finish = e.finishReason === "stop"
+          ? "the model ended the text"
+          : `--max-tokens ${maxTokens}`;
       }
       if (e.type === "error") throw new Error(`Generation failed (${e.code}): ${e.message}`);
     }

@@ -70,7 +70,7 @@ export function childArgs(
     ...derived,
     read: withRealPaths(reads),
     write: withRealPaths(derived.write),
-    // `--backend auto` asks a child Deno what the WebGPU adapter is (kernels/adapter.ts).
+    // `--backend auto` asks a child Deno what the WebGPU adapter is (kernels/webgpu/adapter.ts).
     ...(usesGpu ? { run: [Deno.execPath()] } : {}),
   };
   return [

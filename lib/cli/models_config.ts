@@ -73,7 +73,9 @@ export function readModelsConfig(path: string): ModelsFileEntry[] {
   }
   const parsed = File.safeParse(raw);
   if (!parsed.success) {
-    const lines = parsed.error.issues.map((i) => `${i.path.join(".") || "(the file)"}: ${i.message}`);
+    const lines = parsed.error.issues.map((i) =>
+      `${i.path.join(".") || "(the file)"}: ${i.message}`
+    );
     throw new Error(`--models-config ${path}:\n  ${lines.join("\n  ")}`);
   }
   const problems: string[] = [];
@@ -85,7 +87,9 @@ export function readModelsConfig(path: string): ModelsFileEntry[] {
       // As the flag would be typed: the table's schema reads strings.
       const r = ConfigSchema.shape[setting].safeParse(String(v));
       if (r.success) settings[setting] = r.data;
-      else problems.push(`models.${name}.${flag}: ${r.error.issues[0]!.message} (received ${JSON.stringify(v)})`);
+      else {problems.push(
+          `models.${name}.${flag}: ${r.error.issues[0]!.message} (received ${JSON.stringify(v)})`,
+        );}
     }
     const s = e.sampling;
     const sampling: SamplingDefaults | undefined = s === undefined ? undefined : {
@@ -94,7 +98,13 @@ export function readModelsConfig(path: string): ModelsFileEntry[] {
       ...(s.top_p === undefined ? {} : { topP: s.top_p }),
       ...(s.min_p === undefined ? {} : { minP: s.min_p }),
     };
-    return { name, model: e.model, aliases: e.aliases, settings, ...(sampling ? { sampling } : {}) };
+    return {
+      name,
+      model: e.model,
+      aliases: e.aliases,
+      settings,
+      ...(sampling ? { sampling } : {}),
+    };
   });
   if (problems.length > 0) throw new Error(`--models-config ${path}:\n  ${problems.join("\n  ")}`);
   return entries;

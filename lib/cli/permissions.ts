@@ -16,7 +16,7 @@ import {
 import { GPU_API_ENV, VULKAN_DRIVER_DIRS } from "../util/gpu_api.ts";
 import { resolveDataDir } from "../batch/data_dir.ts";
 import { XGRAMMAR_BUNDLE } from "../grammar/xgrammar.ts";
-import { RASTERIZER_THREADS_ENV } from "../../kernels/adapter.ts";
+import { RASTERIZER_THREADS_ENV } from "../../kernels/webgpu/adapter.ts";
 
 /**
  * What a run that may use WebGPU reads to tell Vulkan from OpenGL ES for its start-up line
@@ -83,7 +83,7 @@ export const ENV_READ = [
   "WS_NO_UTF_8_VALIDATE",
   // Which graphics API WebGPU runs on, for the start-up line (lib/util/gpu_api.ts).
   ...GPU_API_ENV,
-  // Set for a tiny model before the first adapter: Mesa's rasterizer threads (kernels/adapter.ts).
+  // Set for a tiny model before the first adapter: Mesa's rasterizer threads (kernels/webgpu/adapter.ts).
   RASTERIZER_THREADS_ENV,
 ] as const;
 

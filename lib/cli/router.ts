@@ -5,7 +5,7 @@ import { cappedLog, connectNats } from "../cluster/nats_connection.ts";
 import { RouterBackend } from "../cluster/router_backend.ts";
 import { ModelRouterDirectory } from "../cluster/model_router.ts";
 import { createPlainRouter } from "../cluster/router_front.ts";
-import { createModelsService } from "../serving/models_service.ts";
+import { createModelsService } from "../compose/models_service.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
@@ -40,9 +40,7 @@ const ROUTER_HELP: Partial<Record<SettingName, string>> = {
 
 function usage(): string {
   const rows = Object.entries(FLAG_NAMES).map(([flag, name]) =>
-    `  --${flag.padEnd(18)} ${ROUTER_HELP[name] ?? SETTINGS[name].help} [env ${
-      SETTINGS[name].env
-    }]`
+    `  --${flag.padEnd(18)} ${ROUTER_HELP[name] ?? SETTINGS[name].help} [env ${SETTINGS[name].env}]`
   );
   return `Usage: deno task router --nats nats://host:port [options]\n${rows.join("\n")}`;
 }
@@ -76,7 +74,9 @@ export function parseRouterArgs(
   }
   const config = resolveConfig(named, env);
   if (config.nats === undefined) {
-    throw new Error(`The router needs a NATS server: pass --nats nats://host:port (or set LLMSERVE_NATS)\n${usage()}`);
+    throw new Error(
+      `The router needs a NATS server: pass --nats nats://host:port (or set LLMSERVE_NATS)\n${usage()}`,
+    );
   }
   return config as Config & { nats: string };
 }
@@ -141,7 +141,7 @@ export async function routerCommand(argv: string[]): Promise<number> {
       log([
         `llmserve router ready`,
         `  model     ${backend.modelName} (context ${backend.contextLength}), served by ` +
-          `replicas; a request naming another model its replicas serve goes to one serving it`,
+        `replicas; a request naming another model its replicas serve goes to one serving it`,
         `  nats      ${nc.getServer()} (router ${backend.id})`,
         `  routing   ${config.routing}`,
         `  replicas  ${backend.registry.inRotation().map((v) => v.id).join(", ")}`,

@@ -8,10 +8,15 @@ import type { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import type { Config } from "./config.ts";
-import { CoreBackend } from "../serving/core_backend.ts";
-import { grammarPendingNote, startGrammarInBackground } from "../serving/grammar_preload.ts";
-import { engineMemory, modelAllocator, modelPlacement, resolveBackend } from "../serving/engine_factory.ts";
-import { openServing, planServing } from "../serving/open_serving.ts";
+import { CoreBackend } from "../backend/core_backend.ts";
+import { grammarPendingNote, startGrammarInBackground } from "../compose/grammar_preload.ts";
+import {
+  engineMemory,
+  modelAllocator,
+  modelPlacement,
+  resolveBackend,
+} from "../compose/engine_factory.ts";
+import { openServing, planServing } from "../compose/open_serving.ts";
 import { servingSettings } from "./serving_settings.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
 import type { Engine } from "../engine/engine.ts";
@@ -21,10 +26,10 @@ import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
 import { drainedLine, natsServedLog } from "./serve_lines.ts";
-import { createChatRenderer } from "../http/chat_template.ts";
+import { createChatRenderer } from "../chat/chat_template.ts";
 import { leveledLog } from "../util/log_level.ts";
 import { createLoadingService, LoadProgress, SwitchableService } from "../http/loading_service.ts";
-import { CachedBackend } from "../serving/cached_backend.ts";
+import { CachedBackend } from "../backend/cached_backend.ts";
 import { connectNats } from "../cluster/nats_connection.ts";
 import { ReplicaAgent } from "../cluster/replica.ts";
 import { randomId } from "../cluster/subjects.ts";
@@ -33,7 +38,6 @@ import { identityWarning, modelIdentity } from "../cluster/model_identity.ts";
 import type { Model } from "../model/weights.ts";
 import { openFileLimit } from "../util/fd_limit.ts";
 import { listenerOptions } from "./listener_options.ts";
-
 
 /**
  * `serve` command: binds the port first (so a port in use is reported at once and /health can
@@ -232,9 +236,7 @@ async function start(
       `  backend   ${describeWithGpuApi(description)}`,
       `  memory    weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
         formatBytes(mem?.kvCache ?? plan.bytes)
-      }${kvResidency(mem)}${
-        grammarEngine ? `; ${grammarPendingNote(config.grammarPreload)}` : ""
-      }`,
+      }${kvResidency(mem)}${grammarEngine ? `; ${grammarPendingNote(config.grammarPreload)}` : ""}`,
       // The engine's own size: auto plans in f32, and the CPU engine holds the blocks in f16.
       `  kv cache  ${numBlocks} blocks x ${plan.blockSize} tokens = ${
         formatBytes(mem?.kvCache ?? plan.bytes)
@@ -290,25 +292,29 @@ async function startReplica(
   const natsOptions = { url: config.nats!, credsFile: config.natsCreds, name: id };
   const nc = await connectNats({ ...natsOptions, log: deps.log });
   const { backend, core, model } = deps;
-  const agent = new ReplicaAgent(nc, coreReplicaSource({
-    backend,
-    core,
-    tokenizer: model.tokenizer!,
-    blockSize: deps.blockSize,
-    modelName: deps.servedModelNames[0]!,
-    aliases: deps.servedModelNames.slice(1),
-    // Without an id (the file cannot be read again) routers go by the name alone: said once.
-    modelId: await modelIdentity(deps.modelPath, backend.contextLength).catch((e) => {
-      deps.log(identityWarning(deps.modelPath, e));
-      return undefined;
+  const agent = new ReplicaAgent(
+    nc,
+    coreReplicaSource({
+      backend,
+      core,
+      tokenizer: model.tokenizer!,
+      blockSize: deps.blockSize,
+      modelName: deps.servedModelNames[0]!,
+      aliases: deps.servedModelNames.slice(1),
+      // Without an id (the file cannot be read again) routers go by the name alone: said once.
+      modelId: await modelIdentity(deps.modelPath, backend.contextLength).catch((e) => {
+        deps.log(identityWarning(deps.modelPath, e));
+        return undefined;
+      }),
+      limits: config,
     }),
-    limits: config,
-  }), {
-    id,
-    log: deps.log,
-    // A stream served over NATS gets the line an HTTP request gets.
-    served: natsServedLog(deps.requestLog),
-  });
+    {
+      id,
+      log: deps.log,
+      // A stream served over NATS gets the line an HTTP request gets.
+      served: natsServedLog(deps.requestLog),
+    },
+  );
   await agent.start(natsOptions);
   return {
     agent,

@@ -8,7 +8,13 @@ import { parseFlags } from "./args.ts";
 import { PEER_FLAGS, peerFlagError, unknownArgumentsError } from "./flag_suggestions.ts";
 import type { RunNeeds } from "./permissions.ts";
 import { versionLine } from "./version.ts";
-import { type Config, resolveConfig, settingDefault, type SettingName, SETTINGS } from "./config.ts";
+import {
+  type Config,
+  resolveConfig,
+  settingDefault,
+  type SettingName,
+  SETTINGS,
+} from "./config.ts";
 import { readModelsConfig } from "./models_config.ts";
 
 /** The Batch API's flags: a server's and a router's alike (both keep files and batches). */

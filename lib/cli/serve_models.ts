@@ -1,10 +1,10 @@
 /**
  * `deno task start --model a --model b` (or `--all-models`): one server, several models. None
- * is loaded at start; the pool (lib/serving/model_pool.ts) loads each on its first request and
+ * is loaded at start; the pool (lib/compose/model_pool.ts) loads each on its first request and
  * unloads idle ones under --memory-budget, --max-loaded-models and the keep-alive.
  */
 import type { KvPlan } from "../engine/kv_budget.ts";
-import { grammarPendingNote, startGrammarInBackground } from "../serving/grammar_preload.ts";
+import { grammarPendingNote, startGrammarInBackground } from "../compose/grammar_preload.ts";
 import { SpanStatusCode, trace } from "@opentelemetry/api";
 import { createApp, type ServiceApp } from "../http/app.ts";
 import { serveService } from "../http/serve.ts";
@@ -12,8 +12,8 @@ import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
 import { describeModelFile } from "../model/model_info.ts";
 import { listLocalModelFiles, modelStem, resolveModelSource } from "../source/model_source.ts";
-import { CoreBackend } from "../serving/core_backend.ts";
-import { CachedBackend } from "../serving/cached_backend.ts";
+import { CoreBackend } from "../backend/core_backend.ts";
+import { CachedBackend } from "../backend/cached_backend.ts";
 import {
   describeChoice,
   engineMemory,
@@ -21,17 +21,17 @@ import {
   modelPlacement,
   resolveBackend,
   type ResolvedBackend,
-} from "../serving/engine_factory.ts";
-import { openServing, planServing } from "../serving/open_serving.ts";
+} from "../compose/engine_factory.ts";
+import { openServing, planServing } from "../compose/open_serving.ts";
 import { servingSettings } from "./serving_settings.ts";
 import {
   type LoadContext,
   ModelPool,
   type PooledModel,
   type Residue,
-} from "../serving/model_pool.ts";
+} from "../compose/model_pool.ts";
 import { owningHeap } from "../../kernels/wasm/heap.ts";
-import { type CatalogModel, createModelsService } from "../serving/models_service.ts";
+import { type CatalogModel, createModelsService } from "../compose/models_service.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { formatKeepAlive } from "../util/duration.ts";
 import { openFileLimit } from "../util/fd_limit.ts";
@@ -47,7 +47,7 @@ import { coreReplicaSource } from "../cluster/replica_source.ts";
 import { drainedLine, natsServedLog } from "./serve_lines.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
 import { drainOnStop } from "./replica_stop.ts";
-import type { ModelDirectory } from "../serving/models_service.ts";
+import type { ModelDirectory } from "../compose/models_service.ts";
 import { type ModelsFileEntry, readModelsConfig } from "./models_config.ts";
 import { batchQueueFor } from "./batch_queue_config.ts";
 
@@ -180,11 +180,15 @@ export function withServedNames<M extends CatalogModel>(
     }
     const alias = entry.slice(0, at).trim(), file = entry.slice(at + 1).trim();
     if (alias === "") {
-      throw new Error(`--served-model-name: the alias before "=" is empty in ${JSON.stringify(entry)}`);
+      throw new Error(
+        `--served-model-name: the alias before "=" is empty in ${JSON.stringify(entry)}`,
+      );
     }
     if (!catalog.some((m) => m.name === file)) {
       throw new Error(
-        `--served-model-name ${JSON.stringify(entry)}: no model is named ${JSON.stringify(file)}; ` +
+        `--served-model-name ${JSON.stringify(entry)}: no model is named ${
+          JSON.stringify(file)
+        }; ` +
           `the models are ${catalog.map((m) => `"${m.name}"`).join(", ")} (their files' names)`,
       );
     }
@@ -370,15 +374,18 @@ async function buildOnFile(
       resultCacheBytes: config.resultCache,
     },
   });
-  shared.replicaSources?.set(m.name, coreReplicaSource({
-    backend: coreBackend,
-    core,
-    tokenizer: model.tokenizer!,
-    blockSize: plan.blockSize,
-    modelName: m.name,
-    modelId: shared.modelIds?.get(m.name),
-    limits: config,
-  }));
+  shared.replicaSources?.set(
+    m.name,
+    coreReplicaSource({
+      backend: coreBackend,
+      core,
+      tokenizer: model.tokenizer!,
+      blockSize: plan.blockSize,
+      modelName: m.name,
+      modelId: shared.modelIds?.get(m.name),
+      limits: config,
+    }),
+  );
   const mem = engineMemory(built.engine);
   const grammars = built.grammarEngine;
   const preload = config.grammarPreload && grammars !== undefined;
@@ -425,7 +432,13 @@ function loadNote(
 function tracedLoad(m: ServedFile, shared: Shared, ctx: LoadContext) {
   return trace.getTracer("llmserve").startActiveSpan(
     "llm.model.load",
-    { attributes: { "llm.model": m.name, "llm.model.path": m.path, "llm.model.file_bytes": m.bytes } },
+    {
+      attributes: {
+        "llm.model": m.name,
+        "llm.model.path": m.path,
+        "llm.model.file_bytes": m.bytes,
+      },
+    },
     async (span) => {
       try {
         const loaded = await loadServedModel(m, shared, ctx);
@@ -555,16 +568,18 @@ export async function serveModelsCommand(
     [
       `llmserve ready (${catalog.length} models, each loaded on its first request)`,
       ...catalog.map((m) =>
-        `  model     ${[m.name, ...(m.aliases ?? [])].join(", ")}: ${m.path} (${m.architecture ?? m.format}, ${
-          m.quantization ?? "?"
-        }, ${formatBytes(m.bytes)}${m.contextLength ? `, context ${m.contextLength}` : ""})`
+        `  model     ${[m.name, ...(m.aliases ?? [])].join(", ")}: ${m.path} (${
+          m.architecture ?? m.format
+        }, ${m.quantization ?? "?"}, ${formatBytes(m.bytes)}${
+          m.contextLength ? `, context ${m.contextLength}` : ""
+        })`
       ),
       `  backend   ${
         describeWithGpuApi(describeChoice(resolved.backend, resolved))
       } (each model builds its own engine)`,
-      `  memory    budget ${
-        budget === Infinity ? "unlimited" : formatBytes(budget)
-      }${config.memoryBudget === undefined ? " (auto: the free memory)" : ""}; ${
+      `  memory    budget ${budget === Infinity ? "unlimited" : formatBytes(budget)}${
+        config.memoryBudget === undefined ? " (auto: the free memory)" : ""
+      }; ${
         config.maxLoadedModels === undefined
           ? "no limit on the models loaded but the budget"
           : `at most ${config.maxLoadedModels} models loaded`
@@ -580,7 +595,9 @@ export async function serveModelsCommand(
       } per model, blocks of ${config.blockSize} tokens`,
       `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
       `  batches   ${dataDir} (${config.batchConcurrency} lines at once; each line's "model" picks)`,
-      ...(replica ? [`  replica   ${replica.agent.id} on NATS ${replica.where} (serving every model)`] : []),
+      ...(replica
+        ? [`  replica   ${replica.agent.id} on NATS ${replica.where} (serving every model)`]
+        : []),
       `  url       http://${listening.hostname}:${listening.port}/  (playground, with a model picker; API under /v1; "model" picks)`,
     ].join("\n"),
   );

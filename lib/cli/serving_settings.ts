@@ -1,6 +1,6 @@
 import type { KvRequest } from "../engine/kv_budget.ts";
-import type { EngineOptions } from "../serving/engine_factory.ts";
-import type { OpenServingOptions } from "../serving/open_serving.ts";
+import type { EngineOptions } from "../compose/engine_factory.ts";
+import type { OpenServingOptions } from "../compose/open_serving.ts";
 import type { Config } from "./config.ts";
 
 /**

@@ -118,7 +118,10 @@ const ModelsField = z.preprocess((v, ctx) => {
     if (Array.isArray(h)) n += h.length;
   }
   if (n > MAX_HASHES) {
-    ctx.addIssue({ code: "custom", message: `more than ${MAX_HASHES} hashes in all models (${n})` });
+    ctx.addIssue({
+      code: "custom",
+      message: `more than ${MAX_HASHES} hashes in all models (${n})`,
+    });
     return z.NEVER;
   }
   return v;

@@ -3,12 +3,17 @@
  * each request goes to one serving the model it names. The models are learnt from the
  * replicas' heartbeats; each gets a RouterBackend of its own (routing among that model's
  * replicas by the router's policy, prefix-aware by default) and an app over it, and the front
- * of lib/serving/models_service.ts picks the app by the request's `model`.
+ * of lib/compose/models_service.ts picks the app by the request's `model`.
  */
 import { createApp, type ServiceApp } from "../http/app.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
-import { type Lease, ModelLoadError, type ModelPhase, type ModelStatus } from "../serving/model_pool.ts";
-import type { CatalogModel, ModelDirectory } from "../serving/models_service.ts";
+import {
+  type Lease,
+  ModelLoadError,
+  type ModelPhase,
+  type ModelStatus,
+} from "../compose/model_pool.ts";
+import type { CatalogModel, ModelDirectory } from "../compose/models_service.ts";
 import { decodeMessage, ReplicaAnnouncement, type ReplicaModel, servedModels } from "./messages.ts";
 import { type BusConnection, type BusSubscription, cappedLog, guarded } from "./nats_connection.ts";
 import { RouterBackend } from "./router_backend.ts";
@@ -75,7 +80,9 @@ export class ModelRouterDirectory implements ModelDirectory {
           let m = this.#models.get(served.name);
           if (m === undefined) {
             this.#models.set(served.name, m = { replicas: new Map(), served: [served.name] });
-            this.#log(`router: replica ${a.value.replica} serves model ${JSON.stringify(served.name)}`);
+            this.#log(
+              `router: replica ${a.value.replica} serves model ${JSON.stringify(served.name)}`,
+            );
           }
           const aliases = served.aliases ?? [];
           m.replicas.set(a.value.replica, { at: performance.now(), phase: served.phase, aliases });
@@ -165,7 +172,9 @@ export class ModelRouterDirectory implements ModelDirectory {
     if (m === undefined) return undefined;
     const phases = this.#lately(m).map((r) => r.phase);
     if (m.built && phases.includes("loaded")) return "loaded";
-    if ((m.building && !m.built) || phases.includes("loading") || phases.includes("loaded")) return "loading";
+    if ((m.building && !m.built) || phases.includes("loading") || phases.includes("loaded")) {
+      return "loading";
+    }
     return "unloaded";
   }
 
@@ -174,10 +183,19 @@ export class ModelRouterDirectory implements ModelDirectory {
     try {
       built = await this.#build(name);
     } catch (e) {
-      throw new ModelLoadError(name, `Cannot route to model "${name}": ${(e as Error).message}`, true);
+      throw new ModelLoadError(
+        name,
+        `Cannot route to model "${name}": ${(e as Error).message}`,
+        true,
+      );
     }
     return {
-      model: { service: built.service, bytes: 0, busy: () => built.service.inFlight, close: () => Promise.resolve() },
+      model: {
+        service: built.service,
+        bytes: 0,
+        busy: () => built.service.inFlight,
+        close: () => Promise.resolve(),
+      },
       loaded: false,
       release() {},
     };
@@ -203,7 +221,9 @@ export class ModelRouterDirectory implements ModelDirectory {
   }
 
   loaded(): { name: string; service: ServiceApp }[] {
-    return [...this.#models].flatMap(([name, m]) => m.built ? [{ name, service: m.built.service }] : []);
+    return [...this.#models].flatMap(([name, m]) =>
+      m.built ? [{ name, service: m.built.service }] : []
+    );
   }
 
   close(): Promise<void> {
@@ -237,7 +257,9 @@ export class ModelRouterDirectory implements ModelDirectory {
         servedModelNames: m.served,
         ...(this.#opts.apiKeys === undefined ? {} : { apiKeys: this.#opts.apiKeys }),
         ...(this.#opts.cacheScope === undefined ? {} : { cacheScope: this.#opts.cacheScope }),
-        ...(this.#opts.drainTimeoutMs === undefined ? {} : { drainTimeoutMs: this.#opts.drainTimeoutMs }),
+        ...(this.#opts.drainTimeoutMs === undefined
+          ? {}
+          : { drainTimeoutMs: this.#opts.drainTimeoutMs }),
       });
       m.built = { backend, service };
       this.#log(`router: routing model ${JSON.stringify(name)} (context ${backend.contextLength})`);

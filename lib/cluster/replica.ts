@@ -84,7 +84,9 @@ export interface ReplicaAgentOptions {
 export interface ServedLog {
   firstToken(): void;
   /** How it ended: its error code, or none for done; token counts when it finished. */
-  finished(e: { code?: string; promptTokens?: number; completionTokens?: number; cached?: boolean }): void;
+  finished(
+    e: { code?: string; promptTokens?: number; completionTokens?: number; cached?: boolean },
+  ): void;
 }
 
 /** One generation served over NATS: events go out only as far as the router granted credit. */
@@ -321,7 +323,9 @@ export class ReplicaAgent {
         ...(m.aliases === undefined || m.aliases.length === 0 ? {} : { aliases: [...m.aliases] }),
         ...(m.modelId === undefined ? {} : { modelId: m.modelId }),
       };
-      if (m.source === undefined) return { ...base, phase: m.phase === "loaded" ? "loading" : m.phase };
+      if (m.source === undefined) {
+        return { ...base, phase: m.phase === "loaded" ? "loading" : m.phase };
+      }
       const l = m.source.load();
       for (const k of Object.keys(total) as (keyof typeof total)[]) total[k] += l[k];
       return {
@@ -353,7 +357,10 @@ export class ReplicaAgent {
   }
 
   /** A model's info reply, encoded once and split for the connection's max_payload. */
-  #infoParts(key: string, src: ReplicaSource): { bytes: Uint8Array; ranges: Array<[number, number]> } {
+  #infoParts(
+    key: string,
+    src: ReplicaSource,
+  ): { bytes: Uint8Array; ranges: Array<[number, number]> } {
     let parts = this.#info.get(key);
     if (parts === undefined) {
       const bytes = encodeMessage({ type: "info", replica: this.id, ...src.info });
@@ -373,14 +380,22 @@ export class ReplicaAgent {
       parts = this.#info.get(name);
       if (parts === undefined) {
         if (!this.#models.list().some((m) => m.name === name)) {
-          this.#peerLog(`replica ${this.id}: ignored an info request for model ${JSON.stringify(name)}, which it does not serve`);
+          this.#peerLog(
+            `replica ${this.id}: ignored an info request for model ${
+              JSON.stringify(name)
+            }, which it does not serve`,
+          );
           return;
         }
         let held;
         try {
           held = await this.#models.acquire(name);
         } catch (e) {
-          this.#log(`replica ${this.id}: no info for model ${JSON.stringify(name)}: ${(e as Error).message}`);
+          this.#log(
+            `replica ${this.id}: no info for model ${JSON.stringify(name)}: ${
+              (e as Error).message
+            }`,
+          );
           return;
         }
         try {
@@ -522,7 +537,9 @@ export class ReplicaAgent {
         send({
           type: "error",
           code: "invalid_request",
-          message: `This replica serves model ${JSON.stringify(own)}, not ${JSON.stringify(m.model)}`,
+          message: `This replica serves model ${JSON.stringify(own)}, not ${
+            JSON.stringify(m.model)
+          }`,
         });
         return;
       }

@@ -228,7 +228,8 @@ export class ReplicaRegistry {
     const open = this.candidates(() => [], new Set());
     if (open.length === 0) return ["no replica in rotation"];
     if (open.every((c) => c.load >= c.capacity)) {
-      const load = open.reduce((n, c) => n + c.load, 0), cap = open.reduce((n, c) => n + c.capacity, 0);
+      const load = open.reduce((n, c) => n + c.load, 0),
+        cap = open.reduce((n, c) => n + c.capacity, 0);
       return [`every replica is full (${load} requests running or waiting, capacity ${cap})`];
     }
     return [];

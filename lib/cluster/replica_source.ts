@@ -1,5 +1,5 @@
 import type { ServingCore } from "../../actors/core.ts";
-import type { CoreBackend } from "../serving/core_backend.ts";
+import type { CoreBackend } from "../backend/core_backend.ts";
 import type { TokenizerData } from "../tokenizer/tokenizer_data.ts";
 import type { ReplicaSource } from "./replica.ts";
 import { tokenizerToWire } from "./tokenizer_wire.ts";

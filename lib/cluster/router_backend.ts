@@ -7,7 +7,7 @@ import type {
 import { cacheScopeRoot, prefixBlockHashes } from "../core/block_allocator.ts";
 import type { Counter, Gauge } from "../http/metrics.ts";
 import type { ServiceMetrics } from "../http/service_metrics.ts";
-import { PromptTokens } from "../serving/prompt_tokens.ts";
+import { PromptTokens } from "../backend/prompt_tokens.ts";
 import { Tokenizer } from "../tokenizer/tokenizer.ts";
 import {
   decodeMessage,
@@ -233,7 +233,8 @@ export class RouterBackend implements GenerationBackend {
         // A replica with the model loaded answers at once; one without loads it to answer, so
         // those are asked only when, after the first beats, none has it loaded.
         const wanted = opts.model === undefined ||
-          (listed !== undefined && (listed.phase !== "unloaded" || performance.now() - startedAt > 600));
+          (listed !== undefined &&
+            (listed.phase !== "unloaded" || performance.now() - startedAt > 600));
         if (infoAsked === undefined && !a.value.draining && wanted) {
           infoAsked = askInfo(a.value.replica).then((info) => {
             if (info === undefined) infoAsked = undefined;

@@ -14,8 +14,8 @@ import { verifiedKey } from "../http/auth_middleware.ts";
 import { HTTP_DEFAULTS } from "../http/defaults.ts";
 import { ApiError, preview, toApiError } from "../http/errors.ts";
 import type { ServiceMetrics } from "../http/service_metrics.ts";
-import { ModelLoadError } from "../serving/model_pool.ts";
-import { BODY_ROUTES, objectBody, readCapped, rebuilt } from "../serving/models_service.ts";
+import { ModelLoadError } from "../compose/model_pool.ts";
+import { BODY_ROUTES, objectBody, readCapped, rebuilt } from "../compose/models_service.ts";
 import { ModelRouterDirectory, type ModelRouterOptions } from "./model_router.ts";
 import type { BusConnection } from "./nats_connection.ts";
 import type { RouterBackend } from "./router_backend.ts";
@@ -47,7 +47,8 @@ export function createPlainRouter(
     ...(opts.cacheScope === undefined ? {} : { cacheScope: opts.cacheScope }),
     ...(opts.drainTimeoutMs === undefined ? {} : { drainTimeoutMs: opts.drainTimeoutMs }),
     ...(extend === undefined ? {} : {
-      extend: (app, ctx) => extend(app, { ...ctx, openAi: routedOpenAi(ctx.openAi, primaryNames, directory) }),
+      extend: (app, ctx) =>
+        extend(app, { ...ctx, openAi: routedOpenAi(ctx.openAi, primaryNames, directory) }),
     }),
   });
   const service = createRouterFront({

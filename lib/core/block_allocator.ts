@@ -174,7 +174,12 @@ export class BlockAllocator {
   #hash: (parent: number, tokens: readonly number[], from: number, to: number) => number;
 
   constructor(options: BlockAllocatorOptions) {
-    const { numBlocks, blockSize = DEFAULT_LIMITS.blockSize, prefixCaching = true, hash = blockHash } = options;
+    const {
+      numBlocks,
+      blockSize = DEFAULT_LIMITS.blockSize,
+      prefixCaching = true,
+      hash = blockHash,
+    } = options;
     this.#hash = hash;
     if (!Number.isInteger(numBlocks) || numBlocks < 1) {
       throw new RangeError(

@@ -151,9 +151,9 @@ export class PenaltyState {
     const c = this.#c;
     const ids = new Set<number>();
     for (const [id] of c.logitBias ?? []) ids.add(id);
-    if (this.#usesOutput) for (const id of this.#output.keys()) ids.add(id);
-    if (this.#usesWindow) for (const id of this.#window.keys()) ids.add(id);
-    if (suppress) for (const id of this.#stopIds) ids.add(id);
+    if (this.#usesOutput) { for (const id of this.#output.keys()) ids.add(id); }
+    if (this.#usesWindow) { for (const id of this.#window.keys()) ids.add(id); }
+    if (suppress) { for (const id of this.#stopIds) ids.add(id); }
     if (ids.size === 0) return undefined;
     const bias = new Map(c.logitBias ?? []);
     const n = ids.size;

@@ -130,11 +130,21 @@ function unpack(p: Packed): StoredResult {
   let c = 0, k = 0;
   for (let i = 0; i < p.logprobs.length; i++) {
     const ce = p.ends[2 * i]!, ke = p.ends[2 * i + 1]!;
-    tokens.push({ text: p.text.slice(c, ce), ids: Array.from(p.ids.subarray(k, ke)), logprob: p.logprobs[i]! });
+    tokens.push({
+      text: p.text.slice(c, ce),
+      ids: Array.from(p.ids.subarray(k, ke)),
+      logprob: p.logprobs[i]!,
+    });
     c = ce;
     k = ke;
   }
-  return { promptTokens: p.promptTokens, tokens, finishReason: p.finishReason, usage: p.usage, totalMs: p.totalMs };
+  return {
+    promptTokens: p.promptTokens,
+    tokens,
+    finishReason: p.finishReason,
+    usage: p.usage,
+    totalMs: p.totalMs,
+  };
 }
 
 /** Bytes an entry costs as stored: the key and the joined texts as UTF-16, the typed arrays, and the fixed parts. */
@@ -144,7 +154,8 @@ export function storedResultBytes(key: string, r: StoredResult): number {
     chars += t.text.length;
     ids += t.ids.length;
   }
-  return ENTRY_OVERHEAD + 2 * key.length + 2 * chars + 8 * r.tokens.length + 4 * ids + 8 * r.tokens.length;
+  return ENTRY_OVERHEAD + 2 * key.length + 2 * chars + 8 * r.tokens.length + 4 * ids +
+    8 * r.tokens.length;
 }
 
 /**

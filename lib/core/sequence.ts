@@ -71,8 +71,9 @@ export class Sequence implements KvSeq {
    * A step in flight samples under a mask not known when it was planned (its input is the
    * token sampled before it): resolved with the mask once the grammar has seen that token.
    */
-  late: { readonly promise: Promise<Uint32Array>; readonly resolve: (m: Uint32Array) => void } |
-    undefined;
+  late:
+    | { readonly promise: Promise<Uint32Array>; readonly resolve: (m: Uint32Array) => void }
+    | undefined;
 
   constructor(init: {
     seqId: number;

@@ -122,9 +122,7 @@ export function planKvCache(config: ModelConfig, req: KvRequest): KvPlan {
       throw new Error(
         `--kv-memory ${formatBytes(req.kvMemory)} does not fit in the CPU engine's ${
           (req.memories ?? 1) > 1 ? `${req.memories} memories` : "memory"
-        } beside the model: use at most ${
-          formatBytes(totalCap * blockBytes)
-        }`,
+        } beside the model: use at most ${formatBytes(totalCap * blockBytes)}`,
       );
     }
     if (numBlocks > poolCap) {

@@ -27,7 +27,12 @@ export interface LogitAdjust {
 export const SUPPRESS_BIAS = -1e30;
 
 /** One adjusted logit, in f32 steps. */
-export function adjustLogit(logit: number, bias: number, penalty: number, subtract: number): number {
+export function adjustLogit(
+  logit: number,
+  bias: number,
+  penalty: number,
+  subtract: number,
+): number {
   const x = Math.fround(logit + bias);
   const p = x > 0 ? Math.fround(x / penalty) : Math.fround(x * penalty);
   return Math.fround(p - subtract);

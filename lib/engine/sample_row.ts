@@ -64,7 +64,7 @@ export function sampleRow(logits: Float32Array, p: SamplingParams, position: num
   // covers the tail, as sample()'s does.
   const tailCut = !byTopK && ids.length < n;
   let total = 0;
-  if (tailCut) for (let i = 0; i < n; i++) total += Math.exp(scaled[i]! - max);
+  if (tailCut) { for (let i = 0; i < n; i++) total += Math.exp(scaled[i]! - max); }
   else for (const id of ids) total += Math.exp(scaled[id]! - max);
   let probs = ids.map((id) => Math.exp(scaled[id]! - max) / total);
   if (p.topP < 1) {

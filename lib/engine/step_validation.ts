@@ -67,7 +67,9 @@ export function validateStep(plan: StepPlan, rules: StepRules): void {
     }
     const top = seq.topLogprobs;
     if (top !== undefined && !(Number.isInteger(top) && top >= 0 && top <= MAX_TOP_LOGPROBS)) {
-      throw new Error(`${where} asks for ${top} top logprobs, expected an integer in 0..${MAX_TOP_LOGPROBS}`);
+      throw new Error(
+        `${where} asks for ${top} top logprobs, expected an integer in 0..${MAX_TOP_LOGPROBS}`,
+      );
     }
     if (seq.sample && seq.tokenMask !== undefined) {
       const problem = tokenMaskProblem(seq.tokenMask, config.vocabSize);

@@ -19,7 +19,9 @@ export const MAX_TOP_LOGPROBS = 20;
  */
 export function topLogprobs(logits: Float32Array, n: number): TopLogprobs {
   if (!(Number.isInteger(n) && n >= 0 && n <= MAX_TOP_LOGPROBS)) {
-    throw new Error(`Cannot list top logprobs: n must be an integer in 0..${MAX_TOP_LOGPROBS}, received ${n}`);
+    throw new Error(
+      `Cannot list top logprobs: n must be an integer in 0..${MAX_TOP_LOGPROBS}, received ${n}`,
+    );
   }
   let max = -Infinity;
   for (let i = 0; i < logits.length; i++) max = Math.max(max, logits[i]!);

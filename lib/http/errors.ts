@@ -1,4 +1,5 @@
 import type { GenerationErrorCode } from "../core/generation.ts";
+import { ChatRequestError } from "../chat/chat_error.ts";
 
 /** Every error code a client can receive, over HTTP (`error.code`) or the WebSocket (`code`). */
 export type ApiErrorCode =
@@ -116,6 +117,9 @@ export function fromGenerationError(code: GenerationErrorCode, message: string):
 /** Anything thrown inside a handler, as an ApiError (unknown failures become "internal"). */
 export function toApiError(err: unknown): ApiError {
   if (err instanceof ApiError) return err;
+  if (err instanceof ChatRequestError) {
+    return new ApiError("invalid_request", err.message, err.param);
+  }
   const detail = err instanceof Error ? err.message : String(err);
   return new ApiError("internal", `Internal error: ${detail}`);
 }

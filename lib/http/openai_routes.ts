@@ -7,28 +7,28 @@ import type {
 } from "../core/generation.ts";
 import { type ChoiceEvent, choiceRequests, mergeChoices } from "./choices.ts";
 import { constraintField, outputConstraint } from "./response_format.ts";
-import { chatTurns, newToolCallId, type TemplateTools, toolPlan } from "./tools.ts";
+import { chatTurns, newToolCallId, type TemplateTools, toolPlan } from "../chat/tools.ts";
 import {
   type ParsedToolCall,
   parseToolCalls,
   type ToolCallFormat,
   ToolCallStream,
-} from "./tool_calls.ts";
-import type { ChatRenderer } from "./chat_template.ts";
+} from "../chat/tool_calls.ts";
+import type { ChatRenderer } from "../chat/chat_template.ts";
 import { readJsonBody } from "./body.ts";
 import { ApiError, fromGenerationError } from "./errors.ts";
 import { buildGenerationRequest, type GenerationInput } from "./generation_request.ts";
 import { logitControlsFrom } from "./sampling_controls.ts";
 import {
-  type ChatFinishReason,
   chatChunk,
+  type ChatFinishReason,
   chatResponse,
   completionChunk,
   completionResponse,
+  type OpenAiToolCall,
   type ResponseExtras,
   responseExtras,
   type ResponseMeta,
-  type OpenAiToolCall,
   type TokenLogprob,
   type ToolCallDelta,
   usageChunk,
@@ -195,7 +195,10 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
  * The prompt to echo. With logprobs, OpenAI's echo lists the prompt tokens' logprobs too, and
  * the engines compute logits only for the rows they sample from: refused, naming it.
  */
-function echoPrompt(b: CompletionBody, prompt: string | readonly number[]): string | readonly number[] {
+function echoPrompt(
+  b: CompletionBody,
+  prompt: string | readonly number[],
+): string | readonly number[] {
   if (b.logprobs !== null && b.logprobs !== undefined) {
     throw new ApiError(
       "invalid_request",
@@ -222,9 +225,15 @@ function chatTopLogprobs(b: ChatCompletionBody): number | undefined {
 }
 
 /** One token event's logprob entry, with its alternatives spelled out. */
-function tokenLogprob(ev: Extract<GenerationEvent, { type: "token" }>, backend: GenerationBackend): TokenLogprob {
+function tokenLogprob(
+  ev: Extract<GenerationEvent, { type: "token" }>,
+  backend: GenerationBackend,
+): TokenLogprob {
   if (ev.top === undefined) return { text: ev.text, logprob: ev.logprob };
-  const top = ev.top.ids.map((id, k) => ({ text: backend.detokenize([id]), logprob: ev.top!.logprobs[k]! }));
+  const top = ev.top.ids.map((id, k) => ({
+    text: backend.detokenize([id]),
+    logprob: ev.top!.logprobs[k]!,
+  }));
   return { text: ev.text, logprob: ev.logprob, top };
 }
 
@@ -427,7 +436,10 @@ async function collect(
       const usage = totalUsage(all.map((e) => e.usage));
       if (record && n > 1) record.completionTokens = usage.completionTokens;
       // The slowest choice's timings: the response was ready when it was.
-      const timings = all.reduce((a, e) => e.timings.totalMs > a.totalMs ? e.timings : a, all[0]!.timings);
+      const timings = all.reduce(
+        (a, e) => e.timings.totalMs > a.totalMs ? e.timings : a,
+        all[0]!.timings,
+      );
       const cached = all.every((e) => e.cached !== undefined) ? all[0]!.cached : undefined;
       const extras = responseExtras(capped, cached);
       return kind === "completions"
@@ -476,7 +488,9 @@ function streamRenderer(
     toolCalls?: ToolCallDelta[],
   ) => {
     if (kind === "completions") {
-      const logprobs = withLogprobs && lp.length > 0 ? { tokens: lp, offset: offsets[index]! } : null;
+      const logprobs = withLogprobs && lp.length > 0
+        ? { tokens: lp, offset: offsets[index]! }
+        : null;
       offsets[index]! += text?.length ?? 0;
       return sseData(
         completionChunk(

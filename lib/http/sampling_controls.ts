@@ -91,7 +91,10 @@ export function logitControlsFrom(b: Fields): LogitControls | undefined {
 }
 
 /** Refuses a stop_token_ids id outside the model's vocabulary, naming it. */
-export function checkStopTokenIds(ids: readonly number[] | undefined, vocab: number | undefined): void {
+export function checkStopTokenIds(
+  ids: readonly number[] | undefined,
+  vocab: number | undefined,
+): void {
   checkTokenIds(ids, vocab, "stop_token_ids");
 }
 
@@ -114,7 +117,9 @@ export function checkLogitBiasIds(c: LogitControls | undefined, vocab: number | 
   if (bad !== undefined) {
     throw new ApiError(
       "invalid_request",
-      `Invalid 'logit_bias': token id ${bad[0]} is outside the model's vocabulary of ${vocab} ids ` +
+      `Invalid 'logit_bias': token id ${
+        bad[0]
+      } is outside the model's vocabulary of ${vocab} ids ` +
         `(0 to ${vocab - 1}); got ${bad[0]}`,
       "logit_bias",
     );

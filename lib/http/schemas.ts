@@ -2,7 +2,7 @@ import { z } from "zod";
 import { acceptedFields, REFUSED_CHAT, REFUSED_COMMON, refusedFields } from "./request_fields.ts";
 import { logitControlFields, stopTokenFields } from "./sampling_controls.ts";
 import { constraintFields, frameConstraintFields } from "./response_format.ts";
-import { FunctionTool, MessageToolCall, ToolChoice } from "./tools.ts";
+import { FunctionTool, MessageToolCall, ToolChoice } from "../chat/tools.ts";
 import { f32Number } from "../util/f32_number.ts";
 
 /**

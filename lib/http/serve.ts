@@ -330,7 +330,9 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
     const onSignal = (signal: Deno.Signal) => {
       if (stopping === undefined) {
         log(
-          `${signal}: draining for up to ${opts.drainTimeoutMs / 1000} s (another signal cuts it short)`,
+          `${signal}: draining for up to ${
+            opts.drainTimeoutMs / 1000
+          } s (another signal cuts it short)`,
         );
         void stop();
       } else {

@@ -2,12 +2,12 @@ import { outsideVocabulary, vocabularyProblem } from "../core/prompt_check.ts";
 import type { Hono } from "hono";
 import type { GenerationBackend } from "../core/generation.ts";
 import { readJsonBody } from "./body.ts";
-import type { ChatRenderer } from "./chat_template.ts";
+import type { ChatRenderer } from "../chat/chat_template.ts";
 import { ApiError } from "./errors.ts";
 import { servedName } from "./openai_routes.ts";
 import { DetokenizeBody, TokenizeBody } from "./schemas.ts";
 import { parseWith } from "./validation.ts";
-import { chatTurns, type TemplateTools } from "./tools.ts";
+import { chatTurns, type TemplateTools } from "../chat/tools.ts";
 
 export interface TokenizeOptions {
   readonly backend: GenerationBackend;

@@ -1,7 +1,7 @@
 import type { GenerationRequest } from "../core/generation.ts";
 import { outputConstraint } from "./response_format.ts";
 import type { OutputConstraint } from "../grammar/output_constraint.ts";
-import type { ChatRenderer } from "./chat_template.ts";
+import type { ChatRenderer } from "../chat/chat_template.ts";
 import { ApiError, fromGenerationError, preview, toApiError } from "./errors.ts";
 import { type FrameSocket, FrameWriter, type WriterOptions } from "./frame_writer.ts";
 import { buildGenerationRequest, type GenerationInput } from "./generation_request.ts";

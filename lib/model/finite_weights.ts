@@ -11,7 +11,11 @@ export function firstNonFinite(t: Tensor): { element: string; value: number } | 
   const view = <T>(size: number, make: (b: ArrayBufferLike, o: number, n: number) => T): T =>
     d.byteOffset % size === 0
       ? make(d.buffer, d.byteOffset, Math.floor(d.byteLength / size))
-      : make(d.slice(0, d.byteLength - (d.byteLength % size)).buffer, 0, Math.floor(d.byteLength / size));
+      : make(
+        d.slice(0, d.byteLength - (d.byteLength % size)).buffer,
+        0,
+        Math.floor(d.byteLength / size),
+      );
   if (t.type === "f32") {
     const x = view(4, (b, o, n) => new Float32Array(b, o, n));
     for (let i = 0; i < x.length; i++) {
@@ -24,7 +28,9 @@ export function firstNonFinite(t: Tensor): { element: string; value: number } | 
     const mask = t.type === "f16" ? 0x7c00 : 0x7f80;
     const h = view(2, (b, o, n) => new Uint16Array(b, o, n));
     for (let i = 0; i < h.length; i++) {
-      if ((h[i]! & mask) === mask) return { element: `element ${i}`, value: halfValue(t.type, h[i]!) };
+      if ((h[i]! & mask) === mask) {
+        return { element: `element ${i}`, value: halfValue(t.type, h[i]!) };
+      }
     }
     return undefined;
   }
@@ -34,7 +40,9 @@ export function firstNonFinite(t: Tensor): { element: string; value: number } | 
   for (let b = 0; b * bytes + bytes <= d.byteLength; b++) {
     for (const o of offsets) {
       const h = v.getUint16(b * bytes + o, true);
-      if ((h & 0x7c00) === 0x7c00) return { element: `the scale of block ${b}`, value: halfValue("f16", h) };
+      if ((h & 0x7c00) === 0x7c00) {
+        return { element: `the scale of block ${b}`, value: halfValue("f16", h) };
+      }
     }
   }
   return undefined;
@@ -50,7 +58,12 @@ function halfValue(type: "f16" | "bf16", h: number): number {
  */
 export function assertFiniteWeights(w: ModelWeights, source: string): void {
   const seen = new Set<Tensor>();
-  const all = [w.tokenEmbedding, w.outputNorm, w.output, ...w.layers.flatMap((l) => Object.values(l) as Tensor[])];
+  const all = [
+    w.tokenEmbedding,
+    w.outputNorm,
+    w.output,
+    ...w.layers.flatMap((l) => Object.values(l) as Tensor[]),
+  ];
   for (const t of all) {
     if (t === undefined || seen.has(t)) continue;
     seen.add(t);

@@ -367,7 +367,10 @@ function readArray(
   // Each element takes at least its length's 8 bytes (a nested array's header 12): a count the
   // rest of the header cannot hold is refused before anything that size is allocated.
   if (elementType === GgufValueType.STRING || elementType === GgufValueType.ARRAY) {
-    c.need(n * (elementType === GgufValueType.STRING ? 8 : 12), () => `the ${n} elements of ${what}`);
+    c.need(
+      n * (elementType === GgufValueType.STRING ? 8 : 12),
+      () => `the ${n} elements of ${what}`,
+    );
   }
   const copy = (size: number) => c.copy(n, size, what);
   switch (elementType) {
@@ -643,16 +646,25 @@ async function readPlaced(
   onProgress?: ReadProgress,
 ): Promise<Map<string, Tensor>> {
   const tensors = new Map<string, Tensor>();
-  const order = header.tensorInfos.map((info, i) => ({ info, i })).sort((a, b) => a.info.offset - b.info.offset);
+  const order = header.tensorInfos.map((info, i) => ({ info, i })).sort((a, b) =>
+    a.info.offset - b.info.offset
+  );
   const total = views.reduce((n, v) => n + v.byteLength, 0);
   let done = 0;
   for (const { info, i } of order) {
     const { type, shape, bytes } = tensorLayout(info, source);
     const view = views[i]!;
     if (view.byteLength !== bytes) {
-      throw new Error(`Cannot load GGUF ${source}: tensor '${info.name}' needs ${bytes} bytes, was given ${view.byteLength}`);
+      throw new Error(
+        `Cannot load GGUF ${source}: tensor '${info.name}' needs ${bytes} bytes, was given ${view.byteLength}`,
+      );
     }
-    await readFully(file, header.dataOffset + info.offset, view, (n) => onProgress?.(done + n, total));
+    await readFully(
+      file,
+      header.dataOffset + info.offset,
+      view,
+      (n) => onProgress?.(done + n, total),
+    );
     done += bytes;
     if (tensors.has(info.name)) {
       throw new Error(`Cannot load GGUF ${source}: tensor '${info.name}' appears twice`);
@@ -719,7 +731,9 @@ export async function readGguf(
   const header = await readGgufHeaderOf(file, fileSize, path);
   checkHeader?.(header);
   const dataBytes = dataSectionBytes(header, path, fileSize);
-  const views = place?.(header.tensorInfos.map((info) => ({ name: info.name, bytes: tensorLayout(info, path).bytes })));
+  const views = place?.(
+    header.tensorInfos.map((info) => ({ name: info.name, bytes: tensorLayout(info, path).bytes })),
+  );
   if (views) return { ...header, tensors: await readPlaced(file, header, views, path, onProgress) };
   const data = allocate(dataBytes);
   const got = await readFully(file, header.dataOffset, data, onProgress);

@@ -47,7 +47,9 @@ export function ggufTokenizerData(metadata: Metadata, source: string): Tokenizer
   const tokens = meta("tokenizer.ggml.tokens");
   if (!Array.isArray(tokens) || !tokens.every((t) => typeof t === "string")) {
     return fail(
-      `metadata 'tokenizer.ggml.tokens' must be an array of strings, received ${describeGgufValue(tokens)}`,
+      `metadata 'tokenizer.ggml.tokens' must be an array of strings, received ${
+        describeGgufValue(tokens)
+      }`,
     );
   }
   const n = tokens.length;
@@ -99,7 +101,9 @@ export function ggufTokenizerData(metadata: Metadata, source: string): Tokenizer
     const v = meta(key) ?? fallback;
     if (v === undefined) return undefined;
     if (typeof v !== "number" || !Number.isInteger(v) || v < 0 || v >= n) {
-      return fail(`metadata '${key}' must be a token id below ${n}, received ${describeGgufValue(v)}`);
+      return fail(
+        `metadata '${key}' must be a token id below ${n}, received ${describeGgufValue(v)}`,
+      );
     }
     return v;
   };

@@ -2,7 +2,7 @@
  * Counter-based random numbers: the draw for a token is a pure function of the sequence's
  * seed and the token's position, so a recomputed or re-batched sequence draws the same
  * numbers. Only 32-bit integer multiply, xor and shift are used, so WGSL computes the same
- * bits (WGSL_RNG in kernels/sample.ts mirrors this function).
+ * bits (WGSL_RNG in kernels/webgpu/sample.ts mirrors this function).
  */
 export function hash32(seed: number, counter: number): number {
   let h = (seed ^ Math.imul(counter, 0x9e3779b9)) >>> 0;

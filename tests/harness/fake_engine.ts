@@ -218,7 +218,13 @@ export class FakeEngine implements Engine {
       }
       // Constrained: the draw picks among the ids the mask allows, as a real sampler would.
       const token = input.tokenMask
-        ? fakeDraw(h, end - 1, input.sampling, 0, allowedIds(input.tokenMask, this.config.vocabSize))
+        ? fakeDraw(
+          h,
+          end - 1,
+          input.sampling,
+          0,
+          allowedIds(input.tokenMask, this.config.vocabSize),
+        )
         : fakeDraw(h, end - 1, input.sampling, this.config.vocabSize, this.#opts.outputIds);
       this.#lastSampled.set(input.seqId, token);
       sampled.push({ seqId: input.seqId, token, logprob: fakeLogprob(h) });

@@ -47,7 +47,17 @@ const MAIN = new URL("../../main.ts", import.meta.url).pathname;
 
 /** Starts `deno run -A main.ts serve --host 127.0.0.1 --port 0 ...args` and waits for its URL. */
 export async function startServer(opts: ServerOptions): Promise<ServerProcess> {
-  const args = ["run", "-A", opts.main ?? MAIN, "serve", "--host", "127.0.0.1", "--port", "0", ...opts.args];
+  const args = [
+    "run",
+    "-A",
+    opts.main ?? MAIN,
+    "serve",
+    "--host",
+    "127.0.0.1",
+    "--port",
+    "0",
+    ...opts.args,
+  ];
   // exec keeps the pid: signals and /proc/<pid> reach the server itself.
   const [cmd, cmdArgs] = opts.tmpfs !== undefined
     ? [
