@@ -59,6 +59,7 @@ export const ConstraintSchema = z.discriminatedUnion("type", [
   z.strictObject({ type: z.literal("json_object") }),
   z.strictObject({ type: z.literal("json_schema"), schema: z.string() }),
   z.strictObject({ type: z.literal("grammar"), grammar: z.string() }),
+  z.strictObject({ type: z.literal("json_schema_or_text"), schema: z.string() }),
 ]);
 
 /** Load a replica reports about itself: what the router balances on. */
