@@ -7,7 +7,14 @@ import type {
 } from "../core/generation.ts";
 import { type ChoiceEvent, choiceRequests, mergeChoices } from "./choices.ts";
 import { constraintField, outputConstraint } from "./response_format.ts";
-import { chatTurns, newToolCallId, type TemplateTools, toolPlan } from "../chat/tools.ts";
+import {
+  chatTurns,
+  newToolCallId,
+  renderChatTools,
+  type TemplateTools,
+  toolFormatName,
+  toolPlan,
+} from "../chat/tools.ts";
 import {
   type ParsedToolCall,
   parseToolCalls,
@@ -103,6 +110,8 @@ export function registerOpenAiRoutes(app: Hono, deps: GenerationDeps, opts: Open
     // vLLM's field: the model all served names stand for.
     root: deps.backend.modelName,
     max_model_len: deps.backend.contextLength,
+    // How its tool calls are written: its template's own syntax, or the generic format.
+    tool_format: toolFormatName(opts.templateTools),
   });
   app.get(
     "/v1/models",
@@ -165,15 +174,17 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
   const b = parseWith(ChatCompletionBody, body);
   const model = servedName(b.model, served);
   const tools = toolPlan(b, opts.templateTools, constraintField(b));
-  const chat = opts.renderChat(
+  const chat = renderChatTools(
+    opts.renderChat,
     chatTurns(b.messages, opts.templateTools),
     b.chat_template_kwargs,
-    tools.tools,
+    tools,
   );
   return {
     input: {
       ...common(b),
-      // A constrained call (tool_choice "required" or named); toolPlan refused a second one.
+      // A constrained call (tool_choice "required" or named, or "auto" in the generic format);
+      // toolPlan refused a second one.
       ...(tools.constraint ? { constraint: tools.constraint } : {}),
       prompt: chat.prompt,
       promptParam: "messages",
