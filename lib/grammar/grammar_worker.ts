@@ -149,7 +149,7 @@ class GrammarHost {
         format: {
           type: "or",
           elements: [
-            { type: "grammar", grammar: json.toString() },
+            { type: "grammar", grammar: withoutControlCharacters(json.toString()) },
             { type: "grammar", grammar: TEXT_NOT_JSON },
           ],
         },
@@ -197,6 +197,16 @@ class GrammarHost {
  * json_schema_or_text, so that output starting like JSON is always the schema's.
  */
 const TEXT_NOT_JSON = "root ::= [ \\t\\r\\n]* [^{ \\t\\r\\n] [^]*";
+
+/**
+ * XGrammar 0.1.27's string rule under minLength/maxLength (`[^"\\\r\n]`) admits raw control
+ * characters, which JSON forbids inside a string. The JSON-only compiler drops such tokens from
+ * its vocabulary (jsonToken), but the or-grammar's text side needs newlines, so here the
+ * character class itself is narrowed to the one its unbounded string rule uses.
+ */
+function withoutControlCharacters(grammar: string): string {
+  return grammar.replaceAll('[^\\"\\\\\\r\\n]', '[^\\0-\\x1f\\"\\\\\\r\\n]');
+}
 
 /** The request's own grammar cannot be compiled (the client's 400). */
 class ConstraintFault extends Error {}
