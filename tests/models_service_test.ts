@@ -1,5 +1,5 @@
 /**
- * The front of a server of several models (lib/compose/models_service.ts), on real servers
+ * The front of a server of several models (lib/http/models_front.ts), on real servers
  * (`main.ts serve` with several --model, CPU engine) as child processes: a path no model's
  * app serves loads nothing; /health keeps load errors from callers without a key; the
  * --max-keep-alive cap; each key's keep_alive is its own; and the 503 of a load that finds no
@@ -8,7 +8,7 @@
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
 import { compatPath } from "./harness/compat.ts";
 import { spawnCpuServer } from "./_serve_child.ts";
-import { HIDDEN_LOAD_ERROR } from "../lib/compose/models_service.ts";
+import { HIDDEN_LOAD_ERROR } from "../lib/http/models_health_routes.ts";
 
 const A = "stories260K-q4_1";
 const B = "stories260K-q5_1";

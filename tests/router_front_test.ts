@@ -14,7 +14,7 @@ import { ReplicaAgent, type ReplicaModels } from "../lib/cluster/replica.ts";
 import { coreReplicaSource } from "../lib/cluster/replica_source.ts";
 import { RouterBackend } from "../lib/cluster/router_backend.ts";
 import { createPlainRouter } from "../lib/cluster/router_front.ts";
-import { createModelsService } from "../lib/compose/models_service.ts";
+import { createModelsFront } from "../lib/http/models_front.ts";
 import { parseLlama2cTokenizer } from "../lib/tokenizer/llama2c_tokenizer.ts";
 import { FakeCore } from "./_fake_core.ts";
 import { FakeNatsServer } from "./_fake_nats.ts";
@@ -311,7 +311,7 @@ Deno.test("a router by model routes an advertised alias as the model's name", as
   await using c = await cluster();
   const oracle = c.cores.beta0.continuation(PROMPT, N).text;
   const directory = new ModelRouterDirectory(c.routerConn, { policy: "round-robin" });
-  const service = createModelsService({
+  const service = createModelsFront({
     pool: directory,
     catalog: () => directory.catalog(),
     metrics: new ServiceMetrics(),
