@@ -55,12 +55,19 @@ export function createPlainRouter(
     metrics,
     servedModelNames: own,
     moreModels: others,
-    dispatch: otherModelDispatch({
-      isOwn: (asked) => ownNames().includes(asked),
-      resolve: other,
-      acquire: (name) => directory.acquire(name),
-      unknown,
-    }),
+    dispatch: (door) => {
+      const pick = otherModelDispatch({
+        isOwn: (asked) => ownNames().includes(asked),
+        resolve: other,
+        acquire: (name) => directory.acquire(name),
+        unknown,
+      })(door);
+      // The aliases replicas advertise for its model join its names before a route reads them.
+      return (c, next) => {
+        ownNames();
+        return pick(c, next);
+      };
+    },
     ...(opts.apiKeys === undefined ? {} : { apiKeys: opts.apiKeys }),
     ...(opts.cacheScope === undefined ? {} : { cacheScope: opts.cacheScope }),
     ...(opts.drainTimeoutMs === undefined ? {} : { drainTimeoutMs: opts.drainTimeoutMs }),

@@ -54,11 +54,24 @@ export function objectBody(text: string): Record<string, unknown> | undefined {
   return undefined;
 }
 
-/** The same request with the body given (the original's was read to find the model). */
-export function rebuilt(req: Request, body: string): Request {
+/**
+ * The same request as one of this runtime's own (the server's is an adapter's, which another
+ * app cannot take as it is), with `body` in place of its own where given: the original's was
+ * read to find the model.
+ */
+export function rebuilt(req: Request, body?: string): Request {
   const headers = new Headers(req.headers);
-  headers.delete("content-length");
-  return new Request(req.url, { method: req.method, headers, body, signal: req.signal });
+  if (body !== undefined) headers.delete("content-length");
+  return new Request(req.url, {
+    method: req.method,
+    headers,
+    signal: req.signal,
+    ...(body !== undefined
+      ? { body }
+      : req.body === null
+      ? {}
+      : { body: req.body, duplex: "half" } as RequestInit),
+  });
 }
 
 /** A load that failed, as the client's answer (Retry-After only where waiting may help). */
@@ -97,12 +110,11 @@ export async function passOn(
   let res: Response;
   try {
     const record = records.of(c.req.raw);
-    const headers = new Headers(forward.headers);
     if (record !== undefined) {
-      headers.set("x-request-id", record.id);
+      forward.headers.set("x-request-id", record.id);
       record.passOn();
     }
-    res = await lease.model.service.fetch(new Request(forward, { headers }), c.env);
+    res = await lease.model.service.fetch(forward, c.env);
   } catch (err) {
     lease.release();
     throw err;
@@ -129,7 +141,7 @@ export function otherModelDispatch(o: {
     const name = o.resolve(asked.model);
     if (name === undefined) throw o.unknown(asked.model);
     const lease = await leased(() => o.acquire(name));
-    const forward = asked.text === undefined ? c.req.raw : rebuilt(c.req.raw, asked.text);
+    const forward = rebuilt(c.req.raw, asked.text);
     return await passOn(c, door.records, lease, forward);
   };
 }

@@ -111,7 +111,7 @@ export function createModelsFront(opts: ModelsFrontOptions): ServiceApp {
       if (draining) {
         throw new ApiError("draining", "The server is shutting down; retry on another instance");
       }
-      const forward = asked.text === undefined ? req : rebuilt(req, body ?? asked.text);
+      const forward = rebuilt(req, body ?? asked.text);
       const tenant = auth.tenantOf(req);
       if (pool.phaseOf(name) !== "loaded") {
         const o = { pool, metrics };
