@@ -8,6 +8,7 @@
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
 import { compatPath } from "./harness/compat.ts";
 import { spawnCpuServer } from "./_serve_child.ts";
+import { assertRefusesInvalidUtf8, invalidUtf8Completion } from "./_http_harness.ts";
 import { HIDDEN_LOAD_ERROR } from "../lib/http/models_health_routes.ts";
 
 const A = "stories260K-q4_1";
@@ -213,16 +214,9 @@ Deno.test("no room because models are kept forever (--max-keep-alive -1): the 50
 Deno.test("a body that is not UTF-8 gets a 400 from a server of several models, as from one", async () => {
   const server = await spawnCpuServer(["--model", compatPath(A), "--model", compatPath(B)]);
   try {
-    const head = new TextEncoder().encode(`{"model":"${A}","prompt":"Once `);
-    const body = new Uint8Array([...head, 0xff, ...new TextEncoder().encode(`","max_tokens":2}`)]);
-    const res = await fetch(`${server.base}/v1/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body,
-    });
-    const json = await res.json();
-    assertEquals([res.status, json.error.code], [400, "invalid_json"], JSON.stringify(json));
-    assertStringIncludes(json.error.message, "not valid UTF-8");
+    await assertRefusesInvalidUtf8(
+      await fetch(`${server.base}/v1/completions`, invalidUtf8Completion(A)),
+    );
     // Refused before any model: none was loaded for it.
     const { loads } = client(server.base);
     assertEquals(await loads(A), 0);

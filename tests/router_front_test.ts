@@ -18,7 +18,11 @@ import { createModelsFront } from "../lib/http/models_front.ts";
 import { parseLlama2cTokenizer } from "../lib/tokenizer/llama2c_tokenizer.ts";
 import { FakeCore } from "./_fake_core.ts";
 import { FakeNatsServer } from "./_fake_nats.ts";
-import { metricValue } from "./_http_harness.ts";
+import {
+  assertRefusesInvalidUtf8 as refusesInvalidUtf8,
+  invalidUtf8Completion,
+  metricValue,
+} from "./_http_harness.ts";
 import { modelFile } from "./harness/model_files.ts";
 import { compatPath, generateAlone as generateCompat } from "./harness/compat.ts";
 import { Cluster, until } from "./_cluster.ts";
@@ -139,28 +143,12 @@ async function complete(service: ServiceApp, model: string | undefined) {
   return { status: res.status, body: await res.json() };
 }
 
-/**
- * A completion request whose JSON names `model` and holds a byte that is not UTF-8 (0xFF) in its
- * prompt: a lenient decoder would serve it as U+FFFD, a prompt the client never sent.
- */
-function invalidUtf8Request(model: string): Request {
-  const head = new TextEncoder().encode(`{"model":"${model}","prompt":"Once `);
-  const tail = new TextEncoder().encode(`","max_tokens":2}`);
-  const body = new Uint8Array([...head, 0xff, ...tail]);
-  return new Request("http://router/v1/completions", {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body,
-  });
-}
-
-/** A front's answer to invalidUtf8Request: 400, naming UTF-8, and nothing generated. */
+/** A front's answer to a body that is not UTF-8: 400, and nothing generated. */
 async function assertRefusesInvalidUtf8(service: ServiceApp, c: InProcess, model: string) {
   const before = counts(c);
-  const res = await service.fetch(invalidUtf8Request(model));
-  const body = await res.json();
-  assertEquals([res.status, body.error.code], [400, "invalid_json"], JSON.stringify(body));
-  assertStringIncludes(body.error.message, "not valid UTF-8");
+  await refusesInvalidUtf8(
+    await service.fetch(new Request("http://router/v1/completions", invalidUtf8Completion(model))),
+  );
   assertEquals(counts(c), before, "nothing reached a replica");
 }
 

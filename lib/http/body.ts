@@ -90,3 +90,23 @@ export function tooLarge(bytes: number, maxBytes: number, atLeast = false): ApiE
       `the limit is ${maxBytes} bytes`,
   );
 }
+
+/**
+ * The same request as one of this runtime's own (the server's is an adapter's, which another
+ * app or the Request constructor cannot take as it is), with `body` in place of its own where
+ * given (the model dispatch read the original's to find the model).
+ */
+export function rebuilt(req: Request, body?: string): Request {
+  const headers = new Headers(req.headers);
+  if (body !== undefined) headers.delete("content-length");
+  return new Request(req.url, {
+    method: req.method,
+    headers,
+    signal: req.signal,
+    ...(body !== undefined
+      ? { body }
+      : req.body === null
+      ? {}
+      : { body: req.body, duplex: "half" } as RequestInit),
+  });
+}

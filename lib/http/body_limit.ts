@@ -1,6 +1,6 @@
 import type { MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import { bodyEnded, isJsonMedia, tooLarge } from "./body.ts";
+import { bodyEnded, isJsonMedia, rebuilt, tooLarge } from "./body.ts";
 import { ApiError } from "./errors.ts";
 import type { RouteTable } from "./route_table.ts";
 
@@ -36,6 +36,11 @@ export function jsonBodyLimit(
       return await next();
     }
     const received = c.req.raw;
+    // A chunked body is buffered into a copy of the request, which hono makes with the Request
+    // constructor: the server adapter's request is none it takes, this runtime's own is.
+    if (!c.req.raw.headers.has("content-length") || c.req.raw.headers.has("transfer-encoding")) {
+      c.req.raw = rebuilt(received);
+    }
     try {
       await limit(c, async () => {
         if (c.req.raw !== received) relink(received, c.req.raw);

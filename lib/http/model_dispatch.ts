@@ -6,7 +6,7 @@
  */
 import type { Context, MiddlewareHandler } from "hono";
 import type { ServiceApp } from "./app.ts";
-import { isJsonMedia, readBodyText } from "./body.ts";
+import { isJsonMedia, readBodyText, rebuilt } from "./body.ts";
 import { withRetryAfter } from "./error_mapping.ts";
 import type { FrontDoor } from "./front_door.ts";
 import { ApiError } from "./errors.ts";
@@ -52,26 +52,6 @@ export function objectBody(text: string): Record<string, unknown> | undefined {
     if (body !== null && typeof body === "object" && !Array.isArray(body)) return body;
   } catch { /* not JSON: the model's app says so */ }
   return undefined;
-}
-
-/**
- * The same request as one of this runtime's own (the server's is an adapter's, which another
- * app cannot take as it is), with `body` in place of its own where given: the original's was
- * read to find the model.
- */
-export function rebuilt(req: Request, body?: string): Request {
-  const headers = new Headers(req.headers);
-  if (body !== undefined) headers.delete("content-length");
-  return new Request(req.url, {
-    method: req.method,
-    headers,
-    signal: req.signal,
-    ...(body !== undefined
-      ? { body }
-      : req.body === null
-      ? {}
-      : { body: req.body, duplex: "half" } as RequestInit),
-  });
 }
 
 /** A load that failed, as the client's answer (Retry-After only where waiting may help). */
