@@ -24,15 +24,15 @@ import {
 } from "../compose/engine_factory.ts";
 import { openServing, planServing } from "../compose/open_serving.ts";
 import { servingSettings } from "./serving_settings.ts";
-import {
-  type LoadContext,
-  ModelPool,
-  type PooledModel,
-  type Residue,
-} from "../compose/model_pool.ts";
+import { type LoadContext, ModelPool } from "../compose/model_pool.ts";
 import { owningHeap } from "../../kernels/wasm/heap.ts";
 import { createModelsFront } from "../http/models_front.ts";
-import type { CatalogModel } from "../http/model_directory.ts";
+import type {
+  CatalogModel,
+  ModelDirectory,
+  PooledModel,
+  Residue,
+} from "../http/model_directory.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { formatKeepAlive } from "../util/duration.ts";
 import { openFileLimit } from "../util/fd_limit.ts";
@@ -48,7 +48,6 @@ import { coreReplicaSource } from "../cluster/replica_source.ts";
 import { drainedLine, natsServedLog } from "./serve_lines.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
 import { drainOnStop } from "./replica_stop.ts";
-import type { ModelDirectory } from "../http/model_directory.ts";
 import { type ModelsFileEntry, readModelsConfig } from "./models_config.ts";
 import { batchQueueFor } from "./batch_queue_config.ts";
 

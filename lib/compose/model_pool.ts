@@ -23,15 +23,6 @@ import {
   type Residue,
 } from "../http/model_directory.ts";
 
-export {
-  type Lease,
-  ModelLoadError,
-  type ModelPhase,
-  type ModelStatus,
-  type PooledModel,
-  type Residue,
-};
-
 /** What a loader may tell the pool while it loads. */
 export interface LoadContext {
   /** Bytes read so far of the file (for /health and the waiting requests). */
