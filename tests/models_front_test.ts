@@ -211,11 +211,19 @@ Deno.test("no room because models are kept forever (--max-keep-alive -1): the 50
   }
 });
 
-Deno.test("a body that is not UTF-8 gets a 400 from a server of several models, as from one", async () => {
+Deno.test("a body that is not UTF-8 gets a 400 from a server of several models, sent whole or chunked", async () => {
   const server = await spawnCpuServer(["--model", compatPath(A), "--model", compatPath(B)]);
   try {
+    const { body, ...init } = invalidUtf8Completion(A);
     await assertRefusesInvalidUtf8(
-      await fetch(`${server.base}/v1/completions`, invalidUtf8Completion(A)),
+      await fetch(`${server.base}/v1/completions`, { ...init, body }),
+    );
+    // Chunked (no Content-Length), as hono's body limit buffers it: the same answer.
+    await assertRefusesInvalidUtf8(
+      await fetch(`${server.base}/v1/completions`, {
+        ...init,
+        body: ReadableStream.from([body as Uint8Array]),
+      }),
     );
     // Refused before any model: none was loaded for it.
     const { loads } = client(server.base);
