@@ -10,7 +10,7 @@
  */
 import { type AppOptions, createApp, type DrainResult, type ServiceApp } from "../http/app.ts";
 import { namesOf, unknownModel } from "../http/model_catalog.ts";
-import { dispatchedOpenAi, leased, otherModelDispatch } from "../http/model_dispatch.ts";
+import { dispatchedOpenAi, leasedOpenAi, otherModelDispatch } from "../http/model_dispatch.ts";
 import type { ServiceMetrics } from "../http/service_metrics.ts";
 import { ModelRouterDirectory, type ModelRouterOptions } from "./model_router.ts";
 import type { BusConnection } from "./nats_connection.ts";
@@ -81,14 +81,7 @@ export function createPlainRouter(
           }
           const name = other(asked);
           if (name === undefined) throw unknown(asked);
-          return {
-            run: async () => {
-              const lease = await leased(() => directory.acquire(name));
-              const run = lease.model.service.openAi;
-              if (run === undefined) throw new Error(`the route of "${name}" runs no completions`);
-              return { run, release: () => lease.release() };
-            },
-          };
+          return { run: () => leasedOpenAi(name, () => directory.acquire(name)) };
         });
         extend(app, { ...ctx, openAi });
       },

@@ -150,6 +150,20 @@ export function dispatchedOpenAi(
   };
 }
 
+/** The completions of the model `acquire` leases (for dispatchedOpenAi), held until release(). */
+export async function leasedOpenAi(
+  name: string,
+  acquire: () => Promise<Lease<ServiceApp>>,
+): Promise<{ run: OpenAiHandler; release(): void }> {
+  const lease = await leased(acquire);
+  const run = lease.model.service.openAi;
+  if (run === undefined) {
+    lease.release();
+    throw new Error(`the app of model "${name}" runs no completions`);
+  }
+  return { run, release: () => lease.release() };
+}
+
 /**
  * The response, with `done` called once its body has been sent or abandoned: a model stays
  * held (never unloaded) while a stream from it is being read.

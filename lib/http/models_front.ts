@@ -15,7 +15,7 @@ import { frontDoor } from "./front_door.ts";
 import { findModel, namesOf, registerModelRoutes, unknownModel } from "./model_catalog.ts";
 import type { CatalogModel, ModelDirectory } from "./model_directory.ts";
 import { rebuilt } from "./body.ts";
-import { askedModel, dispatchedOpenAi, leased, passOn } from "./model_dispatch.ts";
+import { askedModel, dispatchedOpenAi, leased, leasedOpenAi, passOn } from "./model_dispatch.ts";
 import { loadingSocket, loadingStream } from "./model_loading.ts";
 import { registerModelsHealthRoutes } from "./models_health_routes.ts";
 import type { RequestLog } from "./request_log.ts";
@@ -91,12 +91,7 @@ export function createModelsFront(opts: ModelsFrontOptions): ServiceApp {
     const { name, keepAliveMs, body } = choose(fields);
     return {
       ...(body === undefined ? {} : { body }),
-      run: async () => {
-        const lease = await leased(() => pool.acquire(name, keepAliveMs, ""));
-        const run = lease.model.service.openAi;
-        if (run === undefined) throw new Error(`the app of model "${name}" runs no completions`);
-        return { run, release: () => lease.release() };
-      },
+      run: () => leasedOpenAi(name, () => pool.acquire(name, keepAliveMs, "")),
     };
   });
   opts.extend?.(app, { openAi, scopeOf: (req) => auth.scopeOf(req), maxBodyBytes });
