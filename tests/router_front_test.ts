@@ -22,7 +22,9 @@ import {
   assertRefusesInvalidUtf8 as refusesInvalidUtf8,
   invalidUtf8Completion,
   metricValue,
+  TestSocket,
 } from "./_http_harness.ts";
+import { serveService } from "../lib/http/serve.ts";
 import { modelFile } from "./harness/model_files.ts";
 import { compatPath, generateAlone as generateCompat } from "./harness/compat.ts";
 import { Cluster, until } from "./_cluster.ts";
@@ -367,6 +369,47 @@ Deno.test("a plain router refuses a body that is not UTF-8 with a 400, for its o
     await assertRefusesInvalidUtf8(service, c, "gamma");
   } finally {
     service.close();
+    await directory.close();
+  }
+});
+
+Deno.test("a plain router hands a WebSocket naming another model (?model=) to that model's replicas", async () => {
+  await using c = await cluster();
+  const { service, directory } = createPlainRouter(c.routerConn, c.backend, {
+    metrics: c.metrics,
+    policy: "round-robin",
+    log: (l) => c.log.push(l),
+  });
+  // Over a real HTTP server: the upgrade is the server adapter's, passed on to gamma's app.
+  const server = await serveService(service, {
+    hostname: "127.0.0.1",
+    port: 0,
+    drainTimeoutMs: 1000,
+    signals: [],
+  });
+  try {
+    await until("the router to hear gamma", () => directory.has("gamma"));
+    const before = counts(c);
+    const ws = await TestSocket.open(`ws://127.0.0.1:${server.addr.port}/v1/stream?model=gamma`);
+    try {
+      ws.send({ type: "generate", id: "g", prompt: PROMPT, max_tokens: N, temperature: 0 });
+      const frames = await ws.collect("g");
+      assertEquals(frames.at(-1)!.type, "done", JSON.stringify(frames.at(-1)));
+      const text = frames.filter((f) => f.type === "token").map((f) => f.text).join("");
+      assertEquals(text, c.cores.gamma1.continuation(PROMPT, N).text);
+    } finally {
+      await ws.close();
+    }
+    const after = counts(c);
+    assertEquals(after.gamma1! - before.gamma1!, 1);
+    assertEquals([after.alpha0, after.beta0, after.beta1], [
+      before.alpha0,
+      before.beta0,
+      before.beta1,
+    ]);
+  } finally {
+    service.close();
+    await server.stop();
     await directory.close();
   }
 });
