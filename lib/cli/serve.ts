@@ -68,7 +68,13 @@ export async function serveCommand(argv: string[]): Promise<number> {
     probes: config.logProbes,
   });
   const progress = new LoadProgress();
-  const front = new SwitchableService(createLoadingService(progress, requestLog, metrics));
+  const front = new SwitchableService(createLoadingService(progress, {
+    requestLog,
+    metrics,
+    apiKeys: config.apiKey,
+    corsOrigins: config.corsOrigin,
+    allowedHosts: config.allowedHost,
+  }));
   let listening!: Deno.NetAddr;
   const fdLimit = openFileLimit();
   const listener = listenerOptions(config, fdLimit);
