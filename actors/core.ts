@@ -78,7 +78,8 @@ export class ServingCore {
   readonly contextLength: number;
   /** Whether the engine returns hidden states, so embed() works. */
   readonly embeddings: boolean;
-  readonly #dim: number;
+  /** The model's hidden size: an embedding's length. */
+  readonly hiddenSize: number;
   readonly #codec: TextCodec;
   readonly #clientBuffer: number;
   readonly #grammars: ConstraintCompiler | undefined;
@@ -139,7 +140,7 @@ export class ServingCore {
     );
     this.contextLength = engine.config.contextLength;
     this.embeddings = engine.hiddenStates === true;
-    this.#dim = engine.config.dim;
+    this.hiddenSize = engine.config.dim;
     this.#codec = opts.codec;
     this.#clientBuffer = opts.clientBuffer ?? 16;
     this.#grammars = opts.grammars;
@@ -194,7 +195,7 @@ export class ServingCore {
     priority: Priority,
     signal?: AbortSignal,
   ): Promise<Float32Array> {
-    return embedPrompt(this.scheduler, { prompt, pooling, priority, dim: this.#dim }, signal);
+    return embedPrompt(this.scheduler, { prompt, pooling, priority, dim: this.hiddenSize }, signal);
   }
 
   /** The scheduler's detailed snapshot. */

@@ -2,16 +2,9 @@ import { GREEDY } from "../lib/engine/engine.ts";
 import { Pooler, type Pooling } from "../lib/engine/pooling.ts";
 import type { Priority } from "../lib/core/generation.ts";
 import { Channel, ChannelClosedError } from "./channel.ts";
+import { EmbeddingError } from "../lib/core/embedder.ts";
 import type { SchedulerMsg, SeqEvent } from "./messages.ts";
 import { SEQ_EVENTS_BESIDE_TOKENS } from "../lib/core/seq_events.ts";
-
-/** Why an embedding was not computed: the scheduler's code and message, as a generation's. */
-export class EmbeddingError extends Error {
-  constructor(readonly code: string, message: string) {
-    super(message);
-    this.name = "EmbeddingError";
-  }
-}
 
 /** What an embedding needs of the scheduler actor. */
 export interface EmbeddingScheduler {

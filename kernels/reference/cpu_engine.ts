@@ -198,7 +198,7 @@ export class CpuEngine implements Engine {
    * 0..pos. Returns the row's residual stream after the last layer (before the final norm).
    */
   private forward(token: number, pos: number, blockTable: readonly number[]): Float32Array {
-    const { dim, hiddenDim, nHeads, nKvHeads, headDim, rmsEps, vocabSize } = this.config;
+    const { dim, hiddenDim, nHeads, nKvHeads, headDim, rmsEps } = this.config;
     const x = this.dense.tokenEmbedding.slice(token * dim, (token + 1) * dim);
     const xb = new Float32Array(dim);
     const q = new Float32Array(nHeads * headDim);

@@ -6,6 +6,7 @@ import type {
   GenerationRequest,
   SamplingDefaults,
 } from "../core/generation.ts";
+import type { Embedder } from "../core/embedder.ts";
 import {
   ResultCache,
   resultCacheKey,
@@ -36,6 +37,10 @@ export class CachedBackend implements GenerationBackend {
   }
   get samplingDefaults(): SamplingDefaults | undefined {
     return this.inner.samplingDefaults;
+  }
+  /** Embeddings are computed each time: the result cache holds generations. */
+  get embedder(): Embedder | undefined {
+    return this.inner.embedder;
   }
   get contextLength(): number {
     return this.inner.contextLength;

@@ -2,6 +2,7 @@ import type { SamplingParams } from "../engine/engine.ts";
 import type { LogitControls } from "./logit_controls.ts";
 import type { TopLogprobs } from "../engine/top_logprobs.ts";
 import type { OutputConstraint } from "../grammar/output_constraint.ts";
+import type { Embedder } from "./embedder.ts";
 
 /**
  * The contract between the client-facing layer (HTTP, WebSocket) and the serving core
@@ -166,6 +167,8 @@ export interface GenerationBackend {
   readonly contextLength: number;
   /** What a request that names no temperature, top_k, top_p or min_p gets. */
   readonly samplingDefaults?: SamplingDefaults;
+  /** Embeddings (/v1/embeddings); absent where the engine returns no hidden states. */
+  readonly embedder?: Embedder;
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent>;
   countTokens(text: string, opts?: { special?: boolean }): number;
   /**

@@ -1,22 +1,7 @@
 import type { HiddenRows, HiddenStates } from "./engine.ts";
+import type { Pooling } from "../model/pooling_type.ts";
 
-/**
- * How a sequence's hidden states become one embedding, as llama.cpp's `pooling_type` says
- * (GGUF `<arch>.pooling_type`: 1 mean, 2 cls, 3 last): the mean of every row, the first row,
- * or the last row.
- */
-export type Pooling = "mean" | "cls" | "last";
-
-/** The poolings, in the order of their GGUF codes 1, 2, 3. */
-export const POOLINGS: readonly Pooling[] = ["mean", "cls", "last"];
-
-/**
- * The pooling a GGUF `pooling_type` code names; undefined for none (0), rank (4) and
- * unspecified (-1 or absent), which do not give one vector per input.
- */
-export function poolingOfCode(code: number | undefined): Pooling | undefined {
-  return code !== undefined && code >= 1 && code <= 3 ? POOLINGS[code - 1] : undefined;
-}
+export type { Pooling };
 
 /**
  * Which rows of a prompt chunk at [start, end) of a prompt of `length` tokens the engine must

@@ -17,6 +17,7 @@ import { originMiddleware } from "./origin_middleware.ts";
 import { type OpenAiHandler, openAiHandler, registerOpenAiRoutes } from "./openai_routes.ts";
 import { PLAYGROUND_HTML } from "./playground.html.ts";
 import { registerPropsRoute, type ServerProps } from "./props_route.ts";
+import { registerEmbeddingsRoute } from "./embeddings_route.ts";
 import { RequestLog } from "./request_log.ts";
 import { requestLogMiddleware, RequestRecords } from "./request_log_middleware.ts";
 import { RouteTable } from "./route_table.ts";
@@ -266,6 +267,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     maxBodyBytes,
     servedModelNames,
   });
+  registerEmbeddingsRoute(app, { backend, maxBodyBytes, servedModelNames });
   registerPropsRoute(app, {
     backend,
     servedModelNames,
