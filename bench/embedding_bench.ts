@@ -87,7 +87,9 @@ if (import.meta.main) {
     Deno.exit(a.help ? 0 : 2);
   }
   const threads = Number(a.threads);
-  const cells = a.cells.split(",").map((c) => c.split(/[x×]/).map(Number) as [number, number]);
+  const cells = String(a.cells).split(",").map((c: string) =>
+    c.split(/[x×]/).map(Number) as [number, number]
+  );
   const sides = [await ours(a.model, a["serve-args"] ?? `--backend cpu --threads ${threads}`)];
   if (a["llama-cpp"]) sides.push(await llamaServer(a["llama-cpp"], a.model, threads));
   try {
