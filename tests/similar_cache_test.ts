@@ -62,6 +62,9 @@ async function serveModel(similar: SimilarCacheSettings) {
   return {
     backend,
     post,
+    metrics: async () =>
+      await (await fetch(`${base}/metrics`, { headers: { authorization: "Bearer key-a" } }))
+        .text(),
     ask: (question: string, extra: Record<string, unknown> = {}, key = "key-a") =>
       post("/v1/chat/completions", {
         messages: [{ role: "user", content: question }],
@@ -122,6 +125,9 @@ Deno.test("similar cache: a question within the threshold of a cached one gets i
     assertEquals(withSystem.cached, false);
     const stats = s.backend.stats().resultCache!.similar!;
     assertEquals([stats.hits, stats.misses], [1, 3]);
+    const metrics = await s.metrics();
+    assert(metrics.includes('llm_similar_cache_lookups_total{outcome="hit"} 1\n'), metrics);
+    assert(metrics.includes('llm_similar_cache_lookups_total{outcome="miss"} 3\n'), metrics);
   }
   {
     await using s = await serveModel({ threshold: score + 1e-4, capacityBytes: 1 << 20 });
