@@ -8,7 +8,7 @@ import type { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import type { Config } from "./config.ts";
-import { CoreBackend } from "../backend/core_backend.ts";
+import { CoreBackend, embeddingSettings } from "../backend/core_backend.ts";
 import { grammarPendingNote, startGrammarInBackground } from "../compose/grammar_preload.ts";
 import {
   engineMemory,
@@ -193,6 +193,8 @@ async function start(
     core,
     tokenizer,
     chatTemplate ?? model.chatTemplate,
+    undefined,
+    embeddingSettings(model),
   );
   const backend = config.resultCache > 0
     ? new CachedBackend(coreBackend, config.resultCache)

@@ -12,7 +12,7 @@ import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
 import { describeModelFile } from "../model/model_info.ts";
 import { listLocalModelFiles, modelStem, resolveModelSource } from "../source/model_source.ts";
-import { CoreBackend } from "../backend/core_backend.ts";
+import { CoreBackend, embeddingSettings } from "../backend/core_backend.ts";
 import { CachedBackend } from "../backend/cached_backend.ts";
 import {
   describeChoice,
@@ -348,6 +348,7 @@ async function buildOnFile(
     tokenizer,
     shared.chatTemplate ?? model.chatTemplate,
     m.own?.sampling,
+    embeddingSettings(model),
   );
   const backend = config.resultCache > 0
     ? new CachedBackend(coreBackend, config.resultCache)

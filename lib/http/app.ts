@@ -13,6 +13,7 @@ import { InFlightRegistry } from "./inflight.ts";
 import { type OpenAiHandler, openAiHandler, registerOpenAiRoutes } from "./openai_routes.ts";
 import { PLAYGROUND_HTML } from "./playground.html.ts";
 import { registerPropsRoute, type ServerProps } from "./props_route.ts";
+import { registerEmbeddingsRoute } from "./embeddings_route.ts";
 import { RequestLog } from "./request_log.ts";
 import { ServiceMetrics } from "./service_metrics.ts";
 import { registerStreamRoute } from "./stream_route.ts";
@@ -255,6 +256,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     maxBodyBytes,
     servedModelNames,
   });
+  registerEmbeddingsRoute(app, { backend, maxBodyBytes, servedModelNames });
   registerPropsRoute(app, {
     backend,
     servedModelNames,

@@ -3,6 +3,7 @@ import type {
   FinishReason,
   GenerationBackend,
   GenerationEvent,
+  SimilarQuestion,
   Usage,
 } from "../core/generation.ts";
 import { type ChoiceEvent, choiceRequests, mergeChoices } from "./choices.ts";
@@ -170,6 +171,7 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
       maxTokens: b.max_completion_tokens ?? b.max_tokens ?? nPredict(b.n_predict),
       logprobs: b.logprobs === true,
       topLogprobs: chatTopLogprobs(b),
+      ...similarQuestion(b),
     },
     stream: b.stream === true,
     includeUsage: b.stream_options?.include_usage === true,
@@ -177,6 +179,26 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
     model,
     ...(tools.parse ? { toolFormat: tools.parse } : {}),
   };
+}
+
+/**
+ * A chat whose last message is the user's text: that text is the question, and the rest of the
+ * request that shapes the answer (earlier messages, tools, template variables) its context.
+ */
+function similarQuestion(b: ChatCompletionBody): { similar?: SimilarQuestion } {
+  const last = b.messages.at(-1)!;
+  const text = typeof last.content === "string"
+    ? last.content
+    : last.content?.map((p) => p.text).join("");
+  if (last.role !== "user" || !text) return {};
+  const context = JSON.stringify([
+    b.messages.slice(0, -1),
+    last.name ?? null,
+    b.tools ?? null,
+    b.tool_choice ?? null,
+    b.chat_template_kwargs ?? null,
+  ]);
+  return { similar: { context, question: text } };
 }
 
 /**
@@ -241,6 +263,7 @@ function common(b: CompletionBody | ChatCompletionBody) {
     seed: b.seed,
     stop: b.stop,
     priority: b.priority,
+    ...(b.cache === false ? { noCache: true } : {}),
     controls: logitControlsFrom(b),
     stopTokenIds: b.stop_token_ids,
     ignoreEos: b.ignore_eos,
