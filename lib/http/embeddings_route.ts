@@ -56,7 +56,7 @@ export function registerEmbeddingsRoute(app: Hono, o: EmbeddingsOptions): void {
     if (!embedder) {
       throw new ApiError(
         "invalid_request",
-        `The model "${model}" serves no embeddings on this engine: they need the cpu or reference engine (--backend cpu)`,
+        `The model "${model}" serves no embeddings here: they need a server running it on the cpu or reference engine (--backend cpu); the WebGPU engine and the routers do not return them yet`,
         "model",
       );
     }

@@ -18,6 +18,7 @@ import type { RequestRecords } from "./request_log_middleware.ts";
 export const BODY_ROUTES: ReadonlySet<string> = new Set([
   "/v1/completions",
   "/v1/chat/completions",
+  "/v1/embeddings",
   "/tokenize",
   "/detokenize",
 ]);
