@@ -13,7 +13,7 @@ import { InFlightRegistry } from "./inflight.ts";
 import { type OpenAiHandler, openAiHandler, registerOpenAiRoutes } from "./openai_routes.ts";
 import { PLAYGROUND_HTML } from "./playground.html.ts";
 import { registerPropsRoute, type ServerProps } from "./props_route.ts";
-import { registerEmbeddingsRoute } from "./embeddings_route.ts";
+import { embeddingsHandler, registerEmbeddingsRoute } from "./embeddings_route.ts";
 import { RequestLog } from "./request_log.ts";
 import { ServiceMetrics } from "./service_metrics.ts";
 import { registerStreamRoute } from "./stream_route.ts";
@@ -247,7 +247,8 @@ export function createApp(opts: AppOptions): ServiceApp {
     createdAt: openAiOpts.createdAt,
   });
   registerOpenAiRoutes(app, deps, openAiOpts);
-  const openAi = openAiHandler(deps, openAiOpts);
+  const embeddingsOpts = { backend, maxBodyBytes, servedModelNames };
+  const openAi = openAiHandler(deps, openAiOpts, embeddingsHandler(embeddingsOpts));
   opts.extend?.(app, { openAi, scopeOf, maxBodyBytes });
   registerTokenizeRoutes(app, {
     backend,
@@ -256,7 +257,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     maxBodyBytes,
     servedModelNames,
   });
-  registerEmbeddingsRoute(app, { backend, maxBodyBytes, servedModelNames });
+  registerEmbeddingsRoute(app, embeddingsOpts);
   registerPropsRoute(app, {
     backend,
     servedModelNames,

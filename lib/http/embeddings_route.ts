@@ -1,7 +1,7 @@
 import type { Hono } from "hono";
 import { z } from "zod";
 import { encodeBase64 } from "@std/encoding/base64";
-import type { GenerationBackend } from "../core/generation.ts";
+import type { GenerationBackend, Priority } from "../core/generation.ts";
 import { type Embedder, EmbeddingError } from "../core/embedder.ts";
 import { outsideVocabulary } from "../core/prompt_check.ts";
 import { normalizeEmbedding } from "../engine/embedding_norm.ts";
@@ -33,6 +33,8 @@ export const EmbeddingsBody = z.strictObject({
   dimensions: z.number().int().positive().optional(),
   /** Accepted as OpenAI accepts it; no effect. */
   user: z.string().optional(),
+  /** Ours, as on the completion routes: a batch line's inputs yield to interactive work. */
+  priority: z.enum(["interactive", "batch"]).optional(),
 });
 
 export interface EmbeddingsOptions {
@@ -49,8 +51,14 @@ export interface EmbeddingsOptions {
  * error (the rest are cancelled).
  */
 export function registerEmbeddingsRoute(app: Hono, o: EmbeddingsOptions): void {
-  app.post("/v1/embeddings", async (c) => {
-    const b = parseWith(EmbeddingsBody, await readJsonBody(c.req.raw, o.maxBodyBytes));
+  const handle = embeddingsHandler(o);
+  app.post("/v1/embeddings", (c) => handle(c.req.raw));
+}
+
+/** POST /v1/embeddings's answer to a request, for the route and for batch lines. */
+export function embeddingsHandler(o: EmbeddingsOptions): (req: Request) => Promise<Response> {
+  return async (req) => {
+    const b = parseWith(EmbeddingsBody, await readJsonBody(req, o.maxBodyBytes));
     const model = servedName(b.model, o.servedModelNames);
     const embedder = o.backend.embedder;
     if (!embedder) {
@@ -69,9 +77,9 @@ export function registerEmbeddingsRoute(app: Hono, o: EmbeddingsOptions): void {
       );
     }
     const inputs = tokenized(b.input, o.backend);
-    const vectors = await embedAll(embedder, inputs, c.req.raw.signal);
+    const vectors = await embedAll(embedder, inputs, req.signal, b.priority ?? "interactive");
     const promptTokens = inputs.reduce((n, ids) => n + ids.length, 0);
-    return c.json({
+    return Response.json({
       object: "list",
       data: vectors.map((v, index) => {
         const cut = dims < v.length ? normalizeEmbedding(v.slice(0, dims), embedder.normalize) : v;
@@ -86,7 +94,7 @@ export function registerEmbeddingsRoute(app: Hono, o: EmbeddingsOptions): void {
       model,
       usage: { prompt_tokens: promptTokens, total_tokens: promptTokens },
     });
-  });
+  };
 }
 
 /** Every input as token ids, each checked against the vocabulary and the context. */
@@ -146,6 +154,7 @@ async function embedAll(
   embedder: Embedder,
   inputs: readonly (readonly number[])[],
   clientSignal: AbortSignal,
+  priority: Priority,
 ): Promise<Float32Array[]> {
   const stop = new AbortController();
   const signal = AbortSignal.any([stop.signal, clientSignal]);
@@ -154,7 +163,7 @@ async function embedAll(
   const worker = async () => {
     while (next < inputs.length && !signal.aborted) {
       const i = next++;
-      out[i] = await embedder.embed(inputs[i]!, signal);
+      out[i] = await embedder.embed(inputs[i]!, signal, priority);
     }
   };
   const workers = Array.from(
