@@ -14,6 +14,7 @@ import { type OpenAiHandler, openAiHandler, registerOpenAiRoutes } from "./opena
 import { PLAYGROUND_HTML } from "./playground.html.ts";
 import { registerPropsRoute, type ServerProps } from "./props_route.ts";
 import { embeddingsHandler, registerEmbeddingsRoute } from "./embeddings_route.ts";
+import { registerRerankRoute } from "./rerank_route.ts";
 import { RequestLog } from "./request_log.ts";
 import { ServiceMetrics } from "./service_metrics.ts";
 import { registerStreamRoute } from "./stream_route.ts";
@@ -258,6 +259,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     servedModelNames,
   });
   registerEmbeddingsRoute(app, embeddingsOpts);
+  registerRerankRoute(app, embeddingsOpts);
   registerPropsRoute(app, {
     backend,
     servedModelNames,

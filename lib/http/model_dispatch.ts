@@ -19,6 +19,7 @@ export const BODY_ROUTES: ReadonlySet<string> = new Set([
   "/v1/completions",
   "/v1/chat/completions",
   "/v1/embeddings",
+  "/v1/rerank",
   "/tokenize",
   "/detokenize",
 ]);
