@@ -1,3 +1,4 @@
+import { CLUSTER_DEFAULTS } from "./cluster_defaults.ts";
 import { type Heartbeat, type ReplicaModel, servedModels } from "./messages.ts";
 import { type Candidate, matchedBlocks } from "./routing.ts";
 
@@ -65,8 +66,8 @@ export class ReplicaRegistry {
   readonly #foreign = new Set<string>();
 
   constructor(opts: RegistryOptions = {}) {
-    this.#staleAfterMs = opts.staleAfterMs ?? 1500;
-    this.#stalledAfterMs = opts.stalledAfterMs ?? 15_000;
+    this.#staleAfterMs = opts.staleAfterMs ?? CLUSTER_DEFAULTS.staleAfterMs;
+    this.#stalledAfterMs = opts.stalledAfterMs ?? CLUSTER_DEFAULTS.stalledAfterMs;
     this.#now = opts.now ?? (() => performance.now());
     this.#model = opts.model;
     this.#modelId = opts.modelId;
