@@ -293,14 +293,14 @@ export const SETTINGS = {
   maxConnections: {
     group: "HTTP listener",
     help: "open client connections at most (default: from the open-file limit)",
-    commands: SERVE,
+    commands: SERVERS,
     schema: positiveInt().optional(),
     env: "LLMSERVE_MAX_CONNECTIONS",
   },
   headerTimeout: {
     group: "HTTP listener",
     help: "seconds a connection has to send a request's headers",
-    commands: SERVE,
+    commands: SERVERS,
     schema: seconds(),
     default: HTTP_DEFAULTS.headerTimeoutSeconds,
     env: "LLMSERVE_HEADER_TIMEOUT",
@@ -308,7 +308,7 @@ export const SETTINGS = {
   bodyTimeout: {
     group: "HTTP listener",
     help: "seconds a whole request may take to arrive",
-    commands: SERVE,
+    commands: SERVERS,
     schema: seconds(),
     default: HTTP_DEFAULTS.bodyTimeoutSeconds,
     env: "LLMSERVE_BODY_TIMEOUT",
@@ -316,7 +316,7 @@ export const SETTINGS = {
   keepAliveTimeout: {
     group: "HTTP listener",
     help: "seconds an idle keep-alive connection is kept",
-    commands: SERVE,
+    commands: SERVERS,
     schema: seconds(),
     default: HTTP_DEFAULTS.keepAliveTimeoutSeconds,
     env: "LLMSERVE_KEEP_ALIVE_TIMEOUT",
