@@ -6,11 +6,15 @@ import { parseServeArgs, serveNeeds } from "./lib/cli/serve_args.ts";
 import { COMMAND_NAMES, COMMANDS } from "./lib/cli/commands.ts";
 import { infoText } from "./lib/cli/help.ts";
 
-const USAGE = COMMAND_NAMES.map((c, i) =>
-  `${i === 0 ? "Usage: " : "       "}${`${COMMANDS[c].task} ${COMMANDS[c].usage}`.padEnd(36)} ${
-    COMMANDS[c].summary
-  }`
-).join("\n");
+const TASK_WIDTH = Math.max(...COMMAND_NAMES.map((c) => COMMANDS[c].task.length));
+const USAGE = [
+  ...COMMAND_NAMES.map((c, i) =>
+    `${i === 0 ? "Usage: " : "       "}${COMMANDS[c].task.padEnd(TASK_WIDTH)}  ${
+      COMMANDS[c].summary
+    }`
+  ),
+  "Each command's --help lists its flags.",
+].join("\n");
 
 async function main(args: string[]): Promise<number> {
   const [command, ...rest] = args;

@@ -33,8 +33,10 @@ function facts(name: SettingName, command: CommandName): string {
 /** The whole `--help` of `command`. */
 export function helpText(command: CommandName): string {
   const c = COMMANDS[command];
-  const pad = (s: string) => `  ${s.padEnd(20)} `;
-  const rows = commandSettings(command).map((n) =>
+  const names = commandSettings(command);
+  const width = Math.max("--version".length, ...names.map((n) => flagOf(n).length + 2));
+  const pad = (s: string) => `  ${s.padEnd(width)}  `;
+  const rows = names.map((n) =>
     `${pad(`--${flagOf(n)}`)}${helpOf(n, command)}${facts(n, command)}`
   );
   const peers = PEER_FLAG_COMMANDS.includes(command)
@@ -45,9 +47,9 @@ export function helpText(command: CommandName): string {
       ),
     ]
     : [];
-  const width = Math.max(...c.examples.map(([e, what]) => what === "" ? 0 : e.length));
+  const exampleWidth = Math.max(...c.examples.map(([e, what]) => what === "" ? 0 : e.length));
   const examples = c.examples.map(([e, what]) =>
-    what === "" ? `  ${e}` : `  ${e.padEnd(width)}  ${what}`
+    what === "" ? `  ${e}` : `  ${e.padEnd(exampleWidth)}  ${what}`
   );
   return [
     `Usage: ${c.task} ${c.usage}`,
