@@ -7,28 +7,43 @@ import { z } from "zod";
 import { parseByteSize } from "../util/byte_size.ts";
 import { parseKeepAlive } from "../util/duration.ts";
 
+/**
+ * A number read from text. z.coerce alone reads an empty text as 0, so `--port` given without
+ * a value would listen on a random port and `--temperature` alone would sample greedily: an
+ * empty text is no number here.
+ */
+function fromText<T extends z.ZodType>(schema: T) {
+  return z.preprocess((v) => typeof v === "string" && v.trim() === "" ? Number.NaN : v, schema);
+}
+
+const number = (error = "must be a number") => z.coerce.number({ error });
+
 /** A whole number above 0, at most `max` where given. */
 export function positiveInt(max?: number) {
-  const n = z.coerce.number({ error: "must be a number" }).int("must be an integer").positive(
-    "must be positive",
-  );
-  return max === undefined ? n : n.max(max, `must be at most ${max}`);
+  const n = number().int("must be an integer").positive("must be positive");
+  return fromText(max === undefined ? n : n.max(max, `must be at most ${max}`));
 }
 
 /** A number in [min, max]; `above` makes the lower bound exclusive. */
 export function numberIn(min: number, max: number, above = false) {
-  const n = z.coerce.number({ error: "must be a number" });
+  const n = number();
   const low = above ? n.gt(min, `must be above ${min}`) : n.min(min, `must be at least ${min}`);
-  return max === Infinity ? low : low.max(max, `must be at most ${max}`);
+  return fromText(max === Infinity ? low : low.max(max, `must be at most ${max}`));
 }
 
 /** A whole number in [min, max]. */
 export function intIn(min: number, max: number) {
-  return z.coerce.number({ error: "must be a number" }).int("must be an integer").min(
-    min,
-    `must be ${min} to ${max}`,
-  ).max(max, `must be ${min} to ${max}`);
+  return fromText(
+    number().int("must be an integer").min(min, `must be ${min} to ${max}`).max(
+      max,
+      `must be ${min} to ${max}`,
+    ),
+  );
 }
+
+/** A number of seconds, 0 or more. */
+export const secondsOrZero = () =>
+  fromText(number("must be a number").nonnegative("must be 0 or more seconds"));
 
 /** A TCP port; 0 picks a free one. */
 export const port = () => intIn(0, 65535);
@@ -45,7 +60,7 @@ export function toggle() {
 
 /** A positive number of seconds. */
 export const seconds = () =>
-  z.coerce.number({ error: "must be a number of seconds" }).positive("must be positive");
+  fromText(number("must be a number of seconds").positive("must be positive"));
 
 /** A byte size such as 64MiB, 1.5GB or 1048576. */
 export function byteSize() {

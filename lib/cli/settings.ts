@@ -29,6 +29,7 @@ import {
   port,
   positiveInt,
   seconds,
+  secondsOrZero,
   text,
   toggle,
 } from "./setting_values.ts";
@@ -326,9 +327,7 @@ export const SETTINGS = {
     help:
       `seconds to let in-flight requests finish on SIGTERM; the process exits at most ${EXIT_GRACE_SECONDS} s after it`,
     commands: SERVERS,
-    schema: z.coerce.number({ error: "must be a number" }).nonnegative(
-      "must be 0 or more seconds",
-    ),
+    schema: secondsOrZero(),
     default: HTTP_DEFAULTS.drainTimeoutSeconds,
     env: "LLMSERVE_DRAIN_TIMEOUT",
   },
