@@ -115,3 +115,11 @@ Deno.test("the cluster's own flags are validated from the table", () => {
     '--replicas: must be positive (received "0")',
   );
 });
+
+Deno.test("--model repeated serves every model in serve; generate, which runs one, takes the last", () => {
+  const serve = parseSettings("serve", ["--model", "a.gguf", "--model", "b.gguf"], noEnv);
+  assertEquals([serve.model, serve.models], ["a.gguf", ["a.gguf", "b.gguf"]]);
+  assertEquals(parseSettings("serve", ["-m", "a.gguf"], noEnv).models, []);
+  const generate = parseSettings("generate", ["-m", "a.gguf", "--model", "b.gguf"], noEnv);
+  assertEquals([generate.model, generate.models], ["b.gguf", []]);
+});

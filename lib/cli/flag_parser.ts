@@ -53,6 +53,15 @@ export function parseSettings(
   return resolveSettings(command, flagValues(command, argv), env);
 }
 
+/**
+ * Whether `name` given several times fills its list setting for `command` (serve's --model);
+ * where the command has no such list (generate), the last one wins, as for any flag.
+ */
+function repeatsHere(command: CommandName, name: SettingName): boolean {
+  const into = row(name).repeatsInto as SettingName | undefined;
+  return into !== undefined && row(into).commands.includes(command);
+}
+
 /** The flags `argv` gives, by setting, as typed (not validated yet). */
 export function flagValues(
   command: CommandName,
@@ -65,7 +74,7 @@ export function flagValues(
   const { values, unknown, typed } = parseFlags(argv, {
     string: [...names.filter((n) => kind(n) !== "switch").map(flagOf), ...peers],
     boolean: ["help", "version", ...names.filter((n) => kind(n) === "switch").map(flagOf)],
-    collect: names.filter((n) => kind(n) === "list" || row(n).repeatsInto).map(flagOf),
+    collect: names.filter((n) => kind(n) === "list" || repeatsHere(command, n)).map(flagOf),
     aliases,
   });
   for (const flag of peers) {
@@ -90,7 +99,7 @@ export function flagValues(
     if (v === undefined || typed[flag] === undefined) continue;
     if (Array.isArray(v) && v.length === 0) continue;
     const into = row(n).repeatsInto as SettingName | undefined;
-    if (into !== undefined && Array.isArray(v)) {
+    if (into !== undefined && repeatsHere(command, n) && Array.isArray(v)) {
       // Given several times it fills the list (--model a --model b); once, as always.
       if (v.length > 1) named[into] = v;
       named[n] = v[0];
