@@ -39,6 +39,15 @@ export const CLUSTER_DEFAULTS = {
   modelLoadWaitMs: 120_000,
   /** A model none of whose replicas beat for this long is no longer served. */
   forgetModelAfterMs: 5000,
+  /** How long after opening a stream its replica's heartbeats may still omit it. */
+  unlistedGraceMs: 5000,
+  /** Half-life of the decaying count of requests a router sent each replica. */
+  recentHalfLifeMs: 10_000,
+  /**
+   * How long blocks a router just routed are taken as cached there before a beat lists them,
+   * and a replica it sent a model's first request is taken as loading it.
+   */
+  pendingMs: 30_000,
   // ── the prefix rule (lib/cluster/routing.ts says why these numbers)
   /** Requests a prefix holder may be ahead of the least loaded replica... */
   absSlack: 8,

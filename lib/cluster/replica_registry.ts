@@ -28,8 +28,8 @@ export interface ReplicaView {
   warmingAt?: number;
 }
 
-const RECENT_HALF_LIFE_MS = 10_000;
-const PENDING_MS = 30_000;
+const RECENT_HALF_LIFE_MS = CLUSTER_DEFAULTS.recentHalfLifeMs;
+const PENDING_MS = CLUSTER_DEFAULTS.pendingMs;
 
 function decayed(v: ReplicaView, now: number): number {
   return v.recent * Math.pow(0.5, (now - v.recentAt) / RECENT_HALF_LIFE_MS);

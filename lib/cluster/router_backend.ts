@@ -93,8 +93,7 @@ function routerMetrics(m: ServiceMetrics): RouterMetrics {
   };
 }
 
-/** How long after opening a stream its replica's heartbeats may still omit it. */
-const UNLISTED_GRACE_MS = 5000;
+const UNLISTED_GRACE_MS = CLUSTER_DEFAULTS.unlistedGraceMs;
 
 const delay = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
