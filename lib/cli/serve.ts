@@ -3,7 +3,8 @@ import { modelStem } from "../source/model_source.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
 import { drainOnStop } from "./replica_stop.ts";
 import { serveModelsCommand } from "./serve_models.ts";
-import { parseServeArgs, serveInfo } from "./serve_args.ts";
+import { parseServeArgs } from "./serve_args.ts";
+import { printInfo } from "./help.ts";
 import type { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
@@ -45,11 +46,7 @@ import { listenerOptions } from "./listener_options.ts";
  * the loading service to the real one; drains on SIGTERM.
  */
 export async function serveCommand(argv: string[]): Promise<number> {
-  const info = serveInfo(argv);
-  if (info !== undefined) {
-    console.log(info);
-    return 0;
-  }
+  if (printInfo("serve", argv)) return 0;
   const config = parseServeArgs(argv);
   // Read and parsed before the port is bound: a typo in the file fails the start at once.
   const chatTemplate = config.chatTemplate === undefined

@@ -173,7 +173,8 @@ export function createApp(opts: AppOptions): ServiceApp {
   const tracer = opts.tracer ?? trace.getTracer("llmserve");
   const inflight = new InFlightRegistry();
   const maxBodyBytes = opts.maxBodyBytes ?? HTTP_DEFAULTS.maxBodyBytes;
-  const defaultCompletionMaxTokens = opts.defaultCompletionMaxTokens ?? 16;
+  const defaultCompletionMaxTokens = opts.defaultCompletionMaxTokens ??
+    HTTP_DEFAULTS.defaultCompletionMaxTokens;
   const servedModelNames = opts.servedModelNames?.length
     ? opts.servedModelNames
     : [backend.modelName];
@@ -203,14 +204,15 @@ export function createApp(opts: AppOptions): ServiceApp {
   const highWater = opts.wsHighWaterBytes ?? HTTP_DEFAULTS.wsHighWaterBytes;
   const sessionOpts = {
     renderChat,
-    maxFrameBytes: opts.maxFrameBytes ?? 256 * 1024,
-    maxGenerationsPerSocket: opts.maxGenerationsPerSocket ?? 64,
-    statsIntervalMs: opts.statsIntervalMs ?? 500,
-    idleTimeoutMs: opts.wsIdleTimeoutMs ?? 300_000,
+    maxFrameBytes: opts.maxFrameBytes ?? HTTP_DEFAULTS.maxFrameBytes,
+    maxGenerationsPerSocket: opts.maxGenerationsPerSocket ?? HTTP_DEFAULTS.maxGenerationsPerSocket,
+    statsIntervalMs: opts.statsIntervalMs ?? HTTP_DEFAULTS.statsIntervalMs,
+    idleTimeoutMs: opts.wsIdleTimeoutMs ?? HTTP_DEFAULTS.wsIdleTimeoutMs,
     writer: {
       highWaterBytes: highWater,
-      lowWaterBytes: opts.wsLowWaterBytes ?? Math.floor(highWater / 4),
-      stallTimeoutMs: opts.wsStallTimeoutMs ?? 60_000,
+      lowWaterBytes: opts.wsLowWaterBytes ??
+        Math.floor(highWater * HTTP_DEFAULTS.wsLowWaterFraction),
+      stallTimeoutMs: opts.wsStallTimeoutMs ?? HTTP_DEFAULTS.wsStallTimeoutMs,
     },
   };
 
@@ -232,7 +234,7 @@ export function createApp(opts: AppOptions): ServiceApp {
     servedModelNames,
     recordOf: (req: Request) => records.of(req),
     scopeOf,
-    stallTimeoutMs: opts.wsStallTimeoutMs ?? 60_000,
+    stallTimeoutMs: opts.wsStallTimeoutMs ?? HTTP_DEFAULTS.wsStallTimeoutMs,
   };
   registerModelRoutes(app, {
     catalog: () => [
@@ -275,7 +277,7 @@ export function createApp(opts: AppOptions): ServiceApp {
   const sockets = registerStreamRoute(app, {
     deps,
     session: sessionOpts,
-    maxPerClient: opts.wsMaxPerClient ?? 256,
+    maxPerClient: opts.wsMaxPerClient ?? HTTP_DEFAULTS.wsMaxPerClient,
     isDraining: () => draining,
     requestIdOf: (req) => records.of(req)?.id,
     scopeOf,

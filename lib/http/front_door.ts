@@ -1,4 +1,5 @@
 import { Hono } from "hono";
+import { HTTP_DEFAULTS } from "./defaults.ts";
 import { ApiKeyVerifier } from "./auth.ts";
 import { ApiKeyAuth } from "./auth_middleware.ts";
 import { jsonBodyLimit } from "./body_limit.ts";
@@ -59,10 +60,10 @@ export function frontDoor(o: FrontDoorOptions): FrontDoor {
     metrics: o.metrics,
     records,
     routes,
-    retryAfterSeconds: o.retryAfterSeconds ?? 1,
+    retryAfterSeconds: o.retryAfterSeconds ?? HTTP_DEFAULTS.retryAfterSeconds,
   });
   installErrorMapping(app, respond, routes);
-  const openPaths = new Set(o.openPaths ?? ["/", "/health", "/ready"]);
+  const openPaths = new Set(o.openPaths ?? HTTP_DEFAULTS.openPaths);
   if (o.metricsPublic === true) openPaths.add("/metrics");
   const auth = new ApiKeyAuth({
     keys: new ApiKeyVerifier(o.apiKeys ?? []),
