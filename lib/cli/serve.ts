@@ -9,7 +9,6 @@ import type { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import type { Config } from "./config.ts";
-import { CoreBackend, embeddingSettings } from "../backend/core_backend.ts";
 import { grammarPendingNote, startGrammarInBackground } from "../compose/grammar_preload.ts";
 import {
   engineMemory,
@@ -18,7 +17,7 @@ import {
   resolveBackend,
 } from "../compose/engine_factory.ts";
 import { openServing, planServing } from "../compose/open_serving.ts";
-import { servingSettings } from "./serving_settings.ts";
+import { servedBackend, servingSettings } from "./serving_settings.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
 import type { Engine } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
@@ -30,7 +29,7 @@ import { drainedLine, natsServedLog } from "./serve_lines.ts";
 import { createChatRenderer } from "../chat/chat_template.ts";
 import { leveledLog } from "../util/log_level.ts";
 import { createLoadingService, LoadProgress, SwitchableService } from "../http/loading_service.ts";
-import { CachedBackend } from "../backend/cached_backend.ts";
+import type { CoreBackend } from "../backend/core_backend.ts";
 import { connectNats } from "../cluster/nats_connection.ts";
 import { ReplicaAgent } from "../cluster/replica.ts";
 import { randomId } from "../cluster/subjects.ts";
@@ -185,17 +184,15 @@ async function start(
     metrics,
   });
   const modelName = modelStem(source.modelPath);
-  const coreBackend = new CoreBackend(
-    modelName,
+  const { coreBackend, backend } = servedBackend(config, {
+    name: modelName,
     core,
     tokenizer,
-    chatTemplate ?? model.chatTemplate,
-    undefined,
-    embeddingSettings(model),
-  );
-  const backend = config.resultCache > 0
-    ? new CachedBackend(coreBackend, config.resultCache)
-    : coreBackend;
+    model,
+    ...(chatTemplate ?? model.chatTemplate
+      ? { chatTemplate: chatTemplate ?? model.chatTemplate }
+      : {}),
+  });
   const servedModelNames = config.servedModelName.length > 0 ? config.servedModelName : [modelName];
   const { batches, dataDir } = batchQueueFor(config, log);
   const service = createApp({

@@ -12,8 +12,6 @@ import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
 import { describeModelFile } from "../model/model_info.ts";
 import { listLocalModelFiles, modelStem, resolveModelSource } from "../source/model_source.ts";
-import { CoreBackend, embeddingSettings } from "../backend/core_backend.ts";
-import { CachedBackend } from "../backend/cached_backend.ts";
 import {
   describeChoice,
   engineMemory,
@@ -23,7 +21,7 @@ import {
   type ResolvedBackend,
 } from "../compose/engine_factory.ts";
 import { openServing, planServing } from "../compose/open_serving.ts";
-import { servingSettings } from "./serving_settings.ts";
+import { servedBackend, servingSettings } from "./serving_settings.ts";
 import { type LoadContext, ModelPool } from "../compose/model_pool.ts";
 import { owningHeap } from "../../kernels/wasm/heap.ts";
 import { createModelsFront } from "../http/models_front.ts";
@@ -342,17 +340,15 @@ async function buildOnFile(
     metrics,
   });
   const { core, description } = built;
-  const coreBackend = new CoreBackend(
-    m.name,
+  const template = shared.chatTemplate ?? model.chatTemplate;
+  const { coreBackend, backend } = servedBackend(config, {
+    name: m.name,
     core,
     tokenizer,
-    shared.chatTemplate ?? model.chatTemplate,
-    m.own?.sampling,
-    embeddingSettings(model),
-  );
-  const backend = config.resultCache > 0
-    ? new CachedBackend(coreBackend, config.resultCache)
-    : coreBackend;
+    model,
+    ...(template ? { chatTemplate: template } : {}),
+    ...(m.own?.sampling ? { sampling: m.own.sampling } : {}),
+  });
   const service = createApp({
     backend,
     metrics,

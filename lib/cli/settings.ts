@@ -12,6 +12,8 @@ import { z } from "zod";
 import { DEFAULT_MODEL } from "../source/model_source.ts";
 import { DEFAULT_LIMITS } from "../engine/limits.ts";
 import { BACKENDS } from "../engine/backend_choice.ts";
+import { DEFAULT_EMBD_NORMALIZE } from "../engine/embedding_norm.ts";
+import { type Pooling, POOLINGS } from "../model/pooling_type.ts";
 import { SCHEDULER_DEFAULTS } from "../core/scheduler_config.ts";
 import { HTTP_DEFAULTS } from "../http/defaults.ts";
 import { LOG_LEVELS } from "../util/log_level.ts";
@@ -208,6 +210,24 @@ export const SETTINGS = {
     aliases: ["t"],
     env: "LLMSERVE_THREADS",
   },
+  pooling: {
+    group: "Engine",
+    help:
+      "how /v1/embeddings pools a sequence's hidden states: mean | cls | last (default: the GGUF's pooling_type, else mean)",
+    commands: SERVE,
+    schema: z.enum(POOLINGS as [Pooling, ...Pooling[]]).optional(),
+    env: "LLMSERVE_POOLING",
+    perModel: true,
+  },
+  embdNormalize: {
+    group: "Engine",
+    help:
+      "how embeddings are normalized, llama-server's values: -1 none, 0 max-abs to int16, 1 taxicab, 2 Euclidean, >2 p-norm",
+    commands: SERVE,
+    schema: intIn(-1, 1000),
+    default: DEFAULT_EMBD_NORMALIZE,
+    env: "LLMSERVE_EMBD_NORMALIZE",
+  },
   kvDtype: {
     group: "Engine",
     help: "KV cache elements of the cpu and webgpu engines: f16 | f32 (default f16)",
@@ -386,6 +406,22 @@ export const SETTINGS = {
     schema: byteSize(),
     default: "0",
     env: "LLMSERVE_RESULT_CACHE",
+  },
+  similarCache: {
+    group: "Caches",
+    help:
+      "answer a deterministic chat question with the stored answer of one whose embedding is at least this similar (cosine, e.g. 0.95), asked in the same context; off without it, needs --result-cache and the cpu or reference engine",
+    commands: SERVE,
+    schema: numberIn(0, 1, true).optional(),
+    env: "LLMSERVE_SIMILAR_CACHE",
+  },
+  similarCacheMemory: {
+    group: "Caches",
+    help: "memory for the similar-question index (vectors, questions, keys)",
+    commands: SERVE,
+    schema: byteSize(),
+    default: "16MiB",
+    env: "LLMSERVE_SIMILAR_CACHE_MEMORY",
   },
   grammarPreload: {
     group: "Caches",
