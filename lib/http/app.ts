@@ -15,6 +15,7 @@ import { InFlightRegistry } from "./inflight.ts";
 import { OriginPolicy } from "./origin.ts";
 import { originMiddleware } from "./origin_middleware.ts";
 import { type OpenAiHandler, openAiHandler, registerOpenAiRoutes } from "./openai_routes.ts";
+import { registerOllamaRoutes } from "./ollama_routes.ts";
 import { PLAYGROUND_HTML } from "./playground.html.ts";
 import { registerPropsRoute, type ServerProps } from "./props_route.ts";
 import { RequestLog } from "./request_log.ts";
@@ -258,6 +259,7 @@ export function createApp(opts: AppOptions): ServiceApp {
   };
   registerOpenAiRoutes(app, deps, openAiOpts);
   const openAi = openAiHandler(deps, openAiOpts);
+  registerOllamaRoutes(app, deps, { openAi: openAiOpts, modelPath: opts.props?.modelPath });
   opts.extend?.(app, { openAi, scopeOf, maxBodyBytes });
   registerTokenizeRoutes(app, {
     backend,
