@@ -130,6 +130,7 @@ export class CachedBackend implements GenerationBackend {
               promptTokens: flight.promptTokens ?? 0,
               tokens: flight.tokens,
               finishReason: ev.finishReason,
+              ...(ev.stopString === undefined ? {} : { stopString: ev.stopString }),
               usage: ev.usage,
               totalMs: performance.now() - t0,
             };
@@ -315,6 +316,7 @@ function doneFrom(r: StoredResult, t0: number, firstAt: number, sent: number): G
     },
     generationTimings(clock, sent),
     { savedMs: r.totalMs },
+    r.stopString,
   );
 }
 

@@ -16,6 +16,7 @@ import { OriginPolicy } from "./origin.ts";
 import { originMiddleware } from "./origin_middleware.ts";
 import { type OpenAiHandler, openAiHandler, registerOpenAiRoutes } from "./openai_routes.ts";
 import { registerOllamaRoutes } from "./ollama_routes.ts";
+import { registerAnthropicRoutes } from "./anthropic_routes.ts";
 import { PLAYGROUND_HTML } from "./playground.html.ts";
 import { registerPropsRoute, type ServerProps } from "./props_route.ts";
 import { RequestLog } from "./request_log.ts";
@@ -260,6 +261,7 @@ export function createApp(opts: AppOptions): ServiceApp {
   registerOpenAiRoutes(app, deps, openAiOpts);
   const openAi = openAiHandler(deps, openAiOpts);
   registerOllamaRoutes(app, deps, { openAi: openAiOpts, modelPath: opts.props?.modelPath });
+  registerAnthropicRoutes(app, deps, openAiOpts);
   opts.extend?.(app, { openAi, scopeOf, maxBodyBytes });
   registerTokenizeRoutes(app, {
     backend,
