@@ -1,6 +1,13 @@
 // deno-lint-ignore no-import-prefix -- not in the import map (deno.json is the lead's); pinned here
 import Anthropic from "npm:@anthropic-ai/sdk@1.17.0";
-import { assert, assertEquals, assertInstanceOf, assertMatch, assertRejects } from "@std/assert";
+import {
+  assert,
+  assertEquals,
+  assertGreater,
+  assertInstanceOf,
+  assertMatch,
+  assertRejects,
+} from "@std/assert";
 import { Ajv } from "ajv";
 import { compatPath } from "./harness/compat.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
@@ -366,6 +373,13 @@ Deno.test("Anthropic's Messages API through @anthropic-ai/sdk: create, stream, t
           wrongKey.messages.create({ model: STEM, messages: [USER], max_tokens: 4 })
         );
         assertInstanceOf(err, Anthropic.AuthenticationError);
+        const metrics = await (await fetch(base + "/metrics", {
+          headers: { "x-api-key": KEY },
+        })).text();
+        const m = /llm_generations_total\{api="messages",finish_reason="length"\} (\d+)/.exec(
+          metrics,
+        );
+        assertGreater(Number(m?.[1] ?? 0), 2, "the generations are counted under api=messages");
         assertEquals((err.error as { error: { type: string } }).error.type, "authentication_error");
       },
     );

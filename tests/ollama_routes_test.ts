@@ -361,6 +361,12 @@ Deno.test("Ollama's API through the ollama client: chat, generate, listings, for
       const out = await ollama.chat({ model: STEM, messages: [] });
       assertEquals([out.done, out.done_reason, out.message.content], [true, "load", ""]);
       assertGreater(Date.parse(String(out.created_at)), 0);
+      // The generations were counted under their own API label.
+      const metrics = await (await fetch(base + "/metrics", {
+        headers: { authorization: `Bearer ${KEY}` },
+      })).text();
+      const m = /llm_generations_total\{api="ollama",finish_reason="length"\} (\d+)/.exec(metrics);
+      assertGreater(Number(m?.[1] ?? 0), 5, metrics.slice(0, 400));
     });
   } finally {
     server.child.kill("SIGTERM");
