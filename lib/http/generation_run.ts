@@ -135,6 +135,17 @@ export function streamBody(
 }
 
 /**
+ * A generation the server ended while its client still waited (the drain deadline): a 503 to
+ * retry elsewhere, never a truncated answer passed off as complete.
+ */
+export function serverCut(): ApiError {
+  return new ApiError(
+    "draining",
+    "The server shut down before this generation finished; retry on another instance",
+  );
+}
+
+/**
  * Drains a non-streamed generation: its text and final event. A generation the server cut
  * while the client still waits (drain deadline) is a 503, not a truncated 200.
  */
@@ -148,12 +159,7 @@ export async function collectText(
       if (ev.type === "token") text += ev.text;
       else if (ev.type === "error") throw fromGenerationError(ev.code, ev.message);
       else if (ev.type === "done") {
-        if (ev.finishReason === "cancelled" && !client.aborted) {
-          throw new ApiError(
-            "draining",
-            "The server shut down before this generation finished; retry on another instance",
-          );
-        }
+        if (ev.finishReason === "cancelled" && !client.aborted) throw serverCut();
         return { text, done: ev };
       }
     }

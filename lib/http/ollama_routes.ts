@@ -4,7 +4,13 @@ import { type ParsedToolCall, parseToolCalls, ToolCallStream } from "../chat/too
 import { readJsonBody } from "./body.ts";
 import { ApiError, fromGenerationError } from "./errors.ts";
 import { ollamaError } from "./error_shapes.ts";
-import { collectText, type Started, startGeneration, streamBody } from "./generation_run.ts";
+import {
+  collectText,
+  serverCut,
+  type Started,
+  startGeneration,
+  streamBody,
+} from "./generation_run.ts";
 import { type ModelFacts, psEntry, readModelFacts, showBody, tagsEntry } from "./ollama_models.ts";
 import {
   parseOllamaChat,
@@ -238,23 +244,15 @@ class Reply {
         return { chunks: this.#pieces(this.#calls.push(ev.text)), last: false };
       }
       case "done": {
-        if (ev.finishReason === "cancelled") {
-          return this.#failed(
-            new ApiError(
-              "draining",
-              "The server shut down before this generation finished; retry on another instance",
-            ),
-          );
-        }
+        if (ev.finishReason === "cancelled") return this.#failed(serverCut());
         const rest = this.#calls
           ? this.#pieces(this.#calls.finish(ev.finishReason === "length"))
           : [];
         const last = { ...head(this.model, this.route, ""), ...this.#end(ev) };
         return { chunks: [...rest, JSON.stringify(last) + "\n"], last: true };
       }
-      case "error": {
+      case "error":
         return this.#failed(fromGenerationError(ev.code, ev.message));
-      }
     }
   }
 
