@@ -2,7 +2,10 @@
 import { Ollama } from "npm:ollama@0.6.4";
 import { assert, assertEquals, assertGreater, assertMatch, assertRejects } from "@std/assert";
 import { Ajv } from "ajv";
+import type { GenerationEvent } from "../lib/core/generation.ts";
 import { readGgufHeader } from "../lib/model/gguf.ts";
+import { Reply } from "../lib/http/ollama_routes.ts";
+import { ServiceMetrics } from "../lib/http/service_metrics.ts";
 import { compatPath } from "./harness/compat.ts";
 import { spawnUntilListening } from "./_serve_child.ts";
 
@@ -372,4 +375,58 @@ Deno.test("Ollama's API through the ollama client: chat, generate, listings, for
     server.child.kill("SIGTERM");
     await server.log();
   }
+});
+
+Deno.test("Reply: a generic-format call streams as tool_calls the ollama client reads as objects", async () => {
+  const parsed = {
+    input: { prompt: "", promptParam: "messages" },
+    stream: true,
+    includeUsage: false,
+    n: 1,
+    model: "m",
+    toolFormat: "generic" as const,
+  };
+  const reply = new Reply("m", "chat", parsed, performance.now(), new ServiceMetrics());
+  const pieces = ['{"name": "get_weather", ', '"arguments": {"city": "Paris"}}'];
+  const events: GenerationEvent[] = [
+    { type: "started", promptTokens: 7 },
+    ...pieces.map((text): GenerationEvent => ({ type: "token", text, ids: [1], logprob: 0 })),
+    {
+      type: "done",
+      finishReason: "stop",
+      usage: { promptTokens: 7, completionTokens: 2, cachedTokens: 0 },
+      timings: {
+        queuedMs: 1,
+        prefillMs: 2,
+        timeToFirstTokenMs: 3,
+        decodeMs: 4,
+        totalMs: 7,
+        decodeTokensPerSecond: 250,
+      },
+    },
+  ];
+  const body = events.flatMap((ev) => reply.lines(ev).chunks).join("");
+  const client = new Ollama({
+    host: "http://unused.invalid",
+    fetch: () => Promise.resolve(new Response(body)),
+  });
+  const parts = [];
+  for await (const p of await client.chat({ model: "m", messages: [], stream: true })) {
+    parts.push(p);
+  }
+  const calls = parts.flatMap((p) => p.message.tool_calls ?? []);
+  assertEquals(
+    calls,
+    [{
+      function: { index: 0, name: "get_weather", arguments: { city: "Paris" } },
+    }] as unknown as typeof calls,
+  );
+  assertEquals(parts.map((p) => p.message.content).join(""), "", "the call is not text");
+  const last = parts.at(-1)!;
+  assertEquals([last.done, last.done_reason, last.eval_count], [true, "stop", 2]);
+  assertEquals([last.prompt_eval_duration, last.eval_duration, last.load_duration], [
+    2e6,
+    4e6,
+    1e6,
+  ]);
 });

@@ -180,8 +180,8 @@ function head(model: string, route: Route, text: string, calls: readonly OllamaC
   };
 }
 
-/** One answer in Ollama's shape, whole or as NDJSON lines. */
-class Reply {
+/** One answer in Ollama's shape, whole or as NDJSON lines (exported for its tests). */
+export class Reply {
   readonly #calls: ToolCallStream | undefined;
   #callCount = 0;
 
