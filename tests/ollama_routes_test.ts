@@ -358,6 +358,19 @@ Deno.test("Ollama's API through the ollama client: chat, generate, listings, for
       });
       assertEquals(notJson.status, 400);
       assertOllamaError(await notJson.json(), /not valid JSON/);
+      // The app's body limit (1 MiB by default) and strict UTF-8 decoding hold here too.
+      const post = (body: BodyInit) =>
+        fetch(base + "/api/chat", {
+          method: "POST",
+          headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+          body,
+        });
+      const big = await post(JSON.stringify({ model: STEM, prompt: "x".repeat(1 << 21) }));
+      assertEquals(big.status, 413);
+      assertOllamaError(await big.json(), /the limit is 1048576 bytes/);
+      const latin1 = await post(new Uint8Array([0x7b, 0x22, 0xe9, 0x22, 0x3a, 0x31, 0x7d]));
+      assertEquals(latin1.status, 400);
+      assertOllamaError(await latin1.json(), /not valid UTF-8/);
     });
 
     await t.step("an empty chat loads the model, as Ollama's clients preload it", async () => {
