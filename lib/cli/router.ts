@@ -5,7 +5,7 @@ import { cappedLog, connectNats } from "../cluster/nats_connection.ts";
 import { RouterBackend } from "../cluster/router_backend.ts";
 import { ModelRouterDirectory } from "../cluster/model_router.ts";
 import { createPlainRouter } from "../cluster/router_front.ts";
-import { createModelsService } from "../compose/models_service.ts";
+import { createModelsFront } from "../http/models_front.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
@@ -178,7 +178,7 @@ async function routeByModel(
     log,
   });
   const { batches, dataDir } = batchQueueFor(config, log);
-  const service = createModelsService({
+  const service = createModelsFront({
     pool: directory,
     catalog: () => directory.catalog(),
     metrics,

@@ -8,7 +8,7 @@ import type { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import type { Config } from "./config.ts";
-import { CoreBackend } from "../backend/core_backend.ts";
+import { CoreBackend, embeddingSettings } from "../backend/core_backend.ts";
 import { grammarPendingNote, startGrammarInBackground } from "../compose/grammar_preload.ts";
 import {
   engineMemory,
@@ -68,7 +68,13 @@ export async function serveCommand(argv: string[]): Promise<number> {
     probes: config.logProbes,
   });
   const progress = new LoadProgress();
-  const front = new SwitchableService(createLoadingService(progress, requestLog, metrics));
+  const front = new SwitchableService(createLoadingService(progress, {
+    requestLog,
+    metrics,
+    apiKeys: config.apiKey,
+    corsOrigins: config.corsOrigin,
+    allowedHosts: config.allowedHost,
+  }));
   let listening!: Deno.NetAddr;
   const fdLimit = openFileLimit();
   const listener = listenerOptions(config, fdLimit);
@@ -187,6 +193,8 @@ async function start(
     core,
     tokenizer,
     chatTemplate ?? model.chatTemplate,
+    undefined,
+    embeddingSettings(model),
   );
   const backend = config.resultCache > 0
     ? new CachedBackend(coreBackend, config.resultCache)

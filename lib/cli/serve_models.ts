@@ -12,7 +12,7 @@ import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
 import { describeModelFile } from "../model/model_info.ts";
 import { listLocalModelFiles, modelStem, resolveModelSource } from "../source/model_source.ts";
-import { CoreBackend } from "../backend/core_backend.ts";
+import { CoreBackend, embeddingSettings } from "../backend/core_backend.ts";
 import { CachedBackend } from "../backend/cached_backend.ts";
 import {
   describeChoice,
@@ -24,14 +24,15 @@ import {
 } from "../compose/engine_factory.ts";
 import { openServing, planServing } from "../compose/open_serving.ts";
 import { servingSettings } from "./serving_settings.ts";
-import {
-  type LoadContext,
-  ModelPool,
-  type PooledModel,
-  type Residue,
-} from "../compose/model_pool.ts";
+import { type LoadContext, ModelPool } from "../compose/model_pool.ts";
 import { owningHeap } from "../../kernels/wasm/heap.ts";
-import { type CatalogModel, createModelsService } from "../compose/models_service.ts";
+import { createModelsFront } from "../http/models_front.ts";
+import type {
+  CatalogModel,
+  ModelDirectory,
+  PooledModel,
+  Residue,
+} from "../http/model_directory.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { formatKeepAlive } from "../util/duration.ts";
 import { openFileLimit } from "../util/fd_limit.ts";
@@ -47,7 +48,6 @@ import { coreReplicaSource } from "../cluster/replica_source.ts";
 import { drainedLine, natsServedLog } from "./serve_lines.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
 import { drainOnStop } from "./replica_stop.ts";
-import type { ModelDirectory } from "../compose/models_service.ts";
 import { type ModelsFileEntry, readModelsConfig } from "./models_config.ts";
 import { batchQueueFor } from "./batch_queue_config.ts";
 
@@ -348,6 +348,7 @@ async function buildOnFile(
     tokenizer,
     shared.chatTemplate ?? model.chatTemplate,
     m.own?.sampling,
+    embeddingSettings(model),
   );
   const backend = config.resultCache > 0
     ? new CachedBackend(coreBackend, config.resultCache)
@@ -541,7 +542,7 @@ export async function serveModelsCommand(
   };
   // One batch queue for every model: each line runs on the model its body names.
   const { batches, dataDir } = batchQueueFor(config, log);
-  const service = createModelsService({
+  const service = createModelsFront({
     extend: batches.attach,
     cacheScope: config.cacheScope,
     pool: directory,

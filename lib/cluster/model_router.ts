@@ -3,17 +3,18 @@
  * each request goes to one serving the model it names. The models are learnt from the
  * replicas' heartbeats; each gets a RouterBackend of its own (routing among that model's
  * replicas by the router's policy, prefix-aware by default) and an app over it, and the front
- * of lib/compose/models_service.ts picks the app by the request's `model`.
+ * of lib/http/models_front.ts picks the app by the request's `model`.
  */
 import { createApp, type ServiceApp } from "../http/app.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import {
+  type CatalogModel,
   type Lease,
+  type ModelDirectory,
   ModelLoadError,
   type ModelPhase,
   type ModelStatus,
-} from "../compose/model_pool.ts";
-import type { CatalogModel, ModelDirectory } from "../compose/models_service.ts";
+} from "../http/model_directory.ts";
 import { decodeMessage, ReplicaAnnouncement, type ReplicaModel, servedModels } from "./messages.ts";
 import { type BusConnection, type BusSubscription, cappedLog, guarded } from "./nats_connection.ts";
 import { RouterBackend } from "./router_backend.ts";

@@ -29,7 +29,7 @@ export interface StoredResult {
  */
 export function resultCacheKey(model: string, req: GenerationRequest): string | null {
   // Stored results keep no alternatives: a request asking for them is never cached.
-  if (req.deterministic !== true || (req.topLogprobs ?? 0) > 0) return null;
+  if (req.deterministic !== true || (req.topLogprobs ?? 0) > 0 || req.noCache) return null;
   const s = req.sampling;
   const greedy = s.temperature === 0;
   return JSON.stringify([

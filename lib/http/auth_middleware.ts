@@ -48,6 +48,7 @@ export async function verifiedKey(
 export class ApiKeyAuth {
   readonly #o: AuthOptions;
   readonly #scopes = new WeakMap<Request, string>();
+  readonly #tenants = new WeakMap<Request, string>();
 
   constructor(o: AuthOptions) {
     this.#o = o;
@@ -56,6 +57,22 @@ export class ApiKeyAuth {
   /** The cache scope of an authenticated request (with --cache-scope key). */
   scopeOf(req: Request): string | undefined {
     return this.#scopes.get(req);
+  }
+
+  /**
+   * Whose keep-alive a request sets (a server of several models): its key's scope whatever
+   * --cache-scope says; "" without keys.
+   */
+  tenantOf(req: Request): string {
+    return this.#tenants.get(req) ?? "";
+  }
+
+  /** The facts about `from` now hold for `to`, which stands for it (body_limit.ts). */
+  relink(from: Request, to: Request): void {
+    const scope = this.#scopes.get(from);
+    if (scope !== undefined) this.#scopes.set(to, scope);
+    const tenant = this.#tenants.get(from);
+    if (tenant !== undefined) this.#tenants.set(to, tenant);
   }
 
   /**
@@ -73,7 +90,11 @@ export class ApiKeyAuth {
     return async (c, next) => {
       if (!keys.enabled || openPaths.has(c.req.path)) return await next();
       const token = await verifiedKey(keys, c.req.raw, c.req.path);
-      if (scopeByKey && token !== null) this.#scopes.set(c.req.raw, await keyScope(token));
+      if (token !== null) {
+        const scope = await keyScope(token);
+        this.#tenants.set(c.req.raw, scope);
+        if (scopeByKey) this.#scopes.set(c.req.raw, scope);
+      }
       await next();
     };
   }

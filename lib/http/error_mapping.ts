@@ -13,6 +13,18 @@ export interface ErrorMappingOptions {
   readonly retryAfterSeconds: number;
 }
 
+/** Retry-After seconds of an error other than the configured ones; null: none. */
+const retryAfterOf = new WeakMap<ApiError, number | null>();
+
+/**
+ * `e`, answered with Retry-After `seconds`, or none for null (waiting will not help: memory
+ * held by models kept forever, a model that cannot load).
+ */
+export function withRetryAfter(e: ApiError, seconds: number | null): ApiError {
+  retryAfterOf.set(e, seconds);
+  return e;
+}
+
 /** Answers an ApiError: its JSON body, status and the headers its code calls for. */
 export type ErrorResponder = (e: ApiError, req: Request) => Response;
 
@@ -28,7 +40,10 @@ export function errorResponder(o: ErrorMappingOptions): ErrorResponder {
     const record = o.records.of(req);
     if (record) record.code = e.code;
     const headers: Record<string, string> = {};
-    if (e.status === 503 || e.status === 429) headers["retry-after"] = retryAfter;
+    const seconds = retryAfterOf.has(e) ? retryAfterOf.get(e) : retryAfter;
+    if ((e.status === 503 || e.status === 429) && seconds != null) {
+      headers["retry-after"] = String(seconds);
+    }
     if (e.status === 401) headers["www-authenticate"] = 'Bearer realm="llmserve"';
     if (e.code === "upgrade_required") headers["sec-websocket-version"] = "13";
     if (e.code === "method_not_allowed") {

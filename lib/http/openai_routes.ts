@@ -3,6 +3,7 @@ import type {
   FinishReason,
   GenerationBackend,
   GenerationEvent,
+  SimilarQuestion,
   Usage,
 } from "../core/generation.ts";
 import { type ChoiceEvent, choiceRequests, mergeChoices } from "./choices.ts";
@@ -12,7 +13,6 @@ import {
   newToolCallId,
   renderChatTools,
   type TemplateTools,
-  toolFormatName,
   toolPlan,
 } from "../chat/tools.ts";
 import {
@@ -23,6 +23,7 @@ import {
 } from "../chat/tool_calls.ts";
 import type { ChatRenderer } from "../chat/chat_template.ts";
 import { readJsonBody } from "./body.ts";
+import { unknownModel } from "./model_catalog.ts";
 import { ApiError, fromGenerationError } from "./errors.ts";
 import { buildGenerationRequest, type GenerationInput } from "./generation_request.ts";
 import { logitControlsFrom } from "./sampling_controls.ts";
@@ -97,29 +98,12 @@ export interface Parsed {
 
 /**
  * The OpenAI-compatible endpoints: POST /v1/completions, POST /v1/chat/completions (JSON, or
- * SSE `data:` chunks ending in `data: [DONE]` when stream is true), GET /v1/models.
+ * SSE `data:` chunks ending in `data: [DONE]` when stream is true); GET /v1/models is the
+ * catalog's (model_catalog.ts).
  * Errors are thrown as ApiError for the app's error handler, except once a stream has begun:
  * then the error is sent as a final `data: {"error": ...}` event.
  */
 export function registerOpenAiRoutes(app: Hono, deps: GenerationDeps, opts: OpenAiOptions): void {
-  const model = (id: string) => ({
-    id,
-    object: "model",
-    created: opts.createdAt,
-    owned_by: "llmserve",
-    // vLLM's field: the model all served names stand for.
-    root: deps.backend.modelName,
-    max_model_len: deps.backend.contextLength,
-    // How its tool calls are written: its template's own syntax, or the generic format.
-    tool_format: toolFormatName(opts.templateTools),
-  });
-  app.get(
-    "/v1/models",
-    (c) => c.json({ object: "list", data: opts.servedModelNames.map((n) => model(n)) }),
-  );
-  app.get("/v1/models/:model{.+}", (c) => {
-    return c.json(model(servedName(c.req.param("model"), opts.servedModelNames)));
-  });
   app.post("/v1/completions", (c) => respond(c.req.raw, "completions", deps, opts));
   app.post("/v1/chat/completions", (c) => respond(c.req.raw, "chat_completions", deps, opts));
 }
@@ -131,13 +115,7 @@ export function registerOpenAiRoutes(app: Hono, deps: GenerationDeps, opts: Open
 export function servedName(asked: string | null | undefined, served: readonly string[]): string {
   if (asked === undefined || asked === null) return served[0]!;
   if (served.includes(asked)) return asked;
-  throw new ApiError(
-    "model_not_found",
-    `The model "${asked}" does not exist; this server serves ${
-      served.map((n) => `"${n}"`).join(", ")
-    }`,
-    "model",
-  );
+  throw unknownModel(asked, served);
 }
 
 /**
@@ -197,6 +175,7 @@ export function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
       maxTokens: b.max_completion_tokens ?? b.max_tokens ?? nPredict(b.n_predict),
       logprobs: b.logprobs === true,
       topLogprobs: chatTopLogprobs(b),
+      ...similarQuestion(b),
     },
     stream: b.stream === true,
     includeUsage: b.stream_options?.include_usage === true,
@@ -204,6 +183,26 @@ export function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
     model,
     ...(tools.parse ? { toolFormat: tools.parse } : {}),
   };
+}
+
+/**
+ * A chat whose last message is the user's text: that text is the question, and the rest of the
+ * request that shapes the answer (earlier messages, tools, template variables) its context.
+ */
+function similarQuestion(b: ChatCompletionBody): { similar?: SimilarQuestion } {
+  const last = b.messages.at(-1)!;
+  const text = typeof last.content === "string"
+    ? last.content
+    : last.content?.map((p) => p.text).join("");
+  if (last.role !== "user" || !text) return {};
+  const context = JSON.stringify([
+    b.messages.slice(0, -1),
+    last.name ?? null,
+    b.tools ?? null,
+    b.tool_choice ?? null,
+    b.chat_template_kwargs ?? null,
+  ]);
+  return { similar: { context, question: text } };
 }
 
 /**
@@ -268,6 +267,7 @@ function common(b: CompletionBody | ChatCompletionBody) {
     seed: b.seed,
     stop: b.stop,
     priority: b.priority,
+    ...(b.cache === false ? { noCache: true } : {}),
     controls: logitControlsFrom(b),
     stopTokenIds: b.stop_token_ids,
     ignoreEos: b.ignore_eos,
