@@ -347,7 +347,10 @@ Deno.test("Ollama's API through the ollama client: chat, generate, listings, for
       assertEquals((await raw(base, "/api/pull", { model: STEM })).body, { status: "success" });
       const embed = await raw(base, "/api/embed", { model: STEM, input: "x" });
       assertEquals(embed.status, 501);
-      assertOllamaError(embed.body, /not implemented yet/);
+      assertOllamaError(
+        embed.body,
+        /not implemented yet on Ollama's API: use POST \/v1\/embeddings/,
+      );
       const noKey = await raw(base, "/api/tags", undefined, null);
       assertEquals(noKey.status, 401);
       assertOllamaError(noKey.body, /Missing API key/);

@@ -92,7 +92,8 @@ export function registerOllamaRoutes(app: Hono, deps: GenerationDeps, o: OllamaR
     app.post(path, () => {
       throw new ApiError(
         "not_implemented",
-        `${path} is not implemented yet: this server does not compute embeddings`,
+        `${path} is not implemented yet on Ollama's API: use POST /v1/embeddings (OpenAI's ` +
+          "shape: {model, input}), which returns the same pooled vectors",
       );
     });
   }
