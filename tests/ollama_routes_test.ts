@@ -446,3 +446,75 @@ Deno.test("Reply: a generic-format call streams as tool_calls the ollama client 
     1e6,
   ]);
 });
+
+Deno.test("On a server of several models: listings from the catalog, chat and messages to each", async () => {
+  const OTHER = "stories260K-q4_1";
+  const server = await spawnUntilListening([
+    "run",
+    "--allow-all",
+    MAIN,
+    "serve",
+    "--model",
+    compatPath(STEM),
+    "--model",
+    compatPath(OTHER),
+    "--port",
+    "0",
+    "--backend",
+    "cpu",
+    "--context-length",
+    "512",
+    "--kv-memory",
+    "8MiB",
+  ]);
+  const ollama = new Ollama({ host: server.base });
+  try {
+    // The front answers the listings itself: both models, none loaded.
+    const tags = await ollama.list();
+    assertEquals(tags.models.map((m) => [m.name, m.size]), [
+      [STEM, (await Deno.stat(compatPath(STEM))).size],
+      [OTHER, (await Deno.stat(compatPath(OTHER))).size],
+    ]);
+    assertEquals((await ollama.ps()).models, []);
+    // A streamed chat to a model not loaded waits for the load: every line is JSON.
+    let text = "";
+    for await (
+      const p of await ollama.chat({
+        model: `${OTHER}:latest`,
+        messages: [{ role: "user", content: "Once upon a time" }],
+        stream: true,
+        options: { temperature: 0, num_predict: 6 },
+      })
+    ) text += p.message.content;
+    const reference = await (await fetch(server.base + "/v1/chat/completions", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        model: OTHER,
+        messages: [{ role: "user", content: "Once upon a time" }],
+        temperature: 0,
+        max_tokens: 6,
+      }),
+    })).json();
+    assertEquals(text, reference.choices[0].message.content);
+    assertEquals((await ollama.ps()).models.map((m) => m.name), [OTHER]);
+    assertEquals((await ollama.show({ model: OTHER })).details.family, "llama");
+    // Anthropic's route is dispatched by its body's model too.
+    const msg = await (await fetch(server.base + "/v1/messages", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        model: STEM,
+        max_tokens: 4,
+        messages: [{ role: "user", content: "Hi" }],
+      }),
+    })).json();
+    assertEquals([msg.type, msg.model, msg.usage.output_tokens], ["message", STEM, 4]);
+    const unknown = await raw(server.base, "/api/chat", { model: "llama3", messages: MESSAGES });
+    assertEquals(unknown.status, 404);
+    assertOllamaError(unknown.body, /"llama3" does not exist/);
+  } finally {
+    server.child.kill("SIGTERM");
+    await server.log();
+  }
+});

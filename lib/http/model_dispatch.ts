@@ -21,6 +21,12 @@ export const BODY_ROUTES: ReadonlySet<string> = new Set([
   "/v1/embeddings",
   "/tokenize",
   "/detokenize",
+  // Ollama's and Anthropic's spellings (ollama_routes.ts, anthropic_routes.ts).
+  "/api/chat",
+  "/api/generate",
+  "/api/show",
+  "/v1/messages",
+  "/v1/messages/count_tokens",
 ]);
 
 /** What a request names: its JSON body's fields (undefined: not a JSON object), or ?model=. */

@@ -50,33 +50,44 @@ const HOW_MODELS_ARE_ADDED = "this server does not download or build models: it 
   "model files it was started with (`serve --model FILE`, or several with `serve --models " +
   "FILE`; see docs/models.md)";
 
-export function registerOllamaRoutes(app: Hono, deps: GenerationDeps, o: OllamaRouteOptions) {
-  let facts: Promise<ModelFacts> | undefined;
-  const modelFacts = () => facts ??= readModelFacts(o.modelPath);
-  const served = o.openAi.servedModelNames;
-  /** The served name a body's model stands for, or 404 naming what is served. */
-  const known = (asked: string | undefined) =>
-    servedName(asked === undefined ? undefined : servedOllamaName(asked, served), served);
+/** A served name and its model's file, as the listings show them. */
+export interface ListedModel {
+  readonly name: string;
+  readonly path?: string;
+}
 
-  app.post("/api/chat", (c) => generate(c.req.raw, "chat", deps, o.openAi));
-  app.post("/api/generate", (c) => generate(c.req.raw, "generate", deps, o.openAi));
+export interface OllamaListingOptions {
+  /** Every name served, the default model's first (read at each request). */
+  readonly models: () => readonly ListedModel[];
+  /** Whether the model a name stands for is loaded now (/api/ps lists those). */
+  readonly loaded: (name: string) => boolean;
+  readonly maxBodyBytes: number;
+}
+
+/**
+ * The routes of Ollama's API that need no model: the version, the listings, pull, and the
+ * 501s. A server of one model mounts them in its app; the front of several models mounts them
+ * itself, over its catalog, so a listing neither loads nor names only one model.
+ */
+export function registerOllamaListings(app: Hono, o: OllamaListingOptions): void {
+  const facts = new Map<string, Promise<ModelFacts>>();
+  const factsOf = (path: string | undefined) => {
+    let f = facts.get(path ?? "");
+    if (f === undefined) facts.set(path ?? "", f = readModelFacts(path));
+    return f;
+  };
+  const list = (models: readonly ListedModel[], entry: typeof tagsEntry) =>
+    Promise.all(models.map(async (m) => entry(m.name, await factsOf(m.path))));
   app.get("/api/version", (c) => c.json({ version: OLLAMA_API_VERSION }));
-  app.get("/api/tags", async (c) => {
-    const f = await modelFacts();
-    return c.json({ models: served.map((n) => tagsEntry(n, f)) });
-  });
+  app.get("/api/tags", async (c) => c.json({ models: await list(o.models(), tagsEntry) }));
   app.get("/api/ps", async (c) => {
-    const f = await modelFacts();
-    return c.json({ models: served.map((n) => psEntry(n, f)) });
-  });
-  app.post("/api/show", async (c) => {
-    const b = parseWith(OllamaModelBody, await readJsonBody(c.req.raw, o.openAi.maxBodyBytes));
-    known(b.model ?? b.name ?? "");
-    return c.json(showBody(deps.backend, o.modelPath, await modelFacts()));
+    const loaded = o.models().filter((m) => o.loaded(m.name));
+    return c.json({ models: await list(loaded, psEntry) });
   });
   app.post("/api/pull", async (c) => {
-    const b = parseWith(OllamaModelBody, await readJsonBody(c.req.raw, o.openAi.maxBodyBytes));
+    const b = parseWith(OllamaModelBody, await readJsonBody(c.req.raw, o.maxBodyBytes));
     const asked = b.model ?? b.name ?? "";
+    const served = o.models().map((m) => m.name);
     if (!served.includes(servedOllamaName(asked, served))) {
       throw new ApiError(
         "model_not_found",
@@ -99,16 +110,36 @@ export function registerOllamaRoutes(app: Hono, deps: GenerationDeps, o: OllamaR
   }
   for (
     const [method, path] of [
-      ["post", "/api/create"],
-      ["post", "/api/copy"],
-      ["post", "/api/push"],
-      ["delete", "/api/delete"],
+      ["POST", "/api/create"],
+      ["POST", "/api/copy"],
+      ["POST", "/api/push"],
+      ["DELETE", "/api/delete"],
     ] as const
   ) {
-    app.on(method.toUpperCase(), path, () => {
+    app.on(method, path, () => {
       throw new ApiError("not_implemented", `${path} is not supported: ${HOW_MODELS_ARE_ADDED}`);
     });
   }
+}
+
+/** Ollama's routes of one model's app: chat, generate and show, with the listings. */
+export function registerOllamaRoutes(app: Hono, deps: GenerationDeps, o: OllamaRouteOptions) {
+  const served = o.openAi.servedModelNames;
+  let facts: Promise<ModelFacts> | undefined;
+  app.post("/api/chat", (c) => generate(c.req.raw, "chat", deps, o.openAi));
+  app.post("/api/generate", (c) => generate(c.req.raw, "generate", deps, o.openAi));
+  app.post("/api/show", async (c) => {
+    const b = parseWith(OllamaModelBody, await readJsonBody(c.req.raw, o.openAi.maxBodyBytes));
+    const asked = b.model ?? b.name ?? "";
+    servedName(servedOllamaName(asked, served), served);
+    facts ??= readModelFacts(o.modelPath);
+    return c.json(showBody(deps.backend, o.modelPath, await facts));
+  });
+  registerOllamaListings(app, {
+    models: () => served.map((name) => ({ name, ...(o.modelPath ? { path: o.modelPath } : {}) })),
+    loaded: () => true,
+    maxBodyBytes: o.openAi.maxBodyBytes,
+  });
 }
 
 type Route = "chat" | "generate";
