@@ -345,12 +345,13 @@ Deno.test("Ollama's API through the ollama client: chat, generate, listings, for
       assertEquals(pull.status, 404);
       assertOllamaError(pull.body, /does not download.*serve --model FILE.*docs\/models\.md/);
       assertEquals((await raw(base, "/api/pull", { model: STEM })).body, { status: "success" });
-      const embed = await raw(base, "/api/embed", { model: STEM, input: "x" });
-      assertEquals(embed.status, 501);
-      assertOllamaError(
-        embed.body,
-        /not implemented yet on Ollama's API: use POST \/v1\/embeddings/,
-      );
+      const embed = await raw(base, "/api/embed", { model: STEM, input: [] });
+      assertEquals(embed.status, 400);
+      assertOllamaError(embed.body, /^Invalid 'input': too small: expected array to have >=1 items; got \[\]/);
+      const copy = await raw(base, "/api/copy", { source: STEM, destination: "x" });
+      assertEquals(copy.status, 501);
+      assertOllamaError(copy.body, /not supported: this server does not download or build/);
+
       const noKey = await raw(base, "/api/tags", undefined, null);
       assertEquals(noKey.status, 401);
       assertOllamaError(noKey.body, /Missing API key/);
@@ -374,6 +375,27 @@ Deno.test("Ollama's API through the ollama client: chat, generate, listings, for
       const latin1 = await post(new Uint8Array([0x7b, 0x22, 0xe9, 0x22, 0x3a, 0x31, 0x7d]));
       assertEquals(latin1.status, 400);
       assertOllamaError(await latin1.json(), /not valid UTF-8/);
+    });
+
+    await t.step("embed and embeddings: the vectors of /v1/embeddings", async () => {
+      const input = ["Once upon a time", "The end."];
+      const out = await ollama.embed({ model: STEM, input });
+      const res = await fetch(base + "/v1/embeddings", {
+        method: "POST",
+        headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+        body: JSON.stringify({ model: STEM, input }),
+      });
+      const reference = await res.json();
+      assertEquals(out.embeddings.length, 2);
+      for (const [i, v] of out.embeddings.entries()) {
+        const r = reference.data[i].embedding as number[];
+        assertEquals(v.length, r.length);
+        assert(v.every((x, k) => Math.abs(x - r[k]!) < 1e-6), `input ${i} differs`);
+      }
+      assertEquals(out.prompt_eval_count, reference.usage.prompt_tokens);
+      assert(out.total_duration > 0);
+      const one = await ollama.embeddings({ model: STEM, prompt: input[0]! });
+      assertEquals(one.embedding, out.embeddings[0]);
     });
 
     await t.step("an empty chat loads the model, as Ollama's clients preload it", async () => {

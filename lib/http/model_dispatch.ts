@@ -25,6 +25,8 @@ export const BODY_ROUTES: ReadonlySet<string> = new Set([
   "/api/chat",
   "/api/generate",
   "/api/show",
+  "/api/embed",
+  "/api/embeddings",
   "/v1/messages",
   "/v1/messages/count_tokens",
 ]);

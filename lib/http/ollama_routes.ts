@@ -18,7 +18,14 @@ import {
   requestContext,
   servedOllamaName,
 } from "./ollama_request.ts";
-import { OllamaChatBody, OllamaGenerateBody, OllamaModelBody } from "./ollama_schema.ts";
+import {
+  OllamaChatBody,
+  OllamaEmbedBody,
+  OllamaEmbeddingsBody,
+  OllamaGenerateBody,
+  OllamaModelBody,
+} from "./ollama_schema.ts";
+import { embedInputs } from "./embeddings_route.ts";
 import { type OpenAiOptions, type Parsed, servedName } from "./openai_routes.ts";
 import { newRequestId } from "./request_log.ts";
 import type { GenerationDeps } from "./tracked_generation.ts";
@@ -66,7 +73,7 @@ export interface OllamaListingOptions {
 
 /**
  * The routes of Ollama's API that need no model: the version, the listings, pull, and the
- * 501s. A server of one model mounts them in its app; the front of several models mounts them
+ * 501s of model management. A server of one model mounts them in its app; the front of several models mounts them
  * itself, over its catalog, so a listing neither loads nor names only one model.
  */
 export function registerOllamaListings(app: Hono, o: OllamaListingOptions): void {
@@ -99,15 +106,6 @@ export function registerOllamaListings(app: Hono, o: OllamaListingOptions): void
     // Already here: a pull of a served model succeeds at once, as Ollama's does when it has it.
     return c.json({ status: "success" });
   });
-  for (const path of ["/api/embed", "/api/embeddings"]) {
-    app.post(path, () => {
-      throw new ApiError(
-        "not_implemented",
-        `${path} is not implemented yet on Ollama's API: use POST /v1/embeddings (OpenAI's ` +
-          "shape: {model, input}), which returns the same pooled vectors",
-      );
-    });
-  }
   for (
     const [method, path] of [
       ["POST", "/api/create"],
@@ -122,7 +120,7 @@ export function registerOllamaListings(app: Hono, o: OllamaListingOptions): void
   }
 }
 
-/** Ollama's routes of one model's app: chat, generate and show, with the listings. */
+/** Ollama's routes of one model's app: chat, generate, show and embed, with the listings. */
 export function registerOllamaRoutes(app: Hono, deps: GenerationDeps, o: OllamaRouteOptions) {
   const served = o.openAi.servedModelNames;
   let facts: Promise<ModelFacts> | undefined;
@@ -134,6 +132,26 @@ export function registerOllamaRoutes(app: Hono, deps: GenerationDeps, o: OllamaR
     servedName(servedOllamaName(asked, served), served);
     facts ??= readModelFacts(o.modelPath);
     return c.json(showBody(deps.backend, o.modelPath, await facts));
+  });
+  app.post("/api/embed", async (c) => {
+    const t0 = performance.now();
+    const b = parseWith(OllamaEmbedBody, await readJsonBody(c.req.raw, o.openAi.maxBodyBytes));
+    const model = servedName(servedOllamaName(b.model, served), served);
+    const out = await embedInputs(deps.backend, model, b.input, b.dimensions, c.req.raw.signal);
+    return c.json({
+      model: b.model,
+      embeddings: out.vectors.map((v) => Array.from(v)),
+      total_duration: ns(performance.now() - t0),
+      // The model is loaded before the server is ready; embeddings are not queued apart.
+      load_duration: 0,
+      prompt_eval_count: out.promptTokens,
+    });
+  });
+  app.post("/api/embeddings", async (c) => {
+    const b = parseWith(OllamaEmbeddingsBody, await readJsonBody(c.req.raw, o.openAi.maxBodyBytes));
+    const model = servedName(servedOllamaName(b.model, served), served);
+    const out = await embedInputs(deps.backend, model, b.prompt, undefined, c.req.raw.signal);
+    return c.json({ embedding: Array.from(out.vectors[0]!) });
   });
   registerOllamaListings(app, {
     models: () => served.map((name) => ({ name, ...(o.modelPath ? { path: o.modelPath } : {}) })),

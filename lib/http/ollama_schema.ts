@@ -133,6 +133,34 @@ export const OllamaGenerateBody = z.strictObject({
 });
 export type OllamaGenerateBody = z.output<typeof OllamaGenerateBody>;
 
+/** Options of an embedding request: none of Ollama's options changes a pooled vector here. */
+const noOptions = z.strictObject({}, {
+  error: "options change nothing in an embedding here; leave them out",
+}).nullish();
+
+/** POST /api/embed: one input or several. */
+export const OllamaEmbedBody = z.strictObject({
+  model: z.string({ error: "expected the model's name" }),
+  input: z.union([z.string(), z.array(z.string()).min(1)], {
+    error: "expected a string or a non-empty array of strings",
+  }),
+  // Ollama cuts inputs past the context by default; here they are refused either way, never
+  // cut, so the flag is accepted and changes nothing.
+  truncate: z.boolean().optional(),
+  dimensions: z.number().int().positive().optional(),
+  keep_alive: z.union([z.string(), z.number()]).nullish(),
+  options: noOptions,
+});
+export type OllamaEmbedBody = z.output<typeof OllamaEmbedBody>;
+
+/** POST /api/embeddings, the older route: one prompt. */
+export const OllamaEmbeddingsBody = z.strictObject({
+  model: z.string({ error: "expected the model's name" }),
+  prompt: z.string(),
+  keep_alive: z.union([z.string(), z.number()]).nullish(),
+  options: noOptions,
+});
+
 /** /api/show and /api/pull name the model as `model` (older clients: `name`). */
 export const OllamaModelBody = z.object({
   model: z.string().optional(),
