@@ -4,10 +4,11 @@
  * renormalizes, token-id inputs equal text inputs, and bad inputs get a 400 naming the field.
  */
 // deno-lint-ignore no-import-prefix -- not in the import map (deno.json is the lead's); pinned here
-import OpenAI from "npm:openai@7.59.0";
+import OpenAI, { toFile } from "npm:openai@7.59.0";
 import { assert, assertEquals } from "@std/assert";
 import { startServer } from "./harness/server_process.ts";
 import { compatPath } from "./harness/compat.ts";
+import { until } from "./harness/uploads.ts";
 
 interface Fixture {
   readonly prompts: readonly string[];
@@ -97,5 +98,60 @@ Deno.test("/v1/embeddings through the openai client: llama.cpp's vectors as floa
     assertEquals(again.data[0]!.embedding, asFloat.data[2]!.embedding);
   } finally {
     await srv.stop();
+  }
+});
+
+Deno.test("Batch API: /v1/embeddings lines give the vectors the route gives", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "embeddings_batch_" });
+  const srv = await startServer({
+    args: [
+      ...["--model", compatPath("qwen2-like-q4_k_m"), "--backend", "cpu"],
+      ...["--kv-memory", "8MiB", "--log-format", "off", "--data-dir", dir],
+    ],
+  });
+  try {
+    const c = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: "unused", maxRetries: 0 });
+    const lines = fx.prompts.map((p, i) =>
+      JSON.stringify({
+        custom_id: `e${i}`,
+        method: "POST",
+        url: "/v1/embeddings",
+        body: { input: p, encoding_format: "float" },
+      }) + "\n"
+    ).join("");
+    const file = await c.files.create({
+      file: await toFile(new TextEncoder().encode(lines), "in.jsonl"),
+      purpose: "batch",
+    });
+    const created = await c.batches.create({
+      input_file_id: file.id,
+      endpoint: "/v1/embeddings",
+      completion_window: "24h",
+    });
+    let b = created;
+    await until(
+      async () => {
+        b = await c.batches.retrieve(created.id);
+        return ["completed", "failed", "cancelled", "expired"].includes(b.status);
+      },
+      "the batch to finish",
+      120_000,
+    );
+    assertEquals([b.status, b.request_counts?.completed], ["completed", 3]);
+    const out = (await (await c.files.content(b.output_file_id!)).text()).split("\n")
+      .filter(Boolean).map((l) => JSON.parse(l));
+    const direct = await c.embeddings.create({
+      input: [...fx.prompts],
+      encoding_format: "float",
+      model: "qwen2-like-q4_k_m",
+    });
+    for (const line of out) {
+      const i = Number(line.custom_id.slice(1));
+      assertEquals(line.response.status_code, 200);
+      assertEquals(line.response.body.data[0].embedding, direct.data[i]!.embedding);
+    }
+  } finally {
+    await srv.stop();
+    await Deno.remove(dir, { recursive: true });
   }
 });

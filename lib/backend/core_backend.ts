@@ -99,15 +99,15 @@ export function embeddingSettings(
   };
 }
 
-/** The core's embeddings, pooled as `settings` say, at interactive priority. */
+/** The core's embeddings, pooled as `settings` say (interactive unless asked otherwise). */
 function coreEmbedder(core: ServingCore, settings: EmbeddingSettings): Embedder {
   const { pooling, normalize } = settings;
   return {
     pooling,
     normalize,
     dimensions: core.hiddenSize,
-    async embed(ids, signal) {
-      return normalizeEmbedding(await core.embed(ids, pooling, "interactive", signal), normalize);
+    async embed(ids, signal, priority = "interactive") {
+      return normalizeEmbedding(await core.embed(ids, pooling, priority, signal), normalize);
     },
   };
 }

@@ -1,5 +1,5 @@
 import type { Pooling } from "../engine/pooling.ts";
-import type { GenerationErrorCode } from "./generation.ts";
+import type { GenerationErrorCode, Priority } from "./generation.ts";
 
 /**
  * What /v1/embeddings needs of a backend whose engine returns hidden states: one input's ids
@@ -13,7 +13,7 @@ export interface Embedder {
   /** llama-server's --embd-normalize value the vectors are normalized with. */
   readonly normalize: number;
   /** Throws EmbeddingError when the scheduler refuses or fails it. */
-  embed(ids: readonly number[], signal?: AbortSignal): Promise<Float32Array>;
+  embed(ids: readonly number[], signal?: AbortSignal, priority?: Priority): Promise<Float32Array>;
 }
 
 /** Why an embedding was not computed, with a generation's error code (and so its HTTP status). */

@@ -15,7 +15,8 @@ import { registerOllamaRoutes } from "./ollama_routes.ts";
 import { registerAnthropicRoutes } from "./anthropic_routes.ts";
 import { PLAYGROUND_HTML } from "./playground.html.ts";
 import { registerPropsRoute, type ServerProps } from "./props_route.ts";
-import { registerEmbeddingsRoute } from "./embeddings_route.ts";
+import { embeddingsHandler, registerEmbeddingsRoute } from "./embeddings_route.ts";
+import { registerRerankRoute } from "./rerank_route.ts";
 import { RequestLog } from "./request_log.ts";
 import { ServiceMetrics } from "./service_metrics.ts";
 import { registerStreamRoute } from "./stream_route.ts";
@@ -249,7 +250,8 @@ export function createApp(opts: AppOptions): ServiceApp {
     createdAt: openAiOpts.createdAt,
   });
   registerOpenAiRoutes(app, deps, openAiOpts);
-  const openAi = openAiHandler(deps, openAiOpts);
+  const embeddingsOpts = { backend, maxBodyBytes, servedModelNames };
+  const openAi = openAiHandler(deps, openAiOpts, embeddingsHandler(embeddingsOpts));
   registerOllamaRoutes(app, deps, { openAi: openAiOpts, modelPath: opts.props?.modelPath });
   registerAnthropicRoutes(app, deps, openAiOpts);
   opts.extend?.(app, { openAi, scopeOf, maxBodyBytes });
@@ -260,7 +262,8 @@ export function createApp(opts: AppOptions): ServiceApp {
     maxBodyBytes,
     servedModelNames,
   });
-  registerEmbeddingsRoute(app, { backend, maxBodyBytes, servedModelNames });
+  registerEmbeddingsRoute(app, embeddingsOpts);
+  registerRerankRoute(app, embeddingsOpts);
   registerPropsRoute(app, {
     backend,
     servedModelNames,

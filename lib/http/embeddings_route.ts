@@ -1,7 +1,7 @@
 import type { Hono } from "hono";
 import { z } from "zod";
 import { encodeBase64 } from "@std/encoding/base64";
-import type { GenerationBackend } from "../core/generation.ts";
+import type { GenerationBackend, Priority } from "../core/generation.ts";
 import { type Embedder, EmbeddingError } from "../core/embedder.ts";
 import { outsideVocabulary } from "../core/prompt_check.ts";
 import { normalizeEmbedding } from "../engine/embedding_norm.ts";
@@ -33,6 +33,8 @@ export const EmbeddingsBody = z.strictObject({
   dimensions: z.number().int().positive().optional(),
   /** Accepted as OpenAI accepts it; no effect. */
   user: z.string().optional(),
+  /** Ours, as on the completion routes: a batch line's inputs yield to interactive work. */
+  priority: z.enum(["interactive", "batch"]).optional(),
 });
 
 export interface EmbeddingsOptions {
@@ -49,17 +51,24 @@ export interface EmbeddingsOptions {
  * error (the rest are cancelled).
  */
 export function registerEmbeddingsRoute(app: Hono, o: EmbeddingsOptions): void {
-  app.post("/v1/embeddings", async (c) => {
-    const b = parseWith(EmbeddingsBody, await readJsonBody(c.req.raw, o.maxBodyBytes));
+  const handle = embeddingsHandler(o);
+  app.post("/v1/embeddings", (c) => handle(c.req.raw));
+}
+
+/** POST /v1/embeddings's answer to a request, for the route and for batch lines. */
+export function embeddingsHandler(o: EmbeddingsOptions): (req: Request) => Promise<Response> {
+  return async (req) => {
+    const b = parseWith(EmbeddingsBody, await readJsonBody(req, o.maxBodyBytes));
     const model = servedName(b.model, o.servedModelNames);
     const { vectors, promptTokens } = await embedInputs(
       o.backend,
       model,
       b.input,
       b.dimensions,
-      c.req.raw.signal,
+      req.signal,
+      b.priority ?? "interactive",
     );
-    return c.json({
+    return Response.json({
       object: "list",
       data: vectors.map((cut, index) => ({
         object: "embedding",
@@ -71,7 +80,7 @@ export function registerEmbeddingsRoute(app: Hono, o: EmbeddingsOptions): void {
       model,
       usage: { prompt_tokens: promptTokens, total_tokens: promptTokens },
     });
-  });
+  };
 }
 
 /**
@@ -84,6 +93,7 @@ export async function embedInputs(
   input: z.output<typeof EmbeddingsBody>["input"],
   dimensions: number | undefined,
   signal: AbortSignal,
+  priority: Priority = "interactive",
 ): Promise<{ vectors: Float32Array[]; promptTokens: number }> {
   const embedder = backend.embedder;
   if (!embedder) {
@@ -102,7 +112,7 @@ export async function embedInputs(
     );
   }
   const inputs = tokenized(input, backend);
-  const vectors = await embedAll(embedder, inputs, signal);
+  const vectors = await embedAll(embedder, inputs, signal, priority);
   return {
     vectors: vectors.map((v) =>
       dims < v.length ? normalizeEmbedding(v.slice(0, dims), embedder.normalize) : v
@@ -168,6 +178,7 @@ async function embedAll(
   embedder: Embedder,
   inputs: readonly (readonly number[])[],
   clientSignal: AbortSignal,
+  priority: Priority,
 ): Promise<Float32Array[]> {
   const stop = new AbortController();
   const signal = AbortSignal.any([stop.signal, clientSignal]);
@@ -176,7 +187,7 @@ async function embedAll(
   const worker = async () => {
     while (next < inputs.length && !signal.aborted) {
       const i = next++;
-      out[i] = await embedder.embed(inputs[i]!, signal);
+      out[i] = await embedder.embed(inputs[i]!, signal, priority);
     }
   };
   const workers = Array.from(

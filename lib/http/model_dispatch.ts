@@ -19,6 +19,7 @@ export const BODY_ROUTES: ReadonlySet<string> = new Set([
   "/v1/completions",
   "/v1/chat/completions",
   "/v1/embeddings",
+  "/v1/rerank",
   "/tokenize",
   "/detokenize",
   // Ollama's and Anthropic's spellings (ollama_routes.ts, anthropic_routes.ts).

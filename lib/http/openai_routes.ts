@@ -69,16 +69,26 @@ export interface OpenAiOptions {
 
 type Kind = "completions" | "chat_completions";
 
-/**
- * Answers one completion request as its route would (the same parsing, limits and errors;
- * errors are thrown as ApiError), for callers inside the server: the batch queue runs its
- * lines through it. `scope` stands for the cache scope of the key that sent the work.
- */
-export type OpenAiHandler = (req: Request, kind: Kind, scope?: string) => Promise<Response>;
+/** What a request inside the server asks for: a completion, a chat, or embeddings. */
+export type ApiKind = Kind | "embeddings";
 
-export function openAiHandler(deps: GenerationDeps, opts: OpenAiOptions): OpenAiHandler {
+/**
+ * Answers one request as its route would (the same parsing, limits and errors; errors are
+ * thrown as ApiError), for callers inside the server: the batch queue runs its lines through
+ * it. `scope` stands for the cache scope of the key that sent the work.
+ */
+export type OpenAiHandler = (req: Request, kind: ApiKind, scope?: string) => Promise<Response>;
+
+/** `embeddings`: what answers POST /v1/embeddings (embeddings_route.ts). */
+export function openAiHandler(
+  deps: GenerationDeps,
+  opts: OpenAiOptions,
+  embeddings: (req: Request) => Promise<Response>,
+): OpenAiHandler {
   return (req, kind, scope) =>
-    respond(req, kind, deps, scope === undefined ? opts : { ...opts, scopeOf: () => scope });
+    kind === "embeddings"
+      ? embeddings(req)
+      : respond(req, kind, deps, scope === undefined ? opts : { ...opts, scopeOf: () => scope });
 }
 
 /** What one request asked for, after validation. */
