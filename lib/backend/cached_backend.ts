@@ -201,6 +201,7 @@ export class CachedBackend implements GenerationBackend {
               promptTokens: flight.promptTokens ?? 0,
               tokens: flight.tokens,
               finishReason: ev.finishReason,
+              ...(ev.stopString === undefined ? {} : { stopString: ev.stopString }),
               usage: ev.usage,
               totalMs: performance.now() - t0,
             };
@@ -393,6 +394,7 @@ function doneFrom(
     },
     generationTimings(clock, sent),
     { savedMs: r.totalMs, ...(similar ? { similar } : {}) },
+    r.stopString,
   );
 }
 

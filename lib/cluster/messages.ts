@@ -301,6 +301,7 @@ export const GenerationEventSchema = z.discriminatedUnion("type", [
     finishReason: z.enum(["stop", "length", "cancelled"]),
     usage: UsageSchema,
     timings: TimingsSchema,
+    stopString: z.string().optional(),
   }),
   z.object({
     type: z.literal("error"),

@@ -129,6 +129,8 @@ export type GenerationEvent =
     readonly finishReason: FinishReason;
     readonly usage: Usage;
     readonly timings: Timings;
+    /** With finish reason "stop": the stop string that ended it (absent for an end token). */
+    readonly stopString?: string;
     /** Present when the answer came from the result cache. */
     readonly cached?: CacheHit;
   }

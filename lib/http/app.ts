@@ -11,6 +11,8 @@ import { registerModelRoutes } from "./model_catalog.ts";
 import { registerHealthRoutes } from "./health_routes.ts";
 import { InFlightRegistry } from "./inflight.ts";
 import { type OpenAiHandler, openAiHandler, registerOpenAiRoutes } from "./openai_routes.ts";
+import { registerOllamaRoutes } from "./ollama_routes.ts";
+import { registerAnthropicRoutes } from "./anthropic_routes.ts";
 import { PLAYGROUND_HTML } from "./playground.html.ts";
 import { registerPropsRoute, type ServerProps } from "./props_route.ts";
 import { embeddingsHandler, registerEmbeddingsRoute } from "./embeddings_route.ts";
@@ -252,6 +254,8 @@ export function createApp(opts: AppOptions): ServiceApp {
   registerOpenAiRoutes(app, deps, openAiOpts);
   const embeddingsOpts = { backend, maxBodyBytes, servedModelNames };
   const openAi = openAiHandler(deps, openAiOpts, embeddingsHandler(embeddingsOpts));
+  registerOllamaRoutes(app, deps, { openAi: openAiOpts, modelPath: opts.props?.modelPath });
+  registerAnthropicRoutes(app, deps, openAiOpts);
   opts.extend?.(app, { openAi, scopeOf, maxBodyBytes });
   registerTokenizeRoutes(app, {
     backend,

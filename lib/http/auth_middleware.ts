@@ -27,7 +27,9 @@ export async function verifiedKey(
 ): Promise<string | null> {
   const auth = parseAuthorization(req.headers.get("authorization"));
   let token = auth.kind === "token" ? auth.token : null;
-  if (auth.kind === "missing" && path === "/v1/stream") {
+  // Anthropic's clients send the key as `x-api-key`.
+  if (auth.kind === "missing") token = req.headers.get("x-api-key");
+  if (token === null && auth.kind === "missing" && path === "/v1/stream") {
     token = new URL(req.url).searchParams.get("api_key");
   }
   if (!(await keys.verify(token))) {
@@ -36,7 +38,7 @@ export async function verifiedKey(
       auth.kind === "malformed"
         ? auth.problem
         : token === null
-        ? "Missing API key: send the header 'Authorization: Bearer <key>'"
+        ? "Missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>')"
         : "Invalid API key",
     );
   }

@@ -60,40 +60,64 @@ export function embeddingsHandler(o: EmbeddingsOptions): (req: Request) => Promi
   return async (req) => {
     const b = parseWith(EmbeddingsBody, await readJsonBody(req, o.maxBodyBytes));
     const model = servedName(b.model, o.servedModelNames);
-    const embedder = o.backend.embedder;
-    if (!embedder) {
-      throw new ApiError(
-        "invalid_request",
-        `The model "${model}" serves no embeddings here: they need a server running it on the cpu or reference engine (--backend cpu); the WebGPU engine and the routers do not return them yet`,
-        "model",
-      );
-    }
-    const dims = b.dimensions ?? embedder.dimensions;
-    if (dims > embedder.dimensions) {
-      throw new ApiError(
-        "invalid_request",
-        `'dimensions' is ${dims}, but the model's embeddings have ${embedder.dimensions}`,
-        "dimensions",
-      );
-    }
-    const inputs = tokenized(b.input, o.backend);
-    const vectors = await embedAll(embedder, inputs, req.signal, b.priority ?? "interactive");
-    const promptTokens = inputs.reduce((n, ids) => n + ids.length, 0);
+    const { vectors, promptTokens } = await embedInputs(
+      o.backend,
+      model,
+      b.input,
+      b.dimensions,
+      req.signal,
+      b.priority ?? "interactive",
+    );
     return Response.json({
       object: "list",
-      data: vectors.map((v, index) => {
-        const cut = dims < v.length ? normalizeEmbedding(v.slice(0, dims), embedder.normalize) : v;
-        return {
-          object: "embedding",
-          index,
-          embedding: b.encoding_format === "base64"
-            ? encodeBase64(new Uint8Array(cut.buffer, cut.byteOffset, cut.byteLength))
-            : Array.from(cut),
-        };
-      }),
+      data: vectors.map((cut, index) => ({
+        object: "embedding",
+        index,
+        embedding: b.encoding_format === "base64"
+          ? encodeBase64(new Uint8Array(cut.buffer, cut.byteOffset, cut.byteLength))
+          : Array.from(cut),
+      })),
       model,
       usage: { prompt_tokens: promptTokens, total_tokens: promptTokens },
     });
+  };
+}
+
+/**
+ * Every input's embedding, cut to `dimensions` (and normalized again) where asked, with the
+ * tokens embedded: the one path of /v1/embeddings and Ollama's /api/embed.
+ */
+export async function embedInputs(
+  backend: GenerationBackend,
+  model: string,
+  input: z.output<typeof EmbeddingsBody>["input"],
+  dimensions: number | undefined,
+  signal: AbortSignal,
+  priority: Priority = "interactive",
+): Promise<{ vectors: Float32Array[]; promptTokens: number }> {
+  const embedder = backend.embedder;
+  if (!embedder) {
+    throw new ApiError(
+      "invalid_request",
+      `The model "${model}" serves no embeddings here: they need a server running it on the cpu or reference engine (--backend cpu); the WebGPU engine and the routers do not return them yet`,
+      "model",
+    );
+  }
+  const dims = dimensions ?? embedder.dimensions;
+  if (dims > embedder.dimensions) {
+    throw new ApiError(
+      "invalid_request",
+      `'dimensions' is ${dims}, but the model's embeddings have ${embedder.dimensions}`,
+      "dimensions",
+    );
+  }
+  const inputs = tokenized(input, backend);
+  const vectors = await embedAll(embedder, inputs, signal, priority);
+  return {
+    vectors: vectors.map((v) =>
+      dims < v.length ? normalizeEmbedding(v.slice(0, dims), embedder.normalize) : v
+    ),
+    promptTokens: inputs.reduce((n, ids) => n + ids.length, 0),
   };
 }
 

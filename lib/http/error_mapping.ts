@@ -1,5 +1,6 @@
 import type { Hono } from "hono";
 import { ApiError, toApiError } from "./errors.ts";
+import { errorBody } from "./error_shapes.ts";
 import type { RequestRecords } from "./request_log_middleware.ts";
 import type { RouteTable } from "./route_table.ts";
 import type { ServiceMetrics } from "./service_metrics.ts";
@@ -49,7 +50,7 @@ export function errorResponder(o: ErrorMappingOptions): ErrorResponder {
       const allow = o.routes.allowed(new URL(req.url).pathname);
       if (allow !== undefined) headers["allow"] = allow;
     }
-    return Response.json(e.toJSON(), { status: e.status, headers });
+    return Response.json(errorBody(e, new URL(req.url).pathname), { status: e.status, headers });
   };
 }
 

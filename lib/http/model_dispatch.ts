@@ -22,6 +22,14 @@ export const BODY_ROUTES: ReadonlySet<string> = new Set([
   "/v1/rerank",
   "/tokenize",
   "/detokenize",
+  // Ollama's and Anthropic's spellings (ollama_routes.ts, anthropic_routes.ts).
+  "/api/chat",
+  "/api/generate",
+  "/api/show",
+  "/api/embed",
+  "/api/embeddings",
+  "/v1/messages",
+  "/v1/messages/count_tokens",
 ]);
 
 /** What a request names: its JSON body's fields (undefined: not a JSON object), or ?model=. */

@@ -16,6 +16,7 @@ import { findModel, namesOf, registerModelRoutes, unknownModel } from "./model_c
 import type { CatalogModel, ModelDirectory } from "./model_directory.ts";
 import { rebuilt } from "./body.ts";
 import { askedModel, dispatchedOpenAi, leased, leasedOpenAi, passOn } from "./model_dispatch.ts";
+import { registerOllamaListings } from "./ollama_routes.ts";
 import { loadingSocket, loadingStream } from "./model_loading.ts";
 import { registerModelsHealthRoutes } from "./models_health_routes.ts";
 import type { RequestLog } from "./request_log.ts";
@@ -57,7 +58,10 @@ export function createModelsFront(opts: ModelsFrontOptions): ServiceApp {
   const resolve = (asked: unknown): string => {
     const all = catalog();
     if (asked === undefined || asked === null) return all[0]?.name ?? "";
-    const m = typeof asked === "string" ? findModel(all, asked) : undefined;
+    // Ollama's clients may add its default tag (ollama_request.ts servedOllamaName).
+    const m = typeof asked === "string"
+      ? findModel(all, asked) ?? findModel(all, asked.replace(/:latest$/, ""))
+      : undefined;
     if (m !== undefined && pool.has(m.name)) return m.name;
     throw unknownModel(asked, all.filter((c) => pool.has(c.name)).flatMap(namesOf));
   };
@@ -87,6 +91,14 @@ export function createModelsFront(opts: ModelsFrontOptions): ServiceApp {
     createdAt: Math.floor(Date.now() / 1000),
     phaseOf: (name) => pool.phaseOf(name),
   });
+  registerOllamaListings(app, {
+    models: () =>
+      catalog().filter((m) => pool.has(m.name)).flatMap((m) =>
+        namesOf(m).map((name) => ({ name, ...(m.path ? { path: m.path } : {}) }))
+      ),
+    loaded: (name) => pool.phaseOf(resolve(name)) === "loaded",
+    maxBodyBytes,
+  });
   const openAi = dispatchedOpenAi((fields) => {
     const { name, keepAliveMs, body } = choose(fields);
     return {
@@ -111,7 +123,8 @@ export function createModelsFront(opts: ModelsFrontOptions): ServiceApp {
       const tenant = auth.tenantOf(req);
       if (pool.phaseOf(name) !== "loaded") {
         const o = { pool, metrics };
-        if (asked.fields?.stream === true) {
+        // Ollama's lines are NDJSON, which has no comment lines to report the load in.
+        if (asked.fields?.stream === true && !c.req.path.startsWith("/api/")) {
           return loadingStream(o, c, { name, keepAliveMs, tenant, forward });
         }
         if (c.req.path === "/v1/stream" && isUpgrade(req)) {

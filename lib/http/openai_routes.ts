@@ -92,7 +92,7 @@ export function openAiHandler(
 }
 
 /** What one request asked for, after validation. */
-interface Parsed {
+export interface Parsed {
   readonly input: GenerationInput;
   readonly stream: boolean;
   readonly includeUsage: boolean;
@@ -128,7 +128,11 @@ export function servedName(asked: string | null | undefined, served: readonly st
   throw unknownModel(asked, served);
 }
 
-function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
+/**
+ * Validates an OpenAI body into what the request asks for: the one parser every API spelling
+ * (Ollama's, Anthropic's) maps its fields onto, so their limits and errors are these.
+ */
+export function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
   const served = opts.servedModelNames;
   if (kind === "completions") {
     const b = parseWith(CompletionBody, body);
