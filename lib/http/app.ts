@@ -13,6 +13,7 @@ import { InFlightRegistry } from "./inflight.ts";
 import { type OpenAiHandler, openAiHandler, registerOpenAiRoutes } from "./openai_routes.ts";
 import { registerOllamaRoutes } from "./ollama_routes.ts";
 import { registerAnthropicRoutes } from "./anthropic_routes.ts";
+import { registerResponsesRoutes } from "./responses_routes.ts";
 import { PLAYGROUND_HTML } from "./playground.html.ts";
 import { registerPropsRoute, type ServerProps } from "./props_route.ts";
 import { embeddingsHandler, registerEmbeddingsRoute } from "./embeddings_route.ts";
@@ -256,6 +257,7 @@ export function createApp(opts: AppOptions): ServiceApp {
   const openAi = openAiHandler(deps, openAiOpts, embeddingsHandler(embeddingsOpts));
   registerOllamaRoutes(app, deps, { openAi: openAiOpts, modelPath: opts.props?.modelPath });
   registerAnthropicRoutes(app, deps, openAiOpts);
+  registerResponsesRoutes(app, deps, openAiOpts);
   opts.extend?.(app, { openAi, scopeOf, maxBodyBytes });
   registerTokenizeRoutes(app, {
     backend,

@@ -22,7 +22,8 @@ export const BODY_ROUTES: ReadonlySet<string> = new Set([
   "/v1/rerank",
   "/tokenize",
   "/detokenize",
-  // Ollama's and Anthropic's spellings (ollama_routes.ts, anthropic_routes.ts).
+  // Ollama's, Anthropic's and the Responses spellings (ollama_routes.ts, anthropic_routes.ts,
+  // responses_routes.ts).
   "/api/chat",
   "/api/generate",
   "/api/show",
@@ -30,6 +31,7 @@ export const BODY_ROUTES: ReadonlySet<string> = new Set([
   "/api/embeddings",
   "/v1/messages",
   "/v1/messages/count_tokens",
+  "/v1/responses",
 ]);
 
 /** What a request names: its JSON body's fields (undefined: not a JSON object), or ?model=. */

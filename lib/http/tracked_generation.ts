@@ -5,7 +5,13 @@ import type { RequestLog, RequestRecord } from "./request_log.ts";
 import type { ServiceMetrics } from "./service_metrics.ts";
 
 /** Which API a generation came through (a metrics label and span attribute). */
-export type Api = "completions" | "chat_completions" | "stream" | "ollama" | "messages";
+export type Api =
+  | "completions"
+  | "chat_completions"
+  | "stream"
+  | "ollama"
+  | "messages"
+  | "responses";
 
 export interface GenerationDeps {
   readonly backend: GenerationBackend;
