@@ -8,7 +8,7 @@ import { z } from "zod";
  * field, item or part is an error naming it.
  */
 
-const STATELESS = "responses are not stored here (the server keeps no state between requests)";
+const STATELESS = "responses are not stored here: the server keeps no state between requests";
 
 const InputText = z.strictObject({ type: z.literal("input_text"), text: z.string() });
 
