@@ -360,3 +360,53 @@ Deno.test("OpenAI's Responses API through the openai client: create, stream, too
     await server.log();
   }
 });
+
+Deno.test("On a server of several models: /v1/responses goes to the model its body names", async () => {
+  const OTHER = "stories260K-q4_1";
+  const server = await spawnUntilListening([
+    "run",
+    "--allow-all",
+    MAIN,
+    "serve",
+    "--model",
+    compatPath(STEM),
+    "--model",
+    compatPath(OTHER),
+    "--port",
+    "0",
+    "--backend",
+    "cpu",
+    "--context-length",
+    "512",
+    "--kv-memory",
+    "8MiB",
+  ]);
+  const client = new OpenAI({ baseURL: server.base + "/v1", apiKey: "none", maxRetries: 0 });
+  try {
+    for (const model of [OTHER, STEM]) {
+      const out = await client.responses.create({
+        model,
+        input: "Once upon a time",
+        max_output_tokens: 6,
+        temperature: 0,
+      });
+      const reference = await client.chat.completions.create({
+        model,
+        messages: [{ role: "user", content: "Once upon a time" }],
+        max_tokens: 6,
+        temperature: 0,
+      });
+      assertEquals(out.model, model);
+      assertEquals(out.output_text, reference.choices[0]!.message.content);
+      assertEquals(out.usage?.input_tokens, reference.usage?.prompt_tokens);
+    }
+    const err = await assertRejects(() =>
+      client.responses.create({ model: "gpt-4o", input: "Hi", max_output_tokens: 4 })
+    );
+    assertInstanceOf(err, OpenAI.NotFoundError);
+    assertEquals((err.error as { code: string }).code, "model_not_found");
+  } finally {
+    server.child.kill("SIGTERM");
+    await server.log();
+  }
+});
