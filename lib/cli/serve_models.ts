@@ -474,7 +474,8 @@ export async function serveModelsCommand(
     level: config.logLevel,
     probes: config.logProbes,
   });
-  const metrics = new ServiceMetrics();
+  // The front's own: each model's core exports its families under its label.
+  const metrics = new ServiceMetrics({ core: "none" });
   const budget = config.memoryBudget ?? freeMemory() ?? Infinity;
   const shared: Shared = {
     config,
