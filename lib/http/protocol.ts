@@ -52,7 +52,8 @@ export interface UsageJson {
   readonly prompt_tokens: number;
   readonly completion_tokens: number;
   readonly total_tokens: number;
-  readonly cached_tokens: number;
+  /** Absent where it is not known (a cancel the backend did not answer with its own usage). */
+  readonly cached_tokens?: number;
 }
 
 export interface TimingsJson {
