@@ -208,8 +208,8 @@ export class ServingCore {
     return this.scheduler.cachedBlockHashes(limit);
   }
 
-  /** The snapshot the HTTP layer reports (/metrics, /ready, playground). */
-  stats(): CoreStats {
+  /** The snapshot the HTTP layer reports (/metrics, /ready, playground); it runs the steps. */
+  stats(): CoreStats & { readonly steps: number; readonly lastBatchSize: number } {
     const s = this.scheduler.stats();
     return {
       running: s.running,
