@@ -215,18 +215,18 @@ export class ServiceMetrics {
       "llm_result_cache_saved_seconds_total",
       "Generation time the result cache's hits saved (the original generations' wall time).",
     );
-    this.similarCacheLookups = r.counter(
+    this.similarCacheLookups = g.counter(
       "llm_similar_cache_lookups_total",
       "Chat questions looked up in the cache for similar questions, by outcome (hit, miss).",
       ["outcome"],
     );
-    this.similarCacheNearMisses = r.counter(
+    this.similarCacheNearMisses = g.counter(
       "llm_similar_cache_near_misses_total",
       "Misses whose closest question scored within 0.1 below the threshold, by 0.05-wide band.",
       ["band"],
     );
-    this.similarCacheEntries = r.gauge("llm_similar_cache_entries", "Questions held.");
-    this.similarCacheBytes = r.gauge(
+    this.similarCacheEntries = g.gauge("llm_similar_cache_entries", "Questions held.");
+    this.similarCacheBytes = g.gauge(
       "llm_similar_cache_bytes",
       "Bytes held by the cache for similar questions.",
     );
