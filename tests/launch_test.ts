@@ -185,19 +185,22 @@ Deno.test("deno task generate downloads from a host other than Hugging Face into
 });
 
 /**
- * Resolves once SIGTERM waits, undelivered, for process `pid` (a stopped one): the bit of
- * signal 15 in the process's pending set (/proc/<pid>/status, ShdPnd).
+ * Resolves once /proc/<pid>/status satisfies `cond`: a barrier on what the kernel says of the
+ * process (its state, its pending signals), polled every 10 ms.
  */
-async function sigtermPending(pid: number): Promise<void> {
+async function procStatus(pid: number, what: string, cond: (status: string) => boolean) {
   for (let polls = 0;; polls++) {
     const status = Deno.readTextFileSync(`/proc/${pid}/status`);
-    const pendingSet = BigInt("0x" + /ShdPnd:\s+([0-9a-f]+)/.exec(status)![1]);
-    if ((pendingSet & (1n << 14n)) !== 0n) return;
-    // A hang guard (the launcher passes the signal on in milliseconds), not a speed bound.
-    if (polls === 3000) throw new Error(`SIGTERM never reached process ${pid}:\n${status}`);
+    if (cond(status)) return;
+    // A hang guard (each takes milliseconds), not a speed bound.
+    if (polls === 3000) throw new Error(`process ${pid} never ${what}:\n${status}`);
     await new Promise((r) => setTimeout(r, 10));
   }
 }
+
+/** Whether SIGTERM (signal 15) waits, undelivered, in the process's pending set. */
+const sigtermPending = (status: string) =>
+  (BigInt("0x" + /ShdPnd:\s+([0-9a-f]+)/.exec(status)![1]) & (1n << 14n)) !== 0n;
 
 /** The pids of running processes whose command line contains `marker`. */
 function processesWith(marker: string): { pid: number; argv: string[] }[] {
@@ -315,8 +318,10 @@ for (const via of ["npx", "deno task"] as const) {
       if (serving === undefined) throw new Error("the server process should be found");
       Deno.kill(serving.pid, "SIGSTOP");
       try {
+        // Stopped for sure before the signal is sent, or the signal could still be handled.
+        await procStatus(serving.pid, "stopped", (st) => /^State:\s+T/m.test(st));
         server.child.kill("SIGTERM");
-        await sigtermPending(serving.pid);
+        await procStatus(serving.pid, "got SIGTERM", sigtermPending);
       } finally {
         Deno.kill(serving.pid, "SIGCONT");
       }
