@@ -92,7 +92,6 @@ export class ServingCore {
     const maxInFlight = opts.maxInFlight ?? defaultPipelineDepth(engine.resultsOnHost);
     // An engine with fixed step buffers bounds what the scheduler may put in one step.
     const overrides = {
-      vocabSize: engine.config.vocabSize,
       lateMasks: engine.lateMasks === true,
       shallowBesideBatch: engine.resultsOnHost === true,
       ...opts.scheduler,
@@ -108,6 +107,7 @@ export class ServingCore {
       numBlocks: engine.kv.numBlocks,
       blockSize: engine.kv.blockSize,
       contextLength: engine.config.contextLength,
+      vocabSize: engine.config.vocabSize,
     }, overrides);
     const executorMailbox = createExecutorMailbox(maxInFlight);
     // A configured depth is kept as given; the default one adapts where the engine says how
@@ -208,8 +208,8 @@ export class ServingCore {
     return this.scheduler.cachedBlockHashes(limit);
   }
 
-  /** The snapshot the HTTP layer reports (/metrics, /ready, playground). */
-  stats(): CoreStats {
+  /** The snapshot the HTTP layer reports (/metrics, /ready, playground); it runs the steps. */
+  stats(): CoreStats & { readonly steps: number; readonly lastBatchSize: number } {
     const s = this.scheduler.stats();
     return {
       running: s.running,

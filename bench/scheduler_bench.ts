@@ -19,6 +19,8 @@ import { FakeEngine } from "../tests/harness/fake_engine.ts";
 import { Scheduler, schedulerConfig } from "../lib/core/scheduler.ts";
 
 const EOS = 2;
+/** A Llama-2-sized vocabulary. */
+const VOCAB = 32000;
 
 export interface Row {
   running: number;
@@ -35,12 +37,14 @@ function percentile(sorted: number[], p: number): number {
 export function measure(running: number, iters: number): Row {
   const blockSize = 16, contextLength = 2048;
   const numBlocks = Math.ceil((running * 1024) / blockSize);
-  const engine = new FakeEngine({ vocabSize: 32000, numBlocks, blockSize, contextLength });
-  const sched = new Scheduler(schedulerConfig({ numBlocks, blockSize, contextLength }, {
-    maxRunning: running,
-    maxBatchTokens: Math.max(512, running),
-    maxWaiting: running * 4,
-  }));
+  const engine = new FakeEngine({ vocabSize: VOCAB, numBlocks, blockSize, contextLength });
+  const sched = new Scheduler(
+    schedulerConfig({ numBlocks, blockSize, contextLength, vocabSize: VOCAB }, {
+      maxRunning: running,
+      maxBatchTokens: Math.max(512, running),
+      maxWaiting: running * 4,
+    }),
+  );
   let nextId = 1, seed = 1;
   const submit = () => {
     seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
@@ -101,7 +105,7 @@ export interface ActorRow {
 export async function measureActors(running: number, steps: number): Promise<ActorRow> {
   const blockSize = 16, contextLength = 2048;
   const numBlocks = Math.ceil((running * 1024) / blockSize);
-  const fake = new FakeEngine({ vocabSize: 32000, numBlocks, blockSize, contextLength });
+  const fake = new FakeEngine({ vocabSize: VOCAB, numBlocks, blockSize, contextLength });
   let engineMs = 0, engineSteps = 0;
   const engine = {
     name: fake.name,
@@ -117,7 +121,7 @@ export async function measureActors(running: number, steps: number): Promise<Act
     release: (id: number) => fake.release(id),
     dispose() {},
   };
-  const config = schedulerConfig({ numBlocks, blockSize, contextLength }, {
+  const config = schedulerConfig({ numBlocks, blockSize, contextLength, vocabSize: VOCAB }, {
     maxRunning: running,
     maxBatchTokens: Math.max(512, running),
     maxWaiting: running * 4,

@@ -128,10 +128,8 @@ export class TestSocket {
   }
 
   static async open(url: string, headers?: Record<string, string>): Promise<TestSocket> {
-    // Deno's WebSocket takes extra handshake headers (e.g. Authorization) as a second argument.
-    const ws = headers === undefined
-      ? new WebSocket(url)
-      : new WebSocket(url, { headers } as unknown as string[]);
+    // Deno's WebSocket takes extra handshake headers (e.g. Authorization) in its options.
+    const ws = headers === undefined ? new WebSocket(url) : new WebSocket(url, { headers });
     const sock = new TestSocket(ws);
     await new Promise<void>((resolve, reject) => {
       ws.addEventListener("open", () => resolve(), { once: true });

@@ -60,6 +60,7 @@ export class Harness {
         numBlocks: this.engine.kv.numBlocks,
         blockSize: this.engine.kv.blockSize,
         contextLength: this.engine.config.contextLength,
+        vocabSize: this.engine.config.vocabSize,
       }, overrides),
       (e) => {
         if (!this.#gone.has(e.seqId)) this.events.get(e.seqId)?.push(e);

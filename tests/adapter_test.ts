@@ -83,7 +83,7 @@ async function inChild(body: string, env: Record<string, string>): Promise<unkno
 }
 
 const ENGINE_CHILD = `
-import { WebGpuEngine } from "ROOT/kernels/webgpu_engine.ts";
+import { WebGpuEngine } from "ROOT/kernels/webgpu/webgpu_engine.ts";
 import { loadModel } from "ROOT/lib/model/load_model.ts";
 const model = await loadModel(${JSON.stringify(modelFile("stories260K.bin"))});
 const engine = await WebGpuEngine.create(model.config, model.weights, { numBlocks: 4, blockSize: 16 });
@@ -106,7 +106,7 @@ Deno.test("once this process has asked for an adapter, nothing is changed: the d
   const env = { ...Deno.env.toObject() };
   delete env[RASTERIZER_THREADS_ENV];
   const body = `
-import { chooseRasterizerThreads, requestDefaultAdapter } from "ROOT/kernels/adapter.ts";
+import { chooseRasterizerThreads, requestDefaultAdapter } from "ROOT/kernels/webgpu/adapter.ts";
 await requestDefaultAdapter();
 const vars = new Map();
 const choice = chooseRasterizerThreads(0, { get: (k) => vars.get(k), set: (k, v) => vars.set(k, v), delete: (k) => vars.delete(k) });
@@ -125,7 +125,7 @@ Deno.test("laneSubgroupsFit() takes subgroups where a CPU rasterizer's are alway
       vendor: "",
       architecture: "",
       device: "",
-    }) as unknown as GPUAdapterInfo;
+    }) satisfies GPUAdapterInfo;
   assert(
     laneSubgroupsFit(info("llvmpipe (LLVM 15.0.6, 256 bits)", 8, 8, true)),
     "lavapipe through Vulkan",

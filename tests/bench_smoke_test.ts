@@ -165,7 +165,13 @@ Deno.test("bench/compare.ts runs every section in its quick configuration", asyn
   // Every prompt token is either computed or taken from the cache.
   assertEquals(p.on.prefillRows + p.on.cachedTokens, p.on.promptTokens);
   assertEquals(p.off.prefillRows, p.off.promptTokens);
-  assertGreater(report.priority!.on.batchCompleted, 0);
+  // How many batch requests finish inside the interactive window depends on the machine's
+  // speed; what the run guarantees is its barrier: the window opens only after a batch request
+  // finished, and every interactive request is answered on both sides.
+  for (const side of [report.priority!.on, report.priority!.off]) {
+    assertEquals(side.interactiveTtftMs.n, report.priority!.options.interactiveRequests);
+    assertGreater(side.batchOutputTokensPerSecond, 0);
+  }
   const l = report.llamaCpp!;
   assertEquals(l.ours.map((r) => [r.parallel, r.tokens]), [[1, 8], [2, 16]]);
   assertStringIncludes(l.unavailable["node-llama-cpp"]!, "skipped");

@@ -242,7 +242,10 @@ Deno.test("thousands of hostile NATS messages leave router and replica serving e
           credit: 64,
         })),
       );
-      await new Promise((r) => setTimeout(r, 200));
+      // Barriers, not a pause: each process logs the message it refused once it has handled
+      // it, so the requests below run after both bad messages, never before.
+      await router.logMatch(/router: ignored a malformed announcement/);
+      await replica.logMatch(/ignored a malformed request/);
       const during = await Promise.all(
         Array.from(
           { length: 4 },

@@ -179,6 +179,41 @@ Deno.test("ggufToModel() takes the vocabulary size from token_embd when the file
   assertEquals(m.tokenizer, undefined);
 });
 
+Deno.test("ggufToModel() refuses a model whose vocabulary size it cannot tell", () => {
+  // Token ids are checked against the vocabulary size; a model without one must not load.
+  const noTokenizer = [
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.scores",
+    "tokenizer.ggml.token_type",
+  ];
+  const shapeless = parseGguf(
+    tinyLlamaGguf({ omit: noTokenizer, dims: { "token_embd.weight": [] } }),
+    "t.gguf",
+  );
+  assertThrows(
+    () => ggufToModel(shapeless, "t.gguf"),
+    Error,
+    "Cannot load GGUF t.gguf: tensor 'token_embd.weight' has no vocabulary dimension",
+  );
+  const empty = parseGguf(
+    tinyLlamaGguf({
+      omit: ["tokenizer.ggml.scores", "tokenizer.ggml.token_type"],
+      extra: [{
+        key: "tokenizer.ggml.tokens",
+        type: T.ARRAY,
+        value: { elementType: T.STRING, items: [] },
+      }],
+    }),
+    "t.gguf",
+  );
+  assertThrows(
+    () => ggufToModel(empty, "t.gguf"),
+    Error,
+    "Cannot load GGUF t.gguf: metadata 'tokenizer.ggml.tokens' must hold at least one token, received []",
+  );
+});
+
 Deno.test("ggufToModel() ties the classifier to token_embd when output.weight is absent", () => {
   const g = parseGguf(tinyLlamaGguf({ omitTensors: ["output.weight"] }), "t.gguf");
   const m = ggufToModel(g, "t.gguf");

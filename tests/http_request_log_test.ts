@@ -8,6 +8,7 @@ import {
   type RequestLogOptions,
 } from "../lib/http/request_log.ts";
 import { FakeCore } from "./_fake_core.ts";
+import { RecordingTracer } from "./_recording_tracer.ts";
 import { postJson, startService, TestSocket, waitUntil } from "./_http_harness.ts";
 
 /** A JSON-lines request log captured in memory. */
@@ -175,25 +176,11 @@ Deno.test("the text format puts method, route, status, id, tokens, TTFT and tota
 });
 
 Deno.test("the request id is on the request's llm.request span", async () => {
-  const spans: Array<{ name: string; attrs: Record<string, unknown> }> = [];
-  const tracer = {
-    startSpan(name: string, opts?: { attributes?: Record<string, unknown> }) {
-      const s = { name, attrs: { ...opts?.attributes } };
-      spans.push(s);
-      return {
-        setAttribute: (k: string, v: unknown) => (s.attrs[k] = v),
-        addEvent() {},
-        setStatus() {},
-        end() {},
-        spanContext: () => ({ traceId: "0".repeat(32), spanId: "0".repeat(16), traceFlags: 1 }),
-        isRecording: () => true,
-      };
-    },
-  };
+  const tracer = new RecordingTracer();
   await using backend = new FakeCore();
   const service = createApp({
     backend,
-    tracer: tracer as never,
+    tracer,
     requestLog: new RequestLog("text", () => {}),
   });
   const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, service.fetch);
@@ -203,8 +190,8 @@ Deno.test("the request id is on the request's llm.request span", async () => {
       "x-request-id": "trace-me-42",
     });
     await res.body?.cancel();
-    const span = spans.find((s) => s.name === "llm.request")!;
-    assertEquals(span.attrs["llm.request.id"], "trace-me-42");
+    const span = tracer.spans.find((s) => s.name === "llm.request")!;
+    assertEquals(span.attributes["llm.request.id"], "trace-me-42");
   } finally {
     service.close();
     await server.shutdown();

@@ -1,42 +1,40 @@
 import { assertEquals } from "@std/assert";
 import { trace } from "@opentelemetry/api";
-import type { GenerationBackend, GenerationEvent } from "../lib/core/generation.ts";
+import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { InFlightRegistry } from "../lib/http/inflight.ts";
 import { RequestLog } from "../lib/http/request_log.ts";
 import { ServiceMetrics } from "../lib/http/service_metrics.ts";
 import { trackGeneration } from "../lib/http/tracked_generation.ts";
-
-const DONE: GenerationEvent = {
-  type: "done",
-  finishReason: "length",
-  usage: { promptTokens: 1, completionTokens: 1, cachedTokens: 0 },
-  timings: { queuedMs: 0, prefillMs: 0, decodeMs: 0, totalMs: 0, ttftMs: 0 } as never,
-};
+import { FakeCore } from "./_fake_core.ts";
 
 /**
- * A core whose generator, like the real one, may still be finishing (releasing its sequence)
- * after its last event: its finally block waits for `cleanup`.
+ * The fake core, whose generator (like the real one) may still be finishing (releasing its
+ * sequence) after its last event: here its finally block waits for `cleanup`.
  */
-function slowCleanupBackend(cleanup: Promise<void>): GenerationBackend {
-  return {
-    async *generate() {
-      try {
-        yield { type: "started", promptTokens: 1 } as GenerationEvent;
-        yield DONE;
-      } finally {
-        await cleanup;
-      }
-    },
-  } as unknown as GenerationBackend;
+class SlowCleanupCore extends FakeCore {
+  constructor(readonly cleanup: Promise<void>) {
+    super();
+  }
+  override async *generate(
+    req: GenerationRequest,
+    signal: AbortSignal,
+  ): AsyncGenerator<GenerationEvent> {
+    try {
+      yield* super.generate(req, signal);
+    } finally {
+      await this.cleanup;
+    }
+  }
 }
 
 Deno.test("a generation whose done the client has handled is no longer in flight while the core still cleans up", async () => {
   let release!: () => void;
   const cleanup = new Promise<void>((r) => release = r);
   const inflight = new InFlightRegistry();
+  await using backend = new SlowCleanupCore(cleanup);
   const deps = {
-    backend: slowCleanupBackend(cleanup),
+    backend,
     metrics: new ServiceMetrics(),
     tracer: trace.getTracer("test"),
     inflight,
@@ -68,6 +66,6 @@ Deno.test("a generation whose done the client has handled is no longer in flight
   assertEquals(inflight.size, 0);
   release();
   await ending;
-  assertEquals(seen, ["started", "done"]);
+  assertEquals(seen, ["started", "token", "done"]);
   assertEquals(inflight.size, 0);
 });

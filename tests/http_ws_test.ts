@@ -10,6 +10,11 @@ import {
 } from "./_http_harness.ts";
 import { RawWebSocket } from "./_raw_ws_client.ts";
 import type { SamplingParams } from "../lib/engine/engine.ts";
+import type { GenerationBackend, GenerationEvent } from "../lib/core/generation.ts";
+import { createApp } from "../lib/http/app.ts";
+import { RequestLog } from "../lib/http/request_log.ts";
+import { serveService } from "../lib/http/serve.ts";
+import { FakeCore } from "./_fake_core.ts";
 
 /** What the fake model generates for a prompt alone: the oracle for the text that must arrive. */
 function expectedText(svc: TestService, prompt: string, sampling: SamplingParams, n: number) {
@@ -98,6 +103,68 @@ Deno.test("/v1/stream multiplexes two concurrent generations on one socket by id
     assertEquals(reqB.logprobs, true);
   } finally {
     await ws.close();
+  }
+});
+
+/**
+ * `core` as a backend that ends a cancelled generation without its final event. Backends owe
+ * one (the serving core, the router and the result cache all send it); the session covers
+ * for one that does not.
+ */
+function silentOnCancel(core: FakeCore): GenerationBackend {
+  return new Proxy(core, {
+    get(target, key) {
+      if (key === "generate") {
+        return async function* (...args: Parameters<FakeCore["generate"]>) {
+          for await (const ev of target.generate(...args) as AsyncIterable<GenerationEvent>) {
+            if (ev.type === "done" && args[1].aborted) return;
+            yield ev;
+          }
+        };
+      }
+      const v = Reflect.get(target, key);
+      return typeof v === "function" ? v.bind(target) : v;
+    },
+  });
+}
+
+Deno.test("/v1/stream: a generation cancelled without the backend's final event still ends with done, counting the prompt it read", async () => {
+  const core = new FakeCore({ tokenDelayMs: 10, contextLength: 4096 });
+  const service = createApp({
+    backend: silentOnCancel(core),
+    requestLog: new RequestLog("text", () => {}),
+  });
+  const server = await serveService(service, {
+    hostname: "127.0.0.1",
+    port: 0,
+    drainTimeoutMs: 1000,
+    signals: [],
+  });
+  const ws = await TestSocket.open(`ws://127.0.0.1:${server.addr.port}/v1/stream`);
+  try {
+    ws.send({ type: "generate", id: "c", prompt: "tell me a story", max_tokens: 2000, seed: 1 });
+    const started = await ws.take((f) => f.id === "c" && f.type === "started");
+    const taken = [];
+    for (let i = 0; i < 3; i++) {
+      taken.push(await ws.take((f) => f.id === "c" && f.type === "token"));
+    }
+    ws.send({ type: "cancel", id: "c" });
+    const frames = [...taken, ...await ws.collect("c")];
+    const done = frames.at(-1)!;
+    assertEquals([done.type, done.finish_reason, done.timings], ["done", "cancelled", null]);
+    const usage = done.usage as { prompt_tokens: number; completion_tokens: number };
+    assertGreater(started.prompt_tokens as number, 0);
+    assertEquals(usage.prompt_tokens, started.prompt_tokens);
+    const tokens = frames.filter((f) => f.type === "token")
+      .reduce((n, f) => n + (f.token_ids as number[]).length, 0);
+    assertEquals(usage.completion_tokens, tokens);
+    // How much of the prompt the prefix cache held, the backend never said: absent, not 0.
+    assertEquals("cached_tokens" in usage, false, JSON.stringify(usage));
+  } finally {
+    await ws.close();
+    service.close();
+    await server.stop();
+    await core.close();
   }
 });
 

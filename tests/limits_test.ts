@@ -16,7 +16,12 @@ const noEnv = () => undefined;
 
 Deno.test("the server's configuration and a bare scheduler default to the same limits", () => {
   const config = resolveConfig({}, noEnv);
-  const sched = schedulerConfig({ numBlocks: 1000, blockSize: 16, contextLength: 512 });
+  const sched = schedulerConfig({
+    numBlocks: 1000,
+    blockSize: 16,
+    contextLength: 512,
+    vocabSize: 512,
+  });
   for (const key of ["maxBatchTokens", "maxRunning", "maxWaiting"] as const) {
     assertEquals(config[key], SCHEDULER_DEFAULTS[key], `config ${key}`);
     assertEquals(sched[key], SCHEDULER_DEFAULTS[key], `scheduler ${key}`);
@@ -33,7 +38,7 @@ Deno.test("the server's configuration and a bare scheduler default to the same l
 Deno.test("the scheduler actor's default pipeline depth is the server's", () => {
   const mailbox = createExecutorMailbox();
   assertEquals(mailbox.capacity, 2 * DEFAULT_LIMITS.pipelineDepth);
-  const config = schedulerConfig({ numBlocks: 8, blockSize: 16, contextLength: 64 });
+  const config = schedulerConfig({ numBlocks: 8, blockSize: 16, contextLength: 64, vocabSize: 64 });
   assertEquals(new SchedulerActor(config, mailbox).maxInFlight, DEFAULT_LIMITS.pipelineDepth);
 });
 

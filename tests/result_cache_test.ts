@@ -104,20 +104,25 @@ Deno.test("a full 16 MiB result cache holds about what it counts: measured after
       `import { ResultCache, resultCacheKey } from ${
         JSON.stringify(new URL("../lib/core/result_cache.ts", import.meta.url).href)
       };
-const gc = (globalThis as unknown as { gc: () => void }).gc;
+import type { GenerationRequest } from ${
+        JSON.stringify(new URL("../lib/core/generation.ts", import.meta.url).href)
+      };
+declare const gc: () => void; // --expose-gc
 const live = () => { gc(); gc(); const m = Deno.memoryUsage(); return m.heapUsed + m.external; };
 const cache = new ResultCache(16 * 1024 * 1024);
 const before = live();
 for (let i = 0; cache.size === i; i++) {
   const prompt = "Once upon a time, in a land far away, there lived a " + i + " ".repeat(200) + i;
-  const key = resultCacheKey("m", { prompt, maxTokens: 128, sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 }, stop: [], deterministic: true } as never)!;
+  const req: GenerationRequest = { prompt, maxTokens: 128, sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 }, stop: [], priority: "batch", requestId: "r" + i, deterministic: true };
+  const key = resultCacheKey("m", req)!;
   const tokens = Array.from({ length: 128 }, (_, t) => ({ text: "abcdef".slice(0, 1 + ((t * 7 + i) % 6)), ids: [1000 + t], logprob: -Math.random() }));
-  cache.set(key, { promptTokens: 60, tokens, finishReason: "length", usage: { promptTokens: 60, completionTokens: 128 }, totalMs: 100 });
+  cache.set(key, { promptTokens: 60, tokens, finishReason: "length", usage: { promptTokens: 60, completionTokens: 128, cachedTokens: 0 }, totalMs: 100 });
 }
 console.log(JSON.stringify({ counted: cache.bytes, measured: live() - before, entries: cache.size }));`,
     );
     const out = await new Deno.Command(Deno.execPath(), {
-      args: ["run", "--no-check", "--v8-flags=--expose-gc", "-A", script],
+      // Type-checked, so that the entries it fills stay shaped like the ones the server stores.
+      args: ["run", "--check", "--v8-flags=--expose-gc", "-A", script],
       stdout: "piped",
       stderr: "piped",
     }).output();

@@ -103,7 +103,8 @@ async function cluster() {
   await agents[0]!.start();
   const log: string[] = [];
   const routerConn = server.connect("router");
-  const metrics = new ServiceMetrics();
+  // As lib/cli/router.ts makes them: the replicas run the steps.
+  const metrics = new ServiceMetrics({ core: "replicas" });
   const backend = await RouterBackend.start(routerConn, {
     waitMs: 5000,
     staleAfterMs: 1000,
@@ -157,6 +158,30 @@ async function assertRefusesInvalidUtf8(service: ServiceApp, c: InProcess, model
 /** How many generations each core ran. */
 const counts = (c: InProcess) =>
   Object.fromEntries(Object.entries(c.cores).map(([k, v]) => [k, v.requests.length]));
+
+/** The families a core's executor measures: its replicas run the steps, never a router. */
+const STEP_FAMILIES = [
+  "llm_steps_total",
+  "llm_step_duration_seconds",
+  "llm_batch_size",
+  "llm_executor_busy_seconds_total",
+  "llm_executor_busy_fraction",
+  "llm_executor_restarts_total",
+  "llm_pipeline_depth",
+];
+
+/**
+ * A front of several models has samples without a `model` label only for what it records
+ * itself (its connections, its requests, its errors): the queues and executors are each
+ * model's, and a front-wide 0 beside them would read as a measurement.
+ */
+function assertOnlyFrontFamiliesUnlabelled(text: string): void {
+  const unlabelled = text.split("\n")
+    .filter((l) => l !== "" && !l.startsWith("#") && !l.includes('model="'));
+  for (const l of unlabelled) {
+    assert(/^llm_(http_|errors_total|generations_total)/.test(l), `unlabelled: ${l}`);
+  }
+}
 
 /** Waits until the route of `model` (built by `directory`) has both replicas of beta ready. */
 async function bothReplicasReady(directory: ModelRouterDirectory, model: string): Promise<void> {
@@ -251,6 +276,21 @@ Deno.test("a plain router serves every model its replicas advertise, by name and
         404,
       );
     });
+
+    await t.step(
+      "/metrics has its replicas' queue but no steps: its replicas run them",
+      async () => {
+        const metrics = await (await service.fetch(new Request("http://router/metrics"))).text();
+        for (const family of STEP_FAMILIES) {
+          assertEquals(metrics.includes(family), false, `${family} in the router's /metrics`);
+        }
+        assertEquals(metricValue(metrics, "llm_requests_running"), 0);
+        assertEquals(metricValue(metrics, "llm_executor_healthy"), 1);
+        // Its stats (WebSocket stats frames) have no step count or batch size either.
+        const stats = c.backend.stats();
+        assertEquals(["steps" in stats, "lastBatchSize" in stats], [false, false]);
+      },
+    );
   } finally {
     await directory.close();
     service.close();
@@ -304,7 +344,8 @@ Deno.test("a router by model routes an advertised alias as the model's name", as
   const service = createModelsFront({
     pool: directory,
     catalog: () => directory.catalog(),
-    metrics: new ServiceMetrics(),
+    // As lib/cli/router.ts makes it: each model's route exports the core families.
+    metrics: new ServiceMetrics({ core: "none" }),
     modelMetrics: directory.modelMetrics,
   });
   try {
@@ -350,6 +391,18 @@ Deno.test("a router by model routes an advertised alias as the model's name", as
     ) {
       assertEquals(metrics.includes(family), false, `${family} in the router's /metrics`);
     }
+    // Nor steps (its replicas run them), nor a front-wide queue or executor beside the models'.
+    for (const family of STEP_FAMILIES) {
+      assertEquals(metrics.includes(family), false, `${family} in the router's /metrics`);
+    }
+    assertOnlyFrontFamiliesUnlabelled(metrics);
+    // Its /health says where each model stands, but no memory held or keep-alive: the
+    // replicas hold the models and unload them.
+    const health = await (await service.fetch(new Request("http://router/health"))).json();
+    assertEquals(health.models.beta, { phase: "loaded", in_flight: 0 });
+    // What the router does know, from beta's replicas' heartbeats.
+    assertEquals(metricValue(metrics, 'llm_requests_running{model="beta"}'), 0);
+    assertEquals(metricValue(metrics, 'llm_executor_healthy{model="beta"}'), 1);
   } finally {
     service.close();
     await directory.close();
@@ -503,8 +556,49 @@ Deno.test("over nats-server: both routers serve a replica's every model, by name
       for (const m of served) assertStringIncludes(body.error.message, `"${m}"`);
     });
   }
+  for (const [what, router] of [["plain", plain], ["by model", byModel]] as const) {
+    await t.step(
+      `${what}: /metrics and stats frames hold no step counts of the router's own`,
+      async () => {
+        const metrics = await (await fetch(`${router.base}/metrics`)).text();
+        for (const family of STEP_FAMILIES) {
+          assertEquals(
+            metrics.includes(family),
+            false,
+            `${family} in the ${what} router's /metrics`,
+          );
+        }
+        if (router === byModel) {
+          assertOnlyFrontFamiliesUnlabelled(metrics);
+          assert(metricValue(metrics, 'llm_requests_running{model="chat"}') !== undefined, metrics);
+          return;
+        }
+        assertEquals(metricValue(metrics, "llm_requests_running"), 0);
+        const ws = new WebSocket(`${router.base.replace("http", "ws")}/v1/stream`);
+        const frame = new Promise<Record<string, unknown>>((resolve, reject) => {
+          ws.onmessage = (e) => {
+            const f = JSON.parse(e.data);
+            if (f.type === "stats") resolve(f);
+          };
+          ws.onerror = () => reject(new Error("the router's WebSocket failed"));
+        });
+        await new Promise((r) => ws.onopen = r);
+        ws.send(JSON.stringify({ type: "subscribe_stats" }));
+        const stats = await frame;
+        ws.close();
+        assertEquals([stats.running, stats.executor_healthy], [0, true], JSON.stringify(stats));
+        assertEquals(
+          ["steps" in stats, "batch_size" in stats],
+          [false, false],
+          JSON.stringify(stats),
+        );
+      },
+    );
+  }
   // Both routers' requests for chat and talk ran on the replica's one copy of the file.
   const metrics = await (await fetch(`${replica.base}/metrics`)).text();
+  // The replicas ran the steps (and say so in the families the routers leave out).
+  assert(metricValue(metrics, 'llm_steps_total{model="chat"}')! > 0, "the replica's steps");
   assertEquals(metricValue(metrics, 'llm_model_loads_total{model="chat"}'), 1);
   assertEquals(metricValue(metrics, `llm_model_loads_total{model="${A}"}`), 1);
   // Which replica served each: every generation a replica runs for a router is a request-log

@@ -20,9 +20,12 @@ function stepOf(m: ExecutorMsg | undefined): StepMsg {
 
 /** The actor over a real Scheduler, with the test in the executor's place. */
 function setup(maxInFlight = 2, opts: SchedulerActorOptions = {}) {
-  const config = schedulerConfig({ numBlocks: 64, blockSize: 4, contextLength: 128 }, {
-    maxRunning: 4,
-  });
+  const config = schedulerConfig(
+    { numBlocks: 64, blockSize: 4, contextLength: 128, vocabSize: 64 },
+    {
+      maxRunning: 4,
+    },
+  );
   const executor = createExecutorMailbox(maxInFlight);
   const actor = new SchedulerActor(config, executor, { maxInFlight, ...opts });
   const running = actor.run();
@@ -56,7 +59,7 @@ function setup(maxInFlight = 2, opts: SchedulerActorOptions = {}) {
 }
 
 Deno.test("SchedulerActor refuses a pipeline depth below 1 and an executor mailbox that could refuse a plan", () => {
-  const core = schedulerConfig({ numBlocks: 8, blockSize: 4, contextLength: 32 });
+  const core = schedulerConfig({ numBlocks: 8, blockSize: 4, contextLength: 32, vocabSize: 64 });
   assertThrows(
     () => new SchedulerActor(core, createExecutorMailbox(2), { maxInFlight: 0 }),
     RangeError,

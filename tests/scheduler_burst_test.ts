@@ -27,7 +27,11 @@ function setup(reportCost: boolean) {
   const engine = new FakeEngine({ vocabSize: 64, numBlocks: 256 });
   const events: SeqEvent[] = [];
   const sched = new Scheduler(
-    schedulerConfig({ ...engine.kv, contextLength: engine.config.contextLength }),
+    schedulerConfig({
+      ...engine.kv,
+      contextLength: engine.config.contextLength,
+      vocabSize: engine.config.vocabSize,
+    }),
     (e) => events.push(e),
   );
   const log: StepLog[] = [];

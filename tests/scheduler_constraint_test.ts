@@ -61,7 +61,7 @@ Deno.test("Scheduler decodes a constrained sequence only with its grammar's mask
   });
   const events = new Map<number, SeqEvent[]>([[1, []], [2, []]]);
   const sched = new Scheduler(
-    schedulerConfig({ numBlocks: 64, blockSize: 4, contextLength: 256 }, { vocabSize: VOCAB }),
+    schedulerConfig({ numBlocks: 64, blockSize: 4, contextLength: 256, vocabSize: VOCAB }),
     (e) => events.get(e.seqId)!.push(e),
   );
   const script = [7, 9, 11, 13, 15, 17];
@@ -114,7 +114,7 @@ Deno.test("Scheduler fails a constrained sequence whose engine sampled a token t
   });
   const log: SeqEvent[] = [];
   const sched = new Scheduler(
-    schedulerConfig({ numBlocks: 64, blockSize: 4, contextLength: 256 }, { vocabSize: VOCAB }),
+    schedulerConfig({ numBlocks: 64, blockSize: 4, contextLength: 256, vocabSize: VOCAB }),
     (e) => {
       if (e.seqId === 1) log.push(e);
     },

@@ -30,7 +30,11 @@ interface Run {
 async function runEach(engine: Engine, prompts: number[][], maxTokens: number): Promise<Run> {
   const run: Run = { plans: [], logits: new Map(), tokens: new Map() };
   const sched = new Scheduler(
-    schedulerConfig({ ...engine.kv, contextLength: engine.config.contextLength }),
+    schedulerConfig({
+      ...engine.kv,
+      contextLength: engine.config.contextLength,
+      vocabSize: engine.config.vocabSize,
+    }),
     (e) => {
       if (e.type === "token") run.tokens.get(e.seqId)!.push(e.token);
     },

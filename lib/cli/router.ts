@@ -54,7 +54,9 @@ export async function routerCommand(argv: string[]): Promise<number> {
     name: "llmserve-router",
     log,
   });
-  const metrics = new ServiceMetrics();
+  // By model, the front's own (each model's route exports its families under its label);
+  // otherwise the router's, whose replicas run the steps.
+  const metrics = new ServiceMetrics({ core: config.byModel ? "none" : "replicas" });
   if (config.byModel) return await routeByModel(config, nc, metrics, log);
   log(`router: connected to NATS ${nc.getServer()}; waiting for a replica`);
   // Waiting for a replica (up to a minute) it holds no request: a launcher gone meanwhile ends

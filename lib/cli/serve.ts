@@ -34,7 +34,7 @@ import { connectNats } from "../cluster/nats_connection.ts";
 import { ReplicaAgent } from "../cluster/replica.ts";
 import { randomId } from "../cluster/subjects.ts";
 import { coreReplicaSource } from "../cluster/replica_source.ts";
-import { identityWarning, modelIdentity } from "../cluster/model_identity.ts";
+import { identityOrWarning } from "../cluster/model_identity.ts";
 import type { Model } from "../model/weights.ts";
 import { openFileLimit } from "../util/fd_limit.ts";
 import { listenerOptions } from "./listener_options.ts";
@@ -303,11 +303,7 @@ async function startReplica(
       blockSize: deps.blockSize,
       modelName: deps.servedModelNames[0]!,
       aliases: deps.servedModelNames.slice(1),
-      // Without an id (the file cannot be read again) routers go by the name alone: said once.
-      modelId: await modelIdentity(deps.modelPath, backend.contextLength).catch((e) => {
-        deps.log(identityWarning(deps.modelPath, e));
-        return undefined;
-      }),
+      modelId: await identityOrWarning(deps.modelPath, backend.contextLength, deps.log),
       limits: config,
     }),
     {

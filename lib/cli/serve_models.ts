@@ -40,7 +40,7 @@ import { type Config, maxKeepAlive } from "./config.ts";
 import { openModel } from "./open_model.ts";
 import { ReplicaAgent, type ReplicaModels, type ReplicaSource } from "../cluster/replica.ts";
 import { connectNats } from "../cluster/nats_connection.ts";
-import { identityWarning, modelIdentity } from "../cluster/model_identity.ts";
+import { identityOrWarning } from "../cluster/model_identity.ts";
 import { randomId } from "../cluster/subjects.ts";
 import { coreReplicaSource } from "../cluster/replica_source.ts";
 import { drainedLine, natsServedLog } from "./serve_lines.ts";
@@ -474,7 +474,8 @@ export async function serveModelsCommand(
     level: config.logLevel,
     probes: config.logProbes,
   });
-  const metrics = new ServiceMetrics();
+  // The front's own: each model's core exports its families under its label.
+  const metrics = new ServiceMetrics({ core: "none" });
   const budget = config.memoryBudget ?? freeMemory() ?? Infinity;
   const shared: Shared = {
     config,
@@ -489,15 +490,11 @@ export async function serveModelsCommand(
       // The context the catalog names (the file's, or --context-length), known before a load,
       // so that a model is one identity whether loaded or not.
       modelIds: new Map(
-        await Promise.all(catalog.map(async (m) =>
-          [
-            m.name,
-            await modelIdentity(m.path, m.contextLength ?? 0).catch((e) => {
-              log(identityWarning(m.path, e));
-              return undefined;
-            }),
-          ] as const
-        )),
+        await Promise.all(
+          catalog.map(async (m) =>
+            [m.name, await identityOrWarning(m.path, m.contextLength ?? 0, log)] as const
+          ),
+        ),
       ),
     }),
   };

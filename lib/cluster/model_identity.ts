@@ -22,9 +22,23 @@ export async function modelIdentity(path: string, contextLength: number): Promis
   }
 }
 
-/** The log line of a model served without an identity: routers then match it by name alone. */
-export function identityWarning(path: string, e: unknown): string {
-  return `warning: cannot read ${path} again for its identity (${
-    e instanceof Error ? e.message : String(e)
-  }); routers will match this model by its name alone`;
+/**
+ * modelIdentity(), or undefined where the file cannot be read again (moved, deleted): the model
+ * is still served, routers match it by its name alone, and the log says so and why.
+ */
+export async function identityOrWarning(
+  path: string,
+  contextLength: number,
+  log: (line: string) => void,
+): Promise<string | undefined> {
+  try {
+    return await modelIdentity(path, contextLength);
+  } catch (e) {
+    log(
+      `warning: cannot read ${path} again for its identity (${
+        e instanceof Error ? e.message : String(e)
+      }); routers will match this model by its name alone`,
+    );
+    return undefined;
+  }
 }

@@ -241,7 +241,9 @@ export class ModelRouterDirectory implements ModelDirectory {
     if (m.built) return Promise.resolve(m.built);
     m.building ??= (async () => {
       let metrics = this.modelMetrics.get(name);
-      if (metrics === undefined) this.modelMetrics.set(name, metrics = new ServiceMetrics());
+      if (metrics === undefined) {
+        this.modelMetrics.set(name, metrics = new ServiceMetrics({ core: "replicas" }));
+      }
       const backend = await RouterBackend.start(this.#nc, {
         model: name,
         // A replica of several models loads the model to answer the info request.

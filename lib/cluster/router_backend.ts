@@ -313,8 +313,7 @@ export class RouterBackend implements GenerationBackend {
       kvBlocksUsed: used,
       kvBlocksTotal: total,
       prefixCacheHitRate: query === 0 ? 0 : hit / query,
-      steps: 0,
-      lastBatchSize: 0,
+      // The replicas run the steps: this router has no step count or batch size of its own.
       executorHealthy: live.length > 0,
     };
   }

@@ -55,7 +55,7 @@ export function submissionRefusal(
     };
   }
   const vocab = config.vocabSize;
-  const bad = vocab > 0 ? outsideVocabulary(prompt, vocab) : -1;
+  const bad = outsideVocabulary(prompt, vocab);
   if (bad >= 0) {
     return {
       code: "internal",

@@ -153,8 +153,10 @@ export interface CoreStats {
   readonly kvBlocksUsed: number;
   readonly kvBlocksTotal: number;
   readonly prefixCacheHitRate: number;
-  readonly steps: number;
-  readonly lastBatchSize: number;
+  /** Absent where no steps run here (a router): unknown, which 0 would misstate. */
+  readonly steps?: number;
+  /** Sequences in the last step; absent where no steps run here. */
+  readonly lastBatchSize?: number;
   readonly executorHealthy: boolean;
   /** Steps the scheduler keeps in flight now (adapted to the step's cost on WebGPU). */
   readonly pipelineDepth?: number;

@@ -51,8 +51,9 @@ export class MaskQueue {
         const mask = got.value;
         // Cancelled while its mask was computed (the await let other work run).
         if (ended(seq)) continue;
-        const vocab = vocabSize || mask.length * 32;
-        if (tokenMaskProblem(mask, vocab) || allowsOnly(mask, seq.constraint.stopIds, vocab)) {
+        if (
+          tokenMaskProblem(mask, vocabSize) || allowsOnly(mask, seq.constraint.stopIds, vocabSize)
+        ) {
           end(seq, { stop: true });
         } else {
           seq.mask = mask;

@@ -60,7 +60,7 @@ export class Scheduler {
   constructor(config: SchedulerConfig, emit: SeqEventSink = () => {}) {
     this.config = config;
     this.#emit = emit;
-    this.#q = new SeqQueues(Math.ceil((config.vocabSize || 32) / 32));
+    this.#q = new SeqQueues(Math.ceil(config.vocabSize / 32));
     this.#kv = new BlockAllocator({
       numBlocks: config.numBlocks,
       blockSize: config.blockSize,

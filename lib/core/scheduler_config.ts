@@ -30,7 +30,10 @@ export interface SchedulerConfig {
    * again, so one poisonous request cannot keep the engine restarting forever.
    */
   readonly maxSeqFaults: number;
-  /** Prompt token ids must be below this (0: unchecked); one bad id would fail a whole step. */
+  /**
+   * Token ids run from 0 to vocabSize - 1 (engine.config.vocabSize): prompts, logit controls
+   * and grammar masks are checked against it, since one bad id would fail a whole step.
+   */
   readonly vocabSize: number;
   readonly prefixCaching: boolean;
   /**
@@ -75,14 +78,13 @@ export const SCHEDULER_DEFAULTS = {
   prefixCaching: true,
   /** Steps that crashed the engine after which a sequence is failed, not recomputed again. */
   maxSeqFaults: 4,
-  vocabSize: 0,
   lateMasks: false,
   shallowBesideBatch: false,
 } as const;
 
 /** Fills in the defaults above; the watermark is a share of the pool (lib/engine/limits.ts). */
 export function schedulerConfig(
-  required: Pick<SchedulerConfig, "numBlocks" | "blockSize" | "contextLength">,
+  required: Pick<SchedulerConfig, "numBlocks" | "blockSize" | "contextLength" | "vocabSize">,
   overrides: Partial<SchedulerConfig> = {},
 ): SchedulerConfig {
   const { backgroundShare: _s, backgroundQuietMs: _q, ...policy } = SCHEDULER_DEFAULTS;
@@ -97,6 +99,7 @@ export function schedulerConfig(
       "numBlocks",
       "blockSize",
       "contextLength",
+      "vocabSize",
       "maxBatchTokens",
       "maxRunning",
       "backgroundDepth",

@@ -120,7 +120,8 @@ export interface ModelDirectory {
   close(): Promise<void>;
   /**
    * False for a directory that loads nothing itself (a router by model): its status has no
-   * loads, evictions or resident bytes to export, and zeros would read as measurements.
+   * loads, evictions, resident bytes or keep-alive to export (/metrics, /health), and zeros
+   * would read as measurements.
    */
   readonly countsLoads?: boolean;
 }

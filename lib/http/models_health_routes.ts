@@ -33,7 +33,9 @@ export function registerModelsHealthRoutes(app: Hono, o: ModelsHealthOptions): v
     const detailed = !o.keys.enabled ||
       await verifiedKey(o.keys, c.req.raw, c.req.path).then(() => true, () => false);
     const models: Record<string, unknown> = {};
-    for (const s of o.pool.status()) models[s.name] = healthOf(s, detailed);
+    // A router by model holds no memory for a model and unloads none: no bytes, no keep-alive.
+    const holds = o.pool.countsLoads !== false;
+    for (const s of o.pool.status()) models[s.name] = healthOf(s, detailed, holds);
     return c.json({ status: "ok", phase: "ready", models });
   });
   app.get(
@@ -67,11 +69,13 @@ export function registerModelsHealthRoutes(app: Hono, o: ModelsHealthOptions): v
   });
 }
 
-function healthOf(s: ModelStatus, detailed: boolean): Record<string, unknown> {
+function healthOf(s: ModelStatus, detailed: boolean, holds: boolean): Record<string, unknown> {
   return {
     phase: s.phase,
-    ...(s.phase === "unloaded" ? {} : { bytes: s.bytes, in_flight: s.inFlight }),
-    ...(s.phase === "loaded" ? { keep_alive: formatKeepAlive(s.keepAliveMs) } : {}),
+    ...(s.phase === "unloaded"
+      ? {}
+      : { ...(holds ? { bytes: s.bytes } : {}), in_flight: s.inFlight }),
+    ...(s.phase === "loaded" && holds ? { keep_alive: formatKeepAlive(s.keepAliveMs) } : {}),
     ...(s.expiresInMs === undefined ? {} : {
       expires_at: s.expiresInMs === Infinity
         ? "never"

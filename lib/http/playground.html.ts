@@ -230,7 +230,7 @@ function onFrame(f) {
   if (f.type === "stats") {
     $("stat-running").textContent = f.running;
     $("stat-waiting").textContent = f.waiting;
-    $("stat-batch").textContent = f.batch_size;
+    $("stat-batch").textContent = f.batch_size ?? "n/a";
     $("stat-kv").textContent = f.kv_blocks_used + " / " + f.kv_blocks_total;
     $("stat-prefix").textContent = (f.prefix_cache_hit_rate * 100).toFixed(0) + "%";
     $("stat-exec").textContent = f.executor_healthy ? "healthy" : "down";

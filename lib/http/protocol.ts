@@ -52,7 +52,8 @@ export interface UsageJson {
   readonly prompt_tokens: number;
   readonly completion_tokens: number;
   readonly total_tokens: number;
-  readonly cached_tokens: number;
+  /** Absent where it is not known (a cancel the backend did not answer with its own usage). */
+  readonly cached_tokens?: number;
 }
 
 export interface TimingsJson {
@@ -92,11 +93,12 @@ export interface StatsFrame {
   readonly type: "stats";
   readonly running: number;
   readonly waiting: number;
-  readonly batch_size: number;
+  /** Absent where no steps run (a router), as is `steps`. */
+  readonly batch_size?: number;
   readonly kv_blocks_used: number;
   readonly kv_blocks_total: number;
   readonly prefix_cache_hit_rate: number;
-  readonly steps: number;
+  readonly steps?: number;
   readonly executor_healthy: boolean;
   readonly inflight: number;
   /** Present when a result cache is configured. */
@@ -145,11 +147,11 @@ export function statsFrame(s: CoreStats, inflight: number): StatsFrame {
     type: "stats",
     running: s.running,
     waiting: s.waiting,
-    batch_size: s.lastBatchSize,
+    ...(s.lastBatchSize === undefined ? {} : { batch_size: s.lastBatchSize }),
     kv_blocks_used: s.kvBlocksUsed,
     kv_blocks_total: s.kvBlocksTotal,
     prefix_cache_hit_rate: s.prefixCacheHitRate,
-    steps: s.steps,
+    ...(s.steps === undefined ? {} : { steps: s.steps }),
     executor_healthy: s.executorHealthy,
     inflight,
     ...(s.resultCache !== undefined

@@ -332,7 +332,7 @@ export function serveService(service: ServiceApp, opts: ServeOptions): Promise<R
         log(
           `${signal}: draining for up to ${
             opts.drainTimeoutMs / 1000
-          } s (another signal cuts it short)`,
+          } s (another signal cuts it short); ${service.inFlight} generation(s) in flight`,
         );
         void stop();
       } else {

@@ -16,6 +16,22 @@ const TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 3
 const E2E_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
 const BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256];
 
+export interface ServiceMetricsOptions {
+  readonly now?: () => number;
+  readonly busyWindowMs?: number;
+  /**
+   * Whose core these metrics describe, so that what is not measured here is absent, not 0:
+   * - "own" (default): a server's, every family;
+   * - "replicas": a router's, whose requests and scheduler gauges (summed over its replicas)
+   *   are real but whose replicas run the steps: no step families (steps, step duration,
+   *   batch size, busy time and fraction, pipeline depth, executor restarts);
+   * - "none": the front of several models, each of which exports its own families under its
+   *   model label: the front keeps only what it records itself (HTTP requests, errors,
+   *   generations, connections).
+   */
+  readonly core?: "own" | "replicas" | "none";
+}
+
 /**
  * The service's metrics. The HTTP layer records request-side numbers itself; the core must
  * call observeStep() once per executor step and observeExecutorRestart() after a device
@@ -72,11 +88,17 @@ export class ServiceMetrics {
   /** Recent steps as [end time, duration] in ms, for the busy fraction. */
   #recentSteps: Array<[number, number]> = [];
 
-  constructor(opts: { now?: () => number; busyWindowMs?: number } = {}) {
+  constructor(opts: ServiceMetricsOptions = {}) {
     this.#now = opts.now ?? (() => performance.now());
     this.#busyWindowMs = opts.busyWindowMs ?? 10_000;
     this.#createdAt = this.#now();
     const r = this.registry;
+    // What is not measured here goes to a registry /metrics never renders: rendered, it would
+    // read as 0 (an idle executor, an empty queue) beside the real values.
+    const core = opts.core ?? "own";
+    const unrendered = new Registry();
+    const e = core === "own" ? r : unrendered;
+    const g = core === "none" ? unrendered : r;
     this.httpRequests = r.counter(
       "llm_http_requests_total",
       "HTTP requests answered, by method, route and status (WebSocket upgrades count once).",
@@ -92,44 +114,44 @@ export class ServiceMetrics {
       "Errors returned to clients (HTTP responses, SSE and WebSocket error frames), by code.",
       ["code"],
     );
-    this.promptTokens = r.counter("llm_prompt_tokens_total", "Prompt tokens of started requests.");
-    this.generatedTokens = r.counter("llm_generation_tokens_total", "Tokens generated.");
-    this.timeToFirstToken = r.histogram(
+    this.promptTokens = g.counter("llm_prompt_tokens_total", "Prompt tokens of started requests.");
+    this.generatedTokens = g.counter("llm_generation_tokens_total", "Tokens generated.");
+    this.timeToFirstToken = g.histogram(
       "llm_time_to_first_token_seconds",
       "From request accepted to first token sent.",
       TTFT_BUCKETS,
     );
-    this.interTokenLatency = r.histogram(
+    this.interTokenLatency = g.histogram(
       "llm_inter_token_latency_seconds",
       "Between consecutive token events of one generation.",
       LATENCY_BUCKETS,
     );
-    this.endToEnd = r.histogram(
+    this.endToEnd = g.histogram(
       "llm_e2e_request_latency_seconds",
       "From request accepted to its last event.",
       E2E_BUCKETS,
     );
-    this.queueTime = r.histogram(
+    this.queueTime = g.histogram(
       "llm_queue_time_seconds",
       "Time a request waited before the scheduler admitted it (core timings).",
       TTFT_BUCKETS,
     );
-    this.stepDuration = r.histogram(
+    this.stepDuration = e.histogram(
       "llm_step_duration_seconds",
       "Executor step wall time.",
       LATENCY_BUCKETS,
     );
-    this.batchSize = r.histogram(
+    this.batchSize = e.histogram(
       "llm_batch_size",
       "Sequences per executor step.",
       BATCH_BUCKETS,
     );
-    this.steps = r.counter("llm_steps_total", "Executor steps run.");
-    this.executorBusySeconds = r.counter(
+    this.steps = e.counter("llm_steps_total", "Executor steps run.");
+    this.executorBusySeconds = e.counter(
       "llm_executor_busy_seconds_total",
       "Time spent inside executor steps; rate() of it is the busy fraction.",
     );
-    this.executorRestarts = r.counter(
+    this.executorRestarts = e.counter(
       "llm_executor_restarts_total",
       "Executor restarts after a device loss.",
     );
@@ -138,12 +160,12 @@ export class ServiceMetrics {
       "Grammar workers ended and started afresh, by reason (trap, budget, cancelled, crash).",
       ["reason"],
     );
-    this.executorBusyFraction = r.gauge(
+    this.executorBusyFraction = e.gauge(
       "llm_executor_busy_fraction",
       "Share of wall time spent inside executor steps over the last window (GPU utilisation proxy).",
     );
-    this.executorHealthy = r.gauge("llm_executor_healthy", "1 when the executor is healthy.");
-    this.pipelineDepth = r.gauge(
+    this.executorHealthy = g.gauge("llm_executor_healthy", "1 when the executor is healthy.");
+    this.pipelineDepth = e.gauge(
       "llm_pipeline_depth",
       "Steps the scheduler keeps in flight now (adapted to the step's cost on webgpu).",
     );
@@ -159,52 +181,52 @@ export class ServiceMetrics {
       "llm_http_connections_timed_out_total",
       "Connections closed for sending no request within --header-timeout.",
     );
-    this.running = r.gauge("llm_requests_running", "Sequences in the running batch.");
-    this.waiting = r.gauge("llm_requests_waiting", "Sequences waiting to be scheduled.");
-    this.kvBlocksUsed = r.gauge("llm_kv_blocks_used", "KV cache blocks in use.");
-    this.kvBlocksTotal = r.gauge("llm_kv_blocks_capacity", "KV cache blocks in the pool.");
-    this.prefixCacheHitRate = r.gauge(
+    this.running = g.gauge("llm_requests_running", "Sequences in the running batch.");
+    this.waiting = g.gauge("llm_requests_waiting", "Sequences waiting to be scheduled.");
+    this.kvBlocksUsed = g.gauge("llm_kv_blocks_used", "KV cache blocks in use.");
+    this.kvBlocksTotal = g.gauge("llm_kv_blocks_capacity", "KV cache blocks in the pool.");
+    this.prefixCacheHitRate = g.gauge(
       "llm_prefix_cache_hit_rate",
       "Share of prompt tokens served from the prefix cache.",
     );
-    this.inFlight = r.gauge(
+    this.inFlight = g.gauge(
       "llm_inflight_generations",
       "Generations the HTTP layer has open (HTTP and WebSocket).",
     );
-    this.kvCacheUsage = r.gauge(
+    this.kvCacheUsage = g.gauge(
       "llm_kv_cache_usage_ratio",
       "KV cache blocks in use over the pool, 0 to 1.",
     );
-    this.resultCacheHits = r.counter(
+    this.resultCacheHits = g.counter(
       "llm_result_cache_hits_total",
       "Deterministic requests answered from the result cache.",
     );
-    this.resultCacheMisses = r.counter(
+    this.resultCacheMisses = g.counter(
       "llm_result_cache_misses_total",
       "Deterministic requests the result cache did not hold (generated, then stored).",
     );
-    this.resultCacheBytes = r.gauge("llm_result_cache_bytes", "Bytes held by the result cache.");
-    this.resultCacheCapacity = r.gauge(
+    this.resultCacheBytes = g.gauge("llm_result_cache_bytes", "Bytes held by the result cache.");
+    this.resultCacheCapacity = g.gauge(
       "llm_result_cache_capacity_bytes",
       "The result cache's bound (--result-cache).",
     );
-    this.resultCacheEntries = r.gauge("llm_result_cache_entries", "Answers held.");
-    this.resultCacheSaved = r.counter(
+    this.resultCacheEntries = g.gauge("llm_result_cache_entries", "Answers held.");
+    this.resultCacheSaved = g.counter(
       "llm_result_cache_saved_seconds_total",
       "Generation time the result cache's hits saved (the original generations' wall time).",
     );
-    this.similarCacheLookups = r.counter(
+    this.similarCacheLookups = g.counter(
       "llm_similar_cache_lookups_total",
       "Chat questions looked up in the cache for similar questions, by outcome (hit, miss).",
       ["outcome"],
     );
-    this.similarCacheNearMisses = r.counter(
+    this.similarCacheNearMisses = g.counter(
       "llm_similar_cache_near_misses_total",
       "Misses whose closest question scored within 0.1 below the threshold, by 0.05-wide band.",
       ["band"],
     );
-    this.similarCacheEntries = r.gauge("llm_similar_cache_entries", "Questions held.");
-    this.similarCacheBytes = r.gauge(
+    this.similarCacheEntries = g.gauge("llm_similar_cache_entries", "Questions held.");
+    this.similarCacheBytes = g.gauge(
       "llm_similar_cache_bytes",
       "Bytes held by the cache for similar questions.",
     );

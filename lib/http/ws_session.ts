@@ -340,7 +340,12 @@ export class StreamSession {
           type: "done",
           id,
           finish_reason: "cancelled",
-          usage: usageJson({ promptTokens: prompt, completionTokens: completion, cachedTokens: 0 }),
+          // The prefix cache's share is the backend's to report, and it did not: absent, not 0.
+          usage: {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+          },
           timings: null,
           max_tokens_capped: capped,
           cached: false,

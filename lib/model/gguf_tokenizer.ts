@@ -53,6 +53,8 @@ export function ggufTokenizerData(metadata: Metadata, source: string): Tokenizer
     );
   }
   const n = tokens.length;
+  // Every token id is checked against n: an empty vocabulary would leave nothing to check with.
+  if (n === 0) fail("metadata 'tokenizer.ggml.tokens' must hold at least one token, received []");
   const rawScores = meta("tokenizer.ggml.scores");
   let scores: Float32Array;
   if (rawScores === undefined) {

@@ -38,6 +38,8 @@ export interface FixturePrompt {
   readonly prompt_ids: readonly number[];
   readonly bos_added: boolean;
   readonly completion_ids: readonly number[];
+  /** llama.cpp's own text of completion_ids. */
+  readonly completion_text: string;
   readonly steps: readonly FixtureStep[];
 }
 
@@ -222,7 +224,7 @@ export async function clearPrompt(
   assert(best.clear >= 1, `fixture ${fx.model.file}: no prompt has a clear first step`);
   const n = Math.min(3, best.clear);
   // The text of llama.cpp's first n ids, which must begin llama.cpp's own completion text.
-  const p = best.p as unknown as { completion_ids: number[]; completion_text: string };
+  const p = best.p;
   const model = await loadModel(compatPath(stem));
   const text = new Tokenizer(model.tokenizer!).decode(p.completion_ids.slice(0, n));
   assert(text.length > 0, `${stem}: llama.cpp's first ${n} ids decode to nothing`);

@@ -37,6 +37,13 @@ export interface ServerProcess {
   log(): string;
   /** Resident set size in bytes (Linux /proc), undefined when unreadable. */
   rssBytes(): number | undefined;
+  /**
+   * The kernel's high-water mark of the resident set since start or the last resetPeakRss()
+   * (VmHWM): every peak, where sampling VmRSS could miss a short one.
+   */
+  peakRssBytes(): number | undefined;
+  /** Starts the high-water mark afresh from the resident set now (clear_refs 5). */
+  resetPeakRss(): void;
   /** Sends `signal` and waits for the exit; returns the exit code and the whole log. */
   stop(signal?: Deno.Signal): Promise<{ code: number; log: string }>;
   /** Resolves when the process exits (whoever ended it). */
@@ -130,6 +137,8 @@ export async function startServer(opts: ServerOptions): Promise<ServerProcess> {
     pid: child.pid,
     log: () => log,
     rssBytes: () => readRss(child.pid),
+    peakRssBytes: () => readRss(child.pid, "VmHWM"),
+    resetPeakRss: () => Deno.writeTextFileSync(`/proc/${child.pid}/clear_refs`, "5"),
     async stop(signal: Deno.Signal = "SIGTERM") {
       try {
         child.kill(signal);
@@ -149,11 +158,11 @@ export function openFds(pid: number): number | undefined {
   }
 }
 
-/** VmRSS of a process in bytes, from /proc/<pid>/status. */
-export function readRss(pid: number): number | undefined {
+/** VmRSS (or VmHWM, its high-water mark) of a process in bytes, from /proc/<pid>/status. */
+export function readRss(pid: number, field: "VmRSS" | "VmHWM" = "VmRSS"): number | undefined {
   try {
     const status = Deno.readTextFileSync(`/proc/${pid}/status`);
-    const m = /VmRSS:\s+(\d+)\s+kB/.exec(status);
+    const m = new RegExp(`${field}:\\s+(\\d+)\\s+kB`).exec(status);
     return m ? Number(m[1]) * 1024 : undefined;
   } catch {
     return undefined;
