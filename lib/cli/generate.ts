@@ -18,18 +18,21 @@ import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import { DEFAULT_MODEL } from "../source/model_source.ts";
 import { z } from "zod";
+import { flagNumber, numberDefault } from "../http/request_params.ts";
+import { seedToU32 } from "../util/rng.ts";
 
 const GenerateArgs = z.object({
   model: z.string().optional(),
   tokenizer: z.string().optional(),
   "models-dir": z.string().optional(),
   prompt: z.string().default(""),
-  "max-tokens": z.coerce.number().int().positive().default(256),
-  temperature: z.coerce.number().min(0).default(1),
-  "top-k": z.coerce.number().int().min(0).default(0),
-  "top-p": z.coerce.number().gt(0).max(1).default(1),
-  "min-p": z.coerce.number().min(0).max(1).default(0),
-  seed: z.coerce.number().int().min(0).max(0xffffffff).optional(),
+  // The limits and defaults are the request parameters' (lib/http/request_params.ts).
+  "max-tokens": flagNumber("max_tokens").default(256),
+  temperature: flagNumber("temperature").default(numberDefault("temperature")),
+  "top-k": flagNumber("top_k").default(numberDefault("top_k")),
+  "top-p": flagNumber("top_p").default(numberDefault("top_p")),
+  "min-p": flagNumber("min_p").default(numberDefault("min_p")),
+  seed: flagNumber("seed").optional(),
   backend: z.enum(["webgpu", "cpu", "reference", "auto"]).default("auto"),
   "context-length": z.coerce.number().int().positive().optional(),
   threads: z.coerce.number().int().positive().max(256).optional(),
@@ -179,7 +182,9 @@ export async function generateCommand(argv: string[]): Promise<number> {
     topK: args["top-k"],
     topP: args["top-p"],
     minP: args["min-p"],
-    seed: args.seed ?? crypto.getRandomValues(new Uint32Array(1))[0]!,
+    seed: args.seed === undefined
+      ? crypto.getRandomValues(new Uint32Array(1))[0]!
+      : seedToU32(args.seed),
   };
   const out = new TextEncoder();
   const started = performance.now();
