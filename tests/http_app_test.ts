@@ -109,7 +109,7 @@ Deno.test("POST /v1/chat/completions uses the plain chat format without a templa
   const prompt =
     "System: You are terse.\nUser: Hi there\nAssistant: Hello.\nUser: Story?\nAssistant:";
   const req = svc.backend.requests[0]!;
-  assertEquals(req.prompt, prompt);
+  assertEquals(req.prompt, svc.backend.tokenize(prompt, { bos: true, special: false }));
   assertEquals(req.stop, ["\n\n", "\nUser:", "\nSystem:"]);
   assertEquals(body.object, "chat.completion");
   assertEquals(body.choices[0].message, {
@@ -141,7 +141,10 @@ Deno.test("POST /v1/chat/completions renders the model's Jinja chat template", a
   const eos = "\n</s>\n";
   assertEquals(
     svc.backend.requests[0]!.prompt,
-    `<|system|>\nBe kind.${eos}\n<|user|>\nHi${eos}\n<|assistant|>\n`,
+    svc.backend.tokenize(`<|system|>\nBe kind.${eos}\n<|user|>\nHi${eos}\n<|assistant|>\n`, {
+      bos: true,
+      special: true,
+    }),
   );
   assertEquals(svc.backend.requests[0]!.stop, []);
 });
@@ -628,7 +631,7 @@ Deno.test("drain() answers a non-streaming generation cut off at its deadline wi
 Deno.test("a core that throws is answered as an internal error, and nothing stays in flight", async () => {
   class ThrowingBackend extends FakeCore {
     override generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
-      if (req.prompt === "sync") throw new Error("scheduler exploded");
+      if (this.detokenize(req.prompt) === "sync") throw new Error("scheduler exploded");
       const inner = super.generate(req, signal);
       return (async function* () {
         for await (const ev of inner) {

@@ -13,8 +13,8 @@ import {
   type Limits,
   PARAM_FIELDS,
   type ParamName,
-  PARAMS,
   type ParamRow,
+  PARAMS,
 } from "../lib/http/request_params.ts";
 import { issueReason } from "../lib/http/validation.ts";
 import { postJson, startService, TestSocket } from "./_http_harness.ts";

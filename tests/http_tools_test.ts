@@ -74,7 +74,7 @@ Deno.test("tool_choice naming a function: the output is constrained to a call th
   }
   const req = svc.backend.requests[0]!;
   // The template rendered the tools into the prompt; the core got the call's schema.
-  const prompt = req.prompt as string;
+  const prompt = svc.backend.detokenize(req.prompt);
   assert(prompt.startsWith('<tools>{"type": "function"'), prompt);
   assert(
     prompt.includes('"name": "get_time"'),
@@ -279,7 +279,10 @@ Deno.test("tool_choice none: no tools in the prompt, and a call-shaped text stay
   assertEquals(choice.finish_reason, "stop");
   assertEquals(choice.message.content, HERMES_CALL);
   assertEquals(choice.message.tool_calls, undefined);
-  assertEquals(svc.backend.requests[0]!.prompt, "[user]Weather in Paris?[assistant]");
+  assertEquals(
+    svc.backend.requests[0]!.prompt,
+    svc.backend.tokenize("[user]Weather in Paris?[assistant]", { bos: true, special: true }),
+  );
 });
 
 Deno.test("an assistant message's tool_calls (content null) and the tool's result render through the template", async () => {
@@ -303,7 +306,7 @@ Deno.test("an assistant message's tool_calls (content null) and the tool's resul
     temperature: 0,
   });
   assertEquals(res.status, 200);
-  const prompt = svc.backend.requests[0]!.prompt as string;
+  const prompt = svc.backend.detokenize(svc.backend.requests[0]!.prompt);
   // Hand-written from TEMPLATE: the arguments go back as the object tojson writes.
   const tail =
     '[user]Weather in Paris?[assistant]<tool_call>{"name": "get_weather", "arguments": ' +

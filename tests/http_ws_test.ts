@@ -292,7 +292,7 @@ Deno.test("/v1/stream renders chat messages and caps max_tokens to the context",
     const frames = await ws.collect("c");
     const prompt = "System: Be brief.\nUser: Hello there\nAssistant:";
     const req = svc.backend.requests[0]!;
-    assertEquals(req.prompt, prompt);
+    assertEquals(req.prompt, svc.backend.tokenize(prompt, { bos: true, special: false }));
     assertEquals(req.stop, ["\nUser:", "\nSystem:"]);
     const room = 64 - svc.backend.countTokens(prompt);
     assertEquals(req.maxTokens, room);

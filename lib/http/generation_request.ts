@@ -22,7 +22,10 @@ export interface GenerationInput {
   readonly stop?: string | readonly string[] | null | undefined;
   /** Stops the prompt format adds (plain chat format), merged with the client's. */
   readonly extraStop?: readonly string[];
-  /** The prompt came from the model's chat template (see GenerationRequest.parseSpecialTokens). */
+  /**
+   * The prompt text was rendered by the model's chat template: text spelling a control token
+   * ("</s>", "<|im_start|>") is that token. Never set for text the client wrote directly.
+   */
   readonly specialTokens?: boolean;
   readonly priority?: Priority | null | undefined;
   readonly logprobs?: boolean;
@@ -46,9 +49,12 @@ function randomSeed(): number {
 }
 
 /**
- * Applies the model's limits: refuses a prompt that leaves no room in the context (with its
- * token count and the limit; never truncates), caps max_tokens to what the context has left,
- * fills defaults, and draws a seed when none is given.
+ * The one mapping from a client's request (OpenAI body, Batch line, WebSocket frame, the
+ * router's HTTP front) to the internal request: tokenizes the prompt once (the request carries
+ * the ids; nothing below this sees text), refuses a prompt that leaves no room in the context
+ * (with its token count and the limit; never truncates), caps max_tokens to what the context
+ * has left, fills defaults, and draws a seed when none is given. The end-of-generation ids are
+ * added once, by the request actor (actors/request.ts), which every backend's work reaches.
  *
  * `maxTokensCapped` is true when the context had less room than the max_tokens asked for (or
  * the default): the limit is lowered rather than the request refused, and the responses say so.
@@ -58,7 +64,7 @@ export function buildGenerationRequest(
   input: GenerationInput,
   backend: Pick<
     GenerationBackend,
-    "countTokens" | "minTokens" | "contextLength" | "vocabSize" | "samplingDefaults"
+    "tokenize" | "minTokens" | "contextLength" | "vocabSize" | "samplingDefaults"
   >,
   requestId: string,
 ): { request: GenerationRequest; promptTokens: number; maxTokensCapped: boolean } {
@@ -75,10 +81,11 @@ export function buildGenerationRequest(
       input.promptParam,
     );
   }
-  const promptTokens = typeof input.prompt === "string"
-    ? backend.countTokens(input.prompt, { special: input.specialTokens ?? false })
-    : input.prompt.length;
-  const problem = promptProblem(typeof input.prompt === "string" ? promptTokens : input.prompt, {
+  const prompt = typeof input.prompt === "string"
+    ? backend.tokenize(input.prompt, { bos: true, special: input.specialTokens ?? false })
+    : input.prompt;
+  const promptTokens = prompt.length;
+  const problem = promptProblem(typeof input.prompt === "string" ? promptTokens : prompt, {
     contextLength: backend.contextLength,
     ...(backend.vocabSize === undefined ? {} : { vocabSize: backend.vocabSize }),
   });
@@ -124,7 +131,7 @@ export function buildGenerationRequest(
   const temperature = input.temperature ?? d.temperature ?? DEFAULT_TEMPERATURE;
   const seeded = input.seed !== undefined && input.seed !== null;
   const request: GenerationRequest = {
-    prompt: input.prompt,
+    prompt,
     maxTokens: Math.min(asked, room),
     sampling: {
       temperature,
@@ -141,7 +148,6 @@ export function buildGenerationRequest(
     requestId,
     logprobs: input.logprobs ?? false,
     ...(input.logprobs && input.topLogprobs ? { topLogprobs: input.topLogprobs } : {}),
-    parseSpecialTokens: input.specialTokens ?? false,
     deterministic: temperature === 0 || seeded,
     ...(input.constraint ? { constraint: input.constraint } : {}),
   };

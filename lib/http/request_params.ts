@@ -62,7 +62,8 @@ const float = (min: number, max: number): NumberLimits => ({ kind: "float", min,
 /** The rows, by the parameter's OpenAI name. */
 export const PARAMS = {
   max_tokens: {
-    what: "Most tokens to generate (lowered to the room the context leaves, and the response says so)",
+    what:
+      "Most tokens to generate (lowered to the room the context leaves, and the response says so)",
     openai: ["max_tokens", "max_completion_tokens (chat)", "n_predict (-1: up to the context)"],
     ws: "max_tokens",
     nats: "maxTokens",
@@ -186,7 +187,8 @@ export const PARAMS = {
     default: 0,
   },
   repetition_penalty: {
-    what: "Divides the positive logits (multiplies the negative) of the tokens in the window; 1: off",
+    what:
+      "Divides the positive logits (multiplies the negative) of the tokens in the window; 1: off",
     openai: ["repetition_penalty", "repeat_penalty (llama-server's; window 64 unless given)"],
     ws: "repetition_penalty, repeat_penalty",
     nats: "controls.repetitionPenalty",
