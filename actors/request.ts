@@ -8,6 +8,7 @@ import type { TokenConstraint } from "../lib/grammar/token_constraint.ts";
 import { ConstraintError, GrammarUnavailableError } from "../lib/grammar/constraint_error.ts";
 import type { RequestMsg, SchedulerMsg, SeqEvent } from "./messages.ts";
 import { SEQ_EVENTS_BESIDE_TOKENS } from "../lib/core/seq_events.ts";
+import { DRAINING_EVENT } from "../lib/core/draining.ts";
 
 /** What the request actor needs of a tokenizer (lib/tokenizer/tokenizer.ts's Tokenizer fits). */
 export interface TextCodec {
@@ -223,11 +224,7 @@ export class RequestActor {
     } catch (e) {
       constraint?.dispose();
       if (!(e instanceof ChannelClosedError)) throw e;
-      await this.#emit({
-        type: "error",
-        code: "draining",
-        message: "Cannot generate: the server is shutting down",
-      });
+      await this.#emit(DRAINING_EVENT);
       return;
     }
 

@@ -1,4 +1,5 @@
 import { assert, assertEquals, assertGreater, assertMatch } from "@std/assert";
+import { DRAINED_MESSAGE, DRAINING_MESSAGE } from "../lib/core/draining.ts";
 import { FakeCore } from "./_fake_core.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import {
@@ -580,7 +581,8 @@ Deno.test("drain(): /ready 503, new requests 503 draining, in-flight requests fi
   const refused = await postJson(svc.base + "/v1/completions", { prompt: "new" });
   assertEquals(refused.status, 503);
   assertEquals(refused.headers.get("retry-after"), "1");
-  assertEquals((await refused.json()).error.code, "draining");
+  const refusal = (await refused.json()).error;
+  assertEquals([refusal.code, refusal.message], ["draining", DRAINING_MESSAGE]);
   let rest = "";
   for (;;) {
     const { done, value } = await reader.read();
@@ -610,7 +612,11 @@ Deno.test("drain() aborts generations still running at its deadline", async () =
   assertGreater(took, 90);
   const events = parseSse(await res.text()) as Array<Record<string, any>>;
   // "cancelled" is no OpenAI finish reason: a stream the server cut ends with an error event.
-  assertEquals(events.at(-1)!.error.code, "draining");
+  assertEquals(events.at(-1)!.error, {
+    ...events.at(-1)!.error,
+    code: "draining",
+    message: DRAINED_MESSAGE,
+  });
   assert(events.every((e) => e.choices?.[0]?.finish_reason !== "cancelled"));
   assertEquals(svc.backend.active, 0);
 });

@@ -1,4 +1,5 @@
 import { assert, assertEquals, assertGreater, assertLess, assertMatch } from "@std/assert";
+import { DRAINING_MESSAGE } from "../lib/core/draining.ts";
 import {
   metricValue,
   rawHttp,
@@ -375,7 +376,11 @@ Deno.test("/v1/stream refuses new generations while draining", async () => {
     const drained = svc.service.drain({ timeoutMs: 5000 });
     ws.send({ type: "generate", id: "new", prompt: "too late" });
     const refused = await ws.take((f) => f.id === "new");
-    assertEquals([refused.type, refused.code], ["error", "draining"]);
+    assertEquals([refused.type, refused.code, refused.message], [
+      "error",
+      "draining",
+      DRAINING_MESSAGE,
+    ]);
     const rest = await ws.collect("old");
     assertEquals(rest.at(-1)!.finish_reason, "length");
     assertEquals(await drained, { completed: true, aborted: 0 });

@@ -202,7 +202,9 @@ export const GenerateSchema = z.object({
   /** Subject the frames go to. */
   replyTo: Subject,
   prompt: z.array(nonNegative).min(1),
-  maxTokens: PARAM_FIELDS.max_tokens,
+  // The router's internal count (capped to the context, less what a failover delivered): a
+  // model with a context over the public max_tokens limit may need more.
+  maxTokens: int.positive(),
   sampling: SamplingSchema,
   stop: z.array(z.string()),
   stopTokenIds: z.array(nonNegative).optional(),

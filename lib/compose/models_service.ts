@@ -27,6 +27,7 @@ import type { ServiceMetrics } from "../http/service_metrics.ts";
 import { formatKeepAlive, parseKeepAlive } from "../util/duration.ts";
 import { type Lease, ModelLoadError, type ModelPhase, type ModelStatus } from "./model_pool.ts";
 import { mergeModelMetrics, poolMetrics } from "./model_metrics.ts";
+import { DRAINING_MESSAGE } from "../core/draining.ts";
 
 /** What /v1/models says of a model, loaded or not. */
 export interface CatalogModel {
@@ -393,7 +394,7 @@ export function createModelsService(opts: ModelsServiceOptions): ServiceApp {
       if (!routed(req.method, path)) throw unroutedError(req.method, path, modelRoutes);
       const picked = await pick(req, path);
       if (draining) {
-        throw new ApiError("draining", "The server is shutting down; retry on another instance");
+        throw new ApiError("draining", DRAINING_MESSAGE);
       }
       if (picked.stream && pool.phaseOf(picked.name) !== "loaded") {
         return loadingStream(

@@ -67,6 +67,8 @@ export const PARAMS = {
     openai: ["max_tokens", "max_completion_tokens (chat)", "n_predict (-1: up to the context)"],
     ws: "max_tokens",
     nats: "maxTokens",
+    natsAs:
+      "the tokens still to generate: capped to the context's room, on a failover what is left",
     cli: "--max-tokens, -n, --n-predict",
     limits: { kind: "int", min: 1, max: 1_000_000 },
     defaultText:
