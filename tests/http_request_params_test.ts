@@ -17,6 +17,7 @@ import {
   PARAMS,
 } from "../lib/http/request_params.ts";
 import { issueReason } from "../lib/http/validation.ts";
+import { pageCells, parameterCells, PARAMETERS_DOC } from "../.ci/parameters_doc.ts";
 import { postJson, startService, TestSocket } from "./_http_harness.ts";
 
 interface Case {
@@ -230,5 +231,23 @@ Deno.test("the generate command's sampling flags take the table's limits and def
         assertStringIncludes(got.error, `${flag}: ${r.error.issues[0]!.message}`);
       }
     }
+  }
+});
+
+Deno.test("docs/parameters.md shows every row of the table, with its spellings, limits and default", async () => {
+  const page = await Deno.readTextFile(new URL(`../${PARAMETERS_DOC}`, import.meta.url));
+  assertEquals(
+    pageCells(page),
+    parameterCells(),
+    `${PARAMETERS_DOC} is out of date: deno run --allow-read --allow-write=docs --allow-run .ci/parameters_doc.ts`,
+  );
+  // The page's cells come from the table's own limits: a row's refused boundary value is
+  // outside the range the page states for it.
+  for (const [i, name] of (Object.keys(PARAMS) as ParamName[]).entries()) {
+    const limits: Limits = PARAMS[name].limits;
+    if (limits.kind !== "int" && limits.kind !== "float") continue;
+    const values = pageCells(page)[i]![5]!;
+    if (limits.min !== undefined) assertStringIncludes(values, String(limits.min), name);
+    if (limits.max !== undefined) assertStringIncludes(values, String(limits.max), name);
   }
 });

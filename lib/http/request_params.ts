@@ -10,7 +10,7 @@ import { f32Problem } from "../util/f32_problem.ts";
  * Every request schema builds its fields from these rows (schemas.ts, sampling_controls.ts,
  * lib/cluster/messages.ts, lib/cli/generate.ts), so a limit is written here once;
  * tests/http_request_params_test.ts sends each row's boundaries through every layer, and
- * docs/parameters.md is generated from it (`deno run -A .ci/parameters_doc.ts`).
+ * docs/parameters.md is generated from it (.ci/parameters_doc.ts) and checked against it.
  *
  * It sits in lib/http because every layer that spells a parameter (lib/batch, lib/cluster,
  * lib/cli) sits above it; nothing below lib/http reads a public parameter's limits (the
