@@ -4,6 +4,7 @@ import { ApiError } from "./errors.ts";
 import { completionRoom, promptProblem } from "../core/prompt_check.ts";
 import type { LogitControls } from "../core/logit_controls.ts";
 import { checkLogitBiasIds, checkStopTokenIds } from "./sampling_controls.ts";
+import { samplingDefaults } from "./request_params.ts";
 import type { OutputConstraint } from "../grammar/output_constraint.ts";
 
 /** Client parameters after validation, before limits are applied (all APIs map to this). */
@@ -40,9 +41,6 @@ export interface GenerationInput {
   /** Constrained decoding (response_format, json_schema, grammar). */
   readonly constraint?: OutputConstraint;
 }
-
-/** Defaults follow OpenAI: temperature 1, top_p 1; top_k 0 and min_p 0 mean off. */
-export const DEFAULT_TEMPERATURE = 1;
 
 function randomSeed(): number {
   return crypto.getRandomValues(new Uint32Array(1))[0] ?? 0;
@@ -127,17 +125,17 @@ export function buildGenerationRequest(
     ? [input.stop]
     : [...input.stop];
   for (const s of input.extraStop ?? []) if (!stop.includes(s)) stop.push(s);
-  const d = backend.samplingDefaults ?? {};
-  const temperature = input.temperature ?? d.temperature ?? DEFAULT_TEMPERATURE;
+  const d = samplingDefaults(backend.samplingDefaults);
+  const temperature = input.temperature ?? d.temperature;
   const seeded = input.seed !== undefined && input.seed !== null;
   const request: GenerationRequest = {
     prompt,
     maxTokens: Math.min(asked, room),
     sampling: {
       temperature,
-      topK: input.topK ?? d.topK ?? 0,
-      topP: input.topP ?? d.topP ?? 1,
-      minP: input.minP ?? d.minP ?? 0,
+      topK: input.topK ?? d.topK,
+      topP: input.topP ?? d.topP,
+      minP: input.minP ?? d.minP,
       seed: seeded ? seedToU32(input.seed as number) : randomSeed(),
     },
     stop: stop.filter((s) => s.length > 0),

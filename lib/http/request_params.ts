@@ -2,6 +2,7 @@ import { z } from "zod";
 import { REPETITION_PENALTY } from "../core/logit_controls.ts";
 import { MAX_TOP_LOGPROBS } from "../engine/top_logprobs.ts";
 import { f32Problem } from "../util/f32_problem.ts";
+import type { SamplingDefaults } from "../core/generation.ts";
 
 /**
  * The one table of public generation parameters: each one's name, its spelling on every wire
@@ -330,4 +331,18 @@ export function numberDefault(name: ParamName): number {
   const d = (PARAMS[name] as ParamRow).default;
   if (typeof d !== "number") throw new Error(`${name} has no number default`);
   return d;
+}
+
+/**
+ * What a request that names no temperature, top_k, top_p or min_p gets: the model's own
+ * default (its entry in lib/cli/models_config.ts), else the row's, OpenAI's (temperature 1,
+ * top_p 1; top_k 0 and min_p 0 are off).
+ */
+export function samplingDefaults(model: SamplingDefaults = {}): Required<SamplingDefaults> {
+  return {
+    temperature: model.temperature ?? numberDefault("temperature"),
+    topK: model.topK ?? numberDefault("top_k"),
+    topP: model.topP ?? numberDefault("top_p"),
+    minP: model.minP ?? numberDefault("min_p"),
+  };
 }
