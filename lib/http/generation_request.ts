@@ -30,7 +30,7 @@ export interface GenerationInput {
   readonly specialTokens?: boolean;
   readonly priority?: Priority | null | undefined;
   readonly logprobs?: boolean;
-  /** With logprobs: alternatives per token (0..20). */
+  /** With logprobs: alternatives per token (request_params.ts's top_logprobs). */
   readonly topLogprobs?: number | null | undefined;
   /** Logit bias and penalties (sampling_controls.ts), checked but for the vocabulary. */
   readonly controls?: LogitControls;

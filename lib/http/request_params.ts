@@ -219,7 +219,7 @@ export const PARAMS = {
   },
   logprobs: {
     what: "Return each token's logprob (completions: an integer, the alternatives per token)",
-    openai: ["logprobs (chat: true/false; completions: 0..20 alternatives)"],
+    openai: [`logprobs (chat: true/false; completions: 0..${MAX_TOP_LOGPROBS} alternatives)`],
     ws: "logprobs",
     nats: "logprobs",
     cli: null,

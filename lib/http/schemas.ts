@@ -3,7 +3,7 @@ import { acceptedFields, REFUSED_CHAT, REFUSED_COMMON, refusedFields } from "./r
 import { logitControlFields, stopTokenFields } from "./sampling_controls.ts";
 import { constraintFields, frameConstraintFields } from "./response_format.ts";
 import { FunctionTool, MessageToolCall, ToolChoice } from "../chat/tools.ts";
-import { PARAM_FIELDS } from "./request_params.ts";
+import { PARAM_FIELDS, tokenId } from "./request_params.ts";
 
 /**
  * Shapes of everything a client sends: WebSocket frames (strict: a misspelled field is an
@@ -159,7 +159,7 @@ const openAiCommon = {
   ...constraintFields,
 };
 
-const tokenIds = z.array(z.number().int().min(0)).min(1);
+const tokenIds = z.array(tokenId).min(1);
 
 export const CompletionBody = z.strictObject({
   ...openAiCommon,
@@ -237,5 +237,5 @@ export type TokenizeBody = z.output<typeof TokenizeBody>;
 /** POST /detokenize: `{tokens}` in both servers' shapes (vLLM adds an optional `model`). */
 export const DetokenizeBody = z.strictObject({
   model: z.string().nullish(),
-  tokens: z.array(z.number().int().min(0)),
+  tokens: z.array(tokenId),
 });
