@@ -155,7 +155,10 @@ Deno.test("the playground's chat mode, sampling controls, model line, prompts, t
       // The fake core has no template, so the server's plain chat format is the oracle.
       assertEquals(
         chat.prompt,
-        `System: Be brief.\nUser: Tell me a story\nAssistant: ${firstAnswer}\nUser: And then?\nAssistant:`,
+        svc.backend.tokenize(
+          `System: Be brief.\nUser: Tell me a story\nAssistant: ${firstAnswer}\nUser: And then?\nAssistant:`,
+          { bos: true, special: false },
+        ),
       );
       const shown = (await page.textContent(`.gen[data-id="g3"] .prompt`))!;
       assertEquals(shown.includes("user: And then?"), true, shown);
