@@ -76,6 +76,33 @@ function completionFields(c: Case): Record<string, unknown> | undefined {
   return { [c.name]: c.value };
 }
 
+/**
+ * A row's other OpenAI spellings, read from its own wire column, with the endpoints that take
+ * each ("(chat)": the chat endpoint only). top_logprobs and logprobs are spelled per endpoint by
+ * chatFields/completionFields; n_predict is left out, as its -1 ("up to the context") makes it a
+ * union with its own message.
+ */
+function openAiAliases(name: ParamName): { field: string; paths: string[] }[] {
+  if (name === "top_logprobs" || name === "logprobs") return [];
+  const row: ParamRow = PARAMS[name];
+  return row.openai.map((s) => ({ s, field: s.split(" ")[0]! }))
+    .filter(({ field }) => field !== name && field !== "n_predict")
+    .map(({ s, field }) => ({
+      field,
+      paths: s.includes("(chat")
+        ? ["chat/completions"]
+        : s.includes("(completions")
+        ? ["completions"]
+        : ["chat/completions", "completions"],
+    }));
+}
+
+/** A row's other WebSocket spellings (its ws column lists them). */
+function wsAliases(name: ParamName): string[] {
+  const row: ParamRow = PARAMS[name];
+  return row.ws?.split(", ").filter((f) => f !== name) ?? [];
+}
+
 const label = (c: Case) => `${c.name} = ${JSON.stringify(c.value)?.slice(0, 40)}`;
 
 function expectAnswer(where: string, c: Case, status: number, message: string | undefined) {
@@ -122,6 +149,16 @@ Deno.test("every row's limits and just past them: accepted or refused alike, wit
         const json = await res.json();
         expectAnswer(`/v1/${path}`, c, res.status, json.error?.message);
       }
+      for (const { field, paths } of openAiAliases(c.name)) {
+        for (const path of paths) {
+          const body = path === "completions"
+            ? { ...base, prompt: "hi", [field]: c.value }
+            : { ...base, messages: [{ role: "user", content: "hi" }], [field]: c.value };
+          const res = await postJson(`${svc.base}/v1/${path}`, body);
+          const json = await res.json();
+          expectAnswer(`/v1/${path} as ${field}`, c, res.status, json.error?.message);
+        }
+      }
       batchLines.push(JSON.stringify({
         custom_id: `case-${i}`,
         method: "POST",
@@ -138,6 +175,12 @@ Deno.test("every row's limits and just past them: accepted or refused alike, wit
       const end = (await ws.collect(`g${i}`)).at(-1)!;
       const refused = end.type === "error";
       expectAnswer("WebSocket", c, refused ? 400 : 200, end.message as string | undefined);
+      for (const field of wsAliases(c.name)) {
+        ws.send({ type: "generate", id: `a${i}`, prompt: "hi", ...base, [field]: c.value });
+        const end = (await ws.collect(`a${i}`)).at(-1)!;
+        const refused = end.type === "error";
+        expectAnswer(`WebSocket as ${field}`, c, refused ? 400 : 200, end.message as string);
+      }
     }
     await ws.close();
 
