@@ -1,15 +1,20 @@
 // The launcher (`launch serve`) stays the server's parent while it runs, and keeps every module
 // it loaded: so it loads only what it needs (launch.ts, the flags' parsing), and each command
 // loads its own graph when it runs.
-import { DEFAULT_MODEL } from "./lib/source/model_source.ts";
 import { ALL_PERMISSIONS, launch } from "./lib/cli/launch.ts";
-import { parseServeArgs, serveInfo, serveNeeds } from "./lib/cli/serve_args.ts";
+import { parseServeArgs, serveNeeds } from "./lib/cli/serve_args.ts";
+import { COMMAND_NAMES, COMMANDS } from "./lib/cli/commands.ts";
+import { infoText } from "./lib/cli/help.ts";
 
-const USAGE = `Usage: deno task start [options]      run the server (see --help)
-       deno task generate [options]   one completion on stdout
-       deno task models [--models-dir <dir>]   the model files it can find
-       deno task router --nats URL    route the same API to replicas over NATS
-       deno task cluster              nats-server, replicas and a router, locally`;
+const TASK_WIDTH = Math.max(...COMMAND_NAMES.map((c) => COMMANDS[c].task.length));
+const USAGE = [
+  ...COMMAND_NAMES.map((c, i) =>
+    `${i === 0 ? "Usage: " : "       "}${COMMANDS[c].task.padEnd(TASK_WIDTH)}  ${
+      COMMANDS[c].summary
+    }`
+  ),
+  "Each command's --help lists its flags.",
+].join("\n");
 
 async function main(args: string[]): Promise<number> {
   const [command, ...rest] = args;
@@ -40,28 +45,30 @@ async function launchCommand(args: string[]): Promise<number> {
   const [command, ...rest] = args;
   switch (command) {
     case "serve": {
-      if (serveInfo(rest) !== undefined) return await launch("serve", rest, undefined);
+      if (infoText("serve", rest) !== undefined) return await launch("serve", rest, undefined);
       return await launch("serve", rest, serveNeeds(parseServeArgs(rest)));
     }
     case "router": {
       const { parseRouterArgs, routerNeeds } = await import("./lib/cli/router.ts");
-      if (rest.includes("--help")) return await launch("router", rest, undefined);
+      if (infoText("router", rest) !== undefined) return await launch("router", rest, undefined);
       return await launch("router", rest, routerNeeds(parseRouterArgs(rest)));
     }
     case "cluster":
       return await launch("cluster", rest, ALL_PERMISSIONS);
     case "generate": {
-      const { generateInfo, parseGenerateArgs } = await import("./lib/cli/generate.ts");
-      if (generateInfo(rest) !== undefined) return await launch("generate", rest, undefined);
+      const { parseGenerateArgs } = await import("./lib/cli/generate.ts");
+      if (infoText("generate", rest) !== undefined) {
+        return await launch("generate", rest, undefined);
+      }
       const a = parseGenerateArgs(rest);
       if ("error" in a) {
         console.error(a.error);
         return 2;
       }
       return await launch("generate", rest, {
-        model: a.model ?? DEFAULT_MODEL,
+        model: a.model,
         tokenizer: a.tokenizer,
-        modelsDir: a["models-dir"],
+        modelsDir: a.modelsDir,
       });
     }
     case "models": {

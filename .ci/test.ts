@@ -5,7 +5,7 @@
  *
  * Groups: most files run in parallel; the files that drive WebGPU in-process run one after
  * another in a second invocation. Every invocation preloads exit_without_destructors.ts, which
- * avoids a crash at exit on OpenGL ES (see there and the README's Development).
+ * avoids a crash at exit on OpenGL ES (see there and docs/development.md).
  *
  * `deno task test tests/a_test.ts tests/b_test.ts` runs only those files, after the same set-up.
  */

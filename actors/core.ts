@@ -8,6 +8,9 @@ import type { SchedulerStats } from "./messages.ts";
 import { type ConstraintCompiler, RequestActor, type TextCodec } from "./request.ts";
 import { createExecutorMailbox, SchedulerActor } from "./scheduler.ts";
 import { StepTracer } from "./step_tracing.ts";
+import { embedPrompt } from "./embedding.ts";
+import type { Pooling } from "../lib/engine/pooling.ts";
+import type { Priority } from "../lib/core/generation.ts";
 
 export interface ServingCoreOptions {
   /** The engine to start with (its kv geometry and context length size the scheduler). */
@@ -71,6 +74,10 @@ export class ServingCore {
   readonly scheduler: SchedulerActor;
   readonly executor: ExecutorActor;
   readonly contextLength: number;
+  /** Whether the engine returns hidden states, so embed() works. */
+  readonly embeddings: boolean;
+  /** The model's hidden size: an embedding's length. */
+  readonly hiddenSize: number;
   readonly #codec: TextCodec;
   readonly #clientBuffer: number;
   readonly #grammars: ConstraintCompiler | undefined;
@@ -130,6 +137,8 @@ export class ServingCore {
       },
     );
     this.contextLength = engine.config.contextLength;
+    this.embeddings = engine.hiddenStates === true;
+    this.hiddenSize = engine.config.dim;
     this.#codec = opts.codec;
     this.#clientBuffer = opts.clientBuffer ?? 16;
     this.#grammars = opts.grammars;
@@ -172,6 +181,19 @@ export class ServingCore {
       await running;
       for (const id of seqIds) this.#steps.unbind(id);
     }
+  }
+
+  /**
+   * The pooled hidden state of `prompt` (not normalized): a prefill-only sequence beside the
+   * generations (actors/embedding.ts). Throws EmbeddingError when it is refused or fails.
+   */
+  embed(
+    prompt: readonly number[],
+    pooling: Pooling,
+    priority: Priority,
+    signal?: AbortSignal,
+  ): Promise<Float32Array> {
+    return embedPrompt(this.scheduler, { prompt, pooling, priority, dim: this.hiddenSize }, signal);
   }
 
   /** The scheduler's detailed snapshot. */

@@ -288,6 +288,8 @@ export class RequestActor {
         reason,
         { promptTokens: prompt.length, completionTokens, cachedTokens },
         { start: t0, scheduled: tScheduled, firstToken: tFirst, end: this.#now() },
+        undefined,
+        reason === "stop" ? stops.matched : undefined,
       ));
     };
 

@@ -2,6 +2,7 @@ import { Scheduler, type SchedulerConfig } from "../lib/core/scheduler.ts";
 import { Channel } from "./channel.ts";
 import { DEFAULT_LIMITS } from "../lib/engine/limits.ts";
 import { PipelineDepth } from "../lib/core/pipeline_depth.ts";
+import { SCHEDULER_DEFAULTS } from "../lib/core/scheduler_config.ts";
 import type {
   ExecutorMsg,
   SchedulerMsg,
@@ -24,9 +25,9 @@ export interface SchedulerActorOptions {
   readonly adaptiveDepth?: { readonly min: number; readonly latencyMs: number };
   /** Scheduler mailbox capacity (default 1024): submitters wait beyond it. */
   readonly mailboxCapacity?: number;
-  /** See DEFAULT_LIMITS.backgroundShare (1: no pacing). */
+  /** See SCHEDULER_DEFAULTS.backgroundShare (1: no pacing). */
   readonly backgroundShare?: number;
-  /** See DEFAULT_LIMITS.backgroundQuietMs. */
+  /** See SCHEDULER_DEFAULTS.backgroundQuietMs. */
   readonly backgroundQuietMs?: number;
   /** Clock in milliseconds (default performance.now). */
   readonly now?: () => number;
@@ -100,13 +101,13 @@ export class SchedulerActor {
       latencyMs: adapt.latencyMs,
     });
     this.mailbox = new Channel(opts.mailboxCapacity ?? 1024);
-    this.#share = opts.backgroundShare ?? DEFAULT_LIMITS.backgroundShare;
+    this.#share = opts.backgroundShare ?? SCHEDULER_DEFAULTS.backgroundShare;
     if (!(this.#share > 0 && this.#share <= 1)) {
       throw new RangeError(
         `Cannot create scheduler actor: backgroundShare must be in (0, 1], received ${this.#share}`,
       );
     }
-    this.#quietMs = opts.backgroundQuietMs ?? DEFAULT_LIMITS.backgroundQuietMs;
+    this.#quietMs = opts.backgroundQuietMs ?? SCHEDULER_DEFAULTS.backgroundQuietMs;
     this.#now = opts.now ?? (() => performance.now());
   }
 

@@ -1,6 +1,6 @@
 /**
  * Why the CPU engine splits a model over several wasm32 memories rather than using one
- * 64-bit memory (README, "CPU engine"), measured:
+ * 64-bit memory (docs/engines.md, "The CPU engine"), measured:
  *
  * 1. A plain SIMD read loop (four v128 loads a 64-byte line, summed) over 512 MiB in a wasm32
  *    memory and in a memory64 one (`address: "i64"`), one thread, alternating, best pass of

@@ -229,3 +229,27 @@ export async function rawHttp(
     } catch { /* closed by the server */ }
   }
 }
+
+/**
+ * A completion body naming `model` whose prompt holds a byte that is not UTF-8 (0xFF): a
+ * lenient decoder would serve it as U+FFFD, a prompt the client never sent.
+ */
+export function invalidUtf8Completion(model: string): RequestInit {
+  const head = new TextEncoder().encode(`{"model":"${model}","prompt":"Once `);
+  const tail = new TextEncoder().encode(`","max_tokens":2}`);
+  return {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: new Uint8Array([...head, 0xff, ...tail]),
+  };
+}
+
+/** A front's answer to invalidUtf8Completion: 400 `invalid_json`, naming UTF-8. */
+export async function assertRefusesInvalidUtf8(res: Response): Promise<void> {
+  const body = await res.json();
+  assertEquals(
+    [res.status, body.error?.code, /not valid UTF-8/.test(body.error?.message)],
+    [400, "invalid_json", true],
+    JSON.stringify(body),
+  );
+}

@@ -16,6 +16,7 @@ import type { Priority } from "../lib/core/generation.ts";
 import { Scheduler, type SchedulerConfig, schedulerConfig } from "../lib/core/scheduler.ts";
 import type { SeqEvent } from "../actors/messages.ts";
 import { seededRandom } from "../lib/util/seeded_random.ts";
+import type { Pooling } from "../lib/engine/pooling.ts";
 
 export interface HarnessSeq {
   prompt: number[];
@@ -25,6 +26,7 @@ export interface HarnessSeq {
   stopTokenIds?: number[];
   controls?: LogitControls;
   generated?: number;
+  embed?: Pooling;
 }
 
 type Pending = { kind: "result"; result: StepResult } | {
@@ -88,6 +90,7 @@ export class Harness {
       priority: s.priority ?? "interactive",
       ...(s.controls ? { controls: s.controls } : {}),
       ...(s.generated ? { generated: s.generated } : {}),
+      ...(s.embed ? { embed: s.embed } : {}),
     });
     return seqId;
   }

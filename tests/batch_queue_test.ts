@@ -392,7 +392,7 @@ Deno.test("limits: file size, line count and unfinished batches are refused with
       headers: { "content-type": "application/json" },
       body: JSON.stringify({
         input_file_id: "file-x",
-        endpoint: "/v1/embeddings",
+        endpoint: "/v1/moderations",
         completion_window: "24h",
       }),
     });

@@ -34,7 +34,7 @@ Deno.test("parseServeArgs() takes llama-server's -m, -c and --ctx-size for --mod
 
 Deno.test("parseGenerateArgs() takes llama.cpp's -m, -p, -n, -c, --n-predict, --ctx-size and --temp", () => {
   const a = parsed(["-m", "x.gguf", "-p", "Once upon", "-n", "12", "-c", "64", "--temp", "0"]);
-  assertEquals([a.model, a.prompt, a["max-tokens"], a["context-length"], a.temperature], [
+  assertEquals([a.model, a.prompt, a.maxTokens, a.contextLength, a.temperature], [
     "x.gguf",
     "Once upon",
     12,
@@ -42,10 +42,10 @@ Deno.test("parseGenerateArgs() takes llama.cpp's -m, -p, -n, -c, --n-predict, --
     0,
   ]);
   const b = parsed(["--n-predict", "7", "--ctx-size", "32"]);
-  assertEquals([b["max-tokens"], b["context-length"]], [7, 32]);
+  assertEquals([b.maxTokens, b.contextLength], [7, 32]);
   // A value that looks like a short flag stays the value of the flag before it.
   const c = parsed(["--prompt", "-m", "-n", "3"]);
-  assertEquals([c.prompt, c["max-tokens"]], ["-m", 3]);
+  assertEquals([c.prompt, c.maxTokens], ["-m", 3]);
   const bad = parseGenerateArgs(["-x"]);
   assert("error" in bad && bad.error.startsWith("Unknown argument(s): -x;"), JSON.stringify(bad));
 });

@@ -26,7 +26,7 @@ const model = await loadModel(modelFile("stories260K.bin"), {
   tokenizerPath: modelFile("tok512.bin"),
 });
 const tokenizer = new Tokenizer(model.tokenizer!);
-// Short steps: a CPU step blocks the replica's event loop, heartbeats included (see README).
+// Short steps: a CPU step blocks the replica's event loop, heartbeats included (see docs/cluster.md).
 const KV = ["--kv-memory", "8MiB", "--max-batch-tokens", "128"];
 
 interface Expected {

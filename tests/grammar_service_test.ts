@@ -6,7 +6,7 @@ import { GRAMMAR_LIMITS, type GrammarLimits } from "../lib/grammar/grammar_limit
 import type { GrammarRestartReason } from "../lib/grammar/grammar_thread.ts";
 import { grammarVocabulary } from "../lib/grammar/grammar_vocabulary.ts";
 import type { TokenConstraint } from "../lib/grammar/token_constraint.ts";
-import { allowedIds, allowsOnly } from "../lib/engine/token_mask.ts";
+import { allowedIds, allowsOnly, tokenAllowed } from "../lib/engine/token_mask.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { seededRandom } from "../lib/util/seeded_random.ts";
@@ -53,6 +53,7 @@ async function randomWalk(
   random: () => number,
   maxSteps = 400,
   prefer?: (id: number) => boolean,
+  eligible: (id: number) => boolean = () => true,
 ): Promise<string> {
   const ids: number[] = [];
   for (let step = 0; step < maxSteps; step++) {
@@ -64,7 +65,7 @@ async function randomWalk(
       assert(id < tokenizer.vocabSize && !tokenizer.isSpecial(id), `special id ${id} allowed`);
       assert(tokenizer.tokenBytes(id).length > 0, `empty token ${id} allowed`);
     }
-    let choices = allowed.filter((id) => !c.stopIds.includes(id));
+    let choices = allowed.filter((id) => !c.stopIds.includes(id) && eligible(id));
     const preferred = prefer ? choices.filter(prefer) : [];
     if (preferred.length > 0 && random() < 0.7) choices = preferred;
     const id = choices[Math.floor(random() * choices.length)]!;
@@ -107,6 +108,61 @@ for (const [name, path] of VOCABULARIES) {
     grammars.close();
   });
 }
+
+Deno.test("json_schema_or_text: output that starts with '{' must be the schema's JSON, other text is free", async () => {
+  const { tokenizer, vocab } = await tokenizerOf(modelFile("stories260K.bin"));
+  const grammars = await GrammarService.create(grammarVocabulary(tokenizer, vocab));
+  const validate = new Ajv({ strict: false }).compile(SCHEMA);
+  const spec = { type: "json_schema_or_text", schema: JSON.stringify(SCHEMA) } as const;
+  const [brace, quote, a, space] = ["{", '"', "a", " "].map((t) => idOf(tokenizer, t)) as [
+    number,
+    number,
+    number,
+    number,
+  ];
+  const random = seededRandom(3);
+  const strict = new TextDecoder("utf-8", { fatal: true });
+  const whole = (id: number) => {
+    try {
+      strict.decode(tokenizer.tokenBytes(id));
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  for (let i = 0; i < 4; i++) {
+    const c = await grammars.constraint(spec);
+    const first = await c.nextMask();
+    assert(tokenAllowed(first, brace) && tokenAllowed(first, a) && tokenAllowed(first, space));
+    assert(c.accept(brace));
+    // Committed to JSON: the object's first key opens with '"' (that token, or a longer one
+    // starting with it), nothing else is allowed.
+    const afterBrace = allowedIds(await c.nextMask(), vocab);
+    assert(afterBrace.includes(quote));
+    for (const id of afterBrace) {
+      const piece = new TextDecoder().decode(tokenizer.tokenBytes(id));
+      assert(piece.startsWith('"'), `token ${id} (${JSON.stringify(piece)}) after '{'`);
+    }
+    // Tokens that are whole UTF-8 on their own: XGrammar 0.1.27 accepts byte-fallback tokens
+    // that together are not UTF-8 (a walk wrote four such bytes, counted as one character of
+    // maxLength); that limit is the json_schema constraint's too, not this or-grammar's.
+    const text = "{" + await randomWalk(c, tokenizer, vocab, random, 400, undefined, whole);
+    c.dispose();
+    assert(validate(JSON.parse(text)), `${text}: ${JSON.stringify(validate.errors)}`);
+  }
+  // Blanks then '{' are JSON too (the parser trims blanks), so the grammar refuses that '{'.
+  const blank = await grammars.constraint(spec);
+  assert(blank.accept(space));
+  assertEquals(tokenAllowed(await blank.nextMask(), brace), false);
+  blank.dispose();
+  // After a word, anything: '{' included, and the end.
+  const words = await grammars.constraint(spec);
+  assert(words.accept(a));
+  const next = await words.nextMask();
+  assert(tokenAllowed(next, brace) && words.stopIds.every((id) => tokenAllowed(next, id)));
+  words.dispose();
+  grammars.close();
+});
 
 Deno.test("GrammarService compiles a schema once and answers again from its cache", async () => {
   const { tokenizer, vocab } = await tokenizerOf(modelFile("stories260K.bin"));

@@ -3,6 +3,8 @@ import { DRAINED_MESSAGE, DRAINING_MESSAGE } from "../lib/core/draining.ts";
 import { FakeCore } from "./_fake_core.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import {
+  assertRefusesInvalidUtf8,
+  invalidUtf8Completion,
   metricValue,
   parseSse,
   postJson,
@@ -63,6 +65,34 @@ Deno.test("POST /v1/completions returns the core's text, usage and timings", asy
       .json();
   assertEquals(ids.usage.prompt_tokens, 3);
   assertEquals(svc.backend.requests.at(-1)!.prompt, [1, 403, 407]);
+});
+
+Deno.test("a body that is not UTF-8 gets a 400 from a server of one model, sent whole or chunked, and nothing is generated", async () => {
+  await using svc = await startService();
+  const { body, ...init } = invalidUtf8Completion("fake-llama");
+  await assertRefusesInvalidUtf8(await fetch(svc.base + "/v1/completions", { ...init, body }));
+  // Without Content-Length the body limit buffers it first (hono/body-limit): the same answer.
+  const chunked = ReadableStream.from([body as Uint8Array]);
+  await assertRefusesInvalidUtf8(
+    await fetch(svc.base + "/v1/completions", { ...init, body: chunked }),
+  );
+  assertEquals(svc.backend.requests.length, 0);
+});
+
+Deno.test("a chunked body (no Content-Length) under the limit is served as a whole one is", async () => {
+  await using svc = await startService();
+  const json = JSON.stringify({ prompt: "Once upon a time", max_tokens: 5, seed: 3 });
+  const enc = new TextEncoder();
+  const res = await fetch(svc.base + "/v1/completions", {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    // Split inside a field: the body limit buffers the pieces before the route reads them.
+    body: ReadableStream.from([enc.encode(json.slice(0, 12)), enc.encode(json.slice(12))]),
+  });
+  const body = await res.json();
+  assertEquals(res.status, 200, JSON.stringify(body));
+  assertEquals(body.choices[0].text, expectedText(svc, "Once upon a time", 5));
+  assertEquals(res.headers.get("x-request-id"), body.id);
 });
 
 Deno.test("POST /v1/completions with stream:true sends SSE chunks, usage, then [DONE]", async () => {

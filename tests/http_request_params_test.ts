@@ -261,7 +261,10 @@ Deno.test("the generate command's sampling flags take the table's limits and def
   assert(!("error" in defaults), JSON.stringify(defaults));
   for (const [name, row] of flags) {
     const flag = row.cli!.split(",")[0]!.trim();
-    const key = flag.slice(2) as keyof typeof defaults;
+    // The settings table's name of the flag: --max-tokens is maxTokens.
+    const key = flag.slice(2).replace(/-(.)/g, (_, ch: string) => ch.toUpperCase()) as
+      & keyof typeof defaults
+      & ("maxTokens" | "temperature" | "topK" | "topP" | "minP" | "seed");
     if (row.default !== undefined) assertEquals(defaults[key], row.default, flag);
     for (const value of boundaries(row.limits)) {
       const r = PARAM_FIELDS[name].safeParse(value);

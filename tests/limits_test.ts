@@ -6,6 +6,7 @@ import { TOKENIZER } from "./_fake_core.ts";
 import { resolveConfig } from "../lib/cli/config.ts";
 import { serveInfo } from "../lib/cli/serve_args.ts";
 import { schedulerConfig } from "../lib/core/scheduler.ts";
+import { SCHEDULER_DEFAULTS } from "../lib/core/scheduler_config.ts";
 import { createExecutorMailbox, SchedulerActor } from "../actors/scheduler.ts";
 import { HTTP_DEFAULTS } from "../lib/http/defaults.ts";
 import { DEFAULT_MODEL } from "../lib/source/model_source.ts";
@@ -17,8 +18,8 @@ Deno.test("the server's configuration and a bare scheduler default to the same l
   const config = resolveConfig({}, noEnv);
   const sched = schedulerConfig({ numBlocks: 1000, blockSize: 16, contextLength: 512 });
   for (const key of ["maxBatchTokens", "maxRunning", "maxWaiting"] as const) {
-    assertEquals(config[key], DEFAULT_LIMITS[key], `config ${key}`);
-    assertEquals(sched[key], DEFAULT_LIMITS[key], `scheduler ${key}`);
+    assertEquals(config[key], SCHEDULER_DEFAULTS[key], `config ${key}`);
+    assertEquals(sched[key], SCHEDULER_DEFAULTS[key], `scheduler ${key}`);
   }
   assertEquals(config.blockSize, DEFAULT_LIMITS.blockSize);
   // "auto": serve sizes the cache from the model and the device (planKvCache).
@@ -44,7 +45,7 @@ Deno.test("serve's usage shows every limit with its default", () => {
     "--kv-memory": DEFAULT_LIMITS.kvMemory,
     "--max-batch-tokens": DEFAULT_LIMITS.maxBatchTokens,
     "--max-running": DEFAULT_LIMITS.maxRunning,
-    "--max-waiting": DEFAULT_LIMITS.maxWaiting,
+    "--max-waiting": SCHEDULER_DEFAULTS.maxWaiting,
   };
   for (const [flag, value] of Object.entries(shown)) {
     const line = err.message.split("\n").find((l) => l.trimStart().startsWith(flag + " "));

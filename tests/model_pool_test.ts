@@ -3,12 +3,8 @@
  * eviction of idle models only, --max-loaded-models, keep-alive 0 and forever, failed loads.
  */
 import { assert, assertEquals, assertRejects } from "@std/assert";
-import {
-  type LoadContext,
-  ModelLoadError,
-  ModelPool,
-  type PooledModel,
-} from "../lib/compose/model_pool.ts";
+import { type LoadContext, ModelPool } from "../lib/compose/model_pool.ts";
+import { ModelLoadError, type PooledModel } from "../lib/http/model_directory.ts";
 import { parseKeepAlive } from "../lib/util/duration.ts";
 
 const MB = 1_000_000;

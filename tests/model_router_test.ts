@@ -6,6 +6,7 @@
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
 import { compatPath, generateAlone as generateCompat } from "./harness/compat.ts";
 import { Cluster, until } from "./_cluster.ts";
+import { assertRefusesInvalidUtf8, invalidUtf8Completion } from "./_http_harness.ts";
 
 const A = "stories260K-q4_1";
 const B = "tinyllama-like-q4_0";
@@ -72,4 +73,34 @@ Deno.test("a router by model sends each request to a replica of its model", asyn
       metrics.split("\n").filter((l) => l.startsWith("llm_http_requests_total")).join("\n"),
     );
   }
+});
+
+Deno.test("a router by model refuses a body that is not UTF-8 with a 400, and serves on", async () => {
+  await using cluster = await Cluster.start();
+  const oracle = await generateAlone(A);
+  await cluster.replicaServing(replicaArgs(A));
+  const router = await cluster.router(["--by-model"]);
+  await until("the router to route the model", async () => {
+    const h = await (await fetch(`${router.base}/health`)).json();
+    return h.models?.[A]?.phase === "loaded";
+  }, 30_000);
+  await assertRefusesInvalidUtf8(
+    await fetch(`${router.base}/v1/completions`, invalidUtf8Completion(A)),
+  );
+  // The same request in valid UTF-8 is served: the refusal was about the bytes alone.
+  const res = await fetch(`${router.base}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: A, prompt: PROMPT, max_tokens: N, temperature: 0 }),
+  });
+  assertEquals(res.status, 200);
+  assertEquals((await res.json()).choices[0].text, oracle);
+  // The 400 is the front's own: the model's route (and so no replica) never saw the request.
+  const metrics = await (await fetch(`${router.base}/metrics`)).text();
+  assert(
+    metrics.includes(
+      `llm_http_requests_total{model="${A}",method="POST",route="/v1/completions",status="200"} 1`,
+    ) && !metrics.includes(`model="${A}",method="POST",route="/v1/completions",status="400"`),
+    metrics.split("\n").filter((l) => l.startsWith("llm_http_requests_total")).join("\n"),
+  );
 });

@@ -14,11 +14,17 @@ import { ReplicaAgent, type ReplicaModels } from "../lib/cluster/replica.ts";
 import { coreReplicaSource } from "../lib/cluster/replica_source.ts";
 import { RouterBackend } from "../lib/cluster/router_backend.ts";
 import { createPlainRouter } from "../lib/cluster/router_front.ts";
-import { createModelsService } from "../lib/compose/models_service.ts";
+import { createModelsFront } from "../lib/http/models_front.ts";
 import { parseLlama2cTokenizer } from "../lib/tokenizer/llama2c_tokenizer.ts";
 import { FakeCore } from "./_fake_core.ts";
 import { FakeNatsServer } from "./_fake_nats.ts";
-import { metricValue } from "./_http_harness.ts";
+import {
+  assertRefusesInvalidUtf8 as refusesInvalidUtf8,
+  invalidUtf8Completion,
+  metricValue,
+  TestSocket,
+} from "./_http_harness.ts";
+import { serveService } from "../lib/http/serve.ts";
 import { modelFile } from "./harness/model_files.ts";
 import { compatPath, generateAlone as generateCompat } from "./harness/compat.ts";
 import { Cluster, until } from "./_cluster.ts";
@@ -139,28 +145,12 @@ async function complete(service: ServiceApp, model: string | undefined) {
   return { status: res.status, body: await res.json() };
 }
 
-/**
- * A completion request whose JSON names `model` and holds a byte that is not UTF-8 (0xFF) in its
- * prompt: a lenient decoder would serve it as U+FFFD, a prompt the client never sent.
- */
-function invalidUtf8Request(model: string): Request {
-  const head = new TextEncoder().encode(`{"model":"${model}","prompt":"Once `);
-  const tail = new TextEncoder().encode(`","max_tokens":2}`);
-  const body = new Uint8Array([...head, 0xff, ...tail]);
-  return new Request("http://router/v1/completions", {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body,
-  });
-}
-
-/** A front's answer to invalidUtf8Request: 400, naming UTF-8, and nothing generated. */
+/** A front's answer to a body that is not UTF-8: 400, and nothing generated. */
 async function assertRefusesInvalidUtf8(service: ServiceApp, c: InProcess, model: string) {
   const before = counts(c);
-  const res = await service.fetch(invalidUtf8Request(model));
-  const body = await res.json();
-  assertEquals([res.status, body.error.code], [400, "invalid_json"], JSON.stringify(body));
-  assertStringIncludes(body.error.message, "not valid UTF-8");
+  await refusesInvalidUtf8(
+    await service.fetch(new Request("http://router/v1/completions", invalidUtf8Completion(model))),
+  );
   assertEquals(counts(c), before, "nothing reached a replica");
 }
 
@@ -311,7 +301,7 @@ Deno.test("a router by model routes an advertised alias as the model's name", as
   await using c = await cluster();
   const oracle = c.cores.beta0.continuation(PROMPT, N).text;
   const directory = new ModelRouterDirectory(c.routerConn, { policy: "round-robin" });
-  const service = createModelsService({
+  const service = createModelsFront({
     pool: directory,
     catalog: () => directory.catalog(),
     metrics: new ServiceMetrics(),
@@ -379,6 +369,47 @@ Deno.test("a plain router refuses a body that is not UTF-8 with a 400, for its o
     await assertRefusesInvalidUtf8(service, c, "gamma");
   } finally {
     service.close();
+    await directory.close();
+  }
+});
+
+Deno.test("a plain router hands a WebSocket naming another model (?model=) to that model's replicas", async () => {
+  await using c = await cluster();
+  const { service, directory } = createPlainRouter(c.routerConn, c.backend, {
+    metrics: c.metrics,
+    policy: "round-robin",
+    log: (l) => c.log.push(l),
+  });
+  // Over a real HTTP server: the upgrade is the server adapter's, passed on to gamma's app.
+  const server = await serveService(service, {
+    hostname: "127.0.0.1",
+    port: 0,
+    drainTimeoutMs: 1000,
+    signals: [],
+  });
+  try {
+    await until("the router to hear gamma", () => directory.has("gamma"));
+    const before = counts(c);
+    const ws = await TestSocket.open(`ws://127.0.0.1:${server.addr.port}/v1/stream?model=gamma`);
+    try {
+      ws.send({ type: "generate", id: "g", prompt: PROMPT, max_tokens: N, temperature: 0 });
+      const frames = await ws.collect("g");
+      assertEquals(frames.at(-1)!.type, "done", JSON.stringify(frames.at(-1)));
+      const text = frames.filter((f) => f.type === "token").map((f) => f.text).join("");
+      assertEquals(text, c.cores.gamma1.continuation(PROMPT, N).text);
+    } finally {
+      await ws.close();
+    }
+    const after = counts(c);
+    assertEquals(after.gamma1! - before.gamma1!, 1);
+    assertEquals([after.alpha0, after.beta0, after.beta1], [
+      before.alpha0,
+      before.beta0,
+      before.beta1,
+    ]);
+  } finally {
+    service.close();
+    await server.stop();
     await directory.close();
   }
 });

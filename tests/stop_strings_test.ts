@@ -76,3 +76,15 @@ Deno.test("StopMatcher gives the same cut as searching each streamed prefix of t
     assertEquals(stream(stops, pieces), want, JSON.stringify({ text, stops, pieces }));
   }
 });
+
+Deno.test("StopMatcher.matched names the stop string that ended the text: the earliest in it", () => {
+  const m = new StopMatcher(["END", "\n\n"]);
+  assertEquals(m.push("one\n"), { text: "one", stopped: false });
+  assertEquals(m.matched, undefined, "nothing matched yet");
+  // Both stops complete in this piece; "\n\n" starts first, so it is the one that ended it.
+  assertEquals(m.push("\nEND"), { text: "", stopped: true });
+  assertEquals(m.matched, "\n\n");
+  const n = new StopMatcher(["\n\n", "END"]);
+  assertEquals(n.push("xEND\n\n").stopped, true);
+  assertEquals(n.matched, "END");
+});

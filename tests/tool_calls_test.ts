@@ -165,6 +165,37 @@ const CASES: {
     cut: true,
     want: { content: "a <tool_call> b", calls: [] },
   },
+  {
+    name: "generic: the whole answer is one call",
+    format: "generic",
+    text: '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    want: { content: null, calls: [call("get_weather", { city: "Paris" })] },
+  },
+  {
+    name: "generic: no <|python_tag|> lead (that is Llama 3.1's, not this format's)",
+    format: "generic",
+    text: '<|python_tag|>{"name": "f", "arguments": {}}',
+    want: { content: '<|python_tag|>{"name": "f", "arguments": {}}', calls: [] },
+  },
+  {
+    name: "generic: no ';' list of calls (its grammar writes one)",
+    format: "generic",
+    text: '{"name": "a", "arguments": {}}; {"name": "b", "arguments": {}}',
+    want: { content: '{"name": "a", "arguments": {}}; {"name": "b", "arguments": {}}', calls: [] },
+  },
+  {
+    name: "generic: words are content",
+    format: "generic",
+    text: "It is sunny.",
+    want: { content: "It is sunny.", calls: [] },
+  },
+  {
+    name: "generic: a call cut by max_tokens is that call so far",
+    format: "generic",
+    text: '{"name": "f", "arguments": {"x": ',
+    cut: true,
+    want: { content: null, calls: [{ name: "f", arguments: '{"x": ' }] },
+  },
 ];
 
 for (const c of CASES) {

@@ -1,6 +1,7 @@
 import { setImmediate } from "node:timers";
 import type {
   Engine,
+  HiddenStates,
   KvGeometry,
   SampledToken,
   StepPlan,
@@ -64,6 +65,7 @@ function sharedDenseWeights(config: ModelConfig, weights: ModelWeights): DenseWe
 export class CpuEngine implements Engine {
   readonly name = "cpu";
   readonly kv: KvGeometry;
+  readonly hiddenStates = true;
   /** Bytes of host memory held: the weights expanded to f32, and the KV cache. */
   readonly memory: { readonly weights: number; readonly kvCache: number };
   private readonly dense: DenseWeights;
@@ -136,16 +138,21 @@ export class CpuEngine implements Engine {
     const inputs = this.resolveInputs(plan);
     if (plan.kvCopies) this.cache.copyBlocks(plan.kvCopies);
     const sampled: SampledToken[] = [];
+    const hidden: HiddenStates[] = [];
     plan.seqs.forEach((seq, i) => {
       const tokens = inputs[i]!;
-      let logits: Float32Array | undefined;
+      const { dim } = this.config;
+      const keepFrom = seq.hidden === "all" ? 0 : tokens.length - 1;
+      const rows = seq.hidden ? new Float32Array((tokens.length - keepFrom) * dim) : undefined;
+      let x: Float32Array | undefined;
       tokens.forEach((token, j) => {
-        const last = j === tokens.length - 1;
-        logits = this.forward(token, seq.startPos + j, seq.blockTable, last && seq.sample);
+        x = this.forward(token, seq.startPos + j, seq.blockTable);
+        if (rows && j >= keepFrom) rows.set(this.finalNorm(x), (j - keepFrom) * dim);
       });
+      if (rows) hidden.push({ seqId: seq.seqId, startPos: seq.startPos + keepFrom, rows });
       if (!seq.sample) return;
       const position = seq.startPos + tokens.length;
-      logits = applyLogitAdjust(logits!, seq.adjust);
+      const logits = applyLogitAdjust(this.logitsOf(x!), seq.adjust);
       const mask = seq.tokenMask;
       const { token, logprob } = mask
         ? rawLogprob(logits, sample(maskLogits(logits, mask), seq.sampling, position).token)
@@ -159,7 +166,7 @@ export class CpuEngine implements Engine {
         ...(seq.topLogprobs ? { top: topLogprobs(logits, seq.topLogprobs) } : {}),
       });
     });
-    return { stepId: plan.stepId, sampled };
+    return { stepId: plan.stepId, sampled, ...(hidden.length > 0 ? { hidden } : {}) };
   }
 
   private resolveInputs(plan: StepPlan): number[][] {
@@ -167,23 +174,31 @@ export class CpuEngine implements Engine {
       config: this.config,
       kv: this.kv,
       hasLastSampled: (seqId) => this.lastSampled.has(seqId),
+      hiddenStates: true,
     });
     return plan.seqs.map((seq) =>
       seq.useLastSampled ? [this.lastSampled.get(seq.seqId)!] : [...seq.tokens]
     );
   }
 
+  /** A row's hidden state after the final norm (a fresh array). */
+  private finalNorm(x: Float32Array): Float32Array {
+    const out = new Float32Array(x.length);
+    rmsnorm(out, x, this.dense.outputNorm, this.config.rmsEps);
+    return out;
+  }
+
+  /** The logits of a row: the classifier over its final norm (the largest matmul). */
+  private logitsOf(x: Float32Array): Float32Array {
+    return matvec(new Float32Array(this.config.vocabSize), this.dense.output, this.finalNorm(x));
+  }
+
   /**
    * One token through every layer: writes its K/V at its slot and attends over positions
-   * 0..pos. Returns the logits only when asked (the classifier is the largest matmul).
+   * 0..pos. Returns the row's residual stream after the last layer (before the final norm).
    */
-  private forward(
-    token: number,
-    pos: number,
-    blockTable: readonly number[],
-    wantLogits: boolean,
-  ): Float32Array | undefined {
-    const { dim, hiddenDim, nHeads, nKvHeads, headDim, rmsEps, vocabSize } = this.config;
+  private forward(token: number, pos: number, blockTable: readonly number[]): Float32Array {
+    const { dim, hiddenDim, nHeads, nKvHeads, headDim, rmsEps } = this.config;
     const x = this.dense.tokenEmbedding.slice(token * dim, (token + 1) * dim);
     const xb = new Float32Array(dim);
     const q = new Float32Array(nHeads * headDim);
@@ -222,9 +237,7 @@ export class CpuEngine implements Engine {
       addInPlace(x, matvec(xb, w.wDown, swiglu(gate, up)));
     });
 
-    if (!wantLogits) return undefined;
-    rmsnorm(x, x, this.dense.outputNorm, rmsEps);
-    return matvec(new Float32Array(vocabSize), this.dense.output, x);
+    return x;
   }
 }
 

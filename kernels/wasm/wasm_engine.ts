@@ -112,6 +112,7 @@ const NO_ROW_STATS = new Int32Array([0, 0, 0, 1]);
  */
 export class WasmEngine implements Engine {
   readonly name = "cpu";
+  readonly hiddenStates = true;
   /** Its sampling runs on this thread after the forward pass: a late mask is awaited there. */
   readonly lateMasks = true;
   readonly resultsOnHost = true;
@@ -344,6 +345,7 @@ export class WasmEngine implements Engine {
       config,
       kv: this.kv,
       hasLastSampled: (id) => this.#lastSampled.has(id),
+      hiddenStates: true,
       capacity: {
         maxRows: this.limits.maxBatchTokens,
         maxSeqs: this.limits.maxSeqs,
@@ -366,7 +368,9 @@ export class WasmEngine implements Engine {
 
     let rows = 0, tableAt = 0;
     const sampling: { seq: number; row: number }[] = [];
+    const hiddenAt: { seqId: number; startPos: number; from: number; to: number }[] = [];
     plan.seqs.forEach((seq, i) => {
+      const from = rows;
       const tokens = seq.useLastSampled ? [this.#lastSampled.get(seq.seqId)!] : seq.tokens;
       const needed = Math.ceil((seq.startPos + tokens.length) / bs);
       for (let t = 0; t < needed; t++) tables[tableAt + t] = seq.blockTable[t]!;
@@ -386,6 +390,11 @@ export class WasmEngine implements Engine {
         rows++;
       });
       tableAt += needed;
+      if (seq.hidden) {
+        const keep = seq.hidden === "all" ? rows - from : 1;
+        const startPos = seq.startPos + tokens.length - keep;
+        hiddenAt.push({ seqId: seq.seqId, startPos, from: rows - keep, to: rows });
+      }
       if (seq.sample) {
         rowmap[sampling.length] = rows - 1;
         sampling.push({ seq: i, row: rows - 1 });
@@ -393,6 +402,11 @@ export class WasmEngine implements Engine {
     });
 
     await this.#runLayers(rows, sampling.length, tableAt);
+    const hidden = hiddenAt.map(({ seqId, startPos, from, to }) => ({
+      seqId,
+      startPos,
+      rows: this.#finalNorm(last, from, to),
+    }));
 
     const sampled: SampledToken[] = [];
     let masks: (Uint32Array | undefined)[] | undefined;
@@ -456,7 +470,25 @@ export class WasmEngine implements Engine {
         });
       }
     }
-    return { stepId: plan.stepId, sampled };
+    return { stepId: plan.stepId, sampled, ...(hidden.length > 0 ? { hidden } : {}) };
+  }
+
+  /**
+   * Rows [from, to) of the last part's residual stream after the final norm, as llama.cpp
+   * pools them into embeddings: RMS norm in float64 sums, times the output norm's weights.
+   */
+  #finalNorm(last: EnginePart, from: number, to: number): Float32Array {
+    const { dim, rmsEps } = this.config;
+    const x = last.heap.f32(last.x + from * dim * 4, (to - from) * dim);
+    const w = last.heap.f32(this.#outputNorm, dim);
+    const out = new Float32Array(x.length);
+    for (let r = 0; r < to - from; r++) {
+      let ss = 0;
+      for (let j = 0; j < dim; j++) ss += x[r * dim + j]! * x[r * dim + j]!;
+      const scale = 1 / Math.sqrt(ss / dim + rmsEps);
+      for (let j = 0; j < dim; j++) out[r * dim + j] = x[r * dim + j]! * scale * w[j]!;
+    }
+    return out;
   }
 
   /** Each sequence's token mask, late ones awaited (and checked as validateStep checks the rest). */

@@ -5,7 +5,18 @@ import type {
   GenerationEvent,
   GenerationRequest,
   SamplingDefaults,
+  SimilarHit,
+  SimilarQuestion,
 } from "../core/generation.ts";
+import { SimilarCache } from "../core/similar_cache.ts";
+
+/** The cache for similar questions' settings (--similar-cache). */
+export interface SimilarCacheSettings {
+  /** Cosine similarity at or above which a question takes another's answer. */
+  readonly threshold: number;
+  readonly capacityBytes: number;
+}
+import type { Embedder } from "../core/embedder.ts";
 import {
   ResultCache,
   resultCacheKey,
@@ -26,9 +37,23 @@ import {
  */
 export class CachedBackend implements GenerationBackend {
   readonly cache: ResultCache;
+  /** The cache for similar questions, where it is on and the model gives embeddings. */
+  readonly similar: SimilarCache | undefined;
 
-  constructor(readonly inner: GenerationBackend, capacityBytes: number) {
+  constructor(
+    readonly inner: GenerationBackend,
+    capacityBytes: number,
+    similar?: SimilarCacheSettings,
+  ) {
     this.cache = new ResultCache(capacityBytes);
+    const embedder = inner.embedder;
+    if (similar && embedder) {
+      this.similar = new SimilarCache(
+        similar.threshold,
+        embedder.dimensions,
+        similar.capacityBytes,
+      );
+    }
   }
 
   get modelName(): string {
@@ -36,6 +61,10 @@ export class CachedBackend implements GenerationBackend {
   }
   get samplingDefaults(): SamplingDefaults | undefined {
     return this.inner.samplingDefaults;
+  }
+  /** Embeddings are computed each time: the result cache holds generations. */
+  get embedder(): Embedder | undefined {
+    return this.inner.embedder;
   }
   get contextLength(): number {
     return this.inner.contextLength;
@@ -83,6 +112,7 @@ export class CachedBackend implements GenerationBackend {
         capacityBytes: c.capacityBytes,
         entries: c.size,
         savedMs: c.savedMs,
+        ...(this.similar ? { similar: this.similar.stats() } : {}),
       },
     };
   }
@@ -97,7 +127,52 @@ export class CachedBackend implements GenerationBackend {
     if (flight !== undefined && !flight.abandoned) return this.#consume(flight, signal, false);
     const stored = this.cache.get(key);
     if (stored !== undefined) return replay(stored, signal);
+    if (this.similar && req.similar) return this.#viaSimilar(key, req, req.similar, signal);
     return this.#consume(this.#launch(key, req), signal, true);
+  }
+
+  /**
+   * A chat question the exact cache misses: its embedding looks for a similar question asked
+   * in the same context (tenant, model, sampling, conversation so far) whose answer is still
+   * stored, and replays that answer, marked; else the answer is generated and stored under
+   * this question too. An embedding that fails leaves the request to the core, logged.
+   */
+  async *#viaSimilar(
+    key: string,
+    req: GenerationRequest,
+    q: SimilarQuestion,
+    signal: AbortSignal,
+  ): AsyncGenerator<GenerationEvent> {
+    const similar = this.similar!;
+    // The conversation so far as text, beside everything else that decides the answer.
+    const context = JSON.stringify([
+      q.context,
+      resultCacheKey(this.modelName, { ...req, prompt: [] }),
+    ]);
+    let v: Float32Array | undefined;
+    try {
+      const ids = this.inner.tokenize(q.question, { bos: true, special: false });
+      v = await this.inner.embedder!.embed(ids, signal);
+    } catch (e) {
+      console.warn(`similar cache: the question's embedding failed, generating: ${e}`);
+    }
+    if (v !== undefined) {
+      const hit = similar.lookup(context, v);
+      const stored = hit && this.cache.get(hit.key);
+      if (hit && stored) {
+        yield* replay(stored, signal, { score: hit.score, matched: hit.matched });
+        return;
+      }
+      if (hit) similar.unhit();
+    }
+    // An identical request may have started while the question was embedded.
+    const flight = this.#flights.get(key);
+    if (flight !== undefined && !flight.abandoned) {
+      yield* this.#consume(flight, signal, false);
+      return;
+    }
+    const onStored = v && (() => similar.add(context, v, key, q.question));
+    yield* this.#consume(this.#launch(key, req, onStored), signal, true);
   }
 
   /**
@@ -107,7 +182,7 @@ export class CachedBackend implements GenerationBackend {
    * follower never waits on another client's socket (a leader that stopped reading an SSE
    * stream held its followers indefinitely). It is cancelled once nobody consumes it.
    */
-  #launch(key: string, req: GenerationRequest): Flight {
+  #launch(key: string, req: GenerationRequest, onStored?: () => void): Flight {
     const flight = new Flight();
     this.#flights.set(key, flight);
     const t0 = performance.now();
@@ -130,10 +205,12 @@ export class CachedBackend implements GenerationBackend {
               promptTokens: flight.promptTokens ?? 0,
               tokens: flight.tokens,
               finishReason: ev.finishReason,
+              ...(ev.stopString === undefined ? {} : { stopString: ev.stopString }),
               usage: ev.usage,
               totalMs: performance.now() - t0,
             };
             this.cache.set(key, result);
+            onStored?.();
             return flight.end({ result, done: ev });
           }
         }
@@ -303,7 +380,13 @@ function cancelledDone(
  * The done event of an answer not generated for this request (replayed or followed): its
  * decode rate is over the `sent` chunks it was sent in.
  */
-function doneFrom(r: StoredResult, t0: number, firstAt: number, sent: number): GenerationEvent {
+function doneFrom(
+  r: StoredResult,
+  t0: number,
+  firstAt: number,
+  sent: number,
+  similar?: SimilarHit,
+): GenerationEvent {
   const clock = { start: t0, scheduled: t0, ...(firstAt < 0 ? {} : { firstToken: firstAt }) };
   return doneEvent(
     r.finishReason,
@@ -314,12 +397,17 @@ function doneFrom(r: StoredResult, t0: number, firstAt: number, sent: number): G
       cachedTokens: r.promptTokens,
     },
     generationTimings(clock, sent),
-    { savedMs: r.totalMs },
+    { savedMs: r.totalMs, ...(similar ? { similar } : {}) },
+    r.stopString,
   );
 }
 
 /** The stored events again, as fast as the consumer takes them; an abort ends it "cancelled". */
-async function* replay(r: StoredResult, signal: AbortSignal): AsyncGenerator<GenerationEvent> {
+async function* replay(
+  r: StoredResult,
+  signal: AbortSignal,
+  similar?: SimilarHit,
+): AsyncGenerator<GenerationEvent> {
   const t0 = performance.now();
   yield { type: "started", promptTokens: r.promptTokens };
   let firstAt = -1;
@@ -335,5 +423,5 @@ async function* replay(r: StoredResult, signal: AbortSignal): AsyncGenerator<Gen
     yield cancelledDone(r.promptTokens, ids, t0, firstAt);
     return;
   }
-  yield doneFrom(r, t0, firstAt, sent);
+  yield doneFrom(r, t0, firstAt, sent, similar);
 }

@@ -8,6 +8,17 @@ import type {
 } from "../core/generation.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { PromptTokens } from "./prompt_tokens.ts";
+import type { Embedder } from "../core/embedder.ts";
+import { DEFAULT_EMBD_NORMALIZE, normalizeEmbedding } from "../engine/embedding_norm.ts";
+import type { Model } from "../model/weights.ts";
+import type { Pooling } from "../engine/pooling.ts";
+
+/** How the backend's embeddings are pooled and normalized (the GGUF's or the settings'). */
+export interface EmbeddingSettings {
+  readonly pooling: Pooling;
+  /** llama-server's --embd-normalize (embedding_norm.ts). */
+  readonly normalize: number;
+}
 
 /**
  * Presents the serving core to the HTTP layer: requests go to it as they are (ids, built by
@@ -19,6 +30,7 @@ export class CoreBackend implements GenerationBackend {
   readonly eosToken: string;
   readonly vocabSize: number;
   readonly specialTokens: readonly string[];
+  readonly embedder?: Embedder;
   readonly #text: PromptTokens;
 
   constructor(
@@ -27,6 +39,7 @@ export class CoreBackend implements GenerationBackend {
     tokenizer: Tokenizer,
     readonly chatTemplate?: string,
     readonly samplingDefaults?: SamplingDefaults,
+    embedding?: EmbeddingSettings,
   ) {
     this.contextLength = core.contextLength;
     this.bosToken = tokenizer.tokenText(tokenizer.bosId);
@@ -34,6 +47,7 @@ export class CoreBackend implements GenerationBackend {
     this.vocabSize = tokenizer.vocabSize;
     this.specialTokens = tokenizer.specialPieces;
     this.#text = new PromptTokens(tokenizer);
+    if (core.embeddings && embedding) this.embedder = coreEmbedder(core, embedding);
   }
 
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
@@ -63,4 +77,31 @@ export class CoreBackend implements GenerationBackend {
   stats(): CoreStats {
     return this.core.stats();
   }
+}
+
+/**
+ * A model's embedding settings: the pooling its file names, else mean (what most decoder
+ * embedding models use), normalized as llama-server's default (Euclidean).
+ */
+export function embeddingSettings(
+  model: Pick<Model, "pooling">,
+  given: Partial<EmbeddingSettings> = {},
+): EmbeddingSettings {
+  return {
+    pooling: given.pooling ?? model.pooling ?? "mean",
+    normalize: given.normalize ?? DEFAULT_EMBD_NORMALIZE,
+  };
+}
+
+/** The core's embeddings, pooled as `settings` say (interactive unless asked otherwise). */
+function coreEmbedder(core: ServingCore, settings: EmbeddingSettings): Embedder {
+  const { pooling, normalize } = settings;
+  return {
+    pooling,
+    normalize,
+    dimensions: core.hiddenSize,
+    async embed(ids, signal, priority = "interactive") {
+      return normalizeEmbedding(await core.embed(ids, pooling, priority, signal), normalize);
+    },
+  };
 }

@@ -139,7 +139,11 @@ function lineExecutor(ctx: AppContext): LineExecutor {
       signal,
     });
     try {
-      const kind = endpoint === "/v1/completions" ? "completions" : "chat_completions";
+      const kind = endpoint === "/v1/completions"
+        ? "completions"
+        : endpoint === "/v1/embeddings"
+        ? "embeddings"
+        : "chat_completions";
       const res = await ctx.openAi(req, kind, scope);
       return { status: res.status, body: await res.json() };
     } catch (e) {

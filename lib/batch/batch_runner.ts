@@ -263,7 +263,10 @@ export class BatchRunner {
     const ctrl = new AbortController();
     a.running.set(index, ctrl);
     this.#inFlight++;
-    const body = line.body.seed === undefined || line.body.seed === null
+    // A sampled line without a seed gets one of its own, so running it again gives the same
+    // answer; embeddings sample nothing.
+    const seedless = line.body.seed === undefined || line.body.seed === null;
+    const body = seedless && a.batch.endpoint !== "/v1/embeddings"
       ? { ...line.body, seed: derivedSeed(a.batch.id, index) }
       : line.body;
     void (async () => {

@@ -4,7 +4,11 @@
  */
 
 /** The endpoints a batch may run (OpenAI's names). */
-export const BATCH_ENDPOINTS = ["/v1/chat/completions", "/v1/completions"] as const;
+export const BATCH_ENDPOINTS = [
+  "/v1/chat/completions",
+  "/v1/completions",
+  "/v1/embeddings",
+] as const;
 export type BatchEndpoint = typeof BATCH_ENDPOINTS[number];
 
 export type BatchStatus =

@@ -7,6 +7,9 @@
  *   `{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`, or several of them
  *   separated by ";". It is also the shape constrained decoding produces (tools.ts), for every
  *   template.
+ * - `generic` (models whose template has no tool syntax, generic_tools.ts): the whole answer is
+ *   one `{"name": ..., "arguments": {...}}` object, nothing else (no tag, no list): exactly what
+ *   its grammar lets through as a call.
  *
  * A call's arguments may be under "arguments" or "parameters" in either format; they must be a
  * JSON object, and come back as its JSON text (OpenAI's `function.arguments` is a string). Text
@@ -16,7 +19,7 @@
  * parseToolCalls on the whole text; it holds back only what may still turn out to be a call.
  */
 
-export type ToolCallFormat = "hermes" | "json";
+export type ToolCallFormat = "hermes" | "json" | "generic";
 
 export interface ParsedToolCall {
   readonly name: string;
@@ -94,12 +97,16 @@ function unescapeJson(body: string): string {
   return "";
 }
 
-/** The calls of a bare-JSON answer ("json" format), or undefined when it is not only calls. */
-function parseJsonCalls(text: string): ParsedToolCall[] | undefined {
-  const body = withoutPythonTag(text);
+/**
+ * The calls of a bare-JSON answer ("json" or "generic" format), or undefined when it is not only
+ * calls.
+ */
+function parseJsonCalls(text: string, format: ToolCallFormat): ParsedToolCall[] | undefined {
+  const body = callBody(text, format);
   if (!body.startsWith("{")) return undefined;
   const one = parseCallJson(body);
   if (one) return [one];
+  if (format === "generic") return undefined;
   // Llama 3.1 may give several calls separated by ";".
   const calls: ParsedToolCall[] = [];
   for (const part of body.split(/;\s*(?=\{)/)) {
@@ -110,9 +117,13 @@ function parseJsonCalls(text: string): ParsedToolCall[] | undefined {
   return calls.length > 1 ? calls : undefined;
 }
 
-/** The answer without Llama 3.1's `<|python_tag|>` lead or leading whitespace. */
-function withoutPythonTag(text: string): string {
+/**
+ * The answer without leading whitespace and ("json" only) without Llama 3.1's `<|python_tag|>`
+ * lead.
+ */
+function callBody(text: string, format: ToolCallFormat): string {
   const body = text.trimStart();
+  if (format !== "json") return body;
   return body.startsWith(PYTHON_TAG) ? body.slice(PYTHON_TAG.length).trimStart() : body;
 }
 
@@ -126,10 +137,10 @@ function withoutPythonTag(text: string): string {
  * ```
  */
 export function parseToolCalls(text: string, format: ToolCallFormat, cut = false): ParsedOutput {
-  if (format === "json") {
-    const calls = parseJsonCalls(text);
+  if (format !== "hermes") {
+    const calls = parseJsonCalls(text, format);
     if (calls) return { content: null, calls };
-    const partial = cut ? cutCall(withoutPythonTag(text)) : undefined;
+    const partial = cut ? cutCall(callBody(text, format)) : undefined;
     return partial ? { content: null, calls: [partial] } : { content: text, calls: [] };
   }
   const calls: ParsedToolCall[] = [];
@@ -185,17 +196,17 @@ export class ToolCallStream {
 
   push(text: string): StreamPiece {
     this.#held += text;
-    return this.#format === "json" ? this.#pushJson() : this.#pushHermes(false);
+    return this.#format === "hermes" ? this.#pushHermes(false) : this.#pushJson();
   }
 
   /** The end of the answer (`cut`: at max_tokens): what was held is decided now. */
   finish(cut = false): StreamPiece {
-    if (this.#format === "json") {
+    if (this.#format !== "hermes") {
       if (this.#plain) return this.#content(this.#takeHeld(), true);
       const all = this.#takeHeld();
-      const calls = parseJsonCalls(all);
+      const calls = parseJsonCalls(all, this.#format);
       if (calls) return { content: "", calls };
-      const partial = cut ? cutCall(withoutPythonTag(all)) : undefined;
+      const partial = cut ? cutCall(callBody(all, this.#format)) : undefined;
       if (partial) return { content: "", calls: [partial] };
       return { content: all, calls: [] };
     }
@@ -212,8 +223,8 @@ export class ToolCallStream {
     if (this.#plain) return this.#content(this.#takeHeld(), false);
     const lead = this.#held.trimStart();
     if (lead === "") return { content: "", calls: [] };
-    const startsLikeCall = lead.startsWith("{") || lead.startsWith(PYTHON_TAG) ||
-      PYTHON_TAG.startsWith(lead);
+    const startsLikeCall = lead.startsWith("{") ||
+      (this.#format === "json" && (lead.startsWith(PYTHON_TAG) || PYTHON_TAG.startsWith(lead)));
     if (startsLikeCall) return { content: "", calls: [] };
     this.#plain = true;
     return this.#content(this.#takeHeld(), false);

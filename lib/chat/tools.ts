@@ -1,15 +1,24 @@
 import { z } from "zod";
 import type { OutputConstraint } from "../grammar/output_constraint.ts";
 import { unsupportedSchemaPart } from "../grammar/schema_support.ts";
-import type { ChatToolCall, ChatTurn, ToolSpec } from "./chat_template.ts";
+import type {
+  ChatRenderer,
+  ChatToolCall,
+  ChatTurn,
+  RenderedChat,
+  TemplateVariables,
+  ToolSpec,
+} from "./chat_template.ts";
 import { ChatRequestError } from "./chat_error.ts";
+import { genericToolPrompt, genericToolTurns, renderWithPreamble } from "./generic_tools.ts";
 import type { ToolCallFormat } from "./tool_calls.ts";
 
 /**
  * OpenAI's `tools` and `tool_choice` on chat completions: their shapes, the checks across them,
  * and what a request then does: which tools the chat template renders, which format the answer
  * is parsed in, and (for `required` or a named function) the output constraint that makes the
- * answer a call whose arguments validate against the function's `parameters`.
+ * answer a call whose arguments validate against the function's `parameters`. A model whose
+ * template has no tool syntax gets the generic format (generic_tools.ts) instead of a refusal.
  */
 
 /** OpenAI's function names: letters, digits, underscores and dashes, at most 64. */
@@ -62,8 +71,13 @@ export interface ToolPlan {
   readonly tools: readonly ToolSpec[];
   /** How the answer is read back into calls; undefined: it is plain content. */
   readonly parse?: ToolCallFormat;
-  /** For "required" or a named function: the answer is made a call. */
+  /**
+   * For "required" or a named function: the answer is made a call. In the generic format, for
+   * "auto" too: a call or text (json_schema_or_text).
+   */
   readonly constraint?: OutputConstraint;
+  /** The generic format: the tool section for the system prompt (generic_tools.ts). */
+  readonly preamble?: string;
 }
 
 /** What a chat template does with tools, read from its text. */
@@ -76,6 +90,14 @@ export interface TemplateTools {
   readonly format: ToolCallFormat;
   /** The key of a call's arguments in that format. */
   readonly argumentsKey: "arguments" | "parameters";
+}
+
+/**
+ * The tool format a model uses, as /props and /v1/models report it: "native:hermes" or
+ * "native:json" where its template renders tools, else "generic".
+ */
+export function toolFormatName(t: TemplateTools): string {
+  return t.supported ? `native:${t.format}` : "generic";
 }
 
 /**
@@ -109,8 +131,8 @@ const none: ToolPlan = { tools: [] };
  * Checks tools and tool_choice together and plans the request, or throws a 400 naming the field:
  * tool_choice without tools, a named function that is not among them, two tools of one name, a
  * `parameters` that is not an object schema (or, when the call is constrained, one with a keyword
- * constrained decoding cannot enforce), a model whose template has no tool support, or a second
- * output constraint beside a constrained call.
+ * constrained decoding cannot enforce), or a second output constraint beside a constrained call
+ * (in the generic format, beside any call).
  */
 export function toolPlan(
   b: ToolFields,
@@ -141,19 +163,8 @@ export function toolPlan(
     checkParameters(t, i, false);
   });
   if (choice === "none") return none;
-  if (!template.supported) {
-    throw new ChatRequestError(
-      `Invalid 'tools': ${
-        template.template
-          ? "this model's chat template has no tool support (it never reads 'tools')"
-          : "this model has no chat template"
-      }, so the model would not see them; send the request without tools, or serve a model ` +
-        "whose template supports tools (Llama 3.1, Qwen2.5, Qwen3)",
-      "tools",
-    );
-  }
   const specs = tools.map(toolSpec);
-  if (choice === "auto") return { tools: specs, parse: template.format };
+  if (choice === "auto" && template.supported) return { tools: specs, parse: template.format };
   let chosen = tools;
   if (typeof choice === "object") {
     const named = tools.find((t) => t.function.name === choice.function.name);
@@ -169,23 +180,48 @@ export function toolPlan(
   }
   if (otherConstraint !== undefined) {
     throw new ChatRequestError(
-      `Invalid '${otherConstraint}': tool_choice ${
-        JSON.stringify(choice)
-      } already constrains the output to a call; give one output constraint`,
+      `Invalid '${otherConstraint}': tool_choice ${JSON.stringify(choice)} already constrains ${
+        choice === "auto"
+          ? "the output to text or a call (this model's template has no tool syntax, so its " +
+            "calls are constrained JSON)"
+          : "the output to a call"
+      }; give one output constraint`,
       otherConstraint,
     );
   }
   tools.forEach((t, i) => {
     if (chosen.includes(t)) checkParameters(t, i, true);
   });
-  const calls = chosen.map((t) => callSchema(t, template.argumentsKey));
-  const schema = calls.length === 1 ? calls[0]! : { anyOf: calls };
+  const argumentsKey = template.supported ? template.argumentsKey : "arguments";
+  const calls = chosen.map((t) => callSchema(t, argumentsKey));
+  const schema = JSON.stringify(calls.length === 1 ? calls[0]! : { anyOf: calls });
+  if (!template.supported) {
+    // The generic format: the template never sees the tools; the system prompt describes them.
+    return {
+      tools: [],
+      parse: "generic",
+      constraint: choice === "auto"
+        ? { type: "json_schema_or_text", schema }
+        : { type: "json_schema", schema },
+      preamble: genericToolPrompt(specs, choice !== "auto"),
+    };
+  }
   // A constrained call is bare JSON, whatever the template's own format.
-  return {
-    tools: specs,
-    parse: "json",
-    constraint: { type: "json_schema", schema: JSON.stringify(schema) },
-  };
+  return { tools: specs, parse: "json", constraint: { type: "json_schema", schema } };
+}
+
+/**
+ * Renders a request's turns with its plan's tools: through the template's `tools`, or (the
+ * generic format) as a section of the system prompt.
+ */
+export function renderChatTools(
+  render: ChatRenderer,
+  turns: readonly ChatTurn[],
+  vars: TemplateVariables | null | undefined,
+  plan: ToolPlan,
+): RenderedChat {
+  if (plan.preamble === undefined) return render(turns, vars, plan.tools);
+  return renderWithPreamble(render, turns, vars, plan.preamble);
 }
 
 function checkParameters(t: FunctionTool, i: number, constrained: boolean): void {
@@ -249,9 +285,10 @@ export interface RequestMessage {
 }
 
 /**
- * The turns a template renders, from the request's messages. Tool messages and assistant calls
- * need a template that supports tools; a call's arguments must be JSON (templates write them
- * back with `tojson`); content may be null only beside calls.
+ * The turns a template renders, from the request's messages. Where the template has no tool
+ * support, tool messages and assistant calls become text turns (generic_tools.ts); a call's
+ * arguments must be JSON (templates write them back with `tojson`); content may be null only
+ * beside calls.
  */
 export function chatTurns(
   messages: readonly RequestMessage[],
@@ -259,7 +296,7 @@ export function chatTurns(
 ): ChatTurn[] {
   /** Ids of the calls of the assistant messages so far: what a tool message may answer. */
   const callIds = new Set<string>();
-  return messages.map((message, i): ChatTurn => {
+  const turns = messages.map((message, i): ChatTurn => {
     let m = message;
     const calls = m.tool_calls ?? [];
     if ((m.content === null || m.content === undefined) && m.role === "assistant" && m.refusal) {
@@ -269,16 +306,6 @@ export function chatTurns(
       throw new ChatRequestError(
         `Invalid 'messages[${i}].tool_calls': only assistant messages carry tool calls`,
         `messages[${i}].tool_calls`,
-      );
-    }
-    if ((m.role === "tool" || calls.length > 0) && !template.supported) {
-      throw new ChatRequestError(
-        `Invalid 'messages[${i}]': ${
-          template.template
-            ? "this model's chat template has no tool support"
-            : "this model has no chat template"
-        }, so it cannot render ${m.role === "tool" ? "a tool result" : "tool calls"}`,
-        `messages[${i}]`,
       );
     }
     if (m.role === "tool" && !m.tool_call_id) {
@@ -333,6 +360,7 @@ export function chatTurns(
       ...(m.role === "tool" && m.name ? { name: m.name } : {}),
     };
   });
+  return template.supported ? turns : genericToolTurns(turns);
 }
 
 /** An id for a call the server parsed: "call_" and 24 random letters and digits (OpenAI's look). */

@@ -1,4 +1,3 @@
-import { parseArgs } from "@std/cli/parse-args";
 import { childArgs } from "./launch.ts";
 import { LAUNCHER_GONE, PARENT_PIPE_ENV, whenLauncherGone } from "./parent_watch.ts";
 import { STOP_SIGNALS } from "./stop_deadline.ts";
@@ -6,16 +5,8 @@ import { parseRouterArgs, routerNeeds } from "./router.ts";
 import { parseServeArgs, serveNeeds } from "./serve_args.ts";
 import { runtimeDirEnv } from "../util/runtime_dir.ts";
 import { resolveDataDir } from "../batch/data_dir.ts";
-
-const USAGE =
-  `Usage: deno task cluster [--replicas N] [--port P] [--nats-port Q] [-- serve flags...]
-  Starts, for a local try: nats-server with a generated password on 127.0.0.1:Q (default
-  4222), N replicas (default 2; each also on its own free HTTP port) and a router on P
-  (default 8000). Flags after -- go to every replica (e.g. -- --backend cpu); each replica
-  keeps its files and batches in replica-<n>/ of the data folder (--data-dir), the router the
-  Batch API's in router/. Ctrl-C or
-  SIGTERM stops the router, drains every replica, then stops nats-server.
-  nats-server is $NATS_SERVER, else found on PATH or in /usr/local/sbin, /usr/sbin, /sbin.`;
+import { parseSettings } from "./flag_parser.ts";
+import { printInfo } from "./help.ts";
 
 /** A process of the cluster, its stderr prefixed with its name on ours. */
 interface Member {
@@ -120,20 +111,8 @@ export async function clusterCommand(argv: string[]): Promise<number> {
   const dash = argv.indexOf("--");
   const own = dash < 0 ? argv : argv.slice(0, dash);
   const serveFlags = dash < 0 ? [] : argv.slice(dash + 1);
-  const flags = parseArgs(own, {
-    string: ["replicas", "port", "nats-port"],
-    boolean: ["help"],
-    default: { replicas: "2", port: "8000", "nats-port": "4222" },
-  });
-  if (flags.help) {
-    console.log(USAGE);
-    return 0;
-  }
-  const replicas = Number(flags.replicas);
-  if (!Number.isInteger(replicas) || replicas < 1) {
-    throw new Error(`--replicas must be a positive integer, received ${flags.replicas}\n${USAGE}`);
-  }
-  const natsPort = Number(flags["nats-port"]);
+  if (printInfo("cluster", own)) return 0;
+  const { replicas, port, natsPort } = parseSettings("cluster", own);
   const bin = findNatsServer();
   if (bin === undefined) {
     throw new Error(
@@ -165,7 +144,7 @@ export async function clusterCommand(argv: string[]): Promise<number> {
     return childArgs("serve", argv, serveNeeds(parseServeArgs([...argv, "--nats", url])), env);
   });
   // The router keeps the Batch API's files and batches in its own folder beside the replicas'.
-  const routerArgv = ["--port", String(flags.port), "--data-dir", `${dataRoot}/router`];
+  const routerArgv = ["--port", String(port), "--data-dir", `${dataRoot}/router`];
   const routerArgs = childArgs(
     "router",
     routerArgv,

@@ -4,17 +4,7 @@
  * that mean something different here, with what to use instead. The whole usage text is for
  * `--help`: printed after one typo it buried the one line that mattered.
  */
-
-/**
- * Flags that llama-server, vLLM and Ollama users type which have no equivalent here, with what
- * does that job instead. They take a value, so `-ngl 99` is read as one flag, not `-n -g -l`.
- */
-export const PEER_FLAGS: Readonly<Record<string, string>> = {
-  "n-gpu-layers":
-    "the backend is chosen with --backend (auto, cpu, webgpu, reference), and every layer runs on it",
-  "gpu-memory-utilization":
-    "the KV cache is sized with --kv-memory (a size such as 2GiB, or auto) and all models together with --memory-budget",
-};
+import { PEER_FLAGS } from "./settings.ts";
 
 /** The one-line error for `unknown` flags of a command whose flags are `known` (no dashes). */
 export function unknownArgumentsError(
@@ -29,9 +19,9 @@ export function unknownArgumentsError(
   return `Unknown argument(s): ${each.join(", ")}; \`${command} --help\` lists every flag`;
 }
 
-/** The error for a flag of PEER_FLAGS, named as the user typed it. */
+/** The error for a peer's flag (settings.ts PEER_FLAGS), named as the user typed it. */
 export function peerFlagError(flag: string, typed: string): string {
-  return `${typed} is not a flag here: ${PEER_FLAGS[flag] ?? "no flag does that job"}`;
+  return `${typed} is not a flag here: ${PEER_FLAGS[flag]?.instead ?? "no flag does that job"}`;
 }
 
 /**

@@ -30,9 +30,10 @@ import {
 } from "./permissions.ts";
 import { PARENT_PIPE_ENV } from "./parent_watch.ts";
 import { runtimeDirEnv } from "../util/runtime_dir.ts";
+import type { CommandName } from "./commands.ts";
 
-/** The commands the launcher can run. */
-export type LaunchedCommand = "serve" | "generate" | "models" | "router" | "cluster";
+/** The commands the launcher can run: every command of the table (commands.ts). */
+export type LaunchedCommand = CommandName;
 
 /**
  * `cluster` starts nats-server and Deno processes of its own (each of those gets its own

@@ -1,27 +1,19 @@
 /** `deno task models`: the model files the server can find, by the name `--model` takes. */
-import { parseFlags } from "./args.ts";
-import { unknownArgumentsError } from "./flag_suggestions.ts";
+import { parseSettings } from "./flag_parser.ts";
+import { printInfo } from "./help.ts";
 import { describeModelFile } from "../model/model_info.ts";
 import { listLocalModelFiles } from "../source/model_source.ts";
 import { describeKnownModels } from "../source/model_source.ts";
 import { formatBytes } from "../util/byte_size.ts";
-import { versionLine } from "./version.ts";
-
-const USAGE = `Usage: deno task models [--models-dir <dir>]
-Lists the .gguf and .bin files of the models directory and the mirror (MODEL_MIRROR) with their
-size, format, architecture and quantization; --model takes the name in the first column.`;
 
 /** The parsed flags, or an error message. */
 export function parseModelsArgs(argv: readonly string[]): { modelsDir?: string } | string {
-  const { values, unknown } = parseFlags(argv, {
-    string: ["models-dir"],
-    boolean: ["help", "version"],
-  });
-  if (unknown.length > 0) {
-    return unknownArgumentsError(unknown, ["models-dir", "help", "version"], "deno task models");
+  try {
+    const { modelsDir } = parseSettings("models", argv);
+    return modelsDir === undefined ? {} : { modelsDir };
+  } catch (e) {
+    return (e as Error).message;
   }
-  const dir = values["models-dir"];
-  return typeof dir === "string" && dir !== "" ? { modelsDir: dir } : {};
 }
 
 /** Renders rows as a fixed-width table with a header line. */
@@ -33,14 +25,7 @@ export function table(header: readonly string[], rows: readonly (readonly string
 }
 
 export async function modelsCommand(argv: string[]): Promise<number> {
-  if (argv.includes("--help")) {
-    console.log(USAGE);
-    return 0;
-  }
-  if (argv.includes("--version")) {
-    console.log(versionLine());
-    return 0;
-  }
+  if (printInfo("models", argv)) return 0;
   const parsed = parseModelsArgs(argv);
   if (typeof parsed === "string") {
     console.error(parsed);

@@ -1,8 +1,8 @@
 /**
  * `--models-config FILE`: the models a server of several models serves, each with settings of
  * its own, as llama-swap's YAML or Ollama's Modelfile give them. Each setting is a `serve` flag
- * read through the same table as the flags (config.ts), so a value means here what it means on
- * the command line:
+ * read through the same table as the flags (settings.ts, its rows marked `perModel`), so a
+ * value means here what it means on the command line:
  *
  * ```yaml
  * models:
@@ -19,17 +19,15 @@
  */
 import { parse as parseYaml } from "@std/yaml/parse";
 import { z } from "zod";
-import { type Config, ConfigSchema, type SettingName } from "./config.ts";
+import type { Config } from "./config.ts";
+import { flagOf, type PerModelSetting, row, SETTING_NAMES, type SettingName } from "./settings.ts";
 import { SAMPLING_FIELDS } from "../http/schemas.ts";
 import type { SamplingDefaults } from "../core/generation.ts";
 
-/** The flags a model's entry may set, with the setting each is. */
-export const PER_MODEL_FLAGS = {
-  "context-length": "contextLength",
-  "kv-memory": "kvMemory",
-  "kv-dtype": "kvDtype",
-  "keep-alive": "keepAlive",
-} as const satisfies Record<string, SettingName>;
+/** The flags a model's entry may set, with the setting each is: the table's `perModel` rows. */
+export const PER_MODEL_FLAGS: Readonly<Record<string, PerModelSetting>> = Object.fromEntries(
+  SETTING_NAMES.filter((n) => row(n).perModel).map((n) => [flagOf(n), n as PerModelSetting]),
+);
 
 /** One model of the file, validated. */
 export interface ModelsFileEntry {
@@ -38,7 +36,7 @@ export interface ModelsFileEntry {
   readonly model: string;
   readonly aliases: readonly string[];
   /** Its settings, in place of the server's. */
-  readonly settings: Partial<Pick<Config, (typeof PER_MODEL_FLAGS)[keyof typeof PER_MODEL_FLAGS]>>;
+  readonly settings: Partial<Pick<Config, PerModelSetting>>;
   readonly sampling?: SamplingDefaults;
 }
 
@@ -85,7 +83,7 @@ export function readModelsConfig(path: string): ModelsFileEntry[] {
       const v = (e as Record<string, unknown>)[flag];
       if (v === undefined) continue;
       // As the flag would be typed: the table's schema reads strings.
-      const r = ConfigSchema.shape[setting].safeParse(String(v));
+      const r = row(setting as SettingName).schema.safeParse(String(v));
       if (r.success) settings[setting] = r.data;
       else {problems.push(
           `models.${name}.${flag}: ${r.error.issues[0]!.message} (received ${JSON.stringify(v)})`,

@@ -1,11 +1,11 @@
-import { unknownArgumentsError } from "./flag_suggestions.ts";
-import { parseArgs } from "@std/cli/parse-args";
-import { type Config, resolveConfig, type SettingName, SETTINGS } from "./config.ts";
+import type { Config } from "./config.ts";
+import { type Env, parseSettings } from "./flag_parser.ts";
+import { printInfo } from "./help.ts";
 import { cappedLog, connectNats } from "../cluster/nats_connection.ts";
 import { RouterBackend } from "../cluster/router_backend.ts";
 import { ModelRouterDirectory } from "../cluster/model_router.ts";
 import { createPlainRouter } from "../cluster/router_front.ts";
-import { createModelsService } from "../compose/models_service.ts";
+import { createModelsFront } from "../http/models_front.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
@@ -15,67 +15,14 @@ import { drainedLine } from "./serve_lines.ts";
 import { openFileLimit } from "../util/fd_limit.ts";
 import type { RunNeeds } from "./permissions.ts";
 import { batchQueueFor } from "./batch_queue_config.ts";
-import { BATCH_FLAG_NAMES } from "./serve_args.ts";
-
-const FLAG_NAMES: Record<string, SettingName> = {
-  "nats": "nats",
-  "nats-creds": "natsCreds",
-  "host": "host",
-  "port": "port",
-  "routing": "routing",
-  "api-key": "apiKey",
-  "drain-timeout": "drainTimeout",
-  "cache-scope": "cacheScope",
-  "by-model": "byModel",
-  // The router keeps the Batch API's files and batches; each line goes through its routing.
-  ...BATCH_FLAG_NAMES,
-};
-
-/** Where the router's flag means something other than the server's. */
-const ROUTER_HELP: Partial<Record<SettingName, string>> = {
-  nats: "NATS server(s) the replicas serve on: nats://[user:pass@|token@]host:port (required)",
-  host: "address the router listens on",
-  port: "port the router listens on (0 picks a free one)",
-};
-
-function usage(): string {
-  const rows = Object.entries(FLAG_NAMES).map(([flag, name]) =>
-    `  --${flag.padEnd(18)} ${ROUTER_HELP[name] ?? SETTINGS[name].help} [env ${SETTINGS[name].env}]`
-  );
-  return `Usage: deno task router --nats nats://host:port [options]\n${rows.join("\n")}`;
-}
 
 /** Parses `router` flags into the validated configuration. Exported for tests. */
-export function parseRouterArgs(
-  argv: string[],
-  env?: (name: string) => string | undefined,
-): Config & { nats: string } {
-  const flags = parseArgs(argv, {
-    string: Object.keys(FLAG_NAMES).filter((f) => f !== "by-model"),
-    collect: ["api-key"],
-    boolean: ["help", "by-model"],
-  });
-  const unknown = [
-    ...Object.keys(flags).filter((k) => k !== "_" && k !== "help" && !(k in FLAG_NAMES)).map((k) =>
-      `--${k}`
-    ),
-    ...flags._.map(String),
-  ];
-  if (unknown.length > 0) {
-    const known = [...Object.keys(FLAG_NAMES), "help"];
-    throw new Error(unknownArgumentsError(unknown, known, "deno task router"));
-  }
-  const named: Partial<Record<SettingName, unknown>> = {};
-  for (const [flag, name] of Object.entries(FLAG_NAMES)) {
-    const v = (flags as Record<string, unknown>)[flag];
-    // An absent switch reads false, which would hide the environment's.
-    if (v === false) continue;
-    if (v !== undefined && !(Array.isArray(v) && v.length === 0)) named[name] = v;
-  }
-  const config = resolveConfig(named, env);
+export function parseRouterArgs(argv: readonly string[], env?: Env): Config & { nats: string } {
+  const config = parseSettings("router", argv, env);
   if (config.nats === undefined) {
     throw new Error(
-      `The router needs a NATS server: pass --nats nats://host:port (or set LLMSERVE_NATS)\n${usage()}`,
+      "The router needs a NATS server: pass --nats nats://host:port (or set LLMSERVE_NATS); " +
+        "`deno task router --help` lists every flag",
     );
   }
   return config as Config & { nats: string };
@@ -98,10 +45,7 @@ export function routerNeeds(c: Config): RunNeeds {
  * over NATS. Waits for one replica to learn the model, then listens; drains on SIGTERM.
  */
 export async function routerCommand(argv: string[]): Promise<number> {
-  if (argv.includes("--help")) {
-    console.log(usage());
-    return 0;
-  }
+  if (printInfo("router", argv)) return 0;
   const config = parseRouterArgs(argv);
   const log = (line: string) => console.error(line);
   const nc = await connectNats({
@@ -178,7 +122,7 @@ async function routeByModel(
     log,
   });
   const { batches, dataDir } = batchQueueFor(config, log);
-  const service = createModelsService({
+  const service = createModelsFront({
     pool: directory,
     catalog: () => directory.catalog(),
     metrics,

@@ -3,12 +3,12 @@ import { modelStem } from "../source/model_source.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
 import { drainOnStop } from "./replica_stop.ts";
 import { serveModelsCommand } from "./serve_models.ts";
-import { parseServeArgs, serveInfo } from "./serve_args.ts";
+import { parseServeArgs } from "./serve_args.ts";
+import { printInfo } from "./help.ts";
 import type { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import type { Config } from "./config.ts";
-import { CoreBackend } from "../backend/core_backend.ts";
 import { grammarPendingNote, startGrammarInBackground } from "../compose/grammar_preload.ts";
 import {
   engineMemory,
@@ -17,7 +17,7 @@ import {
   resolveBackend,
 } from "../compose/engine_factory.ts";
 import { openServing, planServing } from "../compose/open_serving.ts";
-import { servingSettings } from "./serving_settings.ts";
+import { servedBackend, servingSettings } from "./serving_settings.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
 import type { Engine } from "../engine/engine.ts";
 import { createApp } from "../http/app.ts";
@@ -29,7 +29,7 @@ import { drainedLine, natsServedLog } from "./serve_lines.ts";
 import { createChatRenderer } from "../chat/chat_template.ts";
 import { leveledLog } from "../util/log_level.ts";
 import { createLoadingService, LoadProgress, SwitchableService } from "../http/loading_service.ts";
-import { CachedBackend } from "../backend/cached_backend.ts";
+import type { CoreBackend } from "../backend/core_backend.ts";
 import { connectNats } from "../cluster/nats_connection.ts";
 import { ReplicaAgent } from "../cluster/replica.ts";
 import { randomId } from "../cluster/subjects.ts";
@@ -45,11 +45,7 @@ import { listenerOptions } from "./listener_options.ts";
  * the loading service to the real one; drains on SIGTERM.
  */
 export async function serveCommand(argv: string[]): Promise<number> {
-  const info = serveInfo(argv);
-  if (info !== undefined) {
-    console.log(info);
-    return 0;
-  }
+  if (printInfo("serve", argv)) return 0;
   const config = parseServeArgs(argv);
   // Read and parsed before the port is bound: a typo in the file fails the start at once.
   const chatTemplate = config.chatTemplate === undefined
@@ -68,7 +64,13 @@ export async function serveCommand(argv: string[]): Promise<number> {
     probes: config.logProbes,
   });
   const progress = new LoadProgress();
-  const front = new SwitchableService(createLoadingService(progress, requestLog, metrics));
+  const front = new SwitchableService(createLoadingService(progress, {
+    requestLog,
+    metrics,
+    apiKeys: config.apiKey,
+    corsOrigins: config.corsOrigin,
+    allowedHosts: config.allowedHost,
+  }));
   let listening!: Deno.NetAddr;
   const fdLimit = openFileLimit();
   const listener = listenerOptions(config, fdLimit);
@@ -182,15 +184,15 @@ async function start(
     metrics,
   });
   const modelName = modelStem(source.modelPath);
-  const coreBackend = new CoreBackend(
-    modelName,
+  const { coreBackend, backend } = servedBackend(config, {
+    name: modelName,
     core,
     tokenizer,
-    chatTemplate ?? model.chatTemplate,
-  );
-  const backend = config.resultCache > 0
-    ? new CachedBackend(coreBackend, config.resultCache)
-    : coreBackend;
+    model,
+    ...(chatTemplate ?? model.chatTemplate
+      ? { chatTemplate: chatTemplate ?? model.chatTemplate }
+      : {}),
+  });
   const servedModelNames = config.servedModelName.length > 0 ? config.servedModelName : [modelName];
   const { batches, dataDir } = batchQueueFor(config, log);
   const service = createApp({

@@ -12,8 +12,6 @@ import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
 import { describeModelFile } from "../model/model_info.ts";
 import { listLocalModelFiles, modelStem, resolveModelSource } from "../source/model_source.ts";
-import { CoreBackend } from "../backend/core_backend.ts";
-import { CachedBackend } from "../backend/cached_backend.ts";
 import {
   describeChoice,
   engineMemory,
@@ -23,15 +21,16 @@ import {
   type ResolvedBackend,
 } from "../compose/engine_factory.ts";
 import { openServing, planServing } from "../compose/open_serving.ts";
-import { servingSettings } from "./serving_settings.ts";
-import {
-  type LoadContext,
-  ModelPool,
-  type PooledModel,
-  type Residue,
-} from "../compose/model_pool.ts";
+import { servedBackend, servingSettings } from "./serving_settings.ts";
+import { type LoadContext, ModelPool } from "../compose/model_pool.ts";
 import { owningHeap } from "../../kernels/wasm/heap.ts";
-import { type CatalogModel, createModelsService } from "../compose/models_service.ts";
+import { createModelsFront } from "../http/models_front.ts";
+import type {
+  CatalogModel,
+  ModelDirectory,
+  PooledModel,
+  Residue,
+} from "../http/model_directory.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { formatKeepAlive } from "../util/duration.ts";
 import { openFileLimit } from "../util/fd_limit.ts";
@@ -47,7 +46,6 @@ import { coreReplicaSource } from "../cluster/replica_source.ts";
 import { drainedLine, natsServedLog } from "./serve_lines.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
 import { drainOnStop } from "./replica_stop.ts";
-import type { ModelDirectory } from "../compose/models_service.ts";
 import { type ModelsFileEntry, readModelsConfig } from "./models_config.ts";
 import { batchQueueFor } from "./batch_queue_config.ts";
 
@@ -342,16 +340,15 @@ async function buildOnFile(
     metrics,
   });
   const { core, description } = built;
-  const coreBackend = new CoreBackend(
-    m.name,
+  const template = shared.chatTemplate ?? model.chatTemplate;
+  const { coreBackend, backend } = servedBackend(config, {
+    name: m.name,
     core,
     tokenizer,
-    shared.chatTemplate ?? model.chatTemplate,
-    m.own?.sampling,
-  );
-  const backend = config.resultCache > 0
-    ? new CachedBackend(coreBackend, config.resultCache)
-    : coreBackend;
+    model,
+    ...(template ? { chatTemplate: template } : {}),
+    ...(m.own?.sampling ? { sampling: m.own.sampling } : {}),
+  });
   const service = createApp({
     backend,
     metrics,
@@ -541,7 +538,7 @@ export async function serveModelsCommand(
   };
   // One batch queue for every model: each line runs on the model its body names.
   const { batches, dataDir } = batchQueueFor(config, log);
-  const service = createModelsService({
+  const service = createModelsFront({
     extend: batches.attach,
     cacheScope: config.cacheScope,
     pool: directory,

@@ -2,6 +2,12 @@ import type { KvRequest } from "../engine/kv_budget.ts";
 import type { EngineOptions } from "../compose/engine_factory.ts";
 import type { OpenServingOptions } from "../compose/open_serving.ts";
 import type { Config } from "./config.ts";
+import type { ServingCore } from "../../actors/core.ts";
+import type { GenerationBackend, SamplingDefaults } from "../core/generation.ts";
+import type { Model } from "../model/weights.ts";
+import type { Tokenizer } from "../tokenizer/tokenizer.ts";
+import { CachedBackend } from "../backend/cached_backend.ts";
+import { CoreBackend, embeddingSettings } from "../backend/core_backend.ts";
 
 /**
  * What a server's configuration asks of each serving core it opens: the engine's options, the
@@ -37,4 +43,48 @@ export function servingSettings(c: Config): {
       scheduler: { maxWaiting: c.maxWaiting },
     },
   };
+}
+
+/**
+ * The backend a server's configuration asks for over its core: the result cache where
+ * --result-cache is on, with the cache for similar questions where --similar-cache is too; and
+ * the embeddings' pooling and normalization. Throws where --similar-cache is given without the
+ * result cache that holds the answers it replays.
+ */
+export function servedBackend(
+  c: Config,
+  core: CoreBackendParts,
+): { readonly coreBackend: CoreBackend; readonly backend: GenerationBackend } {
+  const embedding = embeddingSettings(core.model, {
+    ...(c.pooling === undefined ? {} : { pooling: c.pooling }),
+    normalize: c.embdNormalize,
+  });
+  const inner = new CoreBackend(
+    core.name,
+    core.core,
+    core.tokenizer,
+    core.chatTemplate,
+    core.sampling,
+    embedding,
+  );
+  if (c.similarCache !== undefined && c.resultCache === 0) {
+    throw new Error(
+      `--similar-cache needs --result-cache, which holds the answers it replays; received --similar-cache ${c.similarCache} and --result-cache 0`,
+    );
+  }
+  if (c.resultCache === 0) return { coreBackend: inner, backend: inner };
+  const similar = c.similarCache === undefined
+    ? undefined
+    : { threshold: c.similarCache, capacityBytes: c.similarCacheMemory };
+  return { coreBackend: inner, backend: new CachedBackend(inner, c.resultCache, similar) };
+}
+
+/** What a served model's CoreBackend is made of. */
+export interface CoreBackendParts {
+  readonly name: string;
+  readonly core: ServingCore;
+  readonly tokenizer: Tokenizer;
+  readonly model: Pick<Model, "pooling">;
+  readonly chatTemplate?: string;
+  readonly sampling?: SamplingDefaults;
 }

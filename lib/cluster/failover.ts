@@ -170,7 +170,7 @@ export class Failover {
             ? this.delivered.length
             : before + ev.usage.completionTokens,
           cachedTokens: before === 0 ? ev.usage.cachedTokens : 0,
-        }, { start: this.#t0, scheduled, firstToken, end });
+        }, { start: this.#t0, scheduled, firstToken, end }, undefined, ev.stopString);
         return { kind: "final" };
       } else {
         if (!this.#started && (ev.code === "overloaded" || ev.code === "draining")) {

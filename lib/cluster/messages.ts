@@ -64,6 +64,7 @@ export const ConstraintSchema = z.discriminatedUnion("type", [
   z.strictObject({ type: z.literal("json_object") }),
   z.strictObject({ type: z.literal("json_schema"), schema: z.string() }),
   z.strictObject({ type: z.literal("grammar"), grammar: z.string() }),
+  z.strictObject({ type: z.literal("json_schema_or_text"), schema: z.string() }),
 ]);
 
 /** Load a replica reports about itself: what the router balances on. */
@@ -308,6 +309,7 @@ export const GenerationEventSchema = z.discriminatedUnion("type", [
     finishReason: z.enum(["stop", "length", "cancelled"]),
     usage: UsageSchema,
     timings: TimingsSchema,
+    stopString: z.string().optional(),
   }),
   z.object({
     type: z.literal("error"),

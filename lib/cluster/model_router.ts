@@ -3,17 +3,19 @@
  * each request goes to one serving the model it names. The models are learnt from the
  * replicas' heartbeats; each gets a RouterBackend of its own (routing among that model's
  * replicas by the router's policy, prefix-aware by default) and an app over it, and the front
- * of lib/compose/models_service.ts picks the app by the request's `model`.
+ * of lib/http/models_front.ts picks the app by the request's `model`.
  */
+import { CLUSTER_DEFAULTS } from "./cluster_defaults.ts";
 import { createApp, type ServiceApp } from "../http/app.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import {
+  type CatalogModel,
   type Lease,
+  type ModelDirectory,
   ModelLoadError,
   type ModelPhase,
   type ModelStatus,
-} from "../compose/model_pool.ts";
-import type { CatalogModel, ModelDirectory } from "../compose/models_service.ts";
+} from "../http/model_directory.ts";
 import { decodeMessage, ReplicaAnnouncement, type ReplicaModel, servedModels } from "./messages.ts";
 import { type BusConnection, type BusSubscription, cappedLog, guarded } from "./nats_connection.ts";
 import { RouterBackend } from "./router_backend.ts";
@@ -117,7 +119,7 @@ export class ModelRouterDirectory implements ModelDirectory {
   /** What the replicas heard from lately (within forgetAfterMs) said of a model. */
   #lately(m: Routed) {
     const now = performance.now();
-    const forget = this.#opts.forgetAfterMs ?? 5000;
+    const forget = this.#opts.forgetAfterMs ?? CLUSTER_DEFAULTS.forgetModelAfterMs;
     return [...m.replicas.values()].filter((r) => now - r.at < forget);
   }
 
@@ -243,8 +245,8 @@ export class ModelRouterDirectory implements ModelDirectory {
       const backend = await RouterBackend.start(this.#nc, {
         model: name,
         // A replica of several models loads the model to answer the info request.
-        waitMs: 120_000,
-        infoTimeoutMs: 120_000,
+        waitMs: CLUSTER_DEFAULTS.modelLoadWaitMs,
+        infoTimeoutMs: CLUSTER_DEFAULTS.modelLoadWaitMs,
         metrics,
         log: this.#log,
         peerLog: this.#peerLog,

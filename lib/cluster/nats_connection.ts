@@ -1,4 +1,5 @@
 import { connect, credsAuthenticator, type NatsConnection } from "@nats-io/transport-node";
+import { CLUSTER_DEFAULTS } from "./cluster_defaults.ts";
 
 export type { NatsConnection };
 
@@ -157,9 +158,9 @@ export function cappedLog(
   log: (line: string) => void,
   opts: { maxChars?: number; perWindow?: number; windowMs?: number; now?: () => number } = {},
 ): (line: string) => void {
-  const maxChars = opts.maxChars ?? 300;
-  const perWindow = opts.perWindow ?? 10;
-  const windowMs = opts.windowMs ?? 10_000;
+  const maxChars = opts.maxChars ?? CLUSTER_DEFAULTS.peerLogMaxChars;
+  const perWindow = opts.perWindow ?? CLUSTER_DEFAULTS.peerLogPerWindow;
+  const windowMs = opts.windowMs ?? CLUSTER_DEFAULTS.peerLogWindowMs;
   const now = opts.now ?? (() => performance.now());
   let windowStart = -Infinity;
   let inWindow = 0;

@@ -1,3 +1,4 @@
+import { CLUSTER_DEFAULTS } from "./cluster_defaults.ts";
 import { deadline as within } from "@std/async/deadline";
 import type { GenerationBackend, GenerationEvent } from "../core/generation.ts";
 import {
@@ -66,7 +67,6 @@ export interface ReplicaModels {
 }
 
 /** How long close() waits for NATS to take the goodbye. */
-const GOODBYE_FLUSH_MS = 2000;
 
 export interface ReplicaAgentOptions {
   readonly id: string;
@@ -171,9 +171,9 @@ export class ReplicaAgent {
     if ("acquire" in source) this.#models = source;
     else this.#src = source;
     this.id = opts.id;
-    this.#heartbeatMs = opts.heartbeatMs ?? 250;
-    this.#maxHashes = opts.maxHashes ?? 4096;
-    this.#creditTimeoutMs = opts.creditTimeoutMs ?? 30_000;
+    this.#heartbeatMs = opts.heartbeatMs ?? CLUSTER_DEFAULTS.heartbeatMs;
+    this.#maxHashes = opts.maxHashes ?? CLUSTER_DEFAULTS.maxHashes;
+    this.#creditTimeoutMs = opts.creditTimeoutMs ?? CLUSTER_DEFAULTS.creditTimeoutMs;
     this.#log = opts.log ?? (() => {});
     this.#served = opts.served;
     this.#peerLog = cappedLog(this.#log);
@@ -262,7 +262,7 @@ export class ReplicaAgent {
       // The client fails a flush at its next reconnect attempt when the server is gone, but
       // one that is up and silent (stopped, cut off) holds it until the pings time out, 30 s
       // and more: the goodbye is best effort, the stop must not wait on it.
-      await within(this.#nc.flush(), GOODBYE_FLUSH_MS).catch(() => {});
+      await within(this.#nc.flush(), CLUSTER_DEFAULTS.goodbyeFlushMs).catch(() => {});
     }
   }
 
@@ -365,7 +365,7 @@ export class ReplicaAgent {
     let parts = this.#info.get(key);
     if (parts === undefined) {
       const bytes = encodeMessage({ type: "info", replica: this.id, ...src.info });
-      const maxPayload = this.#nc.info?.max_payload ?? 1 << 20;
+      const maxPayload = this.#nc.info?.max_payload ?? CLUSTER_DEFAULTS.maxPayloadBytes;
       this.#info.set(key, parts = { bytes, ranges: infoPartRanges(bytes.length, maxPayload) });
     }
     return parts;

@@ -1,3 +1,4 @@
+import { CLUSTER_DEFAULTS } from "./cluster_defaults.ts";
 import { type Heartbeat, type ReplicaModel, servedModels } from "./messages.ts";
 import { type Candidate, matchedBlocks } from "./routing.ts";
 
@@ -27,8 +28,8 @@ export interface ReplicaView {
   warmingAt?: number;
 }
 
-const RECENT_HALF_LIFE_MS = 10_000;
-const PENDING_MS = 30_000;
+const RECENT_HALF_LIFE_MS = CLUSTER_DEFAULTS.recentHalfLifeMs;
+const PENDING_MS = CLUSTER_DEFAULTS.pendingMs;
 
 function decayed(v: ReplicaView, now: number): number {
   return v.recent * Math.pow(0.5, (now - v.recentAt) / RECENT_HALF_LIFE_MS);
@@ -65,8 +66,8 @@ export class ReplicaRegistry {
   readonly #foreign = new Set<string>();
 
   constructor(opts: RegistryOptions = {}) {
-    this.#staleAfterMs = opts.staleAfterMs ?? 1500;
-    this.#stalledAfterMs = opts.stalledAfterMs ?? 15_000;
+    this.#staleAfterMs = opts.staleAfterMs ?? CLUSTER_DEFAULTS.staleAfterMs;
+    this.#stalledAfterMs = opts.stalledAfterMs ?? CLUSTER_DEFAULTS.stalledAfterMs;
     this.#now = opts.now ?? (() => performance.now());
     this.#model = opts.model;
     this.#modelId = opts.modelId;

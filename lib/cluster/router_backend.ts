@@ -1,3 +1,4 @@
+import { CLUSTER_DEFAULTS } from "./cluster_defaults.ts";
 import type {
   CoreStats,
   GenerationBackend,
@@ -92,8 +93,7 @@ function routerMetrics(m: ServiceMetrics): RouterMetrics {
   };
 }
 
-/** How long after opening a stream its replica's heartbeats may still omit it. */
-const UNLISTED_GRACE_MS = 5000;
+const UNLISTED_GRACE_MS = CLUSTER_DEFAULTS.unlistedGraceMs;
 
 const delay = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -151,12 +151,12 @@ export class RouterBackend implements GenerationBackend {
     this.eosToken = info.eosToken;
     this.#prompts = new PromptTokens(new Tokenizer(tokenizerFromWire(info.tokenizer)));
     this.specialTokens = this.#prompts.specialTokens;
-    this.#policy = opts.policy ?? "prefix";
+    this.#policy = opts.policy ?? CLUSTER_DEFAULTS.routing;
     this.#model = opts.model;
-    this.#streamTimeoutMs = opts.streamTimeoutMs ?? 1500;
-    this.#failoverWaitMs = opts.failoverWaitMs ?? 30_000;
-    this.#progressTimeoutMs = opts.progressTimeoutMs ?? 30_000;
-    this.#window = opts.window ?? 64;
+    this.#streamTimeoutMs = opts.streamTimeoutMs ?? CLUSTER_DEFAULTS.streamTimeoutMs;
+    this.#failoverWaitMs = opts.failoverWaitMs ?? CLUSTER_DEFAULTS.failoverWaitMs;
+    this.#progressTimeoutMs = opts.progressTimeoutMs ?? CLUSTER_DEFAULTS.progressTimeoutMs;
+    this.#window = opts.window ?? CLUSTER_DEFAULTS.window;
     this.#metrics = opts.metrics === undefined ? undefined : routerMetrics(opts.metrics);
     this.#log = opts.log ?? (() => {});
     const peerLog = this.#peerLog = opts.peerLog ?? cappedLog(this.#log);
@@ -207,7 +207,12 @@ export class RouterBackend implements GenerationBackend {
     const startedAt = performance.now();
     const askInfo = async (replica: string): Promise<InfoReply | undefined> => {
       try {
-        const info = await requestInfo(nc, replica, opts.infoTimeoutMs ?? 3000, opts.model);
+        const info = await requestInfo(
+          nc,
+          replica,
+          opts.infoTimeoutMs ?? CLUSTER_DEFAULTS.infoTimeoutMs,
+          opts.model,
+        );
         // Asked for a model it had not loaded, the replica loaded it to answer.
         registry.noteWarming(replica);
         return info;
@@ -244,7 +249,7 @@ export class RouterBackend implements GenerationBackend {
         registry.onHeartbeat(a.value);
       }, (e) => peerLog(`router: handling an announcement failed: ${(e as Error).message}`)),
     });
-    const waitMs = opts.waitMs ?? 60_000;
+    const waitMs = opts.waitMs ?? CLUSTER_DEFAULTS.replicaWaitMs;
     const deadline = performance.now() + waitMs;
     for (;;) {
       const info = await infoAsked;
@@ -424,7 +429,7 @@ export class RouterBackend implements GenerationBackend {
       ...body,
     };
     const bytes = encodeMessage(msg);
-    const maxPayload = this.#nc.info?.max_payload ?? 1 << 20;
+    const maxPayload = this.#nc.info?.max_payload ?? CLUSTER_DEFAULTS.maxPayloadBytes;
     if (bytes.length > maxPayload) {
       return {
         type: "error",

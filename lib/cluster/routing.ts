@@ -21,6 +21,8 @@
  * loaded (or loading) are considered while one of them has room; else every one serving it.
  */
 
+import { CLUSTER_DEFAULTS } from "./cluster_defaults.ts";
+
 /** Every routing rule, as `--routing` takes it. */
 export const ROUTING_POLICIES = ["prefix", "least-loaded", "round-robin"] as const;
 
@@ -119,11 +121,13 @@ export function chooseReplica(
         (c.matchedBlocks === best.matchedBlocks && byLoad(c, best) < 0)
       ) best = c;
     }
-    const abs = opts.absSlack ?? 8;
-    const slack = Math.max(abs, (opts.relSlack ?? 0.5) * least.load);
+    const abs = opts.absSlack ?? CLUSTER_DEFAULTS.absSlack;
+    const slack = Math.max(abs, (opts.relSlack ?? CLUSTER_DEFAULTS.relSlack) * least.load);
     const minRecent = Math.min(...open.map((c) => c.recent));
     const overworked = (c: Candidate) =>
-      c.recent > (opts.workBalance ?? 1.25) * minRecent + (opts.workSlack ?? 2);
+      c.recent >
+        (opts.workBalance ?? CLUSTER_DEFAULTS.workBalance) * minRecent +
+          (opts.workSlack ?? CLUSTER_DEFAULTS.workSlack);
     if (best !== undefined && best.load - least.load <= slack && !overworked(best)) {
       return { kind: "replica", id: best.id, reason: "prefix", matchedBlocks: best.matchedBlocks };
     }

@@ -1,7 +1,7 @@
 /**
  * The NATS subjects of the request plane. Whoever may publish on `requests(id)` can make a
  * replica generate (and read the answer on any subject it names), so these subjects must be
- * open only to routers and replicas: see the README's security note.
+ * open only to routers and replicas: see docs/cluster.md, "Security".
  */
 export const SUBJECT_ROOT = "llmserve";
 

@@ -27,10 +27,8 @@ import { CpuEngine } from "../../kernels/reference/cpu_engine.ts";
 import { type Model, stepMatrixBytes } from "../model/weights.ts";
 import { DEFAULT_LIMITS } from "../engine/limits.ts";
 
-export type BackendChoice = "webgpu" | "cpu" | "reference" | "auto";
-
-/** The backends a user may name, for flags' help and validation. */
-export const BACKENDS: readonly BackendChoice[] = ["auto", "cpu", "webgpu", "reference"];
+export { type BackendChoice, BACKENDS } from "../engine/backend_choice.ts";
+import type { BackendChoice } from "../engine/backend_choice.ts";
 
 /** Step limits the engine sizes its buffers for; the scheduler must stay within them. */
 export interface StepLimits {

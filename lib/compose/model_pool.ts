@@ -14,29 +14,14 @@
  */
 
 import { formatKeepAlive } from "../util/duration.ts";
-
-/** A loaded model as the pool sees it: what to forward to, what it holds, how to free it. */
-export interface PooledModel<S> {
-  readonly service: S;
-  /** Memory it holds (weights and KV cache), counted against the budget. */
-  readonly bytes: number;
-  /** Said after "loaded in N s" in the log, e.g. that it reused its parsed file. */
-  readonly note?: string;
-  /** Work open on it that the pool's leases do not see (WebSocket generations). */
-  busy(): number;
-  /**
-   * Frees the model; what it leaves for a faster next load (its parsed file) comes back as a
-   * residue, which the pool counts against the budget and drops first when it needs room.
-   */
-  close(): Promise<Residue | void>;
-}
-
-/** What an unloaded model leaves behind to load faster next time (its parsed file). */
-export interface Residue {
-  readonly bytes: number;
-  /** Frees it; the next load starts from the file again. */
-  drop(): void;
-}
+import {
+  type Lease,
+  ModelLoadError,
+  type ModelPhase,
+  type ModelStatus,
+  type PooledModel,
+  type Residue,
+} from "../http/model_directory.ts";
 
 /** What a loader may tell the pool while it loads. */
 export interface LoadContext {
@@ -50,25 +35,6 @@ export interface LoadContext {
 }
 
 export type Loader<S> = (name: string, ctx: LoadContext) => Promise<PooledModel<S>>;
-
-export type ModelPhase = "unloaded" | "loading" | "loaded";
-
-/** A load that failed; every request that waited for it gets this. */
-export class ModelLoadError extends Error {
-  constructor(
-    readonly model: string,
-    message: string,
-    readonly insufficientMemory = false,
-    /**
-     * With insufficientMemory: seconds after which a retry may find room, or null when waiting
-     * will not help (the memory is held by models kept forever).
-     */
-    readonly retryAfterSeconds: number | null = 1,
-  ) {
-    super(message);
-    this.name = "ModelLoadError";
-  }
-}
 
 export interface PoolOptions {
   /** Memory all loaded models may hold together; Infinity for no limit. */
@@ -85,39 +51,6 @@ export interface PoolOptions {
   /** Reports loads, unloads and failures (the server's log). */
   readonly log?: (line: string) => void;
   readonly now?: () => number;
-}
-
-/** What acquire() gives: the loaded model, held until release(). */
-export interface Lease<S> {
-  readonly model: PooledModel<S>;
-  /** True when this request waited for the model to load. */
-  readonly loaded: boolean;
-  release(): void;
-}
-
-/** One model's state and counters, for /health, /v1/models and /metrics. */
-export interface ModelStatus {
-  readonly name: string;
-  readonly phase: ModelPhase;
-  readonly bytes: number;
-  /** Memory an unloaded model's parsed file still holds (reused by its next load). */
-  readonly residueBytes: number;
-  readonly leases: number;
-  /** Requests it is answering or loading for, and WebSocket generations on it. */
-  readonly inFlight: number;
-  /** The longest keep-alive a tenant asked for (the default's before any request). */
-  readonly keepAliveMs: number;
-  /**
-   * While loaded and idle: ms from now until the keep-alive unloads it (Infinity: kept
-   * forever). Absent while it is busy, loading or unloaded.
-   */
-  readonly expiresInMs?: number;
-  readonly loads: number;
-  readonly loadFailures: number;
-  readonly loadSeconds: number;
-  readonly evictions: number;
-  readonly progress?: { readonly bytes: number; readonly total?: number };
-  readonly lastError?: string;
 }
 
 interface Entry<S> {

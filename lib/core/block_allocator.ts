@@ -13,6 +13,8 @@ export interface KvSeq {
    * only within one root, so one API key's prompts are never another's cache hits.
    */
   readonly cacheRoot?: number;
+  /** Its blocks are neither taken from the prefix cache nor published to it (embeddings). */
+  readonly uncached?: boolean;
 }
 
 export interface BlockAllocatorOptions {
@@ -384,7 +386,7 @@ export class BlockAllocator {
    */
   #lookup(seq: KvSeq): Prefix {
     const found: number[] = [];
-    if (!this.prefixCaching) return { blocks: found, donor: -1, extra: 0 };
+    if (!this.prefixCaching || seq.uncached) return { blocks: found, donor: -1, extra: 0 };
     const maxBlocks = Math.floor((seq.tokens.length - 1) / this.blockSize);
     const root = seq.cacheRoot ?? ROOT_HASH;
     let parentHash = root;
@@ -415,7 +417,7 @@ export class BlockAllocator {
    * and records how much of its tail block they fill.
    */
   #publish(own: SeqBlocks, seq: KvSeq): void {
-    if (!this.prefixCaching) return;
+    if (!this.prefixCaching || seq.uncached) return;
     const written = Math.min(own.numTokens, seq.tokens.length);
     const full = Math.floor(written / this.blockSize);
     while (own.numHashed < full) {

@@ -46,12 +46,15 @@ export function doneEvent(
   usage: Usage,
   timings: GenerationClock | Timings,
   cached?: CacheHit,
+  /** The stop string that ended it, where one did. */
+  stopString?: string,
 ): DoneEvent {
   return {
     type: "done",
     finishReason,
     usage,
     timings: "start" in timings ? generationTimings(timings, usage.completionTokens) : timings,
+    ...(stopString === undefined ? {} : { stopString }),
     ...(cached === undefined ? {} : { cached }),
   };
 }

@@ -2,6 +2,8 @@ import type { SamplingParams } from "../engine/engine.ts";
 import type { LogitControls } from "./logit_controls.ts";
 import type { TopLogprobs } from "../engine/top_logprobs.ts";
 import type { OutputConstraint } from "../grammar/output_constraint.ts";
+import type { Embedder } from "./embedder.ts";
+import type { SimilarCacheStats } from "./similar_cache.ts";
 
 /**
  * The contract between the client-facing layer (HTTP, WebSocket) and the serving core
@@ -49,6 +51,10 @@ export interface GenerationRequest {
    * under the same scope.
    */
   readonly cacheScope?: string;
+  /** A chat request's question and its context, for the cache for similar questions. */
+  readonly similar?: SimilarQuestion;
+  /** The client said `cache: false`: no answer from a cache, exact or similar. */
+  readonly noCache?: boolean;
   /** Constrained decoding: every sampled token keeps the output a prefix of this grammar's. */
   readonly constraint?: OutputConstraint;
   /**
@@ -81,6 +87,26 @@ export interface Timings {
 export interface CacheHit {
   /** Wall time the original generation took (what the replay saved). */
   readonly savedMs: number;
+  /** The answer of a similar question, not of this one (the cache for similar questions). */
+  readonly similar?: SimilarHit;
+}
+
+/** Which cached question answered a similar one, and how close they were. */
+export interface SimilarHit {
+  /** Cosine similarity of the two questions' embeddings. */
+  readonly score: number;
+  /** The first 80 characters of the cached question. */
+  readonly matched: string;
+}
+
+/**
+ * A chat request the cache for similar questions may answer: its last user message, and
+ * everything else that decides the answer besides the sampling fields (the conversation
+ * before it, tools, template variables), as one string that must match exactly.
+ */
+export interface SimilarQuestion {
+  readonly context: string;
+  readonly question: string;
 }
 
 export type GenerationEvent =
@@ -101,6 +127,8 @@ export type GenerationEvent =
     readonly finishReason: FinishReason;
     readonly usage: Usage;
     readonly timings: Timings;
+    /** With finish reason "stop": the stop string that ended it (absent for an end token). */
+    readonly stopString?: string;
     /** Present when the answer came from the result cache. */
     readonly cached?: CacheHit;
   }
@@ -140,6 +168,8 @@ export interface ResultCacheStats {
   readonly entries: number;
   /** Sum of the saved generations' wall time. */
   readonly savedMs: number;
+  /** Present when the cache for similar questions is on. */
+  readonly similar?: SimilarCacheStats;
 }
 
 /**
@@ -164,6 +194,8 @@ export interface GenerationBackend {
   readonly contextLength: number;
   /** What a request that names no temperature, top_k, top_p or min_p gets. */
   readonly samplingDefaults?: SamplingDefaults;
+  /** Embeddings (/v1/embeddings); absent where the engine returns no hidden states. */
+  readonly embedder?: Embedder;
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent>;
   countTokens(text: string, opts?: { special?: boolean }): number;
   /**

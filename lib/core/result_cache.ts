@@ -14,6 +14,8 @@ export interface StoredResult {
   readonly promptTokens: number;
   readonly tokens: readonly StoredToken[];
   readonly finishReason: FinishReason;
+  /** The stop string that ended it, where one did (Anthropic's stop_sequence). */
+  readonly stopString?: string;
   readonly usage: Usage;
   /** Wall time the generation took. */
   readonly totalMs: number;
@@ -27,7 +29,7 @@ export interface StoredResult {
  */
 export function resultCacheKey(model: string, req: GenerationRequest): string | null {
   // Stored results keep no alternatives: a request asking for them is never cached.
-  if (req.deterministic !== true || (req.topLogprobs ?? 0) > 0) return null;
+  if (req.deterministic !== true || (req.topLogprobs ?? 0) > 0 || req.noCache) return null;
   const s = req.sampling;
   const greedy = s.temperature === 0;
   return JSON.stringify([
@@ -78,6 +80,7 @@ function logitControlsKey(c: LogitControls | undefined): unknown {
 interface Packed {
   readonly promptTokens: number;
   readonly finishReason: FinishReason;
+  readonly stopString?: string;
   readonly usage: Usage;
   readonly totalMs: number;
   readonly text: string;
@@ -115,6 +118,7 @@ function pack(r: StoredResult): Packed {
   return {
     promptTokens: r.promptTokens,
     finishReason: r.finishReason,
+    ...(r.stopString === undefined ? {} : { stopString: r.stopString }),
     usage: r.usage,
     totalMs: r.totalMs,
     text,
@@ -141,6 +145,7 @@ function unpack(p: Packed): StoredResult {
     promptTokens: p.promptTokens,
     tokens,
     finishReason: p.finishReason,
+    ...(p.stopString === undefined ? {} : { stopString: p.stopString }),
     usage: p.usage,
     totalMs: p.totalMs,
   };
@@ -154,7 +159,7 @@ export function storedResultBytes(key: string, r: StoredResult): number {
     ids += t.ids.length;
   }
   return ENTRY_OVERHEAD + 2 * key.length + 2 * chars + 8 * r.tokens.length + 4 * ids +
-    8 * r.tokens.length;
+    8 * r.tokens.length + 2 * (r.stopString?.length ?? 0);
 }
 
 /**

@@ -7,7 +7,7 @@ import type { SchedulerConfig } from "./scheduler_config.ts";
 import { promptLimit, submissionRefusal } from "./admission.ts";
 import { byPriority, foreground, type Rank, rank, rankOneLive } from "./priority.ts";
 import { pickVictim, slotVictims } from "./preemption.ts";
-import { InFlightSteps, maskReady, StepBuild } from "./step_build.ts";
+import { type InFlightStep, InFlightSteps, maskReady, StepBuild } from "./step_build.ts";
 import { MaskQueue } from "./mask_refresh.ts";
 import { SeqQueues } from "./seq_queues.ts";
 import { type PromptBacklog, StepCost } from "./step_cost.ts";
@@ -118,14 +118,14 @@ export class Scheduler {
       return;
     }
     this.#emit({ type: "accepted", seqId, promptTokens: prompt.length });
-    if (spec.maxTokens <= 0) {
+    if (spec.maxTokens <= 0 && !spec.embed) {
       spec.constraint?.dispose();
       this.#emit({ type: "finished", seqId, reason: "length", completionTokens: 0 });
       this.#counts.finished++;
       return;
     }
     const room = promptLimit(this.config) - prompt.length;
-    const maxTotal = prompt.length + Math.min(spec.maxTokens, room);
+    const maxTotal = prompt.length + (spec.embed ? 0 : Math.min(spec.maxTokens, room));
     const seq = Sequence.fromSpec(spec, maxTotal, this.#nextStepId, this.#arrivals++);
     this.#q.add(seq);
     if (seq.constraint) this.#masks.push(seq);
@@ -274,6 +274,25 @@ export class Scheduler {
         stepId: result.stepId,
       });
       if (seq.tokens.length >= seq.maxTotal) this.#finish(seq, "length");
+    }
+    this.#embeddings(result, rec);
+  }
+
+  /**
+   * An embedding's hidden states go to its owner; the step that computed its last prompt
+   * token ends it (its KV blocks are freed then and never cached).
+   */
+  #embeddings(result: StepResult, rec: InFlightStep): void {
+    const hidden = result.hidden ?? [];
+    for (let i = 0; i < rec.hidden.length; i++) {
+      const seq = rec.hidden[i]!;
+      if (seq.status !== "running" || seq.epoch !== rec.hiddenEpochs[i]) continue;
+      this.#emit({ type: "hidden", seqId: seq.seqId, states: hidden[i]! });
+    }
+    for (let i = 0; i < rec.embedded.length; i++) {
+      const seq = rec.embedded[i]!;
+      if (seq.status !== "running" || seq.epoch !== rec.embeddedEpochs[i]) continue;
+      this.#finish(seq, "stop");
     }
   }
 

@@ -46,26 +46,48 @@ export interface SchedulerConfig {
   readonly shallowBesideBatch: boolean;
 }
 
-const SCHEDULER_DEFAULTS = {
+/**
+ * The one source of the scheduler's policy defaults: the settings table (and so `--help`), the
+ * scheduler and the scheduler actor read them from here. The step's rows and sequences are the
+ * engine's geometry (lib/engine/limits.ts), which the scheduler must stay within.
+ */
+export const SCHEDULER_DEFAULTS = {
   maxBatchTokens: DEFAULT_LIMITS.maxBatchTokens,
   maxRunning: DEFAULT_LIMITS.maxRunning,
-  maxWaiting: DEFAULT_LIMITS.maxWaiting,
-  agingSteps: DEFAULT_LIMITS.agingSteps,
-  backgroundDepth: DEFAULT_LIMITS.backgroundDepth,
+  /** Sequences queued beyond those that can start now before a submission is "overloaded". */
+  maxWaiting: 256,
+  /** Steps after which a batch request ranks like an interactive one. */
+  agingSteps: 256,
+  /**
+   * Steps in flight while batch work runs, alone or beside interactive decodes (below
+   * pipelineDepth): an interactive request arriving then waits behind this many steps holding
+   * batch rows, not a full pipeline of them. Only a step for an interactive prefill goes deeper.
+   */
+  backgroundDepth: 1,
+  /**
+   * Share of the engine's time batch-only steps may take while interactive requests arrived in
+   * the last backgroundQuietMs: after a batch-only step of d ms the next waits d × (1/share − 1),
+   * so an interactive arrival finds the engine (and, on the CPU engine, the cores) free more
+   * often. Without recent interactive traffic batch work runs back to back.
+   */
+  backgroundShare: 0.5,
+  backgroundQuietMs: 1000,
   prefixCaching: true,
-  maxSeqFaults: DEFAULT_LIMITS.maxSeqFaults,
+  /** Steps that crashed the engine after which a sequence is failed, not recomputed again. */
+  maxSeqFaults: 4,
   vocabSize: 0,
   lateMasks: false,
   shallowBesideBatch: false,
 } as const;
 
-/** Fills in the defaults (lib/engine/limits.ts); the watermark is a share of the pool. */
+/** Fills in the defaults above; the watermark is a share of the pool (lib/engine/limits.ts). */
 export function schedulerConfig(
   required: Pick<SchedulerConfig, "numBlocks" | "blockSize" | "contextLength">,
   overrides: Partial<SchedulerConfig> = {},
 ): SchedulerConfig {
+  const { backgroundShare: _s, backgroundQuietMs: _q, ...policy } = SCHEDULER_DEFAULTS;
   const cfg = {
-    ...SCHEDULER_DEFAULTS,
+    ...policy,
     watermarkBlocks: Math.ceil(required.numBlocks * DEFAULT_LIMITS.watermarkFraction),
     ...required,
     ...overrides,

@@ -8,6 +8,8 @@ import type { FinishReason, GenerationErrorCode, Priority } from "./generation.t
 import type { LogitControls } from "./logit_controls.ts";
 import type { TopLogprobs } from "../engine/top_logprobs.ts";
 import type { TokenConstraint } from "../grammar/token_constraint.ts";
+import type { HiddenStates } from "../engine/engine.ts";
+import type { Pooling } from "../engine/pooling.ts";
 
 /** What a request asks the scheduler to generate. */
 export interface SeqSpec {
@@ -32,6 +34,12 @@ export interface SeqSpec {
    * it from submit() on and disposes of it when the sequence ends (or is refused).
    */
   readonly constraint?: TokenConstraint;
+  /**
+   * An embedding: the prompt is computed and nothing is generated. Its hidden states come back
+   * as "hidden" events (the rows `embed` pooling needs), then "finished"; its KV blocks never
+   * enter the prefix cache and it takes none from it (every row is computed).
+   */
+  readonly embed?: Pooling;
 }
 
 /** How the scheduler answers one sequence. Never blocks: see SeqEvent for why it stays bounded. */
@@ -66,6 +74,8 @@ export type SeqEvent =
     /** The step that sampled it (tests measure gaps in steps). */
     readonly stepId: number;
   }
+  /** Hidden states of an embedding's rows (SeqSpec.embed), in step order. */
+  | { readonly type: "hidden"; readonly seqId: number; readonly states: HiddenStates }
   | {
     readonly type: "finished";
     readonly seqId: number;

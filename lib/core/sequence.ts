@@ -9,6 +9,7 @@ import {
   PenaltyState,
 } from "./logit_controls.ts";
 import type { TokenConstraint } from "../grammar/token_constraint.ts";
+import type { Pooling } from "../engine/pooling.ts";
 
 export type SeqStatus = "waiting" | "running" | "finished";
 
@@ -31,6 +32,8 @@ export class Sequence implements KvSeq {
   readonly priority: Priority;
   /** Root of its prefix-cache hash chain (its cache scope's). */
   readonly cacheRoot: number | undefined;
+  /** An embedding's pooling (SeqSpec.embed): prompt rows only, hidden states out. */
+  readonly embed: Pooling | undefined;
   /** Step counter when it arrived, for aging. */
   readonly arrivalStep: number;
   /** FIFO rank among all sequences; a preempted sequence keeps it, so it re-queues ahead of later ones. */
@@ -90,6 +93,7 @@ export class Sequence implements KvSeq {
     generated?: number;
     topLogprobs?: number;
     constraint?: TokenConstraint;
+    embed?: Pooling;
   }) {
     this.seqId = init.seqId;
     this.tokens = [...init.prompt];
@@ -99,6 +103,7 @@ export class Sequence implements KvSeq {
     this.stopTokenIds = new Set(init.stopTokenIds);
     this.priority = init.priority;
     this.cacheRoot = init.cacheRoot;
+    this.embed = init.embed;
     this.arrivalStep = init.arrivalStep;
     this.arrivalOrder = init.arrivalOrder;
     const c = init.controls;
@@ -138,7 +143,13 @@ export class Sequence implements KvSeq {
       arrivalStep,
       arrivalOrder,
       constraint: spec.constraint,
+      embed: spec.embed,
     });
+  }
+
+  /** An embedding's blocks stay out of the prefix cache (KvSeq.uncached). */
+  get uncached(): boolean {
+    return this.embed !== undefined;
   }
 
   /** Appends a token it sampled. */

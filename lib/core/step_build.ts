@@ -1,5 +1,6 @@
 import type { SeqInput, StepResult } from "../engine/engine.ts";
 import type { Sequence } from "./sequence.ts";
+import { hiddenRowsFor } from "../engine/pooling.ts";
 
 /** Crashed steps after which a sequence runs as the only suspect of its step, to settle blame. */
 export const ISOLATE_AFTER_FAULTS = 2;
@@ -16,6 +17,12 @@ export interface InFlightStep {
   readonly seqs: Sequence[];
   /** ...each with the epoch it was planned under (parallel arrays: no object per entry). */
   readonly epochs: number[];
+  /** The entries that return hidden states (embeddings), in plan order, and their epochs. */
+  readonly hidden: Sequence[];
+  readonly hiddenEpochs: number[];
+  /** Embeddings whose last prompt token is in the step, and their epochs. */
+  readonly embedded: Sequence[];
+  readonly embeddedEpochs: number[];
   /** Token rows of the step (what its cost is measured against). */
   rows: number;
 }
@@ -32,7 +39,16 @@ export function maskReady(seq: Sequence): boolean {
  */
 export class StepBuild {
   readonly entries: SeqInput[] = [];
-  readonly record: InFlightStep = { all: [], seqs: [], epochs: [], rows: 0 };
+  readonly record: InFlightStep = {
+    all: [],
+    seqs: [],
+    epochs: [],
+    hidden: [],
+    hiddenEpochs: [],
+    embedded: [],
+    embeddedEpochs: [],
+    rows: 0,
+  };
   /** Sequences in the step: never preempted to make room for another. */
   readonly members = new Set<Sequence>();
   /**
@@ -85,10 +101,14 @@ export class StepBuild {
     return seq.status === "running" && !seq.held && ready && seq.canSample && !this.barred(seq);
   }
 
-  /** Running, not yet in this step, with known tokens to feed (a prompt or a recomputation). */
+  /**
+   * Running, not yet in this step, with known tokens to feed (a prompt or a recomputation).
+   * An embedding's last prompt token is a prefill too: it samples nothing.
+   */
   wantsPrefill(seq: Sequence): boolean {
     return seq.status === "running" && !seq.held && !this.members.has(seq) &&
-      seq.pending === 0 && seq.unfed >= 2 && maskReady(seq) && !this.barred(seq);
+      seq.pending === 0 && seq.unfed >= (seq.embed ? 1 : 2) && maskReady(seq) &&
+      !this.barred(seq);
   }
 
   /** Adds a chunk of n known tokens of a prompt (or a recomputation) to the step. */
@@ -102,7 +122,8 @@ export class StepBuild {
     if (seq.faults >= ISOLATE_AFTER_FAULTS) this.record.isolated = seq;
     const start = seq.numScheduled;
     const useLastSampled = seq.pending > 0;
-    const sample = useLastSampled || start + n === seq.tokens.length;
+    const sample = !seq.embed && (useLastSampled || start + n === seq.tokens.length);
+    const hidden = seq.embed && hiddenRowsFor(seq.embed, start, start + n, seq.tokens.length);
     const adjust = sample ? seq.penalties?.adjust(start + n) : undefined;
     // A constrained decode of its token in flight: its mask is the one after that token.
     let late: Promise<Uint32Array> | undefined;
@@ -124,7 +145,16 @@ export class StepBuild {
       ...(adjust !== undefined ? { adjust } : {}),
       ...(sample && seq.topLogprobs > 0 ? { topLogprobs: seq.topLogprobs } : {}),
       ...(late ? { lateTokenMask: late } : sample && seq.mask ? { tokenMask: seq.mask } : {}),
+      ...(hidden ? { hidden } : {}),
     });
+    if (hidden) {
+      this.record.hidden.push(seq);
+      this.record.hiddenEpochs.push(seq.epoch);
+    }
+    if (seq.embed && start + n === seq.tokens.length) {
+      this.record.embedded.push(seq);
+      this.record.embeddedEpochs.push(seq.epoch);
+    }
     seq.numScheduled += n;
     this.record.rows += n;
     this.members.add(seq);
@@ -184,6 +214,16 @@ export class InFlightSteps {
 
 /** Throws unless `result` answers `rec`'s plan entry for entry. */
 function checkResult(result: StepResult, rec: InFlightStep): void {
+  const hidden = result.hidden ?? [];
+  if (
+    hidden.length !== rec.hidden.length || hidden.some((h, i) => h.seqId !== rec.hidden[i]!.seqId)
+  ) {
+    throw new Error(
+      `Scheduler: step ${result.stepId} returned hidden states for seqs [${
+        hidden.map((h) => h.seqId)
+      }], its plan asked for [${rec.hidden.map((s) => s.seqId)}]`,
+    );
+  }
   if (result.sampled.length !== rec.seqs.length) {
     throw new Error(
       `Scheduler: step ${result.stepId} returned ${result.sampled.length} sampled tokens, its plan asked for ${rec.seqs.length}`,

@@ -26,6 +26,7 @@ export class StopMatcher {
   readonly stops: readonly string[];
   #held = "";
   #stopped = false;
+  #matched: string | undefined;
   #maxLen: number;
 
   constructor(stops: readonly string[]) {
@@ -37,6 +38,11 @@ export class StopMatcher {
     return this.#stopped;
   }
 
+  /** The stop string that ended the text (the earliest in it), once one has. */
+  get matched(): string | undefined {
+    return this.#matched;
+  }
+
   /** Feeds the next piece of text. After a stop, everything is swallowed. */
   push(piece: string): StopMatch {
     if (this.#stopped) return { text: "", stopped: true };
@@ -45,7 +51,10 @@ export class StopMatcher {
     let at = -1;
     for (const s of this.stops) {
       const i = buf.indexOf(s);
-      if (i >= 0 && (at < 0 || i < at)) at = i;
+      if (i >= 0 && (at < 0 || i < at)) {
+        at = i;
+        this.#matched = s;
+      }
     }
     if (at >= 0) {
       this.#stopped = true;

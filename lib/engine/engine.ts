@@ -53,6 +53,23 @@ export interface SeqInput {
    * it before sampling the row and treats it as `tokenMask`.
    */
   readonly lateTokenMask?: Promise<Uint32Array>;
+  /**
+   * Return hidden states of this input's rows, after the final norm (what llama.cpp pools
+   * into an embedding): "all" rows, or the "last" one. Only where the engine has
+   * `hiddenStates`, and only for known tokens (not `useLastSampled`).
+   */
+  readonly hidden?: HiddenRows;
+}
+
+/** Which rows of a step's input come back as hidden states. */
+export type HiddenRows = "all" | "last";
+
+/** The hidden states of one sequence's rows in a step: `rows` × config.dim, row-major. */
+export interface HiddenStates {
+  readonly seqId: number;
+  /** Position of the first row returned. */
+  readonly startPos: number;
+  readonly rows: Float32Array;
 }
 
 /** Everything the engine computes in one step, across all sequences. */
@@ -95,6 +112,8 @@ export interface StepResult {
   readonly stepId: number;
   /** One entry per sequence whose input had sample = true, in plan order. */
   readonly sampled: readonly SampledToken[];
+  /** One entry per input that asked for `hidden`, in plan order. */
+  readonly hidden?: readonly HiddenStates[];
   /**
    * How long the step kept the engine busy (device time, or the host's encoding of the next
    * step where that took longer), from an engine whose result comes later than that (a
@@ -145,6 +164,8 @@ export interface Engine {
    * (lib/core/pipeline_depth.ts).
    */
   readonly readbackLatencyMs?: number;
+  /** Returns hidden states where a plan's input asks (SeqInput.hidden): embeddings. */
+  readonly hiddenStates?: boolean;
   step(plan: StepPlan): Promise<StepResult>;
   /**
    * The sequence is finished or preempted: forget its per-sequence state (last sampled token).

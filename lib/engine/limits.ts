@@ -1,7 +1,9 @@
 /**
- * The one source of every serving limit's default. The config schema (and so `--help`), the
- * scheduler, the actors and the engines all read them from here, so a layer can never run with
- * a default another layer does not know about.
+ * The one source of the defaults an engine is sized by: the KV geometry, the step's rows and
+ * sequences, and the pipeline. The settings table (and so `--help`), the scheduler, the actors
+ * and the engines all read them from here, so a layer can never run with a default another
+ * layer does not know about. The scheduler's policy (queue, aging, batch pacing, faults) is
+ * lib/core/scheduler_config.ts's SCHEDULER_DEFAULTS.
  */
 export const DEFAULT_LIMITS = {
   /** Tokens per KV block. */
@@ -15,8 +17,6 @@ export const DEFAULT_LIMITS = {
   maxBatchTokens: 512,
   /** Sequences holding KV blocks, and so sharing a step, at once. */
   maxRunning: 64,
-  /** Sequences queued beyond those that can start now before a submission is "overloaded". */
-  maxWaiting: 256,
   /**
    * Steps submitted before the oldest one's tokens are read back. Deeper pipelines hide more
    * readback latency (measured on llvmpipe: 2 -> 147, 3 -> 198, 4 -> 264 tokens/s
@@ -34,26 +34,11 @@ export const DEFAULT_LIMITS = {
   readbackPipelineDepth: 16,
   /** The deepest pipeline allowed: each level costs a step computed past every stop. */
   maxPipelineDepth: 16,
-  /** Steps after which a batch request ranks like an interactive one. */
-  agingSteps: 256,
   /**
-   * Steps in flight while batch work runs, alone or beside interactive decodes (below
-   * pipelineDepth): an interactive request arriving then waits behind this many steps holding
-   * batch rows, not a full pipeline of them. Only a step for an interactive prefill goes deeper.
+   * Share of the KV pool a new admission must leave free for running sequences to grow: the
+   * scheduler keeps it, and the KV plan sizes the pool with it.
    */
-  backgroundDepth: 1,
-  /**
-   * Share of the engine's time batch-only steps may take while interactive requests arrived in
-   * the last backgroundQuietMs: after a batch-only step of d ms the next waits d × (1/share − 1),
-   * so an interactive arrival finds the engine (and, on the CPU engine, the cores) free more
-   * often. Without recent interactive traffic batch work runs back to back.
-   */
-  backgroundShare: 0.5,
-  backgroundQuietMs: 1000,
-  /** Share of the KV pool a new admission must leave free for running sequences to grow. */
   watermarkFraction: 0.01,
-  /** Steps that crashed the engine after which a sequence is failed, not recomputed again. */
-  maxSeqFaults: 4,
   /** Plans one WebGPU submit may encode. */
   maxStepsPerSubmit: 8,
 } as const;

@@ -19,6 +19,8 @@ export interface StepRules {
   hasLastSampled(seqId: number): boolean;
   /** Buffer sizes, for engines that have them. */
   readonly capacity?: StepCapacity;
+  /** The engine returns hidden states (Engine.hiddenStates). */
+  readonly hiddenStates?: boolean;
 }
 
 /**
@@ -61,6 +63,7 @@ export function validateStep(plan: StepPlan, rules: StepRules): void {
       }
     }
     if (seq.sample) checkSampling(seq.sampling, where);
+    if (seq.hidden !== undefined) checkHidden(seq, where, rules);
     if (seq.adjust !== undefined) {
       const problem = logitAdjustProblem(seq.adjust, config.vocabSize);
       if (problem !== undefined) throw new Error(`${where} has a bad logit adjustment: ${problem}`);
@@ -109,6 +112,23 @@ function checkCopies(plan: StepPlan, kv: KvGeometry): void {
       );
     }
     written.add(dst);
+  }
+}
+
+/** Hidden states come from an engine that has them, for rows of known tokens. */
+function checkHidden(seq: SeqInput, where: string, rules: StepRules): void {
+  if (seq.hidden !== "all" && seq.hidden !== "last") {
+    throw new Error(
+      `${where} asks for hidden rows ${JSON.stringify(seq.hidden)}, expected "all" or "last"`,
+    );
+  }
+  if (!rules.hiddenStates) {
+    throw new Error(`${where} asks for hidden states, which this engine does not return`);
+  }
+  if (seq.useLastSampled) {
+    throw new Error(
+      `${where} asks for hidden states of its last sampled token; only known tokens have them`,
+    );
   }
 }
 

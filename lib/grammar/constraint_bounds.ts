@@ -32,8 +32,8 @@ export interface ConstraintNeeds {
 export function checkConstraintBounds(c: OutputConstraint, limits: GrammarLimits): ConstraintNeeds {
   const none = { minimum: 0, what: "" };
   if (c.type === "json_object") return none;
-  const text = c.type === "json_schema" ? c.schema : c.grammar;
-  const what = c.type === "json_schema" ? "schema" : "grammar";
+  const text = c.type === "grammar" ? c.grammar : c.schema;
+  const what = c.type === "grammar" ? "grammar" : "schema";
   const bytes = new TextEncoder().encode(text).length;
   if (bytes > limits.maxBytes) {
     refuse(`the ${what} is ${bytes} bytes; the limit is ${limits.maxBytes}`);
@@ -63,7 +63,8 @@ export function checkConstraintBounds(c: OutputConstraint, limits: GrammarLimits
   }
   const cycle = refCycleProblem(schema);
   if (cycle) refuse(cycle);
-  return walk.needs;
+  // Free text, the other branch, needs no room.
+  return c.type === "json_schema_or_text" ? none : walk.needs;
 }
 
 /** Throws a ConstraintError when no output of at most `maxTokens` tokens can meet `needs`. */

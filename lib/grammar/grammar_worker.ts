@@ -16,6 +16,7 @@ import {
   type GrammarCompiler,
   type GrammarMatcher,
   loadXGrammar,
+  type StructuralTag,
   type XGrammar,
   xgrammarCall,
   XGrammarError,
@@ -128,6 +129,36 @@ class GrammarHost {
     }
   }
 
+  /**
+   * A structural tag choosing between the schema's JSON and TEXT_NOT_JSON. The JSON goes in as
+   * the grammar XGrammar makes of the schema in our layout: the tag's own json_schema element
+   * allows any whitespace, in which a weak model can run on to max_tokens; and `any_text` may
+   * only end a tag, not be one side of an `or` (XGrammar 0.1.27 aborts on it).
+   */
+  async #jsonOrText(schema: string): Promise<StructuralTag> {
+    const l = JSON_LAYOUT;
+    const json = await this.#xg!.Grammar.fromJSONSchema(
+      schema,
+      l.anyWhitespace,
+      l.indent,
+      l.separators,
+    );
+    try {
+      return {
+        type: "structural_tag",
+        format: {
+          type: "or",
+          elements: [
+            { type: "grammar", grammar: withoutControlCharacters(json.toString()) },
+            { type: "grammar", grammar: TEXT_NOT_JSON },
+          ],
+        },
+      };
+    } finally {
+      json.dispose();
+    }
+  }
+
   #compile(c: OutputConstraint): Promise<CompiledGrammar> {
     const l = JSON_LAYOUT;
     return xgrammarCall(async () => {
@@ -149,6 +180,9 @@ class GrammarHost {
         case "grammar":
           this.#textCompiler ??= await compilerFor(this.#xg!, this.#vocab!, () => true);
           return this.#textCompiler.compileGrammar(c.grammar);
+        case "json_schema_or_text":
+          this.#textCompiler ??= await compilerFor(this.#xg!, this.#vocab!, () => true);
+          return this.#textCompiler.compileStructuralTag(await this.#jsonOrText(c.schema));
       }
     }).catch((e) => {
       const what = c.type === "grammar" ? "grammar" : "JSON schema";
@@ -156,6 +190,22 @@ class GrammarHost {
       throw new ConstraintFault(`Cannot compile the ${what}: ${why}`, { cause: e });
     });
   }
+}
+
+/**
+ * Free text that does not begin (after blanks) with "{": the other branch of
+ * json_schema_or_text, so that output starting like JSON is always the schema's.
+ */
+const TEXT_NOT_JSON = "root ::= [ \\t\\r\\n]* [^{ \\t\\r\\n] [^]*";
+
+/**
+ * XGrammar 0.1.27's string rule under minLength/maxLength (`[^"\\\r\n]`) admits raw control
+ * characters, which JSON forbids inside a string. The JSON-only compiler drops such tokens from
+ * its vocabulary (jsonToken), but the or-grammar's text side needs newlines, so here the
+ * character class itself is narrowed to the one its unbounded string rule uses.
+ */
+function withoutControlCharacters(grammar: string): string {
+  return grammar.replaceAll('[^\\"\\\\\\r\\n]', '[^\\0-\\x1f\\"\\\\\\r\\n]');
 }
 
 /** The request's own grammar cannot be compiled (the client's 400). */

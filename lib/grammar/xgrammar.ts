@@ -19,6 +19,7 @@ export type {
   CompiledGrammar,
   GrammarCompiler,
   GrammarMatcher,
+  StructuralTag,
   TokenizerInfo,
 } from "@mlc-ai/web-xgrammar";
 

@@ -1,29 +1,26 @@
-import { Hono } from "hono";
+import type { Hono, MiddlewareHandler } from "hono";
 import type { WSContext } from "hono/ws";
 import { HTTP_DEFAULTS } from "./defaults.ts";
 import { trace, type Tracer } from "@opentelemetry/api";
 import type { GenerationBackend } from "../core/generation.ts";
-import { ApiKeyVerifier } from "./auth.ts";
-import { ApiKeyAuth } from "./auth_middleware.ts";
-import { jsonBodyLimit } from "./body_limit.ts";
 import { createChatRenderer } from "../chat/chat_template.ts";
-import { errorResponder, installErrorMapping } from "./error_mapping.ts";
-import { templateTools } from "../chat/tools.ts";
+import { templateTools, toolFormatName } from "../chat/tools.ts";
+import { type FrontDoor, frontDoor } from "./front_door.ts";
+import type { CatalogModel } from "./model_directory.ts";
+import { registerModelRoutes } from "./model_catalog.ts";
 import { registerHealthRoutes } from "./health_routes.ts";
-import { httpMetricsMiddleware } from "./http_metrics_middleware.ts";
 import { InFlightRegistry } from "./inflight.ts";
-import { OriginPolicy } from "./origin.ts";
-import { originMiddleware } from "./origin_middleware.ts";
 import { type OpenAiHandler, openAiHandler, registerOpenAiRoutes } from "./openai_routes.ts";
+import { registerOllamaRoutes } from "./ollama_routes.ts";
+import { registerAnthropicRoutes } from "./anthropic_routes.ts";
 import { PLAYGROUND_HTML } from "./playground.html.ts";
 import { registerPropsRoute, type ServerProps } from "./props_route.ts";
+import { embeddingsHandler, registerEmbeddingsRoute } from "./embeddings_route.ts";
+import { registerRerankRoute } from "./rerank_route.ts";
 import { RequestLog } from "./request_log.ts";
-import { requestLogMiddleware, RequestRecords } from "./request_log_middleware.ts";
-import { RouteTable } from "./route_table.ts";
 import { ServiceMetrics } from "./service_metrics.ts";
 import { registerStreamRoute } from "./stream_route.ts";
 import { registerTokenizeRoutes } from "./tokenize_routes.ts";
-import { tracingMiddleware } from "./tracing_middleware.ts";
 import type { GenerationDeps } from "./tracked_generation.ts";
 
 export interface AppOptions {
@@ -94,6 +91,16 @@ export interface AppOptions {
   readonly requestLog?: RequestLog;
   /** Extra facts for GET /props (model path, limits). */
   readonly props?: ServerProps;
+  /**
+   * Models this app's front serves besides its own (a plain router's other models, which
+   * replicas advertise): /v1/models lists them after its own. `dispatch` sends their requests.
+   */
+  readonly moreModels?: () => readonly CatalogModel[];
+  /**
+   * Mounted behind the front door's middleware, before the routes: picks what answers a request
+   * naming another model (lib/http/model_dispatch.ts), else passes it to this app's routes.
+   */
+  readonly dispatch?: (door: FrontDoor) => MiddlewareHandler;
   /** Mounts more routes behind the same middleware (the batch queue, lib/batch/). */
   readonly extend?: (app: Hono, ctx: AppContext) => void;
 }
@@ -159,11 +166,8 @@ export interface ServiceApp {
  * Builds the client-facing service over a generation backend: the WebSocket protocol on
  * /v1/stream, the OpenAI-compatible API, health, readiness, metrics and the playground.
  *
- * The middleware, outermost first: request counter (http_metrics_middleware.ts), tracing
- * (tracing_middleware.ts), request id and log (request_log_middleware.ts), Host/Origin and CORS
- * (origin_middleware.ts), API keys (auth_middleware.ts), the JSON body limit (body_limit.ts);
- * error_mapping.ts turns what any of them or a route throws into the answer. Every route label
- * and 405 comes from one route table, hono's own (route_table.ts).
+ * Behind the front door's middleware and error mapping (front_door.ts), which the front of
+ * several models (models_front.ts) shares.
  */
 export function createApp(opts: AppOptions): ServiceApp {
   const backend = opts.backend;
@@ -171,7 +175,8 @@ export function createApp(opts: AppOptions): ServiceApp {
   const tracer = opts.tracer ?? trace.getTracer("llmserve");
   const inflight = new InFlightRegistry();
   const maxBodyBytes = opts.maxBodyBytes ?? HTTP_DEFAULTS.maxBodyBytes;
-  const defaultCompletionMaxTokens = opts.defaultCompletionMaxTokens ?? 16;
+  const defaultCompletionMaxTokens = opts.defaultCompletionMaxTokens ??
+    HTTP_DEFAULTS.defaultCompletionMaxTokens;
   const servedModelNames = opts.servedModelNames?.length
     ? opts.servedModelNames
     : [backend.modelName];
@@ -185,34 +190,10 @@ export function createApp(opts: AppOptions): ServiceApp {
   let loaded = opts.ready ?? true;
   let draining = false;
 
-  const app = new Hono();
-  const routes = new RouteTable(() => app.routes);
-  const records = new RequestRecords();
-  const respond = errorResponder({
-    metrics,
-    records,
-    routes,
-    retryAfterSeconds: opts.retryAfterSeconds ?? 1,
-  });
-  installErrorMapping(app, respond, routes);
-  const openPaths = new Set(opts.openPaths ?? ["/", "/health", "/ready"]);
-  if (opts.metricsPublic === true) openPaths.add("/metrics");
-  const auth = new ApiKeyAuth({
-    keys: new ApiKeyVerifier(opts.apiKeys ?? []),
-    openPaths,
-    scopeByKey: opts.cacheScope !== "global",
-  });
+  const door = frontDoor({ ...opts, metrics, requestLog, maxBodyBytes });
+  const { app, records, auth } = door;
   const scopeOf = (req: Request) => auth.scopeOf(req);
-
-  app.use(
-    "*",
-    httpMetricsMiddleware(metrics, routes),
-    tracingMiddleware(records),
-    requestLogMiddleware({ log: requestLog, records, routes, refuse: respond }),
-    ...originMiddleware(new OriginPolicy(opts.corsOrigins ?? [], opts.allowedHosts ?? [])),
-    auth.middleware(),
-    jsonBodyLimit(maxBodyBytes, routes),
-  );
+  if (opts.dispatch !== undefined) app.use("*", opts.dispatch(door));
 
   const deps: GenerationDeps = {
     backend,
@@ -225,14 +206,15 @@ export function createApp(opts: AppOptions): ServiceApp {
   const highWater = opts.wsHighWaterBytes ?? HTTP_DEFAULTS.wsHighWaterBytes;
   const sessionOpts = {
     renderChat,
-    maxFrameBytes: opts.maxFrameBytes ?? 256 * 1024,
-    maxGenerationsPerSocket: opts.maxGenerationsPerSocket ?? 64,
-    statsIntervalMs: opts.statsIntervalMs ?? 500,
-    idleTimeoutMs: opts.wsIdleTimeoutMs ?? 300_000,
+    maxFrameBytes: opts.maxFrameBytes ?? HTTP_DEFAULTS.maxFrameBytes,
+    maxGenerationsPerSocket: opts.maxGenerationsPerSocket ?? HTTP_DEFAULTS.maxGenerationsPerSocket,
+    statsIntervalMs: opts.statsIntervalMs ?? HTTP_DEFAULTS.statsIntervalMs,
+    idleTimeoutMs: opts.wsIdleTimeoutMs ?? HTTP_DEFAULTS.wsIdleTimeoutMs,
     writer: {
       highWaterBytes: highWater,
-      lowWaterBytes: opts.wsLowWaterBytes ?? Math.floor(highWater / 4),
-      stallTimeoutMs: opts.wsStallTimeoutMs ?? 60_000,
+      lowWaterBytes: opts.wsLowWaterBytes ??
+        Math.floor(highWater * HTTP_DEFAULTS.wsLowWaterFraction),
+      stallTimeoutMs: opts.wsStallTimeoutMs ?? HTTP_DEFAULTS.wsStallTimeoutMs,
     },
   };
 
@@ -254,10 +236,26 @@ export function createApp(opts: AppOptions): ServiceApp {
     servedModelNames,
     recordOf: (req: Request) => records.of(req),
     scopeOf,
-    stallTimeoutMs: opts.wsStallTimeoutMs ?? 60_000,
+    stallTimeoutMs: opts.wsStallTimeoutMs ?? HTTP_DEFAULTS.wsStallTimeoutMs,
   };
+  registerModelRoutes(app, {
+    catalog: () => [
+      {
+        name: servedModelNames[0]!,
+        aliases: servedModelNames.slice(1),
+        root: backend.modelName,
+        contextLength: backend.contextLength,
+        toolFormat: toolFormatName(tools),
+      },
+      ...(opts.moreModels?.() ?? []),
+    ],
+    createdAt: openAiOpts.createdAt,
+  });
   registerOpenAiRoutes(app, deps, openAiOpts);
-  const openAi = openAiHandler(deps, openAiOpts);
+  const embeddingsOpts = { backend, maxBodyBytes, servedModelNames };
+  const openAi = openAiHandler(deps, openAiOpts, embeddingsHandler(embeddingsOpts));
+  registerOllamaRoutes(app, deps, { openAi: openAiOpts, modelPath: opts.props?.modelPath });
+  registerAnthropicRoutes(app, deps, openAiOpts);
   opts.extend?.(app, { openAi, scopeOf, maxBodyBytes });
   registerTokenizeRoutes(app, {
     backend,
@@ -266,6 +264,8 @@ export function createApp(opts: AppOptions): ServiceApp {
     maxBodyBytes,
     servedModelNames,
   });
+  registerEmbeddingsRoute(app, embeddingsOpts);
+  registerRerankRoute(app, embeddingsOpts);
   registerPropsRoute(app, {
     backend,
     servedModelNames,
@@ -281,7 +281,7 @@ export function createApp(opts: AppOptions): ServiceApp {
   const sockets = registerStreamRoute(app, {
     deps,
     session: sessionOpts,
-    maxPerClient: opts.wsMaxPerClient ?? 256,
+    maxPerClient: opts.wsMaxPerClient ?? HTTP_DEFAULTS.wsMaxPerClient,
     isDraining: () => draining,
     requestIdOf: (req) => records.of(req)?.id,
     scopeOf,

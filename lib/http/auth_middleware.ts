@@ -27,7 +27,9 @@ export async function verifiedKey(
 ): Promise<string | null> {
   const auth = parseAuthorization(req.headers.get("authorization"));
   let token = auth.kind === "token" ? auth.token : null;
-  if (auth.kind === "missing" && path === "/v1/stream") {
+  // Anthropic's clients send the key as `x-api-key`.
+  if (auth.kind === "missing") token = req.headers.get("x-api-key");
+  if (token === null && auth.kind === "missing" && path === "/v1/stream") {
     token = new URL(req.url).searchParams.get("api_key");
   }
   if (!(await keys.verify(token))) {
@@ -36,7 +38,7 @@ export async function verifiedKey(
       auth.kind === "malformed"
         ? auth.problem
         : token === null
-        ? "Missing API key: send the header 'Authorization: Bearer <key>'"
+        ? "Missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>')"
         : "Invalid API key",
     );
   }
@@ -46,6 +48,7 @@ export async function verifiedKey(
 export class ApiKeyAuth {
   readonly #o: AuthOptions;
   readonly #scopes = new WeakMap<Request, string>();
+  readonly #tenants = new WeakMap<Request, string>();
 
   constructor(o: AuthOptions) {
     this.#o = o;
@@ -54,6 +57,22 @@ export class ApiKeyAuth {
   /** The cache scope of an authenticated request (with --cache-scope key). */
   scopeOf(req: Request): string | undefined {
     return this.#scopes.get(req);
+  }
+
+  /**
+   * Whose keep-alive a request sets (a server of several models): its key's scope whatever
+   * --cache-scope says; "" without keys.
+   */
+  tenantOf(req: Request): string {
+    return this.#tenants.get(req) ?? "";
+  }
+
+  /** The facts about `from` now hold for `to`, which stands for it (body_limit.ts). */
+  relink(from: Request, to: Request): void {
+    const scope = this.#scopes.get(from);
+    if (scope !== undefined) this.#scopes.set(to, scope);
+    const tenant = this.#tenants.get(from);
+    if (tenant !== undefined) this.#tenants.set(to, tenant);
   }
 
   /**
@@ -71,7 +90,11 @@ export class ApiKeyAuth {
     return async (c, next) => {
       if (!keys.enabled || openPaths.has(c.req.path)) return await next();
       const token = await verifiedKey(keys, c.req.raw, c.req.path);
-      if (scopeByKey && token !== null) this.#scopes.set(c.req.raw, await keyScope(token));
+      if (token !== null) {
+        const scope = await keyScope(token);
+        this.#tenants.set(c.req.raw, scope);
+        if (scopeByKey) this.#scopes.set(c.req.raw, scope);
+      }
       await next();
     };
   }

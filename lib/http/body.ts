@@ -1,17 +1,13 @@
 import { ApiError } from "./errors.ts";
 
 /**
- * Reads a request body as JSON, refusing it with 413 as soon as it passes `maxBytes` (the
- * declared Content-Length is checked first, then the bytes actually streamed, so a lying or
- * chunked client cannot make the server buffer more than the limit).
+ * Reads a request body as JSON. Every route reading one sits behind the body limit
+ * (body_limit.ts, hono's), which refuses a body over the limit before it is buffered; `maxBytes`
+ * holds a caller outside that chain (a batch line run by a front) to the same limit.
  */
 export async function readJsonBody(req: Request, maxBytes: number): Promise<unknown> {
   requireJsonType(req.headers.get("content-type"));
-  const declared = Number(req.headers.get("content-length") ?? "NaN");
-  if (Number.isFinite(declared) && declared > maxBytes) {
-    throw tooLarge(declared, maxBytes);
-  }
-  const text = await readLimited(req, maxBytes);
+  const text = await readBodyText(req, maxBytes);
   if (text.trim().length === 0) {
     throw new ApiError("invalid_json", "Request body is empty; expected a JSON object");
   }
@@ -23,13 +19,17 @@ export async function readJsonBody(req: Request, maxBytes: number): Promise<unkn
   }
 }
 
+/** Whether a Content-Type names JSON (parameters such as charset aside). */
+export function isJsonMedia(contentType: string | null | undefined): boolean {
+  return (contentType ?? "").split(";")[0]!.trim().toLowerCase() === "application/json";
+}
+
 /**
  * JSON routes take `application/json` only. A `text/plain` body is what a web page on another
  * site can send without a CORS preflight, so accepting it would let any page drive the server.
  */
 export function requireJsonType(contentType: string | null): void {
-  const media = (contentType ?? "").split(";")[0]!.trim().toLowerCase();
-  if (media === "application/json") return;
+  if (isJsonMedia(contentType)) return;
   throw new ApiError(
     "unsupported_media_type",
     `Request body must be sent as 'Content-Type: application/json'; received ${
@@ -38,43 +38,32 @@ export function requireJsonType(contentType: string | null): void {
   );
 }
 
-async function readLimited(req: Request, maxBytes: number): Promise<string> {
+/**
+ * A request body as text: the one reader of every front (one model, several, a router), strict
+ * about UTF-8 (decodeBody). A connection that ends before the body is complete is the client's
+ * fault, and nobody is left to read a 500.
+ */
+export async function readBodyText(req: Request, maxBytes: number): Promise<string> {
   if (req.body === null) return "";
-  const reader = req.body.getReader();
-  const chunks: Uint8Array[] = [];
-  let total = 0;
-  for (;;) {
-    let chunk: ReadableStreamReadResult<Uint8Array>;
-    try {
-      chunk = await reader.read();
-    } catch {
-      // The connection ended (or timed out, or the server is shutting down) before the body
-      // was complete: the client's fault, and nobody is left to read a 500.
-      throw new ApiError(
-        "invalid_request",
-        `Request body ended after ${total} bytes${
-          req.headers.get("content-length") === null
-            ? ""
-            : ` of the ${req.headers.get("content-length")} its Content-Length announced`
-        }`,
-      );
-    }
-    const { done, value } = chunk;
-    if (done) break;
-    total += value.byteLength;
-    if (total > maxBytes) {
-      await reader.cancel();
-      throw tooLarge(total, maxBytes, true);
-    }
-    chunks.push(value);
+  let bytes: Uint8Array;
+  try {
+    bytes = new Uint8Array(await req.arrayBuffer());
+  } catch {
+    throw bodyEnded(req);
   }
-  const all = new Uint8Array(total);
-  let at = 0;
-  for (const c of chunks) {
-    all.set(c, at);
-    at += c.byteLength;
-  }
-  return decodeBody(all);
+  if (bytes.byteLength > maxBytes) throw tooLarge(bytes.byteLength, maxBytes);
+  return decodeBody(bytes);
+}
+
+/** The 400 of a body whose connection ended (or timed out) before it was complete. */
+export function bodyEnded(req: Request): ApiError {
+  const declared = req.headers.get("content-length");
+  return new ApiError(
+    "invalid_request",
+    `Request body ended before it was complete${
+      declared === null ? "" : ` (its Content-Length announced ${declared} bytes)`
+    }`,
+  );
 }
 
 /**
@@ -100,4 +89,24 @@ export function tooLarge(bytes: number, maxBytes: number, atLeast = false): ApiE
     `Request body is ${atLeast ? "more than " : ""}${atLeast ? maxBytes : bytes} bytes; ` +
       `the limit is ${maxBytes} bytes`,
   );
+}
+
+/**
+ * The same request as one of this runtime's own (the server's is an adapter's, which another
+ * app or the Request constructor cannot take as it is), with `body` in place of its own where
+ * given (the model dispatch read the original's to find the model).
+ */
+export function rebuilt(req: Request, body?: string): Request {
+  const headers = new Headers(req.headers);
+  if (body !== undefined) headers.delete("content-length");
+  return new Request(req.url, {
+    method: req.method,
+    headers,
+    signal: req.signal,
+    ...(body !== undefined
+      ? { body }
+      : req.body === null
+      ? {}
+      : { body: req.body, duplex: "half" } as RequestInit),
+  });
 }

@@ -1,5 +1,6 @@
 import type { Hono } from "hono";
 import { ApiError, toApiError } from "./errors.ts";
+import { errorBody } from "./error_shapes.ts";
 import type { RequestRecords } from "./request_log_middleware.ts";
 import type { RouteTable } from "./route_table.ts";
 import type { ServiceMetrics } from "./service_metrics.ts";
@@ -10,6 +11,18 @@ export interface ErrorMappingOptions {
   readonly routes: RouteTable;
   /** Retry-After seconds on 503 (overloaded, draining) and 429 (too many at once). */
   readonly retryAfterSeconds: number;
+}
+
+/** Retry-After seconds of an error other than the configured ones; null: none. */
+const retryAfterOf = new WeakMap<ApiError, number | null>();
+
+/**
+ * `e`, answered with Retry-After `seconds`, or none for null (waiting will not help: memory
+ * held by models kept forever, a model that cannot load).
+ */
+export function withRetryAfter(e: ApiError, seconds: number | null): ApiError {
+  retryAfterOf.set(e, seconds);
+  return e;
 }
 
 /** Answers an ApiError: its JSON body, status and the headers its code calls for. */
@@ -27,14 +40,17 @@ export function errorResponder(o: ErrorMappingOptions): ErrorResponder {
     const record = o.records.of(req);
     if (record) record.code = e.code;
     const headers: Record<string, string> = {};
-    if (e.status === 503 || e.status === 429) headers["retry-after"] = retryAfter;
+    const seconds = retryAfterOf.has(e) ? retryAfterOf.get(e) : retryAfter;
+    if ((e.status === 503 || e.status === 429) && seconds != null) {
+      headers["retry-after"] = String(seconds);
+    }
     if (e.status === 401) headers["www-authenticate"] = 'Bearer realm="llmserve"';
     if (e.code === "upgrade_required") headers["sec-websocket-version"] = "13";
     if (e.code === "method_not_allowed") {
       const allow = o.routes.allowed(new URL(req.url).pathname);
       if (allow !== undefined) headers["allow"] = allow;
     }
-    return Response.json(e.toJSON(), { status: e.status, headers });
+    return Response.json(errorBody(e, new URL(req.url).pathname), { status: e.status, headers });
   };
 }
 

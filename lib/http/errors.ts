@@ -32,6 +32,7 @@ export type ApiErrorCode =
   | "loading"
   | "model_load_failed"
   | "insufficient_memory"
+  | "not_implemented"
   | "internal";
 
 const STATUS: Record<ApiErrorCode, number> = {
@@ -67,6 +68,8 @@ const STATUS: Record<ApiErrorCode, number> = {
   model_load_failed: 503,
   insufficient_memory: 503,
   internal: 500,
+  // A route of another API's spelling that this server does not implement (yet).
+  not_implemented: 501,
 };
 
 /** The OpenAI-style `error.type` for a status. */

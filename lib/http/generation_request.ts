@@ -1,5 +1,10 @@
 import { seedToU32 } from "../util/rng.ts";
-import type { GenerationBackend, GenerationRequest, Priority } from "../core/generation.ts";
+import type {
+  GenerationBackend,
+  GenerationRequest,
+  Priority,
+  SimilarQuestion,
+} from "../core/generation.ts";
 import { ApiError } from "./errors.ts";
 import { completionRoom, promptProblem } from "../core/prompt_check.ts";
 import type { LogitControls } from "../core/logit_controls.ts";
@@ -40,6 +45,10 @@ export interface GenerationInput {
   readonly ignoreEos?: boolean | null | undefined;
   /** Constrained decoding (response_format, json_schema, grammar). */
   readonly constraint?: OutputConstraint;
+  /** A chat's question and its context (the cache for similar questions). */
+  readonly similar?: SimilarQuestion;
+  /** The client's `cache: false`: answered by no cache. */
+  readonly noCache?: boolean;
 }
 
 function randomSeed(): number {
@@ -148,6 +157,8 @@ export function buildGenerationRequest(
     ...(input.logprobs && input.topLogprobs ? { topLogprobs: input.topLogprobs } : {}),
     deterministic: temperature === 0 || seeded,
     ...(input.constraint ? { constraint: input.constraint } : {}),
+    ...(input.similar && !input.noCache ? { similar: input.similar } : {}),
+    ...(input.noCache ? { noCache: true } : {}),
   };
   return { request, promptTokens, maxTokensCapped: asked > room };
 }

@@ -1,7 +1,7 @@
 import type { DrainResult, ServiceApp } from "./app.ts";
+import { HTTP_DEFAULTS } from "./defaults.ts";
 import { ApiError } from "./errors.ts";
-import { isValidRequestId, newRequestId, type RequestLog } from "./request_log.ts";
-import type { ServiceMetrics } from "./service_metrics.ts";
+import { frontDoor, type FrontDoorOptions } from "./front_door.ts";
 
 /** What the server is doing before it can serve: the order start-up goes through. */
 export type LoadPhase =
@@ -41,54 +41,38 @@ export class LoadProgress {
 /**
  * The service while the model loads, so the port is bound (and a port in use reported) before
  * any slow work: GET /health answers 200 with the phase and progress, GET /ready 503, anything
- * else 503 `loading` with Retry-After. Each request gets its request-log line.
+ * else 503 `loading` with Retry-After. Behind the front door (front_door.ts) as the loaded
+ * server is: the same Host, Origin and key checks, request-log lines and error answers.
  */
 export function createLoadingService(
   progress: LoadProgress,
-  requestLog: RequestLog,
-  metrics: ServiceMetrics,
+  o: Omit<FrontDoorOptions, "maxBodyBytes">,
 ): ServiceApp {
-  const fetch = (req: Request): Response => {
-    const path = new URL(req.url).pathname;
-    const asked = req.headers.get("x-request-id");
-    const id = asked !== null && isValidRequestId(asked) ? asked : newRequestId();
-    const record = requestLog.record(
-      id,
-      req.method,
-      path === "/health" || path === "/ready" ? path : "unmatched",
-    );
-    let res: Response;
-    if (req.method === "GET" && path === "/health") {
-      res = Response.json({ status: "loading", ...progress.toJSON() });
-    } else if (req.method === "GET" && path === "/ready") {
-      res = Response.json(
-        {
-          status: "unavailable",
-          reasons: [`model loading (${progress.phase})`],
-          ...progress.toJSON(),
-        },
-        { status: 503 },
-      );
-    } else {
-      const e = new ApiError(
+  const { app, respond } = frontDoor({ ...o, maxBodyBytes: HTTP_DEFAULTS.maxBodyBytes });
+  app.get("/health", (c) => c.json({ status: "loading", ...progress.toJSON() }));
+  app.get("/ready", (c) =>
+    c.json(
+      {
+        status: "unavailable",
+        reasons: [`model loading (${progress.phase})`],
+        ...progress.toJSON(),
+      },
+      503,
+    ));
+  app.notFound((c) =>
+    respond(
+      new ApiError(
         "loading",
         `The model is still loading (${progress.phase}); retry shortly, or poll GET /ready`,
-      );
-      record.code = e.code;
-      metrics.errors.inc({ code: e.code });
-      res = Response.json(e.toJSON(), { status: e.status, headers: { "retry-after": "1" } });
-    }
-    res.headers.set("x-request-id", id);
-    record.responded(res.status);
-    return res;
-  };
+      ),
+      c.req.raw,
+    )
+  );
   const done: DrainResult = { completed: true, aborted: 0 };
   return {
-    get app(): never {
-      throw new Error("The loading service has no Hono app");
-    },
-    fetch,
-    metrics,
+    app,
+    fetch: (req, info) => app.fetch(req, info as never),
+    metrics: o.metrics,
     drain: () => Promise.resolve(done),
     hurry() {},
     setReady() {},

@@ -9,13 +9,27 @@ export interface ResponseExtras {
   max_tokens_capped: boolean;
   cached: boolean;
   saved_ms?: number;
+  /** An answer of a similar question: which, and how close (the cache for similar questions). */
+  llmserve?: { cache: { kind: "similar"; score: number; matched: string } };
 }
 
 export function responseExtras(capped: boolean, cached: CacheHit | undefined): ResponseExtras {
+  const similar = cached?.similar;
   return {
     max_tokens_capped: capped,
     cached: cached !== undefined,
     ...(cached !== undefined ? { saved_ms: round(cached.savedMs) } : {}),
+    ...(similar
+      ? {
+        llmserve: {
+          cache: {
+            kind: "similar",
+            score: Math.round(similar.score * 1e4) / 1e4,
+            matched: similar.matched,
+          },
+        },
+      }
+      : {}),
   };
 }
 

@@ -3,11 +3,18 @@ import type {
   FinishReason,
   GenerationBackend,
   GenerationEvent,
+  SimilarQuestion,
   Usage,
 } from "../core/generation.ts";
 import { type ChoiceEvent, choiceRequests, mergeChoices } from "./choices.ts";
 import { constraintField, outputConstraint } from "./response_format.ts";
-import { chatTurns, newToolCallId, type TemplateTools, toolPlan } from "../chat/tools.ts";
+import {
+  chatTurns,
+  newToolCallId,
+  renderChatTools,
+  type TemplateTools,
+  toolPlan,
+} from "../chat/tools.ts";
 import {
   type ParsedToolCall,
   parseToolCalls,
@@ -16,6 +23,7 @@ import {
 } from "../chat/tool_calls.ts";
 import type { ChatRenderer } from "../chat/chat_template.ts";
 import { readJsonBody } from "./body.ts";
+import { unknownModel } from "./model_catalog.ts";
 import { ApiError, fromGenerationError } from "./errors.ts";
 import { buildGenerationRequest, type GenerationInput } from "./generation_request.ts";
 import { logitControlsFrom } from "./sampling_controls.ts";
@@ -62,20 +70,30 @@ export interface OpenAiOptions {
 
 type Kind = "completions" | "chat_completions";
 
-/**
- * Answers one completion request as its route would (the same parsing, limits and errors;
- * errors are thrown as ApiError), for callers inside the server: the batch queue runs its
- * lines through it. `scope` stands for the cache scope of the key that sent the work.
- */
-export type OpenAiHandler = (req: Request, kind: Kind, scope?: string) => Promise<Response>;
+/** What a request inside the server asks for: a completion, a chat, or embeddings. */
+export type ApiKind = Kind | "embeddings";
 
-export function openAiHandler(deps: GenerationDeps, opts: OpenAiOptions): OpenAiHandler {
+/**
+ * Answers one request as its route would (the same parsing, limits and errors; errors are
+ * thrown as ApiError), for callers inside the server: the batch queue runs its lines through
+ * it. `scope` stands for the cache scope of the key that sent the work.
+ */
+export type OpenAiHandler = (req: Request, kind: ApiKind, scope?: string) => Promise<Response>;
+
+/** `embeddings`: what answers POST /v1/embeddings (embeddings_route.ts). */
+export function openAiHandler(
+  deps: GenerationDeps,
+  opts: OpenAiOptions,
+  embeddings: (req: Request) => Promise<Response>,
+): OpenAiHandler {
   return (req, kind, scope) =>
-    respond(req, kind, deps, scope === undefined ? opts : { ...opts, scopeOf: () => scope });
+    kind === "embeddings"
+      ? embeddings(req)
+      : respond(req, kind, deps, scope === undefined ? opts : { ...opts, scopeOf: () => scope });
 }
 
 /** What one request asked for, after validation. */
-interface Parsed {
+export interface Parsed {
   readonly input: GenerationInput;
   readonly stream: boolean;
   readonly includeUsage: boolean;
@@ -91,27 +109,12 @@ interface Parsed {
 
 /**
  * The OpenAI-compatible endpoints: POST /v1/completions, POST /v1/chat/completions (JSON, or
- * SSE `data:` chunks ending in `data: [DONE]` when stream is true), GET /v1/models.
+ * SSE `data:` chunks ending in `data: [DONE]` when stream is true); GET /v1/models is the
+ * catalog's (model_catalog.ts).
  * Errors are thrown as ApiError for the app's error handler, except once a stream has begun:
  * then the error is sent as a final `data: {"error": ...}` event.
  */
 export function registerOpenAiRoutes(app: Hono, deps: GenerationDeps, opts: OpenAiOptions): void {
-  const model = (id: string) => ({
-    id,
-    object: "model",
-    created: opts.createdAt,
-    owned_by: "llmserve",
-    // vLLM's field: the model all served names stand for.
-    root: deps.backend.modelName,
-    max_model_len: deps.backend.contextLength,
-  });
-  app.get(
-    "/v1/models",
-    (c) => c.json({ object: "list", data: opts.servedModelNames.map((n) => model(n)) }),
-  );
-  app.get("/v1/models/:model{.+}", (c) => {
-    return c.json(model(servedName(c.req.param("model"), opts.servedModelNames)));
-  });
   app.post("/v1/completions", (c) => respond(c.req.raw, "completions", deps, opts));
   app.post("/v1/chat/completions", (c) => respond(c.req.raw, "chat_completions", deps, opts));
 }
@@ -123,16 +126,14 @@ export function registerOpenAiRoutes(app: Hono, deps: GenerationDeps, opts: Open
 export function servedName(asked: string | null | undefined, served: readonly string[]): string {
   if (asked === undefined || asked === null) return served[0]!;
   if (served.includes(asked)) return asked;
-  throw new ApiError(
-    "model_not_found",
-    `The model "${asked}" does not exist; this server serves ${
-      served.map((n) => `"${n}"`).join(", ")
-    }`,
-    "model",
-  );
+  throw unknownModel(asked, served);
 }
 
-function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
+/**
+ * Validates an OpenAI body into what the request asks for: the one parser every API spelling
+ * (Ollama's, Anthropic's) maps its fields onto, so their limits and errors are these.
+ */
+export function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
   const served = opts.servedModelNames;
   if (kind === "completions") {
     const b = parseWith(CompletionBody, body);
@@ -166,15 +167,17 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
   const b = parseWith(ChatCompletionBody, body);
   const model = servedName(b.model, served);
   const tools = toolPlan(b, opts.templateTools, constraintField(b));
-  const chat = opts.renderChat(
+  const chat = renderChatTools(
+    opts.renderChat,
     chatTurns(b.messages, opts.templateTools),
     b.chat_template_kwargs,
-    tools.tools,
+    tools,
   );
   return {
     input: {
       ...common(b),
-      // A constrained call (tool_choice "required" or named); toolPlan refused a second one.
+      // A constrained call (tool_choice "required" or named, or "auto" in the generic format);
+      // toolPlan refused a second one.
       ...(tools.constraint ? { constraint: tools.constraint } : {}),
       prompt: chat.prompt,
       promptParam: "messages",
@@ -183,6 +186,7 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
       maxTokens: b.max_completion_tokens ?? b.max_tokens ?? nPredict(b.n_predict),
       logprobs: b.logprobs === true,
       topLogprobs: chatTopLogprobs(b),
+      ...similarQuestion(b),
     },
     stream: b.stream === true,
     includeUsage: b.stream_options?.include_usage === true,
@@ -190,6 +194,26 @@ function parse(body: unknown, kind: Kind, opts: OpenAiOptions): Parsed {
     model,
     ...(tools.parse ? { toolFormat: tools.parse } : {}),
   };
+}
+
+/**
+ * A chat whose last message is the user's text: that text is the question, and the rest of the
+ * request that shapes the answer (earlier messages, tools, template variables) its context.
+ */
+function similarQuestion(b: ChatCompletionBody): { similar?: SimilarQuestion } {
+  const last = b.messages.at(-1)!;
+  const text = typeof last.content === "string"
+    ? last.content
+    : last.content?.map((p) => p.text).join("");
+  if (last.role !== "user" || !text) return {};
+  const context = JSON.stringify([
+    b.messages.slice(0, -1),
+    last.name ?? null,
+    b.tools ?? null,
+    b.tool_choice ?? null,
+    b.chat_template_kwargs ?? null,
+  ]);
+  return { similar: { context, question: text } };
 }
 
 /**
@@ -254,6 +278,7 @@ function common(b: CompletionBody | ChatCompletionBody) {
     seed: b.seed,
     stop: b.stop,
     priority: b.priority,
+    ...(b.cache === false ? { noCache: true } : {}),
     controls: logitControlsFrom(b),
     stopTokenIds: b.stop_token_ids,
     ignoreEos: b.ignore_eos,

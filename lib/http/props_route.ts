@@ -1,6 +1,7 @@
 import type { Hono } from "hono";
 import type { GenerationBackend } from "../core/generation.ts";
 import { samplingDefaults } from "./request_params.ts";
+import { templateTools, toolFormatName } from "../chat/tools.ts";
 
 /** What the start-up code knows beyond the backend: where the model came from and its limits. */
 export interface ServerProps {
@@ -43,6 +44,8 @@ export function registerPropsRoute(app: Hono, o: PropsOptions): void {
       context_length: b.contextLength,
       vocab_size: b.vocabSize ?? null,
       chat_template: b.chatTemplate ?? null,
+      // "native:<format>" where the template renders tools, else "generic" (lib/chat/tools.ts).
+      tool_format: toolFormatName(templateTools(b.chatTemplate)),
       bos_token: b.bosToken,
       eos_token: b.eosToken,
       total_slots: p.maxRunning ?? null,

@@ -58,6 +58,7 @@ export class RequestRecord {
   #responded = false;
   #streamEnded = false;
   #written = false;
+  #passedOn = false;
 
   constructor(
     private readonly log: RequestLog,
@@ -67,6 +68,18 @@ export class RequestRecord {
     readonly route: string,
     readonly generated = false,
   ) {}
+
+  /**
+   * Another app answers it (a model's app behind the front of several models), and that app
+   * writes its line and counts it: the front writes and counts nothing for it.
+   */
+  passOn(): void {
+    this.#passedOn = this.#written = true;
+  }
+
+  get passedOn(): boolean {
+    return this.#passedOn;
+  }
 
   /** The response body is a stream: the line waits for streamEnded(). */
   defer(): void {

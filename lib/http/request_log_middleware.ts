@@ -19,6 +19,12 @@ export class RequestRecords {
   set(req: Request, record: RequestRecord): void {
     this.#byRequest.set(req, record);
   }
+
+  /** `to` stands for `from` (the body limit's buffered copy): the same record. */
+  relink(from: Request, to: Request): void {
+    const record = this.#byRequest.get(from);
+    if (record !== undefined) this.#byRequest.set(to, record);
+  }
 }
 
 export interface RequestLogMiddlewareOptions {

@@ -316,13 +316,18 @@ export const PARAM_FIELDS = {
 } as const satisfies Record<ParamName, z.ZodType>;
 
 /**
- * A number row as a `generate` flag: the text is read as a number, then the row's limits
- * apply (an empty value is refused, not read as 0).
+ * A number row as a `generate` flag (a row of lib/cli/settings.ts): the text is read as a
+ * number, then the row's limits apply. An empty text is no number, not 0, and the message is
+ * the settings' own ("must be a number").
  */
 export function flagNumber(name: ParamName): z.ZodType<number> {
   return z.preprocess(
-    (v) => typeof v === "string" && v.trim() !== "" ? Number(v) : v,
-    numberSchema(numberLimits(name)),
+    (v) => typeof v === "string" ? (v.trim() === "" ? Number.NaN : Number(v)) : v,
+    numberSchema(
+      numberLimits(name),
+      // Only the type's message: the limits keep theirs, the table's.
+      z.number({ error: (i) => i.code === "invalid_type" ? "must be a number" : undefined }),
+    ),
   );
 }
 

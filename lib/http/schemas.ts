@@ -156,6 +156,8 @@ const openAiCommon = {
   ...logitControlFields,
   ...stopTokenFields,
   user: z.string().nullish(),
+  // Ours: false answers the request from no cache (exact or similar questions).
+  cache: z.boolean().nullish(),
   ...constraintFields,
 };
 

@@ -55,11 +55,16 @@ export class ServiceMetrics {
   readonly resultCacheCapacity: Gauge;
   readonly resultCacheEntries: Gauge;
   readonly resultCacheSaved: Counter;
+  readonly similarCacheLookups: Counter;
+  readonly similarCacheNearMisses: Counter;
+  readonly similarCacheEntries: Gauge;
+  readonly similarCacheBytes: Gauge;
   readonly connections: Gauge;
   readonly connectionsRefused: Counter;
   readonly connectionsTimedOut: Counter;
   /** The cache's counters at the last scrape: the counters grow by the difference. */
   #cacheSeen = { hits: 0, misses: 0, savedMs: 0 };
+  #similarSeen = { hits: 0, misses: 0, near: {} as Readonly<Record<string, number>> };
 
   readonly #now: () => number;
   readonly #busyWindowMs: number;
@@ -188,6 +193,21 @@ export class ServiceMetrics {
       "llm_result_cache_saved_seconds_total",
       "Generation time the result cache's hits saved (the original generations' wall time).",
     );
+    this.similarCacheLookups = r.counter(
+      "llm_similar_cache_lookups_total",
+      "Chat questions looked up in the cache for similar questions, by outcome (hit, miss).",
+      ["outcome"],
+    );
+    this.similarCacheNearMisses = r.counter(
+      "llm_similar_cache_near_misses_total",
+      "Misses whose closest question scored within 0.1 below the threshold, by 0.05-wide band.",
+      ["band"],
+    );
+    this.similarCacheEntries = r.gauge("llm_similar_cache_entries", "Questions held.");
+    this.similarCacheBytes = r.gauge(
+      "llm_similar_cache_bytes",
+      "Bytes held by the cache for similar questions.",
+    );
   }
 
   /** The core calls this once per executor step. */
@@ -253,6 +273,18 @@ export class ServiceMetrics {
       this.resultCacheSaved.inc(undefined, Math.max(0, rc.savedMs - seen.savedMs) / 1000);
       this.#cacheSeen = { hits: rc.hits, misses: rc.misses, savedMs: rc.savedMs };
     }
+    const sc = rc?.similar;
+    if (sc !== undefined) {
+      const seen = this.#similarSeen;
+      this.similarCacheLookups.inc({ outcome: "hit" }, Math.max(0, sc.hits - seen.hits));
+      this.similarCacheLookups.inc({ outcome: "miss" }, Math.max(0, sc.misses - seen.misses));
+      for (const [band, n] of Object.entries(sc.nearMisses)) {
+        this.similarCacheNearMisses.inc({ band }, Math.max(0, n - (seen.near[band] ?? 0)));
+      }
+      this.#similarSeen = { hits: sc.hits, misses: sc.misses, near: sc.nearMisses };
+    }
+    this.similarCacheEntries.set(sc?.entries ?? 0);
+    this.similarCacheBytes.set(sc?.bytes ?? 0);
     this.resultCacheBytes.set(rc?.bytes ?? 0);
     this.resultCacheCapacity.set(rc?.capacityBytes ?? 0);
     this.resultCacheEntries.set(rc?.entries ?? 0);

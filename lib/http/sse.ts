@@ -6,6 +6,11 @@ export const SSE_HEADERS: Readonly<Record<string, string>> = {
   "x-accel-buffering": "no",
 };
 
+/** One named event (`event:` then `data:`), as Anthropic's streams are. */
+export function sseEvent(name: string, payload: unknown): string {
+  return `event: ${name}\ndata: ${JSON.stringify(payload)}\n\n`;
+}
+
 /** One `data:` event. */
 export function sseData(payload: unknown): string {
   return `data: ${typeof payload === "string" ? payload : JSON.stringify(payload)}\n\n`;

@@ -6,7 +6,7 @@ import type { ServiceMetrics } from "./service_metrics.ts";
 import { DRAINING_EVENT } from "../core/draining.ts";
 
 /** Which API a generation came through (a metrics label and span attribute). */
-export type Api = "completions" | "chat_completions" | "stream";
+export type Api = "completions" | "chat_completions" | "stream" | "ollama" | "messages";
 
 export interface GenerationDeps {
   readonly backend: GenerationBackend;

@@ -15,6 +15,7 @@ import { neoxToNormOrder, permuteRows } from "./rope_layout.ts";
 import type { Tensor } from "./tensor.ts";
 import { ggufTokenizerData, tokenizerBlocker } from "./gguf_tokenizer.ts";
 import type { LayerWeights, Model, ModelWeights } from "./weights.ts";
+import { poolingOfCode } from "./pooling_type.ts";
 
 /**
  * Everything about a GGUF header that keeps this project from running the file, each named
@@ -267,11 +268,13 @@ export function ggufToModel(gguf: GgufFile, source: string): Model {
   }
 
   const chatTemplate = meta("tokenizer.chat_template");
+  const pooling = poolingOfCode(meta(key("pooling_type")));
   return {
     config,
     weights,
     ...(tokenizer ? { tokenizer } : {}),
     ...(typeof chatTemplate === "string" ? { chatTemplate } : {}),
+    ...(pooling ? { pooling } : {}),
     source,
   };
 }

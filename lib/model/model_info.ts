@@ -17,6 +17,8 @@ export interface ModelFileInfo {
    * `Q4_K_M (+Q8_0, Q5_0, Q4_K, Q6_K, F32)`; llama2.c checkpoints are F32.
    */
   readonly quantization?: string;
+  /** Weights in the file's tensors (GGUF), e.g. 260K for stories260K. */
+  readonly parameters?: number;
   /** The context a GGUF file declares (`<arch>.context_length`). */
   readonly contextLength?: number;
   /** Why the header could not be read, for a file that looks like a model but is broken. */
@@ -40,7 +42,7 @@ export async function describeModelFile(path: string): Promise<ModelFileInfo> {
 
 function summarize(
   h: GgufHeader,
-): { architecture?: string; quantization?: string; contextLength?: number } {
+): { architecture?: string; quantization?: string; parameters?: number; contextLength?: number } {
   const arch = h.metadata.get("general.architecture")?.value;
   const context = h.metadata.get(`${arch}.context_length`)?.value;
   const elements = new Map<string, number>();
@@ -61,6 +63,7 @@ function summarize(
   return {
     architecture: typeof arch === "string" ? arch : undefined,
     quantization,
+    parameters: [...elements.values()].reduce((a, b) => a + b, 0),
     ...(typeof context === "number" || typeof context === "bigint"
       ? { contextLength: Number(context) }
       : {}),

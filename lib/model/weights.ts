@@ -1,6 +1,7 @@
 import type { ModelConfig } from "./model_config.ts";
 import type { Tensor } from "./tensor.ts";
 import type { TokenizerData } from "../tokenizer/tokenizer_data.ts";
+import type { Pooling } from "./pooling_type.ts";
 
 export type { TokenizerData };
 
@@ -44,6 +45,8 @@ export interface Model {
   readonly tokenizer?: TokenizerData;
   /** Jinja chat template from the file's metadata, if any. */
   readonly chatTemplate?: string;
+  /** How its embeddings are pooled, where the file says (`<arch>.pooling_type`). */
+  readonly pooling?: Pooling;
   /** Where it was loaded from, for logs. */
   readonly source: string;
 }

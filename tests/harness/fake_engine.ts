@@ -1,8 +1,10 @@
 import type {
   Engine,
+  HiddenStates,
   KvGeometry,
   SampledToken,
   SamplingParams,
+  SeqInput,
   StepPlan,
   StepResult,
 } from "../../lib/engine/engine.ts";
@@ -107,6 +109,7 @@ export interface FakeEngineOptions {
 /** See the module comment. Steps run synchronously inside step(), so they execute in call order. */
 export class FakeEngine implements Engine {
   readonly name = "fake";
+  readonly hiddenStates = true;
   readonly config: ModelConfig;
   readonly kv: KvGeometry;
   readonly resultsOnHost?: boolean;
@@ -173,6 +176,7 @@ export class FakeEngine implements Engine {
       config: this.config,
       kv: this.kv,
       hasLastSampled: (seqId) => this.#lastSampled.has(seqId),
+      hiddenStates: true,
     });
     const failAt = this.#opts.failWhen?.(plan, call) ? Math.floor(plan.seqs.length / 2) : -1;
     const { blockSize } = this.kv;
@@ -183,6 +187,7 @@ export class FakeEngine implements Engine {
       this.blocksCopied++;
     }
     const sampled: SampledToken[] = [];
+    const hidden: HiddenStates[] = [];
     for (let i = 0; i < plan.seqs.length; i++) {
       if (i === failAt) {
         throw new Error(
@@ -200,22 +205,27 @@ export class FakeEngine implements Engine {
         this.#slotPos[s] = input.startPos + k;
       }
       this.tokensComputed += tokens.length;
-      if (!input.sample) continue;
-      // "Attention": the last row reads every position before it through the block table, as a
-      // real engine's does, so the token depends on every slot and every table entry.
-      const end = input.startPos + tokens.length;
-      let h = ROOT;
-      for (let pos = 0; pos < end; pos++) {
-        const s = slot(pos);
-        if (this.#slotPos[s] !== pos) {
-          throw new Error(
-            `FakeEngine (step ${plan.stepId}, seq ${input.seqId}): position ${pos} reads slot ${s} through table entry ${
-              Math.floor(pos / blockSize)
-            }, which holds position ${this.#slotPos[s]}`,
-          );
+      // "Attention": a row reads every position before it through the block table, as a real
+      // engine's does, so what it gives depends on every slot and every table entry.
+      const chainTo = (end: number) => {
+        let h = ROOT;
+        for (let pos = 0; pos < end; pos++) {
+          const s = slot(pos);
+          if (this.#slotPos[s] !== pos) {
+            throw new Error(
+              `FakeEngine (step ${plan.stepId}, seq ${input.seqId}): position ${pos} reads slot ${s} through table entry ${
+                Math.floor(pos / blockSize)
+              }, which holds position ${this.#slotPos[s]}`,
+            );
+          }
+          h = fakeChain(h, this.#slotToken[s]!, pos);
         }
-        h = fakeChain(h, this.#slotToken[s]!, pos);
-      }
+        return h;
+      };
+      if (input.hidden) hidden.push(this.#hidden(input, tokens.length, chainTo));
+      if (!input.sample) continue;
+      const end = input.startPos + tokens.length;
+      const h = chainTo(end);
       // Constrained: the draw picks among the ids the mask allows, as a real sampler would.
       const token = input.tokenMask
         ? fakeDraw(
@@ -229,7 +239,20 @@ export class FakeEngine implements Engine {
       this.#lastSampled.set(input.seqId, token);
       sampled.push({ seqId: input.seqId, token, logprob: fakeLogprob(h) });
     }
-    return { stepId: plan.stepId, sampled };
+    return { stepId: plan.stepId, sampled, ...(hidden.length > 0 ? { hidden } : {}) };
+  }
+
+  /** Hidden rows of an input: each row's dim values drawn from its position's chain hash. */
+  #hidden(input: SeqInput, n: number, chainTo: (end: number) => number): HiddenStates {
+    const { dim } = this.config;
+    const keep = input.hidden === "all" ? n : 1;
+    const first = input.startPos + n - keep;
+    const rows = new Float32Array(keep * dim);
+    for (let r = 0; r < keep; r++) {
+      const h = chainTo(first + r + 1);
+      for (let j = 0; j < dim; j++) rows[r * dim + j] = fakeChain(h, j, first + r) / 2 ** 32 - 0.5;
+    }
+    return { seqId: input.seqId, startPos: first, rows };
   }
 
   /** Forgets the sequence's last sampled token: a later useLastSampled for it is an error. */

@@ -3,8 +3,8 @@
  * and these are merged into one exposition with a `model` label on every sample (each family's
  * HELP and TYPE once, as Prometheus requires), followed by the pool's own families.
  */
-import { formatValue } from "../http/metrics.ts";
-import type { ModelStatus } from "./model_pool.ts";
+import { formatValue } from "./metrics.ts";
+import type { ModelStatus } from "./model_directory.ts";
 
 interface Family {
   help?: string;

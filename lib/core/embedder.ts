@@ -1,0 +1,25 @@
+import type { Pooling } from "../engine/pooling.ts";
+import type { GenerationErrorCode, Priority } from "./generation.ts";
+
+/**
+ * What /v1/embeddings needs of a backend whose engine returns hidden states: one input's ids
+ * in, its pooled and normalized vector out, computed by the shared scheduler beside the
+ * generations.
+ */
+export interface Embedder {
+  readonly pooling: Pooling;
+  /** Length of every vector: the model's hidden size. */
+  readonly dimensions: number;
+  /** llama-server's --embd-normalize value the vectors are normalized with. */
+  readonly normalize: number;
+  /** Throws EmbeddingError when the scheduler refuses or fails it. */
+  embed(ids: readonly number[], signal?: AbortSignal, priority?: Priority): Promise<Float32Array>;
+}
+
+/** Why an embedding was not computed, with a generation's error code (and so its HTTP status). */
+export class EmbeddingError extends Error {
+  constructor(readonly code: GenerationErrorCode | "cancelled", message: string) {
+    super(message);
+    this.name = "EmbeddingError";
+  }
+}

@@ -1,0 +1,163 @@
+import type { Hono } from "hono";
+import { z } from "zod";
+import type { GenerationBackend, GenerationRequest, Priority } from "../core/generation.ts";
+import { GREEDY } from "../engine/engine.ts";
+import { readJsonBody } from "./body.ts";
+import { ApiError, fromGenerationError } from "./errors.ts";
+import { servedName } from "./openai_routes.ts";
+import { parseWith } from "./validation.ts";
+
+/**
+ * The prompt a decoder reranker is asked in, Qwen3-Reranker's: a system line, then the
+ * instruction, query and document, then the assistant's empty thinking; the score is the
+ * probability of "yes" against "no" as the next token. `{instruction}`, `{query}` and
+ * `{document}` are replaced.
+ */
+export const QWEN3_RERANK_PROMPT = "<|im_start|>system\nJudge whether the Document meets the " +
+  'requirements based on the Query and the Instruct provided. Note that the answer can only be "yes" or "no".' +
+  "<|im_end|>\n<|im_start|>user\n<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}" +
+  "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+
+/** Qwen3-Reranker's default instruction. */
+export const DEFAULT_RERANK_INSTRUCTION =
+  "Given a web search query, retrieve relevant passages that answer the query";
+
+/** The most documents one request may rank. */
+export const MAX_RERANK_DOCUMENTS = 1024;
+
+/** POST /v1/rerank (llama-server's and vLLM's shape). */
+export const RerankBody = z.strictObject({
+  model: z.string().nullish(),
+  query: z.string().min(1),
+  documents: z.array(z.string()).min(1).max(MAX_RERANK_DOCUMENTS),
+  top_n: z.number().int().positive().nullish(),
+  /** Ours: the reranker's instruction (Qwen3-Reranker's default otherwise). */
+  instruction: z.string().nullish(),
+  return_documents: z.boolean().nullish(),
+  priority: z.enum(["interactive", "batch"]).nullish(),
+});
+
+export interface RerankOptions {
+  readonly backend: GenerationBackend;
+  readonly maxBodyBytes: number;
+  readonly servedModelNames: readonly string[];
+  /** The prompt with `{instruction}`, `{query}`, `{document}` (default QWEN3_RERANK_PROMPT). */
+  readonly prompt?: string;
+}
+
+/**
+ * POST /v1/rerank: each document scored as a decoder reranker is (Qwen3-Reranker): the
+ * probability that the model answers "yes" rather than "no" after the prompt. Both answers get
+ * the same large logit bias, so they are the two most likely tokens whatever the model, and
+ * their probabilities' ratio is the ratio of exp(logit) the reranker defines. Results are in
+ * order of score, the best first, `top_n` of them.
+ */
+export function registerRerankRoute(app: Hono, o: RerankOptions): void {
+  app.post("/v1/rerank", async (c) => {
+    const b = parseWith(RerankBody, await readJsonBody(c.req.raw, o.maxBodyBytes));
+    const model = servedName(b.model, o.servedModelNames);
+    const [yes, no] = ["yes", "no"].map((w) => answerToken(o.backend, w));
+    const template = o.prompt ?? QWEN3_RERANK_PROMPT;
+    const instruction = b.instruction ?? DEFAULT_RERANK_INSTRUCTION;
+    // The prompt is read with its special tokens: client text must not spell one.
+    const texts: [string, string][] = [
+      ["query", b.query],
+      ["instruction", instruction],
+      ...b.documents.map((d, i): [string, string] => [`documents[${i}]`, d]),
+    ];
+    for (const [param, text] of texts) {
+      const spelled = o.backend.specialTokens.find((t) => t.length > 0 && text.includes(t));
+      if (spelled !== undefined) {
+        throw new ApiError(
+          "invalid_request",
+          `${param} spells the special token ${
+            JSON.stringify(spelled)
+          }, which only the rerank prompt may hold`,
+          param,
+        );
+      }
+    }
+    let promptTokens = 0;
+    const scores = await Promise.all(b.documents.map(async (document, index) => {
+      const text = template.replace("{instruction}", instruction).replace("{query}", b.query)
+        .replace("{document}", document);
+      const ids = o.backend.tokenize(text, { bos: true, special: true });
+      if (ids.length >= o.backend.contextLength) {
+        throw new ApiError(
+          "context_length_exceeded",
+          `documents[${index}] makes a prompt of ${ids.length} tokens with the query; the model's context is ${o.backend.contextLength}`,
+          `documents[${index}]`,
+        );
+      }
+      promptTokens += ids.length;
+      const score = await yesProbability(
+        o.backend,
+        ids,
+        yes!,
+        no!,
+        b.priority ?? "interactive",
+        c.req.raw.signal,
+      );
+      return {
+        index,
+        relevance_score: score,
+        ...(b.return_documents ? { document: { text: document } } : {}),
+      };
+    }));
+    scores.sort((x, y) => y.relevance_score - x.relevance_score || x.index - y.index);
+    return c.json({
+      object: "list",
+      model,
+      results: scores.slice(0, b.top_n ?? scores.length),
+      usage: { prompt_tokens: promptTokens, total_tokens: promptTokens },
+    });
+  });
+}
+
+/** The one token a reranker answers `word` with; a 400 where the vocabulary spells it otherwise. */
+function answerToken(backend: GenerationBackend, word: string): number {
+  const ids = backend.tokenize(word, { bos: false, special: false });
+  if (ids.length !== 1) {
+    throw new ApiError(
+      "invalid_request",
+      `This model cannot rerank: its vocabulary spells "${word}" in ${ids.length} tokens, a reranker answers it in one`,
+      "model",
+    );
+  }
+  return ids[0]!;
+}
+
+/** P(yes) / (P(yes) + P(no)) at the position after `ids`. */
+async function yesProbability(
+  backend: GenerationBackend,
+  ids: readonly number[],
+  yes: number,
+  no: number,
+  priority: Priority,
+  signal: AbortSignal,
+): Promise<number> {
+  const req: GenerationRequest = {
+    prompt: ids,
+    maxTokens: 1,
+    sampling: GREEDY,
+    stop: [],
+    ignoreEos: true,
+    controls: { logitBias: [[yes, 100], [no, 100]] },
+    priority,
+    requestId: crypto.randomUUID(),
+    logprobs: true,
+    topLogprobs: 2,
+  };
+  for await (const ev of backend.generate(req, signal)) {
+    if (ev.type === "error") throw fromGenerationError(ev.code, ev.message);
+    if (ev.type !== "token" || ev.top === undefined) continue;
+    const lp = (id: number) => {
+      const k = ev.top!.ids.indexOf(id);
+      return k < 0 ? -Infinity : ev.top!.logprobs[k]!;
+    };
+    const [y, n] = [lp(yes), lp(no)];
+    const m = Math.max(y, n);
+    return Math.exp(y - m) / (Math.exp(y - m) + Math.exp(n - m));
+  }
+  throw new ApiError("internal", "Reranking failed: the model gave no token");
+}
