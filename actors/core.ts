@@ -50,13 +50,11 @@ export interface ServingCoreOptions {
  * // The executor builds a fresh engine with engineFactory when one fails.
  * const engineFactory = () =>
  *   new CpuEngine(model.config, model.weights, { numBlocks: 64, blockSize: 16 });
- * const core = new ServingCore({
- *   engine: engineFactory(),
- *   engineFactory,
- *   codec: new Tokenizer(model.tokenizer!),
- * });
+ * const tokenizer = new Tokenizer(model.tokenizer!);
+ * const core = new ServingCore({ engine: engineFactory(), engineFactory, codec: tokenizer });
  * const request = {
- *   prompt: "Once upon a time",
+ *   // Token ids: the edge (lib/http/generation_request.ts) tokenizes, the core never does.
+ *   prompt: tokenizer.encode("Once upon a time"),
  *   maxTokens: 8,
  *   sampling: GREEDY,
  *   stop: [],

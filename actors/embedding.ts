@@ -5,6 +5,7 @@ import { Channel, ChannelClosedError } from "./channel.ts";
 import { EmbeddingError } from "../lib/core/embedder.ts";
 import type { SchedulerMsg, SeqEvent } from "./messages.ts";
 import { SEQ_EVENTS_BESIDE_TOKENS } from "../lib/core/seq_events.ts";
+import { DRAINING_MESSAGE } from "../lib/core/draining.ts";
 
 /** What an embedding needs of the scheduler actor. */
 export interface EmbeddingScheduler {
@@ -52,7 +53,7 @@ export async function embedPrompt(
     });
   } catch (e) {
     if (!(e instanceof ChannelClosedError)) throw e;
-    throw new EmbeddingError("draining", "Cannot embed: the server is shutting down");
+    throw new EmbeddingError("draining", DRAINING_MESSAGE);
   }
   signal?.addEventListener("abort", onAbort, { once: true });
   if (signal?.aborted) onAbort();

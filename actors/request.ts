@@ -8,14 +8,16 @@ import type { TokenConstraint } from "../lib/grammar/token_constraint.ts";
 import { ConstraintError, GrammarUnavailableError } from "../lib/grammar/constraint_error.ts";
 import type { RequestMsg, SchedulerMsg, SeqEvent } from "./messages.ts";
 import { SEQ_EVENTS_BESIDE_TOKENS } from "../lib/core/seq_events.ts";
+import { DRAINING_EVENT } from "../lib/core/draining.ts";
 
 /** What the request actor needs of a tokenizer (lib/tokenizer/tokenizer.ts's Tokenizer fits). */
 export interface TextCodec {
   readonly bosId: number;
-  /** Every id that ends a generation (EOS, end-of-turn tokens): sampling one stops it. */
-  readonly eogIds: ReadonlySet<number>;
-  /** Encodes a prompt, with BOS/EOS as the vocabulary adds them; `special`: template text whose special-token spellings are tokens. */
-  encode(text: string, opts?: { special?: boolean }): number[];
+  /**
+   * Every id that ends a generation (EOS, end-of-turn tokens, and for a Tokenizer BOS):
+   * sampling one stops it unless the request says ignore_eos.
+   */
+  readonly endIds: ReadonlySet<number>;
   /** Streams ids to text, never splitting a UTF-8 character; afterBos: the ids follow a BOS. */
   createDecoder(opts?: { afterBos?: boolean }): { push(id: number): string; flush(): string };
 }
@@ -52,6 +54,15 @@ export interface ConstraintCompiler {
     replay: readonly number[],
     req?: { readonly maxTokens?: number; readonly signal?: AbortSignal },
   ): Promise<TokenConstraint>;
+}
+
+/**
+ * The ids that end a generation, added here and nowhere else (every backend's work reaches the
+ * core through a request actor): the vocabulary's end ids unless ignore_eos, then the client's
+ * stop_token_ids.
+ */
+function endIds(codec: TextCodec, req: GenerationRequest): number[] {
+  return [...new Set([...(req.ignoreEos ? [] : codec.endIds), ...(req.stopTokenIds ?? [])])];
 }
 
 /** Messages the client side posts to a request actor: abort and client-gone, each at most once. */
@@ -156,9 +167,7 @@ export class RequestActor {
   async #run(): Promise<void> {
     const req = this.#req;
     const codec = this.#codec;
-    const prompt = typeof req.prompt === "string"
-      ? codec.encode(req.prompt, { special: req.parseSpecialTokens ?? false })
-      : [...req.prompt];
+    const prompt = [...req.prompt];
     const t0 = this.#now();
     let constraint: TokenConstraint | undefined;
     if (req.constraint) {
@@ -202,7 +211,7 @@ export class RequestActor {
           prompt,
           maxTokens: req.maxTokens,
           sampling: req.sampling,
-          stopTokenIds: [...(req.ignoreEos ? [] : codec.eogIds), ...(req.stopTokenIds ?? [])],
+          stopTokenIds: endIds(codec, req),
           priority: req.priority,
           cacheScope: req.cacheScope,
           ...(req.controls !== undefined ? { controls: req.controls } : {}),
@@ -215,11 +224,7 @@ export class RequestActor {
     } catch (e) {
       constraint?.dispose();
       if (!(e instanceof ChannelClosedError)) throw e;
-      await this.#emit({
-        type: "error",
-        code: "draining",
-        message: "Cannot generate: the server is shutting down",
-      });
+      await this.#emit(DRAINING_EVENT);
       return;
     }
 

@@ -43,8 +43,7 @@ export async function loadBenchModel(path: string): Promise<BenchModel> {
 export function ignoreEos(codec: TextCodec): TextCodec {
   return {
     bosId: codec.bosId,
-    eogIds: new Set(),
-    encode: (text, opts) => codec.encode(text, opts),
+    endIds: new Set(),
     createDecoder: (opts) => codec.createDecoder(opts),
   };
 }

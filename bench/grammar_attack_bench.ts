@@ -105,7 +105,7 @@ const CANARY = schema({
 
 function request(i: string, maxTokens: number, c?: OutputConstraint): GenerationRequest {
   return {
-    prompt: `Once upon a time ${i}`,
+    prompt: tokenizer.encode(`Once upon a time ${i}`),
     maxTokens,
     sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 },
     stop: [],

@@ -67,7 +67,7 @@ interface Run {
 async function run(n: number, maxTokens: number, c?: OutputConstraint): Promise<Run> {
   const one = async (i: number) => {
     const req: GenerationRequest = {
-      prompt: `Numbers, list ${i}:`,
+      prompt: tokenizer.encode(`Numbers, list ${i}:`),
       maxTokens,
       sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 },
       stop: [],

@@ -57,7 +57,7 @@ async function runOnce(
   const one = async (i: number) => {
     let produced = 0;
     const events: AsyncIterable<GenerationEvent> = core.generate({
-      prompt: PROMPTS[i % PROMPTS.length]!,
+      prompt: tokenizer.encode(PROMPTS[i % PROMPTS.length]!),
       maxTokens: tokens,
       sampling: GREEDY,
       stop: [],

@@ -21,9 +21,10 @@ export function decodeAll(ids: readonly number[]): string {
   return ids.map(piece).join("");
 }
 
-export const fakeCodec: TextCodec = {
+/** `encode` builds the ids a test sends (the actor itself sees only ids). */
+export const fakeCodec: TextCodec & { encode(text: string): number[] } = {
   bosId: BOS,
-  eogIds: new Set([EOS]),
+  endIds: new Set([EOS]),
   /** Always starts with BOS, like a vocabulary with add_bos_token. */
   encode(text: string): number[] {
     const ids = [...text].map((ch) => {

@@ -225,7 +225,7 @@ Deno.test("a follower never waits on the leader's client: a leader that stops re
   await using inner = new FakeCore({ contextLength: 1024 });
   const cached = new CachedBackend(inner, 1 << 20);
   const req = {
-    prompt: "Once upon a time",
+    prompt: inner.tokenize("Once upon a time", { bos: true, special: false }),
     maxTokens: 60,
     sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 },
     stop: [],

@@ -1,6 +1,8 @@
 import { assert, assertEquals, assertStringIncludes } from "@std/assert";
 import { modelFile } from "./harness/model_files.ts";
 import { runGenerate } from "./harness/generate_command.ts";
+import { parseLlama2cTokenizer } from "../lib/tokenizer/llama2c_tokenizer.ts";
+import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 
 /** A fixture's stdout without the prompt run.c echoes first: what `generate` must print. */
 async function runCText(name: string, prompt: string): Promise<string> {
@@ -94,6 +96,34 @@ Deno.test("generate names a bad flag value and exits 2", async () => {
   assertEquals(r.code, 2);
   assertStringIncludes(r.stderr, "--max-tokens");
   assertStringIncludes(r.stderr, '"lots"');
+  assertEquals(r.stdout, "");
+});
+
+Deno.test("generate refuses a prompt that fills the context, with its token count, as the server does", async () => {
+  // More tokens than a context of 8 holds: refused, with the count and the limit named.
+  const prompt = "Once upon a time, there was a little girl named Lily";
+  const tokenizer = new Tokenizer(
+    parseLlama2cTokenizer(await Deno.readFile(modelFile("tok512.bin")), 512, "tok512.bin"),
+  );
+  const n = tokenizer.encode(prompt).length;
+  assert(n > 8, `the prompt is ${n} tokens`);
+  const r = await runGenerate([
+    "--model",
+    modelFile("stories260K.bin"),
+    "--tokenizer",
+    modelFile("tok512.bin"),
+    "--prompt",
+    prompt,
+    "--context-length",
+    "8",
+    "--backend",
+    "cpu",
+  ]);
+  assertEquals(r.code, 1, r.stderr);
+  assertStringIncludes(
+    r.stderr,
+    `Cannot generate: The prompt is ${n} tokens but the model's context is 8 tokens`,
+  );
   assertEquals(r.stdout, "");
 });
 

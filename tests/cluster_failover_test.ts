@@ -22,6 +22,7 @@ import type { StreamLossKind } from "../lib/cluster/stream_loss.ts";
 import { LOSS_LABEL } from "../lib/cluster/stream_loss.ts";
 import { tokenizerToWire } from "../lib/cluster/tokenizer_wire.ts";
 import { parseLlama2cTokenizer } from "../lib/tokenizer/llama2c_tokenizer.ts";
+import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { FakeCore } from "./_fake_core.ts";
 import { metricValue } from "./_http_harness.ts";
 import { modelFile } from "./harness/model_files.ts";
@@ -151,7 +152,7 @@ async function cluster(
 
 function request(id: string): GenerationRequest {
   return {
-    prompt: PROMPT,
+    prompt: new Tokenizer(TOKENIZER_DATA).encode(PROMPT),
     maxTokens: MAX_TOKENS,
     sampling: SAMPLING,
     stop: [],

@@ -338,7 +338,7 @@ Deno.test("a replica that lists a stream but makes no progress loses it to anoth
     const run = (async () => {
       for await (
         const e of router.generate({
-          prompt,
+          prompt: tokenizer.encode(prompt),
           maxTokens: 20,
           sampling: GREEDY,
           stop: [],
@@ -558,7 +558,7 @@ Deno.test("failover after text the stop matcher held: the client gets every char
     const got: GenerationEvent[] = [];
     for await (
       const e of router.generate({
-        prompt,
+        prompt: tokenizer.encode(prompt),
         maxTokens: n,
         sampling: GREEDY,
         stop: [stop],

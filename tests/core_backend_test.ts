@@ -3,6 +3,7 @@ import { ServingCore } from "../actors/core.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { CoreBackend } from "../lib/backend/core_backend.ts";
+import { buildGenerationRequest, type GenerationInput } from "../lib/http/generation_request.ts";
 import { fakeContinuation, FakeEngine, type FakeEngineOptions } from "./harness/fake_engine.ts";
 import { TOKENIZER, WORD_IDS } from "./_fake_core.ts";
 import { closeCore } from "./_serving_core.ts";
@@ -26,7 +27,7 @@ function backend(engine: Partial<FakeEngineOptions> = {}) {
   return { core, backend: new CoreBackend("m", core, TOKENIZER), opts };
 }
 
-const request = (prompt: string | number[], maxTokens: number): GenerationRequest => ({
+const request = (prompt: number[], maxTokens: number): GenerationRequest => ({
   prompt,
   maxTokens,
   sampling: GREEDY,
@@ -34,6 +35,10 @@ const request = (prompt: string | number[], maxTokens: number): GenerationReques
   priority: "interactive",
   requestId: "t",
 });
+
+/** A text prompt as the edge maps it (the one mapping tokenizes, with the backend's tokenizer). */
+const fromText = (b: CoreBackend, input: Omit<GenerationInput, "promptParam">) =>
+  buildGenerationRequest({ promptParam: "prompt", temperature: 0, ...input }, b, "t").request;
 
 async function run(b: CoreBackend, req: GenerationRequest): Promise<GenerationEvent[]> {
   const out: GenerationEvent[] = [];
@@ -43,10 +48,10 @@ async function run(b: CoreBackend, req: GenerationRequest): Promise<GenerationEv
 
 const ids = (events: GenerationEvent[]) => events.flatMap((e) => (e.type === "token" ? e.ids : []));
 
-Deno.test("CoreBackend tokenizes a text prompt with BOS and the core generates from those ids", async () => {
+Deno.test("a text prompt is tokenized with BOS by the backend's tokenizer and the core generates from those ids", async () => {
   const { core, backend: b, opts } = backend();
   try {
-    const events = await run(b, request("Once upon a time", 5));
+    const events = await run(b, fromText(b, { prompt: "Once upon a time", maxTokens: 5 }));
     const prompt = TOKENIZER.encode("Once upon a time", { bos: true });
     assertEquals(prompt[0], BOS);
     assertEquals(events[0], { type: "started", promptTokens: prompt.length });
@@ -66,14 +71,14 @@ Deno.test("CoreBackend tokenizes a text prompt with BOS and the core generates f
   }
 });
 
-Deno.test("CoreBackend drops the BOS text a chat template renders instead of tokenizing it as '<', 's', '>'", async () => {
+Deno.test("the BOS text a chat template renders is dropped instead of tokenized as '<', 's', '>'", async () => {
   const { core, backend: b } = backend();
   try {
-    const plain = await run(b, request("Hello", 3));
-    const templated = await run(b, {
-      ...request(`${b.bosToken}Hello`, 3),
-      parseSpecialTokens: true,
-    });
+    const plain = await run(b, fromText(b, { prompt: "Hello", maxTokens: 3 }));
+    const templated = await run(
+      b,
+      fromText(b, { prompt: `${b.bosToken}Hello`, maxTokens: 3, specialTokens: true }),
+    );
     assertEquals(b.bosToken, "\n<s>\n", "tok512 (llama2.c) spells BOS so");
     assertEquals(templated[0], plain[0], "the same prompt length: one BOS");
     assertEquals(ids(templated), ids(plain));

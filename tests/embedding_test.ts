@@ -105,7 +105,7 @@ Deno.test("qwen2-like on the cpu engine: an embedding has the same bits alone, b
           others.push((async () => {
             for await (
               const _ of core.generate({
-                prompt: fx.prompts[i % 3]!,
+                prompt: fx.tokens[i % 3]!,
                 maxTokens: 6,
                 sampling: GREEDY,
                 stop: [],

@@ -1,4 +1,5 @@
 import { assert, assertEquals, assertGreater, assertMatch } from "@std/assert";
+import { DRAINED_MESSAGE, DRAINING_MESSAGE } from "../lib/core/draining.ts";
 import { FakeCore } from "./_fake_core.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import {
@@ -139,7 +140,7 @@ Deno.test("POST /v1/chat/completions uses the plain chat format without a templa
   const prompt =
     "System: You are terse.\nUser: Hi there\nAssistant: Hello.\nUser: Story?\nAssistant:";
   const req = svc.backend.requests[0]!;
-  assertEquals(req.prompt, prompt);
+  assertEquals(req.prompt, svc.backend.tokenize(prompt, { bos: true, special: false }));
   assertEquals(req.stop, ["\n\n", "\nUser:", "\nSystem:"]);
   assertEquals(body.object, "chat.completion");
   assertEquals(body.choices[0].message, {
@@ -171,7 +172,10 @@ Deno.test("POST /v1/chat/completions renders the model's Jinja chat template", a
   const eos = "\n</s>\n";
   assertEquals(
     svc.backend.requests[0]!.prompt,
-    `<|system|>\nBe kind.${eos}\n<|user|>\nHi${eos}\n<|assistant|>\n`,
+    svc.backend.tokenize(`<|system|>\nBe kind.${eos}\n<|user|>\nHi${eos}\n<|assistant|>\n`, {
+      bos: true,
+      special: true,
+    }),
   );
   assertEquals(svc.backend.requests[0]!.stop, []);
 });
@@ -607,7 +611,8 @@ Deno.test("drain(): /ready 503, new requests 503 draining, in-flight requests fi
   const refused = await postJson(svc.base + "/v1/completions", { prompt: "new" });
   assertEquals(refused.status, 503);
   assertEquals(refused.headers.get("retry-after"), "1");
-  assertEquals((await refused.json()).error.code, "draining");
+  const refusal = (await refused.json()).error;
+  assertEquals([refusal.code, refusal.message], ["draining", DRAINING_MESSAGE]);
   let rest = "";
   for (;;) {
     const { done, value } = await reader.read();
@@ -637,7 +642,11 @@ Deno.test("drain() aborts generations still running at its deadline", async () =
   assertGreater(took, 90);
   const events = parseSse(await res.text()) as Array<Record<string, any>>;
   // "cancelled" is no OpenAI finish reason: a stream the server cut ends with an error event.
-  assertEquals(events.at(-1)!.error.code, "draining");
+  assertEquals(events.at(-1)!.error, {
+    ...events.at(-1)!.error,
+    code: "draining",
+    message: DRAINED_MESSAGE,
+  });
   assert(events.every((e) => e.choices?.[0]?.finish_reason !== "cancelled"));
   assertEquals(svc.backend.active, 0);
 });
@@ -658,7 +667,7 @@ Deno.test("drain() answers a non-streaming generation cut off at its deadline wi
 Deno.test("a core that throws is answered as an internal error, and nothing stays in flight", async () => {
   class ThrowingBackend extends FakeCore {
     override generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
-      if (req.prompt === "sync") throw new Error("scheduler exploded");
+      if (this.detokenize(req.prompt) === "sync") throw new Error("scheduler exploded");
       const inner = super.generate(req, signal);
       return (async function* () {
         for await (const ev of inner) {

@@ -2,43 +2,37 @@ import { assertEquals, assertMatch, assertThrows } from "@std/assert";
 import { ApiError } from "../lib/http/errors.ts";
 import { buildGenerationRequest } from "../lib/http/generation_request.ts";
 
-/** Counts characters, and remembers how it was asked to count. */
+/** One id per character (its code), and remembers how it was asked to tokenize. */
 function countingBackend() {
-  const calls: boolean[] = [];
+  const calls: { bos: boolean; special: boolean }[] = [];
   return {
     calls,
     contextLength: 100,
     vocabSize: 512,
-    countTokens: (text: string, opts?: { special?: boolean }) => {
-      calls.push(opts?.special ?? false);
-      return text.length;
+    tokenize: (text: string, opts: { bos: boolean; special: boolean }) => {
+      calls.push(opts);
+      return [...text].map((ch) => ch.charCodeAt(0));
     },
   };
 }
 
-Deno.test("buildGenerationRequest() parses control tokens only for template-rendered prompts", () => {
+Deno.test("buildGenerationRequest() tokenizes the prompt once, with BOS, reading control tokens only in template-rendered prompts", () => {
   for (const specialTokens of [true, false]) {
     const backend = countingBackend();
-    const { request } = buildGenerationRequest(
+    const { request, promptTokens } = buildGenerationRequest(
       { prompt: "<s>hi</s>", promptParam: "messages", specialTokens },
       backend,
       "r1",
     );
-    assertEquals(request.parseSpecialTokens, specialTokens);
-    assertEquals(
-      backend.calls,
-      [specialTokens],
-      "the prompt is counted the way it will be encoded",
-    );
+    assertEquals(backend.calls, [{ bos: true, special: specialTokens }], "tokenized once");
+    assertEquals(request.prompt, [..."<s>hi</s>"].map((ch) => ch.charCodeAt(0)));
+    assertEquals(promptTokens, 9);
   }
-  const { request } = buildGenerationRequest(
-    { prompt: "<s>hi", promptParam: "prompt" },
-    countingBackend(),
-    "r2",
-  );
+  const backend = countingBackend();
+  buildGenerationRequest({ prompt: "<s>hi", promptParam: "prompt" }, backend, "r2");
   assertEquals(
-    request.parseSpecialTokens,
-    false,
+    backend.calls,
+    [{ bos: true, special: false }],
     "a client's own text never becomes control tokens",
   );
 });
@@ -50,7 +44,7 @@ Deno.test("buildGenerationRequest() refuses a prompt that cannot fit from its le
     vocabSize: 512,
     // Longest token 10 bytes: 0.85 MB of text is at least 85,000 tokens.
     minTokens: (text: string) => Math.floor(text.length / 10),
-    countTokens: (text: string) => (counted++, text.length),
+    tokenize: (text: string) => (counted++, [...text].map(() => 7)),
   };
   const big = "a".repeat(850_000);
   const err = assertThrows(

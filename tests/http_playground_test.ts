@@ -53,7 +53,10 @@ Deno.test("the playground streams a prompt's tokens, cancels another, and shows 
     await page.waitForSelector('.gen[data-id="g1"][data-state="running"] .out:not(:empty)');
     await page.waitForSelector('.gen[data-id="g1"][data-state="length"]');
     const req = svc.backend.requests[0]!;
-    assertEquals(req.prompt, "Once upon a time");
+    assertEquals(
+      req.prompt,
+      svc.backend.tokenize("Once upon a time", { bos: true, special: false }),
+    );
     assertEquals(req.sampling.temperature, 0);
     assertEquals(req.maxTokens, 12);
     const want = svc.backend.continuation("Once upon a time", 12, req.sampling).text;
@@ -122,7 +125,7 @@ Deno.test("the playground's chat mode, sampling controls, model line, prompts, t
       const id1 = `g1`;
       await page.waitForSelector(`.gen[data-id="${id1}"][data-state="length"]`);
       const req = svc.backend.requests[before]!;
-      assertEquals(req.prompt, "the cat sat");
+      assertEquals(req.prompt, svc.backend.tokenize("the cat sat", { bos: true, special: false }));
       assertEquals(req.sampling.temperature, 0.7);
       assertEquals(req.sampling.topP, 0.9);
       assertEquals(req.sampling.topK, 40);
@@ -152,7 +155,10 @@ Deno.test("the playground's chat mode, sampling controls, model line, prompts, t
       // The fake core has no template, so the server's plain chat format is the oracle.
       assertEquals(
         chat.prompt,
-        `System: Be brief.\nUser: Tell me a story\nAssistant: ${firstAnswer}\nUser: And then?\nAssistant:`,
+        svc.backend.tokenize(
+          `System: Be brief.\nUser: Tell me a story\nAssistant: ${firstAnswer}\nUser: And then?\nAssistant:`,
+          { bos: true, special: false },
+        ),
       );
       const shown = (await page.textContent(`.gen[data-id="g3"] .prompt`))!;
       assertEquals(shown.includes("user: And then?"), true, shown);

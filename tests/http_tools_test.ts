@@ -74,7 +74,7 @@ Deno.test("tool_choice naming a function: the output is constrained to a call th
   }
   const req = svc.backend.requests[0]!;
   // The template rendered the tools into the prompt; the core got the call's schema.
-  const prompt = req.prompt as string;
+  const prompt = svc.backend.detokenize(req.prompt);
   assert(prompt.startsWith('<tools>{"type": "function"'), prompt);
   assert(
     prompt.includes('"name": "get_time"'),
@@ -279,7 +279,10 @@ Deno.test("tool_choice none: no tools in the prompt, and a call-shaped text stay
   assertEquals(choice.finish_reason, "stop");
   assertEquals(choice.message.content, HERMES_CALL);
   assertEquals(choice.message.tool_calls, undefined);
-  assertEquals(svc.backend.requests[0]!.prompt, "[user]Weather in Paris?[assistant]");
+  assertEquals(
+    svc.backend.requests[0]!.prompt,
+    svc.backend.tokenize("[user]Weather in Paris?[assistant]", { bos: true, special: true }),
+  );
 });
 
 Deno.test("an assistant message's tool_calls (content null) and the tool's result render through the template", async () => {
@@ -303,7 +306,7 @@ Deno.test("an assistant message's tool_calls (content null) and the tool's resul
     temperature: 0,
   });
   assertEquals(res.status, 200);
-  const prompt = svc.backend.requests[0]!.prompt as string;
+  const prompt = svc.backend.detokenize(svc.backend.requests[0]!.prompt);
   // Hand-written from TEMPLATE: the arguments go back as the object tojson writes.
   const tail =
     '[user]Weather in Paris?[assistant]<tool_call>{"name": "get_weather", "arguments": ' +
@@ -446,36 +449,45 @@ Deno.test("bad tools and tool_choice are 400s naming the field", async () => {
   assertEquals(svc.backend.requests.length, 0, "nothing reached the core");
 });
 
-Deno.test("a model whose template has no tool support, or no template, refuses tools with a 400 saying so", async () => {
+Deno.test("a model whose template has no tool support, or no template, takes tools in the generic format: described in its prompt", async () => {
   const zephyr =
     "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}</s>\n{% endfor %}<|assistant|>\n";
-  for (
-    const [opts, what] of [[{ chatTemplate: zephyr }, /chat template has no tool support/], [
-      {},
-      /has no chat template/,
-    ]] as const
-  ) {
+  for (const opts of [{ chatTemplate: zephyr, contextLength: 1024 }, { contextLength: 1024 }]) {
     await using svc = await startService(opts);
-    const res = await postJson(svc.base + "/v1/chat/completions", {
-      messages: msgs,
-      tools: [WEATHER],
-    });
-    const body = await res.json();
-    assertEquals([res.status, body.error.param], [400, "tools"]);
-    assertMatch(body.error.message, what);
+    const promptLength = async (body: Record<string, unknown>) => {
+      const res = await postJson(svc.base + "/v1/chat/completions", {
+        messages: msgs,
+        max_tokens: 2,
+        ...body,
+      });
+      assertEquals(res.status, 200, JSON.stringify(await res.clone().json()));
+      await res.body?.cancel();
+      return svc.backend.requests.at(-1)!.prompt.length;
+    };
+    // The tool's name and schema are in the prompt: it grows by at least their text's tokens.
+    const bare = await promptLength({});
+    const withTools = await promptLength({ tools: [WEATHER] });
+    assert(withTools - bare >= JSON.stringify(PARAMS).length / 4, `${bare} -> ${withTools}`);
+    // A tool result is a text turn there.
     const tool = await postJson(svc.base + "/v1/chat/completions", {
-      messages: [...msgs, { role: "tool", tool_call_id: "c", content: "x" }],
-    });
-    assertEquals([tool.status, (await tool.json()).error.param], [400, "messages[1]"]);
-    // tool_choice "none" asks for no tools: fine anywhere.
-    const off = await postJson(svc.base + "/v1/chat/completions", {
-      messages: msgs,
+      messages: [
+        ...msgs,
+        {
+          role: "assistant",
+          content: null,
+          tool_calls: [{
+            id: "c",
+            type: "function",
+            function: { name: "get_weather", arguments: "{}" },
+          }],
+        },
+        { role: "tool", tool_call_id: "c", content: "x" },
+      ],
       tools: [WEATHER],
-      tool_choice: "none",
       max_tokens: 2,
     });
-    assertEquals(off.status, 200);
-    await off.body?.cancel();
+    assertEquals(tool.status, 200);
+    await tool.body?.cancel();
   }
 });
 

@@ -1,4 +1,5 @@
 import { assert, assertEquals, assertGreater, assertLess, assertMatch } from "@std/assert";
+import { DRAINING_MESSAGE } from "../lib/core/draining.ts";
 import {
   metricValue,
   rawHttp,
@@ -359,7 +360,7 @@ Deno.test("/v1/stream renders chat messages and caps max_tokens to the context",
     const frames = await ws.collect("c");
     const prompt = "System: Be brief.\nUser: Hello there\nAssistant:";
     const req = svc.backend.requests[0]!;
-    assertEquals(req.prompt, prompt);
+    assertEquals(req.prompt, svc.backend.tokenize(prompt, { bos: true, special: false }));
     assertEquals(req.stop, ["\nUser:", "\nSystem:"]);
     const room = 64 - svc.backend.countTokens(prompt);
     assertEquals(req.maxTokens, room);
@@ -442,7 +443,11 @@ Deno.test("/v1/stream refuses new generations while draining", async () => {
     const drained = svc.service.drain({ timeoutMs: 5000 });
     ws.send({ type: "generate", id: "new", prompt: "too late" });
     const refused = await ws.take((f) => f.id === "new");
-    assertEquals([refused.type, refused.code], ["error", "draining"]);
+    assertEquals([refused.type, refused.code, refused.message], [
+      "error",
+      "draining",
+      DRAINING_MESSAGE,
+    ]);
     const rest = await ws.collect("old");
     assertEquals(rest.at(-1)!.finish_reason, "length");
     assertEquals(await drained, { completed: true, aborted: 0 });

@@ -121,7 +121,7 @@ Deno.test("RequestActor streams text deltas that add up to the decoded continuat
   }
 });
 
-Deno.test("RequestActor encodes a text prompt with BOS and reports an EOS stop without its text", async () => {
+Deno.test("RequestActor reports an EOS stop without its text, the EOS counted as generated", async () => {
   const core = startCore();
   try {
     // Find a prompt text whose continuation hits EOS early.
@@ -132,7 +132,7 @@ Deno.test("RequestActor encodes a text prompt with BOS and reports an EOS stop w
       if (want.at(-1) === EOS && want.length > 3) break;
     }
     assertEquals(want.at(-1), EOS, "test setup: no prompt found that stops early");
-    const events = await collect(core.generate(request([], 100, { prompt: text })));
+    const events = await collect(core.generate(request(fakeCodec.encode(text), 100)));
     const done = doneOf(events);
     assertEquals(done.finishReason, "stop");
     assertEquals(done.usage.completionTokens, want.length, "the EOS token counts as generated");

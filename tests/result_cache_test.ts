@@ -18,7 +18,7 @@ function result(text: string): StoredResult {
 }
 
 const base: GenerationRequest = {
-  prompt: "Once upon a time",
+  prompt: [1, 403, 407, 261, 378],
   maxTokens: 8,
   sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 1 },
   stop: [],
@@ -38,12 +38,11 @@ Deno.test("resultCacheKey: the same answer-deciding fields give the same key, an
   assertEquals(resultCacheKey("m", { ...base, requestId: "r2", priority: "batch" }), k);
   assertEquals(resultCacheKey("m", { ...base, sampling: { ...base.sampling, seed: 99 } }), k);
   const changed: GenerationRequest[] = [
-    { ...base, prompt: "Once upon a time." },
+    { ...base, prompt: [1, 403, 407, 261, 378, 29889] },
     { ...base, prompt: [1, 2, 3] },
     { ...base, maxTokens: 9 },
     { ...base, stop: ["."] },
     { ...base, logprobs: true },
-    { ...base, parseSpecialTokens: true },
     { ...base, sampling: { ...base.sampling, temperature: 0.5 } },
   ];
   for (const r of changed) assert(resultCacheKey("m", r) !== k, JSON.stringify(r));
@@ -93,7 +92,7 @@ Deno.test("ResultCache refuses a negative capacity", () => {
 });
 
 Deno.test("a full 16 MiB result cache holds about what it counts: measured after a GC in a fresh process", async () => {
-  // Entries shaped like real ones: a prompt of a few hundred characters in the key, 128 token
+  // Entries shaped like real ones: a prompt of 60 token ids in the key, 128 token
   // events of 1-6 characters, one id each. Measured as V8's live heap plus external (typed
   // array) memory, before and after filling, with garbage collected each time.
   const dir = await Deno.makeTempDir({ prefix: "result_cache_memory_" });
@@ -112,7 +111,7 @@ const live = () => { gc(); gc(); const m = Deno.memoryUsage(); return m.heapUsed
 const cache = new ResultCache(16 * 1024 * 1024);
 const before = live();
 for (let i = 0; cache.size === i; i++) {
-  const prompt = "Once upon a time, in a land far away, there lived a " + i + " ".repeat(200) + i;
+  const prompt = Array.from({ length: 60 }, (_, t) => 300 + ((t * 31 + i) % 20000));
   const req: GenerationRequest = { prompt, maxTokens: 128, sampling: { temperature: 0, topK: 0, topP: 1, minP: 0, seed: 0 }, stop: [], priority: "batch", requestId: "r" + i, deterministic: true };
   const key = resultCacheKey("m", req)!;
   const tokens = Array.from({ length: 128 }, (_, t) => ({ text: "abcdef".slice(0, 1 + ((t * 7 + i) % 6)), ids: [1000 + t], logprob: -Math.random() }));

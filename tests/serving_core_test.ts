@@ -27,9 +27,11 @@ async function solo(
 ): Promise<number[]> {
   const engine = new CpuEngine(model.config, model.weights, { numBlocks: 64, blockSize: 16 });
   const { tokens } = await referenceGenerate(engine, prompt, maxTokens, sampling, {
-    stopTokens: [tokenizer.eosId],
+    // The core's end ids: EOS, and BOS (a new story begins).
+    stopTokens: [tokenizer.eosId, tokenizer.bosId],
   });
-  return tokens.at(-1) === tokenizer.eosId ? tokens.slice(0, -1) : tokens;
+  const last = tokens.at(-1);
+  return last === tokenizer.eosId || last === tokenizer.bosId ? tokens.slice(0, -1) : tokens;
 }
 
 function startCore(numBlocks: number, scheduler: Partial<SchedulerConfig> = {}): ServingCore {
@@ -46,7 +48,7 @@ async function generate(
   const events: GenerationEvent[] = [];
   for await (
     const e of core.generate({
-      prompt,
+      prompt: tokenizer.encode(prompt),
       maxTokens,
       sampling,
       stop: [],

@@ -57,7 +57,7 @@ function request(
   sampling: Partial<SamplingParams> = {},
 ): GenerationRequest {
   return {
-    prompt: `Once upon a time, record ${i}:`,
+    prompt: tokenizer.encode(`Once upon a time, record ${i}:`),
     maxTokens,
     sampling: { temperature: 1, topK: 0, topP: 1, minP: 0, seed: 1000 + i, ...sampling },
     stop: [],

@@ -144,7 +144,11 @@ export class CachedBackend implements GenerationBackend {
     signal: AbortSignal,
   ): AsyncGenerator<GenerationEvent> {
     const similar = this.similar!;
-    const context = resultCacheKey(this.modelName, { ...req, prompt: q.context })!;
+    // The conversation so far as text, beside everything else that decides the answer.
+    const context = JSON.stringify([
+      q.context,
+      resultCacheKey(this.modelName, { ...req, prompt: [] }),
+    ]);
     let v: Float32Array | undefined;
     try {
       const ids = this.inner.tokenize(q.question, { bos: true, special: false });

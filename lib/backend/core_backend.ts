@@ -20,7 +20,10 @@ export interface EmbeddingSettings {
   readonly normalize: number;
 }
 
-/** Presents the serving core to the HTTP layer; prompts are encoded as PromptTokens says. */
+/**
+ * Presents the serving core to the HTTP layer: requests go to it as they are (ids, built by
+ * lib/http/generation_request.ts); text is encoded as PromptTokens says.
+ */
 export class CoreBackend implements GenerationBackend {
   readonly contextLength: number;
   readonly bosToken: string;
@@ -33,7 +36,7 @@ export class CoreBackend implements GenerationBackend {
   constructor(
     readonly modelName: string,
     private readonly core: ServingCore,
-    private readonly tokenizer: Tokenizer,
+    tokenizer: Tokenizer,
     readonly chatTemplate?: string,
     readonly samplingDefaults?: SamplingDefaults,
     embedding?: EmbeddingSettings,
@@ -48,16 +51,7 @@ export class CoreBackend implements GenerationBackend {
   }
 
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
-    // Sampling BOS means a new document begins: llama2.c models end their stories that way
-    // (run.c stops there too), so it ends the generation like EOS (and, like EOS, not with
-    // ignore_eos).
-    const stopTokenIds = req.ignoreEos
-      ? [...(req.stopTokenIds ?? [])]
-      : [this.tokenizer.bosId, ...(req.stopTokenIds ?? [])];
-    const prompt = typeof req.prompt === "string"
-      ? this.#text.encode(req.prompt, req.parseSpecialTokens ?? false)
-      : req.prompt;
-    return this.core.generate({ ...req, prompt, stopTokenIds }, signal);
+    return this.core.generate(req, signal);
   }
 
   minTokens(text: string): number {

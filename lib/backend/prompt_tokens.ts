@@ -20,18 +20,9 @@ export class PromptTokens {
     this.specialTokens = tokenizer.specialPieces;
   }
 
-  /**
-   * The HTTP layer counts a prompt's tokens (to check the context) right before it generates
-   * from it: remembering the last encoding means the prompt is tokenized once, not twice.
-   */
-  #last?: { text: string; special: boolean; ids: number[] };
-
+  /** A prompt's ids: BOS (and EOS) as the vocabulary adds them; `special`: template text. */
   encode(text: string, special: boolean): number[] {
-    const last = this.#last;
-    if (last !== undefined && last.text === text && last.special === special) return last.ids;
-    const ids = special ? this.tokenizer.encodeTemplate(text) : this.tokenizer.encode(text);
-    this.#last = { text, special, ids };
-    return ids;
+    return special ? this.tokenizer.encodeTemplate(text) : this.tokenizer.encode(text);
   }
 
   /** UTF-8 bytes of the longest token's text: no token covers more input than that. */

@@ -1,6 +1,9 @@
 import type { Hono } from "hono";
 import type { AppContext } from "../http/app.ts";
+import { z } from "zod";
 import { ApiError, toApiError } from "../http/errors.ts";
+import { PARAM_FIELDS } from "../http/request_params.ts";
+import { parseWith } from "../http/validation.ts";
 import { BatchRunner, type LineExecutor } from "./batch_runner.ts";
 import { type BatchLimits, registerBatchRoutes } from "./batch_routes.ts";
 import { BatchStore } from "./batch_store.ts";
@@ -97,12 +100,21 @@ export class BatchQueue {
   }
 }
 
+/** A line's own priority, checked as the endpoint checks it before the line's is set. */
+const LinePriority = z.object({ priority: PARAM_FIELDS.priority.nullish() });
+
 /**
  * A line runs as the same request sent to the endpoint would, with two differences a batch
- * needs: its priority is `batch` whatever it asks, and it cannot stream.
+ * needs: its priority is `batch` whatever valid one it asks, and it cannot stream.
  */
 function lineExecutor(ctx: AppContext): LineExecutor {
   return async (endpoint, body, scope, signal) => {
+    try {
+      parseWith(LinePriority, body);
+    } catch (e) {
+      const err = toApiError(e);
+      return { status: err.status, body: err.toJSON() };
+    }
     if (body.stream === true) {
       const e = new ApiError(
         "invalid_request",

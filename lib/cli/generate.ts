@@ -1,10 +1,8 @@
 import { openModel, uploadProgress } from "./open_model.ts";
-import { completionRoom, promptProblem } from "../core/prompt_check.ts";
 import { parseSettings } from "./flag_parser.ts";
 import { printInfo } from "./help.ts";
 import type { Settings } from "./settings.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
-import type { SamplingParams } from "../engine/engine.ts";
 import { CoreBackend } from "../backend/core_backend.ts";
 import {
   engineMemory,
@@ -15,6 +13,11 @@ import {
 import { openServing, planServing } from "../compose/open_serving.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
+import { buildGenerationRequest } from "../http/generation_request.ts";
+import { ApiError } from "../http/errors.ts";
+import { PromptTokens } from "../backend/prompt_tokens.ts";
+import type { Tokenizer } from "../tokenizer/tokenizer.ts";
+import type { ModelConfig } from "../model/model_config.ts";
 
 /** `generate`'s settings (the table's rows it takes, and the defaults of the rest). */
 export type GenerateArgs = Settings;
@@ -29,6 +32,41 @@ export function parseGenerateArgs(argv: readonly string[]): GenerateArgs | { err
     return parseSettings("generate", argv);
   } catch (e) {
     return { error: (e as Error).message };
+  }
+}
+
+/**
+ * The flags as a request, through the mapping every API uses (lib/http/generation_request.ts):
+ * the prompt tokenized once, refused if it leaves no room, max_tokens capped to the room left,
+ * the seed mapped (or drawn) as the server does. Before the engine is built, so a prompt that
+ * cannot fit fails at once.
+ */
+function cliRequest(args: GenerateArgs, tokenizer: Tokenizer, config: ModelConfig) {
+  const text = new PromptTokens(tokenizer);
+  const backend = {
+    contextLength: config.contextLength,
+    vocabSize: config.vocabSize,
+    tokenize: (t: string, o: { bos: boolean; special: boolean }) => text.tokenize(t, o),
+    minTokens: (t: string) => text.minTokens(t),
+  };
+  try {
+    return buildGenerationRequest(
+      {
+        prompt: args.prompt,
+        promptParam: "--prompt",
+        maxTokens: args.maxTokens,
+        temperature: args.temperature,
+        topK: args.topK,
+        topP: args.topP,
+        minP: args.minP,
+        seed: args.seed,
+      },
+      backend,
+      "cli",
+    );
+  } catch (e) {
+    if (e instanceof ApiError) throw new Error(`Cannot generate: ${e.message}`);
+    throw e;
   }
 }
 
@@ -66,19 +104,14 @@ export async function generateCommand(argv: string[]): Promise<number> {
     blockSize: args.blockSize,
     maxRunning: 1,
   }, engineOptions);
-  const promptIds = tokenizer.encode(args.prompt);
   const limit = model.config.contextLength;
-  const problem = promptProblem(promptIds, {
-    contextLength: limit,
-    vocabSize: model.config.vocabSize,
-  });
-  if (problem !== undefined) throw new Error(`Cannot generate: ${problem.message}`);
-  const maxTokens = Math.min(args.maxTokens, completionRoom(promptIds.length, limit));
+  const { request, promptTokens } = cliRequest(args, tokenizer, model.config);
+  const maxTokens = request.maxTokens;
   if (maxTokens < args.maxTokens) {
     // Said before generating, so a short output is not taken for the model stopping.
     console.error(
       `--max-tokens ${args.maxTokens} lowered to ${maxTokens}: the prompt has ` +
-        `${promptIds.length} tokens and the context is ${limit} (--context-length raises it)`,
+        `${promptTokens} tokens and the context is ${limit} (--context-length raises it)`,
     );
   }
   // The same serving core as the server (one sequence): pipelined decode, the same stop rules.
@@ -99,30 +132,16 @@ export async function generateCommand(argv: string[]): Promise<number> {
       describeWithGpuApi(description)
     }; memory: weights ${mem ? formatBytes(mem.weights) : "?"}, kv cache ${
       formatBytes(mem?.kvCache ?? plan.bytes)
-    }; prompt ${promptIds.length} tokens`,
+    }; prompt ${promptTokens} tokens`,
   );
 
   const backend = new CoreBackend("cli", core, tokenizer);
-  const sampling: SamplingParams = {
-    temperature: args.temperature,
-    topK: args.topK,
-    topP: args.topP,
-    minP: args.minP,
-    seed: args.seed ?? crypto.getRandomValues(new Uint32Array(1))[0]!,
-  };
   const out = new TextEncoder();
   const started = performance.now();
   let generated = 0;
   let finish = "";
   try {
-    const events = backend.generate({
-      prompt: promptIds,
-      maxTokens,
-      sampling,
-      stop: [],
-      priority: "interactive",
-      requestId: "cli",
-    }, new AbortController().signal);
+    const events = backend.generate(request, new AbortController().signal);
     for await (const e of events) {
       if (e.type === "token") await Deno.stdout.write(out.encode(e.text));
       if (e.type === "done") {

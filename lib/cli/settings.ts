@@ -16,6 +16,7 @@ import { DEFAULT_EMBD_NORMALIZE } from "../engine/embedding_norm.ts";
 import { type Pooling, POOLINGS } from "../model/pooling_type.ts";
 import { SCHEDULER_DEFAULTS } from "../core/scheduler_config.ts";
 import { HTTP_DEFAULTS } from "../http/defaults.ts";
+import { flagNumber, numberDefault } from "../http/request_params.ts";
 import { LOG_LEVELS } from "../util/log_level.ts";
 import { ROUTING_POLICIES } from "../cluster/routing.ts";
 import { CLUSTER_DEFAULTS } from "../cluster/cluster_defaults.ts";
@@ -606,7 +607,7 @@ export const SETTINGS = {
     group: "Generation",
     help: "tokens generated at most (lowered to what the context leaves)",
     commands: ["generate"],
-    schema: positiveInt(),
+    schema: flagNumber("max_tokens"),
     default: 256,
     aliases: ["n", "n-predict"],
   },
@@ -614,36 +615,37 @@ export const SETTINGS = {
     group: "Generation",
     help: "sampling temperature (0: greedy)",
     commands: ["generate"],
-    schema: numberIn(0, Infinity),
-    default: 1,
+    schema: flagNumber("temperature"),
+    default: numberDefault("temperature"),
     aliases: ["temp"],
   },
   topK: {
     group: "Generation",
     help: "sample among the k likeliest tokens (0: all)",
     commands: ["generate"],
-    schema: intIn(0, Number.MAX_SAFE_INTEGER),
-    default: 0,
+    schema: flagNumber("top_k"),
+    default: numberDefault("top_k"),
   },
   topP: {
     group: "Generation",
     help: "nucleus sampling: the likeliest tokens holding this much probability",
     commands: ["generate"],
-    schema: numberIn(0, 1, true),
-    default: 1,
+    schema: flagNumber("top_p"),
+    default: numberDefault("top_p"),
   },
   minP: {
     group: "Generation",
     help: "drop tokens below this share of the likeliest one's probability",
     commands: ["generate"],
-    schema: numberIn(0, 1),
-    default: 0,
+    schema: flagNumber("min_p"),
+    default: numberDefault("min_p"),
   },
   seed: {
     group: "Generation",
     help: "sampling seed (default: random)",
     commands: ["generate"],
-    schema: intIn(0, 0xffffffff).optional(),
+    // Any request seed, mapped to the engine's 32 bits as the server maps it.
+    schema: flagNumber("seed").optional(),
   },
 } as const satisfies Record<string, SettingRow>;
 

@@ -10,8 +10,8 @@
  */
 import { z } from "zod";
 import { TokenizerWire } from "./tokenizer_wire.ts";
-import { f32Number } from "../util/f32_number.ts";
-import { REPETITION_PENALTY } from "../core/logit_controls.ts";
+import { numberSchema, PARAM_FIELDS, PARAMS } from "../http/request_params.ts";
+import { MAX_TOP_LOGPROBS } from "../engine/top_logprobs.ts";
 
 const int = z.number().int();
 const nonNegative = int.nonnegative();
@@ -37,22 +37,27 @@ export const Subject = z.string().max(512).regex(/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-
   error: "expected dot-separated tokens of A-Z a-z 0-9 _ -",
 });
 
+/**
+ * The sampling parameters with the public limits (lib/http/request_params.ts): a peer is held
+ * to what a client may ask. The seed is the 32-bit one the router derived.
+ */
 export const SamplingSchema = z.object({
-  temperature: f32Number(),
-  topK: nonNegative,
-  topP: f32Number({ min: 0, max: 1 }),
-  minP: f32Number({ min: 0, max: 1 }),
-  seed: nonNegative,
+  temperature: PARAM_FIELDS.temperature,
+  topK: PARAM_FIELDS.top_k,
+  topP: PARAM_FIELDS.top_p,
+  minP: PARAM_FIELDS.min_p,
+  seed: int.min(0).max(0xffff_ffff),
 });
 
-/** GenerationRequest.controls on the wire (lib/core/logit_controls.ts). */
+/** GenerationRequest.controls on the wire (lib/core/logit_controls.ts), with the public limits. */
 export const LogitControlsSchema = z.object({
-  logitBias: z.array(z.tuple([nonNegative, f32Number()])).max(1_000_000).optional(),
-  presencePenalty: f32Number().optional(),
-  frequencyPenalty: f32Number().optional(),
-  repetitionPenalty: f32Number(REPETITION_PENALTY).optional(),
-  repeatLastN: int.min(-1).optional(),
-  minTokens: nonNegative.optional(),
+  logitBias: z.array(z.tuple([nonNegative, numberSchema(PARAMS.logit_bias.limits.values)]))
+    .max(1_000_000).optional(),
+  presencePenalty: PARAM_FIELDS.presence_penalty.optional(),
+  frequencyPenalty: PARAM_FIELDS.frequency_penalty.optional(),
+  repetitionPenalty: PARAM_FIELDS.repetition_penalty.optional(),
+  repeatLastN: PARAM_FIELDS.repeat_last_n.optional(),
+  minTokens: PARAM_FIELDS.min_tokens.optional(),
 });
 /** GenerationRequest.constraint (lib/grammar/output_constraint.ts) on the wire. */
 export const ConstraintSchema = z.discriminatedUnion("type", [
@@ -198,6 +203,8 @@ export const GenerateSchema = z.object({
   /** Subject the frames go to. */
   replyTo: Subject,
   prompt: z.array(nonNegative).min(1),
+  // The router's internal count (capped to the context, less what a failover delivered): a
+  // model with a context over the public max_tokens limit may need more.
   maxTokens: int.positive(),
   sampling: SamplingSchema,
   stop: z.array(z.string()),
@@ -206,8 +213,8 @@ export const GenerateSchema = z.object({
   controls: LogitControlsSchema.optional(),
   /** The prompt's last `generated` ids are what earlier attempts delivered (failover). */
   generated: nonNegative.optional(),
-  topLogprobs: int.min(0).max(20).optional(),
-  priority: z.enum(["interactive", "batch"]),
+  topLogprobs: PARAM_FIELDS.top_logprobs.optional(),
+  priority: PARAM_FIELDS.priority,
   requestId: z.string(),
   logprobs: z.boolean(),
   /** Frames the replica may send before waiting for a credit message. */
@@ -292,8 +299,9 @@ export const GenerationEventSchema = z.discriminatedUnion("type", [
     // JSON has no -Infinity: a token with probability 0 under the raw logits travels as null.
     logprob: z.number().nullable().transform((v) => v ?? -Infinity),
     top: z.object({
-      ids: z.array(nonNegative).max(20),
-      logprobs: z.array(z.number().nullable().transform((v) => v ?? -Infinity)).max(20),
+      ids: z.array(nonNegative).max(MAX_TOP_LOGPROBS),
+      logprobs: z.array(z.number().nullable().transform((v) => v ?? -Infinity))
+        .max(MAX_TOP_LOGPROBS),
     }).optional(),
   }),
   z.object({

@@ -21,6 +21,7 @@ import {
   guarded,
   type NatsOptions,
 } from "./nats_connection.ts";
+import { DRAINING_EVENT } from "../core/draining.ts";
 
 /** What a replica reports and serves, taken from the running server. */
 export interface ReplicaSource {
@@ -522,11 +523,7 @@ export class ReplicaAgent {
       }
     };
     if (this.#draining) {
-      send({
-        type: "error",
-        code: "draining",
-        message: "The replica is shutting down and accepts no new generations",
-      });
+      send(DRAINING_EVENT);
       return;
     }
     let backend: GenerationBackend;

@@ -473,10 +473,7 @@ export class RouterBackend implements GenerationBackend {
   }
 
   async *#generate(req: GenerationRequest, signal: AbortSignal): AsyncGenerator<GenerationEvent> {
-    const promptIds = typeof req.prompt === "string"
-      ? this.#prompts.encode(req.prompt, req.parseSpecialTokens ?? false)
-      : [...req.prompt];
-    const f = new Failover(req, promptIds, performance.now(), this.#model);
+    const f = new Failover(req, req.prompt, performance.now(), this.#model);
     let current: RemoteStream | undefined;
     const onAbort = () => {
       if (current !== undefined && !current.lost) this.#cancel(current, "cancel");

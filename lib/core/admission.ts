@@ -3,6 +3,7 @@ import { logitControlsProblem } from "./logit_controls.ts";
 import { outsideVocabulary, promptProblem } from "./prompt_check.ts";
 import type { SchedulerConfig } from "./scheduler_config.ts";
 import type { SeqSpec } from "./seq_events.ts";
+import { DRAINING_MESSAGE } from "./draining.ts";
 
 export interface Refusal {
   readonly code: GenerationErrorCode;
@@ -37,7 +38,7 @@ export function submissionRefusal(
     return { code: "internal", message: `Cannot submit sequence ${seqId}: the id is already live` };
   }
   if (!q.healthy) return { code: "internal", message: "Cannot submit: the executor is down" };
-  if (q.draining) return { code: "draining", message: "Cannot submit: the server is draining" };
+  if (q.draining) return { code: "draining", message: DRAINING_MESSAGE };
   // Those that can start at the next step are not queued for the purpose of overload.
   const freeSlots = Math.max(0, config.maxRunning - q.running);
   const queued = q.waiting - freeSlots;

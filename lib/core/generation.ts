@@ -14,8 +14,11 @@ import type { SimilarCacheStats } from "./similar_cache.ts";
 export type Priority = "interactive" | "batch";
 
 export interface GenerationRequest {
-  /** Already rendered text (chat templates are applied by the HTTP layer), or token ids. */
-  readonly prompt: string | readonly number[];
+  /**
+   * The prompt's token ids, with what the vocabulary adds to a prompt (BOS): the edge tokenizes
+   * once (lib/http/generation_request.ts), and nothing below it sees text.
+   */
+  readonly prompt: readonly number[];
   readonly maxTokens: number;
   readonly sampling: SamplingParams;
   /** Strings that end the generation; the matched text is not emitted. */
@@ -33,11 +36,6 @@ export interface GenerationRequest {
   readonly priority: Priority;
   /** Tracing context or request id for logs. */
   readonly requestId: string;
-  /**
-   * The prompt was rendered by the model's chat template: text spelling a control token
-   * ("</s>", "<|im_start|>") is that token. Never set for text the client wrote directly.
-   */
-  readonly parseSpecialTokens?: boolean;
   /** Include per-token logprobs in token events. */
   readonly logprobs?: boolean;
   /** With logprobs: this many most likely alternatives per token (0..20). */

@@ -36,8 +36,7 @@ export function resultCacheKey(model: string, req: GenerationRequest): string | 
     // One API key's answers are never another's hits (nor its in-flight generations).
     req.cacheScope ?? "",
     model,
-    typeof req.prompt === "string" ? req.prompt : [...req.prompt],
-    req.parseSpecialTokens === true,
+    [...req.prompt],
     req.maxTokens,
     greedy ? 0 : s.temperature,
     greedy ? 0 : s.topK,

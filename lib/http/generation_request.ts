@@ -9,6 +9,7 @@ import { ApiError } from "./errors.ts";
 import { completionRoom, promptProblem } from "../core/prompt_check.ts";
 import type { LogitControls } from "../core/logit_controls.ts";
 import { checkLogitBiasIds, checkStopTokenIds } from "./sampling_controls.ts";
+import { samplingDefaults } from "./request_params.ts";
 import type { OutputConstraint } from "../grammar/output_constraint.ts";
 
 /** Client parameters after validation, before limits are applied (all APIs map to this). */
@@ -27,11 +28,14 @@ export interface GenerationInput {
   readonly stop?: string | readonly string[] | null | undefined;
   /** Stops the prompt format adds (plain chat format), merged with the client's. */
   readonly extraStop?: readonly string[];
-  /** The prompt came from the model's chat template (see GenerationRequest.parseSpecialTokens). */
+  /**
+   * The prompt text was rendered by the model's chat template: text spelling a control token
+   * ("</s>", "<|im_start|>") is that token. Never set for text the client wrote directly.
+   */
   readonly specialTokens?: boolean;
   readonly priority?: Priority | null | undefined;
   readonly logprobs?: boolean;
-  /** With logprobs: alternatives per token (0..20). */
+  /** With logprobs: alternatives per token (request_params.ts's top_logprobs). */
   readonly topLogprobs?: number | null | undefined;
   /** Logit bias and penalties (sampling_controls.ts), checked but for the vocabulary. */
   readonly controls?: LogitControls;
@@ -47,17 +51,17 @@ export interface GenerationInput {
   readonly noCache?: boolean;
 }
 
-/** Defaults follow OpenAI: temperature 1, top_p 1; top_k 0 and min_p 0 mean off. */
-export const DEFAULT_TEMPERATURE = 1;
-
 function randomSeed(): number {
   return crypto.getRandomValues(new Uint32Array(1))[0] ?? 0;
 }
 
 /**
- * Applies the model's limits: refuses a prompt that leaves no room in the context (with its
- * token count and the limit; never truncates), caps max_tokens to what the context has left,
- * fills defaults, and draws a seed when none is given.
+ * The one mapping from a client's request (OpenAI body, Batch line, WebSocket frame, the
+ * router's HTTP front) to the internal request: tokenizes the prompt once (the request carries
+ * the ids; nothing below this sees text), refuses a prompt that leaves no room in the context
+ * (with its token count and the limit; never truncates), caps max_tokens to what the context
+ * has left, fills defaults, and draws a seed when none is given. The end-of-generation ids are
+ * added once, by the request actor (actors/request.ts), which every backend's work reaches.
  *
  * `maxTokensCapped` is true when the context had less room than the max_tokens asked for (or
  * the default): the limit is lowered rather than the request refused, and the responses say so.
@@ -67,7 +71,7 @@ export function buildGenerationRequest(
   input: GenerationInput,
   backend: Pick<
     GenerationBackend,
-    "countTokens" | "minTokens" | "contextLength" | "vocabSize" | "samplingDefaults"
+    "tokenize" | "minTokens" | "contextLength" | "vocabSize" | "samplingDefaults"
   >,
   requestId: string,
 ): { request: GenerationRequest; promptTokens: number; maxTokensCapped: boolean } {
@@ -84,10 +88,11 @@ export function buildGenerationRequest(
       input.promptParam,
     );
   }
-  const promptTokens = typeof input.prompt === "string"
-    ? backend.countTokens(input.prompt, { special: input.specialTokens ?? false })
-    : input.prompt.length;
-  const problem = promptProblem(typeof input.prompt === "string" ? promptTokens : input.prompt, {
+  const prompt = typeof input.prompt === "string"
+    ? backend.tokenize(input.prompt, { bos: true, special: input.specialTokens ?? false })
+    : input.prompt;
+  const promptTokens = prompt.length;
+  const problem = promptProblem(typeof input.prompt === "string" ? promptTokens : prompt, {
     contextLength: backend.contextLength,
     ...(backend.vocabSize === undefined ? {} : { vocabSize: backend.vocabSize }),
   });
@@ -129,17 +134,17 @@ export function buildGenerationRequest(
     ? [input.stop]
     : [...input.stop];
   for (const s of input.extraStop ?? []) if (!stop.includes(s)) stop.push(s);
-  const d = backend.samplingDefaults ?? {};
-  const temperature = input.temperature ?? d.temperature ?? DEFAULT_TEMPERATURE;
+  const d = samplingDefaults(backend.samplingDefaults);
+  const temperature = input.temperature ?? d.temperature;
   const seeded = input.seed !== undefined && input.seed !== null;
   const request: GenerationRequest = {
-    prompt: input.prompt,
+    prompt,
     maxTokens: Math.min(asked, room),
     sampling: {
       temperature,
-      topK: input.topK ?? d.topK ?? 0,
-      topP: input.topP ?? d.topP ?? 1,
-      minP: input.minP ?? d.minP ?? 0,
+      topK: input.topK ?? d.topK,
+      topP: input.topP ?? d.topP,
+      minP: input.minP ?? d.minP,
       seed: seeded ? seedToU32(input.seed as number) : randomSeed(),
     },
     stop: stop.filter((s) => s.length > 0),
@@ -150,7 +155,6 @@ export function buildGenerationRequest(
     requestId,
     logprobs: input.logprobs ?? false,
     ...(input.logprobs && input.topLogprobs ? { topLogprobs: input.topLogprobs } : {}),
-    parseSpecialTokens: input.specialTokens ?? false,
     deterministic: temperature === 0 || seeded,
     ...(input.constraint ? { constraint: input.constraint } : {}),
     ...(input.similar && !input.noCache ? { similar: input.similar } : {}),

@@ -4,6 +4,7 @@ import { buildGenerationRequest, type GenerationInput } from "./generation_reque
 import type { RequestRecord } from "./request_log.ts";
 import { pullSseStream } from "./sse.ts";
 import { type Api, type GenerationDeps, trackGeneration } from "./tracked_generation.ts";
+import { DRAINED_MESSAGE } from "../core/draining.ts";
 
 /** What a route that runs one generation needs of the app (the OpenAI routes' options). */
 export interface RunOptions {
@@ -47,7 +48,7 @@ export async function startGeneration(
   const b = deps.backend;
   const limits = {
     contextLength,
-    countTokens: (t: string, o?: { special?: boolean }) => b.countTokens(t, o),
+    tokenize: (t: string, o: { bos: boolean; special: boolean }) => b.tokenize(t, o),
     ...(b.minTokens ? { minTokens: (t: string) => b.minTokens!(t) } : {}),
     ...(b.vocabSize !== undefined ? { vocabSize: b.vocabSize } : {}),
     ...(b.samplingDefaults ? { samplingDefaults: b.samplingDefaults } : {}),
@@ -139,10 +140,7 @@ export function streamBody(
  * retry elsewhere, never a truncated answer passed off as complete.
  */
 export function serverCut(): ApiError {
-  return new ApiError(
-    "draining",
-    "The server shut down before this generation finished; retry on another instance",
-  );
+  return new ApiError("draining", DRAINED_MESSAGE);
 }
 
 /**

@@ -22,6 +22,7 @@ import { registerModelsHealthRoutes } from "./models_health_routes.ts";
 import type { RequestLog } from "./request_log.ts";
 import type { ServiceMetrics } from "./service_metrics.ts";
 import { parseKeepAlive } from "../util/duration.ts";
+import { DRAINING_MESSAGE } from "../core/draining.ts";
 
 export interface ModelsFrontOptions {
   readonly pool: ModelDirectory;
@@ -117,7 +118,7 @@ export function createModelsFront(opts: ModelsFrontOptions): ServiceApp {
         ? { ...choose(undefined), name: resolve(asked.model) }
         : choose(asked.fields);
       if (draining) {
-        throw new ApiError("draining", "The server is shutting down; retry on another instance");
+        throw new ApiError("draining", DRAINING_MESSAGE);
       }
       const forward = rebuilt(req, body ?? asked.text);
       const tenant = auth.tenantOf(req);

@@ -47,6 +47,7 @@ import { type Api, type GenerationDeps, trackGeneration } from "./tracked_genera
 import { parseWith } from "./validation.ts";
 import type { RequestRecord } from "./request_log.ts";
 import { newRequestId } from "./request_log.ts";
+import { DRAINED_MESSAGE } from "../core/draining.ts";
 
 export interface OpenAiOptions {
   readonly renderChat: ChatRenderer;
@@ -434,10 +435,7 @@ async function collect(
       // Cancelled while the client still waits means the server cut it off (drain deadline):
       // a 200 with truncated text would pass for an answer, so tell the client to retry.
       if (ev.finishReason === "cancelled" && !client.aborted) {
-        throw new ApiError(
-          "draining",
-          "The server shut down before this generation finished; retry on another instance",
-        );
+        throw new ApiError("draining", DRAINED_MESSAGE);
       }
       ends[index] = ev;
       if (++done < n) continue;
@@ -583,10 +581,7 @@ function streamRenderer(
         // "cancelled" is not an OpenAI finish reason, and a client still reading did not
         // cancel: the server cut the stream (drain deadline). Say so, as a stream error.
         if (ev.finishReason === "cancelled") {
-          const err = new ApiError(
-            "draining",
-            "The server shut down before this generation finished; retry on another instance",
-          );
+          const err = new ApiError("draining", DRAINED_MESSAGE);
           deps.metrics.errors.inc({ code: err.code });
           return { chunks: [sseData(err.toJSON())], last: true };
         }

@@ -1,6 +1,6 @@
 import type { Hono } from "hono";
 import type { GenerationBackend } from "../core/generation.ts";
-import { DEFAULT_TEMPERATURE } from "./generation_request.ts";
+import { samplingDefaults } from "./request_params.ts";
 import { templateTools, toolFormatName } from "../chat/tools.ts";
 
 /** What the start-up code knows beyond the backend: where the model came from and its limits. */
@@ -33,6 +33,7 @@ export interface PropsOptions {
 export function registerPropsRoute(app: Hono, o: PropsOptions): void {
   app.get("/props", (c) => {
     const b = o.backend;
+    const d = samplingDefaults(b.samplingDefaults);
     const p = o.props;
     return c.json({
       model: o.servedModelNames[0],
@@ -60,10 +61,10 @@ export function registerPropsRoute(app: Hono, o: PropsOptions): void {
       default_generation_settings: {
         n_ctx: b.contextLength,
         params: {
-          temperature: b.samplingDefaults?.temperature ?? DEFAULT_TEMPERATURE,
-          top_k: b.samplingDefaults?.topK ?? 0,
-          top_p: b.samplingDefaults?.topP ?? 1,
-          min_p: b.samplingDefaults?.minP ?? 0,
+          temperature: d.temperature,
+          top_k: d.topK,
+          top_p: d.topP,
+          min_p: d.minP,
         },
       },
     });

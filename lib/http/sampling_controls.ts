@@ -1,43 +1,28 @@
 import { vocabularyProblem } from "../core/prompt_check.ts";
-import { z } from "zod";
-import { type LogitControls, REPETITION_PENALTY } from "../core/logit_controls.ts";
+import type { LogitControls } from "../core/logit_controls.ts";
 import { ApiError } from "./errors.ts";
-import { f32Number } from "../util/f32_number.ts";
+import { PARAM_FIELDS } from "./request_params.ts";
 
 /**
- * The request fields that change logits before sampling, with the ranges of the servers that
- * define them: OpenAI's logit_bias (-100..100) and presence/frequency penalties (-2..2), vLLM's
- * repetition_penalty ([1e-6, 2]: REPETITION_PENALTY) and llama-server's spelling of it, repeat_penalty, with its
- * window repeat_last_n (-1: the whole sequence, 0: off).
+ * The request fields that change logits before sampling (their limits are request_params.ts's
+ * rows: OpenAI's logit_bias and presence/frequency penalties, vLLM's repetition_penalty and
+ * llama-server's spelling of it, repeat_penalty, with its window repeat_last_n), and vLLM's
+ * stop controls. Zod fields for the OpenAI bodies (null: not given) and the WebSocket frame.
  */
-const penalty = f32Number({ min: -2, max: 2 });
-const repetition = f32Number(REPETITION_PENALTY);
-
-/** Zod fields for the OpenAI bodies (null: not given) and the WebSocket frame. */
 export const logitControlFields = {
-  logit_bias: z.record(z.string(), f32Number({ min: -100, max: 100 })).superRefine((b, ctx) => {
-    for (const key of Object.keys(b)) {
-      if (/^(0|[1-9][0-9]{0,9})$/.test(key)) continue;
-      ctx.addIssue({
-        code: "custom",
-        path: [key],
-        message: `'${key.slice(0, 40)}' is not a token id (keys must be token ids: 0, 1, 2, ...)`,
-      });
-    }
-  }).nullish(),
-  presence_penalty: penalty.nullish(),
-  frequency_penalty: penalty.nullish(),
-  repetition_penalty: repetition.nullish(),
-  repeat_penalty: repetition.nullish(),
-  repeat_last_n: z.number().int().min(-1).nullish(),
-  // vLLM's: the end-of-sequence tokens and stop_token_ids cannot be sampled before this many.
-  min_tokens: z.number().int().min(0).nullish(),
+  logit_bias: PARAM_FIELDS.logit_bias.nullish(),
+  presence_penalty: PARAM_FIELDS.presence_penalty.nullish(),
+  frequency_penalty: PARAM_FIELDS.frequency_penalty.nullish(),
+  repetition_penalty: PARAM_FIELDS.repetition_penalty.nullish(),
+  repeat_penalty: PARAM_FIELDS.repetition_penalty.nullish(),
+  repeat_last_n: PARAM_FIELDS.repeat_last_n.nullish(),
+  min_tokens: PARAM_FIELDS.min_tokens.nullish(),
 };
 
 /** vLLM's stop controls: more token ids that end a generation, and generating past EOS. */
 export const stopTokenFields = {
-  stop_token_ids: z.array(z.number().int().min(0)).max(256).nullish(),
-  ignore_eos: z.boolean().nullish(),
+  stop_token_ids: PARAM_FIELDS.stop_token_ids.nullish(),
+  ignore_eos: PARAM_FIELDS.ignore_eos.nullish(),
 };
 
 /** llama-server's window when its repeat_penalty is given without one. */

@@ -3,7 +3,7 @@ import { acceptedFields, REFUSED_CHAT, REFUSED_COMMON, refusedFields } from "./r
 import { logitControlFields, stopTokenFields } from "./sampling_controls.ts";
 import { constraintFields, frameConstraintFields } from "./response_format.ts";
 import { FunctionTool, MessageToolCall, ToolChoice } from "../chat/tools.ts";
-import { f32Number } from "../util/f32_number.ts";
+import { PARAM_FIELDS, tokenId } from "./request_params.ts";
 
 /**
  * Shapes of everything a client sends: WebSocket frames (strict: a misspelled field is an
@@ -11,17 +11,16 @@ import { f32Number } from "../util/f32_number.ts";
  * request_fields.ts: honoured, accepted without effect, or refused by name).
  */
 
-const maxTokens = z.number().int().min(1).max(1_000_000);
-const temperature = f32Number({ min: 0, max: 2 });
-const topK = z.number().int().min(0);
-const topP = f32Number({ min: 0, max: 1 });
-const minP = f32Number({ min: 0, max: 1 });
-// Integers a double holds exactly: beyond +-(2^53 - 1) a JSON number is already rounded.
-const seed = z.number().int().min(Number.MIN_SAFE_INTEGER).max(Number.MAX_SAFE_INTEGER);
-const stop = z.union([z.string(), z.array(z.string()).max(16)], {
-  error: "expected a string or an array of at most 16 strings",
-});
-const priority = z.enum(["interactive", "batch"]);
+const {
+  max_tokens: maxTokens,
+  temperature,
+  top_k: topK,
+  top_p: topP,
+  min_p: minP,
+  seed,
+  stop,
+  priority,
+} = PARAM_FIELDS;
 
 /**
  * The sampling fields with their wire names and ranges: what a request may set, and so what a
@@ -81,8 +80,8 @@ export const GenerateFrame = z.strictObject({
   seed: seed.optional(),
   stop: stop.optional(),
   priority: priority.optional(),
-  logprobs: z.boolean().optional(),
-  top_logprobs: z.number().int().min(0).max(20).optional(),
+  logprobs: PARAM_FIELDS.logprobs.optional(),
+  top_logprobs: PARAM_FIELDS.top_logprobs.optional(),
   ...logitControlFields,
   ...stopTokenFields,
   ...frameConstraintFields,
@@ -153,7 +152,7 @@ const openAiCommon = {
   stream: z.boolean().nullish(),
   stream_options: z.object({ include_usage: z.boolean().nullish() }).nullish(),
   priority: priority.nullish(),
-  n: z.number().int().min(1).max(16).nullish(),
+  n: PARAM_FIELDS.n.nullish(),
   ...logitControlFields,
   ...stopTokenFields,
   user: z.string().nullish(),
@@ -162,7 +161,7 @@ const openAiCommon = {
   ...constraintFields,
 };
 
-const tokenIds = z.array(z.number().int().min(0)).min(1);
+const tokenIds = z.array(tokenId).min(1);
 
 export const CompletionBody = z.strictObject({
   ...openAiCommon,
@@ -176,7 +175,7 @@ export const CompletionBody = z.strictObject({
       "(batched prompts are not supported)",
   }),
   // The sampled tokens' logprobs, with this many top alternatives each (OpenAI's limit).
-  logprobs: z.number().int().min(0).max(20).nullish(),
+  logprobs: PARAM_FIELDS.top_logprobs.nullish(),
   echo: z.boolean().nullish(),
   best_of: z.literal(1, { error: "only best_of = 1 is supported" }).nullish(),
   suffix: z.null({ error: "suffix is not supported" }).optional(),
@@ -211,8 +210,8 @@ export const ChatCompletionBody = z.strictObject({
   chat_template_kwargs: chatTemplateKwargs.nullish(),
   messages: z.array(ChatMessage).min(1),
   max_completion_tokens: maxTokens.nullish(),
-  logprobs: z.boolean().nullish(),
-  top_logprobs: z.number().int().min(0).max(20).nullish(),
+  logprobs: PARAM_FIELDS.logprobs.nullish(),
+  top_logprobs: PARAM_FIELDS.top_logprobs.nullish(),
   tools: z.array(FunctionTool).max(128).nullish(),
   tool_choice: ToolChoice.nullish(),
 });
@@ -240,5 +239,5 @@ export type TokenizeBody = z.output<typeof TokenizeBody>;
 /** POST /detokenize: `{tokens}` in both servers' shapes (vLLM adds an optional `model`). */
 export const DetokenizeBody = z.strictObject({
   model: z.string().nullish(),
-  tokens: z.array(z.number().int().min(0)),
+  tokens: z.array(tokenId),
 });

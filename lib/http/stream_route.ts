@@ -5,6 +5,7 @@ import { ApiError } from "./errors.ts";
 import type { FrameSocket } from "./frame_writer.ts";
 import type { GenerationDeps } from "./tracked_generation.ts";
 import { CLOSE_GOING_AWAY, type SessionOptions, StreamSession } from "./ws_session.ts";
+import { DRAINING_MESSAGE } from "../core/draining.ts";
 
 export interface StreamRouteOptions {
   readonly deps: GenerationDeps;
@@ -74,10 +75,7 @@ export function registerStreamRoute(app: Hono, o: StreamRouteOptions): StreamSoc
   app.get("/v1/stream", async (c, next) => {
     if (c.req.header("upgrade")?.toLowerCase() !== "websocket") return await next();
     if (o.isDraining()) {
-      throw new ApiError(
-        "draining",
-        "The server is shutting down and accepts no new WebSockets; retry on another instance",
-      );
+      throw new ApiError("draining", DRAINING_MESSAGE);
     }
     // Without it node:http hands the request over as a plain one, on which the upgrade failed
     // with 500.

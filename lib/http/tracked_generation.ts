@@ -3,6 +3,7 @@ import type { GenerationBackend, GenerationEvent, GenerationRequest } from "../c
 import type { InFlightRegistry } from "./inflight.ts";
 import type { RequestLog, RequestRecord } from "./request_log.ts";
 import type { ServiceMetrics } from "./service_metrics.ts";
+import { DRAINING_EVENT } from "../core/draining.ts";
 
 /** Which API a generation came through (a metrics label and span attribute). */
 export type Api =
@@ -45,12 +46,7 @@ export async function* trackGeneration(
 ): AsyncGenerator<GenerationEvent> {
   if (deps.isDraining()) {
     if (record) record.code = "draining";
-    yield {
-      type: "error",
-      code: "draining",
-      message: "The server is shutting down and accepts no new generations; retry on another " +
-        "instance",
-    };
+    yield DRAINING_EVENT;
     return;
   }
   const { metrics } = deps;

@@ -20,6 +20,12 @@ function valueAt(root: unknown, path: readonly PropertyKey[]): unknown {
   return v;
 }
 
+/** A zod issue's message as a 400 quotes it: "Invalid input: " dropped, lower-case first. */
+export function issueReason(message: string): string {
+  const reason = message.replace(/^Invalid input: /, "");
+  return `${reason[0]?.toLowerCase() ?? ""}${reason.slice(1)}`;
+}
+
 /**
  * Parses `data` with `schema`, or throws a 400 naming the first offending field and the value
  * received, e.g. "Invalid 'temperature': too big: expected number to be <=2; got 5".
@@ -51,12 +57,9 @@ export function parseWith<S extends z.ZodType>(schema: S, data: unknown): z.outp
     );
   }
   const what = param.length > 0 ? `'${param}'` : "request";
-  const reason = issue.message.replace(/^Invalid input: /, "");
   throw new ApiError(
     "invalid_request",
-    `Invalid ${what}: ${reason[0]?.toLowerCase() ?? ""}${reason.slice(1)}; got ${
-      preview(received)
-    }`,
+    `Invalid ${what}: ${issueReason(issue.message)}; got ${preview(received)}`,
     param.length > 0 ? param : null,
   );
 }

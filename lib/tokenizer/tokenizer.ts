@@ -63,6 +63,11 @@ export class Tokenizer {
   readonly addEos: boolean;
   /** Every id that ends a generation: EOS, EOT, EOM and the end-of-turn tokens (llama.cpp's EOG set). */
   readonly eogIds: ReadonlySet<number>;
+  /**
+   * What ends a served generation: the EOG set and BOS. Sampling BOS means a new document
+   * begins: llama2.c models end their stories that way (run.c stops there too).
+   */
+  readonly endIds: ReadonlySet<number>;
   /** Pieces as printed in logs: SentencePiece "▁" as " ", byte-level pieces as stored. */
   readonly #pieces: readonly string[];
   readonly #types: Uint8Array;
@@ -108,6 +113,7 @@ export class Tokenizer {
     const { types, eogIds } = resolveTokenTypes(data);
     this.#types = types;
     this.eogIds = eogIds;
+    this.endIds = new Set([...eogIds, data.bosId]);
     this.#byteOf = new Int16Array(n).fill(-1);
     this.#pieceBytes = new Array(n);
     const byteToken = new Int32Array(256).fill(-1);
