@@ -214,6 +214,13 @@ export const GenerateSchema = z.object({
   credit: int.positive(),
   /** The client's cache scope (GenerationRequest.cacheScope), if it has one. */
   cacheScope: z.string().max(128).optional(),
+  /**
+   * Greedy or explicitly seeded (GenerationRequest.deterministic): the replica's result cache
+   * may answer it. Never set on a resumed attempt (`generated`).
+   */
+  deterministic: z.boolean().optional(),
+  /** The client asked for no cached answer (`cache: false`). */
+  noCache: z.boolean().optional(),
   /** Constrained decoding (GenerationRequest.constraint). */
   constraint: ConstraintSchema.optional(),
   /**
