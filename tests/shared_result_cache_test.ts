@@ -93,8 +93,12 @@ const KEY_A = "tenant-a-key-0001";
 const KEY_B = "tenant-b-key-0002";
 const auth = (key: string) => ({ authorization: `Bearer ${key}` });
 
-/** A deterministic completion (greedy), its text. */
-async function complete(base: string, key: string, prompt: string): Promise<string> {
+/** A deterministic completion (greedy): its text, and whether it says it was replayed. */
+async function completion(
+  base: string,
+  key: string,
+  prompt: string,
+): Promise<{ text: string; cached: boolean }> {
   const res = await fetch(`${base}/v1/completions`, {
     method: "POST",
     headers: { "content-type": "application/json", ...auth(key) },
@@ -102,7 +106,11 @@ async function complete(base: string, key: string, prompt: string): Promise<stri
   });
   const body = await res.json();
   assertEquals(res.status, 200, JSON.stringify(body));
-  return body.choices[0].text;
+  return { text: body.choices[0].text, cached: body.cached };
+}
+
+async function complete(base: string, key: string, prompt: string): Promise<string> {
+  return (await completion(base, key, prompt)).text;
 }
 
 /** What each replica's /metrics says of its work and of the shared cache. */
@@ -154,11 +162,14 @@ Deno.test("two replicas behind a router share one result cache in JetStream", as
     "the same request twice is computed once, on one replica, replayed on the other",
     async () => {
       const s0 = await all();
-      first = await complete(router.base, KEY_A, prompt);
+      const one = await completion(router.base, KEY_A, prompt);
       const s1 = await all();
-      const second = await complete(router.base, KEY_A, prompt);
+      const two = await completion(router.base, KEY_A, prompt);
       const s2 = await all();
-      assertEquals(second, first);
+      first = one.text;
+      assertEquals(two.text, first);
+      // The router's client is told which answer was replayed.
+      assertEquals([one.cached, two.cached], [false, true]);
       const d1 = delta(s0, s1), d2 = delta(s1, s2);
       const computer = d1.findIndex((d) => d.steps > 0);
       assert(computer >= 0, `one replica computed the first: ${JSON.stringify(d1)}`);

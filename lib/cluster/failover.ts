@@ -177,7 +177,8 @@ export class Failover {
             cachedTokens: before === 0 ? ev.usage.cachedTokens : 0,
           },
           { start: this.#t0, scheduled, firstToken, end },
-          undefined,
+          // A replay of the replica's result cache, unless earlier attempts generated a part.
+          before === 0 ? ev.cached : undefined,
           ev.stopString,
         );
         return { kind: "final" };

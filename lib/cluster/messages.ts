@@ -309,6 +309,11 @@ export const GenerationEventSchema = z.discriminatedUnion("type", [
     usage: UsageSchema,
     timings: TimingsSchema,
     stopString: z.string().optional(),
+    /** Replayed from the replica's result cache (CacheHit), so the client is told so too. */
+    cached: z.object({
+      savedMs: z.number().nonnegative(),
+      similar: z.object({ score: z.number(), matched: z.string().max(400) }).optional(),
+    }).optional(),
   }),
   z.object({
     type: z.literal("error"),
