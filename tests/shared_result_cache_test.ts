@@ -9,8 +9,17 @@ import { Kvm } from "@nats-io/kv";
 import { connectNats } from "../lib/cluster/nats_connection.ts";
 import { NatsResultStore } from "../lib/cluster/nats_result_store.ts";
 import type { StoredResult } from "../lib/core/result_cache.ts";
+import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
+import { ServingCore } from "../actors/core.ts";
+import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import { CachedBackend } from "../lib/backend/cached_backend.ts";
+import { CoreBackend } from "../lib/backend/core_backend.ts";
+import { GREEDY } from "../lib/engine/engine.ts";
+import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { modelFile } from "./harness/model_files.ts";
 import { metricValue, scrape } from "./_http_harness.ts";
-import { Cluster, type Member, NatsServer } from "./_cluster.ts";
+import { Cluster, type Member, NatsServer, until } from "./_cluster.ts";
 
 const SECRET = "test-secret-0123456789abcdef";
 
@@ -84,6 +93,80 @@ Deno.test("the NATS result store: an entry opens only for its tenant and secret,
     assertEquals(await small.get("short", ""), result("ok"));
   } finally {
     await nc.close();
+    await nats.stop();
+    await Deno.remove(nats.dir, { recursive: true }).catch(() => {});
+  }
+});
+
+/** The CPU reference core behind a CoreBackend that counts the generations it runs. */
+class CountingBackend extends CoreBackend {
+  runs = 0;
+  override generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
+    this.runs++;
+    return super.generate(req, signal);
+  }
+}
+
+async function tokenIds(events: AsyncIterable<GenerationEvent>): Promise<number[]> {
+  const ids: number[] = [];
+  for await (const ev of events) {
+    if (ev.type === "token") ids.push(...ev.ids);
+    if (ev.type === "error") throw new Error(ev.message);
+  }
+  return ids;
+}
+
+Deno.test("requests arriving together while the store is asked generate once; another server replays it", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"), {
+    tokenizerPath: modelFile("tok512.bin"),
+  });
+  const tokenizer = new Tokenizer(model.tokenizer!);
+  const make = () => new CpuEngine(model.config, model.weights, { numBlocks: 64, blockSize: 16 });
+  const core = new ServingCore({ engine: make(), engineFactory: make, codec: tokenizer });
+  const nats = await NatsServer.start();
+  const conns = [
+    await connectNats({ url: nats.url, name: "server-1" }),
+    await connectNats({ url: nats.url, name: "server-2" }),
+  ];
+  try {
+    const servers = conns.map((nc) => {
+      const store = new NatsResultStore({ secret: SECRET, ttlMs: 600_000, log: () => {} });
+      store.attach(nc);
+      const inner = new CountingBackend("stories260K", core, tokenizer);
+      return { store, inner, backend: new CachedBackend(inner, 1 << 20, undefined, store) };
+    });
+    const req: GenerationRequest = {
+      prompt: "Once upon a time",
+      maxTokens: 12,
+      sampling: GREEDY,
+      stop: [],
+      deterministic: true,
+      cacheScope: "scope-a",
+      priority: "interactive",
+      requestId: "r",
+    };
+    const [one, two] = servers as [typeof servers[0], typeof servers[0]];
+    const signal = new AbortController().signal;
+    const together = await Promise.all(
+      [0, 1, 2].map(() => tokenIds(one.backend.generate(req, signal))),
+    );
+    assertEquals(one.inner.runs, 1);
+    assertEquals(together[1], together[0]);
+    assertEquals(together[2], together[0]);
+    assertGreater(together[0]!.length, 0);
+    // The store is written after the answer, without holding it up.
+    await until("the answer to reach the store", () => one.store.stats().stored === 1, 5000);
+    // The other server: nothing in its own cache, the answer from the store, no generation.
+    assertEquals(await tokenIds(two.backend.generate(req, signal)), together[0]);
+    assertEquals(two.inner.runs, 0);
+    assertEquals(two.store.stats().hits, 1);
+    // Kept in its own cache: asked again, the store is not asked.
+    assertEquals(await tokenIds(two.backend.generate(req, signal)), together[0]);
+    assertEquals(two.store.stats().hits + two.store.stats().misses, 1);
+    assertEquals(two.backend.stats().resultCache?.hits, 2);
+  } finally {
+    for (const nc of conns) await nc.close();
+    await core.close();
     await nats.stop();
     await Deno.remove(nats.dir, { recursive: true }).catch(() => {});
   }
@@ -163,6 +246,11 @@ Deno.test("two replicas behind a router share one result cache in JetStream", as
     async () => {
       const s0 = await all();
       const one = await completion(router.base, KEY_A, prompt);
+      // The store is written after the answer, without holding it up.
+      await until("the answer to reach the store", async () => {
+        const now = await all();
+        return now.reduce((n, x, i) => n + x.stored - s0[i]!.stored, 0) === 1;
+      }, 5000);
       const s1 = await all();
       const two = await completion(router.base, KEY_A, prompt);
       const s2 = await all();
