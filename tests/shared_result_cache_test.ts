@@ -18,6 +18,7 @@ import { CoreBackend } from "../lib/backend/core_backend.ts";
 import { GREEDY } from "../lib/engine/engine.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { modelFile } from "./harness/model_files.ts";
+import { compatPath } from "./harness/compat.ts";
 import { metricValue, scrape } from "./_http_harness.ts";
 import { Cluster, type Member, NatsServer, until } from "./_cluster.ts";
 
@@ -302,4 +303,66 @@ Deno.test("two replicas behind a router share one result cache in JetStream", as
       }
     },
   );
+});
+
+/** The sum of a counter's series (any labels) that include `label`, as /metrics renders them. */
+function counterSum(text: string, name: string, label: string): number {
+  let sum = 0;
+  for (const line of text.split("\n")) {
+    if (line.startsWith(`${name}{`) && line.includes(label)) {
+      sum += Number(line.slice(line.lastIndexOf(" ") + 1));
+    }
+  }
+  return sum;
+}
+
+Deno.test("replicas of several models share the result cache too", async () => {
+  await using cluster = await Cluster.start();
+  const args = [
+    "--model",
+    compatPath("stories260K-q4_1"),
+    "--model",
+    compatPath("stories260K-q5_1"),
+    "--backend",
+    "cpu",
+    "--kv-memory",
+    "2MiB",
+    "--result-cache",
+    "4MiB",
+    "--shared-cache-secret",
+    SECRET,
+  ];
+  const replicas = await Promise.all([cluster.replicaServing(args), cluster.replicaServing(args)]);
+  const ask = async (base: string) => {
+    const res = await fetch(`${base}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        model: "stories260K-q4_1",
+        prompt: "Once upon a time",
+        max_tokens: 8,
+        temperature: 0,
+      }),
+    });
+    const body = await res.json();
+    assertEquals(res.status, 200, JSON.stringify(body));
+    return { text: body.choices[0].text as string, cached: body.cached as boolean };
+  };
+  const events = async (base: string, event: string) =>
+    counterSum(
+      await (await fetch(`${base}/metrics`)).text(),
+      "llm_shared_result_cache_events_total",
+      `event="${event}"`,
+    );
+  const one = await ask(replicas[0]!.base);
+  await until(
+    "the answer to reach the store",
+    async () => await events(replicas[0]!.base, "stored") === 1,
+    5000,
+  );
+  const two = await ask(replicas[1]!.base);
+  assertEquals(two.text, one.text);
+  assertEquals([one.cached, two.cached], [false, true]);
+  assertEquals(await events(replicas[1]!.base, "hit"), 1);
+  assertEquals(await events(replicas[1]!.base, "stored"), 0);
 });
