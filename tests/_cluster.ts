@@ -62,7 +62,9 @@ export class NatsServer {
     const conf = `${this.dir}/nats.conf`;
     await Deno.writeTextFile(
       conf,
-      `listen: 127.0.0.1:${this.port}\nauthorization { user: "${NATS_USER}", password: "${NATS_PASS}" }\n`,
+      `listen: 127.0.0.1:${this.port}\nauthorization { user: "${NATS_USER}", password: "${NATS_PASS}" }\n` +
+        // JetStream, as `deno task cluster` runs it: the shared result cache's bucket lives there.
+        `jetstream { store_dir: "${this.dir}/jetstream" }\n`,
     );
     // NATS_SERVER: the path the test set-up found or installed (default: nats-server on PATH).
     const bin = Deno.env.get("NATS_SERVER") ?? "nats-server";

@@ -9,6 +9,7 @@ import type {
   SimilarQuestion,
 } from "../core/generation.ts";
 import { SimilarCache } from "../core/similar_cache.ts";
+import type { SharedResultStore } from "../core/shared_result_store.ts";
 
 /** The cache for similar questions' settings (--similar-cache). */
 export interface SimilarCacheSettings {
@@ -34,6 +35,10 @@ import {
  * ("stop" or "length"), never a cancelled or failed one. A request identical to one still
  * generating follows that one instead (see #follow). Requests that are not deterministic
  * (sampled without an explicit seed) pass straight through.
+ *
+ * With a shared store (the replicas behind a router share one, see docs/cluster.md), a miss
+ * of the in-process cache is looked up there before generating, a hit is kept in-process too,
+ * and every answer generated here is stored there as well.
  */
 export class CachedBackend implements GenerationBackend {
   readonly cache: ResultCache;
@@ -44,6 +49,8 @@ export class CachedBackend implements GenerationBackend {
     readonly inner: GenerationBackend,
     capacityBytes: number,
     similar?: SimilarCacheSettings,
+    /** The second level, shared with other servers; consulted after this cache misses. */
+    readonly shared?: SharedResultStore,
   ) {
     this.cache = new ResultCache(capacityBytes);
     const embedder = inner.embedder;
@@ -113,6 +120,7 @@ export class CachedBackend implements GenerationBackend {
         entries: c.size,
         savedMs: c.savedMs,
         ...(this.similar ? { similar: this.similar.stats() } : {}),
+        ...(this.shared ? { shared: this.shared.stats() } : {}),
       },
     };
   }
@@ -127,8 +135,45 @@ export class CachedBackend implements GenerationBackend {
     if (flight !== undefined && !flight.abandoned) return this.#consume(flight, signal, false);
     const stored = this.cache.get(key);
     if (stored !== undefined) return replay(stored, signal);
+    if (this.shared) return this.#viaShared(key, req, this.shared, signal);
+    return this.#afterMiss(key, req, signal);
+  }
+
+  /** What an exact miss does: the cache for similar questions, else generating. */
+  #afterMiss(
+    key: string,
+    req: GenerationRequest,
+    signal: AbortSignal,
+  ): AsyncIterable<GenerationEvent> {
     if (this.similar && req.similar) return this.#viaSimilar(key, req, req.similar, signal);
     return this.#consume(this.#launch(key, req), signal, true);
+  }
+
+  /**
+   * The in-process cache missed: the shared store may hold the answer another server
+   * generated. A hit is replayed and kept here; a miss (or a store that cannot be reached,
+   * which the store counts and logs) goes on as a miss.
+   */
+  async *#viaShared(
+    key: string,
+    req: GenerationRequest,
+    shared: SharedResultStore,
+    signal: AbortSignal,
+  ): AsyncGenerator<GenerationEvent> {
+    const found = await shared.get(key, req.cacheScope ?? "");
+    if (found !== undefined) {
+      this.cache.missAnsweredElsewhere(found.totalMs);
+      this.cache.set(key, found);
+      yield* replay(found, signal);
+      return;
+    }
+    // An identical request may have started while the store was asked.
+    const flight = this.#flights.get(key);
+    if (flight !== undefined && !flight.abandoned) {
+      yield* this.#consume(flight, signal, false);
+      return;
+    }
+    yield* this.#afterMiss(key, req, signal);
   }
 
   /**
@@ -210,6 +255,8 @@ export class CachedBackend implements GenerationBackend {
               totalMs: performance.now() - t0,
             };
             this.cache.set(key, result);
+            // Not awaited: the store counts and logs its own failures.
+            void this.shared?.set(key, req.cacheScope ?? "", result);
             onStored?.();
             return flight.end({ result, done: ev });
           }

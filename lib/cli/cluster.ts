@@ -126,7 +126,9 @@ export async function clusterCommand(argv: string[]): Promise<number> {
   const password = crypto.randomUUID();
   await Deno.writeTextFile(
     `${dir}/nats.conf`,
-    `listen: 127.0.0.1:${natsPort}\nauthorization { user: llmserve, password: "${password}" }\n`,
+    `listen: 127.0.0.1:${natsPort}\nauthorization { user: llmserve, password: "${password}" }\n` +
+      // JetStream holds the replicas' shared result cache (a key-value bucket).
+      `jetstream { store_dir: "${dir}/jetstream" }\n`,
   );
   const url = `nats://llmserve:${password}@127.0.0.1:${natsPort}`;
   const env = (n: string) => Deno.env.get(n);
@@ -134,7 +136,11 @@ export async function clusterCommand(argv: string[]): Promise<number> {
   // (LLMSERVE_NATS): every user of the machine can read a process's command line, not its
   // environment. The flags are validated here with it, so a bad replica flag is one error
   // rather than N replicas failing, and the permissions cover the NATS address.
-  const childEnv = { LLMSERVE_NATS: url };
+  // The shared result cache's secret likewise (one per cluster run, unless the user set one).
+  const childEnv = {
+    LLMSERVE_NATS: url,
+    LLMSERVE_SHARED_CACHE_SECRET: env("LLMSERVE_SHARED_CACHE_SECRET") ?? crypto.randomUUID(),
+  };
   const served = parseServeArgs(["--port", "0", "--nats", url, ...serveFlags]);
   // One server per data directory: each replica keeps its files and batches in its own
   // folder under the one given (or the default), the same one on every run so batches resume.

@@ -7,6 +7,7 @@ import { parseServeArgs } from "./serve_args.ts";
 import { printInfo } from "./help.ts";
 import type { ServingCore } from "../../actors/core.ts";
 import { formatBytes } from "../util/byte_size.ts";
+import { formatKeepAlive } from "../util/duration.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import type { Config } from "./config.ts";
 import { grammarPendingNote, startGrammarInBackground } from "../compose/grammar_preload.ts";
@@ -18,8 +19,11 @@ import {
 } from "../compose/engine_factory.ts";
 import { openServing, planServing } from "../compose/open_serving.ts";
 import { servedBackend, servingSettings } from "./serving_settings.ts";
+import { sharedResultStore } from "./shared_cache_config.ts";
+import type { NatsResultStore } from "../cluster/nats_result_store.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
 import type { Engine } from "../engine/engine.ts";
+import type { GenerationBackend } from "../core/generation.ts";
 import { createApp } from "../http/app.ts";
 import { batchQueueFor } from "./batch_queue_config.ts";
 import { serveService } from "../http/serve.ts";
@@ -184,6 +188,7 @@ async function start(
     metrics,
   });
   const modelName = modelStem(source.modelPath);
+  const shared = sharedResultStore(config, log);
   const { coreBackend, backend } = servedBackend(config, {
     name: modelName,
     core,
@@ -192,7 +197,7 @@ async function start(
     ...(chatTemplate ?? model.chatTemplate
       ? { chatTemplate: chatTemplate ?? model.chatTemplate }
       : {}),
-  });
+  }, shared);
   const servedModelNames = config.servedModelName.length > 0 ? config.servedModelName : [modelName];
   const { batches, dataDir } = batchQueueFor(config, log);
   const service = createApp({
@@ -220,7 +225,9 @@ async function start(
   });
   const replica = config.nats === undefined ? undefined : await startReplica(config, {
     servedModelNames,
-    backend: coreBackend,
+    coreBackend,
+    backend,
+    shared,
     core,
     model,
     blockSize: plan.blockSize,
@@ -255,6 +262,8 @@ async function start(
       }`,
       `  results   ${
         config.resultCache > 0 ? `cache ${formatBytes(config.resultCache)}` : "cache off"
+      }${
+        shared ? `, shared on NATS (entries live ${formatKeepAlive(config.sharedCacheTtl)})` : ""
       }`,
       `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}${
         config.metricsPublic ? " (/metrics public)" : ""
@@ -281,7 +290,11 @@ async function startReplica(
   deps: {
     /** The names it serves: routers know it by the first, and the rest as its aliases. */
     servedModelNames: readonly string[];
-    backend: CoreBackend;
+    coreBackend: CoreBackend;
+    /** What streams run through: the result cache's where it is on, else coreBackend. */
+    backend: GenerationBackend;
+    /** The result cache's shared level, kept on this replica's connection. */
+    shared: NatsResultStore | undefined;
     core: ServingCore;
     model: Model;
     blockSize: number;
@@ -293,19 +306,24 @@ async function startReplica(
   const id = randomId("replica");
   const natsOptions = { url: config.nats!, credsFile: config.natsCreds, name: id };
   const nc = await connectNats({ ...natsOptions, log: deps.log });
-  const { backend, core, model } = deps;
+  deps.shared?.attach(nc);
+  const { coreBackend, core, model } = deps;
   const agent = new ReplicaAgent(
     nc,
-    coreReplicaSource({
-      backend,
-      core,
-      tokenizer: model.tokenizer!,
-      blockSize: deps.blockSize,
-      modelName: deps.servedModelNames[0]!,
-      aliases: deps.servedModelNames.slice(1),
-      modelId: await identityOrWarning(deps.modelPath, backend.contextLength, deps.log),
-      limits: config,
-    }),
+    {
+      ...coreReplicaSource({
+        backend: coreBackend,
+        core,
+        tokenizer: model.tokenizer!,
+        blockSize: deps.blockSize,
+        modelName: deps.servedModelNames[0]!,
+        aliases: deps.servedModelNames.slice(1),
+        modelId: await identityOrWarning(deps.modelPath, coreBackend.contextLength, deps.log),
+        limits: config,
+      }),
+      // Streams from routers take the result cache too (and its shared level).
+      backend: deps.backend,
+    },
     {
       id,
       log: deps.log,

@@ -22,6 +22,8 @@ import {
 } from "../compose/engine_factory.ts";
 import { openServing, planServing } from "../compose/open_serving.ts";
 import { servedBackend, servingSettings } from "./serving_settings.ts";
+import { sharedResultStore } from "./shared_cache_config.ts";
+import type { NatsResultStore } from "../cluster/nats_result_store.ts";
 import { type LoadContext, ModelPool } from "../compose/model_pool.ts";
 import { owningHeap } from "../../kernels/wasm/heap.ts";
 import { createModelsFront } from "../http/models_front.ts";
@@ -231,6 +233,8 @@ interface Shared {
    */
   readonly replicaSources?: Map<string, ReplicaSource>;
   readonly modelIds?: ReadonlyMap<string, string | undefined>;
+  /** With --nats: the result cache's shared level, one for every model (keys name the model). */
+  readonly resultStore?: NatsResultStore;
 }
 
 /** A model file as openModel gives it, and how to free the bytes it was read into. */
@@ -348,7 +352,7 @@ async function buildOnFile(
     model,
     ...(template ? { chatTemplate: template } : {}),
     ...(m.own?.sampling ? { sampling: m.own.sampling } : {}),
-  });
+  }, shared.resultStore);
   const service = createApp({
     backend,
     metrics,
@@ -373,15 +377,19 @@ async function buildOnFile(
   });
   shared.replicaSources?.set(
     m.name,
-    coreReplicaSource({
-      backend: coreBackend,
-      core,
-      tokenizer: model.tokenizer!,
-      blockSize: plan.blockSize,
-      modelName: m.name,
-      modelId: shared.modelIds?.get(m.name),
-      limits: config,
-    }),
+    {
+      ...coreReplicaSource({
+        backend: coreBackend,
+        core,
+        tokenizer: model.tokenizer!,
+        blockSize: plan.blockSize,
+        modelName: m.name,
+        modelId: shared.modelIds?.get(m.name),
+        limits: config,
+      }),
+      // Streams from routers take the result cache too (and its shared level).
+      backend,
+    },
   );
   const mem = engineMemory(built.engine);
   const grammars = built.grammarEngine;
@@ -477,6 +485,7 @@ export async function serveModelsCommand(
   // The front's own: each model's core exports its families under its label.
   const metrics = new ServiceMetrics({ core: "none" });
   const budget = config.memoryBudget ?? freeMemory() ?? Infinity;
+  const resultStore = sharedResultStore(config, log);
   const shared: Shared = {
     config,
     log,
@@ -487,6 +496,7 @@ export async function serveModelsCommand(
     parsed: new Map(),
     ...(config.nats === undefined ? {} : {
       replicaSources: new Map(),
+      ...(resultStore === undefined ? {} : { resultStore }),
       // The context the catalog names (the file's, or --context-length), known before a load,
       // so that a model is one identity whether loaded or not.
       modelIds: new Map(
@@ -619,6 +629,7 @@ async function startModelsReplica(
   const id = randomId("replica");
   const natsOptions = { url: config.nats!, credsFile: config.natsCreds, name: id };
   const nc = await connectNats({ ...natsOptions, log });
+  shared.resultStore?.attach(nc);
   const models: ReplicaModels = {
     maxRunning: config.maxRunning,
     maxWaiting: config.maxWaiting,

@@ -7,6 +7,7 @@ import type { GenerationBackend, SamplingDefaults } from "../core/generation.ts"
 import type { Model } from "../model/weights.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { CachedBackend } from "../backend/cached_backend.ts";
+import type { SharedResultStore } from "../core/shared_result_store.ts";
 import { CoreBackend, embeddingSettings } from "../backend/core_backend.ts";
 
 /**
@@ -48,12 +49,14 @@ export function servingSettings(c: Config): {
 /**
  * The backend a server's configuration asks for over its core: the result cache where
  * --result-cache is on, with the cache for similar questions where --similar-cache is too; and
- * the embeddings' pooling and normalization. Throws where --similar-cache is given without the
+ * the embeddings' pooling and normalization; `shared` (a replica's, see sharedResultStore())
+ * as the result cache's second level. Throws where --similar-cache is given without the
  * result cache that holds the answers it replays.
  */
 export function servedBackend(
   c: Config,
   core: CoreBackendParts,
+  shared?: SharedResultStore,
 ): { readonly coreBackend: CoreBackend; readonly backend: GenerationBackend } {
   const embedding = embeddingSettings(core.model, {
     ...(c.pooling === undefined ? {} : { pooling: c.pooling }),
@@ -76,7 +79,10 @@ export function servedBackend(
   const similar = c.similarCache === undefined
     ? undefined
     : { threshold: c.similarCache, capacityBytes: c.similarCacheMemory };
-  return { coreBackend: inner, backend: new CachedBackend(inner, c.resultCache, similar) };
+  return {
+    coreBackend: inner,
+    backend: new CachedBackend(inner, c.resultCache, similar, shared),
+  };
 }
 
 /** What a served model's CoreBackend is made of. */

@@ -408,6 +408,23 @@ export const SETTINGS = {
     default: "0",
     env: "LLMSERVE_RESULT_CACHE",
   },
+  sharedCacheTtl: {
+    group: "Caches",
+    help:
+      "with --nats and --result-cache: how long an entry of the replicas' shared result cache (NATS JetStream key-value) lives, e.g. 1h",
+    commands: SERVE,
+    schema: duration().refine((ms) => ms > 0, "must be a positive duration, e.g. 1h"),
+    default: CLUSTER_DEFAULTS.sharedCacheTtl,
+    env: "LLMSERVE_SHARED_CACHE_TTL",
+  },
+  sharedCacheSecret: {
+    group: "Caches",
+    help:
+      "with --nats and --result-cache: the replicas' common secret that names and encrypts the shared result cache's entries (give it by the variable: a command line is public); without it the cache stays in-process",
+    commands: SERVE,
+    schema: z.string().min(16, "must be at least 16 characters").optional(),
+    env: "LLMSERVE_SHARED_CACHE_SECRET",
+  },
   similarCache: {
     group: "Caches",
     help:

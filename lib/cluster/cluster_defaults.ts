@@ -64,6 +64,19 @@ export const CLUSTER_DEFAULTS = {
   peerLogMaxChars: 300,
   peerLogPerWindow: 10,
   peerLogWindowMs: 10_000,
+  // ── the shared result cache (JetStream key-value; see docs/cluster.md)
+  /** Its bucket; every replica on one NATS server shares it. */
+  sharedCacheBucket: "llmserve_results",
+  /** How long an entry lives (`--shared-cache-ttl`). */
+  sharedCacheTtl: "1h",
+  /** The bucket's bound: the oldest entries go first beyond it. */
+  sharedCacheBucketBytes: 256 << 20,
+  /** The largest entry (sealed) it stores; a larger result is kept in-process only. */
+  sharedCacheMaxValueBytes: 512 << 10,
+  /** A lookup or store taking longer counts as the store being unreachable. */
+  sharedCacheTimeoutMs: 1000,
+  /** After the store was unreachable, requests skip it this long before it is tried again. */
+  sharedCacheRetryMs: 5000,
   // ── `deno task cluster`
   /** Replicas it starts (`--replicas`). */
   localReplicas: 2,

@@ -86,6 +86,9 @@ export class Failover {
       requestId: req.requestId,
       logprobs: req.logprobs ?? false,
       cacheScope: req.cacheScope,
+      // A resumed attempt's answer is not the whole request's: it is never cached.
+      ...(req.deterministic && n === 0 && !req.generated ? { deterministic: true } : {}),
+      ...(req.noCache ? { noCache: true } : {}),
       ...(this.model === undefined ? {} : { model: this.model }),
       // The grammar must read what was delivered before it samples again.
       ...(req.constraint
@@ -164,13 +167,20 @@ export class Failover {
         const end = performance.now();
         const firstToken = this.#firstTokenAt ?? end;
         const scheduled = Math.max(this.#t0, firstToken - ev.timings.prefillMs);
-        yield doneEvent(ev.finishReason, {
-          promptTokens: this.promptIds.length,
-          completionTokens: ev.finishReason === "cancelled" || signal.aborted
-            ? this.delivered.length
-            : before + ev.usage.completionTokens,
-          cachedTokens: before === 0 ? ev.usage.cachedTokens : 0,
-        }, { start: this.#t0, scheduled, firstToken, end }, undefined, ev.stopString);
+        yield doneEvent(
+          ev.finishReason,
+          {
+            promptTokens: this.promptIds.length,
+            completionTokens: ev.finishReason === "cancelled" || signal.aborted
+              ? this.delivered.length
+              : before + ev.usage.completionTokens,
+            cachedTokens: before === 0 ? ev.usage.cachedTokens : 0,
+          },
+          { start: this.#t0, scheduled, firstToken, end },
+          // A replay of the replica's result cache, unless earlier attempts generated a part.
+          before === 0 ? ev.cached : undefined,
+          ev.stopString,
+        );
         return { kind: "final" };
       } else {
         if (!this.#started && (ev.code === "overloaded" || ev.code === "draining")) {

@@ -221,6 +221,13 @@ export const GenerateSchema = z.object({
   credit: int.positive(),
   /** The client's cache scope (GenerationRequest.cacheScope), if it has one. */
   cacheScope: z.string().max(128).optional(),
+  /**
+   * Greedy or explicitly seeded (GenerationRequest.deterministic): the replica's result cache
+   * may answer it. Never set on a resumed attempt (`generated`).
+   */
+  deterministic: z.boolean().optional(),
+  /** The client asked for no cached answer (`cache: false`). */
+  noCache: z.boolean().optional(),
   /** Constrained decoding (GenerationRequest.constraint). */
   constraint: ConstraintSchema.optional(),
   /**
@@ -310,6 +317,11 @@ export const GenerationEventSchema = z.discriminatedUnion("type", [
     usage: UsageSchema,
     timings: TimingsSchema,
     stopString: z.string().optional(),
+    /** Replayed from the replica's result cache (CacheHit), so the client is told so too. */
+    cached: z.object({
+      savedMs: z.number().nonnegative(),
+      similar: z.object({ score: z.number(), matched: z.string().max(400) }).optional(),
+    }).optional(),
   }),
   z.object({
     type: z.literal("error"),

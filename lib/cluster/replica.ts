@@ -581,6 +581,8 @@ export class ReplicaAgent {
       requestId: m.requestId,
       logprobs: m.logprobs,
       cacheScope: m.cacheScope,
+      ...(m.deterministic && m.generated === undefined ? { deterministic: true } : {}),
+      ...(m.noCache ? { noCache: true } : {}),
       ...(m.constraint
         ? { constraint: m.constraint, constraintReplay: m.constraintReplay ?? 0 }
         : {}),

@@ -4,6 +4,7 @@ import type { TopLogprobs } from "../engine/top_logprobs.ts";
 import type { OutputConstraint } from "../grammar/output_constraint.ts";
 import type { Embedder } from "./embedder.ts";
 import type { SimilarCacheStats } from "./similar_cache.ts";
+import type { SharedResultStoreStats } from "./shared_result_store.ts";
 
 /**
  * The contract between the client-facing layer (HTTP, WebSocket) and the serving core
@@ -172,6 +173,8 @@ export interface ResultCacheStats {
   readonly savedMs: number;
   /** Present when the cache for similar questions is on. */
   readonly similar?: SimilarCacheStats;
+  /** Present when a shared store backs it (the replicas behind a router). */
+  readonly shared?: SharedResultStoreStats;
 }
 
 /**

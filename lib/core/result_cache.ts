@@ -216,6 +216,15 @@ export class ResultCache {
     this.savedMs += savedMs;
   }
 
+  /**
+   * A lookup counted as a miss here was answered by another level (the shared store): it is
+   * counted as a hit instead.
+   */
+  missAnsweredElsewhere(savedMs: number): void {
+    this.misses--;
+    this.countHit(savedMs);
+  }
+
   /** Stores a result, evicting the least recently used entries until it fits. */
   set(key: string, result: StoredResult): boolean {
     const bytes = storedResultBytes(key, result);

@@ -75,12 +75,14 @@ export class ServiceMetrics {
   readonly similarCacheNearMisses: Counter;
   readonly similarCacheEntries: Gauge;
   readonly similarCacheBytes: Gauge;
+  readonly sharedCacheEvents: Counter;
   readonly connections: Gauge;
   readonly connectionsRefused: Counter;
   readonly connectionsTimedOut: Counter;
   /** The cache's counters at the last scrape: the counters grow by the difference. */
   #cacheSeen = { hits: 0, misses: 0, savedMs: 0 };
   #similarSeen = { hits: 0, misses: 0, near: {} as Readonly<Record<string, number>> };
+  #sharedSeen: Readonly<Record<string, number>> = {};
 
   readonly #now: () => number;
   readonly #busyWindowMs: number;
@@ -230,6 +232,11 @@ export class ServiceMetrics {
       "llm_similar_cache_bytes",
       "Bytes held by the cache for similar questions.",
     );
+    this.sharedCacheEvents = r.counter(
+      "llm_shared_result_cache_events_total",
+      "The replicas' shared result cache, by event: hit, miss, unavailable (the store could not be reached: computed as a miss), too_large (not stored), stored.",
+      ["event"],
+    );
   }
 
   /** The core calls this once per executor step. */
@@ -304,6 +311,20 @@ export class ServiceMetrics {
         this.similarCacheNearMisses.inc({ band }, Math.max(0, n - (seen.near[band] ?? 0)));
       }
       this.#similarSeen = { hits: sc.hits, misses: sc.misses, near: sc.nearMisses };
+    }
+    if (rc?.shared !== undefined) {
+      const sh = rc.shared;
+      const now: Record<string, number> = {
+        hit: sh.hits,
+        miss: sh.misses,
+        unavailable: sh.unavailable,
+        too_large: sh.tooLarge,
+        stored: sh.stored,
+      };
+      for (const [event, n] of Object.entries(now)) {
+        this.sharedCacheEvents.inc({ event }, Math.max(0, n - (this.#sharedSeen[event] ?? 0)));
+      }
+      this.#sharedSeen = now;
     }
     this.similarCacheEntries.set(sc?.entries ?? 0);
     this.similarCacheBytes.set(sc?.bytes ?? 0);
