@@ -16,47 +16,15 @@ import {
   ACT_F,
   ACT_Q256,
 } from "./quantize";
-
-// Type codes: the index of the type in TENSOR_TYPES (lib/model/tensor.ts).
-export const T_F32: i32 = 0;
-export const T_F16: i32 = 1;
-export const T_BF16: i32 = 2;
-export const T_Q8_0: i32 = 3;
-export const T_Q4_0: i32 = 4;
-export const T_Q4_1: i32 = 5;
-export const T_Q5_0: i32 = 6;
-export const T_Q5_1: i32 = 7;
-export const T_Q2_K: i32 = 8;
-export const T_Q3_K: i32 = 9;
-export const T_Q4_K: i32 = 10;
-export const T_Q5_K: i32 = 11;
-export const T_Q6_K: i32 = 12;
+import {
+  rowBytes, T_BF16, T_F16, T_F32, T_Q3_K, T_Q4_0, T_Q4_1, T_Q4_K, T_Q5_0, T_Q5_1, T_Q5_K, T_Q6_K, T_Q8_0,
+} from "./formats";
 
 // One tile's results (globals are per instance, so per thread).
 let R0: f32 = 0;
 let R1: f32 = 0;
 let R2: f32 = 0;
 let R3: f32 = 0;
-
-/** Bytes of one weight row of K elements. */
-export function rowBytes(type: i32, K: i32): i32 {
-  switch (type) {
-    case T_F32: return K * 4;
-    case T_F16: return K * 2;
-    case T_BF16: return K * 2;
-    case T_Q8_0: return (K >> 5) * 34;
-    case T_Q4_0: return (K >> 5) * 18;
-    case T_Q4_1: return (K >> 5) * 20;
-    case T_Q5_0: return (K >> 5) * 22;
-    case T_Q5_1: return (K >> 5) * 24;
-    case T_Q2_K: return (K >> 8) * 84;
-    case T_Q3_K: return (K >> 8) * 110;
-    case T_Q4_K: return (K >> 8) * 144;
-    case T_Q5_K: return (K >> 8) * 176;
-    case T_Q6_K: return (K >> 8) * 210;
-  }
-  return 0;
-}
 
 // Integer dot products of a 32-element sub-block: pair sums in i16 (sub-block sums stay
 // within i16 for weights below 64), widened or scaled by pmaddwd into i32 lanes.
