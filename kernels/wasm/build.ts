@@ -9,6 +9,7 @@
 import asc from "assemblyscript/asc";
 import { KERNEL_FILES, type KernelFlavour } from "./kernel_module.ts";
 import { FORMATS_AS_FILE, formatsSource } from "./formats_source.ts";
+import { unrollLoops } from "./unroll.ts";
 
 const FEATURES: Record<KernelFlavour, string> = {
   relaxed: "simd,threads,relaxed-simd",
@@ -36,6 +37,14 @@ export async function buildKernels(flavour: KernelFlavour): Promise<Uint8Array> 
     "-o",
     "kernels.wasm",
   ], {
+    readFile(name: string, baseDir: string) {
+      try {
+        return unrollLoops(Deno.readTextFileSync(`${baseDir}/${name}`), name);
+      } catch (e) {
+        if (e instanceof Deno.errors.NotFound) return null;
+        throw e;
+      }
+    },
     writeFile(name: string, contents: Uint8Array | string) {
       if (name.endsWith(".wasm")) out = contents as Uint8Array;
     },
