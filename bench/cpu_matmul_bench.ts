@@ -6,7 +6,7 @@
  * (/proc/self/stat) instead of the wall clock, which counts the time the threads were not
  * scheduled: steadier for A/B comparisons of a kernel change. --compare FILE.wasm times another
  * build of the kernels (a copy of llmserve_relaxed.wasm from before a change) in the same run,
- * the two alternating --repeats times per cell (A B A B ...): each cell shows the medians,
+ * the two alternating --repeats times per cell (A B B A A B ...): each cell shows the medians,
  * this build's against FILE's, and fails if their outputs differ in any bit.
  *
  *   deno run -A bench/cpu_matmul_bench.ts [--threads 1] [--rows 1,16,64] [--repeats 5]
@@ -108,8 +108,10 @@ for (const [type, N, K] of SHAPES) {
     }
     const a: number[] = [], b: number[] = [];
     for (let i = 0; i < repeats; i++) {
+      // A B, then B A: neither build always runs first.
+      if (i % 2) b.push(await timeRun(other, prog));
       a.push(await timeRun(pool, prog));
-      b.push(await timeRun(other, prog));
+      if (i % 2 === 0) b.push(await timeRun(other, prog));
     }
     const [ma, mb] = [median(a), median(b)];
     cells.push(`${cell(ma)} vs ${cell(mb)} (${(mb / ma).toFixed(2)}x)`);
