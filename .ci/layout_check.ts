@@ -11,6 +11,8 @@
 export const LAYERS: readonly string[] = [
   "kernels/wasm/as",
   "lib/util",
+  // Each weight format's block layout and reference decode, once (as ggml-common.h).
+  "lib/formats",
   "lib/tokenizer",
   "lib/model",
   "lib/source",

@@ -4,9 +4,13 @@
  * activation rows/s at 16 and 64 rows (prefill). Random weights; the best of --repeats runs.
  * On a machine shared with other work, --cpu-iters N times N runs by this process's CPU time
  * (/proc/self/stat) instead of the wall clock, which counts the time the threads were not
- * scheduled: steadier for A/B comparisons of a kernel change.
+ * scheduled: steadier for A/B comparisons of a kernel change. --compare FILE.wasm times another
+ * build of the kernels (a copy of llmserve_relaxed.wasm from before a change) in the same run,
+ * the two alternating --repeats times per cell (A B B A A B ...): each cell shows the medians,
+ * this build's against FILE's, and fails if their outputs differ in any bit.
  *
- *   deno run -A bench/cpu_matmul_bench.ts [--threads 1] [--rows 1,16,64] [--repeats 5] [--types q4_k,q6_k,q5_0,q8_0]
+ *   deno run -A bench/cpu_matmul_bench.ts [--threads 1] [--rows 1,16,64] [--repeats 5]
+ *     [--types q4_k,q6_k,q5_0,q8_0 (also q5_k, q3_k, q2_k)] [--cpu-iters N] [--compare FILE.wasm]
  */
 import { parseArgs } from "@std/cli/parse-args";
 import { wasmHeap } from "../kernels/wasm/heap.ts";
@@ -18,7 +22,7 @@ import { readBandwidth } from "../kernels/wasm/read_bandwidth.ts";
 import { byteSize, TENSOR_TYPES, type TensorType } from "../lib/model/tensor.ts";
 
 const args = parseArgs(Deno.args, {
-  string: ["threads", "rows", "repeats", "types", "cpu-iters"],
+  string: ["threads", "rows", "repeats", "types", "cpu-iters", "compare"],
   default: { threads: "1", rows: "1,16,64", repeats: "5", types: "q4_k,q6_k,q5_0,q8_0" },
 });
 const threads = Number(args.threads), repeats = Number(args.repeats);
@@ -30,6 +34,10 @@ const ALL_SHAPES: [TensorType, number, number][] = [
   ["q6_k", 2048, 8192],
   ["q5_0", 4864, 896],
   ["q8_0", 4864, 896],
+  // The other K-quants, on the Q4_K shape (only with --types).
+  ["q5_k", 8192, 2048],
+  ["q3_k", 8192, 2048],
+  ["q2_k", 8192, 2048],
 ];
 const SHAPES = ALL_SHAPES.filter(([t]) => String(args.types).split(",").includes(t));
 const cpuIters = Number(args["cpu-iters"] ?? 0);
@@ -41,6 +49,23 @@ function cpuMs(): number {
 }
 const heap = wasmHeap();
 const pool = await ThreadPool.start(heap, kernelModule().module, threads);
+const other = args.compare === undefined ? undefined : await ThreadPool.start(
+  heap,
+  new WebAssembly.Module(Deno.readFileSync(args.compare)),
+  threads,
+);
+/** ms per run of `prog` on `p`: CPU time over --cpu-iters runs, or the wall clock of one. */
+async function timeRun(p: ThreadPool, prog: number): Promise<number> {
+  if (cpuIters === 0) {
+    const t0 = performance.now();
+    await p.run(prog);
+    return performance.now() - t0;
+  }
+  const c0 = cpuMs();
+  for (let i = 0; i < cpuIters; i++) await p.run(prog);
+  return (cpuMs() - c0) / cpuIters / threads;
+}
+const median = (xs: number[]) => xs.sort((a, b) => a - b)[xs.length >> 1]!;
 const maxRows = Math.max(...rowCounts);
 console.log(
   `| type | N × K | MiB | ${
@@ -65,22 +90,31 @@ for (const [type, N, K] of SHAPES) {
     await pool.run(prog);
     new ProgramWriter(heap.i32(prog, 4 * OP_WORDS))
       .op(OP.matmul, [TENSOR_TYPES.indexOf(type), w, N, K, act.desc, rows, out, N, 0, 0]).end();
-    let best = Infinity;
-    for (let i = 0; i < repeats + 1; i++) {
-      const t0 = performance.now();
-      await pool.run(prog);
-      if (i > 0) best = Math.min(best, performance.now() - t0);
-    }
-    if (cpuIters > 0) {
-      const c0 = cpuMs();
-      for (let i = 0; i < cpuIters; i++) await pool.run(prog);
-      best = (cpuMs() - c0) / cpuIters / threads;
-    }
-    cells.push(
+    const cell = (ms: number) =>
       rows === 1
-        ? `${(bytes / best / 1e6).toFixed(1)} GB/s`
-        : `${(rows * 1000 / best).toFixed(0)} rows/s`,
-    );
+        ? `${(bytes / ms / 1e6).toFixed(1)} GB/s`
+        : `${(rows * 1000 / ms).toFixed(0)} rows/s`;
+    await pool.run(prog);
+    if (!other) {
+      let best = Infinity;
+      for (let i = 0; i < repeats; i++) best = Math.min(best, await timeRun(pool, prog));
+      cells.push(cell(best));
+      continue;
+    }
+    const mine = heap.u8(out, rows * N * 4).slice();
+    await other.run(prog);
+    if (heap.u8(out, rows * N * 4).some((x, i) => x !== mine[i])) {
+      throw new Error(`${type}, ${rows} rows: ${args.compare} gives other bits than this build`);
+    }
+    const a: number[] = [], b: number[] = [];
+    for (let i = 0; i < repeats; i++) {
+      // A B, then B A: neither build always runs first.
+      if (i % 2) b.push(await timeRun(other, prog));
+      a.push(await timeRun(pool, prog));
+      if (i % 2 === 0) b.push(await timeRun(other, prog));
+    }
+    const [ma, mb] = [median(a), median(b)];
+    cells.push(`${cell(ma)} vs ${cell(mb)} (${(mb / ma).toFixed(2)}x)`);
   }
   const bw = await readBandwidth(heap, w, bytes, threads, repeats);
   console.log(
@@ -94,3 +128,4 @@ for (const [type, N, K] of SHAPES) {
   act.free();
 }
 pool.close();
+other?.close();

@@ -1,5 +1,6 @@
 import { assertEquals } from "@std/assert";
 import { rowBytes, toDeviceRows } from "../kernels/webgpu/weight_formats.ts";
+import { Q2_K, Q3_K, Q4_1, Q4_K, Q5_1, Q5_K, Q6_K } from "../lib/formats/mod.ts";
 
 /** `n` bytes numbered from `from`. */
 const seq = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
@@ -84,4 +85,38 @@ Deno.test("toDeviceRows() with a row group interleaves the group's rows plane by
     ...seq(102, 32),
     ...zeros(32),
   ]);
+});
+
+Deno.test("the WGSL readers' load widths fit lib/formats' layouts: vec4 runs start on 16 bytes, word reads on 4", () => {
+  const [q4_k, q5_k, q6_k, q4_1, q5_1, q3_k, q2_k] = [Q4_K, Q5_K, Q6_K, Q4_1, Q5_1, Q3_K, Q2_K];
+  // Q4_K and Q5_K read d, dmin and the 12 scale bytes as the block's first vec4.
+  for (const f of [q4_k, q5_k]) {
+    assertEquals([f.fields.d.at, f.fields.dmin.at, f.fields.scales.at, f.fields.scales.bytes], [
+      0,
+      2,
+      4,
+      12,
+    ]);
+  }
+  const vec4Runs = [q4_k.fields.qs, q5_k.fields.qs, q5_k.fields.qh, q6_k.fields.ql, q6_k.fields.qh];
+  for (const { at } of vec4Runs) assertEquals(at % 16, 0, `vec4 run at ${at}`);
+  const words = [
+    q4_1.fields.qs.at,
+    q5_1.fields.qs.at,
+    q5_1.fields.qh.at,
+    q3_k.fields.scales.at,
+    q3_k.fields.qs.at,
+    q3_k.fields.hmask.at,
+    q3_k.fields.d.at,
+    q2_k.fields.qs.at,
+    q2_k.fields.d.at,
+    q6_k.fields.scales.at,
+    q6_k.fields.d.at,
+  ];
+  for (const at of words) assertEquals(at % 4, 0, `word at ${at}`);
+  // d then m (or dmin) in one word, unpacked together.
+  for (const f of [q4_1, q5_1]) {
+    assertEquals([f.fields.d.at % 4, f.fields.m.at], [0, f.fields.d.at + 2]);
+  }
+  assertEquals(q2_k.fields.dmin.at, q2_k.fields.d.at + 2);
 });

@@ -1,12 +1,15 @@
 /**
  * Builds the CPU engine's kernels from kernels/wasm/as/ with the AssemblyScript compiler
- * pinned here, into kernels/wasm/llmserve_{relaxed,simd}.wasm.
+ * pinned here, into kernels/wasm/llmserve_{relaxed,simd}.wasm, after writing
+ * kernels/wasm/as/formats.ts from lib/formats.
  *
- *   deno task build:wasm           writes both files
+ *   deno task build:wasm           writes the three files
  *   deno task build:wasm --check   exits 1 when a committed file differs from a fresh build
  */
 import asc from "assemblyscript/asc";
 import { KERNEL_FILES, type KernelFlavour } from "./kernel_module.ts";
+import { FORMATS_AS_FILE, formatsSource } from "./formats_source.ts";
+import { unrollLoops } from "./unroll.ts";
 
 const FEATURES: Record<KernelFlavour, string> = {
   relaxed: "simd,threads,relaxed-simd",
@@ -34,6 +37,14 @@ export async function buildKernels(flavour: KernelFlavour): Promise<Uint8Array> 
     "-o",
     "kernels.wasm",
   ], {
+    readFile(name: string, baseDir: string) {
+      try {
+        return unrollLoops(Deno.readTextFileSync(`${baseDir}/${name}`), name);
+      } catch (e) {
+        if (e instanceof Deno.errors.NotFound) return null;
+        throw e;
+      }
+    },
     writeFile(name: string, contents: Uint8Array | string) {
       if (name.endsWith(".wasm")) out = contents as Uint8Array;
     },
@@ -49,6 +60,13 @@ export async function buildKernels(flavour: KernelFlavour): Promise<Uint8Array> 
 if (import.meta.main) {
   const check = Deno.args.includes("--check");
   let stale = 0;
+  const formatsPath = new URL(FORMATS_AS_FILE, import.meta.url);
+  const formats = formatsSource();
+  if (!check) Deno.writeTextFileSync(formatsPath, formats);
+  else if (Deno.readTextFileSync(formatsPath) !== formats) {
+    console.error(`${formatsPath.pathname} differs from lib/formats: run \`deno task build:wasm\``);
+    stale++;
+  }
   for (const flavour of Object.keys(KERNEL_FILES) as KernelFlavour[]) {
     const fresh = await buildKernels(flavour);
     const path = new URL(KERNEL_FILES[flavour], import.meta.url);

@@ -1,4 +1,5 @@
 import { rowBytes, wgslAt, wgslVec4Words } from "./weight_formats.ts";
+import { Q6_K } from "../../lib/formats/mod.ts";
 
 /**
  * WGSL for a lane kernel's loop over a Q6_K row (the classifier's and the matmuls' without a
@@ -25,16 +26,19 @@ export function q6kHalfLoop(
       " ",
     );
   const block = rowBytes("q6_k", 256);
+  const { ql, qh, scales, d } = Q6_K.fields;
+  const vec4At = (at: number) => (at ? `${at / 16}u + ` : "");
   const loads = js.map((j) => {
     const p = `w${j}`;
-    // Word offsets from the block's first word: ql at 16n, qh at 32 + 8n, scales at 48 + 2n.
+    // Word offsets from the block's first word: ql at 16n, qh at 32 + 8n, scales at 48 + 2n
+    // (lib/formats' Q6_K).
     const at = wgslAt({ group, rowBytes: (cols / 256) * block }, `oc${j}`, "h >> 1u", 0, block);
     return `let ${p}b = ${at} >> 2u;
       let ${p}n = h & 1u;
-      ${wgslVec4Words(p, "q", `(${p}b >> 2u) + 4u * ${p}n`, 4)}
-      ${wgslVec4Words(p, "h", `(${p}b >> 2u) + 8u + 2u * ${p}n`, 2)}
-      ${run(p, "s", `48u + 2u * ${p}n`, 2)}
-      let ${p}d = unpack2x16float(W[${p}b + 52u]).x;`;
+      ${wgslVec4Words(p, "q", `(${p}b >> 2u) + ${vec4At(ql.at)}4u * ${p}n`, 4)}
+      ${wgslVec4Words(p, "h", `(${p}b >> 2u) + ${vec4At(qh.at)}2u * ${p}n`, 2)}
+      ${run(p, "s", `${scales.at / 4}u + 2u * ${p}n`, 2)}
+      let ${p}d = unpack2x16float(W[${p}b + ${d.at / 4}u]).x;`;
   }).join("\n      ");
   // Sub-block k of the half: ql words k%2 * 8 + i, nibble 4(k/2); qh bits 2k; scale bytes 2k, 2k + 1.
   const q = (p: string, k: number, i: number) =>

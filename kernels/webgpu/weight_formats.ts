@@ -1,4 +1,15 @@
-import { BLOCK_LAYOUT, type TensorType } from "../../lib/model/tensor.ts";
+import {
+  type Field,
+  FORMAT as BLOCK_LAYOUT,
+  Q2_K,
+  Q3_K,
+  Q4_1,
+  Q4_K,
+  Q5_1,
+  Q5_K,
+  Q6_K,
+  type TensorType,
+} from "../../lib/formats/mod.ts";
 
 /**
  * WGSL that reads weights in their file encoding from `W: array<u32>` (f32 matmuls use
@@ -12,6 +23,14 @@ import { BLOCK_LAYOUT, type TensorType } from "../../lib/model/tensor.ts";
  * type (a Q8_0..Q5_1 block, or one eighth of a K-quant super-block), or 64 of Q4_K and Q5_K
  * (a quarter super-block).
  */
+
+/** A field of a block type (lib/formats), or undefined where the type has none. */
+function field(type: TensorType, name: string): Field | undefined {
+  return (BLOCK_LAYOUT[type].fields as Readonly<Record<string, Field>>)[name];
+}
+
+/** WGSL for `n + ` (nothing for 0), an offset added to an address. */
+const plus = (n: number) => (n ? `${n}u + ` : "");
 
 /** Helpers shared by every reader. */
 export const WGSL_WEIGHT_HELPERS = /* wgsl */ `
@@ -87,9 +106,9 @@ function planes(
   cols: number,
 ): { qh: number; qs: number; qsBytes: number; bytes: number } {
   const blocks = cols / 32;
-  const qh = pad16(2 * blocks);
-  const qs = qh + (type === "q5_0" ? pad16(4 * blocks) : 0);
-  const qsBytes = type === "q8_0" ? 32 : 16;
+  const qh = pad16(field(type, "d")!.bytes * blocks);
+  const qs = qh + pad16((field(type, "qh")?.bytes ?? 0) * blocks);
+  const qsBytes = field(type, "qs")!.bytes;
   return { qh, qs, qsBytes, bytes: qs + blocks * qsBytes };
 }
 
@@ -104,9 +123,10 @@ function rowPlanes(type: TensorType, cols: number): { at: number; bytes: number;
   if (DEVICE_LAYOUT[type] === "planes") {
     const { qh, qs, qsBytes } = planes(type, cols);
     const blocks = cols / 32;
+    const qhBytes = field(type, "qh")?.bytes;
     return [
-      { at: 0, bytes: 2, n: blocks },
-      ...(type === "q5_0" ? [{ at: qh, bytes: 4, n: blocks }] : []),
+      { at: 0, bytes: field(type, "d")!.bytes, n: blocks },
+      ...(qhBytes ? [{ at: qh, bytes: qhBytes, n: blocks }] : []),
       { at: qs, bytes: qsBytes, n: blocks },
     ];
   }
@@ -268,18 +288,20 @@ function toDeviceRowMajor(type: TensorType, cols: number, src: Uint8Array, dst: 
   const dstRow = rowBytes(type, cols);
   const rows = src.byteLength / srcRow;
   if (layout === "planes") {
-    // File block: d (2 bytes), [qh (4),] qs.
+    // File block: d (an f16), [qh,] qs (lib/formats).
     const { qh, qs } = planes(type, cols);
-    const qhBytes = type === "q5_0" ? 4 : 0;
-    const qsBytes = bytes - 2 - qhBytes;
+    const fd = field(type, "d")!.at, fqh = field(type, "qh"), fqs = field(type, "qs")!;
+    const qhBytes = fqh?.bytes ?? 0, qsBytes = fqs.bytes;
     for (let r = 0; r < rows; r++) {
       const d = r * dstRow;
       for (let b = 0, s = r * srcRow; b < blocks; b++, s += bytes) {
-        dst[d + 2 * b] = src[s]!;
-        dst[d + 2 * b + 1] = src[s + 1]!;
+        dst[d + 2 * b] = src[s + fd]!;
+        dst[d + 2 * b + 1] = src[s + fd + 1]!;
         // Byte loops: subarray() and set() for runs this short cost more than the copy.
-        for (let k = 0, at = d + qh + 4 * b; k < qhBytes; k++) dst[at + k] = src[s + 2 + k]!;
-        for (let k = 0, at = d + qs + qsBytes * b, from = s + 2 + qhBytes; k < qsBytes; k++) {
+        for (let k = 0, at = d + qh + qhBytes * b, from = s + (fqh?.at ?? 0); k < qhBytes; k++) {
+          dst[at + k] = src[from + k]!;
+        }
+        for (let k = 0, at = d + qs + qsBytes * b, from = s + fqs.at; k < qsBytes; k++) {
           dst[at + k] = src[from + k]!;
         }
       }
@@ -380,8 +402,8 @@ export function wgslLoadChunk(
     case "q5_1": {
       // d, m, [qh,] qs: 20 or 24 bytes, so rows and blocks are word-aligned. d * q + m.
       const five = type === "q5_1";
-      const bytes = five ? 24 : 20;
-      const qsWord = five ? 2 : 1;
+      const { bytes, fields } = five ? Q5_1 : Q4_1;
+      const qsWord = fields.qs.at / 4;
       const q = (i: number, hi: boolean) =>
         five
           ? `bytes4(${nibbles(`${p}n${i}`, hi)} | qhSpread(${p}qh, ${hi ? 16 + 4 * i : 4 * i}u))`
@@ -394,8 +416,8 @@ export function wgslLoadChunk(
       ).join("\n      ");
       return `let ${p}wi = ${at("c", 0, bytes)} >> 2u;
       let ${p}d = 1.0;
-      let ${p}dm = unpack2x16float(W[${p}wi]);
-      ${five ? `let ${p}qh = W[${p}wi + 1u];` : ""}
+      let ${p}dm = unpack2x16float(W[${p}wi${fields.d.at ? ` + ${fields.d.at / 4}u` : ""}]);
+      ${five ? `let ${p}qh = W[${p}wi + ${Q5_1.fields.qh.at / 4}u];` : ""}
       ${words(p, "n", 4, (i) => `W[${p}wi + ${qsWord + i}u]`)}
       ${vals}`;
     }
@@ -487,6 +509,7 @@ function kQuantChunk(
   const word = (at: string) => `W[(${p}off + ${at}) >> 2u]`;
   // A 32-byte run at vec4 `at` from the block's first (hb) as 8 words: two 16-byte loads.
   const run4 = (name: string, at: string) => wgslVec4Words(p, name, `${p}hb + ${at}`, 2);
+  const q3 = Q3_K.fields, q6 = Q6_K.fields;
   const vals = (expr: (i: number) => string) =>
     Array.from({ length: 8 }, (_, i) => `let ${p}${i} = ${expr(i)};`).join("\n      ");
   switch (type) {
@@ -494,13 +517,13 @@ function kQuantChunk(
       // scales[16] (min << 4 | scale), qs[64], d, dmin. Half n = s/4, shift 2(s%4); scale
       // bytes 2s, 2s + 1 for elements 0..15, 16..31.
       return `${head}
-      let ${p}dd = unpack2x16float(${word("80u")});
-      let ${p}sw = w2(${p}off + 2u * ${p}s);
+      let ${p}dd = unpack2x16float(${word(`${Q2_K.fields.d.at}u`)});
+      let ${p}sw = w2(${p}off + ${plus(Q2_K.fields.scales.at)}2u * ${p}s);
       let ${p}sa = ${p}sw & 255u; let ${p}sb = (${p}sw >> 8u) & 255u;
       let ${p}da = ${p}dd.x * f32(${p}sa & 15u); let ${p}ma = ${p}dd.y * f32(${p}sa >> 4u);
       let ${p}db = ${p}dd.x * f32(${p}sb & 15u); let ${p}mb = ${p}dd.y * f32(${p}sb >> 4u);
       let ${p}sh = 2u * (${p}s & 3u);
-      ${run("q", `16u + 32u * (${p}s >> 2u)`)}
+      ${run("q", `${plus(Q2_K.fields.qs.at)}32u * (${p}s >> 2u)`)}
       ${
         vals((i) =>
           `${p}d${i < 4 ? "a" : "b"} * vec4<f32>(fields(${p}q${i}, ${p}sh, 3u)) - ${p}m${
@@ -512,14 +535,16 @@ function kQuantChunk(
       // hmask[32], qs[64], scales[12], d. As Q2_K's 2 bits, minus 4 where hmask[l]'s bit
       // 4n + j (n = s/4, j = s%4) is clear; signed 6-bit scales 2s, 2s + 1.
       return `${head}
-      let ${p}sa = ${word("96u")}; let ${p}sb = ${word("100u")}; let ${p}sc = ${word("104u")};
-      let ${p}dall = unpack2x16float(${word("108u")}).x;
+      let ${p}sa = ${word(`${q3.scales.at}u`)}; let ${p}sb = ${
+        word(`${q3.scales.at + 4}u`)
+      }; let ${p}sc = ${word(`${q3.scales.at + 8}u`)};
+      let ${p}dall = unpack2x16float(${word(`${q3.d.at}u`)}).x;
       let ${p}da = ${p}dall * q3Scale(${p}sa, ${p}sb, ${p}sc, 2u * ${p}s);
       let ${p}db = ${p}dall * q3Scale(${p}sa, ${p}sb, ${p}sc, 2u * ${p}s + 1u);
       let ${p}sh = 2u * (${p}s & 3u);
       let ${p}hbit = ${p}s;
-      ${run("q", `32u + 32u * (${p}s >> 2u)`)}
-      ${run("h", "0u")}
+      ${run("q", `${plus(q3.qs.at)}32u * (${p}s >> 2u)`)}
+      ${run("h", `${q3.hmask.at}u`)}
       ${
         vals((i) =>
           `${p}d${
@@ -555,8 +580,8 @@ function kQuantChunk(
       let ${p}smb = kScaleMin(${p}hd.y, ${p}hd.z, ${p}hd.w, ${p}sb);
       let ${p}dsa = ${p}dd.x * ${p}sma.x; let ${p}msa = ${p}dd.y * ${p}sma.y;
       let ${p}dsb = ${p}dd.x * ${p}smb.x; let ${p}msb = ${p}dd.y * ${p}smb.y;
-      ${run4("q", `${five ? 3 : 1}u + 2u * (c & 3u)`)}
-      ${five ? run4("h", "1u") : ""}
+      ${run4("q", `${(five ? Q5_K : Q4_K).fields.qs.at / 16}u + 2u * (c & 3u)`)}
+      ${five ? run4("h", `${Q5_K.fields.qh.at / 16}u`) : ""}
       ${pairVals}`;
     }
     case "q6_k":
@@ -565,15 +590,15 @@ function kQuantChunk(
       // minus 32; scales 8n + 2k, + 1.
       return `${head}
       let ${p}n = ${p}s >> 2u; let ${p}k = ${p}s & 3u;
-      let ${p}sw = w2(${p}off + 192u + 8u * ${p}n + 2u * ${p}k);
-      let ${p}dall = unpack2x16float(${word("208u")}).x;
+      let ${p}sw = w2(${p}off + ${plus(q6.scales.at)}8u * ${p}n + 2u * ${p}k);
+      let ${p}dall = unpack2x16float(${word(`${q6.d.at}u`)}).x;
       let ${p}da = ${p}dall * f32(bitcast<i32>(${p}sw << 24u) >> 24u);
       let ${p}db = ${p}dall * f32(bitcast<i32>(${p}sw << 16u) >> 24u);
       let ${p}sh = 4u * (${p}k >> 1u);
       let ${p}hs = 2u * ${p}k;
       let ${p}hb = ${p}off >> 4u;
-      ${run4("q", `4u * ${p}n + 2u * (${p}k & 1u)`)}
-      ${run4("h", `8u + 2u * ${p}n`)}
+      ${run4("q", `${plus(q6.ql.at / 16)}4u * ${p}n + 2u * (${p}k & 1u)`)}
+      ${run4("h", `${plus(q6.qh.at / 16)}2u * ${p}n`)}
       ${
         vals((i) =>
           `${p}d${

@@ -1,6 +1,7 @@
 import { ByteStrings } from "../util/byte_strings.ts";
 import { readFully, type ReadProgress } from "../util/read_file.ts";
 import { byteSize, type Tensor, type TensorType } from "./tensor.ts";
+import { FORMATS } from "../formats/mod.ts";
 
 /**
  * GGUF (v2 and v3) reader: header, metadata, tensor infos and tensor data as views of the raw
@@ -94,38 +95,15 @@ const MAGIC = 0x46554747; // "GGUF" read as a little-endian uint32
 const DEFAULT_ALIGNMENT = 32;
 const SUPPORTED_VERSIONS = [2, 3];
 
-/** ggml type numbers of the tensor types both engines read (ggml.h's enum ggml_type). */
-const SUPPORTED_TENSOR_TYPES: ReadonlyMap<number, TensorType> = new Map([
-  [0, "f32"],
-  [1, "f16"],
-  [2, "q4_0"],
-  [3, "q4_1"],
-  [6, "q5_0"],
-  [7, "q5_1"],
-  [8, "q8_0"],
-  [10, "q2_k"],
-  [11, "q3_k"],
-  [12, "q4_k"],
-  [13, "q5_k"],
-  [14, "q6_k"],
-  [30, "bf16"],
-]);
+/** ggml type numbers of the tensor types both engines read (lib/formats), in number order. */
+const SUPPORTED_TENSOR_TYPES: ReadonlyMap<number, TensorType> = new Map(
+  [...FORMATS].sort((a, b) => a.ggmlType - b.ggmlType).map((f) => [f.ggmlType, f.type]),
+);
 
-/** ggml's names for its type numbers, so errors can say what a file holds. */
+/** ggml's names for its type numbers, so errors can say what a file holds (ggml.h). */
 const GGML_TYPE_NAMES: Record<number, string> = {
-  0: "F32",
-  1: "F16",
-  2: "Q4_0",
-  3: "Q4_1",
-  6: "Q5_0",
-  7: "Q5_1",
-  8: "Q8_0",
+  ...Object.fromEntries(FORMATS.map((f) => [f.ggmlType, f.ggmlName])),
   9: "Q8_1",
-  10: "Q2_K",
-  11: "Q3_K",
-  12: "Q4_K",
-  13: "Q5_K",
-  14: "Q6_K",
   15: "Q8_K",
   16: "IQ2_XXS",
   17: "IQ2_XS",
@@ -141,7 +119,6 @@ const GGML_TYPE_NAMES: Record<number, string> = {
   27: "I64",
   28: "F64",
   29: "IQ1_M",
-  30: "BF16",
   34: "TQ1_0",
   35: "TQ2_0",
   39: "MXFP4",

@@ -11,12 +11,10 @@
 
 import { h2f4, h2fScale, pairs16, ZERO } from "./simd";
 import { ACT_D32, ACT_Q16, ACT_Q32, ACT_S32 } from "./quantize";
-
-const T_Q8_0: i32 = 3;
-const T_Q4_0: i32 = 4;
-const T_Q4_1: i32 = 5;
-const T_Q5_0: i32 = 6;
-const T_Q5_1: i32 = 7;
+import {
+  blockBytes, Q4_0_D, Q4_0_QS, Q4_1_M, Q4_1_QS, Q5_0_QH, Q5_0_QS, Q5_1_M, Q5_1_QH, Q5_1_QS, Q8_0_QS,
+  T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0,
+} from "./formats";
 
 const M4: v128 = i8x16.splat(0x0f);
 
@@ -29,11 +27,6 @@ for (let x = 0; x < 256; x++) {
 }
 
 // @ts-ignore: decorator
-@inline function blockBytes(type: i32): usize {
-  return type == T_Q8_0 ? 34 : type == T_Q4_0 ? 18 : type == T_Q4_1 ? 20 : type == T_Q5_0 ? 22 : 24;
-}
-
-// @ts-ignore: decorator
 @inline function fifthBits(qh: u32, shift: u32): v128 {
   const lo = v128.load64_zero(HIGH_BITS + (<usize>((qh >> shift) & 0xff) << 3));
   return v128.load64_lane(HIGH_BITS + (<usize>((qh >> (shift + 8)) & 0xff) << 3), lo, 1);
@@ -42,26 +35,35 @@ for (let x = 0; x < 256; x++) {
 /** Weights 0..15 of a 4/5-bit block as unsigned bytes below 32. */
 // @ts-ignore: decorator
 @inline function lowHalf(type: i32, bp: usize): v128 {
-  if (type == T_Q4_0) return v128.and(v128.load(bp, 2), M4);
-  if (type == T_Q4_1) return v128.and(v128.load(bp, 4), M4);
-  if (type == T_Q5_0) return v128.or(v128.and(v128.load(bp, 6), M4), fifthBits(load<u32>(bp, 2), 0));
-  return v128.or(v128.and(v128.load(bp, 8), M4), fifthBits(load<u32>(bp, 4), 0));
+  return halfOf(type, bp, 0);
 }
 
 /** Weights 16..31. */
 // @ts-ignore: decorator
 @inline function highHalf(type: i32, bp: usize): v128 {
-  if (type == T_Q4_0) return v128.and(i16x8.shr_u(v128.load(bp, 2), 4), M4);
-  if (type == T_Q4_1) return v128.and(i16x8.shr_u(v128.load(bp, 4), 4), M4);
-  if (type == T_Q5_0) {
-    return v128.or(v128.and(i16x8.shr_u(v128.load(bp, 6), 4), M4), fifthBits(load<u32>(bp, 2), 16));
-  }
-  return v128.or(v128.and(i16x8.shr_u(v128.load(bp, 8), 4), M4), fifthBits(load<u32>(bp, 4), 16));
+  return halfOf(type, bp, 1);
 }
 
+/** Weights 16h..16h+15 of a 4/5-bit block: nibble h of each qs byte, with Q5's fifth bit. */
+// @ts-ignore: decorator
+@inline function halfOf(type: i32, bp: usize, h: i32): v128 {
+  const x = type == T_Q4_0
+    ? v128.load(bp, Q4_0_QS)
+    : type == T_Q4_1
+    ? v128.load(bp, Q4_1_QS)
+    : type == T_Q5_0
+    ? v128.load(bp, Q5_0_QS)
+    : v128.load(bp, Q5_1_QS);
+  const w = v128.and(h == 0 ? x : i16x8.shr_u(x, 4), M4);
+  if (type == T_Q4_0 || type == T_Q4_1) return w;
+  const qh = type == T_Q5_0 ? load<u32>(bp, Q5_0_QH) : load<u32>(bp, Q5_1_QH);
+  return v128.or(w, fifthBits(qh, 16 * h));
+}
+
+/** The block scale d: the first field of every 32-element format. */
 // @ts-ignore: decorator
 @inline function scaleOf(bp: usize): f32 {
-  return h2fScale(load<u16>(bp));
+  return h2fScale(load<u16>(bp, Q4_0_D));
 }
 
 /** The factor of the activation block sum: −8·d, −16·d, the stored minimum, or 0 for Q8_0. */
@@ -70,7 +72,7 @@ for (let x = 0; x < 256; x++) {
   if (type == T_Q4_0) return dw * -8;
   if (type == T_Q5_0) return dw * -16;
   if (type == T_Q8_0) return 0;
-  return h2fScale(load<u16>(bp, 2));
+  return type == T_Q4_1 ? h2fScale(load<u16>(bp, Q4_1_M)) : h2fScale(load<u16>(bp, Q5_1_M));
 }
 
 /**
@@ -127,8 +129,8 @@ for (let x = 0; x < 256; x++) {
     const qk2 = qk << 1;
     for (let j = 0; j < nb; j++) {
       const bp = wr + <usize>j * bb;
-      const x0 = v128.load8x8_s(bp, 2), x1 = v128.load8x8_s(bp, 10);
-      const x2 = v128.load8x8_s(bp, 18), x3 = v128.load8x8_s(bp, 26);
+      const x0 = v128.load8x8_s(bp, Q8_0_QS), x1 = v128.load8x8_s(bp, Q8_0_QS + 8);
+      const x2 = v128.load8x8_s(bp, Q8_0_QS + 16), x3 = v128.load8x8_s(bp, Q8_0_QS + 24);
       const qo = q + (<usize>j << 6);
       const s = fold32(
         dot8(qo, x0, x1, x2, x3),
@@ -221,7 +223,7 @@ export function setScratch(p: usize): void {
           ? f32x4.mul(dw, f32x4.splat(-8))
           : type == T_Q5_0
           ? f32x4.mul(dw, f32x4.splat(-16))
-          : halves4(bp + 2, rb);
+          : halves4(bp + (type == T_Q4_1 ? Q4_1_M : Q5_1_M), rb);
         e = f32x4.add(e, f32x4.mul(m, f32x4.splat(load<f32>(scaleAt(s32, nb, b, j)))));
       }
     }
@@ -233,8 +235,8 @@ export function setScratch(p: usize): void {
 // @ts-ignore: decorator
 @inline function dotRow8(p: usize, a0: v128, a1: v128, a2: v128, a3: v128): v128 {
   return i32x4.add(
-    i32x4.add(i32x4.dot_i16x8_s(a0, v128.load8x8_s(p, 2)), i32x4.dot_i16x8_s(a1, v128.load8x8_s(p, 10))),
-    i32x4.add(i32x4.dot_i16x8_s(a2, v128.load8x8_s(p, 18)), i32x4.dot_i16x8_s(a3, v128.load8x8_s(p, 26))),
+    i32x4.add(i32x4.dot_i16x8_s(a0, v128.load8x8_s(p, Q8_0_QS)), i32x4.dot_i16x8_s(a1, v128.load8x8_s(p, Q8_0_QS + 8))),
+    i32x4.add(i32x4.dot_i16x8_s(a2, v128.load8x8_s(p, Q8_0_QS + 16)), i32x4.dot_i16x8_s(a3, v128.load8x8_s(p, Q8_0_QS + 24))),
   );
 }
 

@@ -16,47 +16,18 @@ import {
   ACT_F,
   ACT_Q256,
 } from "./quantize";
-
-// Type codes: the index of the type in TENSOR_TYPES (lib/model/tensor.ts).
-export const T_F32: i32 = 0;
-export const T_F16: i32 = 1;
-export const T_BF16: i32 = 2;
-export const T_Q8_0: i32 = 3;
-export const T_Q4_0: i32 = 4;
-export const T_Q4_1: i32 = 5;
-export const T_Q5_0: i32 = 6;
-export const T_Q5_1: i32 = 7;
-export const T_Q2_K: i32 = 8;
-export const T_Q3_K: i32 = 9;
-export const T_Q4_K: i32 = 10;
-export const T_Q5_K: i32 = 11;
-export const T_Q6_K: i32 = 12;
+import {
+  blockBytes, Q2_K_D, Q2_K_DMIN, Q2_K_QS, Q2_K_SCALES, Q3_K_D, Q3_K_HMASK, Q3_K_QS, Q3_K_SCALES,
+  Q4_K_D, Q4_K_DMIN, Q4_K_QS, Q4_K_SCALES, Q5_K_D, Q5_K_DMIN, Q5_K_QH, Q5_K_QS, Q5_K_SCALES,
+  Q6_K_D, Q6_K_QH, Q6_K_QL, Q6_K_SCALES, rowBytes, T_BF16, T_F16, T_F32, T_Q2_K, T_Q3_K, T_Q4_0,
+  T_Q4_1, T_Q4_K, T_Q5_0, T_Q5_1, T_Q5_K, T_Q6_K, T_Q8_0,
+} from "./formats";
 
 // One tile's results (globals are per instance, so per thread).
 let R0: f32 = 0;
 let R1: f32 = 0;
 let R2: f32 = 0;
 let R3: f32 = 0;
-
-/** Bytes of one weight row of K elements. */
-export function rowBytes(type: i32, K: i32): i32 {
-  switch (type) {
-    case T_F32: return K * 4;
-    case T_F16: return K * 2;
-    case T_BF16: return K * 2;
-    case T_Q8_0: return (K >> 5) * 34;
-    case T_Q4_0: return (K >> 5) * 18;
-    case T_Q4_1: return (K >> 5) * 20;
-    case T_Q5_0: return (K >> 5) * 22;
-    case T_Q5_1: return (K >> 5) * 24;
-    case T_Q2_K: return (K >> 8) * 84;
-    case T_Q3_K: return (K >> 8) * 110;
-    case T_Q4_K: return (K >> 8) * 144;
-    case T_Q5_K: return (K >> 8) * 176;
-    case T_Q6_K: return (K >> 8) * 210;
-  }
-  return 0;
-}
 
 // Integer dot products of a 32-element sub-block: pair sums in i16 (sub-block sums stay
 // within i16 for weights below 64), widened or scaled by pmaddwd into i32 lanes.
@@ -83,332 +54,191 @@ export function rowBytes(type: i32, K: i32): i32 {
 const M4: v128 = i8x16.splat(0x0f);
 const M30: v128 = i8x16.splat(0x30);
 const BIT16: v128 = i8x16.splat(0x10);
+const BIT4: v128 = i8x16.splat(0x04);
+const M3: v128 = i8x16.splat(0x03);
 // ---- K-quants: Q8_K activations (d256, bs16, bs32) ----------------------------------------
+//
+// One loop over a super-block's 8 sub-blocks of 32 serves every K-quant: per type, a head
+// reads the block's scales and offset terms (lib/formats' fields, through ./formats), and an
+// unpacker yields sub-block t's weights (w0, w1: elements 32t..32t+15 and +16..31) and scales
+// (sa, sb). kernels/wasm/build.ts unrolls the loop as asc reads this file (unroll.ts): t is
+// then a constant in each copy, so shift counts, shuffle lanes and load offsets are constants
+// and the quants a half shares stay in registers. Run-time counts and lanes had measured 2.2x
+// slower for Q6_K, and the loop as written about 1.5x (asc and Binaryen unroll nothing). Each
+// K-quant has its own function (matmulQ2_K ...), so the type tests fold away.
+
+/** is + sub-block t's Σ sc·w·a: one scale for its 32 elements (per32: Q4_K, Q5_K) or one per 16. */
+// @ts-ignore: decorator
+@inline function kdot(per32: bool, is: v128, q: usize, w0: v128, w1: v128, sa: v128, sb: v128): v128 {
+  return per32 ? kacc32(is, q, w0, w1, sa) : kacc16(is, q, w0, w1, sa, sb);
+}
+
+/** Σ offset_g × (block sum g) as i32 lanes: per 32 (8 i16 offsets in a) or per 16 (a, b). */
+// @ts-ignore: decorator
+@inline function koff(per32: bool, bo: usize, a: v128, b: v128): v128 {
+  return per32 ? i32x4.dot_i16x8_s(a, v128.load(bo)) : offsetSum16(bo, a, b);
+}
+
+/** Each i16 lane of v shifted left by `by` bits, or right (logically) by −by. */
+// @ts-ignore: decorator
+@inline function shiftBits(v: v128, by: i32): v128 {
+  return by > 0 ? i16x8.shl(v, by) : by < 0 ? i16x8.shr_u(v, -by) : v;
+}
 
 // @ts-ignore: decorator
 @inline function k_kquant(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
+  const per32 = type == T_Q4_K || type == T_Q5_K;
   const nsb = K >> 8;
   const qo0 = load<usize>(desc + ACT_Q256) + <usize>b * <usize>K;
   const ds = load<usize>(desc + ACT_D256) + (<usize>(b * nsb) << 2);
-  const b16 = load<usize>(desc + ACT_BS16) + (<usize>(b * (K >> 4)) << 1);
-  const b32 = load<usize>(desc + ACT_BS32) + (<usize>(b * (K >> 5)) << 1);
+  // Offsets are summed per 32 elements (Q4_K, Q5_K) or per 16, from the 16-bit block sums.
+  const kb = per32 ? <usize>(K >> 5) << 1 : <usize>(K >> 4) << 1;
+  const bs = load<usize>(desc + (per32 ? ACT_BS32 : ACT_BS16)) + <usize>b * kb;
   const qk = <usize>K;
   const dk = <usize>nsb << 2;
-  const k16 = <usize>(K >> 4) << 1;
-  const k32 = <usize>(K >> 5) << 1;
   let a0 = f32x4.splat(0), a1 = f32x4.splat(0), a2 = f32x4.splat(0), a3 = f32x4.splat(0);
   let e0 = f32x4.splat(0), e1 = f32x4.splat(0), e2 = f32x4.splat(0), e3 = f32x4.splat(0);
   for (let j = 0; j < nsb; j++) {
     const qo = qo0 + (<usize>j << 8);
-    let i0 = ZERO, i1 = ZERO, i2 = ZERO, i3 = ZERO;
-    // Offset terms Σ offset_g × (block sum g) as i32 lanes, from 16-bit block sums.
-    let o0 = ZERO, o1 = ZERO, o2 = ZERO, o3 = ZERO;
+    const bp = wr + <usize>j * blockBytes(type);
+    // Head: d (dw) and the offset factor (dm); sub-block scales s (then s2 from t = 4) and
+    // offsets oa, ob as i16 lanes; high bits h0, h1 where the type has them.
     let dw: f32 = 0, dm: f32 = 0;
-    if (type == T_Q4_K || type == T_Q5_K) {
-      const bp = wr + <usize>j * (type == T_Q4_K ? 144 : 176);
-      dw = h2fScale(load<u16>(bp));
-      dm = -h2fScale(load<u16>(bp + 2));
-      let u0 = load<u32>(bp + 4), u1 = load<u32>(bp + 8);
-      const u2 = load<u32>(bp + 12);
+    let s = ZERO, s2 = ZERO, oa = ZERO, ob = ZERO, h0 = ZERO, h1 = ZERO;
+    if (per32) {
+      const sp = bp + (type == T_Q4_K ? Q4_K_SCALES : Q5_K_SCALES);
+      dw = h2fScale(load<u16>(bp + (type == T_Q4_K ? Q4_K_D : Q5_K_D)));
+      dm = -h2fScale(load<u16>(bp + (type == T_Q4_K ? Q4_K_DMIN : Q5_K_DMIN)));
+      let u0 = load<u32>(sp), u1 = load<u32>(sp, 4);
+      const u2 = load<u32>(sp, 8);
       const u3 = ((u2 >> 4) & 0x0f0f0f0f) | (((u1 >> 6) & 0x03030303) << 4);
       const mins03 = u1 & 0x3f3f3f3f;
       u1 = (u2 & 0x0f0f0f0f) | (((u0 >> 6) & 0x03030303) << 4);
       u0 &= 0x3f3f3f3f;
       // The 8 scales and 8 minimums as i16 lanes.
-      const scv = i16x8.extend_low_i8x16_u(i32x4.replace_lane(i32x4.splat(<i32>u0), 1, <i32>u1));
-      const mnv = i16x8.extend_low_i8x16_u(i32x4.replace_lane(i32x4.splat(<i32>mins03), 1, <i32>u3));
-      const bo = b32 + (<usize>j << 4);
-      o0 = i32x4.dot_i16x8_s(mnv, v128.load(bo));
-      if (nr == 4) {
-        o1 = i32x4.dot_i16x8_s(mnv, v128.load(bo + k32));
-        o2 = i32x4.dot_i16x8_s(mnv, v128.load(bo + 2 * k32));
-        o3 = i32x4.dot_i16x8_s(mnv, v128.load(bo + 3 * k32));
-      }
-      const qs = bp + (type == T_Q4_K ? 16 : 48);
-      let h0 = ZERO, h1 = ZERO;
+      s = i16x8.extend_low_i8x16_u(i32x4.replace_lane(i32x4.splat(<i32>u0), 1, <i32>u1));
+      oa = i16x8.extend_low_i8x16_u(i32x4.replace_lane(i32x4.splat(<i32>mins03), 1, <i32>u3));
       if (type == T_Q5_K) {
-        h0 = v128.load(bp + 16);
-        h1 = v128.load(bp + 32);
-      }
-      // The four chunks (and Q6_K's eight sub-blocks below) are written out rather than looped:
-      // the shift counts and shuffle lanes must be constants. A loop over helpers with run-time
-      // counts and swizzle masks measured 2.2x slower for Q6_K and 1.15x for Q4_K (8192 x 2048,
-      // one row, one thread).
-      { // chunk 0: sub-blocks 0 (low nibbles) and 1 (high nibbles)
-        const x0 = v128.load(qs, 0), x1 = v128.load(qs, 16);
-        let w0 = v128.and(x0, M4), w1 = v128.and(x1, M4);
-        let w2 = v128.and(i16x8.shr_u(x0, 4), M4), w3 = v128.and(i16x8.shr_u(x1, 4), M4);
-        if (type == T_Q5_K) {
-          w0 = v128.or(w0, v128.and(i16x8.shl(h0, 4), BIT16));
-          w1 = v128.or(w1, v128.and(i16x8.shl(h1, 4), BIT16));
-          w2 = v128.or(w2, v128.and(i16x8.shl(h0, 3), BIT16));
-          w3 = v128.or(w3, v128.and(i16x8.shl(h1, 3), BIT16));
-        }
-        const sa = i8x16.shuffle(scv, scv, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1);
-        const sb = i8x16.shuffle(scv, scv, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-        i0 = kacc32(kacc32(i0, qo + 0, w0, w1, sa), qo + 32, w2, w3, sb);
-        if (nr == 4) {
-          i1 = kacc32(kacc32(i1, qo + qk + 0, w0, w1, sa), qo + qk + 32, w2, w3, sb);
-          i2 = kacc32(kacc32(i2, qo + 2 * qk + 0, w0, w1, sa), qo + 2 * qk + 32, w2, w3, sb);
-          i3 = kacc32(kacc32(i3, qo + 3 * qk + 0, w0, w1, sa), qo + 3 * qk + 32, w2, w3, sb);
-        }
-      }
-      { // chunk 1: sub-blocks 2 (low nibbles) and 3 (high nibbles)
-        const x0 = v128.load(qs, 32), x1 = v128.load(qs, 48);
-        let w0 = v128.and(x0, M4), w1 = v128.and(x1, M4);
-        let w2 = v128.and(i16x8.shr_u(x0, 4), M4), w3 = v128.and(i16x8.shr_u(x1, 4), M4);
-        if (type == T_Q5_K) {
-          w0 = v128.or(w0, v128.and(i16x8.shl(h0, 2), BIT16));
-          w1 = v128.or(w1, v128.and(i16x8.shl(h1, 2), BIT16));
-          w2 = v128.or(w2, v128.and(i16x8.shl(h0, 1), BIT16));
-          w3 = v128.or(w3, v128.and(i16x8.shl(h1, 1), BIT16));
-        }
-        const sa = i8x16.shuffle(scv, scv, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5);
-        const sb = i8x16.shuffle(scv, scv, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7);
-        i0 = kacc32(kacc32(i0, qo + 64, w0, w1, sa), qo + 96, w2, w3, sb);
-        if (nr == 4) {
-          i1 = kacc32(kacc32(i1, qo + qk + 64, w0, w1, sa), qo + qk + 96, w2, w3, sb);
-          i2 = kacc32(kacc32(i2, qo + 2 * qk + 64, w0, w1, sa), qo + 2 * qk + 96, w2, w3, sb);
-          i3 = kacc32(kacc32(i3, qo + 3 * qk + 64, w0, w1, sa), qo + 3 * qk + 96, w2, w3, sb);
-        }
-      }
-      { // chunk 2: sub-blocks 4 (low nibbles) and 5 (high nibbles)
-        const x0 = v128.load(qs, 64), x1 = v128.load(qs, 80);
-        let w0 = v128.and(x0, M4), w1 = v128.and(x1, M4);
-        let w2 = v128.and(i16x8.shr_u(x0, 4), M4), w3 = v128.and(i16x8.shr_u(x1, 4), M4);
-        if (type == T_Q5_K) {
-          w0 = v128.or(w0, v128.and(h0, BIT16));
-          w1 = v128.or(w1, v128.and(h1, BIT16));
-          w2 = v128.or(w2, v128.and(i16x8.shr_u(h0, 1), BIT16));
-          w3 = v128.or(w3, v128.and(i16x8.shr_u(h1, 1), BIT16));
-        }
-        const sa = i8x16.shuffle(scv, scv, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9);
-        const sb = i8x16.shuffle(scv, scv, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11);
-        i0 = kacc32(kacc32(i0, qo + 128, w0, w1, sa), qo + 160, w2, w3, sb);
-        if (nr == 4) {
-          i1 = kacc32(kacc32(i1, qo + qk + 128, w0, w1, sa), qo + qk + 160, w2, w3, sb);
-          i2 = kacc32(kacc32(i2, qo + 2 * qk + 128, w0, w1, sa), qo + 2 * qk + 160, w2, w3, sb);
-          i3 = kacc32(kacc32(i3, qo + 3 * qk + 128, w0, w1, sa), qo + 3 * qk + 160, w2, w3, sb);
-        }
-      }
-      { // chunk 3: sub-blocks 6 (low nibbles) and 7 (high nibbles)
-        const x0 = v128.load(qs, 96), x1 = v128.load(qs, 112);
-        let w0 = v128.and(x0, M4), w1 = v128.and(x1, M4);
-        let w2 = v128.and(i16x8.shr_u(x0, 4), M4), w3 = v128.and(i16x8.shr_u(x1, 4), M4);
-        if (type == T_Q5_K) {
-          w0 = v128.or(w0, v128.and(i16x8.shr_u(h0, 2), BIT16));
-          w1 = v128.or(w1, v128.and(i16x8.shr_u(h1, 2), BIT16));
-          w2 = v128.or(w2, v128.and(i16x8.shr_u(h0, 3), BIT16));
-          w3 = v128.or(w3, v128.and(i16x8.shr_u(h1, 3), BIT16));
-        }
-        const sa = i8x16.shuffle(scv, scv, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13);
-        const sb = i8x16.shuffle(scv, scv, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15);
-        i0 = kacc32(kacc32(i0, qo + 192, w0, w1, sa), qo + 224, w2, w3, sb);
-        if (nr == 4) {
-          i1 = kacc32(kacc32(i1, qo + qk + 192, w0, w1, sa), qo + qk + 224, w2, w3, sb);
-          i2 = kacc32(kacc32(i2, qo + 2 * qk + 192, w0, w1, sa), qo + 2 * qk + 224, w2, w3, sb);
-          i3 = kacc32(kacc32(i3, qo + 3 * qk + 192, w0, w1, sa), qo + 3 * qk + 224, w2, w3, sb);
-        }
+        h0 = v128.load(bp + Q5_K_QH);
+        h1 = v128.load(bp + Q5_K_QH, 16);
       }
     } else if (type == T_Q6_K) {
-      const bp = wr + <usize>j * 210;
-      dw = h2fScale(load<u16>(bp + 208));
+      dw = h2fScale(load<u16>(bp + Q6_K_D));
       dm = dw * -32;
-      const scb = v128.load(bp + 192);
-      const sLo = i16x8.extend_low_i8x16_s(scb), sHi = i16x8.extend_high_i8x16_s(scb);
-      const bo = b16 + (<usize>j << 5);
-      o0 = offsetSum16(bo, sLo, sHi);
-      if (nr == 4) {
-        o1 = offsetSum16(bo + k16, sLo, sHi);
-        o2 = offsetSum16(bo + 2 * k16, sLo, sHi);
-        o3 = offsetSum16(bo + 3 * k16, sLo, sHi);
-      }
-      { // half 0: elements 0..127
-        const qh0 = v128.load(bp, 128), qh1 = v128.load(bp, 144);
-        const xa0 = v128.load(bp, 0), xa1 = v128.load(bp, 16);
-        const xb0 = v128.load(bp, 32), xb1 = v128.load(bp, 48);
-        {
-          const w0 = v128.or(v128.and(xa0, M4), v128.and(i16x8.shl(qh0, 4), M30));
-          const w1 = v128.or(v128.and(xa1, M4), v128.and(i16x8.shl(qh1, 4), M30));
-          const sa = i8x16.shuffle(sLo, sLo, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1);
-          const sb = i8x16.shuffle(sLo, sLo, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-          i0 = kacc16(i0, qo + 0, w0, w1, sa, sb);
-          if (nr == 4) {
-            i1 = kacc16(i1, qo + qk + 0, w0, w1, sa, sb);
-            i2 = kacc16(i2, qo + 2 * qk + 0, w0, w1, sa, sb);
-            i3 = kacc16(i3, qo + 3 * qk + 0, w0, w1, sa, sb);
-          }
-        }
-        {
-          const w0 = v128.or(v128.and(xb0, M4), v128.and(i16x8.shl(qh0, 2), M30));
-          const w1 = v128.or(v128.and(xb1, M4), v128.and(i16x8.shl(qh1, 2), M30));
-          const sa = i8x16.shuffle(sLo, sLo, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5);
-          const sb = i8x16.shuffle(sLo, sLo, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7);
-          i0 = kacc16(i0, qo + 32, w0, w1, sa, sb);
-          if (nr == 4) {
-            i1 = kacc16(i1, qo + qk + 32, w0, w1, sa, sb);
-            i2 = kacc16(i2, qo + 2 * qk + 32, w0, w1, sa, sb);
-            i3 = kacc16(i3, qo + 3 * qk + 32, w0, w1, sa, sb);
-          }
-        }
-        {
-          const w0 = v128.or(v128.and(i16x8.shr_u(xa0, 4), M4), v128.and(qh0, M30));
-          const w1 = v128.or(v128.and(i16x8.shr_u(xa1, 4), M4), v128.and(qh1, M30));
-          const sa = i8x16.shuffle(sLo, sLo, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9);
-          const sb = i8x16.shuffle(sLo, sLo, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11);
-          i0 = kacc16(i0, qo + 64, w0, w1, sa, sb);
-          if (nr == 4) {
-            i1 = kacc16(i1, qo + qk + 64, w0, w1, sa, sb);
-            i2 = kacc16(i2, qo + 2 * qk + 64, w0, w1, sa, sb);
-            i3 = kacc16(i3, qo + 3 * qk + 64, w0, w1, sa, sb);
-          }
-        }
-        {
-          const w0 = v128.or(v128.and(i16x8.shr_u(xb0, 4), M4), v128.and(i16x8.shr_u(qh0, 2), M30));
-          const w1 = v128.or(v128.and(i16x8.shr_u(xb1, 4), M4), v128.and(i16x8.shr_u(qh1, 2), M30));
-          const sa = i8x16.shuffle(sLo, sLo, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13);
-          const sb = i8x16.shuffle(sLo, sLo, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15);
-          i0 = kacc16(i0, qo + 96, w0, w1, sa, sb);
-          if (nr == 4) {
-            i1 = kacc16(i1, qo + qk + 96, w0, w1, sa, sb);
-            i2 = kacc16(i2, qo + 2 * qk + 96, w0, w1, sa, sb);
-            i3 = kacc16(i3, qo + 3 * qk + 96, w0, w1, sa, sb);
-          }
-        }
-      }
-      { // half 1: elements 128..255
-        const qh0 = v128.load(bp, 160), qh1 = v128.load(bp, 176);
-        const xa0 = v128.load(bp, 64), xa1 = v128.load(bp, 80);
-        const xb0 = v128.load(bp, 96), xb1 = v128.load(bp, 112);
-        {
-          const w0 = v128.or(v128.and(xa0, M4), v128.and(i16x8.shl(qh0, 4), M30));
-          const w1 = v128.or(v128.and(xa1, M4), v128.and(i16x8.shl(qh1, 4), M30));
-          const sa = i8x16.shuffle(sHi, sHi, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1);
-          const sb = i8x16.shuffle(sHi, sHi, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-          i0 = kacc16(i0, qo + 128, w0, w1, sa, sb);
-          if (nr == 4) {
-            i1 = kacc16(i1, qo + qk + 128, w0, w1, sa, sb);
-            i2 = kacc16(i2, qo + 2 * qk + 128, w0, w1, sa, sb);
-            i3 = kacc16(i3, qo + 3 * qk + 128, w0, w1, sa, sb);
-          }
-        }
-        {
-          const w0 = v128.or(v128.and(xb0, M4), v128.and(i16x8.shl(qh0, 2), M30));
-          const w1 = v128.or(v128.and(xb1, M4), v128.and(i16x8.shl(qh1, 2), M30));
-          const sa = i8x16.shuffle(sHi, sHi, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5);
-          const sb = i8x16.shuffle(sHi, sHi, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7);
-          i0 = kacc16(i0, qo + 160, w0, w1, sa, sb);
-          if (nr == 4) {
-            i1 = kacc16(i1, qo + qk + 160, w0, w1, sa, sb);
-            i2 = kacc16(i2, qo + 2 * qk + 160, w0, w1, sa, sb);
-            i3 = kacc16(i3, qo + 3 * qk + 160, w0, w1, sa, sb);
-          }
-        }
-        {
-          const w0 = v128.or(v128.and(i16x8.shr_u(xa0, 4), M4), v128.and(qh0, M30));
-          const w1 = v128.or(v128.and(i16x8.shr_u(xa1, 4), M4), v128.and(qh1, M30));
-          const sa = i8x16.shuffle(sHi, sHi, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9);
-          const sb = i8x16.shuffle(sHi, sHi, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11);
-          i0 = kacc16(i0, qo + 192, w0, w1, sa, sb);
-          if (nr == 4) {
-            i1 = kacc16(i1, qo + qk + 192, w0, w1, sa, sb);
-            i2 = kacc16(i2, qo + 2 * qk + 192, w0, w1, sa, sb);
-            i3 = kacc16(i3, qo + 3 * qk + 192, w0, w1, sa, sb);
-          }
-        }
-        {
-          const w0 = v128.or(v128.and(i16x8.shr_u(xb0, 4), M4), v128.and(i16x8.shr_u(qh0, 2), M30));
-          const w1 = v128.or(v128.and(i16x8.shr_u(xb1, 4), M4), v128.and(i16x8.shr_u(qh1, 2), M30));
-          const sa = i8x16.shuffle(sHi, sHi, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13);
-          const sb = i8x16.shuffle(sHi, sHi, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15);
-          i0 = kacc16(i0, qo + 224, w0, w1, sa, sb);
-          if (nr == 4) {
-            i1 = kacc16(i1, qo + qk + 224, w0, w1, sa, sb);
-            i2 = kacc16(i2, qo + 2 * qk + 224, w0, w1, sa, sb);
-            i3 = kacc16(i3, qo + 3 * qk + 224, w0, w1, sa, sb);
-          }
-        }
-      }
+      s = v128.load8x8_s(bp + Q6_K_SCALES);
+      s2 = v128.load8x8_s(bp + Q6_K_SCALES + 8);
+      oa = s;
+      ob = s2;
     } else if (type == T_Q3_K) {
-      const bp = wr + <usize>j * 110;
-      dw = h2fScale(load<u16>(bp + 108));
+      dw = h2fScale(load<u16>(bp + Q3_K_D));
       dm = dw * -4;
-      const a = load<u32>(bp + 96), bb = load<u32>(bp + 100), t = load<u32>(bp + 104);
+      const sp = bp + Q3_K_SCALES;
+      const a = load<u32>(sp), bb = load<u32>(sp, 4), t = load<u32>(sp, 8);
       const s0 = (a & 0x0f0f0f0f) | ((t & 0x03030303) << 4);
       const s1 = (bb & 0x0f0f0f0f) | (((t >> 2) & 0x03030303) << 4);
-      const s2 = ((a >> 4) & 0x0f0f0f0f) | (((t >> 4) & 0x03030303) << 4);
-      const s3 = ((bb >> 4) & 0x0f0f0f0f) | (((t >> 6) & 0x03030303) << 4);
+      const sx = ((a >> 4) & 0x0f0f0f0f) | (((t >> 4) & 0x03030303) << 4);
+      const sy = ((bb >> 4) & 0x0f0f0f0f) | (((t >> 6) & 0x03030303) << 4);
       let packed = i32x4.splat(<i32>s0);
       packed = i32x4.replace_lane(packed, 1, <i32>s1);
-      packed = i32x4.replace_lane(packed, 2, <i32>s2);
-      packed = i32x4.replace_lane(packed, 3, <i32>s3);
+      packed = i32x4.replace_lane(packed, 2, <i32>sx);
+      packed = i32x4.replace_lane(packed, 3, <i32>sy);
       const scv = i8x16.sub(packed, i8x16.splat(32));
-      const sLo = i16x8.extend_low_i8x16_s(scv), sHi = i16x8.extend_high_i8x16_s(scv);
-      const bo = b16 + (<usize>j << 5);
-      o0 = offsetSum16(bo, sLo, sHi);
-      if (nr == 4) {
-        o1 = offsetSum16(bo + k16, sLo, sHi);
-        o2 = offsetSum16(bo + 2 * k16, sLo, sHi);
-        o3 = offsetSum16(bo + 3 * k16, sLo, sHi);
-      }
-      const hm0 = v128.load(bp), hm1 = v128.load(bp, 16);
-      for (let n = 0; n < 2; n++) {
-        const x0 = v128.load(bp + 32 + (<usize>n << 5));
-        const x1 = v128.load(bp + 32 + (<usize>n << 5), 16);
-        for (let k = 0; k < 4; k++) {
-          const hb = 4 * n + k;
-          const w0 = v128.or(
-            v128.and(i8x16.shr_u(x0, 2 * k), i8x16.splat(3)),
-            i8x16.shl(v128.and(i8x16.shr_u(hm0, hb), i8x16.splat(1)), 2),
-          );
-          const w1 = v128.or(
-            v128.and(i8x16.shr_u(x1, 2 * k), i8x16.splat(3)),
-            i8x16.shl(v128.and(i8x16.shr_u(hm1, hb), i8x16.splat(1)), 2),
-          );
-          const si = 8 * n + 2 * k;
-          const sa = i16x8.splat(<i16>scaleByte(scv, si));
-          const sb = i16x8.splat(<i16>scaleByte(scv, si + 1));
-          const qc = qo + (<usize>(128 * n + 32 * k));
-          i0 = kacc16(i0, qc, w0, w1, sa, sb);
-          if (nr == 4) {
-            i1 = kacc16(i1, qc + qk, w0, w1, sa, sb);
-            i2 = kacc16(i2, qc + 2 * qk, w0, w1, sa, sb);
-            i3 = kacc16(i3, qc + 3 * qk, w0, w1, sa, sb);
-          }
-        }
-      }
+      s = i16x8.extend_low_i8x16_s(scv);
+      s2 = i16x8.extend_high_i8x16_s(scv);
+      oa = s;
+      ob = s2;
+      h0 = v128.load(bp + Q3_K_HMASK);
+      h1 = v128.load(bp + Q3_K_HMASK, 16);
     } else {
-      // T_Q2_K
-      const bp = wr + <usize>j * 84;
-      dw = h2fScale(load<u16>(bp + 80));
-      dm = -h2fScale(load<u16>(bp + 82));
-      const scv = v128.load(bp);
-      const mins = i8x16.shr_u(scv, 4);
-      const mLo = i16x8.extend_low_i8x16_u(mins), mHi = i16x8.extend_high_i8x16_u(mins);
-      const bo = b16 + (<usize>j << 5);
-      o0 = offsetSum16(bo, mLo, mHi);
-      if (nr == 4) {
-        o1 = offsetSum16(bo + k16, mLo, mHi);
-        o2 = offsetSum16(bo + 2 * k16, mLo, mHi);
-        o3 = offsetSum16(bo + 3 * k16, mLo, mHi);
-      }
-      for (let n = 0; n < 2; n++) {
-        const x0 = v128.load(bp + 16 + (<usize>n << 5));
-        const x1 = v128.load(bp + 16 + (<usize>n << 5), 16);
-        for (let k = 0; k < 4; k++) {
-          const w0 = v128.and(i8x16.shr_u(x0, 2 * k), i8x16.splat(3));
-          const w1 = v128.and(i8x16.shr_u(x1, 2 * k), i8x16.splat(3));
-          const si = 8 * n + 2 * k;
-          const sa = i16x8.splat(<i16>(load<u8>(bp + si) & 0xf));
-          const sb = i16x8.splat(<i16>(load<u8>(bp + si + 1) & 0xf));
-          const qc = qo + (<usize>(128 * n + 32 * k));
-          i0 = kacc16(i0, qc, w0, w1, sa, sb);
-          if (nr == 4) {
-            i1 = kacc16(i1, qc + qk, w0, w1, sa, sb);
-            i2 = kacc16(i2, qc + 2 * qk, w0, w1, sa, sb);
-            i3 = kacc16(i3, qc + 3 * qk, w0, w1, sa, sb);
-          }
+      // T_Q2_K: a 4-bit scale (low nibble) and minimum (high nibble) per 16 elements.
+      dw = h2fScale(load<u16>(bp + Q2_K_D));
+      dm = -h2fScale(load<u16>(bp + Q2_K_DMIN));
+      const scv = v128.load(bp + Q2_K_SCALES);
+      const sc = v128.and(scv, M4), mins = i8x16.shr_u(scv, 4);
+      s = i16x8.extend_low_i8x16_u(sc);
+      s2 = i16x8.extend_high_i8x16_u(sc);
+      oa = i16x8.extend_low_i8x16_u(mins);
+      ob = i16x8.extend_high_i8x16_u(mins);
+    }
+    const bo = bs + (per32 ? <usize>j << 4 : <usize>j << 5);
+    const o0 = koff(per32, bo, oa, ob);
+    let o1 = ZERO, o2 = ZERO, o3 = ZERO;
+    if (nr == 4) {
+      o1 = koff(per32, bo + kb, oa, ob);
+      o2 = koff(per32, bo + 2 * kb, oa, ob);
+      o3 = koff(per32, bo + 3 * kb, oa, ob);
+    }
+    let i0 = ZERO, i1 = ZERO, i2 = ZERO, i3 = ZERO;
+    let x0 = ZERO, x1 = ZERO, y0 = ZERO, y1 = ZERO;
+    for (let t = 0; t < 8; t++) { // unrolled by kernels/wasm/build.ts (unroll.ts)
+      let w0: v128, w1: v128;
+      if (type == T_Q6_K) {
+        // Half n = t/4 has 64 ql bytes (x: the first 32, y: the next) and 32 qh bytes; its
+        // sub-blocks take the low nibbles of x, of y, then the high nibbles, with qh's bits
+        // 2k, 2k + 1 (k = t % 4) on top.
+        if ((t & 3) == 0) {
+          x0 = v128.load(bp, Q6_K_QL + 16 * t);
+          x1 = v128.load(bp, Q6_K_QL + 16 * t + 16);
+          y0 = v128.load(bp, Q6_K_QL + 16 * t + 32);
+          y1 = v128.load(bp, Q6_K_QL + 16 * t + 48);
+          h0 = v128.load(bp, Q6_K_QH + 8 * t);
+          h1 = v128.load(bp, Q6_K_QH + 8 * t + 16);
         }
+        const hs = 4 - 2 * (t & 3);
+        w0 = v128.or(v128.and(x0, M4), v128.and(shiftBits(h0, hs), M30));
+        w1 = v128.or(v128.and(x1, M4), v128.and(shiftBits(h1, hs), M30));
+        const n0 = i16x8.shr_u(x0, 4), n1 = i16x8.shr_u(x1, 4);
+        x0 = y0;
+        x1 = y1;
+        y0 = n0;
+        y1 = n1;
+      } else {
+        // 32 qs bytes hold 2 sub-blocks of nibbles (Q4_K, Q5_K: low, then high) or 4 of 2-bit
+        // quants (Q3_K, Q2_K); the high bit of sub-block t is bit t of Q5_K's qh (bit 4) or of
+        // Q3_K's hmask (bit 2). Loads take immediate offsets: t is a constant in each copy.
+        if ((t & (per32 ? 1 : 3)) == 0) {
+          x0 = type == T_Q4_K
+            ? v128.load(bp, Q4_K_QS + 16 * t)
+            : type == T_Q5_K
+            ? v128.load(bp, Q5_K_QS + 16 * t)
+            : type == T_Q3_K
+            ? v128.load(bp, Q3_K_QS + 8 * t)
+            : v128.load(bp, Q2_K_QS + 8 * t);
+          x1 = type == T_Q4_K
+            ? v128.load(bp, Q4_K_QS + 16 * t + 16)
+            : type == T_Q5_K
+            ? v128.load(bp, Q5_K_QS + 16 * t + 16)
+            : type == T_Q3_K
+            ? v128.load(bp, Q3_K_QS + 8 * t + 16)
+            : v128.load(bp, Q2_K_QS + 8 * t + 16);
+        } else {
+          x0 = i16x8.shr_u(x0, per32 ? 4 : 2);
+          x1 = i16x8.shr_u(x1, per32 ? 4 : 2);
+        }
+        w0 = v128.and(x0, per32 ? M4 : M3);
+        w1 = v128.and(x1, per32 ? M4 : M3);
+        if (type == T_Q5_K || type == T_Q3_K) {
+          const by = type == T_Q5_K ? 4 - t : 2 - t;
+          const bit = type == T_Q5_K ? BIT16 : BIT4;
+          w0 = v128.or(w0, v128.and(shiftBits(h0, by), bit));
+          w1 = v128.or(w1, v128.and(shiftBits(h1, by), bit));
+        }
+      }
+      // Scales: i16 lane t of s (per32), or lanes 2t and 2t + 1 of s, then s2, for the halves.
+      const sv = per32 || t < 4 ? s : s2;
+      const p = <u8>(2 * t), q = <u8>(4 * (t & 3)); // byte lanes of scale t, and of 2t % 8
+      const sa = per32
+        ? i8x16.shuffle(sv, sv, p, p + 1, p, p + 1, p, p + 1, p, p + 1, p, p + 1, p, p + 1, p, p + 1, p, p + 1)
+        : i8x16.shuffle(sv, sv, q, q + 1, q, q + 1, q, q + 1, q, q + 1, q, q + 1, q, q + 1, q, q + 1, q, q + 1);
+      const sb = per32
+        ? sa
+        : i8x16.shuffle(sv, sv, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3);
+      const qc = qo + (<usize>t << 5);
+      i0 = kdot(per32, i0, qc, w0, w1, sa, sb);
+      if (nr == 4) {
+        i1 = kdot(per32, i1, qc + qk, w0, w1, sa, sb);
+        i2 = kdot(per32, i2, qc + 2 * qk, w0, w1, sa, sb);
+        i3 = kdot(per32, i3, qc + 3 * qk, w0, w1, sa, sb);
       }
     }
     // value = dw·da·Σ(scale·q·a) + dm·da·Σ(offset·block sum), lane by lane, the same for every row.
@@ -438,12 +268,6 @@ const BIT16: v128 = i8x16.splat(0x10);
 // @ts-ignore: decorator
 @inline function offsetSum16(bo: usize, lo: v128, hi: v128): v128 {
   return i32x4.add(i32x4.dot_i16x8_s(lo, v128.load(bo)), i32x4.dot_i16x8_s(hi, v128.load(bo, 16)));
-}
-
-// @ts-ignore: decorator
-@inline function scaleByte(v: v128, i: i32): i32 {
-  // Lane i of a v128 with a lane index known only at run time.
-  return <i32>i8x16.extract_lane_s(i8x16.swizzle(v, i8x16.splat(<i8>i)), 0);
 }
 
 // ---- float weights: f32 activations ------------------------------------------------------
@@ -527,11 +351,34 @@ export function matmul(
     case T_Q4_1: matmulQ4_1(w, K, desc, B, out, ostride, bias, accum, n0, n1); return;
     case T_Q5_0: matmulQ5_0(w, K, desc, B, out, ostride, bias, accum, n0, n1); return;
     case T_Q5_1: matmulQ5_1(w, K, desc, B, out, ostride, bias, accum, n0, n1); return;
+    case T_Q2_K: matmulQ2_K(w, K, desc, B, out, ostride, bias, accum, n0, n1); return;
+    case T_Q3_K: matmulQ3_K(w, K, desc, B, out, ostride, bias, accum, n0, n1); return;
+    case T_Q4_K: matmulQ4_K(w, K, desc, B, out, ostride, bias, accum, n0, n1); return;
+    case T_Q5_K: matmulQ5_K(w, K, desc, B, out, ostride, bias, accum, n0, n1); return;
+    case T_Q6_K: matmulQ6_K(w, K, desc, B, out, ostride, bias, accum, n0, n1); return;
   }
   mmRows(type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
 }
 
-function mmRows(
+// One function per K-quant, each with its own copy of k_kquant whose type tests fold away.
+function matmulQ2_K(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  mmRows(T_Q2_K, w, K, desc, B, out, os, bias, accum, n0, n1);
+}
+function matmulQ3_K(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  mmRows(T_Q3_K, w, K, desc, B, out, os, bias, accum, n0, n1);
+}
+function matmulQ4_K(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  mmRows(T_Q4_K, w, K, desc, B, out, os, bias, accum, n0, n1);
+}
+function matmulQ5_K(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  mmRows(T_Q5_K, w, K, desc, B, out, os, bias, accum, n0, n1);
+}
+function matmulQ6_K(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  mmRows(T_Q6_K, w, K, desc, B, out, os, bias, accum, n0, n1);
+}
+
+// @ts-ignore: decorator
+@inline function mmRows(
   type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
   accum: bool, n0: i32, n1: i32,
 ): void {
