@@ -1,0 +1,381 @@
+// Prefill matmuls for the K-quants as a tiled GEMM: a tile of GEMM_ROWS weight rows is unpacked
+// once into this thread's scratch (int8 weights, i16 group scales, offset factors and the two
+// float scales of each super-block), then every activation row of the step is taken against it,
+// four at a time. The matmul in matmul.ts unpacks a weight row again for every four activation
+// rows; here each unpacked weight is reused by all B rows, the four rows' activation block by
+// the tile's weight rows, and the unpacking is out of the inner loop altogether.
+//
+// Every output element is the same sequence of operations as in matmul.ts's k_kquant: per
+// super-block the same exact i32 lanes (the same elements meet in the same lane), the same
+// f32 updates a += f32(i)·(dw·da) and e += f32(o)·(dm·da) in super-block order, then
+// hsum(a) + hsum(e). So a row's result is bit for bit the one the 1-row path gives: logits do
+// not depend on the batch, and either path may serve any step.
+
+import { h2fScale, hsum, pairs16, ZERO } from "./simd";
+import { put } from "./legacy";
+import { ACT_BS16, ACT_BS32, ACT_D256, ACT_Q256 } from "./quantize";
+
+const T_Q2_K: i32 = 8;
+const T_Q3_K: i32 = 9;
+const T_Q4_K: i32 = 10;
+const T_Q5_K: i32 = 11;
+const T_Q6_K: i32 = 12;
+
+/** Weight rows unpacked together; their scratch is GEMM_ROWS × rowScratch(K). */
+const GEMM_ROWS: i32 = 4;
+/** Bytes of each thread's GEMM scratch (after the legacy kernels' SCRATCH_BYTES). */
+export const GEMM_SCRATCH_BYTES: i32 = 256 << 10;
+/** Fewer activation rows than this take matmul.ts's path (same bits; less unpacking to pay). */
+export const GEMM_MIN_ROWS: i32 = 8;
+
+let gscratch: usize = 0;
+export function setGemmScratch(p: usize): void {
+  gscratch = p;
+}
+
+const M4: v128 = i8x16.splat(0x0f);
+const M30: v128 = i8x16.splat(0x30);
+const BIT16: v128 = i8x16.splat(0x10);
+const M3: v128 = i8x16.splat(3);
+const ONE: v128 = i8x16.splat(1);
+
+// Scratch of one weight row: K int8 weights (element order), then the group scales as i16
+// splats (a vector per 16 weights, or per 32 for the 32-element types, in the first K/2
+// bytes), then 16 i16 offset factors per super-block, then (dw, dm) as f32 per super-block.
+// @ts-ignore: decorator
+@inline function rowScratch(K: i32): usize {
+  return <usize>K + <usize>K + (<usize>(K >> 8) << 5) + (<usize>(K >> 8) << 3);
+}
+
+/** True where gemm() serves this type and width from its scratch. */
+export function gemmServes(type: i32, K: i32): bool {
+  if (type < T_Q2_K || type > T_Q6_K || (K & 255) != 0) return false;
+  return <usize>GEMM_ROWS * rowScratch(K) + 64 <= <usize>GEMM_SCRATCH_BYTES;
+}
+
+/** 32 weights as two vectors (elements 0..15, 16..31) at w. */
+// @ts-ignore: decorator
+@inline function put32(w: usize, lo: v128, hi: v128): void {
+  v128.store(w, lo);
+  v128.store(w, hi, 16);
+}
+
+// ---- unpacking, one super-block of one row at a time ----------------------------------------
+// Each writes 256 weights at w, the group scales at s, the offset factors at o and (dw, dm) at d,
+// exactly as matmul.ts's k_kquant forms them in registers.
+
+function unpackQ45K(type: i32, bp: usize, w: usize, s: usize, o: usize, d: usize): void {
+  store<f32>(d, h2fScale(load<u16>(bp)));
+  store<f32>(d, -h2fScale(load<u16>(bp + 2)), 4);
+  let u0 = load<u32>(bp + 4), u1 = load<u32>(bp + 8);
+  const u2 = load<u32>(bp + 12);
+  const u3 = ((u2 >> 4) & 0x0f0f0f0f) | (((u1 >> 6) & 0x03030303) << 4);
+  const mins03 = u1 & 0x3f3f3f3f;
+  u1 = (u2 & 0x0f0f0f0f) | (((u0 >> 6) & 0x03030303) << 4);
+  u0 &= 0x3f3f3f3f;
+  v128.store(s, i16x8.extend_low_i8x16_u(i32x4.replace_lane(i32x4.splat(<i32>u0), 1, <i32>u1)));
+  v128.store(o, i16x8.extend_low_i8x16_u(i32x4.replace_lane(i32x4.splat(<i32>mins03), 1, <i32>u3)));
+  const q5 = type == T_Q5_K;
+  const qs = bp + (q5 ? 48 : 16);
+  const h0 = q5 ? v128.load(bp + 16) : ZERO, h1 = q5 ? v128.load(bp + 32) : ZERO;
+  for (let c = 0; c < 4; c++) {
+    const x0 = v128.load(qs + (<usize>c << 5)), x1 = v128.load(qs + (<usize>c << 5), 16);
+    let w0 = v128.and(x0, M4), w1 = v128.and(x1, M4);
+    let w2 = v128.and(i16x8.shr_u(x0, 4), M4), w3 = v128.and(i16x8.shr_u(x1, 4), M4);
+    if (q5) {
+      // Sub-block 2c takes bit 2c of each qh byte, sub-block 2c+1 bit 2c+1, as 0x10.
+      const b0 = 2 * c, b1 = 2 * c + 1;
+      w0 = v128.or(w0, i8x16.shl(v128.and(i8x16.shr_u(h0, b0), ONE), 4));
+      w1 = v128.or(w1, i8x16.shl(v128.and(i8x16.shr_u(h1, b0), ONE), 4));
+      w2 = v128.or(w2, i8x16.shl(v128.and(i8x16.shr_u(h0, b1), ONE), 4));
+      w3 = v128.or(w3, i8x16.shl(v128.and(i8x16.shr_u(h1, b1), ONE), 4));
+    }
+    put32(w + (<usize>c << 6), w0, w1);
+    put32(w + (<usize>c << 6) + 32, w2, w3);
+  }
+}
+
+function unpackQ6K(bp: usize, w: usize, s: usize, o: usize, d: usize): void {
+  const dw = h2fScale(load<u16>(bp + 208));
+  store<f32>(d, dw);
+  store<f32>(d, dw * -32, 4);
+  const scb = v128.load(bp + 192);
+  const sLo = i16x8.extend_low_i8x16_s(scb), sHi = i16x8.extend_high_i8x16_s(scb);
+  v128.store(s, sLo);
+  v128.store(s, sHi, 16);
+  v128.store(o, sLo);
+  v128.store(o, sHi, 16);
+  for (let h = 0; h < 2; h++) {
+    const hp = bp + (<usize>h << 6), wh = w + (<usize>h << 7);
+    const qh0 = v128.load(bp + 128 + (<usize>h << 5)), qh1 = v128.load(bp + 144 + (<usize>h << 5));
+    const xa0 = v128.load(hp), xa1 = v128.load(hp, 16);
+    const xb0 = v128.load(hp, 32), xb1 = v128.load(hp, 48);
+    put32(wh, v128.or(v128.and(xa0, M4), v128.and(i16x8.shl(qh0, 4), M30)), v128.or(v128.and(xa1, M4), v128.and(i16x8.shl(qh1, 4), M30)));
+    put32(wh + 32, v128.or(v128.and(xb0, M4), v128.and(i16x8.shl(qh0, 2), M30)), v128.or(v128.and(xb1, M4), v128.and(i16x8.shl(qh1, 2), M30)));
+    put32(wh + 64, v128.or(v128.and(i16x8.shr_u(xa0, 4), M4), v128.and(qh0, M30)), v128.or(v128.and(i16x8.shr_u(xa1, 4), M4), v128.and(qh1, M30)));
+    put32(wh + 96, v128.or(v128.and(i16x8.shr_u(xb0, 4), M4), v128.and(i16x8.shr_u(qh0, 2), M30)), v128.or(v128.and(i16x8.shr_u(xb1, 4), M4), v128.and(i16x8.shr_u(qh1, 2), M30)));
+  }
+}
+
+function unpackQ3K(bp: usize, w: usize, s: usize, o: usize, d: usize): void {
+  const dw = h2fScale(load<u16>(bp + 108));
+  store<f32>(d, dw);
+  store<f32>(d, dw * -4, 4);
+  const a = load<u32>(bp + 96), bb = load<u32>(bp + 100), t = load<u32>(bp + 104);
+  let packed = i32x4.splat(<i32>((a & 0x0f0f0f0f) | ((t & 0x03030303) << 4)));
+  packed = i32x4.replace_lane(packed, 1, <i32>((bb & 0x0f0f0f0f) | (((t >> 2) & 0x03030303) << 4)));
+  packed = i32x4.replace_lane(packed, 2, <i32>(((a >> 4) & 0x0f0f0f0f) | (((t >> 4) & 0x03030303) << 4)));
+  packed = i32x4.replace_lane(packed, 3, <i32>(((bb >> 4) & 0x0f0f0f0f) | (((t >> 6) & 0x03030303) << 4)));
+  const scv = i8x16.sub(packed, i8x16.splat(32));
+  const sLo = i16x8.extend_low_i8x16_s(scv), sHi = i16x8.extend_high_i8x16_s(scv);
+  v128.store(s, sLo);
+  v128.store(s, sHi, 16);
+  v128.store(o, sLo);
+  v128.store(o, sHi, 16);
+  const hm0 = v128.load(bp), hm1 = v128.load(bp, 16);
+  for (let n = 0; n < 2; n++) {
+    const x0 = v128.load(bp + 32 + (<usize>n << 5)), x1 = v128.load(bp + 32 + (<usize>n << 5), 16);
+    for (let k = 0; k < 4; k++) {
+      const hb = 4 * n + k;
+      put32(
+        w + (<usize>(128 * n + 32 * k)),
+        v128.or(v128.and(i8x16.shr_u(x0, 2 * k), M3), i8x16.shl(v128.and(i8x16.shr_u(hm0, hb), ONE), 2)),
+        v128.or(v128.and(i8x16.shr_u(x1, 2 * k), M3), i8x16.shl(v128.and(i8x16.shr_u(hm1, hb), ONE), 2)),
+      );
+    }
+  }
+}
+
+function unpackQ2K(bp: usize, w: usize, s: usize, o: usize, d: usize): void {
+  store<f32>(d, h2fScale(load<u16>(bp + 80)));
+  store<f32>(d, -h2fScale(load<u16>(bp + 82)), 4);
+  const scv = v128.load(bp);
+  const sc = v128.and(scv, M4), mins = i8x16.shr_u(scv, 4);
+  v128.store(s, i16x8.extend_low_i8x16_u(sc));
+  v128.store(s, i16x8.extend_high_i8x16_u(sc), 16);
+  v128.store(o, i16x8.extend_low_i8x16_u(mins));
+  v128.store(o, i16x8.extend_high_i8x16_u(mins), 16);
+  for (let n = 0; n < 2; n++) {
+    const x0 = v128.load(bp + 16 + (<usize>n << 5)), x1 = v128.load(bp + 16 + (<usize>n << 5), 16);
+    for (let k = 0; k < 4; k++) {
+      put32(w + (<usize>(128 * n + 32 * k)), v128.and(i8x16.shr_u(x0, 2 * k), M3), v128.and(i8x16.shr_u(x1, 2 * k), M3));
+    }
+  }
+}
+
+function superBytes(type: i32): usize {
+  return type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : type == T_Q6_K ? 210 : type == T_Q3_K ? 110 : 84;
+}
+
+/** Unpacks weight row wr (K wide) into the scratch row at r. */
+function unpackRow(type: i32, wr: usize, K: i32, r: usize): void {
+  const nsb = K >> 8;
+  const sb = superBytes(type);
+  const s = r + <usize>K, o = s + <usize>K, d = o + (<usize>nsb << 5);
+  const g16 = type != T_Q4_K && type != T_Q5_K;
+  const groups = g16 ? 16 : 8;
+  const tmp = d + (<usize>nsb << 3);
+  for (let j = 0; j < nsb; j++) {
+    const bp = wr + <usize>j * sb, wj = r + (<usize>j << 8);
+    const oj = o + (<usize>j << 5), dj = d + (<usize>j << 3);
+    if (type == T_Q6_K) unpackQ6K(bp, wj, tmp, oj, dj);
+    else if (type == T_Q4_K || type == T_Q5_K) unpackQ45K(type, bp, wj, tmp, oj, dj);
+    else if (type == T_Q3_K) unpackQ3K(bp, wj, tmp, oj, dj);
+    else unpackQ2K(bp, wj, tmp, oj, dj);
+    const sj = s + (<usize>(j * groups) << 4);
+    for (let g = 0; g < groups; g++) v128.store(sj + (<usize>g << 4), i16x8.splat(load<i16>(tmp + (<usize>g << 1))));
+  }
+}
+
+// ---- the tiled loop -------------------------------------------------------------------------
+
+// Results of one (weight row, four activation rows) tile: globals are per thread.
+let R0: f32 = 0;
+let R1: f32 = 0;
+let R2: f32 = 0;
+let R3: f32 = 0;
+
+/** is + Σ sc·w·a over 32 elements (matmul.ts's kacc32). */
+// @ts-ignore: decorator
+@inline function kacc32(is: v128, q: usize, w0: v128, w1: v128, sc: v128): v128 {
+  const p = i16x8.add(pairs16(v128.load(q), w0), pairs16(v128.load(q, 16), w1));
+  return i32x4.add(is, i32x4.dot_i16x8_s(p, sc));
+}
+
+/** is + Σ over two 16-element groups with their own scales (matmul.ts's kacc16). */
+// @ts-ignore: decorator
+@inline function kacc16(is: v128, q: usize, w0: v128, w1: v128, sa: v128, sb: v128): v128 {
+  return i32x4.add(
+    is,
+    i32x4.add(
+      i32x4.dot_i16x8_s(pairs16(v128.load(q), w0), sa),
+      i32x4.dot_i16x8_s(pairs16(v128.load(q, 16), w1), sb),
+    ),
+  );
+}
+
+/**
+ * The integer sums of super-block j (32 weights × `nr` rows per step, g16: 16-element groups)
+ * and the a-updates, for one unpacked weight row against rows q, q+qk, … of Q8_K activations.
+ */
+// @ts-ignore: decorator
+@inline function sumsTile(
+  g16: bool, r: usize, K: i32, qo: usize, qk: usize, ds: usize, dk: usize, nr: i32,
+): void {
+  const nsb = K >> 8;
+  const s = r + <usize>K, d = s + <usize>K + (<usize>nsb << 5);
+  let a0 = f32x4.splat(0), a1 = f32x4.splat(0), a2 = f32x4.splat(0), a3 = f32x4.splat(0);
+  for (let j = 0; j < nsb; j++) {
+    const wj = r + (<usize>j << 8), q = qo + (<usize>j << 8);
+    const sj = s + (<usize>j << (g16 ? 8 : 7));
+    let i0 = ZERO, i1 = ZERO, i2 = ZERO, i3 = ZERO;
+    const q1 = q + qk, q2 = q + 2 * qk, q3 = q + 3 * qk;
+    // Written out, so every offset is a constant of its load.
+    if (g16) {
+      { const w0 = v128.load(wj, 0), w1 = v128.load(wj, 16);
+        const sa = v128.load(sj, 0), sb = v128.load(sj, 16);
+        i0 = kacc16(i0, q + 0, w0, w1, sa, sb);
+        if (nr == 4) { i1 = kacc16(i1, q1 + 0, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 0, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 0, w0, w1, sa, sb); } }
+      { const w0 = v128.load(wj, 32), w1 = v128.load(wj, 48);
+        const sa = v128.load(sj, 32), sb = v128.load(sj, 48);
+        i0 = kacc16(i0, q + 32, w0, w1, sa, sb);
+        if (nr == 4) { i1 = kacc16(i1, q1 + 32, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 32, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 32, w0, w1, sa, sb); } }
+      { const w0 = v128.load(wj, 64), w1 = v128.load(wj, 80);
+        const sa = v128.load(sj, 64), sb = v128.load(sj, 80);
+        i0 = kacc16(i0, q + 64, w0, w1, sa, sb);
+        if (nr == 4) { i1 = kacc16(i1, q1 + 64, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 64, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 64, w0, w1, sa, sb); } }
+      { const w0 = v128.load(wj, 96), w1 = v128.load(wj, 112);
+        const sa = v128.load(sj, 96), sb = v128.load(sj, 112);
+        i0 = kacc16(i0, q + 96, w0, w1, sa, sb);
+        if (nr == 4) { i1 = kacc16(i1, q1 + 96, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 96, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 96, w0, w1, sa, sb); } }
+      { const w0 = v128.load(wj, 128), w1 = v128.load(wj, 144);
+        const sa = v128.load(sj, 128), sb = v128.load(sj, 144);
+        i0 = kacc16(i0, q + 128, w0, w1, sa, sb);
+        if (nr == 4) { i1 = kacc16(i1, q1 + 128, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 128, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 128, w0, w1, sa, sb); } }
+      { const w0 = v128.load(wj, 160), w1 = v128.load(wj, 176);
+        const sa = v128.load(sj, 160), sb = v128.load(sj, 176);
+        i0 = kacc16(i0, q + 160, w0, w1, sa, sb);
+        if (nr == 4) { i1 = kacc16(i1, q1 + 160, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 160, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 160, w0, w1, sa, sb); } }
+      { const w0 = v128.load(wj, 192), w1 = v128.load(wj, 208);
+        const sa = v128.load(sj, 192), sb = v128.load(sj, 208);
+        i0 = kacc16(i0, q + 192, w0, w1, sa, sb);
+        if (nr == 4) { i1 = kacc16(i1, q1 + 192, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 192, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 192, w0, w1, sa, sb); } }
+      { const w0 = v128.load(wj, 224), w1 = v128.load(wj, 240);
+        const sa = v128.load(sj, 224), sb = v128.load(sj, 240);
+        i0 = kacc16(i0, q + 224, w0, w1, sa, sb);
+        if (nr == 4) { i1 = kacc16(i1, q1 + 224, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 224, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 224, w0, w1, sa, sb); } }
+    } else {
+      { const w0 = v128.load(wj, 0), w1 = v128.load(wj, 16), sc = v128.load(sj, 0);
+        i0 = kacc32(i0, q + 0, w0, w1, sc);
+        if (nr == 4) { i1 = kacc32(i1, q1 + 0, w0, w1, sc); i2 = kacc32(i2, q2 + 0, w0, w1, sc); i3 = kacc32(i3, q3 + 0, w0, w1, sc); } }
+      { const w0 = v128.load(wj, 32), w1 = v128.load(wj, 48), sc = v128.load(sj, 16);
+        i0 = kacc32(i0, q + 32, w0, w1, sc);
+        if (nr == 4) { i1 = kacc32(i1, q1 + 32, w0, w1, sc); i2 = kacc32(i2, q2 + 32, w0, w1, sc); i3 = kacc32(i3, q3 + 32, w0, w1, sc); } }
+      { const w0 = v128.load(wj, 64), w1 = v128.load(wj, 80), sc = v128.load(sj, 32);
+        i0 = kacc32(i0, q + 64, w0, w1, sc);
+        if (nr == 4) { i1 = kacc32(i1, q1 + 64, w0, w1, sc); i2 = kacc32(i2, q2 + 64, w0, w1, sc); i3 = kacc32(i3, q3 + 64, w0, w1, sc); } }
+      { const w0 = v128.load(wj, 96), w1 = v128.load(wj, 112), sc = v128.load(sj, 48);
+        i0 = kacc32(i0, q + 96, w0, w1, sc);
+        if (nr == 4) { i1 = kacc32(i1, q1 + 96, w0, w1, sc); i2 = kacc32(i2, q2 + 96, w0, w1, sc); i3 = kacc32(i3, q3 + 96, w0, w1, sc); } }
+      { const w0 = v128.load(wj, 128), w1 = v128.load(wj, 144), sc = v128.load(sj, 64);
+        i0 = kacc32(i0, q + 128, w0, w1, sc);
+        if (nr == 4) { i1 = kacc32(i1, q1 + 128, w0, w1, sc); i2 = kacc32(i2, q2 + 128, w0, w1, sc); i3 = kacc32(i3, q3 + 128, w0, w1, sc); } }
+      { const w0 = v128.load(wj, 160), w1 = v128.load(wj, 176), sc = v128.load(sj, 80);
+        i0 = kacc32(i0, q + 160, w0, w1, sc);
+        if (nr == 4) { i1 = kacc32(i1, q1 + 160, w0, w1, sc); i2 = kacc32(i2, q2 + 160, w0, w1, sc); i3 = kacc32(i3, q3 + 160, w0, w1, sc); } }
+      { const w0 = v128.load(wj, 192), w1 = v128.load(wj, 208), sc = v128.load(sj, 96);
+        i0 = kacc32(i0, q + 192, w0, w1, sc);
+        if (nr == 4) { i1 = kacc32(i1, q1 + 192, w0, w1, sc); i2 = kacc32(i2, q2 + 192, w0, w1, sc); i3 = kacc32(i3, q3 + 192, w0, w1, sc); } }
+      { const w0 = v128.load(wj, 224), w1 = v128.load(wj, 240), sc = v128.load(sj, 112);
+        i0 = kacc32(i0, q + 224, w0, w1, sc);
+        if (nr == 4) { i1 = kacc32(i1, q1 + 224, w0, w1, sc); i2 = kacc32(i2, q2 + 224, w0, w1, sc); i3 = kacc32(i3, q3 + 224, w0, w1, sc); } }
+    }
+    const dw = load<f32>(d + (<usize>j << 3));
+    const jo = <usize>j << 2;
+    a0 = f32x4.add(a0, f32x4.mul(f32x4.convert_i32x4_s(i0), f32x4.splat(dw * load<f32>(ds + jo))));
+    if (nr == 4) {
+      a1 = f32x4.add(a1, f32x4.mul(f32x4.convert_i32x4_s(i1), f32x4.splat(dw * load<f32>(ds + dk + jo))));
+      a2 = f32x4.add(a2, f32x4.mul(f32x4.convert_i32x4_s(i2), f32x4.splat(dw * load<f32>(ds + 2 * dk + jo))));
+      a3 = f32x4.add(a3, f32x4.mul(f32x4.convert_i32x4_s(i3), f32x4.splat(dw * load<f32>(ds + 3 * dk + jo))));
+    }
+  }
+  R0 = hsum(a0);
+  R1 = hsum(a1);
+  R2 = hsum(a2);
+  R3 = hsum(a3);
+}
+
+/** hsum of the offset terms e of one unpacked weight row against activation row b. */
+// @ts-ignore: decorator
+@inline function offsets(g16: bool, r: usize, K: i32, desc: usize, b: i32): f32 {
+  const nsb = K >> 8;
+  const o = r + <usize>K + <usize>K, d = o + (<usize>nsb << 5);
+  const ds = load<usize>(desc + ACT_D256) + (<usize>(b * nsb) << 2);
+  const b16 = load<usize>(desc + ACT_BS16) + (<usize>(b * (K >> 4)) << 1);
+  const b32 = load<usize>(desc + ACT_BS32) + (<usize>(b * (K >> 5)) << 1);
+  let e = f32x4.splat(0);
+  for (let j = 0; j < nsb; j++) {
+    const oj = o + (<usize>j << 5);
+    let ov: v128;
+    if (g16) {
+      const bo = b16 + (<usize>j << 5);
+      ov = i32x4.add(i32x4.dot_i16x8_s(v128.load(oj), v128.load(bo)), i32x4.dot_i16x8_s(v128.load(oj, 16), v128.load(bo, 16)));
+    } else {
+      ov = i32x4.dot_i16x8_s(v128.load(oj), v128.load(b32 + (<usize>j << 4)));
+    }
+    const dm = load<f32>(d + (<usize>j << 3), 4);
+    e = f32x4.add(e, f32x4.mul(f32x4.convert_i32x4_s(ov), f32x4.splat(dm * load<f32>(ds + (<usize>j << 2)))));
+  }
+  return hsum(e);
+}
+
+// @ts-ignore: decorator
+@inline function gemmTyped(
+  g16: bool, type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32,
+  bias: usize, accum: bool, n0: i32, n1: i32,
+): void {
+  const nsb = K >> 8;
+  const rb = <usize>nsb * superBytes(type);
+  const rs = rowScratch(K);
+  const os = <usize>ostride << 2;
+  const q0 = load<usize>(desc + ACT_Q256), d0 = load<usize>(desc + ACT_D256);
+  const qk = <usize>K, dk = <usize>nsb << 2;
+  for (let t = n0; t < n1; t += GEMM_ROWS) {
+    const nt = min(GEMM_ROWS, n1 - t);
+    for (let i = 0; i < nt; i++) unpackRow(type, w + <usize>(t + i) * rb, K, gscratch + <usize>i * rs);
+    let b = 0;
+    for (; b < B; b += 4) {
+      const nr = B - b >= 4 ? 4 : 1;
+      const qo = q0 + <usize>b * qk, ds = d0 + <usize>b * dk;
+      for (let i = 0; i < nt; i++) {
+        const r = gscratch + <usize>i * rs;
+        const n = t + i;
+        const on = out + (<usize>n << 2) + <usize>b * os;
+        if (nr == 4) {
+          sumsTile(g16, r, K, qo, qk, ds, dk, 4);
+          put(on, R0 + offsets(g16, r, K, desc, b), bias, n, accum);
+          put(on + os, R1 + offsets(g16, r, K, desc, b + 1), bias, n, accum);
+          put(on + 2 * os, R2 + offsets(g16, r, K, desc, b + 2), bias, n, accum);
+          put(on + 3 * os, R3 + offsets(g16, r, K, desc, b + 3), bias, n, accum);
+        } else {
+          for (let x = b; x < B; x++) {
+            sumsTile(g16, r, K, q0 + <usize>x * qk, qk, d0 + <usize>x * dk, dk, 1);
+            put(out + (<usize>n << 2) + <usize>x * os, R0 + offsets(g16, r, K, desc, x), bias, n, accum);
+          }
+        }
+      }
+    }
+  }
+}
+
+/**
+ * out[b·ostride + n] (=, or += with accum) W[n]·act[b] (+ bias[n]) for weight rows n0..n1 and
+ * activation rows 0..B, for the K-quants where gemmServes(type, K).
+ */
+export function gemm(
+  type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
+  accum: bool, n0: i32, n1: i32,
+): void {
+  if (type == T_Q4_K || type == T_Q5_K) gemmTyped(false, type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
+  else gemmTyped(true, type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
+}
