@@ -22,7 +22,7 @@ export const CTRL = {
 
 /**
  * Bytes of scratch each thread owns, after the control block: scratchBytes() of
- * kernels/wasm/as/program.ts (the legacy kernels' 4 KiB and the GEMM's 256 KiB of unpacked
- * weight rows), which the worker checks.
+ * kernels/wasm/as/program.ts (the legacy kernels' 4 KiB and the prefill GEMM's 128 KiB of
+ * unpacked weight rows), which the worker checks.
  */
-export const SCRATCH_BYTES = 4096 + (256 << 10);
+export const SCRATCH_BYTES = 4096 + (128 << 10);

@@ -14,6 +14,7 @@
 import { h2fScale, hsum, pairs16, ZERO } from "./simd";
 import { put } from "./legacy";
 import { ACT_BS16, ACT_BS32, ACT_D256, ACT_Q256 } from "./quantize";
+import { blockGemmType, blockTileScratch, gemmBlocks } from "./gemm_blocks";
 
 const T_Q2_K: i32 = 8;
 const T_Q3_K: i32 = 9;
@@ -21,12 +22,18 @@ const T_Q4_K: i32 = 10;
 const T_Q5_K: i32 = 11;
 const T_Q6_K: i32 = 12;
 
-/** Weight rows unpacked together; their scratch is GEMM_ROWS × rowScratch(K). */
+/** Most weight rows unpacked together; their scratch is tileRows(K) × rowScratch(K). */
 const GEMM_ROWS: i32 = 4;
 /** Bytes of each thread's GEMM scratch (after the legacy kernels' SCRATCH_BYTES). */
-export const GEMM_SCRATCH_BYTES: i32 = 256 << 10;
-/** Fewer activation rows than this take matmul.ts's path (same bits; less unpacking to pay). */
+export const GEMM_SCRATCH_BYTES: i32 = 128 << 10;
+/** Fewer activation rows than this take matmul.ts's and legacy.ts's paths (same bits). */
 export const GEMM_MIN_ROWS: i32 = 8;
+/**
+ * Q4_K and Q5_K take the GEMM only from this many rows: matmul.ts's 4-row tile unpacks their
+ * 32-element groups cheaply, and measured faster than the GEMM at 16 and 64 rows (0.78x and
+ * 0.91x on an 8192 × 2048 Q4_K), slower at 512 (1.09x), on 2 threads of this machine's Zen 4.
+ */
+export const GEMM_MIN_ROWS_Q45K: i32 = 256;
 
 let gscratch: usize = 0;
 export function setGemmScratch(p: usize): void {
@@ -47,10 +54,25 @@ const ONE: v128 = i8x16.splat(1);
   return <usize>K + <usize>K + (<usize>(K >> 8) << 5) + (<usize>(K >> 8) << 3);
 }
 
-/** True where gemm() serves this type and width from its scratch. */
-export function gemmServes(type: i32, K: i32): bool {
+/**
+ * True where gemm() serves a matmul of this type and width over B activation rows: the
+ * K-quants and the 32-element 4/5-bit types, from GEMM_MIN_ROWS rows (GEMM_MIN_ROWS_Q45K for
+ * Q4_K and Q5_K), when a weight tile fits the scratch.
+ */
+export function gemmServes(type: i32, K: i32, B: i32): bool {
+  if (B < GEMM_MIN_ROWS) return false;
+  if (blockGemmType(type)) return (K & 31) == 0 && blockTileScratch(K) <= <usize>GEMM_SCRATCH_BYTES;
   if (type < T_Q2_K || type > T_Q6_K || (K & 255) != 0) return false;
-  return <usize>GEMM_ROWS * rowScratch(K) + 64 <= <usize>GEMM_SCRATCH_BYTES;
+  if ((type == T_Q4_K || type == T_Q5_K) && B < GEMM_MIN_ROWS_Q45K) return false;
+  return tileRows(K) > 0;
+}
+
+/**
+ * K-quant weight rows per tile: GEMM_ROWS, or fewer where a row is too wide (Qwen2.5-7B's
+ * ffn_down, K = 18944, takes 3). unpackRow's group scales pass through 64 bytes past the tile.
+ */
+function tileRows(K: i32): i32 {
+  return <i32>min(<usize>GEMM_ROWS, (<usize>GEMM_SCRATCH_BYTES - 64) / rowScratch(K));
 }
 
 /** 32 weights as two vectors (elements 0..15, 16..31) at w. */
@@ -340,8 +362,9 @@ let R3: f32 = 0;
   const os = <usize>ostride << 2;
   const q0 = load<usize>(desc + ACT_Q256), d0 = load<usize>(desc + ACT_D256);
   const qk = <usize>K, dk = <usize>nsb << 2;
-  for (let t = n0; t < n1; t += GEMM_ROWS) {
-    const nt = min(GEMM_ROWS, n1 - t);
+  const tr = tileRows(K);
+  for (let t = n0; t < n1; t += tr) {
+    const nt = min(tr, n1 - t);
     for (let i = 0; i < nt; i++) unpackRow(type, w + <usize>(t + i) * rb, K, gscratch + <usize>i * rs);
     let b = 0;
     for (; b < B; b += 4) {
@@ -370,12 +393,13 @@ let R3: f32 = 0;
 
 /**
  * out[b·ostride + n] (=, or += with accum) W[n]·act[b] (+ bias[n]) for weight rows n0..n1 and
- * activation rows 0..B, for the K-quants where gemmServes(type, K).
+ * activation rows 0..B, where gemmServes(type, K, B).
  */
 export function gemm(
   type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
   accum: bool, n0: i32, n1: i32,
 ): void {
-  if (type == T_Q4_K || type == T_Q5_K) gemmTyped(false, type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
+  if (blockGemmType(type)) gemmBlocks(type, w, K, desc, B, out, ostride, bias, accum, n0, n1, gscratch);
+  else if (type == T_Q4_K || type == T_Q5_K) gemmTyped(false, type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
   else gemmTyped(true, type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
 }
