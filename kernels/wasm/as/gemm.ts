@@ -30,10 +30,11 @@ export const GEMM_SCRATCH_BYTES: i32 = 128 << 10;
 export const GEMM_MIN_ROWS: i32 = 8;
 /**
  * Q4_K and Q5_K take the GEMM only from this many rows: matmul.ts's 4-row tile unpacks their
- * 32-element groups cheaply, and measured faster than the GEMM at 16 and 64 rows (0.78x and
- * 0.91x on an 8192 × 2048 Q4_K), slower at 512 (1.09x), on 2 threads of this machine's Zen 4.
+ * 32-element groups cheaply. On an 8192 × 2048 and a 2048 × 8192 Q4_K, 2 threads of this
+ * machine's Zen 4, the GEMM measured 0.94x and 0.91x at 16 rows, 1.05x and 1.07x at 64, 1.04x
+ * and 1.22x at 256 (CPU time, alternating, median of 3).
  */
-export const GEMM_MIN_ROWS_Q45K: i32 = 256;
+export const GEMM_MIN_ROWS_Q45K: i32 = 64;
 
 let gscratch: usize = 0;
 export function setGemmScratch(p: usize): void {
@@ -46,12 +47,12 @@ const BIT16: v128 = i8x16.splat(0x10);
 const M3: v128 = i8x16.splat(3);
 const ONE: v128 = i8x16.splat(1);
 
-// Scratch of one weight row: K int8 weights (element order), then the group scales as i16
-// splats (a vector per 16 weights, or per 32 for the 32-element types, in the first K/2
-// bytes), then 16 i16 offset factors per super-block, then (dw, dm) as f32 per super-block.
+// Scratch of one weight row: K int8 weights (element order), then 16 i16 group scales per
+// super-block (8 for the 32-element groups of Q4_K/Q5_K), splat into a vector as they are read,
+// then 16 i16 offset factors per super-block, then (dw, dm) as f32 per super-block.
 // @ts-ignore: decorator
 @inline function rowScratch(K: i32): usize {
-  return <usize>K + <usize>K + (<usize>(K >> 8) << 5) + (<usize>(K >> 8) << 3);
+  return <usize>K + (<usize>(K >> 8) << 5) + (<usize>(K >> 8) << 5) + (<usize>(K >> 8) << 3);
 }
 
 /**
@@ -67,12 +68,9 @@ export function gemmServes(type: i32, K: i32, B: i32): bool {
   return tileRows(K) > 0;
 }
 
-/**
- * K-quant weight rows per tile: GEMM_ROWS, or fewer where a row is too wide (Qwen2.5-7B's
- * ffn_down, K = 18944, takes 3). unpackRow's group scales pass through 64 bytes past the tile.
- */
+/** K-quant weight rows per tile: GEMM_ROWS, or fewer where a row is too wide for the scratch. */
 function tileRows(K: i32): i32 {
-  return <i32>min(<usize>GEMM_ROWS, (<usize>GEMM_SCRATCH_BYTES - 64) / rowScratch(K));
+  return <i32>min(<usize>GEMM_ROWS, <usize>GEMM_SCRATCH_BYTES / rowScratch(K));
 }
 
 /** 32 weights as two vectors (elements 0..15, 16..31) at w. */
@@ -193,19 +191,14 @@ function superBytes(type: i32): usize {
 function unpackRow(type: i32, wr: usize, K: i32, r: usize): void {
   const nsb = K >> 8;
   const sb = superBytes(type);
-  const s = r + <usize>K, o = s + <usize>K, d = o + (<usize>nsb << 5);
-  const g16 = type != T_Q4_K && type != T_Q5_K;
-  const groups = g16 ? 16 : 8;
-  const tmp = d + (<usize>nsb << 3);
+  const s = r + <usize>K, o = s + (<usize>nsb << 5), d = o + (<usize>nsb << 5);
   for (let j = 0; j < nsb; j++) {
     const bp = wr + <usize>j * sb, wj = r + (<usize>j << 8);
-    const oj = o + (<usize>j << 5), dj = d + (<usize>j << 3);
-    if (type == T_Q6_K) unpackQ6K(bp, wj, tmp, oj, dj);
-    else if (type == T_Q4_K || type == T_Q5_K) unpackQ45K(type, bp, wj, tmp, oj, dj);
-    else if (type == T_Q3_K) unpackQ3K(bp, wj, tmp, oj, dj);
-    else unpackQ2K(bp, wj, tmp, oj, dj);
-    const sj = s + (<usize>(j * groups) << 4);
-    for (let g = 0; g < groups; g++) v128.store(sj + (<usize>g << 4), i16x8.splat(load<i16>(tmp + (<usize>g << 1))));
+    const sj = s + (<usize>j << 5), oj = o + (<usize>j << 5), dj = d + (<usize>j << 3);
+    if (type == T_Q6_K) unpackQ6K(bp, wj, sj, oj, dj);
+    else if (type == T_Q4_K || type == T_Q5_K) unpackQ45K(type, bp, wj, sj, oj, dj);
+    else if (type == T_Q3_K) unpackQ3K(bp, wj, sj, oj, dj);
+    else unpackQ2K(bp, wj, sj, oj, dj);
   }
 }
 
@@ -241,114 +234,112 @@ let R3: f32 = 0;
  * and the a-updates, for one unpacked weight row against rows q, q+qk, … of Q8_K activations.
  */
 // @ts-ignore: decorator
-@inline function sumsTile(
-  g16: bool, r: usize, K: i32, qo: usize, qk: usize, ds: usize, dk: usize, nr: i32,
-): void {
+@inline function sumsTile(g16: bool, r: usize, K: i32, desc: usize, b: i32, nr: i32): void {
   const nsb = K >> 8;
-  const s = r + <usize>K, d = s + <usize>K + (<usize>nsb << 5);
+  const s = r + <usize>K, o = s + (<usize>nsb << 5), d = o + (<usize>nsb << 5);
+  const qk = <usize>K, dk = <usize>nsb << 2;
+  const qo = load<usize>(desc + ACT_Q256) + <usize>b * qk;
+  const ds = load<usize>(desc + ACT_D256) + <usize>b * dk;
+  // Each row's block sums: bs16 (K/16 of them) for the 16-element groups, else bs32.
+  const bk = g16 ? <usize>(K >> 4) << 1 : <usize>(K >> 5) << 1;
+  const bs = load<usize>(desc + (g16 ? ACT_BS16 : ACT_BS32)) + <usize>b * bk;
   let a0 = f32x4.splat(0), a1 = f32x4.splat(0), a2 = f32x4.splat(0), a3 = f32x4.splat(0);
+  let e0 = f32x4.splat(0), e1 = f32x4.splat(0), e2 = f32x4.splat(0), e3 = f32x4.splat(0);
   for (let j = 0; j < nsb; j++) {
     const wj = r + (<usize>j << 8), q = qo + (<usize>j << 8);
-    const sj = s + (<usize>j << (g16 ? 8 : 7));
+    const sj = s + (<usize>j << 5);
     let i0 = ZERO, i1 = ZERO, i2 = ZERO, i3 = ZERO;
     const q1 = q + qk, q2 = q + 2 * qk, q3 = q + 3 * qk;
     // Written out, so every offset is a constant of its load.
     if (g16) {
       { const w0 = v128.load(wj, 0), w1 = v128.load(wj, 16);
-        const sa = v128.load(sj, 0), sb = v128.load(sj, 16);
+        const sa = v128.load16_splat(sj, 0), sb = v128.load16_splat(sj, 2);
         i0 = kacc16(i0, q + 0, w0, w1, sa, sb);
         if (nr == 4) { i1 = kacc16(i1, q1 + 0, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 0, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 0, w0, w1, sa, sb); } }
       { const w0 = v128.load(wj, 32), w1 = v128.load(wj, 48);
-        const sa = v128.load(sj, 32), sb = v128.load(sj, 48);
+        const sa = v128.load16_splat(sj, 4), sb = v128.load16_splat(sj, 6);
         i0 = kacc16(i0, q + 32, w0, w1, sa, sb);
         if (nr == 4) { i1 = kacc16(i1, q1 + 32, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 32, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 32, w0, w1, sa, sb); } }
       { const w0 = v128.load(wj, 64), w1 = v128.load(wj, 80);
-        const sa = v128.load(sj, 64), sb = v128.load(sj, 80);
+        const sa = v128.load16_splat(sj, 8), sb = v128.load16_splat(sj, 10);
         i0 = kacc16(i0, q + 64, w0, w1, sa, sb);
         if (nr == 4) { i1 = kacc16(i1, q1 + 64, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 64, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 64, w0, w1, sa, sb); } }
       { const w0 = v128.load(wj, 96), w1 = v128.load(wj, 112);
-        const sa = v128.load(sj, 96), sb = v128.load(sj, 112);
+        const sa = v128.load16_splat(sj, 12), sb = v128.load16_splat(sj, 14);
         i0 = kacc16(i0, q + 96, w0, w1, sa, sb);
         if (nr == 4) { i1 = kacc16(i1, q1 + 96, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 96, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 96, w0, w1, sa, sb); } }
       { const w0 = v128.load(wj, 128), w1 = v128.load(wj, 144);
-        const sa = v128.load(sj, 128), sb = v128.load(sj, 144);
+        const sa = v128.load16_splat(sj, 16), sb = v128.load16_splat(sj, 18);
         i0 = kacc16(i0, q + 128, w0, w1, sa, sb);
         if (nr == 4) { i1 = kacc16(i1, q1 + 128, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 128, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 128, w0, w1, sa, sb); } }
       { const w0 = v128.load(wj, 160), w1 = v128.load(wj, 176);
-        const sa = v128.load(sj, 160), sb = v128.load(sj, 176);
+        const sa = v128.load16_splat(sj, 20), sb = v128.load16_splat(sj, 22);
         i0 = kacc16(i0, q + 160, w0, w1, sa, sb);
         if (nr == 4) { i1 = kacc16(i1, q1 + 160, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 160, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 160, w0, w1, sa, sb); } }
       { const w0 = v128.load(wj, 192), w1 = v128.load(wj, 208);
-        const sa = v128.load(sj, 192), sb = v128.load(sj, 208);
+        const sa = v128.load16_splat(sj, 24), sb = v128.load16_splat(sj, 26);
         i0 = kacc16(i0, q + 192, w0, w1, sa, sb);
         if (nr == 4) { i1 = kacc16(i1, q1 + 192, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 192, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 192, w0, w1, sa, sb); } }
       { const w0 = v128.load(wj, 224), w1 = v128.load(wj, 240);
-        const sa = v128.load(sj, 224), sb = v128.load(sj, 240);
+        const sa = v128.load16_splat(sj, 28), sb = v128.load16_splat(sj, 30);
         i0 = kacc16(i0, q + 224, w0, w1, sa, sb);
         if (nr == 4) { i1 = kacc16(i1, q1 + 224, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 224, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 224, w0, w1, sa, sb); } }
     } else {
-      { const w0 = v128.load(wj, 0), w1 = v128.load(wj, 16), sc = v128.load(sj, 0);
+      { const w0 = v128.load(wj, 0), w1 = v128.load(wj, 16), sc = v128.load16_splat(sj, 0);
         i0 = kacc32(i0, q + 0, w0, w1, sc);
         if (nr == 4) { i1 = kacc32(i1, q1 + 0, w0, w1, sc); i2 = kacc32(i2, q2 + 0, w0, w1, sc); i3 = kacc32(i3, q3 + 0, w0, w1, sc); } }
-      { const w0 = v128.load(wj, 32), w1 = v128.load(wj, 48), sc = v128.load(sj, 16);
+      { const w0 = v128.load(wj, 32), w1 = v128.load(wj, 48), sc = v128.load16_splat(sj, 2);
         i0 = kacc32(i0, q + 32, w0, w1, sc);
         if (nr == 4) { i1 = kacc32(i1, q1 + 32, w0, w1, sc); i2 = kacc32(i2, q2 + 32, w0, w1, sc); i3 = kacc32(i3, q3 + 32, w0, w1, sc); } }
-      { const w0 = v128.load(wj, 64), w1 = v128.load(wj, 80), sc = v128.load(sj, 32);
+      { const w0 = v128.load(wj, 64), w1 = v128.load(wj, 80), sc = v128.load16_splat(sj, 4);
         i0 = kacc32(i0, q + 64, w0, w1, sc);
         if (nr == 4) { i1 = kacc32(i1, q1 + 64, w0, w1, sc); i2 = kacc32(i2, q2 + 64, w0, w1, sc); i3 = kacc32(i3, q3 + 64, w0, w1, sc); } }
-      { const w0 = v128.load(wj, 96), w1 = v128.load(wj, 112), sc = v128.load(sj, 48);
+      { const w0 = v128.load(wj, 96), w1 = v128.load(wj, 112), sc = v128.load16_splat(sj, 6);
         i0 = kacc32(i0, q + 96, w0, w1, sc);
         if (nr == 4) { i1 = kacc32(i1, q1 + 96, w0, w1, sc); i2 = kacc32(i2, q2 + 96, w0, w1, sc); i3 = kacc32(i3, q3 + 96, w0, w1, sc); } }
-      { const w0 = v128.load(wj, 128), w1 = v128.load(wj, 144), sc = v128.load(sj, 64);
+      { const w0 = v128.load(wj, 128), w1 = v128.load(wj, 144), sc = v128.load16_splat(sj, 8);
         i0 = kacc32(i0, q + 128, w0, w1, sc);
         if (nr == 4) { i1 = kacc32(i1, q1 + 128, w0, w1, sc); i2 = kacc32(i2, q2 + 128, w0, w1, sc); i3 = kacc32(i3, q3 + 128, w0, w1, sc); } }
-      { const w0 = v128.load(wj, 160), w1 = v128.load(wj, 176), sc = v128.load(sj, 80);
+      { const w0 = v128.load(wj, 160), w1 = v128.load(wj, 176), sc = v128.load16_splat(sj, 10);
         i0 = kacc32(i0, q + 160, w0, w1, sc);
         if (nr == 4) { i1 = kacc32(i1, q1 + 160, w0, w1, sc); i2 = kacc32(i2, q2 + 160, w0, w1, sc); i3 = kacc32(i3, q3 + 160, w0, w1, sc); } }
-      { const w0 = v128.load(wj, 192), w1 = v128.load(wj, 208), sc = v128.load(sj, 96);
+      { const w0 = v128.load(wj, 192), w1 = v128.load(wj, 208), sc = v128.load16_splat(sj, 12);
         i0 = kacc32(i0, q + 192, w0, w1, sc);
         if (nr == 4) { i1 = kacc32(i1, q1 + 192, w0, w1, sc); i2 = kacc32(i2, q2 + 192, w0, w1, sc); i3 = kacc32(i3, q3 + 192, w0, w1, sc); } }
-      { const w0 = v128.load(wj, 224), w1 = v128.load(wj, 240), sc = v128.load(sj, 112);
+      { const w0 = v128.load(wj, 224), w1 = v128.load(wj, 240), sc = v128.load16_splat(sj, 14);
         i0 = kacc32(i0, q + 224, w0, w1, sc);
         if (nr == 4) { i1 = kacc32(i1, q1 + 224, w0, w1, sc); i2 = kacc32(i2, q2 + 224, w0, w1, sc); i3 = kacc32(i3, q3 + 224, w0, w1, sc); } }
     }
-    const dw = load<f32>(d + (<usize>j << 3));
+    const dw = load<f32>(d + (<usize>j << 3)), dm = load<f32>(d + (<usize>j << 3), 4);
     const jo = <usize>j << 2;
-    a0 = f32x4.add(a0, f32x4.mul(f32x4.convert_i32x4_s(i0), f32x4.splat(dw * load<f32>(ds + jo))));
+    const oj = o + (<usize>j << 5), bj = bs + (g16 ? <usize>j << 5 : <usize>j << 4);
+    const oa = v128.load(oj), ob = g16 ? v128.load(oj, 16) : ZERO;
+    let da = load<f32>(ds + jo);
+    a0 = f32x4.add(a0, f32x4.mul(f32x4.convert_i32x4_s(i0), f32x4.splat(dw * da)));
+    e0 = f32x4.add(e0, f32x4.mul(f32x4.convert_i32x4_s(offsetSums(g16, oa, ob, bj)), f32x4.splat(dm * da)));
     if (nr == 4) {
-      a1 = f32x4.add(a1, f32x4.mul(f32x4.convert_i32x4_s(i1), f32x4.splat(dw * load<f32>(ds + dk + jo))));
-      a2 = f32x4.add(a2, f32x4.mul(f32x4.convert_i32x4_s(i2), f32x4.splat(dw * load<f32>(ds + 2 * dk + jo))));
-      a3 = f32x4.add(a3, f32x4.mul(f32x4.convert_i32x4_s(i3), f32x4.splat(dw * load<f32>(ds + 3 * dk + jo))));
+      da = load<f32>(ds + dk + jo);
+      a1 = f32x4.add(a1, f32x4.mul(f32x4.convert_i32x4_s(i1), f32x4.splat(dw * da)));
+      e1 = f32x4.add(e1, f32x4.mul(f32x4.convert_i32x4_s(offsetSums(g16, oa, ob, bj + bk)), f32x4.splat(dm * da)));
+      da = load<f32>(ds + 2 * dk + jo);
+      a2 = f32x4.add(a2, f32x4.mul(f32x4.convert_i32x4_s(i2), f32x4.splat(dw * da)));
+      e2 = f32x4.add(e2, f32x4.mul(f32x4.convert_i32x4_s(offsetSums(g16, oa, ob, bj + 2 * bk)), f32x4.splat(dm * da)));
+      da = load<f32>(ds + 3 * dk + jo);
+      a3 = f32x4.add(a3, f32x4.mul(f32x4.convert_i32x4_s(i3), f32x4.splat(dw * da)));
+      e3 = f32x4.add(e3, f32x4.mul(f32x4.convert_i32x4_s(offsetSums(g16, oa, ob, bj + 3 * bk)), f32x4.splat(dm * da)));
     }
   }
-  R0 = hsum(a0);
-  R1 = hsum(a1);
-  R2 = hsum(a2);
-  R3 = hsum(a3);
+  R0 = hsum(a0) + hsum(e0);
+  R1 = hsum(a1) + hsum(e1);
+  R2 = hsum(a2) + hsum(e2);
+  R3 = hsum(a3) + hsum(e3);
 }
 
-/** hsum of the offset terms e of one unpacked weight row against activation row b. */
+/** A super-block's offset factors (oa, ob: i16 lanes) times one row's block sums at bo, as i32 lanes. */
 // @ts-ignore: decorator
-@inline function offsets(g16: bool, r: usize, K: i32, desc: usize, b: i32): f32 {
-  const nsb = K >> 8;
-  const o = r + <usize>K + <usize>K, d = o + (<usize>nsb << 5);
-  const ds = load<usize>(desc + ACT_D256) + (<usize>(b * nsb) << 2);
-  const b16 = load<usize>(desc + ACT_BS16) + (<usize>(b * (K >> 4)) << 1);
-  const b32 = load<usize>(desc + ACT_BS32) + (<usize>(b * (K >> 5)) << 1);
-  let e = f32x4.splat(0);
-  for (let j = 0; j < nsb; j++) {
-    const oj = o + (<usize>j << 5);
-    let ov: v128;
-    if (g16) {
-      const bo = b16 + (<usize>j << 5);
-      ov = i32x4.add(i32x4.dot_i16x8_s(v128.load(oj), v128.load(bo)), i32x4.dot_i16x8_s(v128.load(oj, 16), v128.load(bo, 16)));
-    } else {
-      ov = i32x4.dot_i16x8_s(v128.load(oj), v128.load(b32 + (<usize>j << 4)));
-    }
-    const dm = load<f32>(d + (<usize>j << 3), 4);
-    e = f32x4.add(e, f32x4.mul(f32x4.convert_i32x4_s(ov), f32x4.splat(dm * load<f32>(ds + (<usize>j << 2)))));
-  }
-  return hsum(e);
+@inline function offsetSums(g16: bool, oa: v128, ob: v128, bo: usize): v128 {
+  if (g16) return i32x4.add(i32x4.dot_i16x8_s(oa, v128.load(bo)), i32x4.dot_i16x8_s(ob, v128.load(bo, 16)));
+  return i32x4.dot_i16x8_s(oa, v128.load(bo));
 }
 
 // @ts-ignore: decorator
@@ -356,36 +347,30 @@ let R3: f32 = 0;
   g16: bool, type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32,
   bias: usize, accum: bool, n0: i32, n1: i32,
 ): void {
-  const nsb = K >> 8;
-  const rb = <usize>nsb * superBytes(type);
+  const rb = <usize>(K >> 8) * superBytes(type);
   const rs = rowScratch(K);
   const os = <usize>ostride << 2;
-  const q0 = load<usize>(desc + ACT_Q256), d0 = load<usize>(desc + ACT_D256);
-  const qk = <usize>K, dk = <usize>nsb << 2;
   const tr = tileRows(K);
+  const B4 = B & ~3;
   for (let t = n0; t < n1; t += tr) {
     const nt = min(tr, n1 - t);
     for (let i = 0; i < nt; i++) unpackRow(type, w + <usize>(t + i) * rb, K, gscratch + <usize>i * rs);
-    let b = 0;
-    for (; b < B; b += 4) {
-      const nr = B - b >= 4 ? 4 : 1;
-      const qo = q0 + <usize>b * qk, ds = d0 + <usize>b * dk;
+    for (let b = 0; b < B4; b += 4) {
       for (let i = 0; i < nt; i++) {
-        const r = gscratch + <usize>i * rs;
         const n = t + i;
         const on = out + (<usize>n << 2) + <usize>b * os;
-        if (nr == 4) {
-          sumsTile(g16, r, K, qo, qk, ds, dk, 4);
-          put(on, R0 + offsets(g16, r, K, desc, b), bias, n, accum);
-          put(on + os, R1 + offsets(g16, r, K, desc, b + 1), bias, n, accum);
-          put(on + 2 * os, R2 + offsets(g16, r, K, desc, b + 2), bias, n, accum);
-          put(on + 3 * os, R3 + offsets(g16, r, K, desc, b + 3), bias, n, accum);
-        } else {
-          for (let x = b; x < B; x++) {
-            sumsTile(g16, r, K, q0 + <usize>x * qk, qk, d0 + <usize>x * dk, dk, 1);
-            put(out + (<usize>n << 2) + <usize>x * os, R0 + offsets(g16, r, K, desc, x), bias, n, accum);
-          }
-        }
+        sumsTile(g16, gscratch + <usize>i * rs, K, desc, b, 4);
+        put(on, R0, bias, n, accum);
+        put(on + os, R1, bias, n, accum);
+        put(on + 2 * os, R2, bias, n, accum);
+        put(on + 3 * os, R3, bias, n, accum);
+      }
+    }
+    for (let b = B4; b < B; b++) {
+      for (let i = 0; i < nt; i++) {
+        const n = t + i;
+        sumsTile(g16, gscratch + <usize>i * rs, K, desc, b, 1);
+        put(out + (<usize>n << 2) + <usize>b * os, R0, bias, n, accum);
       }
     }
   }
