@@ -9,7 +9,8 @@
 // super-block the same exact i32 lanes (the same elements meet in the same lane), the same
 // f32 updates a += f32(i)·(dw·da) and e += f32(o)·(dm·da) in super-block order, then
 // hsum(a) + hsum(e). So a row's result is bit for bit the one the 1-row path gives: logits do
-// not depend on the batch, and either path may serve any step.
+// not depend on the batch, and either path may serve any step. gemm() hands the 32-element
+// 4/5-bit types to gemm_blocks.ts, which does the same for legacy.ts's kernels.
 
 import { h2fScale, hsum, pairs16, ZERO } from "./simd";
 import { put } from "./legacy";
