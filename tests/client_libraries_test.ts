@@ -4,15 +4,12 @@
  * @ai-sdk/openai-compatible (streamText, generateObject). The oracle is the same greedy request
  * through /v1/chat/completions, and a schema check of the generated object.
  */
-// deno-lint-ignore no-import-prefix -- not in the import map (deno.json is the lead's); pinned here
-import { ChatOllama } from "npm:@langchain/ollama@0.2.3";
-// deno-lint-ignore no-import-prefix -- pinned here as above
-import { generateObject, jsonSchema, streamText } from "npm:ai@4.3.16";
-// deno-lint-ignore no-import-prefix -- pinned here as above
+import { ChatOllama } from "@langchain/ollama";
+import { generateObject, jsonSchema, streamText } from "ai";
 import {
   createOpenAICompatible,
   OpenAICompatibleChatLanguageModel,
-} from "npm:@ai-sdk/openai-compatible@0.2.14";
+} from "@ai-sdk/openai-compatible";
 import { Ajv } from "ajv";
 import { assertEquals } from "@std/assert";
 import { compatPath } from "./harness/compat.ts";

@@ -21,7 +21,8 @@ export const CTRL = {
 } as const;
 
 /**
- * Bytes of scratch each thread owns, after the control block: SCRATCH_BYTES in
- * kernels/wasm/as/legacy.ts, which the worker checks.
+ * Bytes of scratch each thread owns, after the control block: scratchBytes() of
+ * kernels/wasm/as/program.ts (the legacy kernels' 4 KiB and the prefill GEMM's 128 KiB of
+ * unpacked weight rows), which the worker checks.
  */
-export const SCRATCH_BYTES = 4096;
+export const SCRATCH_BYTES = 4096 + (128 << 10);

@@ -34,13 +34,13 @@ for (let x = 0; x < 256; x++) {
 
 /** Weights 0..15 of a 4/5-bit block as unsigned bytes below 32. */
 // @ts-ignore: decorator
-@inline function lowHalf(type: i32, bp: usize): v128 {
+@inline export function lowHalf(type: i32, bp: usize): v128 {
   return halfOf(type, bp, 0);
 }
 
 /** Weights 16..31. */
 // @ts-ignore: decorator
-@inline function highHalf(type: i32, bp: usize): v128 {
+@inline export function highHalf(type: i32, bp: usize): v128 {
   return halfOf(type, bp, 1);
 }
 
@@ -62,13 +62,13 @@ for (let x = 0; x < 256; x++) {
 
 /** The block scale d: the first field of every 32-element format. */
 // @ts-ignore: decorator
-@inline function scaleOf(bp: usize): f32 {
+@inline export function scaleOf(bp: usize): f32 {
   return h2fScale(load<u16>(bp, Q4_0_D));
 }
 
 /** The factor of the activation block sum: −8·d, −16·d, the stored minimum, or 0 for Q8_0. */
 // @ts-ignore: decorator
-@inline function offsetOf(type: i32, bp: usize, dw: f32): f32 {
+@inline export function offsetOf(type: i32, bp: usize, dw: f32): f32 {
   if (type == T_Q4_0) return dw * -8;
   if (type == T_Q5_0) return dw * -16;
   if (type == T_Q8_0) return 0;
@@ -82,7 +82,7 @@ for (let x = 0; x < 256; x++) {
  * does not use) each dot4 is three instructions, and this measured faster (bench/cpu_matmul_bench.ts).
  */
 // @ts-ignore: decorator
-@inline function dot32(q: usize, w0: v128, w1: v128): v128 {
+@inline export function dot32(q: usize, w0: v128, w1: v128): v128 {
   return i32x4.extadd_pairwise_i16x8_s(i16x8.add(pairs16(v128.load(q), w0), pairs16(v128.load(q, 16), w1)));
 }
 
@@ -97,21 +97,21 @@ for (let x = 0; x < 256; x++) {
 
 /** Lane r = the sum of i32 vector r's lanes. */
 // @ts-ignore: decorator
-@inline function fold32(s0: v128, s1: v128, s2: v128, s3: v128): v128 {
+@inline export function fold32(s0: v128, s1: v128, s2: v128, s3: v128): v128 {
   const t01 = i32x4.add(v128.shuffle<i32>(s0, s1, 0, 4, 1, 5), v128.shuffle<i32>(s0, s1, 2, 6, 3, 7));
   const t23 = i32x4.add(v128.shuffle<i32>(s2, s3, 0, 4, 1, 5), v128.shuffle<i32>(s2, s3, 2, 6, 3, 7));
   return i32x4.add(v128.shuffle<i32>(t01, t23, 0, 1, 4, 5), v128.shuffle<i32>(t01, t23, 2, 3, 6, 7));
 }
 
 // @ts-ignore: decorator
-@inline function lanesum(v: v128): i32 {
+@inline export function lanesum(v: v128): i32 {
   return (i32x4.extract_lane(v, 0) + i32x4.extract_lane(v, 1)) +
     (i32x4.extract_lane(v, 2) + i32x4.extract_lane(v, 3));
 }
 
 /** Where activation row b's block j scale lives: rows are tiled by four, block-major. */
 // @ts-ignore: decorator
-@inline function scaleAt(base: usize, nb: i32, b: i32, j: i32): usize {
+@inline export function scaleAt(base: usize, nb: i32, b: i32, j: i32): usize {
   return base + (<usize>(((b >> 2) * nb + j) * 4 + (b & 3)) << 2);
 }
 

@@ -9,6 +9,7 @@
 
 import { h2f, h2f_hi, h2f_lo, h2fScale, hsum, pairs16, ZERO } from "./simd";
 import { matmulQ4_0, matmulQ4_1, matmulQ5_0, matmulQ5_1, matmulQ8_0, put } from "./legacy";
+import { gemm, gemmServes } from "./gemm";
 import {
   ACT_BS16,
   ACT_BS32,
@@ -345,6 +346,11 @@ export function matmul(
   type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
   accum: bool, n0: i32, n1: i32,
 ): void {
+  // A prompt's rows: the same sums, each weight row unpacked once for all of them.
+  if (gemmServes(type, K, B)) {
+    gemm(type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
+    return;
+  }
   switch (type) {
     case T_Q8_0: matmulQ8_0(w, K, desc, B, out, ostride, bias, accum, n0, n1); return;
     case T_Q4_0: matmulQ4_0(w, K, desc, B, out, ostride, bias, accum, n0, n1); return;

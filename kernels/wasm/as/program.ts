@@ -5,6 +5,7 @@
 import { ACT_F, normRow, quantizeRow } from "./quantize";
 import { matmul } from "./matmul";
 import { SCRATCH_BYTES, setScratch } from "./legacy";
+import { GEMM_SCRATCH_BYTES, setGemmScratch } from "./gemm";
 import { attendHeads, qkvPost, swigluRow } from "./layer_ops";
 import { rowStats } from "./row_stats";
 import { readSweep } from "./read_sweep";
@@ -101,15 +102,16 @@ function attention(p: usize, tid: i32, nth: i32): void {
 
 /** Bytes of the scratch range each thread's run() is given. */
 export function scratchBytes(): i32 {
-  return SCRATCH_BYTES;
+  return SCRATCH_BYTES + GEMM_SCRATCH_BYTES;
 }
 
 /**
  * Runs the program at prog as thread tid of nth; ctrl is the barrier's two words, scratch this
- * thread's own SCRATCH_BYTES.
+ * thread's own scratchBytes(): the legacy kernels' SCRATCH_BYTES, then the GEMM's.
  */
 export function run(prog: usize, ctrl: usize, tid: i32, nth: i32, scratch: usize): void {
   setScratch(scratch);
+  setGemmScratch(scratch + <usize>SCRATCH_BYTES);
   for (let p = prog; ; p += OP_BYTES) {
     const op = word(p, 0);
     if (op == OP_END) break;
