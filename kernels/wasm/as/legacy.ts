@@ -20,12 +20,36 @@ const T_Q5_1: i32 = 7;
 
 const M4: v128 = i8x16.splat(0x0f);
 
-/** 256 × 8 bytes: byte i of entry x is 0x10 when bit i of x is set (Q5's fifth bits). */
-const HIGH_BITS: usize = memory.data(2048, 16);
-for (let x = 0; x < 256; x++) {
-  let v: u64 = 0;
-  for (let i = 0; i < 8; i++) if ((x >> i) & 1) v |= (<u64>0x10) << (<u64>(8 * i));
-  store<u64>(HIGH_BITS + (<usize>x << 3), v);
+// Q5's fifth bits, spread by SIMD: each weight's byte picks its qh byte, masks its bit and
+// turns it into 0x10. A 256-entry table of 8-byte masks, looked up with scalar shifts and two
+// lane loads per 16 weights, made Q5_0 the slowest type to decode (4.0 GB/s a thread against
+// Q4_K's 7.5).
+// The masks are read from memory where used: V8 builds a v128 constant from immediates at each
+// use, which cost more than the table lookups it replaces.
+/** At +0: lanes 0..7 take qh byte 0 and lanes 8..15 byte 1 (weights 0..15); at +16 bytes 2
+ * and 3 (weights 16..31); at +32 lane i's bit within its byte; at +48 0x10 in every lane. */
+const Q5_MASKS: usize = memory.data<u8>([
+  0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+  2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+  1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128,
+  16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16,
+], 16);
+const SEL_LO: usize = 0;
+const SEL_HI: usize = 16;
+
+// @ts-ignore: decorator
+@inline function byteSelect(v: v128, sel: v128): v128 {
+  // Every index is below 16, where the relaxed and the plain swizzle agree.
+  if (ASC_FEATURE_RELAXED_SIMD) return i8x16.relaxed_swizzle(v, sel);
+  return i8x16.swizzle(v, sel);
+}
+
+/** 0x10 in each lane whose weight's fifth bit is set, for the qh word at p (sel: which half). */
+// @ts-ignore: decorator
+@inline function fifthBits(p: usize, sel: usize): v128 {
+  const bitOf = v128.load(Q5_MASKS, 32);
+  const bits = v128.and(byteSelect(v128.load32_splat(p), v128.load(Q5_MASKS + sel)), bitOf);
+  return v128.and(i8x16.eq(bits, bitOf), v128.load(Q5_MASKS, 48));
 }
 
 // @ts-ignore: decorator
@@ -33,19 +57,13 @@ for (let x = 0; x < 256; x++) {
   return type == T_Q8_0 ? 34 : type == T_Q4_0 ? 18 : type == T_Q4_1 ? 20 : type == T_Q5_0 ? 22 : 24;
 }
 
-// @ts-ignore: decorator
-@inline function fifthBits(qh: u32, shift: u32): v128 {
-  const lo = v128.load64_zero(HIGH_BITS + (<usize>((qh >> shift) & 0xff) << 3));
-  return v128.load64_lane(HIGH_BITS + (<usize>((qh >> (shift + 8)) & 0xff) << 3), lo, 1);
-}
-
 /** Weights 0..15 of a 4/5-bit block as unsigned bytes below 32. */
 // @ts-ignore: decorator
 @inline function lowHalf(type: i32, bp: usize): v128 {
   if (type == T_Q4_0) return v128.and(v128.load(bp, 2), M4);
   if (type == T_Q4_1) return v128.and(v128.load(bp, 4), M4);
-  if (type == T_Q5_0) return v128.or(v128.and(v128.load(bp, 6), M4), fifthBits(load<u32>(bp, 2), 0));
-  return v128.or(v128.and(v128.load(bp, 8), M4), fifthBits(load<u32>(bp, 4), 0));
+  if (type == T_Q5_0) return v128.or(v128.and(v128.load(bp, 6), M4), fifthBits(bp + 2, SEL_LO));
+  return v128.or(v128.and(v128.load(bp, 8), M4), fifthBits(bp + 4, SEL_LO));
 }
 
 /** Weights 16..31. */
@@ -54,9 +72,9 @@ for (let x = 0; x < 256; x++) {
   if (type == T_Q4_0) return v128.and(i16x8.shr_u(v128.load(bp, 2), 4), M4);
   if (type == T_Q4_1) return v128.and(i16x8.shr_u(v128.load(bp, 4), 4), M4);
   if (type == T_Q5_0) {
-    return v128.or(v128.and(i16x8.shr_u(v128.load(bp, 6), 4), M4), fifthBits(load<u32>(bp, 2), 16));
+    return v128.or(v128.and(i16x8.shr_u(v128.load(bp, 6), 4), M4), fifthBits(bp + 2, SEL_HI));
   }
-  return v128.or(v128.and(i16x8.shr_u(v128.load(bp, 8), 4), M4), fifthBits(load<u32>(bp, 4), 16));
+  return v128.or(v128.and(i16x8.shr_u(v128.load(bp, 8), 4), M4), fifthBits(bp + 4, SEL_HI));
 }
 
 // @ts-ignore: decorator

@@ -507,12 +507,38 @@ const BIT16: v128 = i8x16.splat(0x10);
   R3 = hsum(a3) + t3;
 }
 
+// The tile kernels, one function per weight type and tile height: each is compiled with its
+// type's branches folded away and no other type's code around it to share registers with.
+function tile4_q2k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q2_K, wr, K, desc, b, 4); }
+function tile1_q2k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q2_K, wr, K, desc, b, 1); }
+function tile4_q3k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q3_K, wr, K, desc, b, 4); }
+function tile1_q3k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q3_K, wr, K, desc, b, 1); }
+function tile4_q4k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q4_K, wr, K, desc, b, 4); }
+function tile1_q4k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q4_K, wr, K, desc, b, 1); }
+function tile4_q5k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q5_K, wr, K, desc, b, 4); }
+function tile1_q5k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q5_K, wr, K, desc, b, 1); }
+function tile4_q6k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q6_K, wr, K, desc, b, 4); }
+function tile1_q6k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q6_K, wr, K, desc, b, 1); }
+function tile4_f32(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_F32, wr, K, desc, b, 4); }
+function tile1_f32(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_F32, wr, K, desc, b, 1); }
+function tile4_f16(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_F16, wr, K, desc, b, 4); }
+function tile1_f16(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_F16, wr, K, desc, b, 1); }
+function tile4_bf16(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_BF16, wr, K, desc, b, 4); }
+function tile1_bf16(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_BF16, wr, K, desc, b, 1); }
+
 // @ts-ignore: decorator
 @inline function tile(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
-  if (type <= T_BF16) k_float(type, wr, K, desc, b, nr);
-  else k_kquant(type, wr, K, desc, b, nr);
+  switch (type) {
+    case T_F32: if (nr == 4) tile4_f32(wr, K, desc, b); else tile1_f32(wr, K, desc, b); return;
+    case T_F16: if (nr == 4) tile4_f16(wr, K, desc, b); else tile1_f16(wr, K, desc, b); return;
+    case T_BF16: if (nr == 4) tile4_bf16(wr, K, desc, b); else tile1_bf16(wr, K, desc, b); return;
+    case T_Q2_K: if (nr == 4) tile4_q2k(wr, K, desc, b); else tile1_q2k(wr, K, desc, b); return;
+    case T_Q3_K: if (nr == 4) tile4_q3k(wr, K, desc, b); else tile1_q3k(wr, K, desc, b); return;
+    case T_Q4_K: if (nr == 4) tile4_q4k(wr, K, desc, b); else tile1_q4k(wr, K, desc, b); return;
+    case T_Q5_K: if (nr == 4) tile4_q5k(wr, K, desc, b); else tile1_q5k(wr, K, desc, b); return;
+    default: if (nr == 4) tile4_q6k(wr, K, desc, b); else tile1_q6k(wr, K, desc, b);
+  }
 }
-
 /**
  * out[b·ostride + n] (=, or += with accum) W[n]·act[b] (+ bias[n]) for weight rows n0..n1 and
  * activation rows 0..B.
