@@ -9,7 +9,7 @@
 // (or alone, in legacyOne): acc += f32(S_j) × (dw_j × da_j), e += m_j × s_j over the blocks j
 // in order, then acc + e. S_j is an exact integer, so the lane-folding order cannot change it.
 
-import { h2f4, h2fScale, pairs16, ZERO } from "./simd";
+import { C_BIT16, C_F_M16, C_F_M8, C_M4, h2f4, h2fScale, pairs16, vc, ZERO } from "./simd";
 import { ACT_D32, ACT_Q16, ACT_Q32, ACT_S32 } from "./quantize";
 
 const T_Q8_0: i32 = 3;
@@ -18,21 +18,18 @@ const T_Q4_1: i32 = 5;
 const T_Q5_0: i32 = 6;
 const T_Q5_1: i32 = 7;
 
-const M4: v128 = i8x16.splat(0x0f);
 
 // Q5's fifth bits, spread by SIMD: each weight's byte picks its qh byte, masks its bit and
 // turns it into 0x10. A 256-entry table of 8-byte masks, looked up with scalar shifts and two
 // lane loads per 16 weights, made Q5_0 the slowest type to decode (4.0 GB/s a thread against
 // Q4_K's 7.5).
-// The masks are read from memory where used: V8 builds a v128 constant from immediates at each
-// use, which cost more than the table lookups it replaces.
+// The masks are read from memory where used (see vc in simd.ts).
 /** At +0: lanes 0..7 take qh byte 0 and lanes 8..15 byte 1 (weights 0..15); at +16 bytes 2
- * and 3 (weights 16..31); at +32 lane i's bit within its byte; at +48 0x10 in every lane. */
+ * and 3 (weights 16..31); at +32 lane i's bit within its byte. */
 const Q5_MASKS: usize = memory.data<u8>([
   0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
   2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
   1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128,
-  16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16,
 ], 16);
 const SEL_LO: usize = 0;
 const SEL_HI: usize = 16;
@@ -49,7 +46,7 @@ const SEL_HI: usize = 16;
 @inline function fifthBits(p: usize, sel: usize): v128 {
   const bitOf = v128.load(Q5_MASKS, 32);
   const bits = v128.and(byteSelect(v128.load32_splat(p), v128.load(Q5_MASKS + sel)), bitOf);
-  return v128.and(i8x16.eq(bits, bitOf), v128.load(Q5_MASKS, 48));
+  return v128.and(i8x16.eq(bits, bitOf), vc(C_BIT16));
 }
 
 // @ts-ignore: decorator
@@ -60,21 +57,21 @@ const SEL_HI: usize = 16;
 /** Weights 0..15 of a 4/5-bit block as unsigned bytes below 32. */
 // @ts-ignore: decorator
 @inline function lowHalf(type: i32, bp: usize): v128 {
-  if (type == T_Q4_0) return v128.and(v128.load(bp, 2), M4);
-  if (type == T_Q4_1) return v128.and(v128.load(bp, 4), M4);
-  if (type == T_Q5_0) return v128.or(v128.and(v128.load(bp, 6), M4), fifthBits(bp + 2, SEL_LO));
-  return v128.or(v128.and(v128.load(bp, 8), M4), fifthBits(bp + 4, SEL_LO));
+  if (type == T_Q4_0) return v128.and(v128.load(bp, 2), vc(C_M4));
+  if (type == T_Q4_1) return v128.and(v128.load(bp, 4), vc(C_M4));
+  if (type == T_Q5_0) return v128.or(v128.and(v128.load(bp, 6), vc(C_M4)), fifthBits(bp + 2, SEL_LO));
+  return v128.or(v128.and(v128.load(bp, 8), vc(C_M4)), fifthBits(bp + 4, SEL_LO));
 }
 
 /** Weights 16..31. */
 // @ts-ignore: decorator
 @inline function highHalf(type: i32, bp: usize): v128 {
-  if (type == T_Q4_0) return v128.and(i16x8.shr_u(v128.load(bp, 2), 4), M4);
-  if (type == T_Q4_1) return v128.and(i16x8.shr_u(v128.load(bp, 4), 4), M4);
+  if (type == T_Q4_0) return v128.and(i16x8.shr_u(v128.load(bp, 2), 4), vc(C_M4));
+  if (type == T_Q4_1) return v128.and(i16x8.shr_u(v128.load(bp, 4), 4), vc(C_M4));
   if (type == T_Q5_0) {
-    return v128.or(v128.and(i16x8.shr_u(v128.load(bp, 6), 4), M4), fifthBits(bp + 2, SEL_HI));
+    return v128.or(v128.and(i16x8.shr_u(v128.load(bp, 6), 4), vc(C_M4)), fifthBits(bp + 2, SEL_HI));
   }
-  return v128.or(v128.and(i16x8.shr_u(v128.load(bp, 8), 4), M4), fifthBits(bp + 4, SEL_HI));
+  return v128.or(v128.and(i16x8.shr_u(v128.load(bp, 8), 4), vc(C_M4)), fifthBits(bp + 4, SEL_HI));
 }
 
 // @ts-ignore: decorator
@@ -236,9 +233,9 @@ export function setScratch(p: usize): void {
       acc = f32x4.add(acc, f32x4.mul(f32x4.convert_i32x4_s(s), f32x4.mul(dw, f32x4.splat(load<f32>(scaleAt(d32, nb, b, j))))));
       if (type != T_Q8_0) {
         const m = type == T_Q4_0
-          ? f32x4.mul(dw, f32x4.splat(-8))
+          ? f32x4.mul(dw, vc(C_F_M8))
           : type == T_Q5_0
-          ? f32x4.mul(dw, f32x4.splat(-16))
+          ? f32x4.mul(dw, vc(C_F_M16))
           : halves4(bp + 2, rb);
         e = f32x4.add(e, f32x4.mul(m, f32x4.splat(load<f32>(scaleAt(s32, nb, b, j)))));
       }

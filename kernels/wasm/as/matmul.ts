@@ -7,7 +7,7 @@
 // unpacking. Weights are unpacked to unsigned values below 128 (offsets and minimums are
 // applied through the activations' block sums), so relaxed SIMD's i8×i7 dot product is exact.
 
-import { h2f, h2f_hi, h2f_lo, h2fScale, hsum, pairs16, ZERO } from "./simd";
+import { C_BIT16, C_M30, C_M4, h2f, h2f_hi, h2f_lo, h2fScale, hsum, pairs16, vc, ZERO } from "./simd";
 import { matmulQ4_0, matmulQ4_1, matmulQ5_0, matmulQ5_1, matmulQ8_0, put } from "./legacy";
 import {
   ACT_BS16,
@@ -80,9 +80,6 @@ export function rowBytes(type: i32, K: i32): i32 {
   );
 }
 
-const M4: v128 = i8x16.splat(0x0f);
-const M30: v128 = i8x16.splat(0x30);
-const BIT16: v128 = i8x16.splat(0x10);
 // ---- K-quants: Q8_K activations (d256, bs16, bs32) ----------------------------------------
 
 // @ts-ignore: decorator
@@ -96,6 +93,7 @@ const BIT16: v128 = i8x16.splat(0x10);
   const dk = <usize>nsb << 2;
   const k16 = <usize>(K >> 4) << 1;
   const k32 = <usize>(K >> 5) << 1;
+  const M4 = vc(C_M4), M30 = vc(C_M30), BIT16 = vc(C_BIT16);
   let a0 = f32x4.splat(0), a1 = f32x4.splat(0), a2 = f32x4.splat(0), a3 = f32x4.splat(0);
   let e0 = f32x4.splat(0), e1 = f32x4.splat(0), e2 = f32x4.splat(0), e3 = f32x4.splat(0);
   for (let j = 0; j < nsb; j++) {
