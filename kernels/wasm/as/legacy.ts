@@ -9,27 +9,42 @@
 // (or alone, in legacyOne): acc += f32(S_j) × (dw_j × da_j), e += m_j × s_j over the blocks j
 // in order, then acc + e. S_j is an exact integer, so the lane-folding order cannot change it.
 
-import { h2f4, h2fScale, pairs16, ZERO } from "./simd";
+import { C_BIT16, C_F_M16, C_F_M8, C_M4, h2f4, h2fScale, pairs16, vc, ZERO } from "./simd";
 import { ACT_D32, ACT_Q16, ACT_Q32, ACT_S32 } from "./quantize";
 import {
   blockBytes, Q4_0_D, Q4_0_QS, Q4_1_M, Q4_1_QS, Q5_0_QH, Q5_0_QS, Q5_1_M, Q5_1_QH, Q5_1_QS, Q8_0_QS,
   T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0,
 } from "./formats";
 
-const M4: v128 = i8x16.splat(0x0f);
 
-/** 256 × 8 bytes: byte i of entry x is 0x10 when bit i of x is set (Q5's fifth bits). */
-const HIGH_BITS: usize = memory.data(2048, 16);
-for (let x = 0; x < 256; x++) {
-  let v: u64 = 0;
-  for (let i = 0; i < 8; i++) if ((x >> i) & 1) v |= (<u64>0x10) << (<u64>(8 * i));
-  store<u64>(HIGH_BITS + (<usize>x << 3), v);
-}
+// Q5's fifth bits, spread by SIMD: each weight's byte picks its qh byte, masks its bit and
+// turns it into 0x10. A 256-entry table of 8-byte masks, looked up with scalar shifts and two
+// lane loads per 16 weights, made Q5_0 the slowest type to decode (4.0 GB/s a thread against
+// Q4_K's 7.5).
+// The masks are read from memory where used (see vc in simd.ts).
+/** At +0: lanes 0..7 take qh byte 0 and lanes 8..15 byte 1 (weights 0..15); at +16 bytes 2
+ * and 3 (weights 16..31); at +32 lane i's bit within its byte. */
+const Q5_MASKS: usize = memory.data<u8>([
+  0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+  2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+  1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128,
+], 16);
+const SEL_LO: usize = 0;
+const SEL_HI: usize = 16;
 
 // @ts-ignore: decorator
-@inline function fifthBits(qh: u32, shift: u32): v128 {
-  const lo = v128.load64_zero(HIGH_BITS + (<usize>((qh >> shift) & 0xff) << 3));
-  return v128.load64_lane(HIGH_BITS + (<usize>((qh >> (shift + 8)) & 0xff) << 3), lo, 1);
+@inline function byteSelect(v: v128, sel: v128): v128 {
+  // Every index is below 16, where the relaxed and the plain swizzle agree.
+  if (ASC_FEATURE_RELAXED_SIMD) return i8x16.relaxed_swizzle(v, sel);
+  return i8x16.swizzle(v, sel);
+}
+
+/** 0x10 in each lane whose weight's fifth bit is set, for the qh word at p (sel: which half). */
+// @ts-ignore: decorator
+@inline function fifthBits(p: usize, sel: usize): v128 {
+  const bitOf = v128.load(Q5_MASKS, 32);
+  const bits = v128.and(byteSelect(v128.load32_splat(p), v128.load(Q5_MASKS + sel)), bitOf);
+  return v128.and(i8x16.eq(bits, bitOf), vc(C_BIT16));
 }
 
 /** Weights 0..15 of a 4/5-bit block as unsigned bytes below 32. */
@@ -54,10 +69,10 @@ for (let x = 0; x < 256; x++) {
     : type == T_Q5_0
     ? v128.load(bp, Q5_0_QS)
     : v128.load(bp, Q5_1_QS);
-  const w = v128.and(h == 0 ? x : i16x8.shr_u(x, 4), M4);
+  const w = v128.and(h == 0 ? x : i16x8.shr_u(x, 4), vc(C_M4));
   if (type == T_Q4_0 || type == T_Q4_1) return w;
-  const qh = type == T_Q5_0 ? load<u32>(bp, Q5_0_QH) : load<u32>(bp, Q5_1_QH);
-  return v128.or(w, fifthBits(qh, 16 * h));
+  const qh = bp + (type == T_Q5_0 ? Q5_0_QH : Q5_1_QH);
+  return v128.or(w, fifthBits(qh, h == 0 ? SEL_LO : SEL_HI));
 }
 
 /** The block scale d: the first field of every 32-element format. */
@@ -220,9 +235,9 @@ export function setScratch(p: usize): void {
       acc = f32x4.add(acc, f32x4.mul(f32x4.convert_i32x4_s(s), f32x4.mul(dw, f32x4.splat(load<f32>(scaleAt(d32, nb, b, j))))));
       if (type != T_Q8_0) {
         const m = type == T_Q4_0
-          ? f32x4.mul(dw, f32x4.splat(-8))
+          ? f32x4.mul(dw, vc(C_F_M8))
           : type == T_Q5_0
-          ? f32x4.mul(dw, f32x4.splat(-16))
+          ? f32x4.mul(dw, vc(C_F_M16))
           : halves4(bp + (type == T_Q4_1 ? Q4_1_M : Q5_1_M), rb);
         e = f32x4.add(e, f32x4.mul(m, f32x4.splat(load<f32>(scaleAt(s32, nb, b, j)))));
       }

@@ -7,7 +7,7 @@
 // unpacking. Weights are unpacked to unsigned values below 128 (offsets and minimums are
 // applied through the activations' block sums), so relaxed SIMD's i8×i7 dot product is exact.
 
-import { h2f, h2f_hi, h2f_lo, h2fScale, hsum, pairs16, ZERO } from "./simd";
+import { C_BIT16, C_BIT4, C_M3, C_M30, C_M4, h2f, h2f_hi, h2f_lo, h2fScale, hsum, pairs16, vc, ZERO } from "./simd";
 import { matmulQ4_0, matmulQ4_1, matmulQ5_0, matmulQ5_1, matmulQ8_0, put } from "./legacy";
 import { gemm, gemmServes } from "./gemm";
 import {
@@ -52,11 +52,6 @@ let R3: f32 = 0;
   );
 }
 
-const M4: v128 = i8x16.splat(0x0f);
-const M30: v128 = i8x16.splat(0x30);
-const BIT16: v128 = i8x16.splat(0x10);
-const BIT4: v128 = i8x16.splat(0x04);
-const M3: v128 = i8x16.splat(0x03);
 // ---- K-quants: Q8_K activations (d256, bs16, bs32) ----------------------------------------
 //
 // One loop over a super-block's 8 sub-blocks of 32 serves every K-quant: per type, a head
@@ -155,7 +150,7 @@ const M3: v128 = i8x16.splat(0x03);
       dw = h2fScale(load<u16>(bp + Q2_K_D));
       dm = -h2fScale(load<u16>(bp + Q2_K_DMIN));
       const scv = v128.load(bp + Q2_K_SCALES);
-      const sc = v128.and(scv, M4), mins = i8x16.shr_u(scv, 4);
+      const sc = v128.and(scv, vc(C_M4)), mins = i8x16.shr_u(scv, 4);
       s = i16x8.extend_low_i8x16_u(sc);
       s2 = i16x8.extend_high_i8x16_u(sc);
       oa = i16x8.extend_low_i8x16_u(mins);
@@ -186,8 +181,8 @@ const M3: v128 = i8x16.splat(0x03);
           h1 = v128.load(bp, Q6_K_QH + 8 * t + 16);
         }
         const hs = 4 - 2 * (t & 3);
-        w0 = v128.or(v128.and(x0, M4), v128.and(shiftBits(h0, hs), M30));
-        w1 = v128.or(v128.and(x1, M4), v128.and(shiftBits(h1, hs), M30));
+        w0 = v128.or(v128.and(x0, vc(C_M4)), v128.and(shiftBits(h0, hs), vc(C_M30)));
+        w1 = v128.or(v128.and(x1, vc(C_M4)), v128.and(shiftBits(h1, hs), vc(C_M30)));
         const n0 = i16x8.shr_u(x0, 4), n1 = i16x8.shr_u(x1, 4);
         x0 = y0;
         x1 = y1;
@@ -216,11 +211,11 @@ const M3: v128 = i8x16.splat(0x03);
           x0 = i16x8.shr_u(x0, per32 ? 4 : 2);
           x1 = i16x8.shr_u(x1, per32 ? 4 : 2);
         }
-        w0 = v128.and(x0, per32 ? M4 : M3);
-        w1 = v128.and(x1, per32 ? M4 : M3);
+        w0 = v128.and(x0, per32 ? vc(C_M4) : vc(C_M3));
+        w1 = v128.and(x1, per32 ? vc(C_M4) : vc(C_M3));
         if (type == T_Q5_K || type == T_Q3_K) {
           const by = type == T_Q5_K ? 4 - t : 2 - t;
-          const bit = type == T_Q5_K ? BIT16 : BIT4;
+          const bit = type == T_Q5_K ? vc(C_BIT16) : vc(C_BIT4);
           w0 = v128.or(w0, v128.and(shiftBits(h0, by), bit));
           w1 = v128.or(w1, v128.and(shiftBits(h1, by), bit));
         }
@@ -332,12 +327,38 @@ const M3: v128 = i8x16.splat(0x03);
   R3 = hsum(a3) + t3;
 }
 
+// The tile kernels, one function per weight type and tile height: each is compiled with its
+// type's branches folded away and no other type's code around it to share registers with.
+function tile4_q2k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q2_K, wr, K, desc, b, 4); }
+function tile1_q2k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q2_K, wr, K, desc, b, 1); }
+function tile4_q3k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q3_K, wr, K, desc, b, 4); }
+function tile1_q3k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q3_K, wr, K, desc, b, 1); }
+function tile4_q4k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q4_K, wr, K, desc, b, 4); }
+function tile1_q4k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q4_K, wr, K, desc, b, 1); }
+function tile4_q5k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q5_K, wr, K, desc, b, 4); }
+function tile1_q5k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q5_K, wr, K, desc, b, 1); }
+function tile4_q6k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q6_K, wr, K, desc, b, 4); }
+function tile1_q6k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q6_K, wr, K, desc, b, 1); }
+function tile4_f32(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_F32, wr, K, desc, b, 4); }
+function tile1_f32(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_F32, wr, K, desc, b, 1); }
+function tile4_f16(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_F16, wr, K, desc, b, 4); }
+function tile1_f16(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_F16, wr, K, desc, b, 1); }
+function tile4_bf16(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_BF16, wr, K, desc, b, 4); }
+function tile1_bf16(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_BF16, wr, K, desc, b, 1); }
+
 // @ts-ignore: decorator
 @inline function tile(type: i32, wr: usize, K: i32, desc: usize, b: i32, nr: i32): void {
-  if (type <= T_BF16) k_float(type, wr, K, desc, b, nr);
-  else k_kquant(type, wr, K, desc, b, nr);
+  switch (type) {
+    case T_F32: if (nr == 4) tile4_f32(wr, K, desc, b); else tile1_f32(wr, K, desc, b); return;
+    case T_F16: if (nr == 4) tile4_f16(wr, K, desc, b); else tile1_f16(wr, K, desc, b); return;
+    case T_BF16: if (nr == 4) tile4_bf16(wr, K, desc, b); else tile1_bf16(wr, K, desc, b); return;
+    case T_Q2_K: if (nr == 4) tile4_q2k(wr, K, desc, b); else tile1_q2k(wr, K, desc, b); return;
+    case T_Q3_K: if (nr == 4) tile4_q3k(wr, K, desc, b); else tile1_q3k(wr, K, desc, b); return;
+    case T_Q4_K: if (nr == 4) tile4_q4k(wr, K, desc, b); else tile1_q4k(wr, K, desc, b); return;
+    case T_Q5_K: if (nr == 4) tile4_q5k(wr, K, desc, b); else tile1_q5k(wr, K, desc, b); return;
+    default: if (nr == 4) tile4_q6k(wr, K, desc, b); else tile1_q6k(wr, K, desc, b);
+  }
 }
-
 /**
  * out[b·ostride + n] (=, or += with accum) W[n]·act[b] (+ bias[n]) for weight rows n0..n1 and
  * activation rows 0..B.
