@@ -143,6 +143,8 @@ function lineExecutor(ctx: AppContext): LineExecutor {
         ? "completions"
         : endpoint === "/v1/embeddings"
         ? "embeddings"
+        : endpoint === "/v1/messages"
+        ? "messages"
         : "chat_completions";
       const res = await ctx.openAi(req, kind, scope);
       return { status: res.status, body: await res.json() };

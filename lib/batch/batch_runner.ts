@@ -264,9 +264,11 @@ export class BatchRunner {
     a.running.set(index, ctrl);
     this.#inFlight++;
     // A sampled line without a seed gets one of its own, so running it again gives the same
-    // answer; embeddings sample nothing.
+    // answer; embeddings sample nothing, and Anthropic's Messages have no seed field.
     const seedless = line.body.seed === undefined || line.body.seed === null;
-    const body = seedless && a.batch.endpoint !== "/v1/embeddings"
+    const seeded = a.batch.endpoint === "/v1/completions" ||
+      a.batch.endpoint === "/v1/chat/completions";
+    const body = seedless && seeded
       ? { ...line.body, seed: derivedSeed(a.batch.id, index) }
       : line.body;
     void (async () => {

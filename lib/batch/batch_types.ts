@@ -8,6 +8,7 @@ export const BATCH_ENDPOINTS = [
   "/v1/chat/completions",
   "/v1/completions",
   "/v1/embeddings",
+  "/v1/messages",
 ] as const;
 export type BatchEndpoint = typeof BATCH_ENDPOINTS[number];
 

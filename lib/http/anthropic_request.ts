@@ -164,6 +164,7 @@ export function parseAnthropic(
       if (b[f] !== undefined) body[f] = b[f];
     }
     if (b.stop_sequences !== undefined) body.stop = b.stop_sequences;
+    if (b.priority !== undefined) body.priority = b.priority;
     if (b.metadata !== undefined) body.metadata = b.metadata;
     const format = b.output_config?.format;
     if (format) {

@@ -62,3 +62,12 @@ async function messages(req: Request, deps: GenerationDeps, opts: OpenAiOptions)
     headers: SSE_HEADERS,
   });
 }
+
+/** POST /v1/messages's answer, for work the server runs itself (batch lines), under `scope`. */
+export function messagesHandler(
+  deps: GenerationDeps,
+  opts: OpenAiOptions,
+): (req: Request, scope?: string) => Promise<Response> {
+  return (req, scope) =>
+    messages(req, deps, scope === undefined ? opts : { ...opts, scopeOf: () => scope });
+}

@@ -128,5 +128,7 @@ export const AnthropicMessagesBody = z.strictObject({
   // Who asks (user_id) and which capacity tier: neither can change the tokens.
   metadata: z.strictObject({ user_id: z.string().nullish() }).optional(),
   service_tier: z.enum(["auto", "standard_only"]).optional(),
+  // Ours, as on the OpenAI routes: a batch line runs at batch priority.
+  priority: z.unknown().optional(),
 });
 export type AnthropicMessagesBody = z.output<typeof AnthropicMessagesBody>;

@@ -12,7 +12,7 @@ import { registerHealthRoutes } from "./health_routes.ts";
 import { InFlightRegistry } from "./inflight.ts";
 import { type OpenAiHandler, openAiHandler, registerOpenAiRoutes } from "./openai_routes.ts";
 import { registerOllamaRoutes } from "./ollama_routes.ts";
-import { registerAnthropicRoutes } from "./anthropic_routes.ts";
+import { messagesHandler, registerAnthropicRoutes } from "./anthropic_routes.ts";
 import { registerResponsesRoutes } from "./responses_routes.ts";
 import { PLAYGROUND_HTML } from "./playground.html.ts";
 import { registerPropsRoute, type ServerProps } from "./props_route.ts";
@@ -254,7 +254,10 @@ export function createApp(opts: AppOptions): ServiceApp {
   });
   registerOpenAiRoutes(app, deps, openAiOpts);
   const embeddingsOpts = { backend, maxBodyBytes, servedModelNames };
-  const openAi = openAiHandler(deps, openAiOpts, embeddingsHandler(embeddingsOpts));
+  const openAi = openAiHandler(deps, openAiOpts, {
+    embeddings: embeddingsHandler(embeddingsOpts),
+    messages: messagesHandler(deps, openAiOpts),
+  });
   registerOllamaRoutes(app, deps, { openAi: openAiOpts, modelPath: opts.props?.modelPath });
   registerAnthropicRoutes(app, deps, openAiOpts);
   registerResponsesRoutes(app, deps, openAiOpts);

@@ -70,8 +70,8 @@ export interface OpenAiOptions {
 
 type Kind = "completions" | "chat_completions";
 
-/** What a request inside the server asks for: a completion, a chat, or embeddings. */
-export type ApiKind = Kind | "embeddings";
+/** What a request inside the server asks for: a completion, a chat, embeddings, a message. */
+export type ApiKind = Kind | "embeddings" | "messages";
 
 /**
  * Answers one request as its route would (the same parsing, limits and errors; errors are
@@ -80,15 +80,22 @@ export type ApiKind = Kind | "embeddings";
  */
 export type OpenAiHandler = (req: Request, kind: ApiKind, scope?: string) => Promise<Response>;
 
-/** `embeddings`: what answers POST /v1/embeddings (embeddings_route.ts). */
+/** The other routes a batch line may name: POST /v1/embeddings and POST /v1/messages. */
+export interface OtherHandlers {
+  readonly embeddings: (req: Request) => Promise<Response>;
+  readonly messages: (req: Request, scope?: string) => Promise<Response>;
+}
+
 export function openAiHandler(
   deps: GenerationDeps,
   opts: OpenAiOptions,
-  embeddings: (req: Request) => Promise<Response>,
+  others: OtherHandlers,
 ): OpenAiHandler {
   return (req, kind, scope) =>
     kind === "embeddings"
-      ? embeddings(req)
+      ? others.embeddings(req)
+      : kind === "messages"
+      ? others.messages(req, scope)
       : respond(req, kind, deps, scope === undefined ? opts : { ...opts, scopeOf: () => scope });
 }
 
