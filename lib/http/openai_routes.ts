@@ -42,8 +42,9 @@ import {
   usageChunk,
 } from "./openai_format.ts";
 import { ChatCompletionBody, CompletionBody } from "./schemas.ts";
-import { pullSseStream, SSE_HEADERS, sseData } from "./sse.ts";
+import { SSE_HEADERS, sseData } from "./sse.ts";
 import { type Api, type GenerationDeps, trackGeneration } from "./tracked_generation.ts";
+import { renderedEventStream } from "./generation_run.ts";
 import { parseWith } from "./validation.ts";
 import type { RequestRecord } from "./request_log.ts";
 import { newRequestId } from "./request_log.ts";
@@ -366,37 +367,14 @@ async function respond(
     echo,
     parsed.toolFormat,
   );
-  // The log line waits for the stream's end, so it has the token counts and the total time.
-  record?.defer();
-  let ended = false;
-  const body = pullSseStream(async () => {
-    if (ended) {
-      record?.streamEnded();
-      return null;
-    }
-    const n = await events.next();
-    if (n.done) {
-      ended = true;
-      record?.streamEnded();
-      return null;
-    }
-    const { chunks, last } = render(n.value);
-    if (last) {
-      ended = true;
-      await events.return(undefined);
-    }
-    return chunks;
-  }, async () => {
-    ctrl.abort("client gone");
-    await events.return(undefined);
-    record?.streamEnded();
-  }, {
-    stallTimeoutMs: opts.stallTimeoutMs,
-    onStall: () => {
-      deps.metrics.errors.inc({ code: "too_slow" });
-      if (record) record.code = "too_slow";
-    },
-  });
+  const body = renderedEventStream(
+    events,
+    record,
+    render,
+    () => ctrl.abort("client gone"),
+    deps,
+    opts.stallTimeoutMs,
+  );
   return new Response(body, { headers: SSE_HEADERS });
 }
 
