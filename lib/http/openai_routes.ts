@@ -30,9 +30,7 @@ import { logitControlsFrom } from "./sampling_controls.ts";
 import {
   chatChunk,
   type ChatFinishReason,
-  chatResponse,
   completionChunk,
-  completionResponse,
   type OpenAiToolCall,
   type ResponseExtras,
   responseExtras,
@@ -40,6 +38,7 @@ import {
   type TokenLogprob,
   type ToolCallDelta,
   usageChunk,
+  wholeResponse,
 } from "./openai_format.ts";
 import { ChatCompletionBody, CompletionBody } from "./schemas.ts";
 import { SSE_HEADERS, sseData } from "./sse.ts";
@@ -443,9 +442,8 @@ async function collect(
       );
       const cached = all.every((e) => e.cached !== undefined) ? all[0]!.cached : undefined;
       const extras = responseExtras(capped, cached);
-      return kind === "completions"
-        ? completionResponse(meta, choices, usage, timings, extras)
-        : chatResponse(meta, choices, usage, timings, extras);
+      const object = kind === "completions" ? "text_completion" : "chat.completion";
+      return wholeResponse(object, meta, choices, usage, timings, extras);
     } else if (ev.type === "error") {
       throw fromGenerationError(ev.code, ev.message);
     }
