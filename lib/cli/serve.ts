@@ -1,4 +1,4 @@
-import { openModel, uploadProgress } from "./open_model.ts";
+import { openModelFor, uploadProgress } from "./open_model.ts";
 import { modelStem } from "../source/model_source.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
 import { connectReplica, startReplicaAgent } from "./replica_role.ts";
@@ -11,12 +11,7 @@ import { formatKeepAlive } from "../util/duration.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import type { Config } from "./config.ts";
 import { grammarPendingNote, startGrammarInBackground } from "../compose/grammar_preload.ts";
-import {
-  engineMemory,
-  modelAllocator,
-  modelPlacement,
-  resolveBackend,
-} from "../compose/engine_factory.ts";
+import { engineMemory, resolveBackend } from "../compose/engine_factory.ts";
 import { openServing, planServing } from "../compose/open_serving.ts";
 import { modelAppOptions, servedBackend, servingSettings } from "./serving_settings.ts";
 import { sharedResultStore } from "./shared_cache_config.ts";
@@ -147,15 +142,11 @@ async function start(
 ) {
   // Asked while the model loads: the adapter probe is a child process of its own.
   const resolving = resolveBackend(config.backend);
-  const { source, tokenizer, ...opened } = await openModel(config.model, {
-    modelsDir: config.modelsDir,
-    tokenizer: config.tokenizer,
-    contextLength: config.contextLength,
-    purpose: "serve",
-    onProgress: (phase, bytes, total) => progress.set(phase, bytes, total),
-    allocate: modelAllocator(config.backend),
-    placeTensors: modelPlacement(config.backend, config.kvMemory),
-  });
+  const { source, tokenizer, ...opened } = await openModelFor(
+    config,
+    "serve",
+    (phase, bytes, total) => progress.set(phase, bytes, total),
+  );
   const settings = servingSettings(config);
   const resolved = await resolving;
   const { plan, kv, model } = await planServing(
