@@ -9,6 +9,19 @@ function threadsFor(group: number, headDim: number): number {
 }
 
 /**
+ * What every attention kernel opens with: the KV dtype's enable, the step types, and the
+ * step's dims, rows, sequences and block tables at bindings 0 to 3.
+ */
+function wgslAttentionHead(kv: ReturnType<typeof kvWgsl>): string {
+  return `${kv.enable}
+${WGSL_STEP_TYPES}
+@group(0) @binding(0) var<uniform> dims: vec4<u32>;
+@group(0) @binding(1) var<storage, read> rows: array<Row>;
+@group(0) @binding(2) var<storage, read> seqs: array<Seq>;
+@group(0) @binding(3) var<storage, read> tables: array<u32>;`;
+}
+
+/**
  * WGSL for paged causal attention, one workgroup per (row, KV head) serving the G query heads
  * that share it (grouped-query attention reads each K/V row once for all G). The row at
  * position p attends to positions 0..p of its sequence, reading K/V through the sequence's
@@ -42,12 +55,7 @@ export function attentionWgsl(
   // Output element (head, dim) = t + 64a of the group's G x HD, one register set each.
   const outs = Array.from({ length: Math.ceil((group * headDim) / threads) }, (_, a) => a);
   const each = (f: (a: number) => string) => outs.map(f).join("\n    ");
-  return /* wgsl */ `${kv.enable}
-${WGSL_STEP_TYPES}
-@group(0) @binding(0) var<uniform> dims: vec4<u32>;
-@group(0) @binding(1) var<storage, read> rows: array<Row>;
-@group(0) @binding(2) var<storage, read> seqs: array<Seq>;
-@group(0) @binding(3) var<storage, read> tables: array<u32>;
+  return /* wgsl */ `${wgslAttentionHead(kv)}
 @group(0) @binding(4) var<storage, read> QKV: array<f32>;
 @group(0) @binding(5) var<storage, read> Kc: ${kv.scalarArray};
 @group(0) @binding(6) var<storage, read> Vc: ${kv.scalarArray};
@@ -153,12 +161,7 @@ export function attentionLaneWgsl(
     q: "QKV",
     out: (i) => `O[(r * ${qDim}u) / 4u + ${i}]`,
   });
-  return /* wgsl */ `${kv.enable}
-${WGSL_STEP_TYPES}
-@group(0) @binding(0) var<uniform> dims: vec4<u32>;
-@group(0) @binding(1) var<storage, read> rows: array<Row>;
-@group(0) @binding(2) var<storage, read> seqs: array<Seq>;
-@group(0) @binding(3) var<storage, read> tables: array<u32>;
+  return /* wgsl */ `${wgslAttentionHead(kv)}
 @group(0) @binding(4) var<storage, read> QKV: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> Kc: ${kv.vec4Array};
 @group(0) @binding(6) var<storage, read> Vc: ${kv.vec4Array};

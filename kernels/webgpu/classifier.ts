@@ -7,18 +7,13 @@ import {
   LANE_TILES,
   laneShape,
   laneTile,
+  wgslChunkBindings,
+  wgslRowTileMain,
   wgslSharedVec4s,
 } from "./matmul.ts";
 import { DIM_SAMPLES, WGSL_STEP_TYPES } from "./step_meta.ts";
 import { q6kHalfLoop } from "./q6k_half_loop.ts";
-import {
-  chunkElements,
-  chunkVec4s,
-  needsVec4View,
-  WGSL_WEIGHT_HELPERS,
-  wgslLoadChunk,
-  wgslWeights,
-} from "./weight_formats.ts";
+import { chunkVec4s, needsVec4View, wgslLoadChunk } from "./weight_formats.ts";
 
 /**
  * The vocabulary-sized last matmul: logits[i] = W · RMSNorm(x[samples[i].row]) for the few
@@ -122,24 +117,8 @@ export function classifierLaneWgsl(
     } }`
   ).join("\n  ");
   return /* wgsl */ `
-struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
-@group(0) @binding(0) var<uniform> dims: vec4<u32>;
-@group(0) @binding(1) var<uniform> chunk: Chunk;
-${wgslWeights(type, 5)}
-@group(0) @binding(3) var<storage, read> Xn: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> Y: array<f32>;
-const NCHUNK = ${cols / chunkElements(type)}u;
-const XV = ${cols / 4}u;
-${type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
-@compute @workgroup_size(${threads})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) t: u32${
-    broadcast ? ", @builtin(subgroup_invocation_id) sl: u32" : ""
-  }) {
-  let nRows = dims[${DIM_SAMPLES}];
-  let r0 = wid.x * ${tile}u;
-  if (r0 >= nRows) { return; }
-  let live = min(${tile}u, nRows - r0);
+${wgslChunkBindings(type, 5, "Xn")}
+${wgslRowTileMain({ type, cols, threads, broadcast, rows: `dims[${DIM_SAMPLES}]`, tile })}
   let base = (wid.y + wid.z * nwg.y) * ${threads * outs}u + t;
   // Lanes past the last output compute a copy of it and store nothing: no divergent branch.
   ${
@@ -271,6 +250,23 @@ export function createClassifier(
     };
   };
   const label = `classifier ${m.type}`;
+  // The op: the final norm (where the rows come unnormalized), then the matvec over Xn.
+  const normThen = (
+    encodeRows: (pass: GPUComputePassEncoder, rows: number) => void,
+    destroyOwn: () => void,
+  ): KernelOp & { destroy(): void } => ({
+    label,
+    cost,
+    encode(pass, rows) {
+      if (rows === 0) return;
+      encodeNorm(pass, rows);
+      encodeRows(pass, rows);
+    },
+    destroy() {
+      destroyXn();
+      destroyOwn();
+    },
+  });
   if (!lane) {
     // GPUs: the split matmul over the compact normalized rows (row i of Xn is sample i).
     const matmul = createMatmul(gpu, m, {
@@ -280,16 +276,7 @@ export function createClassifier(
       rowsField: DIM_SAMPLES,
       layout: "split",
     });
-    return {
-      label,
-      cost,
-      encode(pass, rows) {
-        if (rows === 0) return;
-        encodeNorm(pass, rows);
-        matmul.encode(pass, rows);
-      },
-      destroy: destroyXn,
-    };
+    return normThen((pass, rows) => matmul.encode(pass, rows), () => {});
   }
   const pipelines = LANE_TILES.map((tile) =>
     gpu.pipeline(
@@ -335,23 +322,15 @@ export function createClassifier(
     );
     return { params, bindGroups, gy, gz: Math.ceil(groups / gy) };
   });
-  return {
-    label,
-    cost,
-    encode(pass, rows) {
-      if (rows === 0) return;
-      encodeNorm(pass, rows);
-      const { tile, passes } = classifierTile(rows);
-      const t = LANE_TILES.indexOf(tile as (typeof LANE_TILES)[number]);
-      pass.setPipeline(pipelines[t]!);
-      for (const p of parts) {
-        pass.setBindGroup(0, p.bindGroups[t]!);
-        pass.dispatchWorkgroups(passes, p.gy, p.gz);
-      }
-    },
-    destroy() {
-      destroyXn();
-      for (const p of parts) p.params.destroy();
-    },
-  };
+  return normThen((pass, rows) => {
+    const { tile, passes } = classifierTile(rows);
+    const t = LANE_TILES.indexOf(tile as (typeof LANE_TILES)[number]);
+    pass.setPipeline(pipelines[t]!);
+    for (const p of parts) {
+      pass.setBindGroup(0, p.bindGroups[t]!);
+      pass.dispatchWorkgroups(passes, p.gy, p.gz);
+    }
+  }, () => {
+    for (const p of parts) p.params.destroy();
+  });
 }

@@ -78,16 +78,9 @@ export class LogitAdjustOp implements KernelOp {
 
   /** Points the next encode at plan `i` of the last prepare() (nothing to do when it has none). */
   use(i: number): void {
-    const r = this.#regions.region(i);
-    this.#count = r?.count ?? 0;
-    this.#group = r === undefined ? undefined : this.#gpu.device.createBindGroup({
-      layout: this.#pipeline.getBindGroupLayout(0),
-      entries: [
-        { binding: 0, resource: r.binding },
-        { binding: 1, resource: { buffer: this.#logits } },
-      ],
-      label: this.label,
-    });
+    const { count, group } = this.#regions.bind(i, this.#pipeline, [this.#logits], this.label);
+    this.#count = count;
+    this.#group = group;
   }
 
   encode(pass: GPUComputePassEncoder): void {

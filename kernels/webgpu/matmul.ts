@@ -195,31 +195,20 @@ export function matmulWgsl(spec: MatmulSpec): string {
   )
     .join(" ");
 
-  return /* wgsl */ `${kv.enable}
-${WGSL_STEP_TYPES}
-struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
-@group(0) @binding(0) var<uniform> dims: vec4<u32>;
-@group(0) @binding(1) var<uniform> chunk: Chunk;
-${wgslWeights(type, 16)}
-@group(0) @binding(3) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> Y: array<f32>;
-${norm ? "@group(0) @binding(5) var<storage, read> NW: array<vec4<f32>>;" : ""}
-${spec.gather ? "@group(0) @binding(6) var<storage, read> samples: array<Sample>;" : ""}
-${rope ? wgslRopeBindings(rope, kv) : ""}
+  return /* wgsl */ `${matmulHead(type, norm, spec.gather === true, rope, kv)}
 const KS = ${ks}u;
 const TO = ${to}u;
-const NCHUNK = ${cols / chunkElements(type)}u;
-const XV = ${cols / 4}u;
 ${sharedDecls}
-${type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
-@compute @workgroup_size(${THREADS})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) t: u32) {
-  let nRows = dims[${rowsField}];
-  // Row tiles vary fastest, so the workgroups that share a weight tile run together (cache reuse).
-  let r0 = wid.x * ${tr}u;
-  if (r0 >= nRows) { return; }
-  let live = min(${tr}u, nRows - r0);
+${
+    wgslRowTileMain({
+      type,
+      cols,
+      threads: THREADS,
+      broadcast: false,
+      rows: `dims[${rowsField}]`,
+      tile: tr,
+    })
+  }
   let o = (wid.y + wid.z * nwg.y) * TO + t / KS;
   let s = t % KS;
   ${srcRows}
@@ -386,17 +375,7 @@ export function matmulLaneWgsl(spec: MatmulSpec, tile = laneShape(spec.type).row
       (j >> 1) * 2 * threads + (j & 1)
     }u + 2u * t; let oc${j} = min(o${j}, chunk.rows - 1u);`
   ).join("\n  ");
-  return /* wgsl */ `${kv.enable}
-${WGSL_STEP_TYPES}
-struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
-@group(0) @binding(0) var<uniform> dims: vec4<u32>;
-@group(0) @binding(1) var<uniform> chunk: Chunk;
-${wgslWeights(type, 16)}
-@group(0) @binding(3) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> Y: array<f32>;
-${norm ? "@group(0) @binding(5) var<storage, read> NW: array<vec4<f32>>;" : ""}
-${spec.gather ? "@group(0) @binding(6) var<storage, read> samples: array<Sample>;" : ""}
-${rope ? wgslRopeBindings(rope, kv) : ""}
+  return /* wgsl */ `${matmulHead(type, norm, spec.gather === true, rope, kv)}
 ${
     fin
       ? `@group(0) @binding(5) var<storage, read> FNW: array<f32>;
@@ -415,18 +394,7 @@ ${
 var<workgroup> A: array<vec4<f32>, ${(tr * cols) / 4}>;`
       : ""
   }
-const NCHUNK = ${cols / chunkElements(type)}u;
-const XV = ${cols / 4}u;
-${type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
-@compute @workgroup_size(${threads})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) t: u32${
-    broadcast ? ", @builtin(subgroup_invocation_id) sl: u32" : ""
-  }) {
-  let nRows = dims[${rowsField}];
-  let r0 = wid.x * ${tr}u;
-  if (r0 >= nRows) { return; }
-  let live = min(${tr}u, nRows - r0);
+${wgslRowTileMain({ type, cols, threads, broadcast, rows: `dims[${rowsField}]`, tile: tr })}
   let base = (wid.y + wid.z * nwg.y) * ${threads * outs}u;
   ${att ? attentionPrologue(att, threads) : ""}
   // Lanes past the last output compute a copy of it and store nothing: no divergent branch.
@@ -447,6 +415,69 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   ${fin ? finalNormEpilogue(fin.eps, tr, threads, outs) : ""}
 }
 `;
+}
+
+/**
+ * A matmul kernel's module head: the KV dtype's enable, the step types, the chunk bindings, and
+ * the optional inputs of its fused prologues (the RMSNorm weights, gathered sample rows, RoPE).
+ */
+function matmulHead(
+  type: TensorType,
+  norm: boolean,
+  gather: boolean,
+  rope: RopeShape | undefined,
+  kv: ReturnType<typeof kvWgsl>,
+): string {
+  return `${kv.enable}
+${WGSL_STEP_TYPES}
+${wgslChunkBindings(type, 16, "X")}
+${norm ? "@group(0) @binding(5) var<storage, read> NW: array<vec4<f32>>;" : ""}
+${gather ? "@group(0) @binding(6) var<storage, read> samples: array<Sample>;" : ""}
+${rope ? wgslRopeBindings(rope, kv) : ""}`;
+}
+
+/**
+ * The bindings every chunked matrix kernel opens with: the step's dims, the chunk (its rows and
+ * where in Y they go), the weights (wgslWeights: binding 2, and their vec4 view at
+ * `vec4Binding` where the type needs one), the input rows `x` (binding 3) and Y (binding 4).
+ */
+export function wgslChunkBindings(type: TensorType, vec4Binding: number, x: string): string {
+  return `struct Chunk { rows: u32, yStride: u32, yOffset: u32, unused: u32 }
+@group(0) @binding(0) var<uniform> dims: vec4<u32>;
+@group(0) @binding(1) var<uniform> chunk: Chunk;
+${wgslWeights(type, vec4Binding)}
+@group(0) @binding(3) var<storage, read> ${x}: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> Y: array<f32>;`;
+}
+
+/**
+ * The opening of a row-tiled matrix kernel over `cols` columns of `type`: its constants
+ * (NCHUNK weight chunks and XV input vec4s a row), the weight helpers, the entry point (with
+ * the subgroup lane where `broadcast`), and the tile of `tile` rows this workgroup takes: r0,
+ * and `live` rows of it under `rows`. Row tiles vary fastest (wid.x), so the workgroups that
+ * share a weight tile run together (cache reuse); a workgroup past the last row returns.
+ */
+export function wgslRowTileMain(o: {
+  readonly type: TensorType;
+  readonly cols: number;
+  readonly threads: number;
+  readonly broadcast: boolean;
+  /** The WGSL expression of the row count. */
+  readonly rows: string;
+  readonly tile: number;
+}): string {
+  return `const NCHUNK = ${o.cols / chunkElements(o.type)}u;
+const XV = ${o.cols / 4}u;
+${o.type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
+@compute @workgroup_size(${o.threads})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) t: u32${
+    o.broadcast ? ", @builtin(subgroup_invocation_id) sl: u32" : ""
+  }) {
+  let nRows = ${o.rows};
+  let r0 = wid.x * ${o.tile}u;
+  if (r0 >= nRows) { return; }
+  let live = min(${o.tile}u, nRows - r0);`;
 }
 
 /**

@@ -1,4 +1,4 @@
-import type { Gpu } from "./device.ts";
+import { bindAll, type Gpu } from "./device.ts";
 
 /** One plan's entries as packed: where its region starts in the submit's buffer, its size, how many. */
 export interface Region {
@@ -78,6 +78,21 @@ export class PlanRegions {
     const r = this.#regions[i];
     if (r === undefined) return undefined;
     return { count: r.count, binding: { buffer: this.#buffer!, offset: r.offset, size: r.bytes } };
+  }
+
+  /**
+   * Plan i's entry count, and the bind group of `pipeline` that names its region at binding 0
+   * and `buffers` after it (none when the plan has no entries).
+   */
+  bind(
+    i: number,
+    pipeline: GPUComputePipeline,
+    buffers: readonly GPUBuffer[],
+    label: string,
+  ): { readonly count: number; readonly group: GPUBindGroup | undefined } {
+    const r = this.region(i);
+    if (r === undefined) return { count: 0, group: undefined };
+    return { count: r.count, group: bindAll(this.#gpu, pipeline, [r.binding, ...buffers], label) };
   }
 
   destroy(): void {

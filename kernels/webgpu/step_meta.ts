@@ -134,20 +134,17 @@ export class StepMetaLayout {
     u32(DIM_SAMPLES * 4, c.samples.length);
     u32(DIM_SEQS * 4, c.seqs.length);
     u32(12, 0);
-    c.rows.forEach((r, i) => {
-      const at = o.rows + i * ROW_WORDS * 4;
-      u32(at, r.token);
-      u32(at + 4, r.pos);
-      u32(at + 8, r.seq);
-      u32(at + 12, r.slot);
-    });
-    c.seqs.forEach((s, i) => {
-      const at = o.seqs + i * SEQ_WORDS * 4;
-      u32(at, s.tableOffset);
-      u32(at + 4, s.tableLength);
-      u32(at + 8, s.lastRow);
-      u32(at + 12, 0);
-    });
+    // A Row and a Seq are four u32 words each, in WGSL_STEP_TYPES' field order.
+    const words = (at: number, w0: number, w1: number, w2: number, w3: number) => {
+      u32(at, w0);
+      u32(at + 4, w1);
+      u32(at + 8, w2);
+      u32(at + 12, w3);
+    };
+    c.rows.forEach((r, i) => words(o.rows + i * ROW_WORDS * 4, r.token, r.pos, r.seq, r.slot));
+    c.seqs.forEach((s, i) =>
+      words(o.seqs + i * SEQ_WORDS * 4, s.tableOffset, s.tableLength, s.lastRow, 0)
+    );
     c.samples.forEach((s, i) => {
       const at = o.samples + i * SAMPLE_WORDS * 4;
       u32(at, s.row);

@@ -159,17 +159,14 @@ export class TopLogprobsOp implements KernelOp {
 
   /** Points the next encode at plan `i`; returns how many rows of it ask. */
   use(i: number): number {
-    const r = this.#regions.region(i);
-    this.#count = r?.count ?? 0;
-    this.#group = r === undefined ? undefined : this.#gpu.device.createBindGroup({
-      layout: this.#pipeline.getBindGroupLayout(0),
-      entries: [
-        { binding: 0, resource: r.binding },
-        { binding: 1, resource: { buffer: this.#logits } },
-        { binding: 2, resource: { buffer: this.out } },
-      ],
-      label: this.label,
-    });
+    const { count, group } = this.#regions.bind(
+      i,
+      this.#pipeline,
+      [this.#logits, this.out],
+      this.label,
+    );
+    this.#count = count;
+    this.#group = group;
     return this.#count;
   }
 

@@ -8,8 +8,8 @@ import { peerFlagError, unknownArgumentsError } from "./flag_suggestions.ts";
 import { type CommandName, COMMANDS } from "./commands.ts";
 import {
   flagOf,
-  PEER_FLAG_COMMANDS,
-  PEER_FLAGS,
+  givingFlag,
+  peerFlagsOf,
   row,
   SETTING_NAMES,
   type SettingName,
@@ -31,10 +31,8 @@ export function commandAliases(command: CommandName): Record<string, string> {
   for (const n of commandSettings(command)) {
     for (const a of row(n).aliases ?? []) out[a] = flagOf(n);
   }
-  if (PEER_FLAG_COMMANDS.includes(command)) {
-    for (const [flag, p] of Object.entries(PEER_FLAGS)) {
-      for (const a of p.aliases ?? []) out[a] = flag;
-    }
+  for (const [flag, p] of peerFlagsOf(command)) {
+    for (const a of p.aliases ?? []) out[a] = flag;
   }
   return out;
 }
@@ -69,7 +67,7 @@ export function flagValues(
 ): Partial<Record<SettingName, unknown>> {
   const names = commandSettings(command);
   const kind = (n: SettingName) => row(n).kind ?? "value";
-  const peers = PEER_FLAG_COMMANDS.includes(command) ? Object.keys(PEER_FLAGS) : [];
+  const peers = peerFlagsOf(command).map(([flag]) => flag);
   const aliases = commandAliases(command);
   const { values, unknown, typed } = parseFlags(argv, {
     string: [...names.filter((n) => kind(n) !== "switch").map(flagOf), ...peers],
@@ -148,9 +146,7 @@ export function resolveSettings(
 
 /** The flag a setting is given by: its own, or the one whose repeats fill it. */
 function shownFlag(name: SettingName): string {
-  if (!row(name).noFlag) return `--${flagOf(name)}`;
-  const by = SETTING_NAMES.find((n) => row(n).repeatsInto === name);
-  return by === undefined ? name : `--${flagOf(by)}`;
+  return givingFlag(name)?.flag ?? name;
 }
 
 function problem(

@@ -1,15 +1,10 @@
-import { openModel, uploadProgress } from "./open_model.ts";
+import { openModelFor, uploadProgress } from "./open_model.ts";
 import { parseSettings } from "./flag_parser.ts";
 import { printInfo } from "./help.ts";
 import type { Settings } from "./settings.ts";
 import { whenLauncherGone } from "./parent_watch.ts";
 import { CoreBackend } from "../backend/core_backend.ts";
-import {
-  engineMemory,
-  modelAllocator,
-  modelPlacement,
-  resolveBackend,
-} from "../compose/engine_factory.ts";
+import { engineMemory, resolveBackend } from "../compose/engine_factory.ts";
 import { openServing, planServing } from "../compose/open_serving.ts";
 import { formatBytes } from "../util/byte_size.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
@@ -86,14 +81,7 @@ export async function generateCommand(argv: string[]): Promise<number> {
   const args = parsed;
   // Asked while the model loads: the adapter probe is a child process of its own.
   const resolving = resolveBackend(args.backend);
-  const { source, tokenizer, ...opened } = await openModel(args.model, {
-    modelsDir: args.modelsDir,
-    tokenizer: args.tokenizer,
-    contextLength: args.contextLength,
-    purpose: "generate with",
-    allocate: modelAllocator(args.backend),
-    placeTensors: modelPlacement(args.backend),
-  });
+  const { source, tokenizer, ...opened } = await openModelFor(args, "generate with");
   const engineOptions = {
     ...(args.kvDtype === undefined ? {} : { kvDtype: args.kvDtype }),
     ...(args.threads === undefined ? {} : { threads: args.threads }),

@@ -5,7 +5,7 @@
  */
 import { type CommandName, COMMANDS } from "./commands.ts";
 import { commandSettings } from "./flag_parser.ts";
-import { flagOf, PEER_FLAG_COMMANDS, PEER_FLAGS, row, type SettingName } from "./settings.ts";
+import { flagOf, peerFlagsOf, row, type SettingName } from "./settings.ts";
 import { versionLine } from "./version.ts";
 
 /** A spelling as typed: `-m`, `-ngl` (llama.cpp's short ones), `--ctx-size`. */
@@ -39,10 +39,11 @@ export function helpText(command: CommandName): string {
   const rows = names.map((n) =>
     `${pad(`--${flagOf(n)}`)}${helpOf(n, command)}${facts(n, command)}`
   );
-  const peers = PEER_FLAG_COMMANDS.includes(command)
+  const peerFlags = peerFlagsOf(command);
+  const peers = peerFlags.length > 0
     ? [
       "Flags of other servers that do another job here:",
-      ...Object.entries(PEER_FLAGS).map(([flag, p]) =>
+      ...peerFlags.map(([flag, p]) =>
         `  ${[flag, ...(p.aliases ?? [])].map(spelled).join(", ")}: ${p.instead}`
       ),
     ]

@@ -4,6 +4,7 @@ import { ProgressBar } from "../util/progress_bar.ts";
 import { Tokenizer } from "../tokenizer/tokenizer.ts";
 import type { Model } from "../model/weights.ts";
 import type { PlaceTensors } from "../model/gguf.ts";
+import { type BackendChoice, modelAllocator, modelPlacement } from "../compose/engine_factory.ts";
 
 export interface OpenModelOptions {
   readonly modelsDir?: string;
@@ -70,4 +71,31 @@ export function uploadProgress(modelPath: string): (bytes: number, total: number
     if (bytes >= total) bar.finish(bytes);
     else bar.update(bytes);
   };
+}
+
+/** What a command's settings say of the model it opens, and of the engine its bytes are for. */
+export interface ModelSettings {
+  readonly model: string;
+  readonly modelsDir?: string;
+  readonly tokenizer?: string;
+  readonly contextLength?: number;
+  readonly backend: BackendChoice;
+  readonly kvMemory?: number;
+}
+
+/** openModel for a command's settings: the weights read where the backend's engine wants them. */
+export function openModelFor(
+  s: ModelSettings,
+  purpose: string,
+  onProgress?: OpenModelOptions["onProgress"],
+): ReturnType<typeof openModel> {
+  return openModel(s.model, {
+    modelsDir: s.modelsDir,
+    tokenizer: s.tokenizer,
+    contextLength: s.contextLength,
+    purpose,
+    ...(onProgress ? { onProgress } : {}),
+    allocate: modelAllocator(s.backend),
+    placeTensors: modelPlacement(s.backend, s.kvMemory),
+  });
 }

@@ -1,7 +1,7 @@
-import { openModel, uploadProgress } from "./open_model.ts";
+import { openModelFor, uploadProgress } from "./open_model.ts";
 import { modelStem } from "../source/model_source.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
-import { drainOnStop } from "./replica_stop.ts";
+import { connectReplica, startReplicaAgent } from "./replica_role.ts";
 import { serveModelsCommand } from "./serve_models.ts";
 import { parseServeArgs } from "./serve_args.ts";
 import { printInfo } from "./help.ts";
@@ -11,14 +11,9 @@ import { formatKeepAlive } from "../util/duration.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import type { Config } from "./config.ts";
 import { grammarPendingNote, startGrammarInBackground } from "../compose/grammar_preload.ts";
-import {
-  engineMemory,
-  modelAllocator,
-  modelPlacement,
-  resolveBackend,
-} from "../compose/engine_factory.ts";
+import { engineMemory, resolveBackend } from "../compose/engine_factory.ts";
 import { openServing, planServing } from "../compose/open_serving.ts";
-import { servedBackend, servingSettings } from "./serving_settings.ts";
+import { modelAppOptions, servedBackend, servingSettings } from "./serving_settings.ts";
 import { sharedResultStore } from "./shared_cache_config.ts";
 import type { NatsResultStore } from "../cluster/nats_result_store.ts";
 import { FAULT_ENV, FaultInjector } from "../engine/fault_injection.ts";
@@ -29,14 +24,11 @@ import { batchQueueFor } from "./batch_queue_config.ts";
 import { serveService } from "../http/serve.ts";
 import { ServiceMetrics } from "../http/service_metrics.ts";
 import { RequestLog } from "../http/request_log.ts";
-import { drainedLine, natsServedLog } from "./serve_lines.ts";
+import { drainedLine } from "./serve_lines.ts";
 import { createChatRenderer } from "../chat/chat_template.ts";
 import { leveledLog } from "../util/log_level.ts";
 import { createLoadingService, LoadProgress, SwitchableService } from "../http/loading_service.ts";
 import type { CoreBackend } from "../backend/core_backend.ts";
-import { connectNats } from "../cluster/nats_connection.ts";
-import { ReplicaAgent } from "../cluster/replica.ts";
-import { randomId } from "../cluster/subjects.ts";
 import { coreReplicaSource } from "../cluster/replica_source.ts";
 import { identityOrWarning } from "../cluster/model_identity.ts";
 import type { Model } from "../model/weights.ts";
@@ -150,15 +142,11 @@ async function start(
 ) {
   // Asked while the model loads: the adapter probe is a child process of its own.
   const resolving = resolveBackend(config.backend);
-  const { source, tokenizer, ...opened } = await openModel(config.model, {
-    modelsDir: config.modelsDir,
-    tokenizer: config.tokenizer,
-    contextLength: config.contextLength,
-    purpose: "serve",
-    onProgress: (phase, bytes, total) => progress.set(phase, bytes, total),
-    allocate: modelAllocator(config.backend),
-    placeTensors: modelPlacement(config.backend, config.kvMemory),
-  });
+  const { source, tokenizer, ...opened } = await openModelFor(
+    config,
+    "serve",
+    (phase, bytes, total) => progress.set(phase, bytes, total),
+  );
   const settings = servingSettings(config);
   const resolved = await resolving;
   const { plan, kv, model } = await planServing(
@@ -200,29 +188,16 @@ async function start(
   }, shared);
   const servedModelNames = config.servedModelName.length > 0 ? config.servedModelName : [modelName];
   const { batches, dataDir } = batchQueueFor(config, log);
-  const service = createApp({
+  const service = createApp(modelAppOptions(config, {
     extend: batches.attach,
     backend,
     metrics,
-    apiKeys: config.apiKey,
-    cacheScope: config.cacheScope,
-    corsOrigins: config.corsOrigin,
-    allowedHosts: config.allowedHost,
-    drainTimeoutMs: config.drainTimeout * 1000,
     servedModelNames,
-    metricsPublic: config.metricsPublic,
     requestLog,
-    props: {
-      modelPath: source.modelPath,
-      backend: description,
-      maxRunning: config.maxRunning,
-      maxWaiting: config.maxWaiting,
-      maxBatchTokens: config.maxBatchTokens,
-      kvBlocks: numBlocks,
-      blockSize: config.blockSize,
-      resultCacheBytes: config.resultCache,
-    },
-  });
+    modelPath: source.modelPath,
+    description,
+    kvBlocks: numBlocks,
+  }));
   const replica = config.nats === undefined ? undefined : await startReplica(config, {
     servedModelNames,
     coreBackend,
@@ -303,13 +278,11 @@ async function startReplica(
     requestLog: RequestLog;
   },
 ) {
-  const id = randomId("replica");
-  const natsOptions = { url: config.nats!, credsFile: config.natsCreds, name: id };
-  const nc = await connectNats({ ...natsOptions, log: deps.log });
-  deps.shared?.attach(nc);
+  const link = await connectReplica(config, deps.log, deps.shared);
   const { coreBackend, core, model } = deps;
-  const agent = new ReplicaAgent(
-    nc,
+  return await startReplicaAgent(
+    config,
+    link,
     {
       ...coreReplicaSource({
         backend: coreBackend,
@@ -324,20 +297,9 @@ async function startReplica(
       // Streams from routers take the result cache too (and its shared level).
       backend: deps.backend,
     },
-    {
-      id,
-      log: deps.log,
-      // A stream served over NATS gets the line an HTTP request gets.
-      served: natsServedLog(deps.requestLog),
-    },
+    deps.log,
+    deps.requestLog,
   );
-  await agent.start(natsOptions);
-  return {
-    agent,
-    drain: drainOnStop(agent, config.drainTimeout),
-    where: nc.getServer(),
-    close: () => nc.close(),
-  };
 }
 
 /** `--chat-template <file>`: its text, refused with the file's name when unreadable or invalid. */

@@ -21,7 +21,7 @@ import {
   type ResolvedBackend,
 } from "../compose/engine_factory.ts";
 import { openServing, planServing } from "../compose/open_serving.ts";
-import { servedBackend, servingSettings } from "./serving_settings.ts";
+import { modelAppOptions, servedBackend, servingSettings } from "./serving_settings.ts";
 import { sharedResultStore } from "./shared_cache_config.ts";
 import type { NatsResultStore } from "../cluster/nats_result_store.ts";
 import { type LoadContext, ModelPool } from "../compose/model_pool.ts";
@@ -40,14 +40,12 @@ import { listenerOptions } from "./listener_options.ts";
 import { describeWithGpuApi } from "../util/gpu_api.ts";
 import { type Config, maxKeepAlive } from "./config.ts";
 import { openModel } from "./open_model.ts";
-import { ReplicaAgent, type ReplicaModels, type ReplicaSource } from "../cluster/replica.ts";
-import { connectNats } from "../cluster/nats_connection.ts";
+import type { ReplicaModels, ReplicaSource } from "../cluster/replica.ts";
 import { identityOrWarning } from "../cluster/model_identity.ts";
-import { randomId } from "../cluster/subjects.ts";
 import { coreReplicaSource } from "../cluster/replica_source.ts";
-import { drainedLine, natsServedLog } from "./serve_lines.ts";
+import { drainedLine } from "./serve_lines.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
-import { drainOnStop } from "./replica_stop.ts";
+import { connectReplica, startReplicaAgent } from "./replica_role.ts";
 import { type ModelsFileEntry, readModelsConfig } from "./models_config.ts";
 import { batchQueueFor } from "./batch_queue_config.ts";
 
@@ -353,28 +351,15 @@ async function buildOnFile(
     ...(template ? { chatTemplate: template } : {}),
     ...(m.own?.sampling ? { sampling: m.own.sampling } : {}),
   }, shared.resultStore);
-  const service = createApp({
+  const service = createApp(modelAppOptions(config, {
     backend,
     metrics,
-    apiKeys: config.apiKey,
-    cacheScope: config.cacheScope,
-    corsOrigins: config.corsOrigin,
-    allowedHosts: config.allowedHost,
-    drainTimeoutMs: config.drainTimeout * 1000,
     servedModelNames: [m.name, ...(m.aliases ?? [])],
-    metricsPublic: config.metricsPublic,
     requestLog: shared.requestLog,
-    props: {
-      modelPath: m.path,
-      backend: description,
-      maxRunning: config.maxRunning,
-      maxWaiting: config.maxWaiting,
-      maxBatchTokens: config.maxBatchTokens,
-      kvBlocks: plan.numBlocks,
-      blockSize: config.blockSize,
-      resultCacheBytes: config.resultCache,
-    },
-  });
+    modelPath: m.path,
+    description,
+    kvBlocks: plan.numBlocks,
+  }));
   shared.replicaSources?.set(
     m.name,
     {
@@ -626,10 +611,7 @@ async function startModelsReplica(
   log: (line: string) => void,
 ) {
   const sources = shared.replicaSources!;
-  const id = randomId("replica");
-  const natsOptions = { url: config.nats!, credsFile: config.natsCreds, name: id };
-  const nc = await connectNats({ ...natsOptions, log });
-  shared.resultStore?.attach(nc);
+  const link = await connectReplica(config, log, shared.resultStore);
   const models: ReplicaModels = {
     maxRunning: config.maxRunning,
     maxWaiting: config.maxWaiting,
@@ -657,17 +639,5 @@ async function startModelsReplica(
       return { source, release: () => lease.release() };
     },
   };
-  const agent = new ReplicaAgent(nc, models, {
-    id,
-    log,
-    // A stream served over NATS gets the line an HTTP request gets.
-    served: natsServedLog(shared.requestLog),
-  });
-  await agent.start(natsOptions);
-  return {
-    agent,
-    drain: drainOnStop(agent, config.drainTimeout),
-    where: nc.getServer(),
-    close: () => nc.close(),
-  };
+  return await startReplicaAgent(config, link, models, log, shared.requestLog);
 }

@@ -9,6 +9,7 @@ import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { CachedBackend } from "../backend/cached_backend.ts";
 import type { SharedResultStore } from "../core/shared_result_store.ts";
 import { CoreBackend, embeddingSettings } from "../backend/core_backend.ts";
+import type { AppOptions } from "../http/app.ts";
 
 /**
  * What a server's configuration asks of each serving core it opens: the engine's options, the
@@ -93,4 +94,43 @@ export interface CoreBackendParts {
   readonly model: Pick<Model, "pooling">;
   readonly chatTemplate?: string;
   readonly sampling?: SamplingDefaults;
+}
+
+/**
+ * The app of one served model: what it takes from the configuration (keys, origins, drain,
+ * and the limits /props reports) beside what is its own. `serve` and the several-models server
+ * build each model's app from here.
+ */
+export function modelAppOptions(
+  c: Config,
+  own: Pick<AppOptions, "backend" | "metrics" | "servedModelNames" | "requestLog" | "extend"> & {
+    readonly modelPath: string;
+    /** The engine in words. */
+    readonly description: string;
+    readonly kvBlocks: number;
+  },
+): AppOptions {
+  return {
+    ...(own.extend ? { extend: own.extend } : {}),
+    backend: own.backend,
+    metrics: own.metrics,
+    apiKeys: c.apiKey,
+    cacheScope: c.cacheScope,
+    corsOrigins: c.corsOrigin,
+    allowedHosts: c.allowedHost,
+    drainTimeoutMs: c.drainTimeout * 1000,
+    servedModelNames: own.servedModelNames,
+    metricsPublic: c.metricsPublic,
+    requestLog: own.requestLog,
+    props: {
+      modelPath: own.modelPath,
+      backend: own.description,
+      maxRunning: c.maxRunning,
+      maxWaiting: c.maxWaiting,
+      maxBatchTokens: c.maxBatchTokens,
+      kvBlocks: own.kvBlocks,
+      blockSize: c.blockSize,
+      resultCacheBytes: c.resultCache,
+    },
+  };
 }

@@ -721,3 +721,18 @@ export const PEER_FLAGS: Readonly<
 
 /** The commands that answer a peer's flag with what to use instead (the others: unknown). */
 export const PEER_FLAG_COMMANDS: readonly CommandName[] = ["serve", "generate"];
+
+/** The peers' flags `command` answers with what to use instead, by flag (none for the rest). */
+export function peerFlagsOf(command: CommandName): [string, (typeof PEER_FLAGS)[string]][] {
+  return PEER_FLAG_COMMANDS.includes(command) ? Object.entries(PEER_FLAGS) : [];
+}
+
+/**
+ * The flag a setting is given by: its own, or the one whose repeats fill it (`repeated`);
+ * undefined for a setting read from its variable only.
+ */
+export function givingFlag(name: SettingName): { flag: string; repeated: boolean } | undefined {
+  if (!row(name).noFlag) return { flag: `--${flagOf(name)}`, repeated: false };
+  const by = SETTING_NAMES.find((n) => row(n).repeatsInto === name);
+  return by === undefined ? undefined : { flag: `--${flagOf(by)}`, repeated: true };
+}

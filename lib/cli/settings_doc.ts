@@ -17,6 +17,7 @@ import { COMMAND_NAMES, COMMANDS } from "./commands.ts";
 import { spelled } from "./help.ts";
 import {
   flagOf,
+  givingFlag,
   PEER_FLAG_COMMANDS,
   PEER_FLAGS,
   row,
@@ -36,9 +37,9 @@ const code = (s: string) => `\`${s}\``;
 
 /** The flag column: the setting's own flag, or the one whose repeats fill it. */
 function flagCell(name: SettingName): string {
-  if (!row(name).noFlag) return code(`--${flagOf(name)}`);
-  const by = SETTING_NAMES.find((n) => row(n).repeatsInto === name);
-  return by === undefined ? "(variable only)" : `${code(`--${flagOf(by)}`)} repeated`;
+  const given = givingFlag(name);
+  if (given === undefined) return "(variable only)";
+  return given.repeated ? `${code(given.flag)} repeated` : code(given.flag);
 }
 
 /** What a setting does, with what it means for a command where that differs. */

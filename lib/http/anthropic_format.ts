@@ -1,8 +1,8 @@
 import type { GenerationEvent, Usage } from "../core/generation.ts";
-import { type ParsedToolCall, type ToolCallFormat, ToolCallStream } from "../chat/tool_calls.ts";
-import { type ApiError, fromGenerationError } from "./errors.ts";
+import type { ParsedToolCall, StreamPiece, ToolCallFormat } from "../chat/tool_calls.ts";
+import type { ApiError } from "./errors.ts";
 import { anthropicError } from "./error_shapes.ts";
-import { serverCut } from "./generation_run.ts";
+import { AnswerEvents } from "./answer_events.ts";
 import type { ServiceMetrics } from "./service_metrics.ts";
 import { sseEvent } from "./sse.ts";
 
@@ -59,8 +59,7 @@ export interface MessageHead {
  * text and closed before a call or at the end; each call one tool_use block with its whole
  * input in one input_json_delta; message_delta with the stop reason and usage; message_stop.
  */
-export class MessageEvents {
-  readonly #calls: ToolCallStream | undefined;
+export class MessageEvents extends AnswerEvents {
   /** The last block's index, and whether it is an open text block. */
   #block = -1;
   #textOpen = false;
@@ -70,51 +69,33 @@ export class MessageEvents {
     readonly head: MessageHead,
     toolFormat: ToolCallFormat | undefined,
     readonly stops: readonly string[],
-    readonly metrics: ServiceMetrics,
+    metrics: ServiceMetrics,
   ) {
-    this.#calls = toolFormat ? new ToolCallStream(toolFormat) : undefined;
+    super(toolFormat, metrics);
   }
 
-  render(ev: GenerationEvent): { chunks: string[]; last: boolean } {
-    switch (ev.type) {
-      case "started": {
-        const u = usage({ promptTokens: ev.promptTokens, completionTokens: 0, cachedTokens: 0 });
-        const message = { ...this.head, content: [], stop_reason: null, stop_sequence: null };
-        return {
-          chunks: [
-            sseEvent("message_start", { type: "message_start", message: { ...message, usage: u } }),
-          ],
-          last: false,
-        };
-      }
-      case "token": {
-        const piece = this.#calls ? this.#calls.push(ev.text) : { content: ev.text, calls: [] };
-        return { chunks: this.#pieces(piece), last: false };
-      }
-      case "done": {
-        if (ev.finishReason === "cancelled") return this.#failed(serverCut());
-        const out = this.#calls
-          ? this.#pieces(this.#calls.finish(ev.finishReason === "length"))
-          : [];
-        this.#closeText(out);
-        out.push(
-          sseEvent("message_delta", {
-            type: "message_delta",
-            delta: stopReason(ev, this.#callCount, this.stops),
-            usage: usage(ev.usage),
-          }),
-          sseEvent("message_stop", { type: "message_stop" }),
-        );
-        return { chunks: out, last: true };
-      }
-      case "error":
-        return this.#failed(fromGenerationError(ev.code, ev.message));
-    }
+  protected started(promptTokens: number): string[] {
+    const u = usage({ promptTokens, completionTokens: 0, cachedTokens: 0 });
+    const message = { ...this.head, content: [], stop_reason: null, stop_sequence: null };
+    return [
+      sseEvent("message_start", { type: "message_start", message: { ...message, usage: u } }),
+    ];
   }
 
-  #failed(err: ApiError): { chunks: string[]; last: boolean } {
-    this.metrics.errors.inc({ code: err.code });
-    return { chunks: [sseEvent("error", anthropicError(err))], last: true };
+  protected finished(ev: Extract<GenerationEvent, { type: "done" }>, out: string[]): void {
+    this.#closeText(out);
+    out.push(
+      sseEvent("message_delta", {
+        type: "message_delta",
+        delta: stopReason(ev, this.#callCount, this.stops),
+        usage: usage(ev.usage),
+      }),
+      sseEvent("message_stop", { type: "message_stop" }),
+    );
+  }
+
+  protected errorEvent(err: ApiError): string {
+    return sseEvent("error", anthropicError(err));
   }
 
   #closeText(out: string[]): void {
@@ -123,7 +104,7 @@ export class MessageEvents {
     this.#textOpen = false;
   }
 
-  #pieces(p: { content: string; calls: readonly ParsedToolCall[] }): string[] {
+  protected pieces(p: StreamPiece): string[] {
     const out: string[] = [];
     if (p.content !== "") {
       if (!this.#textOpen) {

@@ -1,5 +1,6 @@
-import { ApiError, toApiError } from "./errors.ts";
-import { type OpenAiOptions, parse, type Parsed } from "./openai_routes.ts";
+import { ApiError } from "./errors.ts";
+import { parseRespelled, type Respelling } from "./respelled_error.ts";
+import type { OpenAiOptions, Parsed } from "./openai_routes.ts";
 import type {
   AnthropicBlock,
   AnthropicCountBody,
@@ -107,32 +108,12 @@ function toolChoice(c: AnthropicToolChoice | undefined): unknown {
 }
 
 /** OpenAI parameter -> the Anthropic field it came from, most specific first. */
-const RESPELL: readonly (readonly [string, string])[] = [
+const RESPELL: Respelling = [
   ["stop", "stop_sequences"],
   ["response_format.json_schema.schema", "output_config.format.schema"],
   ["response_format", "output_config.format"],
   ["tool_choice.function.name", "tool_choice.name"],
 ];
-
-function respelled(err: unknown, sources: readonly string[]): unknown {
-  const e = toApiError(err);
-  const p = e.param;
-  if (p === null) return e;
-  let param: string | undefined;
-  const msg = /^messages\[(\d+)\]/.exec(p);
-  if (msg) param = sources[Number(msg[1])] ?? "messages";
-  const tool = /^tools\[(\d+)\](?:\.function)?(.*)$/.exec(p);
-  if (tool) param = `tools[${tool[1]}]${tool[2]!.replace(/^\.parameters/, ".input_schema")}`;
-  for (const [from, to] of RESPELL) {
-    if (
-      param === undefined && (p === from || p.startsWith(from + ".") || p.startsWith(from + "["))
-    ) {
-      param = to + p.slice(from.length);
-    }
-  }
-  if (param === undefined || param === p) return e;
-  return new ApiError(e.code, e.message.replaceAll(`'${p}'`, `'${param}'`), param);
-}
 
 /** A Messages (or count_tokens) body as the OpenAI chat request. */
 export function parseAnthropic(
@@ -174,9 +155,9 @@ export function parseAnthropic(
       };
     }
   }
-  try {
-    return parse(body, "chat_completions", opts);
-  } catch (e) {
-    throw respelled(e, sources);
-  }
+  return parseRespelled(body, "chat_completions", opts, RESPELL, {
+    messages: sources,
+    messageList: "messages",
+    toolField: (f) => f.replace(/^\.parameters/, ".input_schema"),
+  });
 }

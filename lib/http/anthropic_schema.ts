@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { jsonSchemaObject } from "./response_format.ts";
 
 /**
  * The shapes of Anthropic's Messages API bodies (POST /v1/messages and its count_tokens).
@@ -74,7 +75,7 @@ const AnthropicTool = z.strictObject({
   }).optional(),
   name: z.string(),
   description: z.string().optional(),
-  input_schema: z.record(z.string(), z.unknown(), { error: "expected a JSON Schema object" }),
+  input_schema: jsonSchemaObject,
   cache_control: cacheControl,
 });
 export type AnthropicTool = z.output<typeof AnthropicTool>;
@@ -118,7 +119,7 @@ export const AnthropicMessagesBody = z.strictObject({
   output_config: z.strictObject({
     format: z.strictObject({
       type: z.literal("json_schema"),
-      schema: z.record(z.string(), z.unknown(), { error: "expected a JSON Schema object" }),
+      schema: jsonSchemaObject,
     }).nullish(),
     effort: z.null({ error: "effort (reasoning effort) is not supported; leave it out" })
       .optional(),

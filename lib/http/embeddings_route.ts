@@ -9,6 +9,7 @@ import { readJsonBody } from "./body.ts";
 import { ApiError, fromGenerationError } from "./errors.ts";
 import { servedName } from "./openai_routes.ts";
 import { parseWith } from "./validation.ts";
+import { PARAM_FIELDS } from "./request_params.ts";
 
 /** What one /v1/embeddings request may hold, and how many of its inputs run at once. */
 export const EMBEDDING_LIMITS = {
@@ -34,9 +35,10 @@ export const EmbeddingsBody = z.strictObject({
   /** Accepted as OpenAI accepts it; no effect. */
   user: z.string().optional(),
   /** Ours, as on the completion routes: a batch line's inputs yield to interactive work. */
-  priority: z.enum(["interactive", "batch"]).optional(),
+  priority: PARAM_FIELDS.priority.optional(),
 });
 
+/** What the routes that run the model over inputs (embeddings, rerank) need of the app. */
 export interface EmbeddingsOptions {
   readonly backend: GenerationBackend;
   readonly maxBodyBytes: number;

@@ -1,4 +1,4 @@
-import type { ApiError } from "./errors.ts";
+import { type ApiError, errorTypeFor, type ErrorTypeNames, OPENAI_ERROR_TYPES } from "./errors.ts";
 
 /**
  * The error body each API's clients read, chosen by path: Ollama's clients read a string
@@ -17,20 +17,21 @@ export function ollamaError(e: ApiError): { error: string } {
 }
 
 /** Anthropic's error types by HTTP status (its errors page). */
-function anthropicType(status: number): string {
-  if (status === 401) return "authentication_error";
-  if (status === 403) return "permission_error";
-  if (status === 404) return "not_found_error";
-  if (status === 413) return "request_too_large";
-  if (status === 429) return "rate_limit_error";
-  if (status === 503) return "overloaded_error";
-  if (status >= 500) return "api_error";
-  return "invalid_request_error";
-}
+const ANTHROPIC_ERROR_TYPES: ErrorTypeNames = {
+  byStatus: {
+    ...OPENAI_ERROR_TYPES.byStatus,
+    413: "request_too_large",
+    503: "overloaded_error",
+  },
+  server: "api_error",
+};
 
 /** Anthropic's error object (also its streams' `error` event). */
 export function anthropicError(
   e: ApiError,
 ): { type: "error"; error: { type: string; message: string } } {
-  return { type: "error", error: { type: anthropicType(e.status), message: e.message } };
+  return {
+    type: "error",
+    error: { type: errorTypeFor(e.status, ANTHROPIC_ERROR_TYPES), message: e.message },
+  };
 }

@@ -72,15 +72,27 @@ const STATUS: Record<ApiErrorCode, number> = {
   not_implemented: 501,
 };
 
-/** The OpenAI-style `error.type` for a status. */
-function typeForStatus(status: number): string {
-  if (status === 401) return "authentication_error";
-  if (status === 403) return "permission_error";
-  if (status === 404) return "not_found_error";
-  if (status === 429) return "rate_limit_error";
-  if (status === 503) return "service_unavailable_error";
-  if (status >= 500) return "server_error";
-  return "invalid_request_error";
+/** An API's names for its error types: by status, and for any other 5xx. */
+export interface ErrorTypeNames {
+  readonly byStatus: Readonly<Record<number, string>>;
+  readonly server: string;
+}
+
+/** The OpenAI-style `error.type` names (which Anthropic's share for the client's faults). */
+export const OPENAI_ERROR_TYPES: ErrorTypeNames = {
+  byStatus: {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+  },
+  server: "server_error",
+};
+
+/** The `error.type` of a status in an API's names; any other 4xx is an invalid request. */
+export function errorTypeFor(status: number, names: ErrorTypeNames): string {
+  return names.byStatus[status] ?? (status >= 500 ? names.server : "invalid_request_error");
 }
 
 /** The HTTP status of an error code; undefined for a code that is not an API error's. */
@@ -101,7 +113,7 @@ export class ApiError extends Error {
     super(message);
     this.name = "ApiError";
     this.status = STATUS[code];
-    this.type = typeForStatus(this.status);
+    this.type = errorTypeFor(this.status, OPENAI_ERROR_TYPES);
   }
 
   /** The OpenAI error envelope. */

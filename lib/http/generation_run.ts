@@ -103,6 +103,23 @@ export function streamBody(
   // Deno warns about request.signal listeners still attached when a streamed body is returned;
   // from here the body's cancel() reports a client that went away.
   run.release();
+  return renderedEventStream(events, record, render, () => run.abort(), deps, opts.stallTimeoutMs);
+}
+
+/**
+ * The SSE body of a generation's events, each rendered to chunks by `render`: the request's log
+ * line waits for the stream's end (so it has the token counts and the total time), the
+ * generation ends after the event `render` calls last, a cancelled body aborts it, and a stall
+ * is counted as `too_slow`.
+ */
+export function renderedEventStream<E>(
+  events: AsyncGenerator<E>,
+  record: RequestRecord | undefined,
+  render: (ev: E) => { chunks: string[]; last: boolean },
+  abort: () => void,
+  deps: GenerationDeps,
+  stallTimeoutMs: number,
+): ReadableStream<Uint8Array> {
   record?.defer();
   let ended = false;
   return pullSseStream(async () => {
@@ -123,18 +140,17 @@ export function streamBody(
     }
     return chunks;
   }, async () => {
-    run.abort();
+    abort();
     await events.return(undefined);
     record?.streamEnded();
   }, {
-    stallTimeoutMs: opts.stallTimeoutMs,
+    stallTimeoutMs,
     onStall: () => {
       deps.metrics.errors.inc({ code: "too_slow" });
       if (record) record.code = "too_slow";
     },
   });
 }
-
 /**
  * A generation the server ended while its client still waited (the drain deadline): a 503 to
  * retry elsewhere, never a truncated answer passed off as complete.

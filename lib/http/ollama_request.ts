@@ -1,5 +1,6 @@
-import { ApiError, toApiError } from "./errors.ts";
-import { type OpenAiOptions, parse, type Parsed } from "./openai_routes.ts";
+import { ApiError } from "./errors.ts";
+import { parseRespelled, type Respelling } from "./respelled_error.ts";
+import type { OpenAiOptions, Parsed } from "./openai_routes.ts";
 import type {
   OllamaChatBody,
   OllamaGenerateBody,
@@ -35,7 +36,7 @@ const SAME_NAME = [
 ] as const;
 
 /** OpenAI parameter -> the Ollama field it came from, most specific first. */
-const RESPELL: readonly (readonly [string, string])[] = [
+const RESPELL: Respelling = [
   ["response_format.json_schema.schema", "format"],
   ["response_format", "format"],
   ["max_tokens", "options.num_predict"],
@@ -106,19 +107,6 @@ function openAiMessages(messages: readonly OllamaMessage[]): Record<string, unkn
   });
 }
 
-/** An OpenAI-parser error in the names of the Ollama request it came from. */
-function respelled(err: unknown, extra: readonly (readonly [string, string])[]): unknown {
-  const e = toApiError(err);
-  if (e.param === null) return e;
-  for (const [from, to] of [...extra, ...RESPELL]) {
-    const p = e.param;
-    if (p !== from && !p.startsWith(from + ".") && !p.startsWith(from + "[")) continue;
-    const param = to + p.slice(from.length);
-    return new ApiError(e.code, e.message.replaceAll(`'${p}'`, `'${param}'`), param);
-  }
-  return e;
-}
-
 /** The context a request may use: the model's, or less with options.num_ctx (never more). */
 export function requestContext(o: OllamaOptions | null | undefined, model: number): number {
   const asked = o?.num_ctx;
@@ -138,14 +126,9 @@ function parsed(
   body: Record<string, unknown>,
   kind: "chat_completions" | "completions",
   opts: OpenAiOptions,
-  extra: readonly (readonly [string, string])[] = [],
+  extra: Respelling = [],
 ): Parsed {
-  let p: Parsed;
-  try {
-    p = parse(body, kind, opts);
-  } catch (e) {
-    throw respelled(e, extra);
-  }
+  const p = parseRespelled(body, kind, opts, [...extra, ...RESPELL]);
   // Ollama's num_predict defaults to -1: until a stop or the context's end, for both routes.
   return { ...p, input: { ...p.input, defaultMaxTokens: undefined } };
 }

@@ -132,7 +132,33 @@ export interface ToolCallDelta {
   readonly function: { readonly name?: string; readonly arguments: string };
 }
 
-export function completionResponse(
+/** What every OpenAI response object and chunk opens with, `object` naming its kind. */
+function objectHead(meta: ResponseMeta, object: string) {
+  return { id: meta.id, object, created: meta.created, model: meta.model };
+}
+
+/** Each kind of whole response's fields of one choice, beside its index. */
+const CHOICE_FIELDS = {
+  "text_completion": (c: ChoiceResult) => ({
+    text: c.text ?? "",
+    finish_reason: c.finish,
+    logprobs: c.logprobs === null ? null : completionLogprobs(c.logprobs, 0),
+  }),
+  "chat.completion": (c: ChoiceResult) => ({
+    message: {
+      role: "assistant",
+      content: c.text,
+      refusal: null,
+      ...(c.toolCalls && c.toolCalls.length > 0 ? { tool_calls: c.toolCalls } : {}),
+    },
+    finish_reason: c.finish,
+    logprobs: c.logprobs === null ? null : chatLogprobs(c.logprobs),
+  }),
+};
+
+/** A whole (non-streamed) response: every choice, then the usage and the timings. */
+export function wholeResponse(
+  object: keyof typeof CHOICE_FIELDS,
   meta: ResponseMeta,
   choices: readonly ChoiceResult[],
   usage: Usage,
@@ -140,18 +166,26 @@ export function completionResponse(
   extras: ResponseExtras,
 ) {
   return {
-    id: meta.id,
-    object: "text_completion",
-    created: meta.created,
-    model: meta.model,
-    choices: choices.map((c, index) => ({
-      index,
-      text: c.text ?? "",
-      finish_reason: c.finish,
-      logprobs: c.logprobs === null ? null : completionLogprobs(c.logprobs, 0),
-    })),
+    ...objectHead(meta, object),
+    choices: choices.map((c, index) => ({ index, ...CHOICE_FIELDS[object](c) })),
     usage: openAiUsage(usage),
     timings: timingsJson(timings),
+    ...extras,
+  };
+}
+
+/** A streamed chunk of one choice (`usage: null` where include_usage promised a last one). */
+function chunk<C>(
+  meta: ResponseMeta,
+  object: string,
+  choice: C,
+  withUsageField: boolean,
+  extras?: ResponseExtras,
+) {
+  return {
+    ...objectHead(meta, object),
+    choices: [choice],
+    ...(withUsageField ? { usage: null } : {}),
     ...extras,
   };
 }
@@ -165,49 +199,18 @@ export function completionChunk(
   extras?: ResponseExtras,
   index = 0,
 ) {
-  return {
-    id: meta.id,
-    object: "text_completion",
-    created: meta.created,
-    model: meta.model,
-    choices: [{
+  return chunk(
+    meta,
+    "text_completion",
+    {
       index,
       text,
       finish_reason: finish,
       logprobs: logprobs === null ? null : completionLogprobs(logprobs.tokens, logprobs.offset),
-    }],
-    ...(withUsageField ? { usage: null } : {}),
-    ...extras,
-  };
-}
-
-export function chatResponse(
-  meta: ResponseMeta,
-  choices: readonly ChoiceResult[],
-  usage: Usage,
-  timings: Timings,
-  extras: ResponseExtras,
-) {
-  return {
-    id: meta.id,
-    object: "chat.completion",
-    created: meta.created,
-    model: meta.model,
-    choices: choices.map((c, index) => ({
-      index,
-      message: {
-        role: "assistant",
-        content: c.text,
-        refusal: null,
-        ...(c.toolCalls && c.toolCalls.length > 0 ? { tool_calls: c.toolCalls } : {}),
-      },
-      finish_reason: c.finish,
-      logprobs: c.logprobs === null ? null : chatLogprobs(c.logprobs),
-    })),
-    usage: openAiUsage(usage),
-    timings: timingsJson(timings),
-    ...extras,
-  };
+    },
+    withUsageField,
+    extras,
+  );
 }
 
 export function chatChunk(
@@ -219,29 +222,24 @@ export function chatChunk(
   extras?: ResponseExtras,
   index = 0,
 ) {
-  return {
-    id: meta.id,
-    object: "chat.completion.chunk",
-    created: meta.created,
-    model: meta.model,
-    choices: [{
+  return chunk(
+    meta,
+    "chat.completion.chunk",
+    {
       index,
       delta,
       finish_reason: finish,
       logprobs: logprobs === null ? null : chatLogprobs(logprobs),
-    }],
-    ...(withUsageField ? { usage: null } : {}),
-    ...extras,
-  };
+    },
+    withUsageField,
+    extras,
+  );
 }
 
 /** The extra last chunk sent when stream_options.include_usage is set (no choices). */
 export function usageChunk(meta: ResponseMeta, object: string, usage: Usage) {
   return {
-    id: meta.id,
-    object,
-    created: meta.created,
-    model: meta.model,
+    ...objectHead(meta, object),
     choices: [],
     usage: openAiUsage(usage),
   };

@@ -30,9 +30,7 @@ import { logitControlsFrom } from "./sampling_controls.ts";
 import {
   chatChunk,
   type ChatFinishReason,
-  chatResponse,
   completionChunk,
-  completionResponse,
   type OpenAiToolCall,
   type ResponseExtras,
   responseExtras,
@@ -40,10 +38,12 @@ import {
   type TokenLogprob,
   type ToolCallDelta,
   usageChunk,
+  wholeResponse,
 } from "./openai_format.ts";
 import { ChatCompletionBody, CompletionBody } from "./schemas.ts";
-import { pullSseStream, SSE_HEADERS, sseData } from "./sse.ts";
+import { SSE_HEADERS, sseData } from "./sse.ts";
 import { type Api, type GenerationDeps, trackGeneration } from "./tracked_generation.ts";
+import { renderedEventStream } from "./generation_run.ts";
 import { parseWith } from "./validation.ts";
 import type { RequestRecord } from "./request_log.ts";
 import { newRequestId } from "./request_log.ts";
@@ -373,37 +373,14 @@ async function respond(
     echo,
     parsed.toolFormat,
   );
-  // The log line waits for the stream's end, so it has the token counts and the total time.
-  record?.defer();
-  let ended = false;
-  const body = pullSseStream(async () => {
-    if (ended) {
-      record?.streamEnded();
-      return null;
-    }
-    const n = await events.next();
-    if (n.done) {
-      ended = true;
-      record?.streamEnded();
-      return null;
-    }
-    const { chunks, last } = render(n.value);
-    if (last) {
-      ended = true;
-      await events.return(undefined);
-    }
-    return chunks;
-  }, async () => {
-    ctrl.abort("client gone");
-    await events.return(undefined);
-    record?.streamEnded();
-  }, {
-    stallTimeoutMs: opts.stallTimeoutMs,
-    onStall: () => {
-      deps.metrics.errors.inc({ code: "too_slow" });
-      if (record) record.code = "too_slow";
-    },
-  });
+  const body = renderedEventStream(
+    events,
+    record,
+    render,
+    () => ctrl.abort("client gone"),
+    deps,
+    opts.stallTimeoutMs,
+  );
   return new Response(body, { headers: SSE_HEADERS });
 }
 
@@ -472,9 +449,8 @@ async function collect(
       );
       const cached = all.every((e) => e.cached !== undefined) ? all[0]!.cached : undefined;
       const extras = responseExtras(capped, cached);
-      return kind === "completions"
-        ? completionResponse(meta, choices, usage, timings, extras)
-        : chatResponse(meta, choices, usage, timings, extras);
+      const object = kind === "completions" ? "text_completion" : "chat.completion";
+      return wholeResponse(object, meta, choices, usage, timings, extras);
     } else if (ev.type === "error") {
       throw fromGenerationError(ev.code, ev.message);
     }

@@ -6,6 +6,8 @@ import { readJsonBody } from "./body.ts";
 import { ApiError, fromGenerationError } from "./errors.ts";
 import { servedName } from "./openai_routes.ts";
 import { parseWith } from "./validation.ts";
+import { PARAM_FIELDS } from "./request_params.ts";
+import type { EmbeddingsOptions } from "./embeddings_route.ts";
 
 /**
  * The prompt a decoder reranker is asked in, Qwen3-Reranker's: a system line, then the
@@ -34,13 +36,10 @@ export const RerankBody = z.strictObject({
   /** Ours: the reranker's instruction (Qwen3-Reranker's default otherwise). */
   instruction: z.string().nullish(),
   return_documents: z.boolean().nullish(),
-  priority: z.enum(["interactive", "batch"]).nullish(),
+  priority: PARAM_FIELDS.priority.nullish(),
 });
 
-export interface RerankOptions {
-  readonly backend: GenerationBackend;
-  readonly maxBodyBytes: number;
-  readonly servedModelNames: readonly string[];
+export interface RerankOptions extends EmbeddingsOptions {
   /** The prompt with `{instruction}`, `{query}`, `{document}` (default QWEN3_RERANK_PROMPT). */
   readonly prompt?: string;
 }

@@ -9,7 +9,8 @@ import { ApiError } from "./errors.ts";
  * (GBNF), vLLM's `guided_json` and `guided_grammar`. At most one may be given.
  */
 
-const jsonSchemaObject = z.record(z.string(), z.unknown(), {
+/** A JSON Schema, as every API spells it in a request: an object. */
+export const jsonSchemaObject = z.record(z.string(), z.unknown(), {
   error: "expected a JSON Schema object",
 });
 

@@ -1,8 +1,8 @@
 import type { GenerationEvent, Usage } from "../core/generation.ts";
 import { newToolCallId } from "../chat/tools.ts";
-import { type ParsedToolCall, type ToolCallFormat, ToolCallStream } from "../chat/tool_calls.ts";
-import { type ApiError, fromGenerationError } from "./errors.ts";
-import { serverCut } from "./generation_run.ts";
+import type { ParsedToolCall, StreamPiece, ToolCallFormat } from "../chat/tool_calls.ts";
+import type { ApiError } from "./errors.ts";
+import { AnswerEvents } from "./answer_events.ts";
 import type { ServiceMetrics } from "./service_metrics.ts";
 import { sseEvent } from "./sse.ts";
 
@@ -85,8 +85,7 @@ export function outputItems(content: string, calls: readonly ParsedToolCall[]) {
  * arguments in one function_call_arguments.delta, then .done; response.completed (or
  * response.incomplete when max_output_tokens cut it) with the whole response.
  */
-export class ResponseEvents {
-  readonly #calls: ToolCallStream | undefined;
+export class ResponseEvents extends AnswerEvents {
   readonly #output: Record<string, unknown>[] = [];
   #seq = 0;
   /** The open message item: its id, index and text so far. */
@@ -95,55 +94,37 @@ export class ResponseEvents {
   constructor(
     readonly head: ResponseHead,
     toolFormat: ToolCallFormat | undefined,
-    readonly metrics: ServiceMetrics,
+    metrics: ServiceMetrics,
   ) {
-    this.#calls = toolFormat ? new ToolCallStream(toolFormat) : undefined;
+    super(toolFormat, metrics);
   }
 
   #event(type: string, fields: Record<string, unknown>): string {
     return sseEvent(type, { type, sequence_number: this.#seq++, ...fields });
   }
 
-  render(ev: GenerationEvent): { chunks: string[]; last: boolean } {
-    switch (ev.type) {
-      case "started": {
-        const response = responseObject(this.head, [], null);
-        return {
-          chunks: [
-            this.#event("response.created", { response }),
-            this.#event("response.in_progress", { response }),
-          ],
-          last: false,
-        };
-      }
-      case "token": {
-        const piece = this.#calls ? this.#calls.push(ev.text) : { content: ev.text, calls: [] };
-        return { chunks: this.#pieces(piece), last: false };
-      }
-      case "done": {
-        if (ev.finishReason === "cancelled") return this.#failed(serverCut());
-        const out = this.#calls
-          ? this.#pieces(this.#calls.finish(ev.finishReason === "length"))
-          : [];
-        // An answer with neither text nor calls is still one (empty) message.
-        if (this.#output.length === 0 && this.#message === undefined) {
-          out.push(...this.#pieces({ content: "", calls: [] }, true));
-        }
-        this.#closeMessage(out);
-        const response = responseObject(this.head, this.#output, ev);
-        const type = response.status === "completed" ? "response.completed" : "response.incomplete";
-        out.push(this.#event(type, { response }));
-        return { chunks: out, last: true };
-      }
-      case "error":
-        return this.#failed(fromGenerationError(ev.code, ev.message));
-    }
+  protected started(): string[] {
+    const response = responseObject(this.head, [], null);
+    return [
+      this.#event("response.created", { response }),
+      this.#event("response.in_progress", { response }),
+    ];
   }
 
-  #failed(err: ApiError): { chunks: string[]; last: boolean } {
-    this.metrics.errors.inc({ code: err.code });
+  protected finished(ev: Extract<GenerationEvent, { type: "done" }>, out: string[]): void {
+    // An answer with neither text nor calls is still one (empty) message.
+    if (this.#output.length === 0 && this.#message === undefined) {
+      out.push(...this.pieces({ content: "", calls: [] }, true));
+    }
+    this.#closeMessage(out);
+    const response = responseObject(this.head, this.#output, ev);
+    const type = response.status === "completed" ? "response.completed" : "response.incomplete";
+    out.push(this.#event(type, { response }));
+  }
+
+  protected errorEvent(err: ApiError): string {
     const { message, code, param } = err.toJSON().error;
-    return { chunks: [this.#event("error", { code, message, param })], last: true };
+    return this.#event("error", { code, message, param });
   }
 
   #closeMessage(out: string[]): void {
@@ -160,7 +141,7 @@ export class ResponseEvents {
     this.#message = undefined;
   }
 
-  #pieces(p: { content: string; calls: readonly ParsedToolCall[] }, open = false): string[] {
+  protected pieces(p: StreamPiece, open = false): string[] {
     const out: string[] = [];
     if (p.content !== "" || open) {
       if (this.#message === undefined) {

@@ -1,5 +1,6 @@
-import { ApiError, toApiError } from "./errors.ts";
-import { type OpenAiOptions, parse, type Parsed } from "./openai_routes.ts";
+import { ApiError } from "./errors.ts";
+import { parseRespelled, type Respelling } from "./respelled_error.ts";
+import type { OpenAiOptions, Parsed } from "./openai_routes.ts";
 import type {
   ResponsesBody,
   ResponsesFormat,
@@ -87,32 +88,12 @@ function responseFormat(f: ResponsesFormat | undefined): unknown {
 }
 
 /** Chat parameter -> the Responses field it came from, most specific first. */
-const RESPELL: readonly (readonly [string, string])[] = [
+const RESPELL: Respelling = [
   ["max_tokens", "max_output_tokens"],
   ["response_format.json_schema", "text.format"],
   ["response_format", "text.format"],
   ["tool_choice.function.name", "tool_choice.name"],
 ];
-
-function respelled(err: unknown, sources: readonly string[]): unknown {
-  const e = toApiError(err);
-  const p = e.param;
-  if (p === null) return e;
-  let param: string | undefined;
-  const msg = /^messages\[(\d+)\]/.exec(p);
-  if (msg) param = sources[Number(msg[1])] ?? "input";
-  const tool = /^tools\[(\d+)\]\.function(.*)$/.exec(p);
-  if (tool) param = `tools[${tool[1]}]${tool[2]}`;
-  for (const [from, to] of RESPELL) {
-    if (
-      param === undefined && (p === from || p.startsWith(from + ".") || p.startsWith(from + "["))
-    ) {
-      param = to + p.slice(from.length);
-    }
-  }
-  if (param === undefined || param === p) return e;
-  return new ApiError(e.code, e.message.replaceAll(`'${p}'`, `'${param}'`), param);
-}
 
 /** A Responses body as the chat request it stands for. */
 export function parseResponses(b: ResponsesBody, model: string, opts: OpenAiOptions): Parsed {
@@ -133,9 +114,9 @@ export function parseResponses(b: ResponsesBody, model: string, opts: OpenAiOpti
   for (const f of ["temperature", "top_p"] as const) {
     if (b[f] !== undefined) body[f] = b[f];
   }
-  try {
-    return parse(body, "chat_completions", opts);
-  } catch (e) {
-    throw respelled(e, sources);
-  }
+  return parseRespelled(body, "chat_completions", opts, RESPELL, {
+    messages: sources,
+    messageList: "input",
+    toolField: (f) => f,
+  });
 }

@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { jsonSchemaObject } from "./response_format.ts";
 
 /**
  * The shape of OpenAI's Responses API body (POST /v1/responses), stateless subset. Only shapes
@@ -98,7 +99,7 @@ const FunctionTool = z.strictObject({
   }),
   name: z.string(),
   description: z.string().nullish(),
-  parameters: z.record(z.string(), z.unknown(), { error: "expected a JSON Schema object" })
+  parameters: jsonSchemaObject
     .nullish(),
   strict: z.boolean().nullish(),
 });
@@ -116,7 +117,7 @@ const Format = z.discriminatedUnion("type", [
   z.strictObject({
     type: z.literal("json_schema"),
     name: z.string(),
-    schema: z.record(z.string(), z.unknown(), { error: "expected a JSON Schema object" }),
+    schema: jsonSchemaObject,
     description: z.string().nullish(),
     strict: z.boolean().nullish(),
   }),
