@@ -9,6 +9,7 @@ import { Kvm } from "@nats-io/kv";
 import { connectNats } from "../lib/cluster/nats_connection.ts";
 import { NatsResultStore } from "../lib/cluster/nats_result_store.ts";
 import type { StoredResult } from "../lib/core/result_cache.ts";
+import type { SharedResultStore } from "../lib/core/shared_result_store.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import { ServingCore } from "../actors/core.ts";
 import { CpuEngine } from "../kernels/reference/cpu_engine.ts";
@@ -365,4 +366,72 @@ Deno.test("replicas of several models share the result cache too", async () => {
   assertEquals([one.cached, two.cached], [false, true]);
   assertEquals(await events(replicas[1]!.base, "hit"), 1);
   assertEquals(await events(replicas[1]!.base, "stored"), 0);
+});
+
+/**
+ * A store held in memory whose lookups wait for the test to let them answer: what a slow store
+ * does to requests in flight, made an order instead of a race.
+ */
+class GatedStore implements SharedResultStore {
+  readonly #held: (() => void)[] = [];
+  readonly #entries = new Map<string, StoredResult>();
+  #stats = { hits: 0, misses: 0, unavailable: 0, tooLarge: 0, stored: 0 };
+  async get(key: string, scope: string): Promise<StoredResult | undefined> {
+    // A read answers with what the store held when it was asked (a write that lands meanwhile
+    // is not in it), as a read already on its way to NATS does.
+    const found = this.#entries.get(scope + "\n" + key);
+    await new Promise<void>((resolve) => this.#held.push(resolve));
+    found ? this.#stats.hits++ : this.#stats.misses++;
+    return found;
+  }
+  set(key: string, scope: string, result: StoredResult): Promise<void> {
+    this.#entries.set(scope + "\n" + key, result);
+    this.#stats.stored++;
+    return Promise.resolve();
+  }
+  stats() {
+    return { ...this.#stats };
+  }
+  get waiting(): number {
+    return this.#held.length;
+  }
+  /** Lets the oldest held lookup answer. */
+  release(): void {
+    this.#held.shift()!();
+  }
+}
+
+Deno.test("a request whose store lookup answers after an identical one finished replays that answer instead of generating again", async () => {
+  const model = await loadModel(modelFile("stories260K.bin"), {
+    tokenizerPath: modelFile("tok512.bin"),
+  });
+  const tokenizer = new Tokenizer(model.tokenizer!);
+  const make = () => new CpuEngine(model.config, model.weights, { numBlocks: 64, blockSize: 16 });
+  const core = new ServingCore({ engine: make(), engineFactory: make, codec: tokenizer });
+  try {
+    const store = new GatedStore();
+    const inner = new CountingBackend("stories260K", core, tokenizer);
+    const backend = new CachedBackend(inner, 1 << 20, undefined, store);
+    const req: GenerationRequest = {
+      prompt: tokenizer.encode("Once upon a time"),
+      maxTokens: 12,
+      sampling: GREEDY,
+      stop: [],
+      deterministic: true,
+      priority: "interactive",
+      requestId: "r",
+    };
+    const signal = new AbortController().signal;
+    const first = tokenIds(backend.generate(req, signal));
+    const second = tokenIds(backend.generate(req, signal));
+    await until("both lookups to wait", () => store.waiting === 2, 5000);
+    store.release(); // the first misses and generates to its end
+    const a = await first;
+    store.release(); // only now does the second's lookup miss too
+    assertEquals(await second, a);
+    assertEquals(inner.runs, 1);
+    assertEquals(store.stats().misses, 2);
+  } finally {
+    await core.close();
+  }
 });

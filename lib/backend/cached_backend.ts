@@ -167,10 +167,16 @@ export class CachedBackend implements GenerationBackend {
       yield* replay(found, signal);
       return;
     }
-    // An identical request may have started while the store was asked.
+    // An identical request may have started while the store was asked, or even finished and
+    // left its answer here (a store slower than a short generation).
     const flight = this.#flights.get(key);
     if (flight !== undefined && !flight.abandoned) {
       yield* this.#consume(flight, signal, false);
+      return;
+    }
+    const here = this.cache.get(key);
+    if (here !== undefined) {
+      yield* replay(here, signal);
       return;
     }
     yield* this.#afterMiss(key, req, signal);
@@ -210,10 +216,15 @@ export class CachedBackend implements GenerationBackend {
       }
       if (hit) similar.unhit();
     }
-    // An identical request may have started while the question was embedded.
+    // An identical request may have started while the question was embedded, or finished.
     const flight = this.#flights.get(key);
     if (flight !== undefined && !flight.abandoned) {
       yield* this.#consume(flight, signal, false);
+      return;
+    }
+    const here = this.cache.get(key);
+    if (here !== undefined) {
+      yield* replay(here, signal);
       return;
     }
     const onStored = v && (() => similar.add(context, v, key, q.question));
