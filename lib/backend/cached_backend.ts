@@ -131,10 +131,8 @@ export class CachedBackend implements GenerationBackend {
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent> {
     const key = this.cache.capacityBytes > 0 ? resultCacheKey(this.modelName, req) : null;
     if (key === null) return this.inner.generate(req, signal);
-    const flight = this.#flights.get(key);
-    if (flight !== undefined && !flight.abandoned) return this.#consume(flight, signal, false);
-    const stored = this.cache.get(key);
-    if (stored !== undefined) return replay(stored, signal);
+    const known = this.#known(key, signal);
+    if (known !== undefined) return known;
     if (this.shared) return this.#viaShared(key, req, this.shared, signal);
     return this.#afterMiss(key, req, signal);
   }
@@ -169,17 +167,18 @@ export class CachedBackend implements GenerationBackend {
     }
     // An identical request may have started while the store was asked, or even finished and
     // left its answer here (a store slower than a short generation).
+    yield* this.#known(key, signal) ?? this.#afterMiss(key, req, signal);
+  }
+
+  /**
+   * The answer to `key` where this server already has it: an identical generation running
+   * now (followed), or a stored answer (replayed); undefined when neither.
+   */
+  #known(key: string, signal: AbortSignal): AsyncIterable<GenerationEvent> | undefined {
     const flight = this.#flights.get(key);
-    if (flight !== undefined && !flight.abandoned) {
-      yield* this.#consume(flight, signal, false);
-      return;
-    }
-    const here = this.cache.get(key);
-    if (here !== undefined) {
-      yield* replay(here, signal);
-      return;
-    }
-    yield* this.#afterMiss(key, req, signal);
+    if (flight !== undefined && !flight.abandoned) return this.#consume(flight, signal, false);
+    const stored = this.cache.get(key);
+    return stored === undefined ? undefined : replay(stored, signal);
   }
 
   /**
@@ -217,14 +216,9 @@ export class CachedBackend implements GenerationBackend {
       if (hit) similar.unhit();
     }
     // An identical request may have started while the question was embedded, or finished.
-    const flight = this.#flights.get(key);
-    if (flight !== undefined && !flight.abandoned) {
-      yield* this.#consume(flight, signal, false);
-      return;
-    }
-    const here = this.cache.get(key);
-    if (here !== undefined) {
-      yield* replay(here, signal);
+    const known = this.#known(key, signal);
+    if (known !== undefined) {
+      yield* known;
       return;
     }
     const onStored = v && (() => similar.add(context, v, key, q.question));
