@@ -105,6 +105,10 @@ for (const stem of ["qwen2-like-q4_k_m", "llama3-like-q4_k_m"]) {
       "16MiB",
       "--max-running",
       "4",
+      // The tool grammars compile in well under the 10 s default; a loaded CI machine can
+      // stretch that, and this test is about the tool flow, not the budget (tested below).
+      "--grammar-compile-timeout",
+      "2m",
     ]);
     try {
       const client = new OpenAI({ baseURL: server.base + "/v1", apiKey: "unused", maxRetries: 0 });

@@ -205,6 +205,40 @@ Deno.test("serve --version names the release and --help ends with examples", () 
   assertStringIncludes(help, "--model stories260K-q8_0");
 });
 
+Deno.test("--grammar-compile-timeout bounds each structured-output compile: one that outlasts it gets a 400 naming the budget", async () => {
+  // A string of up to 100,000 characters expands to that many automaton states: about 0.4 s
+  // of compile (grammar_limits.ts), far past a 20 ms budget, well inside the 10 s default.
+  const schema = { type: "object", properties: { s: { type: "string", maxLength: 100_000 } } };
+  const ask = (base: string) =>
+    fetch(`${base}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        messages: [{ role: "user", content: "Hi" }],
+        max_tokens: 4,
+        response_format: { type: "json_schema", json_schema: { name: "s", schema } },
+      }),
+    });
+  const tight = await spawnServer(["--grammar-compile-timeout", "20ms"]);
+  try {
+    const res = await ask(tight.base);
+    const body = await res.json();
+    assertEquals(res.status, 400, JSON.stringify(body));
+    assertStringIncludes(body.error.message, "the 20 ms compile budget");
+  } finally {
+    tight.child.kill("SIGTERM");
+    assertEquals((await tight.child.status).code, 0, await tight.log());
+  }
+  const roomy = await spawnServer([]);
+  try {
+    const res = await ask(roomy.base);
+    assertEquals(res.status, 200, await res.text());
+  } finally {
+    roomy.child.kill("SIGTERM");
+    assertEquals((await roomy.child.status).code, 0, await roomy.log());
+  }
+});
+
 Deno.test("the served model takes --served-model-name, --log-format json, --metrics-public and --result-cache end to end", async () => {
   const { child, base, log } = await spawnServer([
     "--served-model-name",

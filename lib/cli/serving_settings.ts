@@ -21,7 +21,7 @@ export function servingSettings(c: Config): {
   readonly kvRequest: Omit<KvRequest, "maxPoolBytes" | "availableMemory">;
   readonly core: Pick<
     OpenServingOptions,
-    "backend" | "limits" | "engineOptions" | "maxInFlight" | "scheduler"
+    "backend" | "limits" | "engineOptions" | "maxInFlight" | "scheduler" | "grammarCompileMs"
   >;
 } {
   const engineOptions: EngineOptions = {
@@ -43,6 +43,7 @@ export function servingSettings(c: Config): {
       engineOptions,
       ...(c.pipelineDepth === undefined ? {} : { maxInFlight: c.pipelineDepth }),
       scheduler: { maxWaiting: c.maxWaiting },
+      grammarCompileMs: c.grammarCompileTimeout,
     },
   };
 }

@@ -21,6 +21,7 @@ import { LOG_LEVELS } from "../util/log_level.ts";
 import { ROUTING_POLICIES } from "../cluster/routing.ts";
 import { CLUSTER_DEFAULTS } from "../cluster/cluster_defaults.ts";
 import { formatKeepAlive } from "../util/duration.ts";
+import { GRAMMAR_LIMITS } from "../grammar/grammar_limits.ts";
 import { EXIT_GRACE_SECONDS } from "./stop_deadline.ts";
 import type { CommandName } from "./commands.ts";
 import {
@@ -450,6 +451,15 @@ export const SETTINGS = {
     schema: toggle(),
     default: true,
     env: "LLMSERVE_GRAMMAR_PRELOAD",
+  },
+  grammarCompileTimeout: {
+    group: "Caches",
+    help:
+      "how long one structured-output grammar (a schema, a tool's parameters, a GBNF) may compile before the request is refused with a 400 naming the budget; raise it on a slow or busy machine",
+    commands: SERVE,
+    schema: duration().refine((ms) => ms > 0, "must be a positive duration, e.g. 10s"),
+    default: formatKeepAlive(GRAMMAR_LIMITS.compileMs),
+    env: "LLMSERVE_GRAMMAR_COMPILE_TIMEOUT",
   },
   // ── logs
   logFormat: {

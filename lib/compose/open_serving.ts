@@ -13,6 +13,7 @@ import type { SchedulerConfig } from "../core/scheduler.ts";
 import { type Engine, type KvGeometry, stepTokens } from "../engine/engine.ts";
 import type { KvPlan, KvRequest } from "../engine/kv_budget.ts";
 import { type GrammarService, lazyGrammarService } from "../grammar/grammar_service.ts";
+import { GRAMMAR_LIMITS } from "../grammar/grammar_limits.ts";
 import type { ServiceMetrics } from "../http/service_metrics.ts";
 import type { Model } from "../model/weights.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
@@ -78,6 +79,8 @@ export interface OpenServingOptions {
   readonly codec?: TextCodec;
   /** Constrained decoding (default: the lazy grammar service over the tokenizer's vocabulary). */
   readonly grammars?: ConstraintCompiler;
+  /** The default grammar service's budget for one compile (default GRAMMAR_LIMITS.compileMs). */
+  readonly grammarCompileMs?: number;
   readonly maxInFlight?: number;
   /** Scheduler overrides; maxRunning and maxBatchTokens default to `limits`. */
   readonly scheduler?: Partial<SchedulerConfig>;
@@ -130,6 +133,9 @@ export async function openServing(o: OpenServingOptions): Promise<OpenedServing>
   const { metrics, executor } = o;
   const lazy = o.grammars === undefined
     ? lazyGrammarService(o.tokenizer, o.model.config.vocabSize, {
+      ...(o.grammarCompileMs === undefined
+        ? {}
+        : { limits: { ...GRAMMAR_LIMITS, compileMs: o.grammarCompileMs } }),
       onRestart: (reason, why) => {
         console.error(`grammar worker ended (${reason}): ${why}`);
         metrics?.observeGrammarRestart(reason);
