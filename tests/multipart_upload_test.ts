@@ -1,7 +1,7 @@
 /**
  * POST /v1/files streams to disk: on the real server (main.ts serve as a child process), a
  * 95 MiB upload raises the process's peak RSS (VmHWM, reset through /proc/<pid>/clear_refs
- * before it) by under 32 MiB, and comes back byte for byte; a refused or broken upload, early
+ * before it) by under half its size (buffering would add all of it), and comes back byte for byte; a refused or broken upload, early
  * or late, leaves no file in the data dir.
  */
 import { assert, assertEquals, assertLess } from "@std/assert";
@@ -53,7 +53,7 @@ async function sha256(bytes: Uint8Array): Promise<string> {
   return Array.from(new Uint8Array(d), (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
-Deno.test("a 95 MiB upload raises the server's peak RSS by under 32 MiB and is stored byte for byte", async () => {
+Deno.test("a 95 MiB upload raises the server's peak RSS by under half its size and is stored byte for byte", async () => {
   const dir = await Deno.makeTempDir({ prefix: "upload_test_" });
   const srv = await server(dir);
   try {
@@ -67,7 +67,10 @@ Deno.test("a 95 MiB upload raises the server's peak RSS by under 32 MiB and is s
       stored = r.body;
     });
     console.log(`95 MiB upload: peak RSS +${(growth / MiB).toFixed(1)} MiB`);
-    assertLess(growth, 32 * MiB);
+    // A buffered upload would grow by the body's 95 MiB at least; streamed it grows by 13-18 MiB
+    // on a quiet machine, and up to ~36 MiB under heavy load, where collection of the read chunks
+    // lags. Half the body tells the two apart whatever the load.
+    assertLess(growth, 48 * MiB);
     assertEquals(stored.bytes, big.length);
     assertEquals(stored.lines, new TextDecoder().decode(big).split("\n").filter((l) => l).length);
     const back = new Uint8Array(

@@ -22,6 +22,7 @@ Deno.test("servingSettings(): each server setting lands where a serving core rea
     maxWaiting: "7",
     pipelineDepth: "2",
     contextLength: "128",
+    grammarCompileTimeout: "1m30s",
   }, noEnv));
   assertEquals(s.engineOptions, { kvDtype: "f32", threads: 3 });
   assertEquals(s.kvRequest, {
@@ -36,6 +37,7 @@ Deno.test("servingSettings(): each server setting lands where a serving core rea
     engineOptions: { kvDtype: "f32", threads: 3 },
     maxInFlight: 2,
     scheduler: { maxWaiting: 7 },
+    grammarCompileMs: 90_000,
   });
 });
 
