@@ -12,6 +12,7 @@ import { machineInfo, machineLine } from "./machine.ts";
 import { fmt, summarize } from "./stats.ts";
 import { seededRandom } from "./workload.ts";
 import { startServer } from "../tests/harness/server_process.ts";
+import { type Side, startLlamaServer } from "./llama_server.ts";
 
 const HELP = `Usage: deno run -A bench/embedding_bench.ts --model FILE [options]
   --model FILE        the GGUF both servers load
@@ -21,12 +22,6 @@ const HELP = `Usage: deno run -A bench/embedding_bench.ts --model FILE [options]
   --threads N         threads of both (default 2)
   --serve-args "..."  extra flags for our server (default "--backend cpu")`;
 
-interface Side {
-  readonly name: string;
-  readonly base: string;
-  stop(): Promise<void>;
-}
-
 async function ours(model: string, args: string): Promise<Side> {
   const s = await startServer({
     args: ["--model", model, ...args.split(" ").filter(Boolean), "--log-format", "off"],
@@ -35,30 +30,11 @@ async function ours(model: string, args: string): Promise<Side> {
   return { name: "llmserve", base: s.base, stop: async () => void await s.stop() };
 }
 
-async function llamaServer(bin: string, model: string, threads: number): Promise<Side> {
-  const port = 18000 + Math.floor(Math.random() * 2000);
-  const child = new Deno.Command(`${bin}/llama-server`, {
-    args: [
-      ...["-m", model, "--embeddings", "--pooling", "mean", "-t", String(threads)],
-      ...["-c", "16384", "-np", "16", "-b", "2048", "-ub", "512", "--port", String(port)],
-    ],
-    stdout: "null",
-    stderr: "null",
-  }).spawn();
-  const base = `http://127.0.0.1:${port}`;
-  for (let i = 0; i < 600; i++) {
-    const ok = await fetch(`${base}/health`).then((r) => (r.body?.cancel(), r.ok), () => false);
-    if (ok) break;
-    await new Promise((r) => setTimeout(r, 500));
-  }
-  return {
-    name: "llama-server",
-    base,
-    stop: async () => {
-      child.kill("SIGTERM");
-      await child.status;
-    },
-  };
+function llamaServer(bin: string, model: string, threads: number): Promise<Side> {
+  return startLlamaServer(bin, model, [
+    ...["--embeddings", "--pooling", "mean", "-t", String(threads)],
+    ...["-c", "16384", "-np", "16", "-b", "2048", "-ub", "512"],
+  ]);
 }
 
 /** One request of `inputs`; returns its wall time in ms. */

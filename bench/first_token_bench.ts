@@ -27,7 +27,7 @@ const HELP = `Usage: deno run -A bench/first_token_bench.ts (--model FILE | --ur
                         run against the same server its own seed
   --vocab-from A --vocab-to B   token ids the prompts draw from (default 1000..20000)`;
 
-interface Options {
+export interface FirstTokenOptions {
   readonly long: number;
   readonly burst: number;
   readonly burstTokens: number;
@@ -37,11 +37,16 @@ interface Options {
   readonly idTo: number;
 }
 
-function ids(rand: () => number, n: number, o: Options): number[] {
+export function ids(rand: () => number, n: number, o: FirstTokenOptions): number[] {
   return Array.from({ length: n }, () => o.idFrom + Math.floor(rand() * (o.idTo - o.idFrom)));
 }
 
-async function ttft(base: string, prompt: number[], o: Options, i: number): Promise<number> {
+export async function ttft(
+  base: string,
+  prompt: number[],
+  o: FirstTokenOptions,
+  i: number,
+): Promise<number> {
   const r: RequestRecord = await httpGenerate(
     base,
     i,
@@ -54,7 +59,7 @@ async function ttft(base: string, prompt: number[], o: Options, i: number): Prom
 }
 
 /** One round: cold long prompt, the same with a new last token, then the burst. */
-async function round(base: string, o: Options, seed: number) {
+export async function round(base: string, o: FirstTokenOptions, seed: number) {
   const rand = seededRandom(seed);
   const long = ids(rand, o.long, o);
   const cold = await ttft(base, long, o, 0);
@@ -75,7 +80,7 @@ if (import.meta.main) {
     console.log(HELP);
     Deno.exit(a.help ? 0 : 2);
   }
-  const o: Options = {
+  const o: FirstTokenOptions = {
     long: Number(a.long),
     burst: Number(a.burst),
     burstTokens: Number(a["burst-tokens"]),

@@ -29,6 +29,8 @@ export interface SamplingSpec {
   readonly temperature: number;
   readonly seed: number;
   readonly priority?: "interactive" | "batch";
+  /** Generate max_tokens whatever the model says (both llama-server and we take ignore_eos). */
+  readonly ignoreEos?: boolean;
 }
 
 function newRecord(index: number): RequestRecord {
@@ -206,6 +208,7 @@ export async function httpGenerate(
     temperature: s.temperature,
     seed: s.seed,
     ...(s.priority ? { priority: s.priority } : {}),
+    ...(s.ignoreEos ? { ignore_eos: true } : {}),
     stream: true,
     stream_options: { include_usage: true },
   };
