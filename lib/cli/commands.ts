@@ -94,7 +94,7 @@ export const COMMANDS = {
   plan: {
     task: "deno task plan",
     summary: "the TP × PP × DP layouts of a model over some hosts, predicted",
-    usage: "--model <gguf|shape> --hosts <hosts|file.json> [options]",
+    usage: "--model <file.gguf or shape> --hosts <hosts or file.json> [options]",
     environment: false,
     about: "Prints the tensor × pipeline × data parallel layouts that fit in the hosts' " +
       "memory, with predicted decode tokens/s at 1 and --sequences sequences and time to " +

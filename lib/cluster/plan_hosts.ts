@@ -48,7 +48,8 @@ export function parseBandwidth(text: string): number {
 }
 
 const LATENCY = /^([0-9]*\.?[0-9]+)\s*(s|ms|us|µs)?$/;
-const LATENCY_UNIT: Record<string, number> = { s: 1, ms: 1e-3, us: 1e-6, "µs": 1e-6 };
+/** Each unit's parts in a second (dividing keeps 100us exactly 1e-4). */
+const PER_SECOND: Record<string, number> = { s: 1, ms: 1e3, us: 1e6, "µs": 1e6 };
 
 /** `50ms`, `0.2ms`, `100us`, `0` or `1s`, in seconds. */
 export function parseLatency(text: string): number {
@@ -56,7 +57,7 @@ export function parseLatency(text: string): number {
   if (!m || (m[2] === undefined && Number(m[1]) !== 0)) {
     throw new Error(`"${text}" is not a latency: expected e.g. 50ms, 0.2ms, 100us or 0`);
   }
-  return Number(m[1]) * LATENCY_UNIT[m[2] ?? "s"]!;
+  return Number(m[1]) / PER_SECOND[m[2] ?? "s"]!;
 }
 
 const HOST_GROUP = /^(?:(\d+)x)?([0-9.]+\s*[A-Za-z]*?)(?:@(\d+)thr)?(?:\*([0-9]*\.?[0-9]+))?$/;
@@ -111,7 +112,20 @@ function parsed<T>(parse: (s: string) => T) {
 }
 
 /** A byte size: a number of bytes, or text such as 16GiB. */
-const memory = z.union([z.number().positive("must be above 0 bytes"), parsed(parseByteSize)]);
+const memory = z.unknown().transform((v, ctx) => {
+  if (typeof v === "number" && v > 0) return v;
+  try {
+    if (typeof v === "string") return parseByteSize(v);
+  } catch (e) {
+    ctx.addIssue({ code: "custom", message: (e as Error).message });
+    return z.NEVER;
+  }
+  ctx.addIssue({
+    code: "custom",
+    message: "must be a byte size such as 16GiB, or a number of bytes above 0",
+  });
+  return z.NEVER;
+});
 
 export const HOSTS_FILE_SCHEMA = z.strictObject({
   hosts: z.array(
