@@ -7,6 +7,8 @@ import {
   attentionSeconds,
   classifierRates,
   gatherSeconds,
+  type HeadPlace,
+  hopSeconds,
   layerRates,
   matmulSeconds,
   messageSeconds,
@@ -89,10 +91,19 @@ const stages: StageShape[] = [
   { layerBytes: 1e6, layers: 1, first: false, last: true, host: ONE, ranks: 1 },
 ];
 
+const run = (sequences: number, microBatches: boolean, head: HeadPlace = "last") => ({
+  sequences,
+  context: 100,
+  kvElementBytes: 2,
+  microBatches,
+  head,
+});
+
 Deno.test("with micro-batches, a round lasts the busiest stage's work on every group", () => {
   // 2 sequences, 2 groups of 1 row. Stage 0: 1 ms + 1.6 µs; stage 1: the same + 4 ms.
-  // Hops: the plan (8 bytes) to stage 0 and 32 bytes of activations to stage 1.
-  const d = pipelineDecode(CAL, MODEL, LINK, stages, 2, 100, 2, true);
+  // Hops, the head in the last stage's process: the plan (8 bytes) to stage 0 and 32 bytes of
+  // activations to stage 1.
+  const d = pipelineDecode(CAL, MODEL, LINK, stages, run(2, true));
   const hops = 2.2e-3 + 40 * 1.1e-8;
   close(d.hops, hops);
   const t0 = 1.0016e-3, t1 = 5.0016e-3;
@@ -103,9 +114,17 @@ Deno.test("with micro-batches, a round lasts the busiest stage's work on every g
   assertEquals(d.groups, 2);
 });
 
+Deno.test("a head in the first stage's process gets the logits rows that sample instead", () => {
+  // 32 bytes of activations to stage 1, then a row of 10 f32 logits back.
+  const d = pipelineDecode(CAL, MODEL, LINK, stages, run(2, true, "first"));
+  close(d.hops, 2.2e-3 + 72 * 1.1e-8);
+  close(hopSeconds(CAL, MODEL, LINK, 2, 3, 3, "first"), 2.2e-3 + (96 + 120) * 1.1e-8);
+  assertEquals(hopSeconds(CAL, MODEL, LINK, 1, 3, 3, "first"), 0);
+});
+
 Deno.test("without micro-batches, one group makes the whole trip while the other stages wait", () => {
   // One group of 2 rows: the layers stay read-bound, the classifier just reaches 4 ms.
-  const d = pipelineDecode(CAL, MODEL, LINK, stages, 2, 100, 2, false);
+  const d = pipelineDecode(CAL, MODEL, LINK, stages, run(2, false));
   const t0 = 1e-3 + 3.2e-6, t1 = t0 + 4e-3, hops = 2.2e-3 + 80 * 1.1e-8;
   close(d.roundSeconds, t0 + t1 + hops);
   close(d.tokensPerSecond, 2 / (t0 + t1 + hops));
@@ -117,8 +136,9 @@ Deno.test("micro-batches pay where the stages are compute-bound: two stages doub
   const compute = { ...CAL, transport: { how: "", messageSeconds: 0, byteSeconds: 0 } };
   const fast = { bandwidthBytesPerSecond: Infinity, latencySeconds: 0 };
   const even: StageShape[] = stages.map((s) => ({ ...s, last: false }));
-  const withGroups = pipelineDecode(compute, MODEL, fast, even, 32, 1, 2, true);
-  const without = pipelineDecode(compute, MODEL, fast, even, 32, 1, 2, false);
+  const at32 = { ...run(32, true), context: 1 };
+  const withGroups = pipelineDecode(compute, MODEL, fast, even, at32);
+  const without = pipelineDecode(compute, MODEL, fast, even, { ...at32, microBatches: false });
   // 32 rows: 8 ms a stage, 16 ms a trip; 2 groups of 16 rows: 4 ms a stage, both busy.
   assertAlmostEquals(without.tokensPerSecond / withGroups.tokensPerSecond, 0.5, 0.01);
   assertAlmostEquals(withGroups.bubble, 0, 0.01);
@@ -128,7 +148,7 @@ Deno.test("micro-batches pay where the stages are compute-bound: two stages doub
 Deno.test("time to first token: the prompt through each stage as one batch, then one row sampled", () => {
   // 10 rows at 5 positions of context: layers max(1 ms, 10 × 0.25 ms) = 2.5 ms each,
   // attention 10 × 5 × 16 bytes = 0.8 µs each, the classifier 4 ms for the one row.
-  const t = prefillSeconds(CAL, MODEL, LINK, stages, 10, 2);
+  const t = prefillSeconds(CAL, MODEL, LINK, stages, 10, 2, "last");
   const plan = 1.1e-3 + 80 * 1.1e-8, activations = 1.1e-3 + 320 * 1.1e-8;
   close(t, plan + 2.5008e-3 + activations + 2.5008e-3 + 4e-3);
 });

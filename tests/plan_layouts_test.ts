@@ -21,6 +21,8 @@ const OPTIONS: PlanOptions = {
   promptTokens: 10,
   kvElementBytes: 2,
   processOverheadBytes: 1000,
+  // As plan_cost_test's hand-worked pipelines: the plan, not the logits, travels.
+  head: "last",
 };
 
 function hosts(n: number, memoryBytes: number): PlanHost[] {

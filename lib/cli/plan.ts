@@ -65,6 +65,7 @@ export function planOptions(s: Settings): PlanOptions {
     promptTokens: s.promptTokens,
     kvElementBytes: s.kvDtype === "f32" ? 4 : 2,
     processOverheadBytes: s.processOverhead,
+    head: s.headStage,
   };
 }
 

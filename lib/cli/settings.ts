@@ -26,6 +26,7 @@ import type { CommandName } from "./commands.ts";
 import { PLAN_SHAPE_NAMES } from "../cluster/plan_model.ts";
 import { parseBandwidth, parseLatency } from "../cluster/plan_hosts.ts";
 import { RANK_BY, type RankBy } from "../cluster/plan_layouts.ts";
+import { HEAD_PLACES, type HeadPlace } from "../cluster/plan_cost.ts";
 import {
   byteSize,
   byteSizeOrAuto,
@@ -732,6 +733,14 @@ export const SETTINGS = {
     commands: ["plan"],
     schema: byteSize(),
     default: "256MiB",
+  },
+  headStage: {
+    group: "Planner",
+    help:
+      "the stage whose process the head (scheduler, sampler) shares: first (the last stage sends it the logits) | last (it sends the first stage the plan)",
+    commands: ["plan"],
+    schema: z.enum(HEAD_PLACES as [HeadPlace, ...HeadPlace[]]),
+    default: "first",
   },
   rankBy: {
     group: "Planner",

@@ -171,36 +171,67 @@ export interface PipelineTime {
 }
 
 /**
- * Decoding `sequences` sequences at `context` positions through `stages`, the head living in
- * the last stage's process (its logits never travel). With micro-batches the sequences split
- * into as many groups as stages, which follow each other through them: a round lasts the longer
- * of one group's trip round the ring and the busiest stage's work on every group. Without,
- * one group makes the trip while the other stages wait.
+ * The stage whose process the head (the scheduler and the sampler) shares: `first` (the last
+ * stage sends it the logits rows that sample) or `last` (it sends the first stage the plan).
+ */
+export type HeadPlace = "first" | "last";
+export const HEAD_PLACES: readonly HeadPlace[] = ["first", "last"];
+
+/** The messages of one trip of `rows` rows, `sampled` of them sampled, between the processes. */
+export function hopSeconds(
+  cal: Calibration,
+  model: PlanModel,
+  link: PlanLink,
+  stageCount: number,
+  rows: number,
+  sampled: number,
+  head: HeadPlace,
+): number {
+  if (stageCount === 1) return 0;
+  const between = (stageCount - 1) *
+    messageSeconds(cal, link, rows * model.dim * ACTIVATION_BYTES);
+  return between +
+    (head === "first"
+      ? messageSeconds(cal, link, sampled * model.vocabSize * ACTIVATION_BYTES)
+      : messageSeconds(cal, link, rows * PLAN_ROW_BYTES));
+}
+
+/** What a pipeline decodes: how many sequences, how far in, and how. */
+export interface PipelineRun {
+  readonly sequences: number;
+  /** Positions each sequence attends to. */
+  readonly context: number;
+  readonly kvElementBytes: number;
+  readonly microBatches: boolean;
+  readonly head: HeadPlace;
+}
+
+/**
+ * Decoding through `stages`. With micro-batches the sequences split into as many groups as
+ * stages, which follow each other through them: a round lasts the longer of one group's trip
+ * round the ring and the busiest stage's work on every group. Without, one group makes the
+ * trip while the other stages wait.
  */
 export function pipelineDecode(
   cal: Calibration,
   model: PlanModel,
   link: PlanLink,
   stages: readonly StageShape[],
-  sequences: number,
-  context: number,
-  kvElementBytes: number,
-  microBatches: boolean,
+  run: PipelineRun,
 ): PipelineTime {
-  const groups = microBatches ? Math.min(stages.length, sequences) : 1;
-  const rows = Math.ceil(sequences / groups);
+  const groups = run.microBatches ? Math.min(stages.length, run.sequences) : 1;
+  const rows = Math.ceil(run.sequences / groups);
   const times = stages.map((s) =>
-    stageSeconds(cal, model, link, s, rows, context, rows, kvElementBytes)
+    stageSeconds(cal, model, link, s, rows, run.context, rows, run.kvElementBytes)
   );
-  const hops = stages.length === 1 ? 0 : messageSeconds(cal, link, rows * PLAN_ROW_BYTES) +
-    (stages.length - 1) * messageSeconds(cal, link, rows * model.dim * ACTIVATION_BYTES);
+  const hops = hopSeconds(cal, model, link, stages.length, rows, rows, run.head);
   const compute = times.reduce((a, t) => a + t.compute, 0);
   const gathers = times.reduce((a, t) => a + t.gathers, 0);
   const busiest = Math.max(...times.map((t) => t.total));
   const roundSeconds = Math.max(compute + gathers + hops, groups * busiest);
   const busy = groups * (compute + gathers);
   return {
-    tokensPerSecond: sequences / roundSeconds,
+    tokensPerSecond: run.sequences / roundSeconds,
     roundSeconds,
     bubble: 1 - busy / (stages.length * roundSeconds),
     compute,
@@ -222,16 +253,15 @@ export function prefillSeconds(
   stages: readonly StageShape[],
   promptTokens: number,
   kvElementBytes: number,
+  head: HeadPlace,
 ): number {
-  let total = stages.length === 1 ? 0 : messageSeconds(cal, link, promptTokens * PLAN_ROW_BYTES);
-  stages.forEach((s, i) => {
-    total += stageSeconds(cal, model, link, s, promptTokens, promptTokens / 2, 1, kvElementBytes)
-      .total;
-    if (i < stages.length - 1) {
-      total += messageSeconds(cal, link, promptTokens * model.dim * ACTIVATION_BYTES);
-    }
-  });
-  return total;
+  const work = stages.reduce(
+    (a, s) =>
+      a + stageSeconds(cal, model, link, s, promptTokens, promptTokens / 2, 1, kvElementBytes)
+        .total,
+    0,
+  );
+  return work + hopSeconds(cal, model, link, stages.length, promptTokens, 1, head);
 }
 
 /** Bytes a rank of a stage holds: its weights, its share of the KV cache, its process. */

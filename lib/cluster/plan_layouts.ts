@@ -10,6 +10,7 @@ import type { Calibration } from "./plan_calibration.ts";
 import type { PlanModel } from "./plan_model.ts";
 import type { PlanCluster, PlanHost } from "./plan_hosts.ts";
 import {
+  type HeadPlace,
   pipelineDecode,
   type PipelineTime,
   prefillSeconds,
@@ -35,6 +36,7 @@ export interface PlanOptions {
   readonly promptTokens: number;
   readonly kvElementBytes: number;
   readonly processOverheadBytes: number;
+  readonly head: HeadPlace;
 }
 
 /** A layout's prediction, the hook real runs are checked against. */
@@ -252,17 +254,14 @@ export function predictLayout(
     }
     replicas.push(r);
   }
-  const decode = (d: number, sequences: number, micro: boolean) =>
-    pipelineDecode(
-      cal,
-      model,
-      cluster.link,
-      replicas[d]!.stages,
+  const decode = (d: number, sequences: number, microBatches: boolean) =>
+    pipelineDecode(cal, model, cluster.link, replicas[d]!.stages, {
       sequences,
-      o.context,
-      o.kvElementBytes,
-      micro,
-    );
+      context: o.context,
+      kvElementBytes: o.kvElementBytes,
+      microBatches,
+      head: o.head,
+    });
   const total = (micro: boolean) =>
     replicas.reduce((a, _, d) => {
       const share = shareOf(o.sequences, dp, d);
@@ -271,7 +270,7 @@ export function predictLayout(
   // A lone sequence may land on any replica: the slowest one is the promise.
   const alone = replicas.map((_, d) => decode(d, 1, false).tokensPerSecond);
   const ttft = replicas.map((r) =>
-    prefillSeconds(cal, model, cluster.link, r.stages, o.promptTokens, o.kvElementBytes)
+    prefillSeconds(cal, model, cluster.link, r.stages, o.promptTokens, o.kvElementBytes, o.head)
   );
   const peak = replicas.flatMap((r) => r.memory).reduce((a, m) =>
     m.bytes / m.host.memoryBytes > a.bytes / a.host.memoryBytes ? m : a
