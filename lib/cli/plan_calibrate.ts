@@ -4,11 +4,13 @@
  *
  * - one thread of the CPU engine decoding the model's file, at 1 and at 32 rows: steps that
  *   sample nothing give the layers' time (per layer: over their count), and the same steps
- *   sampling every row add the classifier's. The variants alternate round by round and each
- *   figure is a median, so the machine's other load weighs alike on all of them;
+ *   sampling every row add the classifier's. Each step's time is the process's CPU time (its
+ *   one worker and the host's work), which other processes' load leaves alike where wall time
+ *   on a shared machine doubles; the variants alternate round by round, figures are medians;
  * - loopback NATS (a nats-server of its own on a free port): request/reply round trips of
  *   64 bytes give one message's cost (half a round trip), of 512 KiB its bytes'.
  */
+import process from "node:process";
 import { connect } from "@nats-io/transport-node";
 import { loadModel } from "../model/load_model.ts";
 import { WasmEngine } from "../../kernels/wasm/wasm_engine.ts";
@@ -52,13 +54,14 @@ async function timeEngine(path: string) {
         sample,
         sampling: GREEDY,
       }));
-      const t0 = performance.now();
+      const t0 = performance.now(), c0 = process.cpuUsage();
       await engine.step({ stepId: id, seqs });
-      return (performance.now() - t0) / 1000;
+      const c = process.cpuUsage(c0);
+      return { wall: (performance.now() - t0) / 1000, cpu: (c.user + c.system) / 1e6 };
     };
     let id = 0;
     await step(32, false, 0, id++); // warm-up, and every sequence's position 0
-    const times = new Map<string, number[]>();
+    const times = new Map<string, { wall: number; cpu: number }[]>();
     for (let r = 0; r < ROUNDS; r++) {
       for (const rows of ROWS) {
         for (const sample of [false, true]) {
@@ -67,11 +70,18 @@ async function timeEngine(path: string) {
         }
       }
     }
-    const t = (rows: number, sample: boolean) => median(times.get(`${rows}${sample}`)!);
+    const of = (rows: number, sample: boolean, kind: "wall" | "cpu") =>
+      median(times.get(`${rows}${sample}`)!.map((x) => x[kind]));
+    const t = (rows: number, sample: boolean) => of(rows, sample, "cpu");
+    const shown = (kind: "wall" | "cpu") =>
+      ROWS.flatMap((rows) =>
+        [false, true].map((sample) => `${(of(rows, sample, kind) * 1000).toFixed(0)}`)
+      ).join(" / ");
     const { nLayers } = model.config;
     const layerBytes = (stepMatrixBytes(model.weights) - byteLength(model.weights.output)) /
       nLayers;
     return {
+      steps: `CPU time ${shown("cpu")} ms, wall ${shown("wall")} ms`,
       layerBytes,
       layerSeconds: { rows1: t(1, false) / nLayers, rows32: t(32, false) / nLayers },
       classifierBytes: byteLength(model.weights.output),
@@ -166,12 +176,12 @@ function machine(): string {
 export async function calibrate(modelPath: string, out: string): Promise<Calibration> {
   const where = machine();
   const started = performance.now();
-  const engine = await timeEngine(modelPath);
+  const { steps, ...engine } = await timeEngine(modelPath);
   const transport = await timeNats();
   const cal: Calibration = {
     how: `deno task plan --calibrate --model ${
       modelPath.split("/").pop()
-    }: the CPU engine on 1 thread, ${ROUNDS} alternating rounds of decode steps of 1 and 32 rows (one token per sequence at positions 1-${ROUNDS}), sampling none (the layers: over their count) and all (the classifier: the difference); medians; ${
+    }: the CPU engine on 1 thread, ${ROUNDS} alternating rounds of decode steps of 1 and 32 rows (one token per sequence at positions 1-${ROUNDS}), sampling none (the layers: over their count) and all (the classifier: the difference). The process's CPU time per step, which other processes' load leaves alike, where wall time on a shared machine is not; medians (1 row, 1 sampled, 32, 32 sampled): ${steps}; ${
       ((performance.now() - started) / 1000).toFixed(0)
     } s in all with loading`,
     machine: where,
