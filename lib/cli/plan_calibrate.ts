@@ -75,7 +75,7 @@ async function timeEngine(path: string) {
     const t = (rows: number, sample: boolean) => of(rows, sample, "cpu");
     const shown = (kind: "wall" | "cpu") =>
       ROWS.flatMap((rows) =>
-        [false, true].map((sample) => `${(of(rows, sample, kind) * 1000).toFixed(0)}`)
+        [false, true].map((sample) => `${(of(rows, sample, kind) * 1000).toPrecision(3)}`)
       ).join(" / ");
     const { nLayers } = model.config;
     const layerBytes = (stepMatrixBytes(model.weights) - byteLength(model.weights.output)) /
