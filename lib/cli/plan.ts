@@ -78,7 +78,7 @@ const seconds = (x: number) => x >= 1 ? `${x.toFixed(1)} s` : `${Math.round(x * 
  */
 export function planTable(plans: readonly LayoutPlan[], o: PlanOptions, top: number): string {
   const name = (p: LayoutPlan) => `${p.layout.tp}×${p.layout.pp}×${p.layout.dp}`;
-  const fitting = plans.filter((p) => p.fits);
+  const fitting = plans.filter((p): p is Extract<LayoutPlan, { fits: true }> => p.fits);
   const fit = fitting.slice(0, top);
   for (const p of fitting) {
     if (!fit.some((f) => f.layout.tp === p.layout.tp)) fit.push(p);
@@ -88,7 +88,6 @@ export function planTable(plans: readonly LayoutPlan[], o: PlanOptions, top: num
     `| TP×PP×DP | hosts | layers per stage | tok/s at 1 | tok/s at ${o.sequences} | first token | most memory | why |`,
     "| --- | ---: | --- | ---: | ---: | ---: | --- | --- |",
     ...fit.map((p) => {
-      if (!p.fits) return "";
       const r = p.prediction;
       return `| ${name(p)} | ${p.hostsUsed} | ${r.split.join("+")} | ${
         fixed(r.tokensPerSecond1)

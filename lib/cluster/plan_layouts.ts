@@ -213,6 +213,39 @@ function boundsOf(counts: readonly number[]): [number, number][] {
   return counts.map((c) => [at, at += c] as [number, number]);
 }
 
+/** Every replica of a layout planned, or why one does not fit. */
+function planReplicas(
+  model: PlanModel,
+  cluster: PlanCluster,
+  cal: Calibration,
+  layout: Layout,
+  o: PlanOptions,
+): ReplicaPlan[] | string {
+  const { tp, pp, dp } = layout;
+  const replicas: ReplicaPlan[] = [];
+  // Replicas on alike hosts with as many sequences split alike: plan one of them once.
+  const planned = new Map<string, ReturnType<typeof planReplica>>();
+  for (let d = 0; d < dp; d++) {
+    const key = JSON.stringify([
+      shareOf(o.sequences, dp, d),
+      cluster.hosts.slice(d * tp * pp, (d + 1) * tp * pp).map((h) => [
+        h.memoryBytes,
+        h.threads,
+        h.speed,
+      ]),
+    ]);
+    const r = planned.get(key) ?? planReplica(model, cluster, cal, layout, d, o);
+    planned.set(key, r);
+    if (!("stages" in r)) {
+      return `does not fit: needs ${formatBytes(r.bytes)} on ${r.host.name} (has ${
+        formatBytes(r.host.memoryBytes)
+      })`;
+    }
+    replicas.push(r);
+  }
+  return replicas;
+}
+
 /**
  * What a layout is predicted to do on these hosts, or why it cannot run. This is the hook the
  * predicted-against-measured check of real pipeline runs calls.
@@ -231,29 +264,8 @@ export function predictLayout(
   if (pp > model.layerBytes.length) {
     return { refused: `${pp} stages for ${model.layerBytes.length} layers` };
   }
-  const replicas: ReplicaPlan[] = [];
-  // Replicas on alike hosts with as many sequences split alike: plan one of them once.
-  const planned = new Map<string, ReturnType<typeof planReplica>>();
-  for (let d = 0; d < dp; d++) {
-    const key = JSON.stringify([
-      shareOf(o.sequences, dp, d),
-      cluster.hosts.slice(d * tp * pp, (d + 1) * tp * pp).map((h) => [
-        h.memoryBytes,
-        h.threads,
-        h.speed,
-      ]),
-    ]);
-    const r = planned.get(key) ?? planReplica(model, cluster, cal, layout, d, o);
-    planned.set(key, r);
-    if (!("stages" in r)) {
-      return {
-        refused: `does not fit: needs ${formatBytes(r.bytes)} on ${r.host.name} (has ${
-          formatBytes(r.host.memoryBytes)
-        })`,
-      };
-    }
-    replicas.push(r);
-  }
+  const replicas = planReplicas(model, cluster, cal, layout, o);
+  if (typeof replicas === "string") return { refused: replicas };
   const decode = (d: number, sequences: number, microBatches: boolean) =>
     pipelineDecode(cal, model, cluster.link, replicas[d]!.stages, {
       sequences,
