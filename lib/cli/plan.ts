@@ -10,6 +10,7 @@ import { modelBytes, type PlanModel, planModel } from "../cluster/plan_model.ts"
 import { parseHostList, parseHostsFile, type PlanCluster } from "../cluster/plan_hosts.ts";
 import {
   type Calibration,
+  CALIBRATION_OUT,
   parseCalibration,
   SHIPPED_CALIBRATION,
 } from "../cluster/plan_calibration.ts";
@@ -123,7 +124,7 @@ export async function planCommand(argv: string[]): Promise<number> {
   try {
     if (s.calibrate) {
       const { calibrate } = await import("./plan_calibrate.ts");
-      const path = s.calibration ?? "plan-calibration.json";
+      const path = s.calibration ?? CALIBRATION_OUT;
       await calibrate(s.model, path);
       s = { ...s, calibration: path };
     }

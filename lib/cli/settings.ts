@@ -27,6 +27,7 @@ import { PLAN_SHAPE_NAMES } from "../cluster/plan_model.ts";
 import { parseBandwidth, parseLatency } from "../cluster/plan_hosts.ts";
 import { RANK_BY, type RankBy } from "../cluster/plan_layouts.ts";
 import { HEAD_PLACES, type HeadPlace } from "../cluster/plan_cost.ts";
+import { CALIBRATION_OUT } from "../cluster/plan_calibration.ts";
 import {
   byteSize,
   byteSizeOrAuto,
@@ -759,7 +760,7 @@ export const SETTINGS = {
   calibration: {
     group: "Planner",
     help:
-      "the cost model's calibration file (default: the one shipped, lib/cluster/plan_calibration.json); --calibrate writes it",
+      `the cost model's calibration file (default: the one shipped, lib/cluster/plan_calibration.json); --calibrate writes it (default there: ${CALIBRATION_OUT})`,
     commands: ["plan"],
     schema: text().optional(),
   },

@@ -8,6 +8,9 @@
 import { z } from "zod";
 import shipped from "./plan_calibration.json" with { type: "json" };
 
+/** Where `--calibrate` writes when `--calibration` names no file. */
+export const CALIBRATION_OUT = "plan-calibration.json";
+
 const seconds = z.number().positive("must be a positive number of seconds");
 
 export const CALIBRATION_SCHEMA = z.object({
