@@ -29,6 +29,8 @@ async function main(args: string[]): Promise<number> {
       return await (await import("./lib/cli/generate.ts")).generateCommand(rest);
     case "models":
       return await (await import("./lib/cli/models.ts")).modelsCommand(rest);
+    case "plan":
+      return await (await import("./lib/cli/plan.ts")).planCommand(rest);
     case "launch":
       return await launchCommand(rest);
     default:
@@ -55,6 +57,9 @@ async function launchCommand(args: string[]): Promise<number> {
     }
     case "cluster":
       return await launch("cluster", rest, ALL_PERMISSIONS);
+    // It reads the files it is given, and --calibrate runs the engine and nats-server.
+    case "plan":
+      return await launch("plan", rest, ALL_PERMISSIONS);
     case "generate": {
       const { parseGenerateArgs } = await import("./lib/cli/generate.ts");
       if (infoText("generate", rest) !== undefined) {

@@ -91,6 +91,28 @@ export const COMMANDS = {
       "nats-server is $NATS_SERVER, else found on PATH or in /usr/local/sbin, /usr/sbin, /sbin.",
     examples: [["deno task cluster --replicas 3 -- --backend cpu", ""]],
   },
+  plan: {
+    task: "deno task plan",
+    summary: "the TP × PP × DP layouts of a model over some hosts, predicted",
+    usage: "--model <file.gguf or shape> --hosts <hosts or file.json> [options]",
+    environment: false,
+    about: "Prints the tensor × pipeline × data parallel layouts that fit in the hosts' " +
+      "memory, with predicted decode tokens/s at 1 and --sequences sequences and time to " +
+      "first token, best first, and why each wins or loses (docs/cluster.md#planner). " +
+      "Reads only a GGUF's header. Its cost model is calibrated on this machine; " +
+      "--calibrate measures it again.",
+    examples: [
+      [
+        "deno task plan --model llama31_70b --hosts 4x16GiB@1thr --bandwidth 1Gbit/s",
+        "a 40 GB model on four 16 GB hosts",
+      ],
+      ["deno task plan --model ./model.gguf --hosts hosts.json", "hosts and link from a file"],
+      [
+        "deno task plan --calibrate --model /tmp/perf/llama32-1b-gemm-q4_k_m.gguf --calibration my-calibration.json --hosts 2x8GiB@1thr --bandwidth loopback --latency 0",
+        "",
+      ],
+    ],
+  },
 } as const satisfies Record<string, CommandInfo>;
 
 export type CommandName = keyof typeof COMMANDS;

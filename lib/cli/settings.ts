@@ -24,6 +24,11 @@ import { formatKeepAlive } from "../util/duration.ts";
 import { GRAMMAR_LIMITS } from "../grammar/grammar_limits.ts";
 import { EXIT_GRACE_SECONDS } from "./stop_deadline.ts";
 import type { CommandName } from "./commands.ts";
+import { PLAN_SHAPE_NAMES } from "../cluster/plan_model.ts";
+import { parseBandwidth, parseLatency } from "../cluster/plan_hosts.ts";
+import { RANK_BY, type RankBy } from "../cluster/plan_layouts.ts";
+import { HEAD_PLACES, type HeadPlace } from "../cluster/plan_cost.ts";
+import { CALIBRATION_OUT } from "../cluster/plan_calibration.ts";
 import {
   byteSize,
   byteSizeOrAuto,
@@ -63,6 +68,18 @@ export interface SettingRow {
   readonly helpFor?: Partial<Record<CommandName, string>>;
 }
 
+/** A planner value read by its parser (a bandwidth, a latency), its error the flag's. */
+function planValue(parse: (s: string) => number) {
+  return z.string().transform((s, ctx) => {
+    try {
+      return parse(s);
+    } catch (e) {
+      ctx.addIssue({ code: "custom", message: (e as Error).message });
+      return z.NEVER;
+    }
+  });
+}
+
 const SERVE: CommandName[] = ["serve"];
 const SERVERS: CommandName[] = ["serve", "router"];
 const ENGINE: CommandName[] = ["serve", "generate"];
@@ -86,12 +103,15 @@ export const SETTINGS = {
   model: {
     group: "Model",
     help: "model path, https:// URL or known name",
-    commands: ENGINE,
+    commands: [...ENGINE, "plan"],
     schema: text(),
     default: DEFAULT_MODEL,
     aliases: ["m"],
     env: "LLMSERVE_MODEL",
     repeatsInto: "models",
+    helpFor: {
+      plan: `a GGUF file (its header only is read) or a shape: ${PLAN_SHAPE_NAMES.join(", ")}`,
+    },
   },
   tokenizer: {
     group: "Model",
@@ -233,7 +253,7 @@ export const SETTINGS = {
   kvDtype: {
     group: "Engine",
     help: "KV cache elements of the cpu and webgpu engines: f16 | f32 (default f16)",
-    commands: ENGINE,
+    commands: [...ENGINE, "plan"],
     schema: z.enum(["f16", "f32"]).optional(),
     env: "LLMSERVE_KV_DTYPE",
     perModel: true,
@@ -673,6 +693,96 @@ export const SETTINGS = {
     commands: ["generate"],
     // Any request seed, mapped to the engine's 32 bits as the server maps it.
     schema: flagNumber("seed").optional(),
+  },
+  // ── the planner (`plan`): layouts of a model over hosts, predicted (lib/cluster/plan_*.ts)
+  hosts: {
+    group: "Planner",
+    help:
+      "the hosts: [COUNTx]MEMORY[@THREADSthr][*SPEED] groups, comma-separated (e.g. 4x16GiB@1thr; SPEED: one thread against this machine's), or a hosts file (.json)",
+    commands: ["plan"],
+    schema: text().optional(),
+  },
+  bandwidth: {
+    group: "Planner",
+    help:
+      "the link between two hosts, e.g. 1Gbit/s, 100Mb/s, 1.2GB/s, loopback (a hosts file's link wins)",
+    commands: ["plan"],
+    schema: planValue(parseBandwidth),
+    default: "1Gbit/s",
+  },
+  latency: {
+    group: "Planner",
+    help: "one hop's latency between two hosts, e.g. 0.2ms, 50ms (a hosts file's link wins)",
+    commands: ["plan"],
+    schema: planValue(parseLatency),
+    default: "0.2ms",
+  },
+  sequences: {
+    group: "Planner",
+    help: "the concurrent sequences of the throughput column, shared out over replicas",
+    commands: ["plan"],
+    schema: positiveInt(4096),
+    default: 32,
+  },
+  context: {
+    group: "Planner",
+    help: "positions each sequence keeps in the KV cache and attends to while decoding",
+    commands: ["plan"],
+    schema: positiveInt(1 << 20),
+    default: 2048,
+  },
+  promptTokens: {
+    group: "Planner",
+    help: "the prompt of the time-to-first-token column, in tokens",
+    commands: ["plan"],
+    schema: positiveInt(1 << 20),
+    default: 512,
+  },
+  processOverhead: {
+    group: "Planner",
+    help: "memory each process needs besides weights and KV cache (runtime, activations)",
+    commands: ["plan"],
+    schema: byteSize(),
+    default: "256MiB",
+  },
+  headStage: {
+    group: "Planner",
+    help:
+      "the stage whose process the head (scheduler, sampler) shares: first (the last stage sends it the logits) | last (it sends the first stage the plan)",
+    commands: ["plan"],
+    schema: z.enum(HEAD_PLACES as [HeadPlace, ...HeadPlace[]]),
+    default: "first",
+  },
+  rankBy: {
+    group: "Planner",
+    help: `what best means: ${RANK_BY.join(" | ")} (tok/s at --sequences, at 1, first token)`,
+    commands: ["plan"],
+    schema: z.enum(RANK_BY as [RankBy, ...RankBy[]]),
+    default: "throughput",
+  },
+  top: {
+    group: "Planner",
+    help: "layouts printed of those that fit (and as many that do not)",
+    commands: ["plan"],
+    schema: positiveInt(),
+    default: 10,
+  },
+  calibration: {
+    group: "Planner",
+    help:
+      `the cost model's calibration file (default: the one shipped, lib/cluster/plan_calibration.json); --calibrate writes it (default there: ${CALIBRATION_OUT})`,
+    commands: ["plan"],
+    schema: text().optional(),
+  },
+  calibrate: {
+    group: "Planner",
+    help:
+      "time one thread of the CPU engine on --model (a GGUF file) and loopback NATS, write --calibration, then plan",
+    commands: ["plan"],
+    kind: "switch",
+    schema: toggle(),
+    default: false,
+    aliases: ["measure"],
   },
 } as const satisfies Record<string, SettingRow>;
 
