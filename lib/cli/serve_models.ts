@@ -43,6 +43,7 @@ import { openModel } from "./open_model.ts";
 import type { ReplicaModels, ReplicaSource } from "../cluster/replica.ts";
 import { identityOrWarning } from "../cluster/model_identity.ts";
 import { coreReplicaSource } from "../cluster/replica_source.ts";
+import { openSimilarCacheModel, type SimilarCacheModel } from "./similar_cache_model.ts";
 import { drainedLine } from "./serve_lines.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
 import { connectReplica, startReplicaAgent } from "./replica_role.ts";
@@ -233,6 +234,8 @@ interface Shared {
   readonly modelIds?: ReadonlyMap<string, string | undefined>;
   /** With --nats: the result cache's shared level, one for every model (keys name the model). */
   readonly resultStore?: NatsResultStore;
+  /** --similar-cache-model, opened once: every model's cache for similar questions embeds with it. */
+  readonly questions?: SimilarCacheModel;
 }
 
 /** A model file as openModel gives it, and how to free the bytes it was read into. */
@@ -343,14 +346,19 @@ async function buildOnFile(
   });
   const { core, description } = built;
   const template = shared.chatTemplate ?? model.chatTemplate;
-  const { coreBackend, backend } = servedBackend(config, {
-    name: m.name,
-    core,
-    tokenizer,
-    model,
-    ...(template ? { chatTemplate: template } : {}),
-    ...(m.own?.sampling ? { sampling: m.own.sampling } : {}),
-  }, shared.resultStore);
+  const { coreBackend, backend } = servedBackend(
+    config,
+    {
+      name: m.name,
+      core,
+      tokenizer,
+      model,
+      ...(template ? { chatTemplate: template } : {}),
+      ...(m.own?.sampling ? { sampling: m.own.sampling } : {}),
+    },
+    shared.resultStore,
+    shared.questions?.embedder,
+  );
   const service = createApp(modelAppOptions(config, {
     backend,
     metrics,
@@ -471,7 +479,11 @@ export async function serveModelsCommand(
   const metrics = new ServiceMetrics({ core: "none" });
   const budget = config.memoryBudget ?? freeMemory() ?? Infinity;
   const resultStore = sharedResultStore(config, log);
+  const questions = config.similarCacheModel !== undefined && config.similarCache !== undefined
+    ? await openSimilarCacheModel(config, config.similarCacheModel)
+    : undefined;
   const shared: Shared = {
+    ...(questions === undefined ? {} : { questions }),
     config,
     log,
     chatTemplate,
@@ -526,6 +538,7 @@ export async function serveModelsCommand(
       log(`replica drained: ${r.completed ? "all NATS streams finished" : `${r.aborted} aborted`}`);
       await replica.close();
       await pool.close();
+      await questions?.close();
     },
   };
   // One batch queue for every model: each line runs on the model its body names.

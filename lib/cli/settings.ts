@@ -428,10 +428,18 @@ export const SETTINGS = {
   similarCache: {
     group: "Caches",
     help:
-      "answer a deterministic chat question with the stored answer of one whose embedding is at least this similar (cosine, e.g. 0.95), asked in the same context; off without it, needs --result-cache and the cpu or reference engine",
+      "answer a deterministic chat question with the stored answer of one whose embedding is at least this similar (cosine, e.g. 0.95), asked in the same context; off without it, needs --result-cache and the cpu or reference engine (or --similar-cache-model)",
     commands: SERVE,
     schema: numberIn(0, 1, true).optional(),
     env: "LLMSERVE_SIMILAR_CACHE",
+  },
+  similarCacheModel: {
+    group: "Caches",
+    help:
+      "with --similar-cache: embed the questions with this model (path, https:// URL or known name; an embedding model such as Qwen3-Embedding, run on the CPU engine beside the served one) instead of the served model's own pooled hidden states",
+    commands: SERVE,
+    schema: text().optional(),
+    env: "LLMSERVE_SIMILAR_CACHE_MODEL",
   },
   similarCacheMemory: {
     group: "Caches",
