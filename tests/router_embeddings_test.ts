@@ -12,10 +12,12 @@ import { Cluster, type Member, until } from "./_cluster.ts";
 const QWEN3 = "qwen3-like-q4_k_m";
 const QWEN2 = "qwen2-like-q4_k_m";
 
-const replicaArgs = (stem: string) => [
+const replicaArgs = (stem: string, extra: string[] = []) => [
   ...["--model", compatPath(stem), "--backend", "cpu", "--kv-memory", "8MiB"],
-  ...["--max-batch-tokens", "128"],
+  ...["--max-batch-tokens", "128", ...extra],
 ];
+/** A rerank prompt of the replicas' own: a router that asked in another would score otherwise. */
+const RERANK_PROMPT = "Question: {query}\nPassage: {document}\nDoes the passage answer it?";
 
 async function post(base: string, path: string, body: unknown) {
   const r = await fetch(`${base}${path}`, {
@@ -51,8 +53,8 @@ function requestsByReplica(metrics: string): number[] {
 Deno.test("a plain router's /v1/embeddings, /api/embed and /v1/rerank give a replica's own vectors and scores, exactly", async () => {
   await using cluster = await Cluster.start();
   const [a, b] = await Promise.all([
-    cluster.replicaServing(replicaArgs(QWEN3)),
-    cluster.replicaServing(replicaArgs(QWEN3)),
+    cluster.replicaServing(replicaArgs(QWEN3, ["--rerank-prompt", RERANK_PROMPT])),
+    cluster.replicaServing(replicaArgs(QWEN3, ["--rerank-prompt", RERANK_PROMPT])),
   ]);
   const router = await cluster.router();
   await cluster.routerSees(router, 2, 30_000);
@@ -88,7 +90,7 @@ Deno.test("a plain router's /v1/embeddings, /api/embed and /v1/rerank give a rep
   assertEquals(viaRouter.embeddings, viaReplica.embeddings);
   assertEquals(viaRouter.prompt_eval_count, viaReplica.prompt_eval_count);
   assertEquals(viaRouter.embeddings[0], direct.data[0].embedding);
-  // Rerank: the same scores in the same order.
+  // Rerank: the same scores in the same order, asked in the replicas' --rerank-prompt.
   const rerank = {
     model: QWEN3,
     query: TEXTS[5],

@@ -83,6 +83,9 @@ export class CachedBackend implements GenerationBackend {
   get embedder(): Embedder | undefined {
     return this.inner.embedder;
   }
+  get rerankPrompt(): string | undefined {
+    return this.inner.rerankPrompt;
+  }
   get contextLength(): number {
     return this.inner.contextLength;
   }

@@ -73,6 +73,7 @@ export function servedBackend(
     core.chatTemplate,
     core.sampling,
     embedding,
+    c.rerankPrompt ?? core.model.rerankPrompt,
   );
   if (c.similarCache !== undefined && c.resultCache === 0) {
     throw new Error(
@@ -103,7 +104,7 @@ export interface CoreBackendParts {
   readonly name: string;
   readonly core: ServingCore;
   readonly tokenizer: Tokenizer;
-  readonly model: Pick<Model, "pooling">;
+  readonly model: Pick<Model, "pooling" | "rerankPrompt">;
   readonly chatTemplate?: string;
   readonly sampling?: SamplingDefaults;
 }

@@ -14,6 +14,7 @@ import { DEFAULT_LIMITS } from "../engine/limits.ts";
 import { BACKENDS } from "../engine/backend_choice.ts";
 import { DEFAULT_EMBD_NORMALIZE } from "../engine/embedding_norm.ts";
 import { type Pooling, POOLINGS } from "../model/pooling_type.ts";
+import { rerankPromptProblem } from "../core/rerank_prompt.ts";
 import { SCHEDULER_DEFAULTS } from "../core/scheduler_config.ts";
 import { HTTP_DEFAULTS } from "../http/defaults.ts";
 import { flagNumber, numberDefault } from "../http/request_params.ts";
@@ -219,6 +220,17 @@ export const SETTINGS = {
     schema: z.enum(POOLINGS as [Pooling, ...Pooling[]]).optional(),
     env: "LLMSERVE_POOLING",
     perModel: true,
+  },
+  rerankPrompt: {
+    group: "Engine",
+    help:
+      "the prompt /v1/rerank asks a decoder reranker in, with {query} and {document} places (and {instruction}, filled with the request's); default: the GGUF's tokenizer.chat_template.rerank, else Qwen3-Reranker's",
+    commands: SERVE,
+    schema: text().refine((t) => rerankPromptProblem(t) === undefined, {
+      error: (i) =>
+        `must have {query} and {document} places: ${rerankPromptProblem(String(i.input))}`,
+    }).optional(),
+    env: "LLMSERVE_RERANK_PROMPT",
   },
   embdNormalize: {
     group: "Engine",

@@ -414,6 +414,8 @@ export const InfoReply = z.object({
     normalize: z.number(),
     dimensions: int.positive().max(65_536),
   }).optional(),
+  /** The prompt its /v1/rerank asks in (GenerationBackend.rerankPrompt), where not the default. */
+  rerankPrompt: z.string().max(65_536).optional(),
   /** The vocabulary, so the router tokenizes exactly as the replicas do. */
   tokenizer: TokenizerWire,
 });

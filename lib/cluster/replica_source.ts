@@ -36,6 +36,7 @@ export function coreReplicaSource(o: {
       bosToken: backend.bosToken,
       eosToken: backend.eosToken,
       chatTemplate: backend.chatTemplate,
+      ...(backend.rerankPrompt === undefined ? {} : { rerankPrompt: backend.rerankPrompt }),
       ...(e === undefined
         ? {}
         : { embedding: { pooling: e.pooling, normalize: e.normalize, dimensions: e.dimensions } }),

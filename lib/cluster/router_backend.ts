@@ -125,6 +125,7 @@ export class RouterBackend implements GenerationBackend {
   readonly contextLength: number;
   readonly vocabSize: number;
   readonly chatTemplate?: string;
+  readonly rerankPrompt?: string;
   readonly bosToken: string;
   readonly eosToken: string;
   readonly registry: ReplicaRegistry;
@@ -166,6 +167,7 @@ export class RouterBackend implements GenerationBackend {
     this.contextLength = info.contextLength;
     this.vocabSize = info.vocabSize;
     this.chatTemplate = info.chatTemplate;
+    this.rerankPrompt = info.rerankPrompt;
     this.bosToken = info.bosToken;
     this.eosToken = info.eosToken;
     this.#prompts = new PromptTokens(new Tokenizer(tokenizerFromWire(info.tokenizer)));
