@@ -682,6 +682,8 @@ export class ReplicaAgent {
         });
       }
       const v = await embedder.embed(m.input, signal, m.priority);
+      // Cancelled while its last step ran: computed, but nobody reads it.
+      if (signal.aborted) return record?.finished({ code: "router_gone" });
       reply({
         kind: "vector",
         data: toBase64(new Uint8Array(v.buffer, v.byteOffset, v.byteLength)),
