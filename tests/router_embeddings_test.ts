@@ -4,6 +4,8 @@
  * /v1/embeddings, /api/embed and /v1/rerank must give its vectors and scores bit for bit, for a
  * plain router and a router by model, and when the replica computing part of a request dies.
  */
+// deno-lint-ignore no-import-prefix -- the official client, pinned as the other tests pin it
+import OpenAI, { toFile } from "npm:openai@7.59.0";
 import { assert, assertEquals, assertGreater, assertStringIncludes } from "@std/assert";
 import { compatPath } from "./harness/compat.ts";
 import { metricValue, scrape } from "./_http_harness.ts";
@@ -50,13 +52,14 @@ function requestsByReplica(metrics: string): number[] {
     .map((l) => Number(l.slice(l.lastIndexOf(" ") + 1)));
 }
 
-Deno.test("a plain router's /v1/embeddings, /api/embed and /v1/rerank give a replica's own vectors and scores, exactly", async () => {
+Deno.test("a plain router's /v1/embeddings, /api/embed, /v1/rerank and embedding batch lines give a replica's own vectors and scores, exactly", async () => {
   await using cluster = await Cluster.start();
   const [a, b] = await Promise.all([
     cluster.replicaServing(replicaArgs(QWEN3, ["--rerank-prompt", RERANK_PROMPT])),
     cluster.replicaServing(replicaArgs(QWEN3, ["--rerank-prompt", RERANK_PROMPT])),
   ]);
-  const router = await cluster.router();
+  const dataDir = await Deno.makeTempDir({ prefix: "router_embeddings_" });
+  const router = await cluster.router(["--data-dir", dataDir]);
   await cluster.routerSees(router, 2, 30_000);
 
   // Six inputs, each routed on its own: both replicas take some.
@@ -101,6 +104,41 @@ Deno.test("a plain router's /v1/embeddings, /api/embed and /v1/rerank give a rep
   const ranked = await ok(router.base, "/v1/rerank", rerank);
   assertEquals(ranked, await ok(a!.base, "/v1/rerank", rerank));
   assertEquals(ranked.results.length, 4);
+
+  // Batch lines of /v1/embeddings through the router: the vectors the route gives.
+  const c = new OpenAI({ baseURL: `${router.base}/v1`, apiKey: "unused", maxRetries: 0 });
+  const lines = TEXTS.map((t, i) =>
+    JSON.stringify({
+      custom_id: `e${i}`,
+      method: "POST",
+      url: "/v1/embeddings",
+      body: { model: QWEN3, input: t, encoding_format: "float" },
+    }) + "\n"
+  ).join("");
+  const file = await c.files.create({
+    file: await toFile(new TextEncoder().encode(lines), "in.jsonl"),
+    purpose: "batch",
+  });
+  const created = await c.batches.create({
+    input_file_id: file.id,
+    endpoint: "/v1/embeddings",
+    completion_window: "24h",
+  });
+  let batch = created;
+  await until("the batch to finish", async () => {
+    batch = await c.batches.retrieve(created.id);
+    return ["completed", "failed", "cancelled", "expired"].includes(batch.status);
+  }, 120_000);
+  assertEquals([batch.status, batch.request_counts?.completed], ["completed", TEXTS.length]);
+  const out = (await (await c.files.content(batch.output_file_id!)).text()).split("\n")
+    .filter(Boolean).map((l) => JSON.parse(l));
+  assertEquals(out.length, TEXTS.length);
+  for (const line of out) {
+    const i = Number(line.custom_id.slice(1));
+    assertEquals(line.response.status_code, 200);
+    assertEquals(line.response.body.data[0].embedding, direct.data[i].embedding);
+  }
+  await Deno.remove(dataDir, { recursive: true });
 
   // Refusals name the input, as on a replica, and the router serves on.
   const tooLong = await post(router.base, "/v1/embeddings", {
