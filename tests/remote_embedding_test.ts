@@ -238,3 +238,16 @@ Deno.test("a replica's vector of the wrong length is an error naming both length
     e.message,
   );
 });
+
+Deno.test("a replica of the model without embeddings passes each input on to one that has them", async () => {
+  // replica-0 (asked for the model's facts first) gives embeddings; replica-1's engine does not.
+  const cores = [new FakeCore({ embedding: EMBEDDING }), new FakeCore()];
+  assertEquals(cores[1]!.embedder, undefined);
+  const oracle = await cores[0]!.embedder!.embed(IDS);
+  await using c = await cluster(cores.map((core) => ({ core })));
+  // Round-robin sends some inputs to replica-1 first: each of those is asked again of replica-0.
+  for (let i = 0; i < 4; i++) assertEquals(await c.router.embedder!.embed(IDS), oracle);
+  const passedOn = c.served.filter((s) => s.code === "invalid_request").length;
+  assert(passedOn > 0, "replica-1 was never asked");
+  assertEquals(metricValue(c.metrics.render(), "llm_router_embedding_retries_total"), passedOn);
+});

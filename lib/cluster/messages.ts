@@ -385,6 +385,8 @@ export const EmbeddingFrameSchema = z.object({
       promptTokens: nonNegative,
     }),
     z.object({ kind: z.literal("error"), code: ErrorCodeSchema, message: z.string().max(4096) }),
+    // It serves the model without embeddings (the WebGPU engine): another replica may have them.
+    z.object({ kind: z.literal("unsupported"), message: z.string().max(4096) }),
   ]),
 });
 export type EmbeddingFrame = z.infer<typeof EmbeddingFrameSchema>;

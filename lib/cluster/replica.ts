@@ -651,6 +651,8 @@ export class ReplicaAgent {
       record?.finished(
         outcome.kind === "error"
           ? { code: outcome.code }
+          : outcome.kind === "unsupported"
+          ? { code: "invalid_request" }
           : { promptTokens: m.input.length, completionTokens: 0 },
       );
       if (this.#nc.isClosed()) return;
@@ -674,8 +676,7 @@ export class ReplicaAgent {
       const embedder = held.backend.embedder;
       if (embedder === undefined) {
         return reply({
-          kind: "error",
-          code: "invalid_request",
+          kind: "unsupported",
           message: `Replica ${this.id} serves no embeddings of ${
             JSON.stringify(m.model ?? held.backend.modelName)
           }: its engine returns no hidden states (run it with --backend cpu)`,

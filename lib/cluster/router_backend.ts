@@ -628,6 +628,14 @@ export class RouterBackend implements GenerationBackend {
         continue;
       }
       const o = end.outcome;
+      if (o.kind === "unsupported") {
+        // A replica of the model without embeddings (another engine): another may have them;
+        // with none left, its words are the client's 400.
+        refusal = new EmbeddingError("invalid_request", o.message);
+        avoid.add(choice.id);
+        this.#lostEmbedding(body.requestId, { kind: "refused", replica: choice.id, code: o.kind });
+        continue;
+      }
       if (o.kind === "error") {
         if (o.code !== "overloaded" && o.code !== "draining") {
           throw new EmbeddingError(o.code, o.message);
