@@ -538,7 +538,6 @@ export async function serveModelsCommand(
       log(`replica drained: ${r.completed ? "all NATS streams finished" : `${r.aborted} aborted`}`);
       await replica.close();
       await pool.close();
-      await questions?.close();
     },
   };
   // One batch queue for every model: each line runs on the model its body names.
@@ -597,6 +596,7 @@ export async function serveModelsCommand(
       } per model, blocks of ${config.blockSize} tokens`,
       `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
       `  batches   ${dataDir} (${config.batchConcurrency} lines at once; each line's "model" picks)`,
+      ...(questions ? [`  similar   questions embedded by ${questions.description}`] : []),
       ...(replica
         ? [`  replica   ${replica.agent.id} on NATS ${replica.where} (serving every model)`]
         : []),
@@ -606,6 +606,7 @@ export async function serveModelsCommand(
   const result = await server.closed;
   deadline.waitingOn("the batch queue");
   await batches.close();
+  await questions?.close();
   log(drainedLine(result));
   return 0;
 }
