@@ -25,10 +25,6 @@ export class RemoteEmbedding {
     this.ended = new Promise((resolve) => this.#settle = resolve);
   }
 
-  get settled(): boolean {
-    return this.#done;
-  }
-
   onAnswer(outcome: EmbeddingFrame["outcome"]): void {
     this.#end({ kind: "answer", outcome });
   }

@@ -683,17 +683,21 @@ export class RouterBackend implements GenerationBackend {
     const aborted = new Promise<"aborted">((resolve) => {
       onAbort = () => resolve("aborted");
       signal.addEventListener("abort", onAbort, { once: true });
+      if (signal.aborted) onAbort();
     });
+    let answered = false;
     try {
       const end = await Promise.race([attempt.ended, aborted]);
       if (end === "aborted") throw new EmbeddingError("cancelled", "The embedding was cancelled");
+      answered = end.kind === "answer";
       return end;
     } finally {
       signal.removeEventListener("abort", onAbort);
       this.#embeds.delete(id);
       if (view) view.open = Math.max(0, view.open - 1);
-      // Left early (the client went away): the replica frees it.
-      if (!attempt.settled) {
+      // The client went away, or the attempt was given up (a replica that looks alive but sent
+      // nothing): the replica frees it.
+      if (!answered) {
         this.#publish(subjects.requests(replica), { type: "cancel", stream: id, how: "gone" });
       }
     }
