@@ -379,11 +379,7 @@ export const EmbeddingFrameSchema = z.object({
   type: z.literal("embedding"),
   stream: SubjectToken,
   outcome: z.discriminatedUnion("kind", [
-    z.object({
-      kind: z.literal("vector"),
-      data: z.string().max(MAX_VECTOR_BASE64),
-      promptTokens: nonNegative,
-    }),
+    z.object({ kind: z.literal("vector"), data: z.string().max(MAX_VECTOR_BASE64) }),
     z.object({ kind: z.literal("error"), code: ErrorCodeSchema, message: z.string().max(4096) }),
     // It serves the model without embeddings (the WebGPU engine): another replica may have them.
     z.object({ kind: z.literal("unsupported"), message: z.string().max(4096) }),

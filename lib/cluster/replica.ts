@@ -688,7 +688,6 @@ export class ReplicaAgent {
       reply({
         kind: "vector",
         data: toBase64(new Uint8Array(v.buffer, v.byteOffset, v.byteLength)),
-        promptTokens: m.input.length,
       });
     } catch (e) {
       if (signal.aborted) return record?.finished({ code: "router_gone" });
