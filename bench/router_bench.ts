@@ -2,10 +2,11 @@
  * What a router costs: the same closed-loop workload sent to one replica directly and through
  * a router in front of it (nats-server with authentication, all on loopback, all in this run),
  * at concurrency 1 and 32, in A B B A order. Prints tokens/s with the ratio router/direct and
- * TTFT p50/p99 with what the router adds.
+ * TTFT p50/p99 with what the router adds. With `--embeddings NxL`, the same for /v1/embeddings
+ * requests of N inputs of L token ids each: texts/s and the router's CPU per input.
  *
  *   MODEL_MIRROR=../shared/models deno task bench:router [--requests 32] [--tokens 64]
- *     [--backend cpu] [--concurrency 1,32]
+ *     [--backend cpu] [--concurrency 1,32] [--embeddings 16x32]
  *
  * Needs `nats-server` on PATH or at $NATS_SERVER (Debian: apt-get install nats-server).
  */
@@ -110,13 +111,76 @@ async function closedLoop(base: string, concurrency: number, requests: number, t
   return { records, wallMs: performance.now() - t0 };
 }
 
+/** Closed loop of /v1/embeddings requests, each of `inputs`: texts/s. */
+async function embedLoop(
+  base: string,
+  concurrency: number,
+  requests: number,
+  inputs: number[][],
+): Promise<number> {
+  let next = 0;
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: concurrency }, async () => {
+    for (let i = next++; i < requests; i = next++) {
+      const r = await fetch(`${base}/v1/embeddings`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ input: inputs, encoding_format: "base64" }),
+      });
+      const body = await r.text();
+      if (r.status !== 200) throw new Error(`/v1/embeddings answered ${r.status}: ${body}`);
+    }
+  }));
+  return (requests * inputs.length) / ((performance.now() - t0) / 1000);
+}
+
+/** Direct and routed /v1/embeddings, A B B A at each concurrency: one table row each. */
+async function embeddingRows(
+  direct: string,
+  routed: string,
+  routerPid: number,
+  levels: readonly number[],
+  requests: number,
+  shape: string,
+): Promise<string[][]> {
+  const m = /^(\d+)x(\d+)$/.exec(shape);
+  if (!m) throw new Error(`--embeddings takes NxL (inputs x token ids), received ${shape}`);
+  const [n, l] = [Number(m[1]), Number(m[2])];
+  // Token ids inside stories260K's 512, the same every run.
+  const inputs = Array.from(
+    { length: n },
+    (_, i) => Array.from({ length: l }, (_, j) => 1 + ((i * 31 + j * 7) % 500)),
+  );
+  await embedLoop(direct, 4, 8, inputs);
+  await embedLoop(routed, 4, 8, inputs);
+  const rows: string[][] = [];
+  for (const c of levels) {
+    const k = Math.max(requests, c * 2);
+    const d1 = await embedLoop(direct, c, k, inputs);
+    const cpu0 = cpuSeconds(routerPid);
+    const r1 = await embedLoop(routed, c, k, inputs);
+    const r2 = await embedLoop(routed, c, k, inputs);
+    const routerCpu = cpuSeconds(routerPid) - cpu0;
+    const d2 = await embedLoop(direct, c, k, inputs);
+    const [d, r] = [(d1 + d2) / 2, (r1 + r2) / 2];
+    rows.push([
+      String(c),
+      fmt(d, 0),
+      fmt(r, 0),
+      ratio(r, d),
+      fmt((routerCpu * 1e6) / (2 * k * n), 0),
+    ]);
+  }
+  return rows;
+}
+
 function tokensPerSecond(r: Run): number {
   return r.records.reduce((a, x) => a + x.outputTokens, 0) / (r.wallMs / 1000);
 }
 
 if (import.meta.main) {
   const args = parseArgs(Deno.args, {
-    string: ["requests", "tokens", "backend", "concurrency"],
+    string: ["requests", "tokens", "backend", "concurrency", "embeddings"],
     default: { requests: "32", tokens: "64", backend: "cpu", concurrency: "1,32" },
   });
   const requests = Number(args.requests), tokens = Number(args.tokens);
@@ -217,6 +281,25 @@ if (import.meta.main) {
       "added p99 ms",
       "router CPU µs/token",
     ], rows));
+    if (args.embeddings !== undefined) {
+      const shape = String(args.embeddings);
+      const embedRows = await embeddingRows(
+        replica.base,
+        routerBase,
+        router.pid,
+        levels,
+        requests,
+        shape,
+      );
+      console.log(`\n/v1/embeddings, requests of ${shape.replace("x", " inputs x ")} token ids:\n`);
+      console.log(table([
+        "concurrency",
+        "direct texts/s",
+        "router texts/s",
+        "ratio",
+        "router CPU µs/input",
+      ], embedRows));
+    }
   } finally {
     await router?.stop();
     await replica?.stop();

@@ -9,7 +9,7 @@
 import { ServingCore } from "../actors/core.ts";
 import type { GenerationEvent, GenerationRequest } from "../lib/core/generation.ts";
 import { GREEDY, type SamplingParams, type StepPlan } from "../lib/engine/engine.ts";
-import { CoreBackend } from "../lib/backend/core_backend.ts";
+import { CoreBackend, type EmbeddingSettings } from "../lib/backend/core_backend.ts";
 import { type GrammarServiceOptions, lazyGrammarService } from "../lib/grammar/grammar_service.ts";
 import { parseLlama2cTokenizer } from "../lib/tokenizer/llama2c_tokenizer.ts";
 import { Tokenizer } from "../lib/tokenizer/tokenizer.ts";
@@ -49,6 +49,8 @@ export interface FakeCoreOptions {
   readonly tokenPadding?: number;
   /** Holds steps' results (FakeEngineOptions.holdWhen). */
   readonly holdWhen?: FakeEngineOptions["holdWhen"];
+  /** Embeddings from the fake engine's hidden rows, pooled and normalized so (default: none). */
+  readonly embedding?: EmbeddingSettings;
 }
 
 export class FakeCore extends CoreBackend {
@@ -108,7 +110,14 @@ export class FakeCore extends CoreBackend {
         restartBackoffMs: 1,
       },
     });
-    super(opts.modelName ?? "fake-llama", core, TOKENIZER, opts.chatTemplate);
+    super(
+      opts.modelName ?? "fake-llama",
+      core,
+      TOKENIZER,
+      opts.chatTemplate,
+      undefined,
+      opts.embedding,
+    );
     this.serving = core;
     this.injectsFaults = markerIds !== undefined;
     this.#padding = "~".repeat(opts.tokenPadding ?? 0);

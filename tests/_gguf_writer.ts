@@ -166,6 +166,41 @@ export function writeGguf(f: WFile): Uint8Array {
   return b.result();
 }
 
+/**
+ * A copy of a GGUF file with `entries` added to its metadata, read no further than its fixed
+ * header: they go first, with a padding entry that makes them a multiple of 4096 bytes long, so
+ * that every later byte (the other entries, the tensor infos, the data at its alignment, which
+ * divides 4096) keeps its place relative to them.
+ */
+export function withMetadata(file: Uint8Array, entries: WEntry[]): Uint8Array {
+  const head = new DataView(file.buffer, file.byteOffset, 24);
+  const encode = (list: WEntry[]) => {
+    const b = new Bytes();
+    for (const e of list) {
+      str(b, e.key);
+      u32(b, e.type);
+      value(b, e.type, e.value);
+    }
+    return b.result();
+  };
+  const key = "llmserve.test.padding";
+  const bare = encode([...entries, { key, type: T.STRING, value: "" }]).length;
+  const added = encode([
+    ...entries,
+    { key, type: T.STRING, value: " ".repeat((4096 - (bare % 4096)) % 4096) },
+  ]);
+  const out = new Uint8Array(file.length + added.length);
+  out.set(file.subarray(0, 24));
+  new DataView(out.buffer).setBigUint64(
+    16,
+    head.getBigUint64(16, true) + BigInt(entries.length + 1),
+    true,
+  );
+  out.set(added, 24);
+  out.set(file.subarray(24), 24 + added.length);
+  return out;
+}
+
 /** Little-endian f32 bytes of the given values. */
 export function f32Bytes(values: number[]): Uint8Array {
   const out = new Uint8Array(values.length * 4);

@@ -181,11 +181,12 @@ async function run(c: Cluster, id: string): Promise<Output> {
   return { ids, text, events };
 }
 
-/** The frame a replica sends on a router's frames subject, if `m` is one. */
+/** The generation frame a replica sends on a router's frames subject, if `m` is one. */
 function frameOf(m: TappedMessage): { stream: string; seq: number; type: string } | undefined {
   if (!m.subject.endsWith(".frames")) return undefined;
   const f = decodeMessage(StreamFrame, m.data);
-  return f.ok ? { stream: f.value.stream, seq: f.value.seq, type: f.value.event.type } : undefined;
+  if (!f.ok || f.value.type !== "event") return undefined;
+  return { stream: f.value.stream, seq: f.value.seq, type: f.value.event.type };
 }
 
 function assertExact(got: Output, want: Output, what: string): void {

@@ -301,3 +301,38 @@ Deno.test("a heartbeat of several models lists each with its phase; their hashes
   );
   assertEquals(phase.ok, false);
 });
+
+Deno.test("an embed request and its embedding frame round-trip; a vector longer than any model's, an empty input or a subject-breaking id are refused", () => {
+  const embed = {
+    type: "embed",
+    stream: "e-1",
+    replyTo: "llmserve.router.r-1.frames",
+    input: [1, 2, 3],
+    priority: "batch",
+    requestId: "embed-1",
+    model: "m",
+  };
+  assertEquals(decodeMessage(ReplicaRequest, encodeMessage(embed)), { ok: true, value: embed });
+  for (const bad of [{ input: [] }, { input: [1, -1] }, { stream: "e.1" }, { replyTo: "a b" }]) {
+    const r = decodeMessage(ReplicaRequest, bytes({ ...embed, ...bad }));
+    assertEquals(r.ok, false, JSON.stringify(bad));
+  }
+  const frame = {
+    type: "embedding",
+    stream: "e-1",
+    outcome: { kind: "vector", data: btoa("\0\0\x80?") },
+  };
+  assertEquals(decodeMessage(StreamFrame, encodeMessage(frame)), { ok: true, value: frame });
+  // 65,536 float32 values at most (349,528 base64 characters): one more is refused unread.
+  const values = (n: number) => ({
+    ...frame,
+    outcome: { kind: "vector", data: "A".repeat(Math.ceil((n * 4) / 3) * 4) },
+  });
+  assertEquals(decodeMessage(StreamFrame, encodeMessage(values(65_536))).ok, true);
+  assertEquals(decodeMessage(StreamFrame, encodeMessage(values(65_537))).ok, false);
+  const unsupported = { ...frame, outcome: { kind: "unsupported", message: "no hidden states" } };
+  assertEquals(decodeMessage(StreamFrame, encodeMessage(unsupported)), {
+    ok: true,
+    value: unsupported,
+  });
+});

@@ -16,8 +16,13 @@ export interface SimilarCacheSettings {
   /** Cosine similarity at or above which a question takes another's answer. */
   readonly threshold: number;
   readonly capacityBytes: number;
+  /**
+   * What questions are embedded with (--similar-cache-model); absent: the served model's own
+   * embeddings, where it gives them.
+   */
+  readonly embedder?: TextEmbedder;
 }
-import type { Embedder } from "../core/embedder.ts";
+import { type Embedder, type TextEmbedder, textEmbedder } from "../core/embedder.ts";
 import {
   ResultCache,
   resultCacheKey,
@@ -44,6 +49,8 @@ export class CachedBackend implements GenerationBackend {
   readonly cache: ResultCache;
   /** The cache for similar questions, where it is on and the model gives embeddings. */
   readonly similar: SimilarCache | undefined;
+  /** What the cache for similar questions embeds a question with. */
+  readonly #questions: TextEmbedder | undefined;
 
   constructor(
     readonly inner: GenerationBackend,
@@ -53,11 +60,14 @@ export class CachedBackend implements GenerationBackend {
     readonly shared?: SharedResultStore,
   ) {
     this.cache = new ResultCache(capacityBytes);
-    const embedder = inner.embedder;
-    if (similar && embedder) {
+    const own = inner.embedder;
+    const questions = similar?.embedder ??
+      (own && textEmbedder(own, (text, opts) => inner.tokenize(text, opts)));
+    if (similar && questions) {
+      this.#questions = questions;
       this.similar = new SimilarCache(
         similar.threshold,
-        embedder.dimensions,
+        questions.dimensions,
         similar.capacityBytes,
       );
     }
@@ -72,6 +82,9 @@ export class CachedBackend implements GenerationBackend {
   /** Embeddings are computed each time: the result cache holds generations. */
   get embedder(): Embedder | undefined {
     return this.inner.embedder;
+  }
+  get rerankPrompt(): string | undefined {
+    return this.inner.rerankPrompt;
   }
   get contextLength(): number {
     return this.inner.contextLength;
@@ -201,8 +214,7 @@ export class CachedBackend implements GenerationBackend {
     ]);
     let v: Float32Array | undefined;
     try {
-      const ids = this.inner.tokenize(q.question, { bos: true, special: false });
-      v = await this.inner.embedder!.embed(ids, signal);
+      v = await this.#questions!.embed(q.question, signal);
     } catch (e) {
       console.warn(`similar cache: the question's embedding failed, generating: ${e}`);
     }

@@ -40,6 +40,8 @@ export class CoreBackend implements GenerationBackend {
     readonly chatTemplate?: string,
     readonly samplingDefaults?: SamplingDefaults,
     embedding?: EmbeddingSettings,
+    /** GenerationBackend.rerankPrompt. */
+    readonly rerankPrompt?: string,
   ) {
     this.contextLength = core.contextLength;
     this.bosToken = tokenizer.tokenText(tokenizer.bosId);

@@ -1,5 +1,6 @@
 import { openModelFor, uploadProgress } from "./open_model.ts";
 import { modelStem } from "../source/model_source.ts";
+import { openSimilarCacheModel } from "./similar_cache_model.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
 import { connectReplica, startReplicaAgent } from "./replica_role.ts";
 import { serveModelsCommand } from "./serve_models.ts";
@@ -88,7 +89,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     log("stopped before the model finished loading");
     return 0;
   }
-  const { service, core, summary, replica, batches, grammarEngine } = first;
+  const { service, core, summary, replica, batches, grammarEngine, questions } = first;
   front.switchTo(service);
   progress.set("ready");
   log(
@@ -117,6 +118,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   await batches.close();
   deadline.waitingOn("the engine's close");
   await core.close();
+  await questions?.close();
   log(drainedLine(result));
   return 0;
 }
@@ -177,15 +179,23 @@ async function start(
   });
   const modelName = modelStem(source.modelPath);
   const shared = sharedResultStore(config, log);
-  const { coreBackend, backend } = servedBackend(config, {
-    name: modelName,
-    core,
-    tokenizer,
-    model,
-    ...(chatTemplate ?? model.chatTemplate
-      ? { chatTemplate: chatTemplate ?? model.chatTemplate }
-      : {}),
-  }, shared);
+  const questions = config.similarCacheModel !== undefined && config.similarCache !== undefined
+    ? await openSimilarCacheModel(config, config.similarCacheModel)
+    : undefined;
+  const { coreBackend, backend } = servedBackend(
+    config,
+    {
+      name: modelName,
+      core,
+      tokenizer,
+      model,
+      ...(chatTemplate ?? model.chatTemplate
+        ? { chatTemplate: chatTemplate ?? model.chatTemplate }
+        : {}),
+    },
+    shared,
+    questions?.embedder,
+  );
   const servedModelNames = config.servedModelName.length > 0 ? config.servedModelName : [modelName];
   const { batches, dataDir } = batchQueueFor(config, log);
   const service = createApp(modelAppOptions(config, {
@@ -244,6 +254,7 @@ async function start(
         config.metricsPublic ? " (/metrics public)" : ""
       }`,
       `  batches   ${dataDir} (${config.batchConcurrency} lines at once)`,
+      ...(questions ? [`  similar   questions embedded by ${questions.description}`] : []),
       ...(replica ? [`  replica   ${replica.agent.id} on NATS ${replica.where}`] : []),
       `  url       http://${addr.hostname}:${addr.port}/  (playground; API under /v1)`,
       ...(faults
@@ -252,7 +263,7 @@ async function start(
         ]
         : []),
     ].join("\n");
-  return { service, core, summary, replica, batches, grammarEngine };
+  return { service, core, summary, replica, batches, grammarEngine, questions };
 }
 
 /**

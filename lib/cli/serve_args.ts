@@ -20,7 +20,11 @@ export function serveNeeds(c: Config): RunNeeds {
   const fromFile = c.modelsConfig === undefined ? [] : readModelsConfig(c.modelsConfig);
   return {
     model: c.model,
-    models: [...c.models, ...fromFile.map((e) => e.model)],
+    models: [
+      ...c.models,
+      ...fromFile.map((e) => e.model),
+      ...(c.similarCacheModel === undefined ? [] : [c.similarCacheModel]),
+    ],
     ...(c.modelsConfig === undefined ? {} : { readFiles: [c.modelsConfig] }),
     tokenizer: c.tokenizer,
     modelsDir: c.modelsDir,

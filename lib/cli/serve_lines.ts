@@ -7,9 +7,11 @@ import { statusOfCode } from "../http/errors.ts";
 import type { ServedLog } from "../cluster/replica.ts";
 
 /** The request log's record of a stream served over NATS: method NATS, its request id. */
-export function natsServedLog(requestLog: RequestLog): (requestId: string) => ServedLog {
-  return (requestId) => {
-    const r = requestLog.record(requestId, "NATS", "generate");
+export function natsServedLog(
+  requestLog: RequestLog,
+): (requestId: string, route: "generate" | "embed") => ServedLog {
+  return (requestId, route) => {
+    const r = requestLog.record(requestId, "NATS", route);
     return {
       firstToken: () => r.firstToken(),
       finished: (e) => {

@@ -43,6 +43,7 @@ import { openModel } from "./open_model.ts";
 import type { ReplicaModels, ReplicaSource } from "../cluster/replica.ts";
 import { identityOrWarning } from "../cluster/model_identity.ts";
 import { coreReplicaSource } from "../cluster/replica_source.ts";
+import { openSimilarCacheModel, type SimilarCacheModel } from "./similar_cache_model.ts";
 import { drainedLine } from "./serve_lines.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
 import { connectReplica, startReplicaAgent } from "./replica_role.ts";
@@ -233,6 +234,8 @@ interface Shared {
   readonly modelIds?: ReadonlyMap<string, string | undefined>;
   /** With --nats: the result cache's shared level, one for every model (keys name the model). */
   readonly resultStore?: NatsResultStore;
+  /** --similar-cache-model, opened once: every model's cache for similar questions embeds with it. */
+  readonly questions?: SimilarCacheModel;
 }
 
 /** A model file as openModel gives it, and how to free the bytes it was read into. */
@@ -343,14 +346,19 @@ async function buildOnFile(
   });
   const { core, description } = built;
   const template = shared.chatTemplate ?? model.chatTemplate;
-  const { coreBackend, backend } = servedBackend(config, {
-    name: m.name,
-    core,
-    tokenizer,
-    model,
-    ...(template ? { chatTemplate: template } : {}),
-    ...(m.own?.sampling ? { sampling: m.own.sampling } : {}),
-  }, shared.resultStore);
+  const { coreBackend, backend } = servedBackend(
+    config,
+    {
+      name: m.name,
+      core,
+      tokenizer,
+      model,
+      ...(template ? { chatTemplate: template } : {}),
+      ...(m.own?.sampling ? { sampling: m.own.sampling } : {}),
+    },
+    shared.resultStore,
+    shared.questions?.embedder,
+  );
   const service = createApp(modelAppOptions(config, {
     backend,
     metrics,
@@ -471,7 +479,11 @@ export async function serveModelsCommand(
   const metrics = new ServiceMetrics({ core: "none" });
   const budget = config.memoryBudget ?? freeMemory() ?? Infinity;
   const resultStore = sharedResultStore(config, log);
+  const questions = config.similarCacheModel !== undefined && config.similarCache !== undefined
+    ? await openSimilarCacheModel(config, config.similarCacheModel)
+    : undefined;
   const shared: Shared = {
+    ...(questions === undefined ? {} : { questions }),
     config,
     log,
     chatTemplate,
@@ -584,6 +596,7 @@ export async function serveModelsCommand(
       } per model, blocks of ${config.blockSize} tokens`,
       `  auth      ${config.apiKey.length > 0 ? `${config.apiKey.length} API key(s)` : "off"}`,
       `  batches   ${dataDir} (${config.batchConcurrency} lines at once; each line's "model" picks)`,
+      ...(questions ? [`  similar   questions embedded by ${questions.description}`] : []),
       ...(replica
         ? [`  replica   ${replica.agent.id} on NATS ${replica.where} (serving every model)`]
         : []),
@@ -593,6 +606,7 @@ export async function serveModelsCommand(
   const result = await server.closed;
   deadline.waitingOn("the batch queue");
   await batches.close();
+  await questions?.close();
   log(drainedLine(result));
   return 0;
 }

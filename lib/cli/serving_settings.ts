@@ -10,6 +10,7 @@ import { CachedBackend } from "../backend/cached_backend.ts";
 import type { SharedResultStore } from "../core/shared_result_store.ts";
 import { CoreBackend, embeddingSettings } from "../backend/core_backend.ts";
 import type { AppOptions } from "../http/app.ts";
+import type { TextEmbedder } from "../core/embedder.ts";
 
 /**
  * What a server's configuration asks of each serving core it opens: the engine's options, the
@@ -59,6 +60,8 @@ export function servedBackend(
   c: Config,
   core: CoreBackendParts,
   shared?: SharedResultStore,
+  /** What the cache for similar questions embeds with (--similar-cache-model, opened). */
+  questions?: TextEmbedder,
 ): { readonly coreBackend: CoreBackend; readonly backend: GenerationBackend } {
   const embedding = embeddingSettings(core.model, {
     ...(c.pooling === undefined ? {} : { pooling: c.pooling }),
@@ -71,16 +74,26 @@ export function servedBackend(
     core.chatTemplate,
     core.sampling,
     embedding,
+    c.rerankPrompt ?? core.model.rerankPrompt,
   );
   if (c.similarCache !== undefined && c.resultCache === 0) {
     throw new Error(
       `--similar-cache needs --result-cache, which holds the answers it replays; received --similar-cache ${c.similarCache} and --result-cache 0`,
     );
   }
+  if (c.similarCacheModel !== undefined && c.similarCache === undefined) {
+    throw new Error(
+      `--similar-cache-model needs --similar-cache, the threshold of the cache it embeds questions for; received --similar-cache-model ${
+        JSON.stringify(c.similarCacheModel)
+      } alone`,
+    );
+  }
   if (c.resultCache === 0) return { coreBackend: inner, backend: inner };
-  const similar = c.similarCache === undefined
-    ? undefined
-    : { threshold: c.similarCache, capacityBytes: c.similarCacheMemory };
+  const similar = c.similarCache === undefined ? undefined : {
+    threshold: c.similarCache,
+    capacityBytes: c.similarCacheMemory,
+    ...(questions === undefined ? {} : { embedder: questions }),
+  };
   return {
     coreBackend: inner,
     backend: new CachedBackend(inner, c.resultCache, similar, shared),
@@ -92,7 +105,7 @@ export interface CoreBackendParts {
   readonly name: string;
   readonly core: ServingCore;
   readonly tokenizer: Tokenizer;
-  readonly model: Pick<Model, "pooling">;
+  readonly model: Pick<Model, "pooling" | "rerankPrompt">;
   readonly chatTemplate?: string;
   readonly sampling?: SamplingDefaults;
 }

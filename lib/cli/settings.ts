@@ -14,6 +14,7 @@ import { DEFAULT_LIMITS } from "../engine/limits.ts";
 import { BACKENDS } from "../engine/backend_choice.ts";
 import { DEFAULT_EMBD_NORMALIZE } from "../engine/embedding_norm.ts";
 import { type Pooling, POOLINGS } from "../model/pooling_type.ts";
+import { rerankPromptProblem } from "../core/rerank_prompt.ts";
 import { SCHEDULER_DEFAULTS } from "../core/scheduler_config.ts";
 import { HTTP_DEFAULTS } from "../http/defaults.ts";
 import { flagNumber, numberDefault } from "../http/request_params.ts";
@@ -241,6 +242,17 @@ export const SETTINGS = {
     env: "LLMSERVE_POOLING",
     perModel: true,
   },
+  rerankPrompt: {
+    group: "Engine",
+    help:
+      "the prompt /v1/rerank asks a decoder reranker in, with {query} and {document} places (and {instruction}, filled with the request's); default: the GGUF's tokenizer.chat_template.rerank, else Qwen3-Reranker's",
+    commands: SERVE,
+    schema: text().refine((t) => rerankPromptProblem(t) === undefined, {
+      error: (i) =>
+        `must have {query} and {document} places: ${rerankPromptProblem(String(i.input))}`,
+    }).optional(),
+    env: "LLMSERVE_RERANK_PROMPT",
+  },
   embdNormalize: {
     group: "Engine",
     help:
@@ -449,10 +461,18 @@ export const SETTINGS = {
   similarCache: {
     group: "Caches",
     help:
-      "answer a deterministic chat question with the stored answer of one whose embedding is at least this similar (cosine, e.g. 0.95), asked in the same context; off without it, needs --result-cache and the cpu or reference engine",
+      "answer a deterministic chat question with the stored answer of one whose embedding is at least this similar (cosine, e.g. 0.95), asked in the same context; off without it, needs --result-cache and the cpu or reference engine (or --similar-cache-model)",
     commands: SERVE,
     schema: numberIn(0, 1, true).optional(),
     env: "LLMSERVE_SIMILAR_CACHE",
+  },
+  similarCacheModel: {
+    group: "Caches",
+    help:
+      "with --similar-cache: embed the questions with this model (path, https:// URL or known name; an embedding model such as Qwen3-Embedding, run on the CPU engine beside the served one) instead of the served model's own pooled hidden states",
+    commands: SERVE,
+    schema: text().optional(),
+    env: "LLMSERVE_SIMILAR_CACHE_MODEL",
   },
   similarCacheMemory: {
     group: "Caches",

@@ -12,6 +12,19 @@ export type AttemptEnd =
   | { readonly kind: "final" }
   | { readonly kind: "lost"; readonly loss: StreamLoss };
 
+/** Why no replica takes work now (chooseReplica's answer), as a client is told. */
+export const NO_REPLICA = {
+  overloaded: "Every replica is at its request limit; retry shortly",
+  none: "No replica is available; retry shortly",
+} as const;
+
+/** The error after work lost with its replica found no other one within `waitMs`. */
+export function notTakenOver(what: "generation" | "embedding", waitMs: number): string {
+  return `The replica serving this ${what} was lost and no other one took it over within ${
+    waitMs / 1000
+  } s`;
+}
+
 /** What a Generate message carries besides its envelope (stream id, reply subject, credit). */
 export type GenerateBody = Omit<Generate, "type" | "stream" | "replyTo" | "credit">;
 
@@ -104,22 +117,11 @@ export class Failover {
    */
   noReplica(why: "overloaded" | "none", waitMs: number): ErrorEvent | undefined {
     if (!this.#started) {
-      return this.#refusal ?? {
-        type: "error",
-        code: "overloaded",
-        message: why === "overloaded"
-          ? "Every replica is at its request limit; retry shortly"
-          : "No replica is available; retry shortly",
-      };
+      return this.#refusal ?? { type: "error", code: "overloaded", message: NO_REPLICA[why] };
     }
     this.#waitingSince ??= performance.now();
     if (performance.now() - this.#waitingSince > waitMs) {
-      return {
-        type: "error",
-        code: "internal",
-        message: `The replica serving this generation was lost and no other one took it ` +
-          `over within ${waitMs / 1000} s`,
-      };
+      return { type: "error", code: "internal", message: notTakenOver("generation", waitMs) };
     }
     // Avoided replicas get another chance once none is left.
     this.avoid.clear();

@@ -4,14 +4,15 @@
  * direction, all in this one module:
  *
  * - {@link ReplicaAnnouncement}: replica → everyone, on the heartbeat subject.
- * - {@link ReplicaRequest}: router → one replica (generate, credit, cancel, info).
- * - {@link StreamFrame}: replica → the router that opened a stream.
+ * - {@link ReplicaRequest}: router → one replica (generate, embed, credit, cancel, info).
+ * - {@link StreamFrame}: replica → the router that opened a stream or asked an embedding.
  * - {@link InfoReply}: replica → router, the answer to an info request.
  */
 import { z } from "zod";
 import { TokenizerWire } from "./tokenizer_wire.ts";
 import { numberSchema, PARAM_FIELDS, PARAMS } from "../http/request_params.ts";
 import { MAX_TOP_LOGPROBS } from "../engine/top_logprobs.ts";
+import { type Pooling, POOLINGS } from "../model/pooling_type.ts";
 
 const int = z.number().int();
 const nonNegative = int.nonnegative();
@@ -273,8 +274,27 @@ export const InfoRequestSchema = z.object({
   model: z.string().max(256).optional(),
 });
 
+/**
+ * Router → replica: one input's embedding, as its /v1/embeddings computes it (pooled and
+ * normalized by the replica's settings), answered by an {@link EmbeddingFrameSchema} on
+ * `replyTo`. While it runs the replica lists `stream` in its heartbeats' streamIds, so a router
+ * sees a lost replica as it sees a lost stream; a cancel naming `stream` ends it.
+ */
+export const EmbedSchema = z.object({
+  type: z.literal("embed"),
+  stream: SubjectToken,
+  replyTo: Subject,
+  input: z.array(nonNegative).min(1),
+  priority: PARAM_FIELDS.priority,
+  requestId: z.string().max(256),
+  /** As GenerateSchema.model. */
+  model: z.string().max(256).optional(),
+});
+export type Embed = z.infer<typeof EmbedSchema>;
+
 export const ReplicaRequest = z.discriminatedUnion("type", [
   GenerateSchema,
+  EmbedSchema,
   CreditSchema,
   CancelSchema,
   InfoRequestSchema,
@@ -295,6 +315,17 @@ const TimingsSchema = z.object({
   totalMs: z.number(),
   decodeTokensPerSecond: z.number(),
 });
+
+/** What a replica's refusal or failure says (GenerationErrorCode, as it travels). */
+const ErrorCodeSchema = z.enum([
+  "context_length_exceeded",
+  // A schema or grammar the replica could not compile: the client's 400.
+  "invalid_request",
+  "payload_too_large",
+  "overloaded",
+  "draining",
+  "internal",
+]);
 
 /** The serving core's GenerationEvent, as it travels. */
 export const GenerationEventSchema = z.discriminatedUnion("type", [
@@ -323,19 +354,7 @@ export const GenerationEventSchema = z.discriminatedUnion("type", [
       similar: z.object({ score: z.number(), matched: z.string().max(400) }).optional(),
     }).optional(),
   }),
-  z.object({
-    type: z.literal("error"),
-    code: z.enum([
-      "context_length_exceeded",
-      // A schema or grammar the replica could not compile: the client's 400.
-      "invalid_request",
-      "payload_too_large",
-      "overloaded",
-      "draining",
-      "internal",
-    ]),
-    message: z.string(),
-  }),
+  z.object({ type: z.literal("error"), code: ErrorCodeSchema, message: z.string() }),
 ]);
 
 /** Replica → router: one event of a stream, numbered from 0 so a gap is seen. */
@@ -346,7 +365,29 @@ export const EventFrameSchema = z.object({
   event: GenerationEventSchema,
 });
 
-export const StreamFrame = z.discriminatedUnion("type", [EventFrameSchema]);
+/**
+ * The longest vector a replica may send, in base64 characters: 65,536 float32 values, past any
+ * model's hidden size.
+ */
+const MAX_VECTOR_BASE64 = Math.ceil((65_536 * 4) / 3) * 4;
+
+/**
+ * Replica → router: the answer to an {@link EmbedSchema}, its vector's float32 values as
+ * little-endian bytes in base64 (exact, and a third of the size of JSON numbers), or why not.
+ */
+export const EmbeddingFrameSchema = z.object({
+  type: z.literal("embedding"),
+  stream: SubjectToken,
+  outcome: z.discriminatedUnion("kind", [
+    z.object({ kind: z.literal("vector"), data: z.string().max(MAX_VECTOR_BASE64) }),
+    z.object({ kind: z.literal("error"), code: ErrorCodeSchema, message: z.string().max(4096) }),
+    // It serves the model without embeddings (the WebGPU engine): another replica may have them.
+    z.object({ kind: z.literal("unsupported"), message: z.string().max(4096) }),
+  ]),
+});
+export type EmbeddingFrame = z.infer<typeof EmbeddingFrameSchema>;
+
+export const StreamFrame = z.discriminatedUnion("type", [EventFrameSchema, EmbeddingFrameSchema]);
 export type StreamFrame = z.infer<typeof StreamFrame>;
 
 /** Replica → router: what a router needs to serve the public API without the model. */
@@ -361,6 +402,18 @@ export const InfoReply = z.object({
   bosToken: z.string(),
   eosToken: z.string(),
   chatTemplate: z.string().optional(),
+  /**
+   * Present where the model gives embeddings there (its engine returns hidden states): how its
+   * vectors are pooled and normalized (--embd-normalize) and their length, so that a router
+   * serves /v1/embeddings as the replica does.
+   */
+  embedding: z.object({
+    pooling: z.enum(POOLINGS as unknown as [Pooling, ...Pooling[]]),
+    normalize: z.number(),
+    dimensions: int.positive().max(65_536),
+  }).optional(),
+  /** The prompt its /v1/rerank asks in (GenerationBackend.rerankPrompt), where not the default. */
+  rerankPrompt: z.string().max(65_536).optional(),
   /** The vocabulary, so the router tokenizes exactly as the replicas do. */
   tokenizer: TokenizerWire,
 });

@@ -3,6 +3,8 @@ import { deadline as within } from "@std/async/deadline";
 import type { GenerationBackend, GenerationEvent } from "../core/generation.ts";
 import {
   decodeMessage,
+  type Embed,
+  type EmbeddingFrame,
   encodeMessage,
   type Generate,
   type Heartbeat,
@@ -22,6 +24,7 @@ import {
   type NatsOptions,
 } from "./nats_connection.ts";
 import { DRAINING_EVENT } from "../core/draining.ts";
+import { EmbeddingError } from "../core/embedder.ts";
 
 /** What a replica reports and serves, taken from the running server. */
 export interface ReplicaSource {
@@ -78,7 +81,7 @@ export interface ReplicaAgentOptions {
   readonly creditTimeoutMs?: number;
   readonly log?: (line: string) => void;
   /** The request log's record of one stream served over NATS (the caller writes the line). */
-  readonly served?: (requestId: string) => ServedLog;
+  readonly served?: (requestId: string, route: "generate" | "embed") => ServedLog;
 }
 
 /** What a stream served over NATS tells the request log, as an HTTP request's line would. */
@@ -89,6 +92,8 @@ export interface ServedLog {
     e: { code?: string; promptTokens?: number; completionTokens?: number; cached?: boolean },
   ): void;
 }
+
+type ServedLogOf = NonNullable<ReplicaAgentOptions["served"]>;
 
 /** One generation served over NATS: events go out only as far as the router granted credit. */
 class ServedStream {
@@ -153,10 +158,12 @@ export class ReplicaAgent {
   readonly #maxHashes: number;
   readonly #creditTimeoutMs: number;
   readonly #log: (line: string) => void;
-  readonly #served: ((requestId: string) => ServedLog) | undefined;
+  readonly #served: ServedLogOf | undefined;
   /** For what peers cause: capped, since a peer decides how often and how long. */
   readonly #peerLog: (line: string) => void;
   readonly #streams = new Map<string, ServedStream>();
+  /** Embeddings asked by routers and still running, by id (listed with the streams). */
+  readonly #embeds = new Map<string, AbortController>();
   readonly #running = new Set<Promise<void>>();
   #sub: BusSubscription | undefined;
   #timer: ReturnType<typeof setInterval> | undefined;
@@ -229,8 +236,9 @@ export class ReplicaAgent {
         new Promise((r) => setTimeout(r, Math.max(1, deadline - performance.now()))),
       ]);
     }
-    const aborted = this.#streams.size;
+    const aborted = this.#streams.size + this.#embeds.size;
     for (const s of this.#streams.values()) s.ctrl.abort("drain deadline passed");
+    for (const e of this.#embeds.values()) e.abort("drain deadline passed");
     await Promise.race([Promise.all(this.#running), new Promise((r) => setTimeout(r, 1000))]);
     await this.close();
     return { completed: aborted === 0, aborted };
@@ -298,7 +306,7 @@ export class ReplicaAgent {
         blockSize: src.blockSize,
         hashes: src.cachedBlockHashes(this.#maxHashes),
       },
-      streamIds: [...this.#streams.keys()],
+      streamIds: this.#workIds(),
     };
   }
 
@@ -352,9 +360,14 @@ export class ReplicaAgent {
         streams: this.#streams.size,
       },
       prefix: { blockSize: models.blockSize, hashes: [] },
-      streamIds: [...this.#streams.keys()],
+      streamIds: this.#workIds(),
       models: entries,
     };
+  }
+
+  /** Ids of the streams and embeddings served now: each router's liveness evidence. */
+  #workIds(): string[] {
+    return [...this.#streams.keys(), ...this.#embeds.keys()];
   }
 
   /** A model's info reply, encoded once and split for the connection's max_payload. */
@@ -462,10 +475,22 @@ export class ReplicaAgent {
         return;
       }
       case "cancel": {
+        this.#embeds.get(req.stream)?.abort("cancelled by the router");
         const s = this.#streams.get(req.stream);
         if (s === undefined) return;
         if (req.how === "cancel") s.ctrl.abort("cancelled by the client");
         else s.abandon();
+        return;
+      }
+      case "embed": {
+        if (this.#embeds.has(req.stream) || this.#streams.has(req.stream)) return;
+        const ctrl = new AbortController();
+        this.#embeds.set(req.stream, ctrl);
+        const run = this.#embed(req, ctrl.signal).finally(() => {
+          this.#embeds.delete(req.stream);
+          this.#running.delete(run);
+        });
+        this.#running.add(run);
         return;
       }
       case "generate": {
@@ -488,7 +513,7 @@ export class ReplicaAgent {
     // A publish that throws (the connection closed, a frame over max_payload) must not leave
     // the catch below throwing again: that was an unhandled rejection, the end of the process.
     let sendFailed = false;
-    const record = this.#served?.(m.requestId);
+    const record = this.#served?.(m.requestId, "generate");
     let ended = false;
     const logEnd = (e: Parameters<ServedLog["finished"]>[0]) => {
       if (ended) return;
@@ -526,47 +551,12 @@ export class ReplicaAgent {
       send(DRAINING_EVENT);
       return;
     }
-    let backend: GenerationBackend;
-    let release = () => {};
-    if (this.#models === undefined) {
-      const own = this.#src!.info.modelName;
-      if (m.model !== undefined && m.model !== own) {
-        send({
-          type: "error",
-          code: "invalid_request",
-          message: `This replica serves model ${JSON.stringify(own)}, not ${
-            JSON.stringify(m.model)
-          }`,
-        });
-        return;
-      }
-      backend = this.#src!.backend;
-    } else {
-      const list = this.#models.list();
-      const name = m.model ?? list[0]?.name ?? "";
-      if (!list.some((x) => x.name === name)) {
-        send({
-          type: "error",
-          code: "invalid_request",
-          message: `This replica does not serve model ${JSON.stringify(name)}; it serves ${
-            list.map((x) => JSON.stringify(x.name)).join(", ")
-          }`,
-        });
-        return;
-      }
-      try {
-        const held = await this.#models.acquire(name);
-        backend = held.source.backend;
-        release = () => held.release();
-      } catch (e) {
-        const message = (e as Error).message;
-        // No room now (the other models are busy): a refusal, so the router tries another.
-        const noRoom = (e as { insufficientMemory?: boolean }).insufficientMemory === true;
-        send({ type: "error", code: noRoom ? "overloaded" : "internal", message });
-        return;
-      }
-      // A cancel that came during the load reaches the generation through the aborted signal.
+    const held = await this.#backendFor(m.model);
+    if ("type" in held) {
+      send(held);
+      return;
     }
+    const { backend, release } = held;
     const events = backend.generate({
       prompt: m.prompt,
       maxTokens: m.maxTokens,
@@ -604,6 +594,107 @@ export class ReplicaAgent {
       logEnd({ code: "router_gone" });
       await events.return?.(undefined);
       release();
+    }
+  }
+
+  /**
+   * The backend a request naming `model` runs on, held until release(); or the error event that
+   * answers it: a model this replica does not serve, or one it cannot load now (no room is a
+   * refusal, so the router tries another replica). A cancel that comes during a load reaches
+   * the work through its aborted signal.
+   */
+  async #backendFor(
+    model: string | undefined,
+  ): Promise<
+    | { backend: GenerationBackend; release: () => void }
+    | Extract<GenerationEvent, { type: "error" }>
+  > {
+    if (this.#models === undefined) {
+      const own = this.#src!.info.modelName;
+      if (model !== undefined && model !== own) {
+        return {
+          type: "error",
+          code: "invalid_request",
+          message: `This replica serves model ${JSON.stringify(own)}, not ${JSON.stringify(model)}`,
+        };
+      }
+      return { backend: this.#src!.backend, release: () => {} };
+    }
+    const list = this.#models.list();
+    const name = model ?? list[0]?.name ?? "";
+    if (!list.some((x) => x.name === name)) {
+      return {
+        type: "error",
+        code: "invalid_request",
+        message: `This replica does not serve model ${JSON.stringify(name)}; it serves ${
+          list.map((x) => JSON.stringify(x.name)).join(", ")
+        }`,
+      };
+    }
+    try {
+      const held = await this.#models.acquire(name);
+      return { backend: held.source.backend, release: () => held.release() };
+    } catch (e) {
+      const message = (e as Error).message;
+      const noRoom = (e as { insufficientMemory?: boolean }).insufficientMemory === true;
+      return { type: "error", code: noRoom ? "overloaded" : "internal", message };
+    }
+  }
+
+  /**
+   * One input's embedding for a router, through the model's own embedding path (what its
+   * /v1/embeddings gives), answered with one frame; nothing when the router cancelled it.
+   */
+  async #embed(m: Embed, signal: AbortSignal): Promise<void> {
+    const record = this.#served?.(m.requestId, "embed");
+    const reply = (outcome: EmbeddingFrame["outcome"]) => {
+      record?.finished(
+        outcome.kind === "error"
+          ? { code: outcome.code }
+          : outcome.kind === "unsupported"
+          ? { code: "invalid_request" }
+          : { promptTokens: m.input.length, completionTokens: 0 },
+      );
+      if (this.#nc.isClosed()) return;
+      const frame: EmbeddingFrame = { type: "embedding", stream: m.stream, outcome };
+      try {
+        this.#nc.publish(m.replyTo, encodeMessage(frame));
+      } catch (e) {
+        this.#peerLog(
+          `replica ${this.id}: cannot send embedding ${m.stream} to ${m.replyTo}: ${
+            (e as Error).message
+          }`,
+        );
+      }
+    };
+    if (this.#draining) {
+      return reply({ kind: "error", code: "draining", message: DRAINING_EVENT.message });
+    }
+    const held = await this.#backendFor(m.model);
+    if ("type" in held) return reply({ kind: "error", code: held.code, message: held.message });
+    try {
+      const embedder = held.backend.embedder;
+      if (embedder === undefined) {
+        return reply({
+          kind: "unsupported",
+          message: `Replica ${this.id} serves no embeddings of ${
+            JSON.stringify(m.model ?? held.backend.modelName)
+          }: its engine returns no hidden states (run it with --backend cpu)`,
+        });
+      }
+      const v = await embedder.embed(m.input, signal, m.priority);
+      // Cancelled while its last step ran: computed, but nobody reads it.
+      if (signal.aborted) return record?.finished({ code: "router_gone" });
+      reply({
+        kind: "vector",
+        data: toBase64(new Uint8Array(v.buffer, v.byteOffset, v.byteLength)),
+      });
+    } catch (e) {
+      if (signal.aborted) return record?.finished({ code: "router_gone" });
+      const code = e instanceof EmbeddingError && e.code !== "cancelled" ? e.code : "internal";
+      reply({ kind: "error", code, message: (e as Error).message });
+    } finally {
+      held.release();
     }
   }
 }

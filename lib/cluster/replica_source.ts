@@ -23,6 +23,7 @@ export function coreReplicaSource(o: {
   readonly limits: { readonly maxRunning: number; readonly maxWaiting: number };
 }): ReplicaSource {
   const { backend, core } = o;
+  const e = backend.embedder;
   return {
     backend,
     ...(o.aliases === undefined ? {} : { aliases: o.aliases }),
@@ -35,6 +36,10 @@ export function coreReplicaSource(o: {
       bosToken: backend.bosToken,
       eosToken: backend.eosToken,
       chatTemplate: backend.chatTemplate,
+      ...(backend.rerankPrompt === undefined ? {} : { rerankPrompt: backend.rerankPrompt }),
+      ...(e === undefined
+        ? {}
+        : { embedding: { pooling: e.pooling, normalize: e.normalize, dimensions: e.dimensions } }),
       tokenizer: tokenizerToWire(o.tokenizer),
     },
     load: () => {

@@ -4,7 +4,9 @@ import type {
   GenerationBackend,
   GenerationEvent,
   GenerationRequest,
+  Priority,
 } from "../core/generation.ts";
+import { type Embedder, EmbeddingError } from "../core/embedder.ts";
 import { cacheScopeRoot, prefixBlockHashes } from "../core/block_allocator.ts";
 import type { Counter, Gauge } from "../http/metrics.ts";
 import type { ServiceMetrics } from "../http/service_metrics.ts";
@@ -12,6 +14,7 @@ import { PromptTokens } from "../backend/prompt_tokens.ts";
 import { Tokenizer } from "../tokenizer/tokenizer.ts";
 import {
   decodeMessage,
+  type Embed,
   encodeMessage,
   type Generate,
   type InfoReply,
@@ -19,11 +22,18 @@ import {
   servedModels,
   StreamFrame,
 } from "./messages.ts";
-import { requestInfo } from "./info_parts.ts";
+import { fromBase64, requestInfo } from "./info_parts.ts";
+import { RemoteEmbedding } from "./remote_embedding.ts";
 import { type BusConnection, type BusSubscription, cappedLog, guarded } from "./nats_connection.ts";
-import { type AttemptEnd, Failover, type GenerateBody } from "./failover.ts";
+import {
+  type AttemptEnd,
+  Failover,
+  type GenerateBody,
+  NO_REPLICA,
+  notTakenOver,
+} from "./failover.ts";
 import { RemoteStream } from "./remote_stream.ts";
-import { describeLoss, LOSS_LABEL, type StreamLoss } from "./stream_loss.ts";
+import { avoidsReplica, describeLoss, LOSS_LABEL, type StreamLoss } from "./stream_loss.ts";
 import { tokenizerFromWire } from "./tokenizer_wire.ts";
 import { ReplicaRegistry } from "./replica_registry.ts";
 import { chooseReplica, type RoutingPolicy } from "./routing.ts";
@@ -59,6 +69,7 @@ interface RouterMetrics {
   readonly failovers: Counter;
   readonly lostStreams: Counter;
   readonly byReplica: Counter;
+  readonly embeddingRetries: Counter;
 }
 
 function routerMetrics(m: ServiceMetrics): RouterMetrics {
@@ -83,9 +94,13 @@ function routerMetrics(m: ServiceMetrics): RouterMetrics {
       "Generation attempts sent to each replica, by replica id.",
       ["replica"],
     ),
+    embeddingRetries: r.counter(
+      "llm_router_embedding_retries_total",
+      "Embeddings asked again of another replica after theirs was lost or refused them.",
+    ),
     lostStreams: r.counter(
       "llm_router_lost_streams_total",
-      "Streams given up, by why (silent: no frame or heartbeat; gap: frames lost; " +
+      "Streams and embeddings given up, by why (silent: no frame or heartbeat; gap: frames lost; " +
         "no_progress: listed by its replica but no frame; goodbye: its replica stopped; " +
         "refused: overloaded or draining before it began).",
       ["why"],
@@ -110,11 +125,14 @@ export class RouterBackend implements GenerationBackend {
   readonly contextLength: number;
   readonly vocabSize: number;
   readonly chatTemplate?: string;
+  readonly rerankPrompt?: string;
   readonly bosToken: string;
   readonly eosToken: string;
   readonly registry: ReplicaRegistry;
   /** Generations resubmitted after a loss (for tests and the closing log). */
   failovers = 0;
+  /** The replicas' embeddings, where the model gives them there (its info says how). */
+  readonly embedder?: Embedder;
   readonly #nc: BusConnection;
   readonly specialTokens: readonly string[];
   readonly #prompts: PromptTokens;
@@ -129,6 +147,8 @@ export class RouterBackend implements GenerationBackend {
   readonly #log: (line: string) => void;
   readonly #peerLog: (line: string) => void;
   readonly #streams = new Map<string, RemoteStream>();
+  readonly #embeds = new Map<string, RemoteEmbedding>();
+  #closed = false;
   readonly #subs: BusSubscription[];
   readonly #timer: ReturnType<typeof setInterval>;
   #turn = 0;
@@ -147,6 +167,7 @@ export class RouterBackend implements GenerationBackend {
     this.contextLength = info.contextLength;
     this.vocabSize = info.vocabSize;
     this.chatTemplate = info.chatTemplate;
+    this.rerankPrompt = info.rerankPrompt;
     this.bosToken = info.bosToken;
     this.eosToken = info.eosToken;
     this.#prompts = new PromptTokens(new Tokenizer(tokenizerFromWire(info.tokenizer)));
@@ -164,10 +185,22 @@ export class RouterBackend implements GenerationBackend {
       callback: guarded((msg) => {
         const f = decodeMessage(StreamFrame, msg.data);
         if (!f.ok) return peerLog(`router: ignored a malformed frame: ${f.error}`);
-        this.#streams.get(f.value.stream)?.onFrame(f.value.seq, f.value.event);
+        const v = f.value;
+        if (v.type === "embedding") this.#embeds.get(v.stream)?.onAnswer(v.outcome);
+        else this.#streams.get(v.stream)?.onFrame(v.seq, v.event);
       }, (e) => peerLog(`router: handling a frame failed: ${(e as Error).message}`)),
     });
     this.#subs = [announcements, frames];
+    const e = info.embedding;
+    if (e !== undefined) {
+      this.embedder = {
+        pooling: e.pooling,
+        normalize: e.normalize,
+        dimensions: e.dimensions,
+        embed: (ids, signal, priority) =>
+          this.#embed(ids, signal ?? new AbortController().signal, priority ?? "interactive"),
+      };
+    }
     this.#timer = setInterval(() => {
       try {
         this.#watch();
@@ -324,8 +357,13 @@ export class RouterBackend implements GenerationBackend {
 
   /** Stops listening; open streams are told their client is gone. */
   close(): void {
+    this.#closed = true;
     clearInterval(this.#timer);
     for (const s of this.#streams.values()) this.#cancel(s, "gone");
+    for (const e of this.#embeds.values()) {
+      this.#publish(subjects.requests(e.replica), { type: "cancel", stream: e.id, how: "gone" });
+      e.onAnswer({ kind: "error", code: "draining", message: "The router is stopping" });
+    }
     for (const sub of this.#subs) sub.unsubscribe();
   }
 
@@ -341,7 +379,7 @@ export class RouterBackend implements GenerationBackend {
     // replica whose main thread is busy (a long CPU step) may read a new request late, so a
     // stream it has not listed yet is given UNLISTED_GRACE_MS before only its frames count.
     const now = performance.now();
-    for (const s of this.#streams.values()) {
+    for (const s of [...this.#streams.values(), ...this.#embeds.values()]) {
       if (s.replica !== hb.replica) continue;
       if (listed.has(s.id) || now - s.openedAt < UNLISTED_GRACE_MS) s.markAlive();
     }
@@ -349,7 +387,7 @@ export class RouterBackend implements GenerationBackend {
 
   #onGoodbye(replica: string): void {
     this.registry.onGoodbye(replica);
-    for (const s of this.#streams.values()) {
+    for (const s of [...this.#streams.values(), ...this.#embeds.values()]) {
       if (s.replica === replica) s.lose({ kind: "replica_gone", replica });
     }
   }
@@ -364,6 +402,14 @@ export class RouterBackend implements GenerationBackend {
     if (late > 0) {
       this.registry.forgive(late);
       for (const s of this.#streams.values()) s.lastActivity += late;
+      for (const e of this.#embeds.values()) e.lastActivity += late;
+    }
+    for (const e of this.#embeds.values()) {
+      if (now - e.lastActivity > this.#streamTimeoutMs) {
+        e.lose({ kind: "timed_out", replica: e.replica, silentMs: now - e.lastActivity });
+      } else if (now - e.openedAt > this.#progressTimeoutMs) {
+        e.lose({ kind: "no_progress", replica: e.replica, quietMs: now - e.openedAt });
+      }
     }
     for (const s of this.#streams.values()) {
       if (s.lost || s.ended) continue;
@@ -528,6 +574,157 @@ export class RouterBackend implements GenerationBackend {
     } finally {
       signal.removeEventListener("abort", onAbort);
     }
+  }
+
+  /**
+   * One input's embedding from a replica: chosen as a generation's is (no prefix to match: an
+   * embedding never enters the prefix cache), asked again of another replica when its replica
+   * is lost or refuses it (overloaded, draining), exactly as its own /v1/embeddings computes it.
+   * With no replica to take it, it is refused at once, or after a loss waits up to the
+   * failover wait; an EmbeddingError says why.
+   */
+  async #embed(
+    ids: readonly number[],
+    signal: AbortSignal,
+    priority: Priority,
+  ): Promise<Float32Array> {
+    const body = {
+      input: [...ids],
+      priority,
+      requestId: randomId("embed"),
+      ...(this.#model === undefined ? {} : { model: this.#model }),
+    };
+    const avoid = new Set<string>();
+    let refusal: EmbeddingError | undefined;
+    let lostSince: number | undefined;
+    for (;;) {
+      if (signal.aborted || this.#closed) {
+        throw new EmbeddingError("cancelled", "The embedding was cancelled");
+      }
+      const choice = chooseReplica(this.registry.candidates(() => [], avoid), {
+        policy: this.#policy,
+        turn: this.#turn++,
+      });
+      if (choice.kind !== "replica") {
+        if (lostSince === undefined) {
+          throw refusal ?? new EmbeddingError("overloaded", NO_REPLICA[choice.kind]);
+        }
+        if (performance.now() - lostSince > this.#failoverWaitMs) {
+          throw new EmbeddingError("internal", notTakenOver("embedding", this.#failoverWaitMs));
+        }
+        // Avoided replicas get another chance once none is left.
+        avoid.clear();
+        await delay(100);
+        continue;
+      }
+      this.registry.noteRouted(choice.id, []);
+      this.#metrics?.routed.inc({ reason: choice.reason });
+      this.#metrics?.byReplica.inc({ replica: choice.id });
+      const end = await this.#embedOn(choice.id, body, signal);
+      if (end.kind === "lost") {
+        lostSince ??= performance.now();
+        if (avoidsReplica(end.loss)) avoid.add(end.loss.replica);
+        this.#lostEmbedding(body.requestId, end.loss);
+        continue;
+      }
+      const o = end.outcome;
+      if (o.kind === "unsupported") {
+        // A replica of the model without embeddings (another engine): another may have them;
+        // with none left, its words are the client's 400.
+        refusal = new EmbeddingError("invalid_request", o.message);
+        avoid.add(choice.id);
+        this.#lostEmbedding(body.requestId, { kind: "refused", replica: choice.id, code: o.kind });
+        continue;
+      }
+      if (o.kind === "error") {
+        if (o.code !== "overloaded" && o.code !== "draining") {
+          throw new EmbeddingError(o.code, o.message);
+        }
+        // Refused before it began: another replica may take it.
+        refusal = new EmbeddingError("overloaded", o.message);
+        avoid.add(choice.id);
+        this.#lostEmbedding(body.requestId, { kind: "refused", replica: choice.id, code: o.code });
+        continue;
+      }
+      return this.#vectorOf(choice.id, o.data);
+    }
+  }
+
+  /** One attempt on `replica`: its answer, its loss, or (the client left) cancelled. */
+  async #embedOn(
+    replica: string,
+    body: Omit<Embed, "type" | "stream" | "replyTo">,
+    signal: AbortSignal,
+  ) {
+    const id = randomId("e");
+    const msg: Embed = { type: "embed", stream: id, replyTo: subjects.frames(this.id), ...body };
+    const bytes = encodeMessage(msg);
+    const maxPayload = this.#nc.info?.max_payload ?? CLUSTER_DEFAULTS.maxPayloadBytes;
+    if (bytes.length > maxPayload) {
+      throw new EmbeddingError(
+        "payload_too_large",
+        `The input is ${bytes.length} bytes as sent to a replica (${body.input.length} token ` +
+          `ids), over the NATS server's max_payload of ${maxPayload} bytes; shorten it`,
+      );
+    }
+    const attempt = new RemoteEmbedding(id, replica);
+    try {
+      this.#nc.publish(subjects.requests(replica), bytes);
+    } catch (e) {
+      throw new EmbeddingError(
+        "internal",
+        `Cannot send the embedding to replica ${replica}: ${(e as Error).message}`,
+      );
+    }
+    this.#embeds.set(id, attempt);
+    const view = this.registry.get(replica);
+    if (view) view.open++;
+    let onAbort!: () => void;
+    const aborted = new Promise<"aborted">((resolve) => {
+      onAbort = () => resolve("aborted");
+      signal.addEventListener("abort", onAbort, { once: true });
+      if (signal.aborted) onAbort();
+    });
+    let answered = false;
+    try {
+      const end = await Promise.race([attempt.ended, aborted]);
+      if (end === "aborted") throw new EmbeddingError("cancelled", "The embedding was cancelled");
+      answered = end.kind === "answer";
+      return end;
+    } finally {
+      signal.removeEventListener("abort", onAbort);
+      this.#embeds.delete(id);
+      if (view) view.open = Math.max(0, view.open - 1);
+      // The client went away, or the attempt was given up (a replica that looks alive but sent
+      // nothing): the replica frees it.
+      if (!answered) {
+        this.#publish(subjects.requests(replica), { type: "cancel", stream: id, how: "gone" });
+      }
+    }
+  }
+
+  /** A replica's vector, checked against the model's length. */
+  #vectorOf(replica: string, data: string): Float32Array {
+    const bytes = fromBase64(data);
+    const dims = this.embedder!.dimensions;
+    if (bytes.length !== dims * 4) {
+      throw new EmbeddingError(
+        "internal",
+        `Replica ${replica} sent an embedding of ${bytes.length} bytes; the model's vectors ` +
+          `are ${dims} float32 values (${dims * 4} bytes)`,
+      );
+    }
+    return new Float32Array(bytes.buffer, bytes.byteOffset, dims);
+  }
+
+  #lostEmbedding(requestId: string, loss: StreamLoss): void {
+    this.#metrics?.lostStreams.inc({ why: LOSS_LABEL[loss.kind] });
+    this.#metrics?.embeddingRetries.inc();
+    this.#log(
+      `router: ${requestId}: embedding on ${loss.replica} lost (${loss.kind}: ${
+        describeLoss(loss)
+      }); asking another replica`,
+    );
   }
 
   /** One attempt lost: counted by kind, logged, and (unless refused) a failover. */

@@ -23,3 +23,24 @@ export class EmbeddingError extends Error {
     this.name = "EmbeddingError";
   }
 }
+
+/**
+ * What the cache for similar questions embeds a question with: a text in, its vector out. The
+ * served model's own embedder over its tokenizer, or another model's (--similar-cache-model).
+ */
+export interface TextEmbedder {
+  /** Length of every vector. */
+  readonly dimensions: number;
+  embed(text: string, signal?: AbortSignal): Promise<Float32Array>;
+}
+
+/** `embedder` over `tokenize` (with the special tokens a prompt gets, as /v1/embeddings reads a text). */
+export function textEmbedder(
+  embedder: Embedder,
+  tokenize: (text: string, opts: { bos: boolean; special: boolean }) => number[],
+): TextEmbedder {
+  return {
+    dimensions: embedder.dimensions,
+    embed: (text, signal) => embedder.embed(tokenize(text, { bos: true, special: false }), signal),
+  };
+}

@@ -201,6 +201,11 @@ export interface GenerationBackend {
   readonly samplingDefaults?: SamplingDefaults;
   /** Embeddings (/v1/embeddings); absent where the engine returns no hidden states. */
   readonly embedder?: Embedder;
+  /**
+   * The prompt /v1/rerank asks in (lib/core/rerank_prompt.ts): --rerank-prompt or the file's;
+   * absent: Qwen3-Reranker's.
+   */
+  readonly rerankPrompt?: string;
   generate(req: GenerationRequest, signal: AbortSignal): AsyncIterable<GenerationEvent>;
   countTokens(text: string, opts?: { special?: boolean }): number;
   /**

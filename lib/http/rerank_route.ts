@@ -8,21 +8,12 @@ import { servedName } from "./openai_routes.ts";
 import { parseWith } from "./validation.ts";
 import { PARAM_FIELDS } from "./request_params.ts";
 import type { EmbeddingsOptions } from "./embeddings_route.ts";
-
-/**
- * The prompt a decoder reranker is asked in, Qwen3-Reranker's: a system line, then the
- * instruction, query and document, then the assistant's empty thinking; the score is the
- * probability of "yes" against "no" as the next token. `{instruction}`, `{query}` and
- * `{document}` are replaced.
- */
-export const QWEN3_RERANK_PROMPT = "<|im_start|>system\nJudge whether the Document meets the " +
-  'requirements based on the Query and the Instruct provided. Note that the answer can only be "yes" or "no".' +
-  "<|im_end|>\n<|im_start|>user\n<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}" +
-  "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
-
-/** Qwen3-Reranker's default instruction. */
-export const DEFAULT_RERANK_INSTRUCTION =
-  "Given a web search query, retrieve relevant passages that answer the query";
+import {
+  DEFAULT_RERANK_INSTRUCTION,
+  fillRerankPrompt,
+  INSTRUCTION_PLACE,
+  QWEN3_RERANK_PROMPT,
+} from "../core/rerank_prompt.ts";
 
 /** The most documents one request may rank. */
 export const MAX_RERANK_DOCUMENTS = 1024;
@@ -33,30 +24,36 @@ export const RerankBody = z.strictObject({
   query: z.string().min(1),
   documents: z.array(z.string()).min(1).max(MAX_RERANK_DOCUMENTS),
   top_n: z.number().int().positive().nullish(),
-  /** Ours: the reranker's instruction (Qwen3-Reranker's default otherwise). */
+  /**
+   * Ours: the reranker's instruction, for a prompt with an {instruction} place (Qwen3-Reranker's
+   * default otherwise).
+   */
   instruction: z.string().nullish(),
   return_documents: z.boolean().nullish(),
   priority: PARAM_FIELDS.priority.nullish(),
 });
 
-export interface RerankOptions extends EmbeddingsOptions {
-  /** The prompt with `{instruction}`, `{query}`, `{document}` (default QWEN3_RERANK_PROMPT). */
-  readonly prompt?: string;
-}
-
 /**
  * POST /v1/rerank: each document scored as a decoder reranker is (Qwen3-Reranker): the
- * probability that the model answers "yes" rather than "no" after the prompt. Both answers get
+ * probability that the model answers "yes" rather than "no" after the prompt (the backend's,
+ * lib/core/rerank_prompt.ts says whence; Qwen3-Reranker's without one). Both answers get
  * the same large logit bias, so they are the two most likely tokens whatever the model, and
  * their probabilities' ratio is the ratio of exp(logit) the reranker defines. Results are in
  * order of score, the best first, `top_n` of them.
  */
-export function registerRerankRoute(app: Hono, o: RerankOptions): void {
+export function registerRerankRoute(app: Hono, o: EmbeddingsOptions): void {
   app.post("/v1/rerank", async (c) => {
     const b = parseWith(RerankBody, await readJsonBody(c.req.raw, o.maxBodyBytes));
     const model = servedName(b.model, o.servedModelNames);
     const [yes, no] = ["yes", "no"].map((w) => answerToken(o.backend, w));
-    const template = o.prompt ?? QWEN3_RERANK_PROMPT;
+    const template = o.backend.rerankPrompt ?? QWEN3_RERANK_PROMPT;
+    if (b.instruction != null && !template.includes(INSTRUCTION_PLACE)) {
+      throw new ApiError(
+        "invalid_request",
+        `'instruction' is given, but this model's rerank prompt has no ${INSTRUCTION_PLACE} place for it (its prompt comes from --rerank-prompt or the file's tokenizer.chat_template.rerank)`,
+        "instruction",
+      );
+    }
     const instruction = b.instruction ?? DEFAULT_RERANK_INSTRUCTION;
     // The prompt is read with its special tokens: client text must not spell one.
     const texts: [string, string][] = [
@@ -78,9 +75,9 @@ export function registerRerankRoute(app: Hono, o: RerankOptions): void {
     }
     let promptTokens = 0;
     const scores = await Promise.all(b.documents.map(async (document, index) => {
-      const text = template.replace("{instruction}", instruction).replace("{query}", b.query)
-        .replace("{document}", document);
-      const ids = o.backend.tokenize(text, { bos: true, special: true });
+      const text = fillRerankPrompt(template, { query: b.query, document, instruction });
+      // As llama-server tokenizes a rerank template: its special tokens read, none added.
+      const ids = o.backend.tokenize(text, { bos: false, special: true });
       if (ids.length >= o.backend.contextLength) {
         throw new ApiError(
           "context_length_exceeded",

@@ -269,12 +269,15 @@ export function ggufToModel(gguf: GgufFile, source: string): Model {
 
   const chatTemplate = meta("tokenizer.chat_template");
   const pooling = poolingOfCode(meta(key("pooling_type")));
+  // Where llama.cpp reads a reranker's prompt (llama_model_chat_template(model, "rerank")).
+  const rerankPrompt = meta("tokenizer.chat_template.rerank");
   return {
     config,
     weights,
     ...(tokenizer ? { tokenizer } : {}),
     ...(typeof chatTemplate === "string" ? { chatTemplate } : {}),
     ...(pooling ? { pooling } : {}),
+    ...(typeof rerankPrompt === "string" ? { rerankPrompt } : {}),
     source,
   };
 }

@@ -47,6 +47,8 @@ export interface Model {
   readonly chatTemplate?: string;
   /** How its embeddings are pooled, where the file says (`<arch>.pooling_type`). */
   readonly pooling?: Pooling;
+  /** A reranker's prompt, where the file has one (`tokenizer.chat_template.rerank`). */
+  readonly rerankPrompt?: string;
   /** Where it was loaded from, for logs. */
   readonly source: string;
 }
