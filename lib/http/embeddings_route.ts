@@ -101,7 +101,7 @@ export async function embedInputs(
   if (!embedder) {
     throw new ApiError(
       "invalid_request",
-      `The model "${model}" serves no embeddings here: they need a server running it on the cpu or reference engine (--backend cpu); the WebGPU engine and the routers do not return them yet`,
+      `The model "${model}" serves no embeddings here: they need a server running the model itself (its engine returns the hidden states, on every --backend); the routers do not return them yet`,
       "model",
     );
   }
