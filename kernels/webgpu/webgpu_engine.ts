@@ -93,9 +93,10 @@ interface KvPools {
 /**
  * The Llama forward pass as WGSL kernels over a ragged batch with a paged KV cache. Weights stay
  * in their file encoding on the device; every buffer is allocated here, once; a step is one
- * command buffer and one submit, and only the sampled ids and logprobs are read back. A
- * sequence's sampled token stays on the device as its next input (`useLastSampled`), so step
- * t+1 can be submitted before step t's readback arrives.
+ * command buffer and one submit, and only the sampled ids and logprobs are read back (and the
+ * rows a plan asks `hidden` for: kernels/webgpu/hidden_readback.ts). A sequence's sampled token
+ * stays on the device as its next input (`useLastSampled`), so step t+1 can be submitted before
+ * step t's readback arrives.
  *
  * ```ts
  * import { assertEquals } from "@std/assert";
