@@ -18,6 +18,7 @@ export const GPU_FILES = [
   "tests/architecture_engines_test.ts",
   "tests/compat_llama_cpp_webgpu_test.ts",
   "tests/doc_examples_test.ts",
+  "tests/embedding_webgpu_test.ts",
   "tests/attention_test.ts",
   "tests/engine_factory_test.ts",
   "tests/kernels_test.ts",

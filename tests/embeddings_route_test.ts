@@ -1,7 +1,8 @@
 /**
  * POST /v1/embeddings on the real server through the official openai client: float and base64
  * give llama-embedding's vectors (tests/fixtures/llama_cpp_embedding), `dimensions` cuts and
- * renormalizes, token-id inputs equal text inputs, and bad inputs get a 400 naming the field.
+ * renormalizes, token-id inputs equal text inputs, and bad inputs get a 400 naming the field;
+ * a server on the WebGPU engine serves them too.
  */
 // deno-lint-ignore no-import-prefix -- not in the import map (deno.json is the lead's); pinned here
 import OpenAI, { toFile } from "npm:openai@7.59.0";
@@ -153,5 +154,40 @@ Deno.test("Batch API: /v1/embeddings lines give the vectors the route gives", as
   } finally {
     await srv.stop();
     await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("--backend webgpu serves /v1/embeddings and Ollama's /api/embed: llama.cpp's vectors, the same through both routes", async () => {
+  const srv = await startServer({
+    args: [
+      ...["--model", compatPath("qwen2-like-q4_k_m"), "--backend", "webgpu"],
+      ...["--kv-memory", "8MiB", "--log-format", "off"],
+    ],
+    // llvmpipe compiles the pipelines at start.
+    startTimeoutMs: 180_000,
+  });
+  try {
+    assert(/backend\s+webgpu \(/.test(srv.log()), `not on the WebGPU engine:\n${srv.log()}`);
+    const c = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: "unused", maxRetries: 0 });
+    const model = "qwen2-like-q4_k_m";
+    const got = await c.embeddings.create({
+      model,
+      input: [...fx.prompts],
+      encoding_format: "float",
+    });
+    assertEquals(got.usage.prompt_tokens, fx.tokens.flat().length);
+    got.data.forEach((d, i) => {
+      const dist = cosineDistance(d.embedding, fx.mean[i]!);
+      assert(dist < 1e-3, `prompt ${i}: cosine distance ${dist} to llama.cpp's`);
+    });
+    const r = await fetch(`${srv.base}/api/embed`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model, input: [...fx.prompts] }),
+    });
+    assertEquals(r.status, 200);
+    assertEquals((await r.json()).embeddings, got.data.map((d) => d.embedding));
+  } finally {
+    await srv.stop();
   }
 });

@@ -107,6 +107,28 @@ Deno.test("planStep flattens a prefill chunk and a decode into rows, sequences, 
   }]);
 });
 
+Deno.test("planStep names the token rows whose hidden states come back: all of a chunk's, or its last", () => {
+  const p = planStep(
+    {
+      stepId: 0,
+      seqs: [
+        seq({ seqId: 1, tokens: [5, 6], startPos: 0, blockTable: [0], sample: true }),
+        seq({ seqId: 2, tokens: [7, 8, 9], startPos: 4, blockTable: [1, 2], hidden: "all" }),
+        seq({ seqId: 3, tokens: [3, 4, 5, 6], startPos: 0, blockTable: [3], hidden: "last" }),
+      ],
+    },
+    CONFIG,
+    KV,
+    CAPACITY,
+    slots(4),
+  );
+  // Rows 0-1 are sequence 1's, 2-4 sequence 2's (positions 4-6), 5-8 sequence 3's.
+  assertEquals(p.hidden, [
+    { seqId: 2, startPos: 4, row: 2, count: 3 },
+    { seqId: 3, startPos: 3, row: 8, count: 1 },
+  ]);
+});
+
 Deno.test("planStep claims new last-sampled slots only after every lookup, never evicting one the plan reads", () => {
   // A table of 2 slots holding sequences 1 and 2. Sequence 3 samples (needs a slot) and is
   // listed before sequence 1's decode, which reads slot 0: the eviction must take sequence 2's.

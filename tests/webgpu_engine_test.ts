@@ -282,6 +282,80 @@ Deno.test("WebGpuEngine gives the same next-token logits for a 70-token prefill 
   }
 });
 
+Deno.test("WebGpuEngine returns hidden states after the final norm as CpuEngine does: every row or the last, in a step that samples nothing or beside a decode, chunked, and from stepMany", async () => {
+  // stories260K on a CPU rasterizer also writes the sampled rows' final norm in the last down
+  // projection's epilogue: the residual rows must still come back whole.
+  const model = await loadModel(modelFile("stories260K.bin"));
+  const { gpu, cpu } = await engines(model);
+  const dim = model.config.dim;
+  try {
+    const embed = (seqId: number, tokens: number[], startPos: number, hidden: "all" | "last") => ({
+      seqId,
+      tokens,
+      startPos,
+      blockTable: [seqId],
+      sample: false,
+      sampling: GREEDY,
+      hidden,
+    });
+    // An embedding of every row, nothing sampled.
+    const alone: StepPlan = { stepId: 0, seqs: [embed(1, PROMPT, 0, "all")] };
+    const [g0, c0] = await Promise.all([gpu.step(alone), cpu.step(alone)]);
+    assertEquals(g0.sampled, []);
+    assertEquals(g0.hidden!.map((h) => [h.seqId, h.startPos, h.rows.length]), [
+      [1, 0, PROMPT.length * dim],
+    ]);
+    const err = relativeError(g0.hidden![0]!.rows, c0.hidden![0]!.rows);
+    assertLess(err, 1e-5, `hidden rows differ from the reference's by ${err} (relative)`);
+
+    // Beside a prefill that samples (and asks for its last row) and an embedding of its last
+    // row only; then the first prompt again in two chunks, beside the sampled sequence's decode.
+    const mixed: StepPlan = {
+      stepId: 1,
+      seqs: [
+        { ...embed(2, PROMPT.slice(0, 3), 0, "last"), sample: true },
+        embed(3, PROMPT, 0, "last"),
+      ],
+    };
+    const [g1, c1] = await Promise.all([gpu.step(mixed), cpu.step(mixed)]);
+    assertEquals(g1.sampled.map((s) => s.token), c1.sampled.map((s) => s.token));
+    assertEquals(g1.hidden!.map((h) => [h.seqId, h.startPos, h.rows.length]), [
+      [2, 2, dim],
+      [3, PROMPT.length - 1, dim],
+    ]);
+    // The same rows, bit for bit, whatever shares the step.
+    const lastRow = g0.hidden![0]!.rows.slice((PROMPT.length - 1) * dim);
+    assertEquals([...g1.hidden![1]!.rows], [...lastRow]);
+    const decode = {
+      seqId: 2,
+      tokens: [],
+      useLastSampled: true,
+      startPos: 3,
+      blockTable: [2],
+      sample: true,
+      sampling: GREEDY,
+    };
+    const chunks = await Promise.all(gpu.stepMany([
+      { stepId: 2, seqs: [decode, embed(4, PROMPT.slice(0, 2), 0, "all")] },
+      { stepId: 3, seqs: [embed(4, PROMPT.slice(2), 2, "all")] },
+    ]));
+    assertEquals(chunks.map((r) => r.hidden!.map((h) => [h.seqId, h.startPos])), [[[4, 0]], [[
+      4,
+      2,
+    ]]]);
+    const joined = [...chunks[0]!.hidden![0]!.rows, ...chunks[1]!.hidden![0]!.rows];
+    assertEquals(joined, [...g0.hidden![0]!.rows]);
+    // Only known tokens have hidden states.
+    await assertRejects(
+      () => gpu.step({ stepId: 4, seqs: [{ ...decode, startPos: 4, hidden: "last" }] }),
+      Error,
+      "only known tokens have them",
+    );
+  } finally {
+    gpu.dispose();
+  }
+});
+
 Deno.test("WebGpuEngine.stepMany() runs k decode steps in one submit with the same tokens as k single steps", async () => {
   const model = await loadModel(modelFile("stories260K.bin"));
   const { gpu } = await engines(model);

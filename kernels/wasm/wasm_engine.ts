@@ -33,6 +33,7 @@ import { tokenMaskProblem } from "../../lib/engine/token_mask.ts";
 import { checkParams } from "../../lib/engine/sampling.ts";
 import { applyLogitAdjust } from "../../lib/engine/logit_adjust.ts";
 import { topLogprobs } from "../../lib/engine/top_logprobs.ts";
+import { finalNormRows } from "../../lib/engine/final_norm.ts";
 
 /** How the CPU engine is built. */
 export interface WasmEngineOptions {
@@ -480,15 +481,7 @@ export class WasmEngine implements Engine {
   #finalNorm(last: EnginePart, from: number, to: number): Float32Array {
     const { dim, rmsEps } = this.config;
     const x = last.heap.f32(last.x + from * dim * 4, (to - from) * dim);
-    const w = last.heap.f32(this.#outputNorm, dim);
-    const out = new Float32Array(x.length);
-    for (let r = 0; r < to - from; r++) {
-      let ss = 0;
-      for (let j = 0; j < dim; j++) ss += x[r * dim + j]! * x[r * dim + j]!;
-      const scale = 1 / Math.sqrt(ss / dim + rmsEps);
-      for (let j = 0; j < dim; j++) out[r * dim + j] = x[r * dim + j]! * scale * w[j]!;
-    }
-    return out;
+    return finalNormRows(x, last.heap.f32(this.#outputNorm, dim), rmsEps);
   }
 
   /** Each sequence's token mask, late ones awaited (and checked as validateStep checks the rest). */

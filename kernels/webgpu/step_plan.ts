@@ -14,6 +14,16 @@ import {
 export interface PlannedStep {
   readonly content: StepContent;
   readonly sampledSeqIds: readonly number[];
+  /** The token rows whose hidden states the plan asks for (SeqInput.hidden), in plan order. */
+  readonly hidden: readonly HiddenRange[];
+}
+
+/** One sequence's hidden rows: `count` token rows of the step from `row`, at `startPos` on. */
+export interface HiddenRange {
+  readonly seqId: number;
+  readonly startPos: number;
+  readonly row: number;
+  readonly count: number;
 }
 
 /**
@@ -24,9 +34,9 @@ export type SlotLookup = (seqId: number, create: boolean) => number | undefined;
 
 /**
  * Checks a plan with the rules every engine shares (lib/engine/step_validation.ts) and
- * flattens it into token rows, sequences, samples and concatenated block tables. Nothing is
- * written anywhere, and slots are claimed only once the whole plan checks out; the caller
- * packs the result.
+ * flattens it into token rows, sequences, samples, concatenated block tables and the rows whose
+ * hidden states come back. Nothing is written anywhere, and slots are claimed only once the
+ * whole plan checks out; the caller packs the result.
  */
 export function planStep(
   plan: StepPlan,
@@ -40,12 +50,14 @@ export function planStep(
     kv,
     capacity,
     hasLastSampled: (seqId) => slotFor(seqId, false) !== undefined,
+    hiddenStates: true,
   });
   const rows: RowMeta[] = [];
   const seqs: SeqMeta[] = [];
   const samples: SampleMeta[] = [];
   const tables: number[] = [];
   const sampledSeqIds: number[] = [];
+  const hidden: HiddenRange[] = [];
   for (const seq of plan.seqs) {
     const tokens = seq.useLastSampled ? [LAST_SAMPLED_FLAG | slotFor(seq.seqId, false)!] : [
       ...seq.tokens,
@@ -64,6 +76,10 @@ export function planStep(
     });
     seqs.push({ tableOffset: tables.length, tableLength: table.length, lastRow: rows.length - 1 });
     tables.push(...table);
+    if (seq.hidden) {
+      const count = seq.hidden === "all" ? tokens.length : 1;
+      hidden.push({ seqId: seq.seqId, startPos: end - count, row: rows.length - count, count });
+    }
     if (!seq.sample) continue;
     const p = seq.sampling;
     sampledSeqIds.push(seq.seqId);
@@ -81,5 +97,9 @@ export function planStep(
   // Claimed after every lookup above: a claim may evict the least recently used slot, which
   // must not be one this plan still reads.
   const withSlots = samples.map((m, i) => ({ ...m, lastSlot: slotFor(sampledSeqIds[i]!, true)! }));
-  return { content: { rows, seqs, samples: withSlots, blockTables: tables }, sampledSeqIds };
+  return {
+    content: { rows, seqs, samples: withSlots, blockTables: tables },
+    sampledSeqIds,
+    hidden,
+  };
 }

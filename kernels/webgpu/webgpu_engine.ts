@@ -32,8 +32,9 @@ import { TokenMaskUpload } from "./token_masks.ts";
 import { StepMetaLayout } from "./step_meta.ts";
 import { type KvPool, type LayerBuild, layerOps } from "./webgpu_layer.ts";
 import { type KvDtype, kvElementBytes } from "./kv_dtype.ts";
-import { planStep } from "./step_plan.ts";
+import { type PlannedStep, planStep } from "./step_plan.ts";
 import { DeferredMaps } from "./deferred_maps.ts";
+import { encodeHiddenReadback, hiddenStatesFrom } from "./hidden_readback.ts";
 import { DEFAULT_LIMITS } from "../../lib/engine/limits.ts";
 import { kvBlockBytes, kvBlocksIn } from "../../lib/engine/kv_budget.ts";
 
@@ -92,9 +93,10 @@ interface KvPools {
 /**
  * The Llama forward pass as WGSL kernels over a ragged batch with a paged KV cache. Weights stay
  * in their file encoding on the device; every buffer is allocated here, once; a step is one
- * command buffer and one submit, and only the sampled ids and logprobs are read back. A
- * sequence's sampled token stays on the device as its next input (`useLastSampled`), so step
- * t+1 can be submitted before step t's readback arrives.
+ * command buffer and one submit, and only the sampled ids and logprobs are read back (and the
+ * rows a plan asks `hidden` for: kernels/webgpu/hidden_readback.ts). A sequence's sampled token
+ * stays on the device as its next input (`useLastSampled`), so step t+1 can be submitted before
+ * step t's readback arrives.
  *
  * ```ts
  * import { assertEquals } from "@std/assert";
@@ -139,12 +141,18 @@ export class WebGpuEngine implements Engine {
   readonly resultsOnHost = false;
   /** Deno's `mapAsync` polls the device, then resolves no sooner than 10 ms later (ext/webgpu). */
   readonly readbackLatencyMs = 10;
+  /** Rows a plan asks `hidden` for come back after the final norm (kernels/hidden_readback.ts). */
+  readonly hiddenStates = true;
   private readonly layout: StepMetaLayout;
   private readonly staging: GPUBuffer;
   private readonly stagingCpu: Uint8Array<ArrayBuffer>;
   private readonly meta: GPUBuffer;
   private readonly out: GPUBuffer;
   private readonly logits: GPUBuffer;
+  /** The residual stream, [maxRows, dim]: after the last layer, what hidden states are made of. */
+  private readonly residual: GPUBuffer;
+  /** The output norm's weights on the host, for hidden states. */
+  private readonly outputNorm: Float32Array;
   private rowOps: KernelOp[];
   private readonly kvPools: KvPools;
   private readonly sampleOps: KernelOp[];
@@ -178,6 +186,8 @@ export class WebGpuEngine implements Engine {
       meta: GPUBuffer;
       out: GPUBuffer;
       logits: GPUBuffer;
+      residual: GPUBuffer;
+      outputNorm: Float32Array;
       rowOps: KernelOp[];
       sampleOps: KernelOp[];
       adjustOp: LogitAdjustOp;
@@ -195,6 +205,8 @@ export class WebGpuEngine implements Engine {
     this.meta = parts.meta;
     this.out = parts.out;
     this.logits = parts.logits;
+    this.residual = parts.residual;
+    this.outputNorm = parts.outputNorm;
     this.rowOps = parts.rowOps;
     this.sampleOps = parts.sampleOps;
     this.adjustOp = parts.adjustOp;
@@ -371,6 +383,8 @@ export class WebGpuEngine implements Engine {
       meta,
       out: act.out,
       logits: act.logits,
+      residual: act.x,
+      outputNorm: dequantize(weights.outputNorm),
       rowOps,
       sampleOps,
       adjustOp,
@@ -473,8 +487,9 @@ export class WebGpuEngine implements Engine {
         });
         enc.copyBufferToBuffer(this.topOp.out, 0, top, 0, top.size);
       }
+      const hidden = encodeHiddenReadback(device, enc, this.residual, this.config.dim, p.hidden);
       collectors.push(() =>
-        this.collect(plan, p.sampledSeqIds, submittedAt, plans.length, readback, logits, top)
+        this.collect(plan, p, submittedAt, plans.length, { readback, logits, top, hidden })
       );
     });
     device.queue.writeBuffer(this.staging, 0, this.stagingCpu, 0, used);
@@ -560,19 +575,20 @@ export class WebGpuEngine implements Engine {
 
   private async collect(
     plan: StepPlan,
-    seqIds: readonly number[],
+    planned: PlannedStep,
     submittedAt: number,
     stepsInSubmit: number,
-    readback: GPUBuffer,
-    logits?: GPUBuffer,
-    topBuffer?: GPUBuffer,
+    buffers: StepReadbacks,
   ): Promise<StepResult> {
+    const { readback, logits, top: topBuffer, hidden } = buffers;
+    const seqIds = planned.sampledSeqIds;
     let idleAt: number;
     let mappedAt: number;
     try {
-      idleAt = await this.maps.map([readback, logits, topBuffer]);
+      idleAt = await this.maps.map([readback, logits, topBuffer, hidden]);
       mappedAt = performance.now();
     } catch (e) {
+      hidden?.destroy();
       throw new Error(`Cannot read back step ${plan.stepId}: ${this.lost ?? (e as Error).message}`);
     }
     const words = new Uint32Array(
@@ -597,8 +613,22 @@ export class WebGpuEngine implements Engine {
         ...(top ? { top } : {}),
       };
     });
+    const states = hidden &&
+      hiddenStatesFrom(
+        new Float32Array(hidden.getMappedRange()),
+        planned.hidden,
+        this.outputNorm,
+        this.config.rmsEps,
+      );
+    hidden?.destroy();
     const busyMs = Math.max(0, idleAt - submittedAt) / stepsInSubmit;
-    return { stepId: plan.stepId, sampled, busyMs, readbackMs: Math.max(0, mappedAt - idleAt) };
+    return {
+      stepId: plan.stepId,
+      sampled,
+      ...(states ? { hidden: states } : {}),
+      busyMs,
+      readbackMs: Math.max(0, mappedAt - idleAt),
+    };
   }
 
   /**
@@ -891,6 +921,14 @@ function activations(
     out: buffer(g.maxSeqs * 8, "sampled"),
     lastSampled: buffer(slotCapacity * 4, "last sampled"),
   };
+}
+
+/** The buffers a step's results are read back from (logits, top and hidden only if asked). */
+interface StepReadbacks {
+  readonly readback: GPUBuffer;
+  readonly logits: GPUBuffer | undefined;
+  readonly top: GPUBuffer | undefined;
+  readonly hidden: GPUBuffer | undefined;
 }
 
 /** Each sampled row's logit adjustments, in sample order (what the adjust kernel's rows are). */

@@ -461,7 +461,7 @@ export const SETTINGS = {
   similarCache: {
     group: "Caches",
     help:
-      "answer a deterministic chat question with the stored answer of one whose embedding is at least this similar (cosine, e.g. 0.95), asked in the same context; off without it, needs --result-cache and the cpu or reference engine (or --similar-cache-model)",
+      "answer a deterministic chat question with the stored answer of one whose embedding is at least this similar (cosine, e.g. 0.95), asked in the same context; off without it, needs --result-cache",
     commands: SERVE,
     schema: numberIn(0, 1, true).optional(),
     env: "LLMSERVE_SIMILAR_CACHE",

@@ -101,7 +101,7 @@ export async function embedInputs(
   if (!embedder) {
     throw new ApiError(
       "invalid_request",
-      `The model "${model}" serves no embeddings here: they need a server (or replicas behind a router) running it on the cpu or reference engine (--backend cpu); the WebGPU engine does not return them yet`,
+      `The model "${model}" serves no embeddings here: the engine serving it returns no hidden states`,
       "model",
     );
   }
