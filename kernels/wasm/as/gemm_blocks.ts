@@ -19,6 +19,7 @@ import {
   lowHalf,
   offsetOf,
   put,
+  putLanes4,
   scaleAt,
   scaleOf,
 } from "./legacy";
@@ -117,12 +118,7 @@ export function blockTileScratch(K: i32): usize {
     for (let b = 0; b < B4; b += 4) {
       for (let i = 0; i < nt; i++) {
         const n = t + i;
-        const v = rows4(scratch + <usize>i * rs, K, desc, b);
-        const o = out + (<usize>n << 2) + <usize>b * os;
-        put(o, f32x4.extract_lane(v, 0), bias, n, accum);
-        put(o + os, f32x4.extract_lane(v, 1), bias, n, accum);
-        put(o + 2 * os, f32x4.extract_lane(v, 2), bias, n, accum);
-        put(o + 3 * os, f32x4.extract_lane(v, 3), bias, n, accum);
+        putLanes4(out + (<usize>n << 2) + <usize>b * os, os, rows4(scratch + <usize>i * rs, K, desc, b), bias, n, accum);
       }
     }
     for (let b = B4; b < B; b++) {
