@@ -1,5 +1,5 @@
 import { assertFiniteWeights } from "./finite_weights.ts";
-import { readFileWithProgress, type ReadProgress } from "../util/read_file.ts";
+import { readFileWithProgress, readHead, type ReadProgress } from "../util/read_file.ts";
 import { describeBytes, type PlaceTensors, readGguf } from "./gguf.ts";
 import { assertLoadable, ggufToModel } from "./gguf_model.ts";
 import { parseLlama2cCheckpoint } from "./llama2c_checkpoint.ts";
@@ -79,7 +79,7 @@ export async function loadModel(path: string, opts: LoadModelOptions = {}): Prom
       `Cannot load model ${path}: contextLength must be a positive integer, received ${opts.contextLength}`,
     );
   }
-  const head = await readHead(path, LLAMA2C_HEADER_BYTES);
+  const head = await readFileHead(path, LLAMA2C_HEADER_BYTES);
   const format = detectModelFormat(head);
   let model: Model;
   if (format === "gguf") {
@@ -123,14 +123,7 @@ export async function loadModel(path: string, opts: LoadModelOptions = {}): Prom
   return model;
 }
 
-async function readHead(path: string, n: number): Promise<Uint8Array> {
+async function readFileHead(path: string, n: number): Promise<Uint8Array> {
   using file = await Deno.open(path, { read: true });
-  const buf = new Uint8Array(n);
-  let filled = 0;
-  while (filled < n) {
-    const got = await file.read(buf.subarray(filled));
-    if (got === null) break;
-    filled += got;
-  }
-  return buf.subarray(0, filled);
+  return await readHead(file, n);
 }
