@@ -8,7 +8,7 @@ import type {
 } from "../core/generation.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { PromptTokens } from "./prompt_tokens.ts";
-import { PromptTextBackend } from "./prompt_text_backend.ts";
+import { DelegatedText } from "./delegated_text.ts";
 import type { Embedder } from "../core/embedder.ts";
 import { DEFAULT_EMBD_NORMALIZE, normalizeEmbedding } from "../engine/embedding_norm.ts";
 import type { Model } from "../model/weights.ts";
@@ -25,7 +25,7 @@ export interface EmbeddingSettings {
  * Presents the serving core to the HTTP layer: requests go to it as they are (ids, built by
  * lib/http/generation_request.ts); text is encoded as PromptTokens says.
  */
-export class CoreBackend extends PromptTextBackend implements GenerationBackend {
+export class CoreBackend extends DelegatedText<PromptTokens> implements GenerationBackend {
   readonly contextLength: number;
   readonly bosToken: string;
   readonly eosToken: string;
@@ -43,10 +43,10 @@ export class CoreBackend extends PromptTextBackend implements GenerationBackend 
   ) {
     super(new PromptTokens(tokenizer));
     this.contextLength = core.contextLength;
-    this.bosToken = this.prompts.bosToken;
-    this.eosToken = this.prompts.eosToken;
-    this.vocabSize = this.prompts.vocabSize;
-    this.specialTokens = this.prompts.specialTokens;
+    this.bosToken = this.text.bosToken;
+    this.eosToken = this.text.eosToken;
+    this.vocabSize = this.text.vocabSize;
+    this.specialTokens = this.text.specialTokens;
     if (core.embeddings && embedding) this.embedder = coreEmbedder(core, embedding);
   }
 
@@ -55,7 +55,7 @@ export class CoreBackend extends PromptTextBackend implements GenerationBackend 
   }
 
   minTokens(text: string): number {
-    return this.prompts.minTokens(text);
+    return this.text.minTokens(text);
   }
 
   stats(): CoreStats {

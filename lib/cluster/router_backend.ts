@@ -9,7 +9,7 @@ import { cacheScopeRoot, prefixBlockHashes } from "../core/block_allocator.ts";
 import type { Counter, Gauge } from "../http/metrics.ts";
 import type { ServiceMetrics } from "../http/service_metrics.ts";
 import { PromptTokens } from "../backend/prompt_tokens.ts";
-import { PromptTextBackend } from "../backend/prompt_text_backend.ts";
+import { DelegatedText } from "../backend/delegated_text.ts";
 import { Tokenizer } from "../tokenizer/tokenizer.ts";
 import {
   decodeMessage,
@@ -105,7 +105,7 @@ const delay = (ms: number) => new Promise((r) => setTimeout(r, ms));
  * Failover is exact (failover.ts): a lost stream (stream_loss.ts says why) is resubmitted to
  * another replica as prompt + the tokens delivered, with the same seed.
  */
-export class RouterBackend extends PromptTextBackend implements GenerationBackend {
+export class RouterBackend extends DelegatedText<PromptTokens> implements GenerationBackend {
   readonly id = randomId("router");
   readonly modelName: string;
   readonly contextLength: number;
@@ -150,7 +150,7 @@ export class RouterBackend extends PromptTextBackend implements GenerationBacken
     this.chatTemplate = info.chatTemplate;
     this.bosToken = info.bosToken;
     this.eosToken = info.eosToken;
-    this.specialTokens = this.prompts.specialTokens;
+    this.specialTokens = this.text.specialTokens;
     this.#policy = opts.policy ?? CLUSTER_DEFAULTS.routing;
     this.#model = opts.model;
     this.#streamTimeoutMs = opts.streamTimeoutMs ?? CLUSTER_DEFAULTS.streamTimeoutMs;
