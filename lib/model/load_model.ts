@@ -2,7 +2,12 @@ import { assertFiniteWeights } from "./finite_weights.ts";
 import { readFileWithProgress, readHead, type ReadProgress } from "../util/read_file.ts";
 import { describeBytes, type PlaceTensors, readGguf } from "./gguf.ts";
 import { assertLoadable, ggufToModel } from "./gguf_model.ts";
-import { parseLlama2cCheckpoint } from "./llama2c_checkpoint.ts";
+import {
+  LLAMA2C_HEADER_BYTES,
+  llama2cHeader,
+  llama2cHeaderProblem,
+  parseLlama2cCheckpoint,
+} from "./llama2c_checkpoint.ts";
 import { parseLlama2cTokenizer } from "../tokenizer/llama2c_tokenizer.ts";
 import type { Model } from "./weights.ts";
 
@@ -26,7 +31,6 @@ export interface LoadModelOptions {
 /** The file formats loadModel recognises. */
 export type ModelFormat = "gguf" | "llama2c";
 
-const LLAMA2C_HEADER_BYTES = 7 * 4;
 const GGUF_MAGIC = [0x47, 0x47, 0x55, 0x46]; // "GGUF"
 
 /**
@@ -37,23 +41,7 @@ const GGUF_MAGIC = [0x47, 0x47, 0x55, 0x46]; // "GGUF"
 export function detectModelFormat(head: Uint8Array): ModelFormat | undefined {
   if (head.byteLength >= 4 && GGUF_MAGIC.every((b, i) => head[i] === b)) return "gguf";
   if (head.byteLength < LLAMA2C_HEADER_BYTES) return undefined;
-  const view = new DataView(head.buffer, head.byteOffset, LLAMA2C_HEADER_BYTES);
-  const [dim, hidden, layers, heads, kvHeads, vocab, seqLen] = Array.from(
-    { length: 7 },
-    (_, i) => view.getInt32(i * 4, true),
-  ) as [
-    number,
-    number,
-    number,
-    number,
-    number,
-    number,
-    number,
-  ];
-  const plausible = (v: number) => v > 0 && v < 1 << 24;
-  const ok = [dim, hidden, layers, heads, kvHeads, Math.abs(vocab), seqLen].every(plausible) &&
-    dim % heads === 0 && heads % kvHeads === 0;
-  return ok ? "llama2c" : undefined;
+  return llama2cHeaderProblem(llama2cHeader(head)) === undefined ? "llama2c" : undefined;
 }
 
 /**
