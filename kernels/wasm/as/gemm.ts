@@ -14,10 +14,12 @@
 
 import { h2fScale, hsum, ZERO } from "./simd";
 import { kdot, koff, kupdate } from "./kquant_dot";
-import { put, put4 } from "./legacy";
-import { blockBytes, T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K } from "./formats";
+import { put, put4, putLanes4 } from "./legacy";
+import { blockBytes, T_Q2_K, T_Q3_K, T_Q4_0, T_Q4_1, T_Q4_K, T_Q5_0, T_Q5_1, T_Q5_K, T_Q6_K } from "./formats";
 import { ACT_BS16, ACT_BS32, ACT_D256, ACT_Q256 } from "./quantize";
-import { blockGemmType, blockTileScratch, gemmBlocks } from "./gemm_blocks";
+import {
+  BLOCK_TILE, blockGemmType, blockRowScratch, blockTileScratch, one, rows4, unpackBlockRow,
+} from "./gemm_blocks";
 
 
 /** Most weight rows unpacked together; their scratch is tileRows(K) × rowScratch(K). */
@@ -268,35 +270,72 @@ let R3: f32 = 0;
   R3 = hsum(a3) + hsum(e3);
 }
 
+/**
+ * The tile loop of both GEMMs: a tile of weight rows unpacked into the scratch, then every four
+ * activation rows against each of its rows, then the rows left over one at a time. kq: the
+ * K-quants (unpackRow, sumsTile; g16 for 16-element groups), else the 32-element 4/5-bit types
+ * (gemm_blocks.ts). Inlined with constant kq, g16 and type, so each copy is one type's loop.
+ */
 // @ts-ignore: decorator
-@inline function gemmTyped(
-  g16: bool, type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32,
-  bias: usize, accum: bool, n0: i32, n1: i32,
+@inline function gemmTiles(
+  kq: bool, g16: bool, type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize,
+  ostride: i32, bias: usize, accum: bool, n0: i32, n1: i32,
 ): void {
-  const rb = <usize>(K >> 8) * superBytes(type);
-  const rs = rowScratch(K);
+  const rb = <usize>(K >> (kq ? 8 : 5)) * blockBytes(type);
+  const rs = kq ? rowScratch(K) : blockRowScratch(K);
+  const tr = kq ? tileRows(K) : BLOCK_TILE;
+  const scratch = gscratch;
   const os = <usize>ostride << 2;
-  const tr = tileRows(K);
   const B4 = B & ~3;
   for (let t = n0; t < n1; t += tr) {
     const nt = min(tr, n1 - t);
-    for (let i = 0; i < nt; i++) unpackRow(type, w + <usize>(t + i) * rb, K, gscratch + <usize>i * rs);
+    for (let i = 0; i < nt; i++) {
+      const wr = w + <usize>(t + i) * rb, r = scratch + <usize>i * rs;
+      if (kq) unpackRow(type, wr, K, r);
+      else unpackBlockRow(type, wr, K, r);
+    }
     for (let b = 0; b < B4; b += 4) {
       for (let i = 0; i < nt; i++) {
         const n = t + i;
-        const on = out + (<usize>n << 2) + <usize>b * os;
-        sumsTile(g16, gscratch + <usize>i * rs, K, desc, b, 4);
-        put4(on, os, R0, R1, R2, R3, bias, n, accum);
+        const on = out + (<usize>n << 2) + <usize>b * os, r = scratch + <usize>i * rs;
+        if (kq) {
+          sumsTile(g16, r, K, desc, b, 4);
+          put4(on, os, R0, R1, R2, R3, bias, n, accum);
+        } else {
+          putLanes4(on, os, rows4(r, K, desc, b), bias, n, accum);
+        }
       }
     }
     for (let b = B4; b < B; b++) {
       for (let i = 0; i < nt; i++) {
         const n = t + i;
-        sumsTile(g16, gscratch + <usize>i * rs, K, desc, b, 1);
-        put(out + (<usize>n << 2) + <usize>b * os, R0, bias, n, accum);
+        const r = scratch + <usize>i * rs;
+        let v: f32;
+        if (kq) {
+          sumsTile(g16, r, K, desc, b, 1);
+          v = R0;
+        } else {
+          v = one(r, K, desc, b);
+        }
+        put(out + (<usize>n << 2) + <usize>b * os, v, bias, n, accum);
       }
     }
   }
+}
+
+// The 32-element 4/5-bit types' GEMMs, one function per type (as matmul.ts's matmulQ2_K ...):
+// each has its type's branches folded away and no other type's code to share registers with.
+function gemmQ4_0(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  gemmTiles(false, false, T_Q4_0, w, K, desc, B, out, os, bias, accum, n0, n1);
+}
+function gemmQ4_1(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  gemmTiles(false, false, T_Q4_1, w, K, desc, B, out, os, bias, accum, n0, n1);
+}
+function gemmQ5_0(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  gemmTiles(false, false, T_Q5_0, w, K, desc, B, out, os, bias, accum, n0, n1);
+}
+function gemmQ5_1(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  gemmTiles(false, false, T_Q5_1, w, K, desc, B, out, os, bias, accum, n0, n1);
 }
 
 /**
@@ -307,7 +346,10 @@ export function gemm(
   type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
   accum: bool, n0: i32, n1: i32,
 ): void {
-  if (blockGemmType(type)) gemmBlocks(type, w, K, desc, B, out, ostride, bias, accum, n0, n1, gscratch);
-  else if (type == T_Q4_K || type == T_Q5_K) gemmTyped(false, type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
-  else gemmTyped(true, type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
+  if (type == T_Q5_0) gemmQ5_0(w, K, desc, B, out, ostride, bias, accum, n0, n1);
+  else if (type == T_Q4_0) gemmQ4_0(w, K, desc, B, out, ostride, bias, accum, n0, n1);
+  else if (type == T_Q4_1) gemmQ4_1(w, K, desc, B, out, ostride, bias, accum, n0, n1);
+  else if (type == T_Q5_1) gemmQ5_1(w, K, desc, B, out, ostride, bias, accum, n0, n1);
+  else if (type == T_Q4_K || type == T_Q5_K) gemmTiles(true, false, type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
+  else gemmTiles(true, true, type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
 }
