@@ -1,14 +1,15 @@
 /**
  * Builds the CPU engine's kernels from kernels/wasm/as/ with the AssemblyScript compiler
  * pinned here, into kernels/wasm/llmserve_{relaxed,simd}.wasm, after writing
- * kernels/wasm/as/formats.ts from lib/formats.
+ * kernels/wasm/as/formats.ts from lib/formats and kernels/wasm/as/ops.ts from program.ts.
  *
- *   deno task build:wasm           writes the three files
+ *   deno task build:wasm           writes the four files
  *   deno task build:wasm --check   exits 1 when a committed file differs from a fresh build
  */
 import asc from "assemblyscript/asc";
 import { KERNEL_FILES, type KernelFlavour } from "./kernel_module.ts";
 import { FORMATS_AS_FILE, formatsSource } from "./formats_source.ts";
+import { OPS_AS_FILE, opsSource } from "./program_source.ts";
 import { unrollLoops } from "./unroll.ts";
 
 const FEATURES: Record<KernelFlavour, string> = {
@@ -60,12 +61,18 @@ export async function buildKernels(flavour: KernelFlavour): Promise<Uint8Array> 
 if (import.meta.main) {
   const check = Deno.args.includes("--check");
   let stale = 0;
-  const formatsPath = new URL(FORMATS_AS_FILE, import.meta.url);
-  const formats = formatsSource();
-  if (!check) Deno.writeTextFileSync(formatsPath, formats);
-  else if (Deno.readTextFileSync(formatsPath) !== formats) {
-    console.error(`${formatsPath.pathname} differs from lib/formats: run \`deno task build:wasm\``);
-    stale++;
+  // The AssemblyScript sources generated from TypeScript, and where they come from.
+  const generated: [string, string, string][] = [
+    [FORMATS_AS_FILE, formatsSource(), "lib/formats"],
+    [OPS_AS_FILE, opsSource(), "kernels/wasm/program.ts"],
+  ];
+  for (const [file, text, from] of generated) {
+    const path = new URL(file, import.meta.url);
+    if (!check) Deno.writeTextFileSync(path, text);
+    else if (Deno.readTextFileSync(path) !== text) {
+      console.error(`${path.pathname} differs from ${from}: run \`deno task build:wasm\``);
+      stale++;
+    }
   }
   for (const flavour of Object.keys(KERNEL_FILES) as KernelFlavour[]) {
     const fresh = await buildKernels(flavour);

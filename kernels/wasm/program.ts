@@ -16,6 +16,7 @@ export const OP = {
   readSweep: 8,
 } as const;
 
+/** 32-bit words per op: an op is OP_WORDS × 4 bytes. */
 export const OP_WORDS = 32;
 
 /**
@@ -23,7 +24,8 @@ export const OP_WORDS = 32;
  * (a row alone shares them across the query heads of one KV head instead).
  */
 export const ATTENTION_GROUP = 4;
-const NO_BARRIER = 1;
+/** Bit of an op's word 1: the next op does not read its outputs, so no barrier follows. */
+export const NO_BARRIER = 1;
 
 const f32Scratch = new Float32Array(1);
 const i32Scratch = new Int32Array(f32Scratch.buffer);

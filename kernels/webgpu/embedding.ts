@@ -5,7 +5,6 @@ import {
   chunkElements,
   chunkVec4s,
   needsVec4View,
-  WGSL_WEIGHT_HELPERS,
   wgslLoadChunk,
   wgslWeights,
 } from "./weight_formats.ts";
@@ -29,7 +28,6 @@ ${wgslWeights(m.type, 6)}
 @group(0) @binding(3) var<storage, read> rows: array<Row>;
 @group(0) @binding(4) var<storage, read> lastSampled: array<u32>;
 @group(0) @binding(5) var<storage, read_write> X: array<vec4<f32>>;
-${m.type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
   let r = wg.y;

@@ -7,7 +7,6 @@ import {
   chunkOffset,
   chunkVec4s,
   needsVec4View,
-  WGSL_WEIGHT_HELPERS,
   wgslLoadChunk,
   wgslWeights,
 } from "./weight_formats.ts";
@@ -452,10 +451,10 @@ ${wgslWeights(type, vec4Binding)}
 
 /**
  * The opening of a row-tiled matrix kernel over `cols` columns of `type`: its constants
- * (NCHUNK weight chunks and XV input vec4s a row), the weight helpers, the entry point (with
- * the subgroup lane where `broadcast`), and the tile of `tile` rows this workgroup takes: r0,
- * and `live` rows of it under `rows`. Row tiles vary fastest (wid.x), so the workgroups that
- * share a weight tile run together (cache reuse); a workgroup past the last row returns.
+ * (NCHUNK weight chunks and XV input vec4s a row), the entry point (with the subgroup lane
+ * where `broadcast`), and the tile of `tile` rows this workgroup takes: r0, and `live` rows of
+ * it under `rows`. Row tiles vary fastest (wid.x), so the workgroups that share a weight tile
+ * run together (cache reuse); a workgroup past the last row returns.
  */
 export function wgslRowTileMain(o: {
   readonly type: TensorType;
@@ -468,7 +467,6 @@ export function wgslRowTileMain(o: {
 }): string {
   return `const NCHUNK = ${o.cols / chunkElements(o.type)}u;
 const XV = ${o.cols / 4}u;
-${o.type === "f32" ? "" : WGSL_WEIGHT_HELPERS}
 @compute @workgroup_size(${o.threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) t: u32${

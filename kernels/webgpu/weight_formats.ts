@@ -32,8 +32,8 @@ function field(type: TensorType, name: string): Field | undefined {
 /** WGSL for `n + ` (nothing for 0), an offset added to an address. */
 const plus = (n: number) => (n ? `${n}u + ` : "");
 
-/** Helpers shared by every reader. */
-export const WGSL_WEIGHT_HELPERS = /* wgsl */ `
+/** Helpers shared by every reader (wgslWeights declares them with the weights). */
+const WGSL_WEIGHT_HELPERS = /* wgsl */ `
 // Four signed bytes of a word, low byte first.
 fn i8x4(w: u32) -> vec4<f32> {
   return vec4<f32>(vec4<i32>(
@@ -183,16 +183,18 @@ export function needsVec4View(type: TensorType): boolean {
 /**
  * The weights' declarations for a type's reader: `W` at binding 2 (vec4<f32> for f32, else
  * u32 words), or `W4` there for Q4_K and Q5_K; the "planes" types also get `W4` at
- * `vec4Binding`, which must be bound to the same buffer (needsVec4View).
+ * `vec4Binding`, which must be bound to the same buffer (needsVec4View). The quantized types
+ * get the helpers their chunk readers (wgslLoadChunk) call.
  */
 export function wgslWeights(type: TensorType, vec4Binding: number): string {
   const decl = (binding: number, name: string, elem: string) =>
     `@group(0) @binding(${binding}) var<storage, read> ${name}: array<${elem}>;`;
   if (type === "f32") return decl(2, "W", "vec4<f32>");
-  if (VEC4_ONLY.has(type)) return decl(2, "W4", "vec4<u32>");
+  if (VEC4_ONLY.has(type)) return `${decl(2, "W4", "vec4<u32>")}\n${WGSL_WEIGHT_HELPERS}`;
   return `${decl(2, "W", "u32")}
 ${needsVec4View(type) ? decl(vec4Binding, "W4", "vec4<u32>") : ""}
-${w2Helper}`;
+${w2Helper}
+${WGSL_WEIGHT_HELPERS}`;
 }
 
 const w2Helper = /* wgsl */ `// The 32 bits at a 2-aligned byte offset.

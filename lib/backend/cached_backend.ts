@@ -9,6 +9,7 @@ import type {
   SimilarQuestion,
 } from "../core/generation.ts";
 import { SimilarCache } from "../core/similar_cache.ts";
+import { DelegatedText } from "./delegated_text.ts";
 import type { SharedResultStore } from "../core/shared_result_store.ts";
 
 /** The cache for similar questions' settings (--similar-cache). */
@@ -45,7 +46,7 @@ import {
  * of the in-process cache is looked up there before generating, a hit is kept in-process too,
  * and every answer generated here is stored there as well.
  */
-export class CachedBackend implements GenerationBackend {
+export class CachedBackend extends DelegatedText<GenerationBackend> implements GenerationBackend {
   readonly cache: ResultCache;
   /** The cache for similar questions, where it is on and the model gives embeddings. */
   readonly similar: SimilarCache | undefined;
@@ -59,6 +60,7 @@ export class CachedBackend implements GenerationBackend {
     /** The second level, shared with other servers; consulted after this cache misses. */
     readonly shared?: SharedResultStore,
   ) {
+    super(inner);
     this.cache = new ResultCache(capacityBytes);
     const own = inner.embedder;
     const questions = similar?.embedder ??
@@ -107,18 +109,6 @@ export class CachedBackend implements GenerationBackend {
 
   minTokens(text: string): number {
     return this.inner.minTokens?.(text) ?? 0;
-  }
-  countTokens(text: string, opts?: { special?: boolean }): number {
-    return this.inner.countTokens(text, opts);
-  }
-  tokenize(text: string, opts: { bos: boolean; special: boolean }): number[] {
-    return this.inner.tokenize(text, opts);
-  }
-  detokenize(ids: readonly number[]): string {
-    return this.inner.detokenize(ids);
-  }
-  tokenPiece(id: number): string {
-    return this.inner.tokenPiece(id);
   }
 
   stats(): CoreStats {

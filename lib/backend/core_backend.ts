@@ -8,6 +8,7 @@ import type {
 } from "../core/generation.ts";
 import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { PromptTokens } from "./prompt_tokens.ts";
+import { DelegatedText } from "./delegated_text.ts";
 import type { Embedder } from "../core/embedder.ts";
 import { DEFAULT_EMBD_NORMALIZE, normalizeEmbedding } from "../engine/embedding_norm.ts";
 import type { Model } from "../model/weights.ts";
@@ -24,14 +25,13 @@ export interface EmbeddingSettings {
  * Presents the serving core to the HTTP layer: requests go to it as they are (ids, built by
  * lib/http/generation_request.ts); text is encoded as PromptTokens says.
  */
-export class CoreBackend implements GenerationBackend {
+export class CoreBackend extends DelegatedText<PromptTokens> implements GenerationBackend {
   readonly contextLength: number;
   readonly bosToken: string;
   readonly eosToken: string;
   readonly vocabSize: number;
   readonly specialTokens: readonly string[];
   readonly embedder?: Embedder;
-  readonly #text: PromptTokens;
 
   constructor(
     readonly modelName: string,
@@ -43,12 +43,12 @@ export class CoreBackend implements GenerationBackend {
     /** GenerationBackend.rerankPrompt. */
     readonly rerankPrompt?: string,
   ) {
+    super(new PromptTokens(tokenizer));
     this.contextLength = core.contextLength;
-    this.bosToken = tokenizer.tokenText(tokenizer.bosId);
-    this.eosToken = tokenizer.tokenText(tokenizer.eosId);
-    this.vocabSize = tokenizer.vocabSize;
-    this.specialTokens = tokenizer.specialPieces;
-    this.#text = new PromptTokens(tokenizer);
+    this.bosToken = this.text.bosToken;
+    this.eosToken = this.text.eosToken;
+    this.vocabSize = this.text.vocabSize;
+    this.specialTokens = this.text.specialTokens;
     if (core.embeddings && embedding) this.embedder = coreEmbedder(core, embedding);
   }
 
@@ -57,23 +57,7 @@ export class CoreBackend implements GenerationBackend {
   }
 
   minTokens(text: string): number {
-    return this.#text.minTokens(text);
-  }
-
-  countTokens(text: string, opts: { special?: boolean } = {}): number {
-    return this.#text.countTokens(text, opts);
-  }
-
-  tokenize(text: string, opts: { bos: boolean; special: boolean }): number[] {
-    return this.#text.tokenize(text, opts);
-  }
-
-  detokenize(ids: readonly number[]): string {
-    return this.#text.detokenize(ids);
-  }
-
-  tokenPiece(id: number): string {
-    return this.#text.tokenPiece(id);
+    return this.text.minTokens(text);
   }
 
   stats(): CoreStats {

@@ -1,4 +1,5 @@
 import type { BatchObject, FileObject, OutputLine, ResultRecord } from "./batch_types.ts";
+import { readHead } from "../util/read_file.ts";
 
 /** Ids name files on disk, so only these spellings are ever looked up. */
 const FILE_ID = /^file-[A-Za-z0-9_-]{1,64}$/;
@@ -238,7 +239,7 @@ export class ResultLog {
   static async open(path: string): Promise<ResultLog> {
     const file = await Deno.open(path, { read: true, write: true, create: true });
     try {
-      const bytes = await readAll(file);
+      const bytes = await readHead(file, (await file.stat()).size);
       const lastNewline = bytes.lastIndexOf(0x0a);
       const whole = lastNewline + 1;
       if (whole < bytes.length) {
@@ -334,18 +335,6 @@ async function readJson<T>(path: string): Promise<T | undefined> {
     if (e instanceof Deno.errors.NotFound) return undefined;
     throw e;
   }
-}
-
-async function readAll(file: Deno.FsFile): Promise<Uint8Array> {
-  const size = (await file.stat()).size;
-  const out = new Uint8Array(size);
-  let got = 0;
-  while (got < size) {
-    const n = await file.read(out.subarray(got));
-    if (n === null) break;
-    got += n;
-  }
-  return out.subarray(0, got);
 }
 
 async function writeAll(file: Deno.FsFile, bytes: Uint8Array): Promise<void> {

@@ -11,6 +11,7 @@ import { cacheScopeRoot, prefixBlockHashes } from "../core/block_allocator.ts";
 import type { Counter, Gauge } from "../http/metrics.ts";
 import type { ServiceMetrics } from "../http/service_metrics.ts";
 import { PromptTokens } from "../backend/prompt_tokens.ts";
+import { DelegatedText } from "../backend/delegated_text.ts";
 import { Tokenizer } from "../tokenizer/tokenizer.ts";
 import {
   decodeMessage,
@@ -119,7 +120,7 @@ const delay = (ms: number) => new Promise((r) => setTimeout(r, ms));
  * Failover is exact (failover.ts): a lost stream (stream_loss.ts says why) is resubmitted to
  * another replica as prompt + the tokens delivered, with the same seed.
  */
-export class RouterBackend implements GenerationBackend {
+export class RouterBackend extends DelegatedText<PromptTokens> implements GenerationBackend {
   readonly id = randomId("router");
   readonly modelName: string;
   readonly contextLength: number;
@@ -135,7 +136,6 @@ export class RouterBackend implements GenerationBackend {
   readonly embedder?: Embedder;
   readonly #nc: BusConnection;
   readonly specialTokens: readonly string[];
-  readonly #prompts: PromptTokens;
   readonly #policy: RoutingPolicy;
   /** The model a router by model routes (named in each generate, for replicas of several). */
   readonly #model: string | undefined;
@@ -161,6 +161,7 @@ export class RouterBackend implements GenerationBackend {
     announcements: BusSubscription,
     opts: RouterOptions,
   ) {
+    super(new PromptTokens(new Tokenizer(tokenizerFromWire(info.tokenizer))));
     this.#nc = nc;
     this.registry = registry;
     this.modelName = info.modelName;
@@ -170,8 +171,7 @@ export class RouterBackend implements GenerationBackend {
     this.rerankPrompt = info.rerankPrompt;
     this.bosToken = info.bosToken;
     this.eosToken = info.eosToken;
-    this.#prompts = new PromptTokens(new Tokenizer(tokenizerFromWire(info.tokenizer)));
-    this.specialTokens = this.#prompts.specialTokens;
+    this.specialTokens = this.text.specialTokens;
     this.#policy = opts.policy ?? CLUSTER_DEFAULTS.routing;
     this.#model = opts.model;
     this.#streamTimeoutMs = opts.streamTimeoutMs ?? CLUSTER_DEFAULTS.streamTimeoutMs;
@@ -307,22 +307,6 @@ export class RouterBackend implements GenerationBackend {
       }
       await delay(100);
     }
-  }
-
-  countTokens(text: string, opts: { special?: boolean } = {}): number {
-    return this.#prompts.countTokens(text, opts);
-  }
-
-  tokenize(text: string, opts: { bos: boolean; special: boolean }): number[] {
-    return this.#prompts.tokenize(text, opts);
-  }
-
-  detokenize(ids: readonly number[]): string {
-    return this.#prompts.detokenize(ids);
-  }
-
-  tokenPiece(id: number): string {
-    return this.#prompts.tokenPiece(id);
   }
 
   stats(): CoreStats {

@@ -4,8 +4,10 @@ import {
   checkParams,
   isGreedyTemperature,
   logSoftmaxAt,
+  minPCount,
   sample,
   type SampleResult,
+  topPCount,
 } from "./sampling.ts";
 import { uniform } from "../util/rng.ts";
 
@@ -68,15 +70,7 @@ export function sampleRow(logits: Float32Array, p: SamplingParams, position: num
   else for (const id of ids) total += Math.exp(scaled[id]! - max);
   let probs = ids.map((id) => Math.exp(scaled[id]! - max) / total);
   if (p.topP < 1) {
-    let cum = 0;
-    let keep = -1;
-    for (let j = 0; j < probs.length; j++) {
-      cum += probs[j]!;
-      if (cum >= p.topP) {
-        keep = j + 1;
-        break;
-      }
-    }
+    const keep = topPCount(probs, p.topP);
     if (keep < 0 && tailCut) return sample(logits, p, position);
     if (keep > 0) {
       ids = ids.slice(0, keep);
@@ -84,10 +78,8 @@ export function sampleRow(logits: Float32Array, p: SamplingParams, position: num
     }
   }
   if (p.minP > 0) {
-    const floor = p.minP * probs[0]!;
-    let keep = 0;
-    while (keep < probs.length && probs[keep]! >= floor) keep++;
-    if (keep === probs.length && tailCut && probs[probs.length - 1]! >= floor && p.topP >= 1) {
+    const keep = minPCount(probs, p.minP);
+    if (keep === probs.length && tailCut && p.topP >= 1) {
       // Tokens past the tail might still clear the min-p floor.
       if (Math.exp(-TAIL_NATS) >= p.minP) return sample(logits, p, position);
     }

@@ -84,6 +84,27 @@ export function checkParams(p: SamplingParams, vocab: number): void {
 }
 
 /**
+ * How many of `probs` (descending) top-p keeps: the smallest prefix whose sum reaches topP, so
+ * at least one; -1 where rounding leaves the whole sum short of topP.
+ */
+export function topPCount(probs: readonly number[], topP: number): number {
+  let cum = 0;
+  for (let j = 0; j < probs.length; j++) {
+    cum += probs[j]!;
+    if (cum >= topP) return j + 1;
+  }
+  return -1;
+}
+
+/** How many of `probs` (descending) clear min-p's floor, minP times the largest: at least one. */
+export function minPCount(probs: readonly number[], minP: number): number {
+  const floor = minP * probs[0]!;
+  let keep = 0;
+  while (keep < probs.length && probs[keep]! >= floor) keep++;
+  return keep;
+}
+
+/**
  * The set a sampler draws from after temperature, top-k, top-p and min-p, in descending
  * probability order (ties: lower index first), probabilities renormalised to sum to 1.
  * A temperature below MIN_TEMPERATURE (or <= 0) keeps only the argmax. Arithmetic after the temperature division (done in
@@ -113,24 +134,16 @@ export function candidateSet(logits: ArrayLike<number>, params: SamplingParams):
   let probs = weights.map((w) => w / total);
 
   if (params.topP < 1) {
-    // Smallest prefix reaching topP; always at least one token.
-    let cum = 0;
-    let keep = probs.length;
-    for (let j = 0; j < probs.length; j++) {
-      cum += probs[j]!;
-      if (cum >= params.topP) {
-        keep = j + 1;
-        break;
-      }
+    // Rounding may leave the sum short of topP: then every token stays.
+    const keep = topPCount(probs, params.topP);
+    if (keep > 0) {
+      ids = ids.slice(0, keep);
+      probs = probs.slice(0, keep);
     }
-    ids = ids.slice(0, keep);
-    probs = probs.slice(0, keep);
   }
 
   if (params.minP > 0) {
-    const floor = params.minP * probs[0]!;
-    let keep = 0;
-    while (keep < probs.length && probs[keep]! >= floor) keep++;
+    const keep = minPCount(probs, params.minP);
     ids = ids.slice(0, keep);
     probs = probs.slice(0, keep);
   }

@@ -5,7 +5,7 @@ import { trace, type Tracer } from "@opentelemetry/api";
 import type { GenerationBackend } from "../core/generation.ts";
 import { createChatRenderer } from "../chat/chat_template.ts";
 import { templateTools, toolFormatName } from "../chat/tools.ts";
-import { type FrontDoor, frontDoor } from "./front_door.ts";
+import { type FrontDoor, frontDoor, type FrontDoorOptions } from "./front_door.ts";
 import type { CatalogModel } from "./model_directory.ts";
 import { registerModelRoutes } from "./model_catalog.ts";
 import { registerHealthRoutes } from "./health_routes.ts";
@@ -24,25 +24,9 @@ import { registerStreamRoute } from "./stream_route.ts";
 import { registerTokenizeRoutes } from "./tokenize_routes.ts";
 import type { GenerationDeps } from "./tracked_generation.ts";
 
-export interface AppOptions {
+/** createApp's options: the front door's (front_door.ts), and what the routes need. */
+export interface AppOptions extends Omit<FrontDoorOptions, "metrics" | "maxBodyBytes"> {
   readonly backend: GenerationBackend;
-  /** Accepted bearer tokens; empty or absent turns authentication off. */
-  readonly apiKeys?: readonly string[];
-  /**
-   * Who shares the result cache and the prefix cache: "key" (default) keeps each API key's
-   * cached work to itself, so one tenant cannot learn from hits or `cached_tokens` what another
-   * asked; "global" shares them among all keys. Without API keys everything is one scope.
-   */
-  readonly cacheScope?: "key" | "global";
-  /**
-   * Origins (exact, or globs like `http://localhost:*`) whose pages may call the API and open
-   * WebSockets, besides the server's own origin; `*` allows every page.
-   */
-  readonly corsOrigins?: readonly string[];
-  /** Host names the server answers to besides IP literals and localhost (DNS rebinding). */
-  readonly allowedHosts?: readonly string[];
-  /** Paths served without a key (default: /, /health, /ready). */
-  readonly openPaths?: readonly string[];
   /** HTTP request body limit (default 1 MiB). */
   readonly maxBodyBytes?: number;
   /** WebSocket client frame limit (default 256 KiB). */
@@ -68,8 +52,6 @@ export interface AppOptions {
   readonly wsMaxPerClient?: number;
   /** Period of `stats` frames to subscribed sockets (default 500 ms). */
   readonly statsIntervalMs?: number;
-  /** Retry-After seconds on 503 overloaded/draining (default 1). */
-  readonly retryAfterSeconds?: number;
   /** drain() deadline when none is given (default 30 s). */
   readonly drainTimeoutMs?: number;
   /** max_tokens for /v1/completions when the client gives none (OpenAI: 16). */
@@ -86,10 +68,6 @@ export interface AppOptions {
    * copied: a router adds the aliases its replicas advertise as it hears them.
    */
   readonly servedModelNames?: readonly string[];
-  /** Serve /metrics without an API key (so Prometheus can scrape it). Default false. */
-  readonly metricsPublic?: boolean;
-  /** Where request-log lines go; default text lines on stderr. */
-  readonly requestLog?: RequestLog;
   /** Extra facts for GET /props (model path, limits). */
   readonly props?: ServerProps;
   /**

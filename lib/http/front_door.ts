@@ -13,21 +13,33 @@ import { RouteTable } from "./route_table.ts";
 import type { ServiceMetrics } from "./service_metrics.ts";
 import { tracingMiddleware } from "./tracing_middleware.ts";
 
+/** The front door's settings; createApp's options (app.ts) take them as they are. */
 export interface FrontDoorOptions {
   readonly metrics: ServiceMetrics;
+  /** Where request-log lines go; default text lines on stderr. */
   readonly requestLog?: RequestLog;
   /** Accepted bearer tokens; empty or absent turns authentication off. */
   readonly apiKeys?: readonly string[];
-  /** "key" (default): each key's cached work is its own; "global": shared by all keys. */
+  /**
+   * Who shares the result cache and the prefix cache: "key" (default) keeps each API key's
+   * cached work to itself, so one tenant cannot learn from hits or `cached_tokens` what another
+   * asked; "global" shares them among all keys. Without API keys everything is one scope.
+   */
   readonly cacheScope?: "key" | "global";
+  /**
+   * Origins (exact, or globs like `http://localhost:*`) whose pages may call the API and open
+   * WebSockets, besides the server's own origin; `*` allows every page.
+   */
   readonly corsOrigins?: readonly string[];
+  /** Host names the server answers to besides IP literals and localhost (DNS rebinding). */
   readonly allowedHosts?: readonly string[];
   /** Paths served without a key (default: /, /health, /ready). */
   readonly openPaths?: readonly string[];
-  /** Serve /metrics without an API key. */
+  /** Serve /metrics without an API key (so Prometheus can scrape it). Default false. */
   readonly metricsPublic?: boolean;
+  /** HTTP request body limit. */
   readonly maxBodyBytes: number;
-  /** Retry-After seconds on 503 and 429 (default 1). */
+  /** Retry-After seconds on 503 (overloaded, draining) and 429 (default 1). */
   readonly retryAfterSeconds?: number;
 }
 

@@ -10,7 +10,7 @@ import {
   SUPPORTED_TENSOR_TYPE_NAMES,
   unsupportedTensorTypes,
 } from "./gguf.ts";
-import type { ModelConfig } from "./model_config.ts";
+import { LLAMA_DEFAULTS, type ModelConfig } from "./model_config.ts";
 import { neoxToNormOrder, permuteRows } from "./rope_layout.ts";
 import type { Tensor } from "./tensor.ts";
 import { ggufTokenizerData, tokenizerBlocker } from "./gguf_tokenizer.ts";
@@ -195,10 +195,10 @@ export function ggufToModel(gguf: GgufFile, source: string): Model {
     headDim,
     vocabSize,
     contextLength: positiveInt("context_length"),
-    ropeTheta: num("rope.freq_base", 10000),
+    ropeTheta: num("rope.freq_base", LLAMA_DEFAULTS.ropeTheta),
     ropeDim,
     ...(ropeFreqFactors ? { ropeFreqFactors } : {}),
-    rmsEps: num("attention.layer_norm_rms_epsilon", 1e-5),
+    rmsEps: num("attention.layer_norm_rms_epsilon", LLAMA_DEFAULTS.rmsEps),
     ...(arch.steps.qkvBias || arch.steps.qkNorm ? { steps: arch.steps } : {}),
   };
 

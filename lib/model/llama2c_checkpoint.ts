@@ -1,8 +1,52 @@
-import type { ModelConfig } from "./model_config.ts";
+import { LLAMA_DEFAULTS, type ModelConfig } from "./model_config.ts";
 import type { Tensor } from "./tensor.ts";
 import type { LayerWeights, ModelWeights } from "./weights.ts";
 
-const HEADER_BYTES = 7 * 4;
+/** The header's int32 fields in file order (run.c's Config). */
+const HEADER_FIELDS = [
+  "dim",
+  "hiddenDim",
+  "nLayers",
+  "nHeads",
+  "nKvHeads",
+  "vocabSize",
+  "seqLen",
+] as const;
+/** Bytes of a llama2.c checkpoint's header. */
+export const LLAMA2C_HEADER_BYTES = HEADER_FIELDS.length * 4;
+
+/** A llama2.c header: vocabSize as a count, its sign (positive: classifier tied) in `tied`. */
+export type Llama2cHeader = Record<(typeof HEADER_FIELDS)[number], number> & {
+  readonly tied: boolean;
+};
+
+/** The header at the start of `bytes` (at least LLAMA2C_HEADER_BYTES of them). */
+export function llama2cHeader(bytes: Uint8Array): Llama2cHeader {
+  const view = new DataView(bytes.buffer, bytes.byteOffset, LLAMA2C_HEADER_BYTES);
+  const field = (i: number) => view.getInt32(i * 4, true);
+  const vocabAt = HEADER_FIELDS.indexOf("vocabSize");
+  const h = Object.fromEntries(
+    HEADER_FIELDS.map((name, i) => [name, i === vocabAt ? Math.abs(field(i)) : field(i)]),
+  ) as Record<(typeof HEADER_FIELDS)[number], number>;
+  return { ...h, tied: field(vocabAt) > 0 };
+}
+
+/**
+ * Why `h` cannot be a llama2.c checkpoint's header, or undefined where it is plausible (every
+ * field a positive integer below 2^24, heads that divide dim and are divided by the KV heads).
+ */
+export function llama2cHeaderProblem(h: Llama2cHeader): string | undefined {
+  for (const name of HEADER_FIELDS) {
+    const v = h[name];
+    if (!(v > 0 && v < 1 << 24)) {
+      return `header field ${name} must be a positive integer, received ${v} (is this a llama2.c .bin file?)`;
+    }
+  }
+  if (h.dim % h.nHeads !== 0 || h.nHeads % h.nKvHeads !== 0) {
+    return `dim ${h.dim} must divide by n_heads ${h.nHeads}, and n_heads by n_kv_heads ${h.nKvHeads}`;
+  }
+  return undefined;
+}
 
 /**
  * Parses a karpathy llama2.c checkpoint (`run.c`'s format): a header of 7 int32 (dim,
@@ -23,58 +67,30 @@ export function parseLlama2cCheckpoint(
   bytes: Uint8Array,
   source: string,
 ): { config: ModelConfig; weights: ModelWeights } {
-  if (bytes.byteLength < HEADER_BYTES) {
+  if (bytes.byteLength < LLAMA2C_HEADER_BYTES) {
     throw new Error(
-      `Cannot load llama2.c checkpoint ${source}: file is truncated, expected a ${HEADER_BYTES}-byte header, received ${bytes.byteLength} bytes`,
+      `Cannot load llama2.c checkpoint ${source}: file is truncated, expected a ${LLAMA2C_HEADER_BYTES}-byte header, received ${bytes.byteLength} bytes`,
     );
   }
-  const header = new DataView(bytes.buffer, bytes.byteOffset, HEADER_BYTES);
-  const [dim, hiddenDim, nLayers, nHeads, nKvHeads, rawVocab, seqLen] = Array.from(
-    { length: 7 },
-    (_, i) => header.getInt32(i * 4, true),
-  ) as [number, number, number, number, number, number, number];
-  const vocabSize = Math.abs(rawVocab);
-  const tied = rawVocab > 0;
-  for (
-    const [name, v] of Object.entries({
-      dim,
-      hiddenDim,
-      nLayers,
-      nHeads,
-      nKvHeads,
-      vocabSize,
-      seqLen,
-    })
-  ) {
-    if (!(v > 0 && v < 1 << 24)) {
-      throw new Error(
-        `Cannot load llama2.c checkpoint ${source}: header field ${name} must be a positive integer, received ${v} (is this a llama2.c .bin file?)`,
-      );
-    }
+  const header = llama2cHeader(bytes);
+  const problem = llama2cHeaderProblem(header);
+  if (problem !== undefined) {
+    throw new Error(`Cannot load llama2.c checkpoint ${source}: ${problem}`);
   }
-  if (dim % nHeads !== 0 || nHeads % nKvHeads !== 0) {
-    throw new Error(
-      `Cannot load llama2.c checkpoint ${source}: dim ${dim} must divide by n_heads ${nHeads}, and n_heads by n_kv_heads ${nKvHeads}`,
-    );
-  }
+  const { seqLen, tied, ...shape } = header;
+  const { dim, hiddenDim, nLayers, nHeads, nKvHeads, vocabSize } = shape;
   const headDim = dim / nHeads;
   const kvDim = nKvHeads * headDim;
   const config: ModelConfig = {
     architecture: "llama",
-    dim,
-    hiddenDim,
-    nLayers,
-    nHeads,
-    nKvHeads,
+    ...shape,
     headDim,
-    vocabSize,
     contextLength: seqLen,
-    ropeTheta: 10000,
     ropeDim: headDim,
-    rmsEps: 1e-5,
+    ...LLAMA_DEFAULTS,
   };
 
-  let offset = HEADER_BYTES;
+  let offset = LLAMA2C_HEADER_BYTES;
   const take = (name: string, shape: number[]): Tensor => {
     const n = shape.reduce((a, b) => a * b, 1);
     const end = offset + n * 4;

@@ -1,8 +1,13 @@
 import { assertFiniteWeights } from "./finite_weights.ts";
-import { readFileWithProgress, type ReadProgress } from "../util/read_file.ts";
+import { readFileWithProgress, readHead, type ReadProgress } from "../util/read_file.ts";
 import { describeBytes, type PlaceTensors, readGguf } from "./gguf.ts";
 import { assertLoadable, ggufToModel } from "./gguf_model.ts";
-import { parseLlama2cCheckpoint } from "./llama2c_checkpoint.ts";
+import {
+  LLAMA2C_HEADER_BYTES,
+  llama2cHeader,
+  llama2cHeaderProblem,
+  parseLlama2cCheckpoint,
+} from "./llama2c_checkpoint.ts";
 import { parseLlama2cTokenizer } from "../tokenizer/llama2c_tokenizer.ts";
 import type { Model } from "./weights.ts";
 
@@ -26,7 +31,6 @@ export interface LoadModelOptions {
 /** The file formats loadModel recognises. */
 export type ModelFormat = "gguf" | "llama2c";
 
-const LLAMA2C_HEADER_BYTES = 7 * 4;
 const GGUF_MAGIC = [0x47, 0x47, 0x55, 0x46]; // "GGUF"
 
 /**
@@ -37,23 +41,7 @@ const GGUF_MAGIC = [0x47, 0x47, 0x55, 0x46]; // "GGUF"
 export function detectModelFormat(head: Uint8Array): ModelFormat | undefined {
   if (head.byteLength >= 4 && GGUF_MAGIC.every((b, i) => head[i] === b)) return "gguf";
   if (head.byteLength < LLAMA2C_HEADER_BYTES) return undefined;
-  const view = new DataView(head.buffer, head.byteOffset, LLAMA2C_HEADER_BYTES);
-  const [dim, hidden, layers, heads, kvHeads, vocab, seqLen] = Array.from(
-    { length: 7 },
-    (_, i) => view.getInt32(i * 4, true),
-  ) as [
-    number,
-    number,
-    number,
-    number,
-    number,
-    number,
-    number,
-  ];
-  const plausible = (v: number) => v > 0 && v < 1 << 24;
-  const ok = [dim, hidden, layers, heads, kvHeads, Math.abs(vocab), seqLen].every(plausible) &&
-    dim % heads === 0 && heads % kvHeads === 0;
-  return ok ? "llama2c" : undefined;
+  return llama2cHeaderProblem(llama2cHeader(head)) === undefined ? "llama2c" : undefined;
 }
 
 /**
@@ -79,7 +67,7 @@ export async function loadModel(path: string, opts: LoadModelOptions = {}): Prom
       `Cannot load model ${path}: contextLength must be a positive integer, received ${opts.contextLength}`,
     );
   }
-  const head = await readHead(path, LLAMA2C_HEADER_BYTES);
+  const head = await readFileHead(path, LLAMA2C_HEADER_BYTES);
   const format = detectModelFormat(head);
   let model: Model;
   if (format === "gguf") {
@@ -123,14 +111,7 @@ export async function loadModel(path: string, opts: LoadModelOptions = {}): Prom
   return model;
 }
 
-async function readHead(path: string, n: number): Promise<Uint8Array> {
+async function readFileHead(path: string, n: number): Promise<Uint8Array> {
   using file = await Deno.open(path, { read: true });
-  const buf = new Uint8Array(n);
-  let filled = 0;
-  while (filled < n) {
-    const got = await file.read(buf.subarray(filled));
-    if (got === null) break;
-    filled += got;
-  }
-  return buf.subarray(0, filled);
+  return await readHead(file, n);
 }

@@ -30,6 +30,9 @@ export interface ModelConfig {
   readonly steps?: ForwardSteps;
 }
 
+/** What a file leaves out takes Llama's values (llama.cpp's defaults, llama2.c's only ones). */
+export const LLAMA_DEFAULTS = { ropeTheta: 10000, rmsEps: 1e-5 } as const;
+
 /**
  * Angular frequency of each RoPE pair i < ropeDim/2: theta^(-2i/ropeDim) / factor[i], in double
  * precision. Both engines rotate pair i of a head at position pos by pos × this.

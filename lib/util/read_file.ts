@@ -26,6 +26,12 @@ export async function readFully(
   return filled;
 }
 
+/** The first `n` bytes of an open file (fewer where it is shorter). */
+export async function readHead(file: Deno.FsFile, n: number): Promise<Uint8Array> {
+  const bytes = new Uint8Array(n);
+  return bytes.subarray(0, await readFully(file, 0, bytes));
+}
+
 /** Reads a whole file into one buffer with progress (Deno.readFile has no progress hook). */
 export async function readFileWithProgress(
   path: string,

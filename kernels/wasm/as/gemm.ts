@@ -8,15 +8,18 @@
 // Every output element is the same sequence of operations as in matmul.ts's k_kquant: per
 // super-block the same exact i32 lanes (the same elements meet in the same lane), the same
 // f32 updates a += f32(i)·(dw·da) and e += f32(o)·(dm·da) in super-block order, then
-// hsum(a) + hsum(e). So a row's result is bit for bit the one the 1-row path gives: logits do
+// hsum(a) + hsum(e): both take them from kquant_dot.ts. So a row's result is bit for bit the one the 1-row path gives: logits do
 // not depend on the batch, and either path may serve any step. gemm() hands the 32-element
 // 4/5-bit types to gemm_blocks.ts, which does the same for legacy.ts's kernels.
 
-import { h2fScale, hsum, pairs16, ZERO } from "./simd";
-import { put } from "./legacy";
-import { blockBytes, T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K } from "./formats";
+import { h2fScale, hsum, ZERO } from "./simd";
+import { kdot, koff, kupdate } from "./kquant_dot";
+import { put, put4, putLanes4 } from "./legacy";
+import { blockBytes, T_Q2_K, T_Q3_K, T_Q4_0, T_Q4_1, T_Q4_K, T_Q5_0, T_Q5_1, T_Q5_K, T_Q6_K } from "./formats";
 import { ACT_BS16, ACT_BS32, ACT_D256, ACT_Q256 } from "./quantize";
-import { blockGemmType, blockTileScratch, gemmBlocks } from "./gemm_blocks";
+import {
+  BLOCK_TILE, blockGemmType, blockRowScratch, blockTileScratch, one, rows4, unpackBlockRow,
+} from "./gemm_blocks";
 
 
 /** Most weight rows unpacked together; their scratch is tileRows(K) × rowScratch(K). */
@@ -208,25 +211,6 @@ let R1: f32 = 0;
 let R2: f32 = 0;
 let R3: f32 = 0;
 
-/** is + Σ sc·w·a over 32 elements (matmul.ts's kacc32). */
-// @ts-ignore: decorator
-@inline function kacc32(is: v128, q: usize, w0: v128, w1: v128, sc: v128): v128 {
-  const p = i16x8.add(pairs16(v128.load(q), w0), pairs16(v128.load(q, 16), w1));
-  return i32x4.add(is, i32x4.dot_i16x8_s(p, sc));
-}
-
-/** is + Σ over two 16-element groups with their own scales (matmul.ts's kacc16). */
-// @ts-ignore: decorator
-@inline function kacc16(is: v128, q: usize, w0: v128, w1: v128, sa: v128, sb: v128): v128 {
-  return i32x4.add(
-    is,
-    i32x4.add(
-      i32x4.dot_i16x8_s(pairs16(v128.load(q), w0), sa),
-      i32x4.dot_i16x8_s(pairs16(v128.load(q, 16), w1), sb),
-    ),
-  );
-}
-
 /**
  * The integer sums of super-block j (32 weights × `nr` rows per step, g16: 16-element groups)
  * and the a-updates, for one unpacked weight row against rows q, q+qk, … of Q8_K activations.
@@ -248,83 +232,36 @@ let R3: f32 = 0;
     const sj = s + (<usize>j << 5);
     let i0 = ZERO, i1 = ZERO, i2 = ZERO, i3 = ZERO;
     const q1 = q + qk, q2 = q + 2 * qk, q3 = q + 3 * qk;
-    // Written out, so every offset is a constant of its load.
-    if (g16) {
-      { const w0 = v128.load(wj, 0), w1 = v128.load(wj, 16);
-        const sa = v128.load16_splat(sj, 0), sb = v128.load16_splat(sj, 2);
-        i0 = kacc16(i0, q + 0, w0, w1, sa, sb);
-        if (nr == 4) { i1 = kacc16(i1, q1 + 0, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 0, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 0, w0, w1, sa, sb); } }
-      { const w0 = v128.load(wj, 32), w1 = v128.load(wj, 48);
-        const sa = v128.load16_splat(sj, 4), sb = v128.load16_splat(sj, 6);
-        i0 = kacc16(i0, q + 32, w0, w1, sa, sb);
-        if (nr == 4) { i1 = kacc16(i1, q1 + 32, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 32, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 32, w0, w1, sa, sb); } }
-      { const w0 = v128.load(wj, 64), w1 = v128.load(wj, 80);
-        const sa = v128.load16_splat(sj, 8), sb = v128.load16_splat(sj, 10);
-        i0 = kacc16(i0, q + 64, w0, w1, sa, sb);
-        if (nr == 4) { i1 = kacc16(i1, q1 + 64, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 64, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 64, w0, w1, sa, sb); } }
-      { const w0 = v128.load(wj, 96), w1 = v128.load(wj, 112);
-        const sa = v128.load16_splat(sj, 12), sb = v128.load16_splat(sj, 14);
-        i0 = kacc16(i0, q + 96, w0, w1, sa, sb);
-        if (nr == 4) { i1 = kacc16(i1, q1 + 96, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 96, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 96, w0, w1, sa, sb); } }
-      { const w0 = v128.load(wj, 128), w1 = v128.load(wj, 144);
-        const sa = v128.load16_splat(sj, 16), sb = v128.load16_splat(sj, 18);
-        i0 = kacc16(i0, q + 128, w0, w1, sa, sb);
-        if (nr == 4) { i1 = kacc16(i1, q1 + 128, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 128, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 128, w0, w1, sa, sb); } }
-      { const w0 = v128.load(wj, 160), w1 = v128.load(wj, 176);
-        const sa = v128.load16_splat(sj, 20), sb = v128.load16_splat(sj, 22);
-        i0 = kacc16(i0, q + 160, w0, w1, sa, sb);
-        if (nr == 4) { i1 = kacc16(i1, q1 + 160, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 160, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 160, w0, w1, sa, sb); } }
-      { const w0 = v128.load(wj, 192), w1 = v128.load(wj, 208);
-        const sa = v128.load16_splat(sj, 24), sb = v128.load16_splat(sj, 26);
-        i0 = kacc16(i0, q + 192, w0, w1, sa, sb);
-        if (nr == 4) { i1 = kacc16(i1, q1 + 192, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 192, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 192, w0, w1, sa, sb); } }
-      { const w0 = v128.load(wj, 224), w1 = v128.load(wj, 240);
-        const sa = v128.load16_splat(sj, 28), sb = v128.load16_splat(sj, 30);
-        i0 = kacc16(i0, q + 224, w0, w1, sa, sb);
-        if (nr == 4) { i1 = kacc16(i1, q1 + 224, w0, w1, sa, sb); i2 = kacc16(i2, q2 + 224, w0, w1, sa, sb); i3 = kacc16(i3, q3 + 224, w0, w1, sa, sb); } }
-    } else {
-      { const w0 = v128.load(wj, 0), w1 = v128.load(wj, 16), sc = v128.load16_splat(sj, 0);
-        i0 = kacc32(i0, q + 0, w0, w1, sc);
-        if (nr == 4) { i1 = kacc32(i1, q1 + 0, w0, w1, sc); i2 = kacc32(i2, q2 + 0, w0, w1, sc); i3 = kacc32(i3, q3 + 0, w0, w1, sc); } }
-      { const w0 = v128.load(wj, 32), w1 = v128.load(wj, 48), sc = v128.load16_splat(sj, 2);
-        i0 = kacc32(i0, q + 32, w0, w1, sc);
-        if (nr == 4) { i1 = kacc32(i1, q1 + 32, w0, w1, sc); i2 = kacc32(i2, q2 + 32, w0, w1, sc); i3 = kacc32(i3, q3 + 32, w0, w1, sc); } }
-      { const w0 = v128.load(wj, 64), w1 = v128.load(wj, 80), sc = v128.load16_splat(sj, 4);
-        i0 = kacc32(i0, q + 64, w0, w1, sc);
-        if (nr == 4) { i1 = kacc32(i1, q1 + 64, w0, w1, sc); i2 = kacc32(i2, q2 + 64, w0, w1, sc); i3 = kacc32(i3, q3 + 64, w0, w1, sc); } }
-      { const w0 = v128.load(wj, 96), w1 = v128.load(wj, 112), sc = v128.load16_splat(sj, 6);
-        i0 = kacc32(i0, q + 96, w0, w1, sc);
-        if (nr == 4) { i1 = kacc32(i1, q1 + 96, w0, w1, sc); i2 = kacc32(i2, q2 + 96, w0, w1, sc); i3 = kacc32(i3, q3 + 96, w0, w1, sc); } }
-      { const w0 = v128.load(wj, 128), w1 = v128.load(wj, 144), sc = v128.load16_splat(sj, 8);
-        i0 = kacc32(i0, q + 128, w0, w1, sc);
-        if (nr == 4) { i1 = kacc32(i1, q1 + 128, w0, w1, sc); i2 = kacc32(i2, q2 + 128, w0, w1, sc); i3 = kacc32(i3, q3 + 128, w0, w1, sc); } }
-      { const w0 = v128.load(wj, 160), w1 = v128.load(wj, 176), sc = v128.load16_splat(sj, 10);
-        i0 = kacc32(i0, q + 160, w0, w1, sc);
-        if (nr == 4) { i1 = kacc32(i1, q1 + 160, w0, w1, sc); i2 = kacc32(i2, q2 + 160, w0, w1, sc); i3 = kacc32(i3, q3 + 160, w0, w1, sc); } }
-      { const w0 = v128.load(wj, 192), w1 = v128.load(wj, 208), sc = v128.load16_splat(sj, 12);
-        i0 = kacc32(i0, q + 192, w0, w1, sc);
-        if (nr == 4) { i1 = kacc32(i1, q1 + 192, w0, w1, sc); i2 = kacc32(i2, q2 + 192, w0, w1, sc); i3 = kacc32(i3, q3 + 192, w0, w1, sc); } }
-      { const w0 = v128.load(wj, 224), w1 = v128.load(wj, 240), sc = v128.load16_splat(sj, 14);
-        i0 = kacc32(i0, q + 224, w0, w1, sc);
-        if (nr == 4) { i1 = kacc32(i1, q1 + 224, w0, w1, sc); i2 = kacc32(i2, q2 + 224, w0, w1, sc); i3 = kacc32(i3, q3 + 224, w0, w1, sc); } }
+    for (let t = 0; t < 8; t++) { // unrolled by kernels/wasm/build.ts (unroll.ts): constant offsets
+      const w0 = v128.load(wj, 32 * t), w1 = v128.load(wj, 32 * t + 16);
+      // One i16 scale per 32 weights (Q4_K, Q5_K), else one per 16: splat as they are read.
+      const sa = g16 ? v128.load16_splat(sj, 4 * t) : v128.load16_splat(sj, 2 * t);
+      const sb = g16 ? v128.load16_splat(sj, 4 * t + 2) : sa;
+      const qt = <usize>t << 5;
+      i0 = kdot(!g16, i0, q + qt, w0, w1, sa, sb);
+      if (nr == 4) {
+        i1 = kdot(!g16, i1, q1 + qt, w0, w1, sa, sb);
+        i2 = kdot(!g16, i2, q2 + qt, w0, w1, sa, sb);
+        i3 = kdot(!g16, i3, q3 + qt, w0, w1, sa, sb);
+      }
     }
     const dw = load<f32>(d + (<usize>j << 3)), dm = load<f32>(d + (<usize>j << 3), 4);
     const jo = <usize>j << 2;
     const oj = o + (<usize>j << 5), bj = bs + (g16 ? <usize>j << 5 : <usize>j << 4);
     const oa = v128.load(oj), ob = g16 ? v128.load(oj, 16) : ZERO;
     let da = load<f32>(ds + jo);
-    a0 = f32x4.add(a0, f32x4.mul(f32x4.convert_i32x4_s(i0), f32x4.splat(dw * da)));
-    e0 = f32x4.add(e0, f32x4.mul(f32x4.convert_i32x4_s(offsetSums(g16, oa, ob, bj)), f32x4.splat(dm * da)));
+    a0 = kupdate(a0, i0, dw, da);
+    e0 = kupdate(e0, koff(!g16, bj, oa, ob), dm, da);
     if (nr == 4) {
       da = load<f32>(ds + dk + jo);
-      a1 = f32x4.add(a1, f32x4.mul(f32x4.convert_i32x4_s(i1), f32x4.splat(dw * da)));
-      e1 = f32x4.add(e1, f32x4.mul(f32x4.convert_i32x4_s(offsetSums(g16, oa, ob, bj + bk)), f32x4.splat(dm * da)));
+      a1 = kupdate(a1, i1, dw, da);
+      e1 = kupdate(e1, koff(!g16, bj + bk, oa, ob), dm, da);
       da = load<f32>(ds + 2 * dk + jo);
-      a2 = f32x4.add(a2, f32x4.mul(f32x4.convert_i32x4_s(i2), f32x4.splat(dw * da)));
-      e2 = f32x4.add(e2, f32x4.mul(f32x4.convert_i32x4_s(offsetSums(g16, oa, ob, bj + 2 * bk)), f32x4.splat(dm * da)));
+      a2 = kupdate(a2, i2, dw, da);
+      e2 = kupdate(e2, koff(!g16, bj + 2 * bk, oa, ob), dm, da);
       da = load<f32>(ds + 3 * dk + jo);
-      a3 = f32x4.add(a3, f32x4.mul(f32x4.convert_i32x4_s(i3), f32x4.splat(dw * da)));
-      e3 = f32x4.add(e3, f32x4.mul(f32x4.convert_i32x4_s(offsetSums(g16, oa, ob, bj + 3 * bk)), f32x4.splat(dm * da)));
+      a3 = kupdate(a3, i3, dw, da);
+      e3 = kupdate(e3, koff(!g16, bj + 3 * bk, oa, ob), dm, da);
     }
   }
   R0 = hsum(a0) + hsum(e0);
@@ -333,45 +270,72 @@ let R3: f32 = 0;
   R3 = hsum(a3) + hsum(e3);
 }
 
-/** A super-block's offset factors (oa, ob: i16 lanes) times one row's block sums at bo, as i32 lanes. */
+/**
+ * The tile loop of both GEMMs: a tile of weight rows unpacked into the scratch, then every four
+ * activation rows against each of its rows, then the rows left over one at a time. kq: the
+ * K-quants (unpackRow, sumsTile; g16 for 16-element groups), else the 32-element 4/5-bit types
+ * (gemm_blocks.ts). Inlined with constant kq, g16 and type, so each copy is one type's loop.
+ */
 // @ts-ignore: decorator
-@inline function offsetSums(g16: bool, oa: v128, ob: v128, bo: usize): v128 {
-  if (g16) return i32x4.add(i32x4.dot_i16x8_s(oa, v128.load(bo)), i32x4.dot_i16x8_s(ob, v128.load(bo, 16)));
-  return i32x4.dot_i16x8_s(oa, v128.load(bo));
-}
-
-// @ts-ignore: decorator
-@inline function gemmTyped(
-  g16: bool, type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32,
-  bias: usize, accum: bool, n0: i32, n1: i32,
+@inline function gemmTiles(
+  kq: bool, g16: bool, type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize,
+  ostride: i32, bias: usize, accum: bool, n0: i32, n1: i32,
 ): void {
-  const rb = <usize>(K >> 8) * superBytes(type);
-  const rs = rowScratch(K);
+  const rb = <usize>(K >> (kq ? 8 : 5)) * blockBytes(type);
+  const rs = kq ? rowScratch(K) : blockRowScratch(K);
+  const tr = kq ? tileRows(K) : BLOCK_TILE;
+  const scratch = gscratch;
   const os = <usize>ostride << 2;
-  const tr = tileRows(K);
   const B4 = B & ~3;
   for (let t = n0; t < n1; t += tr) {
     const nt = min(tr, n1 - t);
-    for (let i = 0; i < nt; i++) unpackRow(type, w + <usize>(t + i) * rb, K, gscratch + <usize>i * rs);
+    for (let i = 0; i < nt; i++) {
+      const wr = w + <usize>(t + i) * rb, r = scratch + <usize>i * rs;
+      if (kq) unpackRow(type, wr, K, r);
+      else unpackBlockRow(type, wr, K, r);
+    }
     for (let b = 0; b < B4; b += 4) {
       for (let i = 0; i < nt; i++) {
         const n = t + i;
-        const on = out + (<usize>n << 2) + <usize>b * os;
-        sumsTile(g16, gscratch + <usize>i * rs, K, desc, b, 4);
-        put(on, R0, bias, n, accum);
-        put(on + os, R1, bias, n, accum);
-        put(on + 2 * os, R2, bias, n, accum);
-        put(on + 3 * os, R3, bias, n, accum);
+        const on = out + (<usize>n << 2) + <usize>b * os, r = scratch + <usize>i * rs;
+        if (kq) {
+          sumsTile(g16, r, K, desc, b, 4);
+          put4(on, os, R0, R1, R2, R3, bias, n, accum);
+        } else {
+          putLanes4(on, os, rows4(r, K, desc, b), bias, n, accum);
+        }
       }
     }
     for (let b = B4; b < B; b++) {
       for (let i = 0; i < nt; i++) {
         const n = t + i;
-        sumsTile(g16, gscratch + <usize>i * rs, K, desc, b, 1);
-        put(out + (<usize>n << 2) + <usize>b * os, R0, bias, n, accum);
+        const r = scratch + <usize>i * rs;
+        let v: f32;
+        if (kq) {
+          sumsTile(g16, r, K, desc, b, 1);
+          v = R0;
+        } else {
+          v = one(r, K, desc, b);
+        }
+        put(out + (<usize>n << 2) + <usize>b * os, v, bias, n, accum);
       }
     }
   }
+}
+
+// The 32-element 4/5-bit types' GEMMs, one function per type (as matmul.ts's matmulQ2_K ...):
+// each has its type's branches folded away and no other type's code to share registers with.
+function gemmQ4_0(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  gemmTiles(false, false, T_Q4_0, w, K, desc, B, out, os, bias, accum, n0, n1);
+}
+function gemmQ4_1(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  gemmTiles(false, false, T_Q4_1, w, K, desc, B, out, os, bias, accum, n0, n1);
+}
+function gemmQ5_0(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  gemmTiles(false, false, T_Q5_0, w, K, desc, B, out, os, bias, accum, n0, n1);
+}
+function gemmQ5_1(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, bias: usize, accum: bool, n0: i32, n1: i32): void {
+  gemmTiles(false, false, T_Q5_1, w, K, desc, B, out, os, bias, accum, n0, n1);
 }
 
 /**
@@ -382,7 +346,10 @@ export function gemm(
   type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
   accum: bool, n0: i32, n1: i32,
 ): void {
-  if (blockGemmType(type)) gemmBlocks(type, w, K, desc, B, out, ostride, bias, accum, n0, n1, gscratch);
-  else if (type == T_Q4_K || type == T_Q5_K) gemmTyped(false, type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
-  else gemmTyped(true, type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
+  if (type == T_Q5_0) gemmQ5_0(w, K, desc, B, out, ostride, bias, accum, n0, n1);
+  else if (type == T_Q4_0) gemmQ4_0(w, K, desc, B, out, ostride, bias, accum, n0, n1);
+  else if (type == T_Q4_1) gemmQ4_1(w, K, desc, B, out, ostride, bias, accum, n0, n1);
+  else if (type == T_Q5_1) gemmQ5_1(w, K, desc, B, out, ostride, bias, accum, n0, n1);
+  else if (type == T_Q4_K || type == T_Q5_K) gemmTiles(true, false, type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
+  else gemmTiles(true, true, type, w, K, desc, B, out, ostride, bias, accum, n0, n1);
 }

@@ -8,9 +8,9 @@
 // Each output is the same sequence of f32 operations as in legacy.ts (legacyRows4, and
 // legacyOne for the rows left over): acc += f32(S_j)·(dw_j·da_j), e += m_j·s_j over the blocks
 // in order, then acc + e, with S_j the same exact integer. So logits do not depend on which
-// path, batch or thread computed them.
+// path, batch or thread computed them. gemm.ts's tile loop (gemmTiles) drives these per tile.
 
-import { blockBytes, T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1 } from "./formats";
+import { blockBytes, T_Q4_0, T_Q5_1 } from "./formats";
 import {
   dot32,
   fold32,
@@ -18,7 +18,6 @@ import {
   lanesum,
   lowHalf,
   offsetOf,
-  put,
   scaleAt,
   scaleOf,
 } from "./legacy";
@@ -26,9 +25,9 @@ import { ACT_D32, ACT_Q32, ACT_S32 } from "./quantize";
 
 
 /** Weight rows unpacked together. */
-const BLOCK_TILE: i32 = 4;
+export const BLOCK_TILE: i32 = 4;
 
-/** True for the types gemmBlocks() serves. */
+/** True for the types whose GEMM is gemm.ts's gemmQ4_0 … gemmQ5_1 (this file's unpacking and sums). */
 export function blockGemmType(type: i32): bool {
   return type >= T_Q4_0 && type <= T_Q5_1;
 }
@@ -46,8 +45,9 @@ export function blockTileScratch(K: i32): usize {
   return <usize>BLOCK_TILE * blockRowScratch(K);
 }
 
+/** Unpacks weight row wr (K wide) into the scratch row at r. */
 // @ts-ignore: decorator
-@inline function unpackRow(type: i32, wr: usize, K: i32, r: usize): void {
+@inline export function unpackBlockRow(type: i32, wr: usize, K: i32, r: usize): void {
   const nb = K >> 5;
   const bb = blockBytes(type);
   const dws = r + <usize>K, offs = dws + (<usize>nb << 2);
@@ -64,7 +64,7 @@ export function blockTileScratch(K: i32): usize {
 
 /** One unpacked weight row (at r) against activation rows b..b+3: legacyRows4's lanes. */
 // @ts-ignore: decorator
-@inline function rows4(r: usize, K: i32, desc: usize, b: i32): v128 {
+@inline export function rows4(r: usize, K: i32, desc: usize, b: i32): v128 {
   const nb = K >> 5;
   const qk = <usize>K;
   const ds = load<usize>(desc, ACT_D32) + (<usize>((b >> 2) * nb) << 4);
@@ -87,7 +87,7 @@ export function blockTileScratch(K: i32): usize {
 
 /** One unpacked weight row against activation row b alone: legacyOne's operations. */
 // @ts-ignore: decorator
-@inline function one(r: usize, K: i32, desc: usize, b: i32): f32 {
+@inline export function one(r: usize, K: i32, desc: usize, b: i32): f32 {
   const nb = K >> 5;
   const d32 = load<usize>(desc, ACT_D32), s32 = load<usize>(desc, ACT_S32);
   const q = load<usize>(desc, ACT_Q32) + <usize>b * <usize>K;
@@ -100,52 +100,4 @@ export function blockTileScratch(K: i32): usize {
     e = e + load<f32>(offs + (<usize>j << 2)) * load<f32>(scaleAt(s32, nb, b, j));
   }
   return acc + e;
-}
-
-// @ts-ignore: decorator
-@inline function blocksTyped(
-  type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
-  accum: bool, n0: i32, n1: i32, scratch: usize,
-): void {
-  const rb = <usize>(K >> 5) * blockBytes(type);
-  const rs = blockRowScratch(K);
-  const os = <usize>ostride << 2;
-  const B4 = B & ~3;
-  for (let t = n0; t < n1; t += BLOCK_TILE) {
-    const nt = min(BLOCK_TILE, n1 - t);
-    for (let i = 0; i < nt; i++) unpackRow(type, w + <usize>(t + i) * rb, K, scratch + <usize>i * rs);
-    for (let b = 0; b < B4; b += 4) {
-      for (let i = 0; i < nt; i++) {
-        const n = t + i;
-        const v = rows4(scratch + <usize>i * rs, K, desc, b);
-        const o = out + (<usize>n << 2) + <usize>b * os;
-        put(o, f32x4.extract_lane(v, 0), bias, n, accum);
-        put(o + os, f32x4.extract_lane(v, 1), bias, n, accum);
-        put(o + 2 * os, f32x4.extract_lane(v, 2), bias, n, accum);
-        put(o + 3 * os, f32x4.extract_lane(v, 3), bias, n, accum);
-      }
-    }
-    for (let b = B4; b < B; b++) {
-      for (let i = 0; i < nt; i++) {
-        const n = t + i;
-        put(out + (<usize>n << 2) + <usize>b * os, one(scratch + <usize>i * rs, K, desc, b), bias, n, accum);
-      }
-    }
-  }
-}
-
-/**
- * out[b·ostride + n] (=, or += with accum) W[n]·act[b] (+ bias[n]) for weight rows n0..n1 and
- * activation rows 0..B, for the types where blockGemmType(type), with blockTileScratch(K)
- * bytes of scratch at `scratch`.
- */
-export function gemmBlocks(
-  type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
-  accum: bool, n0: i32, n1: i32, scratch: usize,
-): void {
-  // One call per type, so that each is compiled with its type's branches folded away.
-  if (type == T_Q5_0) blocksTyped(T_Q5_0, w, K, desc, B, out, ostride, bias, accum, n0, n1, scratch);
-  else if (type == T_Q4_0) blocksTyped(T_Q4_0, w, K, desc, B, out, ostride, bias, accum, n0, n1, scratch);
-  else if (type == T_Q4_1) blocksTyped(T_Q4_1, w, K, desc, B, out, ostride, bias, accum, n0, n1, scratch);
-  else blocksTyped(T_Q5_1, w, K, desc, B, out, ostride, bias, accum, n0, n1, scratch);
 }

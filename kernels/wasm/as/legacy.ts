@@ -292,6 +292,23 @@ export function setScratch(p: usize): void {
   store<f32>(out, r);
 }
 
+/** Stores the outputs of activation rows b..b+3 (r0..r3) for weight row n, at o, o + os, …. */
+// @ts-ignore: decorator
+@inline export function put4(
+  o: usize, os: usize, r0: f32, r1: f32, r2: f32, r3: f32, bias: usize, n: i32, accum: bool,
+): void {
+  put(o, r0, bias, n, accum);
+  put(o + os, r1, bias, n, accum);
+  put(o + 2 * os, r2, bias, n, accum);
+  put(o + 3 * os, r3, bias, n, accum);
+}
+
+/** put4 of the four lanes of v. */
+// @ts-ignore: decorator
+@inline export function putLanes4(o: usize, os: usize, v: v128, bias: usize, n: i32, accum: bool): void {
+  put4(o, os, f32x4.extract_lane(v, 0), f32x4.extract_lane(v, 1), f32x4.extract_lane(v, 2), f32x4.extract_lane(v, 3), bias, n, accum);
+}
+
 // @ts-ignore: decorator
 @inline function legacy(
   type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
@@ -306,11 +323,7 @@ export function setScratch(p: usize): void {
       const on = out + (<usize>n << 2);
       for (let b = 0; b < B4; b += 4) {
         const v = legacyRows4(type, wr, K, desc, b);
-        const o = on + <usize>b * os;
-        put(o, f32x4.extract_lane(v, 0), bias, n, accum);
-        put(o + os, f32x4.extract_lane(v, 1), bias, n, accum);
-        put(o + 2 * os, f32x4.extract_lane(v, 2), bias, n, accum);
-        put(o + 3 * os, f32x4.extract_lane(v, 3), bias, n, accum);
+        putLanes4(on + <usize>b * os, os, v, bias, n, accum);
       }
     }
   }

@@ -7,8 +7,9 @@
 // unpacking. Weights are unpacked to unsigned values below 128 (offsets and minimums are
 // applied through the activations' block sums), so relaxed SIMD's i8×i7 dot product is exact.
 
-import { C_BIT16, C_BIT4, C_M3, C_M30, C_M4, h2f, h2f_hi, h2f_lo, h2fScale, hsum, pairs16, vc, ZERO } from "./simd";
-import { matmulQ4_0, matmulQ4_1, matmulQ5_0, matmulQ5_1, matmulQ8_0, put } from "./legacy";
+import { C_BIT16, C_BIT4, C_M3, C_M30, C_M4, h2f, h2f_hi, h2f_lo, h2fScale, hsum, vc, ZERO } from "./simd";
+import { kdot, koff, kupdate } from "./kquant_dot";
+import { matmulQ4_0, matmulQ4_1, matmulQ5_0, matmulQ5_1, matmulQ8_0, put, put4 } from "./legacy";
 import { gemm, gemmServes } from "./gemm";
 import {
   ACT_BS16,
@@ -30,28 +31,6 @@ let R1: f32 = 0;
 let R2: f32 = 0;
 let R3: f32 = 0;
 
-// Integer dot products of a 32-element sub-block: pair sums in i16 (sub-block sums stay
-// within i16 for weights below 64), widened or scaled by pmaddwd into i32 lanes.
-
-/** is + Σ sc·w·a over 32 elements; sc is an i16 splat (scales up to 63). */
-// @ts-ignore: decorator
-@inline function kacc32(is: v128, q: usize, w0: v128, w1: v128, sc: v128): v128 {
-  const p = i16x8.add(pairs16(v128.load(q), w0), pairs16(v128.load(q, 16), w1));
-  return i32x4.add(is, i32x4.dot_i16x8_s(p, sc));
-}
-
-/** is + Σ over two 16-element groups with their own scales (i16 splats, signed). */
-// @ts-ignore: decorator
-@inline function kacc16(is: v128, q: usize, w0: v128, w1: v128, sa: v128, sb: v128): v128 {
-  return i32x4.add(
-    is,
-    i32x4.add(
-      i32x4.dot_i16x8_s(pairs16(v128.load(q), w0), sa),
-      i32x4.dot_i16x8_s(pairs16(v128.load(q, 16), w1), sb),
-    ),
-  );
-}
-
 // ---- K-quants: Q8_K activations (d256, bs16, bs32) ----------------------------------------
 //
 // One loop over a super-block's 8 sub-blocks of 32 serves every K-quant: per type, a head
@@ -62,18 +41,6 @@ let R3: f32 = 0;
 // and the quants a half shares stay in registers. Run-time counts and lanes had measured 2.2x
 // slower for Q6_K, and the loop as written about 1.5x (asc and Binaryen unroll nothing). Each
 // K-quant has its own function (matmulQ2_K ...), so the type tests fold away.
-
-/** is + sub-block t's Σ sc·w·a: one scale for its 32 elements (per32: Q4_K, Q5_K) or one per 16. */
-// @ts-ignore: decorator
-@inline function kdot(per32: bool, is: v128, q: usize, w0: v128, w1: v128, sa: v128, sb: v128): v128 {
-  return per32 ? kacc32(is, q, w0, w1, sa) : kacc16(is, q, w0, w1, sa, sb);
-}
-
-/** Σ offset_g × (block sum g) as i32 lanes: per 32 (8 i16 offsets in a) or per 16 (a, b). */
-// @ts-ignore: decorator
-@inline function koff(per32: bool, bo: usize, a: v128, b: v128): v128 {
-  return per32 ? i32x4.dot_i16x8_s(a, v128.load(bo)) : offsetSum16(bo, a, b);
-}
 
 /** Each i16 lane of v shifted left by `by` bits, or right (logically) by −by. */
 // @ts-ignore: decorator
@@ -240,30 +207,24 @@ let R3: f32 = 0;
     // value = dw·da·Σ(scale·q·a) + dm·da·Σ(offset·block sum), lane by lane, the same for every row.
     const jo = <usize>j << 2;
     let da = load<f32>(ds + jo);
-    a0 = f32x4.add(a0, f32x4.mul(f32x4.convert_i32x4_s(i0), f32x4.splat(dw * da)));
-    e0 = f32x4.add(e0, f32x4.mul(f32x4.convert_i32x4_s(o0), f32x4.splat(dm * da)));
+    a0 = kupdate(a0, i0, dw, da);
+    e0 = kupdate(e0, o0, dm, da);
     if (nr == 4) {
       da = load<f32>(ds + dk + jo);
-      a1 = f32x4.add(a1, f32x4.mul(f32x4.convert_i32x4_s(i1), f32x4.splat(dw * da)));
-      e1 = f32x4.add(e1, f32x4.mul(f32x4.convert_i32x4_s(o1), f32x4.splat(dm * da)));
+      a1 = kupdate(a1, i1, dw, da);
+      e1 = kupdate(e1, o1, dm, da);
       da = load<f32>(ds + 2 * dk + jo);
-      a2 = f32x4.add(a2, f32x4.mul(f32x4.convert_i32x4_s(i2), f32x4.splat(dw * da)));
-      e2 = f32x4.add(e2, f32x4.mul(f32x4.convert_i32x4_s(o2), f32x4.splat(dm * da)));
+      a2 = kupdate(a2, i2, dw, da);
+      e2 = kupdate(e2, o2, dm, da);
       da = load<f32>(ds + 3 * dk + jo);
-      a3 = f32x4.add(a3, f32x4.mul(f32x4.convert_i32x4_s(i3), f32x4.splat(dw * da)));
-      e3 = f32x4.add(e3, f32x4.mul(f32x4.convert_i32x4_s(o3), f32x4.splat(dm * da)));
+      a3 = kupdate(a3, i3, dw, da);
+      e3 = kupdate(e3, o3, dm, da);
     }
   }
   R0 = hsum(a0) + hsum(e0);
   R1 = hsum(a1) + hsum(e1);
   R2 = hsum(a2) + hsum(e2);
   R3 = hsum(a3) + hsum(e3);
-}
-
-/** Σ scale_g × (block sum g) over a super-block's 16 groups, as i32 lanes (16-bit sums at bo). */
-// @ts-ignore: decorator
-@inline function offsetSum16(bo: usize, lo: v128, hi: v128): v128 {
-  return i32x4.add(i32x4.dot_i16x8_s(lo, v128.load(bo)), i32x4.dot_i16x8_s(hi, v128.load(bo, 16)));
 }
 
 // ---- float weights: f32 activations ------------------------------------------------------
@@ -417,11 +378,7 @@ function matmulQ6_K(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, 
     let b = 0;
     for (; b + 4 <= B; b += 4) {
       tile(type, wr, K, desc, b, 4);
-      const o = on + <usize>b * os;
-      put(o, R0, bias, n, accum);
-      put(o + os, R1, bias, n, accum);
-      put(o + 2 * os, R2, bias, n, accum);
-      put(o + 3 * os, R3, bias, n, accum);
+      put4(on + <usize>b * os, os, R0, R1, R2, R3, bias, n, accum);
     }
     for (; b < B; b++) {
       tile(type, wr, K, desc, b, 1);

@@ -9,19 +9,13 @@ import { GEMM_SCRATCH_BYTES, setGemmScratch } from "./gemm";
 import { attendHeads, qkvPost, swigluRow } from "./layer_ops";
 import { rowStats } from "./row_stats";
 import { readSweep } from "./read_sweep";
+// Op codes, the op size and its flags, generated from kernels/wasm/program.ts (which writes the
+// programs).
+import {
+  NO_BARRIER, OP_ATTENTION, OP_BYTES, OP_END, OP_MATMUL, OP_NORM_QUANT, OP_QKV_POST, OP_QUANT,
+  OP_READ_SWEEP, OP_ROW_STATS, OP_SWIGLU,
+} from "./ops";
 
-// Op codes and field offsets: kernels/wasm/program.ts writes the same layout.
-const OP_END: i32 = 0;
-const OP_NORM_QUANT: i32 = 1;
-const OP_MATMUL: i32 = 2;
-const OP_QKV_POST: i32 = 3;
-const OP_ATTENTION: i32 = 4;
-const OP_SWIGLU: i32 = 5;
-const OP_QUANT: i32 = 6;
-const OP_ROW_STATS: i32 = 7;
-const OP_READ_SWEEP: i32 = 8;
-const OP_BYTES: usize = 128;
-const NO_BARRIER: i32 = 1;
 const SPIN: i32 = 20000;
 
 // @ts-ignore: decorator
