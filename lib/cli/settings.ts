@@ -26,7 +26,7 @@ import { GRAMMAR_LIMITS } from "../grammar/grammar_limits.ts";
 import { EXIT_GRACE_SECONDS } from "./stop_deadline.ts";
 import type { CommandName } from "./commands.ts";
 import { PLAN_SHAPE_NAMES } from "../cluster/plan_model.ts";
-import { parseBandwidth, parseLatency } from "../cluster/plan_hosts.ts";
+import { parseBandwidth, parsed, parseLatency } from "../cluster/plan_hosts.ts";
 import { RANK_BY, type RankBy } from "../cluster/plan_layouts.ts";
 import { HEAD_PLACES, type HeadPlace } from "../cluster/plan_cost.ts";
 import { CALIBRATION_OUT } from "../cluster/plan_calibration.ts";
@@ -67,18 +67,6 @@ export interface SettingRow {
   readonly noFlag?: true;
   /** What --help says of it for a command where it means something narrower. */
   readonly helpFor?: Partial<Record<CommandName, string>>;
-}
-
-/** A planner value read by its parser (a bandwidth, a latency), its error the flag's. */
-function planValue(parse: (s: string) => number) {
-  return z.string().transform((s, ctx) => {
-    try {
-      return parse(s);
-    } catch (e) {
-      ctx.addIssue({ code: "custom", message: (e as Error).message });
-      return z.NEVER;
-    }
-  });
 }
 
 const SERVE: CommandName[] = ["serve"];
@@ -727,14 +715,14 @@ export const SETTINGS = {
     help:
       "the link between two hosts, e.g. 1Gbit/s, 100Mb/s, 1.2GB/s, loopback (a hosts file's link wins)",
     commands: ["plan"],
-    schema: planValue(parseBandwidth),
+    schema: parsed(parseBandwidth),
     default: "1Gbit/s",
   },
   latency: {
     group: "Planner",
     help: "one hop's latency between two hosts, e.g. 0.2ms, 50ms (a hosts file's link wins)",
     commands: ["plan"],
-    schema: planValue(parseLatency),
+    schema: parsed(parseLatency),
     default: "0.2ms",
   },
   sequences: {

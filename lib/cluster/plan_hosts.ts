@@ -100,7 +100,7 @@ function checkCount(hosts: PlanHost[], source: string): PlanHost[] {
 }
 
 /** A zod field read by one of the parsers above, its error becoming the field's issue. */
-function parsed<T>(parse: (s: string) => T) {
+export function parsed<T>(parse: (s: string) => T) {
   return z.string().transform((s, ctx) => {
     try {
       return parse(s);
