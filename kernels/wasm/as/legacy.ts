@@ -177,9 +177,8 @@ const SEL_HI: usize = 16;
   return f32x4.add(acc, e);
 }
 
-/** Blocks per pass of legacyCols4: its integer sums for four rows fill SCRATCH_BYTES. */
-const CHUNK: i32 = 64;
-export const SCRATCH_BYTES: i32 = CHUNK * 64;
+/** Bytes of this thread's scratch for these kernels (none uses it now). */
+export const SCRATCH_BYTES: i32 = 4096;
 /** This thread's scratch (globals are per thread; memory is shared, so each has its own range). */
 let scratch: usize = 0;
 export function setScratch(p: usize): void {
@@ -196,11 +195,32 @@ export function setScratch(p: usize): void {
   return h2f4(i32x4.extend_low_i16x8_u(v));
 }
 
+/** Block j's exact integer sum of the weight row at bp against activation row q8/q16 (lanes). */
+// @ts-ignore: decorator
+@inline function blockSum(type: i32, bp: usize, a0: v128, a1: v128, a2: v128, a3: v128): v128 {
+  if (type == T_Q8_0) return dotRow8(bp, a0, a1, a2, a3);
+  let w0: v128, w1: v128;
+  if (type == T_Q5_0 || type == T_Q5_1) {
+    // The qs bytes and the qh word are each read once for both halves.
+    const x = type == T_Q5_0 ? v128.load(bp, Q5_0_QS) : v128.load(bp, Q5_1_QS);
+    const h = type == T_Q5_0 ? v128.load32_splat(bp, Q5_0_QH) : v128.load32_splat(bp, Q5_1_QH);
+    const bitOf = v128.load(Q5_MASKS, 32), m16 = vc(C_BIT16), m4 = vc(C_M4);
+    const b0 = v128.and(byteSelect(h, v128.load(Q5_MASKS + SEL_LO)), bitOf);
+    const b1 = v128.and(byteSelect(h, v128.load(Q5_MASKS + SEL_HI)), bitOf);
+    w0 = v128.or(v128.and(x, m4), v128.and(i8x16.eq(b0, bitOf), m16));
+    w1 = v128.or(v128.and(i16x8.shr_u(x, 4), m4), v128.and(i8x16.eq(b1, bitOf), m16));
+  } else {
+    w0 = lowHalf(type, bp);
+    w1 = highHalf(type, bp);
+  }
+  return i32x4.extadd_pairwise_i16x8_s(i16x8.add(pairs16(a0, w0), pairs16(a1, w1)));
+}
+
 /**
- * Weight rows wr + i·rb (i = 0..3) against activation row b: the four results as lanes. Each
- * row's blocks are first read in sequence (the exact integer sums go to scratch), then the
- * four rows' scales are applied together: reading the four rows interleaved block by block
- * ran 1.5x slower from memory.
+ * Weight rows wr + i·rb (i = 0..3) against activation row b: the four results as lanes. The
+ * four rows are read in lockstep, block by block: each activation block is loaded once for
+ * the four, and their sums stay in registers. (Reading each row's blocks in sequence into a
+ * scratch of sums, then scaling, measured 1.33x slower for Q5_0 and 1.22x for Q8_0.)
  */
 // @ts-ignore: decorator
 @inline function legacyCols4(type: i32, wr: usize, rb: usize, K: i32, desc: usize, b: i32): v128 {
@@ -209,39 +229,40 @@ export function setScratch(p: usize): void {
   const d32 = load<usize>(desc, ACT_D32), s32 = load<usize>(desc, ACT_S32);
   const q8 = load<usize>(desc, ACT_Q32) + <usize>b * <usize>K;
   const q16 = load<usize>(desc, ACT_Q16) + (<usize>b * <usize>K << 1);
-  const scr = scratch;
   let acc = f32x4.splat(0), e = f32x4.splat(0);
-  for (let j0 = 0; j0 < nb; j0 += CHUNK) {
-    const j1 = min(nb, j0 + CHUNK);
-    for (let r = 0; r < 4; r++) {
-      const row = wr + <usize>r * rb;
-      for (let j = j0; j < j1; j++) {
-        const bp = row + <usize>j * bb;
-        let s: v128;
-        if (type == T_Q8_0) {
-          const qo = q16 + (<usize>j << 6);
-          s = dotRow8(bp, v128.load(qo), v128.load(qo, 16), v128.load(qo, 32), v128.load(qo, 48));
-        } else {
-          s = dot32(q8 + (<usize>j << 5), lowHalf(type, bp), highHalf(type, bp));
-        }
-        v128.store(scr + (<usize>((j - j0) * 4 + r) << 4), s);
-      }
+  let p = wr;
+  const dp = scaleAt(d32, nb, b, 0), sp = scaleAt(s32, nb, b, 0);
+  for (let j = 0; j < nb; j++) {
+    let a0: v128, a1: v128, a2 = ZERO, a3 = ZERO;
+    if (type == T_Q8_0) {
+      const qo = q16 + (<usize>j << 6);
+      a0 = v128.load(qo);
+      a1 = v128.load(qo, 16);
+      a2 = v128.load(qo, 32);
+      a3 = v128.load(qo, 48);
+    } else {
+      const qo = q8 + (<usize>j << 5);
+      a0 = v128.load(qo);
+      a1 = v128.load(qo, 16);
     }
-    for (let j = j0; j < j1; j++) {
-      const so = scr + (<usize>(j - j0) << 6);
-      const s = fold32(v128.load(so), v128.load(so, 16), v128.load(so, 32), v128.load(so, 48));
-      const bp = wr + <usize>j * bb;
-      const dw = halves4(bp, rb);
-      acc = f32x4.add(acc, f32x4.mul(f32x4.convert_i32x4_s(s), f32x4.mul(dw, f32x4.splat(load<f32>(scaleAt(d32, nb, b, j))))));
-      if (type != T_Q8_0) {
-        const m = type == T_Q4_0
-          ? f32x4.mul(dw, vc(C_F_M8))
-          : type == T_Q5_0
-          ? f32x4.mul(dw, vc(C_F_M16))
-          : halves4(bp + (type == T_Q4_1 ? Q4_1_M : Q5_1_M), rb);
-        e = f32x4.add(e, f32x4.mul(m, f32x4.splat(load<f32>(scaleAt(s32, nb, b, j)))));
-      }
+    const s = fold32(
+      blockSum(type, p, a0, a1, a2, a3),
+      blockSum(type, p + rb, a0, a1, a2, a3),
+      blockSum(type, p + 2 * rb, a0, a1, a2, a3),
+      blockSum(type, p + 3 * rb, a0, a1, a2, a3),
+    );
+    const dw = halves4(p, rb);
+    const jo = <usize>j << 4;
+    acc = f32x4.add(acc, f32x4.mul(f32x4.convert_i32x4_s(s), f32x4.mul(dw, f32x4.splat(load<f32>(dp + jo)))));
+    if (type != T_Q8_0) {
+      const m = type == T_Q4_0
+        ? f32x4.mul(dw, vc(C_F_M8))
+        : type == T_Q5_0
+        ? f32x4.mul(dw, vc(C_F_M16))
+        : halves4(p + (type == T_Q4_1 ? Q4_1_M : Q5_1_M), rb);
+      e = f32x4.add(e, f32x4.mul(m, f32x4.splat(load<f32>(sp + jo))));
     }
+    p += bb;
   }
   return type == T_Q8_0 ? acc : f32x4.add(acc, e);
 }
