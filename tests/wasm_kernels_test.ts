@@ -7,7 +7,7 @@
  * f32 rounding alone.
  */
 import { assert, assertEquals } from "@std/assert";
-import { TENSOR_TYPES } from "../lib/model/tensor.ts";
+import { BLOCK_LAYOUT, BLOCK_SCALE_OFFSETS, TENSOR_TYPES } from "../lib/model/tensor.ts";
 import { dequantize } from "../lib/model/dequantize.ts";
 import { wasmHeap } from "../kernels/wasm/heap.ts";
 import { ThreadPool } from "../kernels/wasm/pool.ts";
@@ -99,6 +99,46 @@ for (const type of TENSOR_TYPES) {
         Array.from(relaxed.subarray(r * N, (r + 1) * N)),
         `row ${r} alone`,
       );
+    }
+  });
+}
+
+// Block scales a file may hold beside the usual normal halves: zero, ±0, the smallest and
+// largest subnormals, and negative ones. The decode kernels convert four rows' scales at once
+// and take a slower exact path when any of them is zero or subnormal.
+const ODD_SCALES = [0x0000, 0x8000, 0x0001, 0x03ff, 0x8200, 0x0400, 0x8401];
+
+for (const type of ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"] as const) {
+  Deno.test(`matmul ${type}: zero and subnormal block scales in some of four rows give the float64 product, alone or batched`, async () => {
+    const w = randomTensor(type, N, K, 77 + TENSOR_TYPES.indexOf(type));
+    const { bytes } = BLOCK_LAYOUT[type];
+    const view = new DataView(w.buffer);
+    const nb = K / 32;
+    // Every third block of every row gets an odd scale (and Q4_1/Q5_1 minimum), so four-row
+    // groups mix them with normal ones in every combination the pattern reaches.
+    let k = 0;
+    for (let n = 0; n < N; n++) {
+      for (let j = (n % 3); j < nb; j += 3) {
+        for (const o of BLOCK_SCALE_OFFSETS[type]) view.setUint16((n * nb + j) * bytes + o, ODD_SCALES[k++ % ODD_SCALES.length]!, true);
+      }
+    }
+    const dense = dequantize({ name: "w", type, shape: [N, K], data: w });
+    const rand = rng(3);
+    const x = Float32Array.from({ length: ROWS * K }, () => rand() * 2 - 1);
+    const xq = quantized(x, 32);
+    const got = await withPool(2, "relaxed", (p) => kernelMatmul(p, type, w, N, K, x, ROWS));
+    for (let r = 0; r < ROWS; r++) {
+      const alone = await withPool(1, "relaxed", (p) => kernelMatmul(p, type, w, N, K, x.subarray(r * K, (r + 1) * K), 1));
+      assertEquals(Array.from(alone), Array.from(got.subarray(r * N, (r + 1) * N)), `row ${r} alone`);
+      for (let n = 0; n < N; n++) {
+        let exact = 0, abs = 0;
+        for (let e = 0; e < K; e++) {
+          exact += dense[n * K + e]! * xq[r * K + e]!;
+          abs += Math.abs(dense[n * K + e]! * xq[r * K + e]!);
+        }
+        const err = Math.abs(got[r * N + n]! - exact);
+        assert(err <= 2e-6 * abs + 1e-12, `${type} row ${r} out ${n}: ${got[r * N + n]} vs ${exact}`);
+      }
     }
   });
 }

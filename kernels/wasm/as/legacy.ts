@@ -9,7 +9,7 @@
 // (or alone, in legacyOne): acc += f32(S_j) × (dw_j × da_j), e += m_j × s_j over the blocks j
 // in order, then acc + e. S_j is an exact integer, so the lane-folding order cannot change it.
 
-import { C_BIT16, C_F_M16, C_F_M8, C_M4, h2f4, h2fScale, pairs16, vc, ZERO } from "./simd";
+import { C_BIT16, C_F_M16, C_F_M8, C_M4, h2f4hi, h2fScale, pairs16, vc, ZERO } from "./simd";
 import { ACT_D32, ACT_Q16, ACT_Q32, ACT_S32 } from "./quantize";
 import {
   blockBytes, Q4_0_D, Q4_0_QS, Q4_1_M, Q4_1_QS, Q5_0_QH, Q5_0_QS, Q5_1_M, Q5_1_QH, Q5_1_QS, Q8_0_QS,
@@ -188,11 +188,12 @@ export function setScratch(p: usize): void {
 /** The four f16 values at p + i·rb (i = 0..3) as f32 lanes; finite values only. */
 // @ts-ignore: decorator
 @inline function halves4(p: usize, rb: usize): v128 {
-  let v = v128.load16_lane(p, ZERO, 0);
-  v = v128.load16_lane(p + rb, v, 1);
-  v = v128.load16_lane(p + 2 * rb, v, 2);
-  v = v128.load16_lane(p + 3 * rb, v, 3);
-  return h2f4(i32x4.extend_low_i16x8_u(v));
+  // Loaded into the high half of each i32 lane, where h2f4hi takes them.
+  let v = v128.load16_lane(p, ZERO, 1);
+  v = v128.load16_lane(p + rb, v, 3);
+  v = v128.load16_lane(p + 2 * rb, v, 5);
+  v = v128.load16_lane(p + 3 * rb, v, 7);
+  return h2f4hi(v);
 }
 
 /** Block j's exact integer sum of the weight row at bp against activation row q8/q16 (lanes). */
