@@ -12,6 +12,7 @@
  *
  *   deno run -A bench/cpu_matmul_bench.ts [--threads 1] [--rows 1,16,64] [--repeats 5]
  *     [--types q4_k,q6_k,q5_0,q8_0 (also q5_k, q3_k, q2_k)] [--cpu-iters N] [--compare FILE.wasm]
+ *     [--shape q8_0:151936:896 ...] (shapes of your own instead of --types)
  */
 import { parseArgs } from "@std/cli/parse-args";
 import { wasmHeap, WasmHeap } from "../kernels/wasm/heap.ts";
@@ -23,7 +24,8 @@ import { readBandwidth } from "../kernels/wasm/read_bandwidth.ts";
 import { byteSize, TENSOR_TYPES, type TensorType } from "../lib/model/tensor.ts";
 
 const args = parseArgs(Deno.args, {
-  string: ["threads", "rows", "repeats", "types", "cpu-iters", "compare"],
+  string: ["threads", "rows", "repeats", "types", "cpu-iters", "compare", "shape"],
+  collect: ["shape"],
   default: { threads: "1", rows: "1,16,64", repeats: "5", types: "q4_k,q6_k,q5_0,q8_0" },
 });
 const threads = Number(args.threads), repeats = Number(args.repeats);
@@ -40,7 +42,16 @@ const ALL_SHAPES: [TensorType, number, number][] = [
   ["q3_k", 8192, 2048],
   ["q2_k", 8192, 2048],
 ];
-const SHAPES = ALL_SHAPES.filter(([t]) => String(args.types).split(",").includes(t));
+// --shape type:N:K (repeatable) replaces the list: e.g. a classifier too big for the caches.
+const SHAPES: [TensorType, number, number][] = (args.shape as string[]).length > 0
+  ? (args.shape as string[]).map((s) => {
+    const [t, n, k] = s.split(":");
+    if (!TENSOR_TYPES.includes(t as TensorType) || !(Number(n) > 0) || !(Number(k) > 0)) {
+      throw new Error(`--shape wants type:N:K (e.g. q8_0:151936:896), received ${s}`);
+    }
+    return [t as TensorType, Number(n), Number(k)];
+  })
+  : ALL_SHAPES.filter(([t]) => String(args.types).split(",").includes(t));
 const cpuIters = Number(args["cpu-iters"] ?? 0);
 const TICKS_PER_S = 100;
 /** This process's user + system CPU time in ms (all threads). */

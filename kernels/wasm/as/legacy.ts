@@ -219,9 +219,12 @@ export function setScratch(p: usize): void {
 
 /**
  * Weight rows wr + i·rb (i = 0..3) against activation row b: the four results as lanes. The
- * four rows are read in lockstep, block by block: each activation block is loaded once for
- * the four, and their sums stay in registers. (Reading each row's blocks in sequence into a
- * scratch of sums, then scaling, measured 1.33x slower for Q5_0 and 1.22x for Q8_0.)
+ * four rows are read in lockstep, block by block: each activation block is loaded once for the
+ * four, and their sums stay in registers (reading each row's blocks in turn into a scratch of
+ * sums was 1.3-1.9x slower). legacy() makes rb a quarter of its range of rows, so that each
+ * lane streams through memory of its own: four neighbouring rows in lockstep ran at 0.64x
+ * (Q8_0) and 0.76x (Q5_0) of the row-by-row kernel from DRAM, where a decode step reads them,
+ * though faster from the caches (bench/cpu_matmul_bench.ts --shape q8_0:151936:896).
  */
 // @ts-ignore: decorator
 @inline function legacyCols4(type: i32, wr: usize, rb: usize, K: i32, desc: usize, b: i32): v128 {
@@ -338,16 +341,19 @@ export function setScratch(p: usize): void {
   }
   for (let b = B4; b < B; b++) {
     const ob = out + <usize>b * os;
-    let n = n0;
-    for (; n + 4 <= n1; n += 4) {
-      const v = legacyCols4(type, w + <usize>n * rb, rb, K, desc, b);
+    // Lane r takes rows n0 + r·q + g: each lane reads its own quarter of the range in order.
+    const q = (n1 - n0) >> 2;
+    const qs = <usize>q * rb, qo = <usize>q << 2;
+    for (let g = 0; g < q; g++) {
+      const n = n0 + g;
+      const v = legacyCols4(type, w + <usize>n * rb, qs, K, desc, b);
       const o = ob + (<usize>n << 2);
       put(o, f32x4.extract_lane(v, 0), bias, n, accum);
-      put(o + 4, f32x4.extract_lane(v, 1), bias, n + 1, accum);
-      put(o + 8, f32x4.extract_lane(v, 2), bias, n + 2, accum);
-      put(o + 12, f32x4.extract_lane(v, 3), bias, n + 3, accum);
+      put(o + qo, f32x4.extract_lane(v, 1), bias, n + q, accum);
+      put(o + 2 * qo, f32x4.extract_lane(v, 2), bias, n + 2 * q, accum);
+      put(o + 3 * qo, f32x4.extract_lane(v, 3), bias, n + 3 * q, accum);
     }
-    for (; n < n1; n++) {
+    for (let n = n0 + 4 * q; n < n1; n++) {
       put(ob + (<usize>n << 2), legacyOne(type, w + <usize>n * rb, K, desc, b), bias, n, accum);
     }
   }
