@@ -223,12 +223,8 @@ let R3: f32 = 0;
       // Scales: i16 lane t of s (per32), or lanes 2t and 2t + 1 of s, then s2, for the halves.
       const sv = per32 || t < 4 ? s : s2;
       const p = <u8>(2 * t), q = <u8>(4 * (t & 3)); // byte lanes of scale t, and of 2t % 8
-      const sa = per32
-        ? i8x16.shuffle(sv, sv, p, p + 1, p, p + 1, p, p + 1, p, p + 1, p, p + 1, p, p + 1, p, p + 1, p, p + 1)
-        : i8x16.shuffle(sv, sv, q, q + 1, q, q + 1, q, q + 1, q, q + 1, q, q + 1, q, q + 1, q, q + 1, q, q + 1);
-      const sb = per32
-        ? sa
-        : i8x16.shuffle(sv, sv, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3);
+      const sa = splat16(sv, per32 ? p >> 1 : q >> 1);
+      const sb = per32 ? sa : splat16(sv, (q >> 1) + 1);
       const qc = qo + (<usize>t << 5);
       i0 = kdot(per32, i0, qc, w0, w1, sa, sb);
       if (nr == 4) {
@@ -258,6 +254,30 @@ let R3: f32 = 0;
   R1 = hsum(a1) + hsum(e1);
   R2 = hsum(a2) + hsum(e2);
   R3 = hsum(a3) + hsum(e3);
+}
+
+// Byte indices that broadcast i16 lane i (i = 0..7) to every lane, at SPLAT16 + 16·i.
+const SPLAT16: usize = memory.data<u8>([
+  0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+  2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+  4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5,
+  6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7,
+  8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9,
+  10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11,
+  12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13,
+  14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15,
+], 16);
+
+/**
+ * i16 lane i of v in every lane: one byte shuffle with its indices read from a table (lane i
+ * is a constant in each unrolled copy). Written as an i8x16.shuffle, V8 builds the indices
+ * from immediates at each use.
+ */
+// @ts-ignore: decorator
+@inline function splat16(v: v128, i: i32): v128 {
+  const sel = v128.load(SPLAT16 + (<usize>i << 4));
+  if (ASC_FEATURE_RELAXED_SIMD) return i8x16.relaxed_swizzle(v, sel);
+  return i8x16.swizzle(v, sel);
 }
 
 /** Σ scale_g × (block sum g) over a super-block's 16 groups, as i32 lanes (16-bit sums at bo). */
