@@ -159,8 +159,8 @@ let R3: f32 = 0;
     const bo = bs + (per32 ? <usize>j << 4 : <usize>j << 5);
     const o0 = koff(per32, bo, oa, ob);
     let o1 = ZERO, o2 = ZERO, o3 = ZERO;
+    if (nr >= 2) o1 = koff(per32, bo + kb, oa, ob);
     if (nr == 4) {
-      o1 = koff(per32, bo + kb, oa, ob);
       o2 = koff(per32, bo + 2 * kb, oa, ob);
       o3 = koff(per32, bo + 3 * kb, oa, ob);
     }
@@ -227,8 +227,8 @@ let R3: f32 = 0;
       const sb = per32 ? sa : splat16(sv, (q >> 1) + 1);
       const qc = qo + (<usize>t << 5);
       i0 = kdot(per32, i0, qc, w0, w1, sa, sb);
+      if (nr >= 2) i1 = kdot(per32, i1, qc + qk, w0, w1, sa, sb);
       if (nr == 4) {
-        i1 = kdot(per32, i1, qc + qk, w0, w1, sa, sb);
         i2 = kdot(per32, i2, qc + 2 * qk, w0, w1, sa, sb);
         i3 = kdot(per32, i3, qc + 3 * qk, w0, w1, sa, sb);
       }
@@ -238,10 +238,12 @@ let R3: f32 = 0;
     let da = load<f32>(ds + jo);
     a0 = f32x4.add(a0, f32x4.mul(f32x4.convert_i32x4_s(i0), f32x4.splat(dw * da)));
     e0 = f32x4.add(e0, f32x4.mul(f32x4.convert_i32x4_s(o0), f32x4.splat(dm * da)));
-    if (nr == 4) {
+    if (nr >= 2) {
       da = load<f32>(ds + dk + jo);
       a1 = f32x4.add(a1, f32x4.mul(f32x4.convert_i32x4_s(i1), f32x4.splat(dw * da)));
       e1 = f32x4.add(e1, f32x4.mul(f32x4.convert_i32x4_s(o1), f32x4.splat(dm * da)));
+    }
+    if (nr == 4) {
       da = load<f32>(ds + 2 * dk + jo);
       a2 = f32x4.add(a2, f32x4.mul(f32x4.convert_i32x4_s(i2), f32x4.splat(dw * da)));
       e2 = f32x4.add(e2, f32x4.mul(f32x4.convert_i32x4_s(o2), f32x4.splat(dm * da)));
@@ -351,14 +353,19 @@ const SPLAT16: usize = memory.data<u8>([
 // type's branches folded away and no other type's code around it to share registers with.
 function tile4_q2k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q2_K, wr, K, desc, b, 4); }
 function tile1_q2k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q2_K, wr, K, desc, b, 1); }
+function tile2_q2k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q2_K, wr, K, desc, b, 2); }
 function tile4_q3k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q3_K, wr, K, desc, b, 4); }
 function tile1_q3k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q3_K, wr, K, desc, b, 1); }
+function tile2_q3k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q3_K, wr, K, desc, b, 2); }
 function tile4_q4k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q4_K, wr, K, desc, b, 4); }
 function tile1_q4k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q4_K, wr, K, desc, b, 1); }
+function tile2_q4k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q4_K, wr, K, desc, b, 2); }
 function tile4_q5k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q5_K, wr, K, desc, b, 4); }
 function tile1_q5k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q5_K, wr, K, desc, b, 1); }
+function tile2_q5k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q5_K, wr, K, desc, b, 2); }
 function tile4_q6k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q6_K, wr, K, desc, b, 4); }
 function tile1_q6k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q6_K, wr, K, desc, b, 1); }
+function tile2_q6k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q6_K, wr, K, desc, b, 2); }
 function tile4_f32(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_F32, wr, K, desc, b, 4); }
 function tile1_f32(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_F32, wr, K, desc, b, 1); }
 function tile4_f16(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_F16, wr, K, desc, b, 4); }
@@ -372,11 +379,11 @@ function tile1_bf16(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_BF
     case T_F32: if (nr == 4) tile4_f32(wr, K, desc, b); else tile1_f32(wr, K, desc, b); return;
     case T_F16: if (nr == 4) tile4_f16(wr, K, desc, b); else tile1_f16(wr, K, desc, b); return;
     case T_BF16: if (nr == 4) tile4_bf16(wr, K, desc, b); else tile1_bf16(wr, K, desc, b); return;
-    case T_Q2_K: if (nr == 4) tile4_q2k(wr, K, desc, b); else tile1_q2k(wr, K, desc, b); return;
-    case T_Q3_K: if (nr == 4) tile4_q3k(wr, K, desc, b); else tile1_q3k(wr, K, desc, b); return;
-    case T_Q4_K: if (nr == 4) tile4_q4k(wr, K, desc, b); else tile1_q4k(wr, K, desc, b); return;
-    case T_Q5_K: if (nr == 4) tile4_q5k(wr, K, desc, b); else tile1_q5k(wr, K, desc, b); return;
-    default: if (nr == 4) tile4_q6k(wr, K, desc, b); else tile1_q6k(wr, K, desc, b);
+    case T_Q2_K: if (nr == 4) tile4_q2k(wr, K, desc, b); else if (nr == 2) tile2_q2k(wr, K, desc, b); else tile1_q2k(wr, K, desc, b); return;
+    case T_Q3_K: if (nr == 4) tile4_q3k(wr, K, desc, b); else if (nr == 2) tile2_q3k(wr, K, desc, b); else tile1_q3k(wr, K, desc, b); return;
+    case T_Q4_K: if (nr == 4) tile4_q4k(wr, K, desc, b); else if (nr == 2) tile2_q4k(wr, K, desc, b); else tile1_q4k(wr, K, desc, b); return;
+    case T_Q5_K: if (nr == 4) tile4_q5k(wr, K, desc, b); else if (nr == 2) tile2_q5k(wr, K, desc, b); else tile1_q5k(wr, K, desc, b); return;
+    default: if (nr == 4) tile4_q6k(wr, K, desc, b); else if (nr == 2) tile2_q6k(wr, K, desc, b); else tile1_q6k(wr, K, desc, b);
   }
 }
 /**
@@ -442,6 +449,15 @@ function matmulQ6_K(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, 
       put(o + os, R1, bias, n, accum);
       put(o + 2 * os, R2, bias, n, accum);
       put(o + 3 * os, R3, bias, n, accum);
+    }
+    // Two rows left over share the weights' unpacking too (the K-quants; the float types
+    // take them one at a time).
+    if (type >= T_Q2_K && type <= T_Q6_K && b + 2 <= B) {
+      tile(type, wr, K, desc, b, 2);
+      const o = on + <usize>b * os;
+      put(o, R0, bias, n, accum);
+      put(o + os, R1, bias, n, accum);
+      b += 2;
     }
     for (; b < B; b++) {
       tile(type, wr, K, desc, b, 1);
