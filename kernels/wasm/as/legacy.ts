@@ -196,25 +196,86 @@ export function setScratch(p: usize): void {
   return h2f4hi(v);
 }
 
-/** Block j's exact integer sum of the weight row at bp against activation row q8/q16 (lanes). */
+/** The second result of unpack() (globals are per thread). */
+let W1: v128 = ZERO;
+
+/** A 4/5-bit block's weights 0..15 (returned) and 16..31 (in W1), Q5's qs and qh read once. */
 // @ts-ignore: decorator
-@inline function blockSum(type: i32, bp: usize, a0: v128, a1: v128, a2: v128, a3: v128): v128 {
-  if (type == T_Q8_0) return dotRow8(bp, a0, a1, a2, a3);
-  let w0: v128, w1: v128;
+@inline function unpack(type: i32, bp: usize): v128 {
   if (type == T_Q5_0 || type == T_Q5_1) {
-    // The qs bytes and the qh word are each read once for both halves.
     const x = type == T_Q5_0 ? v128.load(bp, Q5_0_QS) : v128.load(bp, Q5_1_QS);
     const h = type == T_Q5_0 ? v128.load32_splat(bp, Q5_0_QH) : v128.load32_splat(bp, Q5_1_QH);
     const bitOf = v128.load(Q5_MASKS, 32), m16 = vc(C_BIT16), m4 = vc(C_M4);
     const b0 = v128.and(byteSelect(h, v128.load(Q5_MASKS + SEL_LO)), bitOf);
     const b1 = v128.and(byteSelect(h, v128.load(Q5_MASKS + SEL_HI)), bitOf);
-    w0 = v128.or(v128.and(x, m4), v128.and(i8x16.eq(b0, bitOf), m16));
-    w1 = v128.or(v128.and(i16x8.shr_u(x, 4), m4), v128.and(i8x16.eq(b1, bitOf), m16));
-  } else {
-    w0 = lowHalf(type, bp);
-    w1 = highHalf(type, bp);
+    W1 = v128.or(v128.and(i16x8.shr_u(x, 4), m4), v128.and(i8x16.eq(b1, bitOf), m16));
+    return v128.or(v128.and(x, m4), v128.and(i8x16.eq(b0, bitOf), m16));
   }
+  W1 = highHalf(type, bp);
+  return lowHalf(type, bp);
+}
+
+/** Block j's exact integer sum of the weight row at bp against activation row q8/q16 (lanes). */
+// @ts-ignore: decorator
+@inline function blockSum(type: i32, bp: usize, a0: v128, a1: v128, a2: v128, a3: v128): v128 {
+  if (type == T_Q8_0) return dotRow8(bp, a0, a1, a2, a3);
+  const w0 = unpack(type, bp);
+  return i32x4.extadd_pairwise_i16x8_s(i16x8.add(pairs16(a0, w0), pairs16(a1, W1)));
+}
+
+/** blockSum of a 4/5-bit block against two activation rows (a, c): a's returned, c's in S2. */
+let S2: v128 = ZERO;
+// @ts-ignore: decorator
+@inline function blockSum2(type: i32, bp: usize, a0: v128, a1: v128, c0: v128, c1: v128): v128 {
+  const w0 = unpack(type, bp), w1 = W1;
+  S2 = i32x4.extadd_pairwise_i16x8_s(i16x8.add(pairs16(c0, w0), pairs16(c1, w1)));
   return i32x4.extadd_pairwise_i16x8_s(i16x8.add(pairs16(a0, w0), pairs16(a1, w1)));
+}
+
+/** The second activation row's lanes of legacyCols4Pair (globals are per thread). */
+let PAIR: v128 = ZERO;
+
+/**
+ * legacyCols4 of a 4/5-bit type against activation rows b (returned) and b + 1 (in PAIR): each
+ * block of the four weight rows is unpacked once for the two. Per output, the same operations.
+ */
+// @ts-ignore: decorator
+@inline function legacyCols4Pair(type: i32, wr: usize, rb: usize, K: i32, desc: usize, b: i32): v128 {
+  const nb = K >> 5;
+  const bb = blockBytes(type);
+  const d32 = load<usize>(desc, ACT_D32), s32 = load<usize>(desc, ACT_S32);
+  const qa = load<usize>(desc, ACT_Q32) + <usize>b * <usize>K, qc = qa + <usize>K;
+  let acc = f32x4.splat(0), e = f32x4.splat(0), acc2 = f32x4.splat(0), e2 = f32x4.splat(0);
+  let p = wr;
+  const dpa = scaleAt(d32, nb, b, 0), spa = scaleAt(s32, nb, b, 0);
+  const dpc = scaleAt(d32, nb, b + 1, 0), spc = scaleAt(s32, nb, b + 1, 0);
+  for (let j = 0; j < nb; j++) {
+    const jq = <usize>j << 5;
+    const a0 = v128.load(qa + jq), a1 = v128.load(qa + jq, 16);
+    const c0 = v128.load(qc + jq), c1 = v128.load(qc + jq, 16);
+    const s0 = blockSum2(type, p, a0, a1, c0, c1);
+    const t0 = S2;
+    const s1 = blockSum2(type, p + rb, a0, a1, c0, c1);
+    const t1 = S2;
+    const s2 = blockSum2(type, p + 2 * rb, a0, a1, c0, c1);
+    const t2 = S2;
+    const s3 = blockSum2(type, p + 3 * rb, a0, a1, c0, c1);
+    const t3 = S2;
+    const dw = halves4(p, rb);
+    const m = type == T_Q4_0
+      ? f32x4.mul(dw, vc(C_F_M8))
+      : type == T_Q5_0
+      ? f32x4.mul(dw, vc(C_F_M16))
+      : halves4(p + (type == T_Q4_1 ? Q4_1_M : Q5_1_M), rb);
+    const jo = <usize>j << 4;
+    acc = f32x4.add(acc, f32x4.mul(f32x4.convert_i32x4_s(fold32(s0, s1, s2, s3)), f32x4.mul(dw, f32x4.splat(load<f32>(dpa + jo)))));
+    e = f32x4.add(e, f32x4.mul(m, f32x4.splat(load<f32>(spa + jo))));
+    acc2 = f32x4.add(acc2, f32x4.mul(f32x4.convert_i32x4_s(fold32(t0, t1, t2, t3)), f32x4.mul(dw, f32x4.splat(load<f32>(dpc + jo)))));
+    e2 = f32x4.add(e2, f32x4.mul(m, f32x4.splat(load<f32>(spc + jo))));
+    p += bb;
+  }
+  PAIR = f32x4.add(acc2, e2);
+  return f32x4.add(acc, e);
 }
 
 /**
@@ -339,23 +400,36 @@ export function setScratch(p: usize): void {
       }
     }
   }
-  for (let b = B4; b < B; b++) {
+  // Lane r takes rows n0 + r·q + g: each lane reads its own quarter of the range in order. Two
+  // activation rows left over go together where the weights need unpacking (not Q8_0).
+  const q = (n1 - n0) >> 2;
+  const qs = <usize>q * rb, qo = <usize>q << 2;
+  for (let b = B4; b < B;) {
+    const two = type != T_Q8_0 && b + 2 <= B;
     const ob = out + <usize>b * os;
-    // Lane r takes rows n0 + r·q + g: each lane reads its own quarter of the range in order.
-    const q = (n1 - n0) >> 2;
-    const qs = <usize>q * rb, qo = <usize>q << 2;
     for (let g = 0; g < q; g++) {
       const n = n0 + g;
-      const v = legacyCols4(type, w + <usize>n * rb, qs, K, desc, b);
       const o = ob + (<usize>n << 2);
+      const v = two ? legacyCols4Pair(type, w + <usize>n * rb, qs, K, desc, b) : legacyCols4(type, w + <usize>n * rb, qs, K, desc, b);
       put(o, f32x4.extract_lane(v, 0), bias, n, accum);
       put(o + qo, f32x4.extract_lane(v, 1), bias, n + q, accum);
       put(o + 2 * qo, f32x4.extract_lane(v, 2), bias, n + 2 * q, accum);
       put(o + 3 * qo, f32x4.extract_lane(v, 3), bias, n + 3 * q, accum);
+      if (two) {
+        const u = PAIR, o2 = o + os;
+        put(o2, f32x4.extract_lane(u, 0), bias, n, accum);
+        put(o2 + qo, f32x4.extract_lane(u, 1), bias, n + q, accum);
+        put(o2 + 2 * qo, f32x4.extract_lane(u, 2), bias, n + 2 * q, accum);
+        put(o2 + 3 * qo, f32x4.extract_lane(u, 3), bias, n + 3 * q, accum);
+      }
     }
+    const nr = two ? 2 : 1;
     for (let n = n0 + 4 * q; n < n1; n++) {
-      put(ob + (<usize>n << 2), legacyOne(type, w + <usize>n * rb, K, desc, b), bias, n, accum);
+      for (let k = 0; k < nr; k++) {
+        put(ob + <usize>k * os + (<usize>n << 2), legacyOne(type, w + <usize>n * rb, K, desc, b + k), bias, n, accum);
+      }
     }
+    b += nr;
   }
 }
 
