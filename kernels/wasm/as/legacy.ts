@@ -177,7 +177,11 @@ const SEL_HI: usize = 16;
   return f32x4.add(acc, e);
 }
 
-/** Bytes of this thread's scratch for these kernels (none uses it now). */
+/**
+ * Bytes of this thread's scratch for these kernels: none uses it since they read four weight
+ * rows in lockstep, but it stays reserved so that builds before and after share one pool layout
+ * (bench/cpu_matmul_bench.ts --compare runs an older build in this tree's pool).
+ */
 export const SCRATCH_BYTES: i32 = 4096;
 /** This thread's scratch (globals are per thread; memory is shared, so each has its own range). */
 let scratch: usize = 0;
