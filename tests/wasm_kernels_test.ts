@@ -105,17 +105,18 @@ for (const type of TENSOR_TYPES) {
 
 // Block scales a file may hold beside the usual normal halves: zero, ±0, the smallest and
 // largest subnormals, and negative ones. The decode kernels convert four rows' scales at once
-// and take a slower exact path when any of them is zero or subnormal.
+// and the K-quants a super-block's d and dmin together, and take a slower exact path when any
+// of them is zero or subnormal.
 const ODD_SCALES = [0x0000, 0x8000, 0x0001, 0x03ff, 0x8200, 0x0400, 0x8401];
 
-for (const type of ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"] as const) {
+for (const type of ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q4_k", "q5_k", "q6_k"] as const) {
   Deno.test(`matmul ${type}: zero and subnormal block scales in some of four rows give the float64 product, alone or batched`, async () => {
     const w = randomTensor(type, N, K, 77 + TENSOR_TYPES.indexOf(type));
-    const { bytes } = BLOCK_LAYOUT[type];
+    const { bytes, elements } = BLOCK_LAYOUT[type];
     const view = new DataView(w.buffer);
-    const nb = K / 32;
-    // Every third block of every row gets an odd scale (and Q4_1/Q5_1 minimum), so four-row
-    // groups mix them with normal ones in every combination the pattern reaches.
+    const nb = K / elements;
+    // Every third block of every row gets odd scales (and minimums where the type has them),
+    // so four-row groups mix them with normal ones in every combination the pattern reaches.
     let k = 0;
     for (let n = 0; n < N; n++) {
       for (let j = (n % 3); j < nb; j += 3) {
@@ -125,7 +126,7 @@ for (const type of ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"] as const) {
     const dense = dequantize({ name: "w", type, shape: [N, K], data: w });
     const rand = rng(3);
     const x = Float32Array.from({ length: ROWS * K }, () => rand() * 2 - 1);
-    const xq = quantized(x, 32);
+    const xq = quantized(x, elements);
     const got = await withPool(2, "relaxed", (p) => kernelMatmul(p, type, w, N, K, x, ROWS));
     for (let r = 0; r < ROWS; r++) {
       const alone = await withPool(1, "relaxed", (p) => kernelMatmul(p, type, w, N, K, x.subarray(r * K, (r + 1) * K), 1));

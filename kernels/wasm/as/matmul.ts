@@ -7,7 +7,7 @@
 // unpacking. Weights are unpacked to unsigned values below 128 (offsets and minimums are
 // applied through the activations' block sums), so relaxed SIMD's i8×i7 dot product is exact.
 
-import { C_BIT16, C_BIT4, C_M3, C_M30, C_M4, h2f, h2f_hi, h2f_lo, h2fScale, hsum, pairs16, vc, ZERO } from "./simd";
+import { C_BIT16, C_BIT4, C_M3, C_M30, C_M4, h2f, h2f4hi, h2f_hi, h2f_lo, h2fScale, hsum, pairs16, vc, ZERO } from "./simd";
 import { matmulQ4_0, matmulQ4_1, matmulQ5_0, matmulQ5_1, matmulQ8_0, put } from "./legacy";
 import { gemm, gemmServes } from "./gemm";
 import {
@@ -103,8 +103,14 @@ let R3: f32 = 0;
     let s = ZERO, s2 = ZERO, oa = ZERO, ob = ZERO, h0 = ZERO, h1 = ZERO;
     if (per32) {
       const sp = bp + (type == T_Q4_K ? Q4_K_SCALES : Q5_K_SCALES);
-      dw = h2fScale(load<u16>(bp + (type == T_Q4_K ? Q4_K_D : Q5_K_D)));
-      dm = -h2fScale(load<u16>(bp + (type == T_Q4_K ? Q4_K_DMIN : Q5_K_DMIN)));
+      // d and dmin converted together, in the high halves of lanes 0 and 1 (lanes 2 and 3 hold
+      // 1.0, so that only a zero or subnormal d or dmin takes h2f4hi's general path).
+      let hv = v128.load(ONE_HI);
+      hv = type == T_Q4_K ? v128.load16_lane(bp, hv, 1, Q4_K_D) : v128.load16_lane(bp, hv, 1, Q5_K_D);
+      hv = type == T_Q4_K ? v128.load16_lane(bp, hv, 3, Q4_K_DMIN) : v128.load16_lane(bp, hv, 3, Q5_K_DMIN);
+      const dd = h2f4hi(hv);
+      dw = f32x4.extract_lane(dd, 0);
+      dm = -f32x4.extract_lane(dd, 1);
       let u0 = load<u32>(sp), u1 = load<u32>(sp, 4);
       const u2 = load<u32>(sp, 8);
       const u3 = ((u2 >> 4) & 0x0f0f0f0f) | (((u1 >> 6) & 0x03030303) << 4);
@@ -257,6 +263,9 @@ let R3: f32 = 0;
   R2 = hsum(a2) + hsum(e2);
   R3 = hsum(a3) + hsum(e3);
 }
+
+/** f16 1.0 in the high halves of lanes 2 and 3. */
+const ONE_HI: usize = memory.data<u32>([0, 0, 0x3c000000, 0x3c000000], 16);
 
 // Byte indices that broadcast i16 lane i (i = 0..7) to every lane, at SPLAT16 + 16·i.
 const SPLAT16: usize = memory.data<u8>([
