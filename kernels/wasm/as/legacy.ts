@@ -200,38 +200,58 @@ export function setScratch(p: usize): void {
   return h2f4hi(v);
 }
 
-/** The second result of unpack() (globals are per thread). */
-let W1: v128 = ZERO;
-
-/** A 4/5-bit block's weights 0..15 (returned) and 16..31 (in W1), Q5's qs and qh read once. */
+/** A Q5 block's qs bytes (Q5_0 or Q5_1). */
 // @ts-ignore: decorator
-@inline function unpack(type: i32, bp: usize): v128 {
-  if (type == T_Q5_0 || type == T_Q5_1) {
-    const x = type == T_Q5_0 ? v128.load(bp, Q5_0_QS) : v128.load(bp, Q5_1_QS);
-    const h = type == T_Q5_0 ? v128.load32_splat(bp, Q5_0_QH) : v128.load32_splat(bp, Q5_1_QH);
-    const bitOf = v128.load(Q5_MASKS, 32), m16 = vc(C_BIT16), m4 = vc(C_M4);
-    const b0 = v128.and(byteSelect(h, v128.load(Q5_MASKS + SEL_LO)), bitOf);
-    const b1 = v128.and(byteSelect(h, v128.load(Q5_MASKS + SEL_HI)), bitOf);
-    W1 = v128.or(v128.and(i16x8.shr_u(x, 4), m4), v128.and(i8x16.eq(b1, bitOf), m16));
-    return v128.or(v128.and(x, m4), v128.and(i8x16.eq(b0, bitOf), m16));
-  }
-  W1 = highHalf(type, bp);
-  return lowHalf(type, bp);
+@inline function q5qs(type: i32, bp: usize): v128 {
+  return type == T_Q5_0 ? v128.load(bp, Q5_0_QS) : v128.load(bp, Q5_1_QS);
 }
+
+/** A Q5 block's qh word in every lane. */
+// @ts-ignore: decorator
+@inline function q5qh(type: i32, bp: usize): v128 {
+  return type == T_Q5_0 ? v128.load32_splat(bp, Q5_0_QH) : v128.load32_splat(bp, Q5_1_QH);
+}
+
+/** Weights 16·hi .. 16·hi + 15 of a Q5 block from its qs bytes x and qh splat h. */
+// @ts-ignore: decorator
+@inline function q5half(x: v128, h: v128, hi: bool): v128 {
+  const bitOf = v128.load(Q5_MASKS, 32);
+  const bits = v128.and(byteSelect(h, v128.load(Q5_MASKS + (hi ? SEL_HI : SEL_LO))), bitOf);
+  return v128.or(v128.and(hi ? i16x8.shr_u(x, 4) : x, vc(C_M4)), v128.and(i8x16.eq(bits, bitOf), vc(C_BIT16)));
+}
+
+// The unpacked halves are computed where used (no helper returns two vectors: a global for the
+// second one became a store and a load per block, measured in the 1-row loop).
 
 /** Block j's exact integer sum of the weight row at bp against activation row q8/q16 (lanes). */
 // @ts-ignore: decorator
 @inline function blockSum(type: i32, bp: usize, a0: v128, a1: v128, a2: v128, a3: v128): v128 {
   if (type == T_Q8_0) return dotRow8(bp, a0, a1, a2, a3);
-  const w0 = unpack(type, bp);
-  return i32x4.extadd_pairwise_i16x8_s(i16x8.add(pairs16(a0, w0), pairs16(a1, W1)));
+  let w0: v128, w1: v128;
+  if (type == T_Q5_0 || type == T_Q5_1) {
+    const x = q5qs(type, bp), h = q5qh(type, bp);
+    w0 = q5half(x, h, false);
+    w1 = q5half(x, h, true);
+  } else {
+    w0 = lowHalf(type, bp);
+    w1 = highHalf(type, bp);
+  }
+  return i32x4.extadd_pairwise_i16x8_s(i16x8.add(pairs16(a0, w0), pairs16(a1, w1)));
 }
 
 /** blockSum of a 4/5-bit block against two activation rows (a, c): a's returned, c's in S2. */
 let S2: v128 = ZERO;
 // @ts-ignore: decorator
 @inline function blockSum2(type: i32, bp: usize, a0: v128, a1: v128, c0: v128, c1: v128): v128 {
-  const w0 = unpack(type, bp), w1 = W1;
+  let w0: v128, w1: v128;
+  if (type == T_Q5_0 || type == T_Q5_1) {
+    const x = q5qs(type, bp), h = q5qh(type, bp);
+    w0 = q5half(x, h, false);
+    w1 = q5half(x, h, true);
+  } else {
+    w0 = lowHalf(type, bp);
+    w1 = highHalf(type, bp);
+  }
   S2 = i32x4.extadd_pairwise_i16x8_s(i16x8.add(pairs16(c0, w0), pairs16(c1, w1)));
   return i32x4.extadd_pairwise_i16x8_s(i16x8.add(pairs16(a0, w0), pairs16(a1, w1)));
 }
