@@ -144,26 +144,29 @@ for (const type of ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q4_k", "q5_
   });
 }
 
-// Steps of 2, 3 and 7 rows: the rows past the tiles of four go in pairs where a type shares a
-// weight block's unpacking between two rows, then one at a time.
-for (const type of ["q4_0", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k"] as const) {
-  Deno.test(`matmul ${type}: steps of 2, 3 and 7 rows give every row the bits it gets alone, on 1 and 2 threads`, async () => {
+// Steps of 2, 3, 7 and 9 rows: Q4_K and Q5_K take tiles of eight rows (below gemm()'s 64), the
+// rows past the tiles of four go in pairs where a type shares a weight block's unpacking
+// between two rows, then one at a time.
+for (const type of ["q4_0", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"] as const) {
+  Deno.test(`matmul ${type}: steps of 2, 3, 7 and 9 rows give every row the bits it gets alone, on 1 and 2 threads`, async () => {
     const w = randomTensor(type, N, K, 51 + TENSOR_TYPES.indexOf(type));
     const rand = rng(17);
-    const x = Float32Array.from({ length: 7 * K }, () => rand() * 2 - 1);
+    const x = Float32Array.from({ length: 9 * K }, () => rand() * 2 - 1);
     const alone = await withPool(1, "relaxed", async (p) => {
       const rows: number[][] = [];
-      for (let r = 0; r < 7; r++) rows.push(Array.from(await kernelMatmul(p, type, w, N, K, x.subarray(r * K, (r + 1) * K), 1)));
+      for (let r = 0; r < 9; r++) rows.push(Array.from(await kernelMatmul(p, type, w, N, K, x.subarray(r * K, (r + 1) * K), 1)));
       return rows;
     });
     for (const threads of [1, 2]) {
-      for (const rows of [2, 3, 7]) {
+      for (const rows of [2, 3, 7, 9]) {
         const got = await withPool(threads, "relaxed", (p) => kernelMatmul(p, type, w, N, K, x.subarray(0, rows * K), rows));
         for (let r = 0; r < rows; r++) {
           assertEquals(Array.from(got.subarray(r * N, (r + 1) * N)), alone[r], `${rows} rows, ${threads} threads, row ${r}`);
         }
       }
     }
+    const simd = await withPool(2, "simd", (p) => kernelMatmul(p, type, w, N, K, x, 9));
+    assertEquals(Array.from(simd), alone.flat(), "the plain-SIMD build, 9 rows");
   });
 }
 

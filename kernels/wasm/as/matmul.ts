@@ -29,6 +29,10 @@ let R0: f32 = 0;
 let R1: f32 = 0;
 let R2: f32 = 0;
 let R3: f32 = 0;
+let R4: f32 = 0;
+let R5: f32 = 0;
+let R6: f32 = 0;
+let R7: f32 = 0;
 
 // Integer dot products of a 32-element sub-block: pair sums in i16 (sub-block sums stay
 // within i16 for weights below 64), widened or scaled by pmaddwd into i32 lanes.
@@ -94,6 +98,8 @@ let R3: f32 = 0;
   const dk = <usize>nsb << 2;
   let a0 = f32x4.splat(0), a1 = f32x4.splat(0), a2 = f32x4.splat(0), a3 = f32x4.splat(0);
   let e0 = f32x4.splat(0), e1 = f32x4.splat(0), e2 = f32x4.splat(0), e3 = f32x4.splat(0);
+  let a4 = f32x4.splat(0), a5 = f32x4.splat(0), a6 = f32x4.splat(0), a7 = f32x4.splat(0);
+  let e4 = f32x4.splat(0), e5 = f32x4.splat(0), e6 = f32x4.splat(0), e7 = f32x4.splat(0);
   for (let j = 0; j < nsb; j++) {
     const qo = qo0 + (<usize>j << 8);
     const bp = wr + <usize>j * blockBytes(type);
@@ -166,11 +172,18 @@ let R3: f32 = 0;
     const o0 = koff(per32, bo, oa, ob);
     let o1 = ZERO, o2 = ZERO, o3 = ZERO;
     if (nr >= 2) o1 = koff(per32, bo + kb, oa, ob);
-    if (nr == 4) {
+    if (nr >= 4) {
       o2 = koff(per32, bo + 2 * kb, oa, ob);
       o3 = koff(per32, bo + 3 * kb, oa, ob);
     }
-    let i0 = ZERO, i1 = ZERO, i2 = ZERO, i3 = ZERO;
+    let o4 = ZERO, o5 = ZERO, o6 = ZERO, o7 = ZERO;
+    if (nr == 8) {
+      o4 = koff(per32, bo + 4 * kb, oa, ob);
+      o5 = koff(per32, bo + 5 * kb, oa, ob);
+      o6 = koff(per32, bo + 6 * kb, oa, ob);
+      o7 = koff(per32, bo + 7 * kb, oa, ob);
+    }
+    let i0 = ZERO, i1 = ZERO, i2 = ZERO, i3 = ZERO, i4 = ZERO, i5 = ZERO, i6 = ZERO, i7 = ZERO;
     let x0 = ZERO, x1 = ZERO, y0 = ZERO, y1 = ZERO;
     for (let t = 0; t < 8; t++) { // unrolled by kernels/wasm/build.ts (unroll.ts)
       let w0: v128, w1: v128;
@@ -234,9 +247,15 @@ let R3: f32 = 0;
       const qc = qo + (<usize>t << 5);
       i0 = kdot(per32, i0, qc, w0, w1, sa, sb);
       if (nr >= 2) i1 = kdot(per32, i1, qc + qk, w0, w1, sa, sb);
-      if (nr == 4) {
+      if (nr >= 4) {
         i2 = kdot(per32, i2, qc + 2 * qk, w0, w1, sa, sb);
         i3 = kdot(per32, i3, qc + 3 * qk, w0, w1, sa, sb);
+      }
+      if (nr == 8) {
+        i4 = kdot(per32, i4, qc + 4 * qk, w0, w1, sa, sb);
+        i5 = kdot(per32, i5, qc + 5 * qk, w0, w1, sa, sb);
+        i6 = kdot(per32, i6, qc + 6 * qk, w0, w1, sa, sb);
+        i7 = kdot(per32, i7, qc + 7 * qk, w0, w1, sa, sb);
       }
     }
     // value = dw·da·Σ(scale·q·a) + dm·da·Σ(offset·block sum), lane by lane, the same for every row.
@@ -249,7 +268,7 @@ let R3: f32 = 0;
       a1 = f32x4.add(a1, f32x4.mul(f32x4.convert_i32x4_s(i1), f32x4.splat(dw * da)));
       e1 = f32x4.add(e1, f32x4.mul(f32x4.convert_i32x4_s(o1), f32x4.splat(dm * da)));
     }
-    if (nr == 4) {
+    if (nr >= 4) {
       da = load<f32>(ds + 2 * dk + jo);
       a2 = f32x4.add(a2, f32x4.mul(f32x4.convert_i32x4_s(i2), f32x4.splat(dw * da)));
       e2 = f32x4.add(e2, f32x4.mul(f32x4.convert_i32x4_s(o2), f32x4.splat(dm * da)));
@@ -257,11 +276,31 @@ let R3: f32 = 0;
       a3 = f32x4.add(a3, f32x4.mul(f32x4.convert_i32x4_s(i3), f32x4.splat(dw * da)));
       e3 = f32x4.add(e3, f32x4.mul(f32x4.convert_i32x4_s(o3), f32x4.splat(dm * da)));
     }
+    if (nr == 8) {
+      da = load<f32>(ds + 4 * dk + jo);
+      a4 = f32x4.add(a4, f32x4.mul(f32x4.convert_i32x4_s(i4), f32x4.splat(dw * da)));
+      e4 = f32x4.add(e4, f32x4.mul(f32x4.convert_i32x4_s(o4), f32x4.splat(dm * da)));
+      da = load<f32>(ds + 5 * dk + jo);
+      a5 = f32x4.add(a5, f32x4.mul(f32x4.convert_i32x4_s(i5), f32x4.splat(dw * da)));
+      e5 = f32x4.add(e5, f32x4.mul(f32x4.convert_i32x4_s(o5), f32x4.splat(dm * da)));
+      da = load<f32>(ds + 6 * dk + jo);
+      a6 = f32x4.add(a6, f32x4.mul(f32x4.convert_i32x4_s(i6), f32x4.splat(dw * da)));
+      e6 = f32x4.add(e6, f32x4.mul(f32x4.convert_i32x4_s(o6), f32x4.splat(dm * da)));
+      da = load<f32>(ds + 7 * dk + jo);
+      a7 = f32x4.add(a7, f32x4.mul(f32x4.convert_i32x4_s(i7), f32x4.splat(dw * da)));
+      e7 = f32x4.add(e7, f32x4.mul(f32x4.convert_i32x4_s(o7), f32x4.splat(dm * da)));
+    }
   }
   R0 = hsum(a0) + hsum(e0);
   R1 = hsum(a1) + hsum(e1);
   R2 = hsum(a2) + hsum(e2);
   R3 = hsum(a3) + hsum(e3);
+  if (nr == 8) {
+    R4 = hsum(a4) + hsum(e4);
+    R5 = hsum(a5) + hsum(e5);
+    R6 = hsum(a6) + hsum(e6);
+    R7 = hsum(a7) + hsum(e7);
+  }
 }
 
 /** f16 1.0 in the high halves of lanes 2 and 3. */
@@ -369,9 +408,11 @@ function tile2_q3k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q3
 function tile4_q4k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q4_K, wr, K, desc, b, 4); }
 function tile1_q4k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q4_K, wr, K, desc, b, 1); }
 function tile2_q4k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q4_K, wr, K, desc, b, 2); }
+function tile8_q4k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q4_K, wr, K, desc, b, 8); }
 function tile4_q5k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q5_K, wr, K, desc, b, 4); }
 function tile1_q5k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q5_K, wr, K, desc, b, 1); }
 function tile2_q5k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q5_K, wr, K, desc, b, 2); }
+function tile8_q5k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q5_K, wr, K, desc, b, 8); }
 function tile4_q6k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q6_K, wr, K, desc, b, 4); }
 function tile1_q6k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q6_K, wr, K, desc, b, 1); }
 function tile2_q6k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q6_K, wr, K, desc, b, 2); }
@@ -390,8 +431,8 @@ function tile1_bf16(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_BF
     case T_BF16: if (nr == 4) tile4_bf16(wr, K, desc, b); else tile1_bf16(wr, K, desc, b); return;
     case T_Q2_K: if (nr == 4) tile4_q2k(wr, K, desc, b); else if (nr == 2) tile2_q2k(wr, K, desc, b); else tile1_q2k(wr, K, desc, b); return;
     case T_Q3_K: if (nr == 4) tile4_q3k(wr, K, desc, b); else if (nr == 2) tile2_q3k(wr, K, desc, b); else tile1_q3k(wr, K, desc, b); return;
-    case T_Q4_K: if (nr == 4) tile4_q4k(wr, K, desc, b); else if (nr == 2) tile2_q4k(wr, K, desc, b); else tile1_q4k(wr, K, desc, b); return;
-    case T_Q5_K: if (nr == 4) tile4_q5k(wr, K, desc, b); else if (nr == 2) tile2_q5k(wr, K, desc, b); else tile1_q5k(wr, K, desc, b); return;
+    case T_Q4_K: if (nr == 8) tile8_q4k(wr, K, desc, b); else if (nr == 4) tile4_q4k(wr, K, desc, b); else if (nr == 2) tile2_q4k(wr, K, desc, b); else tile1_q4k(wr, K, desc, b); return;
+    case T_Q5_K: if (nr == 8) tile8_q5k(wr, K, desc, b); else if (nr == 4) tile4_q5k(wr, K, desc, b); else if (nr == 2) tile2_q5k(wr, K, desc, b); else tile1_q5k(wr, K, desc, b); return;
     default: if (nr == 4) tile4_q6k(wr, K, desc, b); else if (nr == 2) tile2_q6k(wr, K, desc, b); else tile1_q6k(wr, K, desc, b);
   }
 }
@@ -451,6 +492,20 @@ function matmulQ6_K(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, 
     const wr = w + <usize>n * rb;
     const on = out + (<usize>n << 2);
     let b = 0;
+    // Eight rows at a time where gemm() does not serve them yet (Q4_K, Q5_K below 64 rows): the
+    // weights' head and unpacking are shared by twice the rows.
+    for (; (type == T_Q4_K || type == T_Q5_K) && b + 8 <= B; b += 8) {
+      tile(type, wr, K, desc, b, 8);
+      const o = on + <usize>b * os;
+      put(o, R0, bias, n, accum);
+      put(o + os, R1, bias, n, accum);
+      put(o + 2 * os, R2, bias, n, accum);
+      put(o + 3 * os, R3, bias, n, accum);
+      put(o + 4 * os, R4, bias, n, accum);
+      put(o + 5 * os, R5, bias, n, accum);
+      put(o + 6 * os, R6, bias, n, accum);
+      put(o + 7 * os, R7, bias, n, accum);
+    }
     for (; b + 4 <= B; b += 4) {
       tile(type, wr, K, desc, b, 4);
       const o = on + <usize>b * os;
