@@ -7,13 +7,15 @@
  * scheduled: steadier for A/B comparisons of a kernel change. --compare FILE.wasm times another
  * build of the kernels (a copy of llmserve_relaxed.wasm from before a change) in the same run,
  * the two alternating --repeats times per cell (A B B A A B ...): each cell shows the medians,
- * this build's against FILE's, and fails if their outputs differ in any bit.
+ * this build's against FILE's, and fails if their outputs differ in any bit. FILE runs in a
+ * memory of its own (its constant tables lie elsewhere).
  *
  *   deno run -A bench/cpu_matmul_bench.ts [--threads 1] [--rows 1,16,64] [--repeats 5]
  *     [--types q4_k,q6_k,q5_0,q8_0 (also q5_k, q3_k, q2_k)] [--cpu-iters N] [--compare FILE.wasm]
+ *     [--shape q8_0:151936:896 ...] (shapes of your own instead of --types)
  */
 import { parseArgs } from "@std/cli/parse-args";
-import { wasmHeap } from "../kernels/wasm/heap.ts";
+import { wasmHeap, WasmHeap } from "../kernels/wasm/heap.ts";
 import { ActBuffer } from "../kernels/wasm/act_buffer.ts";
 import { ThreadPool } from "../kernels/wasm/pool.ts";
 import { kernelModule } from "../kernels/wasm/kernel_module.ts";
@@ -22,7 +24,8 @@ import { readBandwidth } from "../kernels/wasm/read_bandwidth.ts";
 import { byteSize, TENSOR_TYPES, type TensorType } from "../lib/model/tensor.ts";
 
 const args = parseArgs(Deno.args, {
-  string: ["threads", "rows", "repeats", "types", "cpu-iters", "compare"],
+  string: ["threads", "rows", "repeats", "types", "cpu-iters", "compare", "shape"],
+  collect: ["shape"],
   default: { threads: "1", rows: "1,16,64", repeats: "5", types: "q4_k,q6_k,q5_0,q8_0" },
 });
 const threads = Number(args.threads), repeats = Number(args.repeats);
@@ -39,7 +42,16 @@ const ALL_SHAPES: [TensorType, number, number][] = [
   ["q3_k", 8192, 2048],
   ["q2_k", 8192, 2048],
 ];
-const SHAPES = ALL_SHAPES.filter(([t]) => String(args.types).split(",").includes(t));
+// --shape type:N:K (repeatable) replaces the list: e.g. a classifier too big for the caches.
+const SHAPES: [TensorType, number, number][] = (args.shape as string[]).length > 0
+  ? (args.shape as string[]).map((s) => {
+    const [t, n, k] = s.split(":");
+    if (!TENSOR_TYPES.includes(t as TensorType) || !(Number(n) > 0) || !(Number(k) > 0)) {
+      throw new Error(`--shape wants type:N:K (e.g. q8_0:151936:896), received ${s}`);
+    }
+    return [t as TensorType, Number(n), Number(k)];
+  })
+  : ALL_SHAPES.filter(([t]) => String(args.types).split(",").includes(t));
 const cpuIters = Number(args["cpu-iters"] ?? 0);
 const TICKS_PER_S = 100;
 /** This process's user + system CPU time in ms (all threads). */
@@ -49,9 +61,12 @@ function cpuMs(): number {
 }
 const heap = wasmHeap();
 const pool = await ThreadPool.start(heap, kernelModule().module, threads);
-const other = args.compare === undefined ? undefined : await ThreadPool.start(
-  heap,
-  new WebAssembly.Module(Deno.readFileSync(args.compare)),
+// The other build gets a memory of its own, with copies of the weights and activations: its
+// static data (the kernels' constant tables) is laid out differently and would overwrite ours.
+const otherHeap = args.compare === undefined ? undefined : new WasmHeap();
+const other = otherHeap === undefined ? undefined : await ThreadPool.start(
+  otherHeap,
+  new WebAssembly.Module(Deno.readFileSync(args.compare!)),
   threads,
 );
 /** ms per run of `prog` on `p`: CPU time over --cpu-iters runs, or the wall clock of one. */
@@ -73,59 +88,80 @@ console.log(
   } | read loop GB/s |`,
 );
 console.log(`|---|---|---:|${rowCounts.map(() => "---:|").join("")}---:|`);
+/** One build's copy of a shape's buffers, in its own memory. */
+function buffers(h: WasmHeap, type: TensorType, N: number, K: number, bytes: number) {
+  const w = h.alloc(bytes, "bench weights");
+  const u8 = h.u8(w, bytes);
+  for (let i = 0; i < bytes; i++) u8[i] = (i * 2654435761) >>> 25;
+  const act = new ActBuffer(h, maxRows, K, "bench activations");
+  const f = h.f32(act.f, maxRows * K);
+  for (let i = 0; i < f.length; i++) f[i] = Math.sin(i);
+  const out = h.alloc(maxRows * N * 4, "bench outputs");
+  const prog = h.alloc(4 * OP_WORDS * 4, "bench program");
+  return {
+    h,
+    w,
+    out,
+    prog,
+    /** Quantizes `rows` activation rows, then writes the matmul over them as the program. */
+    async prepare(p: ThreadPool, rows: number) {
+      const pw = new ProgramWriter(h.i32(prog, 4 * OP_WORDS));
+      pw.op(OP.quant, [act.desc, rows, K]).end();
+      await p.run(prog);
+      new ProgramWriter(h.i32(prog, 4 * OP_WORDS))
+        .op(OP.matmul, [TENSOR_TYPES.indexOf(type), w, N, K, act.desc, rows, out, N, 0, 0]).end();
+    },
+    free() {
+      h.free(w, bytes);
+      h.free(out, maxRows * N * 4);
+      h.free(prog, 4 * OP_WORDS * 4);
+      act.free();
+    },
+  };
+}
 for (const [type, N, K] of SHAPES) {
   const bytes = byteSize(type, [N, K]);
-  const w = heap.alloc(bytes, "bench weights");
-  const u8 = heap.u8(w, bytes);
-  for (let i = 0; i < bytes; i++) u8[i] = (i * 2654435761) >>> 25;
-  const act = new ActBuffer(heap, maxRows, K, "bench activations");
-  const f = heap.f32(act.f, maxRows * K);
-  for (let i = 0; i < f.length; i++) f[i] = Math.sin(i);
-  const out = heap.alloc(maxRows * N * 4, "bench outputs");
-  const prog = heap.alloc(4 * OP_WORDS * 4, "bench program");
+  const mineBufs = buffers(heap, type, N, K, bytes);
+  const otherBufs = otherHeap && buffers(otherHeap, type, N, K, bytes);
   const cells: string[] = [];
   for (const rows of rowCounts) {
-    const pw = new ProgramWriter(heap.i32(prog, 4 * OP_WORDS));
-    pw.op(OP.quant, [act.desc, rows, K]).end();
-    await pool.run(prog);
-    new ProgramWriter(heap.i32(prog, 4 * OP_WORDS))
-      .op(OP.matmul, [TENSOR_TYPES.indexOf(type), w, N, K, act.desc, rows, out, N, 0, 0]).end();
+    await mineBufs.prepare(pool, rows);
+    const prog = mineBufs.prog;
     const cell = (ms: number) =>
       rows === 1
         ? `${(bytes / ms / 1e6).toFixed(1)} GB/s`
         : `${(rows * 1000 / ms).toFixed(0)} rows/s`;
     await pool.run(prog);
-    if (!other) {
+    if (!other || !otherBufs) {
       let best = Infinity;
       for (let i = 0; i < repeats; i++) best = Math.min(best, await timeRun(pool, prog));
       cells.push(cell(best));
       continue;
     }
-    const mine = heap.u8(out, rows * N * 4).slice();
-    await other.run(prog);
-    if (heap.u8(out, rows * N * 4).some((x, i) => x !== mine[i])) {
+    await otherBufs.prepare(other, rows);
+    await other.run(otherBufs.prog);
+    const mine = heap.u8(mineBufs.out, rows * N * 4);
+    if (otherHeap!.u8(otherBufs.out, rows * N * 4).some((x, i) => x !== mine[i])) {
       throw new Error(`${type}, ${rows} rows: ${args.compare} gives other bits than this build`);
     }
     const a: number[] = [], b: number[] = [];
     for (let i = 0; i < repeats; i++) {
       // A B, then B A: neither build always runs first.
-      if (i % 2) b.push(await timeRun(other, prog));
+      if (i % 2) b.push(await timeRun(other, otherBufs.prog));
       a.push(await timeRun(pool, prog));
-      if (i % 2 === 0) b.push(await timeRun(other, prog));
+      if (i % 2 === 0) b.push(await timeRun(other, otherBufs.prog));
     }
     const [ma, mb] = [median(a), median(b)];
     cells.push(`${cell(ma)} vs ${cell(mb)} (${(mb / ma).toFixed(2)}x)`);
   }
-  const bw = await readBandwidth(heap, w, bytes, threads, repeats);
+  const bw = await readBandwidth(heap, mineBufs.w, bytes, threads, repeats);
   console.log(
     `| ${type} | ${N} × ${K} | ${(bytes / 2 ** 20).toFixed(1)} | ${cells.join(" | ")} | ${
       (bw / 1e9).toFixed(1)
     } |`,
   );
-  heap.free(w, bytes);
-  heap.free(out, maxRows * N * 4);
-  heap.free(prog, 4 * OP_WORDS * 4);
-  act.free();
+  mineBufs.free();
+  otherBufs?.free();
 }
 pool.close();
 other?.close();

@@ -7,7 +7,7 @@
  * f32 rounding alone.
  */
 import { assert, assertEquals } from "@std/assert";
-import { TENSOR_TYPES } from "../lib/model/tensor.ts";
+import { BLOCK_LAYOUT, BLOCK_SCALE_OFFSETS, TENSOR_TYPES } from "../lib/model/tensor.ts";
 import { dequantize } from "../lib/model/dequantize.ts";
 import { wasmHeap } from "../kernels/wasm/heap.ts";
 import { ThreadPool } from "../kernels/wasm/pool.ts";
@@ -100,6 +100,73 @@ for (const type of TENSOR_TYPES) {
         `row ${r} alone`,
       );
     }
+  });
+}
+
+// Block scales a file may hold beside the usual normal halves: zero, ±0, the smallest and
+// largest subnormals, and negative ones. The decode kernels convert four rows' scales at once
+// and the K-quants a super-block's d and dmin together, and take a slower exact path when any
+// of them is zero or subnormal.
+const ODD_SCALES = [0x0000, 0x8000, 0x0001, 0x03ff, 0x8200, 0x0400, 0x8401];
+
+for (const type of ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q4_k", "q5_k", "q6_k"] as const) {
+  Deno.test(`matmul ${type}: zero and subnormal block scales in some of four rows give the float64 product, alone or batched`, async () => {
+    const w = randomTensor(type, N, K, 77 + TENSOR_TYPES.indexOf(type));
+    const { bytes, elements } = BLOCK_LAYOUT[type];
+    const view = new DataView(w.buffer);
+    const nb = K / elements;
+    // Every third block of every row gets odd scales (and minimums where the type has them),
+    // so four-row groups mix them with normal ones in every combination the pattern reaches.
+    let k = 0;
+    for (let n = 0; n < N; n++) {
+      for (let j = (n % 3); j < nb; j += 3) {
+        for (const o of BLOCK_SCALE_OFFSETS[type]) view.setUint16((n * nb + j) * bytes + o, ODD_SCALES[k++ % ODD_SCALES.length]!, true);
+      }
+    }
+    const dense = dequantize({ name: "w", type, shape: [N, K], data: w });
+    const rand = rng(3);
+    const x = Float32Array.from({ length: ROWS * K }, () => rand() * 2 - 1);
+    const xq = quantized(x, elements);
+    const got = await withPool(2, "relaxed", (p) => kernelMatmul(p, type, w, N, K, x, ROWS));
+    for (let r = 0; r < ROWS; r++) {
+      const alone = await withPool(1, "relaxed", (p) => kernelMatmul(p, type, w, N, K, x.subarray(r * K, (r + 1) * K), 1));
+      assertEquals(Array.from(alone), Array.from(got.subarray(r * N, (r + 1) * N)), `row ${r} alone`);
+      for (let n = 0; n < N; n++) {
+        let exact = 0, abs = 0;
+        for (let e = 0; e < K; e++) {
+          exact += dense[n * K + e]! * xq[r * K + e]!;
+          abs += Math.abs(dense[n * K + e]! * xq[r * K + e]!);
+        }
+        const err = Math.abs(got[r * N + n]! - exact);
+        assert(err <= 2e-6 * abs + 1e-12, `${type} row ${r} out ${n}: ${got[r * N + n]} vs ${exact}`);
+      }
+    }
+  });
+}
+
+// Steps of 2, 3, 7 and 9 rows: Q4_K and Q5_K take tiles of eight rows (below gemm()'s 64), the
+// rows past the tiles of four go in pairs where a type shares a weight block's unpacking
+// between two rows, then one at a time.
+for (const type of ["q4_0", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"] as const) {
+  Deno.test(`matmul ${type}: steps of 2, 3, 7 and 9 rows give every row the bits it gets alone, on 1 and 2 threads`, async () => {
+    const w = randomTensor(type, N, K, 51 + TENSOR_TYPES.indexOf(type));
+    const rand = rng(17);
+    const x = Float32Array.from({ length: 9 * K }, () => rand() * 2 - 1);
+    const alone = await withPool(1, "relaxed", async (p) => {
+      const rows: number[][] = [];
+      for (let r = 0; r < 9; r++) rows.push(Array.from(await kernelMatmul(p, type, w, N, K, x.subarray(r * K, (r + 1) * K), 1)));
+      return rows;
+    });
+    for (const threads of [1, 2]) {
+      for (const rows of [2, 3, 7, 9]) {
+        const got = await withPool(threads, "relaxed", (p) => kernelMatmul(p, type, w, N, K, x.subarray(0, rows * K), rows));
+        for (let r = 0; r < rows; r++) {
+          assertEquals(Array.from(got.subarray(r * N, (r + 1) * N)), alone[r], `${rows} rows, ${threads} threads, row ${r}`);
+        }
+      }
+    }
+    const simd = await withPool(2, "simd", (p) => kernelMatmul(p, type, w, N, K, x, 9));
+    assertEquals(Array.from(simd), alone.flat(), "the plain-SIMD build, 9 rows");
   });
 }
 

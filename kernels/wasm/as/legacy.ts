@@ -9,7 +9,7 @@
 // (or alone, in legacyOne): acc += f32(S_j) × (dw_j × da_j), e += m_j × s_j over the blocks j
 // in order, then acc + e. S_j is an exact integer, so the lane-folding order cannot change it.
 
-import { C_BIT16, C_F_M16, C_F_M8, C_M4, h2f4, h2fScale, pairs16, vc, ZERO } from "./simd";
+import { C_BIT16, C_F_M16, C_F_M8, C_M4, h2f4hi, h2fScale, pairs16, vc, ZERO } from "./simd";
 import { ACT_D32, ACT_Q16, ACT_Q32, ACT_S32 } from "./quantize";
 import {
   blockBytes, Q4_0_D, Q4_0_QS, Q4_1_M, Q4_1_QS, Q5_0_QH, Q5_0_QS, Q5_1_M, Q5_1_QH, Q5_1_QS, Q8_0_QS,
@@ -177,9 +177,12 @@ const SEL_HI: usize = 16;
   return f32x4.add(acc, e);
 }
 
-/** Blocks per pass of legacyCols4: its integer sums for four rows fill SCRATCH_BYTES. */
-const CHUNK: i32 = 64;
-export const SCRATCH_BYTES: i32 = CHUNK * 64;
+/**
+ * Bytes of this thread's scratch for these kernels: none uses it since they read four weight
+ * rows in lockstep, but it stays reserved so that builds before and after share one pool layout
+ * (bench/cpu_matmul_bench.ts --compare runs an older build in this tree's pool).
+ */
+export const SCRATCH_BYTES: i32 = 4096;
 /** This thread's scratch (globals are per thread; memory is shared, so each has its own range). */
 let scratch: usize = 0;
 export function setScratch(p: usize): void {
@@ -189,18 +192,124 @@ export function setScratch(p: usize): void {
 /** The four f16 values at p + i·rb (i = 0..3) as f32 lanes; finite values only. */
 // @ts-ignore: decorator
 @inline function halves4(p: usize, rb: usize): v128 {
-  let v = v128.load16_lane(p, ZERO, 0);
-  v = v128.load16_lane(p + rb, v, 1);
-  v = v128.load16_lane(p + 2 * rb, v, 2);
-  v = v128.load16_lane(p + 3 * rb, v, 3);
-  return h2f4(i32x4.extend_low_i16x8_u(v));
+  // Loaded into the high half of each i32 lane, where h2f4hi takes them.
+  let v = v128.load16_lane(p, ZERO, 1);
+  v = v128.load16_lane(p + rb, v, 3);
+  v = v128.load16_lane(p + 2 * rb, v, 5);
+  v = v128.load16_lane(p + 3 * rb, v, 7);
+  return h2f4hi(v);
+}
+
+/** A Q5 block's qs bytes (Q5_0 or Q5_1). */
+// @ts-ignore: decorator
+@inline function q5qs(type: i32, bp: usize): v128 {
+  return type == T_Q5_0 ? v128.load(bp, Q5_0_QS) : v128.load(bp, Q5_1_QS);
+}
+
+/** A Q5 block's qh word in every lane. */
+// @ts-ignore: decorator
+@inline function q5qh(type: i32, bp: usize): v128 {
+  return type == T_Q5_0 ? v128.load32_splat(bp, Q5_0_QH) : v128.load32_splat(bp, Q5_1_QH);
+}
+
+/** Weights 16·hi .. 16·hi + 15 of a Q5 block from its qs bytes x and qh splat h. */
+// @ts-ignore: decorator
+@inline function q5half(x: v128, h: v128, hi: bool): v128 {
+  const bitOf = v128.load(Q5_MASKS, 32);
+  const bits = v128.and(byteSelect(h, v128.load(Q5_MASKS + (hi ? SEL_HI : SEL_LO))), bitOf);
+  return v128.or(v128.and(hi ? i16x8.shr_u(x, 4) : x, vc(C_M4)), v128.and(i8x16.eq(bits, bitOf), vc(C_BIT16)));
+}
+
+// The unpacked halves are computed where used (no helper returns two vectors: a global for the
+// second one became a store and a load per block, measured in the 1-row loop).
+
+/** Block j's exact integer sum of the weight row at bp against activation row q8/q16 (lanes). */
+// @ts-ignore: decorator
+@inline function blockSum(type: i32, bp: usize, a0: v128, a1: v128, a2: v128, a3: v128): v128 {
+  if (type == T_Q8_0) return dotRow8(bp, a0, a1, a2, a3);
+  let w0: v128, w1: v128;
+  if (type == T_Q5_0 || type == T_Q5_1) {
+    const x = q5qs(type, bp), h = q5qh(type, bp);
+    w0 = q5half(x, h, false);
+    w1 = q5half(x, h, true);
+  } else {
+    w0 = lowHalf(type, bp);
+    w1 = highHalf(type, bp);
+  }
+  return i32x4.extadd_pairwise_i16x8_s(i16x8.add(pairs16(a0, w0), pairs16(a1, w1)));
+}
+
+/** blockSum of a 4/5-bit block against two activation rows (a, c): a's returned, c's in S2. */
+let S2: v128 = ZERO;
+// @ts-ignore: decorator
+@inline function blockSum2(type: i32, bp: usize, a0: v128, a1: v128, c0: v128, c1: v128): v128 {
+  let w0: v128, w1: v128;
+  if (type == T_Q5_0 || type == T_Q5_1) {
+    const x = q5qs(type, bp), h = q5qh(type, bp);
+    w0 = q5half(x, h, false);
+    w1 = q5half(x, h, true);
+  } else {
+    w0 = lowHalf(type, bp);
+    w1 = highHalf(type, bp);
+  }
+  S2 = i32x4.extadd_pairwise_i16x8_s(i16x8.add(pairs16(c0, w0), pairs16(c1, w1)));
+  return i32x4.extadd_pairwise_i16x8_s(i16x8.add(pairs16(a0, w0), pairs16(a1, w1)));
+}
+
+/** The second activation row's lanes of legacyCols4Pair (globals are per thread). */
+let PAIR: v128 = ZERO;
+
+/**
+ * legacyCols4 of a 4/5-bit type against activation rows b (returned) and b + 1 (in PAIR): each
+ * block of the four weight rows is unpacked once for the two. Per output, the same operations.
+ */
+// @ts-ignore: decorator
+@inline function legacyCols4Pair(type: i32, wr: usize, rb: usize, K: i32, desc: usize, b: i32): v128 {
+  const nb = K >> 5;
+  const bb = blockBytes(type);
+  const d32 = load<usize>(desc, ACT_D32), s32 = load<usize>(desc, ACT_S32);
+  const qa = load<usize>(desc, ACT_Q32) + <usize>b * <usize>K, qc = qa + <usize>K;
+  let acc = f32x4.splat(0), e = f32x4.splat(0), acc2 = f32x4.splat(0), e2 = f32x4.splat(0);
+  let p = wr;
+  const dpa = scaleAt(d32, nb, b, 0), spa = scaleAt(s32, nb, b, 0);
+  const dpc = scaleAt(d32, nb, b + 1, 0), spc = scaleAt(s32, nb, b + 1, 0);
+  for (let j = 0; j < nb; j++) {
+    const jq = <usize>j << 5;
+    const a0 = v128.load(qa + jq), a1 = v128.load(qa + jq, 16);
+    const c0 = v128.load(qc + jq), c1 = v128.load(qc + jq, 16);
+    const s0 = blockSum2(type, p, a0, a1, c0, c1);
+    const t0 = S2;
+    const s1 = blockSum2(type, p + rb, a0, a1, c0, c1);
+    const t1 = S2;
+    const s2 = blockSum2(type, p + 2 * rb, a0, a1, c0, c1);
+    const t2 = S2;
+    const s3 = blockSum2(type, p + 3 * rb, a0, a1, c0, c1);
+    const t3 = S2;
+    const dw = halves4(p, rb);
+    const m = type == T_Q4_0
+      ? f32x4.mul(dw, vc(C_F_M8))
+      : type == T_Q5_0
+      ? f32x4.mul(dw, vc(C_F_M16))
+      : halves4(p + (type == T_Q4_1 ? Q4_1_M : Q5_1_M), rb);
+    const jo = <usize>j << 4;
+    acc = f32x4.add(acc, f32x4.mul(f32x4.convert_i32x4_s(fold32(s0, s1, s2, s3)), f32x4.mul(dw, f32x4.splat(load<f32>(dpa + jo)))));
+    e = f32x4.add(e, f32x4.mul(m, f32x4.splat(load<f32>(spa + jo))));
+    acc2 = f32x4.add(acc2, f32x4.mul(f32x4.convert_i32x4_s(fold32(t0, t1, t2, t3)), f32x4.mul(dw, f32x4.splat(load<f32>(dpc + jo)))));
+    e2 = f32x4.add(e2, f32x4.mul(m, f32x4.splat(load<f32>(spc + jo))));
+    p += bb;
+  }
+  PAIR = f32x4.add(acc2, e2);
+  return f32x4.add(acc, e);
 }
 
 /**
- * Weight rows wr + i·rb (i = 0..3) against activation row b: the four results as lanes. Each
- * row's blocks are first read in sequence (the exact integer sums go to scratch), then the
- * four rows' scales are applied together: reading the four rows interleaved block by block
- * ran 1.5x slower from memory.
+ * Weight rows wr + i·rb (i = 0..3) against activation row b: the four results as lanes. The
+ * four rows are read in lockstep, block by block: each activation block is loaded once for the
+ * four, and their sums stay in registers (reading each row's blocks in turn into a scratch of
+ * sums was 1.3-1.9x slower). legacy() makes rb a quarter of its range of rows, so that each
+ * lane streams through memory of its own: four neighbouring rows in lockstep ran at 0.64x
+ * (Q8_0) and 0.76x (Q5_0) of the row-by-row kernel from DRAM, where a decode step reads them,
+ * though faster from the caches (bench/cpu_matmul_bench.ts --shape q8_0:151936:896).
  */
 // @ts-ignore: decorator
 @inline function legacyCols4(type: i32, wr: usize, rb: usize, K: i32, desc: usize, b: i32): v128 {
@@ -209,39 +318,40 @@ export function setScratch(p: usize): void {
   const d32 = load<usize>(desc, ACT_D32), s32 = load<usize>(desc, ACT_S32);
   const q8 = load<usize>(desc, ACT_Q32) + <usize>b * <usize>K;
   const q16 = load<usize>(desc, ACT_Q16) + (<usize>b * <usize>K << 1);
-  const scr = scratch;
   let acc = f32x4.splat(0), e = f32x4.splat(0);
-  for (let j0 = 0; j0 < nb; j0 += CHUNK) {
-    const j1 = min(nb, j0 + CHUNK);
-    for (let r = 0; r < 4; r++) {
-      const row = wr + <usize>r * rb;
-      for (let j = j0; j < j1; j++) {
-        const bp = row + <usize>j * bb;
-        let s: v128;
-        if (type == T_Q8_0) {
-          const qo = q16 + (<usize>j << 6);
-          s = dotRow8(bp, v128.load(qo), v128.load(qo, 16), v128.load(qo, 32), v128.load(qo, 48));
-        } else {
-          s = dot32(q8 + (<usize>j << 5), lowHalf(type, bp), highHalf(type, bp));
-        }
-        v128.store(scr + (<usize>((j - j0) * 4 + r) << 4), s);
-      }
+  let p = wr;
+  const dp = scaleAt(d32, nb, b, 0), sp = scaleAt(s32, nb, b, 0);
+  for (let j = 0; j < nb; j++) {
+    let a0: v128, a1: v128, a2 = ZERO, a3 = ZERO;
+    if (type == T_Q8_0) {
+      const qo = q16 + (<usize>j << 6);
+      a0 = v128.load(qo);
+      a1 = v128.load(qo, 16);
+      a2 = v128.load(qo, 32);
+      a3 = v128.load(qo, 48);
+    } else {
+      const qo = q8 + (<usize>j << 5);
+      a0 = v128.load(qo);
+      a1 = v128.load(qo, 16);
     }
-    for (let j = j0; j < j1; j++) {
-      const so = scr + (<usize>(j - j0) << 6);
-      const s = fold32(v128.load(so), v128.load(so, 16), v128.load(so, 32), v128.load(so, 48));
-      const bp = wr + <usize>j * bb;
-      const dw = halves4(bp, rb);
-      acc = f32x4.add(acc, f32x4.mul(f32x4.convert_i32x4_s(s), f32x4.mul(dw, f32x4.splat(load<f32>(scaleAt(d32, nb, b, j))))));
-      if (type != T_Q8_0) {
-        const m = type == T_Q4_0
-          ? f32x4.mul(dw, vc(C_F_M8))
-          : type == T_Q5_0
-          ? f32x4.mul(dw, vc(C_F_M16))
-          : halves4(bp + (type == T_Q4_1 ? Q4_1_M : Q5_1_M), rb);
-        e = f32x4.add(e, f32x4.mul(m, f32x4.splat(load<f32>(scaleAt(s32, nb, b, j)))));
-      }
+    const s = fold32(
+      blockSum(type, p, a0, a1, a2, a3),
+      blockSum(type, p + rb, a0, a1, a2, a3),
+      blockSum(type, p + 2 * rb, a0, a1, a2, a3),
+      blockSum(type, p + 3 * rb, a0, a1, a2, a3),
+    );
+    const dw = halves4(p, rb);
+    const jo = <usize>j << 4;
+    acc = f32x4.add(acc, f32x4.mul(f32x4.convert_i32x4_s(s), f32x4.mul(dw, f32x4.splat(load<f32>(dp + jo)))));
+    if (type != T_Q8_0) {
+      const m = type == T_Q4_0
+        ? f32x4.mul(dw, vc(C_F_M8))
+        : type == T_Q5_0
+        ? f32x4.mul(dw, vc(C_F_M16))
+        : halves4(p + (type == T_Q4_1 ? Q4_1_M : Q5_1_M), rb);
+      e = f32x4.add(e, f32x4.mul(m, f32x4.splat(load<f32>(sp + jo))));
     }
+    p += bb;
   }
   return type == T_Q8_0 ? acc : f32x4.add(acc, e);
 }
@@ -309,6 +419,15 @@ export function setScratch(p: usize): void {
   put4(o, os, f32x4.extract_lane(v, 0), f32x4.extract_lane(v, 1), f32x4.extract_lane(v, 2), f32x4.extract_lane(v, 3), bias, n, accum);
 }
 
+/** The lanes of v as the outputs of weight rows n, n + q, n + 2q, n + 3q (at o, o + qo, …). */
+// @ts-ignore: decorator
+@inline function putQuarters4(o: usize, qo: usize, v: v128, bias: usize, n: i32, q: i32, accum: bool): void {
+  put(o, f32x4.extract_lane(v, 0), bias, n, accum);
+  put(o + qo, f32x4.extract_lane(v, 1), bias, n + q, accum);
+  put(o + 2 * qo, f32x4.extract_lane(v, 2), bias, n + 2 * q, accum);
+  put(o + 3 * qo, f32x4.extract_lane(v, 3), bias, n + 3 * q, accum);
+}
+
 // @ts-ignore: decorator
 @inline function legacy(
   type: i32, w: usize, K: i32, desc: usize, B: i32, out: usize, ostride: i32, bias: usize,
@@ -327,20 +446,27 @@ export function setScratch(p: usize): void {
       }
     }
   }
-  for (let b = B4; b < B; b++) {
+  // Lane r takes rows n0 + r·q + g: each lane reads its own quarter of the range in order. Two
+  // activation rows left over go together where the weights need unpacking (not Q8_0).
+  const q = (n1 - n0) >> 2;
+  const qs = <usize>q * rb, qo = <usize>q << 2;
+  for (let b = B4; b < B;) {
+    const two = type != T_Q8_0 && b + 2 <= B;
     const ob = out + <usize>b * os;
-    let n = n0;
-    for (; n + 4 <= n1; n += 4) {
-      const v = legacyCols4(type, w + <usize>n * rb, rb, K, desc, b);
+    for (let g = 0; g < q; g++) {
+      const n = n0 + g;
       const o = ob + (<usize>n << 2);
-      put(o, f32x4.extract_lane(v, 0), bias, n, accum);
-      put(o + 4, f32x4.extract_lane(v, 1), bias, n + 1, accum);
-      put(o + 8, f32x4.extract_lane(v, 2), bias, n + 2, accum);
-      put(o + 12, f32x4.extract_lane(v, 3), bias, n + 3, accum);
+      const v = two ? legacyCols4Pair(type, w + <usize>n * rb, qs, K, desc, b) : legacyCols4(type, w + <usize>n * rb, qs, K, desc, b);
+      putQuarters4(o, qo, v, bias, n, q, accum);
+      if (two) putQuarters4(o + os, qo, PAIR, bias, n, q, accum);
     }
-    for (; n < n1; n++) {
-      put(ob + (<usize>n << 2), legacyOne(type, w + <usize>n * rb, K, desc, b), bias, n, accum);
+    const nr = two ? 2 : 1;
+    for (let n = n0 + 4 * q; n < n1; n++) {
+      for (let k = 0; k < nr; k++) {
+        put(ob + <usize>k * os + (<usize>n << 2), legacyOne(type, w + <usize>n * rb, K, desc, b + k), bias, n, accum);
+      }
     }
+    b += nr;
   }
 }
 

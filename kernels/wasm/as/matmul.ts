@@ -7,7 +7,7 @@
 // unpacking. Weights are unpacked to unsigned values below 128 (offsets and minimums are
 // applied through the activations' block sums), so relaxed SIMD's i8×i7 dot product is exact.
 
-import { C_BIT16, C_BIT4, C_M3, C_M30, C_M4, h2f, h2f_hi, h2f_lo, h2fScale, hsum, vc, ZERO } from "./simd";
+import { C_BIT16, C_BIT4, C_M3, C_M30, C_M4, h2f, h2f4hi, h2f_hi, h2f_lo, h2fScale, hsum, vc, ZERO } from "./simd";
 import { kdot, koff, kupdate } from "./kquant_dot";
 import { matmulQ4_0, matmulQ4_1, matmulQ5_0, matmulQ5_1, matmulQ8_0, put, put4 } from "./legacy";
 import { gemm, gemmServes } from "./gemm";
@@ -30,6 +30,10 @@ let R0: f32 = 0;
 let R1: f32 = 0;
 let R2: f32 = 0;
 let R3: f32 = 0;
+let R4: f32 = 0;
+let R5: f32 = 0;
+let R6: f32 = 0;
+let R7: f32 = 0;
 
 // ---- K-quants: Q8_K activations (d256, bs16, bs32) ----------------------------------------
 //
@@ -61,6 +65,8 @@ let R3: f32 = 0;
   const dk = <usize>nsb << 2;
   let a0 = f32x4.splat(0), a1 = f32x4.splat(0), a2 = f32x4.splat(0), a3 = f32x4.splat(0);
   let e0 = f32x4.splat(0), e1 = f32x4.splat(0), e2 = f32x4.splat(0), e3 = f32x4.splat(0);
+  let a4 = f32x4.splat(0), a5 = f32x4.splat(0), a6 = f32x4.splat(0), a7 = f32x4.splat(0);
+  let e4 = f32x4.splat(0), e5 = f32x4.splat(0), e6 = f32x4.splat(0), e7 = f32x4.splat(0);
   for (let j = 0; j < nsb; j++) {
     const qo = qo0 + (<usize>j << 8);
     const bp = wr + <usize>j * blockBytes(type);
@@ -70,8 +76,14 @@ let R3: f32 = 0;
     let s = ZERO, s2 = ZERO, oa = ZERO, ob = ZERO, h0 = ZERO, h1 = ZERO;
     if (per32) {
       const sp = bp + (type == T_Q4_K ? Q4_K_SCALES : Q5_K_SCALES);
-      dw = h2fScale(load<u16>(bp + (type == T_Q4_K ? Q4_K_D : Q5_K_D)));
-      dm = -h2fScale(load<u16>(bp + (type == T_Q4_K ? Q4_K_DMIN : Q5_K_DMIN)));
+      // d and dmin converted together, in the high halves of lanes 0 and 1 (lanes 2 and 3 hold
+      // 1.0, so that only a zero or subnormal d or dmin takes h2f4hi's general path).
+      let hv = v128.load(ONE_HI);
+      hv = type == T_Q4_K ? v128.load16_lane(bp, hv, 1, Q4_K_D) : v128.load16_lane(bp, hv, 1, Q5_K_D);
+      hv = type == T_Q4_K ? v128.load16_lane(bp, hv, 3, Q4_K_DMIN) : v128.load16_lane(bp, hv, 3, Q5_K_DMIN);
+      const dd = h2f4hi(hv);
+      dw = f32x4.extract_lane(dd, 0);
+      dm = -f32x4.extract_lane(dd, 1);
       let u0 = load<u32>(sp), u1 = load<u32>(sp, 4);
       const u2 = load<u32>(sp, 8);
       const u3 = ((u2 >> 4) & 0x0f0f0f0f) | (((u1 >> 6) & 0x03030303) << 4);
@@ -126,12 +138,19 @@ let R3: f32 = 0;
     const bo = bs + (per32 ? <usize>j << 4 : <usize>j << 5);
     const o0 = koff(per32, bo, oa, ob);
     let o1 = ZERO, o2 = ZERO, o3 = ZERO;
-    if (nr == 4) {
-      o1 = koff(per32, bo + kb, oa, ob);
+    if (nr >= 2) o1 = koff(per32, bo + kb, oa, ob);
+    if (nr >= 4) {
       o2 = koff(per32, bo + 2 * kb, oa, ob);
       o3 = koff(per32, bo + 3 * kb, oa, ob);
     }
-    let i0 = ZERO, i1 = ZERO, i2 = ZERO, i3 = ZERO;
+    let o4 = ZERO, o5 = ZERO, o6 = ZERO, o7 = ZERO;
+    if (nr == 8) {
+      o4 = koff(per32, bo + 4 * kb, oa, ob);
+      o5 = koff(per32, bo + 5 * kb, oa, ob);
+      o6 = koff(per32, bo + 6 * kb, oa, ob);
+      o7 = koff(per32, bo + 7 * kb, oa, ob);
+    }
+    let i0 = ZERO, i1 = ZERO, i2 = ZERO, i3 = ZERO, i4 = ZERO, i5 = ZERO, i6 = ZERO, i7 = ZERO;
     let x0 = ZERO, x1 = ZERO, y0 = ZERO, y1 = ZERO;
     for (let t = 0; t < 8; t++) { // unrolled by kernels/wasm/build.ts (unroll.ts)
       let w0: v128, w1: v128;
@@ -190,18 +209,20 @@ let R3: f32 = 0;
       // Scales: i16 lane t of s (per32), or lanes 2t and 2t + 1 of s, then s2, for the halves.
       const sv = per32 || t < 4 ? s : s2;
       const p = <u8>(2 * t), q = <u8>(4 * (t & 3)); // byte lanes of scale t, and of 2t % 8
-      const sa = per32
-        ? i8x16.shuffle(sv, sv, p, p + 1, p, p + 1, p, p + 1, p, p + 1, p, p + 1, p, p + 1, p, p + 1, p, p + 1)
-        : i8x16.shuffle(sv, sv, q, q + 1, q, q + 1, q, q + 1, q, q + 1, q, q + 1, q, q + 1, q, q + 1, q, q + 1);
-      const sb = per32
-        ? sa
-        : i8x16.shuffle(sv, sv, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3, q + 2, q + 3);
+      const sa = splat16(sv, per32 ? p >> 1 : q >> 1);
+      const sb = per32 ? sa : splat16(sv, (q >> 1) + 1);
       const qc = qo + (<usize>t << 5);
       i0 = kdot(per32, i0, qc, w0, w1, sa, sb);
-      if (nr == 4) {
-        i1 = kdot(per32, i1, qc + qk, w0, w1, sa, sb);
+      if (nr >= 2) i1 = kdot(per32, i1, qc + qk, w0, w1, sa, sb);
+      if (nr >= 4) {
         i2 = kdot(per32, i2, qc + 2 * qk, w0, w1, sa, sb);
         i3 = kdot(per32, i3, qc + 3 * qk, w0, w1, sa, sb);
+      }
+      if (nr == 8) {
+        i4 = kdot(per32, i4, qc + 4 * qk, w0, w1, sa, sb);
+        i5 = kdot(per32, i5, qc + 5 * qk, w0, w1, sa, sb);
+        i6 = kdot(per32, i6, qc + 6 * qk, w0, w1, sa, sb);
+        i7 = kdot(per32, i7, qc + 7 * qk, w0, w1, sa, sb);
       }
     }
     // value = dw·da·Σ(scale·q·a) + dm·da·Σ(offset·block sum), lane by lane, the same for every row.
@@ -209,10 +230,12 @@ let R3: f32 = 0;
     let da = load<f32>(ds + jo);
     a0 = kupdate(a0, i0, dw, da);
     e0 = kupdate(e0, o0, dm, da);
-    if (nr == 4) {
+    if (nr >= 2) {
       da = load<f32>(ds + dk + jo);
       a1 = kupdate(a1, i1, dw, da);
       e1 = kupdate(e1, o1, dm, da);
+    }
+    if (nr >= 4) {
       da = load<f32>(ds + 2 * dk + jo);
       a2 = kupdate(a2, i2, dw, da);
       e2 = kupdate(e2, o2, dm, da);
@@ -220,11 +243,58 @@ let R3: f32 = 0;
       a3 = kupdate(a3, i3, dw, da);
       e3 = kupdate(e3, o3, dm, da);
     }
+    if (nr == 8) {
+      da = load<f32>(ds + 4 * dk + jo);
+      a4 = kupdate(a4, i4, dw, da);
+      e4 = kupdate(e4, o4, dm, da);
+      da = load<f32>(ds + 5 * dk + jo);
+      a5 = kupdate(a5, i5, dw, da);
+      e5 = kupdate(e5, o5, dm, da);
+      da = load<f32>(ds + 6 * dk + jo);
+      a6 = kupdate(a6, i6, dw, da);
+      e6 = kupdate(e6, o6, dm, da);
+      da = load<f32>(ds + 7 * dk + jo);
+      a7 = kupdate(a7, i7, dw, da);
+      e7 = kupdate(e7, o7, dm, da);
+    }
   }
   R0 = hsum(a0) + hsum(e0);
   R1 = hsum(a1) + hsum(e1);
   R2 = hsum(a2) + hsum(e2);
   R3 = hsum(a3) + hsum(e3);
+  if (nr == 8) {
+    R4 = hsum(a4) + hsum(e4);
+    R5 = hsum(a5) + hsum(e5);
+    R6 = hsum(a6) + hsum(e6);
+    R7 = hsum(a7) + hsum(e7);
+  }
+}
+
+/** f16 1.0 in the high halves of lanes 2 and 3. */
+const ONE_HI: usize = memory.data<u32>([0, 0, 0x3c000000, 0x3c000000], 16);
+
+// Byte indices that broadcast i16 lane i (i = 0..7) to every lane, at SPLAT16 + 16·i.
+const SPLAT16: usize = memory.data<u8>([
+  0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+  2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+  4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5,
+  6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7,
+  8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9,
+  10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11,
+  12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13,
+  14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15,
+], 16);
+
+/**
+ * i16 lane i of v in every lane: one byte shuffle with its indices read from a table (lane i
+ * is a constant in each unrolled copy). Written as an i8x16.shuffle, V8 builds the indices
+ * from immediates at each use.
+ */
+// @ts-ignore: decorator
+@inline function splat16(v: v128, i: i32): v128 {
+  const sel = v128.load(SPLAT16 + (<usize>i << 4));
+  if (ASC_FEATURE_RELAXED_SIMD) return i8x16.relaxed_swizzle(v, sel);
+  return i8x16.swizzle(v, sel);
 }
 
 // ---- float weights: f32 activations ------------------------------------------------------
@@ -292,14 +362,21 @@ let R3: f32 = 0;
 // type's branches folded away and no other type's code around it to share registers with.
 function tile4_q2k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q2_K, wr, K, desc, b, 4); }
 function tile1_q2k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q2_K, wr, K, desc, b, 1); }
+function tile2_q2k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q2_K, wr, K, desc, b, 2); }
 function tile4_q3k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q3_K, wr, K, desc, b, 4); }
 function tile1_q3k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q3_K, wr, K, desc, b, 1); }
+function tile2_q3k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q3_K, wr, K, desc, b, 2); }
 function tile4_q4k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q4_K, wr, K, desc, b, 4); }
 function tile1_q4k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q4_K, wr, K, desc, b, 1); }
+function tile2_q4k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q4_K, wr, K, desc, b, 2); }
+function tile8_q4k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q4_K, wr, K, desc, b, 8); }
 function tile4_q5k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q5_K, wr, K, desc, b, 4); }
 function tile1_q5k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q5_K, wr, K, desc, b, 1); }
+function tile2_q5k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q5_K, wr, K, desc, b, 2); }
+function tile8_q5k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q5_K, wr, K, desc, b, 8); }
 function tile4_q6k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q6_K, wr, K, desc, b, 4); }
 function tile1_q6k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q6_K, wr, K, desc, b, 1); }
+function tile2_q6k(wr: usize, K: i32, desc: usize, b: i32): void { k_kquant(T_Q6_K, wr, K, desc, b, 2); }
 function tile4_f32(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_F32, wr, K, desc, b, 4); }
 function tile1_f32(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_F32, wr, K, desc, b, 1); }
 function tile4_f16(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_F16, wr, K, desc, b, 4); }
@@ -313,11 +390,11 @@ function tile1_bf16(wr: usize, K: i32, desc: usize, b: i32): void { k_float(T_BF
     case T_F32: if (nr == 4) tile4_f32(wr, K, desc, b); else tile1_f32(wr, K, desc, b); return;
     case T_F16: if (nr == 4) tile4_f16(wr, K, desc, b); else tile1_f16(wr, K, desc, b); return;
     case T_BF16: if (nr == 4) tile4_bf16(wr, K, desc, b); else tile1_bf16(wr, K, desc, b); return;
-    case T_Q2_K: if (nr == 4) tile4_q2k(wr, K, desc, b); else tile1_q2k(wr, K, desc, b); return;
-    case T_Q3_K: if (nr == 4) tile4_q3k(wr, K, desc, b); else tile1_q3k(wr, K, desc, b); return;
-    case T_Q4_K: if (nr == 4) tile4_q4k(wr, K, desc, b); else tile1_q4k(wr, K, desc, b); return;
-    case T_Q5_K: if (nr == 4) tile4_q5k(wr, K, desc, b); else tile1_q5k(wr, K, desc, b); return;
-    default: if (nr == 4) tile4_q6k(wr, K, desc, b); else tile1_q6k(wr, K, desc, b);
+    case T_Q2_K: if (nr == 4) tile4_q2k(wr, K, desc, b); else if (nr == 2) tile2_q2k(wr, K, desc, b); else tile1_q2k(wr, K, desc, b); return;
+    case T_Q3_K: if (nr == 4) tile4_q3k(wr, K, desc, b); else if (nr == 2) tile2_q3k(wr, K, desc, b); else tile1_q3k(wr, K, desc, b); return;
+    case T_Q4_K: if (nr == 8) tile8_q4k(wr, K, desc, b); else if (nr == 4) tile4_q4k(wr, K, desc, b); else if (nr == 2) tile2_q4k(wr, K, desc, b); else tile1_q4k(wr, K, desc, b); return;
+    case T_Q5_K: if (nr == 8) tile8_q5k(wr, K, desc, b); else if (nr == 4) tile4_q5k(wr, K, desc, b); else if (nr == 2) tile2_q5k(wr, K, desc, b); else tile1_q5k(wr, K, desc, b); return;
+    default: if (nr == 4) tile4_q6k(wr, K, desc, b); else if (nr == 2) tile2_q6k(wr, K, desc, b); else tile1_q6k(wr, K, desc, b);
   }
 }
 /**
@@ -376,9 +453,26 @@ function matmulQ6_K(w: usize, K: i32, desc: usize, B: i32, out: usize, os: i32, 
     const wr = w + <usize>n * rb;
     const on = out + (<usize>n << 2);
     let b = 0;
+    // Eight rows at a time where gemm() does not serve them yet (Q4_K, Q5_K below 64 rows): the
+    // weights' head and unpacking are shared by twice the rows.
+    for (; (type == T_Q4_K || type == T_Q5_K) && b + 8 <= B; b += 8) {
+      tile(type, wr, K, desc, b, 8);
+      const o = on + <usize>b * os;
+      put4(o, os, R0, R1, R2, R3, bias, n, accum);
+      put4(o + 4 * os, os, R4, R5, R6, R7, bias, n, accum);
+    }
     for (; b + 4 <= B; b += 4) {
       tile(type, wr, K, desc, b, 4);
       put4(on + <usize>b * os, os, R0, R1, R2, R3, bias, n, accum);
+    }
+    // Two rows left over share the weights' unpacking too (the K-quants; the float types
+    // take them one at a time).
+    if (type >= T_Q2_K && type <= T_Q6_K && b + 2 <= B) {
+      tile(type, wr, K, desc, b, 2);
+      const o = on + <usize>b * os;
+      put(o, R0, bias, n, accum);
+      put(o + os, R1, bias, n, accum);
+      b += 2;
     }
     for (; b < B; b++) {
       tile(type, wr, K, desc, b, 1);

@@ -19,6 +19,8 @@ const CONSTS: usize = memory.data<u32>([
   0xc1800000, 0xc1800000, 0xc1800000, 0xc1800000,
   0x04040404, 0x04040404, 0x04040404, 0x04040404,
   0x03030303, 0x03030303, 0x03030303, 0x03030303,
+  0x8fffe000, 0x8fffe000, 0x8fffe000, 0x8fffe000,
+  0x7c000000, 0x7c000000, 0x7c000000, 0x7c000000,
 ], 16);
 /** Bytes 0x0f. */
 export const C_M4: i32 = 0;
@@ -40,6 +42,8 @@ export const C_F_M16: i32 = 10;
 export const C_BIT4: i32 = 11;
 /** Bytes 0x03. */
 export const C_M3: i32 = 12;
+const C_SIGN_EM: i32 = 13;
+const C_EXP_HI: i32 = 14;
 
 /** Table constant i (a C_* index). */
 // @ts-ignore: decorator
@@ -129,6 +133,20 @@ export const C_M3: i32 = 12;
   const sub = f32x4.mul(f32x4.convert_i32x4_s(v128.and(x, vc(C_3FF))), vc(C_2M24));
   const f = v128.bitselect(sub, normal, i32x4.eq(v128.and(x, vc(C_7C00)), ZERO));
   return v128.or(f, i32x4.shl(v128.and(x, vc(C_8000)), 16));
+}
+
+/**
+ * h2f4 of halves held in the high 16 bits of each i32 lane (x = h << 16). Where no lane is
+ * zero or subnormal (a scale nearly always), 4 operations: the arithmetic shift right by 3
+ * moves exponent and mantissa into place and copies the sign, the mask keeps the sign once,
+ * and the add rebases the exponent (exactly h2f4's bits, for exponent 31 too).
+ */
+// @ts-ignore: decorator
+@inline export function h2f4hi(x: v128): v128 {
+  let f: v128;
+  if (v128.any_true(i32x4.eq(v128.and(x, vc(C_EXP_HI)), ZERO))) f = h2f4(i32x4.shr_u(x, 16));
+  else f = i32x4.add(v128.and(i32x4.shr_s(x, 3), vc(C_SIGN_EM)), vc(C_EXP_REBASE));
+  return f;
 }
 
 /** f32 to the nearest IEEE half (ties to even), as its 16 bits. */
