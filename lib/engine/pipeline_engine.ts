@@ -1,0 +1,119 @@
+import type { Engine, KvGeometry, SeqInput, StepPlan, StepResult } from "./engine.ts";
+import type { ModelConfig } from "../model/model_config.ts";
+import type { StageLink, StageOutput } from "./stage_link.ts";
+
+/**
+ * Refuses stages that do not chain layers 0..nLayers in order without gap or overlap, naming
+ * the first stage out of place and what it runs.
+ */
+export function checkChain(stages: readonly StageLink[], nLayers: number): void {
+  let next = 0;
+  stages.forEach((s, i) => {
+    if (s.stage.start !== next || s.stage.end <= s.stage.start) {
+      throw new Error(
+        `Cannot chain pipeline stages: stage ${i} runs layers ${s.stage.start}-${s.stage.end}, ` +
+          `expected layers from ${next} on`,
+      );
+    }
+    next = s.stage.end;
+  });
+  if (next !== nLayers) {
+    throw new Error(
+      `Cannot chain pipeline stages: they run layers 0-${next}, the model has ${nLayers}`,
+    );
+  }
+}
+
+/**
+ * The Engine the executor drives when a model's layers are split over pipeline stages
+ * (StageLink: in this process or another). Each step goes down the chain: the first stage
+ * embeds, each passes its residual rows (f32, so the output is bit-identical to one process)
+ * to the next, and the last samples. Steps enter each stage in call order, so a step may be
+ * called before the last one ended; a decode from the token sampled last waits only for the
+ * step that sampled it, which the head sends as a plain token.
+ */
+export class PipelineEngine implements Engine {
+  readonly name = "pipeline";
+  readonly resultsOnHost = true;
+  readonly hiddenStates = true;
+  /** Per sequence, the token it sampled last (settles when the step that samples it ends). */
+  readonly #last = new Map<number, Promise<number>>();
+  #entry: Promise<unknown> = Promise.resolve();
+
+  constructor(
+    readonly config: ModelConfig,
+    readonly kv: KvGeometry,
+    readonly stages: readonly StageLink[],
+    readonly limits?: { readonly maxSeqs: number; readonly maxBatchTokens: number },
+  ) {
+    checkChain(stages, config.nLayers);
+  }
+
+  step(plan: StepPlan): Promise<StepResult> {
+    // Taken now: the entries below are this step's own tokens, for the steps after it.
+    const from = new Map(plan.seqs.map((s) => [s.seqId, this.#last.get(s.seqId)]));
+    const entered = this.#entry
+      .then(() => resolveTokens(plan, from))
+      .then((p) => ({ plan: p, out: this.stages[0]!.stepStage(p) }));
+    this.#entry = entered.catch(() => {});
+    const result = entered.then(({ plan: p, out }) => this.#through(p, out));
+    for (const seq of plan.seqs) {
+      if (!seq.sample) continue;
+      const token = result.then((r) => r.sampled.find((s) => s.seqId === seq.seqId)!.token);
+      token.catch(() => {}); // a failed step is reported by `result`; this copy is for the next
+      this.#last.set(seq.seqId, token);
+    }
+    return result;
+  }
+
+  /** The step's rows through stages 1.. in order; the last stage's result. */
+  async #through(plan: StepPlan, first: Promise<StageOutput>): Promise<StepResult> {
+    let out = await first;
+    for (let s = 1; s < this.stages.length; s++) {
+      if (out.kind !== "rows") throw unexpected(plan, s - 1, "a result", "its rows");
+      out = await this.stages[s]!.stepStage(plan, out.rows);
+    }
+    if (out.kind !== "result") {
+      throw unexpected(plan, this.stages.length - 1, "rows", "the step's result");
+    }
+    return out.result;
+  }
+
+  release(seqId: number): void {
+    this.#entry = this.#entry.then(() => {
+      const last = this.#last.get(seqId) ?? Promise.resolve();
+      this.#last.delete(seqId);
+      last.finally(() => this.stages.forEach((s) => s.release?.(seqId))).catch(() => {});
+    });
+  }
+
+  dispose(): void {
+    for (const s of this.stages) s.dispose();
+    this.#last.clear();
+  }
+}
+
+/** The plan with each `useLastSampled` input replaced by the token its sequence sampled. */
+async function resolveTokens(
+  plan: StepPlan,
+  last: ReadonlyMap<number, Promise<number> | undefined>,
+): Promise<StepPlan> {
+  if (!plan.seqs.some((s) => s.useLastSampled)) return plan;
+  const seqs = await Promise.all(plan.seqs.map(async (s): Promise<SeqInput> => {
+    if (!s.useLastSampled) return s;
+    const token = last.get(s.seqId);
+    if (token === undefined) {
+      throw new Error(
+        `Invalid step ${plan.stepId}: seq ${s.seqId} decodes from its last sampled token, but it has sampled none`,
+      );
+    }
+    return { ...s, tokens: [await token], useLastSampled: false };
+  }));
+  return { ...plan, seqs };
+}
+
+function unexpected(plan: StepPlan, stage: number, got: string, want: string): Error {
+  return new Error(
+    `Pipeline step ${plan.stepId}: stage ${stage} returned ${got}, expected ${want}`,
+  );
+}
