@@ -1,4 +1,5 @@
 import { openModelFor, uploadProgress } from "./open_model.ts";
+import { startPipelineHead } from "./pipeline_head.ts";
 import { modelStem } from "../source/model_source.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
 import { connectReplica, startReplicaAgent } from "./replica_role.ts";
@@ -88,7 +89,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     log("stopped before the model finished loading");
     return 0;
   }
-  const { service, core, summary, replica, batches, grammarEngine } = first;
+  const { service, core, summary, replica, batches, grammarEngine, pipeline } = first;
   front.switchTo(service);
   progress.set("ready");
   log(
@@ -117,6 +118,10 @@ export async function serveCommand(argv: string[]): Promise<number> {
   await batches.close();
   deadline.waitingOn("the engine's close");
   await core.close();
+  if (pipeline) {
+    deadline.waitingOn("the pipeline's stages");
+    await pipeline.close();
+  }
   log(drainedLine(result));
   return 0;
 }
@@ -142,10 +147,14 @@ async function start(
 ) {
   // Asked while the model loads: the adapter probe is a child process of its own.
   const resolving = resolveBackend(config.backend);
+  const pipeline = config.pipelineParallelSize > 1
+    ? await startPipelineHead(config, log)
+    : undefined;
   const { source, tokenizer, ...opened } = await openModelFor(
     config,
     "serve",
     (phase, bytes, total) => progress.set(phase, bytes, total),
+    pipeline?.placeTensors,
   );
   const settings = servingSettings(config);
   const resolved = await resolving;
@@ -173,6 +182,7 @@ async function start(
     },
     warmUp: () => progress.set("warming_up"),
     ...(faults ? { wrapEngine: (e: Engine) => faults.wrap(e) } : {}),
+    ...(pipeline ? { buildEngine: () => pipeline.build(model, kv, settings.core.limits) } : {}),
     metrics,
   });
   const modelName = modelStem(source.modelPath);
@@ -252,7 +262,7 @@ async function start(
         ]
         : []),
     ].join("\n");
-  return { service, core, summary, replica, batches, grammarEngine };
+  return { service, core, summary, replica, batches, grammarEngine, pipeline };
 }
 
 /**

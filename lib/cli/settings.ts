@@ -65,6 +65,7 @@ export interface SettingRow {
 const SERVE: CommandName[] = ["serve"];
 const SERVERS: CommandName[] = ["serve", "router"];
 const ENGINE: CommandName[] = ["serve", "generate"];
+const STAGE: CommandName[] = ["stage"];
 
 /** --max-keep-alive when not given: a day, or --keep-alive where that is longer. */
 export const DEFAULT_MAX_KEEP_ALIVE_MS = 24 * 3_600_000;
@@ -85,7 +86,7 @@ export const SETTINGS = {
   model: {
     group: "Model",
     help: "model path, https:// URL or known name",
-    commands: ENGINE,
+    commands: [...ENGINE, ...STAGE],
     schema: text(),
     default: DEFAULT_MODEL,
     aliases: ["m"],
@@ -109,7 +110,7 @@ export const SETTINGS = {
   contextLength: {
     group: "Model",
     help: "override the model's context length",
-    commands: ENGINE,
+    commands: [...ENGINE, ...STAGE],
     schema: positiveInt().optional(),
     aliases: ["c", "ctx-size", "max-model-len"],
     env: "LLMSERVE_CONTEXT_LENGTH",
@@ -206,7 +207,7 @@ export const SETTINGS = {
   threads: {
     group: "Engine",
     help: "CPU engine threads (default: the machine's cores)",
-    commands: ENGINE,
+    commands: [...ENGINE, ...STAGE],
     schema: positiveInt(256).optional(),
     aliases: ["t"],
     env: "LLMSERVE_THREADS",
@@ -481,7 +482,7 @@ export const SETTINGS = {
   nats: {
     group: "Cluster",
     help: "NATS server(s) to also serve as a replica on: nats://[user:pass@|token@]host:port",
-    commands: SERVERS,
+    commands: [...SERVERS, ...STAGE],
     schema: text().optional(),
     env: "LLMSERVE_NATS",
     helpFor: {
@@ -489,10 +490,34 @@ export const SETTINGS = {
         "NATS server(s) the replicas serve on: nats://[user:pass@|token@]host:port (required)",
     },
   },
+  pipelineParallelSize: {
+    group: "Cluster",
+    help:
+      "pipeline stages the model's layers are split over (vLLM's name); this server runs the first, and starts the others on this machine unless --nats is given, where it attaches to `deno task stage` processes",
+    commands: SERVE,
+    schema: positiveInt(64),
+    default: 1,
+    aliases: ["pp"],
+    env: "LLMSERVE_PIPELINE_PARALLEL_SIZE",
+  },
+  layers: {
+    group: "Cluster",
+    help: "the layers a pipeline stage runs, start-end (end excluded), e.g. 0-16",
+    commands: STAGE,
+    schema: z.string().regex(/^\d+-\d+$/, "expected start-end, e.g. 0-16"),
+  },
+  stageHost: {
+    group: "Cluster",
+    help: "the address a pipeline stage's link listens on and announces (default 127.0.0.1)",
+    commands: STAGE,
+    schema: text(),
+    default: "127.0.0.1",
+    env: "LLMSERVE_STAGE_HOST",
+  },
   natsCreds: {
     group: "Cluster",
     help: "NATS .creds file (JWT + NKey seed)",
-    commands: SERVERS,
+    commands: [...SERVERS, ...STAGE],
     schema: text().optional(),
     env: "LLMSERVE_NATS_CREDS",
   },
