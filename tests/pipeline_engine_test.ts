@@ -5,7 +5,7 @@
 import { assert, assertEquals, assertRejects, assertThrows } from "@std/assert";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { stagePlacement } from "../kernels/wasm/stage_placement.ts";
-import { PipelineEngine } from "../lib/engine/pipeline_engine.ts";
+import { PipelineEngine, splitEvenly } from "../lib/engine/pipeline_engine.ts";
 import type { LayerRange } from "../lib/engine/stage_link.ts";
 import { type Engine, GREEDY, type SamplingParams, type SeqInput } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
@@ -38,6 +38,7 @@ async function stageEngines(path: string, ranges: LayerRange[]): Promise<WasmEng
 async function run(engine: Engine, prompts: number[][], steps: number, sampling: SamplingParams) {
   const logits = prompts.map(() => [] as number[][]);
   const tokens = prompts.map(() => [] as number[]);
+  const inFlight: Promise<unknown>[] = [];
   for (let step = 0; step < steps; step++) {
     const seqs: SeqInput[] = prompts.map((p, i) => ({
       seqId: i,
@@ -48,12 +49,17 @@ async function run(engine: Engine, prompts: number[][], steps: number, sampling:
       sample: true,
       sampling,
     }));
-    const r = await engine.step({ stepId: step, seqs, returnLogits: true });
-    r.sampled.forEach((s, i) => {
-      logits[i]!.push(bits(s.logits!));
-      tokens[i]!.push(s.token);
-    });
+    // Called before the step before ended, as the scheduler's pipelining does.
+    inFlight.push(
+      engine.step({ stepId: step, seqs, returnLogits: true }).then((r) =>
+        r.sampled.forEach((s, i) => {
+          logits[i]![step] = bits(s.logits!);
+          tokens[i]![step] = s.token;
+        })
+      ),
+    );
   }
+  await Promise.all(inFlight);
   prompts.forEach((_, i) => engine.release?.(i));
   return { logits, tokens };
 }
@@ -82,7 +88,14 @@ Deno.test("pipeline stages in one process, each loaded with only its layers, giv
     });
     for (const cuts of splits) {
       const ranges = cuts.slice(1).map((end, i) => ({ start: cuts[i]!, end }));
-      const pp = new PipelineEngine(whole.config, KV, await stageEngines(path, ranges), LIMITS);
+      // As many micro-batches as stages: each step's sequences go down the chain in groups.
+      const pp = new PipelineEngine(
+        whole.config,
+        KV,
+        await stageEngines(path, ranges),
+        LIMITS,
+        ranges.length,
+      );
       for (const n of [1, 16]) {
         for (const sampling of [GREEDY, SEEDED]) {
           const prompts = randomPrompts(n, whole.config.vocabSize, n);
@@ -145,6 +158,12 @@ Deno.test("a stage load reads only its layers' tensors (and the embedding on the
   assertEquals(out.kind === "rows" ? out.rows.length : -1, 128);
   engine.dispose();
   full.dispose();
+});
+
+Deno.test("splitEvenly makes at most n contiguous groups differing by at most one", () => {
+  assertEquals(splitEvenly([1, 2, 3, 4, 5], 2), [[1, 2, 3], [4, 5]]);
+  assertEquals(splitEvenly([1], 3), [[1]]);
+  assertEquals(splitEvenly([], 2), [[]]);
 });
 
 Deno.test("pipeline stages that do not chain the model's layers are refused, naming the stage", async () => {

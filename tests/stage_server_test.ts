@@ -75,6 +75,7 @@ async function head(nc: NatsConnection, path: string, cut: number, timeoutMs = 6
       ranges: [{ start: cut, end: m.config.nLayers }],
       kv: KV,
       limits: LIMITS,
+      contextLength: CTX,
       timeoutMs,
     });
     return new PipelineEngine(m.config, KV, [local, ...remote], LIMITS);
@@ -192,6 +193,7 @@ Deno.test("the head refuses a stage of another model file or other layers, namin
         ),
       );
     const wrongLayers = await ask({
+      contextLength: CTX,
       type: "attach",
       model: ann.model,
       layers: { start: 0, end: 2 },

@@ -375,7 +375,7 @@ export class WasmEngine implements Engine, StageLink {
       throw new Error(`Cannot run step ${plan.stepId}: the CPU engine was disposed`);
     }
     const { config } = this;
-    const { dim, vocabSize } = config;
+    const { dim } = config;
     const bs = this.kv.blockSize;
     validateStep(plan, {
       config,

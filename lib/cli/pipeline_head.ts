@@ -19,6 +19,7 @@ import { attachStages } from "../cluster/stage_client.ts";
 import type { StepLimits } from "../compose/engine_factory.ts";
 import type { Config } from "./config.ts";
 import { type LocalNats, startLocalNats } from "./local_nats.ts";
+import { PARENT_PIPE_ENV } from "./parent_watch.ts";
 
 /** How long the head waits for its stages to load and announce themselves. */
 export const STAGE_WAIT_MS = 120_000;
@@ -66,6 +67,12 @@ export async function startPipelineHead(
   const header = await readGgufHeader(modelPath);
   const arch = header.metadata.get("general.architecture")?.value;
   const layers = Number(header.metadata.get(`${arch}.block_count`)?.value);
+  // Stages and head match by the file and the context it is opened with (before the head's KV
+  // plan shortens its own, which it then tells the stages in the attach).
+  const identity = await modelIdentity(
+    modelPath,
+    c.contextLength ?? Number(header.metadata.get(`${arch}.context_length`)?.value),
+  );
   const ranges = evenRanges(layers, c.pipelineParallelSize);
   const local: LocalNats | undefined = c.nats === undefined ? await startLocalNats() : undefined;
   const url = c.nats ?? local!.url;
@@ -92,13 +99,15 @@ export async function startPipelineHead(
       });
       try {
         const remote = await attachStages(nc, {
-          model: await modelIdentity(modelPath, model.config.contextLength),
+          model: identity,
+          contextLength: model.config.contextLength,
           ranges: ranges.slice(1),
           kv,
           limits,
           timeoutMs: STAGE_WAIT_MS,
         });
-        const engine = new PipelineEngine(model.config, kv, [first, ...remote], limits);
+        const groups = c.pipelineMicroBatches ?? ranges.length;
+        const engine = new PipelineEngine(model.config, kv, [first, ...remote], limits, groups);
         return {
           engine,
           description:
@@ -116,6 +125,7 @@ export async function startPipelineHead(
           ch.kill("SIGTERM");
         } catch { /* gone */ }
         await ch.status;
+        await ch.stdin.close().catch(() => {});
       }));
       await local?.stop();
     },
@@ -139,8 +149,9 @@ function spawnStage(url: string, modelPath: string, r: LayerRange, c: Config): D
   if (c.contextLength !== undefined) args.push("--context-length", String(c.contextLength));
   return new Deno.Command(Deno.execPath(), {
     args,
-    env: { LLMSERVE_NATS: url },
-    stdin: "null",
+    // Its stdin is a pipe from here: should this process die without a word, it stops too.
+    env: { LLMSERVE_NATS: url, [PARENT_PIPE_ENV]: "1" },
+    stdin: "piped",
     stdout: "null",
     stderr: "inherit",
   }).spawn();

@@ -500,11 +500,19 @@ export const SETTINGS = {
     aliases: ["pp"],
     env: "LLMSERVE_PIPELINE_PARALLEL_SIZE",
   },
+  pipelineMicroBatches: {
+    group: "Cluster",
+    help:
+      "groups a pipeline step's sequences go down the stages in, one behind another, so all stages work at once (default: the stage count; 1: the whole step at once)",
+    commands: SERVE,
+    schema: positiveInt(256).optional(),
+    env: "LLMSERVE_PIPELINE_MICRO_BATCHES",
+  },
   layers: {
     group: "Cluster",
     help: "the layers a pipeline stage runs, start-end (end excluded), e.g. 0-16",
     commands: STAGE,
-    schema: z.string().regex(/^\d+-\d+$/, "expected start-end, e.g. 0-16"),
+    schema: z.string().regex(/^\d+-\d+$/, "expected start-end, e.g. 0-16").optional(),
   },
   stageHost: {
     group: "Cluster",
@@ -734,11 +742,6 @@ export const PEER_FLAGS: Readonly<
   },
   "tensor-parallel-size": {
     aliases: ["tp"],
-    instead:
-      "one model runs in one process for now; more processes serve as replicas behind a router (deno task cluster)",
-  },
-  "pipeline-parallel-size": {
-    aliases: ["pp"],
     instead:
       "one model runs in one process for now; more processes serve as replicas behind a router (deno task cluster)",
   },

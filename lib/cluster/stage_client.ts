@@ -27,6 +27,8 @@ export interface StageWanted {
   readonly ranges: readonly LayerRange[];
   readonly kv: KvGeometry;
   readonly limits: { readonly maxSeqs: number; readonly maxBatchTokens: number };
+  /** The context the head serves, at most the stages' own. */
+  readonly contextLength: number;
   /** How long to wait for the stages' announcements. */
   readonly timeoutMs: number;
 }
@@ -113,7 +115,14 @@ async function attachOne(
   a: StageAnnouncement,
   w: StageWanted,
 ): Promise<RemoteStage> {
-  const req = { type: "attach", model: w.model, layers: a.layers, kv: w.kv, limits: w.limits };
+  const req = {
+    type: "attach",
+    model: w.model,
+    layers: a.layers,
+    kv: w.kv,
+    limits: w.limits,
+    contextLength: w.contextLength,
+  };
   const msg = await nc.request(
     subjects.stage(a.id),
     new TextEncoder().encode(JSON.stringify(req)),

@@ -39,6 +39,8 @@ export const StageAttachSchema = z.strictObject({
   layers: LayerRangeSchema,
   kv: KvSchema,
   limits: LimitsSchema,
+  /** The context the head serves (its KV plan may have shortened the file's): the engine's. */
+  contextLength: int.min(1),
 });
 export type StageAttach = z.infer<typeof StageAttachSchema>;
 

@@ -132,9 +132,17 @@ class StageState {
           `stage ${ann.id} runs layers ${ann.layers.start}-${ann.layers.end}, the head asked for ${req.layers.start}-${req.layers.end}`,
       };
     }
+    if (req.contextLength > this.model.config.contextLength) {
+      return {
+        type: "refused",
+        message:
+          `stage ${ann.id} serves a context of ${this.model.config.contextLength}, the head asked for ${req.contextLength}`,
+      };
+    }
     this.close();
+    const config = { ...this.model.config, contextLength: req.contextLength };
     try {
-      this.#engine = await WasmEngine.create(this.model.config, this.model.weights, req.kv, {
+      this.#engine = await WasmEngine.create(config, this.model.weights, req.kv, {
         maxBatchTokens: req.limits.maxBatchTokens,
         maxSeqs: req.limits.maxSeqs,
         layers: ann.layers,

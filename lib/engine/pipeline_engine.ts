@@ -45,11 +45,41 @@ export class PipelineEngine implements Engine {
     readonly kv: KvGeometry,
     readonly stages: readonly StageLink[],
     readonly limits?: { readonly maxSeqs: number; readonly maxBatchTokens: number },
+    /**
+     * Groups a step's sequences are split into, each going down the chain on its own (1: the
+     * whole step at once). With as many groups as stages, and the next step called before this
+     * one ended (the scheduler's pipelining), all stages work at once: a group's next step
+     * enters the first stage as soon as its tokens are sampled, while the other groups are
+     * still in the later stages.
+     */
+    readonly microBatches = 1,
   ) {
     checkChain(stages, config.nLayers);
+    if (!Number.isInteger(microBatches) || microBatches < 1) {
+      throw new Error(`Invalid micro-batch count ${microBatches}: expected a positive integer`);
+    }
   }
 
   step(plan: StepPlan): Promise<StepResult> {
+    const groups = splitEvenly(plan.seqs, this.microBatches);
+    if (groups.length === 1) return this.#stepGroup(plan);
+    // The block copies come first, with the first group, at every stage.
+    const { kvCopies: _, ...rest } = plan;
+    const parts = groups.map((seqs, g) =>
+      this.#stepGroup(g === 0 ? { ...plan, seqs } : { ...rest, seqs })
+    );
+    return Promise.all(parts).then((rs) => {
+      const hidden = rs.flatMap((r) => r.hidden ?? []);
+      return {
+        stepId: plan.stepId,
+        sampled: rs.flatMap((r) => r.sampled),
+        ...(hidden.length > 0 ? { hidden } : {}),
+      };
+    });
+  }
+
+  /** One group's step down the chain; its sequences' tokens are known when it ends. */
+  #stepGroup(plan: StepPlan): Promise<StepResult> {
     // Taken now: the entries below are this step's own tokens, for the steps after it.
     const from = new Map(plan.seqs.map((s) => [s.seqId, this.#last.get(s.seqId)]));
     const entered = this.#entry
@@ -110,6 +140,18 @@ async function resolveTokens(
     return { ...s, tokens: [await token], useLastSampled: false };
   }));
   return { ...plan, seqs };
+}
+
+/** `items` in at most `n` contiguous groups of sizes differing by at most one (one group when empty). */
+export function splitEvenly<T>(items: readonly T[], n: number): T[][] {
+  const k = Math.max(1, Math.min(n, items.length));
+  const groups: T[][] = [];
+  let at = 0;
+  for (let g = 0; g < k; g++) {
+    const size = Math.floor(items.length / k) + (g < items.length % k ? 1 : 0);
+    groups.push(items.slice(at, at += size));
+  }
+  return groups;
 }
 
 function unexpected(plan: StepPlan, stage: number, got: string, want: string): Error {

@@ -1,0 +1,80 @@
+/**
+ * `deno task start --pipeline-parallel-size 2` as a real process: it starts its own
+ * nats-server and stage process, and answers exactly as a one-process server does.
+ */
+import { assertEquals, assertThrows } from "@std/assert";
+import { spawnCpuServer } from "./_serve_child.ts";
+import { evenRanges } from "../lib/cli/pipeline_head.ts";
+import { compatPath } from "./harness/compat.ts";
+import { rng } from "./_gpu.ts";
+
+interface Answer {
+  readonly text: string;
+  readonly logprobs: readonly number[];
+}
+
+async function complete(base: string, prompt: string, seed?: number): Promise<Answer> {
+  const r = await fetch(`${base}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({
+      prompt,
+      max_tokens: 12,
+      logprobs: 1,
+      ...(seed === undefined ? { temperature: 0 } : { temperature: 0.9, seed }),
+    }),
+  });
+  const body = await r.json();
+  if (r.status !== 200) throw new Error(`${r.status}: ${JSON.stringify(body)}`);
+  const c = body.choices[0];
+  return { text: c.text, logprobs: c.logprobs.token_logprobs };
+}
+
+/** 16 prompts at once, half greedy and half seeded, then the first alone. */
+async function answers(base: string): Promise<Answer[]> {
+  const rand = rng(3);
+  const words = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "ran", "far", "away"];
+  const prompts = Array.from(
+    { length: 16 },
+    () =>
+      Array.from(
+        { length: 3 + Math.floor(rand() * 8) },
+        () => words[Math.floor(rand() * words.length)],
+      ).join(" "),
+  );
+  const together = await Promise.all(
+    prompts.map((p, i) => complete(base, p, i % 2 ? i : undefined)),
+  );
+  return [...together, await complete(base, prompts[0]!)];
+}
+
+for (const name of ["llama3-like-q4_k_m", "qwen2-like-q4_k_m"]) {
+  Deno.test(`PP 2 started by the server (its own nats-server and stage process) answers 16 concurrent and 1 lone request, greedy and seeded, with the one-process server's tokens and logprobs (${name})`, async () => {
+    const flags = ["--model", compatPath(name), "--threads", "1"];
+    const single = await spawnCpuServer(flags);
+    let want: Answer[];
+    try {
+      want = await answers(single.base);
+    } finally {
+      single.child.kill("SIGTERM");
+      await single.child.status;
+    }
+    const pp = await spawnCpuServer([...flags, "--pipeline-parallel-size", "2"]);
+    try {
+      await pp.logMatch(/backend\s+pipeline of 2 cpu stages/);
+      assertEquals(await answers(pp.base), want);
+    } finally {
+      pp.child.kill("SIGTERM");
+      await pp.child.status;
+    }
+    // Stopped with the server: its stage and nats-server.
+    const log = await pp.log();
+    assertEquals(/stage stage-\w+: stopped/.test(log), true, log);
+  });
+}
+
+Deno.test("evenRanges splits layers into contiguous ranges, the first ones one longer; more stages than layers is refused", () => {
+  assertEquals(evenRanges(5, 2), [{ start: 0, end: 3 }, { start: 3, end: 5 }]);
+  assertEquals(evenRanges(16, 4).map((r) => r.end - r.start), [4, 4, 4, 4]);
+  assertThrows(() => evenRanges(2, 3), Error, "Cannot split 2 layers into 3 pipeline stages");
+});
