@@ -86,26 +86,26 @@ const stage = new Deno.Command(Deno.execPath(), {
   stderr: "null",
 }).spawn();
 const nc = await connectNats({ url: nats.url, name: "bench-head" });
-const pp = async (groups: number) => {
-  const first = await WasmEngine.create(head.config, head.weights, KV, {
-    ...LIMITS,
-    threads: 1,
-    layers: ranges[0]!,
-  });
-  const remote = await attachStages(nc, {
-    model: await modelIdentity(path, CTX),
-    ranges: [ranges[1]!],
-    kv: KV,
-    limits: LIMITS,
-    contextLength: CTX,
-    timeoutMs: 300_000,
-  });
-  return new PipelineEngine(head.config, KV, [first, ...remote], LIMITS, groups);
-};
+// One attach (a stage serves one head), shared by both ways of driving it.
+const first = await WasmEngine.create(head.config, head.weights, KV, {
+  ...LIMITS,
+  threads: 1,
+  layers: ranges[0]!,
+});
+const remote = await attachStages(nc, {
+  model: await modelIdentity(path, CTX),
+  ranges: [ranges[1]!],
+  kv: KV,
+  limits: LIMITS,
+  contextLength: CTX,
+  timeoutMs: 300_000,
+});
+const pp = (groups: number) =>
+  new PipelineEngine(head.config, KV, [first, ...remote], LIMITS, groups);
 const variants: [string, Engine][] = [
   ["1 process, 1 thread", single],
-  ["PP 2, 1 thread each, whole steps", await pp(1)],
-  ["PP 2, 1 thread each, 2 micro-batches", await pp(2)],
+  ["PP 2, 1 thread each, whole steps", pp(1)],
+  ["PP 2, 1 thread each, 2 micro-batches", pp(2)],
 ];
 const rows: string[][] = [];
 const results = new Map<string, { tps: number; stepMs: number }[]>();
@@ -148,7 +148,8 @@ console.log(
     fmt(Number(rss) / 1024, 0)
   } MiB, of a ${fmt(file / 2 ** 20, 0)} MiB file`,
 );
-for (const [, e] of variants) e.dispose();
+single.dispose();
+variants[1]![1].dispose();
 await nc.close();
 stage.kill("SIGTERM");
 await stage.status;

@@ -5,6 +5,8 @@ export interface LocalNats {
   /** nats://llmserve:<password>@127.0.0.1:<port> */
   readonly url: string;
   stop(): Promise<void>;
+  /** Signals it to stop, without waiting: for this process's exit. */
+  kill(): void;
 }
 
 function freePort(): number {
@@ -54,5 +56,10 @@ export async function startLocalNats(): Promise<LocalNats> {
       await new Promise((r) => setTimeout(r, 100));
     }
   }
-  return { url: `nats://llmserve:${password}@127.0.0.1:${port}`, stop };
+  const kill = () => {
+    try {
+      child.kill("SIGTERM");
+    } catch { /* gone */ }
+  };
+  return { url: `nats://llmserve:${password}@127.0.0.1:${port}`, stop, kill };
 }

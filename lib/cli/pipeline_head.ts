@@ -77,6 +77,16 @@ export async function startPipelineHead(
   const local: LocalNats | undefined = c.nats === undefined ? await startLocalNats() : undefined;
   const url = c.nats ?? local!.url;
   const children = local ? ranges.slice(1).map((r) => spawnStage(url, modelPath, r, c)) : [];
+  // A start that fails later (Deno.exit on its error) still stops what was started here.
+  const onExit = () => {
+    for (const ch of children) {
+      try {
+        ch.kill("SIGTERM");
+      } catch { /* gone */ }
+    }
+    local?.kill();
+  };
+  globalThis.addEventListener("unload", onExit);
   const nc: NatsConnection = await connectNats({
     url,
     name: "llmserve-pipeline-head",
@@ -119,6 +129,7 @@ export async function startPipelineHead(
       }
     },
     close: async () => {
+      globalThis.removeEventListener("unload", onExit);
       await nc.close();
       await Promise.all(children.map(async (ch) => {
         try {
