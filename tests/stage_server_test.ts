@@ -12,6 +12,7 @@ import { type Engine, GREEDY, type SamplingParams, type SeqInput } from "../lib/
 import { loadModel } from "../lib/model/load_model.ts";
 import { connectNats, type NatsConnection } from "../lib/cluster/nats_connection.ts";
 import { attachStages } from "../lib/cluster/stage_client.ts";
+import { budgetProblem } from "../lib/cluster/stage_server.ts";
 import { modelIdentity } from "../lib/cluster/model_identity.ts";
 import { subjects } from "../lib/cluster/subjects.ts";
 import { decodeFrame, encodeFrame } from "../lib/cluster/binary_frame.ts";
@@ -28,7 +29,12 @@ const SEEDED: SamplingParams = { temperature: 0.9, topK: 40, topP: 0.95, minP: 0
 const bits = (a: Float32Array) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
 
 /** A stage process; kill() ends it. */
-function spawnStage(nats: string, model: string, layers: string): Deno.ChildProcess {
+function spawnStage(
+  nats: string,
+  model: string,
+  layers: string,
+  extra: string[] = [],
+): Deno.ChildProcess {
   return new Deno.Command(Deno.execPath(), {
     args: [
       "run",
@@ -45,6 +51,7 @@ function spawnStage(nats: string, model: string, layers: string): Deno.ChildProc
       "1",
       "--context-length",
       String(CTX),
+      ...extra,
     ],
     stdout: "null",
     stderr: "null",
@@ -248,6 +255,48 @@ Deno.test("the head refuses a stage of another model file or other layers, namin
   } finally {
     await nc.close();
     await stop(stage);
+    await nats.stop();
+  }
+});
+
+Deno.test("with --memory-budget at 60% of the file, a stage of all layers is refused, naming its size, and PP 2 (each stage within it) gives one process's tokens and logits", async () => {
+  const nats = await NatsServer.start();
+  const path = compatPath("tinyllama-like-q4_k_m");
+  const budget = Math.floor(0.6 * (await Deno.stat(path)).size);
+  const flags = ["--memory-budget", String(budget)];
+  const stages = [
+    spawnStage(nats.url, path, "0-2", flags),
+    spawnStage(nats.url, path, "1-2", flags),
+  ];
+  const nc = await connectNats({ url: nats.url, name: "test-head" });
+  try {
+    // One process's worth: a stage of every layer, within the same budget.
+    const alone = await assertRejects(async () =>
+      attachStages(nc, {
+        model: await modelIdentity(path, CTX),
+        ranges: [{ start: 0, end: 2 }],
+        kv: KV,
+        limits: LIMITS,
+        contextLength: CTX,
+        timeoutMs: 60_000,
+      })
+    );
+    assertStringIncludes((alone as Error).message, `layers 0-2 need`);
+    assertStringIncludes((alone as Error).message, `more than the --memory-budget of ${budget}`);
+    const whole = await loadModel(path, { contextLength: CTX });
+    const single = await WasmEngine.create(whole.config, whole.weights, KV, {
+      ...LIMITS,
+      threads: 1,
+    });
+    const pp = await head(nc, path, 1);
+    assertEquals(budgetProblem(pp.stages[0] as WasmEngine, budget), undefined);
+    const p = prompts(4, whole.config.vocabSize);
+    assertEquals(await run(pp, p, 4, GREEDY), await run(single, p, 4, GREEDY));
+    pp.dispose();
+    single.dispose();
+  } finally {
+    await nc.close();
+    await Promise.all(stages.map((st) => stop(st)));
     await nats.stop();
   }
 });

@@ -16,6 +16,7 @@ import { resolveModelSource } from "../source/model_source.ts";
 import { modelIdentity } from "../cluster/model_identity.ts";
 import { connectNats, type NatsConnection } from "../cluster/nats_connection.ts";
 import { attachStages } from "../cluster/stage_client.ts";
+import { budgetProblem } from "../cluster/stage_server.ts";
 import type { StepLimits } from "../compose/engine_factory.ts";
 import type { Config } from "./config.ts";
 import { type LocalNats, startLocalNats } from "./local_nats.ts";
@@ -108,6 +109,9 @@ export async function startPipelineHead(
         ...(c.threads === undefined ? {} : { threads: c.threads }),
       });
       try {
+        // The head's stage keeps to --memory-budget too, where one was given.
+        const over = budgetProblem(first, c.memoryBudget);
+        if (over !== undefined) throw new Error(`Cannot run the head's pipeline stage: ${over}`);
         const remote = await attachStages(nc, {
           model: identity,
           contextLength: model.config.contextLength,
@@ -158,6 +162,7 @@ function spawnStage(url: string, modelPath: string, r: LayerRange, c: Config): D
   ];
   if (c.threads !== undefined) args.push("--threads", String(c.threads));
   if (c.contextLength !== undefined) args.push("--context-length", String(c.contextLength));
+  if (c.memoryBudget !== undefined) args.push("--memory-budget", String(c.memoryBudget));
   return new Deno.Command(Deno.execPath(), {
     args,
     // Its stdin is a pipe from here: should this process die without a word, it stops too.

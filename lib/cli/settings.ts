@@ -163,7 +163,7 @@ export const SETTINGS = {
     group: "Several models",
     help:
       "memory all loaded models may hold together (weights + KV); the least recently used idle one is unloaded to make room (auto: the free memory at start)",
-    commands: SERVE,
+    commands: [...SERVE, ...STAGE],
     schema: byteSizeOrAuto(),
     default: "auto",
     env: "LLMSERVE_MEMORY_BUDGET",

@@ -32,6 +32,7 @@ export async function stageCommand(argv: string[]): Promise<number> {
     layers: parseLayers(s.layers),
     host: s.stageHost,
     ...(s.threads === undefined ? {} : { threads: s.threads }),
+    ...(s.memoryBudget === undefined ? {} : { memoryBudget: s.memoryBudget }),
     ...(s.contextLength === undefined ? {} : { contextLength: s.contextLength }),
     log,
   });

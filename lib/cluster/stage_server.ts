@@ -39,7 +39,25 @@ export interface StageOptions {
   readonly host?: string;
   readonly port?: number;
   readonly id?: string;
+  /** The most its engine may hold, weights and KV cache (--memory-budget); default no limit. */
+  readonly memoryBudget?: number;
   readonly log?: (line: string) => void;
+}
+
+/**
+ * Why an engine's weights and KV cache exceed `budget` bytes, naming both and the layers; undefined
+ * when they fit or there is no budget.
+ */
+export function budgetProblem(
+  engine: WasmEngine,
+  budget: number | undefined,
+): string | undefined {
+  const { weights, kvCache } = engine.memory;
+  if (budget === undefined || weights + kvCache <= budget) return undefined;
+  const { start, end } = engine.stage;
+  return `layers ${start}-${end} need ${
+    weights + kvCache
+  } bytes (weights ${weights}, KV cache ${kvCache}), more than the --memory-budget of ${budget}`;
 }
 
 /** A running stage: its announcement, and close(). */
@@ -65,7 +83,7 @@ export async function startStage(nc: BusConnection, o: StageOptions): Promise<Ru
     host: o.host ?? "127.0.0.1",
     port: (listener.addr as Deno.NetAddr).port,
   };
-  const state = new StageState(model, announcement, o.threads, log);
+  const state = new StageState(model, announcement, o.threads, o.memoryBudget, log);
   const sub = nc.subscribe(subjects.stage(announcement.id), {
     callback: guarded((msg) => {
       state.attach(msg.data).then((r) => msg.respond(new TextEncoder().encode(JSON.stringify(r))));
@@ -103,6 +121,7 @@ class StageState {
     readonly model: Model,
     readonly ann: StageAnnouncement,
     readonly threads: number | undefined,
+    readonly budget: number | undefined,
     readonly log: (line: string) => void,
   ) {}
 
@@ -153,6 +172,11 @@ class StageState {
         type: "refused",
         message: `stage ${ann.id} cannot build its engine: ${(e as Error).message}`,
       };
+    }
+    const over = budgetProblem(this.#engine, this.budget);
+    if (over !== undefined) {
+      this.close();
+      return { type: "refused", message: `stage ${ann.id}: ${over}` };
     }
     this.#ticket = crypto.randomUUID();
     this.log(`stage ${ann.id}: attached (${req.kv.numBlocks} KV blocks of ${req.kv.blockSize})`);
