@@ -54,6 +54,75 @@ export interface PipelineHead {
   close(): Promise<void>;
 }
 
+/** The file the stages read, its layer count, and the identity head and stages match by. */
+async function modelLayout(c: Config) {
+  const { modelPath } = await resolveModelSource(c.model, { modelsDir: c.modelsDir });
+  const header = await readGgufHeader(modelPath);
+  const arch = header.metadata.get("general.architecture")?.value;
+  const layers = Number(header.metadata.get(`${arch}.block_count`)?.value);
+  // Stages and head match by the file and the context it is opened with (before the head's KV
+  // plan shortens its own, which it then tells the stages in the attach).
+  const context = c.contextLength ?? Number(header.metadata.get(`${arch}.context_length`)?.value);
+  return { modelPath, layers, identity: await modelIdentity(modelPath, context) };
+}
+
+/**
+ * The stage processes of this machine, with their own nats-server: started at once, started
+ * again where one has exited when the engine is built again (an executor restart), and stopped
+ * with the server (or with this process, should its start fail later).
+ */
+class LocalStages {
+  readonly #children: (Deno.ChildProcess | undefined)[];
+  readonly #exited = new Set<number>();
+  readonly #onExit = () => this.#signal();
+
+  constructor(
+    readonly nats: LocalNats,
+    readonly modelPath: string,
+    readonly ranges: readonly LayerRange[],
+    readonly c: Config,
+  ) {
+    this.#children = ranges.map((_, i) => (i === 0 ? undefined : this.#spawn(i)));
+    globalThis.addEventListener("unload", this.#onExit);
+  }
+
+  #spawn(i: number): Deno.ChildProcess {
+    const child = spawnStage(this.nats.url, this.modelPath, this.ranges[i]!, this.c);
+    this.#exited.delete(i);
+    child.status.then(() => this.#exited.add(i));
+    return child;
+  }
+
+  /** Starts again each stage whose process has exited. */
+  respawnExited(): void {
+    for (const i of [...this.#exited]) this.#children[i] = this.#spawn(i);
+  }
+
+  #signal(): void {
+    this.#signalStages();
+    this.nats.kill();
+  }
+
+  #signalStages(): void {
+    for (const ch of this.#children) {
+      try {
+        ch?.kill("SIGTERM");
+      } catch { /* gone */ }
+    }
+  }
+
+  /** The stages first (they leave NATS on their way out), then nats-server. */
+  async stop(): Promise<void> {
+    globalThis.removeEventListener("unload", this.#onExit);
+    this.#signalStages();
+    for (const ch of this.#children) {
+      await ch?.status;
+      await ch?.stdin.close().catch(() => {});
+    }
+    await this.nats.stop();
+  }
+}
+
 /** Starts what the head needs: the stages' ranges, NATS, and the stage processes. */
 export async function startPipelineHead(
   c: Config,
@@ -64,32 +133,13 @@ export async function startPipelineHead(
       `Cannot run --pipeline-parallel-size ${c.pipelineParallelSize}: pipeline stages run the CPU engine; pass --backend cpu (received --backend ${c.backend})`,
     );
   }
-  const { modelPath } = await resolveModelSource(c.model, { modelsDir: c.modelsDir });
-  const header = await readGgufHeader(modelPath);
-  const arch = header.metadata.get("general.architecture")?.value;
-  const layers = Number(header.metadata.get(`${arch}.block_count`)?.value);
-  // Stages and head match by the file and the context it is opened with (before the head's KV
-  // plan shortens its own, which it then tells the stages in the attach).
-  const identity = await modelIdentity(
-    modelPath,
-    c.contextLength ?? Number(header.metadata.get(`${arch}.context_length`)?.value),
-  );
+  const { modelPath, layers, identity } = await modelLayout(c);
   const ranges = evenRanges(layers, c.pipelineParallelSize);
-  const local: LocalNats | undefined = c.nats === undefined ? await startLocalNats() : undefined;
-  const url = c.nats ?? local!.url;
-  const children = local ? ranges.slice(1).map((r) => spawnStage(url, modelPath, r, c)) : [];
-  // A start that fails later (Deno.exit on its error) still stops what was started here.
-  const onExit = () => {
-    for (const ch of children) {
-      try {
-        ch.kill("SIGTERM");
-      } catch { /* gone */ }
-    }
-    local?.kill();
-  };
-  globalThis.addEventListener("unload", onExit);
+  const local = c.nats === undefined
+    ? new LocalStages(await startLocalNats(), modelPath, ranges, c)
+    : undefined;
   const nc: NatsConnection = await connectNats({
-    url,
+    url: c.nats ?? local!.nats.url,
     name: "llmserve-pipeline-head",
     log,
     ...(c.natsCreds === undefined ? {} : { credsFile: c.natsCreds }),
@@ -102,49 +152,57 @@ export async function startPipelineHead(
   return {
     ranges,
     placeTensors: stagePlacement(ranges[0]!, modelPath),
-    build: async (model, kv, limits) => {
-      const first = await WasmEngine.create(model.config, model.weights, kv, {
-        ...limits,
-        layers: ranges[0]!,
-        ...(c.threads === undefined ? {} : { threads: c.threads }),
-      });
-      try {
-        // The head's stage keeps to --memory-budget too, where one was given.
-        const over = budgetProblem(first, c.memoryBudget);
-        if (over !== undefined) throw new Error(`Cannot run the head's pipeline stage: ${over}`);
-        const remote = await attachStages(nc, {
-          model: identity,
-          contextLength: model.config.contextLength,
-          ranges: ranges.slice(1),
-          kv,
-          limits,
-          timeoutMs: STAGE_WAIT_MS,
-        });
-        const groups = c.pipelineMicroBatches ?? ranges.length;
-        const engine = new PipelineEngine(model.config, kv, [first, ...remote], limits, groups);
-        return {
-          engine,
-          description:
-            `pipeline of ${ranges.length} cpu stages (WebAssembly, ${first.threads} threads here)`,
-        };
-      } catch (e) {
-        first.dispose();
-        throw e;
-      }
+    build: (model, kv, limits) => {
+      local?.respawnExited();
+      return buildPipeline(c, nc, { model, kv, limits, ranges, identity });
     },
     close: async () => {
-      globalThis.removeEventListener("unload", onExit);
       await nc.close();
-      await Promise.all(children.map(async (ch) => {
-        try {
-          ch.kill("SIGTERM");
-        } catch { /* gone */ }
-        await ch.status;
-        await ch.stdin.close().catch(() => {});
-      }));
       await local?.stop();
     },
   };
+}
+
+/** The head's stage here and the others attached over `nc`, as one PipelineEngine. */
+async function buildPipeline(
+  c: Config,
+  nc: NatsConnection,
+  o: {
+    model: Model;
+    kv: KvGeometry;
+    limits: StepLimits;
+    ranges: readonly LayerRange[];
+    identity: string;
+  },
+): Promise<{ engine: PipelineEngine; description: string }> {
+  const { model, kv, limits, ranges } = o;
+  const first = await WasmEngine.create(model.config, model.weights, kv, {
+    ...limits,
+    layers: ranges[0]!,
+    ...(c.threads === undefined ? {} : { threads: c.threads }),
+  });
+  try {
+    // The head's stage keeps to --memory-budget too, where one was given.
+    const over = budgetProblem(first, c.memoryBudget);
+    if (over !== undefined) throw new Error(`Cannot run the head's pipeline stage: ${over}`);
+    const remote = await attachStages(nc, {
+      model: o.identity,
+      contextLength: model.config.contextLength,
+      ranges: ranges.slice(1),
+      kv,
+      limits,
+      timeoutMs: STAGE_WAIT_MS,
+    });
+    const groups = c.pipelineMicroBatches ?? ranges.length;
+    return {
+      engine: new PipelineEngine(model.config, kv, [first, ...remote], limits, groups),
+      description: `pipeline of ${ranges.length} cpu stages (WebAssembly, ${first.threads} ` +
+        `threads here, ${groups} micro-batches)`,
+    };
+  } catch (e) {
+    first.dispose();
+    throw e;
+  }
 }
 
 /** A stage process of this machine; the NATS URL (with its password) goes in its environment. */

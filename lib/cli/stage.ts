@@ -41,7 +41,8 @@ export async function stageCommand(argv: string[]): Promise<number> {
     whenLauncherGone(resolve);
   });
   await stage.close();
-  await nc.drain();
   log(`stage ${stage.announcement.id}: stopped`);
+  // NATS may already be gone (stopped with the head that started this stage).
+  await nc.drain().catch(() => {});
   return 0;
 }

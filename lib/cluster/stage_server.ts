@@ -138,26 +138,8 @@ class StageState {
       return { type: "refused", message: (e as Error).message };
     }
     const { ann } = this;
-    if (req.model !== ann.model) {
-      return {
-        type: "refused",
-        message: `stage ${ann.id} serves model ${ann.model}, the head asked for ${req.model}`,
-      };
-    }
-    if (req.layers.start !== ann.layers.start || req.layers.end !== ann.layers.end) {
-      return {
-        type: "refused",
-        message:
-          `stage ${ann.id} runs layers ${ann.layers.start}-${ann.layers.end}, the head asked for ${req.layers.start}-${req.layers.end}`,
-      };
-    }
-    if (req.contextLength > this.model.config.contextLength) {
-      return {
-        type: "refused",
-        message:
-          `stage ${ann.id} serves a context of ${this.model.config.contextLength}, the head asked for ${req.contextLength}`,
-      };
-    }
+    const mismatch = this.#mismatch(req);
+    if (mismatch !== undefined) return { type: "refused", message: `stage ${ann.id} ${mismatch}` };
     this.close();
     const config = { ...this.model.config, contextLength: req.contextLength };
     try {
@@ -181,6 +163,22 @@ class StageState {
     this.#ticket = crypto.randomUUID();
     this.log(`stage ${ann.id}: attached (${req.kv.numBlocks} KV blocks of ${req.kv.blockSize})`);
     return { type: "attached", ticket: this.#ticket };
+  }
+
+  /** What about `req` this stage cannot serve: another model, other layers, a longer context. */
+  #mismatch(req: StageAttach): string | undefined {
+    const { ann } = this;
+    if (req.model !== ann.model) {
+      return `serves model ${ann.model}, the head asked for ${req.model}`;
+    }
+    if (req.layers.start !== ann.layers.start || req.layers.end !== ann.layers.end) {
+      return `runs layers ${ann.layers.start}-${ann.layers.end}, the head asked for ${req.layers.start}-${req.layers.end}`;
+    }
+    const ctx = this.model.config.contextLength;
+    if (req.contextLength > ctx) {
+      return `serves a context of ${ctx}, the head asked for ${req.contextLength}`;
+    }
+    return undefined;
   }
 
   /** Serves one link: a hello with the ticket, then steps and releases, answered in order. */
