@@ -188,3 +188,47 @@ Deno.test("pipeline stages that do not chain the model's layers are refused, nam
   a!.dispose();
   b!.dispose();
 });
+
+Deno.test("through pipeline stages, a step's KV block copies reach every stage's layers and hidden states come from the last, as on one process", async () => {
+  const path = modelFile("stories260K.gguf");
+  const whole = await loadModel(path, { contextLength: 512 });
+  const single = await WasmEngine.create(whole.config, whole.weights, KV, {
+    ...LIMITS,
+    threads: 1,
+  });
+  const ranges = [{ start: 0, end: 2 }, { start: 2, end: 5 }];
+  const pp = new PipelineEngine(whole.config, KV, await stageEngines(path, ranges), LIMITS, 2);
+  const seq = (seqId: number, tokens: number[], startPos: number, blockTable: number[]) => ({
+    seqId,
+    tokens,
+    startPos,
+    blockTable,
+    sample: true,
+    sampling: GREEDY,
+    hidden: "all" as const,
+  });
+  const steps = async (e: Engine) => {
+    // 20 tokens of seq 1 fill block 0 and 4 rows of block 1; seq 2 shares them through a copy of
+    // block 1 into block 7 (copy-on-write of a partial block) and goes on from position 20.
+    const a = await e.step({
+      stepId: 0,
+      returnLogits: true,
+      seqs: [seq(1, Array.from({ length: 20 }, (_, i) => 10 + i), 0, [0, 1])],
+    });
+    const b = await e.step({
+      stepId: 1,
+      returnLogits: true,
+      kvCopies: [[1, 7]],
+      seqs: [seq(1, [99], 20, [0, 1]), seq(2, [123], 20, [0, 7])],
+    });
+    e.release?.(1);
+    e.release?.(2);
+    return [a, b].map((r) => ({
+      sampled: r.sampled.map((s) => ({ token: s.token, logits: bits(s.logits!) })),
+      hidden: r.hidden!.map((h) => ({ seqId: h.seqId, startPos: h.startPos, rows: bits(h.rows) })),
+    }));
+  };
+  assertEquals(await steps(pp), await steps(single));
+  pp.dispose();
+  single.dispose();
+});
