@@ -78,3 +78,73 @@ Deno.test("evenRanges splits layers into contiguous ranges, the first ones one l
   assertEquals(evenRanges(16, 4).map((r) => r.end - r.start), [4, 4, 4, 4]);
   assertThrows(() => evenRanges(2, 3), Error, "Cannot split 2 layers into 3 pipeline stages");
 });
+
+/** A streamed completion's text; `onFirst` is called when its first token arrives. */
+async function streamed(base: string, prompt: string, seed: number, onFirst: () => void) {
+  const r = await fetch(`${base}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ prompt, max_tokens: 48, temperature: 0.9, seed, stream: true }),
+  });
+  let text = "", buf = "";
+  const decoder = new TextDecoder();
+  for await (const chunk of r.body!) {
+    buf += decoder.decode(chunk, { stream: true });
+    const lines = buf.split("\n");
+    buf = lines.pop()!;
+    for (const line of lines) {
+      if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
+      const ev = JSON.parse(line.slice(6));
+      if (ev.error) throw new Error(JSON.stringify(ev.error));
+      text += ev.choices[0].text;
+      if (text !== "") onFirst();
+    }
+  }
+  return text;
+}
+
+/** The process ids of `pid`'s children whose command line contains `part`. */
+async function childrenOf(pid: number, part: string): Promise<number[]> {
+  const ids = (await Deno.readTextFile(`/proc/${pid}/task/${pid}/children`)).trim().split(/\s+/);
+  const out: number[] = [];
+  for (const id of ids.filter(Boolean)) {
+    const cmd = await Deno.readTextFile(`/proc/${id}/cmdline`).catch(() => "");
+    if (cmd.includes(part)) out.push(Number(id));
+  }
+  return out;
+}
+
+Deno.test("kill -9 of the stage process mid-stream at 8 streams: the server starts it again, recomputes the sequences, and all 8 answers equal an uninterrupted run", async () => {
+  const flags = [
+    "--model",
+    compatPath("qwen2-like-q4_k_m"),
+    "--threads",
+    "1",
+    "--pipeline-parallel-size",
+    "2",
+  ];
+  const prompts = Array.from({ length: 8 }, (_, i) => `the cat number ${i} sat on a mat and`);
+  const run = async (kill: boolean) => {
+    const pp = await spawnCpuServer(flags);
+    try {
+      await pp.logMatch(/stage stage-\w+: attached/);
+      const [stage] = await childrenOf(pp.child.pid, "\0stage\0");
+      let killed: Promise<void> | undefined;
+      const first = () => {
+        if (!kill || killed) return;
+        killed = Promise.resolve().then(() => Deno.kill(stage!, "SIGKILL"));
+      };
+      const texts = await Promise.all(prompts.map((p, i) => streamed(pp.base, p, 100 + i, first)));
+      if (kill) {
+        await pp.logMatch(/failed \(epoch 0\)/); // the head saw the stage go
+        assertEquals((await childrenOf(pp.child.pid, "\0stage\0")).length, 1);
+      }
+      return texts;
+    } finally {
+      pp.child.kill("SIGTERM");
+      await pp.child.status;
+    }
+  };
+  const want = await run(false);
+  assertEquals(await run(true), want);
+});
