@@ -128,7 +128,7 @@ export async function startPipelineHead(
   c: Config,
   log: (line: string) => void,
 ): Promise<PipelineHead> {
-  if (c.backend !== "cpu") {
+  if (c.backend !== "cpu" && c.backend !== "auto") {
     throw new Error(
       `Cannot run --pipeline-parallel-size ${c.pipelineParallelSize}: pipeline stages run the CPU engine; pass --backend cpu (received --backend ${c.backend})`,
     );

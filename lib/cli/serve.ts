@@ -146,7 +146,8 @@ async function start(
   log: (line: string) => void,
 ) {
   // Asked while the model loads: the adapter probe is a child process of its own.
-  const resolving = resolveBackend(config.backend);
+  // Pipeline stages run the CPU engine: "auto" means it there (pipeline_head.ts refuses others).
+  const resolving = resolveBackend(config.pipelineParallelSize > 1 ? "cpu" : config.backend);
   const pipeline = config.pipelineParallelSize > 1
     ? await startPipelineHead(config, log)
     : undefined;

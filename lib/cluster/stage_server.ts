@@ -225,8 +225,8 @@ class StageState {
       }
     } finally {
       await writes;
-      this.#links.delete(conn);
-      conn.close();
+      // Closed already where close() ended every link.
+      if (this.#links.delete(conn)) conn.close();
     }
   }
 
