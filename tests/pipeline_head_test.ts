@@ -2,7 +2,8 @@
  * `deno task start --pipeline-parallel-size 2` as a real process: it starts its own
  * nats-server and stage process, and answers exactly as a one-process server does.
  */
-import { assertEquals, assertThrows } from "@std/assert";
+import { assert, assertEquals, assertThrows } from "@std/assert";
+import { metricValue, scrape } from "./_http_harness.ts";
 import { spawnCpuServer } from "./_serve_child.ts";
 import { evenRanges } from "../lib/cli/pipeline_head.ts";
 import { compatPath } from "./harness/compat.ts";
@@ -48,6 +49,9 @@ async function answers(base: string): Promise<Answer[]> {
   return [...together, await complete(base, prompts[0]!)];
 }
 
+/** The residual width (n_embd) of each compat model (compat/README.md). */
+const WIDTH: Record<string, number> = { "llama3-like-q4_k_m": 256, "qwen2-like-q4_k_m": 128 };
+
 for (const name of ["llama3-like-q4_k_m", "qwen2-like-q4_k_m"]) {
   Deno.test(`PP 2 started by the server (its own nats-server and stage process) answers 16 concurrent and 1 lone request, greedy and seeded, with the one-process server's tokens and logprobs (${name})`, async () => {
     const flags = ["--model", compatPath(name), "--threads", "1"];
@@ -63,6 +67,16 @@ for (const name of ["llama3-like-q4_k_m", "qwen2-like-q4_k_m"]) {
     try {
       await pp.logMatch(/backend\s+pipeline of 2 cpu stages/);
       assertEquals(await answers(pp.base), want);
+      // Per-stage series: the second stage was sent whole f32 rows of the model's width.
+      const m = await scrape(pp.base);
+      const at = (name: string, stage: number) =>
+        metricValue(m, `${name}{stage="${stage}"}`) ?? NaN;
+      const steps = at("llm_pipeline_stage_steps_total", 1);
+      assert(steps > 0 && steps === at("llm_pipeline_stage_steps_total", 0), m);
+      assert(at("llm_pipeline_stage_seconds_total", 1) > 0, m);
+      assertEquals(at("llm_pipeline_stage_bytes_total", 0), 0);
+      const bytes = at("llm_pipeline_stage_bytes_total", 1);
+      assert(bytes > 0 && bytes % (4 * WIDTH[name]!) === 0, `${bytes} bytes`);
     } finally {
       pp.child.kill("SIGTERM");
       await pp.child.status;

@@ -21,6 +21,7 @@ import type { StepLimits } from "../compose/engine_factory.ts";
 import type { Config } from "./config.ts";
 import { type LocalNats, startLocalNats } from "./local_nats.ts";
 import { PARENT_PIPE_ENV } from "./parent_watch.ts";
+import type { ServiceMetrics } from "../http/service_metrics.ts";
 
 /** How long the head waits for its stages to load and announce themselves. */
 export const STAGE_WAIT_MS = 120_000;
@@ -50,6 +51,8 @@ export interface PipelineHead {
     kv: KvGeometry,
     limits: StepLimits,
   ): Promise<{ engine: PipelineEngine; description: string }>;
+  /** Counts each stage's time and bytes into `metrics` (llm_pipeline_stage_*), every build's. */
+  observeInto(metrics: ServiceMetrics): void;
   /** Stops the stages and the nats-server it started. */
   close(): Promise<void>;
 }
@@ -149,17 +152,49 @@ export async function startPipelineHead(
       ranges.map((r) => `${r.start}-${r.end}`).join(", ")
     }${local ? " (stages started here)" : ""}`,
   );
+  let observe: PipelineEngine["onStage"];
   return {
     ranges,
     placeTensors: stagePlacement(ranges[0]!, modelPath),
-    build: (model, kv, limits) => {
+    build: async (model, kv, limits) => {
       local?.respawnExited();
-      return buildPipeline(c, nc, { model, kv, limits, ranges, identity });
+      const built = await buildPipeline(c, nc, { model, kv, limits, ranges, identity });
+      built.engine.onStage = observe;
+      return built;
+    },
+    observeInto: (metrics) => {
+      observe = stageObserver(metrics);
     },
     close: async () => {
       await nc.close();
       await local?.stop();
     },
+  };
+}
+
+/** Per-stage Prometheus series: time from send to answer, steps and bytes of rows sent. */
+function stageObserver(metrics: ServiceMetrics): NonNullable<PipelineEngine["onStage"]> {
+  const r = metrics.registry;
+  const seconds = r.counter(
+    "llm_pipeline_stage_seconds_total",
+    "Time from sending each step (each micro-batch) to a pipeline stage to its answer, queueing included.",
+    ["stage"],
+  );
+  const steps = r.counter(
+    "llm_pipeline_stage_steps_total",
+    "Steps (micro-batches) each pipeline stage answered.",
+    ["stage"],
+  );
+  const bytes = r.counter(
+    "llm_pipeline_stage_bytes_total",
+    "Bytes of activation rows sent to each pipeline stage.",
+    ["stage"],
+  );
+  return (stage, ms, sent) => {
+    const labels = { stage: String(stage) };
+    seconds.inc(labels, ms / 1000);
+    steps.inc(labels);
+    bytes.inc(labels, sent);
   };
 }
 

@@ -151,6 +151,7 @@ async function start(
   const pipeline = config.pipelineParallelSize > 1
     ? await startPipelineHead(config, log)
     : undefined;
+  pipeline?.observeInto(metrics);
   const { source, tokenizer, ...opened } = await openModelFor(
     config,
     "serve",

@@ -38,6 +38,11 @@ export class PipelineEngine implements Engine {
   readonly hiddenStates = true;
   /** Per sequence, the token it sampled last (settles when the step that samples it ends). */
   readonly #last = new Map<number, Promise<number>>();
+  /**
+   * Told of each stage's part of each step (a micro-batch's): the stage's index, the ms from
+   * sending to its answer (queueing behind earlier groups included) and the bytes of rows sent.
+   */
+  onStage?: (stage: number, ms: number, bytes: number) => void;
   #entry: Promise<unknown> = Promise.resolve();
 
   constructor(
@@ -84,7 +89,7 @@ export class PipelineEngine implements Engine {
     const from = new Map(plan.seqs.map((s) => [s.seqId, this.#last.get(s.seqId)]));
     const entered = this.#entry
       .then(() => resolveTokens(plan, from))
-      .then((p) => ({ plan: p, out: this.stages[0]!.stepStage(p) }));
+      .then((p) => ({ plan: p, out: this.#timed(0, p) }));
     this.#entry = entered.catch(() => {});
     const result = entered.then(({ plan: p, out }) => this.#through(p, out));
     for (const seq of plan.seqs) {
@@ -97,11 +102,21 @@ export class PipelineEngine implements Engine {
   }
 
   /** The step's rows through stages 1.. in order; the last stage's result. */
+  #timed(s: number, plan: StepPlan, rows?: Float32Array): Promise<StageOutput> {
+    const t0 = performance.now();
+    const out = this.stages[s]!.stepStage(plan, rows);
+    if (!this.onStage) return out;
+    return out.then((o) => {
+      this.onStage?.(s, performance.now() - t0, rows?.byteLength ?? 0);
+      return o;
+    });
+  }
+
   async #through(plan: StepPlan, first: Promise<StageOutput>): Promise<StepResult> {
     let out = await first;
     for (let s = 1; s < this.stages.length; s++) {
       if (out.kind !== "rows") throw unexpected(plan, s - 1, "a result", "its rows");
-      out = await this.stages[s]!.stepStage(plan, out.rows);
+      out = await this.#timed(s, plan, out.rows);
     }
     if (out.kind !== "result") {
       throw unexpected(plan, this.stages.length - 1, "rows", "the step's result");
