@@ -167,6 +167,10 @@ export const SETTINGS = {
     schema: byteSizeOrAuto(),
     default: "auto",
     env: "LLMSERVE_MEMORY_BUDGET",
+    helpFor: {
+      stage:
+        "the most this stage's weights and KV cache may take; an attach past it is refused (auto: no limit)",
+    },
   },
   maxLoadedModels: {
     group: "Several models",
@@ -488,6 +492,7 @@ export const SETTINGS = {
     helpFor: {
       router:
         "NATS server(s) the replicas serve on: nats://[user:pass@|token@]host:port (required)",
+      stage: "NATS server(s) the head and its stages meet on: nats://[user:pass@|token@]host:port",
     },
   },
   pipelineParallelSize: {
