@@ -31,6 +31,8 @@ async function main(args: string[]): Promise<number> {
       return await (await import("./lib/cli/models.ts")).modelsCommand(rest);
     case "plan":
       return await (await import("./lib/cli/plan.ts")).planCommand(rest);
+    case "stage":
+      return await (await import("./lib/cli/stage.ts")).stageCommand(rest);
     case "launch":
       return await launchCommand(rest);
     default:
@@ -48,7 +50,10 @@ async function launchCommand(args: string[]): Promise<number> {
   switch (command) {
     case "serve": {
       if (infoText("serve", rest) !== undefined) return await launch("serve", rest, undefined);
-      return await launch("serve", rest, serveNeeds(parseServeArgs(rest)));
+      const config = parseServeArgs(rest);
+      // A pipeline's head starts nats-server and its stage processes: it runs with all.
+      if (config.pipelineParallelSize > 1) return await launch("serve", rest, ALL_PERMISSIONS);
+      return await launch("serve", rest, serveNeeds(config));
     }
     case "router": {
       const { parseRouterArgs, routerNeeds } = await import("./lib/cli/router.ts");
@@ -60,6 +65,8 @@ async function launchCommand(args: string[]): Promise<number> {
     // It reads the files it is given, and --calibrate runs the engine and nats-server.
     case "plan":
       return await launch("plan", rest, ALL_PERMISSIONS);
+    case "stage":
+      return await launch("stage", rest, ALL_PERMISSIONS);
     case "generate": {
       const { parseGenerateArgs } = await import("./lib/cli/generate.ts");
       if (infoText("generate", rest) !== undefined) {

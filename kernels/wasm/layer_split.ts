@@ -5,11 +5,9 @@
  * also holds what comes before the layers, the last what comes after (the classifier).
  */
 
-/** Layers [start, end) held in one memory. */
-export interface LayerRange {
-  readonly start: number;
-  readonly end: number;
-}
+import type { LayerRange } from "../../lib/engine/stage_link.ts";
+
+export type { LayerRange };
 
 /** What one layer (with what rides along with the first or last) puts in its memory. */
 export interface SplitUnit {

@@ -108,14 +108,16 @@ function pickHeaps(bytes: readonly number[], heap: (i: number) => WasmHeap): Was
 }
 
 /**
- * The heaps of the process a model's layers were read into, in layer order, each with how
- * many consecutive layers it holds; undefined when some layer's weights lie elsewhere.
+ * The heaps of the process a model's layers (those of `range`, a pipeline stage's) were read
+ * into, in layer order, each with how many consecutive layers it holds; undefined when some
+ * layer's weights lie elsewhere.
  */
 export function heldLayers(
   weights: ModelWeights,
+  range: LayerRange = { start: 0, end: weights.layers.length },
 ): { heap: WasmHeap; layers: number }[] | undefined {
   // wDown: a neox file's Q/K are reordered copies, made at load in ordinary memory.
-  const owners = weights.layers.map((l) => owningHeap(l.wDown.data));
+  const owners = weights.layers.slice(range.start, range.end).map((l) => owningHeap(l.wDown.data));
   if (!owners.every((h) => h !== undefined)) return undefined;
   const runs: { heap: WasmHeap; layers: number }[] = [];
   for (const h of owners) {

@@ -1,11 +1,13 @@
-import type {
-  Engine,
-  KvCopy,
-  KvGeometry,
-  SampledToken,
-  StepPlan,
-  StepResult,
+import {
+  type Engine,
+  type KvCopy,
+  type KvGeometry,
+  type SampledToken,
+  type StepPlan,
+  type StepResult,
+  stepTokens,
 } from "../../lib/engine/engine.ts";
+import type { StageLink, StageOutput } from "../../lib/engine/stage_link.ts";
 import { validateStep } from "../../lib/engine/step_validation.ts";
 import { type ModelConfig, ropeFrequencies } from "../../lib/model/model_config.ts";
 import type { Tensor } from "../../lib/model/tensor.ts";
@@ -15,6 +17,7 @@ import { dequantize } from "../../lib/model/dequantize.ts";
 import { DEFAULT_LIMITS } from "../../lib/engine/limits.ts";
 import { WasmHeap, wasmHeap } from "./heap.ts";
 import { heldLayers } from "./tensor_placement.ts";
+import { checkLayerRange } from "./stage_placement.ts";
 import { ThreadPool } from "./pool.ts";
 import {
   EnginePart,
@@ -51,6 +54,12 @@ export interface WasmEngineOptions {
    * there: how tests make a small model run split.
    */
   readonly memoryBytes?: number;
+  /**
+   * Run only layers [start, end) (default: all): a pipeline stage (stage_engine.ts). Only their
+   * weights are read, only their KV cache is held; the embedding is read on the first stage,
+   * the output norm and classifier on the last.
+   */
+  readonly layers?: LayerRange;
 }
 
 /** A matrix as the kernels read it: its type code, address and shape. */
@@ -111,7 +120,7 @@ const NO_ROW_STATS = new Int32Array([0, 0, 0, 1]);
  * engine.dispose();
  * ```
  */
-export class WasmEngine implements Engine {
+export class WasmEngine implements Engine, StageLink {
   readonly name = "cpu";
   readonly hiddenStates = true;
   /** Its sampling runs on this thread after the forward pass: a late mask is awaited there. */
@@ -131,15 +140,18 @@ export class WasmEngine implements Engine {
   readonly kvDtype: "f16" | "f32";
   /** WebAssembly memories the layers are split over (1 unless the model needs more than 4 GiB). */
   readonly memories: number;
+  /** The layers this engine runs: all of them, or a pipeline stage's range. */
+  readonly stage: LayerRange;
 
   // Notes a KV block a step writes: the cache's pages become resident only then.
   readonly #markWritten: (block: number) => void;
   readonly #pool: ThreadPool;
   /** One per memory, in layer order: the model's layers split by range. */
   readonly #parts: EnginePart[];
-  /** Per layer, in model order. */
-  readonly #layers: LayerPtrs[];
-  readonly #output: Matrix;
+  /** Per layer, in model order (undefined outside the stage's range). */
+  readonly #layers: (LayerPtrs | undefined)[];
+  /** The classifier, on the last stage only. */
+  readonly #output: Matrix | undefined;
   readonly #outputNorm: number;
   readonly #embedding: Tensor;
   readonly #embedRowBytes: number;
@@ -170,6 +182,8 @@ export class WasmEngine implements Engine {
     this.#embedding = weights.tokenEmbedding;
     this.#embedRowBytes = byteSize(weights.tokenEmbedding.type, [config.dim]);
     this.memories = split.heaps.length;
+    const stage = this.stage = opts.layers ?? { start: 0, end: nLayers };
+    const isLast = stage.end === nLayers;
 
     const qDim = nHeads * headDim, kvDim = nKvHeads * headDim;
     let weightBytes = 0;
@@ -221,6 +235,7 @@ export class WasmEngine implements Engine {
     }
     const heapOf = (layer: number) => split.heaps[split.ranges.findIndex((r) => layer < r.end)]!;
     this.#layers = weights.layers.map((l, i) => {
+      if (i < stage.start || i >= stage.end) return undefined;
       const h = heapOf(i);
       return {
         attnNorm: vector(h, l.attnNorm, dim),
@@ -240,18 +255,19 @@ export class WasmEngine implements Engine {
       };
     });
     const lastHeap = split.heaps[split.heaps.length - 1]!;
-    this.#output = matrix(lastHeap, weights.output, vocabSize, dim);
+    this.#output = isLast ? matrix(lastHeap, weights.output, vocabSize, dim) : undefined;
     // The embedding is read in place row by row; a tied one is the classifier, counted above.
-    if (weights.output !== weights.tokenEmbedding) {
+    const tied = weights.output === weights.tokenEmbedding;
+    if (stage.start === 0 && !(isLast && tied)) {
       weightBytes += byteSize(weights.tokenEmbedding.type, weights.tokenEmbedding.shape);
     }
-    this.#outputNorm = vector(lastHeap, weights.outputNorm, dim);
+    this.#outputNorm = isLast ? vector(lastHeap, weights.outputNorm, dim) : 0;
 
     const kvLayerBytes = kvLayerBytesOf(config, kv, this.kvDtype);
     this.#parts = [];
     try {
       split.ranges.forEach((r, i) => {
-        const last = i === split.ranges.length - 1;
+        const last = isLast && i === split.ranges.length - 1;
         this.#parts.push(
           new EnginePart(split.heaps[i]!, i, r.start, r.end, split.shape, kvLayerBytes, last),
         );
@@ -305,6 +321,7 @@ export class WasmEngine implements Engine {
       threads,
       tableCap: maxSeqs * Math.min(kv.numBlocks, Math.ceil(config.contextLength / kv.blockSize)),
     };
+    if (opts.layers) checkLayerRange(opts.layers, config.nLayers, "the CPU engine");
     const split = splitModel(config, weights, kv, shape, opts);
     const pool = await ThreadPool.start(split.heaps, module, threads);
     try {
@@ -315,7 +332,26 @@ export class WasmEngine implements Engine {
     }
   }
   step(plan: StepPlan): Promise<StepResult> {
-    const result = this.#queue.then(() => this.#runStep(plan));
+    if (this.stage.start !== 0 || this.stage.end !== this.config.nLayers) {
+      return Promise.reject(
+        new Error(
+          `Cannot run step ${plan.stepId} whole: this CPU engine is a pipeline stage of layers ` +
+            `${this.stage.start}-${this.stage.end} of ${this.config.nLayers}; use stepStage()`,
+        ),
+      );
+    }
+    return this.stepStage(plan).then((out) => (out as { result: StepResult }).result);
+  }
+
+  /**
+   * One step of this engine's layers. The first stage embeds the plan's tokens; a later one
+   * takes `input`, the residual rows the stage before returned (stepTokens(plan) × dim f32).
+   * The last stage samples and returns the step's result, a stage before it its residual rows.
+   * A plan for a stage that does not sample has no `useLastSampled` input: whoever chains the
+   * stages sends the token (pipeline_engine.ts).
+   */
+  stepStage(plan: StepPlan, input?: Float32Array): Promise<StageOutput> {
+    const result = this.#queue.then(() => this.#runStep(plan, input));
     this.#queue = result.catch(() => {});
     return result;
   }
@@ -335,12 +371,12 @@ export class WasmEngine implements Engine {
     this.#lastSampled.clear();
   }
 
-  async #runStep(plan: StepPlan): Promise<StepResult> {
+  async #runStep(plan: StepPlan, input: Float32Array | undefined): Promise<StageOutput> {
     if (this.#disposed) {
       throw new Error(`Cannot run step ${plan.stepId}: the CPU engine was disposed`);
     }
     const { config } = this;
-    const { dim, vocabSize } = config;
+    const { dim } = config;
     const bs = this.kv.blockSize;
     validateStep(plan, {
       config,
@@ -353,6 +389,7 @@ export class WasmEngine implements Engine {
         maxTableEntries: this.#tableCap,
       },
     });
+    this.#checkInput(plan, input);
     const first = this.#parts[0]!, last = this.#parts[this.#parts.length - 1]!;
     const heap = first.heap;
     if (plan.kvCopies) this.#copyBlocks(plan.kvCopies);
@@ -382,7 +419,7 @@ export class WasmEngine implements Engine {
         this.#markWritten(block);
         slots[rows] = block * bs + (pos % bs);
         tableOffs[rows] = tableAt;
-        this.#embed(token, x.subarray(rows * dim, (rows + 1) * dim));
+        if (!input) this.#embed(token, x.subarray(rows * dim, (rows + 1) * dim));
         for (let p = 0; p < pairs; p++) {
           const angle = pos * this.#freqs[p]!;
           rope[(rows * pairs + p) * 2] = Math.cos(angle);
@@ -402,20 +439,48 @@ export class WasmEngine implements Engine {
       }
     });
 
-    await this.#runLayers(rows, sampling.length, tableAt);
+    if (input) x.set(input);
+    const isLast = this.stage.end === config.nLayers;
+    await this.#runLayers(rows, isLast ? sampling.length : 0, tableAt);
+    if (!isLast) return { kind: "rows", rows: last.heap.f32(last.x, rows * dim).slice() };
     const hidden = hiddenAt.map(({ seqId, startPos, from, to }) => ({
       seqId,
       startPos,
       rows: this.#finalNorm(last, from, to),
     }));
+    const sampled = await this.#sample(plan, sampling, last);
+    const result = { stepId: plan.stepId, sampled, ...(hidden.length > 0 ? { hidden } : {}) };
+    return { kind: "result", result };
+  }
 
+  /** A stage's input rows: none on the first (it embeds), stepTokens(plan) × dim on the others. */
+  #checkInput(plan: StepPlan, input: Float32Array | undefined): void {
+    const want = this.stage.start === 0 ? 0 : stepTokens(plan) * this.config.dim;
+    const got = input?.length ?? 0;
+    if (want === 0 ? input !== undefined : got !== want) {
+      throw new Error(
+        `Invalid input rows for step ${plan.stepId} on the stage of layers ` +
+          `${this.stage.start}-${this.stage.end}: expected ${
+            want === 0 ? "none (the first stage embeds the tokens)" : `${want} f32 values`
+          }, received ${input === undefined ? "none" : `${got} values`}`,
+      );
+    }
+  }
+
+  /** Samples the planned rows from the last part's classifier rows, LOGIT_ROWS at a time. */
+  async #sample(
+    plan: StepPlan,
+    sampling: readonly { seq: number; row: number }[],
+    last: EnginePart,
+  ): Promise<SampledToken[]> {
+    const { vocabSize } = this.config;
     const sampled: SampledToken[] = [];
     let masks: (Uint32Array | undefined)[] | undefined;
     for (let c = 0; c < sampling.length; c += LOGIT_ROWS) {
       const n = Math.min(LOGIT_ROWS, sampling.length - c);
       last.actOut!.writeOffsetDesc(last.chunkDesc, c);
       const w = new ProgramWriter(last.heap.i32(last.prog, last.progOps * OP_WORDS));
-      const o = this.#output;
+      const o = this.#output!;
       w.op(OP.matmul, [
         o.type,
         o.ptr,
@@ -471,7 +536,7 @@ export class WasmEngine implements Engine {
         });
       }
     }
-    return { stepId: plan.stepId, sampled, ...(hidden.length > 0 ? { hidden } : {}) };
+    return sampled;
   }
 
   /**
@@ -667,16 +732,18 @@ function splitModel(
   shape: PartShape,
   opts: WasmEngineOptions,
 ): { ranges: LayerRange[]; heaps: WasmHeap[] } {
-  const held = opts.memoryBytes === undefined ? heldLayers(weights) : undefined;
+  const stage = opts.layers ?? { start: 0, end: config.nLayers };
+  const held = opts.memoryBytes === undefined ? heldLayers(weights, stage) : undefined;
   if (held) {
-    let start = 0;
+    let start = stage.start;
     const ranges = held.map((h) => ({ start, end: start += h.layers }));
     return { ranges, heaps: held.map((h) => h.heap) };
   }
   const cap = opts.memoryBytes ?? WasmHeap.MAX_BYTES;
   const kvLayer = 2 * kvLayerBytesOf(config, kv, opts.kvDtype ?? "f16");
   const tensorBytes = (t: Tensor | undefined) => (t ? byteSize(t.type, t.shape) : 0);
-  const units: SplitUnit[] = weights.layers.map((l, i) => {
+  const units: SplitUnit[] = weights.layers.slice(stage.start, stage.end).map((l, j) => {
+    const i = stage.start + j;
     const tensors = [
       l.wq,
       l.wk,
@@ -697,16 +764,19 @@ function splitModel(
     return { bytes, what: `layer ${i} (its weights and KV cache)` };
   });
   // The classifier rides with the last layer, with its buffers: the difference of a last part's.
-  const out = tensorBytes(weights.output) + tensorBytes(weights.outputNorm) +
-    partOverheadBytes(shape, true) - partOverheadBytes(shape, false);
   const n = units.length - 1;
-  units[n] = {
-    bytes: units[n]!.bytes + out,
-    what: `layer ${n} with the classifier '${weights.output.name}' (${
-      tensorBytes(weights.output)
-    } bytes)`,
-  };
-  const ranges = splitLayers(units, partOverheadBytes(shape, false), cap);
+  if (stage.end === config.nLayers) {
+    const out = tensorBytes(weights.output) + tensorBytes(weights.outputNorm) +
+      partOverheadBytes(shape, true) - partOverheadBytes(shape, false);
+    units[n] = {
+      bytes: units[n]!.bytes + out,
+      what: `layer ${stage.start + n} with the classifier '${weights.output.name}' (${
+        tensorBytes(weights.output)
+      } bytes)`,
+    };
+  }
+  const ranges = splitLayers(units, partOverheadBytes(shape, false), cap)
+    .map((r) => ({ start: r.start + stage.start, end: r.end + stage.start }));
   const heaps = opts.memoryBytes !== undefined
     ? ranges.map(() => new WasmHeap(cap))
     : ranges.map((_, i) => wasmHeap(i));

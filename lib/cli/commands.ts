@@ -113,6 +113,20 @@ export const COMMANDS = {
       ],
     ],
   },
+  stage: {
+    task: "deno task stage",
+    summary: "one pipeline stage: a layer range of a model, for a head over NATS",
+    usage: "--nats nats://host:port --model <file.gguf> --layers <start>-<end> [options]",
+    environment: true,
+    about: "Loads only layers start..end-1 of the GGUF (with the embedding on the first stage, " +
+      "the output norm and classifier on the last), announces itself on NATS and serves the " +
+      "head that attaches (`deno task start --pipeline-parallel-size N --nats ...`) over a " +
+      "direct TCP link (docs/cluster.md, Pipeline parallelism).",
+    examples: [[
+      "deno task stage --nats nats://user:pass@10.0.0.1:4222 --model llama.gguf --layers 16-32 --stage-host 10.0.0.2",
+      "",
+    ]],
+  },
 } as const satisfies Record<string, CommandInfo>;
 
 export type CommandName = keyof typeof COMMANDS;

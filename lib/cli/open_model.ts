@@ -88,6 +88,7 @@ export function openModelFor(
   s: ModelSettings,
   purpose: string,
   onProgress?: OpenModelOptions["onProgress"],
+  placeTensors?: PlaceTensors,
 ): ReturnType<typeof openModel> {
   return openModel(s.model, {
     modelsDir: s.modelsDir,
@@ -96,6 +97,6 @@ export function openModelFor(
     purpose,
     ...(onProgress ? { onProgress } : {}),
     allocate: modelAllocator(s.backend),
-    placeTensors: modelPlacement(s.backend, s.kvMemory),
+    placeTensors: placeTensors ?? modelPlacement(s.backend, s.kvMemory),
   });
 }

@@ -1,4 +1,5 @@
 import { openModelFor, uploadProgress } from "./open_model.ts";
+import { startPipelineHead } from "./pipeline_head.ts";
 import { modelStem } from "../source/model_source.ts";
 import { openSimilarCacheModel } from "./similar_cache_model.ts";
 import { stopOnRequest } from "./stop_deadline.ts";
@@ -89,7 +90,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     log("stopped before the model finished loading");
     return 0;
   }
-  const { service, core, summary, replica, batches, grammarEngine, questions } = first;
+  const { service, core, summary, replica, batches, grammarEngine, questions, pipeline } = first;
   front.switchTo(service);
   progress.set("ready");
   log(
@@ -119,6 +120,10 @@ export async function serveCommand(argv: string[]): Promise<number> {
   deadline.waitingOn("the engine's close");
   await core.close();
   await questions?.close();
+  if (pipeline) {
+    deadline.waitingOn("the pipeline's stages");
+    await pipeline.close();
+  }
   log(drainedLine(result));
   return 0;
 }
@@ -143,11 +148,17 @@ async function start(
   log: (line: string) => void,
 ) {
   // Asked while the model loads: the adapter probe is a child process of its own.
-  const resolving = resolveBackend(config.backend);
+  // Pipeline stages run the CPU engine: "auto" means it there (pipeline_head.ts refuses others).
+  const resolving = resolveBackend(config.pipelineParallelSize > 1 ? "cpu" : config.backend);
+  const pipeline = config.pipelineParallelSize > 1
+    ? await startPipelineHead(config, log)
+    : undefined;
+  pipeline?.observeInto(metrics);
   const { source, tokenizer, ...opened } = await openModelFor(
     config,
     "serve",
     (phase, bytes, total) => progress.set(phase, bytes, total),
+    pipeline?.placeTensors,
   );
   const settings = servingSettings(config);
   const resolved = await resolving;
@@ -175,6 +186,7 @@ async function start(
     },
     warmUp: () => progress.set("warming_up"),
     ...(faults ? { wrapEngine: (e: Engine) => faults.wrap(e) } : {}),
+    ...(pipeline ? { buildEngine: () => pipeline.build(model, kv, settings.core.limits) } : {}),
     metrics,
   });
   const modelName = modelStem(source.modelPath);
@@ -263,7 +275,7 @@ async function start(
         ]
         : []),
     ].join("\n");
-  return { service, core, summary, replica, batches, grammarEngine, questions };
+  return { service, core, summary, replica, batches, grammarEngine, questions, pipeline };
 }
 
 /**

@@ -269,7 +269,7 @@ async function parseFile(m: ServedFile, server: Config, ctx: LoadContext): Promi
     ...(place === undefined ? {} : {
       placeTensors: (tensors: Parameters<typeof place>[0]) => {
         const placed = place(tensors);
-        if (placed) views.push(...placed);
+        if (placed) { for (const v of placed) if (v) views.push(v); }
         return placed;
       },
     }),

@@ -72,6 +72,7 @@ export interface SettingRow {
 const SERVE: CommandName[] = ["serve"];
 const SERVERS: CommandName[] = ["serve", "router"];
 const ENGINE: CommandName[] = ["serve", "generate"];
+const STAGE: CommandName[] = ["stage"];
 
 /** --max-keep-alive when not given: a day, or --keep-alive where that is longer. */
 export const DEFAULT_MAX_KEEP_ALIVE_MS = 24 * 3_600_000;
@@ -92,7 +93,7 @@ export const SETTINGS = {
   model: {
     group: "Model",
     help: "model path, https:// URL or known name",
-    commands: [...ENGINE, "plan"],
+    commands: [...ENGINE, "plan", ...STAGE],
     schema: text(),
     default: DEFAULT_MODEL,
     aliases: ["m"],
@@ -119,7 +120,7 @@ export const SETTINGS = {
   contextLength: {
     group: "Model",
     help: "override the model's context length",
-    commands: ENGINE,
+    commands: [...ENGINE, ...STAGE],
     schema: positiveInt().optional(),
     aliases: ["c", "ctx-size", "max-model-len"],
     env: "LLMSERVE_CONTEXT_LENGTH",
@@ -172,10 +173,14 @@ export const SETTINGS = {
     group: "Several models",
     help:
       "memory all loaded models may hold together (weights + KV); the least recently used idle one is unloaded to make room (auto: the free memory at start)",
-    commands: SERVE,
+    commands: [...SERVE, ...STAGE],
     schema: byteSizeOrAuto(),
     default: "auto",
     env: "LLMSERVE_MEMORY_BUDGET",
+    helpFor: {
+      stage:
+        "the most this stage's weights and KV cache may take; an attach past it is refused (auto: no limit)",
+    },
   },
   maxLoadedModels: {
     group: "Several models",
@@ -216,7 +221,7 @@ export const SETTINGS = {
   threads: {
     group: "Engine",
     help: "CPU engine threads (default: the machine's cores)",
-    commands: ENGINE,
+    commands: [...ENGINE, ...STAGE],
     schema: positiveInt(256).optional(),
     aliases: ["t"],
     env: "LLMSERVE_THREADS",
@@ -519,18 +524,51 @@ export const SETTINGS = {
   nats: {
     group: "Cluster",
     help: "NATS server(s) to also serve as a replica on: nats://[user:pass@|token@]host:port",
-    commands: SERVERS,
+    commands: [...SERVERS, ...STAGE],
     schema: text().optional(),
     env: "LLMSERVE_NATS",
     helpFor: {
       router:
         "NATS server(s) the replicas serve on: nats://[user:pass@|token@]host:port (required)",
+      stage: "NATS server(s) the head and its stages meet on: nats://[user:pass@|token@]host:port",
     },
+  },
+  pipelineParallelSize: {
+    group: "Cluster",
+    help:
+      "pipeline stages the model's layers are split over (vLLM's name); this server runs the first, and starts the others on this machine unless --nats is given, where it attaches to `deno task stage` processes",
+    commands: SERVE,
+    schema: positiveInt(64),
+    default: 1,
+    aliases: ["pp"],
+    env: "LLMSERVE_PIPELINE_PARALLEL_SIZE",
+  },
+  pipelineMicroBatches: {
+    group: "Cluster",
+    help:
+      "groups a pipeline step's sequences go down the stages in, one behind another, so all stages work at once (default: the stage count; 1: the whole step at once)",
+    commands: SERVE,
+    schema: positiveInt(256).optional(),
+    env: "LLMSERVE_PIPELINE_MICRO_BATCHES",
+  },
+  layers: {
+    group: "Cluster",
+    help: "the layers a pipeline stage runs, start-end (end excluded), e.g. 0-16",
+    commands: STAGE,
+    schema: z.string().regex(/^\d+-\d+$/, "expected start-end, e.g. 0-16").optional(),
+  },
+  stageHost: {
+    group: "Cluster",
+    help: "the address a pipeline stage's link listens on and announces (default 127.0.0.1)",
+    commands: STAGE,
+    schema: text(),
+    default: "127.0.0.1",
+    env: "LLMSERVE_STAGE_HOST",
   },
   natsCreds: {
     group: "Cluster",
     help: "NATS .creds file (JWT + NKey seed)",
-    commands: SERVERS,
+    commands: [...SERVERS, ...STAGE],
     schema: text().optional(),
     env: "LLMSERVE_NATS_CREDS",
   },
@@ -837,11 +875,6 @@ export const PEER_FLAGS: Readonly<
   },
   "tensor-parallel-size": {
     aliases: ["tp"],
-    instead:
-      "one model runs in one process for now; more processes serve as replicas behind a router (deno task cluster)",
-  },
-  "pipeline-parallel-size": {
-    aliases: ["pp"],
     instead:
       "one model runs in one process for now; more processes serve as replicas behind a router (deno task cluster)",
   },

@@ -12,6 +12,10 @@ export const subjects = {
   requests: (replica: string) => `${SUBJECT_ROOT}.replica.${replica}`,
   /** Frames of every stream one router opened. */
   frames: (router: string) => `${SUBJECT_ROOT}.router.${router}.frames`,
+  /** Announcements of every pipeline stage. */
+  stages: `${SUBJECT_ROOT}.stages`,
+  /** Attach requests for one pipeline stage. */
+  stage: (id: string) => `${SUBJECT_ROOT}.stage.${id}`,
 };
 
 /** A NATS-safe random id (subject tokens may not contain '.', '*', '>' or spaces). */

@@ -73,6 +73,11 @@ export interface OpenServingOptions {
    * is called once the engine is built, as the warm-up begins.
    */
   readonly warmUp?: boolean | (() => void);
+  /**
+   * Builds the engine instead of createEngine, the first and each restart's: a pipeline's head
+   * (lib/cli/pipeline_head.ts).
+   */
+  readonly buildEngine?: () => Promise<{ engine: Engine; description: string }>;
   /** Wraps every engine the core gets, the first and each restart's (fault injection, probes). */
   readonly wrapEngine?: (engine: Engine) => Engine;
   /** The codec the request actors use (default: the tokenizer). */
@@ -110,7 +115,7 @@ export interface OpenedServing {
 export async function openServing(o: OpenServingOptions): Promise<OpenedServing> {
   const resolved = o.resolved ?? { backend: o.backend };
   const engineOptions = o.engineOptions ?? {};
-  const built = await createEngine(
+  const built = o.buildEngine ? await o.buildEngine() : await createEngine(
     o.model,
     resolved.backend,
     o.kv,
@@ -146,7 +151,9 @@ export async function openServing(o: OpenServingOptions): Promise<OpenedServing>
     engine: wrap(built.engine),
     engineFactory: async () =>
       wrap(
-        (await createEngine(o.model, rebuild, o.kv, o.limits, undefined, engineOptions)).engine,
+        (o.buildEngine
+          ? await o.buildEngine()
+          : await createEngine(o.model, rebuild, o.kv, o.limits, undefined, engineOptions)).engine,
       ),
     codec: o.codec ?? o.tokenizer,
     grammars: o.grammars ?? lazy!,

@@ -608,17 +608,18 @@ function checkOverlaps(header: GgufHeader, tensors: Map<string, Tensor>, source:
 /**
  * Where each tensor's bytes go, given every tensor's name and size in header order: one view
  * per tensor (the CPU engine splits a model too big for one WebAssembly memory over several),
- * or undefined for one buffer holding the whole data section.
+ * or undefined for one buffer holding the whole data section. A null leaves that tensor unread
+ * (its data empty): a pipeline stage reads only its own layers' tensors.
  */
 export type PlaceTensors = (
   tensors: readonly { readonly name: string; readonly bytes: number }[],
-) => Uint8Array[] | undefined;
+) => (Uint8Array | null)[] | undefined;
 
 /** Reads each tensor into the view `views` has for it, in file order; returns the tensors. */
 async function readPlaced(
   file: Deno.FsFile,
   header: GgufHeader,
-  views: Uint8Array[],
+  views: (Uint8Array | null)[],
   source: string,
   onProgress?: ReadProgress,
 ): Promise<Map<string, Tensor>> {
@@ -626,14 +627,21 @@ async function readPlaced(
   const order = header.tensorInfos.map((info, i) => ({ info, i })).sort((a, b) =>
     a.info.offset - b.info.offset
   );
-  const total = views.reduce((n, v) => n + v.byteLength, 0);
+  const total = views.reduce((n, v) => n + (v?.byteLength ?? 0), 0);
   let done = 0;
   for (const { info, i } of order) {
     const { type, shape, bytes } = tensorLayout(info, source);
-    const view = views[i]!;
-    if (view.byteLength !== bytes) {
+    const view = views[i];
+    if (tensors.has(info.name)) {
+      throw new Error(`Cannot load GGUF ${source}: tensor '${info.name}' appears twice`);
+    }
+    if (view === null) {
+      tensors.set(info.name, { name: info.name, type, shape, data: new Uint8Array(0) });
+      continue;
+    }
+    if (view === undefined || view.byteLength !== bytes) {
       throw new Error(
-        `Cannot load GGUF ${source}: tensor '${info.name}' needs ${bytes} bytes, was given ${view.byteLength}`,
+        `Cannot load GGUF ${source}: tensor '${info.name}' needs ${bytes} bytes, was given ${view?.byteLength}`,
       );
     }
     await readFully(
@@ -643,9 +651,6 @@ async function readPlaced(
       (n) => onProgress?.(done + n, total),
     );
     done += bytes;
-    if (tensors.has(info.name)) {
-      throw new Error(`Cannot load GGUF ${source}: tensor '${info.name}' appears twice`);
-    }
     tensors.set(info.name, { name: info.name, type, shape, data: view });
   }
   checkOverlaps(header, tensors, source);

@@ -1,0 +1,267 @@
+/**
+ * `deno task start --pipeline-parallel-size N`: this server is the pipeline's head and runs
+ * its first stage; the other stages are `stage` processes it starts itself on this machine
+ * (with its own nats-server), or, with --nats, ones already announced there. Layers are split
+ * evenly, the first stages taking one more where they do not divide.
+ */
+import { WasmEngine } from "../../kernels/wasm/wasm_engine.ts";
+import { stagePlacement } from "../../kernels/wasm/stage_placement.ts";
+import type { KvGeometry } from "../engine/engine.ts";
+import { PipelineEngine } from "../engine/pipeline_engine.ts";
+import type { LayerRange } from "../engine/stage_link.ts";
+import { readGgufHeader } from "../model/gguf.ts";
+import type { PlaceTensors } from "../model/gguf.ts";
+import type { Model } from "../model/weights.ts";
+import { resolveModelSource } from "../source/model_source.ts";
+import { modelIdentity } from "../cluster/model_identity.ts";
+import { connectNats, type NatsConnection } from "../cluster/nats_connection.ts";
+import { attachStages } from "../cluster/stage_client.ts";
+import { budgetProblem } from "../cluster/stage_server.ts";
+import type { StepLimits } from "../compose/engine_factory.ts";
+import type { Config } from "./config.ts";
+import { type LocalNats, startLocalNats } from "./local_nats.ts";
+import { PARENT_PIPE_ENV } from "./parent_watch.ts";
+import type { ServiceMetrics } from "../http/service_metrics.ts";
+
+/** How long the head waits for its stages to load and announce themselves. */
+export const STAGE_WAIT_MS = 120_000;
+
+/** `layers` split into `n` contiguous ranges, as even as they go (the first ones longer). */
+export function evenRanges(layers: number, n: number): LayerRange[] {
+  if (n > layers) {
+    throw new Error(`Cannot split ${layers} layers into ${n} pipeline stages: at most ${layers}`);
+  }
+  const ranges: LayerRange[] = [];
+  let start = 0;
+  for (let i = 0; i < n; i++) {
+    const end = start + Math.floor(layers / n) + (i < layers % n ? 1 : 0);
+    ranges.push({ start, end });
+    start = end;
+  }
+  return ranges;
+}
+
+export interface PipelineHead {
+  readonly ranges: readonly LayerRange[];
+  /** Reads only the first stage's tensors. */
+  readonly placeTensors: PlaceTensors;
+  /** The first stage here, the others attached: a PipelineEngine (each executor restart too). */
+  build(
+    model: Model,
+    kv: KvGeometry,
+    limits: StepLimits,
+  ): Promise<{ engine: PipelineEngine; description: string }>;
+  /** Counts each stage's time and bytes into `metrics` (llm_pipeline_stage_*), every build's. */
+  observeInto(metrics: ServiceMetrics): void;
+  /** Stops the stages and the nats-server it started. */
+  close(): Promise<void>;
+}
+
+/** The file the stages read, its layer count, and the identity head and stages match by. */
+async function modelLayout(c: Config) {
+  const { modelPath } = await resolveModelSource(c.model, { modelsDir: c.modelsDir });
+  const header = await readGgufHeader(modelPath);
+  const arch = header.metadata.get("general.architecture")?.value;
+  const layers = Number(header.metadata.get(`${arch}.block_count`)?.value);
+  // Stages and head match by the file and the context it is opened with (before the head's KV
+  // plan shortens its own, which it then tells the stages in the attach).
+  const context = c.contextLength ?? Number(header.metadata.get(`${arch}.context_length`)?.value);
+  return { modelPath, layers, identity: await modelIdentity(modelPath, context) };
+}
+
+/**
+ * The stage processes of this machine, with their own nats-server: started at once, started
+ * again where one has exited when the engine is built again (an executor restart), and stopped
+ * with the server (or with this process, should its start fail later).
+ */
+class LocalStages {
+  readonly #children: (Deno.ChildProcess | undefined)[];
+  readonly #exited = new Set<number>();
+  readonly #onExit = () => this.#signal();
+
+  constructor(
+    readonly nats: LocalNats,
+    readonly modelPath: string,
+    readonly ranges: readonly LayerRange[],
+    readonly c: Config,
+  ) {
+    this.#children = ranges.map((_, i) => (i === 0 ? undefined : this.#spawn(i)));
+    globalThis.addEventListener("unload", this.#onExit);
+  }
+
+  #spawn(i: number): Deno.ChildProcess {
+    const child = spawnStage(this.nats.url, this.modelPath, this.ranges[i]!, this.c);
+    this.#exited.delete(i);
+    child.status.then(() => this.#exited.add(i));
+    return child;
+  }
+
+  /** Starts again each stage whose process has exited. */
+  respawnExited(): void {
+    for (const i of [...this.#exited]) this.#children[i] = this.#spawn(i);
+  }
+
+  #signal(): void {
+    this.#signalStages();
+    this.nats.kill();
+  }
+
+  #signalStages(): void {
+    for (const ch of this.#children) {
+      try {
+        ch?.kill("SIGTERM");
+      } catch { /* gone */ }
+    }
+  }
+
+  /** The stages first (they leave NATS on their way out), then nats-server. */
+  async stop(): Promise<void> {
+    globalThis.removeEventListener("unload", this.#onExit);
+    this.#signalStages();
+    for (const ch of this.#children) {
+      await ch?.status;
+      await ch?.stdin.close().catch(() => {});
+    }
+    await this.nats.stop();
+  }
+}
+
+/** Starts what the head needs: the stages' ranges, NATS, and the stage processes. */
+export async function startPipelineHead(
+  c: Config,
+  log: (line: string) => void,
+): Promise<PipelineHead> {
+  if (c.backend !== "cpu" && c.backend !== "auto") {
+    throw new Error(
+      `Cannot run --pipeline-parallel-size ${c.pipelineParallelSize}: pipeline stages run the CPU engine; pass --backend cpu (received --backend ${c.backend})`,
+    );
+  }
+  const { modelPath, layers, identity } = await modelLayout(c);
+  const ranges = evenRanges(layers, c.pipelineParallelSize);
+  const local = c.nats === undefined
+    ? new LocalStages(await startLocalNats(), modelPath, ranges, c)
+    : undefined;
+  const nc: NatsConnection = await connectNats({
+    url: c.nats ?? local!.nats.url,
+    name: "llmserve-pipeline-head",
+    log,
+    ...(c.natsCreds === undefined ? {} : { credsFile: c.natsCreds }),
+  });
+  log(
+    `pipeline: ${ranges.length} stages, layers ${
+      ranges.map((r) => `${r.start}-${r.end}`).join(", ")
+    }${local ? " (stages started here)" : ""}`,
+  );
+  let observe: PipelineEngine["onStage"];
+  return {
+    ranges,
+    placeTensors: stagePlacement(ranges[0]!, modelPath),
+    build: async (model, kv, limits) => {
+      local?.respawnExited();
+      const built = await buildPipeline(c, nc, { model, kv, limits, ranges, identity });
+      built.engine.onStage = observe;
+      return built;
+    },
+    observeInto: (metrics) => {
+      observe = stageObserver(metrics);
+    },
+    close: async () => {
+      await nc.close();
+      await local?.stop();
+    },
+  };
+}
+
+/** Per-stage Prometheus series: time from send to answer, steps and bytes of rows sent. */
+function stageObserver(metrics: ServiceMetrics): NonNullable<PipelineEngine["onStage"]> {
+  const r = metrics.registry;
+  const seconds = r.counter(
+    "llm_pipeline_stage_seconds_total",
+    "Time from sending each step (each micro-batch) to a pipeline stage to its answer, queueing included.",
+    ["stage"],
+  );
+  const steps = r.counter(
+    "llm_pipeline_stage_steps_total",
+    "Steps (micro-batches) each pipeline stage answered.",
+    ["stage"],
+  );
+  const bytes = r.counter(
+    "llm_pipeline_stage_bytes_total",
+    "Bytes of activation rows sent to each pipeline stage.",
+    ["stage"],
+  );
+  return (stage, ms, sent) => {
+    const labels = { stage: String(stage) };
+    seconds.inc(labels, ms / 1000);
+    steps.inc(labels);
+    bytes.inc(labels, sent);
+  };
+}
+
+/** The head's stage here and the others attached over `nc`, as one PipelineEngine. */
+async function buildPipeline(
+  c: Config,
+  nc: NatsConnection,
+  o: {
+    model: Model;
+    kv: KvGeometry;
+    limits: StepLimits;
+    ranges: readonly LayerRange[];
+    identity: string;
+  },
+): Promise<{ engine: PipelineEngine; description: string }> {
+  const { model, kv, limits, ranges } = o;
+  const first = await WasmEngine.create(model.config, model.weights, kv, {
+    ...limits,
+    layers: ranges[0]!,
+    ...(c.threads === undefined ? {} : { threads: c.threads }),
+  });
+  try {
+    // The head's stage keeps to --memory-budget too, where one was given.
+    const over = budgetProblem(first, c.memoryBudget);
+    if (over !== undefined) throw new Error(`Cannot run the head's pipeline stage: ${over}`);
+    const remote = await attachStages(nc, {
+      model: o.identity,
+      contextLength: model.config.contextLength,
+      ranges: ranges.slice(1),
+      kv,
+      limits,
+      timeoutMs: STAGE_WAIT_MS,
+    });
+    const groups = c.pipelineMicroBatches ?? ranges.length;
+    return {
+      engine: new PipelineEngine(model.config, kv, [first, ...remote], limits, groups),
+      description: `pipeline of ${ranges.length} cpu stages (WebAssembly, ${first.threads} ` +
+        `threads here, ${groups} micro-batches)`,
+    };
+  } catch (e) {
+    first.dispose();
+    throw e;
+  }
+}
+
+/** A stage process of this machine; the NATS URL (with its password) goes in its environment. */
+function spawnStage(url: string, modelPath: string, r: LayerRange, c: Config): Deno.ChildProcess {
+  const main = new URL("../../main.ts", import.meta.url).pathname;
+  const args = [
+    "run",
+    "--allow-all",
+    main,
+    "stage",
+    "--model",
+    modelPath,
+    "--layers",
+    `${r.start}-${r.end}`,
+  ];
+  if (c.threads !== undefined) args.push("--threads", String(c.threads));
+  if (c.contextLength !== undefined) args.push("--context-length", String(c.contextLength));
+  if (c.memoryBudget !== undefined) args.push("--memory-budget", String(c.memoryBudget));
+  return new Deno.Command(Deno.execPath(), {
+    args,
+    // Its stdin is a pipe from here: should this process die without a word, it stops too.
+    env: { LLMSERVE_NATS: url, [PARENT_PIPE_ENV]: "1" },
+    stdin: "piped",
+    stdout: "null",
+    stderr: "inherit",
+  }).spawn();
+}
