@@ -876,7 +876,7 @@ export const PEER_FLAGS: Readonly<
   "tensor-parallel-size": {
     aliases: ["tp"],
     instead:
-      "one model runs in one process for now; more processes serve as replicas behind a router (deno task cluster)",
+      "tensor parallelism is not built yet: split a model by layers over processes with --pipeline-parallel-size, or serve more replicas behind a router (deno task cluster)",
   },
 };
 
