@@ -21,6 +21,8 @@ export interface RequestRecord {
   finishReason?: string;
   /** Error code (server's `code`, "http_<status>" or "connection") when it failed. */
   error?: string;
+  /** Sent to an error event inside a stream that had begun (HTTP 200). */
+  errorAtMs?: number;
   /** Retry-After header of a 503, in seconds. */
   retryAfter?: number;
 }
@@ -252,6 +254,7 @@ export async function httpGenerate(
         const chunk = JSON.parse(data);
         if (chunk.error) {
           r.error = chunk.error.code ?? "stream_error";
+          r.errorAtMs ??= performance.now() - r.sentAt;
           continue;
         }
         if (chunk.usage) {

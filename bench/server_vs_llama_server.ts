@@ -9,11 +9,11 @@
  *     --llama-cpp /tmp/llama.cpp/build/bin
  */
 import { parseArgs } from "@std/cli/parse-args";
-import { httpGenerate } from "./load_clients.ts";
+import { httpGenerate, type RequestRecord } from "./load_clients.ts";
 import { machineInfo, machineLine } from "./machine.ts";
 import { fmt, ratio, summarize } from "./stats.ts";
 import { seededRandom } from "./workload.ts";
-import { type FirstTokenOptions, ids, round, ttft } from "./first_token_bench.ts";
+import { type FirstTokenOptions, ids } from "./first_token_bench.ts";
 import { type Side, startLlamaServer } from "./llama_server.ts";
 import { startServer } from "../tests/harness/server_process.ts";
 
@@ -29,34 +29,77 @@ const HELP =
   --seed N            prompt seed (default 4200)
   --serve-args "..."  extra flags for our server`;
 
-/** Tokens/s of `clients` closed-loop clients, each sending 2 requests of 16 prompt tokens. */
+/**
+ * llama-server ends a stream with a 500 when the generated text so far does not parse as
+ * UTF-8 content ("does not match the expected Content-only format": a random-weight model's
+ * first token can be half a character). It fails while handling that token, so the error's
+ * arrival is the first token's, and the tokens before it were computed. Counted and printed.
+ */
+const BROKEN_STREAMS = new Map<string, number>();
+
+function firstEventMs(base: string, r: RequestRecord): number {
+  if (r.ttftMs !== undefined) return r.ttftMs;
+  if (String(r.error) === "500" && r.errorAtMs !== undefined) {
+    BROKEN_STREAMS.set(base, (BROKEN_STREAMS.get(base) ?? 0) + 1);
+    return r.errorAtMs;
+  }
+  throw new Error(`${base}: request ${r.index} failed: ${r.error}`);
+}
+
+/** Time to first token of one streamed greedy request for `prompt` (token ids). */
+async function firstToken(base: string, prompt: number[], output: number, i: number) {
+  const r = await httpGenerate(
+    base,
+    i,
+    { prompt: prompt as unknown as string, maxTokens: output },
+    {
+      temperature: 0,
+      seed: 1,
+    },
+  );
+  return firstEventMs(base, r);
+}
+
+/**
+ * Tokens/s of `clients` closed-loop clients, each until 2 of its requests (16 prompt tokens,
+ * `output` tokens, EOS ignored) completed; a stream llama-server broke is asked again with a
+ * new prompt, its tokens counted.
+ */
 async function throughput(base: string, clients: number, output: number, seed: number) {
-  const o: FirstTokenOptions = {
-    long: 0,
-    burst: 0,
-    burstTokens: 0,
-    output,
-    rounds: 1,
-    idFrom: 1000,
-    idTo: 20000,
-  };
   const rand = seededRandom(seed);
   const t0 = performance.now();
   const counts = await Promise.all(Array.from({ length: clients }, async (_, c) => {
     let tokens = 0;
-    for (let k = 0; k < 2; k++) {
+    for (let done = 0, k = 0; done < 2; k++) {
       const r = await httpGenerate(
         base,
-        c * 2 + k,
-        { prompt: ids(rand, 16, o) as unknown as string, maxTokens: output },
+        c * 100 + k,
+        { prompt: ids(rand, 16, O) as unknown as string, maxTokens: output },
         { temperature: 0, seed: 1, ignoreEos: true },
       );
-      if (r.error) throw new Error(`${base}: request failed: ${r.error}`);
+      firstEventMs(base, r);
       tokens += r.outputTokens;
+      if (!r.error) done++;
     }
     return tokens;
   }));
   return counts.reduce((a, b) => a + b, 0) / ((performance.now() - t0) / 1000);
+}
+
+/** Where the prompts' token ids come from (both vocabularies hold them). */
+const O = { idFrom: 1000, idTo: 20000 } as FirstTokenOptions;
+
+/** A long prompt cold, the same with a new last token, then a burst of 32 prompts at once. */
+async function firstTokens(base: string, long: number, output: number, seed: number) {
+  const rand = seededRandom(seed);
+  const prompt = ids(rand, long, O);
+  const cold = await firstToken(base, prompt, output, 0);
+  const again = [...prompt.slice(0, -1), prompt.at(-1)! === O.idFrom ? O.idFrom + 1 : O.idFrom];
+  const repeat = await firstToken(base, again, output, 1);
+  const burst = await Promise.all(
+    Array.from({ length: 32 }, (_, i) => firstToken(base, ids(rand, 16, O), output, 2 + i)),
+  );
+  return { cold, repeat, burst };
 }
 
 interface Round {
@@ -77,8 +120,8 @@ async function measure(
 ) {
   const tps: number[] = [];
   for (const c of clients) tps.push(await throughput(base, c, decodeTokens, seed + c));
-  const short = await ttft(base, ids(seededRandom(seed + 1), 5, o), o, 0);
-  const { cold, repeat, burst } = await round(base, o, seed + 2);
+  const short = await firstToken(base, ids(seededRandom(seed + 1), 5, O), o.output, 0);
+  const { cold, repeat, burst } = await firstTokens(base, o.long, o.output, seed + 2);
   const s = summarize(burst);
   return { tps, short, cold, repeat, burstP50: s.p50, burstLast: s.max } satisfies Round;
 }
@@ -131,7 +174,7 @@ if (import.meta.main) {
   ];
   const results = new Map<string, Round[]>(sides.map((s) => [s.name, []]));
   try {
-    for (const s of sides) await ttft(s.base, ids(seededRandom(1), 8, o), o, -1); // warm-up
+    for (const s of sides) await firstToken(s.base, ids(seededRandom(1), 8, O), 8, -1); // warm-up
     for (let r = 0; r < Number(a.rounds); r++) {
       for (const s of r % 2 ? [...sides].reverse() : sides) {
         results.get(s.name)!.push(
@@ -143,6 +186,9 @@ if (import.meta.main) {
     for (const s of sides) await s.stop();
   }
   printTables(results, clients, decodeTokens, o, a.model);
+  for (const s of sides) {
+    console.log(`\n${s.name}: ${BROKEN_STREAMS.get(s.base) ?? 0} streams ended by a server error`);
+  }
 }
 
 function printTables(
