@@ -30,6 +30,22 @@ import {
 import { type LayerRange, splitLayers, type SplitUnit } from "./layer_split.ts";
 import { ATTENTION_GROUP, f32Bits, OP, OP_WORDS, ProgramWriter } from "./program.ts";
 import { type KernelFlavour, kernelModule } from "./kernel_module.ts";
+import type { LayerPtrs, Matrix } from "./layer_ptrs.ts";
+import {
+  packColumns,
+  rowSlice,
+  scatterColumns,
+  type TpExchange,
+  type TpShard,
+  tpShard,
+} from "./tp_shard.ts";
+import { ActBuffer } from "./act_buffer.ts";
+import {
+  gatherTarget,
+  TP_GATHERS_PER_LAYER,
+  type TpLayerContext,
+  writeTpSegment,
+} from "./tp_program.ts";
 import { sampleRow, samplesArgmax } from "../../lib/engine/sample_row.ts";
 import { sampleMaskedRow } from "./masked_sampling.ts";
 import { tokenMaskProblem } from "../../lib/engine/token_mask.ts";
@@ -60,31 +76,12 @@ export interface WasmEngineOptions {
    * the output norm and classifier on the last.
    */
   readonly layers?: LayerRange;
-}
-
-/** A matrix as the kernels read it: its type code, address and shape. */
-interface Matrix {
-  readonly type: number;
-  readonly ptr: number;
-  readonly rows: number;
-  readonly cols: number;
-}
-
-interface LayerPtrs {
-  readonly attnNorm: number;
-  readonly ffnNorm: number;
-  readonly wq: Matrix;
-  readonly wk: Matrix;
-  readonly wv: Matrix;
-  readonly wo: Matrix;
-  readonly wGate: Matrix;
-  readonly wUp: Matrix;
-  readonly wDown: Matrix;
-  readonly qBias: number;
-  readonly kBias: number;
-  readonly vBias: number;
-  readonly qNorm: number;
-  readonly kNorm: number;
+  /**
+   * Run as rank `shard.rank` of a tensor-parallel group (tp_shard.ts): only the shard's rows of
+   * each layer matrix and its KV heads are used, and each layer's four gathers go through
+   * `exchange`. Rank 0 holds the classifier and samples; the others answer empty rows.
+   */
+  readonly tensorParallel?: { readonly shard: TpShard; readonly exchange: TpExchange };
 }
 
 /** Weights already placed in a heap, per tensor: shared by every engine over the model. */
@@ -157,6 +154,10 @@ export class WasmEngine implements Engine, StageLink {
   readonly #embedRowBytes: number;
   readonly #freqs: Float64Array;
   readonly #tableCap: number;
+  /** Set on a tensor-parallel rank: its shard, every rank's, its exchange and its SwiGLU rows. */
+  readonly #tp:
+    | { shard: TpShard; all: TpShard[]; exchange: TpExchange; hidden: ActBuffer }
+    | undefined;
   readonly #lastSampled = new Map<number, number>();
   #queue: Promise<unknown> = Promise.resolve();
   #disposed = false;
@@ -234,9 +235,11 @@ export class WasmEngine implements Engine, StageLink {
       );
     }
     const heapOf = (layer: number) => split.heaps[split.ranges.findIndex((r) => layer < r.end)]!;
+    const shard = opts.tensorParallel?.shard;
     this.#layers = weights.layers.map((l, i) => {
       if (i < stage.start || i >= stage.end) return undefined;
       const h = heapOf(i);
+      if (shard) return this.#shardLayer(h, l, shard, vector, matrix);
       return {
         attnNorm: vector(h, l.attnNorm, dim),
         ffnNorm: vector(h, l.ffnNorm, dim),
@@ -255,7 +258,8 @@ export class WasmEngine implements Engine, StageLink {
       };
     });
     const lastHeap = split.heaps[split.heaps.length - 1]!;
-    this.#output = isLast ? matrix(lastHeap, weights.output, vocabSize, dim) : undefined;
+    const samples = isLast && (shard?.rank ?? 0) === 0;
+    this.#output = samples ? matrix(lastHeap, weights.output, vocabSize, dim) : undefined;
     // The embedding is read in place row by row; a tied one is the classifier, counted above.
     const tied = weights.output === weights.tokenEmbedding;
     if (stage.start === 0 && !(isLast && tied)) {
@@ -263,7 +267,8 @@ export class WasmEngine implements Engine, StageLink {
     }
     this.#outputNorm = isLast ? vector(lastHeap, weights.outputNorm, dim) : 0;
 
-    const kvLayerBytes = kvLayerBytesOf(config, kv, this.kvDtype);
+    const kvHeads = shard ? shard.kvHeads.end - shard.kvHeads.start : nKvHeads;
+    const kvLayerBytes = kvLayerBytesOf({ ...config, nKvHeads: kvHeads }, kv, this.kvDtype);
     this.#parts = [];
     try {
       split.ranges.forEach((r, i) => {
@@ -276,6 +281,12 @@ export class WasmEngine implements Engine, StageLink {
       for (const p of this.#parts) p.free();
       throw e;
     }
+    if (shard) {
+      const hl = shard.hiddenRows.end - shard.hiddenRows.start;
+      const hidden = new ActBuffer(split.heaps[0]!, maxRows, hl, "tensor-parallel hidden rows");
+      const all = Array.from({ length: shard.size }, (_, r) => tpShard(config, r, shard.size));
+      this.#tp = { shard, all, exchange: opts.tensorParallel!.exchange, hidden };
+    }
     const kvBytes = this.#parts.reduce((n, p) => n + p.kvBytes, 0);
     const blockBytes = kvBytes / kv.numBlocks;
     const written = new Uint8Array(kv.numBlocks);
@@ -286,10 +297,47 @@ export class WasmEngine implements Engine, StageLink {
     this.memory = {
       weights: weightBytes,
       kvCache: kvBytes,
-      buffers: this.#parts.reduce((n, p) => n + p.bufferBytes, 0),
+      buffers: this.#parts.reduce((n, p) => n + p.bufferBytes, this.#tp?.hidden.bytes ?? 0),
       get kvResident() {
         return blocks * blockBytes;
       },
+    };
+  }
+
+  /**
+   * A tensor-parallel rank's part of a layer: its query and KV heads' rows of wq, wk, wv (and
+   * biases), its residual columns' rows of wo and wDown, its hidden columns' rows of wGate and
+   * wUp. Row slices are views of the tensors' bytes, so nothing is copied where they lie in
+   * the engine's memory.
+   */
+  #shardLayer(
+    h: WasmHeap,
+    l: ModelWeights["layers"][number],
+    s: TpShard,
+    vector: (heap: WasmHeap, t: Tensor | undefined, n: number) => number,
+    matrix: (heap: WasmHeap, t: Tensor, rows: number, cols: number) => Matrix,
+  ): LayerPtrs {
+    const { dim, hiddenDim, nHeads, nKvHeads, headDim } = this.config;
+    const q = { start: s.heads.start * headDim, end: s.heads.end * headDim };
+    const k = { start: s.kvHeads.start * headDim, end: s.kvHeads.end * headDim };
+    const rows = (t: Tensor, r: { start: number; end: number }, cols: number) =>
+      matrix(h, rowSlice(t, r.start, r.end), r.end - r.start, cols);
+    const at = (ptr: number, from: number) => (ptr === 0 ? 0 : ptr + from * 4);
+    return {
+      attnNorm: vector(h, l.attnNorm, dim),
+      ffnNorm: vector(h, l.ffnNorm, dim),
+      wq: rows(l.wq, q, dim),
+      wk: rows(l.wk, k, dim),
+      wv: rows(l.wv, k, dim),
+      wo: rows(l.wo, s.dimRows, nHeads * headDim),
+      wGate: rows(l.wGate, s.hiddenRows, dim),
+      wUp: rows(l.wUp, s.hiddenRows, dim),
+      wDown: rows(l.wDown, s.dimRows, hiddenDim),
+      qBias: at(vector(h, l.qBias, nHeads * headDim), q.start),
+      kBias: at(vector(h, l.kBias, nKvHeads * headDim), k.start),
+      vBias: at(vector(h, l.vBias, nKvHeads * headDim), k.start),
+      qNorm: vector(h, l.qNorm, headDim),
+      kNorm: vector(h, l.kNorm, headDim),
     };
   }
 
@@ -323,6 +371,12 @@ export class WasmEngine implements Engine, StageLink {
     };
     if (opts.layers) checkLayerRange(opts.layers, config.nLayers, "the CPU engine");
     const split = splitModel(config, weights, kv, shape, opts);
+    if (opts.tensorParallel && (opts.layers || split.heaps.length > 1)) {
+      throw new Error(
+        "Cannot create a tensor-parallel CPU engine rank over a layer range or several memories: " +
+          "not built yet (a rank runs every layer in one memory)",
+      );
+    }
     const pool = await ThreadPool.start(split.heaps, module, threads);
     try {
       return new WasmEngine(config, weights, kv, pool, { ...split, shape }, { ...opts, flavour });
@@ -332,6 +386,14 @@ export class WasmEngine implements Engine, StageLink {
     }
   }
   step(plan: StepPlan): Promise<StepResult> {
+    if (this.#tp) {
+      return Promise.reject(
+        new Error(
+          `Cannot run step ${plan.stepId} alone: this CPU engine is tensor-parallel rank ` +
+            `${this.#tp.shard.rank} of ${this.#tp.shard.size}; its group steps together (TensorParallelEngine)`,
+        ),
+      );
+    }
     if (this.stage.start !== 0 || this.stage.end !== this.config.nLayers) {
       return Promise.reject(
         new Error(
@@ -367,6 +429,7 @@ export class WasmEngine implements Engine, StageLink {
     // Freed after the queue drains: a step in flight still reads these buffers.
     this.#queue.finally(() => {
       for (const p of this.#parts) p.free();
+      this.#tp?.hidden.free();
     });
     this.#lastSampled.clear();
   }
@@ -441,7 +504,11 @@ export class WasmEngine implements Engine, StageLink {
 
     if (input) x.set(input);
     const isLast = this.stage.end === config.nLayers;
-    await this.#runLayers(rows, isLast ? sampling.length : 0, tableAt);
+    const samples = isLast && this.#output !== undefined;
+    if (this.#tp) await this.#runShard(rows, samples ? sampling.length : 0);
+    else await this.#runLayers(rows, isLast ? sampling.length : 0, tableAt);
+    // A tensor-parallel rank other than 0 has nothing to send: rank 0 holds the same rows.
+    if (isLast && !samples) return { kind: "rows", rows: new Float32Array(0) };
     if (!isLast) return { kind: "rows", rows: last.heap.f32(last.x, rows * dim).slice() };
     const hidden = hiddenAt.map(({ seqId, startPos, from, to }) => ({
       seqId,
@@ -610,6 +677,64 @@ export class WasmEngine implements Engine, StageLink {
       await this.#pool.run(p.prog, p.mem);
       prev = p;
     }
+  }
+
+  /**
+   * A tensor-parallel rank's layers (one part): each layer's four segments, each followed by
+   * the gather of the columns every rank computed (tp_program.ts); then the final norm of the
+   * sampled rows on rank 0.
+   */
+  async #runShard(rows: number, sampled: number): Promise<void> {
+    const tp = this.#tp!, p = this.#parts[0]!;
+    const kvLayerBytes = p.kvBytes / (2 * (p.end - p.start));
+    for (let i = p.start; i < p.end; i++) {
+      const kc = p.kv + 2 * (i - p.start) * kvLayerBytes;
+      const c: TpLayerContext = {
+        config: this.config,
+        part: p,
+        layer: this.#layers[i]!,
+        shard: tp.shard,
+        hidden: tp.hidden,
+        kc,
+        vc: kc + kvLayerBytes,
+        rows,
+        maxRows: this.limits.maxBatchTokens,
+        blockSize: this.kv.blockSize,
+        f32kv: this.kvDtype === "f32" ? 1 : 0,
+      };
+      for (let seg = 0; seg < TP_GATHERS_PER_LAYER; seg++) {
+        const w = new ProgramWriter(p.heap.i32(p.prog, p.progOps * OP_WORDS));
+        writeTpSegment(w, seg, c);
+        w.end();
+        await this.#pool.run(p.prog, p.mem);
+        await this.#gather(gatherTarget(seg, c), rows);
+      }
+    }
+    if (sampled > 0) {
+      const w = new ProgramWriter(p.heap.i32(p.prog, p.progOps * OP_WORDS));
+      const eps = f32Bits(this.config.rmsEps), dim = this.config.dim;
+      const rowmap = p.rowInts + 3 * this.limits.maxBatchTokens * 4;
+      w.op(OP.normQuant, [p.x, dim, sampled, dim, this.#outputNorm, eps, rowmap, p.actOut!.desc]);
+      w.end();
+      await this.#pool.run(p.prog, p.mem);
+    }
+  }
+
+  /** Swaps this rank's columns of `g` for every rank's and writes theirs into the full rows. */
+  async #gather(g: ReturnType<typeof gatherTarget>, rows: number): Promise<void> {
+    const tp = this.#tp!, heap = this.#parts[0]!.heap;
+    const own = g.span(tp.shard);
+    const local = g.localPtr !== undefined
+      ? heap.f32(g.localPtr, rows * (own.end - own.start)).slice()
+      : packColumns(heap.f32(g.ptr, rows * g.stride), g.stride, rows, own);
+    const parts = await tp.exchange.exchange(local);
+    if (parts.length !== tp.all.length) {
+      throw new Error(
+        `Invalid gather: expected the columns of ${tp.all.length} tensor-parallel ranks, received ${parts.length}`,
+      );
+    }
+    const full = heap.f32(g.ptr, rows * g.stride);
+    scatterColumns(full, g.stride, rows, parts, tp.all.map(g.span));
   }
 
   /** The program of one part for `rows` rows: its layers, then the final norm of the sampled rows. */

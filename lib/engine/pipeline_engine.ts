@@ -139,7 +139,7 @@ export class PipelineEngine implements Engine {
 }
 
 /** The plan with each `useLastSampled` input replaced by the token its sequence sampled. */
-async function resolveTokens(
+export async function resolveTokens(
   plan: StepPlan,
   last: ReadonlyMap<number, Promise<number> | undefined>,
 ): Promise<StepPlan> {

@@ -1,0 +1,148 @@
+/**
+ * Tensor-parallel ranks in one process: CPU engines that each compute their rows of every
+ * layer matrix and gather the others' columns (LocalTpGroup), grouped by the
+ * TensorParallelEngine, against the one-process CPU engine.
+ */
+import { assertEquals, assertRejects, assertThrows } from "@std/assert";
+import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
+import { LocalTpGroup, tpShard } from "../kernels/wasm/tp_shard.ts";
+import { TensorParallelEngine } from "../lib/engine/tensor_parallel_engine.ts";
+import { type Engine, GREEDY, type SamplingParams, type SeqInput } from "../lib/engine/engine.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import type { ModelConfig } from "../lib/model/model_config.ts";
+import type { ModelWeights } from "../lib/model/weights.ts";
+import { compatPath } from "./harness/compat.ts";
+import { modelFile } from "./harness/model_files.ts";
+import { rng } from "./_gpu.ts";
+
+const KV = { numBlocks: 48, blockSize: 16 };
+const LIMITS = { maxBatchTokens: 256, maxSeqs: 16 };
+const SEEDED: SamplingParams = { temperature: 0.9, topK: 40, topP: 0.95, minP: 0, seed: 11 };
+
+const bits = (a: Float32Array) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
+
+/** `size` rank engines over one load of the model, gathering through one LocalTpGroup. */
+async function ranks(config: ModelConfig, weights: ModelWeights, size: number) {
+  const group = new LocalTpGroup(size);
+  const out: WasmEngine[] = [];
+  for (let r = 0; r < size; r++) {
+    out.push(
+      await WasmEngine.create(config, weights, KV, {
+        ...LIMITS,
+        threads: 1,
+        tensorParallel: { shard: tpShard(config, r, size), exchange: group.member(r) },
+      }),
+    );
+  }
+  return out;
+}
+
+/** `prompts` prefilled together, then `steps - 1` decodes from the token each sampled last. */
+async function run(engine: Engine, prompts: number[][], steps: number, sampling: SamplingParams) {
+  const logits = prompts.map(() => [] as number[][]);
+  const tokens = prompts.map(() => [] as number[]);
+  const inFlight: Promise<unknown>[] = [];
+  for (let step = 0; step < steps; step++) {
+    const seqs: SeqInput[] = prompts.map((p, i) => ({
+      seqId: i,
+      tokens: step === 0 ? p : [],
+      ...(step === 0 ? {} : { useLastSampled: true }),
+      startPos: step === 0 ? 0 : p.length + step - 1,
+      blockTable: [2 * i, 2 * i + 1],
+      sample: true,
+      sampling,
+    }));
+    // Called before the step before ended, as the scheduler's pipelining does.
+    inFlight.push(
+      engine.step({ stepId: step, seqs, returnLogits: true }).then((r) =>
+        r.sampled.forEach((s, i) => {
+          logits[i]![step] = bits(s.logits!);
+          tokens[i]![step] = s.token;
+        })
+      ),
+    );
+  }
+  await Promise.all(inFlight);
+  prompts.forEach((_, i) => engine.release?.(i));
+  return { logits, tokens };
+}
+
+function randomPrompts(n: number, vocab: number, seed: number): number[][] {
+  const rand = rng(seed);
+  return Array.from(
+    { length: n },
+    () => Array.from({ length: 2 + Math.floor(rand() * 12) }, () => Math.floor(rand() * vocab)),
+  );
+}
+
+// stories260K: 4 KV heads (TP 2 and 4 split them); llama3-like: 1 KV head, 4 query heads (each
+// rank keeps the KV head and takes its share of the query heads); qwen2-like: q/k/v biases.
+const CASES = [
+  { file: () => modelFile("stories260K.gguf"), sizes: [2, 4] },
+  { file: () => compatPath("llama3-like-q4_k_m"), sizes: [2] },
+  { file: () => compatPath("qwen2-like-q4_k_m"), sizes: [2] },
+];
+
+Deno.test("tensor-parallel ranks in one process give the one-process engine's logits bit for bit and its tokens, greedy and seeded, at 1 and 16 sequences", async () => {
+  for (const { file, sizes } of CASES) {
+    const path = file();
+    const m = await loadModel(path, { contextLength: 512 });
+    const single = await WasmEngine.create(m.config, m.weights, KV, { ...LIMITS, threads: 1 });
+    for (const size of sizes) {
+      const tp = new TensorParallelEngine(m.config, KV, await ranks(m.config, m.weights, size));
+      for (const n of [1, 16]) {
+        for (const sampling of [GREEDY, SEEDED]) {
+          const prompts = randomPrompts(n, m.config.vocabSize, n);
+          const want = await run(single, prompts, 4, sampling);
+          const got = await run(tp, prompts, 4, sampling);
+          const what = `${path} TP ${size}, ${n} seqs, temperature ${sampling.temperature}`;
+          assertEquals(got.tokens, want.tokens, what);
+          assertEquals(got.logits, want.logits, what);
+        }
+      }
+      tp.dispose();
+    }
+    single.dispose();
+  }
+});
+
+Deno.test("a tensor-parallel rank holds its rows of the layer matrices and its KV heads' cache only, and does not step alone", async () => {
+  const m = await loadModel(modelFile("stories260K.gguf"), { contextLength: 512 });
+  const full = await WasmEngine.create(m.config, m.weights, KV, { ...LIMITS, threads: 1 });
+  const [r0, r1] = await ranks(m.config, m.weights, 2);
+  // 4 KV heads over 2 ranks: half the cache each.
+  assertEquals(r0!.memory.kvCache, full.memory.kvCache / 2);
+  assertEquals(r1!.memory.kvCache, full.memory.kvCache / 2);
+  // stories260K is all f32 (4 bytes a value), its classifier untied. Every rank embeds, so holds
+  // the embedding, and the norms; rank 1 holds half of each layer matrix's rows and no classifier.
+  const { dim, hiddenDim, nLayers, vocabSize } = m.config;
+  const qDim = m.config.nHeads * m.config.headDim, kvDim = m.config.nKvHeads * m.config.headDim;
+  const matrices = nLayers * (2 * qDim * dim + 2 * kvDim * dim + 3 * hiddenDim * dim) * 4;
+  const norms = (2 * nLayers + 1) * dim * 4, embedding = vocabSize * dim * 4;
+  assertEquals(full.memory.weights, matrices + norms + 2 * embedding);
+  assertEquals(r1!.memory.weights, matrices / 2 + norms + embedding);
+  assertEquals(r0!.memory.weights, matrices / 2 + norms + 2 * embedding);
+  const plan = {
+    stepId: 0,
+    seqs: [{
+      seqId: 1,
+      tokens: [1, 2],
+      startPos: 0,
+      blockTable: [0],
+      sample: true,
+      sampling: GREEDY,
+    }],
+  };
+  await assertRejects(() => r1!.step(plan), Error, "tensor-parallel rank 1 of 2");
+  r0!.dispose();
+  r1!.dispose();
+  full.dispose();
+});
+
+Deno.test("tensor-parallel sizes the KV heads cannot be split into are refused, naming the size", () => {
+  const config = { dim: 256, hiddenDim: 2560, nHeads: 4, nKvHeads: 1 };
+  assertThrows(() => tpShard(config, 0, 3), Error, "Invalid tensor-parallel size 3");
+  assertThrows(() => tpShard(config, 0, 8), Error, "Invalid tensor-parallel size 8");
+  assertThrows(() => tpShard(config, 2, 2), Error, "Invalid tensor-parallel rank 2");
+  assertEquals(tpShard(config, 3, 4).heads, { start: 3, end: 4 });
+});
