@@ -18,6 +18,7 @@ import {
 } from "./stage_messages.ts";
 import { MAX_LINK_FRAME } from "./stage_server.ts";
 import { subjects } from "./subjects.ts";
+import type { GatherLink } from "./tp_link.ts";
 
 /** What the head needs of its stages. */
 export interface StageWanted {
@@ -25,6 +26,11 @@ export interface StageWanted {
   readonly model: string;
   /** The layer ranges of the remote stages, in order. */
   readonly ranges: readonly LayerRange[];
+  /**
+   * A tensor-parallel group of this size instead, the head being rank 0: ranks 1.. of every
+   * layer (`ranges` is then the one whole range).
+   */
+  readonly tpSize?: number;
   readonly kv: KvGeometry;
   readonly limits: { readonly maxSeqs: number; readonly maxBatchTokens: number };
   /** The context the head serves, at most the stages' own. */
@@ -55,6 +61,7 @@ export function stageMismatch(
  * Throws, after the timeout, naming each range still missing and what was announced instead.
  */
 export async function attachStages(nc: BusConnection, w: StageWanted): Promise<RemoteStage[]> {
+  const slots = slotsOf(w);
   const found = new Map<number, StageAnnouncement>();
   const refused = new Map<string, string>();
   let done!: () => void;
@@ -72,29 +79,35 @@ export async function attachStages(nc: BusConnection, w: StageWanted): Promise<R
         refused.set("(malformed)", (e as Error).message);
         return;
       }
-      const i = w.ranges.findIndex((r) => same(r, a.layers));
-      const why = stageMismatch(a, w.model, w.ranges[i] ?? w.ranges[0]!);
+      const i = slots.findIndex((s) =>
+        same(s.range, a.layers) && s.tp?.rank === a.tp?.rank && s.tp?.size === a.tp?.size
+      );
+      const why = stageMismatch(a, w.model, slots[i]?.range ?? slots[0]!.range);
       if (why !== undefined || i < 0) {
         refused.set(
           a.id,
           why ??
-            `stage ${a.id} advertises layers ${a.layers.start}-${a.layers.end}, which no stage of the head runs`,
+            `stage ${a.id} advertises layers ${a.layers.start}-${a.layers.end}${
+              a.tp ? ` as tensor-parallel rank ${a.tp.rank} of ${a.tp.size}` : ""
+            }, which the head does not want`,
         );
         return;
       }
       if (!found.has(i)) found.set(i, a);
-      if (found.size === w.ranges.length) done();
+      if (found.size === slots.length) done();
     },
   });
   const timer = setTimeout(done, w.timeoutMs);
   await all;
   clearTimeout(timer);
   sub.unsubscribe();
-  const missing = w.ranges.filter((_, i) => !found.has(i));
+  const missing = slots.filter((_, i) => !found.has(i));
   if (missing.length > 0) {
     throw new Error(
       `Cannot start the pipeline: no stage announced layers ${
-        missing.map((r) => `${r.start}-${r.end}`).join(", ")
+        missing.map(({ range: r, tp }) =>
+          `${r.start}-${r.end}${tp ? ` as tensor-parallel rank ${tp.rank} of ${tp.size}` : ""}`
+        ).join(", ")
       } of model ${w.model} within ${w.timeoutMs} ms${
         refused.size > 0 ? `; refused: ${[...refused.values()].join("; ")}` : ""
       }`,
@@ -102,12 +115,21 @@ export async function attachStages(nc: BusConnection, w: StageWanted): Promise<R
   }
   const links: RemoteStage[] = [];
   try {
-    for (let i = 0; i < w.ranges.length; i++) links.push(await attachOne(nc, found.get(i)!, w));
+    for (let i = 0; i < slots.length; i++) links.push(await attachOne(nc, found.get(i)!, w));
   } catch (e) {
     for (const l of links) l.dispose();
     throw e;
   }
   return links;
+}
+
+/** The stages wanted: one per range, or the ranks 1.. of a tensor-parallel group. */
+function slotsOf(w: StageWanted): { range: LayerRange; tp?: { rank: number; size: number } }[] {
+  if (w.tpSize === undefined) return w.ranges.map((range) => ({ range }));
+  return Array.from(
+    { length: w.tpSize - 1 },
+    (_, i) => ({ range: w.ranges[0]!, tp: { rank: i + 1, size: w.tpSize! } }),
+  );
 }
 
 async function attachOne(
@@ -119,6 +141,7 @@ async function attachOne(
     type: "attach",
     model: w.model,
     layers: a.layers,
+    ...(a.tp ? { tp: a.tp } : {}),
     kv: w.kv,
     limits: w.limits,
     contextLength: w.contextLength,
@@ -140,7 +163,10 @@ async function attachOne(
 }
 
 /** A stage in another process, over its direct TCP link. Steps are answered in order. */
-export class RemoteStage implements StageLink {
+export class RemoteStage implements StageLink, GatherLink {
+  /** A tensor-parallel rank's columns of each gather (tp_link.ts's HubGather sets it). */
+  onGather?: (cols: Float32Array) => void;
+  onLost?: (e: Error) => void;
   readonly #pending: { resolve: (r: LinkReply) => void; reject: (e: Error) => void }[] = [];
   #writes: Promise<void> = Promise.resolve();
   #gone: Error | undefined;
@@ -183,6 +209,11 @@ export class RemoteStage implements StageLink {
     this.#write({ type: "release", seqId });
   }
 
+  /** Every rank's columns of the rank's current gather. */
+  sendGather(parts: Float32Array[]): void {
+    this.#write({ type: "gather", parts });
+  }
+
   dispose(): void {
     this.#fail(new Error(`the link to stage ${this.ann.id} was closed by the head`));
   }
@@ -208,6 +239,13 @@ export class RemoteStage implements StageLink {
     const reader = new FrameReader(this.conn, MAX_LINK_FRAME);
     for (let f = await reader.next(); f; f = await reader.next()) {
       const r = parseMessage(LinkReplySchema, decodeFrame(f), `reply of stage ${this.ann.id}`);
+      if (r.type === "gather") {
+        if (!this.onGather) {
+          throw new Error(`stage ${this.ann.id} sent a gather, but it is no rank`);
+        }
+        this.onGather(r.cols);
+        continue;
+      }
       const p = this.#pending.shift();
       if (!p) throw new Error(`stage ${this.ann.id} sent a ${r.type} nobody asked for`);
       p.resolve(r);
@@ -227,6 +265,7 @@ export class RemoteStage implements StageLink {
   #fail(e: Error): void {
     if (this.#gone) return;
     this.#gone = e;
+    this.onLost?.(e);
     for (const p of this.#pending.splice(0)) p.reject(e);
     try {
       this.conn.close();

@@ -15,6 +15,10 @@ const MAX_SEQS = 4096;
 const MAX_ROWS = 1 << 20;
 
 export const LayerRangeSchema = z.strictObject({ start: nonNegative, end: nonNegative });
+/** A tensor-parallel rank of a group (kernels/wasm/tp_shard.ts); absent for a pipeline stage. */
+export const TpRankSchema = z.strictObject({ rank: nonNegative, size: int.min(1).max(256) });
+/** Most ranks a gather names. */
+const MAX_RANKS = 256;
 
 /** Stage → everyone, on subjects.stages, every heartbeat: who it is and where its link is. */
 export const StageAnnouncementSchema = z.strictObject({
@@ -24,6 +28,7 @@ export const StageAnnouncementSchema = z.strictObject({
   model: z.string().max(256),
   layers: LayerRangeSchema,
   nLayers: nonNegative,
+  tp: TpRankSchema.optional(),
   host: z.string().max(256),
   port: int.min(1).max(65535),
 });
@@ -37,6 +42,7 @@ export const StageAttachSchema = z.strictObject({
   type: z.literal("attach"),
   model: z.string().max(256),
   layers: LayerRangeSchema,
+  tp: TpRankSchema.optional(),
   kv: KvSchema,
   limits: LimitsSchema,
   /** The context the head serves (its KV plan may have shortened the file's): the engine's. */
@@ -89,6 +95,11 @@ export const LinkRequestSchema = z.discriminatedUnion("type", [
     input: z.instanceof(Float32Array).optional(),
   }),
   z.strictObject({ type: z.literal("release"), seqId: int }),
+  /** Every rank's columns of the rank's current gather (its own slot empty: it has them). */
+  z.strictObject({
+    type: z.literal("gather"),
+    parts: z.array(z.instanceof(Float32Array)).max(MAX_RANKS),
+  }),
 ]);
 export type LinkRequest = z.infer<typeof LinkRequestSchema>;
 
@@ -117,6 +128,8 @@ export const LinkReplySchema = z.discriminatedUnion("type", [
     }),
   }),
   z.strictObject({ type: z.literal("error"), stepId: int.optional(), message: z.string() }),
+  /** A tensor-parallel rank's columns of its next gather, sent while its step runs. */
+  z.strictObject({ type: z.literal("gather"), cols: z.instanceof(Float32Array) }),
 ]);
 export type LinkReply = z.infer<typeof LinkReplySchema>;
 

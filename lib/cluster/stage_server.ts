@@ -7,6 +7,8 @@
  */
 import { WasmEngine } from "../../kernels/wasm/wasm_engine.ts";
 import { stagePlacement } from "../../kernels/wasm/stage_placement.ts";
+import { tpShard } from "../../kernels/wasm/tp_shard.ts";
+import { RankGather } from "./tp_link.ts";
 import type { LayerRange } from "../engine/stage_link.ts";
 import { loadModel } from "../model/load_model.ts";
 import type { Model } from "../model/weights.ts";
@@ -33,6 +35,11 @@ export const STAGE_ANNOUNCE_MS = 1000;
 export interface StageOptions {
   readonly modelPath: string;
   readonly layers: LayerRange;
+  /**
+   * Serve as rank `rank` (1..size-1) of a tensor-parallel group whose rank 0 is the head: all
+   * layers, the rank's rows of each (its load still reads the whole file).
+   */
+  readonly tensorParallel?: { readonly rank: number; readonly size: number };
   readonly contextLength?: number;
   readonly threads?: number;
   /** Where the link listens (default 127.0.0.1, port 0: any free one). */
@@ -80,6 +87,7 @@ export async function startStage(nc: BusConnection, o: StageOptions): Promise<Ru
     model: await modelIdentity(o.modelPath, model.config.contextLength),
     layers: { start: o.layers.start, end: o.layers.end },
     nLayers: model.config.nLayers,
+    ...(o.tensorParallel ? { tp: { ...o.tensorParallel } } : {}),
     host: o.host ?? "127.0.0.1",
     port: (listener.addr as Deno.NetAddr).port,
   };
@@ -115,6 +123,8 @@ export async function startStage(nc: BusConnection, o: StageOptions): Promise<Ru
 class StageState {
   #engine: WasmEngine | undefined;
   #ticket: string | undefined;
+  /** A tensor-parallel rank's gathers, bound to the link of the head that attached. */
+  #gather: RankGather | undefined;
   #links = new Set<Deno.TcpConn>();
 
   constructor(
@@ -142,11 +152,17 @@ class StageState {
     if (mismatch !== undefined) return { type: "refused", message: `stage ${ann.id} ${mismatch}` };
     this.close();
     const config = { ...this.model.config, contextLength: req.contextLength };
+    const tp = ann.tp;
+    this.#gather = tp ? new RankGather(tp.rank, tp.size) : undefined;
     try {
       this.#engine = await WasmEngine.create(config, this.model.weights, req.kv, {
+        ...(tp
+          ? {
+            tensorParallel: { shard: tpShard(config, tp.rank, tp.size), exchange: this.#gather! },
+          }
+          : { layers: ann.layers }),
         maxBatchTokens: req.limits.maxBatchTokens,
         maxSeqs: req.limits.maxSeqs,
-        layers: ann.layers,
         ...(this.threads === undefined ? {} : { threads: this.threads }),
       });
     } catch (e) {
@@ -174,6 +190,11 @@ class StageState {
     if (req.layers.start !== ann.layers.start || req.layers.end !== ann.layers.end) {
       return `runs layers ${ann.layers.start}-${ann.layers.end}, the head asked for ${req.layers.start}-${req.layers.end}`;
     }
+    const tpOf = (t: { rank: number; size: number } | undefined) =>
+      t ? `tensor-parallel rank ${t.rank} of ${t.size}` : "no tensor-parallel rank";
+    if (tpOf(req.tp) !== tpOf(ann.tp)) {
+      return `is ${tpOf(ann.tp)}, the head asked for ${tpOf(req.tp)}`;
+    }
     const ctx = this.model.config.contextLength;
     if (req.contextLength > ctx) {
       return `serves a context of ${ctx}, the head asked for ${req.contextLength}`;
@@ -186,10 +207,18 @@ class StageState {
     conn.setNoDelay(true);
     this.#links.add(conn);
     const reader = new FrameReader(conn, MAX_LINK_FRAME);
+    // Frames are written one at a time; answers in request order, a step's gathers while it runs.
+    let written = Promise.resolve();
+    const write = (frame: Uint8Array) => {
+      const done = written.then(() => writeFrame(conn, frame));
+      written = done.catch(() => {});
+      return done;
+    };
     let writes = Promise.resolve();
     const reply = (r: LinkReply | Promise<LinkReply>) => {
-      writes = writes.then(async () => writeFrame(conn, encodeFrame(await r))).catch(() => {});
+      writes = writes.then(async () => write(encodeFrame(await r))).catch(() => {});
     };
+    let gather: RankGather | undefined;
     try {
       let engine: WasmEngine | undefined;
       for (let frame = await reader.next(); frame; frame = await reader.next()) {
@@ -211,6 +240,8 @@ class StageState {
           }
           this.#ticket = undefined; // one link per attach
           engine = this.#engine;
+          gather = this.#gather;
+          gather?.bind((cols) => write(encodeFrame({ type: "gather", cols })).catch(() => {}));
           reply({ type: "welcome", layers: this.ann.layers });
         } else if (!engine) {
           reply({
@@ -219,11 +250,19 @@ class StageState {
           });
         } else if (req.type === "release") {
           engine.release(req.seqId);
+        } else if (req.type === "gather") {
+          try {
+            if (!gather) throw new Error("a gather, but it is no tensor-parallel rank");
+            gather.deliver(req.parts);
+          } catch (e) {
+            reply({ type: "error", message: `stage ${this.ann.id}: ${(e as Error).message}` });
+          }
         } else {
           reply(stepReply(engine, req.plan, req.input));
         }
       }
     } finally {
+      gather?.fail(new Error(`stage ${this.ann.id}: the head's link closed during a gather`));
       await writes;
       // Closed already where close() ended every link.
       if (this.#links.delete(conn)) conn.close();

@@ -1,0 +1,132 @@
+/**
+ * Tensor-parallel ranks over the stage links: the head is rank 0 (its own CPU engine, gathering
+ * as the hub), the other ranks are stages (startStage) on a real nats-server, each gather a
+ * frame each way on the direct TCP link. Exactness against one process.
+ */
+import { assertEquals } from "@std/assert";
+import { NatsServer } from "./_cluster.ts";
+import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
+import { tpShard } from "../kernels/wasm/tp_shard.ts";
+import { TensorParallelEngine } from "../lib/engine/tensor_parallel_engine.ts";
+import { type Engine, GREEDY, type SamplingParams, type SeqInput } from "../lib/engine/engine.ts";
+import { loadModel } from "../lib/model/load_model.ts";
+import { connectNats, type NatsConnection } from "../lib/cluster/nats_connection.ts";
+import { attachStages } from "../lib/cluster/stage_client.ts";
+import { type RunningStage, startStage } from "../lib/cluster/stage_server.ts";
+import { modelIdentity } from "../lib/cluster/model_identity.ts";
+import { HubGather } from "../lib/cluster/tp_link.ts";
+import { compatPath } from "./harness/compat.ts";
+import { modelFile } from "./harness/model_files.ts";
+import { rng } from "./_gpu.ts";
+
+const KV = { numBlocks: 48, blockSize: 16 };
+const LIMITS = { maxBatchTokens: 256, maxSeqs: 16 };
+const CTX = 512;
+const SEEDED: SamplingParams = { temperature: 0.9, topK: 40, topP: 0.95, minP: 0, seed: 11 };
+const bits = (a: Float32Array) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
+
+/** TP `size` over `path`: rank 0 here, ranks 1.. attached over NATS and their links. */
+async function head(nc: NatsConnection, path: string, size: number) {
+  const m = await loadModel(path, { contextLength: CTX });
+  const hub = new HubGather();
+  const local = await WasmEngine.create(m.config, m.weights, KV, {
+    ...LIMITS,
+    threads: 1,
+    tensorParallel: { shard: tpShard(m.config, 0, size), exchange: hub },
+  });
+  const remote = await attachStages(nc, {
+    model: await modelIdentity(path, CTX),
+    ranges: [{ start: 0, end: m.config.nLayers }],
+    tpSize: size,
+    kv: KV,
+    limits: LIMITS,
+    contextLength: CTX,
+    timeoutMs: 30_000,
+  });
+  hub.attach(remote);
+  return new TensorParallelEngine(m.config, KV, [local, ...remote], LIMITS);
+}
+
+async function run(engine: Engine, prompts: number[][], steps: number, sampling: SamplingParams) {
+  const logits = prompts.map(() => [] as number[][]);
+  const tokens = prompts.map(() => [] as number[]);
+  const inFlight: Promise<unknown>[] = [];
+  for (let step = 0; step < steps; step++) {
+    const seqs: SeqInput[] = prompts.map((p, i) => ({
+      seqId: i,
+      tokens: step === 0 ? p : [],
+      ...(step === 0 ? {} : { useLastSampled: true }),
+      startPos: step === 0 ? 0 : p.length + step - 1,
+      blockTable: [2 * i, 2 * i + 1],
+      sample: true,
+      sampling,
+    }));
+    inFlight.push(
+      engine.step({ stepId: step, seqs, returnLogits: true }).then((r) =>
+        r.sampled.forEach((s, i) => {
+          logits[i]![step] = bits(s.logits!);
+          tokens[i]![step] = s.token;
+        })
+      ),
+    );
+  }
+  await Promise.all(inFlight);
+  prompts.forEach((_, i) => engine.release?.(i));
+  return { logits, tokens };
+}
+
+const prompts = (n: number, vocab: number) => {
+  const rand = rng(n);
+  return Array.from(
+    { length: n },
+    () => Array.from({ length: 2 + Math.floor(rand() * 12) }, () => Math.floor(rand() * vocab)),
+  );
+};
+
+Deno.test("TP over stage links on a real nats-server gives the one-process logits bit for bit and its tokens, greedy and seeded, at 1 and 16 sequences (stories260K TP 2 and 3, llama3-like TP 2)", async () => {
+  const nats = await NatsServer.start();
+  const nc = await connectNats({ url: nats.url, name: "test-head" });
+  const cases = [
+    { path: modelFile("stories260K.gguf"), size: 2 },
+    { path: modelFile("stories260K.gguf"), size: 3 },
+    { path: compatPath("llama3-like-q4_k_m"), size: 2 },
+  ];
+  try {
+    for (const { path, size } of cases) {
+      const stages: RunningStage[] = [];
+      for (let rank = 1; rank < size; rank++) {
+        stages.push(
+          await startStage(nc, {
+            modelPath: path,
+            layers: { start: 0, end: (await loadModel(path)).config.nLayers },
+            tensorParallel: { rank, size },
+            contextLength: CTX,
+            threads: 1,
+          }),
+        );
+      }
+      const whole = await loadModel(path, { contextLength: CTX });
+      const single = await WasmEngine.create(whole.config, whole.weights, KV, {
+        ...LIMITS,
+        threads: 1,
+      });
+      const tp = await head(nc, path, size);
+      for (const n of [1, 16]) {
+        for (const sampling of [GREEDY, SEEDED]) {
+          const p = prompts(n, whole.config.vocabSize);
+          const want = await run(single, p, 4, sampling);
+          const got = await run(tp, p, 4, sampling);
+          const what = `${path} TP ${size}, ${n} seqs, temperature ${sampling.temperature}`;
+          assertEquals(got.tokens, want.tokens, what);
+          assertEquals(got.logits, want.logits, what);
+        }
+      }
+      tp.dispose();
+      single.dispose();
+      for (const s of stages) await s.close();
+    }
+  } finally {
+    await nc.close();
+    await nats.stop();
+  }
+});
