@@ -3,7 +3,7 @@
  * as the hub), the other ranks are stages (startStage) on a real nats-server, each gather a
  * frame each way on the direct TCP link. Exactness against one process.
  */
-import { assertEquals } from "@std/assert";
+import { assertEquals, assertStringIncludes } from "@std/assert";
 import { NatsServer } from "./_cluster.ts";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { tpShard } from "../kernels/wasm/tp_shard.ts";
@@ -23,6 +23,30 @@ const KV = { numBlocks: 48, blockSize: 16 };
 const LIMITS = { maxBatchTokens: 256, maxSeqs: 16 };
 const CTX = 512;
 const SEEDED: SamplingParams = { temperature: 0.9, topK: 40, topP: 0.95, minP: 0, seed: 11 };
+/** `main.ts stage --tp-rank rank/size` as its own process; its stderr is read by the caller. */
+function spawnRank(nats: string, model: string, rank: string): Deno.ChildProcess {
+  return new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "--allow-all",
+      "main.ts",
+      "stage",
+      "--nats",
+      nats,
+      "--model",
+      model,
+      "--tp-rank",
+      rank,
+      "--threads",
+      "1",
+      "--context-length",
+      String(CTX),
+    ],
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+}
+
 const bits = (a: Float32Array) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
 
 /** TP `size` over `path`: rank 0 here, ranks 1.. attached over NATS and their links. */
@@ -98,7 +122,6 @@ Deno.test("TP over stage links on a real nats-server gives the one-process logit
         stages.push(
           await startStage(nc, {
             modelPath: path,
-            layers: { start: 0, end: (await loadModel(path)).config.nLayers },
             tensorParallel: { rank, size },
             contextLength: CTX,
             threads: 1,
@@ -127,6 +150,56 @@ Deno.test("TP over stage links on a real nats-server gives the one-process logit
     }
   } finally {
     await nc.close();
+    await nats.stop();
+  }
+});
+
+Deno.test("TP 2 with rank 1 as a real `stage --tp-rank 1/2` process gives the one-process logits bit for bit and its tokens at 1 and 16 sequences (llama3-like, qwen2-like); a rank 0 or a size the KV heads cannot take is refused at start", async () => {
+  const nats = await NatsServer.start();
+  const nc = await connectNats({ url: nats.url, name: "test-head" });
+  const files = [compatPath("llama3-like-q4_k_m"), compatPath("qwen2-like-q4_k_m")];
+  const ranks = files.map((f) => spawnRank(nats.url, f, "1/2"));
+  try {
+    for (const path of files) {
+      const whole = await loadModel(path, { contextLength: CTX });
+      const single = await WasmEngine.create(whole.config, whole.weights, KV, {
+        ...LIMITS,
+        threads: 1,
+      });
+      const tp = await head(nc, path, 2);
+      for (const n of [1, 16]) {
+        for (const sampling of [GREEDY, SEEDED]) {
+          const p = prompts(n, whole.config.vocabSize);
+          const want = await run(single, p, 4, sampling);
+          const got = await run(tp, p, 4, sampling);
+          const what =
+            `${path} TP 2 across processes, ${n} seqs, temperature ${sampling.temperature}`;
+          assertEquals(got.tokens, want.tokens, what);
+          assertEquals(got.logits, want.logits, what);
+        }
+      }
+      tp.dispose();
+      single.dispose();
+    }
+    // llama3-like has 1 KV head and 4 query heads: TP 3 does not divide them.
+    for (
+      const [rank, want] of [["0/2", "rank 0 is the head"], [
+        "1/3",
+        "Invalid tensor-parallel size 3",
+      ]]
+    ) {
+      const bad = spawnRank(nats.url, files[0]!, rank!);
+      const { code, stderr } = await bad.output();
+      assertEquals(code !== 0, true, rank);
+      assertStringIncludes(new TextDecoder().decode(stderr), want!);
+    }
+  } finally {
+    await nc.close();
+    for (const r of ranks) {
+      r.kill("SIGTERM");
+      await r.status;
+      await r.stderr.cancel();
+    }
     await nats.stop();
   }
 });

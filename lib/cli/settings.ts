@@ -557,6 +557,13 @@ export const SETTINGS = {
     commands: STAGE,
     schema: z.string().regex(/^\d+-\d+$/, "expected start-end, e.g. 0-16").optional(),
   },
+  tpRank: {
+    group: "Cluster",
+    help:
+      "serve as tensor-parallel rank r of n (r/n, r from 1; the head is rank 0) instead of a layer range: every layer, the rank's rows of each matrix",
+    commands: STAGE,
+    schema: z.string().regex(/^\d+\/\d+$/, "expected rank/size, e.g. 1/2").optional(),
+  },
   stageHost: {
     group: "Cluster",
     help: "the address a pipeline stage's link listens on and announces (default 127.0.0.1)",

@@ -13,23 +13,34 @@ export function parseLayers(text: string): LayerRange {
   return { start, end };
 }
 
+/** "r/n" (validated by the settings row) as a tensor-parallel rank. */
+export function parseTpRank(text: string): { rank: number; size: number } {
+  const [rank, size] = text.split("/").map(Number) as [number, number];
+  return { rank, size };
+}
+
 /** `stage` command: one pipeline stage until SIGTERM or SIGINT (lib/cluster/stage_server.ts). */
 export async function stageCommand(argv: string[]): Promise<number> {
   if (printInfo("stage", argv)) return 0;
   const s = parseSettings("stage", argv);
   if (s.nats === undefined) throw new Error("Cannot start a stage: --nats is required");
-  if (s.layers === undefined) throw new Error("Cannot start a stage: --layers is required");
+  if ((s.layers === undefined) === (s.tpRank === undefined)) {
+    throw new Error(
+      "Cannot start a stage: give one of --layers (a pipeline stage) or --tp-rank (a tensor-parallel rank)",
+    );
+  }
   const log = (line: string) => console.error(line);
   const { modelPath } = await resolveModelSource(s.model);
   const nc = await connectNats({
     url: s.nats,
-    name: `llmserve-stage-${s.layers}`,
+    name: `llmserve-stage-${s.layers ?? `tp-${s.tpRank}`}`,
     log,
     ...(s.natsCreds === undefined ? {} : { credsFile: s.natsCreds }),
   });
   const stage = await startStage(nc, {
     modelPath,
-    layers: parseLayers(s.layers),
+    ...(s.layers === undefined ? {} : { layers: parseLayers(s.layers) }),
+    ...(s.tpRank === undefined ? {} : { tensorParallel: parseTpRank(s.tpRank) }),
     host: s.stageHost,
     ...(s.threads === undefined ? {} : { threads: s.threads }),
     ...(s.memoryBudget === undefined ? {} : { memoryBudget: s.memoryBudget }),

@@ -34,7 +34,8 @@ export const STAGE_ANNOUNCE_MS = 1000;
 
 export interface StageOptions {
   readonly modelPath: string;
-  readonly layers: LayerRange;
+  /** The layers of a pipeline stage; absent for a tensor-parallel rank (it runs them all). */
+  readonly layers?: LayerRange;
   /**
    * Serve as rank `rank` (1..size-1) of a tensor-parallel group whose rank 0 is the head: all
    * layers, the rank's rows of each (its load still reads the whole file).
@@ -76,16 +77,29 @@ export interface RunningStage {
 /** Loads the stage's layers, listens for its link and announces it on `nc`. */
 export async function startStage(nc: BusConnection, o: StageOptions): Promise<RunningStage> {
   const log = o.log ?? (() => {});
+  if ((o.layers === undefined) === (o.tensorParallel === undefined)) {
+    throw new Error("Cannot start a stage: expected a layer range or a tensor-parallel rank");
+  }
   const model = await loadModel(o.modelPath, {
     ...(o.contextLength === undefined ? {} : { contextLength: o.contextLength }),
-    placeTensors: stagePlacement(o.layers, o.modelPath),
+    ...(o.layers ? { placeTensors: stagePlacement(o.layers, o.modelPath) } : {}),
   });
+  const layers = o.layers ?? { start: 0, end: model.config.nLayers };
+  if (o.tensorParallel) {
+    const { rank, size } = o.tensorParallel;
+    tpShard(model.config, rank, size); // refuses a size the model's heads cannot be split into
+    if (rank < 1) {
+      throw new Error(
+        `Cannot start tensor-parallel rank ${rank} of ${size} as a stage: rank 0 is the head; expected 1..${size - 1}`,
+      );
+    }
+  }
   const listener = Deno.listen({ hostname: o.host ?? "127.0.0.1", port: o.port ?? 0 });
   const announcement: StageAnnouncement = {
     type: "stage",
     id: o.id ?? randomId("stage"),
     model: await modelIdentity(o.modelPath, model.config.contextLength),
-    layers: { start: o.layers.start, end: o.layers.end },
+    layers: { start: layers.start, end: layers.end },
     nLayers: model.config.nLayers,
     ...(o.tensorParallel ? { tp: { ...o.tensorParallel } } : {}),
     host: o.host ?? "127.0.0.1",
@@ -105,7 +119,11 @@ export async function startStage(nc: BusConnection, o: StageOptions): Promise<Ru
     for await (const conn of listener) state.serve(conn).catch((e) => log(`stage link: ${e}`));
   })().catch(() => {});
   log(
-    `stage ${announcement.id}: layers ${o.layers.start}-${o.layers.end} of ${model.config.nLayers} of ${o.modelPath}, link on ${announcement.host}:${announcement.port}`,
+    `stage ${announcement.id}: ${
+      o.tensorParallel
+        ? `tensor-parallel rank ${o.tensorParallel.rank} of ${o.tensorParallel.size}, `
+        : ""
+    }layers ${layers.start}-${layers.end} of ${model.config.nLayers} of ${o.modelPath}, link on ${announcement.host}:${announcement.port}`,
   );
   return {
     announcement,
