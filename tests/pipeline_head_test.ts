@@ -2,7 +2,7 @@
  * `deno task start --pipeline-parallel-size 2` as a real process: it starts its own
  * nats-server and stage process, and answers exactly as a one-process server does.
  */
-import { assert, assertEquals, assertThrows } from "@std/assert";
+import { assert, assertEquals, assertStringIncludes, assertThrows } from "@std/assert";
 import { metricValue, scrape } from "./_http_harness.ts";
 import { spawnCpuServer } from "./_serve_child.ts";
 import { evenRanges } from "../lib/cli/pipeline_head.ts";
@@ -86,6 +86,47 @@ for (const name of ["llama3-like-q4_k_m", "qwen2-like-q4_k_m"]) {
     assertEquals(/stage stage-\w+: stopped/.test(log), true, log);
   });
 }
+
+Deno.test("TP 2 started by the server (its own nats-server and `stage --tp-rank 1/2` process) answers 16 concurrent and 1 lone request, greedy and seeded, with the one-process server's tokens and logprobs (llama3-like: its one KV head on both ranks); TP with PP is refused", async () => {
+  const flags = ["--model", compatPath("llama3-like-q4_k_m"), "--threads", "1"];
+  const single = await spawnCpuServer(flags);
+  let want: Answer[];
+  try {
+    want = await answers(single.base);
+  } finally {
+    single.child.kill("SIGTERM");
+    await single.child.status;
+  }
+  const tp = await spawnCpuServer([...flags, "--tensor-parallel-size", "2"]);
+  try {
+    await tp.logMatch(/backend\s+tensor parallelism over 2 cpu ranks/);
+    assertEquals(await answers(tp.base), want);
+  } finally {
+    tp.child.kill("SIGTERM");
+    await tp.child.status;
+  }
+  const log = await tp.log();
+  assertEquals(/stage stage-\w+: stopped/.test(log), true, log);
+  const both = await new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "--allow-all",
+      "main.ts",
+      "serve",
+      ...flags,
+      "--tp",
+      "2",
+      "--pp",
+      "2",
+      "--port",
+      "0",
+    ],
+    stdout: "null",
+    stderr: "piped",
+  }).output();
+  assertEquals(both.code !== 0, true);
+  assertStringIncludes(new TextDecoder().decode(both.stderr), "TP × PP is not built yet");
+});
 
 Deno.test("evenRanges splits layers into contiguous ranges, the first ones one longer; more stages than layers is refused", () => {
   assertEquals(evenRanges(5, 2), [{ start: 0, end: 3 }, { start: 3, end: 5 }]);

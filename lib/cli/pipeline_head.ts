@@ -2,11 +2,16 @@
  * `deno task start --pipeline-parallel-size N`: this server is the pipeline's head and runs
  * its first stage; the other stages are `stage` processes it starts itself on this machine
  * (with its own nats-server), or, with --nats, ones already announced there. Layers are split
- * evenly, the first stages taking one more where they do not divide.
+ * evenly, the first stages taking one more where they do not divide. With
+ * --tensor-parallel-size N instead, it is rank 0 of N tensor-parallel ranks, the others
+ * `stage --tp-rank r/N` processes, found and started the same way.
  */
 import { WasmEngine } from "../../kernels/wasm/wasm_engine.ts";
 import { stagePlacement } from "../../kernels/wasm/stage_placement.ts";
-import type { KvGeometry } from "../engine/engine.ts";
+import type { Engine, KvGeometry } from "../engine/engine.ts";
+import { tpShard } from "../../kernels/wasm/tp_shard.ts";
+import { TensorParallelEngine } from "../engine/tensor_parallel_engine.ts";
+import { HubGather } from "../cluster/tp_link.ts";
 import { PipelineEngine } from "../engine/pipeline_engine.ts";
 import type { LayerRange } from "../engine/stage_link.ts";
 import { readGgufHeader } from "../model/gguf.ts";
@@ -43,14 +48,17 @@ export function evenRanges(layers: number, n: number): LayerRange[] {
 
 export interface PipelineHead {
   readonly ranges: readonly LayerRange[];
-  /** Reads only the first stage's tensors. */
-  readonly placeTensors: PlaceTensors;
-  /** The first stage here, the others attached: a PipelineEngine (each executor restart too). */
+  /** Reads only the first stage's tensors (undefined: a tensor-parallel rank 0 reads them all). */
+  readonly placeTensors: PlaceTensors | undefined;
+  /**
+   * The first stage (or rank 0) here, the others attached: a PipelineEngine or a
+   * TensorParallelEngine (each executor restart too).
+   */
   build(
     model: Model,
     kv: KvGeometry,
     limits: StepLimits,
-  ): Promise<{ engine: PipelineEngine; description: string }>;
+  ): Promise<{ engine: Engine; description: string }>;
   /** Counts each stage's time and bytes into `metrics` (llm_pipeline_stage_*), every build's. */
   observeInto(metrics: ServiceMetrics): void;
   /** Stops the stages and the nats-server it started. */
@@ -82,15 +90,16 @@ class LocalStages {
   constructor(
     readonly nats: LocalNats,
     readonly modelPath: string,
-    readonly ranges: readonly LayerRange[],
+    /** Per process, what it serves (`--layers a-b` or `--tp-rank r/n`); the first is this one. */
+    readonly roles: readonly string[][],
     readonly c: Config,
   ) {
-    this.#children = ranges.map((_, i) => (i === 0 ? undefined : this.#spawn(i)));
+    this.#children = roles.map((_, i) => (i === 0 ? undefined : this.#spawn(i)));
     globalThis.addEventListener("unload", this.#onExit);
   }
 
   #spawn(i: number): Deno.ChildProcess {
-    const child = spawnStage(this.nats.url, this.modelPath, this.ranges[i]!, this.c);
+    const child = spawnStage(this.nats.url, this.modelPath, this.roles[i]!, this.c);
     this.#exited.delete(i);
     child.status.then(() => this.#exited.add(i));
     return child;
@@ -131,15 +140,27 @@ export async function startPipelineHead(
   c: Config,
   log: (line: string) => void,
 ): Promise<PipelineHead> {
+  const tp = c.tensorParallelSize;
+  const what = tp > 1
+    ? `--tensor-parallel-size ${tp}: tensor-parallel ranks`
+    : `--pipeline-parallel-size ${c.pipelineParallelSize}: pipeline stages`;
+  if (tp > 1 && c.pipelineParallelSize > 1) {
+    throw new Error(
+      `Cannot run --tensor-parallel-size ${tp} with --pipeline-parallel-size ${c.pipelineParallelSize}: TP × PP is not built yet; use one of them`,
+    );
+  }
   if (c.backend !== "cpu" && c.backend !== "auto") {
     throw new Error(
-      `Cannot run --pipeline-parallel-size ${c.pipelineParallelSize}: pipeline stages run the CPU engine; pass --backend cpu (received --backend ${c.backend})`,
+      `Cannot run ${what} run the CPU engine; pass --backend cpu (received --backend ${c.backend})`,
     );
   }
   const { modelPath, layers, identity } = await modelLayout(c);
-  const ranges = evenRanges(layers, c.pipelineParallelSize);
+  const ranges = tp > 1 ? [{ start: 0, end: layers }] : evenRanges(layers, c.pipelineParallelSize);
+  const roles = tp > 1
+    ? Array.from({ length: tp }, (_, i) => ["--tp-rank", `${i}/${tp}`])
+    : ranges.map((r) => ["--layers", `${r.start}-${r.end}`]);
   const local = c.nats === undefined
-    ? new LocalStages(await startLocalNats(), modelPath, ranges, c)
+    ? new LocalStages(await startLocalNats(), modelPath, roles, c)
     : undefined;
   const nc: NatsConnection = await connectNats({
     url: c.nats ?? local!.nats.url,
@@ -148,16 +169,19 @@ export async function startPipelineHead(
     ...(c.natsCreds === undefined ? {} : { credsFile: c.natsCreds }),
   });
   log(
-    `pipeline: ${ranges.length} stages, layers ${
-      ranges.map((r) => `${r.start}-${r.end}`).join(", ")
-    }${local ? " (stages started here)" : ""}`,
+    tp > 1
+      ? `tensor parallelism: ${tp} ranks, this one rank 0${local ? " (ranks started here)" : ""}`
+      : `pipeline: ${ranges.length} stages, layers ${
+        ranges.map((r) => `${r.start}-${r.end}`).join(", ")
+      }${local ? " (stages started here)" : ""}`,
   );
   let observe: PipelineEngine["onStage"];
   return {
     ranges,
-    placeTensors: stagePlacement(ranges[0]!, modelPath),
+    placeTensors: tp > 1 ? undefined : stagePlacement(ranges[0]!, modelPath),
     build: async (model, kv, limits) => {
       local?.respawnExited();
+      if (tp > 1) return await buildTensorParallel(c, nc, { model, kv, limits, ranges, identity });
       const built = await buildPipeline(c, nc, { model, kv, limits, ranges, identity });
       built.engine.onStage = observe;
       return built;
@@ -240,19 +264,56 @@ async function buildPipeline(
   }
 }
 
+/**
+ * Rank 0 here (it gathers as the hub, lib/cluster/tp_link.ts) and ranks 1.. attached over
+ * `nc`, as one TensorParallelEngine.
+ */
+async function buildTensorParallel(
+  c: Config,
+  nc: NatsConnection,
+  o: {
+    model: Model;
+    kv: KvGeometry;
+    limits: StepLimits;
+    ranges: readonly LayerRange[];
+    identity: string;
+  },
+): Promise<{ engine: Engine; description: string }> {
+  const { model, kv, limits } = o;
+  const size = c.tensorParallelSize, hub = new HubGather();
+  const first = await WasmEngine.create(model.config, model.weights, kv, {
+    ...limits,
+    tensorParallel: { shard: tpShard(model.config, 0, size), exchange: hub },
+    ...(c.threads === undefined ? {} : { threads: c.threads }),
+  });
+  try {
+    const over = budgetProblem(first, c.memoryBudget);
+    if (over !== undefined) throw new Error(`Cannot run the head's tensor-parallel rank: ${over}`);
+    const remote = await attachStages(nc, {
+      model: o.identity,
+      contextLength: model.config.contextLength,
+      ranges: o.ranges,
+      tpSize: size,
+      kv,
+      limits,
+      timeoutMs: STAGE_WAIT_MS,
+    });
+    hub.attach(remote);
+    return {
+      engine: new TensorParallelEngine(model.config, kv, [first, ...remote], limits),
+      description:
+        `tensor parallelism over ${size} cpu ranks (WebAssembly, ${first.threads} threads here)`,
+    };
+  } catch (e) {
+    first.dispose();
+    throw e;
+  }
+}
+
 /** A stage process of this machine; the NATS URL (with its password) goes in its environment. */
-function spawnStage(url: string, modelPath: string, r: LayerRange, c: Config): Deno.ChildProcess {
+function spawnStage(url: string, modelPath: string, role: string[], c: Config): Deno.ChildProcess {
   const main = new URL("../../main.ts", import.meta.url).pathname;
-  const args = [
-    "run",
-    "--allow-all",
-    main,
-    "stage",
-    "--model",
-    modelPath,
-    "--layers",
-    `${r.start}-${r.end}`,
-  ];
+  const args = ["run", "--allow-all", main, "stage", "--model", modelPath, ...role];
   if (c.threads !== undefined) args.push("--threads", String(c.threads));
   if (c.contextLength !== undefined) args.push("--context-length", String(c.contextLength));
   if (c.memoryBudget !== undefined) args.push("--memory-budget", String(c.memoryBudget));

@@ -148,11 +148,11 @@ async function start(
   log: (line: string) => void,
 ) {
   // Asked while the model loads: the adapter probe is a child process of its own.
-  // Pipeline stages run the CPU engine: "auto" means it there (pipeline_head.ts refuses others).
-  const resolving = resolveBackend(config.pipelineParallelSize > 1 ? "cpu" : config.backend);
-  const pipeline = config.pipelineParallelSize > 1
-    ? await startPipelineHead(config, log)
-    : undefined;
+  // Pipeline stages and tensor-parallel ranks run the CPU engine: "auto" means it there
+  // (pipeline_head.ts refuses others).
+  const split = config.pipelineParallelSize > 1 || config.tensorParallelSize > 1;
+  const resolving = resolveBackend(split ? "cpu" : config.backend);
+  const pipeline = split ? await startPipelineHead(config, log) : undefined;
   pipeline?.observeInto(metrics);
   const { source, tokenizer, ...opened } = await openModelFor(
     config,

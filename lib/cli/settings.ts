@@ -543,6 +543,16 @@ export const SETTINGS = {
     aliases: ["pp"],
     env: "LLMSERVE_PIPELINE_PARALLEL_SIZE",
   },
+  tensorParallelSize: {
+    group: "Cluster",
+    help:
+      "tensor-parallel ranks every layer's matrices are split over by rows (vLLM's name), bit-identical to one process; this server is rank 0 and starts the others on this machine unless --nats is given, where it attaches to `deno task stage --tp-rank r/n` processes (not yet with --pipeline-parallel-size)",
+    commands: SERVE,
+    schema: positiveInt(256),
+    default: 1,
+    aliases: ["tp"],
+    env: "LLMSERVE_TENSOR_PARALLEL_SIZE",
+  },
   pipelineMicroBatches: {
     group: "Cluster",
     help:
@@ -879,11 +889,6 @@ export const PEER_FLAGS: Readonly<
   "gpu-memory-utilization": {
     instead:
       "the KV cache is sized with --kv-memory (a size such as 2GiB, or auto) and all models together with --memory-budget",
-  },
-  "tensor-parallel-size": {
-    aliases: ["tp"],
-    instead:
-      "tensor parallelism is not built yet: split a model by layers over processes with --pipeline-parallel-size, or serve more replicas behind a router (deno task cluster)",
   },
 };
 
