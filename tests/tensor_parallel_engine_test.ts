@@ -7,6 +7,8 @@ import { assertEquals, assertRejects, assertThrows } from "@std/assert";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { LocalTpGroup, tpShard } from "../kernels/wasm/tp_shard.ts";
 import { TensorParallelEngine } from "../lib/engine/tensor_parallel_engine.ts";
+import { type GatherLink, HubGather } from "../lib/cluster/tp_link.ts";
+import type { StageLink } from "../lib/engine/stage_link.ts";
 import { type Engine, GREEDY, type SamplingParams, type SeqInput } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
@@ -145,4 +147,37 @@ Deno.test("tensor-parallel sizes the KV heads cannot be split into are refused, 
   assertThrows(() => tpShard(config, 0, 8), Error, "Invalid tensor-parallel size 8");
   assertThrows(() => tpShard(config, 2, 2), Error, "Invalid tensor-parallel rank 2");
   assertEquals(tpShard(config, 3, 4).heads, { start: 3, end: 4 });
+});
+
+Deno.test("a rank that fails its step ends the group's step with its error, rather than leaving rank 0 waiting at a gather, and the steps after it fail too", async () => {
+  const m = await loadModel(modelFile("stories260K.gguf"), { contextLength: 512 });
+  const hub = new HubGather();
+  const r0 = await WasmEngine.create(m.config, m.weights, KV, {
+    ...LIMITS,
+    threads: 1,
+    tensorParallel: { shard: tpShard(m.config, 0, 2), exchange: hub },
+  });
+  // Rank 1 as the head sees a remote rank that answers with an error and sends no gather.
+  const failing: StageLink & GatherLink = {
+    stage: { start: 0, end: m.config.nLayers },
+    stepStage: (plan) => Promise.reject(new Error(`rank 1 failed step ${plan.stepId}`)),
+    sendGather: () => {},
+    dispose: () => {},
+  };
+  hub.attach([failing]);
+  const tp = new TensorParallelEngine(m.config, KV, [r0, failing], LIMITS, (e) => hub.fail(e));
+  const plan = (stepId: number) => ({
+    stepId,
+    seqs: [{
+      seqId: 1,
+      tokens: [1, 2],
+      startPos: 0,
+      blockTable: [0],
+      sample: true,
+      sampling: GREEDY,
+    }],
+  });
+  await assertRejects(() => tp.step(plan(0)), Error, "rank 1 failed step 0");
+  await assertRejects(() => tp.step(plan(1)), Error, "rank 1 failed step");
+  tp.dispose();
 });

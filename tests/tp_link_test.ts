@@ -68,7 +68,7 @@ async function head(nc: NatsConnection, path: string, size: number) {
     timeoutMs: 30_000,
   });
   hub.attach(remote);
-  return new TensorParallelEngine(m.config, KV, [local, ...remote], LIMITS);
+  return new TensorParallelEngine(m.config, KV, [local, ...remote], LIMITS, (e) => hub.fail(e));
 }
 
 async function run(engine: Engine, prompts: number[][], steps: number, sampling: SamplingParams) {

@@ -300,7 +300,13 @@ async function buildTensorParallel(
     });
     hub.attach(remote);
     return {
-      engine: new TensorParallelEngine(model.config, kv, [first, ...remote], limits),
+      engine: new TensorParallelEngine(
+        model.config,
+        kv,
+        [first, ...remote],
+        limits,
+        (e) => hub.fail(e),
+      ),
       description:
         `tensor parallelism over ${size} cpu ranks (WebAssembly, ${first.threads} threads here)`,
     };

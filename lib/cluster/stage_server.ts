@@ -90,7 +90,9 @@ export async function startStage(nc: BusConnection, o: StageOptions): Promise<Ru
     tpShard(model.config, rank, size); // refuses a size the model's heads cannot be split into
     if (rank < 1) {
       throw new Error(
-        `Cannot start tensor-parallel rank ${rank} of ${size} as a stage: rank 0 is the head; expected 1..${size - 1}`,
+        `Cannot start tensor-parallel rank ${rank} of ${size} as a stage: rank 0 is the head; expected 1..${
+          size - 1
+        }`,
       );
     }
   }

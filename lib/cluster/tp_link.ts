@@ -99,6 +99,11 @@ export class HubGather implements TpExchange {
     });
   }
 
+  /** Ends this and every later gather with `e` (a rank failed its step: the group is broken). */
+  fail(e: Error): void {
+    for (const a of this.#arrivals) a.fail(e);
+  }
+
   async exchange(local: Float32Array): Promise<readonly Float32Array[]> {
     const remote = await Promise.all(this.#arrivals.map((a) => a.next()));
     const parts = [local, ...remote];

@@ -22,6 +22,11 @@ export class TensorParallelEngine implements Engine {
     readonly kv: KvGeometry,
     readonly ranks: readonly StageLink[],
     readonly limits?: { readonly maxSeqs: number; readonly maxBatchTokens: number },
+    /**
+     * Called when a rank fails a step: the other ranks may be waiting at a gather for its
+     * columns, so the caller fails their gathers (tp_link.ts's HubGather.fail).
+     */
+    readonly onRankFailed?: (e: Error) => void,
   ) {
     const whole = ranks.every((r) => r.stage.start === 0 && r.stage.end === config.nLayers);
     if (ranks.length === 0 || !whole) {
@@ -38,7 +43,14 @@ export class TensorParallelEngine implements Engine {
     const from = new Map(plan.seqs.map((s) => [s.seqId, this.#last.get(s.seqId)]));
     const entered = this.#entry
       .then(() => resolveTokens(plan, from))
-      .then((p) => this.ranks.map((r) => r.stepStage(p)));
+      .then((p) =>
+        this.ranks.map((r) =>
+          r.stepStage(p).catch((e) => {
+            this.onRankFailed?.(e instanceof Error ? e : new Error(String(e)));
+            throw e;
+          })
+        )
+      );
     this.#entry = entered.catch(() => {});
     const result = entered.then(async (outs) => {
       const [first, ...rest] = await Promise.all(outs);
