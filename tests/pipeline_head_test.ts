@@ -169,37 +169,41 @@ async function childrenOf(pid: number, part: string): Promise<number[]> {
   return out;
 }
 
-Deno.test("kill -9 of the stage process mid-stream at 8 streams: the server starts it again, recomputes the sequences, and all 8 answers equal an uninterrupted run", async () => {
-  const flags = [
-    "--model",
-    compatPath("qwen2-like-q4_k_m"),
-    "--threads",
-    "1",
-    "--pipeline-parallel-size",
-    "2",
-  ];
-  const prompts = Array.from({ length: 8 }, (_, i) => `the cat number ${i} sat on a mat and`);
-  const run = async (kill: boolean) => {
-    const pp = await spawnCpuServer(flags);
-    try {
-      await pp.logMatch(/stage stage-\w+: attached/);
-      const [stage] = await childrenOf(pp.child.pid, "\0stage\0");
-      let killed: Promise<void> | undefined;
-      const first = () => {
-        if (!kill || killed) return;
-        killed = Promise.resolve().then(() => Deno.kill(stage!, "SIGKILL"));
-      };
-      const texts = await Promise.all(prompts.map((p, i) => streamed(pp.base, p, 100 + i, first)));
-      if (kill) {
-        await pp.logMatch(/failed \(epoch 0\)/); // the head saw the stage go
-        assertEquals((await childrenOf(pp.child.pid, "\0stage\0")).length, 1);
+for (const layout of ["--pipeline-parallel-size", "--tensor-parallel-size"]) {
+  Deno.test(`kill -9 of the stage process mid-stream at 8 streams (${layout} 2): the server starts it again, recomputes the sequences, and all 8 answers equal an uninterrupted run`, async () => {
+    const flags = [
+      "--model",
+      compatPath("qwen2-like-q4_k_m"),
+      "--threads",
+      "1",
+      layout,
+      "2",
+    ];
+    const prompts = Array.from({ length: 8 }, (_, i) => `the cat number ${i} sat on a mat and`);
+    const run = async (kill: boolean) => {
+      const pp = await spawnCpuServer(flags);
+      try {
+        await pp.logMatch(/stage stage-\w+: attached/);
+        const [stage] = await childrenOf(pp.child.pid, "\0stage\0");
+        let killed: Promise<void> | undefined;
+        const first = () => {
+          if (!kill || killed) return;
+          killed = Promise.resolve().then(() => Deno.kill(stage!, "SIGKILL"));
+        };
+        const texts = await Promise.all(
+          prompts.map((p, i) => streamed(pp.base, p, 100 + i, first)),
+        );
+        if (kill) {
+          await pp.logMatch(/failed \(epoch 0\)/); // the head saw the stage go
+          assertEquals((await childrenOf(pp.child.pid, "\0stage\0")).length, 1);
+        }
+        return texts;
+      } finally {
+        pp.child.kill("SIGTERM");
+        await pp.child.status;
       }
-      return texts;
-    } finally {
-      pp.child.kill("SIGTERM");
-      await pp.child.status;
-    }
-  };
-  const want = await run(false);
-  assertEquals(await run(true), want);
-});
+    };
+    const want = await run(false);
+    assertEquals(await run(true), want);
+  });
+}
