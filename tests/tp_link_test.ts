@@ -3,7 +3,7 @@
  * as the hub), the other ranks are stages (startStage) on a real nats-server, each gather a
  * frame each way on the direct TCP link. Exactness against one process.
  */
-import { assertEquals, assertStringIncludes } from "@std/assert";
+import { assertEquals, assertRejects, assertStringIncludes } from "@std/assert";
 import { NatsServer } from "./_cluster.ts";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { tpShard } from "../kernels/wasm/tp_shard.ts";
@@ -15,6 +15,9 @@ import { attachStages } from "../lib/cluster/stage_client.ts";
 import { type RunningStage, startStage } from "../lib/cluster/stage_server.ts";
 import { modelIdentity } from "../lib/cluster/model_identity.ts";
 import { HubGather } from "../lib/cluster/tp_link.ts";
+import { subjects } from "../lib/cluster/subjects.ts";
+import { decodeFrame, encodeFrame } from "../lib/cluster/binary_frame.ts";
+import { FrameReader, writeFrame } from "../lib/cluster/frame_stream.ts";
 import { compatPath } from "./harness/compat.ts";
 import { modelFile } from "./harness/model_files.ts";
 import { rng } from "./_gpu.ts";
@@ -50,7 +53,7 @@ function spawnRank(nats: string, model: string, rank: string): Deno.ChildProcess
 const bits = (a: Float32Array) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
 
 /** TP `size` over `path`: rank 0 here, ranks 1.. attached over NATS and their links. */
-async function head(nc: NatsConnection, path: string, size: number) {
+async function head(nc: NatsConnection, path: string, size: number, timeoutMs = 30_000) {
   const m = await loadModel(path, { contextLength: CTX });
   const hub = new HubGather();
   const local = await WasmEngine.create(m.config, m.weights, KV, {
@@ -65,7 +68,10 @@ async function head(nc: NatsConnection, path: string, size: number) {
     kv: KV,
     limits: LIMITS,
     contextLength: CTX,
-    timeoutMs: 30_000,
+    timeoutMs,
+  }).catch((e) => {
+    local.dispose();
+    throw e;
   });
   hub.attach(remote);
   return new TensorParallelEngine(m.config, KV, [local, ...remote], LIMITS, (e) => hub.fail(e));
@@ -200,6 +206,78 @@ Deno.test("TP 2 with rank 1 as a real `stage --tp-rank 1/2` process gives the on
       await r.status;
       await r.stderr.cancel();
     }
+    await nats.stop();
+  }
+});
+
+Deno.test("a head wanting another TP size finds no rank, naming the one announced; a rank refuses an attach for another rank and answers a gather of the wrong size with an error", async () => {
+  const nats = await NatsServer.start();
+  const nc = await connectNats({ url: nats.url, name: "test-head" });
+  const path = modelFile("stories260K.gguf");
+  const stage = await startStage(nc, {
+    modelPath: path,
+    tensorParallel: { rank: 1, size: 2 },
+    contextLength: CTX,
+    threads: 1,
+  });
+  const ann = stage.announcement;
+  try {
+    assertEquals([ann.tp, ann.layers], [{ rank: 1, size: 2 }, { start: 0, end: 5 }]);
+    const wrongSize = await assertRejects(() => head(nc, path, 3, 3000));
+    assertStringIncludes(
+      (wrongSize as Error).message,
+      "no stage announced layers 0-5 as tensor-parallel rank 1 of 3, 0-5 as tensor-parallel rank 2 of 3",
+    );
+    assertStringIncludes(
+      (wrongSize as Error).message,
+      `stage ${ann.id} advertises layers 0-5 as tensor-parallel rank 1 of 2, which the head does not want`,
+    );
+    const ask = async (body: unknown) =>
+      JSON.parse(
+        new TextDecoder().decode(
+          (await nc.request(
+            subjects.stage(ann.id),
+            new TextEncoder().encode(JSON.stringify(body)),
+            { timeout: 10_000 },
+          )).data,
+        ),
+      );
+    const attach = {
+      type: "attach",
+      model: ann.model,
+      layers: ann.layers,
+      kv: KV,
+      limits: LIMITS,
+      contextLength: CTX,
+    };
+    assertEquals(await ask(attach), {
+      type: "refused",
+      message:
+        `stage ${ann.id} is tensor-parallel rank 1 of 2, the head asked for no tensor-parallel rank`,
+    });
+    assertEquals(await ask({ ...attach, tp: { rank: 2, size: 3 } }), {
+      type: "refused",
+      message:
+        `stage ${ann.id} is tensor-parallel rank 1 of 2, the head asked for tensor-parallel rank 2 of 3`,
+    });
+    const ok = await ask({ ...attach, tp: { rank: 1, size: 2 } });
+    assertEquals(ok.type, "attached");
+    const conn = await Deno.connect({ hostname: ann.host, port: ann.port });
+    const reader = new FrameReader(conn, 1 << 20);
+    const answer = async (frame: unknown) => {
+      await writeFrame(conn, encodeFrame(frame));
+      return decodeFrame((await reader.next())!) as { type: string; message?: string };
+    };
+    assertEquals((await answer({ type: "hello", ticket: ok.ticket })).type, "welcome");
+    const three = [new Float32Array(1), new Float32Array(0), new Float32Array(1)];
+    assertStringIncludes(
+      (await answer({ type: "gather", parts: three })).message!,
+      "expected the columns of 2 ranks, received 3",
+    );
+    conn.close();
+  } finally {
+    await stage.close();
+    await nc.close();
     await nats.stop();
   }
 });
