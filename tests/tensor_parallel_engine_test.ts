@@ -6,6 +6,7 @@
 import { assertEquals, assertRejects, assertThrows } from "@std/assert";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { LocalTpGroup, tpShard } from "../kernels/wasm/tp_shard.ts";
+import { tpPlacement } from "../kernels/wasm/tp_placement.ts";
 import { TensorParallelEngine } from "../lib/engine/tensor_parallel_engine.ts";
 import { type GatherLink, HubGather } from "../lib/cluster/tp_link.ts";
 import type { StageLink } from "../lib/engine/stage_link.ts";
@@ -180,4 +181,57 @@ Deno.test("a rank that fails its step ends the group's step with its error, rath
   await assertRejects(() => tp.step(plan(0)), Error, "rank 1 failed step 0");
   await assertRejects(() => tp.step(plan(1)), Error, "rank 1 failed step");
   tp.dispose();
+});
+
+Deno.test("each rank loaded with tpPlacement reads only its rows of the layer matrices (the others stay zero) and no classifier past rank 0, and the group still gives the one-process logits bit for bit (llama3-like, qwen2-like)", async () => {
+  for (const path of [compatPath("llama3-like-q4_k_m"), compatPath("qwen2-like-q4_k_m")]) {
+    const whole = await loadModel(path, { contextLength: 512 });
+    const single = await WasmEngine.create(whole.config, whole.weights, KV, {
+      ...LIMITS,
+      threads: 1,
+    });
+    const group = new LocalTpGroup(2);
+    const read: number[] = [];
+    const ranks = [];
+    for (let r = 0; r < 2; r++) {
+      let total = 0;
+      const m = await loadModel(path, {
+        contextLength: 512,
+        placeTensors: tpPlacement(r, 2),
+        onProgress: (_done, t) => (total = t ?? total),
+      });
+      read.push(total);
+      const shard = tpShard(m.config, r, 2);
+      // ffn_down's rows are the residual's columns: rank r read rows dimRows, nothing else.
+      const down = m.weights.layers[0]!.wDown, full = whole.weights.layers[0]!.wDown;
+      const rb = down.data.byteLength / m.config.dim;
+      const { start, end } = shard.dimRows;
+      assertEquals(
+        down.data.subarray(start * rb, end * rb),
+        full.data.subarray(start * rb, end * rb),
+      );
+      const others = [...down.data.subarray(0, start * rb), ...down.data.subarray(end * rb)];
+      assertEquals(others.every((b) => b === 0), true, `${path} rank ${r}: unread rows`);
+      ranks.push(
+        await WasmEngine.create(m.config, m.weights, KV, {
+          ...LIMITS,
+          threads: 1,
+          tensorParallel: { shard, exchange: group.member(r) },
+        }),
+      );
+    }
+    const fileBytes = (await Deno.stat(path)).size;
+    // Both tied files: every rank reads the embedding (most of these files), half of the layers.
+    assertEquals(read[1]! < fileBytes, true, `${read[1]} of ${fileBytes}`);
+    const tp = new TensorParallelEngine(whole.config, KV, ranks, LIMITS);
+    for (const n of [1, 16]) {
+      const prompts = randomPrompts(n, whole.config.vocabSize, n);
+      const want = await run(single, prompts, 3, GREEDY);
+      const got = await run(tp, prompts, 3, GREEDY);
+      assertEquals(got.tokens, want.tokens, `${path}, ${n} seqs`);
+      assertEquals(got.logits, want.logits, `${path}, ${n} seqs`);
+    }
+    tp.dispose();
+    single.dispose();
+  }
 });

@@ -10,6 +10,7 @@ import { WasmEngine } from "../../kernels/wasm/wasm_engine.ts";
 import { stagePlacement } from "../../kernels/wasm/stage_placement.ts";
 import type { Engine, KvGeometry } from "../engine/engine.ts";
 import { tpShard } from "../../kernels/wasm/tp_shard.ts";
+import { tpPlacement } from "../../kernels/wasm/tp_placement.ts";
 import { TensorParallelEngine } from "../engine/tensor_parallel_engine.ts";
 import { HubGather } from "../cluster/tp_link.ts";
 import { PipelineEngine } from "../engine/pipeline_engine.ts";
@@ -48,8 +49,8 @@ export function evenRanges(layers: number, n: number): LayerRange[] {
 
 export interface PipelineHead {
   readonly ranges: readonly LayerRange[];
-  /** Reads only the first stage's tensors (undefined: a tensor-parallel rank 0 reads them all). */
-  readonly placeTensors: PlaceTensors | undefined;
+  /** Reads only the first stage's tensors, or rank 0's rows of each. */
+  readonly placeTensors: PlaceTensors;
   /**
    * The first stage (or rank 0) here, the others attached: a PipelineEngine or a
    * TensorParallelEngine (each executor restart too).
@@ -178,7 +179,7 @@ export async function startPipelineHead(
   let observe: PipelineEngine["onStage"];
   return {
     ranges,
-    placeTensors: tp > 1 ? undefined : stagePlacement(ranges[0]!, modelPath),
+    placeTensors: tp > 1 ? tpPlacement(0, tp) : stagePlacement(ranges[0]!, modelPath),
     build: async (model, kv, limits) => {
       local?.respawnExited();
       if (tp > 1) return await buildTensorParallel(c, nc, { model, kv, limits, ranges, identity });

@@ -35,7 +35,7 @@ async function timeEngine(path: string) {
   const heap = wasmHeap();
   const model = await loadModel(path, {
     allocate: (n) => heap.bytes(n, "the model's weights"),
-    placeTensors: placeInHeaps,
+    placeTensors: (tensors) => placeInHeaps(tensors),
   });
   const blocks = 1; // 16 positions per sequence: the steps stay at positions 0..ROUNDS
   const engine = await WasmEngine.create(

@@ -267,9 +267,11 @@ async function parseFile(m: ServedFile, server: Config, ctx: LoadContext): Promi
       },
     }),
     ...(place === undefined ? {} : {
-      placeTensors: (tensors: Parameters<typeof place>[0]) => {
-        const placed = place(tensors);
-        if (placed) { for (const v of placed) if (v) views.push(v); }
+      placeTensors: (tensors: Parameters<typeof place>[0], header: Parameters<typeof place>[1]) => {
+        const placed = place(tensors, header);
+        if (placed) {
+          for (const v of placed) if (v) views.push(v instanceof Uint8Array ? v : v.view);
+        }
         return placed;
       },
     }),

@@ -8,6 +8,7 @@
 import { WasmEngine } from "../../kernels/wasm/wasm_engine.ts";
 import { stagePlacement } from "../../kernels/wasm/stage_placement.ts";
 import { tpShard } from "../../kernels/wasm/tp_shard.ts";
+import { tpPlacement } from "../../kernels/wasm/tp_placement.ts";
 import { RankGather } from "./tp_link.ts";
 import type { LayerRange } from "../engine/stage_link.ts";
 import { loadModel } from "../model/load_model.ts";
@@ -38,7 +39,7 @@ export interface StageOptions {
   readonly layers?: LayerRange;
   /**
    * Serve as rank `rank` (1..size-1) of a tensor-parallel group whose rank 0 is the head: all
-   * layers, the rank's rows of each (its load still reads the whole file).
+   * layers, the rank's rows of each (read by offset: tp_placement.ts).
    */
   readonly tensorParallel?: { readonly rank: number; readonly size: number };
   readonly contextLength?: number;
@@ -82,7 +83,9 @@ export async function startStage(nc: BusConnection, o: StageOptions): Promise<Ru
   }
   const model = await loadModel(o.modelPath, {
     ...(o.contextLength === undefined ? {} : { contextLength: o.contextLength }),
-    ...(o.layers ? { placeTensors: stagePlacement(o.layers, o.modelPath) } : {}),
+    placeTensors: o.layers
+      ? stagePlacement(o.layers, o.modelPath)
+      : tpPlacement(o.tensorParallel!.rank, o.tensorParallel!.size),
   });
   const layers = o.layers ?? { start: 0, end: model.config.nLayers };
   if (o.tensorParallel) {

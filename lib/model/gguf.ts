@@ -612,14 +612,31 @@ function checkOverlaps(header: GgufHeader, tensors: Map<string, Tensor>, source:
  * (its data empty): a pipeline stage reads only its own layers' tensors.
  */
 export type PlaceTensors = (
-  tensors: readonly { readonly name: string; readonly bytes: number }[],
-) => (Uint8Array | null)[] | undefined;
+  tensors: readonly {
+    readonly name: string;
+    readonly bytes: number;
+    readonly type: TensorType;
+    /** Outermost first: [rows, columns] for a matrix. */
+    readonly shape: readonly number[];
+  }[],
+  header: GgufHeader,
+) => (Uint8Array | PartialRead | null)[] | undefined;
+
+/**
+ * A tensor read only in part: `view` has its whole size, and only the byte ranges `reads` of it
+ * are read (a tensor-parallel rank's rows); the rest stays as the view was (zeros, never touched,
+ * so not resident).
+ */
+export interface PartialRead {
+  readonly view: Uint8Array;
+  readonly reads: readonly (readonly [number, number])[];
+}
 
 /** Reads each tensor into the view `views` has for it, in file order; returns the tensors. */
 async function readPlaced(
   file: Deno.FsFile,
   header: GgufHeader,
-  views: (Uint8Array | null)[],
+  views: (Uint8Array | PartialRead | null)[],
   source: string,
   onProgress?: ReadProgress,
 ): Promise<Map<string, Tensor>> {
@@ -627,11 +644,20 @@ async function readPlaced(
   const order = header.tensorInfos.map((info, i) => ({ info, i })).sort((a, b) =>
     a.info.offset - b.info.offset
   );
-  const total = views.reduce((n, v) => n + (v?.byteLength ?? 0), 0);
+  const readsOf = (v: Uint8Array | PartialRead, bytes: number) =>
+    v instanceof Uint8Array ? [[0, bytes] as const] : v.reads;
+  const total = views.reduce(
+    (n, v) =>
+      v
+        ? readsOf(v, v instanceof Uint8Array ? v.byteLength : 0).reduce((m, [a, b]) => m + b - a, n)
+        : n,
+    0,
+  );
   let done = 0;
   for (const { info, i } of order) {
     const { type, shape, bytes } = tensorLayout(info, source);
-    const view = views[i];
+    const placed = views[i];
+    const view = placed instanceof Uint8Array || !placed ? placed : placed.view;
     if (tensors.has(info.name)) {
       throw new Error(`Cannot load GGUF ${source}: tensor '${info.name}' appears twice`);
     }
@@ -644,13 +670,20 @@ async function readPlaced(
         `Cannot load GGUF ${source}: tensor '${info.name}' needs ${bytes} bytes, was given ${view?.byteLength}`,
       );
     }
-    await readFully(
-      file,
-      header.dataOffset + info.offset,
-      view,
-      (n) => onProgress?.(done + n, total),
-    );
-    done += bytes;
+    for (const [from, to] of readsOf(placed!, bytes)) {
+      if (!(0 <= from && from <= to && to <= bytes)) {
+        throw new Error(
+          `Cannot load GGUF ${source}: bytes ${from}..${to} of tensor '${info.name}' are not within its ${bytes}`,
+        );
+      }
+      await readFully(
+        file,
+        header.dataOffset + info.offset + from,
+        view.subarray(from, to),
+        (n) => onProgress?.(done + n, total),
+      );
+      done += to - from;
+    }
     tensors.set(info.name, { name: info.name, type, shape, data: view });
   }
   checkOverlaps(header, tensors, source);
@@ -714,7 +747,11 @@ export async function readGguf(
   checkHeader?.(header);
   const dataBytes = dataSectionBytes(header, path, fileSize);
   const views = place?.(
-    header.tensorInfos.map((info) => ({ name: info.name, bytes: tensorLayout(info, path).bytes })),
+    header.tensorInfos.map((info) => {
+      const { type, shape, bytes } = tensorLayout(info, path);
+      return { name: info.name, bytes, type, shape };
+    }),
+    header,
   );
   if (views) return { ...header, tensors: await readPlaced(file, header, views, path, onProgress) };
   const data = allocate(dataBytes);
