@@ -160,7 +160,7 @@ for (const path of perProcess ? [] : models) {
   // A file too big for one WebAssembly memory is read tensor by tensor into several.
   const model = await loadModel(path, {
     allocate: (n) => heap.bytes(n, "the model's weights"),
-    placeTensors: placeInHeaps,
+    placeTensors: (tensors) => placeInHeaps(tensors),
   });
   const maxNpl = Math.max(...npls);
   const per = Math.ceil((npp + ntg + 1) / 16);

@@ -63,7 +63,7 @@ ProgramWriter.prototype.end = function () {
 const heap = wasmHeap();
 const model = await loadModel(args.model, {
   allocate: (n) => heap.bytes(n, "the model's weights"),
-  placeTensors: placeInHeaps,
+  placeTensors: (tensors) => placeInHeaps(tensors),
 });
 const vocab = model.config.vocabSize;
 const per = Math.ceil((17 + steps) / 16);
