@@ -8,6 +8,7 @@ import { spawnCpuServer } from "./_serve_child.ts";
 import { evenRanges } from "../lib/cli/pipeline_head.ts";
 import { compatPath } from "./harness/compat.ts";
 import { rng } from "./_gpu.ts";
+import { STAGE_HEARTBEAT_MISSES, STAGE_HEARTBEAT_MS } from "../lib/cluster/stage_messages.ts";
 
 interface Answer {
   readonly text: string;
@@ -152,6 +153,53 @@ Deno.test("kill -9 of the stage process mid-stream at 8 streams: the server star
       if (kill) {
         await pp.logMatch(/failed \(epoch 0\)/); // the head saw the stage go
         assertEquals((await childrenOf(pp.child.pid, "\0stage\0")).length, 1);
+      }
+      return texts;
+    } finally {
+      pp.child.kill("SIGTERM");
+      await pp.child.status;
+    }
+  };
+  const want = await run(false);
+  assertEquals(await run(true), want);
+});
+
+Deno.test("a stage process stopped mid-stream (kill -STOP) is declared dead by the heartbeat within its bound, ended and started again, and all 8 answers equal an uninterrupted run", async () => {
+  const flags = [
+    "--model",
+    compatPath("qwen2-like-q4_k_m"),
+    "--threads",
+    "1",
+    "--pipeline-parallel-size",
+    "2",
+  ];
+  // Noticed within the misses' pings and the tick that finds them unanswered, plus a margin for
+  // this loaded machine's scheduling.
+  const boundMs = (STAGE_HEARTBEAT_MISSES + 1) * STAGE_HEARTBEAT_MS + 2000;
+  const prompts = Array.from({ length: 8 }, (_, i) => `the cat number ${i} sat on a mat and`);
+  const run = async (stop: boolean) => {
+    const pp = await spawnCpuServer(flags);
+    try {
+      await pp.logMatch(/stage stage-\w+: attached/);
+      const [stage] = await childrenOf(pp.child.pid, "\0stage\0");
+      let stoppedAt: number | undefined;
+      const noticed = stop
+        ? pp.logMatch(/failed \(epoch 0\): stage \S+ \(layers \d+-\d+\).* heartbeats/)
+          .then(() => Date.now())
+        : undefined;
+      noticed?.catch(() => {}); // awaited below; a server that exits fails the test there
+      const first = () => {
+        if (!stop || stoppedAt !== undefined) return;
+        Deno.kill(stage!, "SIGSTOP");
+        stoppedAt = Date.now();
+      };
+      const texts = await Promise.all(prompts.map((p, i) => streamed(pp.base, p, 100 + i, first)));
+      if (stop) {
+        const took = (await noticed!) - stoppedAt!;
+        assert(took <= boundMs, `the hung stage was noticed after ${took} ms, bound ${boundMs} ms`);
+        const now = await childrenOf(pp.child.pid, "\0stage\0");
+        assertEquals(now.length, 1);
+        assert(now[0] !== stage, "the stopped stage process was replaced");
       }
       return texts;
     } finally {

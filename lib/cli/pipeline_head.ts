@@ -15,7 +15,7 @@ import type { Model } from "../model/weights.ts";
 import { resolveModelSource } from "../source/model_source.ts";
 import { modelIdentity } from "../cluster/model_identity.ts";
 import { connectNats, type NatsConnection } from "../cluster/nats_connection.ts";
-import { attachStages } from "../cluster/stage_client.ts";
+import { attachStages, type RemoteStage } from "../cluster/stage_client.ts";
 import { budgetProblem } from "../cluster/stage_server.ts";
 import type { StepLimits } from "../compose/engine_factory.ts";
 import type { Config } from "./config.ts";
@@ -96,6 +96,15 @@ class LocalStages {
     return child;
   }
 
+  /** Ends the process of stage `i` (one that hangs: SIGKILL also ends a stopped one). */
+  async end(i: number): Promise<void> {
+    const ch = this.#children[i];
+    try {
+      ch?.kill("SIGKILL");
+    } catch { /* gone */ }
+    await ch?.status;
+  }
+
   /** Starts again each stage whose process has exited. */
   respawnExited(): void {
     for (const i of [...this.#exited]) this.#children[i] = this.#spawn(i);
@@ -153,14 +162,18 @@ export async function startPipelineHead(
     }${local ? " (stages started here)" : ""}`,
   );
   let observe: PipelineEngine["onStage"];
+  let remote: RemoteStage[] = [];
   return {
     ranges,
     placeTensors: stagePlacement(ranges[0]!, modelPath),
     build: async (model, kv, limits) => {
+      // A stage that hung is ended here so that it is started again like one that died.
+      for (const [i, link] of remote.entries()) if (link.hung) await local?.end(i + 1);
       local?.respawnExited();
       const built = await buildPipeline(c, nc, { model, kv, limits, ranges, identity });
       built.engine.onStage = observe;
-      return built;
+      remote = built.remote;
+      return { engine: built.engine, description: built.description };
     },
     observeInto: (metrics) => {
       observe = stageObserver(metrics);
@@ -209,7 +222,7 @@ async function buildPipeline(
     ranges: readonly LayerRange[];
     identity: string;
   },
-): Promise<{ engine: PipelineEngine; description: string }> {
+): Promise<{ engine: PipelineEngine; description: string; remote: RemoteStage[] }> {
   const { model, kv, limits, ranges } = o;
   const first = await WasmEngine.create(model.config, model.weights, kv, {
     ...limits,
@@ -231,6 +244,7 @@ async function buildPipeline(
     const groups = c.pipelineMicroBatches ?? ranges.length;
     return {
       engine: new PipelineEngine(model.config, kv, [first, ...remote], limits, groups),
+      remote,
       description: `pipeline of ${ranges.length} cpu stages (WebAssembly, ${first.threads} ` +
         `threads here, ${groups} micro-batches)`,
     };

@@ -12,6 +12,8 @@ import {
   type LinkReply,
   LinkReplySchema,
   parseMessage,
+  STAGE_HEARTBEAT_MISSES,
+  STAGE_HEARTBEAT_MS,
   type StageAnnouncement,
   StageAnnouncementSchema,
   StageAttachReplySchema,
@@ -144,9 +146,35 @@ export class RemoteStage implements StageLink {
   readonly #pending: { resolve: (r: LinkReply) => void; reject: (e: Error) => void }[] = [];
   #writes: Promise<void> = Promise.resolve();
   #gone: Error | undefined;
+  #heartbeat: ReturnType<typeof setInterval> | undefined;
+  #pings = 0;
+  /** Pings sent since the stage last answered one. */
+  #unanswered = 0;
+  /** True once the stage stopped answering heartbeats (it hangs rather than died). */
+  hung = false;
 
   private constructor(readonly ann: StageAnnouncement, readonly conn: Deno.TcpConn) {
     this.#read().catch((e) => this.#lost(e));
+  }
+
+  /** Pings every STAGE_HEARTBEAT_MS; a stage that leaves STAGE_HEARTBEAT_MISSES unanswered is dead. */
+  #beat(): void {
+    this.#heartbeat = setInterval(() => {
+      if (this.#unanswered >= STAGE_HEARTBEAT_MISSES) {
+        this.hung = true;
+        const { id, layers, host, port } = this.ann;
+        this.#fail(
+          new Error(
+            `stage ${id} (layers ${layers.start}-${layers.end}) at ${host}:${port} answered none of ${this.#unanswered} heartbeats in ${
+              this.#unanswered * STAGE_HEARTBEAT_MS
+            } ms: it hangs`,
+          ),
+        );
+        return;
+      }
+      this.#unanswered++;
+      this.#write({ type: "ping", id: this.#pings++ });
+    }, STAGE_HEARTBEAT_MS);
   }
 
   get stage(): LayerRange {
@@ -163,6 +191,7 @@ export class RemoteStage implements StageLink {
       link.dispose();
       throw new Error(`Stage ${a.id} answered the hello with ${JSON.stringify(r).slice(0, 300)}`);
     }
+    link.#beat();
     return link;
   }
 
@@ -208,6 +237,10 @@ export class RemoteStage implements StageLink {
     const reader = new FrameReader(this.conn, MAX_LINK_FRAME);
     for (let f = await reader.next(); f; f = await reader.next()) {
       const r = parseMessage(LinkReplySchema, decodeFrame(f), `reply of stage ${this.ann.id}`);
+      if (r.type === "pong") {
+        this.#unanswered = 0;
+        continue;
+      }
       const p = this.#pending.shift();
       if (!p) throw new Error(`stage ${this.ann.id} sent a ${r.type} nobody asked for`);
       p.resolve(r);
@@ -227,6 +260,7 @@ export class RemoteStage implements StageLink {
   #fail(e: Error): void {
     if (this.#gone) return;
     this.#gone = e;
+    clearInterval(this.#heartbeat);
     for (const p of this.#pending.splice(0)) p.reject(e);
     try {
       this.conn.close();

@@ -186,9 +186,15 @@ class StageState {
     conn.setNoDelay(true);
     this.#links.add(conn);
     const reader = new FrameReader(conn, MAX_LINK_FRAME);
-    let writes = Promise.resolve();
+    // Steps are answered in order (`answers`), pongs at once; `wire` keeps frames whole.
+    let answers = Promise.resolve();
+    let wire = Promise.resolve();
+    const send = (r: LinkReply) => {
+      wire = wire.then(() => writeFrame(conn, encodeFrame(r))).catch(() => {});
+      return wire;
+    };
     const reply = (r: LinkReply | Promise<LinkReply>) => {
-      writes = writes.then(async () => writeFrame(conn, encodeFrame(await r))).catch(() => {});
+      answers = answers.then(async () => send(await r)).catch(() => {});
     };
     try {
       let engine: WasmEngine | undefined;
@@ -200,7 +206,9 @@ class StageState {
           reply({ type: "error", message: `stage ${this.ann.id}: ${(e as Error).message}` });
           continue;
         }
-        if (req.type === "hello") {
+        if (req.type === "ping") {
+          send({ type: "pong", id: req.id });
+        } else if (req.type === "hello") {
           if (this.#ticket === undefined || req.ticket !== this.#ticket) {
             reply({
               type: "error",
@@ -224,7 +232,8 @@ class StageState {
         }
       }
     } finally {
-      await writes;
+      await answers;
+      await wire;
       // Closed already where close() ended every link.
       if (this.#links.delete(conn)) conn.close();
     }
