@@ -16,6 +16,7 @@ import { resolveModelSource } from "../source/model_source.ts";
 import { modelIdentity } from "../cluster/model_identity.ts";
 import { connectNats, type NatsConnection } from "../cluster/nats_connection.ts";
 import { attachStages, type RemoteStage } from "../cluster/stage_client.ts";
+import { type RequestLinks, stageObserver } from "./stage_observer.ts";
 import { budgetProblem } from "../cluster/stage_server.ts";
 import type { StepLimits } from "../compose/engine_factory.ts";
 import type { Config } from "./config.ts";
@@ -51,8 +52,11 @@ export interface PipelineHead {
     kv: KvGeometry,
     limits: StepLimits,
   ): Promise<{ engine: PipelineEngine; description: string }>;
-  /** Counts each stage's time and bytes into `metrics` (llm_pipeline_stage_*), every build's. */
-  observeInto(metrics: ServiceMetrics): void;
+  /**
+   * Counts each stage's time, bytes, queue depth and bubble into `metrics`
+   * (llm_pipeline_stage_*), every build's, and traces each stage step, linked by `links`.
+   */
+  observeInto(metrics: ServiceMetrics, links: () => RequestLinks | undefined): void;
   /** Stops the stages and the nats-server it started. */
   close(): Promise<void>;
 }
@@ -175,39 +179,13 @@ export async function startPipelineHead(
       remote = built.remote;
       return { engine: built.engine, description: built.description };
     },
-    observeInto: (metrics) => {
-      observe = stageObserver(metrics);
+    observeInto: (metrics, links) => {
+      observe = stageObserver(metrics, ranges.length, links);
     },
     close: async () => {
       await nc.close();
       await local?.stop();
     },
-  };
-}
-
-/** Per-stage Prometheus series: time from send to answer, steps and bytes of rows sent. */
-function stageObserver(metrics: ServiceMetrics): NonNullable<PipelineEngine["onStage"]> {
-  const r = metrics.registry;
-  const seconds = r.counter(
-    "llm_pipeline_stage_seconds_total",
-    "Time from sending each step (each micro-batch) to a pipeline stage to its answer, queueing included.",
-    ["stage"],
-  );
-  const steps = r.counter(
-    "llm_pipeline_stage_steps_total",
-    "Steps (micro-batches) each pipeline stage answered.",
-    ["stage"],
-  );
-  const bytes = r.counter(
-    "llm_pipeline_stage_bytes_total",
-    "Bytes of activation rows sent to each pipeline stage.",
-    ["stage"],
-  );
-  return (stage, ms, sent) => {
-    const labels = { stage: String(stage) };
-    seconds.inc(labels, ms / 1000);
-    steps.inc(labels);
-    bytes.inc(labels, sent);
   };
 }
 
