@@ -8,6 +8,7 @@ import type { SchedulerStats } from "./messages.ts";
 import { type ConstraintCompiler, RequestActor, type TextCodec } from "./request.ts";
 import { createExecutorMailbox, SchedulerActor } from "./scheduler.ts";
 import { StepTracer } from "./step_tracing.ts";
+import type { Link } from "@opentelemetry/api";
 import { embedPrompt } from "./embedding.ts";
 import type { Pooling } from "../lib/engine/pooling.ts";
 import type { Priority } from "../lib/core/generation.ts";
@@ -84,6 +85,11 @@ export class ServingCore {
   readonly #now: (() => number) | undefined;
   readonly #loops: Promise<unknown>;
   readonly #steps = new StepTracer();
+
+  /** Links to the request spans of these sequences, for spans of work done for them. */
+  requestLinks(seqIds: readonly number[]): Link[] {
+    return this.#steps.links(seqIds);
+  }
 
   constructor(opts: ServingCoreOptions) {
     const { engine } = opts;

@@ -1,4 +1,4 @@
-import { type SpanContext, trace, type Tracer } from "@opentelemetry/api";
+import { type Link, type SpanContext, trace, type Tracer } from "@opentelemetry/api";
 import type { StepReport } from "./executor.ts";
 import { stepTokens } from "../lib/engine/engine.ts";
 
@@ -26,12 +26,17 @@ export class StepTracer {
     this.#requests.delete(seqId);
   }
 
-  record(report: StepReport): void {
-    const { plan } = report;
-    const links = plan.seqs.flatMap((s) => {
-      const context = this.#requests.get(s.seqId);
+  /** Links to the request spans of these sequences (those bound). */
+  links(seqIds: readonly number[]): Link[] {
+    return seqIds.flatMap((id) => {
+      const context = this.#requests.get(id);
       return context ? [{ context }] : [];
     });
+  }
+
+  record(report: StepReport): void {
+    const { plan } = report;
+    const links = this.links(plan.seqs.map((s) => s.seqId));
     const tokens = stepTokens(plan);
     const start = performance.timeOrigin + report.startedAt;
     const span = this.#tracer.startSpan("llm.step", {

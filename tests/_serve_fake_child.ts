@@ -3,15 +3,18 @@
  * model, draining on SIGTERM. Prints "listening <port>" when ready and "drained <json>" before
  * exiting 0. Arguments: the drain timeout in ms; optionally a number of generations N, after
  * whose first tokens every step is held until SIGTERM, so that all N are still running when
- * the signal comes however slow the machine.
+ * the signal comes however slow the machine; with a third argument "usr1" they are held until
+ * SIGUSR1 instead, past SIGTERM.
  */
 import { createApp } from "../lib/http/app.ts";
 import { serveService } from "../lib/http/serve.ts";
 import { FakeCore } from "./_fake_core.ts";
 
 const holdAfter = Deno.args[1] === undefined ? undefined : Number(Deno.args[1]);
+// "usr1": the held steps go on at SIGUSR1 instead of SIGTERM, so a test can act while draining.
+const release = Deno.args[2] === "usr1" ? "SIGUSR1" : "SIGTERM";
 const signalled = Promise.withResolvers<void>();
-Deno.addSignalListener("SIGTERM", () => signalled.resolve());
+Deno.addSignalListener(release, () => signalled.resolve());
 const sampled = new Set<number>();
 const backend = new FakeCore({
   tokenDelayMs: 20,

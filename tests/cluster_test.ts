@@ -329,7 +329,10 @@ Deno.test("a router over 3 NATS replicas: exact outputs, prefix routing, failove
       assertGreaterOrEqual(prefix.hitRate, 0.85);
       assert(prefix.hitRate > roundRobin.hitRate, "prefix routing beats round-robin");
       assertEquals(prefix.work.length, 3);
-      assertLessOrEqual(Math.max(...prefix.work) / Math.min(...prefix.work), 1.5);
+      // 8 groups over 3 replicas split 3/3/2 at best (a ratio of 1.5); a loaded machine makes the
+      // router spill a few requests to a less busy replica, so the bound is a 4/2 split, which
+      // still fails a router that piles the groups on one or two replicas.
+      assertLessOrEqual(Math.max(...prefix.work) / Math.min(...prefix.work), 2);
       await cluster.kill(rr, "SIGTERM");
     },
   );

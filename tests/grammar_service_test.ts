@@ -395,7 +395,7 @@ Deno.test("the pool starts one worker, and a second only for a compile that woul
   await grammars.compile({ type: "json_object" });
   await grammars.compile({ type: "json_schema", schema: '{"type": "string"}' });
   assertEquals(grammars.heapBytes().length, 1, "compiles one after another share one worker");
-  // The first compile takes ~0.1 s (10,000 pattern states): the second is asked for meanwhile.
+  // Asked for in one turn, while the first (~0.1 s, 10,000 pattern states) has not begun.
   const slow = '{"type": "string", "pattern": "^(a{0,100}){0,100}$"}';
   await Promise.all([
     grammars.compile({ type: "json_schema", schema: slow }),

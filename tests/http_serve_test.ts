@@ -2,7 +2,7 @@ import { assertEquals, assertMatch } from "@std/assert";
 import { TestSocket } from "./_http_harness.ts";
 
 /** Starts tests/_serve_fake_child.ts and returns it with its port and a stdout line reader. */
-async function spawnServer(drainTimeoutMs: number, holdAfter?: number) {
+async function spawnServer(drainTimeoutMs: number, holdAfter?: number, release?: "usr1") {
   const child = new Deno.Command(Deno.execPath(), {
     args: [
       "run",
@@ -12,6 +12,7 @@ async function spawnServer(drainTimeoutMs: number, holdAfter?: number) {
       new URL("./_serve_fake_child.ts", import.meta.url).pathname,
       String(drainTimeoutMs),
       ...(holdAfter === undefined ? [] : [String(holdAfter)]),
+      ...(release === undefined ? [] : [release]),
     ],
     stdout: "piped",
     stderr: "inherit",
@@ -50,8 +51,9 @@ async function untilDraining(port: number): Promise<void> {
 }
 
 Deno.test("SIGTERM lets an in-flight generation finish, refuses new ones, and exits 0", async () => {
-  // The deadline is a hang guard only: the generation finishes long before it, however loaded the machine.
-  const { child, port, nextLine, lines } = await spawnServer(60_000);
+  // The deadline is a hang guard only. The server holds the generation's steps after its first
+  // token until SIGUSR1, so it is still in flight when "b" arrives however slow the machine.
+  const { child, port, nextLine, lines } = await spawnServer(60_000, 1, "usr1");
   const ws = await TestSocket.open(`ws://127.0.0.1:${port}/v1/stream`);
   try {
     ws.send({ type: "generate", id: "a", prompt: "finish this", max_tokens: 15, seed: 1 });
@@ -63,6 +65,7 @@ Deno.test("SIGTERM lets an in-flight generation finish, refuses new ones, and ex
     ws.send({ type: "generate", id: "b", prompt: "too late" });
     const refused = await ws.take((f) => f.id === "b");
     assertEquals([refused.type, refused.code], ["error", "draining"]);
+    child.kill("SIGUSR1");
     const frames = await ws.collect("a");
     assertEquals(frames.at(-1)!.finish_reason, "length");
     assertEquals(frames.filter((f) => f.type === "token").length, 14); // one taken above

@@ -46,12 +46,6 @@ const TEXTS = [
   "What is the capital of France?",
 ];
 
-/** The `n` replicas' sum of llm_router_replica_requests_total, one entry per replica seen. */
-function requestsByReplica(metrics: string): number[] {
-  return metrics.split("\n").filter((l) => l.startsWith("llm_router_replica_requests_total{"))
-    .map((l) => Number(l.slice(l.lastIndexOf(" ") + 1)));
-}
-
 Deno.test("a plain router's /v1/embeddings, /api/embed, /v1/rerank and embedding batch lines give a replica's own vectors and scores, exactly", async () => {
   await using cluster = await Cluster.start();
   const [a, b] = await Promise.all([
@@ -62,14 +56,13 @@ Deno.test("a plain router's /v1/embeddings, /api/embed, /v1/rerank and embedding
   const router = await cluster.router(["--data-dir", dataDir]);
   await cluster.routerSees(router, 2, 30_000);
 
-  // Six inputs, each routed on its own: both replicas take some.
+  // Six inputs, each routed on its own to the least loaded replica (which one depends on the
+  // machine's timing: under load all six went to one); both replicas give the same bits.
   const body = { model: QWEN3, input: TEXTS, encoding_format: "float" };
   const direct = await ok(a!.base, "/v1/embeddings", body);
   assertEquals(await ok(b!.base, "/v1/embeddings", body), direct);
   const routed = await ok(router.base, "/v1/embeddings", body);
   assertEquals(routed, direct);
-  const spread = requestsByReplica(await scrape(router.base));
-  assertEquals(spread.length, 2, "both replicas computed some inputs");
   // base64, dimensions and ids as input: the same bits as the replica's own answer.
   for (
     const extra of [

@@ -1,5 +1,6 @@
 import { Busboy, type BusboyFileStream } from "@fastify/busboy";
 import { ApiError, preview } from "../http/errors.ts";
+import { drainRefusedBody } from "../http/body.ts";
 import { isDiskFull } from "./disk_full.ts";
 import { JsonlChecker, type JsonlLimits } from "./jsonl_check.ts";
 
@@ -39,6 +40,7 @@ export async function receiveUpload(
   const maxBody = limits.maxFileBytes + MULTIPART_OVERHEAD;
   const declared = Number(req.headers.get("content-length") ?? "NaN");
   if (Number.isFinite(declared) && declared > maxBody) {
+    await drainRefusedBody(req.body);
     throw tooLarge(`The upload is ${declared} bytes`, maxBody, "with the multipart framing ");
   }
   const out = await Deno.open(path, { write: true, create: true, truncate: true });

@@ -21,7 +21,8 @@ import type { Model } from "../model/weights.ts";
 import { resolveModelSource } from "../source/model_source.ts";
 import { modelIdentity } from "../cluster/model_identity.ts";
 import { connectNats, type NatsConnection } from "../cluster/nats_connection.ts";
-import { attachStages } from "../cluster/stage_client.ts";
+import { attachStages, type RemoteStage } from "../cluster/stage_client.ts";
+import { type RequestLinks, stageObserver } from "./stage_observer.ts";
 import { budgetProblem } from "../cluster/stage_server.ts";
 import type { StepLimits } from "../compose/engine_factory.ts";
 import type { Config } from "./config.ts";
@@ -60,8 +61,11 @@ export interface PipelineHead {
     kv: KvGeometry,
     limits: StepLimits,
   ): Promise<{ engine: Engine; description: string }>;
-  /** Counts each stage's time and bytes into `metrics` (llm_pipeline_stage_*), every build's. */
-  observeInto(metrics: ServiceMetrics): void;
+  /**
+   * Counts each stage's time, bytes, queue depth and bubble into `metrics`
+   * (llm_pipeline_stage_*), every build's, and traces each stage step, linked by `links`.
+   */
+  observeInto(metrics: ServiceMetrics, links: () => RequestLinks | undefined): void;
   /** Stops the stages and the nats-server it started. */
   close(): Promise<void>;
 }
@@ -104,6 +108,15 @@ class LocalStages {
     this.#exited.delete(i);
     child.status.then(() => this.#exited.add(i));
     return child;
+  }
+
+  /** Ends the process of stage `i` (one that hangs: SIGKILL also ends a stopped one). */
+  async end(i: number): Promise<void> {
+    const ch = this.#children[i];
+    try {
+      ch?.kill("SIGKILL");
+    } catch { /* gone */ }
+    await ch?.status;
   }
 
   /** Starts again each stage whose process has exited. */
@@ -177,49 +190,32 @@ export async function startPipelineHead(
       }${local ? " (stages started here)" : ""}`,
   );
   let observe: PipelineEngine["onStage"];
+  let remote: RemoteStage[] = [];
   return {
     ranges,
     placeTensors: tp > 1 ? tpPlacement(0, tp) : stagePlacement(ranges[0]!, modelPath),
     build: async (model, kv, limits) => {
+      // A stage (or rank) that hung is ended here so that it is started again like one that died.
+      for (const [i, link] of remote.entries()) if (link.hung) await local?.end(i + 1);
       local?.respawnExited();
-      if (tp > 1) return await buildTensorParallel(c, nc, { model, kv, limits, ranges, identity });
-      const built = await buildPipeline(c, nc, { model, kv, limits, ranges, identity });
+      const o = { model, kv, limits, ranges, identity };
+      if (tp > 1) {
+        const built = await buildTensorParallel(c, nc, o);
+        remote = built.remote;
+        return { engine: built.engine, description: built.description };
+      }
+      const built = await buildPipeline(c, nc, o);
       built.engine.onStage = observe;
-      return built;
+      remote = built.remote;
+      return { engine: built.engine, description: built.description };
     },
-    observeInto: (metrics) => {
-      observe = stageObserver(metrics);
+    observeInto: (metrics, links) => {
+      observe = stageObserver(metrics, ranges.length, links);
     },
     close: async () => {
       await nc.close();
       await local?.stop();
     },
-  };
-}
-
-/** Per-stage Prometheus series: time from send to answer, steps and bytes of rows sent. */
-function stageObserver(metrics: ServiceMetrics): NonNullable<PipelineEngine["onStage"]> {
-  const r = metrics.registry;
-  const seconds = r.counter(
-    "llm_pipeline_stage_seconds_total",
-    "Time from sending each step (each micro-batch) to a pipeline stage to its answer, queueing included.",
-    ["stage"],
-  );
-  const steps = r.counter(
-    "llm_pipeline_stage_steps_total",
-    "Steps (micro-batches) each pipeline stage answered.",
-    ["stage"],
-  );
-  const bytes = r.counter(
-    "llm_pipeline_stage_bytes_total",
-    "Bytes of activation rows sent to each pipeline stage.",
-    ["stage"],
-  );
-  return (stage, ms, sent) => {
-    const labels = { stage: String(stage) };
-    seconds.inc(labels, ms / 1000);
-    steps.inc(labels);
-    bytes.inc(labels, sent);
   };
 }
 
@@ -234,7 +230,7 @@ async function buildPipeline(
     ranges: readonly LayerRange[];
     identity: string;
   },
-): Promise<{ engine: PipelineEngine; description: string }> {
+): Promise<{ engine: PipelineEngine; description: string; remote: RemoteStage[] }> {
   const { model, kv, limits, ranges } = o;
   const first = await WasmEngine.create(model.config, model.weights, kv, {
     ...limits,
@@ -256,6 +252,7 @@ async function buildPipeline(
     const groups = c.pipelineMicroBatches ?? ranges.length;
     return {
       engine: new PipelineEngine(model.config, kv, [first, ...remote], limits, groups),
+      remote,
       description: `pipeline of ${ranges.length} cpu stages (WebAssembly, ${first.threads} ` +
         `threads here, ${groups} micro-batches)`,
     };
@@ -279,7 +276,7 @@ async function buildTensorParallel(
     ranges: readonly LayerRange[];
     identity: string;
   },
-): Promise<{ engine: Engine; description: string }> {
+): Promise<{ engine: Engine; description: string; remote: RemoteStage[] }> {
   const { model, kv, limits } = o;
   const size = c.tensorParallelSize, hub = new HubGather();
   const first = await WasmEngine.create(model.config, model.weights, kv, {
@@ -308,6 +305,7 @@ async function buildTensorParallel(
         limits,
         (e) => hub.fail(e),
       ),
+      remote,
       description:
         `tensor parallelism over ${size} cpu ranks (WebAssembly, ${first.threads} threads here)`,
     };

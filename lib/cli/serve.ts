@@ -153,7 +153,9 @@ async function start(
   const split = config.pipelineParallelSize > 1 || config.tensorParallelSize > 1;
   const resolving = resolveBackend(split ? "cpu" : config.backend);
   const pipeline = split ? await startPipelineHead(config, log) : undefined;
-  pipeline?.observeInto(metrics);
+  // The core is built below; stage spans link to its requests once it is there.
+  const built: { core?: ServingCore } = {};
+  pipeline?.observeInto(metrics, () => built.core && ((ids) => built.core!.requestLinks(ids)));
   const { source, tokenizer, ...opened } = await openModelFor(
     config,
     "serve",
@@ -189,6 +191,7 @@ async function start(
     ...(pipeline ? { buildEngine: () => pipeline.build(model, kv, settings.core.limits) } : {}),
     metrics,
   });
+  built.core = core;
   const modelName = modelStem(source.modelPath);
   const shared = sharedResultStore(config, log);
   const questions = config.similarCacheModel !== undefined && config.similarCache !== undefined

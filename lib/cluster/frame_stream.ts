@@ -17,6 +17,29 @@ export async function writeFrame(w: Deno.Conn, bytes: Uint8Array): Promise<void>
 }
 
 /**
+ * Writes frames to one connection one after another, whoever sends them (a link's answers,
+ * pongs and gathers are sent from different tasks): a frame is never interleaved with another.
+ * A failed write rejects its own promise only; later frames are still tried.
+ */
+export class FrameWriter {
+  #tail: Promise<void> = Promise.resolve();
+
+  constructor(readonly conn: Deno.Conn) {}
+
+  /** Queues `bytes` as one frame; resolves once it is written. */
+  write(bytes: Uint8Array): Promise<void> {
+    const done = this.#tail.then(() => writeFrame(this.conn, bytes));
+    this.#tail = done.catch(() => {});
+    return done;
+  }
+
+  /** Resolves once every frame queued so far is written or failed. */
+  idle(): Promise<void> {
+    return this.#tail;
+  }
+}
+
+/**
  * Reads frames from a connection in order. next() gives the next frame, or undefined when the
  * peer closed the connection between frames; a close inside a frame is an error.
  */

@@ -6,12 +6,14 @@
 import type { KvGeometry, StepPlan } from "../engine/engine.ts";
 import type { LayerRange, StageLink, StageOutput } from "../engine/stage_link.ts";
 import { decodeFrame, encodeFrame } from "./binary_frame.ts";
-import { FrameReader, writeFrame } from "./frame_stream.ts";
+import { FrameReader, FrameWriter } from "./frame_stream.ts";
 import type { BusConnection } from "./nats_connection.ts";
 import {
   type LinkReply,
   LinkReplySchema,
   parseMessage,
+  STAGE_HEARTBEAT_MISSES,
+  STAGE_HEARTBEAT_MS,
   type StageAnnouncement,
   StageAnnouncementSchema,
   StageAttachReplySchema,
@@ -168,11 +170,38 @@ export class RemoteStage implements StageLink, GatherLink {
   onGather?: (cols: Float32Array) => void;
   onLost?: (e: Error) => void;
   readonly #pending: { resolve: (r: LinkReply) => void; reject: (e: Error) => void }[] = [];
-  #writes: Promise<void> = Promise.resolve();
+  readonly #writer: FrameWriter;
   #gone: Error | undefined;
+  #heartbeat: ReturnType<typeof setInterval> | undefined;
+  #pings = 0;
+  /** Pings sent since the stage last answered one. */
+  #unanswered = 0;
+  /** True once the stage stopped answering heartbeats (it hangs rather than died). */
+  hung = false;
 
   private constructor(readonly ann: StageAnnouncement, readonly conn: Deno.TcpConn) {
+    this.#writer = new FrameWriter(conn);
     this.#read().catch((e) => this.#lost(e));
+  }
+
+  /** Pings every STAGE_HEARTBEAT_MS; a stage that leaves STAGE_HEARTBEAT_MISSES unanswered is dead. */
+  #beat(): void {
+    this.#heartbeat = setInterval(() => {
+      if (this.#unanswered >= STAGE_HEARTBEAT_MISSES) {
+        this.hung = true;
+        const { id, layers, host, port } = this.ann;
+        this.#fail(
+          new Error(
+            `stage ${id} (layers ${layers.start}-${layers.end}) at ${host}:${port} answered none of ${this.#unanswered} heartbeats in ${
+              this.#unanswered * STAGE_HEARTBEAT_MS
+            } ms: it hangs`,
+          ),
+        );
+        return;
+      }
+      this.#unanswered++;
+      this.#write({ type: "ping", id: this.#pings++ });
+    }, STAGE_HEARTBEAT_MS);
   }
 
   get stage(): LayerRange {
@@ -189,6 +218,7 @@ export class RemoteStage implements StageLink, GatherLink {
       link.dispose();
       throw new Error(`Stage ${a.id} answered the hello with ${JSON.stringify(r).slice(0, 300)}`);
     }
+    link.#beat();
     return link;
   }
 
@@ -229,16 +259,17 @@ export class RemoteStage implements StageLink, GatherLink {
 
   #write(msg: unknown): void {
     if (this.#gone) return;
-    const frame = encodeFrame(msg);
-    this.#writes = this.#writes.then(() => writeFrame(this.conn, frame)).catch((e) =>
-      this.#lost(e)
-    );
+    this.#writer.write(encodeFrame(msg)).catch((e) => this.#lost(e));
   }
 
   async #read(): Promise<void> {
     const reader = new FrameReader(this.conn, MAX_LINK_FRAME);
     for (let f = await reader.next(); f; f = await reader.next()) {
       const r = parseMessage(LinkReplySchema, decodeFrame(f), `reply of stage ${this.ann.id}`);
+      if (r.type === "pong") {
+        this.#unanswered = 0;
+        continue;
+      }
       if (r.type === "gather") {
         if (!this.onGather) {
           throw new Error(`stage ${this.ann.id} sent a gather, but it is no rank`);
@@ -265,6 +296,7 @@ export class RemoteStage implements StageLink, GatherLink {
   #fail(e: Error): void {
     if (this.#gone) return;
     this.#gone = e;
+    clearInterval(this.#heartbeat);
     this.onLost?.(e);
     for (const p of this.#pending.splice(0)) p.reject(e);
     try {

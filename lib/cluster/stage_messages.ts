@@ -14,6 +14,15 @@ const nonNegative = int.nonnegative();
 const MAX_SEQS = 4096;
 const MAX_ROWS = 1 << 20;
 
+/**
+ * The link's heartbeat: the head pings each stage this often, and declares a stage that left
+ * this many pings in a row unanswered dead (it hangs: stopped, swapping, deadlocked). A stage
+ * answers pings between steps' work (its engine computes on worker threads), so a dead stage
+ * is noticed within (misses + 1) × interval of its last answer.
+ */
+export const STAGE_HEARTBEAT_MS = 1000;
+export const STAGE_HEARTBEAT_MISSES = 2;
+
 export const LayerRangeSchema = z.strictObject({ start: nonNegative, end: nonNegative });
 /** A tensor-parallel rank of a group (kernels/wasm/tp_shard.ts); absent for a pipeline stage. */
 export const TpRankSchema = z.strictObject({ rank: nonNegative, size: int.min(1).max(256) });
@@ -100,6 +109,7 @@ export const LinkRequestSchema = z.discriminatedUnion("type", [
     type: z.literal("gather"),
     parts: z.array(z.instanceof(Float32Array)).max(MAX_RANKS),
   }),
+  z.strictObject({ type: z.literal("ping"), id: nonNegative }),
 ]);
 export type LinkRequest = z.infer<typeof LinkRequestSchema>;
 
@@ -111,7 +121,10 @@ const SampledSchema = z.strictObject({
   top: z.strictObject({ ids: z.array(nonNegative), logprobs: z.array(z.number()) }).optional(),
 });
 
-/** Stage → head over the link: one answer per hello and per step, in order. */
+/**
+ * Stage → head over the link: one answer per hello and per step, in order; a pong answers a
+ * ping at once, between them.
+ */
 export const LinkReplySchema = z.discriminatedUnion("type", [
   z.strictObject({ type: z.literal("welcome"), layers: LayerRangeSchema }),
   z.strictObject({ type: z.literal("rows"), stepId: int, rows: z.instanceof(Float32Array) }),
@@ -130,6 +143,7 @@ export const LinkReplySchema = z.discriminatedUnion("type", [
   z.strictObject({ type: z.literal("error"), stepId: int.optional(), message: z.string() }),
   /** A tensor-parallel rank's columns of its next gather, sent while its step runs. */
   z.strictObject({ type: z.literal("gather"), cols: z.instanceof(Float32Array) }),
+  z.strictObject({ type: z.literal("pong"), id: nonNegative }),
 ]);
 export type LinkReply = z.infer<typeof LinkReplySchema>;
 

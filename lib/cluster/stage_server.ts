@@ -14,7 +14,7 @@ import type { LayerRange } from "../engine/stage_link.ts";
 import { loadModel } from "../model/load_model.ts";
 import type { Model } from "../model/weights.ts";
 import { decodeFrame, encodeFrame } from "./binary_frame.ts";
-import { FrameReader, writeFrame } from "./frame_stream.ts";
+import { FrameReader, FrameWriter } from "./frame_stream.ts";
 import { modelIdentity } from "./model_identity.ts";
 import { type BusConnection, guarded } from "./nats_connection.ts";
 import {
@@ -230,16 +230,13 @@ class StageState {
     conn.setNoDelay(true);
     this.#links.add(conn);
     const reader = new FrameReader(conn, MAX_LINK_FRAME);
-    // Frames are written one at a time; answers in request order, a step's gathers while it runs.
-    let written = Promise.resolve();
-    const write = (frame: Uint8Array) => {
-      const done = written.then(() => writeFrame(conn, frame));
-      written = done.catch(() => {});
-      return done;
-    };
-    let writes = Promise.resolve();
+    // One writer keeps frames whole; steps are answered in request order (`answers`), pongs
+    // at once, a step's gathers while it runs.
+    const writer = new FrameWriter(conn);
+    const send = (r: LinkReply) => writer.write(encodeFrame(r)).catch(() => {});
+    let answers = Promise.resolve();
     const reply = (r: LinkReply | Promise<LinkReply>) => {
-      writes = writes.then(async () => write(encodeFrame(await r))).catch(() => {});
+      answers = answers.then(async () => send(await r)).catch(() => {});
     };
     let gather: RankGather | undefined;
     try {
@@ -252,7 +249,9 @@ class StageState {
           reply({ type: "error", message: `stage ${this.ann.id}: ${(e as Error).message}` });
           continue;
         }
-        if (req.type === "hello") {
+        if (req.type === "ping") {
+          send({ type: "pong", id: req.id });
+        } else if (req.type === "hello") {
           if (this.#ticket === undefined || req.ticket !== this.#ticket) {
             reply({
               type: "error",
@@ -264,7 +263,10 @@ class StageState {
           this.#ticket = undefined; // one link per attach
           engine = this.#engine;
           gather = this.#gather;
-          gather?.bind((cols) => write(encodeFrame({ type: "gather", cols })).catch(() => {}));
+          // Its columns may view shared WebAssembly memory, which LinkReply's type does not name.
+          gather?.bind((cols) =>
+            writer.write(encodeFrame({ type: "gather", cols })).catch(() => {})
+          );
           reply({ type: "welcome", layers: this.ann.layers });
         } else if (!engine) {
           reply({
@@ -286,7 +288,8 @@ class StageState {
       }
     } finally {
       gather?.fail(new Error(`stage ${this.ann.id}: the head's link closed during a gather`));
-      await writes;
+      await answers;
+      await writer.idle();
       // Closed already where close() ended every link.
       if (this.#links.delete(conn)) conn.close();
     }

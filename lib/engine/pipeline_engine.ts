@@ -24,6 +24,27 @@ export function checkChain(stages: readonly StageLink[], nLayers: number): void 
   }
 }
 
+/** One stage's part of one step (a micro-batch), as the head saw it. */
+export interface StageStep {
+  readonly stage: number;
+  /** The micro-batch's plan. */
+  readonly plan: StepPlan;
+  /** performance.now() when it was sent. */
+  readonly startedAt: number;
+  /** From sending to the answer, queueing behind earlier micro-batches included. */
+  readonly ms: number;
+  /** Bytes of activation rows sent with it. */
+  readonly bytes: number;
+  /** Why the stage failed it, if it did. */
+  readonly error?: unknown;
+}
+
+/** What watches the stages' work (pipeline_head.ts: Prometheus series and trace spans). */
+export interface StageObserver {
+  sent(stage: number): void;
+  answered(step: StageStep): void;
+}
+
 /**
  * The Engine the executor drives when a model's layers are split over pipeline stages
  * (StageLink: in this process or another). Each step goes down the chain: the first stage
@@ -38,11 +59,8 @@ export class PipelineEngine implements Engine {
   readonly hiddenStates = true;
   /** Per sequence, the token it sampled last (settles when the step that samples it ends). */
   readonly #last = new Map<number, Promise<number>>();
-  /**
-   * Told of each stage's part of each step (a micro-batch's): the stage's index, the ms from
-   * sending to its answer (queueing behind earlier groups included) and the bytes of rows sent.
-   */
-  onStage?: (stage: number, ms: number, bytes: number) => void;
+  /** Told of each stage's part of each step (a micro-batch's), when it is sent and answered. */
+  onStage?: StageObserver;
   #entry: Promise<unknown> = Promise.resolve();
 
   constructor(
@@ -103,13 +121,23 @@ export class PipelineEngine implements Engine {
 
   /** The step's rows through stages 1.. in order; the last stage's result. */
   #timed(s: number, plan: StepPlan, rows?: Float32Array): Promise<StageOutput> {
-    const t0 = performance.now();
+    const observer = this.onStage;
+    if (!observer) return this.stages[s]!.stepStage(plan, rows);
+    const startedAt = performance.now();
+    observer.sent(s);
     const out = this.stages[s]!.stepStage(plan, rows);
-    if (!this.onStage) return out;
-    return out.then((o) => {
-      this.onStage?.(s, performance.now() - t0, rows?.byteLength ?? 0);
-      return o;
-    });
+    const bytes = rows?.byteLength ?? 0;
+    const done = (error?: unknown) =>
+      observer.answered({
+        stage: s,
+        plan,
+        startedAt,
+        ms: performance.now() - startedAt,
+        bytes,
+        error,
+      });
+    out.then(() => done(), (e) => done(e));
+    return out;
   }
 
   async #through(plan: StepPlan, first: Promise<StageOutput>): Promise<StepResult> {

@@ -11,6 +11,7 @@ import type { Tokenizer } from "../tokenizer/tokenizer.ts";
 import { constraintKey, type OutputConstraint } from "./output_constraint.ts";
 import type { TokenConstraint } from "./token_constraint.ts";
 import { tokenAllowed } from "../engine/token_mask.ts";
+import { sha256OfText } from "../util/sha256.ts";
 
 /** Compiled grammars kept (least recently used dropped first). */
 const DEFAULT_CACHE_ENTRIES = 64;
@@ -213,7 +214,7 @@ export class GrammarService {
    * ConstraintError with the bound it breaks or XGrammar's reason when it cannot be compiled.
    */
   async compile(c: OutputConstraint, req: ConstraintRequest = {}): Promise<CompiledGrammarHandle> {
-    const entry = await this.#entry(c);
+    const entry = this.#entry(c);
     try {
       if (req.maxTokens !== undefined) checkRoom(entry.needs, req.maxTokens, this.longestToken);
       return await waitFor(entry, req.signal);
@@ -222,9 +223,12 @@ export class GrammarService {
     }
   }
 
-  /** The cache entry of a constraint, pinned: it is not disposed before #unpin. */
-  async #entry(c: OutputConstraint): Promise<CacheEntry> {
-    const key = await sha256(constraintKey(c));
+  /**
+   * The cache entry of a constraint, pinned: it is not disposed before #unpin. Synchronous up to
+   * the worker's choice, so compiles asked for in one turn are counted on different workers.
+   */
+  #entry(c: OutputConstraint): CacheEntry {
+    const key = sha256OfText(constraintKey(c));
     const hit = this.#cache.get(key);
     if (hit) {
       this.#hits++;
@@ -310,7 +314,7 @@ export class GrammarService {
     req: ConstraintRequest = {},
   ): Promise<{ thread: GrammarThread; mid: number }> {
     for (let move = 0;; move++) {
-      const entry = await this.#entry(c);
+      const entry = this.#entry(c);
       const mid = this.#nextMid++;
       try {
         if (req.maxTokens !== undefined) checkRoom(entry.needs, req.maxTokens, this.longestToken);
@@ -441,11 +445,6 @@ class WorkerConstraint implements TokenConstraint {
     this.#disposed = true;
     this.#thread.post({ op: "free", mid: this.#mid });
   }
-}
-
-async function sha256(text: string): Promise<string> {
-  const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text));
-  return Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
 /**

@@ -1,4 +1,5 @@
 import { ApiError } from "./errors.ts";
+import { HTTP_DEFAULTS } from "./defaults.ts";
 
 /**
  * Reads a request body as JSON. Every route reading one sits behind the body limit
@@ -109,4 +110,32 @@ export function rebuilt(req: Request, body?: string): Request {
       ? {}
       : { body: req.body, duplex: "half" } as RequestInit),
   });
+}
+
+/**
+ * Reads and drops what is left of a refused body, within HTTP_DEFAULTS' drain bounds, so the
+ * refusal is sent on a connection with nothing unread (see `refusedBodyDrainBytes`). Never throws:
+ * a body that ends early or errors has nothing left to drain.
+ */
+export async function drainRefusedBody(
+  body: ReadableStream<Uint8Array> | null,
+  maxBytes: number = HTTP_DEFAULTS.refusedBodyDrainBytes,
+  ms: number = HTTP_DEFAULTS.refusedBodyDrainMs,
+): Promise<void> {
+  if (body === null || body.locked) return;
+  const reader = body.getReader();
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = new Promise<"late">((r) => timer = setTimeout(() => r("late"), ms));
+  try {
+    for (let read = 0; read <= maxBytes;) {
+      const chunk = await Promise.race([reader.read(), late]);
+      if (chunk === "late" || chunk.done) return;
+      read += chunk.value.byteLength;
+    }
+  } catch {
+    // The client went away: nothing is left to protect.
+  } finally {
+    clearTimeout(timer);
+    reader.cancel().catch(() => {});
+  }
 }

@@ -1,6 +1,6 @@
 import type { MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import { bodyEnded, isJsonMedia, rebuilt, tooLarge } from "./body.ts";
+import { bodyEnded, drainRefusedBody, isJsonMedia, rebuilt, tooLarge } from "./body.ts";
 import { ApiError } from "./errors.ts";
 import type { RouteTable } from "./route_table.ts";
 
@@ -21,11 +21,13 @@ export function jsonBodyLimit(
 ): MiddlewareHandler {
   const limit = bodyLimit({
     maxSize: maxBytes,
-    onError: (c) => {
+    onError: async (c) => {
       const declared = Number(c.req.header("content-length") ?? "NaN");
-      throw Number.isFinite(declared) && c.req.header("transfer-encoding") === undefined
-        ? tooLarge(declared, maxBytes)
-        : tooLarge(maxBytes, maxBytes, true);
+      if (Number.isFinite(declared) && c.req.header("transfer-encoding") === undefined) {
+        await drainRefusedBody(c.req.raw.body);
+        throw tooLarge(declared, maxBytes);
+      }
+      throw tooLarge(maxBytes, maxBytes, true);
     },
   });
   return async (c, next) => {

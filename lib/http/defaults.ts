@@ -34,6 +34,14 @@ export const HTTP_DEFAULTS = {
   headerTimeoutSeconds: 60,
   /** Seconds a whole request may take to arrive (at least the header timeout). */
   bodyTimeoutSeconds: 60,
+  /**
+   * A body refused from its declared length is still read (and dropped) up to these bytes and
+   * milliseconds before the 413 is sent: a connection closed with unread bytes is reset, and the
+   * reset can destroy the 413 before the client reads it (nginx's lingering close, for the same
+   * reason). A bigger or slower body gets the 413 and the close.
+   */
+  refusedBodyDrainBytes: 64 << 20,
+  refusedBodyDrainMs: 5_000,
   /** Seconds an idle keep-alive connection is kept. */
   keepAliveTimeoutSeconds: 5,
   /** Seconds in-flight requests may run on after SIGTERM. */

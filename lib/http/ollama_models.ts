@@ -1,5 +1,6 @@
 import { describeModelFile } from "../model/model_info.ts";
 import type { GenerationBackend } from "../core/generation.ts";
+import { sha256OfText } from "../util/sha256.ts";
 
 /**
  * What Ollama's model listings (/api/tags, /api/ps, /api/show) say of a served model, from its
@@ -37,18 +38,13 @@ export function parameterSize(n: number | undefined): string {
   return `${(n / 1e3).toFixed(2)}K`;
 }
 
-async function sha256Hex(text: string): Promise<string> {
-  const d = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text));
-  return Array.from(new Uint8Array(d), (b) => b.toString(16).padStart(2, "0")).join("");
-}
-
 /** The facts of the model at `path` (none known without a path: a test's fake backend). */
 export async function readModelFacts(path: string | undefined): Promise<ModelFacts> {
   if (path === undefined) {
     return {
       size: 0,
       modifiedAt: new Date(0).toISOString(),
-      digest: await sha256Hex(""),
+      digest: sha256OfText(""),
       details: details("", "", "", undefined),
     };
   }
@@ -58,7 +54,7 @@ export async function readModelFacts(path: string | undefined): Promise<ModelFac
   return {
     size: stat.size,
     modifiedAt: modified,
-    digest: await sha256Hex(`${path}\n${stat.size}\n${modified}`),
+    digest: sha256OfText(`${path}\n${stat.size}\n${modified}`),
     details: details(
       info.format,
       info.architecture ?? "",

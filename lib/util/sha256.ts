@@ -18,3 +18,11 @@ export async function sha256OfPath(path: string): Promise<string> {
   using file = await Deno.open(path, { read: true });
   return await sha256OfFile(file);
 }
+
+/**
+ * SHA-256 (lowercase hex) of a text's UTF-8, computed synchronously: a caller that must decide in
+ * the same turn (the grammar pool choosing a worker) cannot wait for WebCrypto's promise.
+ */
+export function sha256OfText(text: string): string {
+  return createHash("sha256").update(text).digest("hex");
+}
