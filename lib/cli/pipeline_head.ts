@@ -195,8 +195,11 @@ export async function startPipelineHead(
     ranges,
     placeTensors: tp > 1 ? tpPlacement(0, tp) : stagePlacement(ranges[0]!, modelPath),
     build: async (model, kv, limits) => {
-      // A stage (or rank) that hung is ended here so that it is started again like one that died.
-      for (const [i, link] of remote.entries()) if (link.hung) await local?.end(i + 1);
+      // A stage (or rank) whose link failed is ended and awaited here, so that it is started
+      // again below: one that hung is still running, and the exit of one that died may not
+      // have been seen yet (its link's close can come first, and the step failed on that).
+      for (const [i, link] of remote.entries()) if (link.stageGone) await local?.end(i + 1);
+      remote = []; // handled: a build that fails below must not end their successors
       local?.respawnExited();
       const o = { model, kv, limits, ranges, identity };
       if (tp > 1) {

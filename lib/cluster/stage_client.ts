@@ -176,8 +176,8 @@ export class RemoteStage implements StageLink, GatherLink {
   #pings = 0;
   /** Pings sent since the stage last answered one. */
   #unanswered = 0;
-  /** True once the stage stopped answering heartbeats (it hangs rather than died). */
-  hung = false;
+  /** True once the link failed on the stage's side (it closed, broke or hung), not disposed. */
+  stageGone = false;
 
   private constructor(readonly ann: StageAnnouncement, readonly conn: Deno.TcpConn) {
     this.#writer = new FrameWriter(conn);
@@ -188,7 +188,6 @@ export class RemoteStage implements StageLink, GatherLink {
   #beat(): void {
     this.#heartbeat = setInterval(() => {
       if (this.#unanswered >= STAGE_HEARTBEAT_MISSES) {
-        this.hung = true;
         const { id, layers, host, port } = this.ann;
         this.#fail(
           new Error(
@@ -245,7 +244,7 @@ export class RemoteStage implements StageLink, GatherLink {
   }
 
   dispose(): void {
-    this.#fail(new Error(`the link to stage ${this.ann.id} was closed by the head`));
+    this.#fail(new Error(`the link to stage ${this.ann.id} was closed by the head`), true);
   }
 
   #send(msg: unknown): Promise<LinkReply> {
@@ -293,9 +292,10 @@ export class RemoteStage implements StageLink, GatherLink {
     );
   }
 
-  #fail(e: Error): void {
+  #fail(e: Error, byHead = false): void {
     if (this.#gone) return;
     this.#gone = e;
+    this.stageGone = !byHead;
     clearInterval(this.#heartbeat);
     this.onLost?.(e);
     for (const p of this.#pending.splice(0)) p.reject(e);
