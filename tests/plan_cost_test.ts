@@ -39,10 +39,15 @@ Deno.test("a matmul is bound by the weight read at few rows and by arithmetic at
   assertEquals(matmulSeconds(rates, 1e6, 0, ONE), 0);
 });
 
-Deno.test("attention reads each row's K and V for its context at the read rate", () => {
+Deno.test("attention reads each row's K and V for its context at the read rate; a rank reads its KV heads", () => {
   // 2 rows × 100 positions × (K and V: 2 × 1 head × 4 × 2 bytes) = 3,200 bytes at 1 GB/s.
   close(attentionSeconds(CAL, MODEL, 2, 100, 2, ONE), 3.2e-6);
-  close(attentionSeconds(CAL, MODEL, 2, 100, 2, ONE, 2), 1.6e-6);
+  // The one KV head cannot be split: each of 2 ranks reads its copy whole.
+  close(attentionSeconds(CAL, MODEL, 2, 100, 2, ONE, 2), 3.2e-6);
+  // 4 KV heads over 2 ranks: 2 each, half the 4 heads' 12,800 bytes.
+  const four = { ...MODEL, nKvHeads: 4 };
+  close(attentionSeconds(CAL, four, 2, 100, 2, ONE), 12.8e-6);
+  close(attentionSeconds(CAL, four, 2, 100, 2, ONE, 2), 6.4e-6);
 });
 
 Deno.test("a message costs latency, the transport's per-message cost and its bytes", () => {
@@ -54,12 +59,15 @@ Deno.test("a message costs latency, the transport's per-message cost and its byt
   );
 });
 
-Deno.test("a gather over N ranks takes in N - 1 messages and (N - 1) / N of the bytes", () => {
-  // 1 ms + 3 × 0.1 ms + 3,000 × 11 ns.
-  close(gatherSeconds(CAL, LINK, 4000, 4), 1.333e-3);
+Deno.test("a gather over N ranks is a round trip through rank 0: 2 latencies, 2 (N - 1) messages, (N - 1) × the bytes", () => {
+  // In: 3 ranks' shares of 1,000 bytes; out: 3,000 bytes to each of 3 ranks. 2 × 1 ms +
+  // 6 × 0.1 ms + 12,000 × 11 ns.
+  close(gatherSeconds(CAL, LINK, 4000, 4), 2.732e-3);
+  // 2 ranks: rank 1's half in, rank 0's half out.
+  close(gatherSeconds(CAL, LINK, 4000, 2), 2.2e-3 + 4000 * 1.1e-8);
   assertEquals(gatherSeconds(CAL, LINK, 4000, 1), 0);
-  // q/k/v (8 + 2 × 4), attention heads 8, attention output 8, gate/up 2 × 16, down 8.
-  assertEquals(tpGatherWidths(MODEL), [16, 8, 8, 32, 8]);
+  // As built: attention heads' rows 2 × 4, the residual 8, the hidden rows 16, the residual 8.
+  assertEquals(tpGatherWidths(MODEL), [8, 8, 16, 8]);
 });
 
 const whole: StageShape = {
@@ -76,13 +84,14 @@ Deno.test("a stage's time: its layers, their attention, the classifier where it 
   const t = stageSeconds(CAL, MODEL, LINK, whole, 1, 100, 1, 2);
   close(t.compute, 6.0032e-3);
   assertEquals(t.gathers, 0);
-  // Split over 2 ranks: each reads half, and gathers each of the 5 outputs of both layers,
-  // then the logits: one latency + one message + half the bytes each.
+  // Split over 2 ranks: each reads half the layers and its copy of the one KV head whole;
+  // rank 0 runs the whole classifier. Each layer gathers its 4 outputs, a round trip each:
+  // 2 latencies + 2 messages + the bytes.
   const tp = stageSeconds(CAL, MODEL, LINK, { ...whole, ranks: 2 }, 1, 100, 1, 2);
-  close(tp.compute, 1e-3 + 1.6e-6 + 2e-3);
-  const gather = (bytes: number) => 1.1e-3 + bytes / 2 * 1.1e-8;
-  const perLayer = [16, 8, 8, 32, 8].reduce((a, w) => a + gather(w * 4), 0);
-  close(tp.gathers, 2 * perLayer + gather(10 * 4));
+  close(tp.compute, 1e-3 + 3.2e-6 + 4e-3);
+  const gather = (bytes: number) => 2.2e-3 + bytes * 1.1e-8;
+  const perLayer = [8, 8, 16, 8].reduce((a, w) => a + gather(w * 4), 0);
+  close(tp.gathers, 2 * perLayer);
 });
 
 /** Two stages of one layer each: the first holds the embedding, the last the classifier. */
@@ -153,12 +162,17 @@ Deno.test("time to first token: the prompt through each stage as one batch, then
   close(t, plan + 2.5008e-3 + activations + 2.5008e-3 + 4e-3);
 });
 
-Deno.test("a rank holds its weights' share, the embedding at the first stage, its KV heads", () => {
+Deno.test("a rank holds its layers' share, the embedding at the first stage, its KV heads; rank 0 of the last stage the classifier", () => {
   // 2 MB of layers + 0.5 MB embedding + 2 MB classifier + 4 sequences × 100 positions × 2
   // layers × 16 bytes + 1,000 bytes of process.
   assertEquals(stageMemoryBytes(MODEL, whole, 4, 100, 2, 1000), 4_513_800);
-  // Over 2 ranks: half the layers and classifier; the one K/V head cannot be split.
-  assertEquals(stageMemoryBytes(MODEL, { ...whole, ranks: 2 }, 4, 100, 2, 1000), 2_513_800);
+  // Over 2 ranks: half the layers; the classifier whole on rank 0; the one K/V head copied.
+  assertEquals(stageMemoryBytes(MODEL, { ...whole, ranks: 2 }, 4, 100, 2, 1000), 3_513_800);
+  // 4 K/V heads over 2 ranks: 2 each, the cache's 51,200 bytes halved.
+  assertEquals(
+    stageMemoryBytes({ ...MODEL, nKvHeads: 4 }, { ...whole, ranks: 2 }, 4, 100, 2, 1000),
+    1e6 + 5e5 + 2e6 + 25_600 + 1000,
+  );
   // A tied classifier in one process is the embedding, held once.
   assertEquals(
     stageMemoryBytes({ ...MODEL, tiedClassifier: true }, whole, 4, 100, 2, 1000),

@@ -7,9 +7,11 @@
  *   come from the calibration's layer (and classifier) timed at 1 and 32 rows; a host's
  *   threads and speed divide the time.
  * - Attention reads each row's K and V for its context at the same read rate.
- * - Tensor parallelism here is exact: each matmul's output rows are split over N ranks and the
- *   outputs gathered after it, every rank receiving the N - 1 other shares (Megatron instead
- *   all-reduces partial sums twice per layer: fewer messages, other rounding).
+ * - Tensor parallelism here is exact, as built (kernels/wasm/tp_shard.ts): each layer matrix's
+ *   output rows are split over N ranks and 4 outputs a layer gathered through rank 0, every
+ *   rank receiving the N - 1 other shares (Megatron instead all-reduces partial sums twice per
+ *   layer: fewer messages, other rounding). K/V stay local, a KV head copied on each rank past the model's
+ *   KV-head count; the classifier is not split: rank 0 runs it whole while the others wait.
  * - A message costs the link's latency, the transport's per-message cost, and its bytes at the
  *   transport's per-byte cost plus the link's bandwidth.
  */
@@ -63,12 +65,17 @@ export function matmulSeconds(
   return Math.max(read, compute) / hostRate(host);
 }
 
-/** K/V bytes of one position of one layer (the whole of it: TP ranks share it out). */
+/** K/V bytes of one position of one layer, all its KV heads (a TP rank holds kvHeadsPerRank). */
 export function kvBytesPerPosition(model: PlanModel, kvElementBytes: number): number {
   return 2 * model.nKvHeads * model.headDim * kvElementBytes;
 }
 
-/** Attention of one layer: `rows` rows each reading `context` positions of K and V. */
+/** The KV heads a rank of `ranks` holds and reads: its share, or a copy of one past nKvHeads. */
+export function kvHeadsPerRank(model: PlanModel, ranks: number): number {
+  return Math.ceil(model.nKvHeads / ranks);
+}
+
+/** Attention of one layer: `rows` rows each reading `context` positions of its K and V heads. */
 export function attentionSeconds(
   cal: Calibration,
   model: PlanModel,
@@ -78,7 +85,8 @@ export function attentionSeconds(
   host: Pick<PlanHost, "threads" | "speed">,
   ranks = 1,
 ): number {
-  const bytes = rows * context * kvBytesPerPosition(model, kvElementBytes) / ranks;
+  const share = kvHeadsPerRank(model, ranks) / model.nKvHeads;
+  const bytes = rows * context * kvBytesPerPosition(model, kvElementBytes) * share;
   return bytes / layerRates(cal).readBytesPerSecond / hostRate(host);
 }
 
@@ -89,9 +97,11 @@ export function messageSeconds(cal: Calibration, link: PlanLink, bytes: number):
 }
 
 /**
- * Gathering an output of `bytes` (all ranks' shares together) on each of `ranks` ranks: the
- * shares travel at once (one latency), each rank takes in N - 1 messages and (N - 1) / N of
- * the bytes.
+ * Gathering an output of `bytes` (all ranks' shares together) on each of `ranks` ranks through
+ * rank 0, the hub (lib/cluster/tp_link.ts): a round trip. The N - 1 other ranks' shares come in
+ * ((N - 1) / N of the bytes, N - 1 messages), then the hub sends each of them every other
+ * share (N - 1 messages of (N - 1) / N of the bytes): 2 latencies, 2 (N - 1) messages and
+ * (N - 1) × the bytes through the hub.
  */
 export function gatherSeconds(
   cal: Calibration,
@@ -100,18 +110,17 @@ export function gatherSeconds(
   ranks: number,
 ): number {
   if (ranks <= 1) return 0;
-  const inBytes = bytes * (ranks - 1) / ranks;
-  return link.latencySeconds + (ranks - 1) * cal.transport.messageSeconds +
-    inBytes * (cal.transport.byteSeconds + 1 / link.bandwidthBytesPerSecond);
+  return 2 * link.latencySeconds + 2 * (ranks - 1) * cal.transport.messageSeconds +
+    (ranks - 1) * bytes * (cal.transport.byteSeconds + 1 / link.bandwidthBytesPerSecond);
 }
 
 /**
- * The width (f32 values per row) of each output a TP layer gathers, in order: q/k/v (one fused
- * gather), the attention heads, the attention output, gate/up, down.
+ * The width (f32 values per row) of each output a TP layer gathers, in order, as
+ * kernels/wasm/tp_program.ts cuts a layer: the attention heads' rows, the residual after wo,
+ * the hidden rows after SwiGLU, the residual after wDown.
  */
 export function tpGatherWidths(model: PlanModel): number[] {
-  const q = model.nHeads * model.headDim, kv = model.nKvHeads * model.headDim;
-  return [q + 2 * kv, q, model.dim, 2 * model.hiddenDim, model.dim];
+  return [model.nHeads * model.headDim, model.dim, model.hiddenDim, model.dim];
 }
 
 /** What a stage is: its layers' weight bytes and count, its ends, its slowest rank. */
@@ -148,11 +157,11 @@ export function stageSeconds(
     stage.layers * attentionSeconds(cal, model, rows, context, kvElementBytes, stage.host, n);
   const perLayer = tpGatherWidths(model)
     .reduce((s, w) => s + gatherSeconds(cal, link, rows * w * ACTIVATION_BYTES, n), 0);
-  let gathers = stage.layers * perLayer;
+  // The classifier runs whole on rank 0 (nothing to gather), the other ranks waiting.
   if (stage.last && sampled > 0) {
-    compute += matmulSeconds(classifierRates(cal), model.classifierBytes / n, sampled, stage.host);
-    gathers += gatherSeconds(cal, link, sampled * model.vocabSize * ACTIVATION_BYTES, n);
+    compute += matmulSeconds(classifierRates(cal), model.classifierBytes, sampled, stage.host);
   }
+  const gathers = stage.layers * perLayer;
   return { compute, gathers, total: compute + gathers };
 }
 
@@ -264,7 +273,10 @@ export function prefillSeconds(
   return work + hopSeconds(cal, model, link, stages.length, promptTokens, 1, head);
 }
 
-/** Bytes a rank of a stage holds: its weights, its share of the KV cache, its process. */
+/**
+ * Bytes the largest rank of a stage holds (rank 0, with the classifier where the stage is
+ * last): its weights, its KV heads' cache, its process.
+ */
 export function stageMemoryBytes(
   model: PlanModel,
   stage: Omit<StageShape, "host">,
@@ -274,13 +286,13 @@ export function stageMemoryBytes(
   processOverheadBytes: number,
 ): number {
   const n = stage.ranks;
-  // Every first-stage rank looks tokens up in the whole embedding; a last stage's ranks hold
-  // their rows of the classifier (in one process with a tied one, the embedding is it).
+  // Every first-stage rank looks tokens up in the whole embedding; a last stage's rank 0 holds
+  // the whole classifier (in one process with a tied one, the embedding is it).
   const embedding = stage.first ? model.embeddingBytes : 0;
   const classifier = stage.last && !(stage.first && model.tiedClassifier)
-    ? model.classifierBytes / n
+    ? model.classifierBytes
     : 0;
-  const kvHeads = Math.ceil(model.nKvHeads / n);
+  const kvHeads = kvHeadsPerRank(model, n);
   const kv = sequences * context * stage.layers * 2 * kvHeads * model.headDim * kvElementBytes;
   return stage.layerBytes / n + embedding + classifier + kv + processOverheadBytes;
 }

@@ -377,7 +377,7 @@ export function whyOf(
     ? "no latency"
     : `${ms(cluster.link.latencySeconds)} each`;
   if (l.tp > 1) {
-    const perToken = p.split.reduce((a, s) => a + s, 0) * tpGatherWidths(model).length + 1;
+    const perToken = p.split.reduce((a, s) => a + s, 0) * tpGatherWidths(model).length;
     facts.push([
       r.gathers / trip,
       `gathers ${pct(r.gathers / trip)} of a step (${perToken} per token, ${lat})`,
