@@ -183,6 +183,17 @@ function assertOnlyFrontFamiliesUnlabelled(text: string): void {
   }
 }
 
+/**
+ * Waits until the router's `family` (fed by its replicas' heartbeats, not by its own requests)
+ * reads 0: a heartbeat sent before the earlier requests ended still counts them.
+ */
+async function heartbeatSays0(fetchMetrics: () => Promise<string>, family: string): Promise<void> {
+  await until(
+    `the replicas' heartbeat to bring ${family} to 0`,
+    async () => metricValue(await fetchMetrics(), family) === 0,
+  );
+}
+
 /** Waits until the route of `model` (built by `directory`) has both replicas of beta ready. */
 async function bothReplicasReady(directory: ModelRouterDirectory, model: string): Promise<void> {
   await until(`${model}'s route to see two replicas`, async () => {
@@ -280,7 +291,10 @@ Deno.test("a plain router serves every model its replicas advertise, by name and
     await t.step(
       "/metrics has its replicas' queue but no steps: its replicas run them",
       async () => {
-        const metrics = await (await service.fetch(new Request("http://router/metrics"))).text();
+        const scrape = async () =>
+          await (await service.fetch(new Request("http://router/metrics"))).text();
+        await heartbeatSays0(scrape, "llm_requests_running");
+        const metrics = await scrape();
         for (const family of STEP_FAMILIES) {
           assertEquals(metrics.includes(family), false, `${family} in the router's /metrics`);
         }
@@ -381,7 +395,10 @@ Deno.test("a router by model routes an advertised alias as the model's name", as
     await assertRefusesInvalidUtf8(service, c, "beta");
     // A router loads nothing: no load counts or resident bytes of its own, which would be zeros
     // beside the replicas' real ones.
-    const metrics = await (await service.fetch(new Request("http://router/metrics"))).text();
+    const scrape = async () =>
+      await (await service.fetch(new Request("http://router/metrics"))).text();
+    await heartbeatSays0(scrape, 'llm_requests_running{model="beta"}');
+    const metrics = await scrape();
     for (
       const family of [
         "llm_model_loads_total",
@@ -573,15 +590,9 @@ Deno.test("over nats-server: both routers serve a replica's every model, by name
           assert(metricValue(metrics, 'llm_requests_running{model="chat"}') !== undefined, metrics);
           return;
         }
-        // The router's running count is the replicas' heartbeats: the earlier steps' requests
-        // leave it once a heartbeat after their end arrives.
-        await until(
-          "the replica's heartbeat to say the earlier requests ended",
-          async () =>
-            metricValue(
-              await (await fetch(`${router.base}/metrics`)).text(),
-              "llm_requests_running",
-            ) === 0,
+        await heartbeatSays0(
+          async () => await (await fetch(`${router.base}/metrics`)).text(),
+          "llm_requests_running",
         );
         const ws = new WebSocket(`${router.base.replace("http", "ws")}/v1/stream`);
         const frame = new Promise<Record<string, unknown>>((resolve, reject) => {
