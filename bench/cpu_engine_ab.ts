@@ -92,7 +92,10 @@ async function step(s: Side, tokens: number[][]): Promise<number[]> {
 }
 
 const here = new URL("../", import.meta.url);
-const other = new URL(args.other.endsWith("/") ? args.other : `${args.other}/`, `file://${Deno.cwd()}/`);
+const other = new URL(
+  args.other.endsWith("/") ? args.other : `${args.other}/`,
+  `file://${Deno.cwd()}/`,
+);
 const sides = [await side("this tree", here), await side(args.other, other)];
 for (const s of sides) {
   const prompts = Array.from(
@@ -113,13 +116,18 @@ for (let r = 0; r < rounds; r++) {
     s.cpu += cpuMs() - c0;
   }
 }
-const at = (xs: number[], p: number) => [...xs].sort((a, b) => a - b)[Math.floor(p * (xs.length - 1))]!;
+const at = (xs: number[], p: number) =>
+  [...xs].sort((a, b) => a - b)[Math.floor(p * (xs.length - 1))]!;
 const load = Deno.readTextFileSync("/proc/loadavg").split(" ").slice(0, 3).join(" ");
 const same = JSON.stringify(sides[0]!.tokens) === JSON.stringify(sides[1]!.tokens);
 console.log(
-  `${args.model.split("/").pop()}, ${npl} sequence(s), ${threads} threads, ${rounds} rounds × ${steps} steps, load ${load}; same tokens: ${same}`,
+  `${
+    args.model.split("/").pop()
+  }, ${npl} sequence(s), ${threads} threads, ${rounds} rounds × ${steps} steps, load ${load}; same tokens: ${same}`,
 );
-console.log("| tree | step p10 ms | tok/s at p10 | step median ms | tok/s at median | CPU ms a step |");
+console.log(
+  "| tree | step p10 ms | tok/s at p10 | step median ms | tok/s at median | CPU ms a step |",
+);
 console.log("|---|---:|---:|---:|---:|---:|");
 for (const s of sides) {
   const p10 = at(s.wall, 0.1), med = at(s.wall, 0.5);

@@ -15,7 +15,7 @@
  *     [--shape q8_0:151936:896 ...] (shapes of your own instead of --types)
  */
 import { parseArgs } from "@std/cli/parse-args";
-import { wasmHeap, WasmHeap } from "../kernels/wasm/heap.ts";
+import { WasmHeap, wasmHeap } from "../kernels/wasm/heap.ts";
 import { ActBuffer } from "../kernels/wasm/act_buffer.ts";
 import { ThreadPool } from "../kernels/wasm/pool.ts";
 import { kernelModule } from "../kernels/wasm/kernel_module.ts";

@@ -136,7 +136,9 @@ const bytes = stepMatrixBytes(model.weights);
 console.log(
   `${args.model.split("/").pop()}, ${threads} threads, ${nseq} sequence(s): step ${
     full.toFixed(2)
-  } ms (10th percentile of ${rounds} rounds × ${steps} steps), ${(nseq * 1000 / full).toFixed(1)} tok/s, ` +
+  } ms (10th percentile of ${rounds} rounds × ${steps} steps), ${
+    (nseq * 1000 / full).toFixed(1)
+  } tok/s, ` +
     `${(bytes / (full / 1000) / 1e9).toFixed(1)} GB/s of matrices; load ${
       Deno.loadavg().map((x) => x.toFixed(2)).join(" ")
     }\n`,
@@ -152,4 +154,6 @@ for (const v of variants.slice(1)) {
     `| ${v.name} | ${t.toFixed(2)} | ${share.toFixed(2)} | ${(100 * share / full).toFixed(1)} |`,
   );
 }
-console.log(`\nsum of the parts ${sum.toFixed(2)} ms against the full step's ${full.toFixed(2)} ms`);
+console.log(
+  `\nsum of the parts ${sum.toFixed(2)} ms against the full step's ${full.toFixed(2)} ms`,
+);

@@ -29,7 +29,11 @@ export function randomTensor(type: TensorType, n: number, k: number, seed: numbe
   if (type === "f16" || type === "bf16") {
     for (let i = 0; i < n * k; i++) {
       const v = rand() * 2 - 1;
-      view.setUint16(2 * i, type === "f16" ? f32ToF16(v) : new Uint32Array(new Float32Array([v]).buffer)[0]! >>> 16, true);
+      view.setUint16(
+        2 * i,
+        type === "f16" ? f32ToF16(v) : new Uint32Array(new Float32Array([v]).buffer)[0]! >>> 16,
+        true,
+      );
     }
     return out;
   }
@@ -69,7 +73,18 @@ export async function kernelMatmul(
   const prog = heap.alloc(4 * OP_WORDS * 4, "test program");
   const pw = new ProgramWriter(heap.i32(prog, 4 * OP_WORDS));
   pw.op(OP.quant, [act.desc, rows, k]);
-  pw.op(OP.matmul, [TENSOR_TYPES.indexOf(type), wp, n, k, act.desc, rows, out, n, bias, extra.prior ? 1 : 0]);
+  pw.op(OP.matmul, [
+    TENSOR_TYPES.indexOf(type),
+    wp,
+    n,
+    k,
+    act.desc,
+    rows,
+    out,
+    n,
+    bias,
+    extra.prior ? 1 : 0,
+  ]);
   pw.end();
   await pool.run(prog);
   const result = heap.f32(out, rows * n).slice();
@@ -100,7 +115,11 @@ export function quantized(x: Float32Array, block: number): Float64Array {
   return out;
 }
 
-export async function withPool<T>(threads: number, flavour: KernelFlavour, f: (p: ThreadPool) => Promise<T>) {
+export async function withPool<T>(
+  threads: number,
+  flavour: KernelFlavour,
+  f: (p: ThreadPool) => Promise<T>,
+) {
   const pool = await ThreadPool.start(wasmHeap(), kernelModule(flavour).module, threads);
   try {
     return await f(pool);

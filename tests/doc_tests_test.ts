@@ -64,13 +64,17 @@ Deno.test("markdownPages() and checkOnlyPages() pick README and docs pages, and 
     await Deno.mkdir(`${root}/docs`);
     await Deno.mkdir(`${root}/bench`);
     const pages = {
-      "README.md": `# x\n\n${fence}ts\nconst ws = new WebSocket("ws://127.0.0.1:8000/v1/stream");\n${fence}\n`,
-      "docs/plain.md": `${fence}ts\nconst n: number = 2;\n${fence}\n\n${fence}sh\ncurl localhost:8000\n${fence}\n`,
+      "README.md":
+        `# x\n\n${fence}ts\nconst ws = new WebSocket("ws://127.0.0.1:8000/v1/stream");\n${fence}\n`,
+      "docs/plain.md":
+        `${fence}ts\nconst n: number = 2;\n${fence}\n\n${fence}sh\ncurl localhost:8000\n${fence}\n`,
       "docs/gpu.md": `${fence}ts\nconst a = await navigator.gpu.requestAdapter();\n${fence}\n`,
       "docs/prose.md": "No examples; a server at localhost:8000 in prose.\n",
       "bench/README.md": `${fence}ts\nconst n = 1;\n${fence}\n`,
     };
-    for (const [name, text] of Object.entries(pages)) await Deno.writeTextFile(`${root}/${name}`, text);
+    for (const [name, text] of Object.entries(pages)) {
+      await Deno.writeTextFile(`${root}/${name}`, text);
+    }
     assertEquals(userPages(root), ["README.md", "docs/gpu.md", "docs/plain.md", "docs/prose.md"]);
     const withExamples = markdownPages(root);
     assertEquals(withExamples, ["README.md", "docs/gpu.md", "docs/plain.md"]);

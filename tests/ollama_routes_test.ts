@@ -347,7 +347,10 @@ Deno.test("Ollama's API through the ollama client: chat, generate, listings, for
       assertEquals((await raw(base, "/api/pull", { model: STEM })).body, { status: "success" });
       const embed = await raw(base, "/api/embed", { model: STEM, input: [] });
       assertEquals(embed.status, 400);
-      assertOllamaError(embed.body, /^Invalid 'input': too small: expected array to have >=1 items; got \[\]/);
+      assertOllamaError(
+        embed.body,
+        /^Invalid 'input': too small: expected array to have >=1 items; got \[\]/,
+      );
       const copy = await raw(base, "/api/copy", { source: STEM, destination: "x" });
       assertEquals(copy.status, 501);
       assertOllamaError(copy.body, /not supported: this server does not download or build/);

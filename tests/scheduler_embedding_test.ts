@@ -38,7 +38,10 @@ for (const pooling of ["mean", "cls", "last"] as const) {
       { watermarkBlocks: 0, maxBatchTokens: 6 },
     );
     const embeds = [prompt(13, 5), prompt(1, 40), prompt(9, 5), prompt(16, 100)];
-    const gens = [{ prompt: prompt(6, 5), maxTokens: 14 }, { prompt: prompt(3, 70), maxTokens: 20 }];
+    const gens = [{ prompt: prompt(6, 5), maxTokens: 14 }, {
+      prompt: prompt(3, 70),
+      maxTokens: 20,
+    }];
     const genIds = gens.map((g) => h.submit(g));
     h.plan(), h.plan();
     const ids = embeds.map((p) => h.submit({ prompt: p, maxTokens: 0, embed: pooling }));

@@ -316,7 +316,11 @@ Deno.test("cpu engine: a 1 GiB KV cache costs resident memory only for the block
 // says how many it used.
 const SPLITS = [
   { file: () => compatPath("llama3-like-q4_k_m"), memoryBytes: 40 << 20, memories: 2 },
-  { file: () => compatPath("qwen2-like-q4_k_m"), memoryBytes: (34 << 20) + (256 << 10), memories: 2 },
+  {
+    file: () => compatPath("qwen2-like-q4_k_m"),
+    memoryBytes: (34 << 20) + (256 << 10),
+    memories: 2,
+  },
   { file: () => modelFile("stories260K.gguf"), memoryBytes: (2 << 20) + (128 << 10), memories: 3 },
 ];
 

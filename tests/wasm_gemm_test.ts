@@ -13,15 +13,32 @@ import { dequantize } from "../lib/model/dequantize.ts";
 import { rng } from "./_gpu.ts";
 import { kernelMatmul, quantized, randomTensor, withPool } from "./_wasm_kernels.ts";
 
-const TYPES: TensorType[] = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q5_1"];
+const TYPES: TensorType[] = [
+  "q2_k",
+  "q3_k",
+  "q4_k",
+  "q5_k",
+  "q6_k",
+  "q4_0",
+  "q4_1",
+  "q5_0",
+  "q5_1",
+];
 const N = 13;
-const SHAPES: [k: number, rows: number][] = [[256, 8], [1280, 11], [256, 40], [1280, 23], [16384, 9]];
+const SHAPES: [k: number, rows: number][] = [[256, 8], [1280, 11], [256, 40], [1280, 23], [
+  16384,
+  9,
+]];
 /**
  * Q4_K and Q5_K take the GEMM from 64 rows (GEMM_MIN_ROWS_Q45K); the 32-element types are
  * also tried at a width that is no multiple of 256, as Qwen2.5-0.5B's 896.
  */
 const shapes = (type: TensorType): [number, number][] =>
-  type === "q4_k" || type === "q5_k" ? [[256, 64], [1280, 67], [16384, 65]] : type.endsWith("_k") ? SHAPES : [...SHAPES, [96, 13]];
+  type === "q4_k" || type === "q5_k"
+    ? [[256, 64], [1280, 67], [16384, 65]]
+    : type.endsWith("_k")
+    ? SHAPES
+    : [...SHAPES, [96, 13]];
 /** Activations are quantized in blocks of the weight type's. */
 const actBlock = (type: TensorType) => type.endsWith("_k") ? 256 : 32;
 
@@ -47,7 +64,10 @@ for (const type of TYPES) {
           }
           assert(abs > 0);
           const err = Math.abs(got[r * N + n]! - exact);
-          assert(err <= 2e-6 * abs + 1e-7, `${type} K ${k}, row ${r} of ${rows}, out ${n}: ${got[r * N + n]} vs ${exact}`);
+          assert(
+            err <= 2e-6 * abs + 1e-7,
+            `${type} K ${k}, row ${r} of ${rows}, out ${n}: ${got[r * N + n]} vs ${exact}`,
+          );
         }
       }
     }
@@ -59,11 +79,19 @@ for (const type of TYPES) {
       const x = activations(rows, k, 5 + rows);
       const batched = await withPool(2, "relaxed", (p) => kernelMatmul(p, type, w, N, k, x, rows));
       const oneThread = await withPool(1, "simd", (p) => kernelMatmul(p, type, w, N, k, x, rows));
-      assertEquals(Array.from(oneThread), Array.from(batched), `${type} K ${k} × ${rows} rows: 1 thread plain vs 2 threads relaxed`);
+      assertEquals(
+        Array.from(oneThread),
+        Array.from(batched),
+        `${type} K ${k} × ${rows} rows: 1 thread plain vs 2 threads relaxed`,
+      );
       await withPool(1, "relaxed", async (p) => {
         for (const r of new Set([0, 5, rows - 1])) {
           const alone = await kernelMatmul(p, type, w, N, k, x.subarray(r * k, (r + 1) * k), 1);
-          assertEquals(Array.from(alone), Array.from(batched.subarray(r * N, (r + 1) * N)), `${type} K ${k}: row ${r} of ${rows} alone`);
+          assertEquals(
+            Array.from(alone),
+            Array.from(batched.subarray(r * N, (r + 1) * N)),
+            `${type} K ${k}: row ${r} of ${rows} alone`,
+          );
         }
       });
     }
@@ -79,12 +107,27 @@ Deno.test("gemm: the bias is added and an accumulating matmul adds to what the o
     const w = randomTensor(type, N, k, 9);
     const x = activations(rows, k, 21);
     const plain = await withPool(2, "relaxed", (p) => kernelMatmul(p, type, w, N, k, x, rows));
-    const got = await withPool(2, "relaxed", (p) => kernelMatmul(p, type, w, N, k, x, rows, { bias, prior }));
+    const got = await withPool(
+      2,
+      "relaxed",
+      (p) => kernelMatmul(p, type, w, N, k, x, rows, { bias, prior }),
+    );
     for (let i = 0; i < rows * N; i++) {
-      assertEquals(got[i], Math.fround(prior[i]! + Math.fround(plain[i]! + bias[i % N]!)), `${type} output ${i}`);
+      assertEquals(
+        got[i],
+        Math.fround(prior[i]! + Math.fround(plain[i]! + bias[i % N]!)),
+        `${type} output ${i}`,
+      );
     }
-    const last = await withPool(1, "relaxed", (p) =>
-      kernelMatmul(p, type, w, N, k, x.subarray((rows - 1) * k), 1, { bias, prior: prior.subarray((rows - 1) * N) }));
+    const last = await withPool(
+      1,
+      "relaxed",
+      (p) =>
+        kernelMatmul(p, type, w, N, k, x.subarray((rows - 1) * k), 1, {
+          bias,
+          prior: prior.subarray((rows - 1) * N),
+        }),
+    );
     assertEquals(Array.from(last), Array.from(got.subarray((rows - 1) * N)));
   }
 });

@@ -109,7 +109,9 @@ for (const type of TENSOR_TYPES) {
 // of them is zero or subnormal.
 const ODD_SCALES = [0x0000, 0x8000, 0x0001, 0x03ff, 0x8200, 0x0400, 0x8401];
 
-for (const type of ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q4_k", "q5_k", "q6_k"] as const) {
+for (
+  const type of ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q4_k", "q5_k", "q6_k"] as const
+) {
   Deno.test(`matmul ${type}: zero and subnormal block scales in some of four rows give the float64 product, alone or batched`, async () => {
     const w = randomTensor(type, N, K, 77 + TENSOR_TYPES.indexOf(type));
     const { bytes, elements } = BLOCK_LAYOUT[type];
@@ -119,8 +121,10 @@ for (const type of ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q4_k", "q5_
     // so four-row groups mix them with normal ones in every combination the pattern reaches.
     let k = 0;
     for (let n = 0; n < N; n++) {
-      for (let j = (n % 3); j < nb; j += 3) {
-        for (const o of BLOCK_SCALE_OFFSETS[type]) view.setUint16((n * nb + j) * bytes + o, ODD_SCALES[k++ % ODD_SCALES.length]!, true);
+      for (let j = n % 3; j < nb; j += 3) {
+        for (const o of BLOCK_SCALE_OFFSETS[type]) {
+          view.setUint16((n * nb + j) * bytes + o, ODD_SCALES[k++ % ODD_SCALES.length]!, true);
+        }
       }
     }
     const dense = dequantize({ name: "w", type, shape: [N, K], data: w });
@@ -129,8 +133,16 @@ for (const type of ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q4_k", "q5_
     const xq = quantized(x, elements);
     const got = await withPool(2, "relaxed", (p) => kernelMatmul(p, type, w, N, K, x, ROWS));
     for (let r = 0; r < ROWS; r++) {
-      const alone = await withPool(1, "relaxed", (p) => kernelMatmul(p, type, w, N, K, x.subarray(r * K, (r + 1) * K), 1));
-      assertEquals(Array.from(alone), Array.from(got.subarray(r * N, (r + 1) * N)), `row ${r} alone`);
+      const alone = await withPool(
+        1,
+        "relaxed",
+        (p) => kernelMatmul(p, type, w, N, K, x.subarray(r * K, (r + 1) * K), 1),
+      );
+      assertEquals(
+        Array.from(alone),
+        Array.from(got.subarray(r * N, (r + 1) * N)),
+        `row ${r} alone`,
+      );
       for (let n = 0; n < N; n++) {
         let exact = 0, abs = 0;
         for (let e = 0; e < K; e++) {
@@ -138,7 +150,10 @@ for (const type of ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q4_k", "q5_
           abs += Math.abs(dense[n * K + e]! * xq[r * K + e]!);
         }
         const err = Math.abs(got[r * N + n]! - exact);
-        assert(err <= 2e-6 * abs + 1e-12, `${type} row ${r} out ${n}: ${got[r * N + n]} vs ${exact}`);
+        assert(
+          err <= 2e-6 * abs + 1e-12,
+          `${type} row ${r} out ${n}: ${got[r * N + n]} vs ${exact}`,
+        );
       }
     }
   });
@@ -154,14 +169,26 @@ for (const type of ["q4_0", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"] as c
     const x = Float32Array.from({ length: 9 * K }, () => rand() * 2 - 1);
     const alone = await withPool(1, "relaxed", async (p) => {
       const rows: number[][] = [];
-      for (let r = 0; r < 9; r++) rows.push(Array.from(await kernelMatmul(p, type, w, N, K, x.subarray(r * K, (r + 1) * K), 1)));
+      for (let r = 0; r < 9; r++) {
+        rows.push(
+          Array.from(await kernelMatmul(p, type, w, N, K, x.subarray(r * K, (r + 1) * K), 1)),
+        );
+      }
       return rows;
     });
     for (const threads of [1, 2]) {
       for (const rows of [2, 3, 7, 9]) {
-        const got = await withPool(threads, "relaxed", (p) => kernelMatmul(p, type, w, N, K, x.subarray(0, rows * K), rows));
+        const got = await withPool(
+          threads,
+          "relaxed",
+          (p) => kernelMatmul(p, type, w, N, K, x.subarray(0, rows * K), rows),
+        );
         for (let r = 0; r < rows; r++) {
-          assertEquals(Array.from(got.subarray(r * N, (r + 1) * N)), alone[r], `${rows} rows, ${threads} threads, row ${r}`);
+          assertEquals(
+            Array.from(got.subarray(r * N, (r + 1) * N)),
+            alone[r],
+            `${rows} rows, ${threads} threads, row ${r}`,
+          );
         }
       }
     }
