@@ -2,6 +2,7 @@
  * The step program the worker threads run (kernels/wasm/as/program.ts reads it): a list of
  * 128-byte ops in shared memory, each followed by a barrier unless it says otherwise.
  */
+import type { Matrix } from "./layer_ptrs.ts";
 
 /** Op codes, as the AssemblyScript interpreter numbers them. */
 export const OP = {
@@ -52,6 +53,24 @@ export class ProgramWriter {
     for (let i = 0; i < fields.length; i++) this.words[at + 2 + i] = fields[i]! | 0;
     this.#n++;
     return this;
+  }
+
+  /**
+   * A matmul op: `rows` activation rows (in the quantized buffer `desc` describes) times `m`,
+   * into `out` (`ostride` f32 wide), plus `bias` when non-zero, added to `out` when `accum` is 1.
+   */
+  matmul(
+    m: Matrix,
+    rows: number,
+    desc: number,
+    out: number,
+    ostride: number,
+    bias: number,
+    accum: number,
+    barrier = true,
+  ): this {
+    const fields = [m.type, m.ptr, m.rows, m.cols, desc, rows, out, ostride, bias, accum];
+    return this.op(OP.matmul, fields, barrier);
   }
 
   /** Terminates the program; returns the number of ops. */

@@ -6,8 +6,9 @@
 import type { ModelConfig } from "../../lib/model/model_config.ts";
 import type { ActBuffer } from "./act_buffer.ts";
 import { type EnginePart, scoreBytes, scoreRows } from "./engine_part.ts";
-import type { LayerPtrs, Matrix } from "./layer_ptrs.ts";
+import type { LayerPtrs } from "./layer_ptrs.ts";
 import { ATTENTION_GROUP, f32Bits, OP, type ProgramWriter } from "./program.ts";
+import { writeQkv } from "./qkv_program.ts";
 import type { Span, TpShard } from "./tp_shard.ts";
 
 /** Gathers (and program segments) per layer: attention rows, residual, hidden rows, residual. */
@@ -58,24 +59,6 @@ export function gatherTarget(seg: number, c: TpLayerContext): GatherTarget {
   return { ptr: p.x, stride: dim, span: (s) => s.dimRows };
 }
 
-function mm(
-  w: ProgramWriter,
-  c: TpLayerContext,
-  m: Matrix,
-  desc: number,
-  out: number,
-  ostride: number,
-  bias: number,
-  accum: number,
-  barrier = true,
-) {
-  w.op(
-    OP.matmul,
-    [m.type, m.ptr, m.rows, m.cols, desc, c.rows, out, ostride, bias, accum],
-    barrier,
-  );
-}
-
 /** Writes segment `seg` (0..3) of one layer. */
 export function writeTpSegment(w: ProgramWriter, seg: number, c: TpLayerContext): void {
   const { config: cfg, part: p, layer: l, shard: s, rows } = c;
@@ -83,33 +66,21 @@ export function writeTpSegment(w: ProgramWriter, seg: number, c: TpLayerContext)
   const eps = f32Bits(cfg.rmsEps);
   if (seg === 0) {
     const nH = s.heads.end - s.heads.start, nKv = s.kvHeads.end - s.kvHeads.start;
-    const qDim = nH * headDim, kvDim = nKv * headDim, qkvW = qDim + 2 * kvDim;
     const positions = p.rowInts, slots = p.rowInts + c.maxRows * 4;
     const tableOffs = p.rowInts + 2 * c.maxRows * 4;
-    w.op(OP.normQuant, [p.x, dim, rows, dim, l.attnNorm, eps, 0, p.actDim.desc]);
-    mm(w, c, l.wq, p.actDim.desc, p.qkv, qkvW, l.qBias, 0, false);
-    mm(w, c, l.wk, p.actDim.desc, p.qkv + qDim * 4, qkvW, l.kBias, 0, false);
-    mm(w, c, l.wv, p.actDim.desc, p.qkv + (qDim + kvDim) * 4, qkvW, l.vBias, 0);
-    w.op(OP.qkvPost, [
-      p.qkv,
-      qkvW,
-      0,
-      qDim,
-      qDim + kvDim,
+    const qkvW = writeQkv(w, p, l, {
       rows,
-      nH,
-      nKv,
+      dim,
+      nHeads: nH,
+      nKvHeads: nKv,
       headDim,
-      cfg.ropeDim,
-      p.rope,
-      l.qNorm,
-      l.kNorm,
+      ropeDim: cfg.ropeDim,
       eps,
       slots,
-      c.kc,
-      c.vc,
-      c.f32kv,
-    ]);
+      kc: c.kc,
+      vc: c.vc,
+      f32kv: c.f32kv,
+    });
     // Written into the full-width attention rows at the rank's heads: the gather fills the rest.
     w.op(OP.attention, [
       p.qkv,
@@ -136,15 +107,15 @@ export function writeTpSegment(w: ProgramWriter, seg: number, c: TpLayerContext)
     ]);
   } else if (seg === 1) {
     w.op(OP.quant, [p.actAtt.desc, rows, cfg.nHeads * headDim]);
-    mm(w, c, l.wo, p.actAtt.desc, p.x + s.dimRows.start * 4, dim, 0, 1);
+    w.matmul(l.wo, rows, p.actAtt.desc, p.x + s.dimRows.start * 4, dim, 0, 1);
   } else if (seg === 2) {
     const hl = s.hiddenRows.end - s.hiddenRows.start;
     w.op(OP.normQuant, [p.x, dim, rows, dim, l.ffnNorm, eps, 0, p.actDim.desc]);
-    mm(w, c, l.wGate, p.actDim.desc, p.gu, 2 * hl, 0, 0, false);
-    mm(w, c, l.wUp, p.actDim.desc, p.gu + hl * 4, 2 * hl, 0, 0);
+    w.matmul(l.wGate, rows, p.actDim.desc, p.gu, 2 * hl, 0, 0, false);
+    w.matmul(l.wUp, rows, p.actDim.desc, p.gu + hl * 4, 2 * hl, 0, 0);
     w.op(OP.swiglu, [p.gu, p.gu + hl * 4, 2 * hl, rows, hl, c.hidden.desc]);
   } else {
     w.op(OP.quant, [p.actHidden.desc, rows, hiddenDim]);
-    mm(w, c, l.wDown, p.actHidden.desc, p.x + s.dimRows.start * 4, dim, 0, 1);
+    w.matmul(l.wDown, rows, p.actHidden.desc, p.x + s.dimRows.start * 4, dim, 0, 1);
   }
 }

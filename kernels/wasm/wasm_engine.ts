@@ -40,6 +40,7 @@ import {
   tpShard,
 } from "./tp_shard.ts";
 import { ActBuffer } from "./act_buffer.ts";
+import { writeQkv } from "./qkv_program.ts";
 import {
   gatherTarget,
   TP_GATHERS_PER_LAYER,
@@ -751,48 +752,23 @@ export class WasmEngine implements Engine, StageLink {
     const kvLayerBytes = p.kvBytes / (2 * (p.end - p.start));
     const scoreStride = scoreBytes(c);
     const w = new ProgramWriter(p.heap.i32(p.prog, p.progOps * OP_WORDS));
-    const mm = (
-      m: Matrix,
-      desc: number,
-      out: number,
-      ostride: number,
-      bias: number,
-      accum: number,
-      barrier = true,
-    ) =>
-      w.op(
-        OP.matmul,
-        [m.type, m.ptr, m.rows, m.cols, desc, rows, out, ostride, bias, accum],
-        barrier,
-      );
     for (let i = p.start; i < p.end; i++) {
       const l = this.#layers[i]!;
       const kc = p.kv + 2 * (i - p.start) * kvLayerBytes;
       const vc = kc + kvLayerBytes;
-      w.op(OP.normQuant, [p.x, dim, rows, dim, l.attnNorm, eps, 0, p.actDim.desc]);
-      mm(l.wq, p.actDim.desc, p.qkv, qkvW, l.qBias, 0, false);
-      mm(l.wk, p.actDim.desc, p.qkv + qDim * 4, qkvW, l.kBias, 0, false);
-      mm(l.wv, p.actDim.desc, p.qkv + (qDim + kvDim) * 4, qkvW, l.vBias, 0);
-      w.op(OP.qkvPost, [
-        p.qkv,
-        qkvW,
-        0,
-        qDim,
-        qDim + kvDim,
+      writeQkv(w, p, l, {
         rows,
+        dim,
         nHeads,
         nKvHeads,
         headDim,
-        c.ropeDim,
-        p.rope,
-        l.qNorm,
-        l.kNorm,
+        ropeDim: c.ropeDim,
         eps,
         slots,
         kc,
         vc,
         f32kv,
-      ]);
+      });
       w.op(OP.attention, [
         p.qkv,
         qkvW,
@@ -817,10 +793,10 @@ export class WasmEngine implements Engine, StageLink {
         scoreRows(c),
       ]);
       w.op(OP.quant, [p.actAtt.desc, rows, qDim]);
-      mm(l.wo, p.actAtt.desc, p.x, dim, 0, 1);
+      w.matmul(l.wo, rows, p.actAtt.desc, p.x, dim, 0, 1);
       w.op(OP.normQuant, [p.x, dim, rows, dim, l.ffnNorm, eps, 0, p.actDim.desc]);
-      mm(l.wGate, p.actDim.desc, p.gu, 2 * hiddenDim, 0, 0, false);
-      mm(l.wUp, p.actDim.desc, p.gu + hiddenDim * 4, 2 * hiddenDim, 0, 0);
+      w.matmul(l.wGate, rows, p.actDim.desc, p.gu, 2 * hiddenDim, 0, 0, false);
+      w.matmul(l.wUp, rows, p.actDim.desc, p.gu + hiddenDim * 4, 2 * hiddenDim, 0, 0);
       w.op(OP.swiglu, [
         p.gu,
         p.gu + hiddenDim * 4,
@@ -829,7 +805,7 @@ export class WasmEngine implements Engine, StageLink {
         hiddenDim,
         p.actHidden.desc,
       ]);
-      mm(l.wDown, p.actHidden.desc, p.x, dim, 0, 1);
+      w.matmul(l.wDown, rows, p.actHidden.desc, p.x, dim, 0, 1);
     }
     if (sampled > 0) {
       w.op(OP.normQuant, [p.x, dim, sampled, dim, this.#outputNorm, eps, rowmap, p.actOut!.desc]);
