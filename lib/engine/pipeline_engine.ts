@@ -1,6 +1,7 @@
-import type { Engine, KvGeometry, SeqInput, StepPlan, StepResult } from "./engine.ts";
+import type { Engine, KvGeometry, StepPlan, StepResult } from "./engine.ts";
 import type { ModelConfig } from "../model/model_config.ts";
 import type { StageLink, StageOutput } from "./stage_link.ts";
+import { StepOrder } from "./step_order.ts";
 
 /**
  * Refuses stages that do not chain layers 0..nLayers in order without gap or overlap, naming
@@ -57,11 +58,9 @@ export class PipelineEngine implements Engine {
   readonly name = "pipeline";
   readonly resultsOnHost = true;
   readonly hiddenStates = true;
-  /** Per sequence, the token it sampled last (settles when the step that samples it ends). */
-  readonly #last = new Map<number, Promise<number>>();
+  readonly #order: StepOrder;
   /** Told of each stage's part of each step (a micro-batch's), when it is sent and answered. */
   onStage?: StageObserver;
-  #entry: Promise<unknown> = Promise.resolve();
 
   constructor(
     readonly config: ModelConfig,
@@ -78,6 +77,7 @@ export class PipelineEngine implements Engine {
     readonly microBatches = 1,
   ) {
     checkChain(stages, config.nLayers);
+    this.#order = new StepOrder(stages);
     if (!Number.isInteger(microBatches) || microBatches < 1) {
       throw new Error(`Invalid micro-batch count ${microBatches}: expected a positive integer`);
     }
@@ -103,20 +103,8 @@ export class PipelineEngine implements Engine {
 
   /** One group's step down the chain; its sequences' tokens are known when it ends. */
   #stepGroup(plan: StepPlan): Promise<StepResult> {
-    // Taken now: the entries below are this step's own tokens, for the steps after it.
-    const from = new Map(plan.seqs.map((s) => [s.seqId, this.#last.get(s.seqId)]));
-    const entered = this.#entry
-      .then(() => resolveTokens(plan, from))
-      .then((p) => ({ plan: p, out: this.#timed(0, p) }));
-    this.#entry = entered.catch(() => {});
-    const result = entered.then(({ plan: p, out }) => this.#through(p, out));
-    for (const seq of plan.seqs) {
-      if (!seq.sample) continue;
-      const token = result.then((r) => r.sampled.find((s) => s.seqId === seq.seqId)!.token);
-      token.catch(() => {}); // a failed step is reported by `result`; this copy is for the next
-      this.#last.set(seq.seqId, token);
-    }
-    return result;
+    const entered = this.#order.enter(plan, (p) => ({ plan: p, out: this.#timed(0, p) }));
+    return this.#order.sampling(plan, entered.then(({ plan: p, out }) => this.#through(p, out)));
   }
 
   /** The step's rows through stages 1.. in order; the last stage's result. */
@@ -153,36 +141,12 @@ export class PipelineEngine implements Engine {
   }
 
   release(seqId: number): void {
-    this.#entry = this.#entry.then(() => {
-      const last = this.#last.get(seqId) ?? Promise.resolve();
-      this.#last.delete(seqId);
-      last.finally(() => this.stages.forEach((s) => s.release?.(seqId))).catch(() => {});
-    });
+    this.#order.release(seqId);
   }
 
   dispose(): void {
-    for (const s of this.stages) s.dispose();
-    this.#last.clear();
+    this.#order.dispose();
   }
-}
-
-/** The plan with each `useLastSampled` input replaced by the token its sequence sampled. */
-export async function resolveTokens(
-  plan: StepPlan,
-  last: ReadonlyMap<number, Promise<number> | undefined>,
-): Promise<StepPlan> {
-  if (!plan.seqs.some((s) => s.useLastSampled)) return plan;
-  const seqs = await Promise.all(plan.seqs.map(async (s): Promise<SeqInput> => {
-    if (!s.useLastSampled) return s;
-    const token = last.get(s.seqId);
-    if (token === undefined) {
-      throw new Error(
-        `Invalid step ${plan.stepId}: seq ${s.seqId} decodes from its last sampled token, but it has sampled none`,
-      );
-    }
-    return { ...s, tokens: [await token], useLastSampled: false };
-  }));
-  return { ...plan, seqs };
 }
 
 /** `items` in at most `n` contiguous groups of sizes differing by at most one (one group when empty). */

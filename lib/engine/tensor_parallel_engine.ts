@@ -1,7 +1,7 @@
 import type { Engine, KvGeometry, StepPlan, StepResult } from "./engine.ts";
 import type { ModelConfig } from "../model/model_config.ts";
-import { resolveTokens } from "./pipeline_engine.ts";
 import type { StageLink } from "./stage_link.ts";
+import { StepOrder } from "./step_order.ts";
 
 /**
  * The Engine the executor drives when every layer's matmuls are split over tensor-parallel
@@ -14,8 +14,7 @@ export class TensorParallelEngine implements Engine {
   readonly name = "tensor-parallel";
   readonly resultsOnHost = true;
   readonly hiddenStates = true;
-  readonly #last = new Map<number, Promise<number>>();
-  #entry: Promise<unknown> = Promise.resolve();
+  readonly #order: StepOrder;
 
   constructor(
     readonly config: ModelConfig,
@@ -37,21 +36,20 @@ export class TensorParallelEngine implements Engine {
           }`,
       );
     }
+    this.#order = new StepOrder(ranks);
   }
 
   step(plan: StepPlan): Promise<StepResult> {
-    const from = new Map(plan.seqs.map((s) => [s.seqId, this.#last.get(s.seqId)]));
-    const entered = this.#entry
-      .then(() => resolveTokens(plan, from))
-      .then((p) =>
+    const entered = this.#order.enter(
+      plan,
+      (p) =>
         this.ranks.map((r) =>
           r.stepStage(p).catch((e) => {
             this.onRankFailed?.(e instanceof Error ? e : new Error(String(e)));
             throw e;
           })
-        )
-      );
-    this.#entry = entered.catch(() => {});
+        ),
+    );
     const result = entered.then(async (outs) => {
       const [first, ...rest] = await Promise.all(outs);
       if (first!.kind !== "result" || rest.some((o) => o.kind !== "rows")) {
@@ -64,25 +62,14 @@ export class TensorParallelEngine implements Engine {
       }
       return first!.result;
     });
-    for (const seq of plan.seqs) {
-      if (!seq.sample) continue;
-      const token = result.then((r) => r.sampled.find((s) => s.seqId === seq.seqId)!.token);
-      token.catch(() => {});
-      this.#last.set(seq.seqId, token);
-    }
-    return result;
+    return this.#order.sampling(plan, result);
   }
 
   release(seqId: number): void {
-    this.#entry = this.#entry.then(() => {
-      const last = this.#last.get(seqId) ?? Promise.resolve();
-      this.#last.delete(seqId);
-      last.finally(() => this.ranks.forEach((r) => r.release?.(seqId))).catch(() => {});
-    });
+    this.#order.release(seqId);
   }
 
   dispose(): void {
-    for (const r of this.ranks) r.dispose();
-    this.#last.clear();
+    this.#order.dispose();
   }
 }
