@@ -6,7 +6,7 @@
  * --tensor-parallel-size N instead, it is rank 0 of N tensor-parallel ranks, the others
  * `stage --tp-rank r/N` processes, found and started the same way.
  */
-import { WasmEngine } from "../../kernels/wasm/wasm_engine.ts";
+import { WasmEngine, type WasmEngineOptions } from "../../kernels/wasm/wasm_engine.ts";
 import { stagePlacement } from "../../kernels/wasm/stage_placement.ts";
 import type { Engine, KvGeometry } from "../engine/engine.ts";
 import { tpShard } from "../../kernels/wasm/tp_shard.ts";
@@ -21,7 +21,7 @@ import type { Model } from "../model/weights.ts";
 import { resolveModelSource } from "../source/model_source.ts";
 import { modelIdentity } from "../cluster/model_identity.ts";
 import { connectNats, type NatsConnection } from "../cluster/nats_connection.ts";
-import { attachStages, type RemoteStage } from "../cluster/stage_client.ts";
+import { attachStages, type RemoteStage, type StageWanted } from "../cluster/stage_client.ts";
 import { type RequestLinks, stageObserver } from "./stage_observer.ts";
 import { budgetProblem } from "../cluster/stage_server.ts";
 import type { StepLimits } from "../compose/engine_factory.ts";
@@ -222,100 +222,105 @@ export async function startPipelineHead(
   };
 }
 
-/** The head's stage here and the others attached over `nc`, as one PipelineEngine. */
-async function buildPipeline(
+/** What each build of the head's engine (pipeline or tensor-parallel) starts from. */
+interface HeadBuild {
+  readonly model: Model;
+  readonly kv: KvGeometry;
+  readonly limits: StepLimits;
+  readonly ranges: readonly LayerRange[];
+  /** The model's identity the remote stages must hold. */
+  readonly identity: string;
+}
+
+/**
+ * The head's own part of the engine (its pipeline stage or tensor-parallel rank 0, `role`) and
+ * the remote parts `wanted` names, made one engine by `join`. The head's part keeps to
+ * --memory-budget too, where one was given, and is disposed of when anything after it fails.
+ */
+async function headWithRemote<T>(
   c: Config,
   nc: NatsConnection,
-  o: {
-    model: Model;
-    kv: KvGeometry;
-    limits: StepLimits;
-    ranges: readonly LayerRange[];
-    identity: string;
+  o: HeadBuild,
+  head: {
+    readonly opts: WasmEngineOptions;
+    readonly role: string;
+    readonly wanted: Pick<StageWanted, "ranges" | "tpSize">;
   },
-): Promise<{ engine: PipelineEngine; description: string; remote: RemoteStage[] }> {
-  const { model, kv, limits, ranges } = o;
+  join: (first: WasmEngine, remote: RemoteStage[]) => T,
+): Promise<T & { remote: RemoteStage[] }> {
+  const { model, kv, limits } = o;
   const first = await WasmEngine.create(model.config, model.weights, kv, {
     ...limits,
-    layers: ranges[0]!,
+    ...head.opts,
     ...(c.threads === undefined ? {} : { threads: c.threads }),
   });
   try {
-    // The head's stage keeps to --memory-budget too, where one was given.
     const over = budgetProblem(first, c.memoryBudget);
-    if (over !== undefined) throw new Error(`Cannot run the head's pipeline stage: ${over}`);
+    if (over !== undefined) throw new Error(`Cannot run the head's ${head.role}: ${over}`);
     const remote = await attachStages(nc, {
       model: o.identity,
       contextLength: model.config.contextLength,
-      ranges: ranges.slice(1),
+      ...head.wanted,
       kv,
       limits,
       timeoutMs: STAGE_WAIT_MS,
     });
-    const groups = c.pipelineMicroBatches ?? ranges.length;
-    return {
-      engine: new PipelineEngine(model.config, kv, [first, ...remote], limits, groups),
-      remote,
-      description: `pipeline of ${ranges.length} cpu stages (WebAssembly, ${first.threads} ` +
-        `threads here, ${groups} micro-batches)`,
-    };
+    return { ...join(first, remote), remote };
   } catch (e) {
     first.dispose();
     throw e;
   }
 }
 
+/** The head's stage here and the others attached over `nc`, as one PipelineEngine. */
+function buildPipeline(
+  c: Config,
+  nc: NatsConnection,
+  o: HeadBuild,
+): Promise<{ engine: PipelineEngine; description: string; remote: RemoteStage[] }> {
+  const { model, kv, limits, ranges } = o;
+  const groups = c.pipelineMicroBatches ?? ranges.length;
+  const head = {
+    opts: { layers: ranges[0]! },
+    role: "pipeline stage",
+    wanted: { ranges: ranges.slice(1) },
+  };
+  return headWithRemote(c, nc, o, head, (first, remote) => ({
+    engine: new PipelineEngine(model.config, kv, [first, ...remote], limits, groups),
+    description: `pipeline of ${ranges.length} cpu stages (WebAssembly, ${first.threads} ` +
+      `threads here, ${groups} micro-batches)`,
+  }));
+}
+
 /**
  * Rank 0 here (it gathers as the hub, lib/cluster/tp_link.ts) and ranks 1.. attached over
  * `nc`, as one TensorParallelEngine.
  */
-async function buildTensorParallel(
+function buildTensorParallel(
   c: Config,
   nc: NatsConnection,
-  o: {
-    model: Model;
-    kv: KvGeometry;
-    limits: StepLimits;
-    ranges: readonly LayerRange[];
-    identity: string;
-  },
+  o: HeadBuild,
 ): Promise<{ engine: Engine; description: string; remote: RemoteStage[] }> {
   const { model, kv, limits } = o;
   const size = c.tensorParallelSize, hub = new HubGather();
-  const first = await WasmEngine.create(model.config, model.weights, kv, {
-    ...limits,
-    tensorParallel: { shard: tpShard(model.config, 0, size), exchange: hub },
-    ...(c.threads === undefined ? {} : { threads: c.threads }),
-  });
-  try {
-    const over = budgetProblem(first, c.memoryBudget);
-    if (over !== undefined) throw new Error(`Cannot run the head's tensor-parallel rank: ${over}`);
-    const remote = await attachStages(nc, {
-      model: o.identity,
-      contextLength: model.config.contextLength,
-      ranges: o.ranges,
-      tpSize: size,
-      kv,
-      limits,
-      timeoutMs: STAGE_WAIT_MS,
-    });
+  const head = {
+    opts: { tensorParallel: { shard: tpShard(model.config, 0, size), exchange: hub } },
+    role: "tensor-parallel rank",
+    wanted: { ranges: o.ranges, tpSize: size },
+  };
+  return headWithRemote(c, nc, o, head, (first, remote) => {
     hub.attach(remote);
-    return {
-      engine: new TensorParallelEngine(
-        model.config,
-        kv,
-        [first, ...remote],
-        limits,
-        (e) => hub.fail(e),
-      ),
-      remote,
-      description:
-        `tensor parallelism over ${size} cpu ranks (WebAssembly, ${first.threads} threads here)`,
-    };
-  } catch (e) {
-    first.dispose();
-    throw e;
-  }
+    const engine = new TensorParallelEngine(
+      model.config,
+      kv,
+      [first, ...remote],
+      limits,
+      (e) => hub.fail(e),
+    );
+    const description =
+      `tensor parallelism over ${size} cpu ranks (WebAssembly, ${first.threads} threads here)`;
+    return { engine, description };
+  });
 }
 
 /** A stage process of this machine; the NATS URL (with its password) goes in its environment. */
