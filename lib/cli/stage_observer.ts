@@ -12,37 +12,30 @@ import type { ServiceMetrics } from "../http/service_metrics.ts";
 /** The request spans of these sequences, to link a stage step's span to. */
 export type RequestLinks = (seqIds: readonly number[]) => Link[];
 
+/** The help text of each per-stage series (each labelled by stage), by name. */
+const HELP = {
+  llm_pipeline_stage_seconds_total:
+    "Time from sending each step (each micro-batch) to a pipeline stage to its answer, queueing included.",
+  llm_pipeline_stage_steps_total: "Steps (micro-batches) each pipeline stage answered.",
+  llm_pipeline_stage_bytes_total: "Bytes of activation rows sent to each pipeline stage.",
+  llm_pipeline_stage_queue_depth:
+    "Micro-batches sent to each pipeline stage and not yet answered (queued, computed or on the wire).",
+  llm_pipeline_stage_bubble_fraction:
+    "Share of the time the pipeline had work that each stage sat idle, since the start, 0 to 1.",
+} as const;
+
 export function stageObserver(
   metrics: ServiceMetrics,
   stages: number,
   links: () => RequestLinks | undefined,
 ): StageObserver {
   const r = metrics.registry;
-  const seconds = r.counter(
-    "llm_pipeline_stage_seconds_total",
-    "Time from sending each step (each micro-batch) to a pipeline stage to its answer, queueing included.",
-    ["stage"],
-  );
-  const steps = r.counter(
-    "llm_pipeline_stage_steps_total",
-    "Steps (micro-batches) each pipeline stage answered.",
-    ["stage"],
-  );
-  const bytes = r.counter(
-    "llm_pipeline_stage_bytes_total",
-    "Bytes of activation rows sent to each pipeline stage.",
-    ["stage"],
-  );
-  const depth = r.gauge(
-    "llm_pipeline_stage_queue_depth",
-    "Micro-batches sent to each pipeline stage and not yet answered (queued, computed or on the wire).",
-    ["stage"],
-  );
-  const bubble = r.gauge(
-    "llm_pipeline_stage_bubble_fraction",
-    "Share of the time the pipeline had work that each stage sat idle, since the start, 0 to 1.",
-    ["stage"],
-  );
+  const byStage = (name: keyof typeof HELP) => [name, HELP[name], ["stage"]] as const;
+  const seconds = r.counter(...byStage("llm_pipeline_stage_seconds_total"));
+  const steps = r.counter(...byStage("llm_pipeline_stage_steps_total"));
+  const bytes = r.counter(...byStage("llm_pipeline_stage_bytes_total"));
+  const depth = r.gauge(...byStage("llm_pipeline_stage_queue_depth"));
+  const bubble = r.gauge(...byStage("llm_pipeline_stage_bubble_fraction"));
   const occupancy = new StageOccupancy(stages);
   const tracer = trace.getTracer("llmserve");
   const update = () => {
