@@ -2,7 +2,7 @@
  * Pipeline parallelism on this machine: decode tokens/s of one process (one CPU engine thread)
  * against PP 2 (the first stage in this process, the second a `stage` process on a local
  * nats-server, one thread each), with the whole step at once and with 2 micro-batches, at 1
- * and 32 streams; and the time a decode step of one stream gains per pipeline (PP 2 against one
+ * and 32 streams, and one process with 2 threads (the same cores as PP 2); and the time a decode step of one stream gains per pipeline (PP 2 against one
  * process: two hops, rows to the stage and the result back). Steps are issued as the scheduler
  * does, up to 3 in flight, each decode from the token sampled last. Variants alternate.
  *
@@ -59,6 +59,7 @@ async function decode(
 
 const whole = await loadModel(path, { contextLength: CTX });
 const single = await WasmEngine.create(whole.config, whole.weights, KV, { ...LIMITS, threads: 1 });
+const double = await WasmEngine.create(whole.config, whole.weights, KV, { ...LIMITS, threads: 2 });
 const ranges = evenRanges(whole.config.nLayers, 2);
 const head = await loadModel(path, {
   contextLength: CTX,
@@ -106,6 +107,7 @@ const variants: [string, Engine][] = [
   ["1 process, 1 thread", single],
   ["PP 2, 1 thread each, whole steps", pp(1)],
   ["PP 2, 1 thread each, 2 micro-batches", pp(2)],
+  ["1 process, 2 threads", double],
 ];
 const rows: string[][] = [];
 const results = new Map<string, { tps: number; stepMs: number }[]>();
@@ -149,6 +151,7 @@ console.log(
   } MiB, of a ${fmt(file / 2 ** 20, 0)} MiB file`,
 );
 single.dispose();
+double.dispose();
 variants[1]![1].dispose();
 await nc.close();
 stage.kill("SIGTERM");
