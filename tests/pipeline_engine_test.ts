@@ -7,17 +7,14 @@ import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { stagePlacement } from "../kernels/wasm/stage_placement.ts";
 import { PipelineEngine, splitEvenly } from "../lib/engine/pipeline_engine.ts";
 import type { LayerRange } from "../lib/engine/stage_link.ts";
-import { type Engine, GREEDY, type SamplingParams, type SeqInput } from "../lib/engine/engine.ts";
+import { type Engine, GREEDY } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { compatPath } from "./harness/compat.ts";
 import { modelFile } from "./harness/model_files.ts";
-import { rng } from "./_gpu.ts";
+import { bits, randomPrompts, runSteps, SEEDED } from "./harness/engine_steps.ts";
 
 const KV = { numBlocks: 48, blockSize: 16 };
 const LIMITS = { maxBatchTokens: 256, maxSeqs: 16 };
-const SEEDED: SamplingParams = { temperature: 0.9, topK: 40, topP: 0.95, minP: 0, seed: 11 };
-
-const bits = (a: Float32Array) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
 
 /** Stage engines of `ranges`, each from a load of `path` that reads only its range's tensors. */
 async function stageEngines(path: string, ranges: LayerRange[]): Promise<WasmEngine[]> {
@@ -29,47 +26,6 @@ async function stageEngines(path: string, ranges: LayerRange[]): Promise<WasmEng
     );
   }
   return out;
-}
-
-/**
- * `prompts` prefilled together, then decoded `steps` tokens from the token each sampled last
- * (useLastSampled); the logits and tokens of every prompt at every step.
- */
-async function run(engine: Engine, prompts: number[][], steps: number, sampling: SamplingParams) {
-  const logits = prompts.map(() => [] as number[][]);
-  const tokens = prompts.map(() => [] as number[]);
-  const inFlight: Promise<unknown>[] = [];
-  for (let step = 0; step < steps; step++) {
-    const seqs: SeqInput[] = prompts.map((p, i) => ({
-      seqId: i,
-      tokens: step === 0 ? p : [],
-      ...(step === 0 ? {} : { useLastSampled: true }),
-      startPos: step === 0 ? 0 : p.length + step - 1,
-      blockTable: [2 * i, 2 * i + 1],
-      sample: true,
-      sampling,
-    }));
-    // Called before the step before ended, as the scheduler's pipelining does.
-    inFlight.push(
-      engine.step({ stepId: step, seqs, returnLogits: true }).then((r) =>
-        r.sampled.forEach((s, i) => {
-          logits[i]![step] = bits(s.logits!);
-          tokens[i]![step] = s.token;
-        })
-      ),
-    );
-  }
-  await Promise.all(inFlight);
-  prompts.forEach((_, i) => engine.release?.(i));
-  return { logits, tokens };
-}
-
-function randomPrompts(n: number, vocab: number, seed: number): number[][] {
-  const rand = rng(seed);
-  return Array.from(
-    { length: n },
-    () => Array.from({ length: 2 + Math.floor(rand() * 12) }, () => Math.floor(rand() * vocab)),
-  );
 }
 
 const CASES = [
@@ -98,9 +54,9 @@ Deno.test("pipeline stages in one process, each loaded with only its layers, giv
       );
       for (const n of [1, 16]) {
         for (const sampling of [GREEDY, SEEDED]) {
-          const prompts = randomPrompts(n, whole.config.vocabSize, n);
-          const want = await run(single, prompts, 4, sampling);
-          const got = await run(pp, prompts, 4, sampling);
+          const prompts = randomPrompts(n, whole.config.vocabSize);
+          const want = await runSteps(single, prompts, 4, sampling);
+          const got = await runSteps(pp, prompts, 4, sampling);
           const what = `${path} split at ${cuts}, ${n} seqs, temperature ${sampling.temperature}`;
           assertEquals(got.tokens, want.tokens, what);
           assertEquals(got.logits, want.logits, what);

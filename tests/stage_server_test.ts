@@ -8,7 +8,7 @@ import { NatsServer } from "./_cluster.ts";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { stagePlacement } from "../kernels/wasm/stage_placement.ts";
 import { PipelineEngine } from "../lib/engine/pipeline_engine.ts";
-import { type Engine, GREEDY, type SamplingParams, type SeqInput } from "../lib/engine/engine.ts";
+import { GREEDY } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { connectNats, type NatsConnection } from "../lib/cluster/nats_connection.ts";
 import { attachStages } from "../lib/cluster/stage_client.ts";
@@ -20,13 +20,11 @@ import { FrameReader, writeFrame } from "../lib/cluster/frame_stream.ts";
 import { StageAnnouncementSchema } from "../lib/cluster/stage_messages.ts";
 import { compatPath } from "./harness/compat.ts";
 import { modelFile } from "./harness/model_files.ts";
-import { rng } from "./_gpu.ts";
+import { randomPrompts, runSteps, SEEDED } from "./harness/engine_steps.ts";
 
 const KV = { numBlocks: 48, blockSize: 16 };
 const LIMITS = { maxBatchTokens: 256, maxSeqs: 16 };
 const CTX = 512;
-const SEEDED: SamplingParams = { temperature: 0.9, topK: 40, topP: 0.95, minP: 0, seed: 11 };
-const bits = (a: Float32Array) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
 
 /** A stage process; kill() ends it. */
 function spawnStage(
@@ -92,43 +90,6 @@ async function head(nc: NatsConnection, path: string, cut: number, timeoutMs = 6
   }
 }
 
-async function run(engine: Engine, prompts: number[][], steps: number, sampling: SamplingParams) {
-  const logits = prompts.map(() => [] as number[][]);
-  const tokens = prompts.map(() => [] as number[]);
-  const inFlight: Promise<unknown>[] = [];
-  for (let step = 0; step < steps; step++) {
-    const seqs: SeqInput[] = prompts.map((p, i) => ({
-      seqId: i,
-      tokens: step === 0 ? p : [],
-      ...(step === 0 ? {} : { useLastSampled: true }),
-      startPos: step === 0 ? 0 : p.length + step - 1,
-      blockTable: [2 * i, 2 * i + 1],
-      sample: true,
-      sampling,
-    }));
-    // Called before the step before ended, as the scheduler's pipelining does.
-    inFlight.push(
-      engine.step({ stepId: step, seqs, returnLogits: true }).then((r) =>
-        r.sampled.forEach((s, i) => {
-          logits[i]![step] = bits(s.logits!);
-          tokens[i]![step] = s.token;
-        })
-      ),
-    );
-  }
-  await Promise.all(inFlight);
-  prompts.forEach((_, i) => engine.release?.(i));
-  return { logits, tokens };
-}
-
-const prompts = (n: number, vocab: number) => {
-  const rand = rng(n);
-  return Array.from(
-    { length: n },
-    () => Array.from({ length: 2 + Math.floor(rand() * 12) }, () => Math.floor(rand() * vocab)),
-  );
-};
-
 Deno.test("PP 2 across real processes on a real nats-server gives the one-process logits bit for bit and its tokens, greedy and seeded, at 1 and 16 sequences (llama3-like, qwen2-like)", async () => {
   const nats = await NatsServer.start();
   const files = [compatPath("llama3-like-q4_k_m"), compatPath("qwen2-like-q4_k_m")];
@@ -144,9 +105,9 @@ Deno.test("PP 2 across real processes on a real nats-server gives the one-proces
       const pp = await head(nc, path, 1);
       for (const n of [1, 16]) {
         for (const sampling of [GREEDY, SEEDED]) {
-          const p = prompts(n, whole.config.vocabSize);
-          const want = await run(single, p, 4, sampling);
-          const got = await run(pp, p, 4, sampling);
+          const p = randomPrompts(n, whole.config.vocabSize);
+          const want = await runSteps(single, p, 4, sampling);
+          const got = await runSteps(pp, p, 4, sampling);
           const what = `${path}, ${n} seqs, temperature ${sampling.temperature}`;
           assertEquals(got.tokens, want.tokens, what);
           assertEquals(got.logits, want.logits, what);
@@ -240,16 +201,16 @@ Deno.test("the head refuses a stage of another model file or other layers, namin
     conn.close();
     // A head on the right model works; the stage killed, its steps fail naming the stage.
     const pp = await head(nc, llama, 1);
-    const p = prompts(2, 128000);
-    const before = await run(pp, p, 2, GREEDY);
+    const p = randomPrompts(2, 128000);
+    const before = await runSteps(pp, p, 2, GREEDY);
     await stop(stage, "SIGKILL");
-    const dead = await assertRejects(() => run(pp, p, 2, GREEDY));
+    const dead = await assertRejects(() => runSteps(pp, p, 2, GREEDY));
     assertStringIncludes((dead as Error).message, `stage ${ann.id}`);
     pp.dispose();
     // Restarted (a new process, a new id), a new head attaches and gets the same tokens.
     stage = spawnStage(nats.url, llama, "1-2");
     const again = await head(nc, llama, 1);
-    assertEquals(await run(again, p, 2, GREEDY), before);
+    assertEquals(await runSteps(again, p, 2, GREEDY), before);
     again.dispose();
     assert(true);
   } finally {
@@ -290,8 +251,8 @@ Deno.test("with --memory-budget at 60% of the file, a stage of all layers is ref
     });
     const pp = await head(nc, path, 1);
     assertEquals(budgetProblem(pp.stages[0] as WasmEngine, budget), undefined);
-    const p = prompts(4, whole.config.vocabSize);
-    assertEquals(await run(pp, p, 4, GREEDY), await run(single, p, 4, GREEDY));
+    const p = randomPrompts(4, whole.config.vocabSize);
+    assertEquals(await runSteps(pp, p, 4, GREEDY), await runSteps(single, p, 4, GREEDY));
     pp.dispose();
     single.dispose();
   } finally {

@@ -10,19 +10,16 @@ import { tpPlacement } from "../kernels/wasm/tp_placement.ts";
 import { TensorParallelEngine } from "../lib/engine/tensor_parallel_engine.ts";
 import { type GatherLink, HubGather } from "../lib/cluster/tp_link.ts";
 import type { StageLink } from "../lib/engine/stage_link.ts";
-import { type Engine, GREEDY, type SamplingParams, type SeqInput } from "../lib/engine/engine.ts";
+import { GREEDY } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import type { ModelConfig } from "../lib/model/model_config.ts";
 import type { ModelWeights } from "../lib/model/weights.ts";
 import { compatPath } from "./harness/compat.ts";
 import { modelFile } from "./harness/model_files.ts";
-import { rng } from "./_gpu.ts";
+import { randomPrompts, runSteps, SEEDED } from "./harness/engine_steps.ts";
 
 const KV = { numBlocks: 48, blockSize: 16 };
 const LIMITS = { maxBatchTokens: 256, maxSeqs: 16 };
-const SEEDED: SamplingParams = { temperature: 0.9, topK: 40, topP: 0.95, minP: 0, seed: 11 };
-
-const bits = (a: Float32Array) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
 
 /** `size` rank engines over one load of the model, gathering through one LocalTpGroup. */
 async function ranks(config: ModelConfig, weights: ModelWeights, size: number) {
@@ -38,44 +35,6 @@ async function ranks(config: ModelConfig, weights: ModelWeights, size: number) {
     );
   }
   return out;
-}
-
-/** `prompts` prefilled together, then `steps - 1` decodes from the token each sampled last. */
-async function run(engine: Engine, prompts: number[][], steps: number, sampling: SamplingParams) {
-  const logits = prompts.map(() => [] as number[][]);
-  const tokens = prompts.map(() => [] as number[]);
-  const inFlight: Promise<unknown>[] = [];
-  for (let step = 0; step < steps; step++) {
-    const seqs: SeqInput[] = prompts.map((p, i) => ({
-      seqId: i,
-      tokens: step === 0 ? p : [],
-      ...(step === 0 ? {} : { useLastSampled: true }),
-      startPos: step === 0 ? 0 : p.length + step - 1,
-      blockTable: [2 * i, 2 * i + 1],
-      sample: true,
-      sampling,
-    }));
-    // Called before the step before ended, as the scheduler's pipelining does.
-    inFlight.push(
-      engine.step({ stepId: step, seqs, returnLogits: true }).then((r) =>
-        r.sampled.forEach((s, i) => {
-          logits[i]![step] = bits(s.logits!);
-          tokens[i]![step] = s.token;
-        })
-      ),
-    );
-  }
-  await Promise.all(inFlight);
-  prompts.forEach((_, i) => engine.release?.(i));
-  return { logits, tokens };
-}
-
-function randomPrompts(n: number, vocab: number, seed: number): number[][] {
-  const rand = rng(seed);
-  return Array.from(
-    { length: n },
-    () => Array.from({ length: 2 + Math.floor(rand() * 12) }, () => Math.floor(rand() * vocab)),
-  );
 }
 
 // stories260K: 4 KV heads (TP 2 and 4 split them); llama3-like: 1 KV head, 4 query heads (each
@@ -95,9 +54,9 @@ Deno.test("tensor-parallel ranks in one process give the one-process engine's lo
       const tp = new TensorParallelEngine(m.config, KV, await ranks(m.config, m.weights, size));
       for (const n of [1, 16]) {
         for (const sampling of [GREEDY, SEEDED]) {
-          const prompts = randomPrompts(n, m.config.vocabSize, n);
-          const want = await run(single, prompts, 4, sampling);
-          const got = await run(tp, prompts, 4, sampling);
+          const prompts = randomPrompts(n, m.config.vocabSize);
+          const want = await runSteps(single, prompts, 4, sampling);
+          const got = await runSteps(tp, prompts, 4, sampling);
           const what = `${path} TP ${size}, ${n} seqs, temperature ${sampling.temperature}`;
           assertEquals(got.tokens, want.tokens, what);
           assertEquals(got.logits, want.logits, what);
@@ -225,9 +184,9 @@ Deno.test("each rank loaded with tpPlacement reads only its rows of the layer ma
     assertEquals(read[1]! < fileBytes, true, `${read[1]} of ${fileBytes}`);
     const tp = new TensorParallelEngine(whole.config, KV, ranks, LIMITS);
     for (const n of [1, 16]) {
-      const prompts = randomPrompts(n, whole.config.vocabSize, n);
-      const want = await run(single, prompts, 3, GREEDY);
-      const got = await run(tp, prompts, 3, GREEDY);
+      const prompts = randomPrompts(n, whole.config.vocabSize);
+      const want = await runSteps(single, prompts, 3, GREEDY);
+      const got = await runSteps(tp, prompts, 3, GREEDY);
       assertEquals(got.tokens, want.tokens, `${path}, ${n} seqs`);
       assertEquals(got.logits, want.logits, `${path}, ${n} seqs`);
     }

@@ -8,7 +8,7 @@ import { NatsServer } from "./_cluster.ts";
 import { WasmEngine } from "../kernels/wasm/wasm_engine.ts";
 import { tpShard } from "../kernels/wasm/tp_shard.ts";
 import { TensorParallelEngine } from "../lib/engine/tensor_parallel_engine.ts";
-import { type Engine, GREEDY, type SamplingParams, type SeqInput } from "../lib/engine/engine.ts";
+import { GREEDY } from "../lib/engine/engine.ts";
 import { loadModel } from "../lib/model/load_model.ts";
 import { connectNats, type NatsConnection } from "../lib/cluster/nats_connection.ts";
 import { attachStages } from "../lib/cluster/stage_client.ts";
@@ -20,12 +20,11 @@ import { decodeFrame, encodeFrame } from "../lib/cluster/binary_frame.ts";
 import { FrameReader, writeFrame } from "../lib/cluster/frame_stream.ts";
 import { compatPath } from "./harness/compat.ts";
 import { modelFile } from "./harness/model_files.ts";
-import { rng } from "./_gpu.ts";
+import { randomPrompts, runSteps, SEEDED } from "./harness/engine_steps.ts";
 
 const KV = { numBlocks: 48, blockSize: 16 };
 const LIMITS = { maxBatchTokens: 256, maxSeqs: 16 };
 const CTX = 512;
-const SEEDED: SamplingParams = { temperature: 0.9, topK: 40, topP: 0.95, minP: 0, seed: 11 };
 /** `main.ts stage --tp-rank rank/size` as its own process; its stderr is read by the caller. */
 function spawnRank(nats: string, model: string, rank: string): Deno.ChildProcess {
   return new Deno.Command(Deno.execPath(), {
@@ -49,8 +48,6 @@ function spawnRank(nats: string, model: string, rank: string): Deno.ChildProcess
     stderr: "piped",
   }).spawn();
 }
-
-const bits = (a: Float32Array) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
 
 /** TP `size` over `path`: rank 0 here, ranks 1.. attached over NATS and their links. */
 async function head(nc: NatsConnection, path: string, size: number, timeoutMs = 30_000) {
@@ -76,42 +73,6 @@ async function head(nc: NatsConnection, path: string, size: number, timeoutMs = 
   hub.attach(remote);
   return new TensorParallelEngine(m.config, KV, [local, ...remote], LIMITS, (e) => hub.fail(e));
 }
-
-async function run(engine: Engine, prompts: number[][], steps: number, sampling: SamplingParams) {
-  const logits = prompts.map(() => [] as number[][]);
-  const tokens = prompts.map(() => [] as number[]);
-  const inFlight: Promise<unknown>[] = [];
-  for (let step = 0; step < steps; step++) {
-    const seqs: SeqInput[] = prompts.map((p, i) => ({
-      seqId: i,
-      tokens: step === 0 ? p : [],
-      ...(step === 0 ? {} : { useLastSampled: true }),
-      startPos: step === 0 ? 0 : p.length + step - 1,
-      blockTable: [2 * i, 2 * i + 1],
-      sample: true,
-      sampling,
-    }));
-    inFlight.push(
-      engine.step({ stepId: step, seqs, returnLogits: true }).then((r) =>
-        r.sampled.forEach((s, i) => {
-          logits[i]![step] = bits(s.logits!);
-          tokens[i]![step] = s.token;
-        })
-      ),
-    );
-  }
-  await Promise.all(inFlight);
-  prompts.forEach((_, i) => engine.release?.(i));
-  return { logits, tokens };
-}
-
-const prompts = (n: number, vocab: number) => {
-  const rand = rng(n);
-  return Array.from(
-    { length: n },
-    () => Array.from({ length: 2 + Math.floor(rand() * 12) }, () => Math.floor(rand() * vocab)),
-  );
-};
 
 Deno.test("TP over stage links on a real nats-server gives the one-process logits bit for bit and its tokens, greedy and seeded, at 1 and 16 sequences (stories260K TP 2 and 3, llama3-like TP 2)", async () => {
   const nats = await NatsServer.start();
@@ -142,9 +103,9 @@ Deno.test("TP over stage links on a real nats-server gives the one-process logit
       const tp = await head(nc, path, size);
       for (const n of [1, 16]) {
         for (const sampling of [GREEDY, SEEDED]) {
-          const p = prompts(n, whole.config.vocabSize);
-          const want = await run(single, p, 4, sampling);
-          const got = await run(tp, p, 4, sampling);
+          const p = randomPrompts(n, whole.config.vocabSize);
+          const want = await runSteps(single, p, 4, sampling);
+          const got = await runSteps(tp, p, 4, sampling);
           const what = `${path} TP ${size}, ${n} seqs, temperature ${sampling.temperature}`;
           assertEquals(got.tokens, want.tokens, what);
           assertEquals(got.logits, want.logits, what);
@@ -175,9 +136,9 @@ Deno.test("TP 2 with rank 1 as a real `stage --tp-rank 1/2` process gives the on
       const tp = await head(nc, path, 2);
       for (const n of [1, 16]) {
         for (const sampling of [GREEDY, SEEDED]) {
-          const p = prompts(n, whole.config.vocabSize);
-          const want = await run(single, p, 4, sampling);
-          const got = await run(tp, p, 4, sampling);
+          const p = randomPrompts(n, whole.config.vocabSize);
+          const want = await runSteps(single, p, 4, sampling);
+          const got = await runSteps(tp, p, 4, sampling);
           const what =
             `${path} TP 2 across processes, ${n} seqs, temperature ${sampling.temperature}`;
           assertEquals(got.tokens, want.tokens, what);
